@@ -1,0 +1,19 @@
+// The `moesh` subcommands. Each returns the process exit code and prints its
+// own one-line error; none calls exit().
+#ifndef MOESH_CLI_COMMANDS_H_
+#define MOESH_CLI_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace moesh::cli {
+
+absl::Status RunGenerate(const std::vector<std::string>& argv);
+absl::Status RunMkmodel(const std::vector<std::string>& argv);
+absl::Status RunBench(const std::vector<std::string>& argv);
+
+}  // namespace moesh::cli
+
+#endif  // MOESH_CLI_COMMANDS_H_

@@ -1,0 +1,45 @@
+// The `moesh` command.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: moesh <command> [flags]\n"
+    "commands:\n"
+    "  generate  --model DIR --prompt-ids 5,17,300 [--max-new-tokens N] [--temperature T]\n"
+    "            [--top-k K] [--top-p P] [--min-p P] [--seed S] [--top-logprobs K]\n"
+    "            [--stop-token-ids 1,2] [--ignore-eos] [--json]\n"
+    "  mkmodel   --family {v2-lite,v2,v3} [--preset {tiny,small}] --out DIR [--seed S]\n"
+    "            [--shards N] [--dtype {BF16,F16,F32}] [--rope-parameters]\n"
+    "  bench     --model DIR [--batch 1,4,16] [--prompt-len N] [--decode-steps N]\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
+    std::cerr << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> rest(argv + 2, argv + argc);
+  absl::Status s;
+  if (cmd == "generate") {
+    s = moesh::cli::RunGenerate(rest);
+  } else if (cmd == "mkmodel") {
+    s = moesh::cli::RunMkmodel(rest);
+  } else if (cmd == "bench") {
+    s = moesh::cli::RunBench(rest);
+  } else {
+    std::cerr << "moesh: unknown command \"" << cmd << "\"\n" << kUsage;
+    return 2;
+  }
+  if (!s.ok()) {
+    std::cerr << "moesh " << cmd << ": " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}

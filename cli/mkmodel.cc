@@ -1,0 +1,31 @@
+// moesh mkmodel: write a random checkpoint in DeepSeek's on-disk format.
+#include <iostream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "common/model/random_checkpoint.h"
+#include "common/status.h"
+
+namespace moesh::cli {
+
+absl::Status RunMkmodel(const std::vector<std::string>& argv) {
+  ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"family", "preset", "out", "seed", "shards", "dtype"},
+                                          {"rope-parameters"}));
+  ASSIGN_OR_RETURN(std::string family, args.Required("family"));
+  ASSIGN_OR_RETURN(std::string out, args.Required("out"));
+  ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(family, args.Get("preset").value_or("tiny")));
+  RandomCheckpointOptions opt;
+  ASSIGN_OR_RETURN(int64_t seed, args.Int("seed", 0));
+  ASSIGN_OR_RETURN(int64_t shards, args.Int("shards", 1));
+  if (shards < 1 || shards > 1000) return absl::InvalidArgumentError("--shards must lie in [1, 1000]");
+  opt.seed = static_cast<uint64_t>(seed);
+  opt.num_shards = static_cast<int>(shards);
+  ASSIGN_OR_RETURN(opt.dtype, ParseDType(args.Get("dtype").value_or("BF16")));
+  opt.new_rope_form = args.Bool("rope-parameters");
+  RETURN_IF_ERROR(WriteRandomCheckpoint(config, out, opt));
+  std::cout << "wrote " << config.model_type << " (" << family << "/" << args.Get("preset").value_or("tiny")
+            << ") to " << out << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace moesh::cli

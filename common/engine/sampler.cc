@@ -1,0 +1,96 @@
+#include "common/engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/ops.h"
+
+namespace moesh {
+
+absl::Status SamplingParams::Validate(int vocab_size) const {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature must be >= 0, got ", temperature));
+  }
+  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0 (0: off), got ", top_k));
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must lie in (0, 1], got ", top_p));
+  }
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must lie in [0, 1], got ", min_p));
+  }
+  if (top_logprobs < 0 || top_logprobs > vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs must lie in [0, vocab_size = ", vocab_size, "], got ", top_logprobs));
+  }
+  return absl::OkStatus();
+}
+
+Sampler::Sampler(const SamplingParams& params)
+    : params_(params), rng_(params.seed.has_value() ? *params.seed : std::random_device{}()) {}
+
+int32_t Sampler::Sample(const float* logits, int vocab) {
+  if (params_.temperature == 0.0f) {
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  }
+  // Candidates sorted by logit, best first; ties to the lower id.
+  scratch_.resize(vocab);
+  for (int i = 0; i < vocab; ++i) scratch_[i] = {logits[i] / params_.temperature, i};
+  auto better = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  int n = vocab;
+  if (params_.top_k > 0 && params_.top_k < vocab) {
+    n = params_.top_k;
+    std::partial_sort(scratch_.begin(), scratch_.begin() + n, scratch_.end(), better);
+  } else {
+    std::sort(scratch_.begin(), scratch_.end(), better);
+  }
+  // Probabilities over the kept candidates.
+  const float mx = scratch_[0].first;
+  std::vector<double> p(n);
+  double sum = 0.0;
+  for (int i = 0; i < n; ++i) sum += (p[i] = std::exp(static_cast<double>(scratch_[i].first) - mx));
+  for (double& v : p) v /= sum;
+  if (params_.top_p < 1.0f) {
+    double acc = 0.0;
+    int keep = n;
+    for (int i = 0; i < n; ++i) {
+      acc += p[i];
+      if (acc >= params_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = keep;
+  }
+  if (params_.min_p > 0.0f) {
+    const double floor = params_.min_p * p[0];
+    int keep = 1;
+    while (keep < n && p[keep] >= floor) ++keep;
+    n = keep;
+  }
+  double mass = 0.0;
+  for (int i = 0; i < n; ++i) mass += p[i];
+  std::uniform_real_distribution<double> uniform(0.0, mass);
+  const double u = uniform(rng_);
+  double acc = 0.0;
+  for (int i = 0; i < n; ++i) {
+    acc += p[i];
+    if (u < acc) return scratch_[i].second;
+  }
+  return scratch_[n - 1].second;
+}
+
+std::vector<TokenLogprob> Sampler::TopLogprobs(const float* logits, int vocab, int k) {
+  std::vector<float> lp(vocab);
+  cpu::LogSoftmax(logits, lp.data(), vocab);
+  std::vector<int32_t> idx(vocab);
+  for (int i = 0; i < vocab; ++i) idx[i] = i;
+  k = std::min(k, vocab);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
+  std::vector<TokenLogprob> out;
+  for (int i = 0; i < k; ++i) out.push_back({idx[i], lp[idx[i]]});
+  return out;
+}
+
+}  // namespace moesh

@@ -1,0 +1,74 @@
+// The attention half of a DeepSeek model (embeddings, MLA attention, dense
+// MLPs, MoE gates, shared experts, final norm, lm_head), driving routed
+// experts through an ExpertClient.
+//
+// Per decoder layer (DESIGN.md):
+//   AttentionStage: x → norm → MLA (+latent cache) → +residual → norm → gate/top-k
+//   ExpertStage:    Σ_k w_k · Expert_k(h)          (through the ExpertClient)
+//   Combine:        + shared experts → +residual
+//
+// Thread-safe: Forward is const; concurrent calls need distinct caches.
+#ifndef MOESH_COMMON_MODEL_ATTENTION_MODEL_H_
+#define MOESH_COMMON_MODEL_ATTENTION_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model/config.h"
+#include "common/model/expert_client.h"
+#include "common/model/kv_cache.h"
+#include "common/model/weights.h"
+#include "kernels/cpu/rope.h"
+
+namespace moesh {
+
+// New tokens of one sequence for a forward pass.
+struct SequenceInput {
+  absl::Span<const int32_t> tokens;  // appended after the cached prefix
+  SequenceKvCache* cache = nullptr;  // the sequence's cache; grows by tokens.size()
+};
+
+enum class LogitsFor { kLastToken, kAllTokens };
+
+class AttentionModel {
+ public:
+  AttentionModel(const ModelConfig& config, std::unique_ptr<AttentionWeights> weights);
+
+  const ModelConfig& config() const { return config_; }
+  // Width of a cache row: kv_lora_rank + qk_rope_head_dim.
+  int kv_row_width() const { return config_.kv_lora_rank + config_.qk_rope_head_dim; }
+  SequenceKvCache NewCache() const { return SequenceKvCache(config_.num_hidden_layers, kv_row_width()); }
+
+  // Runs the new tokens of every sequence through the model as one batch,
+  // appending to each cache. Returns logits [num_sequences, vocab] (last token
+  // of each) or [total_tokens, vocab] (kAllTokens), float32.
+  // INVALID_ARGUMENT for out-of-vocabulary ids, empty inputs, or positions
+  // beyond max_position_embeddings (when set); on error caches may hold partial
+  // rows and should be discarded.
+  absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs,
+                                             ExpertClient* experts,
+                                             LogitsFor which = LogitsFor::kLastToken) const;
+
+ private:
+  // x[T, hidden] += attention(norm(x)) for layer l.
+  void AttentionBlock(int l, absl::Span<const SequenceInput> seqs, const std::vector<int>& offsets,
+                      float* x, int num_tokens) const;
+  // x[T, hidden] += mlp(norm(x)) (dense, or gate → experts → combine).
+  absl::Status MlpBlock(int l, float* x, int num_tokens, ExpertClient* experts) const;
+
+  const ModelConfig config_;
+  const std::unique_ptr<AttentionWeights> weights_;
+  cpu::RopeTable rope_;
+  cpu::RopeLayout rope_layout_;
+  float softmax_scale_;
+};
+
+// RoPE frequencies for the model's qk_rope_head_dim, plain or YaRN.
+cpu::RopeTable MakeRopeTable(const ModelConfig& config);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_MODEL_ATTENTION_MODEL_H_

@@ -1,0 +1,381 @@
+#include "common/model/config.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+
+namespace moesh {
+namespace {
+
+using Json = nlohmann::json;
+
+// Typed field readers: absent or null keeps the default; a wrong type is an error.
+class FieldReader {
+ public:
+  FieldReader(const Json& j, const std::string& source) : j_(j), source_(source) {}
+
+  absl::Status Int(const char* key, int* out, bool required = false) const {
+    if (!Has(key)) return required ? Missing(key) : absl::OkStatus();
+    const Json& v = j_.at(key);
+    if (!v.is_number_integer()) return WrongType(key, "an integer");
+    *out = v.get<int>();
+    return absl::OkStatus();
+  }
+  absl::Status Double(const char* key, double* out) const {
+    if (!Has(key)) return absl::OkStatus();
+    const Json& v = j_.at(key);
+    if (!v.is_number()) return WrongType(key, "a number");
+    *out = v.get<double>();
+    return absl::OkStatus();
+  }
+  absl::Status Bool(const char* key, bool* out) const {
+    if (!Has(key)) return absl::OkStatus();
+    const Json& v = j_.at(key);
+    if (!v.is_boolean()) return WrongType(key, "true or false");
+    *out = v.get<bool>();
+    return absl::OkStatus();
+  }
+  absl::Status String(const char* key, std::string* out) const {
+    if (!Has(key)) return absl::OkStatus();
+    const Json& v = j_.at(key);
+    if (!v.is_string()) return WrongType(key, "a string");
+    *out = v.get<std::string>();
+    return absl::OkStatus();
+  }
+  bool Has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+ private:
+  absl::Status Missing(const char* key) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": required field \"", key, "\" is missing"));
+  }
+  absl::Status WrongType(const char* key, const char* want) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": field \"", key, "\" must be ", want, ", got ", j_.at(key).dump()));
+  }
+  const Json& j_;
+  const std::string& source_;
+};
+
+absl::Status ParseRope(const Json& params, const std::string& where, RopeConfig* rope) {
+  FieldReader r(params, where);
+  std::string type = "default";
+  RETURN_IF_ERROR(r.String("type", &type));
+  RETURN_IF_ERROR(r.String("rope_type", &type));
+  if (type == "yarn") {
+    rope->type = RopeType::kYarn;
+  } else if (type == "default" || type == "none") {
+    rope->type = RopeType::kDefault;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": rope type \"", type, "\" is not supported (default, yarn)"));
+  }
+  RETURN_IF_ERROR(r.Double("rope_theta", &rope->theta));
+  RETURN_IF_ERROR(r.Double("factor", &rope->factor));
+  RETURN_IF_ERROR(r.Int("original_max_position_embeddings", &rope->original_max_position_embeddings));
+  RETURN_IF_ERROR(r.Double("beta_fast", &rope->beta_fast));
+  RETURN_IF_ERROR(r.Double("beta_slow", &rope->beta_slow));
+  RETURN_IF_ERROR(r.Double("mscale", &rope->mscale));
+  RETURN_IF_ERROR(r.Double("mscale_all_dim", &rope->mscale_all_dim));
+  RETURN_IF_ERROR(r.Double("attention_factor", &rope->attention_factor));
+  RETURN_IF_ERROR(r.Bool("truncate", &rope->truncate));
+  return absl::OkStatus();
+}
+
+bool SameRope(const RopeConfig& a, const RopeConfig& b) {
+  return a.type == b.type && a.theta == b.theta && a.factor == b.factor &&
+         a.original_max_position_embeddings == b.original_max_position_embeddings &&
+         a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow && a.mscale == b.mscale &&
+         a.mscale_all_dim == b.mscale_all_dim;
+}
+
+}  // namespace
+
+double YarnGetMscale(double scale, double mscale) {
+  if (scale <= 1.0) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+double ModelConfig::SoftmaxScale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+  if (rope.type == RopeType::kYarn && rope.mscale_all_dim != 0.0) {
+    const double m = YarnGetMscale(rope.factor, rope.mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
+                                                  const std::string& source) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  ModelConfig c;
+  FieldReader r(j, source);
+  RETURN_IF_ERROR(r.String("model_type", &c.model_type));
+  if (c.model_type == "deepseek_v2") {
+    c.family = ModelFamily::kDeepseekV2;
+    c.topk_method = TopkMethod::kGreedy;
+    c.scoring_func = ScoringFunc::kSoftmax;
+  } else if (c.model_type == "deepseek_v3") {
+    c.family = ModelFamily::kDeepseekV3;
+    c.topk_method = TopkMethod::kNoauxTc;
+    c.scoring_func = ScoringFunc::kSigmoid;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": model_type \"", c.model_type, "\" is not supported (deepseek_v2, deepseek_v3)"));
+  }
+
+  RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size, /*required=*/true));
+  RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true));
+  RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size, true));
+  RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size));
+  RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_hidden_layers, true));
+  RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_attention_heads, true));
+  RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings));
+  RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps));
+  RETURN_IF_ERROR(r.Int("q_lora_rank", &c.q_lora_rank));
+  RETURN_IF_ERROR(r.Int("kv_lora_rank", &c.kv_lora_rank, true));
+  RETURN_IF_ERROR(r.Int("qk_nope_head_dim", &c.qk_nope_head_dim, true));
+  RETURN_IF_ERROR(r.Int("qk_rope_head_dim", &c.qk_rope_head_dim, true));
+  RETURN_IF_ERROR(r.Int("v_head_dim", &c.v_head_dim, true));
+  RETURN_IF_ERROR(r.Bool("rope_interleave", &c.rope_interleave));
+  if (c.family == ModelFamily::kDeepseekV2) c.rope_interleave = true;
+
+  // n_routed_experts null means a dense model.
+  RETURN_IF_ERROR(r.Int("n_routed_experts", &c.n_routed_experts));
+  RETURN_IF_ERROR(r.Int("n_shared_experts", &c.n_shared_experts));
+  RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.num_experts_per_tok));
+  RETURN_IF_ERROR(r.Int("n_group", &c.n_group));
+  RETURN_IF_ERROR(r.Int("topk_group", &c.topk_group));
+  std::string method;
+  RETURN_IF_ERROR(r.String("topk_method", &method));
+  if (method == "greedy" || method == "gready") {  // DeepSeek-V2's own default is spelt "gready"
+    c.topk_method = TopkMethod::kGreedy;
+  } else if (method == "group_limited_greedy") {
+    c.topk_method = TopkMethod::kGroupLimitedGreedy;
+  } else if (method == "noaux_tc") {
+    c.topk_method = TopkMethod::kNoauxTc;
+  } else if (!method.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": topk_method \"", method, "\" is not supported (greedy, group_limited_greedy, noaux_tc)"));
+  }
+  std::string scoring;
+  RETURN_IF_ERROR(r.String("scoring_func", &scoring));
+  if (scoring == "softmax") {
+    c.scoring_func = ScoringFunc::kSoftmax;
+  } else if (scoring == "sigmoid") {
+    c.scoring_func = ScoringFunc::kSigmoid;
+  } else if (!scoring.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": scoring_func \"", scoring, "\" is not supported (softmax, sigmoid)"));
+  }
+  RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob));
+  RETURN_IF_ERROR(r.Double("routed_scaling_factor", &c.routed_scaling_factor));
+  RETURN_IF_ERROR(r.Int("first_k_dense_replace", &c.first_k_dense_replace));
+  RETURN_IF_ERROR(r.Int("moe_layer_freq", &c.moe_layer_freq));
+  RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
+  RETURN_IF_ERROR(r.Int("bos_token_id", &c.bos_token_id));
+  if (r.Has("eos_token_id")) {
+    const Json& e = j["eos_token_id"];
+    if (e.is_number_integer()) {
+      c.eos_token_ids.push_back(e.get<int>());
+    } else if (e.is_array()) {
+      for (const Json& x : e) {
+        if (!x.is_number_integer()) {
+          return absl::InvalidArgumentError(absl::StrCat(source, ": eos_token_id entries must be integers"));
+        }
+        c.eos_token_ids.push_back(x.get<int>());
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": eos_token_id must be an integer or a list"));
+    }
+  }
+  std::string act = "silu";
+  RETURN_IF_ERROR(r.String("hidden_act", &act));
+  if (act != "silu") {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": hidden_act \"", act, "\" is not supported (silu)"));
+  }
+  int kv_heads = c.num_attention_heads;
+  RETURN_IF_ERROR(r.Int("num_key_value_heads", &kv_heads));
+  if (kv_heads != c.num_attention_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": num_key_value_heads (", kv_heads, ") must equal num_attention_heads (",
+        c.num_attention_heads, ") for MLA"));
+  }
+
+  // Rope: legacy rope_theta + rope_scaling, or rope_parameters; both must agree.
+  bool have_legacy = false;
+  RopeConfig legacy;
+  if (r.Has("rope_theta") || r.Has("rope_scaling")) {
+    have_legacy = true;
+    RETURN_IF_ERROR(r.Double("rope_theta", &legacy.theta));
+    if (r.Has("rope_scaling")) {
+      if (!j["rope_scaling"].is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": rope_scaling must be an object"));
+      }
+      RETURN_IF_ERROR(ParseRope(j["rope_scaling"], source + " rope_scaling", &legacy));
+    }
+  }
+  if (r.Has("rope_parameters")) {
+    if (!j["rope_parameters"].is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": rope_parameters must be an object"));
+    }
+    RETURN_IF_ERROR(ParseRope(j["rope_parameters"], source + " rope_parameters", &c.rope));
+    if (have_legacy && !SameRope(legacy, c.rope)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": rope_parameters contradicts rope_theta/rope_scaling; give one form"));
+    }
+  } else if (have_legacy) {
+    c.rope = legacy;
+  }
+  RETURN_IF_ERROR(c.Validate(source));
+  return c;
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::Load(const std::string& dir) {
+  const std::string path = JoinPath(dir, "config.json");
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  return FromJson(text, path);
+}
+
+absl::Status ModelConfig::Validate(const std::string& source) const {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", why));
+  };
+  struct Positive {
+    const char* name;
+    int value;
+  };
+  for (const Positive& p : {Positive{"vocab_size", vocab_size}, {"hidden_size", hidden_size},
+                            {"num_hidden_layers", num_hidden_layers},
+                            {"num_attention_heads", num_attention_heads},
+                            {"kv_lora_rank", kv_lora_rank}, {"qk_nope_head_dim", qk_nope_head_dim},
+                            {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim},
+                            {"moe_layer_freq", moe_layer_freq}}) {
+    if (p.value <= 0) return bad(absl::StrCat(p.name, " must be positive, got ", p.value));
+  }
+  if (q_lora_rank < 0) return bad("q_lora_rank must be null or positive");
+  if (qk_rope_head_dim % 2 != 0) return bad("qk_rope_head_dim must be even");
+  if (first_k_dense_replace < 0 || first_k_dense_replace > num_hidden_layers) {
+    return bad(absl::StrCat("first_k_dense_replace (", first_k_dense_replace,
+                            ") must lie in [0, num_hidden_layers = ", num_hidden_layers, "]"));
+  }
+  if (first_k_dense_replace > 0 && intermediate_size <= 0) {
+    return bad("dense layers need a positive intermediate_size");
+  }
+  if (n_routed_experts < 0) return bad("n_routed_experts must not be negative");
+  if (n_routed_experts > 0) {
+    if (moe_intermediate_size <= 0) return bad("moe_intermediate_size must be positive");
+    if (num_experts_per_tok <= 0 || num_experts_per_tok > n_routed_experts) {
+      return bad(absl::StrCat("num_experts_per_tok (", num_experts_per_tok,
+                              ") must lie in [1, n_routed_experts = ", n_routed_experts, "]"));
+    }
+    if (n_shared_experts < 0) return bad("n_shared_experts must not be negative");
+    if (topk_method != TopkMethod::kGreedy) {
+      if (n_group <= 0 || n_routed_experts % n_group != 0) {
+        return bad(absl::StrCat("n_routed_experts (", n_routed_experts,
+                                ") must be divisible by n_group (", n_group, ")"));
+      }
+      if (topk_group <= 0 || topk_group > n_group) {
+        return bad(absl::StrCat("topk_group (", topk_group, ") must lie in [1, n_group = ", n_group, "]"));
+      }
+      const int reachable = topk_group * (n_routed_experts / n_group);
+      if (num_experts_per_tok > reachable) {
+        return bad(absl::StrCat("num_experts_per_tok (", num_experts_per_tok, ") exceeds the ",
+                                reachable, " experts in topk_group (", topk_group, ") groups"));
+      }
+      if (topk_method == TopkMethod::kNoauxTc && n_routed_experts / n_group < 2) {
+        return bad("noaux_tc scores groups by their top-2 experts: n_routed_experts / n_group must be >= 2");
+      }
+    }
+  }
+  if (rope.theta <= 0) return bad("rope_theta must be positive");
+  if (rope.type == RopeType::kYarn) {
+    if (rope.factor <= 0) return bad("rope_scaling.factor must be positive for yarn");
+    if (rope.original_max_position_embeddings < 0) {
+      return bad("rope_scaling.original_max_position_embeddings must be positive");
+    }
+    if (rope.original_max_position_embeddings == 0 && max_position_embeddings <= 0) {
+      return bad("yarn needs original_max_position_embeddings or max_position_embeddings");
+    }
+  }
+  for (int e : eos_token_ids) {
+    if (e < 0 || e >= vocab_size) {
+      return bad(absl::StrCat("eos_token_id ", e, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string ModelConfig::ToJson(bool new_rope_form) const {
+  Json j;
+  j["model_type"] = model_type;
+  j["architectures"] = {family == ModelFamily::kDeepseekV2 ? "DeepseekV2ForCausalLM"
+                                                            : "DeepseekV3ForCausalLM"};
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["moe_intermediate_size"] = moe_intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_attention_heads;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["q_lora_rank"] = q_lora_rank > 0 ? Json(q_lora_rank) : Json(nullptr);
+  j["kv_lora_rank"] = kv_lora_rank;
+  j["qk_nope_head_dim"] = qk_nope_head_dim;
+  j["qk_rope_head_dim"] = qk_rope_head_dim;
+  j["v_head_dim"] = v_head_dim;
+  if (family == ModelFamily::kDeepseekV3) j["rope_interleave"] = rope_interleave;
+  j["n_routed_experts"] = n_routed_experts;
+  j["n_shared_experts"] = n_shared_experts;
+  j["num_experts_per_tok"] = num_experts_per_tok;
+  j["n_group"] = n_group;
+  j["topk_group"] = topk_group;
+  j["topk_method"] = topk_method == TopkMethod::kGreedy               ? "greedy"
+                     : topk_method == TopkMethod::kGroupLimitedGreedy ? "group_limited_greedy"
+                                                                      : "noaux_tc";
+  j["scoring_func"] = scoring_func == ScoringFunc::kSoftmax ? "softmax" : "sigmoid";
+  j["norm_topk_prob"] = norm_topk_prob;
+  j["routed_scaling_factor"] = routed_scaling_factor;
+  j["first_k_dense_replace"] = first_k_dense_replace;
+  j["moe_layer_freq"] = moe_layer_freq;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
+  if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
+  if (eos_token_ids.size() > 1) j["eos_token_id"] = eos_token_ids;
+  j["torch_dtype"] = "bfloat16";
+  Json scaling = Json::object();
+  if (rope.type == RopeType::kYarn) {
+    scaling["factor"] = rope.factor;
+    if (rope.original_max_position_embeddings > 0) {
+      scaling["original_max_position_embeddings"] = rope.original_max_position_embeddings;
+    }
+    scaling["beta_fast"] = rope.beta_fast;
+    scaling["beta_slow"] = rope.beta_slow;
+    if (rope.mscale != 0) scaling["mscale"] = rope.mscale;
+    if (rope.mscale_all_dim != 0) scaling["mscale_all_dim"] = rope.mscale_all_dim;
+  }
+  if (new_rope_form) {
+    scaling["rope_type"] = rope.type == RopeType::kYarn ? "yarn" : "default";
+    scaling["rope_theta"] = rope.theta;
+    j["rope_parameters"] = scaling;
+  } else {
+    j["rope_theta"] = rope.theta;
+    if (rope.type == RopeType::kYarn) {
+      scaling["type"] = "yarn";
+      j["rope_scaling"] = scaling;
+    } else {
+      j["rope_scaling"] = nullptr;
+    }
+  }
+  return j.dump(2);
+}
+
+}  // namespace moesh

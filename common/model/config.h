@@ -1,0 +1,101 @@
+// ModelConfig: the architecture of a DeepSeek-family checkpoint, parsed from
+// its config.json as DeepSeek and transformers ship it.
+//
+// Both rope spellings are accepted: DeepSeek's legacy top-level `rope_theta`
+// plus `rope_scaling` ({"type": "yarn", "factor", ...}) and transformers'
+// newer `rope_parameters` ({"rope_type", "rope_theta", ...}). Fields that
+// contradict each other are rejected with INVALID_ARGUMENT naming them.
+#ifndef MOESH_COMMON_MODEL_CONFIG_H_
+#define MOESH_COMMON_MODEL_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace moesh {
+
+enum class ModelFamily { kDeepseekV2, kDeepseekV3 };
+enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
+enum class ScoringFunc { kSoftmax, kSigmoid };
+enum class RopeType { kDefault, kYarn };
+
+struct RopeConfig {
+  RopeType type = RopeType::kDefault;
+  double theta = 10000.0;
+  // YaRN only.
+  double factor = 1.0;
+  int original_max_position_embeddings = 0;  // 0: not given
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;          // 0: not given
+  double mscale_all_dim = 0.0;  // 0: not given
+  double attention_factor = 0.0;  // 0: derived from mscale / mscale_all_dim
+  bool truncate = true;
+};
+
+struct ModelConfig {
+  ModelFamily family = ModelFamily::kDeepseekV3;
+  std::string model_type;  // "deepseek_v2" | "deepseek_v3"
+
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;      // dense MLP layers
+  int moe_intermediate_size = 0;  // each routed / shared expert
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+
+  // MLA. q_lora_rank == 0 means q_proj is a plain projection (V2-Lite).
+  int q_lora_rank = 0;
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  RopeConfig rope;
+  // V2 always rotates interleaved pairs; V3 follows `rope_interleave`
+  // (false: the neox rotate-half layout).
+  bool rope_interleave = true;
+
+  // MoE.
+  int n_routed_experts = 0;
+  int n_shared_experts = 0;
+  int num_experts_per_tok = 0;
+  int n_group = 1;
+  int topk_group = 1;
+  TopkMethod topk_method = TopkMethod::kGreedy;
+  ScoringFunc scoring_func = ScoringFunc::kSoftmax;
+  bool norm_topk_prob = false;
+  double routed_scaling_factor = 1.0;
+  int first_k_dense_replace = 0;
+  int moe_layer_freq = 1;
+
+  bool tie_word_embeddings = false;
+  int bos_token_id = -1;               // -1: none
+  std::vector<int> eos_token_ids;      // may be empty
+
+  int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // True iff layer `l` has an MoE block (else a dense MLP).
+  bool IsMoeLayer(int l) const {
+    return n_routed_experts > 0 && l >= first_k_dense_replace && l % moe_layer_freq == 0;
+  }
+  // Softmax scale of attention: qk_head_dim^-0.5, times YaRN's mscale^2.
+  double SoftmaxScale() const;
+
+  // Parses config.json text; `source` names the file in error messages.
+  static absl::StatusOr<ModelConfig> FromJson(const std::string& text, const std::string& source);
+  // Reads <dir>/config.json.
+  static absl::StatusOr<ModelConfig> Load(const std::string& dir);
+  // Serialises in the legacy DeepSeek form (or rope_parameters if `new_rope_form`).
+  std::string ToJson(bool new_rope_form = false) const;
+  // Checks internal consistency; INVALID_ARGUMENT naming the fields otherwise.
+  absl::Status Validate(const std::string& source) const;
+};
+
+// YaRN's magnitude scale: 1 for scale <= 1, else 0.1 * mscale * ln(scale) + 1.
+double YarnGetMscale(double scale, double mscale);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_MODEL_CONFIG_H_

@@ -1,0 +1,62 @@
+#include "common/model/expert_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/ops.h"
+
+namespace moesh {
+
+absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
+  auto layer_it = weights_->layers.find(d.layer);
+  if (layer_it == weights_->layers.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
+  }
+  if (d.hidden != config_.hidden_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dispatch hidden size ", d.hidden, " != model hidden size ", config_.hidden_size));
+  }
+  // Group the (token, slot) pairs by expert so each expert runs one GEMM.
+  std::map<int, std::vector<std::pair<int, float>>> by_expert;
+  for (int t = 0; t < d.num_tokens; ++t) {
+    for (int k = 0; k < d.top_k; ++k) {
+      const int e = d.topk_ids[t * d.top_k + k];
+      if (e < 0 || e >= config_.n_routed_experts) {
+        return absl::InvalidArgumentError(absl::StrCat("expert id ", e, " out of range"));
+      }
+      if (!weights_->expert_ids.count(e)) continue;
+      by_expert[e].emplace_back(t, d.topk_weights[t * d.top_k + k]);
+    }
+  }
+  const int h = d.hidden;
+  const int inter = config_.moe_intermediate_size;
+  std::vector<float> x, gate_up, act, y;
+  for (const auto& [e, items] : by_expert) {
+    const MlpWeights& w = layer_it->second.at(e);
+    const int m = static_cast<int>(items.size());
+    x.resize(static_cast<size_t>(m) * h);
+    for (int i = 0; i < m; ++i) {
+      std::memcpy(&x[static_cast<size_t>(i) * h], d.hidden_states + static_cast<size_t>(items[i].first) * h,
+                  h * sizeof(float));
+    }
+    gate_up.resize(static_cast<size_t>(m) * 2 * inter);
+    act.resize(static_cast<size_t>(m) * inter);
+    y.resize(static_cast<size_t>(m) * h);
+    cpu::Linear(x.data(), w.gate_up.data(), gate_up.data(), m, 2 * inter, h);
+    cpu::SiluAndMul(gate_up.data(), act.data(), m, inter);
+    cpu::Linear(act.data(), w.down.data(), y.data(), m, h, inter);
+    for (int i = 0; i < m; ++i) {
+      cpu::Axpy(items[i].second, &y[static_cast<size_t>(i) * h], out + static_cast<size_t>(items[i].first) * h, h);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalExpertClient::Run(const MoeDispatch& d, float* out) {
+  std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
+  return stage_->Accumulate(d, out);
+}
+
+}  // namespace moesh

@@ -1,0 +1,70 @@
+// The seam between the attention half and the routed-expert half of an MoE
+// layer (DESIGN.md "one model, split at the MoE boundary").
+//
+// The attention side computes, per token, the normalised hidden state and its
+// top-k (expert id, weight) pairs; an ExpertClient returns Σ_k w_k·E_k(h).
+// Implementations: LocalExpertClient (experts in this process) here; remote
+// clients over a transport live with the services.
+#ifndef MOESH_COMMON_MODEL_EXPERT_CLIENT_H_
+#define MOESH_COMMON_MODEL_EXPERT_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "common/model/config.h"
+#include "common/model/weights.h"
+
+namespace moesh {
+
+// One MoE layer's worth of tokens to route. Borrowed pointers.
+struct MoeDispatch {
+  int layer = 0;
+  int num_tokens = 0;
+  int hidden = 0;
+  int top_k = 0;
+  const float* hidden_states = nullptr;  // [num_tokens, hidden]
+  const int32_t* topk_ids = nullptr;     // [num_tokens, top_k], in [0, n_routed_experts)
+  const float* topk_weights = nullptr;   // [num_tokens, top_k]
+};
+
+class ExpertClient {
+ public:
+  virtual ~ExpertClient() = default;
+  // out[num_tokens, hidden] = Σ_k topk_weights[t, k] · Expert_{topk_ids[t, k]}(h_t),
+  // overwriting out. Thread-safety is the implementation's to state.
+  virtual absl::Status Run(const MoeDispatch& dispatch, float* out) = 0;
+};
+
+// The expert FFNs of one shard: for every MoE layer, a grouped computation over
+// the tokens routed to the shard's experts. Thread-safe (read-only weights).
+class ExpertStage {
+ public:
+  ExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights)
+      : config_(config), weights_(std::move(weights)) {}
+
+  // Adds into out[num_tokens, hidden] the weighted outputs of the (token,
+  // expert) pairs whose expert is in this shard; other pairs are skipped.
+  absl::Status Accumulate(const MoeDispatch& dispatch, float* out) const;
+  const ExpertShardWeights& weights() const { return *weights_; }
+
+ private:
+  const ModelConfig config_;
+  const std::unique_ptr<ExpertShardWeights> weights_;
+};
+
+// All routed experts in this process. Thread-safe.
+class LocalExpertClient : public ExpertClient {
+ public:
+  // REQUIRES: stage holds every routed expert.
+  explicit LocalExpertClient(std::unique_ptr<ExpertStage> stage) : stage_(std::move(stage)) {}
+  absl::Status Run(const MoeDispatch& dispatch, float* out) override;
+
+ private:
+  const std::unique_ptr<ExpertStage> stage_;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_MODEL_EXPERT_CLIENT_H_

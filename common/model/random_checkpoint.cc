@@ -1,0 +1,130 @@
+#include "common/model/random_checkpoint.h"
+
+#include <cstring>
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/model/safetensors.h"
+#include "common/model/weights.h"
+#include "common/status.h"
+
+namespace moesh {
+
+absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::string& preset) {
+  ModelConfig c;
+  if (family == "v2-lite" || family == "v2") {
+    c.family = ModelFamily::kDeepseekV2;
+    c.model_type = "deepseek_v2";
+  } else if (family == "v3") {
+    c.family = ModelFamily::kDeepseekV3;
+    c.model_type = "deepseek_v3";
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown family \"", family, "\" (v2-lite, v2, v3)"));
+  }
+  if (preset == "tiny") {
+    c.vocab_size = 512;
+    c.hidden_size = 64;
+    c.intermediate_size = 96;
+    c.moe_intermediate_size = 32;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.kv_lora_rank = 32;
+    c.qk_nope_head_dim = 16;
+    c.qk_rope_head_dim = 8;
+    c.v_head_dim = 16;
+    c.n_routed_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.q_lora_rank = family == "v2-lite" ? 0 : 48;
+  } else if (preset == "small") {
+    c.vocab_size = 8192;
+    c.hidden_size = 512;
+    c.intermediate_size = 1024;
+    c.moe_intermediate_size = 256;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 8;
+    c.kv_lora_rank = 128;
+    c.qk_nope_head_dim = 64;
+    c.qk_rope_head_dim = 32;
+    c.v_head_dim = 64;
+    c.n_routed_experts = 16;
+    c.num_experts_per_tok = 4;
+    c.q_lora_rank = family == "v2-lite" ? 0 : 192;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", preset, "\" (tiny, small)"));
+  }
+  c.n_shared_experts = family == "v2" ? 2 : 1;
+  c.first_k_dense_replace = 1;
+  c.moe_layer_freq = 1;
+  c.rms_norm_eps = 1e-6;
+  c.bos_token_id = 0;
+  c.eos_token_ids = {1};
+  c.rope.type = RopeType::kYarn;
+  c.rope.theta = 10000.0;
+  c.rope.beta_fast = 32;
+  c.rope.beta_slow = 1;
+  if (family == "v3") {
+    c.topk_method = TopkMethod::kNoauxTc;
+    c.scoring_func = ScoringFunc::kSigmoid;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.5;
+    c.rope_interleave = true;
+    c.rope.factor = 40;
+    c.rope.mscale = 1.0;
+    c.rope.mscale_all_dim = 1.0;
+  } else {
+    c.topk_method = family == "v2" ? TopkMethod::kGroupLimitedGreedy : TopkMethod::kGreedy;
+    c.scoring_func = ScoringFunc::kSoftmax;
+    c.n_group = family == "v2" ? 4 : 1;
+    c.topk_group = family == "v2" ? 2 : 1;
+    c.norm_topk_prob = false;
+    c.routed_scaling_factor = family == "v2" ? 16.0 : 1.0;
+    c.rope.factor = 40;
+    c.rope.mscale = 0.707;
+    c.rope.mscale_all_dim = 0.707;
+  }
+  c.rope.original_max_position_embeddings = preset == "tiny" ? 64 : 4096;
+  c.max_position_embeddings = static_cast<int>(c.rope.factor) * c.rope.original_max_position_embeddings;
+  RETURN_IF_ERROR(c.Validate(absl::StrCat("preset ", family, "/", preset)));
+  return c;
+}
+
+absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
+                                   const RandomCheckpointOptions& options) {
+  if (options.dtype != DType::kBF16 && options.dtype != DType::kF16 && options.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("random checkpoints are written as BF16, F16 or F32");
+  }
+  RETURN_IF_ERROR(MakeDirs(dir));
+  std::mt19937_64 rng(options.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  SafetensorsWriter writer;
+  for (const TensorSpec& spec : CheckpointSchema(config)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    const bool is_norm = absl::EndsWith(spec.name, "layernorm.weight") || spec.name == "model.norm.weight";
+    const bool is_bias = absl::EndsWith(spec.name, "e_score_correction_bias");
+    const size_t es = DTypeSize(options.dtype);
+    std::vector<uint8_t> bytes(static_cast<size_t>(n) * es);
+    for (int64_t i = 0; i < n; ++i) {
+      float v = normal(rng);
+      v = is_norm ? 1.0f + 0.1f * v : (is_bias ? 0.1f * v : options.std * v);
+      if (options.dtype == DType::kBF16) {
+        const uint16_t b = F32ToBf16(v);
+        std::memcpy(&bytes[i * es], &b, es);
+      } else if (options.dtype == DType::kF16) {
+        const uint16_t b = F32ToF16(v);
+        std::memcpy(&bytes[i * es], &b, es);
+      } else {
+        std::memcpy(&bytes[i * es], &v, es);
+      }
+    }
+    writer.Add(spec.name, options.dtype, spec.shape, std::move(bytes));
+  }
+  RETURN_IF_ERROR(WriteStringToFile(JoinPath(dir, "config.json"), config.ToJson(options.new_rope_form)));
+  return writer.WriteCheckpoint(dir, options.num_shards);
+}
+
+}  // namespace moesh

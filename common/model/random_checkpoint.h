@@ -1,0 +1,34 @@
+// Random checkpoints in the exact on-disk format DeepSeek ships (config.json +
+// bf16 safetensors with DeepSeek tensor names), for the embedded default
+// model, tests and benchmarks without downloads.
+#ifndef MOESH_COMMON_MODEL_RANDOM_CHECKPOINT_H_
+#define MOESH_COMMON_MODEL_RANDOM_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "common/model/config.h"
+
+namespace moesh {
+
+// family: "v2-lite" | "v2" | "v3"; preset: "tiny" | "small".
+// INVALID_ARGUMENT listing the choices otherwise.
+absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::string& preset);
+
+struct RandomCheckpointOptions {
+  uint64_t seed = 0;
+  int num_shards = 1;
+  DType dtype = DType::kBF16;  // kBF16, kF16 or kF32
+  float std = 0.05f;           // weights ~ N(0, std); norms ~ 1 + N(0, 0.1)
+  bool new_rope_form = false;  // write rope_parameters instead of rope_theta/rope_scaling
+};
+
+// Writes <dir>/config.json and the safetensors (one file or shards + index).
+absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
+                                   const RandomCheckpointOptions& options);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_MODEL_RANDOM_CHECKPOINT_H_

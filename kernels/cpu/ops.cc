@@ -1,0 +1,64 @@
+#include "kernels/cpu/ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace moesh::cpu {
+
+void Linear(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate,
+            int ldx, int ldy) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, ldx ? ldx : k, w, k,
+              accumulate ? 1.0f : 0.0f, y, ldy ? ldy : n);
+}
+
+void RmsNorm(const float* x, const float* weight, float* y, int rows, int n, float eps, int ldx,
+             int ldy) {
+  if (!ldx) ldx = n;
+  if (!ldy) ldy = n;
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * ldx;
+    float* yr = y + static_cast<int64_t>(r) * ldy;
+    float ss = 0.0f;
+    for (int i = 0; i < n; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    for (int i = 0; i < n; ++i) yr[i] = weight[i] * (xr[i] * inv);
+  }
+}
+
+void SiluAndMul(const float* gate_up, float* out, int m, int i) {
+  for (int r = 0; r < m; ++r) {
+    const float* g = gate_up + static_cast<int64_t>(r) * 2 * i;
+    const float* u = g + i;
+    float* o = out + static_cast<int64_t>(r) * i;
+    for (int j = 0; j < i; ++j) o[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+  }
+}
+
+void SoftmaxRows(float* x, int rows, int n) {
+  for (int r = 0; r < rows; ++r) {
+    float* xr = x + static_cast<int64_t>(r) * n;
+    const float mx = *std::max_element(xr, xr + n);
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      xr[i] = std::exp(xr[i] - mx);
+      sum += xr[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int i = 0; i < n; ++i) xr[i] *= inv;
+  }
+}
+
+void LogSoftmax(const float* x, float* out, int n) {
+  const float mx = *std::max_element(x, x + n);
+  double sum = 0.0;
+  for (int i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - mx);
+  const double lse = mx + std::log(sum);
+  for (int i = 0; i < n; ++i) out[i] = static_cast<float>(x[i] - lse);
+}
+
+void Axpy(float alpha, const float* x, float* y, int n) { cblas_saxpy(n, alpha, x, 1, y, 1); }
+
+}  // namespace moesh::cpu
