@@ -207,6 +207,16 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
         c.num_attention_heads, ") for MLA"));
   }
 
+  if (r.Has("qk_head_dim")) {
+    int qk_head_dim = 0;
+    RETURN_IF_ERROR(r.Int("qk_head_dim", &qk_head_dim));
+    if (qk_head_dim != c.qk_nope_head_dim + c.qk_rope_head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": qk_head_dim (", qk_head_dim, ") must equal qk_nope_head_dim + qk_rope_head_dim (",
+          c.qk_nope_head_dim + c.qk_rope_head_dim, ")"));
+    }
+  }
+
   // Rope: legacy rope_theta + rope_scaling, or rope_parameters; both must agree.
   bool have_legacy = false;
   RopeConfig legacy;

@@ -1,0 +1,99 @@
+#include "common/engine/sampler.h"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace moesh {
+namespace {
+
+const std::vector<float> kLogits = {1.0f, 3.0f, 2.0f, 0.5f, 2.9f};
+
+TEST(SamplerTest, GreedyIsArgmax) {
+  Sampler s(SamplingParams{});
+  EXPECT_EQ(s.Sample(kLogits.data(), 5), 1);
+}
+
+TEST(SamplerTest, SeedReproduces) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 42;
+  Sampler a(p), b(p);
+  std::vector<int> xa, xb;
+  for (int i = 0; i < 50; ++i) {
+    xa.push_back(a.Sample(kLogits.data(), 5));
+    xb.push_back(b.Sample(kLogits.data(), 5));
+  }
+  EXPECT_EQ(xa, xb);
+  EXPECT_GT(std::set<int>(xa.begin(), xa.end()).size(), 1u);  // actually random
+}
+
+TEST(SamplerTest, FrequenciesFollowSoftmax) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.seed = 1;
+  Sampler s(p);
+  std::map<int, int> count;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++count[s.Sample(kLogits.data(), 5)];
+  double z = 0;
+  for (float l : kLogits) z += std::exp(l / 0.7);
+  for (int i = 0; i < 5; ++i) {
+    const double want = std::exp(kLogits[i] / 0.7) / z;
+    EXPECT_NEAR(count[i] / static_cast<double>(n), want, 0.015) << i;
+  }
+}
+
+TEST(SamplerTest, TruncationsKeepOnlyAllowedTokens) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 3;
+  p.top_k = 2;  // {1, 4}
+  Sampler k2(p);
+  for (int i = 0; i < 200; ++i) {
+    const int t = k2.Sample(kLogits.data(), 5);
+    EXPECT_TRUE(t == 1 || t == 4) << t;
+  }
+  p.top_k = 0;
+  p.top_p = 0.01f;  // only the best token
+  Sampler tp(p);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(tp.Sample(kLogits.data(), 5), 1);
+  p.top_p = 1.0f;
+  p.min_p = 0.8f;  // p(4)/p(1) = e^-0.1 ≈ 0.905 stays, p(2)/p(1) = e^-1 goes
+  Sampler mp(p);
+  for (int i = 0; i < 200; ++i) {
+    const int t = mp.Sample(kLogits.data(), 5);
+    EXPECT_TRUE(t == 1 || t == 4) << t;
+  }
+}
+
+TEST(SamplerTest, TopLogprobs) {
+  std::vector<TokenLogprob> top = Sampler::TopLogprobs(kLogits.data(), 5, 2);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0].id, 1);
+  EXPECT_EQ(top[1].id, 4);
+  double z = 0;
+  for (float l : kLogits) z += std::exp(l);
+  EXPECT_NEAR(top[0].logprob, 3.0 - std::log(z), 1e-6);
+}
+
+TEST(SamplerTest, ValidateRejectsImpossibleParams) {
+  auto check = [](auto edit) {
+    SamplingParams p;
+    edit(p);
+    return p.Validate(100).code();
+  };
+  EXPECT_EQ(check([](SamplingParams&) {}), absl::StatusCode::kOk);
+  EXPECT_EQ(check([](SamplingParams& p) { p.temperature = -1; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check([](SamplingParams& p) { p.temperature = NAN; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check([](SamplingParams& p) { p.top_k = -2; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check([](SamplingParams& p) { p.top_p = 0; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check([](SamplingParams& p) { p.top_p = 1.5f; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check([](SamplingParams& p) { p.min_p = -0.1f; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check([](SamplingParams& p) { p.top_logprobs = 101; }), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moesh

@@ -1,0 +1,145 @@
+#include "common/model/config.h"
+
+#include <cmath>
+#include <functional>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace moesh {
+namespace {
+
+using Json = nlohmann::json;
+
+// DeepSeek-V2-Lite's config.json fields, as DeepSeek ships them (legacy rope form).
+Json V2LiteJson() {
+  return Json::parse(R"({
+    "model_type": "deepseek_v2", "vocab_size": 102400, "hidden_size": 2048,
+    "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 163840,
+    "q_lora_rank": null, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6,
+    "n_group": 1, "topk_group": 1, "topk_method": "greedy", "scoring_func": "softmax",
+    "norm_topk_prob": false, "routed_scaling_factor": 1.0, "first_k_dense_replace": 1,
+    "moe_layer_freq": 1, "rms_norm_eps": 1e-06, "bos_token_id": 100000, "eos_token_id": 100001,
+    "tie_word_embeddings": false, "hidden_act": "silu", "rope_theta": 10000,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
+  })");
+}
+
+absl::StatusOr<ModelConfig> Parse(const Json& j) { return ModelConfig::FromJson(j.dump(), "config.json"); }
+
+TEST(ConfigTest, ParsesV2LiteLegacyForm) {
+  absl::StatusOr<ModelConfig> c = Parse(V2LiteJson());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kDeepseekV2);
+  EXPECT_EQ(c->q_lora_rank, 0);
+  EXPECT_EQ(c->topk_method, TopkMethod::kGreedy);
+  EXPECT_EQ(c->rope.type, RopeType::kYarn);
+  EXPECT_EQ(c->rope.factor, 40);
+  EXPECT_EQ(c->rope.original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(c->rope.mscale_all_dim, 0.707);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int>{100001});
+  EXPECT_TRUE(c->rope_interleave);
+  EXPECT_FALSE(c->IsMoeLayer(0));
+  EXPECT_TRUE(c->IsMoeLayer(1));
+  // qk_head_dim^-0.5 * (0.1 * 0.707 * ln 40 + 1)^2
+  const double m = 0.1 * 0.707 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(c->SoftmaxScale(), m * m / std::sqrt(192.0), 1e-12);
+}
+
+TEST(ConfigTest, NewRopeParametersFormEqualsLegacy) {
+  Json j = V2LiteJson();
+  Json rp = j["rope_scaling"];
+  rp.erase("type");
+  rp["rope_type"] = "yarn";
+  rp["rope_theta"] = 10000;
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = rp;
+  absl::StatusOr<ModelConfig> a = Parse(V2LiteJson());
+  absl::StatusOr<ModelConfig> b = Parse(j);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->rope.factor, b->rope.factor);
+  EXPECT_EQ(a->rope.original_max_position_embeddings, b->rope.original_max_position_embeddings);
+  EXPECT_EQ(a->rope.theta, b->rope.theta);
+  EXPECT_EQ(a->SoftmaxScale(), b->SoftmaxScale());
+}
+
+TEST(ConfigTest, ToJsonRoundTrips) {
+  absl::StatusOr<ModelConfig> a = Parse(V2LiteJson());
+  for (bool new_form : {false, true}) {
+    absl::StatusOr<ModelConfig> b = ModelConfig::FromJson(a->ToJson(new_form), "roundtrip");
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->hidden_size, a->hidden_size);
+    EXPECT_EQ(b->rope.factor, a->rope.factor);
+    EXPECT_EQ(b->SoftmaxScale(), a->SoftmaxScale());
+    EXPECT_EQ(b->topk_method, a->topk_method);
+    EXPECT_EQ(b->eos_token_ids, a->eos_token_ids);
+  }
+}
+
+TEST(ConfigTest, V3DefaultsToNoauxTcSigmoid) {
+  Json j = V2LiteJson();
+  j["model_type"] = "deepseek_v3";
+  j.erase("topk_method");
+  j.erase("scoring_func");
+  j["n_group"] = 8;
+  j["topk_group"] = 4;
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->topk_method, TopkMethod::kNoauxTc);
+  EXPECT_EQ(c->scoring_func, ScoringFunc::kSigmoid);
+}
+
+struct BadCase {
+  const char* name;
+  std::function<void(Json&)> edit;
+  const char* message;  // substring of the error
+};
+
+class ConfigErrorTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ConfigErrorTest, RejectsWithClearMessage) {
+  Json j = V2LiteJson();
+  GetParam().edit(j);
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find(GetParam().message), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("config.json"), std::string::npos) << c.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ConfigErrorTest,
+    ::testing::Values(
+        BadCase{"unknown_model", [](Json& j) { j["model_type"] = "llama"; }, "model_type"},
+        BadCase{"missing_hidden", [](Json& j) { j.erase("hidden_size"); }, "hidden_size"},
+        BadCase{"string_hidden", [](Json& j) { j["hidden_size"] = "2048"; }, "hidden_size"},
+        BadCase{"groups_not_dividing", [](Json& j) { j["topk_method"] = "group_limited_greedy"; j["n_group"] = 5; }, "n_group"},
+        BadCase{"topk_group_too_big", [](Json& j) { j["topk_method"] = "group_limited_greedy"; j["n_group"] = 8; j["topk_group"] = 9; }, "topk_group"},
+        BadCase{"k_unreachable", [](Json& j) { j["topk_method"] = "group_limited_greedy"; j["n_group"] = 8; j["topk_group"] = 1; j["num_experts_per_tok"] = 9; }, "num_experts_per_tok"},
+        BadCase{"too_many_k", [](Json& j) { j["num_experts_per_tok"] = 65; }, "num_experts_per_tok"},
+        BadCase{"bad_method", [](Json& j) { j["topk_method"] = "random"; }, "topk_method"},
+        BadCase{"bad_scoring", [](Json& j) { j["scoring_func"] = "relu"; }, "scoring_func"},
+        BadCase{"kv_heads", [](Json& j) { j["num_key_value_heads"] = 8; }, "num_key_value_heads"},
+        BadCase{"odd_rope", [](Json& j) { j["qk_rope_head_dim"] = 63; }, "qk_rope_head_dim"},
+        BadCase{"dense_too_many", [](Json& j) { j["first_k_dense_replace"] = 28; }, "first_k_dense_replace"},
+        BadCase{"eos_outside", [](Json& j) { j["eos_token_id"] = 102400; }, "eos_token_id"},
+        BadCase{"rope_type", [](Json& j) { j["rope_scaling"]["type"] = "dynamic"; }, "rope type"},
+        BadCase{"rope_contradiction", [](Json& j) {
+                  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000}};
+                }, "contradicts"},
+        BadCase{"qk_head_dim", [](Json& j) { j["qk_head_dim"] = 100; }, "qk_head_dim"},
+        BadCase{"activation", [](Json& j) { j["hidden_act"] = "gelu"; }, "hidden_act"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });
+
+TEST(ConfigTest, NotJson) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson("{not json", "x/config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelConfig::Load("/nonexistent/dir").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace moesh

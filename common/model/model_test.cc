@@ -1,0 +1,180 @@
+// Properties of the forward pass that must hold for any checkpoint: decoding
+// with the latent cache equals recomputing the prefix, batching sequences
+// equals running them alone, and experts split across shards equal all
+// experts in one place.
+#include "common/model/model.h"
+
+#include <filesystem>
+#include <algorithm>
+#include <random>
+
+#include "common/file_util.h"
+#include "common/model/random_checkpoint.h"
+#include "common/model/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace moesh {
+namespace {
+
+std::string Checkpoint(const std::string& family) {
+  const std::string dir = JoinPath(::testing::TempDir(), "model_test_" + family);
+  if (!FileExists(JoinPath(dir, "config.json"))) {
+    absl::StatusOr<ModelConfig> c = PresetConfig(family, "tiny");
+    EXPECT_TRUE(c.ok());
+    RandomCheckpointOptions opt;
+    opt.seed = 11;
+    EXPECT_TRUE(WriteRandomCheckpoint(*c, dir, opt).ok());
+  }
+  return dir;
+}
+
+std::vector<int32_t> RandomTokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = d(rng);
+  return t;
+}
+
+float MaxAbsDiff(const float* a, const float* b, size_t n) {
+  float worst = 0.0f;
+  for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  return worst;
+}
+
+class ModelTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(Checkpoint(GetParam()));
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    vocab_ = model_->config().vocab_size;
+  }
+  std::vector<float> Run(const std::vector<int32_t>& tokens, SequenceKvCache* cache,
+                         LogitsFor which = LogitsFor::kLastToken) {
+    SequenceInput in{tokens, cache};
+    absl::StatusOr<std::vector<float>> l = model_->Forward(absl::MakeConstSpan(&in, 1), which);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? *l : std::vector<float>();
+  }
+  std::unique_ptr<Model> model_;
+  int vocab_ = 0;
+};
+
+TEST_P(ModelTest, CachedDecodingEqualsRecomputation) {
+  const std::vector<int32_t> tokens = RandomTokens(40, vocab_, 5);
+  // Reference: one forward over everything, logits at every position.
+  SequenceKvCache full_cache = model_->NewCache();
+  const std::vector<float> full = Run(tokens, &full_cache, LogitsFor::kAllTokens);
+  // Incremental: a 13-token prefill, a 5-token chunk, then one token at a time.
+  SequenceKvCache cache = model_->NewCache();
+  size_t pos = 0;
+  std::vector<size_t> chunks = {13, 5};
+  while (pos < tokens.size()) {
+    const size_t n = chunks.empty() ? 1 : chunks.front();
+    if (!chunks.empty()) chunks.erase(chunks.begin());
+    std::vector<int32_t> chunk(tokens.begin() + pos, tokens.begin() + pos + n);
+    const std::vector<float> last = Run(chunk, &cache);
+    pos += n;
+    ASSERT_EQ(cache.length(), static_cast<int>(pos));
+    EXPECT_LE(MaxAbsDiff(last.data(), &full[(pos - 1) * vocab_], vocab_), 1e-4f) << "position " << pos - 1;
+  }
+  // The cached rows are identical however they were produced.
+  for (int l = 0; l < model_->config().num_hidden_layers; ++l) {
+    EXPECT_LE(MaxAbsDiff(cache.rows(l), full_cache.rows(l), tokens.size() * cache.row_width()), 1e-5f);
+  }
+}
+
+TEST_P(ModelTest, BatchEqualsSequencesAlone) {
+  std::vector<std::vector<int32_t>> prompts = {RandomTokens(7, vocab_, 1), RandomTokens(1, vocab_, 2),
+                                               RandomTokens(19, vocab_, 3)};
+  std::vector<SequenceKvCache> caches(prompts.size(), model_->NewCache());
+  std::vector<SequenceInput> inputs;
+  for (size_t i = 0; i < prompts.size(); ++i) inputs.push_back({prompts[i], &caches[i]});
+  absl::StatusOr<std::vector<float>> batched = model_->Forward(inputs);
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  ASSERT_EQ(batched->size(), prompts.size() * vocab_);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SequenceKvCache alone_cache = model_->NewCache();
+    const std::vector<float> alone = Run(prompts[i], &alone_cache);
+    EXPECT_LE(MaxAbsDiff(alone.data(), &(*batched)[i * vocab_], vocab_), 1e-4f) << "sequence " << i;
+  }
+  // A decode step for the batch: each sequence continues from its own cache.
+  std::vector<std::vector<int32_t>> next = {{4}, {9}, {16}};
+  for (size_t i = 0; i < prompts.size(); ++i) inputs[i] = {next[i], &caches[i]};
+  absl::StatusOr<std::vector<float>> step = model_->Forward(inputs);
+  ASSERT_TRUE(step.ok());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t> all = prompts[i];
+    all.push_back(next[i][0]);
+    SequenceKvCache c = model_->NewCache();
+    const std::vector<float> ref = Run(all, &c);
+    EXPECT_LE(MaxAbsDiff(ref.data(), &(*step)[i * vocab_], vocab_), 1e-4f) << "sequence " << i;
+  }
+}
+
+// Two shards of half the experts each, summed, give the local client's result.
+class TwoShardClient : public ExpertClient {
+ public:
+  TwoShardClient(std::unique_ptr<ExpertStage> a, std::unique_ptr<ExpertStage> b)
+      : a_(std::move(a)), b_(std::move(b)) {}
+  absl::Status Run(const MoeDispatch& d, float* out) override {
+    std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
+    if (absl::Status s = a_->Accumulate(d, out); !s.ok()) return s;
+    return b_->Accumulate(d, out);
+  }
+
+ private:
+  std::unique_ptr<ExpertStage> a_, b_;
+};
+
+TEST_P(ModelTest, ShardedExpertsEqualLocal) {
+  const std::string dir = Checkpoint(GetParam());
+  absl::StatusOr<std::unique_ptr<::moesh::Checkpoint>> ckpt = ::moesh::Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  const ModelConfig& c = model_->config();
+  std::set<int> even, odd;
+  for (int e = 0; e < c.n_routed_experts; ++e) (e % 2 ? odd : even).insert(e);
+  auto load = [&](const std::set<int>& ids) {
+    absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w = ExpertShardWeights::Load(c, **ckpt, ids);
+    EXPECT_TRUE(w.ok());
+    EXPECT_EQ((*w)->layers.begin()->second.size(), ids.size());  // only the shard's experts
+    return std::make_unique<ExpertStage>(c, std::move(*w));
+  };
+  TwoShardClient sharded(load(even), load(odd));
+  const std::vector<int32_t> tokens = RandomTokens(12, vocab_, 8);
+  SequenceKvCache c1 = model_->NewCache(), c2 = model_->NewCache();
+  SequenceInput in1{tokens, &c1}, in2{tokens, &c2};
+  absl::StatusOr<std::vector<float>> local = model_->Forward(absl::MakeConstSpan(&in1, 1));
+  absl::StatusOr<std::vector<float>> split =
+      model_->attention().Forward(absl::MakeConstSpan(&in2, 1), &sharded);
+  ASSERT_TRUE(local.ok() && split.ok());
+  EXPECT_LE(MaxAbsDiff(local->data(), split->data(), vocab_), 1e-5f);
+}
+
+TEST_P(ModelTest, RejectsBadInputs) {
+  SequenceKvCache cache = model_->NewCache();
+  std::vector<int32_t> bad = {1, vocab_};
+  SequenceInput in{bad, &cache};
+  absl::StatusOr<std::vector<float>> r = model_->Forward(absl::MakeConstSpan(&in, 1));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> negative = {-1};
+  in = {negative, &cache};
+  EXPECT_EQ(model_->Forward(absl::MakeConstSpan(&in, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> empty;
+  in = {empty, &cache};
+  EXPECT_EQ(model_->Forward(absl::MakeConstSpan(&in, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> too_long = RandomTokens(model_->config().max_position_embeddings + 1, vocab_, 1);
+  in = {too_long, &cache};
+  EXPECT_EQ(model_->Forward(absl::MakeConstSpan(&in, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ModelTest, ::testing::Values("v2-lite", "v2", "v3"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace moesh

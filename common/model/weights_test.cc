@@ -1,0 +1,212 @@
+// Loading a checkpoint that disagrees with its config.json fails with an error
+// naming the file and the tensor; never a crash or a silently wrong model.
+#include "common/model/weights.h"
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+#include "common/file_util.h"
+#include "common/model/model.h"
+#include "common/model/random_checkpoint.h"
+#include "gtest/gtest.h"
+
+namespace moesh {
+namespace {
+
+std::string FreshTinyCheckpoint(const std::string& name, const std::string& family = "v3") {
+  const std::string dir = JoinPath(::testing::TempDir(), "weights_test_" + name);
+  std::filesystem::remove_all(dir);
+  absl::StatusOr<ModelConfig> c = PresetConfig(family, "tiny");
+  EXPECT_TRUE(c.ok());
+  EXPECT_TRUE(WriteRandomCheckpoint(*c, dir, {}).ok());
+  return dir;
+}
+
+// Rewrites <dir>/model.safetensors through `edit`, which sees every tensor
+// and may drop (return false), reshape or retype it, or add more to `w`.
+void RewriteTensors(const std::string& dir,
+                    const std::function<bool(TensorView&, std::vector<uint8_t>&)>& edit,
+                    const std::function<void(SafetensorsWriter&)>& add = nullptr) {
+  const std::string path = JoinPath(dir, "model.safetensors");
+  SafetensorsWriter w;
+  {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(path);
+    ASSERT_TRUE(f.ok());
+    for (const auto& [name, view] : (*f)->tensors()) {
+      TensorView v = view;
+      std::vector<uint8_t> bytes(view.data, view.data + view.nbytes);
+      if (edit(v, bytes)) w.Add(v.name, v.dtype, v.shape, std::move(bytes));
+    }
+  }
+  if (add) add(w);
+  ASSERT_TRUE(w.WriteFile(path).ok());
+}
+
+TEST(WeightsTest, TinyCheckpointsLoad) {
+  for (const char* family : {"v2-lite", "v2", "v3"}) {
+    const std::string dir = FreshTinyCheckpoint(std::string("ok_") + family, family);
+    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(dir);
+    EXPECT_TRUE(m.ok()) << family << ": " << m.status();
+  }
+}
+
+TEST(WeightsTest, ShardedAndF16AndF32CheckpointsLoadToTheSameModel) {
+  absl::StatusOr<ModelConfig> c = PresetConfig("v2", "tiny");
+  ASSERT_TRUE(c.ok());
+  std::vector<std::vector<float>> logits;
+  for (auto [shards, dtype] : std::vector<std::pair<int, DType>>{{1, DType::kF32}, {3, DType::kF32}}) {
+    const std::string dir = JoinPath(::testing::TempDir(), "weights_test_shards" + std::to_string(shards));
+    std::filesystem::remove_all(dir);
+    RandomCheckpointOptions opt;
+    opt.num_shards = shards;
+    opt.dtype = dtype;
+    ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, opt).ok());
+    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(dir);
+    ASSERT_TRUE(m.ok()) << m.status();
+    SequenceKvCache cache = (*m)->NewCache();
+    std::vector<int32_t> prompt = {3, 4, 5};
+    SequenceInput in{prompt, &cache};
+    absl::StatusOr<std::vector<float>> l = (*m)->Forward(absl::MakeConstSpan(&in, 1));
+    ASSERT_TRUE(l.ok());
+    logits.push_back(*l);
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+  // F16 of the same seed rounds differently from F32 but is close.
+  const std::string dir = JoinPath(::testing::TempDir(), "weights_test_f16");
+  std::filesystem::remove_all(dir);
+  RandomCheckpointOptions opt;
+  opt.dtype = DType::kF16;
+  ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, opt).ok());
+  absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+}
+
+struct BadCheckpoint {
+  const char* name;
+  std::function<void(const std::string& dir)> corrupt;
+  absl::StatusCode code;
+  std::vector<const char*> message_parts;
+};
+
+class BadCheckpointTest : public ::testing::TestWithParam<BadCheckpoint> {};
+
+TEST_P(BadCheckpointTest, ClearError) {
+  const std::string dir = FreshTinyCheckpoint(GetParam().name);
+  GetParam().corrupt(dir);
+  absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), GetParam().code) << m.status();
+  for (const char* part : GetParam().message_parts) {
+    EXPECT_NE(m.status().message().find(part), std::string::npos) << "missing \"" << part << "\" in: " << m.status();
+  }
+}
+
+const char kKvB[] = "model.layers.1.self_attn.kv_b_proj.weight";
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadCheckpointTest,
+    ::testing::Values(
+        BadCheckpoint{"missing_tensor",
+                      [](const std::string& dir) {
+                        RewriteTensors(dir, [](TensorView& v, auto&) { return v.name != kKvB; });
+                      },
+                      absl::StatusCode::kInvalidArgument, {kKvB, "missing"}},
+        BadCheckpoint{"missing_expert",
+                      [](const std::string& dir) {
+                        RewriteTensors(dir, [](TensorView& v, auto&) {
+                          return v.name != "model.layers.2.mlp.experts.7.down_proj.weight";
+                        });
+                      },
+                      absl::StatusCode::kInvalidArgument, {"model.layers.2.mlp.experts.7.down_proj.weight"}},
+        BadCheckpoint{"extra_tensor",
+                      [](const std::string& dir) {
+                        RewriteTensors(dir, [](TensorView&, auto&) { return true; }, [](SafetensorsWriter& w) {
+                          w.Add("model.layers.0.self_attn.mystery.weight", DType::kF32, {1}, {0, 0, 0, 0});
+                        });
+                      },
+                      absl::StatusCode::kInvalidArgument, {"mystery", "model.safetensors"}},
+        BadCheckpoint{"wrong_shape",
+                      [](const std::string& dir) {
+                        RewriteTensors(dir, [](TensorView& v, std::vector<uint8_t>&) {
+                          if (v.name == kKvB) std::swap(v.shape[0], v.shape[1]);
+                          return true;
+                        });
+                      },
+                      absl::StatusCode::kInvalidArgument, {kKvB, "[32, 128]", "[128, 32]", "model.safetensors"}},
+        BadCheckpoint{"integer_dtype",
+                      [](const std::string& dir) {
+                        RewriteTensors(dir, [](TensorView& v, std::vector<uint8_t>& b) {
+                          if (v.name == "model.norm.weight") {
+                            v.dtype = DType::kI32;
+                            b.resize(b.size() * 2);
+                          }
+                          return true;
+                        });
+                      },
+                      absl::StatusCode::kInvalidArgument, {"model.norm.weight", "I32"}},
+        BadCheckpoint{"fp8_without_scale",
+                      [](const std::string& dir) {
+                        RewriteTensors(dir, [](TensorView& v, std::vector<uint8_t>& b) {
+                          if (v.name == kKvB) {
+                            v.dtype = DType::kF8E4M3;
+                            b.resize(b.size() / 2);
+                          }
+                          return true;
+                        });
+                      },
+                      absl::StatusCode::kInvalidArgument, {kKvB, "weight_scale_inv"}},
+        BadCheckpoint{"missing_bias_for_noaux_tc",
+                      [](const std::string& dir) {
+                        RewriteTensors(dir, [](TensorView& v, auto&) {
+                          return v.name != "model.layers.1.mlp.gate.e_score_correction_bias";
+                        });
+                      },
+                      absl::StatusCode::kInvalidArgument, {"e_score_correction_bias"}},
+        BadCheckpoint{"truncated_file",
+                      [](const std::string& dir) {
+                        const std::string p = JoinPath(dir, "model.safetensors");
+                        std::filesystem::resize_file(p, std::filesystem::file_size(p) - 100);
+                      },
+                      absl::StatusCode::kDataLoss, {"model.safetensors", "truncated"}},
+        BadCheckpoint{"config_contradiction",
+                      [](const std::string& dir) {
+                        // More layers than the weights hold.
+                        std::string c = *ReadFileToString(JoinPath(dir, "config.json"));
+                        c.replace(c.find("\"num_hidden_layers\": 3"), 22, "\"num_hidden_layers\": 4");
+                        ASSERT_TRUE(WriteStringToFile(JoinPath(dir, "config.json"), c).ok());
+                      },
+                      absl::StatusCode::kInvalidArgument, {"model.layers.3."}},
+        BadCheckpoint{"no_config",
+                      [](const std::string& dir) { std::filesystem::remove(JoinPath(dir, "config.json")); },
+                      absl::StatusCode::kNotFound, {"config.json"}}),
+    [](const ::testing::TestParamInfo<BadCheckpoint>& info) { return std::string(info.param.name); });
+
+TEST(WeightsTest, Fp8BlockScalesDequantise) {
+  const std::string dir = FreshTinyCheckpoint("fp8");
+  // Store kv_b_proj [128, 32] as e4m3 1.0 (0x38) with per-block scales: one row
+  // block (128 rows) x one column block; scale 0.5 -> every weight 0.5.
+  RewriteTensors(dir, [](TensorView& v, std::vector<uint8_t>& b) {
+    if (v.name == kKvB) {
+      v.dtype = DType::kF8E4M3;
+      b.assign(128 * 32, 0x38);
+    }
+    return true;
+  }, [](SafetensorsWriter& w) {
+    const float half = 0.5f;
+    std::vector<uint8_t> s(4);
+    std::memcpy(s.data(), &half, 4);
+    w.Add(std::string(kKvB) + "_scale_inv", DType::kF32, {1, 1}, s);
+  });
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  absl::StatusOr<ModelConfig> c = ModelConfig::Load(dir);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(ValidateCheckpoint(*c, **ckpt).ok()) << ValidateCheckpoint(*c, **ckpt);
+  absl::StatusOr<std::vector<float>> w = ReadTensorF32(**ckpt, kKvB, {128, 32});
+  ASSERT_TRUE(w.ok());
+  for (float x : *w) ASSERT_EQ(x, 0.5f);
+}
+
+}  // namespace
+}  // namespace moesh
