@@ -1,11 +1,15 @@
 // moesh bench: prefill and decode throughput of the colocated CPU engine.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
+#include <vector>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "common/model/model.h"
+#include "common/model/weights.h"
 #include "common/status.h"
 
 namespace moesh::cli {
@@ -13,6 +17,35 @@ namespace {
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// Host memory bandwidth (bytes read + written per second) of a large memcpy:
+// the ceiling a batch-1 decode step, which streams the weights, can reach.
+double MeasureMemcpyBandwidth() {
+  const size_t n = 256u << 20;
+  std::vector<char> a(n, 1), b(n, 2);
+  double best = 0.0;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    auto t1 = std::chrono::steady_clock::now();
+    best = std::max(best, 2.0 * n / Seconds(t0, t1));
+    std::swap(a, b);
+  }
+  return best;
+}
+
+// float32 bytes a batch-1 decode step must read: everything but the routed
+// experts, plus top_k experts per MoE layer.
+double Batch1WeightBytes(const ModelConfig& c) {
+  double total = 0.0;
+  for (const TensorSpec& t : CheckpointSchema(c)) {
+    double n = 4.0;
+    for (int64_t d : t.shape) n *= static_cast<double>(d);
+    if (t.name.find(".mlp.experts.") != std::string::npos) n *= static_cast<double>(c.num_experts_per_tok) / c.n_routed_experts;
+    total += n;
+  }
+  return total;
 }
 
 }  // namespace
@@ -34,7 +67,12 @@ absl::Status RunBench(const std::vector<std::string>& argv) {
   std::printf("model %s (%s): hidden %d, layers %d, experts %d top-%d, vocab %d\n", dir.c_str(),
               c.model_type.c_str(), c.hidden_size, c.num_hidden_layers, c.n_routed_experts,
               c.num_experts_per_tok, c.vocab_size);
-  std::printf("%6s %10s %14s %14s %14s\n", "batch", "prompt", "prefill tok/s", "decode tok/s", "step ms");
+  const double bandwidth = MeasureMemcpyBandwidth();
+  const double floor_ms = 1e3 * Batch1WeightBytes(c) / bandwidth;
+  std::printf("memcpy bandwidth %.1f GB/s; batch-1 decode floor (weights read once) %.3f ms/step\n",
+              bandwidth / 1e9, floor_ms);
+  std::printf("%6s %10s %14s %14s %14s %14s\n", "batch", "prompt", "prefill tok/s", "decode tok/s", "step ms",
+              "floor/step");
   for (int64_t b : batches) {
     if (b < 1) return absl::InvalidArgumentError("--batch sizes must be >= 1");
     std::vector<SequenceKvCache> caches(b, model->NewCache());
@@ -57,9 +95,10 @@ absl::Status RunBench(const std::vector<std::string>& argv) {
     }
     auto t2 = std::chrono::steady_clock::now();
     const double prefill = Seconds(t0, t1), decode = Seconds(t1, t2);
-    std::printf("%6lld %10lld %14.1f %14.1f %14.2f\n", static_cast<long long>(b),
-                static_cast<long long>(prompt_len), b * prompt_len / prefill, b * steps / decode,
-                1e3 * decode / steps);
+    const double step_ms = 1e3 * decode / steps;
+    std::printf("%6lld %10lld %14.1f %14.1f %14.2f %13.0f%%\n", static_cast<long long>(b),
+                static_cast<long long>(prompt_len), b * prompt_len / prefill, b * steps / decode, step_ms,
+                100.0 * floor_ms / step_ms);
   }
   return absl::OkStatus();
 }
