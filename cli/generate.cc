@@ -16,7 +16,8 @@ namespace moesh::cli {
 absl::Status RunGenerate(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
                                           {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k",
-                                           "top-p", "min-p", "seed", "top-logprobs", "stop-token-ids"},
+                                           "top-p", "min-p", "seed", "top-logprobs", "stop-token-ids",
+                                           "repetition-penalty", "presence-penalty", "frequency-penalty"},
                                           {"ignore-eos", "json"}));
   ASSIGN_OR_RETURN(std::string dir, args.Required("model"));
   ASSIGN_OR_RETURN(std::vector<int64_t> prompt64, args.IntList("prompt-ids"));
@@ -43,6 +44,12 @@ absl::Status RunGenerate(const std::vector<std::string>& argv) {
   sp.top_p = static_cast<float>(top_p);
   sp.min_p = static_cast<float>(min_p);
   sp.top_logprobs = static_cast<int>(top_logprobs);
+  ASSIGN_OR_RETURN(double repetition, args.Double("repetition-penalty", 1.0));
+  ASSIGN_OR_RETURN(double presence, args.Double("presence-penalty", 0.0));
+  ASSIGN_OR_RETURN(double frequency, args.Double("frequency-penalty", 0.0));
+  sp.repetition_penalty = static_cast<float>(repetition);
+  sp.presence_penalty = static_cast<float>(presence);
+  sp.frequency_penalty = static_cast<float>(frequency);
   if (args.Has("seed")) {
     ASSIGN_OR_RETURN(int64_t seed, args.Int("seed", 0));
     sp.seed = static_cast<uint64_t>(seed);

@@ -42,7 +42,8 @@ absl::StatusOr<GenerationResult> Generate(const Model& model, absl::Span<const i
   while (true) {
     SequenceInput in{next, &cache};
     ASSIGN_OR_RETURN(std::vector<float> logits, model.Forward(absl::MakeConstSpan(&in, 1)));
-    const int32_t token = sampler.Sample(logits.data(), c.vocab_size);
+    const int32_t token = sampler.Sample(logits.data(), c.vocab_size, static_cast<int>(result.output_ids.size()),
+                                         prompt, result.output_ids);
     if (sampling.top_logprobs > 0) {
       result.top_logprobs.push_back(Sampler::TopLogprobs(logits.data(), c.vocab_size, sampling.top_logprobs));
     }

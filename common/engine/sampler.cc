@@ -19,6 +19,15 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   if (!(min_p >= 0.0f && min_p <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("min_p must lie in [0, 1], got ", min_p));
   }
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {
+    return absl::InvalidArgumentError(absl::StrCat("repetition_penalty must be > 0, got ", repetition_penalty));
+  }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("presence_penalty must lie in [-2, 2], got ", presence_penalty));
+  }
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("frequency_penalty must lie in [-2, 2], got ", frequency_penalty));
+  }
   if (top_logprobs < 0 || top_logprobs > vocab_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs must lie in [0, vocab_size = ", vocab_size, "], got ", top_logprobs));
@@ -27,9 +36,34 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
 }
 
 Sampler::Sampler(const SamplingParams& params)
-    : params_(params), rng_(params.seed.has_value() ? *params.seed : std::random_device{}()) {}
+    : params_(params),
+      seed_(params.seed.has_value() ? *params.seed
+                                    : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
 
-int32_t Sampler::Sample(const float* logits, int vocab) {
+int32_t Sampler::Sample(const float* logits, int vocab, int step, absl::Span<const int32_t> prompt,
+                        absl::Span<const int32_t> output) {
+  if (has_penalties()) {
+    penalized_.assign(logits, logits + vocab);
+    if (params_.repetition_penalty != 1.0f) {
+      std::vector<bool> seen(vocab, false);
+      for (int32_t t : prompt) seen[t] = true;
+      for (int32_t t : output) seen[t] = true;
+      for (int i = 0; i < vocab; ++i) {
+        if (!seen[i]) continue;
+        penalized_[i] = penalized_[i] > 0 ? penalized_[i] / params_.repetition_penalty
+                                          : penalized_[i] * params_.repetition_penalty;
+      }
+    }
+    if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+      std::vector<int> count(vocab, 0);
+      for (int32_t t : output) ++count[t];
+      for (int i = 0; i < vocab; ++i) {
+        if (count[i] == 0) continue;
+        penalized_[i] -= params_.presence_penalty + params_.frequency_penalty * count[i];
+      }
+    }
+    logits = penalized_.data();
+  }
   if (params_.temperature == 0.0f) {
     return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   }
@@ -70,8 +104,11 @@ int32_t Sampler::Sample(const float* logits, int vocab) {
   }
   double mass = 0.0;
   for (int i = 0; i < n; ++i) mass += p[i];
+  std::seed_seq seq{static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32),
+                    static_cast<uint32_t>(step)};
+  std::mt19937_64 rng(seq);
   std::uniform_real_distribution<double> uniform(0.0, mass);
-  const double u = uniform(rng_);
+  const double u = uniform(rng);
   double acc = 0.0;
   for (int i = 0; i < n; ++i) {
     acc += p[i];

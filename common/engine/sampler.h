@@ -1,8 +1,10 @@
-// Token sampling from logits: greedy, temperature, top-k, top-p, min-p, with a
-// seedable generator, and top log-probabilities.
+// Token sampling from logits: repetition/presence/frequency penalties, greedy,
+// temperature, top-k, top-p, min-p, and top log-probabilities.
 //
-// A Sampler belongs to one request (its generator advances per token); not
-// thread-safe.
+// The random draw for generated token number `step` depends only on the seed
+// and `step`, so a request's first token (sampled by a prefill worker) and the
+// rest (sampled by a decode worker) reproduce a single-process run exactly.
+// A Sampler belongs to one request; not thread-safe.
 #ifndef MOESH_COMMON_ENGINE_SAMPLER_H_
 #define MOESH_COMMON_ENGINE_SAMPLER_H_
 
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 
 namespace moesh {
 
@@ -22,6 +25,9 @@ struct SamplingParams {
   float min_p = 0.0f;        // drop tokens with p < min_p * p_max, in [0, 1]
   std::optional<uint64_t> seed;  // unset: nondeterministic
   int top_logprobs = 0;      // how many alternatives to report per token
+  float repetition_penalty = 1.0f;  // > 0; 1: off. Over prompt and output tokens.
+  float presence_penalty = 0.0f;    // [-2, 2], once per distinct output token
+  float frequency_penalty = 0.0f;   // [-2, 2], per occurrence in the output
 
   // INVALID_ARGUMENT naming the parameter if any is out of range.
   absl::Status Validate(int vocab_size) const;
@@ -36,14 +42,22 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
 
-  // Picks the next token from logits[vocab].
-  int32_t Sample(const float* logits, int vocab);
+  // Picks generated token number `step` (0-based) from logits[vocab], given
+  // the prompt and the tokens generated so far (for the penalties).
+  int32_t Sample(const float* logits, int vocab, int step, absl::Span<const int32_t> prompt,
+                 absl::Span<const int32_t> output);
   // The k most likely tokens under log_softmax(logits), best first.
   static std::vector<TokenLogprob> TopLogprobs(const float* logits, int vocab, int k);
 
  private:
+  bool has_penalties() const {
+    return params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+           params_.frequency_penalty != 0.0f;
+  }
+
   const SamplingParams params_;
-  std::mt19937_64 rng_;
+  const uint64_t seed_;
+  std::vector<float> penalized_;
   std::vector<std::pair<float, int32_t>> scratch_;
 };
 

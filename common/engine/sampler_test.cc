@@ -13,7 +13,7 @@ const std::vector<float> kLogits = {1.0f, 3.0f, 2.0f, 0.5f, 2.9f};
 
 TEST(SamplerTest, GreedyIsArgmax) {
   Sampler s(SamplingParams{});
-  EXPECT_EQ(s.Sample(kLogits.data(), 5), 1);
+  EXPECT_EQ(s.Sample(kLogits.data(), 5, 0, {}, {}), 1);
 }
 
 TEST(SamplerTest, SeedReproduces) {
@@ -23,8 +23,8 @@ TEST(SamplerTest, SeedReproduces) {
   Sampler a(p), b(p);
   std::vector<int> xa, xb;
   for (int i = 0; i < 50; ++i) {
-    xa.push_back(a.Sample(kLogits.data(), 5));
-    xb.push_back(b.Sample(kLogits.data(), 5));
+    xa.push_back(a.Sample(kLogits.data(), 5, i, {}, {}));
+    xb.push_back(b.Sample(kLogits.data(), 5, i, {}, {}));
   }
   EXPECT_EQ(xa, xb);
   EXPECT_GT(std::set<int>(xa.begin(), xa.end()).size(), 1u);  // actually random
@@ -37,7 +37,7 @@ TEST(SamplerTest, FrequenciesFollowSoftmax) {
   Sampler s(p);
   std::map<int, int> count;
   const int n = 20000;
-  for (int i = 0; i < n; ++i) ++count[s.Sample(kLogits.data(), 5)];
+  for (int i = 0; i < n; ++i) ++count[s.Sample(kLogits.data(), 5, i, {}, {})];
   double z = 0;
   for (float l : kLogits) z += std::exp(l / 0.7);
   for (int i = 0; i < 5; ++i) {
@@ -53,20 +53,49 @@ TEST(SamplerTest, TruncationsKeepOnlyAllowedTokens) {
   p.top_k = 2;  // {1, 4}
   Sampler k2(p);
   for (int i = 0; i < 200; ++i) {
-    const int t = k2.Sample(kLogits.data(), 5);
+    const int t = k2.Sample(kLogits.data(), 5, i, {}, {});
     EXPECT_TRUE(t == 1 || t == 4) << t;
   }
   p.top_k = 0;
   p.top_p = 0.01f;  // only the best token
   Sampler tp(p);
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(tp.Sample(kLogits.data(), 5), 1);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(tp.Sample(kLogits.data(), 5, i, {}, {}), 1);
   p.top_p = 1.0f;
   p.min_p = 0.8f;  // p(4)/p(1) = e^-0.1 ≈ 0.905 stays, p(2)/p(1) = e^-1 goes
   Sampler mp(p);
   for (int i = 0; i < 200; ++i) {
-    const int t = mp.Sample(kLogits.data(), 5);
+    const int t = mp.Sample(kLogits.data(), 5, i, {}, {});
     EXPECT_TRUE(t == 1 || t == 4) << t;
   }
+}
+
+TEST(SamplerTest, DrawDependsOnlyOnSeedAndStep) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 9;
+  Sampler a(p), b(p);
+  // b skips ahead: step 5 from a fresh sampler equals step 5 after 0..4.
+  for (int i = 0; i < 5; ++i) a.Sample(kLogits.data(), 5, i, {}, {});
+  EXPECT_EQ(a.Sample(kLogits.data(), 5, 5, {}, {}), b.Sample(kLogits.data(), 5, 5, {}, {}));
+}
+
+TEST(SamplerTest, Penalties) {
+  const std::vector<int32_t> prompt = {1};
+  SamplingParams p;  // greedy
+  p.repetition_penalty = 2.0f;  // token 1: 3.0 -> 1.5, below token 4 (2.9)
+  EXPECT_EQ(Sampler(p).Sample(kLogits.data(), 5, 0, prompt, {}), 4);
+  p.repetition_penalty = 1.0f;
+  p.frequency_penalty = 0.06f;  // two 1s in the output: 3.0 - 0.12 < 2.9
+  const std::vector<int32_t> out = {1, 1};
+  EXPECT_EQ(Sampler(p).Sample(kLogits.data(), 5, 2, {}, out), 4);
+  p.frequency_penalty = 0.0f;
+  p.presence_penalty = 0.06f;  // once: 2.94 > 2.9
+  EXPECT_EQ(Sampler(p).Sample(kLogits.data(), 5, 2, {}, out), 1);
+  p.presence_penalty = 3.0f;
+  EXPECT_EQ(p.Validate(5).code(), absl::StatusCode::kInvalidArgument);
+  p.presence_penalty = 0.0f;
+  p.repetition_penalty = 0.0f;
+  EXPECT_EQ(p.Validate(5).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SamplerTest, TopLogprobs) {

@@ -55,6 +55,10 @@ absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const Sequ
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no cache of this model"));
     }
     const int end = in.cache->length() + static_cast<int>(in.tokens.size());
+    if (end > in.cache->capacity()) {
+      return absl::ResourceExhaustedError(absl::StrCat("sequence ", s, " needs ", end,
+                                                       " cached tokens but its cache holds ", in.cache->capacity()));
+    }
     if (config_.max_position_embeddings > 0 && end > config_.max_position_embeddings) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " reaches ", end,
                                                      " tokens, beyond max_position_embeddings ",
@@ -128,8 +132,9 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
                kv_w, kv_w);
 
   std::vector<float> attn(static_cast<size_t>(num_tokens) * heads * c.v_head_dim);
+  std::vector<float> kv_scratch;
   for (size_t s = 0; s < seqs.size(); ++s) {
-    SequenceKvCache* cache = seqs[s].cache;
+    KvSequence* cache = seqs[s].cache;
     const int n = static_cast<int>(seqs[s].tokens.size());
     const int start = cache->num_rows(l);
     float* q_s = &q[static_cast<size_t>(offsets[s]) * heads * qk];
@@ -151,7 +156,7 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
       rp.offset = c.kv_lora_rank;
       cpu::RunRope(rp);
     }
-    std::memcpy(cache->Append(l, n), kv_s, static_cast<size_t>(n) * kv_w * sizeof(float));
+    cache->AppendRows(l, kv_s, n);
 
     cpu::MlaAttentionParams ap;
     ap.q = q_s;
@@ -161,7 +166,7 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
     ap.qk_rope_head_dim = c.qk_rope_head_dim;
     ap.kv_lora_rank = c.kv_lora_rank;
     ap.v_head_dim = c.v_head_dim;
-    ap.kv = cache->rows(l);
+    ap.kv = cache->Rows(l, &kv_scratch);
     ap.num_kv = start + n;
     ap.q_start_pos = start;
     ap.w_kv_b = w.kv_b_proj.data();

@@ -28,7 +28,7 @@ namespace moesh {
 // New tokens of one sequence for a forward pass.
 struct SequenceInput {
   absl::Span<const int32_t> tokens;  // appended after the cached prefix
-  SequenceKvCache* cache = nullptr;  // the sequence's cache; grows by tokens.size()
+  KvSequence* cache = nullptr;  // the sequence's cache; grows by tokens.size()
 };
 
 enum class LogitsFor { kLastToken, kAllTokens };
@@ -46,8 +46,9 @@ class AttentionModel {
   // appending to each cache. Returns logits [num_sequences, vocab] (last token
   // of each) or [total_tokens, vocab] (kAllTokens), float32.
   // INVALID_ARGUMENT for out-of-vocabulary ids, empty inputs, or positions
-  // beyond max_position_embeddings (when set); on error caches may hold partial
-  // rows and should be discarded.
+  // beyond max_position_embeddings (when set); RESOURCE_EXHAUSTED if a cache
+  // lacks capacity for its new tokens (checked before anything runs). On other
+  // errors caches may hold partial rows and should be discarded.
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs,
                                              ExpertClient* experts,
                                              LogitsFor which = LogitsFor::kLastToken) const;

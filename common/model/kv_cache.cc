@@ -4,12 +4,10 @@
 
 namespace moesh {
 
-float* SequenceKvCache::Append(int layer, int n) {
+void SequenceKvCache::AppendRows(int layer, const float* src, int n) {
   std::vector<float>& rows = layers_[layer];
-  const size_t old = rows.size();
-  rows.resize(old + static_cast<size_t>(n) * row_width_);
+  rows.insert(rows.end(), src, src + static_cast<size_t>(n) * row_width_);
   if (layer + 1 == static_cast<int>(layers_.size())) length_ = static_cast<int>(rows.size()) / row_width_;
-  return rows.data() + old;
 }
 
 void SequenceKvCache::Truncate(int n) {

@@ -1,33 +1,50 @@
-// The MLA latent KV cache of one sequence, kept contiguously per layer.
+// The MLA latent KV cache of a sequence: per layer, one row per token,
+// [kv_lora_rank normalised latent | qk_rope_head_dim roped key].
 //
-// Each token contributes one row per layer: [kv_lora_rank normalised latent |
-// qk_rope_head_dim roped key]. This is the reference cache of the CPU engine;
-// the serving engine's paged cache stores the same rows in fixed-size blocks.
-// Not thread-safe; one owner (the sequence) at a time.
+// KvSequence is what the forward pass reads and appends to. Two homes for the
+// rows: SequenceKvCache (contiguous vectors; the offline engine's and tests'
+// cache) and, in paged_kv_cache.h, sequences of fixed-size blocks from a
+// shared pool (the serving engine's). Not thread-safe; one owner at a time.
 #ifndef MOESH_COMMON_MODEL_KV_CACHE_H_
 #define MOESH_COMMON_MODEL_KV_CACHE_H_
 
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace moesh {
 
-class SequenceKvCache {
+class KvSequence {
+ public:
+  virtual ~KvSequence() = default;
+  virtual int row_width() const = 0;
+  // Tokens whose rows every layer holds.
+  virtual int length() const = 0;
+  virtual int num_rows(int layer) const = 0;
+  // Tokens the sequence can hold without allocating (INT32_MAX if unbounded).
+  virtual int capacity() const = 0;
+  // Appends src[n, row_width] to `layer`. Layers are appended in order for the
+  // same tokens; the call for the last layer advances length().
+  // REQUIRES: num_rows(layer) + n <= capacity().
+  virtual void AppendRows(int layer, const float* src, int n) = 0;
+  // The rows of `layer` as one contiguous [num_rows(layer), row_width] array;
+  // may gather into *scratch and point there.
+  virtual const float* Rows(int layer, std::vector<float>* scratch) const = 0;
+};
+
+// Rows in one growable vector per layer.
+class SequenceKvCache : public KvSequence {
  public:
   SequenceKvCache(int num_layers, int row_width) : row_width_(row_width), layers_(num_layers) {}
 
-  int row_width() const { return row_width_; }
-  // Tokens whose rows every layer holds.
-  int length() const { return length_; }
-
-  // Appends `n` rows to `layer`; returns where to write them ([n, row_width]).
-  // REQUIRES: the rows of earlier layers for the same tokens are appended
-  // first; the call for the last layer advances length().
-  float* Append(int layer, int n);
-  // [rows(layer), row_width] of `layer`, rows = length() or length() + n
-  // while a forward pass is appending.
+  int row_width() const override { return row_width_; }
+  int length() const override { return length_; }
+  int num_rows(int layer) const override { return static_cast<int>(layers_[layer].size()) / row_width_; }
+  int capacity() const override { return INT32_MAX; }
+  void AppendRows(int layer, const float* src, int n) override;
+  const float* Rows(int layer, std::vector<float>*) const override { return layers_[layer].data(); }
   const float* rows(int layer) const { return layers_[layer].data(); }
-  int num_rows(int layer) const { return static_cast<int>(layers_[layer].size()) / row_width_; }
 
   // Drops every token at index >= n.
   void Truncate(int n);
