@@ -321,6 +321,11 @@ absl::Status ModelConfig::Validate(const std::string& source) const {
   return absl::OkStatus();
 }
 
+std::string ModelConfig::Fingerprint() const {
+  return absl::StrCat(model_type, "/L", num_hidden_layers, "/H", hidden_size, "/E", n_routed_experts, "/V",
+                      vocab_size);
+}
+
 std::string ModelConfig::ToJson(bool new_rope_form) const {
   Json j;
   j["model_type"] = model_type;

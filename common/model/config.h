@@ -89,6 +89,9 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> Load(const std::string& dir);
   // Serialises in the legacy DeepSeek form (or rope_parameters if `new_rope_form`).
   std::string ToJson(bool new_rope_form = false) const;
+  // Identifies the architecture, so services refuse peers built for another
+  // model: "deepseek_v3/L61/H7168/E256/V129280".
+  std::string Fingerprint() const;
   // Checks internal consistency; INVALID_ARGUMENT naming the fields otherwise.
   absl::Status Validate(const std::string& source) const;
 };

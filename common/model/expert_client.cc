@@ -23,7 +23,8 @@ absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
   for (int t = 0; t < d.num_tokens; ++t) {
     for (int k = 0; k < d.top_k; ++k) {
       const int e = d.topk_ids[t * d.top_k + k];
-      if (e < 0 || e >= config_.n_routed_experts) {
+      if (e < 0) continue;  // a pair routed elsewhere
+      if (e >= config_.n_routed_experts) {
         return absl::InvalidArgumentError(absl::StrCat("expert id ", e, " out of range"));
       }
       if (!weights_->expert_ids.count(e)) continue;

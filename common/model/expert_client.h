@@ -25,7 +25,7 @@ struct MoeDispatch {
   int hidden = 0;
   int top_k = 0;
   const float* hidden_states = nullptr;  // [num_tokens, hidden]
-  const int32_t* topk_ids = nullptr;     // [num_tokens, top_k], in [0, n_routed_experts)
+  const int32_t* topk_ids = nullptr;     // [num_tokens, top_k], in [0, n_routed_experts); -1: skip
   const float* topk_weights = nullptr;   // [num_tokens, top_k]
 };
 

@@ -1,0 +1,55 @@
+#include "common/service/heartbeat_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <iostream>
+
+#include "absl/time/time.h"
+
+namespace moesh {
+
+HeartbeatClient::HeartbeatClient(std::string router_address, v1::RegisterRequest registration,
+                                 std::function<v1::WorkerLoad()> load)
+    : router_address_(std::move(router_address)), registration_(std::move(registration)), load_(std::move(load)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+HeartbeatClient::~HeartbeatClient() {
+  stop_.Notify();
+  thread_.join();
+}
+
+void HeartbeatClient::Loop() {
+  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+  std::string worker_id;
+  absl::Duration interval = absl::Milliseconds(500);
+  bool warned = false;
+  while (!stop_.HasBeenNotified()) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (worker_id.empty()) {
+      v1::RegisterResponse resp;
+      grpc::Status s = stub->Register(&ctx, registration_, &resp);
+      if (s.ok()) {
+        worker_id = resp.worker_id();
+        if (resp.heartbeat_interval_ms() > 0) interval = absl::Milliseconds(resp.heartbeat_interval_ms());
+        std::cerr << "registered with router " << router_address_ << " as " << worker_id << std::endl;
+        warned = false;
+      } else if (!warned) {
+        std::cerr << "cannot register with router " << router_address_ << ": " << s.error_message()
+                  << " (retrying)" << std::endl;
+        warned = true;
+      }
+    } else {
+      v1::HeartbeatRequest req;
+      req.set_worker_id(worker_id);
+      *req.mutable_load() = load_();
+      v1::HeartbeatResponse resp;
+      grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+      if (s.ok() && !resp.known()) worker_id.clear();  // router restarted or dropped us
+    }
+    stop_.WaitForNotificationWithTimeout(worker_id.empty() ? absl::Milliseconds(200) : interval);
+  }
+}
+
+}  // namespace moesh

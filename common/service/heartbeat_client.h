@@ -1,0 +1,37 @@
+// A worker's membership in the cluster: registers with the router, then
+// heartbeats its load until stopped; re-registers if the router forgot it.
+// Thread-safe; owns one background thread.
+#ifndef MOESH_COMMON_SERVICE_HEARTBEAT_CLIENT_H_
+#define MOESH_COMMON_SERVICE_HEARTBEAT_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "moesh/v1/worker.grpc.pb.h"
+
+namespace moesh {
+
+class HeartbeatClient {
+ public:
+  // `load` is called from the background thread before each heartbeat.
+  HeartbeatClient(std::string router_address, v1::RegisterRequest registration,
+                  std::function<v1::WorkerLoad()> load);
+  ~HeartbeatClient();  // stops the thread
+
+ private:
+  void Loop();
+
+  const std::string router_address_;
+  const v1::RegisterRequest registration_;
+  const std::function<v1::WorkerLoad()> load_;
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_SERVICE_HEARTBEAT_CLIENT_H_

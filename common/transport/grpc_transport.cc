@@ -1,0 +1,65 @@
+// grpc: the DataPlane service over gRPC channels.
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_util.h"
+#include "common/transport/transport.h"
+#include "moesh/v1/worker.grpc.pb.h"
+
+namespace moesh {
+namespace {
+
+// Dispatch and KV messages can be large (KV of a long prompt).
+constexpr int kMaxMessageBytes = 1 << 30;
+constexpr int kDataPlaneDeadlineSeconds = 30;
+
+class GrpcChannel : public DataChannel {
+ public:
+  explicit GrpcChannel(std::string address) : address_(std::move(address)) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    stub_ = v1::DataPlane::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  }
+  absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kDataPlaneDeadlineSeconds));
+    return Annotate(FromGrpcStatus(stub_->Dispatch(&ctx, request, response)));
+  }
+  absl::Status PushKv(const v1::PushKvRequest& request) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kDataPlaneDeadlineSeconds));
+    v1::PushKvResponse response;
+    return Annotate(FromGrpcStatus(stub_->PushKv(&ctx, request, &response)));
+  }
+  const std::string& peer() const override { return address_; }
+
+ private:
+  absl::Status Annotate(absl::Status s) const {
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat("data plane to ", address_, ": ", s.message()));
+  }
+  const std::string address_;
+  std::unique_ptr<v1::DataPlane::Stub> stub_;
+};
+
+class GrpcTransport : public Transport {
+ public:
+  absl::string_view name() const override { return "grpc"; }
+  absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
+    return std::make_unique<GrpcChannel>(address);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> MakeGrpcTransport() { return std::make_unique<GrpcTransport>(); }
+std::unique_ptr<Transport> MakeInprocTransport();
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name) {
+  if (name == "grpc") return MakeGrpcTransport();
+  if (name == "inproc") return MakeInprocTransport();
+  return absl::InvalidArgumentError(absl::StrCat("unknown transport \"", name, "\" (grpc, inproc)"));
+}
+
+}  // namespace moesh

@@ -1,0 +1,50 @@
+#include "common/transport/kv_handoff.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace moesh {
+
+v1::PushKvRequest SerializeKv(const std::string& request_id, const KvSequence& kv, int num_layers) {
+  v1::PushKvRequest msg;
+  msg.set_request_id(request_id);
+  msg.set_num_layers(num_layers);
+  msg.set_num_tokens(kv.length());
+  msg.set_row_width(kv.row_width());
+  const size_t layer_bytes = static_cast<size_t>(kv.length()) * kv.row_width() * sizeof(float);
+  std::string* rows = msg.mutable_rows();
+  rows->resize(layer_bytes * num_layers);
+  std::vector<float> scratch;
+  for (int l = 0; l < num_layers; ++l) {
+    std::memcpy(rows->data() + l * layer_bytes, kv.Rows(l, &scratch), layer_bytes);
+  }
+  return msg;
+}
+
+absl::Status DeserializeKv(const v1::PushKvRequest& msg, int num_layers, KvSequence* kv) {
+  if (msg.num_layers() != num_layers || msg.row_width() != kv->row_width()) {
+    return absl::InvalidArgumentError(absl::StrCat("KV for ", msg.request_id(), " has ", msg.num_layers(),
+                                                   " layers of width ", msg.row_width(), ", expected ",
+                                                   num_layers, " of width ", kv->row_width()));
+  }
+  const size_t layer_bytes = static_cast<size_t>(msg.num_tokens()) * msg.row_width() * sizeof(float);
+  if (msg.num_tokens() < 0 || msg.rows().size() != layer_bytes * num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("KV for ", msg.request_id(), ": ", msg.rows().size(),
+                                                   " bytes do not hold ", msg.num_tokens(), " tokens"));
+  }
+  if (kv->length() != 0) return absl::FailedPreconditionError("KV already received for " + msg.request_id());
+  if (msg.num_tokens() > kv->capacity()) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV for ", msg.request_id(), " holds ", msg.num_tokens(),
+                                                     " tokens; the reservation holds ", kv->capacity()));
+  }
+  std::vector<float> layer(static_cast<size_t>(msg.num_tokens()) * msg.row_width());
+  for (int l = 0; l < num_layers; ++l) {
+    std::memcpy(layer.data(), msg.rows().data() + l * layer_bytes, layer_bytes);  // aligned copy
+    kv->AppendRows(l, layer.data(), msg.num_tokens());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moesh

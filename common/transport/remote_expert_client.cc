@@ -1,0 +1,132 @@
+#include "common/transport/remote_expert_client.h"
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cpu/ops.h"
+
+namespace moesh {
+
+absl::StatusOr<std::unique_ptr<RemoteExpertClient>> RemoteExpertClient::Create(
+    Transport* transport, const ExpertPlacement& placement, int num_experts,
+    std::chrono::milliseconds retry_after) {
+  std::vector<Worker> workers;
+  std::vector<std::vector<int>> hosts(num_experts);
+  for (const auto& [address, experts] : placement) {
+    ASSIGN_OR_RETURN(std::unique_ptr<DataChannel> channel, transport->Connect(address));
+    const int w = static_cast<int>(workers.size());
+    workers.push_back({address, std::move(channel)});
+    for (int e : experts) {
+      if (e < 0 || e >= num_experts) {
+        return absl::InvalidArgumentError(absl::StrCat(address, " claims expert ", e, " outside [0, ", num_experts, ")"));
+      }
+      hosts[e].push_back(w);
+    }
+  }
+  for (int e = 0; e < num_experts; ++e) {
+    if (hosts[e].empty()) return absl::InvalidArgumentError(absl::StrCat("no expert worker hosts expert ", e));
+  }
+  return std::unique_ptr<RemoteExpertClient>(new RemoteExpertClient(std::move(workers), std::move(hosts), retry_after));
+}
+
+RemoteExpertClient::RemoteExpertClient(std::vector<Worker> workers, std::vector<std::vector<int>> hosts,
+                                       std::chrono::milliseconds retry_after)
+    : workers_(std::move(workers)),
+      hosts_(std::move(hosts)),
+      retry_after_(retry_after),
+      down_until_(workers_.size()) {}
+
+absl::StatusOr<std::vector<int>> RemoteExpertClient::Route() {
+  const auto now = std::chrono::steady_clock::now();
+  absl::MutexLock lock(&mu_);
+  std::vector<int> route(hosts_.size(), -1);
+  for (size_t e = 0; e < hosts_.size(); ++e) {
+    for (int w : hosts_[e]) {
+      if (down_until_[w] <= now) {
+        route[e] = w;
+        break;
+      }
+    }
+    if (route[e] < 0) {
+      return absl::UnavailableError(absl::StrCat("expert ", e, " has no live replica (last host ",
+                                                 workers_[hosts_[e].back()].address, " is down)"));
+    }
+  }
+  return route;
+}
+
+void RemoteExpertClient::MarkDown(int worker) {
+  absl::MutexLock lock(&mu_);
+  down_until_[worker] = std::chrono::steady_clock::now() + retry_after_;
+}
+
+absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
+  ASSIGN_OR_RETURN(std::vector<int> route, Route());
+  const int w_count = static_cast<int>(workers_.size());
+  // Per worker: the tokens it sees (compacted) and their pairs (-1 elsewhere).
+  std::vector<v1::DispatchRequest> requests(w_count);
+  std::vector<std::vector<int>> rows(w_count);  // request row -> token index
+  for (int t = 0; t < d.num_tokens; ++t) {
+    for (int k = 0; k < d.top_k; ++k) {
+      const int e = d.topk_ids[t * d.top_k + k];
+      if (e < 0 || e >= static_cast<int>(route.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("expert id ", e, " out of range"));
+      }
+      const int w = route[e];
+      if (rows[w].empty() || rows[w].back() != t) {
+        rows[w].push_back(t);
+        for (int j = 0; j < d.top_k; ++j) {
+          requests[w].add_topk_ids(-1);
+          requests[w].add_topk_weights(0.0f);
+        }
+      }
+      const int slot = (static_cast<int>(rows[w].size()) - 1) * d.top_k + k;
+      requests[w].set_topk_ids(slot, e);
+      requests[w].set_topk_weights(slot, d.topk_weights[t * d.top_k + k]);
+    }
+  }
+  const size_t row_bytes = static_cast<size_t>(d.hidden) * sizeof(float);
+  std::vector<v1::DispatchResponse> responses(w_count);
+  std::vector<absl::Status> status(w_count);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < w_count; ++w) {
+    if (rows[w].empty()) continue;
+    v1::DispatchRequest& r = requests[w];
+    r.set_layer(d.layer);
+    r.set_num_tokens(static_cast<int>(rows[w].size()));
+    r.set_hidden(d.hidden);
+    r.set_top_k(d.top_k);
+    std::string* h = r.mutable_hidden_states();
+    h->resize(rows[w].size() * row_bytes);
+    for (size_t i = 0; i < rows[w].size(); ++i) {
+      std::memcpy(h->data() + i * row_bytes, d.hidden_states + static_cast<size_t>(rows[w][i]) * d.hidden, row_bytes);
+    }
+    threads.emplace_back([&, w] { status[w] = workers_[w].channel->Dispatch(requests[w], &responses[w]); });
+  }
+  for (std::thread& t : threads) t.join();
+
+  std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
+  std::vector<float> row(d.hidden);
+  for (int w = 0; w < w_count; ++w) {
+    if (rows[w].empty()) continue;
+    if (!status[w].ok()) {
+      MarkDown(w);
+      return absl::UnavailableError(absl::StrCat("expert worker ", workers_[w].address, " failed: ", status[w].message()));
+    }
+    if (responses[w].output().size() != rows[w].size() * row_bytes) {
+      MarkDown(w);
+      return absl::DataLossError(absl::StrCat("expert worker ", workers_[w].address, " returned ",
+                                              responses[w].output().size(), " bytes, expected ",
+                                              rows[w].size() * row_bytes));
+    }
+    for (size_t i = 0; i < rows[w].size(); ++i) {
+      std::memcpy(row.data(), responses[w].output().data() + i * row_bytes, row_bytes);
+      cpu::Axpy(1.0f, row.data(), out + static_cast<size_t>(rows[w][i]) * d.hidden, d.hidden);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moesh

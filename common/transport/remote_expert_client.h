@@ -1,0 +1,62 @@
+// An ExpertClient whose routed experts live in expert workers reached through
+// a Transport: per MoE layer, the tokens are split by the worker hosting each
+// (token, expert) pair, sent to all workers concurrently, and the partial sums
+// added up (dispatch → expert FFNs → combine).
+//
+// Replicas: an expert hosted by several workers is sent to the first live
+// one. A worker whose call fails is marked down for `retry_after` and the
+// failing step returns UNAVAILABLE; later steps use the remaining replicas.
+// Thread-safe.
+#ifndef MOESH_COMMON_TRANSPORT_REMOTE_EXPERT_CLIENT_H_
+#define MOESH_COMMON_TRANSPORT_REMOTE_EXPERT_CLIENT_H_
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/expert_client.h"
+#include "common/transport/transport.h"
+
+namespace moesh {
+
+// Which experts each worker hosts: address -> expert ids.
+using ExpertPlacement = std::map<std::string, std::vector<int>>;
+
+class RemoteExpertClient : public ExpertClient {
+ public:
+  // INVALID_ARGUMENT unless every expert in [0, num_experts) has a host.
+  static absl::StatusOr<std::unique_ptr<RemoteExpertClient>> Create(
+      Transport* transport, const ExpertPlacement& placement, int num_experts,
+      std::chrono::milliseconds retry_after = std::chrono::seconds(5));
+
+  absl::Status Run(const MoeDispatch& dispatch, float* out) override;
+
+ private:
+  struct Worker {
+    std::string address;
+    std::unique_ptr<DataChannel> channel;
+  };
+  RemoteExpertClient(std::vector<Worker> workers, std::vector<std::vector<int>> hosts,
+                     std::chrono::milliseconds retry_after);
+
+  // For each expert, the worker index serving it now; UNAVAILABLE if an
+  // expert has no live replica.
+  absl::StatusOr<std::vector<int>> Route();
+  void MarkDown(int worker);
+
+  const std::vector<Worker> workers_;
+  const std::vector<std::vector<int>> hosts_;  // expert -> worker indices
+  const std::chrono::milliseconds retry_after_;
+
+  absl::Mutex mu_;
+  std::vector<std::chrono::steady_clock::time_point> down_until_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_TRANSPORT_REMOTE_EXPERT_CLIENT_H_

@@ -1,0 +1,59 @@
+// The data plane between services: expert dispatch/combine payloads and KV
+// handoff. One interface, several implementations chosen per deployment
+// (flag `--transport`), never a code fork in the model:
+//   inproc — same process, direct calls (colocated mode, tests)
+//   grpc   — the DataPlane gRPC service (works everywhere)
+// UCX, NCCL and CUDA IPC implementations come with the data-plane issue.
+#ifndef MOESH_COMMON_TRANSPORT_TRANSPORT_H_
+#define MOESH_COMMON_TRANSPORT_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "moesh/v1/worker.pb.h"
+
+namespace moesh {
+
+// Receivers of data-plane messages, implemented by the services.
+class DispatchHandler {
+ public:
+  virtual ~DispatchHandler() = default;
+  virtual absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) = 0;
+};
+class KvHandler {
+ public:
+  virtual ~KvHandler() = default;
+  virtual absl::Status PushKv(const v1::PushKvRequest& request) = 0;
+};
+
+// The sending side, connected to one peer. Thread-safe.
+class DataChannel {
+ public:
+  virtual ~DataChannel() = default;
+  // UNAVAILABLE (or DEADLINE_EXCEEDED) if the peer is gone.
+  virtual absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) = 0;
+  virtual absl::Status PushKv(const v1::PushKvRequest& request) = 0;
+  virtual const std::string& peer() const = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual absl::string_view name() const = 0;
+  virtual absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) = 0;
+};
+
+// "grpc" or "inproc"; INVALID_ARGUMENT naming the choices otherwise.
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name);
+
+// The in-process registry behind the inproc transport: a service binds its
+// handlers to an address; channels to that address call them directly.
+// Thread-safe. REQUIRES: handlers outlive their binding.
+absl::Status BindInproc(const std::string& address, DispatchHandler* dispatch, KvHandler* kv);
+void UnbindInproc(const std::string& address);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_TRANSPORT_TRANSPORT_H_

@@ -1,0 +1,124 @@
+#include "expert_worker/expert_service.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_util.h"
+
+namespace moesh {
+
+ExpertService::ExpertService(std::unique_ptr<ExpertStage> stage, std::string fingerprint,
+                             ExpertServiceOptions options)
+    : stage_(std::move(stage)), fingerprint_(std::move(fingerprint)), options_(options) {}
+
+absl::Status ExpertService::Validate(const v1::DispatchRequest& r) const {
+  const int64_t n = r.num_tokens();
+  if (n < 0 || r.top_k() <= 0 || r.hidden() <= 0) return absl::InvalidArgumentError("dispatch with bad dimensions");
+  if (r.hidden_states().size() != static_cast<size_t>(n) * r.hidden() * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat("dispatch hidden_states holds ", r.hidden_states().size(),
+                                                   " bytes, expected ", n * r.hidden() * 4));
+  }
+  if (r.topk_ids_size() != n * r.top_k() || r.topk_weights_size() != n * r.top_k()) {
+    return absl::InvalidArgumentError("dispatch topk_ids/topk_weights do not match num_tokens * top_k");
+  }
+  if (!stage_->weights().layers.count(r.layer())) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", r.layer(), " is not an MoE layer"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertService::Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) {
+  if (absl::Status s = Validate(request); !s.ok()) return s;
+  std::shared_ptr<Batch> batch;
+  bool leader = false;
+  {
+    absl::MutexLock lock(&mu_);
+    ++dispatches_;
+    auto it = open_.find(request.layer());
+    if (it != open_.end() && !it->second->started && it->second->requests.front()->top_k() == request.top_k() &&
+        it->second->requests.front()->hidden() == request.hidden()) {
+      batch = it->second;
+    } else {
+      batch = std::make_shared<Batch>();
+      open_[request.layer()] = batch;
+      leader = true;
+    }
+    batch->requests.push_back(&request);
+    batch->responses.push_back(response);
+  }
+  if (!leader) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](Batch* b) { return b->done; }, batch.get()));
+    return batch->status;
+  }
+  absl::SleepFor(absl::FromChrono(options_.batch_window));
+  {
+    absl::MutexLock lock(&mu_);
+    batch->started = true;
+    auto it = open_.find(request.layer());
+    if (it != open_.end() && it->second == batch) open_.erase(it);
+    ++batches_;
+  }
+  // The batch is closed: its vectors are no longer touched by joiners.
+  absl::Status status = RunBatch(batch.get());
+  absl::MutexLock lock(&mu_);
+  batch->status = status;
+  batch->done = true;
+  return status;
+}
+
+absl::Status ExpertService::RunBatch(Batch* batch) {
+  const v1::DispatchRequest& first = *batch->requests.front();
+  const int hidden = first.hidden();
+  const int top_k = first.top_k();
+  int total = 0;
+  for (const v1::DispatchRequest* r : batch->requests) total += r->num_tokens();
+  std::vector<float> x(static_cast<size_t>(total) * hidden);
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  ids.reserve(static_cast<size_t>(total) * top_k);
+  weights.reserve(static_cast<size_t>(total) * top_k);
+  size_t offset = 0;
+  for (const v1::DispatchRequest* r : batch->requests) {
+    std::memcpy(x.data() + offset, r->hidden_states().data(), r->hidden_states().size());
+    offset += static_cast<size_t>(r->num_tokens()) * hidden;
+    ids.insert(ids.end(), r->topk_ids().begin(), r->topk_ids().end());
+    weights.insert(weights.end(), r->topk_weights().begin(), r->topk_weights().end());
+  }
+  MoeDispatch d;
+  d.layer = first.layer();
+  d.num_tokens = total;
+  d.hidden = hidden;
+  d.top_k = top_k;
+  d.hidden_states = x.data();
+  d.topk_ids = ids.data();
+  d.topk_weights = weights.data();
+  std::vector<float> out(static_cast<size_t>(total) * hidden, 0.0f);
+  if (absl::Status s = stage_->Accumulate(d, out.data()); !s.ok()) return s;
+  offset = 0;
+  for (size_t i = 0; i < batch->requests.size(); ++i) {
+    const size_t n = static_cast<size_t>(batch->requests[i]->num_tokens()) * hidden;
+    batch->responses[i]->mutable_output()->assign(reinterpret_cast<const char*>(out.data() + offset), n * sizeof(float));
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status ExpertService::Info(grpc::ServerContext*, const v1::ExpertInfoRequest*,
+                                 v1::ExpertInfoResponse* response) {
+  for (int e : stage_->weights().expert_ids) response->add_expert_ids(e);
+  response->set_model_fingerprint(fingerprint_);
+  return grpc::Status::OK;
+}
+
+int64_t ExpertService::num_batches() const {
+  absl::MutexLock lock(&mu_);
+  return batches_;
+}
+
+int64_t ExpertService::num_dispatches() const {
+  absl::MutexLock lock(&mu_);
+  return dispatches_;
+}
+
+}  // namespace moesh

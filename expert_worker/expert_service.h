@@ -1,0 +1,64 @@
+// The expert worker's core: its shard of routed experts, serving dispatch for
+// any MoE layer. Dispatches that arrive together for the same layer (from
+// several attention workers) are merged into one grouped computation.
+//
+// Thread-safe: Dispatch is called concurrently by the transport.
+#ifndef MOESH_EXPERT_WORKER_EXPERT_SERVICE_H_
+#define MOESH_EXPERT_WORKER_EXPERT_SERVICE_H_
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/expert_client.h"
+#include "common/transport/transport.h"
+#include "moesh/v1/worker.grpc.pb.h"
+
+namespace moesh {
+
+struct ExpertServiceOptions {
+  // How long the first dispatch of a layer waits for others to join its batch.
+  std::chrono::microseconds batch_window{200};
+};
+
+class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
+ public:
+  ExpertService(std::unique_ptr<ExpertStage> stage, std::string fingerprint, ExpertServiceOptions options);
+
+  // DispatchHandler.
+  absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override;
+  // ExpertWorker.Info.
+  grpc::Status Info(grpc::ServerContext*, const v1::ExpertInfoRequest*, v1::ExpertInfoResponse* response) override;
+
+  // Merged computations run so far, and dispatches they served (for tests and
+  // metrics: batches < dispatches means merging happened).
+  int64_t num_batches() const;
+  int64_t num_dispatches() const;
+
+ private:
+  struct Batch {
+    std::vector<const v1::DispatchRequest*> requests;
+    std::vector<v1::DispatchResponse*> responses;
+    bool started = false;
+    bool done = false;
+    absl::Status status;
+  };
+  absl::Status Validate(const v1::DispatchRequest& r) const;
+  absl::Status RunBatch(Batch* batch);
+
+  const std::unique_ptr<ExpertStage> stage_;
+  const std::string fingerprint_;
+  const ExpertServiceOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::map<int, std::shared_ptr<Batch>> open_ ABSL_GUARDED_BY(mu_);  // layer -> batch taking joiners
+  int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dispatches_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_EXPERT_WORKER_EXPERT_SERVICE_H_

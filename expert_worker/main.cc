@@ -1,0 +1,83 @@
+// moesh expert worker: hosts a shard of the routed experts and serves expert
+// dispatch for every MoE layer over the data plane.
+#include <iostream>
+#include <memory>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/model/config.h"
+#include "common/model/safetensors.h"
+#include "common/model/weights.h"
+#include "common/service/grpc_util.h"
+#include "common/service/heartbeat_client.h"
+#include "common/service/worker_flags.h"
+#include "common/status.h"
+#include "common/transport/grpc_data_plane_service.h"
+#include "expert_worker/expert_service.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory (config.json + safetensors).");
+ABSL_FLAG(std::string, experts, "", "Experts to host, e.g. \"0-31\" (default: all, or --shard).");
+ABSL_FLAG(std::string, shard, "", "Host the i-th of n equal shards of the experts: \"i/n\".");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
+ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
+ABSL_FLAG(std::string, router, "", "Router address to register with (optional).");
+ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
+ABSL_FLAG(int, batch_window_us, 200, "How long a layer's first dispatch waits for others to merge.");
+
+namespace moesh {
+namespace {
+
+absl::Status Run() {
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir.empty()) return absl::InvalidArgumentError("--model is required");
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
+  std::set<int> experts;
+  if (!absl::GetFlag(FLAGS_experts).empty()) {
+    ASSIGN_OR_RETURN(experts, ParseExpertList(absl::GetFlag(FLAGS_experts), config.n_routed_experts));
+  } else if (!absl::GetFlag(FLAGS_shard).empty()) {
+    ASSIGN_OR_RETURN(experts, ExpertShard(absl::GetFlag(FLAGS_shard), config.n_routed_experts));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> weights, ExpertShardWeights::Load(config, *ckpt, experts));
+  const std::set<int> hosted = weights->expert_ids;
+  ExpertServiceOptions options;
+  options.batch_window = std::chrono::microseconds(absl::GetFlag(FLAGS_batch_window_us));
+  ExpertService service(std::make_unique<ExpertStage>(config, std::move(weights)), config.Fingerprint(), options);
+  GrpcDataPlaneService data_plane(&service, nullptr);
+  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service, &data_plane}));
+  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
+  std::cerr << "expert worker serving experts " << *hosted.begin() << ".." << *hosted.rbegin() << " ("
+            << hosted.size() << ") of " << config.Fingerprint() << " on " << address << std::endl;
+
+  std::unique_ptr<HeartbeatClient> heartbeat;
+  if (!absl::GetFlag(FLAGS_router).empty()) {
+    v1::RegisterRequest reg;
+    reg.set_kind(v1::WORKER_KIND_EXPERT);
+    reg.set_address(address);
+    reg.set_model_fingerprint(config.Fingerprint());
+    for (int e : hosted) reg.add_expert_ids(e);
+    heartbeat = std::make_unique<HeartbeatClient>(absl::GetFlag(FLAGS_router), reg, [] { return v1::WorkerLoad(); });
+  }
+  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address));
+  WaitForShutdownSignal();
+  std::cerr << "expert worker shutting down" << std::endl;
+  heartbeat.reset();
+  server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace moesh
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("moesh expert worker: --model DIR [--shard i/n | --experts 0-3] [--router host:port]");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = moesh::Run();
+  if (!s.ok()) {
+    std::cerr << "expert_worker: " << s.message() << std::endl;
+    return 1;
+  }
+  return 0;
+}
