@@ -13,6 +13,8 @@ namespace moesh::cli {
 absl::Status RunGenerate(const std::vector<std::string>& argv);
 absl::Status RunMkmodel(const std::vector<std::string>& argv);
 absl::Status RunBench(const std::vector<std::string>& argv);
+absl::Status RunComplete(const std::vector<std::string>& argv);
+absl::Status RunServeLocal(const std::vector<std::string>& argv);
 
 }  // namespace moesh::cli
 

@@ -15,7 +15,12 @@ constexpr char kUsage[] =
     "            [--stop-token-ids 1,2] [--ignore-eos] [--json]\n"
     "  mkmodel   --family {v2-lite,v2,v3} [--preset {tiny,small}] --out DIR [--seed S]\n"
     "            [--shards N] [--dtype {BF16,F16,F32}] [--rope-parameters]\n"
-    "  bench     --model DIR [--batch 1,4,16] [--prompt-len N] [--decode-steps N]\n";
+    "  bench     --model DIR [--batch 1,4,16] [--prompt-len N] [--decode-steps N]\n"
+    "  serve-local --model DIR [--expert-workers N] [--port P] [--bin-dir DIR]\n"
+    "            start router, prefill, decode and expert workers on loopback\n"
+    "  complete  --server HOST:PORT (--prompt TEXT | --prompt-ids 1,2) [--max-new-tokens N]\n"
+    "            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--top-logprobs K]\n"
+    "            [--stop STR] [--stop-token-ids 1,2] [--ignore-eos] [--json]\n";
 
 }  // namespace
 
@@ -31,6 +36,10 @@ int main(int argc, char** argv) {
     s = moesh::cli::RunGenerate(rest);
   } else if (cmd == "mkmodel") {
     s = moesh::cli::RunMkmodel(rest);
+  } else if (cmd == "complete") {
+    s = moesh::cli::RunComplete(rest);
+  } else if (cmd == "serve-local") {
+    s = moesh::cli::RunServeLocal(rest);
   } else if (cmd == "bench") {
     s = moesh::cli::RunBench(rest);
   } else {

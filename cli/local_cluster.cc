@@ -1,0 +1,165 @@
+#include "cli/local_cluster.h"
+
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/file_util.h"
+#include "common/model/config.h"
+#include "common/status.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+extern char** environ;
+
+namespace moesh {
+namespace {
+
+// Polls for the worker's ready file; fails early if the process exited.
+absl::StatusOr<std::string> AwaitReadyFile(const std::string& path, pid_t pid, const std::string& log,
+                                           std::chrono::steady_clock::time_point give_up) {
+  while (std::chrono::steady_clock::now() < give_up) {
+    absl::StatusOr<std::string> text = ReadFileToString(path);
+    if (text.ok() && !text->empty()) return std::string(absl::StripAsciiWhitespace(*text));
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      absl::StatusOr<std::string> tail = ReadFileToString(log);
+      return absl::UnavailableError(absl::StrCat("process ", pid, " exited before serving; its log (", log,
+                                                 "):\n", tail.ok() ? *tail : ""));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("timed out waiting for ", path));
+}
+
+}  // namespace
+
+absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& name, const std::string& binary,
+                                                          std::vector<std::string> flags) {
+  Process p;
+  p.name = name;
+  p.log_path = JoinPath(options_.work_dir, name + ".log");
+  const std::string ready = JoinPath(options_.work_dir, name + ".ready");
+  std::remove(ready.c_str());
+  flags.push_back("--ready_file=" + ready);
+  const std::string path = JoinPath(options_.bin_dir, binary);
+  if (!FileExists(path)) return absl::NotFoundError(absl::StrCat(path, ": no such binary (build it first)"));
+  std::vector<std::string> argv_s = {path};
+  argv_s.insert(argv_s.end(), flags.begin(), flags.end());
+  std::vector<char*> argv;
+  for (std::string& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, p.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  const int rc = posix_spawn(&p.pid, path.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", path, ": ", strerror(rc)));
+  processes_.push_back(p);  // tracked before waiting, so a failure still stops it
+  ASSIGN_OR_RETURN(p.address, AwaitReadyFile(ready, p.pid, p.log_path,
+                                             std::chrono::steady_clock::now() + options_.startup_timeout));
+  processes_.back().address = p.address;
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster(options));
+  RETURN_IF_ERROR(MakeDirs(options.work_dir));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(options.model_dir));
+  std::vector<std::string> router_flags = {"--model=" + options.model_dir,
+                                           absl::StrCat("--listen=127.0.0.1:", options.router_port),
+                                           absl::StrCat("--heartbeat_timeout_ms=", options.heartbeat_timeout_ms)};
+  router_flags.insert(router_flags.end(), options.extra_router_flags.begin(), options.extra_router_flags.end());
+  ASSIGN_OR_RETURN(Process router, c->Spawn("router", "moesh_router", router_flags));
+
+  std::vector<std::string> experts = options.expert_workers;
+  if (experts.empty()) experts = {"0/2", "1/2"};
+  if (config.n_routed_experts < 2) experts = {"0-0"};
+  std::vector<std::string> expert_addresses;
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const bool shard = experts[i].find('/') != std::string::npos;
+    ASSIGN_OR_RETURN(Process p, c->Spawn(absl::StrCat("expert-", i), "moesh_expert_worker",
+                                         {"--model=" + options.model_dir, "--router=" + router.address,
+                                          (shard ? "--shard=" : "--experts=") + experts[i]}));
+    expert_addresses.push_back(p.address);
+  }
+  const std::string expert_flag = "--expert_workers=" + absl::StrJoin(expert_addresses, ",");
+  for (int i = 0; i < options.num_decode; ++i) {
+    RETURN_IF_ERROR(c->Spawn(absl::StrCat("decode-", i), "moesh_decode_worker",
+                             {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
+                              "--transport=" + options.transport, absl::StrCat("--kv_blocks=", options.kv_blocks)})
+                        .status());
+  }
+  for (int i = 0; i < options.num_prefill; ++i) {
+    RETURN_IF_ERROR(c->Spawn(absl::StrCat("prefill-", i), "moesh_prefill_worker",
+                             {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
+                              "--transport=" + options.transport})
+                        .status());
+  }
+  RETURN_IF_ERROR(c->WaitUntilServing(options.startup_timeout));
+  return c;
+}
+
+absl::Status LocalCluster::WaitUntilServing(std::chrono::seconds timeout) const {
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(router_address(), grpc::InsecureChannelCredentials()));
+  const auto give_up = std::chrono::steady_clock::now() + timeout;
+  std::string last;
+  while (std::chrono::steady_clock::now() < give_up) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service("moesh.v1.Generation");
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status s = stub->Check(&ctx, req, &resp);
+    if (s.ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) return absl::OkStatus();
+    last = s.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) : s.error_message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("router ", router_address(), " not SERVING: ", last));
+}
+
+absl::Status LocalCluster::Signal(const std::string& name, int signal) {
+  for (Process& p : processes_) {
+    if (p.name != name || p.pid < 0) continue;
+    if (kill(p.pid, signal) != 0) return absl::InternalError(absl::StrCat("kill ", name, ": ", strerror(errno)));
+    if (signal == SIGKILL) {
+      waitpid(p.pid, nullptr, 0);
+      p.pid = -1;
+    }
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("no running process ", name));
+}
+
+void LocalCluster::StopAll() {
+  // Workers first, the router last, so nothing reports a vanished router.
+  for (auto it = processes_.rbegin(); it != processes_.rend(); ++it) {
+    if (it->pid > 0) kill(it->pid, SIGCONT), kill(it->pid, SIGTERM);
+  }
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (Process& p : processes_) {
+    while (p.pid > 0) {
+      if (waitpid(p.pid, nullptr, WNOHANG) == p.pid) {
+        p.pid = -1;
+      } else if (std::chrono::steady_clock::now() > give_up) {
+        kill(p.pid, SIGKILL);
+        waitpid(p.pid, nullptr, 0);
+        p.pid = -1;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  }
+}
+
+LocalCluster::~LocalCluster() { StopAll(); }
+
+}  // namespace moesh

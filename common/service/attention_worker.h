@@ -1,0 +1,46 @@
+// What prefill and decode workers share at startup: the attention half of the
+// model, the data-plane transport, and an ExpertClient — remote (expert
+// workers found through their ExpertWorker.Info) or local (experts loaded in
+// this process).
+#ifndef MOESH_COMMON_SERVICE_ATTENTION_WORKER_H_
+#define MOESH_COMMON_SERVICE_ATTENTION_WORKER_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/attention_model.h"
+#include "common/model/expert_client.h"
+#include "common/transport/remote_expert_client.h"
+#include "common/transport/transport.h"
+
+namespace moesh {
+
+struct AttentionWorkerOptions {
+  std::string model_dir;
+  // Expert worker control addresses; empty: load every expert locally.
+  std::vector<std::string> expert_workers;
+  std::string transport = "grpc";
+  // How long to wait for expert workers to come up.
+  std::chrono::seconds discovery_timeout{60};
+};
+
+struct AttentionWorker {
+  ModelConfig config;
+  std::unique_ptr<AttentionModel> model;
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<ExpertClient> experts;
+};
+
+absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOptions& options);
+
+// Asks each expert worker which experts it hosts, retrying until `timeout`.
+// FAILED_PRECONDITION if one serves another model (fingerprint mismatch).
+absl::StatusOr<ExpertPlacement> DiscoverPlacement(const std::vector<std::string>& addresses,
+                                                  const std::string& fingerprint, std::chrono::seconds timeout);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_SERVICE_ATTENTION_WORKER_H_

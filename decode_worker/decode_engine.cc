@@ -1,0 +1,224 @@
+#include "decode_worker/decode_engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/transport/kv_handoff.h"
+
+namespace moesh {
+
+DecodeEngine::DecodeEngine(const AttentionModel* model, ExpertClient* experts, DecodeEngineOptions options)
+    : model_(model),
+      experts_(experts),
+      options_(options),
+      pool_(model->config().num_hidden_layers, model->kv_row_width(), options.block_size, options.num_kv_blocks) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+DecodeEngine::~DecodeEngine() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+  absl::MutexLock lock(&mu_);
+  while (!requests_.empty()) Finish(requests_.begin()->second, absl::UnavailableError("decode worker shutting down"));
+}
+
+absl::Status DecodeEngine::Reserve(const std::string& request_id, int max_tokens) {
+  absl::MutexLock lock(&mu_);
+  if (requests_.count(request_id)) return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " exists"));
+  absl::StatusOr<std::unique_ptr<PagedKvSequence>> kv = pool_.Allocate(max_tokens);
+  if (!kv.ok()) return kv.status();
+  auto r = std::make_shared<Request>();
+  r->kv = std::move(*kv);
+  r->reserved_at = std::chrono::steady_clock::now();
+  requests_[request_id] = std::move(r);
+  return absl::OkStatus();
+}
+
+absl::Status DecodeEngine::PushKv(const v1::PushKvRequest& msg) {
+  std::shared_ptr<Request> r;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(msg.request_id());
+    if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no reservation for ", msg.request_id()));
+    r = it->second;
+    if (r->kv_received || r->running) return absl::FailedPreconditionError("KV already received for " + msg.request_id());
+  }
+  // The sequence is not shared until kv_received is set.
+  if (absl::Status s = DeserializeKv(msg, model_->config().num_hidden_layers, r->kv.get()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  r->kv_received = true;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeEngine::Release(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request ", request_id));
+  if (it->second->running) {
+    it->second->cancelled = true;  // the loop owns running requests' caches
+  } else {
+    Finish(it->second, absl::CancelledError("released"));
+  }
+  return absl::OkStatus();
+}
+
+void DecodeEngine::Finish(const std::shared_ptr<Request>& r, absl::Status status) {
+  r->status = std::move(status);
+  r->done = true;
+  r->running = false;
+  for (auto it = requests_.begin(); it != requests_.end(); ++it) {
+    if (it->second == r) {
+      requests_.erase(it);
+      break;
+    }
+  }
+  r->kv.reset();  // blocks back to the pool now, not when the last reader lets go
+}
+
+absl::Status DecodeEngine::Decode(const DecodeSpec& spec, const DecodeSink& sink,
+                                  const std::function<bool()>& cancelled) {
+  std::shared_ptr<Request> r;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(spec.request_id);
+    if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no reservation for ", spec.request_id));
+    r = it->second;
+    if (!r->kv_received) return absl::FailedPreconditionError(absl::StrCat("no KV received for ", spec.request_id));
+    if (r->running || r->done) return absl::AlreadyExistsError(absl::StrCat(spec.request_id, " is already decoding"));
+    if (absl::Status s = spec.sampling.Validate(model_->config().vocab_size); !s.ok()) {
+      Finish(r, s);
+      return s;
+    }
+    r->spec = spec;
+    r->sampler = std::make_unique<Sampler>(spec.sampling);
+    r->output = {spec.first_token};
+    if (static_cast<int>(r->output.size()) >= spec.max_new_tokens) {
+      v1::DecodeResponse last;
+      last.set_finished(true);
+      r->outbox.push_back(last);
+      Finish(r, absl::OkStatus());
+    } else {
+      r->running = true;
+    }
+  }
+  while (true) {
+    std::deque<v1::DecodeResponse> out;
+    bool done;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&r]() { return !r->outbox.empty() || r->done; };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
+      out.swap(r->outbox);
+      done = r->done;
+      if (!done && cancelled()) {
+        r->cancelled = true;  // the loop drops it at the next step boundary
+      }
+    }
+    for (const v1::DecodeResponse& m : out) sink(m);
+    if (done) break;
+  }
+  absl::MutexLock lock(&mu_);
+  return r->status;
+}
+
+void DecodeEngine::ExpireReservations() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<Request>> expired;
+  for (auto& [id, r] : requests_) {
+    if (!r->running && !r->done && now - r->reserved_at > options_.reservation_lease) expired.push_back(r);
+  }
+  for (auto& r : expired) Finish(r, absl::DeadlineExceededError("reservation lease expired"));
+}
+
+void DecodeEngine::Loop() {
+  while (true) {
+    std::vector<std::shared_ptr<Request>> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stopping_) return true;
+        for (auto& [id, r] : requests_) {
+          if (r->running) return true;
+        }
+        return false;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Milliseconds(200));
+      if (stopping_) return;
+      ExpireReservations();
+      std::vector<std::shared_ptr<Request>> cancelled;
+      for (auto& [id, r] : requests_) {
+        if (!r->running) continue;
+        if (r->cancelled) {
+          cancelled.push_back(r);
+        } else if (static_cast<int>(batch.size()) < options_.max_batch) {
+          batch.push_back(r);
+        }
+      }
+      for (auto& r : cancelled) Finish(r, absl::CancelledError("cancelled by the caller"));
+    }
+    if (!batch.empty()) Step(batch);
+  }
+}
+
+void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
+  const int vocab = model_->config().vocab_size;
+  std::vector<int32_t> tokens(batch.size());
+  std::vector<SequenceInput> inputs(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    tokens[i] = batch[i]->output.back();
+    inputs[i] = {absl::MakeConstSpan(&tokens[i], 1), batch[i]->kv.get()};
+  }
+  absl::StatusOr<std::vector<float>> logits = model_->Forward(inputs, experts_);
+  absl::MutexLock lock(&mu_);
+  if (!logits.ok()) {
+    const absl::Status s =
+        logits.status().code() == absl::StatusCode::kInvalidArgument
+            ? logits.status()
+            : absl::UnavailableError(absl::StrCat("decode step failed: ", logits.status().message()));
+    for (auto& r : batch) Finish(r, s);
+    return;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Request& r = *batch[i];
+    const float* row = logits->data() + i * vocab;
+    const int step = static_cast<int>(r.output.size());
+    const int32_t token = r.sampler->Sample(row, vocab, step, r.spec.prompt_ids, r.output);
+    r.output.push_back(token);
+    v1::DecodeResponse m;
+    m.add_token_ids(token);
+    if (r.spec.sampling.top_logprobs > 0) {
+      v1::TopLogprobs* lp = m.add_logprobs();
+      for (const TokenLogprob& t : Sampler::TopLogprobs(row, vocab, r.spec.sampling.top_logprobs)) {
+        v1::TokenLogprob* c = lp->add_candidates();
+        c->set_id(t.id);
+        c->set_logprob(t.logprob);
+      }
+    }
+    const bool stopped = std::find(r.spec.stop_token_ids.begin(), r.spec.stop_token_ids.end(), token) !=
+                         r.spec.stop_token_ids.end();
+    const bool finished = stopped || static_cast<int>(r.output.size()) >= r.spec.max_new_tokens;
+    m.set_finished(finished);
+    m.set_stopped(stopped);
+    r.outbox.push_back(std::move(m));
+    if (finished) Finish(batch[i], absl::OkStatus());
+  }
+}
+
+v1::WorkerLoad DecodeEngine::Load() const {
+  v1::WorkerLoad load;
+  {
+    absl::MutexLock lock(&mu_);
+    int running = 0;
+    for (auto& [id, r] : requests_) running += r->running ? 1 : 0;
+    load.set_num_running(running);
+  }
+  load.set_kv_usage(pool_.usage());
+  load.set_free_kv_blocks(pool_.free_blocks());
+  return load;
+}
+
+}  // namespace moesh

@@ -1,0 +1,112 @@
+// The decode worker's core: a paged KV cache and a continuous-batching loop
+// that advances every running request by one token per step, with one expert
+// dispatch per MoE layer for the whole batch.
+//
+// Request life: Reserve (blocks allocated) → PushKv (rows arrive from the
+// prefill worker) → Decode (joins the running batch; tokens stream to the
+// caller) → finished, cancelled or failed, which frees the blocks. A
+// reservation that never starts decoding is freed after `reservation_lease`.
+//
+// Thread-safe. Owns one engine thread.
+#ifndef MOESH_DECODE_WORKER_DECODE_ENGINE_H_
+#define MOESH_DECODE_WORKER_DECODE_ENGINE_H_
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/engine/paged_kv_cache.h"
+#include "common/engine/sampler.h"
+#include "common/model/attention_model.h"
+#include "common/transport/transport.h"
+#include "moesh/v1/worker.pb.h"
+
+namespace moesh {
+
+struct DecodeEngineOptions {
+  int num_kv_blocks = 1024;
+  int block_size = 64;
+  int max_batch = 256;  // running requests per step
+  std::chrono::milliseconds reservation_lease{30000};
+};
+
+// What Decode needs beyond the KV: the request's sampling and stop state.
+struct DecodeSpec {
+  std::string request_id;
+  std::vector<int32_t> prompt_ids;
+  int32_t first_token = 0;  // sampled by the prefill worker (step 0)
+  SamplingParams sampling;
+  int max_new_tokens = 1;   // including first_token
+  std::vector<int32_t> stop_token_ids;
+};
+
+// Receives a request's output, in order, on Decode's calling thread (so it
+// may block, e.g. on a slow client's flow control, without stalling the batch).
+using DecodeSink = std::function<void(const v1::DecodeResponse&)>;
+
+class DecodeEngine : public KvHandler {
+ public:
+  DecodeEngine(const AttentionModel* model, ExpertClient* experts, DecodeEngineOptions options);
+  ~DecodeEngine() override;  // fails running requests with UNAVAILABLE, joins the thread
+
+  // RESOURCE_EXHAUSTED if the blocks are not free; ALREADY_EXISTS for a
+  // duplicate id.
+  absl::Status Reserve(const std::string& request_id, int max_tokens);
+  // KvHandler: the prefilled rows of a reserved request.
+  absl::Status PushKv(const v1::PushKvRequest& request) override;
+  absl::Status Release(const std::string& request_id);
+
+  // Runs the request to completion, calling `sink` with each step's output
+  // (the last one has finished = true). Returns when done; CANCELLED if
+  // `cancelled()` turned true (polled), UNAVAILABLE if an expert failed.
+  // REQUIRES: Reserve and PushKv for spec.request_id succeeded.
+  absl::Status Decode(const DecodeSpec& spec, const DecodeSink& sink, const std::function<bool()>& cancelled);
+
+  v1::WorkerLoad Load() const;
+  const KvBlockPool& pool() const { return pool_; }
+
+ private:
+  struct Request {
+    DecodeSpec spec;
+    std::unique_ptr<PagedKvSequence> kv;
+    std::unique_ptr<Sampler> sampler;
+    std::vector<int32_t> output;  // generated so far, first_token included
+    std::chrono::steady_clock::time_point reserved_at;
+    bool kv_received = false;
+    bool running = false;  // in the batch loop
+    bool cancelled = false;
+    bool done = false;
+    absl::Status status;
+    std::deque<v1::DecodeResponse> outbox;  // produced by the engine, drained by Decode
+  };
+
+  void Loop();
+  // One step over `batch`; returns false if the forward failed (all failed).
+  void Step(const std::vector<std::shared_ptr<Request>>& batch);
+  void ExpireReservations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `r` with `status`, dropping it from the table (its blocks are freed
+  // when the last reference goes).
+  void Finish(const std::shared_ptr<Request>& r, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const AttentionModel* const model_;
+  ExpertClient* const experts_;
+  const DecodeEngineOptions options_;
+  KvBlockPool pool_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_DECODE_WORKER_DECODE_ENGINE_H_

@@ -1,0 +1,80 @@
+// moesh decode worker: holds the paged KV cache of running requests and
+// advances them one token per step in a continuously batched loop.
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "common/service/attention_worker.h"
+#include "common/service/grpc_util.h"
+#include "common/service/heartbeat_client.h"
+#include "common/service/worker_flags.h"
+#include "common/status.h"
+#include "common/transport/grpc_data_plane_service.h"
+#include "decode_worker/decode_service.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory (config.json + safetensors).");
+ABSL_FLAG(std::string, expert_workers, "", "Comma-separated expert worker addresses (empty: local experts).");
+ABSL_FLAG(std::string, transport, "grpc", "Data-plane transport: grpc.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
+ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
+ABSL_FLAG(std::string, router, "", "Router address to register with.");
+ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
+ABSL_FLAG(int, kv_blocks, 1024, "KV cache blocks.");
+ABSL_FLAG(int, block_size, 64, "Tokens per KV block.");
+ABSL_FLAG(int, max_batch, 256, "Most requests decoded per step.");
+
+namespace moesh {
+namespace {
+
+absl::Status Run() {
+  AttentionWorkerOptions opt;
+  opt.model_dir = absl::GetFlag(FLAGS_model);
+  if (opt.model_dir.empty()) return absl::InvalidArgumentError("--model is required");
+  opt.expert_workers = absl::StrSplit(absl::GetFlag(FLAGS_expert_workers), ',', absl::SkipWhitespace());
+  opt.transport = absl::GetFlag(FLAGS_transport);
+  ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
+  DecodeEngineOptions eo;
+  eo.num_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  eo.block_size = absl::GetFlag(FLAGS_block_size);
+  eo.max_batch = absl::GetFlag(FLAGS_max_batch);
+  if (eo.num_kv_blocks < 1 || eo.block_size < 1 || eo.max_batch < 1) {
+    return absl::InvalidArgumentError("--kv_blocks, --block_size and --max_batch must be >= 1");
+  }
+  DecodeEngine engine(w.model.get(), w.experts.get(), eo);
+  DecodeService service(&engine);
+  GrpcDataPlaneService data_plane(nullptr, &engine);
+  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service, &data_plane}));
+  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
+  std::cerr << "decode worker for " << w.config.Fingerprint() << " on " << address << " (" << eo.num_kv_blocks
+            << " KV blocks of " << eo.block_size << " tokens)" << std::endl;
+  std::unique_ptr<HeartbeatClient> heartbeat;
+  if (!absl::GetFlag(FLAGS_router).empty()) {
+    v1::RegisterRequest reg;
+    reg.set_kind(v1::WORKER_KIND_DECODE);
+    reg.set_address(address);
+    reg.set_model_fingerprint(w.config.Fingerprint());
+    heartbeat = std::make_unique<HeartbeatClient>(absl::GetFlag(FLAGS_router), reg, [&engine] { return engine.Load(); });
+  }
+  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address));
+  WaitForShutdownSignal();
+  std::cerr << "decode worker shutting down" << std::endl;
+  heartbeat.reset();
+  server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace moesh
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("moesh decode worker: --model DIR --router host:port [--expert_workers a,b]");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = moesh::Run();
+  if (!s.ok()) {
+    std::cerr << "decode_worker: " << s.message() << std::endl;
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,71 @@
+// moesh prefill worker: runs prompts through the model, hands their KV cache
+// to the decode worker and returns the first token.
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "common/service/attention_worker.h"
+#include "common/service/grpc_util.h"
+#include "common/service/heartbeat_client.h"
+#include "common/service/worker_flags.h"
+#include "common/status.h"
+#include "prefill_worker/prefill_service.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory (config.json + safetensors).");
+ABSL_FLAG(std::string, expert_workers, "", "Comma-separated expert worker addresses (empty: local experts).");
+ABSL_FLAG(std::string, transport, "grpc", "Data-plane transport: grpc.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
+ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
+ABSL_FLAG(std::string, router, "", "Router address to register with.");
+ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
+ABSL_FLAG(int, max_batch_tokens, 8192, "Prompt tokens per forward pass.");
+
+namespace moesh {
+namespace {
+
+absl::Status Run() {
+  AttentionWorkerOptions opt;
+  opt.model_dir = absl::GetFlag(FLAGS_model);
+  if (opt.model_dir.empty()) return absl::InvalidArgumentError("--model is required");
+  opt.expert_workers = absl::StrSplit(absl::GetFlag(FLAGS_expert_workers), ',', absl::SkipWhitespace());
+  opt.transport = absl::GetFlag(FLAGS_transport);
+  ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
+  PrefillEngineOptions eo;
+  eo.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  if (eo.max_batch_tokens < 1) return absl::InvalidArgumentError("--max_batch_tokens must be >= 1");
+  PrefillEngine engine(w.model.get(), w.experts.get(), w.transport.get(), eo);
+  PrefillService service(&engine);
+  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}));
+  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
+  std::cerr << "prefill worker for " << w.config.Fingerprint() << " on " << address << std::endl;
+  std::unique_ptr<HeartbeatClient> heartbeat;
+  if (!absl::GetFlag(FLAGS_router).empty()) {
+    v1::RegisterRequest reg;
+    reg.set_kind(v1::WORKER_KIND_PREFILL);
+    reg.set_address(address);
+    reg.set_model_fingerprint(w.config.Fingerprint());
+    heartbeat = std::make_unique<HeartbeatClient>(absl::GetFlag(FLAGS_router), reg, [&engine] { return engine.Load(); });
+  }
+  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address));
+  WaitForShutdownSignal();
+  std::cerr << "prefill worker shutting down" << std::endl;
+  heartbeat.reset();
+  server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace moesh
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("moesh prefill worker: --model DIR --router host:port [--expert_workers a,b]");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = moesh::Run();
+  if (!s.ok()) {
+    std::cerr << "prefill_worker: " << s.message() << std::endl;
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,124 @@
+#include "prefill_worker/prefill_engine.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/transport/kv_handoff.h"
+
+namespace moesh {
+
+PrefillEngine::PrefillEngine(const AttentionModel* model, ExpertClient* experts, Transport* transport,
+                             PrefillEngineOptions options)
+    : model_(model), experts_(experts), transport_(transport), options_(options) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+PrefillEngine::~PrefillEngine() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+  absl::MutexLock lock(&mu_);
+  for (Pending* p : queue_) {
+    p->result = absl::UnavailableError("prefill worker shutting down");
+    p->done = true;
+  }
+  queue_.clear();
+}
+
+absl::StatusOr<PrefillResult> PrefillEngine::Prefill(const PrefillSpec& spec) {
+  const ModelConfig& c = model_->config();
+  if (spec.prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt");
+  for (int32_t t : spec.prompt_ids) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  if (absl::Status s = spec.sampling.Validate(c.vocab_size); !s.ok()) return s;
+  Pending p(&spec);
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("prefill worker shutting down");
+  queue_.push_back(&p);
+  queued_tokens_ += static_cast<int64_t>(spec.prompt_ids.size());
+  mu_.Await(absl::Condition(&p.done));
+  return std::move(p.result);
+}
+
+void PrefillEngine::Loop() {
+  while (true) {
+    std::vector<Pending*> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      int tokens = 0;
+      while (!queue_.empty()) {
+        const int n = static_cast<int>(queue_.front()->spec->prompt_ids.size());
+        if (!batch.empty() && tokens + n > options_.max_batch_tokens) break;
+        batch.push_back(queue_.front());
+        queue_.pop_front();
+        tokens += n;
+      }
+      queued_tokens_ -= tokens;
+    }
+    RunBatch(batch);
+  }
+}
+
+absl::StatusOr<DataChannel*> PrefillEngine::ChannelTo(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<DataChannel>& ch = channels_[address];
+  if (ch == nullptr) {
+    absl::StatusOr<std::unique_ptr<DataChannel>> made = transport_->Connect(address);
+    if (!made.ok()) return made.status();
+    ch = std::move(*made);
+  }
+  return ch.get();
+}
+
+void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
+  const ModelConfig& c = model_->config();
+  std::vector<SequenceKvCache> caches(batch.size(), model_->NewCache());
+  std::vector<SequenceInput> inputs(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) inputs[i] = {batch[i]->spec->prompt_ids, &caches[i]};
+  absl::StatusOr<std::vector<float>> logits = model_->Forward(inputs, experts_);
+  std::vector<absl::StatusOr<PrefillResult>> results(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!logits.ok()) {
+      results[i] = logits.status().code() == absl::StatusCode::kInvalidArgument
+                       ? logits.status()
+                       : absl::UnavailableError(absl::StrCat("prefill failed: ", logits.status().message()));
+      continue;
+    }
+    const PrefillSpec& spec = *batch[i]->spec;
+    const float* row = logits->data() + i * c.vocab_size;
+    PrefillResult r;
+    Sampler sampler(spec.sampling);
+    r.first_token = sampler.Sample(row, c.vocab_size, /*step=*/0, spec.prompt_ids, {});
+    if (spec.sampling.top_logprobs > 0) r.logprobs = Sampler::TopLogprobs(row, c.vocab_size, spec.sampling.top_logprobs);
+    absl::StatusOr<DataChannel*> ch = ChannelTo(spec.decode_address);
+    absl::Status pushed =
+        ch.ok() ? (*ch)->PushKv(SerializeKv(spec.request_id, caches[i], c.num_hidden_layers)) : ch.status();
+    if (!pushed.ok()) {
+      results[i] = absl::Status(pushed.code() == absl::StatusCode::kInvalidArgument ? absl::StatusCode::kInternal
+                                                                                     : pushed.code(),
+                                absl::StrCat("KV handoff to ", spec.decode_address, " failed: ", pushed.message()));
+      continue;
+    }
+    results[i] = std::move(r);
+  }
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i]->result = std::move(results[i]);
+    batch[i]->done = true;
+  }
+}
+
+v1::WorkerLoad PrefillEngine::Load() const {
+  v1::WorkerLoad load;
+  absl::MutexLock lock(&mu_);
+  load.set_queued_prompt_tokens(queued_tokens_);
+  return load;
+}
+
+}  // namespace moesh

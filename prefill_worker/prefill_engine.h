@@ -1,0 +1,83 @@
+// The prefill worker's core: batches the prompts that arrive together into
+// one forward pass (attention here, routed experts through the ExpertClient),
+// samples each request's first token, and hands each prompt's KV cache to the
+// decode worker holding its reservation.
+//
+// Thread-safe: Prefill is called concurrently by RPC handlers. Owns one thread.
+#ifndef MOESH_PREFILL_WORKER_PREFILL_ENGINE_H_
+#define MOESH_PREFILL_WORKER_PREFILL_ENGINE_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/engine/sampler.h"
+#include "common/model/attention_model.h"
+#include "common/transport/transport.h"
+#include "moesh/v1/worker.pb.h"
+
+namespace moesh {
+
+struct PrefillEngineOptions {
+  // Prompt tokens per forward pass (a longer single prompt still runs alone).
+  int max_batch_tokens = 8192;
+};
+
+struct PrefillSpec {
+  std::string request_id;
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  std::string decode_address;  // data-plane address of the reservation's owner
+};
+
+struct PrefillResult {
+  int32_t first_token = 0;
+  std::vector<TokenLogprob> logprobs;  // iff sampling.top_logprobs > 0
+};
+
+class PrefillEngine {
+ public:
+  PrefillEngine(const AttentionModel* model, ExpertClient* experts, Transport* transport,
+                PrefillEngineOptions options);
+  ~PrefillEngine();  // fails queued requests with UNAVAILABLE
+
+  // Blocks until the prompt ran and its KV reached the decode worker.
+  // INVALID_ARGUMENT for bad prompts or sampling, UNAVAILABLE if an expert or
+  // the decode worker failed.
+  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec);
+
+  v1::WorkerLoad Load() const;
+
+ private:
+  struct Pending {
+    explicit Pending(const PrefillSpec* s) : spec(s) {}
+    const PrefillSpec* spec;
+    bool done = false;
+    absl::StatusOr<PrefillResult> result = absl::UnknownError("not run");
+  };
+  void Loop();
+  void RunBatch(const std::vector<Pending*>& batch);
+  absl::StatusOr<DataChannel*> ChannelTo(const std::string& address);
+
+  const AttentionModel* const model_;
+  ExpertClient* const experts_;
+  Transport* const transport_;
+  const PrefillEngineOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::unique_ptr<DataChannel>> channels_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_PREFILL_WORKER_PREFILL_ENGINE_H_

@@ -1,0 +1,41 @@
+// Colocated serving: prefill, decode and every expert in this process, joined
+// by the inproc transport. The reference the disaggregated cluster must equal,
+// and the small-deployment mode. Thread-safe.
+#ifndef MOESH_ROUTER_COLOCATED_BACKEND_H_
+#define MOESH_ROUTER_COLOCATED_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "common/service/attention_worker.h"
+#include "decode_worker/decode_engine.h"
+#include "prefill_worker/prefill_engine.h"
+#include "router/backend.h"
+
+namespace moesh {
+
+class ColocatedBackend : public GenerationBackend {
+ public:
+  static absl::StatusOr<std::unique_ptr<ColocatedBackend>> Create(const std::string& model_dir,
+                                                                  DecodeEngineOptions decode_options,
+                                                                  PrefillEngineOptions prefill_options);
+  ~ColocatedBackend() override;
+
+  absl::Status Run(const BackendRequest& request, const ChunkSink& sink,
+                   const std::function<bool()>& cancelled) override;
+  bool Ready() const override { return true; }
+  const ModelConfig& config() const { return worker_.config; }
+  DecodeEngine* decode() { return decode_.get(); }
+
+ private:
+  explicit ColocatedBackend(AttentionWorker worker) : worker_(std::move(worker)) {}
+
+  AttentionWorker worker_;
+  std::string inproc_address_;
+  std::unique_ptr<DecodeEngine> decode_;
+  std::unique_ptr<PrefillEngine> prefill_;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_ROUTER_COLOCATED_BACKEND_H_

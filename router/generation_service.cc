@@ -1,0 +1,277 @@
+#include "router/generation_service.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_util.h"
+#include "common/service/sampling_proto.h"
+
+namespace moesh {
+namespace {
+
+constexpr int kMaxTopLogprobs = 20;
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Holds back text that might be the start of a stop string; finds matches.
+class StopStringMatcher {
+ public:
+  explicit StopStringMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Appends `delta`; returns the text now safe to emit. Sets *matched when a
+  // stop string appeared (the text before it is returned, the rest dropped).
+  std::string Push(const std::string& delta, std::string* matched) {
+    text_ += delta;
+    size_t cut = std::string::npos;
+    for (const std::string& s : stops_) {
+      const size_t at = text_.find(s, std::max<size_t>(sent_, s.size()) - s.size());
+      if (at != std::string::npos && at < cut) {
+        cut = at;
+        *matched = s;
+      }
+    }
+    if (cut != std::string::npos) return Emit(std::max(cut, sent_));
+    size_t hold = 0;  // longest suffix that is a proper prefix of a stop string
+    for (const std::string& s : stops_) {
+      for (size_t k = std::min(s.size() - 1, text_.size() - sent_); k > hold; --k) {
+        if (text_.compare(text_.size() - k, k, s, 0, k) == 0) {
+          hold = k;
+          break;
+        }
+      }
+    }
+    return Emit(text_.size() - hold);
+  }
+  std::string Flush() { return Emit(text_.size()); }
+
+ private:
+  std::string Emit(size_t upto) {
+    std::string out = text_.substr(sent_, upto - sent_);
+    sent_ = upto;
+    return out;
+  }
+  const std::vector<std::string> stops_;
+  std::string text_;
+  size_t sent_ = 0;
+};
+
+}  // namespace
+
+GenerationService::GenerationService(const ModelConfig& config, GenerationBackend* backend, const TextCodec* codec,
+                                     GenerationServiceOptions options)
+    : config_(config),
+      backend_(backend),
+      codec_(codec),
+      options_(options),
+      max_context_(options.max_context_tokens > 0 ? options.max_context_tokens
+                   : config.max_position_embeddings > 0 ? config.max_position_embeddings
+                                                         : 4096) {}
+
+absl::StatusOr<BackendRequest> GenerationService::Validate(const v1::GenerateRequest& r) const {
+  BackendRequest b;
+  switch (r.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      if (codec_ == nullptr) {
+        return absl::InvalidArgumentError("the model has no tokenizer.json: send token_ids instead of text");
+      }
+      absl::StatusOr<std::vector<int32_t>> ids = codec_->Encode(r.text(), /*add_special_tokens=*/true);
+      if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt text: ", ids.status().message()));
+      b.prompt = std::move(*ids);
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds:
+      b.prompt.assign(r.token_ids().ids().begin(), r.token_ids().ids().end());
+      break;
+    case v1::GenerateRequest::PROMPT_NOT_SET:
+      return absl::InvalidArgumentError("the request has no prompt (set text or token_ids)");
+  }
+  if (b.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t t : b.prompt) {
+    if (t < 0 || t >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t, " is outside the vocabulary [0, ",
+                                                     config_.vocab_size, ")"));
+    }
+  }
+  const int prompt_len = static_cast<int>(b.prompt.size());
+  if (prompt_len >= max_context_) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", prompt_len, " tokens; the context limit is ",
+                                                   max_context_, " (prompt + output)"));
+  }
+  b.sampling = SamplingFromProto(r.sampling());
+  if (absl::Status s = b.sampling.Validate(config_.vocab_size); !s.ok()) return s;
+  if (b.sampling.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be <= ", kMaxTopLogprobs));
+  }
+  const v1::StopConditions& stop = r.stop();
+  if (stop.has_max_new_tokens()) {
+    if (stop.max_new_tokens() < 1 || stop.max_new_tokens() > options_.max_new_tokens_limit) {
+      return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must lie in [1, ", options_.max_new_tokens_limit,
+                                                     "], got ", stop.max_new_tokens()));
+    }
+    if (prompt_len + stop.max_new_tokens() > max_context_) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt_len, " tokens) + max_new_tokens (",
+                                                     stop.max_new_tokens(), ") exceeds the context limit of ",
+                                                     max_context_));
+    }
+    b.max_new_tokens = stop.max_new_tokens();
+  } else {
+    b.max_new_tokens = std::min(options_.default_max_new_tokens, max_context_ - prompt_len);
+  }
+  for (int32_t t : stop.stop_token_ids()) {
+    if (t < 0 || t >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("stop token id ", t, " is outside the vocabulary"));
+    }
+    b.stop_token_ids.push_back(t);
+  }
+  if (!stop.ignore_eos()) b.stop_token_ids.insert(b.stop_token_ids.end(), config_.eos_token_ids.begin(), config_.eos_token_ids.end());
+  for (const std::string& s : stop.stop_strings()) {
+    if (s.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
+    if (codec_ == nullptr) return absl::InvalidArgumentError("stop strings need the model's tokenizer.json");
+  }
+  if (r.has_detokenize() && r.detokenize() && codec_ == nullptr) {
+    return absl::InvalidArgumentError("detokenize needs the model's tokenizer.json");
+  }
+  return b;
+}
+
+grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* request,
+                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const auto arrival = std::chrono::steady_clock::now();
+  absl::StatusOr<BackendRequest> b = Validate(*request);
+  if (!b.ok()) return ToGrpcStatus(b.status());
+  auto aborted = std::make_shared<std::atomic<bool>>(false);
+  {
+    absl::MutexLock lock(&mu_);
+    b->request_id = request->request_id().empty() ? absl::StrCat("req-", ++next_id_) : request->request_id();
+    if (!running_.emplace(b->request_id, aborted).second) {
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, absl::StrCat("request ", b->request_id, " is running"));
+    }
+  }
+  const bool detok = codec_ != nullptr && (request->has_detokenize() ? request->detokenize()
+                                                                      : request->prompt_case() == v1::GenerateRequest::kText);
+  std::unique_ptr<TextStream> text = detok ? codec_->NewStream() : nullptr;
+  StopStringMatcher stops({request->stop().stop_strings().begin(), request->stop().stop_strings().end()});
+  const bool has_stop_strings = request->stop().stop_strings_size() > 0;
+  int completion = 0;
+  double ttft = -1;
+  bool stopped = false, client_gone = false;
+  std::string matched;
+  int32_t last_token = -1;
+  ChunkSink sink = [&](const TokenChunk& chunk) {
+    if (ttft < 0) ttft = SecondsSince(arrival);
+    v1::GenerateResponse m;
+    m.set_request_id(b->request_id);
+    std::string delta;
+    for (size_t i = 0; i < chunk.ids.size() && !stopped; ++i) {
+      m.add_token_ids(chunk.ids[i]);
+      if (i < chunk.logprobs.size()) {
+        v1::TopLogprobs* lp = m.add_logprobs();
+        for (const TokenLogprob& t : chunk.logprobs[i]) {
+          v1::TokenLogprob* c = lp->add_candidates();
+          c->set_id(t.id);
+          c->set_logprob(t.logprob);
+        }
+      }
+      ++completion;
+      last_token = chunk.ids[i];
+      if (text != nullptr || has_stop_strings) {
+        std::string piece = text != nullptr ? text->Push(chunk.ids[i]) : std::string();
+        delta += has_stop_strings ? stops.Push(piece, &matched) : piece;
+        if (!matched.empty()) stopped = true;
+      }
+    }
+    m.set_text(delta);
+    if (!writer->Write(m)) client_gone = true;
+    return !stopped && !client_gone;
+  };
+  absl::Status s = backend_->Run(*b, sink, [&] { return client_gone || ctx->IsCancelled() || aborted->load(); });
+  {
+    absl::MutexLock lock(&mu_);
+    running_.erase(b->request_id);
+  }
+  if (!s.ok() && !(s.code() == absl::StatusCode::kCancelled && aborted->load())) {
+    if (ctx->IsCancelled() && std::chrono::system_clock::now() >= ctx->deadline()) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
+    }
+    return ToGrpcStatus(s);
+  }
+  v1::GenerateResponse last;
+  last.set_request_id(b->request_id);
+  if (!stopped && text != nullptr) {
+    std::string tail = text->Flush();
+    last.set_text(has_stop_strings ? stops.Push(tail, &matched) + stops.Flush() : tail);
+  }
+  v1::FinalInfo* fin = last.mutable_final();
+  const bool stop_id = std::find(b->stop_token_ids.begin(), b->stop_token_ids.end(), last_token) != b->stop_token_ids.end();
+  if (aborted->load() && s.code() == absl::StatusCode::kCancelled) {
+    fin->set_finish_reason(v1::FINISH_REASON_ABORT);
+  } else if (stopped || !matched.empty()) {
+    fin->set_finish_reason(v1::FINISH_REASON_STOP);
+    fin->set_matched_stop(matched);
+  } else if (stop_id) {
+    fin->set_finish_reason(v1::FINISH_REASON_STOP);
+    if (codec_ != nullptr) fin->set_matched_stop(codec_->Decode({last_token}, false));
+  } else {
+    fin->set_finish_reason(v1::FINISH_REASON_LENGTH);
+  }
+  fin->mutable_usage()->set_prompt_tokens(static_cast<int>(b->prompt.size()));
+  fin->mutable_usage()->set_completion_tokens(completion);
+  fin->mutable_timings()->set_time_to_first_token_seconds(std::max(ttft, 0.0));
+  fin->mutable_timings()->set_total_seconds(SecondsSince(arrival));
+  writer->Write(last);
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const v1::TokenizeRequest* request,
+                                         v1::TokenizeResponse* response) {
+  if (codec_ == nullptr) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the model has no tokenizer.json");
+  absl::StatusOr<std::vector<int32_t>> ids = codec_->Encode(request->text(), request->add_special_tokens());
+  if (!ids.ok()) return ToGrpcStatus(ids.status());
+  response->mutable_token_ids()->Add(ids->begin(), ids->end());
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::Detokenize(grpc::ServerContext*, const v1::DetokenizeRequest* request,
+                                           v1::DetokenizeResponse* response) {
+  if (codec_ == nullptr) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the model has no tokenizer.json");
+  for (int32_t t : request->token_ids()) {
+    if (t < 0 || t >= config_.vocab_size) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("token id ", t, " is outside the vocabulary"));
+    }
+  }
+  std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+  response->set_text(codec_->Decode(ids, request->skip_special_tokens()));
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::ModelInfo(grpc::ServerContext*, const v1::ModelInfoRequest*,
+                                          v1::ModelInfoResponse* response) {
+  response->set_model_type(config_.model_type);
+  response->set_vocab_size(config_.vocab_size);
+  response->set_max_context_tokens(max_context_);
+  response->set_max_new_tokens_limit(options_.max_new_tokens_limit);
+  response->set_num_layers(config_.num_hidden_layers);
+  response->set_num_routed_experts(config_.n_routed_experts);
+  response->set_num_experts_per_token(config_.num_experts_per_tok);
+  response->mutable_eos_token_ids()->Add(config_.eos_token_ids.begin(), config_.eos_token_ids.end());
+  response->set_has_tokenizer(codec_ != nullptr);
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
+                                      v1::AbortResponse* response) {
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(request->request_id());
+  response->set_found(it != running_.end());
+  if (it != running_.end()) it->second->store(true);
+  return grpc::Status::OK;
+}
+
+int GenerationService::num_running() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(running_.size());
+}
+
+}  // namespace moesh

@@ -1,0 +1,64 @@
+// The public moesh.v1.Generation API: validates requests (INVALID_ARGUMENT
+// with a message, never touching other requests), resolves defaults and stop
+// ids, hands the request to a GenerationBackend, and streams tokens back with
+// a final message (finish reason, usage, timings).
+// Thread-safe.
+#ifndef MOESH_ROUTER_GENERATION_SERVICE_H_
+#define MOESH_ROUTER_GENERATION_SERVICE_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/config.h"
+#include "moesh/v1/generation.grpc.pb.h"
+#include "router/backend.h"
+#include "router/text_codec.h"
+
+namespace moesh {
+
+struct GenerationServiceOptions {
+  int default_max_new_tokens = 256;
+  int max_new_tokens_limit = 4096;
+  // Prompt + output limit; 0: the model's max_position_embeddings.
+  int max_context_tokens = 0;
+};
+
+class GenerationService final : public v1::Generation::Service {
+ public:
+  // `codec` may be null (no tokenizer: text prompts are refused).
+  GenerationService(const ModelConfig& config, GenerationBackend* backend, const TextCodec* codec,
+                    GenerationServiceOptions options);
+
+  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Tokenize(grpc::ServerContext*, const v1::TokenizeRequest*, v1::TokenizeResponse*) override;
+  grpc::Status Detokenize(grpc::ServerContext*, const v1::DetokenizeRequest*, v1::DetokenizeResponse*) override;
+  grpc::Status ModelInfo(grpc::ServerContext*, const v1::ModelInfoRequest*, v1::ModelInfoResponse*) override;
+  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
+
+  // Requests running now.
+  int num_running() const;
+
+ private:
+  // A validated request, or INVALID_ARGUMENT explaining what is wrong.
+  absl::StatusOr<BackendRequest> Validate(const v1::GenerateRequest& r) const;
+
+  const ModelConfig config_;
+  GenerationBackend* const backend_;
+  const TextCodec* const codec_;
+  const GenerationServiceOptions options_;
+  const int max_context_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> running_ ABSL_GUARDED_BY(mu_);  // id -> aborted
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_ROUTER_GENERATION_SERVICE_H_
