@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/file_util.h"
 #include "common/model/config.h"
@@ -22,12 +23,13 @@ extern char** environ;
 namespace moesh {
 namespace {
 
-// Polls for the worker's ready file; fails early if the process exited.
+// Polls for the worker's ready file ("grpc address\nmetrics address\n");
+// fails early if the process exited.
 absl::StatusOr<std::string> AwaitReadyFile(const std::string& path, pid_t pid, const std::string& log,
                                            std::chrono::steady_clock::time_point give_up) {
   while (std::chrono::steady_clock::now() < give_up) {
     absl::StatusOr<std::string> text = ReadFileToString(path);
-    if (text.ok() && !text->empty()) return std::string(absl::StripAsciiWhitespace(*text));
+    if (text.ok() && !text->empty()) return *text;
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       absl::StatusOr<std::string> tail = ReadFileToString(log);
@@ -64,9 +66,12 @@ absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& nam
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", path, ": ", strerror(rc)));
   processes_.push_back(p);  // tracked before waiting, so a failure still stops it
-  ASSIGN_OR_RETURN(p.address, AwaitReadyFile(ready, p.pid, p.log_path,
-                                             std::chrono::steady_clock::now() + options_.startup_timeout));
-  processes_.back().address = p.address;
+  ASSIGN_OR_RETURN(std::string text, AwaitReadyFile(ready, p.pid, p.log_path,
+                                                   std::chrono::steady_clock::now() + options_.startup_timeout));
+  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipWhitespace());
+  p.address = lines.empty() ? "" : lines[0];
+  p.metrics_address = lines.size() > 1 ? lines[1] : "";
+  processes_.back() = p;
   return p;
 }
 

@@ -39,6 +39,7 @@ class LocalCluster {
     std::string name;  // "router", "expert-0", "prefill-0", "decode-0"
     pid_t pid = -1;
     std::string address;
+    std::string metrics_address;  // host:port of /metrics
     std::string log_path;
   };
 

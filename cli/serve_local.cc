@@ -33,7 +33,8 @@ absl::Status RunServeLocal(const std::vector<std::string>& argv) {
   // Block the signals before spawning so only this process waits for them.
   ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(opt));
   for (const LocalCluster::Process& p : cluster->processes()) {
-    std::cerr << "  " << p.name << "  pid " << p.pid << "  " << p.address << std::endl;
+    std::cerr << "  " << p.name << "  pid " << p.pid << "  grpc " << p.address << "  metrics http://"
+              << p.metrics_address << "/metrics" << std::endl;
   }
   std::cout << "moesh is serving on " << cluster->router_address() << "\n"
             << "try: moesh complete --server " << cluster->router_address()

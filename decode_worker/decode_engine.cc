@@ -13,6 +13,17 @@ DecodeEngine::DecodeEngine(const AttentionModel* model, ExpertClient* experts, D
       experts_(experts),
       options_(options),
       pool_(model->config().num_hidden_layers, model->kv_row_width(), options.block_size, options.num_kv_blocks) {
+  if (Metrics* m = options.metrics) {
+    kv_usage_ = &m->GaugeFamily("moesh_kv_cache_usage_perc", "Fraction of KV cache blocks in use, [0, 1].").Add({});
+    kv_free_blocks_ = &m->GaugeFamily("moesh_kv_cache_free_blocks", "Free KV cache blocks.").Add({});
+    running_ = &m->GaugeFamily("moesh_num_requests_running", "Requests in the running batch or reserved.").Add({});
+    tokens_ = &m->CounterFamily("moesh_generation_tokens_total", "Tokens generated.").Add({});
+    step_seconds_ = &m->HistogramFamily("moesh_decode_step_seconds", "Wall time of one batched decode step.")
+                         .Add({}, Metrics::LatencyBuckets());
+    batch_size_ = &m->HistogramFamily("moesh_decode_batch_size", "Requests per decode step.")
+                       .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512});
+    kv_free_blocks_->Set(pool_.free_blocks());
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -35,6 +46,7 @@ absl::Status DecodeEngine::Reserve(const std::string& request_id, int max_tokens
   r->kv = std::move(*kv);
   r->reserved_at = std::chrono::steady_clock::now();
   requests_[request_id] = std::move(r);
+  UpdateGauges();
   return absl::OkStatus();
 }
 
@@ -77,6 +89,14 @@ void DecodeEngine::Finish(const std::shared_ptr<Request>& r, absl::Status status
     }
   }
   r->kv.reset();  // blocks back to the pool now, not when the last reader lets go
+  UpdateGauges();
+}
+
+void DecodeEngine::UpdateGauges() {
+  if (kv_usage_ == nullptr) return;
+  kv_usage_->Set(pool_.usage());
+  kv_free_blocks_->Set(pool_.free_blocks());
+  running_->Set(static_cast<double>(requests_.size()));
 }
 
 absl::Status DecodeEngine::Decode(const DecodeSpec& spec, const DecodeSink& sink,
@@ -172,7 +192,13 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
     tokens[i] = batch[i]->output.back();
     inputs[i] = {absl::MakeConstSpan(&tokens[i], 1), batch[i]->kv.get()};
   }
+  const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<float>> logits = model_->Forward(inputs, experts_);
+  if (step_seconds_ != nullptr) {
+    step_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    batch_size_->Observe(static_cast<double>(batch.size()));
+    if (logits.ok()) tokens_->Increment(static_cast<double>(batch.size()));
+  }
   absl::MutexLock lock(&mu_);
   if (!logits.ok()) {
     const absl::Status s =

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/paged_kv_cache.h"
 #include "common/engine/sampler.h"
+#include "common/metrics/metrics.h"
 #include "common/model/attention_model.h"
 #include "common/transport/transport.h"
 #include "moesh/v1/worker.pb.h"
@@ -36,6 +37,7 @@ struct DecodeEngineOptions {
   int block_size = 64;
   int max_batch = 256;  // running requests per step
   std::chrono::milliseconds reservation_lease{30000};
+  Metrics* metrics = nullptr;  // may be null
 };
 
 // What Decode needs beyond the KV: the request's sampling and stop state.
@@ -100,6 +102,15 @@ class DecodeEngine : public KvHandler {
   ExpertClient* const experts_;
   const DecodeEngineOptions options_;
   KvBlockPool pool_;
+
+  // Null without metrics.
+  prometheus::Gauge* kv_usage_ = nullptr;
+  prometheus::Gauge* kv_free_blocks_ = nullptr;
+  prometheus::Gauge* running_ = nullptr;
+  prometheus::Counter* tokens_ = nullptr;
+  prometheus::Histogram* step_seconds_ = nullptr;
+  prometheus::Histogram* batch_size_ = nullptr;
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);

@@ -9,7 +9,33 @@ namespace moesh {
 
 ExpertService::ExpertService(std::unique_ptr<ExpertStage> stage, std::string fingerprint,
                              ExpertServiceOptions options)
-    : stage_(std::move(stage)), fingerprint_(std::move(fingerprint)), options_(options) {}
+    : stage_(std::move(stage)), fingerprint_(std::move(fingerprint)), options_(options) {
+  if (Metrics* m = options.metrics) {
+    auto& tokens = m->CounterFamily("moesh_expert_tokens_total", "Tokens routed to each hosted expert, per layer.");
+    for (const auto& [layer, experts] : stage_->weights().layers) {
+      for (const auto& [e, w] : experts) {
+        expert_tokens_[{layer, e}] = &tokens.Add({{"layer", std::to_string(layer)}, {"expert", std::to_string(e)}});
+      }
+    }
+    compute_seconds_ = &m->HistogramFamily("moesh_expert_compute_seconds",
+                                           "Wall time of one grouped expert computation (a merged batch).")
+                            .Add({}, Metrics::LatencyBuckets());
+    batches_counter_ = &m->CounterFamily("moesh_expert_batches_total", "Grouped expert computations run.").Add({});
+    dispatches_counter_ =
+        &m->CounterFamily("moesh_expert_dispatches_total", "Dispatch messages served (merged into batches).").Add({});
+  }
+}
+
+void ExpertService::Record(const MoeDispatch& d, double seconds, size_t num_requests) {
+  if (compute_seconds_ == nullptr) return;
+  compute_seconds_->Observe(seconds);
+  batches_counter_->Increment();
+  dispatches_counter_->Increment(static_cast<double>(num_requests));
+  for (int i = 0; i < d.num_tokens * d.top_k; ++i) {
+    auto it = expert_tokens_.find({d.layer, d.topk_ids[i]});
+    if (it != expert_tokens_.end()) it->second->Increment();
+  }
+}
 
 absl::Status ExpertService::Validate(const v1::DispatchRequest& r) const {
   const int64_t n = r.num_tokens();
@@ -94,7 +120,9 @@ absl::Status ExpertService::RunBatch(Batch* batch) {
   d.topk_ids = ids.data();
   d.topk_weights = weights.data();
   std::vector<float> out(static_cast<size_t>(total) * hidden, 0.0f);
+  const auto start = std::chrono::steady_clock::now();
   if (absl::Status s = stage_->Accumulate(d, out.data()); !s.ok()) return s;
+  Record(d, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), batch->requests.size());
   offset = 0;
   for (size_t i = 0; i < batch->requests.size(); ++i) {
     const size_t n = static_cast<size_t>(batch->requests[i]->num_tokens()) * hidden;

@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics/metrics.h"
 #include "common/model/expert_client.h"
 #include "common/transport/transport.h"
 #include "moesh/v1/worker.grpc.pb.h"
@@ -22,6 +23,7 @@ namespace moesh {
 struct ExpertServiceOptions {
   // How long the first dispatch of a layer waits for others to join its batch.
   std::chrono::microseconds batch_window{200};
+  Metrics* metrics = nullptr;  // may be null
 };
 
 class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
@@ -49,6 +51,8 @@ class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
   absl::Status Validate(const v1::DispatchRequest& r) const;
   absl::Status RunBatch(Batch* batch);
 
+  void Record(const MoeDispatch& d, double seconds, size_t num_requests);
+
   const std::unique_ptr<ExpertStage> stage_;
   const std::string fingerprint_;
   const ExpertServiceOptions options_;
@@ -57,6 +61,11 @@ class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
   std::map<int, std::shared_ptr<Batch>> open_ ABSL_GUARDED_BY(mu_);  // layer -> batch taking joiners
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dispatches_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per (layer, expert) token counters; null without metrics.
+  std::map<std::pair<int, int>, prometheus::Counter*> expert_tokens_;
+  prometheus::Histogram* compute_seconds_ = nullptr;
+  prometheus::Counter* batches_counter_ = nullptr;
+  prometheus::Counter* dispatches_counter_ = nullptr;
 };
 
 }  // namespace moesh

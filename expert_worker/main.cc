@@ -9,6 +9,7 @@
 #include "common/model/config.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
+#include "common/metrics/metrics.h"
 #include "common/service/grpc_util.h"
 #include "common/service/heartbeat_client.h"
 #include "common/service/worker_flags.h"
@@ -23,6 +24,7 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pi
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
 ABSL_FLAG(std::string, router, "", "Router address to register with (optional).");
 ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
 ABSL_FLAG(int, batch_window_us, 200, "How long a layer's first dispatch waits for others to merge.");
 
 namespace moesh {
@@ -42,7 +44,11 @@ absl::Status Run() {
   }
   ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> weights, ExpertShardWeights::Load(config, *ckpt, experts));
   const std::set<int> hosted = weights->expert_ids;
+  ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create(absl::GetFlag(FLAGS_metrics_listen), "expert_worker"));
+  const std::string metrics_address =
+      metrics->port() > 0 ? absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", metrics->port()) : "";
   ExpertServiceOptions options;
+  options.metrics = metrics.get();
   options.batch_window = std::chrono::microseconds(absl::GetFlag(FLAGS_batch_window_us));
   ExpertService service(std::make_unique<ExpertStage>(config, std::move(weights)), config.Fingerprint(), options);
   GrpcDataPlaneService data_plane(&service, nullptr);
@@ -60,7 +66,7 @@ absl::Status Run() {
     for (int e : hosted) reg.add_expert_ids(e);
     heartbeat = std::make_unique<HeartbeatClient>(absl::GetFlag(FLAGS_router), reg, [] { return v1::WorkerLoad(); });
   }
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address));
+  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address, metrics_address));
   WaitForShutdownSignal();
   std::cerr << "expert worker shutting down" << std::endl;
   heartbeat.reset();

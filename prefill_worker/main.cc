@@ -7,6 +7,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "common/service/attention_worker.h"
+#include "common/metrics/metrics.h"
 #include "common/service/grpc_util.h"
 #include "common/service/heartbeat_client.h"
 #include "common/service/worker_flags.h"
@@ -20,6 +21,7 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pi
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
 ABSL_FLAG(std::string, router, "", "Router address to register with.");
 ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
 ABSL_FLAG(int, max_batch_tokens, 8192, "Prompt tokens per forward pass.");
 
 namespace moesh {
@@ -31,9 +33,14 @@ absl::Status Run() {
   if (opt.model_dir.empty()) return absl::InvalidArgumentError("--model is required");
   opt.expert_workers = absl::StrSplit(absl::GetFlag(FLAGS_expert_workers), ',', absl::SkipWhitespace());
   opt.transport = absl::GetFlag(FLAGS_transport);
+  ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create(absl::GetFlag(FLAGS_metrics_listen), "prefill_worker"));
+  const std::string metrics_address =
+      metrics->port() > 0 ? absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", metrics->port()) : "";
+  opt.metrics = metrics.get();
   ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
   PrefillEngineOptions eo;
   eo.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  eo.metrics = metrics.get();
   if (eo.max_batch_tokens < 1) return absl::InvalidArgumentError("--max_batch_tokens must be >= 1");
   PrefillEngine engine(w.model.get(), w.experts.get(), w.transport.get(), eo);
   PrefillService service(&engine);
@@ -48,7 +55,7 @@ absl::Status Run() {
     reg.set_model_fingerprint(w.config.Fingerprint());
     heartbeat = std::make_unique<HeartbeatClient>(absl::GetFlag(FLAGS_router), reg, [&engine] { return engine.Load(); });
   }
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address));
+  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address, metrics_address));
   WaitForShutdownSignal();
   std::cerr << "prefill worker shutting down" << std::endl;
   heartbeat.reset();

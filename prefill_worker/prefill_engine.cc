@@ -8,6 +8,16 @@ namespace moesh {
 PrefillEngine::PrefillEngine(const AttentionModel* model, ExpertClient* experts, Transport* transport,
                              PrefillEngineOptions options)
     : model_(model), experts_(experts), transport_(transport), options_(options) {
+  if (Metrics* m = options.metrics) {
+    waiting_ = &m->GaugeFamily("moesh_num_requests_waiting", "Prompts queued for prefill.").Add({});
+    queued_tokens_gauge_ = &m->GaugeFamily("moesh_prefill_queued_tokens", "Prompt tokens queued for prefill.").Add({});
+    prompt_tokens_ = &m->CounterFamily("moesh_prompt_tokens_total", "Prompt tokens prefilled.").Add({});
+    batch_seconds_ = &m->HistogramFamily("moesh_prefill_batch_seconds", "Wall time of one batched prefill forward.")
+                          .Add({}, Metrics::LatencyBuckets());
+    kv_bytes_ = &m->CounterFamily("moesh_kv_transfer_bytes_total", "KV cache bytes handed to decode workers.").Add({});
+    kv_seconds_ = &m->HistogramFamily("moesh_kv_transfer_seconds", "Latency of one request's KV handoff.")
+                       .Add({}, Metrics::LatencyBuckets());
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -39,6 +49,10 @@ absl::StatusOr<PrefillResult> PrefillEngine::Prefill(const PrefillSpec& spec) {
   if (stopping_) return absl::UnavailableError("prefill worker shutting down");
   queue_.push_back(&p);
   queued_tokens_ += static_cast<int64_t>(spec.prompt_ids.size());
+  if (waiting_ != nullptr) {
+    waiting_->Set(static_cast<double>(queue_.size()));
+    queued_tokens_gauge_->Set(static_cast<double>(queued_tokens_));
+  }
   mu_.Await(absl::Condition(&p.done));
   return std::move(p.result);
 }
@@ -60,6 +74,11 @@ void PrefillEngine::Loop() {
         tokens += n;
       }
       queued_tokens_ -= tokens;
+      if (waiting_ != nullptr) {
+        waiting_->Set(static_cast<double>(queue_.size()));
+        queued_tokens_gauge_->Set(static_cast<double>(queued_tokens_));
+        prompt_tokens_->Increment(tokens);
+      }
     }
     RunBatch(batch);
   }
@@ -81,7 +100,11 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   std::vector<SequenceKvCache> caches(batch.size(), model_->NewCache());
   std::vector<SequenceInput> inputs(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) inputs[i] = {batch[i]->spec->prompt_ids, &caches[i]};
+  const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<float>> logits = model_->Forward(inputs, experts_);
+  if (batch_seconds_ != nullptr) {
+    batch_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   std::vector<absl::StatusOr<PrefillResult>> results(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!logits.ok()) {
@@ -97,8 +120,16 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     r.first_token = sampler.Sample(row, c.vocab_size, /*step=*/0, spec.prompt_ids, {});
     if (spec.sampling.top_logprobs > 0) r.logprobs = Sampler::TopLogprobs(row, c.vocab_size, spec.sampling.top_logprobs);
     absl::StatusOr<DataChannel*> ch = ChannelTo(spec.decode_address);
-    absl::Status pushed =
-        ch.ok() ? (*ch)->PushKv(SerializeKv(spec.request_id, caches[i], c.num_hidden_layers)) : ch.status();
+    const auto kv_start = std::chrono::steady_clock::now();
+    absl::Status pushed = ch.status();
+    if (ch.ok()) {
+      const v1::PushKvRequest msg = SerializeKv(spec.request_id, caches[i], c.num_hidden_layers);
+      pushed = (*ch)->PushKv(msg);
+      if (kv_bytes_ != nullptr && pushed.ok()) {
+        kv_bytes_->Increment(static_cast<double>(msg.rows().size()));
+        kv_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - kv_start).count());
+      }
+    }
     if (!pushed.ok()) {
       results[i] = absl::Status(pushed.code() == absl::StatusCode::kInvalidArgument ? absl::StatusCode::kInternal
                                                                                      : pushed.code(),

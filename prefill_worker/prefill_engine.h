@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/engine/sampler.h"
+#include "common/metrics/metrics.h"
 #include "common/model/attention_model.h"
 #include "common/transport/transport.h"
 #include "moesh/v1/worker.pb.h"
@@ -27,6 +28,7 @@ namespace moesh {
 struct PrefillEngineOptions {
   // Prompt tokens per forward pass (a longer single prompt still runs alone).
   int max_batch_tokens = 8192;
+  Metrics* metrics = nullptr;  // may be null
 };
 
 struct PrefillSpec {
@@ -69,6 +71,14 @@ class PrefillEngine {
   ExpertClient* const experts_;
   Transport* const transport_;
   const PrefillEngineOptions options_;
+
+  // Null without metrics.
+  prometheus::Gauge* waiting_ = nullptr;
+  prometheus::Gauge* queued_tokens_gauge_ = nullptr;
+  prometheus::Counter* prompt_tokens_ = nullptr;
+  prometheus::Histogram* batch_seconds_ = nullptr;
+  prometheus::Counter* kv_bytes_ = nullptr;
+  prometheus::Histogram* kv_seconds_ = nullptr;
 
   mutable absl::Mutex mu_;
   std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);

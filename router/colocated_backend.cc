@@ -20,6 +20,7 @@ absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(const
   b->inproc_address_ = absl::StrCat("colocated-decode-", ++instances);
   b->decode_ = std::make_unique<DecodeEngine>(b->worker_.model.get(), b->worker_.experts.get(), decode_options);
   RETURN_IF_ERROR(BindInproc(b->inproc_address_, nullptr, b->decode_.get()));
+  prefill_options.metrics = decode_options.metrics;
   b->prefill_ = std::make_unique<PrefillEngine>(b->worker_.model.get(), b->worker_.experts.get(),
                                                 b->worker_.transport.get(), prefill_options);
   return b;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_util.h"
 #include "common/service/sampling_proto.h"
@@ -67,7 +68,26 @@ GenerationService::GenerationService(const ModelConfig& config, GenerationBacken
       options_(options),
       max_context_(options.max_context_tokens > 0 ? options.max_context_tokens
                    : config.max_position_embeddings > 0 ? config.max_position_embeddings
-                                                         : 4096) {}
+                                                         : 4096) {
+  if (Metrics* m = options.metrics) {
+    ttft_ = &m->HistogramFamily("moesh_time_to_first_token_seconds", "Request arrival to its first token.")
+                 .Add({}, Metrics::LatencyBuckets());
+    itl_ = &m->HistogramFamily("moesh_inter_token_latency_seconds", "Time between consecutive tokens of a stream.")
+                .Add({}, Metrics::LatencyBuckets());
+    e2e_ = &m->HistogramFamily("moesh_e2e_request_latency_seconds", "Request arrival to its last token.")
+                .Add({}, Metrics::LatencyBuckets());
+    running_gauge_ = &m->GaugeFamily("moesh_num_requests_running", "Requests being generated.").Add({});
+    prompt_tokens_ = &m->CounterFamily("moesh_prompt_tokens_total", "Prompt tokens of admitted requests.").Add({});
+    generation_tokens_ = &m->CounterFamily("moesh_generation_tokens_total", "Tokens streamed to clients.").Add({});
+    success_ = &m->CounterFamily("moesh_request_success_total", "Requests that finished, by finish reason.");
+    failure_ = &m->CounterFamily("moesh_request_failure_total", "Requests that ended with an error, by gRPC code.");
+  }
+}
+
+grpc::Status GenerationService::Fail(grpc::Status s) {
+  if (failure_ != nullptr) failure_->Add({{"code", std::to_string(static_cast<int>(s.error_code()))}}).Increment();
+  return s;
+}
 
 absl::StatusOr<BackendRequest> GenerationService::Validate(const v1::GenerateRequest& r) const {
   BackendRequest b;
@@ -140,15 +160,18 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const auto arrival = std::chrono::steady_clock::now();
   absl::StatusOr<BackendRequest> b = Validate(*request);
-  if (!b.ok()) return ToGrpcStatus(b.status());
+  if (!b.ok()) return Fail(ToGrpcStatus(b.status()));
   auto aborted = std::make_shared<std::atomic<bool>>(false);
   {
     absl::MutexLock lock(&mu_);
     b->request_id = request->request_id().empty() ? absl::StrCat("req-", ++next_id_) : request->request_id();
     if (!running_.emplace(b->request_id, aborted).second) {
-      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, absl::StrCat("request ", b->request_id, " is running"));
+      return Fail(grpc::Status(grpc::StatusCode::ALREADY_EXISTS, absl::StrCat("request ", b->request_id, " is running")));
     }
+    if (running_gauge_ != nullptr) running_gauge_->Set(static_cast<double>(running_.size()));
   }
+  if (prompt_tokens_ != nullptr) prompt_tokens_->Increment(static_cast<double>(b->prompt.size()));
+  auto last_token_time = arrival;
   const bool detok = codec_ != nullptr && (request->has_detokenize() ? request->detokenize()
                                                                       : request->prompt_case() == v1::GenerateRequest::kText);
   std::unique_ptr<TextStream> text = detok ? codec_->NewStream() : nullptr;
@@ -160,7 +183,15 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   std::string matched;
   int32_t last_token = -1;
   ChunkSink sink = [&](const TokenChunk& chunk) {
-    if (ttft < 0) ttft = SecondsSince(arrival);
+    const auto now = std::chrono::steady_clock::now();
+    if (ttft < 0) {
+      ttft = SecondsSince(arrival);
+      if (ttft_ != nullptr) ttft_->Observe(ttft);
+    } else if (itl_ != nullptr) {
+      itl_->Observe(std::chrono::duration<double>(now - last_token_time).count() / std::max<size_t>(chunk.ids.size(), 1));
+    }
+    last_token_time = now;
+    if (generation_tokens_ != nullptr) generation_tokens_->Increment(static_cast<double>(chunk.ids.size()));
     v1::GenerateResponse m;
     m.set_request_id(b->request_id);
     std::string delta;
@@ -190,12 +221,13 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   {
     absl::MutexLock lock(&mu_);
     running_.erase(b->request_id);
+    if (running_gauge_ != nullptr) running_gauge_->Set(static_cast<double>(running_.size()));
   }
   if (!s.ok() && !(s.code() == absl::StatusCode::kCancelled && aborted->load())) {
     if (ctx->IsCancelled() && std::chrono::system_clock::now() >= ctx->deadline()) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
+      return Fail(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded"));
     }
-    return ToGrpcStatus(s);
+    return Fail(ToGrpcStatus(s));
   }
   v1::GenerateResponse last;
   last.set_request_id(b->request_id);
@@ -221,6 +253,11 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   fin->mutable_timings()->set_time_to_first_token_seconds(std::max(ttft, 0.0));
   fin->mutable_timings()->set_total_seconds(SecondsSince(arrival));
   writer->Write(last);
+  if (success_ != nullptr) {
+    success_->Add({{"finish_reason", absl::AsciiStrToLower(v1::FinishReason_Name(fin->finish_reason()).substr(14))}})
+        .Increment();
+    e2e_->Observe(SecondsSince(arrival));
+  }
   return grpc::Status::OK;
 }
 

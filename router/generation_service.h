@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics/metrics.h"
 #include "common/model/config.h"
 #include "moesh/v1/generation.grpc.pb.h"
 #include "router/backend.h"
@@ -26,6 +27,7 @@ struct GenerationServiceOptions {
   int max_new_tokens_limit = 4096;
   // Prompt + output limit; 0: the model's max_position_embeddings.
   int max_context_tokens = 0;
+  Metrics* metrics = nullptr;  // may be null
 };
 
 class GenerationService final : public v1::Generation::Service {
@@ -53,6 +55,16 @@ class GenerationService final : public v1::Generation::Service {
   const TextCodec* const codec_;
   const GenerationServiceOptions options_;
   const int max_context_;
+  // Null without metrics.
+  prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* itl_ = nullptr;
+  prometheus::Histogram* e2e_ = nullptr;
+  prometheus::Gauge* running_gauge_ = nullptr;
+  prometheus::Counter* prompt_tokens_ = nullptr;
+  prometheus::Counter* generation_tokens_ = nullptr;
+  prometheus::Family<prometheus::Counter>* success_ = nullptr;  // by finish_reason
+  prometheus::Family<prometheus::Counter>* failure_ = nullptr;  // by gRPC code
+  grpc::Status Fail(grpc::Status s);
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> running_ ABSL_GUARDED_BY(mu_);  // id -> aborted

@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/model/config.h"
+#include "common/metrics/metrics.h"
 #include "common/service/grpc_util.h"
 #include "common/service/worker_flags.h"
 #include "common/status.h"
@@ -20,6 +21,7 @@
 ABSL_FLAG(std::string, model, "", "Model directory (config.json, tokenizer.json; weights only with --colocated).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
 ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
 ABSL_FLAG(bool, colocated, false, "Serve from prefill, decode and experts in this process.");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "How often workers heartbeat.");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000, "Drop a worker silent for this long.");
@@ -40,6 +42,8 @@ absl::Status Run() {
   if (dir.empty()) return absl::InvalidArgumentError("--model is required");
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
   ASSIGN_OR_RETURN(std::unique_ptr<TextCodec> codec, LoadTextCodec(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create(absl::GetFlag(FLAGS_metrics_listen), "router"));
+  const std::string metrics_address = metrics->port() > 0 ? absl::StrCat("127.0.0.1:", metrics->port()) : "";
 
   std::unique_ptr<Membership> membership;
   std::unique_ptr<GenerationBackend> backend;
@@ -48,6 +52,7 @@ absl::Status Run() {
     d.num_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
     d.block_size = absl::GetFlag(FLAGS_block_size);
     d.max_batch = absl::GetFlag(FLAGS_max_batch);
+    d.metrics = metrics.get();
     ASSIGN_OR_RETURN(backend, ColocatedBackend::Create(dir, d, PrefillEngineOptions()));
   } else {
     membership = std::make_unique<Membership>(config.Fingerprint(),
@@ -59,6 +64,7 @@ absl::Status Run() {
   opt.default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens);
   opt.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
   opt.max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens);
+  opt.metrics = metrics.get();
   GenerationService generation(config, backend.get(), codec.get(), opt);
   std::vector<grpc::Service*> services = {&generation};
   if (membership) services.push_back(membership.get());
@@ -71,7 +77,7 @@ absl::Status Run() {
   const std::string address = absl::StrCat("127.0.0.1:", server.port);
   std::cerr << "router for " << config.Fingerprint() << (absl::GetFlag(FLAGS_colocated) ? " (colocated)" : "")
             << " on " << address << (codec ? "" : " (no tokenizer.json: token ids only)") << std::endl;
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address));
+  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address, metrics_address));
   WaitForShutdownSignal();
   std::cerr << "router shutting down" << std::endl;
   health->Shutdown();

@@ -56,7 +56,8 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
   } else {
     ASSIGN_OR_RETURN(ExpertPlacement placement,
                      DiscoverPlacement(options.expert_workers, w.config.Fingerprint(), options.discovery_timeout));
-    ASSIGN_OR_RETURN(w.experts, RemoteExpertClient::Create(w.transport.get(), placement, w.config.n_routed_experts));
+    ASSIGN_OR_RETURN(w.experts, RemoteExpertClient::Create(w.transport.get(), placement, w.config.n_routed_experts,
+                                                               std::chrono::seconds(5), options.metrics));
   }
   return w;
 }

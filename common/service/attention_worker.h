@@ -25,6 +25,7 @@ struct AttentionWorkerOptions {
   std::string transport = "grpc";
   // How long to wait for expert workers to come up.
   std::chrono::seconds discovery_timeout{60};
+  Metrics* metrics = nullptr;  // may be null
 };
 
 struct AttentionWorker {

@@ -39,9 +39,10 @@ absl::StatusOr<std::set<int>> ExpertShard(const std::string& spec, int num_exper
   return out;
 }
 
-absl::Status WriteReadyFile(const std::string& path, const std::string& address) {
+absl::Status WriteReadyFile(const std::string& path, const std::string& address,
+                            const std::string& metrics_address) {
   const std::string tmp = path + ".tmp";
-  if (absl::Status s = WriteStringToFile(tmp, address + "\n"); !s.ok()) return s;
+  if (absl::Status s = WriteStringToFile(tmp, address + "\n" + metrics_address + "\n"); !s.ok()) return s;
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("cannot rename ", tmp));
   return absl::OkStatus();
 }

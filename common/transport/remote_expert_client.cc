@@ -11,7 +11,7 @@ namespace moesh {
 
 absl::StatusOr<std::unique_ptr<RemoteExpertClient>> RemoteExpertClient::Create(
     Transport* transport, const ExpertPlacement& placement, int num_experts,
-    std::chrono::milliseconds retry_after) {
+    std::chrono::milliseconds retry_after, Metrics* metrics) {
   std::vector<Worker> workers;
   std::vector<std::vector<int>> hosts(num_experts);
   for (const auto& [address, experts] : placement) {
@@ -28,7 +28,17 @@ absl::StatusOr<std::unique_ptr<RemoteExpertClient>> RemoteExpertClient::Create(
   for (int e = 0; e < num_experts; ++e) {
     if (hosts[e].empty()) return absl::InvalidArgumentError(absl::StrCat("no expert worker hosts expert ", e));
   }
-  return std::unique_ptr<RemoteExpertClient>(new RemoteExpertClient(std::move(workers), std::move(hosts), retry_after));
+  std::unique_ptr<RemoteExpertClient> c(new RemoteExpertClient(std::move(workers), std::move(hosts), retry_after));
+  if (metrics != nullptr) {
+    c->roundtrip_ = &metrics
+                         ->HistogramFamily("moesh_expert_roundtrip_seconds",
+                                           "Attention-to-expert round trip of one MoE layer (dispatch, expert "
+                                           "FFNs, combine), transport \"" + std::string(transport->name()) + "\".")
+                         .Add({{"transport", std::string(transport->name())}}, Metrics::LatencyBuckets());
+    c->errors_ = &metrics->CounterFamily("moesh_transport_errors_total", "Failed data-plane calls.")
+                      .Add({{"transport", std::string(transport->name())}});
+  }
+  return c;
 }
 
 RemoteExpertClient::RemoteExpertClient(std::vector<Worker> workers, std::vector<std::vector<int>> hosts,
@@ -63,6 +73,7 @@ void RemoteExpertClient::MarkDown(int worker) {
 }
 
 absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
+  const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::vector<int> route, Route());
   const int w_count = static_cast<int>(workers_.size());
   // Per worker: the tokens it sees (compacted) and their pairs (-1 elsewhere).
@@ -113,6 +124,7 @@ absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
     if (rows[w].empty()) continue;
     if (!status[w].ok()) {
       MarkDown(w);
+      if (errors_ != nullptr) errors_->Increment();
       return absl::UnavailableError(absl::StrCat("expert worker ", workers_[w].address, " failed: ", status[w].message()));
     }
     if (responses[w].output().size() != rows[w].size() * row_bytes) {
@@ -125,6 +137,9 @@ absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
       std::memcpy(row.data(), responses[w].output().data() + i * row_bytes, row_bytes);
       cpu::Axpy(1.0f, row.data(), out + static_cast<size_t>(rows[w][i]) * d.hidden, d.hidden);
     }
+  }
+  if (roundtrip_ != nullptr) {
+    roundtrip_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return absl::OkStatus();
 }

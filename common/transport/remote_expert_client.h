@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics/metrics.h"
 #include "common/model/expert_client.h"
 #include "common/transport/transport.h"
 
@@ -32,7 +33,7 @@ class RemoteExpertClient : public ExpertClient {
   // INVALID_ARGUMENT unless every expert in [0, num_experts) has a host.
   static absl::StatusOr<std::unique_ptr<RemoteExpertClient>> Create(
       Transport* transport, const ExpertPlacement& placement, int num_experts,
-      std::chrono::milliseconds retry_after = std::chrono::seconds(5));
+      std::chrono::milliseconds retry_after = std::chrono::seconds(5), Metrics* metrics = nullptr);
 
   absl::Status Run(const MoeDispatch& dispatch, float* out) override;
 
@@ -52,6 +53,8 @@ class RemoteExpertClient : public ExpertClient {
   const std::vector<Worker> workers_;
   const std::vector<std::vector<int>> hosts_;  // expert -> worker indices
   const std::chrono::milliseconds retry_after_;
+  prometheus::Histogram* roundtrip_ = nullptr;  // null without metrics
+  prometheus::Counter* errors_ = nullptr;
 
   absl::Mutex mu_;
   std::vector<std::chrono::steady_clock::time_point> down_until_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,39 @@
+#include "common/metrics/metrics.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace moesh {
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& listen, const std::string& service) {
+  std::unique_ptr<Metrics> m(new Metrics());
+  m->service_ = service;
+  if (!listen.empty()) {
+    try {  // civetweb reports a failed bind by throwing
+      m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", listen, ": ", e.what()));
+    }
+    m->exposer_->RegisterCollectable(m->registry_);
+    const std::vector<int> ports = m->exposer_->GetListeningPorts();
+    m->port_ = ports.empty() ? 0 : ports.front();
+  }
+  return m;
+}
+
+prometheus::Family<prometheus::Counter>& Metrics::CounterFamily(const std::string& name, const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Labels({{"service", service_}}).Register(*registry_);
+}
+
+prometheus::Family<prometheus::Gauge>& Metrics::GaugeFamily(const std::string& name, const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Labels({{"service", service_}}).Register(*registry_);
+}
+
+prometheus::Family<prometheus::Histogram>& Metrics::HistogramFamily(const std::string& name, const std::string& help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Labels({{"service", service_}}).Register(*registry_);
+}
+
+prometheus::Histogram::BucketBoundaries Metrics::LatencyBuckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+
+}  // namespace moesh
