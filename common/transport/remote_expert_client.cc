@@ -74,6 +74,22 @@ void RemoteExpertClient::MarkDown(int worker) {
 
 absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
   const auto start = std::chrono::steady_clock::now();
+  absl::Status s;
+  // Each failed attempt takes at least one worker out of the routes.
+  for (size_t attempt = 0; attempt < workers_.size(); ++attempt) {
+    s = RunOnce(d, out);
+    if (s.ok()) {
+      if (roundtrip_ != nullptr) {
+        roundtrip_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      return s;
+    }
+    if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDataLoss) return s;
+  }
+  return s;
+}
+
+absl::Status RemoteExpertClient::RunOnce(const MoeDispatch& d, float* out) {
   ASSIGN_OR_RETURN(std::vector<int> route, Route());
   const int w_count = static_cast<int>(workers_.size());
   // Per worker: the tokens it sees (compacted) and their pairs (-1 elsewhere).
@@ -118,15 +134,18 @@ absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
   }
   for (std::thread& t : threads) t.join();
 
+  absl::Status failed;
+  for (int w = 0; w < w_count; ++w) {
+    if (rows[w].empty() || status[w].ok()) continue;
+    MarkDown(w);
+    if (errors_ != nullptr) errors_->Increment();
+    failed = absl::UnavailableError(absl::StrCat("expert worker ", workers_[w].address, " failed: ", status[w].message()));
+  }
+  if (!failed.ok()) return failed;
   std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
   std::vector<float> row(d.hidden);
   for (int w = 0; w < w_count; ++w) {
     if (rows[w].empty()) continue;
-    if (!status[w].ok()) {
-      MarkDown(w);
-      if (errors_ != nullptr) errors_->Increment();
-      return absl::UnavailableError(absl::StrCat("expert worker ", workers_[w].address, " failed: ", status[w].message()));
-    }
     if (responses[w].output().size() != rows[w].size() * row_bytes) {
       MarkDown(w);
       return absl::DataLossError(absl::StrCat("expert worker ", workers_[w].address, " returned ",
@@ -137,9 +156,6 @@ absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
       std::memcpy(row.data(), responses[w].output().data() + i * row_bytes, row_bytes);
       cpu::Axpy(1.0f, row.data(), out + static_cast<size_t>(rows[w][i]) * d.hidden, d.hidden);
     }
-  }
-  if (roundtrip_ != nullptr) {
-    roundtrip_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return absl::OkStatus();
 }

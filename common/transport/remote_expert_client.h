@@ -5,8 +5,9 @@
 //
 // Replicas: an expert hosted by several workers is sent to the first live
 // one. A worker whose call fails is marked down for `retry_after` and the
-// failing step returns UNAVAILABLE; later steps use the remaining replicas.
-// Thread-safe.
+// layer is re-dispatched over the remaining replicas, so losing a worker is
+// invisible while every expert keeps a live replica; otherwise the step
+// returns UNAVAILABLE. Thread-safe.
 #ifndef MOESH_COMMON_TRANSPORT_REMOTE_EXPERT_CLIENT_H_
 #define MOESH_COMMON_TRANSPORT_REMOTE_EXPERT_CLIENT_H_
 
@@ -36,6 +37,12 @@ class RemoteExpertClient : public ExpertClient {
       std::chrono::milliseconds retry_after = std::chrono::seconds(5), Metrics* metrics = nullptr);
 
   absl::Status Run(const MoeDispatch& dispatch, float* out) override;
+
+ private:
+  // One attempt over the current routes; marks failed workers down.
+  absl::Status RunOnce(const MoeDispatch& dispatch, float* out);
+
+ public:
 
  private:
   struct Worker {

@@ -1,0 +1,394 @@
+// Black-box tests of the real cluster: router, prefill, decode and expert
+// workers as separate processes on loopback (LocalCluster), driven through the
+// public gRPC API and checked against the single-process engine.
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cli/local_cluster.h"
+#include "common/engine/generate.h"
+#include "common/file_util.h"
+#include "common/model/model.h"
+#include "common/model/random_checkpoint.h"
+#include "gtest/gtest.h"
+#include "moesh/v1/generation.grpc.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace moesh {
+namespace {
+
+std::string WorkDir(const std::string& name) {
+  const std::string dir = JoinPath(::testing::TempDir(), "cluster_test_" + name);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// A tiny V3 model with a long context (for streams that outlive a kill).
+std::string TinyModel() {
+  static const std::string dir = [] {
+    const std::string d = JoinPath(::testing::TempDir(), "cluster_test_tiny_v3");
+    std::filesystem::remove_all(d);
+    absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
+    RandomCheckpointOptions opt;
+    opt.seed = 21;
+    EXPECT_TRUE(WriteRandomCheckpoint(*c, d, opt).ok());
+    return d;
+  }();
+  return dir;
+}
+
+LocalClusterOptions Options(const std::string& model, const std::string& name) {
+  LocalClusterOptions o;
+  o.model_dir = model;
+  o.bin_dir = MOESH_BINARY_DIR;
+  o.work_dir = WorkDir(name);
+  o.heartbeat_timeout_ms = 1500;
+  return o;
+}
+
+struct Result {
+  grpc::Status status;
+  std::vector<int32_t> ids;
+  std::vector<std::vector<std::pair<int32_t, float>>> logprobs;
+  v1::FinalInfo final;
+};
+
+v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_new, float temperature = 0.0f,
+                            std::optional<uint64_t> seed = std::nullopt, int top_logprobs = 0) {
+  v1::GenerateRequest r;
+  for (int32_t t : prompt) r.mutable_token_ids()->add_ids(t);
+  r.mutable_sampling()->set_temperature(temperature);
+  if (seed) r.mutable_sampling()->set_seed(*seed);
+  if (top_logprobs) r.mutable_sampling()->set_top_logprobs(top_logprobs);
+  r.mutable_stop()->set_max_new_tokens(max_new);
+  r.mutable_stop()->set_ignore_eos(true);
+  return r;
+}
+
+// Runs one request to completion; `on_token` may cancel via the context.
+Result Call(const std::string& server, const v1::GenerateRequest& req,
+            const std::function<void(grpc::ClientContext*, int)>& on_token = nullptr) {
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->Generate(&ctx, req);
+  Result r;
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    for (int32_t t : m.token_ids()) {
+      r.ids.push_back(t);
+      if (on_token) on_token(&ctx, static_cast<int>(r.ids.size()));
+    }
+    for (const auto& lp : m.logprobs()) {
+      r.logprobs.emplace_back();
+      for (const auto& c : lp.candidates()) r.logprobs.back().push_back({c.id(), c.logprob()});
+    }
+    if (m.has_final()) r.final = m.final();
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+// The single-process reference.
+GenerationResult Offline(const Model& model, const std::vector<int32_t>& prompt, int max_new, float temperature = 0,
+                         std::optional<uint64_t> seed = std::nullopt, int top_logprobs = 0) {
+  SamplingParams sp;
+  sp.temperature = temperature;
+  sp.seed = seed;
+  sp.top_logprobs = top_logprobs;
+  StopParams stop;
+  stop.max_new_tokens = max_new;
+  stop.ignore_eos = true;
+  absl::StatusOr<GenerationResult> r = Generate(model, prompt, sp, stop);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return *r;
+}
+
+// GET /metrics from host:port and return the value of the series starting with `series`.
+double Metric(const std::string& address, const std::string& series) {
+  std::vector<std::string> hp = absl::StrSplit(address, ':');
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(hp[1])));
+  inet_pton(AF_INET, hp[0].c_str(), &sa.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+  write(fd, req.data(), req.size());
+  std::string body;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) body.append(buf, n);
+  close(fd);
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (absl::StartsWith(line, series)) {
+      double v;
+      if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
+    }
+  }
+  return -1;
+}
+
+const LocalCluster::Process& Proc(const LocalCluster& c, const std::string& name) {
+  for (const auto& p : c.processes()) {
+    if (p.name == name) return p;
+  }
+  static LocalCluster::Process none;
+  return none;
+}
+
+TEST(ClusterTest, GreedyEqualsOfflineOnGoldenCheckpoints) {
+  for (const char* name : {"v2_lite", "v3"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = JoinPath(JoinPath(MOESH_SOURCE_DIR, "tests/golden"), name);
+    absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(dir, name));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
+    ASSERT_TRUE(model.ok());
+    const nlohmann::json golden = nlohmann::json::parse(*ReadFileToString(JoinPath(dir, "golden.json")));
+    for (size_t p = 0; p < golden["prompts"].size(); ++p) {
+      const std::vector<int32_t> prompt = golden["prompts"][p].get<std::vector<int32_t>>();
+      const std::vector<int32_t> want = golden["output_ids"][p].get<std::vector<int32_t>>();
+      Result r = Call((*cluster)->router_address(), Request(prompt, 16, 0, std::nullopt, 5));
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+      EXPECT_EQ(r.ids, want) << "prompt " << p;  // transformers' tokens, through the cluster
+      GenerationResult off = Offline(**model, prompt, 16, 0, std::nullopt, 5);
+      ASSERT_EQ(r.logprobs.size(), off.top_logprobs.size());
+      for (size_t s = 0; s < off.top_logprobs.size(); ++s) {
+        for (size_t k = 0; k < 5; ++k) {
+          EXPECT_EQ(r.logprobs[s][k].first, off.top_logprobs[s][k].id);
+          EXPECT_NEAR(r.logprobs[s][k].second, off.top_logprobs[s][k].logprob, 1e-5);
+        }
+      }
+      EXPECT_EQ(r.final.finish_reason(), v1::FINISH_REASON_LENGTH);
+      EXPECT_EQ(r.final.usage().prompt_tokens(), static_cast<int>(prompt.size()));
+      EXPECT_EQ(r.final.usage().completion_tokens(), 16);
+    }
+  }
+}
+
+TEST(ClusterTest, ConcurrentStreamsEachEqualTheirSoloRun) {
+  const std::string dir = TinyModel();
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(dir, "concurrent"));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
+  ASSERT_TRUE(model.ok());
+  constexpr int kStreams = 32;
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> prompts(kStreams);
+  for (auto& p : prompts) {
+    p.resize(1 + rng() % 40);
+    for (int32_t& t : p) t = 2 + static_cast<int32_t>(rng() % 500);
+  }
+  // Half greedy, half seeded sampling (reproducible across prefill and decode).
+  auto temp = [](int i) { return i % 2 ? 0.9f : 0.0f; };
+  std::vector<Result> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = Call((*cluster)->router_address(), Request(prompts[i], 24 + i, temp(i), 100 + i));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].ids, Offline(**model, prompts[i], 24 + i, temp(i), 100 + i).output_ids) << "stream " << i;
+  }
+  // Several requests shared decode steps.
+  const std::string decode_metrics = Proc(**cluster, "decode-0").metrics_address;
+  EXPECT_GT(Metric(decode_metrics, "moesh_decode_batch_size_sum"),
+            Metric(decode_metrics, "moesh_decode_batch_size_count"));
+}
+
+TEST(ClusterTest, CancellationFreesKvBlocks) {
+  LocalClusterOptions o = Options(TinyModel(), "cancel");
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string m = Proc(**cluster, "decode-0").metrics_address;
+  const std::string free_series = "moesh_kv_cache_free_blocks";
+  EXPECT_EQ(Metric(m, free_series), o.kv_blocks);
+  double during = -1;
+  Result r = Call((*cluster)->router_address(), Request({5, 6, 7}, 2000), [&](grpc::ClientContext* ctx, int n) {
+    if (n == 20) {
+      during = Metric(m, free_series);
+      ctx->TryCancel();
+    }
+  });
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_LT(r.ids.size(), 2000u);
+  EXPECT_EQ(during, o.kv_blocks - (3 + 2000 - 1 + 63) / 64);  // the reservation held its blocks
+  double after = -1;
+  for (int i = 0; i < 100 && after != o.kv_blocks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    after = Metric(m, free_series);
+  }
+  EXPECT_EQ(after, o.kv_blocks);
+  EXPECT_TRUE(Call((*cluster)->router_address(), Request({5, 6, 7}, 4)).status.ok());
+}
+
+TEST(ClusterTest, BadRequestsAreInvalidArgumentAndHarmNoOne) {
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(TinyModel(), "bad"));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string server = (*cluster)->router_address();
+  // A healthy stream runs alongside the bad requests.
+  std::thread good([&] {
+    Result r = Call(server, Request({9, 8, 7}, 200));
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids.size(), 200u);
+  });
+  struct Bad {
+    const char* what;
+    std::function<void(v1::GenerateRequest&)> edit;
+  };
+  const std::vector<Bad> cases = {
+      {"no prompt", [](v1::GenerateRequest& r) { r.clear_token_ids(); }},
+      {"empty prompt", [](v1::GenerateRequest& r) { r.mutable_token_ids()->clear_ids(); }},
+      {"id >= vocab", [](v1::GenerateRequest& r) { r.mutable_token_ids()->add_ids(512); }},
+      {"negative id", [](v1::GenerateRequest& r) { r.mutable_token_ids()->add_ids(-1); }},
+      {"prompt over context", [](v1::GenerateRequest& r) {
+         for (int i = 0; i < 3000; ++i) r.mutable_token_ids()->add_ids(3);
+       }},
+      {"max_new_tokens 0", [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_new_tokens(0); }},
+      {"max_new_tokens over limit", [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_new_tokens(100000); }},
+      {"prompt + output over context", [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_new_tokens(2559); }},
+      {"temperature < 0", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-0.5f); }},
+      {"top_p 0", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(0.0f); }},
+      {"top_p > 1", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5f); }},
+      {"min_p > 1", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_min_p(2.0f); }},
+      {"top_k < 0", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_k(-3); }},
+      {"top_logprobs > 20", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_logprobs(21); }},
+      {"stop id >= vocab", [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_token_ids(9999); }},
+      {"stop string without tokenizer", [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_strings("x"); }},
+      {"text without tokenizer", [](v1::GenerateRequest& r) { r.set_text("hello"); }},
+  };
+  for (const Bad& b : cases) {
+    v1::GenerateRequest r = Request({1, 2, 3}, 8);
+    b.edit(r);
+    Result res = Call(server, r);
+    EXPECT_EQ(res.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << b.what << ": " << res.status.error_message();
+    EXPECT_FALSE(res.status.error_message().empty()) << b.what;
+  }
+  good.join();
+}
+
+TEST(ClusterTest, AbortEndsTheStreamWithAbort) {
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(TinyModel(), "abort"));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  v1::GenerateRequest req = Request({4, 4, 4}, 2000);
+  req.set_request_id("to-abort");
+  Result r = Call((*cluster)->router_address(), req, [&](grpc::ClientContext*, int n) {
+    if (n != 10) return;
+    auto stub = v1::Generation::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::AbortRequest a;
+    a.set_request_id("to-abort");
+    v1::AbortResponse resp;
+    ASSERT_TRUE(stub->Abort(&ctx, a, &resp).ok());
+    EXPECT_TRUE(resp.found());
+  });
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final.finish_reason(), v1::FINISH_REASON_ABORT);
+  EXPECT_LT(r.ids.size(), 2000u);
+}
+
+// With a replica of every expert, losing an expert worker mid-stream is
+// invisible: the layer is re-dispatched to the survivor and the stream equals
+// its offline result token for token; new requests succeed.
+TEST(ClusterTest, ExpertWorkerDeathIsRoutedAroundThroughReplicas) {
+  LocalClusterOptions o = Options(TinyModel(), "expert_replica");
+  o.expert_workers = {"0-7", "0-7"};  // two full replicas
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
+  ASSERT_TRUE(model.ok());
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+  Result r = Call((*cluster)->router_address(), Request(prompt, 300), [&](grpc::ClientContext*, int n) {
+    if (n == 10) ASSERT_TRUE((*cluster)->Signal("expert-0", SIGKILL).ok());
+  });
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, Offline(**model, prompt, 300).output_ids);
+  const std::vector<int32_t> prompt2 = {2, 7, 1, 8};
+  Result again = Call((*cluster)->router_address(), Request(prompt2, 12));
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(again.ids, Offline(**model, prompt2, 12).output_ids);
+}
+
+// Without a replica, the streams an expert worker was serving end UNAVAILABLE
+// within seconds, and so do new requests, with a message naming the expert.
+TEST(ClusterTest, ExpertWorkerDeathWithoutReplicaFailsStreams) {
+  LocalClusterOptions o = Options(TinyModel(), "expert_death");
+  o.expert_workers = {"0/2", "1/2"};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::chrono::steady_clock::time_point killed;
+  Result r = Call((*cluster)->router_address(), Request({3, 1, 4, 1, 5}, 2000), [&](grpc::ClientContext*, int n) {
+    if (n == 10) {
+      ASSERT_TRUE((*cluster)->Signal("expert-1", SIGKILL).ok());
+      killed = std::chrono::steady_clock::now();
+    }
+  });
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(5));
+  Result again = Call((*cluster)->router_address(), Request({2, 7, 1, 8}, 12));
+  EXPECT_EQ(again.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(again.status.error_message().find("expert"), std::string::npos) << again.status.error_message();
+}
+
+// A killed decode worker fails its streams with UNAVAILABLE; the router drops
+// it and new requests run on the other decode worker.
+TEST(ClusterTest, DecodeWorkerDeathFailsStreamsThenOthersServe) {
+  LocalClusterOptions o = Options(TinyModel(), "decode_death");
+  o.num_decode = 2;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::chrono::steady_clock::time_point killed;
+  Result r = Call((*cluster)->router_address(), Request({3, 1, 4}, 2000), [&](grpc::ClientContext*, int n) {
+    if (n != 10) return;
+    for (const char* d : {"decode-0", "decode-1"}) {  // kill whichever holds the stream
+      if (Metric(Proc(**cluster, d).metrics_address, "moesh_num_requests_running") == 1) {
+        ASSERT_TRUE((*cluster)->Signal(d, SIGKILL).ok());
+        killed = std::chrono::steady_clock::now();
+      }
+    }
+  });
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(5));
+  // Until the router notices (heartbeat timeout), a request may still be sent
+  // to the dead worker; after it, every request succeeds.
+  std::this_thread::sleep_for(std::chrono::milliseconds(o.heartbeat_timeout_ms + 1000));
+  for (int i = 0; i < 4; ++i) {
+    Result again = Call((*cluster)->router_address(), Request({1, 2, 3}, 8));
+    EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+  }
+}
+
+TEST(ClusterTest, ColocatedRouterEqualsOffline) {
+  LocalClusterOptions o = Options(TinyModel(), "colocated");
+  o.extra_router_flags = {"--colocated"};
+  o.expert_workers = {"0-7"};
+  o.num_prefill = 0;
+  o.num_decode = 0;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
+  ASSERT_TRUE(model.ok());
+  const std::vector<int32_t> prompt = {10, 20, 30, 40};
+  Result r = Call((*cluster)->router_address(), Request(prompt, 20, 0.7f, 3));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, Offline(**model, prompt, 20, 0.7f, 3).output_ids);
+}
+
+}  // namespace
+}  // namespace moesh
