@@ -51,7 +51,11 @@ double Batch1WeightBytes(const ModelConfig& c) {
 }  // namespace
 
 absl::Status RunBench(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"model", "batch", "prompt-len", "decode-steps"}, {}));
+  ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
+                                          {"model", "batch", "prompt-len", "decode-steps", "concurrency", "requests",
+                                           "max-new-tokens", "modes", "bin-dir"},
+                                          {"serving"}));
+  if (args.Bool("serving")) return RunServingBench(args);
   ASSIGN_OR_RETURN(std::string dir, args.Required("model"));
   ASSIGN_OR_RETURN(std::vector<int64_t> batches, args.IntList("batch"));
   if (batches.empty()) batches = {1, 4, 16};

@@ -16,6 +16,10 @@ absl::Status RunBench(const std::vector<std::string>& argv);
 absl::Status RunComplete(const std::vector<std::string>& argv);
 absl::Status RunServeLocal(const std::vector<std::string>& argv);
 
+class Args;
+// `moesh bench --serving`: concurrent streams against local clusters.
+absl::Status RunServingBench(const Args& args);
+
 }  // namespace moesh::cli
 
 #endif  // MOESH_CLI_COMMANDS_H_

@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "common/model/random_checkpoint.h"
 #include "common/status.h"
+#include "common/tokenizer/embedded_tokenizers.h"
 
 namespace moesh::cli {
 
@@ -22,6 +23,7 @@ absl::Status RunMkmodel(const std::vector<std::string>& argv) {
   opt.num_shards = static_cast<int>(shards);
   ASSIGN_OR_RETURN(opt.dtype, ParseDType(args.Get("dtype").value_or("BF16")));
   opt.new_rope_form = args.Bool("rope-parameters");
+  opt.tokenizer_json = std::string(EmbeddedTokenizerJson(args.Get("preset").value_or("tiny")).value_or(""));
   RETURN_IF_ERROR(WriteRandomCheckpoint(config, out, opt));
   std::cout << "wrote " << config.model_type << " (" << family << "/" << args.Get("preset").value_or("tiny")
             << ") to " << out << "\n";

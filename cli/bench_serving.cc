@@ -1,0 +1,149 @@
+// moesh bench --serving: N concurrent streams against the real services,
+// disaggregated cluster next to colocated mode, same load, one table.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/local_cluster.h"
+#include "common/model/config.h"
+#include "common/status.h"
+#include "moesh/v1/generation.grpc.pb.h"
+
+namespace moesh::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+}
+
+struct LoadResult {
+  int ok = 0, failed = 0;
+  int64_t output_tokens = 0;
+  double seconds = 0;
+  std::vector<double> ttft, itl, e2e;
+  std::string first_error;
+};
+
+LoadResult RunLoad(const std::string& server, int concurrency, int requests, int prompt_len, int max_new, int vocab) {
+  auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
+  std::atomic<int> next{0};
+  std::mutex mu;
+  LoadResult out;
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < concurrency; ++c) {
+    threads.emplace_back([&, c] {
+      auto stub = v1::Generation::NewStub(channel);
+      std::mt19937 rng(1000 + c);
+      for (int i = next++; i < requests; i = next++) {
+        v1::GenerateRequest req;
+        for (int t = 0; t < prompt_len; ++t) req.mutable_token_ids()->add_ids(2 + static_cast<int>(rng() % (vocab - 2)));
+        req.mutable_sampling()->set_temperature(0);
+        req.mutable_stop()->set_max_new_tokens(max_new);
+        req.mutable_stop()->set_ignore_eos(true);
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+        const auto t0 = Clock::now();
+        auto reader = stub->Generate(&ctx, req);
+        v1::GenerateResponse m;
+        std::vector<double> itl;
+        double ttft = -1;
+        auto last = t0;
+        int64_t tokens = 0;
+        while (reader->Read(&m)) {
+          if (m.token_ids_size() == 0) continue;
+          const auto now = Clock::now();
+          if (ttft < 0) {
+            ttft = std::chrono::duration<double>(now - t0).count();
+          } else {
+            itl.push_back(std::chrono::duration<double>(now - last).count() / m.token_ids_size());
+          }
+          last = now;
+          tokens += m.token_ids_size();
+        }
+        grpc::Status s = reader->Finish();
+        std::lock_guard<std::mutex> lock(mu);
+        if (!s.ok()) {
+          ++out.failed;
+          if (out.first_error.empty()) out.first_error = s.error_message();
+          continue;
+        }
+        ++out.ok;
+        out.output_tokens += tokens;
+        out.ttft.push_back(ttft);
+        out.itl.insert(out.itl.end(), itl.begin(), itl.end());
+        out.e2e.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return out;
+}
+
+}  // namespace
+
+absl::Status RunServingBench(const Args& args) {
+  ASSIGN_OR_RETURN(std::string model, args.Required("model"));
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(model));
+  ASSIGN_OR_RETURN(std::vector<int64_t> concurrencies, args.IntList("concurrency"));
+  if (concurrencies.empty()) concurrencies = {1, 8, 32};
+  ASSIGN_OR_RETURN(int64_t requests, args.Int("requests", 64));
+  ASSIGN_OR_RETURN(int64_t prompt_len, args.Int("prompt-len", 64));
+  ASSIGN_OR_RETURN(int64_t max_new, args.Int("max-new-tokens", 32));
+  const std::string modes_flag = args.Get("modes").value_or("cluster,colocated");
+  std::vector<std::string> modes = absl::StrSplit(modes_flag, ',', absl::SkipEmpty());
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string bin = len > 0 ? std::string(self, len) : "./moesh";
+
+  std::printf("serving bench: %s (%s), %lld requests per row, prompt %lld tokens, %lld new tokens, greedy\n",
+              model.c_str(), config.Fingerprint().c_str(), static_cast<long long>(requests),
+              static_cast<long long>(prompt_len), static_cast<long long>(max_new));
+  std::printf("%-10s %5s %8s %10s %12s %10s %10s %10s %10s %7s\n", "mode", "conc", "req/s", "out tok/s", "e2e p50 ms",
+              "ttft p50", "ttft p99", "itl p50", "itl p99", "errors");
+  for (const std::string& mode : modes) {
+    LocalClusterOptions o;
+    o.model_dir = model;
+    o.bin_dir = args.Get("bin-dir").value_or(bin.substr(0, bin.rfind('/')));
+    o.work_dir = absl::StrCat("/tmp/moesh-bench-", getpid(), "-", mode);
+    o.kv_blocks = 4096;
+    if (mode == "colocated") {
+      o.extra_router_flags = {"--colocated", "--kv_blocks=4096"};
+      o.expert_workers = {"0-0"};
+      o.num_prefill = 0;
+      o.num_decode = 0;
+    } else if (mode != "cluster") {
+      return absl::InvalidArgumentError(absl::StrCat("unknown mode \"", mode, "\" (cluster, colocated)"));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
+    for (int64_t c : concurrencies) {
+      LoadResult r = RunLoad(cluster->router_address(), static_cast<int>(c), static_cast<int>(requests),
+                             static_cast<int>(prompt_len), static_cast<int>(max_new), config.vocab_size);
+      std::printf("%-10s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d\n", mode.c_str(),
+                  static_cast<long long>(c), r.ok / r.seconds, r.output_tokens / r.seconds,
+                  1e3 * Percentile(r.e2e, 0.5), 1e3 * Percentile(r.ttft, 0.5), 1e3 * Percentile(r.ttft, 0.99),
+                  1e3 * Percentile(r.itl, 0.5), 1e3 * Percentile(r.itl, 0.99), r.failed);
+      if (r.failed > 0) std::printf("  first error: %s\n", r.first_error.c_str());
+      std::fflush(stdout);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moesh::cli
