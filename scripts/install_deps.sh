@@ -4,8 +4,9 @@
 set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config python3
-  libabsl-dev nlohmann-json3-dev libopenblas-dev
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev nlohmann-json3-dev libopenblas-dev libicu-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  python3-grpcio python3-protobuf
   libgtest-dev libgmock-dev
   bazel-bootstrap
 )
