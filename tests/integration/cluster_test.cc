@@ -238,6 +238,28 @@ TEST(ClusterTest, CancellationFreesKvBlocks) {
   EXPECT_TRUE(Call((*cluster)->router_address(), Request({5, 6, 7}, 4)).status.ok());
 }
 
+TEST(ClusterTest, DeadlineEndsTheStreamAndFreesKv) {
+  LocalClusterOptions o = Options(TinyModel(), "deadline");
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  auto reader = stub->Generate(&ctx, Request({5, 6, 7}, 2500));
+  v1::GenerateResponse m;
+  int tokens = 0;
+  while (reader->Read(&m)) tokens += m.token_ids_size();
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(tokens, 2500);
+  const std::string metrics = Proc(**cluster, "decode-0").metrics_address;
+  double free_blocks = -1;
+  for (int i = 0; i < 100 && free_blocks != o.kv_blocks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    free_blocks = Metric(metrics, "moesh_kv_cache_free_blocks");
+  }
+  EXPECT_EQ(free_blocks, o.kv_blocks);
+}
+
 TEST(ClusterTest, BadRequestsAreInvalidArgumentAndHarmNoOne) {
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(TinyModel(), "bad"));
   ASSERT_TRUE(cluster.ok()) << cluster.status();

@@ -1,0 +1,92 @@
+// Dispatches for the same layer that arrive together are merged into one
+// grouped computation, and each caller still gets exactly its own result.
+#include "expert_worker/expert_service.h"
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "common/file_util.h"
+#include "common/model/random_checkpoint.h"
+#include "common/model/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace moesh {
+namespace {
+
+class ExpertServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = JoinPath(::testing::TempDir(), "expert_service_test");
+    absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
+    ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, {}).ok());
+    config_ = *c;
+    ckpt_ = *Checkpoint::Open(dir);
+  }
+  std::unique_ptr<ExpertStage> Stage() {
+    return std::make_unique<ExpertStage>(config_, *ExpertShardWeights::Load(config_, *ckpt_, {}));
+  }
+  v1::DispatchRequest RandomRequest(int tokens, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0, 1);
+    v1::DispatchRequest r;
+    r.set_layer(1);
+    r.set_num_tokens(tokens);
+    r.set_hidden(config_.hidden_size);
+    r.set_top_k(2);
+    std::vector<float> h(static_cast<size_t>(tokens) * config_.hidden_size);
+    for (float& x : h) x = n(rng);
+    r.set_hidden_states(std::string(reinterpret_cast<const char*>(h.data()), h.size() * 4));
+    for (int i = 0; i < tokens * 2; ++i) {
+      r.add_topk_ids(static_cast<int>(rng() % config_.n_routed_experts));
+      r.add_topk_weights(n(rng));
+    }
+    return r;
+  }
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> ckpt_;
+};
+
+TEST_F(ExpertServiceTest, ConcurrentDispatchesMergeAndEachGetsItsOwnResult) {
+  ExpertServiceOptions merging;
+  merging.batch_window = std::chrono::milliseconds(200);
+  ExpertService merged(Stage(), "fp", merging);
+  ExpertServiceOptions solo_opt;
+  solo_opt.batch_window = std::chrono::microseconds(0);
+  ExpertService solo(Stage(), "fp", solo_opt);
+
+  std::vector<v1::DispatchRequest> reqs = {RandomRequest(3, 1), RandomRequest(5, 2), RandomRequest(1, 3)};
+  std::vector<v1::DispatchResponse> got(reqs.size()), want(reqs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    threads.emplace_back([&, i] { ASSERT_TRUE(merged.Dispatch(reqs[i], &got[i]).ok()); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_TRUE(solo.Dispatch(reqs[i], &want[i]).ok());
+  EXPECT_EQ(merged.num_dispatches(), 3);
+  EXPECT_EQ(merged.num_batches(), 1);  // all three joined the first one's window
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(got[i].output().size(), want[i].output().size());
+    std::vector<float> a(got[i].output().size() / 4), b(a.size());
+    std::memcpy(a.data(), got[i].output().data(), got[i].output().size());
+    std::memcpy(b.data(), want[i].output().data(), want[i].output().size());
+    for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], b[j], 1e-5) << "request " << i;
+  }
+}
+
+TEST_F(ExpertServiceTest, RejectsMalformedDispatch) {
+  ExpertService s(Stage(), "fp", {});
+  v1::DispatchResponse resp;
+  v1::DispatchRequest r = RandomRequest(2, 9);
+  r.set_num_tokens(3);  // bytes do not match
+  EXPECT_EQ(s.Dispatch(r, &resp).code(), absl::StatusCode::kInvalidArgument);
+  r = RandomRequest(2, 9);
+  r.set_layer(0);  // dense layer
+  EXPECT_EQ(s.Dispatch(r, &resp).code(), absl::StatusCode::kInvalidArgument);
+  r = RandomRequest(2, 9);
+  r.set_topk_ids(0, 99);
+  EXPECT_EQ(s.Dispatch(r, &resp).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moesh
