@@ -1,0 +1,53 @@
+// Compile-time tile configurations of the CUDA kernels.
+#ifndef MOESH_KERNELS_CUDA_CONFIG_H_
+#define MOESH_KERNELS_CUDA_CONFIG_H_
+
+#include "kernels/cuda/tile_config.h"
+
+namespace moesh::cuda {
+
+// Paged latent KV cache: tokens per block.
+inline constexpr int kKvBlockSize = 64;
+
+// Row-wise ops (RMSNorm, SiLU-and-mul): threads per row and elements per
+// 16-byte vector access.
+namespace rowwise {
+inline constexpr int kThreads = 256;
+inline constexpr int kVec = 8;  // bf16 per 16 bytes
+}  // namespace rowwise
+
+// MoE gate: one warp per token.
+namespace gate {
+inline constexpr int kWarpsPerBlock = 4;
+inline constexpr int kMaxExperts = 512;
+inline constexpr int kMaxTopK = 32;
+inline constexpr int kMaxGroups = 32;
+}  // namespace gate
+
+// Greedy argmax + top-k log-probabilities: one block per row.
+namespace sampling {
+inline constexpr int kThreads = 512;
+inline constexpr int kMaxTopK = 20;
+}  // namespace sampling
+
+// MLA decode over the paged latent cache (absorbed weights).
+namespace mla {
+inline constexpr int kLatentDim = 512;   // kv_lora_rank
+inline constexpr int kRopeDim = 64;      // qk_rope_head_dim
+inline constexpr int kHeadDim = kLatentDim + kRopeDim;  // 576: q·k width, one cache row
+inline constexpr int kHeadsPerBlock = 16;  // the M of mma.m16n8k16
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = kWarps * 32;
+// Shared-memory row pitch of a cached token: 16 bytes of padding make the
+// eight rows an ldmatrix reads land in eight different bank groups.
+inline constexpr int kRowPitch = kHeadDim + 8;  // bf16 elements
+// Tile shapes (tokens per tile × shared-memory stages) the kernel is built
+// for; MlaTileConfig in params.h names them. The tuned default (NOTES.md:
+// two CTAs per SM beat one CTA with deeper pipelines, 97% vs 64% of copy BW):
+inline constexpr MlaTileConfig kDefaultTile = MlaTileConfig::kTokens32Stages2;
+inline constexpr int kMaxSplits = 64;
+}  // namespace mla
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_CONFIG_H_

@@ -1,0 +1,76 @@
+#include "kernels/cuda/device.h"
+
+namespace moesh::cuda {
+
+absl::StatusOr<int> CudaDeviceCount() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
+      err == cudaErrorSystemDriverMismatch || err == cudaErrorCompatNotSupportedOnDevice) {
+    cudaGetLastError();  // not sticky, but leave the runtime clean
+    return 0;
+  }
+  RETURN_IF_CUDA_ERROR(err);
+  return n;
+}
+
+absl::StatusOr<Stream> Stream::Create() {
+  Stream s;
+  RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&s.s_, cudaStreamNonBlocking));
+  return s;
+}
+
+Stream::~Stream() {
+  if (s_ != nullptr) cudaStreamDestroy(s_);
+}
+
+Stream& Stream::operator=(Stream&& o) noexcept {
+  if (this != &o) {
+    if (s_ != nullptr) cudaStreamDestroy(s_);
+    s_ = std::exchange(o.s_, nullptr);
+  }
+  return *this;
+}
+
+absl::Status Stream::Synchronize() const { return CudaStatus(cudaStreamSynchronize(s_), "cudaStreamSynchronize"); }
+
+absl::StatusOr<Event> Event::Create() {
+  Event e;
+  RETURN_IF_CUDA_ERROR(cudaEventCreate(&e.e_));
+  return e;
+}
+
+Event::~Event() {
+  if (e_ != nullptr) cudaEventDestroy(e_);
+}
+
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    if (e_ != nullptr) cudaEventDestroy(e_);
+    e_ = std::exchange(o.e_, nullptr);
+  }
+  return *this;
+}
+
+absl::Status Event::Record(cudaStream_t stream) { return CudaStatus(cudaEventRecord(e_, stream), "cudaEventRecord"); }
+
+absl::StatusOr<float> Event::ElapsedMsSince(const Event& start) const {
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(e_));
+  float ms = 0.0f;
+  RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, start.e_, e_));
+  return ms;
+}
+
+absl::StatusOr<DeviceInfo> CurrentDeviceInfo() {
+  DeviceInfo info;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&info.device));
+  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, info.device));
+  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.max_smem_per_block_optin,
+                                              cudaDevAttrMaxSharedMemoryPerBlockOptin, info.device));
+  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.l2_bytes, cudaDevAttrL2CacheSize, info.device));
+  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, info.device));
+  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, info.device));
+  return info;
+}
+
+}  // namespace moesh::cuda

@@ -1,0 +1,133 @@
+// RAII owners of CUDA device memory, streams and events, and device discovery.
+//
+// Every allocation is a plain cudaMalloc (never managed memory). The owners are
+// movable, not copyable, and not thread-safe: one owner at a time.
+#ifndef MOESH_KERNELS_CUDA_DEVICE_H_
+#define MOESH_KERNELS_CUDA_DEVICE_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace moesh::cuda {
+
+// Number of usable CUDA devices: 0 (not an error) when there is no driver or
+// no device; an error Status for any other failure.
+absl::StatusOr<int> CudaDeviceCount();
+
+// Typed device allocation of `size()` elements; uninitialised.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { Reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // RESOURCE_EXHAUSTED (or INTERNAL) if cudaMalloc fails.
+  static absl::StatusOr<DeviceBuffer> Create(size_t size) {
+    DeviceBuffer b;
+    if (size > 0) {
+      const cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&b.ptr_), size * sizeof(T));
+      if (err == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        return absl::ResourceExhaustedError(
+            absl::StrCat("cudaMalloc of ", size * sizeof(T), " bytes: out of device memory"));
+      }
+      RETURN_IF_ERROR(CudaStatus(err, "cudaMalloc"));
+    }
+    b.size_ = size;
+    return b;
+  }
+
+  T* get() const { return ptr_; }
+  size_t size() const { return size_; }
+  size_t bytes() const { return size_ * sizeof(T); }
+
+  // Synchronous copies; REQUIRES: host.size() == size().
+  absl::Status CopyFrom(const std::vector<T>& host) {
+    if (host.size() != size_) return absl::InvalidArgumentError("DeviceBuffer::CopyFrom: size mismatch");
+    return CudaStatus(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  absl::StatusOr<std::vector<T>> ToHost() const {
+    std::vector<T> host(size_);
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpy(host.data(), ptr_, bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H"));
+    return host;
+  }
+
+ private:
+  void Reset() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    size_ = 0;
+  }
+  T* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// A non-blocking stream.
+class Stream {
+ public:
+  static absl::StatusOr<Stream> Create();
+  Stream() = default;
+  ~Stream();
+  Stream(Stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  Stream& operator=(Stream&& o) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  cudaStream_t get() const { return s_; }
+  absl::Status Synchronize() const;
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// A timing event.
+class Event {
+ public:
+  static absl::StatusOr<Event> Create();
+  Event() = default;
+  ~Event();
+  Event(Event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  Event& operator=(Event&& o) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  cudaEvent_t get() const { return e_; }
+  absl::Status Record(cudaStream_t stream);
+  // Milliseconds from `start` to this event; both must have completed.
+  absl::StatusOr<float> ElapsedMsSince(const Event& start) const;
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// Facts of the current device that launch configurations depend on.
+struct DeviceInfo {
+  int device = 0;
+  int num_sms = 0;
+  int max_smem_per_block_optin = 0;  // bytes
+  int l2_bytes = 0;
+  int cc_major = 0, cc_minor = 0;
+};
+absl::StatusOr<DeviceInfo> CurrentDeviceInfo();
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_DEVICE_H_

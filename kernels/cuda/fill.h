@@ -1,0 +1,20 @@
+// Random fills on the device, for benchmarks and dummy weights: never zeros,
+// which hide unwritten outputs and can run faster than real data.
+#ifndef MOESH_KERNELS_CUDA_FILL_H_
+#define MOESH_KERNELS_CUDA_FILL_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+// x[i] = uniform in [-scale, scale), a pure function of (seed, i).
+absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, cudaStream_t stream);
+absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, cudaStream_t stream);
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_FILL_H_

@@ -1,0 +1,526 @@
+// MLA decode over the paged latent cache. One CTA = (KV split, group of 16
+// heads, sequence), four warps:
+//   * warp 0 streams the split's cache blocks into a two-stage shared-memory
+//     ring, one cp.async.bulk per 1152-byte row (rows padded to 1168 bytes so
+//     ldmatrix is conflict-free), completing on an mbarrier per stage;
+//   * S = Q·K^T: warp w owns dims [144w, 144w + 144) of the 576 (Q slice in
+//     registers), partial scores meet in shared memory;
+//   * online softmax in fp32 (base 2), P rounded to bf16 in shared memory;
+//   * O += P·V: warp w owns latent dims [128w, 128w + 128).
+// Splits write (O / l, log2-sum-exp) partials; MlaCombineKernel merges them.
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+
+#include "kernels/cuda/config.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mla_decode.h"
+
+namespace moesh::cuda {
+namespace {
+
+using namespace mla;  // NOLINT: the tile constants
+constexpr int kRowBytes = kHeadDim * 2;     // 1152, one cached token
+constexpr int kQkSlice = kHeadDim / kWarps;      // 144 dims of q·k per warp
+constexpr int kQkSteps = kQkSlice / 16;          // 9 mma k-steps
+constexpr int kVSlice = kLatentDim / kWarps;     // 128 output dims per warp
+constexpr int kVTiles = kVSlice / 8;             // 16 mma n-tiles
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kQkSlice % 16 == 0 && kVSlice % 16 == 0);
+
+// A tile of kTile tokens (a cache block or an aligned part of one), kStages
+// of them in flight.
+template <int kTile, int kStages>
+struct Cfg {
+  static constexpr int kTileTokens = kTile;
+  static constexpr int kNumStages = kStages;
+  static constexpr int kTilesPerBlock = kKvBlockSize / kTile;
+  static constexpr int kSTiles = kTile / 8;        // mma n-tiles of scores
+  static constexpr int kOwnTiles = kTile / 32;     // n-tiles each warp finishes
+  static constexpr int kPitch = kTile + 8;         // conflict-free score/prob rows
+  static_assert(kTile % 32 == 0 && kKvBlockSize % kTile == 0);
+
+  struct Smem {
+    bf16 kv[kStages][kTile][kRowPitch];
+    float spart[kWarps][kHeadsPerBlock][kPitch];
+    bf16 probs[kHeadsPerBlock][kPitch];
+    float rmax[kWarps][kHeadsPerBlock];
+    float rsum[kWarps][kHeadsPerBlock];
+    alignas(8) uint64_t bar[kStages];
+  };
+  static_assert(sizeof(Smem) <= 227 * 1024, "over Hopper's shared memory per CTA");
+  // 228 KB per SM, 1 KB of it reserved per resident CTA.
+  static constexpr int kCtasPerSm = 233472 / (sizeof(Smem) + 1024);
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void BulkCopyG2S(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+
+__device__ __forceinline__ void Ldmatrix4Trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+
+// c += a · b, m16n8k16, bf16 in, fp32 accumulate.
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float2 UnpackBf16(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+
+struct SplitRange {
+  int begin, end;  // cache blocks [begin, end) of the sequence
+};
+
+__device__ __forceinline__ SplitRange SplitTiles(int n_tiles, int split, int num_splits) {
+  return {static_cast<int>(static_cast<int64_t>(split) * n_tiles / num_splits),
+          static_cast<int>(static_cast<int64_t>(split + 1) * n_tiles / num_splits)};
+}
+
+// Warp 0: starts the copy of the sequence's tile `tile` into `stage`. Rows past
+// the sequence's end are zeroed instead (their probabilities are 0, and 0 · NaN
+// of stale shared memory would poison O).
+template <typename C>
+__device__ __forceinline__ void IssueTile(typename C::Smem& s, const MlaDecodeParams& p, int b, int tile,
+                                          int stage, int seq_len, int lane) {
+  constexpr int kTile = C::kTileTokens;
+  const int block = p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + tile / C::kTilesPerBlock];
+  const int valid = min(kTile, seq_len - tile * kTile);
+  const bf16* src = p.kv_cache +
+                    (static_cast<int64_t>(block) * kKvBlockSize + (tile % C::kTilesPerBlock) * kTile) * kHeadDim;
+  for (int r = valid + lane; r < kTile; r += 32) {
+    uint4* row = reinterpret_cast<uint4*>(&s.kv[stage][r][0]);
+    for (int c = 0; c < kRowBytes / 16; ++c) row[c] = make_uint4(0, 0, 0, 0);
+  }
+  if (lane == 0) MbarArriveExpectTx(&s.bar[stage], valid * kRowBytes);
+  __syncwarp();
+  for (int r = lane; r < valid; r += 32) {
+    BulkCopyG2S(&s.kv[stage][r][0], src + static_cast<int64_t>(r) * kHeadDim, kRowBytes, &s.bar[stage]);
+  }
+}
+
+template <typename C, bool kSplit, typename OutT>
+__global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p) {
+  constexpr int kTileTokens = C::kTileTokens, kStages = C::kNumStages, kSTiles = C::kSTiles;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  typename C::Smem& s = *reinterpret_cast<typename C::Smem*>(smem_raw);
+  const int split = blockIdx.x, head0 = blockIdx.y * kHeadsPerBlock, b = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;  // mma fragment row group / thread in group
+  const int seq_len = p.seq_lens[b];
+  const int n_tiles = (seq_len + kTileTokens - 1) / kTileTokens;
+  const SplitRange range = SplitTiles(n_tiles, split, p.num_splits);
+  const int n = range.end - range.begin;
+
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kStages; ++st) MbarInit(&s.bar[st], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == 0) {
+    for (int i = 0; i < min(n, kStages); ++i) IssueTile<C>(s, p, b, range.begin + i, i, seq_len, lane);
+  }
+
+  // This warp's Q slice, [16 heads, 144 dims], as mma A fragments.
+  uint32_t qf[kQkSteps][4];
+  {
+    const int h_lo = head0 + g, h_hi = head0 + g + 8;
+    const bf16* q_lo = p.q + (static_cast<int64_t>(b) * p.num_heads + h_lo) * kHeadDim + warp * kQkSlice + 2 * tq;
+    const bf16* q_hi = q_lo + 8 * kHeadDim;
+#pragma unroll
+    for (int kk = 0; kk < kQkSteps; ++kk) {
+      const int d = kk * 16;
+      qf[kk][0] = h_lo < p.num_heads ? *reinterpret_cast<const uint32_t*>(q_lo + d) : 0u;
+      qf[kk][1] = h_hi < p.num_heads ? *reinterpret_cast<const uint32_t*>(q_hi + d) : 0u;
+      qf[kk][2] = h_lo < p.num_heads ? *reinterpret_cast<const uint32_t*>(q_lo + d + 8) : 0u;
+      qf[kk][3] = h_hi < p.num_heads ? *reinterpret_cast<const uint32_t*>(q_hi + d + 8) : 0u;
+    }
+  }
+  const float scale_log2 = p.softmax_scale * kLog2e;
+
+  float o[kVTiles][4];
+#pragma unroll
+  for (int j = 0; j < kVTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // rows g, g + 8
+  __syncthreads();  // zero-filled rows of the first tiles are visible
+
+  // ldmatrix lane roles: row within an 8x8 matrix, and which of the four.
+  const int lm_r = lane & 7, lm_m = lane >> 3;
+
+  for (int i = 0; i < n; ++i) {
+    const int stage = i % kStages;
+    const int tile = range.begin + i;
+    MbarWait(&s.bar[stage], (i / kStages) & 1);
+    const bf16(*kv)[kRowPitch] = s.kv[stage];  // [kTileTokens][kRowPitch]
+
+    // Partial scores over this warp's dims: [16 heads, 64 tokens].
+    float sc[kSTiles][4];
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kQkSteps; ++kk) {
+      const int d = warp * kQkSlice + kk * 16 + (lm_m & 1) * 8;
+#pragma unroll
+      for (int j = 0; j < kSTiles; j += 2) {
+        uint32_t bfrag[4];
+        Ldmatrix4(bfrag, &kv[j * 8 + (lm_m >> 1) * 8 + lm_r][d]);
+        Mma(sc[j], qf[kk], bfrag[0], bfrag[1]);
+        Mma(sc[j + 1], qf[kk], bfrag[2], bfrag[3]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j) {
+      *reinterpret_cast<float2*>(&s.spart[warp][g][j * 8 + 2 * tq]) = make_float2(sc[j][0], sc[j][1]);
+      *reinterpret_cast<float2*>(&s.spart[warp][g + 8][j * 8 + 2 * tq]) = make_float2(sc[j][2], sc[j][3]);
+    }
+    __syncthreads();
+
+    // Warp w finishes tokens [w, w + 1) · kTileTokens / 4: sum the partials, scale, mask.
+    float st[C::kOwnTiles][4];
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int jj = 0; jj < C::kOwnTiles; ++jj) {
+      const int col = warp * (kTileTokens / 4) + jj * 8 + 2 * tq;
+      float2 lo = make_float2(0.0f, 0.0f), hi = make_float2(0.0f, 0.0f);
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) {
+        const float2 a = *reinterpret_cast<const float2*>(&s.spart[v][g][col]);
+        const float2 c = *reinterpret_cast<const float2*>(&s.spart[v][g + 8][col]);
+        lo.x += a.x, lo.y += a.y, hi.x += c.x, hi.y += c.y;
+      }
+      const int tok = tile * kTileTokens + col;
+      const bool ok0 = tok < seq_len, ok1 = tok + 1 < seq_len;
+      st[jj][0] = ok0 ? lo.x * scale_log2 : -INFINITY;
+      st[jj][1] = ok1 ? lo.y * scale_log2 : -INFINITY;
+      st[jj][2] = ok0 ? hi.x * scale_log2 : -INFINITY;
+      st[jj][3] = ok1 ? hi.y * scale_log2 : -INFINITY;
+      mx_lo = fmaxf(mx_lo, fmaxf(st[jj][0], st[jj][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(st[jj][2], st[jj][3]));
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+    }
+    if (tq == 0) {
+      s.rmax[warp][g] = mx_lo;
+      s.rmax[warp][g + 8] = mx_hi;
+    }
+    __syncthreads();
+
+    float new_lo = m_lo, new_hi = m_hi;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) {
+      new_lo = fmaxf(new_lo, s.rmax[v][g]);
+      new_hi = fmaxf(new_hi, s.rmax[v][g + 8]);
+    }
+    float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < C::kOwnTiles; ++jj) {
+      const int col = warp * (kTileTokens / 4) + jj * 8 + 2 * tq;
+      const uint32_t plo = PackBf16(exp2f(st[jj][0] - new_lo), exp2f(st[jj][1] - new_lo));
+      const uint32_t phi = PackBf16(exp2f(st[jj][2] - new_hi), exp2f(st[jj][3] - new_hi));
+      *reinterpret_cast<uint32_t*>(&s.probs[g][col]) = plo;
+      *reinterpret_cast<uint32_t*>(&s.probs[g + 8][col]) = phi;
+      // Sum what P·V will use: the rounded probabilities.
+      const float2 a = UnpackBf16(plo), c = UnpackBf16(phi);
+      sum_lo += a.x + a.y;
+      sum_hi += c.x + c.y;
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, off);
+      sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, off);
+    }
+    if (tq == 0) {
+      s.rsum[warp][g] = sum_lo;
+      s.rsum[warp][g + 8] = sum_hi;
+    }
+    __syncthreads();
+
+    const float alpha_lo = exp2f(m_lo - new_lo), alpha_hi = exp2f(m_hi - new_hi);
+    m_lo = new_lo;
+    m_hi = new_hi;
+    float tsum_lo = 0.0f, tsum_hi = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) {
+      tsum_lo += s.rsum[v][g];
+      tsum_hi += s.rsum[v][g + 8];
+    }
+    l_lo = l_lo * alpha_lo + tsum_lo;
+    l_hi = l_hi * alpha_hi + tsum_hi;
+#pragma unroll
+    for (int j = 0; j < kVTiles; ++j) {
+      o[j][0] *= alpha_lo, o[j][1] *= alpha_lo, o[j][2] *= alpha_hi, o[j][3] *= alpha_hi;
+    }
+    // O[:, this warp's 128 dims] += P[16, 64] · V[64, 128].
+#pragma unroll
+    for (int kk = 0; kk < kTileTokens / 16; ++kk) {
+      uint32_t pf[4];
+      Ldmatrix4(pf, &s.probs[(lm_m & 1) * 8 + lm_r][kk * 16 + (lm_m >> 1) * 8]);
+#pragma unroll
+      for (int j = 0; j < kVTiles; j += 2) {
+        uint32_t vf[4];
+        Ldmatrix4Trans(vf, &kv[kk * 16 + (lm_m & 1) * 8 + lm_r][warp * kVSlice + j * 8 + (lm_m >> 1) * 8]);
+        Mma(o[j], pf, vf[0], vf[1]);
+        Mma(o[j + 1], pf, vf[2], vf[3]);
+      }
+    }
+    __syncthreads();  // the stage, scores and probabilities are free again
+    if (warp == 0 && i + kStages < n) IssueTile<C>(s, p, b, tile + kStages, stage, seq_len, lane);
+  }
+
+  // Epilogue: rows g and g + 8 of this warp's 128 dims.
+  const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f, inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+  const float lse_lo = n > 0 ? m_lo + log2f(l_lo) : -INFINITY;
+  const float lse_hi = n > 0 ? m_hi + log2f(l_hi) : -INFINITY;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int h = head0 + g + half * 8;
+    if (h >= p.num_heads) continue;
+    const float inv = half ? inv_hi : inv_lo;
+    const float lse2 = half ? lse_hi : lse_lo;
+    const int64_t bh = static_cast<int64_t>(b) * p.num_heads + h;
+    if constexpr (kSplit) {
+      float* part = static_cast<float*>(p.workspace) +
+                    ((static_cast<int64_t>(b) * p.num_splits + split) * p.num_heads + h) * kLatentDim;
+#pragma unroll
+      for (int j = 0; j < kVTiles; ++j) {
+        *reinterpret_cast<float2*>(part + warp * kVSlice + j * 8 + 2 * tq) =
+            make_float2(o[j][2 * half] * inv, o[j][2 * half + 1] * inv);
+      }
+      if (warp == 0 && tq == 0) {
+        float* lse_part = static_cast<float*>(p.workspace) +
+                          static_cast<int64_t>(p.batch) * p.num_splits * p.num_heads * kLatentDim;
+        lse_part[(static_cast<int64_t>(b) * p.num_splits + split) * p.num_heads + h] = lse2;
+      }
+    } else {
+      OutT* out = static_cast<OutT*>(p.out) + bh * kLatentDim + warp * kVSlice + 2 * tq;
+#pragma unroll
+      for (int j = 0; j < kVTiles; ++j) {
+        const float x = o[j][2 * half] * inv, y = o[j][2 * half + 1] * inv;
+        if constexpr (std::is_same_v<OutT, float>) {
+          *reinterpret_cast<float2*>(out + j * 8) = make_float2(x, y);
+        } else {
+          *reinterpret_cast<__nv_bfloat162*>(out + j * 8) = __floats2bfloat162_rn(x, y);
+        }
+      }
+      if (p.lse != nullptr && warp == 0 && tq == 0) p.lse[bh] = lse2 * 0.6931471805599453f;
+    }
+  }
+}
+
+// One CTA per (sequence, head): out = sum_s exp2(lse_s - lse) · O_s. Warp 0
+// turns the split log-sum-exps into weights once; then every thread streams
+// its four dims of all splits with the loads unrolled, so the split count
+// costs bandwidth rather than a chain of memory latencies.
+template <typename OutT>
+__global__ void __launch_bounds__(kLatentDim / 4) MlaCombineKernel(MlaDecodeParams p) {
+  static_assert(kMaxSplits <= 64, "warp 0 holds two splits per lane");
+  __shared__ float weight[kMaxSplits];
+  __shared__ float lse_total;
+  const int b = blockIdx.x / p.num_heads, h = blockIdx.x % p.num_heads;
+  const int num_splits = p.num_splits, lane = threadIdx.x & 31;
+  const float* part = static_cast<const float*>(p.workspace);
+  const float* lse_part = part + static_cast<int64_t>(p.batch) * num_splits * p.num_heads * kLatentDim;
+  const int64_t row0 = static_cast<int64_t>(b) * num_splits * p.num_heads + h;  // split sp: row0 + sp * num_heads
+  if (threadIdx.x < 32) {
+    const float l0 = lane < num_splits ? lse_part[row0 + static_cast<int64_t>(lane) * p.num_heads] : -INFINITY;
+    const float l1 =
+        lane + 32 < num_splits ? lse_part[row0 + static_cast<int64_t>(lane + 32) * p.num_heads] : -INFINITY;
+    const float mx = WarpMax(fmaxf(l0, l1));
+    const float w0 = (mx == -INFINITY || l0 == -INFINITY) ? 0.0f : exp2f(l0 - mx);
+    const float w1 = (mx == -INFINITY || l1 == -INFINITY) ? 0.0f : exp2f(l1 - mx);
+    const float total = WarpSum(w0 + w1);
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    if (lane < num_splits) weight[lane] = w0 * inv;
+    if (lane + 32 < num_splits) weight[lane + 32] = w1 * inv;
+    if (lane == 0) lse_total = total > 0.0f ? mx + log2f(total) : -INFINITY;
+  }
+  __syncthreads();
+  // Empty splits wrote zeros with weight 0: no branch needed.
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float* src = part + row0 * kLatentDim + threadIdx.x * 4;
+  const int64_t step = static_cast<int64_t>(p.num_heads) * kLatentDim;
+#pragma unroll 8
+  for (int sp = 0; sp < num_splits; ++sp) {
+    const float w = weight[sp];
+    const float4 v = *reinterpret_cast<const float4*>(src + sp * step);
+    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  }
+  const int64_t bh = static_cast<int64_t>(b) * p.num_heads + h;
+  OutT* out = static_cast<OutT*>(p.out) + bh * kLatentDim + threadIdx.x * 4;
+  if constexpr (std::is_same_v<OutT, float>) {
+    *reinterpret_cast<float4*>(out) = acc;
+  } else {
+    *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(acc.x, acc.y);
+    *reinterpret_cast<__nv_bfloat162*>(out + 2) = __floats2bfloat162_rn(acc.z, acc.w);
+  }
+  if (p.lse != nullptr && threadIdx.x == 0) p.lse[bh] = lse_total * 0.6931471805599453f;
+}
+
+template <typename C, bool kSplit, typename OutT>
+absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
+  auto* kernel = MlaDecodeKernel<C, kSplit, OutT>;
+  // Raise this instantiation's dynamic shared-memory limit once per device.
+  static std::atomic<uint64_t> smem_set{0};  // bit d: done on device d
+  int dev = 0;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (!(smem_set.load(std::memory_order_acquire) & bit)) {
+    RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(sizeof(typename C::Smem))));
+    smem_set.fetch_or(bit, std::memory_order_release);
+  }
+  kernel<<<grid, kThreads, sizeof(typename C::Smem), p.stream>>>(p);
+  RETURN_IF_ERROR(LaunchStatus("MlaDecodeKernel"));
+  if constexpr (kSplit) {
+    MlaCombineKernel<OutT><<<p.batch * p.num_heads, kLatentDim / 4, 0, p.stream>>>(p);
+    RETURN_IF_ERROR(LaunchStatus("MlaCombineKernel"));
+  }
+  return absl::OkStatus();
+}
+
+// Calls f(Cfg<...>{}) for the tile configuration `t` names.
+template <typename F>
+auto WithTile(MlaTileConfig t, F&& f) {
+  if (t == MlaTileConfig::kDefault) t = kDefaultTile;
+  switch (t) {
+    case MlaTileConfig::kTokens32Stages4:
+      return f(Cfg<32, 4>{});
+    case MlaTileConfig::kTokens32Stages5:
+      return f(Cfg<32, 5>{});
+    case MlaTileConfig::kTokens32Stages2:
+      return f(Cfg<32, 2>{});
+    case MlaTileConfig::kDefault:
+    case MlaTileConfig::kTokens64Stages2:
+      break;
+  }
+  return f(Cfg<64, 2>{});
+}
+
+size_t WorkspaceBytes(int batch, int num_heads, int num_splits) {
+  if (num_splits <= 1) return 0;
+  return static_cast<size_t>(batch) * num_splits * num_heads * (kLatentDim + 1) * sizeof(float);
+}
+
+MlaDecodePlan PlanFor(int batch, int num_heads, int max_seq_len, int num_sms, int tile_tokens, int ctas_per_sm) {
+  MlaDecodePlan plan;
+  const int64_t ctas = static_cast<int64_t>(std::max(batch, 1)) *
+                       ((std::max(num_heads, 1) + kHeadsPerBlock - 1) / kHeadsPerBlock);
+  const int max_tiles = std::max(1, (max_seq_len + tile_tokens - 1) / tile_tokens);
+  const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * ctas_per_sm;
+  // Makespan in tile-times: waves × (tiles per split + one tile of fixed cost
+  // for the prologue, the epilogue and the combine).
+  int64_t best_cost = INT64_MAX;
+  for (int sp = 1; sp <= std::min(kMaxSplits, max_tiles); ++sp) {
+    const int64_t waves = (ctas * sp + slots - 1) / slots;
+    const int64_t cost = waves * ((max_tiles + sp - 1) / sp + (sp > 1 ? 1 : 0));
+    if (cost < best_cost) {
+      best_cost = cost;
+      plan.num_splits = sp;
+    }
+  }
+  plan.workspace_bytes = WorkspaceBytes(batch, num_heads, plan.num_splits);
+  return plan;
+}
+
+}  // namespace
+
+size_t MlaDecodeWorkspaceBytes(int batch, int num_heads, int num_splits) {
+  return WorkspaceBytes(batch, num_heads, num_splits);
+}
+
+MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_sms, MlaTileConfig tile) {
+  return WithTile(tile, [&](auto cfg) {
+    using C = decltype(cfg);
+    return PlanFor(batch, num_heads, max_seq_len, num_sms, C::kTileTokens, C::kCtasPerSm);
+  });
+}
+
+absl::Status RunMlaDecode(const MlaDecodeParams& p) {
+  if (p.kv_lora_rank != kLatentDim || p.rope_dim != kRopeDim) {
+    return absl::InvalidArgumentError(absl::StrCat("RunMlaDecode: built for kv_lora_rank ", kLatentDim,
+                                                   " and rope_dim ", kRopeDim));
+  }
+  if (p.batch < 0 || p.num_heads <= 0 || p.num_blocks <= 0 || p.max_blocks_per_seq <= 0 || p.max_seq_len < 0 ||
+      p.max_seq_len > static_cast<int64_t>(p.max_blocks_per_seq) * kKvBlockSize) {
+    return absl::InvalidArgumentError(
+        "RunMlaDecode: need num_heads, num_blocks, max_blocks_per_seq > 0 and "
+        "0 <= max_seq_len <= max_blocks_per_seq * 64");
+  }
+  if (p.num_splits < 1 || p.num_splits > kMaxSplits ||
+      (p.num_splits > 1 && (p.workspace == nullptr ||
+                            p.workspace_bytes < MlaDecodeWorkspaceBytes(p.batch, p.num_heads, p.num_splits)))) {
+    return absl::InvalidArgumentError("RunMlaDecode: num_splits/workspace not from PlanMlaDecode");
+  }
+  if (p.batch == 0) return absl::OkStatus();
+  if (!p.q || !p.kv_cache || !p.block_table || !p.seq_lens || !p.out) {
+    return absl::InvalidArgumentError("RunMlaDecode: null pointer");
+  }
+  if ((reinterpret_cast<uintptr_t>(p.q) & 15) || (reinterpret_cast<uintptr_t>(p.kv_cache) & 15) ||
+      (reinterpret_cast<uintptr_t>(p.out) & 15) || (reinterpret_cast<uintptr_t>(p.workspace) & 15)) {
+    return absl::InvalidArgumentError("RunMlaDecode: q, kv_cache, out and workspace must be 16-byte aligned");
+  }
+  if (p.batch > 65535) return absl::InvalidArgumentError("RunMlaDecode: batch > 65535");
+  const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.batch);
+  const bool split = p.num_splits > 1;
+  return WithTile(p.tile, [&](auto cfg) {
+    using C = decltype(cfg);
+    if (p.out_type == OutType::kFloat32) {
+      return split ? LaunchDecode<C, true, float>(p, grid) : LaunchDecode<C, false, float>(p, grid);
+    }
+    return split ? LaunchDecode<C, true, bf16>(p, grid) : LaunchDecode<C, false, bf16>(p, grid);
+  });
+}
+
+}  // namespace moesh::cuda

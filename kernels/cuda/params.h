@@ -1,0 +1,169 @@
+// Parameters of the CUDA ops, one struct per op, each carrying its stream.
+//
+// Every tensor pointer is device memory, row-major, with its shape in the
+// comment; "ld" fields are row strides in elements (0: packed). Activations
+// and weights are bf16; accumulation is fp32 everywhere.
+#ifndef MOESH_KERNELS_CUDA_PARAMS_H_
+#define MOESH_KERNELS_CUDA_PARAMS_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/moe_gate.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/tile_config.h"
+
+namespace moesh::cuda {
+
+using bf16 = __nv_bfloat16;
+// The CPU backend's enums: the two backends implement the same semantics.
+using cpu::GateScoring;
+using cpu::GateSelect;
+using cpu::RopeLayout;
+
+enum class OutType { kBf16, kFloat32 };
+
+// y[m, n] = x[m, k] · w[n, k]^T (+ y if accumulate).
+struct GemmParams {
+  const bf16* x = nullptr;  // [m, ldx]
+  const bf16* w = nullptr;  // [n, k] (nn.Linear's weight)
+  void* y = nullptr;        // [m, ldy], bf16 or fp32 per out_type
+  OutType out_type = OutType::kBf16;
+  int m = 0, n = 0, k = 0;
+  int ldx = 0, ldy = 0;
+  bool accumulate = false;
+  cudaStream_t stream = nullptr;
+};
+
+// y = x * rsqrt(mean(x^2) + eps) * weight, per row. y may alias x.
+struct RmsNormParams {
+  const bf16* x = nullptr;       // [rows, ldx]
+  const bf16* weight = nullptr;  // [n]
+  bf16* y = nullptr;             // [rows, ldy]
+  int rows = 0, n = 0, ldx = 0, ldy = 0;
+  float eps = 1e-6f;
+  cudaStream_t stream = nullptr;
+};
+
+// x += residual (rounded to bf16, written back); y = rmsnorm(x) * weight.
+struct AddRmsNormParams {
+  bf16* x = nullptr;               // [rows, ldx], in/out
+  const bf16* residual = nullptr;  // [rows, ld_residual]
+  const bf16* weight = nullptr;    // [n]
+  bf16* y = nullptr;               // [rows, ldy]; must not alias x or residual
+  int rows = 0, n = 0, ldx = 0, ld_residual = 0, ldy = 0;
+  float eps = 1e-6f;
+  cudaStream_t stream = nullptr;
+};
+
+// The rotation shared by the RoPE ops: kernels/cpu/rope.cc RunRope's math,
+// angle = inv_freq[i] * position in fp32, cos/sin times attention_factor.
+struct RopeTableView {
+  const float* inv_freq = nullptr;  // [dim / 2], device
+  float attention_factor = 1.0f;
+  int dim = 0;  // rope dims, even
+  RopeLayout layout = RopeLayout::kInterleaved;
+};
+
+// Rotates, in place, the rope slice x[t, r, offset : offset + dim] of every
+// token t and row r (e.g. the q_pe part of every head) at positions[t].
+struct RopeParams {
+  bf16* x = nullptr;  // [num_tokens, token_stride]; row r of token t at t*token_stride + r*row_stride
+  int num_tokens = 0, num_rows = 0;
+  int token_stride = 0, row_stride = 0, offset = 0;
+  const int32_t* positions = nullptr;  // [num_tokens]
+  RopeTableView rope;
+  cudaStream_t stream = nullptr;
+};
+
+// One decode/prefill step's cache write, fused: per token t with
+// slot_mapping[t] >= 0,
+//   cache[slot] = [ rmsnorm(kv[t, :rank]) * kv_norm_weight  (or kv[t, :rank] as is
+//                   when kv_norm_weight is null) | rope(kv[t, rank : rank + dim]) ].
+// Optionally also ropes the queries in place (q may be null): q as RopeParams.
+// Cache layout: [num_blocks, kKvBlockSize, rank + rope.dim]; slot = block * kKvBlockSize + offset.
+struct RopeKvCacheParams {
+  const bf16* kv = nullptr;  // [num_tokens, kv_ld]: [latent (rank) | k_pe (rope.dim)]
+  int kv_ld = 0;
+  const bf16* kv_norm_weight = nullptr;  // [rank]; may be null
+  float eps = 1e-6f;
+  bf16* cache = nullptr;  // [num_blocks, kKvBlockSize, rank + rope.dim]
+  int num_blocks = 0;
+  const int32_t* slot_mapping = nullptr;  // [num_tokens]; < 0: padding, not written
+  int num_tokens = 0, kv_lora_rank = 0;
+  bf16* q = nullptr;  // may be null; [num_tokens, q_token_stride], q_num_heads rows of q_head_stride
+  int q_num_heads = 0, q_token_stride = 0, q_head_stride = 0, q_rope_offset = 0;
+  const int32_t* positions = nullptr;  // [num_tokens]
+  RopeTableView rope;
+  cudaStream_t stream = nullptr;
+};
+
+// out[m, i] = silu(gate_up[m, :i]) * gate_up[m, i : 2i].
+struct SiluAndMulParams {
+  const bf16* gate_up = nullptr;  // [m, 2i]
+  bf16* out = nullptr;            // [m, i]
+  int m = 0, i = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// kernels/cpu/moe_gate.h's MoeGateParams on the device.
+struct MoeGateParams {
+  const float* logits = nullptr;  // [num_tokens, num_experts]
+  const float* bias = nullptr;    // [num_experts]; may be null
+  int num_tokens = 0, num_experts = 0, top_k = 0;
+  int n_group = 1, topk_group = 1;
+  GateScoring scoring = GateScoring::kSoftmax;
+  GateSelect select = GateSelect::kGreedy;
+  bool renormalize = false;
+  float routed_scaling_factor = 1.0f;
+  int32_t* topk_ids = nullptr;    // [num_tokens, top_k], best first
+  float* topk_weights = nullptr;  // [num_tokens, top_k]
+  cudaStream_t stream = nullptr;
+};
+
+// MLA decode with absorbed weights over the paged latent cache: for each
+// sequence b and head h, one query row attends to the first seq_lens[b] cache
+// rows of b:
+//   s_t = softmax_scale * q[b, h, :] · row_t[:],  p = softmax(s),
+//   out[b, h, :] = sum_t p_t * row_t[:kv_lora_rank],
+// row_t = cache[block_table[b, t / 64], t % 64, :]. seq_lens[b] == 0 gives zeros.
+struct MlaDecodeParams {
+  const bf16* q = nullptr;         // [batch, num_heads, kv_lora_rank + rope_dim]
+  const bf16* kv_cache = nullptr;  // [num_blocks, kKvBlockSize, kv_lora_rank + rope_dim]
+  const int32_t* block_table = nullptr;  // [batch, max_blocks_per_seq]
+  const int32_t* seq_lens = nullptr;     // [batch], each in [0, max_seq_len]
+  int batch = 0, num_heads = 0;
+  int kv_lora_rank = 512, rope_dim = 64;  // the kernel's compile-time dims
+  int num_blocks = 0, max_blocks_per_seq = 0;
+  int max_seq_len = 0;  // host-side bound on seq_lens; <= max_blocks_per_seq * 64
+  float softmax_scale = 1.0f;
+  void* out = nullptr;  // [batch, num_heads, kv_lora_rank], per out_type
+  OutType out_type = OutType::kFloat32;
+  float* lse = nullptr;  // [batch, num_heads] natural-log sum-exp of s; may be null
+  // From PlanMlaDecode(); the workspace holds the split partials.
+  int num_splits = 1;
+  void* workspace = nullptr;  // >= the plan's workspace_bytes; may be null iff those are 0
+  size_t workspace_bytes = 0;
+  MlaTileConfig tile = MlaTileConfig::kDefault;  // must match the plan's
+  cudaStream_t stream = nullptr;
+};
+
+// Greedy argmax plus the top-k log-probabilities, per row of logits.
+// Ties go to the lower token id.
+struct GreedyLogprobsParams {
+  const float* logits = nullptr;  // [batch, ld]; the first vocab entries of a row count
+  int batch = 0, vocab = 0, ld = 0;
+  int top_k = 0;                   // [0, sampling::kMaxTopK]
+  int32_t* next_ids = nullptr;     // [batch]: argmax
+  float* next_logprobs = nullptr;  // [batch]: its log-probability; may be null
+  int32_t* topk_ids = nullptr;     // [batch, top_k], best first; may be null iff top_k == 0
+  float* topk_logprobs = nullptr;  // [batch, top_k]
+  cudaStream_t stream = nullptr;
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_PARAMS_H_

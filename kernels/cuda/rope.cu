@@ -1,0 +1,133 @@
+// RoPE in place, and RoPE fused with the write of the latent KV row into the
+// paged cache. Math as kernels/cpu/rope.cc RunRope: angle = inv_freq[i] * pos
+// in fp32, (cos, sin) scaled by attention_factor, rotation in fp32.
+#include "kernels/cuda/config.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace moesh::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxHalf = 256;  // rope dims up to 512
+
+struct Rotation {
+  const float* inv_freq;
+  float attention_factor;
+  int half;
+  bool interleaved;
+};
+
+Rotation MakeRotation(const RopeTableView& t) {
+  return {t.inv_freq, t.attention_factor, t.dim / 2, t.layout == RopeLayout::kInterleaved};
+}
+
+// cs[i] = (cos, sin) of pair i at `position`. Ends with a barrier.
+__device__ void FillCosSin(const Rotation& r, int position, float2* cs) {
+  for (int i = threadIdx.x; i < r.half; i += blockDim.x) {
+    const float angle = r.inv_freq[i] * static_cast<float>(position);
+    float s, c;
+    sincosf(angle, &s, &c);
+    cs[i] = make_float2(c * r.attention_factor, s * r.attention_factor);
+  }
+  __syncthreads();
+}
+
+// Rotates pair i of the slice at `src`, writing it to `dst` (may equal src).
+__device__ __forceinline__ void RotatePair(const Rotation& r, const float2* cs, int i, const bf16* src,
+                                           bf16* dst) {
+  const int a = r.interleaved ? 2 * i : i;
+  const int b = r.interleaved ? 2 * i + 1 : i + r.half;
+  const float x0 = __bfloat162float(src[a]), x1 = __bfloat162float(src[b]);
+  const float2 c = cs[i];
+  dst[a] = __float2bfloat16_rn(x0 * c.x - x1 * c.y);
+  dst[b] = __float2bfloat16_rn(x1 * c.x + x0 * c.y);
+}
+
+// Ropes rows [num_rows] of one token's slices in place.
+__device__ void RopeRows(const Rotation& r, const float2* cs, bf16* x, int num_rows, int row_stride) {
+  for (int j = threadIdx.x; j < num_rows * r.half; j += blockDim.x) {
+    bf16* row = x + static_cast<int64_t>(j / r.half) * row_stride;
+    RotatePair(r, cs, j % r.half, row, row);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p, Rotation r) {
+  __shared__ float2 cs[kMaxHalf];
+  const int t = blockIdx.x;
+  FillCosSin(r, p.positions[t], cs);
+  RopeRows(r, cs, p.x + static_cast<int64_t>(t) * p.token_stride + p.offset, p.num_rows, p.row_stride);
+}
+
+__global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams p, Rotation r) {
+  __shared__ float2 cs[kMaxHalf];
+  __shared__ float scratch[32];
+  const int t = blockIdx.x;
+  FillCosSin(r, p.positions[t], cs);
+  if (p.q != nullptr) {
+    RopeRows(r, cs, p.q + static_cast<int64_t>(t) * p.q_token_stride + p.q_rope_offset, p.q_num_heads,
+             p.q_head_stride);
+  }
+  const int slot = p.slot_mapping[t];
+  if (slot < 0 || slot >= p.num_blocks * kKvBlockSize) return;  // uniform across the CTA
+  const int rank = p.kv_lora_rank;
+  const bf16* src = p.kv + static_cast<int64_t>(t) * p.kv_ld;
+  bf16* dst = p.cache + static_cast<int64_t>(slot) * (rank + 2 * r.half);
+  if (p.kv_norm_weight != nullptr) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < rank; i += blockDim.x) {
+      const float v = __bfloat162float(src[i]);
+      ss += v * v;
+    }
+    const float inv = rsqrtf(BlockSum(ss, scratch) / static_cast<float>(rank) + p.eps);
+    for (int i = threadIdx.x; i < rank; i += blockDim.x) {
+      dst[i] = __float2bfloat16_rn(__bfloat162float(p.kv_norm_weight[i]) * (__bfloat162float(src[i]) * inv));
+    }
+  } else {
+    for (int i = threadIdx.x; i < rank; i += blockDim.x) dst[i] = src[i];
+  }
+  for (int i = threadIdx.x; i < r.half; i += blockDim.x) RotatePair(r, cs, i, src + rank, dst + rank);
+}
+
+absl::Status CheckTable(const RopeTableView& t, const char* op) {
+  if (t.dim <= 0 || t.dim % 2 != 0 || t.dim / 2 > kMaxHalf || t.inv_freq == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": rope dim must be even, in (0, ", 2 * kMaxHalf,
+                                                   "], with an inv_freq table"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunRope(const RopeParams& p) {
+  RETURN_IF_ERROR(CheckTable(p.rope, "RunRope"));
+  if (p.num_tokens < 0 || p.num_rows < 0 || p.offset < 0 || p.offset + p.rope.dim > p.row_stride ||
+      (p.num_rows > 1 && p.token_stride < p.num_rows * p.row_stride && p.num_tokens > 1)) {
+    return absl::InvalidArgumentError("RunRope: slice outside its row, or rows overlapping");
+  }
+  if (p.num_tokens == 0 || p.num_rows == 0) return absl::OkStatus();
+  if (!p.x || !p.positions) return absl::InvalidArgumentError("RunRope: null pointer");
+  RopeKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p, MakeRotation(p.rope));
+  return LaunchStatus("RopeKernel");
+}
+
+absl::Status RunRopeKvCacheWrite(const RopeKvCacheParams& p) {
+  RETURN_IF_ERROR(CheckTable(p.rope, "RunRopeKvCacheWrite"));
+  if (p.num_tokens < 0 || p.kv_lora_rank <= 0 || p.kv_ld < p.kv_lora_rank + p.rope.dim || p.num_blocks < 0) {
+    return absl::InvalidArgumentError("RunRopeKvCacheWrite: need kv_lora_rank > 0, kv_ld >= rank + rope dim");
+  }
+  if (p.q != nullptr && (p.q_num_heads <= 0 || p.q_rope_offset < 0 ||
+                         p.q_rope_offset + p.rope.dim > p.q_head_stride ||
+                         p.q_token_stride < p.q_num_heads * p.q_head_stride)) {
+    return absl::InvalidArgumentError("RunRopeKvCacheWrite: q rope slice outside its head row");
+  }
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (!p.kv || !p.cache || !p.slot_mapping || !p.positions) {
+    return absl::InvalidArgumentError("RunRopeKvCacheWrite: null pointer");
+  }
+  RopeKvCacheKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p, MakeRotation(p.rope));
+  return LaunchStatus("RopeKvCacheKernel");
+}
+
+}  // namespace moesh::cuda

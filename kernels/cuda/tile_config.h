@@ -1,0 +1,19 @@
+// The MLA decode kernel's tile shapes, named for params and config alike.
+#ifndef MOESH_KERNELS_CUDA_TILE_CONFIG_H_
+#define MOESH_KERNELS_CUDA_TILE_CONFIG_H_
+
+namespace moesh::cuda {
+
+// Tokens per tile × shared-memory stages of the MLA decode kernel. A 64-token
+// tile is one cache block; 32 is half of one.
+enum class MlaTileConfig {
+  kDefault,  // mla::kDefaultTile (config.h)
+  kTokens64Stages2,
+  kTokens32Stages4,
+  kTokens32Stages5,
+  kTokens32Stages2,  // small enough for two CTAs per SM
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_TILE_CONFIG_H_
