@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_util.h"
 #include "common/transport/transport.h"
+#include "common/transport/ucx_transport.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
@@ -59,7 +60,12 @@ std::unique_ptr<Transport> MakeInprocTransport();
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name) {
   if (name == "grpc") return MakeGrpcTransport();
   if (name == "inproc") return MakeInprocTransport();
-  return absl::InvalidArgumentError(absl::StrCat("unknown transport \"", name, "\" (grpc, inproc)"));
+  if (name == "ucx") {
+    std::unique_ptr<Transport> t = MakeUcxTransport();
+    if (t == nullptr) return absl::UnavailableError("cannot initialise UCX (see UCX_* environment variables)");
+    return t;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown transport \"", name, "\" (grpc, inproc, ucx)"));
 }
 
 }  // namespace moesh

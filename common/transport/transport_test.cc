@@ -1,0 +1,209 @@
+// Every transport implementation against the same contract: requests reach
+// the handler and replies come back intact (small and large, from many
+// threads), handler errors keep their code and message, a dead peer is
+// UNAVAILABLE.
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/service/grpc_util.h"
+#include "common/transport/grpc_data_plane_service.h"
+#include "common/transport/transport.h"
+#include "common/transport/ucx_transport.h"
+#include "gtest/gtest.h"
+
+namespace moesh {
+namespace {
+
+// Doubles every float of the hidden states; records KV pushes.
+class FakeHandlers : public DispatchHandler, public KvHandler {
+ public:
+  absl::Status Dispatch(const v1::DispatchRequest& r, v1::DispatchResponse* resp) override {
+    if (r.layer() < 0) return absl::InvalidArgumentError(absl::StrCat("bad layer ", r.layer()));
+    std::string out = r.hidden_states();
+    for (size_t i = 0; i + 4 <= out.size(); i += 4) {
+      float f;
+      std::memcpy(&f, &out[i], 4);
+      f *= 2;
+      std::memcpy(&out[i], &f, 4);
+    }
+    resp->set_output(out);
+    return absl::OkStatus();
+  }
+  absl::Status PushKv(const v1::PushKvRequest& r) override {
+    absl::MutexLock lock(&mu_);
+    pushed_.push_back(r.request_id() + ":" + std::to_string(r.rows().size()));
+    return absl::OkStatus();
+  }
+  std::vector<std::string> pushed() {
+    absl::MutexLock lock(&mu_);
+    return pushed_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> pushed_;
+};
+
+// A running server of one transport kind.
+class Server {
+ public:
+  virtual ~Server() = default;
+  virtual std::string address() const = 0;
+};
+
+class GrpcServer : public Server {
+ public:
+  explicit GrpcServer(FakeHandlers* h) : service_(h, h) {
+    server_ = *StartGrpcServer("127.0.0.1:0", {&service_});
+  }
+  ~GrpcServer() override { server_.server->Shutdown(); }
+  std::string address() const override { return absl::StrCat("127.0.0.1:", server_.port); }
+
+ private:
+  GrpcDataPlaneService service_;
+  RunningServer server_;
+};
+
+class UcxServer : public Server {
+ public:
+  explicit UcxServer(FakeHandlers* h) {
+    absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> s = UcxDataPlaneServer::Start("127.0.0.1:0", h, h);
+    EXPECT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+  }
+  std::string address() const override { return absl::StrCat("127.0.0.1:", server_->port()); }
+
+ private:
+  std::unique_ptr<UcxDataPlaneServer> server_;
+};
+
+class InprocServer : public Server {
+ public:
+  explicit InprocServer(FakeHandlers* h) : address_(absl::StrCat("inproc-", ++count_)) {
+    EXPECT_TRUE(BindInproc(address_, h, h).ok());
+  }
+  ~InprocServer() override { UnbindInproc(address_); }
+  std::string address() const override { return address_; }
+
+ private:
+  static inline int count_ = 0;
+  const std::string address_;
+};
+
+struct Kind {
+  const char* name;
+  const char* transport;
+  const char* ucx_tls;  // UCX_TLS for ucx kinds
+};
+
+class TransportTest : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override {
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    if (GetParam().ucx_tls) setenv("UCX_TLS", GetParam().ucx_tls, 1);
+    server_ = MakeServer();
+    absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport(GetParam().transport);
+    ASSERT_TRUE(t.ok()) << t.status();
+    transport_ = std::move(*t);
+    absl::StatusOr<std::unique_ptr<DataChannel>> ch = transport_->Connect(server_->address());
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    channel_ = std::move(*ch);
+  }
+  std::unique_ptr<Server> MakeServer() {
+    const std::string t = GetParam().transport;
+    if (t == "grpc") return std::make_unique<GrpcServer>(&handlers_);
+    if (t == "ucx") return std::make_unique<UcxServer>(&handlers_);
+    return std::make_unique<InprocServer>(&handlers_);
+  }
+  static v1::DispatchRequest Request(size_t floats, float base) {
+    v1::DispatchRequest r;
+    r.set_layer(1);
+    std::vector<float> v(floats);
+    for (size_t i = 0; i < floats; ++i) v[i] = base + static_cast<float>(i);
+    r.set_hidden_states(std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+    return r;
+  }
+  static void ExpectDoubled(const v1::DispatchRequest& req, const v1::DispatchResponse& resp) {
+    ASSERT_EQ(req.hidden_states().size(), resp.output().size());
+    for (size_t i = 0; i < resp.output().size(); i += 4) {
+      float a, b;
+      std::memcpy(&a, &req.hidden_states()[i], 4);
+      std::memcpy(&b, &resp.output()[i], 4);
+      ASSERT_EQ(2 * a, b) << "float " << i / 4;
+    }
+  }
+
+  FakeHandlers handlers_;
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<DataChannel> channel_;
+};
+
+TEST_P(TransportTest, DispatchRoundTripsSmallAndLarge) {
+  for (size_t floats : {size_t{0}, size_t{1}, size_t{1000}, size_t{4} << 20}) {  // up to 16 MiB
+    v1::DispatchRequest req = Request(floats, 0.5f);
+    v1::DispatchResponse resp;
+    absl::Status s = channel_->Dispatch(req, &resp);
+    ASSERT_TRUE(s.ok()) << floats << ": " << s;
+    ExpectDoubled(req, resp);
+  }
+}
+
+TEST_P(TransportTest, PushKvArrives) {
+  v1::PushKvRequest kv;
+  kv.set_request_id("r1");
+  kv.set_rows(std::string(3 << 20, 'x'));
+  ASSERT_TRUE(channel_->PushKv(kv).ok());
+  EXPECT_EQ(handlers_.pushed(), std::vector<std::string>{"r1:3145728"});
+}
+
+TEST_P(TransportTest, HandlerErrorsKeepCodeAndMessage) {
+  v1::DispatchRequest req = Request(4, 1);
+  req.set_layer(-7);
+  v1::DispatchResponse resp;
+  absl::Status s = channel_->Dispatch(req, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bad layer -7"), std::string::npos) << s;
+}
+
+TEST_P(TransportTest, ConcurrentCallsGetTheirOwnReplies) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 40; ++i) {
+        v1::DispatchRequest req = Request(64 + (i % 7) * 1000, static_cast<float>(t * 1000 + i));
+        v1::DispatchResponse resp;
+        ASSERT_TRUE(channel_->Dispatch(req, &resp).ok());
+        ExpectDoubled(req, resp);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
+TEST_P(TransportTest, DeadPeerIsUnavailable) {
+  const std::string address = server_->address();
+  server_.reset();
+  absl::StatusOr<std::unique_ptr<DataChannel>> ch = transport_->Connect(address);
+  ASSERT_TRUE(ch.ok());
+  v1::DispatchResponse resp;
+  const absl::Status s = (*ch)->Dispatch(Request(8, 1), &resp);
+  EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded) << s;
+  // The old channel too.
+  EXPECT_FALSE(channel_->Dispatch(Request(8, 1), &resp).ok());
+}
+
+TEST(TransportNamesTest, UnknownTransportIsInvalidArgument) {
+  EXPECT_EQ(MakeTransport("carrier-pigeon").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, TransportTest,
+                         ::testing::Values(Kind{"inproc", "inproc", nullptr}, Kind{"grpc", "grpc", nullptr},
+                                           Kind{"ucx_tcp", "ucx", "tcp"}, Kind{"ucx_shm", "ucx", "shm,tcp"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace moesh
