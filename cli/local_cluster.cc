@@ -93,7 +93,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     const bool shard = experts[i].find('/') != std::string::npos;
     ASSIGN_OR_RETURN(Process p, c->Spawn(absl::StrCat("expert-", i), "moesh_expert_worker",
                                          {"--model=" + options.model_dir, "--router=" + router.address,
-                                          (shard ? "--shard=" : "--experts=") + experts[i]}));
+                                          (shard ? "--shard=" : "--experts=") + experts[i],
+                                          "--transport=" + options.transport}));
     expert_addresses.push_back(p.address);
   }
   const std::string expert_flag = "--expert_workers=" + absl::StrJoin(expert_addresses, ",");

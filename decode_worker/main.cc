@@ -12,12 +12,13 @@
 #include "common/service/heartbeat_client.h"
 #include "common/service/worker_flags.h"
 #include "common/status.h"
+#include "common/transport/data_plane_endpoint.h"
 #include "common/transport/grpc_data_plane_service.h"
 #include "decode_worker/decode_service.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (config.json + safetensors).");
 ABSL_FLAG(std::string, expert_workers, "", "Comma-separated expert worker addresses (empty: local experts).");
-ABSL_FLAG(std::string, transport, "grpc", "Data-plane transport: grpc.");
+ABSL_FLAG(std::string, transport, "grpc", "Data-plane transport: grpc or ucx.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
 ABSL_FLAG(std::string, router, "", "Router address to register with.");
@@ -54,6 +55,8 @@ absl::Status Run() {
   GrpcDataPlaneService data_plane(nullptr, &engine);
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service, &data_plane}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
+  ASSIGN_OR_RETURN(DataPlaneEndpoint data, StartDataPlane(opt.transport, absl::GetFlag(FLAGS_advertise_host),
+                                                           address, nullptr, &engine));
   std::cerr << "decode worker for " << w.config.Fingerprint() << " on " << address << " (" << eo.num_kv_blocks
             << " KV blocks of " << eo.block_size << " tokens)" << std::endl;
   std::unique_ptr<HeartbeatClient> heartbeat;
@@ -62,6 +65,7 @@ absl::Status Run() {
     reg.set_kind(v1::WORKER_KIND_DECODE);
     reg.set_address(address);
     reg.set_model_fingerprint(w.config.Fingerprint());
+    reg.set_data_plane_address(data.address);
     heartbeat = std::make_unique<HeartbeatClient>(absl::GetFlag(FLAGS_router), reg, [&engine] { return engine.Load(); });
   }
   if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address, metrics_address));

@@ -136,6 +136,7 @@ grpc::Status ExpertService::Info(grpc::ServerContext*, const v1::ExpertInfoReque
                                  v1::ExpertInfoResponse* response) {
   for (int e : stage_->weights().expert_ids) response->add_expert_ids(e);
   response->set_model_fingerprint(fingerprint_);
+  response->set_data_plane_address(data_plane_address_);
   return grpc::Status::OK;
 }
 

@@ -38,6 +38,8 @@ class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
   // Merged computations run so far, and dispatches they served (for tests and
   // metrics: batches < dispatches means merging happened).
   int64_t num_batches() const;
+  // What ExpertWorker.Info reports as the data-plane address (empty: gRPC).
+  void set_data_plane_address(std::string address) { data_plane_address_ = std::move(address); }
   int64_t num_dispatches() const;
 
  private:
@@ -56,6 +58,7 @@ class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
   const std::unique_ptr<ExpertStage> stage_;
   const std::string fingerprint_;
   const ExpertServiceOptions options_;
+  std::string data_plane_address_;  // set before serving
 
   mutable absl::Mutex mu_;
   std::map<int, std::shared_ptr<Batch>> open_ ABSL_GUARDED_BY(mu_);  // layer -> batch taking joiners

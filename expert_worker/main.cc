@@ -14,6 +14,7 @@
 #include "common/service/heartbeat_client.h"
 #include "common/service/worker_flags.h"
 #include "common/status.h"
+#include "common/transport/data_plane_endpoint.h"
 #include "common/transport/grpc_data_plane_service.h"
 #include "expert_worker/expert_service.h"
 
@@ -25,6 +26,7 @@ ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reac
 ABSL_FLAG(std::string, router, "", "Router address to register with (optional).");
 ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
+ABSL_FLAG(std::string, transport, "grpc", "Data plane to serve besides gRPC: grpc (only) or ucx.");
 ABSL_FLAG(int, batch_window_us, 200, "How long a layer's first dispatch waits for others to merge.");
 
 namespace moesh {
@@ -54,8 +56,12 @@ absl::Status Run() {
   GrpcDataPlaneService data_plane(&service, nullptr);
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service, &data_plane}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
+  ASSIGN_OR_RETURN(DataPlaneEndpoint data, StartDataPlane(absl::GetFlag(FLAGS_transport),
+                                                           absl::GetFlag(FLAGS_advertise_host), address, &service,
+                                                           nullptr));
+  service.set_data_plane_address(data.address);
   std::cerr << "expert worker serving experts " << *hosted.begin() << ".." << *hosted.rbegin() << " ("
-            << hosted.size() << ") of " << config.Fingerprint() << " on " << address << std::endl;
+            << hosted.size() << ") of " << config.Fingerprint() << " on " << address << " (data plane " << absl::GetFlag(FLAGS_transport) << " " << data.address << ")" << std::endl;
 
   std::unique_ptr<HeartbeatClient> heartbeat;
   if (!absl::GetFlag(FLAGS_router).empty()) {
@@ -63,6 +69,7 @@ absl::Status Run() {
     reg.set_kind(v1::WORKER_KIND_EXPERT);
     reg.set_address(address);
     reg.set_model_fingerprint(config.Fingerprint());
+    reg.set_data_plane_address(data.address);
     for (int e : hosted) reg.add_expert_ids(e);
     heartbeat = std::make_unique<HeartbeatClient>(absl::GetFlag(FLAGS_router), reg, [] { return v1::WorkerLoad(); });
   }

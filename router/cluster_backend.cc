@@ -90,7 +90,7 @@ absl::Status ClusterBackend::Run(const BackendRequest& req, const ChunkSink& sin
   pr.set_request_id(req.request_id);
   pr.mutable_prompt_ids()->Add(req.prompt.begin(), req.prompt.end());
   SamplingToProto(req.sampling, pr.mutable_sampling());
-  pr.set_decode_address(decode->address);
+  pr.set_decode_address(decode->data_plane_address);
   v1::PrefillResponse presp;
   {
     auto ctx = std::make_shared<grpc::ClientContext>();

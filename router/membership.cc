@@ -43,6 +43,8 @@ grpc::Status Membership::Register(grpc::ServerContext*, const v1::RegisterReques
     e.info.id = absl::StrCat(v1::WorkerKind_Name(request->kind()).substr(12), "-", ++next_id_);
     e.info.kind = request->kind();
     e.info.address = request->address();
+    e.info.data_plane_address =
+        request->data_plane_address().empty() ? request->address() : request->data_plane_address();
     e.info.expert_ids.assign(request->expert_ids().begin(), request->expert_ids().end());
     e.last_seen = std::chrono::steady_clock::now();
     response->set_worker_id(e.info.id);

@@ -27,6 +27,7 @@ struct WorkerInfo {
   std::string id;
   v1::WorkerKind kind = v1::WORKER_KIND_UNSPECIFIED;
   std::string address;
+  std::string data_plane_address;  // where peers send data (KV); `address` if the worker gave none
   std::vector<int> expert_ids;
   v1::WorkerLoad load;
 };

@@ -124,6 +124,9 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
     writer.Add(spec.name, options.dtype, spec.shape, std::move(bytes));
   }
   RETURN_IF_ERROR(WriteStringToFile(JoinPath(dir, "config.json"), config.ToJson(options.new_rope_form)));
+  if (!options.tokenizer_json.empty()) {
+    RETURN_IF_ERROR(WriteStringToFile(JoinPath(dir, "tokenizer.json"), options.tokenizer_json));
+  }
   return writer.WriteCheckpoint(dir, options.num_shards);
 }
 

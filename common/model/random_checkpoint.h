@@ -23,9 +23,11 @@ struct RandomCheckpointOptions {
   DType dtype = DType::kBF16;  // kBF16, kF16 or kF32
   float std = 0.05f;           // weights ~ N(0, std); norms ~ 1 + N(0, 0.1)
   bool new_rope_form = false;  // write rope_parameters instead of rope_theta/rope_scaling
+  std::string tokenizer_json;  // written as <dir>/tokenizer.json unless empty
 };
 
-// Writes <dir>/config.json and the safetensors (one file or shards + index).
+// Writes <dir>/config.json, the safetensors (one file or shards + index) and, if
+// options.tokenizer_json is set, tokenizer.json.
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                    const RandomCheckpointOptions& options);
 

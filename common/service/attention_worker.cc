@@ -30,7 +30,8 @@ absl::StatusOr<ExpertPlacement> DiscoverPlacement(const std::vector<std::string>
           return absl::FailedPreconditionError(absl::StrCat("expert worker ", address, " serves ",
                                                             info.model_fingerprint(), ", this worker ", fingerprint));
         }
-        placement[address] = std::vector<int>(info.expert_ids().begin(), info.expert_ids().end());
+        const std::string& data = info.data_plane_address().empty() ? address : info.data_plane_address();
+        placement[data] = std::vector<int>(info.expert_ids().begin(), info.expert_ids().end());
         break;
       }
       if (std::chrono::system_clock::now() > give_up) {

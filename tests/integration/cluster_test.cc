@@ -212,6 +212,48 @@ TEST(ClusterTest, ConcurrentStreamsEachEqualTheirSoloRun) {
             Metric(decode_metrics, "moesh_decode_batch_size_count"));
 }
 
+// The whole cluster over each data plane this machine supports, token for
+// token equal to the single-process engine (greedy and seeded sampling).
+struct TransportKind {
+  const char* name;
+  const char* transport;
+  const char* ucx_tls;
+};
+
+class ClusterTransportTest : public ::testing::TestWithParam<TransportKind> {};
+
+TEST_P(ClusterTransportTest, StreamsEqualOffline) {
+  setenv("UCX_NET_DEVICES", "lo", 1);
+  if (GetParam().ucx_tls != nullptr) setenv("UCX_TLS", GetParam().ucx_tls, 1);
+  LocalClusterOptions o = Options(TinyModel(), std::string("transport_") + GetParam().name);
+  o.transport = GetParam().transport;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
+  ASSERT_TRUE(model.ok());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(std::vector<int32_t>(3 + 9 * i, 10 + i));
+  std::vector<Result> results(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = Call((*cluster)->router_address(), Request(prompts[i], 20, i % 2 ? 0.8f : 0.0f, 50 + i));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_EQ(results[i].ids, Offline(**model, prompts[i], 20, i % 2 ? 0.8f : 0.0f, 50 + i).output_ids) << i;
+  }
+  unsetenv("UCX_TLS");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ClusterTransportTest,
+                         ::testing::Values(TransportKind{"grpc", "grpc", nullptr},
+                                           TransportKind{"ucx_tcp", "ucx", "tcp"},
+                                           TransportKind{"ucx_shm", "ucx", "shm,tcp"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
 TEST(ClusterTest, CancellationFreesKvBlocks) {
   LocalClusterOptions o = Options(TinyModel(), "cancel");
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);

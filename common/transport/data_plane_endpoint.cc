@@ -1,0 +1,25 @@
+#include "common/transport/data_plane_endpoint.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace moesh {
+
+absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, const std::string& host,
+                                                 const std::string& grpc_address, DispatchHandler* dispatch,
+                                                 KvHandler* kv) {
+  DataPlaneEndpoint e;
+  if (transport == "grpc") {
+    e.address = grpc_address;
+    return e;
+  }
+  if (transport == "ucx") {
+    absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> s = UcxDataPlaneServer::Start(host + ":0", dispatch, kv);
+    if (!s.ok()) return s.status();
+    e.ucx = std::move(*s);
+    e.address = absl::StrCat(host, ":", e.ucx->port());
+    return e;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--transport \"", transport, "\" has no server side here (grpc, ucx)"));
+}
+
+}  // namespace moesh

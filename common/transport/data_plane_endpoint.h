@@ -1,0 +1,29 @@
+// A worker's receiving end of the data plane for its --transport: grpc rides
+// on the worker's gRPC server (the DataPlane service); ucx starts a UCX
+// listener. The address is what the worker advertises to peers.
+#ifndef MOESH_COMMON_TRANSPORT_DATA_PLANE_ENDPOINT_H_
+#define MOESH_COMMON_TRANSPORT_DATA_PLANE_ENDPOINT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/transport/transport.h"
+#include "common/transport/ucx_transport.h"
+
+namespace moesh {
+
+struct DataPlaneEndpoint {
+  std::unique_ptr<UcxDataPlaneServer> ucx;  // set for ucx
+  std::string address;                      // host:port peers send to
+};
+
+// `host`: the advertised host; `grpc_address`: the worker's gRPC address.
+// Handlers may be null; they must outlive the endpoint.
+absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, const std::string& host,
+                                                 const std::string& grpc_address, DispatchHandler* dispatch,
+                                                 KvHandler* kv);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_TRANSPORT_DATA_PLANE_ENDPOINT_H_
