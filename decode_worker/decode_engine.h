@@ -36,6 +36,8 @@ struct DecodeEngineOptions {
   int num_kv_blocks = 1024;
   int block_size = 64;
   int max_batch = 256;  // running requests per step
+  // Ping-pong micro-batches per step when the experts are remote (1: off).
+  int micro_batches = 2;
   std::chrono::milliseconds reservation_lease{30000};
   Metrics* metrics = nullptr;  // may be null
 };

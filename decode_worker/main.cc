@@ -27,6 +27,7 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Promethe
 ABSL_FLAG(int, kv_blocks, 1024, "KV cache blocks.");
 ABSL_FLAG(int, block_size, 64, "Tokens per KV block.");
 ABSL_FLAG(int, max_batch, 256, "Most requests decoded per step.");
+ABSL_FLAG(int, micro_batches, 2, "Ping-pong micro-batches per step with remote experts (1: off).");
 
 namespace moesh {
 namespace {
@@ -46,9 +47,10 @@ absl::Status Run() {
   eo.num_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   eo.block_size = absl::GetFlag(FLAGS_block_size);
   eo.max_batch = absl::GetFlag(FLAGS_max_batch);
+  eo.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   eo.metrics = metrics.get();
-  if (eo.num_kv_blocks < 1 || eo.block_size < 1 || eo.max_batch < 1) {
-    return absl::InvalidArgumentError("--kv_blocks, --block_size and --max_batch must be >= 1");
+  if (eo.num_kv_blocks < 1 || eo.block_size < 1 || eo.max_batch < 1 || eo.micro_batches < 1) {
+    return absl::InvalidArgumentError("--kv_blocks, --block_size, --max_batch and --micro_batches must be >= 1");
   }
   DecodeEngine engine(w.model.get(), w.experts.get(), eo);
   DecodeService service(&engine);

@@ -23,6 +23,7 @@ ABSL_FLAG(std::string, router, "", "Router address to register with.");
 ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
 ABSL_FLAG(int, max_batch_tokens, 8192, "Prompt tokens per forward pass.");
+ABSL_FLAG(int, micro_batches, 2, "Ping-pong micro-batches per forward with remote experts (1: off).");
 
 namespace moesh {
 namespace {
@@ -40,8 +41,11 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
   PrefillEngineOptions eo;
   eo.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  eo.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   eo.metrics = metrics.get();
-  if (eo.max_batch_tokens < 1) return absl::InvalidArgumentError("--max_batch_tokens must be >= 1");
+  if (eo.max_batch_tokens < 1 || eo.micro_batches < 1) {
+    return absl::InvalidArgumentError("--max_batch_tokens and --micro_batches must be >= 1");
+  }
   PrefillEngine engine(w.model.get(), w.experts.get(), w.transport.get(), eo);
   PrefillService service(&engine);
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}));

@@ -101,7 +101,8 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   std::vector<SequenceInput> inputs(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) inputs[i] = {batch[i]->spec->prompt_ids, &caches[i]};
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<float>> logits = model_->Forward(inputs, experts_);
+  const int mb = experts_->IsAsync() ? options_.micro_batches : 1;
+  absl::StatusOr<std::vector<float>> logits = model_->Forward(inputs, experts_, LogitsFor::kLastToken, mb);
   if (batch_seconds_ != nullptr) {
     batch_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }

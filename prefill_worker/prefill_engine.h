@@ -28,6 +28,8 @@ namespace moesh {
 struct PrefillEngineOptions {
   // Prompt tokens per forward pass (a longer single prompt still runs alone).
   int max_batch_tokens = 8192;
+  // Ping-pong micro-batches per forward when the experts are remote (1: off).
+  int micro_batches = 2;
   Metrics* metrics = nullptr;  // may be null
 };
 

@@ -7,8 +7,10 @@ PACKAGES=(
   libabsl-dev nlohmann-json3-dev libopenblas-dev libicu-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   python3-grpcio python3-protobuf
+  libucx-dev
   libgtest-dev libgmock-dev
   bazel-bootstrap
+  prometheus python3-yaml
 )
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi

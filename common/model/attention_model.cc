@@ -1,9 +1,12 @@
 #include "common/model/attention_model.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/v4_model.h"
 #include "common/status.h"
+#include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/moe_gate.h"
 #include "kernels/cpu/ops.h"
@@ -13,6 +16,8 @@ namespace {
 
 // q_a_layernorm and kv_a_layernorm are built without the config's eps.
 constexpr float kLatentNormEps = 1e-6f;
+// So is the V3.2 indexer's key LayerNorm.
+constexpr float kIndexerKeyNormEps = 1e-6f;
 
 }  // namespace
 
@@ -43,8 +48,8 @@ AttentionModel::AttentionModel(const ModelConfig& config, std::unique_ptr<Attent
       softmax_scale_(static_cast<float>(config.SoftmaxScale())) {}
 
 absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const SequenceInput> seqs,
-                                                           ExpertClient* experts,
-                                                           LogitsFor which) const {
+                                                           ExpertClient* experts, LogitsFor which,
+                                                           int micro_batches) const {
   const int h = config_.hidden_size;
   std::vector<int> offsets;  // first row of each sequence in the flattened batch
   int total = 0;
@@ -74,6 +79,7 @@ absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const Sequ
     total += static_cast<int>(in.tokens.size());
   }
   if (total == 0) return absl::InvalidArgumentError("empty batch");
+  if (config_.is_v4()) return ForwardV4(config_, *weights_, seqs, offsets, total, experts, which);
 
   std::vector<float> x(static_cast<size_t>(total) * h);
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -82,9 +88,38 @@ absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const Sequ
                   h * sizeof(float));
     }
   }
+  // Micro-batches: contiguous runs of sequences with about equal tokens.
+  struct Group {
+    size_t begin = 0, end = 0;  // sequences [begin, end)
+    int row = 0, tokens = 0;    // first row in x, rows
+    std::vector<int> offsets;   // per sequence, relative to `row`
+    MlpInFlight mlp;
+  };
+  std::vector<Group> groups;
+  const int want = std::max(1, std::min<int>(micro_batches, static_cast<int>(seqs.size())));
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    // A new group starts once the current one holds its share of the tokens.
+    if (groups.empty() || (static_cast<int>(groups.size()) < want &&
+                           static_cast<int64_t>(groups.back().tokens) * want >= total)) {
+      Group g;
+      g.begin = s;
+      g.row = offsets[s];
+      groups.push_back(std::move(g));
+    }
+    Group& g = groups.back();
+    g.end = s + 1;
+    g.offsets.push_back(offsets[s] - g.row);
+    g.tokens += static_cast<int>(seqs[s].tokens.size());
+  }
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
-    AttentionBlock(l, seqs, offsets, x.data(), total);
-    RETURN_IF_ERROR(MlpBlock(l, x.data(), total, experts));
+    for (Group& g : groups) {
+      float* gx = x.data() + static_cast<size_t>(g.row) * h;
+      AttentionBlock(l, seqs.subspan(g.begin, g.end - g.begin), g.offsets, gx, g.tokens);
+      RETURN_IF_ERROR(StartMlp(l, gx, g.tokens, experts, &g.mlp));
+    }
+    for (Group& g : groups) {
+      RETURN_IF_ERROR(FinishMlp(&g.mlp, x.data() + static_cast<size_t>(g.row) * h, g.tokens));
+    }
   }
 
   std::vector<int> rows;
@@ -118,18 +153,23 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
   cpu::RmsNorm(x, w.input_layernorm.data(), normed.data(), num_tokens, h, eps);
 
   std::vector<float> q(static_cast<size_t>(num_tokens) * heads * qk);
+  std::vector<float> qa;  // q_lora's normalised latent; the indexer's queries start from it
   if (c.q_lora_rank > 0) {
-    std::vector<float> qa(static_cast<size_t>(num_tokens) * c.q_lora_rank);
+    qa.resize(static_cast<size_t>(num_tokens) * c.q_lora_rank);
     cpu::Linear(normed.data(), w.q_a_proj.data(), qa.data(), num_tokens, c.q_lora_rank, h);
     cpu::RmsNorm(qa.data(), w.q_a_layernorm.data(), qa.data(), num_tokens, c.q_lora_rank, kLatentNormEps);
     cpu::Linear(qa.data(), w.q_b_proj.data(), q.data(), num_tokens, heads * qk, c.q_lora_rank);
   } else {
     cpu::Linear(normed.data(), w.q_proj.data(), q.data(), num_tokens, heads * qk, h);
   }
+  // Cache rows [latent | roped key | (V3.2) indexer key], built in place.
+  const int mla_w = c.kv_lora_rank + c.qk_rope_head_dim;
   std::vector<float> kv(static_cast<size_t>(num_tokens) * kv_w);
-  cpu::Linear(normed.data(), w.kv_a_proj.data(), kv.data(), num_tokens, kv_w, h);
+  cpu::Linear(normed.data(), w.kv_a_proj.data(), kv.data(), num_tokens, mla_w, h, false, 0, kv_w);
   cpu::RmsNorm(kv.data(), w.kv_a_layernorm.data(), kv.data(), num_tokens, c.kv_lora_rank, kLatentNormEps,
                kv_w, kv_w);
+  IndexerInputs idx;
+  if (c.has_indexer()) idx = IndexerProject(w, normed.data(), qa.data(), kv.data(), num_tokens);
 
   std::vector<float> attn(static_cast<size_t>(num_tokens) * heads * c.v_head_dim);
   std::vector<float> kv_scratch;
@@ -155,8 +195,40 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
       rp.row_stride = kv_w;
       rp.offset = c.kv_lora_rank;
       cpu::RunRope(rp);
+      if (c.has_indexer()) {
+        // The indexer rotates the first qk_rope_head_dim dims of its query heads
+        // and key in the rotate-half layout (transformers' DeepseekV32Indexer).
+        rp.layout = cpu::RopeLayout::kHalves;
+        rp.offset = mla_w;  // the key, in the cache row
+        cpu::RunRope(rp);
+        rp.x = &idx.q[(static_cast<size_t>(offsets[s]) + i) * c.index_n_heads * c.index_head_dim];
+        rp.num_rows = c.index_n_heads;
+        rp.row_stride = c.index_head_dim;
+        rp.offset = 0;
+        cpu::RunRope(rp);
+      }
     }
     cache->AppendRows(l, kv_s, n);
+    const float* rows = cache->Rows(l, &kv_scratch);
+
+    std::vector<uint8_t> mask;
+    if (c.has_indexer()) {
+      mask.resize(static_cast<size_t>(n) * (start + n));
+      cpu::DsaIndexerParams ip;
+      ip.q = &idx.q[static_cast<size_t>(offsets[s]) * c.index_n_heads * c.index_head_dim];
+      ip.num_q = n;
+      ip.num_heads = c.index_n_heads;
+      ip.head_dim = c.index_head_dim;
+      ip.k = rows + mla_w;
+      ip.k_row_stride = kv_w;
+      ip.num_kv = start + n;
+      ip.q_start_pos = start;
+      ip.weights = &idx.weights[static_cast<size_t>(offsets[s]) * c.index_n_heads];
+      ip.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.index_head_dim));
+      ip.top_k = c.index_topk;
+      ip.mask = mask.data();
+      cpu::RunDsaIndexer(ip);
+    }
 
     cpu::MlaAttentionParams ap;
     ap.q = q_s;
@@ -166,7 +238,9 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
     ap.qk_rope_head_dim = c.qk_rope_head_dim;
     ap.kv_lora_rank = c.kv_lora_rank;
     ap.v_head_dim = c.v_head_dim;
-    ap.kv = cache->Rows(l, &kv_scratch);
+    ap.kv = rows;
+    ap.kv_row_stride = kv_w;
+    ap.kv_mask = mask.empty() ? nullptr : mask.data();
     ap.num_kv = start + n;
     ap.q_start_pos = start;
     ap.w_kv_b = w.kv_b_proj.data();
@@ -177,11 +251,34 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
   cpu::Linear(attn.data(), w.o_proj.data(), x, num_tokens, h, heads * c.v_head_dim, /*accumulate=*/true);
 }
 
-absl::Status AttentionModel::MlpBlock(int l, float* x, int num_tokens, ExpertClient* experts) const {
+AttentionModel::IndexerInputs AttentionModel::IndexerProject(const AttentionLayerWeights& w, const float* normed,
+                                                             const float* qa, float* kv, int num_tokens) const {
+  const ModelConfig& c = config_;
+  const int h = c.hidden_size;
+  const int d = c.index_head_dim;
+  const int kv_w = kv_row_width();
+  const int key_offset = c.kv_lora_rank + c.qk_rope_head_dim;
+  IndexerInputs idx;
+  idx.q.resize(static_cast<size_t>(num_tokens) * c.index_n_heads * d);
+  cpu::Linear(qa, w.indexer_wq_b.data(), idx.q.data(), num_tokens, c.index_n_heads * d, c.q_lora_rank);
+  cpu::Linear(normed, w.indexer_wk.data(), kv + key_offset, num_tokens, d, h, false, 0, kv_w);
+  cpu::LayerNorm(kv + key_offset, w.indexer_k_norm.data(), w.indexer_k_norm_bias.data(), kv + key_offset,
+                 num_tokens, d, kIndexerKeyNormEps, kv_w, kv_w);
+  idx.weights.resize(static_cast<size_t>(num_tokens) * c.index_n_heads);
+  cpu::Linear(normed, w.indexer_weights_proj.data(), idx.weights.data(), num_tokens, c.index_n_heads, h);
+  const float head_scale = 1.0f / std::sqrt(static_cast<float>(c.index_n_heads));
+  for (float& x : idx.weights) x *= head_scale;
+  return idx;
+}
+
+absl::Status AttentionModel::StartMlp(int l, float* x, int num_tokens, ExpertClient* experts,
+                                      MlpInFlight* f) const {
   const ModelConfig& c = config_;
   const AttentionLayerWeights& w = weights_->layers[l];
   const int h = c.hidden_size;
-  std::vector<float> normed(static_cast<size_t>(num_tokens) * h);
+  f->pending.reset();
+  std::vector<float>& normed = f->normed;
+  normed.resize(static_cast<size_t>(num_tokens) * h);
   cpu::RmsNorm(x, w.post_attention_layernorm.data(), normed.data(), num_tokens, h,
                static_cast<float>(c.rms_norm_eps));
 
@@ -202,8 +299,10 @@ absl::Status AttentionModel::MlpBlock(int l, float* x, int num_tokens, ExpertCli
   const int k = c.num_experts_per_tok;
   std::vector<float> router_logits(static_cast<size_t>(num_tokens) * e);
   cpu::Linear(normed.data(), w.gate.data(), router_logits.data(), num_tokens, e, h);
-  std::vector<int32_t> ids(static_cast<size_t>(num_tokens) * k);
-  std::vector<float> weights(static_cast<size_t>(num_tokens) * k);
+  std::vector<int32_t>& ids = f->ids;
+  std::vector<float>& weights = f->weights;
+  ids.resize(static_cast<size_t>(num_tokens) * k);
+  weights.resize(static_cast<size_t>(num_tokens) * k);
   cpu::MoeGateParams gp;
   gp.logits = router_logits.data();
   gp.bias = w.gate_bias.empty() ? nullptr : w.gate_bias.data();
@@ -238,12 +337,19 @@ absl::Status AttentionModel::MlpBlock(int l, float* x, int num_tokens, ExpertCli
   d.hidden_states = normed.data();
   d.topk_ids = ids.data();
   d.topk_weights = weights.data();
-  std::vector<float> routed(static_cast<size_t>(num_tokens) * h);
-  RETURN_IF_ERROR(experts->Run(d, routed.data()));
-  // The shared experts run on the attention side (they overlap the dispatch
-  // once it is remote).
+  f->routed.resize(static_cast<size_t>(num_tokens) * h);
+  f->pending = experts->Start(d, f->routed.data());
+  // The shared experts run on the attention side while the dispatch is in flight.
   if (c.n_shared_experts > 0) run_mlp(w.shared_experts, x);
-  cpu::Axpy(1.0f, routed.data(), x, num_tokens * h);
+  return absl::OkStatus();
+}
+
+absl::Status AttentionModel::FinishMlp(MlpInFlight* f, float* x, int num_tokens) const {
+  if (f->pending == nullptr) return absl::OkStatus();  // dense layer: done in StartMlp
+  absl::Status s = f->pending->Wait();
+  f->pending.reset();
+  RETURN_IF_ERROR(s);
+  cpu::Axpy(1.0f, f->routed.data(), x, num_tokens * config_.hidden_size);
   return absl::OkStatus();
 }
 

@@ -38,8 +38,9 @@ class AttentionModel {
   AttentionModel(const ModelConfig& config, std::unique_ptr<AttentionWeights> weights);
 
   const ModelConfig& config() const { return config_; }
-  // Width of a cache row: kv_lora_rank + qk_rope_head_dim.
-  int kv_row_width() const { return config_.kv_lora_rank + config_.qk_rope_head_dim; }
+  // Width of a cache row: kv_lora_rank + qk_rope_head_dim (+ index_head_dim
+  // for V3.2, whose indexer keys ride along in the same rows).
+  int kv_row_width() const { return config_.kv_cache_row_width(); }
   SequenceKvCache NewCache() const { return SequenceKvCache(config_.num_hidden_layers, kv_row_width()); }
 
   // Runs the new tokens of every sequence through the model as one batch,
@@ -49,16 +50,41 @@ class AttentionModel {
   // beyond max_position_embeddings (when set); RESOURCE_EXHAUSTED if a cache
   // lacks capacity for its new tokens (checked before anything runs). On other
   // errors caches may hold partial rows and should be discarded.
+  //
+  // micro_batches > 1 splits the sequences into that many groups and
+  // interleaves them layer by layer (ping-pong): while one group's routed
+  // experts are in flight (ExpertClient::Start), the next group's attention
+  // runs. Results are identical to micro_batches = 1.
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs,
                                              ExpertClient* experts,
-                                             LogitsFor which = LogitsFor::kLastToken) const;
+                                             LogitsFor which = LogitsFor::kLastToken,
+                                             int micro_batches = 1) const;
 
  private:
   // x[T, hidden] += attention(norm(x)) for layer l.
   void AttentionBlock(int l, absl::Span<const SequenceInput> seqs, const std::vector<int>& offsets,
                       float* x, int num_tokens) const;
-  // x[T, hidden] += mlp(norm(x)) (dense, or gate → experts → combine).
-  absl::Status MlpBlock(int l, float* x, int num_tokens, ExpertClient* experts) const;
+  // The V3.2 indexer's per-token inputs: queries (not yet roped) and head
+  // weights; its keys are written, LayerNorm'd but not yet roped, into the
+  // cache rows kv[T, kv_row_width] after the MLA part.
+  struct IndexerInputs {
+    std::vector<float> q;        // [T, index_n_heads, index_head_dim]
+    std::vector<float> weights;  // [T, index_n_heads], times index_n_heads^-0.5
+  };
+  IndexerInputs IndexerProject(const AttentionLayerWeights& w, const float* normed, const float* qa, float* kv,
+                               int num_tokens) const;
+  // The MLP half of layer l for one micro-batch, in two steps: StartMlp runs
+  // a dense MLP to completion, or routes the tokens, starts their dispatch
+  // and adds the shared experts; FinishMlp waits and adds the routed output.
+  struct MlpInFlight {
+    std::vector<float> normed;  // [T, hidden], dispatched
+    std::vector<int32_t> ids;   // [T, top_k]
+    std::vector<float> weights;
+    std::vector<float> routed;  // [T, hidden], filled by the experts
+    std::unique_ptr<PendingDispatch> pending;  // null for dense layers
+  };
+  absl::Status StartMlp(int l, float* x, int num_tokens, ExpertClient* experts, MlpInFlight* f) const;
+  absl::Status FinishMlp(MlpInFlight* f, float* x, int num_tokens) const;
 
   const ModelConfig config_;
   const std::unique_ptr<AttentionWeights> weights_;

@@ -15,9 +15,18 @@
 
 namespace moesh {
 
-enum class ModelFamily { kDeepseekV2, kDeepseekV3 };
+// kDeepseekV32: V3 plus the DSA lightning indexer (sparse attention over the
+// index_topk cached tokens an indexer scores highest).
+// kDeepseekV4: mHC residual streams, shared-KV MQA with a sliding window plus
+// compressed (CSA / HCA) attention, sqrt-softplus and hash routing.
+enum class ModelFamily { kDeepseekV2, kDeepseekV3, kDeepseekV32, kDeepseekV4 };
 enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
-enum class ScoringFunc { kSoftmax, kSigmoid };
+enum class ScoringFunc { kSoftmax, kSigmoid, kSqrtSoftplus };
+// DeepSeek-V4's attention per layer: a sliding window only, plus compressed
+// sparse attention (CSA: overlapping windows of compress_rate_csa tokens, an
+// indexer picks index_topk entries), or plus heavily compressed attention
+// (HCA: windows of compress_rate_hca tokens, all entries).
+enum class V4AttentionType { kSliding, kCompressedSparse, kHeavilyCompressed };
 enum class RopeType { kDefault, kYarn };
 
 struct RopeConfig {
@@ -36,7 +45,7 @@ struct RopeConfig {
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::kDeepseekV3;
-  std::string model_type;  // "deepseek_v2" | "deepseek_v3"
+  std::string model_type;  // "deepseek_v2" | "deepseek_v3" | "deepseek_v32"
 
   int vocab_size = 0;
   int hidden_size = 0;
@@ -54,9 +63,34 @@ struct ModelConfig {
   int qk_rope_head_dim = 0;
   int v_head_dim = 0;
   RopeConfig rope;
-  // V2 always rotates interleaved pairs; V3 follows `rope_interleave`
+  // V2 and V3.2 always rotate interleaved pairs; V3 follows `rope_interleave`
   // (false: the neox rotate-half layout).
   bool rope_interleave = true;
+
+  // DSA lightning indexer (V3.2; all 0 otherwise): index_n_heads query heads
+  // of index_head_dim over q_lora's latent, one shared LayerNorm'd key per
+  // token, RoPE (rotate-half layout) on the first qk_rope_head_dim dims of
+  // both; each query attends to the index_topk causal tokens it scores highest.
+  int index_topk = 0;
+  int index_head_dim = 0;
+  int index_n_heads = 0;
+
+  // DeepSeek-V4 (family kDeepseekV4; unused otherwise). qk_rope_head_dim is
+  // the rotated tail of each head (head_dim * partial_rotary_factor); `rope`
+  // is the sliding layers' ("main") rope, compress_rope the CSA/HCA layers'.
+  int head_dim = 0;
+  int o_groups = 0;
+  int o_lora_rank = 0;
+  int sliding_window = 0;
+  int compress_rate_csa = 4;
+  int compress_rate_hca = 128;
+  std::vector<V4AttentionType> layer_types;  // [num_hidden_layers]
+  std::vector<bool> hash_layers;             // [num_hidden_layers]: experts from tid2eid
+  RopeConfig compress_rope;
+  int hc_mult = 0;
+  int hc_sinkhorn_iters = 0;
+  double hc_eps = 1e-6;
+  double swiglu_limit = 0.0;  // 0: no clamp
 
   // MoE.
   int n_routed_experts = 0;
@@ -76,6 +110,21 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;      // may be empty
 
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool has_indexer() const { return family == ModelFamily::kDeepseekV32; }
+  bool is_v4() const { return family == ModelFamily::kDeepseekV4; }
+  // V4: the compress rate of layer l (0 for a sliding-only layer).
+  int CompressRate(int l) const {
+    return layer_types[l] == V4AttentionType::kSliding            ? 0
+           : layer_types[l] == V4AttentionType::kCompressedSparse ? compress_rate_csa
+                                                                  : compress_rate_hca;
+  }
+  // V4: width of layer l's cache rows (see v4_attention.h for the layout).
+  int V4RowWidth(int l) const;
+  // Width of one token's KV cache row per layer:
+  // [kv_lora_rank latent | qk_rope_head_dim roped key | index_head_dim indexer
+  // key (V3.2 only)].
+  // V4: the widest layer's row (narrower layers leave the tail unused).
+  int kv_cache_row_width() const;
   // True iff layer `l` has an MoE block (else a dense MLP).
   bool IsMoeLayer(int l) const {
     return n_routed_experts > 0 && l >= first_k_dense_replace && l % moe_layer_freq == 0;
@@ -87,13 +136,15 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> FromJson(const std::string& text, const std::string& source);
   // Reads <dir>/config.json.
   static absl::StatusOr<ModelConfig> Load(const std::string& dir);
-  // Serialises in the legacy DeepSeek form (or rope_parameters if `new_rope_form`).
+  // Serialises in the legacy DeepSeek form (or rope_parameters if `new_rope_form`);
+  // V4 always in transformers' form.
   std::string ToJson(bool new_rope_form = false) const;
   // Identifies the architecture, so services refuse peers built for another
   // model: "deepseek_v3/L61/H7168/E256/V129280".
   std::string Fingerprint() const;
   // Checks internal consistency; INVALID_ARGUMENT naming the fields otherwise.
   absl::Status Validate(const std::string& source) const;
+  absl::Status ValidateV4(const std::string& source) const;
 };
 
 // YaRN's magnitude scale: 1 for scale <= 1, else 0.1 * mscale * ln(scale) + 1.

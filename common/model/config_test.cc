@@ -3,6 +3,7 @@
 #include <cmath>
 #include <functional>
 
+#include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -47,6 +48,124 @@ TEST(ConfigTest, ParsesV2LiteLegacyForm) {
   // qk_head_dim^-0.5 * (0.1 * 0.707 * ln 40 + 1)^2
   const double m = 0.1 * 0.707 * std::log(40.0) + 1.0;
   EXPECT_NEAR(c->SoftmaxScale(), m * m / std::sqrt(192.0), 1e-12);
+}
+
+// DeepSeek-V3.2-Exp's config.json fields (the indexer's on top of V3's).
+Json V32Json() {
+  Json j = V2LiteJson();
+  j["model_type"] = "deepseek_v32";
+  j["q_lora_rank"] = 1536;
+  j["n_routed_experts"] = 256;
+  j["num_experts_per_tok"] = 8;
+  j["n_group"] = 8;
+  j["topk_group"] = 4;
+  j["topk_method"] = "noaux_tc";
+  j["scoring_func"] = "sigmoid";
+  j["index_topk"] = 2048;
+  j["index_head_dim"] = 128;
+  j["index_n_heads"] = 64;
+  j["first_k_dense_replace"] = 3;
+  return j;
+}
+
+TEST(ConfigTest, ParsesV32Indexer) {
+  absl::StatusOr<ModelConfig> c = Parse(V32Json());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kDeepseekV32);
+  EXPECT_TRUE(c->has_indexer());
+  EXPECT_EQ(c->index_topk, 2048);
+  EXPECT_EQ(c->index_head_dim, 128);
+  EXPECT_EQ(c->index_n_heads, 64);
+  EXPECT_EQ(c->kv_cache_row_width(), 512 + 64 + 128);
+  EXPECT_TRUE(c->rope_interleave);
+  // transformers' per-layer spelling must agree with first_k_dense_replace.
+  Json j = V32Json();
+  j["mlp_layer_types"] = Json::array();
+  for (int l = 0; l < 27; ++l) j["mlp_layer_types"].push_back(l < 3 ? "dense" : "sparse");
+  EXPECT_TRUE(Parse(j).ok());
+  j["mlp_layer_types"][3] = "dense";
+  EXPECT_EQ(Parse(j).status().code(), absl::StatusCode::kInvalidArgument);
+  // The round trip keeps the indexer.
+  absl::StatusOr<ModelConfig> again = ModelConfig::FromJson(c->ToJson(), "again");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->index_topk, 2048);
+  EXPECT_EQ(again->family, ModelFamily::kDeepseekV32);
+}
+
+TEST(ConfigTest, RejectsIncompleteV32) {
+  for (const char* key : {"index_topk", "index_head_dim", "index_n_heads"}) {
+    Json j = V32Json();
+    j.erase(key);
+    EXPECT_EQ(Parse(j).status().code(), absl::StatusCode::kInvalidArgument) << key;
+  }
+  Json j = V32Json();
+  j["q_lora_rank"] = nullptr;
+  EXPECT_EQ(Parse(j).status().code(), absl::StatusCode::kInvalidArgument);
+  j = V32Json();
+  j["index_head_dim"] = 32;  // below qk_rope_head_dim
+  EXPECT_EQ(Parse(j).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// transformers' spelling (v4) and DeepSeek's own (v4_legacy), as the golden
+// checkpoints carry them.
+TEST(ConfigTest, ParsesV4BothForms) {
+  const std::string golden = std::string(MOESH_SOURCE_DIR) + "/tests/golden/";
+  absl::StatusOr<ModelConfig> modern = ModelConfig::Load(golden + "v4");
+  ASSERT_TRUE(modern.ok()) << modern.status();
+  EXPECT_TRUE(modern->is_v4());
+  EXPECT_EQ(modern->layer_types,
+            (std::vector<V4AttentionType>{V4AttentionType::kSliding, V4AttentionType::kCompressedSparse,
+                                          V4AttentionType::kHeavilyCompressed, V4AttentionType::kCompressedSparse}));
+  EXPECT_EQ(modern->hash_layers, (std::vector<bool>{true, true, false, false}));
+  EXPECT_EQ(modern->compress_rate_hca, 8);
+  EXPECT_EQ(modern->qk_rope_head_dim, 8);
+  EXPECT_EQ(modern->scoring_func, ScoringFunc::kSqrtSoftplus);
+  EXPECT_EQ(modern->compress_rope.type, RopeType::kYarn);
+  EXPECT_EQ(modern->compress_rope.theta, 160000.0);
+  EXPECT_EQ(modern->compress_rope.attention_factor, 1.0);
+  EXPECT_EQ(modern->rope.type, RopeType::kDefault);
+  EXPECT_EQ(modern->kv_cache_row_width(), 5 * 32 + 4 * 16);
+
+  absl::StatusOr<ModelConfig> legacy = ModelConfig::Load(golden + "v4_legacy");
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  EXPECT_EQ(legacy->layer_types,
+            (std::vector<V4AttentionType>{V4AttentionType::kHeavilyCompressed, V4AttentionType::kCompressedSparse,
+                                          V4AttentionType::kSliding}));
+  EXPECT_EQ(legacy->hash_layers, (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(legacy->compress_rate_hca, 128);
+  EXPECT_EQ(legacy->qk_rope_head_dim, 8);
+  EXPECT_EQ(legacy->compress_rope.type, RopeType::kYarn);
+  EXPECT_EQ(legacy->compress_rope.factor, 16.0);
+  EXPECT_EQ(legacy->compress_rope.attention_factor, 1.0);
+
+  // ToJson writes transformers' form, which reads back the same.
+  absl::StatusOr<ModelConfig> again = ModelConfig::FromJson(legacy->ToJson(), "again");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->layer_types, legacy->layer_types);
+  EXPECT_EQ(again->hash_layers, legacy->hash_layers);
+  EXPECT_EQ(again->compress_rate_hca, 128);
+  EXPECT_EQ(again->qk_rope_head_dim, 8);
+  EXPECT_EQ(again->compress_rope.factor, 16.0);
+  EXPECT_EQ(again->kv_cache_row_width(), legacy->kv_cache_row_width());
+}
+
+TEST(ConfigTest, RejectsBadV4) {
+  const std::string golden = std::string(MOESH_SOURCE_DIR) + "/tests/golden/v4/config.json";
+  const Json base = Json::parse(*ReadFileToString(golden));
+  auto code = [](const Json& j) { return ModelConfig::FromJson(j.dump(), "config.json").status().code(); };
+  Json j = base;
+  j["layer_types"][1] = "full_attention";
+  EXPECT_EQ(code(j), absl::StatusCode::kInvalidArgument);
+  j = base;
+  j["num_key_value_heads"] = 2;
+  EXPECT_EQ(code(j), absl::StatusCode::kInvalidArgument);
+  j = base;
+  j["o_groups"] = 3;  // 4 heads
+  EXPECT_EQ(code(j), absl::StatusCode::kInvalidArgument);
+  j = base;
+  j.erase("layer_types");
+  j["compress_ratios"] = {0, 4, 7, 4};
+  EXPECT_EQ(code(j), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ConfigTest, NewRopeParametersFormEqualsLegacy) {

@@ -46,13 +46,28 @@ absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
     act.resize(static_cast<size_t>(m) * inter);
     y.resize(static_cast<size_t>(m) * h);
     cpu::Linear(x.data(), w.gate_up.data(), gate_up.data(), m, 2 * inter, h);
-    cpu::SiluAndMul(gate_up.data(), act.data(), m, inter);
+    cpu::SiluAndMul(gate_up.data(), act.data(), m, inter, static_cast<float>(config_.swiglu_limit));
     cpu::Linear(act.data(), w.down.data(), y.data(), m, h, inter);
     for (int i = 0; i < m; ++i) {
       cpu::Axpy(items[i].second, &y[static_cast<size_t>(i) * h], out + static_cast<size_t>(items[i].first) * h, h);
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+class DonePending : public PendingDispatch {
+ public:
+  explicit DonePending(absl::Status s) : status_(std::move(s)) {}
+  absl::Status Wait() override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+}  // namespace
+
+std::unique_ptr<PendingDispatch> ExpertClient::Start(const MoeDispatch& dispatch, float* out) {
+  return std::make_unique<DonePending>(Run(dispatch, out));
 }
 
 absl::Status LocalExpertClient::Run(const MoeDispatch& d, float* out) {

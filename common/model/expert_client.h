@@ -29,12 +29,27 @@ struct MoeDispatch {
   const float* topk_weights = nullptr;   // [num_tokens, top_k]
 };
 
+// A dispatch in flight (see ExpertClient::Start).
+class PendingDispatch {
+ public:
+  virtual ~PendingDispatch() = default;
+  // Blocks until the result is in `out`; returns its status. Call once.
+  virtual absl::Status Wait() = 0;
+};
+
 class ExpertClient {
  public:
   virtual ~ExpertClient() = default;
   // out[num_tokens, hidden] = Σ_k topk_weights[t, k] · Expert_{topk_ids[t, k]}(h_t),
   // overwriting out. Thread-safety is the implementation's to state.
   virtual absl::Status Run(const MoeDispatch& dispatch, float* out) = 0;
+  // Like Run, but may return before the experts finish so the caller can
+  // compute meanwhile (ping-pong micro-batching, the shared expert). The
+  // dispatch's buffers and `out` must stay valid until Wait returns. The
+  // default runs synchronously.
+  virtual std::unique_ptr<PendingDispatch> Start(const MoeDispatch& dispatch, float* out);
+  // True iff Start overlaps (so splitting a batch pays off).
+  virtual bool IsAsync() const { return false; }
 };
 
 // The expert FFNs of one shard: for every MoE layer, a grouped computation over

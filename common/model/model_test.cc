@@ -99,6 +99,16 @@ TEST_P(ModelTest, BatchEqualsSequencesAlone) {
     const std::vector<float> alone = Run(prompts[i], &alone_cache);
     EXPECT_LE(MaxAbsDiff(alone.data(), &(*batched)[i * vocab_], vocab_), 1e-4f) << "sequence " << i;
   }
+  // Ping-pong micro-batches give exactly the same logits.
+  for (int mb : {2, 3}) {
+    std::vector<SequenceKvCache> mb_caches(prompts.size(), model_->NewCache());
+    std::vector<SequenceInput> mb_inputs;
+    for (size_t i = 0; i < prompts.size(); ++i) mb_inputs.push_back({prompts[i], &mb_caches[i]});
+    absl::StatusOr<std::vector<float>> split =
+        model_->attention().Forward(mb_inputs, model_->experts(), LogitsFor::kLastToken, mb);
+    ASSERT_TRUE(split.ok()) << split.status();
+    EXPECT_EQ(*split, *batched) << mb << " micro-batches";
+  }
   // A decode step for the batch: each sequence continues from its own cache.
   std::vector<std::vector<int32_t>> next = {{4}, {9}, {16}};
   for (size_t i = 0; i < prompts.size(); ++i) inputs[i] = {next[i], &caches[i]};
@@ -169,10 +179,11 @@ TEST_P(ModelTest, RejectsBadInputs) {
   EXPECT_EQ(model_->Forward(absl::MakeConstSpan(&in, 1)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, ModelTest, ::testing::Values("v2-lite", "v2", "v3"),
+INSTANTIATE_TEST_SUITE_P(Families, ModelTest, ::testing::Values("v2-lite", "v2", "v3", "v3.2", "v4"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
+                           std::replace(n.begin(), n.end(), '.', '_');
                            return n;
                          });
 

@@ -1,6 +1,8 @@
 #include "common/model/random_checkpoint.h"
 
 #include <cstring>
+#include <algorithm>
+#include <numeric>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -12,7 +14,90 @@
 
 namespace moesh {
 
+namespace {
+
+// DeepSeek-V4 in miniature: every layer type (sliding, CSA, HCA), hash-routed
+// and learned-routed MoE layers, a YaRN-scaled compress rope.
+absl::StatusOr<ModelConfig> V4Preset(const std::string& preset) {
+  ModelConfig c;
+  c.family = ModelFamily::kDeepseekV4;
+  c.model_type = "deepseek_v4";
+  c.num_hidden_layers = 4;
+  c.layer_types = {V4AttentionType::kSliding, V4AttentionType::kCompressedSparse,
+                   V4AttentionType::kHeavilyCompressed, V4AttentionType::kCompressedSparse};
+  c.hash_layers = {true, true, false, false};
+  c.n_shared_experts = 1;
+  c.scoring_func = ScoringFunc::kSqrtSoftplus;
+  c.topk_method = TopkMethod::kGreedy;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 1.5;
+  c.first_k_dense_replace = 0;
+  c.hc_mult = 4;
+  c.hc_sinkhorn_iters = 20;
+  c.hc_eps = 1e-6;
+  c.swiglu_limit = 10.0;
+  c.rms_norm_eps = 1e-6;
+  c.bos_token_id = 0;
+  c.eos_token_ids = {1};
+  c.rope.theta = 10000.0;
+  c.compress_rope.type = RopeType::kYarn;
+  c.compress_rope.theta = 160000.0;
+  c.compress_rope.beta_fast = 32;
+  c.compress_rope.beta_slow = 1;
+  c.compress_rope.attention_factor = 1.0;
+  if (preset == "tiny") {
+    c.vocab_size = 512;
+    c.hidden_size = 64;
+    c.num_attention_heads = 4;
+    c.head_dim = 32;
+    c.qk_rope_head_dim = 8;
+    c.q_lora_rank = 48;
+    c.o_groups = 2;
+    c.o_lora_rank = 16;
+    c.moe_intermediate_size = 32;
+    c.n_routed_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.sliding_window = 8;
+    c.compress_rate_csa = 4;
+    c.compress_rate_hca = 8;
+    c.index_n_heads = 4;
+    c.index_head_dim = 16;
+    c.index_topk = 3;
+    c.compress_rope.factor = 4;
+    c.compress_rope.original_max_position_embeddings = 64;
+  } else if (preset == "small") {
+    c.vocab_size = 8192;
+    c.hidden_size = 512;
+    c.num_attention_heads = 8;
+    c.head_dim = 128;
+    c.qk_rope_head_dim = 32;
+    c.q_lora_rank = 192;
+    c.o_groups = 4;
+    c.o_lora_rank = 128;
+    c.moe_intermediate_size = 256;
+    c.n_routed_experts = 16;
+    c.num_experts_per_tok = 4;
+    c.sliding_window = 64;
+    c.compress_rate_csa = 4;
+    c.compress_rate_hca = 128;
+    c.index_n_heads = 8;
+    c.index_head_dim = 64;
+    c.index_topk = 32;
+    c.compress_rope.factor = 16;
+    c.compress_rope.original_max_position_embeddings = 256;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", preset, "\" (tiny, small)"));
+  }
+  c.max_position_embeddings =
+      static_cast<int>(c.compress_rope.factor) * c.compress_rope.original_max_position_embeddings;
+  RETURN_IF_ERROR(c.Validate(absl::StrCat("preset v4/", preset)));
+  return c;
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::string& preset) {
+  if (family == "v4") return V4Preset(preset);
   ModelConfig c;
   if (family == "v2-lite" || family == "v2") {
     c.family = ModelFamily::kDeepseekV2;
@@ -20,9 +105,14 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
   } else if (family == "v3") {
     c.family = ModelFamily::kDeepseekV3;
     c.model_type = "deepseek_v3";
+  } else if (family == "v3.2") {
+    c.family = ModelFamily::kDeepseekV32;
+    c.model_type = "deepseek_v32";
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown family \"", family, "\" (v2-lite, v2, v3)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown family \"", family, "\" (v2-lite, v2, v3, v3.2, v4)"));
   }
+  const bool v3_like = family == "v3" || family == "v3.2";
   if (preset == "tiny") {
     c.vocab_size = 512;
     c.hidden_size = 64;
@@ -37,6 +127,12 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
     c.n_routed_experts = 8;
     c.num_experts_per_tok = 2;
     c.q_lora_rank = family == "v2-lite" ? 0 : 48;
+    if (family == "v3.2") {
+      // Fewer than the model tests' prompts, so the sparse selection matters.
+      c.index_topk = 8;
+      c.index_n_heads = 4;
+      c.index_head_dim = 32;
+    }
   } else if (preset == "small") {
     c.vocab_size = 8192;
     c.hidden_size = 512;
@@ -51,6 +147,11 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
     c.n_routed_experts = 16;
     c.num_experts_per_tok = 4;
     c.q_lora_rank = family == "v2-lite" ? 0 : 192;
+    if (family == "v3.2") {
+      c.index_topk = 64;
+      c.index_n_heads = 8;
+      c.index_head_dim = 64;
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", preset, "\" (tiny, small)"));
   }
@@ -64,7 +165,7 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
   c.rope.theta = 10000.0;
   c.rope.beta_fast = 32;
   c.rope.beta_slow = 1;
-  if (family == "v3") {
+  if (v3_like) {
     c.topk_method = TopkMethod::kNoauxTc;
     c.scoring_func = ScoringFunc::kSigmoid;
     c.n_group = 4;
@@ -104,8 +205,25 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
   for (const TensorSpec& spec : CheckpointSchema(config)) {
     int64_t n = 1;
     for (int64_t d : spec.shape) n *= d;
-    const bool is_norm = absl::EndsWith(spec.name, "layernorm.weight") || spec.name == "model.norm.weight";
-    const bool is_bias = absl::EndsWith(spec.name, "e_score_correction_bias");
+    if (spec.integer) {
+      // V4's tid2eid: each token's experts, distinct, uniformly drawn.
+      const int64_t k = spec.shape[1];
+      std::vector<int64_t> table(static_cast<size_t>(n));
+      std::vector<int64_t> experts(config.n_routed_experts);
+      for (int64_t row = 0; row < spec.shape[0]; ++row) {
+        std::iota(experts.begin(), experts.end(), 0);
+        std::shuffle(experts.begin(), experts.end(), rng);
+        std::copy(experts.begin(), experts.begin() + k, table.begin() + row * k);
+      }
+      std::vector<uint8_t> bytes(table.size() * sizeof(int64_t));
+      std::memcpy(bytes.data(), table.data(), bytes.size());
+      writer.Add(spec.name, DType::kI64, spec.shape, std::move(bytes));
+      continue;
+    }
+    // Norm weights (and V4's mHC scales) near 1, biases small, the rest N(0, std).
+    const bool is_norm = absl::EndsWith(spec.name, "norm.weight") || absl::EndsWith(spec.name, "_scale");
+    const bool is_bias = absl::EndsWith(spec.name, "e_score_correction_bias") ||
+                         absl::EndsWith(spec.name, "k_norm.bias") || absl::EndsWith(spec.name, "gate.bias");
     const size_t es = DTypeSize(options.dtype);
     std::vector<uint8_t> bytes(static_cast<size_t>(n) * es);
     for (int64_t i = 0; i < n; ++i) {

@@ -39,19 +39,30 @@ int LayerIndexOf(const std::string& name) {
 
 absl::StatusOr<MlpWeights> ReadMlp(const Checkpoint& ckpt, const std::string& prefix, int inter,
                                    int hidden) {
+  return ReadMlpTensors(ckpt, prefix, inter, hidden, "gate_proj.weight", "up_proj.weight", "down_proj.weight");
+}
+
+}  // namespace
+
+absl::StatusOr<MlpWeights> ReadMlpTensors(const Checkpoint& ckpt, const std::string& prefix, int inter, int hidden,
+                                          const std::string& gate_name, const std::string& up_name,
+                                          const std::string& down_name) {
   MlpWeights m;
   m.intermediate = inter;
-  ASSIGN_OR_RETURN(std::vector<float> gate, ReadTensorF32(ckpt, prefix + "gate_proj.weight", {inter, hidden}));
-  ASSIGN_OR_RETURN(std::vector<float> up, ReadTensorF32(ckpt, prefix + "up_proj.weight", {inter, hidden}));
-  ASSIGN_OR_RETURN(m.down, ReadTensorF32(ckpt, prefix + "down_proj.weight", {hidden, inter}));
+  ASSIGN_OR_RETURN(std::vector<float> gate, ReadTensorF32(ckpt, prefix + gate_name, {inter, hidden}));
+  ASSIGN_OR_RETURN(std::vector<float> up, ReadTensorF32(ckpt, prefix + up_name, {inter, hidden}));
+  ASSIGN_OR_RETURN(m.down, ReadTensorF32(ckpt, prefix + down_name, {hidden, inter}));
   m.gate_up = std::move(gate);
   m.gate_up.insert(m.gate_up.end(), up.begin(), up.end());
   return m;
 }
 
-}  // namespace
+std::string ExpertPrefix(const ModelConfig& c, int layer, int expert) {
+  return absl::StrCat(Layer(layer), c.is_v4() ? "ffn" : "mlp", ".experts.", expert, ".");
+}
 
 std::vector<TensorSpec> CheckpointSchema(const ModelConfig& c) {
+  if (c.is_v4()) return V4CheckpointSchema(c);
   std::vector<TensorSpec> s;
   const int64_t h = c.hidden_size;
   const int64_t heads = c.num_attention_heads;
@@ -72,6 +83,14 @@ std::vector<TensorSpec> CheckpointSchema(const ModelConfig& c) {
     s.push_back({p + "self_attn.kv_b_proj.weight",
                  {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}});
     s.push_back({p + "self_attn.o_proj.weight", {h, heads * c.v_head_dim}});
+    if (c.has_indexer()) {
+      s.push_back({p + "self_attn.indexer.wq_b.weight",
+                   {static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, c.q_lora_rank}});
+      s.push_back({p + "self_attn.indexer.wk.weight", {c.index_head_dim, h}});
+      s.push_back({p + "self_attn.indexer.k_norm.weight", {c.index_head_dim}});
+      s.push_back({p + "self_attn.indexer.k_norm.bias", {c.index_head_dim}});
+      s.push_back({p + "self_attn.indexer.weights_proj.weight", {c.index_n_heads, h}});
+    }
     if (!c.IsMoeLayer(l)) {
       AddMlp(&s, p + "mlp.", c.intermediate_size, h);
       continue;
@@ -109,6 +128,13 @@ absl::Status ValidateCheckpoint(const ModelConfig& c, const Checkpoint& ckpt) {
                                                      v.ShapeString(), " but config.json implies ",
                                                      ShapeStr(spec.shape)));
     }
+    if (spec.integer) {
+      if (v.dtype != DType::kI64 && v.dtype != DType::kI32) {
+        return absl::InvalidArgumentError(absl::StrCat(v.file, ": tensor \"", spec.name, "\" has dtype ",
+                                                       std::string(DTypeName(v.dtype)), "; it must be I64 or I32"));
+      }
+      continue;
+    }
     switch (v.dtype) {
       case DType::kF32:
       case DType::kBF16:
@@ -141,6 +167,7 @@ absl::Status ValidateCheckpoint(const ModelConfig& c, const Checkpoint& ckpt) {
     if (LayerIndexOf(name) >= c.num_hidden_layers) continue;  // MTP layers
     if (c.tie_word_embeddings && name == "lm_head.weight") continue;
     if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;  // old transformers buffers
+    if (absl::StartsWith(name, "mtp.")) continue;                // V4's MTP block
     extra.push_back(absl::StrCat("\"", name, "\" in ", view->file));
   }
   if (!extra.empty()) {
@@ -184,9 +211,36 @@ absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const s
   return out;
 }
 
+absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const std::string& name,
+                                                   const std::vector<int64_t>& shape) {
+  ASSIGN_OR_RETURN(const TensorView* v, ckpt.Get(name));
+  if (v->shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(v->file, ": tensor \"", name, "\" has shape ",
+                                                   v->ShapeString(), ", expected ", ShapeStr(shape)));
+  }
+  std::vector<int32_t> out(v->numel());
+  if (v->dtype == DType::kI64) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      int64_t x;
+      std::memcpy(&x, v->data + i * sizeof(int64_t), sizeof(x));
+      out[i] = static_cast<int32_t>(x);
+    }
+  } else if (v->dtype == DType::kI32) {
+    std::memcpy(out.data(), v->data, out.size() * sizeof(int32_t));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(v->file, ": tensor \"", name, "\" must be an integer tensor (I64 or I32)"));
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const ModelConfig& c,
                                                                         const Checkpoint& ckpt) {
   auto w = std::make_unique<AttentionWeights>();
+  if (c.is_v4()) {
+    RETURN_IF_ERROR(LoadV4AttentionWeights(c, ckpt, w.get()));
+    return w;
+  }
   const int64_t h = c.hidden_size, heads = c.num_attention_heads;
   ASSIGN_OR_RETURN(w->embed_tokens, ReadTensorF32(ckpt, "model.embed_tokens.weight", {c.vocab_size, h}));
   w->layers.resize(c.num_hidden_layers);
@@ -213,6 +267,16 @@ absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const M
     ASSIGN_OR_RETURN(lw.kv_b_proj, ReadTensorF32(ckpt, p + "self_attn.kv_b_proj.weight",
                                                  {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}));
     ASSIGN_OR_RETURN(lw.o_proj, ReadTensorF32(ckpt, p + "self_attn.o_proj.weight", {h, heads * c.v_head_dim}));
+    if (c.has_indexer()) {
+      const int64_t d = c.index_head_dim;
+      ASSIGN_OR_RETURN(lw.indexer_wq_b, ReadTensorF32(ckpt, p + "self_attn.indexer.wq_b.weight",
+                                                      {c.index_n_heads * d, c.q_lora_rank}));
+      ASSIGN_OR_RETURN(lw.indexer_wk, ReadTensorF32(ckpt, p + "self_attn.indexer.wk.weight", {d, h}));
+      ASSIGN_OR_RETURN(lw.indexer_k_norm, ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.weight", {d}));
+      ASSIGN_OR_RETURN(lw.indexer_k_norm_bias, ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.bias", {d}));
+      ASSIGN_OR_RETURN(lw.indexer_weights_proj,
+                       ReadTensorF32(ckpt, p + "self_attn.indexer.weights_proj.weight", {c.index_n_heads, h}));
+    }
     lw.is_moe = c.IsMoeLayer(l);
     if (!lw.is_moe) {
       ASSIGN_OR_RETURN(lw.dense_mlp, ReadMlp(ckpt, p + "mlp.", c.intermediate_size, h));
@@ -251,8 +315,12 @@ absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Load(
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsMoeLayer(l)) continue;
     for (int e : expert_ids) {
-      ASSIGN_OR_RETURN(w->layers[l][e], ReadMlp(ckpt, absl::StrCat(Layer(l), "mlp.experts.", e, "."),
-                                                c.moe_intermediate_size, c.hidden_size));
+      if (c.is_v4()) {
+        ASSIGN_OR_RETURN(w->layers[l][e], ReadMlpTensors(ckpt, ExpertPrefix(c, l, e), c.moe_intermediate_size,
+                                                         c.hidden_size, "w1.weight", "w3.weight", "w2.weight"));
+      } else {
+        ASSIGN_OR_RETURN(w->layers[l][e], ReadMlp(ckpt, ExpertPrefix(c, l, e), c.moe_intermediate_size, c.hidden_size));
+      }
     }
   }
   return w;

@@ -25,6 +25,7 @@ namespace moesh {
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
+  bool integer = false;  // an index table (I64 or I32), e.g. V4's tid2eid
 };
 
 // Every tensor a checkpoint of `config` holds, in a stable order. Per-expert
@@ -43,6 +44,39 @@ struct MlpWeights {
   std::vector<float> down;     // [hidden, intermediate]
 };
 
+// A DeepSeek-V4 compressor: per token c series of d features and their gates
+// (c = 2 for CSA's overlapping windows, 1 for HCA), softmax-pooled per window
+// with the per-slot bias `ape`, then RMSNorm'd.
+struct V4CompressorWeights {
+  std::vector<float> wkv;    // [c * d, hidden]
+  std::vector<float> wgate;  // [c * d, hidden]
+  std::vector<float> ape;    // [rate, c * d]
+  std::vector<float> norm;   // [d]
+};
+
+// The V4-only part of a layer (input_layernorm / post_attention_layernorm,
+// gate, gate_bias and shared_experts of AttentionLayerWeights hold attn_norm,
+// ffn_norm, ffn.gate.weight, ffn.gate.bias and ffn.shared_experts).
+struct V4LayerWeights {
+  // mHC mappings of the attention and FFN sites.
+  std::vector<float> hc_attn_fn, hc_ffn_fn;        // [(2 + hc) * hc, hc * hidden]
+  std::vector<float> hc_attn_base, hc_ffn_base;    // [(2 + hc) * hc]
+  std::vector<float> hc_attn_scale, hc_ffn_scale;  // [3]
+  std::vector<float> wq_a;    // [q_lora_rank, hidden]
+  std::vector<float> q_norm;  // [q_lora_rank]
+  std::vector<float> wq_b;    // [heads * head_dim, q_lora_rank]
+  std::vector<float> wkv;     // [head_dim, hidden]
+  std::vector<float> kv_norm; // [head_dim]
+  std::vector<float> wo_a;    // [o_groups * o_lora_rank, heads * head_dim / o_groups]
+  std::vector<float> wo_b;    // [hidden, o_groups * o_lora_rank]
+  std::vector<float> sinks;   // [heads]
+  V4CompressorWeights compressor;        // CSA (c = 2) and HCA (c = 1) layers
+  V4CompressorWeights index_compressor;  // CSA layers: c = 2, d = index_head_dim
+  std::vector<float> index_wq_b;          // [index_n_heads * index_head_dim, q_lora_rank]
+  std::vector<float> index_weights_proj;  // [index_n_heads, hidden]
+  std::vector<int32_t> tid2eid;           // [vocab, top_k]; hash-routed layers
+};
+
 struct AttentionLayerWeights {
   std::vector<float> input_layernorm;           // [hidden]
   std::vector<float> post_attention_layernorm;  // [hidden]
@@ -54,11 +88,18 @@ struct AttentionLayerWeights {
   std::vector<float> kv_a_layernorm;  // [kv_lora_rank]
   std::vector<float> kv_b_proj;       // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
   std::vector<float> o_proj;          // [hidden, heads * v_head_dim]
+  // DSA indexer (V3.2 only; empty otherwise).
+  std::vector<float> indexer_wq_b;          // [index_n_heads * index_head_dim, q_lora_rank]
+  std::vector<float> indexer_wk;            // [index_head_dim, hidden]
+  std::vector<float> indexer_k_norm;        // [index_head_dim] LayerNorm weight
+  std::vector<float> indexer_k_norm_bias;   // [index_head_dim] LayerNorm bias
+  std::vector<float> indexer_weights_proj;  // [index_n_heads, hidden]
   bool is_moe = false;
   MlpWeights dense_mlp;              // iff !is_moe
   std::vector<float> gate;           // [n_routed_experts, hidden]; iff is_moe
   std::vector<float> gate_bias;      // [n_routed_experts] e_score_correction_bias; may be empty
   MlpWeights shared_experts;         // iff is_moe && n_shared_experts > 0
+  V4LayerWeights v4;                 // DeepSeek-V4 only
 };
 
 // Everything but the routed experts.
@@ -67,6 +108,10 @@ struct AttentionWeights {
   std::vector<AttentionLayerWeights> layers;
   std::vector<float> norm;     // [hidden]
   std::vector<float> lm_head;  // [vocab, hidden]; empty iff tied (use embed_tokens)
+  // DeepSeek-V4's final collapse of the hc_mult streams.
+  std::vector<float> hc_head_fn;     // [hc, hc * hidden]
+  std::vector<float> hc_head_base;   // [hc]
+  std::vector<float> hc_head_scale;  // [1]
 
   const float* lm_head_data() const { return lm_head.empty() ? embed_tokens.data() : lm_head.data(); }
 
@@ -89,6 +134,20 @@ struct ExpertShardWeights {
 // its 128x128 block weight_scale_inv.
 absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const std::string& name,
                                                  const std::vector<int64_t>& shape);
+// Reads an integer (I64 or I32) tensor as int32, checking its shape.
+absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const std::string& name,
+                                                   const std::vector<int64_t>& shape);
+
+// DeepSeek-V4's side of the above (weights_v4.cc): its checkpoint names are
+// DeepSeek's (model.layers.N.attn.wq_a, ffn.experts.E.w1, hc_attn_fn, ...) as
+// transformers' save_pretrained writes them.
+std::vector<TensorSpec> V4CheckpointSchema(const ModelConfig& config);
+absl::Status LoadV4AttentionWeights(const ModelConfig& config, const Checkpoint& ckpt, AttentionWeights* w);
+// "model.layers.L.ffn.experts.E." for V4, "model.layers.L.mlp.experts.E." otherwise.
+std::string ExpertPrefix(const ModelConfig& config, int layer, int expert);
+// Reads a SwiGLU MLP stored as three tensors named prefix + gate / up / down.
+absl::StatusOr<MlpWeights> ReadMlpTensors(const Checkpoint& ckpt, const std::string& prefix, int inter, int hidden,
+                                          const std::string& gate, const std::string& up, const std::string& down);
 
 }  // namespace moesh
 

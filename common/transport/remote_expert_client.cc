@@ -72,6 +72,29 @@ void RemoteExpertClient::MarkDown(int worker) {
   down_until_[worker] = std::chrono::steady_clock::now() + retry_after_;
 }
 
+namespace {
+class ThreadPending : public PendingDispatch {
+ public:
+  explicit ThreadPending(std::function<absl::Status()> work)
+      : thread_([this, work = std::move(work)] { status_ = work(); }) {}
+  ~ThreadPending() override {
+    if (thread_.joinable()) thread_.join();
+  }
+  absl::Status Wait() override {
+    thread_.join();
+    return status_;
+  }
+
+ private:
+  absl::Status status_;
+  std::thread thread_;
+};
+}  // namespace
+
+std::unique_ptr<PendingDispatch> RemoteExpertClient::Start(const MoeDispatch& d, float* out) {
+  return std::make_unique<ThreadPending>([this, d, out] { return Run(d, out); });
+}
+
 absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
   const auto start = std::chrono::steady_clock::now();
   absl::Status s;

@@ -37,6 +37,9 @@ class RemoteExpertClient : public ExpertClient {
       std::chrono::milliseconds retry_after = std::chrono::seconds(5), Metrics* metrics = nullptr);
 
   absl::Status Run(const MoeDispatch& dispatch, float* out) override;
+  // Runs the dispatch on a background thread.
+  std::unique_ptr<PendingDispatch> Start(const MoeDispatch& dispatch, float* out) override;
+  bool IsAsync() const override { return true; }
 
  private:
   // One attempt over the current routes; marks failed workers down.

@@ -43,7 +43,7 @@ def main():
 
     req = pb.GenerateRequest()
     if args.prompt is not None:
-        req.text = args.prompt
+        req.text = args.prompt.encode("utf-8")
     else:
         req.token_ids.ids.extend(int(t) for t in args.prompt_ids.split(","))
     req.sampling.temperature = args.temperature

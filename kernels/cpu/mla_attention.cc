@@ -13,7 +13,7 @@ namespace moesh::cpu {
 void RunMlaAttention(const MlaAttentionParams& p) {
   const int r = p.kv_lora_rank;
   const int qk = p.qk_nope_head_dim + p.qk_rope_head_dim;
-  const int kv_ld = r + p.qk_rope_head_dim;
+  const int kv_ld = p.kv_row_stride ? p.kv_row_stride : r + p.qk_rope_head_dim;
   const int q_ld = p.num_heads * qk;
   const int out_ld = p.num_heads * p.v_head_dim;
   std::vector<float> q_lat(static_cast<size_t>(p.num_q) * r);
@@ -37,6 +37,12 @@ void RunMlaAttention(const MlaAttentionParams& p) {
       const int visible = p.q_start_pos + i + 1;
       for (int j = 0; j < visible; ++j) row[j] *= p.softmax_scale;
       for (int j = visible; j < p.num_kv; ++j) row[j] = -std::numeric_limits<float>::infinity();
+      if (p.kv_mask != nullptr) {
+        const uint8_t* keep = p.kv_mask + static_cast<int64_t>(i) * p.num_kv;
+        for (int j = 0; j < visible; ++j) {
+          if (!keep[j]) row[j] = -std::numeric_limits<float>::infinity();
+        }
+      }
     }
     SoftmaxRows(scores.data(), p.num_q, p.num_kv);
     // o_lat[num_q, r] = probs[num_q, num_kv] · latent[num_kv, r]

@@ -8,6 +8,8 @@
 #ifndef MOESH_KERNELS_CPU_MLA_ATTENTION_H_
 #define MOESH_KERNELS_CPU_MLA_ATTENTION_H_
 
+#include <cstdint>
+
 namespace moesh::cpu {
 
 struct MlaAttentionParams {
@@ -18,11 +20,16 @@ struct MlaAttentionParams {
   int qk_rope_head_dim = 0;
   int kv_lora_rank = 0;
   int v_head_dim = 0;
-  const float* kv = nullptr;  // [num_kv, kv_lora_rank + qk_rope_head_dim]
+  // Row j's latent at kv + j * kv_row_stride, its roped key right after it.
+  const float* kv = nullptr;  // [num_kv, kv_row_stride]
+  int kv_row_stride = 0;      // 0: kv_lora_rank + qk_rope_head_dim
   int num_kv = 0;
   // Query i is at position q_start_pos + i and attends to cache rows
   // [0, q_start_pos + i]. REQUIRES: q_start_pos + num_q <= num_kv.
   int q_start_pos = 0;
+  // May be null. Sparse attention (DSA): query i attends only to the causal
+  // rows j with kv_mask[i * num_kv + j] != 0 (at least one per query).
+  const uint8_t* kv_mask = nullptr;  // [num_q, num_kv]
   const float* w_kv_b = nullptr;  // [num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
   float softmax_scale = 1.0f;
   float* out = nullptr;  // [num_q, num_heads * v_head_dim]

@@ -7,7 +7,8 @@
 
 namespace moesh::cpu {
 
-enum class GateScoring { kSoftmax, kSigmoid };
+// kSqrtSoftplus: sqrt(softplus(x)) (DeepSeek-V4).
+enum class GateScoring { kSoftmax, kSigmoid, kSqrtSoftplus };
 
 enum class GateSelect {
   kGreedy,         // top-k over all experts (V2-Lite "greedy")
@@ -27,6 +28,10 @@ struct MoeGateParams {
   GateSelect select = GateSelect::kGreedy;
   bool renormalize = false;  // divide the k weights by their sum (+1e-20)
   float routed_scaling_factor = 1.0f;
+  // May be null. Hash routing (DeepSeek-V4's first layers): token t uses
+  // experts forced_ids[t, :] and no selection runs; weights are still the
+  // scores of those experts (renormalised and scaled as above).
+  const int32_t* forced_ids = nullptr;  // [num_tokens, top_k]
   int32_t* topk_ids = nullptr;   // [num_tokens, top_k], best first
   float* topk_weights = nullptr;  // [num_tokens, top_k]
 };

@@ -28,11 +28,36 @@ void RmsNorm(const float* x, const float* weight, float* y, int rows, int n, flo
   }
 }
 
-void SiluAndMul(const float* gate_up, float* out, int m, int i) {
+void LayerNorm(const float* x, const float* weight, const float* bias, float* y, int rows, int n,
+               float eps, int ldx, int ldy) {
+  if (!ldx) ldx = n;
+  if (!ldy) ldy = n;
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * ldx;
+    float* yr = y + static_cast<int64_t>(r) * ldy;
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) sum += xr[i];
+    const double mean = sum / n;
+    double var = 0.0;
+    for (int i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    const float inv = static_cast<float>(1.0 / std::sqrt(var / n + eps));
+    const float m = static_cast<float>(mean);
+    for (int i = 0; i < n; ++i) yr[i] = (xr[i] - m) * inv * weight[i] + bias[i];
+  }
+}
+
+void SiluAndMul(const float* gate_up, float* out, int m, int i, float limit) {
   for (int r = 0; r < m; ++r) {
     const float* g = gate_up + static_cast<int64_t>(r) * 2 * i;
     const float* u = g + i;
     float* o = out + static_cast<int64_t>(r) * i;
+    if (limit > 0.0f) {
+      for (int j = 0; j < i; ++j) {
+        const float gj = std::min(g[j], limit);
+        o[j] = gj / (1.0f + std::exp(-gj)) * std::clamp(u[j], -limit, limit);
+      }
+      continue;
+    }
     for (int j = 0; j < i; ++j) o[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
   }
 }

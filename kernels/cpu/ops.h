@@ -18,8 +18,14 @@ void Linear(const float* x, const float* w, float* y, int m, int n, int k, bool 
 void RmsNorm(const float* x, const float* weight, float* y, int rows, int n, float eps,
              int ldx = 0, int ldy = 0);
 
-// out[m, i] = silu(gate_up[m, :i]) * gate_up[m, i:2i].
-void SiluAndMul(const float* gate_up, float* out, int m, int i);
+// y[rows, n] = (x - mean(x)) * rsqrt(var(x) + eps) * weight[n] + bias[n]
+// (nn.LayerNorm; biased variance). x and y may alias.
+void LayerNorm(const float* x, const float* weight, const float* bias, float* y, int rows, int n,
+               float eps, int ldx = 0, int ldy = 0);
+
+// out[m, i] = silu(gate_up[m, :i]) * gate_up[m, i:2i]. limit > 0 clamps
+// first (DeepSeek-V4's swiglu_limit): gate to <= limit, up to [-limit, limit].
+void SiluAndMul(const float* gate_up, float* out, int m, int i, float limit = 0.0f);
 
 // In-place softmax over each row of x[rows, n] (max-subtracted).
 void SoftmaxRows(float* x, int rows, int n);

@@ -99,7 +99,8 @@ TEST_P(GoldenTest, MatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, GoldenTest,
-                         ::testing::Values("v2_lite", "v2", "v3", "v3_neox"));
+                         ::testing::Values("v2_lite", "v2", "v3", "v3_neox", "v32", "v32_dense_rope", "v4",
+                                           "v4_legacy"));
 
 }  // namespace
 }  // namespace moesh

@@ -20,6 +20,8 @@
 #include "common/file_util.h"
 #include "common/model/model.h"
 #include "common/model/random_checkpoint.h"
+#include "common/tokenizer/embedded_tokenizers.h"
+#include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "moesh/v1/generation.grpc.pb.h"
 #include "nlohmann/json.hpp"
@@ -41,6 +43,21 @@ std::string TinyModel() {
     absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
     RandomCheckpointOptions opt;
     opt.seed = 21;
+    EXPECT_TRUE(WriteRandomCheckpoint(*c, d, opt).ok());
+    return d;
+  }();
+  return dir;
+}
+
+// The same with the tiny tokenizer.json that `moesh mkmodel` ships.
+std::string TinyTextModel() {
+  static const std::string dir = [] {
+    const std::string d = JoinPath(::testing::TempDir(), "cluster_test_tiny_v3_text");
+    std::filesystem::remove_all(d);
+    absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
+    RandomCheckpointOptions opt;
+    opt.seed = 21;
+    opt.tokenizer_json = std::string(*EmbeddedTokenizerJson("tiny"));
     EXPECT_TRUE(WriteRandomCheckpoint(*c, d, opt).ok());
     return d;
   }();
@@ -150,7 +167,7 @@ const LocalCluster::Process& Proc(const LocalCluster& c, const std::string& name
 }
 
 TEST(ClusterTest, GreedyEqualsOfflineOnGoldenCheckpoints) {
-  for (const char* name : {"v2_lite", "v3"}) {
+  for (const char* name : {"v2_lite", "v3", "v32", "v4_legacy"}) {
     SCOPED_TRACE(name);
     const std::string dir = JoinPath(JoinPath(MOESH_SOURCE_DIR, "tests/golden"), name);
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(dir, name));
@@ -345,6 +362,67 @@ TEST(ClusterTest, BadRequestsAreInvalidArgumentAndHarmNoOne) {
     EXPECT_FALSE(res.status.error_message().empty()) << b.what;
   }
   good.join();
+}
+
+// Text in, text out: the prompt is tokenized by the router (BOS added), the
+// streamed deltas are whole UTF-8 and add up to the decoded ids, stop strings
+// cut the text, malformed UTF-8 is INVALID_ARGUMENT.
+TEST(ClusterTest, TextPromptsAndStopStrings) {
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(TinyTextModel(), "text"));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyTextModel());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::Load(TinyTextModel());
+  ASSERT_TRUE(model.ok() && tok.ok());
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  auto run = [&](const v1::GenerateRequest& req, std::string* text, std::vector<int32_t>* ids, v1::FinalInfo* fin) {
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, req);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+      ids->insert(ids->end(), m.token_ids().begin(), m.token_ids().end());
+      text->append(m.text());
+      if (m.has_final()) *fin = m.final();
+    }
+    return reader->Finish();
+  };
+  const std::string prompt = "Hello, wörld! 数字 12345 🙂";
+  v1::GenerateRequest req;
+  req.set_text(prompt);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_stop()->set_max_new_tokens(40);
+  req.mutable_stop()->set_ignore_eos(true);
+  std::string text;
+  std::vector<int32_t> ids;
+  v1::FinalInfo fin;
+  ASSERT_TRUE(run(req, &text, &ids, &fin).ok());
+  const std::vector<int32_t> prompt_ids = *(*tok)->Encode(prompt, /*add_special_tokens=*/true);
+  EXPECT_EQ(prompt_ids.front(), 0);  // BOS
+  EXPECT_EQ(fin.usage().prompt_tokens(), static_cast<int>(prompt_ids.size()));
+  EXPECT_EQ(ids, Offline(**model, prompt_ids, 40).output_ids);
+  EXPECT_EQ(text, (*tok)->Decode(ids, /*skip_special_tokens=*/true));
+
+  // Stop at the text of the 6th..8th generated tokens: the output ends just before it.
+  const std::string later = (*tok)->Decode(absl::MakeConstSpan(ids).subspan(0, 8), true);
+  const std::string before = (*tok)->Decode(absl::MakeConstSpan(ids).subspan(0, 5), true);
+  const std::string stop = later.substr(before.size());
+  if (!stop.empty() && later.find(stop) == before.size()) {
+    req.mutable_stop()->add_stop_strings(stop);
+    std::string t2;
+    std::vector<int32_t> ids2;
+    v1::FinalInfo fin2;
+    ASSERT_TRUE(run(req, &t2, &ids2, &fin2).ok());
+    EXPECT_EQ(fin2.finish_reason(), v1::FINISH_REASON_STOP);
+    EXPECT_EQ(fin2.matched_stop(), stop);
+    EXPECT_EQ(t2, text.substr(0, text.find(stop)));
+    EXPECT_LT(ids2.size(), 40u);
+  }
+
+  v1::GenerateRequest bad;
+  bad.set_text(std::string("abc\xff\xfe"));
+  std::string t3;
+  std::vector<int32_t> ids3;
+  v1::FinalInfo fin3;
+  EXPECT_EQ(run(bad, &t3, &ids3, &fin3).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST(ClusterTest, AbortEndsTheStreamWithAbort) {
