@@ -128,8 +128,13 @@ absl::Status RunServingBench(const Args& args) {
       o.expert_workers = {"0-0"};
       o.num_prefill = 0;
       o.num_decode = 0;
+    } else if (mode == "cluster-nopp") {
+      o.extra_attention_worker_flags = {"--micro_batches=1"};  // ping-pong off, for comparison
+    } else if (mode == "cluster-ucx") {
+      o.transport = "ucx";
     } else if (mode != "cluster") {
-      return absl::InvalidArgumentError(absl::StrCat("unknown mode \"", mode, "\" (cluster, colocated)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown mode \"", mode, "\" (cluster, cluster-nopp, cluster-ucx, colocated)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
     for (int64_t c : concurrencies) {

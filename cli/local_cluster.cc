@@ -99,16 +99,17 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   }
   const std::string expert_flag = "--expert_workers=" + absl::StrJoin(expert_addresses, ",");
   for (int i = 0; i < options.num_decode; ++i) {
-    RETURN_IF_ERROR(c->Spawn(absl::StrCat("decode-", i), "moesh_decode_worker",
-                             {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
-                              "--transport=" + options.transport, absl::StrCat("--kv_blocks=", options.kv_blocks)})
-                        .status());
+    std::vector<std::string> flags = {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
+                                      "--transport=" + options.transport,
+                                      absl::StrCat("--kv_blocks=", options.kv_blocks)};
+    flags.insert(flags.end(), options.extra_attention_worker_flags.begin(), options.extra_attention_worker_flags.end());
+    RETURN_IF_ERROR(c->Spawn(absl::StrCat("decode-", i), "moesh_decode_worker", flags).status());
   }
   for (int i = 0; i < options.num_prefill; ++i) {
-    RETURN_IF_ERROR(c->Spawn(absl::StrCat("prefill-", i), "moesh_prefill_worker",
-                             {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
-                              "--transport=" + options.transport})
-                        .status());
+    std::vector<std::string> flags = {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
+                                      "--transport=" + options.transport};
+    flags.insert(flags.end(), options.extra_attention_worker_flags.begin(), options.extra_attention_worker_flags.end());
+    RETURN_IF_ERROR(c->Spawn(absl::StrCat("prefill-", i), "moesh_prefill_worker", flags).status());
   }
   RETURN_IF_ERROR(c->WaitUntilServing(options.startup_timeout));
   return c;

@@ -30,6 +30,7 @@ struct LocalClusterOptions {
   int kv_blocks = 512;
   int heartbeat_timeout_ms = 3000;
   std::vector<std::string> extra_router_flags;
+  std::vector<std::string> extra_attention_worker_flags;  // prefill and decode workers
   std::chrono::seconds startup_timeout{120};
 };
 
