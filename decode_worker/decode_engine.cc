@@ -193,7 +193,8 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
     inputs[i] = {absl::MakeConstSpan(&tokens[i], 1), batch[i]->kv.get()};
   }
   const auto start = std::chrono::steady_clock::now();
-  const int mb = experts_->IsAsync() ? options_.micro_batches : 1;
+  const int mb =
+      experts_->IsAsync() && static_cast<int>(batch.size()) >= options_.micro_batch_min ? options_.micro_batches : 1;
   absl::StatusOr<std::vector<float>> logits = model_->Forward(inputs, experts_, LogitsFor::kLastToken, mb);
   if (step_seconds_ != nullptr) {
     step_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

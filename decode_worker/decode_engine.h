@@ -36,8 +36,11 @@ struct DecodeEngineOptions {
   int num_kv_blocks = 1024;
   int block_size = 64;
   int max_batch = 256;  // running requests per step
-  // Ping-pong micro-batches per step when the experts are remote (1: off).
+  // Ping-pong micro-batches per step when the experts are remote (1: off),
+  // used once a step has at least micro_batch_min requests (smaller halves
+  // hide nothing; BENCHMARKS.md).
   int micro_batches = 2;
+  int micro_batch_min = 16;
   std::chrono::milliseconds reservation_lease{30000};
   Metrics* metrics = nullptr;  // may be null
 };

@@ -28,6 +28,7 @@ ABSL_FLAG(int, kv_blocks, 1024, "KV cache blocks.");
 ABSL_FLAG(int, block_size, 64, "Tokens per KV block.");
 ABSL_FLAG(int, max_batch, 256, "Most requests decoded per step.");
 ABSL_FLAG(int, micro_batches, 2, "Ping-pong micro-batches per step with remote experts (1: off).");
+ABSL_FLAG(int, micro_batch_min, 16, "Smallest decode batch that is split into micro-batches.");
 
 namespace moesh {
 namespace {
@@ -48,6 +49,7 @@ absl::Status Run() {
   eo.block_size = absl::GetFlag(FLAGS_block_size);
   eo.max_batch = absl::GetFlag(FLAGS_max_batch);
   eo.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  eo.micro_batch_min = absl::GetFlag(FLAGS_micro_batch_min);
   eo.metrics = metrics.get();
   if (eo.num_kv_blocks < 1 || eo.block_size < 1 || eo.max_batch < 1 || eo.micro_batches < 1) {
     return absl::InvalidArgumentError("--kv_blocks, --block_size, --max_batch and --micro_batches must be >= 1");
