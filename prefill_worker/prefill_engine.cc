@@ -69,7 +69,9 @@ void PrefillEngine::Loop() {
       while (!queue_.empty()) {
         const int n = static_cast<int>(queue_.front()->spec->prompt_ids.size());
         if (!batch.empty() && tokens + n > options_.max_batch_tokens) break;
-        batch.push_back(queue_.front());
+        Pending* p = queue_.front();
+        p->queue_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - p->queued_at).count();
+        batch.push_back(p);
         queue_.pop_front();
         tokens += n;
       }
@@ -117,6 +119,7 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     const PrefillSpec& spec = *batch[i]->spec;
     const float* row = logits->data() + i * c.vocab_size;
     PrefillResult r;
+    r.queue_seconds = batch[i]->queue_seconds;
     Sampler sampler(spec.sampling);
     r.first_token = sampler.Sample(row, c.vocab_size, /*step=*/0, spec.prompt_ids, {});
     if (spec.sampling.top_logprobs > 0) r.logprobs = Sampler::TopLogprobs(row, c.vocab_size, spec.sampling.top_logprobs);

@@ -43,6 +43,7 @@ struct PrefillSpec {
 struct PrefillResult {
   int32_t first_token = 0;
   std::vector<TokenLogprob> logprobs;  // iff sampling.top_logprobs > 0
+  double queue_seconds = 0;            // waiting for a batch slot
 };
 
 class PrefillEngine {
@@ -62,6 +63,8 @@ class PrefillEngine {
   struct Pending {
     explicit Pending(const PrefillSpec* s) : spec(s) {}
     const PrefillSpec* spec;
+    std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
+    double queue_seconds = 0;
     bool done = false;
     absl::StatusOr<PrefillResult> result = absl::UnknownError("not run");
   };

@@ -15,6 +15,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext*, const v1::PrefillRequ
   absl::StatusOr<PrefillResult> r = engine_->Prefill(spec);
   if (!r.ok()) return ToGrpcStatus(r.status());
   response->set_first_token(r->first_token);
+  response->set_queue_seconds(r->queue_seconds);
   for (const TokenLogprob& t : r->logprobs) {
     v1::TokenLogprob* c = response->mutable_logprobs()->add_candidates();
     c->set_id(t.id);

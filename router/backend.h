@@ -24,6 +24,7 @@ struct BackendRequest {
 
 // Tokens produced since the last chunk.
 struct TokenChunk {
+  double queue_seconds = 0;  // on the first chunk: time queued before prefill
   std::vector<int32_t> ids;
   std::vector<std::vector<TokenLogprob>> logprobs;  // per id, iff requested
 };

@@ -103,6 +103,7 @@ absl::Status ClusterBackend::Run(const BackendRequest& req, const ChunkSink& sin
     }
   }
   TokenChunk first;
+  first.queue_seconds = presp.queue_seconds();
   first.ids.push_back(presp.first_token());
   if (req.sampling.top_logprobs > 0) {
     std::vector<TokenLogprob> lp;

@@ -46,6 +46,7 @@ absl::Status ColocatedBackend::Run(const BackendRequest& req, const ChunkSink& s
     return first.status();
   }
   TokenChunk chunk;
+  chunk.queue_seconds = first->queue_seconds;
   chunk.ids.push_back(first->first_token);
   if (req.sampling.top_logprobs > 0) chunk.logprobs.push_back(first->logprobs);
   const bool stops = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), first->first_token) !=

@@ -178,7 +178,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   StopStringMatcher stops({request->stop().stop_strings().begin(), request->stop().stop_strings().end()});
   const bool has_stop_strings = request->stop().stop_strings_size() > 0;
   int completion = 0;
-  double ttft = -1;
+  double ttft = -1, queue_seconds = 0;
   bool stopped = false, client_gone = false;
   std::string matched;
   int32_t last_token = -1;
@@ -186,6 +186,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
     const auto now = std::chrono::steady_clock::now();
     if (ttft < 0) {
       ttft = SecondsSince(arrival);
+      queue_seconds = chunk.queue_seconds;
       if (ttft_ != nullptr) ttft_->Observe(ttft);
     } else if (itl_ != nullptr) {
       itl_->Observe(std::chrono::duration<double>(now - last_token_time).count() / std::max<size_t>(chunk.ids.size(), 1));
@@ -251,6 +252,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   fin->mutable_usage()->set_prompt_tokens(static_cast<int>(b->prompt.size()));
   fin->mutable_usage()->set_completion_tokens(completion);
   fin->mutable_timings()->set_time_to_first_token_seconds(std::max(ttft, 0.0));
+  fin->mutable_timings()->set_queue_seconds(queue_seconds);
   fin->mutable_timings()->set_total_seconds(SecondsSince(arrival));
   writer->Write(last);
   if (success_ != nullptr) {
