@@ -78,7 +78,7 @@ absl::Status DecodeEngine::Release(const std::string& request_id) {
   return absl::OkStatus();
 }
 
-void DecodeEngine::Finish(const std::shared_ptr<Request>& r, absl::Status status) {
+void DecodeEngine::Finish(std::shared_ptr<Request> r, absl::Status status) {  // by value: callers pass map entries
   r->status = std::move(status);
   r->done = true;
   r->running = false;

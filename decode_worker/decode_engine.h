@@ -101,7 +101,7 @@ class DecodeEngine : public KvHandler {
   void ExpireReservations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `r` with `status`, dropping it from the table (its blocks are freed
   // when the last reference goes).
-  void Finish(const std::shared_ptr<Request>& r, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finish(std::shared_ptr<Request> r, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AttentionModel* const model_;
   ExpertClient* const experts_;

@@ -40,6 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, HERE)
 import deploy_lib  # noqa: E402
 from deploy_lib import Checks, Prometheus, fatal  # noqa: E402
@@ -326,12 +327,15 @@ def run(c, moesh, src, tmp, procs, prometheus_bin, promtool, local_targets, star
     c.equal("one moesh_expert_tokens_total series per (MoE layer, expert), each from one worker",
             sorted((s["metric"]["layer"], int(s["metric"]["expert"]), s["value"][1]) for s in series),
             sorted((str(i), e, "1") for i in layers for e in range(cfg["n_routed_experts"])))
-    c.equal("expert round trips of the decode worker == decode steps x MoE layers",
-            api.scalar('sum(moesh_expert_roundtrip_seconds_count{service="decode_worker"})'),
-            (api.scalar("sum(moesh_decode_step_seconds_count)") or -1) * len(layers))
-    c.equal("expert round trips of the prefill worker == prefill forwards x MoE layers",
-            api.scalar('sum(moesh_expert_roundtrip_seconds_count{service="prefill_worker"})'),
-            (api.scalar("sum(moesh_prefill_batch_seconds_count)") or -1) * len(layers))
+    # One round trip per MoE layer of every forward pass, or of every micro-batch when a
+    # forward is split into micro-batches that overlap dispatch with compute.
+    for service, forwards in (("decode_worker", "moesh_decode_step_seconds_count"),
+                              ("prefill_worker", "moesh_prefill_batch_seconds_count")):
+        trips = api.scalar(f'sum(moesh_expert_roundtrip_seconds_count{{service="{service}"}})') or 0
+        passes = api.scalar(f"sum({forwards})") or 0
+        c.check(f"expert round trips of the {service} ({trips:g}) are a multiple of the {len(layers)} MoE layers, "
+                f"at least one per layer of each of its {passes:g} forward passes",
+                passes > 0 and trips % len(layers) == 0 and trips >= passes * len(layers))
     c.equal("decode batch sizes add up to the decode worker's generated tokens",
             api.scalar("sum(moesh_decode_batch_size_sum)"), float(gen_tokens - n))
     c.check("the expert workers merged no more batches than dispatches",

@@ -425,6 +425,25 @@ TEST(ClusterTest, TextPromptsAndStopStrings) {
   EXPECT_EQ(run(bad, &t3, &ids3, &fin3).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// One token: the prefill worker's token is the whole answer; the decode
+// reservation is released (a released entry once crashed the decode worker).
+TEST(ClusterTest, SingleTokenRequestsReleaseTheirReservation) {
+  LocalClusterOptions o = Options(TinyModel(), "one_token");
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
+  ASSERT_TRUE(model.ok());
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<int32_t> prompt = {3, 4, 5 + i};
+    Result r = Call((*cluster)->router_address(), Request(prompt, 1));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids, Offline(**model, prompt, 1).output_ids);
+  }
+  Result r = Call((*cluster)->router_address(), Request({1, 2}, 10));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(Metric(Proc(**cluster, "decode-0").metrics_address, "moesh_kv_cache_free_blocks"), o.kv_blocks);
+}
+
 TEST(ClusterTest, AbortEndsTheStreamWithAbort) {
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(TinyModel(), "abort"));
   ASSERT_TRUE(cluster.ok()) << cluster.status();

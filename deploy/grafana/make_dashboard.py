@@ -1,0 +1,250 @@
+#!/usr/bin/python3
+"""Writes deploy/grafana/moesh.json, the moesh Grafana dashboard.
+
+The dashboard is generated so that its layout stays regular and every query
+uses the same selectors; edit this file, then run
+
+    /usr/bin/python3 deploy/grafana/make_dashboard.py          # rewrites moesh.json
+    /usr/bin/python3 deploy/grafana/make_dashboard.py --check  # exit 1 if moesh.json is stale
+
+tests/deploy/prometheus_test.py runs every query below against a live
+Prometheus scraping a real cluster; tests/deploy/helm_chart_test.py
+type-checks the JSON against Grafana's dashboard schema.
+"""
+import json
+import os
+import sys
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moesh.json")
+DS = {"type": "prometheus", "uid": "${datasource}"}
+NS = 'namespace=~"$namespace"'
+RATE = "$__rate_interval"
+
+
+def sel(metric, **labels):
+    """metric{namespace=~"$namespace", k="v", ...}"""
+    matchers = [NS] + [f'{k}="{v}"' for k, v in labels.items()]
+    return f"{metric}{{{', '.join(matchers)}}}"
+
+
+def quantiles(metric, by="", qs=(0.5, 0.9, 0.99), **labels):
+    group = f"{by}, le" if by else "le"
+    legend_by = "".join(f" {{{{{b.strip()}}}}}" for b in by.split(",") if b.strip())
+    return [(f"histogram_quantile({q}, sum by ({group}) (rate({sel(metric + '_bucket', **labels)}[{RATE}])))",
+             f"p{int(q * 100)}{legend_by}") for q in qs]
+
+
+class Dashboard:
+    def __init__(self):
+        self.panels = []
+        self.y = 0
+        self.x = 0
+        self.row_h = 0
+        self.next_id = 1
+
+    def _id(self):
+        i = self.next_id
+        self.next_id += 1
+        return i
+
+    def row(self, title):
+        if self.x:
+            self.y += self.row_h
+        self.x, self.row_h = 0, 0
+        self.panels.append({"type": "row", "title": title, "id": self._id(), "collapsed": False, "panels": [],
+                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}})
+        self.y += 1
+
+    def panel(self, kind, title, description, queries, unit="short", w=8, h=8, fmt="time_series", **extra):
+        if self.x + w > 24:
+            self.y += self.row_h
+            self.x, self.row_h = 0, 0
+        targets = []
+        for i, (expr, legend) in enumerate(queries):
+            t = {"datasource": DS, "refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend,
+                 "range": True, "instant": False}
+            if fmt != "time_series":
+                t["format"] = fmt
+            targets.append(t)
+        p = {"type": kind, "title": title, "description": description, "id": self._id(), "datasource": DS,
+             "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y}, "targets": targets,
+             "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}}
+        if kind == "timeseries":
+            p["options"] = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                            "tooltip": {"mode": "multi", "sort": "desc"}}
+            p["fieldConfig"]["defaults"]["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10,
+                                                      "showPoints": "never", "spanNulls": True}
+        p.update(extra)
+        self.panels.append(p)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+
+def build():
+    d = Dashboard()
+    router = {"service": "router"}
+
+    d.row("Traffic")
+    d.panel("stat", "Requests / s", "Finished requests per second (router).",
+            [(f"sum(rate({sel('moesh_request_success_total', **router)}[{RATE}]))", "requests/s")],
+            unit="reqps", w=4, h=6,
+            options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                     "colorMode": "value", "graphMode": "area", "textMode": "auto"})
+    d.panel("stat", "Generated tokens / s", "Tokens streamed to clients per second (router).",
+            [(f"sum(rate({sel('moesh_generation_tokens_total', **router)}[{RATE}]))", "tokens/s")],
+            unit="short", w=4, h=6,
+            options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                     "colorMode": "value", "graphMode": "area", "textMode": "auto"})
+    d.panel("timeseries", "Requests by finish reason", "moesh_request_success_total by finish_reason.",
+            [(f"sum by (finish_reason) (rate({sel('moesh_request_success_total', **router)}[{RATE}]))",
+              "{{finish_reason}}")], unit="reqps", w=8, h=6)
+    d.panel("timeseries", "Failed requests by gRPC code",
+            "moesh_request_failure_total by numeric gRPC code (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, "
+            "8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE).",
+            [(f"sum by (code) (rate({sel('moesh_request_failure_total', **router)}[{RATE}]))", "code {{code}}")],
+            unit="reqps", w=8, h=6)
+    d.panel("timeseries", "Token throughput", "Prompt tokens admitted and tokens generated per second (router).",
+            [(f"sum(rate({sel('moesh_prompt_tokens_total', **router)}[{RATE}]))", "prompt"),
+             (f"sum(rate({sel('moesh_generation_tokens_total', **router)}[{RATE}]))", "generation")],
+            unit="short", w=12)
+    d.panel("timeseries", "Requests running and waiting",
+            "Streams open at the router, requests in decode batches, prompts queued for prefill.",
+            [(f"sum({sel('moesh_num_requests_running', **router)})", "running (router)"),
+             (f"sum({sel('moesh_num_requests_running', service='decode_worker')})", "running (decode workers)"),
+             (f"sum({sel('moesh_num_requests_waiting')})", "waiting (prefill queue)")],
+            unit="short", w=12)
+
+    d.row("Latency")
+    d.panel("timeseries", "Time to first token", "moesh_time_to_first_token_seconds quantiles (router).",
+            quantiles("moesh_time_to_first_token_seconds", **router), unit="s")
+    d.panel("timeseries", "Inter-token latency", "moesh_inter_token_latency_seconds quantiles (router).",
+            quantiles("moesh_inter_token_latency_seconds", **router), unit="s")
+    d.panel("timeseries", "End-to-end request latency", "moesh_e2e_request_latency_seconds quantiles (router).",
+            quantiles("moesh_e2e_request_latency_seconds", **router), unit="s")
+    d.panel("heatmap", "Time to first token distribution",
+            "TTFT observations per histogram bucket (router).",
+            [(f"sum by (le) (increase({sel('moesh_time_to_first_token_seconds_bucket', **router)}[{RATE}]))",
+              "{{le}}")], unit="s", w=24, fmt="heatmap",
+            options={"calculate": False, "yAxis": {"axisPlacement": "left", "unit": "s"},
+                     "color": {"mode": "scheme", "scheme": "Spectral", "steps": 64, "exponent": 0.5,
+                               "fill": "dark-orange", "reverse": False},
+                     "cellGap": 1, "legend": {"show": True}, "tooltip": {"mode": "single", "yHistogram": True},
+                     "rowsFrame": {"layout": "auto"}, "filterValues": {"le": 1e-9}})
+
+    d.row("Prefill and decode workers")
+    d.panel("timeseries", "Prefill queue", "Prompts and prompt tokens queued per prefill worker.",
+            [(f"sum by (instance) ({sel('moesh_num_requests_waiting', service='prefill_worker')})",
+              "prompts {{instance}}"),
+             (f"sum by (instance) ({sel('moesh_prefill_queued_tokens', service='prefill_worker')})",
+              "tokens {{instance}}")], unit="short")
+    d.panel("timeseries", "Prefill batch time", "Wall time of one batched prefill forward.",
+            quantiles("moesh_prefill_batch_seconds", qs=(0.5, 0.99), service="prefill_worker"), unit="s")
+    d.panel("timeseries", "Prompt tokens prefilled / s", "Per prefill worker.",
+            [(f"sum by (instance) (rate({sel('moesh_prompt_tokens_total', service='prefill_worker')}[{RATE}]))",
+              "{{instance}}")], unit="short")
+    d.panel("timeseries", "KV cache usage", "Fraction of KV blocks in use per decode worker.",
+            [(f"max by (instance) ({sel('moesh_kv_cache_usage_perc', service='decode_worker')})", "{{instance}}")],
+            unit="percentunit")
+    d.panel("timeseries", "KV cache free blocks", "Free KV blocks per decode worker.",
+            [(f"min by (instance) ({sel('moesh_kv_cache_free_blocks', service='decode_worker')})", "{{instance}}")],
+            unit="short")
+    d.panel("timeseries", "Decode batch", "Requests per decode step: mean and p99, running requests.",
+            [(f"sum(rate({sel('moesh_decode_batch_size_sum', service='decode_worker')}[{RATE}])) / "
+              f"sum(rate({sel('moesh_decode_batch_size_count', service='decode_worker')}[{RATE}]))", "mean"),
+             quantiles("moesh_decode_batch_size", qs=(0.99,), service="decode_worker")[0],
+             (f"sum by (instance) ({sel('moesh_num_requests_running', service='decode_worker')})",
+              "running {{instance}}")], unit="short")
+    d.panel("timeseries", "Decode step time", "Wall time of one continuous-batching decode step.",
+            quantiles("moesh_decode_step_seconds", qs=(0.5, 0.99), service="decode_worker"), unit="s")
+    d.panel("timeseries", "Decode tokens / s", "Tokens generated per decode worker.",
+            [(f"sum by (instance) (rate({sel('moesh_generation_tokens_total', service='decode_worker')}[{RATE}]))",
+              "{{instance}}")], unit="short", w=16)
+
+    d.row("Experts")
+    expert_rate = f"sum by (layer, expert) (rate({sel('moesh_expert_tokens_total')}[{RATE}]))"
+    d.panel("heatmap", "Expert load (tokens / s per layer and expert)",
+            "moesh_expert_tokens_total rate, one row per (MoE layer, expert), replicas summed.",
+            [(expert_rate, "L{{layer}} E{{expert}}")], unit="short", w=24, h=12,
+            options={"calculate": False, "yAxis": {"axisPlacement": "left"},
+                     "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64, "exponent": 0.5,
+                               "fill": "dark-orange", "reverse": False},
+                     "cellGap": 1, "legend": {"show": True}, "tooltip": {"mode": "single", "yHistogram": False},
+                     "rowsFrame": {"layout": "auto"}})
+    d.panel("timeseries", "Expert balance ratio", "Per MoE layer: hottest expert's load over the mean (1 = balanced).",
+            [(f"max by (layer) ({expert_rate}) / avg by (layer) ({expert_rate})", "layer {{layer}}")], unit="short")
+    d.panel("bargauge", "Tokens per expert (time range)", "Tokens routed to each expert over the range, all layers.",
+            [(f"sum by (expert) (increase({sel('moesh_expert_tokens_total')}[$__range]))", "expert {{expert}}")],
+            unit="short", w=16,
+            options={"orientation": "vertical", "displayMode": "gradient", "showUnfilled": True,
+                     "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}})
+    d.panel("timeseries", "Expert compute time", "One grouped expert computation (a merged batch).",
+            quantiles("moesh_expert_compute_seconds", qs=(0.5, 0.99), service="expert_worker"), unit="s")
+    d.panel("timeseries", "Expert batches", "Grouped computations per second and dispatches merged into each.",
+            [(f"sum(rate({sel('moesh_expert_batches_total', service='expert_worker')}[{RATE}]))", "batches/s"),
+             (f"sum(rate({sel('moesh_expert_dispatches_total', service='expert_worker')}[{RATE}])) / "
+              f"sum(rate({sel('moesh_expert_batches_total', service='expert_worker')}[{RATE}]))",
+              "dispatches per batch")], unit="short", w=16)
+
+    d.row("Transport")
+    d.panel("timeseries", "Attention ↔ expert round trip",
+            "Dispatch, expert FFNs and combine of one MoE layer, by attention-side service and transport.",
+            quantiles("moesh_expert_roundtrip_seconds", by="service, transport", qs=(0.5, 0.99)), unit="s")
+    d.panel("timeseries", "Transport errors", "Failed data-plane calls per second.",
+            [(f"sum by (service, transport) (rate({sel('moesh_transport_errors_total')}[{RATE}]))",
+              "{{service}} {{transport}}")], unit="short")
+    d.panel("timeseries", "KV transfer", "KV cache bytes per second handed from prefill to decode workers.",
+            [(f"sum by (instance) (rate({sel('moesh_kv_transfer_bytes_total', service='prefill_worker')}[{RATE}]))",
+              "{{instance}}")], unit="Bps")
+    d.panel("timeseries", "KV transfer latency", "One request's KV handoff from prefill to decode.",
+            quantiles("moesh_kv_transfer_seconds", qs=(0.5, 0.99), service="prefill_worker"), unit="s")
+    d.panel("timeseries", "Scrape targets up", "Prometheus's view of every moesh process.",
+            [('sum by (job) (up{job=~".*moesh.*", ' + NS + '})', "{{job}} up"),
+             ('count by (job) (up{job=~".*moesh.*", ' + NS + '})', "{{job}} targets")], unit="short", w=16)
+
+    return {
+        "title": "moesh",
+        "uid": "moesh-overview",
+        "description": "moesh: DeepSeek MoE serving cluster (router, prefill, decode and expert workers). "
+                       "Metrics: docs/METRICS.md.",
+        "tags": ["moesh", "llm", "moe"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timepicker": {},
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "weekStart": "",
+        "links": [],
+        "annotations": {"list": [{"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                                  "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+                                  "name": "Annotations & Alerts", "type": "dashboard"}]},
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "current": {"selected": False, "text": "default", "value": "default"}, "hide": 0, "refresh": 1,
+             "regex": "", "options": [], "includeAll": False, "multi": False},
+            {"name": "namespace", "label": "Namespace", "type": "query", "datasource": DS,
+             "query": {"query": "label_values(moesh_num_requests_running, namespace)", "refId": "namespace"},
+             "current": {"selected": True, "text": "All", "value": "$__all"}, "hide": 0, "refresh": 2,
+             "regex": "", "options": [], "includeAll": True, "allValue": ".*", "multi": False, "sort": 1},
+        ]},
+        "panels": d.panels,
+    }
+
+
+def main():
+    text = json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+    if sys.argv[1:] == ["--check"]:
+        with open(OUT) as f:
+            if f.read() != text:
+                sys.exit(f"{OUT} is stale: run {sys.argv[0]}")
+        return
+    with open(OUT, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()
