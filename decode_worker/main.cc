@@ -3,14 +3,12 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "common/service/attention_worker.h"
 #include "common/metrics/metrics.h"
 #include "common/service/grpc_util.h"
-#include "common/service/heartbeat_client.h"
 #include "common/service/worker_flags.h"
+#include "common/service/worker_main.h"
 #include "common/status.h"
 #include "common/transport/data_plane_endpoint.h"
 #include "common/transport/grpc_data_plane_service.h"
@@ -63,33 +61,25 @@ absl::Status Run() {
                                                            address, nullptr, &engine));
   std::cerr << "decode worker for " << w.config.Fingerprint() << " on " << address << " (" << eo.num_kv_blocks
             << " KV blocks of " << eo.block_size << " tokens)" << std::endl;
-  std::unique_ptr<HeartbeatClient> heartbeat;
-  if (!absl::GetFlag(FLAGS_router).empty()) {
-    v1::RegisterRequest reg;
-    reg.set_kind(v1::WORKER_KIND_DECODE);
-    reg.set_address(address);
-    reg.set_model_fingerprint(w.config.Fingerprint());
-    reg.set_data_plane_address(data.address);
-    heartbeat = std::make_unique<HeartbeatClient>(absl::GetFlag(FLAGS_router), reg, [&engine] { return engine.Load(); });
-  }
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address, metrics_address));
-  WaitForShutdownSignal();
-  std::cerr << "decode worker shutting down" << std::endl;
-  heartbeat.reset();
-  server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return absl::OkStatus();
+  ServeOptions serve;
+  serve.name = "decode worker";
+  serve.router = absl::GetFlag(FLAGS_router);
+  v1::RegisterRequest& reg = serve.registration;
+  reg.set_kind(v1::WORKER_KIND_DECODE);
+  reg.set_address(address);
+  reg.set_model_fingerprint(w.config.Fingerprint());
+  reg.set_data_plane_address(data.address);
+  serve.load = [&engine] { return engine.Load(); };
+  serve.ready_file = absl::GetFlag(FLAGS_ready_file);
+  serve.address = address;
+  serve.metrics_address = metrics_address;
+  return ServeUntilSignal(server.server.get(), serve);
 }
 
 }  // namespace
 }  // namespace moesh
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("moesh decode worker: --model DIR --router host:port [--expert_workers a,b]");
-  absl::ParseCommandLine(argc, argv);
-  absl::Status s = moesh::Run();
-  if (!s.ok()) {
-    std::cerr << "decode_worker: " << s.message() << std::endl;
-    return 1;
-  }
-  return 0;
+  return moesh::ServiceMain(argc, argv,
+                            "moesh decode worker: --model DIR --router host:port [--expert_workers a,b]", "decode_worker", moesh::Run);
 }

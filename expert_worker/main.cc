@@ -4,15 +4,13 @@
 #include <memory>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "common/model/config.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 #include "common/metrics/metrics.h"
 #include "common/service/grpc_util.h"
-#include "common/service/heartbeat_client.h"
 #include "common/service/worker_flags.h"
+#include "common/service/worker_main.h"
 #include "common/status.h"
 #include "common/transport/data_plane_endpoint.h"
 #include "common/transport/grpc_data_plane_service.h"
@@ -61,36 +59,27 @@ absl::Status Run() {
                                                            nullptr));
   service.set_data_plane_address(data.address);
   std::cerr << "expert worker serving experts " << *hosted.begin() << ".." << *hosted.rbegin() << " ("
-            << hosted.size() << ") of " << config.Fingerprint() << " on " << address << " (data plane " << absl::GetFlag(FLAGS_transport) << " " << data.address << ")" << std::endl;
-
-  std::unique_ptr<HeartbeatClient> heartbeat;
-  if (!absl::GetFlag(FLAGS_router).empty()) {
-    v1::RegisterRequest reg;
-    reg.set_kind(v1::WORKER_KIND_EXPERT);
-    reg.set_address(address);
-    reg.set_model_fingerprint(config.Fingerprint());
-    reg.set_data_plane_address(data.address);
-    for (int e : hosted) reg.add_expert_ids(e);
-    heartbeat = std::make_unique<HeartbeatClient>(absl::GetFlag(FLAGS_router), reg, [] { return v1::WorkerLoad(); });
-  }
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address, metrics_address));
-  WaitForShutdownSignal();
-  std::cerr << "expert worker shutting down" << std::endl;
-  heartbeat.reset();
-  server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return absl::OkStatus();
+            << hosted.size() << ") of " << config.Fingerprint() << " on " << address << " (data plane "
+            << absl::GetFlag(FLAGS_transport) << " " << data.address << ")" << std::endl;
+  ServeOptions serve;
+  serve.name = "expert worker";
+  serve.router = absl::GetFlag(FLAGS_router);
+  v1::RegisterRequest& reg = serve.registration;
+  reg.set_kind(v1::WORKER_KIND_EXPERT);
+  reg.set_address(address);
+  reg.set_model_fingerprint(config.Fingerprint());
+  reg.set_data_plane_address(data.address);
+  for (int e : hosted) reg.add_expert_ids(e);
+  serve.ready_file = absl::GetFlag(FLAGS_ready_file);
+  serve.address = address;
+  serve.metrics_address = metrics_address;
+  return ServeUntilSignal(server.server.get(), serve);
 }
 
 }  // namespace
 }  // namespace moesh
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("moesh expert worker: --model DIR [--shard i/n | --experts 0-3] [--router host:port]");
-  absl::ParseCommandLine(argc, argv);
-  absl::Status s = moesh::Run();
-  if (!s.ok()) {
-    std::cerr << "expert_worker: " << s.message() << std::endl;
-    return 1;
-  }
-  return 0;
+  return moesh::ServiceMain(argc, argv,
+                            "moesh expert worker: --model DIR [--shard i/n | --experts 0-3] [--router host:port]", "expert_worker", moesh::Run);
 }

@@ -3,14 +3,12 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "common/service/attention_worker.h"
 #include "common/metrics/metrics.h"
 #include "common/service/grpc_util.h"
-#include "common/service/heartbeat_client.h"
 #include "common/service/worker_flags.h"
+#include "common/service/worker_main.h"
 #include "common/status.h"
 #include "prefill_worker/prefill_service.h"
 
@@ -51,32 +49,24 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
   std::cerr << "prefill worker for " << w.config.Fingerprint() << " on " << address << std::endl;
-  std::unique_ptr<HeartbeatClient> heartbeat;
-  if (!absl::GetFlag(FLAGS_router).empty()) {
-    v1::RegisterRequest reg;
-    reg.set_kind(v1::WORKER_KIND_PREFILL);
-    reg.set_address(address);
-    reg.set_model_fingerprint(w.config.Fingerprint());
-    heartbeat = std::make_unique<HeartbeatClient>(absl::GetFlag(FLAGS_router), reg, [&engine] { return engine.Load(); });
-  }
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address, metrics_address));
-  WaitForShutdownSignal();
-  std::cerr << "prefill worker shutting down" << std::endl;
-  heartbeat.reset();
-  server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return absl::OkStatus();
+  ServeOptions serve;
+  serve.name = "prefill worker";
+  serve.router = absl::GetFlag(FLAGS_router);
+  v1::RegisterRequest& reg = serve.registration;
+  reg.set_kind(v1::WORKER_KIND_PREFILL);
+  reg.set_address(address);
+  reg.set_model_fingerprint(w.config.Fingerprint());
+  serve.load = [&engine] { return engine.Load(); };
+  serve.ready_file = absl::GetFlag(FLAGS_ready_file);
+  serve.address = address;
+  serve.metrics_address = metrics_address;
+  return ServeUntilSignal(server.server.get(), serve);
 }
 
 }  // namespace
 }  // namespace moesh
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("moesh prefill worker: --model DIR --router host:port [--expert_workers a,b]");
-  absl::ParseCommandLine(argc, argv);
-  absl::Status s = moesh::Run();
-  if (!s.ok()) {
-    std::cerr << "prefill_worker: " << s.message() << std::endl;
-    return 1;
-  }
-  return 0;
+  return moesh::ServiceMain(argc, argv,
+                            "moesh prefill worker: --model DIR --router host:port [--expert_workers a,b]", "prefill_worker", moesh::Run);
 }

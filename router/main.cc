@@ -5,12 +5,11 @@
 #include <memory>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "common/model/config.h"
 #include "common/metrics/metrics.h"
 #include "common/service/grpc_util.h"
 #include "common/service/worker_flags.h"
+#include "common/service/worker_main.h"
 #include "common/status.h"
 #include "router/cluster_backend.h"
 #include "router/colocated_backend.h"
@@ -77,24 +76,21 @@ absl::Status Run() {
   const std::string address = absl::StrCat("127.0.0.1:", server.port);
   std::cerr << "router for " << config.Fingerprint() << (absl::GetFlag(FLAGS_colocated) ? " (colocated)" : "")
             << " on " << address << (codec ? "" : " (no tokenizer.json: token ids only)") << std::endl;
-  if (!absl::GetFlag(FLAGS_ready_file).empty()) RETURN_IF_ERROR(WriteReadyFile(absl::GetFlag(FLAGS_ready_file), address, metrics_address));
-  WaitForShutdownSignal();
-  std::cerr << "router shutting down" << std::endl;
-  health->Shutdown();
-  server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return absl::OkStatus();
+  ServeOptions serve;
+  serve.name = "router";
+  serve.ready_file = absl::GetFlag(FLAGS_ready_file);
+  serve.address = address;
+  serve.metrics_address = metrics_address;
+  const absl::Status s = ServeUntilSignal(server.server.get(), serve);
+  membership.reset();  // stops the sweeper before the health service it updates goes
+  return s;
 }
+
 
 }  // namespace
 }  // namespace moesh
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("moesh router: --model DIR [--colocated] [--listen host:port]");
-  absl::ParseCommandLine(argc, argv);
-  absl::Status s = moesh::Run();
-  if (!s.ok()) {
-    std::cerr << "router: " << s.message() << std::endl;
-    return 1;
-  }
-  return 0;
+  return moesh::ServiceMain(argc, argv, "moesh router: --model DIR [--colocated] [--listen host:port]", "router",
+                             moesh::Run);
 }

@@ -1,0 +1,40 @@
+#include "common/service/worker_main.h"
+
+#include <iostream>
+#include <memory>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/service/heartbeat_client.h"
+#include "common/service/worker_flags.h"
+
+namespace moesh {
+
+absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& o) {
+  std::unique_ptr<HeartbeatClient> heartbeat;
+  if (!o.router.empty()) {
+    auto load = o.load ? o.load : [] { return v1::WorkerLoad(); };
+    heartbeat = std::make_unique<HeartbeatClient>(o.router, o.registration, load);
+  }
+  if (!o.ready_file.empty()) {
+    if (absl::Status s = WriteReadyFile(o.ready_file, o.address, o.metrics_address); !s.ok()) return s;
+  }
+  WaitForShutdownSignal();
+  std::cerr << o.name << " shutting down" << std::endl;
+  heartbeat.reset();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return absl::OkStatus();
+}
+
+int ServiceMain(int argc, char** argv, const char* usage, const char* name, absl::Status (*run)()) {
+  absl::SetProgramUsageMessage(usage);
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status s = run();
+  if (!s.ok()) {
+    std::cerr << name << ": " << s.message() << std::endl;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace moesh

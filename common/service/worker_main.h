@@ -1,0 +1,36 @@
+// The life of a service process after its servers started, shared by every
+// moesh binary: register with the router and heartbeat (when a router is
+// given), write the ready file, wait for SIGINT/SIGTERM, then stop
+// heartbeating and shut the gRPC server down, draining in-flight calls.
+#ifndef MOESH_COMMON_SERVICE_WORKER_MAIN_H_
+#define MOESH_COMMON_SERVICE_WORKER_MAIN_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "moesh/v1/worker.pb.h"
+
+namespace moesh {
+
+struct ServeOptions {
+  std::string name;                       // "expert worker", for logs
+  std::string router;                     // empty: do not register
+  v1::RegisterRequest registration;       // kind, address, ... (with a router)
+  std::function<v1::WorkerLoad()> load;   // heartbeat payload; may be null
+  std::string ready_file;                 // empty: none
+  std::string address;                    // gRPC host:port
+  std::string metrics_address;            // /metrics host:port
+};
+
+absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& options);
+
+// A service main(): parses Abseil flags, runs `run`, and on error prints
+// "<name>: <message>" and returns 1.
+int ServiceMain(int argc, char** argv, const char* usage, const char* name, absl::Status (*run)());
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_SERVICE_WORKER_MAIN_H_
