@@ -1,7 +1,12 @@
 // moesh bench: prefill and decode throughput of the colocated CPU engine.
+// `--device cuda` hands over to cuda_model_bench (kernels/cuda/model), the
+// GPU model's bench, since the moesh command itself does not link CUDA.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -48,9 +53,37 @@ double Batch1WeightBytes(const ModelConfig& c) {
   return total;
 }
 
+// Replaces this process with cuda_model_bench (beside this binary, or in
+// kernels/cuda/ below it, as the CMake build lays them out) and `argv`.
+absl::Status ExecCudaBench(const std::vector<std::string>& argv) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string dir = ".";
+  if (n > 0) {
+    self[n] = '\0';
+    dir = self;
+    dir = dir.substr(0, dir.rfind('/'));
+  }
+  for (const std::string& path : {dir + "/cuda_model_bench", dir + "/kernels/cuda/cuda_model_bench"}) {
+    if (access(path.c_str(), X_OK) != 0) continue;
+    std::vector<char*> args;
+    args.push_back(const_cast<char*>(path.c_str()));
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(path.c_str(), args.data());
+    return absl::InternalError("exec " + path + ": " + std::strerror(errno));
+  }
+  return absl::UnavailableError("--device cuda needs cuda_model_bench (built with the CUDA backend) in " + dir +
+                                " or " + dir + "/kernels/cuda");
+}
+
 }  // namespace
 
 absl::Status RunBench(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const bool cuda = argv[i] == "--device=cuda" || (argv[i] == "--device" && i + 1 < argv.size() && argv[i + 1] == "cuda");
+    if (cuda) return ExecCudaBench(argv);
+  }
   ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
                                           {"model", "batch", "prompt-len", "decode-steps", "concurrency", "requests",
                                            "max-new-tokens", "modes", "bin-dir"},

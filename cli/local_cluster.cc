@@ -89,15 +89,13 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   if (experts.empty()) experts = {"0/2", "1/2"};
   if (config.n_routed_experts < 2) experts = {"0-0"};
   std::vector<std::string> expert_addresses;
-  for (size_t i = 0; i < experts.size(); ++i) {
-    const bool shard = experts[i].find('/') != std::string::npos;
-    ASSIGN_OR_RETURN(Process p, c->Spawn(absl::StrCat("expert-", i), "moesh_expert_worker",
-                                         {"--model=" + options.model_dir, "--router=" + router.address,
-                                          (shard ? "--shard=" : "--experts=") + experts[i],
-                                          "--transport=" + options.transport}));
-    expert_addresses.push_back(p.address);
+  for (const std::string& spec : experts) {
+    RETURN_IF_ERROR(c->AddExpertWorker(spec));
+    expert_addresses.push_back(c->processes_.back().address);
   }
-  const std::string expert_flag = "--expert_workers=" + absl::StrJoin(expert_addresses, ",");
+  const std::string expert_flag = options.placement_from_router
+                                      ? "--expert_workers="
+                                      : "--expert_workers=" + absl::StrJoin(expert_addresses, ",");
   for (int i = 0; i < options.num_decode; ++i) {
     std::vector<std::string> flags = {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
                                       "--transport=" + options.transport,
@@ -113,6 +111,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   }
   RETURN_IF_ERROR(c->WaitUntilServing(options.startup_timeout));
   return c;
+}
+
+absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
+  int n = 0;
+  for (const Process& p : processes_) n += p.name.rfind("expert-", 0) == 0 ? 1 : 0;
+  const bool shard = spec.find('/') != std::string::npos;
+  return Spawn(absl::StrCat("expert-", n), "moesh_expert_worker",
+               {"--model=" + options_.model_dir, "--router=" + router_address(),
+                (shard ? "--shard=" : "--experts=") + spec, "--transport=" + options_.transport})
+      .status();
 }
 
 absl::Status LocalCluster::WaitUntilServing(std::chrono::seconds timeout) const {

@@ -27,6 +27,9 @@ struct LocalClusterOptions {
   int num_prefill = 1;
   int num_decode = 1;
   std::string transport = "grpc";
+  // Attention workers take the expert placement from the router (versioned,
+  // followed as expert workers come and go); false: --expert_workers flags.
+  bool placement_from_router = true;
   int kv_blocks = 512;
   int heartbeat_timeout_ms = 3000;
   std::vector<std::string> extra_router_flags;
@@ -51,6 +54,8 @@ class LocalCluster {
   const std::vector<Process>& processes() const { return processes_; }
   // Sends `signal` to the named process (SIGKILL: it is gone for good).
   absl::Status Signal(const std::string& name, int signal);
+  // Starts one more expert worker ("expert-<n>") with --experts/--shard `spec`.
+  absl::Status AddExpertWorker(const std::string& spec);
   // Waits until the router reports its Generation service SERVING.
   absl::Status WaitUntilServing(std::chrono::seconds timeout) const;
 

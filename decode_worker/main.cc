@@ -15,7 +15,7 @@
 #include "decode_worker/decode_service.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (config.json + safetensors).");
-ABSL_FLAG(std::string, expert_workers, "", "Comma-separated expert worker addresses (empty: local experts).");
+ABSL_FLAG(std::string, expert_workers, "", "Comma-separated expert worker addresses (empty: the router's placement map, or local experts without --router).");
 ABSL_FLAG(std::string, transport, "grpc", "Data-plane transport: grpc or ucx.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
@@ -37,6 +37,7 @@ absl::Status Run() {
   if (opt.model_dir.empty()) return absl::InvalidArgumentError("--model is required");
   opt.expert_workers = absl::StrSplit(absl::GetFlag(FLAGS_expert_workers), ',', absl::SkipWhitespace());
   opt.transport = absl::GetFlag(FLAGS_transport);
+  opt.router = absl::GetFlag(FLAGS_router);
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create(absl::GetFlag(FLAGS_metrics_listen), "decode_worker"));
   const std::string metrics_address =
       metrics->port() > 0 ? absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", metrics->port()) : "";
@@ -70,6 +71,7 @@ absl::Status Run() {
   reg.set_model_fingerprint(w.config.Fingerprint());
   reg.set_data_plane_address(data.address);
   serve.load = [&engine] { return engine.Load(); };
+  serve.on_placement_version = w.on_placement_version;
   serve.ready_file = absl::GetFlag(FLAGS_ready_file);
   serve.address = address;
   serve.metrics_address = metrics_address;

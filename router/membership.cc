@@ -50,6 +50,7 @@ grpc::Status Membership::Register(grpc::ServerContext*, const v1::RegisterReques
     response->set_worker_id(e.info.id);
     response->set_heartbeat_interval_ms(static_cast<int>(interval_.count()));
     std::cerr << "router: " << e.info.id << " joined at " << e.info.address << std::endl;
+    if (e.info.kind == v1::WORKER_KIND_EXPERT) ++placement_version_;
     workers_[e.info.id] = std::move(e);
     notify = on_change_;
   }
@@ -62,6 +63,7 @@ grpc::Status Membership::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequ
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(request->worker_id());
   response->set_known(it != workers_.end());
+  response->set_placement_version(placement_version_);
   if (it != workers_.end()) {
     it->second.last_seen = std::chrono::steady_clock::now();
     it->second.info.load = request->load();
@@ -73,6 +75,7 @@ void Membership::Drop(const std::string& id) {
   auto it = workers_.find(id);
   if (it == workers_.end()) return;
   std::cerr << "router: dropping " << id << " at " << it->second.info.address << std::endl;
+  if (it->second.info.kind == v1::WORKER_KIND_EXPERT) ++placement_version_;
   workers_.erase(it);
   for (auto& [handle, entry] : tracked_) {
     if (entry.first == id) to_cancel_.push_back(entry.second);
@@ -94,6 +97,19 @@ void Membership::Sweep() {
   }
   for (auto& f : cancel) f();
   for (auto& f : notify) f();
+}
+
+grpc::Status Membership::GetPlacement(grpc::ServerContext*, const v1::GetPlacementRequest*,
+                                      v1::PlacementMap* response) {
+  absl::MutexLock lock(&mu_);
+  response->set_version(placement_version_);
+  for (const auto& [id, e] : workers_) {
+    if (e.info.kind != v1::WORKER_KIND_EXPERT) continue;
+    v1::PlacementMap::Worker* w = response->add_workers();
+    w->set_data_plane_address(e.info.data_plane_address);
+    w->mutable_expert_ids()->Add(e.info.expert_ids.begin(), e.info.expert_ids.end());
+  }
+  return grpc::Status::OK;
 }
 
 std::vector<WorkerInfo> Membership::Live(v1::WorkerKind kind) const {

@@ -42,6 +42,8 @@ class Membership final : public v1::Cluster::Service {
                         v1::RegisterResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
+  grpc::Status GetPlacement(grpc::ServerContext*, const v1::GetPlacementRequest*,
+                            v1::PlacementMap* response) override;
 
   std::vector<WorkerInfo> Live(v1::WorkerKind kind) const;
   // Called (outside the lock) whenever the set of live workers changes.
@@ -69,6 +71,7 @@ class Membership final : public v1::Cluster::Service {
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t placement_version_ ABSL_GUARDED_BY(mu_) = 1;  // bumped when expert workers change
   std::map<int64_t, std::pair<std::string, std::function<void()>>> tracked_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> to_cancel_ ABSL_GUARDED_BY(mu_);  // collected by Drop
   std::vector<std::function<void()>> on_change_ ABSL_GUARDED_BY(mu_);

@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <iostream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +45,40 @@ absl::StatusOr<ExpertPlacement> DiscoverPlacement(const std::vector<std::string>
   return placement;
 }
 
+absl::StatusOr<ExpertPlacement> FetchPlacement(const std::string& router, int num_experts,
+                                               std::chrono::seconds timeout) {
+  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+  const auto give_up = std::chrono::system_clock::now() + timeout;
+  std::string last;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ctx.set_wait_for_ready(true);
+    v1::PlacementMap map;
+    grpc::Status s = stub->GetPlacement(&ctx, v1::GetPlacementRequest(), &map);
+    if (s.ok()) {
+      ExpertPlacement placement;
+      std::vector<bool> covered(num_experts, false);
+      for (const auto& w : map.workers()) {
+        std::vector<int>& ids = placement[w.data_plane_address()];
+        for (int e : w.expert_ids()) {
+          ids.push_back(e);
+          if (e >= 0 && e < num_experts) covered[e] = true;
+        }
+      }
+      const int missing = static_cast<int>(std::count(covered.begin(), covered.end(), false));
+      if (missing == 0) return placement;
+      last = absl::StrCat(missing, " of ", num_experts, " experts have no live expert worker yet");
+    } else {
+      last = s.error_message();
+    }
+    if (std::chrono::system_clock::now() > give_up) {
+      return absl::UnavailableError(absl::StrCat("router ", router, ": ", last));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOptions& options) {
   AttentionWorker w;
   ASSIGN_OR_RETURN(w.config, ModelConfig::Load(options.model_dir));
@@ -51,7 +87,23 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
   ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> weights, AttentionWeights::Load(w.config, *ckpt));
   w.model = std::make_unique<AttentionModel>(w.config, std::move(weights));
   ASSIGN_OR_RETURN(w.transport, MakeTransport(options.transport));
-  if (options.expert_workers.empty()) {
+  if (options.expert_workers.empty() && !options.router.empty()) {
+    ASSIGN_OR_RETURN(ExpertPlacement placement,
+                     FetchPlacement(options.router, w.config.n_routed_experts, options.discovery_timeout));
+    ASSIGN_OR_RETURN(std::unique_ptr<RemoteExpertClient> remote,
+                     RemoteExpertClient::Create(w.transport.get(), placement, w.config.n_routed_experts,
+                                                std::chrono::seconds(5), options.metrics));
+    RemoteExpertClient* client = remote.get();
+    const std::string router = options.router;
+    const int num_experts = w.config.n_routed_experts;
+    w.on_placement_version = [client, router, num_experts](int64_t version) {
+      absl::StatusOr<ExpertPlacement> p = FetchPlacement(router, num_experts, std::chrono::seconds(0));
+      absl::Status s = p.ok() ? client->UpdatePlacement(*p) : p.status();
+      std::cerr << "placement version " << version << (s.ok() ? ": switched" : ": kept the old one: ")
+                << (s.ok() ? "" : s.message()) << std::endl;
+    };
+    w.experts = std::move(remote);
+  } else if (options.expert_workers.empty()) {
     ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> experts, ExpertShardWeights::Load(w.config, *ckpt, {}));
     w.experts = std::make_unique<LocalExpertClient>(std::make_unique<ExpertStage>(w.config, std::move(experts)));
   } else {

@@ -20,8 +20,11 @@ namespace moesh {
 
 struct AttentionWorkerOptions {
   std::string model_dir;
-  // Expert worker control addresses; empty: load every expert locally.
+  // Where the routed experts are, in order of precedence: these expert worker
+  // control addresses; else the router's placement map (when `router` is
+  // set), followed as it changes; else every expert loaded locally.
   std::vector<std::string> expert_workers;
+  std::string router;
   std::string transport = "grpc";
   // How long to wait for expert workers to come up.
   std::chrono::seconds discovery_timeout{60};
@@ -33,7 +36,15 @@ struct AttentionWorker {
   std::unique_ptr<AttentionModel> model;
   std::unique_ptr<Transport> transport;
   std::unique_ptr<ExpertClient> experts;
+  // Set when the placement comes from the router: call on a new placement
+  // version (HeartbeatClient's on_placement_version). Thread-safe.
+  std::function<void(int64_t)> on_placement_version;
 };
+
+// The router's placement map as an ExpertPlacement, waiting (up to `timeout`)
+// until every expert in [0, num_experts) has a live host.
+absl::StatusOr<ExpertPlacement> FetchPlacement(const std::string& router, int num_experts,
+                                               std::chrono::seconds timeout);
 
 absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOptions& options);
 

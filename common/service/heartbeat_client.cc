@@ -9,8 +9,12 @@
 namespace moesh {
 
 HeartbeatClient::HeartbeatClient(std::string router_address, v1::RegisterRequest registration,
-                                 std::function<v1::WorkerLoad()> load)
-    : router_address_(std::move(router_address)), registration_(std::move(registration)), load_(std::move(load)) {
+                                 std::function<v1::WorkerLoad()> load,
+                                 std::function<void(int64_t)> on_placement_version)
+    : router_address_(std::move(router_address)),
+      registration_(std::move(registration)),
+      load_(std::move(load)),
+      on_placement_version_(std::move(on_placement_version)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -24,6 +28,7 @@ void HeartbeatClient::Loop() {
   std::string worker_id;
   absl::Duration interval = absl::Milliseconds(500);
   bool warned = false;
+  int64_t placement_version = 0;
   while (!stop_.HasBeenNotified()) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -47,6 +52,10 @@ void HeartbeatClient::Loop() {
       v1::HeartbeatResponse resp;
       grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) worker_id.clear();  // router restarted or dropped us
+      if (s.ok() && on_placement_version_ && resp.placement_version() != placement_version) {
+        placement_version = resp.placement_version();
+        on_placement_version_(placement_version);
+      }
     }
     stop_.WaitForNotificationWithTimeout(worker_id.empty() ? absl::Milliseconds(200) : interval);
   }

@@ -17,9 +17,12 @@ namespace moesh {
 
 class HeartbeatClient {
  public:
-  // `load` is called from the background thread before each heartbeat.
+  // `load` is called from the background thread before each heartbeat;
+  // `on_placement_version` (may be null) whenever the router's placement
+  // version differs from the last one seen, starting with the first.
   HeartbeatClient(std::string router_address, v1::RegisterRequest registration,
-                  std::function<v1::WorkerLoad()> load);
+                  std::function<v1::WorkerLoad()> load,
+                  std::function<void(int64_t)> on_placement_version = nullptr);
   ~HeartbeatClient();  // stops the thread
 
  private:
@@ -28,6 +31,7 @@ class HeartbeatClient {
   const std::string router_address_;
   const v1::RegisterRequest registration_;
   const std::function<v1::WorkerLoad()> load_;
+  const std::function<void(int64_t)> on_placement_version_;
   absl::Notification stop_;
   std::thread thread_;
 };

@@ -12,28 +12,13 @@ namespace moesh {
 absl::StatusOr<std::unique_ptr<RemoteExpertClient>> RemoteExpertClient::Create(
     Transport* transport, const ExpertPlacement& placement, int num_experts,
     std::chrono::milliseconds retry_after, Metrics* metrics) {
-  std::vector<Worker> workers;
-  std::vector<std::vector<int>> hosts(num_experts);
-  for (const auto& [address, experts] : placement) {
-    ASSIGN_OR_RETURN(std::unique_ptr<DataChannel> channel, transport->Connect(address));
-    const int w = static_cast<int>(workers.size());
-    workers.push_back({address, std::move(channel)});
-    for (int e : experts) {
-      if (e < 0 || e >= num_experts) {
-        return absl::InvalidArgumentError(absl::StrCat(address, " claims expert ", e, " outside [0, ", num_experts, ")"));
-      }
-      hosts[e].push_back(w);
-    }
-  }
-  for (int e = 0; e < num_experts; ++e) {
-    if (hosts[e].empty()) return absl::InvalidArgumentError(absl::StrCat("no expert worker hosts expert ", e));
-  }
-  std::unique_ptr<RemoteExpertClient> c(new RemoteExpertClient(std::move(workers), std::move(hosts), retry_after));
+  std::unique_ptr<RemoteExpertClient> c(new RemoteExpertClient(transport, num_experts, retry_after));
+  RETURN_IF_ERROR(c->UpdatePlacement(placement));
   if (metrics != nullptr) {
     c->roundtrip_ = &metrics
                          ->HistogramFamily("moesh_expert_roundtrip_seconds",
                                            "Attention-to-expert round trip of one MoE layer (dispatch, expert "
-                                           "FFNs, combine), transport \"" + std::string(transport->name()) + "\".")
+                                           "FFNs, combine).")
                          .Add({{"transport", std::string(transport->name())}}, Metrics::LatencyBuckets());
     c->errors_ = &metrics->CounterFamily("moesh_transport_errors_total", "Failed data-plane calls.")
                       .Add({{"transport", std::string(transport->name())}});
@@ -41,35 +26,61 @@ absl::StatusOr<std::unique_ptr<RemoteExpertClient>> RemoteExpertClient::Create(
   return c;
 }
 
-RemoteExpertClient::RemoteExpertClient(std::vector<Worker> workers, std::vector<std::vector<int>> hosts,
-                                       std::chrono::milliseconds retry_after)
-    : workers_(std::move(workers)),
-      hosts_(std::move(hosts)),
-      retry_after_(retry_after),
-      down_until_(workers_.size()) {}
+absl::Status RemoteExpertClient::UpdatePlacement(const ExpertPlacement& placement) {
+  auto next = std::make_shared<Routing>();
+  next->hosts.resize(num_experts_);
+  absl::MutexLock lock(&mu_);
+  for (const auto& [address, experts] : placement) {
+    std::unique_ptr<DataChannel>& ch = channels_[address];
+    if (ch == nullptr) {
+      absl::StatusOr<std::unique_ptr<DataChannel>> made = transport_->Connect(address);
+      if (!made.ok()) return made.status();
+      ch = std::move(*made);
+    }
+    const int w = static_cast<int>(next->workers.size());
+    next->workers.push_back({address, ch.get()});
+    for (int e : experts) {
+      if (e < 0 || e >= num_experts_) {
+        return absl::InvalidArgumentError(absl::StrCat(address, " claims expert ", e, " outside [0, ", num_experts_, ")"));
+      }
+      next->hosts[e].push_back(w);
+    }
+  }
+  for (int e = 0; e < num_experts_; ++e) {
+    if (next->hosts[e].empty()) return absl::InvalidArgumentError(absl::StrCat("no expert worker hosts expert ", e));
+  }
+  routing_ = std::move(next);
+  return absl::OkStatus();
+}
 
-absl::StatusOr<std::vector<int>> RemoteExpertClient::Route() {
+std::shared_ptr<const RemoteExpertClient::Routing> RemoteExpertClient::routing() const {
+  absl::MutexLock lock(&mu_);
+  return routing_;
+}
+
+absl::StatusOr<std::vector<int>> RemoteExpertClient::Route(const Routing& routing) {
   const auto now = std::chrono::steady_clock::now();
   absl::MutexLock lock(&mu_);
-  std::vector<int> route(hosts_.size(), -1);
-  for (size_t e = 0; e < hosts_.size(); ++e) {
-    for (int w : hosts_[e]) {
-      if (down_until_[w] <= now) {
+  std::vector<int> route(routing.hosts.size(), -1);
+  for (size_t e = 0; e < routing.hosts.size(); ++e) {
+    for (int w : routing.hosts[e]) {
+      auto down = down_until_.find(routing.workers[w].address);
+      if (down == down_until_.end() || down->second <= now) {
         route[e] = w;
         break;
       }
     }
     if (route[e] < 0) {
       return absl::UnavailableError(absl::StrCat("expert ", e, " has no live replica (last host ",
-                                                 workers_[hosts_[e].back()].address, " is down)"));
+                                                 routing.workers[routing.hosts[e].back()].address, " is down)"));
     }
   }
   return route;
 }
 
-void RemoteExpertClient::MarkDown(int worker) {
+void RemoteExpertClient::MarkDown(const std::string& address) {
   absl::MutexLock lock(&mu_);
-  down_until_[worker] = std::chrono::steady_clock::now() + retry_after_;
+  down_until_[address] = std::chrono::steady_clock::now() + retry_after_;
 }
 
 namespace {
@@ -98,9 +109,10 @@ std::unique_ptr<PendingDispatch> RemoteExpertClient::Start(const MoeDispatch& d,
 absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
   const auto start = std::chrono::steady_clock::now();
   absl::Status s;
+  const std::shared_ptr<const Routing> routing = this->routing();  // one placement per dispatch
   // Each failed attempt takes at least one worker out of the routes.
-  for (size_t attempt = 0; attempt < workers_.size(); ++attempt) {
-    s = RunOnce(d, out);
+  for (size_t attempt = 0; attempt < routing->workers.size(); ++attempt) {
+    s = RunOnce(*routing, d, out);
     if (s.ok()) {
       if (roundtrip_ != nullptr) {
         roundtrip_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -112,9 +124,10 @@ absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
   return s;
 }
 
-absl::Status RemoteExpertClient::RunOnce(const MoeDispatch& d, float* out) {
-  ASSIGN_OR_RETURN(std::vector<int> route, Route());
-  const int w_count = static_cast<int>(workers_.size());
+absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispatch& d, float* out) {
+  ASSIGN_OR_RETURN(std::vector<int> route, Route(routing));
+  const std::vector<Worker>& workers = routing.workers;
+  const int w_count = static_cast<int>(workers.size());
   // Per worker: the tokens it sees (compacted) and their pairs (-1 elsewhere).
   std::vector<v1::DispatchRequest> requests(w_count);
   std::vector<std::vector<int>> rows(w_count);  // request row -> token index
@@ -153,16 +166,16 @@ absl::Status RemoteExpertClient::RunOnce(const MoeDispatch& d, float* out) {
     for (size_t i = 0; i < rows[w].size(); ++i) {
       std::memcpy(h->data() + i * row_bytes, d.hidden_states + static_cast<size_t>(rows[w][i]) * d.hidden, row_bytes);
     }
-    threads.emplace_back([&, w] { status[w] = workers_[w].channel->Dispatch(requests[w], &responses[w]); });
+    threads.emplace_back([&, w] { status[w] = workers[w].channel->Dispatch(requests[w], &responses[w]); });
   }
   for (std::thread& t : threads) t.join();
 
   absl::Status failed;
   for (int w = 0; w < w_count; ++w) {
     if (rows[w].empty() || status[w].ok()) continue;
-    MarkDown(w);
+    MarkDown(workers[w].address);
     if (errors_ != nullptr) errors_->Increment();
-    failed = absl::UnavailableError(absl::StrCat("expert worker ", workers_[w].address, " failed: ", status[w].message()));
+    failed = absl::UnavailableError(absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
   }
   if (!failed.ok()) return failed;
   std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
@@ -170,8 +183,8 @@ absl::Status RemoteExpertClient::RunOnce(const MoeDispatch& d, float* out) {
   for (int w = 0; w < w_count; ++w) {
     if (rows[w].empty()) continue;
     if (responses[w].output().size() != rows[w].size() * row_bytes) {
-      MarkDown(w);
-      return absl::DataLossError(absl::StrCat("expert worker ", workers_[w].address, " returned ",
+      MarkDown(workers[w].address);
+      return absl::DataLossError(absl::StrCat("expert worker ", workers[w].address, " returned ",
                                               responses[w].output().size(), " bytes, expected ",
                                               rows[w].size() * row_bytes));
     }

@@ -41,33 +41,43 @@ class RemoteExpertClient : public ExpertClient {
   std::unique_ptr<PendingDispatch> Start(const MoeDispatch& dispatch, float* out) override;
   bool IsAsync() const override { return true; }
 
- private:
-  // One attempt over the current routes; marks failed workers down.
-  absl::Status RunOnce(const MoeDispatch& dispatch, float* out);
-
- public:
+  // Switches to a new placement (e.g. the router's map changed). Dispatches
+  // already running finish on the old one; none fails because of the switch.
+  // INVALID_ARGUMENT (and the old placement stays) unless every expert has a
+  // host.
+  absl::Status UpdatePlacement(const ExpertPlacement& placement);
 
  private:
   struct Worker {
     std::string address;
-    std::unique_ptr<DataChannel> channel;
+    DataChannel* channel;  // owned by channels_
   };
-  RemoteExpertClient(std::vector<Worker> workers, std::vector<std::vector<int>> hosts,
-                     std::chrono::milliseconds retry_after);
+  // An immutable placement snapshot.
+  struct Routing {
+    std::vector<Worker> workers;
+    std::vector<std::vector<int>> hosts;  // expert -> worker indices
+  };
+  RemoteExpertClient(Transport* transport, int num_experts, std::chrono::milliseconds retry_after)
+      : transport_(transport), num_experts_(num_experts), retry_after_(retry_after) {}
 
+  // One attempt over the current routes; marks failed workers down.
+  absl::Status RunOnce(const Routing& routing, const MoeDispatch& dispatch, float* out);
   // For each expert, the worker index serving it now; UNAVAILABLE if an
   // expert has no live replica.
-  absl::StatusOr<std::vector<int>> Route();
-  void MarkDown(int worker);
+  absl::StatusOr<std::vector<int>> Route(const Routing& routing);
+  void MarkDown(const std::string& address);
+  std::shared_ptr<const Routing> routing() const;
 
-  const std::vector<Worker> workers_;
-  const std::vector<std::vector<int>> hosts_;  // expert -> worker indices
+  Transport* const transport_;
+  const int num_experts_;
   const std::chrono::milliseconds retry_after_;
   prometheus::Histogram* roundtrip_ = nullptr;  // null without metrics
   prometheus::Counter* errors_ = nullptr;
 
-  absl::Mutex mu_;
-  std::vector<std::chrono::steady_clock::time_point> down_until_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<DataChannel>> channels_ ABSL_GUARDED_BY(mu_);  // grows only
+  std::map<std::string, std::chrono::steady_clock::time_point> down_until_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace moesh

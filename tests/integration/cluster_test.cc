@@ -470,6 +470,7 @@ TEST(ClusterTest, AbortEndsTheStreamWithAbort) {
 TEST(ClusterTest, ExpertWorkerDeathIsRoutedAroundThroughReplicas) {
   LocalClusterOptions o = Options(TinyModel(), "expert_replica");
   o.expert_workers = {"0-7", "0-7"};  // two full replicas
+  o.placement_from_router = false;    // the --expert_workers path
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
@@ -484,6 +485,31 @@ TEST(ClusterTest, ExpertWorkerDeathIsRoutedAroundThroughReplicas) {
   Result again = Call((*cluster)->router_address(), Request(prompt2, 12));
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_EQ(again.ids, Offline(**model, prompt2, 12).output_ids);
+}
+
+// The attention workers follow the router's versioned placement map: an expert
+// worker that joins later takes over when the original ones die, with no
+// restart and no failed request.
+TEST(ClusterTest, PlacementFollowsExpertWorkersJoiningAndLeaving) {
+  LocalClusterOptions o = Options(TinyModel(), "placement");
+  o.expert_workers = {"0-3", "4-7"};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
+  ASSERT_TRUE(model.ok());
+  const std::vector<int32_t> prompt = {6, 2, 8, 3};
+  const std::vector<int32_t> want = Offline(**model, prompt, 16).output_ids;
+  EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 16)).ids, want);
+  ASSERT_TRUE((*cluster)->AddExpertWorker("0-7").ok());
+  // A heartbeat or two carries the new placement version to the attention workers.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_TRUE((*cluster)->Signal("expert-0", SIGKILL).ok());
+  ASSERT_TRUE((*cluster)->Signal("expert-1", SIGKILL).ok());
+  for (int i = 0; i < 3; ++i) {
+    Result r = Call((*cluster)->router_address(), Request(prompt, 16));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids, want);
+  }
 }
 
 // Without a replica, the streams an expert worker was serving end UNAVAILABLE
