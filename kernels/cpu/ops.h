@@ -11,6 +11,11 @@ namespace moesh::cpu {
 
 // y[m, n] = x[m, k] · w[n, k]^T (+ y if accumulate): nn.Linear's layout.
 // ldx / ldy are row strides in elements (0: k / n).
+// Batch-invariant: a row's result is bitwise the same whatever m and the other
+// rows are (OpenBLAS alone is not: it picks kernels by m), so a request's
+// tokens do not depend on what it was batched with. Rows go through the BLAS
+// in tiles of exactly kLinearTileRows, the last one zero-padded.
+constexpr int kLinearTileRows = 8;
 void Linear(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate = false,
             int ldx = 0, int ldy = 0);
 

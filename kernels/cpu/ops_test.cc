@@ -34,6 +34,24 @@ TEST(OpsTest, LinearMatchesLoops) {
   }
 }
 
+TEST(OpsTest, LinearIsBatchInvariant) {
+  // A row's output is bitwise the same alone, in any batch size, at any
+  // position, accumulated or not.
+  for (auto [n, k] : std::vector<std::pair<int, int>>{{64, 64}, {40, 64}, {512, 96}, {2048, 512}}) {
+    std::vector<float> w = Randn(static_cast<size_t>(n) * k, 3), row = Randn(k, 4), alone(n);
+    Linear(row.data(), w.data(), alone.data(), 1, n, k);
+    for (int m : {2, 3, 7, 8, 9, 17, 33}) {
+      std::vector<float> x = Randn(static_cast<size_t>(m) * k, 5 + m), y(static_cast<size_t>(m) * n);
+      const int at = m / 2;
+      std::copy(row.begin(), row.end(), x.begin() + static_cast<size_t>(at) * k);
+      Linear(x.data(), w.data(), y.data(), m, n, k);
+      EXPECT_EQ(std::vector<float>(y.begin() + static_cast<size_t>(at) * n, y.begin() + static_cast<size_t>(at + 1) * n),
+                alone)
+          << "n " << n << " k " << k << " m " << m;
+    }
+  }
+}
+
 TEST(OpsTest, RmsNormAndSiluAndMul) {
   std::vector<float> x = {1, 2, 3, 4}, w = {1, 1, 2, 2}, y(4);
   RmsNorm(x.data(), w.data(), y.data(), 1, 4, 0.0f);
