@@ -99,6 +99,22 @@ void Membership::Sweep() {
   for (auto& f : notify) f();
 }
 
+grpc::Status Membership::Deregister(grpc::ServerContext*, const v1::DeregisterRequest* request,
+                                    v1::DeregisterResponse*) {
+  std::vector<std::function<void()>> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!workers_.count(request->worker_id())) return grpc::Status::OK;
+    std::cerr << "router: " << request->worker_id() << " is leaving" << std::endl;
+    Drop(request->worker_id());
+    // Its in-flight calls drain on their own; nothing to cancel.
+    to_cancel_.clear();
+    notify = on_change_;
+  }
+  for (auto& f : notify) f();
+  return grpc::Status::OK;
+}
+
 grpc::Status Membership::GetPlacement(grpc::ServerContext*, const v1::GetPlacementRequest*,
                                       v1::PlacementMap* response) {
   absl::MutexLock lock(&mu_);

@@ -44,6 +44,8 @@ class Membership final : public v1::Cluster::Service {
                          v1::HeartbeatResponse* response) override;
   grpc::Status GetPlacement(grpc::ServerContext*, const v1::GetPlacementRequest*,
                             v1::PlacementMap* response) override;
+  grpc::Status Deregister(grpc::ServerContext*, const v1::DeregisterRequest* request,
+                          v1::DeregisterResponse*) override;
 
   std::vector<WorkerInfo> Live(v1::WorkerKind kind) const;
   // Called (outside the lock) whenever the set of live workers changes.

@@ -23,6 +23,16 @@ HeartbeatClient::~HeartbeatClient() {
   thread_.join();
 }
 
+void HeartbeatClient::Deregister(v1::Cluster::Stub* stub, const std::string& worker_id) {
+  if (worker_id.empty()) return;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  v1::DeregisterRequest req;
+  req.set_worker_id(worker_id);
+  v1::DeregisterResponse resp;
+  stub->Deregister(&ctx, req, &resp);  // best effort: the heartbeat timeout covers a miss
+}
+
 void HeartbeatClient::Loop() {
   auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
   std::string worker_id;
@@ -59,6 +69,7 @@ void HeartbeatClient::Loop() {
     }
     stop_.WaitForNotificationWithTimeout(worker_id.empty() ? absl::Milliseconds(200) : interval);
   }
+  Deregister(stub.get(), worker_id);
 }
 
 }  // namespace moesh

@@ -23,10 +23,11 @@ class HeartbeatClient {
   HeartbeatClient(std::string router_address, v1::RegisterRequest registration,
                   std::function<v1::WorkerLoad()> load,
                   std::function<void(int64_t)> on_placement_version = nullptr);
-  ~HeartbeatClient();  // stops the thread
+  ~HeartbeatClient();  // stops the thread and deregisters (best effort)
 
  private:
   void Loop();
+  static void Deregister(v1::Cluster::Stub* stub, const std::string& worker_id);
 
   const std::string router_address_;
   const v1::RegisterRequest registration_;
