@@ -80,6 +80,47 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
+// Page-locked host memory of `size()` elements (cudaMallocHost), for async
+// copies; uninitialised.
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { Reset(); }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  static absl::StatusOr<PinnedBuffer> Create(size_t size) {
+    PinnedBuffer b;
+    if (size > 0) {
+      RETURN_IF_ERROR(CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&b.ptr_), size * sizeof(T)), "cudaMallocHost"));
+    }
+    b.size_ = size;
+    return b;
+  }
+
+  T* get() const { return ptr_; }
+  size_t size() const { return size_; }
+
+ private:
+  void Reset() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    size_ = 0;
+  }
+  T* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
 // A non-blocking stream.
 class Stream {
  public:

@@ -13,29 +13,35 @@ __device__ __forceinline__ float Uniform(uint64_t seed, uint64_t i, float scale)
 }
 
 template <typename T>
-__global__ void FillKernel(T* x, size_t n, uint64_t seed, float scale) {
+__global__ void FillKernel(T* x, size_t n, uint64_t seed, float scale, float offset) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    x[i] = static_cast<T>(Uniform(seed, i, scale));
+    x[i] = static_cast<T>(offset + Uniform(seed, i, scale));
   }
 }
 
 template <typename T>
-absl::Status Fill(T* x, size_t n, uint64_t seed, float scale, cudaStream_t stream) {
+absl::Status Fill(T* x, size_t n, uint64_t seed, float scale, float offset, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
   if (x == nullptr) return absl::InvalidArgumentError("FillUniform: null pointer");
   const size_t blocks = std::min<size_t>((n + 255) / 256, 65536);
-  FillKernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, n, seed, scale);
+  FillKernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, n, seed, scale, offset);
   return LaunchStatus("FillKernel");
 }
 
 }  // namespace
 
 absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, cudaStream_t stream) {
-  return Fill(x, n, seed, scale, stream);
+  return Fill(x, n, seed, scale, 0.0f, stream);
 }
 absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, cudaStream_t stream) {
-  return Fill(x, n, seed, scale, stream);
+  return Fill(x, n, seed, scale, 0.0f, stream);
+}
+absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, float offset, cudaStream_t stream) {
+  return Fill(x, n, seed, scale, offset, stream);
+}
+absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, float offset, cudaStream_t stream) {
+  return Fill(x, n, seed, scale, offset, stream);
 }
 
 }  // namespace moesh::cuda

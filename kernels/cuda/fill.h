@@ -14,6 +14,9 @@ namespace moesh::cuda {
 // x[i] = uniform in [-scale, scale), a pure function of (seed, i).
 absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, cudaStream_t stream);
 absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, cudaStream_t stream);
+// x[i] = offset + uniform in [-scale, scale) (e.g. norm weights near 1).
+absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, float offset, cudaStream_t stream);
+absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, float offset, cudaStream_t stream);
 
 }  // namespace moesh::cuda
 

@@ -38,6 +38,21 @@ struct GemmParams {
   cudaStream_t stream = nullptr;
 };
 
+// For b in [0, batch): y_b[m, n] = x_b[m, k] · w_b[n, k]^T (+ y_b if accumulate),
+// with x_b = x + b * stride_x and likewise for w (rows ldw apart) and y
+// (strides and ld in elements).
+struct BatchedGemmParams {
+  const bf16* x = nullptr;  // batch × [m, ldx]
+  const bf16* w = nullptr;  // batch × [n, ldw]
+  void* y = nullptr;        // batch × [m, ldy], bf16 or fp32 per out_type
+  OutType out_type = OutType::kBf16;
+  int batch = 1, m = 0, n = 0, k = 0;
+  int ldx = 0, ldw = 0, ldy = 0;  // 0: k, k, n
+  int64_t stride_x = 0, stride_w = 0, stride_y = 0;
+  bool accumulate = false;
+  cudaStream_t stream = nullptr;
+};
+
 // y = x * rsqrt(mean(x^2) + eps) * weight, per row. y may alias x.
 struct RmsNormParams {
   const bf16* x = nullptr;       // [rows, ldx]

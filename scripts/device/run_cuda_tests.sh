@@ -9,23 +9,7 @@ OUT=${OUT:-/tmp/moesh-out}
 LOGS=/tmp/moesh-logs  # $OUT brings back at most 8 files: logs travel as one tarball
 rm -rf "$LOGS"
 mkdir -p "$OUT" "$LOGS"
-D=.device
-[[ -d $D/bin ]] || { echo "no $D/bin: run scripts/device/bundle.sh and carry .device" >&2; exit 1; }
-chmod +x $D/bin/* 2>/dev/null
-
-# The CUDA runtime and cuBLAS from the toolkit, else from the Python wheels.
-libdirs=$D/lib
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [[ -d $d ]] && libdirs=$libdirs:$d
-done
-if [[ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]]; then
-  for f in $(find / -xdev -name 'libcublasLt.so.13' -not -path '*/proc/*' 2>/dev/null | head -1) \
-           $(find / -xdev -name 'libcudart.so.13' -not -path '*/proc/*' 2>/dev/null | head -1); do
-    libdirs=$libdirs:$(dirname "$f")
-  done
-fi
-export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PATH=$PATH:/usr/local/cuda/bin
+source scripts/device/unpack.sh || exit 1
 export MOESH_REQUIRE_CUDA=1  # a test that finds no GPU here fails rather than skips
 
 {

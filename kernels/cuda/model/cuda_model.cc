@@ -1,0 +1,768 @@
+#include "kernels/cuda/model/cuda_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/attention_model.h"
+#include "common/model/safetensors.h"
+#include "kernels/cuda/config.h"
+#include "kernels/cuda/fill.h"
+#include "kernels/cuda/model/model_ops.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/routing.h"
+
+namespace moesh::cuda {
+namespace {
+
+// q_a_layernorm and kv_a_layernorm are built without the config's eps
+// (common/model/attention_model.cc).
+constexpr float kLatentNormEps = 1e-6f;
+// Memory left out of the KV cache's share for cuBLAS, graphs and the runtime.
+constexpr size_t kReserveBytes = size_t{768} << 20;
+
+template <typename T>
+absl::Status Alloc(DeviceBuffer<T>* b, size_t n) {
+  ASSIGN_OR_RETURN(*b, DeviceBuffer<T>::Create(std::max<size_t>(n, 1)));
+  return absl::OkStatus();
+}
+
+GateSelect SelectOf(TopkMethod m) {
+  switch (m) {
+    case TopkMethod::kGreedy:
+      return GateSelect::kGreedy;
+    case TopkMethod::kGroupLimitedGreedy:
+      return GateSelect::kGroupMax;
+    case TopkMethod::kNoauxTc:
+      return GateSelect::kGroupTop2Sum;
+  }
+  return GateSelect::kGreedy;
+}
+
+}  // namespace
+
+struct CudaModel::Graph {
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
+CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
+    : config_(config), options_(options) {}
+
+CudaModel::~CudaModel() {
+  graphs_.clear();
+  if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& dir, const CudaModelOptions& options) {
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
+  ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> attention, AttentionWeights::Load(config, *ckpt));
+  ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> experts, ExpertShardWeights::Load(config, *ckpt, {}));
+  return FromHost(config, *attention, *experts, options);
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::FromHost(const ModelConfig& config,
+                                                               const AttentionWeights& attention,
+                                                               const ExpertShardWeights& experts,
+                                                               const CudaModelOptions& options) {
+  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w, DeviceWeights::FromHost(config, attention, experts));
+  return Create(config, options, std::move(w), std::move(stream));
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Dummy(const ModelConfig& config, uint64_t seed,
+                                                            const CudaModelOptions& options) {
+  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w, DeviceWeights::Dummy(config, seed, stream.get()));
+  return Create(config, options, std::move(w), std::move(stream));
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const ModelConfig& config,
+                                                             const CudaModelOptions& options,
+                                                             std::unique_ptr<DeviceWeights> weights,
+                                                             Stream stream) {
+  std::unique_ptr<CudaModel> m(new CudaModel(config, options));
+  m->weights_ = std::move(weights);
+  m->stream_ = std::move(stream);
+  RETURN_IF_ERROR(m->Init());
+  return m;
+}
+
+absl::Status CudaModel::Init() {
+  const ModelConfig& c = config_;
+  const CudaModelOptions& o = options_;
+  if (o.moe_tile_m != 0 && o.moe_tile_m != 16 && o.moe_tile_m != 32 && o.moe_tile_m != 64) {
+    return absl::InvalidArgumentError("CudaModel: moe_tile_m must be 0, 16, 32 or 64");
+  }
+  if (o.max_num_seqs < 1 || o.max_num_seqs > 65535 || o.max_tokens_per_step < 1 || o.max_model_len < 0 ||
+      !(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0)) {
+    return absl::InvalidArgumentError(
+        "CudaModel: need 1 <= max_num_seqs <= 65535, max_tokens_per_step >= 1, max_model_len >= 0, "
+        "0 < gpu_memory_utilization <= 1");
+  }
+  if (c.n_routed_experts > 1024 || c.num_experts_per_tok > 32) {
+    return absl::UnimplementedError("CudaModel: at most 1024 routed experts and top-32");
+  }
+  ASSIGN_OR_RETURN(info_, CurrentDeviceInfo());
+  ASSIGN_OR_RETURN(gemm_, CublasGemm::Create());
+  const int pos_limit = c.max_position_embeddings > 0 ? c.max_position_embeddings : 1 << 30;
+  max_model_len_ = o.max_model_len > 0 ? o.max_model_len : std::min(pos_limit, 8192);
+  if (max_model_len_ > pos_limit) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel: max_model_len ", max_model_len_,
+                                                   " exceeds max_position_embeddings ", pos_limit));
+  }
+  max_blocks_per_seq_ = (max_model_len_ + kKvBlockSize - 1) / kKvBlockSize;
+  max_rows_ = o.max_num_seqs;
+  max_tokens_ = std::max(o.max_tokens_per_step, o.max_num_seqs);
+  for (int b = 1; b < o.max_num_seqs; b *= 2) buckets_.push_back(b);
+  buckets_.push_back(o.max_num_seqs);
+
+  const int h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
+  const int rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, v = c.v_head_dim;
+  fast_mla_ = rank == mla::kLatentDim && rope == mla::kRopeDim && o.mla_kernel == MlaKernel::kAuto;
+  softmax_scale_ = static_cast<float>(c.SoftmaxScale());
+  const cpu::RopeTable table = MakeRopeTable(c);
+  RETURN_IF_ERROR(Alloc(&inv_freq_, table.inv_freq.size()));
+  RETURN_IF_ERROR(inv_freq_.CopyFrom(table.inv_freq));
+  rope_.inv_freq = inv_freq_.get();
+  rope_.attention_factor = table.attention_factor;
+  rope_.dim = rope;
+  rope_.layout = c.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalves;
+
+  const size_t t = max_tokens_;
+  const int qkv_w = weights_->q_width() + rank + rope;
+  const int mlp_inter = std::max(c.intermediate_size, weights_->shared_intermediate());
+  const int e = std::max(c.n_routed_experts, 1), k = std::max(c.num_experts_per_tok, 1);
+  const int moe_inter = std::max(c.moe_intermediate_size, 1);
+  RETURN_IF_ERROR(Alloc(&x_, t * h));
+  RETURN_IF_ERROR(Alloc(&normed_, t * h));
+  RETURN_IF_ERROR(Alloc(&normed_f32_, t * h));
+  RETURN_IF_ERROR(Alloc(&qkv_, t * qkv_w));
+  RETURN_IF_ERROR(Alloc(&qa_, t * std::max(c.q_lora_rank, 1)));
+  RETURN_IF_ERROR(Alloc(&q_, c.q_lora_rank > 0 ? t * heads * qk : 1));
+  RETURN_IF_ERROR(Alloc(&q_mla_, t * heads * (rank + rope)));
+  RETURN_IF_ERROR(Alloc(&o_lat_, t * heads * rank));
+  RETURN_IF_ERROR(Alloc(&attn_, t * heads * v));
+  RETURN_IF_ERROR(Alloc(&mlp_gu_, t * 2 * mlp_inter));
+  RETURN_IF_ERROR(Alloc(&mlp_act_, t * mlp_inter));
+  RETURN_IF_ERROR(Alloc(&router_logits_, t * e));
+  RETURN_IF_ERROR(Alloc(&topk_ids_, t * k));
+  RETURN_IF_ERROR(Alloc(&topk_w_, t * k));
+  RETURN_IF_ERROR(Alloc(&row_token_, t * k));
+  RETURN_IF_ERROR(Alloc(&pair_row_, t * k));
+  RETURN_IF_ERROR(Alloc(&expert_offsets_, e + 1));
+  RETURN_IF_ERROR(Alloc(&tile_offsets_, e + 1));
+  RETURN_IF_ERROR(Alloc(&expert_counts_, static_cast<size_t>(c.num_hidden_layers) * e));
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(expert_counts_.get(), 0, expert_counts_.bytes(), stream_.get()));
+  if (o.record_routing) {
+    RETURN_IF_ERROR(Alloc(&routing_log_, static_cast<size_t>(c.num_hidden_layers) * t * k));
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(routing_log_.get(), 0xff, routing_log_.bytes(), stream_.get()));
+  }
+  RETURN_IF_ERROR(Alloc(&moe_gu_, t * k * 2 * moe_inter));
+  RETURN_IF_ERROR(Alloc(&moe_act_, t * k * moe_inter));
+  RETURN_IF_ERROR(Alloc(&moe_out_, t * k * h));
+  RETURN_IF_ERROR(Alloc(&head_normed_, static_cast<size_t>(max_rows_) * h));
+  RETURN_IF_ERROR(Alloc(&logits_, static_cast<size_t>(max_rows_) * c.vocab_size));
+  RETURN_IF_ERROR(Alloc(&next_ids_, max_rows_));
+  RETURN_IF_ERROR(Alloc(&next_lp_, max_rows_));
+  RETURN_IF_ERROR(Alloc(&topk_out_ids_, static_cast<size_t>(max_rows_) * sampling::kMaxTopK));
+  RETURN_IF_ERROR(Alloc(&topk_lp_, static_cast<size_t>(max_rows_) * sampling::kMaxTopK));
+  RETURN_IF_ERROR(Alloc(&d_tokens_, t));
+  RETURN_IF_ERROR(Alloc(&d_positions_, t));
+  RETURN_IF_ERROR(Alloc(&d_slots_, t));
+  RETURN_IF_ERROR(Alloc(&d_seq_lens_, t));
+  RETURN_IF_ERROR(Alloc(&d_head_rows_, max_rows_));
+  RETURN_IF_ERROR(Alloc(&d_block_table_, t * max_blocks_per_seq_));
+  ASSIGN_OR_RETURN(h_meta_, PinnedBuffer<int32_t>::Create(4 * t + max_rows_ + t * max_blocks_per_seq_));
+  ASSIGN_OR_RETURN(h_ids_, PinnedBuffer<int32_t>::Create(static_cast<size_t>(max_rows_) * (1 + sampling::kMaxTopK)));
+  ASSIGN_OR_RETURN(h_lp_, PinnedBuffer<float>::Create(static_cast<size_t>(max_rows_) * (1 + sampling::kMaxTopK)));
+  if (fast_mla_) {
+    size_t ws = 0;
+    for (int b : buckets_) {
+      ws = std::max(ws, PlanMlaDecode(b, heads, max_model_len_, info_.num_sms).workspace_bytes);
+    }
+    RETURN_IF_ERROR(Alloc(&decode_ws_, ws));
+  }
+
+  // The KV cache: what the utilisation target leaves, up to what max_num_seqs
+  // full-length sequences can use.
+  size_t free_bytes = 0, total_bytes = 0;
+  RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const double budget = o.gpu_memory_utilization * static_cast<double>(total_bytes) -
+                        static_cast<double>(total_bytes - free_bytes) - static_cast<double>(kReserveBytes);
+  const size_t block_bytes = KvPool::BlockBytes(c.num_hidden_layers, rank + rope);
+  int64_t blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
+  blocks = std::min<int64_t>(blocks, static_cast<int64_t>(o.max_num_seqs) * max_blocks_per_seq_);
+  if (o.max_kv_blocks > 0) blocks = std::min<int64_t>(blocks, o.max_kv_blocks);
+  if (blocks < max_blocks_per_seq_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "CudaModel: the KV cache gets ", blocks, " blocks of ", block_bytes, " bytes; one sequence of ",
+        max_model_len_, " tokens needs ", max_blocks_per_seq_, " (weights take ", weights_->bytes(),
+        " bytes; raise gpu_memory_utilization or lower max_model_len)"));
+  }
+  ASSIGN_OR_RETURN(kv_, KvPool::Create(c.num_hidden_layers, rank + rope, static_cast<int>(blocks)));
+  // The weights and tables came in through synchronous copies on the legacy
+  // stream, which a non-blocking stream does not wait for.
+  return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+int CudaModel::Bucket(int batch) const {
+  for (int b : buckets_) {
+    if (b >= batch) return b;
+  }
+  return buckets_.back();
+}
+
+absl::StatusOr<int> CudaModel::AddSequence() {
+  int id;
+  if (!free_seq_ids_.empty()) {
+    id = free_seq_ids_.back();
+    free_seq_ids_.pop_back();
+  } else {
+    id = static_cast<int>(seqs_.size());
+    seqs_.emplace_back();
+  }
+  seqs_[id] = Sequence{};
+  seqs_[id].live = true;
+  return id;
+}
+
+absl::Status CudaModel::ReleaseSequence(int seq) {
+  if (seq < 0 || seq >= static_cast<int>(seqs_.size()) || !seqs_[seq].live) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel: no sequence ", seq));
+  }
+  kv_->Release(seqs_[seq].blocks);
+  seqs_[seq] = Sequence{};
+  free_seq_ids_.push_back(seq);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> CudaModel::SequenceLength(int seq) const {
+  if (seq < 0 || seq >= static_cast<int>(seqs_.size()) || !seqs_[seq].live) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel: no sequence ", seq));
+  }
+  return seqs_[seq].length;
+}
+
+absl::Status CudaModel::FillKvCacheRandom(uint64_t seed) {
+  RETURN_IF_ERROR(FillUniform(kv_->layer(0), kv_->bytes() / sizeof(bf16), seed, 1.0f, stream_.get()));
+  return stream_.Synchronize();
+}
+
+absl::Status CudaModel::SetSyntheticLength(int seq, int length) {
+  ASSIGN_OR_RETURN(int len, SequenceLength(seq));
+  if (len != 0 || length < 0 || length > max_model_len_) {
+    return absl::InvalidArgumentError("CudaModel::SetSyntheticLength: need an empty sequence and length <= max_model_len");
+  }
+  Sequence& s = seqs_[seq];
+  RETURN_IF_ERROR(kv_->Allocate((length + kKvBlockSize - 1) / kKvBlockSize, &s.blocks));
+  s.length = length;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<Batch>* chunks,
+                             std::vector<int>* row_seq_index) {
+  const int n_seqs = static_cast<int>(seqs.size());
+  if (n_seqs == 0) return absl::InvalidArgumentError("CudaModel: empty batch");
+  if (n_seqs > max_rows_) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel: ", n_seqs, " sequences in a step; max_num_seqs is ",
+                                                   max_rows_));
+  }
+  std::set<int> seen;
+  bool decode = true;
+  for (const SequenceTokens& st : seqs) {
+    if (st.seq < 0 || st.seq >= static_cast<int>(seqs_.size()) || !seqs_[st.seq].live) {
+      return absl::InvalidArgumentError(absl::StrCat("CudaModel: no sequence ", st.seq));
+    }
+    if (!seen.insert(st.seq).second) {
+      return absl::InvalidArgumentError(absl::StrCat("CudaModel: sequence ", st.seq, " appears twice in a step"));
+    }
+    if (st.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("CudaModel: sequence ", st.seq, " has no tokens"));
+    for (int32_t tok : st.tokens) {
+      if (tok < 0 || tok >= config_.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", tok, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+      }
+    }
+    const int end = seqs_[st.seq].length + static_cast<int>(st.tokens.size());
+    if (end > max_model_len_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CudaModel: sequence ", st.seq, " reaches ", end, " tokens, beyond max_model_len ", max_model_len_));
+    }
+    decode = decode && st.tokens.size() == 1;
+  }
+  for (const SequenceTokens& st : seqs) {
+    Sequence& s = seqs_[st.seq];
+    const int need = (s.length + static_cast<int>(st.tokens.size()) + kKvBlockSize - 1) / kKvBlockSize -
+                     static_cast<int>(s.blocks.size());
+    if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
+  }
+  const int mb = max_blocks_per_seq_;
+  auto add_token = [&](Batch& b, const Sequence& s, int32_t token, int pos) {
+    b.tokens.push_back(token);
+    b.positions.push_back(pos);
+    b.slots.push_back(s.blocks[pos / kKvBlockSize] * kKvBlockSize + pos % kKvBlockSize);
+    b.seq_lens.push_back(pos + 1);
+    b.max_seq_len = std::max(b.max_seq_len, pos + 1);
+    const size_t at = b.block_table.size();
+    b.block_table.resize(at + mb, 0);
+    std::copy(s.blocks.begin(), s.blocks.end(), b.block_table.begin() + at);
+    b.num_tokens++;
+  };
+  chunks->clear();
+  row_seq_index->clear();
+  if (decode) {
+    Batch b;
+    b.decode = true;
+    for (int i = 0; i < n_seqs; ++i) {
+      const Sequence& s = seqs_[seqs[i].seq];
+      add_token(b, s, seqs[i].tokens[0], s.length);
+      b.head_rows.push_back(i);
+      row_seq_index->push_back(i);
+    }
+    const int bucket = Bucket(n_seqs);
+    for (int i = n_seqs; i < bucket; ++i) {  // padding rows: no cache write, empty context
+      b.tokens.push_back(0);
+      b.positions.push_back(0);
+      b.slots.push_back(-1);
+      b.seq_lens.push_back(0);
+      b.block_table.resize(b.block_table.size() + mb, 0);
+      b.head_rows.push_back(i);
+      b.num_tokens++;
+    }
+    b.num_rows = bucket;
+    b.max_seq_len = max_model_len_;  // the plan the bucket's graph was built with
+    chunks->push_back(std::move(b));
+    return absl::OkStatus();
+  }
+  const int cap = options_.max_tokens_per_step;
+  chunks->emplace_back();
+  for (int i = 0; i < n_seqs; ++i) {
+    const Sequence& s = seqs_[seqs[i].seq];
+    const int n = static_cast<int>(seqs[i].tokens.size());
+    for (int j = 0; j < n; ++j) {
+      if (chunks->back().num_tokens == cap) chunks->emplace_back();
+      Batch& b = chunks->back();
+      add_token(b, s, seqs[i].tokens[j], s.length + j);
+      if (j == n - 1) {
+        b.head_rows.push_back(b.num_tokens - 1);
+        b.num_rows++;
+        row_seq_index->push_back(i);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Upload(const Batch& b) {
+  int32_t* h = h_meta_.get();
+  size_t at = 0;
+  auto put = [&](const std::vector<int32_t>& v, int32_t* dst) -> absl::Status {
+    if (v.empty()) return absl::OkStatus();
+    std::memcpy(h + at, v.data(), v.size() * sizeof(int32_t));
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(dst, h + at, v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_.get()));
+    at += v.size();
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(put(b.tokens, d_tokens_.get()));
+  RETURN_IF_ERROR(put(b.positions, d_positions_.get()));
+  RETURN_IF_ERROR(put(b.slots, d_slots_.get()));
+  RETURN_IF_ERROR(put(b.seq_lens, d_seq_lens_.get()));
+  RETURN_IF_ERROR(put(b.head_rows, d_head_rows_.get()));
+  return put(b.block_table, d_block_table_.get());
+}
+
+absl::Status CudaModel::Gemm(const bf16* x, int ldx, const bf16* w, void* y, int ldy, int m, int n, int k,
+                             OutType out, bool accumulate) {
+  GemmParams p;
+  p.x = x, p.w = w, p.y = y, p.out_type = out;
+  p.m = m, p.n = n, p.k = k, p.ldx = ldx, p.ldy = ldy;
+  p.accumulate = accumulate;
+  p.stream = stream_.get();
+  return gemm_->Run(p);
+}
+
+absl::Status CudaModel::EnqueueForward(const Batch& b, bool sample, int top_k) {
+  if (fast_mla_) {
+    plan_ = PlanMlaDecode(b.num_tokens, config_.num_attention_heads, b.max_seq_len, info_.num_sms);
+    if (!b.decode && plan_.workspace_bytes > prefill_ws_.bytes()) {
+      RETURN_IF_ERROR(stream_.Synchronize());  // the old buffer may still be in use
+      RETURN_IF_ERROR(Alloc(&prefill_ws_, plan_.workspace_bytes));
+    }
+  }
+  RETURN_IF_ERROR(EnqueueLayers(b));
+  if (b.num_rows > 0) RETURN_IF_ERROR(EnqueueHead(b.num_rows, sample, top_k));
+  return Mark(2 + 2 * config_.num_hidden_layers);
+}
+
+absl::Status CudaModel::EnqueueLayers(const Batch& b) {
+  const ModelConfig& c = config_;
+  cudaStream_t s = stream_.get();
+  const int t = b.num_tokens;
+  const int h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
+  const int rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, v = c.v_head_dim;
+  const int q_width = weights_->q_width(), qkv_w = q_width + rank + rope, row_w = rank + rope;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  EmbedParams ep;
+  ep.table = weights_->embed(), ep.token_ids = d_tokens_.get(), ep.num_tokens = t, ep.hidden = h;
+  ep.out = x_.get(), ep.stream = s;
+  RETURN_IF_ERROR(RunEmbed(ep));
+  RETURN_IF_ERROR(Mark(1));
+  routing_rows_ = t;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const DeviceLayerWeights& w = weights_->layer(l);
+    RmsNormF32Params np;
+    np.x = x_.get(), np.weight = w.input_norm, np.num_rows = t, np.n = h, np.eps = eps;
+    np.y = normed_.get(), np.stream = s;
+    RETURN_IF_ERROR(RunRmsNormF32(np));
+    RETURN_IF_ERROR(Gemm(normed_.get(), h, w.qkv_a, qkv_.get(), qkv_w, t, qkv_w, h, OutType::kBf16, false));
+    const bf16* q = qkv_.get();
+    int q_ld = qkv_w;
+    if (c.q_lora_rank > 0) {
+      RmsNormParams qn;
+      qn.x = qkv_.get(), qn.weight = w.q_a_norm, qn.y = qa_.get();
+      qn.rows = t, qn.n = c.q_lora_rank, qn.ldx = qkv_w, qn.ldy = c.q_lora_rank, qn.eps = kLatentNormEps;
+      qn.stream = s;
+      RETURN_IF_ERROR(RunRmsNorm(qn));
+      RETURN_IF_ERROR(Gemm(qa_.get(), c.q_lora_rank, w.q_b, q_.get(), heads * qk, t, heads * qk, c.q_lora_rank,
+                           OutType::kBf16, false));
+      q = q_.get();
+      q_ld = heads * qk;
+    }
+    // q_lat[t, h] = q_nope[t, h] · W_UK[h]: W_UK absorbed into the query.
+    BatchedGemmParams ab;
+    ab.x = q, ab.ldx = q_ld, ab.stride_x = qk;
+    ab.w = w.w_uk_t, ab.ldw = nope, ab.stride_w = static_cast<int64_t>(rank) * nope;
+    ab.y = q_mla_.get(), ab.ldy = heads * row_w, ab.stride_y = row_w;
+    ab.batch = heads, ab.m = t, ab.n = rank, ab.k = nope, ab.out_type = OutType::kBf16, ab.stream = s;
+    RETURN_IF_ERROR(gemm_->RunBatched(ab));
+    SliceCopyParams sc;
+    sc.src = q, sc.src_token_stride = q_ld, sc.src_row_stride = qk, sc.src_offset = nope;
+    sc.dst = q_mla_.get(), sc.dst_token_stride = heads * row_w, sc.dst_row_stride = row_w, sc.dst_offset = rank;
+    sc.num_tokens = t, sc.num_rows = heads, sc.dim = rope, sc.stream = s;
+    RETURN_IF_ERROR(RunSliceCopy(sc));
+    RopeKvCacheParams kp;
+    kp.kv = qkv_.get() + q_width, kp.kv_ld = qkv_w, kp.kv_norm_weight = w.kv_a_norm, kp.eps = kLatentNormEps;
+    kp.cache = kv_->layer(l), kp.num_blocks = kv_->num_blocks(), kp.slot_mapping = d_slots_.get();
+    kp.num_tokens = t, kp.kv_lora_rank = rank;
+    kp.q = q_mla_.get(), kp.q_num_heads = heads, kp.q_token_stride = heads * row_w, kp.q_head_stride = row_w;
+    kp.q_rope_offset = rank, kp.positions = d_positions_.get(), kp.rope = rope_, kp.stream = s;
+    RETURN_IF_ERROR(RunRopeKvCacheWrite(kp));
+    MlaDecodeParams mp;
+    mp.q = q_mla_.get(), mp.kv_cache = kv_->layer(l), mp.block_table = d_block_table_.get();
+    mp.seq_lens = d_seq_lens_.get(), mp.batch = t, mp.num_heads = heads, mp.kv_lora_rank = rank, mp.rope_dim = rope;
+    mp.num_blocks = kv_->num_blocks(), mp.max_blocks_per_seq = max_blocks_per_seq_, mp.max_seq_len = b.max_seq_len;
+    mp.softmax_scale = softmax_scale_, mp.out = o_lat_.get(), mp.out_type = OutType::kBf16, mp.stream = s;
+    if (fast_mla_) {
+      mp.num_splits = plan_.num_splits;
+      mp.workspace = b.decode ? decode_ws_.get() : prefill_ws_.get();
+      mp.workspace_bytes = b.decode ? decode_ws_.bytes() : prefill_ws_.bytes();
+      RETURN_IF_ERROR(RunMlaDecode(mp));
+    } else {
+      RETURN_IF_ERROR(RunMlaAttentionGeneric(mp));
+    }
+    // attn[t, h] = o_lat[t, h] · W_UV[h]^T, then x += attn · o_proj^T.
+    BatchedGemmParams vb;
+    vb.x = o_lat_.get(), vb.ldx = heads * rank, vb.stride_x = rank;
+    vb.w = w.w_uv, vb.ldw = rank, vb.stride_w = static_cast<int64_t>(v) * rank;
+    vb.y = attn_.get(), vb.ldy = heads * v, vb.stride_y = v;
+    vb.batch = heads, vb.m = t, vb.n = v, vb.k = rank, vb.out_type = OutType::kBf16, vb.stream = s;
+    RETURN_IF_ERROR(gemm_->RunBatched(vb));
+    RETURN_IF_ERROR(Gemm(attn_.get(), heads * v, w.o_proj, x_.get(), h, t, h, heads * v, OutType::kFloat32, true));
+    RETURN_IF_ERROR(Mark(2 + 2 * l));
+
+    np.weight = w.post_norm;
+    np.y_f32 = w.is_moe ? normed_f32_.get() : nullptr;
+    RETURN_IF_ERROR(RunRmsNormF32(np));
+    if (w.is_moe) {
+      RETURN_IF_ERROR(EnqueueMoe(l, t));
+    } else {
+      RETURN_IF_ERROR(EnqueueMlp(w.dense_gate_up, w.dense_down, c.intermediate_size, t));
+    }
+    RETURN_IF_ERROR(Mark(3 + 2 * l));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Mark(int index) {
+  if (profile_ == nullptr) return absl::OkStatus();
+  return (*profile_)[index].Record(stream_.get());
+}
+
+absl::Status CudaModel::EnqueueMlp(const bf16* w_gate_up, const bf16* w_down, int inter, int num_tokens) {
+  const int h = config_.hidden_size;
+  RETURN_IF_ERROR(Gemm(normed_.get(), h, w_gate_up, mlp_gu_.get(), 2 * inter, num_tokens, 2 * inter, h,
+                       OutType::kBf16, false));
+  SiluAndMulParams sp;
+  sp.gate_up = mlp_gu_.get(), sp.out = mlp_act_.get(), sp.m = num_tokens, sp.i = inter, sp.stream = stream_.get();
+  RETURN_IF_ERROR(RunSiluAndMul(sp));
+  return Gemm(mlp_act_.get(), inter, w_down, x_.get(), h, num_tokens, h, inter, OutType::kFloat32, true);
+}
+
+absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens) {
+  const ModelConfig& c = config_;
+  const DeviceLayerWeights& w = weights_->layer(layer);
+  cudaStream_t s = stream_.get();
+  const int h = c.hidden_size, e = c.n_routed_experts, k = c.num_experts_per_tok, inter = c.moe_intermediate_size;
+  // The router in fp32, as DeepSeek computes it: routing decisions are discrete.
+  RETURN_IF_ERROR(gemm_->RunF32(normed_f32_.get(), w.router, router_logits_.get(), num_tokens, e, h, false, s));
+  MoeGateParams gp;
+  gp.logits = router_logits_.get(), gp.bias = w.router_bias;
+  gp.num_tokens = num_tokens, gp.num_experts = e, gp.top_k = k, gp.n_group = c.n_group, gp.topk_group = c.topk_group;
+  gp.scoring = c.scoring_func == ScoringFunc::kSoftmax ? GateScoring::kSoftmax : GateScoring::kSigmoid;
+  gp.select = SelectOf(c.topk_method);
+  gp.renormalize = c.norm_topk_prob;
+  gp.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  gp.topk_ids = topk_ids_.get(), gp.topk_weights = topk_w_.get(), gp.stream = s;
+  RETURN_IF_ERROR(RunMoeGate(gp));
+  if (options_.record_routing) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(routing_log_.get() + static_cast<size_t>(layer) * max_tokens_ * k,
+                                         topk_ids_.get(), static_cast<size_t>(num_tokens) * k * sizeof(int32_t),
+                                         cudaMemcpyDeviceToDevice, s));
+  }
+
+  const int rows = num_tokens * k;
+  // Tiles about as tall as an expert's share of the rows: each expert's
+  // weights are then streamed about once (decode), or reused by 64 rows (prefill).
+  const int tile_m = options_.moe_tile_m > 0 ? options_.moe_tile_m : rows <= 12 * e ? 16 : rows <= 40 * e ? 32 : 64;
+  MoePermuteParams pp;
+  pp.topk_ids = topk_ids_.get(), pp.num_tokens = num_tokens, pp.top_k = k, pp.num_experts = e, pp.tile_m = tile_m;
+  pp.expert_offsets = expert_offsets_.get(), pp.tile_offsets = tile_offsets_.get();
+  pp.row_token = row_token_.get(), pp.pair_row = pair_row_.get();
+  pp.expert_counts = expert_counts_.get() + static_cast<size_t>(layer) * e, pp.stream = s;
+  RETURN_IF_ERROR(RunMoePermute(pp));
+  GroupedGemmParams gg;
+  gg.x = normed_.get(), gg.ldx = h, gg.row_index = row_token_.get();
+  gg.w = w.experts_gate_up, gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
+  gg.expert_offsets = expert_offsets_.get(), gg.tile_offsets = tile_offsets_.get();
+  gg.tile_m = tile_m, gg.max_tiles = GroupedGemmMaxTiles(rows, e, tile_m);
+  gg.y = moe_gu_.get(), gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = s;
+  RETURN_IF_ERROR(RunGroupedGemm(gg));
+  SiluAndMulParams sp;
+  sp.gate_up = moe_gu_.get(), sp.out = moe_act_.get(), sp.m = rows, sp.i = inter, sp.stream = s;
+  RETURN_IF_ERROR(RunSiluAndMul(sp));
+  gg.x = moe_act_.get(), gg.ldx = inter, gg.row_index = nullptr;
+  gg.w = w.experts_down, gg.n = h, gg.k = inter;
+  gg.y = moe_out_.get(), gg.out_type = OutType::kFloat32, gg.ldy = h;
+  RETURN_IF_ERROR(RunGroupedGemm(gg));
+  if (w.shared_gate_up != nullptr) {
+    RETURN_IF_ERROR(EnqueueMlp(w.shared_gate_up, w.shared_down, weights_->shared_intermediate(), num_tokens));
+  }
+  MoeCombineParams cp;
+  cp.expert_out = moe_out_.get(), cp.pair_row = pair_row_.get(), cp.topk_weights = topk_w_.get();
+  cp.num_tokens = num_tokens, cp.top_k = k, cp.hidden = h, cp.x = x_.get(), cp.stream = s;
+  return RunMoeCombine(cp);
+}
+
+absl::Status CudaModel::EnqueueHead(int num_rows, bool sample, int top_k) {
+  const ModelConfig& c = config_;
+  RmsNormF32Params np;
+  np.x = x_.get(), np.rows = d_head_rows_.get(), np.weight = weights_->norm(), np.num_rows = num_rows;
+  np.n = c.hidden_size, np.eps = static_cast<float>(c.rms_norm_eps), np.y = head_normed_.get();
+  np.stream = stream_.get();
+  RETURN_IF_ERROR(RunRmsNormF32(np));
+  RETURN_IF_ERROR(Gemm(head_normed_.get(), c.hidden_size, weights_->lm_head(), logits_.get(), c.vocab_size, num_rows,
+                       c.vocab_size, c.hidden_size, OutType::kFloat32, false));
+  if (!sample) return absl::OkStatus();
+  GreedyLogprobsParams gp;
+  gp.logits = logits_.get(), gp.batch = num_rows, gp.vocab = c.vocab_size, gp.ld = c.vocab_size, gp.top_k = top_k;
+  gp.next_ids = next_ids_.get(), gp.next_logprobs = next_lp_.get();
+  gp.topk_ids = topk_out_ids_.get(), gp.topk_logprobs = topk_lp_.get(), gp.stream = stream_.get();
+  return RunGreedyLogprobs(gp);
+}
+
+absl::Status CudaModel::RunDecodeGraph(const Batch& b, int top_k) {
+  const auto key = std::make_pair(b.num_tokens, top_k);
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) {
+    last_step_used_graph_ = true;
+    return CudaStatus(cudaGraphLaunch(it->second->exec, stream_.get()), "cudaGraphLaunch");
+  }
+  // First use of the bucket: run eagerly (which also creates the cuBLASLt
+  // plans), then capture the same work for the next steps; capturing runs nothing.
+  RETURN_IF_ERROR(EnqueueForward(b, true, top_k));
+  cudaStream_t s = stream_.get();
+  RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  const absl::Status captured = EnqueueForward(b, true, top_k);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  RETURN_IF_ERROR(captured);
+  RETURN_IF_CUDA_ERROR(end);
+  auto g = std::make_unique<Graph>();
+  const cudaError_t inst = cudaGraphInstantiate(&g->exec, graph, 0);
+  cudaGraphDestroy(graph);
+  RETURN_IF_CUDA_ERROR(inst);
+  graphs_[key] = std::move(g);
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Commit(absl::Span<const SequenceTokens> seqs) {
+  for (const SequenceTokens& st : seqs) seqs_[st.seq].length += static_cast<int>(st.tokens.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs, int top_logprobs) {
+  if (top_logprobs < 0 || top_logprobs > sampling::kMaxTopK) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel::Step: top_logprobs must be in [0, ", sampling::kMaxTopK, "]"));
+  }
+  std::vector<Batch> chunks;
+  std::vector<int> order;
+  RETURN_IF_ERROR(Plan(seqs, &chunks, &order));
+  const int n = static_cast<int>(seqs.size()), k = top_logprobs;
+  StepOutput out;
+  out.top_k = k;
+  out.next_ids.assign(n, -1);
+  out.next_logprobs.assign(n, 0.0f);
+  out.topk_ids.assign(static_cast<size_t>(n) * k, -1);
+  out.topk_logprobs.assign(static_cast<size_t>(n) * k, 0.0f);
+  last_step_used_graph_ = false;
+  cudaStream_t s = stream_.get();
+  size_t done = 0;
+  for (const Batch& b : chunks) {
+    RETURN_IF_ERROR(Upload(b));
+    if (b.decode && options_.cuda_graphs) {
+      RETURN_IF_ERROR(RunDecodeGraph(b, k));
+    } else {
+      RETURN_IF_ERROR(EnqueueForward(b, true, k));
+    }
+    const int rows = b.decode ? n : b.num_rows;
+    if (rows > 0) {
+      int32_t* hi = h_ids_.get();
+      float* hl = h_lp_.get();
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hi, next_ids_.get(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hl, next_lp_.get(), rows * sizeof(float), cudaMemcpyDeviceToHost, s));
+      if (k > 0) {
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hi + rows, topk_out_ids_.get(), rows * k * sizeof(int32_t),
+                                             cudaMemcpyDeviceToHost, s));
+        RETURN_IF_CUDA_ERROR(
+            cudaMemcpyAsync(hl + rows, topk_lp_.get(), rows * k * sizeof(float), cudaMemcpyDeviceToHost, s));
+      }
+      RETURN_IF_ERROR(stream_.Synchronize());
+      for (int r = 0; r < rows; ++r) {
+        const int i = order[done + r];
+        out.next_ids[i] = hi[r];
+        out.next_logprobs[i] = hl[r];
+        for (int j = 0; j < k; ++j) {
+          out.topk_ids[static_cast<size_t>(i) * k + j] = hi[rows + r * k + j];
+          out.topk_logprobs[static_cast<size_t>(i) * k + j] = hl[rows + r * k + j];
+        }
+      }
+      done += rows;
+    } else {
+      RETURN_IF_ERROR(stream_.Synchronize());
+    }
+  }
+  RETURN_IF_ERROR(Commit(seqs));
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const SequenceTokens> seqs) {
+  std::vector<Batch> chunks;
+  std::vector<int> order;
+  RETURN_IF_ERROR(Plan(seqs, &chunks, &order));
+  const int n = static_cast<int>(seqs.size());
+  const size_t vocab = config_.vocab_size;
+  std::vector<float> out(n * vocab);
+  std::vector<float> rows_host;
+  last_step_used_graph_ = false;
+  size_t done = 0;
+  for (const Batch& b : chunks) {
+    RETURN_IF_ERROR(Upload(b));
+    RETURN_IF_ERROR(EnqueueForward(b, false, 0));
+    const int rows = b.decode ? n : b.num_rows;
+    rows_host.resize(rows * vocab);
+    if (rows > 0) {
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(rows_host.data(), logits_.get(), rows * vocab * sizeof(float),
+                                           cudaMemcpyDeviceToHost, stream_.get()));
+    }
+    RETURN_IF_ERROR(stream_.Synchronize());
+    for (int r = 0; r < rows; ++r) {
+      std::memcpy(&out[order[done + r] * vocab], &rows_host[r * vocab], vocab * sizeof(float));
+    }
+    done += rows;
+  }
+  RETURN_IF_ERROR(Commit(seqs));
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> CudaModel::LastRouting(int* rows) {
+  if (!options_.record_routing) return absl::FailedPreconditionError("CudaModel: record_routing is off");
+  RETURN_IF_ERROR(stream_.Synchronize());
+  ASSIGN_OR_RETURN(std::vector<int32_t> all, routing_log_.ToHost());
+  const int k = std::max(config_.num_experts_per_tok, 1);
+  std::vector<int32_t> out;
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    const auto begin = all.begin() + static_cast<size_t>(l) * max_tokens_ * k;
+    if (weights_->layer(l).is_moe) {
+      out.insert(out.end(), begin, begin + static_cast<size_t>(routing_rows_) * k);
+    } else {
+      out.insert(out.end(), static_cast<size_t>(routing_rows_) * k, -1);
+    }
+  }
+  *rows = routing_rows_;
+  return out;
+}
+
+absl::StatusOr<PhaseTimes> CudaModel::ProfileStep(absl::Span<const SequenceTokens> seqs) {
+  std::vector<Batch> chunks;
+  std::vector<int> order;
+  RETURN_IF_ERROR(Plan(seqs, &chunks, &order));
+  const int layers = config_.num_hidden_layers;
+  std::vector<Event> events;
+  for (int i = 0; i < 3 + 2 * layers; ++i) {
+    ASSIGN_OR_RETURN(Event e, Event::Create());
+    events.push_back(std::move(e));
+  }
+  PhaseTimes t;
+  for (const Batch& b : chunks) {
+    RETURN_IF_ERROR(Upload(b));
+    profile_ = &events;
+    absl::Status st = events[0].Record(stream_.get());
+    if (st.ok()) st = EnqueueForward(b, true, 0);
+    profile_ = nullptr;
+    RETURN_IF_ERROR(st);
+    RETURN_IF_ERROR(stream_.Synchronize());
+    auto ms = [&](int a, int z) -> absl::StatusOr<double> {
+      ASSIGN_OR_RETURN(float v, events[z].ElapsedMsSince(events[a]));
+      return static_cast<double>(v);
+    };
+    ASSIGN_OR_RETURN(double embed, ms(0, 1));
+    t.embed_ms += embed;
+    for (int l = 0; l < layers; ++l) {
+      ASSIGN_OR_RETURN(double attn, ms(l == 0 ? 1 : 1 + 2 * l, 2 + 2 * l));
+      ASSIGN_OR_RETURN(double mlp, ms(2 + 2 * l, 3 + 2 * l));
+      t.attention_ms += attn;
+      (weights_->layer(l).is_moe ? t.moe_ms : t.dense_mlp_ms) += mlp;
+    }
+    ASSIGN_OR_RETURN(double head, ms(1 + 2 * layers, 2 + 2 * layers));
+    ASSIGN_OR_RETURN(double total, ms(0, 2 + 2 * layers));
+    t.head_ms += head;
+    t.total_ms += total;
+  }
+  RETURN_IF_ERROR(Commit(seqs));
+  return t;
+}
+
+absl::Status CudaModel::SetMoeTileM(int tile_m) {
+  if (tile_m != 0 && tile_m != 16 && tile_m != 32 && tile_m != 64) {
+    return absl::InvalidArgumentError("CudaModel::SetMoeTileM: 0, 16, 32 or 64");
+  }
+  RETURN_IF_ERROR(stream_.Synchronize());
+  graphs_.clear();
+  options_.moe_tile_m = tile_m;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> CudaModel::LastExpertCounts() {
+  RETURN_IF_ERROR(stream_.Synchronize());
+  return expert_counts_.ToHost();
+}
+
+}  // namespace moesh::cuda

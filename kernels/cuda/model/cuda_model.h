@@ -1,0 +1,227 @@
+// CudaModel: a DeepSeek V2/V3 model (MLA, dense MLP, MoE with shared and
+// routed experts) run entirely on one GPU: weights in bf16 on the device, a
+// paged latent KV cache in device memory sized from free memory, and a batched
+// forward pass whose decode step can replay as a CUDA graph.
+//
+// Per layer, for T tokens (T = all new tokens of the step, flattened):
+//   x (fp32 residual) → RMSNorm → [q_a | kv_a] GEMM (→ q_a norm → q_b GEMM)
+//   → W_UK absorbed into q (batched GEMM over heads) → kv_a norm + RoPE + paged
+//   cache write (q_pe roped too) → MLA attention over the cache → W_UV
+//   (batched GEMM) → o_proj GEMM accumulated into x → RMSNorm →
+//   dense MLP, or: fp32 router GEMM → gate/top-k → permute by expert →
+//   grouped gate_up GEMM → SiLU·mul → grouped down GEMM → shared expert into x
+//   → weighted combine into x.
+// Then the final RMSNorm on each sequence's last token, lm_head (fp32
+// logits), greedy + log-probabilities on the device.
+//
+// Prefill runs the same path: each prompt token is one query row attending to
+// cache rows [0, position] (its own row written first), through the decode
+// attention kernel. That is correct and simple, not fast: the prefix is read
+// once per query token rather than once per tile of queries.
+//
+// Not thread-safe: one caller at a time (it owns one stream).
+#ifndef MOESH_KERNELS_CUDA_MODEL_CUDA_MODEL_H_
+#define MOESH_KERNELS_CUDA_MODEL_CUDA_MODEL_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model/config.h"
+#include "common/model/weights.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/model/device_weights.h"
+#include "kernels/cuda/model/kv_pool.h"
+
+namespace moesh::cuda {
+
+// Which MLA attention kernel runs: the tuned one where it is built for the
+// widths (latent 512, rope 64), else the plain one; or always the plain one
+// (a cross-check of the tuned kernel inside the whole model).
+enum class MlaKernel { kAuto, kGeneric };
+
+struct CudaModelOptions {
+  // Fraction of the device's total memory that everything on it may use once
+  // this model is loaded (other processes' memory counts); the KV cache gets
+  // what the weights and scratch buffers leave of it.
+  double gpu_memory_utilization = 0.9;
+  int max_num_seqs = 256;         // sequences per step; decode graphs cover batches up to it
+  int max_model_len = 0;          // tokens per sequence; 0: min(max_position_embeddings, 8192)
+  int max_tokens_per_step = 8192; // longer prefills run in chunks of this many tokens
+  bool cuda_graphs = true;        // decode steps (one token per sequence) replay a graph per batch bucket
+  int max_kv_blocks = 0;          // > 0: at most this many cache blocks (tests)
+  MlaKernel mla_kernel = MlaKernel::kAuto;
+  int moe_tile_m = 0;             // rows per expert tile: 16, 32 or 64; 0 picks by rows per expert
+  bool record_routing = false;    // keep each pass's expert choices (LastRouting)
+};
+
+// GPU time of one eager forward pass by phase, summed over the layers, from
+// events between the phases (ProfileStep). Where the GPU outruns the host's
+// launches (small batches), the phases include the launch gaps.
+struct PhaseTimes {
+  double embed_ms = 0, attention_ms = 0, dense_mlp_ms = 0, moe_ms = 0, head_ms = 0, total_ms = 0;
+};
+
+// New tokens of one sequence for a step.
+struct SequenceTokens {
+  int seq = -1;                      // from AddSequence
+  absl::Span<const int32_t> tokens;  // appended after the cached prefix; not empty
+};
+
+// Greedy choice per sequence, with log-probabilities (natural log of the
+// softmax of the fp32 logits).
+struct StepOutput {
+  std::vector<int32_t> next_ids;     // [num_seqs]
+  std::vector<float> next_logprobs;  // [num_seqs]
+  int top_k = 0;
+  std::vector<int32_t> topk_ids;     // [num_seqs, top_k], best first
+  std::vector<float> topk_logprobs;  // [num_seqs, top_k]
+};
+
+class CudaModel {
+ public:
+  // Loads <dir>/config.json and its safetensors through the CPU loader
+  // (validating the checkpoint), then rounds every weight to bf16 on the device.
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Load(const std::string& dir, const CudaModelOptions& options);
+  static absl::StatusOr<std::unique_ptr<CudaModel>> FromHost(const ModelConfig& config,
+                                                             const AttentionWeights& attention,
+                                                             const ExpertShardWeights& experts,
+                                                             const CudaModelOptions& options);
+  // Random weights generated on the device (--load-format dummy).
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Dummy(const ModelConfig& config, uint64_t seed,
+                                                          const CudaModelOptions& options);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const DeviceWeights& weights() const { return *weights_; }
+  const KvPool& kv_pool() const { return *kv_; }
+  int max_model_len() const { return max_model_len_; }
+  const DeviceInfo& device_info() const { return info_; }
+
+  // Sequences: each owns cache blocks until released.
+  absl::StatusOr<int> AddSequence();
+  absl::Status ReleaseSequence(int seq);
+  absl::StatusOr<int> SequenceLength(int seq) const;
+
+  // Runs every sequence's new tokens through the model as one batch (in
+  // chunks of max_tokens_per_step), appending to the caches. Step returns the
+  // greedy choice per sequence (top_logprobs in [0, 20]); ForwardLogits the
+  // fp32 logits of each sequence's last token, [num_seqs, vocab], on the host.
+  // INVALID_ARGUMENT for unknown or repeated sequences, empty or
+  // out-of-vocabulary tokens, more than max_num_seqs sequences or a sequence
+  // beyond max_model_len; RESOURCE_EXHAUSTED if the cache lacks blocks. On
+  // other errors the sequences' caches are undefined.
+  absl::StatusOr<StepOutput> Step(absl::Span<const SequenceTokens> seqs, int top_logprobs = 0);
+  absl::StatusOr<std::vector<float>> ForwardLogits(absl::Span<const SequenceTokens> seqs);
+
+  // Benchmarks: fills the whole cache with random rows, then lets a sequence
+  // (empty so far) claim `length` tokens of them without running the model.
+  absl::Status FillKvCacheRandom(uint64_t seed);
+  absl::Status SetSyntheticLength(int seq, int length);
+
+  // Tokens each routed expert received in the last step, [num_layers,
+  // n_routed_experts] (rows of dense layers are 0).
+  absl::StatusOr<std::vector<int32_t>> LastExpertCounts();
+  // With options.record_routing: the routed experts of every token row of
+  // the last pass, [num_layers, *rows, top_k] (-1 for dense layers).
+  absl::StatusOr<std::vector<int32_t>> LastRouting(int* rows);
+  // Step(seqs) run eagerly with events between the phases.
+  absl::StatusOr<PhaseTimes> ProfileStep(absl::Span<const SequenceTokens> seqs);
+  // Sets options.moe_tile_m (dropping the captured graphs). For benchmarks.
+  absl::Status SetMoeTileM(int tile_m);
+  // True iff the last Step replayed a CUDA graph.
+  bool last_step_used_graph() const { return last_step_used_graph_; }
+
+ private:
+  struct Sequence {
+    bool live = false;
+    int length = 0;
+    std::vector<int32_t> blocks;
+  };
+  // One forward pass's host-side inputs.
+  struct Batch {
+    int num_tokens = 0;  // T, including padding rows
+    int num_rows = 0;    // head rows (sequences), including padding
+    std::vector<int32_t> tokens, positions, slots, seq_lens, head_rows, block_table;
+    int max_seq_len = 0;
+    bool decode = false;  // one token per sequence, padded to a bucket
+  };
+  struct Graph;
+
+  explicit CudaModel(const ModelConfig& config, const CudaModelOptions& options);
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const ModelConfig& config,
+                                                           const CudaModelOptions& options,
+                                                           std::unique_ptr<DeviceWeights> weights,
+                                                           Stream stream);
+  absl::Status Init();
+
+  int Bucket(int batch) const;
+  // Validates, allocates cache blocks and lays out the step's tokens; a
+  // decode batch is padded to its bucket. `chunks` gets the passes to run.
+  absl::Status Plan(absl::Span<const SequenceTokens> seqs, std::vector<Batch>* chunks,
+                    std::vector<int>* row_seq_index);
+  absl::Status Upload(const Batch& b);
+  absl::Status EnqueueForward(const Batch& b, bool sample, int top_k);
+  absl::Status EnqueueLayers(const Batch& b);
+  absl::Status EnqueueMlp(const bf16* w_gate_up, const bf16* w_down, int inter, int num_tokens);
+  absl::Status EnqueueMoe(int layer, int num_tokens);
+  absl::Status EnqueueHead(int num_rows, bool sample, int top_k);
+  absl::Status Gemm(const bf16* x, int ldx, const bf16* w, void* y, int ldy, int m, int n, int k, OutType out,
+                    bool accumulate);
+  absl::Status RunDecodeGraph(const Batch& b, int top_k);
+  absl::Status Commit(absl::Span<const SequenceTokens> seqs);
+  absl::Status Mark(int index);  // records profiling event `index` iff profiling
+
+  // Constant after Init (but options_.moe_tile_m: SetMoeTileM).
+  const ModelConfig config_;
+  CudaModelOptions options_;
+  DeviceInfo info_;
+  Stream stream_;
+  std::unique_ptr<CublasGemm> gemm_;
+  std::unique_ptr<DeviceWeights> weights_;
+  std::unique_ptr<KvPool> kv_;
+  int max_model_len_ = 0, max_blocks_per_seq_ = 0;
+  int max_tokens_ = 0;  // scratch rows
+  int max_rows_ = 0;    // head rows
+  std::vector<int> buckets_;
+  bool fast_mla_ = false;
+  float softmax_scale_ = 1.0f;
+  RopeTableView rope_;
+  DeviceBuffer<float> inv_freq_;
+
+  // Scratch (device), sized for max_tokens_ tokens.
+  DeviceBuffer<float> x_, normed_f32_, router_logits_, topk_w_, moe_out_, logits_, next_lp_, topk_lp_;
+  DeviceBuffer<bf16> normed_, qkv_, qa_, q_, q_mla_, o_lat_, attn_, mlp_gu_, mlp_act_, moe_gu_, moe_act_,
+      head_normed_;
+  DeviceBuffer<int32_t> topk_ids_, row_token_, pair_row_, expert_offsets_, tile_offsets_, expert_counts_,
+      next_ids_, topk_out_ids_;
+  DeviceBuffer<uint8_t> decode_ws_, prefill_ws_;  // MLA split partials (decode_ws_ fixed: graphs hold it)
+  // Step inputs: device copies at fixed addresses (graphs read them), pinned staging.
+  DeviceBuffer<int32_t> d_tokens_, d_positions_, d_slots_, d_seq_lens_, d_head_rows_, d_block_table_;
+  PinnedBuffer<int32_t> h_meta_;     // staging for the above
+  PinnedBuffer<int32_t> h_ids_;      // next_ids, topk ids back
+  PinnedBuffer<float> h_lp_;         // next_logprobs, topk logprobs back
+
+  // Mutable state.
+  std::vector<Sequence> seqs_;
+  std::vector<int> free_seq_ids_;
+  std::map<std::pair<int, int>, std::unique_ptr<Graph>> graphs_;  // (bucket, top_k)
+  MlaDecodePlan plan_;  // the current pass's
+  bool last_step_used_graph_ = false;
+  DeviceBuffer<int32_t> routing_log_;  // [num_layers, max_tokens_, top_k] iff record_routing
+  int routing_rows_ = 0;
+  std::vector<Event>* profile_ = nullptr;  // non-null while ProfileStep runs
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_MODEL_CUDA_MODEL_H_

@@ -1,0 +1,57 @@
+// The paged latent KV cache on the device: for every layer, num_blocks blocks
+// of kKvBlockSize rows [kv_lora_rank latent | rope key], bf16, in one
+// cudaMalloc (never managed memory). A block id names the same block in every
+// layer. Block ids are handed out and taken back on the host.
+//
+// Not thread-safe: one owner (the CudaModel) at a time.
+#ifndef MOESH_KERNELS_CUDA_MODEL_KV_POOL_H_
+#define MOESH_KERNELS_CUDA_MODEL_KV_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/config.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+class KvPool {
+ public:
+  // Bytes of one block across all layers.
+  static size_t BlockBytes(int num_layers, int row_width) {
+    return static_cast<size_t>(num_layers) * kKvBlockSize * row_width * sizeof(bf16);
+  }
+  // REQUIRES: num_blocks >= 1. RESOURCE_EXHAUSTED if the device lacks memory.
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(int num_layers, int row_width, int num_blocks);
+
+  int num_layers() const { return num_layers_; }
+  int row_width() const { return row_width_; }
+  int num_blocks() const { return num_blocks_; }
+  int free_blocks() const { return static_cast<int>(free_.size()); }
+  size_t bytes() const { return storage_.bytes(); }
+  // Layer l's blocks: [num_blocks, kKvBlockSize, row_width].
+  bf16* layer(int l) const {
+    return storage_.get() + static_cast<size_t>(l) * num_blocks_ * kKvBlockSize * row_width_;
+  }
+
+  // Appends n free block ids to *blocks; RESOURCE_EXHAUSTED (taking none) if
+  // fewer than n are free.
+  absl::Status Allocate(int n, std::vector<int32_t>* blocks);
+  // Takes the ids back. REQUIRES: each came from Allocate and is not free.
+  void Release(const std::vector<int32_t>& blocks);
+
+ private:
+  KvPool(int num_layers, int row_width, int num_blocks)
+      : num_layers_(num_layers), row_width_(row_width), num_blocks_(num_blocks) {}
+
+  const int num_layers_, row_width_, num_blocks_;
+  DeviceBuffer<bf16> storage_;
+  std::vector<int32_t> free_;  // a stack: the most recently released first
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_MODEL_KV_POOL_H_

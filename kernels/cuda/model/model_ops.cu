@@ -1,0 +1,281 @@
+// Embedding, fp32-residual RMSNorm, slice copy, MoE permute / combine and the
+// plain MLA attention kernel (model_ops.h states the math of each).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/config.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/model/model_ops.h"
+
+namespace moesh::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p) {
+  const int64_t t = blockIdx.x;
+  const bf16* src = p.table + static_cast<int64_t>(p.token_ids[t]) * p.hidden;
+  float* dst = p.out + t * p.hidden;
+  for (int i = threadIdx.x; i < p.hidden; i += blockDim.x) dst[i] = __bfloat162float(src[i]);
+}
+
+__global__ void __launch_bounds__(kThreads) RmsNormF32Kernel(RmsNormF32Params p) {
+  __shared__ float scratch[32];
+  const int64_t i = blockIdx.x;
+  const int64_t r = p.rows != nullptr ? p.rows[i] : i;
+  const float* x = p.x + r * p.ldx;
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < p.n; j += blockDim.x) ss += x[j] * x[j];
+  const float inv = 1.0f / sqrtf(BlockSum(ss, scratch) / static_cast<float>(p.n) + p.eps);
+  bf16* y = p.y + i * p.n;
+  float* y32 = p.y_f32 != nullptr ? p.y_f32 + i * p.n : nullptr;
+  for (int j = threadIdx.x; j < p.n; j += blockDim.x) {
+    const float v = __bfloat162float(p.weight[j]) * (x[j] * inv);
+    y[j] = __float2bfloat16_rn(v);
+    if (y32 != nullptr) y32[j] = v;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) SliceCopyKernel(SliceCopyParams p) {
+  const int64_t t = blockIdx.x;
+  for (int j = threadIdx.x; j < p.num_rows * p.dim; j += blockDim.x) {
+    const int r = j / p.dim, i = j % p.dim;
+    p.dst[t * p.dst_token_stride + static_cast<int64_t>(r) * p.dst_row_stride + p.dst_offset + i] =
+        p.src[t * p.src_token_stride + static_cast<int64_t>(r) * p.src_row_stride + p.src_offset + i];
+  }
+}
+
+// Exclusive prefix sum over the block (one value per thread); the total goes
+// to *total. REQUIRES: blockDim.x == kPermuteThreads, every thread calls it.
+constexpr int kPermuteThreads = 1024;
+__device__ int BlockExclusiveScan(int v, int* warp_sums, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += u;
+  }
+  __syncthreads();  // warp_sums may still be read by an earlier call
+  if (lane == 31) warp_sums[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int w = warp_sums[lane];  // 32 warps
+    int winc = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int u = __shfl_up_sync(0xffffffffu, winc, o);
+      if (lane >= o) winc += u;
+    }
+    warp_sums[lane] = winc - w;  // exclusive
+    if (lane == 31) *total = winc;
+  }
+  __syncthreads();
+  return warp_sums[warp] + inc - v;
+}
+
+__global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(MoePermuteParams p) {
+  __shared__ int counts[kPermuteThreads];
+  __shared__ int cursor[kPermuteThreads];
+  __shared__ int warp_sums[32];
+  __shared__ int total_rows, total_tiles;
+  const int e = threadIdx.x;
+  counts[e] = 0;
+  __syncthreads();
+  const int pairs = p.num_tokens * p.top_k;
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int id = p.topk_ids[i];
+    if (id >= 0 && id < p.num_experts) atomicAdd(&counts[id], 1);
+  }
+  __syncthreads();
+  const int c = e < p.num_experts ? counts[e] : 0;
+  const int row0 = BlockExclusiveScan(c, warp_sums, &total_rows);
+  const int tile0 = BlockExclusiveScan((c + p.tile_m - 1) / p.tile_m, warp_sums, &total_tiles);
+  if (e < p.num_experts) {
+    p.expert_offsets[e] = row0;
+    p.tile_offsets[e] = tile0;
+    if (p.expert_counts != nullptr) p.expert_counts[e] = c;
+  }
+  if (e == 0) {
+    p.expert_offsets[p.num_experts] = total_rows;
+    p.tile_offsets[p.num_experts] = total_tiles;
+  }
+  cursor[e] = row0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int id = p.topk_ids[i];
+    if (id >= 0 && id < p.num_experts) {
+      const int r = atomicAdd(&cursor[id], 1);
+      p.pair_row[i] = r;
+      p.row_token[r] = i / p.top_k;
+    } else {
+      p.pair_row[i] = -1;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) MoeCombineKernel(MoeCombineParams p) {
+  const int64_t t = blockIdx.x;
+  const int32_t* rows = p.pair_row + t * p.top_k;
+  const float* w = p.topk_weights + t * p.top_k;
+  float* x = p.x + t * p.hidden;
+  for (int j = threadIdx.x; j < p.hidden; j += blockDim.x) {
+    float acc = 0.0f;
+    for (int k = 0; k < p.top_k; ++k) {
+      const int r = rows[k];
+      if (r >= 0) acc += w[k] * p.expert_out[static_cast<int64_t>(r) * p.hidden + j];
+    }
+    x[j] += acc;
+  }
+}
+
+// MLA attention, plain: one CTA per (head, query row); kMlaThreads tokens per
+// chunk, one per thread for the scores, then threads over latent dims for P·V.
+constexpr int kMlaThreads = 128;
+constexpr int kMlaMaxDim = 1024;
+
+__global__ void __launch_bounds__(kMlaThreads) MlaGenericKernel(MlaDecodeParams p) {
+  __shared__ float q[kMlaMaxDim];
+  __shared__ float prob[kMlaThreads];
+  __shared__ float red[32];
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int rank = p.kv_lora_rank, dim = p.kv_lora_rank + p.rope_dim;
+  const bf16* qrow = p.q + (static_cast<int64_t>(b) * p.num_heads + h) * dim;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) q[d] = __bfloat162float(qrow[d]);
+  __syncthreads();
+  const int len = p.seq_lens[b];
+  const int32_t* table = p.block_table + static_cast<int64_t>(b) * p.max_blocks_per_seq;
+  constexpr int kMaxOwn = kMlaMaxDim / kMlaThreads;  // latent dims per thread
+  float acc[kMaxOwn];
+#pragma unroll
+  for (int j = 0; j < kMaxOwn; ++j) acc[j] = 0.0f;
+  float m = -INFINITY, l = 0.0f;  // running max and sum (identical in every thread)
+  for (int base = 0; base < len; base += kMlaThreads) {
+    const int t = base + threadIdx.x;
+    float s = -INFINITY;
+    if (t < len) {
+      const bf16* row = p.kv_cache + (static_cast<int64_t>(table[t / kKvBlockSize]) * kKvBlockSize +
+                                      t % kKvBlockSize) * dim;
+      float dot = 0.0f;
+      for (int d = 0; d < dim; ++d) dot += q[d] * __bfloat162float(row[d]);
+      s = dot * p.softmax_scale;
+    }
+    // Chunk max.
+    float cm = WarpMax(s);
+    __syncthreads();  // red and prob of the previous chunk are consumed
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = cm;
+    __syncthreads();
+    cm = red[0];
+    for (int w = 1; w < kMlaThreads / 32; ++w) cm = fmaxf(cm, red[w]);
+    const float m_new = fmaxf(m, cm);
+    const float scale_old = m == -INFINITY ? 0.0f : expf(m - m_new);
+    const float pt = t < len ? expf(s - m_new) : 0.0f;
+    prob[threadIdx.x] = pt;
+    __syncthreads();
+    float csum = 0.0f;
+    const int n = min(kMlaThreads, len - base);
+    for (int j = 0; j < n; ++j) csum += prob[j];
+    l = l * scale_old + csum;
+    m = m_new;
+#pragma unroll
+    for (int j = 0; j < kMaxOwn; ++j) {
+      const int d = threadIdx.x + j * kMlaThreads;
+      if (d < rank) {
+        float a = acc[j] * scale_old;
+        for (int i = 0; i < n; ++i) {
+          const int tt = base + i;
+          const bf16* row = p.kv_cache + (static_cast<int64_t>(table[tt / kKvBlockSize]) * kKvBlockSize +
+                                          tt % kKvBlockSize) * dim;
+          a += prob[i] * __bfloat162float(row[d]);
+        }
+        acc[j] = a;
+      }
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  const int64_t out_row = (static_cast<int64_t>(b) * p.num_heads + h) * rank;
+#pragma unroll
+  for (int j = 0; j < kMaxOwn; ++j) {
+    const int d = threadIdx.x + j * kMlaThreads;
+    if (d < rank) {
+      const float v = acc[j] * inv;
+      if (p.out_type == OutType::kFloat32) {
+        static_cast<float*>(p.out)[out_row + d] = v;
+      } else {
+        static_cast<bf16*>(p.out)[out_row + d] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+  if (p.lse != nullptr && threadIdx.x == 0) {
+    p.lse[static_cast<int64_t>(b) * p.num_heads + h] = len > 0 ? m + logf(l) : -INFINITY;
+  }
+}
+
+}  // namespace
+
+absl::Status RunEmbed(const EmbedParams& p) {
+  if (p.num_tokens < 0 || p.hidden <= 0) return absl::InvalidArgumentError("RunEmbed: bad shape");
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (!p.table || !p.token_ids || !p.out) return absl::InvalidArgumentError("RunEmbed: null pointer");
+  EmbedKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  return LaunchStatus("EmbedKernel");
+}
+
+absl::Status RunRmsNormF32(const RmsNormF32Params& p) {
+  RmsNormF32Params q = p;
+  if (q.ldx == 0) q.ldx = q.n;
+  if (q.num_rows < 0 || q.n <= 0 || q.ldx < q.n) return absl::InvalidArgumentError("RunRmsNormF32: bad shape");
+  if (q.num_rows == 0) return absl::OkStatus();
+  if (!q.x || !q.weight || !q.y) return absl::InvalidArgumentError("RunRmsNormF32: null pointer");
+  RmsNormF32Kernel<<<q.num_rows, kThreads, 0, q.stream>>>(q);
+  return LaunchStatus("RmsNormF32Kernel");
+}
+
+absl::Status RunSliceCopy(const SliceCopyParams& p) {
+  if (p.num_tokens < 0 || p.num_rows < 0 || p.dim < 0) return absl::InvalidArgumentError("RunSliceCopy: bad shape");
+  if (p.num_tokens == 0 || p.num_rows == 0 || p.dim == 0) return absl::OkStatus();
+  if (!p.src || !p.dst) return absl::InvalidArgumentError("RunSliceCopy: null pointer");
+  SliceCopyKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  return LaunchStatus("SliceCopyKernel");
+}
+
+absl::Status RunMoePermute(const MoePermuteParams& p) {
+  if (p.num_tokens < 0 || p.top_k < 1 || p.num_experts < 1 || p.num_experts > kPermuteThreads ||
+      (p.tile_m != 16 && p.tile_m != 32 && p.tile_m != 64)) {
+    return absl::InvalidArgumentError(absl::StrCat("RunMoePermute: need top_k >= 1, 1 <= num_experts <= ",
+                                                   kPermuteThreads, ", tile_m 16, 32 or 64"));
+  }
+  if (!p.topk_ids || !p.expert_offsets || !p.tile_offsets || !p.row_token || !p.pair_row) {
+    return absl::InvalidArgumentError("RunMoePermute: null pointer");
+  }
+  MoePermuteKernel<<<1, kPermuteThreads, 0, p.stream>>>(p);
+  return LaunchStatus("MoePermuteKernel");
+}
+
+absl::Status RunMoeCombine(const MoeCombineParams& p) {
+  if (p.num_tokens < 0 || p.top_k < 1 || p.hidden <= 0) return absl::InvalidArgumentError("RunMoeCombine: bad shape");
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (!p.expert_out || !p.pair_row || !p.topk_weights || !p.x) {
+    return absl::InvalidArgumentError("RunMoeCombine: null pointer");
+  }
+  MoeCombineKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  return LaunchStatus("MoeCombineKernel");
+}
+
+absl::Status RunMlaAttentionGeneric(const MlaDecodeParams& p) {
+  if (p.batch < 0 || p.num_heads <= 0 || p.kv_lora_rank <= 0 || p.rope_dim < 0 ||
+      p.kv_lora_rank + p.rope_dim > kMlaMaxDim || p.max_blocks_per_seq <= 0 || p.batch > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunMlaAttentionGeneric: need kv_lora_rank + rope_dim <= ", kMlaMaxDim, ", batch <= 65535"));
+  }
+  if (p.batch == 0) return absl::OkStatus();
+  if (!p.q || !p.kv_cache || !p.block_table || !p.seq_lens || !p.out) {
+    return absl::InvalidArgumentError("RunMlaAttentionGeneric: null pointer");
+  }
+  const dim3 grid(p.num_heads, p.batch);
+  MlaGenericKernel<<<grid, kMlaThreads, 0, p.stream>>>(p);
+  return LaunchStatus("MlaGenericKernel");
+}
+
+}  // namespace moesh::cuda

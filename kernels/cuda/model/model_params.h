@@ -1,0 +1,102 @@
+// Parameters of the ops the CUDA model adds to kernels/cuda: one struct per
+// op, each with its stream (kernels/cuda/params.h's conventions: device
+// pointers, row-major, shapes in the comments, "ld" in elements).
+#ifndef MOESH_KERNELS_CUDA_MODEL_MODEL_PARAMS_H_
+#define MOESH_KERNELS_CUDA_MODEL_MODEL_PARAMS_H_
+
+#include <cstdint>
+
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+// out[t, :] = float(table[token_ids[t], :]).
+struct EmbedParams {
+  const bf16* table = nullptr;         // [vocab, hidden]
+  const int32_t* token_ids = nullptr;  // [num_tokens], each in [0, vocab)
+  int num_tokens = 0, hidden = 0;
+  float* out = nullptr;  // [num_tokens, hidden]
+  cudaStream_t stream = nullptr;
+};
+
+// RMSNorm of fp32 rows (the residual stream) into the bf16 input of the next
+// GEMM, optionally gathering rows: for i in [0, num_rows), r = rows ? rows[i] : i,
+//   y[i] = bf16(weight * (x[r] * rsqrt(mean(x[r]^2) + eps)))   (kernels/cpu RmsNorm's order)
+// and the same before rounding in y_f32 when it is not null.
+struct RmsNormF32Params {
+  const float* x = nullptr;       // [*, ldx]
+  const int32_t* rows = nullptr;  // [num_rows]; may be null (identity)
+  const bf16* weight = nullptr;   // [n]
+  int num_rows = 0, n = 0, ldx = 0;  // ldx 0: n
+  float eps = 1e-6f;
+  bf16* y = nullptr;       // [num_rows, n]
+  float* y_f32 = nullptr;  // [num_rows, n]; may be null
+  cudaStream_t stream = nullptr;
+};
+
+// A strided copy of one slice per (token, row):
+//   dst[t * dst_token_stride + r * dst_row_stride + dst_offset + i] =
+//   src[t * src_token_stride + r * src_row_stride + src_offset + i],  i in [0, dim).
+// Moves each head's q_pe next to its absorbed q_nope (MLA's query row).
+struct SliceCopyParams {
+  const bf16* src = nullptr;
+  int src_token_stride = 0, src_row_stride = 0, src_offset = 0;
+  bf16* dst = nullptr;
+  int dst_token_stride = 0, dst_row_stride = 0, dst_offset = 0;
+  int num_tokens = 0, num_rows = 0, dim = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// Sorts the (token, k) routing pairs by expert, on one CTA. Afterwards
+// expert e's rows are [expert_offsets[e], expert_offsets[e + 1]) of the
+// permuted order, row r holds token row_token[r], and pair (t, k) sits at row
+// pair_row[t * top_k + k] (-1 iff its id is outside [0, num_experts)). The
+// order inside an expert is unspecified (rows are computed independently).
+// tile_offsets[e] counts the tile_m-row tiles of the experts before e.
+struct MoePermuteParams {
+  const int32_t* topk_ids = nullptr;  // [num_tokens, top_k]
+  int num_tokens = 0, top_k = 0, num_experts = 0;
+  int tile_m = 16;
+  int32_t* expert_offsets = nullptr;  // [num_experts + 1]
+  int32_t* tile_offsets = nullptr;    // [num_experts + 1]
+  int32_t* row_token = nullptr;       // [num_tokens * top_k]
+  int32_t* pair_row = nullptr;        // [num_tokens * top_k]
+  int32_t* expert_counts = nullptr;   // [num_experts]; may be null (statistics)
+  cudaStream_t stream = nullptr;
+};
+
+// Grouped GEMM over the experts of one MoE layer, for the rows a
+// MoePermuteParams pass laid out: for every expert e and permuted row r of e,
+//   y[r, :] = x[src(r), :] · w[e]^T,  src(r) = row_index ? row_index[r] : r.
+// Sizes live on the device, so a launch is graph-capturable.
+struct GroupedGemmParams {
+  const bf16* x = nullptr;          // [*, ldx]
+  int ldx = 0;                      // 0: k
+  const int32_t* row_index = nullptr;  // [rows]; may be null
+  const bf16* w = nullptr;          // [num_experts, n, k]
+  int num_experts = 0, n = 0, k = 0;
+  const int32_t* expert_offsets = nullptr;  // [num_experts + 1], from MoePermuteParams
+  const int32_t* tile_offsets = nullptr;    // [num_experts + 1], with the same tile_m
+  int tile_m = 16;      // 16 or 32 (decode), 64 (prefill)
+  int max_tiles = 0;    // host bound on tile_offsets[num_experts]: GroupedGemmMaxTiles()
+  int k_tile = 0;       // k slice per pipeline stage: 32 or 64; 0: 64 iff k % 64 == 0
+  void* y = nullptr;    // [rows, ldy], per out_type
+  OutType out_type = OutType::kBf16;
+  int ldy = 0;  // 0: n
+  cudaStream_t stream = nullptr;
+};
+
+// x[t, :] += sum_k topk_weights[t, k] * expert_out[pair_row[t * top_k + k], :]
+// (pairs with row -1 skipped; k in order).
+struct MoeCombineParams {
+  const float* expert_out = nullptr;  // [rows, hidden]
+  const int32_t* pair_row = nullptr;  // [num_tokens * top_k]
+  const float* topk_weights = nullptr;  // [num_tokens, top_k]
+  int num_tokens = 0, top_k = 0, hidden = 0;
+  float* x = nullptr;  // [num_tokens, hidden], in/out
+  cudaStream_t stream = nullptr;
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_MODEL_MODEL_PARAMS_H_
