@@ -16,6 +16,8 @@ for bin in "$@"; do
   # "libfoo.so.1 => /lib/x86_64-linux-gnu/libfoo.so.1 (0x...)" for every library, needed directly or not.
   ldd "$bin" > "$tmp/ldd" || { echo "$0: ldd $bin failed" >&2; exit 1; }
   for soname in $(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+    # The dynamic loader is listed without "=>" (its path is its name); it comes with libc6.
+    case "$soname" in ld-linux*) continue ;; esac
     path=$(awk -v l="$soname" '$1 == l && $2 == "=>" { print $3; exit }' "$tmp/ldd")
     if [ -z "$path" ] || [ "$path" = "not" ]; then
       echo "$0: $bin: $soname not found" >&2
