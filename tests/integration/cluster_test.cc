@@ -24,6 +24,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "moesh/v1/generation.grpc.pb.h"
+#include "moesh/v1/worker.grpc.pb.h"
 #include "nlohmann/json.hpp"
 
 namespace moesh {
@@ -501,8 +502,29 @@ TEST(ClusterTest, PlacementFollowsExpertWorkersJoiningAndLeaving) {
   const std::vector<int32_t> want = Offline(**model, prompt, 16).output_ids;
   EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 16)).ids, want);
   ASSERT_TRUE((*cluster)->AddExpertWorker("0-7").ok());
-  // A heartbeat or two carries the new placement version to the attention workers.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // The router's map grows to three workers under a new version...
+  auto cluster_stub =
+      v1::Cluster::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  int64_t version = 0;
+  for (int i = 0; i < 200 && version == 0; ++i) {
+    grpc::ClientContext ctx;
+    v1::PlacementMap map;
+    ASSERT_TRUE(cluster_stub->GetPlacement(&ctx, v1::GetPlacementRequest(), &map).ok());
+    if (map.workers_size() == 3) version = map.version();
+    if (version == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(version, 0) << "the new expert worker never registered";
+  // ... which a heartbeat carries to each attention worker; each logs the switch.
+  const std::string switched_line = absl::StrCat("placement version ", version, ": switched");
+  for (const char* w : {"prefill-0", "decode-0"}) {
+    bool switched = false;
+    for (int i = 0; i < 200 && !switched; ++i) {
+      absl::StatusOr<std::string> log = ReadFileToString(Proc(**cluster, w).log_path);
+      switched = log.ok() && log->find(switched_line) != std::string::npos;
+      if (!switched) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(switched) << w << " never took the new placement";
+  }
   ASSERT_TRUE((*cluster)->Signal("expert-0", SIGKILL).ok());
   ASSERT_TRUE((*cluster)->Signal("expert-1", SIGKILL).ok());
   for (int i = 0; i < 3; ++i) {
