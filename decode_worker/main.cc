@@ -16,6 +16,8 @@
 
 ABSL_FLAG(std::string, model, "", "Model directory (config.json + safetensors).");
 ABSL_FLAG(std::string, expert_workers, "", "Comma-separated expert worker addresses (empty: the router's placement map, or local experts without --router).");
+ABSL_FLAG(int, expert_discovery_timeout_s, 600,
+          "How long to wait at startup for expert workers covering every expert.");
 ABSL_FLAG(std::string, transport, "grpc", "Data-plane transport: grpc or ucx.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
@@ -38,6 +40,7 @@ absl::Status Run() {
   opt.expert_workers = absl::StrSplit(absl::GetFlag(FLAGS_expert_workers), ',', absl::SkipWhitespace());
   opt.transport = absl::GetFlag(FLAGS_transport);
   opt.router = absl::GetFlag(FLAGS_router);
+  opt.discovery_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_expert_discovery_timeout_s));
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create(absl::GetFlag(FLAGS_metrics_listen), "decode_worker"));
   const std::string metrics_address =
       metrics->port() > 0 ? absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", metrics->port()) : "";
