@@ -1,6 +1,7 @@
 #include "expert_worker/expert_service.h"
 
 #include <cstring>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_util.h"
@@ -10,10 +11,14 @@ namespace moesh {
 ExpertService::ExpertService(std::unique_ptr<ExpertStage> stage, std::string fingerprint,
                              ExpertServiceOptions options)
     : stage_(std::move(stage)), fingerprint_(std::move(fingerprint)), options_(options) {
+  {
+    absl::MutexLock lock(&mu_);
+    expert_load_.assign(stage_->config().n_routed_experts, 0);
+  }
   if (Metrics* m = options.metrics) {
     auto& tokens = m->CounterFamily("moesh_expert_tokens_total", "Tokens routed to each hosted expert, per layer.");
-    for (const auto& [layer, experts] : stage_->weights().layers) {
-      for (const auto& [e, w] : experts) {
+    for (int layer : stage_->moe_layers()) {
+      for (int e : stage_->expert_ids()) {
         expert_tokens_[{layer, e}] = &tokens.Add({{"layer", std::to_string(layer)}, {"expert", std::to_string(e)}});
       }
     }
@@ -27,6 +32,13 @@ ExpertService::ExpertService(std::unique_ptr<ExpertStage> stage, std::string fin
 }
 
 void ExpertService::Record(const MoeDispatch& d, double seconds, size_t num_requests) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (int i = 0; i < d.num_tokens * d.top_k; ++i) {
+      const int e = d.topk_ids[i];
+      if (e >= 0 && e < static_cast<int>(expert_load_.size())) ++expert_load_[e];
+    }
+  }
   if (compute_seconds_ == nullptr) return;
   compute_seconds_->Observe(seconds);
   batches_counter_->Increment();
@@ -47,7 +59,7 @@ absl::Status ExpertService::Validate(const v1::DispatchRequest& r) const {
   if (r.topk_ids_size() != n * r.top_k() || r.topk_weights_size() != n * r.top_k()) {
     return absl::InvalidArgumentError("dispatch topk_ids/topk_weights do not match num_tokens * top_k");
   }
-  if (!stage_->weights().layers.count(r.layer())) {
+  if (!stage_->IsMoeLayer(r.layer())) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", r.layer(), " is not an MoE layer"));
   }
   return absl::OkStatus();
@@ -134,10 +146,39 @@ absl::Status ExpertService::RunBatch(Batch* batch) {
 
 grpc::Status ExpertService::Info(grpc::ServerContext*, const v1::ExpertInfoRequest*,
                                  v1::ExpertInfoResponse* response) {
-  for (int e : stage_->weights().expert_ids) response->add_expert_ids(e);
+  for (int e : stage_->expert_ids()) response->add_expert_ids(e);
   response->set_model_fingerprint(fingerprint_);
   response->set_data_plane_address(data_plane_address_);
   return grpc::Status::OK;
+}
+
+grpc::Status ExpertService::LoadExperts(grpc::ServerContext*, const v1::LoadExpertsRequest* request,
+                                        v1::LoadExpertsResponse* response) {
+  if (!options_.loader) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker cannot load experts");
+  absl::MutexLock serial(&load_mu_);
+  const std::set<int> hosted = stage_->expert_ids();
+  std::set<int> add;
+  for (int e : request->expert_ids()) {
+    if (e < 0 || e >= stage_->config().n_routed_experts) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("expert ", e, " does not exist"));
+    }
+    if (!hosted.count(e)) add.insert(e);
+  }
+  if (!add.empty()) {
+    absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w = options_.loader(add);
+    if (!w.ok()) return ToGrpcStatus(w.status());
+    stage_->AddShard(std::move(*w));
+    std::cerr << "expert worker: now also serving " << add.size() << " more experts" << std::endl;
+  }
+  for (int e : stage_->expert_ids()) response->add_expert_ids(e);
+  return grpc::Status::OK;
+}
+
+v1::WorkerLoad ExpertService::Load() const {
+  v1::WorkerLoad load;
+  absl::MutexLock lock(&mu_);
+  load.mutable_expert_tokens()->Add(expert_load_.begin(), expert_load_.end());
+  return load;
 }
 
 int64_t ExpertService::num_batches() const {

@@ -7,6 +7,8 @@
 #define MOESH_EXPERT_WORKER_EXPERT_SERVICE_H_
 
 #include <chrono>
+#include <functional>
+#include <set>
 #include <map>
 #include <memory>
 #include <vector>
@@ -20,10 +22,14 @@
 
 namespace moesh {
 
+// Loads the given experts' weights (the expert worker's checkpoint).
+using ExpertLoader = std::function<absl::StatusOr<std::unique_ptr<ExpertShardWeights>>(const std::set<int>&)>;
+
 struct ExpertServiceOptions {
   // How long the first dispatch of a layer waits for others to join its batch.
   std::chrono::microseconds batch_window{200};
   Metrics* metrics = nullptr;  // may be null
+  ExpertLoader loader;         // null: LoadExperts is UNIMPLEMENTED
 };
 
 class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
@@ -34,6 +40,10 @@ class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
   absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override;
   // ExpertWorker.Info.
   grpc::Status Info(grpc::ServerContext*, const v1::ExpertInfoRequest*, v1::ExpertInfoResponse* response) override;
+  grpc::Status LoadExperts(grpc::ServerContext*, const v1::LoadExpertsRequest* request,
+                           v1::LoadExpertsResponse* response) override;
+  // Heartbeat payload: tokens served per expert.
+  v1::WorkerLoad Load() const;
 
   // Merged computations run so far, and dispatches they served (for tests and
   // metrics: batches < dispatches means merging happened).
@@ -64,6 +74,8 @@ class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
   std::map<int, std::shared_ptr<Batch>> open_ ABSL_GUARDED_BY(mu_);  // layer -> batch taking joiners
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dispatches_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> expert_load_ ABSL_GUARDED_BY(mu_);  // [n_routed_experts]
+  absl::Mutex load_mu_;  // serialises LoadExperts
   // Per (layer, expert) token counters; null without metrics.
   std::map<std::pair<int, int>, prometheus::Counter*> expert_tokens_;
   prometheus::Histogram* compute_seconds_ = nullptr;

@@ -49,6 +49,10 @@ absl::Status Run() {
       metrics->port() > 0 ? absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", metrics->port()) : "";
   ExpertServiceOptions options;
   options.metrics = metrics.get();
+  // Replicas the rebalancer places here are read from the same checkpoint.
+  options.loader = [&config, &ckpt](const std::set<int>& ids) {
+    return ExpertShardWeights::Load(config, *ckpt, ids);
+  };
   options.batch_window = std::chrono::microseconds(absl::GetFlag(FLAGS_batch_window_us));
   ExpertService service(std::make_unique<ExpertStage>(config, std::move(weights)), config.Fingerprint(), options);
   GrpcDataPlaneService data_plane(&service, nullptr);
@@ -70,6 +74,7 @@ absl::Status Run() {
   reg.set_model_fingerprint(config.Fingerprint());
   reg.set_data_plane_address(data.address);
   for (int e : hosted) reg.add_expert_ids(e);
+  serve.load = [&service] { return service.Load(); };
   serve.ready_file = absl::GetFlag(FLAGS_ready_file);
   serve.address = address;
   serve.metrics_address = metrics_address;

@@ -40,7 +40,8 @@ absl::StatusOr<EplbPlan> PlanExpertPlacement(const std::vector<double>& load, in
       if (plan.replicas[e] >= num_workers) continue;
       if (best < 0 || load[e] / plan.replicas[e] > load[best] / plan.replicas[best]) best = e;
     }
-    if (best < 0 || load[best] == 0) break;
+    if (best < 0) break;  // every expert on every worker already
+    // Spare slots go to replicas even of idle experts: more hosts, better failover.
     ++plan.replicas[best];
   }
   // 2. Pack: heaviest replica first onto the least-loaded worker that has a

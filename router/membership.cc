@@ -1,9 +1,15 @@
 #include "router/membership.h"
 
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
 #include <iostream>
+#include <numeric>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "router/eplb.h"
 
 namespace moesh {
 
@@ -113,6 +119,68 @@ grpc::Status Membership::Deregister(grpc::ServerContext*, const v1::DeregisterRe
   }
   for (auto& f : notify) f();
   return grpc::Status::OK;
+}
+
+grpc::Status Membership::Rebalance(grpc::ServerContext*, const v1::RebalanceRequest* request,
+                                   v1::RebalanceResponse* response) {
+  absl::MutexLock serial(&rebalance_mu_);
+  std::vector<WorkerInfo> experts = Live(v1::WORKER_KIND_EXPERT);
+  if (experts.empty()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no expert workers are registered");
+  // Load per expert = what every worker reported serving for it.
+  int num_experts = 0;
+  for (const WorkerInfo& w : experts) {
+    num_experts = std::max(num_experts, w.load.expert_tokens_size());
+    for (int e : w.expert_ids) num_experts = std::max(num_experts, e + 1);
+  }
+  std::vector<double> load(num_experts, 0.0);
+  std::vector<int> replicas(num_experts, 0);
+  size_t most = 0;
+  for (const WorkerInfo& w : experts) {
+    for (int e = 0; e < w.load.expert_tokens_size(); ++e) load[e] += static_cast<double>(w.load.expert_tokens(e));
+    for (int e : w.expert_ids) ++replicas[e];
+    most = std::max(most, w.expert_ids.size());
+  }
+  const int slots = std::max<int>(request->slots_per_worker(), static_cast<int>(most));
+  absl::StatusOr<EplbPlan> plan = PlanExpertPlacement(load, static_cast<int>(experts.size()), slots);
+  if (!plan.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(plan.status().message()));
+  std::vector<double> before(experts.size(), 0.0);
+  for (size_t w = 0; w < experts.size(); ++w) {
+    for (int e : experts[w].expert_ids) before[w] += load[e] / std::max(replicas[e], 1);
+  }
+  const double total = std::accumulate(before.begin(), before.end(), 0.0);
+  response->set_balance_ratio_before(
+      total > 0 ? *std::max_element(before.begin(), before.end()) / (total / before.size()) : 1.0);
+  response->set_balance_ratio_after(plan->balance_ratio);
+  // Load the new replicas first; only then does the map change.
+  std::map<std::string, std::vector<int>> hosted;  // worker id -> experts after
+  for (size_t w = 0; w < experts.size(); ++w) {
+    std::set<int> want(experts[w].expert_ids.begin(), experts[w].expert_ids.end());
+    want.insert(plan->worker_experts[w].begin(), plan->worker_experts[w].end());
+    v1::LoadExpertsRequest req;
+    req.mutable_expert_ids()->Add(want.begin(), want.end());
+    v1::LoadExpertsResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+    auto stub = v1::ExpertWorker::NewStub(grpc::CreateChannel(experts[w].address, grpc::InsecureChannelCredentials()));
+    grpc::Status s = stub->LoadExperts(&ctx, req, &resp);
+    if (!s.ok()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat(experts[w].id, " could not load its new experts (",
+                                                                      s.error_message(), "); the map is unchanged"));
+    }
+    hosted[experts[w].id].assign(resp.expert_ids().begin(), resp.expert_ids().end());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, ids] : hosted) {
+      auto it = workers_.find(id);
+      if (it != workers_.end()) it->second.info.expert_ids = ids;
+    }
+    ++placement_version_;
+    response->set_placement_version(placement_version_);
+  }
+  std::cerr << "router: rebalanced " << experts.size() << " expert workers, balance ratio "
+            << response->balance_ratio_before() << " -> " << response->balance_ratio_after() << std::endl;
+  return GetPlacement(nullptr, nullptr, response->mutable_placement());
 }
 
 grpc::Status Membership::GetPlacement(grpc::ServerContext*, const v1::GetPlacementRequest*,

@@ -46,6 +46,8 @@ class Membership final : public v1::Cluster::Service {
                             v1::PlacementMap* response) override;
   grpc::Status Deregister(grpc::ServerContext*, const v1::DeregisterRequest* request,
                           v1::DeregisterResponse*) override;
+  grpc::Status Rebalance(grpc::ServerContext*, const v1::RebalanceRequest* request,
+                         v1::RebalanceResponse* response) override;
 
   std::vector<WorkerInfo> Live(v1::WorkerKind kind) const;
   // Called (outside the lock) whenever the set of live workers changes.
@@ -77,6 +79,7 @@ class Membership final : public v1::Cluster::Service {
   std::map<int64_t, std::pair<std::string, std::function<void()>>> tracked_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> to_cancel_ ABSL_GUARDED_BY(mu_);  // collected by Drop
   std::vector<std::function<void()>> on_change_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex rebalance_mu_;  // one rebalance at a time
   absl::Notification stop_;
   std::thread sweeper_;
 };

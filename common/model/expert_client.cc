@@ -9,11 +9,48 @@
 
 namespace moesh {
 
+ExpertStage::ExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights)
+    : config_(config) {
+  shards_.push_back(std::move(weights));
+}
+
+void ExpertStage::AddShard(std::unique_ptr<ExpertShardWeights> more) {
+  absl::MutexLock lock(&mu_);
+  shards_.push_back(std::move(more));
+}
+
+ExpertStage::Shards ExpertStage::shards() const {
+  absl::MutexLock lock(&mu_);
+  return shards_;
+}
+
+std::set<int> ExpertStage::expert_ids() const {
+  std::set<int> ids;
+  for (const auto& s : shards()) ids.insert(s->expert_ids.begin(), s->expert_ids.end());
+  return ids;
+}
+
+std::vector<int> ExpertStage::moe_layers() const {
+  std::vector<int> layers;
+  for (const auto& [l, experts] : shards().front()->layers) layers.push_back(l);
+  return layers;
+}
+
+bool ExpertStage::IsMoeLayer(int layer) const { return shards().front()->layers.count(layer) > 0; }
+
 absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
-  auto layer_it = weights_->layers.find(d.layer);
-  if (layer_it == weights_->layers.end()) {
+  const Shards shards = this->shards();
+  if (!shards.front()->layers.count(d.layer)) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
   }
+  // The first shard holding each expert serves it.
+  auto find = [&](int e) -> const MlpWeights* {
+    for (const auto& s : shards) {
+      if (!s->expert_ids.count(e)) continue;
+      return &s->layers.at(d.layer).at(e);
+    }
+    return nullptr;
+  };
   if (d.hidden != config_.hidden_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("dispatch hidden size ", d.hidden, " != model hidden size ", config_.hidden_size));
@@ -27,7 +64,7 @@ absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
       if (e >= config_.n_routed_experts) {
         return absl::InvalidArgumentError(absl::StrCat("expert id ", e, " out of range"));
       }
-      if (!weights_->expert_ids.count(e)) continue;
+      if (find(e) == nullptr) continue;
       by_expert[e].emplace_back(t, d.topk_weights[t * d.top_k + k]);
     }
   }
@@ -35,7 +72,7 @@ absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
   const int inter = config_.moe_intermediate_size;
   std::vector<float> x, gate_up, act, y;
   for (const auto& [e, items] : by_expert) {
-    const MlpWeights& w = layer_it->second.at(e);
+    const MlpWeights& w = *find(e);
     const int m = static_cast<int>(items.size());
     x.resize(static_cast<size_t>(m) * h);
     for (int i = 0; i < m; ++i) {

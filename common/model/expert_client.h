@@ -10,9 +10,12 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "common/model/config.h"
 #include "common/model/weights.h"
 
@@ -54,19 +57,29 @@ class ExpertClient {
 
 // The expert FFNs of one shard: for every MoE layer, a grouped computation over
 // the tokens routed to the shard's experts. Thread-safe (read-only weights).
+// Experts can be added while serving (AddShard: replicas placed by the
+// rebalancer); a dispatch already running uses the experts it started with.
 class ExpertStage {
  public:
-  ExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights)
-      : config_(config), weights_(std::move(weights)) {}
+  ExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights);
 
   // Adds into out[num_tokens, hidden] the weighted outputs of the (token,
   // expert) pairs whose expert is in this shard; other pairs are skipped.
   absl::Status Accumulate(const MoeDispatch& dispatch, float* out) const;
-  const ExpertShardWeights& weights() const { return *weights_; }
+
+  void AddShard(std::unique_ptr<ExpertShardWeights> more);
+  std::set<int> expert_ids() const;  // every expert hosted
+  std::vector<int> moe_layers() const;
+  bool IsMoeLayer(int layer) const;
+  const ModelConfig& config() const { return config_; }
 
  private:
+  using Shards = std::vector<std::shared_ptr<const ExpertShardWeights>>;
+  Shards shards() const;
+
   const ModelConfig config_;
-  const std::unique_ptr<ExpertShardWeights> weights_;
+  mutable absl::Mutex mu_;
+  Shards shards_ ABSL_GUARDED_BY(mu_);
 };
 
 // All routed experts in this process. Thread-safe.

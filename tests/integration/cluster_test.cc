@@ -534,6 +534,47 @@ TEST(ClusterTest, PlacementFollowsExpertWorkersJoiningAndLeaving) {
   }
 }
 
+// EPLB end to end: the router plans replicas from the load the expert workers
+// report, the workers load them, the map switches; outputs are unchanged and a
+// worker can then die without failing requests.
+TEST(ClusterTest, RebalanceReplicatesExpertsWithoutChangingOutputs) {
+  LocalClusterOptions o = Options(TinyModel(), "rebalance");
+  o.expert_workers = {"0-3", "4-7"};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
+  ASSERT_TRUE(model.ok());
+  const std::vector<int32_t> prompt = {9, 1, 4, 4};
+  const std::vector<int32_t> want = Offline(**model, prompt, 24).output_ids;
+  ASSERT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // loads reach the router by heartbeat
+  auto stub = v1::Cluster::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::RebalanceRequest req;
+  req.set_slots_per_worker(8);  // room for a replica of every expert
+  v1::RebalanceResponse resp;
+  grpc::Status s = stub->Rebalance(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LE(resp.balance_ratio_after(), resp.balance_ratio_before() + 1e-9);
+  ASSERT_EQ(resp.placement().workers_size(), 2);
+  for (const auto& w : resp.placement().workers()) EXPECT_EQ(w.expert_ids_size(), 8);
+  const std::string switched_line = absl::StrCat("placement version ", resp.placement_version(), ": switched");
+  for (const char* w : {"prefill-0", "decode-0"}) {
+    bool switched = false;
+    for (int i = 0; i < 200 && !switched; ++i) {
+      absl::StatusOr<std::string> log = ReadFileToString(Proc(**cluster, w).log_path);
+      switched = log.ok() && log->find(switched_line) != std::string::npos;
+      if (!switched) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(switched) << w;
+  }
+  EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
+  ASSERT_TRUE((*cluster)->Signal("expert-1", SIGKILL).ok());
+  Result r = Call((*cluster)->router_address(), Request(prompt, 24));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, want);
+}
+
 // Without a replica, the streams an expert worker was serving end UNAVAILABLE
 // within seconds, and so do new requests, with a message naming the expert.
 TEST(ClusterTest, ExpertWorkerDeathWithoutReplicaFailsStreams) {
