@@ -9,12 +9,16 @@
 #include <random>
 
 #include "common/file_util.h"
+#include "common/model/model_test_util.h"
 #include "common/model/random_checkpoint.h"
 #include "common/model/safetensors.h"
 #include "gtest/gtest.h"
 
 namespace moesh {
 namespace {
+
+using testing_util::MaxAbsDiff;
+using testing_util::RandomTokens;
 
 std::string Checkpoint(const std::string& family) {
   const std::string dir = JoinPath(::testing::TempDir(), "model_test_" + family);
@@ -28,19 +32,7 @@ std::string Checkpoint(const std::string& family) {
   return dir;
 }
 
-std::vector<int32_t> RandomTokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = d(rng);
-  return t;
-}
 
-float MaxAbsDiff(const float* a, const float* b, size_t n) {
-  float worst = 0.0f;
-  for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-  return worst;
-}
 
 class ModelTest : public ::testing::TestWithParam<std::string> {
  protected:

@@ -10,10 +10,13 @@
 #include "common/file_util.h"
 #include "common/model/model.h"
 #include "common/model/random_checkpoint.h"
+#include "common/model/model_test_util.h"
 #include "gtest/gtest.h"
 
 namespace moesh {
 namespace {
+
+using testing_util::MaxAbsDiff;
 
 std::unique_ptr<Model> LoadV32(int index_topk) {
   absl::StatusOr<ModelConfig> c = PresetConfig("v3.2", "tiny");
@@ -44,11 +47,6 @@ std::vector<float> Forward(const Model& m, const std::vector<int32_t>& tokens, K
   return l.ok() ? *l : std::vector<float>();
 }
 
-float MaxAbsDiff(const float* a, const float* b, int n) {
-  float worst = 0.0f;
-  for (int i = 0; i < n; ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-  return worst;
-}
 
 TEST(SparseAttentionTest, CacheRowsCarryTheIndexerKeys) {
   std::unique_ptr<Model> m = LoadV32(8);

@@ -13,26 +13,18 @@
 #include "common/model/model.h"
 #include "common/model/random_checkpoint.h"
 #include "common/model/safetensors.h"
+#include "common/model/model_test_util.h"
 #include "gtest/gtest.h"
 
 namespace moesh {
 namespace {
 
+using testing_util::MaxAbsDiff;
+constexpr auto& Tokens = testing_util::RandomTokens;
+
 std::string GoldenDir(const std::string& name) { return JoinPath(JoinPath(MOESH_SOURCE_DIR, "tests/golden"), name); }
 
-std::vector<int32_t> Tokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = d(rng);
-  return t;
-}
 
-float MaxAbsDiff(const float* a, const float* b, size_t n) {
-  float worst = 0.0f;
-  for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-  return worst;
-}
 
 class V4ModelTest : public ::testing::TestWithParam<std::string> {
  protected:

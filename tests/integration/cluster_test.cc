@@ -167,6 +167,18 @@ const LocalCluster::Process& Proc(const LocalCluster& c, const std::string& name
   return none;
 }
 
+// True once attention worker `name` logged switching to placement `version`
+// (waits up to 10 s).
+bool SwitchedToPlacement(const LocalCluster& c, const std::string& name, int64_t version) {
+  const std::string line = absl::StrCat("placement version ", version, ": switched");
+  for (int i = 0; i < 200; ++i) {
+    absl::StatusOr<std::string> log = ReadFileToString(Proc(c, name).log_path);
+    if (log.ok() && log->find(line) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
 TEST(ClusterTest, GreedyEqualsOfflineOnGoldenCheckpoints) {
   for (const char* name : {"v2_lite", "v3", "v32", "v4_legacy"}) {
     SCOPED_TRACE(name);
@@ -515,15 +527,8 @@ TEST(ClusterTest, PlacementFollowsExpertWorkersJoiningAndLeaving) {
   }
   ASSERT_NE(version, 0) << "the new expert worker never registered";
   // ... which a heartbeat carries to each attention worker; each logs the switch.
-  const std::string switched_line = absl::StrCat("placement version ", version, ": switched");
   for (const char* w : {"prefill-0", "decode-0"}) {
-    bool switched = false;
-    for (int i = 0; i < 200 && !switched; ++i) {
-      absl::StatusOr<std::string> log = ReadFileToString(Proc(**cluster, w).log_path);
-      switched = log.ok() && log->find(switched_line) != std::string::npos;
-      if (!switched) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ASSERT_TRUE(switched) << w << " never took the new placement";
+    ASSERT_TRUE(SwitchedToPlacement(**cluster, w, version)) << w << " never took the new placement";
   }
   ASSERT_TRUE((*cluster)->Signal("expert-0", SIGKILL).ok());
   ASSERT_TRUE((*cluster)->Signal("expert-1", SIGKILL).ok());
@@ -558,15 +563,8 @@ TEST(ClusterTest, RebalanceReplicatesExpertsWithoutChangingOutputs) {
   EXPECT_LE(resp.balance_ratio_after(), resp.balance_ratio_before() + 1e-9);
   ASSERT_EQ(resp.placement().workers_size(), 2);
   for (const auto& w : resp.placement().workers()) EXPECT_EQ(w.expert_ids_size(), 8);
-  const std::string switched_line = absl::StrCat("placement version ", resp.placement_version(), ": switched");
   for (const char* w : {"prefill-0", "decode-0"}) {
-    bool switched = false;
-    for (int i = 0; i < 200 && !switched; ++i) {
-      absl::StatusOr<std::string> log = ReadFileToString(Proc(**cluster, w).log_path);
-      switched = log.ok() && log->find(switched_line) != std::string::npos;
-      if (!switched) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ASSERT_TRUE(switched) << w;
+    ASSERT_TRUE(SwitchedToPlacement(**cluster, w, resp.placement_version())) << w;
   }
   EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
   ASSERT_TRUE((*cluster)->Signal("expert-1", SIGKILL).ok());

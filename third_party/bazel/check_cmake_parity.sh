@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lists what the Bazel build lacks compared with the CMake build (the reference):
 #  1. .cc/.proto/.sh files in the tree (git-tracked or new, not ignored) that no
-#     Bazel target uses, outside kernels/cuda (CMake only);
+#     Bazel target uses, outside kernels/cuda and the NCCL link (CMake only, CUDA);
 #  2. with a configured CMake build directory: ctest's tests that have no Bazel
 #     test of the same name (cuda_* tests excluded).
 # usage: third_party/bazel/check_cmake_parity.sh [CMAKE_BUILD_DIR]
@@ -13,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 missing=0
 
 git ls-files --cached --others --exclude-standard -- '*.cc' '*.proto' '*.sh' |
-  grep -v -E '^(kernels/cuda|scripts|third_party|deploy|\.ci)/' | sort -u >"$tmp/tree"
+  grep -v -E '^(kernels/cuda|scripts|third_party|deploy|\.ci)/|^common/transport/nccl_link' | sort -u >"$tmp/tree"
 bazel query --noshow_progress 'kind("source file", deps(//...))' 2>/dev/null |
   grep '^//' | sed -e 's|^//:||' -e 's|^//\([^:]*\):|\1/|' | sort -u >"$tmp/bazel"
 if comm -23 "$tmp/tree" "$tmp/bazel" | grep . >"$tmp/files"; then
