@@ -8,6 +8,8 @@
 #include "cli/commands.h"
 #include "common/engine/generate.h"
 #include "common/model/model.h"
+#include "common/model/safetensors.h"
+#include "common/service/backends.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -17,7 +19,8 @@ absl::Status RunGenerate(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
                                           {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k",
                                            "top-p", "min-p", "seed", "top-logprobs", "stop-token-ids",
-                                           "repetition-penalty", "presence-penalty", "frequency-penalty"},
+                                           "repetition-penalty", "presence-penalty", "frequency-penalty", "device",
+                                           "gpu-memory-utilization"},
                                           {"ignore-eos", "json"}));
   ASSIGN_OR_RETURN(std::string dir, args.Required("model"));
   ASSIGN_OR_RETURN(std::vector<int64_t> prompt64, args.IntList("prompt-ids"));
@@ -55,8 +58,26 @@ absl::Status RunGenerate(const std::vector<std::string>& argv) {
     sp.seed = static_cast<uint64_t>(seed);
   }
 
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
-  ASSIGN_OR_RETURN(GenerationResult r, Generate(*model, prompt, sp, stop));
+  DeviceOptions device;
+  device.device = args.Get("device").value_or("cpu");
+  RETURN_IF_ERROR(ValidateDevice(device.device));
+  ASSIGN_OR_RETURN(device.gpu_memory_utilization, args.Double("gpu-memory-utilization", 0.9));
+  GenerationResult r;
+  if (IsCudaDevice(device.device)) {
+    // One sequence: the whole model, experts included, on the device.
+    device.max_num_seqs = 1;
+    const int64_t need = static_cast<int64_t>(prompt.size()) + stop.max_new_tokens - 1;
+    device.max_model_len = need > 8192 ? static_cast<int>(std::min<int64_t>(need, INT32_MAX)) : 0;
+    ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
+    ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+    RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
+    ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> backend,
+                     MakeAttentionBackend(config, *ckpt, device, /*with_experts=*/true));
+    ASSIGN_OR_RETURN(r, Generate(backend.get(), nullptr, prompt, sp, stop));
+  } else {
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
+    ASSIGN_OR_RETURN(r, Generate(*model, prompt, sp, stop));
+  }
 
   if (args.Bool("json")) {
     nlohmann::json j;

@@ -99,13 +99,15 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   for (int i = 0; i < options.num_decode; ++i) {
     std::vector<std::string> flags = {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
                                       "--transport=" + options.transport,
-                                      absl::StrCat("--kv_blocks=", options.kv_blocks)};
+                                      absl::StrCat("--kv_blocks=", options.kv_blocks), "--device=" + options.device,
+                                      "--gpu_memory_utilization=0.6"};
     flags.insert(flags.end(), options.extra_attention_worker_flags.begin(), options.extra_attention_worker_flags.end());
     RETURN_IF_ERROR(c->Spawn(absl::StrCat("decode-", i), "moesh_decode_worker", flags).status());
   }
   for (int i = 0; i < options.num_prefill; ++i) {
     std::vector<std::string> flags = {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
-                                      "--transport=" + options.transport};
+                                      "--transport=" + options.transport, "--device=" + options.device,
+                                      "--gpu_memory_utilization=0.8"};
     flags.insert(flags.end(), options.extra_attention_worker_flags.begin(), options.extra_attention_worker_flags.end());
     RETURN_IF_ERROR(c->Spawn(absl::StrCat("prefill-", i), "moesh_prefill_worker", flags).status());
   }
@@ -119,7 +121,8 @@ absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
   const bool shard = spec.find('/') != std::string::npos;
   return Spawn(absl::StrCat("expert-", n), "moesh_expert_worker",
                {"--model=" + options_.model_dir, "--router=" + router_address(),
-                (shard ? "--shard=" : "--experts=") + spec, "--transport=" + options_.transport})
+                (shard ? "--shard=" : "--experts=") + spec, "--transport=" + options_.transport,
+                "--device=" + options_.device})
       .status();
 }
 

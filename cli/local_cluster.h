@@ -31,6 +31,10 @@ struct LocalClusterOptions {
   // followed as expert workers come and go); false: --expert_workers flags.
   bool placement_from_router = true;
   int kv_blocks = 512;
+  // --device of the prefill, decode and expert workers: cpu, cuda or cuda:N.
+  // On one GPU the decode worker may bring the device to 60% of its memory,
+  // the prefill worker (started after it) to 80%.
+  std::string device = "cpu";
   int heartbeat_timeout_ms = 3000;
   std::vector<std::string> extra_router_flags;
   std::vector<std::string> extra_attention_worker_flags;  // prefill and decode workers

@@ -12,7 +12,8 @@
 namespace moesh::cli {
 
 absl::Status RunServeLocal(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"model", "port", "expert-workers", "bin-dir", "work-dir", "kv-blocks"}, {}));
+  ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"model", "port", "expert-workers", "bin-dir", "work-dir", "kv-blocks", "device"},
+                                          {}));
   LocalClusterOptions opt;
   ASSIGN_OR_RETURN(opt.model_dir, args.Required("model"));
   ASSIGN_OR_RETURN(int64_t port, args.Int("port", 50051));
@@ -22,13 +23,15 @@ absl::Status RunServeLocal(const std::vector<std::string>& argv) {
   for (int64_t i = 0; i < n; ++i) opt.expert_workers.push_back(absl::StrCat(i, "/", n));
   ASSIGN_OR_RETURN(int64_t blocks, args.Int("kv-blocks", 512));
   opt.kv_blocks = static_cast<int>(blocks);
+  opt.device = args.Get("device").value_or("cpu");
   // The service binaries sit beside this one.
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   std::string bin = len > 0 ? std::string(self, len) : "./moesh";
   opt.bin_dir = args.Get("bin-dir").value_or(bin.substr(0, bin.rfind('/')));
   opt.work_dir = args.Get("work-dir").value_or(absl::StrCat("/tmp/moesh-serve-local-", getpid()));
-  std::cerr << "starting router, " << n << " expert workers, a prefill and a decode worker (logs in "
+  std::cerr << "starting router, " << n << " expert workers, a prefill and a decode worker on " << opt.device
+            << " (logs in "
             << opt.work_dir << ") ..." << std::endl;
   // Block the signals before spawning so only this process waits for them.
   ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(opt));

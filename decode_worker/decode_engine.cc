@@ -8,11 +8,8 @@
 
 namespace moesh {
 
-DecodeEngine::DecodeEngine(const AttentionModel* model, ExpertClient* experts, DecodeEngineOptions options)
-    : model_(model),
-      experts_(experts),
-      options_(options),
-      pool_(model->config().num_hidden_layers, model->kv_row_width(), options.block_size, options.num_kv_blocks) {
+DecodeEngine::DecodeEngine(AttentionBackend* backend, ExpertClient* experts, DecodeEngineOptions options)
+    : backend_(backend), experts_(experts), options_(options) {
   if (Metrics* m = options.metrics) {
     kv_usage_ = &m->GaugeFamily("moesh_kv_cache_usage_perc", "Fraction of KV cache blocks in use, [0, 1].").Add({});
     kv_free_blocks_ = &m->GaugeFamily("moesh_kv_cache_free_blocks", "Free KV cache blocks.").Add({});
@@ -22,7 +19,7 @@ DecodeEngine::DecodeEngine(const AttentionModel* model, ExpertClient* experts, D
                          .Add({}, Metrics::LatencyBuckets());
     batch_size_ = &m->HistogramFamily("moesh_decode_batch_size", "Requests per decode step.")
                        .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512});
-    kv_free_blocks_->Set(pool_.free_blocks());
+    kv_free_blocks_->Set(backend_->kv_usage().free_blocks);
   }
   thread_ = std::thread([this] { Loop(); });
 }
@@ -40,7 +37,7 @@ DecodeEngine::~DecodeEngine() {
 absl::Status DecodeEngine::Reserve(const std::string& request_id, int max_tokens) {
   absl::MutexLock lock(&mu_);
   if (requests_.count(request_id)) return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " exists"));
-  absl::StatusOr<std::unique_ptr<PagedKvSequence>> kv = pool_.Allocate(max_tokens);
+  absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewSequence(max_tokens);
   if (!kv.ok()) return kv.status();
   auto r = std::make_shared<Request>();
   r->kv = std::move(*kv);
@@ -60,7 +57,7 @@ absl::Status DecodeEngine::PushKv(const v1::PushKvRequest& msg) {
     if (r->kv_received || r->running) return absl::FailedPreconditionError("KV already received for " + msg.request_id());
   }
   // The sequence is not shared until kv_received is set.
-  if (absl::Status s = DeserializeKv(msg, model_->config().num_hidden_layers, r->kv.get()); !s.ok()) return s;
+  if (absl::Status s = DeserializeKv(msg, backend_->config().num_hidden_layers, r->kv.get()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   r->kv_received = true;
   return absl::OkStatus();
@@ -94,8 +91,9 @@ void DecodeEngine::Finish(std::shared_ptr<Request> r, absl::Status status) {  //
 
 void DecodeEngine::UpdateGauges() {
   if (kv_usage_ == nullptr) return;
-  kv_usage_->Set(pool_.usage());
-  kv_free_blocks_->Set(pool_.free_blocks());
+  const KvUsage u = backend_->kv_usage();
+  kv_usage_->Set(u.used_fraction());
+  kv_free_blocks_->Set(u.free_blocks);
   running_->Set(static_cast<double>(requests_.size()));
 }
 
@@ -109,7 +107,7 @@ absl::Status DecodeEngine::Decode(const DecodeSpec& spec, const DecodeSink& sink
     r = it->second;
     if (!r->kv_received) return absl::FailedPreconditionError(absl::StrCat("no KV received for ", spec.request_id));
     if (r->running || r->done) return absl::AlreadyExistsError(absl::StrCat(spec.request_id, " is already decoding"));
-    if (absl::Status s = spec.sampling.Validate(model_->config().vocab_size); !s.ok()) {
+    if (absl::Status s = spec.sampling.Validate(backend_->config().vocab_size); !s.ok()) {
       Finish(r, s);
       return s;
     }
@@ -185,7 +183,7 @@ void DecodeEngine::Loop() {
 }
 
 void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
-  const int vocab = model_->config().vocab_size;
+  const int vocab = backend_->config().vocab_size;
   std::vector<int32_t> tokens(batch.size());
   std::vector<SequenceInput> inputs(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -194,8 +192,8 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
   }
   const auto start = std::chrono::steady_clock::now();
   const int mb =
-      experts_->IsAsync() && static_cast<int>(batch.size()) >= options_.micro_batch_min ? options_.micro_batches : 1;
-  absl::StatusOr<std::vector<float>> logits = model_->Forward(inputs, experts_, LogitsFor::kLastToken, mb);
+      experts_ != nullptr && experts_->IsAsync() && static_cast<int>(batch.size()) >= options_.micro_batch_min ? options_.micro_batches : 1;
+  absl::StatusOr<std::vector<float>> logits = backend_->Forward(inputs, experts_, mb);
   if (step_seconds_ != nullptr) {
     step_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     batch_size_->Observe(static_cast<double>(batch.size()));
@@ -244,8 +242,9 @@ v1::WorkerLoad DecodeEngine::Load() const {
     for (auto& [id, r] : requests_) running += r->running ? 1 : 0;
     load.set_num_running(running);
   }
-  load.set_kv_usage(pool_.usage());
-  load.set_free_kv_blocks(pool_.free_blocks());
+  const KvUsage u = backend_->kv_usage();
+  load.set_kv_usage(static_cast<float>(u.used_fraction()));
+  load.set_free_kv_blocks(u.free_blocks);
   return load;
 }
 

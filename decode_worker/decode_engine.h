@@ -23,18 +23,15 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "common/engine/paged_kv_cache.h"
+#include "common/engine/attention_backend.h"
 #include "common/engine/sampler.h"
 #include "common/metrics/metrics.h"
-#include "common/model/attention_model.h"
 #include "common/transport/transport.h"
 #include "moesh/v1/worker.pb.h"
 
 namespace moesh {
 
 struct DecodeEngineOptions {
-  int num_kv_blocks = 1024;
-  int block_size = 64;
   int max_batch = 256;  // running requests per step
   // Ping-pong micro-batches per step when the experts are remote (1: off),
   // used once a step has at least micro_batch_min requests (smaller halves
@@ -61,7 +58,10 @@ using DecodeSink = std::function<void(const v1::DecodeResponse&)>;
 
 class DecodeEngine : public KvHandler {
  public:
-  DecodeEngine(const AttentionModel* model, ExpertClient* experts, DecodeEngineOptions options);
+  // `backend` (its KV pool holds the requests' caches) and `experts` are
+  // borrowed and must outlive the engine; `experts` is null iff
+  // backend->has_experts().
+  DecodeEngine(AttentionBackend* backend, ExpertClient* experts, DecodeEngineOptions options);
   ~DecodeEngine() override;  // fails running requests with UNAVAILABLE, joins the thread
 
   // RESOURCE_EXHAUSTED if the blocks are not free; ALREADY_EXISTS for a
@@ -78,12 +78,11 @@ class DecodeEngine : public KvHandler {
   absl::Status Decode(const DecodeSpec& spec, const DecodeSink& sink, const std::function<bool()>& cancelled);
 
   v1::WorkerLoad Load() const;
-  const KvBlockPool& pool() const { return pool_; }
 
  private:
   struct Request {
     DecodeSpec spec;
-    std::unique_ptr<PagedKvSequence> kv;
+    std::unique_ptr<KvSequence> kv;
     std::unique_ptr<Sampler> sampler;
     std::vector<int32_t> output;  // generated so far, first_token included
     std::chrono::steady_clock::time_point reserved_at;
@@ -103,10 +102,9 @@ class DecodeEngine : public KvHandler {
   // when the last reference goes).
   void Finish(std::shared_ptr<Request> r, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const AttentionModel* const model_;
+  AttentionBackend* const backend_;
   ExpertClient* const experts_;
   const DecodeEngineOptions options_;
-  KvBlockPool pool_;
 
   // Null without metrics.
   prometheus::Gauge* kv_usage_ = nullptr;

@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "common/service/attention_worker.h"
+#include "common/service/device_flags.h"
 #include "common/metrics/metrics.h"
 #include "common/service/grpc_util.h"
 #include "common/service/worker_flags.h"
@@ -24,8 +25,8 @@ ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reac
 ABSL_FLAG(std::string, router, "", "Router address to register with.");
 ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
-ABSL_FLAG(int, kv_blocks, 1024, "KV cache blocks.");
-ABSL_FLAG(int, block_size, 64, "Tokens per KV block.");
+ABSL_FLAG(int, kv_blocks, 1024, "--device cpu: KV cache blocks (CUDA sizes its cache from --gpu_memory_utilization).");
+ABSL_FLAG(int, block_size, 64, "--device cpu: tokens per KV block (CUDA: 64).");
 ABSL_FLAG(int, max_batch, 256, "Most requests decoded per step.");
 ABSL_FLAG(int, micro_batches, 2, "Ping-pong micro-batches per step with remote experts (1: off).");
 ABSL_FLAG(int, micro_batch_min, 16, "Smallest decode batch that is split into micro-batches.");
@@ -45,26 +46,29 @@ absl::Status Run() {
   const std::string metrics_address =
       metrics->port() > 0 ? absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", metrics->port()) : "";
   opt.metrics = metrics.get();
-  ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
+  ASSIGN_OR_RETURN(opt.device, DeviceOptionsFromFlags());
+  opt.device.num_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  opt.device.block_size = absl::GetFlag(FLAGS_block_size);
+  opt.device.max_num_seqs = absl::GetFlag(FLAGS_max_batch);
   DecodeEngineOptions eo;
-  eo.num_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
-  eo.block_size = absl::GetFlag(FLAGS_block_size);
   eo.max_batch = absl::GetFlag(FLAGS_max_batch);
   eo.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   eo.micro_batch_min = absl::GetFlag(FLAGS_micro_batch_min);
   eo.metrics = metrics.get();
-  if (eo.num_kv_blocks < 1 || eo.block_size < 1 || eo.max_batch < 1 || eo.micro_batches < 1) {
+  if (opt.device.num_kv_blocks < 1 || opt.device.block_size < 1 || eo.max_batch < 1 || eo.micro_batches < 1) {
     return absl::InvalidArgumentError("--kv_blocks, --block_size, --max_batch and --micro_batches must be >= 1");
   }
-  DecodeEngine engine(w.model.get(), w.experts.get(), eo);
+  ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
+  DecodeEngine engine(w.backend.get(), w.experts.get(), eo);
   DecodeService service(&engine);
   GrpcDataPlaneService data_plane(nullptr, &engine);
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service, &data_plane}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
   ASSIGN_OR_RETURN(DataPlaneEndpoint data, StartDataPlane(opt.transport, absl::GetFlag(FLAGS_advertise_host),
                                                            address, nullptr, &engine));
-  std::cerr << "decode worker for " << w.config.Fingerprint() << " on " << address << " (" << eo.num_kv_blocks
-            << " KV blocks of " << eo.block_size << " tokens)" << std::endl;
+  const KvUsage kv = w.backend->kv_usage();
+  std::cerr << "decode worker for " << w.config.Fingerprint() << " on " << address << " (" << w.backend->device()
+            << ", " << kv.total_blocks << " KV blocks of " << kv.block_size << " tokens)" << std::endl;
   ServeOptions serve;
   serve.name = "decode worker";
   serve.router = absl::GetFlag(FLAGS_router);

@@ -167,7 +167,7 @@ grpc::Status ExpertService::LoadExperts(grpc::ServerContext*, const v1::LoadExpe
   if (!add.empty()) {
     absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w = options_.loader(add);
     if (!w.ok()) return ToGrpcStatus(w.status());
-    stage_->AddShard(std::move(*w));
+    if (absl::Status s = stage_->AddShard(std::move(*w)); !s.ok()) return ToGrpcStatus(s);
     std::cerr << "expert worker: now also serving " << add.size() << " more experts" << std::endl;
   }
   for (int e : stage_->expert_ids()) response->add_expert_ids(e);

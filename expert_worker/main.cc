@@ -8,6 +8,8 @@
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 #include "common/metrics/metrics.h"
+#include "common/service/backends.h"
+#include "common/service/device_flags.h"
 #include "common/service/grpc_util.h"
 #include "common/service/worker_flags.h"
 #include "common/service/worker_main.h"
@@ -42,6 +44,7 @@ absl::Status Run() {
   } else if (!absl::GetFlag(FLAGS_shard).empty()) {
     ASSIGN_OR_RETURN(experts, ExpertShard(absl::GetFlag(FLAGS_shard), config.n_routed_experts));
   }
+  ASSIGN_OR_RETURN(DeviceOptions device, DeviceOptionsFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> weights, ExpertShardWeights::Load(config, *ckpt, experts));
   const std::set<int> hosted = weights->expert_ids;
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create(absl::GetFlag(FLAGS_metrics_listen), "expert_worker"));
@@ -54,7 +57,9 @@ absl::Status Run() {
     return ExpertShardWeights::Load(config, *ckpt, ids);
   };
   options.batch_window = std::chrono::microseconds(absl::GetFlag(FLAGS_batch_window_us));
-  ExpertService service(std::make_unique<ExpertStage>(config, std::move(weights)), config.Fingerprint(), options);
+  ASSIGN_OR_RETURN(std::unique_ptr<ExpertStage> stage, MakeExpertStage(config, std::move(weights), device));
+  const std::string where = stage->device();
+  ExpertService service(std::move(stage), config.Fingerprint(), options);
   GrpcDataPlaneService data_plane(&service, nullptr);
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service, &data_plane}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
@@ -63,7 +68,7 @@ absl::Status Run() {
                                                            nullptr));
   service.set_data_plane_address(data.address);
   std::cerr << "expert worker serving experts " << *hosted.begin() << ".." << *hosted.rbegin() << " ("
-            << hosted.size() << ") of " << config.Fingerprint() << " on " << address << " (data plane "
+            << hosted.size() << ") of " << config.Fingerprint() << " on " << address << " (" << where << ", data plane "
             << absl::GetFlag(FLAGS_transport) << " " << data.address << ")" << std::endl;
   ServeOptions serve;
   serve.name = "expert worker";

@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "common/service/attention_worker.h"
+#include "common/service/device_flags.h"
 #include "common/metrics/metrics.h"
 #include "common/service/grpc_util.h"
 #include "common/service/worker_flags.h"
@@ -40,6 +41,7 @@ absl::Status Run() {
   const std::string metrics_address =
       metrics->port() > 0 ? absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", metrics->port()) : "";
   opt.metrics = metrics.get();
+  ASSIGN_OR_RETURN(opt.device, DeviceOptionsFromFlags());
   ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
   PrefillEngineOptions eo;
   eo.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
@@ -48,11 +50,12 @@ absl::Status Run() {
   if (eo.max_batch_tokens < 1 || eo.micro_batches < 1) {
     return absl::InvalidArgumentError("--max_batch_tokens and --micro_batches must be >= 1");
   }
-  PrefillEngine engine(w.model.get(), w.experts.get(), w.transport.get(), eo);
+  PrefillEngine engine(w.backend.get(), w.experts.get(), w.transport.get(), eo);
   PrefillService service(&engine);
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
-  std::cerr << "prefill worker for " << w.config.Fingerprint() << " on " << address << std::endl;
+  std::cerr << "prefill worker for " << w.config.Fingerprint() << " on " << address << " (" << w.backend->device()
+            << ")" << std::endl;
   ServeOptions serve;
   serve.name = "prefill worker";
   serve.router = absl::GetFlag(FLAGS_router);

@@ -5,9 +5,9 @@
 
 namespace moesh {
 
-PrefillEngine::PrefillEngine(const AttentionModel* model, ExpertClient* experts, Transport* transport,
+PrefillEngine::PrefillEngine(AttentionBackend* backend, ExpertClient* experts, Transport* transport,
                              PrefillEngineOptions options)
-    : model_(model), experts_(experts), transport_(transport), options_(options) {
+    : backend_(backend), experts_(experts), transport_(transport), options_(options) {
   if (Metrics* m = options.metrics) {
     waiting_ = &m->GaugeFamily("moesh_num_requests_waiting", "Prompts queued for prefill.").Add({});
     queued_tokens_gauge_ = &m->GaugeFamily("moesh_prefill_queued_tokens", "Prompt tokens queued for prefill.").Add({});
@@ -36,7 +36,7 @@ PrefillEngine::~PrefillEngine() {
 }
 
 absl::StatusOr<PrefillResult> PrefillEngine::Prefill(const PrefillSpec& spec) {
-  const ModelConfig& c = model_->config();
+  const ModelConfig& c = backend_->config();
   if (spec.prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt");
   for (int32_t t : spec.prompt_ids) {
     if (t < 0 || t >= c.vocab_size) {
@@ -98,13 +98,23 @@ absl::StatusOr<DataChannel*> PrefillEngine::ChannelTo(const std::string& address
 }
 
 void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
-  const ModelConfig& c = model_->config();
-  std::vector<SequenceKvCache> caches(batch.size(), model_->NewCache());
+  const ModelConfig& c = backend_->config();
+  std::vector<std::unique_ptr<KvSequence>> caches(batch.size());
   std::vector<SequenceInput> inputs(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) inputs[i] = {batch[i]->spec->prompt_ids, &caches[i]};
+  absl::StatusOr<std::vector<float>> logits = std::vector<float>();
+  for (size_t i = 0; i < batch.size() && logits.ok(); ++i) {
+    absl::StatusOr<std::unique_ptr<KvSequence>> seq =
+        backend_->NewSequence(static_cast<int>(batch[i]->spec->prompt_ids.size()));
+    if (!seq.ok()) {
+      logits = seq.status();
+    } else {
+      caches[i] = std::move(*seq);
+      inputs[i] = {batch[i]->spec->prompt_ids, caches[i].get()};
+    }
+  }
   const auto start = std::chrono::steady_clock::now();
-  const int mb = experts_->IsAsync() ? options_.micro_batches : 1;
-  absl::StatusOr<std::vector<float>> logits = model_->Forward(inputs, experts_, LogitsFor::kLastToken, mb);
+  const int mb = experts_ != nullptr && experts_->IsAsync() ? options_.micro_batches : 1;
+  if (logits.ok()) logits = backend_->Forward(inputs, experts_, mb);
   if (batch_seconds_ != nullptr) {
     batch_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -127,7 +137,7 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     const auto kv_start = std::chrono::steady_clock::now();
     absl::Status pushed = ch.status();
     if (ch.ok()) {
-      const v1::PushKvRequest msg = SerializeKv(spec.request_id, caches[i], c.num_hidden_layers);
+      const v1::PushKvRequest msg = SerializeKv(spec.request_id, *caches[i], c.num_hidden_layers);
       pushed = (*ch)->PushKv(msg);
       if (kv_bytes_ != nullptr && pushed.ok()) {
         kv_bytes_->Increment(static_cast<double>(msg.rows().size()));

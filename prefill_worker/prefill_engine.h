@@ -19,7 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/sampler.h"
 #include "common/metrics/metrics.h"
-#include "common/model/attention_model.h"
+#include "common/engine/attention_backend.h"
 #include "common/transport/transport.h"
 #include "moesh/v1/worker.pb.h"
 
@@ -48,7 +48,9 @@ struct PrefillResult {
 
 class PrefillEngine {
  public:
-  PrefillEngine(const AttentionModel* model, ExpertClient* experts, Transport* transport,
+  // Borrowed: backend, experts, transport; they must outlive the engine.
+  // `experts` is null iff backend->has_experts().
+  PrefillEngine(AttentionBackend* backend, ExpertClient* experts, Transport* transport,
                 PrefillEngineOptions options);
   ~PrefillEngine();  // fails queued requests with UNAVAILABLE
 
@@ -72,7 +74,7 @@ class PrefillEngine {
   void RunBatch(const std::vector<Pending*>& batch);
   absl::StatusOr<DataChannel*> ChannelTo(const std::string& address);
 
-  const AttentionModel* const model_;
+  AttentionBackend* const backend_;
   ExpertClient* const experts_;
   Transport* const transport_;
   const PrefillEngineOptions options_;

@@ -9,19 +9,21 @@
 namespace moesh {
 
 absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(const std::string& model_dir,
+                                                                           const DeviceOptions& device,
                                                                            DecodeEngineOptions decode_options,
                                                                            PrefillEngineOptions prefill_options) {
   AttentionWorkerOptions opt;
   opt.model_dir = model_dir;
   opt.transport = "inproc";
+  opt.device = device;
   ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
   std::unique_ptr<ColocatedBackend> b(new ColocatedBackend(std::move(w)));
   static std::atomic<int> instances{0};
   b->inproc_address_ = absl::StrCat("colocated-decode-", ++instances);
-  b->decode_ = std::make_unique<DecodeEngine>(b->worker_.model.get(), b->worker_.experts.get(), decode_options);
+  b->decode_ = std::make_unique<DecodeEngine>(b->worker_.backend.get(), b->worker_.experts.get(), decode_options);
   RETURN_IF_ERROR(BindInproc(b->inproc_address_, nullptr, b->decode_.get()));
   prefill_options.metrics = decode_options.metrics;
-  b->prefill_ = std::make_unique<PrefillEngine>(b->worker_.model.get(), b->worker_.experts.get(),
+  b->prefill_ = std::make_unique<PrefillEngine>(b->worker_.backend.get(), b->worker_.experts.get(),
                                                 b->worker_.transport.get(), prefill_options);
   return b;
 }

@@ -16,7 +16,9 @@ namespace moesh {
 
 class ColocatedBackend : public GenerationBackend {
  public:
+  // One attention backend on `device` (its KV pool) serves both engines.
   static absl::StatusOr<std::unique_ptr<ColocatedBackend>> Create(const std::string& model_dir,
+                                                                  const DeviceOptions& device,
                                                                   DecodeEngineOptions decode_options,
                                                                   PrefillEngineOptions prefill_options);
   ~ColocatedBackend() override;

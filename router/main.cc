@@ -12,6 +12,7 @@
 #include "common/service/worker_main.h"
 #include "common/status.h"
 #include "router/cluster_backend.h"
+#include "common/service/device_flags.h"
 #include "router/colocated_backend.h"
 #include "router/generation_service.h"
 #include "router/membership.h"
@@ -47,12 +48,14 @@ absl::Status Run() {
   std::unique_ptr<Membership> membership;
   std::unique_ptr<GenerationBackend> backend;
   if (absl::GetFlag(FLAGS_colocated)) {
+    ASSIGN_OR_RETURN(DeviceOptions device, DeviceOptionsFromFlags());
+    device.num_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+    device.block_size = absl::GetFlag(FLAGS_block_size);
+    device.max_num_seqs = absl::GetFlag(FLAGS_max_batch);
     DecodeEngineOptions d;
-    d.num_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
-    d.block_size = absl::GetFlag(FLAGS_block_size);
     d.max_batch = absl::GetFlag(FLAGS_max_batch);
     d.metrics = metrics.get();
-    ASSIGN_OR_RETURN(backend, ColocatedBackend::Create(dir, d, PrefillEngineOptions()));
+    ASSIGN_OR_RETURN(backend, ColocatedBackend::Create(dir, device, d, PrefillEngineOptions()));
   } else {
     membership = std::make_unique<Membership>(config.Fingerprint(),
                                               std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),

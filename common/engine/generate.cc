@@ -19,7 +19,14 @@ const char* FinishReasonName(FinishReason r) {
 
 absl::StatusOr<GenerationResult> Generate(const Model& model, absl::Span<const int32_t> prompt,
                                           const SamplingParams& sampling, const StopParams& stop) {
-  const ModelConfig& c = model.config();
+  std::unique_ptr<AttentionBackend> backend = NewCpuAttentionBackend(&model.attention(), 0, 1);
+  return Generate(backend.get(), model.experts(), prompt, sampling, stop);
+}
+
+absl::StatusOr<GenerationResult> Generate(AttentionBackend* backend, ExpertClient* experts,
+                                          absl::Span<const int32_t> prompt, const SamplingParams& sampling,
+                                          const StopParams& stop) {
+  const ModelConfig& c = backend->config();
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   RETURN_IF_ERROR(sampling.Validate(c.vocab_size));
   if (stop.max_new_tokens < 1) {
@@ -37,11 +44,12 @@ absl::StatusOr<GenerationResult> Generate(const Model& model, absl::Span<const i
   GenerationResult result;
   result.prompt_tokens = static_cast<int>(prompt.size());
   Sampler sampler(sampling);
-  SequenceKvCache cache = model.NewCache();
+  ASSIGN_OR_RETURN(std::unique_ptr<KvSequence> cache,
+                   backend->NewSequence(static_cast<int>(std::min<int64_t>(needed, INT32_MAX))));
   std::vector<int32_t> next(prompt.begin(), prompt.end());
   while (true) {
-    SequenceInput in{next, &cache};
-    ASSIGN_OR_RETURN(std::vector<float> logits, model.Forward(absl::MakeConstSpan(&in, 1)));
+    SequenceInput in{next, cache.get()};
+    ASSIGN_OR_RETURN(std::vector<float> logits, backend->Forward(absl::MakeConstSpan(&in, 1), experts));
     const int32_t token = sampler.Sample(logits.data(), c.vocab_size, static_cast<int>(result.output_ids.size()),
                                          prompt, result.output_ids);
     if (sampling.top_logprobs > 0) {

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/engine/attention_backend.h"
 #include "common/engine/sampler.h"
 #include "common/model/model.h"
 
@@ -33,6 +34,11 @@ struct GenerationResult {
 
 // INVALID_ARGUMENT for an empty prompt, bad ids, bad parameters, or a
 // prompt + max_new_tokens beyond the model's max_position_embeddings.
+// `experts` is null iff backend->has_experts().
+absl::StatusOr<GenerationResult> Generate(AttentionBackend* backend, ExpertClient* experts,
+                                          absl::Span<const int32_t> prompt, const SamplingParams& sampling,
+                                          const StopParams& stop);
+// The same on the CPU, with the model's own experts.
 absl::StatusOr<GenerationResult> Generate(const Model& model, absl::Span<const int32_t> prompt,
                                           const SamplingParams& sampling, const StopParams& stop);
 

@@ -14,9 +14,10 @@ ExpertStage::ExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardW
   shards_.push_back(std::move(weights));
 }
 
-void ExpertStage::AddShard(std::unique_ptr<ExpertShardWeights> more) {
+absl::Status ExpertStage::AddShard(std::unique_ptr<ExpertShardWeights> more) {
   absl::MutexLock lock(&mu_);
   shards_.push_back(std::move(more));
+  return absl::OkStatus();
 }
 
 ExpertStage::Shards ExpertStage::shards() const {

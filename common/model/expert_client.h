@@ -10,8 +10,9 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -59,15 +60,25 @@ class ExpertClient {
 // the tokens routed to the shard's experts. Thread-safe (read-only weights).
 // Experts can be added while serving (AddShard: replicas placed by the
 // rebalancer); a dispatch already running uses the experts it started with.
+//
+// This class computes on the CPU in fp32; kernels/cuda/model's
+// CudaExpertStage overrides Accumulate and AddShard to compute on a GPU
+// (bf16 weights), keeping this class's bookkeeping of what is hosted.
 class ExpertStage {
  public:
   ExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights);
+  virtual ~ExpertStage() = default;
 
   // Adds into out[num_tokens, hidden] the weighted outputs of the (token,
   // expert) pairs whose expert is in this shard; other pairs are skipped.
-  absl::Status Accumulate(const MoeDispatch& dispatch, float* out) const;
+  // INVALID_ARGUMENT for a dense layer, a wrong hidden size or an expert id
+  // beyond n_routed_experts.
+  virtual absl::Status Accumulate(const MoeDispatch& dispatch, float* out) const;
 
-  void AddShard(std::unique_ptr<ExpertShardWeights> more);
+  // OK, or an error (e.g. the device lacks memory) leaving the stage as it was.
+  virtual absl::Status AddShard(std::unique_ptr<ExpertShardWeights> more);
+  // Where the experts run: "cpu", "cuda:0", ...
+  virtual std::string device() const { return "cpu"; }
   std::set<int> expert_ids() const;  // every expert hosted
   std::vector<int> moe_layers() const;
   bool IsMoeLayer(int layer) const;

@@ -84,8 +84,10 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
   ASSIGN_OR_RETURN(w.config, ModelConfig::Load(options.model_dir));
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(options.model_dir));
   RETURN_IF_ERROR(ValidateCheckpoint(w.config, *ckpt));
-  ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> weights, AttentionWeights::Load(w.config, *ckpt));
-  w.model = std::make_unique<AttentionModel>(w.config, std::move(weights));
+  RETURN_IF_ERROR(ValidateDevice(options.device.device));
+  const bool local_experts = options.expert_workers.empty() && options.router.empty();
+  const bool experts_in_backend = local_experts && IsCudaDevice(options.device.device);
+  ASSIGN_OR_RETURN(w.backend, MakeAttentionBackend(w.config, *ckpt, options.device, experts_in_backend));
   ASSIGN_OR_RETURN(w.transport, MakeTransport(options.transport));
   if (options.expert_workers.empty() && !options.router.empty()) {
     ASSIGN_OR_RETURN(ExpertPlacement placement,
@@ -103,7 +105,9 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
                 << (s.ok() ? "" : s.message()) << std::endl;
     };
     w.experts = std::move(remote);
-  } else if (options.expert_workers.empty()) {
+  } else if (experts_in_backend) {
+    // Nothing more: the CUDA backend holds every routed expert.
+  } else if (local_experts) {
     ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> experts, ExpertShardWeights::Load(w.config, *ckpt, {}));
     w.experts = std::make_unique<LocalExpertClient>(std::make_unique<ExpertStage>(w.config, std::move(experts)));
   } else {

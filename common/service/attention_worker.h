@@ -1,7 +1,7 @@
 // What prefill and decode workers share at startup: the attention half of the
-// model, the data-plane transport, and an ExpertClient — remote (expert
-// workers found through their ExpertWorker.Info) or local (experts loaded in
-// this process).
+// model on its device, the data-plane transport, and an ExpertClient —
+// remote (expert workers found through their ExpertWorker.Info) or local
+// (experts loaded in this process; on a CUDA device they live in the backend).
 #ifndef MOESH_COMMON_SERVICE_ATTENTION_WORKER_H_
 #define MOESH_COMMON_SERVICE_ATTENTION_WORKER_H_
 
@@ -11,8 +11,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model/attention_model.h"
+#include "common/engine/attention_backend.h"
 #include "common/model/expert_client.h"
+#include "common/service/backends.h"
 #include "common/transport/remote_expert_client.h"
 #include "common/transport/transport.h"
 
@@ -29,12 +30,15 @@ struct AttentionWorkerOptions {
   // How long to wait for expert workers to come up.
   std::chrono::seconds discovery_timeout{60};
   Metrics* metrics = nullptr;  // may be null
+  // Where attention (and local experts) run, and the KV pool.
+  DeviceOptions device;
 };
 
 struct AttentionWorker {
   ModelConfig config;
-  std::unique_ptr<AttentionModel> model;
+  std::unique_ptr<AttentionBackend> backend;
   std::unique_ptr<Transport> transport;
+  // Null iff backend->has_experts() (local experts on a CUDA device).
   std::unique_ptr<ExpertClient> experts;
   // Set when the placement comes from the router: call on a new placement
   // version (HeartbeatClient's on_placement_version). Thread-safe.

@@ -7,6 +7,11 @@
 #
 # Dockerfile.cuda runs it in its build stage; tests/deploy/dockerfile_test.py
 # runs it on the built binaries and compares with Dockerfile's runtime stage.
+#
+# Libraries of the CUDA toolkit (CUDA runtime, cuBLAS, NCCL under
+# /usr/local/cuda*, or named libcudart/libcublas*/libnccl) are not listed:
+# binaries built with the CUDA backend get them from the nvidia/cuda runtime
+# image (Dockerfile.cuda), and the CPU image builds with MOESH_CUDA=OFF.
 set -eu
 [ $# -gt 0 ] || { echo "usage: $0 BINARY..." >&2; exit 64; }
 tmp=$(mktemp -d)
@@ -17,13 +22,15 @@ for bin in "$@"; do
   ldd "$bin" > "$tmp/ldd" || { echo "$0: ldd $bin failed" >&2; exit 1; }
   for soname in $(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
     # The dynamic loader is listed without "=>" (its path is its name); it comes with libc6.
-    case "$soname" in ld-linux*) continue ;; esac
+    case "$soname" in ld-linux*|libcudart.so*|libcublas.so*|libcublasLt.so*|libnccl.so*) continue ;; esac
     path=$(awk -v l="$soname" '$1 == l && $2 == "=>" { print $3; exit }' "$tmp/ldd")
     if [ -z "$path" ] || [ "$path" = "not" ]; then
       echo "$0: $bin: $soname not found" >&2
       exit 1
     fi
-    echo "$soname $path $(readlink -f "$path")" >> "$tmp/resolved"
+    real=$(readlink -f "$path")
+    case "$real" in /usr/local/cuda*) continue ;; esac
+    echo "$soname $path $real" >> "$tmp/resolved"
   done
 done
 # dpkg knows a file under the path its package installed it at: the path, its

@@ -54,6 +54,8 @@ Event& Event::operator=(Event&& o) noexcept {
 
 absl::Status Event::Record(cudaStream_t stream) { return CudaStatus(cudaEventRecord(e_, stream), "cudaEventRecord"); }
 
+absl::Status Event::Synchronize() const { return CudaStatus(cudaEventSynchronize(e_), "cudaEventSynchronize"); }
+
 absl::StatusOr<float> Event::ElapsedMsSince(const Event& start) const {
   RETURN_IF_CUDA_ERROR(cudaEventSynchronize(e_));
   float ms = 0.0f;
@@ -71,6 +73,15 @@ absl::StatusOr<DeviceInfo> CurrentDeviceInfo() {
   RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, info.device));
   RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, info.device));
   return info;
+}
+
+absl::Status UseDevice(int ordinal) {
+  ASSIGN_OR_RETURN(const int n, CudaDeviceCount());
+  if (n == 0) return absl::FailedPreconditionError("no CUDA device is present (cudaGetDeviceCount found none)");
+  if (ordinal < 0 || ordinal >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", ordinal, " does not exist (", n, " present)"));
+  }
+  return CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice");
 }
 
 }  // namespace moesh::cuda

@@ -152,6 +152,8 @@ class Event {
 
   cudaEvent_t get() const { return e_; }
   absl::Status Record(cudaStream_t stream);
+  // Blocks the host until the work recorded before this event is done.
+  absl::Status Synchronize() const;
   // Milliseconds from `start` to this event; both must have completed.
   absl::StatusOr<float> ElapsedMsSince(const Event& start) const;
 
@@ -168,6 +170,11 @@ struct DeviceInfo {
   int cc_major = 0, cc_minor = 0;
 };
 absl::StatusOr<DeviceInfo> CurrentDeviceInfo();
+
+// Makes `ordinal` the calling thread's device (the CUDA runtime's current
+// device is per thread). FAILED_PRECONDITION without a GPU, INVALID_ARGUMENT
+// for an ordinal beyond the devices present.
+absl::Status UseDevice(int ordinal);
 
 }  // namespace moesh::cuda
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -16,6 +17,13 @@
 #include "kernels/cuda/params.h"
 
 namespace moesh::cuda::testing {
+
+// tests/golden/<name> of $MOESH_SOURCE_DIR (the device runs set it: the
+// checkout lives elsewhere there), else of the source tree this was built from.
+inline std::string GoldenDir(const std::string& name) {
+  const char* env = std::getenv("MOESH_SOURCE_DIR");
+  return std::string(env != nullptr ? env : MOESH_PROJECT_DIR) + "/tests/golden/" + name;
+}
 
 // Skips the test iff no CUDA device is present; with MOESH_REQUIRE_CUDA=1 in
 // the environment (the device-machine runs) a missing device fails instead.

@@ -20,30 +20,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,cl
 cat "$D/MANIFEST" >> "$LOGS/env.txt"
 cat "$LOGS/env.txt"
 
-summary=()
-budget=${MOESH_DEVICE_BUDGET_S:-280}
-step() {  # step NAME LIMIT_S CMD...: runs CMD under a time limit, log in $LOGS/NAME.log
-  local name=$1 limit=$2
-  shift 2
-  local left=$((budget - SECONDS))
-  if ((left < 10)); then
-    summary+=("$(printf '%-28s not run: out of time' "$name")")
-    return
-  fi
-  ((limit > left)) && limit=$left
-  local t0=$SECONDS
-  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
-  local rc=$?
-  local tests
-  tests=$(sed -n -E 's/^\[  (PASSED|SKIPPED|FAILED)  \] ([0-9]+) tests?[,.].*/\2 \1/p' "$LOGS/$name.log" | tr '\n' ' ')
-  summary+=("$(printf '%-28s rc=%-3s %4ss  %s%s' "$name" "$rc" "$((SECONDS - t0))" "$tests" \
-                "$(grep -o 'ERROR SUMMARY.*' "$LOGS/$name.log")")")
-  if [[ $rc -ne 0 ]]; then
-    echo "---- $name failed (rc=$rc); its last lines:"
-    grep -E 'Failure|error|Expected|Which is|argmax|actual|FAILED|skipped' "$LOGS/$name.log" | head -n 40
-    tail -n 15 "$LOGS/$name.log"
-  fi
-}
+budget=${MOESH_DEVICE_BUDGET_S:-280}  # stay inside run's 600 s
+source scripts/device/steps.sh
 
 for t in cuda_grouped_gemm_test cuda_model_test cuda_ops_test; do
   [[ -x $D/bin/$t ]] && step "$t" 120 $D/bin/$t
@@ -62,11 +40,8 @@ if [[ -x $D/bin/cuda_grouped_gemm_test ]]; then
     $D/bin/cuda_grouped_gemm_test
 fi
 
-tar czf "$OUT/logs.tgz" -C "$LOGS" .
 cp "$LOGS/cuda_model_bench.log" "$LOGS/cuda_model_test.log" "$LOGS/ncu_grouped_gemm.log" "$OUT/" 2>/dev/null
-echo
-echo "==== summary"
-printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+finish
 echo
 echo "==== cuda_model_test"
 grep -E '^(v2|v3|real widths)|OK \]|FAILED \]' "$LOGS/cuda_model_test.log"

@@ -20,29 +20,8 @@ export MOESH_REQUIRE_CUDA=1  # a test that finds no GPU here fails rather than s
 } > "$LOGS/env.txt" 2>&1
 cat "$LOGS/env.txt"
 
-summary=()
 budget=${MOESH_DEVICE_BUDGET_S:-540}  # stay inside run's 600 s
-step() {  # step NAME LIMIT_S CMD...: runs CMD under a time limit, log in $LOGS/NAME.log
-  local name=$1 limit=$2
-  shift 2
-  local left=$((budget - SECONDS))
-  if ((left < 10)); then
-    summary+=("$(printf '%-34s not run: out of time' "$name")")
-    return
-  fi
-  ((limit > left)) && limit=$left
-  local t0=$SECONDS
-  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
-  local rc=$?
-  local tests
-  tests=$(sed -n -E 's/^\[  (PASSED|SKIPPED|FAILED)  \] ([0-9]+) tests?[,.].*/\2 \1/p' "$LOGS/$name.log" | tr '\n' ' ')
-  summary+=("$(printf '%-32s rc=%-3s %4ss  %s%s' "$name" "$rc" "$((SECONDS - t0))" "$tests" \
-                "$(grep -o 'ERROR SUMMARY.*' "$LOGS/$name.log")")")
-  if [[ $rc -ne 0 ]]; then
-    echo "---- $name failed (rc=$rc); its last lines:"
-    tail -n 40 "$LOGS/$name.log"
-  fi
-}
+source scripts/device/steps.sh
 
 for t in cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test; do
   step "$t" 90 $D/bin/$t
@@ -66,11 +45,8 @@ if command -v cuobjdump > /dev/null; then
   rm -f "$LOGS/sass_all.txt"
 fi
 
-tar czf "$OUT/logs.tgz" -C "$LOGS" .
 cp "$LOGS/kernel_bench.log" "$OUT/" 2>/dev/null
-echo
-echo "==== summary"
-printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+finish
 echo
 echo "==== kernel_bench"
 cat "$LOGS/kernel_bench.log"

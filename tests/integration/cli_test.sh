@@ -54,6 +54,14 @@ expect_error "top_p" generate --model "$TMP/v3" --prompt-ids 1 --temperature 1 -
 expect_error "prompt-ids" generate --model "$TMP/v3"
 expect_error "not an integer" generate --model "$TMP/v3" --prompt-ids 1,x
 expect_error "unknown family" mkmodel --family v9 --out "$TMP/x"
+expect_error "--device must be cpu, cuda or cuda:N" generate --model "$TMP/v3" --prompt-ids 1 --device tpu
+# Without a GPU (or without the CUDA backend in this build) --device cuda says
+# which; with one it generates (tests/integration/cuda_cluster_test.sh).
+if ! err=$("$MOESH" generate --model "$TMP/v3" --prompt-ids 1 --device cuda:7 2>&1 >/dev/null); then
+  [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] || fail "--device cuda:7 error is not one line: $err"
+  printf '%s' "$err" | grep -q -E "no CUDA device|without the CUDA backend|CUDA device 7 does not exist" \
+    || fail "--device cuda:7 error unclear: $err"
+fi
 head -c 100 "$TMP/v3/model.safetensors" > "$TMP/trunc" && mv "$TMP/trunc" "$TMP/v3/model.safetensors"
 expect_error "model.safetensors" generate --model "$TMP/v3" --prompt-ids 1
 if "$MOESH" nosuch >/dev/null 2>&1; then fail "unknown command accepted"; fi

@@ -62,23 +62,30 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& di
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
   RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
   ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> attention, AttentionWeights::Load(config, *ckpt));
-  ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> experts, ExpertShardWeights::Load(config, *ckpt, {}));
-  return FromHost(config, *attention, *experts, options);
+  std::unique_ptr<ExpertShardWeights> experts;
+  if (options.routed_experts_on_device) {
+    ASSIGN_OR_RETURN(experts, ExpertShardWeights::Load(config, *ckpt, {}));
+  }
+  return FromHost(config, *attention, experts.get(), options);
 }
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::FromHost(const ModelConfig& config,
                                                                const AttentionWeights& attention,
-                                                               const ExpertShardWeights& experts,
+                                                               const ExpertShardWeights* experts,
                                                                const CudaModelOptions& options) {
+  if (options.routed_experts_on_device && experts == nullptr) {
+    return absl::InvalidArgumentError("CudaModel::FromHost: routed_experts_on_device needs the experts");
+  }
   ASSIGN_OR_RETURN(Stream stream, Stream::Create());
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w, DeviceWeights::FromHost(config, attention, experts));
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w,
+                   DeviceWeights::FromHost(config, attention, options.routed_experts_on_device ? experts : nullptr));
   return Create(config, options, std::move(w), std::move(stream));
 }
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Dummy(const ModelConfig& config, uint64_t seed,
                                                             const CudaModelOptions& options) {
   ASSIGN_OR_RETURN(Stream stream, Stream::Create());
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w, DeviceWeights::Dummy(config, seed, stream.get()));
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w, DeviceWeights::Dummy(config, seed, stream.get(), options.routed_experts_on_device));
   return Create(config, options, std::move(w), std::move(stream));
 }
 
@@ -163,9 +170,18 @@ absl::Status CudaModel::Init() {
     RETURN_IF_ERROR(Alloc(&routing_log_, static_cast<size_t>(c.num_hidden_layers) * t * k));
     RETURN_IF_CUDA_ERROR(cudaMemsetAsync(routing_log_.get(), 0xff, routing_log_.bytes(), stream_.get()));
   }
-  RETURN_IF_ERROR(Alloc(&moe_gu_, t * k * 2 * moe_inter));
-  RETURN_IF_ERROR(Alloc(&moe_act_, t * k * moe_inter));
-  RETURN_IF_ERROR(Alloc(&moe_out_, t * k * h));
+  if (o.routed_experts_on_device) {
+    RETURN_IF_ERROR(Alloc(&moe_gu_, t * k * 2 * moe_inter));
+    RETURN_IF_ERROR(Alloc(&moe_act_, t * k * moe_inter));
+    RETURN_IF_ERROR(Alloc(&moe_out_, t * k * h));
+  } else {
+    RETURN_IF_ERROR(Alloc(&moe_out_, t * h));  // the external experts' combined output
+    ASSIGN_OR_RETURN(h_hidden_, PinnedBuffer<float>::Create(t * h));
+    ASSIGN_OR_RETURN(h_routed_, PinnedBuffer<float>::Create(t * h));
+    ASSIGN_OR_RETURN(h_topk_w_, PinnedBuffer<float>::Create(t * k));
+    ASSIGN_OR_RETURN(h_topk_ids_, PinnedBuffer<int32_t>::Create(t * k));
+    ASSIGN_OR_RETURN(dispatch_copied_, Event::Create());
+  }
   RETURN_IF_ERROR(Alloc(&head_normed_, static_cast<size_t>(max_rows_) * h));
   RETURN_IF_ERROR(Alloc(&logits_, static_cast<size_t>(max_rows_) * c.vocab_size));
   RETURN_IF_ERROR(Alloc(&next_ids_, max_rows_));
@@ -218,7 +234,13 @@ int CudaModel::Bucket(int batch) const {
   return buckets_.back();
 }
 
-absl::StatusOr<int> CudaModel::AddSequence() {
+absl::StatusOr<int> CudaModel::AddSequence(int reserve_tokens) {
+  if (reserve_tokens < 0 || reserve_tokens > max_model_len_) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel: cannot reserve ", reserve_tokens,
+                                                   " tokens; max_model_len is ", max_model_len_));
+  }
+  std::vector<int32_t> blocks;
+  RETURN_IF_ERROR(kv_->Allocate((reserve_tokens + kKvBlockSize - 1) / kKvBlockSize, &blocks));
   int id;
   if (!free_seq_ids_.empty()) {
     id = free_seq_ids_.back();
@@ -229,6 +251,7 @@ absl::StatusOr<int> CudaModel::AddSequence() {
   }
   seqs_[id] = Sequence{};
   seqs_[id].live = true;
+  seqs_[id].blocks = std::move(blocks);
   return id;
 }
 
@@ -388,7 +411,7 @@ absl::Status CudaModel::Gemm(const bf16* x, int ldx, const bf16* w, void* y, int
   return gemm_->Run(p);
 }
 
-absl::Status CudaModel::EnqueueForward(const Batch& b, bool sample, int top_k) {
+absl::Status CudaModel::EnqueueForward(const Batch& b, bool sample, int top_k, ExpertClient* experts) {
   if (fast_mla_) {
     plan_ = PlanMlaDecode(b.num_tokens, config_.num_attention_heads, b.max_seq_len, info_.num_sms);
     if (!b.decode && plan_.workspace_bytes > prefill_ws_.bytes()) {
@@ -396,12 +419,12 @@ absl::Status CudaModel::EnqueueForward(const Batch& b, bool sample, int top_k) {
       RETURN_IF_ERROR(Alloc(&prefill_ws_, plan_.workspace_bytes));
     }
   }
-  RETURN_IF_ERROR(EnqueueLayers(b));
+  RETURN_IF_ERROR(EnqueueLayers(b, experts));
   if (b.num_rows > 0) RETURN_IF_ERROR(EnqueueHead(b.num_rows, sample, top_k));
   return Mark(2 + 2 * config_.num_hidden_layers);
 }
 
-absl::Status CudaModel::EnqueueLayers(const Batch& b) {
+absl::Status CudaModel::EnqueueLayers(const Batch& b, ExpertClient* experts) {
   const ModelConfig& c = config_;
   cudaStream_t s = stream_.get();
   const int t = b.num_tokens;
@@ -482,7 +505,7 @@ absl::Status CudaModel::EnqueueLayers(const Batch& b) {
     np.y_f32 = w.is_moe ? normed_f32_.get() : nullptr;
     RETURN_IF_ERROR(RunRmsNormF32(np));
     if (w.is_moe) {
-      RETURN_IF_ERROR(EnqueueMoe(l, t));
+      RETURN_IF_ERROR(EnqueueMoe(l, t, experts));
     } else {
       RETURN_IF_ERROR(EnqueueMlp(w.dense_gate_up, w.dense_down, c.intermediate_size, t));
     }
@@ -506,7 +529,7 @@ absl::Status CudaModel::EnqueueMlp(const bf16* w_gate_up, const bf16* w_down, in
   return Gemm(mlp_act_.get(), inter, w_down, x_.get(), h, num_tokens, h, inter, OutType::kFloat32, true);
 }
 
-absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens) {
+absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens, ExpertClient* experts) {
   const ModelConfig& c = config_;
   const DeviceLayerWeights& w = weights_->layer(layer);
   cudaStream_t s = stream_.get();
@@ -528,6 +551,7 @@ absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens) {
                                          cudaMemcpyDeviceToDevice, s));
   }
 
+  if (experts != nullptr) return RunExternalExperts(layer, num_tokens, experts);
   const int rows = num_tokens * k;
   // Tiles about as tall as an expert's share of the rows: each expert's
   // weights are then streamed about once (decode), or reused by 64 rows (prefill).
@@ -559,6 +583,36 @@ absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens) {
   cp.expert_out = moe_out_.get(), cp.pair_row = pair_row_.get(), cp.topk_weights = topk_w_.get();
   cp.num_tokens = num_tokens, cp.top_k = k, cp.hidden = h, cp.x = x_.get(), cp.stream = s;
   return RunMoeCombine(cp);
+}
+
+absl::Status CudaModel::RunExternalExperts(int layer, int num_tokens, ExpertClient* experts) {
+  const ModelConfig& c = config_;
+  const DeviceLayerWeights& w = weights_->layer(layer);
+  cudaStream_t s = stream_.get();
+  const size_t h = c.hidden_size, k = c.num_experts_per_tok, t = num_tokens;
+  // The dispatch: the fp32 normalised hidden states (the CPU model's input to
+  // its experts), the top-k ids and weights.
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(h_hidden_.get(), normed_f32_.get(), t * h * sizeof(float), cudaMemcpyDeviceToHost, s));
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(h_topk_ids_.get(), topk_ids_.get(), t * k * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(h_topk_w_.get(), topk_w_.get(), t * k * sizeof(float), cudaMemcpyDeviceToHost, s));
+  RETURN_IF_ERROR(dispatch_copied_.Record(s));
+  // The shared expert runs on the device while the routed experts are away.
+  if (w.shared_gate_up != nullptr) {
+    RETURN_IF_ERROR(EnqueueMlp(w.shared_gate_up, w.shared_down, weights_->shared_intermediate(), num_tokens));
+  }
+  RETURN_IF_ERROR(dispatch_copied_.Synchronize());
+  MoeDispatch d;
+  d.layer = layer, d.num_tokens = num_tokens, d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
+  d.hidden_states = h_hidden_.get(), d.topk_ids = h_topk_ids_.get(), d.topk_weights = h_topk_w_.get();
+  std::unique_ptr<PendingDispatch> pending = experts->Start(d, h_routed_.get());
+  RETURN_IF_ERROR(pending->Wait());
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(moe_out_.get(), h_routed_.get(), t * h * sizeof(float), cudaMemcpyHostToDevice, s));
+  MoeCombineParams cp;  // x += routed (already weighted and summed over k)
+  cp.expert_out = moe_out_.get(), cp.num_tokens = num_tokens, cp.top_k = 1, cp.hidden = c.hidden_size;
+  cp.x = x_.get(), cp.stream = s;
+  RETURN_IF_ERROR(RunMoeCombine(cp));
+  // The host buffers are reused by the next layer: wait for the upload.
+  return stream_.Synchronize();
 }
 
 absl::Status CudaModel::EnqueueHead(int num_rows, bool sample, int top_k) {
@@ -609,6 +663,9 @@ absl::Status CudaModel::Commit(absl::Span<const SequenceTokens> seqs) {
 }
 
 absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs, int top_logprobs) {
+  if (!options_.routed_experts_on_device) {
+    return absl::FailedPreconditionError("CudaModel::Step: the routed experts are not on this device; use ForwardLogits");
+  }
   if (top_logprobs < 0 || top_logprobs > sampling::kMaxTopK) {
     return absl::InvalidArgumentError(absl::StrCat("CudaModel::Step: top_logprobs must be in [0, ", sampling::kMaxTopK, "]"));
   }
@@ -663,7 +720,14 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
   return out;
 }
 
-absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const SequenceTokens> seqs) {
+absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const SequenceTokens> seqs,
+                                                           ExpertClient* experts) {
+  if (experts == nullptr && !options_.routed_experts_on_device) {
+    return absl::FailedPreconditionError("CudaModel: the routed experts are not on this device; pass an ExpertClient");
+  }
+  if (experts != nullptr && options_.routed_experts_on_device) {
+    return absl::FailedPreconditionError("CudaModel: the routed experts are on this device; an ExpertClient is not used");
+  }
   std::vector<Batch> chunks;
   std::vector<int> order;
   RETURN_IF_ERROR(Plan(seqs, &chunks, &order));
@@ -675,7 +739,7 @@ absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const Seq
   size_t done = 0;
   for (const Batch& b : chunks) {
     RETURN_IF_ERROR(Upload(b));
-    RETURN_IF_ERROR(EnqueueForward(b, false, 0));
+    RETURN_IF_ERROR(EnqueueForward(b, false, 0, experts));
     const int rows = b.decode ? n : b.num_rows;
     rows_host.resize(rows * vocab);
     if (rows > 0) {
@@ -689,6 +753,52 @@ absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const Seq
     done += rows;
   }
   RETURN_IF_ERROR(Commit(seqs));
+  return out;
+}
+
+absl::Status CudaModel::AppendKvRows(int seq, int layer, const float* rows, int n) {
+  ASSIGN_OR_RETURN(const int len, SequenceLength(seq));
+  if (layer < 0 || layer >= config_.num_hidden_layers || n < 0 || len + n > max_model_len_) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel::AppendKvRows: layer ", layer, ", ", n,
+                                                   " rows after ", len, " (max_model_len ", max_model_len_, ")"));
+  }
+  Sequence& s = seqs_[seq];
+  const int need = (len + n + kKvBlockSize - 1) / kKvBlockSize - static_cast<int>(s.blocks.size());
+  if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
+  const size_t w = kv_row_width();
+  std::vector<uint16_t> staging(static_cast<size_t>(n) * w);
+  for (size_t i = 0; i < staging.size(); ++i) staging[i] = ToBf16Bits(rows[i]);
+  for (int i = 0; i < n;) {  // one copy per run of rows inside a block
+    const int pos = len + i, in_block = std::min(n - i, kKvBlockSize - pos % kKvBlockSize);
+    bf16* dst = kv_->layer(layer) + (static_cast<size_t>(s.blocks[pos / kKvBlockSize]) * kKvBlockSize + pos % kKvBlockSize) * w;
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, staging.data() + static_cast<size_t>(i) * w, in_block * w * 2,
+                                         cudaMemcpyHostToDevice, stream_.get()));
+    i += in_block;
+  }
+  RETURN_IF_ERROR(stream_.Synchronize());
+  if (layer == config_.num_hidden_layers - 1) s.length += n;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> CudaModel::ReadKvRows(int seq, int layer, int n) {
+  ASSIGN_OR_RETURN(const int len, SequenceLength(seq));
+  if (layer < 0 || layer >= config_.num_hidden_layers || n < 0 ||
+      n > static_cast<int>(seqs_[seq].blocks.size()) * kKvBlockSize) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel::ReadKvRows: layer ", layer, ", ", n, " rows of ", len));
+  }
+  const Sequence& s = seqs_[seq];
+  const size_t w = kv_row_width();
+  std::vector<uint16_t> staging(static_cast<size_t>(n) * w);
+  for (int i = 0; i < n;) {
+    const int in_block = std::min(n - i, kKvBlockSize - i % kKvBlockSize);
+    const bf16* src = kv_->layer(layer) + (static_cast<size_t>(s.blocks[i / kKvBlockSize]) * kKvBlockSize + i % kKvBlockSize) * w;
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(staging.data() + static_cast<size_t>(i) * w, src, in_block * w * 2,
+                                         cudaMemcpyDeviceToHost, stream_.get()));
+    i += in_block;
+  }
+  RETURN_IF_ERROR(stream_.Synchronize());
+  std::vector<float> out(staging.size());
+  for (size_t i = 0; i < staging.size(); ++i) out[i] = FromBf16Bits(staging[i]);
   return out;
 }
 
@@ -711,6 +821,9 @@ absl::StatusOr<std::vector<int32_t>> CudaModel::LastRouting(int* rows) {
 }
 
 absl::StatusOr<PhaseTimes> CudaModel::ProfileStep(absl::Span<const SequenceTokens> seqs) {
+  if (!options_.routed_experts_on_device) {
+    return absl::FailedPreconditionError("CudaModel::ProfileStep: the routed experts are not on this device");
+  }
   std::vector<Batch> chunks;
   std::vector<int> order;
   RETURN_IF_ERROR(Plan(seqs, &chunks, &order));

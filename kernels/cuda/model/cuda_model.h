@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/model/config.h"
+#include "common/model/expert_client.h"
 #include "common/model/weights.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
@@ -60,6 +61,9 @@ struct CudaModelOptions {
   MlaKernel mla_kernel = MlaKernel::kAuto;
   int moe_tile_m = 0;             // rows per expert tile: 16, 32 or 64; 0 picks by rows per expert
   bool record_routing = false;    // keep each pass's expert choices (LastRouting)
+  // False: the routed experts are not loaded on this device; every forward
+  // pass then takes an ExpertClient (the disaggregated attention worker).
+  bool routed_experts_on_device = true;
 };
 
 // GPU time of one eager forward pass by phase, summed over the layers, from
@@ -90,9 +94,11 @@ class CudaModel {
   // Loads <dir>/config.json and its safetensors through the CPU loader
   // (validating the checkpoint), then rounds every weight to bf16 on the device.
   static absl::StatusOr<std::unique_ptr<CudaModel>> Load(const std::string& dir, const CudaModelOptions& options);
+  // `experts` must hold every routed expert iff options.routed_experts_on_device
+  // (it is not read otherwise and may be null).
   static absl::StatusOr<std::unique_ptr<CudaModel>> FromHost(const ModelConfig& config,
                                                              const AttentionWeights& attention,
-                                                             const ExpertShardWeights& experts,
+                                                             const ExpertShardWeights* experts,
                                                              const CudaModelOptions& options);
   // Random weights generated on the device (--load-format dummy).
   static absl::StatusOr<std::unique_ptr<CudaModel>> Dummy(const ModelConfig& config, uint64_t seed,
@@ -106,9 +112,12 @@ class CudaModel {
   const KvPool& kv_pool() const { return *kv_; }
   int max_model_len() const { return max_model_len_; }
   const DeviceInfo& device_info() const { return info_; }
+  bool has_routed_experts() const { return options_.routed_experts_on_device; }
 
-  // Sequences: each owns cache blocks until released.
-  absl::StatusOr<int> AddSequence();
+  // Sequences: each owns cache blocks until released. AddSequence(n)
+  // allocates the blocks of n tokens up front (RESOURCE_EXHAUSTED, adding
+  // nothing, if they are not free); later steps allocate more as needed.
+  absl::StatusOr<int> AddSequence(int reserve_tokens = 0);
   absl::Status ReleaseSequence(int seq);
   absl::StatusOr<int> SequenceLength(int seq) const;
 
@@ -120,8 +129,24 @@ class CudaModel {
   // out-of-vocabulary tokens, more than max_num_seqs sequences or a sequence
   // beyond max_model_len; RESOURCE_EXHAUSTED if the cache lacks blocks. On
   // other errors the sequences' caches are undefined.
+  //
+  // `experts` non-null: the routed experts run behind it (each MoE layer's
+  // normalised hidden states and top-k go to the host, the shared expert runs
+  // on the device meanwhile, the combined result comes back), eagerly, without
+  // CUDA graphs. Null: the experts on the device (FAILED_PRECONDITION without
+  // options.routed_experts_on_device). Step always uses the device's experts.
   absl::StatusOr<StepOutput> Step(absl::Span<const SequenceTokens> seqs, int top_logprobs = 0);
-  absl::StatusOr<std::vector<float>> ForwardLogits(absl::Span<const SequenceTokens> seqs);
+  absl::StatusOr<std::vector<float>> ForwardLogits(absl::Span<const SequenceTokens> seqs,
+                                                   ExpertClient* experts = nullptr);
+
+  // KV rows on the host, as the CPU cache holds them (float32 [n, kv_lora_rank
+  // + qk_rope_head_dim]; bf16 on the device): the KV handoff between prefill
+  // and decode workers. AppendKvRows writes rows at positions [length, length
+  // + n) of `layer`, allocating blocks; the call for the last layer advances
+  // the length. ReadKvRows returns `layer`'s rows [0, n).
+  absl::Status AppendKvRows(int seq, int layer, const float* rows, int n);
+  absl::StatusOr<std::vector<float>> ReadKvRows(int seq, int layer, int n);
+  int kv_row_width() const { return config_.kv_lora_rank + config_.qk_rope_head_dim; }
 
   // Benchmarks: fills the whole cache with random rows, then lets a sequence
   // (empty so far) claim `length` tokens of them without running the model.
@@ -170,10 +195,12 @@ class CudaModel {
   absl::Status Plan(absl::Span<const SequenceTokens> seqs, std::vector<Batch>* chunks,
                     std::vector<int>* row_seq_index);
   absl::Status Upload(const Batch& b);
-  absl::Status EnqueueForward(const Batch& b, bool sample, int top_k);
-  absl::Status EnqueueLayers(const Batch& b);
+  absl::Status EnqueueForward(const Batch& b, bool sample, int top_k, ExpertClient* experts = nullptr);
+  absl::Status EnqueueLayers(const Batch& b, ExpertClient* experts);
   absl::Status EnqueueMlp(const bf16* w_gate_up, const bf16* w_down, int inter, int num_tokens);
-  absl::Status EnqueueMoe(int layer, int num_tokens);
+  absl::Status EnqueueMoe(int layer, int num_tokens, ExpertClient* experts);
+  // The routed part of EnqueueMoe through `experts` (host round trip).
+  absl::Status RunExternalExperts(int layer, int num_tokens, ExpertClient* experts);
   absl::Status EnqueueHead(int num_rows, bool sample, int top_k);
   absl::Status Gemm(const bf16* x, int ldx, const bf16* w, void* y, int ldy, int m, int n, int k, OutType out,
                     bool accumulate);
@@ -210,6 +237,10 @@ class CudaModel {
   PinnedBuffer<int32_t> h_meta_;     // staging for the above
   PinnedBuffer<int32_t> h_ids_;      // next_ids, topk ids back
   PinnedBuffer<float> h_lp_;         // next_logprobs, topk logprobs back
+  // External experts: the dispatch staged on the host, the result back.
+  PinnedBuffer<float> h_hidden_, h_topk_w_, h_routed_;
+  PinnedBuffer<int32_t> h_topk_ids_;
+  Event dispatch_copied_;
 
   // Mutable state.
   std::vector<Sequence> seqs_;

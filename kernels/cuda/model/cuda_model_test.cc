@@ -132,18 +132,12 @@ bool SameRouting(const CpuEngine& cpu, const std::vector<int32_t>& gpu, int rows
   return true;
 }
 
-// The goldens' folder: $MOESH_SOURCE_DIR (the device runs set it: the
-// checkout lives elsewhere there) or the source tree this was built from.
-std::string GoldenDir(const std::string& name) {
-  const char* env = std::getenv("MOESH_SOURCE_DIR");
-  return JoinPath(JoinPath(env != nullptr ? env : MOESH_SOURCE_DIR, "tests/golden"), name);
-}
 
 class CudaGoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaGoldenTest, MatchesTransformersAndCpuEngine) {
   MOESH_REQUIRE_GPU();
-  const std::string dir = GoldenDir(GetParam());
+  const std::string dir = testing::GoldenDir(GetParam());
   absl::StatusOr<std::string> text = ReadFileToString(JoinPath(dir, "golden.json"));
   ASSERT_TRUE(text.ok()) << text.status();
   const nlohmann::json golden = nlohmann::json::parse(*text);

@@ -11,20 +11,6 @@ namespace {
 
 constexpr size_t kAlign = 256;
 
-uint16_t ToBf16Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-
-absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging) {
-  staging->resize(n);
-  for (size_t i = 0; i < n; ++i) (*staging)[i] = ToBf16Bits(src[i]);
-  return CudaStatus(cudaMemcpy(dst, staging->data(), n * 2, cudaMemcpyHostToDevice), "cudaMemcpy H2D (weights)");
-}
-
 absl::Status UploadF32(float* dst, const std::vector<float>& src) {
   return CudaStatus(cudaMemcpy(dst, src.data(), src.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy H2D (weights)");
 }
@@ -37,6 +23,27 @@ absl::Status CheckSize(const std::vector<float>& v, size_t n, const std::string&
 }
 
 }  // namespace
+
+uint16_t ToBf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float FromBf16Bits(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging) {
+  staging->resize(n);
+  for (size_t i = 0; i < n; ++i) (*staging)[i] = ToBf16Bits(src[i]);
+  return CudaStatus(cudaMemcpy(dst, staging->data(), n * 2, cudaMemcpyHostToDevice), "cudaMemcpy H2D (weights)");
+}
 
 // One tensor of the arena: where its pointer goes, and how Dummy fills it.
 struct DeviceWeights::Slot {
@@ -98,8 +105,10 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
       add(&w.shared_gate_up, 2 * static_cast<int64_t>(shared_intermediate_) * h, fan(h));
       add(&w.shared_down, h * shared_intermediate_, fan(shared_intermediate_));
     }
-    add(&w.experts_gate_up, e * 2 * inter * h, fan(h), 0.0f, Kind::kExpert);
-    add(&w.experts_down, e * h * inter, fan(inter), 0.0f, Kind::kExpert);
+    if (routed_experts_) {
+      add(&w.experts_gate_up, e * 2 * inter * h, fan(h), 0.0f, Kind::kExpert);
+      add(&w.experts_down, e * h * inter, fan(inter), 0.0f, Kind::kExpert);
+    }
   }
   add(&norm_, h, 0.05f, 1.0f);
   if (!c.tie_word_embeddings) add(&lm_head_, c.vocab_size * h, fan(h));
@@ -128,8 +137,9 @@ double DeviceWeights::StepWeightBytes(int64_t experts_touched, int tokens) const
 }
 
 absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Dummy(const ModelConfig& config, uint64_t seed,
-                                                                   cudaStream_t stream) {
+                                                                   cudaStream_t stream, bool routed_experts) {
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
+  w->routed_experts_ = routed_experts;
   std::vector<Slot> slots;
   RETURN_IF_ERROR(w->Allocate(config, &slots));
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -147,8 +157,9 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Dummy(const ModelC
 
 absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(const ModelConfig& c,
                                                                       const AttentionWeights& a,
-                                                                      const ExpertShardWeights& experts) {
+                                                                      const ExpertShardWeights* experts) {
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
+  w->routed_experts_ = experts != nullptr;
   std::vector<Slot> slots;
   RETURN_IF_ERROR(w->Allocate(c, &slots));
   const int64_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
@@ -220,8 +231,9 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(const Mod
       RETURN_IF_ERROR(UploadBf16(dst.shared_gate_up, m.gate_up.data(), m.gate_up.size(), &staging));
       RETURN_IF_ERROR(UploadBf16(dst.shared_down, m.down.data(), m.down.size(), &staging));
     }
-    auto layer_it = experts.layers.find(l);
-    if (layer_it == experts.layers.end()) {
+    if (experts == nullptr) continue;
+    auto layer_it = experts->layers.find(l);
+    if (layer_it == experts->layers.end()) {
       return absl::InvalidArgumentError(absl::StrCat("DeviceWeights::FromHost: no routed experts for layer ", l));
     }
     for (int64_t e = 0; e < ne; ++e) {

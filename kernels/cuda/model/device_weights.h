@@ -21,6 +21,12 @@
 
 namespace moesh::cuda {
 
+// Host-side bf16: round to nearest even (NaN stays NaN), and back.
+uint16_t ToBf16Bits(float f);
+float FromBf16Bits(uint16_t b);
+// dst[0, n) = bf16(src[0, n)) through *staging, synchronously.
+absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging);
+
 struct DeviceLayerWeights {
   bf16* input_norm = nullptr;  // [hidden]
   bf16* post_norm = nullptr;   // [hidden]
@@ -40,20 +46,24 @@ struct DeviceLayerWeights {
   float* router_bias = nullptr;   // [n_routed_experts]; may be null
   bf16* shared_gate_up = nullptr;  // [2 * shared_intermediate, hidden]; null iff no shared experts
   bf16* shared_down = nullptr;     // [hidden, shared_intermediate]
-  bf16* experts_gate_up = nullptr;  // [E, 2 * moe_intermediate, hidden]
+  bf16* experts_gate_up = nullptr;  // [E, 2 * moe_intermediate, hidden]; null without routed experts
   bf16* experts_down = nullptr;     // [E, hidden, moe_intermediate]
 };
 
 class DeviceWeights {
  public:
   // REQUIRES: config validated, family V2 or V3 (UNIMPLEMENTED otherwise).
+  // `experts` null: no routed experts on the device (they run elsewhere,
+  // behind an ExpertClient); else it must hold every routed expert.
   static absl::StatusOr<std::unique_ptr<DeviceWeights>> FromHost(const ModelConfig& config,
                                                                   const AttentionWeights& attention,
-                                                                  const ExpertShardWeights& experts);
+                                                                  const ExpertShardWeights* experts);
   // Uniform random values from `seed`, generated on the device: linear
   // weights in ±1/sqrt(fan_in), norms in 1 ± 0.05.
   static absl::StatusOr<std::unique_ptr<DeviceWeights>> Dummy(const ModelConfig& config, uint64_t seed,
-                                                              cudaStream_t stream);
+                                                              cudaStream_t stream, bool routed_experts = true);
+
+  bool has_routed_experts() const { return routed_experts_; }
 
   int q_width() const { return q_width_; }
   int shared_intermediate() const { return shared_intermediate_; }
@@ -76,6 +86,7 @@ class DeviceWeights {
   absl::Status Allocate(const ModelConfig& config, std::vector<Slot>* slots);
 
   ModelConfig config_;
+  bool routed_experts_ = true;
   int q_width_ = 0;
   int shared_intermediate_ = 0;
   DeviceBuffer<uint8_t> arena_;

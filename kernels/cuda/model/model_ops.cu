@@ -117,14 +117,14 @@ __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(MoePermutePa
 
 __global__ void __launch_bounds__(kThreads) MoeCombineKernel(MoeCombineParams p) {
   const int64_t t = blockIdx.x;
-  const int32_t* rows = p.pair_row + t * p.top_k;
-  const float* w = p.topk_weights + t * p.top_k;
+  const int32_t* rows = p.pair_row != nullptr ? p.pair_row + t * p.top_k : nullptr;
+  const float* w = p.topk_weights != nullptr ? p.topk_weights + t * p.top_k : nullptr;
   float* x = p.x + t * p.hidden;
   for (int j = threadIdx.x; j < p.hidden; j += blockDim.x) {
     float acc = 0.0f;
     for (int k = 0; k < p.top_k; ++k) {
-      const int r = rows[k];
-      if (r >= 0) acc += w[k] * p.expert_out[static_cast<int64_t>(r) * p.hidden + j];
+      const int r = rows != nullptr ? rows[k] : static_cast<int>(t) * p.top_k + k;
+      if (r >= 0) acc += (w != nullptr ? w[k] : 1.0f) * p.expert_out[static_cast<int64_t>(r) * p.hidden + j];
     }
     x[j] += acc;
   }
@@ -256,7 +256,7 @@ absl::Status RunMoePermute(const MoePermuteParams& p) {
 absl::Status RunMoeCombine(const MoeCombineParams& p) {
   if (p.num_tokens < 0 || p.top_k < 1 || p.hidden <= 0) return absl::InvalidArgumentError("RunMoeCombine: bad shape");
   if (p.num_tokens == 0) return absl::OkStatus();
-  if (!p.expert_out || !p.pair_row || !p.topk_weights || !p.x) {
+  if (!p.expert_out || !p.x) {
     return absl::InvalidArgumentError("RunMoeCombine: null pointer");
   }
   MoeCombineKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);

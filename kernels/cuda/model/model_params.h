@@ -87,11 +87,13 @@ struct GroupedGemmParams {
 };
 
 // x[t, :] += sum_k topk_weights[t, k] * expert_out[pair_row[t * top_k + k], :]
-// (pairs with row -1 skipped; k in order).
+// (pairs with row -1 skipped; k in order). Null pair_row: pair (t, k) is row
+// t * top_k + k; null topk_weights: every weight is 1 (so top_k = 1 with both
+// null adds expert_out into x: routed outputs combined elsewhere).
 struct MoeCombineParams {
   const float* expert_out = nullptr;  // [rows, hidden]
-  const int32_t* pair_row = nullptr;  // [num_tokens * top_k]
-  const float* topk_weights = nullptr;  // [num_tokens, top_k]
+  const int32_t* pair_row = nullptr;  // [num_tokens * top_k]; may be null
+  const float* topk_weights = nullptr;  // [num_tokens, top_k]; may be null
   int num_tokens = 0, top_k = 0, hidden = 0;
   float* x = nullptr;  // [num_tokens, hidden], in/out
   cudaStream_t stream = nullptr;

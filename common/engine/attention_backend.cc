@@ -1,0 +1,70 @@
+#include "common/engine/attention_backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/engine/paged_kv_cache.h"
+#include "common/status.h"
+
+namespace moesh {
+namespace {
+
+class CpuAttentionBackend : public AttentionBackend {
+ public:
+  CpuAttentionBackend(const AttentionModel* model, std::unique_ptr<AttentionModel> owned, int num_kv_blocks,
+                      int block_size)
+      : owned_(std::move(owned)), model_(model) {
+    if (num_kv_blocks > 0) {
+      pool_ = std::make_unique<KvBlockPool>(model->config().num_hidden_layers, model->kv_row_width(), block_size,
+                                            num_kv_blocks);
+    }
+  }
+
+  const ModelConfig& config() const override { return model_->config(); }
+  std::string device() const override { return "cpu"; }
+
+  absl::StatusOr<std::unique_ptr<KvSequence>> NewSequence(int max_tokens) override {
+    const ModelConfig& c = model_->config();
+    if (max_tokens < 0 || (c.max_position_embeddings > 0 && max_tokens > c.max_position_embeddings)) {
+      return absl::InvalidArgumentError(absl::StrCat("a sequence of ", max_tokens, " tokens exceeds the model's context of ",
+                                                     c.max_position_embeddings, " tokens"));
+    }
+    if (pool_ == nullptr) return std::make_unique<SequenceKvCache>(model_->NewCache());
+    ASSIGN_OR_RETURN(std::unique_ptr<PagedKvSequence> seq, pool_->Allocate(max_tokens));
+    return std::unique_ptr<KvSequence>(std::move(seq));
+  }
+
+  absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
+                                             int micro_batches) override {
+    if (experts == nullptr) return absl::InvalidArgumentError("the CPU attention backend needs an ExpertClient");
+    return model_->Forward(seqs, experts, LogitsFor::kLastToken, micro_batches);
+  }
+
+  KvUsage kv_usage() const override {
+    KvUsage u;
+    if (pool_ != nullptr) {
+      u.total_blocks = pool_->num_blocks();
+      u.free_blocks = pool_->free_blocks();
+      u.block_size = pool_->block_size();
+    }
+    return u;
+  }
+
+ private:
+  const std::unique_ptr<AttentionModel> owned_;  // null if borrowed
+  const AttentionModel* const model_;
+  std::unique_ptr<KvBlockPool> pool_;  // null: unbounded caches
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(std::unique_ptr<AttentionModel> model, int num_kv_blocks,
+                                                         int block_size) {
+  const AttentionModel* m = model.get();
+  return std::make_unique<CpuAttentionBackend>(m, std::move(model), num_kv_blocks, block_size);
+}
+
+std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(const AttentionModel* model, int num_kv_blocks,
+                                                         int block_size) {
+  return std::make_unique<CpuAttentionBackend>(model, nullptr, num_kv_blocks, block_size);
+}
+
+}  // namespace moesh

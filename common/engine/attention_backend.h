@@ -1,0 +1,81 @@
+// AttentionBackend: where a serving engine's attention half runs — the
+// model's non-expert weights, the pool its sequences' KV caches come from,
+// and the batched forward pass whose routed experts go through an
+// ExpertClient. The prefill and decode engines and `moesh generate` are
+// written against it; implementations:
+//   * NewCpuAttentionBackend (here): AttentionModel in fp32, KV rows in a
+//     KvBlockPool (or unbounded per-sequence vectors);
+//   * kernels/cuda/model's CUDA backend: CudaModel on one GPU, bf16 weights,
+//     the paged latent cache in device memory (common/service/backends.h
+//     makes either from a `--device` flag).
+//
+// Sequences come from NewSequence and are only passed to the backend that
+// made them. Thread-safety: the implementation's to state (both here are
+// thread-safe; a sequence has one owner at a time).
+#ifndef MOESH_COMMON_ENGINE_ATTENTION_BACKEND_H_
+#define MOESH_COMMON_ENGINE_ATTENTION_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model/attention_model.h"
+#include "common/model/config.h"
+#include "common/model/expert_client.h"
+#include "common/model/kv_cache.h"
+
+namespace moesh {
+
+// KV cache blocks of the backend's pool (0 blocks: unbounded).
+struct KvUsage {
+  int total_blocks = 0;
+  int free_blocks = 0;
+  int block_size = 0;  // tokens per block
+  // Fraction of the blocks in use, [0, 1] (0 without a pool).
+  double used_fraction() const {
+    return total_blocks > 0 ? 1.0 - static_cast<double>(free_blocks) / total_blocks : 0.0;
+  }
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // "cpu", "cuda:0", ...
+  virtual std::string device() const = 0;
+
+  // An empty sequence whose cache can hold `max_tokens` tokens, its blocks
+  // taken now. RESOURCE_EXHAUSTED if the pool lacks them, INVALID_ARGUMENT
+  // beyond the backend's context limit. The sequence returns its blocks when
+  // destroyed.
+  virtual absl::StatusOr<std::unique_ptr<KvSequence>> NewSequence(int max_tokens) = 0;
+
+  // AttentionModel::Forward's contract (LogitsFor::kLastToken: logits
+  // [num_sequences, vocab], float32) over sequences from NewSequence, the
+  // routed experts behind `experts`, which is null iff has_experts().
+  // micro_batches > 1 asks for ping-pong micro-batching where the backend
+  // implements it (CPU); others run the batch whole, with the same result.
+  virtual absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
+                                                     int micro_batches = 1) = 0;
+
+  virtual KvUsage kv_usage() const = 0;
+  // True iff the routed experts live in the backend (a CUDA model loaded
+  // with them); Forward then takes no ExpertClient.
+  virtual bool has_experts() const { return false; }
+};
+
+// The CPU backend over `model`. num_kv_blocks > 0: a KvBlockPool of that
+// many blocks of block_size tokens; 0: every sequence grows without bound
+// (the prefill side, whose caches live for one pass).
+std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(std::unique_ptr<AttentionModel> model, int num_kv_blocks,
+                                                         int block_size);
+// The same over a borrowed model, which must outlive the backend.
+std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(const AttentionModel* model, int num_kv_blocks,
+                                                         int block_size);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_ENGINE_ATTENTION_BACKEND_H_

@@ -1,0 +1,67 @@
+// Where a worker computes: the attention half (AttentionBackend) and expert
+// shards (ExpertStage) on the CPU or a CUDA device, chosen by `--device`.
+//
+// The CUDA side is linked in where the build has it (MOESH_CUDA with nvcc:
+// kernels/cuda/model/cuda_backends.cc); elsewhere cuda_backends_none.cc
+// answers FAILED_PRECONDITION naming the build option, so every binary takes
+// the same flags and says clearly what it cannot do.
+#ifndef MOESH_COMMON_SERVICE_BACKENDS_H_
+#define MOESH_COMMON_SERVICE_BACKENDS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/engine/attention_backend.h"
+#include "common/model/config.h"
+#include "common/model/expert_client.h"
+#include "common/model/safetensors.h"
+#include "common/model/weights.h"
+
+namespace moesh {
+
+struct DeviceOptions {
+  std::string device = "cpu";  // cpu, cuda (the current device) or cuda:N
+  // CPU: the KV pool (0 blocks: every sequence grows without bound).
+  int num_kv_blocks = 0;
+  int block_size = 64;
+  // CUDA (kernels/cuda/model/cuda_model.h's options): the fraction of the
+  // device's memory this process may bring the total to, sequences per step,
+  // tokens per sequence (0: min(max_position_embeddings, 8192)).
+  double gpu_memory_utilization = 0.9;
+  int max_num_seqs = 256;
+  int max_model_len = 0;
+};
+
+// OK for "cpu", "cuda" and "cuda:N" (N >= 0); INVALID_ARGUMENT otherwise.
+absl::Status ValidateDevice(const std::string& device);
+bool IsCudaDevice(const std::string& device);
+
+// The attention half of the checkpoint's model on options.device. With
+// `with_experts` the routed experts are loaded beside it (CUDA: on the
+// device, and Forward then takes no ExpertClient); without, they run
+// elsewhere behind the ExpertClient given to Forward. CPU backends never hold
+// experts (with_experts: INVALID_ARGUMENT; use a LocalExpertClient).
+absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const ModelConfig& config,
+                                                                       const Checkpoint& ckpt,
+                                                                       const DeviceOptions& options,
+                                                                       bool with_experts);
+
+// An expert shard computing on options.device (CPU: ExpertStage itself).
+absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(const ModelConfig& config,
+                                                             std::unique_ptr<ExpertShardWeights> weights,
+                                                             const DeviceOptions& options);
+
+// The CUDA halves of the above (cuda_backends.h's contract, one of the two
+// implementations linked). REQUIRES: IsCudaDevice(options.device).
+absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttentionBackend(const ModelConfig& config,
+                                                                           const Checkpoint& ckpt,
+                                                                           const DeviceOptions& options,
+                                                                           bool with_experts);
+absl::StatusOr<std::unique_ptr<ExpertStage>> MakeCudaExpertStage(const ModelConfig& config,
+                                                                 std::unique_ptr<ExpertShardWeights> weights,
+                                                                 const DeviceOptions& options);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_SERVICE_BACKENDS_H_

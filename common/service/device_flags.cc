@@ -1,0 +1,29 @@
+#include "common/service/device_flags.h"
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+ABSL_FLAG(std::string, device, "cpu", "Where to compute: cpu, cuda (the current GPU) or cuda:N.");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9,
+          "--device cuda: the fraction of the GPU's memory this process may bring the total to (weights, "
+          "scratch, then the KV cache); other processes' memory counts.");
+ABSL_FLAG(int, max_model_len, 0, "--device cuda: tokens per sequence (0: min(max_position_embeddings, 8192)).");
+
+namespace moesh {
+
+absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
+  DeviceOptions o;
+  o.device = absl::GetFlag(FLAGS_device);
+  RETURN_IF_ERROR(ValidateDevice(o.device));
+  o.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu_memory_utilization must be in (0, 1], got ", o.gpu_memory_utilization));
+  }
+  o.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  if (o.max_model_len < 0) return absl::InvalidArgumentError("--max_model_len must be >= 0");
+  return o;
+}
+
+}  // namespace moesh

@@ -1,0 +1,19 @@
+// The flags that choose where a service computes (--device and the CUDA
+// memory knobs), shared by the prefill, decode and expert workers and the
+// router's colocated mode.
+#ifndef MOESH_COMMON_SERVICE_DEVICE_FLAGS_H_
+#define MOESH_COMMON_SERVICE_DEVICE_FLAGS_H_
+
+#include "absl/status/statusor.h"
+#include "common/service/backends.h"
+
+namespace moesh {
+
+// --device, --gpu_memory_utilization, --max_model_len as DeviceOptions
+// (the KV pool fields left at their defaults). INVALID_ARGUMENT for a bad
+// device name or a utilization outside (0, 1].
+absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags();
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_SERVICE_DEVICE_FLAGS_H_

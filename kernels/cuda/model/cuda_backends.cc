@@ -1,0 +1,60 @@
+// common/service/backends.h's CUDA factories, in builds with the CUDA backend.
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/service/backends.h"
+#include "common/status.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/model/cuda_attention_backend.h"
+#include "kernels/cuda/model/cuda_expert_stage.h"
+#include "kernels/cuda/model/cuda_model.h"
+
+namespace moesh {
+namespace {
+
+// "cuda" (the current device) or "cuda:N", made the calling thread's device.
+absl::Status SelectDevice(const std::string& device) {
+  ASSIGN_OR_RETURN(const int count, cuda::CudaDeviceCount());
+  if (count == 0) return absl::FailedPreconditionError(absl::StrCat("--device ", device, ": no CUDA device is present"));
+  int ordinal = 0;
+  if (device != "cuda") {
+    if (!absl::SimpleAtoi(device.substr(5), &ordinal)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad CUDA device \"", device, "\""));
+    }
+  } else {
+    RETURN_IF_CUDA_ERROR(cudaGetDevice(&ordinal));
+  }
+  return cuda::UseDevice(ordinal);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttentionBackend(const ModelConfig& config,
+                                                                           const Checkpoint& ckpt,
+                                                                           const DeviceOptions& options,
+                                                                           bool with_experts) {
+  RETURN_IF_ERROR(SelectDevice(options.device));
+  cuda::CudaModelOptions o;
+  o.gpu_memory_utilization = options.gpu_memory_utilization;
+  o.max_num_seqs = options.max_num_seqs;
+  o.max_model_len = options.max_model_len;
+  o.routed_experts_on_device = with_experts;
+  ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> attention, AttentionWeights::Load(config, ckpt));
+  std::unique_ptr<ExpertShardWeights> experts;
+  if (with_experts) {
+    ASSIGN_OR_RETURN(experts, ExpertShardWeights::Load(config, ckpt, {}));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model,
+                   cuda::CudaModel::FromHost(config, *attention, experts.get(), o));
+  return std::unique_ptr<AttentionBackend>(new cuda::CudaAttentionBackend(std::move(model)));
+}
+
+absl::StatusOr<std::unique_ptr<ExpertStage>> MakeCudaExpertStage(const ModelConfig& config,
+                                                                 std::unique_ptr<ExpertShardWeights> weights,
+                                                                 const DeviceOptions& options) {
+  RETURN_IF_ERROR(SelectDevice(options.device));
+  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaExpertStage> stage,
+                   cuda::CudaExpertStage::Create(config, std::move(weights)));
+  return std::unique_ptr<ExpertStage>(std::move(stage));
+}
+
+}  // namespace moesh

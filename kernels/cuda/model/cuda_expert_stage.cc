@@ -1,0 +1,215 @@
+#include "kernels/cuda/model/cuda_expert_stage.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/model/device_weights.h"
+#include "kernels/cuda/model/model_ops.h"
+#include "kernels/cuda/ops.h"
+
+namespace moesh::cuda {
+namespace {
+
+template <typename T>
+absl::Status Grow(DeviceBuffer<T>* b, size_t n) {
+  if (b->size() >= n && n > 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(*b, DeviceBuffer<T>::Create(std::max<size_t>(n, 1)));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status GrowPinned(PinnedBuffer<T>* b, size_t n) {
+  if (b->size() >= n && n > 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(*b, PinnedBuffer<T>::Create(std::max<size_t>(n, 1)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaExpertStage>> CudaExpertStage::Create(
+    const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights) {
+  if (config.n_routed_experts < 1 || config.n_routed_experts > 1024) {
+    return absl::UnimplementedError("CudaExpertStage: needs 1..1024 routed experts");
+  }
+  if (config.hidden_size % 32 != 0 || config.moe_intermediate_size % 32 != 0) {
+    return absl::UnimplementedError(absl::StrCat("CudaExpertStage: the grouped GEMM needs hidden_size (",
+                                                 config.hidden_size, ") and moe_intermediate_size (",
+                                                 config.moe_intermediate_size, ") divisible by 32"));
+  }
+  ASSIGN_OR_RETURN(DeviceInfo info, CurrentDeviceInfo());
+  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
+  const ExpertShardWeights* first = weights.get();
+  std::unique_ptr<CudaExpertStage> stage(
+      new CudaExpertStage(config, std::move(weights), std::move(stream), info.device));
+  stage->hosted_.push_back(first);
+  ASSIGN_OR_RETURN(std::shared_ptr<const Stacks> stacks, stage->Build(stage->hosted_));
+  absl::MutexLock lock(&stage->stacks_mu_);
+  stage->stacks_ = std::move(stacks);
+  return stage;
+}
+
+CudaExpertStage::~CudaExpertStage() {
+  if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
+}
+
+size_t CudaExpertStage::device_bytes() const {
+  absl::MutexLock lock(&stacks_mu_);
+  return stacks_->bytes;
+}
+
+absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::Build(
+    const std::vector<const ExpertShardWeights*>& shards) const {
+  const ModelConfig& c = config();
+  const size_t h = c.hidden_size, inter = c.moe_intermediate_size;
+  auto stacks = std::make_shared<Stacks>();
+  stacks->local.assign(c.n_routed_experts, -1);
+  std::vector<std::pair<int, const ExpertShardWeights*>> order;  // (global id, shard serving it)
+  for (const ExpertShardWeights* s : shards) {
+    for (int e : s->expert_ids) {
+      if (e < 0 || e >= c.n_routed_experts) {
+        return absl::InvalidArgumentError(absl::StrCat("CudaExpertStage: expert id ", e, " out of range"));
+      }
+      if (stacks->local[e] >= 0) continue;
+      stacks->local[e] = static_cast<int32_t>(order.size());
+      order.emplace_back(e, s);
+    }
+  }
+  stacks->num_local = static_cast<int>(order.size());
+  if (order.empty()) return absl::InvalidArgumentError("CudaExpertStage: the shard hosts no experts");
+  std::vector<uint16_t> staging;
+  for (const auto& [layer, unused] : shards.front()->layers) {
+    LayerStack& ls = stacks->layers[layer];
+    ASSIGN_OR_RETURN(ls.gate_up, DeviceBuffer<bf16>::Create(order.size() * 2 * inter * h));
+    ASSIGN_OR_RETURN(ls.down, DeviceBuffer<bf16>::Create(order.size() * h * inter));
+    stacks->bytes += ls.gate_up.bytes() + ls.down.bytes();
+    for (size_t i = 0; i < order.size(); ++i) {
+      const auto& [e, shard] = order[i];
+      auto lit = shard->layers.find(layer);
+      if (lit == shard->layers.end() || !lit->second.count(e)) {
+        return absl::InvalidArgumentError(absl::StrCat("CudaExpertStage: layer ", layer, " lacks expert ", e));
+      }
+      const MlpWeights& w = lit->second.at(e);
+      if (w.gate_up.size() != 2 * inter * h || w.down.size() != h * inter) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CudaExpertStage: layer ", layer, " expert ", e, " has the wrong shape"));
+      }
+      RETURN_IF_ERROR(UploadBf16(ls.gate_up.get() + i * 2 * inter * h, w.gate_up.data(), w.gate_up.size(), &staging));
+      RETURN_IF_ERROR(UploadBf16(ls.down.get() + i * h * inter, w.down.data(), w.down.size(), &staging));
+    }
+  }
+  return std::shared_ptr<const Stacks>(std::move(stacks));
+}
+
+absl::Status CudaExpertStage::AddShard(std::unique_ptr<ExpertShardWeights> more) {
+  absl::MutexLock add_lock(&add_mu_);
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal_));
+  std::vector<const ExpertShardWeights*> all = hosted_;
+  all.push_back(more.get());
+  ASSIGN_OR_RETURN(std::shared_ptr<const Stacks> stacks, Build(all));
+  const ExpertShardWeights* added = more.get();
+  RETURN_IF_ERROR(ExpertStage::AddShard(std::move(more)));
+  hosted_.push_back(added);
+  absl::MutexLock lock(&stacks_mu_);
+  stacks_ = std::move(stacks);  // a running dispatch keeps the old stacks alive
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_local) const {
+  if (num_tokens <= scratch_tokens_ && num_local <= scratch_local_) return absl::OkStatus();
+  const ModelConfig& c = config();
+  const size_t t = std::max(num_tokens, scratch_tokens_), rows = t * top_k;
+  const size_t h = c.hidden_size, inter = c.moe_intermediate_size;
+  const size_t e = std::max(num_local, scratch_local_);
+  Scratch& s = scratch_;
+  RETURN_IF_ERROR(Grow(&s.x, t * h));
+  RETURN_IF_ERROR(Grow(&s.gu, rows * 2 * inter));
+  RETURN_IF_ERROR(Grow(&s.act, rows * inter));
+  RETURN_IF_ERROR(Grow(&s.y, rows * h));
+  RETURN_IF_ERROR(Grow(&s.out, t * h));
+  RETURN_IF_ERROR(Grow(&s.weights, rows));
+  RETURN_IF_ERROR(Grow(&s.ids, rows));
+  RETURN_IF_ERROR(Grow(&s.row_token, rows));
+  RETURN_IF_ERROR(Grow(&s.pair_row, rows));
+  RETURN_IF_ERROR(Grow(&s.expert_offsets, e + 1));
+  RETURN_IF_ERROR(Grow(&s.tile_offsets, e + 1));
+  RETURN_IF_ERROR(GrowPinned(&s.h_x, t * h));
+  RETURN_IF_ERROR(GrowPinned(&s.h_out, t * h));
+  RETURN_IF_ERROR(GrowPinned(&s.h_w, rows));
+  RETURN_IF_ERROR(GrowPinned(&s.h_ids, rows));
+  scratch_tokens_ = static_cast<int>(t);
+  scratch_local_ = static_cast<int>(e);
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
+  const ModelConfig& c = config();
+  if (!IsMoeLayer(d.layer)) return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
+  if (d.hidden != c.hidden_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dispatch hidden size ", d.hidden, " != model hidden size ", c.hidden_size));
+  }
+  if (d.num_tokens == 0) return absl::OkStatus();
+  std::shared_ptr<const Stacks> stacks;
+  {
+    absl::MutexLock lock(&stacks_mu_);
+    stacks = stacks_;
+  }
+  const LayerStack& ls = stacks->layers.at(d.layer);
+  const int t = d.num_tokens, k = d.top_k, h = c.hidden_size, inter = c.moe_intermediate_size;
+  const int rows = t * k, e = stacks->num_local;
+
+  absl::MutexLock lock(&run_mu_);
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal_));
+  RETURN_IF_ERROR(EnsureScratch(t, k, e));
+  Scratch& s = scratch_;
+  // Host staging: hidden states to bf16, expert ids to this stage's rows.
+  int hosted_pairs = 0;
+  for (int i = 0; i < rows; ++i) {
+    const int id = d.topk_ids[i];
+    if (id >= c.n_routed_experts) return absl::InvalidArgumentError(absl::StrCat("expert id ", id, " out of range"));
+    s.h_ids.get()[i] = id < 0 ? -1 : stacks->local[id];
+    s.h_w.get()[i] = d.topk_weights[i];
+    hosted_pairs += s.h_ids.get()[i] >= 0;
+  }
+  if (hosted_pairs == 0) return absl::OkStatus();
+  for (size_t i = 0; i < static_cast<size_t>(t) * h; ++i) s.h_x.get()[i] = ToBf16Bits(d.hidden_states[i]);
+  cudaStream_t st = stream_.get();
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.x.get(), s.h_x.get(), static_cast<size_t>(t) * h * 2, cudaMemcpyHostToDevice, st));
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.ids.get(), s.h_ids.get(), rows * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.weights.get(), s.h_w.get(), rows * sizeof(float), cudaMemcpyHostToDevice, st));
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(s.out.get(), 0, static_cast<size_t>(t) * h * sizeof(float), st));
+
+  // As CudaModel::EnqueueMoe: tiles about as tall as an expert's share of the rows.
+  const int tile_m = hosted_pairs <= 12 * e ? 16 : hosted_pairs <= 40 * e ? 32 : 64;
+  MoePermuteParams pp;
+  pp.topk_ids = s.ids.get(), pp.num_tokens = t, pp.top_k = k, pp.num_experts = e, pp.tile_m = tile_m;
+  pp.expert_offsets = s.expert_offsets.get(), pp.tile_offsets = s.tile_offsets.get();
+  pp.row_token = s.row_token.get(), pp.pair_row = s.pair_row.get(), pp.stream = st;
+  RETURN_IF_ERROR(RunMoePermute(pp));
+  GroupedGemmParams gg;
+  gg.x = s.x.get(), gg.ldx = h, gg.row_index = s.row_token.get();
+  gg.w = ls.gate_up.get(), gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
+  gg.expert_offsets = s.expert_offsets.get(), gg.tile_offsets = s.tile_offsets.get();
+  gg.tile_m = tile_m, gg.max_tiles = GroupedGemmMaxTiles(hosted_pairs, e, tile_m);
+  gg.y = s.gu.get(), gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = st;
+  RETURN_IF_ERROR(RunGroupedGemm(gg));
+  SiluAndMulParams sp;
+  sp.gate_up = s.gu.get(), sp.out = s.act.get(), sp.m = hosted_pairs, sp.i = inter, sp.stream = st;
+  RETURN_IF_ERROR(RunSiluAndMul(sp));
+  gg.x = s.act.get(), gg.ldx = inter, gg.row_index = nullptr;
+  gg.w = ls.down.get(), gg.n = h, gg.k = inter;
+  gg.y = s.y.get(), gg.out_type = OutType::kFloat32, gg.ldy = h;
+  RETURN_IF_ERROR(RunGroupedGemm(gg));
+  MoeCombineParams cp;
+  cp.expert_out = s.y.get(), cp.pair_row = s.pair_row.get(), cp.topk_weights = s.weights.get();
+  cp.num_tokens = t, cp.top_k = k, cp.hidden = h, cp.x = s.out.get(), cp.stream = st;
+  RETURN_IF_ERROR(RunMoeCombine(cp));
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(s.h_out.get(), s.out.get(), static_cast<size_t>(t) * h * sizeof(float), cudaMemcpyDeviceToHost, st));
+  RETURN_IF_ERROR(stream_.Synchronize());
+  for (size_t i = 0; i < static_cast<size_t>(t) * h; ++i) out[i] += s.h_out.get()[i];
+  return absl::OkStatus();
+}
+
+}  // namespace moesh::cuda

@@ -1,0 +1,93 @@
+// CudaExpertStage: an expert worker's shard of routed experts on one GPU.
+//
+// Per MoE layer the hosted experts are stacked in bf16 ([E_local, 2 * inter,
+// hidden] and [E_local, hidden, inter]); a dispatch runs the same kernels as
+// CudaModel's MoE block: the (token, k) pairs of hosted experts are sorted by
+// expert (pairs routed elsewhere are skipped), a grouped gate_up GEMM,
+// SiLU·mul, a grouped down GEMM in fp32, and the weighted combine, which is
+// added into the caller's host buffer. Hidden states arrive in fp32 and are
+// rounded to bf16 (weights and activations in bf16, accumulation in fp32, as
+// the CUDA model computes them).
+//
+// Thread-safe: dispatches from concurrent callers run one at a time on the
+// stage's stream; AddShard uploads the new experts and swaps the stacks in
+// between dispatches.
+#ifndef MOESH_KERNELS_CUDA_MODEL_CUDA_EXPERT_STAGE_H_
+#define MOESH_KERNELS_CUDA_MODEL_CUDA_EXPERT_STAGE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/expert_client.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+class CudaExpertStage : public ExpertStage {
+ public:
+  // Uploads the shard to the current device. RESOURCE_EXHAUSTED if it does
+  // not fit; UNIMPLEMENTED for shapes the grouped GEMM is not built for.
+  static absl::StatusOr<std::unique_ptr<CudaExpertStage>> Create(const ModelConfig& config,
+                                                                 std::unique_ptr<ExpertShardWeights> weights);
+  ~CudaExpertStage() override;
+
+  absl::Status Accumulate(const MoeDispatch& dispatch, float* out) const override;
+  absl::Status AddShard(std::unique_ptr<ExpertShardWeights> more) override;
+  std::string device() const override { return device_; }
+  // Bytes of expert weights on the device.
+  size_t device_bytes() const;
+
+ private:
+  // One MoE layer's hosted experts, stacked.
+  struct LayerStack {
+    DeviceBuffer<bf16> gate_up, down;
+  };
+  // Everything a dispatch reads; replaced whole by AddShard.
+  struct Stacks {
+    std::vector<int32_t> local;  // global expert id -> row in the stacks, or -1
+    int num_local = 0;
+    std::map<int, LayerStack> layers;
+    size_t bytes = 0;
+  };
+  // Scratch for one dispatch, grown on demand.
+  struct Scratch {
+    DeviceBuffer<bf16> x, gu, act;
+    DeviceBuffer<float> y, out, weights;
+    DeviceBuffer<int32_t> ids, expert_offsets, tile_offsets, row_token, pair_row;
+    PinnedBuffer<uint16_t> h_x;
+    PinnedBuffer<float> h_w, h_out;
+    PinnedBuffer<int32_t> h_ids;
+  };
+
+  CudaExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights, Stream stream, int ordinal)
+      : ExpertStage(config, std::move(weights)),
+        stream_(std::move(stream)),
+        ordinal_(ordinal),
+        device_("cuda:" + std::to_string(ordinal)) {}
+  // Stacks for every expert in `shards` (the first shard holding an expert serves it).
+  absl::StatusOr<std::shared_ptr<const Stacks>> Build(
+      const std::vector<const ExpertShardWeights*>& shards) const;
+  absl::Status EnsureScratch(int num_tokens, int top_k, int num_local) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+
+  const Stream stream_;
+  const int ordinal_;  // made current on each calling thread
+  const std::string device_;
+  std::vector<const ExpertShardWeights*> hosted_;  // guarded by add_mu_
+  mutable absl::Mutex add_mu_;                     // serialises AddShard
+  mutable absl::Mutex stacks_mu_;
+  std::shared_ptr<const Stacks> stacks_ ABSL_GUARDED_BY(stacks_mu_);
+  mutable absl::Mutex run_mu_;  // one dispatch on the device at a time
+  mutable Scratch scratch_ ABSL_GUARDED_BY(run_mu_);
+  mutable int scratch_tokens_ ABSL_GUARDED_BY(run_mu_) = 0;
+  mutable int scratch_local_ ABSL_GUARDED_BY(run_mu_) = 0;
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_MODEL_CUDA_EXPERT_STAGE_H_

@@ -1,0 +1,35 @@
+# Sourced by the device-side run scripts: `step NAME LIMIT_S CMD...` runs CMD
+# under a time limit (within $budget seconds of the script's start), logs to
+# $LOGS/NAME.log and adds a line to `summary` (rc, seconds, gtest counts,
+# compute-sanitizer's error summary); a failing step prints its telling lines.
+# `finish` packs the logs into $OUT/logs.tgz and prints the summary.
+summary=()
+budget=${MOESH_DEVICE_BUDGET_S:-${budget:-540}}
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((budget - SECONDS))
+  if ((left < 10)); then
+    summary+=("$(printf '%-32s not run: out of time' "$name")")
+    return
+  fi
+  ((limit > left)) && limit=$left
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  local tests
+  tests=$(sed -n -E 's/^\[  (PASSED|SKIPPED|FAILED)  \] ([0-9]+) tests?[,.].*/\2 \1/p' "$LOGS/$name.log" | tr '\n' ' ')
+  summary+=("$(printf '%-32s rc=%-3s %4ss  %s%s' "$name" "$rc" "$((SECONDS - t0))" "$tests" \
+                "$(grep -o 'ERROR SUMMARY.*' "$LOGS/$name.log")")")
+  if [[ $rc -ne 0 ]]; then
+    echo "---- $name failed (rc=$rc); its last lines:"
+    grep -E 'Failure|error|Expected|Which is|argmax|actual|FAILED|skipped' "$LOGS/$name.log" | head -n 40
+    tail -n 15 "$LOGS/$name.log"
+  fi
+}
+finish() {
+  tar czf "$OUT/logs.tgz" -C "$LOGS" .
+  echo
+  echo "==== summary"
+  printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+}

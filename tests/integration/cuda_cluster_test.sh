@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The cluster on a GPU: `moesh serve-local --device cuda` (prefill and decode
+# workers with attention on the GPU, two expert workers with their shards on
+# the GPU, experts exchanged over the data plane) against `moesh generate
+# --device cuda` (the whole model on the GPU in one process) on a golden
+# checkpoint: the same greedy tokens and log-probabilities within 1e-3 (the
+# two shards' partial sums add in another order), for prompts one at a time.
+# Then the same through the CPU cluster's reference, `moesh generate`: the
+# first tokens agree (bf16 against fp32; cuda_model_test owns the full rule).
+#
+# usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR
+# Exits 77 (ctest: skipped) where no CUDA device is present, saying so.
+set -euo pipefail
+MOESH=${1:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
+SRC=${2:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
+MODEL="$SRC/tests/golden/v3"
+TMP=$(mktemp -d "${TEST_TMPDIR:-/tmp}/moesh_cuda_cluster.XXXXXX")
+PY=/usr/bin/python3
+command -v "$PY" >/dev/null || PY=python3
+pid=
+cleanup() {
+  if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; [ -f "$TMP/serve.log" ] && tail -20 "$TMP/serve.log" >&2; exit 1; }
+
+if ! probe=$("$MOESH" generate --model "$MODEL" --prompt-ids 1 --max-new-tokens 1 --device cuda 2>&1); then
+  if grep -q -E "no CUDA device|without the CUDA backend" <<<"$probe"; then
+    echo "SKIPPED: no CUDA device here ($probe)"
+    exit 77
+  fi
+  fail "generate --device cuda: $probe"
+fi
+
+port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$MOESH" serve-local --model "$MODEL" --device cuda --port "$port" --expert-workers 2 --work-dir "$TMP/cluster" \
+  >"$TMP/serve.out" 2>"$TMP/serve.log" &
+pid=$!
+for _ in $(seq 1 600); do
+  grep -q "moesh is serving" "$TMP/serve.out" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || fail "serve-local --device cuda exited"
+  sleep 0.2
+done
+grep -q "moesh is serving" "$TMP/serve.out" || fail "the cluster did not come up"
+grep -q "cuda:" "$TMP"/cluster/*.log || fail "no worker reports a CUDA device in its log"
+
+compare() {  # $1: cluster json, $2: generate json, $3: what
+  "$PY" - "$1" "$2" "$3" <<'PYEOF'
+import json, sys
+a, b, what = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+assert a["output_ids"] == b["output_ids"], f"{what}: cluster {a['output_ids']} != generate {b['output_ids']}"
+worst = max(abs(x[0]["logprob"] - y[0]["logprob"]) for x, y in zip(a["top_logprobs"], b["top_logprobs"]))
+assert worst <= 1e-3, f"{what}: logprobs differ by {worst}"
+print(f"{what}: {len(a['output_ids'])} tokens equal, max logprob diff {worst:.2e}")
+PYEOF
+}
+for prompt in 5,17,300,42,9 1,2,3 400,7,7,7,100,250,3,4,60,61,62,63,64,65,66,67,68; do
+  args=(--prompt-ids "$prompt" --max-new-tokens 12 --ignore-eos --top-logprobs 1 --json)
+  cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete: $cluster"
+  single=$("$MOESH" generate --model "$MODEL" --device cuda "${args[@]}") || fail "generate: $single"
+  compare "$cluster" "$single" "prompt $prompt" || fail "the GPU cluster differs from generate --device cuda"
+  cpu=$("$MOESH" generate --model "$MODEL" "${args[@]}")
+  "$PY" - "$single" "$cpu" <<'PYEOF' || fail "generate --device cuda left the CPU engine within its first 4 tokens"
+import json, sys
+a, b = json.loads(sys.argv[1])["output_ids"], json.loads(sys.argv[2])["output_ids"]
+assert a[:4] == b[:4], (a, b)
+PYEOF
+done
+echo "PASS"
