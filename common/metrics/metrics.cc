@@ -1,17 +1,35 @@
 #include "common/metrics/metrics.h"
 
+#include <CivetServer.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace moesh {
+namespace {
+
+// civetweb's reason for a failed start (it logs through the callback, then
+// mg_start returns null and CivetServer throws without the reason).
+thread_local std::string civetweb_error;
+
+int LogCivetwebMessage(const struct mg_connection*, const char* message) {
+  if (message != nullptr) civetweb_error += (civetweb_error.empty() ? "" : "; ") + std::string(message);
+  return 1;  // logged here: civetweb prints nothing
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& listen, const std::string& service) {
   std::unique_ptr<Metrics> m(new Metrics());
   m->service_ = service;
   if (!listen.empty()) {
+    CivetCallbacks callbacks;
+    callbacks.log_message = LogCivetwebMessage;
+    civetweb_error.clear();
     try {  // civetweb reports a failed bind by throwing
-      m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+      m->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2, &callbacks);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", listen, ": ", e.what()));
+      return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", listen, ": ",
+                                                 civetweb_error.empty() ? e.what() : civetweb_error));
     }
     m->exposer_->RegisterCollectable(m->registry_);
     const std::vector<int> ports = m->exposer_->GetListeningPorts();

@@ -1,10 +1,11 @@
 // Where a worker computes: the attention half (AttentionBackend) and expert
 // shards (ExpertStage) on the CPU or a CUDA device, chosen by `--device`.
 //
-// The CUDA side is linked in where the build has it (MOESH_CUDA with nvcc:
-// kernels/cuda/model/cuda_backends.cc); elsewhere cuda_backends_none.cc
-// answers FAILED_PRECONDITION naming the build option, so every binary takes
-// the same flags and says clearly what it cannot do.
+// The CUDA side is a plugin, libmoesh_cuda_backends.so (cuda_backends_plugin.h),
+// loaded on first use from $MOESH_CUDA_BACKENDS, else beside the executable,
+// else the dynamic loader's path; where it is missing (a build without nvcc)
+// `--device cuda` answers FAILED_PRECONDITION saying so, and every binary
+// takes the same flags.
 #ifndef MOESH_COMMON_SERVICE_BACKENDS_H_
 #define MOESH_COMMON_SERVICE_BACKENDS_H_
 
@@ -52,15 +53,6 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(const ModelConfig& 
                                                              std::unique_ptr<ExpertShardWeights> weights,
                                                              const DeviceOptions& options);
 
-// The CUDA halves of the above (cuda_backends.h's contract, one of the two
-// implementations linked). REQUIRES: IsCudaDevice(options.device).
-absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttentionBackend(const ModelConfig& config,
-                                                                           const Checkpoint& ckpt,
-                                                                           const DeviceOptions& options,
-                                                                           bool with_experts);
-absl::StatusOr<std::unique_ptr<ExpertStage>> MakeCudaExpertStage(const ModelConfig& config,
-                                                                 std::unique_ptr<ExpertShardWeights> weights,
-                                                                 const DeviceOptions& options);
 
 }  // namespace moesh
 

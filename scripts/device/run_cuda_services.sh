@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device machine, from the repository root, after
 #   scripts/device/bundle.sh BUILD_DIR cuda_backends_test cuda_model_test moesh moesh_router \
-#     moesh_prefill_worker moesh_decode_worker moesh_expert_worker
+#     moesh_prefill_worker moesh_decode_worker moesh_expert_worker libmoesh_cuda_backends.so
 # here and `run` with carry [".device"]: the CUDA backends the services run on
 # (cuda_backends_test: expert shards and the attention backend against their
 # references, the KV handoff), the whole cluster on the GPU against `moesh

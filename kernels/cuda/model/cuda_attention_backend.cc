@@ -58,6 +58,7 @@ class CudaAttentionBackend::Sequence : public KvSequence {
   }
 
   int id() const { return id_; }
+  const CudaAttentionBackend* owner() const { return backend_; }
   const absl::Status& status() const { return status_; }
   // After a forward pass appended n tokens to every layer.
   void Advance(int n) {
@@ -103,7 +104,7 @@ absl::StatusOr<std::vector<float>> CudaAttentionBackend::Forward(absl::Span<cons
   std::vector<SequenceTokens> tokens(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i) {
     auto* s = dynamic_cast<Sequence*>(seqs[i].cache);
-    if (s == nullptr) return absl::InvalidArgumentError("a sequence not made by this CUDA backend");
+    if (s == nullptr || s->owner() != this) return absl::InvalidArgumentError("a sequence not made by this CUDA backend");
     if (!s->status().ok()) {
       return absl::InternalError(absl::StrCat("the sequence's KV transfer failed earlier: ", s->status().message()));
     }

@@ -1,7 +1,8 @@
-// common/service/backends.h's CUDA factories, in builds with the CUDA backend.
+// libmoesh_cuda_backends.so: common/service/cuda_backends_plugin.h's table,
+// the CUDA factories behind `--device cuda`.
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/service/backends.h"
+#include "common/service/cuda_backends_plugin.h"
 #include "common/status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/model/cuda_attention_backend.h"
@@ -25,8 +26,6 @@ absl::Status SelectDevice(const std::string& device) {
   }
   return cuda::UseDevice(ordinal);
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttentionBackend(const ModelConfig& config,
                                                                            const Checkpoint& ckpt,
@@ -57,4 +56,15 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeCudaExpertStage(const ModelConf
   return std::unique_ptr<ExpertStage>(std::move(stage));
 }
 
+}  // namespace
 }  // namespace moesh
+
+extern "C" __attribute__((visibility("default"))) const moesh::CudaBackendsTable* moesh_cuda_backends_v1() {
+  static const moesh::CudaBackendsTable table = [] {
+    moesh::CudaBackendsTable t;
+    t.make_attention_backend = moesh::MakeCudaAttentionBackend;
+    t.make_expert_stage = moesh::MakeCudaExpertStage;
+    return t;
+  }();
+  return &table;
+}

@@ -240,8 +240,9 @@ TEST(CudaAttentionBackendTest, KvHandoffBetweenBackendsContinuesExactly) {
     EXPECT_EQ(la, lb) << "step " << step;
     tok = Argmax(la, 0, vocab);
   }
-  // The reservation holds: one more token than reserved is refused.
-  const std::vector<int32_t> t = {tok};
+  // The reservation holds: more tokens than its blocks take are refused.
+  ASSERT_GE(there->capacity(), static_cast<int>(prompt.size()) + steps);
+  const std::vector<int32_t> t(there->capacity() - there->length() + 1, tok);
   SequenceInput over{t, there.get()};
   EXPECT_EQ(decode->Forward({&over, 1}, experts.get()).status().code(), absl::StatusCode::kResourceExhausted);
 }
