@@ -80,13 +80,16 @@ absl::Status ExecCudaBench(const std::vector<std::string>& argv) {
 }  // namespace
 
 absl::Status RunBench(const std::vector<std::string>& argv) {
-  for (size_t i = 0; i < argv.size(); ++i) {
+  // The engine bench on the GPU is cuda_model_bench; --serving --device cuda
+  // runs the services on the GPU instead.
+  const bool serving = std::find(argv.begin(), argv.end(), "--serving") != argv.end();
+  for (size_t i = 0; i < argv.size() && !serving; ++i) {
     const bool cuda = argv[i] == "--device=cuda" || (argv[i] == "--device" && i + 1 < argv.size() && argv[i + 1] == "cuda");
     if (cuda) return ExecCudaBench(argv);
   }
   ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
                                           {"model", "batch", "prompt-len", "decode-steps", "concurrency", "requests",
-                                           "max-new-tokens", "modes", "bin-dir"},
+                                           "max-new-tokens", "modes", "bin-dir", "device"},
                                           {"serving"}));
   if (args.Bool("serving")) return RunServingBench(args);
   ASSIGN_OR_RETURN(std::string dir, args.Required("model"));

@@ -19,7 +19,7 @@ constexpr char kUsage[] =
     "  bench     --model DIR [--batch 1,4,16] [--prompt-len N] [--decode-steps N]\n"
     "            engine throughput in this process; with --serving: concurrent streams against a\n"
     "            local cluster and colocated mode [--concurrency 1,8,32] [--requests N]\n"
-    "            [--max-new-tokens N] [--modes cluster,cluster-nopp,cluster-ucx,colocated]\n"
+    "            [--max-new-tokens N] [--modes cluster,cluster-nopp,cluster-ucx,colocated] [--device cuda]\n"
     "  serve-local --model DIR [--expert-workers N] [--port P] [--bin-dir DIR] [--device cuda]\n"
     "            start router, prefill, decode and expert workers on loopback\n"
     "  complete  --server HOST:PORT (--prompt TEXT | --prompt-ids 1,2) [--max-new-tokens N]\n"

@@ -103,13 +103,18 @@ def chart_ports(src):
     return {str(ports["grpc"]), str(ports["metrics"])}
 
 
-def check_common(c, name, stages, binaries, build_pkgs, src):
+def check_common(c, name, stages, binaries, build_pkgs, src, plugins=frozenset()):
+    """plugins: CMake MODULE targets (lib<target>.so) the image carries beside the binaries."""
     build, runtime = stages
     ninja = run_text(build).split("ninja -C /build", 1)[-1].split(" && mkdir", 1)[0]
     built = {w for w in ninja.split() if re.fullmatch(r"moesh\w*", w)}
     copied = set(re.findall(r"/build/(moesh\w*)", run_text(build)))
-    c.check(f"{name}: the build stage builds and copies exactly the service binaries ({', '.join(sorted(binaries))})",
-            built == binaries and copied == binaries, f"built {sorted(built)}, copied {sorted(copied)}")
+    copied_plugins = set(re.findall(r"/build/lib(moesh\w*)\.so", run_text(build)))
+    want = f"the service binaries ({', '.join(sorted(binaries))})" + (
+        f" and the plugins {', '.join(sorted(plugins))}" if plugins else "")
+    c.check(f"{name}: the build stage builds and copies exactly {want}",
+            built == binaries | plugins and copied == binaries and copied_plugins == plugins,
+            f"built {sorted(built)}, copied {sorted(copied)}, plugins copied {sorted(copied_plugins)}")
     c.equal(f"{name}: the build stage installs scripts/install_deps.sh's packages (less test-only ones)",
             apt_packages(build), build_pkgs)
     c.check(f"{name}: Release build without tests", "-DCMAKE_BUILD_TYPE=Release" in run_text(build)
@@ -176,7 +181,7 @@ def main():
             and re.fullmatch(r"nvidia/cuda:[\d.]+-runtime-ubuntu[\d.]+", froms[1])
             and froms[0].split(":")[1].split("-")[0] == froms[1].split(":")[1].split("-")[0], str(froms))
     if len(stages) == 2:
-        check_common(c, "Dockerfile.cuda", stages, binaries, build_pkgs, src)
+        check_common(c, "Dockerfile.cuda", stages, binaries, build_pkgs, src, plugins={"moesh_cuda_backends"})
         c.check("Dockerfile.cuda: builds the CUDA backend", "-DMOESH_CUDA=ON" in run_text(stages[0]))
         c.check("Dockerfile.cuda: the runtime stage installs what runtime-packages.sh found in the build stage",
                 "deploy/docker/runtime-packages.sh /out/bin/* > /out/runtime-packages.txt" in run_text(stages[0])
