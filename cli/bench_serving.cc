@@ -108,13 +108,16 @@ absl::Status RunServingBench(const Args& args) {
   ASSIGN_OR_RETURN(int64_t max_new, args.Int("max-new-tokens", 32));
   const std::string modes_flag = args.Get("modes").value_or("cluster,colocated");
   const std::string device = args.Get("device").value_or("cpu");
+  const std::string expert_device = args.Get("expert-device").value_or("");
   std::vector<std::string> modes = absl::StrSplit(modes_flag, ',', absl::SkipEmpty());
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   const std::string bin = len > 0 ? std::string(self, len) : "./moesh";
 
-  std::printf("serving bench: %s (%s) on %s, %lld requests per row, prompt %lld tokens, %lld new tokens, greedy\n",
-              model.c_str(), config.Fingerprint().c_str(), device.c_str(), static_cast<long long>(requests),
+  std::printf("serving bench: %s (%s) on %s (experts %s), %lld requests per row, prompt %lld tokens, %lld new tokens, "
+              "greedy\n",
+              model.c_str(), config.Fingerprint().c_str(), device.c_str(),
+              expert_device.empty() ? device.c_str() : expert_device.c_str(), static_cast<long long>(requests),
               static_cast<long long>(prompt_len), static_cast<long long>(max_new));
   std::printf("%-10s %5s %8s %10s %12s %10s %10s %10s %10s %7s\n", "mode", "conc", "req/s", "out tok/s", "e2e p50 ms",
               "ttft p50", "ttft p99", "itl p50", "itl p99", "errors");
@@ -125,6 +128,7 @@ absl::Status RunServingBench(const Args& args) {
     o.work_dir = absl::StrCat("/tmp/moesh-bench-", getpid(), "-", mode);
     o.kv_blocks = 4096;
     o.device = device;
+    o.expert_device = expert_device;
     if (mode == "colocated") {
       o.extra_router_flags = {"--colocated", "--kv_blocks=4096", "--device=" + device};
       o.expert_workers = {"0-0"};

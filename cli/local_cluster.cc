@@ -122,7 +122,7 @@ absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
   return Spawn(absl::StrCat("expert-", n), "moesh_expert_worker",
                {"--model=" + options_.model_dir, "--router=" + router_address(),
                 (shard ? "--shard=" : "--experts=") + spec, "--transport=" + options_.transport,
-                "--device=" + options_.device})
+                "--device=" + (options_.expert_device.empty() ? options_.device : options_.expert_device)})
       .status();
 }
 

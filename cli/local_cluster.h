@@ -35,6 +35,9 @@ struct LocalClusterOptions {
   // On one GPU the decode worker may bring the device to 60% of its memory,
   // the prefill worker (started after it) to 80%.
   std::string device = "cpu";
+  // --device of the expert workers when not empty (e.g. cuda:1: attention on
+  // one GPU, experts on another).
+  std::string expert_device;
   int heartbeat_timeout_ms = 3000;
   std::vector<std::string> extra_router_flags;
   std::vector<std::string> extra_attention_worker_flags;  // prefill and decode workers

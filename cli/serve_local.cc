@@ -12,7 +12,8 @@
 namespace moesh::cli {
 
 absl::Status RunServeLocal(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"model", "port", "expert-workers", "bin-dir", "work-dir", "kv-blocks", "device"},
+  ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"model", "port", "expert-workers", "bin-dir", "work-dir", "kv-blocks", "device",
+                                           "expert-device"},
                                           {}));
   LocalClusterOptions opt;
   ASSIGN_OR_RETURN(opt.model_dir, args.Required("model"));
@@ -24,6 +25,7 @@ absl::Status RunServeLocal(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(int64_t blocks, args.Int("kv-blocks", 512));
   opt.kv_blocks = static_cast<int>(blocks);
   opt.device = args.Get("device").value_or("cpu");
+  opt.expert_device = args.Get("expert-device").value_or("");
   // The service binaries sit beside this one.
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);

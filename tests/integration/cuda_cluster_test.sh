@@ -8,12 +8,14 @@
 # Then the same through the CPU cluster's reference, `moesh generate`: the
 # first tokens agree (bf16 against fp32; cuda_model_test owns the full rule).
 #
-# usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR
+# usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR [MODEL_NAME]
+# MOESH_EXPERT_DEVICE=cuda:1 puts the expert workers on a second GPU.
 # Exits 77 (ctest: skipped) where no CUDA device is present, saying so.
 set -euo pipefail
 MOESH=${1:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
 SRC=${2:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
-MODEL="$SRC/tests/golden/v3"
+MODEL="$SRC/tests/golden/${3:-v3}"
+EXPERT_DEVICE=${MOESH_EXPERT_DEVICE:-cuda}
 TMP=$(mktemp -d "${TEST_TMPDIR:-/tmp}/moesh_cuda_cluster.XXXXXX")
 PY=/usr/bin/python3
 command -v "$PY" >/dev/null || PY=python3
@@ -34,7 +36,8 @@ if ! probe=$("$MOESH" generate --model "$MODEL" --prompt-ids 1 --max-new-tokens 
 fi
 
 port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$MOESH" serve-local --model "$MODEL" --device cuda --port "$port" --expert-workers 2 --work-dir "$TMP/cluster" \
+"$MOESH" serve-local --model "$MODEL" --device cuda --expert-device "$EXPERT_DEVICE" --port "$port" --expert-workers 2 \
+  --work-dir "$TMP/cluster" \
   >"$TMP/serve.out" 2>"$TMP/serve.log" &
 pid=$!
 for _ in $(seq 1 600); do
@@ -44,6 +47,10 @@ for _ in $(seq 1 600); do
 done
 grep -q "moesh is serving" "$TMP/serve.out" || fail "the cluster did not come up"
 grep -q "cuda:" "$TMP"/cluster/*.log || fail "no worker reports a CUDA device in its log"
+grep -h -E "worker (for|serving)" "$TMP"/cluster/*.log | sed 's/^/  /' || true
+if [ "$EXPERT_DEVICE" != cuda ]; then
+  grep -q "($EXPERT_DEVICE, data plane" "$TMP"/cluster/expert-*.log || fail "expert workers are not on $EXPERT_DEVICE"
+fi
 
 compare() {  # $1: cluster json, $2: generate json, $3: what
   "$PY" - "$1" "$2" "$3" <<'PYEOF'
