@@ -138,9 +138,11 @@ absl::Status RunServingBench(const Args& args) {
       o.extra_attention_worker_flags = {"--micro_batches=1"};  // ping-pong off, for comparison
     } else if (mode == "cluster-ucx") {
       o.transport = "ucx";
+    } else if (mode == "cluster-nccl") {
+      o.transport = "nccl";
     } else if (mode != "cluster") {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown mode \"", mode, "\" (cluster, cluster-nopp, cluster-ucx, colocated)"));
+          absl::StrCat("unknown mode \"", mode, "\" (cluster, cluster-nopp, cluster-ucx, cluster-nccl, colocated)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
     for (int64_t c : concurrencies) {

@@ -26,7 +26,7 @@ ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reac
 ABSL_FLAG(std::string, router, "", "Router address to register with (optional).");
 ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
-ABSL_FLAG(std::string, transport, "grpc", "Data plane to serve besides gRPC: grpc (only) or ucx.");
+ABSL_FLAG(std::string, transport, "grpc", "Data plane to serve besides gRPC: grpc (only), ucx or nccl (--device cuda).");
 ABSL_FLAG(int, batch_window_us, 200, "How long a layer's first dispatch waits for others to merge.");
 
 namespace moesh {
@@ -63,9 +63,13 @@ absl::Status Run() {
   GrpcDataPlaneService data_plane(&service, nullptr);
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service, &data_plane}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
+  int cuda_device = 0;
+  if (absl::GetFlag(FLAGS_transport) == "nccl") {
+    ASSIGN_OR_RETURN(cuda_device, CudaOrdinal(device.device, "--transport nccl"));
+  }
   ASSIGN_OR_RETURN(DataPlaneEndpoint data, StartDataPlane(absl::GetFlag(FLAGS_transport),
                                                            absl::GetFlag(FLAGS_advertise_host), address, &service,
-                                                           nullptr));
+                                                           nullptr, cuda_device));
   service.set_data_plane_address(data.address);
   std::cerr << "expert worker serving experts " << *hosted.begin() << ".." << *hosted.rbegin() << " ("
             << hosted.size() << ") of " << config.Fingerprint() << " on " << address << " (" << where << ", data plane "

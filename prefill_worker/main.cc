@@ -17,7 +17,8 @@ ABSL_FLAG(std::string, model, "", "Model directory (config.json + safetensors)."
 ABSL_FLAG(std::string, expert_workers, "", "Comma-separated expert worker addresses (empty: the router's placement map, or local experts without --router).");
 ABSL_FLAG(int, expert_discovery_timeout_s, 600,
           "How long to wait at startup for expert workers covering every expert.");
-ABSL_FLAG(std::string, transport, "grpc", "Data-plane transport: grpc or ucx.");
+ABSL_FLAG(std::string, transport, "grpc",
+          "Data-plane transport to the expert workers: grpc, ucx or nccl (GPUs; the KV handoff then stays on gRPC).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
 ABSL_FLAG(std::string, router, "", "Router address to register with.");
@@ -50,7 +51,7 @@ absl::Status Run() {
   if (eo.max_batch_tokens < 1 || eo.micro_batches < 1) {
     return absl::InvalidArgumentError("--max_batch_tokens and --micro_batches must be >= 1");
   }
-  PrefillEngine engine(w.backend.get(), w.experts.get(), w.transport.get(), eo);
+  PrefillEngine engine(w.backend.get(), w.experts.get(), w.kv_transport, eo);
   PrefillService service(&engine);
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);

@@ -88,7 +88,13 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
   const bool local_experts = options.expert_workers.empty() && options.router.empty();
   const bool experts_in_backend = local_experts && IsCudaDevice(options.device.device);
   ASSIGN_OR_RETURN(w.backend, MakeAttentionBackend(w.config, *ckpt, options.device, experts_in_backend));
-  ASSIGN_OR_RETURN(w.transport, MakeTransport(options.transport));
+  int cuda_device = 0;
+  if (options.transport == "nccl") {
+    ASSIGN_OR_RETURN(cuda_device, CudaOrdinal(options.device.device, "--transport nccl"));
+    ASSIGN_OR_RETURN(w.kv_transport_storage, MakeTransport("grpc"));
+  }
+  ASSIGN_OR_RETURN(w.transport, MakeTransport(options.transport, cuda_device));
+  w.kv_transport = w.kv_transport_storage != nullptr ? w.kv_transport_storage.get() : w.transport.get();
   if (options.expert_workers.empty() && !options.router.empty()) {
     ASSIGN_OR_RETURN(ExpertPlacement placement,
                      FetchPlacement(options.router, w.config.n_routed_experts, options.discovery_timeout));

@@ -37,7 +37,11 @@ struct AttentionWorkerOptions {
 struct AttentionWorker {
   ModelConfig config;
   std::unique_ptr<AttentionBackend> backend;
-  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Transport> transport;  // to the expert workers
+  // For the KV handoff to decode workers: `transport`, or gRPC with nccl
+  // (NCCL cannot connect two processes on one GPU). Points into this struct.
+  Transport* kv_transport = nullptr;
+  std::unique_ptr<Transport> kv_transport_storage;
   // Null iff backend->has_experts() (local experts on a CUDA device).
   std::unique_ptr<ExpertClient> experts;
   // Set when the placement comes from the router: call on a new placement

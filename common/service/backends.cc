@@ -26,8 +26,10 @@ std::string ExecutableDir() {
   return path.substr(0, path.rfind('/'));
 }
 
-// The plugin's table, loaded once (the handle is never closed).
-absl::StatusOr<const CudaBackendsTable*> LoadCudaBackends() {
+}  // namespace
+
+// Loaded once (the handle is never closed).
+absl::StatusOr<const CudaBackendsTable*> CudaBackends() {
   static absl::Mutex mu(absl::kConstInit);
   static const CudaBackendsTable* table = nullptr;
   absl::MutexLock lock(&mu);
@@ -61,15 +63,14 @@ absl::StatusOr<const CudaBackendsTable*> LoadCudaBackends() {
   if (t == nullptr || t->abi_version != mine.abi_version || t->sizeof_model_config != mine.sizeof_model_config ||
       t->sizeof_device_options != mine.sizeof_device_options ||
       t->sizeof_expert_shard != mine.sizeof_expert_shard || t->make_attention_backend == nullptr ||
-      t->make_expert_stage == nullptr) {
+      t->make_expert_stage == nullptr || t->new_nccl_id == nullptr || t->open_nccl_pipe == nullptr ||
+      t->device_count == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(kCudaBackendsLibrary,
                                                       " comes from another build of moesh than this binary"));
   }
   table = t;
   return table;
 }
-
-}  // namespace
 
 bool IsCudaDevice(const std::string& device) { return device == "cuda" || absl::StartsWith(device, "cuda:"); }
 
@@ -82,13 +83,21 @@ absl::Status ValidateDevice(const std::string& device) {
   return absl::InvalidArgumentError(absl::StrCat("--device must be cpu, cuda or cuda:N, not \"", device, "\""));
 }
 
+absl::StatusOr<int> CudaOrdinal(const std::string& device, const std::string& what) {
+  RETURN_IF_ERROR(ValidateDevice(device));
+  if (!IsCudaDevice(device)) return absl::FailedPreconditionError(absl::StrCat(what, " needs --device cuda or cuda:N"));
+  int ordinal = 0;
+  if (device != "cuda") absl::SimpleAtoi(device.substr(5), &ordinal);
+  return ordinal;
+}
+
 absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const ModelConfig& config,
                                                                        const Checkpoint& ckpt,
                                                                        const DeviceOptions& options,
                                                                        bool with_experts) {
   RETURN_IF_ERROR(ValidateDevice(options.device));
   if (IsCudaDevice(options.device)) {
-    ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, LoadCudaBackends());
+    ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     return cuda->make_attention_backend(config, ckpt, options, with_experts);
   }
   if (with_experts) return absl::InvalidArgumentError("the CPU attention backend takes its experts as an ExpertClient");
@@ -105,7 +114,7 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(const ModelConfig& 
                                                              const DeviceOptions& options) {
   RETURN_IF_ERROR(ValidateDevice(options.device));
   if (IsCudaDevice(options.device)) {
-    ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, LoadCudaBackends());
+    ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     return cuda->make_expert_stage(config, std::move(weights), options);
   }
   return std::make_unique<ExpertStage>(config, std::move(weights));

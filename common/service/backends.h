@@ -37,6 +37,9 @@ struct DeviceOptions {
 // OK for "cpu", "cuda" and "cuda:N" (N >= 0); INVALID_ARGUMENT otherwise.
 absl::Status ValidateDevice(const std::string& device);
 bool IsCudaDevice(const std::string& device);
+// N of "cuda:N", 0 for "cuda" (the default device); FAILED_PRECONDITION for
+// "cpu" naming `what` needs a GPU.
+absl::StatusOr<int> CudaOrdinal(const std::string& device, const std::string& what);
 
 // The attention half of the checkpoint's model on options.device. With
 // `with_experts` the routed experts are loaded beside it (CUDA: on the

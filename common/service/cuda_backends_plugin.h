@@ -17,11 +17,13 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/service/backends.h"
+#include "common/transport/byte_pipe.h"
 
 namespace moesh {
 
-constexpr int kCudaBackendsAbiVersion = 1;
+constexpr int kCudaBackendsAbiVersion = 2;
 constexpr char kCudaBackendsLibrary[] = "libmoesh_cuda_backends.so";
 constexpr char kCudaBackendsSymbol[] = "moesh_cuda_backends_v1";
 
@@ -35,7 +37,18 @@ struct CudaBackendsTable {
   absl::StatusOr<std::unique_ptr<ExpertStage>> (*make_expert_stage)(const ModelConfig&,
                                                                     std::unique_ptr<ExpertShardWeights>,
                                                                     const DeviceOptions&) = nullptr;
+  // The nccl transport's pieces (common/transport/nccl_pipe.h): a new NCCL
+  // unique id as bytes, and a pipe joining the communicator of such an id.
+  absl::StatusOr<std::string> (*new_nccl_id)() = nullptr;
+  absl::StatusOr<std::unique_ptr<BytePipe>> (*open_nccl_pipe)(const std::string& unique_id, int rank, int device,
+                                                              absl::Time deadline) = nullptr;
+  // CUDA devices present (0 without a driver or a GPU).
+  absl::StatusOr<int> (*device_count)() = nullptr;
 };
+
+// The plugin's table, loaded on first use (backends.cc):
+// FAILED_PRECONDITION where there is none or it is from another build.
+absl::StatusOr<const CudaBackendsTable*> CudaBackends();
 
 }  // namespace moesh
 

@@ -6,7 +6,7 @@ namespace moesh {
 
 absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, const std::string& host,
                                                  const std::string& grpc_address, DispatchHandler* dispatch,
-                                                 KvHandler* kv) {
+                                                 KvHandler* kv, int cuda_device) {
   DataPlaneEndpoint e;
   if (transport == "grpc") {
     e.address = grpc_address;
@@ -19,7 +19,20 @@ absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, c
     e.address = absl::StrCat(host, ":", e.ucx->port());
     return e;
   }
-  return absl::InvalidArgumentError(absl::StrCat("--transport \"", transport, "\" has no server side here (grpc, ucx)"));
+  if (transport == "nccl") {
+    if (dispatch == nullptr) {
+      e.address = grpc_address;
+      return e;
+    }
+    absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> s =
+        NcclDataPlaneServer::Start(host + ":0", cuda_device, dispatch, kv);
+    if (!s.ok()) return s.status();
+    e.nccl = std::move(*s);
+    e.address = absl::StrCat(host, ":", e.nccl->port());
+    return e;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--transport \"", transport, "\" has no server side here (grpc, ucx, nccl)"));
 }
 
 }  // namespace moesh

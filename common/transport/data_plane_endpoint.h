@@ -8,21 +8,26 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/transport/nccl_transport.h"
 #include "common/transport/transport.h"
 #include "common/transport/ucx_transport.h"
 
 namespace moesh {
 
 struct DataPlaneEndpoint {
-  std::unique_ptr<UcxDataPlaneServer> ucx;  // set for ucx
-  std::string address;                      // host:port peers send to
+  std::unique_ptr<UcxDataPlaneServer> ucx;    // set for ucx
+  std::unique_ptr<NcclDataPlaneServer> nccl;  // set for nccl with a dispatch handler
+  std::string address;                        // host:port peers send to
 };
 
 // `host`: the advertised host; `grpc_address`: the worker's gRPC address.
-// Handlers may be null; they must outlive the endpoint.
+// Handlers may be null; they must outlive the endpoint. nccl carries expert
+// dispatch (on CUDA device `cuda_device`); a KV-only endpoint (decode
+// workers) stays on gRPC with it, since prefill and decode may share a GPU,
+// which NCCL cannot connect.
 absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, const std::string& host,
                                                  const std::string& grpc_address, DispatchHandler* dispatch,
-                                                 KvHandler* kv);
+                                                 KvHandler* kv, int cuda_device = 0);
 
 }  // namespace moesh
 

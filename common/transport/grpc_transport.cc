@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_util.h"
+#include "common/transport/nccl_transport.h"
 #include "common/transport/transport.h"
 #include "common/transport/ucx_transport.h"
 #include "moesh/v1/worker.grpc.pb.h"
@@ -57,7 +58,7 @@ class GrpcTransport : public Transport {
 std::unique_ptr<Transport> MakeGrpcTransport() { return std::make_unique<GrpcTransport>(); }
 std::unique_ptr<Transport> MakeInprocTransport();
 
-absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name) {
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name, int cuda_device) {
   if (name == "grpc") return MakeGrpcTransport();
   if (name == "inproc") return MakeInprocTransport();
   if (name == "ucx") {
@@ -65,7 +66,12 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name)
     if (t == nullptr) return absl::UnavailableError("cannot initialise UCX (see UCX_* environment variables)");
     return t;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown transport \"", name, "\" (grpc, inproc, ucx)"));
+  if (name == "nccl") {
+    NcclTransportOptions o;
+    o.device = cuda_device;
+    return MakeNcclTransport(o);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown transport \"", name, "\" (grpc, inproc, ucx, nccl)"));
 }
 
 }  // namespace moesh

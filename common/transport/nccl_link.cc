@@ -1,6 +1,7 @@
 #include "common/transport/nccl_link.h"
 
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -34,7 +35,8 @@ absl::StatusOr<ncclUniqueId> UniqueIdFromBytes(const std::string& bytes) {
   return id;
 }
 
-absl::StatusOr<std::unique_ptr<NcclLink>> NcclLink::Create(const ncclUniqueId& id, int rank, int device) {
+absl::StatusOr<std::unique_ptr<NcclLink>> NcclLink::Create(const ncclUniqueId& id, int rank, int device,
+                                                           absl::Time deadline) {
   if (rank != 0 && rank != 1) return absl::InvalidArgumentError(absl::StrCat("rank must be 0 or 1, got ", rank));
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -47,27 +49,90 @@ absl::StatusOr<std::unique_ptr<NcclLink>> NcclLink::Create(const ncclUniqueId& i
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     return absl::UnavailableError(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(e)));
   }
-  ncclComm_t comm;
-  const ncclResult_t r = ncclCommInitRank(&comm, /*nranks=*/2, id, rank);
-  if (r != ncclSuccess) return NcclError("communicator init", r);
-  return std::unique_ptr<NcclLink>(new NcclLink(comm, rank, device));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that a silent peer cannot hang us: every wait polls
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, /*nranks=*/2, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) return NcclError("communicator init", r);
+  std::unique_ptr<NcclLink> link(new NcclLink(comm, rank, device));
+  absl::Status s = link->Settle("communicator init", deadline);
+  if (!s.ok()) return s;
+  return link;
 }
 
 NcclLink::~NcclLink() {
   cudaSetDevice(device_);
-  ncclCommDestroy(comm_);
+  absl::MutexLock lock(&mu_);
+  if (!aborted_) ncclCommAbort(comm_);  // local; ncclCommDestroy could wait for a dead peer
+}
+
+absl::Status NcclLink::Broken(absl::Status why) {
+  absl::MutexLock lock(&mu_);
+  if (!aborted_) {
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+  return why;
+}
+
+absl::Status NcclLink::Settle(const char* what, absl::Time deadline) {
+  while (true) {
+    if (abort_requested_.load()) return Broken(absl::UnavailableError(absl::StrCat("NCCL ", what, ": aborted")));
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) return Broken(NcclError(what, r));
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) return Broken(NcclError(what, state));
+    if (absl::Now() > deadline) {
+      return Broken(absl::DeadlineExceededError(absl::StrCat("NCCL ", what, ": the peer did not answer in time")));
+    }
+    std::this_thread::yield();
+  }
 }
 
 absl::Status NcclLink::Send(const void* buf, size_t bytes, cudaStream_t stream) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return absl::UnavailableError("NCCL link: aborted");
+  }
   cudaSetDevice(device_);
   const ncclResult_t r = ncclSend(buf, bytes, ncclUint8, 1 - rank_, comm_, stream);
-  return r == ncclSuccess ? absl::OkStatus() : NcclError("send", r);
+  if (r != ncclSuccess && r != ncclInProgress) return Broken(NcclError("send", r));
+  return absl::OkStatus();
 }
 
 absl::Status NcclLink::Recv(void* buf, size_t bytes, cudaStream_t stream) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return absl::UnavailableError("NCCL link: aborted");
+  }
   cudaSetDevice(device_);
   const ncclResult_t r = ncclRecv(buf, bytes, ncclUint8, 1 - rank_, comm_, stream);
-  return r == ncclSuccess ? absl::OkStatus() : NcclError("recv", r);
+  if (r != ncclSuccess && r != ncclInProgress) return Broken(NcclError("recv", r));
+  return absl::OkStatus();
+}
+
+absl::Status NcclLink::Wait(cudaStream_t stream, absl::Time deadline) {
+  cudaSetDevice(device_);
+  int spins = 0;
+  while (true) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) {
+      return Broken(absl::UnavailableError(absl::StrCat("NCCL link stream: ", cudaGetErrorString(e))));
+    }
+    if (abort_requested_.load()) return Broken(absl::UnavailableError("NCCL link: aborted"));
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+      return Broken(NcclError("transfer", state));
+    }
+    if (absl::Now() > deadline) {
+      return Broken(absl::DeadlineExceededError("NCCL transfer: the peer did not answer in time"));
+    }
+    // Spin briefly (transfers are short), then back off so an idle receiver
+    // does not burn a core.
+    if (++spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 200 : 20));
+  }
 }
 
 }  // namespace moesh

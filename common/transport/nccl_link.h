@@ -13,10 +13,14 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace moesh {
 
@@ -25,12 +29,17 @@ std::string UniqueIdToBytes(const ncclUniqueId& id);
 // INVALID_ARGUMENT unless `bytes` is exactly one id.
 absl::StatusOr<ncclUniqueId> UniqueIdFromBytes(const std::string& bytes);
 
+// The communicator is non-blocking: every wait polls its asynchronous error
+// and gives up at a deadline (a peer that died never answers), aborting the
+// communicator; after that every call fails with UNAVAILABLE.
 class NcclLink {
  public:
-  // Joins the 2-rank communicator `id` as `rank` (0 or 1) on CUDA `device`.
-  // Blocks until the peer joins. FAILED_PRECONDITION without a usable GPU.
-  static absl::StatusOr<std::unique_ptr<NcclLink>> Create(const ncclUniqueId& id, int rank, int device);
-  ~NcclLink();
+  // Joins the 2-rank communicator `id` as `rank` (0 or 1) on CUDA `device`,
+  // waiting for the peer until `deadline` (DEADLINE_EXCEEDED).
+  // FAILED_PRECONDITION without a usable GPU.
+  static absl::StatusOr<std::unique_ptr<NcclLink>> Create(const ncclUniqueId& id, int rank, int device,
+                                                          absl::Time deadline = absl::InfiniteFuture());
+  ~NcclLink();  // aborts the communicator (local, never waits for the peer)
   NcclLink(const NcclLink&) = delete;
   NcclLink& operator=(const NcclLink&) = delete;
 
@@ -39,12 +48,23 @@ class NcclLink {
   // Stream-ordered transfers of `bytes` device bytes to / from the peer.
   absl::Status Send(const void* device_buffer, size_t bytes, cudaStream_t stream);
   absl::Status Recv(void* device_buffer, size_t bytes, cudaStream_t stream);
+  // Waits until `stream`'s work is done: DEADLINE_EXCEEDED past `deadline`,
+  // UNAVAILABLE on an NCCL error or Abort (the communicator is then aborted).
+  absl::Status Wait(cudaStream_t stream, absl::Time deadline);
+  // Makes a Wait in progress, and every later call, fail. Any thread.
+  void Abort() { abort_requested_.store(true); }
 
  private:
   NcclLink(ncclComm_t comm, int rank, int device) : comm_(comm), rank_(rank), device_(device) {}
+  // Polls the communicator until it leaves ncclInProgress.
+  absl::Status Settle(const char* what, absl::Time deadline);
+  absl::Status Broken(absl::Status why);  // aborts once, returns why
   ncclComm_t comm_;
   const int rank_;
   const int device_;
+  std::atomic<bool> abort_requested_{false};
+  absl::Mutex mu_;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace moesh

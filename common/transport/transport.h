@@ -3,7 +3,8 @@
 // (flag `--transport`), never a code fork in the model:
 //   inproc — same process, direct calls (colocated mode, tests)
 //   grpc   — the DataPlane gRPC service (works everywhere)
-// UCX, NCCL and CUDA IPC implementations come with the data-plane issue.
+//   ucx    — UCX active messages (ucx_transport.h)
+//   nccl   — NCCL between GPUs, for expert dispatch (nccl_transport.h)
 #ifndef MOESH_COMMON_TRANSPORT_TRANSPORT_H_
 #define MOESH_COMMON_TRANSPORT_TRANSPORT_H_
 
@@ -45,8 +46,9 @@ class Transport {
   virtual absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) = 0;
 };
 
-// "grpc" or "inproc"; INVALID_ARGUMENT naming the choices otherwise.
-absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name);
+// "grpc", "inproc", "ucx" or "nccl" (this process's GPU: `cuda_device`);
+// INVALID_ARGUMENT naming the choices otherwise.
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name, int cuda_device = 0);
 
 // The in-process registry behind the inproc transport: a service binds its
 // handlers to an address; channels to that address call them directly.

@@ -12,6 +12,8 @@
 #include "common/transport/grpc_data_plane_service.h"
 #include "common/transport/transport.h"
 #include "common/transport/ucx_transport.h"
+#include "common/service/cuda_backends_plugin.h"
+#include "common/transport/nccl_transport.h"
 #include "gtest/gtest.h"
 
 namespace moesh {
@@ -80,6 +82,28 @@ class UcxServer : public Server {
   std::unique_ptr<UcxDataPlaneServer> server_;
 };
 
+// The nccl transport's server on GPU 1 (the client is on GPU 0).
+class NcclServer : public Server {
+ public:
+  explicit NcclServer(FakeHandlers* h) {
+    absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> s = NcclDataPlaneServer::Start("127.0.0.1:0", 1, h, h);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) server_ = std::move(*s);
+  }
+  std::string address() const override { return absl::StrCat("127.0.0.1:", server_ ? server_->port() : 0); }
+
+ private:
+  std::unique_ptr<NcclDataPlaneServer> server_;
+};
+
+// GPUs this process can see, through the CUDA plugin (0 without one).
+int CudaDevices() {
+  absl::StatusOr<const CudaBackendsTable*> cuda = CudaBackends();
+  if (!cuda.ok()) return 0;
+  absl::StatusOr<int> n = (*cuda)->device_count();
+  return n.ok() ? *n : 0;
+}
+
 class InprocServer : public Server {
  public:
   explicit InprocServer(FakeHandlers* h) : address_(absl::StrCat("inproc-", ++count_)) {
@@ -104,10 +128,25 @@ class TransportTest : public ::testing::TestWithParam<Kind> {
   void SetUp() override {
     setenv("UCX_NET_DEVICES", "lo", 1);
     if (GetParam().ucx_tls) setenv("UCX_TLS", GetParam().ucx_tls, 1);
+    const bool nccl = std::string(GetParam().transport) == "nccl";
+    if (nccl) {
+      const int gpus = CudaDevices();
+      if (gpus < 2) GTEST_SKIP() << "the nccl transport joins two GPUs; this machine has " << gpus;
+      setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+      setenv("NCCL_NVLS_ENABLE", "0", 1);
+    }
     server_ = MakeServer();
-    absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport(GetParam().transport);
-    ASSERT_TRUE(t.ok()) << t.status();
-    transport_ = std::move(*t);
+    if (nccl) {  // short deadlines, so a dead peer fails the test's calls quickly
+      NcclTransportOptions o;
+      o.device = 0;
+      o.connect_timeout = absl::Seconds(20);
+      o.call_timeout = absl::Seconds(5);
+      transport_ = MakeNcclTransport(o);
+    } else {
+      absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport(GetParam().transport);
+      ASSERT_TRUE(t.ok()) << t.status();
+      transport_ = std::move(*t);
+    }
     absl::StatusOr<std::unique_ptr<DataChannel>> ch = transport_->Connect(server_->address());
     ASSERT_TRUE(ch.ok()) << ch.status();
     channel_ = std::move(*ch);
@@ -116,6 +155,7 @@ class TransportTest : public ::testing::TestWithParam<Kind> {
     const std::string t = GetParam().transport;
     if (t == "grpc") return std::make_unique<GrpcServer>(&handlers_);
     if (t == "ucx") return std::make_unique<UcxServer>(&handlers_);
+    if (t == "nccl") return std::make_unique<NcclServer>(&handlers_);
     return std::make_unique<InprocServer>(&handlers_);
   }
   static v1::DispatchRequest Request(size_t floats, float base) {
@@ -187,10 +227,10 @@ TEST_P(TransportTest, ConcurrentCallsGetTheirOwnReplies) {
 TEST_P(TransportTest, DeadPeerIsUnavailable) {
   const std::string address = server_->address();
   server_.reset();
+  // Connecting may fail at once (nccl: the rendezvous RPC) or the first call.
   absl::StatusOr<std::unique_ptr<DataChannel>> ch = transport_->Connect(address);
-  ASSERT_TRUE(ch.ok());
   v1::DispatchResponse resp;
-  const absl::Status s = (*ch)->Dispatch(Request(8, 1), &resp);
+  const absl::Status s = ch.ok() ? (*ch)->Dispatch(Request(8, 1), &resp) : ch.status();
   EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded) << s;
   // The old channel too.
   EXPECT_FALSE(channel_->Dispatch(Request(8, 1), &resp).ok());
@@ -200,9 +240,29 @@ TEST(TransportNamesTest, UnknownTransportIsInvalidArgument) {
   EXPECT_EQ(MakeTransport("carrier-pigeon").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(TransportNamesTest, NcclWithoutTwoGpusSaysWhy) {
+  if (CudaDevices() >= 2) GTEST_SKIP() << "two GPUs here: the nccl kind of TransportTest runs instead";
+  // The server needs the CUDA plugin and a GPU; without them it says so
+  // (FAILED_PRECONDITION), and so does a client's connect.
+  FakeHandlers h;
+  absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> s = NcclDataPlaneServer::Start("127.0.0.1:0", 0, &h, &h);
+  if (CudaDevices() == 0 && !s.ok()) {
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition) << s.status();
+  }
+  GrpcServer grpc(&h);  // no NcclDataPlane service there
+  absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport("nccl");
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<std::unique_ptr<DataChannel>> ch = (*t)->Connect(grpc.address());
+  ASSERT_FALSE(ch.ok());
+  EXPECT_TRUE(ch.status().code() == absl::StatusCode::kFailedPrecondition ||
+              ch.status().code() == absl::StatusCode::kUnimplemented)
+      << ch.status();
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, TransportTest,
                          ::testing::Values(Kind{"inproc", "inproc", nullptr}, Kind{"grpc", "grpc", nullptr},
-                                           Kind{"ucx_tcp", "ucx", "tcp"}, Kind{"ucx_shm", "ucx", "shm,tcp"}),
+                                           Kind{"ucx_tcp", "ucx", "tcp"}, Kind{"ucx_shm", "ucx", "shm,tcp"},
+                                           Kind{"nccl", "nccl", nullptr}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

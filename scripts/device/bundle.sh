@@ -18,7 +18,7 @@ if ((${#bins[@]} == 0)); then
         cuda_grouped_gemm_test cuda_model_test cuda_model_bench)
 fi
 # Libraries taken from the device machine itself.
-system_re='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+\+|libgcc_s|libcuda\.|libcudart\.|libcublas\.|libcublasLt\.|libnvidia)'
+system_re='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+\+|libgcc_s|libcuda\.|libcudart\.|libcublas\.|libcublasLt\.|libnccl\.|libnvidia)'
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

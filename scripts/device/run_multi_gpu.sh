@@ -2,7 +2,7 @@
 # On a device machine with two GPUs (kind nvidia-h200-x2), from the
 # repository root, after
 #   scripts/device/bundle.sh BUILD_DIR moesh moesh_router moesh_prefill_worker moesh_decode_worker \
-#     moesh_expert_worker libmoesh_cuda_backends.so
+#     moesh_expert_worker libmoesh_cuda_backends.so transport_test
 # here and `run` with carry [".device"]: the cluster with attention on GPU 0
 # and the expert workers on GPU 1 against `moesh generate --device cuda` (the
 # single-GPU colocated run) on golden checkpoints, then `moesh bench
@@ -26,18 +26,22 @@ budget=${MOESH_DEVICE_BUDGET_S:-540}
 source scripts/device/steps.sh
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 
+# The transports' contract, the nccl kind across the two GPUs.
+[[ -x $D/bin/transport_test ]] && step transport_test 120 $D/bin/transport_test
 step cluster_1gpu_v2_lite 120 tests/integration/cuda_cluster_test.sh $D/bin/moesh "$PWD" v2_lite
 if ((gpus >= 2)); then
   for m in v3 v2_lite; do
     step "cluster_2gpu_$m" 120 env MOESH_EXPERT_DEVICE=cuda:1 tests/integration/cuda_cluster_test.sh $D/bin/moesh "$PWD" $m
+    step "cluster_2gpu_nccl_$m" 120 env MOESH_EXPERT_DEVICE=cuda:1 MOESH_TRANSPORT=nccl \
+      tests/integration/cuda_cluster_test.sh $D/bin/moesh "$PWD" $m
   done
 fi
 model=/tmp/moesh-small-v2-lite
 $D/bin/moesh mkmodel --family v2-lite --preset small --out $model --seed 1 > "$LOGS/mkmodel.log" 2>&1
 bench=(--serving --model $model --requests 64 --prompt-len 64 --max-new-tokens 32 --concurrency 1,16,64)
 step bench_1gpu 150 $D/bin/moesh bench "${bench[@]}" --device cuda --modes colocated,cluster
-((gpus >= 2)) && step bench_2gpu 120 $D/bin/moesh bench "${bench[@]}" --device cuda --expert-device cuda:1 --modes cluster
+((gpus >= 2)) && step bench_2gpu 120 $D/bin/moesh bench "${bench[@]}" --device cuda --expert-device cuda:1 --modes cluster,cluster-nccl
 finish
-for f in cluster_2gpu_v3 cluster_2gpu_v2_lite cluster_1gpu_v2_lite bench_1gpu bench_2gpu; do
+for f in transport_test cluster_2gpu_nccl_v3 cluster_2gpu_nccl_v2_lite cluster_2gpu_v3 cluster_1gpu_v2_lite bench_1gpu bench_2gpu; do
   [[ -f $LOGS/$f.log ]] && { echo; echo "==== $f"; cat "$LOGS/$f.log"; cp "$LOGS/$f.log" "$OUT/"; }
 done

@@ -12,6 +12,11 @@ libdirs=$D/lib
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [[ -d $d ]] && libdirs=$libdirs:$d
 done
+# NCCL: the system's, else PyTorch's wheel (nvidia/nccl/lib).
+if ! ldconfig -p | grep -q libnccl.so.2 && [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]]; then
+  f=$(find / -xdev -name 'libnccl.so.2' -not -path '*/proc/*' 2>/dev/null | head -1)
+  [[ -n $f ]] && libdirs=$libdirs:$(dirname "$f")
+fi
 if [[ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]]; then
   for f in $(find / -xdev -name 'libcublasLt.so.13' -not -path '*/proc/*' 2>/dev/null | head -1) \
            $(find / -xdev -name 'libcudart.so.13' -not -path '*/proc/*' 2>/dev/null | head -1); do

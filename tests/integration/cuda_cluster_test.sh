@@ -9,13 +9,15 @@
 # first tokens agree (bf16 against fp32; cuda_model_test owns the full rule).
 #
 # usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR [MODEL_NAME]
-# MOESH_EXPERT_DEVICE=cuda:1 puts the expert workers on a second GPU.
+# MOESH_EXPERT_DEVICE=cuda:1 puts the expert workers on a second GPU;
+# MOESH_TRANSPORT=nccl (with it) sends the expert dispatch over NCCL.
 # Exits 77 (ctest: skipped) where no CUDA device is present, saying so.
 set -euo pipefail
 MOESH=${1:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
 SRC=${2:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
 MODEL="$SRC/tests/golden/${3:-v3}"
 EXPERT_DEVICE=${MOESH_EXPERT_DEVICE:-cuda}
+TRANSPORT=${MOESH_TRANSPORT:-grpc}
 TMP=$(mktemp -d "${TEST_TMPDIR:-/tmp}/moesh_cuda_cluster.XXXXXX")
 PY=/usr/bin/python3
 command -v "$PY" >/dev/null || PY=python3
@@ -36,7 +38,8 @@ if ! probe=$("$MOESH" generate --model "$MODEL" --prompt-ids 1 --max-new-tokens 
 fi
 
 port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$MOESH" serve-local --model "$MODEL" --device cuda --expert-device "$EXPERT_DEVICE" --port "$port" --expert-workers 2 \
+"$MOESH" serve-local --model "$MODEL" --device cuda --expert-device "$EXPERT_DEVICE" --transport "$TRANSPORT" \
+  --port "$port" --expert-workers 2 \
   --work-dir "$TMP/cluster" \
   >"$TMP/serve.out" 2>"$TMP/serve.log" &
 pid=$!
@@ -49,7 +52,8 @@ grep -q "moesh is serving" "$TMP/serve.out" || fail "the cluster did not come up
 grep -q "cuda:" "$TMP"/cluster/*.log || fail "no worker reports a CUDA device in its log"
 grep -h -E "worker (for|serving)" "$TMP"/cluster/*.log | sed 's/^/  /' || true
 if [ "$EXPERT_DEVICE" != cuda ]; then
-  grep -q "($EXPERT_DEVICE, data plane" "$TMP"/cluster/expert-*.log || fail "expert workers are not on $EXPERT_DEVICE"
+  grep -q "($EXPERT_DEVICE, data plane $TRANSPORT" "$TMP"/cluster/expert-*.log \
+    || fail "expert workers are not on $EXPERT_DEVICE with $TRANSPORT"
 fi
 
 compare() {  # $1: cluster json, $2: generate json, $3: what

@@ -13,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 missing=0
 
 git ls-files --cached --others --exclude-standard -- '*.cc' '*.proto' '*.sh' |
-  grep -v -E '^(kernels/cuda|scripts|third_party|deploy|\.ci)/|^common/transport/nccl_link' | sort -u >"$tmp/tree"
+  grep -v -E '^(kernels/cuda|scripts|third_party|deploy|\.ci)/|^common/transport/nccl_(link|pipe)' | sort -u >"$tmp/tree"
 bazel query --noshow_progress 'kind("source file", deps(//...))' 2>/dev/null |
   grep '^//' | sed -e 's|^//:||' -e 's|^//\([^:]*\):|\1/|' | sort -u >"$tmp/bazel"
 if comm -23 "$tmp/tree" "$tmp/bazel" | grep . >"$tmp/files"; then
@@ -23,7 +23,7 @@ if comm -23 "$tmp/tree" "$tmp/bazel" | grep . >"$tmp/files"; then
 fi
 
 if [ $# -ge 1 ]; then
-  ctest --test-dir "$1" -N | sed -n 's/^ *Test *#[0-9]*: *//p' | grep -v '^cuda_' | sort -u >"$tmp/ctest"
+  ctest --test-dir "$1" -N | sed -n 's/^ *Test *#[0-9]*: *//p' | grep -v -E '^(cuda_|nccl_)' | sort -u >"$tmp/ctest"
   bazel query --noshow_progress 'tests(//...)' 2>/dev/null | sed 's/.*://' | sort -u >"$tmp/btests"
   if comm -23 "$tmp/ctest" "$tmp/btests" | grep . >"$tmp/tests"; then
     echo "ctest tests with no Bazel test of that name:"

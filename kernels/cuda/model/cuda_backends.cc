@@ -4,6 +4,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/service/cuda_backends_plugin.h"
 #include "common/status.h"
+#include "common/transport/nccl_link.h"
+#include "common/transport/nccl_pipe.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/model/cuda_attention_backend.h"
 #include "kernels/cuda/model/cuda_expert_stage.h"
@@ -56,6 +58,17 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeCudaExpertStage(const ModelConf
   return std::unique_ptr<ExpertStage>(std::move(stage));
 }
 
+absl::StatusOr<std::string> NewNcclId() {
+  ASSIGN_OR_RETURN(ncclUniqueId id, NewNcclUniqueId());
+  return UniqueIdToBytes(id);
+}
+
+absl::StatusOr<std::unique_ptr<BytePipe>> OpenNcclPipe(const std::string& unique_id, int rank, int device,
+                                                       absl::Time deadline) {
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclPipe> pipe, NcclPipe::Open(unique_id, rank, device, deadline));
+  return std::unique_ptr<BytePipe>(std::move(pipe));
+}
+
 }  // namespace
 }  // namespace moesh
 
@@ -64,6 +77,9 @@ extern "C" __attribute__((visibility("default"))) const moesh::CudaBackendsTable
     moesh::CudaBackendsTable t;
     t.make_attention_backend = moesh::MakeCudaAttentionBackend;
     t.make_expert_stage = moesh::MakeCudaExpertStage;
+    t.new_nccl_id = moesh::NewNcclId;
+    t.open_nccl_pipe = moesh::OpenNcclPipe;
+    t.device_count = moesh::cuda::CudaDeviceCount;
     return t;
   }();
   return &table;

@@ -1,0 +1,103 @@
+#include "common/transport/nccl_pipe.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace moesh {
+namespace {
+
+constexpr size_t kHeader = sizeof(uint64_t);
+constexpr uint64_t kMaxMessage = uint64_t{1} << 34;  // 16 GiB: a corrupt length, not a message
+
+absl::Status Cuda(cudaError_t e, const char* what) {
+  return e == cudaSuccess ? absl::OkStatus()
+                          : absl::UnavailableError(absl::StrCat("NCCL pipe: ", what, ": ", cudaGetErrorString(e)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NcclPipe>> NcclPipe::Open(const std::string& unique_id, int rank, int device,
+                                                         absl::Time deadline) {
+  absl::StatusOr<ncclUniqueId> id = UniqueIdFromBytes(unique_id);
+  if (!id.ok()) return id.status();
+  absl::StatusOr<std::unique_ptr<NcclLink>> link = NcclLink::Create(*id, rank, device, deadline);
+  if (!link.ok()) return link.status();
+  cudaStream_t stream = nullptr;
+  if (absl::Status s = Cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"); !s.ok()) return s;
+  std::unique_ptr<NcclPipe> pipe(new NcclPipe(std::move(*link), stream));
+  if (absl::Status s = pipe->Reserve(1 << 20); !s.ok()) return s;
+  return pipe;
+}
+
+NcclPipe::~NcclPipe() {
+  cudaSetDevice(link_->device());
+  link_.reset();  // aborts the communicator first, so nothing still runs on the stream
+  cudaStreamSynchronize(stream_);
+  cudaStreamDestroy(stream_);
+  if (device_ != nullptr) cudaFree(device_);
+  if (host_ != nullptr) cudaFreeHost(host_);
+}
+
+absl::Status NcclPipe::Reserve(size_t bytes) {
+  bytes = std::max(bytes, kHeader);
+  if (bytes <= capacity_) return absl::OkStatus();
+  size_t cap = std::max(capacity_ * 2, bytes);
+  cudaSetDevice(link_->device());
+  if (device_ != nullptr) cudaFree(device_);
+  if (host_ != nullptr) cudaFreeHost(host_);
+  device_ = nullptr;
+  host_ = nullptr;
+  capacity_ = 0;
+  if (absl::Status s = Cuda(cudaMalloc(&device_, cap), "cudaMalloc"); !s.ok()) return s;
+  if (absl::Status s = Cuda(cudaMallocHost(reinterpret_cast<void**>(&host_), cap), "cudaMallocHost"); !s.ok()) return s;
+  capacity_ = cap;
+  return absl::OkStatus();
+}
+
+absl::Status NcclPipe::Send(const std::string& bytes, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  cudaSetDevice(link_->device());
+  if (absl::Status s = Reserve(kHeader + bytes.size()); !s.ok()) return s;
+  const uint64_t n = bytes.size();
+  std::memcpy(host_, &n, kHeader);
+  std::memcpy(host_ + kHeader, bytes.data(), bytes.size());
+  if (absl::Status s = Cuda(cudaMemcpyAsync(device_, host_, kHeader + n, cudaMemcpyHostToDevice, stream_), "H2D");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = link_->Send(device_, kHeader, stream_); !s.ok()) return s;
+  if (n > 0) {
+    if (absl::Status s = link_->Send(static_cast<char*>(device_) + kHeader, n, stream_); !s.ok()) return s;
+  }
+  return link_->Wait(stream_, deadline);
+}
+
+absl::StatusOr<std::string> NcclPipe::Recv(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  cudaSetDevice(link_->device());
+  if (absl::Status s = link_->Recv(device_, kHeader, stream_); !s.ok()) return s;
+  if (absl::Status s = Cuda(cudaMemcpyAsync(host_, device_, kHeader, cudaMemcpyDeviceToHost, stream_), "D2H"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = link_->Wait(stream_, deadline); !s.ok()) return s;
+  uint64_t n = 0;
+  std::memcpy(&n, host_, kHeader);
+  if (n > kMaxMessage) {
+    link_->Abort();
+    return absl::DataLossError(absl::StrCat("NCCL pipe: a message of ", n, " bytes announced: the stream is corrupt"));
+  }
+  std::string out;
+  if (n == 0) return out;
+  if (absl::Status s = Reserve(n); !s.ok()) return s;
+  if (absl::Status s = link_->Recv(device_, n, stream_); !s.ok()) return s;
+  if (absl::Status s = Cuda(cudaMemcpyAsync(host_, device_, n, cudaMemcpyDeviceToHost, stream_), "D2H"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = link_->Wait(stream_, deadline); !s.ok()) return s;
+  out.assign(host_, n);
+  return out;
+}
+
+}  // namespace moesh
