@@ -1,7 +1,9 @@
-// A message pipe between two processes: whole messages, in order, each way.
-// The nccl transport's unit: common/transport/nccl_pipe.h implements it over
-// an NCCL link (in the CUDA plugin); nccl_transport.cc frames DataPlane
-// messages over it without linking CUDA.
+// A byte pipe between two processes: whole messages, in order, each way,
+// whose sizes the two sides agree on elsewhere (the nccl transport sends
+// them over its gRPC stream first, so no side waits on the GPU for a message
+// that is not coming). common/transport/nccl_pipe.h implements it over an
+// NCCL link (in the CUDA plugin); nccl_transport.cc uses it without linking
+// CUDA.
 //
 // Thread-safety: one sender and one receiver at a time; Abort from any
 // thread at any time.
@@ -22,9 +24,8 @@ class BytePipe {
   // DEADLINE_EXCEEDED past `deadline`, UNAVAILABLE if the pipe broke or was
   // aborted; either way the pipe is broken for good.
   virtual absl::Status Send(const std::string& bytes, absl::Time deadline) = 0;
-  // The next message; the same errors. absl::InfiniteFuture() waits until a
-  // message arrives or Abort.
-  virtual absl::StatusOr<std::string> Recv(absl::Time deadline) = 0;
+  // The next message, of `bytes` bytes (as the sender sent); the same errors.
+  virtual absl::StatusOr<std::string> Recv(size_t bytes, absl::Time deadline) = 0;
   // Breaks the pipe: blocked and later calls fail with UNAVAILABLE.
   virtual void Abort() = 0;
 };

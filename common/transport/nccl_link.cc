@@ -76,6 +76,7 @@ absl::Status NcclLink::Broken(absl::Status why) {
 }
 
 absl::Status NcclLink::Settle(const char* what, absl::Time deadline) {
+  int spins = 0;
   while (true) {
     if (abort_requested_.load()) return Broken(absl::UnavailableError(absl::StrCat("NCCL ", what, ": aborted")));
     ncclResult_t state = ncclSuccess;
@@ -86,11 +87,11 @@ absl::Status NcclLink::Settle(const char* what, absl::Time deadline) {
     if (absl::Now() > deadline) {
       return Broken(absl::DeadlineExceededError(absl::StrCat("NCCL ", what, ": the peer did not answer in time")));
     }
-    std::this_thread::yield();
+    if (++spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 200 : 20));
   }
 }
 
-absl::Status NcclLink::Send(const void* buf, size_t bytes, cudaStream_t stream) {
+absl::Status NcclLink::Send(const void* buf, size_t bytes, cudaStream_t stream, absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
     if (aborted_) return absl::UnavailableError("NCCL link: aborted");
@@ -98,10 +99,10 @@ absl::Status NcclLink::Send(const void* buf, size_t bytes, cudaStream_t stream) 
   cudaSetDevice(device_);
   const ncclResult_t r = ncclSend(buf, bytes, ncclUint8, 1 - rank_, comm_, stream);
   if (r != ncclSuccess && r != ncclInProgress) return Broken(NcclError("send", r));
-  return absl::OkStatus();
+  return r == ncclInProgress ? Settle("send", deadline) : absl::OkStatus();
 }
 
-absl::Status NcclLink::Recv(void* buf, size_t bytes, cudaStream_t stream) {
+absl::Status NcclLink::Recv(void* buf, size_t bytes, cudaStream_t stream, absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
     if (aborted_) return absl::UnavailableError("NCCL link: aborted");
@@ -109,7 +110,7 @@ absl::Status NcclLink::Recv(void* buf, size_t bytes, cudaStream_t stream) {
   cudaSetDevice(device_);
   const ncclResult_t r = ncclRecv(buf, bytes, ncclUint8, 1 - rank_, comm_, stream);
   if (r != ncclSuccess && r != ncclInProgress) return Broken(NcclError("recv", r));
-  return absl::OkStatus();
+  return r == ncclInProgress ? Settle("recv", deadline) : absl::OkStatus();
 }
 
 absl::Status NcclLink::Wait(cudaStream_t stream, absl::Time deadline) {

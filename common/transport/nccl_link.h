@@ -46,8 +46,13 @@ class NcclLink {
   int rank() const { return rank_; }
   int device() const { return device_; }
   // Stream-ordered transfers of `bytes` device bytes to / from the peer.
-  absl::Status Send(const void* device_buffer, size_t bytes, cudaStream_t stream);
-  absl::Status Recv(void* device_buffer, size_t bytes, cudaStream_t stream);
+  // Returns once NCCL accepted the operation (a non-blocking communicator
+  // takes no next call before that; connecting to the peer happens here on
+  // first use), polling until `deadline`.
+  absl::Status Send(const void* device_buffer, size_t bytes, cudaStream_t stream,
+                    absl::Time deadline = absl::InfiniteFuture());
+  absl::Status Recv(void* device_buffer, size_t bytes, cudaStream_t stream,
+                    absl::Time deadline = absl::InfiniteFuture());
   // Waits until `stream`'s work is done: DEADLINE_EXCEEDED past `deadline`,
   // UNAVAILABLE on an NCCL error or Abort (the communicator is then aborted).
   absl::Status Wait(cudaStream_t stream, absl::Time deadline);

@@ -8,8 +8,7 @@
 namespace moesh {
 namespace {
 
-constexpr size_t kHeader = sizeof(uint64_t);
-constexpr uint64_t kMaxMessage = uint64_t{1} << 34;  // 16 GiB: a corrupt length, not a message
+constexpr uint64_t kMaxMessage = uint64_t{1} << 34;  // 16 GiB: a corrupt size, not a message
 
 absl::Status Cuda(cudaError_t e, const char* what) {
   return e == cudaSuccess ? absl::OkStatus()
@@ -41,7 +40,6 @@ NcclPipe::~NcclPipe() {
 }
 
 absl::Status NcclPipe::Reserve(size_t bytes) {
-  bytes = std::max(bytes, kHeader);
   if (bytes <= capacity_) return absl::OkStatus();
   size_t cap = std::max(capacity_ * 2, bytes);
   cudaSetDevice(link_->device());
@@ -58,45 +56,31 @@ absl::Status NcclPipe::Reserve(size_t bytes) {
 
 absl::Status NcclPipe::Send(const std::string& bytes, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
+  if (bytes.empty()) return absl::OkStatus();
   cudaSetDevice(link_->device());
-  if (absl::Status s = Reserve(kHeader + bytes.size()); !s.ok()) return s;
-  const uint64_t n = bytes.size();
-  std::memcpy(host_, &n, kHeader);
-  std::memcpy(host_ + kHeader, bytes.data(), bytes.size());
-  if (absl::Status s = Cuda(cudaMemcpyAsync(device_, host_, kHeader + n, cudaMemcpyHostToDevice, stream_), "H2D");
+  if (absl::Status s = Reserve(bytes.size()); !s.ok()) return s;
+  std::memcpy(host_, bytes.data(), bytes.size());
+  if (absl::Status s = Cuda(cudaMemcpyAsync(device_, host_, bytes.size(), cudaMemcpyHostToDevice, stream_), "H2D");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = link_->Send(device_, kHeader, stream_); !s.ok()) return s;
-  if (n > 0) {
-    if (absl::Status s = link_->Send(static_cast<char*>(device_) + kHeader, n, stream_); !s.ok()) return s;
-  }
+  if (absl::Status s = link_->Send(device_, bytes.size(), stream_, deadline); !s.ok()) return s;
   return link_->Wait(stream_, deadline);
 }
 
-absl::StatusOr<std::string> NcclPipe::Recv(absl::Time deadline) {
+absl::StatusOr<std::string> NcclPipe::Recv(size_t bytes, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  cudaSetDevice(link_->device());
-  if (absl::Status s = link_->Recv(device_, kHeader, stream_); !s.ok()) return s;
-  if (absl::Status s = Cuda(cudaMemcpyAsync(host_, device_, kHeader, cudaMemcpyDeviceToHost, stream_), "D2H"); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = link_->Wait(stream_, deadline); !s.ok()) return s;
-  uint64_t n = 0;
-  std::memcpy(&n, host_, kHeader);
-  if (n > kMaxMessage) {
-    link_->Abort();
-    return absl::DataLossError(absl::StrCat("NCCL pipe: a message of ", n, " bytes announced: the stream is corrupt"));
-  }
   std::string out;
-  if (n == 0) return out;
-  if (absl::Status s = Reserve(n); !s.ok()) return s;
-  if (absl::Status s = link_->Recv(device_, n, stream_); !s.ok()) return s;
-  if (absl::Status s = Cuda(cudaMemcpyAsync(host_, device_, n, cudaMemcpyDeviceToHost, stream_), "D2H"); !s.ok()) {
+  if (bytes == 0) return out;
+  if (bytes > kMaxMessage) return absl::InvalidArgumentError(absl::StrCat("NCCL pipe: a message of ", bytes, " bytes"));
+  cudaSetDevice(link_->device());
+  if (absl::Status s = Reserve(bytes); !s.ok()) return s;
+  if (absl::Status s = link_->Recv(device_, bytes, stream_, deadline); !s.ok()) return s;
+  if (absl::Status s = Cuda(cudaMemcpyAsync(host_, device_, bytes, cudaMemcpyDeviceToHost, stream_), "D2H"); !s.ok()) {
     return s;
   }
   if (absl::Status s = link_->Wait(stream_, deadline); !s.ok()) return s;
-  out.assign(host_, n);
+  out.assign(host_, bytes);
   return out;
 }
 

@@ -1,7 +1,7 @@
-// NcclPipe: a BytePipe over an NcclLink between two GPUs. A message is an
-// 8-byte length and then its bytes, staged host → device on the sender and
-// device → host on the receiver (pinned buffers, one stream), so the bytes
-// cross between the GPUs over NVLink/PCIe peer access, not through sockets.
+// NcclPipe: a BytePipe over an NcclLink between two GPUs. A message's bytes
+// are staged host → device on the sender and device → host on the receiver
+// (pinned buffers, one stream), so they cross between the GPUs over
+// NVLink/PCIe peer access, not through sockets. Empty messages move nothing.
 // Built into the CUDA plugin (libmoesh_cuda_backends.so).
 //
 // Thread-safety: BytePipe's (one sender, one receiver at a time; the two
@@ -30,7 +30,7 @@ class NcclPipe : public BytePipe {
   ~NcclPipe() override;
 
   absl::Status Send(const std::string& bytes, absl::Time deadline) override;
-  absl::StatusOr<std::string> Recv(absl::Time deadline) override;
+  absl::StatusOr<std::string> Recv(size_t bytes, absl::Time deadline) override;
   void Abort() override { link_->Abort(); }
 
  private:

@@ -14,15 +14,25 @@
 namespace moesh {
 namespace {
 
+using Stream = grpc::ClientReaderWriter<v1::NcclFrame, v1::NcclFrame>;
+
 class NcclChannel : public DataChannel {
  public:
-  NcclChannel(std::string peer, std::unique_ptr<BytePipe> pipe, absl::Duration call_timeout)
-      : peer_(std::move(peer)), pipe_(std::move(pipe)), call_timeout_(call_timeout) {}
+  NcclChannel(std::string peer, std::unique_ptr<v1::NcclDataPlane::Stub> stub,
+              std::unique_ptr<grpc::ClientContext> ctx, std::unique_ptr<Stream> stream,
+              std::unique_ptr<BytePipe> pipe, absl::Duration call_timeout)
+      : peer_(std::move(peer)),
+        stub_(std::move(stub)),
+        ctx_(std::move(ctx)),
+        stream_(std::move(stream)),
+        pipe_(std::move(pipe)),
+        call_timeout_(call_timeout) {}
   ~NcclChannel() override {
     absl::MutexLock lock(&mu_);
-    // An empty message closes the server's side; then ours goes.
-    if (broken_.ok()) pipe_->Send(std::string(), absl::Now() + absl::Seconds(2)).IgnoreError();
     pipe_->Abort();
+    stream_->WritesDone();  // ends the server's side
+    ctx_->TryCancel();
+    stream_->Finish().IgnoreError();
   }
 
   absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override {
@@ -44,13 +54,19 @@ class NcclChannel : public DataChannel {
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) return broken_;
     const absl::Time deadline = absl::Now() + call_timeout_;
-    absl::Status s = pipe_->Send(call.SerializeAsString(), deadline);
-    absl::StatusOr<std::string> bytes = s.ok() ? pipe_->Recv(deadline) : absl::StatusOr<std::string>(s);
+    const std::string bytes = call.SerializeAsString();
+    v1::NcclFrame frame;
+    frame.set_bytes(bytes.size());
+    absl::Status s = stream_->Write(frame) ? absl::OkStatus() : absl::UnavailableError("the stream broke");
+    if (s.ok()) s = pipe_->Send(bytes, deadline);
+    if (s.ok() && !stream_->Read(&frame)) s = absl::UnavailableError("the stream broke");
+    absl::StatusOr<std::string> reply_bytes = s.ok() ? pipe_->Recv(frame.bytes(), deadline) : s;
     v1::DataPlaneReply reply;
-    if (bytes.ok() && !reply.ParseFromString(*bytes)) bytes = absl::DataLossError("an unreadable reply");
-    if (!bytes.ok()) {
-      broken_ = absl::UnavailableError(absl::StrCat("nccl peer ", peer_, ": ", bytes.status().message()));
+    if (reply_bytes.ok() && !reply.ParseFromString(*reply_bytes)) reply_bytes = absl::DataLossError("an unreadable reply");
+    if (!reply_bytes.ok()) {
+      broken_ = absl::UnavailableError(absl::StrCat("nccl peer ", peer_, ": ", reply_bytes.status().message()));
       pipe_->Abort();
+      ctx_->TryCancel();
       return broken_;
     }
     if (reply.code() != 0) return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
@@ -59,6 +75,9 @@ class NcclChannel : public DataChannel {
 
   const std::string peer_;
   absl::Mutex mu_;
+  const std::unique_ptr<v1::NcclDataPlane::Stub> stub_;
+  const std::unique_ptr<grpc::ClientContext> ctx_;
+  const std::unique_ptr<Stream> stream_;
   const std::unique_ptr<BytePipe> pipe_;
   const absl::Duration call_timeout_;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
@@ -72,27 +91,36 @@ class NcclTransport : public Transport {
   absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     ASSIGN_OR_RETURN(std::string id, cuda->new_nccl_id());
-    // The server validates and starts joining in the background, then we join.
     auto stub = v1::NcclDataPlane::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                                                      InternalChannelArgs()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
-    v1::OpenNcclRequest req;
-    req.set_unique_id(id);
-    req.set_client(absl::StrCat("pid ", getpid(), " cuda:", options_.device));
-    v1::OpenNcclResponse resp;
-    grpc::Status g = stub->Open(&ctx, req, &resp);
-    if (!g.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(g.error_code()),
-                          absl::StrCat("nccl peer ", address, ": Open: ", g.error_message()));
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    std::unique_ptr<Stream> stream = stub->Channel(ctx.get());
+    v1::NcclFrame hello;
+    hello.set_unique_id(id);
+    hello.set_client(absl::StrCat("pid ", getpid(), " cuda:", options_.device));
+    if (!stream->Write(hello)) {
+      const grpc::Status g = stream->Finish();
+      return absl::Status(g.ok() ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(g.error_code()),
+                          absl::StrCat("nccl peer ", address, ": ", g.error_message()));
+    }
+    // The server acknowledges the id (or ends the stream saying why not),
+    // then joins as rank 1 while we join as rank 0.
+    v1::NcclFrame ack;
+    if (!stream->Read(&ack)) {
+      const grpc::Status g = stream->Finish();
+      return absl::Status(g.ok() ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(g.error_code()),
+                          absl::StrCat("nccl peer ", address, ": ", g.error_message()));
     }
     absl::StatusOr<std::unique_ptr<BytePipe>> pipe =
         cuda->open_nccl_pipe(id, /*rank=*/0, options_.device, absl::Now() + options_.connect_timeout);
     if (!pipe.ok()) {
-      return absl::UnavailableError(absl::StrCat("nccl peer ", address, " (cuda:", resp.device(), "): ",
+      ctx->TryCancel();
+      stream->Finish().IgnoreError();
+      return absl::UnavailableError(absl::StrCat("nccl peer ", address, " (cuda:", ack.device(), "): ",
                                                  pipe.status().message()));
     }
-    return std::unique_ptr<DataChannel>(new NcclChannel(address, std::move(*pipe), options_.call_timeout));
+    return std::unique_ptr<DataChannel>(new NcclChannel(address, std::move(stub), std::move(ctx), std::move(stream),
+                                                        std::move(*pipe), options_.call_timeout));
   }
 
  private:
@@ -108,7 +136,7 @@ std::unique_ptr<Transport> MakeNcclTransport(const NcclTransportOptions& options
 absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> NcclDataPlaneServer::Start(const std::string& listen, int device,
                                                                                 DispatchHandler* dispatch,
                                                                                 KvHandler* kv) {
-  RETURN_IF_ERROR(CudaBackends().status());  // no plugin: say so now, not at the first Open
+  RETURN_IF_ERROR(CudaBackends().status());  // no plugin: say so now, not at the first channel
   std::unique_ptr<NcclDataPlaneServer> s(new NcclDataPlaneServer(device, dispatch, kv));
   ASSIGN_OR_RETURN(RunningServer running, StartGrpcServer(listen, {s.get()}));
   s->server_ = std::move(running.server);
@@ -117,48 +145,49 @@ absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> NcclDataPlaneServer::Start(
 }
 
 NcclDataPlaneServer::~NcclDataPlaneServer() {
-  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-  std::vector<std::thread> threads;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     for (BytePipe* p : pipes_) p->Abort();
-    threads.swap(threads_);
   }
-  for (std::thread& t : threads) t.join();
+  // Cancels the streams; their handlers return.
+  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 
-grpc::Status NcclDataPlaneServer::Open(grpc::ServerContext*, const v1::OpenNcclRequest* request,
-                                       v1::OpenNcclResponse* response) {
-  if (request->unique_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no unique id");
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down");
-  threads_.emplace_back([this, id = request->unique_id(), client = request->client()] { Serve(id, client); });
-  response->set_device(device_);
-  return grpc::Status::OK;
-}
-
-void NcclDataPlaneServer::Serve(std::string unique_id, std::string client) {
+grpc::Status NcclDataPlaneServer::Channel(grpc::ServerContext* ctx,
+                                          grpc::ServerReaderWriter<v1::NcclFrame, v1::NcclFrame>* stream) {
+  v1::NcclFrame frame;
+  if (!stream->Read(&frame)) return grpc::Status::OK;
+  if (frame.unique_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no NCCL unique id");
   absl::StatusOr<const CudaBackendsTable*> cuda = CudaBackends();
+  if (!cuda.ok()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(cuda.status().message()));
+  v1::NcclFrame ack;
+  ack.set_device(device_);
+  if (!stream->Write(ack)) return grpc::Status::OK;
   absl::StatusOr<std::unique_ptr<BytePipe>> pipe =
-      cuda.ok() ? (*cuda)->open_nccl_pipe(unique_id, /*rank=*/1, device_, absl::Now() + absl::Seconds(60))
-                : absl::StatusOr<std::unique_ptr<BytePipe>>(cuda.status());
+      (*cuda)->open_nccl_pipe(frame.unique_id(), /*rank=*/1, device_, absl::Now() + absl::Seconds(60));
   if (!pipe.ok()) {
-    std::cerr << "nccl data plane: channel from " << client << " not opened: " << pipe.status() << std::endl;
-    return;
+    std::cerr << "nccl data plane: channel from " << frame.client() << " not opened: " << pipe.status() << std::endl;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(pipe.status().message()));
   }
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return;
+    if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down");
     pipes_.push_back(pipe->get());
   }
-  while (true) {
-    absl::StatusOr<std::string> call = (*pipe)->Recv(absl::InfiniteFuture());
-    if (!call.ok() || call->empty()) break;  // aborted, broken, or closed by the client
-    if (absl::Status s = (*pipe)->Send(Handle(*call), absl::Now() + absl::Seconds(60)); !s.ok()) break;
+  bool ok = true;
+  while (ok && stream->Read(&frame)) {  // until the client ends the stream
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    absl::StatusOr<std::string> call = (*pipe)->Recv(frame.bytes(), deadline);
+    if (!call.ok()) break;
+    const std::string reply = Handle(*call);
+    v1::NcclFrame out;
+    out.set_bytes(reply.size());
+    ok = stream->Write(out) && (*pipe)->Send(reply, deadline).ok();
   }
   absl::MutexLock lock(&mu_);
   pipes_.erase(std::find(pipes_.begin(), pipes_.end(), pipe->get()));
+  return grpc::Status::OK;
 }
 
 std::string NcclDataPlaneServer::Handle(const std::string& bytes) {

@@ -1,23 +1,26 @@
 // The nccl transport: DataPlane messages between processes on different GPUs
 // over NCCL (expert dispatch between attention workers and expert workers).
 //
-// A channel is one 2-rank NCCL communicator: the client makes the unique id,
-// sends it to the server's NcclDataPlane.Open (gRPC), both join, and then
-// each call is a DataPlaneCall sent over the pipe and a DataPlaneReply back
-// (common/transport/byte_pipe.h; the NCCL side lives in the CUDA plugin, so
-// nothing here links CUDA). Calls on one channel run one at a time.
+// A channel is one 2-rank NCCL communicator plus one NcclDataPlane.Channel
+// gRPC stream: the client makes the unique id and sends it as the stream's
+// first frame, both join; then each call is the DataPlaneCall's size on the
+// stream and its bytes over NCCL, and the DataPlaneReply's size and bytes
+// back (common/transport/byte_pipe.h; the NCCL side lives in the CUDA plugin,
+// so nothing here links CUDA). No side waits on its GPU for bytes the other
+// has not announced, so idle channels hold no kernel, and a client that goes
+// away ends its stream, which ends the server's side. Calls on one channel
+// run one at a time.
 //
 // Limits, stated: NCCL cannot join two ranks on one GPU, so the KV handoff
 // (prefill and decode workers often share a GPU) stays on gRPC when
 // --transport is nccl; messages are staged through host memory at both ends
 // (the payloads are host-side protobufs today); a peer that dies is noticed
-// at the call deadline, not sooner (NVLink gives no signal).
+// when its stream breaks or at the call deadline (NVLink gives no signal).
 #ifndef MOESH_COMMON_TRANSPORT_NCCL_TRANSPORT_H_
 #define MOESH_COMMON_TRANSPORT_NCCL_TRANSPORT_H_
 
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,23 +43,23 @@ struct NcclTransportOptions {
 // Clients. Connect(address) takes the server's NcclDataPlane address.
 std::unique_ptr<Transport> MakeNcclTransport(const NcclTransportOptions& options);
 
-// The server: NcclDataPlane on its own gRPC port; every opened channel is
-// served by a thread of its own until the client closes it or the server
-// stops. Handlers may be null (UNIMPLEMENTED) and must outlive the server.
+// The server: NcclDataPlane on its own gRPC port; every channel is served
+// on its stream's handler thread until the client ends the stream or the
+// server stops. Handlers may be null (UNIMPLEMENTED) and must outlive the
+// server.
 class NcclDataPlaneServer final : public v1::NcclDataPlane::Service {
  public:
   static absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> Start(const std::string& listen, int device,
                                                                     DispatchHandler* dispatch, KvHandler* kv);
-  ~NcclDataPlaneServer() override;  // aborts every channel, joins their threads
+  ~NcclDataPlaneServer() override;  // aborts every channel, then stops the gRPC server
 
   int port() const { return port_; }
-  grpc::Status Open(grpc::ServerContext* ctx, const v1::OpenNcclRequest* request,
-                    v1::OpenNcclResponse* response) override;
+  grpc::Status Channel(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<v1::NcclFrame, v1::NcclFrame>* stream) override;
 
  private:
   NcclDataPlaneServer(int device, DispatchHandler* dispatch, KvHandler* kv)
       : device_(device), dispatch_(dispatch), kv_(kv) {}
-  void Serve(std::string unique_id, std::string client);
   std::string Handle(const std::string& call);
 
   const int device_;
@@ -67,7 +70,6 @@ class NcclDataPlaneServer final : public v1::NcclDataPlane::Service {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<BytePipe*> pipes_ ABSL_GUARDED_BY(mu_);  // live channels, for Abort on stop
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace moesh

@@ -1,6 +1,7 @@
 #include "common/transport/remote_expert_client.h"
 
 #include <cstring>
+#include <iostream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -176,6 +177,8 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
     MarkDown(workers[w].address);
     if (errors_ != nullptr) errors_->Increment();
     failed = absl::UnavailableError(absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
+    std::cerr << failed.message() << " (layer " << d.layer << "; routing around it for "
+              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)" << std::endl;
   }
   if (!failed.ok()) return failed;
   std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);

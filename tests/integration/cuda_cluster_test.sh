@@ -27,7 +27,12 @@ cleanup() {
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; [ -f "$TMP/serve.log" ] && tail -20 "$TMP/serve.log" >&2; exit 1; }
+fail() {
+  echo "FAIL: $*" >&2
+  [ -f "$TMP/serve.log" ] && tail -20 "$TMP/serve.log" >&2
+  for f in "$TMP"/cluster/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -8 "$f" >&2; }; done
+  exit 1
+}
 
 if ! probe=$("$MOESH" generate --model "$MODEL" --prompt-ids 1 --max-new-tokens 1 --device cuda 2>&1); then
   if grep -q -E "no CUDA device|no CUDA backend" <<<"$probe"; then
