@@ -168,6 +168,10 @@ def main():
     return c.summary()
 
 
+# Renders whose prefill, decode and expert workers run on GPUs.
+GPU_RENDERS = {"gpu-deepseek", "nccl transport on GPUs"}
+
+
 def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
     profiles = {"default": [], "cpu-tiny": ["-f", os.path.join(chart, "values-cpu-tiny.yaml")],
                 "gpu-deepseek": ["-f", os.path.join(chart, "values-gpu-deepseek.yaml")]}
@@ -418,12 +422,12 @@ def check_manifests(c, profile, docs, src):
                 cluster["model"].startswith(mount["mountPath"].rstrip("/") + "/"))
         res = ct.get("resources", {})
         gpus = res.get("limits", {}).get("nvidia.com/gpu")
-        want_gpu = profile == "gpu-deepseek" and component != "router"
+        want_gpu = profile in GPU_RENDERS and component != "router"
         c.check(P + f"{name}: "
                 + ("requests one nvidia.com/gpu (requests == limits)" if want_gpu else "requests no GPU"),
                 (gpus == "1" and res.get("requests", {}).get("nvidia.com/gpu") == "1") if want_gpu else gpus is None,
                 str(res))
-        if profile == "gpu-deepseek" and component != "router":
+        if profile in GPU_RENDERS and component != "router":
             c.check(P + f"{name}: scheduled on GPU nodes (nodeSelector, tolerations)",
                     spec.get("nodeSelector", {}).get("nvidia.com/gpu.present") == "true"
                     and any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations", [])))
