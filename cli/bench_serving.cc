@@ -109,6 +109,7 @@ absl::Status RunServingBench(const Args& args) {
   const std::string modes_flag = args.Get("modes").value_or("cluster,colocated");
   const std::string device = args.Get("device").value_or("cpu");
   const std::string expert_device = args.Get("expert-device").value_or("");
+  const std::string load_format = args.Get("load-format").value_or("auto");
   std::vector<std::string> modes = absl::StrSplit(modes_flag, ',', absl::SkipEmpty());
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -129,8 +130,9 @@ absl::Status RunServingBench(const Args& args) {
     o.kv_blocks = 4096;
     o.device = device;
     o.expert_device = expert_device;
+    o.load_format = load_format;
     if (mode == "colocated") {
-      o.extra_router_flags = {"--colocated", "--kv_blocks=4096", "--device=" + device};
+      o.extra_router_flags = {"--colocated", "--kv_blocks=4096", "--device=" + device, "--load_format=" + load_format};
       o.expert_workers = {"0-0"};
       o.num_prefill = 0;
       o.num_decode = 0;

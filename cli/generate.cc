@@ -72,7 +72,7 @@ absl::Status RunGenerate(const std::vector<std::string>& argv) {
     ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
     RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
     ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> backend,
-                     MakeAttentionBackend(config, *ckpt, device, /*with_experts=*/true));
+                     MakeAttentionBackend(config, ckpt.get(), device, /*with_experts=*/true));
     ASSIGN_OR_RETURN(r, Generate(backend.get(), nullptr, prompt, sp, stop));
   } else {
     ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));

@@ -100,14 +100,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     std::vector<std::string> flags = {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
                                       "--transport=" + options.transport,
                                       absl::StrCat("--kv_blocks=", options.kv_blocks), "--device=" + options.device,
-                                      "--gpu_memory_utilization=0.6"};
+                                      "--gpu_memory_utilization=0.6", "--load_format=" + options.load_format};
     flags.insert(flags.end(), options.extra_attention_worker_flags.begin(), options.extra_attention_worker_flags.end());
     RETURN_IF_ERROR(c->Spawn(absl::StrCat("decode-", i), "moesh_decode_worker", flags).status());
   }
   for (int i = 0; i < options.num_prefill; ++i) {
     std::vector<std::string> flags = {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
                                       "--transport=" + options.transport, "--device=" + options.device,
-                                      "--gpu_memory_utilization=0.8"};
+                                      "--gpu_memory_utilization=0.8", "--load_format=" + options.load_format};
     flags.insert(flags.end(), options.extra_attention_worker_flags.begin(), options.extra_attention_worker_flags.end());
     RETURN_IF_ERROR(c->Spawn(absl::StrCat("prefill-", i), "moesh_prefill_worker", flags).status());
   }
@@ -122,7 +122,8 @@ absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
   return Spawn(absl::StrCat("expert-", n), "moesh_expert_worker",
                {"--model=" + options_.model_dir, "--router=" + router_address(),
                 (shard ? "--shard=" : "--experts=") + spec, "--transport=" + options_.transport,
-                "--device=" + (options_.expert_device.empty() ? options_.device : options_.expert_device)})
+                "--device=" + (options_.expert_device.empty() ? options_.device : options_.expert_device),
+                "--load_format=" + options_.load_format})
       .status();
 }
 

@@ -38,6 +38,8 @@ struct LocalClusterOptions {
   // --device of the expert workers when not empty (e.g. cuda:1: attention on
   // one GPU, experts on another).
   std::string expert_device;
+  // --load_format of every worker (and the colocated router): auto or dummy.
+  std::string load_format = "auto";
   int heartbeat_timeout_ms = 3000;
   std::vector<std::string> extra_router_flags;
   std::vector<std::string> extra_attention_worker_flags;  // prefill and decode workers

@@ -3,6 +3,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/file_util.h"
 #include "common/model/random_checkpoint.h"
 #include "common/status.h"
 #include "common/tokenizer/embedded_tokenizers.h"
@@ -11,7 +12,7 @@ namespace moesh::cli {
 
 absl::Status RunMkmodel(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"family", "preset", "out", "seed", "shards", "dtype"},
-                                          {"rope-parameters"}));
+                                          {"rope-parameters", "config-only"}));
   ASSIGN_OR_RETURN(std::string family, args.Required("family"));
   ASSIGN_OR_RETURN(std::string out, args.Required("out"));
   ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(family, args.Get("preset").value_or("tiny")));
@@ -24,6 +25,13 @@ absl::Status RunMkmodel(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(opt.dtype, ParseDType(args.Get("dtype").value_or("BF16")));
   opt.new_rope_form = args.Bool("rope-parameters");
   opt.tokenizer_json = std::string(EmbeddedTokenizerJson(args.Get("preset").value_or("tiny")).value_or(""));
+  if (args.Bool("config-only")) {  // for --load_format dummy: the shapes, no weights
+    RETURN_IF_ERROR(MakeDirs(out));
+    RETURN_IF_ERROR(WriteStringToFile(JoinPath(out, "config.json"), config.ToJson(opt.new_rope_form)));
+    std::cout << "wrote " << JoinPath(out, "config.json") << " (" << family << "/"
+              << args.Get("preset").value_or("tiny") << ", no weights)\n";
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(WriteRandomCheckpoint(config, out, opt));
   std::cout << "wrote " << config.model_type << " (" << family << "/" << args.Get("preset").value_or("tiny")
             << ") to " << out << "\n";

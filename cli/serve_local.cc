@@ -13,7 +13,7 @@ namespace moesh::cli {
 
 absl::Status RunServeLocal(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"model", "port", "expert-workers", "bin-dir", "work-dir", "kv-blocks", "device",
-                                           "expert-device", "transport"},
+                                           "expert-device", "transport", "load-format"},
                                           {}));
   LocalClusterOptions opt;
   ASSIGN_OR_RETURN(opt.model_dir, args.Required("model"));
@@ -27,6 +27,7 @@ absl::Status RunServeLocal(const std::vector<std::string>& argv) {
   opt.device = args.Get("device").value_or("cpu");
   opt.expert_device = args.Get("expert-device").value_or("");
   opt.transport = args.Get("transport").value_or("grpc");
+  opt.load_format = args.Get("load-format").value_or("auto");
   // The service binaries sit beside this one.
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);

@@ -36,26 +36,32 @@ absl::Status Run() {
   const std::string dir = absl::GetFlag(FLAGS_model);
   if (dir.empty()) return absl::InvalidArgumentError("--model is required");
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
-  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
-  RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
+  ASSIGN_OR_RETURN(DeviceOptions device, DeviceOptionsFromFlags());
+  std::unique_ptr<Checkpoint> ckpt;  // none with dummy weights: config.json is all there is
+  if (!device.dummy_weights) {
+    ASSIGN_OR_RETURN(ckpt, Checkpoint::Open(dir));
+    RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
+  }
   std::set<int> experts;
   if (!absl::GetFlag(FLAGS_experts).empty()) {
     ASSIGN_OR_RETURN(experts, ParseExpertList(absl::GetFlag(FLAGS_experts), config.n_routed_experts));
   } else if (!absl::GetFlag(FLAGS_shard).empty()) {
     ASSIGN_OR_RETURN(experts, ExpertShard(absl::GetFlag(FLAGS_shard), config.n_routed_experts));
   }
-  ASSIGN_OR_RETURN(DeviceOptions device, DeviceOptionsFromFlags());
-  ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> weights, ExpertShardWeights::Load(config, *ckpt, experts));
+  // The shard's weights, or (dummy) a placeholder the device fills. Replicas
+  // the rebalancer places here come the same way.
+  auto load = [&config, &ckpt](const std::set<int>& ids) -> absl::StatusOr<std::unique_ptr<ExpertShardWeights>> {
+    if (ckpt == nullptr) return ExpertShardWeights::Placeholder(config, ids);
+    return ExpertShardWeights::Load(config, *ckpt, ids);
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> weights, load(experts));
   const std::set<int> hosted = weights->expert_ids;
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create(absl::GetFlag(FLAGS_metrics_listen), "expert_worker"));
   const std::string metrics_address =
       metrics->port() > 0 ? absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", metrics->port()) : "";
   ExpertServiceOptions options;
   options.metrics = metrics.get();
-  // Replicas the rebalancer places here are read from the same checkpoint.
-  options.loader = [&config, &ckpt](const std::set<int>& ids) {
-    return ExpertShardWeights::Load(config, *ckpt, ids);
-  };
+  options.loader = load;
   options.batch_window = std::chrono::microseconds(absl::GetFlag(FLAGS_batch_window_us));
   ASSIGN_OR_RETURN(std::unique_ptr<ExpertStage> stage, MakeExpertStage(config, std::move(weights), device));
   const std::string where = stage->device();

@@ -11,6 +11,7 @@ namespace moesh {
 
 ExpertStage::ExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights)
     : config_(config) {
+  // Placeholders (dummy weights) are for devices that make their own.
   shards_.push_back(std::move(weights));
 }
 
@@ -74,6 +75,10 @@ absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
   std::vector<float> x, gate_up, act, y;
   for (const auto& [e, items] : by_expert) {
     const MlpWeights& w = *find(e);
+    if (w.gate_up.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("expert ", e, " has placeholder weights (--load_format dummy) "
+                                                        "and the CPU computes from real ones only"));
+    }
     const int m = static_cast<int>(items.size());
     x.resize(static_cast<size_t>(m) * h);
     for (int i = 0; i < m; ++i) {

@@ -96,8 +96,52 @@ absl::StatusOr<ModelConfig> V4Preset(const std::string& preset) {
 
 }  // namespace
 
+// DeepSeek-V2-Lite's config.json, field by field (16B parameters: for
+// `--load_format dummy` on a GPU, or mkmodel --config-only).
+absl::StatusOr<ModelConfig> V2LiteReal() {
+  ASSIGN_OR_RETURN(ModelConfig c, PresetConfig("v2-lite", "small"));
+  c.vocab_size = 102400;
+  c.hidden_size = 2048;
+  c.intermediate_size = 10944;
+  c.moe_intermediate_size = 1408;
+  c.num_hidden_layers = 27;
+  c.num_attention_heads = 16;
+  c.q_lora_rank = 0;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.n_routed_experts = 64;
+  c.n_shared_experts = 2;
+  c.num_experts_per_tok = 6;
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.topk_method = TopkMethod::kGreedy;
+  c.scoring_func = ScoringFunc::kSoftmax;
+  c.norm_topk_prob = false;
+  c.routed_scaling_factor = 1.0;
+  c.first_k_dense_replace = 1;
+  c.rope.type = RopeType::kYarn;
+  c.rope.theta = 10000.0;
+  c.rope.factor = 40;
+  c.rope.original_max_position_embeddings = 4096;
+  c.rope.beta_fast = 32;
+  c.rope.beta_slow = 1;
+  c.rope.mscale = 0.707;
+  c.rope.mscale_all_dim = 0.707;
+  c.max_position_embeddings = 163840;
+  c.bos_token_id = 100000;
+  c.eos_token_ids = {100001};
+  RETURN_IF_ERROR(c.Validate("preset v2-lite/real"));
+  return c;
+}
+
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::string& preset) {
   if (family == "v4") return V4Preset(preset);
+  if (preset == "real") {
+    if (family == "v2-lite") return V2LiteReal();
+    return absl::InvalidArgumentError(absl::StrCat("preset \"real\" exists for v2-lite only, not ", family));
+  }
   ModelConfig c;
   if (family == "v2-lite" || family == "v2") {
     c.family = ModelFamily::kDeepseekV2;
@@ -153,7 +197,7 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
       c.index_head_dim = 64;
     }
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", preset, "\" (tiny, small)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", preset, "\" (tiny, small, real)"));
   }
   c.n_shared_experts = family == "v2" ? 2 : 1;
   c.first_k_dense_replace = 1;

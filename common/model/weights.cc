@@ -299,6 +299,35 @@ absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const M
   return w;
 }
 
+absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Placeholder(const ModelConfig& c,
+                                                                                   std::set<int> expert_ids) {
+  auto w = std::make_unique<ExpertShardWeights>();
+  if (expert_ids.empty()) {
+    for (int e = 0; e < c.n_routed_experts; ++e) expert_ids.insert(e);
+  }
+  for (int e : expert_ids) {
+    if (e < 0 || e >= c.n_routed_experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert id ", e, " is outside [0, n_routed_experts = ", c.n_routed_experts, ")"));
+    }
+  }
+  w->expert_ids = expert_ids;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsMoeLayer(l)) continue;
+    for (int e : expert_ids) w->layers[l][e] = MlpWeights{};
+  }
+  return w;
+}
+
+bool ExpertShardWeights::is_placeholder() const {
+  for (const auto& [l, experts] : layers) {
+    for (const auto& [e, m] : experts) {
+      if (!m.gate_up.empty()) return false;
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Load(
     const ModelConfig& c, const Checkpoint& ckpt, std::set<int> expert_ids) {
   auto w = std::make_unique<ExpertShardWeights>();

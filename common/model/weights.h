@@ -128,6 +128,11 @@ struct ExpertShardWeights {
   static absl::StatusOr<std::unique_ptr<ExpertShardWeights>> Load(const ModelConfig& config,
                                                                    const Checkpoint& ckpt,
                                                                    std::set<int> expert_ids);
+  // The shard's experts and layers with empty weights: for a device that
+  // makes its own (--load_format dummy); nothing may compute from it.
+  static absl::StatusOr<std::unique_ptr<ExpertShardWeights>> Placeholder(const ModelConfig& config,
+                                                                          std::set<int> expert_ids);
+  bool is_placeholder() const;
 };
 
 // Reads one tensor as float32, checking its shape; dequantises F8_E4M3 with

@@ -82,12 +82,15 @@ absl::StatusOr<ExpertPlacement> FetchPlacement(const std::string& router, int nu
 absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOptions& options) {
   AttentionWorker w;
   ASSIGN_OR_RETURN(w.config, ModelConfig::Load(options.model_dir));
-  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(options.model_dir));
-  RETURN_IF_ERROR(ValidateCheckpoint(w.config, *ckpt));
   RETURN_IF_ERROR(ValidateDevice(options.device.device));
+  std::unique_ptr<Checkpoint> ckpt;  // none with dummy weights: config.json is all there is
+  if (!options.device.dummy_weights) {
+    ASSIGN_OR_RETURN(ckpt, Checkpoint::Open(options.model_dir));
+    RETURN_IF_ERROR(ValidateCheckpoint(w.config, *ckpt));
+  }
   const bool local_experts = options.expert_workers.empty() && options.router.empty();
   const bool experts_in_backend = local_experts && IsCudaDevice(options.device.device);
-  ASSIGN_OR_RETURN(w.backend, MakeAttentionBackend(w.config, *ckpt, options.device, experts_in_backend));
+  ASSIGN_OR_RETURN(w.backend, MakeAttentionBackend(w.config, ckpt.get(), options.device, experts_in_backend));
   int cuda_device = 0;
   if (options.transport == "nccl") {
     ASSIGN_OR_RETURN(cuda_device, CudaOrdinal(options.device.device, "--transport nccl"));

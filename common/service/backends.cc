@@ -92,10 +92,16 @@ absl::StatusOr<int> CudaOrdinal(const std::string& device, const std::string& wh
 }
 
 absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const ModelConfig& config,
-                                                                       const Checkpoint& ckpt,
+                                                                       const Checkpoint* ckpt,
                                                                        const DeviceOptions& options,
                                                                        bool with_experts) {
   RETURN_IF_ERROR(ValidateDevice(options.device));
+  if (options.dummy_weights != (ckpt == nullptr)) {
+    return absl::InvalidArgumentError("MakeAttentionBackend: a checkpoint iff the weights are not dummy");
+  }
+  if (options.dummy_weights && !IsCudaDevice(options.device)) {
+    return absl::FailedPreconditionError("--load_format dummy generates the weights on a GPU: it needs --device cuda");
+  }
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     return cuda->make_attention_backend(config, ckpt, options, with_experts);
@@ -104,7 +110,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const Mod
   if (options.num_kv_blocks < 0 || options.block_size < 1) {
     return absl::InvalidArgumentError("the KV pool needs num_kv_blocks >= 0 and block_size >= 1");
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> weights, AttentionWeights::Load(config, ckpt));
+  ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> weights, AttentionWeights::Load(config, *ckpt));
   return NewCpuAttentionBackend(std::make_unique<AttentionModel>(config, std::move(weights)), options.num_kv_blocks,
                                 options.block_size);
 }
@@ -116,6 +122,9 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(const ModelConfig& 
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     return cuda->make_expert_stage(config, std::move(weights), options);
+  }
+  if (options.dummy_weights) {
+    return absl::FailedPreconditionError("--load_format dummy generates the weights on a GPU: it needs --device cuda");
   }
   return std::make_unique<ExpertStage>(config, std::move(weights));
 }

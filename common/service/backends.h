@@ -32,6 +32,11 @@ struct DeviceOptions {
   double gpu_memory_utilization = 0.9;
   int max_num_seqs = 256;
   int max_model_len = 0;
+  // Random weights generated on the device instead of the checkpoint's (only
+  // config.json is read): benchmarks at real shapes without the files.
+  // CUDA only.
+  bool dummy_weights = false;
+  uint64_t dummy_seed = 0;
 };
 
 // OK for "cpu", "cuda" and "cuda:N" (N >= 0); INVALID_ARGUMENT otherwise.
@@ -46,12 +51,15 @@ absl::StatusOr<int> CudaOrdinal(const std::string& device, const std::string& wh
 // device, and Forward then takes no ExpertClient); without, they run
 // elsewhere behind the ExpertClient given to Forward. CPU backends never hold
 // experts (with_experts: INVALID_ARGUMENT; use a LocalExpertClient).
+// `ckpt` is null iff options.dummy_weights (FAILED_PRECONDITION on the CPU).
 absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const ModelConfig& config,
-                                                                       const Checkpoint& ckpt,
+                                                                       const Checkpoint* ckpt,
                                                                        const DeviceOptions& options,
                                                                        bool with_experts);
 
 // An expert shard computing on options.device (CPU: ExpertStage itself).
+// With options.dummy_weights, `weights` is a placeholder (ExpertShardWeights::
+// Placeholder) and the device fills the experts with random values.
 absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(const ModelConfig& config,
                                                              std::unique_ptr<ExpertShardWeights> weights,
                                                              const DeviceOptions& options);

@@ -23,7 +23,7 @@
 
 namespace moesh {
 
-constexpr int kCudaBackendsAbiVersion = 2;
+constexpr int kCudaBackendsAbiVersion = 3;
 constexpr char kCudaBackendsLibrary[] = "libmoesh_cuda_backends.so";
 constexpr char kCudaBackendsSymbol[] = "moesh_cuda_backends_v1";
 
@@ -32,7 +32,7 @@ struct CudaBackendsTable {
   size_t sizeof_model_config = sizeof(ModelConfig);
   size_t sizeof_device_options = sizeof(DeviceOptions);
   size_t sizeof_expert_shard = sizeof(ExpertShardWeights);
-  absl::StatusOr<std::unique_ptr<AttentionBackend>> (*make_attention_backend)(const ModelConfig&, const Checkpoint&,
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> (*make_attention_backend)(const ModelConfig&, const Checkpoint*,
                                                                               const DeviceOptions&, bool) = nullptr;
   absl::StatusOr<std::unique_ptr<ExpertStage>> (*make_expert_stage)(const ModelConfig&,
                                                                     std::unique_ptr<ExpertShardWeights>,

@@ -9,6 +9,9 @@ ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "--device cuda: the fraction of the GPU's memory this process may bring the total to (weights, "
           "scratch, then the KV cache); other processes' memory counts.");
 ABSL_FLAG(int, max_model_len, 0, "--device cuda: tokens per sequence (0: min(max_position_embeddings, 8192)).");
+ABSL_FLAG(std::string, load_format, "auto",
+          "auto: the checkpoint's weights; dummy: random weights made on the GPU from config.json alone "
+          "(benchmarks at real shapes; --device cuda).");
 
 namespace moesh {
 
@@ -23,6 +26,14 @@ absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
   }
   o.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   if (o.max_model_len < 0) return absl::InvalidArgumentError("--max_model_len must be >= 0");
+  const std::string load = absl::GetFlag(FLAGS_load_format);
+  if (load != "auto" && load != "dummy") {
+    return absl::InvalidArgumentError("--load_format must be auto or dummy, not \"" + load + "\"");
+  }
+  o.dummy_weights = load == "dummy";
+  if (o.dummy_weights && !IsCudaDevice(o.device)) {
+    return absl::InvalidArgumentError("--load_format dummy generates the weights on a GPU: it needs --device cuda");
+  }
   return o;
 }
 

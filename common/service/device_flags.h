@@ -9,9 +9,10 @@
 
 namespace moesh {
 
-// --device, --gpu_memory_utilization, --max_model_len as DeviceOptions
-// (the KV pool fields left at their defaults). INVALID_ARGUMENT for a bad
-// device name or a utilization outside (0, 1].
+// --device, --gpu_memory_utilization, --max_model_len, --load_format as
+// DeviceOptions (the KV pool fields left at their defaults). INVALID_ARGUMENT
+// for a bad device name, a utilization outside (0, 1], or dummy weights off
+// the GPU.
 absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags();
 
 }  // namespace moesh

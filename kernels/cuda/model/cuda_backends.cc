@@ -30,7 +30,7 @@ absl::Status SelectDevice(const std::string& device) {
 }
 
 absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttentionBackend(const ModelConfig& config,
-                                                                           const Checkpoint& ckpt,
+                                                                           const Checkpoint* ckpt,
                                                                            const DeviceOptions& options,
                                                                            bool with_experts) {
   RETURN_IF_ERROR(SelectDevice(options.device));
@@ -39,13 +39,17 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttentionBackend(const
   o.max_num_seqs = options.max_num_seqs;
   o.max_model_len = options.max_model_len;
   o.routed_experts_on_device = with_experts;
-  ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> attention, AttentionWeights::Load(config, ckpt));
-  std::unique_ptr<ExpertShardWeights> experts;
-  if (with_experts) {
-    ASSIGN_OR_RETURN(experts, ExpertShardWeights::Load(config, ckpt, {}));
+  std::unique_ptr<cuda::CudaModel> model;
+  if (options.dummy_weights) {
+    ASSIGN_OR_RETURN(model, cuda::CudaModel::Dummy(config, options.dummy_seed, o));
+  } else {
+    ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> attention, AttentionWeights::Load(config, *ckpt));
+    std::unique_ptr<ExpertShardWeights> experts;
+    if (with_experts) {
+      ASSIGN_OR_RETURN(experts, ExpertShardWeights::Load(config, *ckpt, {}));
+    }
+    ASSIGN_OR_RETURN(model, cuda::CudaModel::FromHost(config, *attention, experts.get(), o));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model,
-                   cuda::CudaModel::FromHost(config, *attention, experts.get(), o));
   return std::unique_ptr<AttentionBackend>(new cuda::CudaAttentionBackend(std::move(model)));
 }
 

@@ -172,8 +172,8 @@ std::vector<std::vector<float>> RunGreedy(AttentionBackend* b, ExpertClient* exp
 TEST(CudaAttentionBackendTest, ExpertsBehindAClientEqualExpertsOnTheDevice) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
-  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> whole, MakeAttentionBackend(m.config, *m.ckpt, Cuda(), true));
-  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> split, MakeAttentionBackend(m.config, *m.ckpt, Cuda(), false));
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> whole, MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> split, MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), false));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ExpertClient> experts, GpuExperts(m));
   EXPECT_TRUE(whole->has_experts());
   EXPECT_FALSE(split->has_experts());
@@ -207,8 +207,8 @@ TEST(CudaAttentionBackendTest, KvHandoffBetweenBackendsContinuesExactly) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
   const int layers = m.config.num_hidden_layers, vocab = m.config.vocab_size;
-  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> prefill, MakeAttentionBackend(m.config, *m.ckpt, Cuda(), false));
-  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> decode, MakeAttentionBackend(m.config, *m.ckpt, Cuda(), false));
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> prefill, MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), false));
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> decode, MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), false));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ExpertClient> experts, GpuExperts(m));
   // 70 prompt tokens: the rows cross a block boundary.
   std::vector<int32_t> prompt(70);
@@ -250,7 +250,7 @@ TEST(CudaAttentionBackendTest, KvHandoffBetweenBackendsContinuesExactly) {
 TEST(CudaAttentionBackendTest, PoolLimitsAndReleases) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
-  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b, MakeAttentionBackend(m.config, *m.ckpt, Cuda(), true));
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b, MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
   const KvUsage u = b->kv_usage();
   ASSERT_GT(u.total_blocks, 0);
   EXPECT_EQ(u.free_blocks, u.total_blocks);
@@ -274,7 +274,7 @@ TEST(CudaAttentionBackendTest, PoolLimitsAndReleases) {
 TEST(CudaAttentionBackendTest, GenerateMatchesTheCpuEngine) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
-  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b, MakeAttentionBackend(m.config, *m.ckpt, Cuda(), true));
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b, MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> cpu, Model::Load(kGoldenV3));
   SamplingParams sp;
   sp.top_logprobs = 3;

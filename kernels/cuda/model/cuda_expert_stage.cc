@@ -1,9 +1,11 @@
 #include "kernels/cuda/model/cuda_expert_stage.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/fill.h"
 #include "kernels/cuda/model/device_weights.h"
 #include "kernels/cuda/model/model_ops.h"
 #include "kernels/cuda/ops.h"
@@ -78,6 +80,8 @@ absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::
   stacks->num_local = static_cast<int>(order.size());
   if (order.empty()) return absl::InvalidArgumentError("CudaExpertStage: the shard hosts no experts");
   std::vector<uint16_t> staging;
+  const float fan_h = static_cast<float>(1.0 / std::sqrt(static_cast<double>(h)));
+  const float fan_i = static_cast<float>(1.0 / std::sqrt(static_cast<double>(inter)));
   for (const auto& [layer, unused] : shards.front()->layers) {
     LayerStack& ls = stacks->layers[layer];
     ASSIGN_OR_RETURN(ls.gate_up, DeviceBuffer<bf16>::Create(order.size() * 2 * inter * h));
@@ -90,6 +94,13 @@ absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::
         return absl::InvalidArgumentError(absl::StrCat("CudaExpertStage: layer ", layer, " lacks expert ", e));
       }
       const MlpWeights& w = lit->second.at(e);
+      if (shard->is_placeholder()) {  // --load_format dummy: random on the device, seeded by (layer, expert)
+        const uint64_t seed = (static_cast<uint64_t>(layer) << 20) ^ static_cast<uint64_t>(e) ^ 0x9e3779b97f4a7c15ull;
+        RETURN_IF_ERROR(FillUniform(ls.gate_up.get() + i * 2 * inter * h, 2 * inter * h, seed, fan_h, 0.0f,
+                                    stream_.get()));
+        RETURN_IF_ERROR(FillUniform(ls.down.get() + i * h * inter, h * inter, seed + 1, fan_i, 0.0f, stream_.get()));
+        continue;
+      }
       if (w.gate_up.size() != 2 * inter * h || w.down.size() != h * inter) {
         return absl::InvalidArgumentError(
             absl::StrCat("CudaExpertStage: layer ", layer, " expert ", e, " has the wrong shape"));
@@ -98,6 +109,7 @@ absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::
       RETURN_IF_ERROR(UploadBf16(ls.down.get() + i * h * inter, w.down.data(), w.down.size(), &staging));
     }
   }
+  RETURN_IF_ERROR(stream_.Synchronize());
   return std::shared_ptr<const Stacks>(std::move(stacks));
 }
 

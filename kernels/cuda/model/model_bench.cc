@@ -129,44 +129,12 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   return f;
 }
 
-// DeepSeek-V2-Lite's config.json, field by field.
+// DeepSeek-V2-Lite's shapes (random_checkpoint's "real" preset).
 absl::StatusOr<ModelConfig> ShapeConfig(const std::string& shape) {
   if (shape != "v2-lite") {
     return absl::InvalidArgumentError("--shape: v2-lite (the larger DeepSeek models do not fit one GPU in bf16)");
   }
-  ASSIGN_OR_RETURN(ModelConfig c, PresetConfig("v2-lite", "small"));
-  c.vocab_size = 102400;
-  c.hidden_size = 2048;
-  c.intermediate_size = 10944;
-  c.moe_intermediate_size = 1408;
-  c.num_hidden_layers = 27;
-  c.num_attention_heads = 16;
-  c.q_lora_rank = 0;
-  c.kv_lora_rank = 512;
-  c.qk_nope_head_dim = 128;
-  c.qk_rope_head_dim = 64;
-  c.v_head_dim = 128;
-  c.n_routed_experts = 64;
-  c.n_shared_experts = 2;
-  c.num_experts_per_tok = 6;
-  c.n_group = 1;
-  c.topk_group = 1;
-  c.topk_method = TopkMethod::kGreedy;
-  c.scoring_func = ScoringFunc::kSoftmax;
-  c.norm_topk_prob = false;
-  c.routed_scaling_factor = 1.0;
-  c.first_k_dense_replace = 1;
-  c.rope.type = RopeType::kYarn;
-  c.rope.theta = 10000.0;
-  c.rope.factor = 40;
-  c.rope.original_max_position_embeddings = 4096;
-  c.rope.beta_fast = 32;
-  c.rope.beta_slow = 1;
-  c.rope.mscale = 0.707;
-  c.rope.mscale_all_dim = 0.707;
-  c.max_position_embeddings = 163840;
-  RETURN_IF_ERROR(c.Validate("shape v2-lite"));
-  return c;
+  return PresetConfig("v2-lite", "real");
 }
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
