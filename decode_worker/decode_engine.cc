@@ -186,39 +186,62 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
   const int vocab = backend_->config().vocab_size;
   std::vector<int32_t> tokens(batch.size());
   std::vector<SequenceInput> inputs(batch.size());
+  // A batch of plain greedy requests takes the backend's greedy step (on a
+  // GPU the logits never leave it); otherwise each request samples from the
+  // logits here.
+  bool greedy = true;
+  int top_k = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     tokens[i] = batch[i]->output.back();
     inputs[i] = {absl::MakeConstSpan(&tokens[i], 1), batch[i]->kv.get()};
+    const SamplingParams& sp = batch[i]->spec.sampling;
+    greedy = greedy && sp.plain_greedy();
+    top_k = std::max(top_k, sp.top_logprobs);
   }
+  greedy = greedy && top_k <= kMaxGreedyTopLogprobs;
   const auto start = std::chrono::steady_clock::now();
   const int mb =
       experts_ != nullptr && experts_->IsAsync() && static_cast<int>(batch.size()) >= options_.micro_batch_min ? options_.micro_batches : 1;
-  absl::StatusOr<std::vector<float>> logits = backend_->Forward(inputs, experts_, mb);
+  absl::StatusOr<GreedyOutput> chosen = GreedyOutput();
+  absl::StatusOr<std::vector<float>> logits = std::vector<float>();
+  if (greedy) {
+    chosen = backend_->ForwardGreedy(inputs, experts_, top_k, mb);
+  } else {
+    logits = backend_->Forward(inputs, experts_, mb);
+  }
+  const absl::Status status = greedy ? chosen.status() : logits.status();
   if (step_seconds_ != nullptr) {
     step_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     batch_size_->Observe(static_cast<double>(batch.size()));
-    if (logits.ok()) tokens_->Increment(static_cast<double>(batch.size()));
+    if (status.ok()) tokens_->Increment(static_cast<double>(batch.size()));
   }
   absl::MutexLock lock(&mu_);
-  if (!logits.ok()) {
-    const absl::Status s =
-        logits.status().code() == absl::StatusCode::kInvalidArgument
-            ? logits.status()
-            : absl::UnavailableError(absl::StrCat("decode step failed: ", logits.status().message()));
+  if (!status.ok()) {
+    const absl::Status s = status.code() == absl::StatusCode::kInvalidArgument
+                               ? status
+                               : absl::UnavailableError(absl::StrCat("decode step failed: ", status.message()));
     for (auto& r : batch) Finish(r, s);
     return;
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
-    const float* row = logits->data() + i * vocab;
-    const int step = static_cast<int>(r.output.size());
-    const int32_t token = r.sampler->Sample(row, vocab, step, r.spec.prompt_ids, r.output);
+    const int want = r.spec.sampling.top_logprobs;
+    int32_t token;
+    std::vector<TokenLogprob> top;
+    if (greedy) {
+      token = chosen->ids[i];
+      if (want > 0) top.assign(chosen->top_logprobs[i].begin(), chosen->top_logprobs[i].begin() + want);
+    } else {
+      const float* row = logits->data() + i * vocab;
+      token = r.sampler->Sample(row, vocab, static_cast<int>(r.output.size()), r.spec.prompt_ids, r.output);
+      if (want > 0) top = Sampler::TopLogprobs(row, vocab, want);
+    }
     r.output.push_back(token);
     v1::DecodeResponse m;
     m.add_token_ids(token);
-    if (r.spec.sampling.top_logprobs > 0) {
+    if (want > 0) {
       v1::TopLogprobs* lp = m.add_logprobs();
-      for (const TokenLogprob& t : Sampler::TopLogprobs(row, vocab, r.spec.sampling.top_logprobs)) {
+      for (const TokenLogprob& t : top) {
         v1::TokenLogprob* c = lp->add_candidates();
         c->set_id(t.id);
         c->set_logprob(t.logprob);

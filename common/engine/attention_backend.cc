@@ -1,10 +1,31 @@
 #include "common/engine/attention_backend.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/engine/paged_kv_cache.h"
 #include "common/status.h"
 
 namespace moesh {
+
+absl::StatusOr<GreedyOutput> AttentionBackend::ForwardGreedy(absl::Span<const SequenceInput> seqs,
+                                                             ExpertClient* experts, int top_logprobs,
+                                                             int micro_batches) {
+  if (top_logprobs < 0 || top_logprobs > kMaxGreedyTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardGreedy: top_logprobs must lie in [0, ", kMaxGreedyTopLogprobs, "]"));
+  }
+  ASSIGN_OR_RETURN(std::vector<float> logits, Forward(seqs, experts, micro_batches));
+  const int vocab = config().vocab_size;
+  GreedyOutput out;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const float* row = logits.data() + i * vocab;
+    out.ids.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    if (top_logprobs > 0) out.top_logprobs.push_back(Sampler::TopLogprobs(row, vocab, top_logprobs));
+  }
+  return out;
+}
+
 namespace {
 
 class CpuAttentionBackend : public AttentionBackend {

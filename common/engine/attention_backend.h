@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/engine/sampler.h"
 #include "common/model/attention_model.h"
 #include "common/model/config.h"
 #include "common/model/expert_client.h"
@@ -38,6 +39,14 @@ struct KvUsage {
     return total_blocks > 0 ? 1.0 - static_cast<double>(free_blocks) / total_blocks : 0.0;
   }
 };
+
+// The greedy choice of each sequence of a forward pass.
+struct GreedyOutput {
+  std::vector<int32_t> ids;                           // [num_sequences]: argmax, ties to the lower id
+  std::vector<std::vector<TokenLogprob>> top_logprobs;  // [num_sequences][k], best first; empty iff k == 0
+};
+// The most alternatives ForwardGreedy reports (the CUDA kernel's limit).
+inline constexpr int kMaxGreedyTopLogprobs = 20;
 
 class AttentionBackend {
  public:
@@ -60,6 +69,14 @@ class AttentionBackend {
   // implements it (CPU); others run the batch whole, with the same result.
   virtual absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
                                                      int micro_batches = 1) = 0;
+
+  // Forward, then each sequence's greedy token and its `top_logprobs` (in
+  // [0, kMaxGreedyTopLogprobs]) most likely alternatives — what Sampler picks
+  // and reports for greedy requests without penalties. Here from Forward's
+  // logits; the CUDA backend keeps the logits on the device (and replays a
+  // CUDA graph for decode steps when the experts are on it).
+  virtual absl::StatusOr<GreedyOutput> ForwardGreedy(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
+                                                     int top_logprobs, int micro_batches = 1);
 
   virtual KvUsage kv_usage() const = 0;
   // True iff the routed experts live in the backend (a CUDA model loaded

@@ -31,6 +31,10 @@ struct SamplingParams {
 
   // INVALID_ARGUMENT naming the parameter if any is out of range.
   absl::Status Validate(int vocab_size) const;
+  // Greedy with no penalty: the token is the logits' argmax, whatever the step.
+  bool plain_greedy() const {
+    return temperature == 0.0f && repetition_penalty == 1.0f && presence_penalty == 0.0f && frequency_penalty == 0.0f;
+  }
 };
 
 struct TokenLogprob {

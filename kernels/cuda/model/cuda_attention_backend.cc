@@ -94,14 +94,14 @@ absl::StatusOr<std::unique_ptr<KvSequence>> CudaAttentionBackend::NewSequence(in
   return std::unique_ptr<KvSequence>(new Sequence(this, id, capacity));
 }
 
-absl::StatusOr<std::vector<float>> CudaAttentionBackend::Forward(absl::Span<const SequenceInput> seqs,
-                                                                 ExpertClient* experts, int /*micro_batches*/) {
-  if ((experts == nullptr) != has_experts_) {
+absl::Status CudaAttentionBackend::Prepare(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
+                                           std::vector<Sequence*>* owned, std::vector<SequenceTokens>* tokens) {
+  if ((experts == nullptr) != has_experts_) {  // experts given iff the backend does not hold them
     return absl::InvalidArgumentError(has_experts_ ? "this CUDA backend holds the experts; pass no ExpertClient"
                                                    : "this CUDA backend needs an ExpertClient for the routed experts");
   }
-  std::vector<Sequence*> owned(seqs.size());
-  std::vector<SequenceTokens> tokens(seqs.size());
+  owned->assign(seqs.size(), nullptr);
+  tokens->assign(seqs.size(), SequenceTokens{});
   for (size_t i = 0; i < seqs.size(); ++i) {
     auto* s = dynamic_cast<Sequence*>(seqs[i].cache);
     if (s == nullptr || s->owner() != this) return absl::InvalidArgumentError("a sequence not made by this CUDA backend");
@@ -113,9 +113,17 @@ absl::StatusOr<std::vector<float>> CudaAttentionBackend::Forward(absl::Span<cons
       return absl::ResourceExhaustedError(absl::StrCat("a sequence of capacity ", s->capacity(), " cannot take ",
                                                        seqs[i].tokens.size(), " more tokens after ", s->length()));
     }
-    owned[i] = s;
-    tokens[i] = {s->id(), seqs[i].tokens};
+    (*owned)[i] = s;
+    (*tokens)[i] = {s->id(), seqs[i].tokens};
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> CudaAttentionBackend::Forward(absl::Span<const SequenceInput> seqs,
+                                                                 ExpertClient* experts, int /*micro_batches*/) {
+  std::vector<Sequence*> owned;
+  std::vector<SequenceTokens> tokens;
+  RETURN_IF_ERROR(Prepare(seqs, experts, &owned, &tokens));
   absl::StatusOr<std::vector<float>> logits;
   {
     absl::MutexLock lock(&mu_);
@@ -126,6 +134,37 @@ absl::StatusOr<std::vector<float>> CudaAttentionBackend::Forward(absl::Span<cons
     for (size_t i = 0; i < seqs.size(); ++i) owned[i]->Advance(static_cast<int>(seqs[i].tokens.size()));
   }
   return logits;
+}
+
+absl::StatusOr<GreedyOutput> CudaAttentionBackend::ForwardGreedy(absl::Span<const SequenceInput> seqs,
+                                                                  ExpertClient* experts, int top_logprobs,
+                                                                  int /*micro_batches*/) {
+  if (top_logprobs < 0 || top_logprobs > kMaxGreedyTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardGreedy: top_logprobs must lie in [0, ", kMaxGreedyTopLogprobs, "]"));
+  }
+  std::vector<Sequence*> owned;
+  std::vector<SequenceTokens> tokens;
+  RETURN_IF_ERROR(Prepare(seqs, experts, &owned, &tokens));
+  absl::StatusOr<StepOutput> step;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_CUDA_ERROR(cudaSetDevice(model_->device_info().device));
+    step = model_->Step(tokens, top_logprobs, experts);
+  }
+  if (!step.ok()) return step.status();
+  for (size_t i = 0; i < seqs.size(); ++i) owned[i]->Advance(static_cast<int>(seqs[i].tokens.size()));
+  GreedyOutput out;
+  out.ids = std::move(step->next_ids);
+  for (size_t i = 0; i < seqs.size() && top_logprobs > 0; ++i) {
+    std::vector<TokenLogprob> row(top_logprobs);
+    for (int j = 0; j < top_logprobs; ++j) {
+      row[j].id = step->topk_ids[i * top_logprobs + j];
+      row[j].logprob = step->topk_logprobs[i * top_logprobs + j];
+    }
+    out.top_logprobs.push_back(std::move(row));
+  }
+  return out;
 }
 
 KvUsage CudaAttentionBackend::kv_usage() const {

@@ -35,12 +35,18 @@ class CudaAttentionBackend : public AttentionBackend {
   absl::StatusOr<std::unique_ptr<KvSequence>> NewSequence(int max_tokens) override;
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
                                              int micro_batches = 1) override;
+  // On the device (CudaModel::Step): only ids and log-probabilities leave it.
+  absl::StatusOr<GreedyOutput> ForwardGreedy(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
+                                             int top_logprobs, int micro_batches = 1) override;
   KvUsage kv_usage() const override;
   bool has_experts() const override { return has_experts_; }
 
  private:
   class Sequence;
   friend class Sequence;
+  // Checks the sequences and experts for a pass, as Forward documents.
+  absl::Status Prepare(absl::Span<const SequenceInput> seqs, ExpertClient* experts, std::vector<Sequence*>* owned,
+                       std::vector<SequenceTokens>* tokens);
 
   mutable absl::Mutex mu_;
   const std::unique_ptr<CudaModel> model_ ABSL_PT_GUARDED_BY(mu_);

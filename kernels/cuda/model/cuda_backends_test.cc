@@ -20,6 +20,7 @@
 
 #include "common/engine/attention_backend.h"
 #include "common/engine/generate.h"
+#include "common/engine/sampler.h"
 #include "common/model/expert_client.h"
 #include "common/model/model.h"
 #include "common/model/safetensors.h"
@@ -245,6 +246,53 @@ TEST(CudaAttentionBackendTest, KvHandoffBetweenBackendsContinuesExactly) {
   const std::vector<int32_t> t(there->capacity() - there->length() + 1, tok);
   SequenceInput over{t, there.get()};
   EXPECT_EQ(decode->Forward({&over, 1}, experts.get()).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// The greedy step keeps the logits on the device (graphs for decode steps
+// when the experts are there); it must pick Forward's argmax with Sampler's
+// log-probabilities.
+TEST(CudaAttentionBackendTest, ForwardGreedyEqualsForwardsArgmax) {
+  MOESH_REQUIRE_GPU();
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ExpertClient> experts, GpuExperts(m));
+  const int vocab = m.config.vocab_size, k = 5;
+  for (bool with_experts : {true, false}) {
+    MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> a,
+                               MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), with_experts));
+    MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b,
+                               MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), with_experts));
+    ExpertClient* ec = with_experts ? nullptr : experts.get();
+    const std::vector<std::vector<int32_t>> prompts = {{5, 17, 300}, {1, 2, 3, 4, 5, 6, 7}, {400}};
+    std::vector<std::unique_ptr<KvSequence>> sa, sb;
+    for (const auto& p : prompts) {
+      sa.push_back(*a->NewSequence(64));
+      sb.push_back(*b->NewSequence(64));
+    }
+    std::vector<std::vector<int32_t>> next = prompts;
+    for (int step = 0; step < 10; ++step) {
+      std::vector<SequenceInput> ia, ib;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        ia.push_back({next[i], sa[i].get()});
+        ib.push_back({next[i], sb[i].get()});
+      }
+      MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> logits, a->Forward(ia, ec));
+      MOESH_ASSERT_OK_AND_ASSIGN(GreedyOutput g, b->ForwardGreedy(ib, ec, k));
+      ASSERT_EQ(g.ids.size(), prompts.size());
+      ASSERT_EQ(g.top_logprobs.size(), prompts.size());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(g.ids[i], Argmax(logits, static_cast<int>(i), vocab)) << "step " << step << " row " << i;
+        const std::vector<TokenLogprob> want = Sampler::TopLogprobs(logits.data() + i * vocab, vocab, k);
+        ASSERT_EQ(g.top_logprobs[i].size(), want.size());
+        for (int j = 0; j < k; ++j) {
+          EXPECT_EQ(g.top_logprobs[i][j].id, want[j].id);
+          EXPECT_NEAR(g.top_logprobs[i][j].logprob, want[j].logprob, 1e-4);
+        }
+        next[i] = {g.ids[i]};
+      }
+    }
+    EXPECT_EQ(b->ForwardGreedy({}, ec, kMaxGreedyTopLogprobs + 1).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(CudaAttentionBackendTest, PoolLimitsAndReleases) {

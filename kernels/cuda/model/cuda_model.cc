@@ -662,10 +662,9 @@ absl::Status CudaModel::Commit(absl::Span<const SequenceTokens> seqs) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs, int top_logprobs) {
-  if (!options_.routed_experts_on_device) {
-    return absl::FailedPreconditionError("CudaModel::Step: the routed experts are not on this device; use ForwardLogits");
-  }
+absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs, int top_logprobs,
+                                           ExpertClient* experts) {
+  RETURN_IF_ERROR(CheckExperts(experts));
   if (top_logprobs < 0 || top_logprobs > sampling::kMaxTopK) {
     return absl::InvalidArgumentError(absl::StrCat("CudaModel::Step: top_logprobs must be in [0, ", sampling::kMaxTopK, "]"));
   }
@@ -684,10 +683,10 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
   size_t done = 0;
   for (const Batch& b : chunks) {
     RETURN_IF_ERROR(Upload(b));
-    if (b.decode && options_.cuda_graphs) {
+    if (b.decode && options_.cuda_graphs && experts == nullptr) {
       RETURN_IF_ERROR(RunDecodeGraph(b, k));
     } else {
-      RETURN_IF_ERROR(EnqueueForward(b, true, k));
+      RETURN_IF_ERROR(EnqueueForward(b, true, k, experts));
     }
     const int rows = b.decode ? n : b.num_rows;
     if (rows > 0) {
@@ -722,12 +721,7 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
 
 absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const SequenceTokens> seqs,
                                                            ExpertClient* experts) {
-  if (experts == nullptr && !options_.routed_experts_on_device) {
-    return absl::FailedPreconditionError("CudaModel: the routed experts are not on this device; pass an ExpertClient");
-  }
-  if (experts != nullptr && options_.routed_experts_on_device) {
-    return absl::FailedPreconditionError("CudaModel: the routed experts are on this device; an ExpertClient is not used");
-  }
+  RETURN_IF_ERROR(CheckExperts(experts));
   std::vector<Batch> chunks;
   std::vector<int> order;
   RETURN_IF_ERROR(Plan(seqs, &chunks, &order));
@@ -754,6 +748,16 @@ absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const Seq
   }
   RETURN_IF_ERROR(Commit(seqs));
   return out;
+}
+
+absl::Status CudaModel::CheckExperts(const ExpertClient* experts) const {
+  if (experts == nullptr && !options_.routed_experts_on_device) {
+    return absl::FailedPreconditionError("CudaModel: the routed experts are not on this device; pass an ExpertClient");
+  }
+  if (experts != nullptr && options_.routed_experts_on_device) {
+    return absl::FailedPreconditionError("CudaModel: the routed experts are on this device; an ExpertClient is not used");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaModel::AppendKvRows(int seq, int layer, const float* rows, int n) {

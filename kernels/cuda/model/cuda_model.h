@@ -134,8 +134,9 @@ class CudaModel {
   // normalised hidden states and top-k go to the host, the shared expert runs
   // on the device meanwhile, the combined result comes back), eagerly, without
   // CUDA graphs. Null: the experts on the device (FAILED_PRECONDITION without
-  // options.routed_experts_on_device). Step always uses the device's experts.
-  absl::StatusOr<StepOutput> Step(absl::Span<const SequenceTokens> seqs, int top_logprobs = 0);
+  // options.routed_experts_on_device).
+  absl::StatusOr<StepOutput> Step(absl::Span<const SequenceTokens> seqs, int top_logprobs = 0,
+                                  ExpertClient* experts = nullptr);
   absl::StatusOr<std::vector<float>> ForwardLogits(absl::Span<const SequenceTokens> seqs,
                                                    ExpertClient* experts = nullptr);
 
@@ -206,6 +207,8 @@ class CudaModel {
                     bool accumulate);
   absl::Status RunDecodeGraph(const Batch& b, int top_k);
   absl::Status Commit(absl::Span<const SequenceTokens> seqs);
+  // FAILED_PRECONDITION unless `experts` is null iff the experts are on the device.
+  absl::Status CheckExperts(const ExpertClient* experts) const;
   absl::Status Mark(int index);  // records profiling event `index` iff profiling
 
   // Constant after Init (but options_.moe_tile_m: SetMoeTileM).
