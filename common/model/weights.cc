@@ -299,19 +299,29 @@ absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const M
   return w;
 }
 
-absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Placeholder(const ModelConfig& c,
-                                                                                   std::set<int> expert_ids) {
-  auto w = std::make_unique<ExpertShardWeights>();
-  if (expert_ids.empty()) {
-    for (int e = 0; e < c.n_routed_experts; ++e) expert_ids.insert(e);
+namespace {
+
+// `ids`, or every routed expert if empty; INVALID_ARGUMENT for ids out of range.
+absl::StatusOr<std::set<int>> ShardExperts(const ModelConfig& c, std::set<int> ids) {
+  if (ids.empty()) {
+    for (int e = 0; e < c.n_routed_experts; ++e) ids.insert(e);
   }
-  for (int e : expert_ids) {
+  for (int e : ids) {
     if (e < 0 || e >= c.n_routed_experts) {
       return absl::InvalidArgumentError(
           absl::StrCat("expert id ", e, " is outside [0, n_routed_experts = ", c.n_routed_experts, ")"));
     }
   }
-  w->expert_ids = expert_ids;
+  return ids;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Placeholder(const ModelConfig& c,
+                                                                                   std::set<int> expert_ids) {
+  auto w = std::make_unique<ExpertShardWeights>();
+  ASSIGN_OR_RETURN(w->expert_ids, ShardExperts(c, std::move(expert_ids)));
+  expert_ids = w->expert_ids;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsMoeLayer(l)) continue;
     for (int e : expert_ids) w->layers[l][e] = MlpWeights{};
@@ -331,16 +341,8 @@ bool ExpertShardWeights::is_placeholder() const {
 absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Load(
     const ModelConfig& c, const Checkpoint& ckpt, std::set<int> expert_ids) {
   auto w = std::make_unique<ExpertShardWeights>();
-  if (expert_ids.empty()) {
-    for (int e = 0; e < c.n_routed_experts; ++e) expert_ids.insert(e);
-  }
-  for (int e : expert_ids) {
-    if (e < 0 || e >= c.n_routed_experts) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("expert id ", e, " is outside [0, n_routed_experts = ", c.n_routed_experts, ")"));
-    }
-  }
-  w->expert_ids = expert_ids;
+  ASSIGN_OR_RETURN(w->expert_ids, ShardExperts(c, std::move(expert_ids)));
+  expert_ids = w->expert_ids;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsMoeLayer(l)) continue;
     for (int e : expert_ids) {

@@ -8,11 +8,8 @@
 # arguments go to the bench. Logs land in $OUT; the summary
 # and the bench's tables are printed last.
 set -uo pipefail
-OUT=${OUT:-/tmp/moesh-out}
-LOGS=/tmp/moesh-logs
-rm -rf "$LOGS"
-mkdir -p "$OUT" "$LOGS"
-source scripts/device/unpack.sh || exit 1
+budget=${MOESH_DEVICE_BUDGET_S:-280}  # stay inside run's 600 s
+source scripts/device/steps.sh || exit 1
 export MOESH_REQUIRE_CUDA=1
 export MOESH_SOURCE_DIR=$PWD  # the goldens, in this checkout
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu,power.draw \
@@ -20,8 +17,6 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,cl
 cat "$D/MANIFEST" >> "$LOGS/env.txt"
 cat "$LOGS/env.txt"
 
-budget=${MOESH_DEVICE_BUDGET_S:-280}  # stay inside run's 600 s
-source scripts/device/steps.sh
 
 for t in cuda_grouped_gemm_test cuda_model_test cuda_ops_test; do
   [[ -x $D/bin/$t ]] && step "$t" 120 $D/bin/$t

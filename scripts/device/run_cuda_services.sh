@@ -9,19 +9,13 @@
 # model's goldens, and compute-sanitizer memcheck on the backends test.
 # Logs land in $OUT; the summary is printed last.
 set -uo pipefail
-OUT=${OUT:-/tmp/moesh-out}
-LOGS=/tmp/moesh-logs
-rm -rf "$LOGS"
-mkdir -p "$OUT" "$LOGS"
-source scripts/device/unpack.sh || exit 1
+budget=${MOESH_DEVICE_BUDGET_S:-540}  # stay inside run's 600 s
+source scripts/device/steps.sh || exit 1
 export MOESH_REQUIRE_CUDA=1
 export MOESH_SOURCE_DIR=$PWD
-export UCX_NET_DEVICES=lo UCX_TLS=tcp NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv > "$LOGS/env.txt" 2>&1
 cat "$D/MANIFEST" >> "$LOGS/env.txt"
 cat "$LOGS/env.txt"
-budget=${MOESH_DEVICE_BUDGET_S:-540}
-source scripts/device/steps.sh
 
 step cuda_backends_test 120 $D/bin/cuda_backends_test
 step cuda_cluster_test 240 tests/integration/cuda_cluster_test.sh $D/bin/moesh "$PWD"

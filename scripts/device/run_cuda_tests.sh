@@ -5,11 +5,8 @@
 # memcheck, so its numbers come back even if the sanitizer runs long).
 # Logs land in $OUT; the last lines printed are the summary and the bench table.
 set -uo pipefail
-OUT=${OUT:-/tmp/moesh-out}
-LOGS=/tmp/moesh-logs  # $OUT brings back at most 8 files: logs travel as one tarball
-rm -rf "$LOGS"
-mkdir -p "$OUT" "$LOGS"
-source scripts/device/unpack.sh || exit 1
+budget=${MOESH_DEVICE_BUDGET_S:-540}  # stay inside run's 600 s
+source scripts/device/steps.sh || exit 1
 export MOESH_REQUIRE_CUDA=1  # a test that finds no GPU here fails rather than skips
 
 {
@@ -20,8 +17,6 @@ export MOESH_REQUIRE_CUDA=1  # a test that finds no GPU here fails rather than s
 } > "$LOGS/env.txt" 2>&1
 cat "$LOGS/env.txt"
 
-budget=${MOESH_DEVICE_BUDGET_S:-540}  # stay inside run's 600 s
-source scripts/device/steps.sh
 
 for t in cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test; do
   step "$t" 90 $D/bin/$t

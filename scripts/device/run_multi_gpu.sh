@@ -13,20 +13,13 @@
 # On a one-GPU machine the two-GPU steps are left out.
 # Logs land in $OUT; the summary and the bench tables are printed last.
 set -uo pipefail
-OUT=${OUT:-/tmp/moesh-out}
-LOGS=/tmp/moesh-logs
-rm -rf "$LOGS"
-mkdir -p "$OUT" "$LOGS"
-source scripts/device/unpack.sh || exit 1
+budget=${MOESH_DEVICE_BUDGET_S:-540}  # stay inside run's 600 s
+source scripts/device/steps.sh || exit 1
 export MOESH_SOURCE_DIR=$PWD
-# Loopback only; NVLink multicast off (KINDS.md) for anything NCCL starts.
-export UCX_NET_DEVICES=lo UCX_TLS=tcp NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0
 nvidia-smi -L > "$LOGS/env.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv >> "$LOGS/env.txt" 2>&1
 cat "$D/MANIFEST" >> "$LOGS/env.txt"
 cat "$LOGS/env.txt"
-budget=${MOESH_DEVICE_BUDGET_S:-540}
-source scripts/device/steps.sh
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 
 if [[ -z ${MOESH_ONLY_REAL:-} ]]; then

@@ -1,8 +1,19 @@
-# Sourced by the device-side run scripts: `step NAME LIMIT_S CMD...` runs CMD
-# under a time limit (within $budget seconds of the script's start), logs to
-# $LOGS/NAME.log and adds a line to `summary` (rc, seconds, gtest counts,
-# compute-sanitizer's error summary); a failing step prints its telling lines.
-# `finish` packs the logs into $OUT/logs.tgz and prints the summary.
+# Sourced first by the device-side run scripts (set `budget` before): makes
+# $OUT (what comes back) and a fresh $LOGS, opens the bundle (unpack.sh), sets
+# the loopback-only network variables, and defines:
+#   step NAME LIMIT_S CMD...  runs CMD under a time limit (within $budget
+#       seconds of the script's start), logs to $LOGS/NAME.log and adds a line
+#       to `summary` (rc, seconds, gtest counts, compute-sanitizer's error
+#       summary); a failing step prints its telling lines;
+#   finish  packs the logs into $OUT/logs.tgz ($OUT brings back at most 8
+#       files) and prints the summary.
+OUT=${OUT:-/tmp/moesh-out}
+LOGS=/tmp/moesh-logs
+rm -rf "$LOGS"
+mkdir -p "$OUT" "$LOGS"
+source scripts/device/unpack.sh || return 1
+# Loopback only; NVLink multicast off (KINDS.md) for anything NCCL starts.
+export UCX_NET_DEVICES=lo UCX_TLS=${UCX_TLS:-tcp} NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0
 summary=()
 budget=${MOESH_DEVICE_BUDGET_S:-${budget:-540}}
 step() {
