@@ -31,6 +31,11 @@ ABSL_FLAG(int, max_context_tokens, 0, "Prompt + output limit (0: the model's max
 ABSL_FLAG(int, kv_blocks, 1024, "--colocated: KV cache blocks.");
 ABSL_FLAG(int, block_size, 64, "--colocated: tokens per KV block.");
 ABSL_FLAG(int, max_batch, 256, "--colocated: most requests decoded per step.");
+ABSL_FLAG(int, rebalance_interval_s, 0,
+          "Check the expert workers' balance this often and rebalance when skewed (0: only on Cluster.Rebalance).");
+ABSL_FLAG(double, rebalance_min_ratio, 1.25, "Rebalance automatically when the balance ratio exceeds this.");
+ABSL_FLAG(int, rebalance_slots, 0,
+          "Experts an expert worker may host after an automatic rebalance (0: as many as the busiest hosts now).");
 
 namespace moesh {
 namespace {
@@ -57,9 +62,18 @@ absl::Status Run() {
     d.metrics = metrics.get();
     ASSIGN_OR_RETURN(backend, ColocatedBackend::Create(dir, device, d, PrefillEngineOptions()));
   } else {
+    RebalancePolicy rebalance;
+    rebalance.interval = std::chrono::seconds(absl::GetFlag(FLAGS_rebalance_interval_s));
+    rebalance.min_ratio = absl::GetFlag(FLAGS_rebalance_min_ratio);
+    rebalance.slots_per_worker = absl::GetFlag(FLAGS_rebalance_slots);
+    if (rebalance.interval.count() < 0 || rebalance.min_ratio < 1.0 || rebalance.slots_per_worker < 0) {
+      return absl::InvalidArgumentError(
+          "--rebalance_interval_s and --rebalance_slots must be >= 0, --rebalance_min_ratio >= 1");
+    }
     membership = std::make_unique<Membership>(config.Fingerprint(),
                                               std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
-                                              std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)));
+                                              std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+                                              rebalance, metrics.get());
     backend = std::make_unique<ClusterBackend>(membership.get());
   }
   GenerationServiceOptions opt;

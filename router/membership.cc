@@ -12,18 +12,89 @@
 #include "router/eplb.h"
 
 namespace moesh {
+namespace {
+
+// Load per expert = what every expert worker reported serving for it.
+struct ExpertLoad {
+  std::vector<double> load;   // tokens per expert
+  std::vector<int> replicas;  // hosts per expert
+  size_t most = 0;            // experts on the busiest host
+};
+
+ExpertLoad Tally(const std::vector<WorkerInfo>& experts) {
+  int num_experts = 0;
+  for (const WorkerInfo& w : experts) {
+    num_experts = std::max(num_experts, w.load.expert_tokens_size());
+    for (int e : w.expert_ids) num_experts = std::max(num_experts, e + 1);
+  }
+  ExpertLoad t;
+  t.load.assign(num_experts, 0.0);
+  t.replicas.assign(num_experts, 0);
+  for (const WorkerInfo& w : experts) {
+    for (int e = 0; e < w.load.expert_tokens_size(); ++e) t.load[e] += static_cast<double>(w.load.expert_tokens(e));
+    for (int e : w.expert_ids) ++t.replicas[e];
+    t.most = std::max(t.most, w.expert_ids.size());
+  }
+  return t;
+}
+
+// The busiest worker's share over the mean share (an expert's tokens split
+// evenly over its replicas); 1 without load.
+double BalanceRatio(const std::vector<WorkerInfo>& experts, const ExpertLoad& t) {
+  std::vector<double> share(experts.size(), 0.0);
+  for (size_t w = 0; w < experts.size(); ++w) {
+    for (int e : experts[w].expert_ids) share[w] += t.load[e] / std::max(t.replicas[e], 1);
+  }
+  const double total = std::accumulate(share.begin(), share.end(), 0.0);
+  return total > 0 ? *std::max_element(share.begin(), share.end()) / (total / share.size()) : 1.0;
+}
+
+}  // namespace
 
 Membership::Membership(std::string model_fingerprint, std::chrono::milliseconds heartbeat_interval,
-                       std::chrono::milliseconds timeout)
-    : fingerprint_(std::move(model_fingerprint)), interval_(heartbeat_interval), timeout_(timeout) {
+                       std::chrono::milliseconds timeout, RebalancePolicy rebalance, Metrics* metrics)
+    : fingerprint_(std::move(model_fingerprint)),
+      interval_(heartbeat_interval),
+      timeout_(timeout),
+      policy_(rebalance) {
+  if (metrics != nullptr) {
+    auto& count = metrics->CounterFamily("moesh_rebalances_total",
+                                         "Expert placement rebalances, by result (ok: the map switched).");
+    rebalances_ok_ = &count.Add({{"result", "ok"}});
+    rebalances_failed_ = &count.Add({{"result", "failed"}});
+    rebalance_seconds_ = &metrics->HistogramFamily("moesh_rebalance_seconds",
+                                                   "Wall time of one rebalance, replicas loaded and map switched.")
+                              .Add({}, Metrics::LatencyBuckets());
+    balance_ratio_ = &metrics->GaugeFamily("moesh_expert_worker_balance_ratio",
+                                           "Busiest expert worker's share of routed tokens over the mean share.")
+                          .Add({});
+    balance_ratio_->Set(1.0);
+  }
   sweeper_ = std::thread([this] {
     while (!stop_.WaitForNotificationWithTimeout(absl::FromChrono(interval_))) Sweep();
   });
+  if (policy_.interval.count() > 0) rebalancer_ = std::thread([this] { AutoRebalance(); });
 }
 
 Membership::~Membership() {
   stop_.Notify();
   sweeper_.join();
+  if (rebalancer_.joinable()) rebalancer_.join();
+}
+
+double Membership::ExpertBalanceRatio() const {
+  const std::vector<WorkerInfo> experts = Live(v1::WORKER_KIND_EXPERT);
+  return BalanceRatio(experts, Tally(experts));
+}
+
+void Membership::AutoRebalance() {
+  while (!stop_.WaitForNotificationWithTimeout(absl::FromChrono(policy_.interval))) {
+    const double ratio = ExpertBalanceRatio();
+    if (balance_ratio_ != nullptr) balance_ratio_->Set(ratio);
+    if (ratio <= policy_.min_ratio) continue;
+    absl::StatusOr<v1::RebalanceResponse> r = RunRebalance(policy_.slots_per_worker);
+    if (!r.ok()) std::cerr << "router: automatic rebalance failed: " << r.status() << std::endl;
+  }
 }
 
 grpc::Status Membership::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
@@ -123,33 +194,28 @@ grpc::Status Membership::Deregister(grpc::ServerContext*, const v1::DeregisterRe
 
 grpc::Status Membership::Rebalance(grpc::ServerContext*, const v1::RebalanceRequest* request,
                                    v1::RebalanceResponse* response) {
+  absl::StatusOr<v1::RebalanceResponse> r = RunRebalance(request->slots_per_worker());
+  if (!r.ok()) return grpc::Status(static_cast<grpc::StatusCode>(r.status().code()), std::string(r.status().message()));
+  *response = std::move(*r);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<v1::RebalanceResponse> Membership::RunRebalance(int slots_per_worker) {
   absl::MutexLock serial(&rebalance_mu_);
+  const auto start = std::chrono::steady_clock::now();
+  v1::RebalanceResponse out;
+  v1::RebalanceResponse* response = &out;
+  auto failed = [&](absl::Status s) {
+    if (rebalances_failed_ != nullptr) rebalances_failed_->Increment();
+    return s;
+  };
   std::vector<WorkerInfo> experts = Live(v1::WORKER_KIND_EXPERT);
-  if (experts.empty()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no expert workers are registered");
-  // Load per expert = what every worker reported serving for it.
-  int num_experts = 0;
-  for (const WorkerInfo& w : experts) {
-    num_experts = std::max(num_experts, w.load.expert_tokens_size());
-    for (int e : w.expert_ids) num_experts = std::max(num_experts, e + 1);
-  }
-  std::vector<double> load(num_experts, 0.0);
-  std::vector<int> replicas(num_experts, 0);
-  size_t most = 0;
-  for (const WorkerInfo& w : experts) {
-    for (int e = 0; e < w.load.expert_tokens_size(); ++e) load[e] += static_cast<double>(w.load.expert_tokens(e));
-    for (int e : w.expert_ids) ++replicas[e];
-    most = std::max(most, w.expert_ids.size());
-  }
-  const int slots = std::max<int>(request->slots_per_worker(), static_cast<int>(most));
-  absl::StatusOr<EplbPlan> plan = PlanExpertPlacement(load, static_cast<int>(experts.size()), slots);
-  if (!plan.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(plan.status().message()));
-  std::vector<double> before(experts.size(), 0.0);
-  for (size_t w = 0; w < experts.size(); ++w) {
-    for (int e : experts[w].expert_ids) before[w] += load[e] / std::max(replicas[e], 1);
-  }
-  const double total = std::accumulate(before.begin(), before.end(), 0.0);
-  response->set_balance_ratio_before(
-      total > 0 ? *std::max_element(before.begin(), before.end()) / (total / before.size()) : 1.0);
+  if (experts.empty()) return failed(absl::FailedPreconditionError("no expert workers are registered"));
+  const ExpertLoad tally = Tally(experts);
+  const int slots = std::max<int>(slots_per_worker, static_cast<int>(tally.most));
+  absl::StatusOr<EplbPlan> plan = PlanExpertPlacement(tally.load, static_cast<int>(experts.size()), slots);
+  if (!plan.ok()) return failed(absl::InvalidArgumentError(plan.status().message()));
+  response->set_balance_ratio_before(BalanceRatio(experts, tally));
   response->set_balance_ratio_after(plan->balance_ratio);
   // Load the new replicas first; only then does the map change.
   std::map<std::string, std::vector<int>> hosted;  // worker id -> experts after
@@ -164,8 +230,8 @@ grpc::Status Membership::Rebalance(grpc::ServerContext*, const v1::RebalanceRequ
     auto stub = v1::ExpertWorker::NewStub(grpc::CreateChannel(experts[w].address, grpc::InsecureChannelCredentials()));
     grpc::Status s = stub->LoadExperts(&ctx, req, &resp);
     if (!s.ok()) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat(experts[w].id, " could not load its new experts (",
-                                                                      s.error_message(), "); the map is unchanged"));
+      return failed(absl::UnavailableError(absl::StrCat(experts[w].id, " could not load its new experts (",
+                                                        s.error_message(), "); the map is unchanged")));
     }
     hosted[experts[w].id].assign(resp.expert_ids().begin(), resp.expert_ids().end());
   }
@@ -180,7 +246,12 @@ grpc::Status Membership::Rebalance(grpc::ServerContext*, const v1::RebalanceRequ
   }
   std::cerr << "router: rebalanced " << experts.size() << " expert workers, balance ratio "
             << response->balance_ratio_before() << " -> " << response->balance_ratio_after() << std::endl;
-  return GetPlacement(nullptr, nullptr, response->mutable_placement());
+  GetPlacement(nullptr, nullptr, response->mutable_placement());
+  if (rebalances_ok_ != nullptr) {
+    rebalances_ok_->Increment();
+    rebalance_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return out;
 }
 
 grpc::Status Membership::GetPlacement(grpc::ServerContext*, const v1::GetPlacementRequest*,

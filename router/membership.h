@@ -3,7 +3,13 @@
 // call the router has in flight to it is cancelled (so its requests end
 // UNAVAILABLE instead of hanging on a stalled peer).
 //
-// Thread-safe. Owns one sweeper thread.
+// Expert placement: the router owns a versioned map of which expert worker
+// hosts which experts (GetPlacement); Rebalance (on demand, or every
+// `rebalance.interval` when the expert workers' load is skewed beyond
+// `rebalance.min_ratio`) replicates the hottest experts (router/eplb.h), has
+// the workers load them while serving, then switches the map.
+//
+// Thread-safe. Owns a sweeper thread, and a rebalancer thread when automatic.
 #ifndef MOESH_ROUTER_MEMBERSHIP_H_
 #define MOESH_ROUTER_MEMBERSHIP_H_
 
@@ -18,7 +24,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "common/metrics/metrics.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
@@ -32,10 +40,17 @@ struct WorkerInfo {
   v1::WorkerLoad load;
 };
 
+struct RebalancePolicy {
+  std::chrono::seconds interval{0};  // 0: only on request (Cluster.Rebalance)
+  double min_ratio = 1.25;           // rebalance when the workers' balance ratio exceeds this
+  int slots_per_worker = 0;          // experts a worker may host; 0: as many as the busiest hosts now
+};
+
 class Membership final : public v1::Cluster::Service {
  public:
+  // `metrics` may be null.
   Membership(std::string model_fingerprint, std::chrono::milliseconds heartbeat_interval,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, RebalancePolicy rebalance = {}, Metrics* metrics = nullptr);
   ~Membership() override;
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request,
@@ -50,6 +65,10 @@ class Membership final : public v1::Cluster::Service {
                          v1::RebalanceResponse* response) override;
 
   std::vector<WorkerInfo> Live(v1::WorkerKind kind) const;
+  // The expert workers' balance ratio from their reported loads: the busiest
+  // worker's share of the tokens over the mean share (an expert's tokens split
+  // evenly over its replicas). 1 when there is no load yet.
+  double ExpertBalanceRatio() const;
   // Called (outside the lock) whenever the set of live workers changes.
   void OnChange(std::function<void()> callback);
 
@@ -67,6 +86,10 @@ class Membership final : public v1::Cluster::Service {
   };
   void Sweep();
   void Drop(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The Rebalance RPC's work; counted and timed in the metrics.
+  absl::StatusOr<v1::RebalanceResponse> RunRebalance(int slots_per_worker);
+  // The automatic rebalancer's loop.
+  void AutoRebalance();
 
   const std::string fingerprint_;
   const std::chrono::milliseconds interval_;
@@ -80,8 +103,15 @@ class Membership final : public v1::Cluster::Service {
   std::vector<std::function<void()>> to_cancel_ ABSL_GUARDED_BY(mu_);  // collected by Drop
   std::vector<std::function<void()>> on_change_ ABSL_GUARDED_BY(mu_);
   absl::Mutex rebalance_mu_;  // one rebalance at a time
+  const RebalancePolicy policy_;
+  // Null without metrics.
+  prometheus::Counter* rebalances_ok_ = nullptr;
+  prometheus::Counter* rebalances_failed_ = nullptr;
+  prometheus::Histogram* rebalance_seconds_ = nullptr;
+  prometheus::Gauge* balance_ratio_ = nullptr;
   absl::Notification stop_;
   std::thread sweeper_;
+  std::thread rebalancer_;
 };
 
 }  // namespace moesh

@@ -573,6 +573,43 @@ TEST(ClusterTest, RebalanceReplicatesExpertsWithoutChangingOutputs) {
   EXPECT_EQ(r.ids, want);
 }
 
+// The router rebalances on its own (--rebalance_interval_s) once the expert
+// workers' reported load is skewed past --rebalance_min_ratio: the map
+// switches while serving, outputs are unchanged, and the metrics say so.
+TEST(ClusterTest, AutomaticRebalanceWhenLoadIsSkewed) {
+  LocalClusterOptions o = Options(TinyModel(), "auto_rebalance");
+  o.expert_workers = {"0-5", "6-7"};  // 6 experts against 2: skewed whatever the routing
+  o.extra_router_flags = {"--rebalance_interval_s=1", "--rebalance_min_ratio=1.05", "--rebalance_slots=8"};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
+  ASSERT_TRUE(model.ok());
+  const std::vector<int32_t> prompt = {9, 1, 4, 4, 2, 7};
+  const std::vector<int32_t> want = Offline(**model, prompt, 24).output_ids;
+  ASSERT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
+  const std::string metrics = Proc(**cluster, "router").metrics_address;
+  double ok = 0;
+  for (int i = 0; i < 100 && ok < 1; ++i) {  // loads arrive by heartbeat; the check runs every second
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ok = Metric(metrics, "moesh_rebalances_total{service=\"router\",result=\"ok\"}");
+  }
+  ASSERT_GE(ok, 1) << "no automatic rebalance within 10 s";
+  EXPECT_GT(Metric(metrics, "moesh_expert_worker_balance_ratio"), 1.05);  // what triggered it
+  EXPECT_EQ(Metric(metrics, "moesh_rebalances_total{service=\"router\",result=\"failed\"}"), 0);
+  EXPECT_GE(Metric(metrics, "moesh_rebalance_seconds_count"), 1);
+  auto stub = v1::Cluster::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::PlacementMap map;
+  ASSERT_TRUE(stub->GetPlacement(&ctx, v1::GetPlacementRequest(), &map).ok());
+  int hosted = 0;
+  for (const auto& w : map.workers()) hosted += w.expert_ids_size();
+  EXPECT_GT(hosted, 8) << "the rebalance added no replica";
+  for (const char* w : {"prefill-0", "decode-0"}) {
+    ASSERT_TRUE(SwitchedToPlacement(**cluster, w, map.version())) << w;
+  }
+  EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
+}
+
 // Without a replica, the streams an expert worker was serving end UNAVAILABLE
 // within seconds, and so do new requests, with a message naming the expert.
 TEST(ClusterTest, ExpertWorkerDeathWithoutReplicaFailsStreams) {
