@@ -82,9 +82,20 @@ Membership::~Membership() {
   if (rebalancer_.joinable()) rebalancer_.join();
 }
 
+std::vector<double> Membership::LoadSinceBaseline(const std::vector<double>& total) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<double> since = total;
+  for (size_t e = 0; e < since.size() && e < load_baseline_.size(); ++e) {
+    if (total[e] >= load_baseline_[e]) since[e] -= load_baseline_[e];
+  }
+  return since;
+}
+
 double Membership::ExpertBalanceRatio() const {
   const std::vector<WorkerInfo> experts = Live(v1::WORKER_KIND_EXPERT);
-  return BalanceRatio(experts, Tally(experts));
+  ExpertLoad tally = Tally(experts);
+  tally.load = LoadSinceBaseline(tally.load);
+  return BalanceRatio(experts, tally);
 }
 
 void Membership::AutoRebalance() {
@@ -211,7 +222,9 @@ absl::StatusOr<v1::RebalanceResponse> Membership::RunRebalance(int slots_per_wor
   };
   std::vector<WorkerInfo> experts = Live(v1::WORKER_KIND_EXPERT);
   if (experts.empty()) return failed(absl::FailedPreconditionError("no expert workers are registered"));
-  const ExpertLoad tally = Tally(experts);
+  ExpertLoad tally = Tally(experts);
+  const std::vector<double> totals = tally.load;
+  tally.load = LoadSinceBaseline(totals);
   const int slots = std::max<int>(slots_per_worker, static_cast<int>(tally.most));
   absl::StatusOr<EplbPlan> plan = PlanExpertPlacement(tally.load, static_cast<int>(experts.size()), slots);
   if (!plan.ok()) return failed(absl::InvalidArgumentError(plan.status().message()));
@@ -243,6 +256,7 @@ absl::StatusOr<v1::RebalanceResponse> Membership::RunRebalance(int slots_per_wor
     }
     ++placement_version_;
     response->set_placement_version(placement_version_);
+    load_baseline_ = totals;
   }
   std::cerr << "router: rebalanced " << experts.size() << " expert workers, balance ratio "
             << response->balance_ratio_before() << " -> " << response->balance_ratio_after() << std::endl;

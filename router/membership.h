@@ -65,9 +65,10 @@ class Membership final : public v1::Cluster::Service {
                          v1::RebalanceResponse* response) override;
 
   std::vector<WorkerInfo> Live(v1::WorkerKind kind) const;
-  // The expert workers' balance ratio from their reported loads: the busiest
-  // worker's share of the tokens over the mean share (an expert's tokens split
-  // evenly over its replicas). 1 when there is no load yet.
+  // The expert workers' balance ratio from the load they reported since the
+  // last successful rebalance: the busiest worker's share of the tokens over
+  // the mean share (an expert's tokens split evenly over its replicas). 1
+  // when there is no load yet.
   double ExpertBalanceRatio() const;
   // Called (outside the lock) whenever the set of live workers changes.
   void OnChange(std::function<void()> callback);
@@ -102,6 +103,12 @@ class Membership final : public v1::Cluster::Service {
   std::map<int64_t, std::pair<std::string, std::function<void()>>> tracked_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> to_cancel_ ABSL_GUARDED_BY(mu_);  // collected by Drop
   std::vector<std::function<void()>> on_change_ ABSL_GUARDED_BY(mu_);
+  // Tokens per expert (summed over workers) at the last successful rebalance:
+  // balance is judged on what came since.
+  std::vector<double> load_baseline_ ABSL_GUARDED_BY(mu_);
+  // `experts`' load since the baseline (an expert whose total fell, a worker
+  // having restarted, counts from 0).
+  std::vector<double> LoadSinceBaseline(const std::vector<double>& total) const;
   absl::Mutex rebalance_mu_;  // one rebalance at a time
   const RebalancePolicy policy_;
   // Null without metrics.
