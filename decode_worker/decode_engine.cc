@@ -58,6 +58,9 @@ absl::Status DecodeEngine::PushKv(const v1::PushKvRequest& msg) {
   }
   // The sequence is not shared until kv_received is set.
   if (absl::Status s = DeserializeKv(msg, backend_->config().num_hidden_layers, r->kv.get()); !s.ok()) return s;
+  if (!r->kv->status().ok()) {
+    return absl::InternalError(absl::StrCat("storing the KV rows failed: ", r->kv->status().message()));
+  }
   absl::MutexLock lock(&mu_);
   r->kv_received = true;
   return absl::OkStatus();

@@ -138,7 +138,9 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     absl::Status pushed = ch.status();
     if (ch.ok()) {
       const v1::PushKvRequest msg = SerializeKv(spec.request_id, *caches[i], c.num_hidden_layers);
-      pushed = (*ch)->PushKv(msg);
+      pushed = caches[i]->status().ok()
+                   ? (*ch)->PushKv(msg)
+                   : absl::InternalError(absl::StrCat("reading the KV rows failed: ", caches[i]->status().message()));
       if (kv_bytes_ != nullptr && pushed.ok()) {
         kv_bytes_->Increment(static_cast<double>(msg.rows().size()));
         kv_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - kv_start).count());

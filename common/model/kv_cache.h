@@ -31,6 +31,10 @@ class KvSequence {
   // The rows of `layer` as one contiguous [num_rows(layer), row_width] array;
   // may gather into *scratch and point there.
   virtual const float* Rows(int layer, std::vector<float>* scratch) const = 0;
+  // Not OK once moving rows in or out failed (a device error behind
+  // AppendRows or Rows, whose results are then not to be used). Host caches
+  // never fail.
+  virtual absl::Status status() const { return absl::OkStatus(); }
 };
 
 // Rows in one growable vector per layer.

@@ -59,7 +59,7 @@ class CudaAttentionBackend::Sequence : public KvSequence {
 
   int id() const { return id_; }
   const CudaAttentionBackend* owner() const { return backend_; }
-  const absl::Status& status() const { return status_; }
+  absl::Status status() const override { return status_; }
   // After a forward pass appended n tokens to every layer.
   void Advance(int n) {
     length_ += n;
