@@ -51,7 +51,7 @@ absl::Status Run() {
   if (eo.max_batch_tokens < 1 || eo.micro_batches < 1) {
     return absl::InvalidArgumentError("--max_batch_tokens and --micro_batches must be >= 1");
   }
-  PrefillEngine engine(w.backend.get(), w.experts.get(), w.kv_transport, eo);
+  PrefillEngine engine(w.backend.get(), w.experts.get(), w.kv_transport(), eo);
   PrefillService service(&engine);
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);

@@ -24,7 +24,7 @@ absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(const
   RETURN_IF_ERROR(BindInproc(b->inproc_address_, nullptr, b->decode_.get()));
   prefill_options.metrics = decode_options.metrics;
   b->prefill_ = std::make_unique<PrefillEngine>(b->worker_.backend.get(), b->worker_.experts.get(),
-                                                b->worker_.kv_transport, prefill_options);
+                                                b->worker_.kv_transport(), prefill_options);
   return b;
 }
 

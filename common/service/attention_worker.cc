@@ -94,10 +94,9 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
   int cuda_device = 0;
   if (options.transport == "nccl") {
     ASSIGN_OR_RETURN(cuda_device, CudaOrdinal(options.device.device, "--transport nccl"));
-    ASSIGN_OR_RETURN(w.kv_transport_storage, MakeTransport("grpc"));
+    ASSIGN_OR_RETURN(w.grpc_for_kv, MakeTransport("grpc"));
   }
   ASSIGN_OR_RETURN(w.transport, MakeTransport(options.transport, cuda_device));
-  w.kv_transport = w.kv_transport_storage != nullptr ? w.kv_transport_storage.get() : w.transport.get();
   if (options.expert_workers.empty() && !options.router.empty()) {
     ASSIGN_OR_RETURN(ExpertPlacement placement,
                      FetchPlacement(options.router, w.config.n_routed_experts, options.discovery_timeout));

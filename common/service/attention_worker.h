@@ -38,10 +38,11 @@ struct AttentionWorker {
   ModelConfig config;
   std::unique_ptr<AttentionBackend> backend;
   std::unique_ptr<Transport> transport;  // to the expert workers
-  // For the KV handoff to decode workers: `transport`, or gRPC with nccl
-  // (NCCL cannot connect two processes on one GPU). Points into this struct.
-  Transport* kv_transport = nullptr;
-  std::unique_ptr<Transport> kv_transport_storage;
+  // With --transport nccl, gRPC for the KV handoff (NCCL cannot connect two
+  // processes on one GPU); null otherwise.
+  std::unique_ptr<Transport> grpc_for_kv;
+  // For the KV handoff to decode workers.
+  Transport* kv_transport() const { return grpc_for_kv != nullptr ? grpc_for_kv.get() : transport.get(); }
   // Null iff backend->has_experts() (local experts on a CUDA device).
   std::unique_ptr<ExpertClient> experts;
   // Set when the placement comes from the router: call on a new placement

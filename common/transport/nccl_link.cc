@@ -1,6 +1,7 @@
 #include "common/transport/nccl_link.h"
 
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -91,26 +92,23 @@ absl::Status NcclLink::Settle(const char* what, absl::Time deadline) {
   }
 }
 
-absl::Status NcclLink::Send(const void* buf, size_t bytes, cudaStream_t stream, absl::Time deadline) {
+absl::Status NcclLink::Post(const char* what, const std::function<ncclResult_t()>& op, absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
     if (aborted_) return absl::UnavailableError("NCCL link: aborted");
   }
   cudaSetDevice(device_);
-  const ncclResult_t r = ncclSend(buf, bytes, ncclUint8, 1 - rank_, comm_, stream);
-  if (r != ncclSuccess && r != ncclInProgress) return Broken(NcclError("send", r));
-  return r == ncclInProgress ? Settle("send", deadline) : absl::OkStatus();
+  const ncclResult_t r = op();
+  if (r != ncclSuccess && r != ncclInProgress) return Broken(NcclError(what, r));
+  return r == ncclInProgress ? Settle(what, deadline) : absl::OkStatus();
+}
+
+absl::Status NcclLink::Send(const void* buf, size_t bytes, cudaStream_t stream, absl::Time deadline) {
+  return Post("send", [&] { return ncclSend(buf, bytes, ncclUint8, 1 - rank_, comm_, stream); }, deadline);
 }
 
 absl::Status NcclLink::Recv(void* buf, size_t bytes, cudaStream_t stream, absl::Time deadline) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (aborted_) return absl::UnavailableError("NCCL link: aborted");
-  }
-  cudaSetDevice(device_);
-  const ncclResult_t r = ncclRecv(buf, bytes, ncclUint8, 1 - rank_, comm_, stream);
-  if (r != ncclSuccess && r != ncclInProgress) return Broken(NcclError("recv", r));
-  return r == ncclInProgress ? Settle("recv", deadline) : absl::OkStatus();
+  return Post("recv", [&] { return ncclRecv(buf, bytes, ncclUint8, 1 - rank_, comm_, stream); }, deadline);
 }
 
 absl::Status NcclLink::Wait(cudaStream_t stream, absl::Time deadline) {

@@ -14,6 +14,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,6 +64,8 @@ class NcclLink {
   NcclLink(ncclComm_t comm, int rank, int device) : comm_(comm), rank_(rank), device_(device) {}
   // Polls the communicator until it leaves ncclInProgress.
   absl::Status Settle(const char* what, absl::Time deadline);
+  // Runs `op` (ncclSend / ncclRecv) on a live link and waits until NCCL took it.
+  absl::Status Post(const char* what, const std::function<ncclResult_t()>& op, absl::Time deadline);
   absl::Status Broken(absl::Status why);  // aborts once, returns why
   ncclComm_t comm_;
   const int rank_;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/params.h"
@@ -50,30 +51,15 @@ inline std::string GoldenDir(const std::string& name) {
   ASSERT_TRUE(tmp.ok()) << #expr << ": " << tmp.status(); \
   lhs = std::move(tmp).value()
 
-inline uint16_t FloatToBf16Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline float Bf16BitsToFloat(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 inline bf16 ToBf16(float f) {
   __nv_bfloat16_raw r;
-  r.x = FloatToBf16Bits(f);
+  r.x = F32ToBf16(f);
   return bf16(r);
 }
 
-inline float ToFloat(bf16 b) { return Bf16BitsToFloat(static_cast<__nv_bfloat16_raw>(b).x); }
+inline float ToFloat(bf16 b) { return Bf16ToF32(static_cast<__nv_bfloat16_raw>(b).x); }
 
-inline float RoundBf16(float f) { return Bf16BitsToFloat(FloatToBf16Bits(f)); }
+inline float RoundBf16(float f) { return Bf16ToF32(F32ToBf16(f)); }
 
 // A fresh seed per call (printed by the caller's SCOPED_TRACE for reruns).
 inline uint32_t FreshSeed() {

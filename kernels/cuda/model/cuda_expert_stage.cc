@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/model/device_weights.h"
 #include "kernels/cuda/model/model_ops.h"
@@ -185,7 +186,7 @@ absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const
     hosted_pairs += s.h_ids.get()[i] >= 0;
   }
   if (hosted_pairs == 0) return absl::OkStatus();
-  for (size_t i = 0; i < static_cast<size_t>(t) * h; ++i) s.h_x.get()[i] = ToBf16Bits(d.hidden_states[i]);
+  for (size_t i = 0; i < static_cast<size_t>(t) * h; ++i) s.h_x.get()[i] = F32ToBf16(d.hidden_states[i]);
   cudaStream_t st = stream_.get();
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.x.get(), s.h_x.get(), static_cast<size_t>(t) * h * 2, cudaMemcpyHostToDevice, st));
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.ids.get(), s.h_ids.get(), rows * sizeof(int32_t), cudaMemcpyHostToDevice, st));

@@ -8,7 +8,6 @@
 #include "common/model/attention_model.h"
 #include "common/model/safetensors.h"
 #include "kernels/cuda/config.h"
-#include "kernels/cuda/fill.h"
 #include "kernels/cuda/model/model_ops.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/routing.h"
@@ -270,22 +269,6 @@ absl::StatusOr<int> CudaModel::SequenceLength(int seq) const {
     return absl::InvalidArgumentError(absl::StrCat("CudaModel: no sequence ", seq));
   }
   return seqs_[seq].length;
-}
-
-absl::Status CudaModel::FillKvCacheRandom(uint64_t seed) {
-  RETURN_IF_ERROR(FillUniform(kv_->layer(0), kv_->bytes() / sizeof(bf16), seed, 1.0f, stream_.get()));
-  return stream_.Synchronize();
-}
-
-absl::Status CudaModel::SetSyntheticLength(int seq, int length) {
-  ASSIGN_OR_RETURN(int len, SequenceLength(seq));
-  if (len != 0 || length < 0 || length > max_model_len_) {
-    return absl::InvalidArgumentError("CudaModel::SetSyntheticLength: need an empty sequence and length <= max_model_len");
-  }
-  Sequence& s = seqs_[seq];
-  RETURN_IF_ERROR(kv_->Allocate((length + kKvBlockSize - 1) / kKvBlockSize, &s.blocks));
-  s.length = length;
-  return absl::OkStatus();
 }
 
 absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<Batch>* chunks,
@@ -769,17 +752,7 @@ absl::Status CudaModel::AppendKvRows(int seq, int layer, const float* rows, int 
   Sequence& s = seqs_[seq];
   const int need = (len + n + kKvBlockSize - 1) / kKvBlockSize - static_cast<int>(s.blocks.size());
   if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
-  const size_t w = kv_row_width();
-  std::vector<uint16_t> staging(static_cast<size_t>(n) * w);
-  for (size_t i = 0; i < staging.size(); ++i) staging[i] = ToBf16Bits(rows[i]);
-  for (int i = 0; i < n;) {  // one copy per run of rows inside a block
-    const int pos = len + i, in_block = std::min(n - i, kKvBlockSize - pos % kKvBlockSize);
-    bf16* dst = kv_->layer(layer) + (static_cast<size_t>(s.blocks[pos / kKvBlockSize]) * kKvBlockSize + pos % kKvBlockSize) * w;
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, staging.data() + static_cast<size_t>(i) * w, in_block * w * 2,
-                                         cudaMemcpyHostToDevice, stream_.get()));
-    i += in_block;
-  }
-  RETURN_IF_ERROR(stream_.Synchronize());
+  RETURN_IF_ERROR(kv_->WriteRows(layer, s.blocks, len, rows, n, stream_.get()));
   if (layer == config_.num_hidden_layers - 1) s.length += n;
   return absl::OkStatus();
 }
@@ -790,81 +763,9 @@ absl::StatusOr<std::vector<float>> CudaModel::ReadKvRows(int seq, int layer, int
       n > static_cast<int>(seqs_[seq].blocks.size()) * kKvBlockSize) {
     return absl::InvalidArgumentError(absl::StrCat("CudaModel::ReadKvRows: layer ", layer, ", ", n, " rows of ", len));
   }
-  const Sequence& s = seqs_[seq];
-  const size_t w = kv_row_width();
-  std::vector<uint16_t> staging(static_cast<size_t>(n) * w);
-  for (int i = 0; i < n;) {
-    const int in_block = std::min(n - i, kKvBlockSize - i % kKvBlockSize);
-    const bf16* src = kv_->layer(layer) + (static_cast<size_t>(s.blocks[i / kKvBlockSize]) * kKvBlockSize + i % kKvBlockSize) * w;
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(staging.data() + static_cast<size_t>(i) * w, src, in_block * w * 2,
-                                         cudaMemcpyDeviceToHost, stream_.get()));
-    i += in_block;
-  }
-  RETURN_IF_ERROR(stream_.Synchronize());
-  std::vector<float> out(staging.size());
-  for (size_t i = 0; i < staging.size(); ++i) out[i] = FromBf16Bits(staging[i]);
+  std::vector<float> out(static_cast<size_t>(n) * kv_row_width());
+  RETURN_IF_ERROR(kv_->ReadRows(layer, seqs_[seq].blocks, 0, n, out.data(), stream_.get()));
   return out;
-}
-
-absl::StatusOr<std::vector<int32_t>> CudaModel::LastRouting(int* rows) {
-  if (!options_.record_routing) return absl::FailedPreconditionError("CudaModel: record_routing is off");
-  RETURN_IF_ERROR(stream_.Synchronize());
-  ASSIGN_OR_RETURN(std::vector<int32_t> all, routing_log_.ToHost());
-  const int k = std::max(config_.num_experts_per_tok, 1);
-  std::vector<int32_t> out;
-  for (int l = 0; l < config_.num_hidden_layers; ++l) {
-    const auto begin = all.begin() + static_cast<size_t>(l) * max_tokens_ * k;
-    if (weights_->layer(l).is_moe) {
-      out.insert(out.end(), begin, begin + static_cast<size_t>(routing_rows_) * k);
-    } else {
-      out.insert(out.end(), static_cast<size_t>(routing_rows_) * k, -1);
-    }
-  }
-  *rows = routing_rows_;
-  return out;
-}
-
-absl::StatusOr<PhaseTimes> CudaModel::ProfileStep(absl::Span<const SequenceTokens> seqs) {
-  if (!options_.routed_experts_on_device) {
-    return absl::FailedPreconditionError("CudaModel::ProfileStep: the routed experts are not on this device");
-  }
-  std::vector<Batch> chunks;
-  std::vector<int> order;
-  RETURN_IF_ERROR(Plan(seqs, &chunks, &order));
-  const int layers = config_.num_hidden_layers;
-  std::vector<Event> events;
-  for (int i = 0; i < 3 + 2 * layers; ++i) {
-    ASSIGN_OR_RETURN(Event e, Event::Create());
-    events.push_back(std::move(e));
-  }
-  PhaseTimes t;
-  for (const Batch& b : chunks) {
-    RETURN_IF_ERROR(Upload(b));
-    profile_ = &events;
-    absl::Status st = events[0].Record(stream_.get());
-    if (st.ok()) st = EnqueueForward(b, true, 0);
-    profile_ = nullptr;
-    RETURN_IF_ERROR(st);
-    RETURN_IF_ERROR(stream_.Synchronize());
-    auto ms = [&](int a, int z) -> absl::StatusOr<double> {
-      ASSIGN_OR_RETURN(float v, events[z].ElapsedMsSince(events[a]));
-      return static_cast<double>(v);
-    };
-    ASSIGN_OR_RETURN(double embed, ms(0, 1));
-    t.embed_ms += embed;
-    for (int l = 0; l < layers; ++l) {
-      ASSIGN_OR_RETURN(double attn, ms(l == 0 ? 1 : 1 + 2 * l, 2 + 2 * l));
-      ASSIGN_OR_RETURN(double mlp, ms(2 + 2 * l, 3 + 2 * l));
-      t.attention_ms += attn;
-      (weights_->layer(l).is_moe ? t.moe_ms : t.dense_mlp_ms) += mlp;
-    }
-    ASSIGN_OR_RETURN(double head, ms(1 + 2 * layers, 2 + 2 * layers));
-    ASSIGN_OR_RETURN(double total, ms(0, 2 + 2 * layers));
-    t.head_ms += head;
-    t.total_ms += total;
-  }
-  RETURN_IF_ERROR(Commit(seqs));
-  return t;
 }
 
 absl::Status CudaModel::SetMoeTileM(int tile_m) {
@@ -875,11 +776,6 @@ absl::Status CudaModel::SetMoeTileM(int tile_m) {
   graphs_.clear();
   options_.moe_tile_m = tile_m;
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<int32_t>> CudaModel::LastExpertCounts() {
-  RETURN_IF_ERROR(stream_.Synchronize());
-  return expert_counts_.ToHost();
 }
 
 }  // namespace moesh::cuda

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "kernels/cuda/fill.h"
 
 namespace moesh::cuda {
@@ -24,24 +25,9 @@ absl::Status CheckSize(const std::vector<float>& v, size_t n, const std::string&
 
 }  // namespace
 
-uint16_t ToBf16Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float FromBf16Bits(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging) {
   staging->resize(n);
-  for (size_t i = 0; i < n; ++i) (*staging)[i] = ToBf16Bits(src[i]);
+  for (size_t i = 0; i < n; ++i) (*staging)[i] = F32ToBf16(src[i]);
   return CudaStatus(cudaMemcpy(dst, staging->data(), n * 2, cudaMemcpyHostToDevice), "cudaMemcpy H2D (weights)");
 }
 

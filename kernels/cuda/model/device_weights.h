@@ -21,10 +21,8 @@
 
 namespace moesh::cuda {
 
-// Host-side bf16: round to nearest even (NaN stays NaN), and back.
-uint16_t ToBf16Bits(float f);
-float FromBf16Bits(uint16_t b);
-// dst[0, n) = bf16(src[0, n)) through *staging, synchronously.
+// dst[0, n) = bf16(src[0, n)) (common/dtype.h's F32ToBf16) through *staging,
+// synchronously.
 absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging);
 
 struct DeviceLayerWeights {

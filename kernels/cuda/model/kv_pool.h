@@ -43,9 +43,21 @@ class KvPool {
   // Takes the ids back. REQUIRES: each came from Allocate and is not free.
   void Release(const std::vector<int32_t>& blocks);
 
+  // Rows [first, first + n) of a sequence with block table `blocks` in
+  // `layer`, as float32 [n, row_width] on the host (bf16 here), synchronously
+  // on `stream`. REQUIRES: the blocks cover the rows.
+  absl::Status WriteRows(int layer, const std::vector<int32_t>& blocks, int first, const float* rows, int n,
+                         cudaStream_t stream);
+  absl::Status ReadRows(int layer, const std::vector<int32_t>& blocks, int first, int n, float* rows,
+                        cudaStream_t stream) const;
+
  private:
   KvPool(int num_layers, int row_width, int num_blocks)
       : num_layers_(num_layers), row_width_(row_width), num_blocks_(num_blocks) {}
+  // One cudaMemcpyAsync per run of rows inside a block, between the pool and
+  // host bf16 rows [n, row_width].
+  absl::Status CopyRows(int layer, const std::vector<int32_t>& blocks, int first, int n, uint16_t* host,
+                        cudaMemcpyKind kind, cudaStream_t stream) const;
 
   const int num_layers_, row_width_, num_blocks_;
   DeviceBuffer<bf16> storage_;
