@@ -1,0 +1,38 @@
+// Warp-level tensor-core PTX wrappers shared by the mma.sync kernels (MLA
+// decode, the MoE grouped GEMM): shared-memory addressing, ldmatrix and the
+// m16n8k16 bf16 MMA with fp32 accumulation.
+#ifndef MOESH_KERNELS_CUDA_MMA_CUH_
+#define MOESH_KERNELS_CUDA_MMA_CUH_
+
+#include <cstdint>
+
+namespace moesh::cuda {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+
+__device__ __forceinline__ void Ldmatrix4Trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+
+// c += a · b, m16n8k16, bf16 in, fp32 accumulate.
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_MMA_CUH_
