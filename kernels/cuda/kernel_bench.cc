@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/bench_util.h"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/fill.h"
@@ -24,31 +25,6 @@
 
 namespace moesh::cuda {
 namespace {
-
-struct Ceilings {
-  double copy_gbps = 0;    // bytes read + written per second / 1e9
-  double gemm_tflops = 0;  // 8192^3 bf16
-};
-
-// Median over `reps` event-timed runs of fn(call), in milliseconds: for the
-// large ceiling measurements, where launch costs vanish. (A D2D copy inside a
-// graph runs on a copy engine at about two thirds of this rate.)
-template <typename Fn>
-absl::StatusOr<double> MedianMsPlain(cudaStream_t stream, int warmup, int reps, Fn fn) {
-  for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(fn(i));
-  std::vector<double> ms(reps);
-  for (int i = 0; i < reps; ++i) {
-    ASSIGN_OR_RETURN(Event a, Event::Create());
-    ASSIGN_OR_RETURN(Event b, Event::Create());
-    RETURN_IF_ERROR(a.Record(stream));
-    RETURN_IF_ERROR(fn(warmup + i));
-    RETURN_IF_ERROR(b.Record(stream));
-    ASSIGN_OR_RETURN(float t, b.ElapsedMsSince(a));
-    ms[i] = t;
-  }
-  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
-  return ms[reps / 2];
-}
 
 // Median over `reps` event-timed replays of a CUDA graph holding `inner`
 // calls fn(call), in milliseconds per call: GPU time, without the host's
@@ -101,31 +77,6 @@ absl::StatusOr<double> MedianMs(cudaStream_t stream, int warmup, int reps, Fn fn
 }
 
 constexpr int kInner = 20;
-
-absl::StatusOr<Ceilings> MeasureCeilings(CublasGemm& gemm, cudaStream_t stream) {
-  Ceilings c;
-  const size_t bytes = size_t{2} << 30;
-  ASSIGN_OR_RETURN(auto src, DeviceBuffer<uint8_t>::Create(bytes));
-  ASSIGN_OR_RETURN(auto dst, DeviceBuffer<uint8_t>::Create(bytes));
-  RETURN_IF_ERROR(FillUniform(reinterpret_cast<float*>(src.get()), bytes / 4, 1, 1.0f, stream));
-  ASSIGN_OR_RETURN(double copy_ms, MedianMsPlain(stream, 2, 10, [&](int) {
-                     return CudaStatus(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, stream),
-                                       "cudaMemcpyAsync");
-                   }));
-  c.copy_gbps = 2.0 * bytes / (copy_ms * 1e-3) / 1e9;
-
-  const int n = 8192;
-  ASSIGN_OR_RETURN(auto a, DeviceBuffer<bf16>::Create(size_t{1} * n * n));
-  ASSIGN_OR_RETURN(auto b, DeviceBuffer<bf16>::Create(size_t{1} * n * n));
-  ASSIGN_OR_RETURN(auto y, DeviceBuffer<bf16>::Create(size_t{1} * n * n));
-  RETURN_IF_ERROR(FillUniform(a.get(), a.size(), 2, 1.0f, stream));
-  RETURN_IF_ERROR(FillUniform(b.get(), b.size(), 3, 1.0f, stream));
-  GemmParams p;
-  p.x = a.get(), p.w = b.get(), p.y = y.get(), p.m = n, p.n = n, p.k = n, p.stream = stream;
-  ASSIGN_OR_RETURN(double gemm_ms, MedianMsPlain(stream, 3, 10, [&](int) { return gemm.Run(p); }));
-  c.gemm_tflops = 2.0 * n * n * n / (gemm_ms * 1e-3) / 1e12;
-  return c;
-}
 
 double FloorUs(double bytes, double flops, const Ceilings& c) {
   return std::max(bytes / (c.copy_gbps * 1e9), flops / (c.gemm_tflops * 1e12)) * 1e6;

@@ -33,6 +33,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/bench_util.h"
 #include "kernels/cuda/model/cuda_model.h"
 #include "kernels/cuda/model/model_ops.h"
 
@@ -146,57 +147,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-struct Ceilings {
-  double copy_gbps = 0, gemm_tflops = 0;
-};
-
-template <typename Fn>
-absl::StatusOr<double> MedianMs(cudaStream_t s, int warmup, int reps, Fn fn) {
-  for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(fn());
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    ASSIGN_OR_RETURN(Event a, Event::Create());
-    ASSIGN_OR_RETURN(Event b, Event::Create());
-    RETURN_IF_ERROR(a.Record(s));
-    RETURN_IF_ERROR(fn());
-    RETURN_IF_ERROR(b.Record(s));
-    ASSIGN_OR_RETURN(float t, b.ElapsedMsSince(a));
-    ms.push_back(t);
-  }
-  return Median(ms);
-}
-
-absl::StatusOr<Ceilings> MeasureCeilings() {
-  Ceilings c;
-  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
-  const cudaStream_t s = stream.get();
-  {
-    const size_t bytes = size_t{2} << 30;
-    ASSIGN_OR_RETURN(auto src, DeviceBuffer<uint8_t>::Create(bytes));
-    ASSIGN_OR_RETURN(auto dst, DeviceBuffer<uint8_t>::Create(bytes));
-    RETURN_IF_ERROR(FillUniform(reinterpret_cast<float*>(src.get()), bytes / 4, 1, 1.0f, s));
-    ASSIGN_OR_RETURN(double ms, MedianMs(s, 2, 10, [&] {
-                       return CudaStatus(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, s),
-                                         "cudaMemcpyAsync");
-                     }));
-    c.copy_gbps = 2.0 * bytes / (ms * 1e-3) / 1e9;
-  }
-  {
-    const int n = 8192;
-    ASSIGN_OR_RETURN(auto gemm, CublasGemm::Create());
-    ASSIGN_OR_RETURN(auto a, DeviceBuffer<bf16>::Create(size_t{1} * n * n));
-    ASSIGN_OR_RETURN(auto b, DeviceBuffer<bf16>::Create(size_t{1} * n * n));
-    ASSIGN_OR_RETURN(auto y, DeviceBuffer<bf16>::Create(size_t{1} * n * n));
-    RETURN_IF_ERROR(FillUniform(a.get(), a.size(), 2, 1.0f, s));
-    RETURN_IF_ERROR(FillUniform(b.get(), b.size(), 3, 1.0f, s));
-    GemmParams p;
-    p.x = a.get(), p.w = b.get(), p.y = y.get(), p.m = n, p.n = n, p.k = n, p.stream = s;
-    ASSIGN_OR_RETURN(double ms, MedianMs(s, 3, 10, [&] { return gemm->Run(p); }));
-    c.gemm_tflops = 2.0 * n * n * n / (ms * 1e-3) / 1e12;
-  }
-  return c;
-}
-
 // FLOPs of the GEMMs one token's forward pass runs (no lm_head) and of its
 // attention at `context` visible tokens per layer (absorbed form).
 double TokenFlops(const ModelConfig& c, double context) {
@@ -221,7 +171,9 @@ absl::Status Run(const Flags& f) {
   cudaDeviceProp prop{};
   RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, info.device));
   std::printf("device: %s, %d SMs, %.0f GiB\n", prop.name, info.num_sms, prop.totalGlobalMem / double(1 << 30));
-  ASSIGN_OR_RETURN(Ceilings ceil, MeasureCeilings());
+  ASSIGN_OR_RETURN(Stream ceil_stream, Stream::Create());
+  ASSIGN_OR_RETURN(std::unique_ptr<CublasGemm> ceil_gemm, CublasGemm::Create());
+  ASSIGN_OR_RETURN(Ceilings ceil, MeasureCeilings(*ceil_gemm, ceil_stream.get()));
   std::printf("ceilings (this run): D2D copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
               ceil.copy_gbps, ceil.gemm_tflops);
 
@@ -372,13 +324,13 @@ absl::Status Run(const Flags& f) {
       gp.max_tiles = GroupedGemmMaxTiles(rows, e, tile), gp.y = y.get(), gp.stream = s;
       GemmParams dp;
       dp.x = xd.get(), dp.w = w.get(), dp.y = y.get(), dp.m = rows, dp.n = n, dp.k = hk, dp.stream = s;
-      ASSIGN_OR_RETURN(double d_ms, MedianMs(s, 3, 20, [&] { return gemm->Run(dp); }));
+      ASSIGN_OR_RETURN(double d_ms, EventMedianMs(s, 3, 20, [&](int) { return gemm->Run(dp); }));
       const double flops = 2.0 * rows * n * hk;
       // Weights the grouped GEMM must read: every expert that got a row (all, here).
       const double w_bytes = static_cast<double>(e) * n * hk * 2;
       for (int k_tile : {64, 32}) {
         gp.k_tile = k_tile;
-        ASSIGN_OR_RETURN(double g_ms, MedianMs(s, 3, 20, [&] { return RunGroupedGemm(gp); }));
+        ASSIGN_OR_RETURN(double g_ms, EventMedianMs(s, 3, 20, [&](int) { return RunGroupedGemm(gp); }));
         std::printf("| %d x %d | %d x %d | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f |\n", tokens, k, tile, k_tile,
                     g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12, w_bytes / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
                     flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
