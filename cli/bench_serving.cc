@@ -142,9 +142,11 @@ absl::Status RunServingBench(const Args& args) {
       o.transport = "ucx";
     } else if (mode == "cluster-nccl") {
       o.transport = "nccl";
+    } else if (mode == "cluster-ipc") {
+      o.transport = "cuda_ipc";
     } else if (mode != "cluster") {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown mode \"", mode, "\" (cluster, cluster-nopp, cluster-ucx, cluster-nccl, colocated)"));
+          absl::StrCat("unknown mode \"", mode, "\" (cluster, cluster-nopp, cluster-ucx, cluster-nccl, cluster-ipc, colocated)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
     for (int64_t c : concurrencies) {

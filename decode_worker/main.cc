@@ -20,7 +20,7 @@ ABSL_FLAG(std::string, expert_workers, "", "Comma-separated expert worker addres
 ABSL_FLAG(int, expert_discovery_timeout_s, 600,
           "How long to wait at startup for expert workers covering every expert.");
 ABSL_FLAG(std::string, transport, "grpc",
-          "Data-plane transport to the expert workers: grpc, ucx or nccl (GPUs; the KV handoff then stays on gRPC).");
+          "Data-plane transport to the expert workers: grpc, ucx, nccl or cuda_ipc (GPUs; the KV handoff then stays on gRPC).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
 ABSL_FLAG(std::string, router, "", "Router address to register with.");

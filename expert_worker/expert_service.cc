@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_util.h"
+#include "common/status.h"
 
 namespace moesh {
 
@@ -103,6 +104,29 @@ absl::Status ExpertService::Dispatch(const v1::DispatchRequest& request, v1::Dis
   batch->status = status;
   batch->done = true;
   return status;
+}
+
+absl::Status ExpertService::DispatchOnDevice(const DeviceMoeDispatch& d, float* out) {
+  if (!stage_->IsMoeLayer(d.layer)) return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
+  std::vector<int32_t> ids;
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(stage_->AccumulateOnDevice(d, out, &ids));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (d.serve != nullptr) {  // count only the pairs served here
+    for (int32_t& id : ids) {
+      if (id >= 0 && (id >= stage_->config().n_routed_experts || d.serve[id] == 0)) id = -1;
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++dispatches_;
+    ++batches_;
+  }
+  MoeDispatch counted;
+  counted.layer = d.layer, counted.num_tokens = d.num_tokens, counted.hidden = d.hidden, counted.top_k = d.top_k;
+  counted.topk_ids = ids.data();
+  Record(counted, seconds, 1);
+  return absl::OkStatus();
 }
 
 absl::Status ExpertService::RunBatch(Batch* batch) {

@@ -1,6 +1,7 @@
 // The expert worker's core: its shard of routed experts, serving dispatch for
 // any MoE layer. Dispatches that arrive together for the same layer (from
-// several attention workers) are merged into one grouped computation.
+// several attention workers) are merged into one grouped computation;
+// device-resident dispatches (cuda_ipc) run one by one on the GPU.
 //
 // Thread-safe: Dispatch is called concurrently by the transport.
 #ifndef MOESH_EXPERT_WORKER_EXPERT_SERVICE_H_
@@ -32,12 +33,16 @@ struct ExpertServiceOptions {
   ExpertLoader loader;         // null: LoadExperts is UNIMPLEMENTED
 };
 
-class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
+class ExpertService : public DispatchHandler, public DeviceDispatchHandler, public v1::ExpertWorker::Service {
  public:
   ExpertService(std::unique_ptr<ExpertStage> stage, std::string fingerprint, ExpertServiceOptions options);
 
   // DispatchHandler.
   absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override;
+  // DeviceDispatchHandler (cuda_ipc): runs at once on the stage's GPU, not
+  // merged with other attention workers' dispatches (each waits its turn on
+  // the device).
+  absl::Status DispatchOnDevice(const DeviceMoeDispatch& dispatch, float* out) override;
   // ExpertWorker.Info.
   grpc::Status Info(grpc::ServerContext*, const v1::ExpertInfoRequest*, v1::ExpertInfoResponse* response) override;
   grpc::Status LoadExperts(grpc::ServerContext*, const v1::LoadExpertsRequest* request,

@@ -26,7 +26,7 @@ ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reac
 ABSL_FLAG(std::string, router, "", "Router address to register with (optional).");
 ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
-ABSL_FLAG(std::string, transport, "grpc", "Data plane to serve besides gRPC: grpc (only), ucx or nccl (--device cuda).");
+ABSL_FLAG(std::string, transport, "grpc", "Data plane to serve besides gRPC: grpc (only), ucx, nccl or cuda_ipc (--device cuda).");
 ABSL_FLAG(int, batch_window_us, 200, "How long a layer's first dispatch waits for others to merge.");
 
 namespace moesh {
@@ -70,12 +70,12 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service, &data_plane}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
   int cuda_device = 0;
-  if (absl::GetFlag(FLAGS_transport) == "nccl") {
-    ASSIGN_OR_RETURN(cuda_device, CudaOrdinal(device.device, "--transport nccl"));
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport == "nccl" || transport == "cuda_ipc") {
+    ASSIGN_OR_RETURN(cuda_device, CudaOrdinal(device.device, "--transport " + transport));
   }
-  ASSIGN_OR_RETURN(DataPlaneEndpoint data, StartDataPlane(absl::GetFlag(FLAGS_transport),
-                                                           absl::GetFlag(FLAGS_advertise_host), address, &service,
-                                                           nullptr, cuda_device));
+  ASSIGN_OR_RETURN(DataPlaneEndpoint data, StartDataPlane(transport, absl::GetFlag(FLAGS_advertise_host), address,
+                                                           &service, nullptr, cuda_device, &service));
   service.set_data_plane_address(data.address);
   std::cerr << "expert worker serving experts " << *hosted.begin() << ".." << *hosted.rbegin() << " ("
             << hosted.size() << ") of " << config.Fingerprint() << " on " << address << " (" << where << ", data plane "

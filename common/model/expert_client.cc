@@ -21,6 +21,11 @@ absl::Status ExpertStage::AddShard(std::unique_ptr<ExpertShardWeights> more) {
   return absl::OkStatus();
 }
 
+absl::Status ExpertStage::AccumulateOnDevice(const DeviceMoeDispatch&, float*, std::vector<int32_t>*) const {
+  return absl::UnimplementedError(absl::StrCat("the experts run on ", device(),
+                                               ": a device-resident dispatch needs --device cuda"));
+}
+
 ExpertStage::Shards ExpertStage::shards() const {
   absl::MutexLock lock(&mu_);
   return shards_;
@@ -111,6 +116,10 @@ class DonePending : public PendingDispatch {
 
 std::unique_ptr<PendingDispatch> ExpertClient::Start(const MoeDispatch& dispatch, float* out) {
   return std::make_unique<DonePending>(Run(dispatch, out));
+}
+
+absl::Status ExpertClient::RunOnDevice(const DeviceMoeDispatch&, float*) {
+  return absl::UnimplementedError("this expert client takes no device-resident dispatch");
 }
 
 absl::Status LocalExpertClient::Run(const MoeDispatch& d, float* out) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -31,6 +32,23 @@ struct MoeDispatch {
   const float* hidden_states = nullptr;  // [num_tokens, hidden]
   const int32_t* topk_ids = nullptr;     // [num_tokens, top_k], in [0, n_routed_experts); -1: skip
   const float* topk_weights = nullptr;   // [num_tokens, top_k]
+};
+
+// The same, resident in one CUDA device's memory (the cuda_ipc transport):
+// hidden states already rounded to bf16, as the GPU experts take them.
+// Borrowed device pointers; `serve` is host memory.
+struct DeviceMoeDispatch {
+  int layer = 0;
+  int num_tokens = 0;
+  int hidden = 0;
+  int top_k = 0;
+  const uint16_t* hidden_states = nullptr;  // bf16 [num_tokens, hidden]
+  const int32_t* topk_ids = nullptr;        // [num_tokens, top_k]; -1: skip
+  const float* topk_weights = nullptr;      // [num_tokens, top_k]
+  // Host [n_routed_experts]: nonzero for the experts whose pairs to run here
+  // (the rest are another worker's replicas); null: every hosted expert.
+  const uint8_t* serve = nullptr;
+  int num_experts = 0;  // serve's length: n_routed_experts
 };
 
 // A dispatch in flight (see ExpertClient::Start).
@@ -54,6 +72,15 @@ class ExpertClient {
   virtual std::unique_ptr<PendingDispatch> Start(const MoeDispatch& dispatch, float* out);
   // True iff Start overlaps (so splitting a batch pays off).
   virtual bool IsAsync() const { return false; }
+
+  // Device-resident dispatch: >= 0 iff RunOnDevice takes buffers in that
+  // CUDA device's memory (a transport mapping GPU memory: cuda_ipc).
+  virtual int dispatch_device() const { return -1; }
+  // out (device, fp32 [num_tokens, hidden]) = the routed experts' weighted
+  // sum, overwritten. The caller's writes to the inputs must be complete (its
+  // stream synchronized); on return the result is complete on the device.
+  // UNIMPLEMENTED unless dispatch_device() >= 0.
+  virtual absl::Status RunOnDevice(const DeviceMoeDispatch& dispatch, float* out);
 };
 
 // The expert FFNs of one shard: for every MoE layer, a grouped computation over
@@ -77,6 +104,12 @@ class ExpertStage {
 
   // OK, or an error (e.g. the device lacks memory) leaving the stage as it was.
   virtual absl::Status AddShard(std::unique_ptr<ExpertShardWeights> more);
+  // Device-resident (CudaExpertStage): out (device, fp32 [num_tokens,
+  // hidden]) = the weighted outputs of the hosted (and served) pairs,
+  // overwritten; returns once the device is done. `host_ids`, if not null,
+  // gets the dispatch's topk_ids (for load accounting). UNIMPLEMENTED here.
+  virtual absl::Status AccumulateOnDevice(const DeviceMoeDispatch& dispatch, float* out,
+                                          std::vector<int32_t>* host_ids) const;
   // Where the experts run: "cpu", "cuda:0", ...
   virtual std::string device() const { return "cpu"; }
   std::set<int> expert_ids() const;  // every expert hosted

@@ -92,8 +92,8 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
   const bool experts_in_backend = local_experts && IsCudaDevice(options.device.device);
   ASSIGN_OR_RETURN(w.backend, MakeAttentionBackend(w.config, ckpt.get(), options.device, experts_in_backend));
   int cuda_device = 0;
-  if (options.transport == "nccl") {
-    ASSIGN_OR_RETURN(cuda_device, CudaOrdinal(options.device.device, "--transport nccl"));
+  if (options.transport == "nccl" || options.transport == "cuda_ipc") {
+    ASSIGN_OR_RETURN(cuda_device, CudaOrdinal(options.device.device, "--transport " + options.transport));
     ASSIGN_OR_RETURN(w.grpc_for_kv, MakeTransport("grpc"));
   }
   ASSIGN_OR_RETURN(w.transport, MakeTransport(options.transport, cuda_device));

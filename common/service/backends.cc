@@ -64,7 +64,7 @@ absl::StatusOr<const CudaBackendsTable*> CudaBackends() {
       t->sizeof_device_options != mine.sizeof_device_options ||
       t->sizeof_expert_shard != mine.sizeof_expert_shard || t->make_attention_backend == nullptr ||
       t->make_expert_stage == nullptr || t->new_nccl_id == nullptr || t->open_nccl_pipe == nullptr ||
-      t->device_count == nullptr) {
+      t->device_count == nullptr || t->open_device_memory == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(kCudaBackendsLibrary,
                                                       " comes from another build of moesh than this binary"));
   }

@@ -20,10 +20,11 @@
 #include "absl/time/time.h"
 #include "common/service/backends.h"
 #include "common/transport/byte_pipe.h"
+#include "common/transport/device_memory.h"
 
 namespace moesh {
 
-constexpr int kCudaBackendsAbiVersion = 3;
+constexpr int kCudaBackendsAbiVersion = 4;
 constexpr char kCudaBackendsLibrary[] = "libmoesh_cuda_backends.so";
 constexpr char kCudaBackendsSymbol[] = "moesh_cuda_backends_v1";
 
@@ -44,6 +45,8 @@ struct CudaBackendsTable {
                                                               absl::Time deadline) = nullptr;
   // CUDA devices present (0 without a driver or a GPU).
   absl::StatusOr<int> (*device_count)() = nullptr;
+  // The cuda_ipc transport's device side (common/transport/device_memory.h).
+  absl::StatusOr<std::unique_ptr<DeviceMemory>> (*open_device_memory)(int device) = nullptr;
 };
 
 // The plugin's table, loaded on first use (backends.cc):

@@ -6,7 +6,8 @@ namespace moesh {
 
 absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, const std::string& host,
                                                  const std::string& grpc_address, DispatchHandler* dispatch,
-                                                 KvHandler* kv, int cuda_device) {
+                                                 KvHandler* kv, int cuda_device,
+                                                 DeviceDispatchHandler* device_dispatch) {
   DataPlaneEndpoint e;
   if (transport == "grpc") {
     e.address = grpc_address;
@@ -31,8 +32,20 @@ absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, c
     e.address = absl::StrCat(host, ":", e.nccl->port());
     return e;
   }
+  if (transport == "cuda_ipc") {
+    if (dispatch == nullptr && device_dispatch == nullptr) {
+      e.address = grpc_address;
+      return e;
+    }
+    absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> s =
+        CudaIpcDataPlaneServer::Start(host + ":0", cuda_device, dispatch, device_dispatch, kv);
+    if (!s.ok()) return s.status();
+    e.ipc = std::move(*s);
+    e.address = absl::StrCat(host, ":", e.ipc->port());
+    return e;
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("--transport \"", transport, "\" has no server side here (grpc, ucx, nccl)"));
+      absl::StrCat("--transport \"", transport, "\" has no server side here (grpc, ucx, nccl, cuda_ipc)"));
 }
 
 }  // namespace moesh

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/nccl_transport.h"
 #include "common/transport/transport.h"
 #include "common/transport/ucx_transport.h"
@@ -17,17 +18,20 @@ namespace moesh {
 struct DataPlaneEndpoint {
   std::unique_ptr<UcxDataPlaneServer> ucx;    // set for ucx
   std::unique_ptr<NcclDataPlaneServer> nccl;  // set for nccl with a dispatch handler
+  std::unique_ptr<CudaIpcDataPlaneServer> ipc;  // set for cuda_ipc with a dispatch handler
   std::string address;                        // host:port peers send to
 };
 
 // `host`: the advertised host; `grpc_address`: the worker's gRPC address.
-// Handlers may be null; they must outlive the endpoint. nccl carries expert
-// dispatch (on CUDA device `cuda_device`); a KV-only endpoint (decode
-// workers) stays on gRPC with it, since prefill and decode may share a GPU,
-// which NCCL cannot connect.
+// Handlers may be null; they must outlive the endpoint. nccl and cuda_ipc
+// carry expert dispatch (on CUDA device `cuda_device`; cuda_ipc's
+// device-resident dispatches go to `device_dispatch`); a KV-only endpoint
+// (decode workers) stays on gRPC with them, since prefill and decode may
+// share a GPU, which NCCL cannot connect, and the KV handoff is host-side.
 absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, const std::string& host,
                                                  const std::string& grpc_address, DispatchHandler* dispatch,
-                                                 KvHandler* kv, int cuda_device = 0);
+                                                 KvHandler* kv, int cuda_device = 0,
+                                                 DeviceDispatchHandler* device_dispatch = nullptr);
 
 }  // namespace moesh
 

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_util.h"
+#include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/nccl_transport.h"
 #include "common/transport/transport.h"
 #include "common/transport/ucx_transport.h"
@@ -55,6 +56,13 @@ class GrpcTransport : public Transport {
 
 }  // namespace
 
+absl::Status DataChannel::PostOnDevice(const DeviceMoeDispatch&) {
+  return absl::UnimplementedError(absl::StrCat("data plane to ", peer(), ": this transport moves no device memory"));
+}
+absl::Status DataChannel::CollectOnDevice(float*, bool) {
+  return absl::UnimplementedError(absl::StrCat("data plane to ", peer(), ": this transport moves no device memory"));
+}
+
 std::unique_ptr<Transport> MakeGrpcTransport() { return std::make_unique<GrpcTransport>(); }
 std::unique_ptr<Transport> MakeInprocTransport();
 
@@ -71,7 +79,13 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name,
     o.device = cuda_device;
     return MakeNcclTransport(o);
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown transport \"", name, "\" (grpc, inproc, ucx, nccl)"));
+  if (name == "cuda_ipc") {
+    CudaIpcTransportOptions o;
+    o.device = cuda_device;
+    return MakeCudaIpcTransport(o);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown transport \"", name, "\" (grpc, inproc, ucx, nccl, cuda_ipc)"));
 }
 
 }  // namespace moesh

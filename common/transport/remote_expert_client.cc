@@ -50,6 +50,10 @@ absl::Status RemoteExpertClient::UpdatePlacement(const ExpertPlacement& placemen
   for (int e = 0; e < num_experts_; ++e) {
     if (next->hosts[e].empty()) return absl::InvalidArgumentError(absl::StrCat("no expert worker hosts expert ", e));
   }
+  next->dispatch_device = next->workers.empty() ? -1 : next->workers.front().channel->dispatch_device();
+  for (const Worker& w : next->workers) {
+    if (w.channel->dispatch_device() != next->dispatch_device) next->dispatch_device = -1;
+  }
   routing_ = std::move(next);
   return absl::OkStatus();
 }
@@ -108,12 +112,28 @@ std::unique_ptr<PendingDispatch> RemoteExpertClient::Start(const MoeDispatch& d,
 }
 
 absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
+  return WithFailover([&](const Routing& routing) { return RunOnce(routing, d, out); });
+}
+
+int RemoteExpertClient::dispatch_device() const { return routing()->dispatch_device; }
+
+absl::Status RemoteExpertClient::RunOnDevice(const DeviceMoeDispatch& d, float* out) {
+  return WithFailover([&](const Routing& routing) {
+    if (routing.dispatch_device < 0) {
+      return absl::FailedPreconditionError("the expert workers' transport takes no device-resident dispatch");
+    }
+    return RunOnceOnDevice(routing, d, out);
+  });
+}
+
+template <typename Once>
+absl::Status RemoteExpertClient::WithFailover(Once once) {
   const auto start = std::chrono::steady_clock::now();
   absl::Status s;
   const std::shared_ptr<const Routing> routing = this->routing();  // one placement per dispatch
   // Each failed attempt takes at least one worker out of the routes.
   for (size_t attempt = 0; attempt < routing->workers.size(); ++attempt) {
-    s = RunOnce(*routing, d, out);
+    s = once(*routing);
     if (s.ok()) {
       if (roundtrip_ != nullptr) {
         roundtrip_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -123,6 +143,48 @@ absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
     if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDataLoss) return s;
   }
   return s;
+}
+
+absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const DeviceMoeDispatch& d, float* out) {
+  ASSIGN_OR_RETURN(std::vector<int> route, Route(routing));
+  const std::vector<Worker>& workers = routing.workers;
+  const int w_count = static_cast<int>(workers.size());
+  // Per worker, the experts it serves in this dispatch.
+  std::vector<std::vector<uint8_t>> serve(w_count);
+  for (int e = 0; e < num_experts_; ++e) {
+    std::vector<uint8_t>& mask = serve[route[e]];
+    if (mask.empty()) mask.assign(num_experts_, 0);
+    mask[e] = 1;
+  }
+  // Every worker starts before any is waited for; every posted one is
+  // collected (in worker order: the sum is the same each time).
+  std::vector<absl::Status> status(w_count);
+  std::vector<bool> posted(w_count, false);
+  for (int w = 0; w < w_count; ++w) {
+    if (serve[w].empty()) continue;
+    DeviceMoeDispatch mine = d;
+    mine.serve = serve[w].data();
+    mine.num_experts = num_experts_;
+    status[w] = workers[w].channel->PostOnDevice(mine);
+    posted[w] = status[w].ok();
+  }
+  bool first = true;
+  for (int w = 0; w < w_count; ++w) {
+    if (!posted[w]) continue;
+    status[w] = workers[w].channel->CollectOnDevice(out, /*accumulate=*/!first);
+    first = first && !status[w].ok();
+  }
+  absl::Status failed;
+  for (int w = 0; w < w_count; ++w) {
+    if (serve[w].empty() || status[w].ok()) continue;
+    if (status[w].code() == absl::StatusCode::kInvalidArgument) return status[w];
+    MarkDown(workers[w].address);
+    if (errors_ != nullptr) errors_->Increment();
+    failed = absl::UnavailableError(absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
+    std::cerr << failed.message() << " (layer " << d.layer << "; routing around it for "
+              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)" << std::endl;
+  }
+  return failed;
 }
 
 absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispatch& d, float* out) {

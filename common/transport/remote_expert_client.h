@@ -40,6 +40,12 @@ class RemoteExpertClient : public ExpertClient {
   // Runs the dispatch on a background thread.
   std::unique_ptr<PendingDispatch> Start(const MoeDispatch& dispatch, float* out) override;
   bool IsAsync() const override { return true; }
+  // Device-resident dispatch where every channel takes it on one device
+  // (cuda_ipc): each worker gets the whole dispatch with a mask of the
+  // experts it is to serve; their partial sums are added on the device.
+  // Replicas and failover as for Run.
+  int dispatch_device() const override;
+  absl::Status RunOnDevice(const DeviceMoeDispatch& dispatch, float* out) override;
 
   // Switches to a new placement (e.g. the router's map changed). Dispatches
   // already running finish on the old one; none fails because of the switch.
@@ -56,12 +62,17 @@ class RemoteExpertClient : public ExpertClient {
   struct Routing {
     std::vector<Worker> workers;
     std::vector<std::vector<int>> hosts;  // expert -> worker indices
+    int dispatch_device = -1;             // every channel's, or -1
   };
   RemoteExpertClient(Transport* transport, int num_experts, std::chrono::milliseconds retry_after)
       : transport_(transport), num_experts_(num_experts), retry_after_(retry_after) {}
 
   // One attempt over the current routes; marks failed workers down.
   absl::Status RunOnce(const Routing& routing, const MoeDispatch& dispatch, float* out);
+  absl::Status RunOnceOnDevice(const Routing& routing, const DeviceMoeDispatch& dispatch, float* out);
+  // Retries `once` while workers fail and replicas are left; observes the round trip.
+  template <typename Once>
+  absl::Status WithFailover(Once once);
   // For each expert, the worker index serving it now; UNAVAILABLE if an
   // expert has no live replica.
   absl::StatusOr<std::vector<int>> Route(const Routing& routing);

@@ -5,6 +5,8 @@
 //   grpc   — the DataPlane gRPC service (works everywhere)
 //   ucx    — UCX active messages (ucx_transport.h)
 //   nccl   — NCCL between GPUs, for expert dispatch (nccl_transport.h)
+//   cuda_ipc — processes on one node share device memory: expert dispatch
+//            without the host (cuda_ipc_transport.h)
 #ifndef MOESH_COMMON_TRANSPORT_TRANSPORT_H_
 #define MOESH_COMMON_TRANSPORT_TRANSPORT_H_
 
@@ -13,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/model/expert_client.h"
 #include "moesh/v1/worker.pb.h"
 
 namespace moesh {
@@ -22,6 +25,14 @@ class DispatchHandler {
  public:
   virtual ~DispatchHandler() = default;
   virtual absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) = 0;
+};
+// Device-resident dispatch (cuda_ipc): the expert worker computes from and
+// into device memory on its GPU (common/model/expert_client.h).
+class DeviceDispatchHandler {
+ public:
+  virtual ~DeviceDispatchHandler() = default;
+  // out (device fp32 [num_tokens, hidden]) overwritten; returns when done.
+  virtual absl::Status DispatchOnDevice(const DeviceMoeDispatch& dispatch, float* out) = 0;
 };
 class KvHandler {
  public:
@@ -37,6 +48,17 @@ class DataChannel {
   virtual absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) = 0;
   virtual absl::Status PushKv(const v1::PushKvRequest& request) = 0;
   virtual const std::string& peer() const = 0;
+
+  // Device-resident dispatch, where the transport maps GPU memory
+  // (cuda_ipc): >= 0 is the CUDA device whose buffers PostOnDevice takes.
+  virtual int dispatch_device() const { return -1; }
+  // Starts the dispatch on the peer and returns; `serve` (host,
+  // [n_routed_experts]) marks the experts the peer is to run. The inputs
+  // must be complete on the device. Then CollectOnDevice waits for the
+  // result and writes it to `out` (device fp32 [num_tokens, hidden]), or adds
+  // it with `accumulate`. One dispatch in flight per channel.
+  virtual absl::Status PostOnDevice(const DeviceMoeDispatch& dispatch);
+  virtual absl::Status CollectOnDevice(float* out, bool accumulate);
 };
 
 class Transport {
@@ -46,7 +68,7 @@ class Transport {
   virtual absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) = 0;
 };
 
-// "grpc", "inproc", "ucx" or "nccl" (this process's GPU: `cuda_device`);
+// "grpc", "inproc", "ucx", "nccl" or "cuda_ipc" (this process's GPU: `cuda_device`);
 // INVALID_ARGUMENT naming the choices otherwise.
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name, int cuda_device = 0);
 

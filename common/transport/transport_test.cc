@@ -13,6 +13,7 @@
 #include "common/transport/transport.h"
 #include "common/transport/ucx_transport.h"
 #include "common/service/cuda_backends_plugin.h"
+#include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/nccl_transport.h"
 #include "gtest/gtest.h"
 
@@ -96,6 +97,21 @@ class NcclServer : public Server {
   std::unique_ptr<NcclDataPlaneServer> server_;
 };
 
+// The cuda_ipc transport's server: host calls need no GPU.
+class IpcServer : public Server {
+ public:
+  explicit IpcServer(FakeHandlers* h) {
+    absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> s =
+        CudaIpcDataPlaneServer::Start("127.0.0.1:0", 0, h, nullptr, h);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) server_ = std::move(*s);
+  }
+  std::string address() const override { return absl::StrCat("127.0.0.1:", server_ ? server_->port() : 0); }
+
+ private:
+  std::unique_ptr<CudaIpcDataPlaneServer> server_;
+};
+
 // GPUs this process can see, through the CUDA plugin (0 without one).
 int CudaDevices() {
   absl::StatusOr<const CudaBackendsTable*> cuda = CudaBackends();
@@ -156,6 +172,7 @@ class TransportTest : public ::testing::TestWithParam<Kind> {
     if (t == "grpc") return std::make_unique<GrpcServer>(&handlers_);
     if (t == "ucx") return std::make_unique<UcxServer>(&handlers_);
     if (t == "nccl") return std::make_unique<NcclServer>(&handlers_);
+    if (t == "cuda_ipc") return std::make_unique<IpcServer>(&handlers_);
     return std::make_unique<InprocServer>(&handlers_);
   }
   static v1::DispatchRequest Request(size_t floats, float base) {
@@ -236,6 +253,41 @@ TEST_P(TransportTest, DeadPeerIsUnavailable) {
   EXPECT_FALSE(channel_->Dispatch(Request(8, 1), &resp).ok());
 }
 
+// cuda_ipc's device path: the channel reports the client's device; without
+// a GPU (or the CUDA plugin) a device dispatch says so, and a server with no
+// device handler answers UNIMPLEMENTED where there is one.
+TEST(CudaIpcTransportTest, DeviceDispatchNeedsAGpuAndAHandler) {
+  FakeHandlers h;
+  IpcServer server(&h);
+  absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport("cuda_ipc", 0);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<std::unique_ptr<DataChannel>> ch = (*t)->Connect(server.address());
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  EXPECT_EQ((*ch)->dispatch_device(), 0);
+  EXPECT_EQ((*ch)->CollectOnDevice(nullptr, false).code(), absl::StatusCode::kFailedPrecondition);
+  DeviceMoeDispatch d;
+  d.layer = 1, d.num_tokens = 0, d.hidden = 64, d.top_k = 2;
+  const absl::Status posted = (*ch)->PostOnDevice(d);
+  if (CudaDevices() == 0) {
+    EXPECT_EQ(posted.code(), absl::StatusCode::kFailedPrecondition) << posted;
+    return;
+  }
+  ASSERT_TRUE(posted.ok()) << posted;
+  EXPECT_EQ((*ch)->CollectOnDevice(nullptr, false).code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(CudaIpcTransportTest, ConnectToNothingIsUnavailable) {
+  absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport("cuda_ipc", 0);
+  ASSERT_TRUE(t.ok()) << t.status();
+  GrpcServer grpc(nullptr);  // a gRPC server without the IpcDataPlane service
+  absl::StatusOr<std::unique_ptr<DataChannel>> ch = (*t)->Connect(grpc.address());
+  ASSERT_FALSE(ch.ok());
+  EXPECT_EQ(ch.status().code(), absl::StatusCode::kUnimplemented) << ch.status();
+  ch = (*t)->Connect("127.0.0.1:1");
+  ASSERT_FALSE(ch.ok());
+  EXPECT_EQ(ch.status().code(), absl::StatusCode::kUnavailable) << ch.status();
+}
+
 TEST(TransportNamesTest, UnknownTransportIsInvalidArgument) {
   EXPECT_EQ(MakeTransport("carrier-pigeon").status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -262,7 +314,7 @@ TEST(TransportNamesTest, NcclWithoutTwoGpusSaysWhy) {
 INSTANTIATE_TEST_SUITE_P(Kinds, TransportTest,
                          ::testing::Values(Kind{"inproc", "inproc", nullptr}, Kind{"grpc", "grpc", nullptr},
                                            Kind{"ucx_tcp", "ucx", "tcp"}, Kind{"ucx_shm", "ucx", "shm,tcp"},
-                                           Kind{"nccl", "nccl", nullptr}),
+                                           Kind{"nccl", "nccl", nullptr}, Kind{"cuda_ipc", "cuda_ipc", nullptr}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -200,6 +200,7 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
     for what, args, want in [
         ("an unknown transport", ["--set", "transport=carrier-pigeon"], "transport must be one of"),
         ("nccl without GPUs", ["--set", "transport=nccl"], "transport nccl joins GPUs"),
+        ("cuda_ipc across pods", ["--set", "transport=cuda_ipc"], "transport cuda_ipc maps one process's GPU memory"),
         ("two routers", ["--set", "router.replicas=2"], "router.replicas"),
         ("a misspelt value", ["--set", "decode.kvblocks=3"], "Additional property kvblocks"),
         ("a placement list of the wrong length", ["--set", "expert.placement.mode=list"], "one entry"),

@@ -10,7 +10,8 @@
 #
 # usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR [MODEL_NAME]
 # MOESH_EXPERT_DEVICE=cuda:1 puts the expert workers on a second GPU;
-# MOESH_TRANSPORT=nccl (with it) sends the expert dispatch over NCCL.
+# MOESH_TRANSPORT=nccl (with it) sends the expert dispatch over NCCL;
+# MOESH_TRANSPORT=cuda_ipc keeps it in device memory (same GPU or another).
 # Exits 77 (ctest: skipped) where no CUDA device is present, saying so.
 set -euo pipefail
 MOESH=${1:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
@@ -61,6 +62,12 @@ if [ "$EXPERT_DEVICE" != cuda ]; then
     || fail "expert workers are not on $EXPERT_DEVICE with $TRANSPORT"
 fi
 
+check_ipc() {  # the device path, not the host fallback, carried the experts
+  [ "$TRANSPORT" != cuda_ipc ] && return 0
+  grep -q "attached device buffers" "$TMP"/cluster/expert-*.log \
+    || fail "transport cuda_ipc: no expert worker had device buffers attached"
+}
+
 compare() {  # $1: cluster json, $2: generate json, $3: what
   "$PY" - "$1" "$2" "$3" <<'PYEOF'
 import json, sys
@@ -83,4 +90,5 @@ a, b = json.loads(sys.argv[1])["output_ids"], json.loads(sys.argv[2])["output_id
 assert a[:4] == b[:4], (a, b)
 PYEOF
 done
+check_ipc
 echo "PASS"

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/service/cuda_backends_plugin.h"
 #include "common/status.h"
+#include "common/transport/cuda_ipc_memory.h"
 #include "common/transport/nccl_link.h"
 #include "common/transport/nccl_pipe.h"
 #include "kernels/cuda/device.h"
@@ -84,6 +85,7 @@ extern "C" __attribute__((visibility("default"))) const moesh::CudaBackendsTable
     t.new_nccl_id = moesh::NewNcclId;
     t.open_nccl_pipe = moesh::OpenNcclPipe;
     t.device_count = moesh::cuda::CudaDeviceCount;
+    t.open_device_memory = moesh::OpenCudaDeviceMemory;
     return t;
   }();
   return &table;

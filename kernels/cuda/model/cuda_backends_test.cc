@@ -12,12 +12,15 @@
 //     checkpoint, and the backend's error answers.
 // Skips (with a message) where no GPU is present.
 #include <algorithm>
+#include <atomic>
+#include <set>
 #include <cmath>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/engine/attention_backend.h"
 #include "common/engine/generate.h"
 #include "common/engine/sampler.h"
@@ -26,7 +29,9 @@
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 #include "common/service/backends.h"
+#include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/kv_handoff.h"
+#include "common/transport/remote_expert_client.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/model/cuda_expert_stage.h"
 #include "kernels/cuda/test_util.h"
@@ -202,6 +207,95 @@ TEST(CudaAttentionBackendTest, ExpertsBehindAClientEqualExpertsOnTheDevice) {
   EXPECT_EQ(whole->Forward({&in, 1}, experts.get()).status().code(), absl::StatusCode::kInvalidArgument);
   // A sequence of another backend.
   EXPECT_EQ(split->Forward({&in, 1}, experts.get()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// An expert worker's device side: its stage, counting the dispatches.
+class StageHandler : public DeviceDispatchHandler {
+ public:
+  explicit StageHandler(std::unique_ptr<ExpertStage> stage) : stage_(std::move(stage)) {}
+  absl::Status DispatchOnDevice(const DeviceMoeDispatch& d, float* out) override {
+    ++calls;
+    return stage_->AccumulateOnDevice(d, out, nullptr);
+  }
+  std::atomic<int> calls{0};
+
+ private:
+  std::unique_ptr<ExpertStage> stage_;
+};
+
+// Expert workers behind the cuda_ipc transport (served in this process, so
+// through their pointers; the integration test crosses processes): the
+// attention backend's dispatch never leaves the device, and with one worker
+// holding every expert the logits equal the host path's to the bit.
+TEST(CudaAttentionBackendTest, DeviceResidentDispatchOverCudaIpcEqualsTheHostPath) {
+  MOESH_REQUIRE_GPU();
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  const ModelConfig& c = m.config;
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> split,
+                             MakeAttentionBackend(c, m.ckpt.get(), Cuda(), false));
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ExpertClient> host, GpuExperts(m));
+  auto serve = [&](std::set<int> ids) -> std::unique_ptr<StageHandler> {
+    absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w = ExpertShardWeights::Load(c, *m.ckpt, ids);
+    EXPECT_TRUE(w.ok()) << w.status();
+    absl::StatusOr<std::unique_ptr<CudaExpertStage>> st = CudaExpertStage::Create(c, std::move(*w));
+    EXPECT_TRUE(st.ok()) << st.status();
+    return std::make_unique<StageHandler>(std::move(*st));
+  };
+  std::set<int> all, low, high;
+  for (int e = 0; e < c.n_routed_experts; ++e) (e < c.n_routed_experts / 2 ? low : high).insert(e), all.insert(e);
+  std::vector<std::unique_ptr<StageHandler>> handlers;
+  std::vector<std::unique_ptr<CudaIpcDataPlaneServer>> servers;
+  for (const std::set<int>* ids : {&all, &low, &high}) {
+    handlers.push_back(serve(*ids));
+    MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaIpcDataPlaneServer> s,
+                               CudaIpcDataPlaneServer::Start("127.0.0.1:0", 0, nullptr, handlers.back().get(), nullptr));
+    servers.push_back(std::move(s));
+  }
+  auto address = [&](int i) { return absl::StrCat("127.0.0.1:", servers[i]->port()); };
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> ipc, MakeTransport("cuda_ipc", 0));
+  auto placement = [](const std::set<int>& ids) { return std::vector<int>(ids.begin(), ids.end()); };
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteExpertClient> one,
+                             RemoteExpertClient::Create(ipc.get(), {{address(0), placement(all)}}, c.n_routed_experts));
+  MOESH_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<RemoteExpertClient> two,
+      RemoteExpertClient::Create(ipc.get(), {{address(1), placement(low)}, {address(2), placement(high)}},
+                                 c.n_routed_experts));
+  EXPECT_EQ(one->dispatch_device(), 0);
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 300, 42, 9}, {1, 2, 3}, {400, 7, 7, 7, 100, 250, 3, 4}};
+  const auto want = RunGreedy(split.get(), host.get(), prompts, 6);
+  const auto got_one = RunGreedy(split.get(), one.get(), prompts, 6);
+  const auto got_two = RunGreedy(split.get(), two.get(), prompts, 6);
+  ASSERT_EQ(want.size(), 7u);
+  ASSERT_EQ(got_one.size(), want.size());
+  ASSERT_EQ(got_two.size(), want.size());
+  EXPECT_GT(handlers[0]->calls.load(), 0);
+  EXPECT_GT(handlers[1]->calls.load(), 0);
+  EXPECT_GT(handlers[2]->calls.load(), 0);
+  for (size_t step = 0; step < want.size(); ++step) {
+    EXPECT_EQ(want[step], got_one[step]) << "step " << step << ": one worker over cuda_ipc is not bit-equal";
+    double worst = 0;
+    for (size_t i = 0; i < want[step].size(); ++i) {
+      worst = std::max(worst, std::fabs(double(want[step][i]) - got_two[step][i]));
+    }
+    EXPECT_LE(worst, 1e-4) << "step " << step << " (two shards: partial sums add in another order)";
+  }
+  // A worker that goes away: its experts have no replica, so UNAVAILABLE
+  // naming it; with a replica left (worker 0 hosts all), traffic moves there.
+  servers[2].reset();
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> seq, split->NewSequence(4));
+  const std::vector<int32_t> t = {1, 2};
+  SequenceInput in{t, seq.get()};
+  const absl::Status lost = split->Forward({&in, 1}, two.get()).status();
+  EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable) << lost;
+  MOESH_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<RemoteExpertClient> replicated,
+      RemoteExpertClient::Create(ipc.get(), {{address(1), placement(low)}, {address(0), placement(all)}},
+                                 c.n_routed_experts));
+  const int before = handlers[0]->calls.load();
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> seq2, split->NewSequence(4));
+  in.cache = seq2.get();
+  EXPECT_TRUE(split->Forward({&in, 1}, replicated.get()).ok());
+  EXPECT_GT(handlers[0]->calls.load(), before);
 }
 
 TEST(CudaAttentionBackendTest, KvHandoffBetweenBackendsContinuesExactly) {

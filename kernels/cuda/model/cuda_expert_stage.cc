@@ -150,6 +150,8 @@ absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_l
   RETURN_IF_ERROR(GrowPinned(&s.h_out, t * h));
   RETURN_IF_ERROR(GrowPinned(&s.h_w, rows));
   RETURN_IF_ERROR(GrowPinned(&s.h_ids, rows));
+  RETURN_IF_ERROR(Grow(&s.map, c.n_routed_experts));
+  RETURN_IF_ERROR(GrowPinned(&s.h_map, c.n_routed_experts));
   scratch_tokens_ = static_cast<int>(t);
   scratch_local_ = static_cast<int>(e);
   return absl::OkStatus();
@@ -222,6 +224,84 @@ absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const
       cudaMemcpyAsync(s.h_out.get(), s.out.get(), static_cast<size_t>(t) * h * sizeof(float), cudaMemcpyDeviceToHost, st));
   RETURN_IF_ERROR(stream_.Synchronize());
   for (size_t i = 0; i < static_cast<size_t>(t) * h; ++i) out[i] += s.h_out.get()[i];
+  return absl::OkStatus();
+}
+
+absl::Status CudaExpertStage::AccumulateOnDevice(const DeviceMoeDispatch& d, float* out,
+                                                 std::vector<int32_t>* host_ids) const {
+  const ModelConfig& c = config();
+  if (!IsMoeLayer(d.layer)) return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
+  if (d.hidden != c.hidden_size || d.top_k < 1 || d.num_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("device dispatch of ", d.num_tokens, " x ", d.hidden, " top-",
+                                                   d.top_k, " for a model of hidden size ", c.hidden_size));
+  }
+  if (d.serve != nullptr && d.num_experts != c.n_routed_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("a serve mask of ", d.num_experts, " experts for a model of ",
+                                                   c.n_routed_experts));
+  }
+  if (d.num_tokens > 0 && (d.hidden_states == nullptr || d.topk_ids == nullptr || d.topk_weights == nullptr)) {
+    return absl::InvalidArgumentError("device dispatch: null buffer");
+  }
+  std::shared_ptr<const Stacks> stacks;
+  {
+    absl::MutexLock lock(&stacks_mu_);
+    stacks = stacks_;
+  }
+  const LayerStack& ls = stacks->layers.at(d.layer);
+  const int t = d.num_tokens, k = d.top_k, h = c.hidden_size, inter = c.moe_intermediate_size;
+  const int rows = t * k, e = stacks->num_local;
+
+  absl::MutexLock lock(&run_mu_);
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal_));
+  RETURN_IF_ERROR(EnsureScratch(std::max(t, 1), k, e));
+  Scratch& s = scratch_;
+  cudaStream_t st = stream_.get();
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, static_cast<size_t>(t) * h * sizeof(float), st));
+  // Global expert id -> row in the stacks, for the experts served here.
+  int served = 0;
+  for (int g = 0; g < c.n_routed_experts; ++g) {
+    const bool serve = stacks->local[g] >= 0 && (d.serve == nullptr || d.serve[g] != 0);
+    s.h_map.get()[g] = serve ? stacks->local[g] : -1;
+    served += serve;
+  }
+  if (t > 0 && served > 0) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.map.get(), s.h_map.get(), c.n_routed_experts * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, st));
+    // The pairs that land here are known only on the device: size by the
+    // expected share (balanced routing) and bound the launches by all pairs.
+    const int expected = std::max(1, static_cast<int>(static_cast<int64_t>(rows) * served / c.n_routed_experts));
+    const int tile_m = expected <= 12 * served ? 16 : expected <= 40 * served ? 32 : 64;
+    MoePermuteParams pp;
+    pp.topk_ids = d.topk_ids, pp.num_tokens = t, pp.top_k = k, pp.num_experts = e, pp.tile_m = tile_m;
+    pp.expert_map = s.map.get(), pp.map_size = c.n_routed_experts;
+    pp.expert_offsets = s.expert_offsets.get(), pp.tile_offsets = s.tile_offsets.get();
+    pp.row_token = s.row_token.get(), pp.pair_row = s.pair_row.get(), pp.stream = st;
+    RETURN_IF_ERROR(RunMoePermute(pp));
+    GroupedGemmParams gg;
+    gg.x = reinterpret_cast<const bf16*>(d.hidden_states), gg.ldx = h, gg.row_index = s.row_token.get();
+    gg.w = ls.gate_up.get(), gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
+    gg.expert_offsets = s.expert_offsets.get(), gg.tile_offsets = s.tile_offsets.get();
+    gg.tile_m = tile_m, gg.max_tiles = GroupedGemmMaxTiles(rows, e, tile_m);
+    gg.y = s.gu.get(), gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = st;
+    RETURN_IF_ERROR(RunGroupedGemm(gg));
+    SiluAndMulParams sp;  // over every row the pairs could fill; rows past the pairs are never read
+    sp.gate_up = s.gu.get(), sp.out = s.act.get(), sp.m = rows, sp.i = inter, sp.stream = st;
+    RETURN_IF_ERROR(RunSiluAndMul(sp));
+    gg.x = s.act.get(), gg.ldx = inter, gg.row_index = nullptr;
+    gg.w = ls.down.get(), gg.n = h, gg.k = inter;
+    gg.y = s.y.get(), gg.out_type = OutType::kFloat32, gg.ldy = h;
+    RETURN_IF_ERROR(RunGroupedGemm(gg));
+    MoeCombineParams cp;
+    cp.expert_out = s.y.get(), cp.pair_row = s.pair_row.get(), cp.topk_weights = d.topk_weights;
+    cp.num_tokens = t, cp.top_k = k, cp.hidden = h, cp.x = out, cp.stream = st;
+    RETURN_IF_ERROR(RunMoeCombine(cp));
+  }
+  if (host_ids != nullptr && rows > 0) {
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(s.h_ids.get(), d.topk_ids, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  }
+  RETURN_IF_ERROR(stream_.Synchronize());
+  if (host_ids != nullptr) host_ids->assign(s.h_ids.get(), s.h_ids.get() + rows);
   return absl::OkStatus();
 }
 

@@ -7,7 +7,8 @@
 // SiLU·mul, a grouped down GEMM in fp32, and the weighted combine, which is
 // added into the caller's host buffer. Hidden states arrive in fp32 and are
 // rounded to bf16 (weights and activations in bf16, accumulation in fp32, as
-// the CUDA model computes them).
+// the CUDA model computes them). AccumulateOnDevice takes them in bf16 on the
+// device (the cuda_ipc transport) and writes its result there.
 //
 // Thread-safe: dispatches from concurrent callers run one at a time on the
 // stage's stream; AddShard uploads the new experts and swaps the stacks in
@@ -39,6 +40,11 @@ class CudaExpertStage : public ExpertStage {
 
   absl::Status Accumulate(const MoeDispatch& dispatch, float* out) const override;
   absl::Status AddShard(std::unique_ptr<ExpertShardWeights> more) override;
+  // Reads the dispatch where it lies (another process's memory mapped
+  // through CUDA IPC, or this GPU's), maps expert ids to the stacks on the
+  // device, and writes `out` on the device: no host staging.
+  absl::Status AccumulateOnDevice(const DeviceMoeDispatch& dispatch, float* out,
+                                  std::vector<int32_t>* host_ids) const override;
   std::string device() const override { return device_; }
   // Bytes of expert weights on the device.
   size_t device_bytes() const;
@@ -59,10 +65,10 @@ class CudaExpertStage : public ExpertStage {
   struct Scratch {
     DeviceBuffer<bf16> x, gu, act;
     DeviceBuffer<float> y, out, weights;
-    DeviceBuffer<int32_t> ids, expert_offsets, tile_offsets, row_token, pair_row;
+    DeviceBuffer<int32_t> ids, expert_offsets, tile_offsets, row_token, pair_row, map;
     PinnedBuffer<uint16_t> h_x;
     PinnedBuffer<float> h_w, h_out;
-    PinnedBuffer<int32_t> h_ids;
+    PinnedBuffer<int32_t> h_ids, h_map;
   };
 
   CudaExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights, Stream stream, int ordinal)

@@ -573,6 +573,24 @@ absl::Status CudaModel::RunExternalExperts(int layer, int num_tokens, ExpertClie
   const DeviceLayerWeights& w = weights_->layer(layer);
   cudaStream_t s = stream_.get();
   const size_t h = c.hidden_size, k = c.num_experts_per_tok, t = num_tokens;
+  if (experts->dispatch_device() == info_.device) {
+    // Device-resident (cuda_ipc): the bf16 hidden states, ids and weights
+    // stay in this GPU's memory; the experts' sum comes back into moe_out_.
+    RETURN_IF_ERROR(dispatch_copied_.Record(s));
+    if (w.shared_gate_up != nullptr) {  // runs while the experts work
+      RETURN_IF_ERROR(EnqueueMlp(w.shared_gate_up, w.shared_down, weights_->shared_intermediate(), num_tokens));
+    }
+    RETURN_IF_ERROR(dispatch_copied_.Synchronize());
+    DeviceMoeDispatch d;
+    d.layer = layer, d.num_tokens = num_tokens, d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
+    d.hidden_states = reinterpret_cast<const uint16_t*>(normed_.get());
+    d.topk_ids = topk_ids_.get(), d.topk_weights = topk_w_.get();
+    RETURN_IF_ERROR(experts->RunOnDevice(d, moe_out_.get()));
+    MoeCombineParams cp;  // x += routed (already weighted and summed over k)
+    cp.expert_out = moe_out_.get(), cp.num_tokens = num_tokens, cp.top_k = 1, cp.hidden = c.hidden_size;
+    cp.x = x_.get(), cp.stream = s;
+    return RunMoeCombine(cp);
+  }
   // The dispatch: the fp32 normalised hidden states (the CPU model's input to
   // its experts), the top-k ids and weights.
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(h_hidden_.get(), normed_f32_.get(), t * h * sizeof(float), cudaMemcpyDeviceToHost, s));

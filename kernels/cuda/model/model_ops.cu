@@ -75,6 +75,12 @@ __device__ int BlockExclusiveScan(int v, int* warp_sums, int* total) {
   return warp_sums[warp] + inc - v;
 }
 
+__device__ __forceinline__ int PermuteExpert(const MoePermuteParams& p, int i) {
+  const int id = p.topk_ids[i];
+  if (p.expert_map == nullptr) return id;
+  return id >= 0 && id < p.map_size ? p.expert_map[id] : -1;
+}
+
 __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(MoePermuteParams p) {
   __shared__ int counts[kPermuteThreads];
   __shared__ int cursor[kPermuteThreads];
@@ -85,7 +91,7 @@ __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(MoePermutePa
   __syncthreads();
   const int pairs = p.num_tokens * p.top_k;
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const int id = p.topk_ids[i];
+    const int id = PermuteExpert(p, i);
     if (id >= 0 && id < p.num_experts) atomicAdd(&counts[id], 1);
   }
   __syncthreads();
@@ -104,7 +110,7 @@ __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(MoePermutePa
   cursor[e] = row0;
   __syncthreads();
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const int id = p.topk_ids[i];
+    const int id = PermuteExpert(p, i);
     if (id >= 0 && id < p.num_experts) {
       const int r = atomicAdd(&cursor[id], 1);
       p.pair_row[i] = r;
@@ -249,6 +255,7 @@ absl::Status RunMoePermute(const MoePermuteParams& p) {
   if (!p.topk_ids || !p.expert_offsets || !p.tile_offsets || !p.row_token || !p.pair_row) {
     return absl::InvalidArgumentError("RunMoePermute: null pointer");
   }
+  if (p.expert_map != nullptr && p.map_size < 1) return absl::InvalidArgumentError("RunMoePermute: empty expert_map");
   MoePermuteKernel<<<1, kPermuteThreads, 0, p.stream>>>(p);
   return LaunchStatus("MoePermuteKernel");
 }

@@ -53,9 +53,13 @@ struct SliceCopyParams {
 // pair_row[t * top_k + k] (-1 iff its id is outside [0, num_experts)). The
 // order inside an expert is unspecified (rows are computed independently).
 // tile_offsets[e] counts the tile_m-row tiles of the experts before e.
+// With expert_map, ids are first mapped through it (global expert id ->
+// this shard's expert, -1: not here; ids outside [0, map_size) count as -1).
 struct MoePermuteParams {
   const int32_t* topk_ids = nullptr;  // [num_tokens, top_k]
   int num_tokens = 0, top_k = 0, num_experts = 0;
+  const int32_t* expert_map = nullptr;  // [map_size]; may be null
+  int map_size = 0;
   int tile_m = 16;
   int32_t* expert_offsets = nullptr;  // [num_experts + 1]
   int32_t* tile_offsets = nullptr;    // [num_experts + 1]

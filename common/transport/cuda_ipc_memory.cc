@@ -1,0 +1,134 @@
+#include "common/transport/cuda_ipc_memory.h"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/model/model_ops.h"
+
+namespace moesh {
+namespace {
+
+using cuda::CudaStatus;
+
+class ExportedRegion : public DeviceRegion {
+ public:
+  ExportedRegion(int device, void* ptr, size_t size, std::string handle)
+      : device_(device), ptr_(ptr), size_(size), handle_(std::move(handle)) {}
+  ~ExportedRegion() override {
+    cudaSetDevice(device_);
+    cudaFree(ptr_);
+  }
+  void* data() const override { return ptr_; }
+  size_t size() const override { return size_; }
+  const std::string& handle() const override { return handle_; }
+
+ private:
+  const int device_;
+  void* const ptr_;
+  const size_t size_;
+  const std::string handle_;
+};
+
+class ImportedRegion : public DeviceRegion {
+ public:
+  ImportedRegion(int device, void* ptr, size_t size) : device_(device), ptr_(ptr), size_(size) {}
+  ~ImportedRegion() override {
+    cudaSetDevice(device_);
+    cudaIpcCloseMemHandle(ptr_);
+  }
+  void* data() const override { return ptr_; }
+  size_t size() const override { return size_; }
+  const std::string& handle() const override { return none_; }
+
+ private:
+  const int device_;
+  void* const ptr_;
+  const size_t size_;
+  const std::string none_;
+};
+
+class CudaDeviceMemory : public DeviceMemory {
+ public:
+  CudaDeviceMemory(int device, cuda::Stream stream) : device_(device), stream_(std::move(stream)) {}
+  int device() const override { return device_; }
+
+  absl::StatusOr<std::unique_ptr<DeviceRegion>> Export(size_t bytes) override {
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    void* ptr = nullptr;
+    const cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda:", device_, " has no ", bytes, " bytes free for the cuda_ipc buffers"));
+    }
+    RETURN_IF_ERROR(CudaStatus(err, "cudaMalloc"));
+    cudaIpcMemHandle_t h;
+    if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&h, ptr), "cudaIpcGetMemHandle"); !s.ok()) {
+      cudaFree(ptr);
+      return s;
+    }
+    return std::unique_ptr<DeviceRegion>(
+        new ExportedRegion(device_, ptr, bytes, std::string(reinterpret_cast<const char*>(&h), sizeof(h))));
+  }
+
+  absl::StatusOr<std::unique_ptr<DeviceRegion>> Import(const std::string& handle, size_t bytes) override {
+    if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t), " bytes, not ", handle.size()));
+    }
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    void* ptr = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::UnavailableError(absl::StrCat("cudaIpcOpenMemHandle on cuda:", device_, ": ",
+                                                 cudaGetErrorString(err)));
+    }
+    return std::unique_ptr<DeviceRegion>(new ImportedRegion(device_, ptr, bytes));
+  }
+
+  absl::Status Copy(absl::Span<const CopyRange> copies) override {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    for (const CopyRange& c : copies) {
+      if (c.bytes == 0) continue;
+      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream_.get()),
+                                 "cudaMemcpyAsync"));
+    }
+    return stream_.Synchronize();
+  }
+
+  absl::Status Add(float* dst, const float* src, int rows, int cols) override {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    cuda::MoeCombineParams p;  // x += expert_out (no permutation, no weights)
+    p.expert_out = src, p.num_tokens = rows, p.top_k = 1, p.hidden = cols, p.x = dst;
+    p.stream = stream_.get();
+    RETURN_IF_ERROR(cuda::RunMoeCombine(p));
+    return stream_.Synchronize();
+  }
+
+ private:
+  const int device_;
+  absl::Mutex mu_;
+  cuda::Stream stream_;  // guarded by mu_
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceMemory>> OpenCudaDeviceMemory(int device) {
+  RETURN_IF_ERROR(cuda::UseDevice(device));
+  ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+  return std::unique_ptr<DeviceMemory>(new CudaDeviceMemory(device, std::move(stream)));
+}
+
+}  // namespace moesh

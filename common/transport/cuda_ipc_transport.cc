@@ -1,0 +1,428 @@
+#include "common/transport/cuda_ipc_transport.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/cuda_backends_plugin.h"
+#include "common/service/grpc_util.h"
+#include "common/status.h"
+#include "common/transport/shm_doorbell.h"
+
+namespace moesh {
+namespace {
+
+constexpr int kMaxExperts = 1024;
+constexpr size_t kMaxHandle = 64;
+
+// What the doorbell carries (plain bytes: both ends are this build).
+struct IpcRequest {
+  enum Kind : int32_t { kAttach = 1, kDispatch = 2 };
+  int32_t kind = 0;
+  // kAttach: the client's regions, for dispatches of up to `capacity` tokens.
+  int32_t capacity = 0, hidden = 0, top_k = 0;
+  uint64_t input_bytes = 0, output_bytes = 0;
+  uint64_t input_ptr = 0, output_ptr = 0;  // a client in the server's own process
+  uint32_t input_handle_size = 0, output_handle_size = 0;
+  char input_handle[kMaxHandle] = {};
+  char output_handle[kMaxHandle] = {};
+  // kDispatch.
+  int32_t layer = 0, num_tokens = 0, num_experts = 0;
+  uint8_t serve[kMaxExperts] = {};
+};
+struct IpcReply {
+  int32_t code = 0;  // absl::StatusCode
+  char message[1024] = {};
+};
+static_assert(sizeof(IpcRequest) <= ShmDoorbell::kMaxMessage && sizeof(IpcReply) <= ShmDoorbell::kMaxMessage);
+
+// The input region: bf16 hidden states, then ids, then weights, each
+// 256-byte aligned.
+struct InputLayout {
+  size_t ids = 0, weights = 0, bytes = 0;
+  InputLayout(int capacity, int hidden, int top_k) {
+    auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+    ids = align(static_cast<size_t>(capacity) * hidden * 2);
+    weights = ids + align(static_cast<size_t>(capacity) * top_k * 4);
+    bytes = weights + align(static_cast<size_t>(capacity) * top_k * 4);
+  }
+};
+
+template <typename T>
+std::string Bytes(const T& v) {
+  return std::string(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+bool FromBytes(const std::string& s, T* v) {
+  if (s.size() != sizeof(T)) return false;
+  std::memcpy(v, s.data(), sizeof(T));
+  return true;
+}
+IpcReply ReplyOf(const absl::Status& s) {
+  IpcReply r;
+  r.code = static_cast<int32_t>(s.code());
+  const std::string m(s.message().substr(0, sizeof(r.message) - 1));
+  std::memcpy(r.message, m.data(), m.size());
+  return r;
+}
+absl::Status StatusOf(const IpcReply& r) {
+  return absl::Status(static_cast<absl::StatusCode>(r.code), std::string(r.message, strnlen(r.message, sizeof(r.message))));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceMemory>> OpenDeviceMemory(int device) {
+  ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
+  return cuda->open_device_memory(device);
+}
+
+using ClientStream = grpc::ClientReaderWriter<v1::IpcFrame, v1::IpcFrame>;
+
+class IpcChannel : public DataChannel {
+ public:
+  IpcChannel(std::string peer, int device, bool same_process, const CudaIpcTransportOptions& options,
+             std::unique_ptr<DataChannel> host, std::unique_ptr<v1::IpcDataPlane::Stub> stub,
+             std::unique_ptr<grpc::ClientContext> ctx, std::unique_ptr<ClientStream> stream,
+             std::unique_ptr<ShmDoorbell> doorbell)
+      : peer_(std::move(peer)),
+        device_(device),
+        same_process_(same_process),
+        options_(options),
+        host_(std::move(host)),
+        stub_(std::move(stub)),
+        ctx_(std::move(ctx)),
+        stream_(std::move(stream)),
+        doorbell_(std::move(doorbell)) {
+    // The stream carries nothing more; Read returns when the server goes.
+    watcher_ = std::thread([this] {
+      v1::IpcFrame frame;
+      while (stream_->Read(&frame)) {
+      }
+      broken_.store(true);
+    });
+  }
+  ~IpcChannel() override {
+    ctx_->TryCancel();
+    watcher_.join();
+    stream_->Finish().IgnoreError();
+  }
+
+  absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override {
+    return host_->Dispatch(request, response);
+  }
+  absl::Status PushKv(const v1::PushKvRequest& request) override { return host_->PushKv(request); }
+  const std::string& peer() const override { return peer_; }
+  int dispatch_device() const override { return options_.device; }
+
+  absl::Status PostOnDevice(const DeviceMoeDispatch& d) override {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(Usable());
+    if (d.num_tokens < 0 || d.hidden <= 0 || d.top_k <= 0) return absl::InvalidArgumentError("bad dispatch shape");
+    RETURN_IF_ERROR(Fit(d.num_tokens, d.hidden, d.top_k));
+    const InputLayout in(capacity_, hidden_, top_k_);
+    char* base = static_cast<char*>(input_->data());
+    const size_t t = d.num_tokens;
+    if (t > 0) {
+      const DeviceMemory::CopyRange copies[] = {
+          {base, d.hidden_states, t * d.hidden * 2},
+          {base + in.ids, d.topk_ids, t * d.top_k * sizeof(int32_t)},
+          {base + in.weights, d.topk_weights, t * d.top_k * sizeof(float)}};
+      RETURN_IF_ERROR(memory_->Copy(copies));
+    }
+    IpcRequest r;
+    r.kind = IpcRequest::kDispatch;
+    r.layer = d.layer, r.num_tokens = d.num_tokens, r.hidden = d.hidden, r.top_k = d.top_k;
+    if (d.serve != nullptr) {
+      if (d.num_experts < 1 || d.num_experts > kMaxExperts) {
+        return absl::InvalidArgumentError(absl::StrCat("a serve mask of ", d.num_experts, " experts (1..", kMaxExperts, ")"));
+      }
+      r.num_experts = d.num_experts;
+      std::memcpy(r.serve, d.serve, d.num_experts);
+    }
+    RETURN_IF_ERROR(Break(doorbell_->Post(Bytes(r))));
+    posted_tokens_ = d.num_tokens;
+    posted_hidden_ = d.hidden;
+    return absl::OkStatus();
+  }
+
+  absl::Status CollectOnDevice(float* out, bool accumulate) override {
+    absl::MutexLock lock(&mu_);
+    if (posted_tokens_ < 0) return absl::FailedPreconditionError("CollectOnDevice without PostOnDevice");
+    const int t = posted_tokens_;
+    posted_tokens_ = -1;
+    ASSIGN_OR_RETURN(IpcReply reply, Call());
+    RETURN_IF_ERROR(StatusOf(reply));
+    if (t == 0) return absl::OkStatus();
+    const float* result = static_cast<const float*>(output_->data());
+    if (accumulate) return memory_->Add(out, result, t, posted_hidden_);
+    const DeviceMemory::CopyRange copy[] = {{out, result, static_cast<size_t>(t) * posted_hidden_ * sizeof(float)}};
+    return memory_->Copy(copy);
+  }
+
+ private:
+  absl::Status Usable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (broken_.load()) return absl::UnavailableError(absl::StrCat("cuda_ipc peer ", peer_, " is gone"));
+    if (memory_ == nullptr) {
+      ASSIGN_OR_RETURN(memory_, OpenDeviceMemory(options_.device));
+    }
+    return absl::OkStatus();
+  }
+  // Marks the channel broken on transport errors.
+  absl::Status Break(absl::Status s) {
+    if (!s.ok() && s.code() != absl::StatusCode::kInvalidArgument) {
+      broken_.store(true);
+      ctx_->TryCancel();
+      return absl::UnavailableError(absl::StrCat("cuda_ipc peer ", peer_, ": ", s.message()));
+    }
+    return s;
+  }
+  absl::StatusOr<IpcReply> Call() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<std::string> bytes = doorbell_->WaitReply(absl::Now() + options_.call_timeout, &broken_);
+    RETURN_IF_ERROR(Break(bytes.status()));
+    IpcReply reply;
+    if (!FromBytes(*bytes, &reply)) return Break(absl::DataLossError("an unreadable doorbell reply"));
+    return reply;
+  }
+  // Regions for `tokens` tokens of this shape, the server attached to them.
+  absl::Status Fit(int tokens, int hidden, int top_k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (input_ != nullptr && tokens <= capacity_ && hidden == hidden_ && top_k == top_k_) return absl::OkStatus();
+    int capacity = 256;
+    while (capacity < tokens) capacity *= 2;
+    const InputLayout in(capacity, hidden, top_k);
+    // New regions first: the old ones stay mapped on the server until it
+    // has switched to these.
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceRegion> input, memory_->Export(in.bytes));
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceRegion> output,
+                     memory_->Export(static_cast<size_t>(capacity) * hidden * sizeof(float)));
+    IpcRequest r;
+    r.kind = IpcRequest::kAttach;
+    r.capacity = capacity, r.hidden = hidden, r.top_k = top_k;
+    r.input_bytes = input->size(), r.output_bytes = output->size();
+    if (same_process_) {
+      r.input_ptr = reinterpret_cast<uint64_t>(input->data());
+      r.output_ptr = reinterpret_cast<uint64_t>(output->data());
+    } else {
+      r.input_handle_size = static_cast<uint32_t>(std::min(kMaxHandle, input->handle().size()));
+      r.output_handle_size = static_cast<uint32_t>(std::min(kMaxHandle, output->handle().size()));
+      std::memcpy(r.input_handle, input->handle().data(), r.input_handle_size);
+      std::memcpy(r.output_handle, output->handle().data(), r.output_handle_size);
+    }
+    absl::Status s = Break(doorbell_->Post(Bytes(r)));
+    absl::StatusOr<IpcReply> reply = s.ok() ? Call() : absl::StatusOr<IpcReply>(s);
+    s = reply.ok() ? StatusOf(*reply) : reply.status();
+    // Either way the server has let go of the old regions.
+    input_ = s.ok() ? std::move(input) : nullptr;
+    output_ = s.ok() ? std::move(output) : nullptr;
+    if (s.ok()) capacity_ = capacity, hidden_ = hidden, top_k_ = top_k;
+    return s;
+  }
+
+  const std::string peer_;
+  const int device_;  // the server's
+  const bool same_process_;
+  const CudaIpcTransportOptions options_;
+  const std::unique_ptr<DataChannel> host_;
+  const std::unique_ptr<v1::IpcDataPlane::Stub> stub_;
+  const std::unique_ptr<grpc::ClientContext> ctx_;
+  const std::unique_ptr<ClientStream> stream_;
+  std::atomic<bool> broken_{false};
+  std::thread watcher_;
+
+  absl::Mutex mu_;
+  const std::unique_ptr<ShmDoorbell> doorbell_;  // used under mu_
+  std::unique_ptr<DeviceMemory> memory_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<DeviceRegion> input_ ABSL_GUARDED_BY(mu_), output_ ABSL_GUARDED_BY(mu_);
+  int capacity_ ABSL_GUARDED_BY(mu_) = 0, hidden_ ABSL_GUARDED_BY(mu_) = 0, top_k_ ABSL_GUARDED_BY(mu_) = 0;
+  int posted_tokens_ ABSL_GUARDED_BY(mu_) = -1, posted_hidden_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class CudaIpcTransport : public Transport {
+ public:
+  explicit CudaIpcTransport(const CudaIpcTransportOptions& options) : options_(options) {}
+  absl::string_view name() const override { return "cuda_ipc"; }
+
+  absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<ShmDoorbell> doorbell, ShmDoorbell::Create());
+    auto stub = v1::IpcDataPlane::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), InternalChannelArgs()));
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    std::unique_ptr<ClientStream> stream = stub->Attach(ctx.get());
+    v1::IpcFrame hello;
+    hello.set_doorbell(doorbell->name());
+    hello.set_client(absl::StrCat("pid ", getpid(), " cuda:", options_.device));
+    hello.set_pid(getpid());
+    v1::IpcFrame ack;
+    // Bounded: a server that never answers is cancelled at the deadline.
+    std::atomic<bool> answered{false};
+    grpc::ClientContext* raw = ctx.get();
+    std::thread timer([&] {
+      const absl::Time deadline = absl::Now() + options_.connect_timeout;
+      while (!answered.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+      if (!answered.load()) raw->TryCancel();
+    });
+    const bool ok = stream->Write(hello) && stream->Read(&ack);
+    answered.store(true);
+    timer.join();
+    if (!ok) {
+      const grpc::Status g = stream->Finish();
+      return absl::Status(g.ok() ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(g.error_code()),
+                          absl::StrCat("cuda_ipc peer ", address, ": ",
+                                       g.ok() ? "closed the channel" : g.error_message()));
+    }
+    doorbell->Unlink();  // the server has it open
+    ASSIGN_OR_RETURN(std::unique_ptr<Transport> grpc, MakeTransport("grpc"));
+    ASSIGN_OR_RETURN(std::unique_ptr<DataChannel> host, grpc->Connect(address));
+    return std::unique_ptr<DataChannel>(new IpcChannel(address, ack.device(), ack.pid() == getpid(), options_,
+                                                       std::move(host), std::move(stub), std::move(ctx),
+                                                       std::move(stream), std::move(doorbell)));
+  }
+
+ private:
+  const CudaIpcTransportOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> MakeCudaIpcTransport(const CudaIpcTransportOptions& options) {
+  return std::make_unique<CudaIpcTransport>(options);
+}
+
+// ---------------------------------------------------------------------------
+// Server.
+
+struct CudaIpcDataPlaneServer::Attachment {
+  std::string client;
+  bool same_process = false;
+  std::unique_ptr<ShmDoorbell> doorbell;
+  std::atomic<bool> stop{false};
+  // Set by kAttach; only the serving thread touches them.
+  std::unique_ptr<DeviceRegion> input, output;
+  char* input_base = nullptr;
+  float* output_base = nullptr;
+  int capacity = 0, hidden = 0, top_k = 0;
+};
+
+absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> CudaIpcDataPlaneServer::Start(
+    const std::string& listen, int device, DispatchHandler* dispatch, DeviceDispatchHandler* device_dispatch,
+    KvHandler* kv) {
+  // No CUDA needed until a client attaches device memory (host calls work anywhere).
+  std::unique_ptr<CudaIpcDataPlaneServer> s(new CudaIpcDataPlaneServer(device, dispatch, device_dispatch, kv));
+  ASSIGN_OR_RETURN(RunningServer running, StartGrpcServer(listen, {s.get(), &s->host_}));
+  s->server_ = std::move(running.server);
+  s->port_ = running.port;
+  return s;
+}
+
+CudaIpcDataPlaneServer::~CudaIpcDataPlaneServer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (Attachment* a : attachments_) a->stop.store(true);
+  }
+  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+}
+
+absl::StatusOr<DeviceMemory*> CudaIpcDataPlaneServer::memory() {
+  absl::MutexLock lock(&mu_);
+  if (memory_ == nullptr) {
+    ASSIGN_OR_RETURN(memory_, OpenDeviceMemory(device_));
+  }
+  return memory_.get();
+}
+
+grpc::Status CudaIpcDataPlaneServer::Attach(grpc::ServerContext* ctx,
+                                            grpc::ServerReaderWriter<v1::IpcFrame, v1::IpcFrame>* stream) {
+  v1::IpcFrame hello;
+  if (!stream->Read(&hello)) return grpc::Status::OK;
+  Attachment a;
+  a.client = hello.client();
+  a.same_process = hello.pid() == getpid();
+  absl::StatusOr<std::unique_ptr<ShmDoorbell>> doorbell = ShmDoorbell::Open(hello.doorbell());
+  if (!doorbell.ok()) return ToGrpcStatus(doorbell.status());
+  a.doorbell = std::move(*doorbell);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down");
+    attachments_.push_back(&a);
+  }
+  v1::IpcFrame ack;
+  ack.set_device(device_);
+  ack.set_pid(getpid());
+  if (stream->Write(ack)) {
+    std::thread serving([this, &a] { Serve(&a); });
+    v1::IpcFrame frame;
+    while (!ctx->IsCancelled() && stream->Read(&frame)) {  // until the client ends the stream
+    }
+    a.stop.store(true);
+    serving.join();
+  }
+  absl::MutexLock lock(&mu_);
+  attachments_.erase(std::find(attachments_.begin(), attachments_.end(), &a));
+  return grpc::Status::OK;
+}
+
+void CudaIpcDataPlaneServer::Serve(Attachment* a) {
+  while (true) {
+    absl::StatusOr<std::string> request = a->doorbell->WaitRequest(&a->stop);
+    if (!request.ok()) return;  // stopped
+    a->doorbell->Reply(Handle(a, *request));
+  }
+}
+
+std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& bytes) {
+  IpcRequest r;
+  if (!FromBytes(bytes, &r)) return Bytes(ReplyOf(absl::InvalidArgumentError("an unreadable doorbell request")));
+  if (r.kind == IpcRequest::kAttach) {
+    a->input.reset(), a->output.reset();
+    a->input_base = nullptr, a->output_base = nullptr;
+    const InputLayout in(r.capacity, r.hidden, r.top_k);
+    if (r.capacity <= 0 || r.hidden <= 0 || r.top_k <= 0 || r.input_bytes < in.bytes ||
+        r.output_bytes < static_cast<uint64_t>(r.capacity) * r.hidden * sizeof(float)) {
+      return Bytes(ReplyOf(absl::InvalidArgumentError("cuda_ipc attach: regions too small for their shape")));
+    }
+    if (a->same_process) {
+      a->input_base = reinterpret_cast<char*>(r.input_ptr);
+      a->output_base = reinterpret_cast<float*>(r.output_ptr);
+    } else {
+      absl::StatusOr<DeviceMemory*> mem = memory();
+      if (!mem.ok()) return Bytes(ReplyOf(mem.status()));
+      absl::StatusOr<std::unique_ptr<DeviceRegion>> input =
+          (*mem)->Import(std::string(r.input_handle, std::min<size_t>(r.input_handle_size, kMaxHandle)), r.input_bytes);
+      if (!input.ok()) return Bytes(ReplyOf(input.status()));
+      absl::StatusOr<std::unique_ptr<DeviceRegion>> output = (*mem)->Import(
+          std::string(r.output_handle, std::min<size_t>(r.output_handle_size, kMaxHandle)), r.output_bytes);
+      if (!output.ok()) return Bytes(ReplyOf(output.status()));
+      a->input = std::move(*input), a->output = std::move(*output);
+      a->input_base = static_cast<char*>(a->input->data());
+      a->output_base = static_cast<float*>(a->output->data());
+    }
+    a->capacity = r.capacity, a->hidden = r.hidden, a->top_k = r.top_k;
+    std::cerr << "cuda_ipc data plane: " << a->client << " attached device buffers for " << r.capacity
+              << " tokens" << (a->same_process ? " (same process)" : "") << std::endl;
+    return Bytes(ReplyOf(absl::OkStatus()));
+  }
+  if (r.kind != IpcRequest::kDispatch) return Bytes(ReplyOf(absl::InvalidArgumentError("an unknown doorbell request")));
+  if (device_dispatch_ == nullptr) {
+    return Bytes(ReplyOf(absl::UnimplementedError("this worker takes no device-resident expert dispatch")));
+  }
+  if (a->input_base == nullptr) return Bytes(ReplyOf(absl::FailedPreconditionError("dispatch before attach")));
+  if (r.num_tokens < 0 || r.num_tokens > a->capacity || r.hidden != a->hidden || r.top_k != a->top_k ||
+      r.num_experts < 0 || r.num_experts > kMaxExperts) {
+    return Bytes(ReplyOf(absl::InvalidArgumentError(absl::StrCat("cuda_ipc dispatch of ", r.num_tokens, " x ",
+                                                                 r.hidden, " top-", r.top_k, " into regions for ",
+                                                                 a->capacity, " x ", a->hidden, " top-", a->top_k))));
+  }
+  const InputLayout in(a->capacity, a->hidden, a->top_k);
+  DeviceMoeDispatch d;
+  d.layer = r.layer, d.num_tokens = r.num_tokens, d.hidden = r.hidden, d.top_k = r.top_k;
+  d.hidden_states = reinterpret_cast<const uint16_t*>(a->input_base);
+  d.topk_ids = reinterpret_cast<const int32_t*>(a->input_base + in.ids);
+  d.topk_weights = reinterpret_cast<const float*>(a->input_base + in.weights);
+  d.serve = r.num_experts > 0 ? r.serve : nullptr;
+  d.num_experts = r.num_experts;
+  return Bytes(ReplyOf(device_dispatch_->DispatchOnDevice(d, a->output_base)));
+}
+
+}  // namespace moesh

@@ -1,0 +1,94 @@
+// The cuda_ipc transport: attention workers and expert workers on one node
+// (sharing a GPU, or on GPUs with peer access) exchange expert dispatches in
+// device memory; no payload byte goes through the host.
+//
+// A channel is an IpcDataPlane.Attach gRPC stream, a shared-memory doorbell
+// (shm_doorbell.h) and two device regions the client exports (CUDA IPC
+// handles; device_memory.h): the input (bf16 hidden states, top-k ids and
+// weights) and the output (fp32 partial sums). Per MoE layer the client
+// copies the dispatch into the input region (device to device), rings the
+// doorbell with (layer, tokens, the experts to serve); the server's thread
+// for the channel runs the experts from the input region into the output
+// region (DeviceDispatchHandler) and rings back; the client copies or adds
+// the output into its buffer. The regions grow when a larger dispatch comes
+// (the server maps the new ones). The stream carries nothing after the
+// handshake: it ends when either side goes away, which fails the other's
+// waits at once.
+//
+// Host-side calls (DataChannel::Dispatch, PushKv) go over gRPC to the same
+// port (the DataPlane service), so the KV handoff and CPU attention workers
+// work unchanged; the attention side's CudaModel takes the device path
+// (ExpertClient::dispatch_device). Limits, stated: the client and server
+// must be processes on one node (a client in the server's own process is
+// served through its pointers); dispatches from several attention workers
+// are not merged into one grouped GEMM (they take turns on the GPU).
+#ifndef MOESH_COMMON_TRANSPORT_CUDA_IPC_TRANSPORT_H_
+#define MOESH_COMMON_TRANSPORT_CUDA_IPC_TRANSPORT_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/transport/device_memory.h"
+#include "common/transport/grpc_data_plane_service.h"
+#include "common/transport/transport.h"
+#include "grpcpp/server.h"
+#include "moesh/v1/worker.grpc.pb.h"
+
+namespace moesh {
+
+struct CudaIpcTransportOptions {
+  int device = 0;  // this process's CUDA device (where dispatch buffers live)
+  absl::Duration connect_timeout = absl::Seconds(30);
+  absl::Duration call_timeout = absl::Seconds(60);
+};
+
+// Clients. Connect(address) takes the server's IpcDataPlane address; it
+// needs no GPU (host calls work anywhere); the first device dispatch loads
+// the CUDA plugin.
+std::unique_ptr<Transport> MakeCudaIpcTransport(const CudaIpcTransportOptions& options);
+
+// The server: IpcDataPlane and DataPlane on their own gRPC port. Each
+// attached channel is served by its own thread. Handlers may be null
+// (UNIMPLEMENTED) and must outlive the server.
+class CudaIpcDataPlaneServer final : public v1::IpcDataPlane::Service {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> Start(const std::string& listen, int device,
+                                                                       DispatchHandler* dispatch,
+                                                                       DeviceDispatchHandler* device_dispatch,
+                                                                       KvHandler* kv);
+  ~CudaIpcDataPlaneServer() override;  // stops every channel, then the gRPC server
+
+  int port() const { return port_; }
+  grpc::Status Attach(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::IpcFrame, v1::IpcFrame>* stream) override;
+
+ private:
+  struct Attachment;
+  CudaIpcDataPlaneServer(int device, DispatchHandler* dispatch, DeviceDispatchHandler* device_dispatch, KvHandler* kv)
+      : device_(device), device_dispatch_(device_dispatch), host_(dispatch, kv) {}
+  // Serves one channel's doorbell until `a->stop`.
+  void Serve(Attachment* a);
+  // One doorbell request; returns the reply.
+  std::string Handle(Attachment* a, const std::string& request);
+  absl::StatusOr<DeviceMemory*> memory();
+
+  const int device_;
+  DeviceDispatchHandler* const device_dispatch_;
+  GrpcDataPlaneService host_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Attachment*> attachments_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<DeviceMemory> memory_ ABSL_GUARDED_BY(mu_);  // opened at the first attach
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_TRANSPORT_CUDA_IPC_TRANSPORT_H_

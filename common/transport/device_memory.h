@@ -1,0 +1,55 @@
+// The CUDA side of the cuda_ipc transport, as an interface so that the
+// transport (common/transport/cuda_ipc_transport.cc) links no CUDA: the
+// plugin (common/transport/cuda_ipc_memory.cc, built with kernels/cuda)
+// implements it with CUDA IPC memory handles.
+//
+// Thread-safety: one DeviceMemory may be used from several threads; each
+// call makes its device current on the calling thread.
+#ifndef MOESH_COMMON_TRANSPORT_DEVICE_MEMORY_H_
+#define MOESH_COMMON_TRANSPORT_DEVICE_MEMORY_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace moesh {
+
+// Device memory mapped into this process: allocated here and exported, or
+// imported from another process. Unmapped (exported: freed) on destruction.
+class DeviceRegion {
+ public:
+  virtual ~DeviceRegion() = default;
+  virtual void* data() const = 0;  // a device pointer in this process
+  virtual size_t size() const = 0;
+  // Exported regions: the bytes another process on this node passes to
+  // DeviceMemory::Import (a cudaIpcMemHandle_t). Empty for imported ones.
+  virtual const std::string& handle() const = 0;
+};
+
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual int device() const = 0;
+  // RESOURCE_EXHAUSTED if the device lacks the memory.
+  virtual absl::StatusOr<std::unique_ptr<DeviceRegion>> Export(size_t bytes) = 0;
+  // Maps another process's exported region (same node; another GPU needs
+  // peer access). INVALID_ARGUMENT for a malformed handle, UNAVAILABLE if
+  // CUDA refuses it (e.g. the exporter is gone, or it is this process's).
+  virtual absl::StatusOr<std::unique_ptr<DeviceRegion>> Import(const std::string& handle, size_t bytes) = 0;
+  // Device-to-device copies, in order; returns when they are done.
+  struct CopyRange {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  virtual absl::Status Copy(absl::Span<const CopyRange> copies) = 0;
+  // dst += src, both fp32 [rows, cols]; returns when it is done.
+  virtual absl::Status Add(float* dst, const float* src, int rows, int cols) = 0;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_TRANSPORT_DEVICE_MEMORY_H_
