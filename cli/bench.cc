@@ -90,7 +90,7 @@ absl::Status RunBench(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
                                           {"model", "batch", "prompt-len", "decode-steps", "concurrency", "requests",
                                            "max-new-tokens", "modes", "bin-dir", "device", "expert-device",
-                                           "load-format"},
+                                           "load-format", "expert-workers"},
                                           {"serving"}));
   if (args.Bool("serving")) return RunServingBench(args);
   ASSIGN_OR_RETURN(std::string dir, args.Required("model"));

@@ -110,6 +110,8 @@ absl::Status RunServingBench(const Args& args) {
   const std::string device = args.Get("device").value_or("cpu");
   const std::string expert_device = args.Get("expert-device").value_or("");
   const std::string load_format = args.Get("load-format").value_or("auto");
+  ASSIGN_OR_RETURN(const int64_t expert_workers, args.Int("expert-workers", 2));
+  if (expert_workers < 1) return absl::InvalidArgumentError("--expert-workers: at least 1");
   std::vector<std::string> modes = absl::StrSplit(modes_flag, ',', absl::SkipEmpty());
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -131,6 +133,7 @@ absl::Status RunServingBench(const Args& args) {
     o.device = device;
     o.expert_device = expert_device;
     o.load_format = load_format;
+    for (int64_t i = 0; i < expert_workers; ++i) o.expert_workers.push_back(absl::StrCat(i, "/", expert_workers));
     if (mode == "colocated") {
       o.extra_router_flags = {"--colocated", "--kv_blocks=4096", "--device=" + device, "--load_format=" + load_format};
       o.expert_workers = {"0-0"};

@@ -20,7 +20,7 @@ constexpr char kUsage[] =
     "            engine throughput in this process; with --serving: concurrent streams against a\n"
     "            local cluster and colocated mode [--concurrency 1,8,32] [--requests N]\n"
     "            [--max-new-tokens N] [--modes cluster,cluster-nopp,cluster-ucx,cluster-nccl,cluster-ipc,colocated]\n"
-    "            [--device cuda] [--expert-device cuda:1] [--load-format dummy]\n"
+    "            [--device cuda] [--expert-device cuda:1] [--load-format dummy] [--expert-workers N]\n"
     "  serve-local --model DIR [--expert-workers N] [--port P] [--bin-dir DIR] [--device cuda]\n"
     "            [--expert-device cuda:1] [--transport {grpc,ucx,nccl,cuda_ipc}]\n"
     "            start router, prefill, decode and expert workers on loopback\n"

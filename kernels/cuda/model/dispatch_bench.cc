@@ -1,0 +1,291 @@
+// cuda_dispatch_bench: one MoE layer's attention -> experts -> attention
+// round trip at DeepSeek-V2-Lite's shapes (hidden 2048, 64 routed experts,
+// top-6, moe_intermediate 1408; random weights on the device), as an
+// attention worker makes it through RemoteExpertClient, over each transport:
+//   cuda_ipc — the dispatch stays in device memory (RunOnDevice);
+//   grpc     — fp32 hidden states through the host and gRPC (Run);
+// against, in the same run, what no transport can remove:
+//   experts alone — the same experts computed in this process on the same
+//                   device buffers (CudaExpertStage::AccumulateOnDevice);
+//   empty call    — a dispatch of 0 tokens over cuda_ipc: the doorbell and
+//                   the two processes' wake-ups, no GPU work;
+//   copy          — the device-to-device copy rate (the payload's ceiling).
+// Expert workers are separate processes (forked before this one starts
+// CUDA), each an ExpertService on its own CudaExpertStage holding 64/W
+// experts, serving cuda_ipc and gRPC on one port; they share the GPU with
+// this process, as in `moesh bench --serving --modes cluster-ipc`.
+//
+// Usage: cuda_dispatch_bench [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N]
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/dtype.h"
+#include "common/model/random_checkpoint.h"
+#include "common/status.h"
+#include "common/transport/cuda_ipc_transport.h"
+#include "common/transport/remote_expert_client.h"
+#include "expert_worker/expert_service.h"
+#include "kernels/cuda/bench_util.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/fill.h"
+#include "kernels/cuda/model/cuda_expert_stage.h"
+
+namespace moesh::cuda {
+namespace {
+
+constexpr int kLayer = 1;  // V2-Lite's first MoE layer
+
+struct Flags {
+  std::vector<int> workers = {1, 2};
+  std::vector<int> batch = {1, 32, 128, 256};
+  int reps = 30;
+  int server_device = 0;  // the expert workers' GPU (this process uses GPU 0)
+};
+
+absl::StatusOr<std::vector<int>> Ints(const std::string& s) {
+  std::vector<int> v;
+  for (absl::string_view p : absl::StrSplit(s, ',')) {
+    int x = 0;
+    if (!absl::SimpleAtoi(p, &x) || x < 0) return absl::InvalidArgumentError(absl::StrCat("not a count: ", p));
+    v.push_back(x);
+  }
+  return v;
+}
+
+std::set<int> ShardOf(int index, int count, int experts) {
+  std::set<int> ids;
+  for (int e = index * experts / count; e < (index + 1) * experts / count; ++e) ids.insert(e);
+  return ids;
+}
+
+// A child process: serves `ids` on GPU 0 until its control pipe closes.
+// Writes its port (or 0) to `port_fd`.
+[[noreturn]] void ServeExperts(const ModelConfig& config, std::set<int> ids, int device, int port_fd,
+                               int control_fd) {
+  int port = 0;
+  absl::Status s = [&]() -> absl::Status {
+    RETURN_IF_ERROR(UseDevice(device));
+    ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> w, ExpertShardWeights::Placeholder(config, ids));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaExpertStage> stage, CudaExpertStage::Create(config, std::move(w)));
+    ExpertServiceOptions o;
+    o.batch_window = std::chrono::microseconds(0);
+    ExpertService service(std::move(stage), config.Fingerprint(), o);
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaIpcDataPlaneServer> server,
+                     CudaIpcDataPlaneServer::Start("127.0.0.1:0", device, &service, &service, nullptr));
+    port = server->port();
+    if (write(port_fd, &port, sizeof(port)) != sizeof(port)) return absl::InternalError("port pipe");
+    char c;
+    while (read(control_fd, &c, 1) > 0) {
+    }
+    return absl::OkStatus();
+  }();
+  if (!s.ok()) {
+    std::fprintf(stderr, "expert server: %s\n", std::string(s.message()).c_str());
+    if (port == 0) (void)!write(port_fd, &port, sizeof(port));
+    _exit(1);
+  }
+  _exit(0);
+}
+
+struct Children {
+  std::vector<pid_t> pids;
+  std::vector<int> ports;
+  int control_fd = -1;  // closing it stops them
+  ~Children() {
+    if (control_fd >= 0) close(control_fd);
+    // Later fleets inherited this fleet's control pipe: stop them outright.
+    for (pid_t p : pids) kill(p, SIGTERM);
+    for (pid_t p : pids) waitpid(p, nullptr, 0);
+  }
+};
+
+absl::Status Spawn(const ModelConfig& config, int count, int device, Children* out) {
+  int control[2];
+  if (pipe(control) != 0) return absl::InternalError("pipe");
+  out->control_fd = control[1];
+  for (int i = 0; i < count; ++i) {
+    int ports[2];
+    if (pipe(ports) != 0) return absl::InternalError("pipe");
+    const pid_t pid = fork();
+    if (pid < 0) return absl::InternalError("fork");
+    if (pid == 0) {
+      close(control[1]);
+      close(ports[0]);
+      ServeExperts(config, ShardOf(i, count, config.n_routed_experts), device, ports[1], control[0]);
+    }
+    close(ports[1]);
+    out->pids.push_back(pid);
+    int port = 0;
+    const bool got = read(ports[0], &port, sizeof(port)) == sizeof(port);
+    close(ports[0]);
+    if (!got || port == 0) return absl::UnavailableError(absl::StrCat("expert server ", i, " did not start"));
+    out->ports.push_back(port);
+  }
+  close(control[0]);
+  return absl::OkStatus();
+}
+
+template <typename Fn>
+absl::StatusOr<double> HostMedianUs(int reps, Fn fn) {
+  for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(fn());
+  std::vector<double> us(reps);
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(fn());
+    us[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::nth_element(us.begin(), us.begin() + reps / 2, us.end());
+  return us[reps / 2];
+}
+
+absl::Status Run(const Flags& f) {
+  ASSIGN_OR_RETURN(ModelConfig c, PresetConfig("v2-lite", "real"));
+  const int h = c.hidden_size, k = c.num_experts_per_tok, e = c.n_routed_experts;
+  const int max_batch = *std::max_element(f.batch.begin(), f.batch.end());
+  // Every worker count's servers first: no CUDA or gRPC in this process before fork.
+  std::vector<std::unique_ptr<Children>> fleets;
+  for (int w : f.workers) {
+    fleets.push_back(std::make_unique<Children>());
+    RETURN_IF_ERROR(Spawn(c, w, f.server_device, fleets.back().get()));
+  }
+
+  RETURN_IF_ERROR(UseDevice(0));
+  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
+  ASSIGN_OR_RETURN(std::unique_ptr<CublasGemm> gemm, CublasGemm::Create());
+  ASSIGN_OR_RETURN(Ceilings ceil, MeasureCeilings(*gemm, stream.get()));
+  // The dispatch: random hidden states, each token's top-6 distinct experts
+  // drawn uniformly, random weights; the same on the host (fp32) for grpc.
+  std::mt19937 rng(7);
+  std::vector<float> h_x(static_cast<size_t>(max_batch) * h), h_w(static_cast<size_t>(max_batch) * k);
+  std::vector<int32_t> h_ids(static_cast<size_t>(max_batch) * k);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& x : h_x) x = Bf16ToF32(F32ToBf16(u(rng)));
+  for (int t = 0; t < max_batch; ++t) {
+    std::vector<int> perm(e);
+    for (int i = 0; i < e; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < k; ++j) h_ids[t * k + j] = perm[j], h_w[t * k + j] = 0.1f + 0.1f * j;
+  }
+  std::vector<uint16_t> h_xb(h_x.size());
+  for (size_t i = 0; i < h_x.size(); ++i) h_xb[i] = F32ToBf16(h_x[i]);
+  ASSIGN_OR_RETURN(DeviceBuffer<uint16_t> x, DeviceBuffer<uint16_t>::Create(h_xb.size()));
+  ASSIGN_OR_RETURN(DeviceBuffer<int32_t> ids, DeviceBuffer<int32_t>::Create(h_ids.size()));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> wts, DeviceBuffer<float>::Create(h_w.size()));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> out, DeviceBuffer<float>::Create(static_cast<size_t>(max_batch) * h));
+  RETURN_IF_ERROR(x.CopyFrom(h_xb));
+  RETURN_IF_ERROR(ids.CopyFrom(h_ids));
+  RETURN_IF_ERROR(wts.CopyFrom(h_w));
+  std::vector<float> host_out(static_cast<size_t>(max_batch) * h);
+  auto device_dispatch = [&](int b) {
+    DeviceMoeDispatch d;
+    d.layer = kLayer, d.num_tokens = b, d.hidden = h, d.top_k = k;
+    d.hidden_states = x.get(), d.topk_ids = ids.get(), d.topk_weights = wts.get();
+    return d;
+  };
+  auto host_dispatch = [&](int b) {
+    MoeDispatch d;
+    d.layer = kLayer, d.num_tokens = b, d.hidden = h, d.top_k = k;
+    d.hidden_states = h_x.data(), d.topk_ids = h_ids.data(), d.topk_weights = h_w.data();
+    return d;
+  };
+
+  // The floor: every expert in this process, on the same buffers.
+  std::set<int> all;
+  for (int i = 0; i < e; ++i) all.insert(i);
+  ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> w_all, ExpertShardWeights::Placeholder(c, all));
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaExpertStage> local, CudaExpertStage::Create(c, std::move(w_all)));
+  std::map<int, double> alone;
+  for (int b : f.batch) {
+    const DeviceMoeDispatch d = device_dispatch(b);
+    ASSIGN_OR_RETURN(alone[b], HostMedianUs(f.reps, [&] { return local->AccumulateOnDevice(d, out.get(), nullptr); }));
+  }
+  local.reset();
+
+  std::printf("attention side GPU 0, expert workers GPU %d; copy %.0f GB/s (read + write); V2-Lite MoE layer: hidden %d, %d experts top-%d, "
+              "moe_intermediate %d, bf16\n",
+              f.server_device, ceil.copy_gbps, h, e, k, c.moe_intermediate_size);
+  std::printf("round trip of one MoE layer, host-timed median of %d (us); payload = bf16 hidden + ids + weights "
+              "out, fp32 sums back\n",
+              f.reps);
+  std::printf("| workers | batch | payload KB | experts alone | cuda_ipc | cuda_ipc - alone | grpc | empty cuda_ipc "
+              "call | payload at copy rate |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (size_t fi = 0; fi < f.workers.size(); ++fi) {
+    const int wcount = f.workers[fi];
+    ExpertPlacement placement;
+    for (int i = 0; i < wcount; ++i) {
+      const std::set<int> s = ShardOf(i, wcount, e);
+      placement[absl::StrCat("127.0.0.1:", fleets[fi]->ports[i])] = std::vector<int>(s.begin(), s.end());
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<Transport> ipc_t, MakeTransport("cuda_ipc", 0));
+    ASSIGN_OR_RETURN(std::unique_ptr<Transport> grpc_t, MakeTransport("grpc"));
+    ASSIGN_OR_RETURN(std::unique_ptr<RemoteExpertClient> ipc, RemoteExpertClient::Create(ipc_t.get(), placement, e));
+    ASSIGN_OR_RETURN(std::unique_ptr<RemoteExpertClient> grpc, RemoteExpertClient::Create(grpc_t.get(), placement, e));
+    // Attach at the largest size first, so no row pays for growing regions.
+    RETURN_IF_ERROR(ipc->RunOnDevice(device_dispatch(max_batch), out.get()));
+    ASSIGN_OR_RETURN(double empty, HostMedianUs(f.reps, [&] { return ipc->RunOnDevice(device_dispatch(0), out.get()); }));
+    for (int b : f.batch) {
+      const DeviceMoeDispatch dd = device_dispatch(b);
+      const MoeDispatch hd = host_dispatch(b);
+      ASSIGN_OR_RETURN(double t_ipc, HostMedianUs(f.reps, [&] { return ipc->RunOnDevice(dd, out.get()); }));
+      ASSIGN_OR_RETURN(double t_grpc, HostMedianUs(std::max(5, f.reps / 3), [&] { return grpc->Run(hd, host_out.data()); }));
+      const double payload = static_cast<double>(b) * (h * 2 + k * 8) + static_cast<double>(b) * h * 4;
+      std::printf("| %d | %d | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", wcount, b, payload / 1024, alone[b],
+                  t_ipc, t_ipc - alone[b], t_grpc, empty, 2 * payload / (ceil.copy_gbps * 1e3));
+      std::fflush(stdout);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace moesh::cuda
+
+int main(int argc, char** argv) {
+  moesh::cuda::Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    absl::StatusOr<std::vector<int>> v = std::vector<int>{};
+    if (a == "--workers") {
+      v = moesh::cuda::Ints(value());
+      if (v.ok()) f.workers = *v;
+    } else if (a == "--batch") {
+      v = moesh::cuda::Ints(value());
+      if (v.ok()) f.batch = *v;
+    } else if (a == "--server-device") {
+      if (!absl::SimpleAtoi(value(), &f.server_device) || f.server_device < 0) {
+        v = absl::InvalidArgumentError("--server-device: a CUDA ordinal");
+      }
+    } else if (a == "--reps") {
+      if (!absl::SimpleAtoi(value(), &f.reps) || f.reps < 1) v = absl::InvalidArgumentError("--reps: a count");
+    } else {
+      v = absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
+    }
+    if (!v.ok()) {
+      std::fprintf(stderr, "cuda_dispatch_bench: %s\nusage: cuda_dispatch_bench [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N]\n",
+                   std::string(v.status().message()).c_str());
+      return 2;
+    }
+  }
+  const absl::Status s = moesh::cuda::Run(f);
+  if (!s.ok()) {
+    std::fprintf(stderr, "cuda_dispatch_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
