@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -253,6 +254,7 @@ class CudaIpcTransport : public Transport {
     hello.set_doorbell(doorbell->name());
     hello.set_client(absl::StrCat("pid ", getpid(), " cuda:", options_.device));
     hello.set_pid(getpid());
+    hello.set_device(options_.device);
     v1::IpcFrame ack;
     // Bounded: a server that never answers is cancelled at the deadline.
     std::atomic<bool> answered{false};
@@ -295,10 +297,15 @@ std::unique_ptr<Transport> MakeCudaIpcTransport(const CudaIpcTransportOptions& o
 struct CudaIpcDataPlaneServer::Attachment {
   std::string client;
   bool same_process = false;
+  bool other_gpu = false;  // the client's regions live on another GPU
   std::unique_ptr<ShmDoorbell> doorbell;
   std::atomic<bool> stop{false};
   // Set by kAttach; only the serving thread touches them.
   std::unique_ptr<DeviceRegion> input, output;
+  // With other_gpu: copies on this GPU. The experts read their rows many
+  // times (gathered by expert), which over NVLink costs far more than one
+  // bulk copy each way.
+  std::unique_ptr<DeviceRegion> local_input, local_output;
   char* input_base = nullptr;
   float* output_base = nullptr;
   int capacity = 0, hidden = 0, top_k = 0;
@@ -339,6 +346,7 @@ grpc::Status CudaIpcDataPlaneServer::Attach(grpc::ServerContext* ctx,
   Attachment a;
   a.client = hello.client();
   a.same_process = hello.pid() == getpid();
+  a.other_gpu = hello.device() != device_;
   absl::StatusOr<std::unique_ptr<ShmDoorbell>> doorbell = ShmDoorbell::Open(hello.doorbell());
   if (!doorbell.ok()) return ToGrpcStatus(doorbell.status());
   a.doorbell = std::move(*doorbell);
@@ -375,7 +383,7 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
   IpcRequest r;
   if (!FromBytes(bytes, &r)) return Bytes(ReplyOf(absl::InvalidArgumentError("an unreadable doorbell request")));
   if (r.kind == IpcRequest::kAttach) {
-    a->input.reset(), a->output.reset();
+    a->input.reset(), a->output.reset(), a->local_input.reset(), a->local_output.reset();
     a->input_base = nullptr, a->output_base = nullptr;
     const InputLayout in(r.capacity, r.hidden, r.top_k);
     if (r.capacity <= 0 || r.hidden <= 0 || r.top_k <= 0 || r.input_bytes < in.bytes ||
@@ -398,9 +406,24 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
       a->input_base = static_cast<char*>(a->input->data());
       a->output_base = static_cast<float*>(a->output->data());
     }
+    if (a->other_gpu) {
+      absl::StatusOr<DeviceMemory*> mem = memory();
+      absl::StatusOr<std::unique_ptr<DeviceRegion>> li =
+          mem.ok() ? (*mem)->Export(r.input_bytes) : absl::StatusOr<std::unique_ptr<DeviceRegion>>(mem.status());
+      if (!li.ok()) return Bytes(ReplyOf(li.status()));
+      absl::StatusOr<std::unique_ptr<DeviceRegion>> lo = (*mem)->Export(r.output_bytes);
+      if (!lo.ok()) return Bytes(ReplyOf(lo.status()));
+      a->local_input = std::move(*li), a->local_output = std::move(*lo);
+    }
     a->capacity = r.capacity, a->hidden = r.hidden, a->top_k = r.top_k;
     std::cerr << "cuda_ipc data plane: " << a->client << " attached device buffers for " << r.capacity
-              << " tokens" << (a->same_process ? " (same process)" : "") << std::endl;
+              << " tokens" << (a->same_process ? " (same process)" : "")
+              << (a->other_gpu ? " (its GPU: staged through this one)" : "") << std::endl;
+    if (!a->same_process && !a->other_gpu && std::getenv("CUDA_MPS_PIPE_DIRECTORY") == nullptr) {
+      std::cerr << "cuda_ipc data plane: note: the client shares this GPU: unless MPS runs it, every dispatch costs a GPU "
+                   "context switch each way (~0.3 ms per call measured on an H200; BENCHMARKS.md)"
+                << std::endl;
+    }
     return Bytes(ReplyOf(absl::OkStatus()));
   }
   if (r.kind != IpcRequest::kDispatch) return Bytes(ReplyOf(absl::InvalidArgumentError("an unknown doorbell request")));
@@ -415,14 +438,30 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
                                                                  a->capacity, " x ", a->hidden, " top-", a->top_k))));
   }
   const InputLayout in(a->capacity, a->hidden, a->top_k);
+  const size_t t = r.num_tokens;
+  char* input = a->input_base;
+  float* output = a->output_base;
+  if (a->local_input != nullptr && t > 0) {  // pull the rows over in bulk
+    input = static_cast<char*>(a->local_input->data());
+    output = static_cast<float*>(a->local_output->data());
+    const DeviceMemory::CopyRange pull[] = {{input, a->input_base, t * r.hidden * 2},
+                                            {input + in.ids, a->input_base + in.ids, t * r.top_k * sizeof(int32_t)},
+                                            {input + in.weights, a->input_base + in.weights, t * r.top_k * sizeof(float)}};
+    if (absl::Status s = (*memory())->Copy(pull); !s.ok()) return Bytes(ReplyOf(s));
+  }
   DeviceMoeDispatch d;
   d.layer = r.layer, d.num_tokens = r.num_tokens, d.hidden = r.hidden, d.top_k = r.top_k;
-  d.hidden_states = reinterpret_cast<const uint16_t*>(a->input_base);
-  d.topk_ids = reinterpret_cast<const int32_t*>(a->input_base + in.ids);
-  d.topk_weights = reinterpret_cast<const float*>(a->input_base + in.weights);
+  d.hidden_states = reinterpret_cast<const uint16_t*>(input);
+  d.topk_ids = reinterpret_cast<const int32_t*>(input + in.ids);
+  d.topk_weights = reinterpret_cast<const float*>(input + in.weights);
   d.serve = r.num_experts > 0 ? r.serve : nullptr;
   d.num_experts = r.num_experts;
-  return Bytes(ReplyOf(device_dispatch_->DispatchOnDevice(d, a->output_base)));
+  absl::Status s = device_dispatch_->DispatchOnDevice(d, output);
+  if (s.ok() && output != a->output_base && t > 0) {  // push the sums back in bulk
+    const DeviceMemory::CopyRange push[] = {{a->output_base, output, t * r.hidden * sizeof(float)}};
+    s = (*memory())->Copy(push);
+  }
+  return Bytes(ReplyOf(s));
 }
 
 }  // namespace moesh

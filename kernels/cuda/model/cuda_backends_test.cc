@@ -279,6 +279,42 @@ TEST(CudaAttentionBackendTest, DeviceResidentDispatchOverCudaIpcEqualsTheHostPat
     }
     EXPECT_LE(worst, 1e-4) << "step " << step << " (two shards: partial sums add in another order)";
   }
+  // Greedy decode steps (ForwardGreedy: the decode worker's path) replay
+  // piecewise CUDA graphs with a device-resident client, cut at every
+  // dispatch: the same ids and log-probabilities as the host path, eager.
+  {
+    auto greedy = [&](ExpertClient* experts) {
+      std::vector<std::unique_ptr<KvSequence>> seqs;
+      std::vector<std::vector<int32_t>> next = prompts;
+      std::vector<GreedyOutput> outs;
+      for (const auto& p : prompts) seqs.push_back(*split->NewSequence(static_cast<int>(p.size()) + 8));
+      for (int step = 0; step < 6; ++step) {  // a prefill, then decode steps (the first captures)
+        std::vector<SequenceInput> in;
+        for (size_t i = 0; i < seqs.size(); ++i) in.push_back({next[i], seqs[i].get()});
+        absl::StatusOr<GreedyOutput> o = split->ForwardGreedy(in, experts, 3);
+        EXPECT_TRUE(o.ok()) << o.status();
+        if (!o.ok()) break;
+        for (size_t i = 0; i < seqs.size(); ++i) next[i] = {o->ids[i]};
+        outs.push_back(std::move(*o));
+      }
+      return outs;
+    };
+    const std::vector<GreedyOutput> a = greedy(host.get());
+    const int calls = handlers[0]->calls.load();
+    const std::vector<GreedyOutput> b = greedy(one.get());
+    EXPECT_GE(handlers[0]->calls.load() - calls, 6);  // every step dispatched through the workers
+    ASSERT_EQ(a.size(), 6u);
+    ASSERT_EQ(b.size(), a.size());
+    for (size_t step = 0; step < a.size(); ++step) {
+      EXPECT_EQ(a[step].ids, b[step].ids) << "step " << step;
+      for (size_t i = 0; i < a[step].top_logprobs.size(); ++i) {
+        for (size_t j = 0; j < a[step].top_logprobs[i].size(); ++j) {
+          EXPECT_EQ(a[step].top_logprobs[i][j].id, b[step].top_logprobs[i][j].id);
+          EXPECT_EQ(a[step].top_logprobs[i][j].logprob, b[step].top_logprobs[i][j].logprob) << "step " << step;
+        }
+      }
+    }
+  }
   // A worker that goes away: its experts have no replica, so UNAVAILABLE
   // naming it; with a replica left (worker 0 hosts all), traffic moves there.
   servers[2].reset();

@@ -53,6 +53,7 @@ CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
 
 CudaModel::~CudaModel() {
   graphs_.clear();
+  piecewise_.clear();
   if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
 }
 
@@ -576,16 +577,25 @@ absl::Status CudaModel::RunExternalExperts(int layer, int num_tokens, ExpertClie
   if (experts->dispatch_device() == info_.device) {
     // Device-resident (cuda_ipc): the bf16 hidden states, ids and weights
     // stay in this GPU's memory; the experts' sum comes back into moe_out_.
-    RETURN_IF_ERROR(dispatch_copied_.Record(s));
+    // (Captured piecewise: the dispatch happens between the segments.)
+    if (capturing_ != nullptr) {
+      RETURN_IF_CUDA_ERROR(cudaEventRecordWithFlags(dispatch_copied_.get(), s, cudaEventRecordExternal));
+    } else {
+      RETURN_IF_ERROR(dispatch_copied_.Record(s));
+    }
     if (w.shared_gate_up != nullptr) {  // runs while the experts work
       RETURN_IF_ERROR(EnqueueMlp(w.shared_gate_up, w.shared_down, weights_->shared_intermediate(), num_tokens));
     }
-    RETURN_IF_ERROR(dispatch_copied_.Synchronize());
-    DeviceMoeDispatch d;
-    d.layer = layer, d.num_tokens = num_tokens, d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
-    d.hidden_states = reinterpret_cast<const uint16_t*>(normed_.get());
-    d.topk_ids = topk_ids_.get(), d.topk_weights = topk_w_.get();
-    RETURN_IF_ERROR(experts->RunOnDevice(d, moe_out_.get()));
+    if (capturing_ != nullptr) {
+      RETURN_IF_ERROR(CutSegment(layer));
+    } else {
+      RETURN_IF_ERROR(dispatch_copied_.Synchronize());
+      DeviceMoeDispatch d;
+      d.layer = layer, d.num_tokens = num_tokens, d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
+      d.hidden_states = reinterpret_cast<const uint16_t*>(normed_.get());
+      d.topk_ids = topk_ids_.get(), d.topk_weights = topk_w_.get();
+      RETURN_IF_ERROR(experts->RunOnDevice(d, moe_out_.get()));
+    }
     MoeCombineParams cp;  // x += routed (already weighted and summed over k)
     cp.expert_out = moe_out_.get(), cp.num_tokens = num_tokens, cp.top_k = 1, cp.hidden = c.hidden_size;
     cp.x = x_.get(), cp.stream = s;
@@ -658,6 +668,62 @@ absl::Status CudaModel::RunDecodeGraph(const Batch& b, int top_k) {
   return absl::OkStatus();
 }
 
+absl::Status CudaModel::CutSegment(int layer) {
+  cudaStream_t s = stream_.get();
+  cudaGraph_t graph = nullptr;
+  RETURN_IF_CUDA_ERROR(cudaStreamEndCapture(s, &graph));
+  auto g = std::make_unique<Graph>();
+  const cudaError_t inst = cudaGraphInstantiate(&g->exec, graph, 0);
+  cudaGraphDestroy(graph);
+  RETURN_IF_CUDA_ERROR(inst);
+  capturing_->segments.push_back(std::move(g));
+  capturing_->layers.push_back(layer);
+  RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::RunPiecewiseGraph(const Batch& b, int top_k, ExpertClient* experts) {
+  const auto key = std::make_pair(b.num_tokens, top_k);
+  auto it = piecewise_.find(key);
+  if (it == piecewise_.end()) {
+    // First use of the bucket: run eagerly, then capture the segments (capturing runs nothing).
+    RETURN_IF_ERROR(EnqueueForward(b, true, top_k, experts));
+    cudaStream_t s = stream_.get();
+    auto pw = std::make_unique<PiecewiseGraph>();
+    RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    capturing_ = pw.get();
+    absl::Status captured = EnqueueForward(b, true, top_k, experts);
+    capturing_ = nullptr;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(s, &graph);  // the last segment (or what a failure left)
+    if (captured.ok() && end == cudaSuccess) {
+      auto g = std::make_unique<Graph>();
+      const cudaError_t inst = cudaGraphInstantiate(&g->exec, graph, 0);
+      if (inst == cudaSuccess) pw->segments.push_back(std::move(g));
+      captured = CudaStatus(inst, "cudaGraphInstantiate");
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    RETURN_IF_ERROR(captured);
+    RETURN_IF_CUDA_ERROR(end);
+    piecewise_[key] = std::move(pw);
+    return absl::OkStatus();
+  }
+  const PiecewiseGraph& pw = *it->second;
+  const ModelConfig& c = config_;
+  for (size_t i = 0; i < pw.segments.size(); ++i) {
+    RETURN_IF_CUDA_ERROR(cudaGraphLaunch(pw.segments[i]->exec, stream_.get()));
+    if (i == pw.layers.size()) break;
+    RETURN_IF_ERROR(dispatch_copied_.Synchronize());  // recorded inside the segment
+    DeviceMoeDispatch d;
+    d.layer = pw.layers[i], d.num_tokens = b.num_tokens, d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
+    d.hidden_states = reinterpret_cast<const uint16_t*>(normed_.get());
+    d.topk_ids = topk_ids_.get(), d.topk_weights = topk_w_.get();
+    RETURN_IF_ERROR(experts->RunOnDevice(d, moe_out_.get()));
+  }
+  last_step_used_graph_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status CudaModel::Commit(absl::Span<const SequenceTokens> seqs) {
   for (const SequenceTokens& st : seqs) seqs_[st.seq].length += static_cast<int>(st.tokens.size());
   return absl::OkStatus();
@@ -686,6 +752,8 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
     RETURN_IF_ERROR(Upload(b));
     if (b.decode && options_.cuda_graphs && experts == nullptr) {
       RETURN_IF_ERROR(RunDecodeGraph(b, k));
+    } else if (b.decode && options_.cuda_graphs && experts->dispatch_device() == info_.device) {
+      RETURN_IF_ERROR(RunPiecewiseGraph(b, k, experts));
     } else {
       RETURN_IF_ERROR(EnqueueForward(b, true, k, experts));
     }
@@ -792,6 +860,7 @@ absl::Status CudaModel::SetMoeTileM(int tile_m) {
   }
   RETURN_IF_ERROR(stream_.Synchronize());
   graphs_.clear();
+  piecewise_.clear();
   options_.moe_tile_m = tile_m;
   return absl::OkStatus();
 }

@@ -131,10 +131,12 @@ class CudaModel {
   // other errors the sequences' caches are undefined.
   //
   // `experts` non-null: the routed experts run behind it (each MoE layer's
-  // normalised hidden states and top-k go to the host, the shared expert runs
-  // on the device meanwhile, the combined result comes back), eagerly, without
-  // CUDA graphs. Null: the experts on the device (FAILED_PRECONDITION without
-  // options.routed_experts_on_device).
+  // normalised hidden states and top-k go to the host, or stay on this GPU
+  // where experts->dispatch_device() is it; the shared expert runs on the
+  // device meanwhile; the combined result comes back). Decode steps with a
+  // device-resident client replay piecewise CUDA graphs (one per stretch
+  // between MoE dispatches); otherwise eagerly. Null: the experts on the
+  // device (FAILED_PRECONDITION without options.routed_experts_on_device).
   absl::StatusOr<StepOutput> Step(absl::Span<const SequenceTokens> seqs, int top_logprobs = 0,
                                   ExpertClient* experts = nullptr);
   absl::StatusOr<std::vector<float>> ForwardLogits(absl::Span<const SequenceTokens> seqs,
@@ -182,6 +184,13 @@ class CudaModel {
     bool decode = false;  // one token per sequence, padded to a bucket
   };
   struct Graph;
+  // A decode step cut at its MoE dispatches: segments[i] ends by recording
+  // dispatch_copied_ and starting the shared expert of MoE layer layers[i];
+  // segments[i + 1] starts by adding that layer's routed sum.
+  struct PiecewiseGraph {
+    std::vector<std::unique_ptr<Graph>> segments;
+    std::vector<int> layers;  // segments.size() - 1 entries
+  };
 
   explicit CudaModel(const ModelConfig& config, const CudaModelOptions& options);
   static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const ModelConfig& config,
@@ -206,6 +215,10 @@ class CudaModel {
   absl::Status Gemm(const bf16* x, int ldx, const bf16* w, void* y, int ldy, int m, int n, int k, OutType out,
                     bool accumulate);
   absl::Status RunDecodeGraph(const Batch& b, int top_k);
+  // The same for device-resident external experts, with piecewise graphs.
+  absl::Status RunPiecewiseGraph(const Batch& b, int top_k, ExpertClient* experts);
+  // While capturing piecewise: closes the current segment at MoE layer `layer`'s dispatch.
+  absl::Status CutSegment(int layer);
   absl::Status Commit(absl::Span<const SequenceTokens> seqs);
   // FAILED_PRECONDITION unless `experts` is null iff the experts are on the device.
   absl::Status CheckExperts(const ExpertClient* experts) const;
@@ -249,6 +262,8 @@ class CudaModel {
   std::vector<Sequence> seqs_;
   std::vector<int> free_seq_ids_;
   std::map<std::pair<int, int>, std::unique_ptr<Graph>> graphs_;  // (bucket, top_k)
+  std::map<std::pair<int, int>, std::unique_ptr<PiecewiseGraph>> piecewise_;  // (bucket, top_k)
+  PiecewiseGraph* capturing_ = nullptr;  // non-null while a piecewise capture runs
   MlaDecodePlan plan_;  // the current pass's
   bool last_step_used_graph_ = false;
   DeviceBuffer<int32_t> routing_log_;  // [num_layers, max_tokens_, top_k] iff record_routing
