@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/cuda_backends_plugin.h"
@@ -81,6 +82,15 @@ absl::StatusOr<std::unique_ptr<DeviceMemory>> OpenDeviceMemory(int device) {
 
 using ClientStream = grpc::ClientReaderWriter<v1::IpcFrame, v1::IpcFrame>;
 
+// This process's IpcFrame.process_token.
+uint64_t ProcessToken() {
+  static const uint64_t token = [] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+  }();
+  return token;
+}
+
 class IpcChannel : public DataChannel {
  public:
   IpcChannel(std::string peer, int device, bool same_process, const CudaIpcTransportOptions& options,
@@ -105,6 +115,13 @@ class IpcChannel : public DataChannel {
     });
   }
   ~IpcChannel() override {
+    {
+      // A dispatch in flight still writes to the regions: let it finish
+      // before they are freed (the server's thread checks for the end of
+      // the stream only between calls).
+      absl::MutexLock lock(&mu_);
+      if (posted_tokens_ >= 0) doorbell_->WaitReply(absl::Now() + absl::Seconds(5), &broken_).IgnoreError();
+    }
     ctx_->TryCancel();
     watcher_.join();
     stream_->Finish().IgnoreError();
@@ -119,6 +136,7 @@ class IpcChannel : public DataChannel {
 
   absl::Status PostOnDevice(const DeviceMoeDispatch& d) override {
     absl::MutexLock lock(&mu_);
+    if (posted_tokens_ >= 0) return absl::FailedPreconditionError("a device dispatch is already in flight here");
     RETURN_IF_ERROR(Usable());
     if (d.num_tokens < 0 || d.hidden <= 0 || d.top_k <= 0) return absl::InvalidArgumentError("bad dispatch shape");
     RETURN_IF_ERROR(Fit(d.num_tokens, d.hidden, d.top_k));
@@ -255,6 +273,7 @@ class CudaIpcTransport : public Transport {
     hello.set_client(absl::StrCat("pid ", getpid(), " cuda:", options_.device));
     hello.set_pid(getpid());
     hello.set_device(options_.device);
+    hello.set_process_token(ProcessToken());
     v1::IpcFrame ack;
     // Bounded: a server that never answers is cancelled at the deadline.
     std::atomic<bool> answered{false};
@@ -276,7 +295,8 @@ class CudaIpcTransport : public Transport {
     doorbell->Unlink();  // the server has it open
     ASSIGN_OR_RETURN(std::unique_ptr<Transport> grpc, MakeTransport("grpc"));
     ASSIGN_OR_RETURN(std::unique_ptr<DataChannel> host, grpc->Connect(address));
-    return std::unique_ptr<DataChannel>(new IpcChannel(address, ack.device(), ack.pid() == getpid(), options_,
+    return std::unique_ptr<DataChannel>(new IpcChannel(address, ack.device(), ack.process_token() == ProcessToken(),
+                                                       options_,
                                                        std::move(host), std::move(stub), std::move(ctx),
                                                        std::move(stream), std::move(doorbell)));
   }
@@ -345,7 +365,7 @@ grpc::Status CudaIpcDataPlaneServer::Attach(grpc::ServerContext* ctx,
   if (!stream->Read(&hello)) return grpc::Status::OK;
   Attachment a;
   a.client = hello.client();
-  a.same_process = hello.pid() == getpid();
+  a.same_process = hello.process_token() == ProcessToken();
   a.other_gpu = hello.device() != device_;
   absl::StatusOr<std::unique_ptr<ShmDoorbell>> doorbell = ShmDoorbell::Open(hello.doorbell());
   if (!doorbell.ok()) return ToGrpcStatus(doorbell.status());
@@ -358,6 +378,7 @@ grpc::Status CudaIpcDataPlaneServer::Attach(grpc::ServerContext* ctx,
   v1::IpcFrame ack;
   ack.set_device(device_);
   ack.set_pid(getpid());
+  ack.set_process_token(ProcessToken());
   if (stream->Write(ack)) {
     std::thread serving([this, &a] { Serve(&a); });
     v1::IpcFrame frame;

@@ -30,16 +30,9 @@ absl::StatusOr<std::unique_ptr<RemoteExpertClient>> RemoteExpertClient::Create(
 absl::Status RemoteExpertClient::UpdatePlacement(const ExpertPlacement& placement) {
   auto next = std::make_shared<Routing>();
   next->hosts.resize(num_experts_);
-  absl::MutexLock lock(&mu_);
   for (const auto& [address, experts] : placement) {
-    std::unique_ptr<DataChannel>& ch = channels_[address];
-    if (ch == nullptr) {
-      absl::StatusOr<std::unique_ptr<DataChannel>> made = transport_->Connect(address);
-      if (!made.ok()) return made.status();
-      ch = std::move(*made);
-    }
     const int w = static_cast<int>(next->workers.size());
-    next->workers.push_back({address, ch.get()});
+    next->workers.push_back({address});
     for (int e : experts) {
       if (e < 0 || e >= num_experts_) {
         return absl::InvalidArgumentError(absl::StrCat(address, " claims expert ", e, " outside [0, ", num_experts_, ")"));
@@ -50,12 +43,28 @@ absl::Status RemoteExpertClient::UpdatePlacement(const ExpertPlacement& placemen
   for (int e = 0; e < num_experts_; ++e) {
     if (next->hosts[e].empty()) return absl::InvalidArgumentError(absl::StrCat("no expert worker hosts expert ", e));
   }
-  next->dispatch_device = next->workers.empty() ? -1 : next->workers.front().channel->dispatch_device();
-  for (const Worker& w : next->workers) {
-    if (w.channel->dispatch_device() != next->dispatch_device) next->dispatch_device = -1;
+  // Connected before the switch (outside mu_: a handshake may take a while).
+  for (size_t w = 0; w < next->workers.size(); ++w) {
+    ASSIGN_OR_RETURN(std::shared_ptr<DataChannel> ch, Channel(next->workers[w].address));
+    const int device = ch->dispatch_device();
+    next->dispatch_device = w == 0 ? device : (device == next->dispatch_device ? device : -1);
   }
+  absl::MutexLock lock(&mu_);
   routing_ = std::move(next);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<DataChannel>> RemoteExpertClient::Channel(const std::string& address) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = channels_.find(address);
+    if (it != channels_.end()) return it->second;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<DataChannel> made, transport_->Connect(address));
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<DataChannel>& ch = channels_[address];
+  if (ch == nullptr) ch = std::move(made);  // else another caller connected first: use theirs
+  return ch;
 }
 
 std::shared_ptr<const RemoteExpertClient::Routing> RemoteExpertClient::routing() const {
@@ -84,8 +93,14 @@ absl::StatusOr<std::vector<int>> RemoteExpertClient::Route(const Routing& routin
 }
 
 void RemoteExpertClient::MarkDown(const std::string& address) {
+  std::shared_ptr<DataChannel> dropped;  // destroyed outside mu_
   absl::MutexLock lock(&mu_);
   down_until_[address] = std::chrono::steady_clock::now() + retry_after_;
+  auto it = channels_.find(address);
+  if (it != channels_.end()) {
+    dropped = std::move(it->second);
+    channels_.erase(it);
+  }
 }
 
 namespace {
@@ -118,6 +133,7 @@ absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
 int RemoteExpertClient::dispatch_device() const { return routing()->dispatch_device; }
 
 absl::Status RemoteExpertClient::RunOnDevice(const DeviceMoeDispatch& d, float* out) {
+  absl::MutexLock serial(&device_mu_);
   return WithFailover([&](const Routing& routing) {
     if (routing.dispatch_device < 0) {
       return absl::FailedPreconditionError("the expert workers' transport takes no device-resident dispatch");
@@ -159,21 +175,35 @@ absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const D
   // Every worker starts before any is waited for; every posted one is
   // collected (in worker order: the sum is the same each time).
   std::vector<absl::Status> status(w_count);
-  std::vector<bool> posted(w_count, false);
+  std::vector<std::shared_ptr<DataChannel>> channels(w_count);
   for (int w = 0; w < w_count; ++w) {
     if (serve[w].empty()) continue;
+    absl::StatusOr<std::shared_ptr<DataChannel>> ch = Channel(workers[w].address);
+    if (!ch.ok()) {
+      status[w] = absl::UnavailableError(absl::StrCat("cannot reach it: ", ch.status().message()));
+      continue;
+    }
     DeviceMoeDispatch mine = d;
     mine.serve = serve[w].data();
     mine.num_experts = num_experts_;
-    status[w] = workers[w].channel->PostOnDevice(mine);
-    posted[w] = status[w].ok();
+    status[w] = (*ch)->PostOnDevice(mine);
+    if (status[w].ok()) channels[w] = std::move(*ch);
+  }
+  absl::Status local;  // this process's own failure, blaming no worker
+  for (int w = 0; w < w_count; ++w) {
+    const absl::StatusCode code = status[w].code();
+    if (!serve[w].empty() && channels[w] == nullptr && code != absl::StatusCode::kUnavailable &&
+        code != absl::StatusCode::kDeadlineExceeded && local.ok()) {
+      local = status[w];
+    }
   }
   bool first = true;
   for (int w = 0; w < w_count; ++w) {
-    if (!posted[w]) continue;
-    status[w] = workers[w].channel->CollectOnDevice(out, /*accumulate=*/!first);
+    if (channels[w] == nullptr) continue;
+    status[w] = channels[w]->CollectOnDevice(out, /*accumulate=*/!first);
     first = first && !status[w].ok();
   }
+  if (!local.ok()) return local;
   absl::Status failed;
   for (int w = 0; w < w_count; ++w) {
     if (serve[w].empty() || status[w].ok()) continue;
@@ -229,7 +259,11 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
     for (size_t i = 0; i < rows[w].size(); ++i) {
       std::memcpy(h->data() + i * row_bytes, d.hidden_states + static_cast<size_t>(rows[w][i]) * d.hidden, row_bytes);
     }
-    threads.emplace_back([&, w] { status[w] = workers[w].channel->Dispatch(requests[w], &responses[w]); });
+    threads.emplace_back([&, w] {
+      absl::StatusOr<std::shared_ptr<DataChannel>> ch = Channel(workers[w].address);
+      status[w] = ch.ok() ? (*ch)->Dispatch(requests[w], &responses[w])
+                          : absl::UnavailableError(absl::StrCat("cannot reach it: ", ch.status().message()));
+    });
   }
   for (std::thread& t : threads) t.join();
 

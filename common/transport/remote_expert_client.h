@@ -4,10 +4,14 @@
 // added up (dispatch → expert FFNs → combine).
 //
 // Replicas: an expert hosted by several workers is sent to the first live
-// one. A worker whose call fails is marked down for `retry_after` and the
-// layer is re-dispatched over the remaining replicas, so losing a worker is
-// invisible while every expert keeps a live replica; otherwise the step
-// returns UNAVAILABLE. Thread-safe.
+// one. A worker whose call fails is marked down for `retry_after` (its
+// channel dropped; the next call after that connects anew, so a restarted
+// worker is picked up) and the layer is re-dispatched over the remaining
+// replicas, so losing a worker is invisible while every expert keeps a live
+// replica; otherwise the step returns UNAVAILABLE. Errors of this process's
+// own (a device out of memory, a missing CUDA plugin) are returned as they
+// are, blaming no worker. Thread-safe (device-resident dispatches run one at
+// a time).
 #ifndef MOESH_COMMON_TRANSPORT_REMOTE_EXPERT_CLIENT_H_
 #define MOESH_COMMON_TRANSPORT_REMOTE_EXPERT_CLIENT_H_
 
@@ -56,7 +60,6 @@ class RemoteExpertClient : public ExpertClient {
  private:
   struct Worker {
     std::string address;
-    DataChannel* channel;  // owned by channels_
   };
   // An immutable placement snapshot.
   struct Routing {
@@ -76,7 +79,10 @@ class RemoteExpertClient : public ExpertClient {
   // For each expert, the worker index serving it now; UNAVAILABLE if an
   // expert has no live replica.
   absl::StatusOr<std::vector<int>> Route(const Routing& routing);
+  // Marks the worker down and drops its channel (calls holding it finish).
   void MarkDown(const std::string& address);
+  // The worker's channel, connecting (outside mu_) if there is none.
+  absl::StatusOr<std::shared_ptr<DataChannel>> Channel(const std::string& address);
   std::shared_ptr<const Routing> routing() const;
 
   Transport* const transport_;
@@ -87,7 +93,8 @@ class RemoteExpertClient : public ExpertClient {
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<DataChannel>> channels_ ABSL_GUARDED_BY(mu_);  // grows only
+  std::map<std::string, std::shared_ptr<DataChannel>> channels_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex device_mu_;  // one device-resident dispatch at a time (channels hold one in flight)
   std::map<std::string, std::chrono::steady_clock::time_point> down_until_ ABSL_GUARDED_BY(mu_);
 };
 

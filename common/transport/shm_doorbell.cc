@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -36,14 +37,16 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "the doorbell needs lo
 
 namespace {
 
-// Waits until `ready()`: spins for 50 µs, yields until 2 ms, then sleeps in
-// 50 µs steps. `give_up()` is polled throughout.
+// Waits until `ready()`: spins for 50 µs, yields until 2 ms, then sleeps,
+// each sleep twice the last, from 50 µs up to 1 ms (an idle waiter wakes
+// about a thousand times a second). `give_up()` is polled throughout.
 template <typename Ready, typename GiveUp>
 bool Await(Ready ready, GiveUp give_up) {
   const auto start = std::chrono::steady_clock::now();
+  auto nap = std::chrono::microseconds(50);
   for (uint64_t i = 0;; ++i) {
     if (ready()) return true;
-    if ((i & 63) != 0) {
+    if ((i & 63) != 0 && nap == std::chrono::microseconds(50)) {
       MOESH_CPU_RELAX();
       continue;
     }
@@ -54,7 +57,8 @@ bool Await(Ready ready, GiveUp give_up) {
     } else if (waited < std::chrono::milliseconds(2)) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
     }
   }
 }
@@ -66,9 +70,15 @@ absl::Status Errno(absl::string_view what, const std::string& name) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmDoorbell>> ShmDoorbell::Create() {
-  static std::atomic<int> counter{0};
-  const std::string name = absl::StrCat("/moesh-doorbell-", getpid(), "-", counter++);
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  // A random name: processes in other PID namespaces may share /dev/shm.
+  static std::atomic<uint64_t> counter{std::random_device{}() ^ (static_cast<uint64_t>(getpid()) << 32)};
+  std::string name;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    name = absl::StrCat("/moesh-doorbell-", getpid(), "-", absl::Hex(counter.fetch_add(0x9e3779b97f4a7c15ull)));
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return Errno("shm_open", name);
   if (ftruncate(fd, sizeof(Block)) != 0) {
     absl::Status s = Errno("ftruncate", name);

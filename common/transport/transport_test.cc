@@ -4,6 +4,7 @@
 // UNAVAILABLE.
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@
 #include "common/service/cuda_backends_plugin.h"
 #include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/nccl_transport.h"
+#include "common/transport/remote_expert_client.h"
 #include "gtest/gtest.h"
 
 namespace moesh {
@@ -286,6 +288,91 @@ TEST(CudaIpcTransportTest, ConnectToNothingIsUnavailable) {
   ch = (*t)->Connect("127.0.0.1:1");
   ASSERT_FALSE(ch.ok());
   EXPECT_EQ(ch.status().code(), absl::StatusCode::kUnavailable) << ch.status();
+}
+
+// Expert workers whose channels break for good when the worker dies (as
+// cuda_ipc's and nccl's do): a restarted worker is only reached through a
+// new channel.
+class RestartingWorkers : public Transport {
+ public:
+  struct Worker {
+    bool up = true;
+    int generation = 0;  // bumped by every restart
+    int connects = 0, calls = 0;
+  };
+  absl::string_view name() const override { return "restarting"; }
+  absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
+    absl::MutexLock lock(&mu_);
+    Worker& w = workers_[address];
+    if (!w.up) return absl::UnavailableError(address + " is down");
+    ++w.connects;
+    return std::unique_ptr<DataChannel>(new Channel(this, address, w.generation));
+  }
+  void Kill(const std::string& a) {
+    absl::MutexLock lock(&mu_);
+    workers_[a].up = false;
+  }
+  void Restart(const std::string& a) {
+    absl::MutexLock lock(&mu_);
+    workers_[a].up = true;
+    ++workers_[a].generation;
+  }
+  Worker Get(const std::string& a) {
+    absl::MutexLock lock(&mu_);
+    return workers_[a];
+  }
+
+ private:
+  class Channel : public DataChannel {
+   public:
+    Channel(RestartingWorkers* t, std::string address, int generation)
+        : t_(t), address_(std::move(address)), generation_(generation) {}
+    absl::Status Dispatch(const v1::DispatchRequest& r, v1::DispatchResponse* resp) override {
+      absl::MutexLock lock(&t_->mu_);
+      Worker& w = t_->workers_[address_];
+      if (!w.up || w.generation != generation_) return absl::UnavailableError(address_ + ": channel broken");
+      ++w.calls;
+      resp->set_output(std::string(static_cast<size_t>(r.num_tokens()) * r.hidden() * sizeof(float), '\0'));
+      return absl::OkStatus();
+    }
+    absl::Status PushKv(const v1::PushKvRequest&) override { return absl::OkStatus(); }
+    const std::string& peer() const override { return address_; }
+
+   private:
+    RestartingWorkers* const t_;
+    const std::string address_;
+    const int generation_;
+  };
+  absl::Mutex mu_;
+  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(RemoteExpertClientTest, RoutesAroundADeadWorkerAndReconnectsWhenItIsBack) {
+  RestartingWorkers t;
+  auto client = RemoteExpertClient::Create(&t, {{"a", {0, 1}}, {"b", {0, 1}}}, 2, std::chrono::milliseconds(50));
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<float> x(4, 1.0f), out(4);
+  std::vector<int32_t> ids = {0, 1};
+  std::vector<float> w = {0.5f, 0.5f};
+  MoeDispatch d;
+  d.layer = 1, d.num_tokens = 1, d.hidden = 4, d.top_k = 2;
+  d.hidden_states = x.data(), d.topk_ids = ids.data(), d.topk_weights = w.data();
+  ASSERT_TRUE((*client)->Run(d, out.data()).ok());
+  EXPECT_EQ(t.Get("a").calls, 1);  // the first host of every expert
+  t.Kill("a");
+  ASSERT_TRUE((*client)->Run(d, out.data()).ok());  // the replica takes over
+  EXPECT_EQ(t.Get("b").calls, 1);
+  t.Restart("a");
+  absl::SleepFor(absl::Milliseconds(80));  // past retry_after
+  ASSERT_TRUE((*client)->Run(d, out.data()).ok());
+  EXPECT_EQ(t.Get("a").calls, 2) << "the restarted worker is not reached";
+  EXPECT_EQ(t.Get("a").connects, 2);  // through a new channel
+  // Every host gone: UNAVAILABLE naming an expert.
+  t.Kill("a");
+  t.Kill("b");
+  const absl::Status s = (*client)->Run(d, out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("expert"), std::string::npos) << s;
 }
 
 TEST(TransportNamesTest, UnknownTransportIsInvalidArgument) {

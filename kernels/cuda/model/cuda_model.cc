@@ -1,6 +1,7 @@
 #include "kernels/cuda/model/cuda_model.h"
 
 #include <algorithm>
+#include <iostream>
 #include <cstring>
 #include <set>
 
@@ -176,6 +177,8 @@ absl::Status CudaModel::Init() {
     RETURN_IF_ERROR(Alloc(&moe_out_, t * k * h));
   } else {
     RETURN_IF_ERROR(Alloc(&moe_out_, t * h));  // the external experts' combined output
+    // Decode padding rows are not dispatched: keep their (ignored) rows finite.
+    RETURN_IF_CUDA_ERROR(cudaMemset(moe_out_.get(), 0, moe_out_.bytes()));
     ASSIGN_OR_RETURN(h_hidden_, PinnedBuffer<float>::Create(t * h));
     ASSIGN_OR_RETURN(h_routed_, PinnedBuffer<float>::Create(t * h));
     ASSIGN_OR_RETURN(h_topk_w_, PinnedBuffer<float>::Create(t * k));
@@ -333,6 +336,7 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
       row_seq_index->push_back(i);
     }
     const int bucket = Bucket(n_seqs);
+    b.real_tokens = n_seqs;
     for (int i = n_seqs; i < bucket; ++i) {  // padding rows: no cache write, empty context
       b.tokens.push_back(0);
       b.positions.push_back(0);
@@ -423,6 +427,7 @@ absl::Status CudaModel::EnqueueLayers(const Batch& b, ExpertClient* experts) {
   RETURN_IF_ERROR(RunEmbed(ep));
   RETURN_IF_ERROR(Mark(1));
   routing_rows_ = t;
+  dispatch_tokens_ = b.real_tokens >= 0 ? b.real_tokens : t;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const DeviceLayerWeights& w = weights_->layer(l);
     RmsNormF32Params np;
@@ -590,8 +595,8 @@ absl::Status CudaModel::RunExternalExperts(int layer, int num_tokens, ExpertClie
       RETURN_IF_ERROR(CutSegment(layer));
     } else {
       RETURN_IF_ERROR(dispatch_copied_.Synchronize());
-      DeviceMoeDispatch d;
-      d.layer = layer, d.num_tokens = num_tokens, d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
+      DeviceMoeDispatch d;  // the padding rows of a decode batch stay home
+      d.layer = layer, d.num_tokens = dispatch_tokens_, d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
       d.hidden_states = reinterpret_cast<const uint16_t*>(normed_.get());
       d.topk_ids = topk_ids_.get(), d.topk_weights = topk_w_.get();
       RETURN_IF_ERROR(experts->RunOnDevice(d, moe_out_.get()));
@@ -703,19 +708,26 @@ absl::Status CudaModel::RunPiecewiseGraph(const Batch& b, int top_k, ExpertClien
       captured = CudaStatus(inst, "cudaGraphInstantiate");
     }
     if (graph != nullptr) cudaGraphDestroy(graph);
-    RETURN_IF_ERROR(captured);
-    RETURN_IF_CUDA_ERROR(end);
+    if (captured.ok() && end != cudaSuccess) captured = CudaStatus(end, "cudaStreamEndCapture");
+    if (!captured.ok()) {  // the eager run stands; this bucket stays eager
+      std::cerr << "CudaModel: decode steps of " << b.num_tokens << " rows run without CUDA graphs: " << captured
+                << std::endl;
+      cudaGetLastError();
+      pw = std::make_unique<PiecewiseGraph>();
+    }
     piecewise_[key] = std::move(pw);
     return absl::OkStatus();
   }
   const PiecewiseGraph& pw = *it->second;
+  if (pw.segments.empty()) return EnqueueForward(b, true, top_k, experts);
   const ModelConfig& c = config_;
   for (size_t i = 0; i < pw.segments.size(); ++i) {
     RETURN_IF_CUDA_ERROR(cudaGraphLaunch(pw.segments[i]->exec, stream_.get()));
     if (i == pw.layers.size()) break;
     RETURN_IF_ERROR(dispatch_copied_.Synchronize());  // recorded inside the segment
     DeviceMoeDispatch d;
-    d.layer = pw.layers[i], d.num_tokens = b.num_tokens, d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
+    d.layer = pw.layers[i], d.num_tokens = b.real_tokens >= 0 ? b.real_tokens : b.num_tokens;
+    d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
     d.hidden_states = reinterpret_cast<const uint16_t*>(normed_.get());
     d.topk_ids = topk_ids_.get(), d.topk_weights = topk_w_.get();
     RETURN_IF_ERROR(experts->RunOnDevice(d, moe_out_.get()));

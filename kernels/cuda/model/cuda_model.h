@@ -182,6 +182,7 @@ class CudaModel {
     std::vector<int32_t> tokens, positions, slots, seq_lens, head_rows, block_table;
     int max_seq_len = 0;
     bool decode = false;  // one token per sequence, padded to a bucket
+    int real_tokens = -1;  // decode: the rows before the padding; -1: num_tokens
   };
   struct Graph;
   // A decode step cut at its MoE dispatches: segments[i] ends by recording
@@ -190,6 +191,7 @@ class CudaModel {
   struct PiecewiseGraph {
     std::vector<std::unique_ptr<Graph>> segments;
     std::vector<int> layers;  // segments.size() - 1 entries
+    // No segments: capturing failed once for this bucket; it runs eagerly.
   };
 
   explicit CudaModel(const ModelConfig& config, const CudaModelOptions& options);
@@ -264,6 +266,7 @@ class CudaModel {
   std::map<std::pair<int, int>, std::unique_ptr<Graph>> graphs_;  // (bucket, top_k)
   std::map<std::pair<int, int>, std::unique_ptr<PiecewiseGraph>> piecewise_;  // (bucket, top_k)
   PiecewiseGraph* capturing_ = nullptr;  // non-null while a piecewise capture runs
+  int dispatch_tokens_ = 0;  // the current pass's rows that go to external experts (no padding)
   MlaDecodePlan plan_;  // the current pass's
   bool last_step_used_graph_ = false;
   DeviceBuffer<int32_t> routing_log_;  // [num_layers, max_tokens_, top_k] iff record_routing
