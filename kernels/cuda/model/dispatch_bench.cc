@@ -10,12 +10,17 @@
 //   empty call    — a dispatch of 0 tokens over cuda_ipc: the doorbell and
 //                   the two processes' wake-ups, no GPU work;
 //   copy          — the device-to-device copy rate (the payload's ceiling).
+// Then whole decode steps (CudaModel::Step, as a decode worker runs them)
+// with the experts on the device (one CUDA graph per step) against the
+// experts behind one cuda_ipc worker (piecewise graphs, a hand-off per MoE
+// layer), at --context tokens of cache per sequence.
 // Expert workers are separate processes (forked before this one starts
 // CUDA), each an ExpertService on its own CudaExpertStage holding 64/W
 // experts, serving cuda_ipc and gRPC on one port; they share the GPU with
 // this process, as in `moesh bench --serving --modes cluster-ipc`.
 //
 // Usage: cuda_dispatch_bench [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N]
+//          [--step-batch 1,32,128,256] [--context 512] [--steps 20]
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +48,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/model/cuda_expert_stage.h"
+#include "kernels/cuda/model/cuda_model.h"
 
 namespace moesh::cuda {
 namespace {
@@ -54,6 +60,9 @@ struct Flags {
   std::vector<int> batch = {1, 32, 128, 256};
   int reps = 30;
   int server_device = 0;  // the expert workers' GPU (this process uses GPU 0)
+  std::vector<int> step_batch = {1, 32, 128, 256};  // empty: no decode-step table
+  int context = 512;
+  int steps = 20;
 };
 
 absl::StatusOr<std::vector<int>> Ints(const std::string& s) {
@@ -152,6 +161,63 @@ absl::StatusOr<double> HostMedianUs(int reps, Fn fn) {
   return us[reps / 2];
 }
 
+// Median host time of decode steps (inputs in, graph(s), ids out) at each
+// batch, `experts` null: on the device.
+absl::StatusOr<std::map<int, double>> StepTimes(const Flags& f, const ModelConfig& c, ExpertClient* experts) {
+  CudaModelOptions o;
+  o.max_num_seqs = *std::max_element(f.step_batch.begin(), f.step_batch.end());
+  const int per_seq = f.context + f.steps + 8;
+  o.max_model_len = per_seq + 64;
+  o.max_kv_blocks = (o.max_num_seqs * ((per_seq + 63) / 64 + 1));
+  o.routed_experts_on_device = experts == nullptr;
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model, CudaModel::Dummy(c, 1, o));
+  RETURN_IF_ERROR(model->FillKvCacheRandom(2));
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
+  std::map<int, double> out;
+  for (int b : f.step_batch) {
+    std::vector<int> seqs;
+    for (int i = 0; i < b; ++i) {
+      ASSIGN_OR_RETURN(int id, model->AddSequence());
+      RETURN_IF_ERROR(model->SetSyntheticLength(id, f.context));
+      seqs.push_back(id);
+    }
+    std::vector<std::vector<int32_t>> next(b, std::vector<int32_t>(1));
+    std::vector<SequenceTokens> batch(b);
+    std::vector<double> us;
+    for (int step = 0; step < f.steps + 3; ++step) {  // 3 warm-up steps (the first captures)
+      for (int i = 0; i < b; ++i) {
+        next[i][0] = tok(rng);
+        batch[i] = {seqs[i], next[i]};
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      ASSIGN_OR_RETURN(StepOutput unused, model->Step(batch, 0, experts));
+      if (step >= 3) us.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    if (!model->last_step_used_graph()) return absl::InternalError("the decode steps did not replay graphs");
+    std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
+    out[b] = us[us.size() / 2];
+    for (int id : seqs) RETURN_IF_ERROR(model->ReleaseSequence(id));
+  }
+  return out;
+}
+
+absl::Status StepTable(const Flags& f, const ModelConfig& c, ExpertClient* ipc) {
+  ASSIGN_OR_RETURN(auto colocated, StepTimes(f, c, nullptr));
+  ASSIGN_OR_RETURN(auto split, StepTimes(f, c, ipc));
+  std::printf("\ndecode steps, %d tokens of context, greedy, median of %d (ms): experts on the device (one graph) "
+              "vs behind one cuda_ipc worker (piecewise graphs, %d hand-offs)\n",
+              f.context, f.steps, c.num_hidden_layers - c.first_k_dense_replace);
+  std::printf("| batch | colocated ms | cuda_ipc ms | extra per hand-off us | colocated / cuda_ipc |\n");
+  std::printf("| --- | --- | --- | --- | --- |\n");
+  const int handoffs = c.num_hidden_layers - c.first_k_dense_replace;
+  for (int b : f.step_batch) {
+    std::printf("| %d | %.3f | %.3f | %.1f | %.2f |\n", b, colocated[b], split[b],
+                1e3 * (split[b] - colocated[b]) / handoffs, colocated[b] / split[b]);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(ModelConfig c, PresetConfig("v2-lite", "real"));
   const int h = c.hidden_size, k = c.num_experts_per_tok, e = c.n_routed_experts;
@@ -224,6 +290,8 @@ absl::Status Run(const Flags& f) {
   std::printf("| workers | batch | payload KB | experts alone | cuda_ipc | cuda_ipc - alone | grpc | empty cuda_ipc "
               "call | payload at copy rate |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::unique_ptr<Transport> step_transport;
+  std::unique_ptr<RemoteExpertClient> step_client;  // one worker, for the decode-step table
   for (size_t fi = 0; fi < f.workers.size(); ++fi) {
     const int wcount = f.workers[fi];
     ExpertPlacement placement;
@@ -248,8 +316,10 @@ absl::Status Run(const Flags& f) {
                   t_ipc, t_ipc - alone[b], t_grpc, empty, 2 * payload / (ceil.copy_gbps * 1e3));
       std::fflush(stdout);
     }
+    if (wcount == 1) step_transport = std::move(ipc_t), step_client = std::move(ipc);
   }
-  return absl::OkStatus();
+  if (step_client == nullptr || f.step_batch.empty()) return absl::OkStatus();
+  return StepTable(f, c, step_client.get());
 }
 
 }  // namespace
@@ -271,13 +341,20 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(value(), &f.server_device) || f.server_device < 0) {
         v = absl::InvalidArgumentError("--server-device: a CUDA ordinal");
       }
+    } else if (a == "--step-batch") {
+      v = moesh::cuda::Ints(value());
+      if (v.ok()) f.step_batch = *v;
+    } else if (a == "--context") {
+      if (!absl::SimpleAtoi(value(), &f.context) || f.context < 1) v = absl::InvalidArgumentError("--context: tokens");
+    } else if (a == "--steps") {
+      if (!absl::SimpleAtoi(value(), &f.steps) || f.steps < 1) v = absl::InvalidArgumentError("--steps: a count");
     } else if (a == "--reps") {
       if (!absl::SimpleAtoi(value(), &f.reps) || f.reps < 1) v = absl::InvalidArgumentError("--reps: a count");
     } else {
       v = absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
     }
     if (!v.ok()) {
-      std::fprintf(stderr, "cuda_dispatch_bench: %s\nusage: cuda_dispatch_bench [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N]\n",
+      std::fprintf(stderr, "cuda_dispatch_bench: %s\nusage: cuda_dispatch_bench [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N] [--step-batch 1,32,128,256] [--context 512] [--steps 20]\n",
                    std::string(v.status().message()).c_str());
       return 2;
     }
