@@ -49,6 +49,12 @@ struct DeviceMoeDispatch {
   // (the rest are another worker's replicas); null: every hosted expert.
   const uint8_t* serve = nullptr;
   int num_experts = 0;  // serve's length: n_routed_experts
+  // The caller's CUDA stream and event (cudaStream_t, cudaEvent_t) for
+  // ExpertClient::RunOnDevice: the inputs are complete once `ready` fires
+  // (null: already), and the result is delivered on `stream`, ordered after
+  // the call returns (null: complete on return).
+  void* ready = nullptr;
+  void* stream = nullptr;
 };
 
 // A dispatch in flight (see ExpertClient::Start).
@@ -77,9 +83,9 @@ class ExpertClient {
   // CUDA device's memory (a transport mapping GPU memory: cuda_ipc).
   virtual int dispatch_device() const { return -1; }
   // out (device, fp32 [num_tokens, hidden]) = the routed experts' weighted
-  // sum, overwritten. The caller's writes to the inputs must be complete (its
-  // stream synchronized); on return the result is complete on the device.
-  // UNIMPLEMENTED unless dispatch_device() >= 0.
+  // sum, overwritten: complete once dispatch.ready has fired and, on return,
+  // delivered on dispatch.stream (see DeviceMoeDispatch). UNIMPLEMENTED
+  // unless dispatch_device() >= 0.
   virtual absl::Status RunOnDevice(const DeviceMoeDispatch& dispatch, float* out);
 };
 

@@ -96,25 +96,33 @@ class CudaDeviceMemory : public DeviceMemory {
     return std::unique_ptr<DeviceRegion>(new ImportedRegion(device_, ptr, bytes));
   }
 
-  absl::Status Copy(absl::Span<const CopyRange> copies) override {
+  absl::Status Copy(absl::Span<const CopyRange> copies, void* stream, void* after) override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(cuda::UseDevice(device_));
+    cudaStream_t s = stream != nullptr ? static_cast<cudaStream_t>(stream) : stream_.get();
+    if (after != nullptr) {
+      RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(after), 0), "cudaStreamWaitEvent"));
+    }
     for (const CopyRange& c : copies) {
       if (c.bytes == 0) continue;
-      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream_.get()),
-                                 "cudaMemcpyAsync"));
+      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync"));
     }
-    return stream_.Synchronize();
+    return stream != nullptr ? absl::OkStatus() : stream_.Synchronize();
   }
 
-  absl::Status Add(float* dst, const float* src, int rows, int cols) override {
+  absl::Status Synchronize(void* stream) override {
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    return CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  }
+
+  absl::Status Add(float* dst, const float* src, int rows, int cols, void* stream) override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(cuda::UseDevice(device_));
     cuda::MoeCombineParams p;  // x += expert_out (no permutation, no weights)
     p.expert_out = src, p.num_tokens = rows, p.top_k = 1, p.hidden = cols, p.x = dst;
-    p.stream = stream_.get();
+    p.stream = stream != nullptr ? static_cast<cudaStream_t>(stream) : stream_.get();
     RETURN_IF_ERROR(cuda::RunMoeCombine(p));
-    return stream_.Synchronize();
+    return stream != nullptr ? absl::OkStatus() : stream_.Synchronize();
   }
 
  private:

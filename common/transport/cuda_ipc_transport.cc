@@ -139,6 +139,13 @@ class IpcChannel : public DataChannel {
     if (posted_tokens_ >= 0) return absl::FailedPreconditionError("a device dispatch is already in flight here");
     RETURN_IF_ERROR(Usable());
     if (d.num_tokens < 0 || d.hidden <= 0 || d.top_k <= 0) return absl::InvalidArgumentError("bad dispatch shape");
+    if (collected_on_ != nullptr && d.ready == nullptr) {
+      // The last result is still being copied out on the caller's stream,
+      // and nothing orders this dispatch after it: wait, so the server does
+      // not overwrite it.
+      RETURN_IF_ERROR(memory_->Synchronize(collected_on_));
+    }
+    collected_on_ = nullptr;
     RETURN_IF_ERROR(Fit(d.num_tokens, d.hidden, d.top_k));
     const InputLayout in(capacity_, hidden_, top_k_);
     char* base = static_cast<char*>(input_->data());
@@ -148,7 +155,7 @@ class IpcChannel : public DataChannel {
           {base, d.hidden_states, t * d.hidden * 2},
           {base + in.ids, d.topk_ids, t * d.top_k * sizeof(int32_t)},
           {base + in.weights, d.topk_weights, t * d.top_k * sizeof(float)}};
-      RETURN_IF_ERROR(memory_->Copy(copies));
+      RETURN_IF_ERROR(memory_->Copy(copies, nullptr, d.ready));  // waits for the inputs on the device
     }
     IpcRequest r;
     r.kind = IpcRequest::kDispatch;
@@ -163,6 +170,7 @@ class IpcChannel : public DataChannel {
     RETURN_IF_ERROR(Break(doorbell_->Post(Bytes(r))));
     posted_tokens_ = d.num_tokens;
     posted_hidden_ = d.hidden;
+    posted_stream_ = d.stream;
     return absl::OkStatus();
   }
 
@@ -174,10 +182,13 @@ class IpcChannel : public DataChannel {
     ASSIGN_OR_RETURN(IpcReply reply, Call());
     RETURN_IF_ERROR(StatusOf(reply));
     if (t == 0) return absl::OkStatus();
+    // On the caller's stream where it gave one: the region is not written
+    // again before the next Post, which waits for that stream's next event.
     const float* result = static_cast<const float*>(output_->data());
-    if (accumulate) return memory_->Add(out, result, t, posted_hidden_);
+    collected_on_ = posted_stream_;
+    if (accumulate) return memory_->Add(out, result, t, posted_hidden_, posted_stream_);
     const DeviceMemory::CopyRange copy[] = {{out, result, static_cast<size_t>(t) * posted_hidden_ * sizeof(float)}};
-    return memory_->Copy(copy);
+    return memory_->Copy(copy, posted_stream_);
   }
 
  private:
@@ -255,6 +266,8 @@ class IpcChannel : public DataChannel {
   std::unique_ptr<DeviceRegion> input_ ABSL_GUARDED_BY(mu_), output_ ABSL_GUARDED_BY(mu_);
   int capacity_ ABSL_GUARDED_BY(mu_) = 0, hidden_ ABSL_GUARDED_BY(mu_) = 0, top_k_ ABSL_GUARDED_BY(mu_) = 0;
   int posted_tokens_ ABSL_GUARDED_BY(mu_) = -1, posted_hidden_ ABSL_GUARDED_BY(mu_) = 0;
+  void* posted_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  void* collected_on_ ABSL_GUARDED_BY(mu_) = nullptr;  // the stream the last result is copied out on
 };
 
 class CudaIpcTransport : public Transport {

@@ -39,15 +39,19 @@ class DeviceMemory {
   // peer access). INVALID_ARGUMENT for a malformed handle, UNAVAILABLE if
   // CUDA refuses it (e.g. the exporter is gone, or it is this process's).
   virtual absl::StatusOr<std::unique_ptr<DeviceRegion>> Import(const std::string& handle, size_t bytes) = 0;
-  // Device-to-device copies, in order; returns when they are done.
+  // Device-to-device copies, in order. `stream` null: on this object's own
+  // stream, after cudaEvent_t `after` fires (if not null), returning when
+  // they are done; else enqueued on that cudaStream_t, returning at once.
   struct CopyRange {
     void* dst;
     const void* src;
     size_t bytes;
   };
-  virtual absl::Status Copy(absl::Span<const CopyRange> copies) = 0;
-  // dst += src, both fp32 [rows, cols]; returns when it is done.
-  virtual absl::Status Add(float* dst, const float* src, int rows, int cols) = 0;
+  virtual absl::Status Copy(absl::Span<const CopyRange> copies, void* stream = nullptr, void* after = nullptr) = 0;
+  // Returns when the work enqueued on cudaStream_t `stream` is done.
+  virtual absl::Status Synchronize(void* stream) = 0;
+  // dst += src, both fp32 [rows, cols]; `stream` as for Copy.
+  virtual absl::Status Add(float* dst, const float* src, int rows, int cols, void* stream = nullptr) = 0;
 };
 
 }  // namespace moesh

@@ -52,11 +52,12 @@ class DataChannel {
   // Device-resident dispatch, where the transport maps GPU memory
   // (cuda_ipc): >= 0 is the CUDA device whose buffers PostOnDevice takes.
   virtual int dispatch_device() const { return -1; }
-  // Starts the dispatch on the peer and returns; `serve` (host,
-  // [n_routed_experts]) marks the experts the peer is to run. The inputs
-  // must be complete on the device. Then CollectOnDevice waits for the
-  // result and writes it to `out` (device fp32 [num_tokens, hidden]), or adds
-  // it with `accumulate`. One dispatch in flight per channel.
+  // Starts the dispatch on the peer (once dispatch.ready has fired) and
+  // returns; dispatch.serve (host, [n_routed_experts]) marks the experts the
+  // peer is to run. Then CollectOnDevice waits for the peer and writes the
+  // result to `out` (device fp32 [num_tokens, hidden]), or adds it with
+  // `accumulate`: enqueued on dispatch.stream, or done on return where that
+  // is null. One dispatch in flight per channel.
   virtual absl::Status PostOnDevice(const DeviceMoeDispatch& dispatch);
   virtual absl::Status CollectOnDevice(float* out, bool accumulate);
 };

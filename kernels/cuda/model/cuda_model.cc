@@ -594,11 +594,13 @@ absl::Status CudaModel::RunExternalExperts(int layer, int num_tokens, ExpertClie
     if (capturing_ != nullptr) {
       RETURN_IF_ERROR(CutSegment(layer));
     } else {
-      RETURN_IF_ERROR(dispatch_copied_.Synchronize());
+      // No host wait: the transport starts once the event fires and hands
+      // the sum back on this stream.
       DeviceMoeDispatch d;  // the padding rows of a decode batch stay home
       d.layer = layer, d.num_tokens = dispatch_tokens_, d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
       d.hidden_states = reinterpret_cast<const uint16_t*>(normed_.get());
       d.topk_ids = topk_ids_.get(), d.topk_weights = topk_w_.get();
+      d.ready = dispatch_copied_.get(), d.stream = s;
       RETURN_IF_ERROR(experts->RunOnDevice(d, moe_out_.get()));
     }
     MoeCombineParams cp;  // x += routed (already weighted and summed over k)
@@ -724,12 +726,12 @@ absl::Status CudaModel::RunPiecewiseGraph(const Batch& b, int top_k, ExpertClien
   for (size_t i = 0; i < pw.segments.size(); ++i) {
     RETURN_IF_CUDA_ERROR(cudaGraphLaunch(pw.segments[i]->exec, stream_.get()));
     if (i == pw.layers.size()) break;
-    RETURN_IF_ERROR(dispatch_copied_.Synchronize());  // recorded inside the segment
-    DeviceMoeDispatch d;
+    DeviceMoeDispatch d;  // starts once the event recorded inside the segment fires
     d.layer = pw.layers[i], d.num_tokens = b.real_tokens >= 0 ? b.real_tokens : b.num_tokens;
     d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
     d.hidden_states = reinterpret_cast<const uint16_t*>(normed_.get());
     d.topk_ids = topk_ids_.get(), d.topk_weights = topk_w_.get();
+    d.ready = dispatch_copied_.get(), d.stream = stream_.get();
     RETURN_IF_ERROR(experts->RunOnDevice(d, moe_out_.get()));
   }
   last_step_used_graph_ = true;
