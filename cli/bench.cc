@@ -90,7 +90,8 @@ absl::Status RunBench(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
                                           {"model", "batch", "prompt-len", "decode-steps", "concurrency", "requests",
                                            "max-new-tokens", "modes", "bin-dir", "device", "expert-device",
-                                           "load-format", "expert-workers"},
+                                           "load-format", "expert-workers", "rebalance-timeline",
+                                           "rebalance-interval", "expert-placement"},
                                           {"serving"}));
   if (args.Bool("serving")) return RunServingBench(args);
   ASSIGN_OR_RETURN(std::string dir, args.Required("model"));

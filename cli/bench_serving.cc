@@ -7,10 +7,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/args.h"
@@ -39,7 +41,16 @@ struct LoadResult {
   std::string first_error;
 };
 
-LoadResult RunLoad(const std::string& server, int concurrency, int requests, int prompt_len, int max_new, int vocab) {
+// With a LoadControl, RunLoad keeps sending requests (ignoring `requests`)
+// until `stop`, adding every streamed token to `tokens` as it arrives.
+struct LoadControl {
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> tokens{0};
+};
+
+LoadResult RunLoad(const std::string& server, int concurrency, int requests, int prompt_len, int max_new, int vocab,
+                   LoadControl* control = nullptr) {
+  if (control != nullptr) requests = std::numeric_limits<int>::max();
   auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
   std::atomic<int> next{0};
   std::mutex mu;
@@ -50,7 +61,7 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
     threads.emplace_back([&, c] {
       auto stub = v1::Generation::NewStub(channel);
       std::mt19937 rng(1000 + c);
-      for (int i = next++; i < requests; i = next++) {
+      for (int i = next++; i < requests && (control == nullptr || !control->stop); i = next++) {
         v1::GenerateRequest req;
         for (int t = 0; t < prompt_len; ++t) req.mutable_token_ids()->add_ids(2 + static_cast<int>(rng() % (vocab - 2)));
         req.mutable_sampling()->set_temperature(0);
@@ -75,6 +86,7 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
           }
           last = now;
           tokens += m.token_ids_size();
+          if (control != nullptr) control->tokens += m.token_ids_size();
         }
         grpc::Status s = reader->Finish();
         std::lock_guard<std::mutex> lock(mu);
@@ -98,6 +110,69 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
 
 }  // namespace
 
+// --rebalance-timeline S: the cluster with a skewed placement (the first
+// expert worker hosts three quarters of the experts) and the router's
+// automatic rebalancing on, under a steady load for S seconds: per second,
+// the output tokens/s, each expert worker's share of the routed tokens and
+// the balance ratio (busiest worker over the mean), and the rebalances done.
+absl::Status RunRebalanceTimeline(const Args& args, const ModelConfig& config, LocalClusterOptions o,
+                                  int64_t seconds, int concurrency, int prompt_len, int max_new) {
+  const int e = config.n_routed_experts;
+  const std::string placement = args.Get("expert-placement").value_or(
+      absl::StrCat("0-", 3 * e / 4 - 1, ",", 3 * e / 4, "-", e - 1));
+  o.expert_workers = absl::StrSplit(placement, ',', absl::SkipEmpty());
+  ASSIGN_OR_RETURN(const int64_t interval, args.Int("rebalance-interval", 5));
+  o.extra_router_flags = {absl::StrCat("--rebalance_interval_s=", interval), "--rebalance_min_ratio=1.2",
+                          absl::StrCat("--rebalance_slots=", e)};
+  o.work_dir = absl::StrCat("/tmp/moesh-bench-", getpid(), "-timeline");
+  ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
+  std::vector<const LocalCluster::Process*> experts;
+  const LocalCluster::Process* router = nullptr;
+  for (const LocalCluster::Process& p : cluster->processes()) {
+    if (absl::StartsWith(p.name, "expert-")) experts.push_back(&p);
+    if (p.name == "router") router = &p;
+  }
+  std::printf("rebalance timeline: expert workers %s, router --rebalance_interval_s=%lld --rebalance_min_ratio=1.2, "
+              "%d streams, prompt %d, %d new tokens\n",
+              placement.c_str(), static_cast<long long>(interval), concurrency, prompt_len, max_new);
+  std::printf("| t s | out tok/s |");
+  for (size_t w = 0; w < experts.size(); ++w) std::printf(" %s share |", experts[w]->name.c_str());
+  std::printf(" balance (max/mean) | rebalances |\n|");
+  for (size_t i = 0; i < experts.size() + 4; ++i) std::printf(" --- |");
+  std::printf("\n");
+  LoadControl control;
+  std::thread load([&] {
+    RunLoad(cluster->router_address(), concurrency, 0, prompt_len, max_new, config.vocab_size, &control);
+  });
+  std::vector<double> last(experts.size(), 0);
+  int64_t last_tokens = 0;
+  auto t0 = Clock::now();
+  for (int64_t t = 1; t <= seconds; ++t) {
+    std::this_thread::sleep_until(t0 + std::chrono::seconds(t));
+    const int64_t tokens = control.tokens.load();
+    std::vector<double> delta(experts.size());
+    double total = 0, busiest = 0;
+    for (size_t w = 0; w < experts.size(); ++w) {
+      absl::StatusOr<std::string> text = ScrapeMetrics(experts[w]->metrics_address);
+      const double now = text.ok() ? MetricSum(*text, "moesh_expert_tokens_total{") : last[w];
+      delta[w] = now - last[w];
+      last[w] = now;
+      total += delta[w];
+      busiest = std::max(busiest, delta[w]);
+    }
+    absl::StatusOr<std::string> rt = ScrapeMetrics(router->metrics_address);
+    const double rebalances = rt.ok() ? MetricValue(*rt, "moesh_rebalances_total{service=\"router\",result=\"ok\"}") : -1;
+    std::printf("| %lld | %.1f |", static_cast<long long>(t), static_cast<double>(tokens - last_tokens));
+    for (double d : delta) std::printf(" %.2f |", total > 0 ? d / total : 0.0);
+    std::printf(" %.2f | %.0f |\n", total > 0 ? busiest / (total / experts.size()) : 0.0, rebalances);
+    std::fflush(stdout);
+    last_tokens = tokens;
+  }
+  control.stop = true;
+  load.join();
+  return absl::OkStatus();
+}
+
 absl::Status RunServingBench(const Args& args) {
   ASSIGN_OR_RETURN(std::string model, args.Required("model"));
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(model));
@@ -113,10 +188,22 @@ absl::Status RunServingBench(const Args& args) {
   ASSIGN_OR_RETURN(const int64_t expert_workers, args.Int("expert-workers", 2));
   if (expert_workers < 1) return absl::InvalidArgumentError("--expert-workers: at least 1");
   std::vector<std::string> modes = absl::StrSplit(modes_flag, ',', absl::SkipEmpty());
+  ASSIGN_OR_RETURN(const int64_t timeline, args.Int("rebalance-timeline", 0));
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   const std::string bin = len > 0 ? std::string(self, len) : "./moesh";
 
+  if (timeline > 0) {
+    LocalClusterOptions o;
+    o.model_dir = model;
+    o.bin_dir = args.Get("bin-dir").value_or(bin.substr(0, bin.rfind('/')));
+    o.kv_blocks = 4096;
+    o.device = device;
+    o.expert_device = expert_device;
+    o.load_format = load_format;
+    return RunRebalanceTimeline(args, config, o, timeline, static_cast<int>(concurrencies.front()),
+                                static_cast<int>(prompt_len), static_cast<int>(max_new));
+  }
   std::printf("serving bench: %s (%s) on %s (experts %s), %lld requests per row, prompt %lld tokens, %lld new tokens, "
               "greedy\n",
               model.c_str(), config.Fingerprint().c_str(), device.c_str(),

@@ -77,6 +77,15 @@ class LocalCluster {
   std::vector<Process> processes_;
 };
 
+// A service's Prometheus text (GET /metrics from host:port); UNAVAILABLE if
+// it does not answer.
+absl::StatusOr<std::string> ScrapeMetrics(const std::string& address);
+// The value of the first series in `text` whose line starts with `series`
+// (a name, or a name with its labels); -1 if there is none.
+double MetricValue(absl::string_view text, absl::string_view series);
+// The sum over every series whose line starts with `prefix`.
+double MetricSum(absl::string_view text, absl::string_view prefix);
+
 }  // namespace moesh
 
 #endif  // MOESH_CLI_LOCAL_CLUSTER_H_

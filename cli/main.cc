@@ -21,6 +21,8 @@ constexpr char kUsage[] =
     "            local cluster and colocated mode [--concurrency 1,8,32] [--requests N]\n"
     "            [--max-new-tokens N] [--modes cluster,cluster-nopp,cluster-ucx,cluster-nccl,cluster-ipc,colocated]\n"
     "            [--device cuda] [--expert-device cuda:1] [--load-format dummy] [--expert-workers N]\n"
+    "            [--rebalance-timeline SECONDS [--rebalance-interval S] [--expert-placement 0-47,48-63]]:\n"
+    "            a skewed placement with the router rebalancing, tokens/s and balance per second\n"
     "  serve-local --model DIR [--expert-workers N] [--port P] [--bin-dir DIR] [--device cuda]\n"
     "            [--expert-device cuda:1] [--transport {grpc,ucx,nccl,cuda_ipc}]\n"
     "            start router, prefill, decode and expert workers on loopback\n"

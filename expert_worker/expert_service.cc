@@ -17,10 +17,13 @@ ExpertService::ExpertService(std::unique_ptr<ExpertStage> stage, std::string fin
     expert_load_.assign(stage_->config().n_routed_experts, 0);
   }
   if (Metrics* m = options.metrics) {
-    auto& tokens = m->CounterFamily("moesh_expert_tokens_total", "Tokens routed to each hosted expert, per layer.");
+    expert_tokens_family_ =
+        &m->CounterFamily("moesh_expert_tokens_total", "Tokens routed to each hosted expert, per layer.");
+    absl::MutexLock lock(&counters_mu_);
     for (int layer : stage_->moe_layers()) {
       for (int e : stage_->expert_ids()) {
-        expert_tokens_[{layer, e}] = &tokens.Add({{"layer", std::to_string(layer)}, {"expert", std::to_string(e)}});
+        expert_tokens_[{layer, e}] =
+            &expert_tokens_family_->Add({{"layer", std::to_string(layer)}, {"expert", std::to_string(e)}});
       }
     }
     compute_seconds_ = &m->HistogramFamily("moesh_expert_compute_seconds",
@@ -44,9 +47,18 @@ void ExpertService::Record(const MoeDispatch& d, double seconds, size_t num_requ
   compute_seconds_->Observe(seconds);
   batches_counter_->Increment();
   dispatches_counter_->Increment(static_cast<double>(num_requests));
+  absl::MutexLock lock(&counters_mu_);
   for (int i = 0; i < d.num_tokens * d.top_k; ++i) {
-    auto it = expert_tokens_.find({d.layer, d.topk_ids[i]});
-    if (it != expert_tokens_.end()) it->second->Increment();
+    const int e = d.topk_ids[i];
+    if (e < 0 || e >= stage_->config().n_routed_experts) continue;
+    auto it = expert_tokens_.find({d.layer, e});
+    if (it == expert_tokens_.end()) {  // a replica loaded since start
+      it = expert_tokens_
+               .emplace(std::make_pair(d.layer, e),
+                        &expert_tokens_family_->Add({{"layer", std::to_string(d.layer)}, {"expert", std::to_string(e)}}))
+               .first;
+    }
+    it->second->Increment();
   }
 }
 

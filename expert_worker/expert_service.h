@@ -81,8 +81,11 @@ class ExpertService : public DispatchHandler, public DeviceDispatchHandler, publ
   int64_t dispatches_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> expert_load_ ABSL_GUARDED_BY(mu_);  // [n_routed_experts]
   absl::Mutex load_mu_;  // serialises LoadExperts
-  // Per (layer, expert) token counters; null without metrics.
-  std::map<std::pair<int, int>, prometheus::Counter*> expert_tokens_;
+  // Per (layer, expert) token counters, added as experts are (LoadExperts);
+  // none without metrics.
+  prometheus::Family<prometheus::Counter>* expert_tokens_family_ = nullptr;
+  absl::Mutex counters_mu_;
+  std::map<std::pair<int, int>, prometheus::Counter*> expert_tokens_ ABSL_GUARDED_BY(counters_mu_);
   prometheus::Histogram* compute_seconds_ = nullptr;
   prometheus::Counter* batches_counter_ = nullptr;
   prometheus::Counter* dispatches_counter_ = nullptr;

@@ -75,15 +75,19 @@ std::shared_ptr<const RemoteExpertClient::Routing> RemoteExpertClient::routing()
 absl::StatusOr<std::vector<int>> RemoteExpertClient::Route(const Routing& routing) {
   const auto now = std::chrono::steady_clock::now();
   absl::MutexLock lock(&mu_);
+  // Replicas take turns, dispatch by dispatch (shifted per expert), so an
+  // expert's tokens spread evenly over its live replicas, as the rebalancer
+  // (router/eplb.h) plans them.
+  const uint64_t turn = turn_++;
   std::vector<int> route(routing.hosts.size(), -1);
+  std::vector<int> live;
   for (size_t e = 0; e < routing.hosts.size(); ++e) {
+    live.clear();
     for (int w : routing.hosts[e]) {
       auto down = down_until_.find(routing.workers[w].address);
-      if (down == down_until_.end() || down->second <= now) {
-        route[e] = w;
-        break;
-      }
+      if (down == down_until_.end() || down->second <= now) live.push_back(w);
     }
+    if (!live.empty()) route[e] = live[(turn + e) % live.size()];
     if (route[e] < 0) {
       return absl::UnavailableError(absl::StrCat("expert ", e, " has no live replica (last host ",
                                                  routing.workers[routing.hosts[e].back()].address, " is down)"));

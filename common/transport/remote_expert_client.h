@@ -3,8 +3,9 @@
 // (token, expert) pair, sent to all workers concurrently, and the partial sums
 // added up (dispatch → expert FFNs → combine).
 //
-// Replicas: an expert hosted by several workers is sent to the first live
-// one. A worker whose call fails is marked down for `retry_after` (its
+// Replicas: an expert hosted by several workers goes to its live replicas in
+// turn, one dispatch after another (its load split evenly over them, as the
+// rebalancer assumes). A worker whose call fails is marked down for `retry_after` (its
 // channel dropped; the next call after that connects anew, so a restarted
 // worker is picked up) and the layer is re-dispatched over the remaining
 // replicas, so losing a worker is invisible while every expert keeps a live
@@ -96,6 +97,7 @@ class RemoteExpertClient : public ExpertClient {
   std::map<std::string, std::shared_ptr<DataChannel>> channels_ ABSL_GUARDED_BY(mu_);
   absl::Mutex device_mu_;  // one device-resident dispatch at a time (channels hold one in flight)
   std::map<std::string, std::chrono::steady_clock::time_point> down_until_ ABSL_GUARDED_BY(mu_);
+  uint64_t turn_ ABSL_GUARDED_BY(mu_) = 0;  // dispatches routed so far
 };
 
 }  // namespace moesh

@@ -357,15 +357,18 @@ TEST(RemoteExpertClientTest, RoutesAroundADeadWorkerAndReconnectsWhenItIsBack) {
   MoeDispatch d;
   d.layer = 1, d.num_tokens = 1, d.hidden = 4, d.top_k = 2;
   d.hidden_states = x.data(), d.topk_ids = ids.data(), d.topk_weights = w.data();
-  ASSERT_TRUE((*client)->Run(d, out.data()).ok());
-  EXPECT_EQ(t.Get("a").calls, 1);  // the first host of every expert
+  // Both experts on both workers: they take turns, so each worker serves one
+  // expert of every dispatch.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE((*client)->Run(d, out.data()).ok());
+  EXPECT_EQ(t.Get("a").calls, 4);
+  EXPECT_EQ(t.Get("b").calls, 4);
   t.Kill("a");
-  ASSERT_TRUE((*client)->Run(d, out.data()).ok());  // the replica takes over
-  EXPECT_EQ(t.Get("b").calls, 1);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE((*client)->Run(d, out.data()).ok());  // the replica takes over
+  EXPECT_GE(t.Get("b").calls, 6);  // its share of the failed attempt too
   t.Restart("a");
   absl::SleepFor(absl::Milliseconds(80));  // past retry_after
   ASSERT_TRUE((*client)->Run(d, out.data()).ok());
-  EXPECT_EQ(t.Get("a").calls, 2) << "the restarted worker is not reached";
+  EXPECT_EQ(t.Get("a").calls, 5) << "the restarted worker is not reached";
   EXPECT_EQ(t.Get("a").connects, 2);  // through a new channel
   // Every host gone: UNAVAILABLE naming an expert.
   t.Kill("a");

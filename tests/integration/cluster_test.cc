@@ -1,10 +1,8 @@
 // Black-box tests of the real cluster: router, prefill, decode and expert
 // workers as separate processes on loopback (LocalCluster), driven through the
 // public gRPC API and checked against the single-process engine.
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -134,29 +132,8 @@ GenerationResult Offline(const Model& model, const std::vector<int32_t>& prompt,
 
 // GET /metrics from host:port and return the value of the series starting with `series`.
 double Metric(const std::string& address, const std::string& series) {
-  std::vector<std::string> hp = absl::StrSplit(address, ':');
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(hp[1])));
-  inet_pton(AF_INET, hp[0].c_str(), &sa.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    close(fd);
-    return -1;
-  }
-  const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-  write(fd, req.data(), req.size());
-  std::string body;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) body.append(buf, n);
-  close(fd);
-  for (absl::string_view line : absl::StrSplit(body, '\n')) {
-    if (absl::StartsWith(line, series)) {
-      double v;
-      if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
-    }
-  }
-  return -1;
+  absl::StatusOr<std::string> text = ScrapeMetrics(address);
+  return text.ok() ? MetricValue(*text, series) : -1;
 }
 
 const LocalCluster::Process& Proc(const LocalCluster& c, const std::string& name) {
