@@ -139,10 +139,11 @@ class IpcChannel : public DataChannel {
     if (posted_tokens_ >= 0) return absl::FailedPreconditionError("a device dispatch is already in flight here");
     RETURN_IF_ERROR(Usable());
     if (d.num_tokens < 0 || d.hidden <= 0 || d.top_k <= 0) return absl::InvalidArgumentError("bad dispatch shape");
-    if (collected_on_ != nullptr && d.ready == nullptr) {
-      // The last result is still being copied out on the caller's stream,
-      // and nothing orders this dispatch after it: wait, so the server does
-      // not overwrite it.
+    const bool refit = input_ == nullptr || d.num_tokens > capacity_ || d.hidden != hidden_ || d.top_k != top_k_;
+    if (collected_on_ != nullptr && (d.ready == nullptr || refit)) {
+      // The last result may still be being copied out on the caller's
+      // stream, and nothing orders this dispatch (or freeing the regions for
+      // larger ones) after it: wait, so it is not overwritten or freed.
       RETURN_IF_ERROR(memory_->Synchronize(collected_on_));
     }
     collected_on_ = nullptr;
