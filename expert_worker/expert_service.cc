@@ -36,21 +36,26 @@ ExpertService::ExpertService(std::unique_ptr<ExpertStage> stage, std::string fin
 }
 
 void ExpertService::Record(const MoeDispatch& d, double seconds, size_t num_requests) {
+  // Tokens per expert first (a dispatch's pairs touch few experts many
+  // times): one counter update per expert, not per pair. This runs before
+  // the dispatch is answered, once per MoE layer.
+  const int num_experts = stage_->config().n_routed_experts;
+  std::vector<int32_t> counts(num_experts, 0);
+  for (int i = 0; i < d.num_tokens * d.top_k; ++i) {
+    const int e = d.topk_ids[i];
+    if (e >= 0 && e < num_experts) ++counts[e];
+  }
   {
     absl::MutexLock lock(&mu_);
-    for (int i = 0; i < d.num_tokens * d.top_k; ++i) {
-      const int e = d.topk_ids[i];
-      if (e >= 0 && e < static_cast<int>(expert_load_.size())) ++expert_load_[e];
-    }
+    for (int e = 0; e < num_experts && e < static_cast<int>(expert_load_.size()); ++e) expert_load_[e] += counts[e];
   }
   if (compute_seconds_ == nullptr) return;
   compute_seconds_->Observe(seconds);
   batches_counter_->Increment();
   dispatches_counter_->Increment(static_cast<double>(num_requests));
   absl::MutexLock lock(&counters_mu_);
-  for (int i = 0; i < d.num_tokens * d.top_k; ++i) {
-    const int e = d.topk_ids[i];
-    if (e < 0 || e >= stage_->config().n_routed_experts) continue;
+  for (int e = 0; e < num_experts; ++e) {
+    if (counts[e] == 0) continue;
     auto it = expert_tokens_.find({d.layer, e});
     if (it == expert_tokens_.end()) {  // a replica loaded since start
       it = expert_tokens_
@@ -58,7 +63,7 @@ void ExpertService::Record(const MoeDispatch& d, double seconds, size_t num_requ
                         &expert_tokens_family_->Add({{"layer", std::to_string(d.layer)}, {"expert", std::to_string(e)}}))
                .first;
     }
-    it->second->Increment();
+    it->second->Increment(counts[e]);
   }
 }
 
