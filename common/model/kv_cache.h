@@ -35,6 +35,9 @@ class KvSequence {
   // AppendRows or Rows, whose results are then not to be used). Host caches
   // never fail.
   virtual absl::Status status() const { return absl::OkStatus(); }
+  // True iff every value Rows returns is a bfloat16 (a bf16 cache on a
+  // device): the KV handoff then sends them as bf16, exactly.
+  virtual bool bf16_rows() const { return false; }
 };
 
 // Rows in one growable vector per layer.

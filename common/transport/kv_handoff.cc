@@ -1,9 +1,12 @@
 #include "common/transport/kv_handoff.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 
 namespace moesh {
 
@@ -13,12 +16,22 @@ v1::PushKvRequest SerializeKv(const std::string& request_id, const KvSequence& k
   msg.set_num_layers(num_layers);
   msg.set_num_tokens(kv.length());
   msg.set_row_width(kv.row_width());
-  const size_t layer_bytes = static_cast<size_t>(kv.length()) * kv.row_width() * sizeof(float);
+  const bool bf16 = kv.bf16_rows();
+  msg.set_rows_bf16(bf16);
+  const size_t layer_values = static_cast<size_t>(kv.length()) * kv.row_width();
+  const size_t layer_bytes = layer_values * (bf16 ? sizeof(uint16_t) : sizeof(float));
   std::string* rows = msg.mutable_rows();
   rows->resize(layer_bytes * num_layers);
   std::vector<float> scratch;
+  std::vector<uint16_t> halves(bf16 ? layer_values : 0);
   for (int l = 0; l < num_layers; ++l) {
-    std::memcpy(rows->data() + l * layer_bytes, kv.Rows(l, &scratch), layer_bytes);
+    const float* src = kv.Rows(l, &scratch);
+    if (bf16) {
+      for (size_t i = 0; i < layer_values; ++i) halves[i] = F32ToBf16(src[i]);  // exact: bf16 values
+      std::memcpy(rows->data() + l * layer_bytes, halves.data(), layer_bytes);
+    } else {
+      std::memcpy(rows->data() + l * layer_bytes, src, layer_bytes);
+    }
   }
   return msg;
 }
@@ -29,7 +42,8 @@ absl::Status DeserializeKv(const v1::PushKvRequest& msg, int num_layers, KvSeque
                                                    " layers of width ", msg.row_width(), ", expected ",
                                                    num_layers, " of width ", kv->row_width()));
   }
-  const size_t layer_bytes = static_cast<size_t>(msg.num_tokens()) * msg.row_width() * sizeof(float);
+  const size_t layer_values = static_cast<size_t>(std::max(msg.num_tokens(), 0)) * msg.row_width();
+  const size_t layer_bytes = layer_values * (msg.rows_bf16() ? sizeof(uint16_t) : sizeof(float));
   if (msg.num_tokens() < 0 || msg.rows().size() != layer_bytes * num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("KV for ", msg.request_id(), ": ", msg.rows().size(),
                                                    " bytes do not hold ", msg.num_tokens(), " tokens"));
@@ -39,9 +53,15 @@ absl::Status DeserializeKv(const v1::PushKvRequest& msg, int num_layers, KvSeque
     return absl::ResourceExhaustedError(absl::StrCat("KV for ", msg.request_id(), " holds ", msg.num_tokens(),
                                                      " tokens; the reservation holds ", kv->capacity()));
   }
-  std::vector<float> layer(static_cast<size_t>(msg.num_tokens()) * msg.row_width());
+  std::vector<float> layer(layer_values);
+  std::vector<uint16_t> halves(msg.rows_bf16() ? layer_values : 0);
   for (int l = 0; l < num_layers; ++l) {
-    std::memcpy(layer.data(), msg.rows().data() + l * layer_bytes, layer_bytes);  // aligned copy
+    if (msg.rows_bf16()) {
+      std::memcpy(halves.data(), msg.rows().data() + l * layer_bytes, layer_bytes);
+      for (size_t i = 0; i < layer_values; ++i) layer[i] = Bf16ToF32(halves[i]);
+    } else {
+      std::memcpy(layer.data(), msg.rows().data() + l * layer_bytes, layer_bytes);  // aligned copy
+    }
     kv->AppendRows(l, layer.data(), msg.num_tokens());
   }
   return absl::OkStatus();

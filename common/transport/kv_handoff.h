@@ -11,7 +11,8 @@
 
 namespace moesh {
 
-// rows: float32 [num_layers, length, row_width] of `kv`.
+// rows: [num_layers, length, row_width] of `kv`, float32, or bfloat16 where
+// kv.bf16_rows() (exact, half the bytes).
 v1::PushKvRequest SerializeKv(const std::string& request_id, const KvSequence& kv, int num_layers);
 
 // Appends the message's rows to `kv` (which must be empty and wide enough).

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +17,9 @@
 #include "common/service/cuda_backends_plugin.h"
 #include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/nccl_transport.h"
+#include "common/transport/kv_handoff.h"
 #include "common/transport/remote_expert_client.h"
+#include "common/dtype.h"
 #include "gtest/gtest.h"
 
 namespace moesh {
@@ -376,6 +379,49 @@ TEST(RemoteExpertClientTest, RoutesAroundADeadWorkerAndReconnectsWhenItIsBack) {
   const absl::Status s = (*client)->Run(d, out.data());
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("expert"), std::string::npos) << s;
+}
+
+// A cache whose values are bf16 (as a GPU's): the handoff sends half the
+// bytes and the receiver gets the same floats; a float32 cache goes as is.
+class Bf16Cache : public SequenceKvCache {
+ public:
+  using SequenceKvCache::SequenceKvCache;
+  bool bf16_rows() const override { return true; }
+};
+
+TEST(KvHandoffTest, Bf16CachesTravelExactlyInHalfTheBytes) {
+  const int layers = 3, width = 10, tokens = 7;
+  Bf16Cache gpu_like(layers, width);
+  SequenceKvCache host(layers, width);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0.0f, 3.0f);
+  for (int l = 0; l < layers; ++l) {
+    std::vector<float> rows(tokens * width);
+    for (float& v : rows) v = Bf16ToF32(F32ToBf16(n(rng)));
+    gpu_like.AppendRows(l, rows.data(), tokens);
+    for (float& v : rows) v = n(rng);  // not bf16-representable
+    host.AppendRows(l, rows.data(), tokens);
+  }
+  const v1::PushKvRequest half = SerializeKv("r1", gpu_like, layers);
+  const v1::PushKvRequest full = SerializeKv("r2", host, layers);
+  EXPECT_TRUE(half.rows_bf16());
+  EXPECT_FALSE(full.rows_bf16());
+  EXPECT_EQ(half.rows().size(), size_t{layers} * tokens * width * 2);
+  EXPECT_EQ(full.rows().size(), size_t{layers} * tokens * width * 4);
+  using Case = std::pair<const v1::PushKvRequest*, const SequenceKvCache*>;
+  for (const auto& [msg, from] : {Case(&half, &gpu_like), Case(&full, &host)}) {
+    SequenceKvCache got(layers, width);
+    ASSERT_TRUE(DeserializeKv(*msg, layers, &got).ok());
+    ASSERT_EQ(got.length(), tokens);
+    for (int l = 0; l < layers; ++l) {
+      for (int i = 0; i < tokens * width; ++i) ASSERT_EQ(got.rows(l)[i], from->rows(l)[i]) << l << " " << i;
+    }
+  }
+  // A truncated message is refused.
+  v1::PushKvRequest bad = half;
+  bad.mutable_rows()->resize(bad.rows().size() - 2);
+  SequenceKvCache got(layers, width);
+  EXPECT_EQ(DeserializeKv(bad, layers, &got).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TransportNamesTest, UnknownTransportIsInvalidArgument) {

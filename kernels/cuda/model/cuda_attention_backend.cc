@@ -31,6 +31,7 @@ class CudaAttentionBackend::Sequence : public KvSequence {
   int length() const override { return length_; }
   int num_rows(int layer) const override { return rows_[layer]; }
   int capacity() const override { return capacity_; }
+  bool bf16_rows() const override { return true; }  // the device cache holds bf16
 
   void AppendRows(int layer, const float* src, int n) override {
     absl::MutexLock lock(&backend_->mu_);
