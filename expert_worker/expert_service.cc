@@ -87,9 +87,11 @@ absl::Status ExpertService::Dispatch(const v1::DispatchRequest& request, v1::Dis
   if (absl::Status s = Validate(request); !s.ok()) return s;
   std::shared_ptr<Batch> batch;
   bool leader = false;
+  const auto arrived = std::chrono::steady_clock::now();
   {
     absl::MutexLock lock(&mu_);
     ++dispatches_;
+    if (in_flight_++ > 0) last_overlap_ = arrived;
     auto it = open_.find(request.layer());
     if (it != open_.end() && !it->second->started && it->second->requests.front()->top_k() == request.top_k() &&
         it->second->requests.front()->hidden() == request.hidden()) {
@@ -105,21 +107,29 @@ absl::Status ExpertService::Dispatch(const v1::DispatchRequest& request, v1::Dis
   if (!leader) {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](Batch* b) { return b->done; }, batch.get()));
+    --in_flight_;
     return batch->status;
   }
-  absl::SleepFor(absl::FromChrono(options_.batch_window));
+  bool wait;
+  {
+    absl::MutexLock lock(&mu_);
+    wait = solo_streak_ < options_.solo_batches || arrived - last_overlap_ < std::chrono::seconds(1);
+  }
+  if (wait) absl::SleepFor(absl::FromChrono(options_.batch_window));
   {
     absl::MutexLock lock(&mu_);
     batch->started = true;
     auto it = open_.find(request.layer());
     if (it != open_.end() && it->second == batch) open_.erase(it);
     ++batches_;
+    if (wait) solo_streak_ = batch->requests.size() == 1 ? solo_streak_ + 1 : 0;
   }
   // The batch is closed: its vectors are no longer touched by joiners.
   absl::Status status = RunBatch(batch.get());
   absl::MutexLock lock(&mu_);
   batch->status = status;
   batch->done = true;
+  --in_flight_;
   return status;
 }
 

@@ -27,8 +27,12 @@ namespace moesh {
 using ExpertLoader = std::function<absl::StatusOr<std::unique_ptr<ExpertShardWeights>>(const std::set<int>&)>;
 
 struct ExpertServiceOptions {
-  // How long the first dispatch of a layer waits for others to join its batch.
+  // How long the first dispatch of a layer waits for others to join its batch
+  // — while there are others: after `solo_batches` batches in a row that
+  // nobody joined, and no dispatch arriving while another was in flight for
+  // a second (one attention worker), dispatches run at once.
   std::chrono::microseconds batch_window{200};
+  int solo_batches = 16;
   Metrics* metrics = nullptr;  // may be null
   ExpertLoader loader;         // null: LoadExperts is UNIMPLEMENTED
 };
@@ -78,6 +82,9 @@ class ExpertService : public DispatchHandler, public DeviceDispatchHandler, publ
   mutable absl::Mutex mu_;
   std::map<int, std::shared_ptr<Batch>> open_ ABSL_GUARDED_BY(mu_);  // layer -> batch taking joiners
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  int solo_streak_ ABSL_GUARDED_BY(mu_) = 0;  // batches in a row that nobody joined
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;    // dispatches inside Dispatch
+  std::chrono::steady_clock::time_point last_overlap_ ABSL_GUARDED_BY(mu_);  // one arrived while another ran
   int64_t dispatches_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> expert_load_ ABSL_GUARDED_BY(mu_);  // [n_routed_experts]
   absl::Mutex load_mu_;  // serialises LoadExperts

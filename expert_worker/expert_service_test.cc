@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <random>
+#include <chrono>
 #include <thread>
 
 #include "common/file_util.h"
@@ -72,6 +73,25 @@ TEST_F(ExpertServiceTest, ConcurrentDispatchesMergeAndEachGetsItsOwnResult) {
     std::memcpy(b.data(), want[i].output().data(), want[i].output().size());
     for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], b[j], 1e-5) << "request " << i;
   }
+}
+
+// With one attention worker nobody ever joins a batch: after solo_batches of
+// them the window is skipped (it would add its length to every MoE layer).
+TEST_F(ExpertServiceTest, OneDispatcherStopsWaitingForJoiners) {
+  ExpertServiceOptions o;
+  o.batch_window = std::chrono::milliseconds(300);
+  o.solo_batches = 3;
+  ExpertService s(Stage(), "fp", o);
+  const v1::DispatchRequest req = RandomRequest(2, 4);
+  auto timed = [&] {
+    v1::DispatchResponse resp;
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(s.Dispatch(req, &resp).ok());
+    return std::chrono::steady_clock::now() - t0;
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_GE(timed(), std::chrono::milliseconds(300)) << "batch " << i << " did not wait";
+  EXPECT_LT(timed(), std::chrono::milliseconds(250)) << "still waiting for joiners that never come";
+  EXPECT_EQ(s.num_batches(), 4);
 }
 
 TEST_F(ExpertServiceTest, RejectsMalformedDispatch) {
