@@ -28,7 +28,7 @@ ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
 ABSL_FLAG(std::string, transport, "grpc", "Data plane to serve besides gRPC: grpc (only), ucx, nccl or cuda_ipc (--device cuda).");
 ABSL_FLAG(int, batch_window_us, 200,
-          "How long a layer's first dispatch waits for other attention workers' to merge with it (skipped while only one dispatches).");
+          "How long a layer's first dispatch waits for other attention workers' dispatches to merge with it (skipped while only one dispatches).");
 
 namespace moesh {
 namespace {
