@@ -17,13 +17,19 @@ namespace {
 
 using cuda::CudaStatus;
 
-class ExportedRegion : public DeviceRegion {
+// Device memory this process allocated and exported (`handle` set; freed on
+// destruction) or mapped from another process (unmapped on destruction).
+class Region : public DeviceRegion {
  public:
-  ExportedRegion(int device, void* ptr, size_t size, std::string handle)
+  Region(int device, void* ptr, size_t size, std::string handle)
       : device_(device), ptr_(ptr), size_(size), handle_(std::move(handle)) {}
-  ~ExportedRegion() override {
+  ~Region() override {
     cudaSetDevice(device_);
-    cudaFree(ptr_);
+    if (handle_.empty()) {
+      cudaIpcCloseMemHandle(ptr_);
+    } else {
+      cudaFree(ptr_);
+    }
   }
   void* data() const override { return ptr_; }
   size_t size() const override { return size_; }
@@ -33,25 +39,7 @@ class ExportedRegion : public DeviceRegion {
   const int device_;
   void* const ptr_;
   const size_t size_;
-  const std::string handle_;
-};
-
-class ImportedRegion : public DeviceRegion {
- public:
-  ImportedRegion(int device, void* ptr, size_t size) : device_(device), ptr_(ptr), size_(size) {}
-  ~ImportedRegion() override {
-    cudaSetDevice(device_);
-    cudaIpcCloseMemHandle(ptr_);
-  }
-  void* data() const override { return ptr_; }
-  size_t size() const override { return size_; }
-  const std::string& handle() const override { return none_; }
-
- private:
-  const int device_;
-  void* const ptr_;
-  const size_t size_;
-  const std::string none_;
+  const std::string handle_;  // empty iff imported
 };
 
 class CudaDeviceMemory : public DeviceMemory {
@@ -75,7 +63,7 @@ class CudaDeviceMemory : public DeviceMemory {
       return s;
     }
     return std::unique_ptr<DeviceRegion>(
-        new ExportedRegion(device_, ptr, bytes, std::string(reinterpret_cast<const char*>(&h), sizeof(h))));
+        new Region(device_, ptr, bytes, std::string(reinterpret_cast<const char*>(&h), sizeof(h))));
   }
 
   absl::StatusOr<std::unique_ptr<DeviceRegion>> Import(const std::string& handle, size_t bytes) override {
@@ -93,7 +81,7 @@ class CudaDeviceMemory : public DeviceMemory {
       return absl::UnavailableError(absl::StrCat("cudaIpcOpenMemHandle on cuda:", device_, ": ",
                                                  cudaGetErrorString(err)));
     }
-    return std::unique_ptr<DeviceRegion>(new ImportedRegion(device_, ptr, bytes));
+    return std::unique_ptr<DeviceRegion>(new Region(device_, ptr, bytes, ""));
   }
 
   absl::Status Copy(absl::Span<const CopyRange> copies, void* stream, void* after) override {

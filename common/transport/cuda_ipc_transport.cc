@@ -302,9 +302,8 @@ class CudaIpcTransport : public Transport {
     timer.join();
     if (!ok) {
       const grpc::Status g = stream->Finish();
-      return absl::Status(g.ok() ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(g.error_code()),
-                          absl::StrCat("cuda_ipc peer ", address, ": ",
-                                       g.ok() ? "closed the channel" : g.error_message()));
+      const absl::Status s = g.ok() ? absl::UnavailableError("closed the channel") : FromGrpcStatus(g);
+      return absl::Status(s.code(), absl::StrCat("cuda_ipc peer ", address, ": ", s.message()));
     }
     doorbell->Unlink();  // the server has it open
     ASSIGN_OR_RETURN(std::unique_ptr<Transport> grpc, MakeTransport("grpc"));

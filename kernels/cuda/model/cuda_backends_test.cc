@@ -394,7 +394,7 @@ TEST(CudaAttentionBackendTest, ForwardGreedyEqualsForwardsArgmax) {
     ExpertClient* ec = with_experts ? nullptr : experts.get();
     const std::vector<std::vector<int32_t>> prompts = {{5, 17, 300}, {1, 2, 3, 4, 5, 6, 7}, {400}};
     std::vector<std::unique_ptr<KvSequence>> sa, sb;
-    for (const auto& p : prompts) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
       sa.push_back(*a->NewSequence(64));
       sb.push_back(*b->NewSequence(64));
     }

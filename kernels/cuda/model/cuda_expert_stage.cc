@@ -157,6 +157,39 @@ absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_l
   return absl::OkStatus();
 }
 
+absl::Status CudaExpertStage::EnqueueExperts(const LayerStack& ls, int num_local, const ExpertPass& p) const {
+  const ModelConfig& c = config();
+  const int h = c.hidden_size, inter = c.moe_intermediate_size, e = num_local;
+  Scratch& s = scratch_;
+  cudaStream_t st = stream_.get();
+  // As CudaModel::EnqueueMoe: tiles about as tall as an expert's share of the rows.
+  const int tile_m = p.expected_rows <= 12 * p.served ? 16 : p.expected_rows <= 40 * p.served ? 32 : 64;
+  MoePermuteParams pp;
+  pp.topk_ids = p.ids, pp.num_tokens = p.num_tokens, pp.top_k = p.top_k, pp.num_experts = e, pp.tile_m = tile_m;
+  pp.expert_map = p.map, pp.map_size = p.map_size;
+  pp.expert_offsets = s.expert_offsets.get(), pp.tile_offsets = s.tile_offsets.get();
+  pp.row_token = s.row_token.get(), pp.pair_row = s.pair_row.get(), pp.stream = st;
+  RETURN_IF_ERROR(RunMoePermute(pp));
+  GroupedGemmParams gg;
+  gg.x = p.x, gg.ldx = h, gg.row_index = s.row_token.get();
+  gg.w = ls.gate_up.get(), gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
+  gg.expert_offsets = s.expert_offsets.get(), gg.tile_offsets = s.tile_offsets.get();
+  gg.tile_m = tile_m, gg.max_tiles = GroupedGemmMaxTiles(p.max_rows, e, tile_m);
+  gg.y = s.gu.get(), gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = st;
+  RETURN_IF_ERROR(RunGroupedGemm(gg));
+  SiluAndMulParams sp;  // over every row the pairs could fill; rows past the pairs are never read
+  sp.gate_up = s.gu.get(), sp.out = s.act.get(), sp.m = p.max_rows, sp.i = inter, sp.stream = st;
+  RETURN_IF_ERROR(RunSiluAndMul(sp));
+  gg.x = s.act.get(), gg.ldx = inter, gg.row_index = nullptr;
+  gg.w = ls.down.get(), gg.n = h, gg.k = inter;
+  gg.y = s.y.get(), gg.out_type = OutType::kFloat32, gg.ldy = h;
+  RETURN_IF_ERROR(RunGroupedGemm(gg));
+  MoeCombineParams cp;
+  cp.expert_out = s.y.get(), cp.pair_row = s.pair_row.get(), cp.topk_weights = p.weights;
+  cp.num_tokens = p.num_tokens, cp.top_k = p.top_k, cp.hidden = h, cp.x = p.out, cp.stream = st;
+  return RunMoeCombine(cp);
+}
+
 absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
   const ModelConfig& c = config();
   if (!IsMoeLayer(d.layer)) return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
@@ -171,7 +204,7 @@ absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const
     stacks = stacks_;
   }
   const LayerStack& ls = stacks->layers.at(d.layer);
-  const int t = d.num_tokens, k = d.top_k, h = c.hidden_size, inter = c.moe_intermediate_size;
+  const int t = d.num_tokens, k = d.top_k, h = c.hidden_size;
   const int rows = t * k, e = stacks->num_local;
 
   absl::MutexLock lock(&run_mu_);
@@ -195,31 +228,11 @@ absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.weights.get(), s.h_w.get(), rows * sizeof(float), cudaMemcpyHostToDevice, st));
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(s.out.get(), 0, static_cast<size_t>(t) * h * sizeof(float), st));
 
-  // As CudaModel::EnqueueMoe: tiles about as tall as an expert's share of the rows.
-  const int tile_m = hosted_pairs <= 12 * e ? 16 : hosted_pairs <= 40 * e ? 32 : 64;
-  MoePermuteParams pp;
-  pp.topk_ids = s.ids.get(), pp.num_tokens = t, pp.top_k = k, pp.num_experts = e, pp.tile_m = tile_m;
-  pp.expert_offsets = s.expert_offsets.get(), pp.tile_offsets = s.tile_offsets.get();
-  pp.row_token = s.row_token.get(), pp.pair_row = s.pair_row.get(), pp.stream = st;
-  RETURN_IF_ERROR(RunMoePermute(pp));
-  GroupedGemmParams gg;
-  gg.x = s.x.get(), gg.ldx = h, gg.row_index = s.row_token.get();
-  gg.w = ls.gate_up.get(), gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
-  gg.expert_offsets = s.expert_offsets.get(), gg.tile_offsets = s.tile_offsets.get();
-  gg.tile_m = tile_m, gg.max_tiles = GroupedGemmMaxTiles(hosted_pairs, e, tile_m);
-  gg.y = s.gu.get(), gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = st;
-  RETURN_IF_ERROR(RunGroupedGemm(gg));
-  SiluAndMulParams sp;
-  sp.gate_up = s.gu.get(), sp.out = s.act.get(), sp.m = hosted_pairs, sp.i = inter, sp.stream = st;
-  RETURN_IF_ERROR(RunSiluAndMul(sp));
-  gg.x = s.act.get(), gg.ldx = inter, gg.row_index = nullptr;
-  gg.w = ls.down.get(), gg.n = h, gg.k = inter;
-  gg.y = s.y.get(), gg.out_type = OutType::kFloat32, gg.ldy = h;
-  RETURN_IF_ERROR(RunGroupedGemm(gg));
-  MoeCombineParams cp;
-  cp.expert_out = s.y.get(), cp.pair_row = s.pair_row.get(), cp.topk_weights = s.weights.get();
-  cp.num_tokens = t, cp.top_k = k, cp.hidden = h, cp.x = s.out.get(), cp.stream = st;
-  RETURN_IF_ERROR(RunMoeCombine(cp));
+  ExpertPass pass;
+  pass.x = s.x.get(), pass.ids = s.ids.get(), pass.weights = s.weights.get(), pass.out = s.out.get();
+  pass.num_tokens = t, pass.top_k = k, pass.max_rows = hosted_pairs, pass.expected_rows = hosted_pairs;
+  pass.served = e;
+  RETURN_IF_ERROR(EnqueueExperts(ls, e, pass));
   RETURN_IF_CUDA_ERROR(
       cudaMemcpyAsync(s.h_out.get(), s.out.get(), static_cast<size_t>(t) * h * sizeof(float), cudaMemcpyDeviceToHost, st));
   RETURN_IF_ERROR(stream_.Synchronize());
@@ -248,7 +261,7 @@ absl::Status CudaExpertStage::AccumulateOnDevice(const DeviceMoeDispatch& d, flo
     stacks = stacks_;
   }
   const LayerStack& ls = stacks->layers.at(d.layer);
-  const int t = d.num_tokens, k = d.top_k, h = c.hidden_size, inter = c.moe_intermediate_size;
+  const int t = d.num_tokens, k = d.top_k, h = c.hidden_size;
   const int rows = t * k, e = stacks->num_local;
 
   absl::MutexLock lock(&run_mu_);
@@ -269,32 +282,12 @@ absl::Status CudaExpertStage::AccumulateOnDevice(const DeviceMoeDispatch& d, flo
                                          cudaMemcpyHostToDevice, st));
     // The pairs that land here are known only on the device: size by the
     // expected share (balanced routing) and bound the launches by all pairs.
-    const int expected = std::max(1, static_cast<int>(static_cast<int64_t>(rows) * served / c.n_routed_experts));
-    const int tile_m = expected <= 12 * served ? 16 : expected <= 40 * served ? 32 : 64;
-    MoePermuteParams pp;
-    pp.topk_ids = d.topk_ids, pp.num_tokens = t, pp.top_k = k, pp.num_experts = e, pp.tile_m = tile_m;
-    pp.expert_map = s.map.get(), pp.map_size = c.n_routed_experts;
-    pp.expert_offsets = s.expert_offsets.get(), pp.tile_offsets = s.tile_offsets.get();
-    pp.row_token = s.row_token.get(), pp.pair_row = s.pair_row.get(), pp.stream = st;
-    RETURN_IF_ERROR(RunMoePermute(pp));
-    GroupedGemmParams gg;
-    gg.x = reinterpret_cast<const bf16*>(d.hidden_states), gg.ldx = h, gg.row_index = s.row_token.get();
-    gg.w = ls.gate_up.get(), gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
-    gg.expert_offsets = s.expert_offsets.get(), gg.tile_offsets = s.tile_offsets.get();
-    gg.tile_m = tile_m, gg.max_tiles = GroupedGemmMaxTiles(rows, e, tile_m);
-    gg.y = s.gu.get(), gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = st;
-    RETURN_IF_ERROR(RunGroupedGemm(gg));
-    SiluAndMulParams sp;  // over every row the pairs could fill; rows past the pairs are never read
-    sp.gate_up = s.gu.get(), sp.out = s.act.get(), sp.m = rows, sp.i = inter, sp.stream = st;
-    RETURN_IF_ERROR(RunSiluAndMul(sp));
-    gg.x = s.act.get(), gg.ldx = inter, gg.row_index = nullptr;
-    gg.w = ls.down.get(), gg.n = h, gg.k = inter;
-    gg.y = s.y.get(), gg.out_type = OutType::kFloat32, gg.ldy = h;
-    RETURN_IF_ERROR(RunGroupedGemm(gg));
-    MoeCombineParams cp;
-    cp.expert_out = s.y.get(), cp.pair_row = s.pair_row.get(), cp.topk_weights = d.topk_weights;
-    cp.num_tokens = t, cp.top_k = k, cp.hidden = h, cp.x = out, cp.stream = st;
-    RETURN_IF_ERROR(RunMoeCombine(cp));
+    ExpertPass pass;
+    pass.x = reinterpret_cast<const bf16*>(d.hidden_states), pass.ids = d.topk_ids, pass.weights = d.topk_weights;
+    pass.map = s.map.get(), pass.map_size = c.n_routed_experts, pass.out = out;
+    pass.num_tokens = t, pass.top_k = k, pass.max_rows = rows, pass.served = served;
+    pass.expected_rows = std::max(1, static_cast<int>(static_cast<int64_t>(rows) * served / c.n_routed_experts));
+    RETURN_IF_ERROR(EnqueueExperts(ls, e, pass));
   }
   if (host_ids != nullptr && rows > 0) {
     RETURN_IF_CUDA_ERROR(

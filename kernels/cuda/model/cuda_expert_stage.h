@@ -80,6 +80,23 @@ class CudaExpertStage : public ExpertStage {
   absl::StatusOr<std::shared_ptr<const Stacks>> Build(
       const std::vector<const ExpertShardWeights*>& shards) const;
   absl::Status EnsureScratch(int num_tokens, int top_k, int num_local) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // One grouped pass over the shard's experts, on the stage's stream: the
+  // pairs sorted by expert (ids mapped through `map` when it is set), gate_up
+  // GEMM, SiLU·mul, down GEMM, and the weighted combine added into `out`.
+  struct ExpertPass {
+    const bf16* x = nullptr;           // [num_tokens, hidden]
+    const int32_t* ids = nullptr;      // [num_tokens, top_k]: stack rows, or global ids with `map`
+    const int32_t* map = nullptr;      // [map_size] global id -> stack row or -1; may be null
+    int map_size = 0;
+    const float* weights = nullptr;    // [num_tokens, top_k]
+    float* out = nullptr;              // [num_tokens, hidden], added into
+    int num_tokens = 0, top_k = 0;
+    int max_rows = 0;       // a bound on the pairs that land here (sizes the launches)
+    int expected_rows = 0;  // the pairs expected here, and
+    int served = 0;         // the experts they spread over (pick the tile height)
+  };
+  absl::Status EnqueueExperts(const LayerStack& ls, int num_local, const ExpertPass& pass) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
 
   const Stream stream_;
   const int ordinal_;  // made current on each calling thread

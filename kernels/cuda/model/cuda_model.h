@@ -184,7 +184,13 @@ class CudaModel {
     bool decode = false;  // one token per sequence, padded to a bucket
     int real_tokens = -1;  // decode: the rows before the padding; -1: num_tokens
   };
-  struct Graph;
+  // An instantiated CUDA graph (cuda_model_graphs.cc).
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    ~Graph() {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+    }
+  };
   // A decode step cut at its MoE dispatches: segments[i] ends by recording
   // dispatch_copied_ and starting the shared expert of MoE layer layers[i];
   // segments[i + 1] starts by adding that layer's routed sum.
