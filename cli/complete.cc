@@ -17,7 +17,8 @@ absl::Status RunComplete(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
                                           {"server", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k",
                                            "top-p", "min-p", "seed", "top-logprobs", "stop-token-ids", "stop",
-                                           "timeout", "request-id"},
+                                           "timeout", "request-id", "repetition-penalty", "presence-penalty",
+                                           "frequency-penalty"},
                                           {"ignore-eos", "json"}));
   ASSIGN_OR_RETURN(std::string server, args.Required("server"));
   v1::GenerateRequest req;
@@ -37,6 +38,18 @@ absl::Status RunComplete(const std::vector<std::string>& argv) {
   if (args.Has("top-p")) { ASSIGN_OR_RETURN(double v, args.Double("top-p", 1)); sp->set_top_p(static_cast<float>(v)); }
   if (args.Has("min-p")) { ASSIGN_OR_RETURN(double v, args.Double("min-p", 0)); sp->set_min_p(static_cast<float>(v)); }
   if (args.Has("seed")) { ASSIGN_OR_RETURN(int64_t v, args.Int("seed", 0)); sp->set_seed(static_cast<uint64_t>(v)); }
+  if (args.Has("repetition-penalty")) {
+    ASSIGN_OR_RETURN(double v, args.Double("repetition-penalty", 1));
+    sp->set_repetition_penalty(static_cast<float>(v));
+  }
+  if (args.Has("presence-penalty")) {
+    ASSIGN_OR_RETURN(double v, args.Double("presence-penalty", 0));
+    sp->set_presence_penalty(static_cast<float>(v));
+  }
+  if (args.Has("frequency-penalty")) {
+    ASSIGN_OR_RETURN(double v, args.Double("frequency-penalty", 0));
+    sp->set_frequency_penalty(static_cast<float>(v));
+  }
   if (args.Has("top-logprobs")) {
     ASSIGN_OR_RETURN(int64_t v, args.Int("top-logprobs", 0));
     sp->set_top_logprobs(static_cast<int>(v));

@@ -27,7 +27,8 @@ constexpr char kUsage[] =
     "            [--expert-device cuda:1] [--transport {grpc,ucx,nccl,cuda_ipc}]\n"
     "            start router, prefill, decode and expert workers on loopback\n"
     "  complete  --server HOST:PORT (--prompt TEXT | --prompt-ids 1,2) [--max-new-tokens N]\n"
-    "            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--top-logprobs K]\n"
+    "            [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--top-logprobs K]\n"
+    "            [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
     "            [--stop STR] [--stop-token-ids 1,2] [--ignore-eos] [--json]\n";
 
 }  // namespace

@@ -186,33 +186,24 @@ void DecodeEngine::Loop() {
 }
 
 void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
-  const int vocab = backend_->config().vocab_size;
   std::vector<int32_t> tokens(batch.size());
   std::vector<SequenceInput> inputs(batch.size());
-  // A batch of plain greedy requests takes the backend's greedy step (on a
-  // GPU the logits never leave it); otherwise each request samples from the
-  // logits here.
-  bool greedy = true;
+  std::vector<SampleRequest> samples(batch.size());
+  // Every request's token comes from the backend's sampling step (on a GPU
+  // the logits never leave it), with its own parameters and draw.
   int top_k = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
-    tokens[i] = batch[i]->output.back();
-    inputs[i] = {absl::MakeConstSpan(&tokens[i], 1), batch[i]->kv.get()};
-    const SamplingParams& sp = batch[i]->spec.sampling;
-    greedy = greedy && sp.plain_greedy();
-    top_k = std::max(top_k, sp.top_logprobs);
+    Request& r = *batch[i];
+    tokens[i] = r.output.back();
+    inputs[i] = {absl::MakeConstSpan(&tokens[i], 1), r.kv.get()};
+    samples[i] = {&r.spec.sampling, r.sampler->Draw(static_cast<int>(r.output.size())), r.spec.prompt_ids, r.output};
+    top_k = std::max(top_k, r.spec.sampling.top_logprobs);
   }
-  greedy = greedy && top_k <= kMaxGreedyTopLogprobs;
   const auto start = std::chrono::steady_clock::now();
   const int mb =
       experts_ != nullptr && experts_->IsAsync() && static_cast<int>(batch.size()) >= options_.micro_batch_min ? options_.micro_batches : 1;
-  absl::StatusOr<GreedyOutput> chosen = GreedyOutput();
-  absl::StatusOr<std::vector<float>> logits = std::vector<float>();
-  if (greedy) {
-    chosen = backend_->ForwardGreedy(inputs, experts_, top_k, mb);
-  } else {
-    logits = backend_->Forward(inputs, experts_, mb);
-  }
-  const absl::Status status = greedy ? chosen.status() : logits.status();
+  absl::StatusOr<SampledTokens> chosen = backend_->ForwardSample(inputs, experts_, samples, top_k, mb);
+  const absl::Status status = chosen.status();
   if (step_seconds_ != nullptr) {
     step_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     batch_size_->Observe(static_cast<double>(batch.size()));
@@ -229,16 +220,9 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
     const int want = r.spec.sampling.top_logprobs;
-    int32_t token;
+    const int32_t token = chosen->ids[i];
     std::vector<TokenLogprob> top;
-    if (greedy) {
-      token = chosen->ids[i];
-      if (want > 0) top.assign(chosen->top_logprobs[i].begin(), chosen->top_logprobs[i].begin() + want);
-    } else {
-      const float* row = logits->data() + i * vocab;
-      token = r.sampler->Sample(row, vocab, static_cast<int>(r.output.size()), r.spec.prompt_ids, r.output);
-      if (want > 0) top = Sampler::TopLogprobs(row, vocab, want);
-    }
+    if (want > 0) top.assign(chosen->top_logprobs[i].begin(), chosen->top_logprobs[i].begin() + want);
     r.output.push_back(token);
     v1::DecodeResponse m;
     m.add_token_ids(token);

@@ -101,38 +101,43 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   const ModelConfig& c = backend_->config();
   std::vector<std::unique_ptr<KvSequence>> caches(batch.size());
   std::vector<SequenceInput> inputs(batch.size());
-  absl::StatusOr<std::vector<float>> logits = std::vector<float>();
-  for (size_t i = 0; i < batch.size() && logits.ok(); ++i) {
-    absl::StatusOr<std::unique_ptr<KvSequence>> seq =
-        backend_->NewSequence(static_cast<int>(batch[i]->spec->prompt_ids.size()));
+  std::vector<SampleRequest> samples(batch.size());
+  int top_k = 0;
+  absl::StatusOr<SampledTokens> chosen = SampledTokens();
+  for (size_t i = 0; i < batch.size() && chosen.ok(); ++i) {
+    const PrefillSpec& spec = *batch[i]->spec;
+    absl::StatusOr<std::unique_ptr<KvSequence>> seq = backend_->NewSequence(static_cast<int>(spec.prompt_ids.size()));
     if (!seq.ok()) {
-      logits = seq.status();
+      chosen = seq.status();
     } else {
       caches[i] = std::move(*seq);
-      inputs[i] = {batch[i]->spec->prompt_ids, caches[i].get()};
+      inputs[i] = {spec.prompt_ids, caches[i].get()};
+      // The first generated token: step 0 of the request's draws.
+      samples[i] = {&spec.sampling, Sampler(spec.sampling).Draw(/*step=*/0), spec.prompt_ids, {}};
+      top_k = std::max(top_k, spec.sampling.top_logprobs);
     }
   }
   const auto start = std::chrono::steady_clock::now();
   const int mb = experts_ != nullptr && experts_->IsAsync() ? options_.micro_batches : 1;
-  if (logits.ok()) logits = backend_->Forward(inputs, experts_, mb);
+  if (chosen.ok()) chosen = backend_->ForwardSample(inputs, experts_, samples, top_k, mb);
   if (batch_seconds_ != nullptr) {
     batch_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::vector<absl::StatusOr<PrefillResult>> results(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (!logits.ok()) {
-      results[i] = logits.status().code() == absl::StatusCode::kInvalidArgument
-                       ? logits.status()
-                       : absl::UnavailableError(absl::StrCat("prefill failed: ", logits.status().message()));
+    if (!chosen.ok()) {
+      results[i] = chosen.status().code() == absl::StatusCode::kInvalidArgument
+                       ? chosen.status()
+                       : absl::UnavailableError(absl::StrCat("prefill failed: ", chosen.status().message()));
       continue;
     }
     const PrefillSpec& spec = *batch[i]->spec;
-    const float* row = logits->data() + i * c.vocab_size;
     PrefillResult r;
     r.queue_seconds = batch[i]->queue_seconds;
-    Sampler sampler(spec.sampling);
-    r.first_token = sampler.Sample(row, c.vocab_size, /*step=*/0, spec.prompt_ids, {});
-    if (spec.sampling.top_logprobs > 0) r.logprobs = Sampler::TopLogprobs(row, c.vocab_size, spec.sampling.top_logprobs);
+    r.first_token = chosen->ids[i];
+    if (spec.sampling.top_logprobs > 0) {
+      r.logprobs.assign(chosen->top_logprobs[i].begin(), chosen->top_logprobs[i].begin() + spec.sampling.top_logprobs);
+    }
     absl::StatusOr<DataChannel*> ch = ChannelTo(spec.decode_address);
     const auto kv_start = std::chrono::steady_clock::now();
     absl::Status pushed = ch.status();

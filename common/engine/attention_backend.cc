@@ -8,19 +8,43 @@
 
 namespace moesh {
 
-absl::StatusOr<GreedyOutput> AttentionBackend::ForwardGreedy(absl::Span<const SequenceInput> seqs,
-                                                             ExpertClient* experts, int top_logprobs,
-                                                             int micro_batches) {
-  if (top_logprobs < 0 || top_logprobs > kMaxGreedyTopLogprobs) {
+absl::Status AttentionBackend::CheckSampleRequests(absl::Span<const SequenceInput> seqs,
+                                                   absl::Span<const SampleRequest> samples, int top_logprobs) const {
+  const int vocab = config().vocab_size;
+  if (samples.size() != seqs.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ForwardGreedy: top_logprobs must lie in [0, ", kMaxGreedyTopLogprobs, "]"));
+        absl::StrCat("ForwardSample: ", samples.size(), " sample requests for ", seqs.size(), " sequences"));
   }
+  if (top_logprobs < 0 || top_logprobs > vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardSample: top_logprobs must lie in [0, ", vocab, "]"));
+  }
+  for (const SampleRequest& s : samples) {
+    if (s.params == nullptr) return absl::InvalidArgumentError("ForwardSample: a sample request without parameters");
+    RETURN_IF_ERROR(s.params->Validate(vocab));
+    if (!(s.draw >= 0.0 && s.draw < 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardSample: draw ", s.draw, " outside [0, 1)"));
+    }
+    for (absl::Span<const int32_t> toks : {s.prompt, s.output}) {
+      for (int32_t t : toks) {
+        if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat("ForwardSample: token ", t, " outside the vocabulary"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SampledTokens> AttentionBackend::ForwardSample(absl::Span<const SequenceInput> seqs,
+                                                              ExpertClient* experts,
+                                                              absl::Span<const SampleRequest> samples,
+                                                              int top_logprobs, int micro_batches) {
+  RETURN_IF_ERROR(CheckSampleRequests(seqs, samples, top_logprobs));
   ASSIGN_OR_RETURN(std::vector<float> logits, Forward(seqs, experts, micro_batches));
   const int vocab = config().vocab_size;
-  GreedyOutput out;
+  SampledTokens out;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const float* row = logits.data() + i * vocab;
-    out.ids.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    const SampleRequest& s = samples[i];
+    out.ids.push_back(Sampler::SampleWithDraw(row, vocab, *s.params, s.draw, s.prompt, s.output));
     if (top_logprobs > 0) out.top_logprobs.push_back(Sampler::TopLogprobs(row, vocab, top_logprobs));
   }
   return out;

@@ -40,13 +40,22 @@ struct KvUsage {
   }
 };
 
-// The greedy choice of each sequence of a forward pass.
-struct GreedyOutput {
-  std::vector<int32_t> ids;                           // [num_sequences]: argmax, ties to the lower id
-  std::vector<std::vector<TokenLogprob>> top_logprobs;  // [num_sequences][k], best first; empty iff k == 0
+// How a forward pass picks one sequence's next token:
+// Sampler::SampleWithDraw(logits, params, draw, prompt, output).
+struct SampleRequest {
+  const SamplingParams* params = nullptr;  // valid for the vocabulary
+  double draw = 0.0;                       // in [0, 1): Sampler::Draw(step)
+  absl::Span<const int32_t> prompt;        // for the penalties
+  absl::Span<const int32_t> output;        // the tokens generated so far
 };
-// The most alternatives ForwardGreedy reports (the CUDA kernel's limit).
-inline constexpr int kMaxGreedyTopLogprobs = 20;
+
+// The tokens a forward pass picked, one per sequence.
+struct SampledTokens {
+  std::vector<int32_t> ids;
+  // [num_sequences][k]: the k most likely tokens under log_softmax of the raw
+  // logits (before penalties and temperature), best first; empty iff k == 0.
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
+};
 
 class AttentionBackend {
  public:
@@ -70,18 +79,25 @@ class AttentionBackend {
   virtual absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
                                                      int micro_batches = 1) = 0;
 
-  // Forward, then each sequence's greedy token and its `top_logprobs` (in
-  // [0, kMaxGreedyTopLogprobs]) most likely alternatives — what Sampler picks
-  // and reports for greedy requests without penalties. Here from Forward's
-  // logits; the CUDA backend keeps the logits on the device (and replays a
-  // CUDA graph for decode steps when the experts are on it).
-  virtual absl::StatusOr<GreedyOutput> ForwardGreedy(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
-                                                     int top_logprobs, int micro_batches = 1);
+  // Forward, then each sequence's token as `samples` say (one per sequence)
+  // and its `top_logprobs` (in [0, vocab]) most likely alternatives. Here
+  // from Forward's logits on the host; the CUDA backend keeps the logits on
+  // the device (sampling there, replaying a CUDA graph for decode steps) and
+  // only the tokens and log-probabilities leave it.
+  virtual absl::StatusOr<SampledTokens> ForwardSample(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
+                                                      absl::Span<const SampleRequest> samples, int top_logprobs,
+                                                      int micro_batches = 1);
 
   virtual KvUsage kv_usage() const = 0;
   // True iff the routed experts live in the backend (a CUDA model loaded
   // with them); Forward then takes no ExpertClient.
   virtual bool has_experts() const { return false; }
+
+ protected:
+  // ForwardSample's argument checks: one valid request per sequence, draws in
+  // [0, 1), tokens and top_logprobs within the vocabulary (INVALID_ARGUMENT).
+  absl::Status CheckSampleRequests(absl::Span<const SequenceInput> seqs, absl::Span<const SampleRequest> samples,
+                                   int top_logprobs) const;
 };
 
 // The CPU backend over `model`. num_kv_blocks > 0: a KvBlockPool of that

@@ -1,5 +1,5 @@
 // The CPU AttentionBackend against the model it wraps: the same logits,
-// ForwardGreedy = the Sampler's greedy choice and log-probabilities, the KV
+// ForwardSample = the Sampler's choice and log-probabilities, the KV
 // pool's limits and accounting, and refusals for misuse. (The CUDA backend's
 // test is kernels/cuda/model/cuda_backends_test.cc.)
 #include "common/engine/attention_backend.h"
@@ -30,7 +30,7 @@ class CpuAttentionBackendTest : public ::testing::Test {
   std::unique_ptr<Model> model_;
 };
 
-TEST_F(CpuAttentionBackendTest, ForwardIsTheModelsAndGreedyIsTheSamplers) {
+TEST_F(CpuAttentionBackendTest, ForwardIsTheModelsAndSampleIsTheSamplers) {
   const int vocab = model_->config().vocab_size;
   std::unique_ptr<AttentionBackend> a = NewCpuAttentionBackend(&model_->attention(), /*num_kv_blocks=*/16, 4);
   std::unique_ptr<AttentionBackend> b = NewCpuAttentionBackend(&model_->attention(), 0, 4);
@@ -41,17 +41,23 @@ TEST_F(CpuAttentionBackendTest, ForwardIsTheModelsAndGreedyIsTheSamplers) {
   std::unique_ptr<KvSequence> sb = *b->NewSequence(12);
   SequenceKvCache ref = model_->NewCache();
   std::vector<int32_t> next = prompt;
+  SamplingParams sampled;  // alternating with greedy
+  sampled.temperature = 0.8f, sampled.top_p = 0.9f, sampled.repetition_penalty = 1.2f, sampled.seed = 7;
+  sampled.top_logprobs = 3;
   SamplingParams greedy;
   greedy.top_logprobs = 3;
-  Sampler sampler(greedy);
+  std::vector<int32_t> output;
   for (int step = 0; step < 4; ++step) {
+    const SamplingParams& params = step % 2 ? greedy : sampled;
+    Sampler sampler(params);
     SequenceInput ia{next, sa.get()}, ib{next, sb.get()}, ir{next, &ref};
+    const SampleRequest req{&params, sampler.Draw(step), prompt, output};
     absl::StatusOr<std::vector<float>> want = model_->Forward({&ir, 1});
     absl::StatusOr<std::vector<float>> got = a->Forward({&ia, 1}, model_->experts());
-    absl::StatusOr<GreedyOutput> g = b->ForwardGreedy({&ib, 1}, model_->experts(), 3);
+    absl::StatusOr<SampledTokens> g = b->ForwardSample({&ib, 1}, model_->experts(), {&req, 1}, 3);
     ASSERT_TRUE(want.ok() && got.ok() && g.ok());
     EXPECT_EQ(*got, *want) << "step " << step;  // paged rows, the same numbers
-    const int32_t token = sampler.Sample(want->data(), vocab, step, prompt, {});
+    const int32_t token = sampler.Sample(want->data(), vocab, step, prompt, output);
     EXPECT_EQ(g->ids[0], token);
     const std::vector<TokenLogprob> top = Sampler::TopLogprobs(want->data(), vocab, 3);
     ASSERT_EQ(g->top_logprobs[0].size(), 3u);
@@ -59,10 +65,17 @@ TEST_F(CpuAttentionBackendTest, ForwardIsTheModelsAndGreedyIsTheSamplers) {
       EXPECT_EQ(g->top_logprobs[0][j].id, top[j].id);
       EXPECT_EQ(g->top_logprobs[0][j].logprob, top[j].logprob);
     }
+    output.push_back(token);
     next = {token};
   }
   EXPECT_EQ(sa->length(), 7 + 3);
-  EXPECT_EQ(b->ForwardGreedy({}, model_->experts(), kMaxGreedyTopLogprobs + 1).status().code(),
+  SequenceInput ib{next, sb.get()};
+  const SampleRequest req{&greedy, 0.5, prompt, output};
+  EXPECT_EQ(b->ForwardSample({&ib, 1}, model_->experts(), {&req, 1}, vocab + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->ForwardSample({&ib, 1}, model_->experts(), {}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  const SampleRequest bad_draw{&greedy, 1.0, prompt, output};
+  EXPECT_EQ(b->ForwardSample({&ib, 1}, model_->experts(), {&bad_draw, 1}, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

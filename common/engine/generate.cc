@@ -46,27 +46,17 @@ absl::StatusOr<GenerationResult> Generate(AttentionBackend* backend, ExpertClien
   Sampler sampler(sampling);
   ASSIGN_OR_RETURN(std::unique_ptr<KvSequence> cache,
                    backend->NewSequence(static_cast<int>(std::min<int64_t>(needed, INT32_MAX))));
-  // As the cluster does it: the prompt's token from the logits (the prefill
-  // worker), the next ones through the backend's greedy step when the request
-  // is plain greedy (the decode worker; on a GPU the logits stay there).
-  const bool greedy = sampling.plain_greedy() && sampling.top_logprobs <= kMaxGreedyTopLogprobs;
+  // Every token through the backend's sampling step, as the workers do it
+  // (on a GPU the logits stay there).
   std::vector<int32_t> next(prompt.begin(), prompt.end());
   while (true) {
     SequenceInput in{next, cache.get()};
-    int32_t token;
-    if (greedy && !result.output_ids.empty()) {
-      ASSIGN_OR_RETURN(GreedyOutput g, backend->ForwardGreedy(absl::MakeConstSpan(&in, 1), experts,
-                                                              sampling.top_logprobs));
-      token = g.ids[0];
-      if (sampling.top_logprobs > 0) result.top_logprobs.push_back(std::move(g.top_logprobs[0]));
-    } else {
-      ASSIGN_OR_RETURN(std::vector<float> logits, backend->Forward(absl::MakeConstSpan(&in, 1), experts));
-      token = sampler.Sample(logits.data(), c.vocab_size, static_cast<int>(result.output_ids.size()), prompt,
-                             result.output_ids);
-      if (sampling.top_logprobs > 0) {
-        result.top_logprobs.push_back(Sampler::TopLogprobs(logits.data(), c.vocab_size, sampling.top_logprobs));
-      }
-    }
+    const SampleRequest req{&sampling, sampler.Draw(static_cast<int>(result.output_ids.size())), prompt,
+                            result.output_ids};
+    ASSIGN_OR_RETURN(SampledTokens chosen, backend->ForwardSample(absl::MakeConstSpan(&in, 1), experts,
+                                                                  absl::MakeConstSpan(&req, 1), sampling.top_logprobs));
+    const int32_t token = chosen.ids[0];
+    if (sampling.top_logprobs > 0) result.top_logprobs.push_back(std::move(chosen.top_logprobs[0]));
     result.output_ids.push_back(token);
     if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
       result.finish_reason = FinishReason::kStop;

@@ -42,79 +42,87 @@ Sampler::Sampler(const SamplingParams& params)
 
 int32_t Sampler::Sample(const float* logits, int vocab, int step, absl::Span<const int32_t> prompt,
                         absl::Span<const int32_t> output) {
-  if (has_penalties()) {
-    penalized_.assign(logits, logits + vocab);
-    if (params_.repetition_penalty != 1.0f) {
+  return SampleWithDraw(logits, vocab, params_, Draw(step), prompt, output);
+}
+
+double Sampler::Draw(int step) const {
+  std::seed_seq seq{static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32), static_cast<uint32_t>(step)};
+  std::mt19937_64 rng(seq);
+  return std::generate_canonical<double, 53>(rng);
+}
+
+int32_t Sampler::SampleWithDraw(const float* logits, int vocab, const SamplingParams& params, double u01,
+                                absl::Span<const int32_t> prompt, absl::Span<const int32_t> output) {
+  std::vector<float> penalized;
+  if (params.has_penalties()) {
+    penalized.assign(logits, logits + vocab);
+    if (params.repetition_penalty != 1.0f) {
       std::vector<bool> seen(vocab, false);
       for (int32_t t : prompt) seen[t] = true;
       for (int32_t t : output) seen[t] = true;
       for (int i = 0; i < vocab; ++i) {
         if (!seen[i]) continue;
-        penalized_[i] = penalized_[i] > 0 ? penalized_[i] / params_.repetition_penalty
-                                          : penalized_[i] * params_.repetition_penalty;
+        penalized[i] = penalized[i] > 0 ? penalized[i] / params.repetition_penalty
+                                        : penalized[i] * params.repetition_penalty;
       }
     }
-    if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    if (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) {
       std::vector<int> count(vocab, 0);
       for (int32_t t : output) ++count[t];
       for (int i = 0; i < vocab; ++i) {
         if (count[i] == 0) continue;
-        penalized_[i] -= params_.presence_penalty + params_.frequency_penalty * count[i];
+        penalized[i] -= params.presence_penalty + params.frequency_penalty * static_cast<float>(count[i]);
       }
     }
-    logits = penalized_.data();
+    logits = penalized.data();
   }
-  if (params_.temperature == 0.0f) {
+  if (params.temperature == 0.0f) {
     return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   }
   // Candidates sorted by logit, best first; ties to the lower id.
-  scratch_.resize(vocab);
-  for (int i = 0; i < vocab; ++i) scratch_[i] = {logits[i] / params_.temperature, i};
+  std::vector<std::pair<float, int32_t>> cand(vocab);
+  for (int i = 0; i < vocab; ++i) cand[i] = {logits[i] / params.temperature, i};
   auto better = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   int n = vocab;
-  if (params_.top_k > 0 && params_.top_k < vocab) {
-    n = params_.top_k;
-    std::partial_sort(scratch_.begin(), scratch_.begin() + n, scratch_.end(), better);
+  if (params.top_k > 0 && params.top_k < vocab) {
+    n = params.top_k;
+    std::partial_sort(cand.begin(), cand.begin() + n, cand.end(), better);
   } else {
-    std::sort(scratch_.begin(), scratch_.end(), better);
+    std::sort(cand.begin(), cand.end(), better);
   }
   // Probabilities over the kept candidates.
-  const float mx = scratch_[0].first;
+  const float mx = cand[0].first;
   std::vector<double> p(n);
   double sum = 0.0;
-  for (int i = 0; i < n; ++i) sum += (p[i] = std::exp(static_cast<double>(scratch_[i].first) - mx));
+  for (int i = 0; i < n; ++i) sum += (p[i] = std::exp(static_cast<double>(cand[i].first) - mx));
   for (double& v : p) v /= sum;
-  if (params_.top_p < 1.0f) {
+  if (params.top_p < 1.0f) {
     double acc = 0.0;
     int keep = n;
     for (int i = 0; i < n; ++i) {
       acc += p[i];
-      if (acc >= params_.top_p) {
+      if (acc >= params.top_p) {
         keep = i + 1;
         break;
       }
     }
     n = keep;
   }
-  if (params_.min_p > 0.0f) {
-    const double floor = params_.min_p * p[0];
+  if (params.min_p > 0.0f) {
+    const double floor = params.min_p * p[0];
     int keep = 1;
     while (keep < n && p[keep] >= floor) ++keep;
     n = keep;
   }
   double mass = 0.0;
   for (int i = 0; i < n; ++i) mass += p[i];
-  std::seed_seq seq{static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32),
-                    static_cast<uint32_t>(step)};
-  std::mt19937_64 rng(seq);
-  std::uniform_real_distribution<double> uniform(0.0, mass);
-  const double u = uniform(rng);
+  const double u = u01 * mass;
   double acc = 0.0;
   for (int i = 0; i < n; ++i) {
     acc += p[i];
-    if (u < acc) return scratch_[i].second;
+    if (u < acc) return cand[i].second;
   }
-  return scratch_[n - 1].second;
+  return cand[n - 1].second;
 }
 
 std::vector<TokenLogprob> Sampler::TopLogprobs(const float* logits, int vocab, int k) {

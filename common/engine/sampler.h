@@ -32,8 +32,9 @@ struct SamplingParams {
   // INVALID_ARGUMENT naming the parameter if any is out of range.
   absl::Status Validate(int vocab_size) const;
   // Greedy with no penalty: the token is the logits' argmax, whatever the step.
-  bool plain_greedy() const {
-    return temperature == 0.0f && repetition_penalty == 1.0f && presence_penalty == 0.0f && frequency_penalty == 0.0f;
+  bool plain_greedy() const { return temperature == 0.0f && !has_penalties(); }
+  bool has_penalties() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
   }
 };
 
@@ -47,22 +48,28 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
 
   // Picks generated token number `step` (0-based) from logits[vocab], given
-  // the prompt and the tokens generated so far (for the penalties).
+  // the prompt and the tokens generated so far (for the penalties):
+  // SampleWithDraw(..., Draw(step), ...).
   int32_t Sample(const float* logits, int vocab, int step, absl::Span<const int32_t> prompt,
                  absl::Span<const int32_t> output);
+  // The random draw for generated token number `step`, uniform in [0, 1): a
+  // function of the seed and `step` only (mt19937_64 seeded with both).
+  double Draw(int step) const;
+  // The token `params` pick from logits[vocab] given the draw `u01` in [0, 1):
+  // penalties, then argmax (temperature 0) or, over logits / temperature, the
+  // candidates best first (ties to the lower id) cut by top-k, then top-p
+  // (the shortest prefix whose mass reaches top_p), then min-p (p >= min_p *
+  // p_max); the token is the first candidate whose cumulative mass exceeds
+  // u01 * (the kept mass). The GPU sampler (kernels/cuda/routing.h) implements
+  // the same definition.
+  static int32_t SampleWithDraw(const float* logits, int vocab, const SamplingParams& params, double u01,
+                                absl::Span<const int32_t> prompt, absl::Span<const int32_t> output);
   // The k most likely tokens under log_softmax(logits), best first.
   static std::vector<TokenLogprob> TopLogprobs(const float* logits, int vocab, int k);
 
  private:
-  bool has_penalties() const {
-    return params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-           params_.frequency_penalty != 0.0f;
-  }
-
   const SamplingParams params_;
   const uint64_t seed_;
-  std::vector<float> penalized_;
-  std::vector<std::pair<float, int32_t>> scratch_;
 };
 
 }  // namespace moesh

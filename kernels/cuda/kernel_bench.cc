@@ -83,18 +83,16 @@ double FloorUs(double bytes, double flops, const Ceilings& c) {
 }
 
 absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, cudaStream_t stream) {
-  constexpr int kHeads = 16, kDim = mla::kHeadDim, kRank = mla::kLatentDim;
+  constexpr int kDim = mla::kHeadDim, kRank = mla::kLatentDim;
   constexpr size_t kRowBytes = kDim * sizeof(bf16);
-  const std::vector<int> batches = {1, 32, 128}, contexts = {2048, 8192};
   const int max_blocks = 128 * 8192 / kKvBlockSize;
   // Enough blocks for the largest case; smaller cases rotate through disjoint
   // block sets so no run finds the previous run's cache rows in L2.
   ASSIGN_OR_RETURN(auto cache, DeviceBuffer<bf16>::Create(size_t{1} * max_blocks * kKvBlockSize * kDim));
   RETURN_IF_ERROR(FillUniform(cache.get(), cache.size(), 11, 1.0f, stream));
-  std::printf("\nMLA decode (absorbed, paged; heads %d, kv_lora_rank %d, rope %d, bf16 cache and out)\n", kHeads,
-              kRank, mla::kRopeDim);
-  std::printf("%-6s %6s %7s %6s %10s %10s %9s %9s %9s %9s\n", "tile", "batch", "context", "splits", "time_us",
-              "floor_us", "GB/s", "%copyBW", "TFLOP/s", "floor/t");
+  std::printf("\nMLA decode (absorbed, paged; kv_lora_rank %d, rope %d, bf16 cache and out)\n", kRank, mla::kRopeDim);
+  std::printf("%-6s %5s %6s %7s %6s %10s %10s %9s %9s %9s %9s\n", "tile", "heads", "batch", "context", "splits",
+              "time_us", "floor_us", "GB/s", "%copyBW", "TFLOP/s", "floor/t");
   std::mt19937 rng(5);
   struct Tile {
     const char* name;
@@ -105,42 +103,53 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
                         {"32x5", MlaTileConfig::kTokens32Stages5},
                         {"32x2", MlaTileConfig::kTokens32Stages2}};
   std::printf("(default tile: %s)\n", mla::kDefaultTile == MlaTileConfig::kTokens32Stages2 ? "32x2" : "other");
-  for (const Tile& tile : tiles)
-  for (int batch : batches) {
-    for (int ctx : contexts) {
-      const int blocks_per_seq = ctx / kKvBlockSize, need = batch * blocks_per_seq;
-      const int sets = std::max(1, std::min(8, max_blocks / need));
-      std::vector<int32_t> pool(static_cast<size_t>(need) * sets);
-      std::iota(pool.begin(), pool.end(), 0);
-      std::shuffle(pool.begin(), pool.end(), rng);
-      ASSIGN_OR_RETURN(auto table, DeviceBuffer<int32_t>::Create(pool.size()));
-      RETURN_IF_ERROR(table.CopyFrom(pool));
-      std::vector<int32_t> lens(batch, ctx);
-      ASSIGN_OR_RETURN(auto dlens, DeviceBuffer<int32_t>::Create(batch));
-      RETURN_IF_ERROR(dlens.CopyFrom(lens));
-      ASSIGN_OR_RETURN(auto q, DeviceBuffer<bf16>::Create(size_t{1} * batch * kHeads * kDim));
-      RETURN_IF_ERROR(FillUniform(q.get(), q.size(), 12, 1.0f, stream));
-      ASSIGN_OR_RETURN(auto out, DeviceBuffer<bf16>::Create(size_t{1} * batch * kHeads * kRank));
-      const MlaDecodePlan plan = PlanMlaDecode(batch, kHeads, ctx, info.num_sms, tile.config);
-      ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(plan.workspace_bytes));
-      MlaDecodeParams p;
-      p.q = q.get(), p.kv_cache = cache.get(), p.seq_lens = dlens.get();
-      p.batch = batch, p.num_heads = kHeads, p.num_blocks = max_blocks, p.max_blocks_per_seq = blocks_per_seq;
-      p.max_seq_len = ctx, p.softmax_scale = 0.1352f, p.out = out.get(), p.out_type = OutType::kBf16;
-      p.num_splits = plan.num_splits, p.workspace = ws.get(), p.workspace_bytes = plan.workspace_bytes;
-      p.stream = stream, p.tile = tile.config;
-      ASSIGN_OR_RETURN(double ms, MedianMs(stream, 3, quick ? 5 : 15, [&](int rep) {
-                         MlaDecodeParams r = p;
-                         r.block_table = table.get() + static_cast<size_t>(rep % sets) * need;
-                         return RunMlaDecode(r);
-                       }, kInner));
-      const double bytes = double(batch) * ctx * kRowBytes + double(batch) * kHeads * (kDim + kRank) * 2;
-      const double flops = 2.0 * batch * kHeads * ctx * (kDim + kRank);
-      const double us = ms * 1e3, floor = FloorUs(bytes, flops, ceil);
-      const double gbps = bytes / (ms * 1e-3) / 1e9;
-      std::printf("%-6s %6d %7d %6d %10.1f %10.1f %9.0f %8.1f%% %9.1f %9.2f\n", tile.name, batch, ctx, plan.num_splits, us, floor,
-                  gbps, 100.0 * gbps / ceil.copy_gbps, flops / (ms * 1e-3) / 1e12, floor / us);
+  struct Case {
+    const Tile* tile;
+    int heads, batch, ctx;
+  };
+  std::vector<Case> cases;
+  for (const Tile& tile : tiles) {
+    for (int batch : {1, 32, 128}) {
+      for (int ctx : {2048, 4096, 8192}) cases.push_back({&tile, 16, batch, ctx});
     }
+  }
+  // The second shape: 128 query heads (DeepSeek-V3), default tile.
+  for (int batch : {32, 128}) cases.push_back({&tiles[3], 128, batch, 4096});
+  for (const Case& c : cases) {
+    const int heads = c.heads, batch = c.batch, ctx = c.ctx;
+    const int blocks_per_seq = ctx / kKvBlockSize, need = batch * blocks_per_seq;
+    const int sets = std::max(1, std::min(8, max_blocks / need));
+    std::vector<int32_t> pool(static_cast<size_t>(need) * sets);
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    ASSIGN_OR_RETURN(auto table, DeviceBuffer<int32_t>::Create(pool.size()));
+    RETURN_IF_ERROR(table.CopyFrom(pool));
+    std::vector<int32_t> lens(batch, ctx);
+    ASSIGN_OR_RETURN(auto dlens, DeviceBuffer<int32_t>::Create(batch));
+    RETURN_IF_ERROR(dlens.CopyFrom(lens));
+    ASSIGN_OR_RETURN(auto q, DeviceBuffer<bf16>::Create(size_t{1} * batch * heads * kDim));
+    RETURN_IF_ERROR(FillUniform(q.get(), q.size(), 12, 1.0f, stream));
+    ASSIGN_OR_RETURN(auto out, DeviceBuffer<bf16>::Create(size_t{1} * batch * heads * kRank));
+    const MlaDecodePlan plan = PlanMlaDecode(batch, heads, ctx, info.num_sms, c.tile->config);
+    ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(plan.workspace_bytes));
+    MlaDecodeParams p;
+    p.q = q.get(), p.kv_cache = cache.get(), p.seq_lens = dlens.get();
+    p.batch = batch, p.num_heads = heads, p.num_blocks = max_blocks, p.max_blocks_per_seq = blocks_per_seq;
+    p.max_seq_len = ctx, p.softmax_scale = 0.1352f, p.out = out.get(), p.out_type = OutType::kBf16;
+    p.num_splits = plan.num_splits, p.workspace = ws.get(), p.workspace_bytes = plan.workspace_bytes;
+    p.stream = stream, p.tile = c.tile->config;
+    ASSIGN_OR_RETURN(double ms, MedianMs(stream, 3, quick ? 5 : 15, [&](int rep) {
+                       MlaDecodeParams r = p;
+                       r.block_table = table.get() + static_cast<size_t>(rep % sets) * need;
+                       return RunMlaDecode(r);
+                     }, kInner));
+    const double bytes = double(batch) * ctx * kRowBytes + double(batch) * heads * (kDim + kRank) * 2;
+    const double flops = 2.0 * batch * heads * ctx * (kDim + kRank);
+    const double us = ms * 1e3, floor = FloorUs(bytes, flops, ceil);
+    const double gbps = bytes / (ms * 1e-3) / 1e9;
+    std::printf("%-6s %5d %6d %7d %6d %10.1f %10.1f %9.0f %8.1f%% %9.1f %9.2f\n", c.tile->name, heads, batch, ctx,
+                plan.num_splits, us, floor, gbps, 100.0 * gbps / ceil.copy_gbps, flops / (ms * 1e-3) / 1e12,
+                floor / us);
   }
   return absl::OkStatus();
 }
@@ -246,6 +255,28 @@ absl::Status BenchSmallOps(cudaStream_t stream) {
   lp.next_ids = ids.get(), lp.topk_ids = ids.get() + t, lp.topk_logprobs = wts.get(), lp.stream = stream;
   GreedyLogprobsParams lp1 = lp;
   lp1.batch = 1;
+  // The sampler at temperature 1 (it divides the logits in place: other
+  // temperatures would flatten them from replay to replay).
+  auto sample_rows = [&](int top_k, float top_p, float min_p) -> absl::StatusOr<DeviceBuffer<SampleRow>> {
+    std::vector<SampleRow> host(t);
+    for (int i = 0; i < t; ++i) {
+      host[i].temperature = 1.0f, host[i].top_k = top_k, host[i].top_p = top_p, host[i].min_p = min_p;
+      host[i].draw = (i + 0.5) / t;
+    }
+    ASSIGN_OR_RETURN(auto d, DeviceBuffer<SampleRow>::Create(t));
+    RETURN_IF_ERROR(d.CopyFrom(host));
+    return d;
+  };
+  ASSIGN_OR_RETURN(auto s_plain, sample_rows(0, 1.0f, 0.0f));
+  ASSIGN_OR_RETURN(auto s_topk, sample_rows(50, 1.0f, 0.0f));
+  ASSIGN_OR_RETURN(auto s_topp, sample_rows(0, 0.9f, 0.0f));
+  ASSIGN_OR_RETURN(auto s_all, sample_rows(50, 0.9f, 0.05f));
+  auto sample = [&](const DeviceBuffer<SampleRow>& rows, int batch) {
+    SampleParams sp;
+    sp.logits = logits.get(), sp.batch = batch, sp.vocab = vocab, sp.rows = rows.get(), sp.ids = ids.get();
+    sp.stream = stream;
+    return RunSample(sp);
+  };
 
   struct Row {
     const char* name;
@@ -260,6 +291,12 @@ absl::Status BenchSmallOps(cudaStream_t stream) {
       {"moe gate v3 128x256 noaux_tc", [&] { return RunMoeGate(v3); }},
       {"greedy+top20 logprobs 128x102400", [&] { return RunGreedyLogprobs(lp); }},
       {"greedy+top20 logprobs 1x102400", [&] { return RunGreedyLogprobs(lp1); }},
+      {"sample T=1 128x102400", [&] { return sample(s_plain, t); }},
+      {"sample top_k 50 128x102400", [&] { return sample(s_topk, t); }},
+      {"sample top_p 0.9 128x102400", [&] { return sample(s_topp, t); }},
+      {"sample k50 p0.9 min_p 128x102400", [&] { return sample(s_all, t); }},
+      {"sample T=1 1x102400", [&] { return sample(s_plain, 1); }},
+      {"sample top_p 0.9 1x102400", [&] { return sample(s_topp, 1); }},
   };
   std::printf("\nSmall ops (graph replay, GPU time per call)\n%-34s %10s\n", "op", "time_us");
   for (const Row& row : rows) {

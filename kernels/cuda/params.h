@@ -179,6 +179,34 @@ struct GreedyLogprobsParams {
   cudaStream_t stream = nullptr;
 };
 
+// Sampling one token per row of logits, common/engine/sampler.h's
+// Sampler::SampleWithDraw semantics (penalties, temperature, top-k, top-p,
+// min-p, the draw given), one CTA per row. The row's logits are overwritten
+// (penalised, divided by the temperature): take log-probabilities first.
+struct SampleRow {
+  float temperature = 0.0f;  // 0: argmax of the penalised logits
+  int top_k = 0;             // 0: all
+  float top_p = 1.0f;        // (0, 1]
+  float min_p = 0.0f;        // [0, 1]
+  float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  int penalty_begin = 0, penalty_end = 0;  // this row's entries of SampleParams::penalties
+  double draw = 0.0;                       // in [0, 1): Sampler::Draw(step)
+};
+// A token of the prompt or the output: repetition-penalised; presence- and
+// frequency-penalised iff output_count > 0. At most one entry per token per row.
+struct PenaltyEntry {
+  int32_t id = 0;
+  int32_t output_count = 0;
+};
+struct SampleParams {
+  float* logits = nullptr;  // [batch, ld], overwritten; the first vocab entries of a row count
+  int batch = 0, vocab = 0, ld = 0;
+  const SampleRow* rows = nullptr;          // [batch]
+  const PenaltyEntry* penalties = nullptr;  // rows' ranges; may be null iff every range is empty
+  int32_t* ids = nullptr;                   // [batch]: the tokens
+  cudaStream_t stream = nullptr;
+};
+
 }  // namespace moesh::cuda
 
 #endif  // MOESH_KERNELS_CUDA_PARAMS_H_

@@ -1,6 +1,7 @@
 // Routing and token selection on the GPU: the MoE gate (kernels/cpu/moe_gate.h
-// semantics, ties to the lower expert index) and greedy argmax with top-k
-// log-probabilities (common/engine/sampler.cc TopLogprobs semantics).
+// semantics, ties to the lower expert index), greedy argmax with top-k
+// log-probabilities (common/engine/sampler.cc TopLogprobs semantics) and
+// sampling (Sampler::SampleWithDraw semantics).
 //
 // Entry points check shapes once, launch on params.stream, and return
 // INVALID_ARGUMENT or INTERNAL carrying the CUDA error.
@@ -19,6 +20,12 @@ absl::Status RunMoeGate(const MoeGateParams& p);
 
 // REQUIRES: vocab >= max(top_k, 1), top_k <= sampling::kMaxTopK.
 absl::Status RunGreedyLogprobs(const GreedyLogprobsParams& p);
+
+// REQUIRES: vocab >= 1; each row's parameters valid (SamplingParams::Validate),
+// draw in [0, 1), penalty ids in [0, vocab). Ids are Sampler::SampleWithDraw's
+// on the same logits except where the draw or the top-p mass lies within
+// about 1e-7 of a candidate boundary (fixed-point sums here, double there).
+absl::Status RunSample(const SampleParams& p);
 
 }  // namespace moesh::cuda
 

@@ -90,5 +90,14 @@ a, b = json.loads(sys.argv[1])["output_ids"], json.loads(sys.argv[2])["output_id
 assert a[:4] == b[:4], (a, b)
 PYEOF
 done
+# A seeded sampled request with every cut and penalty: the cluster samples on
+# the GPU (prefill worker: the first token, decode worker: the rest) exactly
+# as generate --device cuda does.
+args=(--prompt-ids 5,17,300,42,9 --max-new-tokens 16 --ignore-eos --top-logprobs 1 --json --temperature 0.9
+      --top-k 40 --top-p 0.9 --min-p 0.02 --seed 7 --repetition-penalty 1.2 --presence-penalty 0.3
+      --frequency-penalty 0.1)
+cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete (sampled): $cluster"
+single=$("$MOESH" generate --model "$MODEL" --device cuda "${args[@]}") || fail "generate (sampled): $single"
+compare "$cluster" "$single" "sampled" || fail "the GPU cluster samples differently from generate --device cuda"
 check_ipc
 echo "PASS"

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda/config.h"
+#include "kernels/cuda/model/sample_rows.h"
 
 namespace moesh::cuda {
 
@@ -137,12 +138,20 @@ absl::StatusOr<std::vector<float>> CudaAttentionBackend::Forward(absl::Span<cons
   return logits;
 }
 
-absl::StatusOr<GreedyOutput> CudaAttentionBackend::ForwardGreedy(absl::Span<const SequenceInput> seqs,
-                                                                  ExpertClient* experts, int top_logprobs,
-                                                                  int /*micro_batches*/) {
-  if (top_logprobs < 0 || top_logprobs > kMaxGreedyTopLogprobs) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ForwardGreedy: top_logprobs must lie in [0, ", kMaxGreedyTopLogprobs, "]"));
+absl::StatusOr<SampledTokens> CudaAttentionBackend::ForwardSample(absl::Span<const SequenceInput> seqs,
+                                                                  ExpertClient* experts,
+                                                                  absl::Span<const SampleRequest> samples,
+                                                                  int top_logprobs, int micro_batches) {
+  if (top_logprobs > sampling::kMaxTopK) {
+    return AttentionBackend::ForwardSample(seqs, experts, samples, top_logprobs, micro_batches);
+  }
+  RETURN_IF_ERROR(CheckSampleRequests(seqs, samples, top_logprobs));
+  // Plain greedy batches keep the step's argmax; others run the sampler.
+  StepSampling sampling;
+  bool greedy = true;
+  for (const SampleRequest& r : samples) {
+    AppendSampleRow(*r.params, r.draw, r.prompt, r.output, &sampling.rows, &sampling.penalties);
+    greedy = greedy && r.params->plain_greedy();
   }
   std::vector<Sequence*> owned;
   std::vector<SequenceTokens> tokens;
@@ -151,11 +160,11 @@ absl::StatusOr<GreedyOutput> CudaAttentionBackend::ForwardGreedy(absl::Span<cons
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_CUDA_ERROR(cudaSetDevice(model_->device_info().device));
-    step = model_->Step(tokens, top_logprobs, experts);
+    step = model_->Step(tokens, top_logprobs, experts, greedy ? nullptr : &sampling);
   }
   if (!step.ok()) return step.status();
   for (size_t i = 0; i < seqs.size(); ++i) owned[i]->Advance(static_cast<int>(seqs[i].tokens.size()));
-  GreedyOutput out;
+  SampledTokens out;
   out.ids = std::move(step->next_ids);
   for (size_t i = 0; i < seqs.size() && top_logprobs > 0; ++i) {
     std::vector<TokenLogprob> row(top_logprobs);

@@ -6,8 +6,9 @@
 // Sequences: NewSequence reserves the blocks of max_tokens on the device.
 // Their rows cross to the host only for the KV handoff (AppendRows on the
 // decode side, Rows on the prefill side: float32 on the host, bf16 on the
-// device). Forward returns each sequence's fp32 logits on the host (the
-// engines sample there).
+// device). ForwardSample samples on the device (CudaModel::Step with the
+// requests as GPU sampler rows); Forward returns each sequence's fp32 logits
+// on the host.
 //
 // Thread-safe: one lock around the model; a sequence has one owner at a time
 // and may be destroyed from any thread.
@@ -36,8 +37,10 @@ class CudaAttentionBackend : public AttentionBackend {
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
                                              int micro_batches = 1) override;
   // On the device (CudaModel::Step): only ids and log-probabilities leave it.
-  absl::StatusOr<GreedyOutput> ForwardGreedy(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
-                                             int top_logprobs, int micro_batches = 1) override;
+  // More than sampling::kMaxTopK top_logprobs: through Forward and the host.
+  absl::StatusOr<SampledTokens> ForwardSample(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
+                                              absl::Span<const SampleRequest> samples, int top_logprobs,
+                                              int micro_batches = 1) override;
   KvUsage kv_usage() const override;
   bool has_experts() const override { return has_experts_; }
 

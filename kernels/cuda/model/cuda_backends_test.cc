@@ -279,19 +279,24 @@ TEST(CudaAttentionBackendTest, DeviceResidentDispatchOverCudaIpcEqualsTheHostPat
     }
     EXPECT_LE(worst, 1e-4) << "step " << step << " (two shards: partial sums add in another order)";
   }
-  // Greedy decode steps (ForwardGreedy: the decode worker's path) replay
+  // Greedy decode steps (ForwardSample: the decode worker's path) replay
   // piecewise CUDA graphs with a device-resident client, cut at every
   // dispatch: the same ids and log-probabilities as the host path, eager.
   {
     auto greedy = [&](ExpertClient* experts) {
       std::vector<std::unique_ptr<KvSequence>> seqs;
       std::vector<std::vector<int32_t>> next = prompts;
-      std::vector<GreedyOutput> outs;
+      std::vector<SampledTokens> outs;
+      SamplingParams params;  // greedy
       for (const auto& p : prompts) seqs.push_back(*split->NewSequence(static_cast<int>(p.size()) + 8));
       for (int step = 0; step < 6; ++step) {  // a prefill, then decode steps (the first captures)
         std::vector<SequenceInput> in;
-        for (size_t i = 0; i < seqs.size(); ++i) in.push_back({next[i], seqs[i].get()});
-        absl::StatusOr<GreedyOutput> o = split->ForwardGreedy(in, experts, 3);
+        std::vector<SampleRequest> samples;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          in.push_back({next[i], seqs[i].get()});
+          samples.push_back({&params, 0.0, prompts[i], {}});
+        }
+        absl::StatusOr<SampledTokens> o = split->ForwardSample(in, experts, samples, 3);
         EXPECT_TRUE(o.ok()) << o.status();
         if (!o.ok()) break;
         for (size_t i = 0; i < seqs.size(); ++i) next[i] = {o->ids[i]};
@@ -299,9 +304,9 @@ TEST(CudaAttentionBackendTest, DeviceResidentDispatchOverCudaIpcEqualsTheHostPat
       }
       return outs;
     };
-    const std::vector<GreedyOutput> a = greedy(host.get());
+    const std::vector<SampledTokens> a = greedy(host.get());
     const int calls = handlers[0]->calls.load();
-    const std::vector<GreedyOutput> b = greedy(one.get());
+    const std::vector<SampledTokens> b = greedy(one.get());
     EXPECT_GE(handlers[0]->calls.load() - calls, 6);  // every step dispatched through the workers
     ASSERT_EQ(a.size(), 6u);
     ASSERT_EQ(b.size(), a.size());
@@ -378,14 +383,21 @@ TEST(CudaAttentionBackendTest, KvHandoffBetweenBackendsContinuesExactly) {
   EXPECT_EQ(decode->Forward({&over, 1}, experts.get()).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
-// The greedy step keeps the logits on the device (graphs for decode steps
-// when the experts are there); it must pick Forward's argmax with Sampler's
-// log-probabilities.
-TEST(CudaAttentionBackendTest, ForwardGreedyEqualsForwardsArgmax) {
+// The sampling step keeps the logits on the device (graphs for decode steps
+// when the experts are there) and samples there; it must pick what Sampler
+// picks from Forward's logits with the same draw — greedy, hot with every cut
+// and penalty, plain temperature — with Sampler's log-probabilities. More than
+// 20 log-probabilities take the host path, with the same result.
+TEST(CudaAttentionBackendTest, ForwardSampleEqualsSamplerOnForwardsLogits) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ExpertClient> experts, GpuExperts(m));
-  const int vocab = m.config.vocab_size, k = 5;
+  const int vocab = m.config.vocab_size;
+  std::vector<SamplingParams> params(3);
+  params[1].temperature = 0.9f, params[1].top_k = 40, params[1].top_p = 0.92f, params[1].min_p = 0.02f;
+  params[1].repetition_penalty = 1.15f, params[1].presence_penalty = 0.3f, params[1].frequency_penalty = 0.1f;
+  params[1].seed = 11;
+  params[2].temperature = 1.0f, params[2].seed = 12;
   for (bool with_experts : {true, false}) {
     MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> a,
                                MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), with_experts));
@@ -394,34 +406,46 @@ TEST(CudaAttentionBackendTest, ForwardGreedyEqualsForwardsArgmax) {
     ExpertClient* ec = with_experts ? nullptr : experts.get();
     const std::vector<std::vector<int32_t>> prompts = {{5, 17, 300}, {1, 2, 3, 4, 5, 6, 7}, {400}};
     std::vector<std::unique_ptr<KvSequence>> sa, sb;
+    std::vector<Sampler> samplers;
     for (size_t i = 0; i < prompts.size(); ++i) {
       sa.push_back(*a->NewSequence(64));
       sb.push_back(*b->NewSequence(64));
+      samplers.emplace_back(params[i]);
     }
-    std::vector<std::vector<int32_t>> next = prompts;
+    std::vector<std::vector<int32_t>> next = prompts, outputs(prompts.size());
+    int sampled = 0;
     for (int step = 0; step < 10; ++step) {
+      const int k = step == 4 ? 21 : 5;  // step 4: the host path
       std::vector<SequenceInput> ia, ib;
+      std::vector<SampleRequest> samples;
       for (size_t i = 0; i < prompts.size(); ++i) {
         ia.push_back({next[i], sa[i].get()});
         ib.push_back({next[i], sb[i].get()});
+        samples.push_back({&params[i], samplers[i].Draw(step), prompts[i], outputs[i]});
       }
       MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> logits, a->Forward(ia, ec));
-      MOESH_ASSERT_OK_AND_ASSIGN(GreedyOutput g, b->ForwardGreedy(ib, ec, k));
+      MOESH_ASSERT_OK_AND_ASSIGN(SampledTokens g, b->ForwardSample(ib, ec, samples, k));
       ASSERT_EQ(g.ids.size(), prompts.size());
       ASSERT_EQ(g.top_logprobs.size(), prompts.size());
       for (size_t i = 0; i < prompts.size(); ++i) {
-        EXPECT_EQ(g.ids[i], Argmax(logits, static_cast<int>(i), vocab)) << "step " << step << " row " << i;
-        const std::vector<TokenLogprob> want = Sampler::TopLogprobs(logits.data() + i * vocab, vocab, k);
-        ASSERT_EQ(g.top_logprobs[i].size(), want.size());
+        const float* row = logits.data() + i * vocab;
+        const int32_t want = Sampler::SampleWithDraw(row, vocab, params[i], samples[i].draw, prompts[i], outputs[i]);
+        EXPECT_EQ(g.ids[i], want) << "step " << step << " row " << i;
+        sampled += i > 0 && want != Argmax(logits, static_cast<int>(i), vocab);
+        const std::vector<TokenLogprob> top = Sampler::TopLogprobs(row, vocab, k);
+        ASSERT_EQ(g.top_logprobs[i].size(), top.size());
         for (int j = 0; j < k; ++j) {
-          EXPECT_EQ(g.top_logprobs[i][j].id, want[j].id);
-          EXPECT_NEAR(g.top_logprobs[i][j].logprob, want[j].logprob, 1e-4);
+          EXPECT_EQ(g.top_logprobs[i][j].id, top[j].id);
+          EXPECT_NEAR(g.top_logprobs[i][j].logprob, top[j].logprob, 1e-4);
         }
+        outputs[i].push_back(g.ids[i]);
         next[i] = {g.ids[i]};
       }
     }
-    EXPECT_EQ(b->ForwardGreedy({}, ec, kMaxGreedyTopLogprobs + 1).status().code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_GT(sampled, 0) << "the sampled rows never left the argmax: the test would not see a sampler bug";
+    std::vector<SequenceInput> ib;
+    for (size_t i = 0; i < prompts.size(); ++i) ib.push_back({next[i], sb[i].get()});
+    EXPECT_EQ(b->ForwardSample(ib, ec, {}, 0).status().code(), absl::StatusCode::kInvalidArgument);
   }
 }
 

@@ -181,6 +181,7 @@ absl::Status CudaModel::Init() {
   RETURN_IF_ERROR(Alloc(&head_normed_, static_cast<size_t>(max_rows_) * h));
   RETURN_IF_ERROR(Alloc(&logits_, static_cast<size_t>(max_rows_) * c.vocab_size));
   RETURN_IF_ERROR(Alloc(&next_ids_, max_rows_));
+  RETURN_IF_ERROR(Alloc(&d_sample_rows_, max_rows_));
   RETURN_IF_ERROR(Alloc(&next_lp_, max_rows_));
   RETURN_IF_ERROR(Alloc(&topk_out_ids_, static_cast<size_t>(max_rows_) * sampling::kMaxTopK));
   RETURN_IF_ERROR(Alloc(&topk_lp_, static_cast<size_t>(max_rows_) * sampling::kMaxTopK));
@@ -643,14 +644,40 @@ absl::Status CudaModel::EnqueueHead(int num_rows, bool sample, int top_k) {
   return RunGreedyLogprobs(gp);
 }
 
+absl::Status CudaModel::EnqueueSample(const StepSampling& sampling, const std::vector<int>& order, size_t first,
+                                      int rows) {
+  cudaStream_t s = stream_.get();
+  std::vector<SampleRow> chunk(rows);
+  for (int r = 0; r < rows; ++r) chunk[r] = sampling.rows[order[first + r]];
+  // Pageable sources: each copy has read its source when it returns.
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(d_sample_rows_.get(), chunk.data(), rows * sizeof(SampleRow), cudaMemcpyHostToDevice, s));
+  if (first == 0 && !sampling.penalties.empty()) {
+    if (d_penalties_.size() < sampling.penalties.size()) {
+      RETURN_IF_ERROR(stream_.Synchronize());  // the old buffer may still be read
+      RETURN_IF_ERROR(Alloc(&d_penalties_, std::max(sampling.penalties.size(), 2 * d_penalties_.size())));
+    }
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(d_penalties_.get(), sampling.penalties.data(),
+                                         sampling.penalties.size() * sizeof(PenaltyEntry), cudaMemcpyHostToDevice, s));
+  }
+  SampleParams p;
+  p.logits = logits_.get(), p.batch = rows, p.vocab = config_.vocab_size, p.ld = config_.vocab_size;
+  p.rows = d_sample_rows_.get(), p.penalties = d_penalties_.get(), p.ids = next_ids_.get(), p.stream = s;
+  return RunSample(p);
+}
+
 absl::Status CudaModel::Commit(absl::Span<const SequenceTokens> seqs) {
   for (const SequenceTokens& st : seqs) seqs_[st.seq].length += static_cast<int>(st.tokens.size());
   return absl::OkStatus();
 }
 
 absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs, int top_logprobs,
-                                           ExpertClient* experts) {
+                                           ExpertClient* experts, const StepSampling* sampling) {
   RETURN_IF_ERROR(CheckExperts(experts));
+  if (sampling != nullptr && sampling->rows.size() != seqs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel::Step: ", sampling->rows.size(), " sampling rows for ",
+                                                   seqs.size(), " sequences"));
+  }
   if (top_logprobs < 0 || top_logprobs > sampling::kMaxTopK) {
     return absl::InvalidArgumentError(absl::StrCat("CudaModel::Step: top_logprobs must be in [0, ", sampling::kMaxTopK, "]"));
   }
@@ -677,6 +704,7 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
       RETURN_IF_ERROR(EnqueueForward(b, true, k, experts));
     }
     const int rows = b.decode ? n : b.num_rows;
+    if (rows > 0 && sampling != nullptr) RETURN_IF_ERROR(EnqueueSample(*sampling, order, done, rows));
     if (rows > 0) {
       int32_t* hi = h_ids_.get();
       float* hl = h_lp_.get();
@@ -691,6 +719,10 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
       RETURN_IF_ERROR(stream_.Synchronize());
       for (int r = 0; r < rows; ++r) {
         const int i = order[done + r];
+        if (hi[r] < 0 || hi[r] >= config_.vocab_size) {
+          return absl::InternalError(absl::StrCat("CudaModel::Step: no token chosen for sequence ", i,
+                                                  " (non-finite logits?)"));
+        }
         out.next_ids[i] = hi[r];
         out.next_logprobs[i] = hl[r];
         for (int j = 0; j < k; ++j) {

@@ -79,11 +79,18 @@ struct SequenceTokens {
   absl::Span<const int32_t> tokens;  // appended after the cached prefix; not empty
 };
 
-// Greedy choice per sequence, with log-probabilities (natural log of the
-// softmax of the fp32 logits).
+// The GPU sampler's rows for a Step, one per sequence in the step's order
+// (kernels/cuda/model/sample_rows.h AppendSampleRow).
+struct StepSampling {
+  std::vector<SampleRow> rows;
+  std::vector<PenaltyEntry> penalties;
+};
+
+// The token chosen per sequence (greedy, or sampled with a StepSampling),
+// with log-probabilities (natural log of the softmax of the fp32 logits).
 struct StepOutput {
   std::vector<int32_t> next_ids;     // [num_seqs]
-  std::vector<float> next_logprobs;  // [num_seqs]
+  std::vector<float> next_logprobs;  // [num_seqs]: of the greedy token, whatever was sampled
   int top_k = 0;
   std::vector<int32_t> topk_ids;     // [num_seqs, top_k], best first
   std::vector<float> topk_logprobs;  // [num_seqs, top_k]
@@ -123,7 +130,10 @@ class CudaModel {
 
   // Runs every sequence's new tokens through the model as one batch (in
   // chunks of max_tokens_per_step), appending to the caches. Step returns the
-  // greedy choice per sequence (top_logprobs in [0, 20]); ForwardLogits the
+  // greedy choice per sequence (top_logprobs in [0, 20]), or with `sampling`
+  // (a row per sequence) the GPU sampler's (the log-probabilities are the
+  // raw logits', as without); INTERNAL if it picks no token (non-finite
+  // logits). ForwardLogits the
   // fp32 logits of each sequence's last token, [num_seqs, vocab], on the host.
   // INVALID_ARGUMENT for unknown or repeated sequences, empty or
   // out-of-vocabulary tokens, more than max_num_seqs sequences or a sequence
@@ -138,7 +148,7 @@ class CudaModel {
   // between MoE dispatches); otherwise eagerly. Null: the experts on the
   // device (FAILED_PRECONDITION without options.routed_experts_on_device).
   absl::StatusOr<StepOutput> Step(absl::Span<const SequenceTokens> seqs, int top_logprobs = 0,
-                                  ExpertClient* experts = nullptr);
+                                  ExpertClient* experts = nullptr, const StepSampling* sampling = nullptr);
   absl::StatusOr<std::vector<float>> ForwardLogits(absl::Span<const SequenceTokens> seqs,
                                                    ExpertClient* experts = nullptr);
 
@@ -227,6 +237,9 @@ class CudaModel {
   absl::Status RunPiecewiseGraph(const Batch& b, int top_k, ExpertClient* experts);
   // While capturing piecewise: closes the current segment at MoE layer `layer`'s dispatch.
   absl::Status CutSegment(int layer);
+  // Samples the chunk's `rows` logits rows (chunk row r is sequence
+  // order[first + r]) into next_ids_, on the stream.
+  absl::Status EnqueueSample(const StepSampling& sampling, const std::vector<int>& order, size_t first, int rows);
   absl::Status Commit(absl::Span<const SequenceTokens> seqs);
   // FAILED_PRECONDITION unless `experts` is null iff the experts are on the device.
   absl::Status CheckExperts(const ExpertClient* experts) const;
@@ -261,6 +274,9 @@ class CudaModel {
   PinnedBuffer<int32_t> h_meta_;     // staging for the above
   PinnedBuffer<int32_t> h_ids_;      // next_ids, topk ids back
   PinnedBuffer<float> h_lp_;         // next_logprobs, topk logprobs back
+  // The GPU sampler's rows of a chunk and a step's penalty entries (grown as needed).
+  DeviceBuffer<SampleRow> d_sample_rows_;
+  DeviceBuffer<PenaltyEntry> d_penalties_;
   // External experts: the dispatch staged on the host, the result back.
   PinnedBuffer<float> h_hidden_, h_topk_w_, h_routed_;
   PinnedBuffer<int32_t> h_topk_ids_;

@@ -15,7 +15,7 @@
 // Usage: cuda_model_bench [--device cuda] [--load-format dummy|auto]
 //          [--shape v2-lite | --model DIR] [--batch 1,32,128,256] [--context 2048]
 //          [--steps 20] [--warmup 3] [--gpu-memory-utilization 0.9]
-//          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S]
+//          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -35,6 +35,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/bench_util.h"
 #include "kernels/cuda/model/cuda_model.h"
+#include "kernels/cuda/model/sample_rows.h"
 #include "kernels/cuda/model/model_ops.h"
 
 namespace moesh::cuda {
@@ -49,6 +50,7 @@ struct Flags {
   double gpu_memory_utilization = 0.9;
   int prefill_seqs = 8, prefill_len = 2048;
   bool graphs = true;
+  bool grouped_gemm_only = false;  // only the grouped GEMM table (for profilers)
   uint64_t seed = 1;
 };
 
@@ -59,6 +61,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--no-graphs") {
       f.graphs = false;
+      continue;
+    }
+    if (a == "--grouped-gemm-only") {
+      f.grouped_gemm_only = true;
       continue;
     }
     if (a.rfind("--", 0) != 0) return absl::InvalidArgumentError("unexpected argument " + a);
@@ -166,121 +172,11 @@ double TokenFlops(const ModelConfig& c, double context) {
   return 2.0 * (gemm + attention);
 }
 
-absl::Status Run(const Flags& f) {
-  ASSIGN_OR_RETURN(DeviceInfo info, CurrentDeviceInfo());
-  cudaDeviceProp prop{};
-  RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, info.device));
-  std::printf("device: %s, %d SMs, %.0f GiB\n", prop.name, info.num_sms, prop.totalGlobalMem / double(1 << 30));
-  ASSIGN_OR_RETURN(Stream ceil_stream, Stream::Create());
-  ASSIGN_OR_RETURN(std::unique_ptr<CublasGemm> ceil_gemm, CublasGemm::Create());
-  ASSIGN_OR_RETURN(Ceilings ceil, MeasureCeilings(*ceil_gemm, ceil_stream.get()));
-  std::printf("ceilings (this run): D2D copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
-              ceil.copy_gbps, ceil.gemm_tflops);
-
-  ModelConfig config;
-  if (!f.model_dir.empty()) {
-    ASSIGN_OR_RETURN(config, ModelConfig::Load(f.model_dir));
-  } else {
-    ASSIGN_OR_RETURN(config, ShapeConfig(f.shape));
-  }
-  const int max_batch = *std::max_element(f.batches.begin(), f.batches.end());
-  CudaModelOptions o;
-  o.gpu_memory_utilization = f.gpu_memory_utilization;
-  o.max_num_seqs = std::max(max_batch, f.prefill_seqs);
-  o.max_model_len = (std::max(f.context + f.warmup + f.steps + 1, f.prefill_len) + 63) / 64 * 64;
-  o.cuda_graphs = f.graphs;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<CudaModel> model;
-  if (f.load_format == "auto") {
-    ASSIGN_OR_RETURN(model, CudaModel::Load(f.model_dir, o));
-  } else {
-    ASSIGN_OR_RETURN(model, CudaModel::Dummy(config, f.seed, o));
-  }
-  RETURN_IF_ERROR(model->FillKvCacheRandom(f.seed + 1));
-  const auto t1 = std::chrono::steady_clock::now();
-  const ModelConfig& c = model->config();
-  const double row_bytes = (c.kv_lora_rank + c.qk_rope_head_dim) * 2.0;
-  std::printf("model %s (%s weights, %.2f GB bf16): layers %d, hidden %d, heads %d, experts %d top-%d + %d shared, "
-              "vocab %d; KV cache %d blocks (%.1f GB); ready in %.1f s\n",
-              f.model_dir.empty() ? f.shape.c_str() : f.model_dir.c_str(), f.load_format.c_str(),
-              model->weights().bytes() / 1e9, c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
-              c.n_routed_experts, c.num_experts_per_tok, c.n_shared_experts, c.vocab_size,
-              model->kv_pool().num_blocks(), model->kv_pool().bytes() / 1e9, Seconds(t0, t1));
-
-  std::mt19937 rng(static_cast<uint32_t>(f.seed));
-  std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
-  std::printf("\ndecode, %d tokens of context, greedy, CUDA graphs %s (median of %d steps after %d warm-up)\n",
-              f.context, f.graphs ? "on" : "off", f.steps, f.warmup);
-  std::printf("| batch | step ms | tok/s | experts touched | weights GB | KV GB | floor ms | floor/step |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  std::vector<std::pair<int, PhaseTimes>> profiles;
-  // One table row; with `profile`, one more step runs eagerly with events between the phases.
-  auto decode_row = [&](int b, const char* label, bool profile) -> absl::Status {
-    std::vector<int> seqs;
-    for (int i = 0; i < b; ++i) {
-      ASSIGN_OR_RETURN(int id, model->AddSequence());
-      RETURN_IF_ERROR(model->SetSyntheticLength(id, f.context));
-      seqs.push_back(id);
-    }
-    std::vector<std::vector<int32_t>> next(b, std::vector<int32_t>(1));
-    std::vector<SequenceTokens> batch(b);
-    auto fill = [&] {
-      for (int i = 0; i < b; ++i) {
-        next[i][0] = tok(rng);
-        batch[i] = {seqs[i], next[i]};
-      }
-    };
-    std::vector<double> times;
-    double kv_bytes = 0;
-    for (int s = 0; s < f.warmup + f.steps; ++s) {
-      fill();
-      const auto a = std::chrono::steady_clock::now();
-      ASSIGN_OR_RETURN(StepOutput out, model->Step(batch));
-      const auto z = std::chrono::steady_clock::now();
-      if (s >= f.warmup) {
-        times.push_back(Seconds(a, z));
-        kv_bytes += static_cast<double>(b) * (f.context + s + 1) * row_bytes * c.num_hidden_layers;
-      }
-    }
-    if (f.graphs && !model->last_step_used_graph()) return absl::InternalError("decode did not replay a graph");
-    ASSIGN_OR_RETURN(std::vector<int32_t> counts, model->LastExpertCounts());
-    int64_t touched = 0;
-    for (int32_t n : counts) touched += n > 0;
-    const double step = Median(times);
-    const double w_bytes = model->weights().StepWeightBytes(touched, b);
-    kv_bytes /= f.steps;
-    const double floor_s = (w_bytes + kv_bytes) / (ceil.copy_gbps * 1e9);
-    std::printf("| %d%s | %.3f | %.0f | %lld | %.2f | %.2f | %.3f | %.2f |\n", b, label, step * 1e3, b / step,
-                static_cast<long long>(touched), w_bytes / 1e9, kv_bytes / 1e9, floor_s * 1e3, floor_s / step);
-    std::fflush(stdout);
-    if (profile) {
-      fill();
-      ASSIGN_OR_RETURN(PhaseTimes t, model->ProfileStep(batch));
-      profiles.push_back({b, t});
-    }
-    for (int id : seqs) RETURN_IF_ERROR(model->ReleaseSequence(id));
-    return absl::OkStatus();
-  };
-  for (int b : f.batches) RETURN_IF_ERROR(decode_row(b, "", true));
-  // The expert tile height at the largest batch: the picked one against the other two.
-  for (int tile : {16, 32, 64}) {
-    RETURN_IF_ERROR(model->SetMoeTileM(tile));
-    RETURN_IF_ERROR(decode_row(max_batch, absl::StrFormat(" (expert tiles of %d rows)", tile).c_str(), false));
-  }
-  RETURN_IF_ERROR(model->SetMoeTileM(0));
-
-  std::printf("\none decode step run eagerly, GPU ms by phase (events between phases; at small batches the host's "
-              "launches, not the GPU, set the pace)\n");
-  std::printf("| batch | embed | attention | dense MLP | MoE (+shared) | head + greedy | total |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
-  for (const auto& [b, t] : profiles) {
-    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", b, t.embed_ms, t.attention_ms, t.dense_mlp_ms,
-                t.moe_ms, t.head_ms, t.total_ms);
-  }
-
-  // The grouped expert GEMM alone (gate_up of one MoE layer: n = 2 x moe_intermediate,
-  // k = hidden), uniform random routing, against one dense cuBLAS GEMM of the same FLOPs.
-  if (c.n_routed_experts > 0) {
+// The grouped expert GEMM alone (gate_up of one MoE layer: n = 2 x moe_intermediate,
+// k = hidden), uniform random routing, against one dense cuBLAS GEMM of the same FLOPs.
+absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
+  if (c.n_routed_experts == 0) return absl::OkStatus();
+  {
     std::printf("\nexpert grouped GEMM alone (gate_up, n %d, k %d, %d experts), vs cuBLAS on one dense GEMM of "
                 "the same rows\n", 2 * c.moe_intermediate_size, c.hidden_size, c.n_routed_experts);
     std::printf("| tokens x top-k | tile rows x k slice | grouped us | grouped TFLOP/s | weights GB/s | dense us | dense "
@@ -337,6 +233,134 @@ absl::Status Run(const Flags& f) {
       }
     }
   }
+
+  return absl::OkStatus();
+}
+
+absl::Status Run(const Flags& f) {
+  ASSIGN_OR_RETURN(DeviceInfo info, CurrentDeviceInfo());
+  cudaDeviceProp prop{};
+  RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, info.device));
+  std::printf("device: %s, %d SMs, %.0f GiB\n", prop.name, info.num_sms, prop.totalGlobalMem / double(1 << 30));
+  ASSIGN_OR_RETURN(Stream ceil_stream, Stream::Create());
+  ASSIGN_OR_RETURN(std::unique_ptr<CublasGemm> ceil_gemm, CublasGemm::Create());
+  ASSIGN_OR_RETURN(Ceilings ceil, MeasureCeilings(*ceil_gemm, ceil_stream.get()));
+  std::printf("ceilings (this run): D2D copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
+              ceil.copy_gbps, ceil.gemm_tflops);
+
+  ModelConfig config;
+  if (!f.model_dir.empty()) {
+    ASSIGN_OR_RETURN(config, ModelConfig::Load(f.model_dir));
+  } else {
+    ASSIGN_OR_RETURN(config, ShapeConfig(f.shape));
+  }
+  const int max_batch = *std::max_element(f.batches.begin(), f.batches.end());
+  CudaModelOptions o;
+  o.gpu_memory_utilization = f.gpu_memory_utilization;
+  o.max_num_seqs = std::max(max_batch, f.prefill_seqs);
+  o.max_model_len = (std::max(f.context + f.warmup + f.steps + 1, f.prefill_len) + 63) / 64 * 64;
+  o.cuda_graphs = f.graphs;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<CudaModel> model;
+  if (f.load_format == "auto") {
+    ASSIGN_OR_RETURN(model, CudaModel::Load(f.model_dir, o));
+  } else {
+    ASSIGN_OR_RETURN(model, CudaModel::Dummy(config, f.seed, o));
+  }
+  RETURN_IF_ERROR(model->FillKvCacheRandom(f.seed + 1));
+  const auto t1 = std::chrono::steady_clock::now();
+  const ModelConfig& c = model->config();
+  const double row_bytes = (c.kv_lora_rank + c.qk_rope_head_dim) * 2.0;
+  std::printf("model %s (%s weights, %.2f GB bf16): layers %d, hidden %d, heads %d, experts %d top-%d + %d shared, "
+              "vocab %d; KV cache %d blocks (%.1f GB); ready in %.1f s\n",
+              f.model_dir.empty() ? f.shape.c_str() : f.model_dir.c_str(), f.load_format.c_str(),
+              model->weights().bytes() / 1e9, c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
+              c.n_routed_experts, c.num_experts_per_tok, c.n_shared_experts, c.vocab_size,
+              model->kv_pool().num_blocks(), model->kv_pool().bytes() / 1e9, Seconds(t0, t1));
+
+  std::mt19937 rng(static_cast<uint32_t>(f.seed));
+  std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
+  std::printf("\ndecode, %d tokens of context, greedy, CUDA graphs %s (median of %d steps after %d warm-up)\n",
+              f.context, f.graphs ? "on" : "off", f.steps, f.warmup);
+  std::printf("| batch | step ms | tok/s | experts touched | weights GB | KV GB | floor ms | floor/step |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::vector<std::pair<int, PhaseTimes>> profiles;
+  // One table row; with `profile`, one more step runs eagerly with events between the phases.
+  // With `sampled`, every sequence samples on the device (temperature 0.8, top-p 0.95).
+  auto decode_row = [&](int b, const char* label, bool profile, bool sampled = false) -> absl::Status {
+    std::vector<int> seqs;
+    for (int i = 0; i < b; ++i) {
+      ASSIGN_OR_RETURN(int id, model->AddSequence());
+      RETURN_IF_ERROR(model->SetSyntheticLength(id, f.context));
+      seqs.push_back(id);
+    }
+    std::vector<std::vector<int32_t>> next(b, std::vector<int32_t>(1));
+    std::vector<SequenceTokens> batch(b);
+    auto fill = [&] {
+      for (int i = 0; i < b; ++i) {
+        next[i][0] = tok(rng);
+        batch[i] = {seqs[i], next[i]};
+      }
+    };
+    StepSampling sampling;
+    SamplingParams sp;
+    sp.temperature = 0.8f, sp.top_p = 0.95f;
+    std::uniform_real_distribution<double> draw(0.0, 1.0);
+    for (int i = 0; i < b && sampled; ++i) AppendSampleRow(sp, draw(rng), {}, {}, &sampling.rows, &sampling.penalties);
+    std::vector<double> times;
+    double kv_bytes = 0;
+    for (int s = 0; s < f.warmup + f.steps; ++s) {
+      fill();
+      const auto a = std::chrono::steady_clock::now();
+      ASSIGN_OR_RETURN(StepOutput out, model->Step(batch, 0, nullptr, sampled ? &sampling : nullptr));
+      const auto z = std::chrono::steady_clock::now();
+      if (s >= f.warmup) {
+        times.push_back(Seconds(a, z));
+        kv_bytes += static_cast<double>(b) * (f.context + s + 1) * row_bytes * c.num_hidden_layers;
+      }
+    }
+    if (f.graphs && !model->last_step_used_graph()) return absl::InternalError("decode did not replay a graph");
+    ASSIGN_OR_RETURN(std::vector<int32_t> counts, model->LastExpertCounts());
+    int64_t touched = 0;
+    for (int32_t n : counts) touched += n > 0;
+    const double step = Median(times);
+    const double w_bytes = model->weights().StepWeightBytes(touched, b);
+    kv_bytes /= f.steps;
+    const double floor_s = (w_bytes + kv_bytes) / (ceil.copy_gbps * 1e9);
+    std::printf("| %d%s | %.3f | %.0f | %lld | %.2f | %.2f | %.3f | %.2f |\n", b, label, step * 1e3, b / step,
+                static_cast<long long>(touched), w_bytes / 1e9, kv_bytes / 1e9, floor_s * 1e3, floor_s / step);
+    std::fflush(stdout);
+    if (profile) {
+      fill();
+      ASSIGN_OR_RETURN(PhaseTimes t, model->ProfileStep(batch));
+      profiles.push_back({b, t});
+    }
+    for (int id : seqs) RETURN_IF_ERROR(model->ReleaseSequence(id));
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < f.batches.size() && !f.grouped_gemm_only; ++i) {
+    RETURN_IF_ERROR(decode_row(f.batches[i], "", true));
+  }
+  if (f.grouped_gemm_only) return BenchGroupedGemm(c, rng);
+  // The same steps sampling on the device instead of greedy.
+  RETURN_IF_ERROR(decode_row(max_batch, " (sampled: T 0.8, top-p 0.95)", false, true));
+  // The expert tile height at the largest batch: the picked one against the other two.
+  for (int tile : {16, 32, 64}) {
+    RETURN_IF_ERROR(model->SetMoeTileM(tile));
+    RETURN_IF_ERROR(decode_row(max_batch, absl::StrFormat(" (expert tiles of %d rows)", tile).c_str(), false));
+  }
+  RETURN_IF_ERROR(model->SetMoeTileM(0));
+
+  std::printf("\none decode step run eagerly, GPU ms by phase (events between phases; at small batches the host's "
+              "launches, not the GPU, set the pace)\n");
+  std::printf("| batch | embed | attention | dense MLP | MoE (+shared) | head + greedy | total |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const auto& [b, t] : profiles) {
+    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", b, t.embed_ms, t.attention_ms, t.dense_mlp_ms,
+                t.moe_ms, t.head_ms, t.total_ms);
+  }
+
+  RETURN_IF_ERROR(BenchGroupedGemm(c, rng));
 
   if (f.prefill_seqs > 0) {
     std::printf("\nprefill: %d prompts x %d tokens (chunks of %d tokens; attention through the decode kernel)\n",

@@ -1,0 +1,344 @@
+// Sampling one token per row of logits (routing.h RunSample): one CTA of
+// 1024 threads per row, Sampler::SampleWithDraw's definition without a sort.
+//
+// Every cut SampleWithDraw makes (top-k, top-p, min-p, and the draw itself)
+// keeps a prefix of the candidate order "logit descending, id ascending", so
+// each is one position in that order, a Cut. A position is found by a radix
+// select over the logits' order-preserving 32-bit keys: three histogram
+// passes (11, 11 and 10 bits of the key) of a weight — 1 for top-k, the
+// probability mass exp(x - max) for top-p and the draw — then one pass over
+// the tied logits in id order. Masses are 24.40 fixed point in 64-bit
+// integers: sums are exact and independent of the order of the atomics, so a
+// seeded request samples the same token on every run.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/routing.h"
+
+namespace moesh::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBins = 2048;  // 11 bits
+constexpr unsigned kFull = 0xffffffffu;
+constexpr double kFixedOne = 1099511627776.0;  // 2^40
+constexpr int kMaxVocab = 1 << 22;              // vocab * 2^40 < 2^63
+
+// Order-preserving: a > b as floats iff Key(a) > Key(b) as integers.
+__device__ __forceinline__ uint32_t Key(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float KeyValue(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// A position in the candidate order; the candidates kept are those at or
+// before it. {0, INT_MAX} keeps every finite or infinite logit.
+struct Cut {
+  uint32_t key;
+  int id;
+};
+__device__ __forceinline__ bool Kept(uint32_t key, int id, Cut c) {
+  return key > c.key || (key == c.key && id <= c.id);
+}
+
+__device__ __forceinline__ unsigned long long Mass(float x, double xmax) {
+  return static_cast<unsigned long long>(exp(static_cast<double>(x) - xmax) * kFixedOne);
+}
+
+struct Shared {
+  unsigned long long hist[kBins];
+  unsigned long long red64[kWarps];
+  uint32_t red32[kWarps];
+  float redf[kWarps];
+  int redi[kWarps];
+  int sel_bin;
+  unsigned long long sel_above;
+  int sel_id;
+};
+
+__device__ __forceinline__ unsigned long long BlockSum(unsigned long long v, Shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  __syncthreads();
+  if (lane == 0) sh.red64[warp] = v;
+  __syncthreads();
+  v = sh.red64[lane];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+__device__ __forceinline__ uint32_t BlockMin(uint32_t v, Shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFull, v, o));
+  __syncthreads();
+  if (lane == 0) sh.red32[warp] = v;
+  __syncthreads();
+  v = sh.red32[lane];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+// The exclusive prefix sum of v over the threads in order.
+__device__ __forceinline__ int BlockExclusiveScan(int v, Shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += t;
+  }
+  __syncthreads();
+  if (lane == 31) sh.redi[warp] = incl;
+  __syncthreads();
+  int offset = 0;
+  for (int w = 0; w < warp; ++w) offset += sh.redi[w];
+  return offset + incl - v;
+}
+
+// The kept mass of a row.
+__device__ unsigned long long MassWithin(const float* row, int vocab, Cut within, double xmax, Shared& sh) {
+  unsigned long long s = 0;
+  for (int i = threadIdx.x; i < vocab; i += kThreads) {
+    const float x = row[i];
+    if (Kept(Key(x), i, within)) s += Mass(x, xmax);
+  }
+  return BlockSum(s, sh);
+}
+
+// The id of the r-th (1-based) kept logit, in id order, whose key is `key`.
+__device__ int TieId(const float* row, int vocab, Cut within, uint32_t key, unsigned long long r, Shared& sh) {
+  if (r == 1) {  // the common case: the lowest id, from a coalesced pass
+    uint32_t lo = UINT_MAX;
+    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+      const uint32_t k = Key(row[i]);
+      if (k == key && Kept(k, i, within)) lo = min(lo, static_cast<uint32_t>(i));
+    }
+    return static_cast<int>(BlockMin(lo, sh));
+  }
+  const int chunk = (vocab + kThreads - 1) / kThreads;
+  const int lo = min(vocab, static_cast<int>(threadIdx.x) * chunk), hi = min(vocab, lo + chunk);
+  if (threadIdx.x == 0) sh.sel_id = -1;  // ordered before the reads by the scan's barriers
+  int count = 0;
+  for (int i = lo; i < hi; ++i) {
+    const uint32_t k = Key(row[i]);
+    count += k == key && Kept(k, i, within);
+  }
+  const int before = BlockExclusiveScan(count, sh);
+  if (before < static_cast<long long>(r) && before + count >= static_cast<long long>(r)) {
+    int need = static_cast<int>(r) - before;
+    for (int i = lo; i < hi; ++i) {
+      const uint32_t k = Key(row[i]);
+      if (k == key && Kept(k, i, within) && --need == 0) {
+        sh.sel_id = i;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  const int id = sh.sel_id;
+  __syncthreads();
+  return id;
+}
+
+// The first position, among the kept logits in candidate order, at which the
+// cumulative weight reaches `target` (weight 1 with kCount, else Mass).
+// REQUIRES: 1 <= target <= the kept weight.
+template <bool kCount>
+__device__ Cut Select(const float* row, int vocab, Cut within, unsigned long long target, double xmax, Shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint32_t prefix = 0, mask = 0;
+  unsigned long long above = 0;  // weight kept above the prefix's range of keys
+#pragma unroll 1
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+    const int bins = pass == 2 ? 1024 : 2048;
+    for (int b = threadIdx.x; b < bins; b += kThreads) sh.hist[b] = 0;
+    __syncthreads();
+    for (int base = 0; base < vocab; base += kThreads) {
+      const int i = base + threadIdx.x;
+      bool take = false;
+      uint32_t digit = 0;
+      float x = 0.0f;
+      if (i < vocab) {
+        x = row[i];
+        const uint32_t k = Key(x);
+        take = (k & mask) == prefix && Kept(k, i, within);
+        digit = (k >> shift) & (bins - 1);
+      }
+      const unsigned active = __ballot_sync(kFull, take);
+      if (!take) continue;
+      // One atomic per distinct bin of the warp.
+      const unsigned peers = __match_any_sync(active, digit);
+      unsigned long long w;
+      if constexpr (kCount) {
+        w = __popc(peers);
+      } else {
+        const unsigned long long mine = Mass(x, xmax);
+        w = 0;
+        for (unsigned rest = peers; rest != 0; rest &= rest - 1) w += __shfl_sync(peers, mine, __ffs(rest) - 1);
+      }
+      if (lane == __ffs(peers) - 1 && w != 0) atomicAdd(&sh.hist[digit], w);
+    }
+    __syncthreads();
+    if (warp == 0) {
+      // Lane l sums bins top_l, top_l - 1, ... (lane 0 the highest keys).
+      const int per = bins / 32, top = bins - 1 - lane * per;
+      unsigned long long s = 0;
+      for (int j = 0; j < per; ++j) s += sh.hist[top - j];
+      unsigned long long incl = s;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long t = __shfl_up_sync(kFull, incl, o);
+        if (lane >= o) incl += t;
+      }
+      const unsigned hit = __ballot_sync(kFull, above + incl >= target);
+      // hit == 0 breaks the REQUIRES; the last lane then takes the lowest bin.
+      if (lane == (hit != 0 ? __ffs(hit) - 1 : 31)) {
+        unsigned long long acc = above + incl - s;
+        int b = top;
+        for (int j = 0; j + 1 < per && acc + sh.hist[b] < target; ++j, --b) acc += sh.hist[b];
+        sh.sel_bin = b;
+        sh.sel_above = acc;
+      }
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(sh.sel_bin) << shift;
+    mask |= static_cast<uint32_t>(bins - 1) << shift;
+    above = sh.sel_above;
+    __syncthreads();
+  }
+  // Every kept logit of key `prefix` weighs the same: the position is the
+  // r-th of them in id order.
+  const unsigned long long each = kCount ? 1ull : max(Mass(KeyValue(prefix), xmax), 1ull);
+  const unsigned long long r = target > above ? (target - above + each - 1) / each : 1;
+  return Cut{prefix, TieId(row, vocab, within, prefix, r, sh)};
+}
+
+__global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
+  __shared__ Shared sh;
+  const int b = blockIdx.x;
+  const SampleRow r = p.rows[b];
+  float* row = p.logits + static_cast<int64_t>(b) * p.ld;
+  const int vocab = p.vocab;
+
+  // Penalties: one thread per entry (distinct tokens), as the CPU rounds them.
+  for (int e = r.penalty_begin + threadIdx.x; e < r.penalty_end; e += kThreads) {
+    const PenaltyEntry pe = p.penalties[e];
+    float x = row[pe.id];
+    if (r.repetition_penalty != 1.0f) {
+      x = x > 0.0f ? __fdiv_rn(x, r.repetition_penalty) : __fmul_rn(x, r.repetition_penalty);
+    }
+    if (pe.output_count > 0 && (r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f)) {
+      x = __fsub_rn(x, __fadd_rn(r.presence_penalty,
+                                 __fmul_rn(r.frequency_penalty, static_cast<float>(pe.output_count))));
+    }
+    row[pe.id] = x;
+  }
+  __syncthreads();
+
+  // logits / temperature in place, and the best (lowest id on ties; a thread
+  // with no logits offers (-inf, INT_MAX), which loses every tie).
+  auto better = [](float va, int ia, float vb, int ib) { return va > vb || (va == vb && ia < ib); };
+  float best = -INFINITY;
+  int best_id = INT_MAX;
+  for (int i = threadIdx.x; i < vocab; i += kThreads) {
+    float x = row[i];
+    if (r.temperature != 0.0f) {
+      x = __fdiv_rn(x, r.temperature);
+      row[i] = x;
+    }
+    if (better(x, i, best, best_id)) {
+      best = x;
+      best_id = i;
+    }
+  }
+  {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(kFull, best, o);
+      const int oi = __shfl_xor_sync(kFull, best_id, o);
+      if (better(ov, oi, best, best_id)) {
+        best = ov;
+        best_id = oi;
+      }
+    }
+    if (lane == 0) {
+      sh.redf[warp] = best;
+      sh.redi[warp] = best_id;
+    }
+    __syncthreads();
+    best = sh.redf[0];
+    best_id = sh.redi[0];
+    for (int w = 1; w < kWarps; ++w) {
+      if (better(sh.redf[w], sh.redi[w], best, best_id)) {
+        best = sh.redf[w];
+        best_id = sh.redi[w];
+      }
+    }
+    __syncthreads();
+  }
+  if (r.temperature == 0.0f) {
+    if (threadIdx.x == 0) p.ids[b] = best_id;
+    return;
+  }
+  const double xmax = best;
+  Cut cut{0u, INT_MAX};
+  if (r.top_k > 0 && r.top_k < vocab) {
+    cut = Select<true>(row, vocab, cut, static_cast<unsigned long long>(r.top_k), xmax, sh);
+  }
+  if (r.top_p < 1.0f) {
+    const unsigned long long z = MassWithin(row, vocab, cut, xmax, sh);
+    // The first position where the mass reaches top_p of the kept mass.
+    unsigned long long t = static_cast<unsigned long long>(ceil(static_cast<double>(r.top_p) * static_cast<double>(z)));
+    t = min(max(t, 1ull), z);
+    cut = Select<false>(row, vocab, cut, t, xmax, sh);
+  }
+  if (r.min_p > 0.0f) {
+    // p >= min_p * p_max, i.e. exp(x - max) >= min_p: the lowest such key.
+    uint32_t lowest = UINT_MAX;
+    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+      const float x = row[i];
+      const uint32_t k = Key(x);
+      if (Kept(k, i, cut) && exp(static_cast<double>(x) - xmax) >= static_cast<double>(r.min_p)) lowest = min(lowest, k);
+    }
+    lowest = BlockMin(lowest, sh);
+    if (lowest > cut.key) cut = Cut{lowest, INT_MAX};
+  }
+  // The first position whose cumulative mass exceeds draw * (the kept mass).
+  const unsigned long long z = MassWithin(row, vocab, cut, xmax, sh);
+  unsigned long long t = static_cast<unsigned long long>(r.draw * static_cast<double>(z)) + 1;
+  t = min(t, z);
+  cut = Select<false>(row, vocab, cut, t, xmax, sh);
+  if (threadIdx.x == 0) p.ids[b] = cut.id;
+}
+
+}  // namespace
+
+absl::Status RunSample(const SampleParams& p) {
+  const int ld = p.ld ? p.ld : p.vocab;
+  if (p.batch < 0 || p.vocab < 1 || p.vocab > kMaxVocab || ld < p.vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunSample: need batch >= 0, 1 <= vocab <= ", kMaxVocab, ", ld >= vocab"));
+  }
+  if (p.batch == 0) return absl::OkStatus();
+  if (p.logits == nullptr || p.rows == nullptr || p.ids == nullptr) {
+    return absl::InvalidArgumentError("RunSample: null pointer");
+  }
+  SampleParams q = p;
+  q.ld = ld;
+  SampleKernel<<<p.batch, kThreads, 0, p.stream>>>(q);
+  return LaunchStatus("SampleKernel");
+}
+
+}  // namespace moesh::cuda
