@@ -24,7 +24,7 @@ absl::Status RunGreedyLogprobs(const GreedyLogprobsParams& p);
 // REQUIRES: vocab >= 1; each row's parameters valid (SamplingParams::Validate),
 // draw in [0, 1), penalty ids in [0, vocab). Ids are Sampler::SampleWithDraw's
 // on the same logits except where the draw or the top-p mass lies within
-// about 1e-7 of a candidate boundary (fixed-point sums here, double there).
+// about 1e-7 of a candidate boundary (float masses here, double there).
 absl::Status RunSample(const SampleParams& p);
 
 }  // namespace moesh::cuda

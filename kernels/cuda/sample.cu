@@ -6,10 +6,13 @@
 // each is one position in that order, a Cut. A position is found by a radix
 // select over the logits' order-preserving 32-bit keys: three histogram
 // passes (11, 11 and 10 bits of the key) of a weight — 1 for top-k, the
-// probability mass exp(x - max) for top-p and the draw — then one pass over
-// the tied logits in id order. Masses are 24.40 fixed point in 64-bit
-// integers: sums are exact and independent of the order of the atomics, so a
-// seeded request samples the same token on every run.
+// probability mass expf(x - max) for top-p and the draw — and, only where the
+// position falls after the first of several equal logits, one pass over them
+// in id order. Min-p's cut is a key found by bisection, without a pass.
+// Masses are 24.40 fixed point in 64-bit integers: sums are exact and
+// independent of the order of the atomics, so a seeded request samples the
+// same token on every run. A row costs 1 + 3 passes per cut (top-k, top-p,
+// the draw) over its logits.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -28,9 +31,10 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr double kFixedOne = 1099511627776.0;  // 2^40
 constexpr int kMaxVocab = 1 << 22;              // vocab * 2^40 < 2^63
 
-// Order-preserving: a > b as floats iff Key(a) > Key(b) as integers.
+// Order-preserving: a > b as floats iff Key(a) > Key(b) as integers, and
+// a == b iff Key(a) == Key(b) (-0 is +0).
 __device__ __forceinline__ uint32_t Key(float x) {
-  const uint32_t u = __float_as_uint(x);
+  const uint32_t u = x == 0.0f ? 0u : __float_as_uint(x);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 __device__ __forceinline__ float KeyValue(uint32_t k) {
@@ -47,45 +51,47 @@ __device__ __forceinline__ bool Kept(uint32_t key, int id, Cut c) {
   return key > c.key || (key == c.key && id <= c.id);
 }
 
-__device__ __forceinline__ unsigned long long Mass(float x, double xmax) {
-  return static_cast<unsigned long long>(exp(static_cast<double>(x) - xmax) * kFixedOne);
+__device__ __forceinline__ unsigned long long Mass(float x, float xmax) {
+  return __float2ull_rz(expf(x - xmax) * static_cast<float>(kFixedOne));
 }
 
 struct Shared {
   unsigned long long hist[kBins];
-  unsigned long long red64[kWarps];
-  uint32_t red32[kWarps];
+  uint32_t min_id[kBins / 2];  // the last pass: the lowest kept id per exact key
   float redf[kWarps];
   int redi[kWarps];
   int sel_bin;
-  unsigned long long sel_above;
+  unsigned long long sel_above, sel_target;
   int sel_id;
 };
 
-__device__ __forceinline__ unsigned long long BlockSum(unsigned long long v, Shared& sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  __syncthreads();
-  if (lane == 0) sh.red64[warp] = v;
-  __syncthreads();
-  v = sh.red64[lane];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  return v;
+__device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
 }
-
-__device__ __forceinline__ uint32_t BlockMin(uint32_t v, Shared& sh) {
+__device__ __forceinline__ void WarpArgMax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(kFull, v, o);
+    const int oi = __shfl_xor_sync(kFull, i, o);
+    if (Better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+// The best (v, i) over the block, lowest i on ties; every thread gets it.
+__device__ __forceinline__ void ArgMax(float& v, int& i, Shared& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFull, v, o));
+  WarpArgMax(v, i);
   __syncthreads();
-  if (lane == 0) sh.red32[warp] = v;
+  if (lane == 0) {
+    sh.redf[warp] = v;
+    sh.redi[warp] = i;
+  }
   __syncthreads();
-  v = sh.red32[lane];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFull, v, o));
-  return v;
+  v = sh.redf[lane];
+  i = sh.redi[lane];
+  WarpArgMax(v, i);
 }
 
 // The exclusive prefix sum of v over the threads in order.
@@ -105,26 +111,9 @@ __device__ __forceinline__ int BlockExclusiveScan(int v, Shared& sh) {
   return offset + incl - v;
 }
 
-// The kept mass of a row.
-__device__ unsigned long long MassWithin(const float* row, int vocab, Cut within, double xmax, Shared& sh) {
-  unsigned long long s = 0;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const float x = row[i];
-    if (Kept(Key(x), i, within)) s += Mass(x, xmax);
-  }
-  return BlockSum(s, sh);
-}
-
-// The id of the r-th (1-based) kept logit, in id order, whose key is `key`.
+// The id of the r-th (1-based) kept logit, in id order, whose key is `key`
+// (one pass in id order: each thread a contiguous chunk).
 __device__ int TieId(const float* row, int vocab, Cut within, uint32_t key, unsigned long long r, Shared& sh) {
-  if (r == 1) {  // the common case: the lowest id, from a coalesced pass
-    uint32_t lo = UINT_MAX;
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      const uint32_t k = Key(row[i]);
-      if (k == key && Kept(k, i, within)) lo = min(lo, static_cast<uint32_t>(i));
-    }
-    return static_cast<int>(BlockMin(lo, sh));
-  }
   const int chunk = (vocab + kThreads - 1) / kThreads;
   const int lo = min(vocab, static_cast<int>(threadIdx.x) * chunk), hi = min(vocab, lo + chunk);
   if (threadIdx.x == 0) sh.sel_id = -1;  // ordered before the reads by the scan's barriers
@@ -150,11 +139,29 @@ __device__ int TieId(const float* row, int vocab, Cut within, uint32_t key, unsi
   return id;
 }
 
-// The first position, among the kept logits in candidate order, at which the
-// cumulative weight reaches `target` (weight 1 with kCount, else Mass).
-// REQUIRES: 1 <= target <= the kept weight.
+// What Select looks for, given the kept weight `total`: the first position
+// where the cumulative weight reaches `count` (kCount: weight 1 per logit),
+// reaches ceil(value * total) (kFraction), or exceeds value * total (kDraw).
+struct Target {
+  enum Kind { kCount, kFraction, kDraw } kind;
+  unsigned long long count;
+  double value;
+};
+__device__ __forceinline__ unsigned long long Resolve(const Target& t, unsigned long long total) {
+  unsigned long long v = t.count;
+  if (t.kind == Target::kFraction) v = static_cast<unsigned long long>(ceil(t.value * static_cast<double>(total)));
+  if (t.kind == Target::kDraw) v = static_cast<unsigned long long>(t.value * static_cast<double>(total)) + 1;
+  return min(max(v, 1ull), total);
+}
+
+// The position Target names among the kept logits in candidate order: a
+// radix select over the keys (bits 31-21, 20-10, 9-0), each pass a histogram
+// of the kept weight (count or Mass) among the logits matching the key bits
+// chosen so far; the first pass's total resolves the target. The last pass
+// also keeps the lowest id per key, so a position at the first of its ties
+// needs no further pass.
 template <bool kCount>
-__device__ Cut Select(const float* row, int vocab, Cut within, unsigned long long target, double xmax, Shared& sh) {
+__device__ Cut Select(const float* row, int vocab, Cut within, Target want, float xmax, Shared& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint32_t prefix = 0, mask = 0;
   unsigned long long above = 0;  // weight kept above the prefix's range of keys
@@ -162,7 +169,10 @@ __device__ Cut Select(const float* row, int vocab, Cut within, unsigned long lon
   for (int pass = 0; pass < 3; ++pass) {
     const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
     const int bins = pass == 2 ? 1024 : 2048;
-    for (int b = threadIdx.x; b < bins; b += kThreads) sh.hist[b] = 0;
+    for (int b = threadIdx.x; b < bins; b += kThreads) {
+      sh.hist[b] = 0;
+      if (pass == 2) sh.min_id[b] = UINT_MAX;
+    }
     __syncthreads();
     for (int base = 0; base < vocab; base += kThreads) {
       const int i = base + threadIdx.x;
@@ -179,6 +189,7 @@ __device__ Cut Select(const float* row, int vocab, Cut within, unsigned long lon
       if (!take) continue;
       // One atomic per distinct bin of the warp.
       const unsigned peers = __match_any_sync(active, digit);
+      const bool leader = lane == __ffs(peers) - 1;
       unsigned long long w;
       if constexpr (kCount) {
         w = __popc(peers);
@@ -187,7 +198,11 @@ __device__ Cut Select(const float* row, int vocab, Cut within, unsigned long lon
         w = 0;
         for (unsigned rest = peers; rest != 0; rest &= rest - 1) w += __shfl_sync(peers, mine, __ffs(rest) - 1);
       }
-      if (lane == __ffs(peers) - 1 && w != 0) atomicAdd(&sh.hist[digit], w);
+      if (leader && w != 0) atomicAdd(&sh.hist[digit], w);
+      if (pass == 2) {
+        const unsigned lowest = __reduce_min_sync(peers, static_cast<unsigned>(i));
+        if (leader) atomicMin(&sh.min_id[digit], lowest);
+      }
     }
     __syncthreads();
     if (warp == 0) {
@@ -201,14 +216,16 @@ __device__ Cut Select(const float* row, int vocab, Cut within, unsigned long lon
         const unsigned long long t = __shfl_up_sync(kFull, incl, o);
         if (lane >= o) incl += t;
       }
+      const unsigned long long target = pass == 0 ? Resolve(want, __shfl_sync(kFull, incl, 31)) : sh.sel_target;
       const unsigned hit = __ballot_sync(kFull, above + incl >= target);
-      // hit == 0 breaks the REQUIRES; the last lane then takes the lowest bin.
+      // No hit: nothing kept (impossible: the best logit always is); the last lane takes the lowest bin.
       if (lane == (hit != 0 ? __ffs(hit) - 1 : 31)) {
         unsigned long long acc = above + incl - s;
         int b = top;
         for (int j = 0; j + 1 < per && acc + sh.hist[b] < target; ++j, --b) acc += sh.hist[b];
         sh.sel_bin = b;
         sh.sel_above = acc;
+        sh.sel_target = target;
       }
     }
     __syncthreads();
@@ -219,9 +236,28 @@ __device__ Cut Select(const float* row, int vocab, Cut within, unsigned long lon
   }
   // Every kept logit of key `prefix` weighs the same: the position is the
   // r-th of them in id order.
+  const unsigned long long target = sh.sel_target;
+  const int lowest = static_cast<int>(sh.min_id[prefix & 1023]);
   const unsigned long long each = kCount ? 1ull : max(Mass(KeyValue(prefix), xmax), 1ull);
   const unsigned long long r = target > above ? (target - above + each - 1) / each : 1;
-  return Cut{prefix, TieId(row, vocab, within, prefix, r, sh)};
+  __syncthreads();  // every thread has read sh.sel_target and sh.min_id
+  return Cut{prefix, r == 1 ? lowest : TieId(row, vocab, within, prefix, r, sh)};
+}
+
+// The smallest key whose logit x has expf(x - xmax) >= min_p: min-p's cut,
+// found by bisection over the keys (the predicate is monotone; xmax's own
+// key satisfies it).
+__device__ uint32_t MinPKey(float xmax, float min_p) {
+  uint32_t lo = 0, hi = Key(xmax);
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (expf(KeyValue(mid) - xmax) >= min_p) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return hi;
 }
 
 __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
@@ -248,7 +284,6 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
 
   // logits / temperature in place, and the best (lowest id on ties; a thread
   // with no logits offers (-inf, INT_MAX), which loses every tie).
-  auto better = [](float va, int ia, float vb, int ib) { return va > vb || (va == vb && ia < ib); };
   float best = -INFINITY;
   int best_id = INT_MAX;
   for (int i = threadIdx.x; i < vocab; i += kThreads) {
@@ -257,69 +292,28 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
       x = __fdiv_rn(x, r.temperature);
       row[i] = x;
     }
-    if (better(x, i, best, best_id)) {
+    if (Better(x, i, best, best_id)) {
       best = x;
       best_id = i;
     }
   }
-  {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(kFull, best, o);
-      const int oi = __shfl_xor_sync(kFull, best_id, o);
-      if (better(ov, oi, best, best_id)) {
-        best = ov;
-        best_id = oi;
-      }
-    }
-    if (lane == 0) {
-      sh.redf[warp] = best;
-      sh.redi[warp] = best_id;
-    }
-    __syncthreads();
-    best = sh.redf[0];
-    best_id = sh.redi[0];
-    for (int w = 1; w < kWarps; ++w) {
-      if (better(sh.redf[w], sh.redi[w], best, best_id)) {
-        best = sh.redf[w];
-        best_id = sh.redi[w];
-      }
-    }
-    __syncthreads();
-  }
+  ArgMax(best, best_id, sh);
   if (r.temperature == 0.0f) {
     if (threadIdx.x == 0) p.ids[b] = best_id;
     return;
   }
-  const double xmax = best;
+  const float xmax = best;
   Cut cut{0u, INT_MAX};
   if (r.top_k > 0 && r.top_k < vocab) {
-    cut = Select<true>(row, vocab, cut, static_cast<unsigned long long>(r.top_k), xmax, sh);
+    cut = Select<true>(row, vocab, cut, Target{Target::kCount, static_cast<unsigned long long>(r.top_k), 0.0}, xmax,
+                       sh);
   }
-  if (r.top_p < 1.0f) {
-    const unsigned long long z = MassWithin(row, vocab, cut, xmax, sh);
-    // The first position where the mass reaches top_p of the kept mass.
-    unsigned long long t = static_cast<unsigned long long>(ceil(static_cast<double>(r.top_p) * static_cast<double>(z)));
-    t = min(max(t, 1ull), z);
-    cut = Select<false>(row, vocab, cut, t, xmax, sh);
-  }
+  if (r.top_p < 1.0f) cut = Select<false>(row, vocab, cut, Target{Target::kFraction, 0, r.top_p}, xmax, sh);
   if (r.min_p > 0.0f) {
-    // p >= min_p * p_max, i.e. exp(x - max) >= min_p: the lowest such key.
-    uint32_t lowest = UINT_MAX;
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      const float x = row[i];
-      const uint32_t k = Key(x);
-      if (Kept(k, i, cut) && exp(static_cast<double>(x) - xmax) >= static_cast<double>(r.min_p)) lowest = min(lowest, k);
-    }
-    lowest = BlockMin(lowest, sh);
-    if (lowest > cut.key) cut = Cut{lowest, INT_MAX};
+    const uint32_t k = MinPKey(xmax, r.min_p);  // keeps the keys >= k
+    if (k > cut.key) cut = Cut{k, INT_MAX};
   }
-  // The first position whose cumulative mass exceeds draw * (the kept mass).
-  const unsigned long long z = MassWithin(row, vocab, cut, xmax, sh);
-  unsigned long long t = static_cast<unsigned long long>(r.draw * static_cast<double>(z)) + 1;
-  t = min(t, z);
-  cut = Select<false>(row, vocab, cut, t, xmax, sh);
+  cut = Select<false>(row, vocab, cut, Target{Target::kDraw, 0, r.draw}, xmax, sh);
   if (threadIdx.x == 0) p.ids[b] = cut.id;
 }
 

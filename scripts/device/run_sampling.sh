@@ -26,6 +26,7 @@ step cuda_routing_test 60 $D/bin/cuda_routing_test
 step memcheck_sample 90 compute-sanitizer --tool memcheck --error-exitcode 99 $D/bin/cuda_sample_test
 step racecheck_sample 120 compute-sanitizer --tool racecheck --error-exitcode 99 $D/bin/cuda_sample_test
 step cuda_backends_test 150 $D/bin/cuda_backends_test
+[[ -x $D/bin/cuda_model_test ]] && step cuda_model_test 120 $D/bin/cuda_model_test
 step cluster_grpc 150 tests/integration/cuda_cluster_test.sh $D/bin/moesh "$PWD"
 MOESH_TRANSPORT=cuda_ipc step cluster_ipc 150 tests/integration/cuda_cluster_test.sh $D/bin/moesh "$PWD"
 ((gpus >= 2)) && MOESH_TRANSPORT=cuda_ipc MOESH_EXPERT_DEVICE=cuda:1 \

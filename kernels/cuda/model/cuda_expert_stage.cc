@@ -8,6 +8,7 @@
 #include "common/dtype.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/model/device_weights.h"
+#include "kernels/cuda/model/expert_mlp.h"
 #include "kernels/cuda/model/model_ops.h"
 #include "kernels/cuda/ops.h"
 
@@ -136,9 +137,17 @@ absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_l
   const size_t e = std::max(num_local, scratch_local_);
   Scratch& s = scratch_;
   RETURN_IF_ERROR(Grow(&s.x, t * h));
-  RETURN_IF_ERROR(Grow(&s.gu, rows * 2 * inter));
-  RETURN_IF_ERROR(Grow(&s.act, rows * inter));
-  RETURN_IF_ERROR(Grow(&s.y, rows * h));
+  // kDenseRowAlign rows of slack: the per-expert dense GEMMs' last spill (expert_mlp.h).
+  RETURN_IF_ERROR(Grow(&s.gu, (rows + kDenseRowAlign) * 2 * inter));
+  RETURN_IF_ERROR(Grow(&s.act, (rows + kDenseRowAlign) * inter));
+  RETURN_IF_ERROR(Grow(&s.y, (rows + kDenseRowAlign) * h));
+  if (rows >= static_cast<size_t>(kDenseRowsPerExpert) * e) {
+    RETURN_IF_ERROR(Grow(&s.gathered, (rows + kDenseRowAlign) * h));
+    RETURN_IF_ERROR(GrowPinned(&s.h_offsets, e + 1));
+    if (s.gemm == nullptr) {
+      ASSIGN_OR_RETURN(s.gemm, CublasGemm::Create());
+    }
+  }
   RETURN_IF_ERROR(Grow(&s.out, t * h));
   RETURN_IF_ERROR(Grow(&s.weights, rows));
   RETURN_IF_ERROR(Grow(&s.ids, rows));
@@ -170,20 +179,14 @@ absl::Status CudaExpertStage::EnqueueExperts(const LayerStack& ls, int num_local
   pp.expert_offsets = s.expert_offsets.get(), pp.tile_offsets = s.tile_offsets.get();
   pp.row_token = s.row_token.get(), pp.pair_row = s.pair_row.get(), pp.stream = st;
   RETURN_IF_ERROR(RunMoePermute(pp));
-  GroupedGemmParams gg;
-  gg.x = p.x, gg.ldx = h, gg.row_index = s.row_token.get();
-  gg.w = ls.gate_up.get(), gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
-  gg.expert_offsets = s.expert_offsets.get(), gg.tile_offsets = s.tile_offsets.get();
-  gg.tile_m = tile_m, gg.max_tiles = GroupedGemmMaxTiles(p.max_rows, e, tile_m);
-  gg.y = s.gu.get(), gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = st;
-  RETURN_IF_ERROR(RunGroupedGemm(gg));
-  SiluAndMulParams sp;  // over every row the pairs could fill; rows past the pairs are never read
-  sp.gate_up = s.gu.get(), sp.out = s.act.get(), sp.m = p.max_rows, sp.i = inter, sp.stream = st;
-  RETURN_IF_ERROR(RunSiluAndMul(sp));
-  gg.x = s.act.get(), gg.ldx = inter, gg.row_index = nullptr;
-  gg.w = ls.down.get(), gg.n = h, gg.k = inter;
-  gg.y = s.y.get(), gg.out_type = OutType::kFloat32, gg.ldy = h;
-  RETURN_IF_ERROR(RunGroupedGemm(gg));
+  ExpertMlpParams mp;
+  mp.x = p.x, mp.ldx = h, mp.row_token = s.row_token.get();
+  mp.expert_offsets = s.expert_offsets.get(), mp.tile_offsets = s.tile_offsets.get(), mp.tile_m = tile_m;
+  mp.rows = p.max_rows, mp.gate_up = ls.gate_up.get(), mp.down = ls.down.get();
+  mp.num_experts = e, mp.hidden = h, mp.inter = inter;
+  mp.gathered = s.gathered.get(), mp.gu = s.gu.get(), mp.act = s.act.get(), mp.y = s.y.get();
+  mp.host_offsets = s.h_offsets.get(), mp.gemm = s.gemm.get(), mp.stream = st;
+  RETURN_IF_ERROR(EnqueueExpertMlp(mp));
   MoeCombineParams cp;
   cp.expert_out = s.y.get(), cp.pair_row = s.pair_row.get(), cp.topk_weights = p.weights;
   cp.num_tokens = p.num_tokens, cp.top_k = p.top_k, cp.hidden = h, cp.x = p.out, cp.stream = st;

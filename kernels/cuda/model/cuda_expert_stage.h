@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/model/expert_client.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/params.h"
 
 namespace moesh::cuda {
@@ -63,12 +64,13 @@ class CudaExpertStage : public ExpertStage {
   };
   // Scratch for one dispatch, grown on demand.
   struct Scratch {
-    DeviceBuffer<bf16> x, gu, act;
+    DeviceBuffer<bf16> x, gu, act, gathered;
     DeviceBuffer<float> y, out, weights;
     DeviceBuffer<int32_t> ids, expert_offsets, tile_offsets, row_token, pair_row, map;
     PinnedBuffer<uint16_t> h_x;
     PinnedBuffer<float> h_w, h_out;
-    PinnedBuffer<int32_t> h_ids, h_map;
+    PinnedBuffer<int32_t> h_ids, h_map, h_offsets;
+    std::unique_ptr<CublasGemm> gemm;  // the dense expert path's (expert_mlp.h)
   };
 
   CudaExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights, Stream stream, int ordinal)

@@ -8,6 +8,7 @@
 #include "common/model/attention_model.h"
 #include "common/model/safetensors.h"
 #include "kernels/cuda/config.h"
+#include "kernels/cuda/model/expert_mlp.h"
 #include "kernels/cuda/model/model_ops.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/routing.h"
@@ -165,9 +166,15 @@ absl::Status CudaModel::Init() {
     RETURN_IF_CUDA_ERROR(cudaMemsetAsync(routing_log_.get(), 0xff, routing_log_.bytes(), stream_.get()));
   }
   if (o.routed_experts_on_device) {
-    RETURN_IF_ERROR(Alloc(&moe_gu_, t * k * 2 * moe_inter));
-    RETURN_IF_ERROR(Alloc(&moe_act_, t * k * moe_inter));
-    RETURN_IF_ERROR(Alloc(&moe_out_, t * k * h));
+    // kDenseRowAlign rows of slack: the per-expert dense GEMMs' last spill (expert_mlp.h).
+    const size_t rows = t * k + kDenseRowAlign;
+    RETURN_IF_ERROR(Alloc(&moe_gu_, rows * 2 * moe_inter));
+    RETURN_IF_ERROR(Alloc(&moe_act_, rows * moe_inter));
+    RETURN_IF_ERROR(Alloc(&moe_out_, rows * h));
+    if (t * k >= static_cast<size_t>(kDenseRowsPerExpert) * e) {  // batches large enough for the dense path
+      RETURN_IF_ERROR(Alloc(&moe_gathered_, rows * h));
+      ASSIGN_OR_RETURN(h_expert_offsets_, PinnedBuffer<int32_t>::Create(e + 1));
+    }
   } else {
     RETURN_IF_ERROR(Alloc(&moe_out_, t * h));  // the external experts' combined output
     // Decode padding rows are not dispatched: keep their (ignored) rows finite.
@@ -545,20 +552,14 @@ absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens, ExpertClient* expe
   pp.row_token = row_token_.get(), pp.pair_row = pair_row_.get();
   pp.expert_counts = expert_counts_.get() + static_cast<size_t>(layer) * e, pp.stream = s;
   RETURN_IF_ERROR(RunMoePermute(pp));
-  GroupedGemmParams gg;
-  gg.x = normed_.get(), gg.ldx = h, gg.row_index = row_token_.get();
-  gg.w = w.experts_gate_up, gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
-  gg.expert_offsets = expert_offsets_.get(), gg.tile_offsets = tile_offsets_.get();
-  gg.tile_m = tile_m, gg.max_tiles = GroupedGemmMaxTiles(rows, e, tile_m);
-  gg.y = moe_gu_.get(), gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = s;
-  RETURN_IF_ERROR(RunGroupedGemm(gg));
-  SiluAndMulParams sp;
-  sp.gate_up = moe_gu_.get(), sp.out = moe_act_.get(), sp.m = rows, sp.i = inter, sp.stream = s;
-  RETURN_IF_ERROR(RunSiluAndMul(sp));
-  gg.x = moe_act_.get(), gg.ldx = inter, gg.row_index = nullptr;
-  gg.w = w.experts_down, gg.n = h, gg.k = inter;
-  gg.y = moe_out_.get(), gg.out_type = OutType::kFloat32, gg.ldy = h;
-  RETURN_IF_ERROR(RunGroupedGemm(gg));
+  ExpertMlpParams mp;
+  mp.x = normed_.get(), mp.ldx = h, mp.row_token = row_token_.get();
+  mp.expert_offsets = expert_offsets_.get(), mp.tile_offsets = tile_offsets_.get(), mp.tile_m = tile_m;
+  mp.rows = rows, mp.gate_up = w.experts_gate_up, mp.down = w.experts_down;
+  mp.num_experts = e, mp.hidden = h, mp.inter = inter;
+  mp.gathered = moe_gathered_.get(), mp.gu = moe_gu_.get(), mp.act = moe_act_.get(), mp.y = moe_out_.get();
+  mp.host_offsets = h_expert_offsets_.get(), mp.gemm = gemm_.get(), mp.stream = s;
+  RETURN_IF_ERROR(EnqueueExpertMlp(mp));
   if (w.shared_gate_up != nullptr) {
     RETURN_IF_ERROR(EnqueueMlp(w.shared_gate_up, w.shared_down, weights_->shared_intermediate(), num_tokens));
   }

@@ -268,6 +268,8 @@ class CudaModel {
       head_normed_;
   DeviceBuffer<int32_t> topk_ids_, row_token_, pair_row_, expert_offsets_, tile_offsets_, expert_counts_,
       next_ids_, topk_out_ids_;
+  DeviceBuffer<bf16> moe_gathered_;      // the dense expert path's gathered rows (null: never taken)
+  PinnedBuffer<int32_t> h_expert_offsets_;
   DeviceBuffer<uint8_t> decode_ws_, prefill_ws_;  // MLA split partials (decode_ws_ fixed: graphs hold it)
   // Step inputs: device copies at fixed addresses (graphs read them), pinned staging.
   DeviceBuffer<int32_t> d_tokens_, d_positions_, d_slots_, d_seq_lens_, d_head_rows_, d_block_table_;

@@ -1,12 +1,15 @@
 // The MoE permutation, grouped GEMM and combine against plain C++ on fresh
 // random inputs: ragged expert loads (empty experts included), gathered and
-// contiguous rows, every tile height, bf16 and fp32 outputs.
+// contiguous rows, every tile height, bf16 and fp32 outputs. Then the whole
+// expert MLP (EnqueueExpertMlp) both ways — grouped kernel and per-expert
+// dense GEMMs — against the same reference.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/model/expert_mlp.h"
 #include "kernels/cuda/model/model_ops.h"
 #include "kernels/cuda/test_util.h"
 
@@ -173,6 +176,99 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       MOESH_ASSERT_OK_AND_ASSIGN(auto combined, dbase.ToHost());
       EXPECT_LT(RelErr(combined, want), 1e-5) << "combine";
     }
+  }
+}
+
+// EnqueueExpertMlp's two paths against plain C++: y[r] = down_e(silu(gate)
+// * up) for every permuted row, with skewed loads (an empty expert, one of a
+// few rows, one far over the rest) so the dense path's rounded GEMMs spill
+// into their neighbours and must be overwritten.
+TEST(ExpertMlpTest, GroupedAndDensePathsMatchReference) {
+  MOESH_REQUIRE_GPU();
+  const int tokens = 700, top_k = 4, experts = 8, h = 256, inter = 136;
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  const int pairs = tokens * top_k;
+  ASSERT_GE(pairs, kDenseRowsPerExpert * experts);  // the dense path is taken
+  // Expert 3 gets nothing; expert 5 only token 0's fourth pick; expert 0 the first pick of every token.
+  std::vector<int32_t> ids(pairs);
+  for (int t = 0; t < tokens; ++t) {
+    std::vector<int> pool = {1, 2, 4, 6, 7};
+    std::shuffle(pool.begin(), pool.end(), rng);
+    ids[t * top_k] = 0;
+    for (int j = 1; j < top_k; ++j) ids[t * top_k + j] = pool[j - 1];
+  }
+  ids[3] = 5;
+  std::vector<float> x = Randn(static_cast<size_t>(tokens) * h, rng);
+  std::vector<float> gu = Randn(static_cast<size_t>(experts) * 2 * inter * h, rng, 0.06f);
+  std::vector<float> dn = Randn(static_cast<size_t>(experts) * h * inter, rng, 0.08f);
+  MOESH_ASSERT_OK_AND_ASSIGN(auto dids, Upload(ids));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto dx, Upload(ToBf16Rounding(x)));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto dgu, Upload(ToBf16Rounding(gu)));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto ddn, Upload(ToBf16Rounding(dn)));
+  const size_t slack_rows = pairs + kDenseRowAlign;
+  MOESH_ASSERT_OK_AND_ASSIGN(auto offsets, DeviceBuffer<int32_t>::Create(experts + 1));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto tiles, DeviceBuffer<int32_t>::Create(experts + 1));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto row_token, DeviceBuffer<int32_t>::Create(pairs));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto pair_row, DeviceBuffer<int32_t>::Create(pairs));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto gathered, DeviceBuffer<bf16>::Create(slack_rows * h));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto sgu, DeviceBuffer<bf16>::Create(slack_rows * 2 * inter));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto sact, DeviceBuffer<bf16>::Create(slack_rows * inter));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto y, DeviceBuffer<float>::Create(slack_rows * h));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto host_off, PinnedBuffer<int32_t>::Create(experts + 1));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto gemm, CublasGemm::Create());
+  MOESH_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::Create());
+  for (auto* b : {&gathered, &sgu, &sact}) MOESH_ASSERT_OK(Poison(*b));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  MoePermuteParams pp;
+  pp.topk_ids = dids.get(), pp.num_tokens = tokens, pp.top_k = top_k, pp.num_experts = experts, pp.tile_m = 64;
+  pp.expert_offsets = offsets.get(), pp.tile_offsets = tiles.get(), pp.row_token = row_token.get();
+  pp.pair_row = pair_row.get(), pp.stream = stream.get();
+  MOESH_ASSERT_OK(RunMoePermute(pp));
+  MOESH_ASSERT_OK(stream.Synchronize());
+  MOESH_ASSERT_OK_AND_ASSIGN(auto h_off, offsets.ToHost());
+  MOESH_ASSERT_OK_AND_ASSIGN(auto h_rt, row_token.ToHost());
+  ASSERT_EQ(h_off[4] - h_off[3], 0);
+  ASSERT_EQ(h_off[6] - h_off[5], 1);
+
+  // Reference, from the bf16-rounded inputs (ToBf16Rounding rounded x, gu, dn in place).
+  std::vector<float> ref(static_cast<size_t>(pairs) * h);
+  std::vector<float> act(inter);
+  for (int e = 0; e < experts; ++e) {
+    for (int r = h_off[e]; r < h_off[e + 1]; ++r) {
+      const float* xr = &x[static_cast<size_t>(h_rt[r]) * h];
+      for (int j = 0; j < inter; ++j) {
+        double g = 0, u = 0;
+        for (int kk = 0; kk < h; ++kk) {
+          g += static_cast<double>(xr[kk]) * gu[(static_cast<size_t>(e) * 2 * inter + j) * h + kk];
+          u += static_cast<double>(xr[kk]) * gu[(static_cast<size_t>(e) * 2 * inter + inter + j) * h + kk];
+        }
+        const float gb = testing::RoundBf16(static_cast<float>(g)), ub = testing::RoundBf16(static_cast<float>(u));
+        act[j] = testing::RoundBf16(gb / (1.0f + std::exp(-gb)) * ub);
+      }
+      for (int j = 0; j < h; ++j) {
+        double acc = 0;
+        for (int kk = 0; kk < inter; ++kk) acc += static_cast<double>(act[kk]) * dn[(static_cast<size_t>(e) * h + j) * inter + kk];
+        ref[static_cast<size_t>(r) * h + j] = static_cast<float>(acc);
+      }
+    }
+  }
+  for (bool dense : {false, true}) {
+    SCOPED_TRACE(dense ? "dense per-expert GEMMs" : "grouped kernel");
+    MOESH_ASSERT_OK(Poison(y));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ExpertMlpParams mp;
+    mp.x = dx.get(), mp.ldx = h, mp.row_token = row_token.get(), mp.expert_offsets = offsets.get();
+    mp.tile_offsets = tiles.get(), mp.tile_m = 64, mp.rows = pairs, mp.gate_up = dgu.get(), mp.down = ddn.get();
+    mp.num_experts = experts, mp.hidden = h, mp.inter = inter;
+    mp.gathered = dense ? gathered.get() : nullptr, mp.gu = sgu.get(), mp.act = sact.get(), mp.y = y.get();
+    mp.host_offsets = host_off.get(), mp.gemm = gemm.get(), mp.stream = stream.get();
+    MOESH_ASSERT_OK(EnqueueExpertMlp(mp));
+    MOESH_ASSERT_OK(stream.Synchronize());
+    MOESH_ASSERT_OK_AND_ASSIGN(auto got, y.ToHost());
+    got.resize(ref.size());  // the slack rows are scratch
+    EXPECT_LT(RelErr(got, ref), 1e-2);
   }
 }
 

@@ -35,6 +35,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/bench_util.h"
 #include "kernels/cuda/model/cuda_model.h"
+#include "kernels/cuda/model/expert_mlp.h"
 #include "kernels/cuda/model/sample_rows.h"
 #include "kernels/cuda/model/model_ops.h"
 
@@ -187,6 +188,11 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
     const int e = c.n_routed_experts, k = c.num_experts_per_tok, n = 2 * c.moe_intermediate_size, hk = c.hidden_size;
     ASSIGN_OR_RETURN(auto w, DeviceBuffer<bf16>::Create(static_cast<size_t>(e) * n * hk));
     RETURN_IF_ERROR(FillUniform(w.get(), w.size(), 11, 0.02f, s));
+    const int inter = c.moe_intermediate_size;
+    ASSIGN_OR_RETURN(auto wd, DeviceBuffer<bf16>::Create(static_cast<size_t>(e) * hk * inter));
+    RETURN_IF_ERROR(FillUniform(wd.get(), wd.size(), 14, 0.02f, s));
+    ASSIGN_OR_RETURN(auto h_off, PinnedBuffer<int32_t>::Create(e + 1));
+    std::vector<std::string> mlp_rows;  // the whole expert MLP per path, printed after
     for (int tokens : {256, 16384}) {
       const int rows = tokens * k;
       std::vector<int32_t> ids(rows);
@@ -231,7 +237,42 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
                     g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12, w_bytes / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
                     flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
       }
+      // The whole expert MLP as the model runs it (EnqueueExpertMlp), each
+      // path, against two dense cuBLAS GEMMs of the same rows.
+      const size_t slack = static_cast<size_t>(rows) + kDenseRowAlign;
+      ASSIGN_OR_RETURN(auto gathered, DeviceBuffer<bf16>::Create(slack * hk));
+      ASSIGN_OR_RETURN(auto gu, DeviceBuffer<bf16>::Create(slack * n));
+      ASSIGN_OR_RETURN(auto act, DeviceBuffer<bf16>::Create(slack * inter));
+      ASSIGN_OR_RETURN(auto yf, DeviceBuffer<float>::Create(slack * hk));
+      RETURN_IF_ERROR(FillUniform(act.get(), act.size(), 15, 1.0f, s));
+      GemmParams dd;
+      dd.x = act.get(), dd.w = wd.get(), dd.y = yf.get(), dd.out_type = OutType::kFloat32, dd.m = rows, dd.n = hk;
+      dd.k = inter, dd.stream = s;
+      ASSIGN_OR_RETURN(double dense_ms, EventMedianMs(s, 3, 20, [&](int) -> absl::Status {
+                         RETURN_IF_ERROR(gemm->Run(dp));
+                         return gemm->Run(dd);
+                       }));
+      const double mlp_flops = flops + 2.0 * rows * hk * inter;
+      for (bool dense_path : {false, true}) {
+        ExpertMlpParams mp;
+        mp.x = x.get(), mp.ldx = hk, mp.row_token = row_token.get(), mp.expert_offsets = off.get();
+        mp.tile_offsets = tiles.get(), mp.tile_m = tile, mp.rows = rows, mp.gate_up = w.get(), mp.down = wd.get();
+        mp.num_experts = e, mp.hidden = hk, mp.inter = inter;
+        mp.gathered = dense_path ? gathered.get() : nullptr, mp.gu = gu.get(), mp.act = act.get(), mp.y = yf.get();
+        mp.host_offsets = h_off.get(), mp.gemm = gemm.get(), mp.stream = s;
+        const bool taken = !dense_path || rows >= kDenseRowsPerExpert * e;
+        if (!taken) continue;  // EnqueueExpertMlp would run the grouped kernel: the row above
+        ASSIGN_OR_RETURN(double m_ms, EventMedianMs(s, 3, 20, [&](int) { return EnqueueExpertMlp(mp); }));
+        mlp_rows.push_back(absl::StrFormat("| %d x %d | %s | %.1f | %.1f | %.1f | %.1f | %.2f |", tokens, k,
+                                           dense_path ? "per-expert cuBLAS" : "grouped kernel", m_ms * 1e3,
+                                           mlp_flops / (m_ms * 1e-3) / 1e12, dense_ms * 1e3,
+                                           mlp_flops / (dense_ms * 1e-3) / 1e12, dense_ms / m_ms));
+      }
     }
+    std::printf("\nexpert MLP (gate_up, SiLU·mul, down; EnqueueExpertMlp), vs two dense cuBLAS GEMMs of the same "
+                "rows\n| tokens x top-k | path | us | TFLOP/s | dense us | dense TFLOP/s | path/dense |\n"
+                "| --- | --- | --- | --- | --- | --- | --- |\n");
+    for (const std::string& r : mlp_rows) std::printf("%s\n", r.c_str());
   }
 
   return absl::OkStatus();

@@ -46,6 +46,12 @@ __global__ void __launch_bounds__(kThreads) SliceCopyKernel(SliceCopyParams p) {
   }
 }
 
+__global__ void __launch_bounds__(kThreads) GatherRowsKernel(GatherRowsParams p) {
+  const Bf16x8* src = reinterpret_cast<const Bf16x8*>(p.x + static_cast<int64_t>(p.index[blockIdx.x]) * p.ldx);
+  Bf16x8* dst = reinterpret_cast<Bf16x8*>(p.out + static_cast<int64_t>(blockIdx.x) * p.cols);
+  for (int j = threadIdx.x; j < p.cols / 8; j += blockDim.x) dst[j] = src[j];
+}
+
 // Exclusive prefix sum over the block (one value per thread); the total goes
 // to *total. REQUIRES: blockDim.x == kPermuteThreads, every thread calls it.
 constexpr int kPermuteThreads = 1024;
@@ -244,6 +250,21 @@ absl::Status RunSliceCopy(const SliceCopyParams& p) {
   if (!p.src || !p.dst) return absl::InvalidArgumentError("RunSliceCopy: null pointer");
   SliceCopyKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
   return LaunchStatus("SliceCopyKernel");
+}
+
+absl::Status RunGatherRows(const GatherRowsParams& p) {
+  const int ldx = p.ldx ? p.ldx : p.cols;
+  if (p.rows < 0 || p.cols < 0 || p.cols % 8 != 0 || ldx % 8 != 0 || ldx < p.cols) {
+    return absl::InvalidArgumentError("RunGatherRows: need rows >= 0, cols and ldx multiples of 8, ldx >= cols");
+  }
+  if (p.rows == 0 || p.cols == 0) return absl::OkStatus();
+  if (!p.x || !p.index || !p.out || (reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.out)) % 16) {
+    return absl::InvalidArgumentError("RunGatherRows: null or misaligned pointer");
+  }
+  GatherRowsParams q = p;
+  q.ldx = ldx;
+  GatherRowsKernel<<<p.rows, kThreads, 0, p.stream>>>(q);
+  return LaunchStatus("GatherRowsKernel");
 }
 
 absl::Status RunMoePermute(const MoePermuteParams& p) {

@@ -25,6 +25,8 @@ absl::Status RunGroupedGemm(const GroupedGemmParams& p);
 // The most tiles `rows` permuted rows can need: ceil(rows / tile_m) + min(num_experts, rows).
 int GroupedGemmMaxTiles(int rows, int num_experts, int tile_m);
 absl::Status RunMoeCombine(const MoeCombineParams& p);
+// REQUIRES: cols and ldx multiples of 8, 16-byte aligned x and out.
+absl::Status RunGatherRows(const GatherRowsParams& p);
 
 // MlaDecodeParams' math for any kv_lora_rank + rope_dim <= 1024, in fp32, one
 // CTA per (query row, head), no splits (num_splits and workspace ignored).

@@ -90,6 +90,17 @@ struct GroupedGemmParams {
   cudaStream_t stream = nullptr;
 };
 
+// out[i, :] = x[index[i], :] for i in [0, rows): an expert's rows made
+// contiguous for a dense GEMM.
+struct GatherRowsParams {
+  const bf16* x = nullptr;  // [*, ldx]
+  int ldx = 0;              // 0: cols
+  const int32_t* index = nullptr;  // [rows]
+  int rows = 0, cols = 0;
+  bf16* out = nullptr;  // [rows, cols]
+  cudaStream_t stream = nullptr;
+};
+
 // x[t, :] += sum_k topk_weights[t, k] * expert_out[pair_row[t * top_k + k], :]
 // (pairs with row -1 skipped; k in order). Null pair_row: pair (t, k) is row
 // t * top_k + k; null topk_weights: every weight is 1 (so top_k = 1 with both
