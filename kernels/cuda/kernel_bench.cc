@@ -3,8 +3,9 @@
 // copy; a large square cuBLAS GEMM). Each row prints its floor — the larger
 // of bytes / copy bandwidth and FLOPs / GEMM rate — and measured / floor.
 //
-// Usage: kernel_bench [--quick]. Exits non-zero on any CUDA error or when
-// there is no device.
+// Usage: kernel_bench [--quick | --mla HEADS,BATCH,CONTEXT]. --mla runs that
+// one MLA case with the default tile (for profilers). Exits non-zero on any
+// CUDA error or when there is no device.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -82,7 +83,12 @@ double FloorUs(double bytes, double flops, const Ceilings& c) {
   return std::max(bytes / (c.copy_gbps * 1e9), flops / (c.gemm_tflops * 1e12)) * 1e6;
 }
 
-absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, cudaStream_t stream) {
+struct MlaCase {
+  int heads = 0, batch = 0, ctx = 0;  // heads 0: the whole table
+};
+
+absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, cudaStream_t stream,
+                      const MlaCase& only) {
   constexpr int kDim = mla::kHeadDim, kRank = mla::kLatentDim;
   constexpr size_t kRowBytes = kDim * sizeof(bf16);
   const int max_blocks = 128 * 8192 / kKvBlockSize;
@@ -115,6 +121,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   }
   // The second shape: 128 query heads (DeepSeek-V3), default tile.
   for (int batch : {32, 128}) cases.push_back({&tiles[3], 128, batch, 4096});
+  if (only.heads > 0) cases = {{&tiles[3], only.heads, only.batch, only.ctx}};
   for (const Case& c : cases) {
     const int heads = c.heads, batch = c.batch, ctx = c.ctx;
     const int blocks_per_seq = ctx / kKvBlockSize, need = batch * blocks_per_seq;
@@ -306,7 +313,7 @@ absl::Status BenchSmallOps(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-absl::Status Main(bool quick) {
+absl::Status Main(bool quick, const MlaCase& only) {
   ASSIGN_OR_RETURN(int n, CudaDeviceCount());
   if (n == 0) return absl::UnavailableError("no CUDA device");
   ASSIGN_OR_RETURN(DeviceInfo info, CurrentDeviceInfo());
@@ -319,7 +326,8 @@ absl::Status Main(bool quick) {
   ASSIGN_OR_RETURN(Ceilings ceil, MeasureCeilings(*gemm, stream.get()));
   std::printf("ceilings measured now: D2D copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
               ceil.copy_gbps, ceil.gemm_tflops);
-  RETURN_IF_ERROR(BenchMla(ceil, info, quick, stream.get()));
+  RETURN_IF_ERROR(BenchMla(ceil, info, quick, stream.get(), only));
+  if (only.heads > 0) return stream.Synchronize();
   RETURN_IF_ERROR(BenchGemm(*gemm, ceil, info, quick, stream.get()));
   RETURN_IF_ERROR(BenchSmallOps(stream.get()));
   return stream.Synchronize();
@@ -330,7 +338,14 @@ absl::Status Main(bool quick) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const absl::Status st = moesh::cuda::Main(quick);
+  moesh::cuda::MlaCase only;
+  if (argc > 2 && std::strcmp(argv[1], "--mla") == 0 &&
+      (std::sscanf(argv[2], "%d,%d,%d", &only.heads, &only.batch, &only.ctx) != 3 || only.heads < 1 ||
+       only.batch < 1 || only.ctx < 64 || only.ctx % 64 != 0 || only.batch * (only.ctx / 64) > 128 * 8192 / 64)) {
+    std::fprintf(stderr, "kernel_bench: --mla HEADS,BATCH,CONTEXT (context a multiple of 64, batch x context <= 128 x 8192)\n");
+    return 2;
+  }
+  const absl::Status st = moesh::cuda::Main(quick, only);
   if (!st.ok()) {
     std::fprintf(stderr, "kernel_bench: %s\n", st.ToString().c_str());
     return 1;

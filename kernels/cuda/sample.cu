@@ -27,6 +27,7 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;  // 11 bits
+constexpr int kUnroll = 8;   // loads in flight per thread in a pass
 constexpr unsigned kFull = 0xffffffffu;
 constexpr double kFixedOne = 1099511627776.0;  // 2^40
 constexpr int kMaxVocab = 1 << 22;              // vocab * 2^40 < 2^63
@@ -174,34 +175,39 @@ __device__ Cut Select(const float* row, int vocab, Cut within, Target want, floa
       if (pass == 2) sh.min_id[b] = UINT_MAX;
     }
     __syncthreads();
-    for (int base = 0; base < vocab; base += kThreads) {
-      const int i = base + threadIdx.x;
-      bool take = false;
-      uint32_t digit = 0;
-      float x = 0.0f;
-      if (i < vocab) {
-        x = row[i];
+    // kUnroll independent loads in flight per thread, then their bins.
+    for (int base = 0; base < vocab; base += kThreads * kUnroll) {
+      float xs[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int i = base + u * kThreads + threadIdx.x;
+        xs[u] = i < vocab ? row[i] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int i = base + u * kThreads + threadIdx.x;
+        const float x = xs[u];
         const uint32_t k = Key(x);
-        take = (k & mask) == prefix && Kept(k, i, within);
-        digit = (k >> shift) & (bins - 1);
-      }
-      const unsigned active = __ballot_sync(kFull, take);
-      if (!take) continue;
-      // One atomic per distinct bin of the warp.
-      const unsigned peers = __match_any_sync(active, digit);
-      const bool leader = lane == __ffs(peers) - 1;
-      unsigned long long w;
-      if constexpr (kCount) {
-        w = __popc(peers);
-      } else {
-        const unsigned long long mine = Mass(x, xmax);
-        w = 0;
-        for (unsigned rest = peers; rest != 0; rest &= rest - 1) w += __shfl_sync(peers, mine, __ffs(rest) - 1);
-      }
-      if (leader && w != 0) atomicAdd(&sh.hist[digit], w);
-      if (pass == 2) {
-        const unsigned lowest = __reduce_min_sync(peers, static_cast<unsigned>(i));
-        if (leader) atomicMin(&sh.min_id[digit], lowest);
+        const bool take = i < vocab && (k & mask) == prefix && Kept(k, i, within);
+        const uint32_t digit = (k >> shift) & (bins - 1);
+        const unsigned active = __ballot_sync(kFull, take);
+        if (!take) continue;
+        // One atomic per distinct bin of the warp.
+        const unsigned peers = __match_any_sync(active, digit);
+        const bool leader = lane == __ffs(peers) - 1;
+        unsigned long long w;
+        if constexpr (kCount) {
+          w = __popc(peers);
+        } else {
+          const unsigned long long mine = Mass(x, xmax);
+          w = 0;
+          for (unsigned rest = peers; rest != 0; rest &= rest - 1) w += __shfl_sync(peers, mine, __ffs(rest) - 1);
+        }
+        if (leader && w != 0) atomicAdd(&sh.hist[digit], w);
+        if (pass == 2) {
+          const unsigned lowest = __reduce_min_sync(peers, static_cast<unsigned>(i));
+          if (leader) atomicMin(&sh.min_id[digit], lowest);
+        }
       }
     }
     __syncthreads();
@@ -286,15 +292,26 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
   // with no logits offers (-inf, INT_MAX), which loses every tie).
   float best = -INFINITY;
   int best_id = INT_MAX;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    float x = row[i];
-    if (r.temperature != 0.0f) {
-      x = __fdiv_rn(x, r.temperature);
-      row[i] = x;
+  for (int base = 0; base < vocab; base += kThreads * kUnroll) {
+    float xs[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kThreads + threadIdx.x;
+      xs[u] = i < vocab ? row[i] : -INFINITY;
     }
-    if (Better(x, i, best, best_id)) {
-      best = x;
-      best_id = i;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kThreads + threadIdx.x;
+      if (i >= vocab) break;
+      float x = xs[u];
+      if (r.temperature != 0.0f) {
+        x = __fdiv_rn(x, r.temperature);
+        row[i] = x;
+      }
+      if (Better(x, i, best, best_id)) {
+        best = x;
+        best_id = i;
+      }
     }
   }
   ArgMax(best, best_id, sh);

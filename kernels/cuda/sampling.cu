@@ -94,15 +94,26 @@ __global__ void __launch_bounds__(kThreads) GreedyLogprobsKernel(GreedyLogprobsP
     top.Offer(x, idx);
   };
   if constexpr (kVec4) {
-    for (int base = threadIdx.x * 4; base < p.vocab; base += kThreads * 4) {
-      if (base + 4 <= p.vocab) {
-        const float4 x = *reinterpret_cast<const float4*>(row + base);
-        take(x.x, base);
-        take(x.y, base + 1);
-        take(x.z, base + 2);
-        take(x.w, base + 3);
-      } else {
-        for (int idx = base; idx < p.vocab; ++idx) take(row[idx], idx);
+    // kLoads independent 16-byte loads in flight per thread, then their logits in order.
+    constexpr int kLoads = 4;
+    for (int base = threadIdx.x * 4; base < p.vocab; base += kThreads * 4 * kLoads) {
+      float4 v[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int at = base + u * kThreads * 4;
+        v[u] = at + 4 <= p.vocab ? *reinterpret_cast<const float4*>(row + at) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int at = base + u * kThreads * 4;
+        if (at + 4 <= p.vocab) {
+          take(v[u].x, at);
+          take(v[u].y, at + 1);
+          take(v[u].z, at + 2);
+          take(v[u].w, at + 3);
+        } else {
+          for (int idx = at; idx < p.vocab; ++idx) take(row[idx], idx);
+        }
       }
     }
   } else {
