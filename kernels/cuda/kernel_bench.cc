@@ -262,6 +262,8 @@ absl::Status BenchSmallOps(cudaStream_t stream) {
   lp.next_ids = ids.get(), lp.topk_ids = ids.get() + t, lp.topk_logprobs = wts.get(), lp.stream = stream;
   GreedyLogprobsParams lp1 = lp;
   lp1.batch = 1;
+  GreedyLogprobsParams g0 = lp;  // greedy alone, no alternatives (the common serving case)
+  g0.top_k = 0, g0.topk_ids = nullptr, g0.topk_logprobs = nullptr;
   // The sampler at temperature 1 (it divides the logits in place: other
   // temperatures would flatten them from replay to replay).
   auto sample_rows = [&](int top_k, float top_p, float min_p) -> absl::StatusOr<DeviceBuffer<SampleRow>> {
@@ -298,6 +300,7 @@ absl::Status BenchSmallOps(cudaStream_t stream) {
       {"moe gate v3 128x256 noaux_tc", [&] { return RunMoeGate(v3); }},
       {"greedy+top20 logprobs 128x102400", [&] { return RunGreedyLogprobs(lp); }},
       {"greedy+top20 logprobs 1x102400", [&] { return RunGreedyLogprobs(lp1); }},
+      {"greedy 128x102400", [&] { return RunGreedyLogprobs(g0); }},
       {"sample T=1 128x102400", [&] { return sample(s_plain, t); }},
       {"sample top_k 50 128x102400", [&] { return sample(s_topk, t); }},
       {"sample top_p 0.9 128x102400", [&] { return sample(s_topp, t); }},
