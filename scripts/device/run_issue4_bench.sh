@@ -53,6 +53,11 @@ if command -v ncu > /dev/null; then
             --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats)
   step ncu_grouped_prefill 80 ncu --clock-control none -k regex:GroupedGemmKernel --launch-skip 92 --launch-count 1 \
     "${sections[@]}" $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 1 --grouped-gemm-only
+  # Every kernel of one eager decode step at batch 256 (2048 tokens of context), by name.
+  step ncu_decode_step 150 ncu --csv --print-units base --profile-from-start off --metrics gpu__time_duration.sum \
+    $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 256 --context 2048 --no-graphs \
+    --prefill-seqs 0 --profile-step
+  python3 scripts/device/ncu_by_kernel.py "$LOGS/ncu_decode_step.log" > "$OUT/decode_step_kernels.md" 2>&1
   # MLA decode at batch 128 x 4096: 16 heads (memory-bound) and 128 heads (DRAM and L2 bytes per launch).
   for heads in 16 128; do
     step ncu_mla_$heads 60 ncu --clock-control none -k regex:MlaDecodeKernel --launch-skip 3 --launch-count 1 \
@@ -70,6 +75,8 @@ for f in ncu_grouped_prefill ncu_mla_16 ncu_mla_128; do
   grep -E "Kernel|GroupedGemm|dram__bytes|lts__t_bytes|hmma|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Executed Ipc|Issue Slots Busy|Tensor|Stall|No Eligible|One or More" \
     "$LOGS/$f.log" 2>/dev/null | head -40
 done
+echo "==== one decode step at batch 256, by kernel"
+cat "$OUT/decode_step_kernels.md" 2>/dev/null | head -40
 echo "==== hf_baseline"
 tail -n 15 "$LOGS/hf_baseline.log"
 echo "==== kernel_bench"

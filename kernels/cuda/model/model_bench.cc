@@ -16,6 +16,9 @@
 //          [--shape v2-lite | --model DIR] [--batch 1,32,128,256] [--context 2048]
 //          [--steps 20] [--warmup 3] [--gpu-memory-utilization 0.9]
 //          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
+//          [--profile-step]
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -52,6 +55,7 @@ struct Flags {
   int prefill_seqs = 8, prefill_len = 2048;
   bool graphs = true;
   bool grouped_gemm_only = false;  // only the grouped GEMM table (for profilers)
+  bool profile_step = false;       // one decode step at the first batch between cudaProfilerStart/Stop
   uint64_t seed = 1;
 };
 
@@ -66,6 +70,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     }
     if (a == "--grouped-gemm-only") {
       f.grouped_gemm_only = true;
+      continue;
+    }
+    if (a == "--profile-step") {
+      f.profile_step = true;
       continue;
     }
     if (a.rfind("--", 0) != 0) return absl::InvalidArgumentError("unexpected argument " + a);
@@ -328,6 +336,24 @@ absl::Status Run(const Flags& f) {
   std::vector<std::pair<int, PhaseTimes>> profiles;
   // One table row; with `profile`, one more step runs eagerly with events between the phases.
   // With `sampled`, every sequence samples on the device (temperature 0.8, top-p 0.95).
+  if (f.profile_step) {  // for `ncu --profile-from-start off`: one decode step, after two unprofiled ones
+    const int b = f.batches[0];
+    std::vector<SequenceTokens> batch(b);
+    std::vector<std::vector<int32_t>> next(b, std::vector<int32_t>(1));
+    for (int i = 0; i < b; ++i) {
+      ASSIGN_OR_RETURN(int id, model->AddSequence());
+      RETURN_IF_ERROR(model->SetSyntheticLength(id, f.context));
+      next[i][0] = tok(rng);
+      batch[i] = {id, next[i]};
+    }
+    for (int s = 0; s < 3; ++s) {
+      if (s == 2) RETURN_IF_CUDA_ERROR(cudaProfilerStart());
+      ASSIGN_OR_RETURN(StepOutput out, model->Step(batch));
+      if (s == 2) RETURN_IF_CUDA_ERROR(cudaProfilerStop());
+    }
+    std::printf("profiled one decode step at batch %d (CUDA graphs %s)\n", b, f.graphs ? "on" : "off");
+    return absl::OkStatus();
+  }
   auto decode_row = [&](int b, const char* label, bool profile, bool sampled = false) -> absl::Status {
     std::vector<int> seqs;
     for (int i = 0; i < b; ++i) {
