@@ -191,10 +191,24 @@ __device__ Cut Select(const float* row, int vocab, Cut within, Target want, floa
         // Masses below 2^-40 of the best are 0 in fixed point: such logits cannot be chosen.
         const bool take = i < vocab && (kCount || x - xmax >= -28.0f) && (k & mask) == prefix && Kept(k, i, within);
         const uint32_t digit = (k >> shift) & (bins - 1);
+        const unsigned active = __ballot_sync(kFull, take);
         if (!take) continue;
-        const unsigned long long w = kCount ? 1ull : Mass(x, xmax);
-        if (w != 0) atomicAdd(&sh.hist[digit], w);
-        if (pass == 2) atomicMin(&sh.min_id[digit], static_cast<unsigned>(i));
+        // One atomic per distinct bin of the warp.
+        const unsigned peers = __match_any_sync(active, digit);
+        const bool leader = lane == __ffs(peers) - 1;
+        unsigned long long w;
+        if constexpr (kCount) {
+          w = __popc(peers);
+        } else {
+          const unsigned long long mine = Mass(x, xmax);
+          w = 0;
+          for (unsigned rest = peers; rest != 0; rest &= rest - 1) w += __shfl_sync(peers, mine, __ffs(rest) - 1);
+        }
+        if (leader && w != 0) atomicAdd(&sh.hist[digit], w);
+        if (pass == 2) {
+          const unsigned lowest = __reduce_min_sync(peers, static_cast<unsigned>(i));
+          if (leader) atomicMin(&sh.min_id[digit], lowest);
+        }
       }
     }
     __syncthreads();

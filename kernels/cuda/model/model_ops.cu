@@ -37,6 +37,33 @@ __global__ void __launch_bounds__(kThreads) RmsNormF32Kernel(RmsNormF32Params p)
   }
 }
 
+// The same with 16-byte accesses: n % 4 == 0, ldx % 4 == 0, 16-byte aligned x
+// and y_f32, 8-byte aligned y.
+__global__ void __launch_bounds__(kThreads) RmsNormF32Vec4Kernel(RmsNormF32Params p) {
+  __shared__ float scratch[32];
+  const int64_t i = blockIdx.x;
+  const int64_t r = p.rows != nullptr ? p.rows[i] : i;
+  const float4* x = reinterpret_cast<const float4*>(p.x + r * p.ldx);
+  const int n4 = p.n / 4;
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+    const float4 v = x[j];
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  const float inv = 1.0f / sqrtf(BlockSum(ss, scratch) / static_cast<float>(p.n) + p.eps);
+  __nv_bfloat162* y = reinterpret_cast<__nv_bfloat162*>(p.y + i * p.n);
+  float4* y32 = p.y_f32 != nullptr ? reinterpret_cast<float4*>(p.y_f32 + i * p.n) : nullptr;
+  const __nv_bfloat162* w = reinterpret_cast<const __nv_bfloat162*>(p.weight);
+  for (int j = threadIdx.x; j < n4; j += blockDim.x) {
+    const float4 v = x[j];
+    const float2 w0 = __bfloat1622float2(w[2 * j]), w1 = __bfloat1622float2(w[2 * j + 1]);
+    const float4 o = make_float4(w0.x * (v.x * inv), w0.y * (v.y * inv), w1.x * (v.z * inv), w1.y * (v.w * inv));
+    y[2 * j] = __floats2bfloat162_rn(o.x, o.y);
+    y[2 * j + 1] = __floats2bfloat162_rn(o.z, o.w);
+    if (y32 != nullptr) y32[j] = o;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) SliceCopyKernel(SliceCopyParams p) {
   const int64_t t = blockIdx.x;
   for (int j = threadIdx.x; j < p.num_rows * p.dim; j += blockDim.x) {
@@ -142,6 +169,34 @@ __global__ void __launch_bounds__(kThreads) MoeCombineKernel(MoeCombineParams p)
   }
 }
 
+// The same with 16-byte accesses and the pairs' rows and weights read once:
+// hidden % 4 == 0, 16-byte aligned expert_out and x, top_k <= kMaxCombineK.
+constexpr int kMaxCombineK = 16;
+__global__ void __launch_bounds__(kThreads) MoeCombineVec4Kernel(MoeCombineParams p) {
+  __shared__ int rows[kMaxCombineK];
+  __shared__ float wts[kMaxCombineK];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x < p.top_k) {
+    const int k = threadIdx.x;
+    rows[k] = p.pair_row != nullptr ? p.pair_row[t * p.top_k + k] : static_cast<int>(t) * p.top_k + k;
+    wts[k] = p.topk_weights != nullptr ? p.topk_weights[t * p.top_k + k] : 1.0f;
+  }
+  __syncthreads();
+  float4* x = reinterpret_cast<float4*>(p.x + t * p.hidden);
+  const int h4 = p.hidden / 4;
+  for (int j = threadIdx.x; j < h4; j += blockDim.x) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < p.top_k; ++k) {  // in order, as the scalar kernel adds
+      if (rows[k] < 0) continue;
+      const float4 v = reinterpret_cast<const float4*>(p.expert_out + static_cast<int64_t>(rows[k]) * p.hidden)[j];
+      acc.x += wts[k] * v.x, acc.y += wts[k] * v.y, acc.z += wts[k] * v.z, acc.w += wts[k] * v.w;
+    }
+    float4 o = x[j];
+    o.x += acc.x, o.y += acc.y, o.z += acc.z, o.w += acc.w;
+    x[j] = o;
+  }
+}
+
 // MLA attention, plain: one CTA per (head, query row); kMlaThreads tokens per
 // chunk, one per thread for the scores, then threads over latent dims for P·V.
 constexpr int kMlaThreads = 128;
@@ -240,6 +295,12 @@ absl::Status RunRmsNormF32(const RmsNormF32Params& p) {
   if (q.num_rows < 0 || q.n <= 0 || q.ldx < q.n) return absl::InvalidArgumentError("RunRmsNormF32: bad shape");
   if (q.num_rows == 0) return absl::OkStatus();
   if (!q.x || !q.weight || !q.y) return absl::InvalidArgumentError("RunRmsNormF32: null pointer");
+  const auto addr = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr); };
+  if (q.n % 4 == 0 && q.ldx % 4 == 0 && addr(q.x) % 16 == 0 && addr(q.y) % 8 == 0 && addr(q.weight) % 8 == 0 &&
+      addr(q.y_f32) % 16 == 0) {
+    RmsNormF32Vec4Kernel<<<q.num_rows, kThreads, 0, q.stream>>>(q);
+    return LaunchStatus("RmsNormF32Vec4Kernel");
+  }
   RmsNormF32Kernel<<<q.num_rows, kThreads, 0, q.stream>>>(q);
   return LaunchStatus("RmsNormF32Kernel");
 }
@@ -286,6 +347,11 @@ absl::Status RunMoeCombine(const MoeCombineParams& p) {
   if (p.num_tokens == 0) return absl::OkStatus();
   if (!p.expert_out || !p.x) {
     return absl::InvalidArgumentError("RunMoeCombine: null pointer");
+  }
+  if (p.hidden % 4 == 0 && p.top_k <= kMaxCombineK && reinterpret_cast<uintptr_t>(p.expert_out) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
+    MoeCombineVec4Kernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+    return LaunchStatus("MoeCombineVec4Kernel");
   }
   MoeCombineKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
   return LaunchStatus("MoeCombineKernel");
