@@ -209,7 +209,7 @@ absl::Status RunServingBench(const Args& args) {
               model.c_str(), config.Fingerprint().c_str(), device.c_str(),
               expert_device.empty() ? device.c_str() : expert_device.c_str(), static_cast<long long>(requests),
               static_cast<long long>(prompt_len), static_cast<long long>(max_new));
-  std::printf("%-10s %5s %8s %10s %12s %10s %10s %10s %10s %7s\n", "mode", "conc", "req/s", "out tok/s", "e2e p50 ms",
+  std::printf("%-18s %5s %8s %10s %12s %10s %10s %10s %10s %7s\n", "mode", "conc", "req/s", "out tok/s", "e2e p50 ms",
               "ttft p50", "ttft p99", "itl p50", "itl p99", "errors");
   for (const std::string& mode : modes) {
     LocalClusterOptions o;
@@ -234,15 +234,19 @@ absl::Status RunServingBench(const Args& args) {
       o.transport = "nccl";
     } else if (mode == "cluster-ipc") {
       o.transport = "cuda_ipc";
+    } else if (mode == "cluster-ipc-hostkv") {  // cuda_ipc with the KV handed off through the host, for comparison
+      o.transport = "cuda_ipc";
+      o.extra_prefill_flags = {"--kv_handoff=host"};
     } else if (mode != "cluster") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown mode \"", mode, "\" (cluster, cluster-nopp, cluster-ucx, cluster-nccl, cluster-ipc, colocated)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown mode \"", mode,
+                                                     "\" (cluster, cluster-nopp, cluster-ucx, cluster-nccl, "
+                                                     "cluster-ipc, cluster-ipc-hostkv, colocated)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
     for (int64_t c : concurrencies) {
       LoadResult r = RunLoad(cluster->router_address(), static_cast<int>(c), static_cast<int>(requests),
                              static_cast<int>(prompt_len), static_cast<int>(max_new), config.vocab_size);
-      std::printf("%-10s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d\n", mode.c_str(),
+      std::printf("%-18s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d\n", mode.c_str(),
                   static_cast<long long>(c), r.ok / r.seconds, r.output_tokens / r.seconds,
                   1e3 * Percentile(r.e2e, 0.5), 1e3 * Percentile(r.ttft, 0.5), 1e3 * Percentile(r.ttft, 0.99),
                   1e3 * Percentile(r.itl, 0.5), 1e3 * Percentile(r.itl, 0.99), r.failed);

@@ -114,6 +114,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                       "--transport=" + options.transport, "--device=" + options.device,
                                       "--gpu_memory_utilization=0.8", "--load_format=" + options.load_format};
     flags.insert(flags.end(), options.extra_attention_worker_flags.begin(), options.extra_attention_worker_flags.end());
+    flags.insert(flags.end(), options.extra_prefill_flags.begin(), options.extra_prefill_flags.end());
     RETURN_IF_ERROR(c->Spawn(absl::StrCat("prefill-", i), "moesh_prefill_worker", flags).status());
   }
   RETURN_IF_ERROR(c->WaitUntilServing(options.startup_timeout));

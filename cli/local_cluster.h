@@ -43,6 +43,7 @@ struct LocalClusterOptions {
   int heartbeat_timeout_ms = 3000;
   std::vector<std::string> extra_router_flags;
   std::vector<std::string> extra_attention_worker_flags;  // prefill and decode workers
+  std::vector<std::string> extra_prefill_flags;           // prefill workers only
   std::chrono::seconds startup_timeout{120};
 };
 

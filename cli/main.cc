@@ -19,7 +19,7 @@ constexpr char kUsage[] =
     "  bench     --model DIR [--batch 1,4,16] [--prompt-len N] [--decode-steps N]\n"
     "            engine throughput in this process; with --serving: concurrent streams against a\n"
     "            local cluster and colocated mode [--concurrency 1,8,32] [--requests N]\n"
-    "            [--max-new-tokens N] [--modes cluster,cluster-nopp,cluster-ucx,cluster-nccl,cluster-ipc,colocated]\n"
+    "            [--max-new-tokens N] [--modes cluster,cluster-nopp,cluster-ucx,cluster-nccl,cluster-ipc,cluster-ipc-hostkv,colocated]\n"
     "            [--device cuda] [--expert-device cuda:1] [--load-format dummy] [--expert-workers N]\n"
     "            [--rebalance-timeline SECONDS [--rebalance-interval S] [--expert-placement 0-47,48-63]]:\n"
     "            a skewed placement with the router rebalancing, tokens/s and balance per second\n"

@@ -1,6 +1,7 @@
 #include "decode_worker/decode_engine.h"
 
 #include <algorithm>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -60,6 +61,9 @@ absl::Status DecodeEngine::PushKv(const v1::PushKvRequest& msg) {
   if (absl::Status s = DeserializeKv(msg, backend_->config().num_hidden_layers, r->kv.get()); !s.ok()) return s;
   if (!r->kv->status().ok()) {
     return absl::InternalError(absl::StrCat("storing the KV rows failed: ", r->kv->status().message()));
+  }
+  if (msg.has_device() && !logged_device_kv_.exchange(true)) {
+    std::cerr << "decode worker: KV handoff copied device to device from a prefill worker's GPU memory" << std::endl;
   }
   absl::MutexLock lock(&mu_);
   r->kv_received = true;

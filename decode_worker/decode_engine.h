@@ -11,6 +11,7 @@
 #ifndef MOESH_DECODE_WORKER_DECODE_ENGINE_H_
 #define MOESH_DECODE_WORKER_DECODE_ENGINE_H_
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -115,6 +116,7 @@ class DecodeEngine : public KvHandler {
   prometheus::Histogram* batch_size_ = nullptr;
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  std::atomic<bool> logged_device_kv_{false};  // the first device-to-device KV handoff is logged
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

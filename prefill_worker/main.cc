@@ -18,7 +18,7 @@ ABSL_FLAG(std::string, expert_workers, "", "Comma-separated expert worker addres
 ABSL_FLAG(int, expert_discovery_timeout_s, 600,
           "How long to wait at startup for expert workers covering every expert.");
 ABSL_FLAG(std::string, transport, "grpc",
-          "Data-plane transport to the expert workers: grpc, ucx, nccl or cuda_ipc (GPUs; the KV handoff then stays on gRPC).");
+          "Data-plane transport to the expert workers: grpc, ucx, nccl (GPUs; the KV handoff then stays on gRPC) or cuda_ipc (GPUs of one node; see --kv_handoff).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
 ABSL_FLAG(std::string, router, "", "Router address to register with.");
@@ -26,6 +26,10 @@ ABSL_FLAG(std::string, ready_file, "", "Write host:port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
 ABSL_FLAG(int, max_batch_tokens, 8192, "Prompt tokens per forward pass.");
 ABSL_FLAG(int, micro_batches, 2, "Ping-pong micro-batches per forward with remote experts (1: off).");
+ABSL_FLAG(std::string, kv_handoff, "auto",
+          "How the KV cache reaches decode workers: host (rows in the message), device (the decode worker copies "
+          "it from this worker's GPU memory; --transport cuda_ipc and --device cuda, workers on one node), or auto "
+          "(device where those hold, else host).");
 
 namespace moesh {
 namespace {
@@ -48,6 +52,15 @@ absl::Status Run() {
   eo.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   eo.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   eo.metrics = metrics.get();
+  const std::string handoff = absl::GetFlag(FLAGS_kv_handoff);
+  const bool device_ok = opt.transport == "cuda_ipc" && w.backend->device() != "cpu";
+  if (handoff == "device" && !device_ok) {
+    return absl::InvalidArgumentError("--kv_handoff device needs --transport cuda_ipc and --device cuda");
+  }
+  if (handoff != "auto" && handoff != "host" && handoff != "device") {
+    return absl::InvalidArgumentError("--kv_handoff: auto, host or device, got " + handoff);
+  }
+  eo.kv_handoff = handoff == "device" || (handoff == "auto" && device_ok) ? KvHandoff::kDevice : KvHandoff::kHost;
   if (eo.max_batch_tokens < 1 || eo.micro_batches < 1) {
     return absl::InvalidArgumentError("--max_batch_tokens and --micro_batches must be >= 1");
   }
@@ -56,7 +69,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(absl::GetFlag(FLAGS_listen), {&service}));
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server.port);
   std::cerr << "prefill worker for " << w.config.Fingerprint() << " on " << address << " (" << w.backend->device()
-            << ")" << std::endl;
+            << ", KV handoff " << (eo.kv_handoff == KvHandoff::kDevice ? "device" : "host") << ")" << std::endl;
   ServeOptions serve;
   serve.name = "prefill worker";
   serve.router = absl::GetFlag(FLAGS_router);

@@ -142,12 +142,15 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     const auto kv_start = std::chrono::steady_clock::now();
     absl::Status pushed = ch.status();
     if (ch.ok()) {
-      const v1::PushKvRequest msg = SerializeKv(spec.request_id, *caches[i], c.num_hidden_layers);
-      pushed = caches[i]->status().ok()
-                   ? (*ch)->PushKv(msg)
-                   : absl::InternalError(absl::StrCat("reading the KV rows failed: ", caches[i]->status().message()));
+      const absl::StatusOr<v1::PushKvRequest> msg =
+          SerializeKv(spec.request_id, *caches[i], c.num_hidden_layers, options_.kv_handoff);
+      pushed = !msg.ok()                  ? msg.status()
+               : caches[i]->status().ok() ? (*ch)->PushKv(*msg)
+                                          : absl::InternalError(absl::StrCat("reading the KV rows failed: ",
+                                                                             caches[i]->status().message()));
       if (kv_bytes_ != nullptr && pushed.ok()) {
-        kv_bytes_->Increment(static_cast<double>(msg.rows().size()));
+        kv_bytes_->Increment(msg->has_device() ? 2.0 * msg->num_tokens() * msg->num_layers() * msg->row_width()
+                                               : static_cast<double>(msg->rows().size()));
         kv_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - kv_start).count());
       }
     }

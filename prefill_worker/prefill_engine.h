@@ -20,6 +20,7 @@
 #include "common/engine/sampler.h"
 #include "common/metrics/metrics.h"
 #include "common/engine/attention_backend.h"
+#include "common/transport/kv_handoff.h"
 #include "common/transport/transport.h"
 #include "moesh/v1/worker.pb.h"
 
@@ -30,6 +31,10 @@ struct PrefillEngineOptions {
   int max_batch_tokens = 8192;
   // Ping-pong micro-batches per forward when the experts are remote (1: off).
   int micro_batches = 2;
+  // How the KV reaches the decode worker: rows in the message, or (kDevice:
+  // CUDA backends of one node over cuda_ipc) copied from this worker's
+  // device memory by the decode worker.
+  KvHandoff kv_handoff = KvHandoff::kHost;
   Metrics* metrics = nullptr;  // may be null
 };
 

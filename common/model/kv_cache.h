@@ -9,11 +9,25 @@
 #define MOESH_COMMON_MODEL_KV_CACHE_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace moesh {
+
+// Where a device-resident sequence's rows lie, for a device-to-device copy
+// by another process on this node (the KV handoff over cuda_ipc): the
+// sender's paged pool, bf16 [num_layers][num_blocks][block_size][row_width],
+// as a CUDA IPC memory handle, and the sequence's blocks in token order.
+struct DeviceKvBlocks {
+  std::string pool_handle;  // cudaIpcMemHandle_t bytes
+  int device = -1;
+  int num_blocks = 0;
+  int block_size = 0;
+  std::vector<int32_t> blocks;
+};
 
 class KvSequence {
  public:
@@ -38,6 +52,19 @@ class KvSequence {
   // True iff every value Rows returns is a bfloat16 (a bf16 cache on a
   // device): the KV handoff then sends them as bf16, exactly.
   virtual bool bf16_rows() const { return false; }
+  // Device-resident caches: where the rows lie (valid while this sequence
+  // lives and is not appended to). UNIMPLEMENTED for others.
+  virtual absl::StatusOr<DeviceKvBlocks> DeviceBlocks() const {
+    return absl::UnimplementedError("this KV cache is not in exportable device memory");
+  }
+  // Device-resident caches, empty so far: copies `length` tokens of every
+  // layer from another sequence's DeviceBlocks, device to device, returning
+  // when the copy is done. UNIMPLEMENTED for others; INVALID_ARGUMENT if the
+  // geometry differs; UNAVAILABLE if the memory cannot be mapped.
+  virtual absl::Status AppendDeviceBlocks(const DeviceKvBlocks& src, int length) {
+    (void)src, (void)length;
+    return absl::UnimplementedError("this KV cache cannot take rows from device memory");
+  }
 };
 
 // Rows in one growable vector per layer.

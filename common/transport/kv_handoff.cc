@@ -10,12 +10,24 @@
 
 namespace moesh {
 
-v1::PushKvRequest SerializeKv(const std::string& request_id, const KvSequence& kv, int num_layers) {
+absl::StatusOr<v1::PushKvRequest> SerializeKv(const std::string& request_id, const KvSequence& kv, int num_layers,
+                                              KvHandoff how) {
   v1::PushKvRequest msg;
   msg.set_request_id(request_id);
   msg.set_num_layers(num_layers);
   msg.set_num_tokens(kv.length());
   msg.set_row_width(kv.row_width());
+  if (how == KvHandoff::kDevice) {
+    absl::StatusOr<DeviceKvBlocks> d = kv.DeviceBlocks();
+    if (!d.ok()) return d.status();
+    v1::DeviceKv* dev = msg.mutable_device();
+    dev->set_pool_handle(d->pool_handle);
+    dev->set_device(d->device);
+    dev->set_num_blocks(d->num_blocks);
+    dev->set_block_size(d->block_size);
+    for (int32_t b : d->blocks) dev->add_blocks(b);
+    return msg;
+  }
   const bool bf16 = kv.bf16_rows();
   msg.set_rows_bf16(bf16);
   const size_t layer_values = static_cast<size_t>(kv.length()) * kv.row_width();
@@ -42,16 +54,32 @@ absl::Status DeserializeKv(const v1::PushKvRequest& msg, int num_layers, KvSeque
                                                    " layers of width ", msg.row_width(), ", expected ",
                                                    num_layers, " of width ", kv->row_width()));
   }
+  if (kv->length() != 0) return absl::FailedPreconditionError("KV already received for " + msg.request_id());
+  if (msg.num_tokens() > kv->capacity()) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV for ", msg.request_id(), " holds ", msg.num_tokens(),
+                                                     " tokens; the reservation holds ", kv->capacity()));
+  }
+  if (msg.has_device()) {
+    const v1::DeviceKv& dev = msg.device();
+    if (msg.num_tokens() < 0 || dev.block_size() <= 0 || !msg.rows().empty() ||
+        static_cast<int64_t>(dev.blocks_size()) * dev.block_size() < msg.num_tokens()) {
+      return absl::InvalidArgumentError(absl::StrCat("KV for ", msg.request_id(), ": ", dev.blocks_size(),
+                                                     " device blocks of ", dev.block_size(), " do not hold ",
+                                                     msg.num_tokens(), " tokens (or rows sent too)"));
+    }
+    DeviceKvBlocks src;
+    src.pool_handle = dev.pool_handle();
+    src.device = dev.device();
+    src.num_blocks = dev.num_blocks();
+    src.block_size = dev.block_size();
+    src.blocks.assign(dev.blocks().begin(), dev.blocks().end());
+    return kv->AppendDeviceBlocks(src, msg.num_tokens());
+  }
   const size_t layer_values = static_cast<size_t>(std::max(msg.num_tokens(), 0)) * msg.row_width();
   const size_t layer_bytes = layer_values * (msg.rows_bf16() ? sizeof(uint16_t) : sizeof(float));
   if (msg.num_tokens() < 0 || msg.rows().size() != layer_bytes * num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("KV for ", msg.request_id(), ": ", msg.rows().size(),
                                                    " bytes do not hold ", msg.num_tokens(), " tokens"));
-  }
-  if (kv->length() != 0) return absl::FailedPreconditionError("KV already received for " + msg.request_id());
-  if (msg.num_tokens() > kv->capacity()) {
-    return absl::ResourceExhaustedError(absl::StrCat("KV for ", msg.request_id(), " holds ", msg.num_tokens(),
-                                                     " tokens; the reservation holds ", kv->capacity()));
   }
   std::vector<float> layer(layer_values);
   std::vector<uint16_t> halves(msg.rows_bf16() ? layer_values : 0);

@@ -402,8 +402,8 @@ TEST(KvHandoffTest, Bf16CachesTravelExactlyInHalfTheBytes) {
     for (float& v : rows) v = n(rng);  // not bf16-representable
     host.AppendRows(l, rows.data(), tokens);
   }
-  const v1::PushKvRequest half = SerializeKv("r1", gpu_like, layers);
-  const v1::PushKvRequest full = SerializeKv("r2", host, layers);
+  const v1::PushKvRequest half = *SerializeKv("r1", gpu_like, layers);
+  const v1::PushKvRequest full = *SerializeKv("r2", host, layers);
   EXPECT_TRUE(half.rows_bf16());
   EXPECT_FALSE(full.rows_bf16());
   EXPECT_EQ(half.rows().size(), size_t{layers} * tokens * width * 2);
@@ -422,6 +422,15 @@ TEST(KvHandoffTest, Bf16CachesTravelExactlyInHalfTheBytes) {
   bad.mutable_rows()->resize(bad.rows().size() - 2);
   SequenceKvCache got(layers, width);
   EXPECT_EQ(DeserializeKv(bad, layers, &got).code(), absl::StatusCode::kInvalidArgument);
+  // Host caches have no device memory to hand over, and take none: clear errors.
+  EXPECT_EQ(SerializeKv("r3", host, layers, KvHandoff::kDevice).status().code(), absl::StatusCode::kUnimplemented);
+  v1::PushKvRequest dev;
+  dev.set_request_id("r4"), dev.set_num_layers(layers), dev.set_num_tokens(tokens), dev.set_row_width(width);
+  dev.mutable_device()->set_block_size(64);
+  dev.mutable_device()->add_blocks(3);
+  EXPECT_EQ(DeserializeKv(dev, layers, &got).code(), absl::StatusCode::kUnimplemented);
+  dev.mutable_device()->clear_blocks();  // 0 blocks cannot hold 7 tokens
+  EXPECT_EQ(DeserializeKv(dev, layers, &got).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TransportNamesTest, UnknownTransportIsInvalidArgument) {

@@ -62,10 +62,12 @@ if [ "$EXPERT_DEVICE" != cuda ]; then
     || fail "expert workers are not on $EXPERT_DEVICE with $TRANSPORT"
 fi
 
-check_ipc() {  # the device path, not the host fallback, carried the experts
+check_ipc() {  # the device paths, not the host ones, carried the experts and the KV
   [ "$TRANSPORT" != cuda_ipc ] && return 0
   grep -q "attached device buffers" "$TMP"/cluster/expert-*.log \
     || fail "transport cuda_ipc: no expert worker had device buffers attached"
+  grep -q "KV handoff copied device to device" "$TMP"/cluster/decode-*.log \
+    || fail "transport cuda_ipc: the decode worker took no KV from the prefill worker's device memory"
 }
 
 compare() {  # $1: cluster json, $2: generate json, $3: what

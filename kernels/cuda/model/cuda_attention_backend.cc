@@ -59,6 +59,28 @@ class CudaAttentionBackend::Sequence : public KvSequence {
     return scratch->data();
   }
 
+  absl::StatusOr<DeviceKvBlocks> DeviceBlocks() const override {
+    absl::MutexLock lock(&backend_->mu_);
+    RETURN_IF_CUDA_ERROR(cudaSetDevice(backend_->model_->device_info().device));
+    return backend_->model_->ExportKv(id_);
+  }
+
+  absl::Status AppendDeviceBlocks(const DeviceKvBlocks& src, int length) override {
+    if (length_ != 0) return absl::FailedPreconditionError("AppendDeviceBlocks: the sequence is not empty");
+    if (length > capacity_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("AppendDeviceBlocks: ", length, " tokens; the sequence holds ", capacity_));
+    }
+    {
+      absl::MutexLock lock(&backend_->mu_);
+      RETURN_IF_CUDA_ERROR(cudaSetDevice(backend_->model_->device_info().device));
+      RETURN_IF_ERROR(backend_->model_->ImportKv(id_, src, length));
+    }
+    length_ = length;
+    for (int& r : rows_) r = length;
+    return absl::OkStatus();
+  }
+
   int id() const { return id_; }
   const CudaAttentionBackend* owner() const { return backend_; }
   absl::Status status() const override { return status_; }

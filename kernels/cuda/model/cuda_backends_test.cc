@@ -339,7 +339,13 @@ TEST(CudaAttentionBackendTest, DeviceResidentDispatchOverCudaIpcEqualsTheHostPat
   EXPECT_GT(handlers[0]->calls.load(), before);
 }
 
-TEST(CudaAttentionBackendTest, KvHandoffBetweenBackendsContinuesExactly) {
+// Both ways of the KV handoff — rows through the host, and the decode side
+// copying the prefill side's blocks device to device (cuda_ipc's; here two
+// backends of one process) — continue the sequence exactly.
+class KvHandoffTest : public ::testing::TestWithParam<KvHandoff> {};
+INSTANTIATE_TEST_SUITE_P(HostAndDevice, KvHandoffTest, ::testing::Values(KvHandoff::kHost, KvHandoff::kDevice));
+
+TEST_P(KvHandoffTest, BetweenBackendsContinuesExactly) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
   const int layers = m.config.num_hidden_layers, vocab = m.config.vocab_size;
@@ -350,22 +356,35 @@ TEST(CudaAttentionBackendTest, KvHandoffBetweenBackendsContinuesExactly) {
   std::vector<int32_t> prompt(70);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % vocab);
   const int steps = 6;
+  // Another sequence first, so the two sides' block ids differ.
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> other, decode->NewSequence(200));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> here, prefill->NewSequence(static_cast<int>(prompt.size()) + steps));
   SequenceInput in{prompt, here.get()};
   MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> first, prefill->Forward({&in, 1}, experts.get()));
   ASSERT_EQ(here->length(), static_cast<int>(prompt.size()));
 
-  const v1::PushKvRequest msg = SerializeKv("r", *here, layers);
+  MOESH_ASSERT_OK_AND_ASSIGN(const v1::PushKvRequest msg, SerializeKv("r", *here, layers, GetParam()));
+  EXPECT_EQ(msg.has_device(), GetParam() == KvHandoff::kDevice);
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> there, decode->NewSequence(static_cast<int>(prompt.size()) + steps));
   MOESH_ASSERT_OK(DeserializeKv(msg, layers, there.get()));
   ASSERT_EQ(there->length(), here->length());
-  // The rows came back as they left (bf16 → float → bf16 is exact).
+  // The rows came back as they left (bf16 → float → bf16 is exact; device copies are bytes).
   std::vector<float> s1, s2;
   for (int l = 0; l < layers; ++l) {
     const float* a = here->Rows(l, &s1);
     const float* b = there->Rows(l, &s2);
     ASSERT_EQ(here->num_rows(l), there->num_rows(l));
     EXPECT_TRUE(std::equal(a, a + static_cast<size_t>(here->num_rows(l)) * here->row_width(), b)) << "layer " << l;
+  }
+  if (GetParam() == KvHandoff::kDevice) {  // a second delivery, a forged handle, a block out of range
+    EXPECT_EQ(DeserializeKv(msg, layers, there.get()).code(), absl::StatusCode::kFailedPrecondition);
+    MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> t2, decode->NewSequence(static_cast<int>(prompt.size())));
+    v1::PushKvRequest forged = msg;
+    forged.mutable_device()->set_pool_handle(std::string(64, 'x'));
+    EXPECT_EQ(DeserializeKv(forged, layers, t2.get()).code(), absl::StatusCode::kUnavailable);
+    v1::PushKvRequest far = msg;
+    far.mutable_device()->set_blocks(0, far.device().num_blocks());
+    EXPECT_EQ(DeserializeKv(far, layers, t2.get()).code(), absl::StatusCode::kInvalidArgument);
   }
   int32_t tok = Argmax(first, 0, vocab);
   for (int step = 0; step < steps; ++step) {

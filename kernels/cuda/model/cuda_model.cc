@@ -806,6 +806,35 @@ absl::StatusOr<std::vector<float>> CudaModel::ReadKvRows(int seq, int layer, int
   return out;
 }
 
+absl::StatusOr<DeviceKvBlocks> CudaModel::ExportKv(int seq) {
+  RETURN_IF_ERROR(SequenceLength(seq).status());
+  DeviceKvBlocks d;
+  ASSIGN_OR_RETURN(d.pool_handle, kv_->IpcHandle());
+  d.device = info_.device;
+  d.num_blocks = kv_->num_blocks();
+  d.block_size = kKvBlockSize;
+  d.blocks = seqs_[seq].blocks;
+  return d;
+}
+
+absl::Status CudaModel::ImportKv(int seq, const DeviceKvBlocks& src, int length) {
+  ASSIGN_OR_RETURN(const int len, SequenceLength(seq));
+  if (len != 0 || length < 0 || length > max_model_len_ || src.block_size != kKvBlockSize ||
+      static_cast<int64_t>(src.blocks.size()) * kKvBlockSize < length) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel::ImportKv: ", length, " tokens in ", src.blocks.size(),
+                                                   " blocks of ", src.block_size, " into a sequence of ", len,
+                                                   " (block size ", kKvBlockSize, ", max_model_len ",
+                                                   max_model_len_, ")"));
+  }
+  Sequence& s = seqs_[seq];
+  const int n = (length + kKvBlockSize - 1) / kKvBlockSize;
+  const int need = n - static_cast<int>(s.blocks.size());
+  if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
+  RETURN_IF_ERROR(kv_->CopyBlocksFrom(src.pool_handle, src.num_blocks, src.blocks, s.blocks, n, stream_.get()));
+  s.length = length;
+  return absl::OkStatus();
+}
+
 absl::Status CudaModel::SetMoeTileM(int tile_m) {
   if (tile_m != 0 && tile_m != 16 && tile_m != 32 && tile_m != 64) {
     return absl::InvalidArgumentError("CudaModel::SetMoeTileM: 0, 16, 32 or 64");

@@ -34,6 +34,7 @@
 #include "absl/types/span.h"
 #include "common/model/config.h"
 #include "common/model/expert_client.h"
+#include "common/model/kv_cache.h"
 #include "common/model/weights.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
@@ -159,6 +160,13 @@ class CudaModel {
   // the length. ReadKvRows returns `layer`'s rows [0, n).
   absl::Status AppendKvRows(int seq, int layer, const float* rows, int n);
   absl::StatusOr<std::vector<float>> ReadKvRows(int seq, int layer, int n);
+  // The KV handoff in device memory (cuda_ipc): where `seq`'s rows lie in
+  // this model's pool (valid until the sequence changes or is released), and
+  // the copy of `length` tokens of such a sequence of another model (another
+  // process on this node, or this one) into `seq`, which must be empty;
+  // returns when the copy is done. INVALID_ARGUMENT for another geometry.
+  absl::StatusOr<DeviceKvBlocks> ExportKv(int seq);
+  absl::Status ImportKv(int seq, const DeviceKvBlocks& src, int length);
   int kv_row_width() const { return config_.kv_lora_rank + config_.qk_rope_head_dim; }
 
   // Benchmarks: fills the whole cache with random rows, then lets a sequence

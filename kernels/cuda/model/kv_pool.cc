@@ -1,12 +1,110 @@
 #include "kernels/cuda/model/kv_pool.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/status.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/cuda/model/model_ops.h"
 
 namespace moesh::cuda {
+namespace {
+
+// This process's exported pools, by handle (CUDA maps a handle only in
+// other processes).
+ABSL_CONST_INIT absl::Mutex local_mu(absl::kConstInit);
+std::map<std::string, const bf16*>& LocalPools() {
+  static auto* pools = new std::map<std::string, const bf16*>;
+  return *pools;
+}
+
+constexpr auto kIdleMapping = std::chrono::seconds(60);
+
+}  // namespace
+
+KvPool::~KvPool() {
+  if (!ipc_handle_.empty()) {
+    absl::MutexLock lock(&local_mu);
+    LocalPools().erase(ipc_handle_);
+  }
+  for (auto& [handle, m] : mapped_) cudaIpcCloseMemHandle(m.ptr);
+}
+
+absl::StatusOr<std::string> KvPool::IpcHandle() {
+  if (!ipc_handle_.empty()) return ipc_handle_;
+  cudaIpcMemHandle_t h;
+  RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&h, storage_.get()));
+  ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  absl::MutexLock lock(&local_mu);
+  LocalPools()[ipc_handle_] = storage_.get();
+  return ipc_handle_;
+}
+
+absl::Status KvPool::CopyBlocksFrom(const std::string& src_handle, int src_num_blocks,
+                                    const std::vector<int32_t>& src_blocks, const std::vector<int32_t>& dst_blocks,
+                                    int n, cudaStream_t stream) {
+  if (src_handle.size() != sizeof(cudaIpcMemHandle_t) || src_num_blocks < 1 || n < 0 ||
+      n > static_cast<int>(src_blocks.size()) || n > static_cast<int>(dst_blocks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("KV copy: a handle of ", src_handle.size(), " bytes, ", n,
+                                                   " blocks of ", src_blocks.size(), " / ", dst_blocks.size()));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (src_blocks[i] < 0 || src_blocks[i] >= src_num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV copy: source block ", src_blocks[i], " outside the pool's ", src_num_blocks));
+    }
+  }
+  if (n == 0) return absl::OkStatus();
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = mapped_.begin(); it != mapped_.end();) {  // a restarted sender leaves its old pool here
+    if (it->first != src_handle && now - it->second.used > kIdleMapping) {
+      cudaIpcCloseMemHandle(it->second.ptr);
+      it = mapped_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const bf16* src = nullptr;
+  {
+    absl::MutexLock lock(&local_mu);
+    auto it = LocalPools().find(src_handle);
+    if (it != LocalPools().end()) src = it->second;
+  }
+  if (src == nullptr) {
+    auto it = mapped_.find(src_handle);
+    if (it == mapped_.end()) {
+      cudaIpcMemHandle_t h;
+      std::memcpy(&h, src_handle.data(), sizeof(h));
+      void* ptr = nullptr;
+      const cudaError_t err = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        return absl::UnavailableError(absl::StrCat("KV copy: cannot map the sender's KV pool (",
+                                                   cudaGetErrorName(err), ": ", cudaGetErrorString(err), ")"));
+      }
+      it = mapped_.emplace(src_handle, Mapped{ptr, now}).first;
+    }
+    it->second.used = now;
+    src = static_cast<const bf16*>(it->second.ptr);
+  }
+  if (copy_ids_.size() < 2 * static_cast<size_t>(n)) {
+    ASSIGN_OR_RETURN(copy_ids_, DeviceBuffer<int32_t>::Create(2 * static_cast<size_t>(std::max(n, 64))));
+  }
+  std::vector<int32_t> ids(src_blocks.begin(), src_blocks.begin() + n);
+  ids.insert(ids.end(), dst_blocks.begin(), dst_blocks.begin() + n);
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(copy_ids_.get(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  CopyKvBlocksParams p;
+  p.src = src, p.src_layer_elems = static_cast<int64_t>(src_num_blocks) * kKvBlockSize * row_width_;
+  p.dst = storage_.get(), p.dst_layer_elems = static_cast<int64_t>(num_blocks_) * kKvBlockSize * row_width_;
+  p.block_elems = static_cast<int64_t>(kKvBlockSize) * row_width_;
+  p.src_blocks = copy_ids_.get(), p.dst_blocks = copy_ids_.get() + n, p.num_blocks = n, p.num_layers = num_layers_;
+  p.stream = stream;
+  RETURN_IF_ERROR(RunCopyKvBlocks(p));
+  return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize (KV blocks from device memory)");
+}
 
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(int num_layers, int row_width, int num_blocks) {
   if (num_layers < 1 || row_width < 1 || num_blocks < 1) {

@@ -7,8 +7,11 @@
 #ifndef MOESH_KERNELS_CUDA_MODEL_KV_POOL_H_
 #define MOESH_KERNELS_CUDA_MODEL_KV_POOL_H_
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -51,6 +54,21 @@ class KvPool {
   absl::Status ReadRows(int layer, const std::vector<int32_t>& blocks, int first, int n, float* rows,
                         cudaStream_t stream) const;
 
+  // The KV handoff in device memory (cuda_ipc). IpcHandle: this pool's
+  // storage as cudaIpcMemHandle_t bytes (made once; this process's own
+  // pools are also found by handle, since CUDA does not map a handle in the
+  // process that made it). CopyBlocksFrom: copies the first `n` blocks of
+  // `src_blocks` of another pool with this one's geometry and `src_num_blocks`
+  // blocks (mapped by handle: another process's, on this or a peer GPU) into
+  // `dst_blocks`, every layer, synchronously on `stream`. INVALID_ARGUMENT for
+  // a malformed handle or block ids out of range; UNAVAILABLE if CUDA cannot
+  // map it (its process is gone). Mappings idle for a minute are closed.
+  absl::StatusOr<std::string> IpcHandle();
+  absl::Status CopyBlocksFrom(const std::string& src_handle, int src_num_blocks,
+                              const std::vector<int32_t>& src_blocks, const std::vector<int32_t>& dst_blocks, int n,
+                              cudaStream_t stream);
+  ~KvPool();
+
  private:
   KvPool(int num_layers, int row_width, int num_blocks)
       : num_layers_(num_layers), row_width_(row_width), num_blocks_(num_blocks) {}
@@ -62,6 +80,14 @@ class KvPool {
   const int num_layers_, row_width_, num_blocks_;
   DeviceBuffer<bf16> storage_;
   std::vector<int32_t> free_;  // a stack: the most recently released first
+  std::string ipc_handle_;     // set by IpcHandle()
+  // Other pools mapped by CopyBlocksFrom: handle -> (pointer, last use).
+  struct Mapped {
+    void* ptr = nullptr;
+    std::chrono::steady_clock::time_point used;
+  };
+  std::map<std::string, Mapped> mapped_;
+  DeviceBuffer<int32_t> copy_ids_;  // [2, *]: source and destination block ids of a copy
 };
 
 }  // namespace moesh::cuda

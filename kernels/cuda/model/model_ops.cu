@@ -79,6 +79,15 @@ __global__ void __launch_bounds__(kThreads) GatherRowsKernel(GatherRowsParams p)
   for (int j = threadIdx.x; j < p.cols / 8; j += blockDim.x) dst[j] = src[j];
 }
 
+__global__ void __launch_bounds__(kThreads) CopyKvBlocksKernel(CopyKvBlocksParams p) {
+  const int64_t layer = blockIdx.y;
+  const Bf16x8* src = reinterpret_cast<const Bf16x8*>(p.src + layer * p.src_layer_elems +
+                                                      static_cast<int64_t>(p.src_blocks[blockIdx.x]) * p.block_elems);
+  Bf16x8* dst = reinterpret_cast<Bf16x8*>(p.dst + layer * p.dst_layer_elems +
+                                          static_cast<int64_t>(p.dst_blocks[blockIdx.x]) * p.block_elems);
+  for (int64_t j = threadIdx.x; j < p.block_elems / 8; j += blockDim.x) dst[j] = src[j];
+}
+
 // Exclusive prefix sum over the block (one value per thread); the total goes
 // to *total. REQUIRES: blockDim.x == kPermuteThreads, every thread calls it.
 constexpr int kPermuteThreads = 1024;
@@ -326,6 +335,20 @@ absl::Status RunGatherRows(const GatherRowsParams& p) {
   q.ldx = ldx;
   GatherRowsKernel<<<p.rows, kThreads, 0, p.stream>>>(q);
   return LaunchStatus("GatherRowsKernel");
+}
+
+absl::Status RunCopyKvBlocks(const CopyKvBlocksParams& p) {
+  if (p.num_blocks < 0 || p.num_layers < 1 || p.block_elems <= 0 || p.block_elems % 8 != 0 ||
+      p.src_layer_elems % 8 != 0 || p.dst_layer_elems % 8 != 0 || p.num_layers > 65535) {
+    return absl::InvalidArgumentError("RunCopyKvBlocks: need block_elems and layer strides multiples of 8");
+  }
+  if (p.num_blocks == 0) return absl::OkStatus();
+  if (!p.src || !p.dst || !p.src_blocks || !p.dst_blocks ||
+      (reinterpret_cast<uintptr_t>(p.src) | reinterpret_cast<uintptr_t>(p.dst)) % 16) {
+    return absl::InvalidArgumentError("RunCopyKvBlocks: null or misaligned pointer");
+  }
+  CopyKvBlocksKernel<<<dim3(p.num_blocks, p.num_layers), kThreads, 0, p.stream>>>(p);
+  return LaunchStatus("CopyKvBlocksKernel");
 }
 
 absl::Status RunMoePermute(const MoePermuteParams& p) {

@@ -27,6 +27,8 @@ int GroupedGemmMaxTiles(int rows, int num_experts, int tile_m);
 absl::Status RunMoeCombine(const MoeCombineParams& p);
 // REQUIRES: cols and ldx multiples of 8, 16-byte aligned x and out.
 absl::Status RunGatherRows(const GatherRowsParams& p);
+// REQUIRES: block_elems and the layer strides multiples of 8, 16-byte aligned pools.
+absl::Status RunCopyKvBlocks(const CopyKvBlocksParams& p);
 
 // MlaDecodeParams' math for any kv_lora_rank + rope_dim <= 1024, in fp32, one
 // CTA per (query row, head), no splits (num_splits and workspace ignored).

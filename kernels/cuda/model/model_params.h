@@ -101,6 +101,21 @@ struct GatherRowsParams {
   cudaStream_t stream = nullptr;
 };
 
+// dst[l][dst_blocks[i]] = src[l][src_blocks[i]] for every layer l and i in
+// [0, num_blocks): whole blocks of two paged KV pools (the KV handoff in
+// device memory). A pool is [layers][*][block_elems] bf16.
+struct CopyKvBlocksParams {
+  const bf16* src = nullptr;
+  int64_t src_layer_elems = 0;  // elements from one layer to the next
+  bf16* dst = nullptr;
+  int64_t dst_layer_elems = 0;
+  int64_t block_elems = 0;
+  const int32_t* src_blocks = nullptr;  // [num_blocks], device
+  const int32_t* dst_blocks = nullptr;  // [num_blocks], device
+  int num_blocks = 0, num_layers = 0;
+  cudaStream_t stream = nullptr;
+};
+
 // x[t, :] += sum_k topk_weights[t, k] * expert_out[pair_row[t * top_k + k], :]
 // (pairs with row -1 skipped; k in order). Null pair_row: pair (t, k) is row
 // t * top_k + k; null topk_weights: every weight is 1 (so top_k = 1 with both
