@@ -23,6 +23,8 @@ absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(const
   b->decode_ = std::make_unique<DecodeEngine>(b->worker_.backend.get(), b->worker_.experts.get(), decode_options);
   RETURN_IF_ERROR(BindInproc(b->inproc_address_, nullptr, b->decode_.get()));
   prefill_options.metrics = decode_options.metrics;
+  // One GPU backend on both sides: the KV moves block to block in its own pool.
+  if (b->worker_.backend->device() != "cpu") prefill_options.kv_handoff = KvHandoff::kDevice;
   b->prefill_ = std::make_unique<PrefillEngine>(b->worker_.backend.get(), b->worker_.experts.get(),
                                                 b->worker_.kv_transport(), prefill_options);
   return b;
