@@ -24,6 +24,7 @@ absl::Status AttentionBackend::CheckSampleRequests(absl::Span<const SequenceInpu
     if (!(s.draw >= 0.0 && s.draw < 1.0)) {
       return absl::InvalidArgumentError(absl::StrCat("ForwardSample: draw ", s.draw, " outside [0, 1)"));
     }
+    if (!s.params->has_penalties()) continue;  // only the penalties read the tokens
     for (absl::Span<const int32_t> toks : {s.prompt, s.output}) {
       for (int32_t t : toks) {
         if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat("ForwardSample: token ", t, " outside the vocabulary"));

@@ -53,7 +53,8 @@ class Sampler {
   int32_t Sample(const float* logits, int vocab, int step, absl::Span<const int32_t> prompt,
                  absl::Span<const int32_t> output);
   // The random draw for generated token number `step`, uniform in [0, 1): a
-  // function of the seed and `step` only (mt19937_64 seeded with both).
+  // function of the seed and `step` only (splitmix64 over the seed's stream,
+  // counter-based); 0 for greedy parameters, which use none.
   double Draw(int step) const;
   // The token `params` pick from logits[vocab] given the draw `u01` in [0, 1):
   // penalties, then argmax (temperature 0) or, over logits / temperature, the
