@@ -83,7 +83,9 @@ class DecodeEngine : public KvHandler {
  private:
   struct Request {
     DecodeSpec spec;
-    std::unique_ptr<KvSequence> kv;
+    // Shared with a KV handoff in progress, which keeps it alive if the
+    // request ends meanwhile (its lease expires, it is cancelled).
+    std::shared_ptr<KvSequence> kv;
     std::unique_ptr<Sampler> sampler;
     std::vector<int32_t> output;  // generated so far, first_token included
     std::chrono::steady_clock::time_point reserved_at;

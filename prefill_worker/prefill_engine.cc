@@ -1,5 +1,7 @@
 #include "prefill_worker/prefill_engine.h"
 
+#include <iostream>
+
 #include "absl/strings/str_cat.h"
 #include "common/transport/kv_handoff.h"
 
@@ -97,6 +99,11 @@ absl::StatusOr<DataChannel*> PrefillEngine::ChannelTo(const std::string& address
   return ch.get();
 }
 
+bool PrefillEngine::HostKvOnly(const std::string& address) const {
+  absl::MutexLock lock(&mu_);
+  return host_kv_only_.count(address) > 0;
+}
+
 void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   const ModelConfig& c = backend_->config();
   std::vector<std::unique_ptr<KvSequence>> caches(batch.size());
@@ -142,12 +149,30 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     const auto kv_start = std::chrono::steady_clock::now();
     absl::Status pushed = ch.status();
     if (ch.ok()) {
-      const absl::StatusOr<v1::PushKvRequest> msg =
-          SerializeKv(spec.request_id, *caches[i], c.num_hidden_layers, options_.kv_handoff);
-      pushed = !msg.ok()                  ? msg.status()
-               : caches[i]->status().ok() ? (*ch)->PushKv(*msg)
-                                          : absl::InternalError(absl::StrCat("reading the KV rows failed: ",
-                                                                             caches[i]->status().message()));
+      KvHandoff how = options_.kv_handoff;
+      if (how == KvHandoff::kDevice && HostKvOnly(spec.decode_address)) how = KvHandoff::kHost;
+      auto push = [&](KvHandoff h, absl::StatusOr<v1::PushKvRequest>* msg) {
+        *msg = SerializeKv(spec.request_id, *caches[i], c.num_hidden_layers, h);
+        if (!msg->ok()) return msg->status();
+        if (!caches[i]->status().ok()) {
+          return absl::InternalError(absl::StrCat("reading the KV rows failed: ", caches[i]->status().message()));
+        }
+        return (*ch)->PushKv(**msg);
+      };
+      absl::StatusOr<v1::PushKvRequest> msg;
+      pushed = push(how, &msg);
+      if (how == KvHandoff::kDevice && (pushed.code() == absl::StatusCode::kUnimplemented ||
+                                        pushed.code() == absl::StatusCode::kFailedPrecondition)) {
+        // This pair cannot share device memory (a CPU decode worker, no CUDA IPC between them): say so
+        // once, and hand the KV over through the host to that worker from now on.
+        std::cerr << "prefill worker: KV handoff to " << spec.decode_address << " in device memory failed ("
+                  << pushed << "); handing KV to it through the host from now on" << std::endl;
+        {
+          absl::MutexLock lock(&mu_);
+          host_kv_only_.insert(spec.decode_address);
+        }
+        pushed = push(KvHandoff::kHost, &msg);
+      }
       if (kv_bytes_ != nullptr && pushed.ok()) {
         kv_bytes_->Increment(msg->has_device() ? 2.0 * msg->num_tokens() * msg->num_layers() * msg->row_width()
                                                : static_cast<double>(msg->rows().size()));

@@ -9,6 +9,7 @@
 
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -67,6 +68,7 @@ class PrefillEngine {
   v1::WorkerLoad Load() const;
 
  private:
+  bool HostKvOnly(const std::string& address) const;
   struct Pending {
     explicit Pending(const PrefillSpec* s) : spec(s) {}
     const PrefillSpec* spec;
@@ -97,6 +99,8 @@ class PrefillEngine {
   int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::unique_ptr<DataChannel>> channels_ ABSL_GUARDED_BY(mu_);
+  // Decode workers that cannot take KV from this worker's device memory.
+  std::set<std::string> host_kv_only_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

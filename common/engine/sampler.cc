@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/ops.h"
@@ -57,7 +58,7 @@ uint64_t Mix(uint64_t z) {
 }  // namespace
 
 double Sampler::Draw(int step) const {
-  if (params_.temperature == 0.0f) return 0.0;  // greedy takes no draw
+  if (params_.temperature < kMinSamplingTemperature) return 0.0;  // greedy takes no draw
   // Counter-based: the seed's stream (mixed, so nearby seeds share nothing)
   // at position `step`; nanoseconds, where seeding an mt19937_64 cost ~10 us
   // per request per decode step.
@@ -90,12 +91,22 @@ int32_t Sampler::SampleWithDraw(const float* logits, int vocab, const SamplingPa
     }
     logits = penalized.data();
   }
-  if (params.temperature == 0.0f) {
-    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  if (params.temperature < kMinSamplingTemperature) {  // the first of the largest; NaN never wins (all NaN: token 0)
+    int32_t best = 0;
+    bool found = false;
+    for (int i = 0; i < vocab; ++i) {
+      if (std::isnan(logits[i]) || (found && !(logits[i] > logits[best]))) continue;
+      best = i;
+      found = true;
+    }
+    return best;
   }
-  // Candidates sorted by logit, best first; ties to the lower id.
+  // Candidates sorted by logit, best first; ties to the lower id; NaN as -inf.
   std::vector<std::pair<float, int32_t>> cand(vocab);
-  for (int i = 0; i < vocab; ++i) cand[i] = {logits[i] / params.temperature, i};
+  for (int i = 0; i < vocab; ++i) {
+    const float v = logits[i] / params.temperature;
+    cand[i] = {std::isnan(v) ? -std::numeric_limits<float>::infinity() : v, i};
+  }
   auto better = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   int n = vocab;
   if (params.top_k > 0 && params.top_k < vocab) {
@@ -104,6 +115,8 @@ int32_t Sampler::SampleWithDraw(const float* logits, int vocab, const SamplingPa
   } else {
     std::sort(cand.begin(), cand.end(), better);
   }
+  // No finite best (an infinite logit, or -inf everywhere): the best candidate.
+  if (!std::isfinite(cand[0].first)) return cand[0].second;
   // Probabilities over the kept candidates.
   const float mx = cand[0].first;
   std::vector<double> p(n);

@@ -18,8 +18,12 @@
 
 namespace moesh {
 
+// Temperatures below this sample greedily (logits / temperature would
+// overflow to ties at +inf).
+inline constexpr float kMinSamplingTemperature = 1e-5f;
+
 struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy (argmax)
+  float temperature = 0.0f;  // 0 (or below kMinSamplingTemperature): greedy (argmax)
   int top_k = 0;             // 0: all tokens
   float top_p = 1.0f;        // nucleus mass in (0, 1]
   float min_p = 0.0f;        // drop tokens with p < min_p * p_max, in [0, 1]
@@ -57,12 +61,14 @@ class Sampler {
   // counter-based); 0 for greedy parameters, which use none.
   double Draw(int step) const;
   // The token `params` pick from logits[vocab] given the draw `u01` in [0, 1):
-  // penalties, then argmax (temperature 0) or, over logits / temperature, the
+  // penalties, then argmax (temperature below kMinSamplingTemperature) or,
+  // over logits / temperature, the
   // candidates best first (ties to the lower id) cut by top-k, then top-p
   // (the shortest prefix whose mass reaches top_p), then min-p (p >= min_p *
   // p_max); the token is the first candidate whose cumulative mass exceeds
-  // u01 * (the kept mass). The GPU sampler (kernels/cuda/routing.h) implements
-  // the same definition.
+  // u01 * (the kept mass). NaN logits count as -inf; with no finite best
+  // logit (+inf, or -inf everywhere) the token is the best candidate. The GPU
+  // sampler (kernels/cuda/routing.h) implements the same definition.
   static int32_t SampleWithDraw(const float* logits, int vocab, const SamplingParams& params, double u01,
                                 absl::Span<const int32_t> prompt, absl::Span<const int32_t> output);
   // The k most likely tokens under log_softmax(logits), best first.

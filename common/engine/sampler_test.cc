@@ -1,6 +1,7 @@
 #include "common/engine/sampler.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -77,6 +78,25 @@ TEST(SamplerTest, DrawDependsOnlyOnSeedAndStep) {
   // b skips ahead: step 5 from a fresh sampler equals step 5 after 0..4.
   for (int i = 0; i < 5; ++i) a.Sample(kLogits.data(), 5, i, {}, {});
   EXPECT_EQ(a.Sample(kLogits.data(), 5, 5, {}, {}), b.Sample(kLogits.data(), 5, 5, {}, {}));
+}
+
+TEST(SamplerTest, NonFiniteLogits) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  SamplingParams greedy, hot;
+  hot.temperature = 1.0f;
+  const std::vector<float> with_nan = {nan, 1.0f, 3.0f, nan, 3.0f};
+  EXPECT_EQ(Sampler::SampleWithDraw(with_nan.data(), 5, greedy, 0.5, {}, {}), 2);  // NaN never wins; ties: lower id
+  for (double u : {0.0, 0.5, 0.999}) {  // NaN counts as -inf: never drawn
+    const int32_t t = Sampler::SampleWithDraw(with_nan.data(), 5, hot, u, {}, {});
+    EXPECT_TRUE(t == 1 || t == 2 || t == 4) << t;
+  }
+  const std::vector<float> with_inf = {1.0f, inf, 2.0f, inf};
+  EXPECT_EQ(Sampler::SampleWithDraw(with_inf.data(), 4, hot, 0.9, {}, {}), 1);  // the first infinite logit
+  const std::vector<float> none = {-inf, -inf, nan};
+  EXPECT_EQ(Sampler::SampleWithDraw(none.data(), 3, hot, 0.3, {}, {}), 0);
+  EXPECT_EQ(Sampler::SampleWithDraw(none.data(), 3, greedy, 0.3, {}, {}), 0);
+  hot.temperature = 1e-38f;  // logits / temperature overflow: the best logit
+  EXPECT_EQ(Sampler::SampleWithDraw(kLogits.data(), 5, hot, 0.7, {}, {}), 1);
 }
 
 TEST(SamplerTest, Penalties) {

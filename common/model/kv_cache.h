@@ -27,6 +27,7 @@ struct DeviceKvBlocks {
   int num_blocks = 0;
   int block_size = 0;
   std::vector<int32_t> blocks;
+  std::string sender;  // the exporting process: a new handle from it retires the old one's mapping
 };
 
 class KvSequence {
@@ -60,7 +61,8 @@ class KvSequence {
   // Device-resident caches, empty so far: copies `length` tokens of every
   // layer from another sequence's DeviceBlocks, device to device, returning
   // when the copy is done. UNIMPLEMENTED for others; INVALID_ARGUMENT if the
-  // geometry differs; UNAVAILABLE if the memory cannot be mapped.
+  // geometry differs; FAILED_PRECONDITION if the memory cannot be mapped here
+  // (the sender may then hand the rows over through the host).
   virtual absl::Status AppendDeviceBlocks(const DeviceKvBlocks& src, int length) {
     (void)src, (void)length;
     return absl::UnimplementedError("this KV cache cannot take rows from device memory");

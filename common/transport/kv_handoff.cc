@@ -26,6 +26,7 @@ absl::StatusOr<v1::PushKvRequest> SerializeKv(const std::string& request_id, con
     dev->set_num_blocks(d->num_blocks);
     dev->set_block_size(d->block_size);
     for (int32_t b : d->blocks) dev->add_blocks(b);
+    dev->set_sender(d->sender);
     return msg;
   }
   const bool bf16 = kv.bf16_rows();
@@ -73,6 +74,7 @@ absl::Status DeserializeKv(const v1::PushKvRequest& msg, int num_layers, KvSeque
     src.num_blocks = dev.num_blocks();
     src.block_size = dev.block_size();
     src.blocks.assign(dev.blocks().begin(), dev.blocks().end());
+    src.sender = dev.sender();
     return kv->AppendDeviceBlocks(src, msg.num_tokens());
   }
   const size_t layer_values = static_cast<size_t>(std::max(msg.num_tokens(), 0)) * msg.row_width();

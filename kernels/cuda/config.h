@@ -28,6 +28,9 @@ inline constexpr int kMaxGroups = 32;
 namespace sampling {
 inline constexpr int kThreads = 512;
 inline constexpr int kMaxTopK = 20;
+// Temperatures below this sample greedily (common/engine/sampler.h's
+// kMinSamplingTemperature; model/sample_rows.cc checks they agree).
+inline constexpr float kMinTemperature = 1e-5f;
 }  // namespace sampling
 
 // MLA decode over the paged latent cache (absorbed weights).

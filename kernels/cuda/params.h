@@ -184,7 +184,7 @@ struct GreedyLogprobsParams {
 // min-p, the draw given), one CTA per row. The row's logits are overwritten
 // (penalised, divided by the temperature): take log-probabilities first.
 struct SampleRow {
-  float temperature = 0.0f;  // 0: argmax of the penalised logits
+  float temperature = 0.0f;  // below sampling::kMinTemperature (1e-5): argmax of the penalised logits
   int top_k = 0;             // 0: all
   float top_p = 1.0f;        // (0, 1]
   float min_p = 0.0f;        // [0, 1]

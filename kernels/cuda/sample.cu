@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/routing.h"
 
@@ -305,8 +306,9 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
       const int i = base + u * kThreads + threadIdx.x;
       if (i >= vocab) break;
       float x = xs[u];
-      if (r.temperature != 0.0f) {
+      if (r.temperature >= sampling::kMinTemperature) {
         x = __fdiv_rn(x, r.temperature);
+        if (isnan(x)) x = -INFINITY;  // NaN counts as -inf
         row[i] = x;
       }
       if (Better(x, i, best, best_id)) {
@@ -316,7 +318,9 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
     }
   }
   ArgMax(best, best_id, sh);
-  if (r.temperature == 0.0f) {
+  if (best_id == INT_MAX) best_id = 0;  // every logit NaN
+  // Greedy, or no finite best (+inf, or -inf everywhere): the best candidate.
+  if (r.temperature < sampling::kMinTemperature || !isfinite(best)) {
     if (threadIdx.x == 0) p.ids[b] = best_id;
     return;
   }

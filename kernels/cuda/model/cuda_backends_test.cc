@@ -381,10 +381,15 @@ TEST_P(KvHandoffTest, BetweenBackendsContinuesExactly) {
     MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> t2, decode->NewSequence(static_cast<int>(prompt.size())));
     v1::PushKvRequest forged = msg;
     forged.mutable_device()->set_pool_handle(std::string(64, 'x'));
-    EXPECT_EQ(DeserializeKv(forged, layers, t2.get()).code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(DeserializeKv(forged, layers, t2.get()).code(), absl::StatusCode::kFailedPrecondition);
+    // The rows can still come through the host into that sequence.
+    MOESH_ASSERT_OK_AND_ASSIGN(const v1::PushKvRequest rows, SerializeKv("r", *here, layers, KvHandoff::kHost));
+    MOESH_ASSERT_OK(DeserializeKv(rows, layers, t2.get()));
+    EXPECT_EQ(t2->length(), static_cast<int>(prompt.size()));
+    MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> t3, decode->NewSequence(static_cast<int>(prompt.size())));
     v1::PushKvRequest far = msg;
     far.mutable_device()->set_blocks(0, far.device().num_blocks());
-    EXPECT_EQ(DeserializeKv(far, layers, t2.get()).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(DeserializeKv(far, layers, t3.get()).code(), absl::StatusCode::kInvalidArgument);
   }
   int32_t tok = Argmax(first, 0, vocab);
   for (int step = 0; step < steps; ++step) {

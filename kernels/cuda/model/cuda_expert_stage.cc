@@ -182,7 +182,8 @@ absl::Status CudaExpertStage::EnqueueExperts(const LayerStack& ls, int num_local
   ExpertMlpParams mp;
   mp.x = p.x, mp.ldx = h, mp.row_token = s.row_token.get();
   mp.expert_offsets = s.expert_offsets.get(), mp.tile_offsets = s.tile_offsets.get(), mp.tile_m = tile_m;
-  mp.rows = p.max_rows, mp.gate_up = ls.gate_up.get(), mp.down = ls.down.get();
+  mp.rows = p.max_rows, mp.expected_rows = p.expected_rows, mp.active_experts = p.served;
+  mp.gate_up = ls.gate_up.get(), mp.down = ls.down.get();
   mp.num_experts = e, mp.hidden = h, mp.inter = inter;
   mp.gathered = s.gathered.get(), mp.gu = s.gu.get(), mp.act = s.act.get(), mp.y = s.y.get();
   mp.host_offsets = s.h_offsets.get(), mp.gemm = s.gemm.get(), mp.stream = st;

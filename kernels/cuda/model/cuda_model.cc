@@ -814,6 +814,7 @@ absl::StatusOr<DeviceKvBlocks> CudaModel::ExportKv(int seq) {
   d.num_blocks = kv_->num_blocks();
   d.block_size = kKvBlockSize;
   d.blocks = seqs_[seq].blocks;
+  d.sender = KvPool::ProcessToken();
   return d;
 }
 
@@ -830,7 +831,8 @@ absl::Status CudaModel::ImportKv(int seq, const DeviceKvBlocks& src, int length)
   const int n = (length + kKvBlockSize - 1) / kKvBlockSize;
   const int need = n - static_cast<int>(s.blocks.size());
   if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
-  RETURN_IF_ERROR(kv_->CopyBlocksFrom(src.pool_handle, src.num_blocks, src.blocks, s.blocks, n, stream_.get()));
+  RETURN_IF_ERROR(
+      kv_->CopyBlocksFrom(src.pool_handle, src.sender, src.num_blocks, src.blocks, s.blocks, n, stream_.get()));
   s.length = length;
   return absl::OkStatus();
 }

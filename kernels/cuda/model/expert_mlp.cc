@@ -11,7 +11,11 @@ namespace {
 
 bool Capturing(cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(s, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    cudaGetLastError();  // not left for the next launch's check to report
+    return true;         // (the grouped path is safe either way)
+  }
+  return st != cudaStreamCaptureStatusNone;
 }
 
 absl::Status Dense(const ExpertMlpParams& p) {
@@ -59,7 +63,9 @@ absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
   const int e = p.num_experts, h = p.hidden, inter = p.inter;
   if (p.rows == 0) return absl::OkStatus();
   if (p.gathered != nullptr && p.host_offsets != nullptr && p.gemm != nullptr &&
-      p.rows >= kDenseRowsPerExpert * e && !Capturing(p.stream)) {
+      static_cast<int64_t>(p.expected_rows > 0 ? p.expected_rows : p.rows) >=
+          static_cast<int64_t>(kDenseRowsPerExpert) * (p.active_experts > 0 ? p.active_experts : e) &&
+      !Capturing(p.stream)) {
     return Dense(p);
   }
   GroupedGemmParams gg;

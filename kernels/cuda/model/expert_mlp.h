@@ -7,7 +7,7 @@
 //  * the grouped GEMM kernel: expert offsets stay on the device, so it is
 //    graph-capturable; weights-bound and fast at decode sizes;
 //  * dense cuBLASLt GEMMs, one pair per expert, where the batch is large
-//    (at least kDenseRowsPerExpert rows per expert on average) and the stream
+//    (at least kDenseRowsPerExpert rows per active expert on average) and the stream
 //    is not being captured: the offsets come to the host (one sync), the
 //    gate_up input rows are gathered contiguous, and each expert's rows,
 //    rounded up to kDenseRowAlign, run at cuBLAS's dense rate (the grouped
@@ -37,6 +37,8 @@ struct ExpertMlpParams {
   const int32_t* tile_offsets = nullptr;    // [num_experts + 1], device, for tile_m
   int tile_m = 16;
   int rows = 0;  // permuted rows, or a host bound on them (a serve mask drops pairs)
+  int expected_rows = 0;   // the rows expected here (picks the path); 0: rows
+  int active_experts = 0;  // the experts they spread over; 0: num_experts
   const bf16* gate_up = nullptr;  // [num_experts, 2 * inter, hidden]
   const bf16* down = nullptr;     // [num_experts, hidden, inter]
   int num_experts = 0, hidden = 0, inter = 0;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
+
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
@@ -13,10 +16,10 @@ namespace moesh::cuda {
 namespace {
 
 // This process's exported pools, by handle (CUDA maps a handle only in
-// other processes).
+// other processes): pointer and device.
 ABSL_CONST_INIT absl::Mutex local_mu(absl::kConstInit);
-std::map<std::string, const bf16*>& LocalPools() {
-  static auto* pools = new std::map<std::string, const bf16*>;
+std::map<std::string, std::pair<const bf16*, int>>& LocalPools() {
+  static auto* pools = new std::map<std::string, std::pair<const bf16*, int>>;
   return *pools;
 }
 
@@ -32,20 +35,37 @@ KvPool::~KvPool() {
   for (auto& [handle, m] : mapped_) cudaIpcCloseMemHandle(m.ptr);
 }
 
+const std::string& KvPool::ProcessToken() {
+  static const std::string* token = [] {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    std::random_device rd;
+    return new std::string(absl::StrCat(host, ":", getpid(), ":", (static_cast<uint64_t>(rd()) << 32) ^ rd()));
+  }();
+  return *token;
+}
+
 absl::StatusOr<std::string> KvPool::IpcHandle() {
   if (!ipc_handle_.empty()) return ipc_handle_;
   cudaIpcMemHandle_t h;
-  RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&h, storage_.get()));
-  ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  const cudaError_t err = cudaIpcGetMemHandle(&h, storage_.get());
+  if (err == cudaSuccess) {
+    ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  } else {  // no CUDA IPC here: a key that only this process resolves
+    cudaGetLastError();
+    ipc_handle_ = absl::StrCat("local:", ProcessToken(), ":", reinterpret_cast<uintptr_t>(storage_.get()));
+  }
+  int device = 0;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   absl::MutexLock lock(&local_mu);
-  LocalPools()[ipc_handle_] = storage_.get();
+  LocalPools()[ipc_handle_] = {storage_.get(), device};
   return ipc_handle_;
 }
 
-absl::Status KvPool::CopyBlocksFrom(const std::string& src_handle, int src_num_blocks,
+absl::Status KvPool::CopyBlocksFrom(const std::string& src_handle, const std::string& sender, int src_num_blocks,
                                     const std::vector<int32_t>& src_blocks, const std::vector<int32_t>& dst_blocks,
                                     int n, cudaStream_t stream) {
-  if (src_handle.size() != sizeof(cudaIpcMemHandle_t) || src_num_blocks < 1 || n < 0 ||
+  if (src_handle.empty() || src_num_blocks < 1 || n < 0 ||
       n > static_cast<int>(src_blocks.size()) || n > static_cast<int>(dst_blocks.size())) {
     return absl::InvalidArgumentError(absl::StrCat("KV copy: a handle of ", src_handle.size(), " bytes, ", n,
                                                    " blocks of ", src_blocks.size(), " / ", dst_blocks.size()));
@@ -59,20 +79,37 @@ absl::Status KvPool::CopyBlocksFrom(const std::string& src_handle, int src_num_b
   if (n == 0) return absl::OkStatus();
   const auto now = std::chrono::steady_clock::now();
   for (auto it = mapped_.begin(); it != mapped_.end();) {  // a restarted sender leaves its old pool here
-    if (it->first != src_handle && now - it->second.used > kIdleMapping) {
+    const bool replaced = !sender.empty() && it->second.sender == sender && it->first != src_handle;
+    if (replaced || (it->first != src_handle && now - it->second.used > kIdleMapping)) {
       cudaIpcCloseMemHandle(it->second.ptr);
       it = mapped_.erase(it);
     } else {
       ++it;
     }
   }
+  int device = 0;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   const bf16* src = nullptr;
+  int src_device = device;
   {
     absl::MutexLock lock(&local_mu);
     auto it = LocalPools().find(src_handle);
-    if (it != LocalPools().end()) src = it->second;
+    if (it != LocalPools().end()) src = it->second.first, src_device = it->second.second;
+  }
+  if (src != nullptr && src_device != device) {  // this process's pool on another GPU: peer access
+    int can = 0;
+    RETURN_IF_CUDA_ERROR(cudaDeviceCanAccessPeer(&can, device, src_device));
+    if (!can) {
+      return absl::FailedPreconditionError(absl::StrCat("KV copy: GPU ", device, " cannot read GPU ", src_device, "'s memory"));
+    }
+    const cudaError_t err = cudaDeviceEnablePeerAccess(src_device, 0);
+    if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled) RETURN_IF_CUDA_ERROR(err);
+    cudaGetLastError();
   }
   if (src == nullptr) {
+    if (src_handle.size() != sizeof(cudaIpcMemHandle_t)) {
+      return absl::FailedPreconditionError("KV copy: the sender's pool is not exported through CUDA IPC");
+    }
     auto it = mapped_.find(src_handle);
     if (it == mapped_.end()) {
       cudaIpcMemHandle_t h;
@@ -81,10 +118,10 @@ absl::Status KvPool::CopyBlocksFrom(const std::string& src_handle, int src_num_b
       const cudaError_t err = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
       if (err != cudaSuccess) {
         cudaGetLastError();
-        return absl::UnavailableError(absl::StrCat("KV copy: cannot map the sender's KV pool (",
+        return absl::FailedPreconditionError(absl::StrCat("KV copy: cannot map the sender's KV pool (",
                                                    cudaGetErrorName(err), ": ", cudaGetErrorString(err), ")"));
       }
-      it = mapped_.emplace(src_handle, Mapped{ptr, now}).first;
+      it = mapped_.emplace(src_handle, Mapped{ptr, sender, now}).first;
     }
     it->second.used = now;
     src = static_cast<const bf16*>(it->second.ptr);

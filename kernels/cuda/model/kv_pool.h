@@ -61,12 +61,19 @@ class KvPool {
   // `src_blocks` of another pool with this one's geometry and `src_num_blocks`
   // blocks (mapped by handle: another process's, on this or a peer GPU) into
   // `dst_blocks`, every layer, synchronously on `stream`. INVALID_ARGUMENT for
-  // a malformed handle or block ids out of range; UNAVAILABLE if CUDA cannot
-  // map it (its process is gone). Mappings idle for a minute are closed.
+  // a malformed handle or block ids out of range; FAILED_PRECONDITION if this
+  // process cannot map or read it (no CUDA IPC, the process is gone, no peer
+  // access). Mappings idle for a minute are closed.
+  // Where CUDA IPC is unavailable the handle is a key only this process
+  // resolves. `sender` names the exporting process (ProcessToken()): a new
+  // handle from a sender closes the mapping of its previous one (a restarted
+  // prefill worker's old pool is not kept alive here).
   absl::StatusOr<std::string> IpcHandle();
-  absl::Status CopyBlocksFrom(const std::string& src_handle, int src_num_blocks,
+  absl::Status CopyBlocksFrom(const std::string& src_handle, const std::string& sender, int src_num_blocks,
                               const std::vector<int32_t>& src_blocks, const std::vector<int32_t>& dst_blocks, int n,
                               cudaStream_t stream);
+  // This process, uniquely on this node (host, pid and a random number).
+  static const std::string& ProcessToken();
   ~KvPool();
 
  private:
@@ -84,6 +91,7 @@ class KvPool {
   // Other pools mapped by CopyBlocksFrom: handle -> (pointer, last use).
   struct Mapped {
     void* ptr = nullptr;
+    std::string sender;
     std::chrono::steady_clock::time_point used;
   };
   std::map<std::string, Mapped> mapped_;

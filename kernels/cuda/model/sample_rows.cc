@@ -2,7 +2,11 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/config.h"
+
 namespace moesh::cuda {
+
+static_assert(sampling::kMinTemperature == kMinSamplingTemperature, "the GPU and CPU samplers' greedy threshold");
 
 void AppendSampleRow(const SamplingParams& params, double draw, absl::Span<const int32_t> prompt,
                      absl::Span<const int32_t> output, std::vector<SampleRow>* rows,

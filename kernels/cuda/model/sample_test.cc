@@ -5,6 +5,7 @@
 // rows must be rare and must match the CPU with the draw/cut nudged.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -126,6 +127,15 @@ TEST(SampleTest, MatchesSamplerWithTheSameDraw) {
         const float x = normal(rng);
         logits[b * ld + i] = c.ties ? std::round(x * 2.0f) / 2.0f : x;
       }
+    }
+    // Non-finite rows: NaN logits (count as -inf), a +inf logit, -inf everywhere, and a temperature
+    // so small that logits / temperature overflow.
+    if (c.vocab >= 7) {
+      std::uniform_int_distribution<int> pos(0, c.vocab - 1);
+      for (int j = 0; j < 3; ++j) logits[0 * ld + pos(rng)] = std::nanf("");
+      logits[1 * ld + pos(rng)] = std::numeric_limits<float>::infinity();
+      for (int i = 0; i < c.vocab; ++i) logits[2 * ld + i] = -std::numeric_limits<float>::infinity();
+      rows[3].params.temperature = 1e-38f;
     }
     MOESH_ASSERT_OK_AND_ASSIGN(std::vector<int32_t> ids, SampleOnGpu(logits, c.vocab, ld, rows));
     MOESH_ASSERT_OK_AND_ASSIGN(std::vector<int32_t> again, SampleOnGpu(logits, c.vocab, ld, rows));
