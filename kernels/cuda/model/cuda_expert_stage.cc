@@ -130,9 +130,12 @@ absl::Status CudaExpertStage::AddShard(std::unique_ptr<ExpertShardWeights> more)
 }
 
 absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_local) const {
-  if (num_tokens <= scratch_tokens_ && num_local <= scratch_local_) return absl::OkStatus();
+  if (num_tokens <= scratch_tokens_ && top_k <= scratch_top_k_ && num_local <= scratch_local_) {
+    return absl::OkStatus();
+  }
   const ModelConfig& c = config();
-  const size_t t = std::max(num_tokens, scratch_tokens_), rows = t * top_k;
+  // Rows for the most tokens and the widest top-k seen (a dispatch's top_k is the sender's).
+  const size_t t = std::max(num_tokens, scratch_tokens_), rows = t * std::max(top_k, scratch_top_k_);
   const size_t h = c.hidden_size, inter = c.moe_intermediate_size;
   const size_t e = std::max(num_local, scratch_local_);
   Scratch& s = scratch_;
@@ -162,6 +165,7 @@ absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_l
   RETURN_IF_ERROR(Grow(&s.map, c.n_routed_experts));
   RETURN_IF_ERROR(GrowPinned(&s.h_map, c.n_routed_experts));
   scratch_tokens_ = static_cast<int>(t);
+  scratch_top_k_ = std::max(top_k, scratch_top_k_);
   scratch_local_ = static_cast<int>(e);
   return absl::OkStatus();
 }

@@ -110,6 +110,7 @@ class CudaExpertStage : public ExpertStage {
   mutable absl::Mutex run_mu_;  // one dispatch on the device at a time
   mutable Scratch scratch_ ABSL_GUARDED_BY(run_mu_);
   mutable int scratch_tokens_ ABSL_GUARDED_BY(run_mu_) = 0;
+  mutable int scratch_top_k_ ABSL_GUARDED_BY(run_mu_) = 0;
   mutable int scratch_local_ ABSL_GUARDED_BY(run_mu_) = 0;
 };
 
