@@ -135,24 +135,24 @@ absl::Status ExpertService::Dispatch(const v1::DispatchRequest& request, v1::Dis
 
 absl::Status ExpertService::DispatchOnDevice(const DeviceMoeDispatch& d, float* out) {
   if (!stage_->IsMoeLayer(d.layer)) return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
-  std::vector<int32_t> ids;
+  std::vector<CountedDispatch> counted;
   const auto start = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(stage_->AccumulateOnDevice(d, out, &ids));
+  RETURN_IF_ERROR(stage_->AccumulateOnDevice(d, out, &counted));
+  // Host time of the call (with d.done: until the work is enqueued).
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (d.serve != nullptr) {  // count only the pairs served here
-    for (int32_t& id : ids) {
-      if (id >= 0 && (id >= stage_->config().n_routed_experts || d.serve[id] == 0)) id = -1;
-    }
-  }
   {
     absl::MutexLock lock(&mu_);
     ++dispatches_;
     ++batches_;
   }
-  MoeDispatch counted;
-  counted.layer = d.layer, counted.num_tokens = d.num_tokens, counted.hidden = d.hidden, counted.top_k = d.top_k;
-  counted.topk_ids = ids.data();
-  Record(counted, seconds, 1);
+  // The dispatches whose pairs are known now (this one, or an earlier one
+  // that returned before the device finished).
+  for (const CountedDispatch& c : counted) {
+    MoeDispatch m;
+    m.layer = c.layer, m.num_tokens = c.ids.empty() ? 0 : c.num_tokens, m.hidden = d.hidden, m.top_k = c.top_k;
+    m.topk_ids = c.ids.data();
+    Record(m, seconds, 1);
+  }
   return absl::OkStatus();
 }
 

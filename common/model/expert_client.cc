@@ -21,7 +21,7 @@ absl::Status ExpertStage::AddShard(std::unique_ptr<ExpertShardWeights> more) {
   return absl::OkStatus();
 }
 
-absl::Status ExpertStage::AccumulateOnDevice(const DeviceMoeDispatch&, float*, std::vector<int32_t>*) const {
+absl::Status ExpertStage::AccumulateOnDevice(const DeviceMoeDispatch&, float*, std::vector<CountedDispatch>*) const {
   return absl::UnimplementedError(absl::StrCat("the experts run on ", device(),
                                                ": a device-resident dispatch needs --device cuda"));
 }

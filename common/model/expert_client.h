@@ -55,6 +55,18 @@ struct DeviceMoeDispatch {
   // the call returns (null: complete on return).
   void* ready = nullptr;
   void* stream = nullptr;
+  // ExpertStage::AccumulateOnDevice only: a cudaEvent_t to record once `out`
+  // is written; the call then returns without waiting for the device
+  // (`ready` is then waited for on the device too).
+  void* done = nullptr;
+};
+
+// The (token, expert) pairs of a device dispatch that ran here, for load
+// accounting: topk_ids with the pairs not served here as -1.
+struct CountedDispatch {
+  int layer = -1;
+  int num_tokens = 0, top_k = 0;
+  std::vector<int32_t> ids;
 };
 
 // A dispatch in flight (see ExpertClient::Start).
@@ -112,10 +124,12 @@ class ExpertStage {
   virtual absl::Status AddShard(std::unique_ptr<ExpertShardWeights> more);
   // Device-resident (CudaExpertStage): out (device, fp32 [num_tokens,
   // hidden]) = the weighted outputs of the hosted (and served) pairs,
-  // overwritten; returns once the device is done. `host_ids`, if not null,
-  // gets the dispatch's topk_ids (for load accounting). UNIMPLEMENTED here.
+  // overwritten; returns once the device is done, or with dispatch.done once
+  // the work is enqueued. `counted`, if not null, gets the dispatches whose
+  // pairs are now known on the host: this one when it waited; an earlier one
+  // that did not wait, once it is done. UNIMPLEMENTED here.
   virtual absl::Status AccumulateOnDevice(const DeviceMoeDispatch& dispatch, float* out,
-                                          std::vector<int32_t>* host_ids) const;
+                                          std::vector<CountedDispatch>* counted) const;
   // Where the experts run: "cpu", "cuda:0", ...
   virtual std::string device() const { return "cpu"; }
   std::set<int> expert_ids() const;  // every expert hosted

@@ -24,7 +24,7 @@
 
 namespace moesh {
 
-constexpr int kCudaBackendsAbiVersion = 5;  // 5: KvSequence device blocks (the KV handoff over cuda_ipc)
+constexpr int kCudaBackendsAbiVersion = 6;  // 6: interprocess events on DeviceMemory; 5: KvSequence device blocks
 constexpr char kCudaBackendsLibrary[] = "libmoesh_cuda_backends.so";
 constexpr char kCudaBackendsSymbol[] = "moesh_cuda_backends_v1";
 

@@ -42,6 +42,23 @@ class Region : public DeviceRegion {
   const std::string handle_;  // empty iff imported
 };
 
+class Event : public DeviceEvent {
+ public:
+  Event(int device, cudaEvent_t event, std::string handle)
+      : device_(device), event_(event), handle_(std::move(handle)) {}
+  ~Event() override {
+    cudaSetDevice(device_);
+    cudaEventDestroy(event_);
+  }
+  void* get() const override { return event_; }
+  const std::string& handle() const override { return handle_; }
+
+ private:
+  const int device_;
+  const cudaEvent_t event_;
+  const std::string handle_;  // empty iff opened from a peer's
+};
+
 class CudaDeviceMemory : public DeviceMemory {
  public:
   CudaDeviceMemory(int device, cuda::Stream stream) : device_(device), stream_(std::move(stream)) {}
@@ -101,6 +118,50 @@ class CudaDeviceMemory : public DeviceMemory {
   absl::Status Synchronize(void* stream) override {
     RETURN_IF_ERROR(cuda::UseDevice(device_));
     return CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  }
+
+  absl::StatusOr<std::unique_ptr<DeviceEvent>> MakeEvent() override {
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    cudaEvent_t e = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess),
+                               "cudaEventCreateWithFlags"));
+    cudaIpcEventHandle_t h;
+    if (absl::Status s = CudaStatus(cudaIpcGetEventHandle(&h, e), "cudaIpcGetEventHandle"); !s.ok()) {
+      cudaEventDestroy(e);
+      return s;
+    }
+    return std::unique_ptr<DeviceEvent>(new Event(device_, e, std::string(reinterpret_cast<const char*>(&h), sizeof(h))));
+  }
+
+  absl::StatusOr<std::unique_ptr<DeviceEvent>> OpenEvent(const std::string& handle) override {
+    if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
+      return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC event handle has ", sizeof(cudaIpcEventHandle_t),
+                                                     " bytes, not ", handle.size()));
+    }
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    cudaEvent_t e = nullptr;
+    const cudaError_t err = cudaIpcOpenEventHandle(&e, h);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::UnavailableError(absl::StrCat("cudaIpcOpenEventHandle on cuda:", device_, ": ",
+                                                 cudaGetErrorString(err)));
+    }
+    return std::unique_ptr<DeviceEvent>(new Event(device_, e, ""));
+  }
+
+  absl::Status Record(const DeviceEvent& event, void* stream) override {
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    return CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(event.get()), static_cast<cudaStream_t>(stream)),
+                      "cudaEventRecord");
+  }
+
+  absl::Status Wait(void* stream, const DeviceEvent& event) override {
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    return CudaStatus(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event.get()), 0),
+        "cudaStreamWaitEvent");
   }
 
   absl::Status Add(float* dst, const float* src, int rows, int cols, void* stream) override {

@@ -32,8 +32,17 @@ struct IpcRequest {
   uint32_t input_handle_size = 0, output_handle_size = 0;
   char input_handle[kMaxHandle] = {};
   char output_handle[kMaxHandle] = {};
+  // kAttach, same GPU, other process: interprocess events that order the
+  // dispatches on the device (see `pipelined`).
+  uint32_t ready_handle_size = 0, done_handle_size = 0;
+  char ready_handle[kMaxHandle] = {};
+  char done_handle[kMaxHandle] = {};
   // kDispatch.
   int32_t layer = 0, num_tokens = 0, num_experts = 0;
+  // The inputs are complete on the device once the ready event fires; the
+  // server enqueues its work after it, records the done event and answers
+  // without waiting; the client orders its use of the sums after done.
+  int32_t pipelined = 0;
   uint8_t serve[kMaxExperts] = {};
 };
 struct IpcReply {
@@ -151,15 +160,24 @@ class IpcChannel : public DataChannel {
     const InputLayout in(capacity_, hidden_, top_k_);
     char* base = static_cast<char*>(input_->data());
     const size_t t = d.num_tokens;
+    // Pipelined: the copies go on the caller's stream and an event marks
+    // them done; nobody's host waits for the device.
+    const bool pipelined = ready_event_ != nullptr && d.stream != nullptr;
     if (t > 0) {
       const DeviceMemory::CopyRange copies[] = {
           {base, d.hidden_states, t * d.hidden * 2},
           {base + in.ids, d.topk_ids, t * d.top_k * sizeof(int32_t)},
           {base + in.weights, d.topk_weights, t * d.top_k * sizeof(float)}};
-      RETURN_IF_ERROR(memory_->Copy(copies, nullptr, d.ready));  // waits for the inputs on the device
+      if (pipelined) {
+        RETURN_IF_ERROR(memory_->Copy(copies, d.stream));
+      } else {
+        RETURN_IF_ERROR(memory_->Copy(copies, nullptr, d.ready));  // waits for the inputs on the device
+      }
     }
+    if (pipelined) RETURN_IF_ERROR(memory_->Record(*ready_event_, d.stream));
     IpcRequest r;
     r.kind = IpcRequest::kDispatch;
+    r.pipelined = pipelined ? 1 : 0;
     r.layer = d.layer, r.num_tokens = d.num_tokens, r.hidden = d.hidden, r.top_k = d.top_k;
     if (d.serve != nullptr) {
       if (d.num_experts < 1 || d.num_experts > kMaxExperts) {
@@ -172,6 +190,7 @@ class IpcChannel : public DataChannel {
     posted_tokens_ = d.num_tokens;
     posted_hidden_ = d.hidden;
     posted_stream_ = d.stream;
+    posted_pipelined_ = pipelined;
     return absl::OkStatus();
   }
 
@@ -187,6 +206,7 @@ class IpcChannel : public DataChannel {
     // again before the next Post, which waits for that stream's next event.
     const float* result = static_cast<const float*>(output_->data());
     collected_on_ = posted_stream_;
+    if (posted_pipelined_) RETURN_IF_ERROR(memory_->Wait(posted_stream_, *done_event_));  // the sums are written
     if (accumulate) return memory_->Add(out, result, t, posted_hidden_, posted_stream_);
     const DeviceMemory::CopyRange copy[] = {{out, result, static_cast<size_t>(t) * posted_hidden_ * sizeof(float)}};
     return memory_->Copy(copy, posted_stream_);
@@ -231,6 +251,16 @@ class IpcChannel : public DataChannel {
     r.kind = IpcRequest::kAttach;
     r.capacity = capacity, r.hidden = hidden, r.top_k = top_k;
     r.input_bytes = input->size(), r.output_bytes = output->size();
+    if (!same_process_ && device_ == options_.device && ready_event_ == nullptr) {
+      ASSIGN_OR_RETURN(ready_event_, memory_->MakeEvent());
+      ASSIGN_OR_RETURN(done_event_, memory_->MakeEvent());
+    }
+    if (ready_event_ != nullptr) {
+      r.ready_handle_size = static_cast<uint32_t>(std::min(kMaxHandle, ready_event_->handle().size()));
+      r.done_handle_size = static_cast<uint32_t>(std::min(kMaxHandle, done_event_->handle().size()));
+      std::memcpy(r.ready_handle, ready_event_->handle().data(), r.ready_handle_size);
+      std::memcpy(r.done_handle, done_event_->handle().data(), r.done_handle_size);
+    }
     if (same_process_) {
       r.input_ptr = reinterpret_cast<uint64_t>(input->data());
       r.output_ptr = reinterpret_cast<uint64_t>(output->data());
@@ -268,7 +298,10 @@ class IpcChannel : public DataChannel {
   int capacity_ ABSL_GUARDED_BY(mu_) = 0, hidden_ ABSL_GUARDED_BY(mu_) = 0, top_k_ ABSL_GUARDED_BY(mu_) = 0;
   int posted_tokens_ ABSL_GUARDED_BY(mu_) = -1, posted_hidden_ ABSL_GUARDED_BY(mu_) = 0;
   void* posted_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool posted_pipelined_ ABSL_GUARDED_BY(mu_) = false;
   void* collected_on_ ABSL_GUARDED_BY(mu_) = nullptr;  // the stream the last result is copied out on
+  // Same GPU, another process: the events that pipeline the dispatches.
+  std::unique_ptr<DeviceEvent> ready_event_ ABSL_GUARDED_BY(mu_), done_event_ ABSL_GUARDED_BY(mu_);
 };
 
 class CudaIpcTransport : public Transport {
@@ -342,6 +375,7 @@ struct CudaIpcDataPlaneServer::Attachment {
   char* input_base = nullptr;
   float* output_base = nullptr;
   int capacity = 0, hidden = 0, top_k = 0;
+  std::unique_ptr<DeviceEvent> ready, done;  // the client's, for pipelined dispatches
 };
 
 absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> CudaIpcDataPlaneServer::Start(
@@ -449,10 +483,22 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
       if (!lo.ok()) return Bytes(ReplyOf(lo.status()));
       a->local_input = std::move(*li), a->local_output = std::move(*lo);
     }
+    if (r.ready_handle_size > 0 && !a->same_process && !a->other_gpu) {
+      absl::StatusOr<DeviceMemory*> mem = memory();
+      if (!mem.ok()) return Bytes(ReplyOf(mem.status()));
+      absl::StatusOr<std::unique_ptr<DeviceEvent>> ready = (*mem)->OpenEvent(
+          std::string(r.ready_handle, std::min<size_t>(r.ready_handle_size, kMaxHandle)));
+      if (!ready.ok()) return Bytes(ReplyOf(ready.status()));
+      absl::StatusOr<std::unique_ptr<DeviceEvent>> done = (*mem)->OpenEvent(
+          std::string(r.done_handle, std::min<size_t>(r.done_handle_size, kMaxHandle)));
+      if (!done.ok()) return Bytes(ReplyOf(done.status()));
+      a->ready = std::move(*ready), a->done = std::move(*done);
+    }
     a->capacity = r.capacity, a->hidden = r.hidden, a->top_k = r.top_k;
     std::cerr << "cuda_ipc data plane: " << a->client << " attached device buffers for " << r.capacity
               << " tokens" << (a->same_process ? " (same process)" : "")
-              << (a->other_gpu ? " (its GPU: staged through this one)" : "") << std::endl;
+              << (a->other_gpu ? " (its GPU: staged through this one)" : "")
+              << (a->ready != nullptr ? " (pipelined on the device through interprocess events)" : "") << std::endl;
     if (!a->same_process && !a->other_gpu && std::getenv("CUDA_MPS_PIPE_DIRECTORY") == nullptr) {
       std::cerr << "cuda_ipc data plane: note: the client shares this GPU: unless MPS runs it, every dispatch costs a GPU "
                    "context switch each way (~0.3 ms per call measured on an H200; BENCHMARKS.md)"
@@ -490,6 +536,12 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
   d.topk_weights = reinterpret_cast<const float*>(input + in.weights);
   d.serve = r.num_experts > 0 ? r.serve : nullptr;
   d.num_experts = r.num_experts;
+  if (r.pipelined != 0) {
+    if (a->ready == nullptr || a->local_input != nullptr) {
+      return Bytes(ReplyOf(absl::FailedPreconditionError("a pipelined dispatch on an attachment without events")));
+    }
+    d.ready = a->ready->get(), d.done = a->done->get();
+  }
   absl::Status s = device_dispatch_->DispatchOnDevice(d, output);
   if (s.ok() && output != a->output_base && t > 0) {  // push the sums back in bulk
     const DeviceMemory::CopyRange push[] = {{a->output_base, output, t * r.hidden * sizeof(float)}};

@@ -29,6 +29,15 @@ class DeviceRegion {
   virtual const std::string& handle() const = 0;
 };
 
+// A CUDA event shared between processes (cudaEventInterprocess): made here
+// (handle() for the peer) or opened from a peer's handle. Destroyed with it.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+  virtual void* get() const = 0;  // the cudaEvent_t
+  virtual const std::string& handle() const = 0;  // cudaIpcEventHandle_t bytes (made here only)
+};
+
 class DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;
@@ -52,6 +61,14 @@ class DeviceMemory {
   virtual absl::Status Synchronize(void* stream) = 0;
   // dst += src, both fp32 [rows, cols]; `stream` as for Copy.
   virtual absl::Status Add(float* dst, const float* src, int rows, int cols, void* stream = nullptr) = 0;
+  // Interprocess events, for ordering work across processes on the device
+  // without the hosts waiting: Record on cudaStream_t `stream`; Wait makes
+  // `stream` wait for the event's latest record. UNAVAILABLE if CUDA refuses
+  // a handle.
+  virtual absl::StatusOr<std::unique_ptr<DeviceEvent>> MakeEvent() = 0;
+  virtual absl::StatusOr<std::unique_ptr<DeviceEvent>> OpenEvent(const std::string& handle) = 0;
+  virtual absl::Status Record(const DeviceEvent& event, void* stream) = 0;
+  virtual absl::Status Wait(void* stream, const DeviceEvent& event) = 0;
 };
 
 }  // namespace moesh

@@ -217,6 +217,7 @@ absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const
 
   absl::MutexLock lock(&run_mu_);
   RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal_));
+  RETURN_IF_ERROR(DrainPending(nullptr));  // a device dispatch still running reads host buffers
   RETURN_IF_ERROR(EnsureScratch(t, k, e));
   Scratch& s = scratch_;
   // Host staging: hidden states to bf16, expert ids to this stage's rows.
@@ -248,8 +249,30 @@ absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const
   return absl::OkStatus();
 }
 
+absl::Status CudaExpertStage::DrainPending(std::vector<CountedDispatch>* counted) const {
+  if (!pending_) return absl::OkStatus();
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(pending_event_.get()));
+  pending_ = false;
+  if (counted == nullptr) return absl::OkStatus();  // a caller that does not count: dropped
+  CountedDispatch c = std::move(pending_counted_);
+  const size_t rows = static_cast<size_t>(c.num_tokens) * c.top_k;
+  if (pending_ids_.get() != nullptr && rows > 0) {
+    c.ids.assign(pending_ids_.get(), pending_ids_.get() + rows);
+    CountOnlyServed(pending_serve_, &c.ids);
+  }
+  counted->push_back(std::move(c));
+  return absl::OkStatus();
+}
+
+void CudaExpertStage::CountOnlyServed(const std::vector<uint8_t>& serve, std::vector<int32_t>* ids) const {
+  if (serve.empty()) return;
+  for (int32_t& id : *ids) {
+    if (id >= 0 && (id >= static_cast<int32_t>(serve.size()) || serve[id] == 0)) id = -1;
+  }
+}
+
 absl::Status CudaExpertStage::AccumulateOnDevice(const DeviceMoeDispatch& d, float* out,
-                                                 std::vector<int32_t>* host_ids) const {
+                                                 std::vector<CountedDispatch>* counted) const {
   const ModelConfig& c = config();
   if (!IsMoeLayer(d.layer)) return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
   if (d.hidden != c.hidden_size || d.top_k < 1 || d.num_tokens < 0) {
@@ -274,9 +297,14 @@ absl::Status CudaExpertStage::AccumulateOnDevice(const DeviceMoeDispatch& d, flo
 
   absl::MutexLock lock(&run_mu_);
   RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal_));
+  // An earlier dispatch that did not wait is done before the host buffers
+  // it used are written again (it almost always is by now).
+  RETURN_IF_ERROR(DrainPending(counted));
   RETURN_IF_ERROR(EnsureScratch(std::max(t, 1), k, e));
   Scratch& s = scratch_;
   cudaStream_t st = stream_.get();
+  const bool wait = d.done == nullptr;
+  if (!wait && d.ready != nullptr) RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(st, static_cast<cudaEvent_t>(d.ready), 0));
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, static_cast<size_t>(t) * h * sizeof(float), st));
   // Global expert id -> row in the stacks, for the experts served here.
   int served = 0;
@@ -297,12 +325,41 @@ absl::Status CudaExpertStage::AccumulateOnDevice(const DeviceMoeDispatch& d, flo
     pass.expected_rows = std::max(1, static_cast<int>(static_cast<int64_t>(rows) * served / c.n_routed_experts));
     RETURN_IF_ERROR(EnqueueExperts(ls, e, pass));
   }
-  if (host_ids != nullptr && rows > 0) {
+  CountedDispatch mine;
+  mine.layer = d.layer, mine.num_tokens = t, mine.top_k = k;
+  std::vector<uint8_t> serve_mask;
+  if (d.serve != nullptr) serve_mask.assign(d.serve, d.serve + d.num_experts);
+  if (!wait) {  // enqueued: the ids come back with the work, counted by a later call
+    if (counted != nullptr && rows > 0) {
+      if (pending_ids_.size() < static_cast<size_t>(rows)) {
+        ASSIGN_OR_RETURN(pending_ids_, PinnedBuffer<int32_t>::Create(std::max<size_t>(rows, 2 * pending_ids_.size())));
+      }
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(pending_ids_.get(), d.topk_ids, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+    }
+    if (pending_event_.get() == nullptr) {
+      ASSIGN_OR_RETURN(pending_event_, Event::Create());
+    }
+    RETURN_IF_ERROR(pending_event_.Record(st));
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(d.done), st));
+    pending_ = true;
+    pending_counted_ = std::move(mine);
+    if (counted == nullptr || rows == 0) pending_counted_.num_tokens = 0;  // nothing to count
+    pending_serve_ = std::move(serve_mask);
+    return absl::OkStatus();
+  }
+  if (counted != nullptr && rows > 0) {
     RETURN_IF_CUDA_ERROR(
         cudaMemcpyAsync(s.h_ids.get(), d.topk_ids, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
   }
   RETURN_IF_ERROR(stream_.Synchronize());
-  if (host_ids != nullptr) host_ids->assign(s.h_ids.get(), s.h_ids.get() + rows);
+  if (counted != nullptr) {
+    if (rows > 0) {
+      mine.ids.assign(s.h_ids.get(), s.h_ids.get() + rows);
+      CountOnlyServed(serve_mask, &mine.ids);
+    }
+    counted->push_back(std::move(mine));
+  }
   return absl::OkStatus();
 }
 

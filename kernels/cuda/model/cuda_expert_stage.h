@@ -45,7 +45,7 @@ class CudaExpertStage : public ExpertStage {
   // through CUDA IPC, or this GPU's), maps expert ids to the stacks on the
   // device, and writes `out` on the device: no host staging.
   absl::Status AccumulateOnDevice(const DeviceMoeDispatch& dispatch, float* out,
-                                  std::vector<int32_t>* host_ids) const override;
+                                  std::vector<CountedDispatch>* counted) const override;
   std::string device() const override { return device_; }
   // Bytes of expert weights on the device.
   size_t device_bytes() const;
@@ -82,6 +82,11 @@ class CudaExpertStage : public ExpertStage {
   absl::StatusOr<std::shared_ptr<const Stacks>> Build(
       const std::vector<const ExpertShardWeights*>& shards) const;
   absl::Status EnsureScratch(int num_tokens, int top_k, int num_local) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Waits for a dispatch that returned early; hands its pairs to `counted`
+  // (dropped if null).
+  absl::Status DrainPending(std::vector<CountedDispatch>* counted) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // ids of pairs not in `serve` (empty: every pair) become -1.
+  void CountOnlyServed(const std::vector<uint8_t>& serve, std::vector<int32_t>* ids) const;
   // One grouped pass over the shard's experts, on the stage's stream: the
   // pairs sorted by expert (ids mapped through `map` when it is set), gate_up
   // GEMM, SiLU·mul, down GEMM, and the weighted combine added into `out`.
@@ -109,6 +114,14 @@ class CudaExpertStage : public ExpertStage {
   std::shared_ptr<const Stacks> stacks_ ABSL_GUARDED_BY(stacks_mu_);
   mutable absl::Mutex run_mu_;  // one dispatch on the device at a time
   mutable Scratch scratch_ ABSL_GUARDED_BY(run_mu_);
+  // A dispatch that returned before the device finished (DeviceMoeDispatch::
+  // done): its ids land in pending_ids_ once pending_event_ fires; the next
+  // call waits for that, so host buffers are never rewritten under a copy.
+  mutable bool pending_ ABSL_GUARDED_BY(run_mu_) = false;
+  mutable CountedDispatch pending_counted_ ABSL_GUARDED_BY(run_mu_);
+  mutable std::vector<uint8_t> pending_serve_ ABSL_GUARDED_BY(run_mu_);
+  mutable PinnedBuffer<int32_t> pending_ids_ ABSL_GUARDED_BY(run_mu_);
+  mutable Event pending_event_ ABSL_GUARDED_BY(run_mu_);
   mutable int scratch_tokens_ ABSL_GUARDED_BY(run_mu_) = 0;
   mutable int scratch_top_k_ ABSL_GUARDED_BY(run_mu_) = 0;
   mutable int scratch_local_ ABSL_GUARDED_BY(run_mu_) = 0;
