@@ -11,7 +11,17 @@
 // for the channel runs the experts from the input region into the output
 // region (DeviceDispatchHandler) and rings back; the client copies or adds
 // the output into its buffer. The regions grow when a larger dispatch comes
-// (the server maps the new ones). The stream carries nothing after the
+// (the server maps the new ones). On one GPU across processes the channel
+// also shares two interprocess events and dispatches are pipelined on the
+// device: the client enqueues the copies on its stream and records `ready`
+// before ringing; the server waits on `ready` on its stream, enqueues the
+// experts, records `done` and rings back at once; the client makes its
+// stream wait on `done` before using the output. Neither host waits for the
+// device (the sums are ordered, not complete, when CollectOnDevice returns).
+//
+// The KV handoff can use device memory too (kv_handoff.h, KvHandoff::kDevice):
+// the decode worker copies the prefill worker's KV blocks from its
+// IPC-exported pool. The stream carries nothing after the
 // handshake: it ends when either side goes away, which fails the other's
 // waits at once.
 //
