@@ -91,7 +91,7 @@ absl::Status RunBench(const std::vector<std::string>& argv) {
                                           {"model", "batch", "prompt-len", "decode-steps", "concurrency", "requests",
                                            "max-new-tokens", "modes", "bin-dir", "device", "expert-device",
                                            "load-format", "expert-workers", "rebalance-timeline",
-                                           "rebalance-interval", "expert-placement"},
+                                           "rebalance-interval", "expert-placement", "temperature", "top-p", "top-k"},
                                           {"serving"}));
   if (args.Bool("serving")) return RunServingBench(args);
   ASSIGN_OR_RETURN(std::string dir, args.Required("model"));

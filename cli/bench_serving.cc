@@ -48,8 +48,10 @@ struct LoadControl {
   std::atomic<int64_t> tokens{0};
 };
 
+// Every request samples with `sampling` (seeded per request when it is not
+// greedy, so runs repeat).
 LoadResult RunLoad(const std::string& server, int concurrency, int requests, int prompt_len, int max_new, int vocab,
-                   LoadControl* control = nullptr) {
+                   const v1::SamplingParams& sampling, LoadControl* control = nullptr) {
   if (control != nullptr) requests = std::numeric_limits<int>::max();
   auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
   std::atomic<int> next{0};
@@ -64,7 +66,8 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
       for (int i = next++; i < requests && (control == nullptr || !control->stop); i = next++) {
         v1::GenerateRequest req;
         for (int t = 0; t < prompt_len; ++t) req.mutable_token_ids()->add_ids(2 + static_cast<int>(rng() % (vocab - 2)));
-        req.mutable_sampling()->set_temperature(0);
+        *req.mutable_sampling() = sampling;
+        if (sampling.temperature() > 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(i) + 1);
         req.mutable_stop()->set_max_new_tokens(max_new);
         req.mutable_stop()->set_ignore_eos(true);
         grpc::ClientContext ctx;
@@ -142,7 +145,8 @@ absl::Status RunRebalanceTimeline(const Args& args, const ModelConfig& config, L
   std::printf("\n");
   LoadControl control;
   std::thread load([&] {
-    RunLoad(cluster->router_address(), concurrency, 0, prompt_len, max_new, config.vocab_size, &control);
+    RunLoad(cluster->router_address(), concurrency, 0, prompt_len, max_new, config.vocab_size, v1::SamplingParams(),
+            &control);
   });
   std::vector<double> last(experts.size(), 0);
   int64_t last_tokens = 0;
@@ -189,6 +193,19 @@ absl::Status RunServingBench(const Args& args) {
   if (expert_workers < 1) return absl::InvalidArgumentError("--expert-workers: at least 1");
   std::vector<std::string> modes = absl::StrSplit(modes_flag, ',', absl::SkipEmpty());
   ASSIGN_OR_RETURN(const int64_t timeline, args.Int("rebalance-timeline", 0));
+  v1::SamplingParams sampling;  // greedy unless --temperature
+  ASSIGN_OR_RETURN(const double temperature, args.Double("temperature", 0.0));
+  ASSIGN_OR_RETURN(const double top_p, args.Double("top-p", 1.0));
+  ASSIGN_OR_RETURN(const int64_t top_k, args.Int("top-k", 0));
+  if (temperature < 0 || top_p <= 0 || top_p > 1 || top_k < 0) {
+    return absl::InvalidArgumentError("need --temperature >= 0, --top-p in (0, 1], --top-k >= 0");
+  }
+  sampling.set_temperature(static_cast<float>(temperature));
+  if (args.Has("top-p")) sampling.set_top_p(static_cast<float>(top_p));
+  if (args.Has("top-k")) sampling.set_top_k(static_cast<int>(top_k));
+  const std::string sampling_text =
+      temperature > 0 ? absl::StrCat("temperature ", temperature, ", top-p ", top_p, ", top-k ", top_k, ", seeded")
+                      : "greedy";
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   const std::string bin = len > 0 ? std::string(self, len) : "./moesh";
@@ -205,10 +222,10 @@ absl::Status RunServingBench(const Args& args) {
                                 static_cast<int>(prompt_len), static_cast<int>(max_new));
   }
   std::printf("serving bench: %s (%s) on %s (experts %s), %lld requests per row, prompt %lld tokens, %lld new tokens, "
-              "greedy\n",
+              "%s\n",
               model.c_str(), config.Fingerprint().c_str(), device.c_str(),
               expert_device.empty() ? device.c_str() : expert_device.c_str(), static_cast<long long>(requests),
-              static_cast<long long>(prompt_len), static_cast<long long>(max_new));
+              static_cast<long long>(prompt_len), static_cast<long long>(max_new), sampling_text.c_str());
   std::printf("%-18s %5s %8s %10s %12s %10s %10s %10s %10s %7s\n", "mode", "conc", "req/s", "out tok/s", "e2e p50 ms",
               "ttft p50", "ttft p99", "itl p50", "itl p99", "errors");
   for (const std::string& mode : modes) {
@@ -245,7 +262,7 @@ absl::Status RunServingBench(const Args& args) {
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
     for (int64_t c : concurrencies) {
       LoadResult r = RunLoad(cluster->router_address(), static_cast<int>(c), static_cast<int>(requests),
-                             static_cast<int>(prompt_len), static_cast<int>(max_new), config.vocab_size);
+                             static_cast<int>(prompt_len), static_cast<int>(max_new), config.vocab_size, sampling);
       std::printf("%-18s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d\n", mode.c_str(),
                   static_cast<long long>(c), r.ok / r.seconds, r.output_tokens / r.seconds,
                   1e3 * Percentile(r.e2e, 0.5), 1e3 * Percentile(r.ttft, 0.5), 1e3 * Percentile(r.ttft, 0.99),

@@ -21,6 +21,7 @@ constexpr char kUsage[] =
     "            local cluster and colocated mode [--concurrency 1,8,32] [--requests N]\n"
     "            [--max-new-tokens N] [--modes cluster,cluster-nopp,cluster-ucx,cluster-nccl,cluster-ipc,cluster-ipc-hostkv,colocated]\n"
     "            [--device cuda] [--expert-device cuda:1] [--load-format dummy] [--expert-workers N]\n"
+    "            [--temperature T [--top-p P] [--top-k K]] (seeded per request; default greedy)\n"
     "            [--rebalance-timeline SECONDS [--rebalance-interval S] [--expert-placement 0-47,48-63]]:\n"
     "            a skewed placement with the router rebalancing, tokens/s and balance per second\n"
     "  serve-local --model DIR [--expert-workers N] [--port P] [--bin-dir DIR] [--device cuda]\n"
