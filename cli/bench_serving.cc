@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/service/sampling_proto.h"
 #include "cli/local_cluster.h"
 #include "common/model/config.h"
 #include "common/status.h"
@@ -193,19 +194,13 @@ absl::Status RunServingBench(const Args& args) {
   if (expert_workers < 1) return absl::InvalidArgumentError("--expert-workers: at least 1");
   std::vector<std::string> modes = absl::StrSplit(modes_flag, ',', absl::SkipEmpty());
   ASSIGN_OR_RETURN(const int64_t timeline, args.Int("rebalance-timeline", 0));
-  v1::SamplingParams sampling;  // greedy unless --temperature
-  ASSIGN_OR_RETURN(const double temperature, args.Double("temperature", 0.0));
-  ASSIGN_OR_RETURN(const double top_p, args.Double("top-p", 1.0));
-  ASSIGN_OR_RETURN(const int64_t top_k, args.Int("top-k", 0));
-  if (temperature < 0 || top_p <= 0 || top_p > 1 || top_k < 0) {
-    return absl::InvalidArgumentError("need --temperature >= 0, --top-p in (0, 1], --top-k >= 0");
-  }
-  sampling.set_temperature(static_cast<float>(temperature));
-  if (args.Has("top-p")) sampling.set_top_p(static_cast<float>(top_p));
-  if (args.Has("top-k")) sampling.set_top_k(static_cast<int>(top_k));
+  ASSIGN_OR_RETURN(const SamplingParams sp, SamplingFromFlags(args));  // greedy unless --temperature
+  RETURN_IF_ERROR(sp.Validate(config.vocab_size));
+  v1::SamplingParams sampling;
+  SamplingToProto(sp, &sampling);
   const std::string sampling_text =
-      temperature > 0 ? absl::StrCat("temperature ", temperature, ", top-p ", top_p, ", top-k ", top_k, ", seeded")
-                      : "greedy";
+      sp.temperature > 0 ? absl::StrCat("temperature ", sp.temperature, ", top-p ", sp.top_p, ", top-k ", sp.top_k, ", seeded")
+                         : "greedy";
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   const std::string bin = len > 0 ? std::string(self, len) : "./moesh";

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/engine/sampler.h"
 
 namespace moesh::cli {
 
@@ -19,6 +21,9 @@ absl::Status RunServeLocal(const std::vector<std::string>& argv);
 class Args;
 // `moesh bench --serving`: concurrent streams against local clusters.
 absl::Status RunServingBench(const Args& args);
+// The sampling flags `generate` and `complete` share (--temperature, --top-k,
+// --top-p, --min-p, --seed, --top-logprobs, the penalties); greedy by default.
+absl::StatusOr<SamplingParams> SamplingFromFlags(const Args& args);
 
 }  // namespace moesh::cli
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/service/sampling_proto.h"
 #include "common/service/grpc_util.h"
 #include "common/status.h"
 #include "moesh/v1/generation.grpc.pb.h"
@@ -30,30 +31,9 @@ absl::Status RunComplete(const std::vector<std::string>& argv) {
     if (ids.empty()) return absl::InvalidArgumentError("--prompt or --prompt-ids is required");
     for (int64_t t : ids) req.mutable_token_ids()->add_ids(static_cast<int32_t>(t));
   }
-  v1::SamplingParams* sp = req.mutable_sampling();
   // The CLI defaults to greedy, as `moesh generate` does.
-  ASSIGN_OR_RETURN(double temperature, args.Double("temperature", 0.0));
-  sp->set_temperature(static_cast<float>(temperature));
-  if (args.Has("top-k")) { ASSIGN_OR_RETURN(int64_t v, args.Int("top-k", 0)); sp->set_top_k(static_cast<int>(v)); }
-  if (args.Has("top-p")) { ASSIGN_OR_RETURN(double v, args.Double("top-p", 1)); sp->set_top_p(static_cast<float>(v)); }
-  if (args.Has("min-p")) { ASSIGN_OR_RETURN(double v, args.Double("min-p", 0)); sp->set_min_p(static_cast<float>(v)); }
-  if (args.Has("seed")) { ASSIGN_OR_RETURN(int64_t v, args.Int("seed", 0)); sp->set_seed(static_cast<uint64_t>(v)); }
-  if (args.Has("repetition-penalty")) {
-    ASSIGN_OR_RETURN(double v, args.Double("repetition-penalty", 1));
-    sp->set_repetition_penalty(static_cast<float>(v));
-  }
-  if (args.Has("presence-penalty")) {
-    ASSIGN_OR_RETURN(double v, args.Double("presence-penalty", 0));
-    sp->set_presence_penalty(static_cast<float>(v));
-  }
-  if (args.Has("frequency-penalty")) {
-    ASSIGN_OR_RETURN(double v, args.Double("frequency-penalty", 0));
-    sp->set_frequency_penalty(static_cast<float>(v));
-  }
-  if (args.Has("top-logprobs")) {
-    ASSIGN_OR_RETURN(int64_t v, args.Int("top-logprobs", 0));
-    sp->set_top_logprobs(static_cast<int>(v));
-  }
+  ASSIGN_OR_RETURN(const SamplingParams sp, SamplingFromFlags(args));
+  SamplingToProto(sp, req.mutable_sampling());
   v1::StopConditions* stop = req.mutable_stop();
   if (args.Has("max-new-tokens")) {
     ASSIGN_OR_RETURN(int64_t v, args.Int("max-new-tokens", 16));

@@ -15,28 +15,8 @@
 
 namespace moesh::cli {
 
-absl::Status RunGenerate(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
-                                          {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k",
-                                           "top-p", "min-p", "seed", "top-logprobs", "stop-token-ids",
-                                           "repetition-penalty", "presence-penalty", "frequency-penalty", "device",
-                                           "gpu-memory-utilization"},
-                                          {"ignore-eos", "json"}));
-  ASSIGN_OR_RETURN(std::string dir, args.Required("model"));
-  ASSIGN_OR_RETURN(std::vector<int64_t> prompt64, args.IntList("prompt-ids"));
-  if (prompt64.empty()) return absl::InvalidArgumentError("--prompt-ids is required (e.g. --prompt-ids 5,17,300)");
-  std::vector<int32_t> prompt;
-  for (int64_t t : prompt64) {
-    if (t < INT32_MIN || t > INT32_MAX) return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is out of range"));
-    prompt.push_back(static_cast<int32_t>(t));
-  }
+absl::StatusOr<SamplingParams> SamplingFromFlags(const Args& args) {
   SamplingParams sp;
-  StopParams stop;
-  ASSIGN_OR_RETURN(int64_t max_new, args.Int("max-new-tokens", 16));
-  stop.max_new_tokens = static_cast<int>(std::min<int64_t>(max_new, INT32_MAX));
-  stop.ignore_eos = args.Bool("ignore-eos");
-  ASSIGN_OR_RETURN(std::vector<int64_t> stops, args.IntList("stop-token-ids"));
-  for (int64_t s : stops) stop.stop_token_ids.push_back(static_cast<int32_t>(s));
   ASSIGN_OR_RETURN(double temperature, args.Double("temperature", 0.0));
   ASSIGN_OR_RETURN(int64_t top_k, args.Int("top-k", 0));
   ASSIGN_OR_RETURN(double top_p, args.Double("top-p", 1.0));
@@ -57,6 +37,31 @@ absl::Status RunGenerate(const std::vector<std::string>& argv) {
     ASSIGN_OR_RETURN(int64_t seed, args.Int("seed", 0));
     sp.seed = static_cast<uint64_t>(seed);
   }
+  return sp;
+}
+
+absl::Status RunGenerate(const std::vector<std::string>& argv) {
+  ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
+                                          {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k",
+                                           "top-p", "min-p", "seed", "top-logprobs", "stop-token-ids",
+                                           "repetition-penalty", "presence-penalty", "frequency-penalty", "device",
+                                           "gpu-memory-utilization"},
+                                          {"ignore-eos", "json"}));
+  ASSIGN_OR_RETURN(std::string dir, args.Required("model"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> prompt64, args.IntList("prompt-ids"));
+  if (prompt64.empty()) return absl::InvalidArgumentError("--prompt-ids is required (e.g. --prompt-ids 5,17,300)");
+  std::vector<int32_t> prompt;
+  for (int64_t t : prompt64) {
+    if (t < INT32_MIN || t > INT32_MAX) return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is out of range"));
+    prompt.push_back(static_cast<int32_t>(t));
+  }
+  StopParams stop;
+  ASSIGN_OR_RETURN(int64_t max_new, args.Int("max-new-tokens", 16));
+  stop.max_new_tokens = static_cast<int>(std::min<int64_t>(max_new, INT32_MAX));
+  stop.ignore_eos = args.Bool("ignore-eos");
+  ASSIGN_OR_RETURN(std::vector<int64_t> stops, args.IntList("stop-token-ids"));
+  for (int64_t s : stops) stop.stop_token_ids.push_back(static_cast<int32_t>(s));
+  ASSIGN_OR_RETURN(const SamplingParams sp, SamplingFromFlags(args));
 
   DeviceOptions device;
   device.device = args.Get("device").value_or("cpu");
