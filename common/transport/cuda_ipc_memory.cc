@@ -74,30 +74,17 @@ class CudaDeviceMemory : public DeviceMemory {
           absl::StrCat("cuda:", device_, " has no ", bytes, " bytes free for the cuda_ipc buffers"));
     }
     RETURN_IF_ERROR(CudaStatus(err, "cudaMalloc"));
-    cudaIpcMemHandle_t h;
-    if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&h, ptr), "cudaIpcGetMemHandle"); !s.ok()) {
+    absl::StatusOr<std::string> handle = cuda::IpcMemHandle(ptr);
+    if (!handle.ok()) {
       cudaFree(ptr);
-      return s;
+      return handle.status();
     }
-    return std::unique_ptr<DeviceRegion>(
-        new Region(device_, ptr, bytes, std::string(reinterpret_cast<const char*>(&h), sizeof(h))));
+    return std::unique_ptr<DeviceRegion>(new Region(device_, ptr, bytes, *std::move(handle)));
   }
 
   absl::StatusOr<std::unique_ptr<DeviceRegion>> Import(const std::string& handle, size_t bytes) override {
-    if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t), " bytes, not ", handle.size()));
-    }
     RETURN_IF_ERROR(cuda::UseDevice(device_));
-    cudaIpcMemHandle_t h;
-    std::memcpy(&h, handle.data(), sizeof(h));
-    void* ptr = nullptr;
-    const cudaError_t err = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      return absl::UnavailableError(absl::StrCat("cudaIpcOpenMemHandle on cuda:", device_, ": ",
-                                                 cudaGetErrorString(err)));
-    }
+    ASSIGN_OR_RETURN(void* ptr, cuda::OpenIpcMemHandle(handle));
     return std::unique_ptr<DeviceRegion>(new Region(device_, ptr, bytes, ""));
   }
 

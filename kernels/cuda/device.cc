@@ -1,5 +1,7 @@
 #include "kernels/cuda/device.h"
 
+#include <cstring>
+
 namespace moesh::cuda {
 
 absl::StatusOr<int> CudaDeviceCount() {
@@ -82,6 +84,31 @@ absl::Status UseDevice(int ordinal) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA device ", ordinal, " does not exist (", n, " present)"));
   }
   return CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice");
+}
+
+absl::StatusOr<std::string> IpcMemHandle(void* base) {
+  cudaIpcMemHandle_t h;
+  RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&h, base));
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+absl::StatusOr<void*> OpenIpcMemHandle(const std::string& handle) {
+  if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t), " bytes, not ", handle.size()));
+  }
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  void* ptr = nullptr;
+  const cudaError_t err = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    int device = -1;
+    cudaGetDevice(&device);
+    return absl::UnavailableError(absl::StrCat("cudaIpcOpenMemHandle on cuda:", device, ": ", cudaGetErrorName(err),
+                                               ": ", cudaGetErrorString(err)));
+  }
+  return ptr;
 }
 
 }  // namespace moesh::cuda

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -175,6 +176,15 @@ absl::StatusOr<DeviceInfo> CurrentDeviceInfo();
 // device is per thread). FAILED_PRECONDITION without a GPU, INVALID_ARGUMENT
 // for an ordinal beyond the devices present.
 absl::Status UseDevice(int ordinal);
+
+// CUDA IPC memory, on the current device: IpcMemHandle gives the
+// cudaIpcMemHandle_t bytes of the allocation at `base` (from cudaMalloc);
+// OpenIpcMemHandle maps another process's handle into this one (peer access
+// enabled lazily; close with cudaIpcCloseMemHandle). INVALID_ARGUMENT for a
+// handle of the wrong size, UNAVAILABLE if CUDA refuses it (e.g. the
+// exporter is gone, or it is this process's own).
+absl::StatusOr<std::string> IpcMemHandle(void* base);
+absl::StatusOr<void*> OpenIpcMemHandle(const std::string& handle);
 
 }  // namespace moesh::cuda
 

@@ -49,6 +49,24 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
   return WarpSum(v);
 }
 
+// True iff (va, ia) ranks before (vb, ib): larger value, then lower index.
+__device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+// Warp-wide best (v, i) by Better(); every lane gets it.
+__device__ __forceinline__ void WarpArgBest(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (Better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
 // 16 bytes of bf16.
 struct alignas(16) Bf16x8 {
   __nv_bfloat162 h[4];

@@ -15,24 +15,6 @@ namespace {
 using gate::kWarpsPerBlock;
 constexpr unsigned kFull = 0xffffffffu;
 
-// True iff (va, ia) ranks before (vb, ib).
-__device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
-  return va > vb || (va == vb && ia < ib);
-}
-
-// Warp-wide best (v, i) by Better(); every lane gets it.
-__device__ __forceinline__ void WarpArgBest(float& v, int& i) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFull, v, o);
-    const int oi = __shfl_xor_sync(kFull, i, o);
-    if (Better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
-
 template <int kPerLane>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeGateKernel(MoeGateParams p) {
   __shared__ float choice_smem[kWarpsPerBlock][gate::kMaxExperts];

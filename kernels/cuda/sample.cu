@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/routing.h"
 
 namespace moesh::cuda {
@@ -67,24 +68,10 @@ struct Shared {
   int sel_id;
 };
 
-__device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
-  return va > vb || (va == vb && ia < ib);
-}
-__device__ __forceinline__ void WarpArgMax(float& v, int& i) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFull, v, o);
-    const int oi = __shfl_xor_sync(kFull, i, o);
-    if (Better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
 // The best (v, i) over the block, lowest i on ties; every thread gets it.
 __device__ __forceinline__ void ArgMax(float& v, int& i, Shared& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  WarpArgMax(v, i);
+  WarpArgBest(v, i);
   __syncthreads();
   if (lane == 0) {
     sh.redf[warp] = v;
@@ -93,7 +80,7 @@ __device__ __forceinline__ void ArgMax(float& v, int& i, Shared& sh) {
   __syncthreads();
   v = sh.redf[lane];
   i = sh.redi[lane];
-  WarpArgMax(v, i);
+  WarpArgBest(v, i);
 }
 
 // The exclusive prefix sum of v over the threads in order.

@@ -17,9 +17,6 @@ using sampling::kThreads;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFull = 0xffffffffu;
 
-__device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
-  return va > vb || (va == vb && ia < ib);
-}
 
 // (m, s): s = sum exp(x - m) over the values seen.
 __device__ __forceinline__ void LseMerge(float& m, float& s, float om, float os) {
@@ -149,15 +146,7 @@ __global__ void __launch_bounds__(kThreads) GreedyLogprobsKernel(GreedyLogprobsP
   for (int r = 0; r < rounds; ++r) {
     float v = top.v[0];
     int i = top.i[0];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(kFull, v, o);
-      const int oi = __shfl_xor_sync(kFull, i, o);
-      if (Better(ov, oi, v, i)) {
-        v = ov;
-        i = oi;
-      }
-    }
+    WarpArgBest(v, i);
     __syncthreads();  // the previous round's reads of red_* are done
     if (lane == 0) {
       red_v[warp] = v;

@@ -1,7 +1,6 @@
 #include "kernels/cuda/model/kv_pool.h"
 
 #include <algorithm>
-#include <cstring>
 #include <random>
 
 #include <unistd.h>
@@ -47,10 +46,9 @@ const std::string& KvPool::ProcessToken() {
 
 absl::StatusOr<std::string> KvPool::IpcHandle() {
   if (!ipc_handle_.empty()) return ipc_handle_;
-  cudaIpcMemHandle_t h;
-  const cudaError_t err = cudaIpcGetMemHandle(&h, storage_.get());
-  if (err == cudaSuccess) {
-    ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  absl::StatusOr<std::string> handle = cuda::IpcMemHandle(storage_.get());
+  if (handle.ok()) {
+    ipc_handle_ = *std::move(handle);
   } else {  // no CUDA IPC here: a key that only this process resolves
     cudaGetLastError();
     ipc_handle_ = absl::StrCat("local:", ProcessToken(), ":", reinterpret_cast<uintptr_t>(storage_.get()));
@@ -112,16 +110,12 @@ absl::Status KvPool::CopyBlocksFrom(const std::string& src_handle, const std::st
     }
     auto it = mapped_.find(src_handle);
     if (it == mapped_.end()) {
-      cudaIpcMemHandle_t h;
-      std::memcpy(&h, src_handle.data(), sizeof(h));
-      void* ptr = nullptr;
-      const cudaError_t err = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
-      if (err != cudaSuccess) {
-        cudaGetLastError();
-        return absl::FailedPreconditionError(absl::StrCat("KV copy: cannot map the sender's KV pool (",
-                                                   cudaGetErrorName(err), ": ", cudaGetErrorString(err), ")"));
+      absl::StatusOr<void*> ptr = cuda::OpenIpcMemHandle(src_handle);
+      if (!ptr.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("KV copy: cannot map the sender's KV pool (", ptr.status().message(), ")"));
       }
-      it = mapped_.emplace(src_handle, Mapped{ptr, sender, now}).first;
+      it = mapped_.emplace(src_handle, Mapped{*ptr, sender, now}).first;
     }
     it->second.used = now;
     src = static_cast<const bf16*>(it->second.ptr);
