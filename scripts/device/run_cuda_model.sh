@@ -12,10 +12,7 @@ budget=${MOESH_DEVICE_BUDGET_S:-280}  # stay inside run's 600 s
 source scripts/device/steps.sh || exit 1
 export MOESH_REQUIRE_CUDA=1
 export MOESH_SOURCE_DIR=$PWD  # the goldens, in this checkout
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu,power.draw \
-  --format=csv > "$LOGS/env.txt" 2>&1
-cat "$D/MANIFEST" >> "$LOGS/env.txt"
-cat "$LOGS/env.txt"
+record_env
 
 
 for t in cuda_grouped_gemm_test cuda_model_test cuda_ops_test; do

@@ -13,9 +13,7 @@ budget=${MOESH_DEVICE_BUDGET_S:-540}  # stay inside run's 600 s
 source scripts/device/steps.sh || exit 1
 export MOESH_REQUIRE_CUDA=1
 export MOESH_SOURCE_DIR=$PWD
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv > "$LOGS/env.txt" 2>&1
-cat "$D/MANIFEST" >> "$LOGS/env.txt"
-cat "$LOGS/env.txt"
+record_env
 
 step cuda_backends_test 120 $D/bin/cuda_backends_test
 step cuda_cluster_test 240 tests/integration/cuda_cluster_test.sh $D/bin/moesh "$PWD"

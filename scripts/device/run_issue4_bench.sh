@@ -18,10 +18,7 @@
 set -uo pipefail
 budget=${MOESH_DEVICE_BUDGET_S:-570}
 source scripts/device/steps.sh || exit 1
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv \
-  > "$LOGS/env.txt" 2>&1
-cat "$D/MANIFEST" >> "$LOGS/env.txt"
-cat "$LOGS/env.txt"
+record_env
 export MOESH_REQUIRE_CUDA=1
 if [[ -x $D/bin/cuda_routing_test ]]; then  # greedy + top-k log-probabilities, the MoE gate
   step cuda_routing_test 60 $D/bin/cuda_routing_test

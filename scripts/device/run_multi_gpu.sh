@@ -16,10 +16,7 @@ set -uo pipefail
 budget=${MOESH_DEVICE_BUDGET_S:-540}  # stay inside run's 600 s
 source scripts/device/steps.sh || exit 1
 export MOESH_SOURCE_DIR=$PWD
-nvidia-smi -L > "$LOGS/env.txt" 2>&1
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv >> "$LOGS/env.txt" 2>&1
-cat "$D/MANIFEST" >> "$LOGS/env.txt"
-cat "$LOGS/env.txt"
+record_env
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 
 if [[ -z ${MOESH_ONLY_REAL:-} ]]; then

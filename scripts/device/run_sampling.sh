@@ -16,9 +16,7 @@ budget=${MOESH_DEVICE_BUDGET_S:-560}
 source scripts/device/steps.sh || exit 1
 export MOESH_REQUIRE_CUDA=1
 export MOESH_SOURCE_DIR=$PWD
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv > "$LOGS/env.txt" 2>&1
-cat "$D/MANIFEST" >> "$LOGS/env.txt"
-cat "$LOGS/env.txt"
+record_env
 gpus=$(nvidia-smi --list-gpus | wc -l)
 
 step cuda_sample_test 60 $D/bin/cuda_sample_test

@@ -6,7 +6,9 @@
 #       to `summary` (rc, seconds, gtest counts, compute-sanitizer's error
 #       summary); a failing step prints its telling lines;
 #   finish  packs the logs into $OUT/logs.tgz ($OUT brings back at most 8
-#       files) and prints the summary.
+#       files) and prints the summary;
+#   record_env  writes the GPUs and the bundle's manifest to $LOGS/env.txt
+#       and prints them.
 OUT=${OUT:-/tmp/moesh-out}
 LOGS=/tmp/moesh-logs
 rm -rf "$LOGS"
@@ -43,4 +45,11 @@ finish() {
   echo
   echo "==== summary"
   printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+}
+record_env() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+    --format=csv \
+    > "$LOGS/env.txt" 2>&1
+  cat "$D/MANIFEST" >> "$LOGS/env.txt"
+  cat "$LOGS/env.txt"
 }

@@ -169,11 +169,12 @@ absl::StatusOr<SampledTokens> CudaAttentionBackend::ForwardSample(absl::Span<con
   }
   RETURN_IF_ERROR(CheckSampleRequests(seqs, samples, top_logprobs));
   // Plain greedy batches keep the step's argmax; others run the sampler.
+  const bool greedy =
+      std::all_of(samples.begin(), samples.end(), [](const SampleRequest& r) { return r.params->plain_greedy(); });
   StepSampling sampling;
-  bool greedy = true;
-  for (const SampleRequest& r : samples) {
+  for (size_t i = 0; i < samples.size() && !greedy; ++i) {
+    const SampleRequest& r = samples[i];
     AppendSampleRow(*r.params, r.draw, r.prompt, r.output, &sampling.rows, &sampling.penalties);
-    greedy = greedy && r.params->plain_greedy();
   }
   std::vector<Sequence*> owned;
   std::vector<SequenceTokens> tokens;
