@@ -169,10 +169,11 @@ class CudaModel {
   absl::Status ImportKv(int seq, const DeviceKvBlocks& src, int length);
   int kv_row_width() const { return config_.kv_lora_rank + config_.qk_rope_head_dim; }
 
-  // Benchmarks: fills the whole cache with random rows, then lets a sequence
-  // (empty so far) claim `length` tokens of them without running the model.
+  // Benchmarks: fills the whole cache with random rows, then adds `n`
+  // sequences that each claim `length` tokens of them without running the
+  // model; returns their ids.
   absl::Status FillKvCacheRandom(uint64_t seed);
-  absl::Status SetSyntheticLength(int seq, int length);
+  absl::StatusOr<std::vector<int>> AddSyntheticSequences(int n, int length);
 
   // Tokens each routed expert received in the last step, [num_layers,
   // n_routed_experts] (rows of dense layers are 0).

@@ -13,15 +13,19 @@ absl::Status CudaModel::FillKvCacheRandom(uint64_t seed) {
   return stream_.Synchronize();
 }
 
-absl::Status CudaModel::SetSyntheticLength(int seq, int length) {
-  ASSIGN_OR_RETURN(int len, SequenceLength(seq));
-  if (len != 0 || length < 0 || length > max_model_len_) {
-    return absl::InvalidArgumentError("CudaModel::SetSyntheticLength: need an empty sequence and length <= max_model_len");
+absl::StatusOr<std::vector<int>> CudaModel::AddSyntheticSequences(int n, int length) {
+  if (n < 0 || length < 0 || length > max_model_len_) {
+    return absl::InvalidArgumentError("CudaModel::AddSyntheticSequences: need n >= 0 and length <= max_model_len");
   }
-  Sequence& s = seqs_[seq];
-  RETURN_IF_ERROR(kv_->Allocate((length + kKvBlockSize - 1) / kKvBlockSize, &s.blocks));
-  s.length = length;
-  return absl::OkStatus();
+  std::vector<int> ids;
+  for (int i = 0; i < n; ++i) {
+    ASSIGN_OR_RETURN(const int id, AddSequence());
+    Sequence& s = seqs_[id];
+    RETURN_IF_ERROR(kv_->Allocate((length + kKvBlockSize - 1) / kKvBlockSize, &s.blocks));
+    s.length = length;
+    ids.push_back(id);
+  }
+  return ids;
 }
 
 absl::StatusOr<std::vector<int32_t>> CudaModel::LastRouting(int* rows) {

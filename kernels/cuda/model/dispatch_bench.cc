@@ -176,12 +176,7 @@ absl::StatusOr<std::map<int, double>> StepTimes(const Flags& f, const ModelConfi
   std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
   std::map<int, double> out;
   for (int b : f.step_batch) {
-    std::vector<int> seqs;
-    for (int i = 0; i < b; ++i) {
-      ASSIGN_OR_RETURN(int id, model->AddSequence());
-      RETURN_IF_ERROR(model->SetSyntheticLength(id, f.context));
-      seqs.push_back(id);
-    }
+    ASSIGN_OR_RETURN(const std::vector<int> seqs, model->AddSyntheticSequences(b, f.context));
     std::vector<std::vector<int32_t>> next(b, std::vector<int32_t>(1));
     std::vector<SequenceTokens> batch(b);
     std::vector<double> us;

@@ -340,11 +340,10 @@ absl::Status Run(const Flags& f) {
     const int b = f.batches[0];
     std::vector<SequenceTokens> batch(b);
     std::vector<std::vector<int32_t>> next(b, std::vector<int32_t>(1));
+    ASSIGN_OR_RETURN(const std::vector<int> seqs, model->AddSyntheticSequences(b, f.context));
     for (int i = 0; i < b; ++i) {
-      ASSIGN_OR_RETURN(int id, model->AddSequence());
-      RETURN_IF_ERROR(model->SetSyntheticLength(id, f.context));
       next[i][0] = tok(rng);
-      batch[i] = {id, next[i]};
+      batch[i] = {seqs[i], next[i]};
     }
     for (int s = 0; s < 3; ++s) {
       if (s == 2) RETURN_IF_CUDA_ERROR(cudaProfilerStart());
@@ -355,12 +354,7 @@ absl::Status Run(const Flags& f) {
     return absl::OkStatus();
   }
   auto decode_row = [&](int b, const char* label, bool profile, bool sampled = false) -> absl::Status {
-    std::vector<int> seqs;
-    for (int i = 0; i < b; ++i) {
-      ASSIGN_OR_RETURN(int id, model->AddSequence());
-      RETURN_IF_ERROR(model->SetSyntheticLength(id, f.context));
-      seqs.push_back(id);
-    }
+    ASSIGN_OR_RETURN(const std::vector<int> seqs, model->AddSyntheticSequences(b, f.context));
     std::vector<std::vector<int32_t>> next(b, std::vector<int32_t>(1));
     std::vector<SequenceTokens> batch(b);
     auto fill = [&] {
