@@ -99,6 +99,12 @@ class ExpertClient {
   // delivered on dispatch.stream (see DeviceMoeDispatch). UNIMPLEMENTED
   // unless dispatch_device() >= 0.
   virtual absl::Status RunOnDevice(const DeviceMoeDispatch& dispatch, float* out);
+  // Call once the caller's stream is done with every result RunOnDevice
+  // delivered since the last call: OK if they are all sound; UNAVAILABLE if
+  // a worker failed meanwhile (it is routed around from now on; the results
+  // are not to be used, the step is to be run again). Transports that
+  // answer within RunOnDevice (cuda_ipc) always return OK.
+  virtual absl::Status CheckDeviceDispatches() { return absl::OkStatus(); }
 };
 
 // The expert FFNs of one shard: for every MoE layer, a grouped computation over

@@ -21,12 +21,12 @@ absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, c
     return e;
   }
   if (transport == "nccl") {
-    if (dispatch == nullptr) {
+    if (dispatch == nullptr && device_dispatch == nullptr) {
       e.address = grpc_address;
       return e;
     }
     absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> s =
-        NcclDataPlaneServer::Start(host + ":0", cuda_device, dispatch, kv);
+        NcclDataPlaneServer::Start(host + ":0", cuda_device, dispatch, kv, device_dispatch);
     if (!s.ok()) return s.status();
     e.nccl = std::move(*s);
     e.address = absl::StrCat(host, ":", e.nccl->port());

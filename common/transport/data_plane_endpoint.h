@@ -24,7 +24,7 @@ struct DataPlaneEndpoint {
 
 // `host`: the advertised host; `grpc_address`: the worker's gRPC address.
 // Handlers may be null; they must outlive the endpoint. nccl and cuda_ipc
-// carry expert dispatch (on CUDA device `cuda_device`; cuda_ipc's
+// carry expert dispatch (on CUDA device `cuda_device`; their
 // device-resident dispatches go to `device_dispatch`); a KV-only endpoint
 // (decode workers) stays on gRPC with them, since prefill and decode may
 // share a GPU, which NCCL cannot connect, and the KV handoff is host-side.

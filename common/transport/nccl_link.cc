@@ -67,13 +67,28 @@ NcclLink::~NcclLink() {
   if (!aborted_) ncclCommAbort(comm_);  // local; ncclCommDestroy could wait for a dead peer
 }
 
+void NcclLink::Abort() {
+  abort_requested_.store(true);
+  Broken(absl::OkStatus()).IgnoreError();
+}
+
 absl::Status NcclLink::Broken(absl::Status why) {
   absl::MutexLock lock(&mu_);
   if (!aborted_) {
+    cudaSetDevice(device_);
     ncclCommAbort(comm_);
     aborted_ = true;
   }
   return why;
+}
+
+ncclResult_t NcclLink::AsyncState(ncclResult_t* state) {
+  absl::MutexLock lock(&mu_);
+  if (aborted_) {
+    *state = ncclInvalidUsage;
+    return ncclSuccess;
+  }
+  return ncclCommGetAsyncError(comm_, state);
 }
 
 absl::Status NcclLink::Settle(const char* what, absl::Time deadline) {
@@ -81,7 +96,7 @@ absl::Status NcclLink::Settle(const char* what, absl::Time deadline) {
   while (true) {
     if (abort_requested_.load()) return Broken(absl::UnavailableError(absl::StrCat("NCCL ", what, ": aborted")));
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    const ncclResult_t r = AsyncState(&state);
     if (r != ncclSuccess) return Broken(NcclError(what, r));
     if (state == ncclSuccess) return absl::OkStatus();
     if (state != ncclInProgress) return Broken(NcclError(what, state));
@@ -93,12 +108,13 @@ absl::Status NcclLink::Settle(const char* what, absl::Time deadline) {
 }
 
 absl::Status NcclLink::Post(const char* what, const std::function<ncclResult_t()>& op, absl::Time deadline) {
+  ncclResult_t r;
   {
     absl::MutexLock lock(&mu_);
     if (aborted_) return absl::UnavailableError("NCCL link: aborted");
+    cudaSetDevice(device_);
+    r = op();
   }
-  cudaSetDevice(device_);
-  const ncclResult_t r = op();
   if (r != ncclSuccess && r != ncclInProgress) return Broken(NcclError(what, r));
   return r == ncclInProgress ? Settle(what, deadline) : absl::OkStatus();
 }
@@ -109,6 +125,21 @@ absl::Status NcclLink::Send(const void* buf, size_t bytes, cudaStream_t stream, 
 
 absl::Status NcclLink::Recv(void* buf, size_t bytes, cudaStream_t stream, absl::Time deadline) {
   return Post("recv", [&] { return ncclRecv(buf, bytes, ncclUint8, 1 - rank_, comm_, stream); }, deadline);
+}
+
+absl::Status NcclLink::Group(const Buffer* sends, size_t num_sends, const Buffer* recvs, size_t num_recvs,
+                             cudaStream_t stream, absl::Time deadline) {
+  return Post("group", [&] {
+    ncclResult_t r = ncclGroupStart();
+    for (size_t i = 0; i < num_sends && (r == ncclSuccess || r == ncclInProgress); ++i) {
+      if (sends[i].bytes > 0) r = ncclSend(sends[i].data, sends[i].bytes, ncclUint8, 1 - rank_, comm_, stream);
+    }
+    for (size_t i = 0; i < num_recvs && (r == ncclSuccess || r == ncclInProgress); ++i) {
+      if (recvs[i].bytes > 0) r = ncclRecv(recvs[i].data, recvs[i].bytes, ncclUint8, 1 - rank_, comm_, stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();  // always closes the group
+    return r == ncclSuccess || r == ncclInProgress ? end : r;
+  }, deadline);
 }
 
 absl::Status NcclLink::Wait(cudaStream_t stream, absl::Time deadline) {
@@ -122,7 +153,7 @@ absl::Status NcclLink::Wait(cudaStream_t stream, absl::Time deadline) {
     }
     if (abort_requested_.load()) return Broken(absl::UnavailableError("NCCL link: aborted"));
     ncclResult_t state = ncclSuccess;
-    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+    if (AsyncState(&state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
       return Broken(NcclError("transfer", state));
     }
     if (absl::Now() > deadline) {

@@ -54,20 +54,32 @@ class NcclLink {
                     absl::Time deadline = absl::InfiniteFuture());
   absl::Status Recv(void* device_buffer, size_t bytes, cudaStream_t stream,
                     absl::Time deadline = absl::InfiniteFuture());
+  // Sends and receives as one NCCL group (one kernel): each {buffer, bytes}
+  // of `sends`, then each of `recvs`, in order.
+  struct Buffer {
+    void* data;
+    size_t bytes;
+  };
+  absl::Status Group(const Buffer* sends, size_t num_sends, const Buffer* recvs, size_t num_recvs,
+                     cudaStream_t stream, absl::Time deadline = absl::InfiniteFuture());
   // Waits until `stream`'s work is done: DEADLINE_EXCEEDED past `deadline`,
   // UNAVAILABLE on an NCCL error or Abort (the communicator is then aborted).
   absl::Status Wait(cudaStream_t stream, absl::Time deadline);
-  // Makes a Wait in progress, and every later call, fail. Any thread.
-  void Abort() { abort_requested_.store(true); }
+  // Aborts the communicator now (operations still on a stream end), making
+  // a Wait in progress and every later call fail. Any thread.
+  void Abort();
 
  private:
   NcclLink(ncclComm_t comm, int rank, int device) : comm_(comm), rank_(rank), device_(device) {}
   // Polls the communicator until it leaves ncclInProgress.
   absl::Status Settle(const char* what, absl::Time deadline);
-  // Runs `op` (ncclSend / ncclRecv) on a live link and waits until NCCL took it.
+  // Runs `op` (ncclSend / ncclRecv / a group) on a live link and waits until NCCL took it.
   absl::Status Post(const char* what, const std::function<ncclResult_t()>& op, absl::Time deadline);
   absl::Status Broken(absl::Status why);  // aborts once, returns why
-  ncclComm_t comm_;
+  // The communicator's asynchronous state; an error once aborted. Takes mu_
+  // (the communicator is freed by an abort from another thread).
+  ncclResult_t AsyncState(ncclResult_t* state);
+  ncclComm_t comm_;  // used under mu_ once the link exists
   const int rank_;
   const int device_;
   std::atomic<bool> abort_requested_{false};

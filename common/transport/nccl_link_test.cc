@@ -67,11 +67,11 @@ TEST(NcclLinkTest, TwoGpusExchangeBuffersBothWays) {
     cudaMemset(recv, 0xff, kBytes);
     cudaStream_t stream;
     cudaStreamCreate(&stream);
-    ncclGroupStart();
-    absl::Status s = (*link)->Send(send, kBytes, stream);
-    if (s.ok()) s = (*link)->Recv(recv, kBytes, stream);
-    ncclGroupEnd();
-    if (s.ok() && cudaStreamSynchronize(stream) != cudaSuccess) s = absl::InternalError("stream failed");
+    // Both ways at once: one group (two separate calls would each wait
+    // for the other side's matching one).
+    const NcclLink::Buffer out[] = {{send, kBytes}}, in[] = {{recv, kBytes}};
+    absl::Status s = (*link)->Group(out, 1, in, 1, stream, absl::Now() + absl::Seconds(60));
+    if (s.ok()) s = (*link)->Wait(stream, absl::Now() + absl::Seconds(60));
     cudaMemcpy(got[rank].data(), recv, kBytes, cudaMemcpyDeviceToHost);
     cudaStreamDestroy(stream);
     cudaFree(send);

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -27,6 +28,14 @@ absl::StatusOr<std::unique_ptr<NcclPipe>> NcclPipe::Open(const std::string& uniq
   if (absl::Status s = Cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"); !s.ok()) return s;
   std::unique_ptr<NcclPipe> pipe(new NcclPipe(std::move(*link), stream));
   if (absl::Status s = pipe->Reserve(1 << 20); !s.ok()) return s;
+  // Connect both directions in one round: NCCL sets up the connections to
+  // a peer lazily, at the first group using them, and both ranks must set up
+  // the same ones together (a receive-only group here against a send and
+  // receive group there fails in NCCL's bootstrap: "message truncated").
+  char* scratch = static_cast<char*>(pipe->device_);
+  const NcclLink::Buffer out[] = {{scratch, 1}}, in[] = {{scratch + 256, 1}};
+  if (absl::Status s = pipe->link_->Group(out, 1, in, 1, stream, deadline); !s.ok()) return s;
+  if (absl::Status s = pipe->link_->Wait(stream, deadline); !s.ok()) return s;
   return pipe;
 }
 
@@ -82,6 +91,36 @@ absl::StatusOr<std::string> NcclPipe::Recv(size_t bytes, absl::Time deadline) {
   if (absl::Status s = link_->Wait(stream_, deadline); !s.ok()) return s;
   out.assign(host_, bytes);
   return out;
+}
+
+absl::Status NcclPipe::Exchange(absl::Span<const DeviceBuffer> sends, absl::Span<const DeviceBuffer> recvs,
+                              absl::Span<void* const> after, void* done, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  cudaSetDevice(link_->device());
+  for (void* e : after) {
+    if (e == nullptr) continue;
+    if (absl::Status s = Cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(e), 0), "wait"); !s.ok()) return s;
+  }
+  std::vector<NcclLink::Buffer> out, in;
+  for (const DeviceBuffer& b : sends) out.push_back({b.data, b.bytes});
+  for (const DeviceBuffer& b : recvs) in.push_back({b.data, b.bytes});
+  // The sends as one group, then the receives as another: in one group NCCL
+  // may pair a receive with the first send and hold the later sends until
+  // it completes, which deadlocks when the peer answers only once it has
+  // every send.
+  if (!out.empty()) {
+    if (absl::Status s = link_->Group(out.data(), out.size(), nullptr, 0, stream_, deadline); !s.ok()) return s;
+  }
+  if (!in.empty()) {
+    if (absl::Status s = link_->Group(nullptr, 0, in.data(), in.size(), stream_, deadline); !s.ok()) return s;
+  }
+  if (done == nullptr) return absl::OkStatus();
+  return Cuda(cudaEventRecord(static_cast<cudaEvent_t>(done), stream_), "record");
+}
+
+absl::Status NcclPipe::Drain(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  return link_->Wait(stream_, deadline);
 }
 
 }  // namespace moesh

@@ -4,6 +4,8 @@
 // NVLink/PCIe peer access, not through sockets. Empty messages move nothing.
 // Built into the CUDA plugin (libmoesh_cuda_backends.so).
 //
+// Device buffers (Exchange) move GPU to GPU with no staging.
+//
 // Thread-safety: BytePipe's (one sender, one receiver at a time; the two
 // directions share the link's stream, so not concurrently either).
 #ifndef MOESH_COMMON_TRANSPORT_NCCL_PIPE_H_
@@ -32,6 +34,9 @@ class NcclPipe : public BytePipe {
   absl::Status Send(const std::string& bytes, absl::Time deadline) override;
   absl::StatusOr<std::string> Recv(size_t bytes, absl::Time deadline) override;
   void Abort() override { link_->Abort(); }
+  absl::Status Exchange(absl::Span<const DeviceBuffer> sends, absl::Span<const DeviceBuffer> recvs,
+                        absl::Span<void* const> after, void* done, absl::Time deadline) override;
+  absl::Status Drain(absl::Time deadline) override;
 
  private:
   NcclPipe(std::unique_ptr<NcclLink> link, cudaStream_t stream) : link_(std::move(link)), stream_(stream) {}

@@ -11,11 +11,24 @@
 // away ends its stream, which ends the server's side. Calls on one channel
 // run one at a time.
 //
+// Expert dispatches from an attention worker on a GPU stay on the GPUs
+// (DataChannel::PostOnDevice): the stream carries the dispatch's shape and
+// the server's status answer; the hidden states, ids and weights go from the
+// attention worker's buffers to the expert worker's GPU, and the sums back,
+// as one NCCL group per side enqueued after the caller's ready event — no
+// host copy, and no host waits for the other side: the server answers once
+// its work is enqueued and the client reads the answers when its step is
+// done (CheckOnDevice). A server that goes away mid-dispatch ends the
+// stream; the client then aborts the communicator (freeing its stream) and
+// CheckOnDevice reports UNAVAILABLE.
+//
 // Limits, stated: NCCL cannot join two ranks on one GPU, so the KV handoff
 // (prefill and decode workers often share a GPU) stays on gRPC when
-// --transport is nccl; messages are staged through host memory at both ends
-// (the payloads are host-side protobufs today); a peer that dies is noticed
-// when its stream breaks or at the call deadline (NVLink gives no signal).
+// --transport is nccl; host-side messages (DataChannel::Dispatch, PushKv)
+// are staged through host memory at both ends; a peer that dies is noticed
+// when its stream breaks or at the call deadline (NVLink gives no signal);
+// a dispatch goes whole to each expert worker, which runs the pairs of the
+// experts it serves (the tokens are not split by worker).
 #ifndef MOESH_COMMON_TRANSPORT_NCCL_TRANSPORT_H_
 #define MOESH_COMMON_TRANSPORT_NCCL_TRANSPORT_H_
 
@@ -50,7 +63,8 @@ std::unique_ptr<Transport> MakeNcclTransport(const NcclTransportOptions& options
 class NcclDataPlaneServer final : public v1::NcclDataPlane::Service {
  public:
   static absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> Start(const std::string& listen, int device,
-                                                                    DispatchHandler* dispatch, KvHandler* kv);
+                                                                    DispatchHandler* dispatch, KvHandler* kv,
+                                                                    DeviceDispatchHandler* device_dispatch = nullptr);
   ~NcclDataPlaneServer() override;  // aborts every channel, then stops the gRPC server
 
   int port() const { return port_; }
@@ -58,13 +72,19 @@ class NcclDataPlaneServer final : public v1::NcclDataPlane::Service {
                        grpc::ServerReaderWriter<v1::NcclFrame, v1::NcclFrame>* stream) override;
 
  private:
-  NcclDataPlaneServer(int device, DispatchHandler* dispatch, KvHandler* kv)
-      : device_(device), dispatch_(dispatch), kv_(kv) {}
+  struct DeviceSide;
+  NcclDataPlaneServer(int device, DispatchHandler* dispatch, KvHandler* kv, DeviceDispatchHandler* device_dispatch)
+      : device_(device), dispatch_(dispatch), kv_(kv), device_dispatch_(device_dispatch) {}
   std::string Handle(const std::string& call);
+  // One device-resident dispatch: its transfers (always, even when refused),
+  // the experts, the answer. False if the channel cannot go on.
+  bool ServeOnDevice(const v1::NcclDeviceDispatch& dispatch, BytePipe* pipe, DeviceSide* side,
+                     grpc::ServerReaderWriter<v1::NcclFrame, v1::NcclFrame>* stream);
 
   const int device_;
   DispatchHandler* const dispatch_;
   KvHandler* const kv_;
+  DeviceDispatchHandler* const device_dispatch_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   absl::Mutex mu_;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <iostream>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -165,6 +166,33 @@ absl::Status RemoteExpertClient::WithFailover(Once once) {
   return s;
 }
 
+absl::Status RemoteExpertClient::CheckDeviceDispatches() {
+  absl::MutexLock serial(&device_mu_);
+  std::vector<std::pair<std::string, std::shared_ptr<DataChannel>>> channels;
+  {
+    absl::MutexLock lock(&mu_);
+    channels.assign(channels_.begin(), channels_.end());
+  }
+  absl::Status failed = std::exchange(device_suspect_, absl::OkStatus());
+  for (const auto& [address, channel] : channels) {
+    const absl::Status s = channel->CheckOnDevice();
+    if (s.ok()) continue;
+    const bool worker_gone = s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded ||
+                             s.code() == absl::StatusCode::kDataLoss;
+    if (!worker_gone) {  // a refusal (a malformed dispatch): the caller's to see
+      if (failed.ok()) failed = s;
+      continue;
+    }
+    MarkDown(address);
+    if (errors_ != nullptr) errors_->Increment();
+    const absl::Status lost = absl::UnavailableError(absl::StrCat("expert worker ", address, " failed: ", s.message()));
+    std::cerr << lost.message() << " (after its device dispatches; routing around it for "
+              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)" << std::endl;
+    if (failed.ok() || failed.code() != absl::StatusCode::kUnavailable) failed = lost;
+  }
+  return failed;
+}
+
 absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const DeviceMoeDispatch& d, float* out) {
   ASSIGN_OR_RETURN(std::vector<int> route, Route(routing));
   const std::vector<Worker>& workers = routing.workers;
@@ -215,6 +243,7 @@ absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const D
     MarkDown(workers[w].address);
     if (errors_ != nullptr) errors_->Increment();
     failed = absl::UnavailableError(absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
+    if (device_suspect_.ok()) device_suspect_ = failed;  // its earlier sums in this step may be unfinished
     std::cerr << failed.message() << " (layer " << d.layer << "; routing around it for "
               << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)" << std::endl;
   }
@@ -277,6 +306,7 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
     MarkDown(workers[w].address);
     if (errors_ != nullptr) errors_->Increment();
     failed = absl::UnavailableError(absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
+    if (device_suspect_.ok()) device_suspect_ = failed;  // its earlier sums in this step may be unfinished
     std::cerr << failed.message() << " (layer " << d.layer << "; routing around it for "
               << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)" << std::endl;
   }

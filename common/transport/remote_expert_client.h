@@ -51,6 +51,10 @@ class RemoteExpertClient : public ExpertClient {
   // Replicas and failover as for Run.
   int dispatch_device() const override;
   absl::Status RunOnDevice(const DeviceMoeDispatch& dispatch, float* out) override;
+  // Reads every channel's answers (nccl answers after the fact): a worker
+  // that failed is marked down as in Run, and UNAVAILABLE names it; so does
+  // a worker dropped since the last call while answers were outstanding.
+  absl::Status CheckDeviceDispatches() override;
 
   // Switches to a new placement (e.g. the router's map changed). Dispatches
   // already running finish on the old one; none fails because of the switch.
@@ -96,6 +100,8 @@ class RemoteExpertClient : public ExpertClient {
   std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<DataChannel>> channels_ ABSL_GUARDED_BY(mu_);
   absl::Mutex device_mu_;  // one device-resident dispatch at a time (channels hold one in flight)
+  // A worker dropped while device results were unchecked: they are suspect.
+  absl::Status device_suspect_ ABSL_GUARDED_BY(device_mu_);
   std::map<std::string, std::chrono::steady_clock::time_point> down_until_ ABSL_GUARDED_BY(mu_);
   uint64_t turn_ ABSL_GUARDED_BY(mu_) = 0;  // dispatches routed so far
 };

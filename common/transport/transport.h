@@ -4,7 +4,8 @@
 //   inproc — same process, direct calls (colocated mode, tests)
 //   grpc   — the DataPlane gRPC service (works everywhere)
 //   ucx    — UCX active messages (ucx_transport.h)
-//   nccl   — NCCL between GPUs, for expert dispatch (nccl_transport.h)
+//   nccl   — NCCL between GPUs: expert dispatch without the host
+//            (nccl_transport.h)
 //   cuda_ipc — processes on one node share device memory: expert dispatch
 //            without the host (cuda_ipc_transport.h)
 #ifndef MOESH_COMMON_TRANSPORT_TRANSPORT_H_
@@ -49,17 +50,23 @@ class DataChannel {
   virtual absl::Status PushKv(const v1::PushKvRequest& request) = 0;
   virtual const std::string& peer() const = 0;
 
-  // Device-resident dispatch, where the transport maps GPU memory
-  // (cuda_ipc): >= 0 is the CUDA device whose buffers PostOnDevice takes.
+  // Device-resident dispatch, where the transport moves GPU memory
+  // (cuda_ipc, nccl): >= 0 is the CUDA device whose buffers PostOnDevice takes.
   virtual int dispatch_device() const { return -1; }
   // Starts the dispatch on the peer (once dispatch.ready has fired) and
   // returns; dispatch.serve (host, [n_routed_experts]) marks the experts the
-  // peer is to run. Then CollectOnDevice waits for the peer and writes the
-  // result to `out` (device fp32 [num_tokens, hidden]), or adds it with
-  // `accumulate`: enqueued on dispatch.stream, or done on return where that
-  // is null. One dispatch in flight per channel.
+  // peer is to run. Then CollectOnDevice writes the result to `out` (device
+  // fp32 [num_tokens, hidden]), or adds it with `accumulate`: enqueued on
+  // dispatch.stream, or done on return where that is null. The dispatch's
+  // buffers are not to be written before CollectOnDevice returns. One
+  // dispatch in flight per channel.
   virtual absl::Status PostOnDevice(const DeviceMoeDispatch& dispatch);
   virtual absl::Status CollectOnDevice(float* out, bool accumulate);
+  // Transports whose CollectOnDevice does not wait for the peer's answer
+  // (nccl): once the caller's streams are done with the results collected so
+  // far, OK if the peer ran every one of them, else why not (those results
+  // are not to be used). Others: OK.
+  virtual absl::Status CheckOnDevice() { return absl::OkStatus(); }
 };
 
 class Transport {

@@ -3,9 +3,10 @@
 //     ExpertStage on the same shard: pairs of other shards skipped, replicas
 //     added while serving, bad dispatches refused;
 //   * CudaAttentionBackend with the experts behind an ExpertClient (the
-//     disaggregated attention worker: a host round trip per MoE layer)
-//     against the same model with its experts on the device: the same math,
-//     so the same logits to the last bit and the same greedy tokens;
+//     disaggregated attention worker: a host round trip per MoE layer, or
+//     device-resident dispatches over cuda_ipc and nccl) against the same
+//     model with its experts on the device: the same math, so the same
+//     logits to the last bit and the same greedy tokens;
 //   * the KV handoff between two CUDA backends (prefill → decode) against
 //     decoding where the prompt ran: identical logits;
 //   * Generate on the CUDA backend against the CPU engine on a golden
@@ -13,14 +14,15 @@
 // Skips (with a message) where no GPU is present.
 #include <algorithm>
 #include <atomic>
-#include <set>
 #include <cmath>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/engine/attention_backend.h"
 #include "common/engine/generate.h"
 #include "common/engine/sampler.h"
@@ -31,6 +33,7 @@
 #include "common/service/backends.h"
 #include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/kv_handoff.h"
+#include "common/transport/nccl_transport.h"
 #include "common/transport/remote_expert_client.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/model/cuda_expert_stage.h"
@@ -223,12 +226,22 @@ class StageHandler : public DeviceDispatchHandler {
   std::unique_ptr<ExpertStage> stage_;
 };
 
-// Expert workers behind the cuda_ipc transport (served in this process, so
-// through their pointers; the integration test crosses processes): the
-// attention backend's dispatch never leaves the device, and with one worker
-// holding every expert the logits equal the host path's to the bit.
-TEST(CudaAttentionBackendTest, DeviceResidentDispatchOverCudaIpcEqualsTheHostPath) {
+// Expert workers behind a device-resident transport, served in this
+// process (the integration test crosses processes): cuda_ipc on this GPU
+// (through the servers' pointers), and nccl with the workers on GPU 1 (NCCL
+// joins no two ranks on one GPU). The attention backend's dispatch never
+// leaves the GPUs, and with one worker holding every expert the logits
+// equal the host path's to the bit.
+class DeviceDispatchTest : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Transports, DeviceDispatchTest, ::testing::Values("cuda_ipc", "nccl"));
+
+TEST_P(DeviceDispatchTest, DeviceResidentDispatchEqualsTheHostPath) {
   MOESH_REQUIRE_GPU();
+  const bool nccl = GetParam() == "nccl";
+  if (nccl && *CudaDeviceCount() < 2) {
+    GTEST_SKIP() << "nccl needs two GPUs (NCCL joins no two ranks on one GPU); this machine has one";
+  }
+  const int server_device = nccl ? 1 : 0;
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
   const ModelConfig& c = m.config;
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> split,
@@ -237,22 +250,38 @@ TEST(CudaAttentionBackendTest, DeviceResidentDispatchOverCudaIpcEqualsTheHostPat
   auto serve = [&](std::set<int> ids) -> std::unique_ptr<StageHandler> {
     absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w = ExpertShardWeights::Load(c, *m.ckpt, ids);
     EXPECT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(cudaSetDevice(server_device), cudaSuccess);
     absl::StatusOr<std::unique_ptr<CudaExpertStage>> st = CudaExpertStage::Create(c, std::move(*w));
+    cudaSetDevice(0);
     EXPECT_TRUE(st.ok()) << st.status();
     return std::make_unique<StageHandler>(std::move(*st));
+  };
+  // A server on `server_device`; its port.
+  std::vector<std::shared_ptr<void>> servers;
+  std::vector<int> ports;
+  auto start = [&](StageHandler* handler) -> absl::Status {
+    if (nccl) {
+      ASSIGN_OR_RETURN(std::unique_ptr<NcclDataPlaneServer> s,
+                       NcclDataPlaneServer::Start("127.0.0.1:0", server_device, nullptr, nullptr, handler));
+      ports.push_back(s->port());
+      servers.push_back(std::move(s));
+    } else {
+      ASSIGN_OR_RETURN(std::unique_ptr<CudaIpcDataPlaneServer> s,
+                       CudaIpcDataPlaneServer::Start("127.0.0.1:0", server_device, nullptr, handler, nullptr));
+      ports.push_back(s->port());
+      servers.push_back(std::move(s));
+    }
+    return absl::OkStatus();
   };
   std::set<int> all, low, high;
   for (int e = 0; e < c.n_routed_experts; ++e) (e < c.n_routed_experts / 2 ? low : high).insert(e), all.insert(e);
   std::vector<std::unique_ptr<StageHandler>> handlers;
-  std::vector<std::unique_ptr<CudaIpcDataPlaneServer>> servers;
   for (const std::set<int>* ids : {&all, &low, &high}) {
     handlers.push_back(serve(*ids));
-    MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaIpcDataPlaneServer> s,
-                               CudaIpcDataPlaneServer::Start("127.0.0.1:0", 0, nullptr, handlers.back().get(), nullptr));
-    servers.push_back(std::move(s));
+    MOESH_ASSERT_OK(start(handlers.back().get()));
   }
-  auto address = [&](int i) { return absl::StrCat("127.0.0.1:", servers[i]->port()); };
-  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> ipc, MakeTransport("cuda_ipc", 0));
+  auto address = [&](int i) { return absl::StrCat("127.0.0.1:", ports[i]); };
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> ipc, MakeTransport(GetParam(), 0));
   auto placement = [](const std::set<int>& ids) { return std::vector<int>(ids.begin(), ids.end()); };
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteExpertClient> one,
                              RemoteExpertClient::Create(ipc.get(), {{address(0), placement(all)}}, c.n_routed_experts));
@@ -337,6 +366,45 @@ TEST(CudaAttentionBackendTest, DeviceResidentDispatchOverCudaIpcEqualsTheHostPat
   in.cache = seq2.get();
   EXPECT_TRUE(split->Forward({&in, 1}, replicated.get()).ok());
   EXPECT_GT(handlers[0]->calls.load(), before);
+
+  // One channel by hand: nccl's answers come after the fact
+  // (CheckOnDevice), a refused dispatch leaves the channel usable, and a
+  // server that goes away frees the caller's stream and is reported.
+  if (!nccl) return;
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<DataChannel> ch, ipc->Connect(address(0)));
+  EXPECT_EQ(ch->dispatch_device(), 0);
+  const int tokens = 4, k = c.num_experts_per_tok;
+  const size_t rows = static_cast<size_t>(tokens) * c.hidden_size, pairs = static_cast<size_t>(tokens) * k;
+  MOESH_ASSERT_OK_AND_ASSIGN(DeviceBuffer<uint16_t> x, DeviceBuffer<uint16_t>::Create(rows));
+  MOESH_ASSERT_OK_AND_ASSIGN(DeviceBuffer<int32_t> ids, DeviceBuffer<int32_t>::Create(pairs));
+  MOESH_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> w, DeviceBuffer<float>::Create(pairs));
+  MOESH_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> out, DeviceBuffer<float>::Create(rows));
+  ASSERT_EQ(cudaMemset(x.get(), 0, rows * sizeof(uint16_t)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ids.get(), 0, pairs * sizeof(int32_t)), cudaSuccess);  // expert 0 for every pair
+  ASSERT_EQ(cudaMemset(w.get(), 0, pairs * sizeof(float)), cudaSuccess);
+  MOESH_ASSERT_OK_AND_ASSIGN(Stream stream_owner, Stream::Create());
+  cudaStream_t stream = stream_owner.get();
+  auto dispatch = [&](int layer) {
+    DeviceMoeDispatch d;
+    d.layer = layer, d.num_tokens = tokens, d.hidden = c.hidden_size, d.top_k = k;
+    d.hidden_states = x.get(), d.topk_ids = ids.get(), d.topk_weights = w.get(), d.stream = stream;
+    absl::Status s = ch->PostOnDevice(d);
+    if (s.ok()) s = ch->CollectOnDevice(out.get(), false);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    return s.ok() ? ch->CheckOnDevice() : s;
+  };
+  EXPECT_TRUE(dispatch(c.first_k_dense_replace).ok());
+  const absl::Status dense = dispatch(0);  // not an MoE layer: refused, the transfer still done
+  EXPECT_EQ(dense.code(), absl::StatusCode::kInvalidArgument) << dense;
+  EXPECT_TRUE(dispatch(c.first_k_dense_replace).ok());
+  servers[0].reset();
+  absl::Status gone;
+  for (int i = 0; i < 100 && gone.ok(); ++i) {  // the stream's end reaches the client's reader
+    absl::SleepFor(absl::Milliseconds(50));
+    gone = ch->CheckOnDevice();
+  }
+  EXPECT_EQ(gone.code(), absl::StatusCode::kUnavailable) << gone;
+  EXPECT_EQ(dispatch(c.first_k_dense_replace).code(), absl::StatusCode::kUnavailable);
 }
 
 // Both ways of the KV handoff — rows through the host, and the decode side

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -696,28 +697,32 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
   cudaStream_t s = stream_.get();
   size_t done = 0;
   for (const Batch& b : chunks) {
-    RETURN_IF_ERROR(Upload(b));
-    if (b.decode && options_.cuda_graphs && experts == nullptr) {
-      RETURN_IF_ERROR(RunDecodeGraph(b, k));
-    } else if (b.decode && options_.cuda_graphs && experts->dispatch_device() == info_.device) {
-      RETURN_IF_ERROR(RunPiecewiseGraph(b, k, experts));
-    } else {
-      RETURN_IF_ERROR(EnqueueForward(b, true, k, experts));
-    }
     const int rows = b.decode ? n : b.num_rows;
-    if (rows > 0 && sampling != nullptr) RETURN_IF_ERROR(EnqueueSample(*sampling, order, done, rows));
-    if (rows > 0) {
-      int32_t* hi = h_ids_.get();
-      float* hl = h_lp_.get();
-      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hi, next_ids_.get(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hl, next_lp_.get(), rows * sizeof(float), cudaMemcpyDeviceToHost, s));
-      if (k > 0) {
-        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hi + rows, topk_out_ids_.get(), rows * k * sizeof(int32_t),
-                                             cudaMemcpyDeviceToHost, s));
-        RETURN_IF_CUDA_ERROR(
-            cudaMemcpyAsync(hl + rows, topk_lp_.get(), rows * k * sizeof(float), cudaMemcpyDeviceToHost, s));
+    int32_t* hi = h_ids_.get();
+    float* hl = h_lp_.get();
+    RETURN_IF_ERROR(RunChecked(experts, [&]() -> absl::Status {
+      RETURN_IF_ERROR(Upload(b));
+      if (b.decode && options_.cuda_graphs && experts == nullptr) {
+        RETURN_IF_ERROR(RunDecodeGraph(b, k));
+      } else if (b.decode && options_.cuda_graphs && experts->dispatch_device() == info_.device) {
+        RETURN_IF_ERROR(RunPiecewiseGraph(b, k, experts));
+      } else {
+        RETURN_IF_ERROR(EnqueueForward(b, true, k, experts));
       }
-      RETURN_IF_ERROR(stream_.Synchronize());
+      if (rows > 0 && sampling != nullptr) RETURN_IF_ERROR(EnqueueSample(*sampling, order, done, rows));
+      if (rows > 0) {
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hi, next_ids_.get(), rows * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hl, next_lp_.get(), rows * sizeof(float), cudaMemcpyDeviceToHost, s));
+        if (k > 0) {
+          RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(hi + rows, topk_out_ids_.get(), rows * k * sizeof(int32_t),
+                                               cudaMemcpyDeviceToHost, s));
+          RETURN_IF_CUDA_ERROR(
+              cudaMemcpyAsync(hl + rows, topk_lp_.get(), rows * k * sizeof(float), cudaMemcpyDeviceToHost, s));
+        }
+      }
+      return stream_.Synchronize();
+    }));
+    if (rows > 0) {
       for (int r = 0; r < rows; ++r) {
         const int i = order[done + r];
         if (hi[r] < 0 || hi[r] >= config_.vocab_size) {
@@ -732,12 +737,22 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
         }
       }
       done += rows;
-    } else {
-      RETURN_IF_ERROR(stream_.Synchronize());
     }
   }
   RETURN_IF_ERROR(Commit(seqs));
   return out;
+}
+
+absl::Status CudaModel::RunChecked(ExpertClient* experts, const std::function<absl::Status()>& run) {
+  for (int attempt = 0;; ++attempt) {
+    RETURN_IF_ERROR(run());
+    if (experts == nullptr) return absl::OkStatus();
+    const absl::Status checked = experts->CheckDeviceDispatches();
+    if (checked.ok() || checked.code() != absl::StatusCode::kUnavailable || attempt > 0) return checked;
+    // The chunk rewrites the same cache rows and draws the same samples.
+    std::cerr << "CudaModel: an expert worker failed under this step (" << checked.message()
+              << "); running the step again on the other replicas" << std::endl;
+  }
 }
 
 absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const SequenceTokens> seqs,
@@ -753,15 +768,17 @@ absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const Seq
   last_step_used_graph_ = false;
   size_t done = 0;
   for (const Batch& b : chunks) {
-    RETURN_IF_ERROR(Upload(b));
-    RETURN_IF_ERROR(EnqueueForward(b, false, 0, experts));
     const int rows = b.decode ? n : b.num_rows;
     rows_host.resize(rows * vocab);
-    if (rows > 0) {
-      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(rows_host.data(), logits_.get(), rows * vocab * sizeof(float),
-                                           cudaMemcpyDeviceToHost, stream_.get()));
-    }
-    RETURN_IF_ERROR(stream_.Synchronize());
+    RETURN_IF_ERROR(RunChecked(experts, [&]() -> absl::Status {
+      RETURN_IF_ERROR(Upload(b));
+      RETURN_IF_ERROR(EnqueueForward(b, false, 0, experts));
+      if (rows > 0) {
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(rows_host.data(), logits_.get(), rows * vocab * sizeof(float),
+                                             cudaMemcpyDeviceToHost, stream_.get()));
+      }
+      return stream_.Synchronize();
+    }));
     for (int r = 0; r < rows; ++r) {
       std::memcpy(&out[order[done + r] * vocab], &rows_host[r * vocab], vocab * sizeof(float));
     }

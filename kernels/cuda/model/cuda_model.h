@@ -24,6 +24,7 @@
 #define MOESH_KERNELS_CUDA_MODEL_CUDA_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -252,6 +253,10 @@ class CudaModel {
   absl::Status Commit(absl::Span<const SequenceTokens> seqs);
   // FAILED_PRECONDITION unless `experts` is null iff the experts are on the device.
   absl::Status CheckExperts(const ExpertClient* experts) const;
+  // Runs a chunk (`run` enqueues it and waits for the stream), then asks the
+  // experts whether their device results were sound; once more if a worker
+  // failed under it (its replicas take over).
+  absl::Status RunChecked(ExpertClient* experts, const std::function<absl::Status()>& run);
   absl::Status Mark(int index);  // records profiling event `index` iff profiling
 
   // Constant after Init (but options_.moe_tile_m: SetMoeTileM).

@@ -2,25 +2,30 @@
 // round trip at DeepSeek-V2-Lite's shapes (hidden 2048, 64 routed experts,
 // top-6, moe_intermediate 1408; random weights on the device), as an
 // attention worker makes it through RemoteExpertClient, over each transport:
-//   cuda_ipc — the dispatch stays in device memory (RunOnDevice);
-//   grpc     — fp32 hidden states through the host and gRPC (Run);
+//   --transport (cuda_ipc, or nccl with --server-device 1) — the dispatch
+//              stays in device memory (RunOnDevice);
+//   host     — fp32 hidden states through the host (Run): over gRPC for
+//              cuda_ipc, staged through pinned host buffers for nccl;
 // against, in the same run, what no transport can remove:
 //   experts alone — the same experts computed in this process on the same
 //                   device buffers (CudaExpertStage::AccumulateOnDevice);
-//   empty call    — a dispatch of 0 tokens over cuda_ipc: the doorbell and
-//                   the two processes' wake-ups, no GPU work;
-//   copy          — the device-to-device copy rate (the payload's ceiling).
+//   empty call    — a dispatch of 0 tokens over the transport: the two
+//                   processes' wake-ups, no GPU work;
+//   copy          — the device-to-device copy rate (the payload's ceiling);
+//   nccl raw      — (nccl) the same bytes as a bare NCCL send and receive
+//                   between the two GPUs, and NCCL's bandwidth on 256 MiB.
 // Then whole decode steps (CudaModel::Step, as a decode worker runs them)
 // with the experts on the device (one CUDA graph per step) against the
-// experts behind one cuda_ipc worker (piecewise graphs, a hand-off per MoE
-// layer), at --context tokens of cache per sequence.
+// experts behind one worker over the transport (piecewise graphs, a
+// hand-off per MoE layer), at --context tokens of cache per sequence.
 // Expert workers are separate processes (forked before this one starts
 // CUDA), each an ExpertService on its own CudaExpertStage holding 64/W
-// experts, serving cuda_ipc and gRPC on one port; they share the GPU with
-// this process, as in `moesh bench --serving --modes cluster-ipc`.
+// experts, serving the transport and gRPC on one port; on this GPU (shared
+// with this process, as in `moesh bench --serving --modes cluster-ipc`) or
+// on --server-device.
 //
-// Usage: cuda_dispatch_bench [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N]
-//          [--step-batch 1,32,128,256] [--context 512] [--steps 20]
+// Usage: cuda_dispatch_bench [--transport cuda_ipc|nccl] [--workers 1,2] [--batch 1,32,128,256] [--reps 30]
+//          [--server-device N] [--step-batch 1,32,128,256] [--context 512] [--steps 20]
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,6 +38,7 @@
 #include <set>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -42,6 +48,8 @@
 #include "common/model/random_checkpoint.h"
 #include "common/status.h"
 #include "common/transport/cuda_ipc_transport.h"
+#include "common/transport/nccl_link.h"
+#include "common/transport/nccl_transport.h"
 #include "common/transport/remote_expert_client.h"
 #include "expert_worker/expert_service.h"
 #include "kernels/cuda/bench_util.h"
@@ -56,6 +64,7 @@ namespace {
 constexpr int kLayer = 1;  // V2-Lite's first MoE layer
 
 struct Flags {
+  std::string transport = "cuda_ipc";  // or "nccl"
   std::vector<int> workers = {1, 2};
   std::vector<int> batch = {1, 32, 128, 256};
   int reps = 30;
@@ -83,8 +92,8 @@ std::set<int> ShardOf(int index, int count, int experts) {
 
 // A child process: serves `ids` on GPU 0 until its control pipe closes.
 // Writes its port (or 0) to `port_fd`.
-[[noreturn]] void ServeExperts(const ModelConfig& config, std::set<int> ids, int device, int port_fd,
-                               int control_fd) {
+[[noreturn]] void ServeExperts(const ModelConfig& config, const std::string& transport, std::set<int> ids,
+                               int device, int port_fd, int control_fd) {
   int port = 0;
   absl::Status s = [&]() -> absl::Status {
     RETURN_IF_ERROR(UseDevice(device));
@@ -93,9 +102,15 @@ std::set<int> ShardOf(int index, int count, int experts) {
     ExpertServiceOptions o;
     o.batch_window = std::chrono::microseconds(0);
     ExpertService service(std::move(stage), config.Fingerprint(), o);
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaIpcDataPlaneServer> server,
-                     CudaIpcDataPlaneServer::Start("127.0.0.1:0", device, &service, &service, nullptr));
-    port = server->port();
+    std::unique_ptr<CudaIpcDataPlaneServer> ipc;
+    std::unique_ptr<NcclDataPlaneServer> nccl;
+    if (transport == "nccl") {
+      ASSIGN_OR_RETURN(nccl, NcclDataPlaneServer::Start("127.0.0.1:0", device, &service, nullptr, &service));
+      port = nccl->port();
+    } else {
+      ASSIGN_OR_RETURN(ipc, CudaIpcDataPlaneServer::Start("127.0.0.1:0", device, &service, &service, nullptr));
+      port = ipc->port();
+    }
     if (write(port_fd, &port, sizeof(port)) != sizeof(port)) return absl::InternalError("port pipe");
     char c;
     while (read(control_fd, &c, 1) > 0) {
@@ -122,7 +137,7 @@ struct Children {
   }
 };
 
-absl::Status Spawn(const ModelConfig& config, int count, int device, Children* out) {
+absl::Status Spawn(const ModelConfig& config, const std::string& transport, int count, int device, Children* out) {
   int control[2];
   if (pipe(control) != 0) return absl::InternalError("pipe");
   out->control_fd = control[1];
@@ -134,7 +149,7 @@ absl::Status Spawn(const ModelConfig& config, int count, int device, Children* o
     if (pid == 0) {
       close(control[1]);
       close(ports[0]);
-      ServeExperts(config, ShardOf(i, count, config.n_routed_experts), device, ports[1], control[0]);
+      ServeExperts(config, transport, ShardOf(i, count, config.n_routed_experts), device, ports[1], control[0]);
     }
     close(ports[1]);
     out->pids.push_back(pid);
@@ -159,6 +174,81 @@ absl::StatusOr<double> HostMedianUs(int reps, Fn fn) {
   }
   std::nth_element(us.begin(), us.begin() + reps / 2, us.end());
   return us[reps / 2];
+}
+
+// A bare NCCL exchange between GPU 0 and `peer_device`, in this process: per
+// batch, the dispatch's bytes (bf16 hidden + ids + weights) out and the
+// sums' (fp32) back, as one send and one receive on each side (the peer
+// receives, then sends), host-timed median over `reps`; and the one-way
+// bandwidth of 256 MiB messages.
+struct NcclRaw {
+  std::map<int, double> round_trip_us;
+  double gbps = 0;
+};
+absl::StatusOr<NcclRaw> MeasureNcclRaw(const std::vector<int>& batches, int reps, int h, int k, int peer_device) {
+  ASSIGN_OR_RETURN(ncclUniqueId id, NewNcclUniqueId());
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<NcclLink>> peer_link;
+  std::thread joiner([&] { peer_link = NcclLink::Create(id, 1, peer_device, deadline); });
+  absl::StatusOr<std::unique_ptr<NcclLink>> link = NcclLink::Create(id, 0, 0, deadline);
+  joiner.join();
+  RETURN_IF_ERROR(link.status());
+  RETURN_IF_ERROR(peer_link.status());
+  constexpr size_t kBig = size_t{256} << 20;
+  const int warm = 3, big_reps = 5;
+  auto out_bytes = [&](int b) { return static_cast<size_t>(b) * (h * 2 + k * 8); };
+  auto back_bytes = [&](int b) { return static_cast<size_t>(b) * h * 4; };
+  // The peer: its side of every exchange, in order.
+  absl::Status peer_status;
+  std::thread peer([&] {
+    peer_status = [&]() -> absl::Status {
+      RETURN_IF_ERROR(UseDevice(peer_device));
+      ASSIGN_OR_RETURN(Stream st, Stream::Create());
+      ASSIGN_OR_RETURN(DeviceBuffer<char> buf, DeviceBuffer<char>::Create(kBig));
+      NcclLink& l = **peer_link;
+      for (int b : batches) {
+        for (int i = 0; i < warm + reps; ++i) {
+          RETURN_IF_ERROR(l.Recv(buf.get(), out_bytes(b), st.get(), deadline + absl::Minutes(5)));
+          RETURN_IF_ERROR(l.Send(buf.get(), back_bytes(b), st.get(), deadline + absl::Minutes(5)));
+          RETURN_IF_ERROR(l.Wait(st.get(), deadline + absl::Minutes(5)));
+        }
+      }
+      for (int i = 0; i < 1 + big_reps; ++i) {
+        RETURN_IF_ERROR(l.Recv(buf.get(), kBig, st.get(), deadline + absl::Minutes(5)));
+        RETURN_IF_ERROR(l.Wait(st.get(), deadline + absl::Minutes(5)));
+      }
+      return absl::OkStatus();
+    }();
+    if (!peer_status.ok()) (*peer_link)->Abort();
+  });
+  NcclRaw raw;
+  absl::Status mine = [&]() -> absl::Status {
+    RETURN_IF_ERROR(UseDevice(0));
+    ASSIGN_OR_RETURN(Stream st, Stream::Create());
+    ASSIGN_OR_RETURN(DeviceBuffer<char> buf, DeviceBuffer<char>::Create(kBig));
+    NcclLink& l = **link;
+    const absl::Time end = deadline + absl::Minutes(5);
+    for (int b : batches) {
+      ASSIGN_OR_RETURN(raw.round_trip_us[b], HostMedianUs(reps, [&]() -> absl::Status {
+        RETURN_IF_ERROR(l.Send(buf.get(), out_bytes(b), st.get(), end));
+        RETURN_IF_ERROR(l.Recv(buf.get(), back_bytes(b), st.get(), end));
+        return l.Wait(st.get(), end);
+      }));
+    }
+    RETURN_IF_ERROR(l.Send(buf.get(), kBig, st.get(), end));  // warm-up
+    RETURN_IF_ERROR(l.Wait(st.get(), end));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < big_reps; ++i) RETURN_IF_ERROR(l.Send(buf.get(), kBig, st.get(), end));
+    RETURN_IF_ERROR(l.Wait(st.get(), end));
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    raw.gbps = big_reps * static_cast<double>(kBig) / sec / 1e9;
+    return absl::OkStatus();
+  }();
+  if (!mine.ok()) (*link)->Abort();
+  peer.join();
+  RETURN_IF_ERROR(mine);
+  RETURN_IF_ERROR(peer_status);
+  return raw;
 }
 
 // Median host time of decode steps (inputs in, graph(s), ids out) at each
@@ -197,18 +287,23 @@ absl::StatusOr<std::map<int, double>> StepTimes(const Flags& f, const ModelConfi
   return out;
 }
 
-absl::Status StepTable(const Flags& f, const ModelConfig& c, ExpertClient* ipc) {
+absl::Status StepTable(const Flags& f, const ModelConfig& c, ExpertClient* remote) {
   ASSIGN_OR_RETURN(auto colocated, StepTimes(f, c, nullptr));
-  ASSIGN_OR_RETURN(auto split, StepTimes(f, c, ipc));
-  std::printf("\ndecode steps, %d tokens of context, greedy, median of %d (ms): experts on the device (one graph) "
-              "vs behind one cuda_ipc worker (piecewise graphs, %d hand-offs)\n",
-              f.context, f.steps, c.num_hidden_layers - c.first_k_dense_replace);
-  std::printf("| batch | colocated ms | cuda_ipc ms | extra per hand-off us | colocated / cuda_ipc |\n");
-  std::printf("| --- | --- | --- | --- | --- |\n");
+  ASSIGN_OR_RETURN(auto split, StepTimes(f, c, remote));
+  const int gpus = f.server_device == 0 ? 1 : 2;
+  std::printf("\ndecode steps, %d tokens of context, greedy, median of %d (ms): experts on the device (one graph, "
+              "1 GPU) vs behind one %s worker on GPU %d (piecewise graphs, %d hand-offs; %d GPU%s)\n",
+              f.context, f.steps, f.transport.c_str(), f.server_device, c.num_hidden_layers - c.first_k_dense_replace,
+              gpus, gpus > 1 ? "s" : "");
+  std::printf("| batch | colocated ms | %s ms | extra per hand-off us | colocated / %s | colocated tok/s | %s tok/s "
+              "| %s tok/s per GPU |\n",
+              f.transport.c_str(), f.transport.c_str(), f.transport.c_str(), f.transport.c_str());
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   const int handoffs = c.num_hidden_layers - c.first_k_dense_replace;
   for (int b : f.step_batch) {
-    std::printf("| %d | %.3f | %.3f | %.1f | %.2f |\n", b, colocated[b], split[b],
-                1e3 * (split[b] - colocated[b]) / handoffs, colocated[b] / split[b]);
+    std::printf("| %d | %.3f | %.3f | %.1f | %.2f | %.0f | %.0f | %.0f |\n", b, colocated[b], split[b],
+                1e3 * (split[b] - colocated[b]) / handoffs, colocated[b] / split[b], 1e3 * b / colocated[b],
+                1e3 * b / split[b], 1e3 * b / split[b] / gpus);
   }
   return absl::OkStatus();
 }
@@ -221,7 +316,7 @@ absl::Status Run(const Flags& f) {
   std::vector<std::unique_ptr<Children>> fleets;
   for (int w : f.workers) {
     fleets.push_back(std::make_unique<Children>());
-    RETURN_IF_ERROR(Spawn(c, w, f.server_device, fleets.back().get()));
+    RETURN_IF_ERROR(Spawn(c, f.transport, w, f.server_device, fleets.back().get()));
   }
 
   RETURN_IF_ERROR(UseDevice(0));
@@ -282,8 +377,16 @@ absl::Status Run(const Flags& f) {
   std::printf("round trip of one MoE layer, host-timed median of %d (us); payload = bf16 hidden + ids + weights "
               "out, fp32 sums back\n",
               f.reps);
-  std::printf("| workers | batch | payload KB | experts alone | cuda_ipc | cuda_ipc - alone | grpc | empty cuda_ipc "
-              "call | payload at copy rate |\n");
+  const bool nccl = f.transport == "nccl";
+  NcclRaw raw;
+  if (nccl) {
+    ASSIGN_OR_RETURN(raw, MeasureNcclRaw(f.batch, f.reps, h, k, f.server_device));
+    std::printf("NCCL between GPU 0 and GPU %d, in this process: %.1f GB/s one way (256 MiB messages)\n",
+                f.server_device, raw.gbps);
+  }
+  const char* t = f.transport.c_str();
+  std::printf("| workers | batch | payload KB | experts alone | %s | %s - alone | %s | empty %s call | %s |\n", t,
+              t, nccl ? "nccl host-staged" : "grpc", t, nccl ? "bare NCCL send + recv of the payload" : "payload at copy rate");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   std::unique_ptr<Transport> step_transport;
   std::unique_ptr<RemoteExpertClient> step_client;  // one worker, for the decode-step table
@@ -294,10 +397,8 @@ absl::Status Run(const Flags& f) {
       const std::set<int> s = ShardOf(i, wcount, e);
       placement[absl::StrCat("127.0.0.1:", fleets[fi]->ports[i])] = std::vector<int>(s.begin(), s.end());
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<Transport> ipc_t, MakeTransport("cuda_ipc", 0));
-    ASSIGN_OR_RETURN(std::unique_ptr<Transport> grpc_t, MakeTransport("grpc"));
+    ASSIGN_OR_RETURN(std::unique_ptr<Transport> ipc_t, MakeTransport(f.transport, 0));
     ASSIGN_OR_RETURN(std::unique_ptr<RemoteExpertClient> ipc, RemoteExpertClient::Create(ipc_t.get(), placement, e));
-    ASSIGN_OR_RETURN(std::unique_ptr<RemoteExpertClient> grpc, RemoteExpertClient::Create(grpc_t.get(), placement, e));
     // Attach at the largest size first, so no row pays for growing regions.
     RETURN_IF_ERROR(ipc->RunOnDevice(device_dispatch(max_batch), out.get()));
     ASSIGN_OR_RETURN(double empty, HostMedianUs(f.reps, [&] { return ipc->RunOnDevice(device_dispatch(0), out.get()); }));
@@ -305,10 +406,12 @@ absl::Status Run(const Flags& f) {
       const DeviceMoeDispatch dd = device_dispatch(b);
       const MoeDispatch hd = host_dispatch(b);
       ASSIGN_OR_RETURN(double t_ipc, HostMedianUs(f.reps, [&] { return ipc->RunOnDevice(dd, out.get()); }));
-      ASSIGN_OR_RETURN(double t_grpc, HostMedianUs(std::max(5, f.reps / 3), [&] { return grpc->Run(hd, host_out.data()); }));
+      // The host path of the same channels (cuda_ipc's goes over gRPC).
+      ASSIGN_OR_RETURN(double t_grpc, HostMedianUs(std::max(5, f.reps / 3), [&] { return ipc->Run(hd, host_out.data()); }));
       const double payload = static_cast<double>(b) * (h * 2 + k * 8) + static_cast<double>(b) * h * 4;
       std::printf("| %d | %d | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", wcount, b, payload / 1024, alone[b],
-                  t_ipc, t_ipc - alone[b], t_grpc, empty, 2 * payload / (ceil.copy_gbps * 1e3));
+                  t_ipc, t_ipc - alone[b], t_grpc, empty,
+                  nccl ? raw.round_trip_us[b] : 2 * payload / (ceil.copy_gbps * 1e3));
       std::fflush(stdout);
     }
     if (wcount == 1) step_transport = std::move(ipc_t), step_client = std::move(ipc);
@@ -329,6 +432,9 @@ int main(int argc, char** argv) {
     if (a == "--workers") {
       v = moesh::cuda::Ints(value());
       if (v.ok()) f.workers = *v;
+    } else if (a == "--transport") {
+      f.transport = value();
+      if (f.transport != "cuda_ipc" && f.transport != "nccl") v = absl::InvalidArgumentError("--transport: cuda_ipc or nccl");
     } else if (a == "--batch") {
       v = moesh::cuda::Ints(value());
       if (v.ok()) f.batch = *v;
@@ -349,10 +455,14 @@ int main(int argc, char** argv) {
       v = absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
     }
     if (!v.ok()) {
-      std::fprintf(stderr, "cuda_dispatch_bench: %s\nusage: cuda_dispatch_bench [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N] [--step-batch 1,32,128,256] [--context 512] [--steps 20]\n",
+      std::fprintf(stderr, "cuda_dispatch_bench: %s\nusage: cuda_dispatch_bench [--transport cuda_ipc|nccl] [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N] [--step-batch 1,32,128,256] [--context 512] [--steps 20]\n",
                    std::string(v.status().message()).c_str());
       return 2;
     }
+  }
+  if (f.transport == "nccl" && f.server_device == 0) {
+    std::fprintf(stderr, "cuda_dispatch_bench: --transport nccl needs --server-device N > 0 (NCCL joins no two ranks on one GPU)\n");
+    return 2;
   }
   const absl::Status s = moesh::cuda::Run(f);
   if (!s.ok()) {
