@@ -15,7 +15,7 @@ constexpr char kUsage[] =
     "            [--stop-token-ids 1,2] [--ignore-eos] [--json] [--device {cpu,cuda,cuda:N}]\n"
     "            [--gpu-memory-utilization F]\n"
     "  mkmodel   --family {v2-lite,v2,v3,v3.2,v4} [--preset {tiny,small,real}] --out DIR [--seed S]\n"
-    "            [--shards N] [--dtype {BF16,F16,F32}] [--rope-parameters] [--config-only]\n"
+    "            [--shards N] [--dtype {BF16,F16,F32}] [--rope-parameters] [--config-only] [--layers N]\n"
     "  bench     --model DIR [--batch 1,4,16] [--prompt-len N] [--decode-steps N]\n"
     "            engine throughput in this process; with --serving: concurrent streams against a\n"
     "            local cluster and colocated mode [--concurrency 1,8,32] [--requests N]\n"

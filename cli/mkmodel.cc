@@ -1,6 +1,7 @@
 // moesh mkmodel: write a random checkpoint in DeepSeek's on-disk format.
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "common/file_util.h"
@@ -11,11 +12,19 @@
 namespace moesh::cli {
 
 absl::Status RunMkmodel(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"family", "preset", "out", "seed", "shards", "dtype"},
+  ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"family", "preset", "out", "seed", "shards", "dtype", "layers"},
                                           {"rope-parameters", "config-only"}));
   ASSIGN_OR_RETURN(std::string family, args.Required("family"));
   ASSIGN_OR_RETURN(std::string out, args.Required("out"));
   ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(family, args.Get("preset").value_or("tiny")));
+  // The preset's shapes at another depth (e.g. DeepSeek-V3's layers, as
+  // many as fit the GPUs at hand).
+  ASSIGN_OR_RETURN(int64_t layers, args.Int("layers", config.num_hidden_layers));
+  if (layers < 1 || layers > 1000) return absl::InvalidArgumentError("--layers must lie in [1, 1000]");
+  if (layers != config.num_hidden_layers) {
+    config.num_hidden_layers = static_cast<int>(layers);
+    RETURN_IF_ERROR(config.Validate(absl::StrCat("--layers ", layers)));
+  }
   RandomCheckpointOptions opt;
   ASSIGN_OR_RETURN(int64_t seed, args.Int("seed", 0));
   ASSIGN_OR_RETURN(int64_t shards, args.Int("shards", 1));

@@ -18,7 +18,7 @@ ABSL_FLAG(std::string, expert_workers, "", "Comma-separated expert worker addres
 ABSL_FLAG(int, expert_discovery_timeout_s, 600,
           "How long to wait at startup for expert workers covering every expert.");
 ABSL_FLAG(std::string, transport, "grpc",
-          "Data-plane transport to the expert workers: grpc, ucx, nccl (GPUs; the KV handoff then stays on gRPC) or cuda_ipc (GPUs of one node; see --kv_handoff).");
+          "Data-plane transport to the expert workers: grpc, ucx, nccl (GPUs) or cuda_ipc (GPUs of one node); with nccl the KV handoff's message goes over gRPC (see --kv_handoff).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: pick a free one).");
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "Host name peers use to reach this worker.");
 ABSL_FLAG(std::string, router, "", "Router address to register with.");
@@ -28,8 +28,9 @@ ABSL_FLAG(int, max_batch_tokens, 8192, "Prompt tokens per forward pass.");
 ABSL_FLAG(int, micro_batches, 2, "Ping-pong micro-batches per forward with remote experts (1: off).");
 ABSL_FLAG(std::string, kv_handoff, "auto",
           "How the KV cache reaches decode workers: host (rows in the message), device (the decode worker copies "
-          "it from this worker's GPU memory; --transport cuda_ipc and --device cuda, workers on one node), or auto "
-          "(device where those hold, else host).");
+          "it from this worker's GPU memory; --transport cuda_ipc or nccl and --device cuda, workers on one node), or "
+          "auto (device where those hold, else host; a decode worker that cannot map this GPU's memory gets the "
+          "host form from then on).");
 
 namespace moesh {
 namespace {
@@ -53,9 +54,9 @@ absl::Status Run() {
   eo.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   eo.metrics = metrics.get();
   const std::string handoff = absl::GetFlag(FLAGS_kv_handoff);
-  const bool device_ok = opt.transport == "cuda_ipc" && w.backend->device() != "cpu";
+  const bool device_ok = (opt.transport == "cuda_ipc" || opt.transport == "nccl") && w.backend->device() != "cpu";
   if (handoff == "device" && !device_ok) {
-    return absl::InvalidArgumentError("--kv_handoff device needs --transport cuda_ipc and --device cuda");
+    return absl::InvalidArgumentError("--kv_handoff device needs --transport cuda_ipc or nccl, and --device cuda");
   }
   if (handoff != "auto" && handoff != "host" && handoff != "device") {
     return absl::InvalidArgumentError("--kv_handoff: auto, host or device, got " + handoff);

@@ -136,11 +136,39 @@ absl::StatusOr<ModelConfig> V2LiteReal() {
   return c;
 }
 
+// DeepSeek-V3's config.json, field by field (671B parameters: for
+// `--load_format dummy` on GPUs, usually with mkmodel --layers).
+absl::StatusOr<ModelConfig> V3Real() {
+  ASSIGN_OR_RETURN(ModelConfig c, PresetConfig("v3", "small"));
+  c.vocab_size = 129280;
+  c.hidden_size = 7168;
+  c.intermediate_size = 18432;
+  c.moe_intermediate_size = 2048;
+  c.num_hidden_layers = 61;
+  c.num_attention_heads = 128;
+  c.q_lora_rank = 1536;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.n_routed_experts = 256;
+  c.n_shared_experts = 1;
+  c.num_experts_per_tok = 8;
+  c.n_group = 8;
+  c.topk_group = 4;
+  c.first_k_dense_replace = 3;
+  c.rope.original_max_position_embeddings = 4096;
+  c.max_position_embeddings = 163840;
+  RETURN_IF_ERROR(c.Validate("preset v3/real"));
+  return c;
+}
+
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::string& preset) {
   if (family == "v4") return V4Preset(preset);
   if (preset == "real") {
     if (family == "v2-lite") return V2LiteReal();
-    return absl::InvalidArgumentError(absl::StrCat("preset \"real\" exists for v2-lite only, not ", family));
+    if (family == "v3") return V3Real();
+    return absl::InvalidArgumentError(absl::StrCat("preset \"real\" exists for v2-lite and v3 only, not ", family));
   }
   ModelConfig c;
   if (family == "v2-lite" || family == "v2") {

@@ -14,7 +14,8 @@
 namespace moesh {
 
 // family: "v2-lite" | "v2" | "v3" | "v3.2" | "v4"; preset: "tiny" | "small",
-// or "real" (v2-lite: DeepSeek-V2-Lite's own shapes, 16B parameters).
+// or "real" (the published model's own shapes: v2-lite (16B parameters) and
+// v3 (671B; V3 and R1 share them)).
 // INVALID_ARGUMENT listing the choices otherwise.
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::string& preset);
 

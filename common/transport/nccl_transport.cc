@@ -377,9 +377,14 @@ grpc::Status NcclDataPlaneServer::Channel(grpc::ServerContext* ctx,
     pipes_.push_back(pipe->get());
   }
   DeviceSide side;
+  const std::string client = frame.client();
   bool ok = true;
   while (ok && stream->Read(&frame)) {  // until the client ends the stream
     if (frame.has_dispatch()) {
+      if (side.memory == nullptr) {
+        std::cerr << "nccl data plane: " << client << " dispatches device-resident (GPU to GPU, cuda:" << device_
+                  << " here)" << std::endl;
+      }
       ok = ServeOnDevice(frame.dispatch(), pipe->get(), &side, stream);
       continue;
     }

@@ -10,7 +10,8 @@
 #
 # usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR [MODEL_NAME]
 # MOESH_EXPERT_DEVICE=cuda:1 puts the expert workers on a second GPU;
-# MOESH_TRANSPORT=nccl (with it) sends the expert dispatch over NCCL;
+# MOESH_TRANSPORT=nccl (with it) sends the expert dispatch over NCCL, GPU to GPU
+# (the KV handoff device to device too);
 # MOESH_TRANSPORT=cuda_ipc keeps it in device memory (same GPU or another).
 # Exits 77 (ctest: skipped) where no CUDA device is present, saying so.
 set -euo pipefail
@@ -63,11 +64,15 @@ if [ "$EXPERT_DEVICE" != cuda ]; then
 fi
 
 check_ipc() {  # the device paths, not the host ones, carried the experts and the KV
-  [ "$TRANSPORT" != cuda_ipc ] && return 0
-  grep -q "attached device buffers" "$TMP"/cluster/expert-*.log \
-    || fail "transport cuda_ipc: no expert worker had device buffers attached"
+  case "$TRANSPORT" in
+    cuda_ipc) grep -q "attached device buffers" "$TMP"/cluster/expert-*.log \
+                || fail "transport cuda_ipc: no expert worker had device buffers attached" ;;
+    nccl) grep -q "dispatches device-resident" "$TMP"/cluster/expert-*.log \
+            || fail "transport nccl: no expert worker was dispatched to GPU to GPU" ;;
+    *) return 0 ;;
+  esac
   grep -q "KV handoff copied device to device" "$TMP"/cluster/decode-*.log \
-    || fail "transport cuda_ipc: the decode worker took no KV from the prefill worker's device memory"
+    || fail "transport $TRANSPORT: the decode worker took no KV from the prefill worker's device memory"
 }
 
 compare() {  # $1: cluster json, $2: generate json, $3: what
