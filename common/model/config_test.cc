@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
+#include <utility>
 
 #include "common/file_util.h"
+#include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -197,6 +200,36 @@ TEST(ConfigTest, ToJsonRoundTrips) {
     EXPECT_EQ(b->topk_method, a->topk_method);
     EXPECT_EQ(b->eos_token_ids, a->eos_token_ids);
   }
+}
+
+// DeepSeek-V3's config.json fields, as DeepSeek ships them.
+Json V3Json() {
+  return Json::parse(R"({
+    "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "max_position_embeddings": 163840,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+    "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+    "norm_topk_prob": true, "routed_scaling_factor": 2.5, "first_k_dense_replace": 3,
+    "moe_layer_freq": 1, "rms_norm_eps": 1e-06, "bos_token_id": 0, "eos_token_id": 1,
+    "tie_word_embeddings": false, "hidden_act": "silu", "rope_theta": 10000,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+  })");
+}
+
+// `mkmodel --preset real` writes the published models' own config.json.
+TEST(ConfigTest, RealPresetsAreThePublishedConfigs) {
+  for (const auto& [family, published] : {std::pair<std::string, Json>{"v2-lite", V2LiteJson()},
+                                          std::pair<std::string, Json>{"v3", V3Json()}}) {
+    absl::StatusOr<ModelConfig> preset = PresetConfig(family, "real");
+    ASSERT_TRUE(preset.ok()) << preset.status();
+    absl::StatusOr<ModelConfig> want = Parse(published);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(Json::parse(preset->ToJson(false)), Json::parse(want->ToJson(false))) << family;
+  }
+  EXPECT_EQ(PresetConfig("v2", "real").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ConfigTest, V3DefaultsToNoauxTcSigmoid) {
