@@ -31,6 +31,7 @@
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 #include "common/service/backends.h"
+#include "common/status.h"
 #include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/kv_handoff.h"
 #include "common/transport/nccl_transport.h"
@@ -226,6 +227,27 @@ class StageHandler : public DeviceDispatchHandler {
   std::unique_ptr<ExpertStage> stage_;
 };
 
+// A device-resident client whose next `failures` checks report a worker lost
+// under the step (as nccl reports it: after the fact).
+class FlakyCheck : public ExpertClient {
+ public:
+  explicit FlakyCheck(ExpertClient* inner) : inner_(inner) {}
+  absl::Status Run(const MoeDispatch& d, float* out) override { return inner_->Run(d, out); }
+  int dispatch_device() const override { return inner_->dispatch_device(); }
+  absl::Status RunOnDevice(const DeviceMoeDispatch& d, float* out) override { return inner_->RunOnDevice(d, out); }
+  absl::Status CheckDeviceDispatches() override {
+    ++checks;
+    RETURN_IF_ERROR(inner_->CheckDeviceDispatches());
+    if (failures == 0) return absl::OkStatus();
+    --failures;
+    return absl::UnavailableError("expert worker lost under the step (test)");
+  }
+  int failures = 0, checks = 0;
+
+ private:
+  ExpertClient* const inner_;
+};
+
 // Expert workers behind a device-resident transport, served in this
 // process (the integration test crosses processes): cuda_ipc on this GPU
 // (through the servers' pointers), and nccl with the workers on GPU 1 (NCCL
@@ -307,6 +329,21 @@ TEST_P(DeviceDispatchTest, DeviceResidentDispatchEqualsTheHostPath) {
       worst = std::max(worst, std::fabs(double(want[step][i]) - got_two[step][i]));
     }
     EXPECT_LE(worst, 1e-4) << "step " << step << " (two shards: partial sums add in another order)";
+  }
+  // A worker lost under a step: the step runs again and its result stands
+  // (the same logits to the bit); lost twice in a row, UNAVAILABLE.
+  {
+    FlakyCheck flaky(one.get());
+    flaky.failures = 1;
+    const auto again = RunGreedy(split.get(), &flaky, prompts, 6);
+    ASSERT_EQ(again.size(), want.size());
+    EXPECT_EQ(flaky.failures, 0);
+    EXPECT_EQ(flaky.checks, static_cast<int>(want.size()) + 1);  // the first step checked twice
+    for (size_t step = 0; step < want.size(); ++step) EXPECT_EQ(want[step], again[step]) << "step " << step;
+    flaky.failures = 2;
+    MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> seq, split->NewSequence(8));
+    SequenceInput in{prompts[0], seq.get()};
+    EXPECT_EQ(split->Forward({&in, 1}, &flaky).status().code(), absl::StatusCode::kUnavailable);
   }
   // Greedy decode steps (ForwardSample: the decode worker's path) replay
   // piecewise CUDA graphs with a device-resident client, cut at every
