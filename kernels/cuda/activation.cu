@@ -1,4 +1,5 @@
-// SiLU-and-mul: out = silu(gate) * up, with gate and up the halves of a row.
+// SiLU-and-mul: out = silu(gate) * up, with gate and up the halves of a row
+// (clamped first where a limit is given: DeepSeek-V4's swiglu_limit).
 #include <cmath>
 
 #include "kernels/cuda/config.h"
@@ -12,11 +13,14 @@ namespace {
 using rowwise::kThreads;
 using rowwise::kVec;
 
-__device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
+__device__ __forceinline__ float SwiGlu(float g, float u, float limit) {
+  if (limit > 0.0f) g = fminf(g, limit), u = fminf(fmaxf(u, -limit), limit);
+  return g / (1.0f + expf(-g)) * u;
+}
 
 // Grid: (rows, column chunks). kVecIo: i and the pointers allow 16-byte accesses.
 template <bool kVecIo>
-__global__ void __launch_bounds__(kThreads) SiluAndMulKernel(const bf16* gate_up, bf16* out, int i) {
+__global__ void __launch_bounds__(kThreads) SiluAndMulKernel(const bf16* gate_up, bf16* out, int i, float limit) {
   const int64_t row = blockIdx.x;
   const bf16* g = gate_up + row * 2 * i;
   const bf16* u = g + i;
@@ -30,13 +34,13 @@ __global__ void __launch_bounds__(kThreads) SiluAndMulKernel(const bf16* gate_up
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float2 a = __bfloat1622float2(gv.h[k]), b = __bfloat1622float2(uv.h[k]);
-      ov.h[k] = __floats2bfloat162_rn(Silu(a.x) * b.x, Silu(a.y) * b.y);
+      ov.h[k] = __floats2bfloat162_rn(SwiGlu(a.x, b.x, limit), SwiGlu(a.y, b.y, limit));
     }
     *reinterpret_cast<Bf16x8*>(o + j) = ov;
   } else {
     const int j = blockIdx.y * kThreads + threadIdx.x;
     if (j >= i) return;
-    o[j] = __float2bfloat16_rn(Silu(__bfloat162float(g[j])) * __bfloat162float(u[j]));
+    o[j] = __float2bfloat16_rn(SwiGlu(__bfloat162float(g[j]), __bfloat162float(u[j]), limit));
   }
 }
 
@@ -50,10 +54,10 @@ absl::Status RunSiluAndMul(const SiluAndMulParams& p) {
                    (reinterpret_cast<uintptr_t>(p.out) & 15) == 0;
   if (vec) {
     const dim3 grid(p.m, (p.i / kVec + kThreads - 1) / kThreads);
-    SiluAndMulKernel<true><<<grid, kThreads, 0, p.stream>>>(p.gate_up, p.out, p.i);
+    SiluAndMulKernel<true><<<grid, kThreads, 0, p.stream>>>(p.gate_up, p.out, p.i, p.limit);
   } else {
     const dim3 grid(p.m, (p.i + kThreads - 1) / kThreads);
-    SiluAndMulKernel<false><<<grid, kThreads, 0, p.stream>>>(p.gate_up, p.out, p.i);
+    SiluAndMulKernel<false><<<grid, kThreads, 0, p.stream>>>(p.gate_up, p.out, p.i, p.limit);
   }
   return LaunchStatus("SiluAndMulKernel");
 }

@@ -254,19 +254,26 @@ TEST(RopeTest, KvCacheWriteMatchesCpu) {
 
 TEST(SiluAndMulTest, MatchesCpu) {
   MOESH_REQUIRE_GPU();
-  for (auto [m, i] : {std::pair{33, 1408}, std::pair{4, 10944}, std::pair{3, 13}}) {
-    const uint32_t seed = FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "m=" << m << " i=" << i << " seed=" << seed);
-    std::mt19937 rng(seed);
-    std::vector<float> gu = Randn(static_cast<size_t>(m) * 2 * i, rng, 2.0f);
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dgu, Upload(ToBf16Rounding(gu)));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dout, DeviceBuffer<bf16>::Create(static_cast<size_t>(m) * i));
-    MOESH_ASSERT_OK(Poison(dout));
-    MOESH_ASSERT_OK(RunSiluAndMul({dgu.get(), dout.get(), m, i, nullptr}));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto ob, dout.ToHost());
-    std::vector<float> ref(static_cast<size_t>(m) * i);
-    cpu::SiluAndMul(gu.data(), ref.data(), m, i);
-    EXPECT_LE(RelErr(ToFloats(ob), ref), 1e-2);
+  // limit 0: plain; 1.5 against values of scale 2: most clamped (DeepSeek-V4's swiglu_limit).
+  for (float limit : {0.0f, 1.5f}) {
+    for (auto [m, i] : {std::pair{33, 1408}, std::pair{4, 10944}, std::pair{3, 13}}) {
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message() << "m=" << m << " i=" << i << " limit=" << limit << " seed=" << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> gu = Randn(static_cast<size_t>(m) * 2 * i, rng, 2.0f);
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dgu, Upload(ToBf16Rounding(gu)));  // gu now holds what the device sees
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dout, DeviceBuffer<bf16>::Create(static_cast<size_t>(m) * i));
+      MOESH_ASSERT_OK(Poison(dout));
+      SiluAndMulParams p;
+      p.gate_up = dgu.get(), p.out = dout.get(), p.m = m, p.i = i, p.limit = limit;
+      MOESH_ASSERT_OK(RunSiluAndMul(p));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto ob, dout.ToHost());
+      std::vector<float> ref(static_cast<size_t>(m) * i), unclamped(ref.size());
+      cpu::SiluAndMul(gu.data(), ref.data(), m, i, limit);
+      cpu::SiluAndMul(gu.data(), unclamped.data(), m, i);
+      EXPECT_LE(RelErr(ToFloats(ob), ref), 1e-2);
+      if (limit > 0.0f) EXPECT_GT(RelErr(unclamped, ref), 0.1) << "the limit clamps nothing here";
+    }
   }
 }
 

@@ -122,6 +122,9 @@ struct SiluAndMulParams {
   bf16* out = nullptr;            // [m, i]
   int m = 0, i = 0;
   cudaStream_t stream = nullptr;
+  // > 0 clamps first, as cpu::SiluAndMul (DeepSeek-V4's swiglu_limit): gate
+  // to <= limit, up to [-limit, limit].
+  float limit = 0.0f;
 };
 
 // kernels/cpu/moe_gate.h's MoeGateParams on the device.

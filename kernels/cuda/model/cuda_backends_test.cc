@@ -132,6 +132,48 @@ TEST(CudaExpertStageTest, MatchesCpuStageOnItsShardAndAfterAddShard) {
   EXPECT_EQ(gpu->Accumulate(d, out.data()).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The expert workers of V3.2 and V4 on the GPU: V3.2's experts are V3's;
+// V4's clamp the SwiGLU (swiglu_limit, 0.5 in the golden: most activations
+// hit it). Against the CPU stage, which matched transformers (golden_test).
+class NewFamiliesExpertStageTest : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Goldens, NewFamiliesExpertStageTest, ::testing::Values("v32", "v4"));
+
+TEST_P(NewFamiliesExpertStageTest, MatchesCpuStage) {
+  MOESH_REQUIRE_GPU();
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(testing::GoldenDir(GetParam())));
+  const ModelConfig& c = m.config;
+  MOESH_ASSERT_OK_AND_ASSIGN(auto cpu_w, ExpertShardWeights::Load(c, *m.ckpt, {}));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto gpu_w, ExpertShardWeights::Load(c, *m.ckpt, {}));
+  ExpertStage cpu(c, std::move(cpu_w));
+  ModelConfig unclamped_config = c;
+  unclamped_config.swiglu_limit = 0.0;
+  MOESH_ASSERT_OK_AND_ASSIGN(auto raw_w, ExpertShardWeights::Load(c, *m.ckpt, {}));
+  ExpertStage unclamped(unclamped_config, std::move(raw_w));
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaExpertStage> gpu, CudaExpertStage::Create(c, std::move(gpu_w)));
+  int layer = 0;
+  while (!cpu.IsMoeLayer(layer)) ++layer;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> id(0, c.n_routed_experts - 1);
+  const int k = c.num_experts_per_tok, h = c.hidden_size;
+  for (int tokens : {1, 7, 64}) {
+    std::vector<float> x(static_cast<size_t>(tokens) * h), w(static_cast<size_t>(tokens) * k);
+    std::vector<int32_t> ids(static_cast<size_t>(tokens) * k);
+    for (float& v : x) v = 4.0f * u(rng);  // large enough that the experts' activations reach the clamp
+    for (float& v : w) v = 0.5f + 0.5f * u(rng);
+    for (int32_t& v : ids) v = id(rng);
+    MoeDispatch d;
+    d.layer = layer, d.num_tokens = tokens, d.hidden = h, d.top_k = k;
+    d.hidden_states = x.data(), d.topk_ids = ids.data(), d.topk_weights = w.data();
+    std::vector<float> want(x.size(), 0.0f), got(x.size(), 0.0f), raw(x.size(), 0.0f);
+    MOESH_ASSERT_OK(cpu.Accumulate(d, want.data()));
+    MOESH_ASSERT_OK(unclamped.Accumulate(d, raw.data()));
+    MOESH_ASSERT_OK(gpu->Accumulate(d, got.data()));
+    EXPECT_LT(RelMaxErr(got, want), 2e-2) << tokens << " tokens";  // bf16 weights and activations
+    if (c.swiglu_limit > 0) EXPECT_GT(RelMaxErr(raw, want), 0.1) << "the clamp changed nothing: the test checks nothing";
+  }
+}
+
 // The routed experts of a whole model on the GPU, as an ExpertClient (what
 // an attention worker reaches through its RemoteExpertClient).
 absl::StatusOr<std::unique_ptr<ExpertClient>> GpuExperts(const Loaded& m) {

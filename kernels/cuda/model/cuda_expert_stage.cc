@@ -189,6 +189,7 @@ absl::Status CudaExpertStage::EnqueueExperts(const LayerStack& ls, int num_local
   mp.rows = p.max_rows, mp.expected_rows = p.expected_rows, mp.active_experts = p.served;
   mp.gate_up = ls.gate_up.get(), mp.down = ls.down.get();
   mp.num_experts = e, mp.hidden = h, mp.inter = inter;
+  mp.swiglu_limit = static_cast<float>(config().swiglu_limit);
   mp.gathered = s.gathered.get(), mp.gu = s.gu.get(), mp.act = s.act.get(), mp.y = s.y.get();
   mp.host_offsets = s.h_offsets.get(), mp.gemm = s.gemm.get(), mp.stream = st;
   RETURN_IF_ERROR(EnqueueExpertMlp(mp));

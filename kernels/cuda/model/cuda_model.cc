@@ -558,6 +558,7 @@ absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens, ExpertClient* expe
   mp.expert_offsets = expert_offsets_.get(), mp.tile_offsets = tile_offsets_.get(), mp.tile_m = tile_m;
   mp.rows = rows, mp.gate_up = w.experts_gate_up, mp.down = w.experts_down;
   mp.num_experts = e, mp.hidden = h, mp.inter = inter;
+  mp.swiglu_limit = static_cast<float>(c.swiglu_limit);
   mp.gathered = moe_gathered_.get(), mp.gu = moe_gu_.get(), mp.act = moe_act_.get(), mp.y = moe_out_.get();
   mp.host_offsets = h_expert_offsets_.get(), mp.gemm = gemm_.get(), mp.stream = s;
   RETURN_IF_ERROR(EnqueueExpertMlp(mp));

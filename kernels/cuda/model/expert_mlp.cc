@@ -44,7 +44,7 @@ absl::Status Dense(const ExpertMlpParams& p) {
     RETURN_IF_ERROR(p.gemm->Run(g));
   }
   SiluAndMulParams sp;
-  sp.gate_up = p.gu, sp.out = p.act, sp.m = rows, sp.i = inter, sp.stream = s;
+  sp.gate_up = p.gu, sp.out = p.act, sp.m = rows, sp.i = inter, sp.stream = s, sp.limit = p.swiglu_limit;
   RETURN_IF_ERROR(RunSiluAndMul(sp));
   for (int ex = 0; ex < e; ++ex) {
     if (off[ex + 1] == off[ex]) continue;
@@ -76,7 +76,7 @@ absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
   gg.y = p.gu, gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = p.stream;
   RETURN_IF_ERROR(RunGroupedGemm(gg));
   SiluAndMulParams sp;  // over every row the pairs could fill; rows past the pairs are never read
-  sp.gate_up = p.gu, sp.out = p.act, sp.m = p.rows, sp.i = inter, sp.stream = p.stream;
+  sp.gate_up = p.gu, sp.out = p.act, sp.m = p.rows, sp.i = inter, sp.stream = p.stream, sp.limit = p.swiglu_limit;
   RETURN_IF_ERROR(RunSiluAndMul(sp));
   gg.x = p.act, gg.ldx = inter, gg.row_index = nullptr;
   gg.w = p.down, gg.n = h, gg.k = inter;

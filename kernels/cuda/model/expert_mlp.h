@@ -42,6 +42,7 @@ struct ExpertMlpParams {
   const bf16* gate_up = nullptr;  // [num_experts, 2 * inter, hidden]
   const bf16* down = nullptr;     // [num_experts, hidden, inter]
   int num_experts = 0, hidden = 0, inter = 0;
+  float swiglu_limit = 0.0f;  // > 0: the activation's clamp (DeepSeek-V4)
   // Scratch, each with rows + kDenseRowAlign rows.
   bf16* gathered = nullptr;  // [*, hidden]
   bf16* gu = nullptr;        // [*, 2 * inter]
