@@ -8,8 +8,12 @@
 
 #include "common/engine/paged_kv_cache.h"
 #include "common/file_util.h"
+#include "common/model/attention_model.h"
+#include "common/model/expert_client.h"
 #include "common/model/model.h"
 #include "common/model/random_checkpoint.h"
+#include "common/model/safetensors.h"
+#include "common/model/weights.h"
 #include "common/model/model_test_util.h"
 #include "gtest/gtest.h"
 
@@ -77,6 +81,42 @@ TEST(SparseAttentionTest, SelectionRestrictsAttentionPastIndexTopk) {
     }
   }
   EXPECT_GT(later, 1e-3f) << "the selection never changed the output";
+}
+
+// Within index_topk tokens V3.2 is V3: the same checkpoint read as
+// deepseek_v3 (its indexer weights unread) gives the same logits at every
+// position that sees index_topk tokens or fewer. The CUDA model serves V3.2
+// this way (its V3 attention, context capped at index_topk).
+TEST(SparseAttentionTest, WithinIndexTopkIsV3) {
+  const int topk = 8;
+  std::unique_ptr<Model> v32 = LoadV32(topk);
+  ASSERT_NE(v32, nullptr);
+  ModelConfig c = v32->config();
+  c.family = ModelFamily::kDeepseekV3;
+  c.model_type = "deepseek_v3";
+  c.index_topk = 0, c.index_n_heads = 0, c.index_head_dim = 0;
+  ASSERT_TRUE(c.Validate("as deepseek_v3").ok());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt =
+      Checkpoint::Open(JoinPath(::testing::TempDir(), "sparse_attention_topk8"));
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  absl::StatusOr<std::unique_ptr<AttentionWeights>> attention = AttentionWeights::Load(c, **ckpt);
+  ASSERT_TRUE(attention.ok()) << attention.status();
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> experts = ExpertShardWeights::Load(c, **ckpt, {});
+  ASSERT_TRUE(experts.ok()) << experts.status();
+  AttentionModel v3(c, std::move(*attention));
+  LocalExpertClient v3_experts(std::make_unique<ExpertStage>(c, std::move(*experts)));
+  EXPECT_FALSE(v3.config().has_indexer());
+  const int vocab = c.vocab_size;
+  const std::vector<int32_t> tokens = Tokens(topk, 5);
+  SequenceKvCache a = v32->NewCache(), b = v3.NewCache();
+  const std::vector<float> l32 = Forward(*v32, tokens, &a, LogitsFor::kAllTokens);
+  SequenceInput in{tokens, &b};
+  absl::StatusOr<std::vector<float>> l3 = v3.Forward(absl::MakeConstSpan(&in, 1), &v3_experts, LogitsFor::kAllTokens);
+  ASSERT_TRUE(l3.ok()) << l3.status();
+  ASSERT_EQ(l32.size(), l3->size());
+  for (int t = 0; t < topk; ++t) {
+    EXPECT_LE(MaxAbsDiff(&l32[t * vocab], &(*l3)[t * vocab], vocab), 1e-5f) << "position " << t;
+  }
 }
 
 TEST(SparseAttentionTest, PagedCacheAndHandoffEqualContiguous) {

@@ -13,6 +13,8 @@
 # MOESH_TRANSPORT=nccl (with it) sends the expert dispatch over NCCL, GPU to GPU
 # (the KV handoff device to device too);
 # MOESH_TRANSPORT=cuda_ipc keeps it in device memory (same GPU or another).
+# MOESH_PROMPTS (space-separated id lists) and MOESH_NEW_TOKENS replace the
+# prompts and lengths (DeepSeek-V3.2 on the GPU: within index_topk tokens).
 # Exits 77 (ctest: skipped) where no CUDA device is present, saying so.
 set -euo pipefail
 MOESH=${1:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
@@ -85,8 +87,9 @@ assert worst <= 1e-3, f"{what}: logprobs differ by {worst}"
 print(f"{what}: {len(a['output_ids'])} tokens equal, max logprob diff {worst:.2e}")
 PYEOF
 }
-for prompt in 5,17,300,42,9 1,2,3 400,7,7,7,100,250,3,4,60,61,62,63,64,65,66,67,68; do
-  args=(--prompt-ids "$prompt" --max-new-tokens 12 --ignore-eos --top-logprobs 1 --json)
+PROMPTS=${MOESH_PROMPTS:-5,17,300,42,9 1,2,3 400,7,7,7,100,250,3,4,60,61,62,63,64,65,66,67,68}
+for prompt in $PROMPTS; do
+  args=(--prompt-ids "$prompt" --max-new-tokens "${MOESH_NEW_TOKENS:-12}" --ignore-eos --top-logprobs 1 --json)
   cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete: $cluster"
   single=$("$MOESH" generate --model "$MODEL" --device cuda "${args[@]}") || fail "generate: $single"
   compare "$cluster" "$single" "prompt $prompt" || fail "the GPU cluster differs from generate --device cuda"
@@ -100,7 +103,7 @@ done
 # A seeded sampled request with every cut and penalty: the cluster samples on
 # the GPU (prefill worker: the first token, decode worker: the rest) exactly
 # as generate --device cuda does.
-args=(--prompt-ids 5,17,300,42,9 --max-new-tokens 16 --ignore-eos --top-logprobs 1 --json --temperature 0.9
+args=(--prompt-ids "${PROMPTS%% *}" --max-new-tokens "${MOESH_NEW_TOKENS:-16}" --ignore-eos --top-logprobs 1 --json --temperature 0.9
       --top-k 40 --top-p 0.9 --min-p 0.02 --seed 7 --repetition-penalty 1.2 --presence-penalty 0.3
       --frequency-penalty 0.1)
 cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete (sampled): $cluster"

@@ -119,6 +119,19 @@ absl::Status CudaModel::Init() {
     return absl::InvalidArgumentError(absl::StrCat("CudaModel: max_model_len ", max_model_len_,
                                                    " exceeds max_position_embeddings ", pos_limit));
   }
+  if (c.has_indexer()) {
+    // DeepSeek-V3.2's indexer picks each query's index_topk highest-scoring
+    // causal tokens; with index_topk of them or fewer it picks them all, and
+    // the sparse attention is the dense one this model computes. Beyond
+    // that the indexer has no kernel here yet: the context stops there.
+    if (o.max_model_len > c.index_topk) {
+      return absl::UnimplementedError(absl::StrCat(
+          "CudaModel: DeepSeek-V3.2 on the GPU serves sequences of up to index_topk = ", c.index_topk,
+          " tokens (the DSA indexer has no CUDA kernel yet; up to there its sparse attention is dense): max_model_len ",
+          o.max_model_len, " is beyond"));
+    }
+    max_model_len_ = std::min(max_model_len_, c.index_topk);
+  }
   max_blocks_per_seq_ = (max_model_len_ + kKvBlockSize - 1) / kKvBlockSize;
   max_rows_ = o.max_num_seqs;
   max_tokens_ = std::max(o.max_tokens_per_step, o.max_num_seqs);

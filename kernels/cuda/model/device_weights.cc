@@ -42,9 +42,13 @@ struct DeviceWeights::Slot {
 };
 
 absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* slots) {
-  if (c.family != ModelFamily::kDeepseekV2 && c.family != ModelFamily::kDeepseekV3) {
+  // V3.2 is V3 plus the DSA indexer, whose weights stay on the host: the
+  // CUDA model attends densely, which is V3.2's attention while a sequence
+  // fits index_topk tokens (CudaModel caps its context there).
+  if (c.family != ModelFamily::kDeepseekV2 && c.family != ModelFamily::kDeepseekV3 &&
+      c.family != ModelFamily::kDeepseekV32) {
     return absl::UnimplementedError(
-        absl::StrCat("CUDA model: only DeepSeek V2/V3 are supported, not model_type ", c.model_type));
+        absl::StrCat("CUDA model: only DeepSeek V2, V3 and V3.2 are supported, not model_type ", c.model_type));
   }
   config_ = c;
   const int64_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
