@@ -2,9 +2,11 @@
 
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace moesh {
 namespace {
@@ -50,15 +52,83 @@ absl::StatusOr<std::unique_ptr<NcclLink>> NcclLink::Create(const ncclUniqueId& i
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     return absl::UnavailableError(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(e)));
   }
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // so that a silent peer cannot hang us: every wait polls
-  ncclComm_t comm = nullptr;
-  const ncclResult_t r = ncclCommInitRankConfig(&comm, /*nranks=*/2, id, rank, &config);
-  if (r != ncclSuccess && r != ncclInProgress) return NcclError("communicator init", r);
-  std::unique_ptr<NcclLink> link(new NcclLink(comm, rank, device));
-  absl::Status s = link->Settle("communicator init", deadline);
-  if (!s.ok()) return s;
-  return link;
+  // A blocking communicator: each group is launched by the calling thread
+  // (a non-blocking one starts a thread per group, ~50 us an operation).
+  // What can wait for the peer — joining, and connecting to it — happens
+  // here, on a helper thread the caller waits for until `deadline`; past it
+  // the communicator is aborted (which ends the helper's wait) and the
+  // helper lets go of it. Later operations only enqueue kernels; a dead peer
+  // is found by Wait (the deadline, the asynchronous error) and Abort.
+  struct Joining {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    bool abandoned ABSL_GUARDED_BY(mu) = false;
+    ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;  // once created
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+  auto joining = std::make_shared<Joining>();
+  std::thread([joining, id, rank, device] {
+    cudaSetDevice(device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, /*nranks=*/2, id, rank, &config);
+    {
+      absl::MutexLock lock(&joining->mu);
+      if (r != ncclSuccess) {
+        joining->status = NcclError("communicator init", r);
+        joining->done = true;
+        return;
+      }
+      if (joining->abandoned) {
+        ncclCommAbort(comm);
+        return;
+      }
+      joining->comm = comm;  // from here the caller may abort it
+    }
+    // Connect both directions in one round: NCCL sets up the connections to
+    // a peer lazily, at the first group using them, and both ranks must set
+    // up the same ones together (a receive-only group on one side against a
+    // send and receive group on the other fails in NCCL's bootstrap).
+    void* scratch = nullptr;
+    cudaStream_t stream = nullptr;
+    absl::Status s = absl::OkStatus();
+    if (cudaMalloc(&scratch, 512) != cudaSuccess || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+      s = absl::ResourceExhaustedError("NCCL link: no memory for the connection round");
+    }
+    if (s.ok()) {
+      ncclGroupStart();
+      ncclResult_t a = ncclSend(scratch, 1, ncclUint8, 1 - rank, comm, stream);
+      ncclResult_t b = ncclRecv(static_cast<char*>(scratch) + 256, 1, ncclUint8, 1 - rank, comm, stream);
+      r = ncclGroupEnd();
+      if (a != ncclSuccess || b != ncclSuccess || r != ncclSuccess) {
+        s = NcclError("connecting to the peer", r != ncclSuccess ? r : (a != ncclSuccess ? a : b));
+      }
+    }
+    if (s.ok() && cudaStreamSynchronize(stream) != cudaSuccess) {
+      s = absl::UnavailableError("NCCL link: the connection round failed");
+    }
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    if (scratch != nullptr) cudaFree(scratch);
+    absl::MutexLock lock(&joining->mu);
+    if (joining->abandoned) return;  // the caller aborted the communicator
+    if (!s.ok()) {
+      ncclCommAbort(comm);
+      joining->comm = nullptr;
+    }
+    joining->status = s;
+    joining->done = true;
+  }).detach();
+  absl::MutexLock lock(&joining->mu);
+  auto done = [&joining]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(joining->mu) { return joining->done; };
+  joining->mu.AwaitWithDeadline(absl::Condition(&done), deadline);
+  if (!joining->done) {
+    joining->abandoned = true;
+    if (joining->comm != nullptr) ncclCommAbort(joining->comm);  // ends the helper's wait on the peer
+    return absl::DeadlineExceededError("NCCL communicator init: the peer did not join and connect in time");
+  }
+  if (!joining->status.ok()) return joining->status;
+  return std::unique_ptr<NcclLink>(new NcclLink(joining->comm, rank, device));
 }
 
 NcclLink::~NcclLink() {

@@ -30,13 +30,17 @@ std::string UniqueIdToBytes(const ncclUniqueId& id);
 // INVALID_ARGUMENT unless `bytes` is exactly one id.
 absl::StatusOr<ncclUniqueId> UniqueIdFromBytes(const std::string& bytes);
 
-// The communicator is non-blocking: every wait polls its asynchronous error
-// and gives up at a deadline (a peer that died never answers), aborting the
-// communicator; after that every call fails with UNAVAILABLE.
+// The communicator is blocking (each operation is launched by the calling
+// thread), but nothing waits for the peer without a deadline: Create joins
+// and connects both directions under one, and every wait polls the
+// asynchronous error and gives up at a deadline (a peer that died never
+// answers), aborting the communicator; after that every call fails with
+// UNAVAILABLE.
 class NcclLink {
  public:
-  // Joins the 2-rank communicator `id` as `rank` (0 or 1) on CUDA `device`,
-  // waiting for the peer until `deadline` (DEADLINE_EXCEEDED).
+  // Joins the 2-rank communicator `id` as `rank` (0 or 1) on CUDA `device`
+  // and connects to the peer both ways, waiting for it until `deadline`
+  // (DEADLINE_EXCEEDED; a helper thread still joining then lets go).
   // FAILED_PRECONDITION without a usable GPU.
   static absl::StatusOr<std::unique_ptr<NcclLink>> Create(const ncclUniqueId& id, int rank, int device,
                                                           absl::Time deadline = absl::InfiniteFuture());

@@ -28,15 +28,7 @@ absl::StatusOr<std::unique_ptr<NcclPipe>> NcclPipe::Open(const std::string& uniq
   if (absl::Status s = Cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"); !s.ok()) return s;
   std::unique_ptr<NcclPipe> pipe(new NcclPipe(std::move(*link), stream));
   if (absl::Status s = pipe->Reserve(1 << 20); !s.ok()) return s;
-  // Connect both directions in one round: NCCL sets up the connections to
-  // a peer lazily, at the first group using them, and both ranks must set up
-  // the same ones together (a receive-only group here against a send and
-  // receive group there fails in NCCL's bootstrap: "message truncated").
-  char* scratch = static_cast<char*>(pipe->device_);
-  const NcclLink::Buffer out[] = {{scratch, 1}}, in[] = {{scratch + 256, 1}};
-  if (absl::Status s = pipe->link_->Group(out, 1, in, 1, stream, deadline); !s.ok()) return s;
-  if (absl::Status s = pipe->link_->Wait(stream, deadline); !s.ok()) return s;
-  return pipe;
+  return pipe;  // (NcclLink::Create connected both directions)
 }
 
 NcclPipe::~NcclPipe() {
