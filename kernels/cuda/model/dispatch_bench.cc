@@ -24,8 +24,13 @@
 // with this process, as in `moesh bench --serving --modes cluster-ipc`) or
 // on --server-device.
 //
-// Usage: cuda_dispatch_bench [--transport cuda_ipc|nccl] [--workers 1,2] [--batch 1,32,128,256] [--reps 30]
-//          [--server-device N] [--step-batch 1,32,128,256] [--context 512] [--steps 20]
+// With --overlap, also the decode batches as two half-batches stepped at
+// once (two attention models on this GPU, each with its own channels): what
+// ping-pong micro-batching (each half's attention overlapping the other's
+// expert round trip) can gain at best on this path.
+//
+// Usage: cuda_dispatch_bench [--transport cuda_ipc|nccl] [--overlap] [--workers 1,2] [--batch 1,32,128,256]
+//          [--reps 30] [--server-device N] [--step-batch 1,32,128,256] [--context 512] [--steps 20]
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,6 +39,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <random>
@@ -44,6 +50,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
 #include "common/model/random_checkpoint.h"
 #include "common/status.h"
@@ -72,6 +79,7 @@ struct Flags {
   std::vector<int> step_batch = {1, 32, 128, 256};  // empty: no decode-step table
   int context = 512;
   int steps = 20;
+  bool overlap = false;  // also two half-batch steps at once (what ping-pong can gain)
 };
 
 absl::StatusOr<std::vector<int>> Ints(const std::string& s) {
@@ -251,45 +259,119 @@ absl::StatusOr<NcclRaw> MeasureNcclRaw(const std::vector<int>& batches, int reps
   return raw;
 }
 
-// Median host time of decode steps (inputs in, graph(s), ids out) at each
-// batch, `experts` null: on the device.
-absl::StatusOr<std::map<int, double>> StepTimes(const Flags& f, const ModelConfig& c, ExpertClient* experts) {
-  CudaModelOptions o;
-  o.max_num_seqs = *std::max_element(f.step_batch.begin(), f.step_batch.end());
-  const int per_seq = f.context + f.steps + 8;
-  o.max_model_len = per_seq + 64;
-  o.max_kv_blocks = (o.max_num_seqs * ((per_seq + 63) / 64 + 1));
-  o.routed_experts_on_device = experts == nullptr;
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model, CudaModel::Dummy(c, 1, o));
-  RETURN_IF_ERROR(model->FillKvCacheRandom(2));
-  std::mt19937 rng(3);
-  std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
-  std::map<int, double> out;
-  for (int b : f.step_batch) {
+// One CudaModel's decode steps at `f.context` tokens of cache per sequence,
+// the routed experts on its device (`experts` null) or behind `experts`.
+struct StepRunner {
+  std::unique_ptr<CudaModel> model;
+  ExpertClient* experts = nullptr;
+  std::mt19937 rng{3};
+
+  static absl::StatusOr<StepRunner> Make(const Flags& f, const ModelConfig& c, ExpertClient* experts) {
+    CudaModelOptions o;
+    o.max_num_seqs = *std::max_element(f.step_batch.begin(), f.step_batch.end());
+    const int per_seq = f.context + f.steps + 8;
+    o.max_model_len = per_seq + 64;
+    o.max_kv_blocks = (o.max_num_seqs * ((per_seq + 63) / 64 + 1));
+    o.routed_experts_on_device = experts == nullptr;
+    StepRunner r;
+    r.experts = experts;
+    ASSIGN_OR_RETURN(r.model, CudaModel::Dummy(c, 1, o));
+    RETURN_IF_ERROR(r.model->FillKvCacheRandom(2));
+    return r;
+  }
+  // Host times (ms) of `f.steps` decode steps of `b` sequences, after 3
+  // warm-up steps (the first captures); `before_each` runs before each.
+  absl::StatusOr<std::vector<double>> Run(const Flags& f, int b, const std::function<void()>& before_each = nullptr) {
+    const ModelConfig& c = model->config();
+    std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
     ASSIGN_OR_RETURN(const std::vector<int> seqs, model->AddSyntheticSequences(b, f.context));
     std::vector<std::vector<int32_t>> next(b, std::vector<int32_t>(1));
     std::vector<SequenceTokens> batch(b);
-    std::vector<double> us;
-    for (int step = 0; step < f.steps + 3; ++step) {  // 3 warm-up steps (the first captures)
+    std::vector<double> ms;
+    for (int step = 0; step < f.steps + 3; ++step) {
       for (int i = 0; i < b; ++i) {
         next[i][0] = tok(rng);
         batch[i] = {seqs[i], next[i]};
       }
+      if (before_each) before_each();
       const auto t0 = std::chrono::steady_clock::now();
       ASSIGN_OR_RETURN(StepOutput unused, model->Step(batch, 0, experts));
-      if (step >= 3) us.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      if (step >= 3) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     if (!model->last_step_used_graph()) return absl::InternalError("the decode steps did not replay graphs");
-    std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
-    out[b] = us[us.size() / 2];
     for (int id : seqs) RETURN_IF_ERROR(model->ReleaseSequence(id));
+    return ms;
+  }
+};
+
+double Median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Median host time of decode steps (inputs in, graph(s), ids out) at each
+// batch, `experts` null: on the device.
+absl::StatusOr<std::map<int, double>> StepTimes(const Flags& f, const ModelConfig& c, ExpertClient* experts) {
+  ASSIGN_OR_RETURN(StepRunner r, StepRunner::Make(f, c, experts));
+  std::map<int, double> out;
+  for (int b : f.step_batch) {
+    ASSIGN_OR_RETURN(std::vector<double> ms, r.Run(f, b));
+    out[b] = Median(std::move(ms));
   }
   return out;
 }
 
-absl::Status StepTable(const Flags& f, const ModelConfig& c, ExpertClient* remote) {
+// What ping-pong micro-batching can gain at best: two half-batches stepped
+// at once, each by its own CudaModel on this GPU with its own client (its
+// own channels to the workers), on two threads — each half's attention free
+// to overlap the other's expert round trip, in whatever order the GPU and
+// the workers take them. The median, per batch, of the later of the two
+// halves' step times (the two threads start each step together).
+absl::StatusOr<std::map<int, double>> OverlappedStepTimes(const Flags& f, const ModelConfig& c, ExpertClient* a,
+                                                          ExpertClient* b) {
+  ASSIGN_OR_RETURN(StepRunner ra, StepRunner::Make(f, c, a));
+  ASSIGN_OR_RETURN(StepRunner rb, StepRunner::Make(f, c, b));
+  std::map<int, double> out;
+  for (int batch : f.step_batch) {
+    if (batch < 2) continue;
+    absl::Mutex mu;
+    int round = 0;
+    bool failed = false;
+    auto sync = [&] {  // both halves begin each step together
+      absl::MutexLock lock(&mu);
+      const int target = (++round + 1) / 2 * 2;
+      auto reached = [&] { return round >= target || failed; };
+      mu.Await(absl::Condition(&reached));
+    };
+    auto done = [&](const absl::Status& s) {
+      if (s.ok()) return;
+      absl::MutexLock lock(&mu);
+      failed = true;  // the other half stops waiting
+    };
+    absl::StatusOr<std::vector<double>> mb;
+    std::thread other([&] {
+      mb = rb.Run(f, batch - batch / 2, sync);
+      done(mb.status());
+    });
+    absl::StatusOr<std::vector<double>> ma = ra.Run(f, batch / 2, sync);
+    done(ma.status());
+    other.join();
+    RETURN_IF_ERROR(ma.status());
+    RETURN_IF_ERROR(mb.status());
+    std::vector<double> worst(ma->size());
+    for (size_t i = 0; i < worst.size(); ++i) worst[i] = std::max((*ma)[i], (*mb)[i]);
+    out[batch] = Median(std::move(worst));
+  }
+  return out;
+}
+
+absl::Status StepTable(const Flags& f, const ModelConfig& c, ExpertClient* remote, ExpertClient* remote2) {
   ASSIGN_OR_RETURN(auto colocated, StepTimes(f, c, nullptr));
   ASSIGN_OR_RETURN(auto split, StepTimes(f, c, remote));
+  std::map<int, double> overlapped;
+  if (f.overlap) {
+    ASSIGN_OR_RETURN(overlapped, OverlappedStepTimes(f, c, remote, remote2));
+  }
   const int gpus = f.server_device == 0 ? 1 : 2;
   std::printf("\ndecode steps, %d tokens of context, greedy, median of %d (ms): experts on the device (one graph, "
               "1 GPU) vs behind one %s worker on GPU %d (piecewise graphs, %d hand-offs; %d GPU%s)\n",
@@ -304,6 +386,16 @@ absl::Status StepTable(const Flags& f, const ModelConfig& c, ExpertClient* remot
     std::printf("| %d | %.3f | %.3f | %.1f | %.2f | %.0f | %.0f | %.0f |\n", b, colocated[b], split[b],
                 1e3 * (split[b] - colocated[b]) / handoffs, colocated[b] / split[b], 1e3 * b / colocated[b],
                 1e3 * b / split[b], 1e3 * b / split[b] / gpus);
+  }
+  if (!f.overlap) return absl::OkStatus();
+  std::printf("\nthe same batches as two half-batches stepped at once (two attention models on GPU 0, each with its own "
+              "%s channels: each half's attention free to overlap the other's experts; what ping-pong can gain)\n",
+              f.transport.c_str());
+  std::printf("| batch | colocated ms | %s ms (whole) | two halves at once ms | colocated / two halves |\n",
+              f.transport.c_str());
+  std::printf("| --- | --- | --- | --- | --- |\n");
+  for (const auto& [b, ms] : overlapped) {
+    std::printf("| %d | %.3f | %.3f | %.3f | %.2f |\n", b, colocated[b], split[b], ms, colocated[b] / ms);
   }
   return absl::OkStatus();
 }
@@ -389,7 +481,7 @@ absl::Status Run(const Flags& f) {
               t, nccl ? "nccl host-staged" : "grpc", t, nccl ? "bare NCCL send + recv of the payload" : "payload at copy rate");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   std::unique_ptr<Transport> step_transport;
-  std::unique_ptr<RemoteExpertClient> step_client;  // one worker, for the decode-step table
+  std::unique_ptr<RemoteExpertClient> step_client, step_client2;  // one worker, for the decode-step table
   for (size_t fi = 0; fi < f.workers.size(); ++fi) {
     const int wcount = f.workers[fi];
     ExpertPlacement placement;
@@ -414,10 +506,13 @@ absl::Status Run(const Flags& f) {
                   nccl ? raw.round_trip_us[b] : 2 * payload / (ceil.copy_gbps * 1e3));
       std::fflush(stdout);
     }
-    if (wcount == 1) step_transport = std::move(ipc_t), step_client = std::move(ipc);
+    if (wcount == 1) {
+      ASSIGN_OR_RETURN(step_client2, RemoteExpertClient::Create(ipc_t.get(), placement, e));  // its own channels
+      step_transport = std::move(ipc_t), step_client = std::move(ipc);
+    }
   }
   if (step_client == nullptr || f.step_batch.empty()) return absl::OkStatus();
-  return StepTable(f, c, step_client.get());
+  return StepTable(f, c, step_client.get(), step_client2.get());
 }
 
 }  // namespace
@@ -435,6 +530,8 @@ int main(int argc, char** argv) {
     } else if (a == "--transport") {
       f.transport = value();
       if (f.transport != "cuda_ipc" && f.transport != "nccl") v = absl::InvalidArgumentError("--transport: cuda_ipc or nccl");
+    } else if (a == "--overlap") {
+      f.overlap = true;
     } else if (a == "--batch") {
       v = moesh::cuda::Ints(value());
       if (v.ok()) f.batch = *v;
@@ -455,7 +552,7 @@ int main(int argc, char** argv) {
       v = absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
     }
     if (!v.ok()) {
-      std::fprintf(stderr, "cuda_dispatch_bench: %s\nusage: cuda_dispatch_bench [--transport cuda_ipc|nccl] [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N] [--step-batch 1,32,128,256] [--context 512] [--steps 20]\n",
+      std::fprintf(stderr, "cuda_dispatch_bench: %s\nusage: cuda_dispatch_bench [--transport cuda_ipc|nccl] [--overlap] [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N] [--step-batch 1,32,128,256] [--context 512] [--steps 20]\n",
                    std::string(v.status().message()).c_str());
       return 2;
     }
