@@ -272,7 +272,9 @@ TEST(SiluAndMulTest, MatchesCpu) {
       cpu::SiluAndMul(gu.data(), ref.data(), m, i, limit);
       cpu::SiluAndMul(gu.data(), unclamped.data(), m, i);
       EXPECT_LE(RelErr(ToFloats(ob), ref), 1e-2);
-      if (limit > 0.0f) EXPECT_GT(RelErr(unclamped, ref), 0.1) << "the limit clamps nothing here";
+      if (limit > 0.0f) {
+        EXPECT_GT(RelErr(unclamped, ref), 0.1) << "the limit clamps nothing here";
+      }
     }
   }
 }
