@@ -125,11 +125,15 @@ absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
   int n = 0;
   for (const Process& p : processes_) n += p.name.rfind("expert-", 0) == 0 ? 1 : 0;
   const bool shard = spec.find('/') != std::string::npos;
+  // The n-th expert worker takes the n-th device of the list, round robin.
+  const std::vector<std::string> devices =
+      absl::StrSplit(options_.expert_device.empty() ? options_.device : options_.expert_device, ',');
+  const std::string& device = devices[n % devices.size()];
+  if (device.empty()) return absl::InvalidArgumentError("--expert-device: an empty entry in the list");
   return Spawn(absl::StrCat("expert-", n), "moesh_expert_worker",
                {"--model=" + options_.model_dir, "--router=" + router_address(),
                 (shard ? "--shard=" : "--experts=") + spec, "--transport=" + options_.transport,
-                "--device=" + (options_.expert_device.empty() ? options_.device : options_.expert_device),
-                "--load_format=" + options_.load_format})
+                "--device=" + device, "--load_format=" + options_.load_format})
       .status();
 }
 

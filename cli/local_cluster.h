@@ -36,7 +36,8 @@ struct LocalClusterOptions {
   // the prefill worker (started after it) to 80%.
   std::string device = "cpu";
   // --device of the expert workers when not empty (e.g. cuda:1: attention on
-  // one GPU, experts on another).
+  // one GPU, experts on another), or a comma-separated list the workers take
+  // in turn (cuda:1,cuda:2,cuda:3: one expert worker per GPU).
   std::string expert_device;
   // --load_format of every worker (and the colocated router): auto or dummy.
   std::string load_format = "auto";

@@ -9,7 +9,8 @@
 # first tokens agree (bf16 against fp32; cuda_model_test owns the full rule).
 #
 # usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR [MODEL_NAME]
-# MOESH_EXPERT_DEVICE=cuda:1 puts the expert workers on a second GPU;
+# MOESH_EXPERT_DEVICE=cuda:1 puts the expert workers on a second GPU (a list,
+# cuda:0,cuda:1, one on each);
 # MOESH_TRANSPORT=nccl (with it) sends the expert dispatch over NCCL, GPU to GPU
 # (the KV handoff device to device too);
 # MOESH_TRANSPORT=cuda_ipc keeps it in device memory (same GPU or another).
@@ -61,8 +62,10 @@ grep -q "moesh is serving" "$TMP/serve.out" || fail "the cluster did not come up
 grep -q "cuda:" "$TMP"/cluster/*.log || fail "no worker reports a CUDA device in its log"
 grep -h -E "worker (for|serving)" "$TMP"/cluster/*.log | sed 's/^/  /' || true
 if [ "$EXPERT_DEVICE" != cuda ]; then
-  grep -q "($EXPERT_DEVICE, data plane $TRANSPORT" "$TMP"/cluster/expert-*.log \
-    || fail "expert workers are not on $EXPERT_DEVICE with $TRANSPORT"
+  for d in ${EXPERT_DEVICE//,/ }; do  # a list: one expert worker on each in turn
+    grep -q "($d, data plane $TRANSPORT" "$TMP"/cluster/expert-*.log \
+      || fail "no expert worker is on $d with $TRANSPORT"
+  done
 fi
 
 check_ipc() {  # the device paths, not the host ones, carried the experts and the KV

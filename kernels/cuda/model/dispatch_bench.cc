@@ -30,7 +30,9 @@
 // expert round trip) can gain at best on this path.
 //
 // Usage: cuda_dispatch_bench [--transport cuda_ipc|nccl] [--overlap] [--workers 1,2] [--batch 1,32,128,256]
-//          [--reps 30] [--server-device N] [--step-batch 1,32,128,256] [--context 512] [--steps 20]
+//          [--reps 30] [--server-device N[,M...]] [--step-batch 1,32,128,256] [--context 512] [--steps 20]
+// (--server-device: the expert workers' GPUs, taken in turn: 1,2,3 puts W
+// workers on three GPUs.)
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,6 +51,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
@@ -75,7 +78,7 @@ struct Flags {
   std::vector<int> workers = {1, 2};
   std::vector<int> batch = {1, 32, 128, 256};
   int reps = 30;
-  int server_device = 0;  // the expert workers' GPU (this process uses GPU 0)
+  std::vector<int> server_devices = {0};  // the expert workers' GPUs, in turn (this process uses GPU 0)
   std::vector<int> step_batch = {1, 32, 128, 256};  // empty: no decode-step table
   int context = 512;
   int steps = 20;
@@ -145,7 +148,8 @@ struct Children {
   }
 };
 
-absl::Status Spawn(const ModelConfig& config, const std::string& transport, int count, int device, Children* out) {
+absl::Status Spawn(const ModelConfig& config, const std::string& transport, int count, const std::vector<int>& devices,
+                   Children* out) {
   int control[2];
   if (pipe(control) != 0) return absl::InternalError("pipe");
   out->control_fd = control[1];
@@ -157,7 +161,8 @@ absl::Status Spawn(const ModelConfig& config, const std::string& transport, int 
     if (pid == 0) {
       close(control[1]);
       close(ports[0]);
-      ServeExperts(config, transport, ShardOf(i, count, config.n_routed_experts), device, ports[1], control[0]);
+      ServeExperts(config, transport, ShardOf(i, count, config.n_routed_experts), devices[i % devices.size()], ports[1],
+                   control[0]);
     }
     close(ports[1]);
     out->pids.push_back(pid);
@@ -372,10 +377,12 @@ absl::Status StepTable(const Flags& f, const ModelConfig& c, ExpertClient* remot
   if (f.overlap) {
     ASSIGN_OR_RETURN(overlapped, OverlappedStepTimes(f, c, remote, remote2));
   }
-  const int gpus = f.server_device == 0 ? 1 : 2;
+  std::set<int> used(f.server_devices.begin(), f.server_devices.end());
+  used.insert(0);
+  const int gpus = static_cast<int>(used.size());
   std::printf("\ndecode steps, %d tokens of context, greedy, median of %d (ms): experts on the device (one graph, "
               "1 GPU) vs behind one %s worker on GPU %d (piecewise graphs, %d hand-offs; %d GPU%s)\n",
-              f.context, f.steps, f.transport.c_str(), f.server_device, c.num_hidden_layers - c.first_k_dense_replace,
+              f.context, f.steps, f.transport.c_str(), f.server_devices.front(), c.num_hidden_layers - c.first_k_dense_replace,
               gpus, gpus > 1 ? "s" : "");
   std::printf("| batch | colocated ms | %s ms | extra per hand-off us | colocated / %s | colocated tok/s | %s tok/s "
               "| %s tok/s per GPU |\n",
@@ -408,7 +415,7 @@ absl::Status Run(const Flags& f) {
   std::vector<std::unique_ptr<Children>> fleets;
   for (int w : f.workers) {
     fleets.push_back(std::make_unique<Children>());
-    RETURN_IF_ERROR(Spawn(c, f.transport, w, f.server_device, fleets.back().get()));
+    RETURN_IF_ERROR(Spawn(c, f.transport, w, f.server_devices, fleets.back().get()));
   }
 
   RETURN_IF_ERROR(UseDevice(0));
@@ -463,18 +470,18 @@ absl::Status Run(const Flags& f) {
   }
   local.reset();
 
-  std::printf("attention side GPU 0, expert workers GPU %d; copy %.0f GB/s (read + write); V2-Lite MoE layer: hidden %d, %d experts top-%d, "
+  std::printf("attention side GPU 0, expert workers GPU %s (in turn); copy %.0f GB/s (read + write); V2-Lite MoE layer: hidden %d, %d experts top-%d, "
               "moe_intermediate %d, bf16\n",
-              f.server_device, ceil.copy_gbps, h, e, k, c.moe_intermediate_size);
+              absl::StrJoin(f.server_devices, ",").c_str(), ceil.copy_gbps, h, e, k, c.moe_intermediate_size);
   std::printf("round trip of one MoE layer, host-timed median of %d (us); payload = bf16 hidden + ids + weights "
               "out, fp32 sums back\n",
               f.reps);
   const bool nccl = f.transport == "nccl";
   NcclRaw raw;
   if (nccl) {
-    ASSIGN_OR_RETURN(raw, MeasureNcclRaw(f.batch, f.reps, h, k, f.server_device));
+    ASSIGN_OR_RETURN(raw, MeasureNcclRaw(f.batch, f.reps, h, k, f.server_devices.front()));
     std::printf("NCCL between GPU 0 and GPU %d, in this process: %.1f GB/s one way (256 MiB messages)\n",
-                f.server_device, raw.gbps);
+                f.server_devices.front(), raw.gbps);
   }
   const char* t = f.transport.c_str();
   std::printf("| workers | batch | payload KB | experts alone | %s | %s - alone | %s | empty %s call | %s |\n", t,
@@ -536,8 +543,11 @@ int main(int argc, char** argv) {
       v = moesh::cuda::Ints(value());
       if (v.ok()) f.batch = *v;
     } else if (a == "--server-device") {
-      if (!absl::SimpleAtoi(value(), &f.server_device) || f.server_device < 0) {
-        v = absl::InvalidArgumentError("--server-device: a CUDA ordinal");
+      v = moesh::cuda::Ints(value());
+      if (v.ok() && !v->empty()) {
+        f.server_devices = *v;
+      } else if (v.ok()) {
+        v = absl::InvalidArgumentError("--server-device: CUDA ordinals");
       }
     } else if (a == "--step-batch") {
       v = moesh::cuda::Ints(value());
@@ -552,12 +562,13 @@ int main(int argc, char** argv) {
       v = absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
     }
     if (!v.ok()) {
-      std::fprintf(stderr, "cuda_dispatch_bench: %s\nusage: cuda_dispatch_bench [--transport cuda_ipc|nccl] [--overlap] [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N] [--step-batch 1,32,128,256] [--context 512] [--steps 20]\n",
+      std::fprintf(stderr, "cuda_dispatch_bench: %s\nusage: cuda_dispatch_bench [--transport cuda_ipc|nccl] [--overlap] [--workers 1,2] [--batch 1,32,128,256] [--reps 30] [--server-device N[,M...]] [--step-batch 1,32,128,256] [--context 512] [--steps 20]\n",
                    std::string(v.status().message()).c_str());
       return 2;
     }
   }
-  if (f.transport == "nccl" && f.server_device == 0) {
+  if (f.transport == "nccl" &&
+      std::find(f.server_devices.begin(), f.server_devices.end(), 0) != f.server_devices.end()) {
     std::fprintf(stderr, "cuda_dispatch_bench: --transport nccl needs --server-device N > 0 (NCCL joins no two ranks on one GPU)\n");
     return 2;
   }
