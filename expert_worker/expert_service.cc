@@ -80,6 +80,18 @@ absl::Status ExpertService::Validate(const v1::DispatchRequest& r) const {
   if (!stage_->IsMoeLayer(r.layer())) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", r.layer(), " is not an MoE layer"));
   }
+  // Every pair sent here must be served here: a pair of an expert this
+  // worker no longer hosts (a stale map) would otherwise go missing.
+  const std::set<int> hosted = stage_->expert_ids();
+  for (int32_t e : r.topk_ids()) {
+    if (e >= stage_->config().n_routed_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("expert id ", e, " out of range"));
+    }
+    if (e >= 0 && !hosted.count(e)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert ", e, " is not hosted here (the placement moved; route by the new map)"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -208,18 +220,33 @@ grpc::Status ExpertService::LoadExperts(grpc::ServerContext*, const v1::LoadExpe
   if (!options_.loader) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker cannot load experts");
   absl::MutexLock serial(&load_mu_);
   const std::set<int> hosted = stage_->expert_ids();
-  std::set<int> add;
+  std::set<int> add, listed;
   for (int e : request->expert_ids()) {
     if (e < 0 || e >= stage_->config().n_routed_experts) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("expert ", e, " does not exist"));
     }
+    listed.insert(e);
     if (!hosted.count(e)) add.insert(e);
+  }
+  if (request->exact() && listed.empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "an exact expert set must name at least one expert");
   }
   if (!add.empty()) {
     absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w = options_.loader(add);
     if (!w.ok()) return ToGrpcStatus(w.status());
     if (absl::Status s = stage_->AddShard(std::move(*w)); !s.ok()) return ToGrpcStatus(s);
     std::cerr << "expert worker: now also serving " << add.size() << " more experts" << std::endl;
+  }
+  std::set<int> drop;
+  if (request->exact()) {
+    for (int e : hosted) {
+      if (!listed.count(e)) drop.insert(e);
+    }
+  }
+  if (!drop.empty()) {
+    if (absl::Status s = stage_->RemoveExperts(drop); !s.ok()) return ToGrpcStatus(s);
+    std::cerr << "expert worker: no longer serving " << drop.size() << " experts (replicas the placement dropped)"
+              << std::endl;
   }
   for (int e : stage_->expert_ids()) response->add_expert_ids(e);
   return grpc::Status::OK;

@@ -108,5 +108,43 @@ TEST_F(ExpertServiceTest, RejectsMalformedDispatch) {
   EXPECT_EQ(s.Dispatch(r, &resp).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Replicas come and go: LoadExperts adds experts; with `exact` it also
+// drops the rest (cold replicas), and a dispatch naming a dropped expert is
+// refused rather than computed without it.
+TEST_F(ExpertServiceTest, LoadExactlyDropsTheRestAndRefusesTheirPairs) {
+  ExpertServiceOptions o;
+  o.loader = [this](const std::set<int>& ids) { return ExpertShardWeights::Load(config_, *ckpt_, ids); };
+  ExpertService s(Stage(), "fp", o);
+  auto load = [&](std::vector<int> ids, bool exact, std::vector<int>* hosted) {
+    v1::LoadExpertsRequest req;
+    req.mutable_expert_ids()->Add(ids.begin(), ids.end());
+    req.set_exact(exact);
+    v1::LoadExpertsResponse resp;
+    grpc::ServerContext ctx;
+    const grpc::Status st = s.LoadExperts(&ctx, &req, &resp);
+    hosted->assign(resp.expert_ids().begin(), resp.expert_ids().end());
+    return st;
+  };
+  std::vector<int> hosted;
+  ASSERT_TRUE(load({0, 1, 2, 3}, true, &hosted).ok());
+  EXPECT_EQ(hosted, (std::vector<int>{0, 1, 2, 3}));
+  // The kept experts compute as before; a pair of a dropped one is refused.
+  v1::DispatchRequest r = RandomRequest(3, 5);
+  for (int i = 0; i < r.topk_ids_size(); ++i) r.set_topk_ids(i, i % 4);
+  v1::DispatchResponse got, want;
+  ASSERT_TRUE(s.Dispatch(r, &got).ok());
+  ExpertService whole(Stage(), "fp", {});
+  ASSERT_TRUE(whole.Dispatch(r, &want).ok());
+  EXPECT_EQ(got.output(), want.output());
+  r.set_topk_ids(0, 6);
+  EXPECT_EQ(s.Dispatch(r, &got).code(), absl::StatusCode::kFailedPrecondition);
+  // Loading adds (without exact, nothing is dropped); an empty exact set is refused.
+  ASSERT_TRUE(load({6}, false, &hosted).ok());
+  EXPECT_EQ(hosted, (std::vector<int>{0, 1, 2, 3, 6}));
+  EXPECT_TRUE(s.Dispatch(r, &got).ok());
+  EXPECT_EQ(load({}, true, &hosted).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(hosted.size(), 0u);
+}
+
 }  // namespace
 }  // namespace moesh

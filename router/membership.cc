@@ -6,6 +6,7 @@
 #include <iostream>
 #include <numeric>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -155,6 +156,7 @@ grpc::Status Membership::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequ
   if (it != workers_.end()) {
     it->second.last_seen = std::chrono::steady_clock::now();
     it->second.info.load = request->load();
+    it->second.placement_version = request->placement_version();
   }
   return grpc::Status::OK;
 }
@@ -225,7 +227,9 @@ absl::StatusOr<v1::RebalanceResponse> Membership::RunRebalance(int slots_per_wor
   ExpertLoad tally = Tally(experts);
   const std::vector<double> totals = tally.load;
   tally.load = LoadSinceBaseline(totals);
-  const int slots = std::max<int>(slots_per_worker, static_cast<int>(tally.most));
+  // Asked for: exactly that many (replicas beyond it are dropped); else as
+  // many as the busiest worker hosts now.
+  const int slots = slots_per_worker > 0 ? slots_per_worker : static_cast<int>(tally.most);
   absl::StatusOr<EplbPlan> plan = PlanExpertPlacement(tally.load, static_cast<int>(experts.size()), slots);
   if (!plan.ok()) return failed(absl::InvalidArgumentError(plan.status().message()));
   response->set_balance_ratio_before(BalanceRatio(experts, tally));
@@ -248,16 +252,20 @@ absl::StatusOr<v1::RebalanceResponse> Membership::RunRebalance(int slots_per_wor
     }
     hosted[experts[w].id].assign(resp.expert_ids().begin(), resp.expert_ids().end());
   }
+  // The map routes by the plan; what the workers host beyond it (replicas
+  // of earlier plans) is dropped once nobody routes by an older map.
+  int64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, ids] : hosted) {
-      auto it = workers_.find(id);
-      if (it != workers_.end()) it->second.info.expert_ids = ids;
+    for (size_t w = 0; w < experts.size(); ++w) {
+      auto it = workers_.find(experts[w].id);
+      if (it != workers_.end()) it->second.info.expert_ids = plan->worker_experts[w];
     }
-    ++placement_version_;
+    version = ++placement_version_;
     response->set_placement_version(placement_version_);
     load_baseline_ = totals;
   }
+  DropColdReplicas(version, hosted, experts, plan->worker_experts);
   std::cerr << "router: rebalanced " << experts.size() << " expert workers, balance ratio "
             << response->balance_ratio_before() << " -> " << response->balance_ratio_after() << std::endl;
   GetPlacement(nullptr, nullptr, response->mutable_placement());
@@ -266,6 +274,61 @@ absl::StatusOr<v1::RebalanceResponse> Membership::RunRebalance(int slots_per_wor
     rebalance_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return out;
+}
+
+bool Membership::AttentionWorkersFollow(int64_t version, std::chrono::steady_clock::time_point deadline) {
+  while (true) {
+    bool all = true;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, e] : workers_) {
+        const bool attention = e.info.kind == v1::WORKER_KIND_PREFILL || e.info.kind == v1::WORKER_KIND_DECODE;
+        if (attention && e.placement_version < version) all = false;
+      }
+    }
+    if (all) return true;
+    if (std::chrono::steady_clock::now() >= deadline || stop_.HasBeenNotified()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void Membership::DropColdReplicas(int64_t version, const std::map<std::string, std::vector<int>>& hosted,
+                                  const std::vector<WorkerInfo>& experts,
+                                  const std::vector<std::vector<int>>& planned) {
+  bool any = false;
+  for (size_t w = 0; w < experts.size(); ++w) {
+    auto it = hosted.find(experts[w].id);
+    any = any || (it != hosted.end() && it->second.size() > planned[w].size());
+  }
+  if (!any) return;
+  // A few heartbeats: each attention worker fetches the map on its next one
+  // and reports it on the one after.
+  const auto deadline = std::chrono::steady_clock::now() + std::max(std::chrono::milliseconds(10000), 8 * interval_);
+  if (!AttentionWorkersFollow(version, deadline)) {
+    std::cerr << "router: kept the cold expert replicas: not every attention worker follows placement version "
+              << version << " yet" << std::endl;
+    return;
+  }
+  int dropped = 0;
+  for (size_t w = 0; w < experts.size(); ++w) {
+    auto it = hosted.find(experts[w].id);
+    if (it == hosted.end() || it->second.size() <= planned[w].size()) continue;
+    v1::LoadExpertsRequest req;
+    req.mutable_expert_ids()->Add(planned[w].begin(), planned[w].end());
+    req.set_exact(true);
+    v1::LoadExpertsResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stub = v1::ExpertWorker::NewStub(grpc::CreateChannel(experts[w].address, grpc::InsecureChannelCredentials()));
+    const grpc::Status s = stub->LoadExperts(&ctx, req, &resp);
+    if (!s.ok()) {
+      std::cerr << "router: " << experts[w].id << " kept its cold replicas (" << s.error_message() << ")" << std::endl;
+      continue;
+    }
+    dropped += static_cast<int>(it->second.size()) - resp.expert_ids_size();
+  }
+  std::cerr << "router: dropped " << dropped << " cold expert replicas (placement version " << version << ")"
+            << std::endl;
 }
 
 grpc::Status Membership::GetPlacement(grpc::ServerContext*, const v1::GetPlacementRequest*,

@@ -84,11 +84,20 @@ class Membership final : public v1::Cluster::Service {
   struct Entry {
     WorkerInfo info;
     std::chrono::steady_clock::time_point last_seen;
+    int64_t placement_version = 0;  // attention workers: the map version they route by
   };
   void Sweep();
   void Drop(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The Rebalance RPC's work; counted and timed in the metrics.
   absl::StatusOr<v1::RebalanceResponse> RunRebalance(int slots_per_worker);
+  // True once every live prefill and decode worker routes by `version` (or
+  // a newer map), waiting until `deadline`.
+  bool AttentionWorkersFollow(int64_t version, std::chrono::steady_clock::time_point deadline);
+  // After a rebalance: has each expert worker drop what `planned` no longer
+  // routes to it (cold replicas), once the attention workers follow the map
+  // without them; else keeps them (harmless: loaded, just not routed to).
+  void DropColdReplicas(int64_t version, const std::map<std::string, std::vector<int>>& hosted,
+                        const std::vector<WorkerInfo>& experts, const std::vector<std::vector<int>>& planned);
   // The automatic rebalancer's loop.
   void AutoRebalance();
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "kernels/cpu/ops.h"
 
 namespace moesh {
@@ -18,6 +19,45 @@ ExpertStage::ExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardW
 absl::Status ExpertStage::AddShard(std::unique_ptr<ExpertShardWeights> more) {
   absl::MutexLock lock(&mu_);
   shards_.push_back(std::move(more));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ExpertStage::Shards> ExpertStage::ShardsWithout(const std::set<int>& ids) const {
+  Shards out;
+  size_t left = 0;
+  for (const auto& s : shards()) {
+    bool touched = false;
+    for (int e : ids) touched = touched || s->expert_ids.count(e) > 0;
+    if (!touched) {
+      out.push_back(s);
+      left += s->expert_ids.size();
+      continue;
+    }
+    auto copy = std::make_shared<ExpertShardWeights>();
+    for (int e : s->expert_ids) {
+      if (!ids.count(e)) copy->expert_ids.insert(e);
+    }
+    if (copy->expert_ids.empty()) continue;
+    for (const auto& [layer, experts] : s->layers) {
+      for (const auto& [e, w] : experts) {
+        if (copy->expert_ids.count(e)) copy->layers[layer][e] = w;
+      }
+    }
+    left += copy->expert_ids.size();
+    out.push_back(std::move(copy));
+  }
+  if (left == 0) return absl::InvalidArgumentError("removing those experts would leave this stage none");
+  return out;
+}
+
+void ExpertStage::SetShards(Shards shards) {
+  absl::MutexLock lock(&mu_);
+  shards_ = std::move(shards);  // running dispatches hold the shards they started with
+}
+
+absl::Status ExpertStage::RemoveExperts(const std::set<int>& ids) {
+  ASSIGN_OR_RETURN(Shards kept, ShardsWithout(ids));
+  SetShards(std::move(kept));
   return absl::OkStatus();
 }
 

@@ -128,6 +128,11 @@ class ExpertStage {
 
   // OK, or an error (e.g. the device lacks memory) leaving the stage as it was.
   virtual absl::Status AddShard(std::unique_ptr<ExpertShardWeights> more);
+  // Stops hosting `ids` (replicas the placement no longer routes to) and
+  // frees their weights once no running dispatch uses them. INVALID_ARGUMENT
+  // (and the stage as it was) if that would leave no expert. Not
+  // concurrently with AddShard (ExpertService serialises them).
+  virtual absl::Status RemoveExperts(const std::set<int>& ids);
   // Device-resident (CudaExpertStage): out (device, fp32 [num_tokens,
   // hidden]) = the weighted outputs of the hosted (and served) pairs,
   // overwritten; returns once the device is done, or with dispatch.done once
@@ -143,9 +148,15 @@ class ExpertStage {
   bool IsMoeLayer(int layer) const;
   const ModelConfig& config() const { return config_; }
 
- private:
+ protected:
   using Shards = std::vector<std::shared_ptr<const ExpertShardWeights>>;
   Shards shards() const;
+  // The shards without `ids` (shards losing some are copied without them;
+  // emptied ones go); INVALID_ARGUMENT if no expert would be left.
+  absl::StatusOr<Shards> ShardsWithout(const std::set<int>& ids) const;
+  void SetShards(Shards shards);
+
+ private:
 
   const ModelConfig config_;
   mutable absl::Mutex mu_;

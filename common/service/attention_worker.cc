@@ -111,6 +111,7 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
       absl::Status s = p.ok() ? client->UpdatePlacement(*p) : p.status();
       std::cerr << "placement version " << version << (s.ok() ? ": switched" : ": kept the old one: ")
                 << (s.ok() ? "" : s.message()) << std::endl;
+      return s;
     };
     w.experts = std::move(remote);
   } else if (experts_in_backend) {

@@ -14,6 +14,7 @@
 #include "common/engine/attention_backend.h"
 #include "common/model/expert_client.h"
 #include "common/service/backends.h"
+#include "common/service/heartbeat_client.h"
 #include "common/transport/remote_expert_client.h"
 #include "common/transport/transport.h"
 
@@ -47,7 +48,7 @@ struct AttentionWorker {
   std::unique_ptr<ExpertClient> experts;
   // Set when the placement comes from the router: call on a new placement
   // version (HeartbeatClient's on_placement_version). Thread-safe.
-  std::function<void(int64_t)> on_placement_version;
+  PlacementFollower on_placement_version;
 };
 
 // The router's placement map as an ExpertPlacement, waiting (up to `timeout`)

@@ -10,7 +10,7 @@ namespace moesh {
 
 HeartbeatClient::HeartbeatClient(std::string router_address, v1::RegisterRequest registration,
                                  std::function<v1::WorkerLoad()> load,
-                                 std::function<void(int64_t)> on_placement_version)
+                                 PlacementFollower on_placement_version)
     : router_address_(std::move(router_address)),
       registration_(std::move(registration)),
       load_(std::move(load)),
@@ -59,12 +59,13 @@ void HeartbeatClient::Loop() {
       v1::HeartbeatRequest req;
       req.set_worker_id(worker_id);
       *req.mutable_load() = load_();
+      req.set_placement_version(placement_version);
       v1::HeartbeatResponse resp;
       grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) worker_id.clear();  // router restarted or dropped us
-      if (s.ok() && on_placement_version_ && resp.placement_version() != placement_version) {
-        placement_version = resp.placement_version();
-        on_placement_version_(placement_version);
+      if (s.ok() && on_placement_version_ && resp.placement_version() != placement_version &&
+          on_placement_version_(resp.placement_version()).ok()) {
+        placement_version = resp.placement_version();  // reported from the next heartbeat on
       }
     }
     stop_.WaitForNotificationWithTimeout(worker_id.empty() ? absl::Milliseconds(200) : interval);

@@ -10,19 +10,25 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
 
+// Switches an attention worker to the router's placement `version`: OK once
+// it routes by that map (or a newer one).
+using PlacementFollower = std::function<absl::Status(int64_t version)>;
+
 class HeartbeatClient {
  public:
   // `load` is called from the background thread before each heartbeat;
   // `on_placement_version` (may be null) whenever the router's placement
-  // version differs from the last one seen, starting with the first.
+  // version differs from the last one followed, starting with the first;
+  // the heartbeats then report the version followed (the router drops cold
+  // replicas once every attention worker follows the map without them).
   HeartbeatClient(std::string router_address, v1::RegisterRequest registration,
-                  std::function<v1::WorkerLoad()> load,
-                  std::function<void(int64_t)> on_placement_version = nullptr);
+                  std::function<v1::WorkerLoad()> load, PlacementFollower on_placement_version = nullptr);
   ~HeartbeatClient();  // stops the thread and deregisters (best effort)
 
  private:
@@ -32,7 +38,7 @@ class HeartbeatClient {
   const std::string router_address_;
   const v1::RegisterRequest registration_;
   const std::function<v1::WorkerLoad()> load_;
-  const std::function<void(int64_t)> on_placement_version_;
+  const PlacementFollower on_placement_version_;
   absl::Notification stop_;
   std::thread thread_;
 };

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/service/heartbeat_client.h"
 #include "moesh/v1/worker.pb.h"
 
 namespace moesh {
@@ -20,7 +21,7 @@ struct ServeOptions {
   std::string router;                     // empty: do not register
   v1::RegisterRequest registration;       // kind, address, ... (with a router)
   std::function<v1::WorkerLoad()> load;   // heartbeat payload; may be null
-  std::function<void(int64_t)> on_placement_version;  // may be null
+  PlacementFollower on_placement_version;  // may be null
   std::string ready_file;                 // empty: none
   std::string address;                    // gRPC host:port
   std::string metrics_address;            // /metrics host:port

@@ -276,7 +276,8 @@ void UcxTransportImpl::FailPeer(Peer* peer, const absl::Status& status) {
 
 absl::Status UcxTransportImpl::Call(Peer* peer, Method method, std::string payload, std::string* reply) {
   const uint64_t id = next_id_++;
-  Pending p{peer};
+  Pending p;
+  p.peer = peer;
   {
     absl::MutexLock lock(&mu_);
     pending_[id] = &p;

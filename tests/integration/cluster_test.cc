@@ -467,7 +467,9 @@ TEST(ClusterTest, ExpertWorkerDeathIsRoutedAroundThroughReplicas) {
   ASSERT_TRUE(model.ok());
   const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
   Result r = Call((*cluster)->router_address(), Request(prompt, 300), [&](grpc::ClientContext*, int n) {
-    if (n == 10) ASSERT_TRUE((*cluster)->Signal("expert-0", SIGKILL).ok());
+    if (n == 10) {
+      ASSERT_TRUE((*cluster)->Signal("expert-0", SIGKILL).ok());
+    }
   });
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.ids, Offline(**model, prompt, 300).output_ids);
@@ -548,6 +550,59 @@ TEST(ClusterTest, RebalanceReplicatesExpertsWithoutChangingOutputs) {
   Result r = Call((*cluster)->router_address(), Request(prompt, 24));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.ids, want);
+}
+
+// Replicas move, not only multiply: a rebalance to fewer slots switches the
+// map to the plan and, once every attention worker follows it, the expert
+// workers drop the replicas it no longer routes to; outputs are unchanged.
+TEST(ClusterTest, RebalanceDropsColdReplicas) {
+  LocalClusterOptions o = Options(TinyModel(), "cold_replicas");
+  o.expert_workers = {"0-3", "4-7"};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
+  ASSERT_TRUE(model.ok());
+  const std::vector<int32_t> prompt = {9, 1, 4, 4};
+  const std::vector<int32_t> want = Offline(**model, prompt, 24).output_ids;
+  ASSERT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // loads reach the router by heartbeat
+  auto stub = v1::Cluster::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  auto rebalance = [&](int slots, v1::RebalanceResponse* resp) {
+    grpc::ClientContext ctx;
+    v1::RebalanceRequest req;
+    req.set_slots_per_worker(slots);
+    return stub->Rebalance(&ctx, req, resp);
+  };
+  // What an expert worker hosts (a load of nothing, not exact, changes nothing).
+  auto hosted = [&](const std::string& name) {
+    auto w = v1::ExpertWorker::NewStub(grpc::CreateChannel(Proc(**cluster, name).address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::LoadExpertsResponse resp;
+    EXPECT_TRUE(w->LoadExperts(&ctx, v1::LoadExpertsRequest(), &resp).ok());
+    return resp.expert_ids_size();
+  };
+  v1::RebalanceResponse all, four;
+  grpc::Status s = rebalance(8, &all);  // every expert on both workers
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(hosted("expert-0"), 8);
+  EXPECT_EQ(hosted("expert-1"), 8);
+  s = rebalance(4, &four);  // one replica each again, as the plan places them
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  int routed = 0;
+  std::set<int> covered;
+  for (const auto& w : four.placement().workers()) {
+    routed += w.expert_ids_size();
+    covered.insert(w.expert_ids().begin(), w.expert_ids().end());
+  }
+  EXPECT_EQ(routed, 8);
+  EXPECT_EQ(covered.size(), 8u);
+  // The attention workers followed the new map before the replicas went (the
+  // Rebalance call returns after both).
+  for (const char* w : {"prefill-0", "decode-0"}) {
+    ASSERT_TRUE(SwitchedToPlacement(**cluster, w, four.placement_version())) << w;
+  }
+  EXPECT_EQ(hosted("expert-0") + hosted("expert-1"), 8) << "cold replicas were kept";
+  EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
 }
 
 // The router rebalances on its own (--rebalance_interval_s) once the expert

@@ -129,6 +129,20 @@ absl::Status CudaExpertStage::AddShard(std::unique_ptr<ExpertShardWeights> more)
   return absl::OkStatus();
 }
 
+absl::Status CudaExpertStage::RemoveExperts(const std::set<int>& ids) {
+  absl::MutexLock add_lock(&add_mu_);
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal_));
+  ASSIGN_OR_RETURN(Shards kept, ShardsWithout(ids));
+  std::vector<const ExpertShardWeights*> hosted;
+  for (const auto& s : kept) hosted.push_back(s.get());
+  ASSIGN_OR_RETURN(std::shared_ptr<const Stacks> stacks, Build(hosted));
+  SetShards(std::move(kept));
+  hosted_ = std::move(hosted);
+  absl::MutexLock lock(&stacks_mu_);
+  stacks_ = std::move(stacks);
+  return absl::OkStatus();
+}
+
 absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_local) const {
   if (num_tokens <= scratch_tokens_ && top_k <= scratch_top_k_ && num_local <= scratch_local_) {
     return absl::OkStatus();
@@ -310,6 +324,11 @@ absl::Status CudaExpertStage::AccumulateOnDevice(const DeviceMoeDispatch& d, flo
   // Global expert id -> row in the stacks, for the experts served here.
   int served = 0;
   for (int g = 0; g < c.n_routed_experts; ++g) {
+    if (d.serve != nullptr && d.serve[g] != 0 && stacks->local[g] < 0) {
+      // Never skip an expert asked for: its pairs would go missing.
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert ", g, " is not hosted here (the placement moved; route by the new map)"));
+    }
     const bool serve = stacks->local[g] >= 0 && (d.serve == nullptr || d.serve[g] != 0);
     s.h_map.get()[g] = serve ? stacks->local[g] : -1;
     served += serve;

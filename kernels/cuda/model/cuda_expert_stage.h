@@ -41,6 +41,8 @@ class CudaExpertStage : public ExpertStage {
 
   absl::Status Accumulate(const MoeDispatch& dispatch, float* out) const override;
   absl::Status AddShard(std::unique_ptr<ExpertShardWeights> more) override;
+  // Rebuilds the stacks without `ids`; a running dispatch keeps the old ones.
+  absl::Status RemoveExperts(const std::set<int>& ids) override;
   // Reads the dispatch where it lies (another process's memory mapped
   // through CUDA IPC, or this GPU's), maps expert ids to the stacks on the
   // device, and writes `out` on the device: no host staging.
