@@ -134,7 +134,7 @@ class UcxTransportImpl : public Transport {
 
  private:
   struct Pending {
-    Peer* peer;
+    Peer* peer = nullptr;
     bool done = false;
     absl::Status status;
     std::string reply;

@@ -116,6 +116,13 @@ TEST(CudaExpertStageTest, MatchesCpuStageOnItsShardAndAfterAddShard) {
   MOESH_ASSERT_OK(gpu->AddShard(std::move(more_gpu)));
   EXPECT_EQ(gpu->expert_ids(), (std::set<int>{0, 1, 3, 4, 6}));
   for (int tokens : {3, 64}) check(tokens);
+  // Cold replicas dropped (a rebalance moved them): both stages lose 1 and 6.
+  MOESH_ASSERT_OK(cpu.RemoveExperts({1, 6}));
+  MOESH_ASSERT_OK(gpu->RemoveExperts({1, 6}));
+  EXPECT_EQ(gpu->expert_ids(), (std::set<int>{0, 3, 4}));
+  for (int tokens : {5, 37}) check(tokens);
+  EXPECT_EQ(gpu->RemoveExperts({0, 3, 4}).code(), absl::StatusCode::kInvalidArgument);  // none would be left
+  EXPECT_EQ(gpu->expert_ids(), (std::set<int>{0, 3, 4}));
 
   // Bad dispatches: a dense layer, a wrong width, an expert beyond the model.
   std::vector<float> x(c.hidden_size, 0.5f), out(c.hidden_size, 0.0f), w(c.num_experts_per_tok, 1.0f);
