@@ -3,7 +3,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <iostream>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -106,11 +108,15 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
     RemoteExpertClient* client = remote.get();
     const std::string router = options.router;
     const int num_experts = w.config.n_routed_experts;
-    w.on_placement_version = [client, router, num_experts](int64_t version) {
+    // Retried at every heartbeat until it switches; a failure is logged once per version.
+    auto failed_version = std::make_shared<std::atomic<int64_t>>(-1);
+    w.on_placement_version = [client, router, num_experts, failed_version](int64_t version) {
       absl::StatusOr<ExpertPlacement> p = FetchPlacement(router, num_experts, std::chrono::seconds(0));
       absl::Status s = p.ok() ? client->UpdatePlacement(*p) : p.status();
-      std::cerr << "placement version " << version << (s.ok() ? ": switched" : ": kept the old one: ")
-                << (s.ok() ? "" : s.message()) << std::endl;
+      if (s.ok() || failed_version->exchange(version) != version) {
+        std::cerr << "placement version " << version << (s.ok() ? ": switched" : ": kept the old one: ")
+                  << (s.ok() ? "" : s.message()) << std::endl;
+      }
       return s;
     };
     w.experts = std::move(remote);
