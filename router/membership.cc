@@ -70,6 +70,10 @@ Membership::Membership(std::string model_fingerprint, std::chrono::milliseconds 
                                            "Busiest expert worker's share of routed tokens over the mean share.")
                           .Add({});
     balance_ratio_->Set(1.0);
+    replicas_dropped_ = &metrics->CounterFamily("moesh_expert_replicas_dropped_total",
+                                                "Expert replicas dropped after rebalances (the map no longer routed to "
+                                                "them and every attention worker followed it).")
+                             .Add({});
   }
   sweeper_ = std::thread([this] {
     while (!stop_.WaitForNotificationWithTimeout(absl::FromChrono(interval_))) Sweep();
@@ -329,6 +333,7 @@ void Membership::DropColdReplicas(int64_t version, const std::map<std::string, s
   }
   std::cerr << "router: dropped " << dropped << " cold expert replicas (placement version " << version << ")"
             << std::endl;
+  if (replicas_dropped_ != nullptr && dropped > 0) replicas_dropped_->Increment(dropped);
 }
 
 grpc::Status Membership::GetPlacement(grpc::ServerContext*, const v1::GetPlacementRequest*,

@@ -125,6 +125,7 @@ class Membership final : public v1::Cluster::Service {
   prometheus::Counter* rebalances_failed_ = nullptr;
   prometheus::Histogram* rebalance_seconds_ = nullptr;
   prometheus::Gauge* balance_ratio_ = nullptr;
+  prometheus::Counter* replicas_dropped_ = nullptr;
   absl::Notification stop_;
   std::thread sweeper_;
   std::thread rebalancer_;

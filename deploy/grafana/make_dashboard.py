@@ -185,12 +185,15 @@ def build():
               f"sum(rate({sel('moesh_expert_batches_total', service='expert_worker')}[{RATE}]))",
               "dispatches per batch")], unit="short", w=16)
     d.panel("timeseries", "Expert worker balance and rebalances",
-            "The busiest expert worker's share of tokens over the mean (router, automatic rebalancer) and "
-            "rebalances per hour by result.",
+            "The busiest expert worker's share of tokens over the mean (router, automatic rebalancer), "
+            "rebalances per hour by result, and replicas dropped per hour (moved away by a rebalance).",
             [(f"max({sel('moesh_expert_worker_balance_ratio', service='router')})", "balance ratio"),
              (f"sum by (result) (increase({sel('moesh_rebalances_total', service='router')}[1h]))",
-              "rebalances/h {{result}}")], unit="short")
-    d.panel("timeseries", "Rebalance duration", "Planning, loading the new replicas and switching the map.",
+              "rebalances/h {{result}}"),
+             (f"sum(increase({sel('moesh_expert_replicas_dropped_total', service='router')}[1h]))",
+              "replicas dropped/h")], unit="short")
+    d.panel("timeseries", "Rebalance duration",
+            "Planning, loading the new replicas, switching the map and dropping the replicas it left.",
             quantiles("moesh_rebalance_seconds", qs=(0.5, 0.99), service="router"), unit="s", w=16)
 
     d.row("Transport")

@@ -602,6 +602,8 @@ TEST(ClusterTest, RebalanceDropsColdReplicas) {
     ASSERT_TRUE(SwitchedToPlacement(**cluster, w, four.placement_version())) << w;
   }
   EXPECT_EQ(hosted("expert-0") + hosted("expert-1"), 8) << "cold replicas were kept";
+  EXPECT_EQ(Metric(Proc(**cluster, "router").metrics_address, "moesh_expert_replicas_dropped_total{service=\"router\"}"),
+            8);
   EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
 }
 
