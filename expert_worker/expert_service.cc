@@ -16,6 +16,7 @@ ExpertService::ExpertService(std::unique_ptr<ExpertStage> stage, std::string fin
     absl::MutexLock lock(&mu_);
     expert_load_.assign(stage_->config().n_routed_experts, 0);
   }
+  SetHosted();
   if (Metrics* m = options.metrics) {
     expert_tokens_family_ =
         &m->CounterFamily("moesh_expert_tokens_total", "Tokens routed to each hosted expert, per layer.");
@@ -82,12 +83,16 @@ absl::Status ExpertService::Validate(const v1::DispatchRequest& r) const {
   }
   // Every pair sent here must be served here: a pair of an expert this
   // worker no longer hosts (a stale map) would otherwise go missing.
-  const std::set<int> hosted = stage_->expert_ids();
+  std::shared_ptr<const std::vector<bool>> hosted;
+  {
+    absl::MutexLock lock(&hosted_mu_);
+    hosted = hosted_;
+  }
   for (int32_t e : r.topk_ids()) {
     if (e >= stage_->config().n_routed_experts) {
       return absl::InvalidArgumentError(absl::StrCat("expert id ", e, " out of range"));
     }
-    if (e >= 0 && !hosted.count(e)) {
+    if (e >= 0 && !(*hosted)[e]) {
       return absl::FailedPreconditionError(
           absl::StrCat("expert ", e, " is not hosted here (the placement moved; route by the new map)"));
     }
@@ -235,6 +240,7 @@ grpc::Status ExpertService::LoadExperts(grpc::ServerContext*, const v1::LoadExpe
     absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w = options_.loader(add);
     if (!w.ok()) return ToGrpcStatus(w.status());
     if (absl::Status s = stage_->AddShard(std::move(*w)); !s.ok()) return ToGrpcStatus(s);
+    SetHosted();
     std::cerr << "expert worker: now also serving " << add.size() << " more experts" << std::endl;
   }
   std::set<int> drop;
@@ -244,12 +250,23 @@ grpc::Status ExpertService::LoadExperts(grpc::ServerContext*, const v1::LoadExpe
     }
   }
   if (!drop.empty()) {
-    if (absl::Status s = stage_->RemoveExperts(drop); !s.ok()) return ToGrpcStatus(s);
+    SetHosted(drop);  // refused from now on, before their weights go
+    if (absl::Status s = stage_->RemoveExperts(drop); !s.ok()) {
+      SetHosted();
+      return ToGrpcStatus(s);
+    }
     std::cerr << "expert worker: no longer serving " << drop.size() << " experts (replicas the placement dropped)"
               << std::endl;
   }
   for (int e : stage_->expert_ids()) response->add_expert_ids(e);
   return grpc::Status::OK;
+}
+
+void ExpertService::SetHosted(const std::set<int>& leaving) {
+  auto hosted = std::make_shared<std::vector<bool>>(stage_->config().n_routed_experts, false);
+  for (int e : stage_->expert_ids()) (*hosted)[e] = !leaving.count(e);
+  absl::MutexLock lock(&hosted_mu_);
+  hosted_ = std::move(hosted);
 }
 
 v1::WorkerLoad ExpertService::Load() const {

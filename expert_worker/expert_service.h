@@ -88,6 +88,11 @@ class ExpertService : public DispatchHandler, public DeviceDispatchHandler, publ
   int64_t dispatches_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> expert_load_ ABSL_GUARDED_BY(mu_);  // [n_routed_experts]
   absl::Mutex load_mu_;  // serialises LoadExperts
+  // [n_routed_experts]: hosted now (less `leaving`); replaced whole by
+  // LoadExperts, read per dispatch.
+  void SetHosted(const std::set<int>& leaving = {});
+  mutable absl::Mutex hosted_mu_;
+  std::shared_ptr<const std::vector<bool>> hosted_ ABSL_GUARDED_BY(hosted_mu_);
   // Per (layer, expert) token counters, added as experts are (LoadExperts);
   // none without metrics.
   prometheus::Family<prometheus::Counter>* expert_tokens_family_ = nullptr;

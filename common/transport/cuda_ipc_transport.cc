@@ -207,9 +207,7 @@ class IpcChannel : public DataChannel {
     const float* result = static_cast<const float*>(output_->data());
     collected_on_ = posted_stream_;
     if (posted_pipelined_) RETURN_IF_ERROR(memory_->Wait(posted_stream_, *done_event_));  // the sums are written
-    if (accumulate) return memory_->Add(out, result, t, posted_hidden_, posted_stream_);
-    const DeviceMemory::CopyRange copy[] = {{out, result, static_cast<size_t>(t) * posted_hidden_ * sizeof(float)}};
-    return memory_->Copy(copy, posted_stream_);
+    return DeliverSums(*memory_, out, result, t, posted_hidden_, accumulate, posted_stream_);
   }
 
  private:

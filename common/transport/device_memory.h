@@ -71,6 +71,15 @@ class DeviceMemory {
   virtual absl::Status Wait(void* stream, const DeviceEvent& event) = 0;
 };
 
+// out (fp32 [rows, cols]) = src, or += src with `accumulate`: a device
+// dispatch's sums delivered to its caller; `stream` as for DeviceMemory::Copy.
+inline absl::Status DeliverSums(DeviceMemory& memory, float* out, const float* src, int rows, int cols,
+                                bool accumulate, void* stream = nullptr) {
+  if (accumulate) return memory.Add(out, src, rows, cols, stream);
+  const DeviceMemory::CopyRange copy[] = {{out, src, static_cast<size_t>(rows) * cols * sizeof(float)}};
+  return memory.Copy(copy, stream);
+}
+
 }  // namespace moesh
 
 #endif  // MOESH_COMMON_TRANSPORT_DEVICE_MEMORY_H_

@@ -133,19 +133,10 @@ class NcclChannel : public DataChannel {
       RETURN_IF_ERROR(Break(pipe_->Drain(absl::Now() + call_timeout_)));
       RETURN_IF_ERROR(Answers());
       if (t == 0) return absl::OkStatus();
-      if (accumulate) return memory_->Add(out, sums, t, posted_hidden_);
-      const DeviceMemory::CopyRange copy[] = {{out, sums, static_cast<size_t>(t) * posted_hidden_ * sizeof(float)}};
-      return memory_->Copy(copy);
+      return DeliverSums(*memory_, out, sums, t, posted_hidden_, accumulate);
     }
     RETURN_IF_ERROR(memory_->Wait(posted_stream_, *arrived_));
-    if (t > 0) {
-      if (accumulate) {
-        RETURN_IF_ERROR(memory_->Add(out, sums, t, posted_hidden_, posted_stream_));
-      } else {
-        const DeviceMemory::CopyRange copy[] = {{out, sums, static_cast<size_t>(t) * posted_hidden_ * sizeof(float)}};
-        RETURN_IF_ERROR(memory_->Copy(copy, posted_stream_));
-      }
-    }
+    if (t > 0) RETURN_IF_ERROR(DeliverSums(*memory_, out, sums, t, posted_hidden_, accumulate, posted_stream_));
     RETURN_IF_ERROR(memory_->Record(*consumed_, posted_stream_));
     collected_on_ = posted_stream_;
     return absl::OkStatus();

@@ -518,6 +518,15 @@ TEST(ClusterTest, PlacementFollowsExpertWorkersJoiningAndLeaving) {
   }
 }
 
+// Cluster.Rebalance with `slots` per expert worker.
+grpc::Status Rebalance(const LocalCluster& c, int slots, v1::RebalanceResponse* resp) {
+  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(c.router_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::RebalanceRequest req;
+  req.set_slots_per_worker(slots);
+  return stub->Rebalance(&ctx, req, resp);
+}
+
 // EPLB end to end: the router plans replicas from the load the expert workers
 // report, the workers load them, the map switches; outputs are unchanged and a
 // worker can then die without failing requests.
@@ -532,12 +541,8 @@ TEST(ClusterTest, RebalanceReplicatesExpertsWithoutChangingOutputs) {
   const std::vector<int32_t> want = Offline(**model, prompt, 24).output_ids;
   ASSERT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
   std::this_thread::sleep_for(std::chrono::milliseconds(800));  // loads reach the router by heartbeat
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  v1::RebalanceRequest req;
-  req.set_slots_per_worker(8);  // room for a replica of every expert
   v1::RebalanceResponse resp;
-  grpc::Status s = stub->Rebalance(&ctx, req, &resp);
+  grpc::Status s = Rebalance(**cluster, 8, &resp);  // room for a replica of every expert
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_LE(resp.balance_ratio_after(), resp.balance_ratio_before() + 1e-9);
   ASSERT_EQ(resp.placement().workers_size(), 2);
@@ -566,13 +571,6 @@ TEST(ClusterTest, RebalanceDropsColdReplicas) {
   const std::vector<int32_t> want = Offline(**model, prompt, 24).output_ids;
   ASSERT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
   std::this_thread::sleep_for(std::chrono::milliseconds(800));  // loads reach the router by heartbeat
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
-  auto rebalance = [&](int slots, v1::RebalanceResponse* resp) {
-    grpc::ClientContext ctx;
-    v1::RebalanceRequest req;
-    req.set_slots_per_worker(slots);
-    return stub->Rebalance(&ctx, req, resp);
-  };
   // What an expert worker hosts (a load of nothing, not exact, changes nothing).
   auto hosted = [&](const std::string& name) {
     auto w = v1::ExpertWorker::NewStub(grpc::CreateChannel(Proc(**cluster, name).address, grpc::InsecureChannelCredentials()));
@@ -582,11 +580,11 @@ TEST(ClusterTest, RebalanceDropsColdReplicas) {
     return resp.expert_ids_size();
   };
   v1::RebalanceResponse all, four;
-  grpc::Status s = rebalance(8, &all);  // every expert on both workers
+  grpc::Status s = Rebalance(**cluster, 8, &all);  // every expert on both workers
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(hosted("expert-0"), 8);
   EXPECT_EQ(hosted("expert-1"), 8);
-  s = rebalance(4, &four);  // one replica each again, as the plan places them
+  s = Rebalance(**cluster, 4, &four);  // one replica each again, as the plan places them
   ASSERT_TRUE(s.ok()) << s.error_message();
   int routed = 0;
   std::set<int> covered;
