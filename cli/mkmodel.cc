@@ -22,6 +22,14 @@ absl::Status RunMkmodel(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(int64_t layers, args.Int("layers", config.num_hidden_layers));
   if (layers < 1 || layers > 1000) return absl::InvalidArgumentError("--layers must lie in [1, 1000]");
   if (layers != config.num_hidden_layers) {
+    if (config.is_v4()) {  // the first `layers` layers' types (more: HCA and CSA alternating, learned routing)
+      for (int l = config.num_hidden_layers; l < layers; ++l) {
+        config.layer_types.push_back(l % 2 ? V4AttentionType::kCompressedSparse : V4AttentionType::kHeavilyCompressed);
+        config.hash_layers.push_back(false);
+      }
+      config.layer_types.resize(layers);
+      config.hash_layers.resize(layers);
+    }
     config.num_hidden_layers = static_cast<int>(layers);
     RETURN_IF_ERROR(config.Validate(absl::StrCat("--layers ", layers)));
   }

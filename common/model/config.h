@@ -118,6 +118,13 @@ struct ModelConfig {
            : layer_types[l] == V4AttentionType::kCompressedSparse ? compress_rate_csa
                                                                   : compress_rate_hca;
   }
+  // V4: compressor series per token of layer l: 2 (CSA's overlapping
+  // windows), 1 (HCA), 0 (sliding only).
+  int CompressSeries(int l) const {
+    return layer_types[l] == V4AttentionType::kSliding            ? 0
+           : layer_types[l] == V4AttentionType::kCompressedSparse ? 2
+                                                                  : 1;
+  }
   // V4: width of layer l's cache rows (see v4_attention.h for the layout).
   int V4RowWidth(int l) const;
   // Width of one token's KV cache row per layer:

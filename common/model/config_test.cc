@@ -230,6 +230,25 @@ TEST(ConfigTest, RealPresetsAreThePublishedConfigs) {
     EXPECT_EQ(Json::parse(preset->ToJson(false)), Json::parse(want->ToJson(false))) << family;
   }
   EXPECT_EQ(PresetConfig("v2", "real").status().code(), absl::StatusCode::kInvalidArgument);
+  // DeepSeek-V4-Flash: transformers' DeepseekV4Config defaults.
+  absl::StatusOr<ModelConfig> v4 = PresetConfig("v4", "real");
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(v4->num_hidden_layers, 43);
+  EXPECT_EQ(v4->hidden_size, 4096);
+  EXPECT_EQ(v4->head_dim, 512);
+  EXPECT_EQ(v4->qk_rope_head_dim, 64);
+  EXPECT_EQ(v4->n_routed_experts, 256);
+  EXPECT_EQ(v4->num_experts_per_tok, 6);
+  EXPECT_EQ(v4->index_topk, 512);
+  EXPECT_EQ(v4->compress_rate_hca, 128);
+  int csa = 0;
+  for (V4AttentionType t : v4->layer_types) csa += t == V4AttentionType::kCompressedSparse;
+  EXPECT_EQ(csa, 20);  // layers 3, 5, ..., 41
+  EXPECT_EQ(v4->layer_types[0], V4AttentionType::kHeavilyCompressed);
+  EXPECT_EQ(v4->layer_types[3], V4AttentionType::kCompressedSparse);
+  EXPECT_TRUE(v4->hash_layers[2]);
+  EXPECT_FALSE(v4->hash_layers[3]);
+  EXPECT_EQ(v4->kv_cache_row_width(), 5 * 512 + 4 * 128);
 }
 
 TEST(ConfigTest, V3DefaultsToNoauxTcSigmoid) {

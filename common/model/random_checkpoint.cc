@@ -85,8 +85,37 @@ absl::StatusOr<ModelConfig> V4Preset(const std::string& preset) {
     c.index_topk = 32;
     c.compress_rope.factor = 16;
     c.compress_rope.original_max_position_embeddings = 256;
+  } else if (preset == "real") {
+    // DeepSeek-V4-Flash (transformers' DeepseekV4Config defaults): two HCA
+    // layers, then HCA and CSA alternating; the first three hash-routed.
+    c.num_hidden_layers = 43;
+    c.layer_types.assign(2, V4AttentionType::kHeavilyCompressed);
+    for (int i = 0; i < c.num_hidden_layers - 2; ++i) {
+      c.layer_types.push_back(i % 2 ? V4AttentionType::kCompressedSparse : V4AttentionType::kHeavilyCompressed);
+    }
+    c.hash_layers.assign(c.num_hidden_layers, false);
+    for (int i = 0; i < 3; ++i) c.hash_layers[i] = true;
+    c.vocab_size = 129280;
+    c.hidden_size = 4096;
+    c.num_attention_heads = 64;
+    c.head_dim = 512;
+    c.qk_rope_head_dim = 64;
+    c.q_lora_rank = 1024;
+    c.o_groups = 8;
+    c.o_lora_rank = 1024;
+    c.moe_intermediate_size = 2048;
+    c.n_routed_experts = 256;
+    c.num_experts_per_tok = 6;
+    c.sliding_window = 128;
+    c.compress_rate_csa = 4;
+    c.compress_rate_hca = 128;
+    c.index_n_heads = 64;
+    c.index_head_dim = 128;
+    c.index_topk = 512;
+    c.compress_rope.factor = 16;
+    c.compress_rope.original_max_position_embeddings = 65536;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", preset, "\" (tiny, small)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", preset, "\" (tiny, small, real)"));
   }
   c.max_position_embeddings =
       static_cast<int>(c.compress_rope.factor) * c.compress_rope.original_max_position_embeddings;
@@ -168,7 +197,7 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
   if (preset == "real") {
     if (family == "v2-lite") return V2LiteReal();
     if (family == "v3") return V3Real();
-    return absl::InvalidArgumentError(absl::StrCat("preset \"real\" exists for v2-lite and v3 only, not ", family));
+    return absl::InvalidArgumentError(absl::StrCat("preset \"real\" exists for v2-lite, v3 and v4 only, not ", family));
   }
   ModelConfig c;
   if (family == "v2-lite" || family == "v2") {

@@ -15,21 +15,6 @@
 namespace moesh {
 namespace {
 
-cpu::RopeTable TableFor(const RopeConfig& r, int dim) {
-  if (r.type == RopeType::kDefault) return cpu::DefaultRopeTable(r.theta, dim);
-  cpu::YarnParams p;
-  p.theta = r.theta;
-  p.factor = r.factor;
-  p.original_max_position_embeddings = r.original_max_position_embeddings;
-  p.beta_fast = r.beta_fast;
-  p.beta_slow = r.beta_slow;
-  p.mscale = r.mscale;
-  p.mscale_all_dim = r.mscale_all_dim;
-  p.attention_factor = r.attention_factor;
-  p.truncate = r.truncate;
-  return cpu::YarnRopeTable(p, dim);
-}
-
 // Rotates the trailing `rope` dims of each of `rows` rows (V4 lays heads out
 // [nope | rope], pairs interleaved). A negative position undoes a rotation.
 void RopeTail(float* x, int rows, int row_dim, int rope, int position, const cpu::RopeTable& table) {
@@ -57,9 +42,7 @@ struct Layout {
 Layout RowLayout(const ModelConfig& c, int l) {
   Layout r;
   r.width = c.kv_cache_row_width();
-  r.series = c.layer_types[l] == V4AttentionType::kCompressedSparse   ? 2
-             : c.layer_types[l] == V4AttentionType::kHeavilyCompressed ? 1
-                                                                       : 0;
+  r.series = c.CompressSeries(l);
   r.comp_kv = c.head_dim;
   r.comp_gate = r.comp_kv + r.series * c.head_dim;
   r.index_kv = r.comp_gate + r.series * c.head_dim;
@@ -304,13 +287,28 @@ absl::Status Moe(const ModelConfig& c, const AttentionLayerWeights& lw, int l, c
 
 }  // namespace
 
+cpu::RopeTable V4RopeTable(const RopeConfig& r, int dim) {
+  if (r.type == RopeType::kDefault) return cpu::DefaultRopeTable(r.theta, dim);
+  cpu::YarnParams p;
+  p.theta = r.theta;
+  p.factor = r.factor;
+  p.original_max_position_embeddings = r.original_max_position_embeddings;
+  p.beta_fast = r.beta_fast;
+  p.beta_slow = r.beta_slow;
+  p.mscale = r.mscale;
+  p.mscale_all_dim = r.mscale_all_dim;
+  p.attention_factor = r.attention_factor;
+  p.truncate = r.truncate;
+  return cpu::YarnRopeTable(p, dim);
+}
+
 absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& c, const AttentionWeights& weights,
                                              absl::Span<const SequenceInput> seqs, const std::vector<int>& offsets,
                                              int total, ExpertClient* experts, LogitsFor which) {
   const int h = c.hidden_size, hc = c.hc_mult;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const cpu::RopeTable main_rope = TableFor(c.rope, c.qk_rope_head_dim);
-  const cpu::RopeTable compress_rope = TableFor(c.compress_rope, c.qk_rope_head_dim);
+  const cpu::RopeTable main_rope = V4RopeTable(c.rope, c.qk_rope_head_dim);
+  const cpu::RopeTable compress_rope = V4RopeTable(c.compress_rope, c.qk_rope_head_dim);
 
   std::vector<int32_t> tokens;
   tokens.reserve(total);

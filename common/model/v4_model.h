@@ -30,8 +30,14 @@
 #include "common/model/config.h"
 #include "common/model/expert_client.h"
 #include "common/model/weights.h"
+#include "kernels/cpu/rope.h"
 
 namespace moesh {
+
+// V4's RoPE frequencies (main or compress) over `dim` dims, plain or YaRN
+// (an unset original_max_position_embeddings stays unset, as transformers
+// leaves it for V4).
+cpu::RopeTable V4RopeTable(const RopeConfig& rope, int dim);
 
 // REQUIRES: config.is_v4(); the inputs validated as Forward does; offsets[s]
 // the first row of sequence s among the `total` new tokens.

@@ -56,6 +56,14 @@ class DeviceBuffer {
     return b;
   }
 
+  // Replaces the buffer with a new one of max(n, 1) elements (scratch that
+  // always has an address), as Create.
+  absl::Status Reallocate(size_t n) {
+    *this = DeviceBuffer();
+    ASSIGN_OR_RETURN(*this, Create(n > 0 ? n : 1));
+    return absl::OkStatus();
+  }
+
   T* get() const { return ptr_; }
   size_t size() const { return size_; }
   size_t bytes() const { return size_ * sizeof(T); }

@@ -46,9 +46,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeGateKernel(MoeGatePara
     sum = WarpSum(sum);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) score[j] /= sum;
-  } else {
+  } else if (p.scoring == GateScoring::kSigmoid) {
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) score[j] = (taken >> j & 1) ? 0.0f : 1.0f / (1.0f + expf(-score[j]));
+  } else {  // sqrt(softplus), torch's softplus linear above 20
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const float x = score[j];
+      score[j] = (taken >> j & 1) ? 0.0f : sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+    }
   }
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
@@ -56,7 +62,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeGateKernel(MoeGatePara
     choice[j] = score[j] + ((p.bias != nullptr && e < e_total) ? p.bias[e] : 0.0f);
   }
 
-  if (p.select != GateSelect::kGreedy) {
+  if (p.select != GateSelect::kGreedy && p.forced_table == nullptr) {
     float* smem = choice_smem[warp];
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
@@ -100,17 +106,23 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeGateKernel(MoeGatePara
   // Final top-k; lane k keeps pick k.
   int my_id = 0;
   float my_w = 0.0f;
+  const int32_t* forced =
+      p.forced_table != nullptr ? p.forced_table + static_cast<int64_t>(p.token_ids[t]) * p.top_k : nullptr;
   for (int k = 0; k < p.top_k; ++k) {
     float v = -INFINITY;
     int i = INT_MAX;
+    if (forced != nullptr) {
+      i = forced[k];
+    } else {
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      if (!(taken >> j & 1) && Better(choice[j], lane + 32 * j, v, i)) {
-        v = choice[j];
-        i = lane + 32 * j;
+      for (int j = 0; j < kPerLane; ++j) {
+        if (!(taken >> j & 1) && Better(choice[j], lane + 32 * j, v, i)) {
+          v = choice[j];
+          i = lane + 32 * j;
+        }
       }
+      WarpArgBest(v, i);
     }
-    WarpArgBest(v, i);
     const int owner = i & 31, jj = i >> 5;
     float s = 0.0f;
 #pragma unroll
@@ -148,6 +160,9 @@ absl::Status RunMoeGate(const MoeGateParams& p) {
     return absl::InvalidArgumentError(absl::StrCat(
         "RunMoeGate: grouped selection needs n_group in [1, ", gate::kMaxGroups,
         "] dividing num_experts, and 1 <= topk_group <= n_group"));
+  }
+  if ((p.forced_table == nullptr) != (p.token_ids == nullptr)) {
+    return absl::InvalidArgumentError("RunMoeGate: forced_table and token_ids go together");
   }
   if (p.num_tokens == 0) return absl::OkStatus();
   if (!p.logits || !p.topk_ids || !p.topk_weights) return absl::InvalidArgumentError("RunMoeGate: null pointer");

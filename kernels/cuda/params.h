@@ -137,6 +137,11 @@ struct MoeGateParams {
   GateSelect select = GateSelect::kGreedy;
   bool renormalize = false;
   float routed_scaling_factor = 1.0f;
+  // Hash routing (DeepSeek-V4's hash_moe layers): non-null, token t's experts
+  // are forced_table[token_ids[t], :] in that order and no selection runs;
+  // their weights are still the scores (kernels/cpu/moe_gate.h forced_ids).
+  const int32_t* forced_table = nullptr;  // [vocab, top_k]
+  const int32_t* token_ids = nullptr;     // [num_tokens]
   int32_t* topk_ids = nullptr;    // [num_tokens, top_k], best first
   float* topk_weights = nullptr;  // [num_tokens, top_k]
   cudaStream_t stream = nullptr;

@@ -26,9 +26,7 @@ class CudaAttentionBackend::Sequence : public KvSequence {
     if (!s.ok()) std::cerr << "CudaAttentionBackend: " << s << std::endl;
   }
 
-  int row_width() const override {
-    return backend_->config().kv_lora_rank + backend_->config().qk_rope_head_dim;
-  }
+  int row_width() const override { return backend_->model_->kv_row_width(); }
   int length() const override { return length_; }
   int num_rows(int layer) const override { return rows_[layer]; }
   int capacity() const override { return capacity_; }

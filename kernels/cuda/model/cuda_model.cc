@@ -23,12 +23,6 @@ constexpr float kLatentNormEps = 1e-6f;
 // Memory left out of the KV cache's share for cuBLAS, graphs and the runtime.
 constexpr size_t kReserveBytes = size_t{768} << 20;
 
-template <typename T>
-absl::Status Alloc(DeviceBuffer<T>* b, size_t n) {
-  ASSIGN_OR_RETURN(*b, DeviceBuffer<T>::Create(std::max<size_t>(n, 1)));
-  return absl::OkStatus();
-}
-
 GateSelect SelectOf(TopkMethod m) {
   switch (m) {
     case TopkMethod::kGreedy:
@@ -143,7 +137,7 @@ absl::Status CudaModel::Init() {
   fast_mla_ = rank == mla::kLatentDim && rope == mla::kRopeDim && o.mla_kernel == MlaKernel::kAuto;
   softmax_scale_ = static_cast<float>(c.SoftmaxScale());
   const cpu::RopeTable table = MakeRopeTable(c);
-  RETURN_IF_ERROR(Alloc(&inv_freq_, table.inv_freq.size()));
+  RETURN_IF_ERROR(inv_freq_.Reallocate(table.inv_freq.size()));
   RETURN_IF_ERROR(inv_freq_.CopyFrom(table.inv_freq));
   rope_.inv_freq = inv_freq_.get();
   rope_.attention_factor = table.attention_factor;
@@ -155,42 +149,43 @@ absl::Status CudaModel::Init() {
   const int mlp_inter = std::max(c.intermediate_size, weights_->shared_intermediate());
   const int e = std::max(c.n_routed_experts, 1), k = std::max(c.num_experts_per_tok, 1);
   const int moe_inter = std::max(c.moe_intermediate_size, 1);
-  RETURN_IF_ERROR(Alloc(&x_, t * h));
-  RETURN_IF_ERROR(Alloc(&normed_, t * h));
-  RETURN_IF_ERROR(Alloc(&normed_f32_, t * h));
-  RETURN_IF_ERROR(Alloc(&qkv_, t * qkv_w));
-  RETURN_IF_ERROR(Alloc(&qa_, t * std::max(c.q_lora_rank, 1)));
-  RETURN_IF_ERROR(Alloc(&q_, c.q_lora_rank > 0 ? t * heads * qk : 1));
-  RETURN_IF_ERROR(Alloc(&q_mla_, t * heads * (rank + rope)));
-  RETURN_IF_ERROR(Alloc(&o_lat_, t * heads * rank));
-  RETURN_IF_ERROR(Alloc(&attn_, t * heads * v));
-  RETURN_IF_ERROR(Alloc(&mlp_gu_, t * 2 * mlp_inter));
-  RETURN_IF_ERROR(Alloc(&mlp_act_, t * mlp_inter));
-  RETURN_IF_ERROR(Alloc(&router_logits_, t * e));
-  RETURN_IF_ERROR(Alloc(&topk_ids_, t * k));
-  RETURN_IF_ERROR(Alloc(&topk_w_, t * k));
-  RETURN_IF_ERROR(Alloc(&row_token_, t * k));
-  RETURN_IF_ERROR(Alloc(&pair_row_, t * k));
-  RETURN_IF_ERROR(Alloc(&expert_offsets_, e + 1));
-  RETURN_IF_ERROR(Alloc(&tile_offsets_, e + 1));
-  RETURN_IF_ERROR(Alloc(&expert_counts_, static_cast<size_t>(c.num_hidden_layers) * e));
+  RETURN_IF_ERROR(x_.Reallocate(t * h * (c.is_v4() ? c.hc_mult : 1)));
+  resid_ = x_.get();
+  RETURN_IF_ERROR(normed_.Reallocate(t * h));
+  RETURN_IF_ERROR(normed_f32_.Reallocate(t * h));
+  RETURN_IF_ERROR(qkv_.Reallocate(t * qkv_w));
+  RETURN_IF_ERROR(qa_.Reallocate(t * std::max(c.q_lora_rank, 1)));
+  RETURN_IF_ERROR(q_.Reallocate(c.q_lora_rank > 0 ? t * heads * qk : 1));
+  RETURN_IF_ERROR(q_mla_.Reallocate(t * heads * (rank + rope)));
+  RETURN_IF_ERROR(o_lat_.Reallocate(t * heads * rank));
+  RETURN_IF_ERROR(attn_.Reallocate(t * heads * v));
+  RETURN_IF_ERROR(mlp_gu_.Reallocate(t * 2 * mlp_inter));
+  RETURN_IF_ERROR(mlp_act_.Reallocate(t * mlp_inter));
+  RETURN_IF_ERROR(router_logits_.Reallocate(t * e));
+  RETURN_IF_ERROR(topk_ids_.Reallocate(t * k));
+  RETURN_IF_ERROR(topk_w_.Reallocate(t * k));
+  RETURN_IF_ERROR(row_token_.Reallocate(t * k));
+  RETURN_IF_ERROR(pair_row_.Reallocate(t * k));
+  RETURN_IF_ERROR(expert_offsets_.Reallocate(e + 1));
+  RETURN_IF_ERROR(tile_offsets_.Reallocate(e + 1));
+  RETURN_IF_ERROR(expert_counts_.Reallocate(static_cast<size_t>(c.num_hidden_layers) * e));
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(expert_counts_.get(), 0, expert_counts_.bytes(), stream_.get()));
   if (o.record_routing) {
-    RETURN_IF_ERROR(Alloc(&routing_log_, static_cast<size_t>(c.num_hidden_layers) * t * k));
+    RETURN_IF_ERROR(routing_log_.Reallocate(static_cast<size_t>(c.num_hidden_layers) * t * k));
     RETURN_IF_CUDA_ERROR(cudaMemsetAsync(routing_log_.get(), 0xff, routing_log_.bytes(), stream_.get()));
   }
   if (o.routed_experts_on_device) {
     // kDenseRowAlign rows of slack: the per-expert dense GEMMs' last spill (expert_mlp.h).
     const size_t rows = t * k + kDenseRowAlign;
-    RETURN_IF_ERROR(Alloc(&moe_gu_, rows * 2 * moe_inter));
-    RETURN_IF_ERROR(Alloc(&moe_act_, rows * moe_inter));
-    RETURN_IF_ERROR(Alloc(&moe_out_, rows * h));
+    RETURN_IF_ERROR(moe_gu_.Reallocate(rows * 2 * moe_inter));
+    RETURN_IF_ERROR(moe_act_.Reallocate(rows * moe_inter));
+    RETURN_IF_ERROR(moe_out_.Reallocate(rows * h));
     if (t * k >= static_cast<size_t>(kDenseRowsPerExpert) * e) {  // batches large enough for the dense path
-      RETURN_IF_ERROR(Alloc(&moe_gathered_, rows * h));
+      RETURN_IF_ERROR(moe_gathered_.Reallocate(rows * h));
       ASSIGN_OR_RETURN(h_expert_offsets_, PinnedBuffer<int32_t>::Create(e + 1));
     }
   } else {
-    RETURN_IF_ERROR(Alloc(&moe_out_, t * h));  // the external experts' combined output
+    RETURN_IF_ERROR(moe_out_.Reallocate(t * h));  // the external experts' combined output
     // Decode padding rows are not dispatched: keep their (ignored) rows finite.
     RETURN_IF_CUDA_ERROR(cudaMemset(moe_out_.get(), 0, moe_out_.bytes()));
     ASSIGN_OR_RETURN(h_hidden_, PinnedBuffer<float>::Create(t * h));
@@ -199,28 +194,32 @@ absl::Status CudaModel::Init() {
     ASSIGN_OR_RETURN(h_topk_ids_, PinnedBuffer<int32_t>::Create(t * k));
     ASSIGN_OR_RETURN(dispatch_copied_, Event::Create());
   }
-  RETURN_IF_ERROR(Alloc(&head_normed_, static_cast<size_t>(max_rows_) * h));
-  RETURN_IF_ERROR(Alloc(&logits_, static_cast<size_t>(max_rows_) * c.vocab_size));
-  RETURN_IF_ERROR(Alloc(&next_ids_, max_rows_));
-  RETURN_IF_ERROR(Alloc(&d_sample_rows_, max_rows_));
-  RETURN_IF_ERROR(Alloc(&next_lp_, max_rows_));
-  RETURN_IF_ERROR(Alloc(&topk_out_ids_, static_cast<size_t>(max_rows_) * sampling::kMaxTopK));
-  RETURN_IF_ERROR(Alloc(&topk_lp_, static_cast<size_t>(max_rows_) * sampling::kMaxTopK));
-  RETURN_IF_ERROR(Alloc(&d_tokens_, t));
-  RETURN_IF_ERROR(Alloc(&d_positions_, t));
-  RETURN_IF_ERROR(Alloc(&d_slots_, t));
-  RETURN_IF_ERROR(Alloc(&d_seq_lens_, t));
-  RETURN_IF_ERROR(Alloc(&d_head_rows_, max_rows_));
-  RETURN_IF_ERROR(Alloc(&d_block_table_, t * max_blocks_per_seq_));
-  ASSIGN_OR_RETURN(h_meta_, PinnedBuffer<int32_t>::Create(4 * t + max_rows_ + t * max_blocks_per_seq_));
+  RETURN_IF_ERROR(head_normed_.Reallocate(static_cast<size_t>(max_rows_) * h));
+  RETURN_IF_ERROR(logits_.Reallocate(static_cast<size_t>(max_rows_) * c.vocab_size));
+  RETURN_IF_ERROR(next_ids_.Reallocate(max_rows_));
+  RETURN_IF_ERROR(d_sample_rows_.Reallocate(max_rows_));
+  RETURN_IF_ERROR(next_lp_.Reallocate(max_rows_));
+  RETURN_IF_ERROR(topk_out_ids_.Reallocate(static_cast<size_t>(max_rows_) * sampling::kMaxTopK));
+  RETURN_IF_ERROR(topk_lp_.Reallocate(static_cast<size_t>(max_rows_) * sampling::kMaxTopK));
+  RETURN_IF_ERROR(d_tokens_.Reallocate(t));
+  RETURN_IF_ERROR(d_positions_.Reallocate(t));
+  RETURN_IF_ERROR(d_slots_.Reallocate(t));
+  RETURN_IF_ERROR(d_seq_lens_.Reallocate(t));
+  RETURN_IF_ERROR(d_head_rows_.Reallocate(max_rows_));
+  RETURN_IF_ERROR(d_block_table_.Reallocate(t * max_blocks_per_seq_));
+  ASSIGN_OR_RETURN(h_meta_, PinnedBuffer<int32_t>::Create(6 * t + max_rows_ + t * max_blocks_per_seq_));
   ASSIGN_OR_RETURN(h_ids_, PinnedBuffer<int32_t>::Create(static_cast<size_t>(max_rows_) * (1 + sampling::kMaxTopK)));
   ASSIGN_OR_RETURN(h_lp_, PinnedBuffer<float>::Create(static_cast<size_t>(max_rows_) * (1 + sampling::kMaxTopK)));
+  if (c.is_v4()) {
+    RETURN_IF_ERROR(InitV4());
+    resid_ = v4_->y.get();
+  }
   if (fast_mla_) {
     size_t ws = 0;
     for (int b : buckets_) {
       ws = std::max(ws, PlanMlaDecode(b, heads, max_model_len_, info_.num_sms).workspace_bytes);
     }
-    RETURN_IF_ERROR(Alloc(&decode_ws_, ws));
+    RETURN_IF_ERROR(decode_ws_.Reallocate(ws));
   }
 
   // The KV cache: what the utilisation target leaves, up to what max_num_seqs
@@ -229,7 +228,7 @@ absl::Status CudaModel::Init() {
   RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   const double budget = o.gpu_memory_utilization * static_cast<double>(total_bytes) -
                         static_cast<double>(total_bytes - free_bytes) - static_cast<double>(kReserveBytes);
-  const size_t block_bytes = KvPool::BlockBytes(c.num_hidden_layers, rank + rope);
+  const size_t block_bytes = KvPool::BlockBytes(c.num_hidden_layers, kv_row_width());
   int64_t blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
   blocks = std::min<int64_t>(blocks, static_cast<int64_t>(o.max_num_seqs) * max_blocks_per_seq_);
   if (o.max_kv_blocks > 0) blocks = std::min<int64_t>(blocks, o.max_kv_blocks);
@@ -239,7 +238,7 @@ absl::Status CudaModel::Init() {
         max_model_len_, " tokens needs ", max_blocks_per_seq_, " (weights take ", weights_->bytes(),
         " bytes; raise gpu_memory_utilization or lower max_model_len)"));
   }
-  ASSIGN_OR_RETURN(kv_, KvPool::Create(c.num_hidden_layers, rank + rope, static_cast<int>(blocks)));
+  ASSIGN_OR_RETURN(kv_, KvPool::Create(c.num_hidden_layers, kv_row_width(), static_cast<int>(blocks)));
   // The weights and tables came in through synchronous copies on the legacy
   // stream, which a non-blocking stream does not wait for.
   return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -339,6 +338,13 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
     std::copy(s.blocks.begin(), s.blocks.end(), b.block_table.begin() + at);
     b.num_tokens++;
   };
+  // Token `row` of `b` continues segment seg_last.size() - 1 iff `same` (the
+  // same sequence as the row before), else starts one.
+  auto add_segment = [](Batch& b, bool same) {
+    if (!same || b.seg_last.empty()) b.seg_last.push_back(0);
+    b.tok_seg.push_back(static_cast<int32_t>(b.seg_last.size()) - 1);
+    b.seg_last.back() = b.num_tokens - 1;
+  };
   chunks->clear();
   row_seq_index->clear();
   if (decode) {
@@ -347,6 +353,7 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
     for (int i = 0; i < n_seqs; ++i) {
       const Sequence& s = seqs_[seqs[i].seq];
       add_token(b, s, seqs[i].tokens[0], s.length);
+      add_segment(b, false);
       b.head_rows.push_back(i);
       row_seq_index->push_back(i);
     }
@@ -360,6 +367,7 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
       b.block_table.resize(b.block_table.size() + mb, 0);
       b.head_rows.push_back(i);
       b.num_tokens++;
+      add_segment(b, false);
     }
     b.num_rows = bucket;
     b.max_seq_len = max_model_len_;  // the plan the bucket's graph was built with
@@ -375,6 +383,7 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
       if (chunks->back().num_tokens == cap) chunks->emplace_back();
       Batch& b = chunks->back();
       add_token(b, s, seqs[i].tokens[j], s.length + j);
+      add_segment(b, j > 0 && b.num_tokens > 1);
       if (j == n - 1) {
         b.head_rows.push_back(b.num_tokens - 1);
         b.num_rows++;
@@ -401,6 +410,10 @@ absl::Status CudaModel::Upload(const Batch& b) {
   RETURN_IF_ERROR(put(b.slots, d_slots_.get()));
   RETURN_IF_ERROR(put(b.seq_lens, d_seq_lens_.get()));
   RETURN_IF_ERROR(put(b.head_rows, d_head_rows_.get()));
+  if (v4_ != nullptr) {
+    RETURN_IF_ERROR(put(b.tok_seg, v4_->tok_seg.get()));
+    RETURN_IF_ERROR(put(b.seg_last, v4_->seg_last.get()));
+  }
   return put(b.block_table, d_block_table_.get());
 }
 
@@ -419,10 +432,10 @@ absl::Status CudaModel::EnqueueForward(const Batch& b, bool sample, int top_k, E
     plan_ = PlanMlaDecode(b.num_tokens, config_.num_attention_heads, b.max_seq_len, info_.num_sms);
     if (!b.decode && plan_.workspace_bytes > prefill_ws_.bytes()) {
       RETURN_IF_ERROR(stream_.Synchronize());  // the old buffer may still be in use
-      RETURN_IF_ERROR(Alloc(&prefill_ws_, plan_.workspace_bytes));
+      RETURN_IF_ERROR(prefill_ws_.Reallocate(plan_.workspace_bytes));
     }
   }
-  RETURN_IF_ERROR(EnqueueLayers(b, experts));
+  RETURN_IF_ERROR(config_.is_v4() ? EnqueueV4Layers(b, experts) : EnqueueLayers(b, experts));
   if (b.num_rows > 0) RETURN_IF_ERROR(EnqueueHead(b.num_rows, sample, top_k));
   return Mark(2 + 2 * config_.num_hidden_layers);
 }
@@ -529,8 +542,9 @@ absl::Status CudaModel::EnqueueMlp(const bf16* w_gate_up, const bf16* w_down, in
                        OutType::kBf16, false));
   SiluAndMulParams sp;
   sp.gate_up = mlp_gu_.get(), sp.out = mlp_act_.get(), sp.m = num_tokens, sp.i = inter, sp.stream = stream_.get();
+  sp.limit = static_cast<float>(config_.swiglu_limit);
   RETURN_IF_ERROR(RunSiluAndMul(sp));
-  return Gemm(mlp_act_.get(), inter, w_down, x_.get(), h, num_tokens, h, inter, OutType::kFloat32, true);
+  return Gemm(mlp_act_.get(), inter, w_down, resid_, h, num_tokens, h, inter, OutType::kFloat32, true);
 }
 
 absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens, ExpertClient* experts) {
@@ -543,7 +557,10 @@ absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens, ExpertClient* expe
   MoeGateParams gp;
   gp.logits = router_logits_.get(), gp.bias = w.router_bias;
   gp.num_tokens = num_tokens, gp.num_experts = e, gp.top_k = k, gp.n_group = c.n_group, gp.topk_group = c.topk_group;
-  gp.scoring = c.scoring_func == ScoringFunc::kSoftmax ? GateScoring::kSoftmax : GateScoring::kSigmoid;
+  gp.scoring = c.scoring_func == ScoringFunc::kSoftmax        ? GateScoring::kSoftmax
+               : c.scoring_func == ScoringFunc::kSqrtSoftplus ? GateScoring::kSqrtSoftplus
+                                                              : GateScoring::kSigmoid;
+  if (w.v4.tid2eid != nullptr) gp.forced_table = w.v4.tid2eid, gp.token_ids = d_tokens_.get();
   gp.select = SelectOf(c.topk_method);
   gp.renormalize = c.norm_topk_prob;
   gp.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
@@ -580,17 +597,21 @@ absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens, ExpertClient* expe
   }
   MoeCombineParams cp;
   cp.expert_out = moe_out_.get(), cp.pair_row = pair_row_.get(), cp.topk_weights = topk_w_.get();
-  cp.num_tokens = num_tokens, cp.top_k = k, cp.hidden = h, cp.x = x_.get(), cp.stream = s;
+  cp.num_tokens = num_tokens, cp.top_k = k, cp.hidden = h, cp.x = resid_, cp.stream = s;
   return RunMoeCombine(cp);
 }
 
 absl::Status CudaModel::EnqueueHead(int num_rows, bool sample, int top_k) {
   const ModelConfig& c = config_;
-  RmsNormF32Params np;
-  np.x = x_.get(), np.rows = d_head_rows_.get(), np.weight = weights_->norm(), np.num_rows = num_rows;
-  np.n = c.hidden_size, np.eps = static_cast<float>(c.rms_norm_eps), np.y = head_normed_.get();
-  np.stream = stream_.get();
-  RETURN_IF_ERROR(RunRmsNormF32(np));
+  if (c.is_v4()) {
+    RETURN_IF_ERROR(EnqueueV4Head(num_rows));
+  } else {
+    RmsNormF32Params np;
+    np.x = x_.get(), np.rows = d_head_rows_.get(), np.weight = weights_->norm(), np.num_rows = num_rows;
+    np.n = c.hidden_size, np.eps = static_cast<float>(c.rms_norm_eps), np.y = head_normed_.get();
+    np.stream = stream_.get();
+    RETURN_IF_ERROR(RunRmsNormF32(np));
+  }
   RETURN_IF_ERROR(Gemm(head_normed_.get(), c.hidden_size, weights_->lm_head(), logits_.get(), c.vocab_size, num_rows,
                        c.vocab_size, c.hidden_size, OutType::kFloat32, false));
   if (!sample) return absl::OkStatus();
@@ -612,7 +633,7 @@ absl::Status CudaModel::EnqueueSample(const StepSampling& sampling, const std::v
   if (first == 0 && !sampling.penalties.empty()) {
     if (d_penalties_.size() < sampling.penalties.size()) {
       RETURN_IF_ERROR(stream_.Synchronize());  // the old buffer may still be read
-      RETURN_IF_ERROR(Alloc(&d_penalties_, std::max(sampling.penalties.size(), 2 * d_penalties_.size())));
+      RETURN_IF_ERROR(d_penalties_.Reallocate(std::max(sampling.penalties.size(), 2 * d_penalties_.size())));
     }
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(d_penalties_.get(), sampling.penalties.data(),
                                          sampling.penalties.size() * sizeof(PenaltyEntry), cudaMemcpyHostToDevice, s));

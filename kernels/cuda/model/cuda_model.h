@@ -1,5 +1,6 @@
-// CudaModel: a DeepSeek V2/V3 model (MLA, dense MLP, MoE with shared and
-// routed experts) run entirely on one GPU: weights in bf16 on the device, a
+// CudaModel: a DeepSeek V2/V3/V3.2/V4 model (MLA, dense MLP, MoE with shared
+// and routed experts; V4's mHC and sliding/compressed attention in
+// cuda_model_v4.cc) run entirely on one GPU: weights in bf16 on the device, a
 // paged latent KV cache in device memory sized from free memory, and a batched
 // forward pass whose decode step can replay as a CUDA graph.
 //
@@ -168,7 +169,9 @@ class CudaModel {
   // returns when the copy is done. INVALID_ARGUMENT for another geometry.
   absl::StatusOr<DeviceKvBlocks> ExportKv(int seq);
   absl::Status ImportKv(int seq, const DeviceKvBlocks& src, int length);
-  int kv_row_width() const { return config_.kv_lora_rank + config_.qk_rope_head_dim; }
+  int kv_row_width() const {
+    return config_.is_v4() ? config_.kv_cache_row_width() : config_.kv_lora_rank + config_.qk_rope_head_dim;
+  }
 
   // Benchmarks: fills the whole cache with random rows, then adds `n`
   // sequences that each claim `length` tokens of them without running the
@@ -203,6 +206,20 @@ class CudaModel {
     int max_seq_len = 0;
     bool decode = false;  // one token per sequence, padded to a bucket
     int real_tokens = -1;  // decode: the rows before the padding; -1: num_tokens
+    // Segments (runs of one sequence's tokens): each token's, each one's last row.
+    std::vector<int32_t> tok_seg, seg_last;
+  };
+  // DeepSeek-V4's scratch and tables (cuda_model_v4.cc), sized for
+  // max_tokens_ tokens and max_rows_ segments.
+  struct V4State {
+    DeviceBuffer<float> mix, post, comb, collapsed, y;
+    DeviceBuffer<bf16> a, q, iq, attn, grouped;
+    int max_entries = 0;  // compressed entries per segment (the smallest rate's)
+    DeviceBuffer<float> entries, index_entries, scores;
+    DeviceBuffer<int32_t> selected, count, tok_seg, seg_last;
+    DeviceBuffer<float> main_inv_freq, compress_inv_freq;
+    RopeTableView main_rope, compress_rope;
+    int pass_tokens = 0;  // T of the pass being enqueued
   };
   // An instantiated CUDA graph (cuda_model_graphs.cc).
   struct Graph {
@@ -235,6 +252,16 @@ class CudaModel {
   absl::Status Upload(const Batch& b);
   absl::Status EnqueueForward(const Batch& b, bool sample, int top_k, ExpertClient* experts = nullptr);
   absl::Status EnqueueLayers(const Batch& b, ExpertClient* experts);
+  // DeepSeek-V4 (cuda_model_v4.cc): its scratch, its layers, its hc head
+  // and final norm into head_normed_.
+  absl::Status InitV4();
+  absl::Status EnqueueV4Layers(const Batch& b, ExpertClient* experts);
+  absl::Status EnqueueV4Attention(const Batch& b, int layer);
+  absl::Status EnqueueV4Head(int num_rows);
+  // mHC before a sublayer: its collapse of x_ RMSNorm'd into normed_ (and normed_f32_).
+  absl::Status EnqueueMhcPre(const float* fn, const float* base, const float* scale, const bf16* norm,
+                             int num_tokens);
+  absl::Status EnqueueMhcPost(int num_tokens);
   absl::Status EnqueueMlp(const bf16* w_gate_up, const bf16* w_down, int inter, int num_tokens);
   absl::Status EnqueueMoe(int layer, int num_tokens, ExpertClient* experts);
   // The routed part of EnqueueMoe through `experts` (host round trip).
@@ -276,7 +303,11 @@ class CudaModel {
   RopeTableView rope_;
   DeviceBuffer<float> inv_freq_;
 
-  // Scratch (device), sized for max_tokens_ tokens.
+  // Scratch (device), sized for max_tokens_ tokens. x_ is the residual
+  // ([T, hc_mult, hidden] for V4); the MLP and MoE outputs accumulate into
+  // *resid_ (x_, or for V4 the sublayer output mHC then mixes in).
+  float* resid_ = nullptr;
+  std::unique_ptr<V4State> v4_;
   DeviceBuffer<float> x_, normed_f32_, router_logits_, topk_w_, moe_out_, logits_, next_lp_, topk_lp_;
   DeviceBuffer<bf16> normed_, qkv_, qa_, q_, q_mla_, o_lat_, attn_, mlp_gu_, mlp_act_, moe_gu_, moe_act_,
       head_normed_;

@@ -42,7 +42,7 @@ absl::Status CudaModel::RunExternalExperts(int layer, int num_tokens, ExpertClie
     }
     MoeCombineParams cp;  // x += routed (already weighted and summed over k)
     cp.expert_out = moe_out_.get(), cp.num_tokens = num_tokens, cp.top_k = 1, cp.hidden = c.hidden_size;
-    cp.x = x_.get(), cp.stream = s;
+    cp.x = resid_, cp.stream = s;
     return RunMoeCombine(cp);
   }
   // The dispatch: the fp32 normalised hidden states (the CPU model's input to
@@ -64,7 +64,7 @@ absl::Status CudaModel::RunExternalExperts(int layer, int num_tokens, ExpertClie
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(moe_out_.get(), h_routed_.get(), t * h * sizeof(float), cudaMemcpyHostToDevice, s));
   MoeCombineParams cp;  // x += routed (already weighted and summed over k)
   cp.expert_out = moe_out_.get(), cp.num_tokens = num_tokens, cp.top_k = 1, cp.hidden = c.hidden_size;
-  cp.x = x_.get(), cp.stream = s;
+  cp.x = resid_, cp.stream = s;
   RETURN_IF_ERROR(RunMoeCombine(cp));
   // The host buffers are reused by the next layer: wait for the upload.
   return stream_.Synchronize();

@@ -12,8 +12,12 @@ namespace {
 
 constexpr size_t kAlign = 256;
 
-absl::Status UploadF32(float* dst, const std::vector<float>& src) {
-  return CudaStatus(cudaMemcpy(dst, src.data(), src.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy H2D (weights)");
+absl::Status UploadF32(float* dst, const std::vector<float>& src) { return UploadWords(dst, src.data(), src.size()); }
+
+}  // namespace
+
+absl::Status UploadWords(void* dst, const void* src, size_t n) {
+  return CudaStatus(cudaMemcpy(dst, src, n * 4, cudaMemcpyHostToDevice), "cudaMemcpy H2D (weights)");
 }
 
 absl::Status CheckSize(const std::vector<float>& v, size_t n, const std::string& what) {
@@ -23,51 +27,36 @@ absl::Status CheckSize(const std::vector<float>& v, size_t n, const std::string&
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging) {
   staging->resize(n);
   for (size_t i = 0; i < n; ++i) (*staging)[i] = F32ToBf16(src[i]);
   return CudaStatus(cudaMemcpy(dst, staging->data(), n * 2, cudaMemcpyHostToDevice), "cudaMemcpy H2D (weights)");
 }
 
-// One tensor of the arena: where its pointer goes, and how Dummy fills it.
-struct DeviceWeights::Slot {
-  enum class Kind { kOther, kEmbed, kExpert };
-  void** target = nullptr;
-  size_t count = 0;
-  bool f32 = false;
-  float scale = 0.0f, offset = 0.0f;
-  Kind kind = Kind::kOther;
-};
-
 absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* slots) {
   // V3.2 is V3 plus the DSA indexer, whose weights stay on the host: the
   // CUDA model attends densely, which is V3.2's attention while a sequence
   // fits index_topk tokens (CudaModel caps its context there).
-  if (c.family != ModelFamily::kDeepseekV2 && c.family != ModelFamily::kDeepseekV3 &&
-      c.family != ModelFamily::kDeepseekV32) {
-    return absl::UnimplementedError(
-        absl::StrCat("CUDA model: only DeepSeek V2, V3 and V3.2 are supported, not model_type ", c.model_type));
-  }
   config_ = c;
+  using Kind = Slot::Kind;
+  auto fan = [](int64_t k) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))); };
+  if (c.is_v4()) {
+    q_width_ = c.q_lora_rank;
+    shared_intermediate_ = c.n_shared_experts * c.moe_intermediate_size;
+    Add(slots, &embed_, static_cast<size_t>(c.vocab_size) * c.hidden_size, 1.0f, 0.0f, Kind::kEmbed);
+    AddV4Layers(c, slots);
+    Add(slots, &norm_, c.hidden_size, 0.05f, 1.0f);
+    if (!c.tie_word_embeddings) Add(slots, &lm_head_, static_cast<size_t>(c.vocab_size) * c.hidden_size, fan(c.hidden_size));
+    return Place(c, *slots);
+  }
   const int64_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, v = c.v_head_dim;
   q_width_ = c.q_lora_rank > 0 ? c.q_lora_rank : static_cast<int>(heads * qk);
   shared_intermediate_ = c.n_shared_experts * c.moe_intermediate_size;
   layers_.assign(c.num_hidden_layers, DeviceLayerWeights{});
-  using Kind = Slot::Kind;
   auto add = [&](auto** target, size_t count, float scale, float offset = 0.0f, Kind kind = Kind::kOther) {
-    Slot s;
-    s.target = reinterpret_cast<void**>(target);
-    s.count = count;
-    s.f32 = sizeof(**target) == 4;
-    s.scale = scale;
-    s.offset = offset;
-    s.kind = kind;
-    slots->push_back(s);
+    Add(slots, target, count, scale, offset, kind);
   };
-  auto fan = [](int64_t k) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))); };
   add(&embed_, c.vocab_size * h, 1.0f, 0.0f, Kind::kEmbed);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     DeviceLayerWeights& w = layers_[l];
@@ -102,7 +91,12 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
   }
   add(&norm_, h, 0.05f, 1.0f);
   if (!c.tie_word_embeddings) add(&lm_head_, c.vocab_size * h, fan(h));
+  return Place(c, *slots);
+}
 
+absl::Status DeviceWeights::Place(const ModelConfig& c, const std::vector<Slot>& slots_in) {
+  const std::vector<Slot>* slots = &slots_in;
+  const int64_t h = c.hidden_size;
   size_t total = 0;
   for (const Slot& s : *slots) total += (s.count * (s.f32 ? 4 : 2) + kAlign - 1) / kAlign * kAlign;
   ASSIGN_OR_RETURN(arena_, DeviceBuffer<uint8_t>::Create(total));
@@ -111,7 +105,7 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
     const size_t bytes = s.count * (s.f32 ? 4 : 2);
     *s.target = arena_.get() + at;
     at += (bytes + kAlign - 1) / kAlign * kAlign;
-    if (s.kind == Kind::kOther) dense_bytes_ += bytes;
+    if (s.kind == Slot::Kind::kOther) dense_bytes_ += bytes;
   }
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
@@ -135,7 +129,16 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Dummy(const ModelC
   for (size_t i = 0; i < slots.size(); ++i) {
     const Slot& s = slots[i];
     const uint64_t sseed = seed * 1000003ull + i;
-    if (s.f32) {
+    if (s.kind == Slot::Kind::kExpertTable) {
+      // Hash routing's tid2eid: distinct experts per token.
+      const int k = config.num_experts_per_tok, e = config.n_routed_experts;
+      std::vector<int32_t> table(s.count);
+      for (size_t r = 0; r < s.count / k; ++r) {
+        const uint64_t start = (r * 2654435761ull + sseed) % e;
+        for (int j = 0; j < k; ++j) table[r * k + j] = static_cast<int32_t>((start + j) % e);
+      }
+      RETURN_IF_CUDA_ERROR(cudaMemcpy(*s.target, table.data(), s.count * 4, cudaMemcpyHostToDevice));
+    } else if (s.f32) {
       RETURN_IF_ERROR(FillUniform(static_cast<float*>(*s.target), s.count, sseed, s.scale, s.offset, stream));
     } else {
       RETURN_IF_ERROR(FillUniform(static_cast<bf16*>(*s.target), s.count, sseed, s.scale, s.offset, stream));
@@ -152,6 +155,10 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(const Mod
   w->routed_experts_ = experts != nullptr;
   std::vector<Slot> slots;
   RETURN_IF_ERROR(w->Allocate(c, &slots));
+  if (c.is_v4()) {
+    RETURN_IF_ERROR(w->UploadV4(c, a, experts));
+    return w;
+  }
   const int64_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, v = c.v_head_dim;
   if (a.layers.size() != static_cast<size_t>(c.num_hidden_layers)) {
@@ -207,37 +214,8 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(const Mod
       RETURN_IF_ERROR(UploadBf16(dst.dense_down, m.down.data(), m.down.size(), &staging));
       continue;
     }
-    const int64_t ne = c.n_routed_experts, inter = c.moe_intermediate_size;
-    RETURN_IF_ERROR(CheckSize(src.gate, ne * h, name + "gate"));
-    RETURN_IF_ERROR(UploadF32(dst.router, src.gate));
-    if (dst.router_bias != nullptr) {
-      RETURN_IF_ERROR(CheckSize(src.gate_bias, ne, name + "e_score_correction_bias"));
-      RETURN_IF_ERROR(UploadF32(dst.router_bias, src.gate_bias));
-    }
-    if (dst.shared_gate_up != nullptr) {
-      const MlpWeights& m = src.shared_experts;
-      RETURN_IF_ERROR(CheckSize(m.gate_up, 2 * static_cast<int64_t>(w->shared_intermediate_) * h, name + "shared gate_up"));
-      RETURN_IF_ERROR(CheckSize(m.down, h * w->shared_intermediate_, name + "shared down"));
-      RETURN_IF_ERROR(UploadBf16(dst.shared_gate_up, m.gate_up.data(), m.gate_up.size(), &staging));
-      RETURN_IF_ERROR(UploadBf16(dst.shared_down, m.down.data(), m.down.size(), &staging));
-    }
-    if (experts == nullptr) continue;
-    auto layer_it = experts->layers.find(l);
-    if (layer_it == experts->layers.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("DeviceWeights::FromHost: no routed experts for layer ", l));
-    }
-    for (int64_t e = 0; e < ne; ++e) {
-      auto it = layer_it->second.find(static_cast<int>(e));
-      if (it == layer_it->second.end()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("DeviceWeights::FromHost: layer ", l, " lacks expert ", e, " (need every expert)"));
-      }
-      RETURN_IF_ERROR(CheckSize(it->second.gate_up, 2 * inter * h, absl::StrCat(name, "expert ", e, " gate_up")));
-      RETURN_IF_ERROR(CheckSize(it->second.down, h * inter, absl::StrCat(name, "expert ", e, " down")));
-      RETURN_IF_ERROR(UploadBf16(dst.experts_gate_up + e * 2 * inter * h, it->second.gate_up.data(), 2 * inter * h,
-                                 &staging));
-      RETURN_IF_ERROR(UploadBf16(dst.experts_down + e * h * inter, it->second.down.data(), h * inter, &staging));
-    }
+    RETURN_IF_ERROR(w->UploadMoe(c, l, src, &staging));
+    if (experts != nullptr) RETURN_IF_ERROR(w->UploadRoutedExperts(c, l, *experts, &staging));
   }
   RETURN_IF_ERROR(CheckSize(a.norm, h, "norm"));
   RETURN_IF_ERROR(UploadBf16(w->norm_, a.norm.data(), h, &staging));
@@ -246,6 +224,51 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(const Mod
     RETURN_IF_ERROR(UploadBf16(w->lm_head_, a.lm_head.data(), a.lm_head.size(), &staging));
   }
   return w;
+}
+
+absl::Status DeviceWeights::UploadMoe(const ModelConfig& c, int l, const AttentionLayerWeights& src,
+                                      std::vector<uint16_t>* staging) {
+  const DeviceLayerWeights& dst = layers_[l];
+  const int64_t h = c.hidden_size, ne = c.n_routed_experts;
+  const std::string name = absl::StrCat("layer ", l, " ");
+  RETURN_IF_ERROR(CheckSize(src.gate, ne * h, name + "gate"));
+  RETURN_IF_ERROR(UploadF32(dst.router, src.gate));
+  if (dst.router_bias != nullptr) {
+    RETURN_IF_ERROR(CheckSize(src.gate_bias, ne, name + "e_score_correction_bias"));
+    RETURN_IF_ERROR(UploadF32(dst.router_bias, src.gate_bias));
+  }
+  if (dst.shared_gate_up != nullptr) {
+    const MlpWeights& m = src.shared_experts;
+    RETURN_IF_ERROR(CheckSize(m.gate_up, 2 * static_cast<int64_t>(shared_intermediate_) * h, name + "shared gate_up"));
+    RETURN_IF_ERROR(CheckSize(m.down, h * shared_intermediate_, name + "shared down"));
+    RETURN_IF_ERROR(UploadBf16(dst.shared_gate_up, m.gate_up.data(), m.gate_up.size(), staging));
+    RETURN_IF_ERROR(UploadBf16(dst.shared_down, m.down.data(), m.down.size(), staging));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceWeights::UploadRoutedExperts(const ModelConfig& c, int l, const ExpertShardWeights& experts,
+                                                std::vector<uint16_t>* staging) {
+  const DeviceLayerWeights& dst = layers_[l];
+  const int64_t h = c.hidden_size, ne = c.n_routed_experts, inter = c.moe_intermediate_size;
+  const std::string name = absl::StrCat("layer ", l, " ");
+  auto layer_it = experts.layers.find(l);
+  if (layer_it == experts.layers.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("DeviceWeights::FromHost: no routed experts for layer ", l));
+  }
+  for (int64_t e = 0; e < ne; ++e) {
+    auto it = layer_it->second.find(static_cast<int>(e));
+    if (it == layer_it->second.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeviceWeights::FromHost: layer ", l, " lacks expert ", e, " (need every expert)"));
+    }
+    RETURN_IF_ERROR(CheckSize(it->second.gate_up, 2 * inter * h, absl::StrCat(name, "expert ", e, " gate_up")));
+    RETURN_IF_ERROR(CheckSize(it->second.down, h * inter, absl::StrCat(name, "expert ", e, " down")));
+    RETURN_IF_ERROR(UploadBf16(dst.experts_gate_up + e * 2 * inter * h, it->second.gate_up.data(), 2 * inter * h,
+                               staging));
+    RETURN_IF_ERROR(UploadBf16(dst.experts_down + e * h * inter, it->second.down.data(), h * inter, staging));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace moesh::cuda

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -165,6 +166,22 @@ double Median(std::vector<double> v) {
 // FLOPs of the GEMMs one token's forward pass runs (no lm_head) and of its
 // attention at `context` visible tokens per layer (absorbed form).
 double TokenFlops(const ModelConfig& c, double context) {
+  if (c.is_v4()) {  // the stacked first projection, wq_b, index q, wo_a / wo_b, mHC, experts; attention
+    const double h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim, qr = c.q_lora_rank;
+    const double ni = c.index_n_heads, di = c.index_head_dim, hc = c.hc_mult;
+    double gemm = 0, attention = 0;
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const bool csa = c.layer_types[l] == V4AttentionType::kCompressedSparse;
+      const double rate = c.CompressRate(l), entries = rate > 0 ? context / rate : 0;
+      gemm += h * (qr + c.V4RowWidth(l) + (csa ? ni : 0)) + qr * heads * d + (csa ? qr * ni * di : 0) +
+              heads * d * c.o_lora_rank + c.o_groups * c.o_lora_rank * h + 2 * (2 + hc) * hc * hc * h +
+              h * c.n_routed_experts + 3.0 * h * c.moe_intermediate_size * (c.num_experts_per_tok + c.n_shared_experts);
+      const double keys = std::min<double>(c.sliding_window, context) +
+                          (csa ? std::min<double>(c.index_topk, entries) : entries);
+      attention += 2 * heads * keys * d + (csa ? ni * entries * di : 0);
+    }
+    return 2.0 * (gemm + attention / 2);
+  }
   const double h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   const double rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, v = c.v_head_dim;
   const double q_width = c.q_lora_rank > 0 ? c.q_lora_rank : heads * qk;
@@ -179,6 +196,23 @@ double TokenFlops(const ModelConfig& c, double context) {
   }
   const double attention = c.num_hidden_layers * heads * context * (rank + rope + rank);
   return 2.0 * (gemm + attention);
+}
+
+// Bytes of KV state one sequence's decode step at `context` tokens must read:
+// the latent rows (MLA), or for V4 the window's rows, the compressed entries
+// it attends to and (CSA) the index keys its indexer scores, bf16. (Our V4
+// pools the entries from the cache rows each step: it reads more.)
+double DecodeKvBytes(const ModelConfig& c, double context) {
+  if (!c.is_v4()) return context * (c.kv_lora_rank + c.qk_rope_head_dim) * 2.0 * c.num_hidden_layers;
+  double values = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const double rate = c.CompressRate(l), entries = rate > 0 ? std::floor(context / rate) : 0;
+    const bool csa = c.layer_types[l] == V4AttentionType::kCompressedSparse;
+    values += std::min<double>(c.sliding_window, context) * c.head_dim +
+              (csa ? std::min<double>(c.index_topk, entries) * c.head_dim + entries * c.index_head_dim
+                   : entries * c.head_dim);
+  }
+  return values * 2.0;
 }
 
 // The grouped expert GEMM alone (gate_up of one MoE layer: n = 2 x moe_intermediate,
@@ -319,7 +353,6 @@ absl::Status Run(const Flags& f) {
   RETURN_IF_ERROR(model->FillKvCacheRandom(f.seed + 1));
   const auto t1 = std::chrono::steady_clock::now();
   const ModelConfig& c = model->config();
-  const double row_bytes = (c.kv_lora_rank + c.qk_rope_head_dim) * 2.0;
   std::printf("model %s (%s weights, %.2f GB bf16): layers %d, hidden %d, heads %d, experts %d top-%d + %d shared, "
               "vocab %d; KV cache %d blocks (%.1f GB); ready in %.1f s\n",
               f.model_dir.empty() ? f.shape.c_str() : f.model_dir.c_str(), f.load_format.c_str(),
@@ -377,7 +410,7 @@ absl::Status Run(const Flags& f) {
       const auto z = std::chrono::steady_clock::now();
       if (s >= f.warmup) {
         times.push_back(Seconds(a, z));
-        kv_bytes += static_cast<double>(b) * (f.context + s + 1) * row_bytes * c.num_hidden_layers;
+        kv_bytes += static_cast<double>(b) * DecodeKvBytes(c, f.context + s + 1);
       }
     }
     if (f.graphs && !model->last_step_used_graph()) return absl::InternalError("decode did not replay a graph");

@@ -1,0 +1,240 @@
+// DeepSeek-V4 on the CUDA model (common/model/v4_model.cc is the CPU
+// reference, whose cache row layout the device cache shares). Per layer, for
+// the T tokens of a pass:
+//   x [T, hc, hidden] fp32 → fn GEMM (fp32) → mHC pre (collapse) → RMSNorm →
+//   one GEMM [wq_a | the cache row's projections | index weights] →
+//   q_norm → wq_b → per-head RMSNorm + RoPE; the row's kv norm + RoPE and its
+//   cache write; (CSA) the index query; (CSA, HCA) the compressed entries of
+//   every segment, (CSA) the indexer's top-k; attention with sinks over the
+//   window and the entries, inverse RoPE → wo_a (per group) → wo_b → y →
+//   mHC post into x; the same mHC pair around the MoE, whose shared and
+//   routed experts accumulate into y.
+// The head collapses each sequence's last row with the hc head, then norm.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/v4_model.h"
+#include "kernels/cuda/model/cuda_model.h"
+#include "kernels/cuda/model/model_ops.h"
+#include "kernels/cuda/model/v4_ops.h"
+#include "kernels/cuda/ops.h"
+
+namespace moesh::cuda {
+namespace {
+
+absl::Status UploadRope(const ModelConfig& c, const RopeConfig& r, DeviceBuffer<float>* inv_freq,
+                        RopeTableView* view) {
+  const cpu::RopeTable table = V4RopeTable(r, c.qk_rope_head_dim);
+  RETURN_IF_ERROR(inv_freq->Reallocate(table.inv_freq.size()));
+  RETURN_IF_ERROR(inv_freq->CopyFrom(table.inv_freq));
+  view->inv_freq = inv_freq->get();
+  view->attention_factor = table.attention_factor;
+  view->dim = c.qk_rope_head_dim;
+  view->layout = RopeLayout::kInterleaved;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CudaModel::InitV4() {
+  const ModelConfig& c = config_;
+  v4_ = std::make_unique<V4State>();
+  V4State& v = *v4_;
+  const size_t t = max_tokens_, segs = max_rows_;
+  const size_t h = c.hidden_size, hc = c.hc_mult, heads = c.num_attention_heads, d = c.head_dim;
+  const size_t ni = c.index_n_heads, di = c.index_head_dim;
+  size_t a_width = 0;
+  int min_rate = 0;
+  bool csa = false;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    a_width = std::max<size_t>(a_width, weights_->layer(l).v4.a_width);
+    const int rate = c.CompressRate(l);
+    if (rate > 0) min_rate = min_rate == 0 ? rate : std::min(min_rate, rate);
+    csa = csa || c.layer_types[l] == V4AttentionType::kCompressedSparse;
+  }
+  v.max_entries = min_rate > 0 ? max_model_len_ / min_rate : 0;
+  const size_t entries = static_cast<size_t>(v.max_entries);
+  RETURN_IF_ERROR(v.mix.Reallocate(t * (2 + hc) * hc));
+  RETURN_IF_ERROR(v.post.Reallocate(t * hc));
+  RETURN_IF_ERROR(v.comb.Reallocate(t * hc * hc));
+  RETURN_IF_ERROR(v.collapsed.Reallocate(t * h));
+  RETURN_IF_ERROR(v.y.Reallocate(t * h));
+  RETURN_IF_ERROR(v.a.Reallocate(t * a_width));
+  RETURN_IF_ERROR(v.q.Reallocate(t * heads * d));
+  RETURN_IF_ERROR(v.attn.Reallocate(t * heads * d));
+  RETURN_IF_ERROR(v.grouped.Reallocate(t * c.o_groups * c.o_lora_rank));
+  RETURN_IF_ERROR(v.entries.Reallocate(segs * entries * d));
+  if (csa) {
+    RETURN_IF_ERROR(v.iq.Reallocate(t * ni * di));
+    RETURN_IF_ERROR(v.index_entries.Reallocate(segs * entries * di));
+    RETURN_IF_ERROR(v.scores.Reallocate(t * entries));
+    RETURN_IF_ERROR(v.selected.Reallocate(t * c.index_topk));
+    RETURN_IF_ERROR(v.count.Reallocate(t));
+  }
+  RETURN_IF_ERROR(v.tok_seg.Reallocate(t));
+  RETURN_IF_ERROR(v.seg_last.Reallocate(segs));
+  RETURN_IF_ERROR(UploadRope(c, c.rope, &v.main_inv_freq, &v.main_rope));
+  return UploadRope(c, c.compress_rope, &v.compress_inv_freq, &v.compress_rope);
+}
+
+absl::Status CudaModel::EnqueueMhcPre(const float* fn, const float* base, const float* scale, const bf16* norm,
+                                      int num_tokens) {
+  const ModelConfig& c = config_;
+  V4State& v = *v4_;
+  cudaStream_t s = stream_.get();
+  const int h = c.hidden_size, hc = c.hc_mult;
+  RETURN_IF_ERROR(gemm_->RunF32(x_.get(), fn, v.mix.get(), num_tokens, (2 + hc) * hc, hc * h, false, s));
+  MhcPreParams p;
+  p.x = x_.get(), p.mix = v.mix.get(), p.base = base, p.scale = scale;
+  p.num_tokens = num_tokens, p.hc = hc, p.hidden = h;
+  p.sinkhorn_iters = c.hc_sinkhorn_iters, p.hc_eps = static_cast<float>(c.hc_eps);
+  p.norm_eps = static_cast<float>(c.rms_norm_eps);
+  p.collapsed = v.collapsed.get(), p.post = v.post.get(), p.comb = v.comb.get(), p.stream = s;
+  RETURN_IF_ERROR(RunMhcPre(p));
+  RmsNormF32Params np;
+  np.x = v.collapsed.get(), np.weight = norm, np.num_rows = num_tokens, np.n = h;
+  np.eps = static_cast<float>(c.rms_norm_eps), np.y = normed_.get(), np.y_f32 = normed_f32_.get(), np.stream = s;
+  return RunRmsNormF32(np);
+}
+
+absl::Status CudaModel::EnqueueMhcPost(int num_tokens) {
+  MhcPostParams p;
+  p.x = x_.get(), p.y = v4_->y.get(), p.post = v4_->post.get(), p.comb = v4_->comb.get();
+  p.num_tokens = num_tokens, p.hc = config_.hc_mult, p.hidden = config_.hidden_size, p.stream = stream_.get();
+  return RunMhcPost(p);
+}
+
+absl::Status CudaModel::EnqueueV4Layers(const Batch& b, ExpertClient* experts) {
+  const ModelConfig& c = config_;
+  cudaStream_t s = stream_.get();
+  const int t = b.num_tokens, h = c.hidden_size;
+  v4_->pass_tokens = t;
+  EmbedStreamsParams ep;
+  ep.table = weights_->embed(), ep.token_ids = d_tokens_.get(), ep.num_tokens = t, ep.hc = c.hc_mult, ep.hidden = h;
+  ep.x = x_.get(), ep.stream = s;
+  RETURN_IF_ERROR(RunEmbedStreams(ep));
+  RETURN_IF_ERROR(Mark(1));
+  routing_rows_ = t;
+  dispatch_tokens_ = b.real_tokens >= 0 ? b.real_tokens : t;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const DeviceLayerWeights& w = weights_->layer(l);
+    RETURN_IF_ERROR(EnqueueMhcPre(w.v4.hc_attn_fn, w.v4.hc_attn_base, w.v4.hc_attn_scale, w.input_norm, t));
+    RETURN_IF_ERROR(EnqueueV4Attention(b, l));
+    RETURN_IF_ERROR(EnqueueMhcPost(t));
+    RETURN_IF_ERROR(Mark(2 + 2 * l));
+    RETURN_IF_ERROR(EnqueueMhcPre(w.v4.hc_ffn_fn, w.v4.hc_ffn_base, w.v4.hc_ffn_scale, w.post_norm, t));
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(v4_->y.get(), 0, static_cast<size_t>(t) * h * sizeof(float), s));
+    RETURN_IF_ERROR(EnqueueMoe(l, t, experts));
+    RETURN_IF_ERROR(EnqueueMhcPost(t));
+    RETURN_IF_ERROR(Mark(3 + 2 * l));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueV4Attention(const Batch& b, int l) {
+  const ModelConfig& c = config_;
+  V4State& v = *v4_;
+  const DeviceLayerWeights::V4& w = weights_->layer(l).v4;
+  cudaStream_t s = stream_.get();
+  const int t = b.num_tokens, h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim;
+  const int qr = c.q_lora_rank, ni = c.index_n_heads, di = c.index_head_dim;
+  const int rate = c.CompressRate(l), series = c.CompressSeries(l), a = w.a_width;
+  const V4AttentionType type = c.layer_types[l];
+  const bool csa = type == V4AttentionType::kCompressedSparse;
+  const RopeTableView& rope = type == V4AttentionType::kSliding ? v.main_rope : v.compress_rope;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int num_segs = static_cast<int>(b.seg_last.size());
+
+  RETURN_IF_ERROR(Gemm(normed_.get(), h, w.a, v.a.get(), a, t, a, h, OutType::kBf16, false));
+  RmsNormParams qn;
+  qn.x = v.a.get(), qn.weight = w.q_norm, qn.y = qa_.get();
+  qn.rows = t, qn.n = qr, qn.ldx = a, qn.ldy = qr, qn.eps = eps, qn.stream = s;
+  RETURN_IF_ERROR(RunRmsNorm(qn));
+  RETURN_IF_ERROR(Gemm(qa_.get(), qr, w.wq_b, v.q.get(), heads * d, t, heads * d, qr, OutType::kBf16, false));
+  V4HeadsParams hp;
+  hp.x = v.q.get(), hp.ldx = heads * d, hp.num_tokens = t, hp.num_heads = heads, hp.dim = d;
+  hp.normalize = true, hp.eps = eps, hp.seq_lens = d_seq_lens_.get(), hp.rope = rope, hp.stream = s;
+  RETURN_IF_ERROR(RunV4Heads(hp));
+  V4KvRowParams kp;
+  kp.src = v.a.get() + qr, kp.ld_src = a, kp.num_tokens = t, kp.width = w.row_width, kp.head_dim = d;
+  kp.kv_norm = w.kv_norm, kp.eps = eps, kp.seq_lens = d_seq_lens_.get(), kp.slot_mapping = d_slots_.get();
+  kp.cache = kv_->layer(l), kp.row_width = kv_->row_width(), kp.rope = rope, kp.stream = s;
+  RETURN_IF_ERROR(RunV4KvRow(kp));
+
+  V4AttentionParams ap;
+  if (rate > 0) {
+    V4CompressParams cp;
+    cp.cache = kv_->layer(l), cp.row_width = kv_->row_width();
+    cp.block_table = d_block_table_.get(), cp.max_blocks_per_seq = max_blocks_per_seq_;
+    cp.seq_lens = d_seq_lens_.get(), cp.seg_last = v.seg_last.get(), cp.num_segs = num_segs;
+    cp.max_entries = v.max_entries, cp.rate = rate, cp.eps = eps, cp.rope = v.compress_rope, cp.stream = s;
+    cp.kv_offset = d, cp.gate_offset = d + series * d, cp.series = series, cp.dim = d;
+    cp.ape = w.comp_ape, cp.norm = w.comp_norm, cp.entries = v.entries.get();
+    RETURN_IF_ERROR(RunV4Compress(cp));
+    ap.keys = csa ? V4Keys::kSelectedEntries : V4Keys::kAllEntries;
+  }
+  if (csa) {
+    RETURN_IF_ERROR(Gemm(qa_.get(), qr, w.index_wq_b, v.iq.get(), ni * di, t, ni * di, qr, OutType::kBf16, false));
+    V4HeadsParams ip = hp;
+    ip.x = v.iq.get(), ip.ldx = ni * di, ip.num_heads = ni, ip.dim = di, ip.normalize = false;
+    ip.rope = v.compress_rope;
+    RETURN_IF_ERROR(RunV4Heads(ip));
+    V4CompressParams cp;
+    cp.cache = kv_->layer(l), cp.row_width = kv_->row_width();
+    cp.block_table = d_block_table_.get(), cp.max_blocks_per_seq = max_blocks_per_seq_;
+    cp.seq_lens = d_seq_lens_.get(), cp.seg_last = v.seg_last.get(), cp.num_segs = num_segs;
+    cp.max_entries = v.max_entries, cp.rate = rate, cp.eps = eps, cp.rope = v.compress_rope, cp.stream = s;
+    cp.kv_offset = d + 2 * series * d, cp.gate_offset = cp.kv_offset + 2 * di, cp.series = 2, cp.dim = di;
+    cp.ape = w.index_ape, cp.norm = w.index_norm, cp.entries = v.index_entries.get();
+    RETURN_IF_ERROR(RunV4Compress(cp));
+    V4IndexerParams xp;
+    xp.q = v.iq.get(), xp.w = v.a.get() + qr + w.row_width, xp.ldw = a;
+    xp.w_scale = 1.0f / std::sqrt(static_cast<float>(ni)), xp.scale = 1.0f / std::sqrt(static_cast<float>(di));
+    xp.num_tokens = t, xp.num_heads = ni, xp.head_dim = di;
+    xp.keys = v.index_entries.get(), xp.max_entries = v.max_entries, xp.rate = rate, xp.top_k = c.index_topk;
+    xp.seq_lens = d_seq_lens_.get(), xp.tok_seg = v.tok_seg.get(), xp.scores = v.scores.get();
+    xp.selected = v.selected.get(), xp.count = v.count.get(), xp.stream = s;
+    RETURN_IF_ERROR(RunV4Indexer(xp));
+  }
+  ap.q = v.q.get(), ap.num_tokens = t, ap.num_heads = heads, ap.dim = d;
+  ap.cache = kv_->layer(l), ap.row_width = kv_->row_width();
+  ap.block_table = d_block_table_.get(), ap.max_blocks_per_seq = max_blocks_per_seq_;
+  ap.seq_lens = d_seq_lens_.get(), ap.window = c.sliding_window;
+  ap.entries = v.entries.get(), ap.max_entries = v.max_entries, ap.rate = std::max(rate, 1);
+  ap.tok_seg = v.tok_seg.get(), ap.selected = v.selected.get(), ap.count = v.count.get(), ap.top_k = c.index_topk;
+  ap.sinks = w.sinks, ap.scale = 1.0f / std::sqrt(static_cast<float>(d)), ap.rope = rope;
+  ap.out = v.attn.get(), ap.stream = s;
+  RETURN_IF_ERROR(RunV4Attention(ap));
+
+  // Grouped output projection: each group of heads to o_lora_rank, then mixed.
+  const int groups = c.o_groups, r = c.o_lora_rank, in_g = heads * d / groups;
+  BatchedGemmParams gb;
+  gb.x = v.attn.get(), gb.ldx = heads * d, gb.stride_x = in_g;
+  gb.w = w.wo_a, gb.ldw = in_g, gb.stride_w = static_cast<int64_t>(r) * in_g;
+  gb.y = v.grouped.get(), gb.ldy = groups * r, gb.stride_y = r;
+  gb.batch = groups, gb.m = t, gb.n = r, gb.k = in_g, gb.out_type = OutType::kBf16, gb.stream = s;
+  RETURN_IF_ERROR(gemm_->RunBatched(gb));
+  return Gemm(v.grouped.get(), groups * r, w.wo_b, v.y.get(), h, t, h, groups * r, OutType::kFloat32, false);
+}
+
+absl::Status CudaModel::EnqueueV4Head(int num_rows) {
+  const ModelConfig& c = config_;
+  V4State& v = *v4_;
+  cudaStream_t s = stream_.get();
+  const int h = c.hidden_size, hc = c.hc_mult;
+  RETURN_IF_ERROR(gemm_->RunF32(x_.get(), weights_->hc_head_fn(), v.mix.get(), v.pass_tokens, hc, hc * h, false, s));
+  MhcPreParams p;
+  p.x = x_.get(), p.mix = v.mix.get(), p.rows = d_head_rows_.get();
+  p.base = weights_->hc_head_base(), p.scale = weights_->hc_head_scale();
+  p.num_tokens = num_rows, p.hc = hc, p.hidden = h, p.head = true;
+  p.hc_eps = static_cast<float>(c.hc_eps), p.norm_eps = static_cast<float>(c.rms_norm_eps);
+  p.collapsed = v.collapsed.get(), p.stream = s;
+  RETURN_IF_ERROR(RunMhcPre(p));
+  RmsNormF32Params np;
+  np.x = v.collapsed.get(), np.weight = weights_->norm(), np.num_rows = num_rows, np.n = h;
+  np.eps = static_cast<float>(c.rms_norm_eps), np.y = head_normed_.get(), np.stream = s;
+  return RunRmsNormF32(np);
+}
+
+}  // namespace moesh::cuda
