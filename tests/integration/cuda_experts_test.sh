@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The expert workers of the newer families on a GPU: `moesh serve-local
-# --device cpu --expert-device cuda` (attention on the CPU, which the CUDA
-# backend does not take for V3.2 and V4 yet; the routed experts on the GPU,
+# --device cpu --expert-device cuda` (attention on the CPU — the mixed
+# deployment, and V3.2 beyond index_topk, which the CUDA backend refuses; the routed experts on the GPU,
 # bf16) against `moesh generate` (the CPU engine, fp32, which matches
 # transformers: golden_test) on a golden checkpoint: the same first tokens,
 # log-probabilities within 0.05 (bf16 experts against fp32), for prompts one
