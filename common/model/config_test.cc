@@ -230,6 +230,11 @@ TEST(ConfigTest, RealPresetsAreThePublishedConfigs) {
     EXPECT_EQ(Json::parse(preset->ToJson(false)), Json::parse(want->ToJson(false))) << family;
   }
   EXPECT_EQ(PresetConfig("v2", "real").status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<ModelConfig> v32 = PresetConfig("v3.2", "real");
+  ASSERT_TRUE(v32.ok()) << v32.status();
+  EXPECT_TRUE(v32->has_indexer());
+  EXPECT_EQ(v32->index_topk, 2048);
+  EXPECT_EQ(v32->kv_cache_row_width(), 512 + 64 + 128);
   // DeepSeek-V4-Flash: transformers' DeepseekV4Config defaults.
   absl::StatusOr<ModelConfig> v4 = PresetConfig("v4", "real");
   ASSERT_TRUE(v4.ok()) << v4.status();

@@ -197,7 +197,18 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
   if (preset == "real") {
     if (family == "v2-lite") return V2LiteReal();
     if (family == "v3") return V3Real();
-    return absl::InvalidArgumentError(absl::StrCat("preset \"real\" exists for v2-lite, v3 and v4 only, not ", family));
+    if (family == "v3.2") {  // DeepSeek-V3.2-Exp: V3's shapes plus the lightning indexer
+      ASSIGN_OR_RETURN(ModelConfig c, V3Real());
+      c.family = ModelFamily::kDeepseekV32;
+      c.model_type = "deepseek_v32";
+      c.index_n_heads = 64;
+      c.index_head_dim = 128;
+      c.index_topk = 2048;
+      RETURN_IF_ERROR(c.Validate("preset v3.2/real"));
+      return c;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("preset \"real\" exists for v2-lite, v3, v3.2 and v4 only, not ", family));
   }
   ModelConfig c;
   if (family == "v2-lite" || family == "v2") {

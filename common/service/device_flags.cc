@@ -8,7 +8,7 @@ ABSL_FLAG(std::string, device, "cpu", "Where to compute: cpu, cuda (the current 
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "--device cuda: the fraction of the GPU's memory this process may bring the total to (weights, "
           "scratch, then the KV cache); other processes' memory counts.");
-ABSL_FLAG(int, max_model_len, 0, "--device cuda: tokens per sequence (0: min(max_position_embeddings, 8192); DeepSeek-V3.2: at most index_topk, see docs/DESIGN.md).");
+ABSL_FLAG(int, max_model_len, 0, "--device cuda: tokens per sequence (0: min(max_position_embeddings, 8192)).");
 ABSL_FLAG(std::string, load_format, "auto",
           "auto: the checkpoint's weights; dummy: random weights made on the GPU from config.json alone "
           "(benchmarks at real shapes; --device cuda).");

@@ -468,6 +468,9 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
     return absl::InvalidArgumentError(absl::StrCat("RunMlaDecode: built for kv_lora_rank ", kLatentDim,
                                                    " and rope_dim ", kRopeDim));
   }
+  if ((p.kv_row_stride != 0 && p.kv_row_stride != kLatentDim + kRopeDim) || p.kv_index != nullptr) {
+    return absl::InvalidArgumentError("RunMlaDecode: dense rows of 576 only (strided or sparse: the generic kernel)");
+  }
   if (p.batch < 0 || p.num_heads <= 0 || p.num_blocks <= 0 || p.max_blocks_per_seq <= 0 || p.max_seq_len < 0 ||
       p.max_seq_len > static_cast<int64_t>(p.max_blocks_per_seq) * kKvBlockSize) {
     return absl::InvalidArgumentError(

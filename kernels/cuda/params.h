@@ -105,7 +105,8 @@ struct RopeKvCacheParams {
   int kv_ld = 0;
   const bf16* kv_norm_weight = nullptr;  // [rank]; may be null
   float eps = 1e-6f;
-  bf16* cache = nullptr;  // [num_blocks, kKvBlockSize, rank + rope.dim]
+  bf16* cache = nullptr;  // [num_blocks, kKvBlockSize, cache_row_stride]
+  int cache_row_stride = 0;  // 0: rank + rope.dim (V3.2's rows carry its indexer key after them)
   int num_blocks = 0;
   const int32_t* slot_mapping = nullptr;  // [num_tokens]; < 0: padding, not written
   int num_tokens = 0, kv_lora_rank = 0;
@@ -172,6 +173,12 @@ struct MlaDecodeParams {
   size_t workspace_bytes = 0;
   MlaTileConfig tile = MlaTileConfig::kDefault;  // must match the plan's
   cudaStream_t stream = nullptr;
+  // RunMlaAttentionGeneric only: the cache's row stride (0: kv_lora_rank +
+  // rope_dim), and a sparse selection (DeepSeek-V3.2's indexer): non-null,
+  // row t < seq_lens[b] of query b is position kv_index[b * kv_index_stride + t].
+  int kv_row_stride = 0;
+  const int32_t* kv_index = nullptr;
+  int kv_index_stride = 0;
 };
 
 // Greedy argmax plus the top-k log-probabilities, per row of logits.

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams 
   if (slot < 0 || slot >= p.num_blocks * kKvBlockSize) return;  // uniform across the CTA
   const int rank = p.kv_lora_rank;
   const bf16* src = p.kv + static_cast<int64_t>(t) * p.kv_ld;
-  bf16* dst = p.cache + static_cast<int64_t>(slot) * (rank + 2 * r.half);
+  bf16* dst = p.cache + static_cast<int64_t>(slot) * (p.cache_row_stride > 0 ? p.cache_row_stride : rank + 2 * r.half);
   if (p.kv_norm_weight != nullptr) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < rank; i += blockDim.x) {
@@ -114,7 +114,8 @@ absl::Status RunRope(const RopeParams& p) {
 
 absl::Status RunRopeKvCacheWrite(const RopeKvCacheParams& p) {
   RETURN_IF_ERROR(CheckTable(p.rope, "RunRopeKvCacheWrite"));
-  if (p.num_tokens < 0 || p.kv_lora_rank <= 0 || p.kv_ld < p.kv_lora_rank + p.rope.dim || p.num_blocks < 0) {
+  if (p.num_tokens < 0 || p.kv_lora_rank <= 0 || p.kv_ld < p.kv_lora_rank + p.rope.dim || p.num_blocks < 0 ||
+      (p.cache_row_stride != 0 && p.cache_row_stride < p.kv_lora_rank + p.rope.dim)) {
     return absl::InvalidArgumentError("RunRopeKvCacheWrite: need kv_lora_rank > 0, kv_ld >= rank + rope dim");
   }
   if (p.q != nullptr && (p.q_num_heads <= 0 || p.q_rope_offset < 0 ||

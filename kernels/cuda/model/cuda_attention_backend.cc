@@ -108,10 +108,7 @@ absl::StatusOr<std::unique_ptr<KvSequence>> CudaAttentionBackend::NewSequence(in
   absl::MutexLock lock(&mu_);
   if (max_tokens < 0 || max_tokens > model_->max_model_len()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a sequence of ", max_tokens, " tokens exceeds max_model_len ", model_->max_model_len(), " of ", device_,
-        config().has_indexer() ? " (DeepSeek-V3.2 on the GPU: up to index_topk tokens, where its sparse attention "
-                                 "is dense; the DSA indexer has no CUDA kernel yet)"
-                               : ""));
+        "a sequence of ", max_tokens, " tokens exceeds max_model_len ", model_->max_model_len(), " of ", device_));
   }
   RETURN_IF_CUDA_ERROR(cudaSetDevice(model_->device_info().device));
   ASSIGN_OR_RETURN(const int id, model_->AddSequence(max_tokens));

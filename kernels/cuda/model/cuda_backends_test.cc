@@ -677,39 +677,33 @@ TEST(CudaAttentionBackendTest, GenerateMatchesTheCpuEngine) {
   }
 }
 
-// DeepSeek-V3.2 on the GPU: within index_topk tokens the DSA indexer picks
-// every causal token, so the dense attention of the CUDA model is V3.2's;
-// the context stops there (the indexer has no CUDA kernel yet), said clearly.
-TEST(CudaAttentionBackendTest, V32WithinIndexTopkGeneratesAsTheCpuEngine) {
+// DeepSeek-V3.2 through the backend, prompt and generation past index_topk
+// (the indexer then picks among the causal rows): the first tokens as the CPU
+// engine's, and a sequence up to max_model_len accepted.
+TEST(CudaAttentionBackendTest, V32BeyondIndexTopkGeneratesAsTheCpuEngine) {
   MOESH_REQUIRE_GPU();
   const std::string dir = testing::GoldenDir("v32");
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(dir));
   const int topk = m.config.index_topk;
-  ASSERT_GT(topk, 4);
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b, MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> cpu, Model::Load(dir));
   SamplingParams sp;
   sp.top_logprobs = 1;
   StopParams stop;
   stop.ignore_eos = true;
-  const std::vector<int32_t> prompt = {5, 17, 300};
-  stop.max_new_tokens = topk - static_cast<int>(prompt.size());  // the last query sees topk - 1 tokens
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < topk + 5; ++i) prompt.push_back(7 + 13 * i);
+  stop.max_new_tokens = 12;
   MOESH_ASSERT_OK_AND_ASSIGN(GenerationResult want, Generate(*cpu, prompt, sp, stop));
   MOESH_ASSERT_OK_AND_ASSIGN(GenerationResult got, Generate(b.get(), nullptr, prompt, sp, stop));
   ASSERT_EQ(got.output_ids.size(), want.output_ids.size());
   size_t same = 0;
   while (same < want.output_ids.size() && got.output_ids[same] == want.output_ids[same]) ++same;
-  // (The log-probabilities, teacher-forced with router near-ties told
-  // apart, are cuda_model_test's.)
+  // (The log-probabilities, teacher-forced with near-ties told apart, are
+  // cuda_model_test's.)
   EXPECT_GE(same, 4u) << "the CUDA model diverged from the CPU engine at token " << same;
-  // One token more than index_topk: refused, naming the limit.
-  absl::StatusOr<std::unique_ptr<KvSequence>> over = b->NewSequence(topk + 1);
-  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(over.status().message().find("index_topk"), std::string::npos) << over.status();
-  DeviceOptions longer = Cuda();
-  longer.max_model_len = topk + 1;
-  const absl::Status refused = MakeAttentionBackend(m.config, m.ckpt.get(), longer, true).status();
-  EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
+  MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> longest, b->NewSequence(4 * topk));
+  EXPECT_GE(longest->capacity(), 4 * topk);
 }
 
 }  // namespace

@@ -113,18 +113,8 @@ absl::Status CudaModel::Init() {
     return absl::InvalidArgumentError(absl::StrCat("CudaModel: max_model_len ", max_model_len_,
                                                    " exceeds max_position_embeddings ", pos_limit));
   }
-  if (c.has_indexer()) {
-    // DeepSeek-V3.2's indexer picks each query's index_topk highest-scoring
-    // causal tokens; with index_topk of them or fewer it picks them all, and
-    // the sparse attention is the dense one this model computes. Beyond
-    // that the indexer has no kernel here yet: the context stops there.
-    if (o.max_model_len > c.index_topk) {
-      return absl::UnimplementedError(absl::StrCat(
-          "CudaModel: DeepSeek-V3.2 on the GPU serves sequences of up to index_topk = ", c.index_topk,
-          " tokens (the DSA indexer has no CUDA kernel yet; up to there its sparse attention is dense): max_model_len ",
-          o.max_model_len, " is beyond"));
-    }
-    max_model_len_ = std::min(max_model_len_, c.index_topk);
+  if (c.has_indexer() && c.q_lora_rank <= 0) {
+    return absl::InvalidArgumentError("CudaModel: DeepSeek-V3.2's indexer needs q_lora_rank > 0");
   }
   max_blocks_per_seq_ = (max_model_len_ + kKvBlockSize - 1) / kKvBlockSize;
   max_rows_ = o.max_num_seqs;
@@ -134,7 +124,8 @@ absl::Status CudaModel::Init() {
 
   const int h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   const int rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, v = c.v_head_dim;
-  fast_mla_ = rank == mla::kLatentDim && rope == mla::kRopeDim && o.mla_kernel == MlaKernel::kAuto;
+  // V3.2 attends to the indexer's selection: the generic kernel, which reads a row index.
+  fast_mla_ = rank == mla::kLatentDim && rope == mla::kRopeDim && o.mla_kernel == MlaKernel::kAuto && !c.has_indexer();
   softmax_scale_ = static_cast<float>(c.SoftmaxScale());
   const cpu::RopeTable table = MakeRopeTable(c);
   RETURN_IF_ERROR(inv_freq_.Reallocate(table.inv_freq.size()));
@@ -145,7 +136,7 @@ absl::Status CudaModel::Init() {
   rope_.layout = c.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalves;
 
   const size_t t = max_tokens_;
-  const int qkv_w = weights_->q_width() + rank + rope;
+  const int qkv_w = weights_->qkv_width();
   const int mlp_inter = std::max(c.intermediate_size, weights_->shared_intermediate());
   const int e = std::max(c.n_routed_experts, 1), k = std::max(c.num_experts_per_tok, 1);
   const int moe_inter = std::max(c.moe_intermediate_size, 1);
@@ -213,6 +204,15 @@ absl::Status CudaModel::Init() {
   if (c.is_v4()) {
     RETURN_IF_ERROR(InitV4());
     resid_ = v4_->y.get();
+  }
+  if (c.has_indexer()) {
+    index_max_keys_ = max_model_len_;
+    RETURN_IF_ERROR(index_q_.Reallocate(t * c.index_n_heads * c.index_head_dim));
+    RETURN_IF_ERROR(index_scores_.Reallocate(t * index_max_keys_));
+    RETURN_IF_ERROR(index_selected_.Reallocate(t * c.index_topk));
+    RETURN_IF_ERROR(index_count_.Reallocate(t));
+    index_rope_ = rope_;
+    index_rope_.layout = RopeLayout::kHalves;  // transformers' DeepseekV32Indexer rotates halves
   }
   if (fast_mla_) {
     size_t ws = 0;
@@ -446,7 +446,7 @@ absl::Status CudaModel::EnqueueLayers(const Batch& b, ExpertClient* experts) {
   const int t = b.num_tokens;
   const int h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   const int rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, v = c.v_head_dim;
-  const int q_width = weights_->q_width(), qkv_w = q_width + rank + rope, row_w = rank + rope;
+  const int q_width = weights_->q_width(), qkv_w = weights_->qkv_width(), row_w = rank + rope;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   EmbedParams ep;
@@ -490,16 +490,22 @@ absl::Status CudaModel::EnqueueLayers(const Batch& b, ExpertClient* experts) {
     RETURN_IF_ERROR(RunSliceCopy(sc));
     RopeKvCacheParams kp;
     kp.kv = qkv_.get() + q_width, kp.kv_ld = qkv_w, kp.kv_norm_weight = w.kv_a_norm, kp.eps = kLatentNormEps;
-    kp.cache = kv_->layer(l), kp.num_blocks = kv_->num_blocks(), kp.slot_mapping = d_slots_.get();
+    kp.cache = kv_->layer(l), kp.cache_row_stride = kv_->row_width(), kp.num_blocks = kv_->num_blocks();
+    kp.slot_mapping = d_slots_.get();
     kp.num_tokens = t, kp.kv_lora_rank = rank;
     kp.q = q_mla_.get(), kp.q_num_heads = heads, kp.q_token_stride = heads * row_w, kp.q_head_stride = row_w;
     kp.q_rope_offset = rank, kp.positions = d_positions_.get(), kp.rope = rope_, kp.stream = s;
     RETURN_IF_ERROR(RunRopeKvCacheWrite(kp));
+    if (c.has_indexer()) RETURN_IF_ERROR(EnqueueDsaIndexer(l, t));
     MlaDecodeParams mp;
     mp.q = q_mla_.get(), mp.kv_cache = kv_->layer(l), mp.block_table = d_block_table_.get();
     mp.seq_lens = d_seq_lens_.get(), mp.batch = t, mp.num_heads = heads, mp.kv_lora_rank = rank, mp.rope_dim = rope;
     mp.num_blocks = kv_->num_blocks(), mp.max_blocks_per_seq = max_blocks_per_seq_, mp.max_seq_len = b.max_seq_len;
     mp.softmax_scale = softmax_scale_, mp.out = o_lat_.get(), mp.out_type = OutType::kBf16, mp.stream = s;
+    mp.kv_row_stride = kv_->row_width();
+    if (c.has_indexer()) {  // the indexer's selection (all causal rows up to index_topk of them)
+      mp.seq_lens = index_count_.get(), mp.kv_index = index_selected_.get(), mp.kv_index_stride = c.index_topk;
+    }
     if (fast_mla_) {
       mp.num_splits = plan_.num_splits;
       mp.workspace = b.decode ? decode_ws_.get() : prefill_ws_.get();

@@ -1,6 +1,6 @@
 // CudaModel: a DeepSeek V2/V3/V3.2/V4 model (MLA, dense MLP, MoE with shared
-// and routed experts; V4's mHC and sliding/compressed attention in
-// cuda_model_v4.cc) run entirely on one GPU: weights in bf16 on the device, a
+// and routed experts; V3.2's lightning indexer and sparse MLA; V4's mHC and
+// sliding/compressed attention in cuda_model_v4.cc) run entirely on one GPU: weights in bf16 on the device, a
 // paged latent KV cache in device memory sized from free memory, and a batched
 // forward pass whose decode step can replay as a CUDA graph.
 //
@@ -169,9 +169,7 @@ class CudaModel {
   // returns when the copy is done. INVALID_ARGUMENT for another geometry.
   absl::StatusOr<DeviceKvBlocks> ExportKv(int seq);
   absl::Status ImportKv(int seq, const DeviceKvBlocks& src, int length);
-  int kv_row_width() const {
-    return config_.is_v4() ? config_.kv_cache_row_width() : config_.kv_lora_rank + config_.qk_rope_head_dim;
-  }
+  int kv_row_width() const { return config_.kv_cache_row_width(); }
 
   // Benchmarks: fills the whole cache with random rows, then adds `n`
   // sequences that each claim `length` tokens of them without running the
@@ -213,10 +211,10 @@ class CudaModel {
   // max_tokens_ tokens and max_rows_ segments.
   struct V4State {
     DeviceBuffer<float> mix, post, comb, collapsed, y;
-    DeviceBuffer<bf16> a, q, iq, attn, grouped;
+    DeviceBuffer<bf16> a, q, attn, grouped;
     int max_entries = 0;  // compressed entries per segment (the smallest rate's)
-    DeviceBuffer<float> entries, index_entries, scores;
-    DeviceBuffer<int32_t> selected, count, tok_seg, seg_last;
+    DeviceBuffer<float> entries, index_entries;
+    DeviceBuffer<int32_t> tok_seg, seg_last;
     DeviceBuffer<float> main_inv_freq, compress_inv_freq;
     RopeTableView main_rope, compress_rope;
     int pass_tokens = 0;  // T of the pass being enqueued
@@ -256,6 +254,9 @@ class CudaModel {
   // and final norm into head_normed_.
   absl::Status InitV4();
   absl::Status EnqueueV4Layers(const Batch& b, ExpertClient* experts);
+  // DeepSeek-V3.2's indexer for layer l after its cache write: keys into the
+  // cache rows, queries, the top-k per token into index_selected_/index_count_.
+  absl::Status EnqueueDsaIndexer(int layer, int num_tokens);
   absl::Status EnqueueV4Attention(const Batch& b, int layer);
   absl::Status EnqueueV4Head(int num_rows);
   // mHC before a sublayer: its collapse of x_ RMSNorm'd into normed_ (and normed_f32_).
@@ -308,6 +309,13 @@ class CudaModel {
   // *resid_ (x_, or for V4 the sublayer output mHC then mixes in).
   float* resid_ = nullptr;
   std::unique_ptr<V4State> v4_;
+  // The lightning indexer's (V3.2; V4's CSA layers): queries, scores over up
+  // to index_max_keys_ keys, the selection and its size per token.
+  int index_max_keys_ = 0;
+  DeviceBuffer<bf16> index_q_;
+  DeviceBuffer<float> index_scores_;
+  DeviceBuffer<int32_t> index_selected_, index_count_;
+  RopeTableView index_rope_;  // V3.2: the model's table, rotate-half layout
   DeviceBuffer<float> x_, normed_f32_, router_logits_, topk_w_, moe_out_, logits_, next_lp_, topk_lp_;
   DeviceBuffer<bf16> normed_, qkv_, qa_, q_, q_mla_, o_lat_, attn_, mlp_gu_, mlp_act_, moe_gu_, moe_act_,
       head_normed_;

@@ -49,13 +49,14 @@ constexpr double kLogprobTolerance = 2e-2;
 // DeepSeek-V4: its four mHC streams (each sublayer's output enters them
 // times 2·sigmoid, and Sinkhorn-mixed) carry bf16 activation rounding further:
 // 3.3e-2 measured on the v4 golden against the CPU engine on the same bf16
-// weights (V2/V3: under 1e-2). And the CSA indexer's top-k (3 entries in the
-// goldens) is a discrete choice which, like the router's, bf16 can flip at a
-// near-tie: at most kV4NearTies steps per run may differ by up to
-// kV4NearTieBound (counted and printed; 0.145 measured on v4_legacy).
+// weights (V2/V3: under 1e-2).
 constexpr double kV4LogprobTolerance = 5e-2;
-constexpr double kV4NearTieBound = 0.3;
-constexpr int kV4NearTies = 2;
+// The lightning indexer's top-k (V3.2; V4's CSA layers: 3 to 8 keys in the
+// goldens) is a discrete choice which, like the router's, bf16 can flip at a
+// near-tie: at most kIndexerNearTies steps per run may differ by up to
+// kNearTieBound (counted and printed; 0.145 measured on v4_legacy).
+constexpr double kNearTieBound = 0.3;
+constexpr int kIndexerNearTies = 2;
 
 std::vector<double> LogSoftmax(const float* x, int n) {
   double m = -INFINITY;
@@ -116,13 +117,14 @@ struct CpuEngine {
 // A copy of the checkpoint in `dir` whose weights hold the values the CUDA
 // model computes with: each fp32 tensor rounded to bf16 but the ones it keeps
 // in fp32 (routers and their biases, mHC mappings, compressor ape, attention
-// sinks). Against the CPU engine on it, the GPU's differences are its own
+// sinks, V3.2's indexer key norm). Against the CPU engine on it, the GPU's differences are its own
 // (bf16 activations), not the checkpoint's rounding: the V4 goldens are fp32
 // and rounding their weights alone moves log-probabilities by up to 0.2 at
 // the indexer's near-ties (checkpoints stored in bf16 are copied unchanged).
 absl::StatusOr<std::string> Bf16Copy(const std::string& dir) {
   auto kept_f32 = [](const std::string& n) {
-    for (const char* suffix : {".gate.weight", ".gate.bias", "e_score_correction_bias", ".ape", ".attn_sink"}) {
+    for (const char* suffix : {".gate.weight", ".gate.bias", "e_score_correction_bias", ".ape", ".attn_sink",
+                               "indexer.k_norm.weight", "indexer.k_norm.bias"}) {
       const std::string sf(suffix);
       if (n.size() >= sf.size() && n.compare(n.size() - sf.size(), sf.size(), sf) == 0) return true;
     }
@@ -181,61 +183,77 @@ bool SameRouting(const CpuEngine& cpu, const std::vector<int32_t>& gpu, int rows
 }
 
 
-// DeepSeek-V3.2 within index_topk tokens: the DSA indexer picks every
-// causal token, so the CUDA model's dense attention is V3.2's (the model caps
-// its context there). Teacher-forced with the CPU engine's greedy tokens
-// (the CPU engine runs the indexer, and matches transformers), every step's
-// log-probabilities within the tolerance above but at router near-ties.
-TEST(CudaModelTest, V32WithinIndexTopkMatchesCpuEngine) {
+// DeepSeek-V3.2 past index_topk: the indexer picks among the causal rows on
+// the GPU (dsa_ops.h) and the MLA kernel reads its selection. The golden's
+// model is a chaotic one at bf16: rounding just its three fp32 tensors to
+// bf16 moves the CPU engine's own log-probabilities by up to 0.44 at some
+// steps (indexer and router near-ties), so it is not in CudaGoldenTest.
+// Here each golden prompt (two of the three are longer than index_topk) is
+// teacher-forced with the CPU engine's greedy tokens, on the same bf16
+// weights, for 12 steps or until the first routing flip or the first step
+// over the tolerance (a near-tie of the indexer: a flipped selection then
+// changes every later layer's rows). At least 12 steps past index_topk must
+// match, and at most one prompt may end at a near-tie (measured: the 5- and
+// 19-token prompts match through 8 and 12 steps; the 45-token prompt's
+// prefill ends at 0.29). The selection itself is dsa_ops_test's, exactly
+// against the CPU indexer.
+TEST(CudaModelTest, V32SparseAttentionMatchesCpuEngine) {
   MOESH_REQUIRE_GPU();
   const std::string dir = testing::GoldenDir("v32");
-  absl::StatusOr<CpuEngine> cpu = LoadCpu(dir);
+  absl::StatusOr<std::string> rounded = Bf16Copy(dir);
+  ASSERT_TRUE(rounded.ok()) << rounded.status();
+  absl::StatusOr<CpuEngine> cpu = LoadCpu(*rounded);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
+  absl::StatusOr<std::string> text = ReadFileToString(JoinPath(dir, "golden.json"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  const nlohmann::json golden = nlohmann::json::parse(*text);
   CudaModelOptions options;
   options.max_num_seqs = 2;
-  options.max_kv_blocks = 8;
+  options.max_kv_blocks = 16;
   options.record_routing = true;
   absl::StatusOr<std::unique_ptr<CudaModel>> gpu = CudaModel::Load(dir, options);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   const ModelConfig& c = (*gpu)->config();
-  const int vocab = c.vocab_size, top_k = c.num_experts_per_tok, limit = c.index_topk;
-  EXPECT_EQ((*gpu)->max_model_len(), limit);
-  absl::StatusOr<int> id = (*gpu)->AddSequence();
-  ASSERT_TRUE(id.ok()) << id.status();
-  SequenceKvCache cache = cpu->model->NewCache();
-  std::vector<int32_t> input = {5, 17, 300};
-  int length = 0, compared = 0;  // tokens in the cache; steps compared
-  for (int s = 0; length + static_cast<int>(input.size()) <= limit; ++s) {
-    SCOPED_TRACE(::testing::Message() << "step " << s);
-    const SequenceTokens batch[] = {{*id, input}};
-    absl::StatusOr<std::vector<float>> logits = (*gpu)->ForwardLogits(batch);
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    int rows = 0;
-    absl::StatusOr<std::vector<int32_t>> routing = (*gpu)->LastRouting(&rows);
-    ASSERT_TRUE(routing.ok()) << routing.status();
-    const std::vector<float> cl = CpuStep(*cpu, &cache, input);
-    ASSERT_EQ(cl.size(), static_cast<size_t>(vocab));
-    const double d = MaxDiff(LogSoftmax(logits->data(), vocab), LogSoftmax(cl.data(), vocab));
-    length += static_cast<int>(input.size());
-    input = {Argmax(cl.data(), vocab)};
-    if (s > 0 && !SameRouting(*cpu, *routing, rows, 0, top_k)) {
-      // From here the two caches hold different rows: nothing more to compare.
-      std::printf("  v32 step %d: routed experts differ from the CPU engine's (router near-tie); max |logprob diff| "
-                  "%.3e; comparison ends\n", s, d);
-      break;
+  const int vocab = c.vocab_size, top_k = c.num_experts_per_tok;
+  int compared = 0, beyond = 0, near_ties = 0;  // steps matched; of them past index_topk; prompts ended at a near-tie
+  for (size_t p = 0; p < golden["prompts"].size(); ++p) {
+    absl::StatusOr<int> id = (*gpu)->AddSequence();
+    ASSERT_TRUE(id.ok()) << id.status();
+    SequenceKvCache cache = cpu->model->NewCache();
+    std::vector<int32_t> input = golden["prompts"][p].get<std::vector<int32_t>>();
+    int length = 0;
+    for (int s = 0; s < 12; ++s) {
+      SCOPED_TRACE(::testing::Message() << "prompt " << p << " step " << s);
+      const SequenceTokens batch[] = {{*id, input}};
+      absl::StatusOr<std::vector<float>> logits = (*gpu)->ForwardLogits(batch);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      int rows = 0;
+      absl::StatusOr<std::vector<int32_t>> routing = (*gpu)->LastRouting(&rows);
+      ASSERT_TRUE(routing.ok()) << routing.status();
+      const std::vector<float> cl = CpuStep(*cpu, &cache, input);
+      ASSERT_EQ(cl.size(), static_cast<size_t>(vocab));
+      const double d = MaxDiff(LogSoftmax(logits->data(), vocab), LogSoftmax(cl.data(), vocab));
+      length += static_cast<int>(input.size());
+      input = {Argmax(cl.data(), vocab)};
+      if (s > 0 && !SameRouting(*cpu, *routing, rows, 0, top_k)) {
+        std::printf("  v32 prompt %zu step %d: routed experts differ from the CPU engine's (router near-tie); max "
+                    "|logprob diff| %.3e; comparison ends\n", p, s, d);
+        break;
+      }
+      if (d > kLogprobTolerance) {
+        ++near_ties;
+        std::printf("  v32 prompt %zu step %d (%d tokens): max |logprob diff| %.3e (an indexer near-tie); "
+                    "comparison ends\n", p, s, length, d);
+        break;
+      }
+      ++compared;
+      beyond += length > c.index_topk;
     }
-    EXPECT_LE(d, kLogprobTolerance);
-    ++compared;
   }
-  EXPECT_GE(compared, 2) << "the prefill and at least one decode step";
-  // (That V3.2 within index_topk is V3 is sparse_attention_test's, on the CPU.)
-  // A sequence beyond index_topk: refused.
-  absl::StatusOr<int> other = (*gpu)->AddSequence();
-  ASSERT_TRUE(other.ok()) << other.status();
-  const std::vector<int32_t> too_long(limit + 1, 7);
-  const SequenceTokens over[] = {{*other, too_long}};
-  const absl::StatusOr<std::vector<float>> refused = (*gpu)->ForwardLogits(over);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  std::printf("v32: %d steps within %.0e of the CPU engine, %d of them past index_topk (%d); %d prompts ended at "
+              "a near-tie\n", compared, kLogprobTolerance, beyond, c.index_topk, near_ties);
+  EXPECT_GE(beyond, 12) << "the CUDA model left the CPU engine within a few steps past index_topk";
+  EXPECT_LE(near_ties, 1);
 }
 
 class CudaGoldenTest : public ::testing::TestWithParam<std::string> {};
@@ -320,7 +338,8 @@ TEST_P(CudaGoldenTest, MatchesTransformersAndCpuEngine) {
         ++routing_flips;
         std::printf("  %s prompt %zu step %d: routed experts differ from the CPU engine's (router near-tie); "
                     "max |logprob diff| %.3e\n", GetParam().c_str(), p, s, d_cpu);
-      } else if (c.is_v4() && d_cpu > tolerance && d_cpu <= kV4NearTieBound && indexer_ties < kV4NearTies) {
+      } else if ((c.is_v4() || c.has_indexer()) && d_cpu > tolerance && d_cpu <= kNearTieBound &&
+                 indexer_ties < kIndexerNearTies) {
         ++indexer_ties;
         indexer_tie = true;
         std::printf("  %s prompt %zu step %d: max |logprob diff| %.3e (a near-tie of the CSA indexer's top-k)\n",

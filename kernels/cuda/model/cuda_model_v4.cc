@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/v4_model.h"
 #include "kernels/cuda/model/cuda_model.h"
+#include "kernels/cuda/model/dsa_ops.h"
 #include "kernels/cuda/model/model_ops.h"
 #include "kernels/cuda/model/v4_ops.h"
 #include "kernels/cuda/ops.h"
@@ -66,11 +67,12 @@ absl::Status CudaModel::InitV4() {
   RETURN_IF_ERROR(v.grouped.Reallocate(t * c.o_groups * c.o_lora_rank));
   RETURN_IF_ERROR(v.entries.Reallocate(segs * entries * d));
   if (csa) {
-    RETURN_IF_ERROR(v.iq.Reallocate(t * ni * di));
     RETURN_IF_ERROR(v.index_entries.Reallocate(segs * entries * di));
-    RETURN_IF_ERROR(v.scores.Reallocate(t * entries));
-    RETURN_IF_ERROR(v.selected.Reallocate(t * c.index_topk));
-    RETURN_IF_ERROR(v.count.Reallocate(t));
+    index_max_keys_ = std::max(v.max_entries, 1);
+    RETURN_IF_ERROR(index_q_.Reallocate(t * ni * di));
+    RETURN_IF_ERROR(index_scores_.Reallocate(t * index_max_keys_));
+    RETURN_IF_ERROR(index_selected_.Reallocate(t * c.index_topk));
+    RETURN_IF_ERROR(index_count_.Reallocate(t));
   }
   RETURN_IF_ERROR(v.tok_seg.Reallocate(t));
   RETURN_IF_ERROR(v.seg_last.Reallocate(segs));
@@ -175,9 +177,9 @@ absl::Status CudaModel::EnqueueV4Attention(const Batch& b, int l) {
     ap.keys = csa ? V4Keys::kSelectedEntries : V4Keys::kAllEntries;
   }
   if (csa) {
-    RETURN_IF_ERROR(Gemm(qa_.get(), qr, w.index_wq_b, v.iq.get(), ni * di, t, ni * di, qr, OutType::kBf16, false));
+    RETURN_IF_ERROR(Gemm(qa_.get(), qr, weights_->layer(l).index_wq_b, index_q_.get(), ni * di, t, ni * di, qr, OutType::kBf16, false));
     V4HeadsParams ip = hp;
-    ip.x = v.iq.get(), ip.ldx = ni * di, ip.num_heads = ni, ip.dim = di, ip.normalize = false;
+    ip.x = index_q_.get(), ip.ldx = ni * di, ip.num_heads = ni, ip.dim = di, ip.normalize = false;
     ip.rope = v.compress_rope;
     RETURN_IF_ERROR(RunV4Heads(ip));
     V4CompressParams cp;
@@ -188,21 +190,23 @@ absl::Status CudaModel::EnqueueV4Attention(const Batch& b, int l) {
     cp.kv_offset = d + 2 * series * d, cp.gate_offset = cp.kv_offset + 2 * di, cp.series = 2, cp.dim = di;
     cp.ape = w.index_ape, cp.norm = w.index_norm, cp.entries = v.index_entries.get();
     RETURN_IF_ERROR(RunV4Compress(cp));
-    V4IndexerParams xp;
-    xp.q = v.iq.get(), xp.w = v.a.get() + qr + w.row_width, xp.ldw = a;
+    IndexerParams xp;
+    xp.q = index_q_.get(), xp.w = v.a.get() + qr + w.row_width, xp.ldw = a;
     xp.w_scale = 1.0f / std::sqrt(static_cast<float>(ni)), xp.scale = 1.0f / std::sqrt(static_cast<float>(di));
-    xp.num_tokens = t, xp.num_heads = ni, xp.head_dim = di;
-    xp.keys = v.index_entries.get(), xp.max_entries = v.max_entries, xp.rate = rate, xp.top_k = c.index_topk;
-    xp.seq_lens = d_seq_lens_.get(), xp.tok_seg = v.tok_seg.get(), xp.scores = v.scores.get();
-    xp.selected = v.selected.get(), xp.count = v.count.get(), xp.stream = s;
-    RETURN_IF_ERROR(RunV4Indexer(xp));
+    xp.num_tokens = t, xp.num_heads = ni, xp.head_dim = di, xp.rate = rate, xp.top_k = c.index_topk;
+    xp.seq_lens = d_seq_lens_.get();
+    xp.entries = v.index_entries.get(), xp.max_entries = v.max_entries, xp.tok_seg = v.tok_seg.get();
+    xp.scores = index_scores_.get(), xp.max_keys = index_max_keys_;
+    xp.selected = index_selected_.get(), xp.count = index_count_.get(), xp.stream = s;
+    RETURN_IF_ERROR(RunIndexer(xp));
   }
   ap.q = v.q.get(), ap.num_tokens = t, ap.num_heads = heads, ap.dim = d;
   ap.cache = kv_->layer(l), ap.row_width = kv_->row_width();
   ap.block_table = d_block_table_.get(), ap.max_blocks_per_seq = max_blocks_per_seq_;
   ap.seq_lens = d_seq_lens_.get(), ap.window = c.sliding_window;
   ap.entries = v.entries.get(), ap.max_entries = v.max_entries, ap.rate = std::max(rate, 1);
-  ap.tok_seg = v.tok_seg.get(), ap.selected = v.selected.get(), ap.count = v.count.get(), ap.top_k = c.index_topk;
+  ap.tok_seg = v.tok_seg.get(), ap.selected = index_selected_.get(), ap.count = index_count_.get();
+  ap.top_k = c.index_topk;
   ap.sinks = w.sinks, ap.scale = 1.0f / std::sqrt(static_cast<float>(d)), ap.rope = rope;
   ap.out = v.attn.get(), ap.stream = s;
   RETURN_IF_ERROR(RunV4Attention(ap));

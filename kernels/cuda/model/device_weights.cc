@@ -34,9 +34,6 @@ absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint1
 }
 
 absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* slots) {
-  // V3.2 is V3 plus the DSA indexer, whose weights stay on the host: the
-  // CUDA model attends densely, which is V3.2's attention while a sequence
-  // fits index_topk tokens (CudaModel caps its context there).
   config_ = c;
   using Kind = Slot::Kind;
   auto fan = [](int64_t k) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))); };
@@ -52,6 +49,7 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
   const int64_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, v = c.v_head_dim;
   q_width_ = c.q_lora_rank > 0 ? c.q_lora_rank : static_cast<int>(heads * qk);
+  qkv_width_ = static_cast<int>(q_width_ + rank + rope + (c.has_indexer() ? c.index_head_dim + c.index_n_heads : 0));
   shared_intermediate_ = c.n_shared_experts * c.moe_intermediate_size;
   layers_.assign(c.num_hidden_layers, DeviceLayerWeights{});
   auto add = [&](auto** target, size_t count, float scale, float offset = 0.0f, Kind kind = Kind::kOther) {
@@ -62,10 +60,16 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
     DeviceLayerWeights& w = layers_[l];
     add(&w.input_norm, h, 0.05f, 1.0f);
     add(&w.post_norm, h, 0.05f, 1.0f);
-    add(&w.qkv_a, (q_width_ + rank + rope) * h, fan(h));
+    add(&w.qkv_a, static_cast<size_t>(qkv_width_) * h, fan(h));
     if (c.q_lora_rank > 0) {
       add(&w.q_a_norm, c.q_lora_rank, 0.05f, 1.0f);
       add(&w.q_b, heads * qk * c.q_lora_rank, fan(c.q_lora_rank));
+    }
+    if (c.has_indexer()) {
+      add(&w.index_wq_b, static_cast<int64_t>(c.index_n_heads) * c.index_head_dim * c.q_lora_rank,
+          fan(c.q_lora_rank));
+      add(&w.index_k_norm, c.index_head_dim, 0.05f, 1.0f);
+      add(&w.index_k_bias, c.index_head_dim, 0.05f);
     }
     add(&w.kv_a_norm, rank, 0.05f, 1.0f);
     add(&w.w_uk_t, heads * rank * nope, fan(nope));
@@ -181,6 +185,19 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(const Mod
     RETURN_IF_ERROR(CheckSize(src.kv_a_proj, (rank + rope) * h, name + "kv_a_proj_with_mqa"));
     tmp = q_src;
     tmp.insert(tmp.end(), src.kv_a_proj.begin(), src.kv_a_proj.end());
+    if (c.has_indexer()) {
+      const int64_t ni = c.index_n_heads, di = c.index_head_dim;
+      RETURN_IF_ERROR(CheckSize(src.indexer_wk, di * h, name + "indexer.wk"));
+      RETURN_IF_ERROR(CheckSize(src.indexer_weights_proj, ni * h, name + "indexer.weights_proj"));
+      RETURN_IF_ERROR(CheckSize(src.indexer_wq_b, ni * di * c.q_lora_rank, name + "indexer.wq_b"));
+      RETURN_IF_ERROR(CheckSize(src.indexer_k_norm, di, name + "indexer.k_norm"));
+      RETURN_IF_ERROR(CheckSize(src.indexer_k_norm_bias, di, name + "indexer.k_norm bias"));
+      tmp.insert(tmp.end(), src.indexer_wk.begin(), src.indexer_wk.end());
+      tmp.insert(tmp.end(), src.indexer_weights_proj.begin(), src.indexer_weights_proj.end());
+      RETURN_IF_ERROR(UploadBf16(dst.index_wq_b, src.indexer_wq_b.data(), src.indexer_wq_b.size(), &staging));
+      RETURN_IF_ERROR(UploadWords(dst.index_k_norm, src.indexer_k_norm.data(), di));
+      RETURN_IF_ERROR(UploadWords(dst.index_k_bias, src.indexer_k_norm_bias.data(), di));
+    }
     RETURN_IF_ERROR(UploadBf16(dst.qkv_a, tmp.data(), tmp.size(), &staging));
     if (c.q_lora_rank > 0) {
       RETURN_IF_ERROR(CheckSize(src.q_a_layernorm, c.q_lora_rank, name + "q_a_layernorm"));

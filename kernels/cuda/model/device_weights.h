@@ -33,8 +33,10 @@ absl::Status CheckSize(const std::vector<float>& v, size_t n, const std::string&
 struct DeviceLayerWeights {
   bf16* input_norm = nullptr;  // [hidden]
   bf16* post_norm = nullptr;   // [hidden]
-  // [q_width + kv_lora_rank + rope, hidden]: q_a_proj (q_width = q_lora_rank)
-  // or q_proj (q_width = heads * qk_head_dim), then kv_a_proj_with_mqa.
+  // [qkv_width, hidden]: q_a_proj (q_width = q_lora_rank) or q_proj
+  // (q_width = heads * qk_head_dim), then kv_a_proj_with_mqa (kv_lora_rank +
+  // rope), then for V3.2 the indexer's wk (index_head_dim) and weights_proj
+  // (index_n_heads).
   bf16* qkv_a = nullptr;
   bf16* q_a_norm = nullptr;   // [q_lora_rank]; iff q_lora_rank > 0
   bf16* q_b = nullptr;        // [heads * qk_head_dim, q_lora_rank]; iff q_lora_rank > 0
@@ -51,6 +53,12 @@ struct DeviceLayerWeights {
   bf16* shared_down = nullptr;     // [hidden, shared_intermediate]
   bf16* experts_gate_up = nullptr;  // [E, 2 * moe_intermediate, hidden]; null without routed experts
   bf16* experts_down = nullptr;     // [E, hidden, moe_intermediate]
+  // The lightning indexer's query projection (DeepSeek-V3.2; V4's CSA
+  // layers). V3.2's key projection and head weights are qkv_a's last
+  // index_head_dim + index_n_heads rows, its key LayerNorm here (fp32).
+  bf16* index_wq_b = nullptr;  // [index_n_heads * index_head_dim, q_lora_rank]
+  float* index_k_norm = nullptr;  // [index_head_dim]; V3.2
+  float* index_k_bias = nullptr;  // [index_head_dim]; V3.2
   // DeepSeek-V4 (of the above only the norms, router, router_bias, shared_*
   // and experts_* are used; the router bias is null on hash-routed layers).
   struct V4 {
@@ -75,7 +83,6 @@ struct DeviceLayerWeights {
     bf16* comp_norm = nullptr;    // [head_dim]
     float* index_ape = nullptr;   // [rate, 2 * index_head_dim]; CSA layers
     bf16* index_norm = nullptr;   // [index_head_dim]
-    bf16* index_wq_b = nullptr;   // [index_n_heads * index_head_dim, q_lora_rank]
     int32_t* tid2eid = nullptr;   // [vocab, top_k]; hash-routed layers
   } v4;
 };
@@ -96,6 +103,7 @@ class DeviceWeights {
   bool has_routed_experts() const { return routed_experts_; }
 
   int q_width() const { return q_width_; }
+  int qkv_width() const { return qkv_width_; }
   int shared_intermediate() const { return shared_intermediate_; }
   const DeviceLayerWeights& layer(int l) const { return layers_[l]; }
   const bf16* embed() const { return embed_; }    // [vocab, hidden]
@@ -152,7 +160,7 @@ class DeviceWeights {
 
   ModelConfig config_;
   bool routed_experts_ = true;
-  int q_width_ = 0;
+  int q_width_ = 0, qkv_width_ = 0;
   int shared_intermediate_ = 0;
   DeviceBuffer<uint8_t> arena_;
   std::vector<DeviceLayerWeights> layers_;

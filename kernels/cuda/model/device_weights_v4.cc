@@ -38,7 +38,7 @@ void DeviceWeights::AddV4Layers(const ModelConfig& c, std::vector<Slot>* slots) 
     if (csa) {
       Add(slots, &v.index_ape, static_cast<size_t>(rate) * 2 * di, 0.1f);
       Add(slots, &v.index_norm, di, 0.05f, 1.0f);
-      Add(slots, &v.index_wq_b, ni * di * qr, fan(qr));
+      Add(slots, &w.index_wq_b, ni * di * qr, fan(qr));
     }
     w.is_moe = true;
     const int64_t e = c.n_routed_experts, inter = c.moe_intermediate_size;
@@ -135,7 +135,7 @@ absl::Status DeviceWeights::UploadV4(const ModelConfig& c, const AttentionWeight
       RETURN_IF_ERROR(f32_of(v.index_ape, sv.index_compressor.ape, static_cast<size_t>(rate) * 2 * di,
                              name + "attn.indexer.compressor.ape"));
       RETURN_IF_ERROR(bf16_of(v.index_norm, sv.index_compressor.norm, di, name + "attn.indexer.compressor.norm"));
-      RETURN_IF_ERROR(bf16_of(v.index_wq_b, sv.index_wq_b, ni * di * qr, name + "attn.indexer.wq_b"));
+      RETURN_IF_ERROR(bf16_of(dst.index_wq_b, sv.index_wq_b, ni * di * qr, name + "attn.indexer.wq_b"));
     }
     if (c.hash_layers[l]) {
       if (sv.tid2eid.size() != static_cast<size_t>(c.vocab_size) * c.num_experts_per_tok) {

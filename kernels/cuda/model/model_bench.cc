@@ -199,10 +199,14 @@ double TokenFlops(const ModelConfig& c, double context) {
 }
 
 // Bytes of KV state one sequence's decode step at `context` tokens must read:
-// the latent rows (MLA), or for V4 the window's rows, the compressed entries
+// the latent rows (MLA; V3.2: the selected ones and every index key), or for V4 the window's rows, the compressed entries
 // it attends to and (CSA) the index keys its indexer scores, bf16. (Our V4
 // pools the entries from the cache rows each step: it reads more.)
 double DecodeKvBytes(const ModelConfig& c, double context) {
+  if (c.has_indexer()) {  // the selected latent rows, and every row's index key
+    return (std::min<double>(context, c.index_topk) * (c.kv_lora_rank + c.qk_rope_head_dim) +
+            context * c.index_head_dim) * 2.0 * c.num_hidden_layers;
+  }
   if (!c.is_v4()) return context * (c.kv_lora_rank + c.qk_rope_head_dim) * 2.0 * c.num_hidden_layers;
   double values = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {

@@ -222,6 +222,12 @@ __global__ void __launch_bounds__(kMlaThreads) MlaGenericKernel(MlaDecodeParams 
   __syncthreads();
   const int len = p.seq_lens[b];
   const int32_t* table = p.block_table + static_cast<int64_t>(b) * p.max_blocks_per_seq;
+  const int stride = p.kv_row_stride > 0 ? p.kv_row_stride : dim;
+  const int32_t* index = p.kv_index != nullptr ? p.kv_index + static_cast<int64_t>(b) * p.kv_index_stride : nullptr;
+  auto row_of = [&](int i) {
+    const int pos = index != nullptr ? index[i] : i;
+    return p.kv_cache + (static_cast<int64_t>(table[pos / kKvBlockSize]) * kKvBlockSize + pos % kKvBlockSize) * stride;
+  };
   constexpr int kMaxOwn = kMlaMaxDim / kMlaThreads;  // latent dims per thread
   float acc[kMaxOwn];
 #pragma unroll
@@ -231,8 +237,7 @@ __global__ void __launch_bounds__(kMlaThreads) MlaGenericKernel(MlaDecodeParams 
     const int t = base + threadIdx.x;
     float s = -INFINITY;
     if (t < len) {
-      const bf16* row = p.kv_cache + (static_cast<int64_t>(table[t / kKvBlockSize]) * kKvBlockSize +
-                                      t % kKvBlockSize) * dim;
+      const bf16* row = row_of(t);
       float dot = 0.0f;
       for (int d = 0; d < dim; ++d) dot += q[d] * __bfloat162float(row[d]);
       s = dot * p.softmax_scale;
@@ -260,10 +265,7 @@ __global__ void __launch_bounds__(kMlaThreads) MlaGenericKernel(MlaDecodeParams 
       if (d < rank) {
         float a = acc[j] * scale_old;
         for (int i = 0; i < n; ++i) {
-          const int tt = base + i;
-          const bf16* row = p.kv_cache + (static_cast<int64_t>(table[tt / kKvBlockSize]) * kKvBlockSize +
-                                          tt % kKvBlockSize) * dim;
-          a += prob[i] * __bfloat162float(row[d]);
+          a += prob[i] * __bfloat162float(row_of(base + i)[d]);
         }
         acc[j] = a;
       }
@@ -389,6 +391,10 @@ absl::Status RunMlaAttentionGeneric(const MlaDecodeParams& p) {
   if (p.batch == 0) return absl::OkStatus();
   if (!p.q || !p.kv_cache || !p.block_table || !p.seq_lens || !p.out) {
     return absl::InvalidArgumentError("RunMlaAttentionGeneric: null pointer");
+  }
+  if ((p.kv_row_stride != 0 && p.kv_row_stride < p.kv_lora_rank + p.rope_dim) ||
+      (p.kv_index != nullptr && p.kv_index_stride < 1)) {
+    return absl::InvalidArgumentError("RunMlaAttentionGeneric: row stride below the row, or an index without a stride");
   }
   const dim3 grid(p.num_heads, p.batch);
   MlaGenericKernel<<<grid, kMlaThreads, 0, p.stream>>>(p);

@@ -17,7 +17,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxHc = 8;
-constexpr int kMaxIndexHeads = 64;
 constexpr int kKeyTile = 16;  // attention keys staged in shared memory at a time
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -235,60 +234,6 @@ __global__ void __launch_bounds__(kThreads) V4CompressKernel(V4CompressParams p)
   for (int f = threadIdx.x; f < p.dim; f += blockDim.x) out[f] = entry[f];
 }
 
-// One block per token: scores (a thread per entry, every head's dot product
-// in registers), then each entry's rank among the visible ones.
-__global__ void __launch_bounds__(kThreads) V4IndexerKernel(V4IndexerParams p) {
-  extern __shared__ float q[];  // [num_heads, head_dim], then w [num_heads]
-  const int t = blockIdx.x;
-  const int visible = p.seq_lens[t] / p.rate;
-  int32_t* sel = p.selected + static_cast<int64_t>(t) * p.top_k;
-  if (visible <= p.top_k) {  // block-uniform
-    for (int e = threadIdx.x; e < visible; e += blockDim.x) sel[e] = e;
-    if (threadIdx.x == 0) p.count[t] = visible;
-    return;
-  }
-  const int nh = p.num_heads, hd = p.head_dim;
-  float* w = q + nh * hd;
-  const bf16* qt = p.q + static_cast<int64_t>(t) * nh * hd;
-  for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) q[i] = __bfloat162float(qt[i]);
-  for (int h = threadIdx.x; h < nh; h += blockDim.x) {
-    w[h] = __bfloat162float(p.w[static_cast<int64_t>(t) * p.ldw + h]) * p.w_scale;
-  }
-  __syncthreads();
-  const float* keys = p.keys + static_cast<int64_t>(p.tok_seg[t]) * p.max_entries * hd;
-  float* sc = p.scores + static_cast<int64_t>(t) * p.max_entries;
-  for (int e = threadIdx.x; e < visible; e += blockDim.x) {
-    const float* k = keys + static_cast<int64_t>(e) * hd;
-    float dot[kMaxIndexHeads];
-#pragma unroll
-    for (int h = 0; h < kMaxIndexHeads; ++h) dot[h] = 0.0f;
-    for (int x = 0; x < hd; ++x) {
-      const float kx = k[x];
-#pragma unroll
-      for (int h = 0; h < kMaxIndexHeads; ++h) {
-        if (h < nh) dot[h] += q[h * hd + x] * kx;
-      }
-    }
-    float acc = 0.0f;
-#pragma unroll
-    for (int h = 0; h < kMaxIndexHeads; ++h) {
-      if (h < nh) acc += fmaxf(dot[h], 0.0f) * p.scale * w[h];
-    }
-    sc[e] = acc;
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < visible; e += blockDim.x) {
-    const float v = sc[e];
-    int rank = 0;
-    for (int o = 0; o < visible; ++o) {
-      const float u = sc[o];
-      rank += (u > v || (u == v && o < e)) ? 1 : 0;
-    }
-    if (rank < p.top_k) sel[rank] = e;
-  }
-  if (threadIdx.x == 0) p.count[t] = p.top_k;
-}
-
 // Block (token, 8 heads), a warp per head; keys staged kKeyTile at a time in
 // shared memory as fp32; online softmax started from the sink.
 template <int kPairs>
@@ -465,25 +410,6 @@ absl::Status RunV4Compress(const V4CompressParams& p) {
   const dim3 grid(p.max_entries, p.num_segs);
   V4CompressKernel<<<grid, 128, p.dim * sizeof(float), p.stream>>>(p);
   return LaunchStatus("V4CompressKernel");
-}
-
-absl::Status RunV4Indexer(const V4IndexerParams& p) {
-  if (p.num_heads < 1 || p.num_heads > kMaxIndexHeads || p.head_dim < 1 || p.num_heads * p.head_dim > 8192 ||
-      p.top_k < 1 || p.rate < 1 || p.num_tokens < 0 || p.ldw < p.num_heads) {
-    return absl::InvalidArgumentError(absl::StrCat("RunV4Indexer: need 1 <= num_heads <= ", kMaxIndexHeads,
-                                                   ", num_heads * head_dim <= 8192, top_k >= 1, ldw >= num_heads"));
-  }
-  if (!p.q || !p.w || !p.keys || !p.seq_lens || !p.tok_seg || !p.scores || !p.selected || !p.count) {
-    return absl::InvalidArgumentError("RunV4Indexer: null pointer");
-  }
-  if (p.num_tokens == 0) return absl::OkStatus();
-  const size_t smem = (static_cast<size_t>(p.num_heads) * p.head_dim + p.num_heads) * sizeof(float);
-  if (smem > 48 * 1024) {
-    RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(V4IndexerKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(smem)));
-  }
-  V4IndexerKernel<<<p.num_tokens, kThreads, smem, p.stream>>>(p);
-  return LaunchStatus("V4IndexerKernel");
 }
 
 absl::Status RunV4Attention(const V4AttentionParams& p) {

@@ -1,9 +1,8 @@
 // DeepSeek-V4's pieces of the CUDA forward pass: mHC (the hc_mult residual
 // streams' collapse before each sublayer and expansion after it), the
 // attention's per-head norm + partial RoPE, the cache row write, the
-// compressors' pooled entries, the CSA lightning indexer's top-k and the
-// shared-KV attention with sinks over a sliding window plus compressed
-// entries. The CPU references: kernels/cpu/mhc.h (mHC) and
+// compressors' pooled entries and the shared-KV attention with sinks over a sliding window plus compressed
+// entries (the CSA layers' lightning indexer is dsa_ops.h's). The CPU references: kernels/cpu/mhc.h (mHC) and
 // common/model/v4_model.cc (everything else; its comments give the math and
 // the cache row layout, which these kernels share).
 //
@@ -133,29 +132,6 @@ struct V4CompressParams {
 };
 // REQUIRES: series 1 or 2, dim <= 1024, rate >= 1.
 absl::Status RunV4Compress(const V4CompressParams& p);
-
-// The CSA lightning indexer: for token t (position seq_lens[t] - 1) and its
-// visible = seq_lens[t] / rate index entries of segment tok_seg[t],
-//   score[e] = sum_h relu(q[t, h] . k[e]) * scale * w[t, h]
-// and the top_k best (ties: the earlier entry), or all if visible <= top_k:
-// selected[t, 0 : count[t]] (in no particular order).
-struct V4IndexerParams {
-  const bf16* q = nullptr;  // [num_tokens, num_heads * head_dim], roped
-  const bf16* w = nullptr;  // [num_tokens, ldw] per-head weights (times w_scale)
-  int ldw = 0;
-  float w_scale = 1.0f, scale = 1.0f;
-  int num_tokens = 0, num_heads = 0, head_dim = 0;
-  const float* keys = nullptr;  // [num_segs, max_entries, head_dim]
-  int max_entries = 0, rate = 1, top_k = 0;
-  const int32_t* seq_lens = nullptr;
-  const int32_t* tok_seg = nullptr;
-  float* scores = nullptr;       // scratch [num_tokens, max_entries]
-  int32_t* selected = nullptr;   // [num_tokens, top_k]
-  int32_t* count = nullptr;      // [num_tokens]
-  cudaStream_t stream = nullptr;
-};
-// REQUIRES: num_heads * head_dim <= 8192.
-absl::Status RunV4Indexer(const V4IndexerParams& p);
 
 enum class V4Keys { kSlidingOnly, kAllEntries, kSelectedEntries };
 
