@@ -213,6 +213,8 @@ absl::Status CudaModel::Init() {
     RETURN_IF_ERROR(index_count_.Reallocate(t));
     index_rope_ = rope_;
     index_rope_.layout = RopeLayout::kHalves;  // transformers' DeepseekV32Indexer rotates halves
+    sparse_fast_ = rank == mla::kLatentDim && rope == mla::kRopeDim && o.mla_kernel == MlaKernel::kAuto;
+    if (sparse_fast_) RETURN_IF_ERROR(InitSparseMla());
   }
   if (fast_mla_) {
     size_t ws = 0;
@@ -506,7 +508,9 @@ absl::Status CudaModel::EnqueueLayers(const Batch& b, ExpertClient* experts) {
     if (c.has_indexer()) {  // the indexer's selection (all causal rows up to index_topk of them)
       mp.seq_lens = index_count_.get(), mp.kv_index = index_selected_.get(), mp.kv_index_stride = c.index_topk;
     }
-    if (fast_mla_) {
+    if (sparse_fast_) {
+      RETURN_IF_ERROR(EnqueueSparseMla(b, mp));
+    } else if (fast_mla_) {
       mp.num_splits = plan_.num_splits;
       mp.workspace = b.decode ? decode_ws_.get() : prefill_ws_.get();
       mp.workspace_bytes = b.decode ? decode_ws_.bytes() : prefill_ws_.bytes();

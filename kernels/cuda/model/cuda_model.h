@@ -257,6 +257,10 @@ class CudaModel {
   // DeepSeek-V3.2's indexer for layer l after its cache write: keys into the
   // cache rows, queries, the top-k per token into index_selected_/index_count_.
   absl::Status EnqueueDsaIndexer(int layer, int num_tokens);
+  absl::Status InitSparseMla();
+  // The tuned MLA kernel over each token's gathered selection; `mp` as for
+  // the dense kernel (q, out, softmax scale, the layer's pool).
+  absl::Status EnqueueSparseMla(const Batch& b, const MlaDecodeParams& mp);
   absl::Status EnqueueV4Attention(const Batch& b, int layer);
   absl::Status EnqueueV4Head(int num_rows);
   // mHC before a sublayer: its collapse of x_ RMSNorm'd into normed_ (and normed_f32_).
@@ -316,6 +320,15 @@ class CudaModel {
   DeviceBuffer<float> index_scores_;
   DeviceBuffer<int32_t> index_selected_, index_count_;
   RopeTableView index_rope_;  // V3.2: the model's table, rotate-half layout
+  // V3.2 at the tuned MLA kernel's widths: each token's selected rows
+  // (index_topk, padded to sparse_pad_) gathered from the pool into
+  // sparse_kv_, sparse_tokens_ tokens at a time, which RunMlaDecode reads
+  // through the constant sparse_table_ (token b: blocks b * pad / 64 ...).
+  bool sparse_fast_ = false;
+  int sparse_pad_ = 0, sparse_tokens_ = 0;
+  DeviceBuffer<bf16> sparse_kv_;
+  DeviceBuffer<int32_t> sparse_table_, sparse_rows_;
+  DeviceBuffer<uint8_t> sparse_ws_;
   DeviceBuffer<float> x_, normed_f32_, router_logits_, topk_w_, moe_out_, logits_, next_lp_, topk_lp_;
   DeviceBuffer<bf16> normed_, qkv_, qa_, q_, q_mla_, o_lat_, attn_, mlp_gu_, mlp_act_, moe_gu_, moe_act_,
       head_normed_;

@@ -24,9 +24,53 @@ __device__ __forceinline__ uint32_t OrderedKey(float s) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Scores, a CTA per (kThreads keys, token), a thread per key with every
+// head's dot product in registers.
 template <bool kFromCache>
-__global__ void __launch_bounds__(kThreads) IndexerKernel(IndexerParams p) {
+__global__ void __launch_bounds__(kThreads) IndexScoreKernel(IndexerParams p) {
   extern __shared__ float q[];  // [num_heads, head_dim], then w [num_heads]
+  const int t = blockIdx.y;
+  const int visible = p.seq_lens[t] / p.rate;
+  const int e = blockIdx.x * kThreads + threadIdx.x;
+  if (visible <= p.top_k || static_cast<int>(blockIdx.x) * kThreads >= visible) return;  // block-uniform
+  const int nh = p.num_heads, hd = p.head_dim;
+  float* w = q + nh * hd;
+  const bf16* qt = p.q + static_cast<int64_t>(t) * nh * hd;
+  for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) q[i] = __bfloat162float(qt[i]);
+  for (int h = threadIdx.x; h < nh; h += blockDim.x) {
+    w[h] = __bfloat162float(p.w[static_cast<int64_t>(t) * p.ldw + h]) * p.w_scale;
+  }
+  __syncthreads();
+  if (e >= visible) return;
+  float dot[kMaxHeads];
+#pragma unroll
+  for (int h = 0; h < kMaxHeads; ++h) dot[h] = 0.0f;
+  const bf16* kb = nullptr;
+  const float* kf = nullptr;
+  if constexpr (kFromCache) {
+    const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
+    const int64_t row = static_cast<int64_t>(bt[e / kKvBlockSize]) * kKvBlockSize + e % kKvBlockSize;
+    kb = p.key_cache + row * p.key_row_width + p.key_offset;
+  } else {
+    kf = p.entries + (static_cast<int64_t>(p.tok_seg[t]) * p.max_entries + e) * hd;
+  }
+  for (int x = 0; x < hd; ++x) {
+    const float kx = kFromCache ? __bfloat162float(kb[x]) : kf[x];
+#pragma unroll
+    for (int h = 0; h < kMaxHeads; ++h) {
+      if (h < nh) dot[h] += q[h * hd + x] * kx;
+    }
+  }
+  float acc = 0.0f;
+#pragma unroll
+  for (int h = 0; h < kMaxHeads; ++h) {
+    if (h < nh) acc += fmaxf(dot[h], 0.0f) * p.scale * w[h];
+  }
+  p.scores[static_cast<int64_t>(t) * p.max_keys + e] = acc;
+}
+
+// The top_k of each token's scores, a CTA per token.
+__global__ void __launch_bounds__(kThreads) IndexSelectKernel(IndexerParams p) {
   __shared__ int hist[256];
   __shared__ int warp_cnt[kThreads / 32];
   __shared__ uint32_t s_prefix;
@@ -39,45 +83,7 @@ __global__ void __launch_bounds__(kThreads) IndexerKernel(IndexerParams p) {
     if (threadIdx.x == 0) p.count[t] = visible;
     return;
   }
-  const int nh = p.num_heads, hd = p.head_dim;
-  float* w = q + nh * hd;
-  const bf16* qt = p.q + static_cast<int64_t>(t) * nh * hd;
-  for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) q[i] = __bfloat162float(qt[i]);
-  for (int h = threadIdx.x; h < nh; h += blockDim.x) {
-    w[h] = __bfloat162float(p.w[static_cast<int64_t>(t) * p.ldw + h]) * p.w_scale;
-  }
-  __syncthreads();
-  float* sc = p.scores + static_cast<int64_t>(t) * p.max_keys;
-  const int32_t* bt = kFromCache ? p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq : nullptr;
-  const float* entries =
-      kFromCache ? nullptr : p.entries + static_cast<int64_t>(p.tok_seg[t]) * p.max_entries * hd;
-  for (int e = threadIdx.x; e < visible; e += blockDim.x) {
-    float dot[kMaxHeads];
-#pragma unroll
-    for (int h = 0; h < kMaxHeads; ++h) dot[h] = 0.0f;
-    const bf16* kb = nullptr;
-    const float* kf = nullptr;
-    if constexpr (kFromCache) {
-      const int64_t row = static_cast<int64_t>(bt[e / kKvBlockSize]) * kKvBlockSize + e % kKvBlockSize;
-      kb = p.key_cache + row * p.key_row_width + p.key_offset;
-    } else {
-      kf = entries + static_cast<int64_t>(e) * hd;
-    }
-    for (int x = 0; x < hd; ++x) {
-      const float kx = kFromCache ? __bfloat162float(kb[x]) : kf[x];
-#pragma unroll
-      for (int h = 0; h < kMaxHeads; ++h) {
-        if (h < nh) dot[h] += q[h * hd + x] * kx;
-      }
-    }
-    float acc = 0.0f;
-#pragma unroll
-    for (int h = 0; h < kMaxHeads; ++h) {
-      if (h < nh) acc += fmaxf(dot[h], 0.0f) * p.scale * w[h];
-    }
-    sc[e] = acc;
-  }
-  __syncthreads();
+  const float* sc = p.scores + static_cast<int64_t>(t) * p.max_keys;
 
   // The top_k-th largest key, 8 bits at a time.
   uint32_t prefix = 0, mask = 0;
@@ -168,7 +174,30 @@ __global__ void __launch_bounds__(kThreads) IndexKeyKernel(IndexKeyParams p) {
   for (int i = threadIdx.x; i < p.dim; i += blockDim.x) dst[i] = __float2bfloat16_rn(k[i]);
 }
 
+__global__ void __launch_bounds__(kThreads) SelectedRowsKernel(SelectedRowsParams p) {
+  const int t = blockIdx.x;
+  const int n = p.count[t];
+  const int32_t* sel = p.selected + static_cast<int64_t>(t) * p.top_k;
+  const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
+  int32_t* out = p.rows + static_cast<int64_t>(t) * p.stride;
+  for (int j = threadIdx.x; j < p.stride; j += blockDim.x) {
+    out[j] = j < n ? bt[sel[j] / kKvBlockSize] * kKvBlockSize + sel[j] % kKvBlockSize : 0;
+  }
+}
+
 }  // namespace
+
+absl::Status RunSelectedRows(const SelectedRowsParams& p) {
+  if (p.num_tokens < 0 || p.top_k < 1 || p.stride < p.top_k || p.max_blocks_per_seq < 1) {
+    return absl::InvalidArgumentError("RunSelectedRows: need stride >= top_k >= 1");
+  }
+  if (!p.selected || !p.count || !p.block_table || !p.rows) {
+    return absl::InvalidArgumentError("RunSelectedRows: null pointer");
+  }
+  if (p.num_tokens == 0) return absl::OkStatus();
+  SelectedRowsKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  return LaunchStatus("SelectedRowsKernel");
+}
 
 absl::Status RunIndexer(const IndexerParams& p) {
   if (p.num_heads < 1 || p.num_heads > kMaxHeads || p.head_dim < 1 || p.num_heads * p.head_dim > 8192 ||
@@ -177,21 +206,25 @@ absl::Status RunIndexer(const IndexerParams& p) {
                                                    ", num_heads * head_dim <= 8192, top_k >= 1, ldw >= num_heads"));
   }
   const bool from_cache = p.key_cache != nullptr;
+  if (p.num_tokens > 65535) return absl::InvalidArgumentError("RunIndexer: at most 65535 tokens a call");
   if (!p.q || !p.w || !p.seq_lens || !p.scores || !p.selected || !p.count ||
       (from_cache ? (!p.block_table || p.key_offset + p.head_dim > p.key_row_width) : (!p.entries || !p.tok_seg))) {
     return absl::InvalidArgumentError("RunIndexer: null pointer, or the key outside its cache row");
   }
   if (p.num_tokens == 0) return absl::OkStatus();
   const size_t smem = (static_cast<size_t>(p.num_heads) * p.head_dim + p.num_heads) * sizeof(float);
-  auto launch = [&](auto kernel) -> absl::Status {
+  auto score = [&](auto kernel) -> absl::Status {
     if (smem > 48 * 1024) {
       RETURN_IF_CUDA_ERROR(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     }
-    kernel<<<p.num_tokens, kThreads, smem, p.stream>>>(p);
-    return LaunchStatus("IndexerKernel");
+    const dim3 grid((p.max_keys + kThreads - 1) / kThreads, p.num_tokens);
+    kernel<<<grid, kThreads, smem, p.stream>>>(p);
+    return LaunchStatus("IndexScoreKernel");
   };
-  return from_cache ? launch(IndexerKernel<true>) : launch(IndexerKernel<false>);
+  RETURN_IF_ERROR(from_cache ? score(IndexScoreKernel<true>) : score(IndexScoreKernel<false>));
+  IndexSelectKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  return LaunchStatus("IndexSelectKernel");
 }
 
 absl::Status RunIndexKey(const IndexKeyParams& p) {

@@ -74,6 +74,22 @@ struct IndexKeyParams {
 // REQUIRES: dim <= 1024, rope.dim <= dim, offset + dim <= row_width.
 absl::Status RunIndexKey(const IndexKeyParams& p);
 
+// The pool rows of each token's selection, for a gather into a dense copy:
+// rows[t, j] = the physical row (block_table[t, pos / 64] * 64 + pos % 64)
+// of pos = selected[t, j] for j < count[t], else 0 (a valid row nobody reads),
+// for j in [0, stride).
+struct SelectedRowsParams {
+  const int32_t* selected = nullptr;  // [num_tokens, top_k]
+  const int32_t* count = nullptr;     // [num_tokens]
+  int num_tokens = 0, top_k = 0, stride = 0;
+  const int32_t* block_table = nullptr;  // [num_tokens, max_blocks_per_seq]
+  int max_blocks_per_seq = 0;
+  int32_t* rows = nullptr;  // [num_tokens, stride]
+  cudaStream_t stream = nullptr;
+};
+// REQUIRES: stride >= top_k.
+absl::Status RunSelectedRows(const SelectedRowsParams& p);
+
 }  // namespace moesh::cuda
 
 #endif  // MOESH_KERNELS_CUDA_MODEL_DSA_OPS_H_
