@@ -43,6 +43,7 @@
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/model/device_weights.h"
 #include "kernels/cuda/model/kv_pool.h"
+#include "kernels/cuda/model/v4_ops.h"
 
 namespace moesh::cuda {
 
@@ -218,6 +219,15 @@ class CudaModel {
     DeviceBuffer<float> main_inv_freq, compress_inv_freq;
     RopeTableView main_rope, compress_rope;
     int pass_tokens = 0;  // T of the pass being enqueued
+    // head_dim 512 (the MLA kernel's latent width): attention on the tuned
+    // kernel over keys gathered densely, key_stride rows per token,
+    // key_tokens tokens at a time (RunV4GatherKeys).
+    bool fast = false;
+    int key_stride = 0, key_tokens = 0;
+    DeviceBuffer<bf16> q576, keys;
+    DeviceBuffer<int32_t> key_table, key_count;
+    DeviceBuffer<float> o, lse;
+    DeviceBuffer<uint8_t> ws;
   };
   // An instantiated CUDA graph (cuda_model_graphs.cc).
   struct Graph {
@@ -263,6 +273,8 @@ class CudaModel {
   absl::Status EnqueueSparseMla(const Batch& b, const MlaDecodeParams& mp);
   absl::Status EnqueueV4Attention(const Batch& b, int layer);
   absl::Status EnqueueV4Head(int num_rows);
+  // V4State::fast: RunV4Attention's math on the tuned MLA kernel.
+  absl::Status EnqueueV4FastAttention(const V4AttentionParams& ap);
   // mHC before a sublayer: its collapse of x_ RMSNorm'd into normed_ (and normed_f32_).
   absl::Status EnqueueMhcPre(const float* fn, const float* base, const float* scale, const bf16* norm,
                              int num_tokens);

@@ -18,6 +18,7 @@
 #include "kernels/cuda/model/cuda_model.h"
 #include "kernels/cuda/model/dsa_ops.h"
 #include "kernels/cuda/model/model_ops.h"
+#include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/model/v4_ops.h"
 #include "kernels/cuda/ops.h"
 
@@ -76,6 +77,36 @@ absl::Status CudaModel::InitV4() {
   }
   RETURN_IF_ERROR(v.tok_seg.Reallocate(t));
   RETURN_IF_ERROR(v.seg_last.Reallocate(segs));
+  v.fast = static_cast<int>(d) == mla::kLatentDim && c.qk_rope_head_dim == mla::kRopeDim &&
+           options_.mla_kernel == MlaKernel::kAuto;
+  if (v.fast) {
+    constexpr int kRow = mla::kLatentDim + mla::kRopeDim;
+    int most = 0;  // entries a token attends to, at most
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const int rate = c.CompressRate(l);
+      if (rate == 0) continue;
+      most = std::max(most, c.layer_types[l] == V4AttentionType::kCompressedSparse ? c.index_topk
+                                                                                   : max_model_len_ / rate);
+    }
+    v.key_stride = (c.sliding_window + most + kKvBlockSize - 1) / kKvBlockSize * kKvBlockSize;
+    v.key_tokens = std::min(max_tokens_, std::max(max_rows_, 256));
+    RETURN_IF_ERROR(v.q576.Reallocate(t * heads * kRow));
+    // The query's last 64 values stay zero: the keys' are zero there too.
+    RETURN_IF_CUDA_ERROR(cudaMemset(v.q576.get(), 0, v.q576.bytes()));
+    RETURN_IF_ERROR(v.keys.Reallocate(static_cast<size_t>(v.key_tokens) * v.key_stride * kRow));
+    std::vector<int32_t> table(static_cast<size_t>(v.key_tokens) * v.key_stride / kKvBlockSize);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    RETURN_IF_ERROR(v.key_table.Reallocate(table.size()));
+    RETURN_IF_ERROR(v.key_table.CopyFrom(table));
+    RETURN_IF_ERROR(v.key_count.Reallocate(t));
+    RETURN_IF_ERROR(v.o.Reallocate(t * heads * d));
+    RETURN_IF_ERROR(v.lse.Reallocate(t * heads));
+    size_t ws = 0;
+    for (int n = 1; n <= v.key_tokens; ++n) {
+      ws = std::max(ws, PlanMlaDecode(n, static_cast<int>(heads), v.key_stride, info_.num_sms).workspace_bytes);
+    }
+    RETURN_IF_ERROR(v.ws.Reallocate(ws));
+  }
   RETURN_IF_ERROR(UploadRope(c, c.rope, &v.main_inv_freq, &v.main_rope));
   return UploadRope(c, c.compress_rope, &v.compress_inv_freq, &v.compress_rope);
 }
@@ -209,7 +240,11 @@ absl::Status CudaModel::EnqueueV4Attention(const Batch& b, int l) {
   ap.top_k = c.index_topk;
   ap.sinks = w.sinks, ap.scale = 1.0f / std::sqrt(static_cast<float>(d)), ap.rope = rope;
   ap.out = v.attn.get(), ap.stream = s;
-  RETURN_IF_ERROR(RunV4Attention(ap));
+  if (v.fast) {
+    RETURN_IF_ERROR(EnqueueV4FastAttention(ap));
+  } else {
+    RETURN_IF_ERROR(RunV4Attention(ap));
+  }
 
   // Grouped output projection: each group of heads to o_lora_rank, then mixed.
   const int groups = c.o_groups, r = c.o_lora_rank, in_g = heads * d / groups;
@@ -220,6 +255,37 @@ absl::Status CudaModel::EnqueueV4Attention(const Batch& b, int l) {
   gb.batch = groups, gb.m = t, gb.n = r, gb.k = in_g, gb.out_type = OutType::kBf16, gb.stream = s;
   RETURN_IF_ERROR(gemm_->RunBatched(gb));
   return Gemm(v.grouped.get(), groups * r, w.wo_b, v.y.get(), h, t, h, groups * r, OutType::kFloat32, false);
+}
+
+absl::Status CudaModel::EnqueueV4FastAttention(const V4AttentionParams& ap) {
+  constexpr int kRow = mla::kLatentDim + mla::kRopeDim;
+  V4State& v = *v4_;
+  cudaStream_t s = stream_.get();
+  const int t = ap.num_tokens, heads = ap.num_heads, d = ap.dim;
+  SliceCopyParams sc;
+  sc.src = ap.q, sc.src_token_stride = heads * d, sc.src_row_stride = d, sc.src_offset = 0;
+  sc.dst = v.q576.get(), sc.dst_token_stride = heads * kRow, sc.dst_row_stride = kRow, sc.dst_offset = 0;
+  sc.num_tokens = t, sc.num_rows = heads, sc.dim = d, sc.stream = s;
+  RETURN_IF_ERROR(RunSliceCopy(sc));
+  const int per_token = v.key_stride / kKvBlockSize;
+  for (int first = 0; first < t; first += v.key_tokens) {
+    const int n = std::min(v.key_tokens, t - first);
+    RETURN_IF_ERROR(RunV4GatherKeys(ap, first, n, v.key_stride, kRow, v.keys.get(), v.key_count.get()));
+    const MlaDecodePlan plan = PlanMlaDecode(n, heads, v.key_stride, info_.num_sms);
+    MlaDecodeParams mp;
+    mp.q = v.q576.get() + static_cast<size_t>(first) * heads * kRow, mp.kv_cache = v.keys.get();
+    mp.block_table = v.key_table.get(), mp.seq_lens = v.key_count.get() + first;
+    mp.batch = n, mp.num_heads = heads, mp.kv_lora_rank = mla::kLatentDim, mp.rope_dim = mla::kRopeDim;
+    mp.num_blocks = v.key_tokens * per_token, mp.max_blocks_per_seq = per_token, mp.max_seq_len = v.key_stride;
+    mp.softmax_scale = ap.scale, mp.out = v.o.get() + static_cast<size_t>(first) * heads * d;
+    mp.out_type = OutType::kFloat32, mp.lse = v.lse.get() + static_cast<size_t>(first) * heads;
+    mp.num_splits = plan.num_splits, mp.workspace = v.ws.get(), mp.workspace_bytes = v.ws.bytes(), mp.stream = s;
+    RETURN_IF_ERROR(RunMlaDecode(mp));
+  }
+  V4AttnFinishParams fp;
+  fp.o = v.o.get(), fp.lse = v.lse.get(), fp.sinks = ap.sinks, fp.seq_lens = ap.seq_lens;
+  fp.num_tokens = t, fp.num_heads = heads, fp.dim = d, fp.rope = ap.rope, fp.out = ap.out, fp.stream = s;
+  return RunV4AttnFinish(fp);
 }
 
 absl::Status CudaModel::EnqueueV4Head(int num_rows) {

@@ -48,29 +48,36 @@ __device__ __forceinline__ int64_t CacheRow(const int32_t* block_table, int toke
 
 // ---- mHC ---------------------------------------------------------------
 
+// The mapping's inputs go to shared memory first (one parallel load), so
+// thread 0's small Sinkhorn reads no global memory.
 __global__ void __launch_bounds__(kThreads) MhcPreKernel(MhcPreParams p) {
   __shared__ float scratch[32];
   __shared__ float pre[kMaxHc];
+  __shared__ float m[(2 + kMaxHc) * kMaxHc], base[(2 + kMaxHc) * kMaxHc], scale[3];
   const int64_t i = blockIdx.x;
   const int64_t r = p.rows != nullptr ? p.rows[i] : i;
   const int hc = p.hc, width = hc * p.hidden;
+  const int n_mix = p.head ? hc : (2 + hc) * hc;
   const float* x = p.x + r * width;
+  for (int j = threadIdx.x; j < n_mix; j += blockDim.x) {
+    m[j] = p.mix[r * n_mix + j];
+    base[j] = p.base[j];
+  }
+  if (threadIdx.x < (p.head ? 1 : 3)) scale[threadIdx.x] = p.scale[threadIdx.x];
   float ss = 0.0f;
   for (int j = threadIdx.x; j < width; j += blockDim.x) ss += x[j] * x[j];
   const float inv = 1.0f / sqrtf(BlockSum(ss, scratch) / static_cast<float>(width) + p.norm_eps);
   if (threadIdx.x == 0) {
-    const int n_mix = p.head ? hc : (2 + hc) * hc;
-    const float* m = p.mix + r * n_mix;
-    for (int j = 0; j < hc; ++j) pre[j] = Sigmoid(m[j] * inv * p.scale[0] + p.base[j]) + p.hc_eps;
+    for (int j = 0; j < hc; ++j) pre[j] = Sigmoid(m[j] * inv * scale[0] + base[j]) + p.hc_eps;
     if (!p.head) {
       float* post = p.post + i * hc;
-      for (int j = 0; j < hc; ++j) post[j] = 2.0f * Sigmoid(m[hc + j] * inv * p.scale[1] + p.base[hc + j]);
+      for (int j = 0; j < hc; ++j) post[j] = 2.0f * Sigmoid(m[hc + j] * inv * scale[1] + base[hc + j]);
       float c[kMaxHc * kMaxHc];
       for (int j = 0; j < hc; ++j) {
         float* row = c + j * hc;
         float mx = -FLT_MAX;
         for (int k = 0; k < hc; ++k) {
-          row[k] = m[2 * hc + j * hc + k] * inv * p.scale[2] + p.base[2 * hc + j * hc + k];
+          row[k] = m[2 * hc + j * hc + k] * inv * scale[2] + base[2 * hc + j * hc + k];
           mx = fmaxf(mx, row[k]);
         }
         float sum = 0.0f;
@@ -327,6 +334,64 @@ __global__ void __launch_bounds__(kThreads) V4AttentionKernel(V4AttentionParams 
   }
 }
 
+// A CTA per (8 rows, token); a row is out_width / 8 chunks of 8 values.
+__global__ void __launch_bounds__(kThreads) V4GatherKeysKernel(V4AttentionParams p, int first, int stride,
+                                                              int out_width, bf16* keys, int32_t* key_count) {
+  constexpr int kRows = 8;
+  const int i = blockIdx.y, t = first + i;
+  const int len = p.seq_lens[t], dim = p.dim;
+  const int n_win = len > 0 ? min(p.window, len) : 0, win_first = len - n_win;
+  const int n_ent = len == 0                           ? 0
+                    : p.keys == V4Keys::kSlidingOnly   ? 0
+                    : p.keys == V4Keys::kAllEntries    ? len / p.rate
+                                                       : p.count[t];
+  const int total = n_win + n_ent;
+  if (blockIdx.x == 0 && threadIdx.x == 0) key_count[t] = total;
+  const int chunks = out_width / 8, key_chunks = dim / 8;
+  const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
+  const int32_t* sel = p.selected != nullptr ? p.selected + static_cast<int64_t>(t) * p.top_k : nullptr;
+  for (int c = threadIdx.x; c < kRows * chunks; c += blockDim.x) {
+    const int j = blockIdx.x * kRows + c / chunks, k = c % chunks;
+    if (j >= total) continue;
+    uint4* dst = reinterpret_cast<uint4*>(keys + (static_cast<int64_t>(i) * stride + j) * out_width) + k;
+    if (k >= key_chunks) {
+      *dst = make_uint4(0, 0, 0, 0);
+    } else if (j < n_win) {
+      *dst = reinterpret_cast<const uint4*>(p.cache + CacheRow(bt, win_first + j) * p.row_width)[k];
+    } else {
+      const int e = p.keys == V4Keys::kSelectedEntries ? sel[j - n_win] : j - n_win;
+      const float4* src = reinterpret_cast<const float4*>(
+          p.entries + (static_cast<int64_t>(p.tok_seg[t]) * p.max_entries + e) * dim + 8 * k);
+      const float4 a = src[0], b = src[1];
+      Bf16x8 v;
+      v.h[0] = __floats2bfloat162_rn(a.x, a.y);
+      v.h[1] = __floats2bfloat162_rn(a.z, a.w);
+      v.h[2] = __floats2bfloat162_rn(b.x, b.y);
+      v.h[3] = __floats2bfloat162_rn(b.z, b.w);
+      *reinterpret_cast<Bf16x8*>(dst) = v;
+    }
+  }
+}
+
+// A warp per (token, head); lane l holds pairs l, l + 32, ...
+__global__ void __launch_bounds__(kThreads) V4AttnFinishKernel(V4AttnFinishParams p) {
+  const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int half = p.dim / 2, rope_first = (p.dim - p.rope.dim) / 2;
+  const int len = p.seq_lens[t];
+  for (int h = warp; h < p.num_heads; h += kWarps) {
+    const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
+    const float2* o = reinterpret_cast<const float2*>(p.o + row * p.dim);
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(p.out + row * p.dim);
+    const float keep = len > 0 ? 1.0f / (1.0f + expf(p.sinks[h] - p.lse[row])) : 0.0f;
+    for (int i = lane; i < half; i += 32) {
+      float2 v = len > 0 ? o[i] : make_float2(0.0f, 0.0f);
+      v = make_float2(v.x * keep, v.y * keep);
+      if (i >= rope_first && len > 0) v = Rotate(v, CosSin(p.rope, i - rope_first, -(len - 1)));
+      out[i] = __floats2bfloat162_rn(v.x, v.y);
+    }
+  }
+}
+
 absl::Status CheckRope(const RopeTableView& r, int dim, const char* op) {
   if (r.inv_freq == nullptr || r.dim < 0 || r.dim % 2 != 0 || r.dim > dim || r.layout != RopeLayout::kInterleaved) {
     return absl::InvalidArgumentError(
@@ -431,6 +496,33 @@ absl::Status RunV4Attention(const V4AttentionParams& p) {
     V4AttentionKernel<decltype(k)::value><<<grid, kThreads, smem, p.stream>>>(p);
   });
   return LaunchStatus("V4AttentionKernel");
+}
+
+absl::Status RunV4GatherKeys(const V4AttentionParams& a, int first, int n, int stride, int out_width, bf16* keys,
+                             int32_t* key_count) {
+  if (a.dim % 8 != 0 || out_width < a.dim || out_width % 8 != 0 || first < 0 || n < 0 || stride < 1 || n > 65535) {
+    return absl::InvalidArgumentError("RunV4GatherKeys: need dim % 8 == 0, out_width >= dim and % 8 == 0");
+  }
+  if (!a.cache || !a.block_table || !a.seq_lens || !keys || !key_count ||
+      (a.keys != V4Keys::kSlidingOnly && (!a.entries || !a.tok_seg)) ||
+      (a.keys == V4Keys::kSelectedEntries && (!a.selected || !a.count))) {
+    return absl::InvalidArgumentError("RunV4GatherKeys: null pointer");
+  }
+  if (n == 0) return absl::OkStatus();
+  const dim3 grid((stride + 7) / 8, n);
+  V4GatherKeysKernel<<<grid, kThreads, 0, a.stream>>>(a, first, stride, out_width, keys, key_count);
+  return LaunchStatus("V4GatherKeysKernel");
+}
+
+absl::Status RunV4AttnFinish(const V4AttnFinishParams& p) {
+  if (p.dim < 2 || p.dim % 2 != 0 || p.num_heads < 1 || p.num_tokens < 0) {
+    return absl::InvalidArgumentError("RunV4AttnFinish: need an even dim, num_heads >= 1");
+  }
+  RETURN_IF_ERROR(CheckRope(p.rope, p.dim, "RunV4AttnFinish"));
+  if (!p.o || !p.lse || !p.sinks || !p.seq_lens || !p.out) return absl::InvalidArgumentError("RunV4AttnFinish: null pointer");
+  if (p.num_tokens == 0) return absl::OkStatus();
+  V4AttnFinishKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  return LaunchStatus("V4AttnFinishKernel");
 }
 
 }  // namespace moesh::cuda

@@ -166,6 +166,31 @@ struct V4AttentionParams {
 // REQUIRES: dim even, <= 512.
 absl::Status RunV4Attention(const V4AttentionParams& p);
 
+// The same attention on the tuned MLA kernel (head_dim 512 = its latent
+// width): RunV4GatherKeys lays out the keys of tokens [first, first + n) of
+// `a` densely, token first + i at rows [i * stride, i * stride + count) of
+// `keys` ([*, out_width] bf16: the key's dim values, then zeros), count =
+// key_count[first + i] (0 for padding rows); the MLA kernel attends with
+// values = the keys' first 512 dims (all of them) and reports each head's
+// log-sum-exp; RunV4AttnFinish puts the sink in the denominator,
+//   out[t, h] = bf16(inverse RoPE at -pos of o[t, h] / (1 + exp(sink[h] - lse[t, h]))),
+// zeros for padding rows.
+// REQUIRES: a.dim % 8 == 0, out_width >= a.dim and a multiple of 8, every
+// token's window + entries <= stride.
+absl::Status RunV4GatherKeys(const V4AttentionParams& a, int first, int n, int stride, int out_width, bf16* keys,
+                             int32_t* key_count);
+struct V4AttnFinishParams {
+  const float* o = nullptr;    // [num_tokens, num_heads, dim]
+  const float* lse = nullptr;  // [num_tokens, num_heads]
+  const float* sinks = nullptr;
+  const int32_t* seq_lens = nullptr;
+  int num_tokens = 0, num_heads = 0, dim = 0;
+  RopeTableView rope;
+  bf16* out = nullptr;  // [num_tokens, num_heads * dim]
+  cudaStream_t stream = nullptr;
+};
+absl::Status RunV4AttnFinish(const V4AttnFinishParams& p);
+
 }  // namespace moesh::cuda
 
 #endif  // MOESH_KERNELS_CUDA_MODEL_V4_OPS_H_
