@@ -230,7 +230,8 @@ absl::Status CudaModel::Init() {
   RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   const double budget = o.gpu_memory_utilization * static_cast<double>(total_bytes) -
                         static_cast<double>(total_bytes - free_bytes) - static_cast<double>(kReserveBytes);
-  const size_t block_bytes = KvPool::BlockBytes(c.num_hidden_layers, kv_row_width());
+  const size_t block_bytes = KvPool::BlockBytes(c.num_hidden_layers, kv_row_width()) +
+                             (v4_ != nullptr ? KvPool::BlockBytes(c.num_hidden_layers, v4_->entry_width) : 0);
   int64_t blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
   blocks = std::min<int64_t>(blocks, static_cast<int64_t>(o.max_num_seqs) * max_blocks_per_seq_);
   if (o.max_kv_blocks > 0) blocks = std::min<int64_t>(blocks, o.max_kv_blocks);
@@ -241,6 +242,7 @@ absl::Status CudaModel::Init() {
         " bytes; raise gpu_memory_utilization or lower max_model_len)"));
   }
   ASSIGN_OR_RETURN(kv_, KvPool::Create(c.num_hidden_layers, kv_row_width(), static_cast<int>(blocks)));
+  if (v4_ != nullptr) RETURN_IF_ERROR(InitV4Entries());
   // The weights and tables came in through synchronous copies on the legacy
   // stream, which a non-blocking stream does not wait for.
   return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -343,8 +345,10 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
   // Token `row` of `b` continues segment seg_last.size() - 1 iff `same` (the
   // same sequence as the row before), else starts one.
   auto add_segment = [](Batch& b, bool same) {
-    if (!same || b.seg_last.empty()) b.seg_last.push_back(0);
-    b.tok_seg.push_back(static_cast<int32_t>(b.seg_last.size()) - 1);
+    if (!same || b.seg_last.empty()) {
+      b.seg_last.push_back(0);
+      b.seg_from.push_back(b.positions.back());
+    }
     b.seg_last.back() = b.num_tokens - 1;
   };
   chunks->clear();
@@ -413,7 +417,7 @@ absl::Status CudaModel::Upload(const Batch& b) {
   RETURN_IF_ERROR(put(b.seq_lens, d_seq_lens_.get()));
   RETURN_IF_ERROR(put(b.head_rows, d_head_rows_.get()));
   if (v4_ != nullptr) {
-    RETURN_IF_ERROR(put(b.tok_seg, v4_->tok_seg.get()));
+    RETURN_IF_ERROR(put(b.seg_from, v4_->seg_from.get()));
     RETURN_IF_ERROR(put(b.seg_last, v4_->seg_last.get()));
   }
   return put(b.block_table, d_block_table_.get());

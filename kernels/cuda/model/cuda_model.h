@@ -205,17 +205,21 @@ class CudaModel {
     int max_seq_len = 0;
     bool decode = false;  // one token per sequence, padded to a bucket
     int real_tokens = -1;  // decode: the rows before the padding; -1: num_tokens
-    // Segments (runs of one sequence's tokens): each token's, each one's last row.
-    std::vector<int32_t> tok_seg, seg_last;
+    // Segments (runs of one sequence's tokens): each one's last row and its
+    // first token's position (V4's compressed entries).
+    std::vector<int32_t> seg_last, seg_from;
   };
   // DeepSeek-V4's scratch and tables (cuda_model_v4.cc), sized for
   // max_tokens_ tokens and max_rows_ segments.
   struct V4State {
     DeviceBuffer<float> mix, post, comb, collapsed, y;
     DeviceBuffer<bf16> a, q, attn, grouped;
-    int max_entries = 0;  // compressed entries per segment (the smallest rate's)
-    DeviceBuffer<float> entries, index_entries;
-    DeviceBuffer<int32_t> tok_seg, seg_last;
+    DeviceBuffer<int32_t> seg_last, seg_from;
+    // Compressed entries, each computed once (v4_ops.h V4CompressParams):
+    // per layer, entry e of a sequence at its row e (the KV pool's block ids),
+    // [head_dim kv entry | index_head_dim index entry (CSA)], bf16.
+    std::unique_ptr<KvPool> entries;
+    int entry_width = 0, min_rate = 0;
     DeviceBuffer<float> main_inv_freq, compress_inv_freq;
     RopeTableView main_rope, compress_rope;
     int pass_tokens = 0;  // T of the pass being enqueued
@@ -263,6 +267,12 @@ class CudaModel {
   // DeepSeek-V4 (cuda_model_v4.cc): its scratch, its layers, its hc head
   // and final norm into head_normed_.
   absl::Status InitV4();
+  absl::Status InitV4Entries();  // after the KV pool
+  // The compressed entries rows [from, to) of `seq` complete, every layer
+  // (after rows came in through AppendKvRows or ImportKv); synchronous.
+  absl::Status FillV4Entries(int seq, int from, int to);
+  // Layer l's compressors over the pass's segments (or FillV4Entries').
+  absl::Status EnqueueV4Compress(int layer, int num_segs, int max_new);
   absl::Status EnqueueV4Layers(const Batch& b, ExpertClient* experts);
   // DeepSeek-V3.2's indexer for layer l after its cache write: keys into the
   // cache rows, queries, the top-k per token into index_selected_/index_count_.

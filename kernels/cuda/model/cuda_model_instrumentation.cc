@@ -10,6 +10,10 @@ namespace moesh::cuda {
 
 absl::Status CudaModel::FillKvCacheRandom(uint64_t seed) {
   RETURN_IF_ERROR(FillUniform(kv_->layer(0), kv_->bytes() / sizeof(bf16), seed, 1.0f, stream_.get()));
+  if (v4_ != nullptr) {  // V4's compressed entries too (normalised: about unit scale)
+    const KvPool& e = *v4_->entries;
+    RETURN_IF_ERROR(FillUniform(e.layer(0), e.bytes() / sizeof(bf16), seed + 1, 1.0f, stream_.get()));
+  }
   return stream_.Synchronize();
 }
 

@@ -1,6 +1,7 @@
 // CudaModel's KV rows in and out of its paged pool for the KV handoff
 // between workers: through the host (AppendKvRows, ReadKvRows) or device to
-// device from another model's pool (ExportKv, ImportKv).
+// device from another model's pool (ExportKv, ImportKv). V4's compressed
+// entries are not handed off: they are recomputed from the rows on arrival.
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/model/cuda_model.h"
 
@@ -16,7 +17,10 @@ absl::Status CudaModel::AppendKvRows(int seq, int layer, const float* rows, int 
   const int need = (len + n + kKvBlockSize - 1) / kKvBlockSize - static_cast<int>(s.blocks.size());
   if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
   RETURN_IF_ERROR(kv_->WriteRows(layer, s.blocks, len, rows, n, stream_.get()));
-  if (layer == config_.num_hidden_layers - 1) s.length += n;
+  if (layer == config_.num_hidden_layers - 1) {
+    s.length += n;
+    RETURN_IF_ERROR(FillV4Entries(seq, len, len + n));  // V4: the entries these rows complete
+  }
   return absl::OkStatus();
 }
 
@@ -59,7 +63,7 @@ absl::Status CudaModel::ImportKv(int seq, const DeviceKvBlocks& src, int length)
   RETURN_IF_ERROR(
       kv_->CopyBlocksFrom(src.pool_handle, src.sender, src.num_blocks, src.blocks, s.blocks, n, stream_.get()));
   s.length = length;
-  return absl::OkStatus();
+  return FillV4Entries(seq, 0, length);  // V4: its compressed entries, from the rows
 }
 
 }  // namespace moesh::cuda

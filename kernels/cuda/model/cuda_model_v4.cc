@@ -55,8 +55,9 @@ absl::Status CudaModel::InitV4() {
     if (rate > 0) min_rate = min_rate == 0 ? rate : std::min(min_rate, rate);
     csa = csa || c.layer_types[l] == V4AttentionType::kCompressedSparse;
   }
-  v.max_entries = min_rate > 0 ? max_model_len_ / min_rate : 0;
-  const size_t entries = static_cast<size_t>(v.max_entries);
+  v.min_rate = min_rate;
+  // 8-aligned rows: the tuned path copies entries 16 bytes at a time.
+  v.entry_width = min_rate > 0 ? (static_cast<int>(d) + (csa ? static_cast<int>(di) : 0) + 7) / 8 * 8 : 8;
   RETURN_IF_ERROR(v.mix.Reallocate(t * (2 + hc) * hc));
   RETURN_IF_ERROR(v.post.Reallocate(t * hc));
   RETURN_IF_ERROR(v.comb.Reallocate(t * hc * hc));
@@ -66,16 +67,14 @@ absl::Status CudaModel::InitV4() {
   RETURN_IF_ERROR(v.q.Reallocate(t * heads * d));
   RETURN_IF_ERROR(v.attn.Reallocate(t * heads * d));
   RETURN_IF_ERROR(v.grouped.Reallocate(t * c.o_groups * c.o_lora_rank));
-  RETURN_IF_ERROR(v.entries.Reallocate(segs * entries * d));
   if (csa) {
-    RETURN_IF_ERROR(v.index_entries.Reallocate(segs * entries * di));
-    index_max_keys_ = std::max(v.max_entries, 1);
+    index_max_keys_ = std::max(max_model_len_ / c.compress_rate_csa, 1);
     RETURN_IF_ERROR(index_q_.Reallocate(t * ni * di));
     RETURN_IF_ERROR(index_scores_.Reallocate(t * index_max_keys_));
     RETURN_IF_ERROR(index_selected_.Reallocate(t * c.index_topk));
     RETURN_IF_ERROR(index_count_.Reallocate(t));
   }
-  RETURN_IF_ERROR(v.tok_seg.Reallocate(t));
+  RETURN_IF_ERROR(v.seg_from.Reallocate(segs));
   RETURN_IF_ERROR(v.seg_last.Reallocate(segs));
   v.fast = static_cast<int>(d) == mla::kLatentDim && c.qk_rope_head_dim == mla::kRopeDim &&
            options_.mla_kernel == MlaKernel::kAuto;
@@ -195,38 +194,22 @@ absl::Status CudaModel::EnqueueV4Attention(const Batch& b, int l) {
   kp.cache = kv_->layer(l), kp.row_width = kv_->row_width(), kp.rope = rope, kp.stream = s;
   RETURN_IF_ERROR(RunV4KvRow(kp));
 
+  if (rate > 0) RETURN_IF_ERROR(EnqueueV4Compress(l, num_segs, t / rate + 1));
   V4AttentionParams ap;
-  if (rate > 0) {
-    V4CompressParams cp;
-    cp.cache = kv_->layer(l), cp.row_width = kv_->row_width();
-    cp.block_table = d_block_table_.get(), cp.max_blocks_per_seq = max_blocks_per_seq_;
-    cp.seq_lens = d_seq_lens_.get(), cp.seg_last = v.seg_last.get(), cp.num_segs = num_segs;
-    cp.max_entries = v.max_entries, cp.rate = rate, cp.eps = eps, cp.rope = v.compress_rope, cp.stream = s;
-    cp.kv_offset = d, cp.gate_offset = d + series * d, cp.series = series, cp.dim = d;
-    cp.ape = w.comp_ape, cp.norm = w.comp_norm, cp.entries = v.entries.get();
-    RETURN_IF_ERROR(RunV4Compress(cp));
-    ap.keys = csa ? V4Keys::kSelectedEntries : V4Keys::kAllEntries;
-  }
+  if (rate > 0) ap.keys = csa ? V4Keys::kSelectedEntries : V4Keys::kAllEntries;
   if (csa) {
     RETURN_IF_ERROR(Gemm(qa_.get(), qr, weights_->layer(l).index_wq_b, index_q_.get(), ni * di, t, ni * di, qr, OutType::kBf16, false));
     V4HeadsParams ip = hp;
     ip.x = index_q_.get(), ip.ldx = ni * di, ip.num_heads = ni, ip.dim = di, ip.normalize = false;
     ip.rope = v.compress_rope;
     RETURN_IF_ERROR(RunV4Heads(ip));
-    V4CompressParams cp;
-    cp.cache = kv_->layer(l), cp.row_width = kv_->row_width();
-    cp.block_table = d_block_table_.get(), cp.max_blocks_per_seq = max_blocks_per_seq_;
-    cp.seq_lens = d_seq_lens_.get(), cp.seg_last = v.seg_last.get(), cp.num_segs = num_segs;
-    cp.max_entries = v.max_entries, cp.rate = rate, cp.eps = eps, cp.rope = v.compress_rope, cp.stream = s;
-    cp.kv_offset = d + 2 * series * d, cp.gate_offset = cp.kv_offset + 2 * di, cp.series = 2, cp.dim = di;
-    cp.ape = w.index_ape, cp.norm = w.index_norm, cp.entries = v.index_entries.get();
-    RETURN_IF_ERROR(RunV4Compress(cp));
     IndexerParams xp;
     xp.q = index_q_.get(), xp.w = v.a.get() + qr + w.row_width, xp.ldw = a;
     xp.w_scale = 1.0f / std::sqrt(static_cast<float>(ni)), xp.scale = 1.0f / std::sqrt(static_cast<float>(di));
     xp.num_tokens = t, xp.num_heads = ni, xp.head_dim = di, xp.rate = rate, xp.top_k = c.index_topk;
     xp.seq_lens = d_seq_lens_.get();
-    xp.entries = v.index_entries.get(), xp.max_entries = v.max_entries, xp.tok_seg = v.tok_seg.get();
+    xp.key_cache = v.entries->layer(l), xp.key_row_width = v.entry_width, xp.key_offset = d;
+    xp.block_table = d_block_table_.get(), xp.max_blocks_per_seq = max_blocks_per_seq_;
     xp.scores = index_scores_.get(), xp.max_keys = index_max_keys_;
     xp.selected = index_selected_.get(), xp.count = index_count_.get(), xp.stream = s;
     RETURN_IF_ERROR(RunIndexer(xp));
@@ -235,8 +218,8 @@ absl::Status CudaModel::EnqueueV4Attention(const Batch& b, int l) {
   ap.cache = kv_->layer(l), ap.row_width = kv_->row_width();
   ap.block_table = d_block_table_.get(), ap.max_blocks_per_seq = max_blocks_per_seq_;
   ap.seq_lens = d_seq_lens_.get(), ap.window = c.sliding_window;
-  ap.entries = v.entries.get(), ap.max_entries = v.max_entries, ap.rate = std::max(rate, 1);
-  ap.tok_seg = v.tok_seg.get(), ap.selected = index_selected_.get(), ap.count = index_count_.get();
+  ap.entries = rate > 0 ? v.entries->layer(l) : nullptr, ap.entry_row_width = v.entry_width;
+  ap.rate = std::max(rate, 1), ap.selected = index_selected_.get(), ap.count = index_count_.get();
   ap.top_k = c.index_topk;
   ap.sinks = w.sinks, ap.scale = 1.0f / std::sqrt(static_cast<float>(d)), ap.rope = rope;
   ap.out = v.attn.get(), ap.stream = s;
@@ -255,6 +238,52 @@ absl::Status CudaModel::EnqueueV4Attention(const Batch& b, int l) {
   gb.batch = groups, gb.m = t, gb.n = r, gb.k = in_g, gb.out_type = OutType::kBf16, gb.stream = s;
   RETURN_IF_ERROR(gemm_->RunBatched(gb));
   return Gemm(v.grouped.get(), groups * r, w.wo_b, v.y.get(), h, t, h, groups * r, OutType::kFloat32, false);
+}
+
+absl::Status CudaModel::InitV4Entries() {
+  ASSIGN_OR_RETURN(v4_->entries, KvPool::Create(config_.num_hidden_layers, v4_->entry_width, kv_->num_blocks()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueV4Compress(int l, int num_segs, int max_new) {
+  const ModelConfig& c = config_;
+  V4State& v = *v4_;
+  const DeviceLayerWeights::V4& w = weights_->layer(l).v4;
+  const int d = c.head_dim, di = c.index_head_dim, series = c.CompressSeries(l);
+  V4CompressParams cp;
+  cp.cache = kv_->layer(l), cp.row_width = kv_->row_width();
+  cp.block_table = d_block_table_.get(), cp.max_blocks_per_seq = max_blocks_per_seq_;
+  cp.seq_lens = d_seq_lens_.get(), cp.seg_row = v.seg_last.get(), cp.seg_from = v.seg_from.get();
+  cp.num_segs = num_segs, cp.max_new = max_new, cp.rate = c.CompressRate(l);
+  cp.eps = static_cast<float>(c.rms_norm_eps), cp.rope = v.compress_rope, cp.stream = stream_.get();
+  cp.entries = v.entries->layer(l), cp.entry_row_width = v.entry_width;
+  cp.kv_offset = d, cp.gate_offset = d + series * d, cp.series = series, cp.dim = d;
+  cp.ape = w.comp_ape, cp.norm = w.comp_norm, cp.entry_offset = 0;
+  RETURN_IF_ERROR(RunV4Compress(cp));
+  if (series != 2) return absl::OkStatus();
+  cp.kv_offset = d + 2 * series * d, cp.gate_offset = cp.kv_offset + 2 * di, cp.series = 2, cp.dim = di;
+  cp.ape = w.index_ape, cp.norm = w.index_norm, cp.entry_offset = d;
+  return RunV4Compress(cp);
+}
+
+absl::Status CudaModel::FillV4Entries(int seq, int from, int to) {
+  if (v4_ == nullptr || v4_->min_rate == 0 || to / v4_->min_rate <= from / v4_->min_rate) return absl::OkStatus();
+  cudaStream_t s = stream_.get();
+  // One segment: row 0 of the step inputs, which no step is using now.
+  std::vector<int32_t> table(max_blocks_per_seq_, 0);
+  const std::vector<int32_t>& blocks = seqs_[seq].blocks;
+  std::copy(blocks.begin(), blocks.begin() + std::min<size_t>(blocks.size(), table.size()), table.begin());
+  const int32_t zero = 0;
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(d_block_table_.get(), table.data(), table.size() * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, s));
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(d_seq_lens_.get(), &to, sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(v4_->seg_last.get(), &zero, sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(v4_->seg_from.get(), &from, sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    const int rate = config_.CompressRate(l);
+    if (rate > 0) RETURN_IF_ERROR(EnqueueV4Compress(l, 1, (to - from) / rate + 1));
+  }
+  return stream_.Synchronize();
 }
 
 absl::Status CudaModel::EnqueueV4FastAttention(const V4AttentionParams& ap) {

@@ -26,7 +26,6 @@ __device__ __forceinline__ uint32_t OrderedKey(float s) {
 
 // Scores, a CTA per (kThreads keys, token), a thread per key with every
 // head's dot product in registers.
-template <bool kFromCache>
 __global__ void __launch_bounds__(kThreads) IndexScoreKernel(IndexerParams p) {
   extern __shared__ float q[];  // [num_heads, head_dim], then w [num_heads]
   const int t = blockIdx.y;
@@ -45,17 +44,11 @@ __global__ void __launch_bounds__(kThreads) IndexScoreKernel(IndexerParams p) {
   float dot[kMaxHeads];
 #pragma unroll
   for (int h = 0; h < kMaxHeads; ++h) dot[h] = 0.0f;
-  const bf16* kb = nullptr;
-  const float* kf = nullptr;
-  if constexpr (kFromCache) {
-    const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
-    const int64_t row = static_cast<int64_t>(bt[e / kKvBlockSize]) * kKvBlockSize + e % kKvBlockSize;
-    kb = p.key_cache + row * p.key_row_width + p.key_offset;
-  } else {
-    kf = p.entries + (static_cast<int64_t>(p.tok_seg[t]) * p.max_entries + e) * hd;
-  }
+  const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
+  const int64_t row = static_cast<int64_t>(bt[e / kKvBlockSize]) * kKvBlockSize + e % kKvBlockSize;
+  const bf16* kb = p.key_cache + row * p.key_row_width + p.key_offset;
   for (int x = 0; x < hd; ++x) {
-    const float kx = kFromCache ? __bfloat162float(kb[x]) : kf[x];
+    const float kx = __bfloat162float(kb[x]);
 #pragma unroll
     for (int h = 0; h < kMaxHeads; ++h) {
       if (h < nh) dot[h] += q[h * hd + x] * kx;
@@ -205,24 +198,20 @@ absl::Status RunIndexer(const IndexerParams& p) {
     return absl::InvalidArgumentError(absl::StrCat("RunIndexer: need 1 <= num_heads <= ", kMaxHeads,
                                                    ", num_heads * head_dim <= 8192, top_k >= 1, ldw >= num_heads"));
   }
-  const bool from_cache = p.key_cache != nullptr;
   if (p.num_tokens > 65535) return absl::InvalidArgumentError("RunIndexer: at most 65535 tokens a call");
   if (!p.q || !p.w || !p.seq_lens || !p.scores || !p.selected || !p.count ||
-      (from_cache ? (!p.block_table || p.key_offset + p.head_dim > p.key_row_width) : (!p.entries || !p.tok_seg))) {
+      !p.key_cache || !p.block_table || p.key_offset + p.head_dim > p.key_row_width) {
     return absl::InvalidArgumentError("RunIndexer: null pointer, or the key outside its cache row");
   }
   if (p.num_tokens == 0) return absl::OkStatus();
   const size_t smem = (static_cast<size_t>(p.num_heads) * p.head_dim + p.num_heads) * sizeof(float);
-  auto score = [&](auto kernel) -> absl::Status {
-    if (smem > 48 * 1024) {
-      RETURN_IF_CUDA_ERROR(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    }
-    const dim3 grid((p.max_keys + kThreads - 1) / kThreads, p.num_tokens);
-    kernel<<<grid, kThreads, smem, p.stream>>>(p);
-    return LaunchStatus("IndexScoreKernel");
-  };
-  RETURN_IF_ERROR(from_cache ? score(IndexScoreKernel<true>) : score(IndexScoreKernel<false>));
+  if (smem > 48 * 1024) {
+    RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(IndexScoreKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)));
+  }
+  const dim3 grid((p.max_keys + kThreads - 1) / kThreads, p.num_tokens);
+  IndexScoreKernel<<<grid, kThreads, smem, p.stream>>>(p);
+  RETURN_IF_ERROR(LaunchStatus("IndexScoreKernel"));
   IndexSelectKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
   return LaunchStatus("IndexSelectKernel");
 }

@@ -23,10 +23,9 @@ namespace moesh::cuda {
 //   score[e] = sum_h relu(q[t, h] . k[e]) * scale * w[t, h] * w_scale
 // and the top_k best (ties: the earlier key; -0 counts as 0), or all of them
 // if visible <= top_k: selected[t, 0 : count[t]], in no particular order.
-// The keys: V4's pooled entries (entries non-null, [num_segs, max_entries,
-// head_dim] fp32, token t's segment tok_seg[t]), or V3.2's cache rows (bf16,
-// key_cache[row * key_row_width + key_offset ...], row e of token t through
-// its block table).
+// Key e of token t is row e of its sequence (through its block table) in
+// key_cache (bf16, at key_row_width * row + key_offset): V3.2's cache rows
+// (rate 1), or V4's entry pool (its CSA layers' index entries, rate 4).
 struct IndexerParams {
   const bf16* q = nullptr;  // [num_tokens, num_heads * head_dim], roped
   const bf16* w = nullptr;  // [num_tokens, ldw] per-head weights
@@ -35,11 +34,6 @@ struct IndexerParams {
   int num_tokens = 0, num_heads = 0, head_dim = 0;
   int rate = 1, top_k = 0;
   const int32_t* seq_lens = nullptr;  // [num_tokens]
-  // V4: pooled entries.
-  const float* entries = nullptr;
-  int max_entries = 0;
-  const int32_t* tok_seg = nullptr;
-  // V3.2: cache rows.
   const bf16* key_cache = nullptr;
   int key_row_width = 0, key_offset = 0;
   const int32_t* block_table = nullptr;  // [num_tokens, max_blocks_per_seq]

@@ -3,8 +3,8 @@
 //   * RunIndexer over paged cache rows (DeepSeek-V3.2) selects exactly the
 //     rows cpu::RunDsaIndexer selects, at the goldens' widths and at
 //     V3.2's (64 heads of 128, top-512 of 2100 rows), and every row where
-//     the query sees no more than top_k; over V4's pooled entries (per
-//     segment, at a compress rate) the same;
+//     the query sees no more than top_k; over V4's entry pool (a key per
+//     `rate` tokens, after the kv entry in each row) the same;
 //   * RunIndexKey writes LayerNorm + rotate-half RoPE as cpu::LayerNorm and
 //     cpu::RunRope compute them, and skips padding slots;
 //   * RunMlaAttentionGeneric with a row index over strided rows equals the
@@ -124,46 +124,58 @@ INSTANTIATE_TEST_SUITE_P(Shapes, IndexerCacheTest,
                                            CacheCase{64, 128, 2100, 3, 512, 704, 576},  // DeepSeek-V3.2's
                                            CacheCase{8, 16, 5, 5, 8, 24, 8}));       // every row seen
 
-// V4's CSA layers: the keys are a segment's pooled entries, rate tokens each.
+// V4's CSA layers: the keys are a sequence's entries (one per `rate` tokens)
+// in the entry pool, entry e at its row e, after the kv entry.
 TEST(IndexerEntriesTest, SelectsAsTheCpuIndexer) {
   MOESH_REQUIRE_GPU();
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  const int heads = 8, dim = 16, rate = 4, top_k = 5, max_entries = 60, segs = 2;
-  // Queries of segment 0 at lengths 9 (2 entries: all) and 230 (57 entries); of segment 1 at 100, 101.
-  const std::vector<int32_t> seq_lens = {9, 230, 100, 101}, tok_seg = {0, 0, 1, 1};
+  const int heads = 8, dim = 16, rate = 4, top_k = 5, row_width = 48, offset = 32, max_len = 256;
+  const int blocks = max_len / kKvBlockSize;
+  // Two sequences, two queries each: lengths 9 (2 entries: all) and 230 (57
+  // entries) of sequence 0 (blocks 0..3), 100 and 101 of sequence 1 (4..7).
+  const std::vector<int32_t> seq_lens = {9, 230, 100, 101}, seq = {0, 0, 1, 1};
   const int n = static_cast<int>(seq_lens.size());
-  std::vector<float> entries = Randn(static_cast<size_t>(segs) * max_entries * dim, rng);
+  std::vector<float> pool = Randn(static_cast<size_t>(2 * blocks) * kKvBlockSize * row_width, rng);
   std::vector<float> q = Randn(static_cast<size_t>(n) * heads * dim, rng), w = Randn(static_cast<size_t>(n) * heads, rng);
-  const std::vector<bf16> q_b = ToBf16Rounding(q), w_b = ToBf16Rounding(w);
-  MOESH_ASSERT_OK_AND_ASSIGN(auto d_entries, Upload(entries));
+  const std::vector<bf16> pool_b = ToBf16Rounding(pool), q_b = ToBf16Rounding(q), w_b = ToBf16Rounding(w);
+  std::vector<int32_t> table(static_cast<size_t>(n) * blocks);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < blocks; ++j) table[i * blocks + j] = seq[i] * blocks + (blocks - 1 - j);  // reversed
+  }
+  MOESH_ASSERT_OK_AND_ASSIGN(auto d_pool, Upload(pool_b));
   MOESH_ASSERT_OK_AND_ASSIGN(auto d_q, Upload(q_b));
   MOESH_ASSERT_OK_AND_ASSIGN(auto d_w, Upload(w_b));
   MOESH_ASSERT_OK_AND_ASSIGN(auto d_lens, Upload(seq_lens));
-  MOESH_ASSERT_OK_AND_ASSIGN(auto d_seg, Upload(tok_seg));
-  MOESH_ASSERT_OK_AND_ASSIGN(auto d_scores, DeviceBuffer<float>::Create(static_cast<size_t>(n) * max_entries));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto d_table, Upload(table));
+  const int max_keys = max_len / rate;
+  MOESH_ASSERT_OK_AND_ASSIGN(auto d_scores, DeviceBuffer<float>::Create(static_cast<size_t>(n) * max_keys));
   MOESH_ASSERT_OK_AND_ASSIGN(auto d_sel, DeviceBuffer<int32_t>::Create(static_cast<size_t>(n) * top_k));
   MOESH_ASSERT_OK_AND_ASSIGN(auto d_count, DeviceBuffer<int32_t>::Create(n));
   IndexerParams p;
   p.q = d_q.get(), p.w = d_w.get(), p.ldw = heads, p.w_scale = 0.5f, p.scale = 0.25f;
   p.num_tokens = n, p.num_heads = heads, p.head_dim = dim, p.rate = rate, p.top_k = top_k;
-  p.seq_lens = d_lens.get(), p.entries = d_entries.get(), p.max_entries = max_entries, p.tok_seg = d_seg.get();
-  p.scores = d_scores.get(), p.max_keys = max_entries, p.selected = d_sel.get(), p.count = d_count.get();
+  p.seq_lens = d_lens.get(), p.key_cache = d_pool.get(), p.key_row_width = row_width, p.key_offset = offset;
+  p.block_table = d_table.get(), p.max_blocks_per_seq = blocks;
+  p.scores = d_scores.get(), p.max_keys = max_keys, p.selected = d_sel.get(), p.count = d_count.get();
   MOESH_ASSERT_OK(RunIndexer(p));
   MOESH_ASSERT_OK_AND_ASSIGN(std::vector<int32_t> sel, d_sel.ToHost());
   MOESH_ASSERT_OK_AND_ASSIGN(std::vector<int32_t> count, d_count.ToHost());
   const std::vector<std::set<int>> got = Selections(sel, count, top_k);
   for (int i = 0; i < n; ++i) {
     const int visible = seq_lens[i] / rate;
-    std::vector<float> weights(heads);
+    std::vector<float> keys(static_cast<size_t>(visible) * dim), weights(heads);
+    for (int e = 0; e < visible; ++e) {
+      const size_t row = static_cast<size_t>(table[i * blocks + e / kKvBlockSize]) * kKvBlockSize + e % kKvBlockSize;
+      std::copy_n(&pool[row * row_width + offset], dim, &keys[static_cast<size_t>(e) * dim]);
+    }
     for (int h = 0; h < heads; ++h) weights[h] = w[i * heads + h] * 0.5f;
     std::vector<uint8_t> mask(visible);
     cpu::DsaIndexerParams cp;
     cp.q = &q[static_cast<size_t>(i) * heads * dim], cp.num_q = 1, cp.num_heads = heads, cp.head_dim = dim;
-    cp.k = &entries[static_cast<size_t>(tok_seg[i]) * max_entries * dim], cp.k_row_stride = dim;
-    cp.num_kv = visible, cp.q_start_pos = visible - 1, cp.weights = weights.data(), cp.softmax_scale = 0.25f;
-    cp.top_k = top_k, cp.mask = mask.data();
+    cp.k = keys.data(), cp.k_row_stride = dim, cp.num_kv = visible, cp.q_start_pos = visible - 1;
+    cp.weights = weights.data(), cp.softmax_scale = 0.25f, cp.top_k = top_k, cp.mask = mask.data();
     cpu::RunDsaIndexer(cp);
     std::set<int> want;
     for (int j = 0; j < visible; ++j) {

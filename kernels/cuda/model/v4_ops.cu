@@ -199,22 +199,23 @@ __global__ void __launch_bounds__(kThreads) V4KvRowKernel(V4KvRowParams p) {
   for (int j = threadIdx.x; j < p.width; j += blockDim.x) dst[j] = __float2bfloat16_rn(row[j]);
 }
 
-// One block per (entry, segment); thread f pools feature f (and f + blockDim...).
+// One block per (new entry, segment); thread f pools feature f (and f + blockDim...).
 __global__ void __launch_bounds__(kThreads) V4CompressKernel(V4CompressParams p) {
   extern __shared__ float entry[];
   __shared__ float scratch[32];
-  const int e = blockIdx.x, s = blockIdx.y;
-  const int last = p.seg_last[s];
-  if (e >= p.seq_lens[last] / p.rate) return;  // block-uniform
-  const int32_t* bt = p.block_table + static_cast<int64_t>(last) * p.max_blocks_per_seq;
+  const int s = blockIdx.y;
+  const int row = p.seg_row[s];
+  const int e = p.seg_from[s] / p.rate + static_cast<int>(blockIdx.x);
+  if (e >= p.seq_lens[row] / p.rate) return;  // block-uniform
+  const int32_t* bt = p.block_table + static_cast<int64_t>(row) * p.max_blocks_per_seq;
   const int cd = p.series * p.dim;
   float ss = 0.0f;
   for (int f = threadIdx.x; f < p.dim; f += blockDim.x) {
     float mx = -FLT_MAX, sum = 0.0f, acc = 0.0f;
     auto add = [&](int token, int slot, int feature) {
-      const bf16* row = p.cache + CacheRow(bt, token) * p.row_width;
-      const float v = __bfloat162float(row[p.kv_offset + feature]);
-      const float g = __bfloat162float(row[p.gate_offset + feature]) + p.ape[static_cast<int64_t>(slot) * cd + feature];
+      const bf16* r = p.cache + CacheRow(bt, token) * p.row_width;
+      const float v = __bfloat162float(r[p.kv_offset + feature]);
+      const float g = __bfloat162float(r[p.gate_offset + feature]) + p.ape[static_cast<int64_t>(slot) * cd + feature];
       if (g > mx) {
         const float corr = expf(mx - g);
         sum *= corr;
@@ -237,8 +238,8 @@ __global__ void __launch_bounds__(kThreads) V4CompressKernel(V4CompressParams p)
   for (int f = threadIdx.x; f < p.dim; f += blockDim.x) entry[f] = __bfloat162float(p.norm[f]) * (entry[f] * inv);
   __syncthreads();
   RopeTailShared(entry, p.dim, p.rope, e * p.rate);
-  float* out = p.entries + (static_cast<int64_t>(s) * p.max_entries + e) * p.dim;
-  for (int f = threadIdx.x; f < p.dim; f += blockDim.x) out[f] = entry[f];
+  bf16* out = p.entries + CacheRow(bt, e) * p.entry_row_width + p.entry_offset;
+  for (int f = threadIdx.x; f < p.dim; f += blockDim.x) out[f] = __float2bfloat16_rn(entry[f]);
 }
 
 // Block (token, 8 heads), a warp per head; keys staged kKeyTile at a time in
@@ -277,8 +278,6 @@ __global__ void __launch_bounds__(kThreads) V4AttentionKernel(V4AttentionParams 
                                                     : p.count[t];
   const int total = n_win + n_ent;
   const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
-  const float* seg_entries =
-      n_ent > 0 ? p.entries + static_cast<int64_t>(p.tok_seg[t]) * p.max_entries * dim : nullptr;
   const int32_t* sel = p.selected + static_cast<int64_t>(t) * p.top_k;
   for (int base = 0; base < total; base += kKeyTile) {
     const int n = min(kKeyTile, total - base);
@@ -290,7 +289,7 @@ __global__ void __launch_bounds__(kThreads) V4AttentionKernel(V4AttentionParams 
         v = __bfloat162float(p.cache[CacheRow(bt, first + j) * p.row_width + x]);
       } else {
         const int e = p.keys == V4Keys::kSelectedEntries ? sel[j - n_win] : j - n_win;
-        v = seg_entries[static_cast<int64_t>(e) * dim + x];
+        v = __bfloat162float(p.entries[CacheRow(bt, e) * p.entry_row_width + x]);
       }
       keys_smem[i] = v;
     }
@@ -360,15 +359,7 @@ __global__ void __launch_bounds__(kThreads) V4GatherKeysKernel(V4AttentionParams
       *dst = reinterpret_cast<const uint4*>(p.cache + CacheRow(bt, win_first + j) * p.row_width)[k];
     } else {
       const int e = p.keys == V4Keys::kSelectedEntries ? sel[j - n_win] : j - n_win;
-      const float4* src = reinterpret_cast<const float4*>(
-          p.entries + (static_cast<int64_t>(p.tok_seg[t]) * p.max_entries + e) * dim + 8 * k);
-      const float4 a = src[0], b = src[1];
-      Bf16x8 v;
-      v.h[0] = __floats2bfloat162_rn(a.x, a.y);
-      v.h[1] = __floats2bfloat162_rn(a.z, a.w);
-      v.h[2] = __floats2bfloat162_rn(b.x, b.y);
-      v.h[3] = __floats2bfloat162_rn(b.z, b.w);
-      *reinterpret_cast<Bf16x8*>(dst) = v;
+      *dst = reinterpret_cast<const uint4*>(p.entries + CacheRow(bt, e) * p.entry_row_width)[k];
     }
   }
 }
@@ -464,15 +455,16 @@ absl::Status RunV4KvRow(const V4KvRowParams& p) {
 
 absl::Status RunV4Compress(const V4CompressParams& p) {
   if ((p.series != 1 && p.series != 2) || p.dim < 2 || p.dim > 1024 || p.rate < 1 || p.num_segs < 0 ||
-      p.max_entries < 0 || p.max_entries > 65535 * 1024) {
+      p.max_new < 0 || p.num_segs > 65535) {
     return absl::InvalidArgumentError("RunV4Compress: need series 1 or 2, 2 <= dim <= 1024, rate >= 1");
   }
   RETURN_IF_ERROR(CheckRope(p.rope, p.dim, "RunV4Compress"));
-  if (!p.cache || !p.block_table || !p.seq_lens || !p.seg_last || !p.ape || !p.norm || !p.entries) {
-    return absl::InvalidArgumentError("RunV4Compress: null pointer");
+  if (!p.cache || !p.block_table || !p.seq_lens || !p.seg_row || !p.seg_from || !p.ape || !p.norm || !p.entries ||
+      p.entry_offset + p.dim > p.entry_row_width) {
+    return absl::InvalidArgumentError("RunV4Compress: null pointer, or the entry outside its row");
   }
-  if (p.num_segs == 0 || p.max_entries == 0) return absl::OkStatus();
-  const dim3 grid(p.max_entries, p.num_segs);
+  if (p.num_segs == 0 || p.max_new == 0) return absl::OkStatus();
+  const dim3 grid(p.max_new, p.num_segs);
   V4CompressKernel<<<grid, 128, p.dim * sizeof(float), p.stream>>>(p);
   return LaunchStatus("V4CompressKernel");
 }
@@ -484,7 +476,7 @@ absl::Status RunV4Attention(const V4AttentionParams& p) {
   }
   RETURN_IF_ERROR(CheckRope(p.rope, p.dim, "RunV4Attention"));
   if (!p.q || !p.cache || !p.block_table || !p.seq_lens || !p.sinks || !p.out ||
-      (p.keys != V4Keys::kSlidingOnly && (!p.entries || !p.tok_seg)) ||
+      (p.keys != V4Keys::kSlidingOnly && (!p.entries || p.entry_row_width < p.dim)) ||
       (p.keys == V4Keys::kSelectedEntries && (!p.selected || !p.count || p.top_k < 1))) {
     return absl::InvalidArgumentError("RunV4Attention: null pointer");
   }
@@ -504,7 +496,7 @@ absl::Status RunV4GatherKeys(const V4AttentionParams& a, int first, int n, int s
     return absl::InvalidArgumentError("RunV4GatherKeys: need dim % 8 == 0, out_width >= dim and % 8 == 0");
   }
   if (!a.cache || !a.block_table || !a.seq_lens || !keys || !key_count ||
-      (a.keys != V4Keys::kSlidingOnly && (!a.entries || !a.tok_seg)) ||
+      (a.keys != V4Keys::kSlidingOnly && (!a.entries || a.entry_row_width % 8 != 0)) ||
       (a.keys == V4Keys::kSelectedEntries && (!a.selected || !a.count))) {
     return absl::InvalidArgumentError("RunV4GatherKeys: null pointer");
   }

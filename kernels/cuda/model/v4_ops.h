@@ -6,13 +6,11 @@
 // common/model/v4_model.cc (everything else; its comments give the math and
 // the cache row layout, which these kernels share).
 //
-// Sequences in a pass: tokens are grouped in segments (a run of one
-// sequence's tokens in the pass); seg_last[s] is the token row of segment s's
-// last token and tok_seg[t] the segment of token t. Every token row t carries
-// seq_lens[t] = its position + 1 (0: a padding row, which writes zeros and no
-// cache row) and its block table row. Compressed entries are computed per
-// segment from the cache (the pass's own rows written first), up to
-// seq_lens[seg_last[s]] / rate of them.
+// Every token row t of a pass carries seq_lens[t] = its position + 1 (0: a
+// padding row, which writes zeros and no cache row) and its block table row.
+// Compressed entries live in an entry pool beside the KV pool (the same block
+// ids; entry e of a sequence at its row e), computed once each, when the
+// pass that completes their window runs (its own rows written first).
 //
 // Each op checks shapes once, launches on params.stream and returns
 // INVALID_ARGUMENT for bad arguments or INTERNAL carrying the CUDA error. No
@@ -110,24 +108,33 @@ struct V4KvRowParams {
 // REQUIRES: width <= row_width, width <= 4096.
 absl::Status RunV4KvRow(const V4KvRowParams& p);
 
-// A compressor's entries (v4_model.cc CompressedEntries): for segment s and
-// e < seq_lens[seg_last[s]] / rate, entry e softmax-pools per feature the
-// window's `series` series of the cache rows (gates + ape), RMSNorm (norm,
-// eps), RoPE of the trailing rope.dim at position e * rate.
+// A compressor's entries (v4_model.cc CompressedEntries), cached: entry e of
+// a sequence is final once its window's last token is in (e < length / rate),
+// so a pass computes only the entries its tokens complete. Segment s (a run
+// of one sequence's tokens in the pass) uses token row seg_row[s]'s block
+// table and length (its last token's) and held seg_from[s] tokens before
+// the pass; for e in [seg_from / rate, seq_lens[seg_row] / rate), entry e
+// softmax-pools per feature the window's `series` series of the cache rows
+// (gates + ape), RMSNorm (norm, eps), RoPE of the trailing rope.dim at
+// position e * rate, written as bf16 to the entry pool at the sequence's
+// row e: entries[row(e) * entry_row_width + entry_offset ...].
 struct V4CompressParams {
   const bf16* cache = nullptr;
   int row_width = 0;
   const int32_t* block_table = nullptr;  // [num_tokens, max_blocks_per_seq]
   int max_blocks_per_seq = 0;
   const int32_t* seq_lens = nullptr;     // [num_tokens]
-  const int32_t* seg_last = nullptr;     // [num_segs]
-  int num_segs = 0, max_entries = 0;
+  const int32_t* seg_row = nullptr;      // [num_segs]
+  const int32_t* seg_from = nullptr;     // [num_segs]
+  int num_segs = 0;
+  int max_new = 0;  // entries a segment can complete in the pass, at most
   int kv_offset = 0, gate_offset = 0, series = 1, dim = 0, rate = 1;
   const float* ape = nullptr;   // [rate, series * dim]
   const bf16* norm = nullptr;   // [dim]
   float eps = 1e-6f;
   RopeTableView rope;
-  float* entries = nullptr;  // [num_segs, max_entries, dim]
+  bf16* entries = nullptr;  // the layer's entry pool
+  int entry_row_width = 0, entry_offset = 0;
   cudaStream_t stream = nullptr;
 };
 // REQUIRES: series 1 or 2, dim <= 1024, rate >= 1.
@@ -138,8 +145,8 @@ enum class V4Keys { kSlidingOnly, kAllEntries, kSelectedEntries };
 // Shared-KV attention of V4 (keys are the values): token t (position
 // pos = seq_lens[t] - 1) and head r attend, with the head's sink in the
 // softmax's denominator, to cache rows max(0, pos - window + 1) .. pos (their
-// first dim values) and then, by `keys`, to no entry, to entries 0 ..
-// seq_lens[t] / rate - 1 of its segment, or to selected[t, 0 : count[t]]; the
+// first dim values) and then, by `keys`, to no entry, to its sequence's
+// entries 0 .. seq_lens[t] / rate - 1, or to selected[t, 0 : count[t]]; the
 // output gets the inverse RoPE at pos: out[t, r] (bf16).
 struct V4AttentionParams {
   const bf16* q = nullptr;  // [num_tokens, num_heads, dim], normed and roped
@@ -151,9 +158,8 @@ struct V4AttentionParams {
   const int32_t* seq_lens = nullptr;
   int window = 1;
   V4Keys keys = V4Keys::kSlidingOnly;
-  const float* entries = nullptr;  // [num_segs, max_entries, dim]
-  int max_entries = 0, rate = 1;
-  const int32_t* tok_seg = nullptr;
+  const bf16* entries = nullptr;  // the layer's entry pool: entry e at row e of the token's sequence
+  int entry_row_width = 0, rate = 1;
   const int32_t* selected = nullptr;  // [num_tokens, top_k]
   const int32_t* count = nullptr;
   int top_k = 0;
