@@ -47,11 +47,31 @@ __global__ void __launch_bounds__(kThreads) IndexScoreKernel(IndexerParams p) {
   const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
   const int64_t row = static_cast<int64_t>(bt[e / kKvBlockSize]) * kKvBlockSize + e % kKvBlockSize;
   const bf16* kb = p.key_cache + row * p.key_row_width + p.key_offset;
-  for (int x = 0; x < hd; ++x) {
-    const float kx = __bfloat162float(kb[x]);
+  if (hd % 8 == 0 && (p.key_row_width | p.key_offset) % 8 == 0) {
+    // 16-byte loads of 8 key values, the next one in flight while these are used.
+    const uint4* k8 = reinterpret_cast<const uint4*>(kb);
+    uint4 next = k8[0];
+    for (int x0 = 0; x0 < hd; x0 += 8) {
+      const uint4 cur = next;
+      if (x0 + 8 < hd) next = k8[x0 / 8 + 1];
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&cur);
 #pragma unroll
-    for (int h = 0; h < kMaxHeads; ++h) {
-      if (h < nh) dot[h] += q[h * hd + x] * kx;
+      for (int j = 0; j < 4; ++j) {
+        const float2 kx = __bfloat1622float2(pairs[j]);
+        const int x = x0 + 2 * j;
+#pragma unroll
+        for (int h = 0; h < kMaxHeads; ++h) {
+          if (h < nh) dot[h] += q[h * hd + x] * kx.x + q[h * hd + x + 1] * kx.y;
+        }
+      }
+    }
+  } else {
+    for (int x = 0; x < hd; ++x) {
+      const float kx = __bfloat162float(kb[x]);
+#pragma unroll
+      for (int h = 0; h < kMaxHeads; ++h) {
+        if (h < nh) dot[h] += q[h * hd + x] * kx;
+      }
     }
   }
   float acc = 0.0f;
