@@ -73,10 +73,14 @@ __global__ void __launch_bounds__(kThreads) SliceCopyKernel(SliceCopyParams p) {
   }
 }
 
+// A warp per row (kThreads / 32 rows per CTA): rows of a few hundred values
+// keep every lane busy.
 __global__ void __launch_bounds__(kThreads) GatherRowsKernel(GatherRowsParams p) {
-  const Bf16x8* src = reinterpret_cast<const Bf16x8*>(p.x + static_cast<int64_t>(p.index[blockIdx.x]) * p.ldx);
-  Bf16x8* dst = reinterpret_cast<Bf16x8*>(p.out + static_cast<int64_t>(blockIdx.x) * p.cols);
-  for (int j = threadIdx.x; j < p.cols / 8; j += blockDim.x) dst[j] = src[j];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  if (row >= p.rows) return;
+  const Bf16x8* src = reinterpret_cast<const Bf16x8*>(p.x + static_cast<int64_t>(p.index[row]) * p.ldx);
+  Bf16x8* dst = reinterpret_cast<Bf16x8*>(p.out + row * p.cols);
+  for (int j = threadIdx.x & 31; j < p.cols / 8; j += 32) dst[j] = src[j];
 }
 
 __global__ void __launch_bounds__(kThreads) CopyKvBlocksKernel(CopyKvBlocksParams p) {
@@ -335,7 +339,7 @@ absl::Status RunGatherRows(const GatherRowsParams& p) {
   }
   GatherRowsParams q = p;
   q.ldx = ldx;
-  GatherRowsKernel<<<p.rows, kThreads, 0, p.stream>>>(q);
+  GatherRowsKernel<<<(p.rows + kThreads / 32 - 1) / (kThreads / 32), kThreads, 0, p.stream>>>(q);
   return LaunchStatus("GatherRowsKernel");
 }
 
