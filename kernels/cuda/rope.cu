@@ -1,10 +1,10 @@
 // RoPE in place, and RoPE fused with the write of the latent KV row into the
-// paged cache. Math as kernels/cpu/rope.cc RunRope: angle = inv_freq[i] * pos
-// in fp32, (cos, sin) scaled by attention_factor, rotation in fp32.
+// paged cache (the arithmetic: rope.cuh).
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/rope.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -25,12 +25,7 @@ Rotation MakeRotation(const RopeTableView& t) {
 
 // cs[i] = (cos, sin) of pair i at `position`. Ends with a barrier.
 __device__ void FillCosSin(const Rotation& r, int position, float2* cs) {
-  for (int i = threadIdx.x; i < r.half; i += blockDim.x) {
-    const float angle = r.inv_freq[i] * static_cast<float>(position);
-    float s, c;
-    sincosf(angle, &s, &c);
-    cs[i] = make_float2(c * r.attention_factor, s * r.attention_factor);
-  }
+  for (int i = threadIdx.x; i < r.half; i += blockDim.x) cs[i] = RopeCosSin(r.inv_freq, r.attention_factor, i, position);
   __syncthreads();
 }
 
@@ -39,10 +34,9 @@ __device__ __forceinline__ void RotatePair(const Rotation& r, const float2* cs, 
                                            bf16* dst) {
   const int a = r.interleaved ? 2 * i : i;
   const int b = r.interleaved ? 2 * i + 1 : i + r.half;
-  const float x0 = __bfloat162float(src[a]), x1 = __bfloat162float(src[b]);
-  const float2 c = cs[i];
-  dst[a] = __float2bfloat16_rn(x0 * c.x - x1 * c.y);
-  dst[b] = __float2bfloat16_rn(x1 * c.x + x0 * c.y);
+  const float2 v = RopeRotate(make_float2(__bfloat162float(src[a]), __bfloat162float(src[b])), cs[i]);
+  dst[a] = __float2bfloat16_rn(v.x);
+  dst[b] = __float2bfloat16_rn(v.y);
 }
 
 // Ropes rows [num_rows] of one token's slices in place.

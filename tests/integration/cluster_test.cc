@@ -519,6 +519,19 @@ TEST(ClusterTest, PlacementFollowsExpertWorkersJoiningAndLeaving) {
 }
 
 // Cluster.Rebalance with `slots` per expert worker.
+// Starts the cluster and checks that it serves `prompt` (24 new tokens) as
+// the single-process engine does; *want gets those tokens.
+void StartServing(const LocalClusterOptions& o, const std::vector<int32_t>& prompt,
+                  std::unique_ptr<LocalCluster>* cluster, std::vector<int32_t>* want) {
+  absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  *cluster = std::move(*started);
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
+  ASSERT_TRUE(model.ok());
+  *want = Offline(**model, prompt, 24).output_ids;
+  ASSERT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, *want);
+}
+
 grpc::Status Rebalance(const LocalCluster& c, int slots, v1::RebalanceResponse* resp) {
   auto stub = v1::Cluster::NewStub(grpc::CreateChannel(c.router_address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
@@ -533,26 +546,23 @@ grpc::Status Rebalance(const LocalCluster& c, int slots, v1::RebalanceResponse* 
 TEST(ClusterTest, RebalanceReplicatesExpertsWithoutChangingOutputs) {
   LocalClusterOptions o = Options(TinyModel(), "rebalance");
   o.expert_workers = {"0-3", "4-7"};
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
-  ASSERT_TRUE(model.ok());
   const std::vector<int32_t> prompt = {9, 1, 4, 4};
-  const std::vector<int32_t> want = Offline(**model, prompt, 24).output_ids;
-  ASSERT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
+  std::unique_ptr<LocalCluster> cluster;
+  std::vector<int32_t> want;
+  ASSERT_NO_FATAL_FAILURE(StartServing(o, prompt, &cluster, &want));
   std::this_thread::sleep_for(std::chrono::milliseconds(800));  // loads reach the router by heartbeat
   v1::RebalanceResponse resp;
-  grpc::Status s = Rebalance(**cluster, 8, &resp);  // room for a replica of every expert
+  grpc::Status s = Rebalance(*cluster, 8, &resp);  // room for a replica of every expert
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_LE(resp.balance_ratio_after(), resp.balance_ratio_before() + 1e-9);
   ASSERT_EQ(resp.placement().workers_size(), 2);
   for (const auto& w : resp.placement().workers()) EXPECT_EQ(w.expert_ids_size(), 8);
   for (const char* w : {"prefill-0", "decode-0"}) {
-    ASSERT_TRUE(SwitchedToPlacement(**cluster, w, resp.placement_version())) << w;
+    ASSERT_TRUE(SwitchedToPlacement(*cluster, w, resp.placement_version())) << w;
   }
-  EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
-  ASSERT_TRUE((*cluster)->Signal("expert-1", SIGKILL).ok());
-  Result r = Call((*cluster)->router_address(), Request(prompt, 24));
+  EXPECT_EQ(Call(cluster->router_address(), Request(prompt, 24)).ids, want);
+  ASSERT_TRUE(cluster->Signal("expert-1", SIGKILL).ok());
+  Result r = Call(cluster->router_address(), Request(prompt, 24));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.ids, want);
 }
@@ -563,28 +573,25 @@ TEST(ClusterTest, RebalanceReplicatesExpertsWithoutChangingOutputs) {
 TEST(ClusterTest, RebalanceDropsColdReplicas) {
   LocalClusterOptions o = Options(TinyModel(), "cold_replicas");
   o.expert_workers = {"0-3", "4-7"};
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
-  ASSERT_TRUE(model.ok());
   const std::vector<int32_t> prompt = {9, 1, 4, 4};
-  const std::vector<int32_t> want = Offline(**model, prompt, 24).output_ids;
-  ASSERT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
+  std::unique_ptr<LocalCluster> cluster;
+  std::vector<int32_t> want;
+  ASSERT_NO_FATAL_FAILURE(StartServing(o, prompt, &cluster, &want));
   std::this_thread::sleep_for(std::chrono::milliseconds(800));  // loads reach the router by heartbeat
   // What an expert worker hosts (a load of nothing, not exact, changes nothing).
   auto hosted = [&](const std::string& name) {
-    auto w = v1::ExpertWorker::NewStub(grpc::CreateChannel(Proc(**cluster, name).address, grpc::InsecureChannelCredentials()));
+    auto w = v1::ExpertWorker::NewStub(grpc::CreateChannel(Proc(*cluster, name).address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     v1::LoadExpertsResponse resp;
     EXPECT_TRUE(w->LoadExperts(&ctx, v1::LoadExpertsRequest(), &resp).ok());
     return resp.expert_ids_size();
   };
   v1::RebalanceResponse all, four;
-  grpc::Status s = Rebalance(**cluster, 8, &all);  // every expert on both workers
+  grpc::Status s = Rebalance(*cluster, 8, &all);  // every expert on both workers
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(hosted("expert-0"), 8);
   EXPECT_EQ(hosted("expert-1"), 8);
-  s = Rebalance(**cluster, 4, &four);  // one replica each again, as the plan places them
+  s = Rebalance(*cluster, 4, &four);  // one replica each again, as the plan places them
   ASSERT_TRUE(s.ok()) << s.error_message();
   int routed = 0;
   std::set<int> covered;
@@ -597,12 +604,12 @@ TEST(ClusterTest, RebalanceDropsColdReplicas) {
   // The attention workers followed the new map before the replicas went (the
   // Rebalance call returns after both).
   for (const char* w : {"prefill-0", "decode-0"}) {
-    ASSERT_TRUE(SwitchedToPlacement(**cluster, w, four.placement_version())) << w;
+    ASSERT_TRUE(SwitchedToPlacement(*cluster, w, four.placement_version())) << w;
   }
   EXPECT_EQ(hosted("expert-0") + hosted("expert-1"), 8) << "cold replicas were kept";
-  EXPECT_EQ(Metric(Proc(**cluster, "router").metrics_address, "moesh_expert_replicas_dropped_total{service=\"router\"}"),
+  EXPECT_EQ(Metric(Proc(*cluster, "router").metrics_address, "moesh_expert_replicas_dropped_total{service=\"router\"}"),
             8);
-  EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
+  EXPECT_EQ(Call(cluster->router_address(), Request(prompt, 24)).ids, want);
 }
 
 // The router rebalances on its own (--rebalance_interval_s) once the expert
@@ -612,14 +619,11 @@ TEST(ClusterTest, AutomaticRebalanceWhenLoadIsSkewed) {
   LocalClusterOptions o = Options(TinyModel(), "auto_rebalance");
   o.expert_workers = {"0-5", "6-7"};  // 6 experts against 2: skewed whatever the routing
   o.extra_router_flags = {"--rebalance_interval_s=1", "--rebalance_min_ratio=1.05", "--rebalance_slots=8"};
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
-  ASSERT_TRUE(model.ok());
   const std::vector<int32_t> prompt = {9, 1, 4, 4, 2, 7};
-  const std::vector<int32_t> want = Offline(**model, prompt, 24).output_ids;
-  ASSERT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
-  const std::string metrics = Proc(**cluster, "router").metrics_address;
+  std::unique_ptr<LocalCluster> cluster;
+  std::vector<int32_t> want;
+  ASSERT_NO_FATAL_FAILURE(StartServing(o, prompt, &cluster, &want));
+  const std::string metrics = Proc(*cluster, "router").metrics_address;
   double ok = 0;
   for (int i = 0; i < 100 && ok < 1; ++i) {  // loads arrive by heartbeat; the check runs every second
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -631,7 +635,7 @@ TEST(ClusterTest, AutomaticRebalanceWhenLoadIsSkewed) {
   EXPECT_GE(Metric(metrics, "moesh_expert_worker_balance_ratio"), 1.0);
   EXPECT_EQ(Metric(metrics, "moesh_rebalances_total{service=\"router\",result=\"failed\"}"), 0);
   EXPECT_GE(Metric(metrics, "moesh_rebalance_seconds_count"), 1);
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(cluster->router_address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   v1::PlacementMap map;
   ASSERT_TRUE(stub->GetPlacement(&ctx, v1::GetPlacementRequest(), &map).ok());
@@ -639,9 +643,9 @@ TEST(ClusterTest, AutomaticRebalanceWhenLoadIsSkewed) {
   for (const auto& w : map.workers()) hosted += w.expert_ids_size();
   EXPECT_GT(hosted, 8) << "the rebalance added no replica";
   for (const char* w : {"prefill-0", "decode-0"}) {
-    ASSERT_TRUE(SwitchedToPlacement(**cluster, w, map.version())) << w;
+    ASSERT_TRUE(SwitchedToPlacement(*cluster, w, map.version())) << w;
   }
-  EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, want);
+  EXPECT_EQ(Call(cluster->router_address(), Request(prompt, 24)).ids, want);
 }
 
 // Without a replica, the streams an expert worker was serving end UNAVAILABLE

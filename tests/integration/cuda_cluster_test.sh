@@ -15,7 +15,7 @@
 # (the KV handoff device to device too);
 # MOESH_TRANSPORT=cuda_ipc keeps it in device memory (same GPU or another).
 # MOESH_PROMPTS (space-separated id lists) and MOESH_NEW_TOKENS replace the
-# prompts and lengths (DeepSeek-V3.2 on the GPU: within index_topk tokens).
+# prompts and lengths.
 # Exits 77 (ctest: skipped) where no CUDA device is present, saying so.
 set -euo pipefail
 MOESH=${1:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
@@ -23,21 +23,8 @@ SRC=${2:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
 MODEL="$SRC/tests/golden/${3:-v3}"
 EXPERT_DEVICE=${MOESH_EXPERT_DEVICE:-cuda}
 TRANSPORT=${MOESH_TRANSPORT:-grpc}
-TMP=$(mktemp -d "${TEST_TMPDIR:-/tmp}/moesh_cuda_cluster.XXXXXX")
-PY=/usr/bin/python3
-command -v "$PY" >/dev/null || PY=python3
-pid=
-cleanup() {
-  if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  [ -f "$TMP/serve.log" ] && tail -20 "$TMP/serve.log" >&2
-  for f in "$TMP"/cluster/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -8 "$f" >&2; }; done
-  exit 1
-}
+source "$SRC/tests/integration/serve_local_lib.sh"
+serve_local_setup moesh_cuda_cluster
 
 if ! probe=$("$MOESH" generate --model "$MODEL" --prompt-ids 1 --max-new-tokens 1 --device cuda 2>&1); then
   if grep -q -E "no CUDA device|no CUDA backend" <<<"$probe"; then
@@ -47,18 +34,8 @@ if ! probe=$("$MOESH" generate --model "$MODEL" --prompt-ids 1 --max-new-tokens 
   fail "generate --device cuda: $probe"
 fi
 
-port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$MOESH" serve-local --model "$MODEL" --device cuda --expert-device "$EXPERT_DEVICE" --transport "$TRANSPORT" \
-  --port "$port" --expert-workers 2 \
-  --work-dir "$TMP/cluster" \
-  >"$TMP/serve.out" 2>"$TMP/serve.log" &
-pid=$!
-for _ in $(seq 1 600); do
-  grep -q "moesh is serving" "$TMP/serve.out" 2>/dev/null && break
-  kill -0 "$pid" 2>/dev/null || fail "serve-local --device cuda exited"
-  sleep 0.2
-done
-grep -q "moesh is serving" "$TMP/serve.out" || fail "the cluster did not come up"
+start_serve_local --model "$MODEL" --device cuda --expert-device "$EXPERT_DEVICE" --transport "$TRANSPORT" \
+  --expert-workers 2
 grep -q "cuda:" "$TMP"/cluster/*.log || fail "no worker reports a CUDA device in its log"
 grep -h -E "worker (for|serving)" "$TMP"/cluster/*.log | sed 's/^/  /' || true
 if [ "$EXPERT_DEVICE" != cuda ]; then

@@ -206,11 +206,7 @@ absl::Status CudaModel::Init() {
     resid_ = v4_->y.get();
   }
   if (c.has_indexer()) {
-    index_max_keys_ = max_model_len_;
-    RETURN_IF_ERROR(index_q_.Reallocate(t * c.index_n_heads * c.index_head_dim));
-    RETURN_IF_ERROR(index_scores_.Reallocate(t * index_max_keys_));
-    RETURN_IF_ERROR(index_selected_.Reallocate(t * c.index_topk));
-    RETURN_IF_ERROR(index_count_.Reallocate(t));
+    RETURN_IF_ERROR(InitIndexer(max_model_len_));  // every causal row is a key
     index_rope_ = rope_;
     index_rope_.layout = RopeLayout::kHalves;  // transformers' DeepseekV32Indexer rotates halves
     sparse_fast_ = rank == mla::kLatentDim && rope == mla::kRopeDim && o.mla_kernel == MlaKernel::kAuto;
@@ -442,7 +438,7 @@ absl::Status CudaModel::EnqueueForward(const Batch& b, bool sample, int top_k, E
     }
   }
   RETURN_IF_ERROR(config_.is_v4() ? EnqueueV4Layers(b, experts) : EnqueueLayers(b, experts));
-  if (b.num_rows > 0) RETURN_IF_ERROR(EnqueueHead(b.num_rows, sample, top_k));
+  if (b.num_rows > 0) RETURN_IF_ERROR(EnqueueHead(b.num_tokens, b.num_rows, sample, top_k));
   return Mark(2 + 2 * config_.num_hidden_layers);
 }
 
@@ -615,10 +611,10 @@ absl::Status CudaModel::EnqueueMoe(int layer, int num_tokens, ExpertClient* expe
   return RunMoeCombine(cp);
 }
 
-absl::Status CudaModel::EnqueueHead(int num_rows, bool sample, int top_k) {
+absl::Status CudaModel::EnqueueHead(int num_tokens, int num_rows, bool sample, int top_k) {
   const ModelConfig& c = config_;
   if (c.is_v4()) {
-    RETURN_IF_ERROR(EnqueueV4Head(num_rows));
+    RETURN_IF_ERROR(EnqueueV4Head(num_tokens, num_rows));
   } else {
     RmsNormF32Params np;
     np.x = x_.get(), np.rows = d_head_rows_.get(), np.weight = weights_->norm(), np.num_rows = num_rows;

@@ -209,6 +209,16 @@ class CudaModel {
     // first token's position (V4's compressed entries).
     std::vector<int32_t> seg_last, seg_from;
   };
+  // Rows laid out densely for the tuned MLA kernel (V3.2's selections, V4's
+  // window + entries; cuda_model_dsa.cc): `tokens` queries at a time, query
+  // i's rows at [i * stride, (i + 1) * stride) of `rows`, read through the
+  // constant block table `table` (stride a multiple of 64).
+  struct MlaScratch {
+    int stride = 0, tokens = 0;
+    DeviceBuffer<bf16> rows;
+    DeviceBuffer<int32_t> table;
+    DeviceBuffer<uint8_t> ws;  // the split partials of any batch up to `tokens`
+  };
   // DeepSeek-V4's scratch and tables (cuda_model_v4.cc), sized for
   // max_tokens_ tokens and max_rows_ segments.
   struct V4State {
@@ -222,16 +232,13 @@ class CudaModel {
     int entry_width = 0, min_rate = 0;
     DeviceBuffer<float> main_inv_freq, compress_inv_freq;
     RopeTableView main_rope, compress_rope;
-    int pass_tokens = 0;  // T of the pass being enqueued
     // head_dim 512 (the MLA kernel's latent width): attention on the tuned
-    // kernel over keys gathered densely, key_stride rows per token,
-    // key_tokens tokens at a time (RunV4GatherKeys).
+    // kernel over the keys gathered densely into `keys` (RunV4GatherKeys).
     bool fast = false;
-    int key_stride = 0, key_tokens = 0;
-    DeviceBuffer<bf16> q576, keys;
-    DeviceBuffer<int32_t> key_table, key_count;
+    MlaScratch keys;
+    DeviceBuffer<bf16> q576;
+    DeviceBuffer<int32_t> key_count;
     DeviceBuffer<float> o, lse;
-    DeviceBuffer<uint8_t> ws;
   };
   // An instantiated CUDA graph (cuda_model_graphs.cc).
   struct Graph {
@@ -277,23 +284,32 @@ class CudaModel {
   // DeepSeek-V3.2's indexer for layer l after its cache write: keys into the
   // cache rows, queries, the top-k per token into index_selected_/index_count_.
   absl::Status EnqueueDsaIndexer(int layer, int num_tokens);
+  // The indexer's scratch (index_*_), for up to max_keys keys per query.
+  absl::Status InitIndexer(int max_keys);
   absl::Status InitSparseMla();
+  // An MlaScratch of `rows_per_token` (rounded up to 64) rows per query.
+  absl::Status InitMlaScratch(int rows_per_token, MlaScratch* s);
+  // The tuned MLA kernel on `n` queries whose rows are in `s`; `mp` gives the
+  // queries, their row counts (seq_lens), the output and the scale.
+  absl::Status RunMlaOnScratch(const MlaScratch& s, int n, MlaDecodeParams mp);
   // The tuned MLA kernel over each token's gathered selection; `mp` as for
   // the dense kernel (q, out, softmax scale, the layer's pool).
   absl::Status EnqueueSparseMla(const Batch& b, const MlaDecodeParams& mp);
   absl::Status EnqueueV4Attention(const Batch& b, int layer);
-  absl::Status EnqueueV4Head(int num_rows);
+  absl::Status EnqueueV4Head(int num_tokens, int num_rows);
   // V4State::fast: RunV4Attention's math on the tuned MLA kernel.
   absl::Status EnqueueV4FastAttention(const V4AttentionParams& ap);
-  // mHC before a sublayer: its collapse of x_ RMSNorm'd into normed_ (and normed_f32_).
+  // mHC before a sublayer: its collapse of x_ RMSNorm'd into normed_ (and,
+  // for the router's fp32 GEMM, normed_f32_).
   absl::Status EnqueueMhcPre(const float* fn, const float* base, const float* scale, const bf16* norm,
-                             int num_tokens);
+                             int num_tokens, bool router_input);
   absl::Status EnqueueMhcPost(int num_tokens);
   absl::Status EnqueueMlp(const bf16* w_gate_up, const bf16* w_down, int inter, int num_tokens);
   absl::Status EnqueueMoe(int layer, int num_tokens, ExpertClient* experts);
   // The routed part of EnqueueMoe through `experts` (host round trip).
   absl::Status RunExternalExperts(int layer, int num_tokens, ExpertClient* experts);
-  absl::Status EnqueueHead(int num_rows, bool sample, int top_k);
+  // The final norm and lm_head on the pass's num_rows head rows (of num_tokens).
+  absl::Status EnqueueHead(int num_tokens, int num_rows, bool sample, int top_k);
   absl::Status Gemm(const bf16* x, int ldx, const bf16* w, void* y, int ldy, int m, int n, int k, OutType out,
                     bool accumulate);
   absl::Status RunDecodeGraph(const Batch& b, int top_k);
@@ -343,14 +359,10 @@ class CudaModel {
   DeviceBuffer<int32_t> index_selected_, index_count_;
   RopeTableView index_rope_;  // V3.2: the model's table, rotate-half layout
   // V3.2 at the tuned MLA kernel's widths: each token's selected rows
-  // (index_topk, padded to sparse_pad_) gathered from the pool into
-  // sparse_kv_, sparse_tokens_ tokens at a time, which RunMlaDecode reads
-  // through the constant sparse_table_ (token b: blocks b * pad / 64 ...).
+  // (their pool rows in sparse_rows_) gathered into sparse_.
   bool sparse_fast_ = false;
-  int sparse_pad_ = 0, sparse_tokens_ = 0;
-  DeviceBuffer<bf16> sparse_kv_;
-  DeviceBuffer<int32_t> sparse_table_, sparse_rows_;
-  DeviceBuffer<uint8_t> sparse_ws_;
+  MlaScratch sparse_;
+  DeviceBuffer<int32_t> sparse_rows_;
   DeviceBuffer<float> x_, normed_f32_, router_logits_, topk_w_, moe_out_, logits_, next_lp_, topk_lp_;
   DeviceBuffer<bf16> normed_, qkv_, qa_, q_, q_mla_, o_lat_, attn_, mlp_gu_, mlp_act_, moe_gu_, moe_act_,
       head_normed_;

@@ -24,6 +24,16 @@ constexpr float kIndexerKeyNormEps = 1e-6f;
 
 }  // namespace
 
+absl::Status CudaModel::InitIndexer(int max_keys) {
+  const ModelConfig& c = config_;
+  const size_t t = max_tokens_;
+  index_max_keys_ = max_keys;
+  RETURN_IF_ERROR(index_q_.Reallocate(t * c.index_n_heads * c.index_head_dim));
+  RETURN_IF_ERROR(index_scores_.Reallocate(t * index_max_keys_));
+  RETURN_IF_ERROR(index_selected_.Reallocate(t * c.index_topk));
+  return index_count_.Reallocate(t);
+}
+
 absl::Status CudaModel::EnqueueDsaIndexer(int layer, int num_tokens) {
   const ModelConfig& c = config_;
   const DeviceLayerWeights& w = weights_->layer(layer);
@@ -57,50 +67,58 @@ absl::Status CudaModel::EnqueueDsaIndexer(int layer, int num_tokens) {
   return RunIndexer(xp);
 }
 
-absl::Status CudaModel::InitSparseMla() {
-  const ModelConfig& c = config_;
-  sparse_pad_ = (c.index_topk + kKvBlockSize - 1) / kKvBlockSize * kKvBlockSize;
-  sparse_tokens_ = std::min(max_tokens_, std::max(max_rows_, 256));
-  const int per_token = sparse_pad_ / kKvBlockSize;
-  const size_t row = c.kv_lora_rank + c.qk_rope_head_dim;
-  RETURN_IF_ERROR(sparse_kv_.Reallocate(static_cast<size_t>(sparse_tokens_) * sparse_pad_ * row));
-  std::vector<int32_t> table(static_cast<size_t>(sparse_tokens_) * per_token);
+absl::Status CudaModel::InitMlaScratch(int rows_per_token, MlaScratch* s) {
+  s->stride = (rows_per_token + kKvBlockSize - 1) / kKvBlockSize * kKvBlockSize;
+  s->tokens = std::min(max_tokens_, std::max(max_rows_, 256));
+  RETURN_IF_ERROR(s->rows.Reallocate(static_cast<size_t>(s->tokens) * s->stride * (mla::kLatentDim + mla::kRopeDim)));
+  std::vector<int32_t> table(static_cast<size_t>(s->tokens) * s->stride / kKvBlockSize);
   std::iota(table.begin(), table.end(), 0);
-  RETURN_IF_ERROR(sparse_table_.Reallocate(table.size()));
-  RETURN_IF_ERROR(sparse_table_.CopyFrom(table));
-  RETURN_IF_ERROR(sparse_rows_.Reallocate(static_cast<size_t>(max_tokens_) * sparse_pad_));
+  RETURN_IF_ERROR(s->table.Reallocate(table.size()));
+  RETURN_IF_ERROR(s->table.CopyFrom(table));
   size_t ws = 0;
-  for (int n = 1; n <= sparse_tokens_; ++n) {
-    ws = std::max(ws, PlanMlaDecode(n, c.num_attention_heads, sparse_pad_, info_.num_sms).workspace_bytes);
+  for (int n = 1; n <= s->tokens; ++n) {
+    ws = std::max(ws, PlanMlaDecode(n, config_.num_attention_heads, s->stride, info_.num_sms).workspace_bytes);
   }
-  return sparse_ws_.Reallocate(ws);
+  return s->ws.Reallocate(ws);
+}
+
+absl::Status CudaModel::RunMlaOnScratch(const MlaScratch& s, int n, MlaDecodeParams mp) {
+  const int per_token = s.stride / kKvBlockSize;
+  const MlaDecodePlan plan = PlanMlaDecode(n, mp.num_heads, s.stride, info_.num_sms);
+  mp.kv_cache = s.rows.get(), mp.block_table = s.table.get(), mp.batch = n;
+  mp.kv_lora_rank = mla::kLatentDim, mp.rope_dim = mla::kRopeDim;
+  mp.num_blocks = s.tokens * per_token, mp.max_blocks_per_seq = per_token, mp.max_seq_len = s.stride;
+  mp.kv_row_stride = 0, mp.kv_index = nullptr, mp.kv_index_stride = 0;
+  mp.num_splits = plan.num_splits, mp.workspace = s.ws.get(), mp.workspace_bytes = s.ws.bytes();
+  mp.stream = stream_.get();
+  return RunMlaDecode(mp);
+}
+
+absl::Status CudaModel::InitSparseMla() {
+  RETURN_IF_ERROR(InitMlaScratch(config_.index_topk, &sparse_));
+  return sparse_rows_.Reallocate(static_cast<size_t>(max_tokens_) * sparse_.stride);
 }
 
 absl::Status CudaModel::EnqueueSparseMla(const Batch& b, const MlaDecodeParams& mp) {
   const ModelConfig& c = config_;
   cudaStream_t s = stream_.get();
   const int t = b.num_tokens, heads = c.num_attention_heads, rank = c.kv_lora_rank;
-  const int row = rank + c.qk_rope_head_dim, per_token = sparse_pad_ / kKvBlockSize;
+  const int row = rank + c.qk_rope_head_dim;
   SelectedRowsParams sr;
   sr.selected = index_selected_.get(), sr.count = index_count_.get(), sr.num_tokens = t, sr.top_k = c.index_topk;
-  sr.stride = sparse_pad_, sr.block_table = d_block_table_.get(), sr.max_blocks_per_seq = max_blocks_per_seq_;
+  sr.stride = sparse_.stride, sr.block_table = d_block_table_.get(), sr.max_blocks_per_seq = max_blocks_per_seq_;
   sr.rows = sparse_rows_.get(), sr.stream = s;
   RETURN_IF_ERROR(RunSelectedRows(sr));
-  for (int first = 0; first < t; first += sparse_tokens_) {
-    const int n = std::min(sparse_tokens_, t - first);
+  for (int first = 0; first < t; first += sparse_.tokens) {
+    const int n = std::min(sparse_.tokens, t - first);
     GatherRowsParams g;
-    g.x = mp.kv_cache, g.ldx = kv_->row_width(), g.index = sparse_rows_.get() + static_cast<size_t>(first) * sparse_pad_;
-    g.rows = n * sparse_pad_, g.cols = row, g.out = sparse_kv_.get(), g.stream = s;
+    g.x = mp.kv_cache, g.ldx = kv_->row_width(), g.index = sparse_rows_.get() + static_cast<size_t>(first) * sparse_.stride;
+    g.rows = n * sparse_.stride, g.cols = row, g.out = sparse_.rows.get(), g.stream = s;
     RETURN_IF_ERROR(RunGatherRows(g));
     MlaDecodeParams sp = mp;
-    const MlaDecodePlan plan = PlanMlaDecode(n, heads, sparse_pad_, info_.num_sms);
-    sp.q = mp.q + static_cast<size_t>(first) * heads * row;
-    sp.kv_cache = sparse_kv_.get(), sp.block_table = sparse_table_.get(), sp.seq_lens = index_count_.get() + first;
-    sp.batch = n, sp.num_blocks = sparse_tokens_ * per_token, sp.max_blocks_per_seq = per_token;
-    sp.max_seq_len = sparse_pad_, sp.kv_row_stride = 0, sp.kv_index = nullptr, sp.kv_index_stride = 0;
+    sp.q = mp.q + static_cast<size_t>(first) * heads * row, sp.seq_lens = index_count_.get() + first;
     sp.out = static_cast<bf16*>(mp.out) + static_cast<size_t>(first) * heads * rank;
-    sp.num_splits = plan.num_splits, sp.workspace = sparse_ws_.get(), sp.workspace_bytes = sparse_ws_.bytes();
-    RETURN_IF_ERROR(RunMlaDecode(sp));
+    RETURN_IF_ERROR(RunMlaOnScratch(sparse_, n, sp));
   }
   return absl::OkStatus();
 }

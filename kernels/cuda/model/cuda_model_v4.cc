@@ -45,7 +45,7 @@ absl::Status CudaModel::InitV4() {
   V4State& v = *v4_;
   const size_t t = max_tokens_, segs = max_rows_;
   const size_t h = c.hidden_size, hc = c.hc_mult, heads = c.num_attention_heads, d = c.head_dim;
-  const size_t ni = c.index_n_heads, di = c.index_head_dim;
+  const size_t di = c.index_head_dim;
   size_t a_width = 0;
   int min_rate = 0;
   bool csa = false;
@@ -67,13 +67,7 @@ absl::Status CudaModel::InitV4() {
   RETURN_IF_ERROR(v.q.Reallocate(t * heads * d));
   RETURN_IF_ERROR(v.attn.Reallocate(t * heads * d));
   RETURN_IF_ERROR(v.grouped.Reallocate(t * c.o_groups * c.o_lora_rank));
-  if (csa) {
-    index_max_keys_ = std::max(max_model_len_ / c.compress_rate_csa, 1);
-    RETURN_IF_ERROR(index_q_.Reallocate(t * ni * di));
-    RETURN_IF_ERROR(index_scores_.Reallocate(t * index_max_keys_));
-    RETURN_IF_ERROR(index_selected_.Reallocate(t * c.index_topk));
-    RETURN_IF_ERROR(index_count_.Reallocate(t));
-  }
+  if (csa) RETURN_IF_ERROR(InitIndexer(std::max(max_model_len_ / c.compress_rate_csa, 1)));  // an entry per rate tokens
   RETURN_IF_ERROR(v.seg_from.Reallocate(segs));
   RETURN_IF_ERROR(v.seg_last.Reallocate(segs));
   v.fast = static_cast<int>(d) == mla::kLatentDim && c.qk_rope_head_dim == mla::kRopeDim &&
@@ -87,31 +81,20 @@ absl::Status CudaModel::InitV4() {
       most = std::max(most, c.layer_types[l] == V4AttentionType::kCompressedSparse ? c.index_topk
                                                                                    : max_model_len_ / rate);
     }
-    v.key_stride = (c.sliding_window + most + kKvBlockSize - 1) / kKvBlockSize * kKvBlockSize;
-    v.key_tokens = std::min(max_tokens_, std::max(max_rows_, 256));
+    RETURN_IF_ERROR(InitMlaScratch(c.sliding_window + most, &v.keys));
     RETURN_IF_ERROR(v.q576.Reallocate(t * heads * kRow));
     // The query's last 64 values stay zero: the keys' are zero there too.
     RETURN_IF_CUDA_ERROR(cudaMemset(v.q576.get(), 0, v.q576.bytes()));
-    RETURN_IF_ERROR(v.keys.Reallocate(static_cast<size_t>(v.key_tokens) * v.key_stride * kRow));
-    std::vector<int32_t> table(static_cast<size_t>(v.key_tokens) * v.key_stride / kKvBlockSize);
-    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
-    RETURN_IF_ERROR(v.key_table.Reallocate(table.size()));
-    RETURN_IF_ERROR(v.key_table.CopyFrom(table));
     RETURN_IF_ERROR(v.key_count.Reallocate(t));
     RETURN_IF_ERROR(v.o.Reallocate(t * heads * d));
     RETURN_IF_ERROR(v.lse.Reallocate(t * heads));
-    size_t ws = 0;
-    for (int n = 1; n <= v.key_tokens; ++n) {
-      ws = std::max(ws, PlanMlaDecode(n, static_cast<int>(heads), v.key_stride, info_.num_sms).workspace_bytes);
-    }
-    RETURN_IF_ERROR(v.ws.Reallocate(ws));
   }
   RETURN_IF_ERROR(UploadRope(c, c.rope, &v.main_inv_freq, &v.main_rope));
   return UploadRope(c, c.compress_rope, &v.compress_inv_freq, &v.compress_rope);
 }
 
 absl::Status CudaModel::EnqueueMhcPre(const float* fn, const float* base, const float* scale, const bf16* norm,
-                                      int num_tokens) {
+                                      int num_tokens, bool router_input) {
   const ModelConfig& c = config_;
   V4State& v = *v4_;
   cudaStream_t s = stream_.get();
@@ -126,7 +109,8 @@ absl::Status CudaModel::EnqueueMhcPre(const float* fn, const float* base, const 
   RETURN_IF_ERROR(RunMhcPre(p));
   RmsNormF32Params np;
   np.x = v.collapsed.get(), np.weight = norm, np.num_rows = num_tokens, np.n = h;
-  np.eps = static_cast<float>(c.rms_norm_eps), np.y = normed_.get(), np.y_f32 = normed_f32_.get(), np.stream = s;
+  np.eps = static_cast<float>(c.rms_norm_eps), np.y = normed_.get(), np.stream = s;
+  np.y_f32 = router_input ? normed_f32_.get() : nullptr;
   return RunRmsNormF32(np);
 }
 
@@ -141,21 +125,20 @@ absl::Status CudaModel::EnqueueV4Layers(const Batch& b, ExpertClient* experts) {
   const ModelConfig& c = config_;
   cudaStream_t s = stream_.get();
   const int t = b.num_tokens, h = c.hidden_size;
-  v4_->pass_tokens = t;
-  EmbedStreamsParams ep;
-  ep.table = weights_->embed(), ep.token_ids = d_tokens_.get(), ep.num_tokens = t, ep.hc = c.hc_mult, ep.hidden = h;
-  ep.x = x_.get(), ep.stream = s;
-  RETURN_IF_ERROR(RunEmbedStreams(ep));
+  EmbedParams ep;
+  ep.table = weights_->embed(), ep.token_ids = d_tokens_.get(), ep.num_tokens = t, ep.hidden = h;
+  ep.copies = c.hc_mult, ep.out = x_.get(), ep.stream = s;
+  RETURN_IF_ERROR(RunEmbed(ep));
   RETURN_IF_ERROR(Mark(1));
   routing_rows_ = t;
   dispatch_tokens_ = b.real_tokens >= 0 ? b.real_tokens : t;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const DeviceLayerWeights& w = weights_->layer(l);
-    RETURN_IF_ERROR(EnqueueMhcPre(w.v4.hc_attn_fn, w.v4.hc_attn_base, w.v4.hc_attn_scale, w.input_norm, t));
+    RETURN_IF_ERROR(EnqueueMhcPre(w.v4.hc_attn_fn, w.v4.hc_attn_base, w.v4.hc_attn_scale, w.input_norm, t, false));
     RETURN_IF_ERROR(EnqueueV4Attention(b, l));
     RETURN_IF_ERROR(EnqueueMhcPost(t));
     RETURN_IF_ERROR(Mark(2 + 2 * l));
-    RETURN_IF_ERROR(EnqueueMhcPre(w.v4.hc_ffn_fn, w.v4.hc_ffn_base, w.v4.hc_ffn_scale, w.post_norm, t));
+    RETURN_IF_ERROR(EnqueueMhcPre(w.v4.hc_ffn_fn, w.v4.hc_ffn_base, w.v4.hc_ffn_scale, w.post_norm, t, true));
     RETURN_IF_CUDA_ERROR(cudaMemsetAsync(v4_->y.get(), 0, static_cast<size_t>(t) * h * sizeof(float), s));
     RETURN_IF_ERROR(EnqueueMoe(l, t, experts));
     RETURN_IF_ERROR(EnqueueMhcPost(t));
@@ -171,7 +154,7 @@ absl::Status CudaModel::EnqueueV4Attention(const Batch& b, int l) {
   cudaStream_t s = stream_.get();
   const int t = b.num_tokens, h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim;
   const int qr = c.q_lora_rank, ni = c.index_n_heads, di = c.index_head_dim;
-  const int rate = c.CompressRate(l), series = c.CompressSeries(l), a = w.a_width;
+  const int rate = c.CompressRate(l), a = w.a_width;
   const V4AttentionType type = c.layer_types[l];
   const bool csa = type == V4AttentionType::kCompressedSparse;
   const RopeTableView& rope = type == V4AttentionType::kSliding ? v.main_rope : v.compress_rope;
@@ -296,20 +279,15 @@ absl::Status CudaModel::EnqueueV4FastAttention(const V4AttentionParams& ap) {
   sc.dst = v.q576.get(), sc.dst_token_stride = heads * kRow, sc.dst_row_stride = kRow, sc.dst_offset = 0;
   sc.num_tokens = t, sc.num_rows = heads, sc.dim = d, sc.stream = s;
   RETURN_IF_ERROR(RunSliceCopy(sc));
-  const int per_token = v.key_stride / kKvBlockSize;
-  for (int first = 0; first < t; first += v.key_tokens) {
-    const int n = std::min(v.key_tokens, t - first);
-    RETURN_IF_ERROR(RunV4GatherKeys(ap, first, n, v.key_stride, kRow, v.keys.get(), v.key_count.get()));
-    const MlaDecodePlan plan = PlanMlaDecode(n, heads, v.key_stride, info_.num_sms);
+  for (int first = 0; first < t; first += v.keys.tokens) {
+    const int n = std::min(v.keys.tokens, t - first);
+    RETURN_IF_ERROR(RunV4GatherKeys(ap, first, n, v.keys.stride, kRow, v.keys.rows.get(), v.key_count.get()));
     MlaDecodeParams mp;
-    mp.q = v.q576.get() + static_cast<size_t>(first) * heads * kRow, mp.kv_cache = v.keys.get();
-    mp.block_table = v.key_table.get(), mp.seq_lens = v.key_count.get() + first;
-    mp.batch = n, mp.num_heads = heads, mp.kv_lora_rank = mla::kLatentDim, mp.rope_dim = mla::kRopeDim;
-    mp.num_blocks = v.key_tokens * per_token, mp.max_blocks_per_seq = per_token, mp.max_seq_len = v.key_stride;
-    mp.softmax_scale = ap.scale, mp.out = v.o.get() + static_cast<size_t>(first) * heads * d;
-    mp.out_type = OutType::kFloat32, mp.lse = v.lse.get() + static_cast<size_t>(first) * heads;
-    mp.num_splits = plan.num_splits, mp.workspace = v.ws.get(), mp.workspace_bytes = v.ws.bytes(), mp.stream = s;
-    RETURN_IF_ERROR(RunMlaDecode(mp));
+    mp.q = v.q576.get() + static_cast<size_t>(first) * heads * kRow, mp.seq_lens = v.key_count.get() + first;
+    mp.num_heads = heads, mp.softmax_scale = ap.scale;
+    mp.out = v.o.get() + static_cast<size_t>(first) * heads * d, mp.out_type = OutType::kFloat32;
+    mp.lse = v.lse.get() + static_cast<size_t>(first) * heads;
+    RETURN_IF_ERROR(RunMlaOnScratch(v.keys, n, mp));
   }
   V4AttnFinishParams fp;
   fp.o = v.o.get(), fp.lse = v.lse.get(), fp.sinks = ap.sinks, fp.seq_lens = ap.seq_lens;
@@ -317,12 +295,12 @@ absl::Status CudaModel::EnqueueV4FastAttention(const V4AttentionParams& ap) {
   return RunV4AttnFinish(fp);
 }
 
-absl::Status CudaModel::EnqueueV4Head(int num_rows) {
+absl::Status CudaModel::EnqueueV4Head(int num_tokens, int num_rows) {
   const ModelConfig& c = config_;
   V4State& v = *v4_;
   cudaStream_t s = stream_.get();
   const int h = c.hidden_size, hc = c.hc_mult;
-  RETURN_IF_ERROR(gemm_->RunF32(x_.get(), weights_->hc_head_fn(), v.mix.get(), v.pass_tokens, hc, hc * h, false, s));
+  RETURN_IF_ERROR(gemm_->RunF32(x_.get(), weights_->hc_head_fn(), v.mix.get(), num_tokens, hc, hc * h, false, s));
   MhcPreParams p;
   p.x = x_.get(), p.mix = v.mix.get(), p.rows = d_head_rows_.get();
   p.base = weights_->hc_head_base(), p.scale = weights_->hc_head_scale();

@@ -81,21 +81,28 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
       add(&w.dense_down, h * c.intermediate_size, fan(c.intermediate_size));
       continue;
     }
-    const int64_t e = c.n_routed_experts, inter = c.moe_intermediate_size;
-    add(&w.router, e * h, fan(h));
-    if (c.topk_method == TopkMethod::kNoauxTc) add(&w.router_bias, e, 0.01f);
-    if (shared_intermediate_ > 0) {
-      add(&w.shared_gate_up, 2 * static_cast<int64_t>(shared_intermediate_) * h, fan(h));
-      add(&w.shared_down, h * shared_intermediate_, fan(shared_intermediate_));
-    }
-    if (routed_experts_) {
-      add(&w.experts_gate_up, e * 2 * inter * h, fan(h), 0.0f, Kind::kExpert);
-      add(&w.experts_down, e * h * inter, fan(inter), 0.0f, Kind::kExpert);
-    }
+    AddMoe(c, c.topk_method == TopkMethod::kNoauxTc, &w, slots);
   }
   add(&norm_, h, 0.05f, 1.0f);
   if (!c.tie_word_embeddings) add(&lm_head_, c.vocab_size * h, fan(h));
   return Place(c, *slots);
+}
+
+void DeviceWeights::AddMoe(const ModelConfig& c, bool router_bias, DeviceLayerWeights* w,
+                           std::vector<Slot>* slots) {
+  auto fan = [](int64_t k) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))); };
+  const int64_t h = c.hidden_size, e = c.n_routed_experts, inter = c.moe_intermediate_size;
+  w->is_moe = true;
+  Add(slots, &w->router, e * h, fan(h));
+  if (router_bias) Add(slots, &w->router_bias, e, 0.01f);
+  if (shared_intermediate_ > 0) {
+    Add(slots, &w->shared_gate_up, 2 * static_cast<int64_t>(shared_intermediate_) * h, fan(h));
+    Add(slots, &w->shared_down, h * shared_intermediate_, fan(shared_intermediate_));
+  }
+  if (routed_experts_) {
+    Add(slots, &w->experts_gate_up, e * 2 * inter * h, fan(h), 0.0f, Slot::Kind::kExpert);
+    Add(slots, &w->experts_down, e * h * inter, fan(inter), 0.0f, Slot::Kind::kExpert);
+  }
 }
 
 absl::Status DeviceWeights::Place(const ModelConfig& c, const std::vector<Slot>& slots_in) {

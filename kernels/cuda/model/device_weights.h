@@ -146,6 +146,8 @@ class DeviceWeights {
   DeviceWeights() = default;
   // Lays out every tensor of `config`; `slots` gets their pointers and sizes.
   absl::Status Allocate(const ModelConfig& config, std::vector<Slot>* slots);
+  // A MoE layer's router (and bias), shared expert and routed experts.
+  void AddMoe(const ModelConfig& config, bool router_bias, DeviceLayerWeights* w, std::vector<Slot>* slots);
   // DeepSeek-V4's layers (device_weights_v4.cc).
   void AddV4Layers(const ModelConfig& config, std::vector<Slot>* slots);
   absl::Status UploadV4(const ModelConfig& config, const AttentionWeights& attention,

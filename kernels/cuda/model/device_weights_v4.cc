@@ -40,23 +40,11 @@ void DeviceWeights::AddV4Layers(const ModelConfig& c, std::vector<Slot>* slots) 
       Add(slots, &v.index_norm, di, 0.05f, 1.0f);
       Add(slots, &w.index_wq_b, ni * di * qr, fan(qr));
     }
-    w.is_moe = true;
-    const int64_t e = c.n_routed_experts, inter = c.moe_intermediate_size;
-    Add(slots, &w.router, e * h, fan(h));
-    if (c.hash_layers[l]) {
+    if (c.hash_layers[l]) {  // experts from the token id; the router scores them (no bias)
       Add(slots, &v.tid2eid, static_cast<size_t>(c.vocab_size) * c.num_experts_per_tok, 0.0f, 0.0f,
           Kind::kExpertTable);
-    } else {
-      Add(slots, &w.router_bias, e, 0.01f);
     }
-    if (shared_intermediate_ > 0) {
-      Add(slots, &w.shared_gate_up, 2 * static_cast<int64_t>(shared_intermediate_) * h, fan(h));
-      Add(slots, &w.shared_down, h * shared_intermediate_, fan(shared_intermediate_));
-    }
-    if (routed_experts_) {
-      Add(slots, &w.experts_gate_up, e * 2 * inter * h, fan(h), 0.0f, Kind::kExpert);
-      Add(slots, &w.experts_down, e * h * inter, fan(inter), 0.0f, Kind::kExpert);
-    }
+    AddMoe(c, !c.hash_layers[l], &w, slots);
   }
   Add(slots, &hc_head_fn_, hc * hc * h, fan(hc * h));
   Add(slots, &hc_head_base_, hc, 0.5f);

@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/model/dsa_ops.h"
+#include "kernels/cuda/rope.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -190,13 +191,10 @@ __global__ void __launch_bounds__(kThreads) IndexKeyKernel(IndexKeyParams p) {
   const int position = p.positions[t];
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
-    float s, c;
-    sincosf(p.rope.inv_freq[i] * static_cast<float>(position), &s, &c);
-    c *= p.rope.attention_factor;
-    s *= p.rope.attention_factor;
-    const float x0 = k[a], x1 = k[b];
-    k[a] = x0 * c - x1 * s;
-    k[b] = x1 * c + x0 * s;
+    const float2 v = RopeRotate(make_float2(k[a], k[b]),
+                                RopeCosSin(p.rope.inv_freq, p.rope.attention_factor, i, position));
+    k[a] = v.x;
+    k[b] = v.y;
   }
   __syncthreads();
   bf16* dst = p.cache + static_cast<int64_t>(slot) * p.row_width + p.offset;

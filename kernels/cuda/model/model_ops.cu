@@ -16,8 +16,11 @@ constexpr int kThreads = 256;
 __global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p) {
   const int64_t t = blockIdx.x;
   const bf16* src = p.table + static_cast<int64_t>(p.token_ids[t]) * p.hidden;
-  float* dst = p.out + t * p.hidden;
-  for (int i = threadIdx.x; i < p.hidden; i += blockDim.x) dst[i] = __bfloat162float(src[i]);
+  float* dst = p.out + t * p.copies * p.hidden;
+  for (int i = threadIdx.x; i < p.hidden; i += blockDim.x) {
+    const float v = __bfloat162float(src[i]);
+    for (int j = 0; j < p.copies; ++j) dst[static_cast<int64_t>(j) * p.hidden + i] = v;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) RmsNormF32Kernel(RmsNormF32Params p) {
@@ -297,7 +300,7 @@ __global__ void __launch_bounds__(kMlaThreads) MlaGenericKernel(MlaDecodeParams 
 }  // namespace
 
 absl::Status RunEmbed(const EmbedParams& p) {
-  if (p.num_tokens < 0 || p.hidden <= 0) return absl::InvalidArgumentError("RunEmbed: bad shape");
+  if (p.num_tokens < 0 || p.hidden <= 0 || p.copies < 1) return absl::InvalidArgumentError("RunEmbed: bad shape");
   if (p.num_tokens == 0) return absl::OkStatus();
   if (!p.table || !p.token_ids || !p.out) return absl::InvalidArgumentError("RunEmbed: null pointer");
   EmbedKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);

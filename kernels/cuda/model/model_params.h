@@ -10,12 +10,14 @@
 
 namespace moesh::cuda {
 
-// out[t, :] = float(table[token_ids[t], :]).
+// out[t, j, :] = float(table[token_ids[t], :]) for j in [0, copies)
+// (DeepSeek-V4: every one of its hc_mult residual streams).
 struct EmbedParams {
   const bf16* table = nullptr;         // [vocab, hidden]
   const int32_t* token_ids = nullptr;  // [num_tokens], each in [0, vocab)
   int num_tokens = 0, hidden = 0;
-  float* out = nullptr;  // [num_tokens, hidden]
+  int copies = 1;
+  float* out = nullptr;  // [num_tokens, copies, hidden]
   cudaStream_t stream = nullptr;
 };
 

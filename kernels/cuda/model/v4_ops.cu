@@ -1,7 +1,6 @@
 // DeepSeek-V4's ops (v4_ops.h states the math of each; the CPU references are
-// kernels/cpu/mhc.cc and common/model/v4_model.cc). RoPE as everywhere here:
-// angle = inv_freq[i] * position in fp32, (cos, sin) times attention_factor,
-// interleaved pairs; a negative position undoes a rotation.
+// kernels/cpu/mhc.cc and common/model/v4_model.cc). RoPE: rope.cuh's, on
+// interleaved pairs.
 #include <algorithm>
 #include <cfloat>
 
@@ -10,6 +9,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/model/v4_ops.h"
+#include "kernels/cuda/rope.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -22,13 +22,7 @@ constexpr int kKeyTile = 16;  // attention keys staged in shared memory at a tim
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float2 CosSin(const RopeTableView& r, int i, int position) {
-  float s, c;
-  sincosf(r.inv_freq[i] * static_cast<float>(position), &s, &c);
-  return make_float2(c * r.attention_factor, s * r.attention_factor);
-}
-
-__device__ __forceinline__ float2 Rotate(float2 v, float2 cs) {
-  return make_float2(v.x * cs.x - v.y * cs.y, v.y * cs.x + v.x * cs.y);
+  return RopeCosSin(r.inv_freq, r.attention_factor, i, position);
 }
 
 // Ropes the trailing rope.dim values of the dim values at `x` (shared memory,
@@ -37,7 +31,7 @@ __device__ void RopeTailShared(float* x, int dim, const RopeTableView& r, int po
   const int half = r.dim / 2, first = dim - r.dim;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     float2* pair = reinterpret_cast<float2*>(x + first + 2 * i);
-    *pair = Rotate(*pair, CosSin(r, i, position));
+    *pair = RopeRotate(*pair, CosSin(r, i, position));
   }
   __syncthreads();
 }
@@ -137,16 +131,6 @@ __global__ void __launch_bounds__(kThreads) MhcPostKernel(MhcPostParams p) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) EmbedStreamsKernel(EmbedStreamsParams p) {
-  const int64_t t = blockIdx.x;
-  const bf16* src = p.table + static_cast<int64_t>(p.token_ids[t]) * p.hidden;
-  float* dst = p.x + t * p.hc * p.hidden;
-  for (int d = threadIdx.x; d < p.hidden; d += blockDim.x) {
-    const float v = __bfloat162float(src[d]);
-    for (int j = 0; j < p.hc; ++j) dst[static_cast<int64_t>(j) * p.hidden + d] = v;
-  }
-}
-
 // ---- attention inputs ------------------------------------------------------
 
 // One warp per (token, head); lane l holds pairs l, l + 32, ...
@@ -172,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) V4HeadsKernel(V4HeadsParams p) {
       const int i = lane + 32 * k;
       if (i >= half) continue;
       float2 o = make_float2(v[k].x * inv, v[k].y * inv);
-      if (i >= first) o = Rotate(o, CosSin(p.rope, i - first, position));
+      if (i >= first) o = RopeRotate(o, CosSin(p.rope, i - first, position));
       x[i] = __floats2bfloat162_rn(o.x, o.y);
     }
   }
@@ -242,6 +226,32 @@ __global__ void __launch_bounds__(kThreads) V4CompressKernel(V4CompressParams p)
   for (int f = threadIdx.x; f < p.dim; f += blockDim.x) out[f] = __float2bfloat16_rn(entry[f]);
 }
 
+// The keys token t attends to, in order: its window's cache rows, then its
+// sequence's entries (none, all visible, or the selected); Key(j) is key j's
+// first value. A padding row (length 0) has none.
+struct V4KeyList {
+  const V4AttentionParams& p;
+  const int32_t* bt;
+  const int32_t* sel;
+  int n_win, win_first, total;
+  __device__ V4KeyList(const V4AttentionParams& params, int t) : p(params) {
+    const int len = p.seq_lens[t];
+    bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
+    sel = p.selected != nullptr ? p.selected + static_cast<int64_t>(t) * p.top_k : nullptr;
+    n_win = len > 0 ? min(p.window, len) : 0;
+    win_first = len - n_win;
+    const int n_ent = len == 0 || p.keys == V4Keys::kSlidingOnly ? 0
+                      : p.keys == V4Keys::kAllEntries            ? len / p.rate
+                                                                 : p.count[t];
+    total = n_win + n_ent;
+  }
+  __device__ const bf16* Key(int j) const {
+    if (j < n_win) return p.cache + CacheRow(bt, win_first + j) * p.row_width;
+    const int e = p.keys == V4Keys::kSelectedEntries ? sel[j - n_win] : j - n_win;
+    return p.entries + CacheRow(bt, e) * p.entry_row_width;
+  }
+};
+
 // Block (token, 8 heads), a warp per head; keys staged kKeyTile at a time in
 // shared memory as fp32; online softmax started from the sink.
 template <int kPairs>
@@ -272,26 +282,12 @@ __global__ void __launch_bounds__(kThreads) V4AttentionKernel(V4AttentionParams 
     }
   }
   float mx = active ? p.sinks[head] : 0.0f, sum = 1.0f;  // the sink's exp(sink - mx)
-  const int n_win = min(p.window, len), first = len - n_win;
-  const int n_ent = p.keys == V4Keys::kSlidingOnly   ? 0
-                    : p.keys == V4Keys::kAllEntries ? len / p.rate
-                                                    : p.count[t];
-  const int total = n_win + n_ent;
-  const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
-  const int32_t* sel = p.selected + static_cast<int64_t>(t) * p.top_k;
-  for (int base = 0; base < total; base += kKeyTile) {
-    const int n = min(kKeyTile, total - base);
+  const V4KeyList keys(p, t);
+  for (int base = 0; base < keys.total; base += kKeyTile) {
+    const int n = min(kKeyTile, keys.total - base);
     __syncthreads();  // the previous tile is read
     for (int i = threadIdx.x; i < n * dim; i += blockDim.x) {
-      const int j = base + i / dim, x = i % dim;
-      float v;
-      if (j < n_win) {
-        v = __bfloat162float(p.cache[CacheRow(bt, first + j) * p.row_width + x]);
-      } else {
-        const int e = p.keys == V4Keys::kSelectedEntries ? sel[j - n_win] : j - n_win;
-        v = __bfloat162float(p.entries[CacheRow(bt, e) * p.entry_row_width + x]);
-      }
-      keys_smem[i] = v;
+      keys_smem[i] = __bfloat162float(keys.Key(base + i / dim)[i % dim]);
     }
     __syncthreads();
     if (!active) continue;
@@ -328,7 +324,7 @@ __global__ void __launch_bounds__(kThreads) V4AttentionKernel(V4AttentionParams 
     const int i = lane + 32 * k;
     if (i >= half) continue;
     float2 v = make_float2(o[k].x * inv, o[k].y * inv);
-    if (i >= rope_first) v = Rotate(v, CosSin(p.rope, i - rope_first, -pos));
+    if (i >= rope_first) v = RopeRotate(v, CosSin(p.rope, i - rope_first, -pos));
     out[i] = __floats2bfloat162_rn(v.x, v.y);
   }
 }
@@ -338,29 +334,14 @@ __global__ void __launch_bounds__(kThreads) V4GatherKeysKernel(V4AttentionParams
                                                               int out_width, bf16* keys, int32_t* key_count) {
   constexpr int kRows = 8;
   const int i = blockIdx.y, t = first + i;
-  const int len = p.seq_lens[t], dim = p.dim;
-  const int n_win = len > 0 ? min(p.window, len) : 0, win_first = len - n_win;
-  const int n_ent = len == 0                           ? 0
-                    : p.keys == V4Keys::kSlidingOnly   ? 0
-                    : p.keys == V4Keys::kAllEntries    ? len / p.rate
-                                                       : p.count[t];
-  const int total = n_win + n_ent;
-  if (blockIdx.x == 0 && threadIdx.x == 0) key_count[t] = total;
-  const int chunks = out_width / 8, key_chunks = dim / 8;
-  const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
-  const int32_t* sel = p.selected != nullptr ? p.selected + static_cast<int64_t>(t) * p.top_k : nullptr;
+  const V4KeyList list(p, t);
+  if (blockIdx.x == 0 && threadIdx.x == 0) key_count[t] = list.total;
+  const int chunks = out_width / 8, key_chunks = p.dim / 8;
   for (int c = threadIdx.x; c < kRows * chunks; c += blockDim.x) {
     const int j = blockIdx.x * kRows + c / chunks, k = c % chunks;
-    if (j >= total) continue;
+    if (j >= list.total) continue;
     uint4* dst = reinterpret_cast<uint4*>(keys + (static_cast<int64_t>(i) * stride + j) * out_width) + k;
-    if (k >= key_chunks) {
-      *dst = make_uint4(0, 0, 0, 0);
-    } else if (j < n_win) {
-      *dst = reinterpret_cast<const uint4*>(p.cache + CacheRow(bt, win_first + j) * p.row_width)[k];
-    } else {
-      const int e = p.keys == V4Keys::kSelectedEntries ? sel[j - n_win] : j - n_win;
-      *dst = reinterpret_cast<const uint4*>(p.entries + CacheRow(bt, e) * p.entry_row_width)[k];
-    }
+    *dst = k < key_chunks ? reinterpret_cast<const uint4*>(list.Key(j))[k] : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -377,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) V4AttnFinishKernel(V4AttnFinishParam
     for (int i = lane; i < half; i += 32) {
       float2 v = len > 0 ? o[i] : make_float2(0.0f, 0.0f);
       v = make_float2(v.x * keep, v.y * keep);
-      if (i >= rope_first && len > 0) v = Rotate(v, CosSin(p.rope, i - rope_first, -(len - 1)));
+      if (i >= rope_first && len > 0) v = RopeRotate(v, CosSin(p.rope, i - rope_first, -(len - 1)));
       out[i] = __floats2bfloat162_rn(v.x, v.y);
     }
   }
@@ -416,15 +397,6 @@ absl::Status RunMhcPost(const MhcPostParams& p) {
   const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535));
   MhcPostKernel<<<blocks, kThreads, 0, p.stream>>>(p);
   return LaunchStatus("MhcPostKernel");
-}
-
-absl::Status RunEmbedStreams(const EmbedStreamsParams& p) {
-  if (p.hc < 1 || p.hidden < 1 || p.num_tokens < 0 || !p.table || !p.token_ids || !p.x) {
-    return absl::InvalidArgumentError("RunEmbedStreams: need hc, hidden >= 1 and non-null pointers");
-  }
-  if (p.num_tokens == 0) return absl::OkStatus();
-  EmbedStreamsKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
-  return LaunchStatus("EmbedStreamsKernel");
 }
 
 absl::Status RunV4Heads(const V4HeadsParams& p) {

@@ -62,16 +62,6 @@ struct MhcPostParams {
 };
 absl::Status RunMhcPost(const MhcPostParams& p);
 
-// x[t, j, :] = float(table[token_ids[t], :]) for every stream j.
-struct EmbedStreamsParams {
-  const bf16* table = nullptr;
-  const int32_t* token_ids = nullptr;
-  int num_tokens = 0, hc = 0, hidden = 0;
-  float* x = nullptr;  // [num_tokens, hc, hidden]
-  cudaStream_t stream = nullptr;
-};
-absl::Status RunEmbedStreams(const EmbedStreamsParams& p);
-
 // Per token t and head r of x[t, r*dim : (r+1)*dim] (bf16, in place):
 // optionally an unweighted RMSNorm (eps), then RoPE (interleaved pairs) of the
 // trailing rope.dim dims at position seq_lens[t] - 1.

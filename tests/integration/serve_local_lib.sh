@@ -1,0 +1,45 @@
+# Sourced by the GPU integration tests (cuda_cluster_test.sh,
+# cuda_experts_test.sh), after they set MOESH:
+#   serve_local_setup NAME   a fresh $TMP (removed on exit, with the cluster
+#                            stopped), $PY (Debian's python3 first);
+#   fail MESSAGE             prints it and the cluster's last log lines, exits 1;
+#   start_serve_local ARGS   `moesh serve-local ARGS` on a free port ($port,
+#                            $pid), until it serves; exits 77 (ctest: skipped)
+#                            saying so where a worker finds no CUDA device.
+serve_local_setup() {
+  TMP=$(mktemp -d "${TEST_TMPDIR:-/tmp}/$1.XXXXXX")
+  PY=/usr/bin/python3
+  command -v "$PY" >/dev/null || PY=python3
+  pid=
+  trap serve_local_cleanup EXIT
+}
+
+serve_local_cleanup() {
+  if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  rm -rf "$TMP"
+}
+
+fail() {
+  echo "FAIL: $*" >&2
+  [ -f "$TMP/serve.log" ] && tail -20 "$TMP/serve.log" >&2
+  for f in "$TMP"/cluster/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -8 "$f" >&2; }; done
+  exit 1
+}
+
+start_serve_local() {
+  port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$MOESH" serve-local --port "$port" --work-dir "$TMP/cluster" "$@" >"$TMP/serve.out" 2>"$TMP/serve.log" &
+  pid=$!
+  for _ in $(seq 1 600); do
+    grep -q "moesh is serving" "$TMP/serve.out" 2>/dev/null && break
+    if ! kill -0 "$pid" 2>/dev/null; then
+      if grep -q -E "no CUDA device|no CUDA backend" "$TMP/serve.log" "$TMP"/cluster/*.log 2>/dev/null; then
+        echo "SKIPPED: no CUDA device here"
+        exit 77
+      fi
+      fail "serve-local $* exited"
+    fi
+    sleep 0.2
+  done
+  grep -q "moesh is serving" "$TMP/serve.out" || fail "the cluster did not come up"
+}
