@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "common/file_util.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
@@ -358,6 +359,30 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
     RETURN_IF_ERROR(WriteStringToFile(JoinPath(dir, "tokenizer.json"), options.tokenizer_json));
   }
   return writer.WriteCheckpoint(dir, options.num_shards);
+}
+
+absl::Status WriteBf16RoundedCopy(const std::string& dir, const std::string& out_dir) {
+  auto kept_f32 = [](const std::string& n) {
+    for (const char* suffix : {".gate.weight", ".gate.bias", "e_score_correction_bias", ".ape", ".attn_sink",
+                               "indexer.k_norm.weight", "indexer.k_norm.bias"}) {
+      if (absl::EndsWith(n, suffix)) return true;
+    }
+    return n.find("hc_") != std::string::npos;
+  };
+  RETURN_IF_ERROR(MakeDirs(out_dir));
+  ASSIGN_OR_RETURN(std::string config, ReadFileToString(JoinPath(dir, "config.json")));
+  RETURN_IF_ERROR(WriteStringToFile(JoinPath(out_dir, "config.json"), config));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  SafetensorsWriter w;
+  for (const auto& [name, t] : ckpt->tensors()) {
+    std::vector<uint8_t> bytes(t->data, t->data + t->nbytes);
+    if (t->dtype == DType::kF32 && !kept_f32(name)) {
+      float* v = reinterpret_cast<float*>(bytes.data());
+      for (int64_t i = 0; i < t->numel(); ++i) v[i] = Bf16ToF32(F32ToBf16(v[i]));
+    }
+    w.Add(name, t->dtype, t->shape, std::move(bytes));
+  }
+  return w.WriteCheckpoint(out_dir, 1);
 }
 
 }  // namespace moesh

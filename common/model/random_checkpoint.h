@@ -14,8 +14,9 @@
 namespace moesh {
 
 // family: "v2-lite" | "v2" | "v3" | "v3.2" | "v4"; preset: "tiny" | "small",
-// or "real" (the published model's own shapes: v2-lite (16B parameters) and
-// v3 (671B; V3 and R1 share them)).
+// or "real" (the published model's own shapes: v2-lite (16B parameters), v3
+// (671B; V3 and R1 share them), v3.2 (V3.2-Exp: v3 plus the indexer) and v4
+// (V4-Flash, transformers' DeepseekV4Config defaults)).
 // INVALID_ARGUMENT listing the choices otherwise.
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::string& preset);
 
@@ -32,6 +33,14 @@ struct RandomCheckpointOptions {
 // options.tokenizer_json is set, tokenizer.json.
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                    const RandomCheckpointOptions& options);
+
+// Writes <out_dir>/config.json and model.safetensors: the checkpoint in `dir`
+// with every fp32 tensor rounded to bf16 values (dtype kept) but those the
+// CUDA model keeps in fp32 (routers and their biases, V4's mHC mappings,
+// compressor ape and attention sinks, V3.2's indexer key norm): the weights
+// the GPU computes with, for the CPU engine to run on (cuda_model_test,
+// tests/golden/bf16_drift.cc). Checkpoints stored in bf16 come out unchanged.
+absl::Status WriteBf16RoundedCopy(const std::string& dir, const std::string& out_dir);
 
 }  // namespace moesh
 
