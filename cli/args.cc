@@ -28,7 +28,8 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
       args.values_[name] = "true";
     } else if (value_flags.count(name)) {
       if (!has_value) {
-        if (i + 1 >= argv.size()) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+        if (i + 1 >= argv.size())
+          return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
         value = argv[++i];
       }
       args.values_[name] = value;
@@ -56,7 +57,8 @@ absl::StatusOr<int64_t> Args::Int(const std::string& name, int64_t fallback) con
   if (!v) return fallback;
   int64_t out;
   if (!absl::SimpleAtoi(*v, &out)) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be an integer, got \"", *v, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be an integer, got \"", *v, "\""));
   }
   return out;
 }
@@ -66,7 +68,8 @@ absl::StatusOr<double> Args::Double(const std::string& name, double fallback) co
   if (!v) return fallback;
   double out;
   if (!absl::SimpleAtod(*v, &out)) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be a number, got \"", *v, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be a number, got \"", *v, "\""));
   }
   return out;
 }
@@ -78,7 +81,8 @@ absl::StatusOr<std::vector<int64_t>> Args::IntList(const std::string& name) cons
   for (absl::string_view part : absl::StrSplit(*v, ',', absl::SkipWhitespace())) {
     int64_t x;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &x)) {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, ": \"", part, "\" is not an integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": \"", part, "\" is not an integer"));
     }
     out.push_back(x);
   }

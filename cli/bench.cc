@@ -1,21 +1,21 @@
 // moesh bench: prefill and decode throughput of the colocated CPU engine.
-// `--device cuda` hands over to cuda_model_bench (kernels/cuda/model), the
+// `--device cuda` hands over to cuda_model_bench (tools/bench/model_bench.cc), the
 // GPU model's bench, since the moesh command itself does not link CUDA.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cerrno>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/base/status.h"
 #include "common/model/model.h"
 #include "common/model/weights.h"
-#include "common/status.h"
 
 namespace moesh::cli {
 namespace {
@@ -47,7 +47,8 @@ double Batch1WeightBytes(const ModelConfig& c) {
   for (const TensorSpec& t : CheckpointSchema(c)) {
     double n = 4.0;
     for (int64_t d : t.shape) n *= static_cast<double>(d);
-    if (t.name.find(".mlp.experts.") != std::string::npos) n *= static_cast<double>(c.num_experts_per_tok) / c.n_routed_experts;
+    if (t.name.find(".mlp.experts.") != std::string::npos)
+      n *= static_cast<double>(c.num_experts_per_tok) / c.n_routed_experts;
     total += n;
   }
   return total;
@@ -64,7 +65,8 @@ absl::Status ExecCudaBench(const std::vector<std::string>& argv) {
     dir = self;
     dir = dir.substr(0, dir.rfind('/'));
   }
-  for (const std::string& path : {dir + "/cuda_model_bench", dir + "/kernels/cuda/cuda_model_bench"}) {
+  for (const std::string& path :
+       {dir + "/cuda_model_bench", dir + "/tools/bench/cuda_model_bench"}) {
     if (access(path.c_str(), X_OK) != 0) continue;
     std::vector<char*> args;
     args.push_back(const_cast<char*>(path.c_str()));
@@ -73,8 +75,9 @@ absl::Status ExecCudaBench(const std::vector<std::string>& argv) {
     execv(path.c_str(), args.data());
     return absl::InternalError("exec " + path + ": " + std::strerror(errno));
   }
-  return absl::UnavailableError("--device cuda needs cuda_model_bench (built with the CUDA backend) in " + dir +
-                                " or " + dir + "/kernels/cuda");
+  return absl::UnavailableError(
+      "--device cuda needs cuda_model_bench (built with the CUDA backend) in " + dir + " or " +
+      dir + "/tools/bench");
 }
 
 }  // namespace
@@ -84,22 +87,26 @@ absl::Status RunBench(const std::vector<std::string>& argv) {
   // runs the services on the GPU instead.
   const bool serving = std::find(argv.begin(), argv.end(), "--serving") != argv.end();
   for (size_t i = 0; i < argv.size() && !serving; ++i) {
-    const bool cuda = argv[i] == "--device=cuda" || (argv[i] == "--device" && i + 1 < argv.size() && argv[i + 1] == "cuda");
+    const bool cuda = argv[i] == "--device=cuda" ||
+                      (argv[i] == "--device" && i + 1 < argv.size() && argv[i + 1] == "cuda");
     if (cuda) return ExecCudaBench(argv);
   }
-  ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
-                                          {"model", "batch", "prompt-len", "decode-steps", "concurrency", "requests",
-                                           "max-new-tokens", "modes", "bin-dir", "device", "expert-device",
-                                           "load-format", "expert-workers", "rebalance-timeline",
-                                           "rebalance-interval", "expert-placement", "temperature", "top-p", "top-k"},
-                                          {"serving"}));
+  ASSIGN_OR_RETURN(
+      Args args,
+      Args::Parse(argv,
+                  {"model", "batch", "prompt-len", "decode-steps", "concurrency", "requests",
+                   "max-new-tokens", "modes", "bin-dir", "device", "expert-device", "load-format",
+                   "expert-workers", "rebalance-timeline", "rebalance-interval", "expert-placement",
+                   "temperature", "top-p", "top-k"},
+                  {"serving"}));
   if (args.Bool("serving")) return RunServingBench(args);
   ASSIGN_OR_RETURN(std::string dir, args.Required("model"));
   ASSIGN_OR_RETURN(std::vector<int64_t> batches, args.IntList("batch"));
   if (batches.empty()) batches = {1, 4, 16};
   ASSIGN_OR_RETURN(int64_t prompt_len, args.Int("prompt-len", 128));
   ASSIGN_OR_RETURN(int64_t steps, args.Int("decode-steps", 32));
-  if (prompt_len < 1 || steps < 1) return absl::InvalidArgumentError("--prompt-len and --decode-steps must be >= 1");
+  if (prompt_len < 1 || steps < 1)
+    return absl::InvalidArgumentError("--prompt-len and --decode-steps must be >= 1");
 
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
   const ModelConfig& c = model->config();
@@ -113,8 +120,8 @@ absl::Status RunBench(const std::vector<std::string>& argv) {
   const double floor_ms = 1e3 * Batch1WeightBytes(c) / bandwidth;
   std::printf("memcpy bandwidth %.1f GB/s; batch-1 decode floor (weights read once) %.3f ms/step\n",
               bandwidth / 1e9, floor_ms);
-  std::printf("%6s %10s %14s %14s %14s %14s\n", "batch", "prompt", "prefill tok/s", "decode tok/s", "step ms",
-              "floor/step");
+  std::printf("%6s %10s %14s %14s %14s %14s\n", "batch", "prompt", "prefill tok/s", "decode tok/s",
+              "step ms", "floor/step");
   for (int64_t b : batches) {
     if (b < 1) return absl::InvalidArgumentError("--batch sizes must be >= 1");
     std::vector<SequenceKvCache> caches(b, model->NewCache());
@@ -139,8 +146,8 @@ absl::Status RunBench(const std::vector<std::string>& argv) {
     const double prefill = Seconds(t0, t1), decode = Seconds(t1, t2);
     const double step_ms = 1e3 * decode / steps;
     std::printf("%6lld %10lld %14.1f %14.1f %14.2f %13.0f%%\n", static_cast<long long>(b),
-                static_cast<long long>(prompt_len), b * prompt_len / prefill, b * steps / decode, step_ms,
-                100.0 * floor_ms / step_ms);
+                static_cast<long long>(prompt_len), b * prompt_len / prefill, b * steps / decode,
+                step_ms, 100.0 * floor_ms / step_ms);
   }
   return absl::OkStatus();
 }

@@ -17,10 +17,10 @@
 #include "absl/strings/str_split.h"
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "common/service/sampling_proto.h"
 #include "cli/local_cluster.h"
+#include "common/base/status.h"
 #include "common/model/config.h"
-#include "common/status.h"
+#include "common/service/sampling_proto.h"
 #include "moesh/v1/generation.grpc.pb.h"
 
 namespace moesh::cli {
@@ -51,8 +51,9 @@ struct LoadControl {
 
 // Every request samples with `sampling` (seeded per request when it is not
 // greedy, so runs repeat).
-LoadResult RunLoad(const std::string& server, int concurrency, int requests, int prompt_len, int max_new, int vocab,
-                   const v1::SamplingParams& sampling, LoadControl* control = nullptr) {
+LoadResult RunLoad(const std::string& server, int concurrency, int requests, int prompt_len,
+                   int max_new, int vocab, const v1::SamplingParams& sampling,
+                   LoadControl* control = nullptr) {
   if (control != nullptr) requests = std::numeric_limits<int>::max();
   auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
   std::atomic<int> next{0};
@@ -66,9 +67,11 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
       std::mt19937 rng(1000 + c);
       for (int i = next++; i < requests && (control == nullptr || !control->stop); i = next++) {
         v1::GenerateRequest req;
-        for (int t = 0; t < prompt_len; ++t) req.mutable_token_ids()->add_ids(2 + static_cast<int>(rng() % (vocab - 2)));
+        for (int t = 0; t < prompt_len; ++t)
+          req.mutable_token_ids()->add_ids(2 + static_cast<int>(rng() % (vocab - 2)));
         *req.mutable_sampling() = sampling;
-        if (sampling.temperature() > 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(i) + 1);
+        if (sampling.temperature() > 0)
+          req.mutable_sampling()->set_seed(static_cast<uint64_t>(i) + 1);
         req.mutable_stop()->set_max_new_tokens(max_new);
         req.mutable_stop()->set_ignore_eos(true);
         grpc::ClientContext ctx;
@@ -119,15 +122,17 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
 // automatic rebalancing on, under a steady load for S seconds: per second,
 // the output tokens/s, each expert worker's share of the routed tokens and
 // the balance ratio (busiest worker over the mean), and the rebalances done.
-absl::Status RunRebalanceTimeline(const Args& args, const ModelConfig& config, LocalClusterOptions o,
-                                  int64_t seconds, int concurrency, int prompt_len, int max_new) {
+absl::Status RunRebalanceTimeline(const Args& args, const ModelConfig& config,
+                                  LocalClusterOptions o, int64_t seconds, int concurrency,
+                                  int prompt_len, int max_new) {
   const int e = config.n_routed_experts;
-  const std::string placement = args.Get("expert-placement").value_or(
-      absl::StrCat("0-", 3 * e / 4 - 1, ",", 3 * e / 4, "-", e - 1));
+  const std::string placement =
+      args.Get("expert-placement")
+          .value_or(absl::StrCat("0-", 3 * e / 4 - 1, ",", 3 * e / 4, "-", e - 1));
   o.expert_workers = absl::StrSplit(placement, ',', absl::SkipEmpty());
   ASSIGN_OR_RETURN(const int64_t interval, args.Int("rebalance-interval", 5));
-  o.extra_router_flags = {absl::StrCat("--rebalance_interval_s=", interval), "--rebalance_min_ratio=1.2",
-                          absl::StrCat("--rebalance_slots=", e)};
+  o.extra_router_flags = {absl::StrCat("--rebalance_interval_s=", interval),
+                          "--rebalance_min_ratio=1.2", absl::StrCat("--rebalance_slots=", e)};
   o.work_dir = absl::StrCat("/tmp/moesh-bench-", getpid(), "-timeline");
   ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
   std::vector<const LocalCluster::Process*> experts;
@@ -136,9 +141,11 @@ absl::Status RunRebalanceTimeline(const Args& args, const ModelConfig& config, L
     if (absl::StartsWith(p.name, "expert-")) experts.push_back(&p);
     if (p.name == "router") router = &p;
   }
-  std::printf("rebalance timeline: expert workers %s, router --rebalance_interval_s=%lld --rebalance_min_ratio=1.2, "
-              "%d streams, prompt %d, %d new tokens\n",
-              placement.c_str(), static_cast<long long>(interval), concurrency, prompt_len, max_new);
+  std::printf(
+      "rebalance timeline: expert workers %s, router --rebalance_interval_s=%lld "
+      "--rebalance_min_ratio=1.2, "
+      "%d streams, prompt %d, %d new tokens\n",
+      placement.c_str(), static_cast<long long>(interval), concurrency, prompt_len, max_new);
   std::printf("| t s | out tok/s |");
   for (size_t w = 0; w < experts.size(); ++w) std::printf(" %s share |", experts[w]->name.c_str());
   std::printf(" balance (max/mean) | rebalances |\n|");
@@ -146,8 +153,8 @@ absl::Status RunRebalanceTimeline(const Args& args, const ModelConfig& config, L
   std::printf("\n");
   LoadControl control;
   std::thread load([&] {
-    RunLoad(cluster->router_address(), concurrency, 0, prompt_len, max_new, config.vocab_size, v1::SamplingParams(),
-            &control);
+    RunLoad(cluster->router_address(), concurrency, 0, prompt_len, max_new, config.vocab_size,
+            v1::SamplingParams(), &control);
   });
   std::vector<double> last(experts.size(), 0);
   int64_t last_tokens = 0;
@@ -166,10 +173,13 @@ absl::Status RunRebalanceTimeline(const Args& args, const ModelConfig& config, L
       busiest = std::max(busiest, delta[w]);
     }
     absl::StatusOr<std::string> rt = ScrapeMetrics(router->metrics_address);
-    const double rebalances = rt.ok() ? MetricValue(*rt, "moesh_rebalances_total{service=\"router\",result=\"ok\"}") : -1;
-    std::printf("| %lld | %.1f |", static_cast<long long>(t), static_cast<double>(tokens - last_tokens));
+    const double rebalances =
+        rt.ok() ? MetricValue(*rt, "moesh_rebalances_total{service=\"router\",result=\"ok\"}") : -1;
+    std::printf("| %lld | %.1f |", static_cast<long long>(t),
+                static_cast<double>(tokens - last_tokens));
     for (double d : delta) std::printf(" %.2f |", total > 0 ? d / total : 0.0);
-    std::printf(" %.2f | %.0f |\n", total > 0 ? busiest / (total / experts.size()) : 0.0, rebalances);
+    std::printf(" %.2f | %.0f |\n", total > 0 ? busiest / (total / experts.size()) : 0.0,
+                rebalances);
     std::fflush(stdout);
     last_tokens = tokens;
   }
@@ -194,13 +204,15 @@ absl::Status RunServingBench(const Args& args) {
   if (expert_workers < 1) return absl::InvalidArgumentError("--expert-workers: at least 1");
   std::vector<std::string> modes = absl::StrSplit(modes_flag, ',', absl::SkipEmpty());
   ASSIGN_OR_RETURN(const int64_t timeline, args.Int("rebalance-timeline", 0));
-  ASSIGN_OR_RETURN(const SamplingParams sp, SamplingFromFlags(args));  // greedy unless --temperature
+  ASSIGN_OR_RETURN(const SamplingParams sp,
+                   SamplingFromFlags(args));  // greedy unless --temperature
   RETURN_IF_ERROR(sp.Validate(config.vocab_size));
   v1::SamplingParams sampling;
   SamplingToProto(sp, &sampling);
-  const std::string sampling_text =
-      sp.temperature > 0 ? absl::StrCat("temperature ", sp.temperature, ", top-p ", sp.top_p, ", top-k ", sp.top_k, ", seeded")
-                         : "greedy";
+  const std::string sampling_text = sp.temperature > 0
+                                        ? absl::StrCat("temperature ", sp.temperature, ", top-p ",
+                                                       sp.top_p, ", top-k ", sp.top_k, ", seeded")
+                                        : "greedy";
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   const std::string bin = len > 0 ? std::string(self, len) : "./moesh";
@@ -216,13 +228,16 @@ absl::Status RunServingBench(const Args& args) {
     return RunRebalanceTimeline(args, config, o, timeline, static_cast<int>(concurrencies.front()),
                                 static_cast<int>(prompt_len), static_cast<int>(max_new));
   }
-  std::printf("serving bench: %s (%s) on %s (experts %s), %lld requests per row, prompt %lld tokens, %lld new tokens, "
-              "%s\n",
-              model.c_str(), config.Fingerprint().c_str(), device.c_str(),
-              expert_device.empty() ? device.c_str() : expert_device.c_str(), static_cast<long long>(requests),
-              static_cast<long long>(prompt_len), static_cast<long long>(max_new), sampling_text.c_str());
-  std::printf("%-18s %5s %8s %10s %12s %10s %10s %10s %10s %7s\n", "mode", "conc", "req/s", "out tok/s", "e2e p50 ms",
-              "ttft p50", "ttft p99", "itl p50", "itl p99", "errors");
+  std::printf(
+      "serving bench: %s (%s) on %s (experts %s), %lld requests per row, prompt %lld tokens, %lld "
+      "new tokens, "
+      "%s\n",
+      model.c_str(), config.Fingerprint().c_str(), device.c_str(),
+      expert_device.empty() ? device.c_str() : expert_device.c_str(),
+      static_cast<long long>(requests), static_cast<long long>(prompt_len),
+      static_cast<long long>(max_new), sampling_text.c_str());
+  std::printf("%-18s %5s %8s %10s %12s %10s %10s %10s %10s %7s\n", "mode", "conc", "req/s",
+              "out tok/s", "e2e p50 ms", "ttft p50", "ttft p99", "itl p50", "itl p99", "errors");
   for (const std::string& mode : modes) {
     LocalClusterOptions o;
     o.model_dir = model;
@@ -232,9 +247,11 @@ absl::Status RunServingBench(const Args& args) {
     o.device = device;
     o.expert_device = expert_device;
     o.load_format = load_format;
-    for (int64_t i = 0; i < expert_workers; ++i) o.expert_workers.push_back(absl::StrCat(i, "/", expert_workers));
+    for (int64_t i = 0; i < expert_workers; ++i)
+      o.expert_workers.push_back(absl::StrCat(i, "/", expert_workers));
     if (mode == "colocated") {
-      o.extra_router_flags = {"--colocated", "--kv_blocks=4096", "--device=" + device, "--load_format=" + load_format};
+      o.extra_router_flags = {"--colocated", "--kv_blocks=4096", "--device=" + device,
+                              "--load_format=" + load_format};
       o.expert_workers = {"0-0"};
       o.num_prefill = 0;
       o.num_decode = 0;
@@ -246,22 +263,26 @@ absl::Status RunServingBench(const Args& args) {
       o.transport = "nccl";
     } else if (mode == "cluster-ipc") {
       o.transport = "cuda_ipc";
-    } else if (mode == "cluster-ipc-hostkv") {  // cuda_ipc with the KV handed off through the host, for comparison
+    } else if (mode == "cluster-ipc-hostkv") {  // cuda_ipc with the KV handed off through the host,
+                                                // for comparison
       o.transport = "cuda_ipc";
       o.extra_prefill_flags = {"--kv_handoff=host"};
     } else if (mode != "cluster") {
-      return absl::InvalidArgumentError(absl::StrCat("unknown mode \"", mode,
-                                                     "\" (cluster, cluster-nopp, cluster-ucx, cluster-nccl, "
-                                                     "cluster-ipc, cluster-ipc-hostkv, colocated)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown mode \"", mode,
+                       "\" (cluster, cluster-nopp, cluster-ucx, cluster-nccl, "
+                       "cluster-ipc, cluster-ipc-hostkv, colocated)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
     for (int64_t c : concurrencies) {
-      LoadResult r = RunLoad(cluster->router_address(), static_cast<int>(c), static_cast<int>(requests),
-                             static_cast<int>(prompt_len), static_cast<int>(max_new), config.vocab_size, sampling);
+      LoadResult r = RunLoad(cluster->router_address(), static_cast<int>(c),
+                             static_cast<int>(requests), static_cast<int>(prompt_len),
+                             static_cast<int>(max_new), config.vocab_size, sampling);
       std::printf("%-18s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d\n", mode.c_str(),
                   static_cast<long long>(c), r.ok / r.seconds, r.output_tokens / r.seconds,
-                  1e3 * Percentile(r.e2e, 0.5), 1e3 * Percentile(r.ttft, 0.5), 1e3 * Percentile(r.ttft, 0.99),
-                  1e3 * Percentile(r.itl, 0.5), 1e3 * Percentile(r.itl, 0.99), r.failed);
+                  1e3 * Percentile(r.e2e, 0.5), 1e3 * Percentile(r.ttft, 0.5),
+                  1e3 * Percentile(r.ttft, 0.99), 1e3 * Percentile(r.itl, 0.5),
+                  1e3 * Percentile(r.itl, 0.99), r.failed);
       if (r.failed > 0) std::printf("  first error: %s\n", r.first_error.c_str());
       std::fflush(stdout);
     }

@@ -6,21 +6,22 @@
 #include "absl/strings/str_cat.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/base/status.h"
+#include "common/rpc/grpc_util.h"
 #include "common/service/sampling_proto.h"
-#include "common/service/grpc_util.h"
-#include "common/status.h"
 #include "moesh/v1/generation.grpc.pb.h"
 #include "nlohmann/json.hpp"
 
 namespace moesh::cli {
 
 absl::Status RunComplete(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
-                                          {"server", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k",
-                                           "top-p", "min-p", "seed", "top-logprobs", "stop-token-ids", "stop",
-                                           "timeout", "request-id", "repetition-penalty", "presence-penalty",
-                                           "frequency-penalty"},
-                                          {"ignore-eos", "json"}));
+  ASSIGN_OR_RETURN(
+      Args args,
+      Args::Parse(argv,
+                  {"server", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k",
+                   "top-p", "min-p", "seed", "top-logprobs", "stop-token-ids", "stop", "timeout",
+                   "request-id", "repetition-penalty", "presence-penalty", "frequency-penalty"},
+                  {"ignore-eos", "json"}));
   ASSIGN_OR_RETURN(std::string server, args.Required("server"));
   v1::GenerateRequest req;
   if (auto id = args.Get("request-id")) req.set_request_id(*id);
@@ -44,21 +45,25 @@ absl::Status RunComplete(const std::vector<std::string>& argv) {
   if (auto s = args.Get("stop")) stop->add_stop_strings(*s);
   stop->set_ignore_eos(args.Bool("ignore-eos"));
 
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::Generation::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ASSIGN_OR_RETURN(double timeout, args.Double("timeout", 600));
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
   auto reader = stub->Generate(&ctx, req);
   const bool json = args.Bool("json");
   v1::GenerateResponse m;
-  nlohmann::json out = {{"output_ids", nlohmann::json::array()}, {"top_logprobs", nlohmann::json::array()}};
+  nlohmann::json out = {{"output_ids", nlohmann::json::array()},
+                        {"top_logprobs", nlohmann::json::array()}};
   std::string text;
   v1::FinalInfo fin;
   while (reader->Read(&m)) {
     for (int32_t t : m.token_ids()) out["output_ids"].push_back(t);
     for (const auto& lp : m.logprobs()) {
       nlohmann::json row = nlohmann::json::array();
-      for (const auto& c : lp.candidates()) row.push_back({{"id", c.id()}, {"logprob", c.logprob()}});
+      for (const auto& c : lp.candidates())
+        row.push_back({{"id", c.id()}, {"logprob", c.logprob()}});
       out["top_logprobs"].push_back(row);
     }
     text += m.text();
@@ -78,7 +83,8 @@ absl::Status RunComplete(const std::vector<std::string>& argv) {
   if (json) {
     out["finish_reason"] = reason;
     out["text"] = text;
-    out["usage"] = {{"prompt_tokens", fin.usage().prompt_tokens()}, {"completion_tokens", fin.usage().completion_tokens()}};
+    out["usage"] = {{"prompt_tokens", fin.usage().prompt_tokens()},
+                    {"completion_tokens", fin.usage().completion_tokens()}};
     out["time_to_first_token_seconds"] = fin.timings().time_to_first_token_seconds();
     std::cout << out.dump() << std::endl;
   } else {

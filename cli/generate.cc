@@ -1,4 +1,6 @@
 // moesh generate: offline generation from a model directory.
+#include "common/engine/generate.h"
+
 #include <cstdio>
 #include <iostream>
 
@@ -6,11 +8,10 @@
 #include "absl/strings/str_join.h"
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "common/engine/generate.h"
+#include "common/backend/backends.h"
+#include "common/base/status.h"
 #include "common/model/model.h"
 #include "common/model/safetensors.h"
-#include "common/service/backends.h"
-#include "common/status.h"
 #include "nlohmann/json.hpp"
 
 namespace moesh::cli {
@@ -41,18 +42,21 @@ absl::StatusOr<SamplingParams> SamplingFromFlags(const Args& args) {
 }
 
 absl::Status RunGenerate(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(Args args, Args::Parse(argv,
-                                          {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k",
-                                           "top-p", "min-p", "seed", "top-logprobs", "stop-token-ids",
-                                           "repetition-penalty", "presence-penalty", "frequency-penalty", "device",
-                                           "gpu-memory-utilization"},
-                                          {"ignore-eos", "json"}));
+  ASSIGN_OR_RETURN(
+      Args args,
+      Args::Parse(argv,
+                  {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p",
+                   "min-p", "seed", "top-logprobs", "stop-token-ids", "repetition-penalty",
+                   "presence-penalty", "frequency-penalty", "device", "gpu-memory-utilization"},
+                  {"ignore-eos", "json"}));
   ASSIGN_OR_RETURN(std::string dir, args.Required("model"));
   ASSIGN_OR_RETURN(std::vector<int64_t> prompt64, args.IntList("prompt-ids"));
-  if (prompt64.empty()) return absl::InvalidArgumentError("--prompt-ids is required (e.g. --prompt-ids 5,17,300)");
+  if (prompt64.empty())
+    return absl::InvalidArgumentError("--prompt-ids is required (e.g. --prompt-ids 5,17,300)");
   std::vector<int32_t> prompt;
   for (int64_t t : prompt64) {
-    if (t < INT32_MIN || t > INT32_MAX) return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is out of range"));
+    if (t < INT32_MIN || t > INT32_MAX)
+      return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is out of range"));
     prompt.push_back(static_cast<int32_t>(t));
   }
   StopParams stop;
@@ -100,7 +104,8 @@ absl::Status RunGenerate(const std::vector<std::string>& argv) {
     return absl::OkStatus();
   }
   std::cout << "prompt (" << prompt.size() << " tokens): " << absl::StrJoin(prompt, " ") << "\n";
-  std::cout << "output (" << r.output_ids.size() << " tokens): " << absl::StrJoin(r.output_ids, " ") << "\n";
+  std::cout << "output (" << r.output_ids.size() << " tokens): " << absl::StrJoin(r.output_ids, " ")
+            << "\n";
   std::cout << "finish reason: " << FinishReasonName(r.finish_reason) << "\n";
   for (size_t i = 0; i < r.top_logprobs.size(); ++i) {
     std::cout << "  step " << i << ":";

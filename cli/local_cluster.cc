@@ -2,11 +2,11 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,9 +18,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
+#include "common/base/status.h"
 #include "common/model/config.h"
-#include "common/status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 extern char** environ;
@@ -30,7 +30,8 @@ namespace {
 
 // Polls for the worker's ready file ("grpc address\nmetrics address\n");
 // fails early if the process exited.
-absl::StatusOr<std::string> AwaitReadyFile(const std::string& path, pid_t pid, const std::string& log,
+absl::StatusOr<std::string> AwaitReadyFile(const std::string& path, pid_t pid,
+                                           const std::string& log,
                                            std::chrono::steady_clock::time_point give_up) {
   while (std::chrono::steady_clock::now() < give_up) {
     absl::StatusOr<std::string> text = ReadFileToString(path);
@@ -38,8 +39,9 @@ absl::StatusOr<std::string> AwaitReadyFile(const std::string& path, pid_t pid, c
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       absl::StatusOr<std::string> tail = ReadFileToString(log);
-      return absl::UnavailableError(absl::StrCat("process ", pid, " exited before serving; its log (", log,
-                                                 "):\n", tail.ok() ? *tail : ""));
+      return absl::UnavailableError(absl::StrCat("process ", pid,
+                                                 " exited before serving; its log (", log, "):\n",
+                                                 tail.ok() ? *tail : ""));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -48,7 +50,8 @@ absl::StatusOr<std::string> AwaitReadyFile(const std::string& path, pid_t pid, c
 
 }  // namespace
 
-absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& name, const std::string& binary,
+absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& name,
+                                                          const std::string& binary,
                                                           std::vector<std::string> flags) {
   Process p;
   p.name = name;
@@ -57,7 +60,8 @@ absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& nam
   std::remove(ready.c_str());
   flags.push_back("--ready_file=" + ready);
   const std::string path = JoinPath(options_.bin_dir, binary);
-  if (!FileExists(path)) return absl::NotFoundError(absl::StrCat(path, ": no such binary (build it first)"));
+  if (!FileExists(path))
+    return absl::NotFoundError(absl::StrCat(path, ": no such binary (build it first)"));
   std::vector<std::string> argv_s = {path};
   argv_s.insert(argv_s.end(), flags.begin(), flags.end());
   std::vector<char*> argv;
@@ -65,14 +69,16 @@ absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& nam
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, p.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, p.log_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
   const int rc = posix_spawn(&p.pid, path.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", path, ": ", strerror(rc)));
   processes_.push_back(p);  // tracked before waiting, so a failure still stops it
-  ASSIGN_OR_RETURN(std::string text, AwaitReadyFile(ready, p.pid, p.log_path,
-                                                   std::chrono::steady_clock::now() + options_.startup_timeout));
+  ASSIGN_OR_RETURN(std::string text,
+                   AwaitReadyFile(ready, p.pid, p.log_path,
+                                  std::chrono::steady_clock::now() + options_.startup_timeout));
   std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipWhitespace());
   p.address = lines.empty() ? "" : lines[0];
   p.metrics_address = lines.size() > 1 ? lines[1] : "";
@@ -80,14 +86,16 @@ absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& nam
   return p;
 }
 
-absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const LocalClusterOptions& options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster(options));
   RETURN_IF_ERROR(MakeDirs(options.work_dir));
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(options.model_dir));
-  std::vector<std::string> router_flags = {"--model=" + options.model_dir,
-                                           absl::StrCat("--listen=127.0.0.1:", options.router_port),
-                                           absl::StrCat("--heartbeat_timeout_ms=", options.heartbeat_timeout_ms)};
-  router_flags.insert(router_flags.end(), options.extra_router_flags.begin(), options.extra_router_flags.end());
+  std::vector<std::string> router_flags = {
+      "--model=" + options.model_dir, absl::StrCat("--listen=127.0.0.1:", options.router_port),
+      absl::StrCat("--heartbeat_timeout_ms=", options.heartbeat_timeout_ms)};
+  router_flags.insert(router_flags.end(), options.extra_router_flags.begin(),
+                      options.extra_router_flags.end());
   ASSIGN_OR_RETURN(Process router, c->Spawn("router", "moesh_router", router_flags));
 
   std::vector<std::string> experts = options.expert_workers;
@@ -102,19 +110,30 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                       ? "--expert_workers="
                                       : "--expert_workers=" + absl::StrJoin(expert_addresses, ",");
   for (int i = 0; i < options.num_decode; ++i) {
-    std::vector<std::string> flags = {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
+    std::vector<std::string> flags = {"--model=" + options.model_dir,
+                                      "--router=" + router.address,
+                                      expert_flag,
                                       "--transport=" + options.transport,
-                                      absl::StrCat("--kv_blocks=", options.kv_blocks), "--device=" + options.device,
-                                      "--gpu_memory_utilization=0.6", "--load_format=" + options.load_format};
-    flags.insert(flags.end(), options.extra_attention_worker_flags.begin(), options.extra_attention_worker_flags.end());
+                                      absl::StrCat("--kv_blocks=", options.kv_blocks),
+                                      "--device=" + options.device,
+                                      "--gpu_memory_utilization=0.6",
+                                      "--load_format=" + options.load_format};
+    flags.insert(flags.end(), options.extra_attention_worker_flags.begin(),
+                 options.extra_attention_worker_flags.end());
     RETURN_IF_ERROR(c->Spawn(absl::StrCat("decode-", i), "moesh_decode_worker", flags).status());
   }
   for (int i = 0; i < options.num_prefill; ++i) {
-    std::vector<std::string> flags = {"--model=" + options.model_dir, "--router=" + router.address, expert_flag,
-                                      "--transport=" + options.transport, "--device=" + options.device,
-                                      "--gpu_memory_utilization=0.8", "--load_format=" + options.load_format};
-    flags.insert(flags.end(), options.extra_attention_worker_flags.begin(), options.extra_attention_worker_flags.end());
-    flags.insert(flags.end(), options.extra_prefill_flags.begin(), options.extra_prefill_flags.end());
+    std::vector<std::string> flags = {"--model=" + options.model_dir,
+                                      "--router=" + router.address,
+                                      expert_flag,
+                                      "--transport=" + options.transport,
+                                      "--device=" + options.device,
+                                      "--gpu_memory_utilization=0.8",
+                                      "--load_format=" + options.load_format};
+    flags.insert(flags.end(), options.extra_attention_worker_flags.begin(),
+                 options.extra_attention_worker_flags.end());
+    flags.insert(flags.end(), options.extra_prefill_flags.begin(),
+                 options.extra_prefill_flags.end());
     RETURN_IF_ERROR(c->Spawn(absl::StrCat("prefill-", i), "moesh_prefill_worker", flags).status());
   }
   RETURN_IF_ERROR(c->WaitUntilServing(options.startup_timeout));
@@ -126,10 +145,11 @@ absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
   for (const Process& p : processes_) n += p.name.rfind("expert-", 0) == 0 ? 1 : 0;
   const bool shard = spec.find('/') != std::string::npos;
   // The n-th expert worker takes the n-th device of the list, round robin.
-  const std::vector<std::string> devices =
-      absl::StrSplit(options_.expert_device.empty() ? options_.device : options_.expert_device, ',');
+  const std::vector<std::string> devices = absl::StrSplit(
+      options_.expert_device.empty() ? options_.device : options_.expert_device, ',');
   const std::string& device = devices[n % devices.size()];
-  if (device.empty()) return absl::InvalidArgumentError("--expert-device: an empty entry in the list");
+  if (device.empty())
+    return absl::InvalidArgumentError("--expert-device: an empty entry in the list");
   return Spawn(absl::StrCat("expert-", n), "moesh_expert_worker",
                {"--model=" + options_.model_dir, "--router=" + router_address(),
                 (shard ? "--shard=" : "--experts=") + spec, "--transport=" + options_.transport,
@@ -138,7 +158,8 @@ absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
 }
 
 absl::Status LocalCluster::WaitUntilServing(std::chrono::seconds timeout) const {
-  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(router_address(), grpc::InsecureChannelCredentials()));
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(router_address(), grpc::InsecureChannelCredentials()));
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   std::string last;
   while (std::chrono::steady_clock::now() < give_up) {
@@ -148,17 +169,21 @@ absl::Status LocalCluster::WaitUntilServing(std::chrono::seconds timeout) const 
     req.set_service("moesh.v1.Generation");
     grpc::health::v1::HealthCheckResponse resp;
     grpc::Status s = stub->Check(&ctx, req, &resp);
-    if (s.ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) return absl::OkStatus();
-    last = s.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) : s.error_message();
+    if (s.ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING)
+      return absl::OkStatus();
+    last = s.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status())
+                  : s.error_message();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return absl::DeadlineExceededError(absl::StrCat("router ", router_address(), " not SERVING: ", last));
+  return absl::DeadlineExceededError(
+      absl::StrCat("router ", router_address(), " not SERVING: ", last));
 }
 
 absl::Status LocalCluster::Signal(const std::string& name, int signal) {
   for (Process& p : processes_) {
     if (p.name != name || p.pid < 0) continue;
-    if (kill(p.pid, signal) != 0) return absl::InternalError(absl::StrCat("kill ", name, ": ", strerror(errno)));
+    if (kill(p.pid, signal) != 0)
+      return absl::InternalError(absl::StrCat("kill ", name, ": ", strerror(errno)));
     if (signal == SIGKILL) {
       waitpid(p.pid, nullptr, 0);
       p.pid = -1;
@@ -224,7 +249,8 @@ absl::StatusOr<std::string> ScrapeMetrics(const std::string& address) {
 double MetricValue(absl::string_view text, absl::string_view series) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     double v;
-    if (absl::StartsWith(line, series) && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
+    if (absl::StartsWith(line, series) && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v))
+      return v;
   }
   return -1;
 }
@@ -233,7 +259,8 @@ double MetricSum(absl::string_view text, absl::string_view prefix) {
   double sum = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     double v;
-    if (absl::StartsWith(line, prefix) && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
+    if (absl::StartsWith(line, prefix) && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v))
+      sum += v;
   }
   return sum;
 }

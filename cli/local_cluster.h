@@ -72,7 +72,8 @@ class LocalCluster {
 
  private:
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
-  absl::StatusOr<Process> Spawn(const std::string& name, const std::string& binary, std::vector<std::string> flags);
+  absl::StatusOr<Process> Spawn(const std::string& name, const std::string& binary,
+                                std::vector<std::string> flags);
   void StopAll();
 
   const LocalClusterOptions options_;

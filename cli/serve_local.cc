@@ -6,15 +6,17 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/local_cluster.h"
+#include "common/base/status.h"
 #include "common/service/worker_flags.h"
-#include "common/status.h"
 
 namespace moesh::cli {
 
 absl::Status RunServeLocal(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(Args args, Args::Parse(argv, {"model", "port", "expert-workers", "bin-dir", "work-dir", "kv-blocks", "device",
-                                           "expert-device", "transport", "load-format"},
-                                          {}));
+  ASSIGN_OR_RETURN(
+      Args args, Args::Parse(argv,
+                             {"model", "port", "expert-workers", "bin-dir", "work-dir", "kv-blocks",
+                              "device", "expert-device", "transport", "load-format"},
+                             {}));
   LocalClusterOptions opt;
   ASSIGN_OR_RETURN(opt.model_dir, args.Required("model"));
   ASSIGN_OR_RETURN(int64_t port, args.Int("port", 50051));
@@ -34,14 +36,13 @@ absl::Status RunServeLocal(const std::vector<std::string>& argv) {
   std::string bin = len > 0 ? std::string(self, len) : "./moesh";
   opt.bin_dir = args.Get("bin-dir").value_or(bin.substr(0, bin.rfind('/')));
   opt.work_dir = args.Get("work-dir").value_or(absl::StrCat("/tmp/moesh-serve-local-", getpid()));
-  std::cerr << "starting router, " << n << " expert workers, a prefill and a decode worker on " << opt.device
-            << " (logs in "
-            << opt.work_dir << ") ..." << std::endl;
+  std::cerr << "starting router, " << n << " expert workers, a prefill and a decode worker on "
+            << opt.device << " (logs in " << opt.work_dir << ") ..." << std::endl;
   // Block the signals before spawning so only this process waits for them.
   ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(opt));
   for (const LocalCluster::Process& p : cluster->processes()) {
-    std::cerr << "  " << p.name << "  pid " << p.pid << "  grpc " << p.address << "  metrics http://"
-              << p.metrics_address << "/metrics" << std::endl;
+    std::cerr << "  " << p.name << "  pid " << p.pid << "  grpc " << p.address
+              << "  metrics http://" << p.metrics_address << "/metrics" << std::endl;
   }
   std::cout << "moesh is serving on " << cluster->router_address() << "\n"
             << "try: moesh complete --server " << cluster->router_address()

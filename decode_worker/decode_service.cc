@@ -1,11 +1,12 @@
 #include "decode_worker/decode_service.h"
 
-#include "common/service/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 #include "common/service/sampling_proto.h"
 
 namespace moesh {
 
-grpc::Status DecodeService::Reserve(grpc::ServerContext*, const v1::ReserveRequest* request, v1::ReserveResponse*) {
+grpc::Status DecodeService::Reserve(grpc::ServerContext*, const v1::ReserveRequest* request,
+                                    v1::ReserveResponse*) {
   return ToGrpcStatus(engine_->Reserve(request->request_id(), request->max_tokens()));
 }
 
@@ -25,7 +26,8 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* ctx, const v1::DecodeReq
   return ToGrpcStatus(s);
 }
 
-grpc::Status DecodeService::Release(grpc::ServerContext*, const v1::ReleaseRequest* request, v1::ReleaseResponse*) {
+grpc::Status DecodeService::Release(grpc::ServerContext*, const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse*) {
   return ToGrpcStatus(engine_->Release(request->request_id()));
 }
 

@@ -4,8 +4,8 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "common/service/grpc_util.h"
-#include "common/status.h"
+#include "common/base/status.h"
+#include "common/rpc/grpc_util.h"
 
 namespace moesh {
 
@@ -18,21 +18,24 @@ ExpertService::ExpertService(std::unique_ptr<ExpertStage> stage, std::string fin
   }
   SetHosted();
   if (Metrics* m = options.metrics) {
-    expert_tokens_family_ =
-        &m->CounterFamily("moesh_expert_tokens_total", "Tokens routed to each hosted expert, per layer.");
+    expert_tokens_family_ = &m->CounterFamily("moesh_expert_tokens_total",
+                                              "Tokens routed to each hosted expert, per layer.");
     absl::MutexLock lock(&counters_mu_);
     for (int layer : stage_->moe_layers()) {
       for (int e : stage_->expert_ids()) {
-        expert_tokens_[{layer, e}] =
-            &expert_tokens_family_->Add({{"layer", std::to_string(layer)}, {"expert", std::to_string(e)}});
+        expert_tokens_[{layer, e}] = &expert_tokens_family_->Add(
+            {{"layer", std::to_string(layer)}, {"expert", std::to_string(e)}});
       }
     }
-    compute_seconds_ = &m->HistogramFamily("moesh_expert_compute_seconds",
-                                           "Wall time of one grouped expert computation (a merged batch).")
-                            .Add({}, Metrics::LatencyBuckets());
-    batches_counter_ = &m->CounterFamily("moesh_expert_batches_total", "Grouped expert computations run.").Add({});
-    dispatches_counter_ =
-        &m->CounterFamily("moesh_expert_dispatches_total", "Dispatch messages served (merged into batches).").Add({});
+    compute_seconds_ =
+        &m->HistogramFamily("moesh_expert_compute_seconds",
+                            "Wall time of one grouped expert computation (a merged batch).")
+             .Add({}, Metrics::LatencyBuckets());
+    batches_counter_ =
+        &m->CounterFamily("moesh_expert_batches_total", "Grouped expert computations run.").Add({});
+    dispatches_counter_ = &m->CounterFamily("moesh_expert_dispatches_total",
+                                            "Dispatch messages served (merged into batches).")
+                               .Add({});
   }
 }
 
@@ -48,7 +51,8 @@ void ExpertService::Record(const MoeDispatch& d, double seconds, size_t num_requ
   }
   {
     absl::MutexLock lock(&mu_);
-    for (int e = 0; e < num_experts && e < static_cast<int>(expert_load_.size()); ++e) expert_load_[e] += counts[e];
+    for (int e = 0; e < num_experts && e < static_cast<int>(expert_load_.size()); ++e)
+      expert_load_[e] += counts[e];
   }
   if (compute_seconds_ == nullptr) return;
   compute_seconds_->Observe(seconds);
@@ -61,7 +65,8 @@ void ExpertService::Record(const MoeDispatch& d, double seconds, size_t num_requ
     if (it == expert_tokens_.end()) {  // a replica loaded since start
       it = expert_tokens_
                .emplace(std::make_pair(d.layer, e),
-                        &expert_tokens_family_->Add({{"layer", std::to_string(d.layer)}, {"expert", std::to_string(e)}}))
+                        &expert_tokens_family_->Add(
+                            {{"layer", std::to_string(d.layer)}, {"expert", std::to_string(e)}}))
                .first;
     }
     it->second->Increment(counts[e]);
@@ -70,13 +75,16 @@ void ExpertService::Record(const MoeDispatch& d, double seconds, size_t num_requ
 
 absl::Status ExpertService::Validate(const v1::DispatchRequest& r) const {
   const int64_t n = r.num_tokens();
-  if (n < 0 || r.top_k() <= 0 || r.hidden() <= 0) return absl::InvalidArgumentError("dispatch with bad dimensions");
+  if (n < 0 || r.top_k() <= 0 || r.hidden() <= 0)
+    return absl::InvalidArgumentError("dispatch with bad dimensions");
   if (r.hidden_states().size() != static_cast<size_t>(n) * r.hidden() * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat("dispatch hidden_states holds ", r.hidden_states().size(),
-                                                   " bytes, expected ", n * r.hidden() * 4));
+    return absl::InvalidArgumentError(absl::StrCat("dispatch hidden_states holds ",
+                                                   r.hidden_states().size(), " bytes, expected ",
+                                                   n * r.hidden() * 4));
   }
   if (r.topk_ids_size() != n * r.top_k() || r.topk_weights_size() != n * r.top_k()) {
-    return absl::InvalidArgumentError("dispatch topk_ids/topk_weights do not match num_tokens * top_k");
+    return absl::InvalidArgumentError(
+        "dispatch topk_ids/topk_weights do not match num_tokens * top_k");
   }
   if (!stage_->IsMoeLayer(r.layer())) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", r.layer(), " is not an MoE layer"));
@@ -93,14 +101,15 @@ absl::Status ExpertService::Validate(const v1::DispatchRequest& r) const {
       return absl::InvalidArgumentError(absl::StrCat("expert id ", e, " out of range"));
     }
     if (e >= 0 && !(*hosted)[e]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("expert ", e, " is not hosted here (the placement moved; route by the new map)"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "expert ", e, " is not hosted here (the placement moved; route by the new map)"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status ExpertService::Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) {
+absl::Status ExpertService::Dispatch(const v1::DispatchRequest& request,
+                                     v1::DispatchResponse* response) {
   if (absl::Status s = Validate(request); !s.ok()) return s;
   std::shared_ptr<Batch> batch;
   bool leader = false;
@@ -110,7 +119,8 @@ absl::Status ExpertService::Dispatch(const v1::DispatchRequest& request, v1::Dis
     ++dispatches_;
     if (in_flight_++ > 0) last_overlap_ = arrived;
     auto it = open_.find(request.layer());
-    if (it != open_.end() && !it->second->started && it->second->requests.front()->top_k() == request.top_k() &&
+    if (it != open_.end() && !it->second->started &&
+        it->second->requests.front()->top_k() == request.top_k() &&
         it->second->requests.front()->hidden() == request.hidden()) {
       batch = it->second;
     } else {
@@ -123,14 +133,16 @@ absl::Status ExpertService::Dispatch(const v1::DispatchRequest& request, v1::Dis
   }
   if (!leader) {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](Batch* b) { return b->done; }, batch.get()));
+    mu_.Await(absl::Condition(
+        +[](Batch* b) { return b->done; }, batch.get()));
     --in_flight_;
     return batch->status;
   }
   bool wait;
   {
     absl::MutexLock lock(&mu_);
-    wait = solo_streak_ < options_.solo_batches || arrived - last_overlap_ < std::chrono::seconds(1);
+    wait =
+        solo_streak_ < options_.solo_batches || arrived - last_overlap_ < std::chrono::seconds(1);
   }
   if (wait) absl::SleepFor(absl::FromChrono(options_.batch_window));
   {
@@ -151,12 +163,14 @@ absl::Status ExpertService::Dispatch(const v1::DispatchRequest& request, v1::Dis
 }
 
 absl::Status ExpertService::DispatchOnDevice(const DeviceMoeDispatch& d, float* out) {
-  if (!stage_->IsMoeLayer(d.layer)) return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
+  if (!stage_->IsMoeLayer(d.layer))
+    return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
   std::vector<CountedDispatch> counted;
   const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(stage_->AccumulateOnDevice(d, out, &counted));
   // Host time of the call (with d.done: until the work is enqueued).
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   {
     absl::MutexLock lock(&mu_);
     ++dispatches_;
@@ -166,7 +180,8 @@ absl::Status ExpertService::DispatchOnDevice(const DeviceMoeDispatch& d, float* 
   // that returned before the device finished).
   for (const CountedDispatch& c : counted) {
     MoeDispatch m;
-    m.layer = c.layer, m.num_tokens = c.ids.empty() ? 0 : c.num_tokens, m.hidden = d.hidden, m.top_k = c.top_k;
+    m.layer = c.layer, m.num_tokens = c.ids.empty() ? 0 : c.num_tokens, m.hidden = d.hidden,
+    m.top_k = c.top_k;
     m.topk_ids = c.ids.data();
     Record(m, seconds, 1);
   }
@@ -202,11 +217,13 @@ absl::Status ExpertService::RunBatch(Batch* batch) {
   std::vector<float> out(static_cast<size_t>(total) * hidden, 0.0f);
   const auto start = std::chrono::steady_clock::now();
   if (absl::Status s = stage_->Accumulate(d, out.data()); !s.ok()) return s;
-  Record(d, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), batch->requests.size());
+  Record(d, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+         batch->requests.size());
   offset = 0;
   for (size_t i = 0; i < batch->requests.size(); ++i) {
     const size_t n = static_cast<size_t>(batch->requests[i]->num_tokens()) * hidden;
-    batch->responses[i]->mutable_output()->assign(reinterpret_cast<const char*>(out.data() + offset), n * sizeof(float));
+    batch->responses[i]->mutable_output()->assign(
+        reinterpret_cast<const char*>(out.data() + offset), n * sizeof(float));
     offset += n;
   }
   return absl::OkStatus();
@@ -222,19 +239,22 @@ grpc::Status ExpertService::Info(grpc::ServerContext*, const v1::ExpertInfoReque
 
 grpc::Status ExpertService::LoadExperts(grpc::ServerContext*, const v1::LoadExpertsRequest* request,
                                         v1::LoadExpertsResponse* response) {
-  if (!options_.loader) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker cannot load experts");
+  if (!options_.loader)
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker cannot load experts");
   absl::MutexLock serial(&load_mu_);
   const std::set<int> hosted = stage_->expert_ids();
   std::set<int> add, listed;
   for (int e : request->expert_ids()) {
     if (e < 0 || e >= stage_->config().n_routed_experts) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("expert ", e, " does not exist"));
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("expert ", e, " does not exist"));
     }
     listed.insert(e);
     if (!hosted.count(e)) add.insert(e);
   }
   if (request->exact() && listed.empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "an exact expert set must name at least one expert");
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "an exact expert set must name at least one expert");
   }
   if (!add.empty()) {
     absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w = options_.loader(add);
@@ -255,8 +275,8 @@ grpc::Status ExpertService::LoadExperts(grpc::ServerContext*, const v1::LoadExpe
       SetHosted();
       return ToGrpcStatus(s);
     }
-    std::cerr << "expert worker: no longer serving " << drop.size() << " experts (replicas the placement dropped)"
-              << std::endl;
+    std::cerr << "expert worker: no longer serving " << drop.size()
+              << " experts (replicas the placement dropped)" << std::endl;
   }
   for (int e : stage_->expert_ids()) response->add_expert_ids(e);
   return grpc::Status::OK;

@@ -9,9 +9,9 @@
 
 #include <chrono>
 #include <functional>
-#include <set>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -24,7 +24,8 @@
 namespace moesh {
 
 // Loads the given experts' weights (the expert worker's checkpoint).
-using ExpertLoader = std::function<absl::StatusOr<std::unique_ptr<ExpertShardWeights>>(const std::set<int>&)>;
+using ExpertLoader =
+    std::function<absl::StatusOr<std::unique_ptr<ExpertShardWeights>>(const std::set<int>&)>;
 
 struct ExpertServiceOptions {
   // How long the first dispatch of a layer waits for others to join its batch
@@ -37,18 +38,23 @@ struct ExpertServiceOptions {
   ExpertLoader loader;         // null: LoadExperts is UNIMPLEMENTED
 };
 
-class ExpertService : public DispatchHandler, public DeviceDispatchHandler, public v1::ExpertWorker::Service {
+class ExpertService : public DispatchHandler,
+                      public DeviceDispatchHandler,
+                      public v1::ExpertWorker::Service {
  public:
-  ExpertService(std::unique_ptr<ExpertStage> stage, std::string fingerprint, ExpertServiceOptions options);
+  ExpertService(std::unique_ptr<ExpertStage> stage, std::string fingerprint,
+                ExpertServiceOptions options);
 
   // DispatchHandler.
-  absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override;
+  absl::Status Dispatch(const v1::DispatchRequest& request,
+                        v1::DispatchResponse* response) override;
   // DeviceDispatchHandler (cuda_ipc): runs at once on the stage's GPU, not
   // merged with other attention workers' dispatches (each waits its turn on
   // the device).
   absl::Status DispatchOnDevice(const DeviceMoeDispatch& dispatch, float* out) override;
   // ExpertWorker.Info.
-  grpc::Status Info(grpc::ServerContext*, const v1::ExpertInfoRequest*, v1::ExpertInfoResponse* response) override;
+  grpc::Status Info(grpc::ServerContext*, const v1::ExpertInfoRequest*,
+                    v1::ExpertInfoResponse* response) override;
   grpc::Status LoadExperts(grpc::ServerContext*, const v1::LoadExpertsRequest* request,
                            v1::LoadExpertsResponse* response) override;
   // Heartbeat payload: tokens served per expert.
@@ -80,14 +86,16 @@ class ExpertService : public DispatchHandler, public DeviceDispatchHandler, publ
   std::string data_plane_address_;  // set before serving
 
   mutable absl::Mutex mu_;
-  std::map<int, std::shared_ptr<Batch>> open_ ABSL_GUARDED_BY(mu_);  // layer -> batch taking joiners
+  std::map<int, std::shared_ptr<Batch>> open_
+      ABSL_GUARDED_BY(mu_);  // layer -> batch taking joiners
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   int solo_streak_ ABSL_GUARDED_BY(mu_) = 0;  // batches in a row that nobody joined
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;    // dispatches inside Dispatch
-  std::chrono::steady_clock::time_point last_overlap_ ABSL_GUARDED_BY(mu_);  // one arrived while another ran
+  std::chrono::steady_clock::time_point last_overlap_
+      ABSL_GUARDED_BY(mu_);  // one arrived while another ran
   int64_t dispatches_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> expert_load_ ABSL_GUARDED_BY(mu_);  // [n_routed_experts]
-  absl::Mutex load_mu_;  // serialises LoadExperts
+  absl::Mutex load_mu_;                                    // serialises LoadExperts
   // [n_routed_experts]: hosted now (less `leaving`); replaced whole by
   // LoadExperts, read per dispatch.
   void SetHosted(const std::set<int>& leaving = {});

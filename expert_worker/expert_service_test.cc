@@ -2,12 +2,12 @@
 // grouped computation, and each caller still gets exactly its own result.
 #include "expert_worker/expert_service.h"
 
+#include <chrono>
 #include <cstring>
 #include <random>
-#include <chrono>
 #include <thread>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/model/random_checkpoint.h"
 #include "common/model/safetensors.h"
 #include "gtest/gtest.h"
@@ -56,7 +56,8 @@ TEST_F(ExpertServiceTest, ConcurrentDispatchesMergeAndEachGetsItsOwnResult) {
   solo_opt.batch_window = std::chrono::microseconds(0);
   ExpertService solo(Stage(), "fp", solo_opt);
 
-  std::vector<v1::DispatchRequest> reqs = {RandomRequest(3, 1), RandomRequest(5, 2), RandomRequest(1, 3)};
+  std::vector<v1::DispatchRequest> reqs = {RandomRequest(3, 1), RandomRequest(5, 2),
+                                           RandomRequest(1, 3)};
   std::vector<v1::DispatchResponse> got(reqs.size()), want(reqs.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -89,7 +90,8 @@ TEST_F(ExpertServiceTest, OneDispatcherStopsWaitingForJoiners) {
     EXPECT_TRUE(s.Dispatch(req, &resp).ok());
     return std::chrono::steady_clock::now() - t0;
   };
-  for (int i = 0; i < 3; ++i) EXPECT_GE(timed(), std::chrono::milliseconds(300)) << "batch " << i << " did not wait";
+  for (int i = 0; i < 3; ++i)
+    EXPECT_GE(timed(), std::chrono::milliseconds(300)) << "batch " << i << " did not wait";
   EXPECT_LT(timed(), std::chrono::milliseconds(250)) << "still waiting for joiners that never come";
   EXPECT_EQ(s.num_batches(), 4);
 }
@@ -113,7 +115,9 @@ TEST_F(ExpertServiceTest, RejectsMalformedDispatch) {
 // refused rather than computed without it.
 TEST_F(ExpertServiceTest, LoadExactlyDropsTheRestAndRefusesTheirPairs) {
   ExpertServiceOptions o;
-  o.loader = [this](const std::set<int>& ids) { return ExpertShardWeights::Load(config_, *ckpt_, ids); };
+  o.loader = [this](const std::set<int>& ids) {
+    return ExpertShardWeights::Load(config_, *ckpt_, ids);
+  };
   ExpertService s(Stage(), "fp", o);
   auto load = [&](std::vector<int> ids, bool exact, std::vector<int>* hosted) {
     v1::LoadExpertsRequest req;

@@ -1,6 +1,6 @@
 #include "prefill_worker/prefill_service.h"
 
-#include "common/service/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 #include "common/service/sampling_proto.h"
 
 namespace moesh {

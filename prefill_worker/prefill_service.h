@@ -2,15 +2,16 @@
 #ifndef MOESH_PREFILL_WORKER_PREFILL_SERVICE_H_
 #define MOESH_PREFILL_WORKER_PREFILL_SERVICE_H_
 
+#include "common/serving/prefill_engine.h"
 #include "moesh/v1/worker.grpc.pb.h"
-#include "prefill_worker/prefill_engine.h"
 
 namespace moesh {
 
 class PrefillService final : public v1::PrefillWorker::Service {
  public:
   explicit PrefillService(PrefillEngine* engine) : engine_(engine) {}
-  grpc::Status Prefill(grpc::ServerContext*, const v1::PrefillRequest* request, v1::PrefillResponse* response) override;
+  grpc::Status Prefill(grpc::ServerContext*, const v1::PrefillRequest* request,
+                       v1::PrefillResponse* response) override;
 
  private:
   PrefillEngine* const engine_;

@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/service/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 #include "common/service/sampling_proto.h"
 
 namespace moesh {
@@ -22,9 +22,11 @@ std::unique_ptr<grpc::ClientContext> Deadlined(std::chrono::seconds d) {
 // A worker that died mid-call looks like CANCELLED (we cancelled it) or
 // UNAVAILABLE (the connection broke); both mean UNAVAILABLE to the client.
 absl::Status WorkerFailed(const WorkerInfo& w, const grpc::Status& s) {
-  const bool gone = s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::CANCELLED;
-  return absl::Status(gone ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(w.id, " (", w.address, "): ", s.error_message()));
+  const bool gone = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                    s.error_code() == grpc::StatusCode::CANCELLED;
+  return absl::Status(
+      gone ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(s.error_code()),
+      absl::StrCat(w.id, " (", w.address, "): ", s.error_message()));
 }
 
 }  // namespace
@@ -32,12 +34,15 @@ absl::Status WorkerFailed(const WorkerInfo& w, const grpc::Status& s) {
 std::shared_ptr<grpc::Channel> ClusterBackend::ChannelTo(const std::string& address) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<grpc::Channel>& ch = channels_[address];
-  if (ch == nullptr) ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), InternalChannelArgs());
+  if (ch == nullptr)
+    ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   InternalChannelArgs());
   return ch;
 }
 
 bool ClusterBackend::Ready() const {
-  return !membership_->Live(v1::WORKER_KIND_PREFILL).empty() && !membership_->Live(v1::WORKER_KIND_DECODE).empty();
+  return !membership_->Live(v1::WORKER_KIND_PREFILL).empty() &&
+         !membership_->Live(v1::WORKER_KIND_DECODE).empty();
 }
 
 absl::Status ClusterBackend::Run(const BackendRequest& req, const ChunkSink& sink,
@@ -45,15 +50,17 @@ absl::Status ClusterBackend::Run(const BackendRequest& req, const ChunkSink& sin
   std::vector<WorkerInfo> decoders = membership_->Live(v1::WORKER_KIND_DECODE);
   std::vector<WorkerInfo> prefillers = membership_->Live(v1::WORKER_KIND_PREFILL);
   if (decoders.empty() || prefillers.empty()) {
-    return absl::UnavailableError(absl::StrCat("no ", decoders.empty() ? "decode" : "prefill", " worker is registered"));
+    return absl::UnavailableError(
+        absl::StrCat("no ", decoders.empty() ? "decode" : "prefill", " worker is registered"));
   }
   std::sort(decoders.begin(), decoders.end(), [](const WorkerInfo& a, const WorkerInfo& b) {
     if (a.load.kv_usage() != b.load.kv_usage()) return a.load.kv_usage() < b.load.kv_usage();
     return a.load.num_running() < b.load.num_running();
   });
-  const WorkerInfo& prefill = *std::min_element(prefillers.begin(), prefillers.end(), [](const auto& a, const auto& b) {
-    return a.load.queued_prompt_tokens() < b.load.queued_prompt_tokens();
-  });
+  const WorkerInfo& prefill =
+      *std::min_element(prefillers.begin(), prefillers.end(), [](const auto& a, const auto& b) {
+        return a.load.queued_prompt_tokens() < b.load.queued_prompt_tokens();
+      });
 
   // Reserve KV on the first decode worker that has room.
   const WorkerInfo* decode = nullptr;
@@ -73,7 +80,8 @@ absl::Status ClusterBackend::Run(const BackendRequest& req, const ChunkSink& sin
       break;
     }
     last = WorkerFailed(d, s);
-    if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED && s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+    if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        s.error_code() != grpc::StatusCode::UNAVAILABLE) {
       return last;
     }
   }
@@ -95,7 +103,8 @@ absl::Status ClusterBackend::Run(const BackendRequest& req, const ChunkSink& sin
   {
     auto ctx = std::make_shared<grpc::ClientContext>();
     const int64_t h = membership_->Track(prefill.id, [ctx] { ctx->TryCancel(); });
-    grpc::Status s = v1::PrefillWorker::NewStub(ChannelTo(prefill.address))->Prefill(ctx.get(), pr, &presp);
+    grpc::Status s =
+        v1::PrefillWorker::NewStub(ChannelTo(prefill.address))->Prefill(ctx.get(), pr, &presp);
     membership_->Untrack(h);
     if (!s.ok()) {
       release();
@@ -110,8 +119,8 @@ absl::Status ClusterBackend::Run(const BackendRequest& req, const ChunkSink& sin
     for (const auto& c : presp.logprobs().candidates()) lp.push_back({c.id(), c.logprob()});
     first.logprobs.push_back(std::move(lp));
   }
-  const bool first_stops = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), presp.first_token()) !=
-                           req.stop_token_ids.end();
+  const bool first_stops = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(),
+                                     presp.first_token()) != req.stop_token_ids.end();
   if (!sink(first) || first_stops || req.max_new_tokens <= 1) {
     release();
     return absl::OkStatus();

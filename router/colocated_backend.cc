@@ -4,14 +4,13 @@
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace moesh {
 
-absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(const std::string& model_dir,
-                                                                           const DeviceOptions& device,
-                                                                           DecodeEngineOptions decode_options,
-                                                                           PrefillEngineOptions prefill_options) {
+absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(
+    const std::string& model_dir, const DeviceOptions& device, DecodeEngineOptions decode_options,
+    PrefillEngineOptions prefill_options) {
   AttentionWorkerOptions opt;
   opt.model_dir = model_dir;
   opt.transport = "inproc";
@@ -20,7 +19,8 @@ absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(const
   std::unique_ptr<ColocatedBackend> b(new ColocatedBackend(std::move(w)));
   static std::atomic<int> instances{0};
   b->inproc_address_ = absl::StrCat("colocated-decode-", ++instances);
-  b->decode_ = std::make_unique<DecodeEngine>(b->worker_.backend.get(), b->worker_.experts.get(), decode_options);
+  b->decode_ = std::make_unique<DecodeEngine>(b->worker_.backend.get(), b->worker_.experts.get(),
+                                              decode_options);
   RETURN_IF_ERROR(BindInproc(b->inproc_address_, nullptr, b->decode_.get()));
   prefill_options.metrics = decode_options.metrics;
   // One GPU backend on both sides: the KV moves block to block in its own pool.
@@ -38,7 +38,8 @@ ColocatedBackend::~ColocatedBackend() {
 
 absl::Status ColocatedBackend::Run(const BackendRequest& req, const ChunkSink& sink,
                                    const std::function<bool()>& cancelled) {
-  RETURN_IF_ERROR(decode_->Reserve(req.request_id, static_cast<int>(req.prompt.size()) + req.max_new_tokens - 1));
+  RETURN_IF_ERROR(decode_->Reserve(req.request_id,
+                                   static_cast<int>(req.prompt.size()) + req.max_new_tokens - 1));
   PrefillSpec ps;
   ps.request_id = req.request_id;
   ps.prompt_ids = req.prompt;
@@ -53,8 +54,8 @@ absl::Status ColocatedBackend::Run(const BackendRequest& req, const ChunkSink& s
   chunk.queue_seconds = first->queue_seconds;
   chunk.ids.push_back(first->first_token);
   if (req.sampling.top_logprobs > 0) chunk.logprobs.push_back(first->logprobs);
-  const bool stops = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), first->first_token) !=
-                     req.stop_token_ids.end();
+  const bool stops = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(),
+                               first->first_token) != req.stop_token_ids.end();
   if (!sink(chunk) || stops || req.max_new_tokens <= 1) {
     decode_->Release(req.request_id).IgnoreError();
     return absl::OkStatus();

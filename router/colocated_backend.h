@@ -8,8 +8,8 @@
 #include <string>
 
 #include "common/service/attention_worker.h"
-#include "decode_worker/decode_engine.h"
-#include "prefill_worker/prefill_engine.h"
+#include "common/serving/decode_engine.h"
+#include "common/serving/prefill_engine.h"
 #include "router/backend.h"
 
 namespace moesh {
@@ -17,10 +17,9 @@ namespace moesh {
 class ColocatedBackend : public GenerationBackend {
  public:
   // One attention backend on `device` (its KV pool) serves both engines.
-  static absl::StatusOr<std::unique_ptr<ColocatedBackend>> Create(const std::string& model_dir,
-                                                                  const DeviceOptions& device,
-                                                                  DecodeEngineOptions decode_options,
-                                                                  PrefillEngineOptions prefill_options);
+  static absl::StatusOr<std::unique_ptr<ColocatedBackend>> Create(
+      const std::string& model_dir, const DeviceOptions& device, DecodeEngineOptions decode_options,
+      PrefillEngineOptions prefill_options);
   ~ColocatedBackend() override;
 
   absl::Status Run(const BackendRequest& request, const ChunkSink& sink,

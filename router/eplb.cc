@@ -23,8 +23,8 @@ absl::StatusOr<EplbPlan> PlanExpertPlacement(const std::vector<double>& load, in
     return absl::InvalidArgumentError("EPLB needs at least one worker with at least one slot");
   }
   if (static_cast<int64_t>(num_workers) * slots_per_worker < e_count) {
-    return absl::InvalidArgumentError(absl::StrCat(num_workers, " workers x ", slots_per_worker, " slots cannot hold ",
-                                                   e_count, " experts"));
+    return absl::InvalidArgumentError(absl::StrCat(num_workers, " workers x ", slots_per_worker,
+                                                   " slots cannot hold ", e_count, " experts"));
   }
   for (double l : load) {
     if (!(l >= 0)) return absl::InvalidArgumentError("expert loads must be non-negative");
@@ -50,7 +50,8 @@ absl::StatusOr<EplbPlan> PlanExpertPlacement(const std::vector<double>& load, in
   for (int e = 0; e < e_count; ++e) {
     for (int r = 0; r < plan.replicas[e]; ++r) items.push_back({load[e] / plan.replicas[e], e});
   }
-  std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::stable_sort(items.begin(), items.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
   plan.worker_experts.assign(num_workers, {});
   plan.worker_load.assign(num_workers, 0.0);
   for (const auto& [share, e] : items) {
@@ -60,7 +61,8 @@ absl::StatusOr<EplbPlan> PlanExpertPlacement(const std::vector<double>& load, in
       if (static_cast<int>(hosted.size()) >= slots_per_worker) continue;
       if (std::find(hosted.begin(), hosted.end(), e) != hosted.end()) continue;
       if (best < 0 || plan.worker_load[w] < plan.worker_load[best] ||
-          (plan.worker_load[w] == plan.worker_load[best] && hosted.size() < plan.worker_experts[best].size())) {
+          (plan.worker_load[w] == plan.worker_load[best] &&
+           hosted.size() < plan.worker_experts[best].size())) {
         best = w;
       }
     }
@@ -87,7 +89,8 @@ double ContiguousBalanceRatio(const std::vector<double>& load, int num_workers) 
   const int e_count = static_cast<int>(load.size());
   std::vector<double> w_load(num_workers, 0.0);
   for (int w = 0; w < num_workers; ++w) {
-    for (int e = w * e_count / num_workers; e < (w + 1) * e_count / num_workers; ++e) w_load[w] += load[e];
+    for (int e = w * e_count / num_workers; e < (w + 1) * e_count / num_workers; ++e)
+      w_load[w] += load[e];
   }
   return Ratio(w_load);
 }

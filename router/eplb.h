@@ -28,8 +28,8 @@ struct EplbPlan {
 // Every expert gets at least one replica, no worker holds more than
 // `slots_per_worker` experts or the same expert twice, and a replica's share
 // of its expert's load is load / replicas (traffic spread evenly over them).
-absl::StatusOr<EplbPlan> PlanExpertPlacement(const std::vector<double>& expert_load, int num_workers,
-                                             int slots_per_worker);
+absl::StatusOr<EplbPlan> PlanExpertPlacement(const std::vector<double>& expert_load,
+                                             int num_workers, int slots_per_worker);
 
 // The balance ratio of contiguous sharding (worker w hosts experts
 // [w*E/W, (w+1)*E/W)), the placement without EPLB, for comparison.

@@ -15,7 +15,8 @@ void ExpectValid(const EplbPlan& p, const std::vector<double>& load, int workers
   std::vector<int> placed(load.size(), 0);
   for (const auto& hosted : p.worker_experts) {
     EXPECT_LE(static_cast<int>(hosted.size()), slots);
-    EXPECT_EQ(std::set<int>(hosted.begin(), hosted.end()).size(), hosted.size()) << "an expert twice on a worker";
+    EXPECT_EQ(std::set<int>(hosted.begin(), hosted.end()).size(), hosted.size())
+        << "an expert twice on a worker";
     for (int e : hosted) ++placed[e];
   }
   double total = 0;
@@ -40,7 +41,7 @@ TEST(EplbTest, UniformLoadNeedsNoReplicasAndIsBalanced) {
 
 TEST(EplbTest, HotExpertIsReplicatedAcrossWorkers) {
   std::vector<double> load(8, 10.0);
-  load[3] = 400.0;  // one expert takes most tokens
+  load[3] = 400.0;                                               // one expert takes most tokens
   absl::StatusOr<EplbPlan> p = PlanExpertPlacement(load, 4, 3);  // 4 spare slots
   ASSERT_TRUE(p.ok());
   ExpectValid(*p, load, 4, 3);
@@ -65,8 +66,10 @@ TEST(EplbTest, RandomSkewedLoadsBeatContiguousSharding) {
 }
 
 TEST(EplbTest, RejectsImpossibleShapes) {
-  EXPECT_EQ(PlanExpertPlacement(std::vector<double>(10, 1), 2, 4).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanExpertPlacement(std::vector<double>(4, 1), 0, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanExpertPlacement(std::vector<double>(10, 1), 2, 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanExpertPlacement(std::vector<double>(4, 1), 0, 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PlanExpertPlacement({1, -2}, 2, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

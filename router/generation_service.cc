@@ -5,7 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "common/service/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 #include "common/service/sampling_proto.h"
 
 namespace moesh {
@@ -60,32 +60,42 @@ class StopStringMatcher {
 
 }  // namespace
 
-GenerationService::GenerationService(const ModelConfig& config, GenerationBackend* backend, const TextCodec* codec,
-                                     GenerationServiceOptions options)
+GenerationService::GenerationService(const ModelConfig& config, GenerationBackend* backend,
+                                     const TextCodec* codec, GenerationServiceOptions options)
     : config_(config),
       backend_(backend),
       codec_(codec),
       options_(options),
-      max_context_(options.max_context_tokens > 0 ? options.max_context_tokens
+      max_context_(options.max_context_tokens > 0       ? options.max_context_tokens
                    : config.max_position_embeddings > 0 ? config.max_position_embeddings
-                                                         : 4096) {
+                                                        : 4096) {
   if (Metrics* m = options.metrics) {
-    ttft_ = &m->HistogramFamily("moesh_time_to_first_token_seconds", "Request arrival to its first token.")
+    ttft_ = &m->HistogramFamily("moesh_time_to_first_token_seconds",
+                                "Request arrival to its first token.")
                  .Add({}, Metrics::LatencyBuckets());
-    itl_ = &m->HistogramFamily("moesh_inter_token_latency_seconds", "Time between consecutive tokens of a stream.")
+    itl_ = &m->HistogramFamily("moesh_inter_token_latency_seconds",
+                               "Time between consecutive tokens of a stream.")
                 .Add({}, Metrics::LatencyBuckets());
-    e2e_ = &m->HistogramFamily("moesh_e2e_request_latency_seconds", "Request arrival to its last token.")
+    e2e_ = &m->HistogramFamily("moesh_e2e_request_latency_seconds",
+                               "Request arrival to its last token.")
                 .Add({}, Metrics::LatencyBuckets());
-    running_gauge_ = &m->GaugeFamily("moesh_num_requests_running", "Requests being generated.").Add({});
-    prompt_tokens_ = &m->CounterFamily("moesh_prompt_tokens_total", "Prompt tokens of admitted requests.").Add({});
-    generation_tokens_ = &m->CounterFamily("moesh_generation_tokens_total", "Tokens streamed to clients.").Add({});
-    success_ = &m->CounterFamily("moesh_request_success_total", "Requests that finished, by finish reason.");
-    failure_ = &m->CounterFamily("moesh_request_failure_total", "Requests that ended with an error, by gRPC code.");
+    running_gauge_ =
+        &m->GaugeFamily("moesh_num_requests_running", "Requests being generated.").Add({});
+    prompt_tokens_ =
+        &m->CounterFamily("moesh_prompt_tokens_total", "Prompt tokens of admitted requests.")
+             .Add({});
+    generation_tokens_ =
+        &m->CounterFamily("moesh_generation_tokens_total", "Tokens streamed to clients.").Add({});
+    success_ = &m->CounterFamily("moesh_request_success_total",
+                                 "Requests that finished, by finish reason.");
+    failure_ = &m->CounterFamily("moesh_request_failure_total",
+                                 "Requests that ended with an error, by gRPC code.");
   }
 }
 
 grpc::Status GenerationService::Fail(grpc::Status s) {
-  if (failure_ != nullptr) failure_->Add({{"code", std::to_string(static_cast<int>(s.error_code()))}}).Increment();
+  if (failure_ != nullptr)
+    failure_->Add({{"code", std::to_string(static_cast<int>(s.error_code()))}}).Increment();
   return s;
 }
 
@@ -94,10 +104,13 @@ absl::StatusOr<BackendRequest> GenerationService::Validate(const v1::GenerateReq
   switch (r.prompt_case()) {
     case v1::GenerateRequest::kText: {
       if (codec_ == nullptr) {
-        return absl::InvalidArgumentError("the model has no tokenizer.json: send token_ids instead of text");
+        return absl::InvalidArgumentError(
+            "the model has no tokenizer.json: send token_ids instead of text");
       }
-      absl::StatusOr<std::vector<int32_t>> ids = codec_->Encode(r.text(), /*add_special_tokens=*/true);
-      if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt text: ", ids.status().message()));
+      absl::StatusOr<std::vector<int32_t>> ids =
+          codec_->Encode(r.text(), /*add_special_tokens=*/true);
+      if (!ids.ok())
+        return absl::InvalidArgumentError(absl::StrCat("prompt text: ", ids.status().message()));
       b.prompt = std::move(*ids);
       break;
     }
@@ -110,14 +123,15 @@ absl::StatusOr<BackendRequest> GenerationService::Validate(const v1::GenerateReq
   if (b.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   for (int32_t t : b.prompt) {
     if (t < 0 || t >= config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t, " is outside the vocabulary [0, ",
-                                                     config_.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt token id ", t, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
     }
   }
   const int prompt_len = static_cast<int>(b.prompt.size());
   if (prompt_len >= max_context_) {
-    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", prompt_len, " tokens; the context limit is ",
-                                                   max_context_, " (prompt + output)"));
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", prompt_len,
+                                                   " tokens; the context limit is ", max_context_,
+                                                   " (prompt + output)"));
   }
   b.sampling = SamplingFromProto(r.sampling());
   if (absl::Status s = b.sampling.Validate(config_.vocab_size); !s.ok()) return s;
@@ -127,13 +141,14 @@ absl::StatusOr<BackendRequest> GenerationService::Validate(const v1::GenerateReq
   const v1::StopConditions& stop = r.stop();
   if (stop.has_max_new_tokens()) {
     if (stop.max_new_tokens() < 1 || stop.max_new_tokens() > options_.max_new_tokens_limit) {
-      return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must lie in [1, ", options_.max_new_tokens_limit,
-                                                     "], got ", stop.max_new_tokens()));
+      return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must lie in [1, ",
+                                                     options_.max_new_tokens_limit, "], got ",
+                                                     stop.max_new_tokens()));
     }
     if (prompt_len + stop.max_new_tokens() > max_context_) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt_len, " tokens) + max_new_tokens (",
-                                                     stop.max_new_tokens(), ") exceeds the context limit of ",
-                                                     max_context_));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt (", prompt_len, " tokens) + max_new_tokens (", stop.max_new_tokens(),
+                       ") exceeds the context limit of ", max_context_));
     }
     b.max_new_tokens = stop.max_new_tokens();
   } else {
@@ -141,14 +156,18 @@ absl::StatusOr<BackendRequest> GenerationService::Validate(const v1::GenerateReq
   }
   for (int32_t t : stop.stop_token_ids()) {
     if (t < 0 || t >= config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("stop token id ", t, " is outside the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop token id ", t, " is outside the vocabulary"));
     }
     b.stop_token_ids.push_back(t);
   }
-  if (!stop.ignore_eos()) b.stop_token_ids.insert(b.stop_token_ids.end(), config_.eos_token_ids.begin(), config_.eos_token_ids.end());
+  if (!stop.ignore_eos())
+    b.stop_token_ids.insert(b.stop_token_ids.end(), config_.eos_token_ids.begin(),
+                            config_.eos_token_ids.end());
   for (const std::string& s : stop.stop_strings()) {
     if (s.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
-    if (codec_ == nullptr) return absl::InvalidArgumentError("stop strings need the model's tokenizer.json");
+    if (codec_ == nullptr)
+      return absl::InvalidArgumentError("stop strings need the model's tokenizer.json");
   }
   if (r.has_detokenize() && r.detokenize() && codec_ == nullptr) {
     return absl::InvalidArgumentError("detokenize needs the model's tokenizer.json");
@@ -156,7 +175,8 @@ absl::StatusOr<BackendRequest> GenerationService::Validate(const v1::GenerateReq
   return b;
 }
 
-grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* request,
+grpc::Status GenerationService::Generate(grpc::ServerContext* ctx,
+                                         const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const auto arrival = std::chrono::steady_clock::now();
   absl::StatusOr<BackendRequest> b = Validate(*request);
@@ -164,18 +184,23 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   auto aborted = std::make_shared<std::atomic<bool>>(false);
   {
     absl::MutexLock lock(&mu_);
-    b->request_id = request->request_id().empty() ? absl::StrCat("req-", ++next_id_) : request->request_id();
+    b->request_id =
+        request->request_id().empty() ? absl::StrCat("req-", ++next_id_) : request->request_id();
     if (!running_.emplace(b->request_id, aborted).second) {
-      return Fail(grpc::Status(grpc::StatusCode::ALREADY_EXISTS, absl::StrCat("request ", b->request_id, " is running")));
+      return Fail(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                               absl::StrCat("request ", b->request_id, " is running")));
     }
     if (running_gauge_ != nullptr) running_gauge_->Set(static_cast<double>(running_.size()));
   }
   if (prompt_tokens_ != nullptr) prompt_tokens_->Increment(static_cast<double>(b->prompt.size()));
   auto last_token_time = arrival;
-  const bool detok = codec_ != nullptr && (request->has_detokenize() ? request->detokenize()
-                                                                      : request->prompt_case() == v1::GenerateRequest::kText);
+  const bool detok =
+      codec_ != nullptr &&
+      (request->has_detokenize() ? request->detokenize()
+                                 : request->prompt_case() == v1::GenerateRequest::kText);
   std::unique_ptr<TextStream> text = detok ? codec_->NewStream() : nullptr;
-  StopStringMatcher stops({request->stop().stop_strings().begin(), request->stop().stop_strings().end()});
+  StopStringMatcher stops(
+      {request->stop().stop_strings().begin(), request->stop().stop_strings().end()});
   const bool has_stop_strings = request->stop().stop_strings_size() > 0;
   int completion = 0;
   double ttft = -1, queue_seconds = 0;
@@ -189,10 +214,12 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
       queue_seconds = chunk.queue_seconds;
       if (ttft_ != nullptr) ttft_->Observe(ttft);
     } else if (itl_ != nullptr) {
-      itl_->Observe(std::chrono::duration<double>(now - last_token_time).count() / std::max<size_t>(chunk.ids.size(), 1));
+      itl_->Observe(std::chrono::duration<double>(now - last_token_time).count() /
+                    std::max<size_t>(chunk.ids.size(), 1));
     }
     last_token_time = now;
-    if (generation_tokens_ != nullptr) generation_tokens_->Increment(static_cast<double>(chunk.ids.size()));
+    if (generation_tokens_ != nullptr)
+      generation_tokens_->Increment(static_cast<double>(chunk.ids.size()));
     v1::GenerateResponse m;
     m.set_request_id(b->request_id);
     std::string delta;
@@ -218,7 +245,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
     if (!writer->Write(m)) client_gone = true;
     return !stopped && !client_gone;
   };
-  absl::Status s = backend_->Run(*b, sink, [&] { return client_gone || ctx->IsCancelled() || aborted->load(); });
+  absl::Status s =
+      backend_->Run(*b, sink, [&] { return client_gone || ctx->IsCancelled() || aborted->load(); });
   {
     absl::MutexLock lock(&mu_);
     running_.erase(b->request_id);
@@ -237,7 +265,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
     last.set_text(has_stop_strings ? stops.Push(tail, &matched) + stops.Flush() : tail);
   }
   v1::FinalInfo* fin = last.mutable_final();
-  const bool stop_id = std::find(b->stop_token_ids.begin(), b->stop_token_ids.end(), last_token) != b->stop_token_ids.end();
+  const bool stop_id = std::find(b->stop_token_ids.begin(), b->stop_token_ids.end(), last_token) !=
+                       b->stop_token_ids.end();
   if (aborted->load() && s.code() == absl::StatusCode::kCancelled) {
     fin->set_finish_reason(v1::FINISH_REASON_ABORT);
   } else if (stopped || !matched.empty()) {
@@ -256,7 +285,9 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   fin->mutable_timings()->set_total_seconds(SecondsSince(arrival));
   writer->Write(last);
   if (success_ != nullptr) {
-    success_->Add({{"finish_reason", absl::AsciiStrToLower(v1::FinishReason_Name(fin->finish_reason()).substr(14))}})
+    success_
+        ->Add({{"finish_reason",
+                absl::AsciiStrToLower(v1::FinishReason_Name(fin->finish_reason()).substr(14))}})
         .Increment();
     e2e_->Observe(SecondsSince(arrival));
   }
@@ -265,19 +296,24 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
 
 grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const v1::TokenizeRequest* request,
                                          v1::TokenizeResponse* response) {
-  if (codec_ == nullptr) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the model has no tokenizer.json");
-  absl::StatusOr<std::vector<int32_t>> ids = codec_->Encode(request->text(), request->add_special_tokens());
+  if (codec_ == nullptr)
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the model has no tokenizer.json");
+  absl::StatusOr<std::vector<int32_t>> ids =
+      codec_->Encode(request->text(), request->add_special_tokens());
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   response->mutable_token_ids()->Add(ids->begin(), ids->end());
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::Detokenize(grpc::ServerContext*, const v1::DetokenizeRequest* request,
+grpc::Status GenerationService::Detokenize(grpc::ServerContext*,
+                                           const v1::DetokenizeRequest* request,
                                            v1::DetokenizeResponse* response) {
-  if (codec_ == nullptr) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the model has no tokenizer.json");
+  if (codec_ == nullptr)
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the model has no tokenizer.json");
   for (int32_t t : request->token_ids()) {
     if (t < 0 || t >= config_.vocab_size) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("token id ", t, " is outside the vocabulary"));
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("token id ", t, " is outside the vocabulary"));
     }
   }
   std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
@@ -294,7 +330,8 @@ grpc::Status GenerationService::ModelInfo(grpc::ServerContext*, const v1::ModelI
   response->set_num_layers(config_.num_hidden_layers);
   response->set_num_routed_experts(config_.n_routed_experts);
   response->set_num_experts_per_token(config_.num_experts_per_tok);
-  response->mutable_eos_token_ids()->Add(config_.eos_token_ids.begin(), config_.eos_token_ids.end());
+  response->mutable_eos_token_ids()->Add(config_.eos_token_ids.begin(),
+                                         config_.eos_token_ids.end());
   response->set_has_tokenizer(codec_ != nullptr);
   return grpc::Status::OK;
 }

@@ -38,9 +38,12 @@ class GenerationService final : public v1::Generation::Service {
 
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
-  grpc::Status Tokenize(grpc::ServerContext*, const v1::TokenizeRequest*, v1::TokenizeResponse*) override;
-  grpc::Status Detokenize(grpc::ServerContext*, const v1::DetokenizeRequest*, v1::DetokenizeResponse*) override;
-  grpc::Status ModelInfo(grpc::ServerContext*, const v1::ModelInfoRequest*, v1::ModelInfoResponse*) override;
+  grpc::Status Tokenize(grpc::ServerContext*, const v1::TokenizeRequest*,
+                        v1::TokenizeResponse*) override;
+  grpc::Status Detokenize(grpc::ServerContext*, const v1::DetokenizeRequest*,
+                          v1::DetokenizeResponse*) override;
+  grpc::Status ModelInfo(grpc::ServerContext*, const v1::ModelInfoRequest*,
+                         v1::ModelInfoResponse*) override;
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
 
   // Requests running now.
@@ -67,7 +70,8 @@ class GenerationService final : public v1::Generation::Service {
   grpc::Status Fail(grpc::Status s);
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<std::atomic<bool>>> running_ ABSL_GUARDED_BY(mu_);  // id -> aborted
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> running_
+      ABSL_GUARDED_BY(mu_);  // id -> aborted
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

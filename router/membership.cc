@@ -32,7 +32,8 @@ ExpertLoad Tally(const std::vector<WorkerInfo>& experts) {
   t.load.assign(num_experts, 0.0);
   t.replicas.assign(num_experts, 0);
   for (const WorkerInfo& w : experts) {
-    for (int e = 0; e < w.load.expert_tokens_size(); ++e) t.load[e] += static_cast<double>(w.load.expert_tokens(e));
+    for (int e = 0; e < w.load.expert_tokens_size(); ++e)
+      t.load[e] += static_cast<double>(w.load.expert_tokens(e));
     for (int e : w.expert_ids) ++t.replicas[e];
     t.most = std::max(t.most, w.expert_ids.size());
   }
@@ -53,27 +54,35 @@ double BalanceRatio(const std::vector<WorkerInfo>& experts, const ExpertLoad& t)
 }  // namespace
 
 Membership::Membership(std::string model_fingerprint, std::chrono::milliseconds heartbeat_interval,
-                       std::chrono::milliseconds timeout, RebalancePolicy rebalance, Metrics* metrics)
+                       std::chrono::milliseconds timeout, RebalancePolicy rebalance,
+                       Metrics* metrics)
     : fingerprint_(std::move(model_fingerprint)),
       interval_(heartbeat_interval),
       timeout_(timeout),
       policy_(rebalance) {
   if (metrics != nullptr) {
-    auto& count = metrics->CounterFamily("moesh_rebalances_total",
-                                         "Expert placement rebalances, by result (ok: the map switched).");
+    auto& count = metrics->CounterFamily(
+        "moesh_rebalances_total", "Expert placement rebalances, by result (ok: the map switched).");
     rebalances_ok_ = &count.Add({{"result", "ok"}});
     rebalances_failed_ = &count.Add({{"result", "failed"}});
-    rebalance_seconds_ = &metrics->HistogramFamily("moesh_rebalance_seconds",
-                                                   "Wall time of one rebalance, replicas loaded and map switched.")
-                              .Add({}, Metrics::LatencyBuckets());
-    balance_ratio_ = &metrics->GaugeFamily("moesh_expert_worker_balance_ratio",
-                                           "Busiest expert worker's share of routed tokens over the mean share.")
-                          .Add({});
+    rebalance_seconds_ =
+        &metrics
+             ->HistogramFamily("moesh_rebalance_seconds",
+                               "Wall time of one rebalance, replicas loaded and map switched.")
+             .Add({}, Metrics::LatencyBuckets());
+    balance_ratio_ =
+        &metrics
+             ->GaugeFamily("moesh_expert_worker_balance_ratio",
+                           "Busiest expert worker's share of routed tokens over the mean share.")
+             .Add({});
     balance_ratio_->Set(1.0);
-    replicas_dropped_ = &metrics->CounterFamily("moesh_expert_replicas_dropped_total",
-                                                "Expert replicas dropped after rebalances (the map no longer routed to "
-                                                "them and every attention worker followed it).")
-                             .Add({});
+    replicas_dropped_ =
+        &metrics
+             ->CounterFamily(
+                 "moesh_expert_replicas_dropped_total",
+                 "Expert replicas dropped after rebalances (the map no longer routed to "
+                 "them and every attention worker followed it).")
+             .Add({});
   }
   sweeper_ = std::thread([this] {
     while (!stop_.WaitForNotificationWithTimeout(absl::FromChrono(interval_))) Sweep();
@@ -116,11 +125,13 @@ void Membership::AutoRebalance() {
 grpc::Status Membership::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                                   v1::RegisterResponse* response) {
   if (request->model_fingerprint() != fingerprint_) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("worker serves ", request->model_fingerprint(), ", router ", fingerprint_));
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("worker serves ", request->model_fingerprint(), ", router ", fingerprint_));
   }
   if (request->kind() == v1::WORKER_KIND_UNSPECIFIED || request->address().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "registration needs a kind and an address");
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "registration needs a kind and an address");
   }
   std::vector<std::function<void()>> notify;
   {
@@ -212,7 +223,9 @@ grpc::Status Membership::Deregister(grpc::ServerContext*, const v1::DeregisterRe
 grpc::Status Membership::Rebalance(grpc::ServerContext*, const v1::RebalanceRequest* request,
                                    v1::RebalanceResponse* response) {
   absl::StatusOr<v1::RebalanceResponse> r = RunRebalance(request->slots_per_worker());
-  if (!r.ok()) return grpc::Status(static_cast<grpc::StatusCode>(r.status().code()), std::string(r.status().message()));
+  if (!r.ok())
+    return grpc::Status(static_cast<grpc::StatusCode>(r.status().code()),
+                        std::string(r.status().message()));
   *response = std::move(*r);
   return grpc::Status::OK;
 }
@@ -227,14 +240,16 @@ absl::StatusOr<v1::RebalanceResponse> Membership::RunRebalance(int slots_per_wor
     return s;
   };
   std::vector<WorkerInfo> experts = Live(v1::WORKER_KIND_EXPERT);
-  if (experts.empty()) return failed(absl::FailedPreconditionError("no expert workers are registered"));
+  if (experts.empty())
+    return failed(absl::FailedPreconditionError("no expert workers are registered"));
   ExpertLoad tally = Tally(experts);
   const std::vector<double> totals = tally.load;
   tally.load = LoadSinceBaseline(totals);
   // Asked for: exactly that many (replicas beyond it are dropped); else as
   // many as the busiest worker hosts now.
   const int slots = slots_per_worker > 0 ? slots_per_worker : static_cast<int>(tally.most);
-  absl::StatusOr<EplbPlan> plan = PlanExpertPlacement(tally.load, static_cast<int>(experts.size()), slots);
+  absl::StatusOr<EplbPlan> plan =
+      PlanExpertPlacement(tally.load, static_cast<int>(experts.size()), slots);
   if (!plan.ok()) return failed(absl::InvalidArgumentError(plan.status().message()));
   response->set_balance_ratio_before(BalanceRatio(experts, tally));
   response->set_balance_ratio_after(plan->balance_ratio);
@@ -248,11 +263,13 @@ absl::StatusOr<v1::RebalanceResponse> Membership::RunRebalance(int slots_per_wor
     v1::LoadExpertsResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-    auto stub = v1::ExpertWorker::NewStub(grpc::CreateChannel(experts[w].address, grpc::InsecureChannelCredentials()));
+    auto stub = v1::ExpertWorker::NewStub(
+        grpc::CreateChannel(experts[w].address, grpc::InsecureChannelCredentials()));
     grpc::Status s = stub->LoadExperts(&ctx, req, &resp);
     if (!s.ok()) {
-      return failed(absl::UnavailableError(absl::StrCat(experts[w].id, " could not load its new experts (",
-                                                        s.error_message(), "); the map is unchanged")));
+      return failed(
+          absl::UnavailableError(absl::StrCat(experts[w].id, " could not load its new experts (",
+                                              s.error_message(), "); the map is unchanged")));
     }
     hosted[experts[w].id].assign(resp.expert_ids().begin(), resp.expert_ids().end());
   }
@@ -271,22 +288,26 @@ absl::StatusOr<v1::RebalanceResponse> Membership::RunRebalance(int slots_per_wor
   }
   DropColdReplicas(version, hosted, experts, plan->worker_experts);
   std::cerr << "router: rebalanced " << experts.size() << " expert workers, balance ratio "
-            << response->balance_ratio_before() << " -> " << response->balance_ratio_after() << std::endl;
+            << response->balance_ratio_before() << " -> " << response->balance_ratio_after()
+            << std::endl;
   GetPlacement(nullptr, nullptr, response->mutable_placement());
   if (rebalances_ok_ != nullptr) {
     rebalances_ok_->Increment();
-    rebalance_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    rebalance_seconds_->Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return out;
 }
 
-bool Membership::AttentionWorkersFollow(int64_t version, std::chrono::steady_clock::time_point deadline) {
+bool Membership::AttentionWorkersFollow(int64_t version,
+                                        std::chrono::steady_clock::time_point deadline) {
   while (true) {
     bool all = true;
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [id, e] : workers_) {
-        const bool attention = e.info.kind == v1::WORKER_KIND_PREFILL || e.info.kind == v1::WORKER_KIND_DECODE;
+        const bool attention =
+            e.info.kind == v1::WORKER_KIND_PREFILL || e.info.kind == v1::WORKER_KIND_DECODE;
         if (attention && e.placement_version < version) all = false;
       }
     }
@@ -296,7 +317,8 @@ bool Membership::AttentionWorkersFollow(int64_t version, std::chrono::steady_clo
   }
 }
 
-void Membership::DropColdReplicas(int64_t version, const std::map<std::string, std::vector<int>>& hosted,
+void Membership::DropColdReplicas(int64_t version,
+                                  const std::map<std::string, std::vector<int>>& hosted,
                                   const std::vector<WorkerInfo>& experts,
                                   const std::vector<std::vector<int>>& planned) {
   bool any = false;
@@ -307,9 +329,11 @@ void Membership::DropColdReplicas(int64_t version, const std::map<std::string, s
   if (!any) return;
   // A few heartbeats: each attention worker fetches the map on its next one
   // and reports it on the one after.
-  const auto deadline = std::chrono::steady_clock::now() + std::max(std::chrono::milliseconds(10000), 8 * interval_);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::max(std::chrono::milliseconds(10000), 8 * interval_);
   if (!AttentionWorkersFollow(version, deadline)) {
-    std::cerr << "router: kept the cold expert replicas: not every attention worker follows placement version "
+    std::cerr << "router: kept the cold expert replicas: not every attention worker follows "
+                 "placement version "
               << version << " yet" << std::endl;
     return;
   }
@@ -323,16 +347,18 @@ void Membership::DropColdReplicas(int64_t version, const std::map<std::string, s
     v1::LoadExpertsResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    auto stub = v1::ExpertWorker::NewStub(grpc::CreateChannel(experts[w].address, grpc::InsecureChannelCredentials()));
+    auto stub = v1::ExpertWorker::NewStub(
+        grpc::CreateChannel(experts[w].address, grpc::InsecureChannelCredentials()));
     const grpc::Status s = stub->LoadExperts(&ctx, req, &resp);
     if (!s.ok()) {
-      std::cerr << "router: " << experts[w].id << " kept its cold replicas (" << s.error_message() << ")" << std::endl;
+      std::cerr << "router: " << experts[w].id << " kept its cold replicas (" << s.error_message()
+                << ")" << std::endl;
       continue;
     }
     dropped += static_cast<int>(it->second.size()) - resp.expert_ids_size();
   }
-  std::cerr << "router: dropped " << dropped << " cold expert replicas (placement version " << version << ")"
-            << std::endl;
+  std::cerr << "router: dropped " << dropped << " cold expert replicas (placement version "
+            << version << ")" << std::endl;
   if (replicas_dropped_ != nullptr && dropped > 0) replicas_dropped_->Increment(dropped);
 }
 

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/metrics/metrics.h"
 #include "moesh/v1/worker.grpc.pb.h"
@@ -43,14 +43,15 @@ struct WorkerInfo {
 struct RebalancePolicy {
   std::chrono::seconds interval{0};  // 0: only on request (Cluster.Rebalance)
   double min_ratio = 1.25;           // rebalance when the workers' balance ratio exceeds this
-  int slots_per_worker = 0;          // experts a worker may host; 0: as many as the busiest hosts now
+  int slots_per_worker = 0;  // experts a worker may host; 0: as many as the busiest hosts now
 };
 
 class Membership final : public v1::Cluster::Service {
  public:
   // `metrics` may be null.
   Membership(std::string model_fingerprint, std::chrono::milliseconds heartbeat_interval,
-             std::chrono::milliseconds timeout, RebalancePolicy rebalance = {}, Metrics* metrics = nullptr);
+             std::chrono::milliseconds timeout, RebalancePolicy rebalance = {},
+             Metrics* metrics = nullptr);
   ~Membership() override;
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request,
@@ -97,7 +98,8 @@ class Membership final : public v1::Cluster::Service {
   // routes to it (cold replicas), once the attention workers follow the map
   // without them; else keeps them (harmless: loaded, just not routed to).
   void DropColdReplicas(int64_t version, const std::map<std::string, std::vector<int>>& hosted,
-                        const std::vector<WorkerInfo>& experts, const std::vector<std::vector<int>>& planned);
+                        const std::vector<WorkerInfo>& experts,
+                        const std::vector<std::vector<int>>& planned);
   // The automatic rebalancer's loop.
   void AutoRebalance();
 

@@ -26,7 +26,8 @@ class TextCodec {
  public:
   virtual ~TextCodec() = default;
   // INVALID_ARGUMENT for malformed UTF-8.
-  virtual absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text, bool add_special_tokens) const = 0;
+  virtual absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
+                                                      bool add_special_tokens) const = 0;
   virtual std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const = 0;
   virtual std::unique_ptr<TextStream> NewStream() const = 0;
 };

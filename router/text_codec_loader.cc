@@ -1,6 +1,6 @@
 #include "router/text_codec_loader.h"
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/tokenizer/streaming_detokenizer.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -20,7 +20,8 @@ class TokenizerStream : public TextStream {
 class TokenizerCodec : public TextCodec {
  public:
   explicit TokenizerCodec(std::unique_ptr<Tokenizer> t) : tokenizer_(std::move(t)) {}
-  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text, bool add_special_tokens) const override {
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
+                                              bool add_special_tokens) const override {
     return tokenizer_->Encode(text, add_special_tokens);
   }
   std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const override {

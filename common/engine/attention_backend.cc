@@ -3,41 +3,46 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status.h"
 #include "common/engine/paged_kv_cache.h"
-#include "common/status.h"
 
 namespace moesh {
 
 absl::Status AttentionBackend::CheckSampleRequests(absl::Span<const SequenceInput> seqs,
-                                                   absl::Span<const SampleRequest> samples, int top_logprobs) const {
+                                                   absl::Span<const SampleRequest> samples,
+                                                   int top_logprobs) const {
   const int vocab = config().vocab_size;
   if (samples.size() != seqs.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ForwardSample: ", samples.size(), " sample requests for ", seqs.size(), " sequences"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ForwardSample: ", samples.size(), " sample requests for ", seqs.size(), " sequences"));
   }
   if (top_logprobs < 0 || top_logprobs > vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("ForwardSample: top_logprobs must lie in [0, ", vocab, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardSample: top_logprobs must lie in [0, ", vocab, "]"));
   }
   for (const SampleRequest& s : samples) {
-    if (s.params == nullptr) return absl::InvalidArgumentError("ForwardSample: a sample request without parameters");
+    if (s.params == nullptr)
+      return absl::InvalidArgumentError("ForwardSample: a sample request without parameters");
     RETURN_IF_ERROR(s.params->Validate(vocab));
     if (!(s.draw >= 0.0 && s.draw < 1.0)) {
-      return absl::InvalidArgumentError(absl::StrCat("ForwardSample: draw ", s.draw, " outside [0, 1)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ForwardSample: draw ", s.draw, " outside [0, 1)"));
     }
     if (!s.params->has_penalties()) continue;  // only the penalties read the tokens
     for (absl::Span<const int32_t> toks : {s.prompt, s.output}) {
       for (int32_t t : toks) {
-        if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat("ForwardSample: token ", t, " outside the vocabulary"));
+        if (t < 0 || t >= vocab)
+          return absl::InvalidArgumentError(
+              absl::StrCat("ForwardSample: token ", t, " outside the vocabulary"));
       }
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<SampledTokens> AttentionBackend::ForwardSample(absl::Span<const SequenceInput> seqs,
-                                                              ExpertClient* experts,
-                                                              absl::Span<const SampleRequest> samples,
-                                                              int top_logprobs, int micro_batches) {
+absl::StatusOr<SampledTokens> AttentionBackend::ForwardSample(
+    absl::Span<const SequenceInput> seqs, ExpertClient* experts,
+    absl::Span<const SampleRequest> samples, int top_logprobs, int micro_batches) {
   RETURN_IF_ERROR(CheckSampleRequests(seqs, samples, top_logprobs));
   ASSIGN_OR_RETURN(std::vector<float> logits, Forward(seqs, experts, micro_batches));
   const int vocab = config().vocab_size;
@@ -46,7 +51,8 @@ absl::StatusOr<SampledTokens> AttentionBackend::ForwardSample(absl::Span<const S
     const float* row = logits.data() + i * vocab;
     const SampleRequest& s = samples[i];
     out.ids.push_back(Sampler::SampleWithDraw(row, vocab, *s.params, s.draw, s.prompt, s.output));
-    if (top_logprobs > 0) out.top_logprobs.push_back(Sampler::TopLogprobs(row, vocab, top_logprobs));
+    if (top_logprobs > 0)
+      out.top_logprobs.push_back(Sampler::TopLogprobs(row, vocab, top_logprobs));
   }
   return out;
 }
@@ -55,12 +61,12 @@ namespace {
 
 class CpuAttentionBackend : public AttentionBackend {
  public:
-  CpuAttentionBackend(const AttentionModel* model, std::unique_ptr<AttentionModel> owned, int num_kv_blocks,
-                      int block_size)
+  CpuAttentionBackend(const AttentionModel* model, std::unique_ptr<AttentionModel> owned,
+                      int num_kv_blocks, int block_size)
       : owned_(std::move(owned)), model_(model) {
     if (num_kv_blocks > 0) {
-      pool_ = std::make_unique<KvBlockPool>(model->config().num_hidden_layers, model->kv_row_width(), block_size,
-                                            num_kv_blocks);
+      pool_ = std::make_unique<KvBlockPool>(model->config().num_hidden_layers,
+                                            model->kv_row_width(), block_size, num_kv_blocks);
     }
   }
 
@@ -69,8 +75,10 @@ class CpuAttentionBackend : public AttentionBackend {
 
   absl::StatusOr<std::unique_ptr<KvSequence>> NewSequence(int max_tokens) override {
     const ModelConfig& c = model_->config();
-    if (max_tokens < 0 || (c.max_position_embeddings > 0 && max_tokens > c.max_position_embeddings)) {
-      return absl::InvalidArgumentError(absl::StrCat("a sequence of ", max_tokens, " tokens exceeds the model's context of ",
+    if (max_tokens < 0 ||
+        (c.max_position_embeddings > 0 && max_tokens > c.max_position_embeddings)) {
+      return absl::InvalidArgumentError(absl::StrCat("a sequence of ", max_tokens,
+                                                     " tokens exceeds the model's context of ",
                                                      c.max_position_embeddings, " tokens"));
     }
     if (pool_ == nullptr) return std::make_unique<SequenceKvCache>(model_->NewCache());
@@ -78,9 +86,10 @@ class CpuAttentionBackend : public AttentionBackend {
     return std::unique_ptr<KvSequence>(std::move(seq));
   }
 
-  absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
-                                             int micro_batches) override {
-    if (experts == nullptr) return absl::InvalidArgumentError("the CPU attention backend needs an ExpertClient");
+  absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs,
+                                             ExpertClient* experts, int micro_batches) override {
+    if (experts == nullptr)
+      return absl::InvalidArgumentError("the CPU attention backend needs an ExpertClient");
     return model_->Forward(seqs, experts, LogitsFor::kLastToken, micro_batches);
   }
 
@@ -102,14 +111,14 @@ class CpuAttentionBackend : public AttentionBackend {
 
 }  // namespace
 
-std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(std::unique_ptr<AttentionModel> model, int num_kv_blocks,
-                                                         int block_size) {
+std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(std::unique_ptr<AttentionModel> model,
+                                                         int num_kv_blocks, int block_size) {
   const AttentionModel* m = model.get();
   return std::make_unique<CpuAttentionBackend>(m, std::move(model), num_kv_blocks, block_size);
 }
 
-std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(const AttentionModel* model, int num_kv_blocks,
-                                                         int block_size) {
+std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(const AttentionModel* model,
+                                                         int num_kv_blocks, int block_size) {
   return std::make_unique<CpuAttentionBackend>(model, nullptr, num_kv_blocks, block_size);
 }
 

@@ -5,8 +5,8 @@
 // written against it; implementations:
 //   * NewCpuAttentionBackend (here): AttentionModel in fp32, KV rows in a
 //     KvBlockPool (or unbounded per-sequence vectors);
-//   * kernels/cuda/model's CUDA backend: CudaModel on one GPU, bf16 weights,
-//     the paged latent cache in device memory (common/service/backends.h
+//   * common/cuda_backend's CUDA backend: CudaModel on one GPU, bf16 weights,
+//     the paged latent cache in device memory (common/backend/backends.h
 //     makes either from a `--device` flag).
 //
 // Sequences come from NewSequence and are only passed to the backend that
@@ -76,7 +76,8 @@ class AttentionBackend {
   // routed experts behind `experts`, which is null iff has_experts().
   // micro_batches > 1 asks for ping-pong micro-batching where the backend
   // implements it (CPU); others run the batch whole, with the same result.
-  virtual absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
+  virtual absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs,
+                                                     ExpertClient* experts,
                                                      int micro_batches = 1) = 0;
 
   // Forward, then each sequence's token as `samples` say (one per sequence)
@@ -84,9 +85,10 @@ class AttentionBackend {
   // from Forward's logits on the host; the CUDA backend keeps the logits on
   // the device (sampling there, replaying a CUDA graph for decode steps) and
   // only the tokens and log-probabilities leave it.
-  virtual absl::StatusOr<SampledTokens> ForwardSample(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
-                                                      absl::Span<const SampleRequest> samples, int top_logprobs,
-                                                      int micro_batches = 1);
+  virtual absl::StatusOr<SampledTokens> ForwardSample(absl::Span<const SequenceInput> seqs,
+                                                      ExpertClient* experts,
+                                                      absl::Span<const SampleRequest> samples,
+                                                      int top_logprobs, int micro_batches = 1);
 
   virtual KvUsage kv_usage() const = 0;
   // True iff the routed experts live in the backend (a CUDA model loaded
@@ -96,18 +98,18 @@ class AttentionBackend {
  protected:
   // ForwardSample's argument checks: one valid request per sequence, draws in
   // [0, 1), tokens and top_logprobs within the vocabulary (INVALID_ARGUMENT).
-  absl::Status CheckSampleRequests(absl::Span<const SequenceInput> seqs, absl::Span<const SampleRequest> samples,
-                                   int top_logprobs) const;
+  absl::Status CheckSampleRequests(absl::Span<const SequenceInput> seqs,
+                                   absl::Span<const SampleRequest> samples, int top_logprobs) const;
 };
 
 // The CPU backend over `model`. num_kv_blocks > 0: a KvBlockPool of that
 // many blocks of block_size tokens; 0: every sequence grows without bound
 // (the prefill side, whose caches live for one pass).
-std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(std::unique_ptr<AttentionModel> model, int num_kv_blocks,
-                                                         int block_size);
+std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(std::unique_ptr<AttentionModel> model,
+                                                         int num_kv_blocks, int block_size);
 // The same over a borrowed model, which must outlive the backend.
-std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(const AttentionModel* model, int num_kv_blocks,
-                                                         int block_size);
+std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(const AttentionModel* model,
+                                                         int num_kv_blocks, int block_size);
 
 }  // namespace moesh
 

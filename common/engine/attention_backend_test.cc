@@ -1,13 +1,13 @@
 // The CPU AttentionBackend against the model it wraps: the same logits,
 // ForwardSample = the Sampler's choice and log-probabilities, the KV
 // pool's limits and accounting, and refusals for misuse. (The CUDA backend's
-// test is kernels/cuda/model/cuda_backends_test.cc.)
+// test is tests/integration/cuda_backends_test.cc.)
 #include "common/engine/attention_backend.h"
 
 #include <algorithm>
 
+#include "common/base/file_util.h"
 #include "common/engine/sampler.h"
-#include "common/file_util.h"
 #include "common/model/model.h"
 #include "common/model/model_test_util.h"
 #include "common/model/random_checkpoint.h"
@@ -32,7 +32,8 @@ class CpuAttentionBackendTest : public ::testing::Test {
 
 TEST_F(CpuAttentionBackendTest, ForwardIsTheModelsAndSampleIsTheSamplers) {
   const int vocab = model_->config().vocab_size;
-  std::unique_ptr<AttentionBackend> a = NewCpuAttentionBackend(&model_->attention(), /*num_kv_blocks=*/16, 4);
+  std::unique_ptr<AttentionBackend> a =
+      NewCpuAttentionBackend(&model_->attention(), /*num_kv_blocks=*/16, 4);
   std::unique_ptr<AttentionBackend> b = NewCpuAttentionBackend(&model_->attention(), 0, 4);
   EXPECT_EQ(a->device(), "cpu");
   EXPECT_FALSE(a->has_experts());
@@ -42,7 +43,8 @@ TEST_F(CpuAttentionBackendTest, ForwardIsTheModelsAndSampleIsTheSamplers) {
   SequenceKvCache ref = model_->NewCache();
   std::vector<int32_t> next = prompt;
   SamplingParams sampled;  // alternating with greedy
-  sampled.temperature = 0.8f, sampled.top_p = 0.9f, sampled.repetition_penalty = 1.2f, sampled.seed = 7;
+  sampled.temperature = 0.8f, sampled.top_p = 0.9f, sampled.repetition_penalty = 1.2f,
+  sampled.seed = 7;
   sampled.top_logprobs = 3;
   SamplingParams greedy;
   greedy.top_logprobs = 3;
@@ -73,14 +75,16 @@ TEST_F(CpuAttentionBackendTest, ForwardIsTheModelsAndSampleIsTheSamplers) {
   const SampleRequest req{&greedy, 0.5, prompt, output};
   EXPECT_EQ(b->ForwardSample({&ib, 1}, model_->experts(), {&req, 1}, vocab + 1).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(b->ForwardSample({&ib, 1}, model_->experts(), {}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->ForwardSample({&ib, 1}, model_->experts(), {}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
   const SampleRequest bad_draw{&greedy, 1.0, prompt, output};
   EXPECT_EQ(b->ForwardSample({&ib, 1}, model_->experts(), {&bad_draw, 1}, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CpuAttentionBackendTest, PoolLimitsAccountingAndMisuse) {
-  std::unique_ptr<AttentionBackend> a = NewCpuAttentionBackend(&model_->attention(), /*num_kv_blocks=*/4, 8);
+  std::unique_ptr<AttentionBackend> a =
+      NewCpuAttentionBackend(&model_->attention(), /*num_kv_blocks=*/4, 8);
   KvUsage u = a->kv_usage();
   EXPECT_EQ(u.total_blocks, 4);
   EXPECT_EQ(u.free_blocks, 4);

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace moesh {
 
@@ -24,22 +24,24 @@ absl::StatusOr<GenerationResult> Generate(const Model& model, absl::Span<const i
 }
 
 absl::StatusOr<GenerationResult> Generate(AttentionBackend* backend, ExpertClient* experts,
-                                          absl::Span<const int32_t> prompt, const SamplingParams& sampling,
-                                          const StopParams& stop) {
+                                          absl::Span<const int32_t> prompt,
+                                          const SamplingParams& sampling, const StopParams& stop) {
   const ModelConfig& c = backend->config();
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   RETURN_IF_ERROR(sampling.Validate(c.vocab_size));
   if (stop.max_new_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be >= 1, got ", stop.max_new_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens must be >= 1, got ", stop.max_new_tokens));
   }
   const int64_t needed = static_cast<int64_t>(prompt.size()) + stop.max_new_tokens - 1;
   if (c.max_position_embeddings > 0 && needed > c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt.size(), " tokens) + max_new_tokens (",
-                                                   stop.max_new_tokens, ") exceeds the model's context of ",
-                                                   c.max_position_embeddings, " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (", prompt.size(), " tokens) + max_new_tokens (", stop.max_new_tokens,
+                     ") exceeds the model's context of ", c.max_position_embeddings, " tokens"));
   }
   std::vector<int32_t> stop_ids = stop.stop_token_ids;
-  if (!stop.ignore_eos) stop_ids.insert(stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
+  if (!stop.ignore_eos)
+    stop_ids.insert(stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
 
   GenerationResult result;
   result.prompt_tokens = static_cast<int>(prompt.size());
@@ -51,10 +53,11 @@ absl::StatusOr<GenerationResult> Generate(AttentionBackend* backend, ExpertClien
   std::vector<int32_t> next(prompt.begin(), prompt.end());
   while (true) {
     SequenceInput in{next, cache.get()};
-    const SampleRequest req{&sampling, sampler.Draw(static_cast<int>(result.output_ids.size())), prompt,
-                            result.output_ids};
-    ASSIGN_OR_RETURN(SampledTokens chosen, backend->ForwardSample(absl::MakeConstSpan(&in, 1), experts,
-                                                                  absl::MakeConstSpan(&req, 1), sampling.top_logprobs));
+    const SampleRequest req{&sampling, sampler.Draw(static_cast<int>(result.output_ids.size())),
+                            prompt, result.output_ids};
+    ASSIGN_OR_RETURN(SampledTokens chosen,
+                     backend->ForwardSample(absl::MakeConstSpan(&in, 1), experts,
+                                            absl::MakeConstSpan(&req, 1), sampling.top_logprobs));
     const int32_t token = chosen.ids[0];
     if (sampling.top_logprobs > 0) result.top_logprobs.push_back(std::move(chosen.top_logprobs[0]));
     result.output_ids.push_back(token);

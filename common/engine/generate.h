@@ -18,15 +18,15 @@ namespace moesh {
 
 struct StopParams {
   int max_new_tokens = 16;
-  bool ignore_eos = false;               // keep going past the model's EOS ids
-  std::vector<int32_t> stop_token_ids;   // extra ids that end generation
+  bool ignore_eos = false;              // keep going past the model's EOS ids
+  std::vector<int32_t> stop_token_ids;  // extra ids that end generation
 };
 
 enum class FinishReason { kLength, kStop };
 const char* FinishReasonName(FinishReason r);  // "length" | "stop"
 
 struct GenerationResult {
-  std::vector<int32_t> output_ids;  // includes the stop token when one ended it
+  std::vector<int32_t> output_ids;                      // includes the stop token when one ended it
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // per output token iff requested
   FinishReason finish_reason = FinishReason::kLength;
   int prompt_tokens = 0;
@@ -36,8 +36,8 @@ struct GenerationResult {
 // prompt + max_new_tokens beyond the model's max_position_embeddings.
 // `experts` is null iff backend->has_experts().
 absl::StatusOr<GenerationResult> Generate(AttentionBackend* backend, ExpertClient* experts,
-                                          absl::Span<const int32_t> prompt, const SamplingParams& sampling,
-                                          const StopParams& stop);
+                                          absl::Span<const int32_t> prompt,
+                                          const SamplingParams& sampling, const StopParams& stop);
 // The same on the CPU, with the model's own experts.
 absl::StatusOr<GenerationResult> Generate(const Model& model, absl::Span<const int32_t> prompt,
                                           const SamplingParams& sampling, const StopParams& stop);

@@ -33,8 +33,9 @@ absl::StatusOr<std::unique_ptr<PagedKvSequence>> KvBlockPool::Allocate(int max_t
   {
     absl::MutexLock lock(&mu_);
     if (static_cast<int>(free_.size()) < need) {
-      return absl::ResourceExhaustedError(absl::StrCat("KV cache full: need ", need, " blocks of ", block_size_,
-                                                       " tokens, ", free_.size(), " of ", num_blocks_, " free"));
+      return absl::ResourceExhaustedError(absl::StrCat("KV cache full: need ", need, " blocks of ",
+                                                       block_size_, " tokens, ", free_.size(),
+                                                       " of ", num_blocks_, " free"));
     }
     blocks.assign(free_.end() - need, free_.end());
     free_.resize(free_.size() - need);
@@ -52,7 +53,8 @@ void PagedKvSequence::AppendRows(int layer, const float* src, int n) {
   const int w = pool_->row_width();
   for (int i = 0; i < n; ++i) {
     const int t = rows_[layer] + i;
-    std::memcpy(pool_->Slot(blocks_[t / bs], layer, t % bs), src + static_cast<size_t>(i) * w, w * sizeof(float));
+    std::memcpy(pool_->Slot(blocks_[t / bs], layer, t % bs), src + static_cast<size_t>(i) * w,
+                w * sizeof(float));
   }
   rows_[layer] += n;
   if (layer + 1 == pool_->num_layers()) length_ = rows_[layer];
@@ -65,7 +67,8 @@ const float* PagedKvSequence::Rows(int layer, std::vector<float>* scratch) const
   scratch->resize(static_cast<size_t>(n) * w);
   for (int start = 0; start < n; start += bs) {
     const int count = std::min(bs, n - start);
-    std::memcpy(scratch->data() + static_cast<size_t>(start) * w, pool_->Slot(blocks_[start / bs], layer, 0),
+    std::memcpy(scratch->data() + static_cast<size_t>(start) * w,
+                pool_->Slot(blocks_[start / bs], layer, 0),
                 static_cast<size_t>(count) * w * sizeof(float));
   }
   return scratch->data();

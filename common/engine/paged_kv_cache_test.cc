@@ -2,7 +2,7 @@
 
 #include <random>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/model/model.h"
 #include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
@@ -55,7 +55,8 @@ TEST(PagedKvCacheTest, ForwardOverPagedCacheEqualsContiguous) {
   SequenceKvCache flat = (*m)->NewCache();
   std::vector<int32_t> prompt = {3, 9, 27, 81, 243, 200, 100};
   for (int step = 0; step < 5; ++step) {
-    std::vector<int32_t> in_tokens = step == 0 ? prompt : std::vector<int32_t>{static_cast<int32_t>(step + 10)};
+    std::vector<int32_t> in_tokens =
+        step == 0 ? prompt : std::vector<int32_t>{static_cast<int32_t>(step + 10)};
     SequenceInput a{in_tokens, paged->get()}, b{in_tokens, &flat};
     absl::StatusOr<std::vector<float>> la = (*m)->Forward(absl::MakeConstSpan(&a, 1));
     absl::StatusOr<std::vector<float>> lb = (*m)->Forward(absl::MakeConstSpan(&b, 1));
@@ -65,7 +66,8 @@ TEST(PagedKvCacheTest, ForwardOverPagedCacheEqualsContiguous) {
   // Past its capacity the forward refuses up front.
   std::vector<int32_t> too_many(30, 5);
   SequenceInput over{too_many, paged->get()};
-  EXPECT_EQ((*m)->Forward(absl::MakeConstSpan(&over, 1)).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*m)->Forward(absl::MakeConstSpan(&over, 1)).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

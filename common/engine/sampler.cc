@@ -13,7 +13,8 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
     return absl::InvalidArgumentError(absl::StrCat("temperature must be >= 0, got ", temperature));
   }
-  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0 (0: off), got ", top_k));
+  if (top_k < 0)
+    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0 (0: off), got ", top_k));
   if (!(top_p > 0.0f && top_p <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("top_p must lie in (0, 1], got ", top_p));
   }
@@ -21,25 +22,29 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
     return absl::InvalidArgumentError(absl::StrCat("min_p must lie in [0, 1], got ", min_p));
   }
   if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {
-    return absl::InvalidArgumentError(absl::StrCat("repetition_penalty must be > 0, got ", repetition_penalty));
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty must be > 0, got ", repetition_penalty));
   }
   if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("presence_penalty must lie in [-2, 2], got ", presence_penalty));
+    return absl::InvalidArgumentError(
+        absl::StrCat("presence_penalty must lie in [-2, 2], got ", presence_penalty));
   }
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("frequency_penalty must lie in [-2, 2], got ", frequency_penalty));
+    return absl::InvalidArgumentError(
+        absl::StrCat("frequency_penalty must lie in [-2, 2], got ", frequency_penalty));
   }
   if (top_logprobs < 0 || top_logprobs > vocab_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_logprobs must lie in [0, vocab_size = ", vocab_size, "], got ", top_logprobs));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "top_logprobs must lie in [0, vocab_size = ", vocab_size, "], got ", top_logprobs));
   }
   return absl::OkStatus();
 }
 
 Sampler::Sampler(const SamplingParams& params)
     : params_(params),
-      seed_(params.seed.has_value() ? *params.seed
-                                    : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
+      seed_(params.seed.has_value()
+                ? *params.seed
+                : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
 
 int32_t Sampler::Sample(const float* logits, int vocab, int step, absl::Span<const int32_t> prompt,
                         absl::Span<const int32_t> output) {
@@ -61,12 +66,14 @@ double Sampler::Draw(int step) const {
   if (params_.temperature < kMinSamplingTemperature) return 0.0;  // greedy takes no draw
   // Counter-based: the seed's stream (mixed, so nearby seeds share nothing)
   // at position `step` — no generator state to seed per request per step.
-  const uint64_t z = Mix(Mix(seed_) + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(static_cast<uint32_t>(step)) + 1));
+  const uint64_t z = Mix(Mix(seed_) + 0x9E3779B97F4A7C15ull *
+                                          (static_cast<uint64_t>(static_cast<uint32_t>(step)) + 1));
   return static_cast<double>(z >> 11) * 0x1.0p-53;  // 53 bits in [0, 1)
 }
 
-int32_t Sampler::SampleWithDraw(const float* logits, int vocab, const SamplingParams& params, double u01,
-                                absl::Span<const int32_t> prompt, absl::Span<const int32_t> output) {
+int32_t Sampler::SampleWithDraw(const float* logits, int vocab, const SamplingParams& params,
+                                double u01, absl::Span<const int32_t> prompt,
+                                absl::Span<const int32_t> output) {
   std::vector<float> penalized;
   if (params.has_penalties()) {
     penalized.assign(logits, logits + vocab);
@@ -85,12 +92,14 @@ int32_t Sampler::SampleWithDraw(const float* logits, int vocab, const SamplingPa
       for (int32_t t : output) ++count[t];
       for (int i = 0; i < vocab; ++i) {
         if (count[i] == 0) continue;
-        penalized[i] -= params.presence_penalty + params.frequency_penalty * static_cast<float>(count[i]);
+        penalized[i] -=
+            params.presence_penalty + params.frequency_penalty * static_cast<float>(count[i]);
       }
     }
     logits = penalized.data();
   }
-  if (params.temperature < kMinSamplingTemperature) {  // the first of the largest; NaN never wins (all NaN: token 0)
+  if (params.temperature <
+      kMinSamplingTemperature) {  // the first of the largest; NaN never wins (all NaN: token 0)
     int32_t best = 0;
     bool found = false;
     for (int i = 0; i < vocab; ++i) {
@@ -106,7 +115,9 @@ int32_t Sampler::SampleWithDraw(const float* logits, int vocab, const SamplingPa
     const float v = logits[i] / params.temperature;
     cand[i] = {std::isnan(v) ? -std::numeric_limits<float>::infinity() : v, i};
   }
-  auto better = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  auto better = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
   int n = vocab;
   if (params.top_k > 0 && params.top_k < vocab) {
     n = params.top_k;
@@ -157,8 +168,9 @@ std::vector<TokenLogprob> Sampler::TopLogprobs(const float* logits, int vocab, i
   std::vector<int32_t> idx(vocab);
   for (int i = 0; i < vocab; ++i) idx[i] = i;
   k = std::min(k, vocab);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
+  });
   std::vector<TokenLogprob> out;
   for (int i = 0; i < k; ++i) out.push_back({idx[i], lp[idx[i]]});
   return out;

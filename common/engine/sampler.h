@@ -23,12 +23,12 @@ namespace moesh {
 inline constexpr float kMinSamplingTemperature = 1e-5f;
 
 struct SamplingParams {
-  float temperature = 0.0f;  // 0 (or below kMinSamplingTemperature): greedy (argmax)
-  int top_k = 0;             // 0: all tokens
-  float top_p = 1.0f;        // nucleus mass in (0, 1]
-  float min_p = 0.0f;        // drop tokens with p < min_p * p_max, in [0, 1]
-  std::optional<uint64_t> seed;  // unset: nondeterministic
-  int top_logprobs = 0;      // how many alternatives to report per token
+  float temperature = 0.0f;         // 0 (or below kMinSamplingTemperature): greedy (argmax)
+  int top_k = 0;                    // 0: all tokens
+  float top_p = 1.0f;               // nucleus mass in (0, 1]
+  float min_p = 0.0f;               // drop tokens with p < min_p * p_max, in [0, 1]
+  std::optional<uint64_t> seed;     // unset: nondeterministic
+  int top_logprobs = 0;             // how many alternatives to report per token
   float repetition_penalty = 1.0f;  // > 0; 1: off. Over prompt and output tokens.
   float presence_penalty = 0.0f;    // [-2, 2], once per distinct output token
   float frequency_penalty = 0.0f;   // [-2, 2], per occurrence in the output
@@ -69,8 +69,9 @@ class Sampler {
   // u01 * (the kept mass). NaN logits count as -inf; with no finite best
   // logit (+inf, or -inf everywhere) the token is the best candidate. The GPU
   // sampler (kernels/cuda/routing.h) implements the same definition.
-  static int32_t SampleWithDraw(const float* logits, int vocab, const SamplingParams& params, double u01,
-                                absl::Span<const int32_t> prompt, absl::Span<const int32_t> output);
+  static int32_t SampleWithDraw(const float* logits, int vocab, const SamplingParams& params,
+                                double u01, absl::Span<const int32_t> prompt,
+                                absl::Span<const int32_t> output);
   // The k most likely tokens under log_softmax(logits), best first.
   static std::vector<TokenLogprob> TopLogprobs(const float* logits, int vocab, int k);
 

@@ -85,13 +85,15 @@ TEST(SamplerTest, NonFiniteLogits) {
   SamplingParams greedy, hot;
   hot.temperature = 1.0f;
   const std::vector<float> with_nan = {nan, 1.0f, 3.0f, nan, 3.0f};
-  EXPECT_EQ(Sampler::SampleWithDraw(with_nan.data(), 5, greedy, 0.5, {}, {}), 2);  // NaN never wins; ties: lower id
+  EXPECT_EQ(Sampler::SampleWithDraw(with_nan.data(), 5, greedy, 0.5, {}, {}),
+            2);                         // NaN never wins; ties: lower id
   for (double u : {0.0, 0.5, 0.999}) {  // NaN counts as -inf: never drawn
     const int32_t t = Sampler::SampleWithDraw(with_nan.data(), 5, hot, u, {}, {});
     EXPECT_TRUE(t == 1 || t == 2 || t == 4) << t;
   }
   const std::vector<float> with_inf = {1.0f, inf, 2.0f, inf};
-  EXPECT_EQ(Sampler::SampleWithDraw(with_inf.data(), 4, hot, 0.9, {}, {}), 1);  // the first infinite logit
+  EXPECT_EQ(Sampler::SampleWithDraw(with_inf.data(), 4, hot, 0.9, {}, {}),
+            1);  // the first infinite logit
   const std::vector<float> none = {-inf, -inf, nan};
   EXPECT_EQ(Sampler::SampleWithDraw(none.data(), 3, hot, 0.3, {}, {}), 0);
   EXPECT_EQ(Sampler::SampleWithDraw(none.data(), 3, greedy, 0.3, {}, {}), 0);
@@ -101,7 +103,7 @@ TEST(SamplerTest, NonFiniteLogits) {
 
 TEST(SamplerTest, Penalties) {
   const std::vector<int32_t> prompt = {1};
-  SamplingParams p;  // greedy
+  SamplingParams p;             // greedy
   p.repetition_penalty = 2.0f;  // token 1: 3.0 -> 1.5, below token 4 (2.9)
   EXPECT_EQ(Sampler(p).Sample(kLogits.data(), 5, 0, prompt, {}), 4);
   p.repetition_penalty = 1.0f;
@@ -135,13 +137,16 @@ TEST(SamplerTest, ValidateRejectsImpossibleParams) {
     return p.Validate(100).code();
   };
   EXPECT_EQ(check([](SamplingParams&) {}), absl::StatusCode::kOk);
-  EXPECT_EQ(check([](SamplingParams& p) { p.temperature = -1; }), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(check([](SamplingParams& p) { p.temperature = NAN; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check([](SamplingParams& p) { p.temperature = -1; }),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check([](SamplingParams& p) { p.temperature = NAN; }),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(check([](SamplingParams& p) { p.top_k = -2; }), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(check([](SamplingParams& p) { p.top_p = 0; }), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(check([](SamplingParams& p) { p.top_p = 1.5f; }), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(check([](SamplingParams& p) { p.min_p = -0.1f; }), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(check([](SamplingParams& p) { p.top_logprobs = 101; }), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check([](SamplingParams& p) { p.top_logprobs = 101; }),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

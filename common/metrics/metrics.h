@@ -26,15 +26,19 @@ class Metrics {
  public:
   // Serves /metrics on `listen` ("host:port", port 0: any free port); empty:
   // keep the registry without an HTTP endpoint (tests, embedded engines).
-  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen, const std::string& service);
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen,
+                                                         const std::string& service);
 
   // The bound port, 0 without an endpoint.
   int port() const { return port_; }
   prometheus::Registry& registry() { return *registry_; }
 
-  prometheus::Family<prometheus::Counter>& CounterFamily(const std::string& name, const std::string& help);
-  prometheus::Family<prometheus::Gauge>& GaugeFamily(const std::string& name, const std::string& help);
-  prometheus::Family<prometheus::Histogram>& HistogramFamily(const std::string& name, const std::string& help);
+  prometheus::Family<prometheus::Counter>& CounterFamily(const std::string& name,
+                                                         const std::string& help);
+  prometheus::Family<prometheus::Gauge>& GaugeFamily(const std::string& name,
+                                                     const std::string& help);
+  prometheus::Family<prometheus::Histogram>& HistogramFamily(const std::string& name,
+                                                             const std::string& help);
 
   // Latency buckets (seconds) from 100 µs to 60 s.
   static prometheus::Histogram::BucketBoundaries LatencyBuckets();

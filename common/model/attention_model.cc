@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status.h"
 #include "common/model/v4_model.h"
-#include "common/status.h"
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/moe_gate.h"
@@ -22,7 +22,8 @@ constexpr float kIndexerKeyNormEps = 1e-6f;
 }  // namespace
 
 cpu::RopeTable MakeRopeTable(const ModelConfig& c) {
-  if (c.rope.type == RopeType::kDefault) return cpu::DefaultRopeTable(c.rope.theta, c.qk_rope_head_dim);
+  if (c.rope.type == RopeType::kDefault)
+    return cpu::DefaultRopeTable(c.rope.theta, c.qk_rope_head_dim);
   cpu::YarnParams p;
   p.theta = c.rope.theta;
   p.factor = c.rope.factor;
@@ -44,7 +45,8 @@ AttentionModel::AttentionModel(const ModelConfig& config, std::unique_ptr<Attent
     : config_(config),
       weights_(std::move(weights)),
       rope_(MakeRopeTable(config)),
-      rope_layout_(config.rope_interleave ? cpu::RopeLayout::kInterleaved : cpu::RopeLayout::kHalves),
+      rope_layout_(config.rope_interleave ? cpu::RopeLayout::kInterleaved
+                                          : cpu::RopeLayout::kHalves),
       softmax_scale_(static_cast<float>(config.SoftmaxScale())) {}
 
 absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const SequenceInput> seqs,
@@ -55,14 +57,17 @@ absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const Sequ
   int total = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const SequenceInput& in = seqs[s];
-    if (in.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no tokens"));
+    if (in.tokens.empty())
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no tokens"));
     if (in.cache == nullptr || in.cache->row_width() != kv_row_width()) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no cache of this model"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s, " has no cache of this model"));
     }
     const int end = in.cache->length() + static_cast<int>(in.tokens.size());
     if (end > in.cache->capacity()) {
       return absl::ResourceExhaustedError(absl::StrCat("sequence ", s, " needs ", end,
-                                                       " cached tokens but its cache holds ", in.cache->capacity()));
+                                                       " cached tokens but its cache holds ",
+                                                       in.cache->capacity()));
     }
     if (config_.max_position_embeddings > 0 && end > config_.max_position_embeddings) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " reaches ", end,
@@ -71,8 +76,8 @@ absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const Sequ
     }
     for (int32_t t : in.tokens) {
       if (t < 0 || t >= config_.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("token id ", t, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token id ", t, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
       }
     }
     offsets.push_back(total);
@@ -84,7 +89,8 @@ absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const Sequ
   std::vector<float> x(static_cast<size_t>(total) * h);
   for (size_t s = 0; s < seqs.size(); ++s) {
     for (size_t i = 0; i < seqs[s].tokens.size(); ++i) {
-      std::memcpy(&x[(offsets[s] + i) * h], &weights_->embed_tokens[static_cast<size_t>(seqs[s].tokens[i]) * h],
+      std::memcpy(&x[(offsets[s] + i) * h],
+                  &weights_->embed_tokens[static_cast<size_t>(seqs[s].tokens[i]) * h],
                   h * sizeof(float));
     }
   }
@@ -126,7 +132,8 @@ absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const Sequ
   if (which == LogitsFor::kAllTokens) {
     for (int t = 0; t < total; ++t) rows.push_back(t);
   } else {
-    for (size_t s = 0; s < seqs.size(); ++s) rows.push_back(offsets[s] + static_cast<int>(seqs[s].tokens.size()) - 1);
+    for (size_t s = 0; s < seqs.size(); ++s)
+      rows.push_back(offsets[s] + static_cast<int>(seqs[s].tokens.size()) - 1);
   }
   std::vector<float> normed(rows.size() * h);
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -140,7 +147,8 @@ absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const Sequ
 }
 
 void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
-                                    const std::vector<int>& offsets, float* x, int num_tokens) const {
+                                    const std::vector<int>& offsets, float* x,
+                                    int num_tokens) const {
   const ModelConfig& c = config_;
   const AttentionLayerWeights& w = weights_->layers[l];
   const int h = c.hidden_size;
@@ -157,7 +165,8 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
   if (c.q_lora_rank > 0) {
     qa.resize(static_cast<size_t>(num_tokens) * c.q_lora_rank);
     cpu::Linear(normed.data(), w.q_a_proj.data(), qa.data(), num_tokens, c.q_lora_rank, h);
-    cpu::RmsNorm(qa.data(), w.q_a_layernorm.data(), qa.data(), num_tokens, c.q_lora_rank, kLatentNormEps);
+    cpu::RmsNorm(qa.data(), w.q_a_layernorm.data(), qa.data(), num_tokens, c.q_lora_rank,
+                 kLatentNormEps);
     cpu::Linear(qa.data(), w.q_b_proj.data(), q.data(), num_tokens, heads * qk, c.q_lora_rank);
   } else {
     cpu::Linear(normed.data(), w.q_proj.data(), q.data(), num_tokens, heads * qk, h);
@@ -166,8 +175,8 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
   const int mla_w = c.kv_lora_rank + c.qk_rope_head_dim;
   std::vector<float> kv(static_cast<size_t>(num_tokens) * kv_w);
   cpu::Linear(normed.data(), w.kv_a_proj.data(), kv.data(), num_tokens, mla_w, h, false, 0, kv_w);
-  cpu::RmsNorm(kv.data(), w.kv_a_layernorm.data(), kv.data(), num_tokens, c.kv_lora_rank, kLatentNormEps,
-               kv_w, kv_w);
+  cpu::RmsNorm(kv.data(), w.kv_a_layernorm.data(), kv.data(), num_tokens, c.kv_lora_rank,
+               kLatentNormEps, kv_w, kv_w);
   IndexerInputs idx;
   if (c.has_indexer()) idx = IndexerProject(w, normed.data(), qa.data(), kv.data(), num_tokens);
 
@@ -248,11 +257,13 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
     ap.out = &attn[static_cast<size_t>(offsets[s]) * heads * c.v_head_dim];
     cpu::RunMlaAttention(ap);
   }
-  cpu::Linear(attn.data(), w.o_proj.data(), x, num_tokens, h, heads * c.v_head_dim, /*accumulate=*/true);
+  cpu::Linear(attn.data(), w.o_proj.data(), x, num_tokens, h, heads * c.v_head_dim,
+              /*accumulate=*/true);
 }
 
-AttentionModel::IndexerInputs AttentionModel::IndexerProject(const AttentionLayerWeights& w, const float* normed,
-                                                             const float* qa, float* kv, int num_tokens) const {
+AttentionModel::IndexerInputs AttentionModel::IndexerProject(const AttentionLayerWeights& w,
+                                                             const float* normed, const float* qa,
+                                                             float* kv, int num_tokens) const {
   const ModelConfig& c = config_;
   const int h = c.hidden_size;
   const int d = c.index_head_dim;
@@ -260,12 +271,14 @@ AttentionModel::IndexerInputs AttentionModel::IndexerProject(const AttentionLaye
   const int key_offset = c.kv_lora_rank + c.qk_rope_head_dim;
   IndexerInputs idx;
   idx.q.resize(static_cast<size_t>(num_tokens) * c.index_n_heads * d);
-  cpu::Linear(qa, w.indexer_wq_b.data(), idx.q.data(), num_tokens, c.index_n_heads * d, c.q_lora_rank);
+  cpu::Linear(qa, w.indexer_wq_b.data(), idx.q.data(), num_tokens, c.index_n_heads * d,
+              c.q_lora_rank);
   cpu::Linear(normed, w.indexer_wk.data(), kv + key_offset, num_tokens, d, h, false, 0, kv_w);
-  cpu::LayerNorm(kv + key_offset, w.indexer_k_norm.data(), w.indexer_k_norm_bias.data(), kv + key_offset,
-                 num_tokens, d, kIndexerKeyNormEps, kv_w, kv_w);
+  cpu::LayerNorm(kv + key_offset, w.indexer_k_norm.data(), w.indexer_k_norm_bias.data(),
+                 kv + key_offset, num_tokens, d, kIndexerKeyNormEps, kv_w, kv_w);
   idx.weights.resize(static_cast<size_t>(num_tokens) * c.index_n_heads);
-  cpu::Linear(normed, w.indexer_weights_proj.data(), idx.weights.data(), num_tokens, c.index_n_heads, h);
+  cpu::Linear(normed, w.indexer_weights_proj.data(), idx.weights.data(), num_tokens,
+              c.index_n_heads, h);
   const float head_scale = 1.0f / std::sqrt(static_cast<float>(c.index_n_heads));
   for (float& x : idx.weights) x *= head_scale;
   return idx;
@@ -293,7 +306,8 @@ absl::Status AttentionModel::StartMlp(int l, float* x, int num_tokens, ExpertCli
     run_mlp(w.dense_mlp, x);
     return absl::OkStatus();
   }
-  if (experts == nullptr) return absl::FailedPreconditionError("MoE layer without an expert client");
+  if (experts == nullptr)
+    return absl::FailedPreconditionError("MoE layer without an expert client");
 
   const int e = c.n_routed_experts;
   const int k = c.num_experts_per_tok;
@@ -311,7 +325,8 @@ absl::Status AttentionModel::StartMlp(int l, float* x, int num_tokens, ExpertCli
   gp.top_k = k;
   gp.n_group = c.n_group;
   gp.topk_group = c.topk_group;
-  gp.scoring = c.scoring_func == ScoringFunc::kSoftmax ? cpu::GateScoring::kSoftmax : cpu::GateScoring::kSigmoid;
+  gp.scoring = c.scoring_func == ScoringFunc::kSoftmax ? cpu::GateScoring::kSoftmax
+                                                       : cpu::GateScoring::kSigmoid;
   switch (c.topk_method) {
     case TopkMethod::kGreedy:
       gp.select = cpu::GateSelect::kGreedy;

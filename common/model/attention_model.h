@@ -28,7 +28,7 @@ namespace moesh {
 // New tokens of one sequence for a forward pass.
 struct SequenceInput {
   absl::Span<const int32_t> tokens;  // appended after the cached prefix
-  KvSequence* cache = nullptr;  // the sequence's cache; grows by tokens.size()
+  KvSequence* cache = nullptr;       // the sequence's cache; grows by tokens.size()
 };
 
 enum class LogitsFor { kLastToken, kAllTokens };
@@ -41,7 +41,9 @@ class AttentionModel {
   // Width of a cache row: kv_lora_rank + qk_rope_head_dim (+ index_head_dim
   // for V3.2, whose indexer keys ride along in the same rows).
   int kv_row_width() const { return config_.kv_cache_row_width(); }
-  SequenceKvCache NewCache() const { return SequenceKvCache(config_.num_hidden_layers, kv_row_width()); }
+  SequenceKvCache NewCache() const {
+    return SequenceKvCache(config_.num_hidden_layers, kv_row_width());
+  }
 
   // Runs the new tokens of every sequence through the model as one batch,
   // appending to each cache. Returns logits [num_sequences, vocab] (last token
@@ -71,8 +73,8 @@ class AttentionModel {
     std::vector<float> q;        // [T, index_n_heads, index_head_dim]
     std::vector<float> weights;  // [T, index_n_heads], times index_n_heads^-0.5
   };
-  IndexerInputs IndexerProject(const AttentionLayerWeights& w, const float* normed, const float* qa, float* kv,
-                               int num_tokens) const;
+  IndexerInputs IndexerProject(const AttentionLayerWeights& w, const float* normed, const float* qa,
+                               float* kv, int num_tokens) const;
   // The MLP half of layer l for one micro-batch, in two steps: StartMlp runs
   // a dense MLP to completion, or routes the tokens, starts their dispatch
   // and adds the shared experts; FinishMlp waits and adds the routed output.
@@ -80,10 +82,11 @@ class AttentionModel {
     std::vector<float> normed;  // [T, hidden], dispatched
     std::vector<int32_t> ids;   // [T, top_k]
     std::vector<float> weights;
-    std::vector<float> routed;  // [T, hidden], filled by the experts
+    std::vector<float> routed;                 // [T, hidden], filled by the experts
     std::unique_ptr<PendingDispatch> pending;  // null for dense layers
   };
-  absl::Status StartMlp(int l, float* x, int num_tokens, ExpertClient* experts, MlpInFlight* f) const;
+  absl::Status StartMlp(int l, float* x, int num_tokens, ExpertClient* experts,
+                        MlpInFlight* f) const;
   absl::Status FinishMlp(MlpInFlight* f, float* x, int num_tokens) const;
 
   const ModelConfig config_;

@@ -37,8 +37,8 @@ struct RopeConfig {
   int original_max_position_embeddings = 0;  // 0: not given
   double beta_fast = 32.0;
   double beta_slow = 1.0;
-  double mscale = 0.0;          // 0: not given
-  double mscale_all_dim = 0.0;  // 0: not given
+  double mscale = 0.0;            // 0: not given
+  double mscale_all_dim = 0.0;    // 0: not given
   double attention_factor = 0.0;  // 0: derived from mscale / mscale_all_dim
   bool truncate = true;
 };
@@ -106,8 +106,8 @@ struct ModelConfig {
   int moe_layer_freq = 1;
 
   bool tie_word_embeddings = false;
-  int bos_token_id = -1;               // -1: none
-  std::vector<int> eos_token_ids;      // may be empty
+  int bos_token_id = -1;           // -1: none
+  std::vector<int> eos_token_ids;  // may be empty
 
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool has_indexer() const { return family == ModelFamily::kDeepseekV32; }

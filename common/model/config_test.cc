@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -32,7 +32,9 @@ Json V2LiteJson() {
   })");
 }
 
-absl::StatusOr<ModelConfig> Parse(const Json& j) { return ModelConfig::FromJson(j.dump(), "config.json"); }
+absl::StatusOr<ModelConfig> Parse(const Json& j) {
+  return ModelConfig::FromJson(j.dump(), "config.json");
+}
 
 TEST(ConfigTest, ParsesV2LiteLegacyForm) {
   absl::StatusOr<ModelConfig> c = Parse(V2LiteJson());
@@ -117,8 +119,9 @@ TEST(ConfigTest, ParsesV4BothForms) {
   ASSERT_TRUE(modern.ok()) << modern.status();
   EXPECT_TRUE(modern->is_v4());
   EXPECT_EQ(modern->layer_types,
-            (std::vector<V4AttentionType>{V4AttentionType::kSliding, V4AttentionType::kCompressedSparse,
-                                          V4AttentionType::kHeavilyCompressed, V4AttentionType::kCompressedSparse}));
+            (std::vector<V4AttentionType>{
+                V4AttentionType::kSliding, V4AttentionType::kCompressedSparse,
+                V4AttentionType::kHeavilyCompressed, V4AttentionType::kCompressedSparse}));
   EXPECT_EQ(modern->hash_layers, (std::vector<bool>{true, true, false, false}));
   EXPECT_EQ(modern->compress_rate_hca, 8);
   EXPECT_EQ(modern->qk_rope_head_dim, 8);
@@ -131,9 +134,9 @@ TEST(ConfigTest, ParsesV4BothForms) {
 
   absl::StatusOr<ModelConfig> legacy = ModelConfig::Load(golden + "v4_legacy");
   ASSERT_TRUE(legacy.ok()) << legacy.status();
-  EXPECT_EQ(legacy->layer_types,
-            (std::vector<V4AttentionType>{V4AttentionType::kHeavilyCompressed, V4AttentionType::kCompressedSparse,
-                                          V4AttentionType::kSliding}));
+  EXPECT_EQ(legacy->layer_types, (std::vector<V4AttentionType>{V4AttentionType::kHeavilyCompressed,
+                                                               V4AttentionType::kCompressedSparse,
+                                                               V4AttentionType::kSliding}));
   EXPECT_EQ(legacy->hash_layers, (std::vector<bool>{true, false, false}));
   EXPECT_EQ(legacy->compress_rate_hca, 128);
   EXPECT_EQ(legacy->qk_rope_head_dim, 8);
@@ -155,7 +158,9 @@ TEST(ConfigTest, ParsesV4BothForms) {
 TEST(ConfigTest, RejectsBadV4) {
   const std::string golden = std::string(MOESH_SOURCE_DIR) + "/tests/golden/v4/config.json";
   const Json base = Json::parse(*ReadFileToString(golden));
-  auto code = [](const Json& j) { return ModelConfig::FromJson(j.dump(), "config.json").status().code(); };
+  auto code = [](const Json& j) {
+    return ModelConfig::FromJson(j.dump(), "config.json").status().code();
+  };
   Json j = base;
   j["layer_types"][1] = "full_attention";
   EXPECT_EQ(code(j), absl::StatusCode::kInvalidArgument);
@@ -293,20 +298,42 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"unknown_model", [](Json& j) { j["model_type"] = "llama"; }, "model_type"},
         BadCase{"missing_hidden", [](Json& j) { j.erase("hidden_size"); }, "hidden_size"},
         BadCase{"string_hidden", [](Json& j) { j["hidden_size"] = "2048"; }, "hidden_size"},
-        BadCase{"groups_not_dividing", [](Json& j) { j["topk_method"] = "group_limited_greedy"; j["n_group"] = 5; }, "n_group"},
-        BadCase{"topk_group_too_big", [](Json& j) { j["topk_method"] = "group_limited_greedy"; j["n_group"] = 8; j["topk_group"] = 9; }, "topk_group"},
-        BadCase{"k_unreachable", [](Json& j) { j["topk_method"] = "group_limited_greedy"; j["n_group"] = 8; j["topk_group"] = 1; j["num_experts_per_tok"] = 9; }, "num_experts_per_tok"},
-        BadCase{"too_many_k", [](Json& j) { j["num_experts_per_tok"] = 65; }, "num_experts_per_tok"},
+        BadCase{"groups_not_dividing",
+                [](Json& j) {
+                  j["topk_method"] = "group_limited_greedy";
+                  j["n_group"] = 5;
+                },
+                "n_group"},
+        BadCase{"topk_group_too_big",
+                [](Json& j) {
+                  j["topk_method"] = "group_limited_greedy";
+                  j["n_group"] = 8;
+                  j["topk_group"] = 9;
+                },
+                "topk_group"},
+        BadCase{"k_unreachable",
+                [](Json& j) {
+                  j["topk_method"] = "group_limited_greedy";
+                  j["n_group"] = 8;
+                  j["topk_group"] = 1;
+                  j["num_experts_per_tok"] = 9;
+                },
+                "num_experts_per_tok"},
+        BadCase{"too_many_k", [](Json& j) { j["num_experts_per_tok"] = 65; },
+                "num_experts_per_tok"},
         BadCase{"bad_method", [](Json& j) { j["topk_method"] = "random"; }, "topk_method"},
         BadCase{"bad_scoring", [](Json& j) { j["scoring_func"] = "relu"; }, "scoring_func"},
         BadCase{"kv_heads", [](Json& j) { j["num_key_value_heads"] = 8; }, "num_key_value_heads"},
         BadCase{"odd_rope", [](Json& j) { j["qk_rope_head_dim"] = 63; }, "qk_rope_head_dim"},
-        BadCase{"dense_too_many", [](Json& j) { j["first_k_dense_replace"] = 28; }, "first_k_dense_replace"},
+        BadCase{"dense_too_many", [](Json& j) { j["first_k_dense_replace"] = 28; },
+                "first_k_dense_replace"},
         BadCase{"eos_outside", [](Json& j) { j["eos_token_id"] = 102400; }, "eos_token_id"},
         BadCase{"rope_type", [](Json& j) { j["rope_scaling"]["type"] = "dynamic"; }, "rope type"},
-        BadCase{"rope_contradiction", [](Json& j) {
+        BadCase{"rope_contradiction",
+                [](Json& j) {
                   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000}};
-                }, "contradicts"},
+                },
+                "contradicts"},
         BadCase{"qk_head_dim", [](Json& j) { j["qk_head_dim"] = 100; }, "qk_head_dim"},
         BadCase{"activation", [](Json& j) { j["hidden_act"] = "gelu"; }, "hidden_act"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });

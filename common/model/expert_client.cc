@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "kernels/cpu/ops.h"
 
 namespace moesh {
@@ -46,7 +46,8 @@ absl::StatusOr<ExpertStage::Shards> ExpertStage::ShardsWithout(const std::set<in
     left += copy->expert_ids.size();
     out.push_back(std::move(copy));
   }
-  if (left == 0) return absl::InvalidArgumentError("removing those experts would leave this stage none");
+  if (left == 0)
+    return absl::InvalidArgumentError("removing those experts would leave this stage none");
   return out;
 }
 
@@ -61,7 +62,8 @@ absl::Status ExpertStage::RemoveExperts(const std::set<int>& ids) {
   return absl::OkStatus();
 }
 
-absl::Status ExpertStage::AccumulateOnDevice(const DeviceMoeDispatch&, float*, std::vector<CountedDispatch>*) const {
+absl::Status ExpertStage::AccumulateOnDevice(const DeviceMoeDispatch&, float*,
+                                             std::vector<CountedDispatch>*) const {
   return absl::UnimplementedError(absl::StrCat("the experts run on ", device(),
                                                ": a device-resident dispatch needs --device cuda"));
 }
@@ -99,8 +101,8 @@ absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
     return nullptr;
   };
   if (d.hidden != config_.hidden_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dispatch hidden size ", d.hidden, " != model hidden size ", config_.hidden_size));
+    return absl::InvalidArgumentError(absl::StrCat("dispatch hidden size ", d.hidden,
+                                                   " != model hidden size ", config_.hidden_size));
   }
   // Group the (token, slot) pairs by expert so each expert runs one GEMM.
   std::map<int, std::vector<std::pair<int, float>>> by_expert;
@@ -121,14 +123,16 @@ absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
   for (const auto& [e, items] : by_expert) {
     const MlpWeights& w = *find(e);
     if (w.gate_up.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat("expert ", e, " has placeholder weights (--load_format dummy) "
-                                                        "and the CPU computes from real ones only"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert ", e,
+                       " has placeholder weights (--load_format dummy) "
+                       "and the CPU computes from real ones only"));
     }
     const int m = static_cast<int>(items.size());
     x.resize(static_cast<size_t>(m) * h);
     for (int i = 0; i < m; ++i) {
-      std::memcpy(&x[static_cast<size_t>(i) * h], d.hidden_states + static_cast<size_t>(items[i].first) * h,
-                  h * sizeof(float));
+      std::memcpy(&x[static_cast<size_t>(i) * h],
+                  d.hidden_states + static_cast<size_t>(items[i].first) * h, h * sizeof(float));
     }
     gate_up.resize(static_cast<size_t>(m) * 2 * inter);
     act.resize(static_cast<size_t>(m) * inter);
@@ -137,7 +141,8 @@ absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
     cpu::SiluAndMul(gate_up.data(), act.data(), m, inter, static_cast<float>(config_.swiglu_limit));
     cpu::Linear(act.data(), w.down.data(), y.data(), m, h, inter);
     for (int i = 0; i < m; ++i) {
-      cpu::Axpy(items[i].second, &y[static_cast<size_t>(i) * h], out + static_cast<size_t>(items[i].first) * h, h);
+      cpu::Axpy(items[i].second, &y[static_cast<size_t>(i) * h],
+                out + static_cast<size_t>(items[i].first) * h, h);
     }
   }
   return absl::OkStatus();

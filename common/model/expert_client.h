@@ -112,7 +112,7 @@ class ExpertClient {
 // Experts can be added while serving (AddShard: replicas placed by the
 // rebalancer); a dispatch already running uses the experts it started with.
 //
-// This class computes on the CPU in fp32; kernels/cuda/model's
+// This class computes on the CPU in fp32; common/cuda_backend's
 // CudaExpertStage overrides Accumulate and AddShard to compute on a GPU
 // (bf16 weights), keeping this class's bookkeeping of what is hosted.
 class ExpertStage {
@@ -157,7 +157,6 @@ class ExpertStage {
   void SetShards(Shards shards);
 
  private:
-
   const ModelConfig config_;
   mutable absl::Mutex mu_;
   Shards shards_ ABSL_GUARDED_BY(mu_);

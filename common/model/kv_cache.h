@@ -76,7 +76,9 @@ class SequenceKvCache : public KvSequence {
 
   int row_width() const override { return row_width_; }
   int length() const override { return length_; }
-  int num_rows(int layer) const override { return static_cast<int>(layers_[layer].size()) / row_width_; }
+  int num_rows(int layer) const override {
+    return static_cast<int>(layers_[layer].size()) / row_width_;
+  }
   int capacity() const override { return INT32_MAX; }
   void AppendRows(int layer, const float* src, int n) override;
   const float* Rows(int layer, std::vector<float>*) const override { return layers_[layer].data(); }

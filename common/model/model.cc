@@ -1,8 +1,8 @@
 #include "common/model/model.h"
 
+#include "common/base/status.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
-#include "common/status.h"
 
 namespace moesh {
 

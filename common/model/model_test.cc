@@ -4,11 +4,11 @@
 // experts in one place.
 #include "common/model/model.h"
 
-#include <filesystem>
 #include <algorithm>
+#include <filesystem>
 #include <random>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/model/model_test_util.h"
 #include "common/model/random_checkpoint.h"
 #include "common/model/safetensors.h"
@@ -31,8 +31,6 @@ std::string Checkpoint(const std::string& family) {
   }
   return dir;
 }
-
-
 
 class ModelTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -69,17 +67,19 @@ TEST_P(ModelTest, CachedDecodingEqualsRecomputation) {
     const std::vector<float> last = Run(chunk, &cache);
     pos += n;
     ASSERT_EQ(cache.length(), static_cast<int>(pos));
-    EXPECT_LE(MaxAbsDiff(last.data(), &full[(pos - 1) * vocab_], vocab_), 1e-4f) << "position " << pos - 1;
+    EXPECT_LE(MaxAbsDiff(last.data(), &full[(pos - 1) * vocab_], vocab_), 1e-4f)
+        << "position " << pos - 1;
   }
   // The cached rows are identical however they were produced.
   for (int l = 0; l < model_->config().num_hidden_layers; ++l) {
-    EXPECT_LE(MaxAbsDiff(cache.rows(l), full_cache.rows(l), tokens.size() * cache.row_width()), 1e-5f);
+    EXPECT_LE(MaxAbsDiff(cache.rows(l), full_cache.rows(l), tokens.size() * cache.row_width()),
+              1e-5f);
   }
 }
 
 TEST_P(ModelTest, BatchEqualsSequencesAlone) {
-  std::vector<std::vector<int32_t>> prompts = {RandomTokens(7, vocab_, 1), RandomTokens(1, vocab_, 2),
-                                               RandomTokens(19, vocab_, 3)};
+  std::vector<std::vector<int32_t>> prompts = {
+      RandomTokens(7, vocab_, 1), RandomTokens(1, vocab_, 2), RandomTokens(19, vocab_, 3)};
   std::vector<SequenceKvCache> caches(prompts.size(), model_->NewCache());
   std::vector<SequenceInput> inputs;
   for (size_t i = 0; i < prompts.size(); ++i) inputs.push_back({prompts[i], &caches[i]});
@@ -138,7 +138,8 @@ TEST_P(ModelTest, ShardedExpertsEqualLocal) {
   std::set<int> even, odd;
   for (int e = 0; e < c.n_routed_experts; ++e) (e % 2 ? odd : even).insert(e);
   auto load = [&](const std::set<int>& ids) {
-    absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w = ExpertShardWeights::Load(c, **ckpt, ids);
+    absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w =
+        ExpertShardWeights::Load(c, **ckpt, ids);
     EXPECT_TRUE(w.ok());
     EXPECT_EQ((*w)->layers.begin()->second.size(), ids.size());  // only the shard's experts
     return std::make_unique<ExpertStage>(c, std::move(*w));
@@ -162,16 +163,21 @@ TEST_P(ModelTest, RejectsBadInputs) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   std::vector<int32_t> negative = {-1};
   in = {negative, &cache};
-  EXPECT_EQ(model_->Forward(absl::MakeConstSpan(&in, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model_->Forward(absl::MakeConstSpan(&in, 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
   std::vector<int32_t> empty;
   in = {empty, &cache};
-  EXPECT_EQ(model_->Forward(absl::MakeConstSpan(&in, 1)).status().code(), absl::StatusCode::kInvalidArgument);
-  const std::vector<int32_t> too_long = RandomTokens(model_->config().max_position_embeddings + 1, vocab_, 1);
+  EXPECT_EQ(model_->Forward(absl::MakeConstSpan(&in, 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> too_long =
+      RandomTokens(model_->config().max_position_embeddings + 1, vocab_, 1);
   in = {too_long, &cache};
-  EXPECT_EQ(model_->Forward(absl::MakeConstSpan(&in, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model_->Forward(absl::MakeConstSpan(&in, 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, ModelTest, ::testing::Values("v2-lite", "v2", "v3", "v3.2", "v4"),
+INSTANTIATE_TEST_SUITE_P(Families, ModelTest,
+                         ::testing::Values("v2-lite", "v2", "v3", "v3.2", "v4"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

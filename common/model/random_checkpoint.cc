@@ -1,17 +1,17 @@
 #include "common/model/random_checkpoint.h"
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/dtype.h"
-#include "common/file_util.h"
+#include "common/base/dtype.h"
+#include "common/base/file_util.h"
+#include "common/base/status.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
-#include "common/status.h"
 
 namespace moesh {
 
@@ -92,7 +92,8 @@ absl::StatusOr<ModelConfig> V4Preset(const std::string& preset) {
     c.num_hidden_layers = 43;
     c.layer_types.assign(2, V4AttentionType::kHeavilyCompressed);
     for (int i = 0; i < c.num_hidden_layers - 2; ++i) {
-      c.layer_types.push_back(i % 2 ? V4AttentionType::kCompressedSparse : V4AttentionType::kHeavilyCompressed);
+      c.layer_types.push_back(i % 2 ? V4AttentionType::kCompressedSparse
+                                    : V4AttentionType::kHeavilyCompressed);
     }
     c.hash_layers.assign(c.num_hidden_layers, false);
     for (int i = 0; i < 3; ++i) c.hash_layers[i] = true;
@@ -116,7 +117,8 @@ absl::StatusOr<ModelConfig> V4Preset(const std::string& preset) {
     c.compress_rope.factor = 16;
     c.compress_rope.original_max_position_embeddings = 65536;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", preset, "\" (tiny, small, real)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown preset \"", preset, "\" (tiny, small, real)"));
   }
   c.max_position_embeddings =
       static_cast<int>(c.compress_rope.factor) * c.compress_rope.original_max_position_embeddings;
@@ -266,7 +268,8 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
       c.index_head_dim = 64;
     }
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", preset, "\" (tiny, small, real)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown preset \"", preset, "\" (tiny, small, real)"));
   }
   c.n_shared_experts = family == "v2" ? 2 : 1;
   c.first_k_dense_replace = 1;
@@ -301,14 +304,16 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
     c.rope.mscale_all_dim = 0.707;
   }
   c.rope.original_max_position_embeddings = preset == "tiny" ? 64 : 4096;
-  c.max_position_embeddings = static_cast<int>(c.rope.factor) * c.rope.original_max_position_embeddings;
+  c.max_position_embeddings =
+      static_cast<int>(c.rope.factor) * c.rope.original_max_position_embeddings;
   RETURN_IF_ERROR(c.Validate(absl::StrCat("preset ", family, "/", preset)));
   return c;
 }
 
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                    const RandomCheckpointOptions& options) {
-  if (options.dtype != DType::kBF16 && options.dtype != DType::kF16 && options.dtype != DType::kF32) {
+  if (options.dtype != DType::kBF16 && options.dtype != DType::kF16 &&
+      options.dtype != DType::kF32) {
     return absl::InvalidArgumentError("random checkpoints are written as BF16, F16 or F32");
   }
   RETURN_IF_ERROR(MakeDirs(dir));
@@ -334,9 +339,11 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
       continue;
     }
     // Norm weights (and V4's mHC scales) near 1, biases small, the rest N(0, std).
-    const bool is_norm = absl::EndsWith(spec.name, "norm.weight") || absl::EndsWith(spec.name, "_scale");
+    const bool is_norm =
+        absl::EndsWith(spec.name, "norm.weight") || absl::EndsWith(spec.name, "_scale");
     const bool is_bias = absl::EndsWith(spec.name, "e_score_correction_bias") ||
-                         absl::EndsWith(spec.name, "k_norm.bias") || absl::EndsWith(spec.name, "gate.bias");
+                         absl::EndsWith(spec.name, "k_norm.bias") ||
+                         absl::EndsWith(spec.name, "gate.bias");
     const size_t es = DTypeSize(options.dtype);
     std::vector<uint8_t> bytes(static_cast<size_t>(n) * es);
     for (int64_t i = 0; i < n; ++i) {
@@ -354,7 +361,8 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
     }
     writer.Add(spec.name, options.dtype, spec.shape, std::move(bytes));
   }
-  RETURN_IF_ERROR(WriteStringToFile(JoinPath(dir, "config.json"), config.ToJson(options.new_rope_form)));
+  RETURN_IF_ERROR(
+      WriteStringToFile(JoinPath(dir, "config.json"), config.ToJson(options.new_rope_form)));
   if (!options.tokenizer_json.empty()) {
     RETURN_IF_ERROR(WriteStringToFile(JoinPath(dir, "tokenizer.json"), options.tokenizer_json));
   }
@@ -363,8 +371,8 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
 
 absl::Status WriteBf16RoundedCopy(const std::string& dir, const std::string& out_dir) {
   auto kept_f32 = [](const std::string& n) {
-    for (const char* suffix : {".gate.weight", ".gate.bias", "e_score_correction_bias", ".ape", ".attn_sink",
-                               "indexer.k_norm.weight", "indexer.k_norm.bias"}) {
+    for (const char* suffix : {".gate.weight", ".gate.bias", "e_score_correction_bias", ".ape",
+                               ".attn_sink", "indexer.k_norm.weight", "indexer.k_norm.bias"}) {
       if (absl::EndsWith(n, suffix)) return true;
     }
     return n.find("hc_") != std::string::npos;

@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/file_util.h"
-#include "common/status.h"
+#include "common/base/file_util.h"
+#include "common/base/status.h"
 #include "nlohmann/json.hpp"
 
 namespace moesh {
@@ -55,7 +55,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < 8) {
     ::close(fd);
-    return Corrupt(path, absl::StrCat("file is ", size, " bytes, shorter than the 8-byte header length"));
+    return Corrupt(path,
+                   absl::StrCat("file is ", size, " bytes, shorter than the 8-byte header length"));
   }
   void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -91,8 +92,8 @@ absl::Status SafetensorsFile::ParseHeader() {
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
         !e.contains("data_offsets") || !e["dtype"].is_string() || !e["shape"].is_array() ||
         !e["data_offsets"].is_array() || e["data_offsets"].size() != 2) {
-      return Corrupt(path_, absl::StrCat("tensor \"", name,
-                                         "\" lacks a valid dtype, shape or data_offsets"));
+      return Corrupt(
+          path_, absl::StrCat("tensor \"", name, "\" lacks a valid dtype, shape or data_offsets"));
     }
     TensorView v;
     v.name = name;
@@ -122,10 +123,10 @@ absl::Status SafetensorsFile::ParseHeader() {
     }
     const uint64_t want = static_cast<uint64_t>(v.numel()) * DTypeSize(v.dtype);
     if (end - begin != want) {
-      return Corrupt(path_, absl::StrFormat("tensor \"%s\" of shape %s %s needs %d bytes but its "
-                                            "data_offsets cover %d",
-                                            name, v.ShapeString(), DTypeName(v.dtype), want,
-                                            end - begin));
+      return Corrupt(path_,
+                     absl::StrFormat("tensor \"%s\" of shape %s %s needs %d bytes but its "
+                                     "data_offsets cover %d",
+                                     name, v.ShapeString(), DTypeName(v.dtype), want, end - begin));
     }
     v.data = data + begin;
     v.nbytes = end - begin;
@@ -174,15 +175,16 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
       auto t = f->tensors().find(it.key());
       if (t == f->tensors().end()) {
         return absl::DataLossError(absl::StrCat(index_path, ": tensor \"", it.key(),
-                                                "\" is listed in ", shard, " but not stored there"));
+                                                "\" is listed in ", shard,
+                                                " but not stored there"));
       }
       ckpt->index_[it.key()] = &t->second;
     }
     for (const auto& file : ckpt->files_) {
       for (const auto& [name, view] : file->tensors()) {
         if (!ckpt->index_.count(name)) {
-          return absl::DataLossError(absl::StrCat(file->path(), ": tensor \"", name,
-                                                  "\" is not listed in ", index_path));
+          return absl::DataLossError(
+              absl::StrCat(file->path(), ": tensor \"", name, "\" is not listed in ", index_path));
         }
       }
     }
@@ -249,7 +251,8 @@ absl::Status SafetensorsWriter::WriteCheckpoint(const std::string& dir, int num_
   // Fill shards in order up to an even share of the bytes, as HF's sharding does.
   uint64_t acc = 0;
   for (const Entry& e : entries_) {
-    int s = static_cast<int>(std::min<uint64_t>(num_shards - 1, acc * num_shards / std::max<uint64_t>(total, 1)));
+    int s = static_cast<int>(
+        std::min<uint64_t>(num_shards - 1, acc * num_shards / std::max<uint64_t>(total, 1)));
     shards[s].push_back(&e);
     acc += e.bytes.size();
   }

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/dtype.h"
+#include "common/base/dtype.h"
 
 namespace moesh {
 
@@ -95,7 +95,8 @@ class SafetensorsWriter {
     std::vector<int64_t> shape;
     std::vector<uint8_t> bytes;
   };
-  absl::Status WriteEntries(const std::string& path, const std::vector<const Entry*>& entries) const;
+  absl::Status WriteEntries(const std::string& path,
+                            const std::vector<const Entry*>& entries) const;
 
   std::vector<Entry> entries_;
 };

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <functional>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "gtest/gtest.h"
 
 namespace moesh {
@@ -33,7 +33,8 @@ SafetensorsWriter TwoTensors() {
 TEST(SafetensorsTest, RoundTrip) {
   const std::string dir = TestDir("roundtrip");
   ASSERT_TRUE(TwoTensors().WriteFile(JoinPath(dir, "x.safetensors")).ok());
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(JoinPath(dir, "x.safetensors"));
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> f =
+      SafetensorsFile::Open(JoinPath(dir, "x.safetensors"));
   ASSERT_TRUE(f.ok()) << f.status();
   ASSERT_EQ((*f)->tensors().size(), 2u);
   const TensorView& a = (*f)->tensors().at("a");
@@ -123,24 +124,28 @@ void Replace(std::string& s, const std::string& from, const std::string& to) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, CorruptFileTest,
-    ::testing::Values(
-        Corruption{"truncated_data", [](std::string& s) { s.resize(s.size() - 4); },
-                   absl::StatusCode::kDataLoss, "truncated"},
-        Corruption{"tiny_file", [](std::string& s) { s.resize(5); }, absl::StatusCode::kDataLoss, "8-byte"},
-        Corruption{"huge_header_len", [](std::string& s) { s[6] = 0x10; }, absl::StatusCode::kDataLoss,
-                   "header length"},
-        Corruption{"garbage_header", [](std::string& s) { s[8] = '#'; }, absl::StatusCode::kDataLoss,
-                   "not a JSON object"},
-        Corruption{"unsupported_dtype", [](std::string& s) { Replace(s, "\"BF16\"", "\"F64\"\x20"); },
-                   absl::StatusCode::kInvalidArgument, "b.weight"},
-        Corruption{"shape_vs_bytes", [](std::string& s) { Replace(s, "[2,3]", "[3,3]"); },
-                   absl::StatusCode::kDataLoss, "\"a\""},
-        Corruption{"missing_offsets", [](std::string& s) { Replace(s, "data_offsets", "data_offsetz"); },
-                   absl::StatusCode::kDataLoss, "data_offsets"}),
+    ::testing::Values(Corruption{"truncated_data", [](std::string& s) { s.resize(s.size() - 4); },
+                                 absl::StatusCode::kDataLoss, "truncated"},
+                      Corruption{"tiny_file", [](std::string& s) { s.resize(5); },
+                                 absl::StatusCode::kDataLoss, "8-byte"},
+                      Corruption{"huge_header_len", [](std::string& s) { s[6] = 0x10; },
+                                 absl::StatusCode::kDataLoss, "header length"},
+                      Corruption{"garbage_header", [](std::string& s) { s[8] = '#'; },
+                                 absl::StatusCode::kDataLoss, "not a JSON object"},
+                      Corruption{"unsupported_dtype",
+                                 [](std::string& s) { Replace(s, "\"BF16\"", "\"F64\"\x20"); },
+                                 absl::StatusCode::kInvalidArgument, "b.weight"},
+                      Corruption{"shape_vs_bytes",
+                                 [](std::string& s) { Replace(s, "[2,3]", "[3,3]"); },
+                                 absl::StatusCode::kDataLoss, "\"a\""},
+                      Corruption{"missing_offsets",
+                                 [](std::string& s) { Replace(s, "data_offsets", "data_offsetz"); },
+                                 absl::StatusCode::kDataLoss, "data_offsets"}),
     [](const ::testing::TestParamInfo<Corruption>& info) { return std::string(info.param.name); });
 
 TEST(SafetensorsTest, MissingFile) {
-  EXPECT_EQ(SafetensorsFile::Open("/nonexistent/x.safetensors").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(SafetensorsFile::Open("/nonexistent/x.safetensors").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace

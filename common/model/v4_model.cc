@@ -6,7 +6,7 @@
 #include <limits>
 #include <numeric>
 
-#include "common/status.h"
+#include "common/base/status.h"
 #include "kernels/cpu/mhc.h"
 #include "kernels/cpu/moe_gate.h"
 #include "kernels/cpu/ops.h"
@@ -17,7 +17,8 @@ namespace {
 
 // Rotates the trailing `rope` dims of each of `rows` rows (V4 lays heads out
 // [nope | rope], pairs interleaved). A negative position undoes a rotation.
-void RopeTail(float* x, int rows, int row_dim, int rope, int position, const cpu::RopeTable& table) {
+void RopeTail(float* x, int rows, int row_dim, int rope, int position,
+              const cpu::RopeTable& table) {
   cpu::RopeParams rp;
   rp.x = x;
   rp.num_rows = rows;
@@ -31,9 +32,9 @@ void RopeTail(float* x, int rows, int row_dim, int rope, int position, const cpu
 }
 
 struct Layout {
-  int width = 0;      // of the whole cache row
-  int series = 0;     // compressor series per token: 2 (CSA), 1 (HCA), 0
-  int comp_kv = 0;    // offsets within a row
+  int width = 0;    // of the whole cache row
+  int series = 0;   // compressor series per token: 2 (CSA), 1 (HCA), 0
+  int comp_kv = 0;  // offsets within a row
   int comp_gate = 0;
   int index_kv = 0;
   int index_gate = 0;
@@ -55,9 +56,10 @@ Layout RowLayout(const ModelConfig& c, int l) {
 // gate_off (`series` series of d each). Entry w softmax-pools, per feature,
 // window w's tokens (series 0 for HCA, series 1 for CSA) and, for CSA, window
 // w - 1's series 0, with gates + ape; then RMSNorm and RoPE at position w * rate.
-std::vector<float> CompressedEntries(const ModelConfig& c, const float* rows, int row_width, int kv_off,
-                                     int gate_off, int series, int d, int rate, int num_entries,
-                                     const V4CompressorWeights& w, const cpu::RopeTable& rope) {
+std::vector<float> CompressedEntries(const ModelConfig& c, const float* rows, int row_width,
+                                     int kv_off, int gate_off, int series, int d, int rate,
+                                     int num_entries, const V4CompressorWeights& w,
+                                     const cpu::RopeTable& rope) {
   std::vector<float> entries(static_cast<size_t>(num_entries) * d);
   std::vector<float> gates(2 * rate), values(2 * rate);
   const int cd = series * d;  // per-token features in the row
@@ -87,11 +89,13 @@ std::vector<float> CompressedEntries(const ModelConfig& c, const float* rows, in
 }
 
 // One layer's attention for every new token: out[T, hidden].
-void Attention(const ModelConfig& c, const AttentionLayerWeights& lw, int l, const cpu::RopeTable& main_rope,
-               const cpu::RopeTable& compress_rope, absl::Span<const SequenceInput> seqs,
-               const std::vector<int>& offsets, const float* normed, int num_tokens, float* out) {
+void Attention(const ModelConfig& c, const AttentionLayerWeights& lw, int l,
+               const cpu::RopeTable& main_rope, const cpu::RopeTable& compress_rope,
+               absl::Span<const SequenceInput> seqs, const std::vector<int>& offsets,
+               const float* normed, int num_tokens, float* out) {
   const V4LayerWeights& w = lw.v4;
-  const int h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim, rope = c.qk_rope_head_dim;
+  const int h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim,
+            rope = c.qk_rope_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const Layout lay = RowLayout(c, l);
   const V4AttentionType type = c.layer_types[l];
@@ -109,19 +113,20 @@ void Attention(const ModelConfig& c, const AttentionLayerWeights& lw, int l, con
 
   std::vector<float> rows(static_cast<size_t>(num_tokens) * lay.width, 0.0f);
   cpu::Linear(normed, w.wkv.data(), rows.data(), num_tokens, d, h, false, 0, lay.width);
-  cpu::RmsNorm(rows.data(), w.kv_norm.data(), rows.data(), num_tokens, d, eps, lay.width, lay.width);
+  cpu::RmsNorm(rows.data(), w.kv_norm.data(), rows.data(), num_tokens, d, eps, lay.width,
+               lay.width);
   if (lay.series > 0) {
-    cpu::Linear(normed, w.compressor.wkv.data(), rows.data() + lay.comp_kv, num_tokens, lay.series * d, h, false, 0,
-                lay.width);
-    cpu::Linear(normed, w.compressor.wgate.data(), rows.data() + lay.comp_gate, num_tokens, lay.series * d, h, false,
-                0, lay.width);
+    cpu::Linear(normed, w.compressor.wkv.data(), rows.data() + lay.comp_kv, num_tokens,
+                lay.series * d, h, false, 0, lay.width);
+    cpu::Linear(normed, w.compressor.wgate.data(), rows.data() + lay.comp_gate, num_tokens,
+                lay.series * d, h, false, 0, lay.width);
   }
   std::vector<float> iq, iw;
   if (type == V4AttentionType::kCompressedSparse) {
-    cpu::Linear(normed, w.index_compressor.wkv.data(), rows.data() + lay.index_kv, num_tokens, 2 * di, h, false, 0,
-                lay.width);
-    cpu::Linear(normed, w.index_compressor.wgate.data(), rows.data() + lay.index_gate, num_tokens, 2 * di, h, false,
-                0, lay.width);
+    cpu::Linear(normed, w.index_compressor.wkv.data(), rows.data() + lay.index_kv, num_tokens,
+                2 * di, h, false, 0, lay.width);
+    cpu::Linear(normed, w.index_compressor.wgate.data(), rows.data() + lay.index_gate, num_tokens,
+                2 * di, h, false, 0, lay.width);
     iq.resize(static_cast<size_t>(num_tokens) * ni * di);
     cpu::Linear(qr.data(), w.index_wq_b.data(), iq.data(), num_tokens, ni * di, c.q_lora_rank);
     iw.resize(static_cast<size_t>(num_tokens) * ni);
@@ -143,7 +148,8 @@ void Attention(const ModelConfig& c, const AttentionLayerWeights& lw, int l, con
       const int t = first + i;
       RopeTail(&q[static_cast<size_t>(t) * heads * d], heads, d, rope, start + i, table);
       RopeTail(&rows[static_cast<size_t>(t) * lay.width], 1, d, rope, start + i, table);
-      if (!iq.empty()) RopeTail(&iq[static_cast<size_t>(t) * ni * di], ni, di, rope, start + i, compress_rope);
+      if (!iq.empty())
+        RopeTail(&iq[static_cast<size_t>(t) * ni * di], ni, di, rope, start + i, compress_rope);
     }
     cache->AppendRows(l, &rows[static_cast<size_t>(first) * lay.width], n);
     const float* all = cache->Rows(l, &scratch);
@@ -153,11 +159,11 @@ void Attention(const ModelConfig& c, const AttentionLayerWeights& lw, int l, con
     std::vector<float> entries, index_entries;
     const int num_entries = rate > 0 ? total / rate : 0;
     if (num_entries > 0) {
-      entries = CompressedEntries(c, all, width, lay.comp_kv, lay.comp_gate, lay.series, d, rate, num_entries,
-                                  w.compressor, compress_rope);
+      entries = CompressedEntries(c, all, width, lay.comp_kv, lay.comp_gate, lay.series, d, rate,
+                                  num_entries, w.compressor, compress_rope);
       if (type == V4AttentionType::kCompressedSparse) {
-        index_entries = CompressedEntries(c, all, width, lay.index_kv, lay.index_gate, 2, di, rate, num_entries,
-                                          w.index_compressor, compress_rope);
+        index_entries = CompressedEntries(c, all, width, lay.index_kv, lay.index_gate, 2, di, rate,
+                                          num_entries, w.index_compressor, compress_rope);
       }
     }
 
@@ -225,16 +231,20 @@ void Attention(const ModelConfig& c, const AttentionLayerWeights& lw, int l, con
   const int groups = c.o_groups, in_g = heads * d / groups, r = c.o_lora_rank;
   std::vector<float> grouped(static_cast<size_t>(num_tokens) * groups * r);
   for (int g = 0; g < groups; ++g) {
-    cpu::Linear(attn.data() + static_cast<size_t>(g) * in_g, w.wo_a.data() + static_cast<size_t>(g) * r * in_g,
-                grouped.data() + static_cast<size_t>(g) * r, num_tokens, r, in_g, false, heads * d, groups * r);
+    cpu::Linear(attn.data() + static_cast<size_t>(g) * in_g,
+                w.wo_a.data() + static_cast<size_t>(g) * r * in_g,
+                grouped.data() + static_cast<size_t>(g) * r, num_tokens, r, in_g, false, heads * d,
+                groups * r);
   }
   cpu::Linear(grouped.data(), w.wo_b.data(), out, num_tokens, h, groups * r);
 }
 
 // One layer's MoE for every new token: out[T, hidden].
-absl::Status Moe(const ModelConfig& c, const AttentionLayerWeights& lw, int l, const std::vector<int32_t>& tokens,
-                 const float* normed, int num_tokens, ExpertClient* experts, float* out) {
-  if (experts == nullptr) return absl::FailedPreconditionError("MoE layer without an expert client");
+absl::Status Moe(const ModelConfig& c, const AttentionLayerWeights& lw, int l,
+                 const std::vector<int32_t>& tokens, const float* normed, int num_tokens,
+                 ExpertClient* experts, float* out) {
+  if (experts == nullptr)
+    return absl::FailedPreconditionError("MoE layer without an expert client");
   const int h = c.hidden_size, e = c.n_routed_experts, k = c.num_experts_per_tok;
   std::vector<float> router_logits(static_cast<size_t>(num_tokens) * e);
   cpu::Linear(normed, lw.gate.data(), router_logits.data(), num_tokens, e, h);
@@ -252,8 +262,8 @@ absl::Status Moe(const ModelConfig& c, const AttentionLayerWeights& lw, int l, c
   if (c.hash_layers[l]) {
     forced.resize(ids.size());
     for (int t = 0; t < num_tokens; ++t) {
-      std::memcpy(&forced[static_cast<size_t>(t) * k], &lw.v4.tid2eid[static_cast<size_t>(tokens[t]) * k],
-                  k * sizeof(int32_t));
+      std::memcpy(&forced[static_cast<size_t>(t) * k],
+                  &lw.v4.tid2eid[static_cast<size_t>(tokens[t]) * k], k * sizeof(int32_t));
     }
     gp.forced_ids = forced.data();
   } else {
@@ -279,7 +289,8 @@ absl::Status Moe(const ModelConfig& c, const AttentionLayerWeights& lw, int l, c
     std::vector<float> gate_up(static_cast<size_t>(num_tokens) * 2 * m.intermediate);
     std::vector<float> act(static_cast<size_t>(num_tokens) * m.intermediate);
     cpu::Linear(normed, m.gate_up.data(), gate_up.data(), num_tokens, 2 * m.intermediate, h);
-    cpu::SiluAndMul(gate_up.data(), act.data(), num_tokens, m.intermediate, static_cast<float>(c.swiglu_limit));
+    cpu::SiluAndMul(gate_up.data(), act.data(), num_tokens, m.intermediate,
+                    static_cast<float>(c.swiglu_limit));
     cpu::Linear(act.data(), m.down.data(), out, num_tokens, h, m.intermediate, /*accumulate=*/true);
   }
   return absl::OkStatus();
@@ -303,8 +314,9 @@ cpu::RopeTable V4RopeTable(const RopeConfig& r, int dim) {
 }
 
 absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& c, const AttentionWeights& weights,
-                                             absl::Span<const SequenceInput> seqs, const std::vector<int>& offsets,
-                                             int total, ExpertClient* experts, LogitsFor which) {
+                                             absl::Span<const SequenceInput> seqs,
+                                             const std::vector<int>& offsets, int total,
+                                             ExpertClient* experts, LogitsFor which) {
   const int h = c.hidden_size, hc = c.hc_mult;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const cpu::RopeTable main_rope = V4RopeTable(c.rope, c.qk_rope_head_dim);
@@ -312,19 +324,22 @@ absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& c, const Attenti
 
   std::vector<int32_t> tokens;
   tokens.reserve(total);
-  for (const SequenceInput& in : seqs) tokens.insert(tokens.end(), in.tokens.begin(), in.tokens.end());
+  for (const SequenceInput& in : seqs)
+    tokens.insert(tokens.end(), in.tokens.begin(), in.tokens.end());
   // Every stream starts as the token's embedding.
   std::vector<float> x(static_cast<size_t>(total) * hc * h);
   for (int t = 0; t < total; ++t) {
     for (int j = 0; j < hc; ++j) {
-      std::memcpy(&x[(static_cast<size_t>(t) * hc + j) * h], &weights.embed_tokens[static_cast<size_t>(tokens[t]) * h],
-                  h * sizeof(float));
+      std::memcpy(&x[(static_cast<size_t>(t) * hc + j) * h],
+                  &weights.embed_tokens[static_cast<size_t>(tokens[t]) * h], h * sizeof(float));
     }
   }
-  std::vector<float> collapsed(static_cast<size_t>(total) * h), normed(collapsed.size()), y(collapsed.size());
-  std::vector<float> post(static_cast<size_t>(total) * hc), comb(static_cast<size_t>(total) * hc * hc);
-  auto pre = [&](const std::vector<float>& fn, const std::vector<float>& base, const std::vector<float>& scale,
-                 const std::vector<float>& norm) {
+  std::vector<float> collapsed(static_cast<size_t>(total) * h), normed(collapsed.size()),
+      y(collapsed.size());
+  std::vector<float> post(static_cast<size_t>(total) * hc),
+      comb(static_cast<size_t>(total) * hc * hc);
+  auto pre = [&](const std::vector<float>& fn, const std::vector<float>& base,
+                 const std::vector<float>& scale, const std::vector<float>& norm) {
     cpu::MhcPreParams p;
     p.x = x.data();
     p.num_tokens = total;
@@ -357,11 +372,13 @@ absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& c, const Attenti
     rows.resize(total);
     std::iota(rows.begin(), rows.end(), 0);
   } else {
-    for (size_t s = 0; s < seqs.size(); ++s) rows.push_back(offsets[s] + static_cast<int>(seqs[s].tokens.size()) - 1);
+    for (size_t s = 0; s < seqs.size(); ++s)
+      rows.push_back(offsets[s] + static_cast<int>(seqs[s].tokens.size()) - 1);
   }
   std::vector<float> picked(rows.size() * hc * h), head(rows.size() * h);
   for (size_t i = 0; i < rows.size(); ++i) {
-    std::memcpy(&picked[i * hc * h], &x[static_cast<size_t>(rows[i]) * hc * h], hc * h * sizeof(float));
+    std::memcpy(&picked[i * hc * h], &x[static_cast<size_t>(rows[i]) * hc * h],
+                hc * h * sizeof(float));
   }
   cpu::MhcHeadParams hp;
   hp.x = picked.data();
@@ -375,9 +392,11 @@ absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& c, const Attenti
   hp.norm_eps = eps;
   hp.out = head.data();
   cpu::RunMhcHead(hp);
-  cpu::RmsNorm(head.data(), weights.norm.data(), head.data(), static_cast<int>(rows.size()), h, eps);
+  cpu::RmsNorm(head.data(), weights.norm.data(), head.data(), static_cast<int>(rows.size()), h,
+               eps);
   std::vector<float> logits(rows.size() * c.vocab_size);
-  cpu::Linear(head.data(), weights.lm_head_data(), logits.data(), static_cast<int>(rows.size()), c.vocab_size, h);
+  cpu::Linear(head.data(), weights.lm_head_data(), logits.data(), static_cast<int>(rows.size()),
+              c.vocab_size, h);
   return logits;
 }
 

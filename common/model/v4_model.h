@@ -41,9 +41,11 @@ cpu::RopeTable V4RopeTable(const RopeConfig& rope, int dim);
 
 // REQUIRES: config.is_v4(); the inputs validated as Forward does; offsets[s]
 // the first row of sequence s among the `total` new tokens.
-absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& config, const AttentionWeights& weights,
-                                             absl::Span<const SequenceInput> seqs, const std::vector<int>& offsets,
-                                             int total, ExpertClient* experts, LogitsFor which);
+absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& config,
+                                             const AttentionWeights& weights,
+                                             absl::Span<const SequenceInput> seqs,
+                                             const std::vector<int>& offsets, int total,
+                                             ExpertClient* experts, LogitsFor which);
 
 }  // namespace moesh
 

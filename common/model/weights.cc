@@ -6,7 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace moesh {
 namespace {
@@ -31,7 +31,8 @@ int LayerIndexOf(const std::string& name) {
   if (!absl::StartsWith(name, kPrefix)) return -1;
   size_t end = name.find('.', kPrefix.size());
   int l = -1;
-  if (end == std::string::npos || !absl::SimpleAtoi(name.substr(kPrefix.size(), end - kPrefix.size()), &l)) {
+  if (end == std::string::npos ||
+      !absl::SimpleAtoi(name.substr(kPrefix.size(), end - kPrefix.size()), &l)) {
     return -1;
   }
   return l;
@@ -39,17 +40,20 @@ int LayerIndexOf(const std::string& name) {
 
 absl::StatusOr<MlpWeights> ReadMlp(const Checkpoint& ckpt, const std::string& prefix, int inter,
                                    int hidden) {
-  return ReadMlpTensors(ckpt, prefix, inter, hidden, "gate_proj.weight", "up_proj.weight", "down_proj.weight");
+  return ReadMlpTensors(ckpt, prefix, inter, hidden, "gate_proj.weight", "up_proj.weight",
+                        "down_proj.weight");
 }
 
 }  // namespace
 
-absl::StatusOr<MlpWeights> ReadMlpTensors(const Checkpoint& ckpt, const std::string& prefix, int inter, int hidden,
-                                          const std::string& gate_name, const std::string& up_name,
+absl::StatusOr<MlpWeights> ReadMlpTensors(const Checkpoint& ckpt, const std::string& prefix,
+                                          int inter, int hidden, const std::string& gate_name,
+                                          const std::string& up_name,
                                           const std::string& down_name) {
   MlpWeights m;
   m.intermediate = inter;
-  ASSIGN_OR_RETURN(std::vector<float> gate, ReadTensorF32(ckpt, prefix + gate_name, {inter, hidden}));
+  ASSIGN_OR_RETURN(std::vector<float> gate,
+                   ReadTensorF32(ckpt, prefix + gate_name, {inter, hidden}));
   ASSIGN_OR_RETURN(std::vector<float> up, ReadTensorF32(ckpt, prefix + up_name, {inter, hidden}));
   ASSIGN_OR_RETURN(m.down, ReadTensorF32(ckpt, prefix + down_name, {hidden, inter}));
   m.gate_up = std::move(gate);
@@ -78,7 +82,8 @@ std::vector<TensorSpec> CheckpointSchema(const ModelConfig& c) {
     } else {
       s.push_back({p + "self_attn.q_proj.weight", {heads * c.qk_head_dim(), h}});
     }
-    s.push_back({p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h}});
+    s.push_back(
+        {p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h}});
     s.push_back({p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}});
     s.push_back({p + "self_attn.kv_b_proj.weight",
                  {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}});
@@ -118,20 +123,21 @@ absl::Status ValidateCheckpoint(const ModelConfig& c, const Checkpoint& ckpt) {
     expected.insert(spec.name);
     auto t = ckpt.tensors().find(spec.name);
     if (t == ckpt.tensors().end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          ckpt.dir(), ": tensor \"", spec.name, "\" (shape ", ShapeStr(spec.shape),
-          ") is missing from the checkpoint"));
+      return absl::InvalidArgumentError(absl::StrCat(ckpt.dir(), ": tensor \"", spec.name,
+                                                     "\" (shape ", ShapeStr(spec.shape),
+                                                     ") is missing from the checkpoint"));
     }
     const TensorView& v = *t->second;
     if (v.shape != spec.shape) {
-      return absl::InvalidArgumentError(absl::StrCat(v.file, ": tensor \"", spec.name, "\" has shape ",
-                                                     v.ShapeString(), " but config.json implies ",
-                                                     ShapeStr(spec.shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(v.file, ": tensor \"", spec.name, "\" has shape ", v.ShapeString(),
+                       " but config.json implies ", ShapeStr(spec.shape)));
     }
     if (spec.integer) {
       if (v.dtype != DType::kI64 && v.dtype != DType::kI32) {
-        return absl::InvalidArgumentError(absl::StrCat(v.file, ": tensor \"", spec.name, "\" has dtype ",
-                                                       std::string(DTypeName(v.dtype)), "; it must be I64 or I32"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(v.file, ": tensor \"", spec.name, "\" has dtype ",
+                         std::string(DTypeName(v.dtype)), "; it must be I64 or I32"));
       }
       continue;
     }
@@ -148,17 +154,18 @@ absl::Status ValidateCheckpoint(const ModelConfig& c, const Checkpoint& ckpt) {
             spec.shape.size() > 1 ? (spec.shape[1] + kFp8Block - 1) / kFp8Block : 1};
         if (spec.shape.size() != 2 || s == ckpt.tensors().end() || s->second->shape != want ||
             s->second->dtype == DType::kF8E4M3) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              v.file, ": F8_E4M3 tensor \"", spec.name, "\" needs a float \"", scale_name,
-              "\" of shape ", ShapeStr(want), " (128x128 blocks)"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(v.file, ": F8_E4M3 tensor \"", spec.name, "\" needs a float \"",
+                           scale_name, "\" of shape ", ShapeStr(want), " (128x128 blocks)"));
         }
         expected.insert(scale_name);
         break;
       }
       case DType::kI64:
       case DType::kI32:
-        return absl::InvalidArgumentError(absl::StrCat(v.file, ": tensor \"", spec.name, "\" has dtype ",
-                                                       std::string(DTypeName(v.dtype)), "; weights must be F32, BF16, F16 or F8_E4M3"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            v.file, ": tensor \"", spec.name, "\" has dtype ", std::string(DTypeName(v.dtype)),
+            "; weights must be F32, BF16, F16 or F8_E4M3"));
     }
   }
   std::vector<std::string> extra;
@@ -167,7 +174,7 @@ absl::Status ValidateCheckpoint(const ModelConfig& c, const Checkpoint& ckpt) {
     if (LayerIndexOf(name) >= c.num_hidden_layers) continue;  // MTP layers
     if (c.tie_word_embeddings && name == "lm_head.weight") continue;
     if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;  // old transformers buffers
-    if (absl::StartsWith(name, "mtp.")) continue;                // V4's MTP block
+    if (absl::StartsWith(name, "mtp.")) continue;               // V4's MTP block
     extra.push_back(absl::StrCat("\"", name, "\" in ", view->file));
   }
   if (!extra.empty()) {
@@ -176,9 +183,9 @@ absl::Status ValidateCheckpoint(const ModelConfig& c, const Checkpoint& ckpt) {
       extra.resize(5);
       extra.push_back(absl::StrCat("and ", more, " more"));
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        ckpt.dir(), ": checkpoint has tensors that config.json does not account for: ",
-        absl::StrJoin(extra, ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ckpt.dir(), ": checkpoint has tensors that config.json does not account for: ",
+                     absl::StrJoin(extra, ", ")));
   }
   return absl::OkStatus();
 }
@@ -188,7 +195,8 @@ absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const s
   ASSIGN_OR_RETURN(const TensorView* v, ckpt.Get(name));
   if (v->shape != shape) {
     return absl::InvalidArgumentError(absl::StrCat(v->file, ": tensor \"", name, "\" has shape ",
-                                                   v->ShapeString(), ", expected ", ShapeStr(shape)));
+                                                   v->ShapeString(), ", expected ",
+                                                   ShapeStr(shape)));
   }
   std::vector<float> out(v->numel());
   if (v->dtype == DType::kI64 || v->dtype == DType::kI32) {
@@ -199,9 +207,9 @@ absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const s
   if (v->dtype == DType::kF8E4M3) {
     const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
     const int64_t bcols = (cols + kFp8Block - 1) / kFp8Block;
-    ASSIGN_OR_RETURN(std::vector<float> scale,
-                     ReadTensorF32(ckpt, name + "_scale_inv",
-                                   {(rows + kFp8Block - 1) / kFp8Block, bcols}));
+    ASSIGN_OR_RETURN(
+        std::vector<float> scale,
+        ReadTensorF32(ckpt, name + "_scale_inv", {(rows + kFp8Block - 1) / kFp8Block, bcols}));
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t col = 0; col < cols; ++col) {
         out[r * cols + col] *= scale[(r / kFp8Block) * bcols + col / kFp8Block];
@@ -216,7 +224,8 @@ absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const
   ASSIGN_OR_RETURN(const TensorView* v, ckpt.Get(name));
   if (v->shape != shape) {
     return absl::InvalidArgumentError(absl::StrCat(v->file, ": tensor \"", name, "\" has shape ",
-                                                   v->ShapeString(), ", expected ", ShapeStr(shape)));
+                                                   v->ShapeString(), ", expected ",
+                                                   ShapeStr(shape)));
   }
   std::vector<int32_t> out(v->numel());
   if (v->dtype == DType::kI64) {
@@ -235,14 +244,15 @@ absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const
 }
 
 absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const ModelConfig& c,
-                                                                        const Checkpoint& ckpt) {
+                                                                         const Checkpoint& ckpt) {
   auto w = std::make_unique<AttentionWeights>();
   if (c.is_v4()) {
     RETURN_IF_ERROR(LoadV4AttentionWeights(c, ckpt, w.get()));
     return w;
   }
   const int64_t h = c.hidden_size, heads = c.num_attention_heads;
-  ASSIGN_OR_RETURN(w->embed_tokens, ReadTensorF32(ckpt, "model.embed_tokens.weight", {c.vocab_size, h}));
+  ASSIGN_OR_RETURN(w->embed_tokens,
+                   ReadTensorF32(ckpt, "model.embed_tokens.weight", {c.vocab_size, h}));
   w->layers.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     AttentionLayerWeights& lw = w->layers[l];
@@ -251,31 +261,38 @@ absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const M
     ASSIGN_OR_RETURN(lw.post_attention_layernorm,
                      ReadTensorF32(ckpt, p + "post_attention_layernorm.weight", {h}));
     if (c.q_lora_rank > 0) {
-      ASSIGN_OR_RETURN(lw.q_a_proj, ReadTensorF32(ckpt, p + "self_attn.q_a_proj.weight", {c.q_lora_rank, h}));
+      ASSIGN_OR_RETURN(lw.q_a_proj,
+                       ReadTensorF32(ckpt, p + "self_attn.q_a_proj.weight", {c.q_lora_rank, h}));
       ASSIGN_OR_RETURN(lw.q_a_layernorm,
                        ReadTensorF32(ckpt, p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}));
       ASSIGN_OR_RETURN(lw.q_b_proj, ReadTensorF32(ckpt, p + "self_attn.q_b_proj.weight",
                                                   {heads * c.qk_head_dim(), c.q_lora_rank}));
     } else {
-      ASSIGN_OR_RETURN(lw.q_proj,
-                       ReadTensorF32(ckpt, p + "self_attn.q_proj.weight", {heads * c.qk_head_dim(), h}));
+      ASSIGN_OR_RETURN(lw.q_proj, ReadTensorF32(ckpt, p + "self_attn.q_proj.weight",
+                                                {heads * c.qk_head_dim(), h}));
     }
     ASSIGN_OR_RETURN(lw.kv_a_proj, ReadTensorF32(ckpt, p + "self_attn.kv_a_proj_with_mqa.weight",
                                                  {c.kv_lora_rank + c.qk_rope_head_dim, h}));
     ASSIGN_OR_RETURN(lw.kv_a_layernorm,
                      ReadTensorF32(ckpt, p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}));
-    ASSIGN_OR_RETURN(lw.kv_b_proj, ReadTensorF32(ckpt, p + "self_attn.kv_b_proj.weight",
-                                                 {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}));
-    ASSIGN_OR_RETURN(lw.o_proj, ReadTensorF32(ckpt, p + "self_attn.o_proj.weight", {h, heads * c.v_head_dim}));
+    ASSIGN_OR_RETURN(lw.kv_b_proj,
+                     ReadTensorF32(ckpt, p + "self_attn.kv_b_proj.weight",
+                                   {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}));
+    ASSIGN_OR_RETURN(lw.o_proj,
+                     ReadTensorF32(ckpt, p + "self_attn.o_proj.weight", {h, heads * c.v_head_dim}));
     if (c.has_indexer()) {
       const int64_t d = c.index_head_dim;
       ASSIGN_OR_RETURN(lw.indexer_wq_b, ReadTensorF32(ckpt, p + "self_attn.indexer.wq_b.weight",
                                                       {c.index_n_heads * d, c.q_lora_rank}));
-      ASSIGN_OR_RETURN(lw.indexer_wk, ReadTensorF32(ckpt, p + "self_attn.indexer.wk.weight", {d, h}));
-      ASSIGN_OR_RETURN(lw.indexer_k_norm, ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.weight", {d}));
-      ASSIGN_OR_RETURN(lw.indexer_k_norm_bias, ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.bias", {d}));
-      ASSIGN_OR_RETURN(lw.indexer_weights_proj,
-                       ReadTensorF32(ckpt, p + "self_attn.indexer.weights_proj.weight", {c.index_n_heads, h}));
+      ASSIGN_OR_RETURN(lw.indexer_wk,
+                       ReadTensorF32(ckpt, p + "self_attn.indexer.wk.weight", {d, h}));
+      ASSIGN_OR_RETURN(lw.indexer_k_norm,
+                       ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.weight", {d}));
+      ASSIGN_OR_RETURN(lw.indexer_k_norm_bias,
+                       ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.bias", {d}));
+      ASSIGN_OR_RETURN(
+          lw.indexer_weights_proj,
+          ReadTensorF32(ckpt, p + "self_attn.indexer.weights_proj.weight", {c.index_n_heads, h}));
     }
     lw.is_moe = c.IsMoeLayer(l);
     if (!lw.is_moe) {
@@ -284,8 +301,8 @@ absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const M
     }
     ASSIGN_OR_RETURN(lw.gate, ReadTensorF32(ckpt, p + "mlp.gate.weight", {c.n_routed_experts, h}));
     if (c.topk_method == TopkMethod::kNoauxTc) {
-      ASSIGN_OR_RETURN(lw.gate_bias,
-                       ReadTensorF32(ckpt, p + "mlp.gate.e_score_correction_bias", {c.n_routed_experts}));
+      ASSIGN_OR_RETURN(lw.gate_bias, ReadTensorF32(ckpt, p + "mlp.gate.e_score_correction_bias",
+                                                   {c.n_routed_experts}));
     }
     if (c.n_shared_experts > 0) {
       ASSIGN_OR_RETURN(lw.shared_experts, ReadMlp(ckpt, p + "mlp.shared_experts.",
@@ -308,8 +325,8 @@ absl::StatusOr<std::set<int>> ShardExperts(const ModelConfig& c, std::set<int> i
   }
   for (int e : ids) {
     if (e < 0 || e >= c.n_routed_experts) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("expert id ", e, " is outside [0, n_routed_experts = ", c.n_routed_experts, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expert id ", e, " is outside [0, n_routed_experts = ", c.n_routed_experts, ")"));
     }
   }
   return ids;
@@ -317,8 +334,8 @@ absl::StatusOr<std::set<int>> ShardExperts(const ModelConfig& c, std::set<int> i
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Placeholder(const ModelConfig& c,
-                                                                                   std::set<int> expert_ids) {
+absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Placeholder(
+    const ModelConfig& c, std::set<int> expert_ids) {
   auto w = std::make_unique<ExpertShardWeights>();
   ASSIGN_OR_RETURN(w->expert_ids, ShardExperts(c, std::move(expert_ids)));
   expert_ids = w->expert_ids;
@@ -347,10 +364,12 @@ absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Load(
     if (!c.IsMoeLayer(l)) continue;
     for (int e : expert_ids) {
       if (c.is_v4()) {
-        ASSIGN_OR_RETURN(w->layers[l][e], ReadMlpTensors(ckpt, ExpertPrefix(c, l, e), c.moe_intermediate_size,
-                                                         c.hidden_size, "w1.weight", "w3.weight", "w2.weight"));
+        ASSIGN_OR_RETURN(w->layers[l][e],
+                         ReadMlpTensors(ckpt, ExpertPrefix(c, l, e), c.moe_intermediate_size,
+                                        c.hidden_size, "w1.weight", "w3.weight", "w2.weight"));
       } else {
-        ASSIGN_OR_RETURN(w->layers[l][e], ReadMlp(ckpt, ExpertPrefix(c, l, e), c.moe_intermediate_size, c.hidden_size));
+        ASSIGN_OR_RETURN(w->layers[l][e], ReadMlp(ckpt, ExpertPrefix(c, l, e),
+                                                  c.moe_intermediate_size, c.hidden_size));
       }
     }
   }

@@ -62,16 +62,16 @@ struct V4LayerWeights {
   std::vector<float> hc_attn_fn, hc_ffn_fn;        // [(2 + hc) * hc, hc * hidden]
   std::vector<float> hc_attn_base, hc_ffn_base;    // [(2 + hc) * hc]
   std::vector<float> hc_attn_scale, hc_ffn_scale;  // [3]
-  std::vector<float> wq_a;    // [q_lora_rank, hidden]
-  std::vector<float> q_norm;  // [q_lora_rank]
-  std::vector<float> wq_b;    // [heads * head_dim, q_lora_rank]
-  std::vector<float> wkv;     // [head_dim, hidden]
-  std::vector<float> kv_norm; // [head_dim]
-  std::vector<float> wo_a;    // [o_groups * o_lora_rank, heads * head_dim / o_groups]
-  std::vector<float> wo_b;    // [hidden, o_groups * o_lora_rank]
-  std::vector<float> sinks;   // [heads]
-  V4CompressorWeights compressor;        // CSA (c = 2) and HCA (c = 1) layers
-  V4CompressorWeights index_compressor;  // CSA layers: c = 2, d = index_head_dim
+  std::vector<float> wq_a;                         // [q_lora_rank, hidden]
+  std::vector<float> q_norm;                       // [q_lora_rank]
+  std::vector<float> wq_b;                         // [heads * head_dim, q_lora_rank]
+  std::vector<float> wkv;                          // [head_dim, hidden]
+  std::vector<float> kv_norm;                      // [head_dim]
+  std::vector<float> wo_a;                // [o_groups * o_lora_rank, heads * head_dim / o_groups]
+  std::vector<float> wo_b;                // [hidden, o_groups * o_lora_rank]
+  std::vector<float> sinks;               // [heads]
+  V4CompressorWeights compressor;         // CSA (c = 2) and HCA (c = 1) layers
+  V4CompressorWeights index_compressor;   // CSA layers: c = 2, d = index_head_dim
   std::vector<float> index_wq_b;          // [index_n_heads * index_head_dim, q_lora_rank]
   std::vector<float> index_weights_proj;  // [index_n_heads, hidden]
   std::vector<int32_t> tid2eid;           // [vocab, top_k]; hash-routed layers
@@ -95,11 +95,11 @@ struct AttentionLayerWeights {
   std::vector<float> indexer_k_norm_bias;   // [index_head_dim] LayerNorm bias
   std::vector<float> indexer_weights_proj;  // [index_n_heads, hidden]
   bool is_moe = false;
-  MlpWeights dense_mlp;              // iff !is_moe
-  std::vector<float> gate;           // [n_routed_experts, hidden]; iff is_moe
-  std::vector<float> gate_bias;      // [n_routed_experts] e_score_correction_bias; may be empty
-  MlpWeights shared_experts;         // iff is_moe && n_shared_experts > 0
-  V4LayerWeights v4;                 // DeepSeek-V4 only
+  MlpWeights dense_mlp;          // iff !is_moe
+  std::vector<float> gate;       // [n_routed_experts, hidden]; iff is_moe
+  std::vector<float> gate_bias;  // [n_routed_experts] e_score_correction_bias; may be empty
+  MlpWeights shared_experts;     // iff is_moe && n_shared_experts > 0
+  V4LayerWeights v4;             // DeepSeek-V4 only
 };
 
 // Everything but the routed experts.
@@ -113,7 +113,9 @@ struct AttentionWeights {
   std::vector<float> hc_head_base;   // [hc]
   std::vector<float> hc_head_scale;  // [1]
 
-  const float* lm_head_data() const { return lm_head.empty() ? embed_tokens.data() : lm_head.data(); }
+  const float* lm_head_data() const {
+    return lm_head.empty() ? embed_tokens.data() : lm_head.data();
+  }
 
   static absl::StatusOr<std::unique_ptr<AttentionWeights>> Load(const ModelConfig& config,
                                                                 const Checkpoint& ckpt);
@@ -121,17 +123,17 @@ struct AttentionWeights {
 
 // The routed experts of one shard: for each MoE layer, the experts listed.
 struct ExpertShardWeights {
-  std::set<int> expert_ids;                      // the shard's experts
+  std::set<int> expert_ids;                         // the shard's experts
   std::map<int, std::map<int, MlpWeights>> layers;  // layer -> expert id -> weights
 
   // `expert_ids` empty means all experts.
   static absl::StatusOr<std::unique_ptr<ExpertShardWeights>> Load(const ModelConfig& config,
-                                                                   const Checkpoint& ckpt,
-                                                                   std::set<int> expert_ids);
+                                                                  const Checkpoint& ckpt,
+                                                                  std::set<int> expert_ids);
   // The shard's experts and layers with empty weights: for a device that
   // makes its own (--load_format dummy); nothing may compute from it.
   static absl::StatusOr<std::unique_ptr<ExpertShardWeights>> Placeholder(const ModelConfig& config,
-                                                                          std::set<int> expert_ids);
+                                                                         std::set<int> expert_ids);
   bool is_placeholder() const;
 };
 
@@ -147,12 +149,14 @@ absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const
 // DeepSeek's (model.layers.N.attn.wq_a, ffn.experts.E.w1, hc_attn_fn, ...) as
 // transformers' save_pretrained writes them.
 std::vector<TensorSpec> V4CheckpointSchema(const ModelConfig& config);
-absl::Status LoadV4AttentionWeights(const ModelConfig& config, const Checkpoint& ckpt, AttentionWeights* w);
+absl::Status LoadV4AttentionWeights(const ModelConfig& config, const Checkpoint& ckpt,
+                                    AttentionWeights* w);
 // "model.layers.L.ffn.experts.E." for V4, "model.layers.L.mlp.experts.E." otherwise.
 std::string ExpertPrefix(const ModelConfig& config, int layer, int expert);
 // Reads a SwiGLU MLP stored as three tensors named prefix + gate / up / down.
-absl::StatusOr<MlpWeights> ReadMlpTensors(const Checkpoint& ckpt, const std::string& prefix, int inter, int hidden,
-                                          const std::string& gate, const std::string& up, const std::string& down);
+absl::StatusOr<MlpWeights> ReadMlpTensors(const Checkpoint& ckpt, const std::string& prefix,
+                                          int inter, int hidden, const std::string& gate,
+                                          const std::string& up, const std::string& down);
 
 }  // namespace moesh
 

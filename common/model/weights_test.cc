@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <functional>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/model/model.h"
 #include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
@@ -55,8 +55,10 @@ TEST(WeightsTest, ShardedAndF16AndF32CheckpointsLoadToTheSameModel) {
   absl::StatusOr<ModelConfig> c = PresetConfig("v2", "tiny");
   ASSERT_TRUE(c.ok());
   std::vector<std::vector<float>> logits;
-  for (auto [shards, dtype] : std::vector<std::pair<int, DType>>{{1, DType::kF32}, {3, DType::kF32}}) {
-    const std::string dir = JoinPath(::testing::TempDir(), "weights_test_shards" + std::to_string(shards));
+  for (auto [shards, dtype] :
+       std::vector<std::pair<int, DType>>{{1, DType::kF32}, {3, DType::kF32}}) {
+    const std::string dir =
+        JoinPath(::testing::TempDir(), "weights_test_shards" + std::to_string(shards));
     std::filesystem::remove_all(dir);
     RandomCheckpointOptions opt;
     opt.num_shards = shards;
@@ -98,7 +100,8 @@ TEST_P(BadCheckpointTest, ClearError) {
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), GetParam().code) << m.status();
   for (const char* part : GetParam().message_parts) {
-    EXPECT_NE(m.status().message().find(part), std::string::npos) << "missing \"" << part << "\" in: " << m.status();
+    EXPECT_NE(m.status().message().find(part), std::string::npos)
+        << "missing \"" << part << "\" in: " << m.status();
   }
 }
 
@@ -111,21 +114,27 @@ INSTANTIATE_TEST_SUITE_P(
                       [](const std::string& dir) {
                         RewriteTensors(dir, [](TensorView& v, auto&) { return v.name != kKvB; });
                       },
-                      absl::StatusCode::kInvalidArgument, {kKvB, "missing"}},
+                      absl::StatusCode::kInvalidArgument,
+                      {kKvB, "missing"}},
         BadCheckpoint{"missing_expert",
                       [](const std::string& dir) {
                         RewriteTensors(dir, [](TensorView& v, auto&) {
                           return v.name != "model.layers.2.mlp.experts.7.down_proj.weight";
                         });
                       },
-                      absl::StatusCode::kInvalidArgument, {"model.layers.2.mlp.experts.7.down_proj.weight"}},
+                      absl::StatusCode::kInvalidArgument,
+                      {"model.layers.2.mlp.experts.7.down_proj.weight"}},
         BadCheckpoint{"extra_tensor",
                       [](const std::string& dir) {
-                        RewriteTensors(dir, [](TensorView&, auto&) { return true; }, [](SafetensorsWriter& w) {
-                          w.Add("model.layers.0.self_attn.mystery.weight", DType::kF32, {1}, {0, 0, 0, 0});
-                        });
+                        RewriteTensors(
+                            dir, [](TensorView&, auto&) { return true; },
+                            [](SafetensorsWriter& w) {
+                              w.Add("model.layers.0.self_attn.mystery.weight", DType::kF32, {1},
+                                    {0, 0, 0, 0});
+                            });
                       },
-                      absl::StatusCode::kInvalidArgument, {"mystery", "model.safetensors"}},
+                      absl::StatusCode::kInvalidArgument,
+                      {"mystery", "model.safetensors"}},
         BadCheckpoint{"wrong_shape",
                       [](const std::string& dir) {
                         RewriteTensors(dir, [](TensorView& v, std::vector<uint8_t>&) {
@@ -133,7 +142,8 @@ INSTANTIATE_TEST_SUITE_P(
                           return true;
                         });
                       },
-                      absl::StatusCode::kInvalidArgument, {kKvB, "[32, 128]", "[128, 32]", "model.safetensors"}},
+                      absl::StatusCode::kInvalidArgument,
+                      {kKvB, "[32, 128]", "[128, 32]", "model.safetensors"}},
         BadCheckpoint{"integer_dtype",
                       [](const std::string& dir) {
                         RewriteTensors(dir, [](TensorView& v, std::vector<uint8_t>& b) {
@@ -144,7 +154,8 @@ INSTANTIATE_TEST_SUITE_P(
                           return true;
                         });
                       },
-                      absl::StatusCode::kInvalidArgument, {"model.norm.weight", "I32"}},
+                      absl::StatusCode::kInvalidArgument,
+                      {"model.norm.weight", "I32"}},
         BadCheckpoint{"fp8_without_scale",
                       [](const std::string& dir) {
                         RewriteTensors(dir, [](TensorView& v, std::vector<uint8_t>& b) {
@@ -155,49 +166,61 @@ INSTANTIATE_TEST_SUITE_P(
                           return true;
                         });
                       },
-                      absl::StatusCode::kInvalidArgument, {kKvB, "weight_scale_inv"}},
+                      absl::StatusCode::kInvalidArgument,
+                      {kKvB, "weight_scale_inv"}},
         BadCheckpoint{"missing_bias_for_noaux_tc",
                       [](const std::string& dir) {
                         RewriteTensors(dir, [](TensorView& v, auto&) {
                           return v.name != "model.layers.1.mlp.gate.e_score_correction_bias";
                         });
                       },
-                      absl::StatusCode::kInvalidArgument, {"e_score_correction_bias"}},
+                      absl::StatusCode::kInvalidArgument,
+                      {"e_score_correction_bias"}},
         BadCheckpoint{"truncated_file",
                       [](const std::string& dir) {
                         const std::string p = JoinPath(dir, "model.safetensors");
                         std::filesystem::resize_file(p, std::filesystem::file_size(p) - 100);
                       },
-                      absl::StatusCode::kDataLoss, {"model.safetensors", "truncated"}},
+                      absl::StatusCode::kDataLoss,
+                      {"model.safetensors", "truncated"}},
         BadCheckpoint{"config_contradiction",
                       [](const std::string& dir) {
                         // More layers than the weights hold.
                         std::string c = *ReadFileToString(JoinPath(dir, "config.json"));
-                        c.replace(c.find("\"num_hidden_layers\": 3"), 22, "\"num_hidden_layers\": 4");
+                        c.replace(c.find("\"num_hidden_layers\": 3"), 22,
+                                  "\"num_hidden_layers\": 4");
                         ASSERT_TRUE(WriteStringToFile(JoinPath(dir, "config.json"), c).ok());
                       },
-                      absl::StatusCode::kInvalidArgument, {"model.layers.3."}},
-        BadCheckpoint{"no_config",
-                      [](const std::string& dir) { std::filesystem::remove(JoinPath(dir, "config.json")); },
-                      absl::StatusCode::kNotFound, {"config.json"}}),
-    [](const ::testing::TestParamInfo<BadCheckpoint>& info) { return std::string(info.param.name); });
+                      absl::StatusCode::kInvalidArgument,
+                      {"model.layers.3."}},
+        BadCheckpoint{
+            "no_config",
+            [](const std::string& dir) { std::filesystem::remove(JoinPath(dir, "config.json")); },
+            absl::StatusCode::kNotFound,
+            {"config.json"}}),
+    [](const ::testing::TestParamInfo<BadCheckpoint>& info) {
+      return std::string(info.param.name);
+    });
 
 TEST(WeightsTest, Fp8BlockScalesDequantise) {
   const std::string dir = FreshTinyCheckpoint("fp8");
   // Store kv_b_proj [128, 32] as e4m3 1.0 (0x38) with per-block scales: one row
   // block (128 rows) x one column block; scale 0.5 -> every weight 0.5.
-  RewriteTensors(dir, [](TensorView& v, std::vector<uint8_t>& b) {
-    if (v.name == kKvB) {
-      v.dtype = DType::kF8E4M3;
-      b.assign(128 * 32, 0x38);
-    }
-    return true;
-  }, [](SafetensorsWriter& w) {
-    const float half = 0.5f;
-    std::vector<uint8_t> s(4);
-    std::memcpy(s.data(), &half, 4);
-    w.Add(std::string(kKvB) + "_scale_inv", DType::kF32, {1, 1}, s);
-  });
+  RewriteTensors(
+      dir,
+      [](TensorView& v, std::vector<uint8_t>& b) {
+        if (v.name == kKvB) {
+          v.dtype = DType::kF8E4M3;
+          b.assign(128 * 32, 0x38);
+        }
+        return true;
+      },
+      [](SafetensorsWriter& w) {
+        const float half = 0.5f;
+        std::vector<uint8_t> s(4);
+        std::memcpy(s.data(), &half, 4);
+        w.Add(std::string(kKvB) + "_scale_inv", DType::kF32, {1, 1}, s);
+      });
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
   ASSERT_TRUE(ckpt.ok());
   absl::StatusOr<ModelConfig> c = ModelConfig::Load(dir);

@@ -2,8 +2,8 @@
 // writes for DeepseekV4ForCausalLM (DeepSeek's own names inside each layer,
 // transformers' for the embedding and final norm).
 #include "absl/strings/str_cat.h"
+#include "common/base/status.h"
 #include "common/model/weights.h"
-#include "common/status.h"
 
 namespace moesh {
 namespace {
@@ -12,16 +12,17 @@ std::string Layer(int l) { return absl::StrCat("model.layers.", l, "."); }
 
 int64_t Mix(const ModelConfig& c) { return static_cast<int64_t>(2 + c.hc_mult) * c.hc_mult; }
 
-void AddCompressor(std::vector<TensorSpec>* s, const std::string& p, int64_t series, int64_t d, int64_t rate,
-                   int64_t hidden) {
+void AddCompressor(std::vector<TensorSpec>* s, const std::string& p, int64_t series, int64_t d,
+                   int64_t rate, int64_t hidden) {
   s->push_back({p + "wkv.weight", {series * d, hidden}});
   s->push_back({p + "wgate.weight", {series * d, hidden}});
   s->push_back({p + "ape", {rate, series * d}});
   s->push_back({p + "norm.weight", {d}});
 }
 
-absl::StatusOr<V4CompressorWeights> ReadCompressor(const Checkpoint& ckpt, const std::string& p, int64_t series,
-                                                   int64_t d, int64_t rate, int64_t hidden) {
+absl::StatusOr<V4CompressorWeights> ReadCompressor(const Checkpoint& ckpt, const std::string& p,
+                                                   int64_t series, int64_t d, int64_t rate,
+                                                   int64_t hidden) {
   V4CompressorWeights w;
   ASSIGN_OR_RETURN(w.wkv, ReadTensorF32(ckpt, p + "wkv.weight", {series * d, hidden}));
   ASSIGN_OR_RETURN(w.wgate, ReadTensorF32(ckpt, p + "wgate.weight", {series * d, hidden}));
@@ -52,14 +53,16 @@ std::vector<TensorSpec> V4CheckpointSchema(const ModelConfig& c) {
     s.push_back({a + "wq_b.weight", {heads * d, c.q_lora_rank}});
     s.push_back({a + "wkv.weight", {d, h}});
     s.push_back({a + "norm.weight", {d}});
-    s.push_back({a + "wo_a.weight", {static_cast<int64_t>(c.o_groups) * c.o_lora_rank, heads * d / c.o_groups}});
+    s.push_back({a + "wo_a.weight",
+                 {static_cast<int64_t>(c.o_groups) * c.o_lora_rank, heads * d / c.o_groups}});
     s.push_back({a + "wo_b.weight", {h, static_cast<int64_t>(c.o_groups) * c.o_lora_rank}});
     s.push_back({a + "attn_sink", {heads}});
     if (c.layer_types[l] == V4AttentionType::kCompressedSparse) {
       const int64_t di = c.index_head_dim;
       AddCompressor(&s, a + "compressor.", 2, d, c.compress_rate_csa, h);
       AddCompressor(&s, a + "indexer.compressor.", 2, di, c.compress_rate_csa, h);
-      s.push_back({a + "indexer.wq_b.weight", {static_cast<int64_t>(c.index_n_heads) * di, c.q_lora_rank}});
+      s.push_back(
+          {a + "indexer.wq_b.weight", {static_cast<int64_t>(c.index_n_heads) * di, c.q_lora_rank}});
       s.push_back({a + "indexer.weights_proj.weight", {c.index_n_heads, h}});
     } else if (c.layer_types[l] == V4AttentionType::kHeavilyCompressed) {
       AddCompressor(&s, a + "compressor.", 1, d, c.compress_rate_hca, h);
@@ -93,10 +96,12 @@ std::vector<TensorSpec> V4CheckpointSchema(const ModelConfig& c) {
   return s;
 }
 
-absl::Status LoadV4AttentionWeights(const ModelConfig& c, const Checkpoint& ckpt, AttentionWeights* w) {
+absl::Status LoadV4AttentionWeights(const ModelConfig& c, const Checkpoint& ckpt,
+                                    AttentionWeights* w) {
   const int64_t h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim;
   const int64_t hc_dim = static_cast<int64_t>(c.hc_mult) * h;
-  ASSIGN_OR_RETURN(w->embed_tokens, ReadTensorF32(ckpt, "model.embed_tokens.weight", {c.vocab_size, h}));
+  ASSIGN_OR_RETURN(w->embed_tokens,
+                   ReadTensorF32(ckpt, "model.embed_tokens.weight", {c.vocab_size, h}));
   w->layers.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     AttentionLayerWeights& lw = w->layers[l];
@@ -117,38 +122,46 @@ absl::Status LoadV4AttentionWeights(const ModelConfig& c, const Checkpoint& ckpt
     ASSIGN_OR_RETURN(v.wkv, ReadTensorF32(ckpt, a + "wkv.weight", {d, h}));
     ASSIGN_OR_RETURN(v.kv_norm, ReadTensorF32(ckpt, a + "norm.weight", {d}));
     ASSIGN_OR_RETURN(v.wo_a, ReadTensorF32(ckpt, a + "wo_a.weight",
-                                           {static_cast<int64_t>(c.o_groups) * c.o_lora_rank, heads * d / c.o_groups}));
-    ASSIGN_OR_RETURN(v.wo_b, ReadTensorF32(ckpt, a + "wo_b.weight", {h, static_cast<int64_t>(c.o_groups) * c.o_lora_rank}));
+                                           {static_cast<int64_t>(c.o_groups) * c.o_lora_rank,
+                                            heads * d / c.o_groups}));
+    ASSIGN_OR_RETURN(v.wo_b, ReadTensorF32(ckpt, a + "wo_b.weight",
+                                           {h, static_cast<int64_t>(c.o_groups) * c.o_lora_rank}));
     ASSIGN_OR_RETURN(v.sinks, ReadTensorF32(ckpt, a + "attn_sink", {heads}));
     if (c.layer_types[l] == V4AttentionType::kCompressedSparse) {
       const int64_t di = c.index_head_dim;
-      ASSIGN_OR_RETURN(v.compressor, ReadCompressor(ckpt, a + "compressor.", 2, d, c.compress_rate_csa, h));
-      ASSIGN_OR_RETURN(v.index_compressor,
-                       ReadCompressor(ckpt, a + "indexer.compressor.", 2, di, c.compress_rate_csa, h));
-      ASSIGN_OR_RETURN(v.index_wq_b, ReadTensorF32(ckpt, a + "indexer.wq_b.weight",
-                                                   {static_cast<int64_t>(c.index_n_heads) * di, c.q_lora_rank}));
-      ASSIGN_OR_RETURN(v.index_weights_proj,
-                       ReadTensorF32(ckpt, a + "indexer.weights_proj.weight", {c.index_n_heads, h}));
+      ASSIGN_OR_RETURN(v.compressor,
+                       ReadCompressor(ckpt, a + "compressor.", 2, d, c.compress_rate_csa, h));
+      ASSIGN_OR_RETURN(v.index_compressor, ReadCompressor(ckpt, a + "indexer.compressor.", 2, di,
+                                                          c.compress_rate_csa, h));
+      ASSIGN_OR_RETURN(v.index_wq_b,
+                       ReadTensorF32(ckpt, a + "indexer.wq_b.weight",
+                                     {static_cast<int64_t>(c.index_n_heads) * di, c.q_lora_rank}));
+      ASSIGN_OR_RETURN(v.index_weights_proj, ReadTensorF32(ckpt, a + "indexer.weights_proj.weight",
+                                                           {c.index_n_heads, h}));
     } else if (c.layer_types[l] == V4AttentionType::kHeavilyCompressed) {
-      ASSIGN_OR_RETURN(v.compressor, ReadCompressor(ckpt, a + "compressor.", 1, d, c.compress_rate_hca, h));
+      ASSIGN_OR_RETURN(v.compressor,
+                       ReadCompressor(ckpt, a + "compressor.", 1, d, c.compress_rate_hca, h));
     }
     const std::string f = p + "ffn.";
     lw.is_moe = true;
     ASSIGN_OR_RETURN(lw.gate, ReadTensorF32(ckpt, f + "gate.weight", {c.n_routed_experts, h}));
     if (c.hash_layers[l]) {
-      ASSIGN_OR_RETURN(v.tid2eid, ReadTensorI32(ckpt, f + "gate.tid2eid", {c.vocab_size, c.num_experts_per_tok}));
+      ASSIGN_OR_RETURN(v.tid2eid, ReadTensorI32(ckpt, f + "gate.tid2eid",
+                                                {c.vocab_size, c.num_experts_per_tok}));
       for (int32_t e : v.tid2eid) {
         if (e < 0 || e >= c.n_routed_experts) {
-          return absl::InvalidArgumentError(absl::StrCat(ckpt.dir(), ": ", f, "gate.tid2eid holds expert ", e,
-                                                         ", outside [0, ", c.n_routed_experts, ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(ckpt.dir(), ": ", f, "gate.tid2eid holds expert ", e, ", outside [0, ",
+                           c.n_routed_experts, ")"));
         }
       }
     } else {
       ASSIGN_OR_RETURN(lw.gate_bias, ReadTensorF32(ckpt, f + "gate.bias", {c.n_routed_experts}));
     }
     if (c.n_shared_experts > 0) {
-      ASSIGN_OR_RETURN(lw.shared_experts, ReadMlpTensors(ckpt, f + "shared_experts.", c.moe_intermediate_size, h,
-                                                         "w1.weight", "w3.weight", "w2.weight"));
+      ASSIGN_OR_RETURN(lw.shared_experts,
+                       ReadMlpTensors(ckpt, f + "shared_experts.", c.moe_intermediate_size, h,
+                                      "w1.weight", "w3.weight", "w2.weight"));
     }
   }
   ASSIGN_OR_RETURN(w->hc_head_fn, ReadTensorF32(ckpt, "model.hc_head.hc_fn", {c.hc_mult, hc_dim}));

@@ -9,20 +9,22 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
-#include "common/service/grpc_util.h"
-#include "common/status.h"
+#include "common/rpc/grpc_util.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
 
 absl::StatusOr<ExpertPlacement> DiscoverPlacement(const std::vector<std::string>& addresses,
-                                                  const std::string& fingerprint, std::chrono::seconds timeout) {
+                                                  const std::string& fingerprint,
+                                                  std::chrono::seconds timeout) {
   ExpertPlacement placement;
   const auto give_up = std::chrono::system_clock::now() + timeout;
   for (const std::string& address : addresses) {
-    auto stub = v1::ExpertWorker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    auto stub =
+        v1::ExpertWorker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     while (true) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -32,14 +34,17 @@ absl::StatusOr<ExpertPlacement> DiscoverPlacement(const std::vector<std::string>
       if (s.ok()) {
         if (info.model_fingerprint() != fingerprint) {
           return absl::FailedPreconditionError(absl::StrCat("expert worker ", address, " serves ",
-                                                            info.model_fingerprint(), ", this worker ", fingerprint));
+                                                            info.model_fingerprint(),
+                                                            ", this worker ", fingerprint));
         }
-        const std::string& data = info.data_plane_address().empty() ? address : info.data_plane_address();
+        const std::string& data =
+            info.data_plane_address().empty() ? address : info.data_plane_address();
         placement[data] = std::vector<int>(info.expert_ids().begin(), info.expert_ids().end());
         break;
       }
       if (std::chrono::system_clock::now() > give_up) {
-        return absl::UnavailableError(absl::StrCat("expert worker ", address, " did not answer: ", s.error_message()));
+        return absl::UnavailableError(
+            absl::StrCat("expert worker ", address, " did not answer: ", s.error_message()));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -92,30 +97,36 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
   }
   const bool local_experts = options.expert_workers.empty() && options.router.empty();
   const bool experts_in_backend = local_experts && IsCudaDevice(options.device.device);
-  ASSIGN_OR_RETURN(w.backend, MakeAttentionBackend(w.config, ckpt.get(), options.device, experts_in_backend));
+  ASSIGN_OR_RETURN(w.backend,
+                   MakeAttentionBackend(w.config, ckpt.get(), options.device, experts_in_backend));
   int cuda_device = 0;
   if (options.transport == "nccl" || options.transport == "cuda_ipc") {
-    ASSIGN_OR_RETURN(cuda_device, CudaOrdinal(options.device.device, "--transport " + options.transport));
+    ASSIGN_OR_RETURN(cuda_device,
+                     CudaOrdinal(options.device.device, "--transport " + options.transport));
     ASSIGN_OR_RETURN(w.grpc_for_kv, MakeTransport("grpc"));
   }
   ASSIGN_OR_RETURN(w.transport, MakeTransport(options.transport, cuda_device));
   if (options.expert_workers.empty() && !options.router.empty()) {
-    ASSIGN_OR_RETURN(ExpertPlacement placement,
-                     FetchPlacement(options.router, w.config.n_routed_experts, options.discovery_timeout));
-    ASSIGN_OR_RETURN(std::unique_ptr<RemoteExpertClient> remote,
-                     RemoteExpertClient::Create(w.transport.get(), placement, w.config.n_routed_experts,
-                                                std::chrono::seconds(5), options.metrics));
+    ASSIGN_OR_RETURN(
+        ExpertPlacement placement,
+        FetchPlacement(options.router, w.config.n_routed_experts, options.discovery_timeout));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<RemoteExpertClient> remote,
+        RemoteExpertClient::Create(w.transport.get(), placement, w.config.n_routed_experts,
+                                   std::chrono::seconds(5), options.metrics));
     RemoteExpertClient* client = remote.get();
     const std::string router = options.router;
     const int num_experts = w.config.n_routed_experts;
     // Retried at every heartbeat until it switches; a failure is logged once per version.
     auto failed_version = std::make_shared<std::atomic<int64_t>>(-1);
     w.on_placement_version = [client, router, num_experts, failed_version](int64_t version) {
-      absl::StatusOr<ExpertPlacement> p = FetchPlacement(router, num_experts, std::chrono::seconds(0));
+      absl::StatusOr<ExpertPlacement> p =
+          FetchPlacement(router, num_experts, std::chrono::seconds(0));
       absl::Status s = p.ok() ? client->UpdatePlacement(*p) : p.status();
       if (s.ok() || failed_version->exchange(version) != version) {
-        std::cerr << "placement version " << version << (s.ok() ? ": switched" : ": kept the old one: ")
-                  << (s.ok() ? "" : s.message()) << std::endl;
+        std::cerr << "placement version " << version
+                  << (s.ok() ? ": switched" : ": kept the old one: ") << (s.ok() ? "" : s.message())
+                  << std::endl;
       }
       return s;
     };
@@ -123,13 +134,17 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
   } else if (experts_in_backend) {
     // Nothing more: the CUDA backend holds every routed expert.
   } else if (local_experts) {
-    ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> experts, ExpertShardWeights::Load(w.config, *ckpt, {}));
-    w.experts = std::make_unique<LocalExpertClient>(std::make_unique<ExpertStage>(w.config, std::move(experts)));
+    ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> experts,
+                     ExpertShardWeights::Load(w.config, *ckpt, {}));
+    w.experts = std::make_unique<LocalExpertClient>(
+        std::make_unique<ExpertStage>(w.config, std::move(experts)));
   } else {
     ASSIGN_OR_RETURN(ExpertPlacement placement,
-                     DiscoverPlacement(options.expert_workers, w.config.Fingerprint(), options.discovery_timeout));
-    ASSIGN_OR_RETURN(w.experts, RemoteExpertClient::Create(w.transport.get(), placement, w.config.n_routed_experts,
-                                                               std::chrono::seconds(5), options.metrics));
+                     DiscoverPlacement(options.expert_workers, w.config.Fingerprint(),
+                                       options.discovery_timeout));
+    ASSIGN_OR_RETURN(w.experts, RemoteExpertClient::Create(
+                                    w.transport.get(), placement, w.config.n_routed_experts,
+                                    std::chrono::seconds(5), options.metrics));
   }
   return w;
 }

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/backend/backends.h"
 #include "common/engine/attention_backend.h"
 #include "common/model/expert_client.h"
-#include "common/service/backends.h"
 #include "common/service/heartbeat_client.h"
 #include "common/transport/remote_expert_client.h"
 #include "common/transport/transport.h"
@@ -43,7 +43,9 @@ struct AttentionWorker {
   // processes on one GPU); null otherwise.
   std::unique_ptr<Transport> grpc_for_kv;
   // For the KV handoff to decode workers.
-  Transport* kv_transport() const { return grpc_for_kv != nullptr ? grpc_for_kv.get() : transport.get(); }
+  Transport* kv_transport() const {
+    return grpc_for_kv != nullptr ? grpc_for_kv.get() : transport.get();
+  }
   // Null iff backend->has_experts() (local experts on a CUDA device).
   std::unique_ptr<ExpertClient> experts;
   // Set when the placement comes from the router: call on a new placement
@@ -61,7 +63,8 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
 // Asks each expert worker which experts it hosts, retrying until `timeout`.
 // FAILED_PRECONDITION if one serves another model (fingerprint mismatch).
 absl::StatusOr<ExpertPlacement> DiscoverPlacement(const std::vector<std::string>& addresses,
-                                                  const std::string& fingerprint, std::chrono::seconds timeout);
+                                                  const std::string& fingerprint,
+                                                  std::chrono::seconds timeout);
 
 }  // namespace moesh
 

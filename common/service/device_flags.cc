@@ -2,16 +2,19 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 ABSL_FLAG(std::string, device, "cpu", "Where to compute: cpu, cuda (the current GPU) or cuda:N.");
-ABSL_FLAG(double, gpu_memory_utilization, 0.9,
-          "--device cuda: the fraction of the GPU's memory this process may bring the total to (weights, "
-          "scratch, then the KV cache); other processes' memory counts.");
-ABSL_FLAG(int, max_model_len, 0, "--device cuda: tokens per sequence (0: min(max_position_embeddings, 8192)).");
-ABSL_FLAG(std::string, load_format, "auto",
-          "auto: the checkpoint's weights; dummy: random weights made on the GPU from config.json alone "
-          "(benchmarks at real shapes; --device cuda).");
+ABSL_FLAG(
+    double, gpu_memory_utilization, 0.9,
+    "--device cuda: the fraction of the GPU's memory this process may bring the total to (weights, "
+    "scratch, then the KV cache); other processes' memory counts.");
+ABSL_FLAG(int, max_model_len, 0,
+          "--device cuda: tokens per sequence (0: min(max_position_embeddings, 8192)).");
+ABSL_FLAG(
+    std::string, load_format, "auto",
+    "auto: the checkpoint's weights; dummy: random weights made on the GPU from config.json alone "
+    "(benchmarks at real shapes; --device cuda).");
 
 namespace moesh {
 
@@ -32,7 +35,8 @@ absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
   }
   o.dummy_weights = load == "dummy";
   if (o.dummy_weights && !IsCudaDevice(o.device)) {
-    return absl::InvalidArgumentError("--load_format dummy generates the weights on a GPU: it needs --device cuda");
+    return absl::InvalidArgumentError(
+        "--load_format dummy generates the weights on a GPU: it needs --device cuda");
   }
   return o;
 }

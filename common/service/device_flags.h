@@ -5,7 +5,7 @@
 #define MOESH_COMMON_SERVICE_DEVICE_FLAGS_H_
 
 #include "absl/status/statusor.h"
-#include "common/service/backends.h"
+#include "common/backend/backends.h"
 
 namespace moesh {
 

@@ -34,7 +34,8 @@ void HeartbeatClient::Deregister(v1::Cluster::Stub* stub, const std::string& wor
 }
 
 void HeartbeatClient::Loop() {
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Cluster::NewStub(
+      grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
   std::string worker_id;
   absl::Duration interval = absl::Milliseconds(500);
   bool warned = false;
@@ -47,8 +48,10 @@ void HeartbeatClient::Loop() {
       grpc::Status s = stub->Register(&ctx, registration_, &resp);
       if (s.ok()) {
         worker_id = resp.worker_id();
-        if (resp.heartbeat_interval_ms() > 0) interval = absl::Milliseconds(resp.heartbeat_interval_ms());
-        std::cerr << "registered with router " << router_address_ << " as " << worker_id << std::endl;
+        if (resp.heartbeat_interval_ms() > 0)
+          interval = absl::Milliseconds(resp.heartbeat_interval_ms());
+        std::cerr << "registered with router " << router_address_ << " as " << worker_id
+                  << std::endl;
         warned = false;
       } else if (!warned) {
         std::cerr << "cannot register with router " << router_address_ << ": " << s.error_message()

@@ -28,7 +28,8 @@ class HeartbeatClient {
   // the heartbeats then report the version followed (the router drops cold
   // replicas once every attention worker follows the map without them).
   HeartbeatClient(std::string router_address, v1::RegisterRequest registration,
-                  std::function<v1::WorkerLoad()> load, PlacementFollower on_placement_version = nullptr);
+                  std::function<v1::WorkerLoad()> load,
+                  PlacementFollower on_placement_version = nullptr);
   ~HeartbeatClient();  // stops the thread and deregisters (best effort)
 
  private:

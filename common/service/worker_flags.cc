@@ -6,7 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 
 namespace moesh {
 
@@ -15,11 +15,14 @@ absl::StatusOr<std::set<int>> ParseExpertList(const std::string& spec, int num_e
   for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
     std::vector<absl::string_view> ends = absl::StrSplit(part, '-');
     int lo, hi;
-    if (ends.size() > 2 || !absl::SimpleAtoi(ends[0], &lo) || !absl::SimpleAtoi(ends.back(), &hi) || lo > hi) {
-      return absl::InvalidArgumentError(absl::StrCat("bad expert range \"", part, "\" (e.g. 0-3,6)"));
+    if (ends.size() > 2 || !absl::SimpleAtoi(ends[0], &lo) || !absl::SimpleAtoi(ends.back(), &hi) ||
+        lo > hi) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad expert range \"", part, "\" (e.g. 0-3,6)"));
     }
     if (lo < 0 || hi >= num_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("expert range \"", part, "\" outside [0, ", num_experts, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert range \"", part, "\" outside [0, ", num_experts, ")"));
     }
     for (int e = lo; e <= hi; ++e) out.insert(e);
   }
@@ -30,9 +33,10 @@ absl::StatusOr<std::set<int>> ParseExpertList(const std::string& spec, int num_e
 absl::StatusOr<std::set<int>> ExpertShard(const std::string& spec, int num_experts) {
   std::vector<absl::string_view> parts = absl::StrSplit(spec, '/');
   int i, n;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &i) || !absl::SimpleAtoi(parts[1], &n) || n <= 0 || i < 0 ||
-      i >= n || n > num_experts) {
-    return absl::InvalidArgumentError(absl::StrCat("bad shard \"", spec, "\" (i/n with 0 <= i < n <= ", num_experts, ")"));
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &i) || !absl::SimpleAtoi(parts[1], &n) ||
+      n <= 0 || i < 0 || i >= n || n > num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad shard \"", spec, "\" (i/n with 0 <= i < n <= ", num_experts, ")"));
   }
   std::set<int> out;
   for (int e = i * num_experts / n; e < (i + 1) * num_experts / n; ++e) out.insert(e);
@@ -42,8 +46,10 @@ absl::StatusOr<std::set<int>> ExpertShard(const std::string& spec, int num_exper
 absl::Status WriteReadyFile(const std::string& path, const std::string& address,
                             const std::string& metrics_address) {
   const std::string tmp = path + ".tmp";
-  if (absl::Status s = WriteStringToFile(tmp, address + "\n" + metrics_address + "\n"); !s.ok()) return s;
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("cannot rename ", tmp));
+  if (absl::Status s = WriteStringToFile(tmp, address + "\n" + metrics_address + "\n"); !s.ok())
+    return s;
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp));
   return absl::OkStatus();
 }
 

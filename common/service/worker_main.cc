@@ -14,10 +14,12 @@ absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& o) {
   std::unique_ptr<HeartbeatClient> heartbeat;
   if (!o.router.empty()) {
     auto load = o.load ? o.load : [] { return v1::WorkerLoad(); };
-    heartbeat = std::make_unique<HeartbeatClient>(o.router, o.registration, load, o.on_placement_version);
+    heartbeat =
+        std::make_unique<HeartbeatClient>(o.router, o.registration, load, o.on_placement_version);
   }
   if (!o.ready_file.empty()) {
-    if (absl::Status s = WriteReadyFile(o.ready_file, o.address, o.metrics_address); !s.ok()) return s;
+    if (absl::Status s = WriteReadyFile(o.ready_file, o.address, o.metrics_address); !s.ok())
+      return s;
   }
   WaitForShutdownSignal();
   std::cerr << o.name << " shutting down" << std::endl;

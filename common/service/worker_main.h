@@ -17,14 +17,14 @@
 namespace moesh {
 
 struct ServeOptions {
-  std::string name;                       // "expert worker", for logs
-  std::string router;                     // empty: do not register
-  v1::RegisterRequest registration;       // kind, address, ... (with a router)
-  std::function<v1::WorkerLoad()> load;   // heartbeat payload; may be null
+  std::string name;                        // "expert worker", for logs
+  std::string router;                      // empty: do not register
+  v1::RegisterRequest registration;        // kind, address, ... (with a router)
+  std::function<v1::WorkerLoad()> load;    // heartbeat payload; may be null
   PlacementFollower on_placement_version;  // may be null
-  std::string ready_file;                 // empty: none
-  std::string address;                    // gRPC host:port
-  std::string metrics_address;            // /metrics host:port
+  std::string ready_file;                  // empty: none
+  std::string address;                     // gRPC host:port
+  std::string metrics_address;             // /metrics host:port
 };
 
 absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& options);

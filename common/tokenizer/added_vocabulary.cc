@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "common/tokenizer/utf8.h"
 
 namespace moesh {
@@ -38,8 +38,8 @@ absl::StatusOr<AddedVocabulary> AddedVocabulary::FromJson(const JsonField& added
                                               token.content, "\" id ", *model_id));
       }
     } else if (model.IdToToken(token.id) != nullptr) {
-      return entry["id"].Error(absl::StrCat(token.id, " is model.vocab's \"",
-                                            *model.IdToToken(token.id), "\""));
+      return entry["id"].Error(
+          absl::StrCat(token.id, " is model.vocab's \"", *model.IdToToken(token.id), "\""));
     }
     if (vocab.by_id_.contains(token.id) || vocab.by_content_.contains(token.content)) {
       return entry.Error("repeats an earlier added token's id or content");

@@ -54,8 +54,8 @@ class AddedVocabulary {
 
  private:
   std::vector<AddedToken> tokens_;
-  absl::flat_hash_map<int32_t, size_t> by_id_;                // id -> index in tokens_
-  absl::flat_hash_map<std::string, size_t> by_content_;       // content -> index
+  absl::flat_hash_map<int32_t, size_t> by_id_;           // id -> index in tokens_
+  absl::flat_hash_map<std::string, size_t> by_content_;  // content -> index
   // For each first byte, the indices of the tokens of each kind (normalized or not)
   // whose text starts with it, longest first.
   std::vector<size_t> by_first_byte_[2][256];

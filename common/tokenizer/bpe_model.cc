@@ -3,7 +3,7 @@
 #include <queue>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "common/tokenizer/utf8.h"
 
 namespace moesh {
@@ -35,7 +35,8 @@ absl::StatusOr<std::pair<std::string, std::string>> MergePair(const JsonField& e
 
 absl::StatusOr<BpeModel> BpeModel::FromJson(const JsonField& model) {
   ASSIGN_OR_RETURN(std::string type, model.Type());
-  if (type != "BPE") return model["type"].Error(absl::StrCat("\"", type, "\" is not supported (BPE)"));
+  if (type != "BPE")
+    return model["type"].Error(absl::StrCat("\"", type, "\" is not supported (BPE)"));
   if (!model["dropout"].is_null()) return model["dropout"].Error("is not supported (must be null)");
   RETURN_IF_ERROR(ExpectNullOrEmpty(model["unk_token"]));
   RETURN_IF_ERROR(ExpectNullOrEmpty(model["continuing_subword_prefix"]));

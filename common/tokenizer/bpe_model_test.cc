@@ -33,10 +33,10 @@ std::vector<int32_t> Encode(const BpeModel& m, const std::string& word) {
 TEST(BpeModelTest, MergesLowestRankFirstThenLeftmost) {
   absl::StatusOr<BpeModel> m = Load(SmallModel());
   ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(Encode(*m, "abc"), (std::vector<int32_t>{5}));      // ab, then ab+c
+  EXPECT_EQ(Encode(*m, "abc"), (std::vector<int32_t>{5}));  // ab, then ab+c
   EXPECT_EQ(Encode(*m, "bc"), (std::vector<int32_t>{4}));
-  EXPECT_EQ(Encode(*m, "aaa"), (std::vector<int32_t>{6, 0}));   // leftmost pair first
-  EXPECT_EQ(Encode(*m, "aab"), (std::vector<int32_t>{0, 3}));   // "a b" outranks "a a"
+  EXPECT_EQ(Encode(*m, "aaa"), (std::vector<int32_t>{6, 0}));  // leftmost pair first
+  EXPECT_EQ(Encode(*m, "aab"), (std::vector<int32_t>{0, 3}));  // "a b" outranks "a a"
   // An unknown 'x' is dropped, and its neighbours then merge, as in tokenizers.
   EXPECT_EQ(Encode(*m, "axb"), (std::vector<int32_t>{3}));
   EXPECT_EQ(Encode(*m, "xcx"), (std::vector<int32_t>{2}));

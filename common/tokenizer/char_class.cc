@@ -1,10 +1,10 @@
 #include "common/tokenizer/char_class.h"
 
+#include <unicode/uchar.h>
+
 #include <algorithm>
 #include <iterator>
 #include <string>
-
-#include <unicode/uchar.h>
 
 namespace moesh {
 namespace {
@@ -27,9 +27,9 @@ uint32_t CategoryOf(char32_t c, bool* major_only) {
   const uint32_t gc = U_GET_GC_MASK(cp);
   *major_only = false;
   if (gc != U_GC_CN_MASK) return gc;
-  const OverlayRow* row = std::upper_bound(
-      std::begin(kOverlay), std::end(kOverlay), cp,
-      [](UChar32 value, const OverlayRow& r) { return value < r.first; });
+  const OverlayRow* row =
+      std::upper_bound(std::begin(kOverlay), std::end(kOverlay), cp,
+                       [](UChar32 value, const OverlayRow& r) { return value < r.first; });
   if (row == std::begin(kOverlay) || cp > (row - 1)->last) return gc;
   *major_only = true;
   return (row - 1)->major;

@@ -37,11 +37,11 @@ class CharClass {
 
  private:
   std::vector<std::pair<char32_t, char32_t>> ranges_;  // [lo, hi], inclusive
-  uint32_t categories_ = 0;          // members: general category in this mask
-  std::vector<uint32_t> not_categories_;  // members: general category outside a mask
-  bool whitespace_ = false;          // members: White_Space
-  bool not_whitespace_ = false;      // members: not White_Space
-  bool negated_ = false;             // the class is the complement of the above
+  uint32_t categories_ = 0;                            // members: general category in this mask
+  std::vector<uint32_t> not_categories_;               // members: general category outside a mask
+  bool whitespace_ = false;                            // members: White_Space
+  bool not_whitespace_ = false;                        // members: not White_Space
+  bool negated_ = false;                               // the class is the complement of the above
 };
 
 }  // namespace moesh

@@ -4,7 +4,7 @@
 #include <unicode/unistr.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace moesh {
 namespace {
@@ -22,7 +22,8 @@ absl::Status Collect(const JsonField& f, bool* nfc) {
     for (size_t i = 0; i < list.value().size(); ++i) RETURN_IF_ERROR(Collect(list.at(i), nfc));
     return absl::OkStatus();
   }
-  return f["type"].Error(absl::StrCat("normalizer \"", type, "\" is not supported (NFC, Sequence)"));
+  return f["type"].Error(
+      absl::StrCat("normalizer \"", type, "\" is not supported (NFC, Sequence)"));
 }
 
 }  // namespace
@@ -44,8 +45,8 @@ std::string Normalizer::Normalize(absl::string_view text) const {
   if (!nfc_) return std::string(text);
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
-  const icu::UnicodeString in =
-      icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
+  const icu::UnicodeString in = icu::UnicodeString::fromUTF8(
+      icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
   if (U_SUCCESS(status) && nfc->isNormalized(in, status) && U_SUCCESS(status)) {
     return std::string(text);
   }

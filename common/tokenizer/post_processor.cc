@@ -3,7 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace moesh {
 
@@ -23,13 +23,13 @@ absl::StatusOr<PostProcessor> PostProcessor::FromJson(const JsonField& post_proc
         if (p.has_template_) return step.Error("a second TemplateProcessing is not supported");
         RETURN_IF_ERROR(p.ParseTemplate(step));
       } else if (step_type != "ByteLevel") {
-        return step["type"].Error(absl::StrCat(
-            "\"", step_type, "\" is not supported (TemplateProcessing, ByteLevel)"));
+        return step["type"].Error(
+            absl::StrCat("\"", step_type, "\" is not supported (TemplateProcessing, ByteLevel)"));
       }
     }
   } else if (type != "ByteLevel") {
-    return post_processor["type"].Error(absl::StrCat(
-        "\"", type, "\" is not supported (TemplateProcessing, ByteLevel, Sequence)"));
+    return post_processor["type"].Error(
+        absl::StrCat("\"", type, "\" is not supported (TemplateProcessing, ByteLevel, Sequence)"));
   }
   return p;
 }

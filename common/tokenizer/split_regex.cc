@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "common/tokenizer/utf8.h"
 
 namespace moesh {
@@ -29,10 +29,12 @@ class SplitRegexParser {
       }
       SplitRegex::Item item;
       if (Peek() == '(') {
-        if (Peek(1) != '?' || Peek(2) != '!') return Error("groups other than (?!x) are not supported");
+        if (Peek(1) != '?' || Peek(2) != '!')
+          return Error("groups other than (?!x) are not supported");
         pos_ += 3;
         ASSIGN_OR_RETURN(item.cls, ParseAtom());
-        if (Peek() != ')') return Error("a look-ahead (?!x) must hold exactly one character or class");
+        if (Peek() != ')')
+          return Error("a look-ahead (?!x) must hold exactly one character or class");
         ++pos_;
         item.negative_lookahead = true;
         item.min = item.max = 0;
@@ -67,10 +69,10 @@ class SplitRegexParser {
     const char32_t c = Peek();
     if (c == '[') return ParseBracket();
     if (c == '\\') return ParseEscape(/*literal=*/nullptr);
-    if (c < 0x80 && absl::string_view(".^$()*+?{}[]|").find(static_cast<char>(c)) !=
-                        absl::string_view::npos) {
-      return Error(absl::StrCat("'", std::string(1, static_cast<char>(c)),
-                                "' here is not supported"));
+    if (c < 0x80 &&
+        absl::string_view(".^$()*+?{}[]|").find(static_cast<char>(c)) != absl::string_view::npos) {
+      return Error(
+          absl::StrCat("'", std::string(1, static_cast<char>(c)), "' here is not supported"));
     }
     ++pos_;
     return CharClass::Single(c);
@@ -96,11 +98,21 @@ class SplitRegexParser {
     if (c == 's' || c == 'S') return CharClass::Whitespace(c == 'S');
     char32_t ch;
     switch (c) {
-      case 'r': ch = '\r'; break;
-      case 'n': ch = '\n'; break;
-      case 't': ch = '\t'; break;
-      case 'f': ch = '\f'; break;
-      case 'v': ch = '\v'; break;
+      case 'r':
+        ch = '\r';
+        break;
+      case 'n':
+        ch = '\n';
+        break;
+      case 't':
+        ch = '\t';
+        break;
+      case 'f':
+        ch = '\f';
+        break;
+      case 'v':
+        ch = '\v';
+        break;
       default:
         if (c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
             (c >= 'A' && c <= 'Z')) {
@@ -169,9 +181,15 @@ class SplitRegexParser {
 
   absl::Status ParseQuantifier(SplitRegex::Item* item) {
     switch (Peek()) {
-      case '?': item->min = 0, item->max = 1; break;
-      case '*': item->min = 0, item->max = -1; break;
-      case '+': item->min = 1, item->max = -1; break;
+      case '?':
+        item->min = 0, item->max = 1;
+        break;
+      case '*':
+        item->min = 0, item->max = -1;
+        break;
+      case '+':
+        item->min = 1, item->max = -1;
+        break;
       case '{': {
         ++pos_;
         ASSIGN_OR_RETURN(item->min, ParseNumber());

@@ -49,7 +49,7 @@ class SplitRegex {
   struct Item {
     CharClass cls;
     int min = 1;
-    int max = 1;  // -1: unbounded
+    int max = 1;                      // -1: unbounded
     bool negative_lookahead = false;  // zero-width: the next character is not in cls
   };
   using Alternative = std::vector<Item>;

@@ -42,17 +42,18 @@ TEST(SplitRegexTest, CompilesDeepSeekPatterns) {
   for (const char* p : {kDigits, kCjk, kMain}) EXPECT_TRUE(SplitRegex::Compile(p).ok()) << p;
   // The same with \r\n escaped, and GPT-2's ByteLevel regex.
   EXPECT_TRUE(SplitRegex::Compile("[^\\r\\n\\p{L}]?\\p{L}+|\\s*[\\r\\n]+").ok());
-  EXPECT_TRUE(SplitRegex::Compile(
-                  "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+")
-                  .ok());
+  EXPECT_TRUE(
+      SplitRegex::Compile(
+          "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+")
+          .ok());
 }
 
 TEST(SplitRegexTest, RefusesWhatItDoesNotImplementNamingThePattern) {
   for (const char* p :
-       {"(?i:'s|'t)", "(a|b)", "a.b", "^a", "a$", "\\d+", "\\w+", "a+?", "a++", "a*",
-        "x|", "", "[a-", "[]a]", "[[a]]", "[a&&b]", "\\p{Han}", "\\p{L", "a{2,1}", "a{,3}",
-        "\\x41", "\\u0041", "\\b", "a{1001}", "(?=a)", "(?!a)+", "*a", "[z-a]", "[\\s-z]",
-        "\xFF"}) {
+       {"(?i:'s|'t)", "(a|b)",  "a.b",    "^a",    "a$",      "\\d+",    "\\w+",  "a+?",
+        "a++",        "a*",     "x|",     "",      "[a-",     "[]a]",    "[[a]]", "[a&&b]",
+        "\\p{Han}",   "\\p{L",  "a{2,1}", "a{,3}", "\\x41",   "\\u0041", "\\b",   "a{1001}",
+        "(?=a)",      "(?!a)+", "*a",     "[z-a]", "[\\s-z]", "\xFF"}) {
     absl::StatusOr<SplitRegex> re = SplitRegex::Compile(p);
     ASSERT_FALSE(re.ok()) << p;
     EXPECT_EQ(re.status().code(), absl::StatusCode::kInvalidArgument);
@@ -72,7 +73,12 @@ TEST(SplitRegexTest, BacktracksLikeOniguruma) {
   // Punctuation then ASCII letters, and " ?[\p{P}\p{S}]+[\r\n]*".
   EXPECT_EQ(Matches(main, "foo.bar !!\n\n"), (V{"foo", ".bar", " !!\n\n"}));
   // The optional leading non-letter before letters and marks.
-  EXPECT_EQ(Matches(main, "\xCC\x81" "abc 1x"), (V{"\xCC\x81" "abc", " ", "1x"}));
+  EXPECT_EQ(Matches(main,
+                    "\xCC\x81"
+                    "abc 1x"),
+            (V{"\xCC\x81"
+               "abc",
+               " ", "1x"}));
   EXPECT_EQ(Matches(CompileOrDie(kDigits), "12345 6"), (V{"123", "45", "6"}));
   EXPECT_EQ(Matches(CompileOrDie(kCjk), "ab中文カナーx"), (V{"中文カナー"}));
   EXPECT_EQ(Matches(SplitRegex::Literal("ab"), "xababa"), (V{"ab", "ab"}));
@@ -81,9 +87,13 @@ TEST(SplitRegexTest, BacktracksLikeOniguruma) {
 TEST(SplitRegexTest, CategoriesMatchTheTokenizersLibrary) {
   // unicode_classes.json: what Oniguruma (inside `tokenizers`) matches for each class.
   const nlohmann::json classes = ReadJson(GoldenPath("unicode_classes.json"));
-  for (const auto& [key, pattern] : std::vector<std::pair<std::string, std::string>>{
-           {"L", "\\p{L}"}, {"M", "\\p{M}"}, {"N", "\\p{N}"}, {"P", "\\p{P}"}, {"S", "\\p{S}"},
-           {"s", "\\s"}}) {
+  for (const auto& [key, pattern] :
+       std::vector<std::pair<std::string, std::string>>{{"L", "\\p{L}"},
+                                                        {"M", "\\p{M}"},
+                                                        {"N", "\\p{N}"},
+                                                        {"P", "\\p{P}"},
+                                                        {"S", "\\p{S}"},
+                                                        {"s", "\\s"}}) {
     const SplitRegex re = CompileOrDie(pattern);
     std::vector<bool> expected(0x110000, false);
     for (const auto& range : classes.at(key)) {

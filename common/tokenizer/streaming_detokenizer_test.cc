@@ -61,7 +61,9 @@ TEST(StreamingDetokenizerTest, HoldsBackASplitCharacterUntilItCompletes) {
   EXPECT_EQ(d.Next(bytes[2]), "中");
   EXPECT_EQ(d.Next(1), "");  // EOS is skipped
   EXPECT_EQ(d.Next(bytes[0]), "");
-  EXPECT_EQ(d.Next(*(*t)->TokenId("a")), "\xEF\xBF\xBD" "a");  // E4 then 'a': broken
+  EXPECT_EQ(d.Next(*(*t)->TokenId("a")),
+            "\xEF\xBF\xBD"
+            "a");  // E4 then 'a': broken
   EXPECT_EQ(d.Next(bytes[0]), "");
   EXPECT_EQ(d.Flush(), "\xEF\xBF\xBD");  // the stream ends mid-character
   EXPECT_EQ(d.Next(*(*t)->TokenId("a")), "a");

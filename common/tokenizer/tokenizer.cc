@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/status.h"
+#include "common/base/file_util.h"
+#include "common/base/status.h"
 #include "common/tokenizer/byte_level.h"
 #include "common/tokenizer/json_field.h"
 #include "common/tokenizer/utf8.h"
@@ -34,11 +34,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
   const JsonField top(doc, name, "");
   RETURN_IF_ERROR(top.ExpectObject());
   for (const char* unsupported : {"truncation", "padding"}) {
-    if (!top[unsupported].is_null()) return top[unsupported].Error("is not supported (must be null)");
+    if (!top[unsupported].is_null())
+      return top[unsupported].Error("is not supported (must be null)");
   }
   ASSIGN_OR_RETURN(std::string decoder, top["decoder"].Type());
   if (decoder != "ByteLevel") {
-    return top["decoder"]["type"].Error(absl::StrCat("\"", decoder, "\" is not supported (ByteLevel)"));
+    return top["decoder"]["type"].Error(
+        absl::StrCat("\"", decoder, "\" is not supported (ByteLevel)"));
   }
   ASSIGN_OR_RETURN(BpeModel model, BpeModel::FromJson(top["model"]));
   ASSIGN_OR_RETURN(Normalizer normalizer, Normalizer::FromJson(top["normalizer"]));
@@ -46,9 +48,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
                    AddedVocabulary::FromJson(top["added_tokens"], model, normalizer));
   ASSIGN_OR_RETURN(PreTokenizer pre_tokenizer, PreTokenizer::FromJson(top["pre_tokenizer"]));
   ASSIGN_OR_RETURN(PostProcessor post_processor, PostProcessor::FromJson(top["post_processor"]));
-  std::unique_ptr<Tokenizer> tokenizer(new Tokenizer(std::move(model), std::move(added),
-                                                     std::move(normalizer), std::move(pre_tokenizer),
-                                                     std::move(post_processor)));
+  std::unique_ptr<Tokenizer> tokenizer(
+      new Tokenizer(std::move(model), std::move(added), std::move(normalizer),
+                    std::move(pre_tokenizer), std::move(post_processor)));
   for (int32_t id : tokenizer->post_processor_.TemplateIds()) {
     if (!tokenizer->TokenText(id)) {
       return top["post_processor"].Error(absl::StrCat("adds id ", id, ", which no token has"));

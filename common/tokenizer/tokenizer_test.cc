@@ -64,7 +64,7 @@ TEST(TokenizerTest, RoundTripsRandomText) {
   ASSERT_NE(t, nullptr);
   std::mt19937 rng(5);
   const std::vector<std::pair<char32_t, char32_t>> ranges = {
-      {0, 0x7F}, {0x80, 0x7FF}, {0x800, 0xD7FF}, {0xE000, 0xFFFF}, {0x10000, 0x10FFFF},
+      {0, 0x7F},      {0x80, 0x7FF},    {0x800, 0xD7FF},    {0xE000, 0xFFFF}, {0x10000, 0x10FFFF},
       {0x300, 0x36F}, {0x4E00, 0x9FFF}, {0x1F300, 0x1FAFF}, {0x2000, 0x206F}};
   for (int i = 0; i < 300; ++i) {
     std::string text;
@@ -108,12 +108,17 @@ TEST(TokenizerTest, RefusesCorruptOrUnsupportedFilesNamingFileAndField) {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {[](Json& j) { j["normalizer"] = {{"type", "NFKC"}}; },
+      {[](Json& j) {
+         j["normalizer"] = {{"type", "NFKC"}};
+       },
        "field normalizer.type: normalizer \"NFKC\" is not supported"},
-      {[](Json& j) { j["normalizer"]["normalizers"] = {{{"type", "Lowercase"}}}; },
+      {[](Json& j) {
+         j["normalizer"]["normalizers"] = {{{"type", "Lowercase"}}};
+       },
        "field normalizer.normalizers[0].type"},
       {[](Json& j) { j["pre_tokenizer"]["pretokenizers"][2]["pattern"]["Regex"] = "(?i:'s)|\\s+"; },
-       "field pre_tokenizer.pretokenizers[2].pattern.Regex: unsupported Split regex \"(?i:'s)|\\s+\""},
+       "field pre_tokenizer.pretokenizers[2].pattern.Regex: unsupported Split regex "
+       "\"(?i:'s)|\\s+\""},
       {[](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; },
        "field pre_tokenizer.pretokenizers[0].behavior: \"Removed\" is not supported"},
       {[](Json& j) { j["pre_tokenizer"]["pretokenizers"][1]["invert"] = true; },
@@ -122,14 +127,20 @@ TEST(TokenizerTest, RefusesCorruptOrUnsupportedFilesNamingFileAndField) {
        "field pre_tokenizer.pretokenizers[3].use_regex: must be false"},
       {[](Json& j) { j["pre_tokenizer"]["pretokenizers"][3]["add_prefix_space"] = true; },
        "field pre_tokenizer.pretokenizers[3].add_prefix_space: must be false"},
-      {[](Json& j) { std::swap(j["pre_tokenizer"]["pretokenizers"][0], j["pre_tokenizer"]["pretokenizers"][3]); },
+      {[](Json& j) {
+         std::swap(j["pre_tokenizer"]["pretokenizers"][0], j["pre_tokenizer"]["pretokenizers"][3]);
+       },
        "field pre_tokenizer.pretokenizers[0]: ByteLevel must be the last step"},
-      {[](Json& j) { j["pre_tokenizer"]["pretokenizers"][3] = {{"type", "Metaspace"}}; },
+      {[](Json& j) {
+         j["pre_tokenizer"]["pretokenizers"][3] = {{"type", "Metaspace"}};
+       },
        "field pre_tokenizer.pretokenizers[3].type: \"Metaspace\" is not supported"},
       {[](Json& j) { j["pre_tokenizer"]["pretokenizers"].erase(3); },
        "field pre_tokenizer.pretokenizers: must end with a ByteLevel step"},
       {[](Json& j) { j["pre_tokenizer"] = nullptr; }, "field pre_tokenizer: missing"},
-      {[](Json& j) { j["decoder"] = {{"type", "Metaspace"}}; },
+      {[](Json& j) {
+         j["decoder"] = {{"type", "Metaspace"}};
+       },
        "field decoder.type: \"Metaspace\" is not supported"},
       {[](Json& j) { j.erase("decoder"); }, "field decoder: missing"},
       {[](Json& j) { j["truncation"] = Json::object(); }, "field truncation: is not supported"},
@@ -139,9 +150,14 @@ TEST(TokenizerTest, RefusesCorruptOrUnsupportedFilesNamingFileAndField) {
        "field added_tokens[1].id: is 7 but model.vocab gives"},
       {[](Json& j) { j["added_tokens"][1]["content"] = ""; },
        "field added_tokens[1].content: must be a non-empty UTF-8 string"},
-      {[](Json& j) { j["added_tokens"][1]["content"] = "x"; j["added_tokens"][1]["id"] = 600; },
+      {[](Json& j) {
+         j["added_tokens"][1]["content"] = "x";
+         j["added_tokens"][1]["id"] = 600;
+       },
        "field added_tokens[1].id: is 600 but model.vocab gives \"x\""},
-      {[](Json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; },
+      {[](Json& j) {
+         j["post_processor"] = {{"type", "BertProcessing"}};
+       },
        "field post_processor.type: \"BertProcessing\" is not supported"},
       {[](Json& j) { j["post_processor"]["single"][0]["SpecialToken"]["id"] = "<s>"; },
        "field post_processor.special_tokens.<s>.ids: missing"},

@@ -26,8 +26,8 @@ TEST(Utf8Test, RejectsIllFormedTextWithOffset) {
   for (const Case& c : std::vector<Case>{{"\x80", "offset 0"},
                                          {"ab\xC0\x80", "offset 2"},  // overlong
                                          {"\xC1\xBF", "offset 0"},
-                                         {"\xE0\x80\x80", "offset 0"},  // overlong
-                                         {"x\xED\xA0\x80", "offset 1"},  // surrogate
+                                         {"\xE0\x80\x80", "offset 0"},      // overlong
+                                         {"x\xED\xA0\x80", "offset 1"},     // surrogate
                                          {"\xF4\x90\x80\x80", "offset 0"},  // > U+10FFFF
                                          {"\xF5\x80\x80\x80", "offset 0"},
                                          {"\xFF", "offset 0"},
@@ -61,21 +61,27 @@ TEST(Utf8Test, LossyReplacesMaximalSubparts) {
     std::string in, out;
   };
   const std::string f = kFffd;
-  for (const Case& c : std::vector<Case>{
-           {"ok", "ok"},
-           {"\xE4", f},
-           {"\xE4" "a", f + "a"},
-           {"\xF0\x9F", f},
-           {"\xF0\x9F\x98", f},
-           {"\xF0\x9F\x98" "\xF0\x9F\x98", f + f},
-           {"\xC0\x80", f + f},
-           {"\xE0\x80\x80", f + f + f},
-           {"\xED\xA0\x80", f + f + f},
-           {"\xF4\x90\x80\x80", f + f + f + f},
-           {"\xE4\xB8\x41", f + "A"},
-           {"\x80\x80", f + f},
-           {"\xFF\xFE", f + f},
-           {"a\xE4\xB8\xAD" "b", "a\xE4\xB8\xAD" "b"}}) {
+  for (const Case& c : std::vector<Case>{{"ok", "ok"},
+                                         {"\xE4", f},
+                                         {"\xE4"
+                                          "a",
+                                          f + "a"},
+                                         {"\xF0\x9F", f},
+                                         {"\xF0\x9F\x98", f},
+                                         {"\xF0\x9F\x98"
+                                          "\xF0\x9F\x98",
+                                          f + f},
+                                         {"\xC0\x80", f + f},
+                                         {"\xE0\x80\x80", f + f + f},
+                                         {"\xED\xA0\x80", f + f + f},
+                                         {"\xF4\x90\x80\x80", f + f + f + f},
+                                         {"\xE4\xB8\x41", f + "A"},
+                                         {"\x80\x80", f + f},
+                                         {"\xFF\xFE", f + f},
+                                         {"a\xE4\xB8\xAD"
+                                          "b",
+                                          "a\xE4\xB8\xAD"
+                                          "b"}}) {
     EXPECT_EQ(Utf8Lossy(c.in), c.out) << c.in;
   }
 }

@@ -10,9 +10,9 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/service/cuda_backends_plugin.h"
-#include "common/service/grpc_util.h"
-#include "common/status.h"
+#include "common/backend/cuda_backends_plugin.h"
+#include "common/base/status.h"
+#include "common/rpc/grpc_util.h"
 #include "common/transport/shm_doorbell.h"
 
 namespace moesh {
@@ -49,7 +49,8 @@ struct IpcReply {
   int32_t code = 0;  // absl::StatusCode
   char message[1024] = {};
 };
-static_assert(sizeof(IpcRequest) <= ShmDoorbell::kMaxMessage && sizeof(IpcReply) <= ShmDoorbell::kMaxMessage);
+static_assert(sizeof(IpcRequest) <= ShmDoorbell::kMaxMessage &&
+              sizeof(IpcReply) <= ShmDoorbell::kMaxMessage);
 
 // The input region: bf16 hidden states, then ids, then weights, each
 // 256-byte aligned.
@@ -81,7 +82,8 @@ IpcReply ReplyOf(const absl::Status& s) {
   return r;
 }
 absl::Status StatusOf(const IpcReply& r) {
-  return absl::Status(static_cast<absl::StatusCode>(r.code), std::string(r.message, strnlen(r.message, sizeof(r.message))));
+  return absl::Status(static_cast<absl::StatusCode>(r.code),
+                      std::string(r.message, strnlen(r.message, sizeof(r.message))));
 }
 
 absl::StatusOr<std::unique_ptr<DeviceMemory>> OpenDeviceMemory(int device) {
@@ -102,10 +104,10 @@ uint64_t ProcessToken() {
 
 class IpcChannel : public DataChannel {
  public:
-  IpcChannel(std::string peer, int device, bool same_process, const CudaIpcTransportOptions& options,
-             std::unique_ptr<DataChannel> host, std::unique_ptr<v1::IpcDataPlane::Stub> stub,
-             std::unique_ptr<grpc::ClientContext> ctx, std::unique_ptr<ClientStream> stream,
-             std::unique_ptr<ShmDoorbell> doorbell)
+  IpcChannel(std::string peer, int device, bool same_process,
+             const CudaIpcTransportOptions& options, std::unique_ptr<DataChannel> host,
+             std::unique_ptr<v1::IpcDataPlane::Stub> stub, std::unique_ptr<grpc::ClientContext> ctx,
+             std::unique_ptr<ClientStream> stream, std::unique_ptr<ShmDoorbell> doorbell)
       : peer_(std::move(peer)),
         device_(device),
         same_process_(same_process),
@@ -129,14 +131,16 @@ class IpcChannel : public DataChannel {
       // before they are freed (the server's thread checks for the end of
       // the stream only between calls).
       absl::MutexLock lock(&mu_);
-      if (posted_tokens_ >= 0) doorbell_->WaitReply(absl::Now() + absl::Seconds(5), &broken_).IgnoreError();
+      if (posted_tokens_ >= 0)
+        doorbell_->WaitReply(absl::Now() + absl::Seconds(5), &broken_).IgnoreError();
     }
     ctx_->TryCancel();
     watcher_.join();
     stream_->Finish().IgnoreError();
   }
 
-  absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override {
+  absl::Status Dispatch(const v1::DispatchRequest& request,
+                        v1::DispatchResponse* response) override {
     return host_->Dispatch(request, response);
   }
   absl::Status PushKv(const v1::PushKvRequest& request) override { return host_->PushKv(request); }
@@ -145,10 +149,13 @@ class IpcChannel : public DataChannel {
 
   absl::Status PostOnDevice(const DeviceMoeDispatch& d) override {
     absl::MutexLock lock(&mu_);
-    if (posted_tokens_ >= 0) return absl::FailedPreconditionError("a device dispatch is already in flight here");
+    if (posted_tokens_ >= 0)
+      return absl::FailedPreconditionError("a device dispatch is already in flight here");
     RETURN_IF_ERROR(Usable());
-    if (d.num_tokens < 0 || d.hidden <= 0 || d.top_k <= 0) return absl::InvalidArgumentError("bad dispatch shape");
-    const bool refit = input_ == nullptr || d.num_tokens > capacity_ || d.hidden != hidden_ || d.top_k != top_k_;
+    if (d.num_tokens < 0 || d.hidden <= 0 || d.top_k <= 0)
+      return absl::InvalidArgumentError("bad dispatch shape");
+    const bool refit =
+        input_ == nullptr || d.num_tokens > capacity_ || d.hidden != hidden_ || d.top_k != top_k_;
     if (collected_on_ != nullptr && (d.ready == nullptr || refit)) {
       // The last result may still be being copied out on the caller's
       // stream, and nothing orders this dispatch (or freeing the regions for
@@ -171,7 +178,8 @@ class IpcChannel : public DataChannel {
       if (pipelined) {
         RETURN_IF_ERROR(memory_->Copy(copies, d.stream));
       } else {
-        RETURN_IF_ERROR(memory_->Copy(copies, nullptr, d.ready));  // waits for the inputs on the device
+        RETURN_IF_ERROR(
+            memory_->Copy(copies, nullptr, d.ready));  // waits for the inputs on the device
       }
     }
     if (pipelined) RETURN_IF_ERROR(memory_->Record(*ready_event_, d.stream));
@@ -181,7 +189,8 @@ class IpcChannel : public DataChannel {
     r.layer = d.layer, r.num_tokens = d.num_tokens, r.hidden = d.hidden, r.top_k = d.top_k;
     if (d.serve != nullptr) {
       if (d.num_experts < 1 || d.num_experts > kMaxExperts) {
-        return absl::InvalidArgumentError(absl::StrCat("a serve mask of ", d.num_experts, " experts (1..", kMaxExperts, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("a serve mask of ", d.num_experts, " experts (1..", kMaxExperts, ")"));
       }
       r.num_experts = d.num_experts;
       std::memcpy(r.serve, d.serve, d.num_experts);
@@ -196,7 +205,8 @@ class IpcChannel : public DataChannel {
 
   absl::Status CollectOnDevice(float* out, bool accumulate) override {
     absl::MutexLock lock(&mu_);
-    if (posted_tokens_ < 0) return absl::FailedPreconditionError("CollectOnDevice without PostOnDevice");
+    if (posted_tokens_ < 0)
+      return absl::FailedPreconditionError("CollectOnDevice without PostOnDevice");
     const int t = posted_tokens_;
     posted_tokens_ = -1;
     ASSIGN_OR_RETURN(IpcReply reply, Call());
@@ -206,13 +216,15 @@ class IpcChannel : public DataChannel {
     // again before the next Post, which waits for that stream's next event.
     const float* result = static_cast<const float*>(output_->data());
     collected_on_ = posted_stream_;
-    if (posted_pipelined_) RETURN_IF_ERROR(memory_->Wait(posted_stream_, *done_event_));  // the sums are written
+    if (posted_pipelined_)
+      RETURN_IF_ERROR(memory_->Wait(posted_stream_, *done_event_));  // the sums are written
     return DeliverSums(*memory_, out, result, t, posted_hidden_, accumulate, posted_stream_);
   }
 
  private:
   absl::Status Usable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (broken_.load()) return absl::UnavailableError(absl::StrCat("cuda_ipc peer ", peer_, " is gone"));
+    if (broken_.load())
+      return absl::UnavailableError(absl::StrCat("cuda_ipc peer ", peer_, " is gone"));
     if (memory_ == nullptr) {
       ASSIGN_OR_RETURN(memory_, OpenDeviceMemory(options_.device));
     }
@@ -228,15 +240,18 @@ class IpcChannel : public DataChannel {
     return s;
   }
   absl::StatusOr<IpcReply> Call() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::StatusOr<std::string> bytes = doorbell_->WaitReply(absl::Now() + options_.call_timeout, &broken_);
+    absl::StatusOr<std::string> bytes =
+        doorbell_->WaitReply(absl::Now() + options_.call_timeout, &broken_);
     RETURN_IF_ERROR(Break(bytes.status()));
     IpcReply reply;
-    if (!FromBytes(*bytes, &reply)) return Break(absl::DataLossError("an unreadable doorbell reply"));
+    if (!FromBytes(*bytes, &reply))
+      return Break(absl::DataLossError("an unreadable doorbell reply"));
     return reply;
   }
   // Regions for `tokens` tokens of this shape, the server attached to them.
   absl::Status Fit(int tokens, int hidden, int top_k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (input_ != nullptr && tokens <= capacity_ && hidden == hidden_ && top_k == top_k_) return absl::OkStatus();
+    if (input_ != nullptr && tokens <= capacity_ && hidden == hidden_ && top_k == top_k_)
+      return absl::OkStatus();
     int capacity = 256;
     while (capacity < tokens) capacity *= 2;
     const InputLayout in(capacity, hidden, top_k);
@@ -254,8 +269,10 @@ class IpcChannel : public DataChannel {
       ASSIGN_OR_RETURN(done_event_, memory_->MakeEvent());
     }
     if (ready_event_ != nullptr) {
-      r.ready_handle_size = static_cast<uint32_t>(std::min(kMaxHandle, ready_event_->handle().size()));
-      r.done_handle_size = static_cast<uint32_t>(std::min(kMaxHandle, done_event_->handle().size()));
+      r.ready_handle_size =
+          static_cast<uint32_t>(std::min(kMaxHandle, ready_event_->handle().size()));
+      r.done_handle_size =
+          static_cast<uint32_t>(std::min(kMaxHandle, done_event_->handle().size()));
       std::memcpy(r.ready_handle, ready_event_->handle().data(), r.ready_handle_size);
       std::memcpy(r.done_handle, done_event_->handle().data(), r.done_handle_size);
     }
@@ -293,11 +310,13 @@ class IpcChannel : public DataChannel {
   const std::unique_ptr<ShmDoorbell> doorbell_;  // used under mu_
   std::unique_ptr<DeviceMemory> memory_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DeviceRegion> input_ ABSL_GUARDED_BY(mu_), output_ ABSL_GUARDED_BY(mu_);
-  int capacity_ ABSL_GUARDED_BY(mu_) = 0, hidden_ ABSL_GUARDED_BY(mu_) = 0, top_k_ ABSL_GUARDED_BY(mu_) = 0;
+  int capacity_ ABSL_GUARDED_BY(mu_) = 0, hidden_ ABSL_GUARDED_BY(mu_) = 0,
+                top_k_ ABSL_GUARDED_BY(mu_) = 0;
   int posted_tokens_ ABSL_GUARDED_BY(mu_) = -1, posted_hidden_ ABSL_GUARDED_BY(mu_) = 0;
   void* posted_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool posted_pipelined_ ABSL_GUARDED_BY(mu_) = false;
-  void* collected_on_ ABSL_GUARDED_BY(mu_) = nullptr;  // the stream the last result is copied out on
+  void* collected_on_ ABSL_GUARDED_BY(mu_) =
+      nullptr;  // the stream the last result is copied out on
   // Same GPU, another process: the events that pipeline the dispatches.
   std::unique_ptr<DeviceEvent> ready_event_ ABSL_GUARDED_BY(mu_), done_event_ ABSL_GUARDED_BY(mu_);
 };
@@ -309,8 +328,8 @@ class CudaIpcTransport : public Transport {
 
   absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
     ASSIGN_OR_RETURN(std::unique_ptr<ShmDoorbell> doorbell, ShmDoorbell::Create());
-    auto stub = v1::IpcDataPlane::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), InternalChannelArgs()));
+    auto stub = v1::IpcDataPlane::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), InternalChannelArgs()));
     auto ctx = std::make_unique<grpc::ClientContext>();
     std::unique_ptr<ClientStream> stream = stub->Attach(ctx.get());
     v1::IpcFrame hello;
@@ -333,16 +352,16 @@ class CudaIpcTransport : public Transport {
     timer.join();
     if (!ok) {
       const grpc::Status g = stream->Finish();
-      const absl::Status s = g.ok() ? absl::UnavailableError("closed the channel") : FromGrpcStatus(g);
+      const absl::Status s =
+          g.ok() ? absl::UnavailableError("closed the channel") : FromGrpcStatus(g);
       return absl::Status(s.code(), absl::StrCat("cuda_ipc peer ", address, ": ", s.message()));
     }
     doorbell->Unlink();  // the server has it open
     ASSIGN_OR_RETURN(std::unique_ptr<Transport> grpc, MakeTransport("grpc"));
     ASSIGN_OR_RETURN(std::unique_ptr<DataChannel> host, grpc->Connect(address));
-    return std::unique_ptr<DataChannel>(new IpcChannel(address, ack.device(), ack.process_token() == ProcessToken(),
-                                                       options_,
-                                                       std::move(host), std::move(stub), std::move(ctx),
-                                                       std::move(stream), std::move(doorbell)));
+    return std::unique_ptr<DataChannel>(new IpcChannel(
+        address, ack.device(), ack.process_token() == ProcessToken(), options_, std::move(host),
+        std::move(stub), std::move(ctx), std::move(stream), std::move(doorbell)));
   }
 
  private:
@@ -377,10 +396,11 @@ struct CudaIpcDataPlaneServer::Attachment {
 };
 
 absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> CudaIpcDataPlaneServer::Start(
-    const std::string& listen, int device, DispatchHandler* dispatch, DeviceDispatchHandler* device_dispatch,
-    KvHandler* kv) {
+    const std::string& listen, int device, DispatchHandler* dispatch,
+    DeviceDispatchHandler* device_dispatch, KvHandler* kv) {
   // No CUDA needed until a client attaches device memory (host calls work anywhere).
-  std::unique_ptr<CudaIpcDataPlaneServer> s(new CudaIpcDataPlaneServer(device, dispatch, device_dispatch, kv));
+  std::unique_ptr<CudaIpcDataPlaneServer> s(
+      new CudaIpcDataPlaneServer(device, dispatch, device_dispatch, kv));
   ASSIGN_OR_RETURN(RunningServer running, StartGrpcServer(listen, {s.get(), &s->host_}));
   s->server_ = std::move(running.server);
   s->port_ = running.port;
@@ -404,8 +424,8 @@ absl::StatusOr<DeviceMemory*> CudaIpcDataPlaneServer::memory() {
   return memory_.get();
 }
 
-grpc::Status CudaIpcDataPlaneServer::Attach(grpc::ServerContext* ctx,
-                                            grpc::ServerReaderWriter<v1::IpcFrame, v1::IpcFrame>* stream) {
+grpc::Status CudaIpcDataPlaneServer::Attach(
+    grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::IpcFrame, v1::IpcFrame>* stream) {
   v1::IpcFrame hello;
   if (!stream->Read(&hello)) return grpc::Status::OK;
   Attachment a;
@@ -447,14 +467,16 @@ void CudaIpcDataPlaneServer::Serve(Attachment* a) {
 
 std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& bytes) {
   IpcRequest r;
-  if (!FromBytes(bytes, &r)) return Bytes(ReplyOf(absl::InvalidArgumentError("an unreadable doorbell request")));
+  if (!FromBytes(bytes, &r))
+    return Bytes(ReplyOf(absl::InvalidArgumentError("an unreadable doorbell request")));
   if (r.kind == IpcRequest::kAttach) {
     a->input.reset(), a->output.reset(), a->local_input.reset(), a->local_output.reset();
     a->input_base = nullptr, a->output_base = nullptr;
     const InputLayout in(r.capacity, r.hidden, r.top_k);
     if (r.capacity <= 0 || r.hidden <= 0 || r.top_k <= 0 || r.input_bytes < in.bytes ||
         r.output_bytes < static_cast<uint64_t>(r.capacity) * r.hidden * sizeof(float)) {
-      return Bytes(ReplyOf(absl::InvalidArgumentError("cuda_ipc attach: regions too small for their shape")));
+      return Bytes(ReplyOf(
+          absl::InvalidArgumentError("cuda_ipc attach: regions too small for their shape")));
     }
     if (a->same_process) {
       a->input_base = reinterpret_cast<char*>(r.input_ptr);
@@ -462,11 +484,13 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
     } else {
       absl::StatusOr<DeviceMemory*> mem = memory();
       if (!mem.ok()) return Bytes(ReplyOf(mem.status()));
-      absl::StatusOr<std::unique_ptr<DeviceRegion>> input =
-          (*mem)->Import(std::string(r.input_handle, std::min<size_t>(r.input_handle_size, kMaxHandle)), r.input_bytes);
+      absl::StatusOr<std::unique_ptr<DeviceRegion>> input = (*mem)->Import(
+          std::string(r.input_handle, std::min<size_t>(r.input_handle_size, kMaxHandle)),
+          r.input_bytes);
       if (!input.ok()) return Bytes(ReplyOf(input.status()));
       absl::StatusOr<std::unique_ptr<DeviceRegion>> output = (*mem)->Import(
-          std::string(r.output_handle, std::min<size_t>(r.output_handle_size, kMaxHandle)), r.output_bytes);
+          std::string(r.output_handle, std::min<size_t>(r.output_handle_size, kMaxHandle)),
+          r.output_bytes);
       if (!output.ok()) return Bytes(ReplyOf(output.status()));
       a->input = std::move(*input), a->output = std::move(*output);
       a->input_base = static_cast<char*>(a->input->data());
@@ -475,7 +499,8 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
     if (a->other_gpu) {
       absl::StatusOr<DeviceMemory*> mem = memory();
       absl::StatusOr<std::unique_ptr<DeviceRegion>> li =
-          mem.ok() ? (*mem)->Export(r.input_bytes) : absl::StatusOr<std::unique_ptr<DeviceRegion>>(mem.status());
+          mem.ok() ? (*mem)->Export(r.input_bytes)
+                   : absl::StatusOr<std::unique_ptr<DeviceRegion>>(mem.status());
       if (!li.ok()) return Bytes(ReplyOf(li.status()));
       absl::StatusOr<std::unique_ptr<DeviceRegion>> lo = (*mem)->Export(r.output_bytes);
       if (!lo.ok()) return Bytes(ReplyOf(lo.status()));
@@ -493,27 +518,33 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
       a->ready = std::move(*ready), a->done = std::move(*done);
     }
     a->capacity = r.capacity, a->hidden = r.hidden, a->top_k = r.top_k;
-    std::cerr << "cuda_ipc data plane: " << a->client << " attached device buffers for " << r.capacity
-              << " tokens" << (a->same_process ? " (same process)" : "")
+    std::cerr << "cuda_ipc data plane: " << a->client << " attached device buffers for "
+              << r.capacity << " tokens" << (a->same_process ? " (same process)" : "")
               << (a->other_gpu ? " (its GPU: staged through this one)" : "")
-              << (a->ready != nullptr ? " (pipelined on the device through interprocess events)" : "") << std::endl;
+              << (a->ready != nullptr ? " (pipelined on the device through interprocess events)"
+                                      : "")
+              << std::endl;
     if (!a->same_process && !a->other_gpu && std::getenv("CUDA_MPS_PIPE_DIRECTORY") == nullptr) {
-      std::cerr << "cuda_ipc data plane: note: the client shares this GPU: unless MPS runs it, every dispatch costs a GPU "
+      std::cerr << "cuda_ipc data plane: note: the client shares this GPU: unless MPS runs it, "
+                   "every dispatch costs a GPU "
                    "context switch each way (~0.3 ms per call measured on an H200; BENCHMARKS.md)"
                 << std::endl;
     }
     return Bytes(ReplyOf(absl::OkStatus()));
   }
-  if (r.kind != IpcRequest::kDispatch) return Bytes(ReplyOf(absl::InvalidArgumentError("an unknown doorbell request")));
+  if (r.kind != IpcRequest::kDispatch)
+    return Bytes(ReplyOf(absl::InvalidArgumentError("an unknown doorbell request")));
   if (device_dispatch_ == nullptr) {
-    return Bytes(ReplyOf(absl::UnimplementedError("this worker takes no device-resident expert dispatch")));
+    return Bytes(
+        ReplyOf(absl::UnimplementedError("this worker takes no device-resident expert dispatch")));
   }
-  if (a->input_base == nullptr) return Bytes(ReplyOf(absl::FailedPreconditionError("dispatch before attach")));
-  if (r.num_tokens < 0 || r.num_tokens > a->capacity || r.hidden != a->hidden || r.top_k != a->top_k ||
-      r.num_experts < 0 || r.num_experts > kMaxExperts) {
-    return Bytes(ReplyOf(absl::InvalidArgumentError(absl::StrCat("cuda_ipc dispatch of ", r.num_tokens, " x ",
-                                                                 r.hidden, " top-", r.top_k, " into regions for ",
-                                                                 a->capacity, " x ", a->hidden, " top-", a->top_k))));
+  if (a->input_base == nullptr)
+    return Bytes(ReplyOf(absl::FailedPreconditionError("dispatch before attach")));
+  if (r.num_tokens < 0 || r.num_tokens > a->capacity || r.hidden != a->hidden ||
+      r.top_k != a->top_k || r.num_experts < 0 || r.num_experts > kMaxExperts) {
+    return Bytes(ReplyOf(absl::InvalidArgumentError(
+        absl::StrCat("cuda_ipc dispatch of ", r.num_tokens, " x ", r.hidden, " top-", r.top_k,
+                     " into regions for ", a->capacity, " x ", a->hidden, " top-", a->top_k))));
   }
   const InputLayout in(a->capacity, a->hidden, a->top_k);
   const size_t t = r.num_tokens;
@@ -522,9 +553,10 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
   if (a->local_input != nullptr && t > 0) {  // pull the rows over in bulk
     input = static_cast<char*>(a->local_input->data());
     output = static_cast<float*>(a->local_output->data());
-    const DeviceMemory::CopyRange pull[] = {{input, a->input_base, t * r.hidden * 2},
-                                            {input + in.ids, a->input_base + in.ids, t * r.top_k * sizeof(int32_t)},
-                                            {input + in.weights, a->input_base + in.weights, t * r.top_k * sizeof(float)}};
+    const DeviceMemory::CopyRange pull[] = {
+        {input, a->input_base, t * r.hidden * 2},
+        {input + in.ids, a->input_base + in.ids, t * r.top_k * sizeof(int32_t)},
+        {input + in.weights, a->input_base + in.weights, t * r.top_k * sizeof(float)}};
     if (absl::Status s = (*memory())->Copy(pull); !s.ok()) return Bytes(ReplyOf(s));
   }
   DeviceMoeDispatch d;
@@ -536,7 +568,8 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
   d.num_experts = r.num_experts;
   if (r.pipelined != 0) {
     if (a->ready == nullptr || a->local_input != nullptr) {
-      return Bytes(ReplyOf(absl::FailedPreconditionError("a pipelined dispatch on an attachment without events")));
+      return Bytes(ReplyOf(
+          absl::FailedPreconditionError("a pipelined dispatch on an attachment without events")));
     }
     d.ready = a->ready->get(), d.done = a->done->get();
   }

@@ -45,7 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/transport/device_memory.h"
+#include "common/backend/device_memory.h"
 #include "common/transport/grpc_data_plane_service.h"
 #include "common/transport/transport.h"
 #include "grpcpp/server.h"
@@ -69,18 +69,19 @@ std::unique_ptr<Transport> MakeCudaIpcTransport(const CudaIpcTransportOptions& o
 // (UNIMPLEMENTED) and must outlive the server.
 class CudaIpcDataPlaneServer final : public v1::IpcDataPlane::Service {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> Start(const std::string& listen, int device,
-                                                                       DispatchHandler* dispatch,
-                                                                       DeviceDispatchHandler* device_dispatch,
-                                                                       KvHandler* kv);
+  static absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> Start(
+      const std::string& listen, int device, DispatchHandler* dispatch,
+      DeviceDispatchHandler* device_dispatch, KvHandler* kv);
   ~CudaIpcDataPlaneServer() override;  // stops every channel, then the gRPC server
 
   int port() const { return port_; }
-  grpc::Status Attach(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::IpcFrame, v1::IpcFrame>* stream) override;
+  grpc::Status Attach(grpc::ServerContext* ctx,
+                      grpc::ServerReaderWriter<v1::IpcFrame, v1::IpcFrame>* stream) override;
 
  private:
   struct Attachment;
-  CudaIpcDataPlaneServer(int device, DispatchHandler* dispatch, DeviceDispatchHandler* device_dispatch, KvHandler* kv)
+  CudaIpcDataPlaneServer(int device, DispatchHandler* dispatch,
+                         DeviceDispatchHandler* device_dispatch, KvHandler* kv)
       : device_(device), device_dispatch_(device_dispatch), host_(dispatch, kv) {}
   // Serves one channel's doorbell until `a->stop`.
   void Serve(Attachment* a);

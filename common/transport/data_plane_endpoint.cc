@@ -4,9 +4,11 @@
 
 namespace moesh {
 
-absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, const std::string& host,
-                                                 const std::string& grpc_address, DispatchHandler* dispatch,
-                                                 KvHandler* kv, int cuda_device,
+absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport,
+                                                 const std::string& host,
+                                                 const std::string& grpc_address,
+                                                 DispatchHandler* dispatch, KvHandler* kv,
+                                                 int cuda_device,
                                                  DeviceDispatchHandler* device_dispatch) {
   DataPlaneEndpoint e;
   if (transport == "grpc") {
@@ -14,7 +16,8 @@ absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, c
     return e;
   }
   if (transport == "ucx") {
-    absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> s = UcxDataPlaneServer::Start(host + ":0", dispatch, kv);
+    absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> s =
+        UcxDataPlaneServer::Start(host + ":0", dispatch, kv);
     if (!s.ok()) return s.status();
     e.ucx = std::move(*s);
     e.address = absl::StrCat(host, ":", e.ucx->port());
@@ -44,8 +47,8 @@ absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, c
     e.address = absl::StrCat(host, ":", e.ipc->port());
     return e;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--transport \"", transport, "\" has no server side here (grpc, ucx, nccl, cuda_ipc)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--transport \"", transport, "\" has no server side here (grpc, ucx, nccl, cuda_ipc)"));
 }
 
 }  // namespace moesh

@@ -16,10 +16,10 @@
 namespace moesh {
 
 struct DataPlaneEndpoint {
-  std::unique_ptr<UcxDataPlaneServer> ucx;    // set for ucx
-  std::unique_ptr<NcclDataPlaneServer> nccl;  // set for nccl with a dispatch handler
+  std::unique_ptr<UcxDataPlaneServer> ucx;      // set for ucx
+  std::unique_ptr<NcclDataPlaneServer> nccl;    // set for nccl with a dispatch handler
   std::unique_ptr<CudaIpcDataPlaneServer> ipc;  // set for cuda_ipc with a dispatch handler
-  std::string address;                        // host:port peers send to
+  std::string address;                          // host:port peers send to
 };
 
 // `host`: the advertised host; `grpc_address`: the worker's gRPC address.
@@ -28,9 +28,11 @@ struct DataPlaneEndpoint {
 // device-resident dispatches go to `device_dispatch`); a KV-only endpoint
 // (decode workers) stays on gRPC with them, since prefill and decode may
 // share a GPU, which NCCL cannot connect, and the KV handoff is host-side.
-absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport, const std::string& host,
-                                                 const std::string& grpc_address, DispatchHandler* dispatch,
-                                                 KvHandler* kv, int cuda_device = 0,
+absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport,
+                                                 const std::string& host,
+                                                 const std::string& grpc_address,
+                                                 DispatchHandler* dispatch, KvHandler* kv,
+                                                 int cuda_device = 0,
                                                  DeviceDispatchHandler* device_dispatch = nullptr);
 
 }  // namespace moesh

@@ -1,18 +1,21 @@
 #include "common/transport/grpc_data_plane_service.h"
 
-#include "common/service/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 
 namespace moesh {
 
-grpc::Status GrpcDataPlaneService::Dispatch(grpc::ServerContext*, const v1::DispatchRequest* request,
+grpc::Status GrpcDataPlaneService::Dispatch(grpc::ServerContext*,
+                                            const v1::DispatchRequest* request,
                                             v1::DispatchResponse* response) {
-  if (dispatch_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker hosts no experts");
+  if (dispatch_ == nullptr)
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker hosts no experts");
   return ToGrpcStatus(dispatch_->Dispatch(*request, response));
 }
 
 grpc::Status GrpcDataPlaneService::PushKv(grpc::ServerContext*, const v1::PushKvRequest* request,
                                           v1::PushKvResponse*) {
-  if (kv_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker takes no KV");
+  if (kv_ == nullptr)
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker takes no KV");
   return ToGrpcStatus(kv_->PushKv(*request));
 }
 

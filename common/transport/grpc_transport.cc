@@ -2,7 +2,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/service/grpc_util.h"
+#include "common/rpc/grpc_util.h"
 #include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/nccl_transport.h"
 #include "common/transport/transport.h"
@@ -22,16 +22,20 @@ class GrpcChannel : public DataChannel {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
-    stub_ = v1::DataPlane::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+    stub_ = v1::DataPlane::NewStub(
+        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
   }
-  absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override {
+  absl::Status Dispatch(const v1::DispatchRequest& request,
+                        v1::DispatchResponse* response) override {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kDataPlaneDeadlineSeconds));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(kDataPlaneDeadlineSeconds));
     return Annotate(FromGrpcStatus(stub_->Dispatch(&ctx, request, response)));
   }
   absl::Status PushKv(const v1::PushKvRequest& request) override {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kDataPlaneDeadlineSeconds));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(kDataPlaneDeadlineSeconds));
     v1::PushKvResponse response;
     return Annotate(FromGrpcStatus(stub_->PushKv(&ctx, request, &response)));
   }
@@ -57,10 +61,12 @@ class GrpcTransport : public Transport {
 }  // namespace
 
 absl::Status DataChannel::PostOnDevice(const DeviceMoeDispatch&) {
-  return absl::UnimplementedError(absl::StrCat("data plane to ", peer(), ": this transport moves no device memory"));
+  return absl::UnimplementedError(
+      absl::StrCat("data plane to ", peer(), ": this transport moves no device memory"));
 }
 absl::Status DataChannel::CollectOnDevice(float*, bool) {
-  return absl::UnimplementedError(absl::StrCat("data plane to ", peer(), ": this transport moves no device memory"));
+  return absl::UnimplementedError(
+      absl::StrCat("data plane to ", peer(), ": this transport moves no device memory"));
 }
 
 std::unique_ptr<Transport> MakeGrpcTransport() { return std::make_unique<GrpcTransport>(); }
@@ -71,7 +77,8 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name,
   if (name == "inproc") return MakeInprocTransport();
   if (name == "ucx") {
     std::unique_ptr<Transport> t = MakeUcxTransport();
-    if (t == nullptr) return absl::UnavailableError("cannot initialise UCX (see UCX_* environment variables)");
+    if (t == nullptr)
+      return absl::UnavailableError("cannot initialise UCX (see UCX_* environment variables)");
     return t;
   }
   if (name == "nccl") {

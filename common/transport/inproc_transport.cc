@@ -25,17 +25,20 @@ std::map<std::string, Binding>& Registry() {
 absl::StatusOr<Binding> Lookup(const std::string& address) {
   absl::MutexLock lock(&RegistryMutex());
   auto it = Registry().find(address);
-  if (it == Registry().end()) return absl::UnavailableError(absl::StrCat("inproc peer ", address, " is not bound"));
+  if (it == Registry().end())
+    return absl::UnavailableError(absl::StrCat("inproc peer ", address, " is not bound"));
   return it->second;
 }
 
 class InprocChannel : public DataChannel {
  public:
   explicit InprocChannel(std::string address) : address_(std::move(address)) {}
-  absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override {
+  absl::Status Dispatch(const v1::DispatchRequest& request,
+                        v1::DispatchResponse* response) override {
     absl::StatusOr<Binding> b = Lookup(address_);
     if (!b.ok()) return b.status();
-    if (b->dispatch == nullptr) return absl::UnimplementedError(absl::StrCat(address_, " serves no expert dispatch"));
+    if (b->dispatch == nullptr)
+      return absl::UnimplementedError(absl::StrCat(address_, " serves no expert dispatch"));
     return b->dispatch->Dispatch(request, response);
   }
   absl::Status PushKv(const v1::PushKvRequest& request) override {

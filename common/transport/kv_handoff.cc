@@ -6,12 +6,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/dtype.h"
+#include "common/base/dtype.h"
 
 namespace moesh {
 
-absl::StatusOr<v1::PushKvRequest> SerializeKv(const std::string& request_id, const KvSequence& kv, int num_layers,
-                                              KvHandoff how) {
+absl::StatusOr<v1::PushKvRequest> SerializeKv(const std::string& request_id, const KvSequence& kv,
+                                              int num_layers, KvHandoff how) {
   v1::PushKvRequest msg;
   msg.set_request_id(request_id);
   msg.set_num_layers(num_layers);
@@ -40,7 +40,8 @@ absl::StatusOr<v1::PushKvRequest> SerializeKv(const std::string& request_id, con
   for (int l = 0; l < num_layers; ++l) {
     const float* src = kv.Rows(l, &scratch);
     if (bf16) {
-      for (size_t i = 0; i < layer_values; ++i) halves[i] = F32ToBf16(src[i]);  // exact: bf16 values
+      for (size_t i = 0; i < layer_values; ++i)
+        halves[i] = F32ToBf16(src[i]);  // exact: bf16 values
       std::memcpy(rows->data() + l * layer_bytes, halves.data(), layer_bytes);
     } else {
       std::memcpy(rows->data() + l * layer_bytes, src, layer_bytes);
@@ -51,22 +52,24 @@ absl::StatusOr<v1::PushKvRequest> SerializeKv(const std::string& request_id, con
 
 absl::Status DeserializeKv(const v1::PushKvRequest& msg, int num_layers, KvSequence* kv) {
   if (msg.num_layers() != num_layers || msg.row_width() != kv->row_width()) {
-    return absl::InvalidArgumentError(absl::StrCat("KV for ", msg.request_id(), " has ", msg.num_layers(),
-                                                   " layers of width ", msg.row_width(), ", expected ",
-                                                   num_layers, " of width ", kv->row_width()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV for ", msg.request_id(), " has ", msg.num_layers(), " layers of width ",
+                     msg.row_width(), ", expected ", num_layers, " of width ", kv->row_width()));
   }
-  if (kv->length() != 0) return absl::FailedPreconditionError("KV already received for " + msg.request_id());
+  if (kv->length() != 0)
+    return absl::FailedPreconditionError("KV already received for " + msg.request_id());
   if (msg.num_tokens() > kv->capacity()) {
-    return absl::ResourceExhaustedError(absl::StrCat("KV for ", msg.request_id(), " holds ", msg.num_tokens(),
-                                                     " tokens; the reservation holds ", kv->capacity()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV for ", msg.request_id(), " holds ", msg.num_tokens(),
+                     " tokens; the reservation holds ", kv->capacity()));
   }
   if (msg.has_device()) {
     const v1::DeviceKv& dev = msg.device();
     if (msg.num_tokens() < 0 || dev.block_size() <= 0 || !msg.rows().empty() ||
         static_cast<int64_t>(dev.blocks_size()) * dev.block_size() < msg.num_tokens()) {
-      return absl::InvalidArgumentError(absl::StrCat("KV for ", msg.request_id(), ": ", dev.blocks_size(),
-                                                     " device blocks of ", dev.block_size(), " do not hold ",
-                                                     msg.num_tokens(), " tokens (or rows sent too)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV for ", msg.request_id(), ": ", dev.blocks_size(), " device blocks of ",
+          dev.block_size(), " do not hold ", msg.num_tokens(), " tokens (or rows sent too)"));
     }
     DeviceKvBlocks src;
     src.pool_handle = dev.pool_handle();
@@ -80,8 +83,9 @@ absl::Status DeserializeKv(const v1::PushKvRequest& msg, int num_layers, KvSeque
   const size_t layer_values = static_cast<size_t>(std::max(msg.num_tokens(), 0)) * msg.row_width();
   const size_t layer_bytes = layer_values * (msg.rows_bf16() ? sizeof(uint16_t) : sizeof(float));
   if (msg.num_tokens() < 0 || msg.rows().size() != layer_bytes * num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("KV for ", msg.request_id(), ": ", msg.rows().size(),
-                                                   " bytes do not hold ", msg.num_tokens(), " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat("KV for ", msg.request_id(), ": ",
+                                                   msg.rows().size(), " bytes do not hold ",
+                                                   msg.num_tokens(), " tokens"));
   }
   std::vector<float> layer(layer_values);
   std::vector<uint16_t> halves(msg.rows_bf16() ? layer_values : 0);

@@ -20,8 +20,8 @@ enum class KvHandoff { kHost, kDevice };
 // where kv.bf16_rows() (exact, half the bytes). kDevice: kv.DeviceBlocks();
 // `kv` must then stay unchanged until the receiver has answered.
 // Errors: kv.DeviceBlocks()'s (UNIMPLEMENTED for host caches).
-absl::StatusOr<v1::PushKvRequest> SerializeKv(const std::string& request_id, const KvSequence& kv, int num_layers,
-                                              KvHandoff how = KvHandoff::kHost);
+absl::StatusOr<v1::PushKvRequest> SerializeKv(const std::string& request_id, const KvSequence& kv,
+                                              int num_layers, KvHandoff how = KvHandoff::kHost);
 
 // Appends the message's rows to `kv` (which must be empty and wide enough),
 // from the message or from the sender's device memory.

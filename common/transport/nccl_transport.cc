@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/service/cuda_backends_plugin.h"
-#include "common/service/grpc_util.h"
-#include "common/status.h"
+#include "common/backend/cuda_backends_plugin.h"
+#include "common/base/status.h"
+#include "common/rpc/grpc_util.h"
 
 namespace moesh {
 namespace {
@@ -21,16 +21,18 @@ namespace {
 using Stream = grpc::ClientReaderWriter<v1::NcclFrame, v1::NcclFrame>;
 
 // Device dispatch limits: a frame outside them is a broken peer, not a batch.
-constexpr int kMaxDeviceTokens = 1 << 20, kMaxHidden = 1 << 16, kMaxTopK = 256, kMaxExperts = 1 << 16;
+constexpr int kMaxDeviceTokens = 1 << 20, kMaxHidden = 1 << 16, kMaxTopK = 256,
+              kMaxExperts = 1 << 16;
 
 bool DeviceShapeOk(int tokens, int hidden, int top_k) {
-  return tokens >= 0 && tokens <= kMaxDeviceTokens && hidden > 0 && hidden <= kMaxHidden && top_k > 0 &&
-         top_k <= kMaxTopK;
+  return tokens >= 0 && tokens <= kMaxDeviceTokens && hidden > 0 && hidden <= kMaxHidden &&
+         top_k > 0 && top_k <= kMaxTopK;
 }
 
 // A device dispatch's three inputs, in the order both sides list them.
-std::vector<BytePipe::DeviceBuffer> InputBuffers(const void* hidden_states, const void* ids, const void* weights,
-                                                 size_t tokens, int hidden, int top_k) {
+std::vector<BytePipe::DeviceBuffer> InputBuffers(const void* hidden_states, const void* ids,
+                                                 const void* weights, size_t tokens, int hidden,
+                                                 int top_k) {
   return {{const_cast<void*>(hidden_states), tokens * hidden * 2},
           {const_cast<void*>(ids), tokens * top_k * sizeof(int32_t)},
           {const_cast<void*>(weights), tokens * top_k * sizeof(float)}};
@@ -75,7 +77,8 @@ class NcclChannel : public DataChannel {
     stream_->Finish().IgnoreError();
   }
 
-  absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override {
+  absl::Status Dispatch(const v1::DispatchRequest& request,
+                        v1::DispatchResponse* response) override {
     v1::DataPlaneCall call;
     *call.mutable_dispatch() = request;
     ASSIGN_OR_RETURN(v1::DataPlaneReply reply, Call(call));
@@ -92,19 +95,22 @@ class NcclChannel : public DataChannel {
 
   absl::Status PostOnDevice(const DeviceMoeDispatch& d) override {
     absl::MutexLock lock(&mu_);
-    if (posted_tokens_ >= 0) return absl::FailedPreconditionError("a device dispatch is already in flight here");
+    if (posted_tokens_ >= 0)
+      return absl::FailedPreconditionError("a device dispatch is already in flight here");
     if (!broken_.ok()) return broken_;
     if (!DeviceShapeOk(d.num_tokens, d.hidden, d.top_k)) {
-      return absl::InvalidArgumentError(absl::StrCat("nccl device dispatch of ", d.num_tokens, " x ", d.hidden,
-                                                     " top-", d.top_k));
+      return absl::InvalidArgumentError(absl::StrCat("nccl device dispatch of ", d.num_tokens,
+                                                     " x ", d.hidden, " top-", d.top_k));
     }
     if (d.serve != nullptr && (d.num_experts < 1 || d.num_experts > kMaxExperts)) {
-      return absl::InvalidArgumentError(absl::StrCat("a serve mask of ", d.num_experts, " experts"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a serve mask of ", d.num_experts, " experts"));
     }
     RETURN_IF_ERROR(Fit(d.num_tokens, d.hidden));
     v1::NcclFrame frame;
     v1::NcclDeviceDispatch* m = frame.mutable_dispatch();
-    m->set_layer(d.layer), m->set_num_tokens(d.num_tokens), m->set_hidden(d.hidden), m->set_top_k(d.top_k);
+    m->set_layer(d.layer), m->set_num_tokens(d.num_tokens), m->set_hidden(d.hidden),
+        m->set_top_k(d.top_k);
     if (d.serve != nullptr) m->set_serve(reinterpret_cast<const char*>(d.serve), d.num_experts);
     if (!stream_->Write(frame)) return Break(absl::UnavailableError("the stream broke"));
     ++unanswered_;
@@ -115,7 +121,8 @@ class NcclChannel : public DataChannel {
     // After the inputs are complete, and after the last sums were taken out
     // of the staging buffer on the caller's stream.
     void* const after[] = {d.ready, collected_on_ != nullptr ? consumed_->get() : nullptr};
-    RETURN_IF_ERROR(Break(pipe_->Exchange(sends, recv, after, arrived_->get(), absl::Now() + call_timeout_)));
+    RETURN_IF_ERROR(
+        Break(pipe_->Exchange(sends, recv, after, arrived_->get(), absl::Now() + call_timeout_)));
     posted_tokens_ = d.num_tokens;
     posted_hidden_ = d.hidden;
     posted_stream_ = d.stream;
@@ -124,7 +131,8 @@ class NcclChannel : public DataChannel {
 
   absl::Status CollectOnDevice(float* out, bool accumulate) override {
     absl::MutexLock lock(&mu_);
-    if (posted_tokens_ < 0) return absl::FailedPreconditionError("CollectOnDevice without PostOnDevice");
+    if (posted_tokens_ < 0)
+      return absl::FailedPreconditionError("CollectOnDevice without PostOnDevice");
     const int t = posted_tokens_;
     posted_tokens_ = -1;
     if (!broken_.ok()) return broken_;
@@ -136,7 +144,9 @@ class NcclChannel : public DataChannel {
       return DeliverSums(*memory_, out, sums, t, posted_hidden_, accumulate);
     }
     RETURN_IF_ERROR(memory_->Wait(posted_stream_, *arrived_));
-    if (t > 0) RETURN_IF_ERROR(DeliverSums(*memory_, out, sums, t, posted_hidden_, accumulate, posted_stream_));
+    if (t > 0)
+      RETURN_IF_ERROR(
+          DeliverSums(*memory_, out, sums, t, posted_hidden_, accumulate, posted_stream_));
     RETURN_IF_ERROR(memory_->Record(*consumed_, posted_stream_));
     collected_on_ = posted_stream_;
     return absl::OkStatus();
@@ -180,7 +190,9 @@ class NcclChannel : public DataChannel {
     bool ended = false;
     {
       absl::MutexLock lock(&frames_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(frames_mu_) { return !frames_.empty() || ended_; };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(frames_mu_) {
+        return !frames_.empty() || ended_;
+      };
       frames_mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
       if (!frames_.empty()) {
         v1::NcclFrame frame = std::move(frames_.front());
@@ -232,8 +244,10 @@ class NcclChannel : public DataChannel {
     absl::StatusOr<std::string> reply_bytes = pipe_->Recv(frame.bytes(), deadline);
     RETURN_IF_ERROR(Break(reply_bytes.status()));
     v1::DataPlaneReply reply;
-    if (!reply.ParseFromString(*reply_bytes)) return Break(absl::DataLossError("an unreadable reply"));
-    if (reply.code() != 0) return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
+    if (!reply.ParseFromString(*reply_bytes))
+      return Break(absl::DataLossError("an unreadable reply"));
+    if (reply.code() != 0)
+      return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
     return reply;
   }
 
@@ -254,12 +268,14 @@ class NcclChannel : public DataChannel {
   // Device dispatches.
   std::unique_ptr<DeviceMemory> memory_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DeviceRegion> sums_ ABSL_GUARDED_BY(mu_);  // fp32 rows received from the server
-  std::unique_ptr<DeviceEvent> arrived_ ABSL_GUARDED_BY(mu_);   // recorded after a dispatch's transfers
-  std::unique_ptr<DeviceEvent> consumed_ ABSL_GUARDED_BY(mu_);  // recorded after the sums were taken out
-  void* collected_on_ ABSL_GUARDED_BY(mu_) = nullptr;           // the stream consumed_ is recorded on
+  std::unique_ptr<DeviceEvent> arrived_
+      ABSL_GUARDED_BY(mu_);  // recorded after a dispatch's transfers
+  std::unique_ptr<DeviceEvent> consumed_
+      ABSL_GUARDED_BY(mu_);                            // recorded after the sums were taken out
+  void* collected_on_ ABSL_GUARDED_BY(mu_) = nullptr;  // the stream consumed_ is recorded on
   int posted_tokens_ ABSL_GUARDED_BY(mu_) = -1, posted_hidden_ ABSL_GUARDED_BY(mu_) = 0;
   void* posted_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
-  int unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // device dispatches whose answer is not read yet
+  int unanswered_ ABSL_GUARDED_BY(mu_) = 0;    // device dispatches whose answer is not read yet
   absl::Status refused_ ABSL_GUARDED_BY(mu_);  // the first refusal among the answers read
 };
 
@@ -271,8 +287,8 @@ class NcclTransport : public Transport {
   absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     ASSIGN_OR_RETURN(std::string id, cuda->new_nccl_id());
-    auto stub = v1::NcclDataPlane::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                                                     InternalChannelArgs()));
+    auto stub = v1::NcclDataPlane::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), InternalChannelArgs()));
     auto ctx = std::make_unique<grpc::ClientContext>();
     std::unique_ptr<Stream> stream = stub->Channel(ctx.get());
     v1::NcclFrame hello;
@@ -280,26 +296,29 @@ class NcclTransport : public Transport {
     hello.set_client(absl::StrCat("pid ", getpid(), " cuda:", options_.device));
     if (!stream->Write(hello)) {
       const grpc::Status g = stream->Finish();
-      return absl::Status(g.ok() ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(g.error_code()),
-                          absl::StrCat("nccl peer ", address, ": ", g.error_message()));
+      return absl::Status(
+          g.ok() ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(g.error_code()),
+          absl::StrCat("nccl peer ", address, ": ", g.error_message()));
     }
     // The server acknowledges the id (or ends the stream saying why not),
     // then joins as rank 1 while we join as rank 0.
     v1::NcclFrame ack;
     if (!stream->Read(&ack)) {
       const grpc::Status g = stream->Finish();
-      return absl::Status(g.ok() ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(g.error_code()),
-                          absl::StrCat("nccl peer ", address, ": ", g.error_message()));
+      return absl::Status(
+          g.ok() ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(g.error_code()),
+          absl::StrCat("nccl peer ", address, ": ", g.error_message()));
     }
-    absl::StatusOr<std::unique_ptr<BytePipe>> pipe =
-        cuda->open_nccl_pipe(id, /*rank=*/0, options_.device, absl::Now() + options_.connect_timeout);
+    absl::StatusOr<std::unique_ptr<BytePipe>> pipe = cuda->open_nccl_pipe(
+        id, /*rank=*/0, options_.device, absl::Now() + options_.connect_timeout);
     if (!pipe.ok()) {
       ctx->TryCancel();
       stream->Finish().IgnoreError();
-      return absl::UnavailableError(absl::StrCat("nccl peer ", address, " (cuda:", ack.device(), "): ",
-                                                 pipe.status().message()));
+      return absl::UnavailableError(absl::StrCat("nccl peer ", address, " (cuda:", ack.device(),
+                                                 "): ", pipe.status().message()));
     }
-    return std::unique_ptr<DataChannel>(new NcclChannel(address, options_.device, std::move(stub), std::move(ctx), std::move(stream),
+    return std::unique_ptr<DataChannel>(new NcclChannel(address, options_.device, std::move(stub),
+                                                        std::move(ctx), std::move(stream),
                                                         std::move(*pipe), options_.call_timeout));
   }
 
@@ -313,12 +332,12 @@ std::unique_ptr<Transport> MakeNcclTransport(const NcclTransportOptions& options
   return std::make_unique<NcclTransport>(options);
 }
 
-absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> NcclDataPlaneServer::Start(const std::string& listen, int device,
-                                                                                DispatchHandler* dispatch,
-                                                                                KvHandler* kv,
-                                                                                DeviceDispatchHandler* device_dispatch) {
+absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> NcclDataPlaneServer::Start(
+    const std::string& listen, int device, DispatchHandler* dispatch, KvHandler* kv,
+    DeviceDispatchHandler* device_dispatch) {
   RETURN_IF_ERROR(CudaBackends().status());  // no plugin: say so now, not at the first channel
-  std::unique_ptr<NcclDataPlaneServer> s(new NcclDataPlaneServer(device, dispatch, kv, device_dispatch));
+  std::unique_ptr<NcclDataPlaneServer> s(
+      new NcclDataPlaneServer(device, dispatch, kv, device_dispatch));
   ASSIGN_OR_RETURN(RunningServer running, StartGrpcServer(listen, {s.get()}));
   s->server_ = std::move(running.server);
   s->port_ = running.port;
@@ -346,20 +365,24 @@ struct NcclDataPlaneServer::DeviceSide {
   size_t ids = 0, weights = 0;  // offsets in `input`
 };
 
-grpc::Status NcclDataPlaneServer::Channel(grpc::ServerContext* ctx,
-                                          grpc::ServerReaderWriter<v1::NcclFrame, v1::NcclFrame>* stream) {
+grpc::Status NcclDataPlaneServer::Channel(
+    grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::NcclFrame, v1::NcclFrame>* stream) {
   v1::NcclFrame frame;
   if (!stream->Read(&frame)) return grpc::Status::OK;
-  if (frame.unique_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no NCCL unique id");
+  if (frame.unique_id().empty())
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no NCCL unique id");
   absl::StatusOr<const CudaBackendsTable*> cuda = CudaBackends();
-  if (!cuda.ok()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(cuda.status().message()));
+  if (!cuda.ok())
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        std::string(cuda.status().message()));
   v1::NcclFrame ack;
   ack.set_device(device_);
   if (!stream->Write(ack)) return grpc::Status::OK;
-  absl::StatusOr<std::unique_ptr<BytePipe>> pipe =
-      (*cuda)->open_nccl_pipe(frame.unique_id(), /*rank=*/1, device_, absl::Now() + absl::Seconds(60));
+  absl::StatusOr<std::unique_ptr<BytePipe>> pipe = (*cuda)->open_nccl_pipe(
+      frame.unique_id(), /*rank=*/1, device_, absl::Now() + absl::Seconds(60));
   if (!pipe.ok()) {
-    std::cerr << "nccl data plane: channel from " << frame.client() << " not opened: " << pipe.status() << std::endl;
+    std::cerr << "nccl data plane: channel from " << frame.client()
+              << " not opened: " << pipe.status() << std::endl;
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(pipe.status().message()));
   }
   {
@@ -373,8 +396,9 @@ grpc::Status NcclDataPlaneServer::Channel(grpc::ServerContext* ctx,
   while (ok && stream->Read(&frame)) {  // until the client ends the stream
     if (frame.has_dispatch()) {
       if (side.memory == nullptr) {
-        std::cerr << "nccl data plane: " << client << " dispatches device-resident (GPU to GPU, cuda:" << device_
-                  << " here)" << std::endl;
+        std::cerr << "nccl data plane: " << client
+                  << " dispatches device-resident (GPU to GPU, cuda:" << device_ << " here)"
+                  << std::endl;
       }
       ok = ServeOnDevice(frame.dispatch(), pipe->get(), &side, stream);
       continue;
@@ -395,25 +419,29 @@ grpc::Status NcclDataPlaneServer::Channel(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-bool NcclDataPlaneServer::ServeOnDevice(const v1::NcclDeviceDispatch& m, BytePipe* pipe, DeviceSide* side,
-                                        grpc::ServerReaderWriter<v1::NcclFrame, v1::NcclFrame>* stream) {
+bool NcclDataPlaneServer::ServeOnDevice(
+    const v1::NcclDeviceDispatch& m, BytePipe* pipe, DeviceSide* side,
+    grpc::ServerReaderWriter<v1::NcclFrame, v1::NcclFrame>* stream) {
   const int t = m.num_tokens();
-  if (!DeviceShapeOk(t, m.hidden(), m.top_k()) || m.serve().size() > static_cast<size_t>(kMaxExperts)) {
-    std::cerr << "nccl data plane: a device dispatch of " << t << " x " << m.hidden() << " top-" << m.top_k()
-              << ": not a shape this channel can carry; closing it" << std::endl;
+  if (!DeviceShapeOk(t, m.hidden(), m.top_k()) ||
+      m.serve().size() > static_cast<size_t>(kMaxExperts)) {
+    std::cerr << "nccl data plane: a device dispatch of " << t << " x " << m.hidden() << " top-"
+              << m.top_k() << ": not a shape this channel can carry; closing it" << std::endl;
     return false;
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   // Buffers (and events) for this shape: the transfer must happen whatever
   // the experts say, so failing here ends the channel.
-  if (side->memory == nullptr || t > side->capacity || m.hidden() != side->hidden || m.top_k() != side->top_k) {
+  if (side->memory == nullptr || t > side->capacity || m.hidden() != side->hidden ||
+      m.top_k() != side->top_k) {
     absl::Status s;
     if (side->memory == nullptr) {
       absl::StatusOr<std::unique_ptr<DeviceMemory>> mem = OpenDeviceMemory(device_);
       s = mem.status();
       if (s.ok()) side->memory = std::move(*mem);
       absl::StatusOr<std::unique_ptr<DeviceEvent>> r = s.ok() ? side->memory->MakeEvent() : s;
-      absl::StatusOr<std::unique_ptr<DeviceEvent>> c = r.ok() ? side->memory->MakeEvent() : r.status();
+      absl::StatusOr<std::unique_ptr<DeviceEvent>> c =
+          r.ok() ? side->memory->MakeEvent() : r.status();
       s = c.status();
       if (s.ok()) side->received = std::move(*r), side->computed = std::move(*c);
     }
@@ -424,11 +452,13 @@ bool NcclDataPlaneServer::ServeOnDevice(const v1::NcclDeviceDispatch& m, BytePip
       auto align = [](size_t n) { return (n + 255) / 256 * 256; };
       side->input.reset(), side->output.reset();
       side->ids = align(static_cast<size_t>(capacity) * m.hidden() * 2);
-      side->weights = side->ids + align(static_cast<size_t>(capacity) * m.top_k() * sizeof(int32_t));
-      absl::StatusOr<std::unique_ptr<DeviceRegion>> in =
-          side->memory->Export(side->weights + static_cast<size_t>(capacity) * m.top_k() * sizeof(float));
+      side->weights =
+          side->ids + align(static_cast<size_t>(capacity) * m.top_k() * sizeof(int32_t));
+      absl::StatusOr<std::unique_ptr<DeviceRegion>> in = side->memory->Export(
+          side->weights + static_cast<size_t>(capacity) * m.top_k() * sizeof(float));
       absl::StatusOr<std::unique_ptr<DeviceRegion>> out =
-          in.ok() ? side->memory->Export(static_cast<size_t>(capacity) * m.hidden() * sizeof(float)) : in.status();
+          in.ok() ? side->memory->Export(static_cast<size_t>(capacity) * m.hidden() * sizeof(float))
+                  : in.status();
       s = out.status();
       if (s.ok()) {
         side->input = std::move(*in), side->output = std::move(*out);
@@ -463,7 +493,8 @@ bool NcclDataPlaneServer::ServeOnDevice(const v1::NcclDeviceDispatch& m, BytePip
   }
   // The sums go back in any case (the client's receive is posted); after
   // the experts where they ran.
-  const BytePipe::DeviceBuffer send[] = {{output, static_cast<size_t>(t) * m.hidden() * sizeof(float)}};
+  const BytePipe::DeviceBuffer send[] = {
+      {output, static_cast<size_t>(t) * m.hidden() * sizeof(float)}};
   void* const after[] = {s.ok() ? side->computed->get() : nullptr};
   if (!pipe->Exchange(send, {}, after, nullptr, deadline).ok()) return false;
   if (!s.ok()) {
@@ -486,7 +517,8 @@ std::string NcclDataPlaneServer::Handle(const std::string& bytes) {
     s = dispatch_ != nullptr ? dispatch_->Dispatch(call.dispatch(), reply.mutable_dispatch())
                              : absl::UnimplementedError("this worker takes no expert dispatch");
   } else if (call.has_push_kv()) {
-    s = kv_ != nullptr ? kv_->PushKv(call.push_kv()) : absl::UnimplementedError("this worker takes no KV");
+    s = kv_ != nullptr ? kv_->PushKv(call.push_kv())
+                       : absl::UnimplementedError("this worker takes no KV");
   } else {
     s = absl::InvalidArgumentError("an empty DataPlaneCall");
   }

@@ -5,7 +5,7 @@
 // gRPC stream: the client makes the unique id and sends it as the stream's
 // first frame, both join; then each call is the DataPlaneCall's size on the
 // stream and its bytes over NCCL, and the DataPlaneReply's size and bytes
-// back (common/transport/byte_pipe.h; the NCCL side lives in the CUDA plugin,
+// back (common/backend/byte_pipe.h; the NCCL side lives in the CUDA plugin,
 // so nothing here links CUDA). No side waits on its GPU for bytes the other
 // has not announced, so idle channels hold no kernel, and a client that goes
 // away ends its stream, which ends the server's side. Calls on one channel
@@ -40,7 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/transport/byte_pipe.h"
+#include "common/backend/byte_pipe.h"
 #include "common/transport/transport.h"
 #include "grpcpp/server.h"
 #include "moesh/v1/worker.grpc.pb.h"
@@ -48,7 +48,7 @@
 namespace moesh {
 
 struct NcclTransportOptions {
-  int device = 0;                                   // this process's CUDA device
+  int device = 0;  // this process's CUDA device
   absl::Duration connect_timeout = absl::Seconds(60);
   absl::Duration call_timeout = absl::Seconds(60);  // one call's send + reply
 };
@@ -62,9 +62,9 @@ std::unique_ptr<Transport> MakeNcclTransport(const NcclTransportOptions& options
 // server.
 class NcclDataPlaneServer final : public v1::NcclDataPlane::Service {
  public:
-  static absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> Start(const std::string& listen, int device,
-                                                                    DispatchHandler* dispatch, KvHandler* kv,
-                                                                    DeviceDispatchHandler* device_dispatch = nullptr);
+  static absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> Start(
+      const std::string& listen, int device, DispatchHandler* dispatch, KvHandler* kv,
+      DeviceDispatchHandler* device_dispatch = nullptr);
   ~NcclDataPlaneServer() override;  // aborts every channel, then stops the gRPC server
 
   int port() const { return port_; }
@@ -73,7 +73,8 @@ class NcclDataPlaneServer final : public v1::NcclDataPlane::Service {
 
  private:
   struct DeviceSide;
-  NcclDataPlaneServer(int device, DispatchHandler* dispatch, KvHandler* kv, DeviceDispatchHandler* device_dispatch)
+  NcclDataPlaneServer(int device, DispatchHandler* dispatch, KvHandler* kv,
+                      DeviceDispatchHandler* device_dispatch)
       : device_(device), dispatch_(dispatch), kv_(kv), device_dispatch_(device_dispatch) {}
   std::string Handle(const std::string& call);
   // One device-resident dispatch: its transfers (always, even when refused),

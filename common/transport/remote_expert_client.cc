@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "kernels/cpu/ops.h"
 
 namespace moesh {
@@ -14,14 +14,16 @@ namespace moesh {
 absl::StatusOr<std::unique_ptr<RemoteExpertClient>> RemoteExpertClient::Create(
     Transport* transport, const ExpertPlacement& placement, int num_experts,
     std::chrono::milliseconds retry_after, Metrics* metrics) {
-  std::unique_ptr<RemoteExpertClient> c(new RemoteExpertClient(transport, num_experts, retry_after));
+  std::unique_ptr<RemoteExpertClient> c(
+      new RemoteExpertClient(transport, num_experts, retry_after));
   RETURN_IF_ERROR(c->UpdatePlacement(placement));
   if (metrics != nullptr) {
-    c->roundtrip_ = &metrics
-                         ->HistogramFamily("moesh_expert_roundtrip_seconds",
-                                           "Attention-to-expert round trip of one MoE layer (dispatch, expert "
-                                           "FFNs, combine).")
-                         .Add({{"transport", std::string(transport->name())}}, Metrics::LatencyBuckets());
+    c->roundtrip_ =
+        &metrics
+             ->HistogramFamily("moesh_expert_roundtrip_seconds",
+                               "Attention-to-expert round trip of one MoE layer (dispatch, expert "
+                               "FFNs, combine).")
+             .Add({{"transport", std::string(transport->name())}}, Metrics::LatencyBuckets());
     c->errors_ = &metrics->CounterFamily("moesh_transport_errors_total", "Failed data-plane calls.")
                       .Add({{"transport", std::string(transport->name())}});
   }
@@ -36,13 +38,15 @@ absl::Status RemoteExpertClient::UpdatePlacement(const ExpertPlacement& placemen
     next->workers.push_back({address});
     for (int e : experts) {
       if (e < 0 || e >= num_experts_) {
-        return absl::InvalidArgumentError(absl::StrCat(address, " claims expert ", e, " outside [0, ", num_experts_, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(address, " claims expert ", e, " outside [0, ", num_experts_, ")"));
       }
       next->hosts[e].push_back(w);
     }
   }
   for (int e = 0; e < num_experts_; ++e) {
-    if (next->hosts[e].empty()) return absl::InvalidArgumentError(absl::StrCat("no expert worker hosts expert ", e));
+    if (next->hosts[e].empty())
+      return absl::InvalidArgumentError(absl::StrCat("no expert worker hosts expert ", e));
   }
   // Connected before the switch (outside mu_: a handshake may take a while).
   for (size_t w = 0; w < next->workers.size(); ++w) {
@@ -55,7 +59,8 @@ absl::Status RemoteExpertClient::UpdatePlacement(const ExpertPlacement& placemen
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<DataChannel>> RemoteExpertClient::Channel(const std::string& address) {
+absl::StatusOr<std::shared_ptr<DataChannel>> RemoteExpertClient::Channel(
+    const std::string& address) {
   {
     absl::MutexLock lock(&mu_);
     auto it = channels_.find(address);
@@ -91,7 +96,8 @@ absl::StatusOr<std::vector<int>> RemoteExpertClient::Route(const Routing& routin
     if (!live.empty()) route[e] = live[(turn + e) % live.size()];
     if (route[e] < 0) {
       return absl::UnavailableError(absl::StrCat("expert ", e, " has no live replica (last host ",
-                                                 routing.workers[routing.hosts[e].back()].address, " is down)"));
+                                                 routing.workers[routing.hosts[e].back()].address,
+                                                 " is down)"));
     }
   }
   return route;
@@ -141,7 +147,8 @@ absl::Status RemoteExpertClient::RunOnDevice(const DeviceMoeDispatch& d, float* 
   absl::MutexLock serial(&device_mu_);
   return WithFailover([&](const Routing& routing) {
     if (routing.dispatch_device < 0) {
-      return absl::FailedPreconditionError("the expert workers' transport takes no device-resident dispatch");
+      return absl::FailedPreconditionError(
+          "the expert workers' transport takes no device-resident dispatch");
     }
     return RunOnceOnDevice(routing, d, out);
   });
@@ -157,11 +164,13 @@ absl::Status RemoteExpertClient::WithFailover(Once once) {
     s = once(*routing);
     if (s.ok()) {
       if (roundtrip_ != nullptr) {
-        roundtrip_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        roundtrip_->Observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
       return s;
     }
-    if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDataLoss) return s;
+    if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDataLoss)
+      return s;
   }
   return s;
 }
@@ -177,7 +186,8 @@ absl::Status RemoteExpertClient::CheckDeviceDispatches() {
   for (const auto& [address, channel] : channels) {
     const absl::Status s = channel->CheckOnDevice();
     if (s.ok()) continue;
-    const bool worker_gone = s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded ||
+    const bool worker_gone = s.code() == absl::StatusCode::kUnavailable ||
+                             s.code() == absl::StatusCode::kDeadlineExceeded ||
                              s.code() == absl::StatusCode::kDataLoss;
     if (!worker_gone) {  // a refusal (a malformed dispatch): the caller's to see
       if (failed.ok()) failed = s;
@@ -185,15 +195,18 @@ absl::Status RemoteExpertClient::CheckDeviceDispatches() {
     }
     MarkDown(address);
     if (errors_ != nullptr) errors_->Increment();
-    const absl::Status lost = absl::UnavailableError(absl::StrCat("expert worker ", address, " failed: ", s.message()));
+    const absl::Status lost =
+        absl::UnavailableError(absl::StrCat("expert worker ", address, " failed: ", s.message()));
     std::cerr << lost.message() << " (after its device dispatches; routing around it for "
-              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)" << std::endl;
+              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)"
+              << std::endl;
     if (failed.ok() || failed.code() != absl::StatusCode::kUnavailable) failed = lost;
   }
   return failed;
 }
 
-absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const DeviceMoeDispatch& d, float* out) {
+absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const DeviceMoeDispatch& d,
+                                                 float* out) {
   ASSIGN_OR_RETURN(std::vector<int> route, Route(routing));
   const std::vector<Worker>& workers = routing.workers;
   const int w_count = static_cast<int>(workers.size());
@@ -242,10 +255,13 @@ absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const D
     if (status[w].code() == absl::StatusCode::kInvalidArgument) return status[w];
     MarkDown(workers[w].address);
     if (errors_ != nullptr) errors_->Increment();
-    failed = absl::UnavailableError(absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
-    if (device_suspect_.ok()) device_suspect_ = failed;  // its earlier sums in this step may be unfinished
+    failed = absl::UnavailableError(
+        absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
+    if (device_suspect_.ok())
+      device_suspect_ = failed;  // its earlier sums in this step may be unfinished
     std::cerr << failed.message() << " (layer " << d.layer << "; routing around it for "
-              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)" << std::endl;
+              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)"
+              << std::endl;
   }
   return failed;
 }
@@ -290,12 +306,15 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
     std::string* h = r.mutable_hidden_states();
     h->resize(rows[w].size() * row_bytes);
     for (size_t i = 0; i < rows[w].size(); ++i) {
-      std::memcpy(h->data() + i * row_bytes, d.hidden_states + static_cast<size_t>(rows[w][i]) * d.hidden, row_bytes);
+      std::memcpy(h->data() + i * row_bytes,
+                  d.hidden_states + static_cast<size_t>(rows[w][i]) * d.hidden, row_bytes);
     }
     threads.emplace_back([&, w] {
       absl::StatusOr<std::shared_ptr<DataChannel>> ch = Channel(workers[w].address);
-      status[w] = ch.ok() ? (*ch)->Dispatch(requests[w], &responses[w])
-                          : absl::UnavailableError(absl::StrCat("cannot reach it: ", ch.status().message()));
+      status[w] =
+          ch.ok()
+              ? (*ch)->Dispatch(requests[w], &responses[w])
+              : absl::UnavailableError(absl::StrCat("cannot reach it: ", ch.status().message()));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -305,10 +324,13 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
     if (rows[w].empty() || status[w].ok()) continue;
     MarkDown(workers[w].address);
     if (errors_ != nullptr) errors_->Increment();
-    failed = absl::UnavailableError(absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
-    if (device_suspect_.ok()) device_suspect_ = failed;  // its earlier sums in this step may be unfinished
+    failed = absl::UnavailableError(
+        absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
+    if (device_suspect_.ok())
+      device_suspect_ = failed;  // its earlier sums in this step may be unfinished
     std::cerr << failed.message() << " (layer " << d.layer << "; routing around it for "
-              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)" << std::endl;
+              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)"
+              << std::endl;
   }
   if (!failed.ok()) return failed;
   std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);

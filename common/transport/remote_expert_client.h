@@ -77,7 +77,8 @@ class RemoteExpertClient : public ExpertClient {
 
   // One attempt over the current routes; marks failed workers down.
   absl::Status RunOnce(const Routing& routing, const MoeDispatch& dispatch, float* out);
-  absl::Status RunOnceOnDevice(const Routing& routing, const DeviceMoeDispatch& dispatch, float* out);
+  absl::Status RunOnceOnDevice(const Routing& routing, const DeviceMoeDispatch& dispatch,
+                               float* out);
   // Retries `once` while workers fail and replicas are left; observes the round trip.
   template <typename Once>
   absl::Status WithFailover(Once once);

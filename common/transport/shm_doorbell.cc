@@ -33,7 +33,8 @@ struct ShmDoorbell::Block {
   char request[kMaxMessage];
   char reply[kMaxMessage];
 };
-static_assert(std::atomic<uint64_t>::is_always_lock_free, "the doorbell needs lock-free 64-bit atomics");
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "the doorbell needs lock-free 64-bit atomics");
 
 namespace {
 
@@ -71,11 +72,13 @@ absl::Status Errno(absl::string_view what, const std::string& name) {
 
 absl::StatusOr<std::unique_ptr<ShmDoorbell>> ShmDoorbell::Create() {
   // A random name: processes in other PID namespaces may share /dev/shm.
-  static std::atomic<uint64_t> counter{std::random_device{}() ^ (static_cast<uint64_t>(getpid()) << 32)};
+  static std::atomic<uint64_t> counter{std::random_device{}() ^
+                                       (static_cast<uint64_t>(getpid()) << 32)};
   std::string name;
   int fd = -1;
   for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
-    name = absl::StrCat("/moesh-doorbell-", getpid(), "-", absl::Hex(counter.fetch_add(0x9e3779b97f4a7c15ull)));
+    name = absl::StrCat("/moesh-doorbell-", getpid(), "-",
+                        absl::Hex(counter.fetch_add(0x9e3779b97f4a7c15ull)));
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0 && errno != EEXIST) break;
   }
@@ -117,7 +120,8 @@ absl::StatusOr<std::unique_ptr<ShmDoorbell>> ShmDoorbell::Open(const std::string
     return absl::InvalidArgumentError(absl::StrCat(name, " is not a moesh doorbell"));
   }
   std::unique_ptr<ShmDoorbell> d(new ShmDoorbell(name, b, false));
-  d->seq_ = b->replied.load(std::memory_order_acquire);  // a request posted before Open is served too
+  d->seq_ =
+      b->replied.load(std::memory_order_acquire);  // a request posted before Open is served too
   return d;
 }
 
@@ -133,8 +137,8 @@ void ShmDoorbell::Unlink() {
 
 absl::Status ShmDoorbell::Post(absl::string_view request) {
   if (request.size() > kMaxMessage) {
-    return absl::InvalidArgumentError(absl::StrCat("a doorbell request of ", request.size(), " bytes (at most ",
-                                                   kMaxMessage, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("a doorbell request of ", request.size(),
+                                                   " bytes (at most ", kMaxMessage, ")"));
   }
   if (outstanding_) return absl::FailedPreconditionError("a doorbell call is already outstanding");
   std::memcpy(block_->request, request.data(), request.size());
@@ -144,13 +148,15 @@ absl::Status ShmDoorbell::Post(absl::string_view request) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ShmDoorbell::WaitReply(absl::Time deadline, const std::atomic<bool>* abort) {
+absl::StatusOr<std::string> ShmDoorbell::WaitReply(absl::Time deadline,
+                                                   const std::atomic<bool>* abort) {
   if (!outstanding_) return absl::FailedPreconditionError("no doorbell call is outstanding");
   const uint64_t want = seq_;
   bool timed_out = false;
   const bool done = Await([&] { return block_->replied.load(std::memory_order_acquire) == want; },
                           [&] {
-                            if (abort != nullptr && abort->load(std::memory_order_relaxed)) return true;
+                            if (abort != nullptr && abort->load(std::memory_order_relaxed))
+                              return true;
                             timed_out = absl::Now() > deadline;
                             return timed_out;
                           });

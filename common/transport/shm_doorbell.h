@@ -51,11 +51,12 @@ class ShmDoorbell {
 
  private:
   struct Block;
-  ShmDoorbell(std::string name, Block* block, bool owner) : name_(std::move(name)), block_(block), owner_(owner) {}
+  ShmDoorbell(std::string name, Block* block, bool owner)
+      : name_(std::move(name)), block_(block), owner_(owner) {}
 
   const std::string name_;
   Block* const block_;
-  bool owner_;  // the client, until Unlink
+  bool owner_;        // the client, until Unlink
   uint64_t seq_ = 0;  // client: last posted; server: last taken
   bool outstanding_ = false;
 };

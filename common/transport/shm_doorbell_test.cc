@@ -33,7 +33,8 @@ TEST(ShmDoorbellTest, CallsBetweenThreadsGetTheirOwnReplies) {
   for (int i = 0; i < 2000; ++i) {
     const std::string request = absl::StrCat("call ", i, std::string(i % 50, 'x'));
     ASSERT_TRUE((*client)->Post(request).ok());
-    absl::StatusOr<std::string> reply = (*client)->WaitReply(absl::Now() + absl::Seconds(10), nullptr);
+    absl::StatusOr<std::string> reply =
+        (*client)->WaitReply(absl::Now() + absl::Seconds(10), nullptr);
     ASSERT_TRUE(reply.ok()) << reply.status();
     ASSERT_EQ(*reply, Reverse(request));
   }
@@ -60,7 +61,8 @@ TEST(ShmDoorbellTest, CallsBetweenProcesses) {
   for (int i = 0; i < 500; ++i) {
     const std::string request = absl::StrCat("layer ", i);
     ASSERT_TRUE((*client)->Post(request).ok());
-    absl::StatusOr<std::string> reply = (*client)->WaitReply(absl::Now() + absl::Seconds(20), nullptr);
+    absl::StatusOr<std::string> reply =
+        (*client)->WaitReply(absl::Now() + absl::Seconds(20), nullptr);
     ASSERT_TRUE(reply.ok()) << reply.status();
     ASSERT_EQ(*reply, absl::StrCat(child, ":", Reverse(request)));
   }
@@ -100,7 +102,8 @@ TEST(ShmDoorbellTest, StoppedServerAndBadInput) {
   stopper.join();
   EXPECT_EQ((*client)->Post(std::string(ShmDoorbell::kMaxMessage + 1, 'x')).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*client)->WaitReply(absl::Now(), nullptr).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*client)->WaitReply(absl::Now(), nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   // Once unlinked (the server has it), the name opens no more.
   const std::string name = (*client)->name();
   (*client)->Unlink();

@@ -25,7 +25,8 @@ namespace moesh {
 class DispatchHandler {
  public:
   virtual ~DispatchHandler() = default;
-  virtual absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) = 0;
+  virtual absl::Status Dispatch(const v1::DispatchRequest& request,
+                                v1::DispatchResponse* response) = 0;
 };
 // Device-resident dispatch (cuda_ipc): the expert worker computes from and
 // into device memory on its GPU (common/model/expert_client.h).
@@ -46,7 +47,8 @@ class DataChannel {
  public:
   virtual ~DataChannel() = default;
   // UNAVAILABLE (or DEADLINE_EXCEEDED) if the peer is gone.
-  virtual absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) = 0;
+  virtual absl::Status Dispatch(const v1::DispatchRequest& request,
+                                v1::DispatchResponse* response) = 0;
   virtual absl::Status PushKv(const v1::PushKvRequest& request) = 0;
   virtual const std::string& peer() const = 0;
 
@@ -78,7 +80,8 @@ class Transport {
 
 // "grpc", "inproc", "ucx", "nccl" or "cuda_ipc" (this process's GPU: `cuda_device`);
 // INVALID_ARGUMENT naming the choices otherwise.
-absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name, int cuda_device = 0);
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name,
+                                                         int cuda_device = 0);
 
 // The in-process registry behind the inproc transport: a service binds its
 // handlers to an address; channels to that address call them directly.

@@ -2,6 +2,8 @@
 // the handler and replies come back intact (small and large, from many
 // threads), handler errors keep their code and message, a dead peer is
 // UNAVAILABLE.
+#include "common/transport/transport.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -10,16 +12,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/service/grpc_util.h"
-#include "common/transport/grpc_data_plane_service.h"
-#include "common/transport/transport.h"
-#include "common/transport/ucx_transport.h"
-#include "common/service/cuda_backends_plugin.h"
+#include "common/backend/cuda_backends_plugin.h"
+#include "common/base/dtype.h"
+#include "common/rpc/grpc_util.h"
 #include "common/transport/cuda_ipc_transport.h"
-#include "common/transport/nccl_transport.h"
+#include "common/transport/grpc_data_plane_service.h"
 #include "common/transport/kv_handoff.h"
+#include "common/transport/nccl_transport.h"
 #include "common/transport/remote_expert_client.h"
-#include "common/dtype.h"
+#include "common/transport/ucx_transport.h"
 #include "gtest/gtest.h"
 
 namespace moesh {
@@ -78,7 +79,8 @@ class GrpcServer : public Server {
 class UcxServer : public Server {
  public:
   explicit UcxServer(FakeHandlers* h) {
-    absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> s = UcxDataPlaneServer::Start("127.0.0.1:0", h, h);
+    absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> s =
+        UcxDataPlaneServer::Start("127.0.0.1:0", h, h);
     EXPECT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
   }
@@ -92,11 +94,14 @@ class UcxServer : public Server {
 class NcclServer : public Server {
  public:
   explicit NcclServer(FakeHandlers* h) {
-    absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> s = NcclDataPlaneServer::Start("127.0.0.1:0", 1, h, h);
+    absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> s =
+        NcclDataPlaneServer::Start("127.0.0.1:0", 1, h, h);
     EXPECT_TRUE(s.ok()) << s.status();
     if (s.ok()) server_ = std::move(*s);
   }
-  std::string address() const override { return absl::StrCat("127.0.0.1:", server_ ? server_->port() : 0); }
+  std::string address() const override {
+    return absl::StrCat("127.0.0.1:", server_ ? server_->port() : 0);
+  }
 
  private:
   std::unique_ptr<NcclDataPlaneServer> server_;
@@ -111,7 +116,9 @@ class IpcServer : public Server {
     EXPECT_TRUE(s.ok()) << s.status();
     if (s.ok()) server_ = std::move(*s);
   }
-  std::string address() const override { return absl::StrCat("127.0.0.1:", server_ ? server_->port() : 0); }
+  std::string address() const override {
+    return absl::StrCat("127.0.0.1:", server_ ? server_->port() : 0);
+  }
 
  private:
   std::unique_ptr<CudaIpcDataPlaneServer> server_;
@@ -253,7 +260,9 @@ TEST_P(TransportTest, DeadPeerIsUnavailable) {
   absl::StatusOr<std::unique_ptr<DataChannel>> ch = transport_->Connect(address);
   v1::DispatchResponse resp;
   const absl::Status s = ch.ok() ? (*ch)->Dispatch(Request(8, 1), &resp) : ch.status();
-  EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
+              s.code() == absl::StatusCode::kDeadlineExceeded)
+      << s;
   // The old channel too.
   EXPECT_FALSE(channel_->Dispatch(Request(8, 1), &resp).ok());
 }
@@ -333,9 +342,11 @@ class RestartingWorkers : public Transport {
     absl::Status Dispatch(const v1::DispatchRequest& r, v1::DispatchResponse* resp) override {
       absl::MutexLock lock(&t_->mu_);
       Worker& w = t_->workers_[address_];
-      if (!w.up || w.generation != generation_) return absl::UnavailableError(address_ + ": channel broken");
+      if (!w.up || w.generation != generation_)
+        return absl::UnavailableError(address_ + ": channel broken");
       ++w.calls;
-      resp->set_output(std::string(static_cast<size_t>(r.num_tokens()) * r.hidden() * sizeof(float), '\0'));
+      resp->set_output(
+          std::string(static_cast<size_t>(r.num_tokens()) * r.hidden() * sizeof(float), '\0'));
       return absl::OkStatus();
     }
     absl::Status PushKv(const v1::PushKvRequest&) override { return absl::OkStatus(); }
@@ -352,7 +363,8 @@ class RestartingWorkers : public Transport {
 
 TEST(RemoteExpertClientTest, RoutesAroundADeadWorkerAndReconnectsWhenItIsBack) {
   RestartingWorkers t;
-  auto client = RemoteExpertClient::Create(&t, {{"a", {0, 1}}, {"b", {0, 1}}}, 2, std::chrono::milliseconds(50));
+  auto client = RemoteExpertClient::Create(&t, {{"a", {0, 1}}, {"b", {0, 1}}}, 2,
+                                           std::chrono::milliseconds(50));
   ASSERT_TRUE(client.ok()) << client.status();
   std::vector<float> x(4, 1.0f), out(4);
   std::vector<int32_t> ids = {0, 1};
@@ -366,8 +378,9 @@ TEST(RemoteExpertClientTest, RoutesAroundADeadWorkerAndReconnectsWhenItIsBack) {
   EXPECT_EQ(t.Get("a").calls, 4);
   EXPECT_EQ(t.Get("b").calls, 4);
   t.Kill("a");
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE((*client)->Run(d, out.data()).ok());  // the replica takes over
-  EXPECT_GE(t.Get("b").calls, 6);  // its share of the failed attempt too
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE((*client)->Run(d, out.data()).ok());  // the replica takes over
+  EXPECT_GE(t.Get("b").calls, 6);                     // its share of the failed attempt too
   t.Restart("a");
   absl::SleepFor(absl::Milliseconds(80));  // past retry_after
   ASSERT_TRUE((*client)->Run(d, out.data()).ok());
@@ -414,7 +427,8 @@ TEST(KvHandoffTest, Bf16CachesTravelExactlyInHalfTheBytes) {
     ASSERT_TRUE(DeserializeKv(*msg, layers, &got).ok());
     ASSERT_EQ(got.length(), tokens);
     for (int l = 0; l < layers; ++l) {
-      for (int i = 0; i < tokens * width; ++i) ASSERT_EQ(got.rows(l)[i], from->rows(l)[i]) << l << " " << i;
+      for (int i = 0; i < tokens * width; ++i)
+        ASSERT_EQ(got.rows(l)[i], from->rows(l)[i]) << l << " " << i;
     }
   }
   // A truncated message is refused.
@@ -423,9 +437,11 @@ TEST(KvHandoffTest, Bf16CachesTravelExactlyInHalfTheBytes) {
   SequenceKvCache got(layers, width);
   EXPECT_EQ(DeserializeKv(bad, layers, &got).code(), absl::StatusCode::kInvalidArgument);
   // Host caches have no device memory to hand over, and take none: clear errors.
-  EXPECT_EQ(SerializeKv("r3", host, layers, KvHandoff::kDevice).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(SerializeKv("r3", host, layers, KvHandoff::kDevice).status().code(),
+            absl::StatusCode::kUnimplemented);
   v1::PushKvRequest dev;
-  dev.set_request_id("r4"), dev.set_num_layers(layers), dev.set_num_tokens(tokens), dev.set_row_width(width);
+  dev.set_request_id("r4"), dev.set_num_layers(layers), dev.set_num_tokens(tokens),
+      dev.set_row_width(width);
   dev.mutable_device()->set_block_size(64);
   dev.mutable_device()->add_blocks(3);
   EXPECT_EQ(DeserializeKv(dev, layers, &got).code(), absl::StatusCode::kUnimplemented);
@@ -438,11 +454,13 @@ TEST(TransportNamesTest, UnknownTransportIsInvalidArgument) {
 }
 
 TEST(TransportNamesTest, NcclWithoutTwoGpusSaysWhy) {
-  if (CudaDevices() >= 2) GTEST_SKIP() << "two GPUs here: the nccl kind of TransportTest runs instead";
+  if (CudaDevices() >= 2)
+    GTEST_SKIP() << "two GPUs here: the nccl kind of TransportTest runs instead";
   // The server needs the CUDA plugin and a GPU; without them it says so
   // (FAILED_PRECONDITION), and so does a client's connect.
   FakeHandlers h;
-  absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> s = NcclDataPlaneServer::Start("127.0.0.1:0", 0, &h, &h);
+  absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> s =
+      NcclDataPlaneServer::Start("127.0.0.1:0", 0, &h, &h);
   if (CudaDevices() == 0 && !s.ok()) {
     EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition) << s.status();
   }
@@ -456,11 +474,12 @@ TEST(TransportNamesTest, NcclWithoutTwoGpusSaysWhy) {
       << ch.status();
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, TransportTest,
-                         ::testing::Values(Kind{"inproc", "inproc", nullptr}, Kind{"grpc", "grpc", nullptr},
-                                           Kind{"ucx_tcp", "ucx", "tcp"}, Kind{"ucx_shm", "ucx", "shm,tcp"},
-                                           Kind{"nccl", "nccl", nullptr}, Kind{"cuda_ipc", "cuda_ipc", nullptr}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, TransportTest,
+    ::testing::Values(Kind{"inproc", "inproc", nullptr}, Kind{"grpc", "grpc", nullptr},
+                      Kind{"ucx_tcp", "ucx", "tcp"}, Kind{"ucx_shm", "ucx", "shm,tcp"},
+                      Kind{"nccl", "nccl", nullptr}, Kind{"cuda_ipc", "cuda_ipc", nullptr}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace moesh

@@ -44,8 +44,8 @@ void RecvDone(void* request, ucs_status_t status, size_t, void* user_data) {
 
 // Shared AM receive path: returns UCS_OK; calls in->on_complete(in) once the
 // payload is in memory.
-ucs_status_t Receive(ucp_worker_h worker, const void* header, size_t header_length, void* data, size_t length,
-                     const ucp_am_recv_param_t* param, Incoming* in) {
+ucs_status_t Receive(ucp_worker_h worker, const void* header, size_t header_length, void* data,
+                     size_t length, const ucp_am_recv_param_t* param, Incoming* in) {
   if (header_length == sizeof(Header)) std::memcpy(&in->header, header, sizeof(Header));
   if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) in->reply_ep = param->reply_ep;
   in->data.resize(length);
@@ -85,11 +85,13 @@ void SendDone(void* request, ucs_status_t status, void* user_data) {
 // REQUIRES: on the worker's progress thread.
 void Send(ucp_ep_h ep, uint16_t am_id, Outgoing* out, bool want_reply) {
   ucp_request_param_t sp{};
-  sp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  sp.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   sp.flags = want_reply ? UCP_AM_SEND_FLAG_REPLY : 0;
   sp.cb.send = SendDone;
   sp.user_data = out;
-  ucs_status_ptr_t r = ucp_am_send_nbx(ep, am_id, &out->header, sizeof(Header), out->data.data(), out->data.size(), &sp);
+  ucs_status_ptr_t r = ucp_am_send_nbx(ep, am_id, &out->header, sizeof(Header), out->data.data(),
+                                       out->data.size(), &sp);
   if (r == nullptr) {
     SendDone(nullptr, UCS_OK, out);
   } else if (UCS_PTR_IS_ERR(r)) {
@@ -113,7 +115,8 @@ class UcxTransportImpl : public Transport {
   explicit UcxTransportImpl(std::unique_ptr<UcxWorker> worker) : worker_(std::move(worker)) {
     worker_->Run([this] {
       ucp_am_handler_param_t hp{};
-      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
       hp.id = UcxWorker::kReplyAm;
       hp.cb = &UcxTransportImpl::OnReply;
       hp.arg = this;
@@ -140,14 +143,15 @@ class UcxTransportImpl : public Transport {
     std::string reply;
   };
 
-  static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
-                              const ucp_am_recv_param_t* param) {
+  static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxTransportImpl*>(arg);
     auto* in = new Incoming();
     in->on_complete = [self](Incoming* in) {
-      absl::Status status = in->header.code == 0
-                                ? absl::OkStatus()
-                                : absl::Status(static_cast<absl::StatusCode>(in->header.code), in->data);
+      absl::Status status =
+          in->header.code == 0
+              ? absl::OkStatus()
+              : absl::Status(static_cast<absl::StatusCode>(in->header.code), in->data);
       self->Complete(in->header.id, std::move(status), std::move(in->data));
       delete in;
     };
@@ -173,17 +177,20 @@ class UcxTransportImpl : public Transport {
   absl::Mutex mu_;
   std::map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
-  std::map<Peer*, std::unique_ptr<std::pair<UcxTransportImpl*, Peer*>>> err_args_;  // progress thread
+  std::map<Peer*, std::unique_ptr<std::pair<UcxTransportImpl*, Peer*>>>
+      err_args_;  // progress thread
 };
 
 class UcxChannel : public DataChannel {
  public:
   UcxChannel(UcxTransportImpl* transport, Peer* peer) : transport_(transport), peer_(peer) {}
-  absl::Status Dispatch(const v1::DispatchRequest& request, v1::DispatchResponse* response) override {
+  absl::Status Dispatch(const v1::DispatchRequest& request,
+                        v1::DispatchResponse* response) override {
     std::string reply;
     absl::Status s = transport_->Call(peer_, kDispatch, request.SerializeAsString(), &reply);
     if (!s.ok()) return s;
-    if (!response->ParseFromString(reply)) return absl::DataLossError("UCX: malformed dispatch reply");
+    if (!response->ParseFromString(reply))
+      return absl::DataLossError("UCX: malformed dispatch reply");
     return absl::OkStatus();
   }
   absl::Status PushKv(const v1::PushKvRequest& request) override {
@@ -221,8 +228,8 @@ absl::Status UcxTransportImpl::EnsureEp(Peer* peer) {
   auto& arg = err_args_[peer];
   arg = std::make_unique<std::pair<UcxTransportImpl*, Peer*>>(this, peer);
   ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
   ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
   ep.sockaddr.addrlen = sizeof(sa);
@@ -274,7 +281,8 @@ void UcxTransportImpl::FailPeer(Peer* peer, const absl::Status& status) {
   }
 }
 
-absl::Status UcxTransportImpl::Call(Peer* peer, Method method, std::string payload, std::string* reply) {
+absl::Status UcxTransportImpl::Call(Peer* peer, Method method, std::string payload,
+                                    std::string* reply) {
   const uint64_t id = next_id_++;
   Pending p;
   p.peer = peer;
@@ -342,7 +350,8 @@ class UcxServerImpl : public UcxDataPlaneServer {
     absl::Status result;
     worker_->Run([&] {
       ucp_am_handler_param_t hp{};
-      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
       hp.id = UcxWorker::kRequestAm;
       hp.cb = &UcxServerImpl::OnRequest;
       hp.arg = this;
@@ -402,8 +411,8 @@ class UcxServerImpl : public UcxDataPlaneServer {
     }
   }
 
-  static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data, size_t length,
-                                const ucp_am_recv_param_t* param) {
+  static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxServerImpl*>(arg);
     auto* in = new Incoming();
     in->on_complete = [self](Incoming* in) {
@@ -418,7 +427,8 @@ class UcxServerImpl : public UcxDataPlaneServer {
       std::unique_ptr<Incoming> in;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+        auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
         mu_.Await(absl::Condition(&ready));
         if (stop_) return;
         in = std::move(queue_.front());
@@ -449,7 +459,8 @@ class UcxServerImpl : public UcxDataPlaneServer {
       case kDispatch: {
         if (dispatch_ == nullptr) return absl::UnimplementedError("this worker hosts no experts");
         v1::DispatchRequest req;
-        if (!req.ParseFromString(in.data)) return absl::InvalidArgumentError("UCX: malformed dispatch request");
+        if (!req.ParseFromString(in.data))
+          return absl::InvalidArgumentError("UCX: malformed dispatch request");
         v1::DispatchResponse resp;
         if (absl::Status s = dispatch_->Dispatch(req, &resp); !s.ok()) return s;
         *reply = resp.SerializeAsString();
@@ -458,7 +469,8 @@ class UcxServerImpl : public UcxDataPlaneServer {
       case kPushKv: {
         if (kv_ == nullptr) return absl::UnimplementedError("this worker takes no KV");
         v1::PushKvRequest req;
-        if (!req.ParseFromString(in.data)) return absl::InvalidArgumentError("UCX: malformed KV message");
+        if (!req.ParseFromString(in.data))
+          return absl::InvalidArgumentError("UCX: malformed KV message");
         return kv_->PushKv(req);
       }
       default:
@@ -487,9 +499,8 @@ std::unique_ptr<Transport> MakeUcxTransport() {
   return std::make_unique<UcxTransportImpl>(std::move(*w));
 }
 
-absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> UcxDataPlaneServer::Start(const std::string& listen,
-                                                                              DispatchHandler* dispatch,
-                                                                              KvHandler* kv) {
+absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> UcxDataPlaneServer::Start(
+    const std::string& listen, DispatchHandler* dispatch, KvHandler* kv) {
   absl::StatusOr<std::unique_ptr<UcxWorker>> w = UcxWorker::Create("moesh-server");
   if (!w.ok()) return w.status();
   auto server = std::make_unique<UcxServerImpl>(std::move(*w), dispatch, kv);

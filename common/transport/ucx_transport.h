@@ -25,7 +25,8 @@ class UcxDataPlaneServer {
  public:
   // `listen`: "host:port", port 0 picks a free one.
   static absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> Start(const std::string& listen,
-                                                                   DispatchHandler* dispatch, KvHandler* kv);
+                                                                   DispatchHandler* dispatch,
+                                                                   KvHandler* kv);
   virtual ~UcxDataPlaneServer() = default;
   // The bound port.
   virtual int port() const = 0;

@@ -16,9 +16,10 @@ absl::Status UcxError(const std::string& what, ucs_status_t status) {
 absl::Status ParseSockaddr(const std::string& address, struct sockaddr_in* out) {
   const size_t colon = address.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("bad address \"", address, "\" (want host:port)"));
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad address \"", address, "\" (want host:port)"));
   }
   const std::string host = address.substr(0, colon);
   *out = {};

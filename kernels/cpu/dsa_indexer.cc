@@ -17,8 +17,8 @@ void RunDsaIndexer(const DsaIndexerParams& p) {
   for (int h = 0; h < p.num_heads; ++h) {
     // dots[num_q, num_kv] = q_h[num_q, d] . k[num_kv, d]^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.num_q, p.num_kv, d, 1.0f,
-                p.q + static_cast<int64_t>(h) * d, p.num_heads * d, p.k, p.k_row_stride, 0.0f, dots.data(),
-                p.num_kv);
+                p.q + static_cast<int64_t>(h) * d, p.num_heads * d, p.k, p.k_row_stride, 0.0f,
+                dots.data(), p.num_kv);
     for (int i = 0; i < p.num_q; ++i) {
       const float w = p.weights[static_cast<int64_t>(i) * p.num_heads + h];
       const float* drow = dots.data() + static_cast<int64_t>(i) * p.num_kv;
@@ -37,8 +37,9 @@ void RunDsaIndexer(const DsaIndexerParams& p) {
     }
     const float* irow = index.data() + static_cast<int64_t>(i) * p.num_kv;
     std::iota(order.begin(), order.begin() + visible, 0);
-    std::nth_element(order.begin(), order.begin() + (p.top_k - 1), order.begin() + visible,
-                     [irow](int a, int b) { return irow[a] > irow[b] || (irow[a] == irow[b] && a < b); });
+    std::nth_element(
+        order.begin(), order.begin() + (p.top_k - 1), order.begin() + visible,
+        [irow](int a, int b) { return irow[a] > irow[b] || (irow[a] == irow[b] && a < b); });
     for (int t = 0; t < p.top_k; ++t) keep[order[t]] = 1;
   }
 }

@@ -16,10 +16,12 @@ std::vector<double> NaiveScores(const DsaIndexerParams& p, int i) {
     for (int h = 0; h < p.num_heads; ++h) {
       double dot = 0.0;
       for (int x = 0; x < p.head_dim; ++x) {
-        dot += static_cast<double>(p.q[(static_cast<size_t>(i) * p.num_heads + h) * p.head_dim + x]) *
-               p.k[j * p.k_row_stride + x];
+        dot +=
+            static_cast<double>(p.q[(static_cast<size_t>(i) * p.num_heads + h) * p.head_dim + x]) *
+            p.k[j * p.k_row_stride + x];
       }
-      s[j] += p.weights[static_cast<size_t>(i) * p.num_heads + h] * std::max(dot * p.softmax_scale, 0.0);
+      s[j] += p.weights[static_cast<size_t>(i) * p.num_heads + h] *
+              std::max(dot * p.softmax_scale, 0.0);
     }
   }
   return s;

@@ -14,7 +14,8 @@ namespace {
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // mixes[num_tokens, n_out] = fn · rmsnorm(x_t flattened), unweighted.
-std::vector<float> Mixes(const float* x, int num_tokens, int width, const float* fn, int n_out, float eps) {
+std::vector<float> Mixes(const float* x, int num_tokens, int width, const float* fn, int n_out,
+                         float eps) {
   std::vector<float> flat(static_cast<size_t>(num_tokens) * width);
   const std::vector<float> ones(width, 1.0f);
   RmsNorm(x, ones.data(), flat.data(), num_tokens, width, eps);
@@ -48,7 +49,8 @@ void RunMhcPre(const MhcPreParams& p) {
     }
     for (int j = 0; j < hc; ++j) {
       float* row = comb + static_cast<int64_t>(j) * hc;
-      for (int k = 0; k < hc; ++k) row[k] = m[2 * hc + j * hc + k] * p.scale[2] + p.base[2 * hc + j * hc + k];
+      for (int k = 0; k < hc; ++k)
+        row[k] = m[2 * hc + j * hc + k] * p.scale[2] + p.base[2 * hc + j * hc + k];
       SoftmaxRows(row, 1, hc);
       for (int k = 0; k < hc; ++k) row[k] += p.hc_eps;
     }
@@ -73,8 +75,8 @@ void RunMhcPre(const MhcPreParams& p) {
   }
 }
 
-void RunMhcPost(float* x, const float* y, const float* post, const float* comb, int num_tokens, int hc,
-                int hidden) {
+void RunMhcPost(float* x, const float* y, const float* post, const float* comb, int num_tokens,
+                int hc, int hidden) {
   std::vector<float> mixed(static_cast<size_t>(hc) * hidden);
   for (int t = 0; t < num_tokens; ++t) {
     float* xt = x + static_cast<int64_t>(t) * hc * hidden;
@@ -99,7 +101,8 @@ void RunMhcHead(const MhcHeadParams& p) {
   const std::vector<float> mixes = Mixes(p.x, p.num_tokens, hc * p.hidden, p.fn, hc, p.norm_eps);
   std::vector<float> pre(hc);
   for (int t = 0; t < p.num_tokens; ++t) {
-    for (int j = 0; j < hc; ++j) pre[j] = Sigmoid(mixes[static_cast<int64_t>(t) * hc + j] * p.scale[0] + p.base[j]) + p.hc_eps;
+    for (int j = 0; j < hc; ++j)
+      pre[j] = Sigmoid(mixes[static_cast<int64_t>(t) * hc + j] * p.scale[0] + p.base[j]) + p.hc_eps;
     Collapse(p.x + static_cast<int64_t>(t) * hc * p.hidden, pre.data(), hc, p.hidden,
              p.out + static_cast<int64_t>(t) * p.hidden);
   }

@@ -25,7 +25,7 @@ struct MhcPreParams {
   const float* scale = nullptr;  // [3]
   int sinkhorn_iters = 1;
   float hc_eps = 1e-6f;
-  float norm_eps = 1e-6f;  // the unweighted RMSNorm's
+  float norm_eps = 1e-6f;      // the unweighted RMSNorm's
   float* collapsed = nullptr;  // [num_tokens, hidden]
   float* post = nullptr;       // [num_tokens, hc]
   float* comb = nullptr;       // [num_tokens, hc, hc], comb[t, j, k]
@@ -33,8 +33,8 @@ struct MhcPreParams {
 void RunMhcPre(const MhcPreParams& p);
 
 // x[t, k, :] = post[t, k] * y[t, :] + sum_j comb[t, j, k] * x[t, j, :], in place.
-void RunMhcPost(float* x, const float* y, const float* post, const float* comb, int num_tokens, int hc,
-                int hidden);
+void RunMhcPost(float* x, const float* y, const float* post, const float* comb, int num_tokens,
+                int hc, int hidden);
 
 struct MhcHeadParams {
   const float* x = nullptr;  // [num_tokens, hc, hidden]

@@ -23,8 +23,9 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
 
 TEST(MhcTest, CombIsDoublyStochasticAndCollapseUsesPre) {
   const int tokens = 3, hc = 4, hidden = 8, mix = (2 + hc) * hc;
-  const std::vector<float> x = Random(tokens * hc * hidden, 1), fn = Random(mix * hc * hidden, 2, 0.2f),
-                           base = Random(mix, 3), scale = {1.1f, 0.9f, 1.3f};
+  const std::vector<float> x = Random(tokens * hc * hidden, 1),
+                           fn = Random(mix * hc * hidden, 2, 0.2f), base = Random(mix, 3),
+                           scale = {1.1f, 0.9f, 1.3f};
   std::vector<float> collapsed(tokens * hidden), post(tokens * hc), comb(tokens * hc * hc);
   MhcPreParams p;
   p.x = x.data(), p.num_tokens = tokens, p.hc = hc, p.hidden = hidden;
@@ -51,7 +52,8 @@ TEST(MhcTest, CombIsDoublyStochasticAndCollapseUsesPre) {
     for (int k = 0; k < hc; ++k) {
       for (int d = 0; d < hidden; ++d) {
         double want = post[t * hc + k] * y[t * hidden + d];
-        for (int j = 0; j < hc; ++j) want += comb[(t * hc + j) * hc + k] * x[(t * hc + j) * hidden + d];
+        for (int j = 0; j < hc; ++j)
+          want += comb[(t * hc + j) * hc + k] * x[(t * hc + j) * hidden + d];
         EXPECT_NEAR(x2[(t * hc + k) * hidden + d], want, 1e-5);
       }
     }

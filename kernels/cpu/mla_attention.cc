@@ -20,7 +20,8 @@ void RunMlaAttention(const MlaAttentionParams& p) {
   std::vector<float> scores(static_cast<size_t>(p.num_q) * p.num_kv);
   std::vector<float> o_lat(static_cast<size_t>(p.num_q) * r);
   for (int h = 0; h < p.num_heads; ++h) {
-    const float* w_uk = p.w_kv_b + static_cast<int64_t>(h) * (p.qk_nope_head_dim + p.v_head_dim) * r;
+    const float* w_uk =
+        p.w_kv_b + static_cast<int64_t>(h) * (p.qk_nope_head_dim + p.v_head_dim) * r;
     const float* w_uv = w_uk + static_cast<int64_t>(p.qk_nope_head_dim) * r;
     const float* q_nope = p.q + static_cast<int64_t>(h) * qk;
     const float* q_pe = q_nope + p.qk_nope_head_dim;

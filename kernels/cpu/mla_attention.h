@@ -30,7 +30,7 @@ struct MlaAttentionParams {
   // May be null. Sparse attention (DSA): query i attends only to the causal
   // rows j with kv_mask[i * num_kv + j] != 0 (at least one per query).
   const uint8_t* kv_mask = nullptr;  // [num_q, num_kv]
-  const float* w_kv_b = nullptr;  // [num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+  const float* w_kv_b = nullptr;     // [num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
   float softmax_scale = 1.0f;
   float* out = nullptr;  // [num_q, num_heads * v_head_dim]
 };

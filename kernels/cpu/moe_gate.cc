@@ -13,9 +13,8 @@ namespace {
 void TopK(const float* v, int n, int k, int* out) {
   std::vector<int> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [v](int a, int b) {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
-  });
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [v](int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
   std::copy(idx.begin(), idx.begin() + k, out);
 }
 
@@ -78,8 +77,8 @@ void RunMoeGate(const MoeGateParams& p) {
       }
     }
     if (p.forced_ids != nullptr) {
-      std::copy(p.forced_ids + static_cast<int64_t>(t) * p.top_k, p.forced_ids + static_cast<int64_t>(t + 1) * p.top_k,
-                picked.begin());
+      std::copy(p.forced_ids + static_cast<int64_t>(t) * p.top_k,
+                p.forced_ids + static_cast<int64_t>(t + 1) * p.top_k, picked.begin());
     } else {
       Select(p, scores, &choice, &group_score, &groups, &top2, &picked);
     }

@@ -11,9 +11,9 @@ namespace moesh::cpu {
 enum class GateScoring { kSoftmax, kSigmoid, kSqrtSoftplus };
 
 enum class GateSelect {
-  kGreedy,         // top-k over all experts (V2-Lite "greedy")
-  kGroupMax,       // keep topk_group groups by their best score (V2 "group_limited_greedy")
-  kGroupTop2Sum,   // keep groups by the sum of their top-2 biased scores (V3 "noaux_tc")
+  kGreedy,        // top-k over all experts (V2-Lite "greedy")
+  kGroupMax,      // keep topk_group groups by their best score (V2 "group_limited_greedy")
+  kGroupTop2Sum,  // keep groups by the sum of their top-2 biased scores (V3 "noaux_tc")
 };
 
 struct MoeGateParams {
@@ -32,8 +32,8 @@ struct MoeGateParams {
   // experts forced_ids[t, :] and no selection runs; weights are still the
   // scores of those experts (renormalised and scaled as above).
   const int32_t* forced_ids = nullptr;  // [num_tokens, top_k]
-  int32_t* topk_ids = nullptr;   // [num_tokens, top_k], best first
-  float* topk_weights = nullptr;  // [num_tokens, top_k]
+  int32_t* topk_ids = nullptr;          // [num_tokens, top_k], best first
+  float* topk_weights = nullptr;        // [num_tokens, top_k]
 };
 
 void RunMoeGate(const MoeGateParams& p);

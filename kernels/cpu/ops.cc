@@ -8,8 +8,8 @@
 
 namespace moesh::cpu {
 
-void Linear(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate,
-            int ldx, int ldy) {
+void Linear(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate, int ldx,
+            int ldy) {
   if (m == 0 || n == 0) return;
   if (!ldx) ldx = k;
   if (!ldy) ldy = n;
@@ -17,8 +17,9 @@ void Linear(const float* x, const float* w, float* y, int m, int n, int k, bool 
   const float beta = accumulate ? 1.0f : 0.0f;
   int r = 0;
   for (; r + kT <= m; r += kT) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kT, n, k, 1.0f, x + static_cast<int64_t>(r) * ldx, ldx, w,
-                k, beta, y + static_cast<int64_t>(r) * ldy, ldy);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kT, n, k, 1.0f,
+                x + static_cast<int64_t>(r) * ldx, ldx, w, k, beta,
+                y + static_cast<int64_t>(r) * ldy, ldy);
   }
   if (r == m) return;
   // The last rows, padded to a full tile so they take the same kernel path.
@@ -28,9 +29,11 @@ void Linear(const float* x, const float* w, float* y, int m, int n, int k, bool 
   ys.assign(static_cast<size_t>(kT) * n, 0.0f);
   for (int i = 0; i < rows; ++i) {
     std::copy_n(x + static_cast<int64_t>(r + i) * ldx, k, xs.data() + static_cast<size_t>(i) * k);
-    if (accumulate) std::copy_n(y + static_cast<int64_t>(r + i) * ldy, n, ys.data() + static_cast<size_t>(i) * n);
+    if (accumulate)
+      std::copy_n(y + static_cast<int64_t>(r + i) * ldy, n, ys.data() + static_cast<size_t>(i) * n);
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kT, n, k, 1.0f, xs.data(), k, w, k, beta, ys.data(), n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kT, n, k, 1.0f, xs.data(), k, w, k, beta,
+              ys.data(), n);
   for (int i = 0; i < rows; ++i) {
     std::copy_n(ys.data() + static_cast<size_t>(i) * n, n, y + static_cast<int64_t>(r + i) * ldy);
   }

@@ -20,8 +20,8 @@ void Linear(const float* x, const float* w, float* y, int m, int n, int k, bool 
             int ldx = 0, int ldy = 0);
 
 // y[rows, n] = x * rsqrt(mean(x^2) + eps) * weight[n]. x and y may alias.
-void RmsNorm(const float* x, const float* weight, float* y, int rows, int n, float eps,
-             int ldx = 0, int ldy = 0);
+void RmsNorm(const float* x, const float* weight, float* y, int rows, int n, float eps, int ldx = 0,
+             int ldy = 0);
 
 // y[rows, n] = (x - mean(x)) * rsqrt(var(x) + eps) * weight[n] + bias[n]
 // (nn.LayerNorm; biased variance). x and y may alias.

@@ -1,13 +1,14 @@
 // CPU kernels against straightforward re-statements of the math.
-#include <cmath>
+#include "kernels/cpu/ops.h"
+
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/moe_gate.h"
-#include "kernels/cpu/ops.h"
 #include "kernels/cpu/rope.h"
 
 namespace moesh::cpu {
@@ -41,11 +42,13 @@ TEST(OpsTest, LinearIsBatchInvariant) {
     std::vector<float> w = Randn(static_cast<size_t>(n) * k, 3), row = Randn(k, 4), alone(n);
     Linear(row.data(), w.data(), alone.data(), 1, n, k);
     for (int m : {2, 3, 7, 8, 9, 17, 33}) {
-      std::vector<float> x = Randn(static_cast<size_t>(m) * k, 5 + m), y(static_cast<size_t>(m) * n);
+      std::vector<float> x = Randn(static_cast<size_t>(m) * k, 5 + m),
+                         y(static_cast<size_t>(m) * n);
       const int at = m / 2;
       std::copy(row.begin(), row.end(), x.begin() + static_cast<size_t>(at) * k);
       Linear(x.data(), w.data(), y.data(), m, n, k);
-      EXPECT_EQ(std::vector<float>(y.begin() + static_cast<size_t>(at) * n, y.begin() + static_cast<size_t>(at + 1) * n),
+      EXPECT_EQ(std::vector<float>(y.begin() + static_cast<size_t>(at) * n,
+                                   y.begin() + static_cast<size_t>(at + 1) * n),
                 alone)
           << "n " << n << " k " << k << " m " << m;
     }
@@ -168,7 +171,8 @@ TEST(MlaAttentionTest, AbsorbedEqualsExpanded) {
           for (int c = 0; c < r; ++c) k += w[(h * (nope + v) + d) * r + c] * kv[j * (r + rope) + c];
           dot += q[(i * heads + h) * qk + d] * k;
         }
-        for (int d = 0; d < rope; ++d) dot += q[(i * heads + h) * qk + nope + d] * kv[j * (r + rope) + r + d];
+        for (int d = 0; d < rope; ++d)
+          dot += q[(i * heads + h) * qk + nope + d] * kv[j * (r + rope) + r + d];
         s[j] = dot * 0.3;
         mx = std::max(mx, s[j]);
       }
@@ -178,7 +182,8 @@ TEST(MlaAttentionTest, AbsorbedEqualsExpanded) {
         double o = 0;
         for (int j = 0; j < visible; ++j) {
           double val = 0;
-          for (int c = 0; c < r; ++c) val += w[(h * (nope + v) + nope + d) * r + c] * kv[j * (r + rope) + c];
+          for (int c = 0; c < r; ++c)
+            val += w[(h * (nope + v) + nope + d) * r + c] * kv[j * (r + rope) + c];
           o += s[j] / sum * val;
         }
         EXPECT_NEAR(out[(i * heads + h) * v + d], o, 1e-4) << "h " << h << " q " << i << " d " << d;
@@ -194,15 +199,18 @@ struct GateCase {
 };
 
 // Reference routing written the way transformers states it.
-void ReferenceGate(const std::vector<float>& logits, const std::vector<float>& bias, int e, int k, int groups,
-                   int topk_group, const GateCase& gc, float scale, std::vector<int>* ids, std::vector<float>* w) {
+void ReferenceGate(const std::vector<float>& logits, const std::vector<float>& bias, int e, int k,
+                   int groups, int topk_group, const GateCase& gc, float scale,
+                   std::vector<int>* ids, std::vector<float>* w) {
   std::vector<double> score(e), choice(e);
   double mx = *std::max_element(logits.begin(), logits.end()), sum = 0;
   for (int i = 0; i < e; ++i) {
-    score[i] = gc.scoring == GateScoring::kSoftmax ? std::exp(logits[i] - mx) : 1 / (1 + std::exp(-logits[i]));
+    score[i] = gc.scoring == GateScoring::kSoftmax ? std::exp(logits[i] - mx)
+                                                   : 1 / (1 + std::exp(-logits[i]));
     sum += score[i];
   }
-  if (gc.scoring == GateScoring::kSoftmax) for (double& s : score) s /= sum;
+  if (gc.scoring == GateScoring::kSoftmax)
+    for (double& s : score) s /= sum;
   for (int i = 0; i < e; ++i) choice[i] = score[i] + (bias.empty() ? 0 : bias[i]);
   const int per = e / groups;
   if (gc.select != GateSelect::kGreedy) {
@@ -226,7 +234,8 @@ void ReferenceGate(const std::vector<float>& logits, const std::vector<float>& b
   w->clear();
   for (int j = 0; j < k; ++j) {
     ids->push_back(all[j].second);
-    w->push_back(static_cast<float>(score[all[j].second] / (gc.renormalize ? tot + 1e-20 : 1.0) * scale));
+    w->push_back(
+        static_cast<float>(score[all[j].second] / (gc.renormalize ? tot + 1e-20 : 1.0) * scale));
   }
 }
 
@@ -236,7 +245,8 @@ TEST_P(MoeGateTest, MatchesReference) {
   const int e = 16, k = 3, groups = 4, topk_group = 2, tokens = 50;
   const GateCase gc = GetParam();
   std::vector<float> logits = Randn(tokens * e, 20, 2.0f);
-  std::vector<float> bias = gc.select == GateSelect::kGroupTop2Sum ? Randn(e, 21, 0.3f) : std::vector<float>();
+  std::vector<float> bias =
+      gc.select == GateSelect::kGroupTop2Sum ? Randn(e, 21, 0.3f) : std::vector<float>();
   std::vector<int32_t> ids(tokens * k, -1);
   std::vector<float> w(tokens * k, NAN);
   MoeGateParams p;
@@ -266,12 +276,13 @@ TEST_P(MoeGateTest, MatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Methods, MoeGateTest,
-                         ::testing::Values(GateCase{GateScoring::kSoftmax, GateSelect::kGreedy, false},
-                                           GateCase{GateScoring::kSoftmax, GateSelect::kGreedy, true},
-                                           GateCase{GateScoring::kSoftmax, GateSelect::kGroupMax, false},
-                                           GateCase{GateScoring::kSigmoid, GateSelect::kGroupTop2Sum, true},
-                                           GateCase{GateScoring::kSigmoid, GateSelect::kGroupTop2Sum, false}));
+INSTANTIATE_TEST_SUITE_P(
+    Methods, MoeGateTest,
+    ::testing::Values(GateCase{GateScoring::kSoftmax, GateSelect::kGreedy, false},
+                      GateCase{GateScoring::kSoftmax, GateSelect::kGreedy, true},
+                      GateCase{GateScoring::kSoftmax, GateSelect::kGroupMax, false},
+                      GateCase{GateScoring::kSigmoid, GateSelect::kGroupTop2Sum, true},
+                      GateCase{GateScoring::kSigmoid, GateSelect::kGroupTop2Sum, false}));
 
 TEST(MoeGateTest, GroupLimitKeepsChoicesInsideChosenGroups) {
   // Expert 0 has the best single score but its group is weak overall (V3).

@@ -35,7 +35,8 @@ RopeTable YarnRopeTable(const YarnParams& p, int dim) {
   if (p.attention_factor > 0) {
     t.attention_factor = static_cast<float>(p.attention_factor);
   } else if (p.mscale != 0 && p.mscale_all_dim != 0) {
-    t.attention_factor = static_cast<float>(YarnMscale(factor, p.mscale) / YarnMscale(factor, p.mscale_all_dim));
+    t.attention_factor =
+        static_cast<float>(YarnMscale(factor, p.mscale) / YarnMscale(factor, p.mscale_all_dim));
   } else {
     t.attention_factor = static_cast<float>(YarnMscale(factor, 1.0));
   }

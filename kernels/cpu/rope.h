@@ -14,7 +14,7 @@ enum class RopeLayout {
 };
 
 struct RopeTable {
-  std::vector<float> inv_freq;   // [dim / 2]
+  std::vector<float> inv_freq;    // [dim / 2]
   float attention_factor = 1.0f;  // multiplies cos and sin
 };
 

@@ -20,7 +20,8 @@ __device__ __forceinline__ float SwiGlu(float g, float u, float limit) {
 
 // Grid: (rows, column chunks). kVecIo: i and the pointers allow 16-byte accesses.
 template <bool kVecIo>
-__global__ void __launch_bounds__(kThreads) SiluAndMulKernel(const bf16* gate_up, bf16* out, int i, float limit) {
+__global__ void __launch_bounds__(kThreads)
+    SiluAndMulKernel(const bf16* gate_up, bf16* out, int i, float limit) {
   const int64_t row = blockIdx.x;
   const bf16* g = gate_up + row * 2 * i;
   const bf16* u = g + i;

@@ -35,10 +35,10 @@ inline constexpr float kMinTemperature = 1e-5f;
 
 // MLA decode over the paged latent cache (absorbed weights).
 namespace mla {
-inline constexpr int kLatentDim = 512;   // kv_lora_rank
-inline constexpr int kRopeDim = 64;      // qk_rope_head_dim
+inline constexpr int kLatentDim = 512;                  // kv_lora_rank
+inline constexpr int kRopeDim = 64;                     // qk_rope_head_dim
 inline constexpr int kHeadDim = kLatentDim + kRopeDim;  // 576: q·k width, one cache row
-inline constexpr int kHeadsPerBlock = 16;  // the M of mma.m16n8k16
+inline constexpr int kHeadsPerBlock = 16;               // the M of mma.m16n8k16
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = kWarps * 32;
 // Shared-memory row pitch of a cached token: 16 bytes of padding make the

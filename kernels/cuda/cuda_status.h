@@ -4,11 +4,10 @@
 
 #include <cuda_runtime.h>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "absl/strings/string_view.h"
+#include "common/base/status.h"
 
 namespace moesh::cuda {
 
@@ -16,8 +15,8 @@ namespace moesh::cuda {
 // cudaGetErrorName / cudaGetErrorString.
 inline absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err), " (",
-                                          cudaGetErrorString(err), ")"));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
 }
 
 // After a kernel launch: the launch's own error, if any.

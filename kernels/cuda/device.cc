@@ -34,7 +34,9 @@ Stream& Stream::operator=(Stream&& o) noexcept {
   return *this;
 }
 
-absl::Status Stream::Synchronize() const { return CudaStatus(cudaStreamSynchronize(s_), "cudaStreamSynchronize"); }
+absl::Status Stream::Synchronize() const {
+  return CudaStatus(cudaStreamSynchronize(s_), "cudaStreamSynchronize");
+}
 
 absl::StatusOr<Event> Event::Create() {
   Event e;
@@ -54,9 +56,13 @@ Event& Event::operator=(Event&& o) noexcept {
   return *this;
 }
 
-absl::Status Event::Record(cudaStream_t stream) { return CudaStatus(cudaEventRecord(e_, stream), "cudaEventRecord"); }
+absl::Status Event::Record(cudaStream_t stream) {
+  return CudaStatus(cudaEventRecord(e_, stream), "cudaEventRecord");
+}
 
-absl::Status Event::Synchronize() const { return CudaStatus(cudaEventSynchronize(e_), "cudaEventSynchronize"); }
+absl::Status Event::Synchronize() const {
+  return CudaStatus(cudaEventSynchronize(e_), "cudaEventSynchronize");
+}
 
 absl::StatusOr<float> Event::ElapsedMsSince(const Event& start) const {
   RETURN_IF_CUDA_ERROR(cudaEventSynchronize(e_));
@@ -68,20 +74,26 @@ absl::StatusOr<float> Event::ElapsedMsSince(const Event& start) const {
 absl::StatusOr<DeviceInfo> CurrentDeviceInfo() {
   DeviceInfo info;
   RETURN_IF_CUDA_ERROR(cudaGetDevice(&info.device));
-  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, info.device));
-  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.max_smem_per_block_optin,
-                                              cudaDevAttrMaxSharedMemoryPerBlockOptin, info.device));
+  RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, info.device));
+  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(
+      &info.max_smem_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, info.device));
   RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.l2_bytes, cudaDevAttrL2CacheSize, info.device));
-  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, info.device));
-  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, info.device));
+  RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, info.device));
+  RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, info.device));
   return info;
 }
 
 absl::Status UseDevice(int ordinal) {
   ASSIGN_OR_RETURN(const int n, CudaDeviceCount());
-  if (n == 0) return absl::FailedPreconditionError("no CUDA device is present (cudaGetDeviceCount found none)");
+  if (n == 0)
+    return absl::FailedPreconditionError(
+        "no CUDA device is present (cudaGetDeviceCount found none)");
   if (ordinal < 0 || ordinal >= n) {
-    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", ordinal, " does not exist (", n, " present)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", ordinal, " does not exist (", n, " present)"));
   }
   return CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice");
 }
@@ -94,8 +106,8 @@ absl::StatusOr<std::string> IpcMemHandle(void* base) {
 
 absl::StatusOr<void*> OpenIpcMemHandle(const std::string& handle) {
   if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t), " bytes, not ", handle.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t), " bytes, not ", handle.size()));
   }
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
@@ -105,8 +117,9 @@ absl::StatusOr<void*> OpenIpcMemHandle(const std::string& handle) {
     cudaGetLastError();
     int device = -1;
     cudaGetDevice(&device);
-    return absl::UnavailableError(absl::StrCat("cudaIpcOpenMemHandle on cuda:", device, ": ", cudaGetErrorName(err),
-                                               ": ", cudaGetErrorString(err)));
+    return absl::UnavailableError(absl::StrCat("cudaIpcOpenMemHandle on cuda:", device, ": ",
+                                               cudaGetErrorName(err), ": ",
+                                               cudaGetErrorString(err)));
   }
   return ptr;
 }

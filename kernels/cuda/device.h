@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace moesh::cuda {
@@ -28,7 +28,8 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   ~DeviceBuffer() { Reset(); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       Reset();
@@ -70,12 +71,15 @@ class DeviceBuffer {
 
   // Synchronous copies; REQUIRES: host.size() == size().
   absl::Status CopyFrom(const std::vector<T>& host) {
-    if (host.size() != size_) return absl::InvalidArgumentError("DeviceBuffer::CopyFrom: size mismatch");
-    return CudaStatus(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    if (host.size() != size_)
+      return absl::InvalidArgumentError("DeviceBuffer::CopyFrom: size mismatch");
+    return CudaStatus(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice),
+                      "cudaMemcpy H2D");
   }
   absl::StatusOr<std::vector<T>> ToHost() const {
     std::vector<T> host(size_);
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpy(host.data(), ptr_, bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H"));
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpy(host.data(), ptr_, bytes(), cudaMemcpyDeviceToHost),
+                               "cudaMemcpy D2H"));
     return host;
   }
 
@@ -96,7 +100,8 @@ class PinnedBuffer {
  public:
   PinnedBuffer() = default;
   ~PinnedBuffer() { Reset(); }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PinnedBuffer(PinnedBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
     if (this != &o) {
       Reset();
@@ -111,7 +116,8 @@ class PinnedBuffer {
   static absl::StatusOr<PinnedBuffer> Create(size_t size) {
     PinnedBuffer b;
     if (size > 0) {
-      RETURN_IF_ERROR(CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&b.ptr_), size * sizeof(T)), "cudaMallocHost"));
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMallocHost(reinterpret_cast<void**>(&b.ptr_), size * sizeof(T)), "cudaMallocHost"));
     }
     b.size_ = size;
     return b;

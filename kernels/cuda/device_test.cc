@@ -1,6 +1,7 @@
 // Device discovery and RAII owners; argument checks that need no GPU.
-#include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
+
+#include "gtest/gtest.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/ops.h"

@@ -37,10 +37,12 @@ absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, cudaStre
 absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, cudaStream_t stream) {
   return Fill(x, n, seed, scale, 0.0f, stream);
 }
-absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, float offset, cudaStream_t stream) {
+absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, float offset,
+                         cudaStream_t stream) {
   return Fill(x, n, seed, scale, offset, stream);
 }
-absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, float offset, cudaStream_t stream) {
+absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, float offset,
+                         cudaStream_t stream) {
   return Fill(x, n, seed, scale, offset, stream);
 }
 

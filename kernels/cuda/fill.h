@@ -15,8 +15,10 @@ namespace moesh::cuda {
 absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, cudaStream_t stream);
 absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, cudaStream_t stream);
 // x[i] = offset + uniform in [-scale, scale) (e.g. norm weights near 1).
-absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, float offset, cudaStream_t stream);
-absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, float offset, cudaStream_t stream);
+absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, float offset,
+                         cudaStream_t stream);
+absl::Status FillUniform(float* x, size_t n, uint64_t seed, float scale, float offset,
+                         cudaStream_t stream);
 
 }  // namespace moesh::cuda
 

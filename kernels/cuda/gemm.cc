@@ -7,7 +7,8 @@ namespace {
 
 absl::Status LtStatus(cublasStatus_t st, absl::string_view what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cublasLtGetStatusName(st), " (", cublasLtGetStatusString(st), ")"));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cublasLtGetStatusName(st), " (", cublasLtGetStatusString(st), ")"));
 }
 
 }  // namespace
@@ -51,8 +52,10 @@ int AlignmentOf(const void* p, int64_t stride_bytes, int batch) {
 }  // namespace
 
 absl::StatusOr<const CublasGemm::Plan*> CublasGemm::GetPlan(const Shape& s) {
-  const Key key{s.m, s.n, s.k, s.ldx, s.ldw, s.ldy, s.batch, s.stride_x, s.stride_w, s.stride_y,
-                s.fp32_inputs, static_cast<int>(s.out_type), s.accumulate, s.align_x, s.align_w, s.align_y};
+  const Key key{s.m,          s.n,        s.k,           s.ldx,
+                s.ldw,        s.ldy,      s.batch,       s.stride_x,
+                s.stride_w,   s.stride_y, s.fp32_inputs, static_cast<int>(s.out_type),
+                s.accumulate, s.align_x,  s.align_w,     s.align_y};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   auto plan = std::make_unique<Plan>();
@@ -60,9 +63,10 @@ absl::StatusOr<const CublasGemm::Plan*> CublasGemm::GetPlan(const Shape& s) {
   const cudaDataType_t out_type = s.out_type == OutType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF;
   RETURN_IF_LT_ERROR(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
-  RETURN_IF_LT_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
   RETURN_IF_LT_ERROR(
-      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)));
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+  RETURN_IF_LT_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                    &no_trans, sizeof(no_trans)));
   RETURN_IF_LT_ERROR(cublasLtMatrixLayoutCreate(&plan->a, in_type, s.k, s.n, s.ldw));
   RETURN_IF_LT_ERROR(cublasLtMatrixLayoutCreate(&plan->b, in_type, s.k, s.m, s.ldx));
   RETURN_IF_LT_ERROR(cublasLtMatrixLayoutCreate(&plan->c, out_type, s.n, s.m, s.ldy));
@@ -71,42 +75,49 @@ absl::StatusOr<const CublasGemm::Plan*> CublasGemm::GetPlan(const Shape& s) {
     const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
         {plan->a, s.stride_w}, {plan->b, s.stride_x}, {plan->c, s.stride_y}};
     for (const auto& [layout, stride] : layouts) {
-      RETURN_IF_LT_ERROR(
-          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
-      RETURN_IF_LT_ERROR(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                          &stride, sizeof(stride)));
+      RETURN_IF_LT_ERROR(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+      RETURN_IF_LT_ERROR(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
     }
   }
 
   cublasLtMatmulPreference_t pref = nullptr;
   RETURN_IF_LT_ERROR(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = kWorkspaceBytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof(ws));
   // The heuristic otherwise assumes 256-byte aligned operands.
   const uint32_t align_a = s.align_w, align_b = s.align_x, align_c = s.align_y;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                       sizeof(align_a));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                       sizeof(align_b));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                       sizeof(align_c));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                       sizeof(align_c));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, plan->op, plan->a, plan->b, plan->c,
-                                                           plan->c, pref, 1, &result, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      handle_, plan->op, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   RETURN_IF_LT_ERROR(st);
   if (found == 0) {
-    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for m=", s.m, " n=", s.n, " k=", s.k,
-                                                 " batch=", s.batch));
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for m=", s.m,
+                                                 " n=", s.n, " k=", s.k, " batch=", s.batch));
   }
   plan->algo = result.algo;
   return (plans_[key] = std::move(plan)).get();
 }
 
-absl::Status CublasGemm::Launch(const Shape& s, const void* x, const void* w, void* y, cudaStream_t stream) {
+absl::Status CublasGemm::Launch(const Shape& s, const void* x, const void* w, void* y,
+                                cudaStream_t stream) {
   ASSIGN_OR_RETURN(const Plan* plan, GetPlan(s));
   const float alpha = 1.0f, beta = s.accumulate ? 1.0f : 0.0f;
-  RETURN_IF_LT_ERROR(cublasLtMatmul(handle_, plan->op, &alpha, w, plan->a, x, plan->b, &beta, y, plan->c, y,
-                                    plan->c, &plan->algo, workspace_.get(), kWorkspaceBytes, stream));
+  RETURN_IF_LT_ERROR(cublasLtMatmul(handle_, plan->op, &alpha, w, plan->a, x, plan->b, &beta, y,
+                                    plan->c, y, plan->c, &plan->algo, workspace_.get(),
+                                    kWorkspaceBytes, stream));
   return LaunchStatus("cublasLtMatmul");
 }
 
@@ -116,24 +127,30 @@ absl::Status CublasGemm::Run(const GemmParams& p) {
     return absl::InvalidArgumentError("CublasGemm::Run: need m, n, k > 0, ldx >= k, ldy >= n");
   }
   if (!p.x || !p.w || !p.y) return absl::InvalidArgumentError("CublasGemm::Run: null pointer");
-  if (p.k % 8 != 0 || ldx % 8 != 0 || ((reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.w) |
-                                         reinterpret_cast<uintptr_t>(p.y)) & 15)) {
-    return absl::InvalidArgumentError("CublasGemm::Run: k and ldx must be multiples of 8, pointers 16-byte aligned");
+  if (p.k % 8 != 0 || ldx % 8 != 0 ||
+      ((reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.w) |
+        reinterpret_cast<uintptr_t>(p.y)) &
+       15)) {
+    return absl::InvalidArgumentError(
+        "CublasGemm::Run: k and ldx must be multiples of 8, pointers 16-byte aligned");
   }
   Shape s;
   s.m = p.m, s.n = p.n, s.k = p.k, s.ldx = ldx, s.ldw = p.k, s.ldy = ldy;
   s.out_type = p.out_type;
   s.accumulate = p.accumulate;
-  s.align_x = AlignmentOf(p.x, 0, 1), s.align_w = AlignmentOf(p.w, 0, 1), s.align_y = AlignmentOf(p.y, 0, 1);
+  s.align_x = AlignmentOf(p.x, 0, 1), s.align_w = AlignmentOf(p.w, 0, 1),
+  s.align_y = AlignmentOf(p.y, 0, 1);
   return Launch(s, p.x, p.w, p.y, p.stream);
 }
 
 absl::Status CublasGemm::RunBatched(const BatchedGemmParams& p) {
   const int ldx = p.ldx ? p.ldx : p.k, ldw = p.ldw ? p.ldw : p.k, ldy = p.ldy ? p.ldy : p.n;
   if (p.batch < 1 || p.m <= 0 || p.n <= 0 || p.k <= 0 || ldx < p.k || ldw < p.k || ldy < p.n) {
-    return absl::InvalidArgumentError("CublasGemm::RunBatched: need batch, m, n, k > 0, ld >= k (x, w), ldy >= n");
+    return absl::InvalidArgumentError(
+        "CublasGemm::RunBatched: need batch, m, n, k > 0, ld >= k (x, w), ldy >= n");
   }
-  if (!p.x || !p.w || !p.y) return absl::InvalidArgumentError("CublasGemm::RunBatched: null pointer");
+  if (!p.x || !p.w || !p.y)
+    return absl::InvalidArgumentError("CublasGemm::RunBatched: null pointer");
   const int out_bytes = p.out_type == OutType::kFloat32 ? 4 : 2;
   Shape s;
   s.m = p.m, s.n = p.n, s.k = p.k, s.ldx = ldx, s.ldw = ldw, s.ldy = ldy, s.batch = p.batch;
@@ -143,23 +160,27 @@ absl::Status CublasGemm::RunBatched(const BatchedGemmParams& p) {
   s.align_x = AlignmentOf(p.x, p.stride_x * 2, p.batch);
   s.align_w = AlignmentOf(p.w, p.stride_w * 2, p.batch);
   s.align_y = AlignmentOf(p.y, p.stride_y * out_bytes, p.batch);
-  if (p.k % 8 != 0 || ldx % 8 != 0 || ldw % 8 != 0 || s.align_x < 16 || s.align_w < 16 || s.align_y < 16) {
+  if (p.k % 8 != 0 || ldx % 8 != 0 || ldw % 8 != 0 || s.align_x < 16 || s.align_w < 16 ||
+      s.align_y < 16) {
     return absl::InvalidArgumentError(
-        "CublasGemm::RunBatched: k, ldx, ldw must be multiples of 8; pointers and batch strides 16-byte aligned");
+        "CublasGemm::RunBatched: k, ldx, ldw must be multiples of 8; pointers and batch strides "
+        "16-byte aligned");
   }
   return Launch(s, p.x, p.w, p.y, p.stream);
 }
 
-absl::Status CublasGemm::RunF32(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate,
-                                cudaStream_t stream) {
-  if (m <= 0 || n <= 0 || k <= 0) return absl::InvalidArgumentError("CublasGemm::RunF32: need m, n, k > 0");
+absl::Status CublasGemm::RunF32(const float* x, const float* w, float* y, int m, int n, int k,
+                                bool accumulate, cudaStream_t stream) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    return absl::InvalidArgumentError("CublasGemm::RunF32: need m, n, k > 0");
   if (!x || !w || !y) return absl::InvalidArgumentError("CublasGemm::RunF32: null pointer");
   Shape s;
   s.m = m, s.n = n, s.k = k, s.ldx = k, s.ldw = k, s.ldy = n;
   s.fp32_inputs = true;
   s.out_type = OutType::kFloat32;
   s.accumulate = accumulate;
-  s.align_x = AlignmentOf(x, 0, 1), s.align_w = AlignmentOf(w, 0, 1), s.align_y = AlignmentOf(y, 0, 1);
+  s.align_x = AlignmentOf(x, 0, 1), s.align_w = AlignmentOf(w, 0, 1),
+  s.align_y = AlignmentOf(y, 0, 1);
   if (s.align_x < 16 || s.align_w < 16 || s.align_y < 16) {
     return absl::InvalidArgumentError("CublasGemm::RunF32: pointers must be 16-byte aligned");
   }

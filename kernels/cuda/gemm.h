@@ -38,8 +38,8 @@ class CublasGemm {
 
   // y[m, n] = x[m, k] · w[n, k]^T (+ y if accumulate), all fp32, fp32 math
   // (no TF32). REQUIRES: m, n, k > 0; 16-byte aligned pointers.
-  absl::Status RunF32(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate,
-                      cudaStream_t stream);
+  absl::Status RunF32(const float* x, const float* w, float* y, int m, int n, int k,
+                      bool accumulate, cudaStream_t stream);
 
  private:
   struct Plan;

@@ -16,7 +16,8 @@ namespace moesh::cuda {
 template <int... kCandidates, typename F>
 bool DispatchUpTo(int value, F&& f) {
   bool done = false;
-  ((done = done || (value <= kCandidates && (f(std::integral_constant<int, kCandidates>{}), true))), ...);
+  ((done = done || (value <= kCandidates && (f(std::integral_constant<int, kCandidates>{}), true))),
+   ...);
   return done;
 }
 

@@ -16,18 +16,18 @@
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/mma.cuh"
 
 namespace moesh::cuda {
 namespace {
 
-using namespace mla;  // NOLINT: the tile constants
-constexpr int kRowBytes = kHeadDim * 2;     // 1152, one cached token
-constexpr int kQkSlice = kHeadDim / kWarps;      // 144 dims of q·k per warp
-constexpr int kQkSteps = kQkSlice / 16;          // 9 mma k-steps
-constexpr int kVSlice = kLatentDim / kWarps;     // 128 output dims per warp
-constexpr int kVTiles = kVSlice / 8;             // 16 mma n-tiles
+using namespace mla;                          // NOLINT: the tile constants
+constexpr int kRowBytes = kHeadDim * 2;       // 1152, one cached token
+constexpr int kQkSlice = kHeadDim / kWarps;   // 144 dims of q·k per warp
+constexpr int kQkSteps = kQkSlice / 16;       // 9 mma k-steps
+constexpr int kVSlice = kLatentDim / kWarps;  // 128 output dims per warp
+constexpr int kVTiles = kVSlice / 8;          // 16 mma n-tiles
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kQkSlice % 16 == 0 && kVSlice % 16 == 0);
 
@@ -38,9 +38,9 @@ struct Cfg {
   static constexpr int kTileTokens = kTile;
   static constexpr int kNumStages = kStages;
   static constexpr int kTilesPerBlock = kKvBlockSize / kTile;
-  static constexpr int kSTiles = kTile / 8;        // mma n-tiles of scores
-  static constexpr int kOwnTiles = kTile / 32;     // n-tiles each warp finishes
-  static constexpr int kPitch = kTile + 8;         // conflict-free score/prob rows
+  static constexpr int kSTiles = kTile / 8;     // mma n-tiles of scores
+  static constexpr int kOwnTiles = kTile / 32;  // n-tiles each warp finishes
+  static constexpr int kPitch = kTile + 8;      // conflict-free score/prob rows
   static_assert(kTile % 32 == 0 && kKvBlockSize % kTile == 0);
 
   struct Smem {
@@ -57,11 +57,13 @@ struct Cfg {
 };
 
 __device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count)
+               : "memory");
 }
 
 __device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)), "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
                : "memory");
 }
 
@@ -69,17 +71,19 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   do {
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, "
+        "1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(SmemAddr(bar)), "r"(parity)
         : "memory");
   } while (!done);
 }
 
-__device__ __forceinline__ void BulkCopyG2S(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+__device__ __forceinline__ void BulkCopyG2S(void* dst, const void* src, uint32_t bytes,
+                                            uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          SmemAddr(dst)),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(SmemAddr(dst)),
       "l"(src), "r"(bytes), "r"(SmemAddr(bar))
       : "memory");
 }
@@ -106,13 +110,15 @@ __device__ __forceinline__ SplitRange SplitTiles(int n_tiles, int split, int num
 // the sequence's end are zeroed instead (their probabilities are 0, and 0 · NaN
 // of stale shared memory would poison O).
 template <typename C>
-__device__ __forceinline__ void IssueTile(typename C::Smem& s, const MlaDecodeParams& p, int b, int tile,
-                                          int stage, int seq_len, int lane) {
+__device__ __forceinline__ void IssueTile(typename C::Smem& s, const MlaDecodeParams& p, int b,
+                                          int tile, int stage, int seq_len, int lane) {
   constexpr int kTile = C::kTileTokens;
-  const int block = p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + tile / C::kTilesPerBlock];
+  const int block =
+      p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + tile / C::kTilesPerBlock];
   const int valid = min(kTile, seq_len - tile * kTile);
-  const bf16* src = p.kv_cache +
-                    (static_cast<int64_t>(block) * kKvBlockSize + (tile % C::kTilesPerBlock) * kTile) * kHeadDim;
+  const bf16* src =
+      p.kv_cache +
+      (static_cast<int64_t>(block) * kKvBlockSize + (tile % C::kTilesPerBlock) * kTile) * kHeadDim;
   for (int r = valid + lane; r < kTile; r += 32) {
     uint4* row = reinterpret_cast<uint4*>(&s.kv[stage][r][0]);
     for (int c = 0; c < kRowBytes / 16; ++c) row[c] = make_uint4(0, 0, 0, 0);
@@ -120,7 +126,8 @@ __device__ __forceinline__ void IssueTile(typename C::Smem& s, const MlaDecodePa
   if (lane == 0) MbarArriveExpectTx(&s.bar[stage], valid * kRowBytes);
   __syncwarp();
   for (int r = lane; r < valid; r += 32) {
-    BulkCopyG2S(&s.kv[stage][r][0], src + static_cast<int64_t>(r) * kHeadDim, kRowBytes, &s.bar[stage]);
+    BulkCopyG2S(&s.kv[stage][r][0], src + static_cast<int64_t>(r) * kHeadDim, kRowBytes,
+                &s.bar[stage]);
   }
 }
 
@@ -143,14 +150,16 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
   }
   __syncthreads();
   if (warp == 0) {
-    for (int i = 0; i < min(n, kStages); ++i) IssueTile<C>(s, p, b, range.begin + i, i, seq_len, lane);
+    for (int i = 0; i < min(n, kStages); ++i)
+      IssueTile<C>(s, p, b, range.begin + i, i, seq_len, lane);
   }
 
   // This warp's Q slice, [16 heads, 144 dims], as mma A fragments.
   uint32_t qf[kQkSteps][4];
   {
     const int h_lo = head0 + g, h_hi = head0 + g + 8;
-    const bf16* q_lo = p.q + (static_cast<int64_t>(b) * p.num_heads + h_lo) * kHeadDim + warp * kQkSlice + 2 * tq;
+    const bf16* q_lo =
+        p.q + (static_cast<int64_t>(b) * p.num_heads + h_lo) * kHeadDim + warp * kQkSlice + 2 * tq;
     const bf16* q_hi = q_lo + 8 * kHeadDim;
 #pragma unroll
     for (int kk = 0; kk < kQkSteps; ++kk) {
@@ -195,8 +204,10 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
     }
 #pragma unroll
     for (int j = 0; j < kSTiles; ++j) {
-      *reinterpret_cast<float2*>(&s.spart[warp][g][j * 8 + 2 * tq]) = make_float2(sc[j][0], sc[j][1]);
-      *reinterpret_cast<float2*>(&s.spart[warp][g + 8][j * 8 + 2 * tq]) = make_float2(sc[j][2], sc[j][3]);
+      *reinterpret_cast<float2*>(&s.spart[warp][g][j * 8 + 2 * tq]) =
+          make_float2(sc[j][0], sc[j][1]);
+      *reinterpret_cast<float2*>(&s.spart[warp][g + 8][j * 8 + 2 * tq]) =
+          make_float2(sc[j][2], sc[j][3]);
     }
     __syncthreads();
 
@@ -286,7 +297,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
 #pragma unroll
       for (int j = 0; j < kVTiles; j += 2) {
         uint32_t vf[4];
-        Ldmatrix4Trans(vf, &kv[kk * 16 + (lm_m & 1) * 8 + lm_r][warp * kVSlice + j * 8 + (lm_m >> 1) * 8]);
+        Ldmatrix4Trans(
+            vf, &kv[kk * 16 + (lm_m & 1) * 8 + lm_r][warp * kVSlice + j * 8 + (lm_m >> 1) * 8]);
         Mma(o[j], pf, vf[0], vf[1]);
         Mma(o[j + 1], pf, vf[2], vf[3]);
       }
@@ -307,8 +319,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
     const float lse2 = half ? lse_hi : lse_lo;
     const int64_t bh = static_cast<int64_t>(b) * p.num_heads + h;
     if constexpr (kSplit) {
-      float* part = static_cast<float*>(p.workspace) +
-                    ((static_cast<int64_t>(b) * p.num_splits + split) * p.num_heads + h) * kLatentDim;
+      float* part =
+          static_cast<float*>(p.workspace) +
+          ((static_cast<int64_t>(b) * p.num_splits + split) * p.num_heads + h) * kLatentDim;
 #pragma unroll
       for (int j = 0; j < kVTiles; ++j) {
         *reinterpret_cast<float2*>(part + warp * kVSlice + j * 8 + 2 * tq) =
@@ -347,12 +360,16 @@ __global__ void __launch_bounds__(kLatentDim / 4) MlaCombineKernel(MlaDecodePara
   const int b = blockIdx.x / p.num_heads, h = blockIdx.x % p.num_heads;
   const int num_splits = p.num_splits, lane = threadIdx.x & 31;
   const float* part = static_cast<const float*>(p.workspace);
-  const float* lse_part = part + static_cast<int64_t>(p.batch) * num_splits * p.num_heads * kLatentDim;
-  const int64_t row0 = static_cast<int64_t>(b) * num_splits * p.num_heads + h;  // split sp: row0 + sp * num_heads
+  const float* lse_part =
+      part + static_cast<int64_t>(p.batch) * num_splits * p.num_heads * kLatentDim;
+  const int64_t row0 =
+      static_cast<int64_t>(b) * num_splits * p.num_heads + h;  // split sp: row0 + sp * num_heads
   if (threadIdx.x < 32) {
-    const float l0 = lane < num_splits ? lse_part[row0 + static_cast<int64_t>(lane) * p.num_heads] : -INFINITY;
-    const float l1 =
-        lane + 32 < num_splits ? lse_part[row0 + static_cast<int64_t>(lane + 32) * p.num_heads] : -INFINITY;
+    const float l0 =
+        lane < num_splits ? lse_part[row0 + static_cast<int64_t>(lane) * p.num_heads] : -INFINITY;
+    const float l1 = lane + 32 < num_splits
+                         ? lse_part[row0 + static_cast<int64_t>(lane + 32) * p.num_heads]
+                         : -INFINITY;
     const float mx = WarpMax(fmaxf(l0, l1));
     const float w0 = (mx == -INFINITY || l0 == -INFINITY) ? 0.0f : exp2f(l0 - mx);
     const float w1 = (mx == -INFINITY || l1 == -INFINITY) ? 0.0f : exp2f(l1 - mx);
@@ -429,7 +446,8 @@ size_t WorkspaceBytes(int batch, int num_heads, int num_splits) {
   return static_cast<size_t>(batch) * num_splits * num_heads * (kLatentDim + 1) * sizeof(float);
 }
 
-MlaDecodePlan PlanFor(int batch, int num_heads, int max_seq_len, int num_sms, int tile_tokens, int ctas_per_sm) {
+MlaDecodePlan PlanFor(int batch, int num_heads, int max_seq_len, int num_sms, int tile_tokens,
+                      int ctas_per_sm) {
   MlaDecodePlan plan;
   const int64_t ctas = static_cast<int64_t>(std::max(batch, 1)) *
                        ((std::max(num_heads, 1) + kHeadsPerBlock - 1) / kHeadsPerBlock);
@@ -456,7 +474,8 @@ size_t MlaDecodeWorkspaceBytes(int batch, int num_heads, int num_splits) {
   return WorkspaceBytes(batch, num_heads, num_splits);
 }
 
-MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_sms, MlaTileConfig tile) {
+MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_sms,
+                            MlaTileConfig tile) {
   return WithTile(tile, [&](auto cfg) {
     using C = decltype(cfg);
     return PlanFor(batch, num_heads, max_seq_len, num_sms, C::kTileTokens, C::kCtasPerSm);
@@ -465,21 +484,24 @@ MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_s
 
 absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   if (p.kv_lora_rank != kLatentDim || p.rope_dim != kRopeDim) {
-    return absl::InvalidArgumentError(absl::StrCat("RunMlaDecode: built for kv_lora_rank ", kLatentDim,
-                                                   " and rope_dim ", kRopeDim));
+    return absl::InvalidArgumentError(absl::StrCat("RunMlaDecode: built for kv_lora_rank ",
+                                                   kLatentDim, " and rope_dim ", kRopeDim));
   }
   if ((p.kv_row_stride != 0 && p.kv_row_stride != kLatentDim + kRopeDim) || p.kv_index != nullptr) {
-    return absl::InvalidArgumentError("RunMlaDecode: dense rows of 576 only (strided or sparse: the generic kernel)");
+    return absl::InvalidArgumentError(
+        "RunMlaDecode: dense rows of 576 only (strided or sparse: the generic kernel)");
   }
-  if (p.batch < 0 || p.num_heads <= 0 || p.num_blocks <= 0 || p.max_blocks_per_seq <= 0 || p.max_seq_len < 0 ||
+  if (p.batch < 0 || p.num_heads <= 0 || p.num_blocks <= 0 || p.max_blocks_per_seq <= 0 ||
+      p.max_seq_len < 0 ||
       p.max_seq_len > static_cast<int64_t>(p.max_blocks_per_seq) * kKvBlockSize) {
     return absl::InvalidArgumentError(
         "RunMlaDecode: need num_heads, num_blocks, max_blocks_per_seq > 0 and "
         "0 <= max_seq_len <= max_blocks_per_seq * 64");
   }
   if (p.num_splits < 1 || p.num_splits > kMaxSplits ||
-      (p.num_splits > 1 && (p.workspace == nullptr ||
-                            p.workspace_bytes < MlaDecodeWorkspaceBytes(p.batch, p.num_heads, p.num_splits)))) {
+      (p.num_splits > 1 &&
+       (p.workspace == nullptr ||
+        p.workspace_bytes < MlaDecodeWorkspaceBytes(p.batch, p.num_heads, p.num_splits)))) {
     return absl::InvalidArgumentError("RunMlaDecode: num_splits/workspace not from PlanMlaDecode");
   }
   if (p.batch == 0) return absl::OkStatus();
@@ -487,8 +509,10 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
     return absl::InvalidArgumentError("RunMlaDecode: null pointer");
   }
   if ((reinterpret_cast<uintptr_t>(p.q) & 15) || (reinterpret_cast<uintptr_t>(p.kv_cache) & 15) ||
-      (reinterpret_cast<uintptr_t>(p.out) & 15) || (reinterpret_cast<uintptr_t>(p.workspace) & 15)) {
-    return absl::InvalidArgumentError("RunMlaDecode: q, kv_cache, out and workspace must be 16-byte aligned");
+      (reinterpret_cast<uintptr_t>(p.out) & 15) ||
+      (reinterpret_cast<uintptr_t>(p.workspace) & 15)) {
+    return absl::InvalidArgumentError(
+        "RunMlaDecode: q, kv_cache, out and workspace must be 16-byte aligned");
   }
   if (p.batch > 65535) return absl::InvalidArgumentError("RunMlaDecode: batch > 65535");
   const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.batch);

@@ -1,6 +1,8 @@
 // MLA decode over the paged cache against the plain C++ reference
 // (ref/mla_decode_ref.h), which is itself checked against the CPU engine's
 // MLA attention (kernels/cpu/mla_attention.h) with identity absorbed weights.
+#include "kernels/cuda/mla_decode.h"
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -10,7 +12,6 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cuda/config.h"
-#include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/ref/mla_decode_ref.h"
 #include "kernels/cuda/test_util.h"
 
@@ -77,17 +78,23 @@ TEST(MlaDecodeRefTest, MatchesCpuMlaAttentionWithIdentityWeights) {
   const int len = b.seq_lens[0];
   std::vector<float> kv(static_cast<size_t>(len) * kDim);
   for (int t = 0; t < len; ++t) {
-    const float* row = b.cache.data() + (static_cast<size_t>(b.block_table[t / kKvBlockSize]) * kKvBlockSize + t % kKvBlockSize) * kDim;
+    const float* row =
+        b.cache.data() +
+        (static_cast<size_t>(b.block_table[t / kKvBlockSize]) * kKvBlockSize + t % kKvBlockSize) *
+            kDim;
     std::copy(row, row + kDim, kv.begin() + static_cast<size_t>(t) * kDim);
   }
   std::vector<float> w_kv_b(static_cast<size_t>(heads) * 2 * kRank * kRank, 0.0f);
   for (int h = 0; h < heads; ++h) {
-    for (int i = 0; i < 2 * kRank; ++i) w_kv_b[(static_cast<size_t>(h) * 2 * kRank + i) * kRank + i % kRank] = 1.0f;
+    for (int i = 0; i < 2 * kRank; ++i)
+      w_kv_b[(static_cast<size_t>(h) * 2 * kRank + i) * kRank + i % kRank] = 1.0f;
   }
   std::vector<float> cpu_out(heads * kRank);
   cpu::MlaAttentionParams c;
-  c.q = b.q.data(), c.num_q = 1, c.num_heads = heads, c.qk_nope_head_dim = kRank, c.qk_rope_head_dim = kRope;
-  c.kv_lora_rank = kRank, c.v_head_dim = kRank, c.kv = kv.data(), c.num_kv = len, c.q_start_pos = len - 1;
+  c.q = b.q.data(), c.num_q = 1, c.num_heads = heads, c.qk_nope_head_dim = kRank,
+  c.qk_rope_head_dim = kRope;
+  c.kv_lora_rank = kRank, c.v_head_dim = kRank, c.kv = kv.data(), c.num_kv = len,
+  c.q_start_pos = len - 1;
   c.w_kv_b = w_kv_b.data(), c.softmax_scale = kScale, c.out = cpu_out.data();
   cpu::RunMlaAttention(c);
   EXPECT_LE(RelErr(out, cpu_out), 1e-5);
@@ -141,7 +148,8 @@ TEST_P(MlaDecodeTest, MatchesReference) {
       SCOPED_TRACE(::testing::Message() << "tile config " << static_cast<int>(tile));
       MOESH_ASSERT_OK_AND_ASSIGN(auto dout32, DeviceBuffer<float>::Create(out_elems));
       MOESH_ASSERT_OK_AND_ASSIGN(auto dout16, DeviceBuffer<bf16>::Create(out_elems));
-      MOESH_ASSERT_OK_AND_ASSIGN(auto dlse, DeviceBuffer<float>::Create(static_cast<size_t>(batch) * c.heads));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dlse,
+                                 DeviceBuffer<float>::Create(static_cast<size_t>(batch) * c.heads));
       MOESH_ASSERT_OK(Poison(dout32));
       MOESH_ASSERT_OK(Poison(dout16));
       MOESH_ASSERT_OK(Poison(dlse));
@@ -152,12 +160,16 @@ TEST_P(MlaDecodeTest, MatchesReference) {
       MOESH_ASSERT_OK(Poison(dws));
 
       MlaDecodeParams p;
-      p.q = dq.get(), p.kv_cache = dcache.get(), p.block_table = dtable.get(), p.seq_lens = dlens.get();
+      p.q = dq.get(), p.kv_cache = dcache.get(), p.block_table = dtable.get(),
+      p.seq_lens = dlens.get();
       p.batch = batch, p.num_heads = c.heads, p.num_blocks = b.num_blocks;
-      p.max_blocks_per_seq = b.max_blocks_per_seq, p.max_seq_len = b.max_seq_len, p.softmax_scale = kScale;
+      p.max_blocks_per_seq = b.max_blocks_per_seq, p.max_seq_len = b.max_seq_len,
+      p.softmax_scale = kScale;
       p.out_type = c.out;
-      p.out = c.out == OutType::kFloat32 ? static_cast<void*>(dout32.get()) : static_cast<void*>(dout16.get());
-      p.lse = dlse.get(), p.num_splits = splits, p.workspace = dws.get(), p.workspace_bytes = ws_bytes;
+      p.out = c.out == OutType::kFloat32 ? static_cast<void*>(dout32.get())
+                                         : static_cast<void*>(dout16.get());
+      p.lse = dlse.get(), p.num_splits = splits, p.workspace = dws.get(),
+      p.workspace_bytes = ws_bytes;
       p.tile = tile;
       MOESH_ASSERT_OK(RunMlaDecode(p));
       MOESH_ASSERT_OK(CudaStatus(cudaDeviceSynchronize(), "decode"));
@@ -172,8 +184,10 @@ TEST_P(MlaDecodeTest, MatchesReference) {
       MOESH_ASSERT_OK_AND_ASSIGN(auto lse, dlse.ToHost());
       // Per sequence, so a wrong short sequence is not hidden by long ones.
       for (int s = 0; s < batch; ++s) {
-        const size_t begin = static_cast<size_t>(s) * c.heads * kRank, end = begin + static_cast<size_t>(c.heads) * kRank;
-        std::vector<float> o(out.begin() + begin, out.begin() + end), rf(ref_out.begin() + begin, ref_out.begin() + end);
+        const size_t begin = static_cast<size_t>(s) * c.heads * kRank,
+                     end = begin + static_cast<size_t>(c.heads) * kRank;
+        std::vector<float> o(out.begin() + begin, out.begin() + end),
+            rf(ref_out.begin() + begin, ref_out.begin() + end);
         if (c.lens[s] == 0) {
           for (float v : o) ASSERT_EQ(v, 0.0f) << "sequence " << s << " (empty) must give zeros";
         } else {
@@ -182,7 +196,8 @@ TEST_P(MlaDecodeTest, MatchesReference) {
           EXPECT_LE(err, 1e-2) << "sequence " << s << " len " << c.lens[s] << " splits " << splits;
         }
         for (int h = 0; h < c.heads; ++h) {
-          const float got = lse[static_cast<size_t>(s) * c.heads + h], want = ref_lse[static_cast<size_t>(s) * c.heads + h];
+          const float got = lse[static_cast<size_t>(s) * c.heads + h],
+                      want = ref_lse[static_cast<size_t>(s) * c.heads + h];
           if (std::isinf(want)) {
             EXPECT_TRUE(std::isinf(got) && got < 0) << "sequence " << s << " head " << h;
           } else {
@@ -196,7 +211,9 @@ TEST_P(MlaDecodeTest, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaDecodeTest, ::testing::ValuesIn(kCases),
-                         [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<DecodeCase>& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace
 }  // namespace moesh::cuda

@@ -48,7 +48,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeGateKernel(MoeGatePara
     for (int j = 0; j < kPerLane; ++j) score[j] /= sum;
   } else if (p.scoring == GateScoring::kSigmoid) {
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) score[j] = (taken >> j & 1) ? 0.0f : 1.0f / (1.0f + expf(-score[j]));
+    for (int j = 0; j < kPerLane; ++j)
+      score[j] = (taken >> j & 1) ? 0.0f : 1.0f / (1.0f + expf(-score[j]));
   } else {  // sqrt(softplus), torch's softplus linear above 20
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
@@ -106,8 +107,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeGateKernel(MoeGatePara
   // Final top-k; lane k keeps pick k.
   int my_id = 0;
   float my_w = 0.0f;
-  const int32_t* forced =
-      p.forced_table != nullptr ? p.forced_table + static_cast<int64_t>(p.token_ids[t]) * p.top_k : nullptr;
+  const int32_t* forced = p.forced_table != nullptr
+                              ? p.forced_table + static_cast<int64_t>(p.token_ids[t]) * p.top_k
+                              : nullptr;
   for (int k = 0; k < p.top_k; ++k) {
     float v = -INFINITY;
     int i = INT_MAX;
@@ -142,7 +144,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeGateKernel(MoeGatePara
   const float norm = p.renormalize ? 1.0f / (sum + 1e-20f) : 1.0f;
   if (lane < p.top_k) {
     p.topk_ids[static_cast<int64_t>(t) * p.top_k + lane] = my_id;
-    p.topk_weights[static_cast<int64_t>(t) * p.top_k + lane] = my_w * norm * p.routed_scaling_factor;
+    p.topk_weights[static_cast<int64_t>(t) * p.top_k + lane] =
+        my_w * norm * p.routed_scaling_factor;
   }
 }
 
@@ -151,21 +154,23 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeGateKernel(MoeGatePara
 absl::Status RunMoeGate(const MoeGateParams& p) {
   if (p.num_tokens < 0 || p.top_k < 1 || p.top_k > gate::kMaxTopK || p.num_experts < p.top_k ||
       p.num_experts > gate::kMaxExperts) {
-    return absl::InvalidArgumentError(absl::StrCat("RunMoeGate: need 1 <= top_k <= ", gate::kMaxTopK,
-                                                   " and top_k <= num_experts <= ", gate::kMaxExperts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunMoeGate: need 1 <= top_k <= ", gate::kMaxTopK,
+                     " and top_k <= num_experts <= ", gate::kMaxExperts));
   }
   if (p.select != GateSelect::kGreedy &&
       (p.n_group < 1 || p.n_group > gate::kMaxGroups || p.num_experts % p.n_group != 0 ||
        p.topk_group < 1 || p.topk_group > p.n_group)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RunMoeGate: grouped selection needs n_group in [1, ", gate::kMaxGroups,
-        "] dividing num_experts, and 1 <= topk_group <= n_group"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunMoeGate: grouped selection needs n_group in [1, ", gate::kMaxGroups,
+                     "] dividing num_experts, and 1 <= topk_group <= n_group"));
   }
   if ((p.forced_table == nullptr) != (p.token_ids == nullptr)) {
     return absl::InvalidArgumentError("RunMoeGate: forced_table and token_ids go together");
   }
   if (p.num_tokens == 0) return absl::OkStatus();
-  if (!p.logits || !p.topk_ids || !p.topk_weights) return absl::InvalidArgumentError("RunMoeGate: null pointer");
+  if (!p.logits || !p.topk_ids || !p.topk_weights)
+    return absl::InvalidArgumentError("RunMoeGate: null pointer");
   const int blocks = (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const int per_lane = (p.num_experts + 31) / 32;
   DispatchUpTo<2, 4, 8, 16>(per_lane, [&](auto k) {

@@ -12,9 +12,9 @@ using rowwise::kVec;
 
 // kVecIo: rows, weight and n allow 16-byte accesses.
 template <bool kVecIo, bool kResidual>
-__global__ void __launch_bounds__(kThreads) RmsNormKernel(bf16* x, const bf16* residual,
-                                                          const bf16* weight, bf16* y, int n,
-                                                          int ldx, int ldr, int ldy, float eps) {
+__global__ void __launch_bounds__(kThreads)
+    RmsNormKernel(bf16* x, const bf16* residual, const bf16* weight, bf16* y, int n, int ldx,
+                  int ldr, int ldy, float eps) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   bf16* xr = x + row * ldx;
@@ -82,9 +82,11 @@ absl::Status Launch(bf16* x, const bf16* residual, const bf16* weight, bf16* y, 
                    (!kResidual || ldr % kVec == 0) && Aligned16(x) && Aligned16(y) &&
                    Aligned16(weight) && (!kResidual || Aligned16(residual));
   if (vec) {
-    RmsNormKernel<true, kResidual><<<rows, kThreads, 0, stream>>>(x, residual, weight, y, n, ldx, ldr, ldy, eps);
+    RmsNormKernel<true, kResidual>
+        <<<rows, kThreads, 0, stream>>>(x, residual, weight, y, n, ldx, ldr, ldy, eps);
   } else {
-    RmsNormKernel<false, kResidual><<<rows, kThreads, 0, stream>>>(x, residual, weight, y, n, ldx, ldr, ldy, eps);
+    RmsNormKernel<false, kResidual>
+        <<<rows, kThreads, 0, stream>>>(x, residual, weight, y, n, ldx, ldr, ldy, eps);
   }
   return LaunchStatus("RmsNormKernel");
 }
@@ -96,7 +98,8 @@ absl::Status RunRmsNorm(const RmsNormParams& p) {
   if (p.rows < 0 || p.n <= 0 || ldx < p.n || ldy < p.n) {
     return absl::InvalidArgumentError("RunRmsNorm: need rows >= 0, n > 0, ldx/ldy >= n");
   }
-  if (p.rows > 0 && (!p.x || !p.weight || !p.y)) return absl::InvalidArgumentError("RunRmsNorm: null pointer");
+  if (p.rows > 0 && (!p.x || !p.weight || !p.y))
+    return absl::InvalidArgumentError("RunRmsNorm: null pointer");
   return Launch<false>(const_cast<bf16*>(p.x), nullptr, p.weight, p.y, p.rows, p.n, ldx, 0, ldy,
                        p.eps, p.stream);
 }
@@ -110,7 +113,8 @@ absl::Status RunAddRmsNorm(const AddRmsNormParams& p) {
   if (p.rows > 0 && (!p.x || !p.residual || !p.weight || !p.y)) {
     return absl::InvalidArgumentError("RunAddRmsNorm: null pointer");
   }
-  if (p.y == p.x || p.y == p.residual) return absl::InvalidArgumentError("RunAddRmsNorm: y aliases an input");
+  if (p.y == p.x || p.y == p.residual)
+    return absl::InvalidArgumentError("RunAddRmsNorm: y aliases an input");
   return Launch<true>(p.x, p.residual, p.weight, p.y, p.rows, p.n, ldx, ldr, ldy, p.eps, p.stream);
 }
 

@@ -1,9 +1,10 @@
 // GEMM, RMSNorm, RoPE (+ paged cache write) and SiLU-and-mul against
 // kernels/cpu on the same bf16-rounded inputs.
+#include "kernels/cpu/ops.h"
+
 #include <cmath>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/ops.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/gemm.h"
@@ -32,17 +33,20 @@ TEST(GemmTest, MatchesCpuLinear) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(auto gemm, CublasGemm::Create());
   const GemmCase cases[] = {
-      {1, 576, 2048, 0, 0, OutType::kBf16, false},     {7, 3072, 2048, 0, 0, OutType::kBf16, false},
+      {1, 576, 2048, 0, 0, OutType::kBf16, false},
+      {7, 3072, 2048, 0, 0, OutType::kBf16, false},
       {33, 64, 2048, 0, 0, OutType::kFloat32, false},  // router: fp32 out
       {128, 2048, 1408, 1416, 2056, OutType::kBf16, false},
       {5, 200, 512, 520, 0, OutType::kFloat32, true},
   };
   for (const GemmCase& c : cases) {
     const uint32_t seed = FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k << " seed=" << seed);
+    SCOPED_TRACE(::testing::Message()
+                 << "m=" << c.m << " n=" << c.n << " k=" << c.k << " seed=" << seed);
     std::mt19937 rng(seed);
     const int ldx = c.ldx ? c.ldx : c.k, ldy = c.ldy ? c.ldy : c.n;
-    std::vector<float> x = Randn(static_cast<size_t>(c.m) * ldx, rng), w = Randn(static_cast<size_t>(c.n) * c.k, rng, 0.05f);
+    std::vector<float> x = Randn(static_cast<size_t>(c.m) * ldx, rng),
+                       w = Randn(static_cast<size_t>(c.n) * c.k, rng, 0.05f);
     std::vector<float> y0 = Randn(static_cast<size_t>(c.m) * ldy, rng);
     MOESH_ASSERT_OK_AND_ASSIGN(auto dx, Upload(ToBf16Rounding(x)));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dw, Upload(ToBf16Rounding(w)));
@@ -88,8 +92,11 @@ TEST(GemmTest, MatchesCpuLinear) {
 
 TEST(RmsNormTest, PlainAndFusedAddMatchCpu) {
   MOESH_REQUIRE_GPU();
-  struct Case { int rows, n, ldx, ldy; };
-  for (const Case c : {Case{37, 2048, 0, 0}, Case{5, 512, 576, 0}, Case{9, 100, 104, 101}, Case{3, 7168, 0, 7176}}) {
+  struct Case {
+    int rows, n, ldx, ldy;
+  };
+  for (const Case c : {Case{37, 2048, 0, 0}, Case{5, 512, 576, 0}, Case{9, 100, 104, 101},
+                       Case{3, 7168, 0, 7176}}) {
     const uint32_t seed = FreshSeed();
     SCOPED_TRACE(::testing::Message() << "rows=" << c.rows << " n=" << c.n << " seed=" << seed);
     std::mt19937 rng(seed);
@@ -101,7 +108,8 @@ TEST(RmsNormTest, PlainAndFusedAddMatchCpu) {
     MOESH_ASSERT_OK_AND_ASSIGN(auto dx, Upload(xb));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dr, Upload(ToBf16Rounding(r)));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dw, Upload(ToBf16Rounding(w)));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dy, DeviceBuffer<bf16>::Create(static_cast<size_t>(c.rows) * ldy));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dy,
+                               DeviceBuffer<bf16>::Create(static_cast<size_t>(c.rows) * ldy));
 
     // Plain.
     MOESH_ASSERT_OK(Poison(dy));
@@ -113,7 +121,9 @@ TEST(RmsNormTest, PlainAndFusedAddMatchCpu) {
     std::vector<float> ref(static_cast<size_t>(c.rows) * c.n), out(ref.size());
     cpu::RmsNorm(x.data(), w.data(), ref.data(), c.rows, c.n, 1e-6f, ldx, c.n);
     for (int i = 0; i < c.rows; ++i)
-      for (int j = 0; j < c.n; ++j) out[static_cast<size_t>(i) * c.n + j] = testing::ToFloat(yb[static_cast<size_t>(i) * ldy + j]);
+      for (int j = 0; j < c.n; ++j)
+        out[static_cast<size_t>(i) * c.n + j] =
+            testing::ToFloat(yb[static_cast<size_t>(i) * ldy + j]);
     EXPECT_LE(RelErr(out, ref), 1e-2);
 
     // Fused: x += residual (bf16), y = norm(x).
@@ -131,7 +141,8 @@ TEST(RmsNormTest, PlainAndFusedAddMatchCpu) {
         s = RoundBf16(s + r[static_cast<size_t>(i) * c.n + j]);
         xs_ref.push_back(s);
         xs_out.push_back(testing::ToFloat(xs[static_cast<size_t>(i) * ldx + j]));
-        out[static_cast<size_t>(i) * c.n + j] = testing::ToFloat(yb[static_cast<size_t>(i) * ldy + j]);
+        out[static_cast<size_t>(i) * c.n + j] =
+            testing::ToFloat(yb[static_cast<size_t>(i) * ldy + j]);
       }
     }
     EXPECT_LE(RelErr(xs_out, xs_ref), 1e-6);  // the same bf16 rounding of the same sum
@@ -211,13 +222,17 @@ TEST(RopeTest, KvCacheWriteMatchesCpu) {
     MOESH_ASSERT_OK_AND_ASSIGN(auto dslot, Upload(slot_map));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dpos, Upload(pos));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dfreq, Upload(table.inv_freq));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dcache, DeviceBuffer<bf16>::Create(static_cast<size_t>(num_blocks) * kKvBlockSize * row));
+    MOESH_ASSERT_OK_AND_ASSIGN(
+        auto dcache,
+        DeviceBuffer<bf16>::Create(static_cast<size_t>(num_blocks) * kKvBlockSize * row));
     MOESH_ASSERT_OK(Poison(dcache));
     RopeKvCacheParams p;
-    p.kv = dkv.get(), p.kv_ld = kv_ld, p.kv_norm_weight = with_norm ? dw.get() : nullptr, p.eps = 1e-6f;
+    p.kv = dkv.get(), p.kv_ld = kv_ld, p.kv_norm_weight = with_norm ? dw.get() : nullptr,
+    p.eps = 1e-6f;
     p.cache = dcache.get(), p.num_blocks = num_blocks, p.slot_mapping = dslot.get();
     p.num_tokens = tokens, p.kv_lora_rank = rank;
-    p.q = dq.get(), p.q_num_heads = q_heads, p.q_token_stride = q_heads * q_stride, p.q_head_stride = q_stride;
+    p.q = dq.get(), p.q_num_heads = q_heads, p.q_token_stride = q_heads * q_stride,
+    p.q_head_stride = q_stride;
     p.q_rope_offset = 128;
     p.positions = dpos.get();
     p.rope = {dfreq.get(), table.attention_factor, dim, cpu::RopeLayout::kInterleaved};
@@ -229,13 +244,16 @@ TEST(RopeTest, KvCacheWriteMatchesCpu) {
     std::vector<bool> written(slots.size(), false);
     for (int t = 0; t < tokens; ++t) {
       float* q_ref = q.data() + static_cast<size_t>(t) * q_heads * q_stride;
-      cpu::RopeParams rq{q_ref, q_heads, q_stride, 128, dim, pos[t], cpu::RopeLayout::kInterleaved, &table};
+      cpu::RopeParams rq{q_ref, q_heads, q_stride, 128, dim, pos[t], cpu::RopeLayout::kInterleaved,
+                         &table};
       cpu::RunRope(rq);
       if (slot_map[t] < 0) continue;
       written[slot_map[t]] = true;
-      std::vector<float> ref_row(kv.begin() + static_cast<size_t>(t) * kv_ld, kv.begin() + static_cast<size_t>(t) * kv_ld + row);
+      std::vector<float> ref_row(kv.begin() + static_cast<size_t>(t) * kv_ld,
+                                 kv.begin() + static_cast<size_t>(t) * kv_ld + row);
       if (with_norm) cpu::RmsNorm(ref_row.data(), w.data(), ref_row.data(), 1, rank, 1e-6f);
-      cpu::RopeParams rk{ref_row.data(), 1, row, rank, dim, pos[t], cpu::RopeLayout::kInterleaved, &table};
+      cpu::RopeParams rk{ref_row.data(), 1, row, rank, dim, pos[t], cpu::RopeLayout::kInterleaved,
+                         &table};
       cpu::RunRope(rk);
       for (int d = 0; d < row; ++d) {
         want.push_back(ref_row[d]);
@@ -258,10 +276,12 @@ TEST(SiluAndMulTest, MatchesCpu) {
   for (float limit : {0.0f, 1.5f}) {
     for (auto [m, i] : {std::pair{33, 1408}, std::pair{4, 10944}, std::pair{3, 13}}) {
       const uint32_t seed = FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "m=" << m << " i=" << i << " limit=" << limit << " seed=" << seed);
+      SCOPED_TRACE(::testing::Message()
+                   << "m=" << m << " i=" << i << " limit=" << limit << " seed=" << seed);
       std::mt19937 rng(seed);
       std::vector<float> gu = Randn(static_cast<size_t>(m) * 2 * i, rng, 2.0f);
-      MOESH_ASSERT_OK_AND_ASSIGN(auto dgu, Upload(ToBf16Rounding(gu)));  // gu now holds what the device sees
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dgu,
+                                 Upload(ToBf16Rounding(gu)));  // gu now holds what the device sees
       MOESH_ASSERT_OK_AND_ASSIGN(auto dout, DeviceBuffer<bf16>::Create(static_cast<size_t>(m) * i));
       MOESH_ASSERT_OK(Poison(dout));
       SiluAndMulParams p;

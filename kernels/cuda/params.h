@@ -86,7 +86,8 @@ struct RopeTableView {
 // Rotates, in place, the rope slice x[t, r, offset : offset + dim] of every
 // token t and row r (e.g. the q_pe part of every head) at positions[t].
 struct RopeParams {
-  bf16* x = nullptr;  // [num_tokens, token_stride]; row r of token t at t*token_stride + r*row_stride
+  bf16* x =
+      nullptr;  // [num_tokens, token_stride]; row r of token t at t*token_stride + r*row_stride
   int num_tokens = 0, num_rows = 0;
   int token_stride = 0, row_stride = 0, offset = 0;
   const int32_t* positions = nullptr;  // [num_tokens]
@@ -105,12 +106,13 @@ struct RopeKvCacheParams {
   int kv_ld = 0;
   const bf16* kv_norm_weight = nullptr;  // [rank]; may be null
   float eps = 1e-6f;
-  bf16* cache = nullptr;  // [num_blocks, kKvBlockSize, cache_row_stride]
+  bf16* cache = nullptr;     // [num_blocks, kKvBlockSize, cache_row_stride]
   int cache_row_stride = 0;  // 0: rank + rope.dim (V3.2's rows carry its indexer key after them)
   int num_blocks = 0;
   const int32_t* slot_mapping = nullptr;  // [num_tokens]; < 0: padding, not written
   int num_tokens = 0, kv_lora_rank = 0;
-  bf16* q = nullptr;  // may be null; [num_tokens, q_token_stride], q_num_heads rows of q_head_stride
+  bf16* q =
+      nullptr;  // may be null; [num_tokens, q_token_stride], q_num_heads rows of q_head_stride
   int q_num_heads = 0, q_token_stride = 0, q_head_stride = 0, q_rope_offset = 0;
   const int32_t* positions = nullptr;  // [num_tokens]
   RopeTableView rope;
@@ -143,8 +145,8 @@ struct MoeGateParams {
   // their weights are still the scores (kernels/cpu/moe_gate.h forced_ids).
   const int32_t* forced_table = nullptr;  // [vocab, top_k]
   const int32_t* token_ids = nullptr;     // [num_tokens]
-  int32_t* topk_ids = nullptr;    // [num_tokens, top_k], best first
-  float* topk_weights = nullptr;  // [num_tokens, top_k]
+  int32_t* topk_ids = nullptr;            // [num_tokens, top_k], best first
+  float* topk_weights = nullptr;          // [num_tokens, top_k]
   cudaStream_t stream = nullptr;
 };
 
@@ -155,8 +157,8 @@ struct MoeGateParams {
 //   out[b, h, :] = sum_t p_t * row_t[:kv_lora_rank],
 // row_t = cache[block_table[b, t / 64], t % 64, :]. seq_lens[b] == 0 gives zeros.
 struct MlaDecodeParams {
-  const bf16* q = nullptr;         // [batch, num_heads, kv_lora_rank + rope_dim]
-  const bf16* kv_cache = nullptr;  // [num_blocks, kKvBlockSize, kv_lora_rank + rope_dim]
+  const bf16* q = nullptr;               // [batch, num_heads, kv_lora_rank + rope_dim]
+  const bf16* kv_cache = nullptr;        // [num_blocks, kKvBlockSize, kv_lora_rank + rope_dim]
   const int32_t* block_table = nullptr;  // [batch, max_blocks_per_seq]
   const int32_t* seq_lens = nullptr;     // [batch], each in [0, max_seq_len]
   int batch = 0, num_heads = 0;
@@ -199,10 +201,11 @@ struct GreedyLogprobsParams {
 // min-p, the draw given), one CTA per row. The row's logits are overwritten
 // (penalised, divided by the temperature): take log-probabilities first.
 struct SampleRow {
-  float temperature = 0.0f;  // below sampling::kMinTemperature (1e-5): argmax of the penalised logits
-  int top_k = 0;             // 0: all
-  float top_p = 1.0f;        // (0, 1]
-  float min_p = 0.0f;        // [0, 1]
+  float temperature =
+      0.0f;            // below sampling::kMinTemperature (1e-5): argmax of the penalised logits
+  int top_k = 0;       // 0: all
+  float top_p = 1.0f;  // (0, 1]
+  float min_p = 0.0f;  // [0, 1]
   float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
   int penalty_begin = 0, penalty_end = 0;  // this row's entries of SampleParams::penalties
   double draw = 0.0;                       // in [0, 1): Sampler::Draw(step)

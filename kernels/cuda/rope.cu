@@ -25,22 +25,25 @@ Rotation MakeRotation(const RopeTableView& t) {
 
 // cs[i] = (cos, sin) of pair i at `position`. Ends with a barrier.
 __device__ void FillCosSin(const Rotation& r, int position, float2* cs) {
-  for (int i = threadIdx.x; i < r.half; i += blockDim.x) cs[i] = RopeCosSin(r.inv_freq, r.attention_factor, i, position);
+  for (int i = threadIdx.x; i < r.half; i += blockDim.x)
+    cs[i] = RopeCosSin(r.inv_freq, r.attention_factor, i, position);
   __syncthreads();
 }
 
 // Rotates pair i of the slice at `src`, writing it to `dst` (may equal src).
-__device__ __forceinline__ void RotatePair(const Rotation& r, const float2* cs, int i, const bf16* src,
-                                           bf16* dst) {
+__device__ __forceinline__ void RotatePair(const Rotation& r, const float2* cs, int i,
+                                           const bf16* src, bf16* dst) {
   const int a = r.interleaved ? 2 * i : i;
   const int b = r.interleaved ? 2 * i + 1 : i + r.half;
-  const float2 v = RopeRotate(make_float2(__bfloat162float(src[a]), __bfloat162float(src[b])), cs[i]);
+  const float2 v =
+      RopeRotate(make_float2(__bfloat162float(src[a]), __bfloat162float(src[b])), cs[i]);
   dst[a] = __float2bfloat16_rn(v.x);
   dst[b] = __float2bfloat16_rn(v.y);
 }
 
 // Ropes rows [num_rows] of one token's slices in place.
-__device__ void RopeRows(const Rotation& r, const float2* cs, bf16* x, int num_rows, int row_stride) {
+__device__ void RopeRows(const Rotation& r, const float2* cs, bf16* x, int num_rows,
+                         int row_stride) {
   for (int j = threadIdx.x; j < num_rows * r.half; j += blockDim.x) {
     bf16* row = x + static_cast<int64_t>(j / r.half) * row_stride;
     RotatePair(r, cs, j % r.half, row, row);
@@ -51,7 +54,8 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p, Rotation r)
   __shared__ float2 cs[kMaxHalf];
   const int t = blockIdx.x;
   FillCosSin(r, p.positions[t], cs);
-  RopeRows(r, cs, p.x + static_cast<int64_t>(t) * p.token_stride + p.offset, p.num_rows, p.row_stride);
+  RopeRows(r, cs, p.x + static_cast<int64_t>(t) * p.token_stride + p.offset, p.num_rows,
+           p.row_stride);
 }
 
 __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams p, Rotation r) {
@@ -60,14 +64,15 @@ __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams 
   const int t = blockIdx.x;
   FillCosSin(r, p.positions[t], cs);
   if (p.q != nullptr) {
-    RopeRows(r, cs, p.q + static_cast<int64_t>(t) * p.q_token_stride + p.q_rope_offset, p.q_num_heads,
-             p.q_head_stride);
+    RopeRows(r, cs, p.q + static_cast<int64_t>(t) * p.q_token_stride + p.q_rope_offset,
+             p.q_num_heads, p.q_head_stride);
   }
   const int slot = p.slot_mapping[t];
   if (slot < 0 || slot >= p.num_blocks * kKvBlockSize) return;  // uniform across the CTA
   const int rank = p.kv_lora_rank;
   const bf16* src = p.kv + static_cast<int64_t>(t) * p.kv_ld;
-  bf16* dst = p.cache + static_cast<int64_t>(slot) * (p.cache_row_stride > 0 ? p.cache_row_stride : rank + 2 * r.half);
+  bf16* dst = p.cache + static_cast<int64_t>(slot) *
+                            (p.cache_row_stride > 0 ? p.cache_row_stride : rank + 2 * r.half);
   if (p.kv_norm_weight != nullptr) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < rank; i += blockDim.x) {
@@ -76,18 +81,20 @@ __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams 
     }
     const float inv = rsqrtf(BlockSum(ss, scratch) / static_cast<float>(rank) + p.eps);
     for (int i = threadIdx.x; i < rank; i += blockDim.x) {
-      dst[i] = __float2bfloat16_rn(__bfloat162float(p.kv_norm_weight[i]) * (__bfloat162float(src[i]) * inv));
+      dst[i] = __float2bfloat16_rn(__bfloat162float(p.kv_norm_weight[i]) *
+                                   (__bfloat162float(src[i]) * inv));
     }
   } else {
     for (int i = threadIdx.x; i < rank; i += blockDim.x) dst[i] = src[i];
   }
-  for (int i = threadIdx.x; i < r.half; i += blockDim.x) RotatePair(r, cs, i, src + rank, dst + rank);
+  for (int i = threadIdx.x; i < r.half; i += blockDim.x)
+    RotatePair(r, cs, i, src + rank, dst + rank);
 }
 
 absl::Status CheckTable(const RopeTableView& t, const char* op) {
   if (t.dim <= 0 || t.dim % 2 != 0 || t.dim / 2 > kMaxHalf || t.inv_freq == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": rope dim must be even, in (0, ", 2 * kMaxHalf,
-                                                   "], with an inv_freq table"));
+    return absl::InvalidArgumentError(absl::StrCat(op, ": rope dim must be even, in (0, ",
+                                                   2 * kMaxHalf, "], with an inv_freq table"));
   }
   return absl::OkStatus();
 }
@@ -108,9 +115,11 @@ absl::Status RunRope(const RopeParams& p) {
 
 absl::Status RunRopeKvCacheWrite(const RopeKvCacheParams& p) {
   RETURN_IF_ERROR(CheckTable(p.rope, "RunRopeKvCacheWrite"));
-  if (p.num_tokens < 0 || p.kv_lora_rank <= 0 || p.kv_ld < p.kv_lora_rank + p.rope.dim || p.num_blocks < 0 ||
+  if (p.num_tokens < 0 || p.kv_lora_rank <= 0 || p.kv_ld < p.kv_lora_rank + p.rope.dim ||
+      p.num_blocks < 0 ||
       (p.cache_row_stride != 0 && p.cache_row_stride < p.kv_lora_rank + p.rope.dim)) {
-    return absl::InvalidArgumentError("RunRopeKvCacheWrite: need kv_lora_rank > 0, kv_ld >= rank + rope dim");
+    return absl::InvalidArgumentError(
+        "RunRopeKvCacheWrite: need kv_lora_rank > 0, kv_ld >= rank + rope dim");
   }
   if (p.q != nullptr && (p.q_num_heads <= 0 || p.q_rope_offset < 0 ||
                          p.q_rope_offset + p.rope.dim > p.q_head_stride ||

@@ -11,7 +11,8 @@
 namespace moesh::cuda {
 
 // (cos, sin) of pair i at `position`.
-__device__ __forceinline__ float2 RopeCosSin(const float* inv_freq, float attention_factor, int i, int position) {
+__device__ __forceinline__ float2 RopeCosSin(const float* inv_freq, float attention_factor, int i,
+                                             int position) {
   float s, c;
   sincosf(inv_freq[i] * static_cast<float>(position), &s, &c);
   return make_float2(c * attention_factor, s * attention_factor);

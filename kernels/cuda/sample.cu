@@ -32,7 +32,7 @@ constexpr int kBins = 2048;  // 11 bits
 constexpr int kUnroll = 8;   // loads in flight per thread in a pass
 constexpr unsigned kFull = 0xffffffffu;
 constexpr double kFixedOne = 1099511627776.0;  // 2^40
-constexpr int kMaxVocab = 1 << 22;              // vocab * 2^40 < 2^63
+constexpr int kMaxVocab = 1 << 22;             // vocab * 2^40 < 2^63
 
 // Order-preserving: a > b as floats iff Key(a) > Key(b) as integers, and
 // a == b iff Key(a) == Key(b) (-0 is +0).
@@ -102,7 +102,8 @@ __device__ __forceinline__ int BlockExclusiveScan(int v, Shared& sh) {
 
 // The id of the r-th (1-based) kept logit, in id order, whose key is `key`
 // (one pass in id order: each thread a contiguous chunk).
-__device__ int TieId(const float* row, int vocab, Cut within, uint32_t key, unsigned long long r, Shared& sh) {
+__device__ int TieId(const float* row, int vocab, Cut within, uint32_t key, unsigned long long r,
+                     Shared& sh) {
   const int chunk = (vocab + kThreads - 1) / kThreads;
   const int lo = min(vocab, static_cast<int>(threadIdx.x) * chunk), hi = min(vocab, lo + chunk);
   if (threadIdx.x == 0) sh.sel_id = -1;  // ordered before the reads by the scan's barriers
@@ -138,8 +139,10 @@ struct Target {
 };
 __device__ __forceinline__ unsigned long long Resolve(const Target& t, unsigned long long total) {
   unsigned long long v = t.count;
-  if (t.kind == Target::kFraction) v = static_cast<unsigned long long>(ceil(t.value * static_cast<double>(total)));
-  if (t.kind == Target::kDraw) v = static_cast<unsigned long long>(t.value * static_cast<double>(total)) + 1;
+  if (t.kind == Target::kFraction)
+    v = static_cast<unsigned long long>(ceil(t.value * static_cast<double>(total)));
+  if (t.kind == Target::kDraw)
+    v = static_cast<unsigned long long>(t.value * static_cast<double>(total)) + 1;
   return min(max(v, 1ull), total);
 }
 
@@ -150,7 +153,8 @@ __device__ __forceinline__ unsigned long long Resolve(const Target& t, unsigned 
 // also keeps the lowest id per key, so a position at the first of its ties
 // needs no further pass.
 template <bool kCount>
-__device__ Cut Select(const float* row, int vocab, Cut within, Target want, float xmax, Shared& sh) {
+__device__ Cut Select(const float* row, int vocab, Cut within, Target want, float xmax,
+                      Shared& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint32_t prefix = 0, mask = 0;
   unsigned long long above = 0;  // weight kept above the prefix's range of keys
@@ -177,7 +181,8 @@ __device__ Cut Select(const float* row, int vocab, Cut within, Target want, floa
         const float x = xs[u];
         const uint32_t k = Key(x);
         // Masses below 2^-40 of the best are 0 in fixed point: such logits cannot be chosen.
-        const bool take = i < vocab && (kCount || x - xmax >= -28.0f) && (k & mask) == prefix && Kept(k, i, within);
+        const bool take = i < vocab && (kCount || x - xmax >= -28.0f) && (k & mask) == prefix &&
+                          Kept(k, i, within);
         const uint32_t digit = (k >> shift) & (bins - 1);
         const unsigned active = __ballot_sync(kFull, take);
         if (!take) continue;
@@ -190,7 +195,8 @@ __device__ Cut Select(const float* row, int vocab, Cut within, Target want, floa
         } else {
           const unsigned long long mine = Mass(x, xmax);
           w = 0;
-          for (unsigned rest = peers; rest != 0; rest &= rest - 1) w += __shfl_sync(peers, mine, __ffs(rest) - 1);
+          for (unsigned rest = peers; rest != 0; rest &= rest - 1)
+            w += __shfl_sync(peers, mine, __ffs(rest) - 1);
         }
         if (leader && w != 0) atomicAdd(&sh.hist[digit], w);
         if (pass == 2) {
@@ -211,9 +217,11 @@ __device__ Cut Select(const float* row, int vocab, Cut within, Target want, floa
         const unsigned long long t = __shfl_up_sync(kFull, incl, o);
         if (lane >= o) incl += t;
       }
-      const unsigned long long target = pass == 0 ? Resolve(want, __shfl_sync(kFull, incl, 31)) : sh.sel_target;
+      const unsigned long long target =
+          pass == 0 ? Resolve(want, __shfl_sync(kFull, incl, 31)) : sh.sel_target;
       const unsigned hit = __ballot_sync(kFull, above + incl >= target);
-      // No hit: nothing kept (impossible: the best logit always is); the last lane takes the lowest bin.
+      // No hit: nothing kept (impossible: the best logit always is); the last lane takes the lowest
+      // bin.
       if (lane == (hit != 0 ? __ffs(hit) - 1 : 31)) {
         unsigned long long acc = above + incl - s;
         int b = top;
@@ -270,8 +278,9 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
       x = x > 0.0f ? __fdiv_rn(x, r.repetition_penalty) : __fmul_rn(x, r.repetition_penalty);
     }
     if (pe.output_count > 0 && (r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f)) {
-      x = __fsub_rn(x, __fadd_rn(r.presence_penalty,
-                                 __fmul_rn(r.frequency_penalty, static_cast<float>(pe.output_count))));
+      x = __fsub_rn(x,
+                    __fadd_rn(r.presence_penalty,
+                              __fmul_rn(r.frequency_penalty, static_cast<float>(pe.output_count))));
     }
     row[pe.id] = x;
   }
@@ -314,10 +323,12 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
   const float xmax = best;
   Cut cut{0u, INT_MAX};
   if (r.top_k > 0 && r.top_k < vocab) {
-    cut = Select<true>(row, vocab, cut, Target{Target::kCount, static_cast<unsigned long long>(r.top_k), 0.0}, xmax,
+    cut = Select<true>(row, vocab, cut,
+                       Target{Target::kCount, static_cast<unsigned long long>(r.top_k), 0.0}, xmax,
                        sh);
   }
-  if (r.top_p < 1.0f) cut = Select<false>(row, vocab, cut, Target{Target::kFraction, 0, r.top_p}, xmax, sh);
+  if (r.top_p < 1.0f)
+    cut = Select<false>(row, vocab, cut, Target{Target::kFraction, 0, r.top_p}, xmax, sh);
   if (r.min_p > 0.0f) {
     const uint32_t k = MinPKey(xmax, r.min_p);  // keeps the keys >= k
     if (k > cut.key) cut = Cut{k, INT_MAX};

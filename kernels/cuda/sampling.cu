@@ -17,7 +17,6 @@ using sampling::kThreads;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFull = 0xffffffffu;
 
-
 // (m, s): s = sum exp(x - m) over the values seen.
 __device__ __forceinline__ void LseMerge(float& m, float& s, float om, float os) {
   if (om == -INFINITY) return;
@@ -98,7 +97,8 @@ __global__ void __launch_bounds__(kThreads) GreedyLogprobsKernel(GreedyLogprobsP
 #pragma unroll
       for (int u = 0; u < kLoads; ++u) {
         const int at = base + u * kThreads * 4;
-        v[u] = at + 4 <= p.vocab ? *reinterpret_cast<const float4*>(row + at) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[u] = at + 4 <= p.vocab ? *reinterpret_cast<const float4*>(row + at)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < kLoads; ++u) {
@@ -181,10 +181,11 @@ __global__ void __launch_bounds__(kThreads) GreedyLogprobsKernel(GreedyLogprobsP
 
 absl::Status RunGreedyLogprobs(const GreedyLogprobsParams& p) {
   const int ld = p.ld ? p.ld : p.vocab;
-  if (p.batch < 0 || p.top_k < 0 || p.top_k > sampling::kMaxTopK || p.vocab < std::max(p.top_k, 1) ||
-      ld < p.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("RunGreedyLogprobs: need 0 <= top_k <= ",
-                                                   sampling::kMaxTopK, ", vocab >= max(top_k, 1), ld >= vocab"));
+  if (p.batch < 0 || p.top_k < 0 || p.top_k > sampling::kMaxTopK ||
+      p.vocab < std::max(p.top_k, 1) || ld < p.vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunGreedyLogprobs: need 0 <= top_k <= ", sampling::kMaxTopK,
+                     ", vocab >= max(top_k, 1), ld >= vocab"));
   }
   if (p.batch == 0) return absl::OkStatus();
   if (!p.logits || !p.next_ids || (p.top_k > 0 && (!p.topk_ids || !p.topk_logprobs))) {

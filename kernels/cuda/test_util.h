@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/dtype.h"
+#include "common/base/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/params.h"
@@ -28,26 +28,26 @@ inline std::string GoldenDir(const std::string& name) {
 
 // Skips the test iff no CUDA device is present; with MOESH_REQUIRE_CUDA=1 in
 // the environment (the device-machine runs) a missing device fails instead.
-#define MOESH_REQUIRE_GPU()                                                              \
-  do {                                                                                   \
-    const absl::StatusOr<int> n_ = ::moesh::cuda::CudaDeviceCount();                     \
-    ASSERT_TRUE(n_.ok()) << n_.status();                                                 \
-    if (*n_ == 0) {                                                                      \
+#define MOESH_REQUIRE_GPU()                                                               \
+  do {                                                                                    \
+    const absl::StatusOr<int> n_ = ::moesh::cuda::CudaDeviceCount();                      \
+    ASSERT_TRUE(n_.ok()) << n_.status();                                                  \
+    if (*n_ == 0) {                                                                       \
       if (std::getenv("MOESH_REQUIRE_CUDA") != nullptr) FAIL() << "no CUDA device found"; \
-      GTEST_SKIP() << "no CUDA device (no driver or no GPU here): GPU test skipped";     \
-    }                                                                                    \
+      GTEST_SKIP() << "no CUDA device (no driver or no GPU here): GPU test skipped";      \
+    }                                                                                     \
   } while (0)
 
-#define MOESH_ASSERT_OK(expr)                \
-  do {                                       \
-    const absl::Status st_ = (expr);         \
+#define MOESH_ASSERT_OK(expr)                      \
+  do {                                             \
+    const absl::Status st_ = (expr);               \
     ASSERT_TRUE(st_.ok()) << #expr << ": " << st_; \
   } while (0)
 
 #define MOESH_ASSERT_OK_AND_ASSIGN(lhs, expr) \
   MOESH_ASSERT_OK_AND_ASSIGN_IMPL_(MOESH_CONCAT_(sor_, __LINE__), lhs, expr)
-#define MOESH_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                                     \
+#define MOESH_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)  \
+  auto tmp = (expr);                                      \
   ASSERT_TRUE(tmp.ok()) << #expr << ": " << tmp.status(); \
   lhs = std::move(tmp).value()
 
@@ -67,7 +67,8 @@ inline uint32_t FreshSeed() {
   return rd();
 }
 
-inline std::vector<float> Randn(size_t n, std::mt19937& rng, float stddev = 1.0f, float mean = 0.0f) {
+inline std::vector<float> Randn(size_t n, std::mt19937& rng, float stddev = 1.0f,
+                                float mean = 0.0f) {
   std::normal_distribution<float> d(mean, stddev);
   std::vector<float> v(n);
   for (float& x : v) x = d(rng);

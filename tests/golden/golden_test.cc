@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/base/file_util.h"
 #include "common/engine/generate.h"
-#include "common/file_util.h"
 #include "common/model/model.h"
 #include "common/model/safetensors.h"
 #include "gtest/gtest.h"
@@ -29,7 +29,8 @@ double MaxLogprobDiff(const float* a, const float* b, int vocab) {
   cpu::LogSoftmax(a, la.data(), vocab);
   cpu::LogSoftmax(b, lb.data(), vocab);
   double worst = 0.0;
-  for (int i = 0; i < vocab; ++i) worst = std::max(worst, std::fabs(static_cast<double>(la[i]) - lb[i]));
+  for (int i = 0; i < vocab; ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(la[i]) - lb[i]));
   return worst;
 }
 
@@ -81,15 +82,18 @@ TEST_P(GoldenTest, MatchesTransformers) {
     }
 
     // Prefill: logits at every prompt position from one batched forward.
-    const TensorView& hf_prefill = (*logits_file)->tensors().at("prefill_logits_" + std::to_string(p));
+    const TensorView& hf_prefill =
+        (*logits_file)->tensors().at("prefill_logits_" + std::to_string(p));
     SequenceKvCache cache = (*model)->NewCache();
     SequenceInput in{prompt, &cache};
-    absl::StatusOr<std::vector<float>> all = (*model)->Forward(absl::MakeConstSpan(&in, 1), LogitsFor::kAllTokens);
+    absl::StatusOr<std::vector<float>> all =
+        (*model)->Forward(absl::MakeConstSpan(&in, 1), LogitsFor::kAllTokens);
     ASSERT_TRUE(all.ok()) << all.status();
     ASSERT_EQ(all->size(), prompt.size() * vocab);
     for (size_t t = 0; t < prompt.size(); ++t) {
-      const double d = MaxLogprobDiff(all->data() + t * vocab,
-                                      reinterpret_cast<const float*>(hf_prefill.data) + t * vocab, vocab);
+      const double d =
+          MaxLogprobDiff(all->data() + t * vocab,
+                         reinterpret_cast<const float*>(hf_prefill.data) + t * vocab, vocab);
       EXPECT_LE(d, kLogprobTolerance) << "prompt position " << t;
       worst_prefill = std::max(worst_prefill, d);
     }
@@ -99,8 +103,8 @@ TEST_P(GoldenTest, MatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, GoldenTest,
-                         ::testing::Values("v2_lite", "v2", "v3", "v3_neox", "v32", "v32_dense_rope", "v4",
-                                           "v4_legacy"));
+                         ::testing::Values("v2_lite", "v2", "v3", "v3_neox", "v32",
+                                           "v32_dense_rope", "v4", "v4_legacy"));
 
 }  // namespace
 }  // namespace moesh

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/local_cluster.h"
+#include "common/base/file_util.h"
 #include "common/engine/generate.h"
-#include "common/file_util.h"
 #include "common/model/model.h"
 #include "common/model/random_checkpoint.h"
 #include "common/tokenizer/embedded_tokenizers.h"
@@ -79,8 +79,9 @@ struct Result {
   v1::FinalInfo final;
 };
 
-v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_new, float temperature = 0.0f,
-                            std::optional<uint64_t> seed = std::nullopt, int top_logprobs = 0) {
+v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_new,
+                            float temperature = 0.0f, std::optional<uint64_t> seed = std::nullopt,
+                            int top_logprobs = 0) {
   v1::GenerateRequest r;
   for (int32_t t : prompt) r.mutable_token_ids()->add_ids(t);
   r.mutable_sampling()->set_temperature(temperature);
@@ -94,7 +95,8 @@ v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_new, flo
 // Runs one request to completion; `on_token` may cancel via the context.
 Result Call(const std::string& server, const v1::GenerateRequest& req,
             const std::function<void(grpc::ClientContext*, int)>& on_token = nullptr) {
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::Generation::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto reader = stub->Generate(&ctx, req);
@@ -116,8 +118,9 @@ Result Call(const std::string& server, const v1::GenerateRequest& req,
 }
 
 // The single-process reference.
-GenerationResult Offline(const Model& model, const std::vector<int32_t>& prompt, int max_new, float temperature = 0,
-                         std::optional<uint64_t> seed = std::nullopt, int top_logprobs = 0) {
+GenerationResult Offline(const Model& model, const std::vector<int32_t>& prompt, int max_new,
+                         float temperature = 0, std::optional<uint64_t> seed = std::nullopt,
+                         int top_logprobs = 0) {
   SamplingParams sp;
   sp.temperature = temperature;
   sp.seed = seed;
@@ -164,7 +167,8 @@ TEST(ClusterTest, GreedyEqualsOfflineOnGoldenCheckpoints) {
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
     ASSERT_TRUE(model.ok());
-    const nlohmann::json golden = nlohmann::json::parse(*ReadFileToString(JoinPath(dir, "golden.json")));
+    const nlohmann::json golden =
+        nlohmann::json::parse(*ReadFileToString(JoinPath(dir, "golden.json")));
     for (size_t p = 0; p < golden["prompts"].size(); ++p) {
       const std::vector<int32_t> prompt = golden["prompts"][p].get<std::vector<int32_t>>();
       const std::vector<int32_t> want = golden["output_ids"][p].get<std::vector<int32_t>>();
@@ -188,7 +192,8 @@ TEST(ClusterTest, GreedyEqualsOfflineOnGoldenCheckpoints) {
 
 TEST(ClusterTest, ConcurrentStreamsEachEqualTheirSoloRun) {
   const std::string dir = TinyModel();
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(dir, "concurrent"));
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+      LocalCluster::Start(Options(dir, "concurrent"));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
   ASSERT_TRUE(model.ok());
@@ -205,13 +210,15 @@ TEST(ClusterTest, ConcurrentStreamsEachEqualTheirSoloRun) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kStreams; ++i) {
     threads.emplace_back([&, i] {
-      results[i] = Call((*cluster)->router_address(), Request(prompts[i], 24 + i, temp(i), 100 + i));
+      results[i] =
+          Call((*cluster)->router_address(), Request(prompts[i], 24 + i, temp(i), 100 + i));
     });
   }
   for (auto& t : threads) t.join();
   for (int i = 0; i < kStreams; ++i) {
     ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
-    EXPECT_EQ(results[i].ids, Offline(**model, prompts[i], 24 + i, temp(i), 100 + i).output_ids) << "stream " << i;
+    EXPECT_EQ(results[i].ids, Offline(**model, prompts[i], 24 + i, temp(i), 100 + i).output_ids)
+        << "stream " << i;
   }
   // Several requests shared decode steps.
   const std::string decode_metrics = Proc(**cluster, "decode-0").metrics_address;
@@ -244,13 +251,16 @@ TEST_P(ClusterTransportTest, StreamsEqualOffline) {
   std::vector<std::thread> threads;
   for (size_t i = 0; i < prompts.size(); ++i) {
     threads.emplace_back([&, i] {
-      results[i] = Call((*cluster)->router_address(), Request(prompts[i], 20, i % 2 ? 0.8f : 0.0f, 50 + i));
+      results[i] =
+          Call((*cluster)->router_address(), Request(prompts[i], 20, i % 2 ? 0.8f : 0.0f, 50 + i));
     });
   }
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
-    EXPECT_EQ(results[i].ids, Offline(**model, prompts[i], 20, i % 2 ? 0.8f : 0.0f, 50 + i).output_ids) << i;
+    EXPECT_EQ(results[i].ids,
+              Offline(**model, prompts[i], 20, i % 2 ? 0.8f : 0.0f, 50 + i).output_ids)
+        << i;
   }
   unsetenv("UCX_TLS");
 }
@@ -269,12 +279,13 @@ TEST(ClusterTest, CancellationFreesKvBlocks) {
   const std::string free_series = "moesh_kv_cache_free_blocks";
   EXPECT_EQ(Metric(m, free_series), o.kv_blocks);
   double during = -1;
-  Result r = Call((*cluster)->router_address(), Request({5, 6, 7}, 2000), [&](grpc::ClientContext* ctx, int n) {
-    if (n == 20) {
-      during = Metric(m, free_series);
-      ctx->TryCancel();
-    }
-  });
+  Result r = Call((*cluster)->router_address(), Request({5, 6, 7}, 2000),
+                  [&](grpc::ClientContext* ctx, int n) {
+                    if (n == 20) {
+                      during = Metric(m, free_series);
+                      ctx->TryCancel();
+                    }
+                  });
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_LT(r.ids.size(), 2000u);
   EXPECT_EQ(during, o.kv_blocks - (3 + 2000 - 1 + 63) / 64);  // the reservation held its blocks
@@ -291,7 +302,8 @@ TEST(ClusterTest, DeadlineEndsTheStreamAndFreesKv) {
   LocalClusterOptions o = Options(TinyModel(), "deadline");
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
   auto reader = stub->Generate(&ctx, Request({5, 6, 7}, 2500));
@@ -310,7 +322,8 @@ TEST(ClusterTest, DeadlineEndsTheStreamAndFreesKv) {
 }
 
 TEST(ClusterTest, BadRequestsAreInvalidArgumentAndHarmNoOne) {
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(TinyModel(), "bad"));
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+      LocalCluster::Start(Options(TinyModel(), "bad"));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string server = (*cluster)->router_address();
   // A healthy stream runs alongside the bad requests.
@@ -328,27 +341,35 @@ TEST(ClusterTest, BadRequestsAreInvalidArgumentAndHarmNoOne) {
       {"empty prompt", [](v1::GenerateRequest& r) { r.mutable_token_ids()->clear_ids(); }},
       {"id >= vocab", [](v1::GenerateRequest& r) { r.mutable_token_ids()->add_ids(512); }},
       {"negative id", [](v1::GenerateRequest& r) { r.mutable_token_ids()->add_ids(-1); }},
-      {"prompt over context", [](v1::GenerateRequest& r) {
+      {"prompt over context",
+       [](v1::GenerateRequest& r) {
          for (int i = 0; i < 3000; ++i) r.mutable_token_ids()->add_ids(3);
        }},
       {"max_new_tokens 0", [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_new_tokens(0); }},
-      {"max_new_tokens over limit", [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_new_tokens(100000); }},
-      {"prompt + output over context", [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_new_tokens(2559); }},
-      {"temperature < 0", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-0.5f); }},
+      {"max_new_tokens over limit",
+       [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_new_tokens(100000); }},
+      {"prompt + output over context",
+       [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_new_tokens(2559); }},
+      {"temperature < 0",
+       [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-0.5f); }},
       {"top_p 0", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(0.0f); }},
       {"top_p > 1", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5f); }},
       {"min_p > 1", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_min_p(2.0f); }},
       {"top_k < 0", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_k(-3); }},
-      {"top_logprobs > 20", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_logprobs(21); }},
-      {"stop id >= vocab", [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_token_ids(9999); }},
-      {"stop string without tokenizer", [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_strings("x"); }},
+      {"top_logprobs > 20",
+       [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_logprobs(21); }},
+      {"stop id >= vocab",
+       [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_token_ids(9999); }},
+      {"stop string without tokenizer",
+       [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_strings("x"); }},
       {"text without tokenizer", [](v1::GenerateRequest& r) { r.set_text("hello"); }},
   };
   for (const Bad& b : cases) {
     v1::GenerateRequest r = Request({1, 2, 3}, 8);
     b.edit(r);
     Result res = Call(server, r);
-    EXPECT_EQ(res.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << b.what << ": " << res.status.error_message();
+    EXPECT_EQ(res.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << b.what << ": " << res.status.error_message();
     EXPECT_FALSE(res.status.error_message().empty()) << b.what;
   }
   good.join();
@@ -358,13 +379,16 @@ TEST(ClusterTest, BadRequestsAreInvalidArgumentAndHarmNoOne) {
 // streamed deltas are whole UTF-8 and add up to the decoded ids, stop strings
 // cut the text, malformed UTF-8 is INVALID_ARGUMENT.
 TEST(ClusterTest, TextPromptsAndStopStrings) {
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(TinyTextModel(), "text"));
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+      LocalCluster::Start(Options(TinyTextModel(), "text"));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyTextModel());
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::Load(TinyTextModel());
   ASSERT_TRUE(model.ok() && tok.ok());
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
-  auto run = [&](const v1::GenerateRequest& req, std::string* text, std::vector<int32_t>* ids, v1::FinalInfo* fin) {
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  auto run = [&](const v1::GenerateRequest& req, std::string* text, std::vector<int32_t>* ids,
+                 v1::FinalInfo* fin) {
     grpc::ClientContext ctx;
     auto reader = stub->Generate(&ctx, req);
     v1::GenerateResponse m;
@@ -431,17 +455,20 @@ TEST(ClusterTest, SingleTokenRequestsReleaseTheirReservation) {
   }
   Result r = Call((*cluster)->router_address(), Request({1, 2}, 10));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
-  EXPECT_EQ(Metric(Proc(**cluster, "decode-0").metrics_address, "moesh_kv_cache_free_blocks"), o.kv_blocks);
+  EXPECT_EQ(Metric(Proc(**cluster, "decode-0").metrics_address, "moesh_kv_cache_free_blocks"),
+            o.kv_blocks);
 }
 
 TEST(ClusterTest, AbortEndsTheStreamWithAbort) {
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(Options(TinyModel(), "abort"));
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+      LocalCluster::Start(Options(TinyModel(), "abort"));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   v1::GenerateRequest req = Request({4, 4, 4}, 2000);
   req.set_request_id("to-abort");
   Result r = Call((*cluster)->router_address(), req, [&](grpc::ClientContext*, int n) {
     if (n != 10) return;
-    auto stub = v1::Generation::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+    auto stub = v1::Generation::NewStub(
+        grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     v1::AbortRequest a;
     a.set_request_id("to-abort");
@@ -466,11 +493,12 @@ TEST(ClusterTest, ExpertWorkerDeathIsRoutedAroundThroughReplicas) {
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
   ASSERT_TRUE(model.ok());
   const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
-  Result r = Call((*cluster)->router_address(), Request(prompt, 300), [&](grpc::ClientContext*, int n) {
-    if (n == 10) {
-      ASSERT_TRUE((*cluster)->Signal("expert-0", SIGKILL).ok());
-    }
-  });
+  Result r =
+      Call((*cluster)->router_address(), Request(prompt, 300), [&](grpc::ClientContext*, int n) {
+        if (n == 10) {
+          ASSERT_TRUE((*cluster)->Signal("expert-0", SIGKILL).ok());
+        }
+      });
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.ids, Offline(**model, prompt, 300).output_ids);
   const std::vector<int32_t> prompt2 = {2, 7, 1, 8};
@@ -494,8 +522,8 @@ TEST(ClusterTest, PlacementFollowsExpertWorkersJoiningAndLeaving) {
   EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 16)).ids, want);
   ASSERT_TRUE((*cluster)->AddExpertWorker("0-7").ok());
   // The router's map grows to three workers under a new version...
-  auto cluster_stub =
-      v1::Cluster::NewStub(grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  auto cluster_stub = v1::Cluster::NewStub(
+      grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
   int64_t version = 0;
   for (int i = 0; i < 200 && version == 0; ++i) {
     grpc::ClientContext ctx;
@@ -533,7 +561,8 @@ void StartServing(const LocalClusterOptions& o, const std::vector<int32_t>& prom
 }
 
 grpc::Status Rebalance(const LocalCluster& c, int slots, v1::RebalanceResponse* resp) {
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(c.router_address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Cluster::NewStub(
+      grpc::CreateChannel(c.router_address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   v1::RebalanceRequest req;
   req.set_slots_per_worker(slots);
@@ -550,7 +579,8 @@ TEST(ClusterTest, RebalanceReplicatesExpertsWithoutChangingOutputs) {
   std::unique_ptr<LocalCluster> cluster;
   std::vector<int32_t> want;
   ASSERT_NO_FATAL_FAILURE(StartServing(o, prompt, &cluster, &want));
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // loads reach the router by heartbeat
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(800));  // loads reach the router by heartbeat
   v1::RebalanceResponse resp;
   grpc::Status s = Rebalance(*cluster, 8, &resp);  // room for a replica of every expert
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -577,10 +607,12 @@ TEST(ClusterTest, RebalanceDropsColdReplicas) {
   std::unique_ptr<LocalCluster> cluster;
   std::vector<int32_t> want;
   ASSERT_NO_FATAL_FAILURE(StartServing(o, prompt, &cluster, &want));
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // loads reach the router by heartbeat
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(800));  // loads reach the router by heartbeat
   // What an expert worker hosts (a load of nothing, not exact, changes nothing).
   auto hosted = [&](const std::string& name) {
-    auto w = v1::ExpertWorker::NewStub(grpc::CreateChannel(Proc(*cluster, name).address, grpc::InsecureChannelCredentials()));
+    auto w = v1::ExpertWorker::NewStub(
+        grpc::CreateChannel(Proc(*cluster, name).address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     v1::LoadExpertsResponse resp;
     EXPECT_TRUE(w->LoadExperts(&ctx, v1::LoadExpertsRequest(), &resp).ok());
@@ -607,7 +639,8 @@ TEST(ClusterTest, RebalanceDropsColdReplicas) {
     ASSERT_TRUE(SwitchedToPlacement(*cluster, w, four.placement_version())) << w;
   }
   EXPECT_EQ(hosted("expert-0") + hosted("expert-1"), 8) << "cold replicas were kept";
-  EXPECT_EQ(Metric(Proc(*cluster, "router").metrics_address, "moesh_expert_replicas_dropped_total{service=\"router\"}"),
+  EXPECT_EQ(Metric(Proc(*cluster, "router").metrics_address,
+                   "moesh_expert_replicas_dropped_total{service=\"router\"}"),
             8);
   EXPECT_EQ(Call(cluster->router_address(), Request(prompt, 24)).ids, want);
 }
@@ -618,14 +651,16 @@ TEST(ClusterTest, RebalanceDropsColdReplicas) {
 TEST(ClusterTest, AutomaticRebalanceWhenLoadIsSkewed) {
   LocalClusterOptions o = Options(TinyModel(), "auto_rebalance");
   o.expert_workers = {"0-5", "6-7"};  // 6 experts against 2: skewed whatever the routing
-  o.extra_router_flags = {"--rebalance_interval_s=1", "--rebalance_min_ratio=1.05", "--rebalance_slots=8"};
+  o.extra_router_flags = {"--rebalance_interval_s=1", "--rebalance_min_ratio=1.05",
+                          "--rebalance_slots=8"};
   const std::vector<int32_t> prompt = {9, 1, 4, 4, 2, 7};
   std::unique_ptr<LocalCluster> cluster;
   std::vector<int32_t> want;
   ASSERT_NO_FATAL_FAILURE(StartServing(o, prompt, &cluster, &want));
   const std::string metrics = Proc(*cluster, "router").metrics_address;
   double ok = 0;
-  for (int i = 0; i < 100 && ok < 1; ++i) {  // loads arrive by heartbeat; the check runs every second
+  for (int i = 0; i < 100 && ok < 1;
+       ++i) {  // loads arrive by heartbeat; the check runs every second
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     ok = Metric(metrics, "moesh_rebalances_total{service=\"router\",result=\"ok\"}");
   }
@@ -635,7 +670,8 @@ TEST(ClusterTest, AutomaticRebalanceWhenLoadIsSkewed) {
   EXPECT_GE(Metric(metrics, "moesh_expert_worker_balance_ratio"), 1.0);
   EXPECT_EQ(Metric(metrics, "moesh_rebalances_total{service=\"router\",result=\"failed\"}"), 0);
   EXPECT_GE(Metric(metrics, "moesh_rebalance_seconds_count"), 1);
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(cluster->router_address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Cluster::NewStub(
+      grpc::CreateChannel(cluster->router_address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   v1::PlacementMap map;
   ASSERT_TRUE(stub->GetPlacement(&ctx, v1::GetPlacementRequest(), &map).ok());
@@ -656,17 +692,19 @@ TEST(ClusterTest, ExpertWorkerDeathWithoutReplicaFailsStreams) {
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::chrono::steady_clock::time_point killed;
-  Result r = Call((*cluster)->router_address(), Request({3, 1, 4, 1, 5}, 2000), [&](grpc::ClientContext*, int n) {
-    if (n == 10) {
-      ASSERT_TRUE((*cluster)->Signal("expert-1", SIGKILL).ok());
-      killed = std::chrono::steady_clock::now();
-    }
-  });
+  Result r = Call((*cluster)->router_address(), Request({3, 1, 4, 1, 5}, 2000),
+                  [&](grpc::ClientContext*, int n) {
+                    if (n == 10) {
+                      ASSERT_TRUE((*cluster)->Signal("expert-1", SIGKILL).ok());
+                      killed = std::chrono::steady_clock::now();
+                    }
+                  });
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
   EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(5));
   Result again = Call((*cluster)->router_address(), Request({2, 7, 1, 8}, 12));
   EXPECT_EQ(again.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_NE(again.status.error_message().find("expert"), std::string::npos) << again.status.error_message();
+  EXPECT_NE(again.status.error_message().find("expert"), std::string::npos)
+      << again.status.error_message();
 }
 
 // A killed decode worker fails its streams with UNAVAILABLE; the router drops
@@ -677,15 +715,16 @@ TEST(ClusterTest, DecodeWorkerDeathFailsStreamsThenOthersServe) {
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::chrono::steady_clock::time_point killed;
-  Result r = Call((*cluster)->router_address(), Request({3, 1, 4}, 2000), [&](grpc::ClientContext*, int n) {
-    if (n != 10) return;
-    for (const char* d : {"decode-0", "decode-1"}) {  // kill whichever holds the stream
-      if (Metric(Proc(**cluster, d).metrics_address, "moesh_num_requests_running") == 1) {
-        ASSERT_TRUE((*cluster)->Signal(d, SIGKILL).ok());
-        killed = std::chrono::steady_clock::now();
-      }
-    }
-  });
+  Result r = Call(
+      (*cluster)->router_address(), Request({3, 1, 4}, 2000), [&](grpc::ClientContext*, int n) {
+        if (n != 10) return;
+        for (const char* d : {"decode-0", "decode-1"}) {  // kill whichever holds the stream
+          if (Metric(Proc(**cluster, d).metrics_address, "moesh_num_requests_running") == 1) {
+            ASSERT_TRUE((*cluster)->Signal(d, SIGKILL).ok());
+            killed = std::chrono::steady_clock::now();
+          }
+        }
+      });
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
   EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(5));
   // Until the router notices (heartbeat timeout), a request may still be sent

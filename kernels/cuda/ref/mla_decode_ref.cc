@@ -14,7 +14,8 @@ void MlaDecodeRef(const MlaDecodeRefParams& p) {
     const int len = p.seq_lens[b];
     std::vector<const float*> rows(len);
     for (int t = 0; t < len; ++t) {
-      const int block = p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + t / p.block_size];
+      const int block =
+          p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + t / p.block_size];
       rows[t] = p.kv_cache + (static_cast<int64_t>(block) * p.block_size + t % p.block_size) * dim;
     }
     for (int h = 0; h < p.num_heads; ++h) {
@@ -35,10 +36,12 @@ void MlaDecodeRef(const MlaDecodeRefParams& p) {
         sum += w;
         for (int d = 0; d < p.kv_lora_rank; ++d) acc[d] += w * rows[t][d];
       }
-      for (int d = 0; d < p.kv_lora_rank; ++d) out[d] = len > 0 ? static_cast<float>(acc[d] / sum) : 0.0f;
+      for (int d = 0; d < p.kv_lora_rank; ++d)
+        out[d] = len > 0 ? static_cast<float>(acc[d] / sum) : 0.0f;
       if (p.lse != nullptr) {
         p.lse[static_cast<int64_t>(b) * p.num_heads + h] =
-            len > 0 ? static_cast<float>(mx + std::log(sum)) : -std::numeric_limits<float>::infinity();
+            len > 0 ? static_cast<float>(mx + std::log(sum))
+                    : -std::numeric_limits<float>::infinity();
       }
     }
   }

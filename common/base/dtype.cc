@@ -1,0 +1,130 @@
+#include "common/base/dtype.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace moesh {
+
+size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
+    case DType::kI64:
+      return 8;
+    case DType::kI32:
+      return 4;
+  }
+  return 0;
+}
+
+std::string_view DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseDType(std::string_view name) {
+  for (DType t :
+       {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kI64, DType::kI32}) {
+    if (DTypeName(t) == name) return t;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unsupported dtype \"", std::string(name), "\""));
+}
+
+float F16ToF32(uint16_t h) {
+  const uint32_t sign = (h >> 15) & 1u;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  float mag;
+  if (exp == 0) {
+    mag = std::ldexp(static_cast<float>(mant), -24);
+  } else if (exp == 31) {
+    mag = mant ? NAN : INFINITY;
+  } else {
+    mag = std::ldexp(static_cast<float>(mant | 0x400u), static_cast<int>(exp) - 25);
+  }
+  return sign ? -mag : mag;
+}
+
+uint16_t F32ToF16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  if (std::isnan(f)) return sign | 0x7e00u;
+  float a = std::fabs(f);
+  if (a >= 65520.0f) return sign | 0x7c00u;  // rounds to infinity
+  if (a < 6.103515625e-05f) {                // subnormal: units of 2^-24
+    return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));
+  }
+  int e;
+  float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  uint32_t mant = static_cast<uint32_t>(std::nearbyint((m * 2.0f - 1.0f) * 1024.0f));
+  uint32_t exp = static_cast<uint32_t>(e - 1 + 15);
+  if (mant == 1024) {
+    mant = 0;
+    ++exp;
+  }
+  return sign | static_cast<uint16_t>((exp << 10) | mant);
+}
+
+float F8E4M3ToF32(uint8_t v) {
+  const uint32_t sign = v >> 7;
+  const uint32_t exp = (v >> 3) & 0xfu;
+  const uint32_t mant = v & 0x7u;
+  float mag;
+  if (exp == 0xf && mant == 0x7) {
+    mag = NAN;  // e4m3fn has no infinities
+  } else if (exp == 0) {
+    mag = std::ldexp(static_cast<float>(mant), -9);
+  } else {
+    mag = std::ldexp(static_cast<float>(mant | 0x8u), static_cast<int>(exp) - 10);
+  }
+  return sign ? -mag : mag;
+}
+
+void ConvertToF32(DType t, const void* src, size_t n, float* dst) {
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    case DType::kBF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);
+      return;
+    }
+    case DType::kF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      const uint8_t* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = F8E4M3ToF32(s[i]);
+      return;
+    }
+    case DType::kI64:
+    case DType::kI32:
+      return;
+  }
+}
+
+}  // namespace moesh

@@ -1,0 +1,52 @@
+// Element types of checkpoint and activation tensors, and scalar conversions.
+//
+// Thread-safe: everything here is a pure function.
+#ifndef MOESH_COMMON_BASE_DTYPE_H_
+#define MOESH_COMMON_BASE_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace moesh {
+
+enum class DType { kF32, kBF16, kF16, kF8E4M3, kI64, kI32 };
+
+// Size of one element in bytes.
+size_t DTypeSize(DType t);
+// Safetensors spelling: "F32", "BF16", "F16", "F8_E4M3", "I64", "I32".
+std::string_view DTypeName(DType t);
+// Inverse of DTypeName; INVALID_ARGUMENT for anything else (e.g. "F64").
+absl::StatusOr<DType> ParseDType(std::string_view name);
+
+inline float Bf16ToF32(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// Round-to-nearest-even, as PyTorch does; NaN stays NaN.
+inline uint16_t F32ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float F16ToF32(uint16_t v);
+uint16_t F32ToF16(float f);
+float F8E4M3ToF32(uint8_t v);
+
+// Converts `n` elements of type `t` at `src` to float32 at `dst`.
+// REQUIRES: t is a floating type (not kI64/kI32).
+void ConvertToF32(DType t, const void* src, size_t n, float* dst);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_BASE_DTYPE_H_

@@ -1,0 +1,137 @@
+// CudaExpertStage: an expert worker's shard of routed experts on one GPU.
+//
+// Per MoE layer the hosted experts are stacked in bf16 ([E_local, 2 * inter,
+// hidden] and [E_local, hidden, inter]); a dispatch runs the same kernels as
+// CudaModel's MoE block: the (token, k) pairs of hosted experts are sorted by
+// expert (pairs routed elsewhere are skipped), a grouped gate_up GEMM,
+// SiLU·mul, a grouped down GEMM in fp32, and the weighted combine, which is
+// added into the caller's host buffer. Hidden states arrive in fp32 and are
+// rounded to bf16 (weights and activations in bf16, accumulation in fp32, as
+// the CUDA model computes them). AccumulateOnDevice takes them in bf16 on the
+// device (the cuda_ipc transport) and writes its result there.
+//
+// Thread-safe: dispatches from concurrent callers run one at a time on the
+// stage's stream; AddShard uploads the new experts and swaps the stacks in
+// between dispatches.
+#ifndef MOESH_COMMON_CUDA_BACKEND_CUDA_EXPERT_STAGE_H_
+#define MOESH_COMMON_CUDA_BACKEND_CUDA_EXPERT_STAGE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/expert_client.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+class CudaExpertStage : public ExpertStage {
+ public:
+  // Uploads the shard to the current device. RESOURCE_EXHAUSTED if it does
+  // not fit; UNIMPLEMENTED for shapes the grouped GEMM is not built for.
+  static absl::StatusOr<std::unique_ptr<CudaExpertStage>> Create(
+      const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights);
+  ~CudaExpertStage() override;
+
+  absl::Status Accumulate(const MoeDispatch& dispatch, float* out) const override;
+  absl::Status AddShard(std::unique_ptr<ExpertShardWeights> more) override;
+  // Rebuilds the stacks without `ids`; a running dispatch keeps the old ones.
+  absl::Status RemoveExperts(const std::set<int>& ids) override;
+  // Reads the dispatch where it lies (another process's memory mapped
+  // through CUDA IPC, or this GPU's), maps expert ids to the stacks on the
+  // device, and writes `out` on the device: no host staging.
+  absl::Status AccumulateOnDevice(const DeviceMoeDispatch& dispatch, float* out,
+                                  std::vector<CountedDispatch>* counted) const override;
+  std::string device() const override { return device_; }
+  // Bytes of expert weights on the device.
+  size_t device_bytes() const;
+
+ private:
+  // One MoE layer's hosted experts, stacked.
+  struct LayerStack {
+    DeviceBuffer<bf16> gate_up, down;
+  };
+  // Everything a dispatch reads; replaced whole by AddShard.
+  struct Stacks {
+    std::vector<int32_t> local;  // global expert id -> row in the stacks, or -1
+    int num_local = 0;
+    std::map<int, LayerStack> layers;
+    size_t bytes = 0;
+  };
+  // Scratch for one dispatch, grown on demand.
+  struct Scratch {
+    DeviceBuffer<bf16> x, gu, act, gathered;
+    DeviceBuffer<float> y, out, weights;
+    DeviceBuffer<int32_t> ids, expert_offsets, tile_offsets, row_token, pair_row, map;
+    PinnedBuffer<uint16_t> h_x;
+    PinnedBuffer<float> h_w, h_out;
+    PinnedBuffer<int32_t> h_ids, h_map, h_offsets;
+    std::unique_ptr<CublasGemm> gemm;  // the dense expert path's (expert_mlp.h)
+  };
+
+  CudaExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights,
+                  Stream stream, int ordinal)
+      : ExpertStage(config, std::move(weights)),
+        stream_(std::move(stream)),
+        ordinal_(ordinal),
+        device_("cuda:" + std::to_string(ordinal)) {}
+  // Stacks for every expert in `shards` (the first shard holding an expert serves it).
+  absl::StatusOr<std::shared_ptr<const Stacks>> Build(
+      const std::vector<const ExpertShardWeights*>& shards) const;
+  absl::Status EnsureScratch(int num_tokens, int top_k, int num_local) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Waits for a dispatch that returned early; hands its pairs to `counted`
+  // (dropped if null).
+  absl::Status DrainPending(std::vector<CountedDispatch>* counted) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // ids of pairs not in `serve` (empty: every pair) become -1.
+  void CountOnlyServed(const std::vector<uint8_t>& serve, std::vector<int32_t>* ids) const;
+  // One grouped pass over the shard's experts, on the stage's stream: the
+  // pairs sorted by expert (ids mapped through `map` when it is set), gate_up
+  // GEMM, SiLU·mul, down GEMM, and the weighted combine added into `out`.
+  struct ExpertPass {
+    const bf16* x = nullptr;       // [num_tokens, hidden]
+    const int32_t* ids = nullptr;  // [num_tokens, top_k]: stack rows, or global ids with `map`
+    const int32_t* map = nullptr;  // [map_size] global id -> stack row or -1; may be null
+    int map_size = 0;
+    const float* weights = nullptr;  // [num_tokens, top_k]
+    float* out = nullptr;            // [num_tokens, hidden], added into
+    int num_tokens = 0, top_k = 0;
+    int max_rows = 0;       // a bound on the pairs that land here (sizes the launches)
+    int expected_rows = 0;  // the pairs expected here, and
+    int served = 0;         // the experts they spread over (pick the tile height)
+  };
+  absl::Status EnqueueExperts(const LayerStack& ls, int num_local, const ExpertPass& pass) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+
+  const Stream stream_;
+  const int ordinal_;  // made current on each calling thread
+  const std::string device_;
+  std::vector<const ExpertShardWeights*> hosted_;  // guarded by add_mu_
+  mutable absl::Mutex add_mu_;                     // serialises AddShard
+  mutable absl::Mutex stacks_mu_;
+  std::shared_ptr<const Stacks> stacks_ ABSL_GUARDED_BY(stacks_mu_);
+  mutable absl::Mutex run_mu_;  // one dispatch on the device at a time
+  mutable Scratch scratch_ ABSL_GUARDED_BY(run_mu_);
+  // A dispatch that returned before the device finished (DeviceMoeDispatch::
+  // done): its ids land in pending_ids_ once pending_event_ fires; the next
+  // call waits for that, so host buffers are never rewritten under a copy.
+  mutable bool pending_ ABSL_GUARDED_BY(run_mu_) = false;
+  mutable CountedDispatch pending_counted_ ABSL_GUARDED_BY(run_mu_);
+  mutable std::vector<uint8_t> pending_serve_ ABSL_GUARDED_BY(run_mu_);
+  mutable PinnedBuffer<int32_t> pending_ids_ ABSL_GUARDED_BY(run_mu_);
+  mutable Event pending_event_ ABSL_GUARDED_BY(run_mu_);
+  mutable int scratch_tokens_ ABSL_GUARDED_BY(run_mu_) = 0;
+  mutable int scratch_top_k_ ABSL_GUARDED_BY(run_mu_) = 0;
+  mutable int scratch_local_ ABSL_GUARDED_BY(run_mu_) = 0;
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_COMMON_CUDA_BACKEND_CUDA_EXPERT_STAGE_H_

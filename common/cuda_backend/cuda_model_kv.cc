@@ -1,0 +1,71 @@
+// CudaModel's KV rows in and out of its paged pool for the KV handoff
+// between workers: through the host (AppendKvRows, ReadKvRows) or device to
+// device from another model's pool (ExportKv, ImportKv). V4's compressed
+// entries are not handed off: they are recomputed from the rows on arrival.
+#include "absl/strings/str_cat.h"
+#include "common/cuda_backend/cuda_model.h"
+
+namespace moesh::cuda {
+
+absl::Status CudaModel::AppendKvRows(int seq, int layer, const float* rows, int n) {
+  ASSIGN_OR_RETURN(const int len, SequenceLength(seq));
+  if (layer < 0 || layer >= config_.num_hidden_layers || n < 0 || len + n > max_model_len_) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel::AppendKvRows: layer ", layer, ", ",
+                                                   n, " rows after ", len, " (max_model_len ",
+                                                   max_model_len_, ")"));
+  }
+  Sequence& s = seqs_[seq];
+  const int need = (len + n + kKvBlockSize - 1) / kKvBlockSize - static_cast<int>(s.blocks.size());
+  if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
+  RETURN_IF_ERROR(kv_->WriteRows(layer, s.blocks, len, rows, n, stream_.get()));
+  if (layer == config_.num_hidden_layers - 1) {
+    s.length += n;
+    RETURN_IF_ERROR(FillV4Entries(seq, len, len + n));  // V4: the entries these rows complete
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> CudaModel::ReadKvRows(int seq, int layer, int n) {
+  ASSIGN_OR_RETURN(const int len, SequenceLength(seq));
+  if (layer < 0 || layer >= config_.num_hidden_layers || n < 0 ||
+      n > static_cast<int>(seqs_[seq].blocks.size()) * kKvBlockSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaModel::ReadKvRows: layer ", layer, ", ", n, " rows of ", len));
+  }
+  std::vector<float> out(static_cast<size_t>(n) * kv_row_width());
+  RETURN_IF_ERROR(kv_->ReadRows(layer, seqs_[seq].blocks, 0, n, out.data(), stream_.get()));
+  return out;
+}
+
+absl::StatusOr<DeviceKvBlocks> CudaModel::ExportKv(int seq) {
+  RETURN_IF_ERROR(SequenceLength(seq).status());
+  DeviceKvBlocks d;
+  ASSIGN_OR_RETURN(d.pool_handle, kv_->IpcHandle());
+  d.device = info_.device;
+  d.num_blocks = kv_->num_blocks();
+  d.block_size = kKvBlockSize;
+  d.blocks = seqs_[seq].blocks;
+  d.sender = KvPool::ProcessToken();
+  return d;
+}
+
+absl::Status CudaModel::ImportKv(int seq, const DeviceKvBlocks& src, int length) {
+  ASSIGN_OR_RETURN(const int len, SequenceLength(seq));
+  if (len != 0 || length < 0 || length > max_model_len_ || src.block_size != kKvBlockSize ||
+      static_cast<int64_t>(src.blocks.size()) * kKvBlockSize < length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaModel::ImportKv: ", length, " tokens in ", src.blocks.size(),
+                     " blocks of ", src.block_size, " into a sequence of ", len, " (block size ",
+                     kKvBlockSize, ", max_model_len ", max_model_len_, ")"));
+  }
+  Sequence& s = seqs_[seq];
+  const int n = (length + kKvBlockSize - 1) / kKvBlockSize;
+  const int need = n - static_cast<int>(s.blocks.size());
+  if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
+  RETURN_IF_ERROR(kv_->CopyBlocksFrom(src.pool_handle, src.sender, src.num_blocks, src.blocks,
+                                      s.blocks, n, stream_.get()));
+  s.length = length;
+  return FillV4Entries(seq, 0, length);  // V4: its compressed entries, from the rows
+}
+
+}  // namespace moesh::cuda

@@ -1,0 +1,321 @@
+#include "common/cuda_backend/device_weights.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/dtype.h"
+#include "kernels/cuda/fill.h"
+
+namespace moesh::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+absl::Status UploadF32(float* dst, const std::vector<float>& src) {
+  return UploadWords(dst, src.data(), src.size());
+}
+
+}  // namespace
+
+absl::Status UploadWords(void* dst, const void* src, size_t n) {
+  return CudaStatus(cudaMemcpy(dst, src, n * 4, cudaMemcpyHostToDevice),
+                    "cudaMemcpy H2D (weights)");
+}
+
+absl::Status CheckSize(const std::vector<float>& v, size_t n, const std::string& what) {
+  if (v.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeviceWeights: ", what, " has ", v.size(), " values, expected ", n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging) {
+  staging->resize(n);
+  for (size_t i = 0; i < n; ++i) (*staging)[i] = F32ToBf16(src[i]);
+  return CudaStatus(cudaMemcpy(dst, staging->data(), n * 2, cudaMemcpyHostToDevice),
+                    "cudaMemcpy H2D (weights)");
+}
+
+absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* slots) {
+  config_ = c;
+  using Kind = Slot::Kind;
+  auto fan = [](int64_t k) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))); };
+  if (c.is_v4()) {
+    q_width_ = c.q_lora_rank;
+    shared_intermediate_ = c.n_shared_experts * c.moe_intermediate_size;
+    Add(slots, &embed_, static_cast<size_t>(c.vocab_size) * c.hidden_size, 1.0f, 0.0f,
+        Kind::kEmbed);
+    AddV4Layers(c, slots);
+    Add(slots, &norm_, c.hidden_size, 0.05f, 1.0f);
+    if (!c.tie_word_embeddings)
+      Add(slots, &lm_head_, static_cast<size_t>(c.vocab_size) * c.hidden_size, fan(c.hidden_size));
+    return Place(c, *slots);
+  }
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
+  const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim,
+                v = c.v_head_dim;
+  q_width_ = c.q_lora_rank > 0 ? c.q_lora_rank : static_cast<int>(heads * qk);
+  qkv_width_ = static_cast<int>(q_width_ + rank + rope +
+                                (c.has_indexer() ? c.index_head_dim + c.index_n_heads : 0));
+  shared_intermediate_ = c.n_shared_experts * c.moe_intermediate_size;
+  layers_.assign(c.num_hidden_layers, DeviceLayerWeights{});
+  auto add = [&](auto** target, size_t count, float scale, float offset = 0.0f,
+                 Kind kind = Kind::kOther) { Add(slots, target, count, scale, offset, kind); };
+  add(&embed_, c.vocab_size * h, 1.0f, 0.0f, Kind::kEmbed);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    DeviceLayerWeights& w = layers_[l];
+    add(&w.input_norm, h, 0.05f, 1.0f);
+    add(&w.post_norm, h, 0.05f, 1.0f);
+    add(&w.qkv_a, static_cast<size_t>(qkv_width_) * h, fan(h));
+    if (c.q_lora_rank > 0) {
+      add(&w.q_a_norm, c.q_lora_rank, 0.05f, 1.0f);
+      add(&w.q_b, heads * qk * c.q_lora_rank, fan(c.q_lora_rank));
+    }
+    if (c.has_indexer()) {
+      add(&w.index_wq_b, static_cast<int64_t>(c.index_n_heads) * c.index_head_dim * c.q_lora_rank,
+          fan(c.q_lora_rank));
+      add(&w.index_k_norm, c.index_head_dim, 0.05f, 1.0f);
+      add(&w.index_k_bias, c.index_head_dim, 0.05f);
+    }
+    add(&w.kv_a_norm, rank, 0.05f, 1.0f);
+    add(&w.w_uk_t, heads * rank * nope, fan(nope));
+    add(&w.w_uv, heads * v * rank, fan(rank));
+    add(&w.o_proj, h * heads * v, fan(heads * v));
+    w.is_moe = c.IsMoeLayer(l);
+    if (!w.is_moe) {
+      add(&w.dense_gate_up, 2 * static_cast<int64_t>(c.intermediate_size) * h, fan(h));
+      add(&w.dense_down, h * c.intermediate_size, fan(c.intermediate_size));
+      continue;
+    }
+    AddMoe(c, c.topk_method == TopkMethod::kNoauxTc, &w, slots);
+  }
+  add(&norm_, h, 0.05f, 1.0f);
+  if (!c.tie_word_embeddings) add(&lm_head_, c.vocab_size * h, fan(h));
+  return Place(c, *slots);
+}
+
+void DeviceWeights::AddMoe(const ModelConfig& c, bool router_bias, DeviceLayerWeights* w,
+                           std::vector<Slot>* slots) {
+  auto fan = [](int64_t k) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))); };
+  const int64_t h = c.hidden_size, e = c.n_routed_experts, inter = c.moe_intermediate_size;
+  w->is_moe = true;
+  Add(slots, &w->router, e * h, fan(h));
+  if (router_bias) Add(slots, &w->router_bias, e, 0.01f);
+  if (shared_intermediate_ > 0) {
+    Add(slots, &w->shared_gate_up, 2 * static_cast<int64_t>(shared_intermediate_) * h, fan(h));
+    Add(slots, &w->shared_down, h * shared_intermediate_, fan(shared_intermediate_));
+  }
+  if (routed_experts_) {
+    Add(slots, &w->experts_gate_up, e * 2 * inter * h, fan(h), 0.0f, Slot::Kind::kExpert);
+    Add(slots, &w->experts_down, e * h * inter, fan(inter), 0.0f, Slot::Kind::kExpert);
+  }
+}
+
+absl::Status DeviceWeights::Place(const ModelConfig& c, const std::vector<Slot>& slots_in) {
+  const std::vector<Slot>* slots = &slots_in;
+  const int64_t h = c.hidden_size;
+  size_t total = 0;
+  for (const Slot& s : *slots) total += (s.count * (s.f32 ? 4 : 2) + kAlign - 1) / kAlign * kAlign;
+  ASSIGN_OR_RETURN(arena_, DeviceBuffer<uint8_t>::Create(total));
+  size_t at = 0;
+  for (const Slot& s : *slots) {
+    const size_t bytes = s.count * (s.f32 ? 4 : 2);
+    *s.target = arena_.get() + at;
+    at += (bytes + kAlign - 1) / kAlign * kAlign;
+    if (s.kind == Slot::Kind::kOther) dense_bytes_ += bytes;
+  }
+  if (c.tie_word_embeddings) {
+    lm_head_ = embed_;
+    dense_bytes_ += static_cast<double>(c.vocab_size) * h * 2;  // lm_head reads all of it
+  }
+  expert_bytes_ = 3.0 * c.moe_intermediate_size * h * 2;
+  embed_row_bytes_ = static_cast<double>(h) * 2;
+  return absl::OkStatus();
+}
+
+double DeviceWeights::StepWeightBytes(int64_t experts_touched, int tokens) const {
+  return dense_bytes_ + expert_bytes_ * experts_touched + embed_row_bytes_ * tokens;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Dummy(const ModelConfig& config,
+                                                                    uint64_t seed,
+                                                                    cudaStream_t stream,
+                                                                    bool routed_experts) {
+  std::unique_ptr<DeviceWeights> w(new DeviceWeights());
+  w->routed_experts_ = routed_experts;
+  std::vector<Slot> slots;
+  RETURN_IF_ERROR(w->Allocate(config, &slots));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Slot& s = slots[i];
+    const uint64_t sseed = seed * 1000003ull + i;
+    if (s.kind == Slot::Kind::kExpertTable) {
+      // Hash routing's tid2eid: distinct experts per token.
+      const int k = config.num_experts_per_tok, e = config.n_routed_experts;
+      std::vector<int32_t> table(s.count);
+      for (size_t r = 0; r < s.count / k; ++r) {
+        const uint64_t start = (r * 2654435761ull + sseed) % e;
+        for (int j = 0; j < k; ++j) table[r * k + j] = static_cast<int32_t>((start + j) % e);
+      }
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpy(*s.target, table.data(), s.count * 4, cudaMemcpyHostToDevice));
+    } else if (s.f32) {
+      RETURN_IF_ERROR(
+          FillUniform(static_cast<float*>(*s.target), s.count, sseed, s.scale, s.offset, stream));
+    } else {
+      RETURN_IF_ERROR(
+          FillUniform(static_cast<bf16*>(*s.target), s.count, sseed, s.scale, s.offset, stream));
+    }
+  }
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(
+    const ModelConfig& c, const AttentionWeights& a, const ExpertShardWeights* experts) {
+  std::unique_ptr<DeviceWeights> w(new DeviceWeights());
+  w->routed_experts_ = experts != nullptr;
+  std::vector<Slot> slots;
+  RETURN_IF_ERROR(w->Allocate(c, &slots));
+  if (c.is_v4()) {
+    RETURN_IF_ERROR(w->UploadV4(c, a, experts));
+    return w;
+  }
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
+  const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim,
+                v = c.v_head_dim;
+  if (a.layers.size() != static_cast<size_t>(c.num_hidden_layers)) {
+    return absl::InvalidArgumentError(
+        "DeviceWeights::FromHost: layer count differs from the config");
+  }
+  std::vector<uint16_t> staging;
+  std::vector<float> tmp;
+  RETURN_IF_ERROR(CheckSize(a.embed_tokens, c.vocab_size * h, "embed_tokens"));
+  RETURN_IF_ERROR(UploadBf16(w->embed_, a.embed_tokens.data(), a.embed_tokens.size(), &staging));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const AttentionLayerWeights& src = a.layers[l];
+    const DeviceLayerWeights& dst = w->layers_[l];
+    const std::string name = absl::StrCat("layer ", l, " ");
+    RETURN_IF_ERROR(CheckSize(src.input_layernorm, h, name + "input_layernorm"));
+    RETURN_IF_ERROR(UploadBf16(dst.input_norm, src.input_layernorm.data(), h, &staging));
+    RETURN_IF_ERROR(CheckSize(src.post_attention_layernorm, h, name + "post_attention_layernorm"));
+    RETURN_IF_ERROR(UploadBf16(dst.post_norm, src.post_attention_layernorm.data(), h, &staging));
+    const std::vector<float>& q_src = c.q_lora_rank > 0 ? src.q_a_proj : src.q_proj;
+    RETURN_IF_ERROR(CheckSize(q_src, w->q_width_ * h, name + "q projection"));
+    RETURN_IF_ERROR(CheckSize(src.kv_a_proj, (rank + rope) * h, name + "kv_a_proj_with_mqa"));
+    tmp = q_src;
+    tmp.insert(tmp.end(), src.kv_a_proj.begin(), src.kv_a_proj.end());
+    if (c.has_indexer()) {
+      const int64_t ni = c.index_n_heads, di = c.index_head_dim;
+      RETURN_IF_ERROR(CheckSize(src.indexer_wk, di * h, name + "indexer.wk"));
+      RETURN_IF_ERROR(CheckSize(src.indexer_weights_proj, ni * h, name + "indexer.weights_proj"));
+      RETURN_IF_ERROR(CheckSize(src.indexer_wq_b, ni * di * c.q_lora_rank, name + "indexer.wq_b"));
+      RETURN_IF_ERROR(CheckSize(src.indexer_k_norm, di, name + "indexer.k_norm"));
+      RETURN_IF_ERROR(CheckSize(src.indexer_k_norm_bias, di, name + "indexer.k_norm bias"));
+      tmp.insert(tmp.end(), src.indexer_wk.begin(), src.indexer_wk.end());
+      tmp.insert(tmp.end(), src.indexer_weights_proj.begin(), src.indexer_weights_proj.end());
+      RETURN_IF_ERROR(
+          UploadBf16(dst.index_wq_b, src.indexer_wq_b.data(), src.indexer_wq_b.size(), &staging));
+      RETURN_IF_ERROR(UploadWords(dst.index_k_norm, src.indexer_k_norm.data(), di));
+      RETURN_IF_ERROR(UploadWords(dst.index_k_bias, src.indexer_k_norm_bias.data(), di));
+    }
+    RETURN_IF_ERROR(UploadBf16(dst.qkv_a, tmp.data(), tmp.size(), &staging));
+    if (c.q_lora_rank > 0) {
+      RETURN_IF_ERROR(CheckSize(src.q_a_layernorm, c.q_lora_rank, name + "q_a_layernorm"));
+      RETURN_IF_ERROR(UploadBf16(dst.q_a_norm, src.q_a_layernorm.data(), c.q_lora_rank, &staging));
+      RETURN_IF_ERROR(CheckSize(src.q_b_proj, heads * qk * c.q_lora_rank, name + "q_b_proj"));
+      RETURN_IF_ERROR(UploadBf16(dst.q_b, src.q_b_proj.data(), src.q_b_proj.size(), &staging));
+    }
+    RETURN_IF_ERROR(CheckSize(src.kv_a_layernorm, rank, name + "kv_a_layernorm"));
+    RETURN_IF_ERROR(UploadBf16(dst.kv_a_norm, src.kv_a_layernorm.data(), rank, &staging));
+    RETURN_IF_ERROR(CheckSize(src.kv_b_proj, heads * (nope + v) * rank, name + "kv_b_proj"));
+    tmp.assign(heads * rank * nope, 0.0f);
+    for (int64_t hh = 0; hh < heads; ++hh) {
+      for (int64_t i = 0; i < nope; ++i) {
+        const float* row = &src.kv_b_proj[(hh * (nope + v) + i) * rank];
+        for (int64_t r = 0; r < rank; ++r) tmp[(hh * rank + r) * nope + i] = row[r];
+      }
+    }
+    RETURN_IF_ERROR(UploadBf16(dst.w_uk_t, tmp.data(), tmp.size(), &staging));
+    tmp.assign(heads * v * rank, 0.0f);
+    for (int64_t hh = 0; hh < heads; ++hh) {
+      std::memcpy(&tmp[hh * v * rank], &src.kv_b_proj[(hh * (nope + v) + nope) * rank],
+                  v * rank * sizeof(float));
+    }
+    RETURN_IF_ERROR(UploadBf16(dst.w_uv, tmp.data(), tmp.size(), &staging));
+    RETURN_IF_ERROR(CheckSize(src.o_proj, h * heads * v, name + "o_proj"));
+    RETURN_IF_ERROR(UploadBf16(dst.o_proj, src.o_proj.data(), src.o_proj.size(), &staging));
+    if (!dst.is_moe) {
+      const MlpWeights& m = src.dense_mlp;
+      RETURN_IF_ERROR(CheckSize(m.gate_up, 2 * static_cast<int64_t>(c.intermediate_size) * h,
+                                name + "mlp gate_up"));
+      RETURN_IF_ERROR(CheckSize(m.down, h * c.intermediate_size, name + "mlp down"));
+      RETURN_IF_ERROR(UploadBf16(dst.dense_gate_up, m.gate_up.data(), m.gate_up.size(), &staging));
+      RETURN_IF_ERROR(UploadBf16(dst.dense_down, m.down.data(), m.down.size(), &staging));
+      continue;
+    }
+    RETURN_IF_ERROR(w->UploadMoe(c, l, src, &staging));
+    if (experts != nullptr) RETURN_IF_ERROR(w->UploadRoutedExperts(c, l, *experts, &staging));
+  }
+  RETURN_IF_ERROR(CheckSize(a.norm, h, "norm"));
+  RETURN_IF_ERROR(UploadBf16(w->norm_, a.norm.data(), h, &staging));
+  if (!c.tie_word_embeddings) {
+    RETURN_IF_ERROR(CheckSize(a.lm_head, c.vocab_size * h, "lm_head"));
+    RETURN_IF_ERROR(UploadBf16(w->lm_head_, a.lm_head.data(), a.lm_head.size(), &staging));
+  }
+  return w;
+}
+
+absl::Status DeviceWeights::UploadMoe(const ModelConfig& c, int l, const AttentionLayerWeights& src,
+                                      std::vector<uint16_t>* staging) {
+  const DeviceLayerWeights& dst = layers_[l];
+  const int64_t h = c.hidden_size, ne = c.n_routed_experts;
+  const std::string name = absl::StrCat("layer ", l, " ");
+  RETURN_IF_ERROR(CheckSize(src.gate, ne * h, name + "gate"));
+  RETURN_IF_ERROR(UploadF32(dst.router, src.gate));
+  if (dst.router_bias != nullptr) {
+    RETURN_IF_ERROR(CheckSize(src.gate_bias, ne, name + "e_score_correction_bias"));
+    RETURN_IF_ERROR(UploadF32(dst.router_bias, src.gate_bias));
+  }
+  if (dst.shared_gate_up != nullptr) {
+    const MlpWeights& m = src.shared_experts;
+    RETURN_IF_ERROR(CheckSize(m.gate_up, 2 * static_cast<int64_t>(shared_intermediate_) * h,
+                              name + "shared gate_up"));
+    RETURN_IF_ERROR(CheckSize(m.down, h * shared_intermediate_, name + "shared down"));
+    RETURN_IF_ERROR(UploadBf16(dst.shared_gate_up, m.gate_up.data(), m.gate_up.size(), staging));
+    RETURN_IF_ERROR(UploadBf16(dst.shared_down, m.down.data(), m.down.size(), staging));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceWeights::UploadRoutedExperts(const ModelConfig& c, int l,
+                                                const ExpertShardWeights& experts,
+                                                std::vector<uint16_t>* staging) {
+  const DeviceLayerWeights& dst = layers_[l];
+  const int64_t h = c.hidden_size, ne = c.n_routed_experts, inter = c.moe_intermediate_size;
+  const std::string name = absl::StrCat("layer ", l, " ");
+  auto layer_it = experts.layers.find(l);
+  if (layer_it == experts.layers.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeviceWeights::FromHost: no routed experts for layer ", l));
+  }
+  for (int64_t e = 0; e < ne; ++e) {
+    auto it = layer_it->second.find(static_cast<int>(e));
+    if (it == layer_it->second.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("DeviceWeights::FromHost: layer ", l,
+                                                     " lacks expert ", e, " (need every expert)"));
+    }
+    RETURN_IF_ERROR(
+        CheckSize(it->second.gate_up, 2 * inter * h, absl::StrCat(name, "expert ", e, " gate_up")));
+    RETURN_IF_ERROR(
+        CheckSize(it->second.down, h * inter, absl::StrCat(name, "expert ", e, " down")));
+    RETURN_IF_ERROR(UploadBf16(dst.experts_gate_up + e * 2 * inter * h, it->second.gate_up.data(),
+                               2 * inter * h, staging));
+    RETURN_IF_ERROR(
+        UploadBf16(dst.experts_down + e * h * inter, it->second.down.data(), h * inter, staging));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moesh::cuda

@@ -1,0 +1,187 @@
+// A DeepSeek V2/V3/V3.2/V4 model's weights on the device, bf16 (the router in fp32),
+// in one cudaMalloc arena, laid out for the CUDA forward pass:
+//   * q_a (or q_proj) and kv_a_proj_with_mqa stacked into one GEMM;
+//   * kv_b_proj split into W_UK^T per head (absorbed into the query) and
+//     W_UV per head (applied to the attention output);
+//   * each MoE layer's routed experts stacked [E, ...] for the grouped GEMM.
+// Filled from a checkpoint's host weights (fp32, rounded to bf16 here) or with
+// random values generated on the device (--load-format dummy).
+#ifndef MOESH_COMMON_CUDA_BACKEND_DEVICE_WEIGHTS_H_
+#define MOESH_COMMON_CUDA_BACKEND_DEVICE_WEIGHTS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+#include "common/model/weights.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+// dst[0, n) = bf16(src[0, n)) (common/base/dtype.h's F32ToBf16) through *staging,
+// synchronously.
+absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging);
+// dst[0, n) = src (fp32 or int32), synchronously.
+absl::Status UploadWords(void* dst, const void* src, size_t n);
+// INVALID_ARGUMENT naming `what` unless v.size() == n.
+absl::Status CheckSize(const std::vector<float>& v, size_t n, const std::string& what);
+
+struct DeviceLayerWeights {
+  bf16* input_norm = nullptr;  // [hidden]
+  bf16* post_norm = nullptr;   // [hidden]
+  // [qkv_width, hidden]: q_a_proj (q_width = q_lora_rank) or q_proj
+  // (q_width = heads * qk_head_dim), then kv_a_proj_with_mqa (kv_lora_rank +
+  // rope), then for V3.2 the indexer's wk (index_head_dim) and weights_proj
+  // (index_n_heads).
+  bf16* qkv_a = nullptr;
+  bf16* q_a_norm = nullptr;   // [q_lora_rank]; iff q_lora_rank > 0
+  bf16* q_b = nullptr;        // [heads * qk_head_dim, q_lora_rank]; iff q_lora_rank > 0
+  bf16* kv_a_norm = nullptr;  // [kv_lora_rank]
+  bf16* w_uk_t = nullptr;     // [heads, kv_lora_rank, qk_nope_head_dim]
+  bf16* w_uv = nullptr;       // [heads, v_head_dim, kv_lora_rank]
+  bf16* o_proj = nullptr;     // [hidden, heads * v_head_dim]
+  bool is_moe = false;
+  bf16* dense_gate_up = nullptr;   // [2 * intermediate, hidden]; iff !is_moe
+  bf16* dense_down = nullptr;      // [hidden, intermediate]
+  float* router = nullptr;         // [n_routed_experts, hidden]; iff is_moe
+  float* router_bias = nullptr;    // [n_routed_experts]; may be null
+  bf16* shared_gate_up = nullptr;  // [2 * shared_intermediate, hidden]; null iff no shared experts
+  bf16* shared_down = nullptr;     // [hidden, shared_intermediate]
+  bf16* experts_gate_up =
+      nullptr;                   // [E, 2 * moe_intermediate, hidden]; null without routed experts
+  bf16* experts_down = nullptr;  // [E, hidden, moe_intermediate]
+  // The lightning indexer's query projection (DeepSeek-V3.2; V4's CSA
+  // layers). V3.2's key projection and head weights are qkv_a's last
+  // index_head_dim + index_n_heads rows, its key LayerNorm here (fp32).
+  bf16* index_wq_b = nullptr;     // [index_n_heads * index_head_dim, q_lora_rank]
+  float* index_k_norm = nullptr;  // [index_head_dim]; V3.2
+  float* index_k_bias = nullptr;  // [index_head_dim]; V3.2
+  // DeepSeek-V4 (of the above only the norms, router, router_bias, shared_*
+  // and experts_* are used; the router bias is null on hash-routed layers).
+  struct V4 {
+    float* hc_attn_fn = nullptr;  // [(2 + hc) * hc, hc * hidden]
+    float* hc_attn_base = nullptr;
+    float* hc_attn_scale = nullptr;  // [3]
+    float* hc_ffn_fn = nullptr;
+    float* hc_ffn_base = nullptr;
+    float* hc_ffn_scale = nullptr;
+    // [a_width, hidden]: wq_a (q_lora_rank rows), then the cache row's
+    // projections (row_width: wkv, compressor wkv and wgate, index compressor
+    // wkv and wgate), then index_weights_proj (CSA layers).
+    bf16* a = nullptr;
+    int a_width = 0, row_width = 0;
+    bf16* q_norm = nullptr;      // [q_lora_rank]
+    bf16* wq_b = nullptr;        // [heads * head_dim, q_lora_rank]
+    bf16* kv_norm = nullptr;     // [head_dim]
+    bf16* wo_a = nullptr;        // [o_groups * o_lora_rank, heads * head_dim / o_groups]
+    bf16* wo_b = nullptr;        // [hidden, o_groups * o_lora_rank]
+    float* sinks = nullptr;      // [heads]
+    float* comp_ape = nullptr;   // [rate, series * head_dim]; CSA and HCA layers
+    bf16* comp_norm = nullptr;   // [head_dim]
+    float* index_ape = nullptr;  // [rate, 2 * index_head_dim]; CSA layers
+    bf16* index_norm = nullptr;  // [index_head_dim]
+    int32_t* tid2eid = nullptr;  // [vocab, top_k]; hash-routed layers
+  } v4;
+};
+
+class DeviceWeights {
+ public:
+  // REQUIRES: config validated.
+  // `experts` null: no routed experts on the device (they run elsewhere,
+  // behind an ExpertClient); else it must hold every routed expert.
+  static absl::StatusOr<std::unique_ptr<DeviceWeights>> FromHost(const ModelConfig& config,
+                                                                 const AttentionWeights& attention,
+                                                                 const ExpertShardWeights* experts);
+  // Uniform random values from `seed`, generated on the device: linear
+  // weights in ±1/sqrt(fan_in), norms in 1 ± 0.05.
+  static absl::StatusOr<std::unique_ptr<DeviceWeights>> Dummy(const ModelConfig& config,
+                                                              uint64_t seed, cudaStream_t stream,
+                                                              bool routed_experts = true);
+
+  bool has_routed_experts() const { return routed_experts_; }
+
+  int q_width() const { return q_width_; }
+  int qkv_width() const { return qkv_width_; }
+  int shared_intermediate() const { return shared_intermediate_; }
+  const DeviceLayerWeights& layer(int l) const { return layers_[l]; }
+  const bf16* embed() const { return embed_; }      // [vocab, hidden]
+  const bf16* norm() const { return norm_; }        // [hidden]
+  const bf16* lm_head() const { return lm_head_; }  // [vocab, hidden]; == embed() iff tied
+  // DeepSeek-V4's final hc head: fn [hc, hc * hidden], base [hc], scale [1].
+  const float* hc_head_fn() const { return hc_head_fn_; }
+  const float* hc_head_base() const { return hc_head_base_; }
+  const float* hc_head_scale() const { return hc_head_scale_; }
+  size_t bytes() const { return arena_.bytes(); }
+
+  // Bytes of weights a decode step reads when `experts_touched` routed experts
+  // (summed over the MoE layers) receive tokens and `tokens` rows of the
+  // embedding are gathered: every non-expert weight once, the touched experts
+  // once each, the embedding rows only.
+  double StepWeightBytes(int64_t experts_touched, int tokens) const;
+
+ private:
+  // One tensor of the arena: where its pointer goes, and how Dummy fills it.
+  struct Slot {
+    enum class Kind { kOther, kEmbed, kExpert, kExpertTable };
+    void** target = nullptr;
+    size_t count = 0;
+    bool f32 = false;  // 4-byte elements (fp32; int32 for kExpertTable)
+    float scale = 0.0f, offset = 0.0f;
+    Kind kind = Kind::kOther;
+  };
+  template <typename T>
+  static void Add(std::vector<Slot>* slots, T** target, size_t count, float scale,
+                  float offset = 0.0f, Slot::Kind kind = Slot::Kind::kOther) {
+    Slot s;
+    s.target = reinterpret_cast<void**>(target);
+    s.count = count;
+    s.f32 = sizeof(T) == 4;
+    s.scale = scale;
+    s.offset = offset;
+    s.kind = kind;
+    slots->push_back(s);
+  }
+  DeviceWeights() = default;
+  // Lays out every tensor of `config`; `slots` gets their pointers and sizes.
+  absl::Status Allocate(const ModelConfig& config, std::vector<Slot>* slots);
+  // A MoE layer's router (and bias), shared expert and routed experts.
+  void AddMoe(const ModelConfig& config, bool router_bias, DeviceLayerWeights* w,
+              std::vector<Slot>* slots);
+  // DeepSeek-V4's layers (device_weights_v4.cc).
+  void AddV4Layers(const ModelConfig& config, std::vector<Slot>* slots);
+  absl::Status UploadV4(const ModelConfig& config, const AttentionWeights& attention,
+                        const ExpertShardWeights* experts);
+  // A MoE layer's router, its bias and the shared expert; its routed experts.
+  absl::Status UploadMoe(const ModelConfig& config, int l, const AttentionLayerWeights& src,
+                         std::vector<uint16_t>* staging);
+  absl::Status UploadRoutedExperts(const ModelConfig& config, int l,
+                                   const ExpertShardWeights& experts,
+                                   std::vector<uint16_t>* staging);
+  // Arena placement of the slots, once they are all listed.
+  absl::Status Place(const ModelConfig& config, const std::vector<Slot>& slots);
+
+  ModelConfig config_;
+  bool routed_experts_ = true;
+  int q_width_ = 0, qkv_width_ = 0;
+  int shared_intermediate_ = 0;
+  DeviceBuffer<uint8_t> arena_;
+  std::vector<DeviceLayerWeights> layers_;
+  bf16* embed_ = nullptr;
+  bf16* norm_ = nullptr;
+  bf16* lm_head_ = nullptr;
+  float* hc_head_fn_ = nullptr;
+  float* hc_head_base_ = nullptr;
+  float* hc_head_scale_ = nullptr;
+  // For StepWeightBytes.
+  double dense_bytes_ = 0;   // every tensor but the embedding and the routed experts
+  double expert_bytes_ = 0;  // one routed expert of one layer
+  double embed_row_bytes_ = 0;
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_COMMON_CUDA_BACKEND_DEVICE_WEIGHTS_H_

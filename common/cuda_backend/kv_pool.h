@@ -1,0 +1,104 @@
+// The paged latent KV cache on the device: for every layer, num_blocks blocks
+// of kKvBlockSize rows [kv_lora_rank latent | rope key], bf16, in one
+// cudaMalloc (never managed memory). A block id names the same block in every
+// layer. Block ids are handed out and taken back on the host.
+//
+// Not thread-safe: one owner (the CudaModel) at a time.
+#ifndef MOESH_COMMON_CUDA_BACKEND_KV_POOL_H_
+#define MOESH_COMMON_CUDA_BACKEND_KV_POOL_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/config.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+class KvPool {
+ public:
+  // Bytes of one block across all layers.
+  static size_t BlockBytes(int num_layers, int row_width) {
+    return static_cast<size_t>(num_layers) * kKvBlockSize * row_width * sizeof(bf16);
+  }
+  // REQUIRES: num_blocks >= 1. RESOURCE_EXHAUSTED if the device lacks memory.
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(int num_layers, int row_width,
+                                                        int num_blocks);
+
+  int num_layers() const { return num_layers_; }
+  int row_width() const { return row_width_; }
+  int num_blocks() const { return num_blocks_; }
+  int free_blocks() const { return static_cast<int>(free_.size()); }
+  size_t bytes() const { return storage_.bytes(); }
+  // Layer l's blocks: [num_blocks, kKvBlockSize, row_width].
+  bf16* layer(int l) const {
+    return storage_.get() + static_cast<size_t>(l) * num_blocks_ * kKvBlockSize * row_width_;
+  }
+
+  // Appends n free block ids to *blocks; RESOURCE_EXHAUSTED (taking none) if
+  // fewer than n are free.
+  absl::Status Allocate(int n, std::vector<int32_t>* blocks);
+  // Takes the ids back. REQUIRES: each came from Allocate and is not free.
+  void Release(const std::vector<int32_t>& blocks);
+
+  // Rows [first, first + n) of a sequence with block table `blocks` in
+  // `layer`, as float32 [n, row_width] on the host (bf16 here), synchronously
+  // on `stream`. REQUIRES: the blocks cover the rows.
+  absl::Status WriteRows(int layer, const std::vector<int32_t>& blocks, int first,
+                         const float* rows, int n, cudaStream_t stream);
+  absl::Status ReadRows(int layer, const std::vector<int32_t>& blocks, int first, int n,
+                        float* rows, cudaStream_t stream) const;
+
+  // The KV handoff in device memory (cuda_ipc). IpcHandle: this pool's
+  // storage as cudaIpcMemHandle_t bytes (made once; this process's own
+  // pools are also found by handle, since CUDA does not map a handle in the
+  // process that made it). CopyBlocksFrom: copies the first `n` blocks of
+  // `src_blocks` of another pool with this one's geometry and `src_num_blocks`
+  // blocks (mapped by handle: another process's, on this or a peer GPU) into
+  // `dst_blocks`, every layer, synchronously on `stream`. INVALID_ARGUMENT for
+  // a malformed handle or block ids out of range; FAILED_PRECONDITION if this
+  // process cannot map or read it (no CUDA IPC, the process is gone, no peer
+  // access). Mappings idle for a minute are closed.
+  // Where CUDA IPC is unavailable the handle is a key only this process
+  // resolves. `sender` names the exporting process (ProcessToken()): a new
+  // handle from a sender closes the mapping of its previous one (a restarted
+  // prefill worker's old pool is not kept alive here).
+  absl::StatusOr<std::string> IpcHandle();
+  absl::Status CopyBlocksFrom(const std::string& src_handle, const std::string& sender,
+                              int src_num_blocks, const std::vector<int32_t>& src_blocks,
+                              const std::vector<int32_t>& dst_blocks, int n, cudaStream_t stream);
+  // This process, uniquely on this node (host, pid and a random number).
+  static const std::string& ProcessToken();
+  ~KvPool();
+
+ private:
+  KvPool(int num_layers, int row_width, int num_blocks)
+      : num_layers_(num_layers), row_width_(row_width), num_blocks_(num_blocks) {}
+  // One cudaMemcpyAsync per run of rows inside a block, between the pool and
+  // host bf16 rows [n, row_width].
+  absl::Status CopyRows(int layer, const std::vector<int32_t>& blocks, int first, int n,
+                        uint16_t* host, cudaMemcpyKind kind, cudaStream_t stream) const;
+
+  const int num_layers_, row_width_, num_blocks_;
+  DeviceBuffer<bf16> storage_;
+  std::vector<int32_t> free_;  // a stack: the most recently released first
+  std::string ipc_handle_;     // set by IpcHandle()
+  // Other pools mapped by CopyBlocksFrom: handle -> (pointer, last use).
+  struct Mapped {
+    void* ptr = nullptr;
+    std::string sender;
+    std::chrono::steady_clock::time_point used;
+  };
+  std::map<std::string, Mapped> mapped_;
+  DeviceBuffer<int32_t> copy_ids_;  // [2, *]: source and destination block ids of a copy
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_COMMON_CUDA_BACKEND_KV_POOL_H_

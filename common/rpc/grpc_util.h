@@ -1,0 +1,37 @@
+// absl::Status <-> grpc::Status at the service edge, and server setup shared
+// by every moesh service (health checking, reflection, message limits).
+#ifndef MOESH_COMMON_RPC_GRPC_UTIL_H_
+#define MOESH_COMMON_RPC_GRPC_UTIL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace moesh {
+
+grpc::Status ToGrpcStatus(const absl::Status& s);
+absl::Status FromGrpcStatus(const grpc::Status& s);
+
+// A started gRPC server with grpc.health.v1 and reflection enabled.
+struct RunningServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;  // the bound port (resolves ":0")
+};
+
+// Binds `address` (host:port; port 0 picks a free one), registers `services`
+// (borrowed; must outlive the server), starts it, and marks it SERVING.
+// UNAVAILABLE if the address cannot be bound.
+absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
+                                              const std::vector<grpc::Service*>& services);
+
+// Channel arguments for internal clients (large messages allowed).
+grpc::ChannelArguments InternalChannelArgs();
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_RPC_GRPC_UTIL_H_

@@ -1,0 +1,298 @@
+#include "common/serving/decode_engine.h"
+
+#include <algorithm>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/transport/kv_handoff.h"
+
+namespace moesh {
+
+DecodeEngine::DecodeEngine(AttentionBackend* backend, ExpertClient* experts,
+                           DecodeEngineOptions options)
+    : backend_(backend), experts_(experts), options_(options) {
+  if (Metrics* m = options.metrics) {
+    kv_usage_ =
+        &m->GaugeFamily("moesh_kv_cache_usage_perc", "Fraction of KV cache blocks in use, [0, 1].")
+             .Add({});
+    kv_free_blocks_ =
+        &m->GaugeFamily("moesh_kv_cache_free_blocks", "Free KV cache blocks.").Add({});
+    running_ =
+        &m->GaugeFamily("moesh_num_requests_running", "Requests in the running batch or reserved.")
+             .Add({});
+    tokens_ = &m->CounterFamily("moesh_generation_tokens_total", "Tokens generated.").Add({});
+    step_seconds_ =
+        &m->HistogramFamily("moesh_decode_step_seconds", "Wall time of one batched decode step.")
+             .Add({}, Metrics::LatencyBuckets());
+    batch_size_ = &m->HistogramFamily("moesh_decode_batch_size", "Requests per decode step.")
+                       .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128,
+                                                                        256, 512});
+    kv_free_blocks_->Set(backend_->kv_usage().free_blocks);
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+DecodeEngine::~DecodeEngine() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+  absl::MutexLock lock(&mu_);
+  while (!requests_.empty())
+    Finish(requests_.begin()->second, absl::UnavailableError("decode worker shutting down"));
+}
+
+absl::Status DecodeEngine::Reserve(const std::string& request_id, int max_tokens) {
+  absl::MutexLock lock(&mu_);
+  if (requests_.count(request_id))
+    return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " exists"));
+  absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewSequence(max_tokens);
+  if (!kv.ok()) return kv.status();
+  auto r = std::make_shared<Request>();
+  r->kv = std::move(*kv);
+  r->reserved_at = std::chrono::steady_clock::now();
+  requests_[request_id] = std::move(r);
+  UpdateGauges();
+  return absl::OkStatus();
+}
+
+absl::Status DecodeEngine::PushKv(const v1::PushKvRequest& msg) {
+  std::shared_ptr<Request> r;
+  std::shared_ptr<KvSequence> kv;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(msg.request_id());
+    if (it == requests_.end())
+      return absl::NotFoundError(absl::StrCat("no reservation for ", msg.request_id()));
+    r = it->second;
+    if (r->kv_received || r->running)
+      return absl::FailedPreconditionError("KV already received for " + msg.request_id());
+    kv = r->kv;
+  }
+  // The sequence is not shared until kv_received is set.
+  if (absl::Status s = DeserializeKv(msg, backend_->config().num_hidden_layers, kv.get()); !s.ok())
+    return s;
+  if (!kv->status().ok()) {
+    return absl::InternalError(
+        absl::StrCat("storing the KV rows failed: ", kv->status().message()));
+  }
+  if (msg.has_device() && !logged_device_kv_.exchange(true)) {
+    std::cerr
+        << "decode worker: KV handoff copied device to device from a prefill worker's GPU memory"
+        << std::endl;
+  }
+  absl::MutexLock lock(&mu_);
+  if (r->done)
+    return absl::FailedPreconditionError("the reservation for " + msg.request_id() +
+                                         " ended during the KV handoff");
+  r->kv_received = true;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeEngine::Release(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request ", request_id));
+  if (it->second->running) {
+    it->second->cancelled = true;  // the loop owns running requests' caches
+  } else {
+    Finish(it->second, absl::CancelledError("released"));
+  }
+  return absl::OkStatus();
+}
+
+void DecodeEngine::Finish(std::shared_ptr<Request> r,
+                          absl::Status status) {  // by value: callers pass map entries
+  r->status = std::move(status);
+  r->done = true;
+  r->running = false;
+  for (auto it = requests_.begin(); it != requests_.end(); ++it) {
+    if (it->second == r) {
+      requests_.erase(it);
+      break;
+    }
+  }
+  r->kv.reset();  // blocks back to the pool now, not when the last reader lets go
+  UpdateGauges();
+}
+
+void DecodeEngine::UpdateGauges() {
+  if (kv_usage_ == nullptr) return;
+  const KvUsage u = backend_->kv_usage();
+  kv_usage_->Set(u.used_fraction());
+  kv_free_blocks_->Set(u.free_blocks);
+  running_->Set(static_cast<double>(requests_.size()));
+}
+
+absl::Status DecodeEngine::Decode(const DecodeSpec& spec, const DecodeSink& sink,
+                                  const std::function<bool()>& cancelled) {
+  std::shared_ptr<Request> r;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(spec.request_id);
+    if (it == requests_.end())
+      return absl::NotFoundError(absl::StrCat("no reservation for ", spec.request_id));
+    r = it->second;
+    if (!r->kv_received)
+      return absl::FailedPreconditionError(absl::StrCat("no KV received for ", spec.request_id));
+    if (r->running || r->done)
+      return absl::AlreadyExistsError(absl::StrCat(spec.request_id, " is already decoding"));
+    if (absl::Status s = spec.sampling.Validate(backend_->config().vocab_size); !s.ok()) {
+      Finish(r, s);
+      return s;
+    }
+    r->spec = spec;
+    r->sampler = std::make_unique<Sampler>(spec.sampling);
+    r->output = {spec.first_token};
+    if (static_cast<int>(r->output.size()) >= spec.max_new_tokens) {
+      v1::DecodeResponse last;
+      last.set_finished(true);
+      r->outbox.push_back(last);
+      Finish(r, absl::OkStatus());
+    } else {
+      r->running = true;
+    }
+  }
+  while (true) {
+    std::deque<v1::DecodeResponse> out;
+    bool done;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&r]() { return !r->outbox.empty() || r->done; };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
+      out.swap(r->outbox);
+      done = r->done;
+      if (!done && cancelled()) {
+        r->cancelled = true;  // the loop drops it at the next step boundary
+      }
+    }
+    for (const v1::DecodeResponse& m : out) sink(m);
+    if (done) break;
+  }
+  absl::MutexLock lock(&mu_);
+  return r->status;
+}
+
+void DecodeEngine::ExpireReservations() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<Request>> expired;
+  for (auto& [id, r] : requests_) {
+    if (!r->running && !r->done && now - r->reserved_at > options_.reservation_lease)
+      expired.push_back(r);
+  }
+  for (auto& r : expired) Finish(r, absl::DeadlineExceededError("reservation lease expired"));
+}
+
+void DecodeEngine::Loop() {
+  while (true) {
+    std::vector<std::shared_ptr<Request>> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stopping_) return true;
+        for (auto& [id, r] : requests_) {
+          if (r->running) return true;
+        }
+        return false;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Milliseconds(200));
+      if (stopping_) return;
+      ExpireReservations();
+      std::vector<std::shared_ptr<Request>> cancelled;
+      for (auto& [id, r] : requests_) {
+        if (!r->running) continue;
+        if (r->cancelled) {
+          cancelled.push_back(r);
+        } else if (static_cast<int>(batch.size()) < options_.max_batch) {
+          batch.push_back(r);
+        }
+      }
+      for (auto& r : cancelled) Finish(r, absl::CancelledError("cancelled by the caller"));
+    }
+    if (!batch.empty()) Step(batch);
+  }
+}
+
+void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
+  std::vector<int32_t> tokens(batch.size());
+  std::vector<SequenceInput> inputs(batch.size());
+  std::vector<SampleRequest> samples(batch.size());
+  // Every request's token comes from the backend's sampling step (on a GPU
+  // the logits never leave it), with its own parameters and draw.
+  int top_k = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Request& r = *batch[i];
+    tokens[i] = r.output.back();
+    inputs[i] = {absl::MakeConstSpan(&tokens[i], 1), r.kv.get()};
+    samples[i] = {&r.spec.sampling, r.sampler->Draw(static_cast<int>(r.output.size())),
+                  r.spec.prompt_ids, r.output};
+    top_k = std::max(top_k, r.spec.sampling.top_logprobs);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const int mb = experts_ != nullptr && experts_->IsAsync() &&
+                         static_cast<int>(batch.size()) >= options_.micro_batch_min
+                     ? options_.micro_batches
+                     : 1;
+  absl::StatusOr<SampledTokens> chosen =
+      backend_->ForwardSample(inputs, experts_, samples, top_k, mb);
+  const absl::Status status = chosen.status();
+  if (step_seconds_ != nullptr) {
+    step_seconds_->Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    batch_size_->Observe(static_cast<double>(batch.size()));
+    if (status.ok()) tokens_->Increment(static_cast<double>(batch.size()));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!status.ok()) {
+    const absl::Status s =
+        status.code() == absl::StatusCode::kInvalidArgument
+            ? status
+            : absl::UnavailableError(absl::StrCat("decode step failed: ", status.message()));
+    for (auto& r : batch) Finish(r, s);
+    return;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Request& r = *batch[i];
+    const int want = r.spec.sampling.top_logprobs;
+    const int32_t token = chosen->ids[i];
+    std::vector<TokenLogprob> top;
+    if (want > 0)
+      top.assign(chosen->top_logprobs[i].begin(), chosen->top_logprobs[i].begin() + want);
+    r.output.push_back(token);
+    v1::DecodeResponse m;
+    m.add_token_ids(token);
+    if (want > 0) {
+      v1::TopLogprobs* lp = m.add_logprobs();
+      for (const TokenLogprob& t : top) {
+        v1::TokenLogprob* c = lp->add_candidates();
+        c->set_id(t.id);
+        c->set_logprob(t.logprob);
+      }
+    }
+    const bool stopped = std::find(r.spec.stop_token_ids.begin(), r.spec.stop_token_ids.end(),
+                                   token) != r.spec.stop_token_ids.end();
+    const bool finished = stopped || static_cast<int>(r.output.size()) >= r.spec.max_new_tokens;
+    m.set_finished(finished);
+    m.set_stopped(stopped);
+    r.outbox.push_back(std::move(m));
+    if (finished) Finish(batch[i], absl::OkStatus());
+  }
+}
+
+v1::WorkerLoad DecodeEngine::Load() const {
+  v1::WorkerLoad load;
+  {
+    absl::MutexLock lock(&mu_);
+    int running = 0;
+    for (auto& [id, r] : requests_) running += r->running ? 1 : 0;
+    load.set_num_running(running);
+  }
+  const KvUsage u = backend_->kv_usage();
+  load.set_kv_usage(static_cast<float>(u.used_fraction()));
+  load.set_free_kv_blocks(u.free_blocks);
+  return load;
+}
+
+}  // namespace moesh

@@ -1,0 +1,222 @@
+#include "common/serving/prefill_engine.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/transport/kv_handoff.h"
+
+namespace moesh {
+
+PrefillEngine::PrefillEngine(AttentionBackend* backend, ExpertClient* experts, Transport* transport,
+                             PrefillEngineOptions options)
+    : backend_(backend), experts_(experts), transport_(transport), options_(options) {
+  if (Metrics* m = options.metrics) {
+    waiting_ = &m->GaugeFamily("moesh_num_requests_waiting", "Prompts queued for prefill.").Add({});
+    queued_tokens_gauge_ =
+        &m->GaugeFamily("moesh_prefill_queued_tokens", "Prompt tokens queued for prefill.").Add({});
+    prompt_tokens_ =
+        &m->CounterFamily("moesh_prompt_tokens_total", "Prompt tokens prefilled.").Add({});
+    batch_seconds_ = &m->HistogramFamily("moesh_prefill_batch_seconds",
+                                         "Wall time of one batched prefill forward.")
+                          .Add({}, Metrics::LatencyBuckets());
+    kv_bytes_ = &m->CounterFamily("moesh_kv_transfer_bytes_total",
+                                  "KV cache bytes handed to decode workers.")
+                     .Add({});
+    kv_seconds_ =
+        &m->HistogramFamily("moesh_kv_transfer_seconds", "Latency of one request's KV handoff.")
+             .Add({}, Metrics::LatencyBuckets());
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+PrefillEngine::~PrefillEngine() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+  absl::MutexLock lock(&mu_);
+  for (Pending* p : queue_) {
+    p->result = absl::UnavailableError("prefill worker shutting down");
+    p->done = true;
+  }
+  queue_.clear();
+}
+
+absl::StatusOr<PrefillResult> PrefillEngine::Prefill(const PrefillSpec& spec) {
+  const ModelConfig& c = backend_->config();
+  if (spec.prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt");
+  for (int32_t t : spec.prompt_ids) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  if (absl::Status s = spec.sampling.Validate(c.vocab_size); !s.ok()) return s;
+  Pending p(&spec);
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("prefill worker shutting down");
+  queue_.push_back(&p);
+  queued_tokens_ += static_cast<int64_t>(spec.prompt_ids.size());
+  if (waiting_ != nullptr) {
+    waiting_->Set(static_cast<double>(queue_.size()));
+    queued_tokens_gauge_->Set(static_cast<double>(queued_tokens_));
+  }
+  mu_.Await(absl::Condition(&p.done));
+  return std::move(p.result);
+}
+
+void PrefillEngine::Loop() {
+  while (true) {
+    std::vector<Pending*> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      int tokens = 0;
+      while (!queue_.empty()) {
+        const int n = static_cast<int>(queue_.front()->spec->prompt_ids.size());
+        if (!batch.empty() && tokens + n > options_.max_batch_tokens) break;
+        Pending* p = queue_.front();
+        p->queue_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - p->queued_at).count();
+        batch.push_back(p);
+        queue_.pop_front();
+        tokens += n;
+      }
+      queued_tokens_ -= tokens;
+      if (waiting_ != nullptr) {
+        waiting_->Set(static_cast<double>(queue_.size()));
+        queued_tokens_gauge_->Set(static_cast<double>(queued_tokens_));
+        prompt_tokens_->Increment(tokens);
+      }
+    }
+    RunBatch(batch);
+  }
+}
+
+absl::StatusOr<DataChannel*> PrefillEngine::ChannelTo(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<DataChannel>& ch = channels_[address];
+  if (ch == nullptr) {
+    absl::StatusOr<std::unique_ptr<DataChannel>> made = transport_->Connect(address);
+    if (!made.ok()) return made.status();
+    ch = std::move(*made);
+  }
+  return ch.get();
+}
+
+bool PrefillEngine::HostKvOnly(const std::string& address) const {
+  absl::MutexLock lock(&mu_);
+  return host_kv_only_.count(address) > 0;
+}
+
+void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
+  const ModelConfig& c = backend_->config();
+  std::vector<std::unique_ptr<KvSequence>> caches(batch.size());
+  std::vector<SequenceInput> inputs(batch.size());
+  std::vector<SampleRequest> samples(batch.size());
+  int top_k = 0;
+  absl::StatusOr<SampledTokens> chosen = SampledTokens();
+  for (size_t i = 0; i < batch.size() && chosen.ok(); ++i) {
+    const PrefillSpec& spec = *batch[i]->spec;
+    absl::StatusOr<std::unique_ptr<KvSequence>> seq =
+        backend_->NewSequence(static_cast<int>(spec.prompt_ids.size()));
+    if (!seq.ok()) {
+      chosen = seq.status();
+    } else {
+      caches[i] = std::move(*seq);
+      inputs[i] = {spec.prompt_ids, caches[i].get()};
+      // The first generated token: step 0 of the request's draws.
+      samples[i] = {&spec.sampling, Sampler(spec.sampling).Draw(/*step=*/0), spec.prompt_ids, {}};
+      top_k = std::max(top_k, spec.sampling.top_logprobs);
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const int mb = experts_ != nullptr && experts_->IsAsync() ? options_.micro_batches : 1;
+  if (chosen.ok()) chosen = backend_->ForwardSample(inputs, experts_, samples, top_k, mb);
+  if (batch_seconds_ != nullptr) {
+    batch_seconds_->Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::vector<absl::StatusOr<PrefillResult>> results(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!chosen.ok()) {
+      results[i] =
+          chosen.status().code() == absl::StatusCode::kInvalidArgument
+              ? chosen.status()
+              : absl::UnavailableError(absl::StrCat("prefill failed: ", chosen.status().message()));
+      continue;
+    }
+    const PrefillSpec& spec = *batch[i]->spec;
+    PrefillResult r;
+    r.queue_seconds = batch[i]->queue_seconds;
+    r.first_token = chosen->ids[i];
+    if (spec.sampling.top_logprobs > 0) {
+      r.logprobs.assign(chosen->top_logprobs[i].begin(),
+                        chosen->top_logprobs[i].begin() + spec.sampling.top_logprobs);
+    }
+    absl::StatusOr<DataChannel*> ch = ChannelTo(spec.decode_address);
+    const auto kv_start = std::chrono::steady_clock::now();
+    absl::Status pushed = ch.status();
+    if (ch.ok()) {
+      KvHandoff how = options_.kv_handoff;
+      if (how == KvHandoff::kDevice && HostKvOnly(spec.decode_address)) how = KvHandoff::kHost;
+      auto push = [&](KvHandoff h, absl::StatusOr<v1::PushKvRequest>* msg) {
+        *msg = SerializeKv(spec.request_id, *caches[i], c.num_hidden_layers, h);
+        if (!msg->ok()) return msg->status();
+        if (!caches[i]->status().ok()) {
+          return absl::InternalError(
+              absl::StrCat("reading the KV rows failed: ", caches[i]->status().message()));
+        }
+        return (*ch)->PushKv(**msg);
+      };
+      absl::StatusOr<v1::PushKvRequest> msg;
+      pushed = push(how, &msg);
+      if (how == KvHandoff::kDevice && (pushed.code() == absl::StatusCode::kUnimplemented ||
+                                        pushed.code() == absl::StatusCode::kFailedPrecondition)) {
+        // This pair cannot share device memory (a CPU decode worker, no CUDA IPC between them): say
+        // so once, and hand the KV over through the host to that worker from now on.
+        std::cerr << "prefill worker: KV handoff to " << spec.decode_address
+                  << " in device memory failed (" << pushed
+                  << "); handing KV to it through the host from now on" << std::endl;
+        {
+          absl::MutexLock lock(&mu_);
+          host_kv_only_.insert(spec.decode_address);
+        }
+        pushed = push(KvHandoff::kHost, &msg);
+      }
+      if (kv_bytes_ != nullptr && pushed.ok()) {
+        kv_bytes_->Increment(msg->has_device()
+                                 ? 2.0 * msg->num_tokens() * msg->num_layers() * msg->row_width()
+                                 : static_cast<double>(msg->rows().size()));
+        kv_seconds_->Observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - kv_start).count());
+      }
+    }
+    if (!pushed.ok()) {
+      results[i] = absl::Status(
+          pushed.code() == absl::StatusCode::kInvalidArgument ? absl::StatusCode::kInternal
+                                                              : pushed.code(),
+          absl::StrCat("KV handoff to ", spec.decode_address, " failed: ", pushed.message()));
+      continue;
+    }
+    results[i] = std::move(r);
+  }
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i]->result = std::move(results[i]);
+    batch[i]->done = true;
+  }
+}
+
+v1::WorkerLoad PrefillEngine::Load() const {
+  v1::WorkerLoad load;
+  absl::MutexLock lock(&mu_);
+  load.set_queued_prompt_tokens(queued_tokens_);
+  return load;
+}
+
+}  // namespace moesh

@@ -1,0 +1,109 @@
+// The prefill worker's core: batches the prompts that arrive together into
+// one forward pass (attention here, routed experts through the ExpertClient),
+// samples each request's first token, and hands each prompt's KV cache to the
+// decode worker holding its reservation.
+//
+// Thread-safe: Prefill is called concurrently by RPC handlers. Owns one thread.
+#ifndef MOESH_COMMON_SERVING_PREFILL_ENGINE_H_
+#define MOESH_COMMON_SERVING_PREFILL_ENGINE_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/engine/attention_backend.h"
+#include "common/engine/sampler.h"
+#include "common/metrics/metrics.h"
+#include "common/transport/kv_handoff.h"
+#include "common/transport/transport.h"
+#include "moesh/v1/worker.pb.h"
+
+namespace moesh {
+
+struct PrefillEngineOptions {
+  // Prompt tokens per forward pass (a longer single prompt still runs alone).
+  int max_batch_tokens = 8192;
+  // Ping-pong micro-batches per forward when the experts are remote (1: off).
+  int micro_batches = 2;
+  // How the KV reaches the decode worker: rows in the message, or (kDevice:
+  // CUDA backends of one node over cuda_ipc) copied from this worker's
+  // device memory by the decode worker.
+  KvHandoff kv_handoff = KvHandoff::kHost;
+  Metrics* metrics = nullptr;  // may be null
+};
+
+struct PrefillSpec {
+  std::string request_id;
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  std::string decode_address;  // data-plane address of the reservation's owner
+};
+
+struct PrefillResult {
+  int32_t first_token = 0;
+  std::vector<TokenLogprob> logprobs;  // iff sampling.top_logprobs > 0
+  double queue_seconds = 0;            // waiting for a batch slot
+};
+
+class PrefillEngine {
+ public:
+  // Borrowed: backend, experts, transport; they must outlive the engine.
+  // `experts` is null iff backend->has_experts().
+  PrefillEngine(AttentionBackend* backend, ExpertClient* experts, Transport* transport,
+                PrefillEngineOptions options);
+  ~PrefillEngine();  // fails queued requests with UNAVAILABLE
+
+  // Blocks until the prompt ran and its KV reached the decode worker.
+  // INVALID_ARGUMENT for bad prompts or sampling, UNAVAILABLE if an expert or
+  // the decode worker failed.
+  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec);
+
+  v1::WorkerLoad Load() const;
+
+ private:
+  bool HostKvOnly(const std::string& address) const;
+  struct Pending {
+    explicit Pending(const PrefillSpec* s) : spec(s) {}
+    const PrefillSpec* spec;
+    std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
+    double queue_seconds = 0;
+    bool done = false;
+    absl::StatusOr<PrefillResult> result = absl::UnknownError("not run");
+  };
+  void Loop();
+  void RunBatch(const std::vector<Pending*>& batch);
+  absl::StatusOr<DataChannel*> ChannelTo(const std::string& address);
+
+  AttentionBackend* const backend_;
+  ExpertClient* const experts_;
+  Transport* const transport_;
+  const PrefillEngineOptions options_;
+
+  // Null without metrics.
+  prometheus::Gauge* waiting_ = nullptr;
+  prometheus::Gauge* queued_tokens_gauge_ = nullptr;
+  prometheus::Counter* prompt_tokens_ = nullptr;
+  prometheus::Histogram* batch_seconds_ = nullptr;
+  prometheus::Counter* kv_bytes_ = nullptr;
+  prometheus::Histogram* kv_seconds_ = nullptr;
+
+  mutable absl::Mutex mu_;
+  std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::unique_ptr<DataChannel>> channels_ ABSL_GUARDED_BY(mu_);
+  // Decode workers that cannot take KV from this worker's device memory.
+  std::set<std::string> host_kv_only_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_SERVING_PREFILL_ENGINE_H_

@@ -1,0 +1,96 @@
+#include "kernels/cuda/expert_mlp.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/ops.h"
+
+namespace moesh::cuda {
+namespace {
+
+bool Capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    cudaGetLastError();  // not left for the next launch's check to report
+    return true;         // (the grouped path is safe either way)
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+absl::Status Dense(const ExpertMlpParams& p) {
+  const int e = p.num_experts, h = p.hidden, inter = p.inter;
+  cudaStream_t s = p.stream;
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(p.host_offsets, p.expert_offsets, (e + 1) * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, s));
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s));
+  const int32_t* off = p.host_offsets;
+  const int rows = off[e];
+  if (rows < 0 || rows > p.rows) {
+    return absl::InternalError(
+        absl::StrCat("expert MLP: ", rows, " permuted rows, more than the bound ", p.rows));
+  }
+  GatherRowsParams gp;
+  gp.x = p.x, gp.ldx = p.ldx, gp.index = p.row_token, gp.rows = rows, gp.cols = h,
+  gp.out = p.gathered, gp.stream = s;
+  RETURN_IF_ERROR(RunGatherRows(gp));
+  auto rounded = [&](int ex) {
+    const int m = off[ex + 1] - off[ex];
+    return (m + kDenseRowAlign - 1) / kDenseRowAlign * kDenseRowAlign;
+  };
+  for (int ex = 0; ex < e; ++ex) {  // ascending: each spill is overwritten by a later expert
+    if (off[ex + 1] == off[ex]) continue;
+    GemmParams g;
+    g.x = p.gathered + static_cast<size_t>(off[ex]) * h,
+    g.w = p.gate_up + static_cast<size_t>(ex) * 2 * inter * h;
+    g.y = p.gu + static_cast<size_t>(off[ex]) * 2 * inter, g.m = rounded(ex), g.n = 2 * inter,
+    g.k = h, g.stream = s;
+    RETURN_IF_ERROR(p.gemm->Run(g));
+  }
+  SiluAndMulParams sp;
+  sp.gate_up = p.gu, sp.out = p.act, sp.m = rows, sp.i = inter, sp.stream = s,
+  sp.limit = p.swiglu_limit;
+  RETURN_IF_ERROR(RunSiluAndMul(sp));
+  for (int ex = 0; ex < e; ++ex) {
+    if (off[ex + 1] == off[ex]) continue;
+    GemmParams g;
+    g.x = p.act + static_cast<size_t>(off[ex]) * inter,
+    g.w = p.down + static_cast<size_t>(ex) * h * inter;
+    g.y = p.y + static_cast<size_t>(off[ex]) * h, g.out_type = OutType::kFloat32, g.m = rounded(ex),
+    g.n = h;
+    g.k = inter, g.stream = s;
+    RETURN_IF_ERROR(p.gemm->Run(g));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
+  const int e = p.num_experts, h = p.hidden, inter = p.inter;
+  if (p.rows == 0) return absl::OkStatus();
+  if (p.gathered != nullptr && p.host_offsets != nullptr && p.gemm != nullptr &&
+      static_cast<int64_t>(p.expected_rows > 0 ? p.expected_rows : p.rows) >=
+          static_cast<int64_t>(kDenseRowsPerExpert) *
+              (p.active_experts > 0 ? p.active_experts : e) &&
+      !Capturing(p.stream)) {
+    return Dense(p);
+  }
+  GroupedGemmParams gg;
+  gg.x = p.x, gg.ldx = p.ldx, gg.row_index = p.row_token;
+  gg.w = p.gate_up, gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
+  gg.expert_offsets = p.expert_offsets, gg.tile_offsets = p.tile_offsets;
+  gg.tile_m = p.tile_m, gg.max_tiles = GroupedGemmMaxTiles(p.rows, e, p.tile_m);
+  gg.y = p.gu, gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = p.stream;
+  RETURN_IF_ERROR(RunGroupedGemm(gg));
+  SiluAndMulParams sp;  // over every row the pairs could fill; rows past the pairs are never read
+  sp.gate_up = p.gu, sp.out = p.act, sp.m = p.rows, sp.i = inter, sp.stream = p.stream,
+  sp.limit = p.swiglu_limit;
+  RETURN_IF_ERROR(RunSiluAndMul(sp));
+  gg.x = p.act, gg.ldx = inter, gg.row_index = nullptr;
+  gg.w = p.down, gg.n = h, gg.k = inter;
+  gg.y = p.y, gg.out_type = OutType::kFloat32, gg.ldy = h;
+  return RunGroupedGemm(gg);
+}
+
+}  // namespace moesh::cuda

@@ -1,0 +1,60 @@
+// The routed experts' MLP over the rows RunMoePermute laid out by expert —
+// gate_up, SiLU·mul, down — shared by the model's own experts (CudaModel)
+// and an expert worker's shard (CudaExpertStage). The caller permutes before
+// and combines after.
+//
+// Two ways, one result (within bf16 rounding):
+//  * the grouped GEMM kernel: expert offsets stay on the device, so it is
+//    graph-capturable; weights-bound and fast at decode sizes;
+//  * dense cuBLASLt GEMMs, one pair per expert, where the batch is large
+//    (at least kDenseRowsPerExpert rows per active expert on average) and the stream
+//    is not being captured: the offsets come to the host (one sync), the
+//    gate_up input rows are gathered contiguous, and each expert's rows,
+//    rounded up to kDenseRowAlign, run at cuBLAS's dense rate (the grouped
+//    kernel reaches about 0.3 of it at prefill sizes: BENCHMARKS.md). A
+//    rounded GEMM spills into the next expert's rows, which that expert's
+//    GEMM (later on the stream) overwrites; the buffers carry
+//    kDenseRowAlign rows of slack for the last one.
+#ifndef MOESH_KERNELS_CUDA_EXPERT_MLP_H_
+#define MOESH_KERNELS_CUDA_EXPERT_MLP_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+inline constexpr int kDenseRowsPerExpert = 128;
+inline constexpr int kDenseRowAlign = 64;
+
+struct ExpertMlpParams {
+  const bf16* x = nullptr;  // [*, ldx]: the normalised hidden states
+  int ldx = 0;
+  const int32_t* row_token = nullptr;       // [rows]: x's row of each permuted row
+  const int32_t* expert_offsets = nullptr;  // [num_experts + 1], device
+  const int32_t* tile_offsets = nullptr;    // [num_experts + 1], device, for tile_m
+  int tile_m = 16;
+  int rows = 0;            // permuted rows, or a host bound on them (a serve mask drops pairs)
+  int expected_rows = 0;   // the rows expected here (picks the path); 0: rows
+  int active_experts = 0;  // the experts they spread over; 0: num_experts
+  const bf16* gate_up = nullptr;  // [num_experts, 2 * inter, hidden]
+  const bf16* down = nullptr;     // [num_experts, hidden, inter]
+  int num_experts = 0, hidden = 0, inter = 0;
+  float swiglu_limit = 0.0f;  // > 0: the activation's clamp (DeepSeek-V4)
+  // Scratch, each with rows + kDenseRowAlign rows.
+  bf16* gathered = nullptr;         // [*, hidden]
+  bf16* gu = nullptr;               // [*, 2 * inter]
+  bf16* act = nullptr;              // [*, inter]
+  float* y = nullptr;               // [*, hidden]: the output, per permuted row
+  int32_t* host_offsets = nullptr;  // pinned [num_experts + 1]
+  CublasGemm* gemm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+absl::Status EnqueueExpertMlp(const ExpertMlpParams& p);
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_EXPERT_MLP_H_

@@ -1,0 +1,269 @@
+// Grouped GEMM over a layer's experts (GroupedGemmParams in model_params.h).
+//
+// One CTA = (tile of kBM permuted rows of one expert, 128 output columns), 4
+// warps, mma.m16n8k16 (bf16 in, fp32 accumulate) fed by ldmatrix from a
+// cp.async ring of kBK-wide k slices (64: 128 contiguous bytes of each weight
+// row per slice; 32 where k is not a multiple of 64). The expert of a tile is found by binary
+// search over the device-side tile offsets, so the grid is a host bound
+// (GroupedGemmMaxTiles) and CTAs past the real tile count return at once:
+// no host sync, capturable in a CUDA graph. Tiles of one expert are adjacent
+// in launch order, so its weight slice is read from DRAM about once.
+#include <algorithm>
+#include <atomic>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/model_ops.h"
+
+namespace moesh::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kBN = 128;
+
+// kBM 16 and 32: four warps side by side along n (each all kBM rows × 32
+// columns); 64: 2 × 2 warps of 32 × 64. Rows of kBK + 8 elements (80 or 144
+// bytes) keep ldmatrix conflict-free. Two CTAs fit an SM with 64-wide slices.
+template <int kBM, int kBK>
+struct GemmCfg {
+  static constexpr int kStages = kBK == 32 ? (kBM == 16 ? 4 : 3) : (kBM == 64 ? 3 : 4);
+  static constexpr int kPitch = kBK + 8;
+  static constexpr int kWarpsM = kBM == 64 ? 2 : 1;
+  static constexpr int kWarpsN = 4 / kWarpsM;
+  static constexpr int kWarpM = kBM / kWarpsM;  // 16 or 32 rows per warp
+  static constexpr int kWarpN = kBN / kWarpsN;  // 32 or 64 columns per warp
+  static constexpr int kMi = kWarpM / 16, kNi = kWarpN / 8;
+  static constexpr int kChunksPerRow = kBK / 8;  // 16-byte chunks
+  static constexpr int kAChunks = kBM * kChunksPerRow;
+  static constexpr int kBChunks = kBN * kChunksPerRow;
+  static constexpr int kSmemBytes = kStages * (kBM + kBN) * kPitch * 2;
+  static_assert(kNi % 2 == 0 && kBChunks % kThreads == 0);
+};
+
+// 16-byte async copy; zero-fills the destination when !pred.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
+               "r"(pred ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+template <int kBM, int kBK, bool kF32Out>
+__global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams p) {
+  using Cfg = GemmCfg<kBM, kBK>;
+  constexpr int S = Cfg::kStages, kPitch = Cfg::kPitch;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  auto sa = reinterpret_cast<bf16(*)[kBM][kPitch]>(smem_raw);  // [S][kBM][kPitch]
+  auto sb =
+      reinterpret_cast<bf16(*)[kBN][kPitch]>(smem_raw + S * kBM * kPitch * 2);  // [S][kBN][kPitch]
+
+  const int tile = blockIdx.x;
+  if (tile >= p.tile_offsets[p.num_experts]) return;  // uniform per CTA
+  int lo = 0, hi = p.num_experts - 1;                 // the last expert whose first tile is <= tile
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.tile_offsets[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int e = lo;
+  const int row0 = p.expert_offsets[e];
+  const int rows = p.expert_offsets[e + 1] - row0;
+  const int m0 = (tile - p.tile_offsets[e]) * kBM;
+  const int n0 = blockIdx.y * kBN;
+  const bf16* w = p.w + static_cast<int64_t>(e) * p.n * p.k;
+
+  // Each thread's A chunks (fixed rows across k) and B chunks.
+  constexpr int kAIters = (Cfg::kAChunks + kThreads - 1) / kThreads;
+  const bf16* a_src[kAIters];
+  bool a_ok[kAIters];
+#pragma unroll
+  for (int i = 0; i < kAIters; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const int r = c / Cfg::kChunksPerRow, ch = c % Cfg::kChunksPerRow;
+    a_ok[i] = c < Cfg::kAChunks && m0 + r < rows;
+    int64_t src_row = 0;
+    if (a_ok[i]) src_row = p.row_index != nullptr ? p.row_index[row0 + m0 + r] : row0 + m0 + r;
+    a_src[i] = p.x + src_row * p.ldx + ch * 8;
+  }
+  constexpr int kBIters = Cfg::kBChunks / kThreads;
+  const bf16* b_src[kBIters];
+  bool b_ok[kBIters];
+#pragma unroll
+  for (int i = 0; i < kBIters; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const int r = c / Cfg::kChunksPerRow, ch = c % Cfg::kChunksPerRow;
+    b_ok[i] = n0 + r < p.n;
+    b_src[i] = w + static_cast<int64_t>(b_ok[i] ? n0 + r : 0) * p.k + ch * 8;
+  }
+  auto load = [&](int stage, int kt) {
+    const int k0 = kt * kBK;
+#pragma unroll
+    for (int i = 0; i < kAIters; ++i) {
+      const int c = threadIdx.x + i * kThreads;
+      if (c < Cfg::kAChunks) {
+        CpAsync16(&sa[stage][c / Cfg::kChunksPerRow][(c % Cfg::kChunksPerRow) * 8],
+                  a_ok[i] ? a_src[i] + k0 : p.x, a_ok[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBIters; ++i) {
+      const int c = threadIdx.x + i * kThreads;
+      CpAsync16(&sb[stage][c / Cfg::kChunksPerRow][(c % Cfg::kChunksPerRow) * 8],
+                b_ok[i] ? b_src[i] + k0 : p.w, b_ok[i]);
+    }
+  };
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wm = warp / Cfg::kWarpsN, wn = warp % Cfg::kWarpsN;
+  float acc[Cfg::kMi][Cfg::kNi][4];
+#pragma unroll
+  for (int i = 0; i < Cfg::kMi; ++i) {
+#pragma unroll
+    for (int j = 0; j < Cfg::kNi; ++j) {
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
+    }
+  }
+
+  const int k_tiles = p.k / kBK;
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < k_tiles) load(s, s);
+    CpAsyncCommit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    CpAsyncWait<S - 2>();
+    __syncthreads();  // slice kt landed for everyone; slice kt - 1's stage is free
+    const int next = kt + S - 1;
+    if (next < k_tiles) load(next % S, next);
+    CpAsyncCommit();
+    const int st = kt % S;
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      uint32_t a[Cfg::kMi][4];
+#pragma unroll
+      for (int mi = 0; mi < Cfg::kMi; ++mi) {
+        Ldmatrix4(a[mi],
+                  &sa[st][wm * Cfg::kWarpM + mi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+      }
+#pragma unroll
+      for (int nj = 0; nj < Cfg::kNi / 2; ++nj) {
+        uint32_t b[4];
+        Ldmatrix4(b, &sb[st][wn * Cfg::kWarpN + nj * 16 + (lane & 7) + (lane >> 4) * 8]
+                        [ks * 16 + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+        for (int mi = 0; mi < Cfg::kMi; ++mi) {
+          Mma(acc[mi][2 * nj], a[mi], b[0], b[1]);
+          Mma(acc[mi][2 * nj + 1], a[mi], b[2], b[3]);
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();
+
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < Cfg::kMi; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < Cfg::kNi; ++ni) {
+      const int col = n0 + wn * Cfg::kWarpN + ni * 8 + t4 * 2;
+      if (col >= p.n) continue;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = m0 + wm * Cfg::kWarpM + mi * 16 + g + half * 8;
+        if (r >= rows) continue;
+        const int64_t off = static_cast<int64_t>(row0 + r) * p.ldy + col;
+        const float v0 = acc[mi][ni][2 * half], v1 = acc[mi][ni][2 * half + 1];
+        if constexpr (kF32Out) {
+          *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
+        } else {
+          *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(p.y) + off) =
+              __floats2bfloat162_rn(v0, v1);
+        }
+      }
+    }
+  }
+}
+
+template <int kBM, int kBK, bool kF32Out>
+absl::Status LaunchOne(const GroupedGemmParams& p) {
+  auto* kernel = GroupedGemmKernel<kBM, kBK, kF32Out>;
+  constexpr int kSmem = GemmCfg<kBM, kBK>::kSmemBytes;
+  // Raise this instantiation's dynamic shared-memory limit once per device.
+  static std::atomic<uint64_t> smem_set{0};  // bit d: done on device d
+  int dev = 0;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (!(smem_set.load(std::memory_order_acquire) & bit)) {
+    RETURN_IF_CUDA_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    smem_set.fetch_or(bit, std::memory_order_release);
+  }
+  const dim3 grid(p.max_tiles, (p.n + kBN - 1) / kBN);
+  kernel<<<grid, kThreads, kSmem, p.stream>>>(p);
+  return LaunchStatus("GroupedGemmKernel");
+}
+
+template <int kBM, int kBK>
+absl::Status Launch(const GroupedGemmParams& p) {
+  return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true>(p)
+                                         : LaunchOne<kBM, kBK, false>(p);
+}
+
+template <int kBK>
+absl::Status LaunchTile(const GroupedGemmParams& p) {
+  switch (p.tile_m) {
+    case 16:
+      return Launch<16, kBK>(p);
+    case 32:
+      return Launch<32, kBK>(p);
+    default:
+      return Launch<64, kBK>(p);
+  }
+}
+
+}  // namespace
+
+int GroupedGemmMaxTiles(int rows, int num_experts, int tile_m) {
+  return (rows + tile_m - 1) / tile_m + std::min(num_experts, rows);
+}
+
+absl::Status RunGroupedGemm(const GroupedGemmParams& p) {
+  GroupedGemmParams q = p;
+  if (q.ldx == 0) q.ldx = q.k;
+  if (q.ldy == 0) q.ldy = q.n;
+  if (q.num_experts < 1 || q.n <= 0 || q.k <= 0 || q.k % 32 != 0 || q.n % 8 != 0 ||
+      q.ldx % 8 != 0 || q.ldx < q.k || q.ldy < q.n || q.ldy % 2 != 0 ||
+      (q.tile_m != 16 && q.tile_m != 32 && q.tile_m != 64) || q.max_tiles < 0 ||
+      (q.n + kBN - 1) / kBN > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunGroupedGemm: need k % 32 == 0, n % 8 == 0, ldx % 8 == 0, even ldy, tile_m "
+                     "16, 32 or 64"));
+  }
+  if (q.max_tiles == 0) return absl::OkStatus();
+  if (!q.x || !q.w || !q.y || !q.expert_offsets || !q.tile_offsets) {
+    return absl::InvalidArgumentError("RunGroupedGemm: null pointer");
+  }
+  if ((reinterpret_cast<uintptr_t>(q.x) | reinterpret_cast<uintptr_t>(q.w)) & 15) {
+    return absl::InvalidArgumentError("RunGroupedGemm: x and w must be 16-byte aligned");
+  }
+  if (q.k_tile != 0 && q.k_tile != 32 && q.k_tile != 64) {
+    return absl::InvalidArgumentError("RunGroupedGemm: k_tile must be 0, 32 or 64");
+  }
+  const bool wide = q.k_tile == 64 || (q.k_tile == 0 && q.k % 64 == 0);
+  if (wide && q.k % 64 != 0)
+    return absl::InvalidArgumentError("RunGroupedGemm: k_tile 64 needs k % 64 == 0");
+  return wide ? LaunchTile<64>(q) : LaunchTile<32>(q);
+}
+
+}  // namespace moesh::cuda

@@ -1,0 +1,136 @@
+// Parameters of the ops the CUDA model adds to kernels/cuda: one struct per
+// op, each with its stream (kernels/cuda/params.h's conventions: device
+// pointers, row-major, shapes in the comments, "ld" in elements).
+#ifndef MOESH_KERNELS_CUDA_MODEL_PARAMS_H_
+#define MOESH_KERNELS_CUDA_MODEL_PARAMS_H_
+
+#include <cstdint>
+
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+// out[t, j, :] = float(table[token_ids[t], :]) for j in [0, copies)
+// (DeepSeek-V4: every one of its hc_mult residual streams).
+struct EmbedParams {
+  const bf16* table = nullptr;         // [vocab, hidden]
+  const int32_t* token_ids = nullptr;  // [num_tokens], each in [0, vocab)
+  int num_tokens = 0, hidden = 0;
+  int copies = 1;
+  float* out = nullptr;  // [num_tokens, copies, hidden]
+  cudaStream_t stream = nullptr;
+};
+
+// RMSNorm of fp32 rows (the residual stream) into the bf16 input of the next
+// GEMM, optionally gathering rows: for i in [0, num_rows), r = rows ? rows[i] : i,
+//   y[i] = bf16(weight * (x[r] * rsqrt(mean(x[r]^2) + eps)))   (kernels/cpu RmsNorm's order)
+// and the same before rounding in y_f32 when it is not null.
+struct RmsNormF32Params {
+  const float* x = nullptr;          // [*, ldx]
+  const int32_t* rows = nullptr;     // [num_rows]; may be null (identity)
+  const bf16* weight = nullptr;      // [n]
+  int num_rows = 0, n = 0, ldx = 0;  // ldx 0: n
+  float eps = 1e-6f;
+  bf16* y = nullptr;       // [num_rows, n]
+  float* y_f32 = nullptr;  // [num_rows, n]; may be null
+  cudaStream_t stream = nullptr;
+};
+
+// A strided copy of one slice per (token, row):
+//   dst[t * dst_token_stride + r * dst_row_stride + dst_offset + i] =
+//   src[t * src_token_stride + r * src_row_stride + src_offset + i],  i in [0, dim).
+// Moves each head's q_pe next to its absorbed q_nope (MLA's query row).
+struct SliceCopyParams {
+  const bf16* src = nullptr;
+  int src_token_stride = 0, src_row_stride = 0, src_offset = 0;
+  bf16* dst = nullptr;
+  int dst_token_stride = 0, dst_row_stride = 0, dst_offset = 0;
+  int num_tokens = 0, num_rows = 0, dim = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// Sorts the (token, k) routing pairs by expert, on one CTA. Afterwards
+// expert e's rows are [expert_offsets[e], expert_offsets[e + 1]) of the
+// permuted order, row r holds token row_token[r], and pair (t, k) sits at row
+// pair_row[t * top_k + k] (-1 iff its id is outside [0, num_experts)). The
+// order inside an expert is unspecified (rows are computed independently).
+// tile_offsets[e] counts the tile_m-row tiles of the experts before e.
+// With expert_map, ids are first mapped through it (global expert id ->
+// this shard's expert, -1: not here; ids outside [0, map_size) count as -1).
+struct MoePermuteParams {
+  const int32_t* topk_ids = nullptr;  // [num_tokens, top_k]
+  int num_tokens = 0, top_k = 0, num_experts = 0;
+  const int32_t* expert_map = nullptr;  // [map_size]; may be null
+  int map_size = 0;
+  int tile_m = 16;
+  int32_t* expert_offsets = nullptr;  // [num_experts + 1]
+  int32_t* tile_offsets = nullptr;    // [num_experts + 1]
+  int32_t* row_token = nullptr;       // [num_tokens * top_k]
+  int32_t* pair_row = nullptr;        // [num_tokens * top_k]
+  int32_t* expert_counts = nullptr;   // [num_experts]; may be null (statistics)
+  cudaStream_t stream = nullptr;
+};
+
+// Grouped GEMM over the experts of one MoE layer, for the rows a
+// MoePermuteParams pass laid out: for every expert e and permuted row r of e,
+//   y[r, :] = x[src(r), :] · w[e]^T,  src(r) = row_index ? row_index[r] : r.
+// Sizes live on the device, so a launch is graph-capturable.
+struct GroupedGemmParams {
+  const bf16* x = nullptr;             // [*, ldx]
+  int ldx = 0;                         // 0: k
+  const int32_t* row_index = nullptr;  // [rows]; may be null
+  const bf16* w = nullptr;             // [num_experts, n, k]
+  int num_experts = 0, n = 0, k = 0;
+  const int32_t* expert_offsets = nullptr;  // [num_experts + 1], from MoePermuteParams
+  const int32_t* tile_offsets = nullptr;    // [num_experts + 1], with the same tile_m
+  int tile_m = 16;                          // 16 or 32 (decode), 64 (prefill)
+  int max_tiles = 0;  // host bound on tile_offsets[num_experts]: GroupedGemmMaxTiles()
+  int k_tile = 0;     // k slice per pipeline stage: 32 or 64; 0: 64 iff k % 64 == 0
+  void* y = nullptr;  // [rows, ldy], per out_type
+  OutType out_type = OutType::kBf16;
+  int ldy = 0;  // 0: n
+  cudaStream_t stream = nullptr;
+};
+
+// out[i, :] = x[index[i], :] for i in [0, rows): an expert's rows made
+// contiguous for a dense GEMM.
+struct GatherRowsParams {
+  const bf16* x = nullptr;         // [*, ldx]
+  int ldx = 0;                     // 0: cols
+  const int32_t* index = nullptr;  // [rows]
+  int rows = 0, cols = 0;
+  bf16* out = nullptr;  // [rows, cols]
+  cudaStream_t stream = nullptr;
+};
+
+// dst[l][dst_blocks[i]] = src[l][src_blocks[i]] for every layer l and i in
+// [0, num_blocks): whole blocks of two paged KV pools (the KV handoff in
+// device memory). A pool is [layers][*][block_elems] bf16.
+struct CopyKvBlocksParams {
+  const bf16* src = nullptr;
+  int64_t src_layer_elems = 0;  // elements from one layer to the next
+  bf16* dst = nullptr;
+  int64_t dst_layer_elems = 0;
+  int64_t block_elems = 0;
+  const int32_t* src_blocks = nullptr;  // [num_blocks], device
+  const int32_t* dst_blocks = nullptr;  // [num_blocks], device
+  int num_blocks = 0, num_layers = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// x[t, :] += sum_k topk_weights[t, k] * expert_out[pair_row[t * top_k + k], :]
+// (pairs with row -1 skipped; k in order). Null pair_row: pair (t, k) is row
+// t * top_k + k; null topk_weights: every weight is 1 (so top_k = 1 with both
+// null adds expert_out into x: routed outputs combined elsewhere).
+struct MoeCombineParams {
+  const float* expert_out = nullptr;    // [rows, hidden]
+  const int32_t* pair_row = nullptr;    // [num_tokens * top_k]; may be null
+  const float* topk_weights = nullptr;  // [num_tokens, top_k]; may be null
+  int num_tokens = 0, top_k = 0, hidden = 0;
+  float* x = nullptr;  // [num_tokens, hidden], in/out
+  cudaStream_t stream = nullptr;
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_MODEL_PARAMS_H_

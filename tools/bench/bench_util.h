@@ -1,0 +1,48 @@
+// What the CUDA benchmarks (kernel_bench, cuda_model_bench) share: an
+// event-timed median, and the device's ceilings every result is compared
+// with (device-to-device copy bandwidth, bf16 GEMM rate), measured in the
+// same run.
+#ifndef MOESH_TOOLS_BENCH_BENCH_UTIL_H_
+#define MOESH_TOOLS_BENCH_BENCH_UTIL_H_
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+
+namespace moesh::cuda {
+
+struct Ceilings {
+  double copy_gbps = 0;    // bytes read + written per second / 1e9
+  double gemm_tflops = 0;  // 8192^3 bf16
+};
+
+// Median over `reps` event-timed runs of fn(call) after `warmup` untimed
+// ones, in milliseconds: for large measurements, where launch costs vanish.
+// (A D2D copy inside a graph runs on a copy engine at about two thirds of
+// the rate measured this way.)
+template <typename Fn>
+absl::StatusOr<double> EventMedianMs(cudaStream_t stream, int warmup, int reps, Fn fn) {
+  for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(fn(i));
+  std::vector<double> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    ASSIGN_OR_RETURN(Event a, Event::Create());
+    ASSIGN_OR_RETURN(Event b, Event::Create());
+    RETURN_IF_ERROR(a.Record(stream));
+    RETURN_IF_ERROR(fn(warmup + i));
+    RETURN_IF_ERROR(b.Record(stream));
+    ASSIGN_OR_RETURN(float t, b.ElapsedMsSince(a));
+    ms[i] = t;
+  }
+  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
+  return ms[reps / 2];
+}
+
+// A 2 GiB device-to-device copy and an 8192^3 bf16 GEMM through `gemm`.
+absl::StatusOr<Ceilings> MeasureCeilings(CublasGemm& gemm, cudaStream_t stream);
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_TOOLS_BENCH_BENCH_UTIL_H_

@@ -1,0 +1,564 @@
+// cuda_model_bench: the CUDA model's decode (and prefill) throughput, next to
+// the hardware floor measured in the same run. `moesh bench --device cuda`
+// runs this binary (the moesh command itself does not link CUDA).
+//
+// Decode: `batch` sequences each holding `context` tokens of (random) cache
+// rows take one token per step; a step is Step() as a server calls it (inputs
+// copied in, graph replayed, greedy tokens copied out, synchronised), timed
+// on the host, median of --steps after --warmup. Its floor is
+//   (weight bytes the step reads + KV cache bytes it reads) / copy bandwidth,
+// with the weights counted as every non-expert tensor once, each routed
+// expert that received a token once (counted on the device), and the
+// embedding rows gathered; the copy bandwidth is a 2 GiB device-to-device
+// cudaMemcpy (bytes read + written) measured first.
+//
+// Usage: cuda_model_bench [--device cuda] [--load-format dummy|auto]
+//          [--shape v2-lite | --model DIR] [--batch 1,32,128,256] [--context 2048]
+//          [--steps 20] [--warmup 3] [--gpu-memory-utilization 0.9]
+//          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
+//          [--profile-step]
+#include <cuda_profiler_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/cuda_backend/cuda_model.h"
+#include "common/cuda_backend/sample_rows.h"
+#include "common/model/random_checkpoint.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/expert_mlp.h"
+#include "kernels/cuda/fill.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/model_ops.h"
+#include "tools/bench/bench_util.h"
+
+namespace moesh::cuda {
+namespace {
+
+struct Flags {
+  std::string load_format = "dummy";
+  std::string shape = "v2-lite";
+  std::string model_dir;
+  std::vector<int> batches = {1, 32, 128, 256};
+  int context = 2048, steps = 20, warmup = 3;
+  double gpu_memory_utilization = 0.9;
+  int prefill_seqs = 8, prefill_len = 2048;
+  bool graphs = true;
+  bool grouped_gemm_only = false;  // only the grouped GEMM table (for profilers)
+  bool profile_step = false;  // one decode step at the first batch between cudaProfilerStart/Stop
+  uint64_t seed = 1;
+};
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags f;
+  std::map<std::string, std::string> kv;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--no-graphs") {
+      f.graphs = false;
+      continue;
+    }
+    if (a == "--grouped-gemm-only") {
+      f.grouped_gemm_only = true;
+      continue;
+    }
+    if (a == "--profile-step") {
+      f.profile_step = true;
+      continue;
+    }
+    if (a.rfind("--", 0) != 0) return absl::InvalidArgumentError("unexpected argument " + a);
+    const size_t eq = a.find('=');
+    if (eq != std::string::npos) {
+      kv[a.substr(2, eq - 2)] = a.substr(eq + 1);
+    } else if (i + 1 < argc) {
+      kv[a.substr(2)] = argv[++i];
+    } else {
+      return absl::InvalidArgumentError("flag " + a + " needs a value");
+    }
+  }
+  auto take_int = [&](const char* name, int* out) -> absl::Status {
+    auto it = kv.find(name);
+    if (it == kv.end()) return absl::OkStatus();
+    if (!absl::SimpleAtoi(it->second, out))
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": not an integer"));
+    kv.erase(it);
+    return absl::OkStatus();
+  };
+  for (auto [name, out] :
+       std::vector<std::pair<const char*, int*>>{{"context", &f.context},
+                                                 {"steps", &f.steps},
+                                                 {"warmup", &f.warmup},
+                                                 {"prefill-seqs", &f.prefill_seqs},
+                                                 {"prefill-len", &f.prefill_len}}) {
+    RETURN_IF_ERROR(take_int(name, out));
+  }
+  if (auto it = kv.find("batch"); it != kv.end()) {
+    f.batches.clear();
+    for (absl::string_view s : absl::StrSplit(it->second, ',')) {
+      int b = 0;
+      if (!absl::SimpleAtoi(s, &b) || b < 1)
+        return absl::InvalidArgumentError("--batch: positive integers, comma-separated");
+      f.batches.push_back(b);
+    }
+    kv.erase(it);
+  }
+  if (auto it = kv.find("gpu-memory-utilization"); it != kv.end()) {
+    if (!absl::SimpleAtod(it->second, &f.gpu_memory_utilization)) {
+      return absl::InvalidArgumentError("--gpu-memory-utilization: not a number");
+    }
+    kv.erase(it);
+  }
+  if (auto it = kv.find("seed"); it != kv.end()) {
+    if (!absl::SimpleAtoi(it->second, &f.seed))
+      return absl::InvalidArgumentError("--seed: not an integer");
+    kv.erase(it);
+  }
+  if (auto it = kv.find("device"); it != kv.end()) {
+    if (it->second != "cuda") return absl::InvalidArgumentError("--device: only cuda");
+    kv.erase(it);
+  }
+  for (const char* name : {"load-format", "shape", "model"}) {
+    auto it = kv.find(name);
+    if (it == kv.end()) continue;
+    std::string& dst = std::string(name) == "load-format" ? f.load_format
+                       : std::string(name) == "shape"     ? f.shape
+                                                          : f.model_dir;
+    dst = it->second;
+    kv.erase(it);
+  }
+  if (!kv.empty()) return absl::InvalidArgumentError("unknown flag --" + kv.begin()->first);
+  if (f.load_format != "dummy" && f.load_format != "auto") {
+    return absl::InvalidArgumentError("--load-format: dummy or auto");
+  }
+  if (f.load_format == "auto" && f.model_dir.empty()) {
+    return absl::InvalidArgumentError("--load-format auto needs --model DIR");
+  }
+  if (f.context < 0 || f.steps < 1 || f.warmup < 1 || f.prefill_seqs < 0 || f.prefill_len < 1) {
+    return absl::InvalidArgumentError("need --context >= 0, --steps >= 1, --warmup >= 1");
+  }
+  return f;
+}
+
+// DeepSeek-V2-Lite's shapes (random_checkpoint's "real" preset).
+absl::StatusOr<ModelConfig> ShapeConfig(const std::string& shape) {
+  if (shape != "v2-lite") {
+    return absl::InvalidArgumentError(
+        "--shape: v2-lite (the larger DeepSeek models do not fit one GPU in bf16)");
+  }
+  return PresetConfig("v2-lite", "real");
+}
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// FLOPs of the GEMMs one token's forward pass runs (no lm_head) and of its
+// attention at `context` visible tokens per layer (absorbed form).
+double TokenFlops(const ModelConfig& c, double context) {
+  if (c.is_v4()) {  // the stacked first projection, wq_b, index q, wo_a / wo_b, mHC, experts;
+                    // attention
+    const double h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim,
+                 qr = c.q_lora_rank;
+    const double ni = c.index_n_heads, di = c.index_head_dim, hc = c.hc_mult;
+    double gemm = 0, attention = 0;
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const bool csa = c.layer_types[l] == V4AttentionType::kCompressedSparse;
+      const double rate = c.CompressRate(l), entries = rate > 0 ? context / rate : 0;
+      gemm += h * (qr + c.V4RowWidth(l) + (csa ? ni : 0)) + qr * heads * d +
+              (csa ? qr * ni * di : 0) + heads * d * c.o_lora_rank +
+              c.o_groups * c.o_lora_rank * h + 2 * (2 + hc) * hc * hc * h + h * c.n_routed_experts +
+              3.0 * h * c.moe_intermediate_size * (c.num_experts_per_tok + c.n_shared_experts);
+      const double keys = std::min<double>(c.sliding_window, context) +
+                          (csa ? std::min<double>(c.index_topk, entries) : entries);
+      attention += 2 * heads * keys * d + (csa ? ni * entries * di : 0);
+    }
+    return 2.0 * (gemm + attention / 2);
+  }
+  const double h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
+  const double rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim,
+               v = c.v_head_dim;
+  const double q_width = c.q_lora_rank > 0 ? c.q_lora_rank : heads * qk;
+  const double per_layer_attn = h * (q_width + rank + rope) +
+                                (c.q_lora_rank > 0 ? c.q_lora_rank * heads * qk : 0) +
+                                heads * nope * rank + heads * v * rank + h * heads * v;
+  double gemm = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    gemm += per_layer_attn;
+    gemm += c.IsMoeLayer(l)
+                ? h * c.n_routed_experts + 3.0 * h * c.moe_intermediate_size *
+                                               (c.num_experts_per_tok + c.n_shared_experts)
+                : 3.0 * h * c.intermediate_size;
+  }
+  const double attention = c.num_hidden_layers * heads * context * (rank + rope + rank);
+  return 2.0 * (gemm + attention);
+}
+
+// Bytes of KV state one sequence's decode step at `context` tokens must read:
+// the latent rows (MLA; V3.2: the selected ones and every index key), or for V4 the window's rows,
+// the compressed entries it attends to and (CSA) the index keys its indexer scores, bf16. (Our V4
+// pools the entries from the cache rows each step: it reads more.)
+double DecodeKvBytes(const ModelConfig& c, double context) {
+  if (c.has_indexer()) {  // the selected latent rows, and every row's index key
+    return (std::min<double>(context, c.index_topk) * (c.kv_lora_rank + c.qk_rope_head_dim) +
+            context * c.index_head_dim) *
+           2.0 * c.num_hidden_layers;
+  }
+  if (!c.is_v4())
+    return context * (c.kv_lora_rank + c.qk_rope_head_dim) * 2.0 * c.num_hidden_layers;
+  double values = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const double rate = c.CompressRate(l), entries = rate > 0 ? std::floor(context / rate) : 0;
+    const bool csa = c.layer_types[l] == V4AttentionType::kCompressedSparse;
+    values +=
+        std::min<double>(c.sliding_window, context) * c.head_dim +
+        (csa ? std::min<double>(c.index_topk, entries) * c.head_dim + entries * c.index_head_dim
+             : entries * c.head_dim);
+  }
+  return values * 2.0;
+}
+
+// The grouped expert GEMM alone (gate_up of one MoE layer: n = 2 x moe_intermediate,
+// k = hidden), uniform random routing, against one dense cuBLAS GEMM of the same FLOPs.
+absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
+  if (c.n_routed_experts == 0) return absl::OkStatus();
+  {
+    std::printf(
+        "\nexpert grouped GEMM alone (gate_up, n %d, k %d, %d experts), vs cuBLAS on one dense "
+        "GEMM of "
+        "the same rows\n",
+        2 * c.moe_intermediate_size, c.hidden_size, c.n_routed_experts);
+    std::printf(
+        "| tokens x top-k | tile rows x k slice | grouped us | grouped TFLOP/s | weights GB/s | "
+        "dense us | dense "
+        "TFLOP/s | grouped/dense |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    ASSIGN_OR_RETURN(Stream stream, Stream::Create());
+    const cudaStream_t s = stream.get();
+    ASSIGN_OR_RETURN(auto gemm, CublasGemm::Create());
+    const int e = c.n_routed_experts, k = c.num_experts_per_tok, n = 2 * c.moe_intermediate_size,
+              hk = c.hidden_size;
+    ASSIGN_OR_RETURN(auto w, DeviceBuffer<bf16>::Create(static_cast<size_t>(e) * n * hk));
+    RETURN_IF_ERROR(FillUniform(w.get(), w.size(), 11, 0.02f, s));
+    const int inter = c.moe_intermediate_size;
+    ASSIGN_OR_RETURN(auto wd, DeviceBuffer<bf16>::Create(static_cast<size_t>(e) * hk * inter));
+    RETURN_IF_ERROR(FillUniform(wd.get(), wd.size(), 14, 0.02f, s));
+    ASSIGN_OR_RETURN(auto h_off, PinnedBuffer<int32_t>::Create(e + 1));
+    std::vector<std::string> mlp_rows;  // the whole expert MLP per path, printed after
+    for (int tokens : {256, 16384}) {
+      const int rows = tokens * k;
+      std::vector<int32_t> ids(rows);
+      std::vector<int> pool(e);
+      for (int t = 0; t < tokens; ++t) {
+        std::iota(pool.begin(), pool.end(), 0);
+        std::shuffle(pool.begin(), pool.end(), rng);
+        for (int j = 0; j < k; ++j) ids[t * k + j] = pool[j];
+      }
+      ASSIGN_OR_RETURN(auto d_ids, DeviceBuffer<int32_t>::Create(rows));
+      RETURN_IF_ERROR(d_ids.CopyFrom(ids));
+      ASSIGN_OR_RETURN(auto x, DeviceBuffer<bf16>::Create(static_cast<size_t>(tokens) * hk));
+      ASSIGN_OR_RETURN(auto y, DeviceBuffer<bf16>::Create(static_cast<size_t>(rows) * n));
+      ASSIGN_OR_RETURN(auto xd, DeviceBuffer<bf16>::Create(static_cast<size_t>(rows) * hk));
+      RETURN_IF_ERROR(FillUniform(x.get(), x.size(), 12, 1.0f, s));
+      RETURN_IF_ERROR(FillUniform(xd.get(), xd.size(), 13, 1.0f, s));
+      ASSIGN_OR_RETURN(auto off, DeviceBuffer<int32_t>::Create(e + 1));
+      ASSIGN_OR_RETURN(auto tiles, DeviceBuffer<int32_t>::Create(e + 1));
+      ASSIGN_OR_RETURN(auto row_token, DeviceBuffer<int32_t>::Create(rows));
+      ASSIGN_OR_RETURN(auto pair_row, DeviceBuffer<int32_t>::Create(rows));
+      RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+      const int tile = rows <= 12 * e ? 16 : rows <= 40 * e ? 32 : 64;
+      MoePermuteParams pp;
+      pp.topk_ids = d_ids.get(), pp.num_tokens = tokens, pp.top_k = k, pp.num_experts = e,
+      pp.tile_m = tile;
+      pp.expert_offsets = off.get(), pp.tile_offsets = tiles.get(), pp.row_token = row_token.get();
+      pp.pair_row = pair_row.get(), pp.stream = s;
+      RETURN_IF_ERROR(RunMoePermute(pp));
+      GroupedGemmParams gp;
+      gp.x = x.get(), gp.ldx = hk, gp.row_index = row_token.get(), gp.w = w.get(),
+      gp.num_experts = e, gp.n = n;
+      gp.k = hk, gp.expert_offsets = off.get(), gp.tile_offsets = tiles.get(), gp.tile_m = tile;
+      gp.max_tiles = GroupedGemmMaxTiles(rows, e, tile), gp.y = y.get(), gp.stream = s;
+      GemmParams dp;
+      dp.x = xd.get(), dp.w = w.get(), dp.y = y.get(), dp.m = rows, dp.n = n, dp.k = hk,
+      dp.stream = s;
+      ASSIGN_OR_RETURN(double d_ms, EventMedianMs(s, 3, 20, [&](int) { return gemm->Run(dp); }));
+      const double flops = 2.0 * rows * n * hk;
+      // Weights the grouped GEMM must read: every expert that got a row (all, here).
+      const double w_bytes = static_cast<double>(e) * n * hk * 2;
+      for (int k_tile : {64, 32}) {
+        gp.k_tile = k_tile;
+        ASSIGN_OR_RETURN(double g_ms,
+                         EventMedianMs(s, 3, 20, [&](int) { return RunGroupedGemm(gp); }));
+        std::printf("| %d x %d | %d x %d | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f |\n", tokens, k,
+                    tile, k_tile, g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12,
+                    w_bytes / (g_ms * 1e-3) / 1e9, d_ms * 1e3, flops / (d_ms * 1e-3) / 1e12,
+                    d_ms / g_ms);
+      }
+      // The whole expert MLP as the model runs it (EnqueueExpertMlp), each
+      // path, against two dense cuBLAS GEMMs of the same rows.
+      const size_t slack = static_cast<size_t>(rows) + kDenseRowAlign;
+      ASSIGN_OR_RETURN(auto gathered, DeviceBuffer<bf16>::Create(slack * hk));
+      ASSIGN_OR_RETURN(auto gu, DeviceBuffer<bf16>::Create(slack * n));
+      ASSIGN_OR_RETURN(auto act, DeviceBuffer<bf16>::Create(slack * inter));
+      ASSIGN_OR_RETURN(auto yf, DeviceBuffer<float>::Create(slack * hk));
+      RETURN_IF_ERROR(FillUniform(act.get(), act.size(), 15, 1.0f, s));
+      GemmParams dd;
+      dd.x = act.get(), dd.w = wd.get(), dd.y = yf.get(), dd.out_type = OutType::kFloat32,
+      dd.m = rows, dd.n = hk;
+      dd.k = inter, dd.stream = s;
+      ASSIGN_OR_RETURN(double dense_ms, EventMedianMs(s, 3, 20, [&](int) -> absl::Status {
+                         RETURN_IF_ERROR(gemm->Run(dp));
+                         return gemm->Run(dd);
+                       }));
+      const double mlp_flops = flops + 2.0 * rows * hk * inter;
+      for (bool dense_path : {false, true}) {
+        ExpertMlpParams mp;
+        mp.x = x.get(), mp.ldx = hk, mp.row_token = row_token.get(), mp.expert_offsets = off.get();
+        mp.tile_offsets = tiles.get(), mp.tile_m = tile, mp.rows = rows, mp.gate_up = w.get(),
+        mp.down = wd.get();
+        mp.num_experts = e, mp.hidden = hk, mp.inter = inter;
+        mp.gathered = dense_path ? gathered.get() : nullptr, mp.gu = gu.get(), mp.act = act.get(),
+        mp.y = yf.get();
+        mp.host_offsets = h_off.get(), mp.gemm = gemm.get(), mp.stream = s;
+        const bool taken = !dense_path || rows >= kDenseRowsPerExpert * e;
+        if (!taken) continue;  // EnqueueExpertMlp would run the grouped kernel: the row above
+        ASSIGN_OR_RETURN(double m_ms,
+                         EventMedianMs(s, 3, 20, [&](int) { return EnqueueExpertMlp(mp); }));
+        mlp_rows.push_back(
+            absl::StrFormat("| %d x %d | %s | %.1f | %.1f | %.1f | %.1f | %.2f |", tokens, k,
+                            dense_path ? "per-expert cuBLAS" : "grouped kernel", m_ms * 1e3,
+                            mlp_flops / (m_ms * 1e-3) / 1e12, dense_ms * 1e3,
+                            mlp_flops / (dense_ms * 1e-3) / 1e12, dense_ms / m_ms));
+      }
+    }
+    std::printf(
+        "\nexpert MLP (gate_up, SiLU·mul, down; EnqueueExpertMlp), vs two dense cuBLAS GEMMs of "
+        "the same "
+        "rows\n| tokens x top-k | path | us | TFLOP/s | dense us | dense TFLOP/s | path/dense |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n");
+    for (const std::string& r : mlp_rows) std::printf("%s\n", r.c_str());
+  }
+
+  return absl::OkStatus();
+}
+
+absl::Status Run(const Flags& f) {
+  ASSIGN_OR_RETURN(DeviceInfo info, CurrentDeviceInfo());
+  cudaDeviceProp prop{};
+  RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, info.device));
+  std::printf("device: %s, %d SMs, %.0f GiB\n", prop.name, info.num_sms,
+              prop.totalGlobalMem / double(1 << 30));
+  ASSIGN_OR_RETURN(Stream ceil_stream, Stream::Create());
+  ASSIGN_OR_RETURN(std::unique_ptr<CublasGemm> ceil_gemm, CublasGemm::Create());
+  ASSIGN_OR_RETURN(Ceilings ceil, MeasureCeilings(*ceil_gemm, ceil_stream.get()));
+  std::printf(
+      "ceilings (this run): D2D copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
+      ceil.copy_gbps, ceil.gemm_tflops);
+
+  ModelConfig config;
+  if (!f.model_dir.empty()) {
+    ASSIGN_OR_RETURN(config, ModelConfig::Load(f.model_dir));
+  } else {
+    ASSIGN_OR_RETURN(config, ShapeConfig(f.shape));
+  }
+  const int max_batch = *std::max_element(f.batches.begin(), f.batches.end());
+  CudaModelOptions o;
+  o.gpu_memory_utilization = f.gpu_memory_utilization;
+  o.max_num_seqs = std::max(max_batch, f.prefill_seqs);
+  o.max_model_len = (std::max(f.context + f.warmup + f.steps + 1, f.prefill_len) + 63) / 64 * 64;
+  o.cuda_graphs = f.graphs;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<CudaModel> model;
+  if (f.load_format == "auto") {
+    ASSIGN_OR_RETURN(model, CudaModel::Load(f.model_dir, o));
+  } else {
+    ASSIGN_OR_RETURN(model, CudaModel::Dummy(config, f.seed, o));
+  }
+  RETURN_IF_ERROR(model->FillKvCacheRandom(f.seed + 1));
+  const auto t1 = std::chrono::steady_clock::now();
+  const ModelConfig& c = model->config();
+  std::printf(
+      "model %s (%s weights, %.2f GB bf16): layers %d, hidden %d, heads %d, experts %d top-%d + %d "
+      "shared, "
+      "vocab %d; KV cache %d blocks (%.1f GB); ready in %.1f s\n",
+      f.model_dir.empty() ? f.shape.c_str() : f.model_dir.c_str(), f.load_format.c_str(),
+      model->weights().bytes() / 1e9, c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
+      c.n_routed_experts, c.num_experts_per_tok, c.n_shared_experts, c.vocab_size,
+      model->kv_pool().num_blocks(), model->kv_pool().bytes() / 1e9, Seconds(t0, t1));
+
+  std::mt19937 rng(static_cast<uint32_t>(f.seed));
+  std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
+  std::printf(
+      "\ndecode, %d tokens of context, greedy, CUDA graphs %s (median of %d steps after %d "
+      "warm-up)\n",
+      f.context, f.graphs ? "on" : "off", f.steps, f.warmup);
+  std::printf(
+      "| batch | step ms | tok/s | experts touched | weights GB | KV GB | floor ms | floor/step "
+      "|\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::vector<std::pair<int, PhaseTimes>> profiles;
+  // One table row; with `profile`, one more step runs eagerly with events between the phases.
+  // With `sampled`, every sequence samples on the device (temperature 0.8, top-p 0.95).
+  if (f.profile_step) {  // for `ncu --profile-from-start off`: one decode step, after two
+                         // unprofiled ones
+    const int b = f.batches[0];
+    std::vector<SequenceTokens> batch(b);
+    std::vector<std::vector<int32_t>> next(b, std::vector<int32_t>(1));
+    ASSIGN_OR_RETURN(const std::vector<int> seqs, model->AddSyntheticSequences(b, f.context));
+    for (int i = 0; i < b; ++i) {
+      next[i][0] = tok(rng);
+      batch[i] = {seqs[i], next[i]};
+    }
+    for (int s = 0; s < 3; ++s) {
+      if (s == 2) RETURN_IF_CUDA_ERROR(cudaProfilerStart());
+      ASSIGN_OR_RETURN(StepOutput out, model->Step(batch));
+      if (s == 2) RETURN_IF_CUDA_ERROR(cudaProfilerStop());
+    }
+    std::printf("profiled one decode step at batch %d (CUDA graphs %s)\n", b,
+                f.graphs ? "on" : "off");
+    return absl::OkStatus();
+  }
+  auto decode_row = [&](int b, const char* label, bool profile,
+                        bool sampled = false) -> absl::Status {
+    ASSIGN_OR_RETURN(const std::vector<int> seqs, model->AddSyntheticSequences(b, f.context));
+    std::vector<std::vector<int32_t>> next(b, std::vector<int32_t>(1));
+    std::vector<SequenceTokens> batch(b);
+    auto fill = [&] {
+      for (int i = 0; i < b; ++i) {
+        next[i][0] = tok(rng);
+        batch[i] = {seqs[i], next[i]};
+      }
+    };
+    StepSampling sampling;
+    SamplingParams sp;
+    sp.temperature = 0.8f, sp.top_p = 0.95f;
+    std::uniform_real_distribution<double> draw(0.0, 1.0);
+    for (int i = 0; i < b && sampled; ++i)
+      AppendSampleRow(sp, draw(rng), {}, {}, &sampling.rows, &sampling.penalties);
+    std::vector<double> times;
+    double kv_bytes = 0;
+    for (int s = 0; s < f.warmup + f.steps; ++s) {
+      fill();
+      const auto a = std::chrono::steady_clock::now();
+      ASSIGN_OR_RETURN(StepOutput out,
+                       model->Step(batch, 0, nullptr, sampled ? &sampling : nullptr));
+      const auto z = std::chrono::steady_clock::now();
+      if (s >= f.warmup) {
+        times.push_back(Seconds(a, z));
+        kv_bytes += static_cast<double>(b) * DecodeKvBytes(c, f.context + s + 1);
+      }
+    }
+    if (f.graphs && !model->last_step_used_graph())
+      return absl::InternalError("decode did not replay a graph");
+    ASSIGN_OR_RETURN(std::vector<int32_t> counts, model->LastExpertCounts());
+    int64_t touched = 0;
+    for (int32_t n : counts) touched += n > 0;
+    const double step = Median(times);
+    const double w_bytes = model->weights().StepWeightBytes(touched, b);
+    kv_bytes /= f.steps;
+    const double floor_s = (w_bytes + kv_bytes) / (ceil.copy_gbps * 1e9);
+    std::printf("| %d%s | %.3f | %.0f | %lld | %.2f | %.2f | %.3f | %.2f |\n", b, label, step * 1e3,
+                b / step, static_cast<long long>(touched), w_bytes / 1e9, kv_bytes / 1e9,
+                floor_s * 1e3, floor_s / step);
+    std::fflush(stdout);
+    if (profile) {
+      fill();
+      ASSIGN_OR_RETURN(PhaseTimes t, model->ProfileStep(batch));
+      profiles.push_back({b, t});
+    }
+    for (int id : seqs) RETURN_IF_ERROR(model->ReleaseSequence(id));
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < f.batches.size() && !f.grouped_gemm_only; ++i) {
+    RETURN_IF_ERROR(decode_row(f.batches[i], "", true));
+  }
+  if (f.grouped_gemm_only) return BenchGroupedGemm(c, rng);
+  // The same steps sampling on the device instead of greedy.
+  RETURN_IF_ERROR(decode_row(max_batch, " (sampled: T 0.8, top-p 0.95)", false, true));
+  // The expert tile height at the largest batch: the picked one against the other two.
+  for (int tile : {16, 32, 64}) {
+    RETURN_IF_ERROR(model->SetMoeTileM(tile));
+    RETURN_IF_ERROR(
+        decode_row(max_batch, absl::StrFormat(" (expert tiles of %d rows)", tile).c_str(), false));
+  }
+  RETURN_IF_ERROR(model->SetMoeTileM(0));
+
+  std::printf(
+      "\none decode step run eagerly, GPU ms by phase (events between phases; at small batches the "
+      "host's "
+      "launches, not the GPU, set the pace)\n");
+  std::printf(
+      "| batch | embed | attention | dense MLP | MoE (+shared) | head + greedy | total |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const auto& [b, t] : profiles) {
+    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", b, t.embed_ms, t.attention_ms,
+                t.dense_mlp_ms, t.moe_ms, t.head_ms, t.total_ms);
+  }
+
+  RETURN_IF_ERROR(BenchGroupedGemm(c, rng));
+
+  if (f.prefill_seqs > 0) {
+    std::printf(
+        "\nprefill: %d prompts x %d tokens (chunks of %d tokens; attention through the decode "
+        "kernel)\n",
+        f.prefill_seqs, f.prefill_len, o.max_tokens_per_step);
+    std::vector<std::vector<int32_t>> prompts(f.prefill_seqs);
+    for (auto& p : prompts) {
+      for (int t = 0; t < f.prefill_len; ++t) p.push_back(tok(rng));
+    }
+    double best = 1e30;
+    for (int rep = 0; rep < 2; ++rep) {  // the first also creates the GEMM plans
+      std::vector<SequenceTokens> batch;
+      std::vector<int> seqs;
+      for (auto& p : prompts) {
+        ASSIGN_OR_RETURN(int id, model->AddSequence());
+        seqs.push_back(id);
+        batch.push_back({id, p});
+      }
+      const auto a = std::chrono::steady_clock::now();
+      ASSIGN_OR_RETURN(StepOutput out, model->Step(batch));
+      const auto z = std::chrono::steady_clock::now();
+      best = std::min(best, Seconds(a, z));
+      for (int id : seqs) RETURN_IF_ERROR(model->ReleaseSequence(id));
+    }
+    const double tokens = static_cast<double>(f.prefill_seqs) * f.prefill_len;
+    const double flops = tokens * TokenFlops(c, f.prefill_len / 2.0);
+    std::printf(
+        "| prompts | tokens | s | tok/s | TFLOP/s (model FLOPs) | GEMM peak TFLOP/s |\n| --- | --- "
+        "| --- | --- | --- | --- |\n");
+    std::printf("| %d | %.0f | %.3f | %.0f | %.1f | %.0f |\n", f.prefill_seqs, tokens, best,
+                tokens / best, flops / best / 1e12, ceil.gemm_tflops);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace moesh::cuda
+
+int main(int argc, char** argv) {
+  absl::StatusOr<moesh::cuda::Flags> flags = moesh::cuda::ParseFlags(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "cuda_model_bench: %s\n", std::string(flags.status().message()).c_str());
+    return 2;
+  }
+  const absl::Status s = moesh::cuda::Run(*flags);
+  if (!s.ok()) {
+    std::fprintf(stderr, "cuda_model_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

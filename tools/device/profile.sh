@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Nsight Compute on the device machine, from the repository root.
+#
+# usage: tools/device/profile.sh FAMILY LAYERS BATCH CONTEXT [cuda_model_bench ARGS...]
+#   GPU time per kernel of one eager decode step of cuda_model_bench (--profile-step) on a
+#   dummy model of a real preset's shapes (`moesh mkmodel --family FAMILY --preset real
+#   --layers LAYERS --config-only`), under `ncu --metrics gpu__time_duration.sum` (kernels
+#   one at a time), summed by tools/device/ncu_by_kernel.py: a markdown table, largest
+#   share first (also $OUT/kernels_FAMILY_bBATCH.md; ncu's CSV in $OUT/ncu_FAMILY_bBATCH.csv).
+#   Extra arguments go to cuda_model_bench.
+#   e.g. tools/device/profile.sh v3.2 4 128 4096
+# usage: tools/device/profile.sh --counters WHAT...
+#   Nsight Compute's sections for single kernels (a summary of the telling lines printed,
+#   the whole reports in $OUT/logs-profile.tgz):
+#     grouped-gemm     the first four GroupedGemmKernel launches of cuda_grouped_gemm_test
+#                      (V2-Lite shapes): SpeedOfLight, Occupancy, LaunchStats, MemoryWorkloadAnalysis
+#     grouped-prefill  GroupedGemmKernel at prefill size (16384 tokens x top-6; launch 92 of
+#                      cuda_model_bench --shape v2-lite --grouped-gemm-only), with compute,
+#                      warp-state and scheduler sections
+#     mla              MlaDecodeKernel at batch 128 x 4096 with 16 and 128 heads (kernel_bench
+#                      --mla H,128,4096): DRAM and L2 bytes, tensor-pipe use
+#     decode-step      every kernel of one eager decode step at V2-Lite's shapes, batch 256,
+#                      2048 tokens of context (cuda_model_bench --shape v2-lite --prefill-seqs 0
+#                      --profile-step), by name ($OUT/decode_step_kernels.md)
+# MOESH_DEVICE_BUDGET_S (540) bounds the call.
+#
+# bundle: cuda_model_bench and moesh (FAMILY form); for --counters: cuda_grouped_gemm_test
+#   (grouped-gemm), cuda_model_bench (grouped-prefill, decode-step), kernel_bench (mla).
+# e.g.
+#   tools/device/bundle.sh build-cuda cuda_model_bench moesh
+#   run: command "bash tools/device/profile.sh v3.2 4 128 4096", carry [".device"]
+#   run: command "bash tools/device/profile.sh --counters grouped-prefill mla decode-step", carry [".device"]
+set -uo pipefail
+usage() { sed -n '2,/^set /p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; }
+(($# > 0)) || { usage; exit 2; }
+[[ $1 == -h || $1 == --help ]] && { usage; exit 0; }
+budget=${MOESH_DEVICE_BUDGET_S:-540}
+source tools/device/steps.sh > /dev/null || exit 1
+export MOESH_REQUIRE_CUDA=1
+command -v ncu > /dev/null || { echo "profile.sh: no ncu on this machine" >&2; exit 1; }
+
+if [[ $1 != --counters ]]; then
+  family=${1:?family} layers=${2:?layers} batch=${3:?batch} context=${4:?context}
+  shift 4
+  dir=$(mktemp -d)
+  $D/bin/moesh mkmodel --family "$family" --preset real --layers "$layers" --config-only --out "$dir" >/dev/null
+  name=ncu_${family}_b${batch}
+  step "$name" "$budget" ncu --csv --profile-from-start off --metrics gpu__time_duration.sum \
+    $D/bin/cuda_model_bench --model "$dir" --load-format dummy --batch "$batch" --context "$context" --no-graphs \
+    --profile-step --gpu-memory-utilization 0.95 "$@"
+  cp "$LOGS/$name.log" "$OUT/$name.csv"
+  python3 tools/device/ncu_by_kernel.py "$LOGS/$name.log" "one decode step, $family, $layers layers, batch $batch" \
+    | tee "$OUT/kernels_${family}_b${batch}.md"
+  finish > /dev/null
+  exit 0
+fi
+
+shift
+record_env > /dev/null
+for what in "$@"; do
+  case $what in
+    grouped-gemm)
+      # Hardware counters of the first four grouped GEMM launches of the test (V2-Lite shapes).
+      step ncu_grouped_gemm 120 ncu --clock-control none -k regex:GroupedGemmKernel -c 4 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+        $D/bin/cuda_grouped_gemm_test ;;
+    grouped-prefill)
+      # Launch order in --grouped-gemm-only: at 256 tokens 23 launches per k slice
+      # (two k slices), then 23 MLP calls of two launches; then 16384 tokens
+      # with 64-wide k slices: launch 92.
+      sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats
+                --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats)
+      step ncu_grouped_prefill 80 ncu --clock-control none -k regex:GroupedGemmKernel --launch-skip 92 --launch-count 1 \
+        "${sections[@]}" $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 1 --grouped-gemm-only ;;
+    mla)
+      # MLA decode at batch 128 x 4096: 16 heads (memory-bound) and 128 heads (DRAM and L2 bytes per launch).
+      for heads in 16 128; do
+        step ncu_mla_$heads 60 ncu --clock-control none -k regex:MlaDecodeKernel --launch-skip 3 --launch-count 1 \
+          --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          --metrics dram__bytes_read.sum,lts__t_bytes.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+          $D/bin/kernel_bench --mla $heads,128,4096
+      done ;;
+    decode-step)
+      # Every kernel of one eager decode step at batch 256 (2048 tokens of context), by name.
+      step ncu_decode_step 150 ncu --csv --print-units base --profile-from-start off --metrics gpu__time_duration.sum \
+        $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 256 --context 2048 --no-graphs \
+        --prefill-seqs 0 --profile-step
+      python3 tools/device/ncu_by_kernel.py "$LOGS/ncu_decode_step.log" > "$OUT/decode_step_kernels.md" 2>&1 ;;
+    *) echo "profile.sh: unknown counters $what (grouped-gemm grouped-prefill mla decode-step)" >&2 ;;
+  esac
+done
+finish
+for f in ncu_grouped_gemm ncu_grouped_prefill ncu_mla_16 ncu_mla_128; do
+  show "$f" "Kernel|GroupedGemm|dram__bytes|lts__t_bytes|hmma|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Executed Ipc|Issue Slots Busy|Tensor|Stall|No Eligible|One or More" \
+    | head -40
+done
+[[ -f $OUT/decode_step_kernels.md ]] && { echo; echo "==== one decode step at batch 256, by kernel"; head -40 "$OUT/decode_step_kernels.md"; }
