@@ -1,7 +1,7 @@
 #include "decode_worker/decode_service.h"
 
 #include "common/rpc/grpc_util.h"
-#include "common/service/sampling_proto.h"
+#include "common/service/serving_proto.h"
 
 namespace moesh {
 
@@ -12,16 +12,14 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext*, const v1::ReserveReque
 
 grpc::Status DecodeService::Decode(grpc::ServerContext* ctx, const v1::DecodeRequest* request,
                                    grpc::ServerWriter<v1::DecodeResponse>* writer) {
-  DecodeSpec spec;
-  spec.request_id = request->request_id();
-  spec.prompt_ids.assign(request->prompt_ids().begin(), request->prompt_ids().end());
-  spec.first_token = request->first_token();
-  spec.sampling = SamplingFromProto(request->sampling());
-  spec.max_new_tokens = request->max_new_tokens();
-  spec.stop_token_ids.assign(request->stop_token_ids().begin(), request->stop_token_ids().end());
   bool client_gone = false;
   absl::Status s = engine_->Decode(
-      spec, [&](const v1::DecodeResponse& m) { client_gone = client_gone || !writer->Write(m); },
+      DecodeSpecFromProto(*request),
+      [&](const TokenEvent& e) {
+        v1::DecodeResponse m;
+        TokenEventToProto(e, &m);
+        client_gone = client_gone || !writer->Write(m);
+      },
       [&] { return client_gone || ctx->IsCancelled(); });
   return ToGrpcStatus(s);
 }

@@ -9,6 +9,7 @@
 #include "common/rpc/grpc_util.h"
 #include "common/service/attention_worker.h"
 #include "common/service/device_flags.h"
+#include "common/service/serving_proto.h"
 #include "common/service/worker_flags.h"
 #include "common/service/worker_main.h"
 #include "common/transport/data_plane_endpoint.h"
@@ -91,7 +92,7 @@ absl::Status Run() {
   reg.set_address(address);
   reg.set_model_fingerprint(w.config.Fingerprint());
   reg.set_data_plane_address(data.address);
-  serve.load = [&engine] { return engine.Load(); };
+  serve.load = [&engine] { return LoadToProto(engine.Load()); };
   serve.on_placement_version = w.on_placement_version;
   serve.ready_file = absl::GetFlag(FLAGS_ready_file);
   serve.address = address;

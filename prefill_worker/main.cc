@@ -9,6 +9,7 @@
 #include "common/rpc/grpc_util.h"
 #include "common/service/attention_worker.h"
 #include "common/service/device_flags.h"
+#include "common/service/serving_proto.h"
 #include "common/service/worker_flags.h"
 #include "common/service/worker_main.h"
 #include "prefill_worker/prefill_service.h"
@@ -93,7 +94,7 @@ absl::Status Run() {
   reg.set_kind(v1::WORKER_KIND_PREFILL);
   reg.set_address(address);
   reg.set_model_fingerprint(w.config.Fingerprint());
-  serve.load = [&engine] { return engine.Load(); };
+  serve.load = [&engine] { return LoadToProto(engine.Load()); };
   serve.on_placement_version = w.on_placement_version;
   serve.ready_file = absl::GetFlag(FLAGS_ready_file);
   serve.address = address;

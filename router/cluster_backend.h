@@ -1,8 +1,8 @@
-// Disaggregated serving: for each request the router picks a decode worker
-// (lowest KV usage, then fewest running) and reserves its KV blocks, picks a
-// prefill worker (fewest queued prompt tokens) that runs the prompt and moves
-// the KV into the reservation, then relays the decode worker's token stream.
-// Thread-safe.
+// Disaggregated serving: for each request the router orders the decode
+// workers (lowest KV usage, then fewest running) and picks a prefill worker
+// (fewest queued prompt tokens), then runs the request flow
+// (common/serving/generation_flow.h) over their gRPC clients
+// (router/worker_clients.h). Thread-safe.
 #ifndef MOESH_ROUTER_CLUSTER_BACKEND_H_
 #define MOESH_ROUTER_CLUSTER_BACKEND_H_
 
@@ -20,8 +20,8 @@ class ClusterBackend : public GenerationBackend {
  public:
   explicit ClusterBackend(Membership* membership) : membership_(membership) {}
 
-  absl::Status Run(const BackendRequest& request, const ChunkSink& sink,
-                   const std::function<bool()>& cancelled) override;
+  absl::Status Run(const GenerationRequest& request, const ChunkSink& sink,
+                   const CancelledFn& cancelled) override;
   bool Ready() const override;
 
  private:

@@ -1,6 +1,7 @@
 // Colocated serving: prefill, decode and every expert in this process, joined
-// by the inproc transport. The reference the disaggregated cluster must equal,
-// and the small-deployment mode. Thread-safe.
+// by the inproc transport; requests take the cluster's flow
+// (common/serving/generation_flow.h) over in-process clients. The reference the disaggregated
+// cluster must equal, and the small-deployment mode. Thread-safe.
 #ifndef MOESH_ROUTER_COLOCATED_BACKEND_H_
 #define MOESH_ROUTER_COLOCATED_BACKEND_H_
 
@@ -9,6 +10,7 @@
 
 #include "common/service/attention_worker.h"
 #include "common/serving/decode_engine.h"
+#include "common/serving/inprocess_clients.h"
 #include "common/serving/prefill_engine.h"
 #include "router/backend.h"
 
@@ -22,8 +24,8 @@ class ColocatedBackend : public GenerationBackend {
       PrefillEngineOptions prefill_options);
   ~ColocatedBackend() override;
 
-  absl::Status Run(const BackendRequest& request, const ChunkSink& sink,
-                   const std::function<bool()>& cancelled) override;
+  absl::Status Run(const GenerationRequest& request, const ChunkSink& sink,
+                   const CancelledFn& cancelled) override;
   bool Ready() const override { return true; }
   const ModelConfig& config() const { return worker_.config; }
   DecodeEngine* decode() { return decode_.get(); }
@@ -35,6 +37,8 @@ class ColocatedBackend : public GenerationBackend {
   std::string inproc_address_;
   std::unique_ptr<DecodeEngine> decode_;
   std::unique_ptr<PrefillEngine> prefill_;
+  std::unique_ptr<InProcessPrefillClient> prefill_client_;
+  std::unique_ptr<InProcessDecodeClient> decode_client_;
 };
 
 }  // namespace moesh

@@ -99,8 +99,8 @@ grpc::Status GenerationService::Fail(grpc::Status s) {
   return s;
 }
 
-absl::StatusOr<BackendRequest> GenerationService::Validate(const v1::GenerateRequest& r) const {
-  BackendRequest b;
+absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::GenerateRequest& r) const {
+  GenerationRequest b;
   switch (r.prompt_case()) {
     case v1::GenerateRequest::kText: {
       if (codec_ == nullptr) {
@@ -179,7 +179,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx,
                                          const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const auto arrival = std::chrono::steady_clock::now();
-  absl::StatusOr<BackendRequest> b = Validate(*request);
+  absl::StatusOr<GenerationRequest> b = Validate(*request);
   if (!b.ok()) return Fail(ToGrpcStatus(b.status()));
   auto aborted = std::make_shared<std::atomic<bool>>(false);
   {
@@ -225,14 +225,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx,
     std::string delta;
     for (size_t i = 0; i < chunk.ids.size() && !stopped; ++i) {
       m.add_token_ids(chunk.ids[i]);
-      if (i < chunk.logprobs.size()) {
-        v1::TopLogprobs* lp = m.add_logprobs();
-        for (const TokenLogprob& t : chunk.logprobs[i]) {
-          v1::TokenLogprob* c = lp->add_candidates();
-          c->set_id(t.id);
-          c->set_logprob(t.logprob);
-        }
-      }
+      if (i < chunk.logprobs.size()) LogprobsToProto(chunk.logprobs[i], m.add_logprobs());
       ++completion;
       last_token = chunk.ids[i];
       if (text != nullptr || has_stop_strings) {

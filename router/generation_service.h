@@ -51,7 +51,7 @@ class GenerationService final : public v1::Generation::Service {
 
  private:
   // A validated request, or INVALID_ARGUMENT explaining what is wrong.
-  absl::StatusOr<BackendRequest> Validate(const v1::GenerateRequest& r) const;
+  absl::StatusOr<GenerationRequest> Validate(const v1::GenerateRequest& r) const;
 
   const ModelConfig config_;
   GenerationBackend* const backend_;

@@ -1,7 +1,10 @@
 // moesh.v1.SamplingParams <-> SamplingParams, with the API's defaults applied
-// for unset fields (temperature 1, top_p 1, penalties off, ...).
+// for unset fields (temperature 1, top_p 1, penalties off, ...); and the
+// sampler's top log-probabilities <-> moesh.v1.TopLogprobs.
 #ifndef MOESH_COMMON_SERVICE_SAMPLING_PROTO_H_
 #define MOESH_COMMON_SERVICE_SAMPLING_PROTO_H_
+
+#include <vector>
 
 #include "common/engine/sampler.h"
 #include "moesh/v1/common.pb.h"
@@ -11,6 +14,9 @@ namespace moesh {
 SamplingParams SamplingFromProto(const v1::SamplingParams& p);
 // Every field set explicitly, so the receiver sees exactly these values.
 void SamplingToProto(const SamplingParams& s, v1::SamplingParams* p);
+
+void LogprobsToProto(const std::vector<TokenLogprob>& top, v1::TopLogprobs* p);
+std::vector<TokenLogprob> LogprobsFromProto(const v1::TopLogprobs& p);
 
 }  // namespace moesh
 

@@ -147,16 +147,16 @@ absl::Status DecodeEngine::Decode(const DecodeSpec& spec, const DecodeSink& sink
     r->sampler = std::make_unique<Sampler>(spec.sampling);
     r->output = {spec.first_token};
     if (static_cast<int>(r->output.size()) >= spec.max_new_tokens) {
-      v1::DecodeResponse last;
-      last.set_finished(true);
-      r->outbox.push_back(last);
+      TokenEvent last;
+      last.finished = true;
+      r->outbox.push_back(std::move(last));
       Finish(r, absl::OkStatus());
     } else {
       r->running = true;
     }
   }
   while (true) {
-    std::deque<v1::DecodeResponse> out;
+    std::deque<TokenEvent> out;
     bool done;
     {
       absl::MutexLock lock(&mu_);
@@ -168,7 +168,7 @@ absl::Status DecodeEngine::Decode(const DecodeSpec& spec, const DecodeSink& sink
         r->cancelled = true;  // the loop drops it at the next step boundary
       }
     }
-    for (const v1::DecodeResponse& m : out) sink(m);
+    for (const TokenEvent& e : out) sink(e);
     if (done) break;
   }
   absl::MutexLock lock(&mu_);
@@ -261,37 +261,27 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
     if (want > 0)
       top.assign(chosen->top_logprobs[i].begin(), chosen->top_logprobs[i].begin() + want);
     r.output.push_back(token);
-    v1::DecodeResponse m;
-    m.add_token_ids(token);
-    if (want > 0) {
-      v1::TopLogprobs* lp = m.add_logprobs();
-      for (const TokenLogprob& t : top) {
-        v1::TokenLogprob* c = lp->add_candidates();
-        c->set_id(t.id);
-        c->set_logprob(t.logprob);
-      }
-    }
-    const bool stopped = std::find(r.spec.stop_token_ids.begin(), r.spec.stop_token_ids.end(),
-                                   token) != r.spec.stop_token_ids.end();
-    const bool finished = stopped || static_cast<int>(r.output.size()) >= r.spec.max_new_tokens;
-    m.set_finished(finished);
-    m.set_stopped(stopped);
+    TokenEvent m;
+    m.ids.push_back(token);
+    if (want > 0) m.logprobs.push_back(std::move(top));
+    m.stopped = std::find(r.spec.stop_token_ids.begin(), r.spec.stop_token_ids.end(), token) !=
+                r.spec.stop_token_ids.end();
+    m.finished = m.stopped || static_cast<int>(r.output.size()) >= r.spec.max_new_tokens;
+    const bool finished = m.finished;
     r.outbox.push_back(std::move(m));
     if (finished) Finish(batch[i], absl::OkStatus());
   }
 }
 
-v1::WorkerLoad DecodeEngine::Load() const {
-  v1::WorkerLoad load;
+ServingLoad DecodeEngine::Load() const {
+  ServingLoad load;
   {
     absl::MutexLock lock(&mu_);
-    int running = 0;
-    for (auto& [id, r] : requests_) running += r->running ? 1 : 0;
-    load.set_num_running(running);
+    for (auto& [id, r] : requests_) load.num_running += r->running ? 1 : 0;
   }
   const KvUsage u = backend_->kv_usage();
-  load.set_kv_usage(static_cast<float>(u.used_fraction()));
-  load.set_free_kv_blocks(u.free_blocks);
+  load.kv_usage = u.used_fraction();
+  load.free_kv_blocks = u.free_blocks;
   return load;
 }
 

@@ -27,8 +27,9 @@
 #include "common/engine/attention_backend.h"
 #include "common/engine/sampler.h"
 #include "common/metrics/metrics.h"
+#include "common/serving/generation_flow.h"
+#include "common/serving/serving_load.h"
 #include "common/transport/transport.h"
-#include "moesh/v1/worker.pb.h"
 
 namespace moesh {
 
@@ -43,19 +44,9 @@ struct DecodeEngineOptions {
   Metrics* metrics = nullptr;  // may be null
 };
 
-// What Decode needs beyond the KV: the request's sampling and stop state.
-struct DecodeSpec {
-  std::string request_id;
-  std::vector<int32_t> prompt_ids;
-  int32_t first_token = 0;  // sampled by the prefill worker (step 0)
-  SamplingParams sampling;
-  int max_new_tokens = 1;  // including first_token
-  std::vector<int32_t> stop_token_ids;
-};
-
 // Receives a request's output, in order, on Decode's calling thread (so it
 // may block, e.g. on a slow client's flow control, without stalling the batch).
-using DecodeSink = std::function<void(const v1::DecodeResponse&)>;
+using DecodeSink = std::function<void(const TokenEvent&)>;
 
 class DecodeEngine : public KvHandler {
  public:
@@ -79,7 +70,7 @@ class DecodeEngine : public KvHandler {
   absl::Status Decode(const DecodeSpec& spec, const DecodeSink& sink,
                       const std::function<bool()>& cancelled);
 
-  v1::WorkerLoad Load() const;
+  ServingLoad Load() const;
 
  private:
   struct Request {
@@ -95,7 +86,7 @@ class DecodeEngine : public KvHandler {
     bool cancelled = false;
     bool done = false;
     absl::Status status;
-    std::deque<v1::DecodeResponse> outbox;  // produced by the engine, drained by Decode
+    std::deque<TokenEvent> outbox;  // produced by the engine, drained by Decode
   };
 
   void Loop();

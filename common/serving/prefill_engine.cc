@@ -212,10 +212,10 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   }
 }
 
-v1::WorkerLoad PrefillEngine::Load() const {
-  v1::WorkerLoad load;
+ServingLoad PrefillEngine::Load() const {
+  ServingLoad load;
   absl::MutexLock lock(&mu_);
-  load.set_queued_prompt_tokens(queued_tokens_);
+  load.queued_prompt_tokens = queued_tokens_;
   return load;
 }
 

@@ -21,9 +21,10 @@
 #include "common/engine/attention_backend.h"
 #include "common/engine/sampler.h"
 #include "common/metrics/metrics.h"
+#include "common/serving/generation_flow.h"
+#include "common/serving/serving_load.h"
 #include "common/transport/kv_handoff.h"
 #include "common/transport/transport.h"
-#include "moesh/v1/worker.pb.h"
 
 namespace moesh {
 
@@ -39,19 +40,6 @@ struct PrefillEngineOptions {
   Metrics* metrics = nullptr;  // may be null
 };
 
-struct PrefillSpec {
-  std::string request_id;
-  std::vector<int32_t> prompt_ids;
-  SamplingParams sampling;
-  std::string decode_address;  // data-plane address of the reservation's owner
-};
-
-struct PrefillResult {
-  int32_t first_token = 0;
-  std::vector<TokenLogprob> logprobs;  // iff sampling.top_logprobs > 0
-  double queue_seconds = 0;            // waiting for a batch slot
-};
-
 class PrefillEngine {
  public:
   // Borrowed: backend, experts, transport; they must outlive the engine.
@@ -65,7 +53,7 @@ class PrefillEngine {
   // the decode worker failed.
   absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec);
 
-  v1::WorkerLoad Load() const;
+  ServingLoad Load() const;
 
  private:
   bool HostKvOnly(const std::string& address) const;

@@ -1,0 +1,83 @@
+#include "common/service/serving_proto.h"
+
+#include "common/service/sampling_proto.h"
+
+namespace moesh {
+
+void PrefillSpecToProto(const PrefillSpec& spec, v1::PrefillRequest* p) {
+  p->set_request_id(spec.request_id);
+  p->mutable_prompt_ids()->Add(spec.prompt_ids.begin(), spec.prompt_ids.end());
+  SamplingToProto(spec.sampling, p->mutable_sampling());
+  p->set_decode_address(spec.decode_address);
+}
+
+PrefillSpec PrefillSpecFromProto(const v1::PrefillRequest& p) {
+  PrefillSpec spec;
+  spec.request_id = p.request_id();
+  spec.prompt_ids.assign(p.prompt_ids().begin(), p.prompt_ids().end());
+  spec.sampling = SamplingFromProto(p.sampling());
+  spec.decode_address = p.decode_address();
+  return spec;
+}
+
+void PrefillResultToProto(const PrefillResult& result, v1::PrefillResponse* p) {
+  p->set_first_token(result.first_token);
+  p->set_queue_seconds(result.queue_seconds);
+  LogprobsToProto(result.logprobs, p->mutable_logprobs());
+}
+
+PrefillResult PrefillResultFromProto(const v1::PrefillResponse& p) {
+  PrefillResult result;
+  result.first_token = p.first_token();
+  result.queue_seconds = p.queue_seconds();
+  result.logprobs = LogprobsFromProto(p.logprobs());
+  return result;
+}
+
+void DecodeSpecToProto(const DecodeSpec& spec, v1::DecodeRequest* p) {
+  p->set_request_id(spec.request_id);
+  p->mutable_prompt_ids()->Add(spec.prompt_ids.begin(), spec.prompt_ids.end());
+  p->set_first_token(spec.first_token);
+  SamplingToProto(spec.sampling, p->mutable_sampling());
+  p->set_max_new_tokens(spec.max_new_tokens);
+  p->mutable_stop_token_ids()->Add(spec.stop_token_ids.begin(), spec.stop_token_ids.end());
+}
+
+DecodeSpec DecodeSpecFromProto(const v1::DecodeRequest& p) {
+  DecodeSpec spec;
+  spec.request_id = p.request_id();
+  spec.prompt_ids.assign(p.prompt_ids().begin(), p.prompt_ids().end());
+  spec.first_token = p.first_token();
+  spec.sampling = SamplingFromProto(p.sampling());
+  spec.max_new_tokens = p.max_new_tokens();
+  spec.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  return spec;
+}
+
+void TokenEventToProto(const TokenEvent& event, v1::DecodeResponse* p) {
+  p->mutable_token_ids()->Add(event.ids.begin(), event.ids.end());
+  for (const std::vector<TokenLogprob>& top : event.logprobs)
+    LogprobsToProto(top, p->add_logprobs());
+  p->set_finished(event.finished);
+  p->set_stopped(event.stopped);
+}
+
+TokenEvent TokenEventFromProto(const v1::DecodeResponse& p) {
+  TokenEvent event;
+  event.ids.assign(p.token_ids().begin(), p.token_ids().end());
+  for (const v1::TopLogprobs& top : p.logprobs()) event.logprobs.push_back(LogprobsFromProto(top));
+  event.finished = p.finished();
+  event.stopped = p.stopped();
+  return event;
+}
+
+v1::WorkerLoad LoadToProto(const ServingLoad& load) {
+  v1::WorkerLoad p;
+  p.set_queued_prompt_tokens(load.queued_prompt_tokens);
+  p.set_num_running(load.num_running);
+  p.set_kv_usage(static_cast<float>(load.kv_usage));
+  p.set_free_kv_blocks(load.free_kv_blocks);
+  return p;
+}
+
+}  // namespace moesh

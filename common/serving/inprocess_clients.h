@@ -1,0 +1,45 @@
+// The workers' clients for engines in this process (the router's colocated
+// mode): direct calls, no RPCs. The engines are borrowed and must outlive the
+// clients. Thread-safe.
+#ifndef MOESH_COMMON_SERVING_INPROCESS_CLIENTS_H_
+#define MOESH_COMMON_SERVING_INPROCESS_CLIENTS_H_
+
+#include <string>
+
+#include "common/serving/decode_engine.h"
+#include "common/serving/generation_flow.h"
+#include "common/serving/prefill_engine.h"
+
+namespace moesh {
+
+class InProcessPrefillClient : public PrefillClient {
+ public:
+  explicit InProcessPrefillClient(PrefillEngine* engine) : engine_(engine) {}
+  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec) override {
+    return engine_->Prefill(spec);
+  }
+
+ private:
+  PrefillEngine* const engine_;
+};
+
+class InProcessDecodeClient : public DecodeClient {
+ public:
+  // `kv_address`: where `engine` is bound for KV (BindInproc).
+  InProcessDecodeClient(DecodeEngine* engine, std::string kv_address)
+      : engine_(engine), kv_address_(std::move(kv_address)) {}
+
+  const std::string& kv_address() const override { return kv_address_; }
+  absl::Status Reserve(const std::string& request_id, int prompt_tokens, int max_tokens) override;
+  void Release(const std::string& request_id) override;
+  absl::Status Decode(const DecodeSpec& spec, const TokenSink& sink,
+                      const CancelledFn& cancelled) override;
+
+ private:
+  DecodeEngine* const engine_;
+  const std::string kv_address_;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_SERVING_INPROCESS_CLIENTS_H_

@@ -1,0 +1,113 @@
+#include "router/worker_clients.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/serving_proto.h"
+
+namespace moesh {
+namespace {
+
+constexpr auto kControlDeadline = std::chrono::seconds(10);
+// How often a decode relay looks at the caller's cancellation.
+constexpr auto kCancelPoll = std::chrono::milliseconds(20);
+
+std::unique_ptr<grpc::ClientContext> Deadlined(std::chrono::seconds d) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + d);
+  return ctx;
+}
+
+// A worker that died mid-call looks like CANCELLED (we cancelled it) or
+// UNAVAILABLE (the connection broke); both mean UNAVAILABLE to the client.
+absl::Status WorkerFailed(const WorkerInfo& w, const grpc::Status& s) {
+  const bool gone = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                    s.error_code() == grpc::StatusCode::CANCELLED;
+  return absl::Status(
+      gone ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(s.error_code()),
+      absl::StrCat(w.id, " (", w.address, "): ", s.error_message()));
+}
+
+}  // namespace
+
+GrpcPrefillClient::GrpcPrefillClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
+                                     Membership* membership)
+    : worker_(std::move(worker)),
+      stub_(v1::PrefillWorker::NewStub(std::move(channel))),
+      membership_(membership) {}
+
+absl::StatusOr<PrefillResult> GrpcPrefillClient::Prefill(const PrefillSpec& spec) {
+  v1::PrefillRequest request;
+  PrefillSpecToProto(spec, &request);
+  v1::PrefillResponse response;
+  auto ctx = std::make_shared<grpc::ClientContext>();
+  const int64_t h = membership_->Track(worker_.id, [ctx] { ctx->TryCancel(); });
+  grpc::Status s = stub_->Prefill(ctx.get(), request, &response);
+  membership_->Untrack(h);
+  if (!s.ok()) return WorkerFailed(worker_, s);
+  return PrefillResultFromProto(response);
+}
+
+GrpcDecodeClient::GrpcDecodeClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
+                                   Membership* membership)
+    : worker_(std::move(worker)),
+      stub_(v1::DecodeWorker::NewStub(std::move(channel))),
+      membership_(membership) {}
+
+absl::Status GrpcDecodeClient::Reserve(const std::string& request_id, int prompt_tokens,
+                                       int max_tokens) {
+  v1::ReserveRequest r;
+  r.set_request_id(request_id);
+  r.set_prompt_tokens(prompt_tokens);
+  r.set_max_tokens(max_tokens);
+  v1::ReserveResponse resp;
+  grpc::Status s = stub_->Reserve(Deadlined(kControlDeadline).get(), r, &resp);
+  return s.ok() ? absl::OkStatus() : WorkerFailed(worker_, s);
+}
+
+void GrpcDecodeClient::Release(const std::string& request_id) {
+  v1::ReleaseRequest r;
+  r.set_request_id(request_id);
+  v1::ReleaseResponse resp;
+  stub_->Release(Deadlined(kControlDeadline).get(), r, &resp);  // best effort: the lease frees it
+}
+
+absl::Status GrpcDecodeClient::Decode(const DecodeSpec& spec, const TokenSink& sink,
+                                      const CancelledFn& cancelled) {
+  v1::DecodeRequest request;
+  DecodeSpecToProto(spec, &request);
+  auto ctx = std::make_shared<grpc::ClientContext>();
+  const int64_t h = membership_->Track(worker_.id, [ctx] { ctx->TryCancel(); });
+  // The stream's reads block; a watcher turns the caller's cancellation into
+  // the stream's (which frees the request's blocks on the worker).
+  std::atomic<bool> finished{false}, by_caller{false};
+  std::thread watcher([&] {
+    while (!finished.load()) {
+      if (cancelled()) {
+        by_caller = true;
+        ctx->TryCancel();
+        return;
+      }
+      std::this_thread::sleep_for(kCancelPoll);
+    }
+  });
+  auto reader = stub_->Decode(ctx.get(), request);
+  v1::DecodeResponse m;
+  bool declined = false;
+  while (!declined && reader->Read(&m)) {
+    if (!sink(TokenEventFromProto(m))) declined = true;
+  }
+  if (declined) ctx->TryCancel();
+  grpc::Status s = reader->Finish();
+  finished = true;
+  watcher.join();
+  membership_->Untrack(h);
+  if (by_caller) return absl::CancelledError("cancelled by the client");
+  if (declined) return absl::OkStatus();
+  if (!s.ok()) return WorkerFailed(worker_, s);
+  return absl::OkStatus();
+}
+
+}  // namespace moesh

@@ -1,0 +1,51 @@
+// The prefill and decode workers as seen from the router: the request flow's
+// clients (common/serving/generation_flow.h) over gRPC. A call in flight is
+// tracked by the membership, which cancels it if its worker is dropped (so a
+// dead worker fails its requests at once). Errors name the worker; a worker
+// that vanished mid-call reads as UNAVAILABLE. Thread-safe.
+#ifndef MOESH_ROUTER_WORKER_CLIENTS_H_
+#define MOESH_ROUTER_WORKER_CLIENTS_H_
+
+#include <memory>
+#include <string>
+
+#include "common/serving/generation_flow.h"
+#include "grpcpp/channel.h"
+#include "moesh/v1/worker.grpc.pb.h"
+#include "router/membership.h"
+
+namespace moesh {
+
+class GrpcPrefillClient : public PrefillClient {
+ public:
+  // `membership` is borrowed and must outlive the client.
+  GrpcPrefillClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
+                    Membership* membership);
+  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec) override;
+
+ private:
+  const WorkerInfo worker_;
+  const std::unique_ptr<v1::PrefillWorker::Stub> stub_;
+  Membership* const membership_;
+};
+
+class GrpcDecodeClient : public DecodeClient {
+ public:
+  // `membership` is borrowed and must outlive the client.
+  GrpcDecodeClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
+                   Membership* membership);
+  const std::string& kv_address() const override { return worker_.data_plane_address; }
+  absl::Status Reserve(const std::string& request_id, int prompt_tokens, int max_tokens) override;
+  void Release(const std::string& request_id) override;
+  absl::Status Decode(const DecodeSpec& spec, const TokenSink& sink,
+                      const CancelledFn& cancelled) override;
+
+ private:
+  const WorkerInfo worker_;
+  const std::unique_ptr<v1::DecodeWorker::Stub> stub_;
+  Membership* const membership_;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_ROUTER_WORKER_CLIENTS_H_
