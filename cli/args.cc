@@ -1,88 +1,136 @@
 #include "cli/args.h"
 
+#include <algorithm>
+#include <iostream>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace moesh::cli {
+namespace {
 
-absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
-                                 const std::set<std::string>& value_flags,
-                                 const std::set<std::string>& bool_flags) {
-  Args args;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    absl::string_view a = argv[i];
-    if (!absl::ConsumePrefix(&a, "--")) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", argv[i], "\""));
+bool Accepts(const Command& c, absl::string_view flag) {
+  return std::find(c.flags.begin(), c.flags.end(), flag) != c.flags.end();
+}
+
+// The flag `name` sets: itself, or for "noX" the boolean X. Null if none.
+absl::CommandLineFlag* Lookup(absl::string_view name, std::string* base) {
+  *base = std::string(name);
+  if (absl::CommandLineFlag* f = absl::FindCommandLineFlag(name)) return f;
+  if (absl::ConsumePrefix(&name, "no")) {
+    absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+    if (f != nullptr && f->IsOfType<bool>()) {
+      *base = std::string(name);
+      return f;
     }
-    std::string name(a), value;
-    bool has_value = false;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
+  }
+  return nullptr;
+}
+
+void PrintHelp(const Command& command) {
+  std::cout << "usage: moesh " << command.name << " " << command.synopsis << "\n"
+            << "flags (--name=value or --name value):\n";
+  for (const std::string& name : command.flags) {
+    const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+    if (f == nullptr) continue;
+    const std::string def = f->DefaultValue();
+    std::cout << "  --" << name << (def.empty() ? "" : " (default " + def + ")") << "\n      "
+              << f->Help() << "\n";
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<bool> ParseCommandFlags(const Command& command, const std::vector<Command>& all,
+                                       const std::vector<std::string>& args) {
+  for (const std::string& name : command.flags) {
+    if (absl::FindCommandLineFlag(name) == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("moesh ", command.name, " lists --", name, ", which is not defined"));
     }
-    if (bool_flags.count(name)) {
-      if (has_value) return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
-      args.values_[name] = "true";
-    } else if (value_flags.count(name)) {
-      if (!has_value) {
-        if (i + 1 >= argv.size())
-          return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
-        value = argv[++i];
+  }
+  bool help = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view a = args[i];
+    // Abseil takes -name as --name, and everything after "--" as arguments.
+    if (a == "--" || !absl::ConsumePrefix(&a, "-")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", args[i], "\""));
+    }
+    absl::ConsumePrefix(&a, "-");
+    const size_t eq = a.find('=');
+    const absl::string_view name = a.substr(0, eq);
+    if (name == "help") {
+      help = true;
+      continue;
+    }
+    if (name == "helpfull") continue;  // Abseil's: every flag of the binary
+    if (absl::StrContains(name, '-')) {
+      const std::string snake = absl::StrReplaceAll(name, {{"-", "_"}});
+      std::string base;
+      if (Lookup(snake, &base) != nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, " is spelled --", snake, " now (flags take underscores)"));
       }
-      args.values_[name] = value;
-    } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
     }
+    std::string base;
+    absl::CommandLineFlag* flag = Lookup(name, &base);
+    if (flag == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    if (!Accepts(command, base)) {
+      std::vector<std::string> owners;
+      for (const Command& c : all) {
+        if (Accepts(c, base)) owners.push_back("moesh " + c.name);
+      }
+      return absl::InvalidArgumentError(
+          owners.empty()
+              ? absl::StrCat("--", base, " is not a flag of moesh ", command.name)
+              : absl::StrCat("--", base, " is a flag of ", absl::StrJoin(owners, " and "),
+                             ", not of moesh ", command.name));
+    }
+    // The value, checked here so that a bad one is a one-line error.
+    std::string value;
+    if (eq != absl::string_view::npos) {
+      value = std::string(a.substr(eq + 1));
+    } else if (flag->IsOfType<bool>()) {
+      value = base == name ? "true" : "false";
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--", base, " needs a value"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", base, ": ", error));
+    }
   }
-  return args;
-}
-
-std::optional<std::string> Args::Get(const std::string& name) const {
-  auto it = values_.find(name);
-  if (it == values_.end()) return std::nullopt;
-  return it->second;
-}
-
-absl::StatusOr<std::string> Args::Required(const std::string& name) const {
-  auto v = Get(name);
-  if (!v) return absl::InvalidArgumentError(absl::StrCat("--", name, " is required"));
-  return *v;
-}
-
-absl::StatusOr<int64_t> Args::Int(const std::string& name, int64_t fallback) const {
-  auto v = Get(name);
-  if (!v) return fallback;
-  int64_t out;
-  if (!absl::SimpleAtoi(*v, &out)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, " must be an integer, got \"", *v, "\""));
+  if (help) {
+    PrintHelp(command);
+    return false;
   }
-  return out;
+  std::vector<char*> argv;
+  std::string program = "moesh";
+  argv.push_back(program.data());
+  std::vector<std::string> copy = args;
+  for (std::string& a : copy) argv.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(argv.size()), argv.data());
+  return true;
 }
 
-absl::StatusOr<double> Args::Double(const std::string& name, double fallback) const {
-  auto v = Get(name);
-  if (!v) return fallback;
-  double out;
-  if (!absl::SimpleAtod(*v, &out)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, " must be a number, got \"", *v, "\""));
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<int64_t>> Args::IntList(const std::string& name) const {
+absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view flag, absl::string_view text) {
   std::vector<int64_t> out;
-  auto v = Get(name);
-  if (!v) return out;
-  for (absl::string_view part : absl::StrSplit(*v, ',', absl::SkipWhitespace())) {
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     int64_t x;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &x)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--", name, ": \"", part, "\" is not an integer"));
+          absl::StrCat("--", flag, ": \"", part, "\" is not an integer"));
     }
     out.push_back(x);
   }

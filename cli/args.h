@@ -1,39 +1,42 @@
-// Command-line flags of one `moesh` subcommand: `--name value`, `--name=value`
-// and bare boolean `--name`. Every flag a command accepts is declared, so a
-// typo is an error rather than silently ignored.
+// The `moesh` command line: a subcommand, then Abseil flags, snake_case
+// (--max_new_tokens=8 or --max_new_tokens 8; a bare --json for a boolean).
+// Every flag is defined once in the binary: those several subcommands share
+// in cli/flags.cc, a subcommand's own in its file, --device and
+// --load_format in common/service/device_flags.cc (the services' own).
+// Each subcommand lists the flags it accepts, so a flag of another
+// subcommand is an error naming the subcommand it belongs to, and an old
+// kebab-case spelling (--max-new-tokens) one naming the new spelling.
 #ifndef MOESH_CLI_ARGS_H_
 #define MOESH_CLI_ARGS_H_
 
-#include <map>
-#include <optional>
-#include <set>
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace moesh::cli {
 
-class Args {
- public:
-  // value_flags take a value; bool_flags do not.
-  static absl::StatusOr<Args> Parse(const std::vector<std::string>& argv,
-                                    const std::set<std::string>& value_flags,
-                                    const std::set<std::string>& bool_flags);
-
-  bool Has(const std::string& name) const { return values_.count(name) > 0; }
-  bool Bool(const std::string& name) const { return Has(name); }
-  std::optional<std::string> Get(const std::string& name) const;
-  absl::StatusOr<std::string> Required(const std::string& name) const;
-  absl::StatusOr<int64_t> Int(const std::string& name, int64_t fallback) const;
-  absl::StatusOr<double> Double(const std::string& name, double fallback) const;
-  // "5,17,300" -> {5, 17, 300}; empty if absent.
-  absl::StatusOr<std::vector<int64_t>> IntList(const std::string& name) const;
-
- private:
-  std::map<std::string, std::string> values_;
+struct Command {
+  std::string name;                // "generate"
+  std::string synopsis;            // its usage, after "moesh <name> "
+  std::vector<std::string> flags;  // the flags it accepts
+  absl::Status (*run)();           // reads its flags; called after ParseCommandFlags
 };
+
+// Checks `args` (what follows the subcommand on the command line) against
+// `command`'s flags, then parses them with absl::ParseCommandLine. `all` is
+// every subcommand, to name the one a misplaced flag belongs to. Returns
+// false after printing `command`'s flags for --help (the command should not
+// run); INVALID_ARGUMENT for an unknown, misspelt or misplaced flag, a
+// missing or bad value, or an argument that is not a flag.
+absl::StatusOr<bool> ParseCommandFlags(const Command& command, const std::vector<Command>& all,
+                                       const std::vector<std::string>& args);
+
+// "5,17,300" -> {5, 17, 300}; empty for "". `flag` names the flag in errors.
+absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view flag, absl::string_view text);
 
 }  // namespace moesh::cli
 

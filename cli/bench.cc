@@ -1,6 +1,7 @@
-// moesh bench: prefill and decode throughput of the colocated CPU engine.
-// `--device cuda` hands over to cuda_model_bench (tools/bench/model_bench.cc), the
-// GPU model's bench, since the moesh command itself does not link CUDA.
+// moesh bench: prefill and decode throughput of the colocated CPU engine
+// (--serving: the services, bench_serving.cc). `--device cuda` hands over to
+// cuda_model_bench (tools/bench/model_bench.cc), the GPU model's bench, since
+// the moesh command itself does not link CUDA.
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,11 +12,24 @@
 #include <random>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "common/base/status.h"
 #include "common/model/model.h"
 #include "common/model/weights.h"
+
+ABSL_FLAG(bool, serving, false,
+          "Concurrent streams against a local cluster and colocated mode (the services) instead "
+          "of the engine in this process.");
+ABSL_FLAG(std::string, batch, "1,4,16", "The engine bench's batch sizes, comma-separated.");
+ABSL_FLAG(std::optional<int>, prompt_len, std::nullopt,
+          "Prompt tokens per sequence (default: 128; --serving 64).");
+ABSL_FLAG(int, decode_steps, 32, "The engine bench's decode steps per batch size.");
 
 namespace moesh::cli {
 namespace {
@@ -54,9 +68,40 @@ double Batch1WeightBytes(const ModelConfig& c) {
   return total;
 }
 
-// Replaces this process with cuda_model_bench (beside this binary, or in
-// kernels/cuda/ below it, as the CMake build lays them out) and `argv`.
-absl::Status ExecCudaBench(const std::vector<std::string>& argv) {
+}  // namespace
+
+bool IsCudaEngineBench(const std::vector<std::string>& args) {
+  // --serving --device cuda runs the services on the GPU instead.
+  for (const std::string& a : args) {
+    if (a == "--serving" || a == "--serving=true") return false;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--device=cuda" ||
+        (args[i] == "--device" && i + 1 < args.size() && args[i + 1] == "cuda")) {
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status ExecCudaBench(const std::vector<std::string>& args) {
+  // moesh's spelling (--load_format) for cuda_model_bench's (--load-format).
+  std::vector<std::string> translated;
+  for (const std::string& a : args) {
+    if (!absl::StartsWith(a, "--")) {
+      translated.push_back(a);
+      continue;
+    }
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (absl::StrContains(name, '-')) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " is spelled --",
+                                                     absl::StrReplaceAll(name, {{"-", "_"}}),
+                                                     " now (flags take underscores)"));
+    }
+    translated.push_back(absl::StrCat("--", absl::StrReplaceAll(name, {{"_", "-"}}),
+                                      eq == std::string::npos ? "" : a.substr(eq)));
+  }
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   std::string dir = ".";
@@ -68,11 +113,11 @@ absl::Status ExecCudaBench(const std::vector<std::string>& argv) {
   for (const std::string& path :
        {dir + "/cuda_model_bench", dir + "/tools/bench/cuda_model_bench"}) {
     if (access(path.c_str(), X_OK) != 0) continue;
-    std::vector<char*> args;
-    args.push_back(const_cast<char*>(path.c_str()));
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(path.c_str(), args.data());
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(path.c_str()));
+    for (const std::string& a : translated) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(path.c_str(), argv.data());
     return absl::InternalError("exec " + path + ": " + std::strerror(errno));
   }
   return absl::UnavailableError(
@@ -80,33 +125,15 @@ absl::Status ExecCudaBench(const std::vector<std::string>& argv) {
       dir + "/tools/bench");
 }
 
-}  // namespace
-
-absl::Status RunBench(const std::vector<std::string>& argv) {
-  // The engine bench on the GPU is cuda_model_bench; --serving --device cuda
-  // runs the services on the GPU instead.
-  const bool serving = std::find(argv.begin(), argv.end(), "--serving") != argv.end();
-  for (size_t i = 0; i < argv.size() && !serving; ++i) {
-    const bool cuda = argv[i] == "--device=cuda" ||
-                      (argv[i] == "--device" && i + 1 < argv.size() && argv[i + 1] == "cuda");
-    if (cuda) return ExecCudaBench(argv);
-  }
-  ASSIGN_OR_RETURN(
-      Args args,
-      Args::Parse(argv,
-                  {"model", "batch", "prompt-len", "decode-steps", "concurrency", "requests",
-                   "max-new-tokens", "modes", "bin-dir", "device", "expert-device", "load-format",
-                   "expert-workers", "rebalance-timeline", "rebalance-interval", "expert-placement",
-                   "temperature", "top-p", "top-k"},
-                  {"serving"}));
-  if (args.Bool("serving")) return RunServingBench(args);
-  ASSIGN_OR_RETURN(std::string dir, args.Required("model"));
-  ASSIGN_OR_RETURN(std::vector<int64_t> batches, args.IntList("batch"));
-  if (batches.empty()) batches = {1, 4, 16};
-  ASSIGN_OR_RETURN(int64_t prompt_len, args.Int("prompt-len", 128));
-  ASSIGN_OR_RETURN(int64_t steps, args.Int("decode-steps", 32));
+absl::Status RunBench() {
+  if (absl::GetFlag(FLAGS_serving)) return RunServingBench();
+  ASSIGN_OR_RETURN(const std::string dir, ModelFlag());
+  ASSIGN_OR_RETURN(std::vector<int64_t> batches, ParseIntList("batch", absl::GetFlag(FLAGS_batch)));
+  if (batches.empty()) return absl::InvalidArgumentError("--batch: at least one size");
+  const int64_t prompt_len = absl::GetFlag(FLAGS_prompt_len).value_or(128);
+  const int64_t steps = absl::GetFlag(FLAGS_decode_steps);
   if (prompt_len < 1 || steps < 1)
-    return absl::InvalidArgumentError("--prompt-len and --decode-steps must be >= 1");
+    return absl::InvalidArgumentError("--prompt_len and --decode_steps must be >= 1");
 
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
   const ModelConfig& c = model->config();

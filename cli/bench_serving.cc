@@ -12,16 +12,35 @@
 #include <random>
 #include <thread>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/local_cluster.h"
 #include "common/base/status.h"
 #include "common/model/config.h"
+#include "common/service/device_flags.h"
 #include "common/service/sampling_proto.h"
 #include "moesh/v1/generation.grpc.pb.h"
+
+ABSL_DECLARE_FLAG(std::optional<int>, prompt_len);  // bench.cc: both modes read it
+ABSL_FLAG(std::string, concurrency, "1,8,32",
+          "--serving: concurrent streams, a row each (comma-separated).");
+ABSL_FLAG(int, requests, 64, "--serving: requests per row.");
+ABSL_FLAG(std::string, modes, "cluster,colocated",
+          "--serving: what to serve with, a table section each: cluster, cluster-nopp (no "
+          "ping-pong micro-batches), cluster-ucx, cluster-nccl, cluster-ipc, cluster-ipc-hostkv "
+          "(the KV handed over through the host), colocated.");
+ABSL_FLAG(int, rebalance_timeline, 0,
+          "--serving: instead of the table, this many seconds of a skewed expert placement with "
+          "the router rebalancing: tokens/s and each expert worker's share, per second.");
+ABSL_FLAG(int, rebalance_interval, 5, "--rebalance_timeline: the router's --rebalance_interval_s.");
+ABSL_FLAG(std::string, expert_placement, "",
+          "--rebalance_timeline: the expert workers' --experts, comma-separated (default: the "
+          "first three quarters of the experts on one, the rest on another).");
 
 namespace moesh::cli {
 namespace {
@@ -117,22 +136,21 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
 
 }  // namespace
 
-// --rebalance-timeline S: the cluster with a skewed placement (the first
+// --rebalance_timeline S: the cluster with a skewed placement (the first
 // expert worker hosts three quarters of the experts) and the router's
 // automatic rebalancing on, under a steady load for S seconds: per second,
 // the output tokens/s, each expert worker's share of the routed tokens and
 // the balance ratio (busiest worker over the mean), and the rebalances done.
-absl::Status RunRebalanceTimeline(const Args& args, const ModelConfig& config,
-                                  LocalClusterOptions o, int64_t seconds, int concurrency,
-                                  int prompt_len, int max_new) {
+absl::Status RunRebalanceTimeline(const ModelConfig& config, LocalClusterOptions o, int seconds,
+                                  int concurrency, int prompt_len, int max_new) {
   const int e = config.n_routed_experts;
-  const std::string placement =
-      args.Get("expert-placement")
-          .value_or(absl::StrCat("0-", 3 * e / 4 - 1, ",", 3 * e / 4, "-", e - 1));
+  std::string placement = absl::GetFlag(FLAGS_expert_placement);
+  if (placement.empty()) placement = absl::StrCat("0-", 3 * e / 4 - 1, ",", 3 * e / 4, "-", e - 1);
   o.expert_workers = absl::StrSplit(placement, ',', absl::SkipEmpty());
-  ASSIGN_OR_RETURN(const int64_t interval, args.Int("rebalance-interval", 5));
-  o.extra_router_flags = {absl::StrCat("--rebalance_interval_s=", interval),
-                          "--rebalance_min_ratio=1.2", absl::StrCat("--rebalance_slots=", e)};
+  const int interval = absl::GetFlag(FLAGS_rebalance_interval);
+  o.router.rebalance_interval_s = interval;
+  o.router.rebalance_min_ratio = 1.2;
+  o.router.rebalance_slots = e;
   o.work_dir = absl::StrCat("/tmp/moesh-bench-", getpid(), "-timeline");
   ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
   std::vector<const LocalCluster::Process*> experts;
@@ -188,24 +206,25 @@ absl::Status RunRebalanceTimeline(const Args& args, const ModelConfig& config,
   return absl::OkStatus();
 }
 
-absl::Status RunServingBench(const Args& args) {
-  ASSIGN_OR_RETURN(std::string model, args.Required("model"));
+absl::Status RunServingBench() {
+  ASSIGN_OR_RETURN(const std::string model, ModelFlag());
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(model));
-  ASSIGN_OR_RETURN(std::vector<int64_t> concurrencies, args.IntList("concurrency"));
-  if (concurrencies.empty()) concurrencies = {1, 8, 32};
-  ASSIGN_OR_RETURN(int64_t requests, args.Int("requests", 64));
-  ASSIGN_OR_RETURN(int64_t prompt_len, args.Int("prompt-len", 64));
-  ASSIGN_OR_RETURN(int64_t max_new, args.Int("max-new-tokens", 32));
-  const std::string modes_flag = args.Get("modes").value_or("cluster,colocated");
-  const std::string device = args.Get("device").value_or("cpu");
-  const std::string expert_device = args.Get("expert-device").value_or("");
-  const std::string load_format = args.Get("load-format").value_or("auto");
-  ASSIGN_OR_RETURN(const int64_t expert_workers, args.Int("expert-workers", 2));
-  if (expert_workers < 1) return absl::InvalidArgumentError("--expert-workers: at least 1");
-  std::vector<std::string> modes = absl::StrSplit(modes_flag, ',', absl::SkipEmpty());
-  ASSIGN_OR_RETURN(const int64_t timeline, args.Int("rebalance-timeline", 0));
-  ASSIGN_OR_RETURN(const SamplingParams sp,
-                   SamplingFromFlags(args));  // greedy unless --temperature
+  ASSIGN_OR_RETURN(std::vector<int64_t> concurrencies,
+                   ParseIntList("concurrency", absl::GetFlag(FLAGS_concurrency)));
+  if (concurrencies.empty()) return absl::InvalidArgumentError("--concurrency: at least one");
+  const int64_t requests = absl::GetFlag(FLAGS_requests);
+  const int64_t prompt_len = absl::GetFlag(FLAGS_prompt_len).value_or(64);
+  const int64_t max_new = absl::GetFlag(FLAGS_max_new_tokens).value_or(32);
+  ASSIGN_OR_RETURN(const DeviceOptions device_options, DeviceOptionsFromFlags());
+  const std::string& device = device_options.device;
+  ASSIGN_OR_RETURN(const std::vector<std::string> expert_devices, ExpertDevicesFlag());
+  const std::string expert_device = absl::GetFlag(FLAGS_expert_device);
+  const int expert_workers = absl::GetFlag(FLAGS_expert_workers);
+  if (expert_workers < 1) return absl::InvalidArgumentError("--expert_workers: at least 1");
+  std::vector<std::string> modes =
+      absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty());
+  const int timeline = absl::GetFlag(FLAGS_rebalance_timeline);
+  const SamplingParams sp = SamplingFromFlags();  // greedy unless --temperature
   RETURN_IF_ERROR(sp.Validate(config.vocab_size));
   v1::SamplingParams sampling;
   SamplingToProto(sp, &sampling);
@@ -213,19 +232,17 @@ absl::Status RunServingBench(const Args& args) {
                                         ? absl::StrCat("temperature ", sp.temperature, ", top-p ",
                                                        sp.top_p, ", top-k ", sp.top_k, ", seeded")
                                         : "greedy";
-  char self[4096];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  const std::string bin = len > 0 ? std::string(self, len) : "./moesh";
 
+  // Every mode's cluster: the workers on --device (the experts on
+  // --expert_device when set), 4096 KV blocks.
+  LocalClusterOptions base;
+  base.model_dir = model;
+  base.bin_dir = BinDirFlag();
+  base.decode.kv.kv_blocks = 4096;
+  SetWorkerDevice(device, device_options.dummy_weights, &base);
+  base.expert_devices = expert_devices;
   if (timeline > 0) {
-    LocalClusterOptions o;
-    o.model_dir = model;
-    o.bin_dir = args.Get("bin-dir").value_or(bin.substr(0, bin.rfind('/')));
-    o.kv_blocks = 4096;
-    o.device = device;
-    o.expert_device = expert_device;
-    o.load_format = load_format;
-    return RunRebalanceTimeline(args, config, o, timeline, static_cast<int>(concurrencies.front()),
+    return RunRebalanceTimeline(config, base, timeline, static_cast<int>(concurrencies.front()),
                                 static_cast<int>(prompt_len), static_cast<int>(max_new));
   }
   std::printf(
@@ -239,34 +256,31 @@ absl::Status RunServingBench(const Args& args) {
   std::printf("%-18s %5s %8s %10s %12s %10s %10s %10s %10s %7s\n", "mode", "conc", "req/s",
               "out tok/s", "e2e p50 ms", "ttft p50", "ttft p99", "itl p50", "itl p99", "errors");
   for (const std::string& mode : modes) {
-    LocalClusterOptions o;
-    o.model_dir = model;
-    o.bin_dir = args.Get("bin-dir").value_or(bin.substr(0, bin.rfind('/')));
+    LocalClusterOptions o = base;
     o.work_dir = absl::StrCat("/tmp/moesh-bench-", getpid(), "-", mode);
-    o.kv_blocks = 4096;
-    o.device = device;
-    o.expert_device = expert_device;
-    o.load_format = load_format;
     for (int64_t i = 0; i < expert_workers; ++i)
       o.expert_workers.push_back(absl::StrCat(i, "/", expert_workers));
     if (mode == "colocated") {
-      o.extra_router_flags = {"--colocated", "--kv_blocks=4096", "--device=" + device,
-                              "--load_format=" + load_format};
+      o.router.colocated = true;
+      o.router.kv.kv_blocks = 4096;
+      o.router.device.device = device;
+      o.router.device.dummy_weights = device_options.dummy_weights;
       o.expert_workers = {"0-0"};
       o.num_prefill = 0;
       o.num_decode = 0;
     } else if (mode == "cluster-nopp") {
-      o.extra_attention_worker_flags = {"--micro_batches=1"};  // ping-pong off, for comparison
+      o.prefill.dispatch.micro_batches = 1;  // ping-pong off, for comparison
+      o.decode.dispatch.micro_batches = 1;
     } else if (mode == "cluster-ucx") {
-      o.transport = "ucx";
+      SetWorkerTransport("ucx", &o);
     } else if (mode == "cluster-nccl") {
-      o.transport = "nccl";
+      SetWorkerTransport("nccl", &o);
     } else if (mode == "cluster-ipc") {
-      o.transport = "cuda_ipc";
+      SetWorkerTransport("cuda_ipc", &o);
     } else if (mode == "cluster-ipc-hostkv") {  // cuda_ipc with the KV handed off through the host,
                                                 // for comparison
-      o.transport = "cuda_ipc";
-      o.extra_prefill_flags = {"--kv_handoff=host"};
+      SetWorkerTransport("cuda_ipc", &o);
+      o.prefill.kv_handoff = "host";
     } else if (mode != "cluster") {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown mode \"", mode,

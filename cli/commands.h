@@ -1,5 +1,6 @@
-// The `moesh` subcommands. Each returns the process exit code and prints its
-// own one-line error; none calls exit().
+// The `moesh` subcommands. Each reads its flags (parsed by cli/main.cc, which
+// lists the flags each accepts) and returns an error status for main to
+// print on one line; none calls exit().
 #ifndef MOESH_CLI_COMMANDS_H_
 #define MOESH_CLI_COMMANDS_H_
 
@@ -7,23 +8,27 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "common/engine/sampler.h"
 
 namespace moesh::cli {
 
-absl::Status RunGenerate(const std::vector<std::string>& argv);
-absl::Status RunMkmodel(const std::vector<std::string>& argv);
-absl::Status RunBench(const std::vector<std::string>& argv);
-absl::Status RunComplete(const std::vector<std::string>& argv);
-absl::Status RunServeLocal(const std::vector<std::string>& argv);
+absl::Status RunGenerate();
+absl::Status RunMkmodel();
+absl::Status RunBench();
+absl::Status RunComplete();
+absl::Status RunServeLocal();
 
-class Args;
 // `moesh bench --serving`: concurrent streams against local clusters.
-absl::Status RunServingBench(const Args& args);
-// The sampling flags `generate` and `complete` share (--temperature, --top-k,
-// --top-p, --min-p, --seed, --top-logprobs, the penalties); greedy by default.
-absl::StatusOr<SamplingParams> SamplingFromFlags(const Args& args);
+absl::Status RunServingBench();
+
+// `moesh bench --device cuda ...` is cuda_model_bench's (the GPU engine
+// bench, tools/bench/model_bench.cc, with its own flags), since the moesh
+// command does not link CUDA: true when `args` (what follows "bench") ask
+// for it.
+bool IsCudaEngineBench(const std::vector<std::string>& args);
+// Replaces this process with cuda_model_bench and `args`, their names
+// spelled as it spells them (--load_format -> --load-format). Returns only on
+// failure.
+absl::Status ExecCudaBench(const std::vector<std::string>& args);
 
 }  // namespace moesh::cli
 

@@ -3,56 +3,56 @@
 
 #include <iostream>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "common/base/status.h"
 #include "common/rpc/grpc_util.h"
 #include "common/service/sampling_proto.h"
 #include "moesh/v1/generation.grpc.pb.h"
 #include "nlohmann/json.hpp"
 
+ABSL_FLAG(std::string, server, "", "The router's address, host:port.");
+ABSL_FLAG(std::string, prompt, "",
+          "The prompt as text (the router tokenizes it; or --prompt_ids).");
+ABSL_FLAG(std::string, stop, "", "A string that ends generation.");
+ABSL_FLAG(double, timeout, 600, "Seconds the request may take.");
+ABSL_FLAG(std::string, request_id, "", "The request's id (default: the router picks one).");
+
 namespace moesh::cli {
 
-absl::Status RunComplete(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(
-      Args args,
-      Args::Parse(argv,
-                  {"server", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k",
-                   "top-p", "min-p", "seed", "top-logprobs", "stop-token-ids", "stop", "timeout",
-                   "request-id", "repetition-penalty", "presence-penalty", "frequency-penalty"},
-                  {"ignore-eos", "json"}));
-  ASSIGN_OR_RETURN(std::string server, args.Required("server"));
+absl::Status RunComplete() {
+  const std::string server = absl::GetFlag(FLAGS_server);
+  if (server.empty()) return absl::InvalidArgumentError("--server is required");
   v1::GenerateRequest req;
-  if (auto id = args.Get("request-id")) req.set_request_id(*id);
-  if (auto text = args.Get("prompt")) {
-    req.set_text(*text);
+  if (const std::string id = absl::GetFlag(FLAGS_request_id); !id.empty()) req.set_request_id(id);
+  if (const std::string text = absl::GetFlag(FLAGS_prompt); !text.empty()) {
+    req.set_text(text);
   } else {
-    ASSIGN_OR_RETURN(std::vector<int64_t> ids, args.IntList("prompt-ids"));
-    if (ids.empty()) return absl::InvalidArgumentError("--prompt or --prompt-ids is required");
+    ASSIGN_OR_RETURN(std::vector<int64_t> ids, PromptIdsFlag());
+    if (ids.empty()) return absl::InvalidArgumentError("--prompt or --prompt_ids is required");
     for (int64_t t : ids) req.mutable_token_ids()->add_ids(static_cast<int32_t>(t));
   }
   // The CLI defaults to greedy, as `moesh generate` does.
-  ASSIGN_OR_RETURN(const SamplingParams sp, SamplingFromFlags(args));
-  SamplingToProto(sp, req.mutable_sampling());
+  SamplingToProto(SamplingFromFlags(), req.mutable_sampling());
   v1::StopConditions* stop = req.mutable_stop();
-  if (args.Has("max-new-tokens")) {
-    ASSIGN_OR_RETURN(int64_t v, args.Int("max-new-tokens", 16));
-    stop->set_max_new_tokens(static_cast<int>(v));
+  if (const std::optional<int> n = absl::GetFlag(FLAGS_max_new_tokens)) {
+    stop->set_max_new_tokens(*n);
   }
-  ASSIGN_OR_RETURN(std::vector<int64_t> stop_ids, args.IntList("stop-token-ids"));
-  for (int64_t t : stop_ids) stop->add_stop_token_ids(static_cast<int32_t>(t));
-  if (auto s = args.Get("stop")) stop->add_stop_strings(*s);
-  stop->set_ignore_eos(args.Bool("ignore-eos"));
+  ASSIGN_OR_RETURN(const std::vector<int32_t> stop_ids, StopTokenIdsFlag());
+  for (int32_t t : stop_ids) stop->add_stop_token_ids(t);
+  if (const std::string s = absl::GetFlag(FLAGS_stop); !s.empty()) stop->add_stop_strings(s);
+  stop->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
 
   auto stub =
       v1::Generation::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
-  ASSIGN_OR_RETURN(double timeout, args.Double("timeout", 600));
+  const double timeout = absl::GetFlag(FLAGS_timeout);
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
   auto reader = stub->Generate(&ctx, req);
-  const bool json = args.Bool("json");
+  const bool json = absl::GetFlag(FLAGS_json);
   v1::GenerateResponse m;
   nlohmann::json out = {{"output_ids", nlohmann::json::array()},
                         {"top_logprobs", nlohmann::json::array()}};

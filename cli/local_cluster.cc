@@ -15,7 +15,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/base/file_util.h"
@@ -50,15 +49,49 @@ absl::StatusOr<std::string> AwaitReadyFile(const std::string& path, pid_t pid,
 
 }  // namespace
 
+PrefillWorkerOptions LocalPrefillDefaults() {
+  PrefillWorkerOptions o;
+  o.device.gpu_memory_utilization = 0.8;
+  return o;
+}
+
+DecodeWorkerOptions LocalDecodeDefaults() {
+  DecodeWorkerOptions o;
+  o.kv.kv_blocks = 512;
+  o.device.gpu_memory_utilization = 0.6;
+  return o;
+}
+
+void SetWorkerDevice(const std::string& device, bool dummy_weights, LocalClusterOptions* o) {
+  for (DeviceOptions* d : {&o->prefill.device, &o->decode.device, &o->expert.device}) {
+    d->device = device;
+    d->dummy_weights = dummy_weights;
+  }
+}
+
+void SetWorkerTransport(const std::string& transport, LocalClusterOptions* o) {
+  for (WorkerOptions* w : {&o->prefill.worker, &o->decode.worker, &o->expert.worker}) {
+    w->transport = transport;
+  }
+}
+
+std::string LocalCluster::ReadyFile(const std::string& name) const {
+  return JoinPath(options_.work_dir, name + ".ready");
+}
+
+void LocalCluster::SetServer(const std::string& name, ServerOptions* server) const {
+  server->model = options_.model_dir;
+  server->ready_file = ReadyFile(name);
+}
+
 absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& name,
                                                           const std::string& binary,
-                                                          std::vector<std::string> flags) {
+                                                          const std::vector<std::string>& flags) {
   Process p;
   p.name = name;
   p.log_path = JoinPath(options_.work_dir, name + ".log");
-  const std::string ready = JoinPath(options_.work_dir, name + ".ready");
+  const std::string ready = ReadyFile(name);
   std::remove(ready.c_str());
-  flags.push_back("--ready_file=" + ready);
   const std::string path = JoinPath(options_.bin_dir, binary);
   if (!FileExists(path))
     return absl::NotFoundError(absl::StrCat(path, ": no such binary (build it first)"));
@@ -91,12 +124,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   std::unique_ptr<LocalCluster> c(new LocalCluster(options));
   RETURN_IF_ERROR(MakeDirs(options.work_dir));
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(options.model_dir));
-  std::vector<std::string> router_flags = {
-      "--model=" + options.model_dir, absl::StrCat("--listen=127.0.0.1:", options.router_port),
-      absl::StrCat("--heartbeat_timeout_ms=", options.heartbeat_timeout_ms)};
-  router_flags.insert(router_flags.end(), options.extra_router_flags.begin(),
-                      options.extra_router_flags.end());
-  ASSIGN_OR_RETURN(Process router, c->Spawn("router", "moesh_router", router_flags));
+  RouterOptions router_options = options.router;
+  c->SetServer("router", &router_options.server);
+  ASSIGN_OR_RETURN(Process router, c->Spawn("router", "moesh_router", ToArgs(router_options)));
 
   std::vector<std::string> experts = options.expert_workers;
   if (experts.empty()) experts = {"0/2", "1/2"};
@@ -106,35 +136,22 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     RETURN_IF_ERROR(c->AddExpertWorker(spec));
     expert_addresses.push_back(c->processes_.back().address);
   }
-  const std::string expert_flag = options.placement_from_router
-                                      ? "--expert_workers="
-                                      : "--expert_workers=" + absl::StrJoin(expert_addresses, ",");
+  if (options.placement_from_router) expert_addresses.clear();  // the router's map instead
   for (int i = 0; i < options.num_decode; ++i) {
-    std::vector<std::string> flags = {"--model=" + options.model_dir,
-                                      "--router=" + router.address,
-                                      expert_flag,
-                                      "--transport=" + options.transport,
-                                      absl::StrCat("--kv_blocks=", options.kv_blocks),
-                                      "--device=" + options.device,
-                                      "--gpu_memory_utilization=0.6",
-                                      "--load_format=" + options.load_format};
-    flags.insert(flags.end(), options.extra_attention_worker_flags.begin(),
-                 options.extra_attention_worker_flags.end());
-    RETURN_IF_ERROR(c->Spawn(absl::StrCat("decode-", i), "moesh_decode_worker", flags).status());
+    const std::string name = absl::StrCat("decode-", i);
+    DecodeWorkerOptions o = options.decode;
+    c->SetServer(name, &o.server);
+    o.worker.router = router.address;
+    o.dispatch.expert_workers = expert_addresses;
+    RETURN_IF_ERROR(c->Spawn(name, "moesh_decode_worker", ToArgs(o)).status());
   }
   for (int i = 0; i < options.num_prefill; ++i) {
-    std::vector<std::string> flags = {"--model=" + options.model_dir,
-                                      "--router=" + router.address,
-                                      expert_flag,
-                                      "--transport=" + options.transport,
-                                      "--device=" + options.device,
-                                      "--gpu_memory_utilization=0.8",
-                                      "--load_format=" + options.load_format};
-    flags.insert(flags.end(), options.extra_attention_worker_flags.begin(),
-                 options.extra_attention_worker_flags.end());
-    flags.insert(flags.end(), options.extra_prefill_flags.begin(),
-                 options.extra_prefill_flags.end());
-    RETURN_IF_ERROR(c->Spawn(absl::StrCat("prefill-", i), "moesh_prefill_worker", flags).status());
+    const std::string name = absl::StrCat("prefill-", i);
+    PrefillWorkerOptions o = options.prefill;
+    c->SetServer(name, &o.server);
+    o.worker.router = router.address;
+    o.dispatch.expert_workers = expert_addresses;
+    RETURN_IF_ERROR(c->Spawn(name, "moesh_prefill_worker", ToArgs(o)).status());
   }
   RETURN_IF_ERROR(c->WaitUntilServing(options.startup_timeout));
   return c;
@@ -143,18 +160,18 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
   int n = 0;
   for (const Process& p : processes_) n += p.name.rfind("expert-", 0) == 0 ? 1 : 0;
-  const bool shard = spec.find('/') != std::string::npos;
+  const std::string name = absl::StrCat("expert-", n);
+  ExpertWorkerOptions o = options_.expert;
+  SetServer(name, &o.server);
+  o.worker.router = router_address();
+  (spec.find('/') != std::string::npos ? o.shard : o.experts) = spec;
   // The n-th expert worker takes the n-th device of the list, round robin.
-  const std::vector<std::string> devices = absl::StrSplit(
-      options_.expert_device.empty() ? options_.device : options_.expert_device, ',');
-  const std::string& device = devices[n % devices.size()];
-  if (device.empty())
-    return absl::InvalidArgumentError("--expert-device: an empty entry in the list");
-  return Spawn(absl::StrCat("expert-", n), "moesh_expert_worker",
-               {"--model=" + options_.model_dir, "--router=" + router_address(),
-                (shard ? "--shard=" : "--experts=") + spec, "--transport=" + options_.transport,
-                "--device=" + device, "--load_format=" + options_.load_format})
-      .status();
+  if (!options_.expert_devices.empty()) {
+    o.device.device = options_.expert_devices[n % options_.expert_devices.size()];
+    if (o.device.device.empty())
+      return absl::InvalidArgumentError("expert_devices: an empty entry in the list");
+  }
+  return Spawn(name, "moesh_expert_worker", ToArgs(o)).status();
 }
 
 absl::Status LocalCluster::WaitUntilServing(std::chrono::seconds timeout) const {

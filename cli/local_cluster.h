@@ -13,40 +13,52 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "decode_worker/flags.h"
+#include "expert_worker/flags.h"
+#include "prefill_worker/flags.h"
+#include "router/flags.h"
 
 namespace moesh {
 
+// On one GPU the decode worker may bring the device to 60% of its memory,
+// the prefill worker (started after it) to 80%; on the CPU the decode worker
+// holds 512 KV blocks.
+PrefillWorkerOptions LocalPrefillDefaults();
+DecodeWorkerOptions LocalDecodeDefaults();
+
 struct LocalClusterOptions {
-  std::string model_dir;
-  std::string bin_dir;   // where moesh_router, moesh_*_worker live
-  std::string work_dir;  // ready files and logs (created)
-  int router_port = 0;   // 0: any free port
+  std::string model_dir;  // every process's --model
+  std::string bin_dir;    // where moesh_router, moesh_*_worker live
+  std::string work_dir;   // ready files and logs (created)
   // One entry per expert worker: its --experts spec ("0-3"), or "i/n" as a
   // --shard. Empty: two workers with half the experts each.
   std::vector<std::string> expert_workers;
   int num_prefill = 1;
   int num_decode = 1;
-  std::string transport = "grpc";
   // Attention workers take the expert placement from the router (versioned,
   // followed as expert workers come and go); false: --expert_workers flags.
   bool placement_from_router = true;
-  int kv_blocks = 512;
-  // --device of the prefill, decode and expert workers: cpu, cuda or cuda:N.
-  // On one GPU the decode worker may bring the device to 60% of its memory,
-  // the prefill worker (started after it) to 80%.
-  std::string device = "cpu";
-  // --device of the expert workers when not empty (e.g. cuda:1: attention on
-  // one GPU, experts on another), or a comma-separated list the workers take
-  // in turn (cuda:1,cuda:2,cuda:3: one expert worker per GPU).
-  std::string expert_device;
-  // --load_format of every worker (and the colocated router): auto or dummy.
-  std::string load_format = "auto";
-  int heartbeat_timeout_ms = 3000;
-  std::vector<std::string> extra_router_flags;
-  std::vector<std::string> extra_attention_worker_flags;  // prefill and decode workers
-  std::vector<std::string> extra_prefill_flags;           // prefill workers only
+  // Each binary's options, rendered as its command line (router/flags.h and
+  // the workers' flags.h), less what Start fills in per process: --model,
+  // --ready_file, the workers' --router, the attention workers'
+  // --expert_workers, the expert workers' --experts or --shard. The router
+  // listens on router.server.listen (default: any free port).
+  RouterOptions router;
+  PrefillWorkerOptions prefill = LocalPrefillDefaults();
+  DecodeWorkerOptions decode = LocalDecodeDefaults();
+  ExpertWorkerOptions expert;
+  // When not empty, the expert workers take these --device values in turn
+  // instead of expert.device's (cuda:1,cuda:2,cuda:3: one expert worker per
+  // GPU; attention on another).
+  std::vector<std::string> expert_devices;
   std::chrono::seconds startup_timeout{120};
 };
+
+// Sets the prefill, decode and expert workers' --device and --load_format
+// (dummy weights or the checkpoint's).
+void SetWorkerDevice(const std::string& device, bool dummy_weights, LocalClusterOptions* o);
+// Sets the prefill, decode and expert workers' --transport.
+void SetWorkerTransport(const std::string& transport, LocalClusterOptions* o);
 
 class LocalCluster {
  public:
@@ -72,8 +84,13 @@ class LocalCluster {
 
  private:
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+  std::string ReadyFile(const std::string& name) const;
+  // Sets --model and --ready_file of process `name`.
+  void SetServer(const std::string& name, ServerOptions* server) const;
+  // Starts `binary` with `flags` (which SetServer filled in for `name`) and
+  // waits for its ready file.
   absl::StatusOr<Process> Spawn(const std::string& name, const std::string& binary,
-                                std::vector<std::string> flags);
+                                const std::vector<std::string>& flags);
   void StopAll();
 
   const LocalClusterOptions options_;

@@ -1,69 +1,139 @@
-// The `moesh` command.
+// The `moesh` command: a subcommand, then its flags (cli/args.h).
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 
+namespace moesh::cli {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: moesh <command> [flags]\n"
-    "commands:\n"
-    "  generate  --model DIR --prompt-ids 5,17,300 [--max-new-tokens N] [--temperature T]\n"
-    "            [--top-k K] [--top-p P] [--min-p P] [--seed S] [--top-logprobs K]\n"
-    "            [--stop-token-ids 1,2] [--ignore-eos] [--json] [--device {cpu,cuda,cuda:N}]\n"
-    "            [--gpu-memory-utilization F]\n"
-    "  mkmodel   --family {v2-lite,v2,v3,v3.2,v4} [--preset {tiny,small,real}] --out DIR [--seed "
-    "S]\n"
-    "            [--shards N] [--dtype {BF16,F16,F32}] [--rope-parameters] [--config-only] "
-    "[--layers N]\n"
-    "  bench     --model DIR [--batch 1,4,16] [--prompt-len N] [--decode-steps N]\n"
-    "            engine throughput in this process; with --serving: concurrent streams against a\n"
-    "            local cluster and colocated mode [--concurrency 1,8,32] [--requests N]\n"
-    "            [--max-new-tokens N] [--modes "
-    "cluster,cluster-nopp,cluster-ucx,cluster-nccl,cluster-ipc,cluster-ipc-hostkv,colocated]\n"
-    "            [--device cuda] [--expert-device cuda:1[,cuda:2...]] [--load-format dummy] "
-    "[--expert-workers N]\n"
-    "            [--temperature T [--top-p P] [--top-k K]] (seeded per request; default greedy)\n"
-    "            [--rebalance-timeline SECONDS [--rebalance-interval S] [--expert-placement "
-    "0-47,48-63]]:\n"
-    "            a skewed placement with the router rebalancing, tokens/s and balance per second\n"
-    "  serve-local --model DIR [--expert-workers N] [--port P] [--bin-dir DIR] [--device cuda]\n"
-    "            [--expert-device cuda:1[,cuda:2...]] [--transport {grpc,ucx,nccl,cuda_ipc}]\n"
-    "            start router, prefill, decode and expert workers on loopback\n"
-    "  complete  --server HOST:PORT (--prompt TEXT | --prompt-ids 1,2) [--max-new-tokens N]\n"
-    "            [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--top-logprobs "
-    "K]\n"
-    "            [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
-    "            [--stop STR] [--stop-token-ids 1,2] [--ignore-eos] [--json]\n";
+// The sampling flags generate and complete share (cli/flags.cc).
+std::vector<std::string> WithSampling(std::vector<std::string> flags) {
+  for (const char* f : {"temperature", "top_k", "top_p", "min_p", "seed", "top_logprobs",
+                        "repetition_penalty", "presence_penalty", "frequency_penalty"}) {
+    flags.push_back(f);
+  }
+  return flags;
+}
+
+// Each subcommand and the flags it accepts (each defined once: cli/flags.cc,
+// the subcommand's file, or common/service/device_flags.cc).
+const std::vector<Command>& Commands() {
+  static const std::vector<Command>* commands = new std::vector<Command>{
+      {"generate",
+       "--model=DIR --prompt_ids=5,17,300 [--max_new_tokens=N] [sampling flags]\n"
+       "      [--stop_token_ids=1,2] [--ignore_eos] [--json] [--device={cpu,cuda,cuda:N}]\n"
+       "      [--gpu_memory_utilization=F] [--max_model_len=N]\n"
+       "    offline generation in this process",
+       WithSampling({"model", "prompt_ids", "max_new_tokens", "stop_token_ids", "ignore_eos",
+                     "json", "device", "gpu_memory_utilization", "max_model_len"}),
+       RunGenerate},
+      {"mkmodel",
+       "--family={v2-lite,v2,v3,v3.2,v4} [--preset={tiny,small,real}] --out=DIR [--seed=S]\n"
+       "      [--shards=N] [--dtype={BF16,F16,F32}] [--rope_parameters] [--config_only]\n"
+       "      [--layers=N]\n"
+       "    a random checkpoint in DeepSeek's format",
+       {"family", "preset", "out", "seed", "shards", "dtype", "layers", "rope_parameters",
+        "config_only"},
+       RunMkmodel},
+      {"bench",
+       "--model=DIR [--batch=1,4,16] [--prompt_len=N] [--decode_steps=N]\n"
+       "    engine throughput in this process (--device=cuda: cuda_model_bench, its flags);\n"
+       "  --serving --model=DIR [--concurrency=1,8,32] [--requests=N] [--prompt_len=N]\n"
+       "      [--max_new_tokens=N] [--modes=cluster,cluster-nopp,cluster-ucx,cluster-nccl,\n"
+       "      cluster-ipc,cluster-ipc-hostkv,colocated] [--device=cuda] [--expert_device=cuda:1]\n"
+       "      [--load_format=dummy] [--expert_workers=N] [--temperature=T [--top_p=P]\n"
+       "      [--top_k=K]] [--rebalance_timeline=SECONDS [--rebalance_interval=S]\n"
+       "      [--expert_placement=0-47,48-63]]\n"
+       "    concurrent streams against a local cluster and colocated mode",
+       {"model",
+        "batch",
+        "prompt_len",
+        "decode_steps",
+        "serving",
+        "concurrency",
+        "requests",
+        "max_new_tokens",
+        "modes",
+        "bin_dir",
+        "device",
+        "expert_device",
+        "load_format",
+        "expert_workers",
+        "rebalance_timeline",
+        "rebalance_interval",
+        "expert_placement",
+        "temperature",
+        "top_p",
+        "top_k"},
+       RunBench},
+      {"serve-local",
+       "--model=DIR [--expert_workers=N] [--port=P] [--bin_dir=DIR] [--work_dir=DIR]\n"
+       "      [--kv_blocks=N] [--device=cuda] [--expert_device=cuda:1[,cuda:2...]]\n"
+       "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}]\n"
+       "    router, prefill, decode and expert workers on loopback, until Ctrl-C",
+       {"model", "port", "expert_workers", "bin_dir", "work_dir", "kv_blocks", "device",
+        "expert_device", "transport", "load_format"},
+       RunServeLocal},
+      {"complete",
+       "--server=HOST:PORT (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"
+       "      [sampling flags] [--stop=STR] [--stop_token_ids=1,2] [--ignore_eos] [--json]\n"
+       "      [--timeout=SECONDS] [--request_id=ID]\n"
+       "    a streaming request to a router",
+       WithSampling({"server", "prompt", "prompt_ids", "max_new_tokens", "stop_token_ids", "stop",
+                     "timeout", "request_id", "ignore_eos", "json"}),
+       RunComplete},
+  };
+  return *commands;
+}
+
+std::string Usage() {
+  std::string out = "usage: moesh <command> [--flag=value ...]\ncommands:\n";
+  for (const Command& c : Commands()) absl::StrAppend(&out, "  ", c.name, " ", c.synopsis, "\n");
+  absl::StrAppend(&out,
+                  "sampling flags: --temperature=T --top_k=K --top_p=P --min_p=P --seed=S\n"
+                  "  --top_logprobs=K --repetition_penalty=R --presence_penalty=P "
+                  "--frequency_penalty=F\n"
+                  "`moesh <command> --help` describes its flags; flags are snake_case.\n");
+  return out;
+}
 
 }  // namespace
+}  // namespace moesh::cli
 
 int main(int argc, char** argv) {
+  using moesh::cli::Command;
+  const std::string usage = moesh::cli::Usage();
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
-    std::cerr << kUsage;
+    std::cerr << usage;
     return argc < 2 ? 2 : 0;
   }
-  const std::string cmd = argv[1];
-  std::vector<std::string> rest(argv + 2, argv + argc);
-  absl::Status s;
-  if (cmd == "generate") {
-    s = moesh::cli::RunGenerate(rest);
-  } else if (cmd == "mkmodel") {
-    s = moesh::cli::RunMkmodel(rest);
-  } else if (cmd == "complete") {
-    s = moesh::cli::RunComplete(rest);
-  } else if (cmd == "serve-local") {
-    s = moesh::cli::RunServeLocal(rest);
-  } else if (cmd == "bench") {
-    s = moesh::cli::RunBench(rest);
-  } else {
-    std::cerr << "moesh: unknown command \"" << cmd << "\"\n" << kUsage;
+  const std::string name = argv[1];
+  const Command* command = nullptr;
+  for (const Command& c : moesh::cli::Commands()) {
+    if (c.name == name) command = &c;
+  }
+  if (command == nullptr) {
+    std::cerr << "moesh: unknown command \"" << name << "\"\n" << usage;
     return 2;
   }
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  absl::Status s;
+  if (name == "bench" && moesh::cli::IsCudaEngineBench(args)) {
+    s = moesh::cli::ExecCudaBench(args);  // returns only on failure
+  } else {
+    absl::SetProgramUsageMessage(usage);
+    absl::StatusOr<bool> run =
+        moesh::cli::ParseCommandFlags(*command, moesh::cli::Commands(), args);
+    if (run.ok() && !*run) return 0;  // --help
+    s = run.ok() ? command->run() : run.status();
+  }
   if (!s.ok()) {
-    std::cerr << "moesh " << cmd << ": " << s.message() << "\n";
+    std::cerr << "moesh " << name << ": " << s.message() << "\n";
     return 1;
   }
   return 0;

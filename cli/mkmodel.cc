@@ -1,26 +1,41 @@
 // moesh mkmodel: write a random checkpoint in DeepSeek's on-disk format.
 #include <iostream>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "common/base/file_util.h"
 #include "common/base/status.h"
 #include "common/model/random_checkpoint.h"
 #include "common/tokenizer/embedded_tokenizers.h"
 
+ABSL_FLAG(std::string, family, "", "The model family: v2-lite, v2, v3, v3.2 or v4.");
+ABSL_FLAG(std::string, preset, "tiny",
+          "Its shapes: tiny, small or real (the published model's; large, so usually with "
+          "--config_only).");
+ABSL_FLAG(std::string, out, "", "The directory to write the checkpoint to (created).");
+ABSL_FLAG(int, shards, 1, "Safetensors files to split the weights over (1 to 1000).");
+ABSL_FLAG(std::string, dtype, "BF16", "The weights' dtype: BF16, F16 or F32.");
+ABSL_FLAG(std::optional<int>, layers, std::nullopt,
+          "Layers, when not the preset's: its shapes at another depth (1 to 1000).");
+ABSL_FLAG(bool, rope_parameters, false,
+          "Write RoPE settings in config.json's newer rope_parameters form.");
+ABSL_FLAG(bool, config_only, false,
+          "Write config.json alone, no weights (for --load_format dummy).");
+
 namespace moesh::cli {
 
-absl::Status RunMkmodel(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(
-      Args args, Args::Parse(argv, {"family", "preset", "out", "seed", "shards", "dtype", "layers"},
-                             {"rope-parameters", "config-only"}));
-  ASSIGN_OR_RETURN(std::string family, args.Required("family"));
-  ASSIGN_OR_RETURN(std::string out, args.Required("out"));
-  ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(family, args.Get("preset").value_or("tiny")));
+absl::Status RunMkmodel() {
+  const std::string family = absl::GetFlag(FLAGS_family);
+  if (family.empty()) return absl::InvalidArgumentError("--family is required");
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return absl::InvalidArgumentError("--out is required");
+  const std::string preset = absl::GetFlag(FLAGS_preset);
+  ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(family, preset));
   // The preset's shapes at another depth (e.g. DeepSeek-V3's layers, as
   // many as fit the GPUs at hand).
-  ASSIGN_OR_RETURN(int64_t layers, args.Int("layers", config.num_hidden_layers));
+  const int layers = absl::GetFlag(FLAGS_layers).value_or(config.num_hidden_layers);
   if (layers < 1 || layers > 1000)
     return absl::InvalidArgumentError("--layers must lie in [1, 1000]");
   if (layers != config.num_hidden_layers) {
@@ -34,31 +49,29 @@ absl::Status RunMkmodel(const std::vector<std::string>& argv) {
       config.layer_types.resize(layers);
       config.hash_layers.resize(layers);
     }
-    config.num_hidden_layers = static_cast<int>(layers);
+    config.num_hidden_layers = layers;
     RETURN_IF_ERROR(config.Validate(absl::StrCat("--layers ", layers)));
   }
   RandomCheckpointOptions opt;
-  ASSIGN_OR_RETURN(int64_t seed, args.Int("seed", 0));
-  ASSIGN_OR_RETURN(int64_t shards, args.Int("shards", 1));
+  const int shards = absl::GetFlag(FLAGS_shards);
   if (shards < 1 || shards > 1000)
     return absl::InvalidArgumentError("--shards must lie in [1, 1000]");
-  opt.seed = static_cast<uint64_t>(seed);
-  opt.num_shards = static_cast<int>(shards);
-  ASSIGN_OR_RETURN(opt.dtype, ParseDType(args.Get("dtype").value_or("BF16")));
-  opt.new_rope_form = args.Bool("rope-parameters");
-  opt.tokenizer_json =
-      std::string(EmbeddedTokenizerJson(args.Get("preset").value_or("tiny")).value_or(""));
-  if (args.Bool("config-only")) {  // for --load_format dummy: the shapes, no weights
+  opt.seed = absl::GetFlag(FLAGS_seed).value_or(0);
+  opt.num_shards = shards;
+  ASSIGN_OR_RETURN(opt.dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
+  opt.new_rope_form = absl::GetFlag(FLAGS_rope_parameters);
+  opt.tokenizer_json = std::string(EmbeddedTokenizerJson(preset).value_or(""));
+  if (absl::GetFlag(FLAGS_config_only)) {  // for --load_format dummy: the shapes, no weights
     RETURN_IF_ERROR(MakeDirs(out));
     RETURN_IF_ERROR(
         WriteStringToFile(JoinPath(out, "config.json"), config.ToJson(opt.new_rope_form)));
-    std::cout << "wrote " << JoinPath(out, "config.json") << " (" << family << "/"
-              << args.Get("preset").value_or("tiny") << ", no weights)\n";
+    std::cout << "wrote " << JoinPath(out, "config.json") << " (" << family << "/" << preset
+              << ", no weights)\n";
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(WriteRandomCheckpoint(config, out, opt));
-  std::cout << "wrote " << config.model_type << " (" << family << "/"
-            << args.Get("preset").value_or("tiny") << ") to " << out << "\n";
+  std::cout << "wrote " << config.model_type << " (" << family << "/" << preset << ") to " << out
+            << "\n";
   return absl::OkStatus();
 }
 

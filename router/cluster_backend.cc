@@ -18,14 +18,14 @@ std::shared_ptr<grpc::Channel> ClusterBackend::ChannelTo(const std::string& addr
 }
 
 bool ClusterBackend::Ready() const {
-  return !membership_->Live(v1::WORKER_KIND_PREFILL).empty() &&
-         !membership_->Live(v1::WORKER_KIND_DECODE).empty();
+  return !registry_->Live(v1::WORKER_KIND_PREFILL).empty() &&
+         !registry_->Live(v1::WORKER_KIND_DECODE).empty();
 }
 
 absl::Status ClusterBackend::Run(const GenerationRequest& req, const ChunkSink& sink,
                                  const CancelledFn& cancelled) {
-  std::vector<WorkerInfo> decoders = membership_->Live(v1::WORKER_KIND_DECODE);
-  std::vector<WorkerInfo> prefillers = membership_->Live(v1::WORKER_KIND_PREFILL);
+  std::vector<WorkerInfo> decoders = registry_->Live(v1::WORKER_KIND_DECODE);
+  std::vector<WorkerInfo> prefillers = registry_->Live(v1::WORKER_KIND_PREFILL);
   if (decoders.empty() || prefillers.empty()) {
     return absl::UnavailableError(
         absl::StrCat("no ", decoders.empty() ? "decode" : "prefill", " worker is registered"));
@@ -40,12 +40,12 @@ absl::Status ClusterBackend::Run(const GenerationRequest& req, const ChunkSink& 
       *std::min_element(prefillers.begin(), prefillers.end(), [](const auto& a, const auto& b) {
         return a.load.queued_prompt_tokens() < b.load.queued_prompt_tokens();
       });
-  GrpcPrefillClient prefill_client(prefill, ChannelTo(prefill.address), membership_);
+  GrpcPrefillClient prefill_client(prefill, ChannelTo(prefill.address), registry_);
   std::vector<std::unique_ptr<GrpcDecodeClient>> decode_clients;
   std::vector<DecodeClient*> order;
   for (const WorkerInfo& d : decoders) {
     decode_clients.push_back(
-        std::make_unique<GrpcDecodeClient>(d, ChannelTo(d.address), membership_));
+        std::make_unique<GrpcDecodeClient>(d, ChannelTo(d.address), registry_));
     order.push_back(decode_clients.back().get());
   }
   return RunGeneration(req, prefill_client, order, sink, cancelled);

@@ -18,7 +18,8 @@ namespace moesh {
 
 class ClusterBackend : public GenerationBackend {
  public:
-  explicit ClusterBackend(Membership* membership) : membership_(membership) {}
+  // `membership` is borrowed and must outlive the backend.
+  explicit ClusterBackend(Membership* membership) : registry_(&membership->registry()) {}
 
   absl::Status Run(const GenerationRequest& request, const ChunkSink& sink,
                    const CancelledFn& cancelled) override;
@@ -27,7 +28,7 @@ class ClusterBackend : public GenerationBackend {
  private:
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
 
-  Membership* const membership_;
+  WorkerRegistry* const registry_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };

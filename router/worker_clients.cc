@@ -33,28 +33,28 @@ absl::Status WorkerFailed(const WorkerInfo& w, const grpc::Status& s) {
 }  // namespace
 
 GrpcPrefillClient::GrpcPrefillClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
-                                     Membership* membership)
+                                     WorkerRegistry* registry)
     : worker_(std::move(worker)),
       stub_(v1::PrefillWorker::NewStub(std::move(channel))),
-      membership_(membership) {}
+      registry_(registry) {}
 
 absl::StatusOr<PrefillResult> GrpcPrefillClient::Prefill(const PrefillSpec& spec) {
   v1::PrefillRequest request;
   PrefillSpecToProto(spec, &request);
   v1::PrefillResponse response;
   auto ctx = std::make_shared<grpc::ClientContext>();
-  const int64_t h = membership_->Track(worker_.id, [ctx] { ctx->TryCancel(); });
+  const int64_t h = registry_->Track(worker_.id, [ctx] { ctx->TryCancel(); });
   grpc::Status s = stub_->Prefill(ctx.get(), request, &response);
-  membership_->Untrack(h);
+  registry_->Untrack(h);
   if (!s.ok()) return WorkerFailed(worker_, s);
   return PrefillResultFromProto(response);
 }
 
 GrpcDecodeClient::GrpcDecodeClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
-                                   Membership* membership)
+                                   WorkerRegistry* registry)
     : worker_(std::move(worker)),
       stub_(v1::DecodeWorker::NewStub(std::move(channel))),
-      membership_(membership) {}
+      registry_(registry) {}
 
 absl::Status GrpcDecodeClient::Reserve(const std::string& request_id, int prompt_tokens,
                                        int max_tokens) {
@@ -79,7 +79,7 @@ absl::Status GrpcDecodeClient::Decode(const DecodeSpec& spec, const TokenSink& s
   v1::DecodeRequest request;
   DecodeSpecToProto(spec, &request);
   auto ctx = std::make_shared<grpc::ClientContext>();
-  const int64_t h = membership_->Track(worker_.id, [ctx] { ctx->TryCancel(); });
+  const int64_t h = registry_->Track(worker_.id, [ctx] { ctx->TryCancel(); });
   // The stream's reads block; a watcher turns the caller's cancellation into
   // the stream's (which frees the request's blocks on the worker).
   std::atomic<bool> finished{false}, by_caller{false};
@@ -103,7 +103,7 @@ absl::Status GrpcDecodeClient::Decode(const DecodeSpec& spec, const TokenSink& s
   grpc::Status s = reader->Finish();
   finished = true;
   watcher.join();
-  membership_->Untrack(h);
+  registry_->Untrack(h);
   if (by_caller) return absl::CancelledError("cancelled by the client");
   if (declined) return absl::OkStatus();
   if (!s.ok()) return WorkerFailed(worker_, s);

@@ -1,6 +1,6 @@
 // The prefill and decode workers as seen from the router: the request flow's
 // clients (common/serving/generation_flow.h) over gRPC. A call in flight is
-// tracked by the membership, which cancels it if its worker is dropped (so a
+// tracked by the worker registry, which cancels it if its worker is dropped (so a
 // dead worker fails its requests at once). Errors name the worker; a worker
 // that vanished mid-call reads as UNAVAILABLE. Thread-safe.
 #ifndef MOESH_ROUTER_WORKER_CLIENTS_H_
@@ -12,28 +12,28 @@
 #include "common/serving/generation_flow.h"
 #include "grpcpp/channel.h"
 #include "moesh/v1/worker.grpc.pb.h"
-#include "router/membership.h"
+#include "router/worker_registry.h"
 
 namespace moesh {
 
 class GrpcPrefillClient : public PrefillClient {
  public:
-  // `membership` is borrowed and must outlive the client.
+  // `registry` is borrowed and must outlive the client.
   GrpcPrefillClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
-                    Membership* membership);
+                    WorkerRegistry* registry);
   absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec) override;
 
  private:
   const WorkerInfo worker_;
   const std::unique_ptr<v1::PrefillWorker::Stub> stub_;
-  Membership* const membership_;
+  WorkerRegistry* const registry_;
 };
 
 class GrpcDecodeClient : public DecodeClient {
  public:
-  // `membership` is borrowed and must outlive the client.
+  // `registry` is borrowed and must outlive the client.
   GrpcDecodeClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
-                   Membership* membership);
+                   WorkerRegistry* registry);
   const std::string& kv_address() const override { return worker_.data_plane_address; }
   absl::Status Reserve(const std::string& request_id, int prompt_tokens, int max_tokens) override;
   void Release(const std::string& request_id) override;
@@ -43,7 +43,7 @@ class GrpcDecodeClient : public DecodeClient {
  private:
   const WorkerInfo worker_;
   const std::unique_ptr<v1::DecodeWorker::Stub> stub_;
-  Membership* const membership_;
+  WorkerRegistry* const registry_;
 };
 
 }  // namespace moesh

@@ -23,10 +23,10 @@ cat "$LOG"
 SERVER=$(grep -o "serving on [0-9.:]*" "$LOG" | awk '{print $3}')
 
 echo "--- streamed through the cluster:"
-./build/moesh complete --server "$SERVER" --prompt-ids 5,17,300 --max-new-tokens 12
+./build/moesh complete --server "$SERVER" --prompt_ids 5,17,300 --max_new_tokens 12
 if [ -f "$MODEL/tokenizer.json" ]; then
   echo "--- text in, text out (a random tiny model writes gibberish, through a real tokenizer):"
-  ./build/moesh complete --server "$SERVER" --prompt "Hello, moesh!" --max-new-tokens 12
+  ./build/moesh complete --server "$SERVER" --prompt "Hello, moesh!" --max_new_tokens 12
 fi
 echo "--- the same request on the single-process engine:"
-./build/moesh generate --model "$MODEL" --prompt-ids 5,17,300 --max-new-tokens 12
+./build/moesh generate --model "$MODEL" --prompt_ids 5,17,300 --max_new_tokens 12

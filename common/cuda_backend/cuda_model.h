@@ -112,7 +112,7 @@ class CudaModel {
                                                              const AttentionWeights& attention,
                                                              const ExpertShardWeights* experts,
                                                              const CudaModelOptions& options);
-  // Random weights generated on the device (--load-format dummy).
+  // Random weights generated on the device (--load_format dummy).
   static absl::StatusOr<std::unique_ptr<CudaModel>> Dummy(const ModelConfig& config, uint64_t seed,
                                                           const CudaModelOptions& options);
   ~CudaModel();

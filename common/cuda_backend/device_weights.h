@@ -5,7 +5,7 @@
 //     W_UV per head (applied to the attention output);
 //   * each MoE layer's routed experts stacked [E, ...] for the grouped GEMM.
 // Filled from a checkpoint's host weights (fp32, rounded to bf16 here) or with
-// random values generated on the device (--load-format dummy).
+// random values generated on the device (--load_format dummy).
 #ifndef MOESH_COMMON_CUDA_BACKEND_DEVICE_WEIGHTS_H_
 #define MOESH_COMMON_CUDA_BACKEND_DEVICE_WEIGHTS_H_
 

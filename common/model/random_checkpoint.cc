@@ -129,7 +129,7 @@ absl::StatusOr<ModelConfig> V4Preset(const std::string& preset) {
 }  // namespace
 
 // DeepSeek-V2-Lite's config.json, field by field (16B parameters: for
-// `--load_format dummy` on a GPU, or mkmodel --config-only).
+// `--load_format dummy` on a GPU, or mkmodel --config_only).
 absl::StatusOr<ModelConfig> V2LiteReal() {
   ASSIGN_OR_RETURN(ModelConfig c, PresetConfig("v2-lite", "small"));
   c.vocab_size = 102400;

@@ -13,6 +13,7 @@
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 #include "common/rpc/grpc_util.h"
+#include "common/transport/transport_registry.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
@@ -100,10 +101,13 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
   ASSIGN_OR_RETURN(w.backend,
                    MakeAttentionBackend(w.config, ckpt.get(), options.device, experts_in_backend));
   int cuda_device = 0;
-  if (options.transport == "nccl" || options.transport == "cuda_ipc") {
+  ASSIGN_OR_RETURN(const TransportPlugin* plugin, FindTransport(options.transport));
+  if (plugin->capabilities().device_dispatch) {
     ASSIGN_OR_RETURN(cuda_device,
                      CudaOrdinal(options.device.device, "--transport " + options.transport));
-    ASSIGN_OR_RETURN(w.grpc_for_kv, MakeTransport("grpc"));
+  }
+  if (!plugin->capabilities().carries_kv) {
+    ASSIGN_OR_RETURN(w.grpc_for_kv, MakeTransport("grpc"));  // the KV goes over gRPC beside it
   }
   ASSIGN_OR_RETURN(w.transport, MakeTransport(options.transport, cuda_device));
   if (options.expert_workers.empty() && !options.router.empty()) {

@@ -4,12 +4,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 
-ABSL_FLAG(std::string, device, "cpu", "Where to compute: cpu, cuda (the current GPU) or cuda:N.");
+ABSL_FLAG(std::string, device, moesh::DeviceOptions().device,
+          "Where to compute: cpu, cuda (the current GPU) or cuda:N.");
 ABSL_FLAG(
-    double, gpu_memory_utilization, 0.9,
+    double, gpu_memory_utilization, moesh::DeviceOptions().gpu_memory_utilization,
     "--device cuda: the fraction of the GPU's memory this process may bring the total to (weights, "
     "scratch, then the KV cache); other processes' memory counts.");
-ABSL_FLAG(int, max_model_len, 0,
+ABSL_FLAG(int, max_model_len, moesh::DeviceOptions().max_model_len,
           "--device cuda: tokens per sequence (0: min(max_position_embeddings, 8192)).");
 ABSL_FLAG(
     std::string, load_format, "auto",

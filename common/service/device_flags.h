@@ -4,6 +4,9 @@
 #ifndef MOESH_COMMON_SERVICE_DEVICE_FLAGS_H_
 #define MOESH_COMMON_SERVICE_DEVICE_FLAGS_H_
 
+#include <string>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "common/backend/backends.h"
 
@@ -14,6 +17,9 @@ namespace moesh {
 // for a bad device name, a utilization outside (0, 1], or dummy weights off
 // the GPU.
 absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags();
+// The flags that set the fields above in `o` (flag_args.cc): --device,
+// --gpu_memory_utilization, --max_model_len, --load_format (dummy_weights).
+void AppendArgs(const DeviceOptions& o, std::vector<std::string>* args);
 
 }  // namespace moesh
 

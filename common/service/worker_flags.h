@@ -1,27 +1,25 @@
-// Small pieces every service main uses: expert lists, ready files, signals.
+// The flags the workers (prefill, decode and expert) share: the router they
+// register with, the host they advertise, and the data plane between
+// attention and expert workers.
 #ifndef MOESH_COMMON_SERVICE_WORKER_FLAGS_H_
 #define MOESH_COMMON_SERVICE_WORKER_FLAGS_H_
 
-#include <set>
 #include <string>
-
-#include "absl/status/statusor.h"
+#include <vector>
 
 namespace moesh {
 
-// "0-3,6" -> {0,1,2,3,6}; INVALID_ARGUMENT on malformed ranges or ids outside
-// [0, num_experts).
-absl::StatusOr<std::set<int>> ParseExpertList(const std::string& spec, int num_experts);
-// "i/n" -> the i-th of n contiguous, near-equal shards of [0, num_experts).
-absl::StatusOr<std::set<int>> ExpertShard(const std::string& spec, int num_experts);
+// The defaults are the flags' defaults (worker_flags.cc).
+struct WorkerOptions {
+  std::string router;                        // --router: cluster host:port (empty: none)
+  std::string advertise_host = "127.0.0.1";  // --advertise_host
+  std::string transport = "grpc";            // --transport: grpc, ucx, nccl or cuda_ipc
+};
 
-// Writes "<grpc host:port>\n<metrics host:port>\n" atomically (tmp + rename)
-// so a supervisor polling for the file never reads a partial address.
-absl::Status WriteReadyFile(const std::string& path, const std::string& address,
-                            const std::string& metrics_address);
-
-// Blocks until SIGINT or SIGTERM. Call from main after the servers started.
-void WaitForShutdownSignal();
+// --router, --advertise_host, --transport.
+WorkerOptions WorkerOptionsFromFlags();
+// The flags that set `o` (flag_args.cc).
+void AppendArgs(const WorkerOptions& o, std::vector<std::string>* args);
 
 }  // namespace moesh
 

@@ -6,7 +6,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/service/heartbeat_client.h"
-#include "common/service/worker_flags.h"
+#include "common/service/worker_util.h"
 
 namespace moesh {
 

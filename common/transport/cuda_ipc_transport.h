@@ -67,14 +67,14 @@ std::unique_ptr<Transport> MakeCudaIpcTransport(const CudaIpcTransportOptions& o
 // The server: IpcDataPlane and DataPlane on their own gRPC port. Each
 // attached channel is served by its own thread. Handlers may be null
 // (UNIMPLEMENTED) and must outlive the server.
-class CudaIpcDataPlaneServer final : public v1::IpcDataPlane::Service {
+class CudaIpcDataPlaneServer final : public DataPlaneServer, public v1::IpcDataPlane::Service {
  public:
   static absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> Start(
       const std::string& listen, int device, DispatchHandler* dispatch,
       DeviceDispatchHandler* device_dispatch, KvHandler* kv);
   ~CudaIpcDataPlaneServer() override;  // stops every channel, then the gRPC server
 
-  int port() const { return port_; }
+  int port() const override { return port_; }
   grpc::Status Attach(grpc::ServerContext* ctx,
                       grpc::ServerReaderWriter<v1::IpcFrame, v1::IpcFrame>* stream) override;
 

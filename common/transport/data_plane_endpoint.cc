@@ -1,6 +1,7 @@
 #include "common/transport/data_plane_endpoint.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status.h"
 
 namespace moesh {
 
@@ -10,45 +11,20 @@ absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport,
                                                  DispatchHandler* dispatch, KvHandler* kv,
                                                  int cuda_device,
                                                  DeviceDispatchHandler* device_dispatch) {
-  DataPlaneEndpoint e;
-  if (transport == "grpc") {
-    e.address = grpc_address;
-    return e;
+  ASSIGN_OR_RETURN(const TransportPlugin* plugin, FindTransport(transport));
+  DataPlaneServeOptions o;
+  o.host = host;
+  o.grpc_address = grpc_address;
+  o.dispatch = dispatch;
+  o.kv = kv;
+  o.device_dispatch = device_dispatch;
+  o.cuda_device = cuda_device;
+  absl::StatusOr<DataPlaneEndpoint> e = plugin->Serve(o);
+  if (!e.ok() && e.status().code() == absl::StatusCode::kUnimplemented) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport \"", transport, "\" has no server side: ", e.status().message()));
   }
-  if (transport == "ucx") {
-    absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> s =
-        UcxDataPlaneServer::Start(host + ":0", dispatch, kv);
-    if (!s.ok()) return s.status();
-    e.ucx = std::move(*s);
-    e.address = absl::StrCat(host, ":", e.ucx->port());
-    return e;
-  }
-  if (transport == "nccl") {
-    if (dispatch == nullptr && device_dispatch == nullptr) {
-      e.address = grpc_address;
-      return e;
-    }
-    absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> s =
-        NcclDataPlaneServer::Start(host + ":0", cuda_device, dispatch, kv, device_dispatch);
-    if (!s.ok()) return s.status();
-    e.nccl = std::move(*s);
-    e.address = absl::StrCat(host, ":", e.nccl->port());
-    return e;
-  }
-  if (transport == "cuda_ipc") {
-    if (dispatch == nullptr && device_dispatch == nullptr) {
-      e.address = grpc_address;
-      return e;
-    }
-    absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> s =
-        CudaIpcDataPlaneServer::Start(host + ":0", cuda_device, dispatch, device_dispatch, kv);
-    if (!s.ok()) return s.status();
-    e.ipc = std::move(*s);
-    e.address = absl::StrCat(host, ":", e.ipc->port());
-    return e;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--transport \"", transport, "\" has no server side here (grpc, ucx, nccl, cuda_ipc)"));
+  return e;
 }
 
 }  // namespace moesh

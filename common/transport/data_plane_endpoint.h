@@ -1,26 +1,17 @@
-// A worker's receiving end of the data plane for its --transport: grpc rides
-// on the worker's gRPC server (the DataPlane service); ucx starts a UCX
-// listener. The address is what the worker advertises to peers.
+// A worker's receiving end of the data plane for its --transport: the
+// transport's plugin (transport_registry.h) serves it — grpc rides on the
+// worker's gRPC server (the DataPlane service); ucx, nccl and cuda_ipc start a
+// listener of their own. The address is what the worker advertises to peers.
 #ifndef MOESH_COMMON_TRANSPORT_DATA_PLANE_ENDPOINT_H_
 #define MOESH_COMMON_TRANSPORT_DATA_PLANE_ENDPOINT_H_
 
-#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/transport/cuda_ipc_transport.h"
-#include "common/transport/nccl_transport.h"
 #include "common/transport/transport.h"
-#include "common/transport/ucx_transport.h"
+#include "common/transport/transport_registry.h"
 
 namespace moesh {
-
-struct DataPlaneEndpoint {
-  std::unique_ptr<UcxDataPlaneServer> ucx;      // set for ucx
-  std::unique_ptr<NcclDataPlaneServer> nccl;    // set for nccl with a dispatch handler
-  std::unique_ptr<CudaIpcDataPlaneServer> ipc;  // set for cuda_ipc with a dispatch handler
-  std::string address;                          // host:port peers send to
-};
 
 // `host`: the advertised host; `grpc_address`: the worker's gRPC address.
 // Handlers may be null; they must outlive the endpoint. nccl and cuda_ipc

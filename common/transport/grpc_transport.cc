@@ -3,10 +3,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_util.h"
-#include "common/transport/cuda_ipc_transport.h"
-#include "common/transport/nccl_transport.h"
 #include "common/transport/transport.h"
-#include "common/transport/ucx_transport.h"
+#include "common/transport/transport_registry.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
@@ -72,27 +70,28 @@ absl::Status DataChannel::CollectOnDevice(float*, bool) {
 std::unique_ptr<Transport> MakeGrpcTransport() { return std::make_unique<GrpcTransport>(); }
 std::unique_ptr<Transport> MakeInprocTransport();
 
-absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name, int cuda_device) {
-  if (name == "grpc") return MakeGrpcTransport();
-  if (name == "inproc") return MakeInprocTransport();
-  if (name == "ucx") {
-    std::unique_ptr<Transport> t = MakeUcxTransport();
-    if (t == nullptr)
-      return absl::UnavailableError("cannot initialise UCX (see UCX_* environment variables)");
-    return t;
+namespace {
+
+// Rides on the worker's gRPC server (the DataPlane service it serves anyway).
+class GrpcPlugin final : public TransportPlugin {
+ public:
+  absl::string_view name() const override { return "grpc"; }
+  TransportCapabilities capabilities() const override { return {}; }
+  absl::StatusOr<std::unique_ptr<Transport>> Connect(int) const override {
+    return MakeGrpcTransport();
   }
-  if (name == "nccl") {
-    NcclTransportOptions o;
-    o.device = cuda_device;
-    return MakeNcclTransport(o);
+  absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions& o) const override {
+    DataPlaneEndpoint e;
+    e.address = o.grpc_address;
+    return e;
   }
-  if (name == "cuda_ipc") {
-    CudaIpcTransportOptions o;
-    o.device = cuda_device;
-    return MakeCudaIpcTransport(o);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown transport \"", name, "\" (grpc, inproc, ucx, nccl, cuda_ipc)"));
+};
+
+}  // namespace
+
+const TransportPlugin& GrpcTransportPlugin() {
+  static const GrpcPlugin plugin;
+  return plugin;
 }
 
 }  // namespace moesh

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/transport/transport.h"
+#include "common/transport/transport_registry.h"
 
 namespace moesh {
 namespace {
@@ -77,5 +78,28 @@ void UnbindInproc(const std::string& address) {
 }
 
 std::unique_ptr<Transport> MakeInprocTransport() { return std::make_unique<InprocTransport>(); }
+
+namespace {
+
+// Same process: handlers bound by address (BindInproc), no server side.
+class InprocPlugin final : public TransportPlugin {
+ public:
+  absl::string_view name() const override { return "inproc"; }
+  TransportCapabilities capabilities() const override { return {}; }
+  absl::StatusOr<std::unique_ptr<Transport>> Connect(int) const override {
+    return MakeInprocTransport();
+  }
+  absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions&) const override {
+    return absl::UnimplementedError(
+        "the inproc transport has no server side: bind the handlers in-process (BindInproc)");
+  }
+};
+
+}  // namespace
+
+const TransportPlugin& InprocTransportPlugin() {
+  static const InprocPlugin plugin;
+  return plugin;
+}
 
 }  // namespace moesh

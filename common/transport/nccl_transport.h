@@ -60,14 +60,14 @@ std::unique_ptr<Transport> MakeNcclTransport(const NcclTransportOptions& options
 // on its stream's handler thread until the client ends the stream or the
 // server stops. Handlers may be null (UNIMPLEMENTED) and must outlive the
 // server.
-class NcclDataPlaneServer final : public v1::NcclDataPlane::Service {
+class NcclDataPlaneServer final : public DataPlaneServer, public v1::NcclDataPlane::Service {
  public:
   static absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> Start(
       const std::string& listen, int device, DispatchHandler* dispatch, KvHandler* kv,
       DeviceDispatchHandler* device_dispatch = nullptr);
   ~NcclDataPlaneServer() override;  // aborts every channel, then stops the gRPC server
 
-  int port() const { return port_; }
+  int port() const override { return port_; }
   grpc::Status Channel(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<v1::NcclFrame, v1::NcclFrame>* stream) override;
 

@@ -71,6 +71,15 @@ class DataChannel {
   virtual absl::Status CheckOnDevice() { return absl::OkStatus(); }
 };
 
+// A running receiving side of a transport (a listener of its own); the
+// registry's plugins start them (transport_registry.h). Stops on destruction.
+class DataPlaneServer {
+ public:
+  virtual ~DataPlaneServer() = default;
+  // The bound port.
+  virtual int port() const = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -78,8 +87,10 @@ class Transport {
   virtual absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) = 0;
 };
 
-// "grpc", "inproc", "ucx", "nccl" or "cuda_ipc" (this process's GPU: `cuda_device`);
-// INVALID_ARGUMENT naming the choices otherwise.
+// The sending side of the transport of that name (transport_registry.h:
+// "grpc", "inproc", "ucx", "nccl" or "cuda_ipc"; device transports move
+// memory of CUDA device `cuda_device`); INVALID_ARGUMENT naming the choices
+// otherwise.
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(absl::string_view name,
                                                          int cuda_device = 0);
 

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/status.h"
+#include "common/transport/transport_registry.h"
 #include "common/transport/ucx_worker.h"
 
 namespace moesh {
@@ -506,6 +508,36 @@ absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> UcxDataPlaneServer::Start(
   auto server = std::make_unique<UcxServerImpl>(std::move(*w), dispatch, kv);
   if (absl::Status s = server->Listen(listen); !s.ok()) return s;
   return std::unique_ptr<UcxDataPlaneServer>(std::move(server));
+}
+
+namespace {
+
+// A UCX listener of its own beside the worker's gRPC server.
+class UcxPlugin final : public TransportPlugin {
+ public:
+  absl::string_view name() const override { return "ucx"; }
+  TransportCapabilities capabilities() const override { return {}; }
+  absl::StatusOr<std::unique_ptr<Transport>> Connect(int) const override {
+    std::unique_ptr<Transport> t = MakeUcxTransport();
+    if (t == nullptr)
+      return absl::UnavailableError("cannot initialise UCX (see UCX_* environment variables)");
+    return t;
+  }
+  absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions& o) const override {
+    ASSIGN_OR_RETURN(std::unique_ptr<UcxDataPlaneServer> s,
+                     UcxDataPlaneServer::Start(o.host + ":0", o.dispatch, o.kv));
+    DataPlaneEndpoint e;
+    e.address = absl::StrCat(o.host, ":", s->port());
+    e.server = std::move(s);
+    return e;
+  }
+};
+
+}  // namespace
+
+const TransportPlugin& UcxTransportPlugin() {
+  static const UcxPlugin plugin;
+  return plugin;
 }
 
 }  // namespace moesh

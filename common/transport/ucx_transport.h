@@ -21,15 +21,12 @@ std::unique_ptr<Transport> MakeUcxTransport();
 // The receiving side: a UCX listener dispatching to a service's handlers
 // (either may be null: UNIMPLEMENTED). Thread-safe; handlers run on a pool
 // of threads and must outlive the server.
-class UcxDataPlaneServer {
+class UcxDataPlaneServer : public DataPlaneServer {
  public:
   // `listen`: "host:port", port 0 picks a free one.
   static absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> Start(const std::string& listen,
                                                                    DispatchHandler* dispatch,
                                                                    KvHandler* kv);
-  virtual ~UcxDataPlaneServer() = default;
-  // The bound port.
-  virtual int port() const = 0;
 };
 
 }  // namespace moesh

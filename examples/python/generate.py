@@ -5,7 +5,7 @@ Stubs are generated on the fly from proto/ with protoc and gRPC's Python
 plugin (Debian: protobuf-compiler protobuf-compiler-grpc python3-grpcio
 python3-protobuf; run with /usr/bin/python3):
 
-    /usr/bin/python3 examples/python/generate.py --server 127.0.0.1:50051 --prompt-ids 5,17,300
+    /usr/bin/python3 examples/python/generate.py --server 127.0.0.1:50051 --prompt_ids 5,17,300
 """
 import argparse
 import os
@@ -34,9 +34,9 @@ def load_stubs():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", required=True)
-    ap.add_argument("--prompt-ids", help="comma-separated token ids")
+    ap.add_argument("--prompt_ids", help="comma-separated token ids")
     ap.add_argument("--prompt", help="text (the model needs a tokenizer.json)")
-    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--max_new_tokens", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=0.0)
     args = ap.parse_args()
     pb, pb_grpc = load_stubs()

@@ -652,10 +652,10 @@ def run_tiny_profile(c, docs, bin_dir, src, tmp, procs):
     if r.returncode != 0:
         return
     got = json.loads(r.stdout)
-    prompt = next(a.split("=", 1)[1] for a in argv if a.startswith("--prompt-ids="))
-    n = next(a.split("=", 1)[1] for a in argv if a.startswith("--max-new-tokens="))
-    g = subprocess.run([os.path.join(bin_dir, "moesh"), "generate", "--model", model_dir, "--prompt-ids", prompt,
-                        "--max-new-tokens", n, "--json"], capture_output=True, text=True)
+    prompt = next(a.split("=", 1)[1] for a in argv if a.startswith("--prompt_ids="))
+    n = next(a.split("=", 1)[1] for a in argv if a.startswith("--max_new_tokens="))
+    g = subprocess.run([os.path.join(bin_dir, "moesh"), "generate", "--model", model_dir, "--prompt_ids", prompt,
+                        "--max_new_tokens", n, "--json"], capture_output=True, text=True)
     want = json.loads(g.stdout)["output_ids"] if g.returncode == 0 else g.stderr
     c.equal("cpu-tiny: its tokens equal `moesh generate` on the init container's model", got["output_ids"], want)
 

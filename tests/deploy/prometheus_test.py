@@ -118,8 +118,8 @@ def bucket_quantile(q, buckets):
 
 
 def complete(moesh, server, prompt, max_new):
-    argv = [moesh, "complete", "--server", server, "--prompt-ids", ",".join(map(str, prompt)),
-            "--max-new-tokens", str(max_new), "--json", "--timeout", "30"]
+    argv = [moesh, "complete", "--server", server, "--prompt_ids", ",".join(map(str, prompt)),
+            "--max_new_tokens", str(max_new), "--json", "--timeout", "30"]
     t0 = time.monotonic()
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     wall = time.monotonic() - t0
@@ -180,7 +180,7 @@ def run(c, moesh, src, tmp, procs, prometheus_bin, promtool, local_targets, star
     with open(os.path.join(model, "config.json")) as f:
         cfg = json.load(f)
     serve_log = os.path.join(tmp, "serve-local.log")
-    serve = procs.start([moesh, "serve-local", "--model", model, "--port", "0", "--work-dir",
+    serve = procs.start([moesh, "serve-local", "--model", model, "--port", "0", "--work_dir",
                          os.path.join(tmp, "cluster")], serve_log)
 
     def serving():
@@ -353,7 +353,7 @@ def run(c, moesh, src, tmp, procs, prometheus_bin, promtool, local_targets, star
             api.by_label("moesh_num_requests_running", "service"), {"router": 0.0, "decode_worker": 0.0})
     c.equal("at rest: no prompt waiting", api.scalar("sum(moesh_num_requests_waiting)"), 0.0)
     c.equal("at rest: KV cache empty", api.scalar("sum(moesh_kv_cache_usage_perc)"), 0.0)
-    c.equal("at rest: all 512 KV blocks free (serve-local's --kv-blocks)",
+    c.equal("at rest: all 512 KV blocks free (serve-local's --kv_blocks)",
             api.scalar("sum(moesh_kv_cache_free_blocks)"), 512.0)
 
     # --- docs/METRICS.md against a real scrape -----------------------------------

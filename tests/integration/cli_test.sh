@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Black-box test of the `moesh` command: mkmodel, generate (--json and text),
-# seeded sampling, and one-line errors with a non-zero exit.
+# seeded sampling, its Abseil flags (--name=value and --name value, one
+# snake_case spelling, each subcommand's own), and one-line errors with a
+# non-zero exit.
 # usage: cli_test.sh PATH/TO/moesh
 set -euo pipefail
 MOESH=${1:?usage: cli_test.sh PATH/TO/moesh}
@@ -9,12 +11,12 @@ trap 'rm -rf "$TMP"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 "$MOESH" mkmodel --family v3 --preset tiny --out "$TMP/v3" --seed 3 >/dev/null
-"$MOESH" mkmodel --family v2-lite --preset tiny --out "$TMP/v2l" --shards 2 --rope-parameters >/dev/null
+"$MOESH" mkmodel --family v2-lite --preset tiny --out "$TMP/v2l" --shards 2 --rope_parameters >/dev/null
 [ -f "$TMP/v2l/model.safetensors.index.json" ] || fail "sharded checkpoint has no index"
-grep -q rope_parameters "$TMP/v2l/config.json" || fail "--rope-parameters not honoured"
+grep -q rope_parameters "$TMP/v2l/config.json" || fail "--rope_parameters not honoured"
 
-out=$("$MOESH" generate --model "$TMP/v3" --prompt-ids 5,17,300 --max-new-tokens 6 --ignore-eos \
-      --top-logprobs 3 --json)
+out=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens 6 --ignore_eos \
+      --top_logprobs 3 --json)
 n=$(printf '%s' "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); \
 assert j["finish_reason"]=="length"; assert len(j["top_logprobs"])==6; \
 assert all(len(s)==3 and s[0]["logprob"]>=s[1]["logprob"] for s in j["top_logprobs"]); \
@@ -23,18 +25,18 @@ assert all(s[0]["id"]==t for s,t in zip(j["top_logprobs"], j["output_ids"])); pr
 [ "$n" = 6 ] || fail "expected 6 tokens, got $n"
 
 # Greedy is deterministic; seeded sampling reproduces; the sharded model runs.
-a=$("$MOESH" generate --model "$TMP/v3" --prompt-ids 5,17,300 --max-new-tokens 6 --ignore-eos --json)
-[ "$a" = "$("$MOESH" generate --model "$TMP/v3" --prompt-ids 5,17,300 --max-new-tokens 6 --ignore-eos --json)" ] \
+a=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens 6 --ignore_eos --json)
+[ "$a" = "$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens 6 --ignore_eos --json)" ] \
   || fail "greedy generation is not deterministic"
-s1=$("$MOESH" generate --model "$TMP/v3" --prompt-ids 9,8 --max-new-tokens 8 --temperature 1.0 --top-p 0.9 --seed 7 --json)
-s2=$("$MOESH" generate --model "$TMP/v3" --prompt-ids 9,8 --max-new-tokens 8 --temperature 1.0 --top-p 0.9 --seed 7 --json)
+s1=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 9,8 --max_new_tokens 8 --temperature 1.0 --top_p 0.9 --seed 7 --json)
+s2=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 9,8 --max_new_tokens 8 --temperature 1.0 --top_p 0.9 --seed 7 --json)
 [ "$s1" = "$s2" ] || fail "seeded sampling differs: $s1 vs $s2"
-"$MOESH" generate --model "$TMP/v2l" --prompt-ids 1,2,3 --max-new-tokens 3 | grep -q "finish reason" \
+"$MOESH" generate --model "$TMP/v2l" --prompt_ids 1,2,3 --max_new_tokens 3 | grep -q "finish reason" \
   || fail "text output lacks the finish reason"
 
 # A stop id ends generation with finish_reason "stop".
 first=$(printf '%s' "$a" | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_ids"][0])')
-stop=$("$MOESH" generate --model "$TMP/v3" --prompt-ids 5,17,300 --max-new-tokens 6 --stop-token-ids "$first" --json)
+stop=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens 6 --stop_token_ids "$first" --json)
 printf '%s' "$stop" | python3 -c 'import json,sys; j=json.load(sys.stdin); \
 assert j["finish_reason"]=="stop" and len(j["output_ids"])==1, j' || fail "stop id ignored: $stop"
 
@@ -46,23 +48,49 @@ expect_error() {  # expect_error PATTERN ARGS...
   [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] || fail "error is not one line: $err"
   printf '%s' "$err" | grep -q -- "$pattern" || fail "error '$err' lacks '$pattern'"
 }
-expect_error "no such file" generate --model "$TMP/missing" --prompt-ids 1
-expect_error "vocabulary" generate --model "$TMP/v3" --prompt-ids 1,99999
-expect_error "unknown flag --bogus" generate --model "$TMP/v3" --prompt-ids 1 --bogus
-expect_error "temperature" generate --model "$TMP/v3" --prompt-ids 1 --temperature -1
-expect_error "top_p" generate --model "$TMP/v3" --prompt-ids 1 --temperature 1 --top-p 0
-expect_error "prompt-ids" generate --model "$TMP/v3"
-expect_error "not an integer" generate --model "$TMP/v3" --prompt-ids 1,x
+expect_error "no such file" generate --model "$TMP/missing" --prompt_ids 1
+expect_error "vocabulary" generate --model "$TMP/v3" --prompt_ids 1,99999
+expect_error "unknown flag --bogus" generate --model "$TMP/v3" --prompt_ids 1 --bogus
+expect_error "temperature" generate --model "$TMP/v3" --prompt_ids 1 --temperature -1
+expect_error "top_p" generate --model "$TMP/v3" --prompt_ids 1 --temperature 1 --top_p 0
+expect_error "prompt_ids" generate --model "$TMP/v3"
+expect_error "not an integer" generate --model "$TMP/v3" --prompt_ids 1,x
 expect_error "unknown family" mkmodel --family v9 --out "$TMP/x"
-expect_error "--device must be cpu, cuda or cuda:N" generate --model "$TMP/v3" --prompt-ids 1 --device tpu
+expect_error "--device must be cpu, cuda or cuda:N" generate --model "$TMP/v3" --prompt_ids 1 --device tpu
 # Without a GPU (or without the CUDA backend in this build) --device cuda says
 # which; with one it generates (tests/integration/cuda_cluster_test.sh).
-if ! err=$("$MOESH" generate --model "$TMP/v3" --prompt-ids 1 --device cuda:7 2>&1 >/dev/null); then
+if ! err=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 1 --device cuda:7 2>&1 >/dev/null); then
   [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] || fail "--device cuda:7 error is not one line: $err"
   printf '%s' "$err" | grep -q -E "no CUDA device|no CUDA backend|CUDA device 7 does not exist" \
     || fail "--device cuda:7 error unclear: $err"
 fi
 head -c 100 "$TMP/v3/model.safetensors" > "$TMP/trunc" && mv "$TMP/trunc" "$TMP/v3/model.safetensors"
-expect_error "model.safetensors" generate --model "$TMP/v3" --prompt-ids 1
+expect_error "model.safetensors" generate --model "$TMP/v3" --prompt_ids 1
 if "$MOESH" nosuch >/dev/null 2>&1; then fail "unknown command accepted"; fi
+
+# Flags: --name=value as well as --name value; booleans bare or =false.
+[ "$("$MOESH" generate --model="$TMP/v2l" --prompt_ids=5,17,300 --max_new_tokens=6 --ignore_eos=true \
+      --json)" = "$("$MOESH" generate --model "$TMP/v2l" --prompt_ids 5,17,300 --max_new_tokens 6 --ignore_eos \
+      --json)" ] || fail "--name=value and --name value differ"
+"$MOESH" generate --model "$TMP/v2l" --prompt_ids 1 --max_new_tokens 1 --json=false | grep -q "finish reason" \
+  || fail "--json=false still printed JSON"
+# The old kebab-case spellings are refused, naming the new one.
+expect_error "--max-new-tokens is spelled --max_new_tokens" generate --model "$TMP/v2l" --prompt_ids 1 \
+  --max-new-tokens 3
+expect_error "--rope-parameters is spelled --rope_parameters" mkmodel --family v3 --out "$TMP/y" --rope-parameters
+expect_error "--load-format is spelled --load_format" bench --device cuda --load-format dummy
+# A flag of another subcommand is refused, naming the one it belongs to.
+expect_error "--server is a flag of moesh complete, not of moesh generate" generate --model "$TMP/v2l" \
+  --prompt_ids 1 --server 127.0.0.1:1
+expect_error "--kv_blocks is a flag of moesh serve-local, not of moesh bench" bench --model "$TMP/v2l" --kv_blocks 8
+expect_error "--family is a flag of moesh mkmodel, not of moesh complete" complete --server 127.0.0.1:1 --family v3
+expect_error "--transport is a flag of moesh serve-local, not of moesh generate" generate --model "$TMP/v2l" \
+  --transport ucx
+expect_error "--flagfile is not a flag of moesh mkmodel" mkmodel --family v3 --out "$TMP/y" --flagfile /dev/null
+expect_error "unexpected argument" generate --model "$TMP/v2l" --prompt_ids 1 stray
+expect_error "--top_k needs a value" generate --model "$TMP/v2l" --prompt_ids 1 --top_k
+# --help lists the subcommand's flags (and exits 0).
+help=$("$MOESH" complete --help) || fail "complete --help failed"
+printf '%s' "$help" | grep -q -- "--request_id" || fail "complete --help lacks --request_id: $help"
+if printf '%s' "$help" | grep -q -- "--family"; then fail "complete --help lists mkmodel's --family"; fi
 echo "cli_test: OK"

@@ -68,7 +68,7 @@ LocalClusterOptions Options(const std::string& model, const std::string& name) {
   o.model_dir = model;
   o.bin_dir = MOESH_BINARY_DIR;
   o.work_dir = WorkDir(name);
-  o.heartbeat_timeout_ms = 1500;
+  o.router.heartbeat_timeout_ms = 1500;
   return o;
 }
 
@@ -240,7 +240,7 @@ TEST_P(ClusterTransportTest, StreamsEqualOffline) {
   setenv("UCX_NET_DEVICES", "lo", 1);
   if (GetParam().ucx_tls != nullptr) setenv("UCX_TLS", GetParam().ucx_tls, 1);
   LocalClusterOptions o = Options(TinyModel(), std::string("transport_") + GetParam().name);
-  o.transport = GetParam().transport;
+  SetWorkerTransport(GetParam().transport, &o);
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
@@ -277,7 +277,7 @@ TEST(ClusterTest, CancellationFreesKvBlocks) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string m = Proc(**cluster, "decode-0").metrics_address;
   const std::string free_series = "moesh_kv_cache_free_blocks";
-  EXPECT_EQ(Metric(m, free_series), o.kv_blocks);
+  EXPECT_EQ(Metric(m, free_series), o.decode.kv.kv_blocks);
   double during = -1;
   Result r = Call((*cluster)->router_address(), Request({5, 6, 7}, 2000),
                   [&](grpc::ClientContext* ctx, int n) {
@@ -288,13 +288,14 @@ TEST(ClusterTest, CancellationFreesKvBlocks) {
                   });
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_LT(r.ids.size(), 2000u);
-  EXPECT_EQ(during, o.kv_blocks - (3 + 2000 - 1 + 63) / 64);  // the reservation held its blocks
+  EXPECT_EQ(during,
+            o.decode.kv.kv_blocks - (3 + 2000 - 1 + 63) / 64);  // the reservation held its blocks
   double after = -1;
-  for (int i = 0; i < 100 && after != o.kv_blocks; ++i) {
+  for (int i = 0; i < 100 && after != o.decode.kv.kv_blocks; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     after = Metric(m, free_series);
   }
-  EXPECT_EQ(after, o.kv_blocks);
+  EXPECT_EQ(after, o.decode.kv.kv_blocks);
   EXPECT_TRUE(Call((*cluster)->router_address(), Request({5, 6, 7}, 4)).status.ok());
 }
 
@@ -314,11 +315,11 @@ TEST(ClusterTest, DeadlineEndsTheStreamAndFreesKv) {
   EXPECT_LT(tokens, 2500);
   const std::string metrics = Proc(**cluster, "decode-0").metrics_address;
   double free_blocks = -1;
-  for (int i = 0; i < 100 && free_blocks != o.kv_blocks; ++i) {
+  for (int i = 0; i < 100 && free_blocks != o.decode.kv.kv_blocks; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     free_blocks = Metric(metrics, "moesh_kv_cache_free_blocks");
   }
-  EXPECT_EQ(free_blocks, o.kv_blocks);
+  EXPECT_EQ(free_blocks, o.decode.kv.kv_blocks);
 }
 
 TEST(ClusterTest, BadRequestsAreInvalidArgumentAndHarmNoOne) {
@@ -456,7 +457,7 @@ TEST(ClusterTest, SingleTokenRequestsReleaseTheirReservation) {
   Result r = Call((*cluster)->router_address(), Request({1, 2}, 10));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(Metric(Proc(**cluster, "decode-0").metrics_address, "moesh_kv_cache_free_blocks"),
-            o.kv_blocks);
+            o.decode.kv.kv_blocks);
 }
 
 TEST(ClusterTest, AbortEndsTheStreamWithAbort) {
@@ -651,8 +652,9 @@ TEST(ClusterTest, RebalanceDropsColdReplicas) {
 TEST(ClusterTest, AutomaticRebalanceWhenLoadIsSkewed) {
   LocalClusterOptions o = Options(TinyModel(), "auto_rebalance");
   o.expert_workers = {"0-5", "6-7"};  // 6 experts against 2: skewed whatever the routing
-  o.extra_router_flags = {"--rebalance_interval_s=1", "--rebalance_min_ratio=1.05",
-                          "--rebalance_slots=8"};
+  o.router.rebalance_interval_s = 1;
+  o.router.rebalance_min_ratio = 1.05;
+  o.router.rebalance_slots = 8;
   const std::vector<int32_t> prompt = {9, 1, 4, 4, 2, 7};
   std::unique_ptr<LocalCluster> cluster;
   std::vector<int32_t> want;
@@ -729,7 +731,7 @@ TEST(ClusterTest, DecodeWorkerDeathFailsStreamsThenOthersServe) {
   EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(5));
   // Until the router notices (heartbeat timeout), a request may still be sent
   // to the dead worker; after it, every request succeeds.
-  std::this_thread::sleep_for(std::chrono::milliseconds(o.heartbeat_timeout_ms + 1000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(o.router.heartbeat_timeout_ms + 1000));
   for (int i = 0; i < 4; ++i) {
     Result again = Call((*cluster)->router_address(), Request({1, 2, 3}, 8));
     EXPECT_TRUE(again.status.ok()) << again.status.error_message();
@@ -738,7 +740,7 @@ TEST(ClusterTest, DecodeWorkerDeathFailsStreamsThenOthersServe) {
 
 TEST(ClusterTest, ColocatedRouterEqualsOffline) {
   LocalClusterOptions o = Options(TinyModel(), "colocated");
-  o.extra_router_flags = {"--colocated"};
+  o.router.colocated = true;
   o.expert_workers = {"0-7"};
   o.num_prefill = 0;
   o.num_decode = 0;

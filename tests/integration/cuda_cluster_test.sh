@@ -26,7 +26,7 @@ TRANSPORT=${MOESH_TRANSPORT:-grpc}
 source "$SRC/tests/integration/serve_local_lib.sh"
 serve_local_setup moesh_cuda_cluster
 
-if ! probe=$("$MOESH" generate --model "$MODEL" --prompt-ids 1 --max-new-tokens 1 --device cuda 2>&1); then
+if ! probe=$("$MOESH" generate --model "$MODEL" --prompt_ids 1 --max_new_tokens 1 --device cuda 2>&1); then
   if grep -q -E "no CUDA device|no CUDA backend" <<<"$probe"; then
     echo "SKIPPED: no CUDA device here ($probe)"
     exit 77
@@ -34,8 +34,8 @@ if ! probe=$("$MOESH" generate --model "$MODEL" --prompt-ids 1 --max-new-tokens 
   fail "generate --device cuda: $probe"
 fi
 
-start_serve_local --model "$MODEL" --device cuda --expert-device "$EXPERT_DEVICE" --transport "$TRANSPORT" \
-  --expert-workers 2
+start_serve_local --model "$MODEL" --device cuda --expert_device "$EXPERT_DEVICE" --transport "$TRANSPORT" \
+  --expert_workers 2
 grep -q "cuda:" "$TMP"/cluster/*.log || fail "no worker reports a CUDA device in its log"
 grep -h -E "worker (for|serving)" "$TMP"/cluster/*.log | sed 's/^/  /' || true
 if [ "$EXPERT_DEVICE" != cuda ]; then
@@ -69,7 +69,7 @@ PYEOF
 }
 PROMPTS=${MOESH_PROMPTS:-5,17,300,42,9 1,2,3 400,7,7,7,100,250,3,4,60,61,62,63,64,65,66,67,68}
 for prompt in $PROMPTS; do
-  args=(--prompt-ids "$prompt" --max-new-tokens "${MOESH_NEW_TOKENS:-12}" --ignore-eos --top-logprobs 1 --json)
+  args=(--prompt_ids "$prompt" --max_new_tokens "${MOESH_NEW_TOKENS:-12}" --ignore_eos --top_logprobs 1 --json)
   cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete: $cluster"
   single=$("$MOESH" generate --model "$MODEL" --device cuda "${args[@]}") || fail "generate: $single"
   compare "$cluster" "$single" "prompt $prompt" || fail "the GPU cluster differs from generate --device cuda"
@@ -83,9 +83,9 @@ done
 # A seeded sampled request with every cut and penalty: the cluster samples on
 # the GPU (prefill worker: the first token, decode worker: the rest) exactly
 # as generate --device cuda does.
-args=(--prompt-ids "${PROMPTS%% *}" --max-new-tokens "${MOESH_NEW_TOKENS:-16}" --ignore-eos --top-logprobs 1 --json --temperature 0.9
-      --top-k 40 --top-p 0.9 --min-p 0.02 --seed 7 --repetition-penalty 1.2 --presence-penalty 0.3
-      --frequency-penalty 0.1)
+args=(--prompt_ids "${PROMPTS%% *}" --max_new_tokens "${MOESH_NEW_TOKENS:-16}" --ignore_eos --top_logprobs 1 --json --temperature 0.9
+      --top_k 40 --top_p 0.9 --min_p 0.02 --seed 7 --repetition_penalty 1.2 --presence_penalty 0.3
+      --frequency_penalty 0.1)
 cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete (sampled): $cluster"
 single=$("$MOESH" generate --model "$MODEL" --device cuda "${args[@]}") || fail "generate (sampled): $single"
 compare "$cluster" "$single" "sampled" || fail "the GPU cluster samples differently from generate --device cuda"

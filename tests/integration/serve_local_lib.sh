@@ -28,7 +28,7 @@ fail() {
 
 start_serve_local() {
   port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  "$MOESH" serve-local --port "$port" --work-dir "$TMP/cluster" "$@" >"$TMP/serve.out" 2>"$TMP/serve.log" &
+  "$MOESH" serve-local --port "$port" --work_dir "$TMP/cluster" "$@" >"$TMP/serve.out" 2>"$TMP/serve.log" &
   pid=$!
   for _ in $(seq 1 600); do
     grep -q "moesh is serving" "$TMP/serve.out" 2>/dev/null && break

@@ -12,7 +12,7 @@
 #                          (default: --shape v2-lite, DeepSeek-V2-Lite's shapes)
 #     --family F [--preset P] [--layers L]
 #                          `moesh mkmodel --family F --preset P (real) [--layers L]
-#                          --config-only` into a scratch directory, then
+#                          --config_only` into a scratch directory, then
 #                          cuda_model_bench --model DIR --load-format dummy (weights made on
 #                          the GPU from config.json; F: v2-lite v3 v3.2 v4 ...)
 #   OPTIONS:
@@ -72,7 +72,7 @@ record_env
 
 if [[ -n $family ]]; then
   dir=$(mktemp -d)
-  $D/bin/moesh mkmodel --family "$family" --preset "$preset" ${layers:+--layers "$layers"} --config-only \
+  $D/bin/moesh mkmodel --family "$family" --preset "$preset" ${layers:+--layers "$layers"} --config_only \
     --out "$dir" > "$LOGS/mkmodel.log" 2>&1 || { cat "$LOGS/mkmodel.log"; exit 1; }
   what=(--model "$dir" --load-format dummy)
 else

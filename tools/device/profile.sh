@@ -4,7 +4,7 @@
 # usage: tools/device/profile.sh FAMILY LAYERS BATCH CONTEXT [cuda_model_bench ARGS...]
 #   GPU time per kernel of one eager decode step of cuda_model_bench (--profile-step) on a
 #   dummy model of a real preset's shapes (`moesh mkmodel --family FAMILY --preset real
-#   --layers LAYERS --config-only`), under `ncu --metrics gpu__time_duration.sum` (kernels
+#   --layers LAYERS --config_only`), under `ncu --metrics gpu__time_duration.sum` (kernels
 #   one at a time), summed by tools/device/ncu_by_kernel.py: a markdown table, largest
 #   share first (also $OUT/kernels_FAMILY_bBATCH.md; ncu's CSV in $OUT/ncu_FAMILY_bBATCH.csv).
 #   Extra arguments go to cuda_model_bench.
@@ -43,7 +43,7 @@ if [[ $1 != --counters ]]; then
   family=${1:?family} layers=${2:?layers} batch=${3:?batch} context=${4:?context}
   shift 4
   dir=$(mktemp -d)
-  $D/bin/moesh mkmodel --family "$family" --preset real --layers "$layers" --config-only --out "$dir" >/dev/null
+  $D/bin/moesh mkmodel --family "$family" --preset real --layers "$layers" --config_only --out "$dir" >/dev/null
   name=ncu_${family}_b${batch}
   step "$name" "$budget" ncu --csv --profile-from-start off --metrics gpu__time_duration.sum \
     $D/bin/cuda_model_bench --model "$dir" --load-format dummy --batch "$batch" --context "$context" --no-graphs \

@@ -5,34 +5,34 @@
 # whole decode steps per transport), on dummy models of real DeepSeek shapes.
 #
 # usage: tools/device/serving_bench.sh SCENARIO... [--dispatch VARIANT]...
-# Serving (`moesh bench --serving --load-format dummy --device cuda`, V2-Lite's real shapes
+# Serving (`moesh bench --serving --load_format dummy --device cuda`, V2-Lite's real shapes
 # unless said; steps with the experts on GPU 1 run where there are two GPUs):
-#   steady     long generations, the steady decode state: --prompt-len 64 --max-new-tokens
+#   steady     long generations, the steady decode state: --prompt_len 64 --max_new_tokens
 #              $MOESH_NEW_TOKENS (256) --requests 128 --concurrency 128; the expert worker on
 #              GPU 1 (--modes $MOESH_MODES, default colocated,cluster-ipc, e.g.
 #              colocated,cluster-nccl,cluster-ipc), then on GPU 0 under MPS (colocated,cluster-ipc;
 #              not with MOESH_SKIP_MPS=1).
-#   kv         the KV handoff: --prompt-len $MOESH_PROMPT_LEN (512) --max-new-tokens 32
-#              --requests 128 --concurrency 128 --expert-workers 1; under MPS on GPU 0 (--modes
+#   kv         the KV handoff: --prompt_len $MOESH_PROMPT_LEN (512) --max_new_tokens 32
+#              --requests 128 --concurrency 128 --expert_workers 1; under MPS on GPU 0 (--modes
 #              $MOESH_MPS_MODES, default colocated,cluster-ipc-hostkv,cluster-ipc), then the
 #              expert worker on GPU 1 without MPS (cluster-ipc-hostkv,cluster-ipc; not with
 #              MOESH_SKIP_GPU1=1).
-#   ipc        the cluster over cuda_ipc: --prompt-len 64 --max-new-tokens 32 --requests 128
+#   ipc        the cluster over cuda_ipc: --prompt_len 64 --max_new_tokens 32 --requests 128
 #              --concurrency $MOESH_CONCURRENCY (32,128): colocated,cluster-ipc with one expert
 #              worker on GPU 0, cluster-ipc with one and two on GPU 1; MOESH_TRY_MPS=1 adds
 #              colocated,cluster-ipc on GPU 0 under MPS.
 #   multi      the cluster over grpc and nccl: the small v2-lite model (mkmodel --preset small
-#              --seed 1; --requests 64 --prompt-len 64 --max-new-tokens 32 --concurrency 1,16,64)
+#              --seed 1; --requests 64 --prompt_len 64 --max_new_tokens 32 --concurrency 1,16,64)
 #              colocated,cluster on one GPU and cluster,cluster-nccl with the experts on GPU 1;
 #              then the real shapes (--concurrency 32,128 --requests 128) the same way.
 #              MOESH_ONLY_REAL=1: the real shapes alone.
 #   largest    DeepSeek-V3's layer shapes at $MOESH_LAYERS (8) layers (3 dense + 5 MoE, 113 GB
-#              of bf16 experts): --prompt-len 64 --max-new-tokens $MOESH_NEW_TOKENS (128)
-#              --requests 64 --concurrency 64 --expert-device cuda:1 --expert-workers 1
+#              of bf16 experts): --prompt_len 64 --max_new_tokens $MOESH_NEW_TOKENS (128)
+#              --requests 64 --concurrency 64 --expert_device cuda:1 --expert_workers 1
 #              --modes $MOESH_MODES (colocated,cluster-nccl); nvidia-h200-x2.
 #   rebalance  the rebalancer over time on a CPU cluster (this machine's cores), the small
-#              v2-lite model with a skewed placement: --rebalance-timeline 30
-#              --rebalance-interval 5 --concurrency 32 --prompt-len 32 --max-new-tokens 64.
+#              v2-lite model with a skewed placement: --rebalance_timeline 30
+#              --rebalance_interval 5 --concurrency 32 --prompt_len 32 --max_new_tokens 64.
 # cuda_dispatch_bench (--dispatch VARIANT, or the scenario dispatch-VARIANT):
 #   ipc        --workers 1,2 --batch 1,32,128,256 --reps 30, experts on GPU 0, then on GPU 1
 #              (--server-device 1); MOESH_TRY_MPS=1 adds --workers 1 --batch 1,128,256 under MPS.
@@ -82,14 +82,14 @@ source tools/device/steps.sh || exit 1
 export MOESH_REQUIRE_CUDA=1 MOESH_SOURCE_DIR=$PWD
 record_env
 
-# DeepSeek-V2-Lite's config.json (the weights are made on the GPUs: --load-format dummy),
+# DeepSeek-V2-Lite's config.json (the weights are made on the GPUs: --load_format dummy),
 # and the small v2-lite model with real random weights.
 moesh=$D/bin/moesh real=/tmp/v2-lite-real small=/tmp/v2-lite-small
 made=()  # once per call: the config follows this build's mkmodel
 real_model() {
   [[ " ${made[*]} " == *" real "* ]] && return 0
   made+=(real)
-  $moesh mkmodel --family v2-lite --preset real --config-only --out $real >> "$LOGS/mkmodel.log" 2>&1
+  $moesh mkmodel --family v2-lite --preset real --config_only --out $real >> "$LOGS/mkmodel.log" 2>&1
 }
 small_model() {
   [[ " ${made[*]} " == *" small "* ]] && return 0
@@ -100,12 +100,12 @@ shown=()
 
 steady() {
   real_model
-  local b=(--serving --model $real --load-format dummy --prompt-len 64 --max-new-tokens ${MOESH_NEW_TOKENS:-256}
+  local b=(--serving --model $real --load_format dummy --prompt_len 64 --max_new_tokens ${MOESH_NEW_TOKENS:-256}
            --requests 128 --concurrency 128 --device cuda)
   ((gpus >= 2)) && step steady_gpu1 240 $moesh bench "${b[@]}" --modes ${MOESH_MODES:-colocated,cluster-ipc} \
-    --expert-device cuda:1 --expert-workers 1
+    --expert_device cuda:1 --expert_workers 1
   if [[ -z ${MOESH_SKIP_MPS:-} ]] && mps_start; then
-    step steady_mps_gpu0 150 $moesh bench "${b[@]}" --modes colocated,cluster-ipc --expert-workers 1
+    step steady_mps_gpu0 150 $moesh bench "${b[@]}" --modes colocated,cluster-ipc --expert_workers 1
     mps_stop
   fi
   shown+=(steady_gpu1 steady_mps_gpu0)
@@ -113,28 +113,28 @@ steady() {
 
 kv() {
   real_model
-  local b=(--serving --model $real --load-format dummy --prompt-len ${MOESH_PROMPT_LEN:-512} --max-new-tokens 32
-           --requests 128 --concurrency 128 --device cuda --expert-workers 1)
+  local b=(--serving --model $real --load_format dummy --prompt_len ${MOESH_PROMPT_LEN:-512} --max_new_tokens 32
+           --requests 128 --concurrency 128 --device cuda --expert_workers 1)
   if mps_start; then
     step kv_mps_gpu0 240 $moesh bench "${b[@]}" --modes ${MOESH_MPS_MODES:-colocated,cluster-ipc-hostkv,cluster-ipc}
     mps_stop
   fi
   ((gpus >= 2)) && [[ -z ${MOESH_SKIP_GPU1:-} ]] &&
-    step kv_gpu1 200 $moesh bench "${b[@]}" --modes cluster-ipc-hostkv,cluster-ipc --expert-device cuda:1
+    step kv_gpu1 200 $moesh bench "${b[@]}" --modes cluster-ipc-hostkv,cluster-ipc --expert_device cuda:1
   shown+=(kv_mps_gpu0 kv_gpu1)
 }
 
 ipc() {
   real_model
-  local b=(--serving --model $real --load-format dummy --prompt-len 64 --max-new-tokens 32 --requests 128
+  local b=(--serving --model $real --load_format dummy --prompt_len 64 --max_new_tokens 32 --requests 128
            --concurrency ${MOESH_CONCURRENCY:-32,128} --device cuda)
-  step serve_gpu0 120 $moesh bench "${b[@]}" --modes colocated,cluster-ipc --expert-workers 1
+  step serve_gpu0 120 $moesh bench "${b[@]}" --modes colocated,cluster-ipc --expert_workers 1
   if ((gpus >= 2)); then
-    step serve_gpu1_w1 90 $moesh bench "${b[@]}" --modes cluster-ipc --expert-device cuda:1 --expert-workers 1
-    step serve_gpu1_w2 90 $moesh bench "${b[@]}" --modes cluster-ipc --expert-device cuda:1 --expert-workers 2
+    step serve_gpu1_w1 90 $moesh bench "${b[@]}" --modes cluster-ipc --expert_device cuda:1 --expert_workers 1
+    step serve_gpu1_w2 90 $moesh bench "${b[@]}" --modes cluster-ipc --expert_device cuda:1 --expert_workers 2
   fi
   if [[ -n ${MOESH_TRY_MPS:-} ]] && mps_start; then
-    step mps_serve_gpu0 120 $moesh bench "${b[@]}" --modes colocated,cluster-ipc --expert-workers 1
+    step mps_serve_gpu0 120 $moesh bench "${b[@]}" --modes colocated,cluster-ipc --expert_workers 1
     mps_stop
   fi
   shown+=(serve_gpu0 serve_gpu1_w1 serve_gpu1_w2 mps_serve_gpu0)
@@ -143,16 +143,16 @@ ipc() {
 multi() {
   if [[ -z ${MOESH_ONLY_REAL:-} ]]; then
     small_model
-    local bs=(--serving --model $small --requests 64 --prompt-len 64 --max-new-tokens 32 --concurrency 1,16,64)
+    local bs=(--serving --model $small --requests 64 --prompt_len 64 --max_new_tokens 32 --concurrency 1,16,64)
     step bench_1gpu 150 $moesh bench "${bs[@]}" --device cuda --modes colocated,cluster
-    ((gpus >= 2)) && step bench_2gpu 120 $moesh bench "${bs[@]}" --device cuda --expert-device cuda:1 \
+    ((gpus >= 2)) && step bench_2gpu 120 $moesh bench "${bs[@]}" --device cuda --expert_device cuda:1 \
       --modes cluster,cluster-nccl
   fi
   real_model
-  local br=(--serving --model $real --load-format dummy --prompt-len 64 --max-new-tokens 32 --concurrency 32,128
+  local br=(--serving --model $real --load_format dummy --prompt_len 64 --max_new_tokens 32 --concurrency 32,128
             --requests 128)
   step bench_real_1gpu 220 $moesh bench "${br[@]}" --device cuda --modes colocated,cluster
-  ((gpus >= 2)) && step bench_real_2gpu 200 $moesh bench "${br[@]}" --device cuda --expert-device cuda:1 \
+  ((gpus >= 2)) && step bench_real_2gpu 200 $moesh bench "${br[@]}" --device cuda --expert_device cuda:1 \
     --modes cluster,cluster-nccl
   shown+=(bench_1gpu bench_2gpu bench_real_1gpu bench_real_2gpu)
 }
@@ -160,10 +160,10 @@ multi() {
 largest() {
   local layers=${MOESH_LAYERS:-8}
   local v3=/tmp/v3-real-$layers
-  $moesh mkmodel --family v3 --preset real --config-only --layers $layers --out $v3 >> "$LOGS/mkmodel.log" 2>&1
-  step v3_serving 300 $moesh bench --serving --model $v3 --load-format dummy --prompt-len 64 \
-    --max-new-tokens ${MOESH_NEW_TOKENS:-128} --requests 64 --concurrency 64 --device cuda --expert-device cuda:1 \
-    --expert-workers 1 --modes ${MOESH_MODES:-colocated,cluster-nccl}
+  $moesh mkmodel --family v3 --preset real --config_only --layers $layers --out $v3 >> "$LOGS/mkmodel.log" 2>&1
+  step v3_serving 300 $moesh bench --serving --model $v3 --load_format dummy --prompt_len 64 \
+    --max_new_tokens ${MOESH_NEW_TOKENS:-128} --requests 64 --concurrency 64 --device cuda --expert_device cuda:1 \
+    --expert_workers 1 --modes ${MOESH_MODES:-colocated,cluster-nccl}
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv >> "$LOGS/env.txt"
   shown+=(v3_serving)
 }
@@ -172,8 +172,8 @@ rebalance() {
   # The rebalancer over time (CPU cluster, this machine's cores): a skewed
   # placement, tokens/s and the expert workers' balance per second.
   small_model
-  step rebalance_timeline 60 $moesh bench --serving --model $small --rebalance-timeline 30 --rebalance-interval 5 \
-    --concurrency 32 --prompt-len 32 --max-new-tokens 64
+  step rebalance_timeline 60 $moesh bench --serving --model $small --rebalance_timeline 30 --rebalance_interval 5 \
+    --concurrency 32 --prompt_len 32 --max_new_tokens 64
   shown+=(rebalance_timeline)
 }
 

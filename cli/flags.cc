@@ -1,0 +1,93 @@
+#include "cli/flags.h"
+
+#include <unistd.h>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_split.h"
+#include "cli/args.h"
+#include "common/base/status.h"
+
+ABSL_FLAG(std::string, model, "",
+          "Model directory: config.json, the safetensors weights (none with --load_format dummy), "
+          "tokenizer.json for text.");
+ABSL_FLAG(std::string, prompt_ids, "", "The prompt as token ids, comma-separated: 5,17,300.");
+ABSL_FLAG(std::optional<int>, max_new_tokens, std::nullopt,
+          "Most tokens to generate per request (default: generate 16, bench --serving 32, "
+          "complete the router's --default_max_new_tokens).");
+ABSL_FLAG(std::string, stop_token_ids, "", "Token ids that end generation, comma-separated.");
+ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the end-of-sequence token.");
+ABSL_FLAG(bool, json, false, "Print the result as one JSON object.");
+ABSL_FLAG(double, temperature, 0.0, "Sampling temperature (0: greedy).");
+ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens (0: all).");
+ABSL_FLAG(double, top_p, 1.0,
+          "Sample among the most likely tokens whose probabilities add up to this, in (0, 1].");
+ABSL_FLAG(double, min_p, 0.0, "Drop tokens less likely than this times the most likely one.");
+ABSL_FLAG(int, top_logprobs, 0, "Report the log-probabilities of the k most likely tokens a step.");
+ABSL_FLAG(double, repetition_penalty, 1.0,
+          "Penalty on the tokens of the prompt and the output so far (> 0; 1: off).");
+ABSL_FLAG(double, presence_penalty, 0.0,
+          "Subtracted from the logit of each token the output holds, in [-2, 2].");
+ABSL_FLAG(double, frequency_penalty, 0.0,
+          "Subtracted from a token's logit once per time the output holds it, in [-2, 2].");
+ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
+          "Random seed: of the sampling (generate, complete; default: unseeded), of the weights "
+          "(mkmodel; default 0).");
+ABSL_FLAG(std::string, bin_dir, "",
+          "Where moesh_router and the moesh_*_worker binaries are (default: beside this moesh).");
+ABSL_FLAG(int, expert_workers, 2, "Expert workers to start, each with an equal shard.");
+ABSL_FLAG(std::string, expert_device, "",
+          "--device of the expert workers when not the others' (cuda:1: attention on one GPU, "
+          "experts on another), or a comma-separated list they take in turn (cuda:1,cuda:2).");
+
+namespace moesh::cli {
+
+absl::StatusOr<std::string> ModelFlag() {
+  std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir.empty()) return absl::InvalidArgumentError("--model is required");
+  return dir;
+}
+
+absl::StatusOr<std::vector<int64_t>> PromptIdsFlag() {
+  return ParseIntList("prompt_ids", absl::GetFlag(FLAGS_prompt_ids));
+}
+
+absl::StatusOr<std::vector<int32_t>> StopTokenIdsFlag() {
+  ASSIGN_OR_RETURN(std::vector<int64_t> ids,
+                   ParseIntList("stop_token_ids", absl::GetFlag(FLAGS_stop_token_ids)));
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+SamplingParams SamplingFromFlags() {
+  SamplingParams sp;
+  sp.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  sp.top_k = absl::GetFlag(FLAGS_top_k);
+  sp.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  sp.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
+  sp.top_logprobs = absl::GetFlag(FLAGS_top_logprobs);
+  sp.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
+  sp.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
+  sp.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
+  sp.seed = absl::GetFlag(FLAGS_seed);
+  return sp;
+}
+
+std::string BinDirFlag() {
+  const std::string dir = absl::GetFlag(FLAGS_bin_dir);
+  if (!dir.empty()) return dir;
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string bin = len > 0 ? std::string(self, len) : "./moesh";
+  return bin.substr(0, bin.rfind('/'));
+}
+
+absl::StatusOr<std::vector<std::string>> ExpertDevicesFlag() {
+  const std::string list = absl::GetFlag(FLAGS_expert_device);
+  if (list.empty()) return std::vector<std::string>();
+  std::vector<std::string> devices = absl::StrSplit(list, ',');
+  for (const std::string& d : devices) {
+    if (d.empty()) return absl::InvalidArgumentError("--expert_device: an empty entry in the list");
+  }
+  return devices;
+}
+
+}  // namespace moesh::cli

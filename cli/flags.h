@@ -1,0 +1,46 @@
+// The flags several `moesh` subcommands share (cli/flags.cc defines them;
+// cli/main.cc lists which subcommand accepts which), and the helpers that
+// read them.
+#ifndef MOESH_CLI_FLAGS_H_
+#define MOESH_CLI_FLAGS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "common/engine/sampler.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, prompt_ids);
+ABSL_DECLARE_FLAG(std::optional<int>, max_new_tokens);
+ABSL_DECLARE_FLAG(std::string, stop_token_ids);
+ABSL_DECLARE_FLAG(bool, ignore_eos);
+ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
+ABSL_DECLARE_FLAG(int, expert_workers);
+ABSL_DECLARE_FLAG(std::string, expert_device);
+
+namespace moesh::cli {
+
+// --model; INVALID_ARGUMENT when it is not given.
+absl::StatusOr<std::string> ModelFlag();
+// --prompt_ids; empty when not given.
+absl::StatusOr<std::vector<int64_t>> PromptIdsFlag();
+// --stop_token_ids; empty when not given.
+absl::StatusOr<std::vector<int32_t>> StopTokenIdsFlag();
+// The sampling flags (--temperature, --top_k, --top_p, --min_p, --seed,
+// --top_logprobs, the penalties); greedy by default.
+SamplingParams SamplingFromFlags();
+// --bin_dir, else the directory of this moesh binary (where the build and the
+// image put the service binaries).
+std::string BinDirFlag();
+// --expert_device as a list (empty when not given); INVALID_ARGUMENT for an
+// empty entry.
+absl::StatusOr<std::vector<std::string>> ExpertDevicesFlag();
+
+}  // namespace moesh::cli
+
+#endif  // MOESH_CLI_FLAGS_H_

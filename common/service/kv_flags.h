@@ -1,0 +1,26 @@
+// The flags of the KV cache and the decode batch: the decode worker's, and
+// the router's in colocated mode.
+#ifndef MOESH_COMMON_SERVICE_KV_FLAGS_H_
+#define MOESH_COMMON_SERVICE_KV_FLAGS_H_
+
+#include <string>
+#include <vector>
+
+namespace moesh {
+
+// The defaults are the flags' defaults (kv_flags.cc).
+struct KvOptions {
+  int kv_blocks = 1024;  // --kv_blocks (--device cpu)
+  int block_size = 64;   // --block_size (--device cpu)
+  int max_batch = 256;   // --max_batch: most requests decoded per step
+};
+
+// --kv_blocks, --block_size, --max_batch (unchecked: the decode worker wants
+// each >= 1).
+KvOptions KvOptionsFromFlags();
+// The flags that set `o` (flag_args.cc).
+void AppendArgs(const KvOptions& o, std::vector<std::string>* args);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_SERVICE_KV_FLAGS_H_

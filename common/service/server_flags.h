@@ -1,0 +1,30 @@
+// The flags every service binary has (router, prefill, decode and expert
+// workers): the model it serves, where it listens, its ready file and its
+// /metrics endpoint.
+#ifndef MOESH_COMMON_SERVICE_SERVER_FLAGS_H_
+#define MOESH_COMMON_SERVICE_SERVER_FLAGS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace moesh {
+
+// The defaults are the flags' defaults (server_flags.cc).
+struct ServerOptions {
+  std::string model;                           // --model: the model directory
+  std::string listen = "127.0.0.1:0";          // --listen: gRPC host:port (port 0: any free one)
+  std::string ready_file;                      // --ready_file (empty: none)
+  std::string metrics_listen = "127.0.0.1:0";  // --metrics_listen (empty: no /metrics)
+};
+
+// --model, --listen, --ready_file, --metrics_listen; INVALID_ARGUMENT without
+// --model.
+absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
+// The flags that set `o` (flag_args.cc).
+void AppendArgs(const ServerOptions& o, std::vector<std::string>* args);
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_SERVICE_SERVER_FLAGS_H_

@@ -1,0 +1,75 @@
+// The transports as plugins: one object per transport name with both sides —
+// Connect (the sending side: channels to peers) and Serve (the receiving side
+// a worker starts beside its gRPC server) — and the capabilities callers
+// decide by, so no caller compares transport names. Built in: grpc, inproc,
+// ucx, nccl, cuda_ipc (their GPU halves come from the CUDA plugin at run time).
+#ifndef MOESH_COMMON_TRANSPORT_TRANSPORT_REGISTRY_H_
+#define MOESH_COMMON_TRANSPORT_TRANSPORT_REGISTRY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/transport/transport.h"
+
+namespace moesh {
+
+struct TransportCapabilities {
+  // Moves expert dispatches from and into CUDA device memory
+  // (DataChannel::PostOnDevice): a GPU attention worker's MoE layers skip the
+  // host. Such a transport needs the CUDA plugin and a GPU on both sides.
+  bool device_dispatch = false;
+  // Carries the KV handoff itself; false: the KV goes over gRPC beside it
+  // (NCCL cannot join two ranks of one GPU, and prefill and decode may share one).
+  bool carries_kv = true;
+  // A prefill worker on a GPU may hand its KV over device to device (the
+  // decode worker copies from its memory: same node).
+  bool device_kv = false;
+};
+
+// What a worker's receiving side serves. Handlers may be null (their calls
+// answer UNIMPLEMENTED) and must outlive the server.
+struct DataPlaneServeOptions {
+  std::string host;          // the advertised host
+  std::string grpc_address;  // the worker's gRPC address (grpc rides on it)
+  DispatchHandler* dispatch = nullptr;
+  KvHandler* kv = nullptr;
+  DeviceDispatchHandler* device_dispatch = nullptr;
+  int cuda_device = 0;  // where device-resident dispatches land
+};
+
+// A running receiving side (null where it rides on the worker's gRPC server).
+struct DataPlaneEndpoint {
+  std::unique_ptr<DataPlaneServer> server;
+  std::string address;  // host:port peers send to
+};
+
+class TransportPlugin {
+ public:
+  virtual ~TransportPlugin() = default;
+  virtual absl::string_view name() const = 0;
+  virtual TransportCapabilities capabilities() const = 0;
+  // The sending side; device transports move memory of CUDA device `cuda_device`.
+  virtual absl::StatusOr<std::unique_ptr<Transport>> Connect(int cuda_device) const = 0;
+  // The receiving side. UNIMPLEMENTED where the transport has none (inproc:
+  // handlers are bound in-process, BindInproc).
+  virtual absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions& options) const = 0;
+};
+
+// The plugin of that name; INVALID_ARGUMENT naming the choices otherwise.
+absl::StatusOr<const TransportPlugin*> FindTransport(absl::string_view name);
+// Every transport's name, in the registry's order.
+std::vector<std::string> TransportNames();
+
+// The built-in plugins (each defined beside its transport).
+const TransportPlugin& GrpcTransportPlugin();
+const TransportPlugin& InprocTransportPlugin();
+const TransportPlugin& UcxTransportPlugin();
+const TransportPlugin& NcclTransportPlugin();
+const TransportPlugin& CudaIpcTransportPlugin();
+
+}  // namespace moesh
+
+#endif  // MOESH_COMMON_TRANSPORT_TRANSPORT_REGISTRY_H_

@@ -1,0 +1,21 @@
+// DecodeWorkerOptions as flags; no flag is defined here (flags.cc does).
+#include "common/service/flag_args.h"
+
+#include "common/service/device_flags.h"
+#include "decode_worker/flags.h"
+
+namespace moesh {
+
+std::vector<std::string> ToArgs(const DecodeWorkerOptions& o) {
+  const DecodeWorkerOptions d;
+  std::vector<std::string> args;
+  AppendArgs(o.server, &args);
+  AppendArgs(o.worker, &args);
+  AppendArgs(o.dispatch, &args);
+  AppendArgs(o.kv, &args);
+  AppendArgs(o.device, &args);
+  AddFlag(&args, "micro_batch_min", o.micro_batch_min, d.micro_batch_min);
+  return args;
+}
+
+}  // namespace moesh

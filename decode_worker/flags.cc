@@ -1,0 +1,26 @@
+#include "decode_worker/flags.h"
+
+#include "absl/flags/flag.h"
+#include "common/base/status.h"
+#include "common/service/device_flags.h"
+
+ABSL_FLAG(int, micro_batch_min, moesh::DecodeWorkerOptions().micro_batch_min,
+          "Smallest decode batch that is split into --micro_batches.");
+
+namespace moesh {
+
+absl::StatusOr<DecodeWorkerOptions> DecodeWorkerOptionsFromFlags() {
+  DecodeWorkerOptions o;
+  ASSIGN_OR_RETURN(o.server, ServerOptionsFromFlags());
+  o.worker = WorkerOptionsFromFlags();
+  ASSIGN_OR_RETURN(o.dispatch, ExpertDispatchOptionsFromFlags());
+  o.kv = KvOptionsFromFlags();
+  ASSIGN_OR_RETURN(o.device, DeviceOptionsFromFlags());
+  o.micro_batch_min = absl::GetFlag(FLAGS_micro_batch_min);
+  if (o.kv.kv_blocks < 1 || o.kv.block_size < 1 || o.kv.max_batch < 1) {
+    return absl::InvalidArgumentError("--kv_blocks, --block_size and --max_batch must be >= 1");
+  }
+  return o;
+}
+
+}  // namespace moesh

@@ -1,0 +1,32 @@
+#include "prefill_worker/flags.h"
+
+#include "absl/flags/flag.h"
+#include "common/base/status.h"
+#include "common/service/device_flags.h"
+
+ABSL_FLAG(int, max_batch_tokens, moesh::PrefillWorkerOptions().max_batch_tokens,
+          "Prompt tokens per forward pass.");
+ABSL_FLAG(std::string, kv_handoff, moesh::PrefillWorkerOptions().kv_handoff,
+          "How the KV cache reaches decode workers: host (rows in the message), device (the "
+          "decode worker copies it from this worker's GPU memory; --transport cuda_ipc or nccl "
+          "and --device cuda, workers on one node), or auto (device where those hold, else host; "
+          "a decode worker that cannot map this GPU's memory gets the host form from then on).");
+
+namespace moesh {
+
+absl::StatusOr<PrefillWorkerOptions> PrefillWorkerOptionsFromFlags() {
+  PrefillWorkerOptions o;
+  ASSIGN_OR_RETURN(o.server, ServerOptionsFromFlags());
+  o.worker = WorkerOptionsFromFlags();
+  ASSIGN_OR_RETURN(o.dispatch, ExpertDispatchOptionsFromFlags());
+  ASSIGN_OR_RETURN(o.device, DeviceOptionsFromFlags());
+  o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  if (o.max_batch_tokens < 1) return absl::InvalidArgumentError("--max_batch_tokens must be >= 1");
+  o.kv_handoff = absl::GetFlag(FLAGS_kv_handoff);
+  if (o.kv_handoff != "auto" && o.kv_handoff != "host" && o.kv_handoff != "device") {
+    return absl::InvalidArgumentError("--kv_handoff: auto, host or device, got " + o.kv_handoff);
+  }
+  return o;
+}
+
+}  // namespace moesh

@@ -1,0 +1,53 @@
+#include "router/flags.h"
+
+#include "absl/flags/flag.h"
+#include "common/base/status.h"
+#include "common/service/device_flags.h"
+
+ABSL_FLAG(bool, colocated, moesh::RouterOptions().colocated,
+          "Serve from prefill, decode and experts in this process (no workers register).");
+ABSL_FLAG(int, heartbeat_interval_ms, moesh::RouterOptions().heartbeat_interval_ms,
+          "How often workers heartbeat.");
+ABSL_FLAG(int, heartbeat_timeout_ms, moesh::RouterOptions().heartbeat_timeout_ms,
+          "Drop a worker silent for this long.");
+ABSL_FLAG(int, default_max_new_tokens, moesh::RouterOptions().default_max_new_tokens,
+          "max_new_tokens when a request does not set it.");
+ABSL_FLAG(int, max_new_tokens_limit, moesh::RouterOptions().max_new_tokens_limit,
+          "Largest max_new_tokens a request may ask for.");
+ABSL_FLAG(int, max_context_tokens, moesh::RouterOptions().max_context_tokens,
+          "Prompt + output limit (0: the model's max_position_embeddings).");
+ABSL_FLAG(int, rebalance_interval_s, moesh::RouterOptions().rebalance_interval_s,
+          "Check the expert workers' balance this often and rebalance when skewed (0: only on "
+          "Cluster.Rebalance).");
+ABSL_FLAG(double, rebalance_min_ratio, moesh::RouterOptions().rebalance_min_ratio,
+          "Rebalance automatically when the balance ratio exceeds this.");
+ABSL_FLAG(int, rebalance_slots, moesh::RouterOptions().rebalance_slots,
+          "Experts an expert worker may host after an automatic rebalance (0: as many as the "
+          "busiest hosts now).");
+
+namespace moesh {
+
+absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
+  RouterOptions o;
+  ASSIGN_OR_RETURN(o.server, ServerOptionsFromFlags());
+  o.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+  o.heartbeat_timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
+  o.default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens);
+  o.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
+  o.max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens);
+  o.rebalance_interval_s = absl::GetFlag(FLAGS_rebalance_interval_s);
+  o.rebalance_min_ratio = absl::GetFlag(FLAGS_rebalance_min_ratio);
+  o.rebalance_slots = absl::GetFlag(FLAGS_rebalance_slots);
+  if (o.rebalance_interval_s < 0 || o.rebalance_min_ratio < 1.0 || o.rebalance_slots < 0) {
+    return absl::InvalidArgumentError(
+        "--rebalance_interval_s and --rebalance_slots must be >= 0, --rebalance_min_ratio >= 1");
+  }
+  o.colocated = absl::GetFlag(FLAGS_colocated);
+  o.kv = KvOptionsFromFlags();
+  if (o.colocated) {
+    ASSIGN_OR_RETURN(o.device, DeviceOptionsFromFlags());
+  }
+  return o;
+}
+
+}  // namespace moesh

@@ -1,0 +1,46 @@
+// The router's command line: its options, read from its flags (flags.cc, the
+// router binary's only flag definitions besides common/service's groups),
+// and rendered back into flags (flag_args.cc) for whoever starts a router.
+#ifndef MOESH_ROUTER_FLAGS_H_
+#define MOESH_ROUTER_FLAGS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/backend/backends.h"
+#include "common/service/kv_flags.h"
+#include "common/service/server_flags.h"
+
+namespace moesh {
+
+// The defaults are the flags' defaults.
+struct RouterOptions {
+  ServerOptions server;
+  int heartbeat_interval_ms = 500;
+  int heartbeat_timeout_ms = 3000;
+  int default_max_new_tokens = 256;
+  int max_new_tokens_limit = 4096;
+  int max_context_tokens = 0;  // 0: the model's max_position_embeddings
+  // Cluster mode: the automatic rebalancing (interval 0: only on
+  // Cluster.Rebalance).
+  int rebalance_interval_s = 0;
+  double rebalance_min_ratio = 1.25;
+  int rebalance_slots = 0;
+  // --colocated: prefill, decode and experts in this process, on `device`
+  // (read only with --colocated) with the KV cache and batch of `kv`.
+  bool colocated = false;
+  KvOptions kv;
+  DeviceOptions device;
+};
+
+// INVALID_ARGUMENT for a missing --model, bad rebalance settings, or (with
+// --colocated) bad device flags.
+absl::StatusOr<RouterOptions> RouterOptionsFromFlags();
+// The command line that gives moesh_router `o` (flags at their defaults left
+// out).
+std::vector<std::string> ToArgs(const RouterOptions& o);
+
+}  // namespace moesh
+
+#endif  // MOESH_ROUTER_FLAGS_H_
