@@ -582,44 +582,22 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
   return Bytes(ReplyOf(s));
 }
 
-namespace {
-
 // Processes of one node share device memory; a worker without dispatch
 // handlers (decode: KV only) stays on gRPC.
-class CudaIpcPlugin final : public TransportPlugin {
- public:
-  absl::string_view name() const override { return "cuda_ipc"; }
-  TransportCapabilities capabilities() const override {
-    TransportCapabilities c;
-    c.device_dispatch = true;
-    c.carries_kv = false;
-    c.device_kv = true;
-    return c;
-  }
-  absl::StatusOr<std::unique_ptr<Transport>> Connect(int cuda_device) const override {
-    CudaIpcTransportOptions o;
-    o.device = cuda_device;
-    return MakeCudaIpcTransport(o);
-  }
-  absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions& o) const override {
-    DataPlaneEndpoint e;
-    if (o.dispatch == nullptr && o.device_dispatch == nullptr) {
-      e.address = o.grpc_address;
-      return e;
-    }
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaIpcDataPlaneServer> s,
-                     CudaIpcDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch,
-                                                   o.device_dispatch, o.kv));
-    e.address = absl::StrCat(o.host, ":", s->port());
-    e.server = std::move(s);
-    return e;
-  }
-};
-
-}  // namespace
-
 const TransportPlugin& CudaIpcTransportPlugin() {
-  static const CudaIpcPlugin plugin;
+  static const BasicTransportPlugin plugin(
+      "cuda_ipc", kDeviceTransportCapabilities,
+      [](int cuda_device) -> absl::StatusOr<std::unique_ptr<Transport>> {
+        CudaIpcTransportOptions o;
+        o.device = cuda_device;
+        return MakeCudaIpcTransport(o);
+      },
+      [](const DataPlaneServeOptions& o) {
+        return ServeDispatchListener(o, [&o] {
+          return CudaIpcDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch,
+                                               o.device_dispatch, o.kv);
+        });
+      });
   return plugin;
 }
 

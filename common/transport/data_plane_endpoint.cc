@@ -12,14 +12,8 @@ absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport,
                                                  int cuda_device,
                                                  DeviceDispatchHandler* device_dispatch) {
   ASSIGN_OR_RETURN(const TransportPlugin* plugin, FindTransport(transport));
-  DataPlaneServeOptions o;
-  o.host = host;
-  o.grpc_address = grpc_address;
-  o.dispatch = dispatch;
-  o.kv = kv;
-  o.device_dispatch = device_dispatch;
-  o.cuda_device = cuda_device;
-  absl::StatusOr<DataPlaneEndpoint> e = plugin->Serve(o);
+  absl::StatusOr<DataPlaneEndpoint> e =
+      plugin->Serve({host, grpc_address, dispatch, kv, device_dispatch, cuda_device});
   if (!e.ok() && e.status().code() == absl::StatusCode::kUnimplemented) {
     return absl::InvalidArgumentError(
         absl::StrCat("--transport \"", transport, "\" has no server side: ", e.status().message()));

@@ -70,27 +70,14 @@ absl::Status DataChannel::CollectOnDevice(float*, bool) {
 std::unique_ptr<Transport> MakeGrpcTransport() { return std::make_unique<GrpcTransport>(); }
 std::unique_ptr<Transport> MakeInprocTransport();
 
-namespace {
-
 // Rides on the worker's gRPC server (the DataPlane service it serves anyway).
-class GrpcPlugin final : public TransportPlugin {
- public:
-  absl::string_view name() const override { return "grpc"; }
-  TransportCapabilities capabilities() const override { return {}; }
-  absl::StatusOr<std::unique_ptr<Transport>> Connect(int) const override {
-    return MakeGrpcTransport();
-  }
-  absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions& o) const override {
-    DataPlaneEndpoint e;
-    e.address = o.grpc_address;
-    return e;
-  }
-};
-
-}  // namespace
-
 const TransportPlugin& GrpcTransportPlugin() {
-  static const GrpcPlugin plugin;
+  static const BasicTransportPlugin plugin(
+      "grpc", {},
+      [](int) -> absl::StatusOr<std::unique_ptr<Transport>> { return MakeGrpcTransport(); },
+      [](const DataPlaneServeOptions& o) -> absl::StatusOr<DataPlaneEndpoint> {
+        return GrpcEndpoint(o);
+      });
   return plugin;
 }
 

@@ -79,26 +79,15 @@ void UnbindInproc(const std::string& address) {
 
 std::unique_ptr<Transport> MakeInprocTransport() { return std::make_unique<InprocTransport>(); }
 
-namespace {
-
 // Same process: handlers bound by address (BindInproc), no server side.
-class InprocPlugin final : public TransportPlugin {
- public:
-  absl::string_view name() const override { return "inproc"; }
-  TransportCapabilities capabilities() const override { return {}; }
-  absl::StatusOr<std::unique_ptr<Transport>> Connect(int) const override {
-    return MakeInprocTransport();
-  }
-  absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions&) const override {
-    return absl::UnimplementedError(
-        "the inproc transport has no server side: bind the handlers in-process (BindInproc)");
-  }
-};
-
-}  // namespace
-
 const TransportPlugin& InprocTransportPlugin() {
-  static const InprocPlugin plugin;
+  static const BasicTransportPlugin plugin(
+      "inproc", {},
+      [](int) -> absl::StatusOr<std::unique_ptr<Transport>> { return MakeInprocTransport(); },
+      [](const DataPlaneServeOptions&) -> absl::StatusOr<DataPlaneEndpoint> {
+        return absl::UnimplementedError(
+            "the inproc transport has no server side: bind the handlers in-process (BindInproc)");
+      });
   return plugin;
 }
 

@@ -531,44 +531,22 @@ std::string NcclDataPlaneServer::Handle(const std::string& bytes) {
   return reply.SerializeAsString();
 }
 
-namespace {
-
 // NCCL between GPUs: expert dispatch device to device; a worker without
 // dispatch handlers (decode: KV only) stays on gRPC.
-class NcclPlugin final : public TransportPlugin {
- public:
-  absl::string_view name() const override { return "nccl"; }
-  TransportCapabilities capabilities() const override {
-    TransportCapabilities c;
-    c.device_dispatch = true;
-    c.carries_kv = false;
-    c.device_kv = true;
-    return c;
-  }
-  absl::StatusOr<std::unique_ptr<Transport>> Connect(int cuda_device) const override {
-    NcclTransportOptions o;
-    o.device = cuda_device;
-    return MakeNcclTransport(o);
-  }
-  absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions& o) const override {
-    DataPlaneEndpoint e;
-    if (o.dispatch == nullptr && o.device_dispatch == nullptr) {
-      e.address = o.grpc_address;
-      return e;
-    }
-    ASSIGN_OR_RETURN(std::unique_ptr<NcclDataPlaneServer> s,
-                     NcclDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch, o.kv,
-                                                o.device_dispatch));
-    e.address = absl::StrCat(o.host, ":", s->port());
-    e.server = std::move(s);
-    return e;
-  }
-};
-
-}  // namespace
-
 const TransportPlugin& NcclTransportPlugin() {
-  static const NcclPlugin plugin;
+  static const BasicTransportPlugin plugin(
+      "nccl", kDeviceTransportCapabilities,
+      [](int cuda_device) -> absl::StatusOr<std::unique_ptr<Transport>> {
+        NcclTransportOptions o;
+        o.device = cuda_device;
+        return MakeNcclTransport(o);
+      },
+      [](const DataPlaneServeOptions& o) {
+        return ServeDispatchListener(o, [&o] {
+          return NcclDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch, o.kv,
+                                            o.device_dispatch);
+        });
+      });
   return plugin;
 }
 

@@ -16,6 +16,20 @@ const std::vector<const TransportPlugin*>& Plugins() {
 
 }  // namespace
 
+DataPlaneEndpoint ListenerEndpoint(const std::string& host,
+                                   std::unique_ptr<DataPlaneServer> server) {
+  DataPlaneEndpoint e;
+  e.address = absl::StrCat(host, ":", server->port());
+  e.server = std::move(server);
+  return e;
+}
+
+DataPlaneEndpoint GrpcEndpoint(const DataPlaneServeOptions& options) {
+  DataPlaneEndpoint e;
+  e.address = options.grpc_address;
+  return e;
+}
+
 absl::StatusOr<const TransportPlugin*> FindTransport(absl::string_view name) {
   for (const TransportPlugin* p : Plugins()) {
     if (p->name() == name) return p;

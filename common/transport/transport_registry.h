@@ -58,6 +58,54 @@ class TransportPlugin {
   virtual absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions& options) const = 0;
 };
 
+// A plugin from its parts: each transport's .cc makes its own from these.
+class BasicTransportPlugin final : public TransportPlugin {
+ public:
+  using ConnectFn = absl::StatusOr<std::unique_ptr<Transport>> (*)(int cuda_device);
+  using ServeFn = absl::StatusOr<DataPlaneEndpoint> (*)(const DataPlaneServeOptions& options);
+  BasicTransportPlugin(absl::string_view name, TransportCapabilities capabilities,
+                       ConnectFn connect, ServeFn serve)
+      : name_(name), capabilities_(capabilities), connect_(connect), serve_(serve) {}
+  absl::string_view name() const override { return name_; }
+  TransportCapabilities capabilities() const override { return capabilities_; }
+  absl::StatusOr<std::unique_ptr<Transport>> Connect(int cuda_device) const override {
+    return connect_(cuda_device);
+  }
+  absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions& options) const override {
+    return serve_(options);
+  }
+
+ private:
+  const absl::string_view name_;
+  const TransportCapabilities capabilities_;
+  const ConnectFn connect_;
+  const ServeFn serve_;
+};
+
+// The device transports' capabilities (nccl, cuda_ipc): expert dispatch in
+// device memory, the KV beside them on gRPC or device to device.
+constexpr TransportCapabilities kDeviceTransportCapabilities = {
+    /*device_dispatch=*/true, /*carries_kv=*/false, /*device_kv=*/true};
+
+// The endpoint of a listener of the transport's own, at `host`.
+DataPlaneEndpoint ListenerEndpoint(const std::string& host,
+                                   std::unique_ptr<DataPlaneServer> server);
+// The endpoint riding on the worker's gRPC server.
+DataPlaneEndpoint GrpcEndpoint(const DataPlaneServeOptions& options);
+// A device transport's endpoint: the listener `start()` returns
+// (StatusOr<unique_ptr<a DataPlaneServer>>), or — for a worker with no
+// dispatch handler to serve (decode: KV only, which stays on gRPC) — none.
+template <typename StartFn>
+absl::StatusOr<DataPlaneEndpoint> ServeDispatchListener(const DataPlaneServeOptions& options,
+                                                        StartFn start) {
+  if (options.dispatch == nullptr && options.device_dispatch == nullptr) {
+    return GrpcEndpoint(options);
+  }
+  auto server = start();
+  if (!server.ok()) return server.status();
+  return ListenerEndpoint(options.host, std::move(*server));
+}
+
 // The plugin of that name; INVALID_ARGUMENT naming the choices otherwise.
 absl::StatusOr<const TransportPlugin*> FindTransport(absl::string_view name);
 // Every transport's name, in the registry's order.

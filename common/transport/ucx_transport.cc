@@ -510,33 +510,21 @@ absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> UcxDataPlaneServer::Start(
   return std::unique_ptr<UcxDataPlaneServer>(std::move(server));
 }
 
-namespace {
-
 // A UCX listener of its own beside the worker's gRPC server.
-class UcxPlugin final : public TransportPlugin {
- public:
-  absl::string_view name() const override { return "ucx"; }
-  TransportCapabilities capabilities() const override { return {}; }
-  absl::StatusOr<std::unique_ptr<Transport>> Connect(int) const override {
-    std::unique_ptr<Transport> t = MakeUcxTransport();
-    if (t == nullptr)
-      return absl::UnavailableError("cannot initialise UCX (see UCX_* environment variables)");
-    return t;
-  }
-  absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions& o) const override {
-    ASSIGN_OR_RETURN(std::unique_ptr<UcxDataPlaneServer> s,
-                     UcxDataPlaneServer::Start(o.host + ":0", o.dispatch, o.kv));
-    DataPlaneEndpoint e;
-    e.address = absl::StrCat(o.host, ":", s->port());
-    e.server = std::move(s);
-    return e;
-  }
-};
-
-}  // namespace
-
 const TransportPlugin& UcxTransportPlugin() {
-  static const UcxPlugin plugin;
+  static const BasicTransportPlugin plugin(
+      "ucx", {},
+      [](int) -> absl::StatusOr<std::unique_ptr<Transport>> {
+        std::unique_ptr<Transport> t = MakeUcxTransport();
+        if (t == nullptr)
+          return absl::UnavailableError("cannot initialise UCX (see UCX_* environment variables)");
+        return t;
+      },
+      [](const DataPlaneServeOptions& o) -> absl::StatusOr<DataPlaneEndpoint> {
+        ASSIGN_OR_RETURN(std::unique_ptr<UcxDataPlaneServer> s,
+                         UcxDataPlaneServer::Start(o.host + ":0", o.dispatch, o.kv));
+        return ListenerEndpoint(o.host, std::move(s));
+      });
   return plugin;
 }
 
