@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "common/base/status.h"
 #include "kernels/cpu/ops.h"
 
@@ -115,26 +117,32 @@ void RemoteExpertClient::MarkDown(const std::string& address) {
 }
 
 namespace {
-class ThreadPending : public PendingDispatch {
+// A dispatch running on the client's pool.
+class PoolPending : public PendingDispatch {
  public:
-  explicit ThreadPending(std::function<absl::Status()> work)
-      : thread_([this, work = std::move(work)] { status_ = work(); }) {}
-  ~ThreadPending() override {
-    if (thread_.joinable()) thread_.join();
-  }
+  struct State {
+    absl::Notification done;
+    absl::Status status;
+  };
+  explicit PoolPending(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  ~PoolPending() override { state_->done.WaitForNotification(); }  // its buffers are the caller's
   absl::Status Wait() override {
-    thread_.join();
-    return status_;
+    state_->done.WaitForNotification();
+    return state_->status;
   }
 
  private:
-  absl::Status status_;
-  std::thread thread_;
+  const std::shared_ptr<State> state_;
 };
 }  // namespace
 
 std::unique_ptr<PendingDispatch> RemoteExpertClient::Start(const MoeDispatch& d, float* out) {
-  return std::make_unique<ThreadPending>([this, d, out] { return Run(d, out); });
+  auto state = std::make_shared<PoolPending::State>();
+  pool_.Schedule([this, d, out, state] {
+    state->status = Run(d, out);
+    state->done.Notify();
+  });
+  return std::make_unique<PoolPending>(std::move(state));
 }
 
 absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
@@ -295,7 +303,9 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
   const size_t row_bytes = static_cast<size_t>(d.hidden) * sizeof(float);
   std::vector<v1::DispatchResponse> responses(w_count);
   std::vector<absl::Status> status(w_count);
-  std::vector<std::thread> threads;
+  int sends = 0;
+  for (int w = 0; w < w_count; ++w) sends += rows[w].empty() ? 0 : 1;
+  absl::BlockingCounter sent(sends);
   for (int w = 0; w < w_count; ++w) {
     if (rows[w].empty()) continue;
     v1::DispatchRequest& r = requests[w];
@@ -309,15 +319,16 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
       std::memcpy(h->data() + i * row_bytes,
                   d.hidden_states + static_cast<size_t>(rows[w][i]) * d.hidden, row_bytes);
     }
-    threads.emplace_back([&, w] {
+    pool_.Schedule([&, w] {
       absl::StatusOr<std::shared_ptr<DataChannel>> ch = Channel(workers[w].address);
       status[w] =
           ch.ok()
               ? (*ch)->Dispatch(requests[w], &responses[w])
               : absl::UnavailableError(absl::StrCat("cannot reach it: ", ch.status().message()));
+      sent.DecrementCount();
     });
   }
-  for (std::thread& t : threads) t.join();
+  sent.Wait();
 
   absl::Status failed;
   for (int w = 0; w < w_count; ++w) {

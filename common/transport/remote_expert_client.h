@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/thread_pool.h"
 #include "common/metrics/metrics.h"
 #include "common/model/expert_client.h"
 #include "common/transport/transport.h"
@@ -105,6 +106,9 @@ class RemoteExpertClient : public ExpertClient {
   absl::Status device_suspect_ ABSL_GUARDED_BY(device_mu_);
   std::map<std::string, std::chrono::steady_clock::time_point> down_until_ ABSL_GUARDED_BY(mu_);
   uint64_t turn_ ABSL_GUARDED_BY(mu_) = 0;  // dispatches routed so far
+  // Runs Start's dispatches and a dispatch's sends to several workers: threads
+  // reused across calls, not one per call. Last member: joined first.
+  ThreadPool pool_;
 };
 
 }  // namespace moesh
