@@ -41,8 +41,7 @@ CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
     : config_(config), options_(options) {}
 
 CudaModel::~CudaModel() {
-  graphs_.clear();
-  piecewise_.clear();
+  graphs_.reset();
   if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
 }
 
@@ -92,6 +91,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const ModelConfig& 
   std::unique_ptr<CudaModel> m(new CudaModel(config, options));
   m->weights_ = std::move(weights);
   m->stream_ = std::move(stream);
+  m->graphs_ = std::make_unique<GraphRunner>(m->stream_.get());
   RETURN_IF_ERROR(m->Init());
   return m;
 }
@@ -557,7 +557,7 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
   out.next_logprobs.assign(n, 0.0f);
   out.topk_ids.assign(static_cast<size_t>(n) * k, -1);
   out.topk_logprobs.assign(static_cast<size_t>(n) * k, 0.0f);
-  last_step_used_graph_ = false;
+  graphs_->ResetLastReplayed();
   cudaStream_t s = stream_.get();
   size_t done = 0;
   for (const Batch& b : chunks) {
@@ -621,7 +621,7 @@ absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const Seq
   const size_t vocab = config_.vocab_size;
   std::vector<float> out(n * vocab);
   std::vector<float> rows_host;
-  last_step_used_graph_ = false;
+  graphs_->ResetLastReplayed();
   size_t done = 0;
   for (const Batch& b : chunks) {
     const int rows = b.decode ? n : b.num_rows;
@@ -662,8 +662,7 @@ absl::Status CudaModel::SetMoeTileM(int tile_m) {
     return absl::InvalidArgumentError("CudaModel::SetMoeTileM: 0, 16, 32 or 64");
   }
   RETURN_IF_ERROR(stream_.Synchronize());
-  graphs_.clear();
-  piecewise_.clear();
+  graphs_->Clear();
   options_.moe_tile_m = tile_m;
   return absl::OkStatus();
 }

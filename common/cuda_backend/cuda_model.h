@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/cuda_backend/device_weights.h"
+#include "common/cuda_backend/graph_runner.h"
 #include "common/cuda_backend/kv_pool.h"
 #include "common/model/config.h"
 #include "common/model/expert_client.h"
@@ -191,7 +192,7 @@ class CudaModel {
   // Sets options.moe_tile_m (dropping the captured graphs). For benchmarks.
   absl::Status SetMoeTileM(int tile_m);
   // True iff the last Step replayed a CUDA graph.
-  bool last_step_used_graph() const { return last_step_used_graph_; }
+  bool last_step_used_graph() const { return graphs_->last_replayed(); }
 
  private:
   struct Sequence {
@@ -242,22 +243,6 @@ class CudaModel {
     DeviceBuffer<int32_t> key_count;
     DeviceBuffer<float> o, lse;
   };
-  // An instantiated CUDA graph (cuda_model_graphs.cc).
-  struct Graph {
-    cudaGraphExec_t exec = nullptr;
-    ~Graph() {
-      if (exec != nullptr) cudaGraphExecDestroy(exec);
-    }
-  };
-  // A decode step cut at its MoE dispatches: segments[i] ends by recording
-  // dispatch_copied_ and starting the shared expert of MoE layer layers[i];
-  // segments[i + 1] starts by adding that layer's routed sum.
-  struct PiecewiseGraph {
-    std::vector<std::unique_ptr<Graph>> segments;
-    std::vector<int> layers;  // segments.size() - 1 entries
-    // No segments: capturing failed once for this bucket; it runs eagerly.
-  };
-
   explicit CudaModel(const ModelConfig& config, const CudaModelOptions& options);
   static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const ModelConfig& config,
                                                            const CudaModelOptions& options,
@@ -318,8 +303,6 @@ class CudaModel {
   absl::Status RunDecodeGraph(const Batch& b, int top_k);
   // The same for device-resident external experts, with piecewise graphs.
   absl::Status RunPiecewiseGraph(const Batch& b, int top_k, ExpertClient* experts);
-  // While capturing piecewise: closes the current segment at MoE layer `layer`'s dispatch.
-  absl::Status CutSegment(int layer);
   // Samples the chunk's `rows` logits rows (chunk row r is sequence
   // order[first + r]) into next_ids_, on the stream.
   absl::Status EnqueueSample(const StepSampling& sampling, const std::vector<int>& order,
@@ -394,12 +377,9 @@ class CudaModel {
   // Mutable state.
   std::vector<Sequence> seqs_;
   std::vector<int> free_seq_ids_;
-  std::map<std::pair<int, int>, std::unique_ptr<Graph>> graphs_;              // (bucket, top_k)
-  std::map<std::pair<int, int>, std::unique_ptr<PiecewiseGraph>> piecewise_;  // (bucket, top_k)
-  PiecewiseGraph* capturing_ = nullptr;  // non-null while a piecewise capture runs
+  std::unique_ptr<GraphRunner> graphs_;  // decode steps' CUDA graphs, on stream_
   int dispatch_tokens_ = 0;  // the current pass's rows that go to external experts (no padding)
   MlaDecodePlan plan_;       // the current pass's
-  bool last_step_used_graph_ = false;
   DeviceBuffer<int32_t> routing_log_;  // [num_layers, max_tokens_, top_k] iff record_routing
   int routing_rows_ = 0;
   std::vector<Event>* profile_ = nullptr;  // non-null while ProfileStep runs

@@ -20,7 +20,7 @@ absl::Status CudaModel::RunExternalExperts(int layer, int num_tokens, ExpertClie
     // Device-resident (cuda_ipc): the bf16 hidden states, ids and weights
     // stay in this GPU's memory; the experts' sum comes back into moe_out_.
     // (Captured piecewise: the dispatch happens between the segments.)
-    if (capturing_ != nullptr) {
+    if (graphs_->capturing()) {
       RETURN_IF_CUDA_ERROR(
           cudaEventRecordWithFlags(dispatch_copied_.get(), s, cudaEventRecordExternal));
     } else {
@@ -30,8 +30,8 @@ absl::Status CudaModel::RunExternalExperts(int layer, int num_tokens, ExpertClie
       RETURN_IF_ERROR(
           EnqueueMlp(w.shared_gate_up, w.shared_down, weights_->shared_intermediate(), num_tokens));
     }
-    if (capturing_ != nullptr) {
-      RETURN_IF_ERROR(CutSegment(layer));
+    if (graphs_->capturing()) {
+      RETURN_IF_ERROR(graphs_->CutSegment(layer));
     } else {
       // No host wait: the transport starts once the event fires and hands
       // the sum back on this stream.
