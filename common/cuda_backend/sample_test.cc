@@ -20,7 +20,6 @@ namespace {
 
 using testing::FreshSeed;
 using testing::Poison;
-using testing::Randn;
 using testing::Upload;
 
 struct Row {
@@ -188,7 +187,7 @@ TEST(GreedyLogprobsTest, MatchesSamplerTopLogprobs) {
                  << "vocab=" << c.vocab << " top_k=" << c.top_k << " seed=" << seed);
     std::mt19937 rng(seed);
     const int ld = c.ld ? c.ld : c.vocab;
-    std::vector<float> logits = Randn(static_cast<size_t>(c.batch) * ld, rng, 3.0f);
+    std::vector<float> logits = testing::Randn(static_cast<size_t>(c.batch) * ld, rng, 3.0f);
     MOESH_ASSERT_OK_AND_ASSIGN(auto dl, Upload(logits));
     const size_t k_slots = static_cast<size_t>(c.batch) * std::max(c.top_k, 1);
     MOESH_ASSERT_OK_AND_ASSIGN(auto dnext, DeviceBuffer<int32_t>::Create(c.batch));
