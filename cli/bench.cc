@@ -16,10 +16,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "base/status.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
-#include "common/base/status.h"
 #include "common/model/model.h"
 #include "common/model/weights.h"
 

@@ -5,9 +5,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
-#include "common/base/status.h"
 #include "common/rpc/grpc_util.h"
 #include "common/service/sampling_proto.h"
 #include "moesh/v1/generation.grpc.pb.h"

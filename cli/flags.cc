@@ -4,8 +4,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
+#include "base/status.h"
 #include "cli/args.h"
-#include "common/base/status.h"
 
 ABSL_FLAG(std::string, model, "",
           "Model directory: config.json, the safetensors weights (none with --load_format dummy), "

@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/base/file_util.h"
-#include "common/base/status.h"
+#include "base/file_util.h"
+#include "base/status.h"
 #include "common/model/config.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 

@@ -3,10 +3,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/file_util.h"
+#include "base/status.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
-#include "common/base/file_util.h"
-#include "common/base/status.h"
 #include "common/model/random_checkpoint.h"
 #include "common/tokenizer/embedded_tokenizers.h"
 

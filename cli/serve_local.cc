@@ -5,10 +5,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/local_cluster.h"
-#include "common/base/status.h"
 #include "common/service/device_flags.h"
 #include "common/service/worker_util.h"
 

@@ -1,7 +1,7 @@
 #include "decode_worker/flags.h"
 
 #include "absl/flags/flag.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/service/device_flags.h"
 
 ABSL_FLAG(int, micro_batch_min, moesh::DecodeWorkerOptions().micro_batch_min,

@@ -2,7 +2,7 @@
 // advances them one token per step in a continuously batched loop.
 #include <iostream>
 
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_util.h"
 #include "common/service/attention_worker.h"

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/base/status.h"
+#include "base/status.h"
 
 namespace moesh {
 

@@ -7,7 +7,7 @@
 #include <random>
 #include <thread>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/model/random_checkpoint.h"
 #include "common/model/safetensors.h"
 #include "gtest/gtest.h"

@@ -1,7 +1,7 @@
 #include "expert_worker/flags.h"
 
 #include "absl/flags/flag.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/service/device_flags.h"
 
 ABSL_FLAG(std::string, experts, moesh::ExpertWorkerOptions().experts,

@@ -3,8 +3,8 @@
 #include <iostream>
 #include <memory>
 
+#include "base/status.h"
 #include "common/backend/backends.h"
-#include "common/base/status.h"
 #include "common/metrics/metrics.h"
 #include "common/model/config.h"
 #include "common/model/safetensors.h"

@@ -1,7 +1,7 @@
 #include "prefill_worker/flags.h"
 
 #include "absl/flags/flag.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/service/device_flags.h"
 
 ABSL_FLAG(int, max_batch_tokens, moesh::PrefillWorkerOptions().max_batch_tokens,

@@ -2,7 +2,7 @@
 // to the decode worker and returns the first token.
 #include <iostream>
 
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_util.h"
 #include "common/service/attention_worker.h"

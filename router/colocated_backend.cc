@@ -3,7 +3,7 @@
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 
 namespace moesh {
 

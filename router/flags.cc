@@ -1,7 +1,7 @@
 #include "router/flags.h"
 
 #include "absl/flags/flag.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/service/device_flags.h"
 
 ABSL_FLAG(bool, colocated, moesh::RouterOptions().colocated,

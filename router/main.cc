@@ -4,7 +4,7 @@
 #include <iostream>
 #include <memory>
 
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/metrics/metrics.h"
 #include "common/model/config.h"
 #include "common/rpc/grpc_util.h"

@@ -1,6 +1,6 @@
 #include "router/text_codec_loader.h"
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/tokenizer/streaming_detokenizer.h"
 #include "common/tokenizer/tokenizer.h"
 

@@ -20,7 +20,7 @@ import sys
 
 # Bottom up. A room is a folder prefix; the longest matching prefix wins.
 LAYERS = [
-    ("base", ["common/base", "common/rpc", "common/metrics"]),
+    ("base", ["base", "common/rpc", "common/metrics"]),
     ("kernels", ["kernels/cpu", "kernels/cuda"]),
     ("model", ["common/model", "common/tokenizer"]),
     ("engine", ["common/engine"]),

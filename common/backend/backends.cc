@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "base/status.h"
 #include "common/backend/cuda_backends_plugin.h"
-#include "common/base/status.h"
 
 namespace moesh {
 namespace {

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/cuda_backend/sample_rows.h"
 #include "kernels/cuda/config.h"
 

@@ -2,8 +2,8 @@
 // the CUDA factories behind `--device cuda`.
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "common/backend/cuda_backends_plugin.h"
-#include "common/base/status.h"
 #include "common/cuda_backend/cuda_attention_backend.h"
 #include "common/cuda_backend/cuda_expert_stage.h"
 #include "common/cuda_backend/cuda_ipc_memory.h"

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/dtype.h"
+#include "base/dtype.h"
 #include "common/cuda_backend/device_weights.h"
 #include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/fill.h"

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/model_ops.h"

@@ -3,7 +3,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/cuda_backend/cuda_model.h"
 
 // CudaModel's step planning: sequences in the KV pool, a step's tokens cut

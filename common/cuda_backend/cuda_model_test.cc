@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "common/base/dtype.h"
-#include "common/base/file_util.h"
+#include "base/dtype.h"
+#include "base/file_util.h"
 #include "common/model/attention_model.h"
 #include "common/model/expert_client.h"
 #include "common/model/model.h"

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cuda/fill.h"
 
 namespace moesh::cuda {

@@ -22,7 +22,7 @@
 
 namespace moesh::cuda {
 
-// dst[0, n) = bf16(src[0, n)) (common/base/dtype.h's F32ToBf16) through *staging,
+// dst[0, n) = bf16(src[0, n)) (base/dtype.h's F32ToBf16) through *staging,
 // synchronously.
 absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging);
 // dst[0, n) = src (fp32 or int32), synchronously.

@@ -2,7 +2,7 @@
 
 #include <iostream>
 
-#include "common/base/status.h"
+#include "base/status.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace moesh::cuda {

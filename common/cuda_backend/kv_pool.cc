@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/base/dtype.h"
-#include "common/base/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 #include "kernels/cuda/model_ops.h"
 
 namespace moesh::cuda {

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/engine/sampler.h"
 #include "common/model/model.h"
 #include "common/model/model_test_util.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/engine/paged_kv_cache.h"
 #include "common/model/attention_model.h"
 #include "common/model/expert_client.h"

@@ -8,7 +8,7 @@
 #include <random>
 #include <set>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/engine/paged_kv_cache.h"
 #include "common/model/model.h"
 #include "common/model/model_test_util.h"

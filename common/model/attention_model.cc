@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/model/v4_model.h"
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/mla_attention.h"

@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/file_util.h"
-#include "common/base/status.h"
+#include "base/file_util.h"
+#include "base/status.h"
 #include "common/model/config_json.h"
 #include "nlohmann/json.hpp"
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

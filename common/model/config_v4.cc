@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/model/config.h"
 #include "common/model/config_json.h"
 

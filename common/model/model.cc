@@ -1,6 +1,6 @@
 #include "common/model/model.h"
 
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 

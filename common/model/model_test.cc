@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <random>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/model/model_test_util.h"
 #include "common/model/random_checkpoint.h"
 #include "common/model/safetensors.h"

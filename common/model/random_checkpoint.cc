@@ -7,9 +7,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/base/dtype.h"
-#include "common/base/file_util.h"
-#include "common/base/status.h"
+#include "base/dtype.h"
+#include "base/file_util.h"
+#include "base/status.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 

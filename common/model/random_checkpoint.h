@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/base/dtype.h"
+#include "base/dtype.h"
 #include "common/model/config.h"
 
 namespace moesh {

@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/base/file_util.h"
-#include "common/base/status.h"
+#include "base/file_util.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 
 namespace moesh {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/base/dtype.h"
+#include "base/dtype.h"
 
 namespace moesh {
 

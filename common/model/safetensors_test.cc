@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <functional>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "gtest/gtest.h"
 
 namespace moesh {

@@ -6,7 +6,7 @@
 #include <limits>
 #include <numeric>
 
-#include "common/base/status.h"
+#include "base/status.h"
 #include "kernels/cpu/mhc.h"
 #include "kernels/cpu/moe_gate.h"
 #include "kernels/cpu/ops.h"

@@ -6,7 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/base/status.h"
+#include "base/status.h"
 
 namespace moesh {
 namespace {

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <functional>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/model/model.h"
 #include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"

@@ -2,7 +2,7 @@
 // writes for DeepseekV4ForCausalLM (DeepSeek's own names inside each layer,
 // transformers' for the embedding and final norm).
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/model/weights.h"
 
 namespace moesh {

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 #include "common/rpc/grpc_util.h"

@@ -2,7 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 
 ABSL_FLAG(std::string, device, moesh::DeviceOptions().device,
           "Where to compute: cpu, cuda (the current GPU) or cuda:N.");

@@ -3,7 +3,7 @@
 #include <queue>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/tokenizer/utf8.h"
 
 namespace moesh {

@@ -4,7 +4,7 @@
 #include <unicode/unistr.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 
 namespace moesh {
 namespace {

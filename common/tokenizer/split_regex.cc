@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/tokenizer/utf8.h"
 
 namespace moesh {

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/file_util.h"
-#include "common/base/status.h"
+#include "base/file_util.h"
+#include "base/status.h"
 #include "common/tokenizer/byte_level.h"
 #include "common/tokenizer/json_field.h"
 #include "common/tokenizer/utf8.h"

@@ -10,8 +10,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "common/backend/cuda_backends_plugin.h"
-#include "common/base/status.h"
 #include "common/rpc/grpc_util.h"
 #include "common/transport/shm_doorbell.h"
 #include "common/transport/transport_registry.h"

@@ -1,7 +1,7 @@
 #include "common/transport/data_plane_endpoint.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 
 namespace moesh {
 

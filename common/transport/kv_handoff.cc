@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/dtype.h"
+#include "base/dtype.h"
 
 namespace moesh {
 

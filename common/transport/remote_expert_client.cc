@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "kernels/cpu/ops.h"
 
 namespace moesh {

@@ -25,7 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/base/thread_pool.h"
+#include "base/thread_pool.h"
 #include "common/metrics/metrics.h"
 #include "common/model/expert_client.h"
 #include "common/transport/transport.h"

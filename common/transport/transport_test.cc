@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/dtype.h"
 #include "common/backend/cuda_backends_plugin.h"
-#include "common/base/dtype.h"
 #include "common/rpc/grpc_util.h"
 #include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/grpc_data_plane_service.h"

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "common/transport/transport_registry.h"
 #include "common/transport/ucx_worker.h"
 

@@ -7,7 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/base/status.h"
+#include "base/status.h"
 
 namespace moesh::cuda {
 

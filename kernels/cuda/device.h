@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace moesh::cuda {

@@ -1,7 +1,7 @@
 #include "kernels/cuda/expert_mlp.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status.h"
+#include "base/status.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/ops.h"

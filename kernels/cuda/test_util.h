@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/base/dtype.h"
+#include "base/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/params.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/model/model.h"
 #include "common/model/random_checkpoint.h"
 #include "nlohmann/json.hpp"

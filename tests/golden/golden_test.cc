@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/engine/generate.h"
 #include "common/model/model.h"
 #include "common/model/safetensors.h"

@@ -23,8 +23,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status.h"
 #include "common/backend/backends.h"
-#include "common/base/status.h"
 #include "common/cuda_backend/cuda_expert_stage.h"
 #include "common/engine/attention_backend.h"
 #include "common/engine/generate.h"

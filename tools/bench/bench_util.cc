@@ -1,6 +1,6 @@
 #include "tools/bench/bench_util.h"
 
-#include "common/base/status.h"
+#include "base/status.h"
 #include "kernels/cuda/fill.h"
 
 namespace moesh::cuda {

@@ -1,4 +1,4 @@
-#include "common/base/dtype.h"
+#include "base/dtype.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "common/base/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace moesh {
 

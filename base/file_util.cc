@@ -1,4 +1,4 @@
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 
 #include <cerrno>
 #include <cstring>
