@@ -254,8 +254,10 @@ absl::Status CudaModel::Init() {
                      max_blocks_per_seq_, " (weights take ", weights_->bytes(),
                      " bytes; raise gpu_memory_utilization or lower max_model_len)"));
   }
-  ASSIGN_OR_RETURN(kv_,
+  ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool,
                    KvPool::Create(c.num_hidden_layers, kv_row_width(), static_cast<int>(blocks)));
+  store_ = std::make_unique<KvStore>(std::move(pool), max_model_len_);
+  kv_ = &store_->pool();
   if (v4_ != nullptr) RETURN_IF_ERROR(InitV4Entries());
   // The weights and tables came in through synchronous copies on the legacy
   // stream, which a non-blocking stream does not wait for.
@@ -531,7 +533,9 @@ absl::Status CudaModel::EnqueueSample(const StepSampling& sampling, const std::v
 }
 
 absl::Status CudaModel::Commit(absl::Span<const SequenceTokens> seqs) {
-  for (const SequenceTokens& st : seqs) seqs_[st.seq].length += static_cast<int>(st.tokens.size());
+  for (const SequenceTokens& st : seqs) {
+    store_->at(st.seq).length += static_cast<int>(st.tokens.size());
+  }
   return absl::OkStatus();
 }
 

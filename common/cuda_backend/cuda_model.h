@@ -37,6 +37,7 @@
 #include "common/cuda_backend/device_weights.h"
 #include "common/cuda_backend/graph_runner.h"
 #include "common/cuda_backend/kv_pool.h"
+#include "common/cuda_backend/kv_store.h"
 #include "common/model/config.h"
 #include "common/model/expert_client.h"
 #include "common/model/kv_cache.h"
@@ -195,11 +196,7 @@ class CudaModel {
   bool last_step_used_graph() const { return graphs_->last_replayed(); }
 
  private:
-  struct Sequence {
-    bool live = false;
-    int length = 0;
-    std::vector<int32_t> blocks;
-  };
+  using Sequence = KvStore::Sequence;
   // One forward pass's host-side inputs.
   struct Batch {
     int num_tokens = 0;  // T, including padding rows
@@ -323,7 +320,8 @@ class CudaModel {
   Stream stream_;
   std::unique_ptr<CublasGemm> gemm_;
   std::unique_ptr<DeviceWeights> weights_;
-  std::unique_ptr<KvPool> kv_;
+  std::unique_ptr<KvStore> store_;  // the sequences and their pool
+  KvPool* kv_ = nullptr;            // store_'s pool
   int max_model_len_ = 0, max_blocks_per_seq_ = 0;
   int max_tokens_ = 0;  // scratch rows
   int max_rows_ = 0;    // head rows
@@ -375,8 +373,6 @@ class CudaModel {
   Event dispatch_copied_;
 
   // Mutable state.
-  std::vector<Sequence> seqs_;
-  std::vector<int> free_seq_ids_;
   std::unique_ptr<GraphRunner> graphs_;  // decode steps' CUDA graphs, on stream_
   int dispatch_tokens_ = 0;  // the current pass's rows that go to external experts (no padding)
   MlaDecodePlan plan_;       // the current pass's

@@ -27,8 +27,8 @@ absl::StatusOr<std::vector<int>> CudaModel::AddSyntheticSequences(int n, int len
   std::vector<int> ids;
   for (int i = 0; i < n; ++i) {
     ASSIGN_OR_RETURN(const int id, AddSequence());
-    Sequence& s = seqs_[id];
-    RETURN_IF_ERROR(kv_->Allocate((length + kKvBlockSize - 1) / kKvBlockSize, &s.blocks));
+    Sequence& s = store_->at(id);
+    RETURN_IF_ERROR(store_->Cover(&s, length));
     s.length = length;
     ids.push_back(id);
   }

@@ -14,9 +14,8 @@ absl::Status CudaModel::AppendKvRows(int seq, int layer, const float* rows, int 
                                                    n, " rows after ", len, " (max_model_len ",
                                                    max_model_len_, ")"));
   }
-  Sequence& s = seqs_[seq];
-  const int need = (len + n + kKvBlockSize - 1) / kKvBlockSize - static_cast<int>(s.blocks.size());
-  if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
+  Sequence& s = store_->at(seq);
+  RETURN_IF_ERROR(store_->Cover(&s, len + n));
   RETURN_IF_ERROR(kv_->WriteRows(layer, s.blocks, len, rows, n, stream_.get()));
   if (layer == config_.num_hidden_layers - 1) {
     s.length += n;
@@ -28,12 +27,12 @@ absl::Status CudaModel::AppendKvRows(int seq, int layer, const float* rows, int 
 absl::StatusOr<std::vector<float>> CudaModel::ReadKvRows(int seq, int layer, int n) {
   ASSIGN_OR_RETURN(const int len, SequenceLength(seq));
   if (layer < 0 || layer >= config_.num_hidden_layers || n < 0 ||
-      n > static_cast<int>(seqs_[seq].blocks.size()) * kKvBlockSize) {
+      n > static_cast<int>(store_->at(seq).blocks.size()) * kKvBlockSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaModel::ReadKvRows: layer ", layer, ", ", n, " rows of ", len));
   }
   std::vector<float> out(static_cast<size_t>(n) * kv_row_width());
-  RETURN_IF_ERROR(kv_->ReadRows(layer, seqs_[seq].blocks, 0, n, out.data(), stream_.get()));
+  RETURN_IF_ERROR(kv_->ReadRows(layer, store_->at(seq).blocks, 0, n, out.data(), stream_.get()));
   return out;
 }
 
@@ -44,7 +43,7 @@ absl::StatusOr<DeviceKvBlocks> CudaModel::ExportKv(int seq) {
   d.device = info_.device;
   d.num_blocks = kv_->num_blocks();
   d.block_size = kKvBlockSize;
-  d.blocks = seqs_[seq].blocks;
+  d.blocks = store_->at(seq).blocks;
   d.sender = KvPool::ProcessToken();
   return d;
 }
@@ -58,10 +57,9 @@ absl::Status CudaModel::ImportKv(int seq, const DeviceKvBlocks& src, int length)
                      " blocks of ", src.block_size, " into a sequence of ", len, " (block size ",
                      kKvBlockSize, ", max_model_len ", max_model_len_, ")"));
   }
-  Sequence& s = seqs_[seq];
+  Sequence& s = store_->at(seq);
   const int n = (length + kKvBlockSize - 1) / kKvBlockSize;
-  const int need = n - static_cast<int>(s.blocks.size());
-  if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
+  RETURN_IF_ERROR(store_->Cover(&s, length));
   RETURN_IF_ERROR(kv_->CopyBlocksFrom(src.pool_handle, src.sender, src.num_blocks, src.blocks,
                                       s.blocks, n, stream_.get()));
   s.length = length;

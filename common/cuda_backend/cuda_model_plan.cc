@@ -18,42 +18,12 @@ int CudaModel::Bucket(int batch) const {
 }
 
 absl::StatusOr<int> CudaModel::AddSequence(int reserve_tokens) {
-  if (reserve_tokens < 0 || reserve_tokens > max_model_len_) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaModel: cannot reserve ", reserve_tokens,
-                                                   " tokens; max_model_len is ", max_model_len_));
-  }
-  std::vector<int32_t> blocks;
-  RETURN_IF_ERROR(kv_->Allocate((reserve_tokens + kKvBlockSize - 1) / kKvBlockSize, &blocks));
-  int id;
-  if (!free_seq_ids_.empty()) {
-    id = free_seq_ids_.back();
-    free_seq_ids_.pop_back();
-  } else {
-    id = static_cast<int>(seqs_.size());
-    seqs_.emplace_back();
-  }
-  seqs_[id] = Sequence{};
-  seqs_[id].live = true;
-  seqs_[id].blocks = std::move(blocks);
-  return id;
+  return store_->Add(reserve_tokens);
 }
 
-absl::Status CudaModel::ReleaseSequence(int seq) {
-  if (seq < 0 || seq >= static_cast<int>(seqs_.size()) || !seqs_[seq].live) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaModel: no sequence ", seq));
-  }
-  kv_->Release(seqs_[seq].blocks);
-  seqs_[seq] = Sequence{};
-  free_seq_ids_.push_back(seq);
-  return absl::OkStatus();
-}
+absl::Status CudaModel::ReleaseSequence(int seq) { return store_->Release(seq); }
 
-absl::StatusOr<int> CudaModel::SequenceLength(int seq) const {
-  if (seq < 0 || seq >= static_cast<int>(seqs_.size()) || !seqs_[seq].live) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaModel: no sequence ", seq));
-  }
-  return seqs_[seq].length;
-}
+absl::StatusOr<int> CudaModel::SequenceLength(int seq) const { return store_->Length(seq); }
 
 absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<Batch>* chunks,
                              std::vector<int>* row_seq_index) {
@@ -66,9 +36,7 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
   std::set<int> seen;
   bool decode = true;
   for (const SequenceTokens& st : seqs) {
-    if (st.seq < 0 || st.seq >= static_cast<int>(seqs_.size()) || !seqs_[st.seq].live) {
-      return absl::InvalidArgumentError(absl::StrCat("CudaModel: no sequence ", st.seq));
-    }
+    RETURN_IF_ERROR(store_->Length(st.seq).status());
     if (!seen.insert(st.seq).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("CudaModel: sequence ", st.seq, " appears twice in a step"));
@@ -82,7 +50,7 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
             "token id ", tok, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
       }
     }
-    const int end = seqs_[st.seq].length + static_cast<int>(st.tokens.size());
+    const int end = store_->at(st.seq).length + static_cast<int>(st.tokens.size());
     if (end > max_model_len_) {
       return absl::InvalidArgumentError(absl::StrCat("CudaModel: sequence ", st.seq, " reaches ",
                                                      end, " tokens, beyond max_model_len ",
@@ -91,11 +59,8 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
     decode = decode && st.tokens.size() == 1;
   }
   for (const SequenceTokens& st : seqs) {
-    Sequence& s = seqs_[st.seq];
-    const int need =
-        (s.length + static_cast<int>(st.tokens.size()) + kKvBlockSize - 1) / kKvBlockSize -
-        static_cast<int>(s.blocks.size());
-    if (need > 0) RETURN_IF_ERROR(kv_->Allocate(need, &s.blocks));
+    Sequence& s = store_->at(st.seq);
+    RETURN_IF_ERROR(store_->Cover(&s, s.length + static_cast<int>(st.tokens.size())));
   }
   const int mb = max_blocks_per_seq_;
   auto add_token = [&](Batch& b, const Sequence& s, int32_t token, int pos) {
@@ -124,7 +89,7 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
     Batch b;
     b.decode = true;
     for (int i = 0; i < n_seqs; ++i) {
-      const Sequence& s = seqs_[seqs[i].seq];
+      const Sequence& s = store_->at(seqs[i].seq);
       add_token(b, s, seqs[i].tokens[0], s.length);
       add_segment(b, false);
       b.head_rows.push_back(i);
@@ -150,7 +115,7 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
   const int cap = options_.max_tokens_per_step;
   chunks->emplace_back();
   for (int i = 0; i < n_seqs; ++i) {
-    const Sequence& s = seqs_[seqs[i].seq];
+    const Sequence& s = store_->at(seqs[i].seq);
     const int n = static_cast<int>(seqs[i].tokens.size());
     for (int j = 0; j < n; ++j) {
       if (chunks->back().num_tokens == cap) chunks->emplace_back();

@@ -272,7 +272,7 @@ absl::Status CudaModel::FillV4Entries(int seq, int from, int to) {
   cudaStream_t s = stream_.get();
   // One segment: row 0 of the step inputs, which no step is using now.
   std::vector<int32_t> table(max_blocks_per_seq_, 0);
-  const std::vector<int32_t>& blocks = seqs_[seq].blocks;
+  const std::vector<int32_t>& blocks = store_->at(seq).blocks;
   std::copy(blocks.begin(), blocks.begin() + std::min<size_t>(blocks.size(), table.size()),
             table.begin());
   const int32_t zero = 0;
