@@ -18,18 +18,10 @@ namespace {
 
 absl::Status Run() {
   ASSIGN_OR_RETURN(const DecodeWorkerOptions o, DecodeWorkerOptionsFromFlags());
-  AttentionWorkerOptions opt;
-  opt.model_dir = o.server.model;
-  opt.expert_workers = o.dispatch.expert_workers;
-  opt.transport = o.worker.transport;
-  opt.router = o.worker.router;
-  opt.discovery_timeout = std::chrono::seconds(o.dispatch.expert_discovery_timeout_s);
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics,
                    Metrics::Create(o.server.metrics_listen, "decode_worker"));
-  const std::string metrics_address =
-      metrics->port() > 0 ? absl::StrCat(o.worker.advertise_host, ":", metrics->port()) : "";
-  opt.metrics = metrics.get();
-  opt.device = o.device;
+  AttentionWorkerOptions opt =
+      AttentionWorkerOptionsFrom(o.server, o.worker, o.dispatch, o.device, metrics.get());
   opt.device.num_kv_blocks = o.kv.kv_blocks;
   opt.device.block_size = o.kv.block_size;
   opt.device.max_num_seqs = o.kv.max_batch;
@@ -50,19 +42,11 @@ absl::Status Run() {
   std::cerr << "decode worker for " << w.config.Fingerprint() << " on " << address << " ("
             << w.backend->device() << ", " << kv.total_blocks << " KV blocks of " << kv.block_size
             << " tokens)" << std::endl;
-  ServeOptions serve;
-  serve.name = "decode worker";
-  serve.router = o.worker.router;
-  v1::RegisterRequest& reg = serve.registration;
-  reg.set_kind(v1::WORKER_KIND_DECODE);
-  reg.set_address(address);
-  reg.set_model_fingerprint(w.config.Fingerprint());
-  reg.set_data_plane_address(data.address);
+  ServeOptions serve = WorkerServeOptions("decode worker", v1::WORKER_KIND_DECODE, address,
+                                          w.config.Fingerprint(), o.server, o.worker, *metrics);
+  serve.registration.set_data_plane_address(data.address);
   serve.load = [&engine] { return LoadToProto(engine.Load()); };
   serve.on_placement_version = w.on_placement_version;
-  serve.ready_file = o.server.ready_file;
-  serve.address = address;
-  serve.metrics_address = metrics_address;
   return ServeUntilSignal(server.server.get(), serve);
 }
 

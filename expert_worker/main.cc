@@ -48,8 +48,6 @@ absl::Status Run() {
   const std::set<int> hosted = weights->expert_ids;
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics,
                    Metrics::Create(o.server.metrics_listen, "expert_worker"));
-  const std::string metrics_address =
-      metrics->port() > 0 ? absl::StrCat(o.worker.advertise_host, ":", metrics->port()) : "";
   ExpertServiceOptions options;
   options.metrics = metrics.get();
   options.loader = load;
@@ -74,19 +72,11 @@ absl::Status Run() {
   std::cerr << "expert worker serving experts " << *hosted.begin() << ".." << *hosted.rbegin()
             << " (" << hosted.size() << ") of " << config.Fingerprint() << " on " << address << " ("
             << where << ", data plane " << transport << " " << data.address << ")" << std::endl;
-  ServeOptions serve;
-  serve.name = "expert worker";
-  serve.router = o.worker.router;
-  v1::RegisterRequest& reg = serve.registration;
-  reg.set_kind(v1::WORKER_KIND_EXPERT);
-  reg.set_address(address);
-  reg.set_model_fingerprint(config.Fingerprint());
-  reg.set_data_plane_address(data.address);
-  for (int e : hosted) reg.add_expert_ids(e);
+  ServeOptions serve = WorkerServeOptions("expert worker", v1::WORKER_KIND_EXPERT, address,
+                                          config.Fingerprint(), o.server, o.worker, *metrics);
+  serve.registration.set_data_plane_address(data.address);
+  for (int e : hosted) serve.registration.add_expert_ids(e);
   serve.load = [&service] { return service.Load(); };
-  serve.ready_file = o.server.ready_file;
-  serve.address = address;
-  serve.metrics_address = metrics_address;
   return ServeUntilSignal(server.server.get(), serve);
 }
 

@@ -17,18 +17,10 @@ namespace {
 
 absl::Status Run() {
   ASSIGN_OR_RETURN(const PrefillWorkerOptions o, PrefillWorkerOptionsFromFlags());
-  AttentionWorkerOptions opt;
-  opt.model_dir = o.server.model;
-  opt.expert_workers = o.dispatch.expert_workers;
-  opt.transport = o.worker.transport;
-  opt.router = o.worker.router;
-  opt.discovery_timeout = std::chrono::seconds(o.dispatch.expert_discovery_timeout_s);
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics,
                    Metrics::Create(o.server.metrics_listen, "prefill_worker"));
-  const std::string metrics_address =
-      metrics->port() > 0 ? absl::StrCat(o.worker.advertise_host, ":", metrics->port()) : "";
-  opt.metrics = metrics.get();
-  opt.device = o.device;
+  const AttentionWorkerOptions opt =
+      AttentionWorkerOptionsFrom(o.server, o.worker, o.dispatch, o.device, metrics.get());
   ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
   PrefillEngineOptions eo;
   eo.max_batch_tokens = o.max_batch_tokens;
@@ -51,18 +43,10 @@ absl::Status Run() {
   std::cerr << "prefill worker for " << w.config.Fingerprint() << " on " << address << " ("
             << w.backend->device() << ", KV handoff "
             << (eo.kv_handoff == KvHandoff::kDevice ? "device" : "host") << ")" << std::endl;
-  ServeOptions serve;
-  serve.name = "prefill worker";
-  serve.router = o.worker.router;
-  v1::RegisterRequest& reg = serve.registration;
-  reg.set_kind(v1::WORKER_KIND_PREFILL);
-  reg.set_address(address);
-  reg.set_model_fingerprint(w.config.Fingerprint());
+  ServeOptions serve = WorkerServeOptions("prefill worker", v1::WORKER_KIND_PREFILL, address,
+                                          w.config.Fingerprint(), o.server, o.worker, *metrics);
   serve.load = [&engine] { return LoadToProto(engine.Load()); };
   serve.on_placement_version = w.on_placement_version;
-  serve.ready_file = o.server.ready_file;
-  serve.address = address;
-  serve.metrics_address = metrics_address;
   return ServeUntilSignal(server.server.get(), serve);
 }
 

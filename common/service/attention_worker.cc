@@ -153,4 +153,19 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
   return w;
 }
 
+AttentionWorkerOptions AttentionWorkerOptionsFrom(const ServerOptions& server,
+                                                  const WorkerOptions& worker,
+                                                  const ExpertDispatchOptions& dispatch,
+                                                  const DeviceOptions& device, Metrics* metrics) {
+  AttentionWorkerOptions opt;
+  opt.model_dir = server.model;
+  opt.expert_workers = dispatch.expert_workers;
+  opt.transport = worker.transport;
+  opt.router = worker.router;
+  opt.discovery_timeout = std::chrono::seconds(dispatch.expert_discovery_timeout_s);
+  opt.metrics = metrics;
+  opt.device = device;
+  return opt;
+}
+
 }  // namespace moesh

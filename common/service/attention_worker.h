@@ -14,7 +14,10 @@
 #include "common/backend/backends.h"
 #include "common/engine/attention_backend.h"
 #include "common/model/expert_client.h"
+#include "common/service/dispatch_flags.h"
 #include "common/service/heartbeat_client.h"
+#include "common/service/server_flags.h"
+#include "common/service/worker_flags.h"
 #include "common/transport/remote_expert_client.h"
 #include "common/transport/transport.h"
 
@@ -34,6 +37,12 @@ struct AttentionWorkerOptions {
   // Where attention (and local experts) run, and the KV pool.
   DeviceOptions device;
 };
+
+// The options of a prefill or decode worker from its flag groups.
+AttentionWorkerOptions AttentionWorkerOptionsFrom(const ServerOptions& server,
+                                                  const WorkerOptions& worker,
+                                                  const ExpertDispatchOptions& dispatch,
+                                                  const DeviceOptions& device, Metrics* metrics);
 
 struct AttentionWorker {
   ModelConfig config;

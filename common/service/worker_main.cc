@@ -5,6 +5,7 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "common/service/heartbeat_client.h"
 #include "common/service/worker_util.h"
 
@@ -37,6 +38,22 @@ int ServiceMain(int argc, char** argv, const char* usage, const char* name, absl
     return 1;
   }
   return 0;
+}
+
+ServeOptions WorkerServeOptions(std::string name, v1::WorkerKind kind, const std::string& address,
+                                const std::string& fingerprint, const ServerOptions& server,
+                                const WorkerOptions& worker, const Metrics& metrics) {
+  ServeOptions serve;
+  serve.name = std::move(name);
+  serve.router = worker.router;
+  serve.registration.set_kind(kind);
+  serve.registration.set_address(address);
+  serve.registration.set_model_fingerprint(fingerprint);
+  serve.ready_file = server.ready_file;
+  serve.address = address;
+  if (metrics.port() > 0)
+    serve.metrics_address = absl::StrCat(worker.advertise_host, ":", metrics.port());
+  return serve;
 }
 
 }  // namespace moesh

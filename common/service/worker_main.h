@@ -11,7 +11,10 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/metrics/metrics.h"
 #include "common/service/heartbeat_client.h"
+#include "common/service/server_flags.h"
+#include "common/service/worker_flags.h"
 #include "moesh/v1/worker.pb.h"
 
 namespace moesh {
@@ -28,6 +31,14 @@ struct ServeOptions {
 };
 
 absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& options);
+
+// A worker's ServeOptions from its flag groups: `name`, registering as `kind`
+// with the model `fingerprint` at `address` (gRPC host:port) with
+// worker.router, its ready file, and its /metrics address at
+// worker.advertise_host (none when `metrics` serves none).
+ServeOptions WorkerServeOptions(std::string name, v1::WorkerKind kind, const std::string& address,
+                                const std::string& fingerprint, const ServerOptions& server,
+                                const WorkerOptions& worker, const Metrics& metrics);
 
 // A service main(): parses Abseil flags, runs `run`, and on error prints
 // "<name>: <message>" and returns 1.
