@@ -24,6 +24,11 @@ int ThreadPool::num_threads() const {
   return static_cast<int>(threads_.size());
 }
 
+int ThreadPool::num_idle() const {
+  absl::MutexLock lock(&mu_);
+  return idle_;
+}
+
 void ThreadPool::Loop() {
   absl::MutexLock lock(&mu_);
   while (true) {

@@ -26,8 +26,9 @@ class ThreadPool {
   ~ThreadPool();
 
   void Schedule(std::function<void()> task);
-  // Threads made so far (the most tasks that ran at once).
+  // Threads made so far, and those waiting for a task now.
   int num_threads() const;
+  int num_idle() const;
 
  private:
   void Loop();
