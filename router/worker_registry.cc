@@ -73,7 +73,7 @@ WorkerRegistry::HeartbeatAnswer WorkerRegistry::Heartbeat(const std::string& wor
   return answer;
 }
 
-void WorkerRegistry::Drop(const std::string& id) {
+void WorkerRegistry::Drop(std::string id) {
   auto it = workers_.find(id);
   if (it == workers_.end()) return;
   std::cerr << "router: dropping " << id << " at " << it->second.info.address << std::endl;

@@ -99,7 +99,8 @@ class WorkerRegistry {
     int64_t placement_version = 0;  // attention workers: the map version they route by
   };
   void Sweep();
-  void Drop(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // By value: callers pass the key of the entry it erases.
+  void Drop(std::string id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string fingerprint_;
   const std::chrono::milliseconds interval_;
