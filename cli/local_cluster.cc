@@ -137,22 +137,22 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     expert_addresses.push_back(c->processes_.back().address);
   }
   if (options.placement_from_router) expert_addresses.clear();  // the router's map instead
-  for (int i = 0; i < options.num_decode; ++i) {
-    const std::string name = absl::StrCat("decode-", i);
-    DecodeWorkerOptions o = options.decode;
-    c->SetServer(name, &o.server);
+  // Decode and prefill workers: `n` of `binary`, from `o`, joined to the router and the experts.
+  auto attention_workers = [&](const char* kind, const char* binary, auto o,
+                               int n) -> absl::Status {
     o.worker.router = router.address;
     o.dispatch.expert_workers = expert_addresses;
-    RETURN_IF_ERROR(c->Spawn(name, "moesh_decode_worker", ToArgs(o)).status());
-  }
-  for (int i = 0; i < options.num_prefill; ++i) {
-    const std::string name = absl::StrCat("prefill-", i);
-    PrefillWorkerOptions o = options.prefill;
-    c->SetServer(name, &o.server);
-    o.worker.router = router.address;
-    o.dispatch.expert_workers = expert_addresses;
-    RETURN_IF_ERROR(c->Spawn(name, "moesh_prefill_worker", ToArgs(o)).status());
-  }
+    for (int i = 0; i < n; ++i) {
+      const std::string name = absl::StrCat(kind, "-", i);
+      c->SetServer(name, &o.server);
+      RETURN_IF_ERROR(c->Spawn(name, binary, ToArgs(o)).status());
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(
+      attention_workers("decode", "moesh_decode_worker", options.decode, options.num_decode));
+  RETURN_IF_ERROR(
+      attention_workers("prefill", "moesh_prefill_worker", options.prefill, options.num_prefill));
   RETURN_IF_ERROR(c->WaitUntilServing(options.startup_timeout));
   return c;
 }

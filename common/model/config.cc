@@ -299,10 +299,20 @@ absl::StatusOr<ModelConfig> ModelConfig::Load(const std::string& dir) {
 }
 
 absl::Status ModelConfig::Validate(const std::string& source) const {
+  RETURN_IF_ERROR(is_v4() ? ValidateV4(source) : ValidateMla(source));
+  for (int e : eos_token_ids) {
+    if (e < 0 || e >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": eos_token_id ", e, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelConfig::ValidateMla(const std::string& source) const {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", why));
   };
-  if (is_v4()) return ValidateV4(source);
   struct Positive {
     const char* name;
     int value;
@@ -374,12 +384,6 @@ absl::Status ModelConfig::Validate(const std::string& source) const {
     }
     if (rope.original_max_position_embeddings == 0 && max_position_embeddings <= 0) {
       return bad("yarn needs original_max_position_embeddings or max_position_embeddings");
-    }
-  }
-  for (int e : eos_token_ids) {
-    if (e < 0 || e >= vocab_size) {
-      return bad(
-          absl::StrCat("eos_token_id ", e, " is outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
   return absl::OkStatus();

@@ -58,11 +58,7 @@ absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
   return decode->Decode(
       ds,
       [&sink](const TokenEvent& e) {
-        if (e.ids.empty()) return true;  // the closing event of a finished request
-        TokenChunk c;
-        c.ids = e.ids;
-        c.logprobs = e.logprobs;
-        return sink(c);
+        return e.ids.empty() || sink(e);  // empty: the closing event of a finished request
       },
       cancelled);
 }

@@ -70,9 +70,8 @@ struct DecodeSpec {
 };
 
 // A decode step's output for one request, in order; the last has finished.
-struct TokenEvent {
-  std::vector<int32_t> ids;
-  std::vector<std::vector<TokenLogprob>> logprobs;  // per id, iff requested
+// A TokenChunk (queue_seconds 0), so it reaches a ChunkSink as it is.
+struct TokenEvent : TokenChunk {
   bool finished = false;
   bool stopped = false;  // finished on a stop id
 };

@@ -85,8 +85,9 @@ const TransportPlugin& InprocTransportPlugin() {
       "inproc", {},
       [](int) -> absl::StatusOr<std::unique_ptr<Transport>> { return MakeInprocTransport(); },
       [](const DataPlaneServeOptions&) -> absl::StatusOr<DataPlaneEndpoint> {
-        return absl::UnimplementedError(
-            "the inproc transport has no server side: bind the handlers in-process (BindInproc)");
+        return absl::InvalidArgumentError(
+            "--transport \"inproc\" has no server side: bind the handlers in-process "
+            "(BindInproc)");
       });
   return plugin;
 }

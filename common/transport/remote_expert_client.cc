@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <iostream>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

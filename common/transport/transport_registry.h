@@ -53,8 +53,8 @@ class TransportPlugin {
   virtual TransportCapabilities capabilities() const = 0;
   // The sending side; device transports move memory of CUDA device `cuda_device`.
   virtual absl::StatusOr<std::unique_ptr<Transport>> Connect(int cuda_device) const = 0;
-  // The receiving side. UNIMPLEMENTED where the transport has none (inproc:
-  // handlers are bound in-process, BindInproc).
+  // The receiving side. INVALID_ARGUMENT where the transport has none
+  // (inproc: handlers are bound in-process, BindInproc).
   virtual absl::StatusOr<DataPlaneEndpoint> Serve(const DataPlaneServeOptions& options) const = 0;
 };
 
