@@ -1,24 +1,17 @@
-// CudaModel: a DeepSeek V2/V3/V3.2/V4 model (MLA, dense MLP, MoE with shared
-// and routed experts; V3.2's lightning indexer and sparse MLA; V4's mHC and
-// sliding/compressed attention in cuda_model_v4.cc) run entirely on one GPU: weights in bf16 on the
-// device, a paged latent KV cache in device memory sized from free memory, and a batched forward
-// pass whose decode step can replay as a CUDA graph.
-//
-// Per layer, for T tokens (T = all new tokens of the step, flattened):
-//   x (fp32 residual) → RMSNorm → [q_a | kv_a] GEMM (→ q_a norm → q_b GEMM)
-//   → W_UK absorbed into q (batched GEMM over heads) → kv_a norm + RoPE + paged
-//   cache write (q_pe roped too) → MLA attention over the cache → W_UV
-//   (batched GEMM) → o_proj GEMM accumulated into x → RMSNorm →
-//   dense MLP, or: fp32 router GEMM → gate/top-k → permute by expert →
-//   grouped gate_up GEMM → SiLU·mul → grouped down GEMM → shared expert into x
-//   → weighted combine into x.
-// Then the final RMSNorm on each sequence's last token, lm_head (fp32
-// logits), greedy + log-probabilities on the device.
-//
-// Prefill runs the same path: each prompt token is one query row attending to
-// cache rows [0, position] (its own row written first), through the decode
-// attention kernel. That is correct and simple, not fast: the prefix is read
-// once per query token rather than once per tile of queries.
+// CudaModel: a DeepSeek V2/V3/V3.2/V4 model run entirely on one GPU: weights
+// in bf16 on the device, a paged latent KV cache in device memory sized from
+// free memory, and a batched forward pass whose decode step can replay as a
+// CUDA graph. It coordinates its parts:
+//   * StepPlanner (step_planner.h): a step's tokens validated against the
+//     sequences, cut into passes, uploaded;
+//   * LayerStack (layer_stack.h): the family's layers (MlaLayerStack for
+//     V2/V3/V3.2, V4LayerStack for V4), each layer's FFN through FfnBlock
+//     (ffn_block.h: dense MLP, MoE on the device or behind an ExpertClient);
+//   * GraphRunner (graph_runner.h): decode steps as whole or piecewise graphs;
+//   * KvStore (kv_store.h): the sequences and their blocks in the pool, and
+//     the KV handoff in and out of it;
+// and runs the head: the final norm (the stack's), lm_head (fp32 logits),
+// greedy + log-probabilities or the GPU sampler on the device.
 //
 // Not thread-safe: one caller at a time (it owns one stream).
 #ifndef MOESH_COMMON_CUDA_BACKEND_CUDA_MODEL_H_
@@ -34,55 +27,30 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/cuda_backend/cuda_model_options.h"
 #include "common/cuda_backend/device_weights.h"
+#include "common/cuda_backend/ffn_block.h"
+#include "common/cuda_backend/forward_context.h"
 #include "common/cuda_backend/graph_runner.h"
 #include "common/cuda_backend/kv_pool.h"
 #include "common/cuda_backend/kv_store.h"
+#include "common/cuda_backend/layer_stack.h"
+#include "common/cuda_backend/sample_rows.h"
+#include "common/cuda_backend/step_planner.h"
 #include "common/model/config.h"
 #include "common/model/expert_client.h"
 #include "common/model/kv_cache.h"
 #include "common/model/weights.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/mla_decode.h"
-#include "kernels/cuda/v4_ops.h"
 
 namespace moesh::cuda {
-
-// Which MLA attention kernel runs: the tuned one where it is built for the
-// widths (latent 512, rope 64), else the plain one; or always the plain one
-// (a cross-check of the tuned kernel inside the whole model).
-enum class MlaKernel { kAuto, kGeneric };
-
-struct CudaModelOptions {
-  // Fraction of the device's total memory that everything on it may use once
-  // this model is loaded (other processes' memory counts); the KV cache gets
-  // what the weights and scratch buffers leave of it.
-  double gpu_memory_utilization = 0.9;
-  int max_num_seqs = 256;          // sequences per step; decode graphs cover batches up to it
-  int max_model_len = 0;           // tokens per sequence; 0: min(max_position_embeddings, 8192)
-  int max_tokens_per_step = 8192;  // longer prefills run in chunks of this many tokens
-  bool cuda_graphs = true;  // decode steps (one token per sequence) replay a graph per batch bucket
-  int max_kv_blocks = 0;    // > 0: at most this many cache blocks (tests)
-  MlaKernel mla_kernel = MlaKernel::kAuto;
-  int moe_tile_m = 0;           // rows per expert tile: 16, 32 or 64; 0 picks by rows per expert
-  bool record_routing = false;  // keep each pass's expert choices (LastRouting)
-  // False: the routed experts are not loaded on this device; every forward
-  // pass then takes an ExpertClient (the disaggregated attention worker).
-  bool routed_experts_on_device = true;
-};
 
 // GPU time of one eager forward pass by phase, summed over the layers, from
 // events between the phases (ProfileStep). Where the GPU outruns the host's
 // launches (small batches), the phases include the launch gaps.
 struct PhaseTimes {
   double embed_ms = 0, attention_ms = 0, dense_mlp_ms = 0, moe_ms = 0, head_ms = 0, total_ms = 0;
-};
-
-// New tokens of one sequence for a step.
-struct SequenceTokens {
-  int seq = -1;                      // from AddSequence
-  absl::Span<const int32_t> tokens;  // appended after the cached prefix; not empty
 };
 
 // The GPU sampler's rows for a Step, one per sequence in the step's order
@@ -197,109 +165,24 @@ class CudaModel {
 
  private:
   using Sequence = KvStore::Sequence;
-  // One forward pass's host-side inputs.
-  struct Batch {
-    int num_tokens = 0;  // T, including padding rows
-    int num_rows = 0;    // head rows (sequences), including padding
-    std::vector<int32_t> tokens, positions, slots, seq_lens, head_rows, block_table;
-    int max_seq_len = 0;
-    bool decode = false;   // one token per sequence, padded to a bucket
-    int real_tokens = -1;  // decode: the rows before the padding; -1: num_tokens
-    // Segments (runs of one sequence's tokens): each one's last row and its
-    // first token's position (V4's compressed entries).
-    std::vector<int32_t> seg_last, seg_from;
-  };
-  // Rows laid out densely for the tuned MLA kernel (V3.2's selections, V4's
-  // window + entries; cuda_model_dsa.cc): `tokens` queries at a time, query
-  // i's rows at [i * stride, (i + 1) * stride) of `rows`, read through the
-  // constant block table `table` (stride a multiple of 64).
-  struct MlaScratch {
-    int stride = 0, tokens = 0;
-    DeviceBuffer<bf16> rows;
-    DeviceBuffer<int32_t> table;
-    DeviceBuffer<uint8_t> ws;  // the split partials of any batch up to `tokens`
-  };
-  // DeepSeek-V4's scratch and tables (cuda_model_v4.cc), sized for
-  // max_tokens_ tokens and max_rows_ segments.
-  struct V4State {
-    DeviceBuffer<float> mix, post, comb, collapsed, y;
-    DeviceBuffer<bf16> a, q, attn, grouped;
-    DeviceBuffer<int32_t> seg_last, seg_from;
-    // Compressed entries, each computed once (v4_ops.h V4CompressParams):
-    // per layer, entry e of a sequence at its row e (the KV pool's block ids),
-    // [head_dim kv entry | index_head_dim index entry (CSA)], bf16.
-    std::unique_ptr<KvPool> entries;
-    int entry_width = 0, min_rate = 0;
-    DeviceBuffer<float> main_inv_freq, compress_inv_freq;
-    RopeTableView main_rope, compress_rope;
-    // head_dim 512 (the MLA kernel's latent width): attention on the tuned
-    // kernel over the keys gathered densely into `keys` (RunV4GatherKeys).
-    bool fast = false;
-    MlaScratch keys;
-    DeviceBuffer<bf16> q576;
-    DeviceBuffer<int32_t> key_count;
-    DeviceBuffer<float> o, lse;
-  };
   explicit CudaModel(const ModelConfig& config, const CudaModelOptions& options);
   static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const ModelConfig& config,
                                                            const CudaModelOptions& options,
                                                            std::unique_ptr<DeviceWeights> weights,
                                                            Stream stream);
   absl::Status Init();
+  // Sizes the KV pool from what the utilisation target leaves, up to what
+  // max_num_seqs full-length sequences can use.
+  absl::Status InitKvStore();
 
-  int Bucket(int batch) const;
-  // Validates, allocates cache blocks and lays out the step's tokens; a
-  // decode batch is padded to its bucket. `chunks` gets the passes to run.
-  absl::Status Plan(absl::Span<const SequenceTokens> seqs, std::vector<Batch>* chunks,
-                    std::vector<int>* row_seq_index);
-  absl::Status Upload(const Batch& b);
-  absl::Status EnqueueForward(const Batch& b, bool sample, int top_k,
+  // Pass `b` (uploaded) through the stack and the head.
+  absl::Status EnqueueForward(const StepBatch& b, bool sample, int top_k,
                               ExpertClient* experts = nullptr);
-  absl::Status EnqueueLayers(const Batch& b, ExpertClient* experts);
-  // DeepSeek-V4 (cuda_model_v4.cc): its scratch, its layers, its hc head
-  // and final norm into head_normed_.
-  absl::Status InitV4();
-  absl::Status InitV4Entries();  // after the KV pool
-  // The compressed entries rows [from, to) of `seq` complete, every layer
-  // (after rows came in through AppendKvRows or ImportKv); synchronous.
-  absl::Status FillV4Entries(int seq, int from, int to);
-  // Layer l's compressors over the pass's segments (or FillV4Entries').
-  absl::Status EnqueueV4Compress(int layer, int num_segs, int max_new);
-  absl::Status EnqueueV4Layers(const Batch& b, ExpertClient* experts);
-  // DeepSeek-V3.2's indexer for layer l after its cache write: keys into the
-  // cache rows, queries, the top-k per token into index_selected_/index_count_.
-  absl::Status EnqueueDsaIndexer(int layer, int num_tokens);
-  // The indexer's scratch (index_*_), for up to max_keys keys per query.
-  absl::Status InitIndexer(int max_keys);
-  absl::Status InitSparseMla();
-  // An MlaScratch of `rows_per_token` (rounded up to 64) rows per query.
-  absl::Status InitMlaScratch(int rows_per_token, MlaScratch* s);
-  // The tuned MLA kernel on `n` queries whose rows are in `s`; `mp` gives the
-  // queries, their row counts (seq_lens), the output and the scale.
-  absl::Status RunMlaOnScratch(const MlaScratch& s, int n, MlaDecodeParams mp);
-  // The tuned MLA kernel over each token's gathered selection; `mp` as for
-  // the dense kernel (q, out, softmax scale, the layer's pool).
-  absl::Status EnqueueSparseMla(const Batch& b, const MlaDecodeParams& mp);
-  absl::Status EnqueueV4Attention(const Batch& b, int layer);
-  absl::Status EnqueueV4Head(int num_tokens, int num_rows);
-  // V4State::fast: RunV4Attention's math on the tuned MLA kernel.
-  absl::Status EnqueueV4FastAttention(const V4AttentionParams& ap);
-  // mHC before a sublayer: its collapse of x_ RMSNorm'd into normed_ (and,
-  // for the router's fp32 GEMM, normed_f32_).
-  absl::Status EnqueueMhcPre(const float* fn, const float* base, const float* scale,
-                             const bf16* norm, int num_tokens, bool router_input);
-  absl::Status EnqueueMhcPost(int num_tokens);
-  absl::Status EnqueueMlp(const bf16* w_gate_up, const bf16* w_down, int inter, int num_tokens);
-  absl::Status EnqueueMoe(int layer, int num_tokens, ExpertClient* experts);
-  // The routed part of EnqueueMoe through `experts` (host round trip).
-  absl::Status RunExternalExperts(int layer, int num_tokens, ExpertClient* experts);
   // The final norm and lm_head on the pass's num_rows head rows (of num_tokens).
   absl::Status EnqueueHead(int num_tokens, int num_rows, bool sample, int top_k);
-  absl::Status Gemm(const bf16* x, int ldx, const bf16* w, void* y, int ldy, int m, int n, int k,
-                    OutType out, bool accumulate);
-  absl::Status RunDecodeGraph(const Batch& b, int top_k);
+  absl::Status RunDecodeGraph(const StepBatch& b, int top_k);
   // The same for device-resident external experts, with piecewise graphs.
-  absl::Status RunPiecewiseGraph(const Batch& b, int top_k, ExpertClient* experts);
+  absl::Status RunPiecewiseGraph(const StepBatch& b, int top_k, ExpertClient* experts);
   // Samples the chunk's `rows` logits rows (chunk row r is sequence
   // order[first + r]) into next_ids_, on the stream.
   absl::Status EnqueueSample(const StepSampling& sampling, const std::vector<int>& order,
@@ -311,7 +194,6 @@ class CudaModel {
   // experts whether their device results were sound; once more if a worker
   // failed under it (its replicas take over).
   absl::Status RunChecked(ExpertClient* experts, const std::function<absl::Status()>& run);
-  absl::Status Mark(int index);  // records profiling event `index` iff profiling
 
   // Constant after Init (but options_.moe_tile_m: SetMoeTileM).
   const ModelConfig config_;
@@ -320,65 +202,25 @@ class CudaModel {
   Stream stream_;
   std::unique_ptr<CublasGemm> gemm_;
   std::unique_ptr<DeviceWeights> weights_;
+  int max_model_len_ = 0;
+  // The parts; ctx_ refers to the members above and to the parts' own.
+  std::unique_ptr<ForwardContext> ctx_;
+  std::unique_ptr<GraphRunner> graphs_;  // decode steps' CUDA graphs, on stream_
+  std::unique_ptr<StepPlanner> planner_;
+  std::unique_ptr<FfnBlock> ffn_;
+  std::unique_ptr<LayerStack> stack_;
   std::unique_ptr<KvStore> store_;  // the sequences and their pool
   KvPool* kv_ = nullptr;            // store_'s pool
-  int max_model_len_ = 0, max_blocks_per_seq_ = 0;
-  int max_tokens_ = 0;  // scratch rows
-  int max_rows_ = 0;    // head rows
-  std::vector<int> buckets_;
-  bool fast_mla_ = false;
-  float softmax_scale_ = 1.0f;
-  RopeTableView rope_;
-  DeviceBuffer<float> inv_freq_;
 
-  // Scratch (device), sized for max_tokens_ tokens. x_ is the residual
-  // ([T, hc_mult, hidden] for V4); the MLP and MoE outputs accumulate into
-  // *resid_ (x_, or for V4 the sublayer output mHC then mixes in).
-  float* resid_ = nullptr;
-  std::unique_ptr<V4State> v4_;
-  // The lightning indexer's (V3.2; V4's CSA layers): queries, scores over up
-  // to index_max_keys_ keys, the selection and its size per token.
-  int index_max_keys_ = 0;
-  DeviceBuffer<bf16> index_q_;
-  DeviceBuffer<float> index_scores_;
-  DeviceBuffer<int32_t> index_selected_, index_count_;
-  RopeTableView index_rope_;  // V3.2: the model's table, rotate-half layout
-  // V3.2 at the tuned MLA kernel's widths: each token's selected rows
-  // (their pool rows in sparse_rows_) gathered into sparse_.
-  bool sparse_fast_ = false;
-  MlaScratch sparse_;
-  DeviceBuffer<int32_t> sparse_rows_;
-  DeviceBuffer<float> x_, normed_f32_, router_logits_, topk_w_, moe_out_, logits_, next_lp_,
-      topk_lp_;
-  DeviceBuffer<bf16> normed_, qkv_, qa_, q_, q_mla_, o_lat_, attn_, mlp_gu_, mlp_act_, moe_gu_,
-      moe_act_, head_normed_;
-  DeviceBuffer<int32_t> topk_ids_, row_token_, pair_row_, expert_offsets_, tile_offsets_,
-      expert_counts_, next_ids_, topk_out_ids_;
-  DeviceBuffer<bf16> moe_gathered_;  // the dense expert path's gathered rows (null: never taken)
-  PinnedBuffer<int32_t> h_expert_offsets_;
-  DeviceBuffer<uint8_t> decode_ws_,
-      prefill_ws_;  // MLA split partials (decode_ws_ fixed: graphs hold it)
-  // Step inputs: device copies at fixed addresses (graphs read them), pinned staging.
-  DeviceBuffer<int32_t> d_tokens_, d_positions_, d_slots_, d_seq_lens_, d_head_rows_,
-      d_block_table_;
-  PinnedBuffer<int32_t> h_meta_;  // staging for the above
-  PinnedBuffer<int32_t> h_ids_;   // next_ids, topk ids back
-  PinnedBuffer<float> h_lp_;      // next_logprobs, topk logprobs back
+  // The head, [max_num_seqs rows, ...].
+  DeviceBuffer<bf16> head_normed_;
+  DeviceBuffer<float> logits_, next_lp_, topk_lp_;
+  DeviceBuffer<int32_t> next_ids_, topk_out_ids_;
+  PinnedBuffer<int32_t> h_ids_;  // next_ids, topk ids back
+  PinnedBuffer<float> h_lp_;     // next_logprobs, topk logprobs back
   // The GPU sampler's rows of a chunk and a step's penalty entries (grown as needed).
   DeviceBuffer<SampleRow> d_sample_rows_;
   DeviceBuffer<PenaltyEntry> d_penalties_;
-  // External experts: the dispatch staged on the host, the result back.
-  PinnedBuffer<float> h_hidden_, h_topk_w_, h_routed_;
-  PinnedBuffer<int32_t> h_topk_ids_;
-  Event dispatch_copied_;
-
-  // Mutable state.
-  std::unique_ptr<GraphRunner> graphs_;  // decode steps' CUDA graphs, on stream_
-  int dispatch_tokens_ = 0;  // the current pass's rows that go to external experts (no padding)
-  MlaDecodePlan plan_;       // the current pass's
-  DeviceBuffer<int32_t> routing_log_;  // [num_layers, max_tokens_, top_k] iff record_routing
-  int routing_rows_ = 0;
-  std::vector<Event>* profile_ = nullptr;  // non-null while ProfileStep runs
 };
 
 }  // namespace moesh::cuda

@@ -11,11 +11,7 @@ namespace moesh::cuda {
 absl::Status CudaModel::FillKvCacheRandom(uint64_t seed) {
   RETURN_IF_ERROR(
       FillUniform(kv_->layer(0), kv_->bytes() / sizeof(bf16), seed, 1.0f, stream_.get()));
-  if (v4_ != nullptr) {  // V4's compressed entries too (normalised: about unit scale)
-    const KvPool& e = *v4_->entries;
-    RETURN_IF_ERROR(
-        FillUniform(e.layer(0), e.bytes() / sizeof(bf16), seed + 1, 1.0f, stream_.get()));
-  }
+  RETURN_IF_ERROR(stack_->FillCacheRandom(seed + 1));  // V4's compressed entries
   return stream_.Synchronize();
 }
 
@@ -36,22 +32,7 @@ absl::StatusOr<std::vector<int>> CudaModel::AddSyntheticSequences(int n, int len
 }
 
 absl::StatusOr<std::vector<int32_t>> CudaModel::LastRouting(int* rows) {
-  if (!options_.record_routing)
-    return absl::FailedPreconditionError("CudaModel: record_routing is off");
-  RETURN_IF_ERROR(stream_.Synchronize());
-  ASSIGN_OR_RETURN(std::vector<int32_t> all, routing_log_.ToHost());
-  const int k = std::max(config_.num_experts_per_tok, 1);
-  std::vector<int32_t> out;
-  for (int l = 0; l < config_.num_hidden_layers; ++l) {
-    const auto begin = all.begin() + static_cast<size_t>(l) * max_tokens_ * k;
-    if (weights_->layer(l).is_moe) {
-      out.insert(out.end(), begin, begin + static_cast<size_t>(routing_rows_) * k);
-    } else {
-      out.insert(out.end(), static_cast<size_t>(routing_rows_) * k, -1);
-    }
-  }
-  *rows = routing_rows_;
-  return out;
+  return ffn_->Routing(rows);
 }
 
 absl::StatusOr<PhaseTimes> CudaModel::ProfileStep(absl::Span<const SequenceTokens> seqs) {
@@ -59,9 +40,9 @@ absl::StatusOr<PhaseTimes> CudaModel::ProfileStep(absl::Span<const SequenceToken
     return absl::FailedPreconditionError(
         "CudaModel::ProfileStep: the routed experts are not on this device");
   }
-  std::vector<Batch> chunks;
+  std::vector<StepBatch> chunks;
   std::vector<int> order;
-  RETURN_IF_ERROR(Plan(seqs, &chunks, &order));
+  RETURN_IF_ERROR(planner_->Plan(seqs, store_.get(), &chunks, &order));
   const int layers = config_.num_hidden_layers;
   std::vector<Event> events;
   for (int i = 0; i < 3 + 2 * layers; ++i) {
@@ -69,12 +50,12 @@ absl::StatusOr<PhaseTimes> CudaModel::ProfileStep(absl::Span<const SequenceToken
     events.push_back(std::move(e));
   }
   PhaseTimes t;
-  for (const Batch& b : chunks) {
-    RETURN_IF_ERROR(Upload(b));
-    profile_ = &events;
+  for (const StepBatch& b : chunks) {
+    RETURN_IF_ERROR(planner_->Upload(b, stream_.get()));
+    ctx_->profile = &events;
     absl::Status st = events[0].Record(stream_.get());
     if (st.ok()) st = EnqueueForward(b, true, 0);
-    profile_ = nullptr;
+    ctx_->profile = nullptr;
     RETURN_IF_ERROR(st);
     RETURN_IF_ERROR(stream_.Synchronize());
     auto ms = [&](int a, int z) -> absl::StatusOr<double> {
@@ -98,9 +79,6 @@ absl::StatusOr<PhaseTimes> CudaModel::ProfileStep(absl::Span<const SequenceToken
   return t;
 }
 
-absl::StatusOr<std::vector<int32_t>> CudaModel::LastExpertCounts() {
-  RETURN_IF_ERROR(stream_.Synchronize());
-  return expert_counts_.ToHost();
-}
+absl::StatusOr<std::vector<int32_t>> CudaModel::LastExpertCounts() { return ffn_->ExpertCounts(); }
 
 }  // namespace moesh::cuda

@@ -1,11 +1,19 @@
-// CudaModel's KV rows in and out of its paged pool for the KV handoff
-// between workers: through the host (AppendKvRows, ReadKvRows) or device to
-// device from another model's pool (ExportKv, ImportKv). V4's compressed
-// entries are not handed off: they are recomputed from the rows on arrival.
+// CudaModel's sequences in the KV store, and their KV rows in and out of its paged pool for the KV
+// handoff between workers: through the host (AppendKvRows, ReadKvRows) or device to device from
+// another model's pool (ExportKv, ImportKv). V4's compressed entries are not handed off: they are
+// recomputed from the rows on arrival.
 #include "absl/strings/str_cat.h"
 #include "common/cuda_backend/cuda_model.h"
 
 namespace moesh::cuda {
+
+absl::StatusOr<int> CudaModel::AddSequence(int reserve_tokens) {
+  return store_->Add(reserve_tokens);
+}
+
+absl::Status CudaModel::ReleaseSequence(int seq) { return store_->Release(seq); }
+
+absl::StatusOr<int> CudaModel::SequenceLength(int seq) const { return store_->Length(seq); }
 
 absl::Status CudaModel::AppendKvRows(int seq, int layer, const float* rows, int n) {
   ASSIGN_OR_RETURN(const int len, SequenceLength(seq));
@@ -19,7 +27,7 @@ absl::Status CudaModel::AppendKvRows(int seq, int layer, const float* rows, int 
   RETURN_IF_ERROR(kv_->WriteRows(layer, s.blocks, len, rows, n, stream_.get()));
   if (layer == config_.num_hidden_layers - 1) {
     s.length += n;
-    RETURN_IF_ERROR(FillV4Entries(seq, len, len + n));  // V4: the entries these rows complete
+    RETURN_IF_ERROR(stack_->RowsArrived(seq, len, len + n));  // V4: the entries they complete
   }
   return absl::OkStatus();
 }
@@ -63,7 +71,7 @@ absl::Status CudaModel::ImportKv(int seq, const DeviceKvBlocks& src, int length)
   RETURN_IF_ERROR(kv_->CopyBlocksFrom(src.pool_handle, src.sender, src.num_blocks, src.blocks,
                                       s.blocks, n, stream_.get()));
   s.length = length;
-  return FillV4Entries(seq, 0, length);  // V4: its compressed entries, from the rows
+  return stack_->RowsArrived(seq, 0, length);  // V4: its compressed entries, from the rows
 }
 
 }  // namespace moesh::cuda

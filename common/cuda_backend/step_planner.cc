@@ -1,42 +1,58 @@
+#include "common/cuda_backend/step_planner.h"
+
 #include <algorithm>
 #include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "common/cuda_backend/cuda_model.h"
+#include "kernels/cuda/config.h"
 
-// CudaModel's step planning: sequences in the KV pool, a step's tokens cut
-// into batches (chunks) that fit the scratch buffers, and their upload.
 namespace moesh::cuda {
 
-int CudaModel::Bucket(int batch) const {
+absl::StatusOr<std::unique_ptr<StepPlanner>> StepPlanner::Create(const StepLimits& limits) {
+  std::unique_ptr<StepPlanner> p(new StepPlanner(limits));
+  const size_t t = limits.max_tokens, rows = limits.max_rows;
+  const int mb = (limits.max_model_len + kKvBlockSize - 1) / kKvBlockSize;
+  for (int b = 1; b < limits.max_rows; b *= 2) p->buckets_.push_back(b);
+  p->buckets_.push_back(limits.max_rows);
+  RETURN_IF_ERROR(p->tokens_.Reallocate(t));
+  RETURN_IF_ERROR(p->positions_.Reallocate(t));
+  RETURN_IF_ERROR(p->slots_.Reallocate(t));
+  RETURN_IF_ERROR(p->seq_lens_.Reallocate(t));
+  RETURN_IF_ERROR(p->head_rows_.Reallocate(rows));
+  RETURN_IF_ERROR(p->block_table_.Reallocate(t * mb));
+  RETURN_IF_ERROR(p->seg_last_.Reallocate(rows));
+  RETURN_IF_ERROR(p->seg_from_.Reallocate(rows));
+  ASSIGN_OR_RETURN(p->staging_, PinnedBuffer<int32_t>::Create(6 * t + rows + t * mb));
+  StepInputs& in = p->inputs_;
+  in.tokens = p->tokens_.get(), in.positions = p->positions_.get(), in.slots = p->slots_.get();
+  in.seq_lens = p->seq_lens_.get(), in.head_rows = p->head_rows_.get();
+  in.block_table = p->block_table_.get(), in.seg_last = p->seg_last_.get();
+  in.seg_from = p->seg_from_.get(), in.max_blocks_per_seq = mb;
+  return p;
+}
+
+int StepPlanner::Bucket(int batch) const {
   for (int b : buckets_) {
     if (b >= batch) return b;
   }
   return buckets_.back();
 }
 
-absl::StatusOr<int> CudaModel::AddSequence(int reserve_tokens) {
-  return store_->Add(reserve_tokens);
-}
-
-absl::Status CudaModel::ReleaseSequence(int seq) { return store_->Release(seq); }
-
-absl::StatusOr<int> CudaModel::SequenceLength(int seq) const { return store_->Length(seq); }
-
-absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<Batch>* chunks,
-                             std::vector<int>* row_seq_index) {
+absl::Status StepPlanner::Plan(absl::Span<const SequenceTokens> seqs, KvStore* store,
+                               std::vector<StepBatch>* chunks,
+                               std::vector<int>* row_seq_index) const {
   const int n_seqs = static_cast<int>(seqs.size());
   if (n_seqs == 0) return absl::InvalidArgumentError("CudaModel: empty batch");
-  if (n_seqs > max_rows_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CudaModel: ", n_seqs, " sequences in a step; max_num_seqs is ", max_rows_));
+  if (n_seqs > limits_.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaModel: ", n_seqs, " sequences in a step; max_num_seqs is ", limits_.max_rows));
   }
   std::set<int> seen;
   bool decode = true;
   for (const SequenceTokens& st : seqs) {
-    RETURN_IF_ERROR(store_->Length(st.seq).status());
+    RETURN_IF_ERROR(store->Length(st.seq).status());
     if (!seen.insert(st.seq).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("CudaModel: sequence ", st.seq, " appears twice in a step"));
@@ -45,25 +61,25 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
       return absl::InvalidArgumentError(
           absl::StrCat("CudaModel: sequence ", st.seq, " has no tokens"));
     for (int32_t tok : st.tokens) {
-      if (tok < 0 || tok >= config_.vocab_size) {
+      if (tok < 0 || tok >= limits_.vocab_size) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "token id ", tok, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+            "token id ", tok, " is outside the vocabulary [0, ", limits_.vocab_size, ")"));
       }
     }
-    const int end = store_->at(st.seq).length + static_cast<int>(st.tokens.size());
-    if (end > max_model_len_) {
+    const int end = store->at(st.seq).length + static_cast<int>(st.tokens.size());
+    if (end > limits_.max_model_len) {
       return absl::InvalidArgumentError(absl::StrCat("CudaModel: sequence ", st.seq, " reaches ",
                                                      end, " tokens, beyond max_model_len ",
-                                                     max_model_len_));
+                                                     limits_.max_model_len));
     }
     decode = decode && st.tokens.size() == 1;
   }
   for (const SequenceTokens& st : seqs) {
-    Sequence& s = store_->at(st.seq);
-    RETURN_IF_ERROR(store_->Cover(&s, s.length + static_cast<int>(st.tokens.size())));
+    KvStore::Sequence& s = store->at(st.seq);
+    RETURN_IF_ERROR(store->Cover(&s, s.length + static_cast<int>(st.tokens.size())));
   }
-  const int mb = max_blocks_per_seq_;
-  auto add_token = [&](Batch& b, const Sequence& s, int32_t token, int pos) {
+  const int mb = inputs_.max_blocks_per_seq;
+  auto add_token = [&](StepBatch& b, const KvStore::Sequence& s, int32_t token, int pos) {
     b.tokens.push_back(token);
     b.positions.push_back(pos);
     b.slots.push_back(s.blocks[pos / kKvBlockSize] * kKvBlockSize + pos % kKvBlockSize);
@@ -76,7 +92,7 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
   };
   // Token `row` of `b` continues segment seg_last.size() - 1 iff `same` (the
   // same sequence as the row before), else starts one.
-  auto add_segment = [](Batch& b, bool same) {
+  auto add_segment = [](StepBatch& b, bool same) {
     if (!same || b.seg_last.empty()) {
       b.seg_last.push_back(0);
       b.seg_from.push_back(b.positions.back());
@@ -86,10 +102,10 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
   chunks->clear();
   row_seq_index->clear();
   if (decode) {
-    Batch b;
+    StepBatch b;
     b.decode = true;
     for (int i = 0; i < n_seqs; ++i) {
-      const Sequence& s = store_->at(seqs[i].seq);
+      const KvStore::Sequence& s = store->at(seqs[i].seq);
       add_token(b, s, seqs[i].tokens[0], s.length);
       add_segment(b, false);
       b.head_rows.push_back(i);
@@ -108,18 +124,18 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
       add_segment(b, false);
     }
     b.num_rows = bucket;
-    b.max_seq_len = max_model_len_;  // the plan the bucket's graph was built with
+    b.max_seq_len = limits_.max_model_len;  // the plan the bucket's graph was built with
     chunks->push_back(std::move(b));
     return absl::OkStatus();
   }
-  const int cap = options_.max_tokens_per_step;
+  const int cap = limits_.max_tokens_per_step;
   chunks->emplace_back();
   for (int i = 0; i < n_seqs; ++i) {
-    const Sequence& s = store_->at(seqs[i].seq);
+    const KvStore::Sequence& s = store->at(seqs[i].seq);
     const int n = static_cast<int>(seqs[i].tokens.size());
     for (int j = 0; j < n; ++j) {
       if (chunks->back().num_tokens == cap) chunks->emplace_back();
-      Batch& b = chunks->back();
+      StepBatch& b = chunks->back();
       add_token(b, s, seqs[i].tokens[j], s.length + j);
       add_segment(b, j > 0 && b.num_tokens > 1);
       if (j == n - 1) {
@@ -132,27 +148,27 @@ absl::Status CudaModel::Plan(absl::Span<const SequenceTokens> seqs, std::vector<
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::Upload(const Batch& b) {
-  int32_t* h = h_meta_.get();
+absl::Status StepPlanner::Upload(const StepBatch& b, cudaStream_t stream) {
+  int32_t* h = staging_.get();
   size_t at = 0;
   auto put = [&](const std::vector<int32_t>& v, int32_t* dst) -> absl::Status {
     if (v.empty()) return absl::OkStatus();
     std::memcpy(h + at, v.data(), v.size() * sizeof(int32_t));
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, h + at, v.size() * sizeof(int32_t),
-                                         cudaMemcpyHostToDevice, stream_.get()));
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(dst, h + at, v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
     at += v.size();
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(put(b.tokens, d_tokens_.get()));
-  RETURN_IF_ERROR(put(b.positions, d_positions_.get()));
-  RETURN_IF_ERROR(put(b.slots, d_slots_.get()));
-  RETURN_IF_ERROR(put(b.seq_lens, d_seq_lens_.get()));
-  RETURN_IF_ERROR(put(b.head_rows, d_head_rows_.get()));
-  if (v4_ != nullptr) {
-    RETURN_IF_ERROR(put(b.seg_from, v4_->seg_from.get()));
-    RETURN_IF_ERROR(put(b.seg_last, v4_->seg_last.get()));
+  RETURN_IF_ERROR(put(b.tokens, inputs_.tokens));
+  RETURN_IF_ERROR(put(b.positions, inputs_.positions));
+  RETURN_IF_ERROR(put(b.slots, inputs_.slots));
+  RETURN_IF_ERROR(put(b.seq_lens, inputs_.seq_lens));
+  RETURN_IF_ERROR(put(b.head_rows, inputs_.head_rows));
+  if (limits_.segments) {
+    RETURN_IF_ERROR(put(b.seg_from, inputs_.seg_from));
+    RETURN_IF_ERROR(put(b.seg_last, inputs_.seg_last));
   }
-  return put(b.block_table, d_block_table_.get());
+  return put(b.block_table, inputs_.block_table);
 }
 
 }  // namespace moesh::cuda

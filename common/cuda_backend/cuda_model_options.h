@@ -1,0 +1,34 @@
+// CudaModel's options (common/cuda_backend/cuda_model.h), in their own header
+// so that the model's parts (planner, layer stacks, FFN block) read them
+// without the coordinator's header.
+#ifndef MOESH_COMMON_CUDA_BACKEND_CUDA_MODEL_OPTIONS_H_
+#define MOESH_COMMON_CUDA_BACKEND_CUDA_MODEL_OPTIONS_H_
+
+namespace moesh::cuda {
+
+// Which MLA attention kernel runs: the tuned one where it is built for the
+// widths (latent 512, rope 64), else the plain one; or always the plain one
+// (a cross-check of the tuned kernel inside the whole model).
+enum class MlaKernel { kAuto, kGeneric };
+
+struct CudaModelOptions {
+  // Fraction of the device's total memory that everything on it may use once
+  // this model is loaded (other processes' memory counts); the KV cache gets
+  // what the weights and scratch buffers leave of it.
+  double gpu_memory_utilization = 0.9;
+  int max_num_seqs = 256;          // sequences per step; decode graphs cover batches up to it
+  int max_model_len = 0;           // tokens per sequence; 0: min(max_position_embeddings, 8192)
+  int max_tokens_per_step = 8192;  // longer prefills run in chunks of this many tokens
+  bool cuda_graphs = true;  // decode steps (one token per sequence) replay a graph per batch bucket
+  int max_kv_blocks = 0;    // > 0: at most this many cache blocks (tests)
+  MlaKernel mla_kernel = MlaKernel::kAuto;
+  int moe_tile_m = 0;           // rows per expert tile: 16, 32 or 64; 0 picks by rows per expert
+  bool record_routing = false;  // keep each pass's expert choices (LastRouting)
+  // False: the routed experts are not loaded on this device; every forward
+  // pass then takes an ExpertClient (the disaggregated attention worker).
+  bool routed_experts_on_device = true;
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_COMMON_CUDA_BACKEND_CUDA_MODEL_OPTIONS_H_

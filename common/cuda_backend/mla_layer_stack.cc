@@ -1,0 +1,203 @@
+#include "common/cuda_backend/mla_layer_stack.h"
+
+#include <algorithm>
+
+#include "base/status.h"
+#include "common/model/attention_model.h"
+#include "kernels/cuda/config.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/ops.h"
+
+namespace moesh::cuda {
+namespace {
+
+// q_a_layernorm and kv_a_layernorm are built without the config's eps
+// (common/model/attention_model.cc).
+constexpr float kLatentNormEps = 1e-6f;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LayerStack>> MlaLayerStack::Create(const ForwardContext& ctx,
+                                                                  FfnBlock* ffn) {
+  std::unique_ptr<MlaLayerStack> m(new MlaLayerStack(ctx, ffn));
+  RETURN_IF_ERROR(m->Init());
+  return std::unique_ptr<LayerStack>(std::move(m));
+}
+
+absl::Status MlaLayerStack::Init() {
+  const ModelConfig& c = ctx_.config;
+  if (c.has_indexer() && c.q_lora_rank <= 0) {
+    return absl::InvalidArgumentError("CudaModel: DeepSeek-V3.2's indexer needs q_lora_rank > 0");
+  }
+  const size_t t = ctx_.max_tokens;
+  const int h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
+  const int rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, v = c.v_head_dim;
+  const bool tuned_widths = rank == mla::kLatentDim && rope == mla::kRopeDim &&
+                            ctx_.options.mla_kernel == MlaKernel::kAuto;
+  // V3.2 attends to the indexer's selection: the generic kernel, which reads a row index.
+  fast_mla_ = tuned_widths && !c.has_indexer();
+  softmax_scale_ = static_cast<float>(c.SoftmaxScale());
+  const cpu::RopeTable table = MakeRopeTable(c);
+  RETURN_IF_ERROR(inv_freq_.Reallocate(table.inv_freq.size()));
+  RETURN_IF_ERROR(inv_freq_.CopyFrom(table.inv_freq));
+  rope_.inv_freq = inv_freq_.get();
+  rope_.attention_factor = table.attention_factor;
+  rope_.dim = rope;
+  rope_.layout = c.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalves;
+
+  RETURN_IF_ERROR(x_.Reallocate(t * h));
+  RETURN_IF_ERROR(normed_.Reallocate(t * h));
+  RETURN_IF_ERROR(normed_f32_.Reallocate(t * h));
+  RETURN_IF_ERROR(qkv_.Reallocate(t * ctx_.weights->qkv_width()));
+  RETURN_IF_ERROR(qa_.Reallocate(t * std::max(c.q_lora_rank, 1)));
+  RETURN_IF_ERROR(q_.Reallocate(c.q_lora_rank > 0 ? t * heads * qk : 1));
+  RETURN_IF_ERROR(q_mla_.Reallocate(t * heads * (rank + rope)));
+  RETURN_IF_ERROR(o_lat_.Reallocate(t * heads * rank));
+  RETURN_IF_ERROR(attn_.Reallocate(t * heads * v));
+  if (c.has_indexer()) {
+    RETURN_IF_ERROR(InitIndexer());
+  }
+  if (fast_mla_) {
+    size_t ws = 0;
+    for (int b : ctx_.buckets) {
+      ws = std::max(ws,
+                    PlanMlaDecode(b, heads, ctx_.max_model_len, ctx_.info.num_sms).workspace_bytes);
+    }
+    RETURN_IF_ERROR(decode_ws_.Reallocate(ws));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
+  const ModelConfig& c = ctx_.config;
+  const StepInputs& in = *ctx_.in;
+  KvPool& kv = ctx_.kv();
+  cudaStream_t s = ctx_.stream;
+  if (fast_mla_) {
+    plan_ = PlanMlaDecode(b.num_tokens, c.num_attention_heads, b.max_seq_len, ctx_.info.num_sms);
+    if (!b.decode && plan_.workspace_bytes > prefill_ws_.bytes()) {
+      // The old buffer may still be in use.
+      RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s));
+      RETURN_IF_ERROR(prefill_ws_.Reallocate(plan_.workspace_bytes));
+    }
+  }
+  const int t = b.num_tokens;
+  const int h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
+  const int rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim,
+            v = c.v_head_dim;
+  const int q_width = ctx_.weights->q_width(), qkv_w = ctx_.weights->qkv_width(),
+            row_w = rank + rope;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  EmbedParams ep;
+  ep.table = ctx_.weights->embed(), ep.token_ids = in.tokens, ep.num_tokens = t, ep.hidden = h;
+  ep.out = x_.get(), ep.stream = s;
+  RETURN_IF_ERROR(RunEmbed(ep));
+  RETURN_IF_ERROR(ctx_.Mark(1));
+  ffn_->BeginPass(t, b.real_tokens >= 0 ? b.real_tokens : t);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const DeviceLayerWeights& w = ctx_.weights->layer(l);
+    RmsNormF32Params np;
+    np.x = x_.get(), np.weight = w.input_norm, np.num_rows = t, np.n = h, np.eps = eps;
+    np.y = normed_.get(), np.stream = s;
+    RETURN_IF_ERROR(RunRmsNormF32(np));
+    RETURN_IF_ERROR(ctx_.Gemm(normed_.get(), h, w.qkv_a, qkv_.get(), qkv_w, t, qkv_w, h,
+                              OutType::kBf16, false));
+    const bf16* q = qkv_.get();
+    int q_ld = qkv_w;
+    if (c.q_lora_rank > 0) {
+      RmsNormParams qn;
+      qn.x = qkv_.get(), qn.weight = w.q_a_norm, qn.y = qa_.get();
+      qn.rows = t, qn.n = c.q_lora_rank, qn.ldx = qkv_w, qn.ldy = c.q_lora_rank,
+      qn.eps = kLatentNormEps;
+      qn.stream = s;
+      RETURN_IF_ERROR(RunRmsNorm(qn));
+      RETURN_IF_ERROR(ctx_.Gemm(qa_.get(), c.q_lora_rank, w.q_b, q_.get(), heads * qk, t,
+                                heads * qk, c.q_lora_rank, OutType::kBf16, false));
+      q = q_.get();
+      q_ld = heads * qk;
+    }
+    // q_lat[t, h] = q_nope[t, h] · W_UK[h]: W_UK absorbed into the query.
+    BatchedGemmParams ab;
+    ab.x = q, ab.ldx = q_ld, ab.stride_x = qk;
+    ab.w = w.w_uk_t, ab.ldw = nope, ab.stride_w = static_cast<int64_t>(rank) * nope;
+    ab.y = q_mla_.get(), ab.ldy = heads * row_w, ab.stride_y = row_w;
+    ab.batch = heads, ab.m = t, ab.n = rank, ab.k = nope, ab.out_type = OutType::kBf16,
+    ab.stream = s;
+    RETURN_IF_ERROR(ctx_.gemm->RunBatched(ab));
+    SliceCopyParams sc;
+    sc.src = q, sc.src_token_stride = q_ld, sc.src_row_stride = qk, sc.src_offset = nope;
+    sc.dst = q_mla_.get(), sc.dst_token_stride = heads * row_w, sc.dst_row_stride = row_w,
+    sc.dst_offset = rank;
+    sc.num_tokens = t, sc.num_rows = heads, sc.dim = rope, sc.stream = s;
+    RETURN_IF_ERROR(RunSliceCopy(sc));
+    RopeKvCacheParams kp;
+    kp.kv = qkv_.get() + q_width, kp.kv_ld = qkv_w, kp.kv_norm_weight = w.kv_a_norm,
+    kp.eps = kLatentNormEps;
+    kp.cache = kv.layer(l), kp.cache_row_stride = kv.row_width(), kp.num_blocks = kv.num_blocks();
+    kp.slot_mapping = in.slots;
+    kp.num_tokens = t, kp.kv_lora_rank = rank;
+    kp.q = q_mla_.get(), kp.q_num_heads = heads, kp.q_token_stride = heads * row_w,
+    kp.q_head_stride = row_w;
+    kp.q_rope_offset = rank, kp.positions = in.positions, kp.rope = rope_, kp.stream = s;
+    RETURN_IF_ERROR(RunRopeKvCacheWrite(kp));
+    if (c.has_indexer()) RETURN_IF_ERROR(EnqueueIndexer(l, t));
+    MlaDecodeParams mp;
+    mp.q = q_mla_.get(), mp.kv_cache = kv.layer(l), mp.block_table = in.block_table;
+    mp.seq_lens = in.seq_lens, mp.batch = t, mp.num_heads = heads, mp.kv_lora_rank = rank,
+    mp.rope_dim = rope;
+    mp.num_blocks = kv.num_blocks(), mp.max_blocks_per_seq = in.max_blocks_per_seq,
+    mp.max_seq_len = b.max_seq_len;
+    mp.softmax_scale = softmax_scale_, mp.out = o_lat_.get(), mp.out_type = OutType::kBf16,
+    mp.stream = s;
+    mp.kv_row_stride = kv.row_width();
+    if (c.has_indexer()) {  // the indexer's selection (all causal rows up to index_topk of them)
+      mp.seq_lens = index_.count.get(), mp.kv_index = index_.selected.get(),
+      mp.kv_index_stride = c.index_topk;
+    }
+    if (sparse_fast_) {
+      RETURN_IF_ERROR(EnqueueSparseMla(b, mp));
+    } else if (fast_mla_) {
+      mp.num_splits = plan_.num_splits;
+      mp.workspace = b.decode ? decode_ws_.get() : prefill_ws_.get();
+      mp.workspace_bytes = b.decode ? decode_ws_.bytes() : prefill_ws_.bytes();
+      RETURN_IF_ERROR(RunMlaDecode(mp));
+    } else {
+      RETURN_IF_ERROR(RunMlaAttentionGeneric(mp));
+    }
+    // attn[t, h] = o_lat[t, h] · W_UV[h]^T, then x += attn · o_proj^T.
+    BatchedGemmParams vb;
+    vb.x = o_lat_.get(), vb.ldx = heads * rank, vb.stride_x = rank;
+    vb.w = w.w_uv, vb.ldw = rank, vb.stride_w = static_cast<int64_t>(v) * rank;
+    vb.y = attn_.get(), vb.ldy = heads * v, vb.stride_y = v;
+    vb.batch = heads, vb.m = t, vb.n = v, vb.k = rank, vb.out_type = OutType::kBf16, vb.stream = s;
+    RETURN_IF_ERROR(ctx_.gemm->RunBatched(vb));
+    RETURN_IF_ERROR(ctx_.Gemm(attn_.get(), heads * v, w.o_proj, x_.get(), h, t, h, heads * v,
+                              OutType::kFloat32, true));
+    RETURN_IF_ERROR(ctx_.Mark(2 + 2 * l));
+
+    np.weight = w.post_norm;
+    np.y_f32 = w.is_moe ? normed_f32_.get() : nullptr;
+    RETURN_IF_ERROR(RunRmsNormF32(np));
+    if (w.is_moe) {
+      RETURN_IF_ERROR(ffn_->EnqueueMoe(l, t, normed_.get(), normed_f32_.get(), x_.get(), experts));
+    } else {
+      RETURN_IF_ERROR(ffn_->EnqueueMlp(w.dense_gate_up, w.dense_down, c.intermediate_size, t,
+                                       normed_.get(), x_.get()));
+    }
+    RETURN_IF_ERROR(ctx_.Mark(3 + 2 * l));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MlaLayerStack::EnqueueFinalNorm(int num_tokens, int num_rows, bf16* out) {
+  const ModelConfig& c = ctx_.config;
+  RmsNormF32Params np;
+  np.x = x_.get(), np.rows = ctx_.in->head_rows, np.weight = ctx_.weights->norm(),
+  np.num_rows = num_rows;
+  np.n = c.hidden_size, np.eps = static_cast<float>(c.rms_norm_eps), np.y = out;
+  np.stream = ctx_.stream;
+  return RunRmsNormF32(np);
+}
+
+}  // namespace moesh::cuda

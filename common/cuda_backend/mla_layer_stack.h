@@ -1,0 +1,68 @@
+// DeepSeek-V2, V2-Lite, V3/R1 and V3.2 on the GPU (layer_stack.h). Per
+// layer, for T tokens (T = all new tokens of the pass, flattened):
+//   x (fp32 residual) → RMSNorm → [q_a | kv_a] GEMM (→ q_a norm → q_b GEMM)
+//   → W_UK absorbed into q (batched GEMM over heads) → kv_a norm + RoPE + paged
+//   cache write (q_pe roped too) → (V3.2: the lightning indexer's top-k,
+//   mla_layer_stack_dsa.cc) → MLA attention over the cache → W_UV
+//   (batched GEMM) → o_proj GEMM accumulated into x → RMSNorm → FfnBlock
+//   (dense MLP, or MoE) into x.
+//
+// Prefill runs the same path: each prompt token is one query row attending to
+// cache rows [0, position] (its own row written first), through the decode
+// attention kernel. That is correct and simple, not fast: the prefix is read
+// once per query token rather than once per tile of queries.
+#ifndef MOESH_COMMON_CUDA_BACKEND_MLA_LAYER_STACK_H_
+#define MOESH_COMMON_CUDA_BACKEND_MLA_LAYER_STACK_H_
+
+#include <memory>
+
+#include "common/cuda_backend/attention_scratch.h"
+#include "common/cuda_backend/layer_stack.h"
+#include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+class MlaLayerStack : public LayerStack {
+ public:
+  static absl::StatusOr<std::unique_ptr<LayerStack>> Create(const ForwardContext& ctx,
+                                                            FfnBlock* ffn);
+
+  absl::Status Enqueue(const StepBatch& b, ExpertClient* experts) override;
+  absl::Status EnqueueFinalNorm(int num_tokens, int num_rows, bf16* out) override;
+
+ private:
+  MlaLayerStack(const ForwardContext& ctx, FfnBlock* ffn) : ctx_(ctx), ffn_(ffn) {}
+  absl::Status Init();
+  // V3.2 (mla_layer_stack_dsa.cc): the indexer's scratch; its keys into the
+  // cache rows, queries and the top-k per token of layer `layer`; the tuned
+  // MLA kernel over each token's gathered selection (`mp` as for the dense
+  // kernel: q, out, softmax scale, the layer's pool).
+  absl::Status InitIndexer();
+  absl::Status EnqueueIndexer(int layer, int num_tokens);
+  absl::Status EnqueueSparseMla(const StepBatch& b, const MlaDecodeParams& mp);
+
+  const ForwardContext& ctx_;
+  FfnBlock* const ffn_;
+  bool fast_mla_ = false;  // the tuned MLA kernel on the cache
+  float softmax_scale_ = 1.0f;
+  RopeTableView rope_;
+  DeviceBuffer<float> inv_freq_;
+  MlaDecodePlan plan_;                            // the current pass's
+  DeviceBuffer<uint8_t> decode_ws_, prefill_ws_;  // MLA split partials (decode_ws_ fixed: graphs)
+  // Activations, [max_tokens, ...].
+  DeviceBuffer<float> x_, normed_f32_;
+  DeviceBuffer<bf16> normed_, qkv_, qa_, q_, q_mla_, o_lat_, attn_;
+  // V3.2: the indexer, its table (the model's, rotate-half layout), and at
+  // the tuned kernel's widths each token's selected rows (their pool rows
+  // in sparse_rows_) gathered into sparse_.
+  IndexerScratch index_;
+  RopeTableView index_rope_;
+  bool sparse_fast_ = false;
+  MlaScratch sparse_;
+  DeviceBuffer<int32_t> sparse_rows_;
+};
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_COMMON_CUDA_BACKEND_MLA_LAYER_STACK_H_

@@ -1,0 +1,107 @@
+// DeepSeek-V3.2's lightning indexer in MlaLayerStack (the CPU reference:
+// common/model/attention_model.cc IndexerProject and kernels/cpu/dsa_indexer.h).
+// Per layer, after the latent rows are written: the indexer key (qkv_a's
+// wk rows, LayerNorm, RoPE on its first rope dims in the rotate-half layout)
+// into the tail of each cache row; the queries (q latent · wq_b, roped the
+// same way); then each token's top index_topk causal rows, which the MLA
+// attention reads through its row index (the plain kernel), or, at the
+// tuned kernel's widths, from a dense copy of the selected rows.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "base/status.h"
+#include "common/cuda_backend/mla_layer_stack.h"
+#include "kernels/cuda/dsa_ops.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/ops.h"
+
+namespace moesh::cuda {
+namespace {
+
+// transformers' DeepseekV32Indexer builds its key LayerNorm with this eps.
+constexpr float kIndexerKeyNormEps = 1e-6f;
+
+}  // namespace
+
+absl::Status MlaLayerStack::InitIndexer() {
+  const ModelConfig& c = ctx_.config;
+  RETURN_IF_ERROR(index_.Init(ctx_, ctx_.max_model_len));  // every causal row is a key
+  index_rope_ = rope_;
+  index_rope_.layout = RopeLayout::kHalves;  // transformers' DeepseekV32Indexer rotates halves
+  if (c.kv_lora_rank != mla::kLatentDim || c.qk_rope_head_dim != mla::kRopeDim ||
+      ctx_.options.mla_kernel != MlaKernel::kAuto) {
+    return absl::OkStatus();
+  }
+  sparse_fast_ = true;
+  RETURN_IF_ERROR(sparse_.Init(ctx_, c.index_topk));
+  return sparse_rows_.Reallocate(static_cast<size_t>(ctx_.max_tokens) * sparse_.stride);
+}
+
+absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
+  const ModelConfig& c = ctx_.config;
+  const DeviceLayerWeights& w = ctx_.weights->layer(layer);
+  cudaStream_t s = ctx_.stream;
+  const int ni = c.index_n_heads, di = c.index_head_dim, qkv_w = ctx_.weights->qkv_width();
+  const int key_col = ctx_.weights->q_width() + c.kv_lora_rank +
+                      c.qk_rope_head_dim;  // in qkv_ and in the cache row
+  IndexKeyParams kp;
+  kp.src = qkv_.get() + key_col, kp.ld_src = qkv_w, kp.num_tokens = num_tokens, kp.dim = di;
+  kp.weight = w.index_k_norm, kp.bias = w.index_k_bias, kp.eps = kIndexerKeyNormEps;
+  kp.positions = ctx_.in->positions, kp.slot_mapping = ctx_.in->slots;
+  kp.cache = ctx_.kv().layer(layer), kp.row_width = ctx_.kv().row_width(),
+  kp.offset = c.kv_lora_rank + c.qk_rope_head_dim;
+  kp.rope = index_rope_, kp.stream = s;
+  RETURN_IF_ERROR(RunIndexKey(kp));
+  RETURN_IF_ERROR(ctx_.Gemm(qa_.get(), c.q_lora_rank, w.index_wq_b, index_.q.get(), ni * di,
+                            num_tokens, ni * di, c.q_lora_rank, OutType::kBf16, false));
+  RopeParams rp;
+  rp.x = index_.q.get(), rp.num_tokens = num_tokens, rp.num_rows = ni;
+  rp.token_stride = ni * di, rp.row_stride = di, rp.offset = 0;
+  rp.positions = ctx_.in->positions, rp.rope = index_rope_, rp.stream = s;
+  RETURN_IF_ERROR(RunRope(rp));
+  IndexerParams xp;
+  xp.q = index_.q.get(), xp.w = qkv_.get() + key_col + di, xp.ldw = qkv_w;
+  xp.w_scale = 1.0f / std::sqrt(static_cast<float>(ni)),
+  xp.scale = 1.0f / std::sqrt(static_cast<float>(di));
+  xp.num_tokens = num_tokens, xp.num_heads = ni, xp.head_dim = di, xp.rate = 1,
+  xp.top_k = c.index_topk;
+  xp.seq_lens = ctx_.in->seq_lens;
+  xp.key_cache = ctx_.kv().layer(layer), xp.key_row_width = ctx_.kv().row_width();
+  xp.key_offset = c.kv_lora_rank + c.qk_rope_head_dim;
+  xp.block_table = ctx_.in->block_table, xp.max_blocks_per_seq = ctx_.max_blocks_per_seq();
+  xp.scores = index_.scores.get(), xp.max_keys = index_.max_keys;
+  xp.selected = index_.selected.get(), xp.count = index_.count.get(), xp.stream = s;
+  return RunIndexer(xp);
+}
+
+absl::Status MlaLayerStack::EnqueueSparseMla(const StepBatch& b, const MlaDecodeParams& mp) {
+  const ModelConfig& c = ctx_.config;
+  cudaStream_t s = ctx_.stream;
+  const int t = b.num_tokens, heads = c.num_attention_heads, rank = c.kv_lora_rank;
+  const int row = rank + c.qk_rope_head_dim;
+  SelectedRowsParams sr;
+  sr.selected = index_.selected.get(), sr.count = index_.count.get(), sr.num_tokens = t,
+  sr.top_k = c.index_topk;
+  sr.stride = sparse_.stride, sr.block_table = ctx_.in->block_table,
+  sr.max_blocks_per_seq = ctx_.max_blocks_per_seq();
+  sr.rows = sparse_rows_.get(), sr.stream = s;
+  RETURN_IF_ERROR(RunSelectedRows(sr));
+  for (int first = 0; first < t; first += sparse_.tokens) {
+    const int n = std::min(sparse_.tokens, t - first);
+    GatherRowsParams g;
+    g.x = mp.kv_cache, g.ldx = ctx_.kv().row_width(),
+    g.index = sparse_rows_.get() + static_cast<size_t>(first) * sparse_.stride;
+    g.rows = n * sparse_.stride, g.cols = row, g.out = sparse_.rows.get(), g.stream = s;
+    RETURN_IF_ERROR(RunGatherRows(g));
+    MlaDecodeParams sp = mp;
+    sp.q = mp.q + static_cast<size_t>(first) * heads * row,
+    sp.seq_lens = index_.count.get() + first;
+    sp.out = static_cast<bf16*>(mp.out) + static_cast<size_t>(first) * heads * rank;
+    RETURN_IF_ERROR(sparse_.Run(ctx_, n, sp));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moesh::cuda
