@@ -34,32 +34,26 @@ std::string WorkDir(const std::string& name) {
   return dir;
 }
 
-// A tiny V3 model with a long context (for streams that outlive a kill).
+// A tiny V3 model with a long context (for streams that outlive a kill),
+// written into WorkDir(name); with `tokenizer`, the tiny tokenizer.json that
+// `moesh mkmodel` ships too.
+std::string WriteTinyModel(const std::string& name, bool tokenizer) {
+  const std::string d = WorkDir(name);
+  absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
+  RandomCheckpointOptions opt;
+  opt.seed = 21;
+  if (tokenizer) opt.tokenizer_json = std::string(*EmbeddedTokenizerJson("tiny"));
+  EXPECT_TRUE(WriteRandomCheckpoint(*c, d, opt).ok());
+  return d;
+}
+
 std::string TinyModel() {
-  static const std::string dir = [] {
-    const std::string d = JoinPath(::testing::TempDir(), "cluster_test_tiny_v3");
-    std::filesystem::remove_all(d);
-    absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
-    RandomCheckpointOptions opt;
-    opt.seed = 21;
-    EXPECT_TRUE(WriteRandomCheckpoint(*c, d, opt).ok());
-    return d;
-  }();
+  static const std::string dir = WriteTinyModel("tiny_v3", false);
   return dir;
 }
 
-// The same with the tiny tokenizer.json that `moesh mkmodel` ships.
 std::string TinyTextModel() {
-  static const std::string dir = [] {
-    const std::string d = JoinPath(::testing::TempDir(), "cluster_test_tiny_v3_text");
-    std::filesystem::remove_all(d);
-    absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
-    RandomCheckpointOptions opt;
-    opt.seed = 21;
-    opt.tokenizer_json = std::string(*EmbeddedTokenizerJson("tiny"));
-    EXPECT_TRUE(WriteRandomCheckpoint(*c, d, opt).ok());
-    return d;
-  }();
+  static const std::string dir = WriteTinyModel("tiny_v3_text", true);
   return dir;
 }
 
@@ -547,7 +541,6 @@ TEST(ClusterTest, PlacementFollowsExpertWorkersJoiningAndLeaving) {
   }
 }
 
-// Cluster.Rebalance with `slots` per expert worker.
 // Starts the cluster and checks that it serves `prompt` (24 new tokens) as
 // the single-process engine does; *want gets those tokens.
 void StartServing(const LocalClusterOptions& o, const std::vector<int32_t>& prompt,
@@ -561,6 +554,18 @@ void StartServing(const LocalClusterOptions& o, const std::vector<int32_t>& prom
   ASSERT_EQ(Call((*cluster)->router_address(), Request(prompt, 24)).ids, *want);
 }
 
+// The rebalance tests' cluster (work directory `name`): two expert workers,
+// on experts 0-3 and 4-7, started by StartServing, once the load of its
+// request reached the router by heartbeat.
+void StartServingOnHalves(const std::string& name, const std::vector<int32_t>& prompt,
+                          std::unique_ptr<LocalCluster>* cluster, std::vector<int32_t>* want) {
+  LocalClusterOptions o = Options(TinyModel(), name);
+  o.expert_workers = {"0-3", "4-7"};
+  ASSERT_NO_FATAL_FAILURE(StartServing(o, prompt, cluster, want));
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+}
+
+// Cluster.Rebalance with `slots` per expert worker.
 grpc::Status Rebalance(const LocalCluster& c, int slots, v1::RebalanceResponse* resp) {
   auto stub = v1::Cluster::NewStub(
       grpc::CreateChannel(c.router_address(), grpc::InsecureChannelCredentials()));
@@ -574,14 +579,10 @@ grpc::Status Rebalance(const LocalCluster& c, int slots, v1::RebalanceResponse* 
 // report, the workers load them, the map switches; outputs are unchanged and a
 // worker can then die without failing requests.
 TEST(ClusterTest, RebalanceReplicatesExpertsWithoutChangingOutputs) {
-  LocalClusterOptions o = Options(TinyModel(), "rebalance");
-  o.expert_workers = {"0-3", "4-7"};
   const std::vector<int32_t> prompt = {9, 1, 4, 4};
   std::unique_ptr<LocalCluster> cluster;
   std::vector<int32_t> want;
-  ASSERT_NO_FATAL_FAILURE(StartServing(o, prompt, &cluster, &want));
-  std::this_thread::sleep_for(
-      std::chrono::milliseconds(800));  // loads reach the router by heartbeat
+  ASSERT_NO_FATAL_FAILURE(StartServingOnHalves("rebalance", prompt, &cluster, &want));
   v1::RebalanceResponse resp;
   grpc::Status s = Rebalance(*cluster, 8, &resp);  // room for a replica of every expert
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -602,14 +603,10 @@ TEST(ClusterTest, RebalanceReplicatesExpertsWithoutChangingOutputs) {
 // map to the plan and, once every attention worker follows it, the expert
 // workers drop the replicas it no longer routes to; outputs are unchanged.
 TEST(ClusterTest, RebalanceDropsColdReplicas) {
-  LocalClusterOptions o = Options(TinyModel(), "cold_replicas");
-  o.expert_workers = {"0-3", "4-7"};
   const std::vector<int32_t> prompt = {9, 1, 4, 4};
   std::unique_ptr<LocalCluster> cluster;
   std::vector<int32_t> want;
-  ASSERT_NO_FATAL_FAILURE(StartServing(o, prompt, &cluster, &want));
-  std::this_thread::sleep_for(
-      std::chrono::milliseconds(800));  // loads reach the router by heartbeat
+  ASSERT_NO_FATAL_FAILURE(StartServingOnHalves("cold_replicas", prompt, &cluster, &want));
   // What an expert worker hosts (a load of nothing, not exact, changes nothing).
   auto hosted = [&](const std::string& name) {
     auto w = v1::ExpertWorker::NewStub(
