@@ -5,7 +5,6 @@
 // options; against the real binaries, the flags a binary accepts are exactly
 // those its options render, so no binary accepts a flag it ignores.
 #include <cstdio>
-#include <functional>
 #include <regex>
 #include <set>
 #include <string>
@@ -58,16 +57,20 @@ std::set<std::string> Names(const std::vector<std::string>& args) {
   return out;
 }
 
+// Runs `cmd`: what it writes into *out, its exit status (pclose's) into *status.
+void RunCommand(const std::string& cmd, std::string* out, int* status) {
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr) << cmd;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) out->append(buf, n);
+  *status = pclose(f);
+}
+
 // The flags `binary --helpfull` lists, less Abseil's own (--help, --flagfile, ...).
 std::set<std::string> BinaryFlags(const std::string& binary) {
-  const std::string cmd = std::string(MOESH_BINARY_DIR) + "/" + binary + " --helpfull 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  EXPECT_NE(f, nullptr) << cmd;
-  if (f == nullptr) return {};
   std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) out.append(buf, n);
-  pclose(f);
+  int status;
+  RunCommand(std::string(MOESH_BINARY_DIR) + "/" + binary + " --helpfull 2>&1", &out, &status);
   std::set<std::string> flags;
   bool ours = false;
   const std::regex header(R"(^\s*Flags from (.*):$)"), flag(R"(^\s+--([a-z_0-9]+) \()");
@@ -86,67 +89,56 @@ std::set<std::string> BinaryFlags(const std::string& binary) {
   return flags;
 }
 
-// Every field of the device flags away from its default.
-DeviceOptions Device() {
-  DeviceOptions d;
-  d.device = "cuda:1";
-  d.gpu_memory_utilization = 0.55;
-  d.max_model_len = 100;
-  d.dummy_weights = true;
-  return d;
+// Every field of each flag group away from its default.
+void SetAll(DeviceOptions* d) {
+  d->device = "cuda:1";
+  d->gpu_memory_utilization = 0.55;
+  d->max_model_len = 100;
+  d->dummy_weights = true;
 }
 
-ServerOptions Server() {
-  ServerOptions s;
-  s.model = "/models/m";
-  s.listen = "0.0.0.0:50051";
-  s.ready_file = "/tmp/ready";
-  s.metrics_listen = "";  // none
-  return s;
+void SetAll(ServerOptions* s) {
+  s->model = "/models/m";
+  s->listen = "0.0.0.0:50051";
+  s->ready_file = "/tmp/ready";
+  s->metrics_listen = "";  // none
 }
 
-WorkerOptions Worker() {
-  WorkerOptions w;
-  w.router = "router:1";
-  w.advertise_host = "10.0.0.7";
-  w.transport = "ucx";
-  return w;
+void SetAll(WorkerOptions* w) {
+  w->router = "router:1";
+  w->advertise_host = "10.0.0.7";
+  w->transport = "ucx";
 }
 
-ExpertDispatchOptions Dispatch() {
-  ExpertDispatchOptions d;
-  d.expert_workers = {"e0:1", "e1:2"};
-  d.expert_discovery_timeout_s = 5;
-  d.micro_batches = 3;
-  return d;
+void SetAll(ExpertDispatchOptions* d) {
+  d->expert_workers = {"e0:1", "e1:2"};
+  d->expert_discovery_timeout_s = 5;
+  d->micro_batches = 3;
 }
 
-KvOptions Kv() {
-  KvOptions k;
-  k.kv_blocks = 7;
-  k.block_size = 16;
-  k.max_batch = 9;
-  return k;
+void SetAll(KvOptions* k) {
+  k->kv_blocks = 7;
+  k->block_size = 16;
+  k->max_batch = 9;
 }
 
-// Options with every field away from its default, what the binary reads back
-// from flags, and the binary.
+// The same for several groups: SetAll(&o.server, &o.worker).
+template <typename... Groups>
+void SetAll(Groups*... groups) {
+  (SetAll(groups), ...);
+}
+
+// `all` (options with every field away from its default) against what the
+// binary reads back from flags (`from_flags`) and against the binary.
 template <typename Options>
-struct Case {
-  Options all;
-  std::function<absl::StatusOr<Options>()> from_flags;
-  std::string binary;
-};
-
-template <typename Options>
-void Check(const Case<Options>& c) {
-  SCOPED_TRACE(c.binary);
-  const std::vector<std::string> args = ToArgs(c.all);
+void Check(const Options& all, absl::StatusOr<Options> (*from_flags)(), const std::string& binary) {
+  SCOPED_TRACE(binary);
+  const std::vector<std::string> args = ToArgs(all);
   {
     // Only --model: the binary's defaults are the options' defaults.
     ScopedFlags flags;
     ASSERT_NO_FATAL_FAILURE(flags.Parse({"--model=/models/m"}));
-    absl::StatusOr<Options> read = c.from_flags();
+    absl::StatusOr<Options> read = from_flags();
     ASSERT_TRUE(read.ok()) << read.status();
     EXPECT_EQ(ToArgs(*read), std::vector<std::string>{"--model=/models/m"});
   }
@@ -154,18 +146,17 @@ void Check(const Case<Options>& c) {
     // Every field: rendered, parsed and read back to the same command line.
     ScopedFlags flags;
     ASSERT_NO_FATAL_FAILURE(flags.Parse(args));
-    absl::StatusOr<Options> read = c.from_flags();
+    absl::StatusOr<Options> read = from_flags();
     ASSERT_TRUE(read.ok()) << read.status();
     EXPECT_EQ(ToArgs(*read), args);
   }
   // The binary accepts exactly the flags its options render.
-  EXPECT_EQ(BinaryFlags(c.binary), Names(args));
+  EXPECT_EQ(BinaryFlags(binary), Names(args));
 }
 
 TEST(ServiceFlagsTest, Router) {
-  Case<RouterOptions> c;
-  RouterOptions& o = c.all;
-  o.server = Server();
+  RouterOptions o;
+  SetAll(&o.server, &o.kv, &o.device);
   o.heartbeat_interval_ms = 100;
   o.heartbeat_timeout_ms = 900;
   o.default_max_new_tokens = 11;
@@ -175,53 +166,31 @@ TEST(ServiceFlagsTest, Router) {
   o.rebalance_min_ratio = 1.1;
   o.rebalance_slots = 15;
   o.colocated = true;
-  o.kv = Kv();
-  o.device = Device();
-  c.from_flags = RouterOptionsFromFlags;
-  c.binary = "moesh_router";
-  Check(c);
+  Check(o, RouterOptionsFromFlags, "moesh_router");
 }
 
 TEST(ServiceFlagsTest, PrefillWorker) {
-  Case<PrefillWorkerOptions> c;
-  PrefillWorkerOptions& o = c.all;
-  o.server = Server();
-  o.worker = Worker();
-  o.dispatch = Dispatch();
-  o.device = Device();
+  PrefillWorkerOptions o;
+  SetAll(&o.server, &o.worker, &o.dispatch, &o.device);
   o.max_batch_tokens = 100;
   o.kv_handoff = "host";
-  c.from_flags = PrefillWorkerOptionsFromFlags;
-  c.binary = "moesh_prefill_worker";
-  Check(c);
+  Check(o, PrefillWorkerOptionsFromFlags, "moesh_prefill_worker");
 }
 
 TEST(ServiceFlagsTest, DecodeWorker) {
-  Case<DecodeWorkerOptions> c;
-  DecodeWorkerOptions& o = c.all;
-  o.server = Server();
-  o.worker = Worker();
-  o.dispatch = Dispatch();
-  o.kv = Kv();
-  o.device = Device();
+  DecodeWorkerOptions o;
+  SetAll(&o.server, &o.worker, &o.dispatch, &o.kv, &o.device);
   o.micro_batch_min = 4;
-  c.from_flags = DecodeWorkerOptionsFromFlags;
-  c.binary = "moesh_decode_worker";
-  Check(c);
+  Check(o, DecodeWorkerOptionsFromFlags, "moesh_decode_worker");
 }
 
 TEST(ServiceFlagsTest, ExpertWorker) {
-  Case<ExpertWorkerOptions> c;
-  ExpertWorkerOptions& o = c.all;
-  o.server = Server();
-  o.worker = Worker();
-  o.device = Device();
+  ExpertWorkerOptions o;
+  SetAll(&o.server, &o.worker, &o.device);
   o.experts = "0-3,6";
   o.shard = "1/2";
   o.batch_window_us = 50;
-  c.from_flags = ExpertWorkerOptionsFromFlags;
-  c.binary = "moesh_expert_worker";
-  Check(c);
+  Check(o, ExpertWorkerOptionsFromFlags, "moesh_expert_worker");
 }
 
 // What the flag sets above imply, through the binary's own parser: a flag of
@@ -236,12 +205,9 @@ TEST(ServiceFlagsTest, BinariesRefuseFlagsTheyDoNotRead) {
     const std::string name = flag.substr(2, flag.find('=') - 2);
     const std::string cmd =
         std::string(MOESH_BINARY_DIR) + "/" + binary + " --model=/nonexistent " + flag + " 2>&1";
-    FILE* f = popen(cmd.c_str(), "r");
-    ASSERT_NE(f, nullptr);
     std::string out;
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) out.append(buf, n);
-    const int status = pclose(f);
+    int status = 0;
+    ASSERT_NO_FATAL_FAILURE(RunCommand(cmd, &out, &status));
     EXPECT_NE(status, 0) << cmd;
     EXPECT_TRUE(absl::StrContains(out, "Unknown command line flag '" + name + "'")) << cmd << ":\n"
                                                                                     << out;
