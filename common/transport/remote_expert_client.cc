@@ -115,6 +115,18 @@ void RemoteExpertClient::MarkDown(const std::string& address) {
   }
 }
 
+absl::Status RemoteExpertClient::DropWorker(const std::string& address, const absl::Status& error,
+                                            absl::string_view when) {
+  MarkDown(address);
+  if (errors_ != nullptr) errors_->Increment();
+  absl::Status lost =
+      absl::UnavailableError(absl::StrCat("expert worker ", address, " failed: ", error.message()));
+  std::cerr << lost.message() << " (" << when << "; routing around it for "
+            << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)"
+            << std::endl;
+  return lost;
+}
+
 namespace {
 // A dispatch running on the client's pool.
 class PoolPending : public PendingDispatch {
@@ -200,13 +212,7 @@ absl::Status RemoteExpertClient::CheckDeviceDispatches() {
       if (failed.ok()) failed = s;
       continue;
     }
-    MarkDown(address);
-    if (errors_ != nullptr) errors_->Increment();
-    const absl::Status lost =
-        absl::UnavailableError(absl::StrCat("expert worker ", address, " failed: ", s.message()));
-    std::cerr << lost.message() << " (after its device dispatches; routing around it for "
-              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)"
-              << std::endl;
+    const absl::Status lost = DropWorker(address, s, "after its device dispatches");
     if (failed.ok() || failed.code() != absl::StatusCode::kUnavailable) failed = lost;
   }
   return failed;
@@ -260,15 +266,9 @@ absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const D
   for (int w = 0; w < w_count; ++w) {
     if (serve[w].empty() || status[w].ok()) continue;
     if (status[w].code() == absl::StatusCode::kInvalidArgument) return status[w];
-    MarkDown(workers[w].address);
-    if (errors_ != nullptr) errors_->Increment();
-    failed = absl::UnavailableError(
-        absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
+    failed = DropWorker(workers[w].address, status[w], absl::StrCat("layer ", d.layer));
     if (device_suspect_.ok())
       device_suspect_ = failed;  // its earlier sums in this step may be unfinished
-    std::cerr << failed.message() << " (layer " << d.layer << "; routing around it for "
-              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)"
-              << std::endl;
   }
   return failed;
 }
@@ -332,15 +332,9 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
   absl::Status failed;
   for (int w = 0; w < w_count; ++w) {
     if (rows[w].empty() || status[w].ok()) continue;
-    MarkDown(workers[w].address);
-    if (errors_ != nullptr) errors_->Increment();
-    failed = absl::UnavailableError(
-        absl::StrCat("expert worker ", workers[w].address, " failed: ", status[w].message()));
+    failed = DropWorker(workers[w].address, status[w], absl::StrCat("layer ", d.layer));
     if (device_suspect_.ok())
       device_suspect_ = failed;  // its earlier sums in this step may be unfinished
-    std::cerr << failed.message() << " (layer " << d.layer << "; routing around it for "
-              << std::chrono::duration_cast<std::chrono::seconds>(retry_after_).count() << " s)"
-              << std::endl;
   }
   if (!failed.ok()) return failed;
   std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);

@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "base/thread_pool.h"
 #include "common/metrics/metrics.h"
@@ -88,6 +89,10 @@ class RemoteExpertClient : public ExpertClient {
   absl::StatusOr<std::vector<int>> Route(const Routing& routing);
   // Marks the worker down and drops its channel (calls holding it finish).
   void MarkDown(const std::string& address);
+  // A worker that failed a call with `error` `when` ("layer 3"): marked down,
+  // counted and logged; UNAVAILABLE naming it.
+  absl::Status DropWorker(const std::string& address, const absl::Status& error,
+                          absl::string_view when);
   // The worker's channel, connecting (outside mu_) if there is none.
   absl::StatusOr<std::shared_ptr<DataChannel>> Channel(const std::string& address);
   std::shared_ptr<const Routing> routing() const;
