@@ -8,12 +8,7 @@ namespace moesh {
 
 std::vector<std::string> ToArgs(const DecodeWorkerOptions& o) {
   const DecodeWorkerOptions d;
-  std::vector<std::string> args;
-  AppendArgs(o.server, &args);
-  AppendArgs(o.worker, &args);
-  AppendArgs(o.dispatch, &args);
-  AppendArgs(o.kv, &args);
-  AppendArgs(o.device, &args);
+  std::vector<std::string> args = GroupArgs(o.server, o.worker, o.dispatch, o.kv, o.device);
   AddFlag(&args, "micro_batch_min", o.micro_batch_min, d.micro_batch_min);
   return args;
 }

@@ -2,7 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "base/status.h"
-#include "common/service/device_flags.h"
+#include "common/service/group_flags.h"
 
 ABSL_FLAG(int, micro_batch_min, moesh::DecodeWorkerOptions().micro_batch_min,
           "Smallest decode batch that is split into --micro_batches.");
@@ -11,11 +11,7 @@ namespace moesh {
 
 absl::StatusOr<DecodeWorkerOptions> DecodeWorkerOptionsFromFlags() {
   DecodeWorkerOptions o;
-  ASSIGN_OR_RETURN(o.server, ServerOptionsFromFlags());
-  o.worker = WorkerOptionsFromFlags();
-  ASSIGN_OR_RETURN(o.dispatch, ExpertDispatchOptionsFromFlags());
-  o.kv = KvOptionsFromFlags();
-  ASSIGN_OR_RETURN(o.device, DeviceOptionsFromFlags());
+  RETURN_IF_ERROR(ReadFlagGroups(&o.server, &o.worker, &o.dispatch, &o.kv, &o.device));
   o.micro_batch_min = absl::GetFlag(FLAGS_micro_batch_min);
   if (o.kv.kv_blocks < 1 || o.kv.block_size < 1 || o.kv.max_batch < 1) {
     return absl::InvalidArgumentError("--kv_blocks, --block_size and --max_batch must be >= 1");

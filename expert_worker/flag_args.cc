@@ -8,10 +8,7 @@ namespace moesh {
 
 std::vector<std::string> ToArgs(const ExpertWorkerOptions& o) {
   const ExpertWorkerOptions d;
-  std::vector<std::string> args;
-  AppendArgs(o.server, &args);
-  AppendArgs(o.worker, &args);
-  AppendArgs(o.device, &args);
+  std::vector<std::string> args = GroupArgs(o.server, o.worker, o.device);
   AddFlag(&args, "experts", o.experts, d.experts);
   AddFlag(&args, "shard", o.shard, d.shard);
   AddFlag(&args, "batch_window_us", o.batch_window_us, d.batch_window_us);

@@ -2,7 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "base/status.h"
-#include "common/service/device_flags.h"
+#include "common/service/group_flags.h"
 
 ABSL_FLAG(std::string, experts, moesh::ExpertWorkerOptions().experts,
           "Experts to host, e.g. \"0-31\" (default: all, or --shard).");
@@ -16,9 +16,7 @@ namespace moesh {
 
 absl::StatusOr<ExpertWorkerOptions> ExpertWorkerOptionsFromFlags() {
   ExpertWorkerOptions o;
-  ASSIGN_OR_RETURN(o.server, ServerOptionsFromFlags());
-  o.worker = WorkerOptionsFromFlags();
-  ASSIGN_OR_RETURN(o.device, DeviceOptionsFromFlags());
+  RETURN_IF_ERROR(ReadFlagGroups(&o.server, &o.worker, &o.device));
   o.experts = absl::GetFlag(FLAGS_experts);
   o.shard = absl::GetFlag(FLAGS_shard);
   o.batch_window_us = absl::GetFlag(FLAGS_batch_window_us);

@@ -2,7 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "base/status.h"
-#include "common/service/device_flags.h"
+#include "common/service/group_flags.h"
 
 ABSL_FLAG(int, max_batch_tokens, moesh::PrefillWorkerOptions().max_batch_tokens,
           "Prompt tokens per forward pass.");
@@ -16,10 +16,7 @@ namespace moesh {
 
 absl::StatusOr<PrefillWorkerOptions> PrefillWorkerOptionsFromFlags() {
   PrefillWorkerOptions o;
-  ASSIGN_OR_RETURN(o.server, ServerOptionsFromFlags());
-  o.worker = WorkerOptionsFromFlags();
-  ASSIGN_OR_RETURN(o.dispatch, ExpertDispatchOptionsFromFlags());
-  ASSIGN_OR_RETURN(o.device, DeviceOptionsFromFlags());
+  RETURN_IF_ERROR(ReadFlagGroups(&o.server, &o.worker, &o.dispatch, &o.device));
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   if (o.max_batch_tokens < 1) return absl::InvalidArgumentError("--max_batch_tokens must be >= 1");
   o.kv_handoff = absl::GetFlag(FLAGS_kv_handoff);

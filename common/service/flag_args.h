@@ -25,6 +25,16 @@ void AddFlag(std::vector<std::string>* args, absl::string_view name, const T& va
   args->push_back(absl::StrCat("--", name, "=", absl::UnparseFlag(value)));
 }
 
+// The flags that set each of the flag groups' options `groups` (their
+// AppendArgs, declared beside each group), in order: GroupArgs(o.server,
+// o.worker) starts a service's ToArgs.
+template <typename... Groups>
+std::vector<std::string> GroupArgs(const Groups&... groups) {
+  std::vector<std::string> args;
+  (AppendArgs(groups, &args), ...);
+  return args;
+}
+
 }  // namespace moesh
 
 #endif  // MOESH_COMMON_SERVICE_FLAG_ARGS_H_
