@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "common/backend/cuda_backends_plugin.h"
 #include "common/rpc/grpc_util.h"
+#include "common/transport/posted_dispatch.h"
 #include "common/transport/shm_doorbell.h"
 #include "common/transport/transport_registry.h"
 
@@ -132,7 +133,7 @@ class IpcChannel : public DataChannel {
       // before they are freed (the server's thread checks for the end of
       // the stream only between calls).
       absl::MutexLock lock(&mu_);
-      if (posted_tokens_ >= 0)
+      if (posted_.in_flight())
         doorbell_->WaitReply(absl::Now() + absl::Seconds(5), &broken_).IgnoreError();
     }
     ctx_->TryCancel();
@@ -150,8 +151,7 @@ class IpcChannel : public DataChannel {
 
   absl::Status PostOnDevice(const DeviceMoeDispatch& d) override {
     absl::MutexLock lock(&mu_);
-    if (posted_tokens_ >= 0)
-      return absl::FailedPreconditionError("a device dispatch is already in flight here");
+    RETURN_IF_ERROR(posted_.CheckNoneInFlight());
     RETURN_IF_ERROR(Usable());
     if (d.num_tokens < 0 || d.hidden <= 0 || d.top_k <= 0)
       return absl::InvalidArgumentError("bad dispatch shape");
@@ -197,29 +197,24 @@ class IpcChannel : public DataChannel {
       std::memcpy(r.serve, d.serve, d.num_experts);
     }
     RETURN_IF_ERROR(Break(doorbell_->Post(Bytes(r))));
-    posted_tokens_ = d.num_tokens;
-    posted_hidden_ = d.hidden;
-    posted_stream_ = d.stream;
-    posted_pipelined_ = pipelined;
+    posted_ = {d.num_tokens, d.hidden, d.stream, pipelined};
     return absl::OkStatus();
   }
 
   absl::Status CollectOnDevice(float* out, bool accumulate) override {
     absl::MutexLock lock(&mu_);
-    if (posted_tokens_ < 0)
-      return absl::FailedPreconditionError("CollectOnDevice without PostOnDevice");
-    const int t = posted_tokens_;
-    posted_tokens_ = -1;
+    ASSIGN_OR_RETURN(const PostedDispatch posted, posted_.Take());
     ASSIGN_OR_RETURN(IpcReply reply, Call());
     RETURN_IF_ERROR(StatusOf(reply));
-    if (t == 0) return absl::OkStatus();
+    if (posted.tokens == 0) return absl::OkStatus();
     // On the caller's stream where it gave one: the region is not written
     // again before the next Post, which waits for that stream's next event.
     const float* result = static_cast<const float*>(output_->data());
-    collected_on_ = posted_stream_;
-    if (posted_pipelined_)
-      RETURN_IF_ERROR(memory_->Wait(posted_stream_, *done_event_));  // the sums are written
-    return DeliverSums(*memory_, out, result, t, posted_hidden_, accumulate, posted_stream_);
+    collected_on_ = posted.stream;
+    if (posted.pipelined)
+      RETURN_IF_ERROR(memory_->Wait(posted.stream, *done_event_));  // the sums are written
+    return DeliverSums(*memory_, out, result, posted.tokens, posted.hidden, accumulate,
+                       posted.stream);
   }
 
  private:
@@ -313,9 +308,7 @@ class IpcChannel : public DataChannel {
   std::unique_ptr<DeviceRegion> input_ ABSL_GUARDED_BY(mu_), output_ ABSL_GUARDED_BY(mu_);
   int capacity_ ABSL_GUARDED_BY(mu_) = 0, hidden_ ABSL_GUARDED_BY(mu_) = 0,
                 top_k_ ABSL_GUARDED_BY(mu_) = 0;
-  int posted_tokens_ ABSL_GUARDED_BY(mu_) = -1, posted_hidden_ ABSL_GUARDED_BY(mu_) = 0;
-  void* posted_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
-  bool posted_pipelined_ ABSL_GUARDED_BY(mu_) = false;
+  PostedDispatch posted_ ABSL_GUARDED_BY(mu_);
   void* collected_on_ ABSL_GUARDED_BY(mu_) =
       nullptr;  // the stream the last result is copied out on
   // Same GPU, another process: the events that pipeline the dispatches.
@@ -402,20 +395,15 @@ absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> CudaIpcDataPlaneServer::
   // No CUDA needed until a client attaches device memory (host calls work anywhere).
   std::unique_ptr<CudaIpcDataPlaneServer> s(
       new CudaIpcDataPlaneServer(device, dispatch, device_dispatch, kv));
-  ASSIGN_OR_RETURN(RunningServer running, StartGrpcServer(listen, {s.get(), &s->host_}));
-  s->server_ = std::move(running.server);
-  s->port_ = running.port;
+  RETURN_IF_ERROR(s->listener_.Start(listen, {s.get(), &s->host_}));
   return s;
 }
 
 CudaIpcDataPlaneServer::~CudaIpcDataPlaneServer() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    for (Attachment* a : attachments_) a->stop.store(true);
-  }
-  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-}
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  for (Attachment* a : attachments_) a->stop.store(true);
+}  // then listener_ stops the gRPC server
 
 absl::StatusOr<DeviceMemory*> CudaIpcDataPlaneServer::memory() {
   absl::MutexLock lock(&mu_);
@@ -585,18 +573,10 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
 // Processes of one node share device memory; a worker without dispatch
 // handlers (decode: KV only) stays on gRPC.
 const TransportPlugin& CudaIpcTransportPlugin() {
-  static const BasicTransportPlugin plugin(
-      "cuda_ipc", kDeviceTransportCapabilities,
-      [](int cuda_device) -> absl::StatusOr<std::unique_ptr<Transport>> {
-        CudaIpcTransportOptions o;
-        o.device = cuda_device;
-        return MakeCudaIpcTransport(o);
-      },
-      [](const DataPlaneServeOptions& o) {
-        return ServeDispatchListener(o, [&o] {
-          return CudaIpcDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch,
-                                               o.device_dispatch, o.kv);
-        });
+  static const BasicTransportPlugin plugin =
+      DeviceTransportPlugin("cuda_ipc", MakeCudaIpcTransport, [](const DataPlaneServeOptions& o) {
+        return CudaIpcDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch,
+                                             o.device_dispatch, o.kv);
       });
   return plugin;
 }

@@ -47,8 +47,8 @@
 #include "absl/time/time.h"
 #include "common/backend/device_memory.h"
 #include "common/transport/grpc_data_plane_service.h"
+#include "common/transport/grpc_listener.h"
 #include "common/transport/transport.h"
-#include "grpcpp/server.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
@@ -74,7 +74,7 @@ class CudaIpcDataPlaneServer final : public DataPlaneServer, public v1::IpcDataP
       DeviceDispatchHandler* device_dispatch, KvHandler* kv);
   ~CudaIpcDataPlaneServer() override;  // stops every channel, then the gRPC server
 
-  int port() const override { return port_; }
+  int port() const override { return listener_.port(); }
   grpc::Status Attach(grpc::ServerContext* ctx,
                       grpc::ServerReaderWriter<v1::IpcFrame, v1::IpcFrame>* stream) override;
 
@@ -92,12 +92,11 @@ class CudaIpcDataPlaneServer final : public DataPlaneServer, public v1::IpcDataP
   const int device_;
   DeviceDispatchHandler* const device_dispatch_;
   GrpcDataPlaneService host_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Attachment*> attachments_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DeviceMemory> memory_ ABSL_GUARDED_BY(mu_);  // opened at the first attach
+  GrpcListener listener_;                                      // last: stops first
 };
 
 }  // namespace moesh

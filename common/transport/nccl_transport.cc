@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "common/backend/cuda_backends_plugin.h"
 #include "common/rpc/grpc_util.h"
+#include "common/transport/posted_dispatch.h"
 #include "common/transport/transport_registry.h"
 
 namespace moesh {
@@ -96,8 +97,7 @@ class NcclChannel : public DataChannel {
 
   absl::Status PostOnDevice(const DeviceMoeDispatch& d) override {
     absl::MutexLock lock(&mu_);
-    if (posted_tokens_ >= 0)
-      return absl::FailedPreconditionError("a device dispatch is already in flight here");
+    RETURN_IF_ERROR(posted_.CheckNoneInFlight());
     if (!broken_.ok()) return broken_;
     if (!DeviceShapeOk(d.num_tokens, d.hidden, d.top_k)) {
       return absl::InvalidArgumentError(absl::StrCat("nccl device dispatch of ", d.num_tokens,
@@ -124,32 +124,28 @@ class NcclChannel : public DataChannel {
     void* const after[] = {d.ready, collected_on_ != nullptr ? consumed_->get() : nullptr};
     RETURN_IF_ERROR(
         Break(pipe_->Exchange(sends, recv, after, arrived_->get(), absl::Now() + call_timeout_)));
-    posted_tokens_ = d.num_tokens;
-    posted_hidden_ = d.hidden;
-    posted_stream_ = d.stream;
+    posted_ = {d.num_tokens, d.hidden, d.stream};
     return absl::OkStatus();
   }
 
   absl::Status CollectOnDevice(float* out, bool accumulate) override {
     absl::MutexLock lock(&mu_);
-    if (posted_tokens_ < 0)
-      return absl::FailedPreconditionError("CollectOnDevice without PostOnDevice");
-    const int t = posted_tokens_;
-    posted_tokens_ = -1;
+    ASSIGN_OR_RETURN(const PostedDispatch posted, posted_.Take());
     if (!broken_.ok()) return broken_;
     const float* sums = static_cast<const float*>(sums_->data());
-    if (posted_stream_ == nullptr) {  // done on return: the sums, and the server's answers
+    const int t = posted.tokens;
+    if (posted.stream == nullptr) {  // done on return: the sums, and the server's answers
       RETURN_IF_ERROR(Break(pipe_->Drain(absl::Now() + call_timeout_)));
       RETURN_IF_ERROR(Answers());
       if (t == 0) return absl::OkStatus();
-      return DeliverSums(*memory_, out, sums, t, posted_hidden_, accumulate);
+      return DeliverSums(*memory_, out, sums, t, posted.hidden, accumulate);
     }
-    RETURN_IF_ERROR(memory_->Wait(posted_stream_, *arrived_));
+    RETURN_IF_ERROR(memory_->Wait(posted.stream, *arrived_));
     if (t > 0)
       RETURN_IF_ERROR(
-          DeliverSums(*memory_, out, sums, t, posted_hidden_, accumulate, posted_stream_));
-    RETURN_IF_ERROR(memory_->Record(*consumed_, posted_stream_));
-    collected_on_ = posted_stream_;
+          DeliverSums(*memory_, out, sums, t, posted.hidden, accumulate, posted.stream));
+    RETURN_IF_ERROR(memory_->Record(*consumed_, posted.stream));
+    collected_on_ = posted.stream;
     return absl::OkStatus();
   }
 
@@ -274,8 +270,7 @@ class NcclChannel : public DataChannel {
   std::unique_ptr<DeviceEvent> consumed_
       ABSL_GUARDED_BY(mu_);                            // recorded after the sums were taken out
   void* collected_on_ ABSL_GUARDED_BY(mu_) = nullptr;  // the stream consumed_ is recorded on
-  int posted_tokens_ ABSL_GUARDED_BY(mu_) = -1, posted_hidden_ ABSL_GUARDED_BY(mu_) = 0;
-  void* posted_stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  PostedDispatch posted_ ABSL_GUARDED_BY(mu_);
   int unanswered_ ABSL_GUARDED_BY(mu_) = 0;    // device dispatches whose answer is not read yet
   absl::Status refused_ ABSL_GUARDED_BY(mu_);  // the first refusal among the answers read
 };
@@ -339,21 +334,15 @@ absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> NcclDataPlaneServer::Start(
   RETURN_IF_ERROR(CudaBackends().status());  // no plugin: say so now, not at the first channel
   std::unique_ptr<NcclDataPlaneServer> s(
       new NcclDataPlaneServer(device, dispatch, kv, device_dispatch));
-  ASSIGN_OR_RETURN(RunningServer running, StartGrpcServer(listen, {s.get()}));
-  s->server_ = std::move(running.server);
-  s->port_ = running.port;
+  RETURN_IF_ERROR(s->listener_.Start(listen, {s.get()}));
   return s;
 }
 
 NcclDataPlaneServer::~NcclDataPlaneServer() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    for (BytePipe* p : pipes_) p->Abort();
-  }
-  // Cancels the streams; their handlers return.
-  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-}
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  for (BytePipe* p : pipes_) p->Abort();
+}  // then listener_ stops the gRPC server (cancelling the streams; their handlers return)
 
 // A channel's device-resident side: the dispatch's inputs and the sums, on
 // this server's GPU, grown as larger dispatches come; the events ordering
@@ -534,18 +523,10 @@ std::string NcclDataPlaneServer::Handle(const std::string& bytes) {
 // NCCL between GPUs: expert dispatch device to device; a worker without
 // dispatch handlers (decode: KV only) stays on gRPC.
 const TransportPlugin& NcclTransportPlugin() {
-  static const BasicTransportPlugin plugin(
-      "nccl", kDeviceTransportCapabilities,
-      [](int cuda_device) -> absl::StatusOr<std::unique_ptr<Transport>> {
-        NcclTransportOptions o;
-        o.device = cuda_device;
-        return MakeNcclTransport(o);
-      },
-      [](const DataPlaneServeOptions& o) {
-        return ServeDispatchListener(o, [&o] {
-          return NcclDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch, o.kv,
-                                            o.device_dispatch);
-        });
+  static const BasicTransportPlugin plugin =
+      DeviceTransportPlugin("nccl", MakeNcclTransport, [](const DataPlaneServeOptions& o) {
+        return NcclDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch, o.kv,
+                                          o.device_dispatch);
       });
   return plugin;
 }

@@ -41,8 +41,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/backend/byte_pipe.h"
+#include "common/transport/grpc_listener.h"
 #include "common/transport/transport.h"
-#include "grpcpp/server.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
@@ -67,7 +67,7 @@ class NcclDataPlaneServer final : public DataPlaneServer, public v1::NcclDataPla
       DeviceDispatchHandler* device_dispatch = nullptr);
   ~NcclDataPlaneServer() override;  // aborts every channel, then stops the gRPC server
 
-  int port() const override { return port_; }
+  int port() const override { return listener_.port(); }
   grpc::Status Channel(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<v1::NcclFrame, v1::NcclFrame>* stream) override;
 
@@ -86,11 +86,10 @@ class NcclDataPlaneServer final : public DataPlaneServer, public v1::NcclDataPla
   DispatchHandler* const dispatch_;
   KvHandler* const kv_;
   DeviceDispatchHandler* const device_dispatch_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<BytePipe*> pipes_ ABSL_GUARDED_BY(mu_);  // live channels, for Abort on stop
+  GrpcListener listener_;                              // last: stops first
 };
 
 }  // namespace moesh

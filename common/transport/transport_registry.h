@@ -6,8 +6,10 @@
 #ifndef MOESH_COMMON_TRANSPORT_TRANSPORT_REGISTRY_H_
 #define MOESH_COMMON_TRANSPORT_TRANSPORT_REGISTRY_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,11 +63,15 @@ class TransportPlugin {
 // A plugin from its parts: each transport's .cc makes its own from these.
 class BasicTransportPlugin final : public TransportPlugin {
  public:
-  using ConnectFn = absl::StatusOr<std::unique_ptr<Transport>> (*)(int cuda_device);
-  using ServeFn = absl::StatusOr<DataPlaneEndpoint> (*)(const DataPlaneServeOptions& options);
+  using ConnectFn = std::function<absl::StatusOr<std::unique_ptr<Transport>>(int cuda_device)>;
+  using ServeFn =
+      std::function<absl::StatusOr<DataPlaneEndpoint>(const DataPlaneServeOptions& options)>;
   BasicTransportPlugin(absl::string_view name, TransportCapabilities capabilities,
                        ConnectFn connect, ServeFn serve)
-      : name_(name), capabilities_(capabilities), connect_(connect), serve_(serve) {}
+      : name_(name),
+        capabilities_(capabilities),
+        connect_(std::move(connect)),
+        serve_(std::move(serve)) {}
   absl::string_view name() const override { return name_; }
   TransportCapabilities capabilities() const override { return capabilities_; }
   absl::StatusOr<std::unique_ptr<Transport>> Connect(int cuda_device) const override {
@@ -104,6 +110,26 @@ absl::StatusOr<DataPlaneEndpoint> ServeDispatchListener(const DataPlaneServeOpti
   auto server = start();
   if (!server.ok()) return server.status();
   return ListenerEndpoint(options.host, std::move(*server));
+}
+
+// A device transport's plugin (nccl, cuda_ipc): its transport from `make`
+// with options on the CUDA device (an Options with a `device`), and the
+// listener `listen(options)` starts (a StatusOr<unique_ptr<a DataPlaneServer>>)
+// where ServeDispatchListener serves one.
+template <typename Options, typename ListenFn>
+BasicTransportPlugin DeviceTransportPlugin(absl::string_view name,
+                                           std::unique_ptr<Transport> (*make)(const Options&),
+                                           ListenFn listen) {
+  return BasicTransportPlugin(
+      name, kDeviceTransportCapabilities,
+      [make](int cuda_device) -> absl::StatusOr<std::unique_ptr<Transport>> {
+        Options o;
+        o.device = cuda_device;
+        return make(o);
+      },
+      [listen](const DataPlaneServeOptions& o) {
+        return ServeDispatchListener(o, [&] { return listen(o); });
+      });
 }
 
 // The plugin of that name; INVALID_ARGUMENT naming the choices otherwise.

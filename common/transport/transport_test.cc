@@ -76,26 +76,11 @@ class GrpcServer : public Server {
   RunningServer server_;
 };
 
-class UcxServer : public Server {
+// A transport's own listener (ucx, nccl, cuda_ipc), from its Start.
+class ListenerServer : public Server {
  public:
-  explicit UcxServer(FakeHandlers* h) {
-    absl::StatusOr<std::unique_ptr<UcxDataPlaneServer>> s =
-        UcxDataPlaneServer::Start("127.0.0.1:0", h, h);
-    EXPECT_TRUE(s.ok()) << s.status();
-    server_ = std::move(*s);
-  }
-  std::string address() const override { return absl::StrCat("127.0.0.1:", server_->port()); }
-
- private:
-  std::unique_ptr<UcxDataPlaneServer> server_;
-};
-
-// The nccl transport's server on GPU 1 (the client is on GPU 0).
-class NcclServer : public Server {
- public:
-  explicit NcclServer(FakeHandlers* h) {
-    absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> s =
-        NcclDataPlaneServer::Start("127.0.0.1:0", 1, h, h);
+  template <typename S>
+  explicit ListenerServer(absl::StatusOr<std::unique_ptr<S>> s) {
     EXPECT_TRUE(s.ok()) << s.status();
     if (s.ok()) server_ = std::move(*s);
   }
@@ -104,24 +89,7 @@ class NcclServer : public Server {
   }
 
  private:
-  std::unique_ptr<NcclDataPlaneServer> server_;
-};
-
-// The cuda_ipc transport's server: host calls need no GPU.
-class IpcServer : public Server {
- public:
-  explicit IpcServer(FakeHandlers* h) {
-    absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> s =
-        CudaIpcDataPlaneServer::Start("127.0.0.1:0", 0, h, nullptr, h);
-    EXPECT_TRUE(s.ok()) << s.status();
-    if (s.ok()) server_ = std::move(*s);
-  }
-  std::string address() const override {
-    return absl::StrCat("127.0.0.1:", server_ ? server_->port() : 0);
-  }
-
- private:
-  std::unique_ptr<CudaIpcDataPlaneServer> server_;
+  std::unique_ptr<DataPlaneServer> server_;
 };
 
 // GPUs this process can see, through the CUDA plugin (0 without one).
@@ -182,9 +150,17 @@ class TransportTest : public ::testing::TestWithParam<Kind> {
   std::unique_ptr<Server> MakeServer() {
     const std::string t = GetParam().transport;
     if (t == "grpc") return std::make_unique<GrpcServer>(&handlers_);
-    if (t == "ucx") return std::make_unique<UcxServer>(&handlers_);
-    if (t == "nccl") return std::make_unique<NcclServer>(&handlers_);
-    if (t == "cuda_ipc") return std::make_unique<IpcServer>(&handlers_);
+    FakeHandlers* const h = &handlers_;
+    if (t == "ucx") {
+      return std::make_unique<ListenerServer>(UcxDataPlaneServer::Start("127.0.0.1:0", h, h));
+    }
+    if (t == "nccl") {  // on GPU 1 (the client is on GPU 0)
+      return std::make_unique<ListenerServer>(NcclDataPlaneServer::Start("127.0.0.1:0", 1, h, h));
+    }
+    if (t == "cuda_ipc") {  // host calls need no GPU
+      return std::make_unique<ListenerServer>(
+          CudaIpcDataPlaneServer::Start("127.0.0.1:0", 0, h, nullptr, h));
+    }
     return std::make_unique<InprocServer>(&handlers_);
   }
   static v1::DispatchRequest Request(size_t floats, float base) {
@@ -272,7 +248,7 @@ TEST_P(TransportTest, DeadPeerIsUnavailable) {
 // device handler answers UNIMPLEMENTED where there is one.
 TEST(CudaIpcTransportTest, DeviceDispatchNeedsAGpuAndAHandler) {
   FakeHandlers h;
-  IpcServer server(&h);
+  ListenerServer server(CudaIpcDataPlaneServer::Start("127.0.0.1:0", 0, &h, nullptr, &h));
   absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport("cuda_ipc", 0);
   ASSERT_TRUE(t.ok()) << t.status();
   absl::StatusOr<std::unique_ptr<DataChannel>> ch = (*t)->Connect(server.address());
