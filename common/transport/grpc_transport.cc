@@ -48,14 +48,6 @@ class GrpcChannel : public DataChannel {
   std::unique_ptr<v1::DataPlane::Stub> stub_;
 };
 
-class GrpcTransport : public Transport {
- public:
-  absl::string_view name() const override { return "grpc"; }
-  absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
-    return std::make_unique<GrpcChannel>(address);
-  }
-};
-
 }  // namespace
 
 absl::Status DataChannel::PostOnDevice(const DeviceMoeDispatch&) {
@@ -67,7 +59,9 @@ absl::Status DataChannel::CollectOnDevice(float*, bool) {
       absl::StrCat("data plane to ", peer(), ": this transport moves no device memory"));
 }
 
-std::unique_ptr<Transport> MakeGrpcTransport() { return std::make_unique<GrpcTransport>(); }
+std::unique_ptr<Transport> MakeGrpcTransport() {
+  return std::make_unique<ChannelTransport<GrpcChannel>>("grpc");
+}
 std::unique_ptr<Transport> MakeInprocTransport();
 
 // Rides on the worker's gRPC server (the DataPlane service it serves anyway).

@@ -54,14 +54,6 @@ class InprocChannel : public DataChannel {
   const std::string address_;
 };
 
-class InprocTransport : public Transport {
- public:
-  absl::string_view name() const override { return "inproc"; }
-  absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
-    return std::make_unique<InprocChannel>(address);
-  }
-};
-
 }  // namespace
 
 absl::Status BindInproc(const std::string& address, DispatchHandler* dispatch, KvHandler* kv) {
@@ -77,7 +69,9 @@ void UnbindInproc(const std::string& address) {
   Registry().erase(address);
 }
 
-std::unique_ptr<Transport> MakeInprocTransport() { return std::make_unique<InprocTransport>(); }
+std::unique_ptr<Transport> MakeInprocTransport() {
+  return std::make_unique<ChannelTransport<InprocChannel>>("inproc");
+}
 
 // Same process: handlers bound by address (BindInproc), no server side.
 const TransportPlugin& InprocTransportPlugin() {

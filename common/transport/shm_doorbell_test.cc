@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -17,11 +18,18 @@ namespace {
 
 std::string Reverse(std::string s) { return std::string(s.rbegin(), s.rend()); }
 
+// A doorbell, and the server's side of it opened by name in this process.
+void CreateAndOpen(absl::StatusOr<std::unique_ptr<ShmDoorbell>>* client,
+                   absl::StatusOr<std::unique_ptr<ShmDoorbell>>* server) {
+  *client = ShmDoorbell::Create();
+  ASSERT_TRUE(client->ok()) << client->status();
+  *server = ShmDoorbell::Open((**client)->name());
+  ASSERT_TRUE(server->ok()) << server->status();
+}
+
 TEST(ShmDoorbellTest, CallsBetweenThreadsGetTheirOwnReplies) {
-  auto client = ShmDoorbell::Create();
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto server = ShmDoorbell::Open((*client)->name());
-  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<ShmDoorbell>> client, server;
+  ASSERT_NO_FATAL_FAILURE(CreateAndOpen(&client, &server));
   std::atomic<bool> stop{false};
   std::thread serving([&] {
     while (true) {
@@ -89,10 +97,8 @@ TEST(ShmDoorbellTest, NoReplyEndsAtTheDeadlineOrOnAbort) {
 }
 
 TEST(ShmDoorbellTest, StoppedServerAndBadInput) {
-  auto client = ShmDoorbell::Create();
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto server = ShmDoorbell::Open((*client)->name());
-  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<ShmDoorbell>> client, server;
+  ASSERT_NO_FATAL_FAILURE(CreateAndOpen(&client, &server));
   std::atomic<bool> stop{false};
   std::thread stopper([&] {
     absl::SleepFor(absl::Milliseconds(20));

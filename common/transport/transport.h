@@ -87,6 +87,21 @@ class Transport {
   virtual absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) = 0;
 };
 
+// A transport whose channel to an address is a `Channel(address)`, made on
+// Connect and holding nothing shared (grpc, inproc).
+template <typename Channel>
+class ChannelTransport final : public Transport {
+ public:
+  explicit ChannelTransport(absl::string_view name) : name_(name) {}
+  absl::string_view name() const override { return name_; }
+  absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
+    return std::make_unique<Channel>(address);
+  }
+
+ private:
+  const absl::string_view name_;
+};
+
 // The sending side of the transport of that name (transport_registry.h:
 // "grpc", "inproc", "ucx", "nccl" or "cuda_ipc"; device transports move
 // memory of CUDA device `cuda_device`); INVALID_ARGUMENT naming the choices

@@ -115,15 +115,7 @@ struct Peer {
 class UcxTransportImpl : public Transport {
  public:
   explicit UcxTransportImpl(std::unique_ptr<UcxWorker> worker) : worker_(std::move(worker)) {
-    worker_->Run([this] {
-      ucp_am_handler_param_t hp{};
-      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
-      hp.id = UcxWorker::kReplyAm;
-      hp.cb = &UcxTransportImpl::OnReply;
-      hp.arg = this;
-      ucp_worker_set_am_recv_handler(worker_->worker(), &hp);
-    });
+    worker_->Run([this] { worker_->SetAmHandler(UcxWorker::kReplyAm, &OnReply, this); });
   }
   ~UcxTransportImpl() override {
     worker_->Run([this] {
@@ -351,13 +343,7 @@ class UcxServerImpl : public UcxDataPlaneServer {
     if (absl::Status s = ParseSockaddr(listen, &sa); !s.ok()) return s;
     absl::Status result;
     worker_->Run([&] {
-      ucp_am_handler_param_t hp{};
-      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
-      hp.id = UcxWorker::kRequestAm;
-      hp.cb = &UcxServerImpl::OnRequest;
-      hp.arg = this;
-      ucs_status_t s = ucp_worker_set_am_recv_handler(worker_->worker(), &hp);
+      ucs_status_t s = worker_->SetAmHandler(UcxWorker::kRequestAm, &OnRequest, this);
       if (s != UCS_OK) {
         result = UcxError("AM handler", s);
         return;

@@ -81,6 +81,16 @@ void UcxWorker::Post(std::function<void()> task) {
   ucp_worker_signal(worker_);
 }
 
+ucs_status_t UcxWorker::SetAmHandler(uint16_t id, ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  hp.id = id;
+  hp.cb = cb;
+  hp.arg = arg;
+  return ucp_worker_set_am_recv_handler(worker_, &hp);
+}
+
 void UcxWorker::Run(std::function<void()> task) {
   if (OnProgressThread()) {
     task();

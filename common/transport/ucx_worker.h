@@ -38,6 +38,9 @@ class UcxWorker {
   // Runs `task` on the progress thread and waits for it.
   void Run(std::function<void()> task);
   bool OnProgressThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Has `cb` called with `arg` for each active message `id` (on the progress
+  // thread).
+  ucs_status_t SetAmHandler(uint16_t id, ucp_am_recv_callback_t cb, void* arg);
 
  private:
   UcxWorker() = default;
