@@ -18,11 +18,12 @@ class GenerationBackend {
  public:
   virtual ~GenerationBackend() = default;
   // Runs the request, feeding `sink` in order, until max_new_tokens, a stop
-  // id, the sink declining, or `cancelled()` (polled). OK in the first three
-  // cases; CANCELLED in the last; UNAVAILABLE when a worker died;
-  // RESOURCE_EXHAUSTED when no worker could take it.
+  // id, the sink declining, or `cancel` firing (an event: the workers' calls
+  // are cancelled at once). OK in the first three cases; CANCELLED in the
+  // last; UNAVAILABLE when a worker died; RESOURCE_EXHAUSTED when no worker
+  // could take it.
   virtual absl::Status Run(const GenerationRequest& request, const ChunkSink& sink,
-                           const CancelledFn& cancelled) = 0;
+                           const CancelToken& cancel) = 0;
   // True when the backend can take requests (workers present).
   virtual bool Ready() const = 0;
 };

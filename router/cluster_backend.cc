@@ -23,7 +23,7 @@ bool ClusterBackend::Ready() const {
 }
 
 absl::Status ClusterBackend::Run(const GenerationRequest& req, const ChunkSink& sink,
-                                 const CancelledFn& cancelled) {
+                                 const CancelToken& cancel) {
   std::vector<WorkerInfo> decoders = registry_->Live(v1::WORKER_KIND_DECODE);
   std::vector<WorkerInfo> prefillers = registry_->Live(v1::WORKER_KIND_PREFILL);
   if (decoders.empty() || prefillers.empty()) {
@@ -48,7 +48,7 @@ absl::Status ClusterBackend::Run(const GenerationRequest& req, const ChunkSink& 
         std::make_unique<GrpcDecodeClient>(d, ChannelTo(d.address), registry_));
     order.push_back(decode_clients.back().get());
   }
-  return RunGeneration(req, prefill_client, order, sink, cancelled);
+  return RunGeneration(req, prefill_client, order, sink, cancel);
 }
 
 }  // namespace moesh

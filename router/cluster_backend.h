@@ -22,7 +22,7 @@ class ClusterBackend : public GenerationBackend {
   explicit ClusterBackend(Membership* membership) : registry_(&membership->registry()) {}
 
   absl::Status Run(const GenerationRequest& request, const ChunkSink& sink,
-                   const CancelledFn& cancelled) override;
+                   const CancelToken& cancel) override;
   bool Ready() const override;
 
  private:

@@ -40,9 +40,9 @@ ColocatedBackend::~ColocatedBackend() {
 }
 
 absl::Status ColocatedBackend::Run(const GenerationRequest& req, const ChunkSink& sink,
-                                   const CancelledFn& cancelled) {
+                                   const CancelToken& cancel) {
   DecodeClient* const decoders[] = {decode_client_.get()};
-  return RunGeneration(req, *prefill_client_, decoders, sink, cancelled);
+  return RunGeneration(req, *prefill_client_, decoders, sink, cancel);
 }
 
 }  // namespace moesh

@@ -25,7 +25,7 @@ class ColocatedBackend : public GenerationBackend {
   ~ColocatedBackend() override;
 
   absl::Status Run(const GenerationRequest& request, const ChunkSink& sink,
-                   const CancelledFn& cancelled) override;
+                   const CancelToken& cancel) override;
   bool Ready() const override { return true; }
   const ModelConfig& config() const { return worker_.config; }
   DecodeEngine* decode() { return decode_.get(); }

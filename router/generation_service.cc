@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -175,18 +177,64 @@ absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::Generate
   return b;
 }
 
-grpc::Status GenerationService::Generate(grpc::ServerContext* ctx,
-                                         const v1::GenerateRequest* request,
-                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
+// One Generate stream. Write blocks the request's thread until the message
+// went out, as the sync API's did; the client going away (cancel, deadline)
+// fires the request's CancelToken. Deletes itself when gRPC is done with it,
+// so Finish is the last thing its thread does with it.
+class GenerationService::Stream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  explicit Stream(std::shared_ptr<Control> control) : control_(std::move(control)) {}
+  // False once the client is gone.
+  bool Write(const v1::GenerateResponse& m) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!write_ok_) return false;
+    writing_ = true;
+    lock.unlock();
+    StartWrite(&m);
+    lock.lock();
+    written_.wait(lock, [this] { return !writing_; });
+    return write_ok_;
+  }
+
+ private:
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    write_ok_ = write_ok_ && ok;
+    written_.notify_all();
+  }
+  void OnCancel() override { control_->cancel.Cancel(); }
+  void OnDone() override { delete this; }
+
+  const std::shared_ptr<Control> control_;
+  std::mutex mu_;
+  std::condition_variable written_;
+  bool writing_ = false;
+  bool write_ok_ = true;
+};
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
+    grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
+  auto control = std::make_shared<Control>();
+  auto* stream = new Stream(control);
+  pool_.Schedule([this, ctx, request, stream, control] {
+    stream->Finish(RunGenerate(ctx, request, stream, control));
+  });
+  return stream;
+}
+
+grpc::Status GenerationService::RunGenerate(grpc::CallbackServerContext* ctx,
+                                            const v1::GenerateRequest* request, Stream* writer,
+                                            const std::shared_ptr<Control>& control) {
   const auto arrival = std::chrono::steady_clock::now();
   absl::StatusOr<GenerationRequest> b = Validate(*request);
   if (!b.ok()) return Fail(ToGrpcStatus(b.status()));
-  auto aborted = std::make_shared<std::atomic<bool>>(false);
+  const std::atomic<bool>* const aborted = &control->aborted;
   {
     absl::MutexLock lock(&mu_);
     b->request_id =
         request->request_id().empty() ? absl::StrCat("req-", ++next_id_) : request->request_id();
-    if (!running_.emplace(b->request_id, aborted).second) {
+    if (!running_.emplace(b->request_id, control).second) {
       return Fail(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                                absl::StrCat("request ", b->request_id, " is running")));
     }
@@ -238,8 +286,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx,
     if (!writer->Write(m)) client_gone = true;
     return !stopped && !client_gone;
   };
-  absl::Status s =
-      backend_->Run(*b, sink, [&] { return client_gone || ctx->IsCancelled() || aborted->load(); });
+  absl::Status s = backend_->Run(*b, sink, control->cancel);
   {
     absl::MutexLock lock(&mu_);
     running_.erase(b->request_id);
@@ -331,10 +378,17 @@ grpc::Status GenerationService::ModelInfo(grpc::ServerContext*, const v1::ModelI
 
 grpc::Status GenerationService::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
                                       v1::AbortResponse* response) {
-  absl::MutexLock lock(&mu_);
-  auto it = running_.find(request->request_id());
-  response->set_found(it != running_.end());
-  if (it != running_.end()) it->second->store(true);
+  std::shared_ptr<Control> control;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = running_.find(request->request_id());
+    if (it != running_.end()) control = it->second;
+  }
+  response->set_found(control != nullptr);
+  if (control != nullptr) {
+    control->aborted = true;
+    control->cancel.Cancel();  // outside mu_: its callbacks cancel the worker calls
+  }
   return grpc::Status::OK;
 }
 

@@ -2,6 +2,10 @@
 // with a message, never touching other requests), resolves defaults and stop
 // ids, hands the request to a GenerationBackend, and streams tokens back with
 // a final message (finish reason, usage, timings).
+//
+// Generate is a callback-API stream: each request runs on a thread of the
+// service's pool, and the client going away (cancel, deadline) or an Abort
+// fires the request's CancelToken, which cancels its worker calls at once.
 // Thread-safe.
 #ifndef MOESH_ROUTER_GENERATION_SERVICE_H_
 #define MOESH_ROUTER_GENERATION_SERVICE_H_
@@ -14,6 +18,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "base/cancel_token.h"
+#include "base/thread_pool.h"
 #include "common/metrics/metrics.h"
 #include "common/model/config.h"
 #include "moesh/v1/generation.grpc.pb.h"
@@ -30,14 +36,15 @@ struct GenerationServiceOptions {
   Metrics* metrics = nullptr;  // may be null
 };
 
-class GenerationService final : public v1::Generation::Service {
+class GenerationService final
+    : public v1::Generation::WithCallbackMethod_Generate<v1::Generation::Service> {
  public:
   // `codec` may be null (no tokenizer: text prompts are refused).
   GenerationService(const ModelConfig& config, GenerationBackend* backend, const TextCodec* codec,
                     GenerationServiceOptions options);
 
-  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
   grpc::Status Tokenize(grpc::ServerContext*, const v1::TokenizeRequest*,
                         v1::TokenizeResponse*) override;
   grpc::Status Detokenize(grpc::ServerContext*, const v1::DetokenizeRequest*,
@@ -50,8 +57,17 @@ class GenerationService final : public v1::Generation::Service {
   int num_running() const;
 
  private:
+  // A request's cancellation: its client went away, or Abort.
+  struct Control {
+    std::atomic<bool> aborted{false};
+    CancelToken cancel;
+  };
+  class Stream;
   // A validated request, or INVALID_ARGUMENT explaining what is wrong.
   absl::StatusOr<GenerationRequest> Validate(const v1::GenerateRequest& r) const;
+  // Runs one Generate call to its status (on a pool thread).
+  grpc::Status RunGenerate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request,
+                           Stream* writer, const std::shared_ptr<Control>& control);
 
   const ModelConfig config_;
   GenerationBackend* const backend_;
@@ -70,9 +86,9 @@ class GenerationService final : public v1::Generation::Service {
   grpc::Status Fail(grpc::Status s);
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<std::atomic<bool>>> running_
-      ABSL_GUARDED_BY(mu_);  // id -> aborted
+  std::map<std::string, std::shared_ptr<Control>> running_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  ThreadPool pool_;  // last: its threads finish before the members above go
 };
 
 }  // namespace moesh

@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/serving_proto.h"
@@ -11,8 +10,6 @@ namespace moesh {
 namespace {
 
 constexpr auto kControlDeadline = std::chrono::seconds(10);
-// How often a decode relay looks at the caller's cancellation.
-constexpr auto kCancelPoll = std::chrono::milliseconds(20);
 
 std::unique_ptr<grpc::ClientContext> Deadlined(std::chrono::seconds d) {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -38,14 +35,19 @@ GrpcPrefillClient::GrpcPrefillClient(WorkerInfo worker, std::shared_ptr<grpc::Ch
       stub_(v1::PrefillWorker::NewStub(std::move(channel))),
       registry_(registry) {}
 
-absl::StatusOr<PrefillResult> GrpcPrefillClient::Prefill(const PrefillSpec& spec) {
+absl::StatusOr<PrefillResult> GrpcPrefillClient::Prefill(const PrefillSpec& spec,
+                                                         const CancelToken& cancel) {
   v1::PrefillRequest request;
   PrefillSpecToProto(spec, &request);
   v1::PrefillResponse response;
   auto ctx = std::make_shared<grpc::ClientContext>();
   const int64_t h = registry_->Track(worker_.id, [ctx] { ctx->TryCancel(); });
+  // TryCancel before the call starts cancels it as it starts.
+  CancelToken::Registration on_cancel = cancel.OnCancel([&ctx] { ctx->TryCancel(); });
   grpc::Status s = stub_->Prefill(ctx.get(), request, &response);
+  on_cancel.Reset();
   registry_->Untrack(h);
+  if (!s.ok() && cancel.cancelled()) return absl::CancelledError("cancelled by the client");
   if (!s.ok()) return WorkerFailed(worker_, s);
   return PrefillResultFromProto(response);
 }
@@ -75,23 +77,17 @@ void GrpcDecodeClient::Release(const std::string& request_id) {
 }
 
 absl::Status GrpcDecodeClient::Decode(const DecodeSpec& spec, const TokenSink& sink,
-                                      const CancelledFn& cancelled) {
+                                      const CancelToken& cancel) {
   v1::DecodeRequest request;
   DecodeSpecToProto(spec, &request);
   auto ctx = std::make_shared<grpc::ClientContext>();
   const int64_t h = registry_->Track(worker_.id, [ctx] { ctx->TryCancel(); });
-  // The stream's reads block; a watcher turns the caller's cancellation into
-  // the stream's (which frees the request's blocks on the worker).
-  std::atomic<bool> finished{false}, by_caller{false};
-  std::thread watcher([&] {
-    while (!finished.load()) {
-      if (cancelled()) {
-        by_caller = true;
-        ctx->TryCancel();
-        return;
-      }
-      std::this_thread::sleep_for(kCancelPoll);
-    }
+  // The stream's reads block; the caller's cancellation cancels the stream
+  // as it happens (the worker then frees the request's blocks).
+  std::atomic<bool> by_caller{false};
+  CancelToken::Registration on_cancel = cancel.OnCancel([&] {
+    by_caller = true;
+    ctx->TryCancel();
   });
   auto reader = stub_->Decode(ctx.get(), request);
   v1::DecodeResponse m;
@@ -101,10 +97,9 @@ absl::Status GrpcDecodeClient::Decode(const DecodeSpec& spec, const TokenSink& s
   }
   if (declined) ctx->TryCancel();
   grpc::Status s = reader->Finish();
-  finished = true;
-  watcher.join();
+  on_cancel.Reset();
   registry_->Untrack(h);
-  if (by_caller) return absl::CancelledError("cancelled by the client");
+  if (by_caller && !s.ok()) return absl::CancelledError("cancelled by the client");
   if (declined) return absl::OkStatus();
   if (!s.ok()) return WorkerFailed(worker_, s);
   return absl::OkStatus();

@@ -1,7 +1,8 @@
 // The prefill and decode workers as seen from the router: the request flow's
 // clients (common/serving/generation_flow.h) over gRPC. A call in flight is
 // tracked by the worker registry, which cancels it if its worker is dropped (so a
-// dead worker fails its requests at once). Errors name the worker; a worker
+// dead worker fails its requests at once), and the caller's CancelToken
+// cancels it (ClientContext::TryCancel) the moment it fires. Errors name the worker; a worker
 // that vanished mid-call reads as UNAVAILABLE. Thread-safe.
 #ifndef MOESH_ROUTER_WORKER_CLIENTS_H_
 #define MOESH_ROUTER_WORKER_CLIENTS_H_
@@ -21,7 +22,8 @@ class GrpcPrefillClient : public PrefillClient {
   // `registry` is borrowed and must outlive the client.
   GrpcPrefillClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
                     WorkerRegistry* registry);
-  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec) override;
+  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec,
+                                        const CancelToken& cancel) override;
 
  private:
   const WorkerInfo worker_;
@@ -38,7 +40,7 @@ class GrpcDecodeClient : public DecodeClient {
   absl::Status Reserve(const std::string& request_id, int prompt_tokens, int max_tokens) override;
   void Release(const std::string& request_id) override;
   absl::Status Decode(const DecodeSpec& spec, const TokenSink& sink,
-                      const CancelledFn& cancelled) override;
+                      const CancelToken& cancel) override;
 
  private:
   const WorkerInfo worker_;

@@ -127,7 +127,7 @@ void DecodeEngine::UpdateGauges() {
 }
 
 absl::Status DecodeEngine::Decode(const DecodeSpec& spec, const DecodeSink& sink,
-                                  const std::function<bool()>& cancelled) {
+                                  const CancelToken& cancel) {
   std::shared_ptr<Request> r;
   {
     absl::MutexLock lock(&mu_);
@@ -155,22 +155,27 @@ absl::Status DecodeEngine::Decode(const DecodeSpec& spec, const DecodeSink& sink
       r->running = true;
     }
   }
+  // Cancellation marks the request; the loop drops it at the next step
+  // boundary and Finish wakes the wait below. (Registered with no lock held:
+  // an already cancelled token runs this at once.)
+  CancelToken::Registration on_cancel = cancel.OnCancel([this, r] {
+    absl::MutexLock lock(&mu_);
+    if (!r->done) r->cancelled = true;
+  });
   while (true) {
     std::deque<TokenEvent> out;
     bool done;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [&r]() { return !r->outbox.empty() || r->done; };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
+      mu_.Await(absl::Condition(&ready));
       out.swap(r->outbox);
       done = r->done;
-      if (!done && cancelled()) {
-        r->cancelled = true;  // the loop drops it at the next step boundary
-      }
     }
     for (const TokenEvent& e : out) sink(e);
     if (done) break;
   }
+  on_cancel.Reset();  // before taking mu_: a running callback takes it
   absl::MutexLock lock(&mu_);
   return r->status;
 }

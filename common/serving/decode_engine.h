@@ -64,11 +64,12 @@ class DecodeEngine : public KvHandler {
   absl::Status Release(const std::string& request_id);
 
   // Runs the request to completion, calling `sink` with each step's output
-  // (the last one has finished = true). Returns when done; CANCELLED if
-  // `cancelled()` turned true (polled), UNAVAILABLE if an expert failed.
+  // (the last one has finished = true). Returns when done; CANCELLED once
+  // `cancel` fired (woken by it, not polled: the request leaves the batch at
+  // the next step boundary and its blocks are freed), UNAVAILABLE if an
+  // expert failed. `sink` runs with no engine lock held, so it may cancel.
   // REQUIRES: Reserve and PushKv for spec.request_id succeeded.
-  absl::Status Decode(const DecodeSpec& spec, const DecodeSink& sink,
-                      const std::function<bool()>& cancelled);
+  absl::Status Decode(const DecodeSpec& spec, const DecodeSink& sink, const CancelToken& cancel);
 
   ServingLoad Load() const;
 

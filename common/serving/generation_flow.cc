@@ -3,10 +3,15 @@
 #include <algorithm>
 
 namespace moesh {
+namespace {
+
+absl::Status CancelledByCaller() { return absl::CancelledError("cancelled by the caller"); }
+
+}  // namespace
 
 absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
                            absl::Span<DecodeClient* const> decoders, const ChunkSink& sink,
-                           const CancelledFn& cancelled) {
+                           const CancelToken& cancel) {
   const int prompt_tokens = static_cast<int>(req.prompt.size());
   const int max_tokens = prompt_tokens + req.max_new_tokens - 1;
   DecodeClient* decode = nullptr;
@@ -26,16 +31,20 @@ absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
     }
   }
   if (decode == nullptr) return last;
+  if (cancel.cancelled()) {
+    decode->Release(req.request_id);
+    return CancelledByCaller();
+  }
 
   PrefillSpec ps;
   ps.request_id = req.request_id;
   ps.prompt_ids = req.prompt;
   ps.sampling = req.sampling;
   ps.decode_address = decode->kv_address();
-  absl::StatusOr<PrefillResult> first = prefill.Prefill(ps);
-  if (!first.ok()) {
+  absl::StatusOr<PrefillResult> first = prefill.Prefill(ps, cancel);
+  if (!first.ok() || cancel.cancelled()) {
     decode->Release(req.request_id);
-    return first.status();
+    return cancel.cancelled() ? CancelledByCaller() : first.status();
   }
   TokenChunk chunk;
   chunk.queue_seconds = first->queue_seconds;
@@ -60,7 +69,7 @@ absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
       [&sink](const TokenEvent& e) {
         return e.ids.empty() || sink(e);  // empty: the closing event of a finished request
       },
-      cancelled);
+      cancel);
 }
 
 }  // namespace moesh

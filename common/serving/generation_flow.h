@@ -7,6 +7,10 @@
 // implementation (the engines of this process: the router's colocated mode;
 // common/serving/inprocess_clients.h) and a gRPC one (router/worker_clients.h).
 // Plain C++ types throughout; protos are the gRPC clients' business.
+//
+// Cancellation is an event (base/cancel_token.h): the caller cancels its
+// token, and each client wakes on it where it waits (an RPC is cancelled with
+// ClientContext::TryCancel, an engine's wait is notified); nothing polls.
 #ifndef MOESH_COMMON_SERVING_GENERATION_FLOW_H_
 #define MOESH_COMMON_SERVING_GENERATION_FLOW_H_
 
@@ -18,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "base/cancel_token.h"
 #include "common/engine/sampler.h"
 
 namespace moesh {
@@ -40,9 +45,6 @@ struct TokenChunk {
 
 // Returns false to stop generation early (e.g. a stop string matched).
 using ChunkSink = std::function<bool(const TokenChunk&)>;
-// True once the caller gave up on the request (its client went away, it was
-// aborted); polled between tokens.
-using CancelledFn = std::function<bool()>;
 
 // What a prefill needs: the prompt, its sampling (for the first token) and
 // where the KV goes (the reserving decode worker's data-plane address).
@@ -84,8 +86,10 @@ class PrefillClient {
   virtual ~PrefillClient() = default;
   // Blocks until the prompt ran and its KV reached spec.decode_address.
   // INVALID_ARGUMENT for a bad prompt or sampling; UNAVAILABLE when the worker
-  // (or an expert worker, or the decode worker) failed.
-  virtual absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec) = 0;
+  // (or an expert worker, or the decode worker) failed; CANCELLED when
+  // `cancel` fired first (the KV may still arrive: the caller releases).
+  virtual absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec,
+                                                const CancelToken& cancel) = 0;
 };
 
 // A decode worker. Thread-safe.
@@ -101,21 +105,21 @@ class DecodeClient {
   // Frees a reservation (best effort: the worker's lease frees it otherwise).
   virtual void Release(const std::string& request_id) = 0;
   // Decodes a reserved request whose KV arrived, feeding `sink` in order.
-  // OK when it finished or `sink` declined; CANCELLED when `cancelled()`
-  // turned true; UNAVAILABLE when the worker failed.
+  // OK when it finished or `sink` declined; CANCELLED when `cancel` fired
+  // (the worker frees the request's blocks); UNAVAILABLE when the worker failed.
   virtual absl::Status Decode(const DecodeSpec& spec, const TokenSink& sink,
-                              const CancelledFn& cancelled) = 0;
+                              const CancelToken& cancel) = 0;
 };
 
 // Runs `request`: reserves on the first of `decoders` with room (in order;
 // one that is full or gone is skipped, any other refusal ends the request),
 // prefills on `prefill`, then decodes there, feeding `sink`. Returns OK when
 // the request finished (max tokens, a stop id, `sink` declined), CANCELLED
-// when `cancelled()` turned true, else the failing worker's error. The
-// reservation is released on every path that does not decode.
+// when `cancel` fired, else the failing worker's error. The reservation is
+// released on every path that does not decode.
 absl::Status RunGeneration(const GenerationRequest& request, PrefillClient& prefill,
                            absl::Span<DecodeClient* const> decoders, const ChunkSink& sink,
-                           const CancelledFn& cancelled);
+                           const CancelToken& cancel);
 
 }  // namespace moesh
 

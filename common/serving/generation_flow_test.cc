@@ -12,7 +12,7 @@ namespace {
 
 class FakePrefill : public PrefillClient {
  public:
-  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec) override {
+  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec, const CancelToken&) override {
     specs.push_back(spec);
     if (!status.ok()) return status;
     PrefillResult r;
@@ -37,10 +37,10 @@ class FakeDecode : public DecodeClient {
   }
   void Release(const std::string& id) override { released.push_back(id); }
   absl::Status Decode(const DecodeSpec& spec, const TokenSink& sink,
-                      const CancelledFn& cancelled) override {
+                      const CancelToken& cancel) override {
     decoded = spec;
     for (const TokenEvent& e : events) {
-      if (cancelled()) return absl::CancelledError("cancelled");
+      if (cancel.cancelled()) return absl::CancelledError("cancelled");
       if (!sink(e)) return absl::OkStatus();
     }
     return decode_status;
@@ -87,7 +87,7 @@ struct Collected {
   }
 };
 
-const CancelledFn kNever = [] { return false; };
+const CancelToken kNever;
 
 TEST(GenerationFlowTest, ReservesPrefillsThenDecodes) {
   FakePrefill prefill;
@@ -178,9 +178,14 @@ TEST(GenerationFlowTest, SinkDecliningStopsDecodeAndCancellationIsReported) {
   EXPECT_EQ(declined.ids, (std::vector<int32_t>{7, 8}));
 
   Collected cancelled;
-  int polls = 0;
-  const absl::Status s = RunGeneration(Request(8), prefill, decoders, cancelled.Sink(),
-                                       [&polls] { return ++polls > 1; });
+  CancelToken cancel;  // the caller gives up once the second token arrived
+  const ChunkSink collect = cancelled.Sink();
+  const ChunkSink sink = [&](const TokenChunk& c) {
+    const bool more = collect(c);
+    if (cancelled.ids.size() >= 2) cancel.Cancel();
+    return more;
+  };
+  const absl::Status s = RunGeneration(Request(8), prefill, decoders, sink, cancel);
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(cancelled.ids, (std::vector<int32_t>{7, 8}));
 }

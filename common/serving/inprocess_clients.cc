@@ -12,14 +12,21 @@ void InProcessDecodeClient::Release(const std::string& request_id) {
 }
 
 absl::Status InProcessDecodeClient::Decode(const DecodeSpec& spec, const TokenSink& sink,
-                                           const CancelledFn& cancelled) {
+                                           const CancelToken& cancel) {
+  // The engine stops on one token: the caller's, or the sink declining.
+  CancelToken stop;
+  CancelToken::Registration forward = cancel.OnCancel([&stop] { stop.Cancel(); });
   bool declined = false;
   absl::Status s = engine_->Decode(
       spec,
       [&](const TokenEvent& e) {
-        if (!declined && !sink(e)) declined = true;
+        if (!declined && !sink(e)) {
+          declined = true;
+          stop.Cancel();  // the sink runs outside the engine's lock
+        }
       },
-      [&] { return declined || cancelled(); });
+      stop);
+  forward.Reset();
   if (declined && s.code() == absl::StatusCode::kCancelled) return absl::OkStatus();
   return s;
 }

@@ -15,8 +15,9 @@ namespace moesh {
 class InProcessPrefillClient : public PrefillClient {
  public:
   explicit InProcessPrefillClient(PrefillEngine* engine) : engine_(engine) {}
-  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec) override {
-    return engine_->Prefill(spec);
+  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec,
+                                        const CancelToken& cancel) override {
+    return engine_->Prefill(spec, &cancel);
   }
 
  private:
@@ -33,7 +34,7 @@ class InProcessDecodeClient : public DecodeClient {
   absl::Status Reserve(const std::string& request_id, int prompt_tokens, int max_tokens) override;
   void Release(const std::string& request_id) override;
   absl::Status Decode(const DecodeSpec& spec, const TokenSink& sink,
-                      const CancelledFn& cancelled) override;
+                      const CancelToken& cancel) override;
 
  private:
   DecodeEngine* const engine_;

@@ -1,5 +1,6 @@
 #include "common/serving/prefill_engine.h"
 
+#include <algorithm>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -43,7 +44,8 @@ PrefillEngine::~PrefillEngine() {
   queue_.clear();
 }
 
-absl::StatusOr<PrefillResult> PrefillEngine::Prefill(const PrefillSpec& spec) {
+absl::StatusOr<PrefillResult> PrefillEngine::Prefill(const PrefillSpec& spec,
+                                                     const CancelToken* cancel) {
   const ModelConfig& c = backend_->config();
   if (spec.prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt");
   for (int32_t t : spec.prompt_ids) {
@@ -54,16 +56,39 @@ absl::StatusOr<PrefillResult> PrefillEngine::Prefill(const PrefillSpec& spec) {
   }
   if (absl::Status s = spec.sampling.Validate(c.vocab_size); !s.ok()) return s;
   Pending p(&spec);
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return absl::UnavailableError("prefill worker shutting down");
-  queue_.push_back(&p);
-  queued_tokens_ += static_cast<int64_t>(spec.prompt_ids.size());
-  if (waiting_ != nullptr) {
-    waiting_->Set(static_cast<double>(queue_.size()));
-    queued_tokens_gauge_->Set(static_cast<double>(queued_tokens_));
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("prefill worker shutting down");
+    queue_.push_back(&p);
+    queued_tokens_ += static_cast<int64_t>(spec.prompt_ids.size());
+    UpdateQueueGauges();
   }
-  mu_.Await(absl::Condition(&p.done));
+  // Registered with no lock held: an already cancelled token runs it at once.
+  CancelToken::Registration on_cancel;
+  if (cancel != nullptr) on_cancel = cancel->OnCancel([this, &p] { CancelQueued(&p); });
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&p.done));
+  }
+  on_cancel.Reset();  // a callback running now finishes before `p` goes
   return std::move(p.result);
+}
+
+void PrefillEngine::CancelQueued(Pending* p) {
+  absl::MutexLock lock(&mu_);
+  auto it = std::find(queue_.begin(), queue_.end(), p);
+  if (it == queue_.end()) return;  // in a batch already, or done
+  queue_.erase(it);
+  queued_tokens_ -= static_cast<int64_t>(p->spec->prompt_ids.size());
+  UpdateQueueGauges();
+  p->result = absl::CancelledError("cancelled while queued for prefill");
+  p->done = true;
+}
+
+void PrefillEngine::UpdateQueueGauges() {
+  if (waiting_ == nullptr) return;
+  waiting_->Set(static_cast<double>(queue_.size()));
+  queued_tokens_gauge_->Set(static_cast<double>(queued_tokens_));
 }
 
 void PrefillEngine::Loop() {

@@ -50,8 +50,11 @@ class PrefillEngine {
 
   // Blocks until the prompt ran and its KV reached the decode worker.
   // INVALID_ARGUMENT for bad prompts or sampling, UNAVAILABLE if an expert or
-  // the decode worker failed.
-  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec);
+  // the decode worker failed. CANCELLED when `cancel` (may be null) fired
+  // while the prompt still waited in the queue (it leaves the queue at once;
+  // a prompt already in a running batch finishes).
+  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec,
+                                        const CancelToken* cancel = nullptr);
 
   ServingLoad Load() const;
 
@@ -66,6 +69,9 @@ class PrefillEngine {
     absl::StatusOr<PrefillResult> result = absl::UnknownError("not run");
   };
   void Loop();
+  // Takes `p` out of the queue as CANCELLED if it is still there.
+  void CancelQueued(Pending* p);
+  void UpdateQueueGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunBatch(const std::vector<Pending*>& batch);
   absl::StatusOr<DataChannel*> ChannelTo(const std::string& address);
 

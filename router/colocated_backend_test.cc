@@ -1,0 +1,131 @@
+// Cancellation through the request flow onto the engines of this process (the
+// colocated backend): the caller's CancelToken reaches the decode engine as an
+// event, which drops the request and frees its KV blocks; other requests go on.
+#include "router/colocated_backend.h"
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "base/file_util.h"
+#include "common/model/random_checkpoint.h"
+#include "gtest/gtest.h"
+
+namespace moesh {
+namespace {
+
+std::string TinyModel() {
+  static const std::string dir = [] {
+    const std::string d = JoinPath(::testing::TempDir(), "colocated_backend_test_tiny_v3");
+    std::filesystem::remove_all(d);
+    absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
+    RandomCheckpointOptions opt;
+    opt.seed = 21;
+    EXPECT_TRUE(c.ok() && WriteRandomCheckpoint(*c, d, opt).ok());
+    return d;
+  }();
+  return dir;
+}
+
+std::unique_ptr<ColocatedBackend> Backend() {
+  DeviceOptions device;
+  device.num_kv_blocks = 256;
+  device.block_size = 16;
+  absl::StatusOr<std::unique_ptr<ColocatedBackend>> b =
+      ColocatedBackend::Create(TinyModel(), device, DecodeEngineOptions(), PrefillEngineOptions());
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+GenerationRequest Request(const std::string& id, int max_new_tokens) {
+  GenerationRequest r;
+  r.request_id = id;
+  r.prompt = {5, 6, 7};
+  r.max_new_tokens = max_new_tokens;  // no stop ids: it runs to the end
+  return r;
+}
+
+TEST(ColocatedBackendTest, CancellationReachesTheDecodeEngineWhileTheCallerIsBusy) {
+  std::unique_ptr<ColocatedBackend> b = Backend();
+  ASSERT_NE(b, nullptr);
+  const int64_t all_free = b->decode()->Load().free_kv_blocks;
+  ASSERT_GT(all_free, 0);
+
+  // A long request whose caller is stuck in its sink (a slow client) from the
+  // fifth token on; a short one runs beside it.
+  constexpr int kLong = 2500;
+  CancelToken cancel, never;
+  int streamed = 0;
+  absl::Notification streaming, unblock;
+  absl::Status long_status;
+  std::thread long_run([&] {
+    long_status = b->Run(
+        Request("long", kLong),
+        [&](const TokenChunk& c) {
+          streamed += static_cast<int>(c.ids.size());
+          if (streamed >= 5 && !streaming.HasBeenNotified()) {
+            streaming.Notify();
+            unblock.WaitForNotificationWithTimeout(absl::Seconds(30));
+          }
+          return true;
+        },
+        cancel);
+  });
+  ASSERT_TRUE(streaming.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  int short_tokens = 0;
+  const absl::Status short_status = b->Run(
+      Request("short", 8),
+      [&](const TokenChunk& c) {
+        short_tokens += static_cast<int>(c.ids.size());
+        return true;
+      },
+      never);
+  EXPECT_TRUE(short_status.ok()) << short_status;
+  EXPECT_EQ(short_tokens, 8);
+
+  // The event: the engine drops the request and frees its blocks although
+  // the caller's thread is still in its sink and looks at nothing.
+  cancel.Cancel();
+  ServingLoad load = b->decode()->Load();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while ((load.num_running != 0 || load.free_kv_blocks != all_free) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    load = b->decode()->Load();
+  }
+  EXPECT_EQ(load.num_running, 0);
+  EXPECT_EQ(load.free_kv_blocks, all_free);
+  unblock.Notify();
+  long_run.join();
+  EXPECT_EQ(long_status.code(), absl::StatusCode::kCancelled) << long_status;
+  EXPECT_LT(streamed, kLong);
+}
+
+TEST(ColocatedBackendTest, ACancelledRequestNeverDecodesAndReleasesItsReservation) {
+  std::unique_ptr<ColocatedBackend> b = Backend();
+  ASSERT_NE(b, nullptr);
+  const int64_t all_free = b->decode()->Load().free_kv_blocks;
+  CancelToken cancel;
+  cancel.Cancel();
+  int tokens = 0;
+  const absl::Status s = b->Run(
+      Request("gone", 64),
+      [&](const TokenChunk& c) {
+        tokens += static_cast<int>(c.ids.size());
+        return true;
+      },
+      cancel);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_EQ(tokens, 0);
+  EXPECT_EQ(b->decode()->Load().free_kv_blocks, all_free);
+  // The engines serve the next request as usual.
+  CancelToken never;
+  EXPECT_TRUE(b->Run(
+                   Request("next", 4), [](const TokenChunk&) { return true; }, never)
+                  .ok());
+}
+
+}  // namespace
+}  // namespace moesh
