@@ -190,6 +190,20 @@ TEST(GenerationFlowTest, SinkDecliningStopsDecodeAndCancellationIsReported) {
   EXPECT_EQ(cancelled.ids, (std::vector<int32_t>{7, 8}));
 }
 
+TEST(GenerationFlowTest, ACancelledRequestReleasesItsReservationWithoutPrefilling) {
+  FakePrefill prefill;
+  FakeDecode decode("d:1");
+  DecodeClient* const decoders[] = {&decode};
+  CancelToken cancel;
+  cancel.Cancel();
+  Collected out;
+  EXPECT_EQ(RunGeneration(Request(8), prefill, decoders, out.Sink(), cancel).code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_TRUE(prefill.specs.empty());
+  EXPECT_TRUE(out.ids.empty());
+  EXPECT_EQ(decode.released, (std::vector<std::string>{"r1"}));
+}
+
 TEST(GenerationFlowTest, ADecodeWorkerFailureIsTheResult) {
   FakePrefill prefill;
   FakeDecode decode("d:1");
