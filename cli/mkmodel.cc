@@ -39,15 +39,15 @@ absl::Status RunMkmodel() {
   if (layers < 1 || layers > 1000)
     return absl::InvalidArgumentError("--layers must lie in [1, 1000]");
   if (layers != config.num_hidden_layers) {
-    if (config.is_v4()) {  // the first `layers` layers' types (more: HCA and CSA alternating,
-                           // learned routing)
+    if (config.layers() == LayerArch::kV4) {  // the first `layers` layers' types (more: HCA and CSA
+                                              // alternating, learned routing)
       for (int l = config.num_hidden_layers; l < layers; ++l) {
-        config.layer_types.push_back(l % 2 ? V4AttentionType::kCompressedSparse
-                                           : V4AttentionType::kHeavilyCompressed);
-        config.hash_layers.push_back(false);
+        config.v4.layer_types.push_back(l % 2 ? V4AttentionType::kCompressedSparse
+                                              : V4AttentionType::kHeavilyCompressed);
+        config.v4.hash_layers.push_back(false);
       }
-      config.layer_types.resize(layers);
-      config.hash_layers.resize(layers);
+      config.v4.layer_types.resize(layers);
+      config.v4.hash_layers.resize(layers);
     }
     config.num_hidden_layers = layers;
     RETURN_IF_ERROR(config.Validate(absl::StrCat("--layers ", layers)));

@@ -43,9 +43,9 @@ absl::Status IndexerScratch::Init(const ForwardContext& ctx, int keys) {
   const ModelConfig& c = ctx.config;
   const size_t t = ctx.max_tokens;
   max_keys = keys;
-  RETURN_IF_ERROR(q.Reallocate(t * c.index_n_heads * c.index_head_dim));
+  RETURN_IF_ERROR(q.Reallocate(t * c.indexer.n_heads * c.indexer.head_dim));
   RETURN_IF_ERROR(scores.Reallocate(t * max_keys));
-  RETURN_IF_ERROR(selected.Reallocate(t * c.index_topk));
+  RETURN_IF_ERROR(selected.Reallocate(t * c.indexer.topk));
   return count.Reallocate(t);
 }
 

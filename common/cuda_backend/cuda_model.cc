@@ -109,7 +109,7 @@ absl::Status CudaModel::Init() {
   limits.max_tokens_per_step = o.max_tokens_per_step;
   limits.max_model_len = max_model_len_;
   limits.vocab_size = c.vocab_size;
-  limits.segments = c.is_v4();
+  limits.segments = c.layers() == LayerArch::kV4;
   ASSIGN_OR_RETURN(planner_, StepPlanner::Create(limits));
 
   ctx_ = std::make_unique<ForwardContext>(config_, options_);

@@ -237,14 +237,14 @@ TEST(CudaModelTest, V32SparseAttentionMatchesCpuEngine) {
         break;
       }
       ++compared;
-      beyond += length > c.index_topk;
+      beyond += length > c.indexer.topk;
     }
   }
   std::printf(
       "v32: %d steps within %.0e of the CPU engine, %d of them past index_topk (%d); %d prompts "
       "ended at "
       "a near-tie\n",
-      compared, kLogprobTolerance, beyond, c.index_topk, near_ties);
+      compared, kLogprobTolerance, beyond, c.indexer.topk, near_ties);
   EXPECT_GE(beyond, 12) << "the CUDA model left the CPU engine within a few steps past index_topk";
   EXPECT_LE(near_ties, 1);
 }
@@ -326,7 +326,8 @@ TEST_P(CudaGoldenTest, MatchesTransformersAndCpuEngine) {
       golden_lp[p].push_back(lg[want[p][s]]);
       // Decode steps (one token per sequence) can be checked for routing flips.
       const bool flipped = s > 0 && !SameRouting(*cpu, *routing, rows, static_cast<int>(p), top_k);
-      const double tolerance = c.is_v4() ? kV4LogprobTolerance : kLogprobTolerance;
+      const double tolerance =
+          c.layers() == LayerArch::kV4 ? kV4LogprobTolerance : kLogprobTolerance;
       bool indexer_tie = false;
       if (flipped) {
         ++routing_flips;
@@ -335,8 +336,8 @@ TEST_P(CudaGoldenTest, MatchesTransformersAndCpuEngine) {
             "near-tie); "
             "max |logprob diff| %.3e\n",
             GetParam().c_str(), p, s, d_cpu);
-      } else if ((c.is_v4() || c.has_indexer()) && d_cpu > tolerance && d_cpu <= kNearTieBound &&
-                 indexer_ties < kIndexerNearTies) {
+      } else if ((c.layers() == LayerArch::kV4 || c.has_indexer()) && d_cpu > tolerance &&
+                 d_cpu <= kNearTieBound && indexer_ties < kIndexerNearTies) {
         ++indexer_ties;
         indexer_tie = true;
         std::printf(
@@ -425,8 +426,9 @@ TEST_P(CudaGoldenTest, MatchesTransformersAndCpuEngine) {
       "%s: max |logprob - CPU engine| %.2e, - transformers %.2e (tolerance %.0e); routing flips "
       "%d, "
       "indexer near-ties %d, greedy ties %d\n",
-      GetParam().c_str(), worst_cpu, worst_hf, c.is_v4() ? kV4LogprobTolerance : kLogprobTolerance,
-      routing_flips, indexer_ties, ties);
+      GetParam().c_str(), worst_cpu, worst_hf,
+      c.layers() == LayerArch::kV4 ? kV4LogprobTolerance : kLogprobTolerance, routing_flips,
+      indexer_ties, ties);
 }
 
 INSTANTIATE_TEST_SUITE_P(Goldens, CudaGoldenTest,
@@ -452,25 +454,26 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
   absl::StatusOr<ModelConfig> config = PresetConfig(GetParam(), "small");
   ASSERT_TRUE(config.ok()) << config.status();
   ModelConfig& c = *config;
-  if (c.is_v4()) {  // head_dim 512: attention on the tuned MLA kernel; a CSA then an HCA layer
+  if (c.layers() ==
+      LayerArch::kV4) {  // head_dim 512: attention on the tuned MLA kernel; a CSA then an HCA layer
     c.vocab_size = 2048;
     c.hidden_size = 512;
     c.num_attention_heads = 16;
-    c.head_dim = 512;
+    c.v4.head_dim = 512;
     c.qk_rope_head_dim = 64;
     c.q_lora_rank = 256;
-    c.o_groups = 4;
-    c.o_lora_rank = 128;
+    c.v4.o_groups = 4;
+    c.v4.o_lora_rank = 128;
     c.moe_intermediate_size = 128;
     c.n_routed_experts = 8;
     c.num_experts_per_tok = 8;
     c.num_hidden_layers = 2;
-    c.layer_types = {V4AttentionType::kCompressedSparse, V4AttentionType::kHeavilyCompressed};
-    c.hash_layers = {false, false};
-    c.sliding_window = 32;
-    c.compress_rate_csa = 4;
-    c.compress_rate_hca = 8;
-    c.index_topk = 16;  // of up to 33 entries
+    c.v4.layer_types = {V4AttentionType::kCompressedSparse, V4AttentionType::kHeavilyCompressed};
+    c.v4.hash_layers = {false, false};
+    c.v4.sliding_window = 32;
+    c.v4.compress_rate_csa = 4;
+    c.v4.compress_rate_hca = 8;
+    c.indexer.topk = 16;  // of up to 33 entries
   } else {
     c.vocab_size = 2048;
     c.hidden_size = 1024;
@@ -527,7 +530,7 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
   // the tuned kernel over the gathered window + entries, the plain one
   // RunV4Attention. Their CPU comparisons are printed, not held to a bound:
   // an indexer near-tie (bf16 against fp32) picks another key there.
-  const bool sparse = c.has_indexer() || c.is_v4();
+  const bool sparse = c.has_indexer() || c.layers() == LayerArch::kV4;
   double worst_fast = 0.0, worst_plain = 0.0, worst_pair = 0.0, worst_lp = 0.0;
   for (int s = 0; s < 5; ++s) {  // a prefill, then decode steps
     std::vector<SequenceTokens> bf, bp;

@@ -42,7 +42,7 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
   config_ = c;
   using Kind = Slot::Kind;
   auto fan = [](int64_t k) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))); };
-  if (c.is_v4()) {
+  if (c.layers() == LayerArch::kV4) {
     q_width_ = c.q_lora_rank;
     shared_intermediate_ = c.n_shared_experts * c.moe_intermediate_size;
     Add(slots, &embed_, static_cast<size_t>(c.vocab_size) * c.hidden_size, 1.0f, 0.0f,
@@ -58,7 +58,7 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
                 v = c.v_head_dim;
   q_width_ = c.q_lora_rank > 0 ? c.q_lora_rank : static_cast<int>(heads * qk);
   qkv_width_ = static_cast<int>(q_width_ + rank + rope +
-                                (c.has_indexer() ? c.index_head_dim + c.index_n_heads : 0));
+                                (c.has_indexer() ? c.indexer.head_dim + c.indexer.n_heads : 0));
   shared_intermediate_ = c.n_shared_experts * c.moe_intermediate_size;
   layers_.assign(c.num_hidden_layers, DeviceLayerWeights{});
   auto add = [&](auto** target, size_t count, float scale, float offset = 0.0f,
@@ -74,10 +74,11 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
       add(&w.q_b, heads * qk * c.q_lora_rank, fan(c.q_lora_rank));
     }
     if (c.has_indexer()) {
-      add(&w.index_wq_b, static_cast<int64_t>(c.index_n_heads) * c.index_head_dim * c.q_lora_rank,
+      add(&w.index_wq_b,
+          static_cast<int64_t>(c.indexer.n_heads) * c.indexer.head_dim * c.q_lora_rank,
           fan(c.q_lora_rank));
-      add(&w.index_k_norm, c.index_head_dim, 0.05f, 1.0f);
-      add(&w.index_k_bias, c.index_head_dim, 0.05f);
+      add(&w.index_k_norm, c.indexer.head_dim, 0.05f, 1.0f);
+      add(&w.index_k_bias, c.indexer.head_dim, 0.05f);
     }
     add(&w.kv_a_norm, rank, 0.05f, 1.0f);
     add(&w.w_uk_t, heads * rank * nope, fan(nope));
@@ -178,7 +179,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(
   w->routed_experts_ = experts != nullptr;
   std::vector<Slot> slots;
   RETURN_IF_ERROR(w->Allocate(c, &slots));
-  if (c.is_v4()) {
+  if (c.layers() == LayerArch::kV4) {
     RETURN_IF_ERROR(w->UploadV4(c, a, experts));
     return w;
   }
@@ -207,7 +208,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(
     tmp = q_src;
     tmp.insert(tmp.end(), src.kv_a_proj.begin(), src.kv_a_proj.end());
     if (c.has_indexer()) {
-      const int64_t ni = c.index_n_heads, di = c.index_head_dim;
+      const int64_t ni = c.indexer.n_heads, di = c.indexer.head_dim;
       RETURN_IF_ERROR(CheckSize(src.indexer_wk, di * h, name + "indexer.wk"));
       RETURN_IF_ERROR(CheckSize(src.indexer_weights_proj, ni * h, name + "indexer.weights_proj"));
       RETURN_IF_ERROR(CheckSize(src.indexer_wq_b, ni * di * c.q_lora_rank, name + "indexer.wq_b"));

@@ -8,15 +8,16 @@ namespace moesh::cuda {
 void DeviceWeights::AddV4Layers(const ModelConfig& c, std::vector<Slot>* slots) {
   using Kind = Slot::Kind;
   auto fan = [](int64_t k) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))); };
-  const int64_t h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim, hc = c.hc_mult;
-  const int64_t n_mix = (2 + hc) * hc, qr = c.q_lora_rank, ni = c.index_n_heads,
-                di = c.index_head_dim;
-  const int64_t groups = c.o_groups, r = c.o_lora_rank, in_g = heads * d / groups;
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads, d = c.v4.head_dim,
+                hc = c.v4.hc_mult;
+  const int64_t n_mix = (2 + hc) * hc, qr = c.q_lora_rank, ni = c.indexer.n_heads,
+                di = c.indexer.head_dim;
+  const int64_t groups = c.v4.o_groups, r = c.v4.o_lora_rank, in_g = heads * d / groups;
   layers_.assign(c.num_hidden_layers, DeviceLayerWeights{});
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     DeviceLayerWeights& w = layers_[l];
     DeviceLayerWeights::V4& v = w.v4;
-    const int series = c.CompressSeries(l), rate = c.CompressRate(l);
+    const int series = c.v4.CompressSeries(l), rate = c.v4.CompressRate(l);
     const bool csa = series == 2;
     Add(slots, &w.input_norm, h, 0.05f, 1.0f);
     Add(slots, &w.post_norm, h, 0.05f, 1.0f);
@@ -41,11 +42,11 @@ void DeviceWeights::AddV4Layers(const ModelConfig& c, std::vector<Slot>* slots) 
       Add(slots, &v.index_norm, di, 0.05f, 1.0f);
       Add(slots, &w.index_wq_b, ni * di * qr, fan(qr));
     }
-    if (c.hash_layers[l]) {  // experts from the token id; the router scores them (no bias)
+    if (c.v4.hash_layers[l]) {  // experts from the token id; the router scores them (no bias)
       Add(slots, &v.tid2eid, static_cast<size_t>(c.vocab_size) * c.num_experts_per_tok, 0.0f, 0.0f,
           Kind::kExpertTable);
     }
-    AddMoe(c, !c.hash_layers[l], &w, slots);
+    AddMoe(c, !c.v4.hash_layers[l], &w, slots);
   }
   Add(slots, &hc_head_fn_, hc * hc * h, fan(hc * h));
   Add(slots, &hc_head_base_, hc, 0.5f);
@@ -54,10 +55,11 @@ void DeviceWeights::AddV4Layers(const ModelConfig& c, std::vector<Slot>* slots) 
 
 absl::Status DeviceWeights::UploadV4(const ModelConfig& c, const AttentionWeights& a,
                                      const ExpertShardWeights* experts) {
-  const int64_t h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim, hc = c.hc_mult;
-  const int64_t n_mix = (2 + hc) * hc, qr = c.q_lora_rank, ni = c.index_n_heads,
-                di = c.index_head_dim;
-  const int64_t groups = c.o_groups, r = c.o_lora_rank, in_g = heads * d / groups;
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads, d = c.v4.head_dim,
+                hc = c.v4.hc_mult;
+  const int64_t n_mix = (2 + hc) * hc, qr = c.q_lora_rank, ni = c.indexer.n_heads,
+                di = c.indexer.head_dim;
+  const int64_t groups = c.v4.o_groups, r = c.v4.o_lora_rank, in_g = heads * d / groups;
   if (a.layers.size() != static_cast<size_t>(c.num_hidden_layers)) {
     return absl::InvalidArgumentError(
         "DeviceWeights::FromHost: layer count differs from the config");
@@ -81,7 +83,7 @@ absl::Status DeviceWeights::UploadV4(const ModelConfig& c, const AttentionWeight
     DeviceLayerWeights& dst = layers_[l];
     const DeviceLayerWeights::V4& v = dst.v4;
     const std::string name = absl::StrCat("layer ", l, " ");
-    const int series = c.CompressSeries(l), rate = c.CompressRate(l);
+    const int series = c.v4.CompressSeries(l), rate = c.v4.CompressRate(l);
     RETURN_IF_ERROR(bf16_of(dst.input_norm, src.input_layernorm, h, name + "attn_norm"));
     RETURN_IF_ERROR(bf16_of(dst.post_norm, src.post_attention_layernorm, h, name + "ffn_norm"));
     RETURN_IF_ERROR(f32_of(v.hc_attn_fn, sv.hc_attn_fn, n_mix * hc * h, name + "hc_attn_fn"));
@@ -134,7 +136,7 @@ absl::Status DeviceWeights::UploadV4(const ModelConfig& c, const AttentionWeight
       RETURN_IF_ERROR(
           bf16_of(dst.index_wq_b, sv.index_wq_b, ni * di * qr, name + "attn.indexer.wq_b"));
     }
-    if (c.hash_layers[l]) {
+    if (c.v4.hash_layers[l]) {
       if (sv.tid2eid.size() != static_cast<size_t>(c.vocab_size) * c.num_experts_per_tok) {
         return absl::InvalidArgumentError(absl::StrCat("DeviceWeights: ", name, "gate.tid2eid has ",
                                                        sv.tid2eid.size(), " entries"));

@@ -7,7 +7,7 @@ namespace moesh::cuda {
 
 absl::StatusOr<std::unique_ptr<LayerStack>> MakeLayerStack(const ForwardContext& ctx,
                                                            FfnBlock* ffn) {
-  if (ctx.config.is_v4()) return V4LayerStack::Create(ctx, ffn);
+  if (ctx.config.layers() == LayerArch::kV4) return V4LayerStack::Create(ctx, ffn);
   return MlaLayerStack::Create(ctx, ffn);
 }
 

@@ -153,7 +153,7 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
     mp.kv_row_stride = kv.row_width();
     if (c.has_indexer()) {  // the indexer's selection (all causal rows up to index_topk of them)
       mp.seq_lens = index_.count.get(), mp.kv_index = index_.selected.get(),
-      mp.kv_index_stride = c.index_topk;
+      mp.kv_index_stride = c.indexer.topk;
     }
     if (sparse_fast_) {
       RETURN_IF_ERROR(EnqueueSparseMla(b, mp));

@@ -35,7 +35,7 @@ absl::Status MlaLayerStack::InitIndexer() {
     return absl::OkStatus();
   }
   sparse_fast_ = true;
-  RETURN_IF_ERROR(sparse_.Init(ctx_, c.index_topk));
+  RETURN_IF_ERROR(sparse_.Init(ctx_, c.indexer.topk));
   return sparse_rows_.Reallocate(static_cast<size_t>(ctx_.max_tokens) * sparse_.stride);
 }
 
@@ -43,7 +43,7 @@ absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
   const ModelConfig& c = ctx_.config;
   const DeviceLayerWeights& w = ctx_.weights->layer(layer);
   cudaStream_t s = ctx_.stream;
-  const int ni = c.index_n_heads, di = c.index_head_dim, qkv_w = ctx_.weights->qkv_width();
+  const int ni = c.indexer.n_heads, di = c.indexer.head_dim, qkv_w = ctx_.weights->qkv_width();
   const int key_col = ctx_.weights->q_width() + c.kv_lora_rank +
                       c.qk_rope_head_dim;  // in qkv_ and in the cache row
   IndexKeyParams kp;
@@ -66,7 +66,7 @@ absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
   xp.w_scale = 1.0f / std::sqrt(static_cast<float>(ni)),
   xp.scale = 1.0f / std::sqrt(static_cast<float>(di));
   xp.num_tokens = num_tokens, xp.num_heads = ni, xp.head_dim = di, xp.rate = 1,
-  xp.top_k = c.index_topk;
+  xp.top_k = c.indexer.topk;
   xp.seq_lens = ctx_.in->seq_lens;
   xp.key_cache = ctx_.kv().layer(layer), xp.key_row_width = ctx_.kv().row_width();
   xp.key_offset = c.kv_lora_rank + c.qk_rope_head_dim;
@@ -83,7 +83,7 @@ absl::Status MlaLayerStack::EnqueueSparseMla(const StepBatch& b, const MlaDecode
   const int row = rank + c.qk_rope_head_dim;
   SelectedRowsParams sr;
   sr.selected = index_.selected.get(), sr.count = index_.count.get(), sr.num_tokens = t,
-  sr.top_k = c.index_topk;
+  sr.top_k = c.indexer.topk;
   sr.stride = sparse_.stride, sr.block_table = ctx_.in->block_table,
   sr.max_blocks_per_seq = ctx_.max_blocks_per_seq();
   sr.rows = sparse_rows_.get(), sr.stream = s;

@@ -40,16 +40,17 @@ absl::StatusOr<std::unique_ptr<LayerStack>> V4LayerStack::Create(const ForwardCo
 absl::Status V4LayerStack::Init() {
   const ModelConfig& c = ctx_.config;
   const size_t t = ctx_.max_tokens;
-  const size_t h = c.hidden_size, hc = c.hc_mult, heads = c.num_attention_heads, d = c.head_dim;
-  const size_t di = c.index_head_dim;
+  const size_t h = c.hidden_size, hc = c.v4.hc_mult, heads = c.num_attention_heads,
+               d = c.v4.head_dim;
+  const size_t di = c.indexer.head_dim;
   size_t a_width = 0;
   int min_rate = 0;
   bool csa = false;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     a_width = std::max<size_t>(a_width, ctx_.weights->layer(l).v4.a_width);
-    const int rate = c.CompressRate(l);
+    const int rate = c.v4.CompressRate(l);
     if (rate > 0) min_rate = min_rate == 0 ? rate : std::min(min_rate, rate);
-    csa = csa || c.layer_types[l] == V4AttentionType::kCompressedSparse;
+    csa = csa || c.v4.layer_types[l] == V4AttentionType::kCompressedSparse;
   }
   min_rate_ = min_rate;
   // 8-aligned rows: the tuned path copies entries 16 bytes at a time.
@@ -67,9 +68,9 @@ absl::Status V4LayerStack::Init() {
   RETURN_IF_ERROR(a_.Reallocate(t * a_width));
   RETURN_IF_ERROR(q_.Reallocate(t * heads * d));
   RETURN_IF_ERROR(attn_.Reallocate(t * heads * d));
-  RETURN_IF_ERROR(grouped_.Reallocate(t * c.o_groups * c.o_lora_rank));
+  RETURN_IF_ERROR(grouped_.Reallocate(t * c.v4.o_groups * c.v4.o_lora_rank));
   if (csa) {  // an entry per rate tokens
-    RETURN_IF_ERROR(index_.Init(ctx_, std::max(ctx_.max_model_len / c.compress_rate_csa, 1)));
+    RETURN_IF_ERROR(index_.Init(ctx_, std::max(ctx_.max_model_len / c.v4.compress_rate_csa, 1)));
   }
   fast_ = static_cast<int>(d) == mla::kLatentDim && c.qk_rope_head_dim == mla::kRopeDim &&
           ctx_.options.mla_kernel == MlaKernel::kAuto;
@@ -77,13 +78,13 @@ absl::Status V4LayerStack::Init() {
     constexpr int kRow = mla::kLatentDim + mla::kRopeDim;
     int most = 0;  // entries a token attends to, at most
     for (int l = 0; l < c.num_hidden_layers; ++l) {
-      const int rate = c.CompressRate(l);
+      const int rate = c.v4.CompressRate(l);
       if (rate == 0) continue;
-      most = std::max(most, c.layer_types[l] == V4AttentionType::kCompressedSparse
-                                ? c.index_topk
+      most = std::max(most, c.v4.layer_types[l] == V4AttentionType::kCompressedSparse
+                                ? c.indexer.topk
                                 : ctx_.max_model_len / rate);
     }
-    RETURN_IF_ERROR(keys_.Init(ctx_, c.sliding_window + most));
+    RETURN_IF_ERROR(keys_.Init(ctx_, c.v4.sliding_window + most));
     RETURN_IF_ERROR(q576_.Reallocate(t * heads * kRow));
     // The query's last 64 values stay zero: the keys' are zero there too.
     RETURN_IF_CUDA_ERROR(cudaMemset(q576_.get(), 0, q576_.bytes()));
@@ -92,20 +93,20 @@ absl::Status V4LayerStack::Init() {
     RETURN_IF_ERROR(lse_.Reallocate(t * heads));
   }
   RETURN_IF_ERROR(UploadRope(c, c.rope, &main_inv_freq_, &main_rope_));
-  return UploadRope(c, c.compress_rope, &compress_inv_freq_, &compress_rope_);
+  return UploadRope(c, c.v4.compress_rope, &compress_inv_freq_, &compress_rope_);
 }
 
 absl::Status V4LayerStack::EnqueueMhcPre(const float* fn, const float* base, const float* scale,
                                          const bf16* norm, int num_tokens, bool router_input) {
   const ModelConfig& c = ctx_.config;
   cudaStream_t s = ctx_.stream;
-  const int h = c.hidden_size, hc = c.hc_mult;
+  const int h = c.hidden_size, hc = c.v4.hc_mult;
   RETURN_IF_ERROR(
       ctx_.gemm->RunF32(x_.get(), fn, mix_.get(), num_tokens, (2 + hc) * hc, hc * h, false, s));
   MhcPreParams p;
   p.x = x_.get(), p.mix = mix_.get(), p.base = base, p.scale = scale;
   p.num_tokens = num_tokens, p.hc = hc, p.hidden = h;
-  p.sinkhorn_iters = c.hc_sinkhorn_iters, p.hc_eps = static_cast<float>(c.hc_eps);
+  p.sinkhorn_iters = c.v4.hc_sinkhorn_iters, p.hc_eps = static_cast<float>(c.v4.hc_eps);
   p.norm_eps = static_cast<float>(c.rms_norm_eps);
   p.collapsed = collapsed_.get(), p.post = post_.get(), p.comb = comb_.get(), p.stream = s;
   RETURN_IF_ERROR(RunMhcPre(p));
@@ -120,7 +121,7 @@ absl::Status V4LayerStack::EnqueueMhcPost(int num_tokens) {
   const ModelConfig& c = ctx_.config;
   MhcPostParams p;
   p.x = x_.get(), p.y = y_.get(), p.post = post_.get(), p.comb = comb_.get();
-  p.num_tokens = num_tokens, p.hc = c.hc_mult, p.hidden = c.hidden_size, p.stream = ctx_.stream;
+  p.num_tokens = num_tokens, p.hc = c.v4.hc_mult, p.hidden = c.hidden_size, p.stream = ctx_.stream;
   return RunMhcPost(p);
 }
 
@@ -131,7 +132,7 @@ absl::Status V4LayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
   EmbedParams ep;
   ep.table = ctx_.weights->embed(), ep.token_ids = ctx_.in->tokens, ep.num_tokens = t,
   ep.hidden = h;
-  ep.copies = c.hc_mult, ep.out = x_.get(), ep.stream = s;
+  ep.copies = c.v4.hc_mult, ep.out = x_.get(), ep.stream = s;
   RETURN_IF_ERROR(RunEmbed(ep));
   RETURN_IF_ERROR(ctx_.Mark(1));
   ffn_->BeginPass(t, b.real_tokens >= 0 ? b.real_tokens : t);
@@ -157,10 +158,10 @@ absl::Status V4LayerStack::EnqueueAttention(const StepBatch& b, int l) {
   const ModelConfig& c = ctx_.config;
   const DeviceLayerWeights::V4& w = ctx_.weights->layer(l).v4;
   cudaStream_t s = ctx_.stream;
-  const int t = b.num_tokens, h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim;
-  const int qr = c.q_lora_rank, ni = c.index_n_heads, di = c.index_head_dim;
-  const int rate = c.CompressRate(l), a = w.a_width;
-  const V4AttentionType type = c.layer_types[l];
+  const int t = b.num_tokens, h = c.hidden_size, heads = c.num_attention_heads, d = c.v4.head_dim;
+  const int qr = c.q_lora_rank, ni = c.indexer.n_heads, di = c.indexer.head_dim;
+  const int rate = c.v4.CompressRate(l), a = w.a_width;
+  const V4AttentionType type = c.v4.layer_types[l];
   const bool csa = type == V4AttentionType::kCompressedSparse;
   const RopeTableView& rope = type == V4AttentionType::kSliding ? main_rope_ : compress_rope_;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -199,7 +200,8 @@ absl::Status V4LayerStack::EnqueueAttention(const StepBatch& b, int l) {
     xp.q = index_.q.get(), xp.w = a_.get() + qr + w.row_width, xp.ldw = a;
     xp.w_scale = 1.0f / std::sqrt(static_cast<float>(ni)),
     xp.scale = 1.0f / std::sqrt(static_cast<float>(di));
-    xp.num_tokens = t, xp.num_heads = ni, xp.head_dim = di, xp.rate = rate, xp.top_k = c.index_topk;
+    xp.num_tokens = t, xp.num_heads = ni, xp.head_dim = di, xp.rate = rate,
+    xp.top_k = c.indexer.topk;
     xp.seq_lens = ctx_.in->seq_lens;
     xp.key_cache = entries_->layer(l), xp.key_row_width = entry_width_, xp.key_offset = d;
     xp.block_table = ctx_.in->block_table, xp.max_blocks_per_seq = ctx_.max_blocks_per_seq();
@@ -210,10 +212,10 @@ absl::Status V4LayerStack::EnqueueAttention(const StepBatch& b, int l) {
   ap.q = q_.get(), ap.num_tokens = t, ap.num_heads = heads, ap.dim = d;
   ap.cache = ctx_.kv().layer(l), ap.row_width = ctx_.kv().row_width();
   ap.block_table = ctx_.in->block_table, ap.max_blocks_per_seq = ctx_.max_blocks_per_seq();
-  ap.seq_lens = ctx_.in->seq_lens, ap.window = c.sliding_window;
+  ap.seq_lens = ctx_.in->seq_lens, ap.window = c.v4.sliding_window;
   ap.entries = rate > 0 ? entries_->layer(l) : nullptr, ap.entry_row_width = entry_width_;
   ap.rate = std::max(rate, 1), ap.selected = index_.selected.get(), ap.count = index_.count.get();
-  ap.top_k = c.index_topk;
+  ap.top_k = c.indexer.topk;
   ap.sinks = w.sinks, ap.scale = 1.0f / std::sqrt(static_cast<float>(d)), ap.rope = rope;
   ap.out = attn_.get(), ap.stream = s;
   if (fast_) {
@@ -223,7 +225,7 @@ absl::Status V4LayerStack::EnqueueAttention(const StepBatch& b, int l) {
   }
 
   // Grouped output projection: each group of heads to o_lora_rank, then mixed.
-  const int groups = c.o_groups, r = c.o_lora_rank, in_g = heads * d / groups;
+  const int groups = c.v4.o_groups, r = c.v4.o_lora_rank, in_g = heads * d / groups;
   BatchedGemmParams gb;
   gb.x = attn_.get(), gb.ldx = heads * d, gb.stride_x = in_g;
   gb.w = w.wo_a, gb.ldw = in_g, gb.stride_w = static_cast<int64_t>(r) * in_g;
@@ -252,12 +254,12 @@ absl::Status V4LayerStack::FillCacheRandom(uint64_t seed) {
 absl::Status V4LayerStack::EnqueueCompress(int l, int num_segs, int max_new) {
   const ModelConfig& c = ctx_.config;
   const DeviceLayerWeights::V4& w = ctx_.weights->layer(l).v4;
-  const int d = c.head_dim, di = c.index_head_dim, series = c.CompressSeries(l);
+  const int d = c.v4.head_dim, di = c.indexer.head_dim, series = c.v4.CompressSeries(l);
   V4CompressParams cp;
   cp.cache = ctx_.kv().layer(l), cp.row_width = ctx_.kv().row_width();
   cp.block_table = ctx_.in->block_table, cp.max_blocks_per_seq = ctx_.max_blocks_per_seq();
   cp.seq_lens = ctx_.in->seq_lens, cp.seg_row = ctx_.in->seg_last, cp.seg_from = ctx_.in->seg_from;
-  cp.num_segs = num_segs, cp.max_new = max_new, cp.rate = c.CompressRate(l);
+  cp.num_segs = num_segs, cp.max_new = max_new, cp.rate = c.v4.CompressRate(l);
   cp.eps = static_cast<float>(c.rms_norm_eps), cp.rope = compress_rope_, cp.stream = ctx_.stream;
   cp.entries = entries_->layer(l), cp.entry_row_width = entry_width_;
   cp.kv_offset = d, cp.gate_offset = d + series * d, cp.series = series, cp.dim = d;
@@ -289,7 +291,7 @@ absl::Status V4LayerStack::RowsArrived(int seq, int from, int to) {
   RETURN_IF_CUDA_ERROR(
       cudaMemcpyAsync(ctx_.in->seg_from, &from, sizeof(int32_t), cudaMemcpyHostToDevice, s));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const int rate = c.CompressRate(l);
+    const int rate = c.v4.CompressRate(l);
     if (rate > 0) RETURN_IF_ERROR(EnqueueCompress(l, 1, (to - from) / rate + 1));
   }
   return CudaStatus(cudaStreamSynchronize(s), "cudaStreamSynchronize");
@@ -327,14 +329,14 @@ absl::Status V4LayerStack::EnqueueFastAttention(const V4AttentionParams& ap) {
 absl::Status V4LayerStack::EnqueueFinalNorm(int num_tokens, int num_rows, bf16* out) {
   const ModelConfig& c = ctx_.config;
   cudaStream_t s = ctx_.stream;
-  const int h = c.hidden_size, hc = c.hc_mult;
+  const int h = c.hidden_size, hc = c.v4.hc_mult;
   RETURN_IF_ERROR(ctx_.gemm->RunF32(x_.get(), ctx_.weights->hc_head_fn(), mix_.get(), num_tokens,
                                     hc, hc * h, false, s));
   MhcPreParams p;
   p.x = x_.get(), p.mix = mix_.get(), p.rows = ctx_.in->head_rows;
   p.base = ctx_.weights->hc_head_base(), p.scale = ctx_.weights->hc_head_scale();
   p.num_tokens = num_rows, p.hc = hc, p.hidden = h, p.head = true;
-  p.hc_eps = static_cast<float>(c.hc_eps), p.norm_eps = static_cast<float>(c.rms_norm_eps);
+  p.hc_eps = static_cast<float>(c.v4.hc_eps), p.norm_eps = static_cast<float>(c.rms_norm_eps);
   p.collapsed = collapsed_.get(), p.stream = s;
   RETURN_IF_ERROR(RunMhcPre(p));
   RmsNormF32Params np;

@@ -25,7 +25,7 @@ using testing_util::MaxAbsDiff;
 std::unique_ptr<Model> LoadV32(int index_topk) {
   absl::StatusOr<ModelConfig> c = PresetConfig("v3.2", "tiny");
   EXPECT_TRUE(c.ok());
-  c->index_topk = index_topk;
+  c->indexer.topk = index_topk;
   const std::string dir =
       JoinPath(::testing::TempDir(), "sparse_attention_topk" + std::to_string(index_topk));
   RandomCheckpointOptions opt;
@@ -56,7 +56,8 @@ TEST(SparseAttentionTest, CacheRowsCarryTheIndexerKeys) {
   std::unique_ptr<Model> m = LoadV32(8);
   ASSERT_NE(m, nullptr);
   const ModelConfig& c = m->config();
-  EXPECT_EQ(m->attention().kv_row_width(), c.kv_lora_rank + c.qk_rope_head_dim + c.index_head_dim);
+  EXPECT_EQ(m->attention().kv_row_width(),
+            c.kv_lora_rank + c.qk_rope_head_dim + c.indexer.head_dim);
 }
 
 TEST(SparseAttentionTest, SelectionRestrictsAttentionPastIndexTopk) {
@@ -94,7 +95,7 @@ TEST(SparseAttentionTest, WithinIndexTopkIsV3) {
   ModelConfig c = v32->config();
   c.family = ModelFamily::kDeepseekV3;
   c.model_type = "deepseek_v3";
-  c.index_topk = 0, c.index_n_heads = 0, c.index_head_dim = 0;
+  c.indexer.topk = 0, c.indexer.n_heads = 0, c.indexer.head_dim = 0;
   ASSERT_TRUE(c.Validate("as deepseek_v3").ok());
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt =
       Checkpoint::Open(JoinPath(::testing::TempDir(), "sparse_attention_topk8"));

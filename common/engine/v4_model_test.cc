@@ -47,11 +47,11 @@ class V4ModelTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(V4ModelTest, ConfigCoversEveryPath) {
   const ModelConfig& c = model_->config();
-  ASSERT_TRUE(c.is_v4());
-  std::set<V4AttentionType> types(c.layer_types.begin(), c.layer_types.end());
+  ASSERT_TRUE(c.layers() == LayerArch::kV4);
+  std::set<V4AttentionType> types(c.v4.layer_types.begin(), c.v4.layer_types.end());
   EXPECT_EQ(types.size(), 3u) << "sliding, CSA and HCA layers";
-  EXPECT_TRUE(std::count(c.hash_layers.begin(), c.hash_layers.end(), true) > 0);
-  EXPECT_TRUE(std::count(c.hash_layers.begin(), c.hash_layers.end(), false) > 0);
+  EXPECT_TRUE(std::count(c.v4.hash_layers.begin(), c.v4.hash_layers.end(), true) > 0);
+  EXPECT_TRUE(std::count(c.v4.hash_layers.begin(), c.v4.hash_layers.end(), false) > 0);
 }
 
 TEST_P(V4ModelTest, CachedDecodingEqualsRecomputation) {
@@ -59,7 +59,7 @@ TEST_P(V4ModelTest, CachedDecodingEqualsRecomputation) {
   // one 128-token HCA window).
   const ModelConfig& c = model_->config();
   const int n = std::min(c.max_position_embeddings,
-                         std::max(2 * c.compress_rate_hca, 3 * c.sliding_window) + 7);
+                         std::max(2 * c.v4.compress_rate_hca, 3 * c.v4.sliding_window) + 7);
   const std::vector<int32_t> tokens = Tokens(n, vocab_, 5);
   SequenceKvCache full_cache = model_->NewCache();
   const std::vector<float> full = Run(tokens, &full_cache, LogitsFor::kAllTokens);
@@ -85,7 +85,7 @@ TEST_P(V4ModelTest, CachedDecodingEqualsRecomputation) {
 
 TEST_P(V4ModelTest, PagedCacheAndHandoffEqualContiguous) {
   const ModelConfig& c = model_->config();
-  const std::vector<int32_t> prompt = Tokens(2 * c.sliding_window + 3, vocab_, 9);
+  const std::vector<int32_t> prompt = Tokens(2 * c.v4.sliding_window + 3, vocab_, 9);
   SequenceKvCache prefill = model_->NewCache();
   const std::vector<float> first = Run(prompt, &prefill);
   KvBlockPool pool(c.num_hidden_layers, model_->attention().kv_row_width(), /*block_size=*/4,
@@ -177,10 +177,10 @@ TEST(V4PresetTest, RandomCheckpointRoundTrips) {
     ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, opt).ok());
     absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(dir);
     ASSERT_TRUE(m.ok()) << m.status();
-    EXPECT_EQ((*m)->config().layer_types, c->layer_types);
-    EXPECT_EQ((*m)->config().hash_layers, c->hash_layers);
+    EXPECT_EQ((*m)->config().v4.layer_types, c->v4.layer_types);
+    EXPECT_EQ((*m)->config().v4.hash_layers, c->v4.hash_layers);
     EXPECT_EQ((*m)->config().qk_rope_head_dim, c->qk_rope_head_dim);
-    EXPECT_EQ((*m)->config().compress_rope.factor, c->compress_rope.factor);
+    EXPECT_EQ((*m)->config().v4.compress_rope.factor, c->v4.compress_rope.factor);
     // Decoding past a few compress windows equals recomputation.
     const int n = std::string(preset) == "tiny" ? 30 : 12;
     const std::vector<int32_t> tokens = Tokens(n, c->vocab_size, 2);

@@ -84,7 +84,8 @@ absl::StatusOr<std::vector<float>> AttentionModel::Forward(absl::Span<const Sequ
     total += static_cast<int>(in.tokens.size());
   }
   if (total == 0) return absl::InvalidArgumentError("empty batch");
-  if (config_.is_v4()) return ForwardV4(config_, *weights_, seqs, offsets, total, experts, which);
+  if (config_.layers() == LayerArch::kV4)
+    return ForwardV4(config_, *weights_, seqs, offsets, total, experts, which);
 
   std::vector<float> x(static_cast<size_t>(total) * h);
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -210,9 +211,10 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
         rp.layout = cpu::RopeLayout::kHalves;
         rp.offset = mla_w;  // the key, in the cache row
         cpu::RunRope(rp);
-        rp.x = &idx.q[(static_cast<size_t>(offsets[s]) + i) * c.index_n_heads * c.index_head_dim];
-        rp.num_rows = c.index_n_heads;
-        rp.row_stride = c.index_head_dim;
+        rp.x =
+            &idx.q[(static_cast<size_t>(offsets[s]) + i) * c.indexer.n_heads * c.indexer.head_dim];
+        rp.num_rows = c.indexer.n_heads;
+        rp.row_stride = c.indexer.head_dim;
         rp.offset = 0;
         cpu::RunRope(rp);
       }
@@ -224,17 +226,17 @@ void AttentionModel::AttentionBlock(int l, absl::Span<const SequenceInput> seqs,
     if (c.has_indexer()) {
       mask.resize(static_cast<size_t>(n) * (start + n));
       cpu::DsaIndexerParams ip;
-      ip.q = &idx.q[static_cast<size_t>(offsets[s]) * c.index_n_heads * c.index_head_dim];
+      ip.q = &idx.q[static_cast<size_t>(offsets[s]) * c.indexer.n_heads * c.indexer.head_dim];
       ip.num_q = n;
-      ip.num_heads = c.index_n_heads;
-      ip.head_dim = c.index_head_dim;
+      ip.num_heads = c.indexer.n_heads;
+      ip.head_dim = c.indexer.head_dim;
       ip.k = rows + mla_w;
       ip.k_row_stride = kv_w;
       ip.num_kv = start + n;
       ip.q_start_pos = start;
-      ip.weights = &idx.weights[static_cast<size_t>(offsets[s]) * c.index_n_heads];
-      ip.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.index_head_dim));
-      ip.top_k = c.index_topk;
+      ip.weights = &idx.weights[static_cast<size_t>(offsets[s]) * c.indexer.n_heads];
+      ip.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.indexer.head_dim));
+      ip.top_k = c.indexer.topk;
       ip.mask = mask.data();
       cpu::RunDsaIndexer(ip);
     }
@@ -266,20 +268,20 @@ AttentionModel::IndexerInputs AttentionModel::IndexerProject(const AttentionLaye
                                                              float* kv, int num_tokens) const {
   const ModelConfig& c = config_;
   const int h = c.hidden_size;
-  const int d = c.index_head_dim;
+  const int d = c.indexer.head_dim;
   const int kv_w = kv_row_width();
   const int key_offset = c.kv_lora_rank + c.qk_rope_head_dim;
   IndexerInputs idx;
-  idx.q.resize(static_cast<size_t>(num_tokens) * c.index_n_heads * d);
-  cpu::Linear(qa, w.indexer_wq_b.data(), idx.q.data(), num_tokens, c.index_n_heads * d,
+  idx.q.resize(static_cast<size_t>(num_tokens) * c.indexer.n_heads * d);
+  cpu::Linear(qa, w.indexer_wq_b.data(), idx.q.data(), num_tokens, c.indexer.n_heads * d,
               c.q_lora_rank);
   cpu::Linear(normed, w.indexer_wk.data(), kv + key_offset, num_tokens, d, h, false, 0, kv_w);
   cpu::LayerNorm(kv + key_offset, w.indexer_k_norm.data(), w.indexer_k_norm_bias.data(),
                  kv + key_offset, num_tokens, d, kIndexerKeyNormEps, kv_w, kv_w);
-  idx.weights.resize(static_cast<size_t>(num_tokens) * c.index_n_heads);
+  idx.weights.resize(static_cast<size_t>(num_tokens) * c.indexer.n_heads);
   cpu::Linear(normed, w.indexer_weights_proj.data(), idx.weights.data(), num_tokens,
-              c.index_n_heads, h);
-  const float head_scale = 1.0f / std::sqrt(static_cast<float>(c.index_n_heads));
+              c.indexer.n_heads, h);
+  const float head_scale = 1.0f / std::sqrt(static_cast<float>(c.indexer.n_heads));
   for (float& x : idx.weights) x *= head_scale;
   return idx;
 }

@@ -116,27 +116,19 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
   ModelConfig c;
   FieldReader r(j, source);
   RETURN_IF_ERROR(r.String("model_type", &c.model_type));
-  if (c.model_type == "deepseek_v2") {
-    c.family = ModelFamily::kDeepseekV2;
-    c.topk_method = TopkMethod::kGreedy;
-    c.scoring_func = ScoringFunc::kSoftmax;
-  } else if (c.model_type == "deepseek_v3") {
-    c.family = ModelFamily::kDeepseekV3;
-    c.topk_method = TopkMethod::kNoauxTc;
-    c.scoring_func = ScoringFunc::kSigmoid;
-  } else if (c.model_type == "deepseek_v32") {
-    c.family = ModelFamily::kDeepseekV32;
-    c.topk_method = TopkMethod::kNoauxTc;
-    c.scoring_func = ScoringFunc::kSigmoid;
-  } else if (c.model_type == "deepseek_v4") {
-    c.family = ModelFamily::kDeepseekV4;
+  const FamilyTraits* family = FindFamily(c.model_type);
+  if (family == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": model_type \"", c.model_type,
+                                                   "\" is not supported (", SupportedModelTypes(),
+                                                   ")"));
+  }
+  c.family = family->id;
+  c.topk_method = family->default_topk_method;
+  c.scoring_func = family->default_scoring_func;
+  if (family->layers == LayerArch::kV4) {
     RETURN_IF_ERROR(ParseV4(j, source, &c));
     RETURN_IF_ERROR(c.Validate(source));
     return c;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": model_type \"", c.model_type,
-                     "\" is not supported (deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4)"));
   }
 
   RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size, /*required=*/true));
@@ -154,12 +146,11 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
   RETURN_IF_ERROR(r.Int("v_head_dim", &c.v_head_dim, true));
   RETURN_IF_ERROR(r.Bool("rope_interleave", &c.rope_interleave));
   // transformers' V2 and V3.2 attention rotate interleaved pairs whatever the config says.
-  if (c.family == ModelFamily::kDeepseekV2 || c.family == ModelFamily::kDeepseekV32)
-    c.rope_interleave = true;
+  if (!family->rope_interleave_option) c.rope_interleave = true;
   if (c.has_indexer()) {
-    RETURN_IF_ERROR(r.Int("index_topk", &c.index_topk, true));
-    RETURN_IF_ERROR(r.Int("index_head_dim", &c.index_head_dim, true));
-    RETURN_IF_ERROR(r.Int("index_n_heads", &c.index_n_heads, true));
+    RETURN_IF_ERROR(r.Int("index_topk", &c.indexer.topk, true));
+    RETURN_IF_ERROR(r.Int("index_head_dim", &c.indexer.head_dim, true));
+    RETURN_IF_ERROR(r.Int("index_n_heads", &c.indexer.n_heads, true));
   }
 
   // n_routed_experts null means a dense model.
@@ -299,7 +290,7 @@ absl::StatusOr<ModelConfig> ModelConfig::Load(const std::string& dir) {
 }
 
 absl::Status ModelConfig::Validate(const std::string& source) const {
-  RETURN_IF_ERROR(is_v4() ? ValidateV4(source) : ValidateMla(source));
+  RETURN_IF_ERROR(layers() == LayerArch::kV4 ? ValidateV4(source) : ValidateMla(source));
   for (int e : eos_token_ids) {
     if (e < 0 || e >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -332,10 +323,10 @@ absl::Status ModelConfig::ValidateMla(const std::string& source) const {
   if (has_indexer()) {
     if (q_lora_rank <= 0)
       return bad("deepseek_v32 needs q_lora_rank: the indexer reads its latent");
-    if (index_topk <= 0 || index_n_heads <= 0)
+    if (indexer.topk <= 0 || indexer.n_heads <= 0)
       return bad("index_topk and index_n_heads must be positive");
-    if (index_head_dim < qk_rope_head_dim) {
-      return bad(absl::StrCat("index_head_dim (", index_head_dim,
+    if (indexer.head_dim < qk_rope_head_dim) {
+      return bad(absl::StrCat("index_head_dim (", indexer.head_dim,
                               ") must be at least qk_rope_head_dim (", qk_rope_head_dim, ")"));
     }
   }
@@ -390,7 +381,8 @@ absl::Status ModelConfig::ValidateMla(const std::string& source) const {
 }
 
 int ModelConfig::kv_cache_row_width() const {
-  if (!is_v4()) return kv_lora_rank + qk_rope_head_dim + (has_indexer() ? index_head_dim : 0);
+  if (layers() == LayerArch::kMla)
+    return kv_lora_rank + qk_rope_head_dim + (has_indexer() ? indexer.head_dim : 0);
   int width = 0;
   for (int l = 0; l < num_hidden_layers; ++l) width = std::max(width, V4RowWidth(l));
   return width;
@@ -402,12 +394,10 @@ std::string ModelConfig::Fingerprint() const {
 }
 
 std::string ModelConfig::ToJson(bool new_rope_form) const {
-  if (is_v4()) return V4ToJson(*this);
+  if (layers() == LayerArch::kV4) return V4ToJson(*this);
   Json j;
   j["model_type"] = model_type;
-  j["architectures"] = {family == ModelFamily::kDeepseekV2    ? "DeepseekV2ForCausalLM"
-                        : family == ModelFamily::kDeepseekV32 ? "DeepseekV32ForCausalLM"
-                                                              : "DeepseekV3ForCausalLM"};
+  j["architectures"] = {std::string(traits().architecture)};
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -422,11 +412,11 @@ std::string ModelConfig::ToJson(bool new_rope_form) const {
   j["qk_nope_head_dim"] = qk_nope_head_dim;
   j["qk_rope_head_dim"] = qk_rope_head_dim;
   j["v_head_dim"] = v_head_dim;
-  if (family == ModelFamily::kDeepseekV3) j["rope_interleave"] = rope_interleave;
+  if (traits().rope_interleave_option) j["rope_interleave"] = rope_interleave;
   if (has_indexer()) {
-    j["index_topk"] = index_topk;
-    j["index_head_dim"] = index_head_dim;
-    j["index_n_heads"] = index_n_heads;
+    j["index_topk"] = indexer.topk;
+    j["index_head_dim"] = indexer.head_dim;
+    j["index_n_heads"] = indexer.n_heads;
   }
   j["n_routed_experts"] = n_routed_experts;
   j["n_shared_experts"] = n_shared_experts;

@@ -12,16 +12,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/family.h"
 
 namespace moesh {
 
-// kDeepseekV32: V3 plus the DSA lightning indexer (sparse attention over the
-// index_topk cached tokens an indexer scores highest).
-// kDeepseekV4: mHC residual streams, shared-KV MQA with a sliding window plus
-// compressed (CSA / HCA) attention, sqrt-softplus and hash routing.
-enum class ModelFamily { kDeepseekV2, kDeepseekV3, kDeepseekV32, kDeepseekV4 };
-enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
-enum class ScoringFunc { kSoftmax, kSigmoid, kSqrtSoftplus };
 // DeepSeek-V4's attention per layer: a sliding window only, plus compressed
 // sparse attention (CSA: overlapping windows of compress_rate_csa tokens, an
 // indexer picks index_topk entries), or plus heavily compressed attention
@@ -43,9 +37,54 @@ struct RopeConfig {
   bool truncate = true;
 };
 
+// The lightning indexer (DeepSeek-V3.2's DSA; DeepSeek-V4's CSA layers):
+// n_heads query heads of head_dim over q_lora's latent, one shared key per
+// token (V3.2: LayerNorm'd, RoPE in the rotate-half layout on its first
+// qk_rope_head_dim dims); each query attends to the `topk` cached tokens (V4:
+// compressed entries) it scores highest. config.json: index_topk,
+// index_head_dim, index_n_heads.
+struct IndexerConfig {
+  int topk = 0;
+  int head_dim = 0;
+  int n_heads = 0;
+};
+
+// DeepSeek-V4's part of the config (config_v4.cc parses, validates and
+// writes it). qk_rope_head_dim is the rotated tail of each head (head_dim *
+// partial_rotary_factor); the config's `rope` is the sliding layers' ("main")
+// rope, compress_rope the CSA/HCA layers'.
+struct V4Config {
+  int head_dim = 0;
+  int o_groups = 0;
+  int o_lora_rank = 0;
+  int sliding_window = 0;
+  int compress_rate_csa = 4;
+  int compress_rate_hca = 128;
+  std::vector<V4AttentionType> layer_types;  // [num_hidden_layers]
+  std::vector<bool> hash_layers;             // [num_hidden_layers]: experts from tid2eid
+  RopeConfig compress_rope;
+  int hc_mult = 0;
+  int hc_sinkhorn_iters = 0;
+  double hc_eps = 1e-6;
+
+  // The compress rate of layer l (0 for a sliding-only layer).
+  int CompressRate(int l) const {
+    return layer_types[l] == V4AttentionType::kSliding            ? 0
+           : layer_types[l] == V4AttentionType::kCompressedSparse ? compress_rate_csa
+                                                                  : compress_rate_hca;
+  }
+  // Compressor series per token of layer l: 2 (CSA's overlapping windows),
+  // 1 (HCA), 0 (sliding only).
+  int CompressSeries(int l) const {
+    return layer_types[l] == V4AttentionType::kSliding            ? 0
+           : layer_types[l] == V4AttentionType::kCompressedSparse ? 2
+                                                                  : 1;
+  }
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kDeepseekV3;
-  std::string model_type;  // "deepseek_v2" | "deepseek_v3" | "deepseek_v32"
+  std::string model_type;  // traits().model_type
 
   int vocab_size = 0;
   int hidden_size = 0;
@@ -67,30 +106,10 @@ struct ModelConfig {
   // (false: the neox rotate-half layout).
   bool rope_interleave = true;
 
-  // DSA lightning indexer (V3.2; all 0 otherwise): index_n_heads query heads
-  // of index_head_dim over q_lora's latent, one shared LayerNorm'd key per
-  // token, RoPE (rotate-half layout) on the first qk_rope_head_dim dims of
-  // both; each query attends to the index_topk causal tokens it scores highest.
-  int index_topk = 0;
-  int index_head_dim = 0;
-  int index_n_heads = 0;
-
-  // DeepSeek-V4 (family kDeepseekV4; unused otherwise). qk_rope_head_dim is
-  // the rotated tail of each head (head_dim * partial_rotary_factor); `rope`
-  // is the sliding layers' ("main") rope, compress_rope the CSA/HCA layers'.
-  int head_dim = 0;
-  int o_groups = 0;
-  int o_lora_rank = 0;
-  int sliding_window = 0;
-  int compress_rate_csa = 4;
-  int compress_rate_hca = 128;
-  std::vector<V4AttentionType> layer_types;  // [num_hidden_layers]
-  std::vector<bool> hash_layers;             // [num_hidden_layers]: experts from tid2eid
-  RopeConfig compress_rope;
-  int hc_mult = 0;
-  int hc_sinkhorn_iters = 0;
-  double hc_eps = 1e-6;
-  double swiglu_limit = 0.0;  // 0: no clamp
+  // The family parts: the lightning indexer (V3.2; V4's CSA layers) and
+  // DeepSeek-V4's own fields (all zero / default for the other families).
+  IndexerConfig indexer;
+  V4Config v4;
 
   // MoE.
   int n_routed_experts = 0;
@@ -104,27 +123,16 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;
   int first_k_dense_replace = 0;
   int moe_layer_freq = 1;
+  double swiglu_limit = 0.0;  // SwiGLU's clamp (V4); 0: none
 
   bool tie_word_embeddings = false;
   int bos_token_id = -1;           // -1: none
   std::vector<int> eos_token_ids;  // may be empty
 
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
-  bool has_indexer() const { return family == ModelFamily::kDeepseekV32; }
-  bool is_v4() const { return family == ModelFamily::kDeepseekV4; }
-  // V4: the compress rate of layer l (0 for a sliding-only layer).
-  int CompressRate(int l) const {
-    return layer_types[l] == V4AttentionType::kSliding            ? 0
-           : layer_types[l] == V4AttentionType::kCompressedSparse ? compress_rate_csa
-                                                                  : compress_rate_hca;
-  }
-  // V4: compressor series per token of layer l: 2 (CSA's overlapping
-  // windows), 1 (HCA), 0 (sliding only).
-  int CompressSeries(int l) const {
-    return layer_types[l] == V4AttentionType::kSliding            ? 0
-           : layer_types[l] == V4AttentionType::kCompressedSparse ? 2
-                                                                  : 1;
-  }
+  const FamilyTraits& traits() const { return TraitsOf(family); }
+  LayerArch layers() const { return traits().layers; }
+  bool has_indexer() const { return traits().indexer; }
   // V4: width of layer l's cache rows (see v4_attention.h for the layout).
   int V4RowWidth(int l) const;
   // Width of one token's KV cache row per layer:

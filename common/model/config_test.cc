@@ -78,9 +78,9 @@ TEST(ConfigTest, ParsesV32Indexer) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->family, ModelFamily::kDeepseekV32);
   EXPECT_TRUE(c->has_indexer());
-  EXPECT_EQ(c->index_topk, 2048);
-  EXPECT_EQ(c->index_head_dim, 128);
-  EXPECT_EQ(c->index_n_heads, 64);
+  EXPECT_EQ(c->indexer.topk, 2048);
+  EXPECT_EQ(c->indexer.head_dim, 128);
+  EXPECT_EQ(c->indexer.n_heads, 64);
   EXPECT_EQ(c->kv_cache_row_width(), 512 + 64 + 128);
   EXPECT_TRUE(c->rope_interleave);
   // transformers' per-layer spelling must agree with first_k_dense_replace.
@@ -93,7 +93,7 @@ TEST(ConfigTest, ParsesV32Indexer) {
   // The round trip keeps the indexer.
   absl::StatusOr<ModelConfig> again = ModelConfig::FromJson(c->ToJson(), "again");
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->index_topk, 2048);
+  EXPECT_EQ(again->indexer.topk, 2048);
   EXPECT_EQ(again->family, ModelFamily::kDeepseekV32);
 }
 
@@ -117,41 +117,42 @@ TEST(ConfigTest, ParsesV4BothForms) {
   const std::string golden = std::string(MOESH_SOURCE_DIR) + "/tests/golden/";
   absl::StatusOr<ModelConfig> modern = ModelConfig::Load(golden + "v4");
   ASSERT_TRUE(modern.ok()) << modern.status();
-  EXPECT_TRUE(modern->is_v4());
-  EXPECT_EQ(modern->layer_types,
+  EXPECT_TRUE(modern->layers() == LayerArch::kV4);
+  EXPECT_EQ(modern->v4.layer_types,
             (std::vector<V4AttentionType>{
                 V4AttentionType::kSliding, V4AttentionType::kCompressedSparse,
                 V4AttentionType::kHeavilyCompressed, V4AttentionType::kCompressedSparse}));
-  EXPECT_EQ(modern->hash_layers, (std::vector<bool>{true, true, false, false}));
-  EXPECT_EQ(modern->compress_rate_hca, 8);
+  EXPECT_EQ(modern->v4.hash_layers, (std::vector<bool>{true, true, false, false}));
+  EXPECT_EQ(modern->v4.compress_rate_hca, 8);
   EXPECT_EQ(modern->qk_rope_head_dim, 8);
   EXPECT_EQ(modern->scoring_func, ScoringFunc::kSqrtSoftplus);
-  EXPECT_EQ(modern->compress_rope.type, RopeType::kYarn);
-  EXPECT_EQ(modern->compress_rope.theta, 160000.0);
-  EXPECT_EQ(modern->compress_rope.attention_factor, 1.0);
+  EXPECT_EQ(modern->v4.compress_rope.type, RopeType::kYarn);
+  EXPECT_EQ(modern->v4.compress_rope.theta, 160000.0);
+  EXPECT_EQ(modern->v4.compress_rope.attention_factor, 1.0);
   EXPECT_EQ(modern->rope.type, RopeType::kDefault);
   EXPECT_EQ(modern->kv_cache_row_width(), 5 * 32 + 4 * 16);
 
   absl::StatusOr<ModelConfig> legacy = ModelConfig::Load(golden + "v4_legacy");
   ASSERT_TRUE(legacy.ok()) << legacy.status();
-  EXPECT_EQ(legacy->layer_types, (std::vector<V4AttentionType>{V4AttentionType::kHeavilyCompressed,
-                                                               V4AttentionType::kCompressedSparse,
-                                                               V4AttentionType::kSliding}));
-  EXPECT_EQ(legacy->hash_layers, (std::vector<bool>{true, false, false}));
-  EXPECT_EQ(legacy->compress_rate_hca, 128);
+  EXPECT_EQ(legacy->v4.layer_types,
+            (std::vector<V4AttentionType>{V4AttentionType::kHeavilyCompressed,
+                                          V4AttentionType::kCompressedSparse,
+                                          V4AttentionType::kSliding}));
+  EXPECT_EQ(legacy->v4.hash_layers, (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(legacy->v4.compress_rate_hca, 128);
   EXPECT_EQ(legacy->qk_rope_head_dim, 8);
-  EXPECT_EQ(legacy->compress_rope.type, RopeType::kYarn);
-  EXPECT_EQ(legacy->compress_rope.factor, 16.0);
-  EXPECT_EQ(legacy->compress_rope.attention_factor, 1.0);
+  EXPECT_EQ(legacy->v4.compress_rope.type, RopeType::kYarn);
+  EXPECT_EQ(legacy->v4.compress_rope.factor, 16.0);
+  EXPECT_EQ(legacy->v4.compress_rope.attention_factor, 1.0);
 
   // ToJson writes transformers' form, which reads back the same.
   absl::StatusOr<ModelConfig> again = ModelConfig::FromJson(legacy->ToJson(), "again");
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->layer_types, legacy->layer_types);
-  EXPECT_EQ(again->hash_layers, legacy->hash_layers);
-  EXPECT_EQ(again->compress_rate_hca, 128);
+  EXPECT_EQ(again->v4.layer_types, legacy->v4.layer_types);
+  EXPECT_EQ(again->v4.hash_layers, legacy->v4.hash_layers);
+  EXPECT_EQ(again->v4.compress_rate_hca, 128);
   EXPECT_EQ(again->qk_rope_head_dim, 8);
-  EXPECT_EQ(again->compress_rope.factor, 16.0);
+  EXPECT_EQ(again->v4.compress_rope.factor, 16.0);
   EXPECT_EQ(again->kv_cache_row_width(), legacy->kv_cache_row_width());
 }
 
@@ -238,26 +239,26 @@ TEST(ConfigTest, RealPresetsAreThePublishedConfigs) {
   absl::StatusOr<ModelConfig> v32 = PresetConfig("v3.2", "real");
   ASSERT_TRUE(v32.ok()) << v32.status();
   EXPECT_TRUE(v32->has_indexer());
-  EXPECT_EQ(v32->index_topk, 2048);
+  EXPECT_EQ(v32->indexer.topk, 2048);
   EXPECT_EQ(v32->kv_cache_row_width(), 512 + 64 + 128);
   // DeepSeek-V4-Flash: transformers' DeepseekV4Config defaults.
   absl::StatusOr<ModelConfig> v4 = PresetConfig("v4", "real");
   ASSERT_TRUE(v4.ok()) << v4.status();
   EXPECT_EQ(v4->num_hidden_layers, 43);
   EXPECT_EQ(v4->hidden_size, 4096);
-  EXPECT_EQ(v4->head_dim, 512);
+  EXPECT_EQ(v4->v4.head_dim, 512);
   EXPECT_EQ(v4->qk_rope_head_dim, 64);
   EXPECT_EQ(v4->n_routed_experts, 256);
   EXPECT_EQ(v4->num_experts_per_tok, 6);
-  EXPECT_EQ(v4->index_topk, 512);
-  EXPECT_EQ(v4->compress_rate_hca, 128);
+  EXPECT_EQ(v4->indexer.topk, 512);
+  EXPECT_EQ(v4->v4.compress_rate_hca, 128);
   int csa = 0;
-  for (V4AttentionType t : v4->layer_types) csa += t == V4AttentionType::kCompressedSparse;
+  for (V4AttentionType t : v4->v4.layer_types) csa += t == V4AttentionType::kCompressedSparse;
   EXPECT_EQ(csa, 20);  // layers 3, 5, ..., 41
-  EXPECT_EQ(v4->layer_types[0], V4AttentionType::kHeavilyCompressed);
-  EXPECT_EQ(v4->layer_types[3], V4AttentionType::kCompressedSparse);
-  EXPECT_TRUE(v4->hash_layers[2]);
-  EXPECT_FALSE(v4->hash_layers[3]);
+  EXPECT_EQ(v4->v4.layer_types[0], V4AttentionType::kHeavilyCompressed);
+  EXPECT_EQ(v4->v4.layer_types[3], V4AttentionType::kCompressedSparse);
+  EXPECT_TRUE(v4->v4.hash_layers[2]);
+  EXPECT_FALSE(v4->v4.hash_layers[3]);
   EXPECT_EQ(v4->kv_cache_row_width(), 5 * 512 + 4 * 128);
 }
 

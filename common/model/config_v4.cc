@@ -24,20 +24,20 @@ absl::Status ParseV4(const Json& j, const std::string& source, ModelConfig* c) {
   RETURN_IF_ERROR(r.Int("hidden_size", &c->hidden_size, true));
   RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers, true));
   RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_attention_heads, true));
-  RETURN_IF_ERROR(r.Int("head_dim", &c->head_dim, true));
+  RETURN_IF_ERROR(r.Int("head_dim", &c->v4.head_dim, true));
   RETURN_IF_ERROR(r.Int("q_lora_rank", &c->q_lora_rank, true));
   RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c->moe_intermediate_size, true));
   RETURN_IF_ERROR(r.Int("n_routed_experts", &c->n_routed_experts, true));
   RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c->num_experts_per_tok, true));
-  RETURN_IF_ERROR(r.Int("o_groups", &c->o_groups, true));
-  RETURN_IF_ERROR(r.Int("o_lora_rank", &c->o_lora_rank, true));
-  RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, true));
-  RETURN_IF_ERROR(r.Int("hc_mult", &c->hc_mult, true));
+  RETURN_IF_ERROR(r.Int("o_groups", &c->v4.o_groups, true));
+  RETURN_IF_ERROR(r.Int("o_lora_rank", &c->v4.o_lora_rank, true));
+  RETURN_IF_ERROR(r.Int("sliding_window", &c->v4.sliding_window, true));
+  RETURN_IF_ERROR(r.Int("hc_mult", &c->v4.hc_mult, true));
   c->n_shared_experts = 1;
   RETURN_IF_ERROR(r.Int("n_shared_experts", &c->n_shared_experts));
-  c->hc_sinkhorn_iters = 20;
-  RETURN_IF_ERROR(r.Int("hc_sinkhorn_iters", &c->hc_sinkhorn_iters));
-  RETURN_IF_ERROR(r.Double("hc_eps", &c->hc_eps));
+  c->v4.hc_sinkhorn_iters = 20;
+  RETURN_IF_ERROR(r.Int("hc_sinkhorn_iters", &c->v4.hc_sinkhorn_iters));
+  RETURN_IF_ERROR(r.Double("hc_eps", &c->v4.hc_eps));
   c->swiglu_limit = 10.0;
   RETURN_IF_ERROR(r.Double("swiglu_limit", &c->swiglu_limit));
   RETURN_IF_ERROR(r.Int("max_position_embeddings", &c->max_position_embeddings));
@@ -47,9 +47,9 @@ absl::Status ParseV4(const Json& j, const std::string& source, ModelConfig* c) {
   RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings));
   RETURN_IF_ERROR(r.Int("bos_token_id", &c->bos_token_id));
   RETURN_IF_ERROR(ParseEos(j, source, &c->eos_token_ids));
-  RETURN_IF_ERROR(r.Int("index_topk", &c->index_topk));
-  RETURN_IF_ERROR(r.Int("index_head_dim", &c->index_head_dim));
-  RETURN_IF_ERROR(r.Int("index_n_heads", &c->index_n_heads));
+  RETURN_IF_ERROR(r.Int("index_topk", &c->indexer.topk));
+  RETURN_IF_ERROR(r.Int("index_head_dim", &c->indexer.head_dim));
+  RETURN_IF_ERROR(r.Int("index_n_heads", &c->indexer.n_heads));
   int kv_heads = 1;
   RETURN_IF_ERROR(r.Int("num_key_value_heads", &kv_heads));
   if (kv_heads != 1)
@@ -82,22 +82,22 @@ absl::Status ParseV4(const Json& j, const std::string& source, ModelConfig* c) {
     const Json& rates = j["compress_rates"];
     if (!rates.is_object()) return bad("compress_rates must be an object");
     FieldReader rr(rates, source + " compress_rates");
-    RETURN_IF_ERROR(rr.Int("compressed_sparse_attention", &c->compress_rate_csa));
-    RETURN_IF_ERROR(rr.Int("heavily_compressed_attention", &c->compress_rate_hca));
+    RETURN_IF_ERROR(rr.Int("compressed_sparse_attention", &c->v4.compress_rate_csa));
+    RETURN_IF_ERROR(rr.Int("heavily_compressed_attention", &c->v4.compress_rate_hca));
   }
-  RETURN_IF_ERROR(r.Int("compress_rate_csa", &c->compress_rate_csa));
-  RETURN_IF_ERROR(r.Int("compress_rate_hca", &c->compress_rate_hca));
-  c->layer_types.clear();
+  RETURN_IF_ERROR(r.Int("compress_rate_csa", &c->v4.compress_rate_csa));
+  RETURN_IF_ERROR(r.Int("compress_rate_hca", &c->v4.compress_rate_hca));
+  c->v4.layer_types.clear();
   if (r.Has("layer_types")) {
     const Json& types = j["layer_types"];
     if (!types.is_array()) return bad("layer_types must be a list");
     for (const Json& t : types) {
       if (t == "sliding_attention") {
-        c->layer_types.push_back(V4AttentionType::kSliding);
+        c->v4.layer_types.push_back(V4AttentionType::kSliding);
       } else if (t == "compressed_sparse_attention") {
-        c->layer_types.push_back(V4AttentionType::kCompressedSparse);
+        c->v4.layer_types.push_back(V4AttentionType::kCompressedSparse);
       } else if (t == "heavily_compressed_attention") {
-        c->layer_types.push_back(V4AttentionType::kHeavilyCompressed);
+        c->v4.layer_types.push_back(V4AttentionType::kHeavilyCompressed);
       } else {
         return bad(absl::StrCat("layer_types entry ", t.dump(),
                                 " is not one of sliding_attention, "
@@ -111,11 +111,11 @@ absl::Status ParseV4(const Json& j, const std::string& source, ModelConfig* c) {
     for (const Json& x : ratios) {
       const int ratio = x.is_number_integer() ? x.get<int>() : -1;
       if (ratio == 0) {
-        c->layer_types.push_back(V4AttentionType::kSliding);
+        c->v4.layer_types.push_back(V4AttentionType::kSliding);
       } else if (ratio == 4) {
-        c->layer_types.push_back(V4AttentionType::kCompressedSparse);
+        c->v4.layer_types.push_back(V4AttentionType::kCompressedSparse);
       } else if (ratio == 128) {
-        c->layer_types.push_back(V4AttentionType::kHeavilyCompressed);
+        c->v4.layer_types.push_back(V4AttentionType::kHeavilyCompressed);
       } else {
         return bad(absl::StrCat("compress_ratios entry ", x.dump(), " is not 0, 4 or 128"));
       }
@@ -123,17 +123,17 @@ absl::Status ParseV4(const Json& j, const std::string& source, ModelConfig* c) {
   } else {
     // transformers' default: two HCA layers, then CSA and HCA alternating.
     for (int l = 0; l < n; ++l) {
-      c->layer_types.push_back(l < 2 || l % 2 == 0 ? V4AttentionType::kHeavilyCompressed
-                                                   : V4AttentionType::kCompressedSparse);
+      c->v4.layer_types.push_back(l < 2 || l % 2 == 0 ? V4AttentionType::kHeavilyCompressed
+                                                      : V4AttentionType::kCompressedSparse);
     }
   }
-  if (static_cast<int>(c->layer_types.size()) < n) {
-    return bad(absl::StrCat("layer_types / compress_ratios list ", c->layer_types.size(),
+  if (static_cast<int>(c->v4.layer_types.size()) < n) {
+    return bad(absl::StrCat("layer_types / compress_ratios list ", c->v4.layer_types.size(),
                             " layers, num_hidden_layers is ", n));
   }
-  c->layer_types.resize(n);  // an MTP layer's entry may follow
+  c->v4.layer_types.resize(n);  // an MTP layer's entry may follow
 
-  c->hash_layers.assign(n, false);
+  c->v4.hash_layers.assign(n, false);
   if (r.Has("mlp_layer_types")) {
     const Json& types = j["mlp_layer_types"];
     if (!types.is_array() || static_cast<int>(types.size()) < n)
@@ -143,12 +143,12 @@ absl::Status ParseV4(const Json& j, const std::string& source, ModelConfig* c) {
         return bad(absl::StrCat("mlp_layer_types[", l, "] must be \"hash_moe\" or \"moe\", got ",
                                 types[l].dump()));
       }
-      c->hash_layers[l] = types[l] == "hash_moe";
+      c->v4.hash_layers[l] = types[l] == "hash_moe";
     }
   } else {
     int num_hash = 3;  // transformers' default
     RETURN_IF_ERROR(r.Int("num_hash_layers", &num_hash));
-    for (int l = 0; l < n && l < num_hash; ++l) c->hash_layers[l] = true;
+    for (int l = 0; l < n && l < num_hash; ++l) c->v4.hash_layers[l] = true;
   }
 
   // Partial rope: the last qk_rope_head_dim dims of each head.
@@ -157,41 +157,41 @@ absl::Status ParseV4(const Json& j, const std::string& source, ModelConfig* c) {
   int legacy_rope_dim = 0;
   RETURN_IF_ERROR(r.Int("qk_rope_head_dim", &legacy_rope_dim));
   c->rope = RopeConfig();
-  c->compress_rope = RopeConfig();
-  c->compress_rope.theta = 160000.0;
+  c->v4.compress_rope = RopeConfig();
+  c->v4.compress_rope.theta = 160000.0;
   RETURN_IF_ERROR(r.Double("rope_theta", &c->rope.theta));
-  RETURN_IF_ERROR(r.Double("compress_rope_theta", &c->compress_rope.theta));
+  RETURN_IF_ERROR(r.Double("compress_rope_theta", &c->v4.compress_rope.theta));
   if (r.Has("rope_parameters")) {
     const Json& rp = j["rope_parameters"];
     if (!rp.is_object()) return bad("rope_parameters must be an object");
     if (rp.contains("main") && rp.contains("compress")) {
       RETURN_IF_ERROR(ParseRope(rp["main"], source + " rope_parameters.main", &c->rope));
       RETURN_IF_ERROR(
-          ParseRope(rp["compress"], source + " rope_parameters.compress", &c->compress_rope));
+          ParseRope(rp["compress"], source + " rope_parameters.compress", &c->v4.compress_rope));
       FieldReader cr(rp["compress"], source);
       if (partial == 0.0) RETURN_IF_ERROR(cr.Double("partial_rotary_factor", &partial));
     } else {
       // One flat set: the compressed layers' scaling (main stays plain).
-      const double theta = c->compress_rope.theta;
-      RETURN_IF_ERROR(ParseRope(rp, source + " rope_parameters", &c->compress_rope));
-      c->compress_rope.theta = theta;
+      const double theta = c->v4.compress_rope.theta;
+      RETURN_IF_ERROR(ParseRope(rp, source + " rope_parameters", &c->v4.compress_rope));
+      c->v4.compress_rope.theta = theta;
     }
   } else if (r.Has("rope_scaling")) {
     if (!j["rope_scaling"].is_object()) return bad("rope_scaling must be an object");
-    const double theta = c->compress_rope.theta;
-    RETURN_IF_ERROR(ParseRope(j["rope_scaling"], source + " rope_scaling", &c->compress_rope));
-    c->compress_rope.theta = theta;
+    const double theta = c->v4.compress_rope.theta;
+    RETURN_IF_ERROR(ParseRope(j["rope_scaling"], source + " rope_scaling", &c->v4.compress_rope));
+    c->v4.compress_rope.theta = theta;
   }
   // The V4 reference leaves YaRN's magnitude scale out of cos and sin.
-  if (c->compress_rope.type == RopeType::kYarn && c->compress_rope.attention_factor == 0.0) {
-    c->compress_rope.attention_factor = 1.0;
+  if (c->v4.compress_rope.type == RopeType::kYarn && c->v4.compress_rope.attention_factor == 0.0) {
+    c->v4.compress_rope.attention_factor = 1.0;
   }
   if (partial > 0.0) {
-    c->qk_rope_head_dim = static_cast<int>(c->head_dim * partial);
+    c->qk_rope_head_dim = static_cast<int>(c->v4.head_dim * partial);
   } else if (legacy_rope_dim > 0) {
     c->qk_rope_head_dim = legacy_rope_dim;
   } else {
-    c->qk_rope_head_dim = c->head_dim / 8;  // transformers' default factor 64 / 512
+    c->qk_rope_head_dim = c->v4.head_dim / 8;  // transformers' default factor 64 / 512
   }
   return absl::OkStatus();
 }
@@ -199,17 +199,17 @@ absl::Status ParseV4(const Json& j, const std::string& source, ModelConfig* c) {
 // V4 in transformers' spelling (what DeepseekV4Config.save_pretrained writes).
 std::string V4ToJson(const ModelConfig& c) {
   Json j;
-  j["model_type"] = "deepseek_v4";
-  j["architectures"] = {"DeepseekV4ForCausalLM"};
+  j["model_type"] = std::string(c.traits().model_type);
+  j["architectures"] = {std::string(c.traits().architecture)};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = 1;
-  j["head_dim"] = c.head_dim;
+  j["head_dim"] = c.v4.head_dim;
   j["q_lora_rank"] = c.q_lora_rank;
-  j["o_groups"] = c.o_groups;
-  j["o_lora_rank"] = c.o_lora_rank;
+  j["o_groups"] = c.v4.o_groups;
+  j["o_lora_rank"] = c.v4.o_lora_rank;
   j["moe_intermediate_size"] = c.moe_intermediate_size;
   j["n_routed_experts"] = c.n_routed_experts;
   j["n_shared_experts"] = c.n_shared_experts;
@@ -220,31 +220,31 @@ std::string V4ToJson(const ModelConfig& c) {
   j["norm_topk_prob"] = true;
   j["routed_scaling_factor"] = c.routed_scaling_factor;
   j["swiglu_limit"] = c.swiglu_limit;
-  j["sliding_window"] = c.sliding_window;
-  j["hc_mult"] = c.hc_mult;
-  j["hc_sinkhorn_iters"] = c.hc_sinkhorn_iters;
-  j["hc_eps"] = c.hc_eps;
-  j["index_topk"] = c.index_topk;
-  j["index_head_dim"] = c.index_head_dim;
-  j["index_n_heads"] = c.index_n_heads;
+  j["sliding_window"] = c.v4.sliding_window;
+  j["hc_mult"] = c.v4.hc_mult;
+  j["hc_sinkhorn_iters"] = c.v4.hc_sinkhorn_iters;
+  j["hc_eps"] = c.v4.hc_eps;
+  j["index_topk"] = c.indexer.topk;
+  j["index_head_dim"] = c.indexer.head_dim;
+  j["index_n_heads"] = c.indexer.n_heads;
   Json types = Json::array(), mlp = Json::array();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    types.push_back(c.layer_types[l] == V4AttentionType::kSliding ? "sliding_attention"
-                    : c.layer_types[l] == V4AttentionType::kCompressedSparse
+    types.push_back(c.v4.layer_types[l] == V4AttentionType::kSliding ? "sliding_attention"
+                    : c.v4.layer_types[l] == V4AttentionType::kCompressedSparse
                         ? "compressed_sparse_attention"
                         : "heavily_compressed_attention");
-    mlp.push_back(c.hash_layers[l] ? "hash_moe" : "moe");
+    mlp.push_back(c.v4.hash_layers[l] ? "hash_moe" : "moe");
   }
   j["layer_types"] = types;
   j["mlp_layer_types"] = mlp;
-  j["compress_rates"] = {{"compressed_sparse_attention", c.compress_rate_csa},
-                         {"heavily_compressed_attention", c.compress_rate_hca}};
-  const double partial = static_cast<double>(c.qk_rope_head_dim) / c.head_dim;
+  j["compress_rates"] = {{"compressed_sparse_attention", c.v4.compress_rate_csa},
+                         {"heavily_compressed_attention", c.v4.compress_rate_hca}};
+  const double partial = static_cast<double>(c.qk_rope_head_dim) / c.v4.head_dim;
   j["partial_rotary_factor"] = partial;
   j["rope_theta"] = c.rope.theta;
-  j["compress_rope_theta"] = c.compress_rope.theta;
+  j["compress_rope_theta"] = c.v4.compress_rope.theta;
   j["rope_parameters"] = {{"main", RopeJson(c.rope, partial)},
-                          {"compress", RopeJson(c.compress_rope, partial)}};
+                          {"compress", RopeJson(c.v4.compress_rope, partial)}};
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
@@ -271,60 +271,59 @@ absl::Status ModelConfig::ValidateV4(const std::string& source) const {
                             {"hidden_size", hidden_size},
                             {"num_hidden_layers", num_hidden_layers},
                             {"num_attention_heads", num_attention_heads},
-                            {"head_dim", head_dim},
+                            {"head_dim", v4.head_dim},
                             {"q_lora_rank", q_lora_rank},
-                            {"o_groups", o_groups},
-                            {"o_lora_rank", o_lora_rank},
-                            {"sliding_window", sliding_window},
-                            {"hc_mult", hc_mult},
-                            {"hc_sinkhorn_iters", hc_sinkhorn_iters},
+                            {"o_groups", v4.o_groups},
+                            {"o_lora_rank", v4.o_lora_rank},
+                            {"sliding_window", v4.sliding_window},
+                            {"hc_mult", v4.hc_mult},
+                            {"hc_sinkhorn_iters", v4.hc_sinkhorn_iters},
                             {"moe_intermediate_size", moe_intermediate_size},
                             {"n_routed_experts", n_routed_experts},
-                            {"compress_rate_csa", compress_rate_csa},
-                            {"compress_rate_hca", compress_rate_hca}}) {
+                            {"compress_rate_csa", v4.compress_rate_csa},
+                            {"compress_rate_hca", v4.compress_rate_hca}}) {
     if (p.value <= 0) return bad(absl::StrCat(p.name, " must be positive, got ", p.value));
   }
-  if (qk_rope_head_dim <= 0 || qk_rope_head_dim % 2 != 0 || qk_rope_head_dim > head_dim) {
+  if (qk_rope_head_dim <= 0 || qk_rope_head_dim % 2 != 0 || qk_rope_head_dim > v4.head_dim) {
     return bad(absl::StrCat("the rotated part of a head (", qk_rope_head_dim,
-                            ") must be even and within head_dim (", head_dim, ")"));
+                            ") must be even and within head_dim (", v4.head_dim, ")"));
   }
-  if (num_attention_heads % o_groups != 0) {
+  if (num_attention_heads % v4.o_groups != 0) {
     return bad(absl::StrCat("num_attention_heads (", num_attention_heads,
-                            ") must be divisible by o_groups (", o_groups, ")"));
+                            ") must be divisible by o_groups (", v4.o_groups, ")"));
   }
   if (num_experts_per_tok <= 0 || num_experts_per_tok > n_routed_experts) {
     return bad(absl::StrCat("num_experts_per_tok (", num_experts_per_tok,
                             ") must lie in [1, n_routed_experts = ", n_routed_experts, "]"));
   }
   if (n_shared_experts < 0 || n_shared_experts > 1) return bad("n_shared_experts must be 0 or 1");
-  for (V4AttentionType t : layer_types) {
+  for (V4AttentionType t : v4.layer_types) {
     if (t != V4AttentionType::kCompressedSparse) continue;
-    if (index_topk <= 0 || index_n_heads <= 0 || index_head_dim < qk_rope_head_dim) {
+    if (indexer.topk <= 0 || indexer.n_heads <= 0 || indexer.head_dim < qk_rope_head_dim) {
       return bad(
           "compressed_sparse_attention layers need index_topk, index_n_heads and an index_head_dim "
-          "of at "
-          "least the rotated dims");
+          "of at least the rotated dims");
     }
   }
-  if (rope.theta <= 0 || compress_rope.theta <= 0)
+  if (rope.theta <= 0 || v4.compress_rope.theta <= 0)
     return bad("rope_theta and compress_rope_theta must be positive");
-  if (compress_rope.type == RopeType::kYarn &&
-      (compress_rope.factor <= 0 || compress_rope.original_max_position_embeddings <= 0)) {
+  if (v4.compress_rope.type == RopeType::kYarn &&
+      (v4.compress_rope.factor <= 0 || v4.compress_rope.original_max_position_embeddings <= 0)) {
     return bad("yarn rope needs a positive factor and original_max_position_embeddings");
   }
   return absl::OkStatus();
 }
 
 int ModelConfig::V4RowWidth(int l) const {
-  switch (layer_types[l]) {
+  switch (v4.layer_types[l]) {
     case V4AttentionType::kSliding:
-      return head_dim;
+      return v4.head_dim;
     case V4AttentionType::kHeavilyCompressed:
-      return 3 * head_dim;
+      return 3 * v4.head_dim;
     case V4AttentionType::kCompressedSparse:
-      return 5 * head_dim + 4 * index_head_dim;
+      return 5 * v4.head_dim + 4 * indexer.head_dim;
   }
-  return head_dim;
+  return v4.head_dim;
 }
 
 }  // namespace moesh

@@ -24,104 +24,104 @@ absl::StatusOr<ModelConfig> V4Preset(const std::string& preset) {
   c.family = ModelFamily::kDeepseekV4;
   c.model_type = "deepseek_v4";
   c.num_hidden_layers = 4;
-  c.layer_types = {V4AttentionType::kSliding, V4AttentionType::kCompressedSparse,
-                   V4AttentionType::kHeavilyCompressed, V4AttentionType::kCompressedSparse};
-  c.hash_layers = {true, true, false, false};
+  c.v4.layer_types = {V4AttentionType::kSliding, V4AttentionType::kCompressedSparse,
+                      V4AttentionType::kHeavilyCompressed, V4AttentionType::kCompressedSparse};
+  c.v4.hash_layers = {true, true, false, false};
   c.n_shared_experts = 1;
   c.scoring_func = ScoringFunc::kSqrtSoftplus;
   c.topk_method = TopkMethod::kGreedy;
   c.norm_topk_prob = true;
   c.routed_scaling_factor = 1.5;
   c.first_k_dense_replace = 0;
-  c.hc_mult = 4;
-  c.hc_sinkhorn_iters = 20;
-  c.hc_eps = 1e-6;
+  c.v4.hc_mult = 4;
+  c.v4.hc_sinkhorn_iters = 20;
+  c.v4.hc_eps = 1e-6;
   c.swiglu_limit = 10.0;
   c.rms_norm_eps = 1e-6;
   c.bos_token_id = 0;
   c.eos_token_ids = {1};
   c.rope.theta = 10000.0;
-  c.compress_rope.type = RopeType::kYarn;
-  c.compress_rope.theta = 160000.0;
-  c.compress_rope.beta_fast = 32;
-  c.compress_rope.beta_slow = 1;
-  c.compress_rope.attention_factor = 1.0;
+  c.v4.compress_rope.type = RopeType::kYarn;
+  c.v4.compress_rope.theta = 160000.0;
+  c.v4.compress_rope.beta_fast = 32;
+  c.v4.compress_rope.beta_slow = 1;
+  c.v4.compress_rope.attention_factor = 1.0;
   if (preset == "tiny") {
     c.vocab_size = 512;
     c.hidden_size = 64;
     c.num_attention_heads = 4;
-    c.head_dim = 32;
+    c.v4.head_dim = 32;
     c.qk_rope_head_dim = 8;
     c.q_lora_rank = 48;
-    c.o_groups = 2;
-    c.o_lora_rank = 16;
+    c.v4.o_groups = 2;
+    c.v4.o_lora_rank = 16;
     c.moe_intermediate_size = 32;
     c.n_routed_experts = 8;
     c.num_experts_per_tok = 2;
-    c.sliding_window = 8;
-    c.compress_rate_csa = 4;
-    c.compress_rate_hca = 8;
-    c.index_n_heads = 4;
-    c.index_head_dim = 16;
-    c.index_topk = 3;
-    c.compress_rope.factor = 4;
-    c.compress_rope.original_max_position_embeddings = 64;
+    c.v4.sliding_window = 8;
+    c.v4.compress_rate_csa = 4;
+    c.v4.compress_rate_hca = 8;
+    c.indexer.n_heads = 4;
+    c.indexer.head_dim = 16;
+    c.indexer.topk = 3;
+    c.v4.compress_rope.factor = 4;
+    c.v4.compress_rope.original_max_position_embeddings = 64;
   } else if (preset == "small") {
     c.vocab_size = 8192;
     c.hidden_size = 512;
     c.num_attention_heads = 8;
-    c.head_dim = 128;
+    c.v4.head_dim = 128;
     c.qk_rope_head_dim = 32;
     c.q_lora_rank = 192;
-    c.o_groups = 4;
-    c.o_lora_rank = 128;
+    c.v4.o_groups = 4;
+    c.v4.o_lora_rank = 128;
     c.moe_intermediate_size = 256;
     c.n_routed_experts = 16;
     c.num_experts_per_tok = 4;
-    c.sliding_window = 64;
-    c.compress_rate_csa = 4;
-    c.compress_rate_hca = 128;
-    c.index_n_heads = 8;
-    c.index_head_dim = 64;
-    c.index_topk = 32;
-    c.compress_rope.factor = 16;
-    c.compress_rope.original_max_position_embeddings = 256;
+    c.v4.sliding_window = 64;
+    c.v4.compress_rate_csa = 4;
+    c.v4.compress_rate_hca = 128;
+    c.indexer.n_heads = 8;
+    c.indexer.head_dim = 64;
+    c.indexer.topk = 32;
+    c.v4.compress_rope.factor = 16;
+    c.v4.compress_rope.original_max_position_embeddings = 256;
   } else if (preset == "real") {
     // DeepSeek-V4-Flash (transformers' DeepseekV4Config defaults): two HCA
     // layers, then HCA and CSA alternating; the first three hash-routed.
     c.num_hidden_layers = 43;
-    c.layer_types.assign(2, V4AttentionType::kHeavilyCompressed);
+    c.v4.layer_types.assign(2, V4AttentionType::kHeavilyCompressed);
     for (int i = 0; i < c.num_hidden_layers - 2; ++i) {
-      c.layer_types.push_back(i % 2 ? V4AttentionType::kCompressedSparse
-                                    : V4AttentionType::kHeavilyCompressed);
+      c.v4.layer_types.push_back(i % 2 ? V4AttentionType::kCompressedSparse
+                                       : V4AttentionType::kHeavilyCompressed);
     }
-    c.hash_layers.assign(c.num_hidden_layers, false);
-    for (int i = 0; i < 3; ++i) c.hash_layers[i] = true;
+    c.v4.hash_layers.assign(c.num_hidden_layers, false);
+    for (int i = 0; i < 3; ++i) c.v4.hash_layers[i] = true;
     c.vocab_size = 129280;
     c.hidden_size = 4096;
     c.num_attention_heads = 64;
-    c.head_dim = 512;
+    c.v4.head_dim = 512;
     c.qk_rope_head_dim = 64;
     c.q_lora_rank = 1024;
-    c.o_groups = 8;
-    c.o_lora_rank = 1024;
+    c.v4.o_groups = 8;
+    c.v4.o_lora_rank = 1024;
     c.moe_intermediate_size = 2048;
     c.n_routed_experts = 256;
     c.num_experts_per_tok = 6;
-    c.sliding_window = 128;
-    c.compress_rate_csa = 4;
-    c.compress_rate_hca = 128;
-    c.index_n_heads = 64;
-    c.index_head_dim = 128;
-    c.index_topk = 512;
-    c.compress_rope.factor = 16;
-    c.compress_rope.original_max_position_embeddings = 65536;
+    c.v4.sliding_window = 128;
+    c.v4.compress_rate_csa = 4;
+    c.v4.compress_rate_hca = 128;
+    c.indexer.n_heads = 64;
+    c.indexer.head_dim = 128;
+    c.indexer.topk = 512;
+    c.v4.compress_rope.factor = 16;
+    c.v4.compress_rope.original_max_position_embeddings = 65536;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown preset \"", preset, "\" (tiny, small, real)"));
   }
-  c.max_position_embeddings =
-      static_cast<int>(c.compress_rope.factor) * c.compress_rope.original_max_position_embeddings;
+  c.max_position_embeddings = static_cast<int>(c.v4.compress_rope.factor) *
+                              c.v4.compress_rope.original_max_position_embeddings;
   RETURN_IF_ERROR(c.Validate(absl::StrCat("preset v4/", preset)));
   return c;
 }
@@ -204,9 +204,9 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
       ASSIGN_OR_RETURN(ModelConfig c, V3Real());
       c.family = ModelFamily::kDeepseekV32;
       c.model_type = "deepseek_v32";
-      c.index_n_heads = 64;
-      c.index_head_dim = 128;
-      c.index_topk = 2048;
+      c.indexer.n_heads = 64;
+      c.indexer.head_dim = 128;
+      c.indexer.topk = 2048;
       RETURN_IF_ERROR(c.Validate("preset v3.2/real"));
       return c;
     }
@@ -244,9 +244,9 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
     c.q_lora_rank = family == "v2-lite" ? 0 : 48;
     if (family == "v3.2") {
       // Fewer than the model tests' prompts, so the sparse selection matters.
-      c.index_topk = 8;
-      c.index_n_heads = 4;
-      c.index_head_dim = 32;
+      c.indexer.topk = 8;
+      c.indexer.n_heads = 4;
+      c.indexer.head_dim = 32;
     }
   } else if (preset == "small") {
     c.vocab_size = 8192;
@@ -263,9 +263,9 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
     c.num_experts_per_tok = 4;
     c.q_lora_rank = family == "v2-lite" ? 0 : 192;
     if (family == "v3.2") {
-      c.index_topk = 64;
-      c.index_n_heads = 8;
-      c.index_head_dim = 64;
+      c.indexer.topk = 64;
+      c.indexer.n_heads = 8;
+      c.indexer.head_dim = 64;
     }
   } else {
     return absl::InvalidArgumentError(

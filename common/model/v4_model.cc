@@ -43,11 +43,11 @@ struct Layout {
 Layout RowLayout(const ModelConfig& c, int l) {
   Layout r;
   r.width = c.kv_cache_row_width();
-  r.series = c.CompressSeries(l);
-  r.comp_kv = c.head_dim;
-  r.comp_gate = r.comp_kv + r.series * c.head_dim;
-  r.index_kv = r.comp_gate + r.series * c.head_dim;
-  r.index_gate = r.index_kv + 2 * c.index_head_dim;
+  r.series = c.v4.CompressSeries(l);
+  r.comp_kv = c.v4.head_dim;
+  r.comp_gate = r.comp_kv + r.series * c.v4.head_dim;
+  r.index_kv = r.comp_gate + r.series * c.v4.head_dim;
+  r.index_gate = r.index_kv + 2 * c.indexer.head_dim;
   return r;
 }
 
@@ -94,14 +94,14 @@ void Attention(const ModelConfig& c, const AttentionLayerWeights& lw, int l,
                absl::Span<const SequenceInput> seqs, const std::vector<int>& offsets,
                const float* normed, int num_tokens, float* out) {
   const V4LayerWeights& w = lw.v4;
-  const int h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim,
+  const int h = c.hidden_size, heads = c.num_attention_heads, d = c.v4.head_dim,
             rope = c.qk_rope_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const Layout lay = RowLayout(c, l);
-  const V4AttentionType type = c.layer_types[l];
+  const V4AttentionType type = c.v4.layer_types[l];
   const cpu::RopeTable& table = type == V4AttentionType::kSliding ? main_rope : compress_rope;
-  const int rate = c.CompressRate(l);
-  const int di = c.index_head_dim, ni = c.index_n_heads;
+  const int rate = c.v4.CompressRate(l);
+  const int di = c.indexer.head_dim, ni = c.indexer.n_heads;
 
   std::vector<float> qr(static_cast<size_t>(num_tokens) * c.q_lora_rank);
   cpu::Linear(normed, w.wq_a.data(), qr.data(), num_tokens, c.q_lora_rank, h);
@@ -173,7 +173,7 @@ void Attention(const ModelConfig& c, const AttentionLayerWeights& lw, int l,
     for (int i = 0; i < n; ++i) {
       const int t = first + i, pos = start + i;
       keys.clear();
-      for (int j = std::max(0, pos - c.sliding_window + 1); j <= pos; ++j) {
+      for (int j = std::max(0, pos - c.v4.sliding_window + 1); j <= pos; ++j) {
         keys.push_back(all + static_cast<int64_t>(j) * width);
       }
       const int visible = rate > 0 ? std::min((pos + 1) / rate, num_entries) : 0;
@@ -196,7 +196,7 @@ void Attention(const ModelConfig& c, const AttentionLayerWeights& lw, int l,
         }
         order.resize(visible);
         std::iota(order.begin(), order.end(), 0);
-        const int keep = std::min(c.index_topk, visible);
+        const int keep = std::min(c.indexer.topk, visible);
         std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int a, int b) {
           return index_scores[a] > index_scores[b] || (index_scores[a] == index_scores[b] && a < b);
         });
@@ -228,7 +228,7 @@ void Attention(const ModelConfig& c, const AttentionLayerWeights& lw, int l,
   }
 
   // Grouped output projection: each group of heads to o_lora_rank, then mixed.
-  const int groups = c.o_groups, in_g = heads * d / groups, r = c.o_lora_rank;
+  const int groups = c.v4.o_groups, in_g = heads * d / groups, r = c.v4.o_lora_rank;
   std::vector<float> grouped(static_cast<size_t>(num_tokens) * groups * r);
   for (int g = 0; g < groups; ++g) {
     cpu::Linear(attn.data() + static_cast<size_t>(g) * in_g,
@@ -259,7 +259,7 @@ absl::Status Moe(const ModelConfig& c, const AttentionLayerWeights& lw, int l,
                : c.scoring_func == ScoringFunc::kSigmoid    ? cpu::GateScoring::kSigmoid
                                                             : cpu::GateScoring::kSoftmax;
   gp.select = cpu::GateSelect::kGreedy;
-  if (c.hash_layers[l]) {
+  if (c.v4.hash_layers[l]) {
     forced.resize(ids.size());
     for (int t = 0; t < num_tokens; ++t) {
       std::memcpy(&forced[static_cast<size_t>(t) * k],
@@ -317,10 +317,10 @@ absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& c, const Attenti
                                              absl::Span<const SequenceInput> seqs,
                                              const std::vector<int>& offsets, int total,
                                              ExpertClient* experts, LogitsFor which) {
-  const int h = c.hidden_size, hc = c.hc_mult;
+  const int h = c.hidden_size, hc = c.v4.hc_mult;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const cpu::RopeTable main_rope = V4RopeTable(c.rope, c.qk_rope_head_dim);
-  const cpu::RopeTable compress_rope = V4RopeTable(c.compress_rope, c.qk_rope_head_dim);
+  const cpu::RopeTable compress_rope = V4RopeTable(c.v4.compress_rope, c.qk_rope_head_dim);
 
   std::vector<int32_t> tokens;
   tokens.reserve(total);
@@ -348,8 +348,8 @@ absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& c, const Attenti
     p.fn = fn.data();
     p.base = base.data();
     p.scale = scale.data();
-    p.sinkhorn_iters = c.hc_sinkhorn_iters;
-    p.hc_eps = static_cast<float>(c.hc_eps);
+    p.sinkhorn_iters = c.v4.hc_sinkhorn_iters;
+    p.hc_eps = static_cast<float>(c.v4.hc_eps);
     p.norm_eps = eps;
     p.collapsed = collapsed.data();
     p.post = post.data();
@@ -388,7 +388,7 @@ absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& c, const Attenti
   hp.fn = weights.hc_head_fn.data();
   hp.base = weights.hc_head_base.data();
   hp.scale = weights.hc_head_scale.data();
-  hp.hc_eps = static_cast<float>(c.hc_eps);
+  hp.hc_eps = static_cast<float>(c.v4.hc_eps);
   hp.norm_eps = eps;
   hp.out = head.data();
   cpu::RunMhcHead(hp);

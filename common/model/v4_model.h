@@ -39,7 +39,7 @@ namespace moesh {
 // leaves it for V4).
 cpu::RopeTable V4RopeTable(const RopeConfig& rope, int dim);
 
-// REQUIRES: config.is_v4(); the inputs validated as Forward does; offsets[s]
+// REQUIRES: config.layers() == LayerArch::kV4; the inputs validated as Forward does; offsets[s]
 // the first row of sequence s among the `total` new tokens.
 absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& config,
                                              const AttentionWeights& weights,

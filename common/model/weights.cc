@@ -62,11 +62,12 @@ absl::StatusOr<MlpWeights> ReadMlpTensors(const Checkpoint& ckpt, const std::str
 }
 
 std::string ExpertPrefix(const ModelConfig& c, int layer, int expert) {
-  return absl::StrCat(Layer(layer), c.is_v4() ? "ffn" : "mlp", ".experts.", expert, ".");
+  return absl::StrCat(Layer(layer), c.layers() == LayerArch::kV4 ? "ffn" : "mlp", ".experts.",
+                      expert, ".");
 }
 
 std::vector<TensorSpec> CheckpointSchema(const ModelConfig& c) {
-  if (c.is_v4()) return V4CheckpointSchema(c);
+  if (c.layers() == LayerArch::kV4) return V4CheckpointSchema(c);
   std::vector<TensorSpec> s;
   const int64_t h = c.hidden_size;
   const int64_t heads = c.num_attention_heads;
@@ -90,11 +91,11 @@ std::vector<TensorSpec> CheckpointSchema(const ModelConfig& c) {
     s.push_back({p + "self_attn.o_proj.weight", {h, heads * c.v_head_dim}});
     if (c.has_indexer()) {
       s.push_back({p + "self_attn.indexer.wq_b.weight",
-                   {static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, c.q_lora_rank}});
-      s.push_back({p + "self_attn.indexer.wk.weight", {c.index_head_dim, h}});
-      s.push_back({p + "self_attn.indexer.k_norm.weight", {c.index_head_dim}});
-      s.push_back({p + "self_attn.indexer.k_norm.bias", {c.index_head_dim}});
-      s.push_back({p + "self_attn.indexer.weights_proj.weight", {c.index_n_heads, h}});
+                   {static_cast<int64_t>(c.indexer.n_heads) * c.indexer.head_dim, c.q_lora_rank}});
+      s.push_back({p + "self_attn.indexer.wk.weight", {c.indexer.head_dim, h}});
+      s.push_back({p + "self_attn.indexer.k_norm.weight", {c.indexer.head_dim}});
+      s.push_back({p + "self_attn.indexer.k_norm.bias", {c.indexer.head_dim}});
+      s.push_back({p + "self_attn.indexer.weights_proj.weight", {c.indexer.n_heads, h}});
     }
     if (!c.IsMoeLayer(l)) {
       AddMlp(&s, p + "mlp.", c.intermediate_size, h);
@@ -246,7 +247,7 @@ absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const
 absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const ModelConfig& c,
                                                                          const Checkpoint& ckpt) {
   auto w = std::make_unique<AttentionWeights>();
-  if (c.is_v4()) {
+  if (c.layers() == LayerArch::kV4) {
     RETURN_IF_ERROR(LoadV4AttentionWeights(c, ckpt, w.get()));
     return w;
   }
@@ -281,9 +282,9 @@ absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const M
     ASSIGN_OR_RETURN(lw.o_proj,
                      ReadTensorF32(ckpt, p + "self_attn.o_proj.weight", {h, heads * c.v_head_dim}));
     if (c.has_indexer()) {
-      const int64_t d = c.index_head_dim;
+      const int64_t d = c.indexer.head_dim;
       ASSIGN_OR_RETURN(lw.indexer_wq_b, ReadTensorF32(ckpt, p + "self_attn.indexer.wq_b.weight",
-                                                      {c.index_n_heads * d, c.q_lora_rank}));
+                                                      {c.indexer.n_heads * d, c.q_lora_rank}));
       ASSIGN_OR_RETURN(lw.indexer_wk,
                        ReadTensorF32(ckpt, p + "self_attn.indexer.wk.weight", {d, h}));
       ASSIGN_OR_RETURN(lw.indexer_k_norm,
@@ -292,7 +293,7 @@ absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const M
                        ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.bias", {d}));
       ASSIGN_OR_RETURN(
           lw.indexer_weights_proj,
-          ReadTensorF32(ckpt, p + "self_attn.indexer.weights_proj.weight", {c.index_n_heads, h}));
+          ReadTensorF32(ckpt, p + "self_attn.indexer.weights_proj.weight", {c.indexer.n_heads, h}));
     }
     lw.is_moe = c.IsMoeLayer(l);
     if (!lw.is_moe) {
@@ -363,7 +364,7 @@ absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Load(
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsMoeLayer(l)) continue;
     for (int e : expert_ids) {
-      if (c.is_v4()) {
+      if (c.layers() == LayerArch::kV4) {
         ASSIGN_OR_RETURN(w->layers[l][e],
                          ReadMlpTensors(ckpt, ExpertPrefix(c, l, e), c.moe_intermediate_size,
                                         c.hidden_size, "w1.weight", "w3.weight", "w2.weight"));

@@ -10,7 +10,7 @@ namespace {
 
 std::string Layer(int l) { return absl::StrCat("model.layers.", l, "."); }
 
-int64_t Mix(const ModelConfig& c) { return static_cast<int64_t>(2 + c.hc_mult) * c.hc_mult; }
+int64_t Mix(const ModelConfig& c) { return static_cast<int64_t>(2 + c.v4.hc_mult) * c.v4.hc_mult; }
 
 void AddCompressor(std::vector<TensorSpec>* s, const std::string& p, int64_t series, int64_t d,
                    int64_t rate, int64_t hidden) {
@@ -35,8 +35,8 @@ absl::StatusOr<V4CompressorWeights> ReadCompressor(const Checkpoint& ckpt, const
 
 std::vector<TensorSpec> V4CheckpointSchema(const ModelConfig& c) {
   std::vector<TensorSpec> s;
-  const int64_t h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim;
-  const int64_t hc_dim = static_cast<int64_t>(c.hc_mult) * h;
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads, d = c.v4.head_dim;
+  const int64_t hc_dim = static_cast<int64_t>(c.v4.hc_mult) * h;
   s.push_back({"model.embed_tokens.weight", {c.vocab_size, h}});
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = Layer(l);
@@ -53,23 +53,24 @@ std::vector<TensorSpec> V4CheckpointSchema(const ModelConfig& c) {
     s.push_back({a + "wq_b.weight", {heads * d, c.q_lora_rank}});
     s.push_back({a + "wkv.weight", {d, h}});
     s.push_back({a + "norm.weight", {d}});
-    s.push_back({a + "wo_a.weight",
-                 {static_cast<int64_t>(c.o_groups) * c.o_lora_rank, heads * d / c.o_groups}});
-    s.push_back({a + "wo_b.weight", {h, static_cast<int64_t>(c.o_groups) * c.o_lora_rank}});
+    s.push_back(
+        {a + "wo_a.weight",
+         {static_cast<int64_t>(c.v4.o_groups) * c.v4.o_lora_rank, heads * d / c.v4.o_groups}});
+    s.push_back({a + "wo_b.weight", {h, static_cast<int64_t>(c.v4.o_groups) * c.v4.o_lora_rank}});
     s.push_back({a + "attn_sink", {heads}});
-    if (c.layer_types[l] == V4AttentionType::kCompressedSparse) {
-      const int64_t di = c.index_head_dim;
-      AddCompressor(&s, a + "compressor.", 2, d, c.compress_rate_csa, h);
-      AddCompressor(&s, a + "indexer.compressor.", 2, di, c.compress_rate_csa, h);
-      s.push_back(
-          {a + "indexer.wq_b.weight", {static_cast<int64_t>(c.index_n_heads) * di, c.q_lora_rank}});
-      s.push_back({a + "indexer.weights_proj.weight", {c.index_n_heads, h}});
-    } else if (c.layer_types[l] == V4AttentionType::kHeavilyCompressed) {
-      AddCompressor(&s, a + "compressor.", 1, d, c.compress_rate_hca, h);
+    if (c.v4.layer_types[l] == V4AttentionType::kCompressedSparse) {
+      const int64_t di = c.indexer.head_dim;
+      AddCompressor(&s, a + "compressor.", 2, d, c.v4.compress_rate_csa, h);
+      AddCompressor(&s, a + "indexer.compressor.", 2, di, c.v4.compress_rate_csa, h);
+      s.push_back({a + "indexer.wq_b.weight",
+                   {static_cast<int64_t>(c.indexer.n_heads) * di, c.q_lora_rank}});
+      s.push_back({a + "indexer.weights_proj.weight", {c.indexer.n_heads, h}});
+    } else if (c.v4.layer_types[l] == V4AttentionType::kHeavilyCompressed) {
+      AddCompressor(&s, a + "compressor.", 1, d, c.v4.compress_rate_hca, h);
     }
     const std::string f = p + "ffn.";
     s.push_back({f + "gate.weight", {c.n_routed_experts, h}});
-    if (c.hash_layers[l]) {
+    if (c.v4.hash_layers[l]) {
       TensorSpec table{f + "gate.tid2eid", {c.vocab_size, c.num_experts_per_tok}};
       table.integer = true;
       s.push_back(table);
@@ -88,8 +89,8 @@ std::vector<TensorSpec> V4CheckpointSchema(const ModelConfig& c) {
       s.push_back({f + "shared_experts.w3.weight", {c.moe_intermediate_size, h}});
     }
   }
-  s.push_back({"model.hc_head.hc_fn", {c.hc_mult, hc_dim}});
-  s.push_back({"model.hc_head.hc_base", {c.hc_mult}});
+  s.push_back({"model.hc_head.hc_fn", {c.v4.hc_mult, hc_dim}});
+  s.push_back({"model.hc_head.hc_base", {c.v4.hc_mult}});
   s.push_back({"model.hc_head.hc_scale", {1}});
   s.push_back({"model.norm.weight", {h}});
   if (!c.tie_word_embeddings) s.push_back({"head.weight", {c.vocab_size, h}});
@@ -98,8 +99,8 @@ std::vector<TensorSpec> V4CheckpointSchema(const ModelConfig& c) {
 
 absl::Status LoadV4AttentionWeights(const ModelConfig& c, const Checkpoint& ckpt,
                                     AttentionWeights* w) {
-  const int64_t h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim;
-  const int64_t hc_dim = static_cast<int64_t>(c.hc_mult) * h;
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads, d = c.v4.head_dim;
+  const int64_t hc_dim = static_cast<int64_t>(c.v4.hc_mult) * h;
   ASSIGN_OR_RETURN(w->embed_tokens,
                    ReadTensorF32(ckpt, "model.embed_tokens.weight", {c.vocab_size, h}));
   w->layers.resize(c.num_hidden_layers);
@@ -122,30 +123,31 @@ absl::Status LoadV4AttentionWeights(const ModelConfig& c, const Checkpoint& ckpt
     ASSIGN_OR_RETURN(v.wkv, ReadTensorF32(ckpt, a + "wkv.weight", {d, h}));
     ASSIGN_OR_RETURN(v.kv_norm, ReadTensorF32(ckpt, a + "norm.weight", {d}));
     ASSIGN_OR_RETURN(v.wo_a, ReadTensorF32(ckpt, a + "wo_a.weight",
-                                           {static_cast<int64_t>(c.o_groups) * c.o_lora_rank,
-                                            heads * d / c.o_groups}));
-    ASSIGN_OR_RETURN(v.wo_b, ReadTensorF32(ckpt, a + "wo_b.weight",
-                                           {h, static_cast<int64_t>(c.o_groups) * c.o_lora_rank}));
+                                           {static_cast<int64_t>(c.v4.o_groups) * c.v4.o_lora_rank,
+                                            heads * d / c.v4.o_groups}));
+    ASSIGN_OR_RETURN(v.wo_b,
+                     ReadTensorF32(ckpt, a + "wo_b.weight",
+                                   {h, static_cast<int64_t>(c.v4.o_groups) * c.v4.o_lora_rank}));
     ASSIGN_OR_RETURN(v.sinks, ReadTensorF32(ckpt, a + "attn_sink", {heads}));
-    if (c.layer_types[l] == V4AttentionType::kCompressedSparse) {
-      const int64_t di = c.index_head_dim;
+    if (c.v4.layer_types[l] == V4AttentionType::kCompressedSparse) {
+      const int64_t di = c.indexer.head_dim;
       ASSIGN_OR_RETURN(v.compressor,
-                       ReadCompressor(ckpt, a + "compressor.", 2, d, c.compress_rate_csa, h));
+                       ReadCompressor(ckpt, a + "compressor.", 2, d, c.v4.compress_rate_csa, h));
       ASSIGN_OR_RETURN(v.index_compressor, ReadCompressor(ckpt, a + "indexer.compressor.", 2, di,
-                                                          c.compress_rate_csa, h));
-      ASSIGN_OR_RETURN(v.index_wq_b,
-                       ReadTensorF32(ckpt, a + "indexer.wq_b.weight",
-                                     {static_cast<int64_t>(c.index_n_heads) * di, c.q_lora_rank}));
+                                                          c.v4.compress_rate_csa, h));
+      ASSIGN_OR_RETURN(v.index_wq_b, ReadTensorF32(ckpt, a + "indexer.wq_b.weight",
+                                                   {static_cast<int64_t>(c.indexer.n_heads) * di,
+                                                    c.q_lora_rank}));
       ASSIGN_OR_RETURN(v.index_weights_proj, ReadTensorF32(ckpt, a + "indexer.weights_proj.weight",
-                                                           {c.index_n_heads, h}));
-    } else if (c.layer_types[l] == V4AttentionType::kHeavilyCompressed) {
+                                                           {c.indexer.n_heads, h}));
+    } else if (c.v4.layer_types[l] == V4AttentionType::kHeavilyCompressed) {
       ASSIGN_OR_RETURN(v.compressor,
-                       ReadCompressor(ckpt, a + "compressor.", 1, d, c.compress_rate_hca, h));
+                       ReadCompressor(ckpt, a + "compressor.", 1, d, c.v4.compress_rate_hca, h));
     }
     const std::string f = p + "ffn.";
     lw.is_moe = true;
     ASSIGN_OR_RETURN(lw.gate, ReadTensorF32(ckpt, f + "gate.weight", {c.n_routed_experts, h}));
-    if (c.hash_layers[l]) {
+    if (c.v4.hash_layers[l]) {
       ASSIGN_OR_RETURN(v.tid2eid, ReadTensorI32(ckpt, f + "gate.tid2eid",
                                                 {c.vocab_size, c.num_experts_per_tok}));
       for (int32_t e : v.tid2eid) {
@@ -164,8 +166,9 @@ absl::Status LoadV4AttentionWeights(const ModelConfig& c, const Checkpoint& ckpt
                                       "w1.weight", "w3.weight", "w2.weight"));
     }
   }
-  ASSIGN_OR_RETURN(w->hc_head_fn, ReadTensorF32(ckpt, "model.hc_head.hc_fn", {c.hc_mult, hc_dim}));
-  ASSIGN_OR_RETURN(w->hc_head_base, ReadTensorF32(ckpt, "model.hc_head.hc_base", {c.hc_mult}));
+  ASSIGN_OR_RETURN(w->hc_head_fn,
+                   ReadTensorF32(ckpt, "model.hc_head.hc_fn", {c.v4.hc_mult, hc_dim}));
+  ASSIGN_OR_RETURN(w->hc_head_base, ReadTensorF32(ckpt, "model.hc_head.hc_base", {c.v4.hc_mult}));
   ASSIGN_OR_RETURN(w->hc_head_scale, ReadTensorF32(ckpt, "model.hc_head.hc_scale", {1}));
   ASSIGN_OR_RETURN(w->norm, ReadTensorF32(ckpt, "model.norm.weight", {h}));
   if (!c.tie_word_embeddings) {

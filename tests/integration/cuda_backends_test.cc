@@ -743,7 +743,7 @@ TEST(CudaAttentionBackendTest, V32BeyondIndexTopkGeneratesAsTheCpuEngine) {
   MOESH_REQUIRE_GPU();
   const std::string dir = testing::GoldenDir("v32");
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(dir));
-  const int topk = m.config.index_topk;
+  const int topk = m.config.indexer.topk;
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b,
                              MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> cpu, Model::Load(dir));

@@ -171,21 +171,22 @@ double Median(std::vector<double> v) {
 // FLOPs of the GEMMs one token's forward pass runs (no lm_head) and of its
 // attention at `context` visible tokens per layer (absorbed form).
 double TokenFlops(const ModelConfig& c, double context) {
-  if (c.is_v4()) {  // the stacked first projection, wq_b, index q, wo_a / wo_b, mHC, experts;
-                    // attention
-    const double h = c.hidden_size, heads = c.num_attention_heads, d = c.head_dim,
+  if (c.layers() == LayerArch::kV4) {  // the stacked first projection, wq_b, index q, wo_a / wo_b,
+                                       // mHC, experts; attention
+    const double h = c.hidden_size, heads = c.num_attention_heads, d = c.v4.head_dim,
                  qr = c.q_lora_rank;
-    const double ni = c.index_n_heads, di = c.index_head_dim, hc = c.hc_mult;
+    const double ni = c.indexer.n_heads, di = c.indexer.head_dim, hc = c.v4.hc_mult;
     double gemm = 0, attention = 0;
     for (int l = 0; l < c.num_hidden_layers; ++l) {
-      const bool csa = c.layer_types[l] == V4AttentionType::kCompressedSparse;
-      const double rate = c.CompressRate(l), entries = rate > 0 ? context / rate : 0;
+      const bool csa = c.v4.layer_types[l] == V4AttentionType::kCompressedSparse;
+      const double rate = c.v4.CompressRate(l), entries = rate > 0 ? context / rate : 0;
       gemm += h * (qr + c.V4RowWidth(l) + (csa ? ni : 0)) + qr * heads * d +
-              (csa ? qr * ni * di : 0) + heads * d * c.o_lora_rank +
-              c.o_groups * c.o_lora_rank * h + 2 * (2 + hc) * hc * hc * h + h * c.n_routed_experts +
+              (csa ? qr * ni * di : 0) + heads * d * c.v4.o_lora_rank +
+              c.v4.o_groups * c.v4.o_lora_rank * h + 2 * (2 + hc) * hc * hc * h +
+              h * c.n_routed_experts +
               3.0 * h * c.moe_intermediate_size * (c.num_experts_per_tok + c.n_shared_experts);
-      const double keys = std::min<double>(c.sliding_window, context) +
-                          (csa ? std::min<double>(c.index_topk, entries) : entries);
+      const double keys = std::min<double>(c.v4.sliding_window, context) +
+                          (csa ? std::min<double>(c.indexer.topk, entries) : entries);
       attention += 2 * heads * keys * d + (csa ? ni * entries * di : 0);
     }
     return 2.0 * (gemm + attention / 2);
@@ -215,20 +216,20 @@ double TokenFlops(const ModelConfig& c, double context) {
 // pools the entries from the cache rows each step: it reads more.)
 double DecodeKvBytes(const ModelConfig& c, double context) {
   if (c.has_indexer()) {  // the selected latent rows, and every row's index key
-    return (std::min<double>(context, c.index_topk) * (c.kv_lora_rank + c.qk_rope_head_dim) +
-            context * c.index_head_dim) *
+    return (std::min<double>(context, c.indexer.topk) * (c.kv_lora_rank + c.qk_rope_head_dim) +
+            context * c.indexer.head_dim) *
            2.0 * c.num_hidden_layers;
   }
-  if (!c.is_v4())
+  if (c.layers() != LayerArch::kV4)
     return context * (c.kv_lora_rank + c.qk_rope_head_dim) * 2.0 * c.num_hidden_layers;
   double values = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const double rate = c.CompressRate(l), entries = rate > 0 ? std::floor(context / rate) : 0;
-    const bool csa = c.layer_types[l] == V4AttentionType::kCompressedSparse;
-    values +=
-        std::min<double>(c.sliding_window, context) * c.head_dim +
-        (csa ? std::min<double>(c.index_topk, entries) * c.head_dim + entries * c.index_head_dim
-             : entries * c.head_dim);
+    const double rate = c.v4.CompressRate(l), entries = rate > 0 ? std::floor(context / rate) : 0;
+    const bool csa = c.v4.layer_types[l] == V4AttentionType::kCompressedSparse;
+    values += std::min<double>(c.v4.sliding_window, context) * c.v4.head_dim +
+              (csa ? std::min<double>(c.indexer.topk, entries) * c.v4.head_dim +
+                         entries * c.indexer.head_dim
+                   : entries * c.v4.head_dim);
   }
   return values * 2.0;
 }
