@@ -87,7 +87,7 @@ absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::
   const float fan_h = static_cast<float>(1.0 / std::sqrt(static_cast<double>(h)));
   const float fan_i = static_cast<float>(1.0 / std::sqrt(static_cast<double>(inter)));
   for (const auto& [layer, unused] : shards.front()->layers) {
-    LayerStack& ls = stacks->layers[layer];
+    ExpertLayer& ls = stacks->layers[layer];
     ASSIGN_OR_RETURN(ls.gate_up, DeviceBuffer<bf16>::Create(order.size() * 2 * inter * h));
     ASSIGN_OR_RETURN(ls.down, DeviceBuffer<bf16>::Create(order.size() * h * inter));
     stacks->bytes += ls.gate_up.bytes() + ls.down.bytes();
@@ -193,7 +193,12 @@ absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_l
   return absl::OkStatus();
 }
 
-absl::Status CudaExpertStage::EnqueueExperts(const LayerStack& ls, int num_local,
+std::shared_ptr<const CudaExpertStage::Stacks> CudaExpertStage::Snapshot() const {
+  absl::MutexLock lock(&stacks_mu_);
+  return stacks_;
+}
+
+absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_local,
                                              const ExpertPass& p) const {
   const ModelConfig& c = config();
   const int h = c.hidden_size, inter = c.moe_intermediate_size, e = num_local;
@@ -236,12 +241,8 @@ absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const
         absl::StrCat("dispatch hidden size ", d.hidden, " != model hidden size ", c.hidden_size));
   }
   if (d.num_tokens == 0) return absl::OkStatus();
-  std::shared_ptr<const Stacks> stacks;
-  {
-    absl::MutexLock lock(&stacks_mu_);
-    stacks = stacks_;
-  }
-  const LayerStack& ls = stacks->layers.at(d.layer);
+  const std::shared_ptr<const Stacks> stacks = Snapshot();
+  const ExpertLayer& ls = stacks->layers.at(d.layer);
   const int t = d.num_tokens, k = d.top_k, h = c.hidden_size;
   const int rows = t * k, e = stacks->num_local;
 
@@ -329,12 +330,8 @@ absl::Status CudaExpertStage::AccumulateOnDevice(const DeviceMoeDispatch& d, flo
       (d.hidden_states == nullptr || d.topk_ids == nullptr || d.topk_weights == nullptr)) {
     return absl::InvalidArgumentError("device dispatch: null buffer");
   }
-  std::shared_ptr<const Stacks> stacks;
-  {
-    absl::MutexLock lock(&stacks_mu_);
-    stacks = stacks_;
-  }
-  const LayerStack& ls = stacks->layers.at(d.layer);
+  const std::shared_ptr<const Stacks> stacks = Snapshot();
+  const ExpertLayer& ls = stacks->layers.at(d.layer);
   const int t = d.num_tokens, k = d.top_k, h = c.hidden_size;
   const int rows = t * k, e = stacks->num_local;
 

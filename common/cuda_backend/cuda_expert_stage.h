@@ -54,14 +54,14 @@ class CudaExpertStage : public ExpertStage {
 
  private:
   // One MoE layer's hosted experts, stacked.
-  struct LayerStack {
+  struct ExpertLayer {
     DeviceBuffer<bf16> gate_up, down;
   };
   // Everything a dispatch reads; replaced whole by AddShard.
   struct Stacks {
     std::vector<int32_t> local;  // global expert id -> row in the stacks, or -1
     int num_local = 0;
-    std::map<int, LayerStack> layers;
+    std::map<int, ExpertLayer> layers;
     size_t bytes = 0;
   };
   // Scratch for one dispatch, grown on demand.
@@ -107,7 +107,7 @@ class CudaExpertStage : public ExpertStage {
     int expected_rows = 0;  // the pairs expected here, and
     int served = 0;         // the experts they spread over (pick the tile height)
   };
-  absl::Status EnqueueExperts(const LayerStack& ls, int num_local, const ExpertPass& pass) const
+  absl::Status EnqueueExperts(const ExpertLayer& ls, int num_local, const ExpertPass& pass) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
 
   const Stream stream_;
@@ -115,6 +115,9 @@ class CudaExpertStage : public ExpertStage {
   const std::string device_;
   std::vector<const ExpertShardWeights*> hosted_;  // guarded by add_mu_
   mutable absl::Mutex add_mu_;                     // serialises AddShard
+  // The stacks now (a dispatch keeps them while it runs; AddShard swaps them).
+  std::shared_ptr<const Stacks> Snapshot() const;
+
   mutable absl::Mutex stacks_mu_;
   std::shared_ptr<const Stacks> stacks_ ABSL_GUARDED_BY(stacks_mu_);
   mutable absl::Mutex run_mu_;  // one dispatch on the device at a time

@@ -1,5 +1,6 @@
 #include "common/cuda_backend/layer_stack.h"
 
+#include "base/status.h"
 #include "common/cuda_backend/mla_layer_stack.h"
 #include "common/cuda_backend/v4_layer_stack.h"
 
@@ -7,8 +8,18 @@ namespace moesh::cuda {
 
 absl::StatusOr<std::unique_ptr<LayerStack>> MakeLayerStack(const ForwardContext& ctx,
                                                            FfnBlock* ffn) {
-  if (ctx.config.layers() == LayerArch::kV4) return V4LayerStack::Create(ctx, ffn);
-  return MlaLayerStack::Create(ctx, ffn);
+  std::unique_ptr<LayerStack> stack;
+  switch (ctx.config.layers()) {
+    case LayerArch::kMla:
+      stack = std::make_unique<MlaLayerStack>(ctx, ffn);
+      break;
+    case LayerArch::kV4:
+      stack = std::make_unique<V4LayerStack>(ctx, ffn);
+      break;
+  }
+  if (stack == nullptr) return absl::InternalError("MakeLayerStack: no stack for this family");
+  RETURN_IF_ERROR(stack->Init());
+  return stack;
 }
 
 }  // namespace moesh::cuda

@@ -51,6 +51,14 @@ class LayerStack {
   virtual absl::Status RowsArrived(int seq, int from, int to) { return absl::OkStatus(); }
   // Random values in the family's own cache parts (benchmarks).
   virtual absl::Status FillCacheRandom(uint64_t seed) { return absl::OkStatus(); }
+
+ protected:
+  // The stack's scratch and tables, once, before any other call (MakeLayerStack).
+  virtual absl::Status Init() = 0;
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<LayerStack>> MakeLayerStack(const ForwardContext& ctx,
+                                                                    FfnBlock* ffn);
 };
 
 // The family's stack for ctx.config, its scratch allocated for ctx's limits.

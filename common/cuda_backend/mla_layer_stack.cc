@@ -9,20 +9,6 @@
 #include "kernels/cuda/ops.h"
 
 namespace moesh::cuda {
-namespace {
-
-// q_a_layernorm and kv_a_layernorm are built without the config's eps
-// (common/model/attention_model.cc).
-constexpr float kLatentNormEps = 1e-6f;
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<LayerStack>> MlaLayerStack::Create(const ForwardContext& ctx,
-                                                                  FfnBlock* ffn) {
-  std::unique_ptr<MlaLayerStack> m(new MlaLayerStack(ctx, ffn));
-  RETURN_IF_ERROR(m->Init());
-  return std::unique_ptr<LayerStack>(std::move(m));
-}
 
 absl::Status MlaLayerStack::Init() {
   const ModelConfig& c = ctx_.config;

@@ -25,15 +25,19 @@ namespace moesh::cuda {
 
 class MlaLayerStack : public LayerStack {
  public:
-  static absl::StatusOr<std::unique_ptr<LayerStack>> Create(const ForwardContext& ctx,
-                                                            FfnBlock* ffn);
+  MlaLayerStack(const ForwardContext& ctx, FfnBlock* ffn) : ctx_(ctx), ffn_(ffn) {}
 
   absl::Status Enqueue(const StepBatch& b, ExpertClient* experts) override;
   absl::Status EnqueueFinalNorm(int num_tokens, int num_rows, bf16* out) override;
 
  private:
-  MlaLayerStack(const ForwardContext& ctx, FfnBlock* ffn) : ctx_(ctx), ffn_(ffn) {}
-  absl::Status Init();
+  // q_a_layernorm and kv_a_layernorm are built without the config's eps
+  // (common/model/attention_model.cc); transformers' DeepseekV32Indexer
+  // builds its key LayerNorm with 1e-6 too.
+  static constexpr float kLatentNormEps = 1e-6f;
+  static constexpr float kIndexerKeyNormEps = 1e-6f;
+
+  absl::Status Init() override;
   // V3.2 (mla_layer_stack_dsa.cc): the indexer's scratch; its keys into the
   // cache rows, queries and the top-k per token of layer `layer`; the tuned
   // MLA kernel over each token's gathered selection (`mp` as for the dense

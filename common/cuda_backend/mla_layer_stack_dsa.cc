@@ -18,12 +18,6 @@
 #include "kernels/cuda/ops.h"
 
 namespace moesh::cuda {
-namespace {
-
-// transformers' DeepseekV32Indexer builds its key LayerNorm with this eps.
-constexpr float kIndexerKeyNormEps = 1e-6f;
-
-}  // namespace
 
 absl::Status MlaLayerStack::InitIndexer() {
   const ModelConfig& c = ctx_.config;

@@ -30,13 +30,6 @@ absl::Status UploadRope(const ModelConfig& c, const RopeConfig& r, DeviceBuffer<
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LayerStack>> V4LayerStack::Create(const ForwardContext& ctx,
-                                                                 FfnBlock* ffn) {
-  std::unique_ptr<V4LayerStack> m(new V4LayerStack(ctx, ffn));
-  RETURN_IF_ERROR(m->Init());
-  return std::unique_ptr<LayerStack>(std::move(m));
-}
-
 absl::Status V4LayerStack::Init() {
   const ModelConfig& c = ctx_.config;
   const size_t t = ctx_.max_tokens;

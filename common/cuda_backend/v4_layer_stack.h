@@ -29,8 +29,7 @@ namespace moesh::cuda {
 
 class V4LayerStack : public LayerStack {
  public:
-  static absl::StatusOr<std::unique_ptr<LayerStack>> Create(const ForwardContext& ctx,
-                                                            FfnBlock* ffn);
+  V4LayerStack(const ForwardContext& ctx, FfnBlock* ffn) : ctx_(ctx), ffn_(ffn) {}
 
   size_t ExtraBlockBytes() const override;
   absl::Status AttachPool(int num_blocks) override;
@@ -41,8 +40,7 @@ class V4LayerStack : public LayerStack {
   absl::Status FillCacheRandom(uint64_t seed) override;
 
  private:
-  V4LayerStack(const ForwardContext& ctx, FfnBlock* ffn) : ctx_(ctx), ffn_(ffn) {}
-  absl::Status Init();
+  absl::Status Init() override;
   // mHC before a sublayer: its collapse of x_ RMSNorm'd into normed_ (and,
   // for the router's fp32 GEMM, normed_f32_).
   absl::Status EnqueueMhcPre(const float* fn, const float* base, const float* scale,

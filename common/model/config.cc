@@ -283,6 +283,20 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
   return c;
 }
 
+namespace config_internal {
+
+absl::Status CheckPositive(const std::string& source, std::initializer_list<NamedInt> fields) {
+  for (const NamedInt& f : fields) {
+    if (f.value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": ", f.name, " must be positive, got ", f.value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace config_internal
+
 absl::StatusOr<ModelConfig> ModelConfig::Load(const std::string& dir) {
   const std::string path = JoinPath(dir, "config.json");
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
@@ -290,6 +304,11 @@ absl::StatusOr<ModelConfig> ModelConfig::Load(const std::string& dir) {
 }
 
 absl::Status ModelConfig::Validate(const std::string& source) const {
+  RETURN_IF_ERROR(
+      config_internal::CheckPositive(source, {{"vocab_size", vocab_size},
+                                              {"hidden_size", hidden_size},
+                                              {"num_hidden_layers", num_hidden_layers},
+                                              {"num_attention_heads", num_attention_heads}}));
   RETURN_IF_ERROR(layers() == LayerArch::kV4 ? ValidateV4(source) : ValidateMla(source));
   for (int e : eos_token_ids) {
     if (e < 0 || e >= vocab_size) {
@@ -304,21 +323,11 @@ absl::Status ModelConfig::ValidateMla(const std::string& source) const {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", why));
   };
-  struct Positive {
-    const char* name;
-    int value;
-  };
-  for (const Positive& p : {Positive{"vocab_size", vocab_size},
-                            {"hidden_size", hidden_size},
-                            {"num_hidden_layers", num_hidden_layers},
-                            {"num_attention_heads", num_attention_heads},
-                            {"kv_lora_rank", kv_lora_rank},
-                            {"qk_nope_head_dim", qk_nope_head_dim},
-                            {"qk_rope_head_dim", qk_rope_head_dim},
-                            {"v_head_dim", v_head_dim},
-                            {"moe_layer_freq", moe_layer_freq}}) {
-    if (p.value <= 0) return bad(absl::StrCat(p.name, " must be positive, got ", p.value));
-  }
+  RETURN_IF_ERROR(config_internal::CheckPositive(source, {{"kv_lora_rank", kv_lora_rank},
+                                                          {"qk_nope_head_dim", qk_nope_head_dim},
+                                                          {"qk_rope_head_dim", qk_rope_head_dim},
+                                                          {"v_head_dim", v_head_dim},
+                                                          {"moe_layer_freq", moe_layer_freq}}));
   if (q_lora_rank < 0) return bad("q_lora_rank must be null or positive");
   if (has_indexer()) {
     if (q_lora_rank <= 0)

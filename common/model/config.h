@@ -160,7 +160,7 @@ struct ModelConfig {
   // Checks internal consistency; INVALID_ARGUMENT naming the fields otherwise.
   absl::Status Validate(const std::string& source) const;
   // Validate's family parts (V2/V3/V3.2, V4: config_v4.cc); what every family
-  // shares (the EOS ids) is Validate's.
+  // shares (the sizes every model has, the EOS ids) is Validate's.
   absl::Status ValidateMla(const std::string& source) const;
   absl::Status ValidateV4(const std::string& source) const;
 };

@@ -3,6 +3,7 @@
 #ifndef MOESH_COMMON_MODEL_CONFIG_JSON_H_
 #define MOESH_COMMON_MODEL_CONFIG_JSON_H_
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,15 @@ Json RopeJson(const RopeConfig& r, double partial_rotary_factor);
 // DeepSeek-V4 (config_v4.cc): its fields into `c`, and `c` back as
 // transformers' DeepseekV4Config writes it.
 absl::Status ParseV4(const Json& j, const std::string& source, ModelConfig* c);
+
+// A config field for CheckPositive: its config.json name and value.
+struct NamedInt {
+  const char* name;
+  int value;
+};
+// INVALID_ARGUMENT "<source>: <name> must be positive, got <value>" for the
+// first field that is not.
+absl::Status CheckPositive(const std::string& source, std::initializer_list<NamedInt> fields);
 std::string V4ToJson(const ModelConfig& c);
 
 }  // namespace moesh::config_internal

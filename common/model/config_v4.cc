@@ -263,27 +263,18 @@ absl::Status ModelConfig::ValidateV4(const std::string& source) const {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", why));
   };
-  struct Positive {
-    const char* name;
-    int value;
-  };
-  for (const Positive& p : {Positive{"vocab_size", vocab_size},
-                            {"hidden_size", hidden_size},
-                            {"num_hidden_layers", num_hidden_layers},
-                            {"num_attention_heads", num_attention_heads},
-                            {"head_dim", v4.head_dim},
-                            {"q_lora_rank", q_lora_rank},
-                            {"o_groups", v4.o_groups},
-                            {"o_lora_rank", v4.o_lora_rank},
-                            {"sliding_window", v4.sliding_window},
-                            {"hc_mult", v4.hc_mult},
-                            {"hc_sinkhorn_iters", v4.hc_sinkhorn_iters},
-                            {"moe_intermediate_size", moe_intermediate_size},
-                            {"n_routed_experts", n_routed_experts},
-                            {"compress_rate_csa", v4.compress_rate_csa},
-                            {"compress_rate_hca", v4.compress_rate_hca}}) {
-    if (p.value <= 0) return bad(absl::StrCat(p.name, " must be positive, got ", p.value));
-  }
+  RETURN_IF_ERROR(
+      config_internal::CheckPositive(source, {{"head_dim", v4.head_dim},
+                                              {"q_lora_rank", q_lora_rank},
+                                              {"o_groups", v4.o_groups},
+                                              {"o_lora_rank", v4.o_lora_rank},
+                                              {"sliding_window", v4.sliding_window},
+                                              {"hc_mult", v4.hc_mult},
+                                              {"hc_sinkhorn_iters", v4.hc_sinkhorn_iters},
+                                              {"moe_intermediate_size", moe_intermediate_size},
+                                              {"n_routed_experts", n_routed_experts},
+                                              {"compress_rate_csa", v4.compress_rate_csa},
+                                              {"compress_rate_hca", v4.compress_rate_hca}}));
   if (qk_rope_head_dim <= 0 || qk_rope_head_dim % 2 != 0 || qk_rope_head_dim > v4.head_dim) {
     return bad(absl::StrCat("the rotated part of a head (", qk_rope_head_dim,
                             ") must be even and within head_dim (", v4.head_dim, ")"));

@@ -191,14 +191,25 @@ absl::Status ValidateCheckpoint(const ModelConfig& c, const Checkpoint& ckpt) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const std::string& name,
-                                                 const std::vector<int64_t>& shape) {
+namespace {
+
+// Checkpoint tensor `name`; INVALID_ARGUMENT naming it unless it has `shape`.
+absl::StatusOr<const TensorView*> GetShaped(const Checkpoint& ckpt, const std::string& name,
+                                            const std::vector<int64_t>& shape) {
   ASSIGN_OR_RETURN(const TensorView* v, ckpt.Get(name));
   if (v->shape != shape) {
     return absl::InvalidArgumentError(absl::StrCat(v->file, ": tensor \"", name, "\" has shape ",
                                                    v->ShapeString(), ", expected ",
                                                    ShapeStr(shape)));
   }
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const std::string& name,
+                                                 const std::vector<int64_t>& shape) {
+  ASSIGN_OR_RETURN(const TensorView* v, GetShaped(ckpt, name, shape));
   std::vector<float> out(v->numel());
   if (v->dtype == DType::kI64 || v->dtype == DType::kI32) {
     return absl::InvalidArgumentError(
@@ -222,12 +233,7 @@ absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const s
 
 absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const std::string& name,
                                                    const std::vector<int64_t>& shape) {
-  ASSIGN_OR_RETURN(const TensorView* v, ckpt.Get(name));
-  if (v->shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(v->file, ": tensor \"", name, "\" has shape ",
-                                                   v->ShapeString(), ", expected ",
-                                                   ShapeStr(shape)));
-  }
+  ASSIGN_OR_RETURN(const TensorView* v, GetShaped(ckpt, name, shape));
   std::vector<int32_t> out(v->numel());
   if (v->dtype == DType::kI64) {
     for (size_t i = 0; i < out.size(); ++i) {
