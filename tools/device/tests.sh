@@ -84,7 +84,9 @@ sanitize() {
   shift 4
   [[ -n ${MOESH_SKIP_SANITIZERS:-} ]] && return 0
   has "$bin" || return 0
-  step "$name" "$limit" compute-sanitizer --tool "$tool" --error-exitcode 99 $D/bin/$bin "$@"
+  # shellcheck disable=SC2086  # MOESH_SANITIZER_ARGS: extra compute-sanitizer words
+  step "$name" "$limit" compute-sanitizer --tool "$tool" --error-exitcode 99 ${MOESH_SANITIZER_ARGS:-} \
+    $D/bin/$bin "$@"
 }
 # cluster NAME LIMIT [ENV=VALUE...] [GOLDEN]: the GPU cluster against generate --device cuda.
 cluster() {
@@ -149,7 +151,10 @@ services() {
   cluster cluster_v32 120 "MOESH_PROMPTS=5,17,300 1,2,3,4" MOESH_NEW_TOKENS=4 v32
   step experts_v4 120 tests/integration/cuda_experts_test.sh $D/bin/moesh "$PWD" v4
   step experts_v32 120 tests/integration/cuda_experts_test.sh $D/bin/moesh "$PWD" v32
-  sanitize memcheck_backends 150 memcheck cuda_backends_test '--gtest_filter=*ExpertStage*:*KvHandoff*'
+  # API errors are not reported here: the KV handoff test forges a pool handle on purpose, which
+  # cudaIpcOpenMemHandle refuses (the test asserts FAILED_PRECONDITION); memory errors still fail it.
+  MOESH_SANITIZER_ARGS='--report-api-errors no' \
+    sanitize memcheck_backends 150 memcheck cuda_backends_test '--gtest_filter=*ExpertStage*:*KvHandoff*'
 }
 
 multi() {
