@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -177,46 +175,11 @@ absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::Generate
   return b;
 }
 
-// One Generate stream. Write blocks the request's thread until the message
-// went out, as the sync API's did; the client going away (cancel, deadline)
-// fires the request's CancelToken. Deletes itself when gRPC is done with it,
-// so Finish is the last thing its thread does with it.
-class GenerationService::Stream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
- public:
-  explicit Stream(std::shared_ptr<Control> control) : control_(std::move(control)) {}
-  // False once the client is gone.
-  bool Write(const v1::GenerateResponse& m) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!write_ok_) return false;
-    writing_ = true;
-    lock.unlock();
-    StartWrite(&m);
-    lock.lock();
-    written_.wait(lock, [this] { return !writing_; });
-    return write_ok_;
-  }
-
- private:
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    writing_ = false;
-    write_ok_ = write_ok_ && ok;
-    written_.notify_all();
-  }
-  void OnCancel() override { control_->cancel.Cancel(); }
-  void OnDone() override { delete this; }
-
-  const std::shared_ptr<Control> control_;
-  std::mutex mu_;
-  std::condition_variable written_;
-  bool writing_ = false;
-  bool write_ok_ = true;
-};
-
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) {
   auto control = std::make_shared<Control>();
-  auto* stream = new Stream(control);
+  // The client going away (cancel, deadline) fires the request's CancelToken.
+  auto* stream = new Stream([control] { control->cancel.Cancel(); });
   pool_.Schedule([this, ctx, request, stream, control] {
     stream->Finish(RunGenerate(ctx, request, stream, control));
   });

@@ -22,6 +22,7 @@
 #include "base/thread_pool.h"
 #include "common/metrics/metrics.h"
 #include "common/model/config.h"
+#include "common/rpc/blocking_write_reactor.h"
 #include "moesh/v1/generation.grpc.pb.h"
 #include "router/backend.h"
 #include "router/text_codec.h"
@@ -62,7 +63,7 @@ class GenerationService final
     std::atomic<bool> aborted{false};
     CancelToken cancel;
   };
-  class Stream;
+  using Stream = BlockingWriteReactor<v1::GenerateResponse>;
   // A validated request, or INVALID_ARGUMENT explaining what is wrong.
   absl::StatusOr<GenerationRequest> Validate(const v1::GenerateRequest& r) const;
   // Runs one Generate call to its status (on a pool thread).
