@@ -1,7 +1,8 @@
 // The expert worker's RPC and transport edge over its core (ExpertDispatcher):
-// the data plane's dispatches (wire messages in, checked and viewed as plain
-// MoeDispatch), device-resident dispatches, and moesh.v1.ExpertWorker (Info,
-// LoadExperts); the heartbeat's load.
+// the data plane's dispatches (plain MoeDispatch: the transports check and
+// view their wire messages, common/transport/dispatch_wire.h),
+// device-resident dispatches, and moesh.v1.ExpertWorker (Info, LoadExperts);
+// the heartbeat's load.
 //
 // Thread-safe: Dispatch is called concurrently by the transports.
 #ifndef MOESH_EXPERT_WORKER_EXPERT_SERVICE_H_
@@ -25,10 +26,8 @@ class ExpertService : public DispatchHandler,
   ExpertService(std::unique_ptr<ExpertStage> stage, std::string fingerprint,
                 ExpertServiceOptions options);
 
-  // DispatchHandler: INVALID_ARGUMENT for a message whose sizes disagree with
-  // its dimensions; else ExpertDispatcher::Dispatch's answer.
-  absl::Status Dispatch(const v1::DispatchRequest& request,
-                        v1::DispatchResponse* response) override;
+  // DispatchHandler: ExpertDispatcher::Dispatch.
+  absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override;
   // DeviceDispatchHandler (cuda_ipc, nccl).
   absl::Status DispatchOnDevice(const DeviceMoeDispatch& dispatch, float* out) override;
   // ExpertWorker.Info.

@@ -10,6 +10,7 @@
 #include "base/file_util.h"
 #include "common/model/random_checkpoint.h"
 #include "common/model/safetensors.h"
+#include "common/transport/dispatch_wire.h"
 #include "gtest/gtest.h"
 
 namespace moesh {
@@ -44,6 +45,12 @@ class ExpertServiceTest : public ::testing::Test {
     }
     return r;
   }
+  // As a transport serves it: the message checked and viewed (the wire
+  // decode), run on the service, its output the response.
+  static absl::Status Dispatch(ExpertService& s, const v1::DispatchRequest& r,
+                               v1::DispatchResponse* response) {
+    return ServeDispatch(s, r, response);
+  }
   ModelConfig config_;
   std::unique_ptr<Checkpoint> ckpt_;
 };
@@ -61,10 +68,10 @@ TEST_F(ExpertServiceTest, ConcurrentDispatchesMergeAndEachGetsItsOwnResult) {
   std::vector<v1::DispatchResponse> got(reqs.size()), want(reqs.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < reqs.size(); ++i) {
-    threads.emplace_back([&, i] { ASSERT_TRUE(merged.Dispatch(reqs[i], &got[i]).ok()); });
+    threads.emplace_back([&, i] { ASSERT_TRUE(Dispatch(merged, reqs[i], &got[i]).ok()); });
   }
   for (auto& t : threads) t.join();
-  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_TRUE(solo.Dispatch(reqs[i], &want[i]).ok());
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_TRUE(Dispatch(solo, reqs[i], &want[i]).ok());
   EXPECT_EQ(merged.num_dispatches(), 3);
   EXPECT_EQ(merged.num_batches(), 1);  // all three joined the first one's window
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -87,7 +94,7 @@ TEST_F(ExpertServiceTest, OneDispatcherStopsWaitingForJoiners) {
   auto timed = [&] {
     v1::DispatchResponse resp;
     const auto t0 = std::chrono::steady_clock::now();
-    EXPECT_TRUE(s.Dispatch(req, &resp).ok());
+    EXPECT_TRUE(Dispatch(s, req, &resp).ok());
     return std::chrono::steady_clock::now() - t0;
   };
   for (int i = 0; i < 3; ++i)
@@ -100,14 +107,29 @@ TEST_F(ExpertServiceTest, RejectsMalformedDispatch) {
   ExpertService s(Stage(), "fp", {});
   v1::DispatchResponse resp;
   v1::DispatchRequest r = RandomRequest(2, 9);
-  r.set_num_tokens(3);  // bytes do not match
-  EXPECT_EQ(s.Dispatch(r, &resp).code(), absl::StatusCode::kInvalidArgument);
+  r.set_num_tokens(3);  // bytes do not match: the wire decode refuses it
+  EXPECT_EQ(DecodeDispatchRequest(r).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Dispatch(s, r, &resp).code(), absl::StatusCode::kInvalidArgument);
+  r = RandomRequest(2, 9);
+  r.mutable_topk_weights()->RemoveLast();
+  EXPECT_EQ(Dispatch(s, r, &resp).code(), absl::StatusCode::kInvalidArgument);
+  r = RandomRequest(2, 9);
+  r.set_top_k(0);
+  EXPECT_EQ(Dispatch(s, r, &resp).code(), absl::StatusCode::kInvalidArgument);
+  // Well-formed views the dispatcher refuses.
   r = RandomRequest(2, 9);
   r.set_layer(0);  // dense layer
-  EXPECT_EQ(s.Dispatch(r, &resp).code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<MoeDispatch> d = DecodeDispatchRequest(r);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<float> out(static_cast<size_t>(2) * config_.hidden_size);
+  EXPECT_EQ(s.Dispatch(*d, out.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Dispatch(s, r, &resp).code(), absl::StatusCode::kInvalidArgument);
   r = RandomRequest(2, 9);
   r.set_topk_ids(0, 99);
-  EXPECT_EQ(s.Dispatch(r, &resp).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Dispatch(s, r, &resp).code(), absl::StatusCode::kInvalidArgument);
+  MoeDispatch bad;  // bad dimensions, without the wire
+  bad.layer = 1, bad.num_tokens = 1, bad.hidden = 0, bad.top_k = 2;
+  EXPECT_EQ(s.Dispatch(bad, out.data()).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Replicas come and go: LoadExperts adds experts; with `exact` it also
@@ -136,16 +158,16 @@ TEST_F(ExpertServiceTest, LoadExactlyDropsTheRestAndRefusesTheirPairs) {
   v1::DispatchRequest r = RandomRequest(3, 5);
   for (int i = 0; i < r.topk_ids_size(); ++i) r.set_topk_ids(i, i % 4);
   v1::DispatchResponse got, want;
-  ASSERT_TRUE(s.Dispatch(r, &got).ok());
+  ASSERT_TRUE(Dispatch(s, r, &got).ok());
   ExpertService whole(Stage(), "fp", {});
-  ASSERT_TRUE(whole.Dispatch(r, &want).ok());
+  ASSERT_TRUE(Dispatch(whole, r, &want).ok());
   EXPECT_EQ(got.output(), want.output());
   r.set_topk_ids(0, 6);
-  EXPECT_EQ(s.Dispatch(r, &got).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Dispatch(s, r, &got).code(), absl::StatusCode::kFailedPrecondition);
   // Loading adds (without exact, nothing is dropped); an empty exact set is refused.
   ASSERT_TRUE(load({6}, false, &hosted).ok());
   EXPECT_EQ(hosted, (std::vector<int>{0, 1, 2, 3, 6}));
-  EXPECT_TRUE(s.Dispatch(r, &got).ok());
+  EXPECT_TRUE(Dispatch(s, r, &got).ok());
   EXPECT_EQ(load({}, true, &hosted).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(hosted.size(), 0u);
 }

@@ -141,9 +141,8 @@ class IpcChannel : public DataChannel {
     stream_->Finish().IgnoreError();
   }
 
-  absl::Status Dispatch(const v1::DispatchRequest& request,
-                        v1::DispatchResponse* response) override {
-    return host_->Dispatch(request, response);
+  absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
+    return host_->Dispatch(dispatch, out);
   }
   absl::Status PushKv(const v1::PushKvRequest& request) override { return host_->PushKv(request); }
   const std::string& peer() const override { return peer_; }

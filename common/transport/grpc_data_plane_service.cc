@@ -1,6 +1,7 @@
 #include "common/transport/grpc_data_plane_service.h"
 
 #include "common/rpc/grpc_util.h"
+#include "common/transport/dispatch_wire.h"
 
 namespace moesh {
 
@@ -9,7 +10,7 @@ grpc::Status GrpcDataPlaneService::Dispatch(grpc::ServerContext*,
                                             v1::DispatchResponse* response) {
   if (dispatch_ == nullptr)
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker hosts no experts");
-  return ToGrpcStatus(dispatch_->Dispatch(*request, response));
+  return ToGrpcStatus(ServeDispatch(*dispatch_, *request, response));
 }
 
 grpc::Status GrpcDataPlaneService::PushKv(grpc::ServerContext*, const v1::PushKvRequest* request,

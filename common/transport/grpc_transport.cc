@@ -2,7 +2,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "common/rpc/grpc_util.h"
+#include "common/transport/dispatch_wire.h"
 #include "common/transport/transport.h"
 #include "common/transport/transport_registry.h"
 #include "moesh/v1/worker.grpc.pb.h"
@@ -23,12 +25,15 @@ class GrpcChannel : public DataChannel {
     stub_ = v1::DataPlane::NewStub(
         grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
   }
-  absl::Status Dispatch(const v1::DispatchRequest& request,
-                        v1::DispatchResponse* response) override {
+  absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
+    v1::DispatchRequest request;
+    EncodeDispatchRequest(dispatch, &request);
+    v1::DispatchResponse response;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(kDataPlaneDeadlineSeconds));
-    return Annotate(FromGrpcStatus(stub_->Dispatch(&ctx, request, response)));
+    RETURN_IF_ERROR(Annotate(FromGrpcStatus(stub_->Dispatch(&ctx, request, &response))));
+    return DecodeDispatchResponse(response, dispatch, address_, out);
   }
   absl::Status PushKv(const v1::PushKvRequest& request) override {
     grpc::ClientContext ctx;

@@ -34,13 +34,12 @@ absl::StatusOr<Binding> Lookup(const std::string& address) {
 class InprocChannel : public DataChannel {
  public:
   explicit InprocChannel(std::string address) : address_(std::move(address)) {}
-  absl::Status Dispatch(const v1::DispatchRequest& request,
-                        v1::DispatchResponse* response) override {
+  absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
     absl::StatusOr<Binding> b = Lookup(address_);
     if (!b.ok()) return b.status();
     if (b->dispatch == nullptr)
       return absl::UnimplementedError(absl::StrCat(address_, " serves no expert dispatch"));
-    return b->dispatch->Dispatch(request, response);
+    return b->dispatch->Dispatch(dispatch, out);
   }
   absl::Status PushKv(const v1::PushKvRequest& request) override {
     absl::StatusOr<Binding> b = Lookup(address_);

@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "common/backend/cuda_backends_plugin.h"
 #include "common/rpc/grpc_util.h"
+#include "common/transport/dispatch_wire.h"
 #include "common/transport/posted_dispatch.h"
 #include "common/transport/transport_registry.h"
 
@@ -79,13 +80,11 @@ class NcclChannel : public DataChannel {
     stream_->Finish().IgnoreError();
   }
 
-  absl::Status Dispatch(const v1::DispatchRequest& request,
-                        v1::DispatchResponse* response) override {
+  absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
     v1::DataPlaneCall call;
-    *call.mutable_dispatch() = request;
-    ASSIGN_OR_RETURN(v1::DataPlaneReply reply, Call(call));
-    *response = std::move(*reply.mutable_dispatch());
-    return absl::OkStatus();
+    EncodeDispatchRequest(dispatch, call.mutable_dispatch());
+    ASSIGN_OR_RETURN(const v1::DataPlaneReply reply, Call(call));
+    return DecodeDispatchResponse(reply.dispatch(), dispatch, peer_, out);
   }
   absl::Status PushKv(const v1::PushKvRequest& request) override {
     v1::DataPlaneCall call;
@@ -504,7 +503,7 @@ std::string NcclDataPlaneServer::Handle(const std::string& bytes) {
   if (!call.ParseFromString(bytes)) {
     s = absl::InvalidArgumentError("an unreadable DataPlaneCall");
   } else if (call.has_dispatch()) {
-    s = dispatch_ != nullptr ? dispatch_->Dispatch(call.dispatch(), reply.mutable_dispatch())
+    s = dispatch_ != nullptr ? ServeDispatch(*dispatch_, call.dispatch(), reply.mutable_dispatch())
                              : absl::UnimplementedError("this worker takes no expert dispatch");
   } else if (call.has_push_kv()) {
     s = kv_ != nullptr ? kv_->PushKv(call.push_kv())

@@ -278,78 +278,87 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
   const std::vector<Worker>& workers = routing.workers;
   const int w_count = static_cast<int>(workers.size());
   // Per worker: the tokens it sees (compacted) and their pairs (-1 elsewhere).
-  std::vector<v1::DispatchRequest> requests(w_count);
-  std::vector<std::vector<int>> rows(w_count);  // request row -> token index
+  struct Part {
+    std::vector<int> rows;  // row -> token index
+    std::vector<float> hidden_states;
+    std::vector<int32_t> topk_ids;
+    std::vector<float> topk_weights;
+    std::vector<float> out;
+    absl::Status status;
+  };
+  std::vector<Part> parts(w_count);
   for (int t = 0; t < d.num_tokens; ++t) {
     for (int k = 0; k < d.top_k; ++k) {
       const int e = d.topk_ids[t * d.top_k + k];
       if (e < 0 || e >= static_cast<int>(route.size())) {
         return absl::InvalidArgumentError(absl::StrCat("expert id ", e, " out of range"));
       }
-      const int w = route[e];
-      if (rows[w].empty() || rows[w].back() != t) {
-        rows[w].push_back(t);
-        for (int j = 0; j < d.top_k; ++j) {
-          requests[w].add_topk_ids(-1);
-          requests[w].add_topk_weights(0.0f);
-        }
+      Part& p = parts[route[e]];
+      if (p.rows.empty() || p.rows.back() != t) {
+        p.rows.push_back(t);
+        p.topk_ids.resize(p.topk_ids.size() + d.top_k, -1);
+        p.topk_weights.resize(p.topk_weights.size() + d.top_k, 0.0f);
       }
-      const int slot = (static_cast<int>(rows[w].size()) - 1) * d.top_k + k;
-      requests[w].set_topk_ids(slot, e);
-      requests[w].set_topk_weights(slot, d.topk_weights[t * d.top_k + k]);
+      const size_t slot = (p.rows.size() - 1) * d.top_k + k;
+      p.topk_ids[slot] = e;
+      p.topk_weights[slot] = d.topk_weights[t * d.top_k + k];
     }
   }
-  const size_t row_bytes = static_cast<size_t>(d.hidden) * sizeof(float);
-  std::vector<v1::DispatchResponse> responses(w_count);
-  std::vector<absl::Status> status(w_count);
+  const size_t row_floats = static_cast<size_t>(d.hidden);
   int sends = 0;
-  for (int w = 0; w < w_count; ++w) sends += rows[w].empty() ? 0 : 1;
+  for (const Part& p : parts) sends += p.rows.empty() ? 0 : 1;
   absl::BlockingCounter sent(sends);
   for (int w = 0; w < w_count; ++w) {
-    if (rows[w].empty()) continue;
-    v1::DispatchRequest& r = requests[w];
-    r.set_layer(d.layer);
-    r.set_num_tokens(static_cast<int>(rows[w].size()));
-    r.set_hidden(d.hidden);
-    r.set_top_k(d.top_k);
-    std::string* h = r.mutable_hidden_states();
-    h->resize(rows[w].size() * row_bytes);
-    for (size_t i = 0; i < rows[w].size(); ++i) {
-      std::memcpy(h->data() + i * row_bytes,
-                  d.hidden_states + static_cast<size_t>(rows[w][i]) * d.hidden, row_bytes);
+    Part& p = parts[w];
+    if (p.rows.empty()) continue;
+    p.hidden_states.resize(p.rows.size() * row_floats);
+    for (size_t i = 0; i < p.rows.size(); ++i) {
+      std::memcpy(p.hidden_states.data() + i * row_floats,
+                  d.hidden_states + static_cast<size_t>(p.rows[i]) * row_floats,
+                  row_floats * sizeof(float));
     }
-    pool_.Schedule([&, w] {
+    p.out.resize(p.rows.size() * row_floats);
+    MoeDispatch mine;
+    mine.layer = d.layer;
+    mine.num_tokens = static_cast<int>(p.rows.size());
+    mine.hidden = d.hidden;
+    mine.top_k = d.top_k;
+    mine.hidden_states = p.hidden_states.data();
+    mine.topk_ids = p.topk_ids.data();
+    mine.topk_weights = p.topk_weights.data();
+    pool_.Schedule([&, w, mine] {
       absl::StatusOr<std::shared_ptr<DataChannel>> ch = Channel(workers[w].address);
-      status[w] =
+      parts[w].status =
           ch.ok()
-              ? (*ch)->Dispatch(requests[w], &responses[w])
+              ? (*ch)->Dispatch(mine, parts[w].out.data())
               : absl::UnavailableError(absl::StrCat("cannot reach it: ", ch.status().message()));
       sent.DecrementCount();
     });
   }
   sent.Wait();
 
+  // Every failed worker is marked down; a worker gone is UNAVAILABLE naming
+  // it, an answer of the wrong size keeps its DATA_LOSS (dispatch_wire.h).
   absl::Status failed;
   for (int w = 0; w < w_count; ++w) {
-    if (rows[w].empty() || status[w].ok()) continue;
-    failed = DropWorker(workers[w].address, status[w], absl::StrCat("layer ", d.layer));
+    const Part& p = parts[w];
+    if (p.rows.empty() || p.status.ok()) continue;
+    const absl::Status lost =
+        DropWorker(workers[w].address, p.status, absl::StrCat("layer ", d.layer));
+    if (p.status.code() != absl::StatusCode::kDataLoss) {
+      failed = lost;
+    } else if (failed.ok()) {
+      failed = p.status;
+    }
     if (device_suspect_.ok())
       device_suspect_ = failed;  // its earlier sums in this step may be unfinished
   }
   if (!failed.ok()) return failed;
   std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
-  std::vector<float> row(d.hidden);
-  for (int w = 0; w < w_count; ++w) {
-    if (rows[w].empty()) continue;
-    if (responses[w].output().size() != rows[w].size() * row_bytes) {
-      MarkDown(workers[w].address);
-      return absl::DataLossError(absl::StrCat("expert worker ", workers[w].address, " returned ",
-                                              responses[w].output().size(), " bytes, expected ",
-                                              rows[w].size() * row_bytes));
-    }
-    for (size_t i = 0; i < rows[w].size(); ++i) {
-      std::memcpy(row.data(), responses[w].output().data() + i * row_bytes, row_bytes);
-      cpu::Axpy(1.0f, row.data(), out + static_cast<size_t>(rows[w][i]) * d.hidden, d.hidden);
+  for (const Part& p : parts) {
+    for (size_t i = 0; i < p.rows.size(); ++i) {
+      cpu::Axpy(1.0f, p.out.data() + i * row_floats,
+                out + static_cast<size_t>(p.rows[i]) * row_floats, d.hidden);
     }
   }
   return absl::OkStatus();

@@ -25,8 +25,10 @@ namespace moesh {
 class DispatchHandler {
  public:
   virtual ~DispatchHandler() = default;
-  virtual absl::Status Dispatch(const v1::DispatchRequest& request,
-                                v1::DispatchResponse* response) = 0;
+  // out (fp32 [num_tokens, hidden]) overwritten with the weighted sums of the
+  // dispatch's pairs served here. The transports that carry it as a message
+  // check its sizes first (DecodeDispatchRequest, dispatch_wire.h).
+  virtual absl::Status Dispatch(const MoeDispatch& dispatch, float* out) = 0;
 };
 // Device-resident dispatch (cuda_ipc): the expert worker computes from and
 // into device memory on its GPU (common/model/expert_client.h).
@@ -46,9 +48,11 @@ class KvHandler {
 class DataChannel {
  public:
   virtual ~DataChannel() = default;
-  // UNAVAILABLE (or DEADLINE_EXCEEDED) if the peer is gone.
-  virtual absl::Status Dispatch(const v1::DispatchRequest& request,
-                                v1::DispatchResponse* response) = 0;
+  // Runs the dispatch on the peer: out (fp32 [num_tokens, hidden]) is
+  // overwritten with its answer. UNAVAILABLE (or DEADLINE_EXCEEDED) if the
+  // peer is gone; DATA_LOSS if its answer has the wrong size (the peer is
+  // not to be trusted: dispatch_wire.h).
+  virtual absl::Status Dispatch(const MoeDispatch& dispatch, float* out) = 0;
   virtual absl::Status PushKv(const v1::PushKvRequest& request) = 0;
   virtual const std::string& peer() const = 0;
 

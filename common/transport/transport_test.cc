@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -13,9 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/dtype.h"
+#include "base/status.h"
 #include "common/backend/cuda_backends_plugin.h"
 #include "common/rpc/grpc_util.h"
 #include "common/transport/cuda_ipc_transport.h"
+#include "common/transport/dispatch_wire.h"
 #include "common/transport/grpc_data_plane_service.h"
 #include "common/transport/kv_handoff.h"
 #include "common/transport/nccl_transport.h"
@@ -29,16 +32,10 @@ namespace {
 // Doubles every float of the hidden states; records KV pushes.
 class FakeHandlers : public DispatchHandler, public KvHandler {
  public:
-  absl::Status Dispatch(const v1::DispatchRequest& r, v1::DispatchResponse* resp) override {
-    if (r.layer() < 0) return absl::InvalidArgumentError(absl::StrCat("bad layer ", r.layer()));
-    std::string out = r.hidden_states();
-    for (size_t i = 0; i + 4 <= out.size(); i += 4) {
-      float f;
-      std::memcpy(&f, &out[i], 4);
-      f *= 2;
-      std::memcpy(&out[i], &f, 4);
-    }
-    resp->set_output(out);
+  absl::Status Dispatch(const MoeDispatch& d, float* out) override {
+    if (d.layer < 0) return absl::InvalidArgumentError(absl::StrCat("bad layer ", d.layer));
+    for (size_t i = 0; i < static_cast<size_t>(d.num_tokens) * d.hidden; ++i)
+      out[i] = 2 * d.hidden_states[i];
     return absl::OkStatus();
   }
   absl::Status PushKv(const v1::PushKvRequest& r) override {
@@ -163,22 +160,29 @@ class TransportTest : public ::testing::TestWithParam<Kind> {
     }
     return std::make_unique<InprocServer>(&handlers_);
   }
-  static v1::DispatchRequest Request(size_t floats, float base) {
-    v1::DispatchRequest r;
-    r.set_layer(1);
-    std::vector<float> v(floats);
-    for (size_t i = 0; i < floats; ++i) v[i] = base + static_cast<float>(i);
-    r.set_hidden_states(std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4));
-    return r;
-  }
-  static void ExpectDoubled(const v1::DispatchRequest& req, const v1::DispatchResponse& resp) {
-    ASSERT_EQ(req.hidden_states().size(), resp.output().size());
-    for (size_t i = 0; i < resp.output().size(); i += 4) {
-      float a, b;
-      std::memcpy(&a, &req.hidden_states()[i], 4);
-      std::memcpy(&b, &resp.output()[i], 4);
-      ASSERT_EQ(2 * a, b) << "float " << i / 4;
+  // A dispatch of `tokens` x `hidden` floats counting up from `base`, top-1.
+  struct Request {
+    Request(int tokens, int hidden, float base)
+        : h(static_cast<size_t>(tokens) * hidden), ids(tokens, 0), weights(tokens, 1.0f) {
+      for (size_t i = 0; i < h.size(); ++i) h[i] = base + static_cast<float>(i);
+      d.layer = 1, d.num_tokens = tokens, d.hidden = hidden, d.top_k = 1;
+      d.hidden_states = h.data(), d.topk_ids = ids.data(), d.topk_weights = weights.data();
     }
+    Request(const Request&) = delete;
+    std::vector<float> h;
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    MoeDispatch d;
+  };
+  // Dispatches `req` (its answer to be the hidden states doubled).
+  absl::Status Dispatch(DataChannel& channel, const Request& req) {
+    std::vector<float> out(req.h.size(), -1.0f);
+    RETURN_IF_ERROR(channel.Dispatch(req.d, out.data()));
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i] != 2 * req.h[i])
+        return absl::InternalError(absl::StrCat("float ", i, ": ", out[i], " != 2 * ", req.h[i]));
+    }
+    return absl::OkStatus();
   }
 
   FakeHandlers handlers_;
@@ -188,12 +192,12 @@ class TransportTest : public ::testing::TestWithParam<Kind> {
 };
 
 TEST_P(TransportTest, DispatchRoundTripsSmallAndLarge) {
-  for (size_t floats : {size_t{0}, size_t{1}, size_t{1000}, size_t{4} << 20}) {  // up to 16 MiB
-    v1::DispatchRequest req = Request(floats, 0.5f);
-    v1::DispatchResponse resp;
-    absl::Status s = channel_->Dispatch(req, &resp);
-    ASSERT_TRUE(s.ok()) << floats << ": " << s;
-    ExpectDoubled(req, resp);
+  using Shape = std::pair<int, int>;  // tokens, hidden: up to 16 MiB
+  for (const auto& [tokens, hidden] :
+       {Shape(0, 8), Shape(1, 1), Shape(10, 100), Shape(4096, 1024)}) {
+    const Request req(tokens, hidden, 0.5f);
+    const absl::Status s = Dispatch(*channel_, req);
+    ASSERT_TRUE(s.ok()) << tokens << " x " << hidden << ": " << s;
   }
 }
 
@@ -206,10 +210,9 @@ TEST_P(TransportTest, PushKvArrives) {
 }
 
 TEST_P(TransportTest, HandlerErrorsKeepCodeAndMessage) {
-  v1::DispatchRequest req = Request(4, 1);
-  req.set_layer(-7);
-  v1::DispatchResponse resp;
-  absl::Status s = channel_->Dispatch(req, &resp);
+  Request req(4, 1, 1);
+  req.d.layer = -7;
+  const absl::Status s = Dispatch(*channel_, req);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("bad layer -7"), std::string::npos) << s;
 }
@@ -219,10 +222,9 @@ TEST_P(TransportTest, ConcurrentCallsGetTheirOwnReplies) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 40; ++i) {
-        v1::DispatchRequest req = Request(64 + (i % 7) * 1000, static_cast<float>(t * 1000 + i));
-        v1::DispatchResponse resp;
-        ASSERT_TRUE(channel_->Dispatch(req, &resp).ok());
-        ExpectDoubled(req, resp);
+        const Request req(1 + (i % 7) * 16, 64, static_cast<float>(t * 1000 + i));
+        const absl::Status s = Dispatch(*channel_, req);
+        ASSERT_TRUE(s.ok()) << s;
       }
     });
   }
@@ -234,13 +236,13 @@ TEST_P(TransportTest, DeadPeerIsUnavailable) {
   server_.reset();
   // Connecting may fail at once (nccl: the rendezvous RPC) or the first call.
   absl::StatusOr<std::unique_ptr<DataChannel>> ch = transport_->Connect(address);
-  v1::DispatchResponse resp;
-  const absl::Status s = ch.ok() ? (*ch)->Dispatch(Request(8, 1), &resp) : ch.status();
+  const Request req(2, 4, 1);
+  const absl::Status s = ch.ok() ? Dispatch(**ch, req) : ch.status();
   EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
               s.code() == absl::StatusCode::kDeadlineExceeded)
       << s;
   // The old channel too.
-  EXPECT_FALSE(channel_->Dispatch(Request(8, 1), &resp).ok());
+  EXPECT_FALSE(Dispatch(*channel_, req).ok());
 }
 
 // cuda_ipc's device path: the channel reports the client's device; without
@@ -287,6 +289,7 @@ class RestartingWorkers : public Transport {
     bool up = true;
     int generation = 0;  // bumped by every restart
     int connects = 0, calls = 0;
+    bool corrupt = false;  // answers 4 bytes
   };
   absl::string_view name() const override { return "restarting"; }
   absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
@@ -299,6 +302,10 @@ class RestartingWorkers : public Transport {
   void Kill(const std::string& a) {
     absl::MutexLock lock(&mu_);
     workers_[a].up = false;
+  }
+  void Corrupt(const std::string& a) {
+    absl::MutexLock lock(&mu_);
+    workers_[a].corrupt = true;
   }
   void Restart(const std::string& a) {
     absl::MutexLock lock(&mu_);
@@ -315,15 +322,16 @@ class RestartingWorkers : public Transport {
    public:
     Channel(RestartingWorkers* t, std::string address, int generation)
         : t_(t), address_(std::move(address)), generation_(generation) {}
-    absl::Status Dispatch(const v1::DispatchRequest& r, v1::DispatchResponse* resp) override {
+    absl::Status Dispatch(const MoeDispatch& d, float* out) override {
       absl::MutexLock lock(&t_->mu_);
       Worker& w = t_->workers_[address_];
       if (!w.up || w.generation != generation_)
         return absl::UnavailableError(address_ + ": channel broken");
       ++w.calls;
-      resp->set_output(
-          std::string(static_cast<size_t>(r.num_tokens()) * r.hidden() * sizeof(float), '\0'));
-      return absl::OkStatus();
+      v1::DispatchResponse answer;  // as a worker answering over the wire would
+      answer.set_output(std::string(
+          w.corrupt ? 4 : static_cast<size_t>(d.num_tokens) * d.hidden * sizeof(float), '\0'));
+      return DecodeDispatchResponse(answer, d, address_, out);
     }
     absl::Status PushKv(const v1::PushKvRequest&) override { return absl::OkStatus(); }
     const std::string& peer() const override { return address_; }
@@ -368,6 +376,122 @@ TEST(RemoteExpertClientTest, RoutesAroundADeadWorkerAndReconnectsWhenItIsBack) {
   const absl::Status s = (*client)->Run(d, out.data());
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("expert"), std::string::npos) << s;
+}
+
+// A worker whose answers have the wrong size is marked down like a dead one
+// (its replica takes over); with no replica the step is DATA_LOSS naming it.
+TEST(RemoteExpertClientTest, AWorkerAnsweringTheWrongSizeIsRoutedAround) {
+  RestartingWorkers t;
+  auto client = RemoteExpertClient::Create(&t, {{"a", {0, 1}}, {"b", {0, 1}}}, 2);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<float> x(4, 1.0f), out(4);
+  std::vector<int32_t> ids = {0, 1};
+  std::vector<float> w = {0.5f, 0.5f};
+  MoeDispatch d;
+  d.layer = 1, d.num_tokens = 1, d.hidden = 4, d.top_k = 2;
+  d.hidden_states = x.data(), d.topk_ids = ids.data(), d.topk_weights = w.data();
+  t.Corrupt("a");
+  ASSERT_TRUE((*client)->Run(d, out.data()).ok());
+  ASSERT_TRUE((*client)->Run(d, out.data()).ok());
+  EXPECT_EQ(t.Get("a").calls, 1) << "a worker answering garbage is not routed around";
+  EXPECT_EQ(t.Get("b").calls, 3);
+
+  RestartingWorkers alone;
+  auto only = RemoteExpertClient::Create(&alone, {{"a", {0, 1}}}, 2);
+  ASSERT_TRUE(only.ok()) << only.status();
+  alone.Corrupt("a");
+  const absl::Status s = (*only)->Run(d, out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(s.message(), "expert worker a returned 4 bytes, expected 16");
+}
+
+// The one conversion of a dispatch to and from the wire (dispatch_wire.h).
+TEST(DispatchWireTest, RequestAndResponseRoundTrip) {
+  const int tokens = 3, hidden = 5, top_k = 2;
+  std::vector<float> h(tokens * hidden), weights(tokens * top_k);
+  std::vector<int32_t> ids(tokens * top_k);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = 0.25f * static_cast<float>(i) - 1.0f;
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i == 1 ? -1 : static_cast<int32_t>(i * 3);
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = 1.0f / static_cast<float>(i + 1);
+  MoeDispatch d;
+  d.layer = 7, d.num_tokens = tokens, d.hidden = hidden, d.top_k = top_k;
+  d.hidden_states = h.data(), d.topk_ids = ids.data(), d.topk_weights = weights.data();
+  v1::DispatchRequest request;
+  EncodeDispatchRequest(d, &request);
+  EXPECT_EQ(request.hidden_states().size(), h.size() * sizeof(float));
+  absl::StatusOr<MoeDispatch> got = DecodeDispatchRequest(request);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->layer, 7);
+  EXPECT_EQ(got->num_tokens, tokens);
+  EXPECT_EQ(got->hidden, hidden);
+  EXPECT_EQ(got->top_k, top_k);
+  EXPECT_EQ(std::vector<float>(got->hidden_states, got->hidden_states + h.size()), h);
+  EXPECT_EQ(std::vector<int32_t>(got->topk_ids, got->topk_ids + ids.size()), ids);
+  EXPECT_EQ(std::vector<float>(got->topk_weights, got->topk_weights + weights.size()), weights);
+
+  // The answer: the handler's output in, the caller's buffer out.
+  FakeHandlers handler;
+  v1::DispatchResponse response;
+  ASSERT_TRUE(ServeDispatch(handler, request, &response).ok());
+  std::vector<float> out(h.size(), -1.0f);
+  ASSERT_TRUE(DecodeDispatchResponse(response, d, "w", out.data()).ok());
+  for (size_t i = 0; i < h.size(); ++i) EXPECT_EQ(out[i], 2 * h[i]) << i;
+  EncodeDispatchResponse(d, h.data(), &response);
+  ASSERT_TRUE(DecodeDispatchResponse(response, d, "w", out.data()).ok());
+  EXPECT_EQ(out, h);
+  // An answer of the wrong size is DATA_LOSS naming the worker; out untouched.
+  response.mutable_output()->resize(8);
+  std::fill(out.begin(), out.end(), -1.0f);
+  const absl::Status lost = DecodeDispatchResponse(response, d, "10.0.0.1:9", out.data());
+  EXPECT_EQ(lost.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(lost.message(), "expert worker 10.0.0.1:9 returned 8 bytes, expected 60");
+  EXPECT_EQ(out, std::vector<float>(h.size(), -1.0f));
+  // No tokens: an empty message and an empty answer.
+  d.num_tokens = 0;
+  EncodeDispatchRequest(d, &request);
+  EXPECT_TRUE(request.hidden_states().empty());
+  EXPECT_EQ(request.topk_ids_size(), 0);
+  ASSERT_TRUE(DecodeDispatchRequest(request).ok());
+  ASSERT_TRUE(ServeDispatch(handler, request, &response).ok());
+  EXPECT_TRUE(response.output().empty());
+}
+
+TEST(DispatchWireTest, MalformedRequestsAreInvalidArgument) {
+  MoeDispatch d;
+  std::vector<float> h(2 * 4, 1.0f), weights(2 * 2, 0.5f);
+  std::vector<int32_t> ids(2 * 2, 0);
+  d.layer = 1, d.num_tokens = 2, d.hidden = 4, d.top_k = 2;
+  d.hidden_states = h.data(), d.topk_ids = ids.data(), d.topk_weights = weights.data();
+  v1::DispatchRequest good;
+  EncodeDispatchRequest(d, &good);
+  ASSERT_TRUE(DecodeDispatchRequest(good).ok());
+  struct Case {
+    std::function<void(v1::DispatchRequest*)> spoil;
+    std::string message;
+  };
+  const Case cases[] = {
+      {[](v1::DispatchRequest* r) { r->set_num_tokens(-1); }, "dispatch with bad dimensions"},
+      {[](v1::DispatchRequest* r) { r->set_top_k(0); }, "dispatch with bad dimensions"},
+      {[](v1::DispatchRequest* r) { r->set_hidden(0); }, "dispatch with bad dimensions"},
+      {[](v1::DispatchRequest* r) { r->set_num_tokens(3); },
+       "dispatch hidden_states holds 32 bytes, expected 48"},
+      {[](v1::DispatchRequest* r) { r->mutable_hidden_states()->resize(31); },
+       "dispatch hidden_states holds 31 bytes, expected 32"},
+      {[](v1::DispatchRequest* r) { r->add_topk_ids(0); },
+       "dispatch topk_ids/topk_weights do not match num_tokens * top_k"},
+      {[](v1::DispatchRequest* r) { r->mutable_topk_weights()->RemoveLast(); },
+       "dispatch topk_ids/topk_weights do not match num_tokens * top_k"},
+  };
+  FakeHandlers handler;
+  for (const Case& c : cases) {
+    v1::DispatchRequest r = good;
+    c.spoil(&r);
+    const absl::Status s = DecodeDispatchRequest(r).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_EQ(s.message(), c.message);
+    v1::DispatchResponse response;
+    EXPECT_EQ(ServeDispatch(handler, r, &response).code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 // A cache whose values are bf16 (as a GPU's): the handoff sends half the

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/status.h"
+#include "common/transport/dispatch_wire.h"
 #include "common/transport/transport_registry.h"
 #include "common/transport/ucx_worker.h"
 
@@ -178,14 +179,16 @@ class UcxTransportImpl : public Transport {
 class UcxChannel : public DataChannel {
  public:
   UcxChannel(UcxTransportImpl* transport, Peer* peer) : transport_(transport), peer_(peer) {}
-  absl::Status Dispatch(const v1::DispatchRequest& request,
-                        v1::DispatchResponse* response) override {
+  absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
+    v1::DispatchRequest request;
+    EncodeDispatchRequest(dispatch, &request);
     std::string reply;
     absl::Status s = transport_->Call(peer_, kDispatch, request.SerializeAsString(), &reply);
     if (!s.ok()) return s;
-    if (!response->ParseFromString(reply))
+    v1::DispatchResponse response;
+    if (!response.ParseFromString(reply))
       return absl::DataLossError("UCX: malformed dispatch reply");
-    return absl::OkStatus();
+    return DecodeDispatchResponse(response, dispatch, peer_->address, out);
   }
   absl::Status PushKv(const v1::PushKvRequest& request) override {
     std::string reply;
@@ -450,7 +453,7 @@ class UcxServerImpl : public UcxDataPlaneServer {
         if (!req.ParseFromString(in.data))
           return absl::InvalidArgumentError("UCX: malformed dispatch request");
         v1::DispatchResponse resp;
-        if (absl::Status s = dispatch_->Dispatch(req, &resp); !s.ok()) return s;
+        if (absl::Status s = ServeDispatch(*dispatch_, req, &resp); !s.ok()) return s;
         *reply = resp.SerializeAsString();
         return absl::OkStatus();
       }
