@@ -47,6 +47,19 @@ GenerationRequest Request(const std::string& id, int max_new_tokens) {
   return r;
 }
 
+// Runs `r` to its end (or `cancel`); *tokens gets how many came.
+absl::Status RunCounting(ColocatedBackend* b, const GenerationRequest& r, const CancelToken& cancel,
+                         int* tokens) {
+  *tokens = 0;
+  return b->Run(
+      r,
+      [tokens](const TokenChunk& c) {
+        *tokens += static_cast<int>(c.ids.size());
+        return true;
+      },
+      cancel);
+}
+
 TEST(ColocatedBackendTest, CancellationReachesTheDecodeEngineWhileTheCallerIsBusy) {
   std::unique_ptr<ColocatedBackend> b = Backend();
   ASSERT_NE(b, nullptr);
@@ -75,13 +88,7 @@ TEST(ColocatedBackendTest, CancellationReachesTheDecodeEngineWhileTheCallerIsBus
   });
   ASSERT_TRUE(streaming.WaitForNotificationWithTimeout(absl::Seconds(60)));
   int short_tokens = 0;
-  const absl::Status short_status = b->Run(
-      Request("short", 8),
-      [&](const TokenChunk& c) {
-        short_tokens += static_cast<int>(c.ids.size());
-        return true;
-      },
-      never);
+  const absl::Status short_status = RunCounting(b.get(), Request("short", 8), never, &short_tokens);
   EXPECT_TRUE(short_status.ok()) << short_status;
   EXPECT_EQ(short_tokens, 8);
 
@@ -110,13 +117,7 @@ TEST(ColocatedBackendTest, ACancelledRequestNeverDecodesAndReleasesItsReservatio
   CancelToken cancel;
   cancel.Cancel();
   int tokens = 0;
-  const absl::Status s = b->Run(
-      Request("gone", 64),
-      [&](const TokenChunk& c) {
-        tokens += static_cast<int>(c.ids.size());
-        return true;
-      },
-      cancel);
+  const absl::Status s = RunCounting(b.get(), Request("gone", 64), cancel, &tokens);
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
   EXPECT_EQ(tokens, 0);
   EXPECT_EQ(b->decode()->Load().free_kv_blocks, all_free);

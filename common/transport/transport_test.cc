@@ -345,17 +345,27 @@ class RestartingWorkers : public Transport {
   std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
 };
 
+// One token (hidden 4) for experts 0 and 1 with equal weights, layer 1.
+struct OneToken {
+  std::vector<float> x = std::vector<float>(4, 1.0f), out = std::vector<float>(4);
+  std::vector<int32_t> ids = {0, 1};
+  std::vector<float> w = {0.5f, 0.5f};
+  MoeDispatch dispatch() const {
+    MoeDispatch d;
+    d.layer = 1, d.num_tokens = 1, d.hidden = 4, d.top_k = 2;
+    d.hidden_states = x.data(), d.topk_ids = ids.data(), d.topk_weights = w.data();
+    return d;
+  }
+};
+
 TEST(RemoteExpertClientTest, RoutesAroundADeadWorkerAndReconnectsWhenItIsBack) {
   RestartingWorkers t;
   auto client = RemoteExpertClient::Create(&t, {{"a", {0, 1}}, {"b", {0, 1}}}, 2,
                                            std::chrono::milliseconds(50));
   ASSERT_TRUE(client.ok()) << client.status();
-  std::vector<float> x(4, 1.0f), out(4);
-  std::vector<int32_t> ids = {0, 1};
-  std::vector<float> w = {0.5f, 0.5f};
-  MoeDispatch d;
-  d.layer = 1, d.num_tokens = 1, d.hidden = 4, d.top_k = 2;
-  d.hidden_states = x.data(), d.topk_ids = ids.data(), d.topk_weights = w.data();
+  OneToken one;
+  const MoeDispatch d = one.dispatch();
+  std::vector<float>& out = one.out;
   // Both experts on both workers: they take turns, so each worker serves one
   // expert of every dispatch.
   for (int i = 0; i < 4; ++i) ASSERT_TRUE((*client)->Run(d, out.data()).ok());
@@ -384,12 +394,9 @@ TEST(RemoteExpertClientTest, AWorkerAnsweringTheWrongSizeIsRoutedAround) {
   RestartingWorkers t;
   auto client = RemoteExpertClient::Create(&t, {{"a", {0, 1}}, {"b", {0, 1}}}, 2);
   ASSERT_TRUE(client.ok()) << client.status();
-  std::vector<float> x(4, 1.0f), out(4);
-  std::vector<int32_t> ids = {0, 1};
-  std::vector<float> w = {0.5f, 0.5f};
-  MoeDispatch d;
-  d.layer = 1, d.num_tokens = 1, d.hidden = 4, d.top_k = 2;
-  d.hidden_states = x.data(), d.topk_ids = ids.data(), d.topk_weights = w.data();
+  OneToken one;
+  const MoeDispatch d = one.dispatch();
+  std::vector<float>& out = one.out;
   t.Corrupt("a");
   ASSERT_TRUE((*client)->Run(d, out.data()).ok());
   ASSERT_TRUE((*client)->Run(d, out.data()).ok());
