@@ -58,34 +58,35 @@ absl::Status DecodeEngine::Reserve(const std::string& request_id, int max_tokens
   return absl::OkStatus();
 }
 
-absl::Status DecodeEngine::PushKv(const v1::PushKvRequest& msg) {
+absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
   std::shared_ptr<Request> r;
   std::shared_ptr<KvSequence> kv;
   {
     absl::MutexLock lock(&mu_);
-    auto it = requests_.find(msg.request_id());
+    auto it = requests_.find(transfer.request_id);
     if (it == requests_.end())
-      return absl::NotFoundError(absl::StrCat("no reservation for ", msg.request_id()));
+      return absl::NotFoundError(absl::StrCat("no reservation for ", transfer.request_id));
     r = it->second;
     if (r->kv_received || r->running)
-      return absl::FailedPreconditionError("KV already received for " + msg.request_id());
+      return absl::FailedPreconditionError("KV already received for " + transfer.request_id);
     kv = r->kv;
   }
   // The sequence is not shared until kv_received is set.
-  if (absl::Status s = DeserializeKv(msg, backend_->config().num_hidden_layers, kv.get()); !s.ok())
+  if (absl::Status s = DeserializeKv(transfer, backend_->config().num_hidden_layers, kv.get());
+      !s.ok())
     return s;
   if (!kv->status().ok()) {
     return absl::InternalError(
         absl::StrCat("storing the KV rows failed: ", kv->status().message()));
   }
-  if (msg.has_device() && !logged_device_kv_.exchange(true)) {
+  if (transfer.device.has_value() && !logged_device_kv_.exchange(true)) {
     std::cerr
         << "decode worker: KV handoff copied device to device from a prefill worker's GPU memory"
         << std::endl;
   }
   absl::MutexLock lock(&mu_);
   if (r->done)
-    return absl::FailedPreconditionError("the reservation for " + msg.request_id() +
+    return absl::FailedPreconditionError("the reservation for " + transfer.request_id +
                                          " ended during the KV handoff");
   r->kv_received = true;
   return absl::OkStatus();

@@ -60,7 +60,7 @@ class DecodeEngine : public KvHandler {
   // duplicate id.
   absl::Status Reserve(const std::string& request_id, int max_tokens);
   // KvHandler: the prefilled rows of a reserved request.
-  absl::Status PushKv(const v1::PushKvRequest& request) override;
+  absl::Status PushKv(const KvTransfer& transfer) override;
   absl::Status Release(const std::string& request_id);
 
   // Runs the request to completion, calling `sink` with each step's output

@@ -189,7 +189,7 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     if (ch.ok()) {
       KvHandoff how = options_.kv_handoff;
       if (how == KvHandoff::kDevice && HostKvOnly(spec.decode_address)) how = KvHandoff::kHost;
-      auto push = [&](KvHandoff h, absl::StatusOr<v1::PushKvRequest>* msg) {
+      auto push = [&](KvHandoff h, absl::StatusOr<KvTransfer>* msg) {
         *msg = SerializeKv(spec.request_id, *caches[i], c.num_hidden_layers, h);
         if (!msg->ok()) return msg->status();
         if (!caches[i]->status().ok()) {
@@ -198,7 +198,7 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
         }
         return (*ch)->PushKv(**msg);
       };
-      absl::StatusOr<v1::PushKvRequest> msg;
+      absl::StatusOr<KvTransfer> msg;
       pushed = push(how, &msg);
       if (how == KvHandoff::kDevice && (pushed.code() == absl::StatusCode::kUnimplemented ||
                                         pushed.code() == absl::StatusCode::kFailedPrecondition)) {
@@ -214,9 +214,9 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
         pushed = push(KvHandoff::kHost, &msg);
       }
       if (kv_bytes_ != nullptr && pushed.ok()) {
-        kv_bytes_->Increment(msg->has_device()
-                                 ? 2.0 * msg->num_tokens() * msg->num_layers() * msg->row_width()
-                                 : static_cast<double>(msg->rows().size()));
+        kv_bytes_->Increment(msg->device.has_value()
+                                 ? 2.0 * msg->num_tokens * msg->num_layers * msg->row_width
+                                 : static_cast<double>(msg->row_bytes()));
         kv_seconds_->Observe(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - kv_start).count());
       }

@@ -144,7 +144,7 @@ class IpcChannel : public DataChannel {
   absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
     return host_->Dispatch(dispatch, out);
   }
-  absl::Status PushKv(const v1::PushKvRequest& request) override { return host_->PushKv(request); }
+  absl::Status PushKv(const KvTransfer& transfer) override { return host_->PushKv(transfer); }
   const std::string& peer() const override { return peer_; }
   int dispatch_device() const override { return options_.device; }
 

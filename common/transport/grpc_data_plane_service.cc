@@ -2,6 +2,7 @@
 
 #include "common/rpc/grpc_util.h"
 #include "common/transport/dispatch_wire.h"
+#include "common/transport/kv_wire.h"
 
 namespace moesh {
 
@@ -17,7 +18,7 @@ grpc::Status GrpcDataPlaneService::PushKv(grpc::ServerContext*, const v1::PushKv
                                           v1::PushKvResponse*) {
   if (kv_ == nullptr)
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker takes no KV");
-  return ToGrpcStatus(kv_->PushKv(*request));
+  return ToGrpcStatus(ServePushKv(*kv_, *request));
 }
 
 }  // namespace moesh

@@ -5,6 +5,7 @@
 #include "base/status.h"
 #include "common/rpc/grpc_util.h"
 #include "common/transport/dispatch_wire.h"
+#include "common/transport/kv_wire.h"
 #include "common/transport/transport.h"
 #include "common/transport/transport_registry.h"
 #include "moesh/v1/worker.grpc.pb.h"
@@ -35,7 +36,9 @@ class GrpcChannel : public DataChannel {
     RETURN_IF_ERROR(Annotate(FromGrpcStatus(stub_->Dispatch(&ctx, request, &response))));
     return DecodeDispatchResponse(response, dispatch, address_, out);
   }
-  absl::Status PushKv(const v1::PushKvRequest& request) override {
+  absl::Status PushKv(const KvTransfer& transfer) override {
+    v1::PushKvRequest request;
+    EncodePushKv(transfer, &request);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(kDataPlaneDeadlineSeconds));

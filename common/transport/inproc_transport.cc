@@ -41,11 +41,11 @@ class InprocChannel : public DataChannel {
       return absl::UnimplementedError(absl::StrCat(address_, " serves no expert dispatch"));
     return b->dispatch->Dispatch(dispatch, out);
   }
-  absl::Status PushKv(const v1::PushKvRequest& request) override {
+  absl::Status PushKv(const KvTransfer& transfer) override {
     absl::StatusOr<Binding> b = Lookup(address_);
     if (!b.ok()) return b.status();
     if (b->kv == nullptr) return absl::UnimplementedError(absl::StrCat(address_, " takes no KV"));
-    return b->kv->PushKv(request);
+    return b->kv->PushKv(transfer);
   }
   const std::string& peer() const override { return address_; }
 

@@ -1,33 +1,72 @@
 // KV handoff between a prefill and a decode worker: a sequence's cache rows
-// as a PushKvRequest, and back into the decode side's reserved sequence.
+// as a plain KvTransfer, and back into the decode side's reserved sequence.
+// The transports that carry a transfer as a message convert it at their edge
+// (kv_wire.h); the KvHandler and DataChannel interfaces, and the serving
+// cores behind them, speak KvTransfer only.
 #ifndef MOESH_COMMON_TRANSPORT_KV_HANDOFF_H_
 #define MOESH_COMMON_TRANSPORT_KV_HANDOFF_H_
 
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/kv_cache.h"
-#include "moesh/v1/worker.pb.h"
 
 namespace moesh {
 
-// How the rows travel: in the message, or (kDevice) as a reference to the
+// How the rows travel: in the transfer, or (kDevice) as a reference to the
 // sender's device memory that the receiver copies from (cuda_ipc).
 enum class KvHandoff { kHost, kDevice };
 
-// kHost: rows [num_layers, length, row_width] of `kv`, float32, or bfloat16
-// where kv.bf16_rows() (exact, half the bytes). kDevice: kv.DeviceBlocks();
-// `kv` must then stay unchanged until the receiver has answered.
-// Errors: kv.DeviceBlocks()'s (UNIMPLEMENTED for host caches).
-absl::StatusOr<v1::PushKvRequest> SerializeKv(const std::string& request_id, const KvSequence& kv,
-                                              int num_layers, KvHandoff how = KvHandoff::kHost);
+// One sequence's KV, as handed from a prefill to a decode worker. Owns its
+// rows (host) or names the sender's device blocks (device).
+struct KvTransfer {
+  std::string request_id;
+  int num_layers = 0;
+  int num_tokens = 0;
+  int row_width = 0;
+  // Host rows [num_layers, num_tokens, row_width], layer-major: float32 in
+  // `rows`, or, where rows_bf16, bfloat16 bits in `bf16_rows` (exact, half
+  // the bytes). The other vector is empty. Both empty when `device` is set.
+  bool rows_bf16 = false;
+  std::vector<float> rows;
+  std::vector<uint16_t> bf16_rows;
+  // Device rows: the sender's KV blocks (cuda_ipc); holding num_tokens
+  // tokens in blocks.size() * block_size slots. The sender's sequence must
+  // stay unchanged until the receiver has answered.
+  std::optional<DeviceKvBlocks> device;
 
-// Appends the message's rows to `kv` (which must be empty and wide enough),
-// from the message or from the sender's device memory.
-// INVALID_ARGUMENT on shape mismatch, RESOURCE_EXHAUSTED over capacity;
-// device references: kv.AppendDeviceBlocks()'s errors.
-absl::Status DeserializeKv(const v1::PushKvRequest& msg, int num_layers, KvSequence* kv);
+  // The host rows' bytes (as they go on the wire).
+  size_t row_bytes() const {
+    return rows.size() * sizeof(float) + bf16_rows.size() * sizeof(uint16_t);
+  }
+};
+
+// kHost: the rows of `kv`'s first `num_layers` layers, float32, or bfloat16
+// where kv.bf16_rows(). kDevice: kv.DeviceBlocks(); `kv` must then stay
+// unchanged until the receiver has answered.
+// Errors: kv.DeviceBlocks()'s (UNIMPLEMENTED for host caches).
+absl::StatusOr<KvTransfer> SerializeKv(const std::string& request_id, const KvSequence& kv,
+                                       int num_layers, KvHandoff how = KvHandoff::kHost);
+
+// INVALID_ARGUMENT unless the transfer holds its shape: device blocks that
+// hold num_tokens (with no host rows besides), or host rows of exactly
+// num_layers * num_tokens * row_width values in the vector rows_bf16 names
+// (non-negative counts). The wire decode (kv_wire.h) and DeserializeKv
+// both check this.
+absl::Status CheckKvTransfer(const KvTransfer& transfer);
+
+// Appends the transfer's rows to `kv` (which must be empty and wide enough),
+// from the transfer or from the sender's device memory.
+// INVALID_ARGUMENT on shape mismatch (with `num_layers`, kv's row width, or
+// CheckKvTransfer's), FAILED_PRECONDITION if `kv` is not empty,
+// RESOURCE_EXHAUSTED over capacity; device references:
+// kv.AppendDeviceBlocks()'s errors.
+absl::Status DeserializeKv(const KvTransfer& transfer, int num_layers, KvSequence* kv);
 
 }  // namespace moesh
 

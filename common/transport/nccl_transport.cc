@@ -15,6 +15,7 @@
 #include "common/backend/cuda_backends_plugin.h"
 #include "common/rpc/grpc_util.h"
 #include "common/transport/dispatch_wire.h"
+#include "common/transport/kv_wire.h"
 #include "common/transport/posted_dispatch.h"
 #include "common/transport/transport_registry.h"
 
@@ -86,9 +87,9 @@ class NcclChannel : public DataChannel {
     ASSIGN_OR_RETURN(const v1::DataPlaneReply reply, Call(call));
     return DecodeDispatchResponse(reply.dispatch(), dispatch, peer_, out);
   }
-  absl::Status PushKv(const v1::PushKvRequest& request) override {
+  absl::Status PushKv(const KvTransfer& transfer) override {
     v1::DataPlaneCall call;
-    *call.mutable_push_kv() = request;
+    EncodePushKv(transfer, call.mutable_push_kv());
     return Call(call).status();
   }
   const std::string& peer() const override { return peer_; }
@@ -506,7 +507,7 @@ std::string NcclDataPlaneServer::Handle(const std::string& bytes) {
     s = dispatch_ != nullptr ? ServeDispatch(*dispatch_, call.dispatch(), reply.mutable_dispatch())
                              : absl::UnimplementedError("this worker takes no expert dispatch");
   } else if (call.has_push_kv()) {
-    s = kv_ != nullptr ? kv_->PushKv(call.push_kv())
+    s = kv_ != nullptr ? ServePushKv(*kv_, call.push_kv())
                        : absl::UnimplementedError("this worker takes no KV");
   } else {
     s = absl::InvalidArgumentError("an empty DataPlaneCall");

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/model/expert_client.h"
-#include "moesh/v1/worker.pb.h"
+#include "common/transport/kv_handoff.h"
 
 namespace moesh {
 
@@ -41,7 +41,9 @@ class DeviceDispatchHandler {
 class KvHandler {
  public:
   virtual ~KvHandler() = default;
-  virtual absl::Status PushKv(const v1::PushKvRequest& request) = 0;
+  // Takes a sequence's KV (kv_handoff.h). The transports that carry it as a
+  // message check its shape first (DecodePushKv, kv_wire.h).
+  virtual absl::Status PushKv(const KvTransfer& transfer) = 0;
 };
 
 // The sending side, connected to one peer. Thread-safe.
@@ -53,7 +55,8 @@ class DataChannel {
   // peer is gone; DATA_LOSS if its answer has the wrong size (the peer is
   // not to be trusted: dispatch_wire.h).
   virtual absl::Status Dispatch(const MoeDispatch& dispatch, float* out) = 0;
-  virtual absl::Status PushKv(const v1::PushKvRequest& request) = 0;
+  // Hands a sequence's KV to the peer's KvHandler; its answer.
+  virtual absl::Status PushKv(const KvTransfer& transfer) = 0;
   virtual const std::string& peer() const = 0;
 
   // Device-resident dispatch, where the transport moves GPU memory

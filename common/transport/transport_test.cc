@@ -21,6 +21,7 @@
 #include "common/transport/dispatch_wire.h"
 #include "common/transport/grpc_data_plane_service.h"
 #include "common/transport/kv_handoff.h"
+#include "common/transport/kv_wire.h"
 #include "common/transport/nccl_transport.h"
 #include "common/transport/remote_expert_client.h"
 #include "common/transport/ucx_transport.h"
@@ -38,9 +39,9 @@ class FakeHandlers : public DispatchHandler, public KvHandler {
       out[i] = 2 * d.hidden_states[i];
     return absl::OkStatus();
   }
-  absl::Status PushKv(const v1::PushKvRequest& r) override {
+  absl::Status PushKv(const KvTransfer& r) override {
     absl::MutexLock lock(&mu_);
-    pushed_.push_back(r.request_id() + ":" + std::to_string(r.rows().size()));
+    pushed_.push_back(r.request_id + ":" + std::to_string(r.row_bytes()));
     return absl::OkStatus();
   }
   std::vector<std::string> pushed() {
@@ -202,9 +203,10 @@ TEST_P(TransportTest, DispatchRoundTripsSmallAndLarge) {
 }
 
 TEST_P(TransportTest, PushKvArrives) {
-  v1::PushKvRequest kv;
-  kv.set_request_id("r1");
-  kv.set_rows(std::string(3 << 20, 'x'));
+  KvTransfer kv;  // 3 MiB of float32 rows
+  kv.request_id = "r1";
+  kv.num_layers = 3, kv.num_tokens = 1024, kv.row_width = 256;
+  kv.rows.assign(size_t{3} * 1024 * 256, 1.5f);
   ASSERT_TRUE(channel_->PushKv(kv).ok());
   EXPECT_EQ(handlers_.pushed(), std::vector<std::string>{"r1:3145728"});
 }
@@ -333,7 +335,7 @@ class RestartingWorkers : public Transport {
           w.corrupt ? 4 : static_cast<size_t>(d.num_tokens) * d.hidden * sizeof(float), '\0'));
       return DecodeDispatchResponse(answer, d, address_, out);
     }
-    absl::Status PushKv(const v1::PushKvRequest&) override { return absl::OkStatus(); }
+    absl::Status PushKv(const KvTransfer&) override { return absl::OkStatus(); }
     const std::string& peer() const override { return address_; }
 
    private:
@@ -522,38 +524,148 @@ TEST(KvHandoffTest, Bf16CachesTravelExactlyInHalfTheBytes) {
     for (float& v : rows) v = n(rng);  // not bf16-representable
     host.AppendRows(l, rows.data(), tokens);
   }
-  const v1::PushKvRequest half = *SerializeKv("r1", gpu_like, layers);
-  const v1::PushKvRequest full = *SerializeKv("r2", host, layers);
-  EXPECT_TRUE(half.rows_bf16());
-  EXPECT_FALSE(full.rows_bf16());
-  EXPECT_EQ(half.rows().size(), size_t{layers} * tokens * width * 2);
-  EXPECT_EQ(full.rows().size(), size_t{layers} * tokens * width * 4);
+  const KvTransfer half = *SerializeKv("r1", gpu_like, layers);
+  const KvTransfer full = *SerializeKv("r2", host, layers);
+  EXPECT_TRUE(half.rows_bf16);
+  EXPECT_FALSE(full.rows_bf16);
+  EXPECT_TRUE(half.rows.empty());
+  EXPECT_TRUE(full.bf16_rows.empty());
+  EXPECT_EQ(half.bf16_rows.size(), size_t{layers} * tokens * width);
+  EXPECT_EQ(full.rows.size(), size_t{layers} * tokens * width);
+  v1::PushKvRequest half_msg, full_msg;  // on the wire: half the bytes
+  EncodePushKv(half, &half_msg);
+  EncodePushKv(full, &full_msg);
+  EXPECT_TRUE(half_msg.rows_bf16());
+  EXPECT_FALSE(full_msg.rows_bf16());
+  EXPECT_EQ(half_msg.rows().size(), size_t{layers} * tokens * width * 2);
+  EXPECT_EQ(full_msg.rows().size(), size_t{layers} * tokens * width * 4);
   using Case = std::pair<const v1::PushKvRequest*, const SequenceKvCache*>;
-  for (const auto& [msg, from] : {Case(&half, &gpu_like), Case(&full, &host)}) {
+  for (const auto& [msg, from] : {Case(&half_msg, &gpu_like), Case(&full_msg, &host)}) {
     SequenceKvCache got(layers, width);
-    ASSERT_TRUE(DeserializeKv(*msg, layers, &got).ok());
+    const absl::StatusOr<KvTransfer> t = DecodePushKv(*msg);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE(DeserializeKv(*t, layers, &got).ok());
     ASSERT_EQ(got.length(), tokens);
     for (int l = 0; l < layers; ++l) {
       for (int i = 0; i < tokens * width; ++i)
         ASSERT_EQ(got.rows(l)[i], from->rows(l)[i]) << l << " " << i;
     }
   }
-  // A truncated message is refused.
-  v1::PushKvRequest bad = half;
-  bad.mutable_rows()->resize(bad.rows().size() - 2);
+  // A truncated transfer is refused.
+  KvTransfer bad = half;
+  bad.bf16_rows.pop_back();
   SequenceKvCache got(layers, width);
   EXPECT_EQ(DeserializeKv(bad, layers, &got).code(), absl::StatusCode::kInvalidArgument);
   // Host caches have no device memory to hand over, and take none: clear errors.
   EXPECT_EQ(SerializeKv("r3", host, layers, KvHandoff::kDevice).status().code(),
             absl::StatusCode::kUnimplemented);
-  v1::PushKvRequest dev;
-  dev.set_request_id("r4"), dev.set_num_layers(layers), dev.set_num_tokens(tokens),
-      dev.set_row_width(width);
-  dev.mutable_device()->set_block_size(64);
-  dev.mutable_device()->add_blocks(3);
+  KvTransfer dev;
+  dev.request_id = "r4", dev.num_layers = layers, dev.num_tokens = tokens, dev.row_width = width;
+  dev.device.emplace();
+  dev.device->block_size = 64;
+  dev.device->blocks = {3};
   EXPECT_EQ(DeserializeKv(dev, layers, &got).code(), absl::StatusCode::kUnimplemented);
-  dev.mutable_device()->clear_blocks();  // 0 blocks cannot hold 7 tokens
+  dev.device->blocks.clear();  // 0 blocks cannot hold 7 tokens
   EXPECT_EQ(DeserializeKv(dev, layers, &got).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// KvTransfer <-> PushKvRequest: every field round-trips; a malformed message
+// is INVALID_ARGUMENT with the message the decode side has always given, and
+// never reaches the handler.
+class CountingKv : public KvHandler {
+ public:
+  absl::Status PushKv(const KvTransfer& t) override {
+    ++calls;
+    last = t;
+    return answer;
+  }
+  int calls = 0;
+  KvTransfer last;
+  absl::Status answer = absl::OkStatus();
+};
+
+TEST(KvWireTest, RoundTrips) {
+  KvTransfer f32;
+  f32.request_id = "a", f32.num_layers = 2, f32.num_tokens = 3, f32.row_width = 4;
+  for (int i = 0; i < 24; ++i) f32.rows.push_back(0.25f * i - 1);
+  KvTransfer bf16 = f32;
+  bf16.request_id = "b", bf16.rows_bf16 = true, bf16.rows.clear();
+  for (int i = 0; i < 24; ++i) bf16.bf16_rows.push_back(F32ToBf16(0.5f * i));
+  KvTransfer dev;
+  dev.request_id = "c", dev.num_layers = 2, dev.num_tokens = 130, dev.row_width = 4;
+  dev.device = DeviceKvBlocks{std::string(64, '\x01'), 1, 16, 64, {5, 0, 9}, "sender-7"};
+  for (const KvTransfer* t : {&f32, &bf16, &dev}) {
+    v1::PushKvRequest msg;
+    EncodePushKv(*t, &msg);
+    EXPECT_EQ(msg.has_device(), t->device.has_value());
+    const absl::StatusOr<KvTransfer> back = DecodePushKv(msg);
+    ASSERT_TRUE(back.ok()) << t->request_id << ": " << back.status();
+    EXPECT_EQ(back->request_id, t->request_id);
+    EXPECT_EQ(back->num_layers, t->num_layers);
+    EXPECT_EQ(back->num_tokens, t->num_tokens);
+    EXPECT_EQ(back->row_width, t->row_width);
+    EXPECT_EQ(back->rows_bf16, t->rows_bf16);
+    EXPECT_EQ(back->rows, t->rows);
+    EXPECT_EQ(back->bf16_rows, t->bf16_rows);
+    ASSERT_EQ(back->device.has_value(), t->device.has_value());
+    if (t->device.has_value()) {
+      EXPECT_EQ(back->device->pool_handle, t->device->pool_handle);
+      EXPECT_EQ(back->device->device, t->device->device);
+      EXPECT_EQ(back->device->num_blocks, t->device->num_blocks);
+      EXPECT_EQ(back->device->block_size, t->device->block_size);
+      EXPECT_EQ(back->device->blocks, t->device->blocks);
+      EXPECT_EQ(back->device->sender, t->device->sender);
+    }
+    CountingKv h;
+    ASSERT_TRUE(ServePushKv(h, msg).ok());
+    EXPECT_EQ(h.calls, 1);
+    EXPECT_EQ(h.last.request_id, t->request_id);
+    h.answer = absl::ResourceExhaustedError("full");  // the handler's error as is
+    const absl::Status s = ServePushKv(h, msg);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(s.message(), "full");
+  }
+}
+
+TEST(KvWireTest, MalformedMessagesAreInvalidArgument) {
+  v1::PushKvRequest host;
+  host.set_request_id("r"), host.set_num_layers(2), host.set_num_tokens(3), host.set_row_width(4);
+  host.set_rows(std::string(2 * 3 * 4 * sizeof(float), '\0'));
+  ASSERT_TRUE(DecodePushKv(host).ok());
+  v1::PushKvRequest dev = host;
+  dev.clear_rows();
+  dev.mutable_device()->set_block_size(2);
+  dev.mutable_device()->add_blocks(0), dev.mutable_device()->add_blocks(1);
+  ASSERT_TRUE(DecodePushKv(dev).ok());
+  using Case = std::pair<v1::PushKvRequest, std::string>;
+  std::vector<Case> cases;
+  cases.emplace_back(host, "KV for r: 95 bytes do not hold 3 tokens");
+  cases.back().first.mutable_rows()->pop_back();  // not a whole number of floats
+  cases.emplace_back(host, "KV for r: 92 bytes do not hold 3 tokens");
+  cases.back().first.mutable_rows()->resize(92);
+  cases.emplace_back(host, "KV for r: 96 bytes do not hold 3 tokens");
+  cases.back().first.set_rows_bf16(true);  // as many bytes, twice the values
+  cases.emplace_back(host, "KV for r: 96 bytes do not hold -1 tokens");
+  cases.back().first.set_num_tokens(-1);
+  cases.emplace_back(host, "KV for r: 96 bytes do not hold 3 tokens");
+  cases.back().first.set_row_width(-4);
+  cases.emplace_back(dev, "KV for r: 1 device blocks of 2 do not hold 3 tokens (or rows sent too)");
+  cases.back().first.mutable_device()->mutable_blocks()->RemoveLast();
+  cases.emplace_back(dev, "KV for r: 2 device blocks of 0 do not hold 3 tokens (or rows sent too)");
+  cases.back().first.mutable_device()->set_block_size(0);
+  cases.emplace_back(dev, "KV for r: 2 device blocks of 2 do not hold 3 tokens (or rows sent too)");
+  cases.back().first.set_rows("x");
+  cases.emplace_back(dev,
+                     "KV for r: 2 device blocks of 2 do not hold -3 tokens (or rows sent too)");
+  cases.back().first.set_num_tokens(-3);
+  for (const auto& [msg, message] : cases) {
+    const absl::StatusOr<KvTransfer> t = DecodePushKv(msg);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_EQ(t.status().message(), message);
+    CountingKv h;
+    EXPECT_EQ(ServePushKv(h, msg).code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_EQ(h.calls, 0) << message;
+  }
 }
 
 TEST(TransportNamesTest, UnknownTransportIsInvalidArgument) {

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "base/status.h"
 #include "common/transport/dispatch_wire.h"
+#include "common/transport/kv_wire.h"
 #include "common/transport/transport_registry.h"
 #include "common/transport/ucx_worker.h"
 
@@ -190,7 +191,9 @@ class UcxChannel : public DataChannel {
       return absl::DataLossError("UCX: malformed dispatch reply");
     return DecodeDispatchResponse(response, dispatch, peer_->address, out);
   }
-  absl::Status PushKv(const v1::PushKvRequest& request) override {
+  absl::Status PushKv(const KvTransfer& transfer) override {
+    v1::PushKvRequest request;
+    EncodePushKv(transfer, &request);
     std::string reply;
     return transport_->Call(peer_, kPushKv, request.SerializeAsString(), &reply);
   }
@@ -462,7 +465,7 @@ class UcxServerImpl : public UcxDataPlaneServer {
         v1::PushKvRequest req;
         if (!req.ParseFromString(in.data))
           return absl::InvalidArgumentError("UCX: malformed KV message");
-        return kv_->PushKv(req);
+        return ServePushKv(*kv_, req);
       }
       default:
         return absl::InvalidArgumentError(absl::StrCat("UCX: unknown method ", in.header.method));

@@ -559,9 +559,8 @@ TEST_P(KvHandoffTest, BetweenBackendsContinuesExactly) {
   MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> first, prefill->Forward({&in, 1}, experts.get()));
   ASSERT_EQ(here->length(), static_cast<int>(prompt.size()));
 
-  MOESH_ASSERT_OK_AND_ASSIGN(const v1::PushKvRequest msg,
-                             SerializeKv("r", *here, layers, GetParam()));
-  EXPECT_EQ(msg.has_device(), GetParam() == KvHandoff::kDevice);
+  MOESH_ASSERT_OK_AND_ASSIGN(const KvTransfer msg, SerializeKv("r", *here, layers, GetParam()));
+  EXPECT_EQ(msg.device.has_value(), GetParam() == KvHandoff::kDevice);
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> there,
                              decode->NewSequence(static_cast<int>(prompt.size()) + steps));
   MOESH_ASSERT_OK(DeserializeKv(msg, layers, there.get()));
@@ -581,19 +580,19 @@ TEST_P(KvHandoffTest, BetweenBackendsContinuesExactly) {
               absl::StatusCode::kFailedPrecondition);
     MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> t2,
                                decode->NewSequence(static_cast<int>(prompt.size())));
-    v1::PushKvRequest forged = msg;
-    forged.mutable_device()->set_pool_handle(std::string(64, 'x'));
+    KvTransfer forged = msg;
+    forged.device->pool_handle = std::string(64, 'x');
     EXPECT_EQ(DeserializeKv(forged, layers, t2.get()).code(),
               absl::StatusCode::kFailedPrecondition);
     // The rows can still come through the host into that sequence.
-    MOESH_ASSERT_OK_AND_ASSIGN(const v1::PushKvRequest rows,
+    MOESH_ASSERT_OK_AND_ASSIGN(const KvTransfer rows,
                                SerializeKv("r", *here, layers, KvHandoff::kHost));
     MOESH_ASSERT_OK(DeserializeKv(rows, layers, t2.get()));
     EXPECT_EQ(t2->length(), static_cast<int>(prompt.size()));
     MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvSequence> t3,
                                decode->NewSequence(static_cast<int>(prompt.size())));
-    v1::PushKvRequest far = msg;
-    far.mutable_device()->set_blocks(0, far.device().num_blocks());
+    KvTransfer far = msg;
+    far.device->blocks[0] = far.device->num_blocks;
     EXPECT_EQ(DeserializeKv(far, layers, t3.get()).code(), absl::StatusCode::kInvalidArgument);
   }
   int32_t tok = Argmax(first, 0, vocab);
