@@ -7,7 +7,7 @@
 // Families: MlaLayerStack (DeepSeek-V2, V2-Lite, V3/R1 and V3.2's lightning
 // indexer with sparse MLA; mla_layer_stack.h) and V4LayerStack (DeepSeek-V4's
 // mHC, sliding window and compressed attention; v4_layer_stack.h).
-// MakeLayerStack picks by the config.
+// MakeLayerStack (make_layer_stack.cc) picks by the config.
 //
 // Not thread-safe: its model's caller's thread.
 #ifndef MOESH_COMMON_CUDA_BACKEND_LAYER_STACK_H_
