@@ -1,8 +1,7 @@
 // MakeLayerStack (layer_stack.h): the families' stacks by layer architecture, in a file of its
 // own so that the interface does not depend on its implementations.
-#include "common/cuda_backend/layer_stack.h"
-
 #include "base/status.h"
+#include "common/cuda_backend/layer_stack.h"
 #include "common/cuda_backend/mla_layer_stack.h"
 #include "common/cuda_backend/v4_layer_stack.h"
 
