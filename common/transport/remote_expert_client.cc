@@ -284,6 +284,7 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
     std::vector<int32_t> topk_ids;
     std::vector<float> topk_weights;
     std::vector<float> out;
+    int pairs = 0;  // (token, expert) pairs routed here
     absl::Status status;
   };
   std::vector<Part> parts(w_count);
@@ -300,37 +301,45 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
         p.topk_weights.resize(p.topk_weights.size() + d.top_k, 0.0f);
       }
       const size_t slot = (p.rows.size() - 1) * d.top_k + k;
+      ++p.pairs;
       p.topk_ids[slot] = e;
       p.topk_weights[slot] = d.topk_weights[t * d.top_k + k];
     }
   }
   const size_t row_floats = static_cast<size_t>(d.hidden);
+  bool whole = false;
   int sends = 0;
-  for (const Part& p : parts) sends += p.rows.empty() ? 0 : 1;
+  for (const Part& p : parts) {
+    whole = whole || p.pairs == d.num_tokens * d.top_k;
+    sends += p.rows.empty() ? 0 : 1;
+  }
   absl::BlockingCounter sent(sends);
   for (int w = 0; w < w_count; ++w) {
     Part& p = parts[w];
     if (p.rows.empty()) continue;
-    p.hidden_states.resize(p.rows.size() * row_floats);
-    for (size_t i = 0; i < p.rows.size(); ++i) {
-      std::memcpy(p.hidden_states.data() + i * row_floats,
-                  d.hidden_states + static_cast<size_t>(p.rows[i]) * row_floats,
-                  row_floats * sizeof(float));
+    // A worker with every pair (one worker, or one hosting all the experts
+    // routed to) takes the dispatch as it is and writes `out` itself.
+    MoeDispatch mine = d;
+    float* dst = out;
+    if (!whole) {
+      p.hidden_states.resize(p.rows.size() * row_floats);
+      for (size_t i = 0; i < p.rows.size(); ++i) {
+        std::memcpy(p.hidden_states.data() + i * row_floats,
+                    d.hidden_states + static_cast<size_t>(p.rows[i]) * row_floats,
+                    row_floats * sizeof(float));
+      }
+      p.out.resize(p.rows.size() * row_floats);
+      mine.num_tokens = static_cast<int>(p.rows.size());
+      mine.hidden_states = p.hidden_states.data();
+      mine.topk_ids = p.topk_ids.data();
+      mine.topk_weights = p.topk_weights.data();
+      dst = p.out.data();
     }
-    p.out.resize(p.rows.size() * row_floats);
-    MoeDispatch mine;
-    mine.layer = d.layer;
-    mine.num_tokens = static_cast<int>(p.rows.size());
-    mine.hidden = d.hidden;
-    mine.top_k = d.top_k;
-    mine.hidden_states = p.hidden_states.data();
-    mine.topk_ids = p.topk_ids.data();
-    mine.topk_weights = p.topk_weights.data();
-    pool_.Schedule([&, w, mine] {
+    pool_.Schedule([&, w, mine, dst] {
       absl::StatusOr<std::shared_ptr<DataChannel>> ch = Channel(workers[w].address);
       parts[w].status =
           ch.ok()
-              ? (*ch)->Dispatch(mine, parts[w].out.data())
+              ? (*ch)->Dispatch(mine, dst)
               : absl::UnavailableError(absl::StrCat("cannot reach it: ", ch.status().message()));
       sent.DecrementCount();
     });
@@ -354,6 +363,7 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
       device_suspect_ = failed;  // its earlier sums in this step may be unfinished
   }
   if (!failed.ok()) return failed;
+  if (whole) return absl::OkStatus();
   std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
   for (const Part& p : parts) {
     for (size_t i = 0; i < p.rows.size(); ++i) {
