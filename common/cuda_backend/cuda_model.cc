@@ -109,7 +109,6 @@ absl::Status CudaModel::Init() {
   limits.max_tokens_per_step = o.max_tokens_per_step;
   limits.max_model_len = max_model_len_;
   limits.vocab_size = c.vocab_size;
-  limits.segments = c.layers() == LayerArch::kV4;
   ASSIGN_OR_RETURN(planner_, StepPlanner::Create(limits));
 
   ctx_ = std::make_unique<ForwardContext>(config_, options_);
@@ -125,9 +124,6 @@ absl::Status CudaModel::Init() {
   ctx_->buckets = planner_->buckets();
   ASSIGN_OR_RETURN(ffn_, FfnBlock::Create(*ctx_));
   ASSIGN_OR_RETURN(stack_, MakeLayerStack(*ctx_, ffn_.get()));
-  if (stack_->needs_segments() != limits.segments) {
-    return absl::InternalError("CudaModel: the layer stack and the planner disagree on segments");
-  }
 
   const size_t rows = o.max_num_seqs;
   RETURN_IF_ERROR(head_normed_.Reallocate(rows * c.hidden_size));
@@ -258,7 +254,7 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
     int32_t* hi = h_ids_.get();
     float* hl = h_lp_.get();
     RETURN_IF_ERROR(RunChecked(experts, [&]() -> absl::Status {
-      RETURN_IF_ERROR(planner_->Upload(b, stream_.get()));
+      RETURN_IF_ERROR(planner_->Upload(b, stream_.get(), stack_->needs_segments()));
       if (b.decode && options_.cuda_graphs && experts == nullptr) {
         RETURN_IF_ERROR(RunDecodeGraph(b, k));
       } else if (b.decode && options_.cuda_graphs && experts->dispatch_device() == info_.device) {
@@ -320,7 +316,7 @@ absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const Seq
     const int rows = b.decode ? n : b.num_rows;
     rows_host.resize(rows * vocab);
     RETURN_IF_ERROR(RunChecked(experts, [&]() -> absl::Status {
-      RETURN_IF_ERROR(planner_->Upload(b, stream_.get()));
+      RETURN_IF_ERROR(planner_->Upload(b, stream_.get(), stack_->needs_segments()));
       RETURN_IF_ERROR(EnqueueForward(b, false, 0, experts));
       if (rows > 0) {
         RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(rows_host.data(), logits_.get(),

@@ -51,7 +51,7 @@ absl::StatusOr<PhaseTimes> CudaModel::ProfileStep(absl::Span<const SequenceToken
   }
   PhaseTimes t;
   for (const StepBatch& b : chunks) {
-    RETURN_IF_ERROR(planner_->Upload(b, stream_.get()));
+    RETURN_IF_ERROR(planner_->Upload(b, stream_.get(), stack_->needs_segments()));
     ctx_->profile = &events;
     absl::Status st = events[0].Record(stream_.get());
     if (st.ok()) st = EnqueueForward(b, true, 0);

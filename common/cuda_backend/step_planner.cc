@@ -148,7 +148,7 @@ absl::Status StepPlanner::Plan(absl::Span<const SequenceTokens> seqs, KvStore* s
   return absl::OkStatus();
 }
 
-absl::Status StepPlanner::Upload(const StepBatch& b, cudaStream_t stream) {
+absl::Status StepPlanner::Upload(const StepBatch& b, cudaStream_t stream, bool segments) {
   int32_t* h = staging_.get();
   size_t at = 0;
   auto put = [&](const std::vector<int32_t>& v, int32_t* dst) -> absl::Status {
@@ -164,7 +164,7 @@ absl::Status StepPlanner::Upload(const StepBatch& b, cudaStream_t stream) {
   RETURN_IF_ERROR(put(b.slots, inputs_.slots));
   RETURN_IF_ERROR(put(b.seq_lens, inputs_.seq_lens));
   RETURN_IF_ERROR(put(b.head_rows, inputs_.head_rows));
-  if (limits_.segments) {
+  if (segments) {
     RETURN_IF_ERROR(put(b.seg_from, inputs_.seg_from));
     RETURN_IF_ERROR(put(b.seg_last, inputs_.seg_last));
   }

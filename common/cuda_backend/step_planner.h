@@ -51,7 +51,6 @@ struct StepLimits {
   int max_tokens_per_step = 0;  // a prefill pass's tokens
   int max_model_len = 0;
   int vocab_size = 0;
-  bool segments = false;  // upload seg_last / seg_from (the family reads them)
 };
 
 class StepPlanner {
@@ -69,8 +68,9 @@ class StepPlanner {
   absl::Status Plan(absl::Span<const SequenceTokens> seqs, KvStore* store,
                     std::vector<StepBatch>* passes, std::vector<int>* order) const;
   // Copies `b` into the device inputs on `stream` (pinned staging; the
-  // staging is reused by the next Upload, after this stream's copies).
-  absl::Status Upload(const StepBatch& b, cudaStream_t stream);
+  // staging is reused by the next Upload, after this stream's copies); its
+  // segments too iff `segments` (the layer stack reads them).
+  absl::Status Upload(const StepBatch& b, cudaStream_t stream, bool segments);
 
   const StepInputs& inputs() const { return inputs_; }
   // The decode batch sizes graphs are captured for: powers of two, then max_rows.
