@@ -8,10 +8,6 @@
 #include "common/service/serving_proto.h"
 
 namespace moesh {
-grpc::Status DecodeService::Reserve(grpc::ServerContext*, const v1::ReserveRequest* request,
-                                    v1::ReserveResponse*) {
-  return ToGrpcStatus(engine_->Reserve(request->request_id(), request->max_tokens()));
-}
 
 grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
     grpc::CallbackServerContext*, const v1::DecodeRequest* request) {
@@ -19,8 +15,17 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
   auto cancel = std::make_shared<CancelToken>();
   auto* stream = new BlockingWriteReactor<v1::DecodeResponse>([cancel] { cancel->Cancel(); });
   pool_.Schedule([this, stream, request, cancel] {
+    absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> reserved =
+        engine_->Reserve(DecodeSpecFromProto(*request));
+    if (!reserved.ok()) {
+      stream->Finish(ToGrpcStatus(reserved.status()));
+      return;
+    }
+    v1::DecodeResponse m;
+    m.set_reserved(true);
+    stream->Write(m);  // a client gone meanwhile has fired `cancel`: Decode ends at once
     absl::Status s = engine_->Decode(
-        DecodeSpecFromProto(*request),
+        *reserved,
         [stream, cancel](const TokenEvent& e) {
           v1::DecodeResponse m;
           TokenEventToProto(e, &m);
@@ -31,11 +36,6 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
     stream->Finish(ToGrpcStatus(s));
   });
   return stream;
-}
-
-grpc::Status DecodeService::Release(grpc::ServerContext*, const v1::ReleaseRequest* request,
-                                    v1::ReleaseResponse*) {
-  return ToGrpcStatus(engine_->Release(request->request_id()));
 }
 
 }  // namespace moesh

@@ -1,9 +1,11 @@
 // gRPC edge of the decode worker: DecodeWorker RPCs onto the DecodeEngine.
 //
-// Decode is a callback-API stream: the engine's Decode runs on a thread of the
-// service's pool, and the router cancelling the stream (or going away) fires
-// the request's CancelToken, which wakes the engine: the request leaves the
-// batch at the next step and its blocks are freed. Nothing polls.
+// Decode is a callback-API stream: on a thread of the service's pool it
+// reserves the request's blocks, says so ({reserved}), and streams the
+// engine's events once the KV arrived; the router cancelling the stream (or
+// going away) fires the request's CancelToken, which wakes the engine: a
+// request waiting for its KV ends at once, a running one leaves the batch at
+// the next step; either way its blocks are freed. Nothing polls.
 #ifndef MOESH_DECODE_WORKER_DECODE_SERVICE_H_
 #define MOESH_DECODE_WORKER_DECODE_SERVICE_H_
 
@@ -18,12 +20,8 @@ class DecodeService final
  public:
   explicit DecodeService(DecodeEngine* engine) : engine_(engine) {}
 
-  grpc::Status Reserve(grpc::ServerContext*, const v1::ReserveRequest* request,
-                       v1::ReserveResponse*) override;
   grpc::ServerWriteReactor<v1::DecodeResponse>* Decode(grpc::CallbackServerContext* ctx,
                                                        const v1::DecodeRequest* request) override;
-  grpc::Status Release(grpc::ServerContext*, const v1::ReleaseRequest* request,
-                       v1::ReleaseResponse*) override;
 
  private:
   DecodeEngine* const engine_;

@@ -24,13 +24,10 @@ class PrefillCall : public grpc::ServerUnaryReactor {
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext*,
                                                   const v1::PrefillRequest* request,
-                                                  v1::PrefillResponse* response) {
+                                                  v1::PrefillResponse*) {
   auto* call = new PrefillCall();
-  pool_.Schedule([this, call, request, response] {
-    absl::StatusOr<PrefillResult> r =
-        engine_->Prefill(PrefillSpecFromProto(*request), &call->cancel());
-    if (r.ok()) PrefillResultToProto(*r, response);
-    call->Finish(r.ok() ? grpc::Status::OK : ToGrpcStatus(r.status()));
+  pool_.Schedule([this, call, request] {
+    call->Finish(ToGrpcStatus(engine_->Prefill(PrefillSpecFromProto(*request), &call->cancel())));
   });
   return call;
 }

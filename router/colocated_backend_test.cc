@@ -128,5 +128,35 @@ TEST(ColocatedBackendTest, ACancelledRequestNeverDecodesAndReleasesItsReservatio
                   .ok());
 }
 
+TEST(ColocatedBackendTest, TheFirstTokenEndsARequestOnTheDecodeSide) {
+  // The first token reaches the decode engine with the KV; a request it ends
+  // (one token asked for, or a stop id) finishes there and frees its blocks.
+  std::unique_ptr<ColocatedBackend> b = Backend();
+  ASSERT_NE(b, nullptr);
+  const int64_t all_free = b->decode()->Load().free_kv_blocks;
+  CancelToken never;
+  auto run = [&](GenerationRequest r, std::vector<int32_t>* ids) {
+    r.sampling.temperature = 0;  // greedy: the same first token every time
+    return b->Run(
+        r,
+        [ids](const TokenChunk& c) {
+          ids->insert(ids->end(), c.ids.begin(), c.ids.end());
+          return true;
+        },
+        never);
+  };
+  std::vector<int32_t> three, one, stopped;
+  ASSERT_TRUE(run(Request("three", 3), &three).ok());
+  ASSERT_EQ(three.size(), 3u);
+  ASSERT_TRUE(run(Request("one", 1), &one).ok());
+  EXPECT_EQ(one, (std::vector<int32_t>{three[0]}));
+  GenerationRequest stop = Request("stop", 8);
+  stop.stop_token_ids = {three[0]};
+  ASSERT_TRUE(run(stop, &stopped).ok());
+  EXPECT_EQ(stopped, (std::vector<int32_t>{three[0]}));
+  EXPECT_EQ(b->decode()->Load().free_kv_blocks, all_free);
+  EXPECT_EQ(b->decode()->Load().num_running, 0);
+}
+
 }  // namespace
 }  // namespace moesh

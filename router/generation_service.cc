@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_util.h"
 #include "common/service/sampling_proto.h"
+#include "common/transport/token_wire.h"
 
 namespace moesh {
 namespace {

@@ -9,14 +9,6 @@
 namespace moesh {
 namespace {
 
-constexpr auto kControlDeadline = std::chrono::seconds(10);
-
-std::unique_ptr<grpc::ClientContext> Deadlined(std::chrono::seconds d) {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() + d);
-  return ctx;
-}
-
 // A worker that died mid-call looks like CANCELLED (we cancelled it) or
 // UNAVAILABLE (the connection broke); both mean UNAVAILABLE to the client.
 absl::Status WorkerFailed(const WorkerInfo& w, const grpc::Status& s) {
@@ -35,8 +27,7 @@ GrpcPrefillClient::GrpcPrefillClient(WorkerInfo worker, std::shared_ptr<grpc::Ch
       stub_(v1::PrefillWorker::NewStub(std::move(channel))),
       registry_(registry) {}
 
-absl::StatusOr<PrefillResult> GrpcPrefillClient::Prefill(const PrefillSpec& spec,
-                                                         const CancelToken& cancel) {
+absl::Status GrpcPrefillClient::Prefill(const PrefillSpec& spec, const CancelToken& cancel) {
   v1::PrefillRequest request;
   PrefillSpecToProto(spec, &request);
   v1::PrefillResponse response;
@@ -49,7 +40,7 @@ absl::StatusOr<PrefillResult> GrpcPrefillClient::Prefill(const PrefillSpec& spec
   registry_->Untrack(h);
   if (!s.ok() && cancel.cancelled()) return absl::CancelledError("cancelled by the client");
   if (!s.ok()) return WorkerFailed(worker_, s);
-  return PrefillResultFromProto(response);
+  return absl::OkStatus();
 }
 
 GrpcDecodeClient::GrpcDecodeClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
@@ -58,51 +49,87 @@ GrpcDecodeClient::GrpcDecodeClient(WorkerInfo worker, std::shared_ptr<grpc::Chan
       stub_(v1::DecodeWorker::NewStub(std::move(channel))),
       registry_(registry) {}
 
-absl::Status GrpcDecodeClient::Reserve(const std::string& request_id, int prompt_tokens,
-                                       int max_tokens) {
-  v1::ReserveRequest r;
-  r.set_request_id(request_id);
-  r.set_prompt_tokens(prompt_tokens);
-  r.set_max_tokens(max_tokens);
-  v1::ReserveResponse resp;
-  grpc::Status s = stub_->Reserve(Deadlined(kControlDeadline).get(), r, &resp);
-  return s.ok() ? absl::OkStatus() : WorkerFailed(worker_, s);
-}
+namespace {
 
-void GrpcDecodeClient::Release(const std::string& request_id) {
-  v1::ReleaseRequest r;
-  r.set_request_id(request_id);
-  v1::ReleaseResponse resp;
-  stub_->Release(Deadlined(kControlDeadline).get(), r, &resp);  // best effort: the lease frees it
-}
+// A Decode stream past its {reserved} message. The registry and the caller's
+// token cancel it (TryCancel) while it lives; going unrelayed, it cancels
+// itself, which frees the reservation on the worker.
+class GrpcDecodeStream : public DecodeStream {
+ public:
+  GrpcDecodeStream(const WorkerInfo* worker, WorkerRegistry* registry,
+                   std::shared_ptr<grpc::ClientContext> ctx)
+      : worker_(worker), registry_(registry), ctx_(std::move(ctx)) {}
+  ~GrpcDecodeStream() override {
+    if (reader_ != nullptr && !finished_) {
+      ctx_->TryCancel();
+      reader_->Finish().IgnoreError();
+    }
+    on_cancel_.Reset();
+    registry_->Untrack(tracked_);
+  }
 
-absl::Status GrpcDecodeClient::Decode(const DecodeSpec& spec, const TokenSink& sink,
-                                      const CancelToken& cancel) {
+  // Starts the call and reads its first message: OK once reserved, else the
+  // worker's refusal (or CANCELLED by the caller).
+  absl::Status Start(v1::DecodeWorker::Stub* stub, const v1::DecodeRequest& request,
+                     const CancelToken& cancel) {
+    std::shared_ptr<grpc::ClientContext> ctx = ctx_;
+    tracked_ = registry_->Track(worker_->id, [ctx] { ctx->TryCancel(); });
+    // TryCancel before the call starts cancels it as it starts.
+    on_cancel_ = cancel.OnCancel([this] {
+      by_caller_ = true;
+      ctx_->TryCancel();
+    });
+    reader_ = stub->Decode(ctx_.get(), request);
+    v1::DecodeResponse m;
+    if (!reader_->Read(&m)) return Close(/*declined=*/false);  // refused, or gone
+    if (m.reserved()) return absl::OkStatus();
+    ctx_->TryCancel();
+    Close(/*declined=*/true).IgnoreError();
+    return absl::InternalError(absl::StrCat(worker_->id, " (", worker_->address,
+                                            "): a Decode stream began without {reserved}"));
+  }
+
+  absl::Status Relay(const TokenSink& sink) override {
+    v1::DecodeResponse m;
+    bool declined = false;
+    while (!declined && reader_->Read(&m)) {
+      if (!sink(TokenEventFromProto(m))) declined = true;
+    }
+    if (declined) ctx_->TryCancel();
+    return Close(declined);
+  }
+
+ private:
+  // Finishes the call: its status as the flow's.
+  absl::Status Close(bool declined) {
+    finished_ = true;
+    grpc::Status s = reader_->Finish();
+    if (by_caller_ && !s.ok()) return absl::CancelledError("cancelled by the client");
+    if (declined) return absl::OkStatus();
+    if (!s.ok()) return WorkerFailed(*worker_, s);
+    return absl::OkStatus();
+  }
+
+  const WorkerInfo* const worker_;
+  WorkerRegistry* const registry_;
+  const std::shared_ptr<grpc::ClientContext> ctx_;
+  int64_t tracked_ = 0;
+  CancelToken::Registration on_cancel_;
+  std::atomic<bool> by_caller_{false};
+  std::unique_ptr<grpc::ClientReader<v1::DecodeResponse>> reader_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DecodeStream>> GrpcDecodeClient::Open(const DecodeSpec& spec,
+                                                                     const CancelToken& cancel) {
   v1::DecodeRequest request;
   DecodeSpecToProto(spec, &request);
-  auto ctx = std::make_shared<grpc::ClientContext>();
-  const int64_t h = registry_->Track(worker_.id, [ctx] { ctx->TryCancel(); });
-  // The stream's reads block; the caller's cancellation cancels the stream
-  // as it happens (the worker then frees the request's blocks).
-  std::atomic<bool> by_caller{false};
-  CancelToken::Registration on_cancel = cancel.OnCancel([&] {
-    by_caller = true;
-    ctx->TryCancel();
-  });
-  auto reader = stub_->Decode(ctx.get(), request);
-  v1::DecodeResponse m;
-  bool declined = false;
-  while (!declined && reader->Read(&m)) {
-    if (!sink(TokenEventFromProto(m))) declined = true;
-  }
-  if (declined) ctx->TryCancel();
-  grpc::Status s = reader->Finish();
-  on_cancel.Reset();
-  registry_->Untrack(h);
-  if (by_caller && !s.ok()) return absl::CancelledError("cancelled by the client");
-  if (declined) return absl::OkStatus();
-  if (!s.ok()) return WorkerFailed(worker_, s);
-  return absl::OkStatus();
+  auto stream = std::make_unique<GrpcDecodeStream>(&worker_, registry_,
+                                                   std::make_shared<grpc::ClientContext>());
+  if (absl::Status s = stream->Start(stub_.get(), request, cancel); !s.ok()) return s;
+  return stream;
 }
 
 }  // namespace moesh

@@ -22,8 +22,7 @@ class GrpcPrefillClient : public PrefillClient {
   // `registry` is borrowed and must outlive the client.
   GrpcPrefillClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
                     WorkerRegistry* registry);
-  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec,
-                                        const CancelToken& cancel) override;
+  absl::Status Prefill(const PrefillSpec& spec, const CancelToken& cancel) override;
 
  private:
   const WorkerInfo worker_;
@@ -37,10 +36,10 @@ class GrpcDecodeClient : public DecodeClient {
   GrpcDecodeClient(WorkerInfo worker, std::shared_ptr<grpc::Channel> channel,
                    WorkerRegistry* registry);
   const std::string& kv_address() const override { return worker_.data_plane_address; }
-  absl::Status Reserve(const std::string& request_id, int prompt_tokens, int max_tokens) override;
-  void Release(const std::string& request_id) override;
-  absl::Status Decode(const DecodeSpec& spec, const TokenSink& sink,
-                      const CancelToken& cancel) override;
+  // One DecodeWorker.Decode stream: its first message says the blocks are
+  // reserved, the rest are the request's tokens.
+  absl::StatusOr<std::unique_ptr<DecodeStream>> Open(const DecodeSpec& spec,
+                                                     const CancelToken& cancel) override;
 
  private:
   const WorkerInfo worker_;

@@ -1,10 +1,8 @@
 // moesh.v1.SamplingParams <-> SamplingParams, with the API's defaults applied
-// for unset fields (temperature 1, top_p 1, penalties off, ...); and the
-// sampler's top log-probabilities <-> moesh.v1.TopLogprobs.
+// for unset fields (temperature 1, top_p 1, penalties off, ...). (The
+// sampler's top log-probabilities on the wire: common/transport/token_wire.h.)
 #ifndef MOESH_COMMON_SERVICE_SAMPLING_PROTO_H_
 #define MOESH_COMMON_SERVICE_SAMPLING_PROTO_H_
-
-#include <vector>
 
 #include "common/engine/sampler.h"
 #include "moesh/v1/common.pb.h"
@@ -14,9 +12,6 @@ namespace moesh {
 SamplingParams SamplingFromProto(const v1::SamplingParams& p);
 // Every field set explicitly, so the receiver sees exactly these values.
 void SamplingToProto(const SamplingParams& s, v1::SamplingParams* p);
-
-void LogprobsToProto(const std::vector<TokenLogprob>& top, v1::TopLogprobs* p);
-std::vector<TokenLogprob> LogprobsFromProto(const v1::TopLogprobs& p);
 
 }  // namespace moesh
 

@@ -1,6 +1,7 @@
 #include "common/service/serving_proto.h"
 
 #include "common/service/sampling_proto.h"
+#include "common/transport/token_wire.h"
 
 namespace moesh {
 
@@ -20,24 +21,9 @@ PrefillSpec PrefillSpecFromProto(const v1::PrefillRequest& p) {
   return spec;
 }
 
-void PrefillResultToProto(const PrefillResult& result, v1::PrefillResponse* p) {
-  p->set_first_token(result.first_token);
-  p->set_queue_seconds(result.queue_seconds);
-  LogprobsToProto(result.logprobs, p->mutable_logprobs());
-}
-
-PrefillResult PrefillResultFromProto(const v1::PrefillResponse& p) {
-  PrefillResult result;
-  result.first_token = p.first_token();
-  result.queue_seconds = p.queue_seconds();
-  result.logprobs = LogprobsFromProto(p.logprobs());
-  return result;
-}
-
 void DecodeSpecToProto(const DecodeSpec& spec, v1::DecodeRequest* p) {
   p->set_request_id(spec.request_id);
   p->mutable_prompt_ids()->Add(spec.prompt_ids.begin(), spec.prompt_ids.end());
-  p->set_first_token(spec.first_token);
   SamplingToProto(spec.sampling, p->mutable_sampling());
   p->set_max_new_tokens(spec.max_new_tokens);
   p->mutable_stop_token_ids()->Add(spec.stop_token_ids.begin(), spec.stop_token_ids.end());
@@ -47,7 +33,6 @@ DecodeSpec DecodeSpecFromProto(const v1::DecodeRequest& p) {
   DecodeSpec spec;
   spec.request_id = p.request_id();
   spec.prompt_ids.assign(p.prompt_ids().begin(), p.prompt_ids().end());
-  spec.first_token = p.first_token();
   spec.sampling = SamplingFromProto(p.sampling());
   spec.max_new_tokens = p.max_new_tokens();
   spec.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
@@ -60,6 +45,7 @@ void TokenEventToProto(const TokenEvent& event, v1::DecodeResponse* p) {
     LogprobsToProto(top, p->add_logprobs());
   p->set_finished(event.finished);
   p->set_stopped(event.stopped);
+  p->set_queue_seconds(event.queue_seconds);
 }
 
 TokenEvent TokenEventFromProto(const v1::DecodeResponse& p) {
@@ -68,6 +54,7 @@ TokenEvent TokenEventFromProto(const v1::DecodeResponse& p) {
   for (const v1::TopLogprobs& top : p.logprobs()) event.logprobs.push_back(LogprobsFromProto(top));
   event.finished = p.finished();
   event.stopped = p.stopped();
+  event.queue_seconds = p.queue_seconds();
   return event;
 }
 

@@ -12,8 +12,6 @@ namespace moesh {
 
 void PrefillSpecToProto(const PrefillSpec& spec, v1::PrefillRequest* p);
 PrefillSpec PrefillSpecFromProto(const v1::PrefillRequest& p);
-void PrefillResultToProto(const PrefillResult& result, v1::PrefillResponse* p);
-PrefillResult PrefillResultFromProto(const v1::PrefillResponse& p);
 
 void DecodeSpecToProto(const DecodeSpec& spec, v1::DecodeRequest* p);
 DecodeSpec DecodeSpecFromProto(const v1::DecodeRequest& p);

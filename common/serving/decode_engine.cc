@@ -1,6 +1,7 @@
 #include "common/serving/decode_engine.h"
 
 #include <algorithm>
+#include <deque>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,23 @@
 #include "common/transport/kv_handoff.h"
 
 namespace moesh {
+
+struct DecodeEngine::Request {
+  DecodeSpec spec;
+  // Shared with a KV handoff in progress, which keeps it alive if the
+  // request ends meanwhile (its lease expires, it is cancelled).
+  std::shared_ptr<KvSequence> kv;
+  std::unique_ptr<Sampler> sampler;
+  std::vector<int32_t> output;  // generated so far, the first token included
+  std::chrono::steady_clock::time_point reserved_at;
+  bool kv_received = false;
+  bool streaming = false;  // a Decode call reads the outbox
+  bool running = false;    // in the batch loop
+  bool cancelled = false;
+  bool done = false;
+  absl::Status status;
+  std::deque<TokenEvent> outbox;  // produced by the engine, drained by Decode
+};
 
 DecodeEngine::DecodeEngine(AttentionBackend* backend, ExpertClient* experts,
                            DecodeEngineOptions options)
@@ -44,21 +62,36 @@ DecodeEngine::~DecodeEngine() {
     Finish(requests_.begin()->second, absl::UnavailableError("decode worker shutting down"));
 }
 
-absl::Status DecodeEngine::Reserve(const std::string& request_id, int max_tokens) {
+absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
+    const DecodeSpec& spec) {
+  if (spec.prompt_ids.empty() || spec.max_new_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", spec.request_id, ": ",
+                                                   spec.prompt_ids.size(), " prompt tokens and ",
+                                                   spec.max_new_tokens, " new tokens to decode"));
+  }
+  if (absl::Status s = spec.sampling.Validate(backend_->config().vocab_size); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (requests_.count(request_id))
-    return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " exists"));
-  absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewSequence(max_tokens);
+  if (requests_.count(spec.request_id))
+    return absl::AlreadyExistsError(absl::StrCat("request ", spec.request_id, " exists"));
+  absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewSequence(spec.max_tokens());
   if (!kv.ok()) return kv.status();
   auto r = std::make_shared<Request>();
+  r->spec = spec;
+  r->sampler = std::make_unique<Sampler>(spec.sampling);
   r->kv = std::move(*kv);
   r->reserved_at = std::chrono::steady_clock::now();
-  requests_[request_id] = std::move(r);
+  requests_[spec.request_id] = r;
   UpdateGauges();
-  return absl::OkStatus();
+  return r;
 }
 
 absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
+  const int vocab = backend_->config().vocab_size;
+  if (transfer.first_token < 0 || transfer.first_token >= vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("KV for ", transfer.request_id, ": first token ",
+                                                   transfer.first_token,
+                                                   " is outside the vocabulary [0, ", vocab, ")"));
+  }
   std::shared_ptr<Request> r;
   std::shared_ptr<KvSequence> kv;
   {
@@ -89,19 +122,39 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
     return absl::FailedPreconditionError("the reservation for " + transfer.request_id +
                                          " ended during the KV handoff");
   r->kv_received = true;
+  // The first event: the prefill worker's token, its alternatives as asked,
+  // and how long the prompt queued.
+  const DecodeSpec& spec = r->spec;
+  r->output = {transfer.first_token};
+  TokenEvent first;
+  first.queue_seconds = transfer.queue_seconds;
+  first.ids.push_back(transfer.first_token);
+  if (spec.sampling.top_logprobs > 0) first.logprobs.push_back(transfer.first_logprobs);
+  first.stopped = std::find(spec.stop_token_ids.begin(), spec.stop_token_ids.end(),
+                            transfer.first_token) != spec.stop_token_ids.end();
+  first.finished = first.stopped || spec.max_new_tokens <= 1;
+  const bool finished = first.finished;
+  r->outbox.push_back(std::move(first));
+  if (finished) {
+    Finish(r, absl::OkStatus());
+  } else {
+    r->running = true;
+  }
   return absl::OkStatus();
 }
 
-absl::Status DecodeEngine::Release(const std::string& request_id) {
+void DecodeEngine::Release(const std::shared_ptr<Request>& request) {
   absl::MutexLock lock(&mu_);
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request ", request_id));
-  if (it->second->running) {
-    it->second->cancelled = true;  // the loop owns running requests' caches
+  Cancel(request, absl::CancelledError("released"));
+}
+
+void DecodeEngine::Cancel(std::shared_ptr<Request> r, absl::Status why) {
+  if (r->done) return;
+  if (r->running) {
+    r->cancelled = true;  // the loop owns running requests' caches
   } else {
-    Finish(it->second, absl::CancelledError("released"));
+    Finish(std::move(r), std::move(why));
   }
-  return absl::OkStatus();
 }
 
 void DecodeEngine::Finish(std::shared_ptr<Request> r,
@@ -127,41 +180,21 @@ void DecodeEngine::UpdateGauges() {
   running_->Set(static_cast<double>(requests_.size()));
 }
 
-absl::Status DecodeEngine::Decode(const DecodeSpec& spec, const DecodeSink& sink,
+absl::Status DecodeEngine::Decode(const std::shared_ptr<Request>& r, const DecodeSink& sink,
                                   const CancelToken& cancel) {
-  std::shared_ptr<Request> r;
   {
     absl::MutexLock lock(&mu_);
-    auto it = requests_.find(spec.request_id);
-    if (it == requests_.end())
-      return absl::NotFoundError(absl::StrCat("no reservation for ", spec.request_id));
-    r = it->second;
-    if (!r->kv_received)
-      return absl::FailedPreconditionError(absl::StrCat("no KV received for ", spec.request_id));
-    if (r->running || r->done)
-      return absl::AlreadyExistsError(absl::StrCat(spec.request_id, " is already decoding"));
-    if (absl::Status s = spec.sampling.Validate(backend_->config().vocab_size); !s.ok()) {
-      Finish(r, s);
-      return s;
-    }
-    r->spec = spec;
-    r->sampler = std::make_unique<Sampler>(spec.sampling);
-    r->output = {spec.first_token};
-    if (static_cast<int>(r->output.size()) >= spec.max_new_tokens) {
-      TokenEvent last;
-      last.finished = true;
-      r->outbox.push_back(std::move(last));
-      Finish(r, absl::OkStatus());
-    } else {
-      r->running = true;
-    }
+    if (r->streaming)
+      return absl::AlreadyExistsError(absl::StrCat(r->spec.request_id, " is already decoding"));
+    r->streaming = true;
   }
-  // Cancellation marks the request; the loop drops it at the next step
-  // boundary and Finish wakes the wait below. (Registered with no lock held:
-  // an already cancelled token runs this at once.)
+  // Cancellation ends a request waiting for its KV at once, and marks a
+  // running one, which the loop drops at the next step boundary; Finish wakes
+  // the wait below. (Registered with no lock held: an already cancelled
+  // token runs this at once.)
   CancelToken::Registration on_cancel = cancel.OnCancel([this, r] {
     absl::MutexLock lock(&mu_);
-    if (!r->done) r->cancelled = true;
+    Cancel(r, absl::CancelledError("cancelled by the caller"));
   });
   while (true) {
     std::deque<TokenEvent> out;

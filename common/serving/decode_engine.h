@@ -2,10 +2,11 @@
 // that advances every running request by one token per step, with one expert
 // dispatch per MoE layer for the whole batch.
 //
-// Request life: Reserve (blocks allocated) → PushKv (rows arrive from the
-// prefill worker) → Decode (joins the running batch; tokens stream to the
-// caller) → finished, cancelled or failed, which frees the blocks. A
-// reservation that never starts decoding is freed after `reservation_lease`.
+// Request life: Reserve (blocks allocated) → PushKv (the prompt's rows and
+// first token arrive from the prefill worker; the request joins the running
+// batch) → finished, cancelled or failed, which frees the blocks. Decode
+// streams a request's events to its caller from the first token on. A
+// reservation whose KV does not arrive within `reservation_lease` is freed.
 //
 // Thread-safe. Owns one engine thread.
 #ifndef MOESH_COMMON_SERVING_DECODE_ENGINE_H_
@@ -13,7 +14,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -56,40 +56,36 @@ class DecodeEngine : public KvHandler {
   DecodeEngine(AttentionBackend* backend, ExpertClient* experts, DecodeEngineOptions options);
   ~DecodeEngine() override;  // fails running requests with UNAVAILABLE, joins the thread
 
-  // RESOURCE_EXHAUSTED if the blocks are not free; ALREADY_EXISTS for a
-  // duplicate id.
-  absl::Status Reserve(const std::string& request_id, int max_tokens);
-  // KvHandler: the prefilled rows of a reserved request.
-  absl::Status PushKv(const KvTransfer& transfer) override;
-  absl::Status Release(const std::string& request_id);
+  // A request of this engine, from its reservation on (opaque to callers).
+  struct Request;
 
-  // Runs the request to completion, calling `sink` with each step's output
-  // (the last one has finished = true). Returns when done; CANCELLED once
-  // `cancel` fired (woken by it, not polled: the request leaves the batch at
-  // the next step boundary and its blocks are freed), UNAVAILABLE if an
-  // expert failed. `sink` runs with no engine lock held, so it may cancel.
-  // REQUIRES: Reserve and PushKv for spec.request_id succeeded.
-  absl::Status Decode(const DecodeSpec& spec, const DecodeSink& sink, const CancelToken& cancel);
+  // Holds blocks for spec.max_tokens() tokens of a new request, which then
+  // waits for its KV. RESOURCE_EXHAUSTED if the blocks are not free;
+  // ALREADY_EXISTS for a duplicate id; INVALID_ARGUMENT for bad sampling or
+  // sizes.
+  absl::StatusOr<std::shared_ptr<Request>> Reserve(const DecodeSpec& spec);
+  // KvHandler: a reserved request's prefilled rows and first token. The
+  // request joins the running batch, or ends at once if the first token
+  // ends it (a stop id, max_new_tokens 1). INVALID_ARGUMENT for a first
+  // token outside the vocabulary.
+  absl::Status PushKv(const KvTransfer& transfer) override;
+  // Ends a request nobody decodes (its blocks are freed); nothing if it ended.
+  void Release(const std::shared_ptr<Request>& request);
+
+  // Streams a reserved request's events to `sink` (the first token once its
+  // KV arrived, then one per step; the last has finished = true) and returns
+  // when it ended: OK when it finished; CANCELLED once `cancel` fired (woken
+  // by it, not polled: the request leaves the batch at the next step boundary
+  // and its blocks are freed); DEADLINE_EXCEEDED if the KV did not arrive
+  // within the lease; UNAVAILABLE if an expert failed; ALREADY_EXISTS if
+  // another call streams it. `sink` runs with no engine
+  // lock held, so it may cancel.
+  absl::Status Decode(const std::shared_ptr<Request>& request, const DecodeSink& sink,
+                      const CancelToken& cancel);
 
   ServingLoad Load() const;
 
  private:
-  struct Request {
-    DecodeSpec spec;
-    // Shared with a KV handoff in progress, which keeps it alive if the
-    // request ends meanwhile (its lease expires, it is cancelled).
-    std::shared_ptr<KvSequence> kv;
-    std::unique_ptr<Sampler> sampler;
-    std::vector<int32_t> output;  // generated so far, first_token included
-    std::chrono::steady_clock::time_point reserved_at;
-    bool kv_received = false;
-    bool running = false;  // in the batch loop
-    bool cancelled = false;
-    bool done = false;
-    absl::Status status;
-    std::deque<TokenEvent> outbox;  // produced by the engine, drained by Decode
-  };
-
   void Loop();
   // One step over `batch`; returns false if the forward failed (all failed).
   void Step(const std::vector<std::shared_ptr<Request>>& batch);
@@ -97,6 +93,9 @@ class DecodeEngine : public KvHandler {
   // Ends `r` with `status`, dropping it from the table (its blocks are freed
   // when the last reference goes).
   void Finish(std::shared_ptr<Request> r, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `r` with `why` if it waits for its KV; marks it for the loop to drop
+  // if it runs. Nothing if it ended.
+  void Cancel(std::shared_ptr<Request> r, absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   AttentionBackend* const backend_;
   ExpertClient* const experts_;

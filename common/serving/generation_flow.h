@@ -1,7 +1,10 @@
-// One generation's path through the workers, written once: reserve the KV on a
-// decode worker, prefill the prompt there (the prefill worker samples the
-// first token and moves the KV into the reservation), stop if the first token
-// ends it, else decode and relay the tokens.
+// One generation's path through the workers, written once: open the decode
+// on a decode worker (which reserves the request's KV blocks and waits for
+// them to fill), prefill the prompt (the prefill worker samples the first
+// token and moves the KV, the first token with it, into the reservation), and
+// relay what the decode worker streams from then on: the first token, then
+// one per step. Two calls to the workers per request; the prompt goes to the
+// prefill worker, the first token travels with the KV, not back through here.
 //
 // The workers are reached through two interfaces, each with an in-process
 // implementation (the engines of this process: the router's colocated mode;
@@ -55,24 +58,23 @@ struct PrefillSpec {
   std::string decode_address;
 };
 
-struct PrefillResult {
-  int32_t first_token = 0;
-  std::vector<TokenLogprob> logprobs;  // iff sampling.top_logprobs > 0
-  double queue_seconds = 0;            // waiting for a batch slot
-};
-
-// What Decode needs beyond the KV: the request's sampling and stop state.
+// What a decode worker needs to hold a request's KV and continue it: its
+// prompt (the blocks to reserve, the penalties' history), sampling and stop
+// state. The first token comes with the KV (kv_handoff.h).
 struct DecodeSpec {
   std::string request_id;
   std::vector<int32_t> prompt_ids;
-  int32_t first_token = 0;  // sampled by the prefill worker (step 0)
   SamplingParams sampling;
-  int max_new_tokens = 1;  // including first_token
+  int max_new_tokens = 1;  // the first token included
   std::vector<int32_t> stop_token_ids;
+
+  // The tokens whose KV the request may hold: prompt + max_new_tokens - 1.
+  int max_tokens() const { return static_cast<int>(prompt_ids.size()) + max_new_tokens - 1; }
 };
 
 // A decode step's output for one request, in order; the last has finished.
-// A TokenChunk (queue_seconds 0), so it reaches a ChunkSink as it is.
+// A TokenChunk, so it reaches a ChunkSink as it is: the first event carries
+// the first token and the time its prompt queued for prefill.
 struct TokenEvent : TokenChunk {
   bool finished = false;
   bool stopped = false;  // finished on a stop id
@@ -84,12 +86,25 @@ using TokenSink = std::function<bool(const TokenEvent&)>;
 class PrefillClient {
  public:
   virtual ~PrefillClient() = default;
-  // Blocks until the prompt ran and its KV reached spec.decode_address.
-  // INVALID_ARGUMENT for a bad prompt or sampling; UNAVAILABLE when the worker
-  // (or an expert worker, or the decode worker) failed; CANCELLED when
-  // `cancel` fired first (the KV may still arrive: the caller releases).
-  virtual absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec,
-                                                const CancelToken& cancel) = 0;
+  // Blocks until the prompt ran and its KV, with the first token, reached
+  // spec.decode_address. INVALID_ARGUMENT for a bad prompt or sampling;
+  // UNAVAILABLE when the worker (or an expert worker, or the decode worker)
+  // failed; CANCELLED when `cancel` fired first.
+  virtual absl::Status Prefill(const PrefillSpec& spec, const CancelToken& cancel) = 0;
+};
+
+// A request opened on a decode worker: it holds the request's KV blocks until
+// it ends. Destroying it before Relay returned cancels the request (its
+// blocks are freed). Not thread-safe.
+class DecodeStream {
+ public:
+  virtual ~DecodeStream() = default;
+  // Feeds `sink` the request's events in order, from the first token (once
+  // the KV arrived) to the last. OK when it finished or `sink` declined;
+  // CANCELLED when the caller's token fired (the worker frees the request's
+  // blocks); UNAVAILABLE when the worker failed; DEADLINE_EXCEEDED when the
+  // KV did not arrive within the worker's lease. Call once.
+  virtual absl::Status Relay(const TokenSink& sink) = 0;
 };
 
 // A decode worker. Thread-safe.
@@ -98,25 +113,21 @@ class DecodeClient {
   virtual ~DecodeClient() = default;
   // Where prefill workers send this worker's KV (PrefillSpec::decode_address).
   virtual const std::string& kv_address() const = 0;
-  // Reserves blocks for max_tokens tokens of a request. RESOURCE_EXHAUSTED
-  // when they are not free; UNAVAILABLE when the worker is gone.
-  virtual absl::Status Reserve(const std::string& request_id, int prompt_tokens,
-                               int max_tokens) = 0;
-  // Frees a reservation (best effort: the worker's lease frees it otherwise).
-  virtual void Release(const std::string& request_id) = 0;
-  // Decodes a reserved request whose KV arrived, feeding `sink` in order.
-  // OK when it finished or `sink` declined; CANCELLED when `cancel` fired
-  // (the worker frees the request's blocks); UNAVAILABLE when the worker failed.
-  virtual absl::Status Decode(const DecodeSpec& spec, const TokenSink& sink,
-                              const CancelToken& cancel) = 0;
+  // Opens `spec`'s request: returns once blocks for spec.max_tokens() tokens
+  // are reserved. RESOURCE_EXHAUSTED when they are not free; UNAVAILABLE when
+  // the worker is gone; INVALID_ARGUMENT for bad sampling or sizes;
+  // ALREADY_EXISTS for an id in use there. `cancel` (which must outlive the
+  // stream) cancels the request whenever it fires.
+  virtual absl::StatusOr<std::unique_ptr<DecodeStream>> Open(const DecodeSpec& spec,
+                                                             const CancelToken& cancel) = 0;
 };
 
-// Runs `request`: reserves on the first of `decoders` with room (in order;
-// one that is full or gone is skipped, any other refusal ends the request),
-// prefills on `prefill`, then decodes there, feeding `sink`. Returns OK when
-// the request finished (max tokens, a stop id, `sink` declined), CANCELLED
-// when `cancel` fired, else the failing worker's error. The reservation is
-// released on every path that does not decode.
+// Runs `request`: opens it on the first of `decoders` with room (in order; one
+// that is full or gone is skipped, any other refusal ends the request),
+// prefills on `prefill`, then relays the decode worker's events to `sink`.
+// Returns OK when the request finished (max tokens, a stop id, `sink`
+// declined), CANCELLED when `cancel` fired, else the failing worker's error.
+// A request that does not decode releases its reservation on every path.
 absl::Status RunGeneration(const GenerationRequest& request, PrefillClient& prefill,
                            absl::Span<DecodeClient* const> decoders, const ChunkSink& sink,
                            const CancelToken& cancel);

@@ -1,5 +1,6 @@
-// RunGeneration against scripted workers: which decode worker it reserves on,
-// when it releases, what reaches the sink, and which status comes back.
+// RunGeneration against scripted workers: which decode worker it opens the
+// request on, when it lets the reservation go, what reaches the sink, and
+// which status comes back.
 #include "common/serving/generation_flow.h"
 
 #include <string>
@@ -12,47 +13,56 @@ namespace {
 
 class FakePrefill : public PrefillClient {
  public:
-  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec, const CancelToken&) override {
+  absl::Status Prefill(const PrefillSpec& spec, const CancelToken&) override {
     specs.push_back(spec);
-    if (!status.ok()) return status;
-    PrefillResult r;
-    r.first_token = first_token;
-    r.queue_seconds = 0.25;
-    r.logprobs = {{first_token, -0.5f}};
-    return r;
+    return status;
   }
   absl::Status status;
-  int32_t first_token = 7;
   std::vector<PrefillSpec> specs;
 };
 
+// A decode worker whose streams replay `events` (the first token's included:
+// it came with the KV) and end with `decode_status`.
 class FakeDecode : public DecodeClient {
  public:
   explicit FakeDecode(std::string address) : address_(std::move(address)) {}
   const std::string& kv_address() const override { return address_; }
-  absl::Status Reserve(const std::string& id, int prompt_tokens, int max_tokens) override {
-    reserved.push_back(id);
-    reserved_max_tokens = max_tokens;
-    return reserve_status;
+  absl::StatusOr<std::unique_ptr<DecodeStream>> Open(const DecodeSpec& spec,
+                                                     const CancelToken& cancel) override {
+    opened.push_back(spec.request_id);
+    this->spec = spec;
+    if (!open_status.ok()) return open_status;
+    return std::make_unique<Stream>(this, spec.request_id, cancel);
   }
-  void Release(const std::string& id) override { released.push_back(id); }
-  absl::Status Decode(const DecodeSpec& spec, const TokenSink& sink,
-                      const CancelToken& cancel) override {
-    decoded = spec;
-    for (const TokenEvent& e : events) {
-      if (cancel.cancelled()) return absl::CancelledError("cancelled");
-      if (!sink(e)) return absl::OkStatus();
-    }
-    return decode_status;
-  }
-  absl::Status reserve_status;
+  absl::Status open_status;
   absl::Status decode_status;
   std::vector<TokenEvent> events;
-  std::vector<std::string> reserved, released;
-  int reserved_max_tokens = 0;
-  DecodeSpec decoded;
+  std::vector<std::string> opened, released;
+  DecodeSpec spec;
 
  private:
+  class Stream : public DecodeStream {
+   public:
+    Stream(FakeDecode* owner, std::string id, const CancelToken& cancel)
+        : owner_(owner), id_(std::move(id)), cancel_(cancel) {}
+    ~Stream() override {
+      if (!relayed_) owner_->released.push_back(id_);
+    }
+    absl::Status Relay(const TokenSink& sink) override {
+      relayed_ = true;
+      for (const TokenEvent& e : owner_->events) {
+        if (cancel_.cancelled()) return absl::CancelledError("cancelled");
+        if (!sink(e)) return absl::OkStatus();
+      }
+      return owner_->decode_status;
+    }
+
+   private:
+    FakeDecode* const owner_;
+    const std::string id_;
+    const CancelToken& cancel_;
+    bool relayed_ = false;
+  };
   const std::string address_;
 };
 
@@ -73,6 +83,15 @@ TokenEvent Event(std::vector<int32_t> ids, bool finished = false) {
   return e;
 }
 
+// The first event, as the decode worker streams it once the KV came: the
+// prefill worker's token, its alternatives, its prompt's queue time.
+TokenEvent First(int32_t token = 7) {
+  TokenEvent e = Event({token});
+  e.logprobs = {{{token, -0.5f}}};
+  e.queue_seconds = 0.25;
+  return e;
+}
+
 struct Collected {
   std::vector<int32_t> ids;
   std::vector<size_t> logprob_rows;
@@ -89,47 +108,48 @@ struct Collected {
 
 const CancelToken kNever;
 
-TEST(GenerationFlowTest, ReservesPrefillsThenDecodes) {
+TEST(GenerationFlowTest, OpensPrefillsThenRelays) {
   FakePrefill prefill;
   FakeDecode decode("decode-a:1");
-  decode.events = {Event({8}), Event({9}), Event({}, true)};
+  decode.events = {First(), Event({8}), Event({9}, true)};
   DecodeClient* const decoders[] = {&decode};
   Collected out;
   ASSERT_TRUE(RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever).ok());
   EXPECT_EQ(out.ids, (std::vector<int32_t>{7, 8, 9}));
   EXPECT_EQ(out.queue_seconds, 0.25);
   EXPECT_EQ(out.logprob_rows.front(), 1u);  // the first token's, as asked
-  EXPECT_EQ(decode.reserved_max_tokens, 3 + 4 - 1);
+  EXPECT_EQ(decode.spec.max_tokens(), 3 + 4 - 1);
+  EXPECT_EQ(decode.spec.prompt_ids, (std::vector<int32_t>{5, 17, 300}));
+  EXPECT_EQ(decode.spec.stop_token_ids, (std::vector<int32_t>{2}));
   ASSERT_EQ(prefill.specs.size(), 1u);
   EXPECT_EQ(prefill.specs[0].decode_address, "decode-a:1");
-  EXPECT_EQ(decode.decoded.first_token, 7);
-  EXPECT_EQ(decode.decoded.max_new_tokens, 4);
+  EXPECT_EQ(decode.spec.max_new_tokens, 4);
   EXPECT_TRUE(decode.released.empty());  // a decoded request frees itself
 }
 
 TEST(GenerationFlowTest, SkipsFullAndVanishedWorkersButNotOtherRefusals) {
   FakePrefill prefill;
   FakeDecode full("full:1"), gone("gone:1"), ok("ok:1");
-  full.reserve_status = absl::ResourceExhaustedError("full");
-  gone.reserve_status = absl::UnavailableError("gone");
+  full.open_status = absl::ResourceExhaustedError("full");
+  gone.open_status = absl::UnavailableError("gone");
   DecodeClient* const decoders[] = {&full, &gone, &ok};
   Collected out;
   ASSERT_TRUE(RunGeneration(Request(1), prefill, decoders, out.Sink(), kNever).ok());
   EXPECT_EQ(prefill.specs.at(0).decode_address, "ok:1");
 
   FakeDecode dup("dup:1"), never("never:1");
-  dup.reserve_status = absl::AlreadyExistsError("r1 exists");
+  dup.open_status = absl::AlreadyExistsError("r1 exists");
   DecodeClient* const refusing[] = {&dup, &never};
   const absl::Status s = RunGeneration(Request(1), prefill, refusing, out.Sink(), kNever);
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_TRUE(never.reserved.empty());
+  EXPECT_TRUE(never.opened.empty());
 }
 
 TEST(GenerationFlowTest, NoRoomAnywhereIsTheLastRefusal) {
   FakePrefill prefill;
   FakeDecode a("a:1"), b("b:1");
-  a.reserve_status = absl::UnavailableError("a gone");
-  b.reserve_status = absl::ResourceExhaustedError("b full");
+  a.open_status = absl::UnavailableError("a gone");
+  b.open_status = absl::ResourceExhaustedError("b full");
   DecodeClient* const decoders[] = {&a, &b};
   Collected out;
   const absl::Status s = RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever);
@@ -137,41 +157,23 @@ TEST(GenerationFlowTest, NoRoomAnywhereIsTheLastRefusal) {
   EXPECT_TRUE(prefill.specs.empty());
 }
 
-TEST(GenerationFlowTest, ReleasesTheReservationWhenItDoesNotDecode) {
+TEST(GenerationFlowTest, ReleasesTheReservationWhenThePrefillFails) {
   FakeDecode decode("d:1");
+  decode.events = {First()};
   DecodeClient* const decoders[] = {&decode};
-  {  // the prefill failed
-    FakePrefill prefill;
-    prefill.status = absl::UnavailableError("prefill worker died");
-    Collected out;
-    EXPECT_EQ(RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever).code(),
-              absl::StatusCode::kUnavailable);
-    EXPECT_TRUE(out.ids.empty());
-  }
-  {  // the first token is a stop id
-    FakePrefill prefill;
-    prefill.first_token = 2;
-    Collected out;
-    EXPECT_TRUE(RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever).ok());
-    EXPECT_EQ(out.ids, (std::vector<int32_t>{2}));
-  }
-  {  // one token asked for
-    FakePrefill prefill;
-    Collected out;
-    EXPECT_TRUE(RunGeneration(Request(1), prefill, decoders, out.Sink(), kNever).ok());
-  }
-  {  // the sink declined the first token
-    FakePrefill prefill;
-    Collected out;
-    EXPECT_TRUE(RunGeneration(Request(4), prefill, decoders, out.Sink(1), kNever).ok());
-  }
-  EXPECT_EQ(decode.released, (std::vector<std::string>{"r1", "r1", "r1", "r1"}));
+  FakePrefill prefill;
+  prefill.status = absl::UnavailableError("prefill worker died");
+  Collected out;
+  EXPECT_EQ(RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(out.ids.empty());
+  EXPECT_EQ(decode.released, (std::vector<std::string>{"r1"}));
 }
 
 TEST(GenerationFlowTest, SinkDecliningStopsDecodeAndCancellationIsReported) {
   FakePrefill prefill;
   FakeDecode decode("d:1");
-  decode.events = {Event({8}), Event({9}), Event({10})};
+  decode.events = {First(), Event({8}), Event({9}), Event({10})};
   DecodeClient* const decoders[] = {&decode};
   Collected declined;
   EXPECT_TRUE(RunGeneration(Request(8), prefill, decoders, declined.Sink(2), kNever).ok());
@@ -193,6 +195,7 @@ TEST(GenerationFlowTest, SinkDecliningStopsDecodeAndCancellationIsReported) {
 TEST(GenerationFlowTest, ACancelledRequestReleasesItsReservationWithoutPrefilling) {
   FakePrefill prefill;
   FakeDecode decode("d:1");
+  decode.events = {First()};
   DecodeClient* const decoders[] = {&decode};
   CancelToken cancel;
   cancel.Cancel();
@@ -207,7 +210,7 @@ TEST(GenerationFlowTest, ACancelledRequestReleasesItsReservationWithoutPrefillin
 TEST(GenerationFlowTest, ADecodeWorkerFailureIsTheResult) {
   FakePrefill prefill;
   FakeDecode decode("d:1");
-  decode.events = {Event({8})};
+  decode.events = {First(), Event({8})};
   decode.decode_status = absl::UnavailableError("decode worker died");
   DecodeClient* const decoders[] = {&decode};
   Collected out;

@@ -1,34 +1,53 @@
 #include "common/serving/inprocess_clients.h"
 
+#include <utility>
+
 namespace moesh {
+namespace {
 
-absl::Status InProcessDecodeClient::Reserve(const std::string& request_id, int prompt_tokens,
-                                            int max_tokens) {
-  return engine_->Reserve(request_id, max_tokens);
-}
+class InProcessDecodeStream : public DecodeStream {
+ public:
+  InProcessDecodeStream(DecodeEngine* engine, std::shared_ptr<DecodeEngine::Request> request,
+                        const CancelToken& cancel)
+      : engine_(engine), request_(std::move(request)), cancel_(cancel) {}
+  ~InProcessDecodeStream() override {
+    if (!relayed_) engine_->Release(request_);
+  }
 
-void InProcessDecodeClient::Release(const std::string& request_id) {
-  engine_->Release(request_id).IgnoreError();  // best effort: it may have ended
-}
+  absl::Status Relay(const TokenSink& sink) override {
+    relayed_ = true;
+    // The engine stops on one token: the caller's, or the sink declining.
+    CancelToken stop;
+    CancelToken::Registration forward = cancel_.OnCancel([&stop] { stop.Cancel(); });
+    bool declined = false;
+    absl::Status s = engine_->Decode(
+        request_,
+        [&](const TokenEvent& e) {
+          if (!declined && !sink(e)) {
+            declined = true;
+            stop.Cancel();  // the sink runs outside the engine's lock
+          }
+        },
+        stop);
+    forward.Reset();
+    if (declined && s.code() == absl::StatusCode::kCancelled) return absl::OkStatus();
+    return s;
+  }
 
-absl::Status InProcessDecodeClient::Decode(const DecodeSpec& spec, const TokenSink& sink,
-                                           const CancelToken& cancel) {
-  // The engine stops on one token: the caller's, or the sink declining.
-  CancelToken stop;
-  CancelToken::Registration forward = cancel.OnCancel([&stop] { stop.Cancel(); });
-  bool declined = false;
-  absl::Status s = engine_->Decode(
-      spec,
-      [&](const TokenEvent& e) {
-        if (!declined && !sink(e)) {
-          declined = true;
-          stop.Cancel();  // the sink runs outside the engine's lock
-        }
-      },
-      stop);
-  forward.Reset();
-  if (declined && s.code() == absl::StatusCode::kCancelled) return absl::OkStatus();
-  return s;
+ private:
+  DecodeEngine* const engine_;
+  const std::shared_ptr<DecodeEngine::Request> request_;
+  const CancelToken& cancel_;
+  bool relayed_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DecodeStream>> InProcessDecodeClient::Open(
+    const DecodeSpec& spec, const CancelToken& cancel) {
+  absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> request = engine_->Reserve(spec);
+  if (!request.ok()) return request.status();
+  return std::make_unique<InProcessDecodeStream>(engine_, std::move(*request), cancel);
 }
 
 }  // namespace moesh

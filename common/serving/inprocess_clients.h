@@ -15,8 +15,7 @@ namespace moesh {
 class InProcessPrefillClient : public PrefillClient {
  public:
   explicit InProcessPrefillClient(PrefillEngine* engine) : engine_(engine) {}
-  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec,
-                                        const CancelToken& cancel) override {
+  absl::Status Prefill(const PrefillSpec& spec, const CancelToken& cancel) override {
     return engine_->Prefill(spec, &cancel);
   }
 
@@ -31,10 +30,8 @@ class InProcessDecodeClient : public DecodeClient {
       : engine_(engine), kv_address_(std::move(kv_address)) {}
 
   const std::string& kv_address() const override { return kv_address_; }
-  absl::Status Reserve(const std::string& request_id, int prompt_tokens, int max_tokens) override;
-  void Release(const std::string& request_id) override;
-  absl::Status Decode(const DecodeSpec& spec, const TokenSink& sink,
-                      const CancelToken& cancel) override;
+  absl::StatusOr<std::unique_ptr<DecodeStream>> Open(const DecodeSpec& spec,
+                                                     const CancelToken& cancel) override;
 
  private:
   DecodeEngine* const engine_;

@@ -44,8 +44,7 @@ PrefillEngine::~PrefillEngine() {
   queue_.clear();
 }
 
-absl::StatusOr<PrefillResult> PrefillEngine::Prefill(const PrefillSpec& spec,
-                                                     const CancelToken* cancel) {
+absl::Status PrefillEngine::Prefill(const PrefillSpec& spec, const CancelToken* cancel) {
   const ModelConfig& c = backend_->config();
   if (spec.prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt");
   for (int32_t t : spec.prompt_ids) {
@@ -166,7 +165,7 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     batch_seconds_->Observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::vector<absl::StatusOr<PrefillResult>> results(batch.size());
+  std::vector<absl::Status> results(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!chosen.ok()) {
       results[i] =
@@ -176,13 +175,6 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
       continue;
     }
     const PrefillSpec& spec = *batch[i]->spec;
-    PrefillResult r;
-    r.queue_seconds = batch[i]->queue_seconds;
-    r.first_token = chosen->ids[i];
-    if (spec.sampling.top_logprobs > 0) {
-      r.logprobs.assign(chosen->top_logprobs[i].begin(),
-                        chosen->top_logprobs[i].begin() + spec.sampling.top_logprobs);
-    }
     absl::StatusOr<DataChannel*> ch = ChannelTo(spec.decode_address);
     const auto kv_start = std::chrono::steady_clock::now();
     absl::Status pushed = ch.status();
@@ -192,6 +184,12 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
       auto push = [&](KvHandoff h, absl::StatusOr<KvTransfer>* msg) {
         *msg = SerializeKv(spec.request_id, *caches[i], c.num_hidden_layers, h);
         if (!msg->ok()) return msg->status();
+        (*msg)->first_token = chosen->ids[i];
+        if (const int want = spec.sampling.top_logprobs; want > 0) {
+          (*msg)->first_logprobs.assign(chosen->top_logprobs[i].begin(),
+                                        chosen->top_logprobs[i].begin() + want);
+        }
+        (*msg)->queue_seconds = batch[i]->queue_seconds;
         if (!caches[i]->status().ok()) {
           return absl::InternalError(
               absl::StrCat("reading the KV rows failed: ", caches[i]->status().message()));
@@ -226,10 +224,9 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
           pushed.code() == absl::StatusCode::kInvalidArgument ? absl::StatusCode::kInternal
                                                               : pushed.code(),
           absl::StrCat("KV handoff to ", spec.decode_address, " failed: ", pushed.message()));
-      continue;
     }
-    results[i] = std::move(r);
   }
+  caches.clear();  // the prompts' blocks are free before their callers hear back
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < batch.size(); ++i) {
     batch[i]->result = std::move(results[i]);

@@ -1,7 +1,7 @@
 // The prefill worker's core: batches the prompts that arrive together into
 // one forward pass (attention here, routed experts through the ExpertClient),
-// samples each request's first token, and hands each prompt's KV cache to the
-// decode worker holding its reservation.
+// samples each request's first token, and hands each prompt's KV cache, the
+// first token with it, to the decode worker holding its reservation.
 //
 // Thread-safe: Prefill is called concurrently by RPC handlers. Owns one thread.
 #ifndef MOESH_COMMON_SERVING_PREFILL_ENGINE_H_
@@ -48,13 +48,12 @@ class PrefillEngine {
                 PrefillEngineOptions options);
   ~PrefillEngine();  // fails queued requests with UNAVAILABLE
 
-  // Blocks until the prompt ran and its KV reached the decode worker.
-  // INVALID_ARGUMENT for bad prompts or sampling, UNAVAILABLE if an expert or
-  // the decode worker failed. CANCELLED when `cancel` (may be null) fired
-  // while the prompt still waited in the queue (it leaves the queue at once;
-  // a prompt already in a running batch finishes).
-  absl::StatusOr<PrefillResult> Prefill(const PrefillSpec& spec,
-                                        const CancelToken* cancel = nullptr);
+  // Blocks until the prompt ran and its KV and first token reached the
+  // decode worker. INVALID_ARGUMENT for bad prompts or sampling, UNAVAILABLE
+  // if an expert or the decode worker failed. CANCELLED when `cancel` (may be
+  // null) fired while the prompt still waited in the queue (it leaves the
+  // queue at once; a prompt already in a running batch finishes).
+  absl::Status Prefill(const PrefillSpec& spec, const CancelToken* cancel = nullptr);
 
   ServingLoad Load() const;
 
@@ -66,7 +65,7 @@ class PrefillEngine {
     std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
     double queue_seconds = 0;
     bool done = false;
-    absl::StatusOr<PrefillResult> result = absl::UnknownError("not run");
+    absl::Status result = absl::UnknownError("not run");
   };
   void Loop();
   // Takes `p` out of the queue as CANCELLED if it is still there.

@@ -1,5 +1,6 @@
 // KV handoff between a prefill and a decode worker: a sequence's cache rows
-// as a plain KvTransfer, and back into the decode side's reserved sequence.
+// (and the request's first token) as a plain KvTransfer, and back into the
+// decode side's reserved sequence.
 // The transports that carry a transfer as a message convert it at their edge
 // (kv_wire.h); the KvHandler and DataChannel interfaces, and the serving
 // cores behind them, speak KvTransfer only.
@@ -14,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/engine/sampler.h"
 #include "common/model/kv_cache.h"
 
 namespace moesh {
@@ -39,6 +41,14 @@ struct KvTransfer {
   // tokens in blocks.size() * block_size slots. The sender's sequence must
   // stay unchanged until the receiver has answered.
   std::optional<DeviceKvBlocks> device;
+
+  // The request's first generated token, sampled by the prefill worker at
+  // the prompt's last position, with its top log-probabilities (iff the
+  // request asked for them) and how long the prompt queued for prefill: the
+  // decode worker streams them as the request's first event.
+  int32_t first_token = 0;
+  std::vector<TokenLogprob> first_logprobs;
+  double queue_seconds = 0;
 
   // The host rows' bytes (as they go on the wire).
   size_t row_bytes() const {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/transport/token_wire.h"
 
 namespace moesh {
 
@@ -13,6 +14,9 @@ void EncodePushKv(const KvTransfer& t, v1::PushKvRequest* request) {
   request->set_num_layers(t.num_layers);
   request->set_num_tokens(t.num_tokens);
   request->set_row_width(t.row_width);
+  request->set_first_token(t.first_token);
+  LogprobsToProto(t.first_logprobs, request->mutable_first_logprobs());
+  request->set_queue_seconds(t.queue_seconds);
   if (t.device.has_value()) {
     const DeviceKvBlocks& d = *t.device;
     v1::DeviceKv* dev = request->mutable_device();
@@ -39,6 +43,9 @@ absl::StatusOr<KvTransfer> DecodePushKv(const v1::PushKvRequest& request) {
   t.num_layers = request.num_layers();
   t.num_tokens = request.num_tokens();
   t.row_width = request.row_width();
+  t.first_token = request.first_token();
+  t.first_logprobs = LogprobsFromProto(request.first_logprobs());
+  t.queue_seconds = request.queue_seconds();
   if (request.has_device()) {
     const v1::DeviceKv& dev = request.device();
     DeviceKvBlocks d;

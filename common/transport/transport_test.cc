@@ -588,6 +588,8 @@ TEST(KvWireTest, RoundTrips) {
   KvTransfer f32;
   f32.request_id = "a", f32.num_layers = 2, f32.num_tokens = 3, f32.row_width = 4;
   for (int i = 0; i < 24; ++i) f32.rows.push_back(0.25f * i - 1);
+  f32.first_token = 41, f32.queue_seconds = 0.125;
+  f32.first_logprobs = {{41, -0.5f}, {3, -1.25f}};
   KvTransfer bf16 = f32;
   bf16.request_id = "b", bf16.rows_bf16 = true, bf16.rows.clear();
   for (int i = 0; i < 24; ++i) bf16.bf16_rows.push_back(F32ToBf16(0.5f * i));
@@ -607,6 +609,13 @@ TEST(KvWireTest, RoundTrips) {
     EXPECT_EQ(back->rows_bf16, t->rows_bf16);
     EXPECT_EQ(back->rows, t->rows);
     EXPECT_EQ(back->bf16_rows, t->bf16_rows);
+    EXPECT_EQ(back->first_token, t->first_token);
+    EXPECT_EQ(back->queue_seconds, t->queue_seconds);
+    ASSERT_EQ(back->first_logprobs.size(), t->first_logprobs.size());
+    for (size_t i = 0; i < t->first_logprobs.size(); ++i) {
+      EXPECT_EQ(back->first_logprobs[i].id, t->first_logprobs[i].id);
+      EXPECT_EQ(back->first_logprobs[i].logprob, t->first_logprobs[i].logprob);
+    }
     ASSERT_EQ(back->device.has_value(), t->device.has_value());
     if (t->device.has_value()) {
       EXPECT_EQ(back->device->pool_handle, t->device->pool_handle);
