@@ -2,8 +2,8 @@
 // own so that the interface does not depend on its implementations.
 #include "base/status.h"
 #include "common/cuda_backend/layer_stack.h"
-#include "common/cuda_backend/mla_layer_stack.h"
-#include "common/cuda_backend/v4_layer_stack.h"
+#include "common/cuda_backend/mla/mla_layer_stack.h"
+#include "common/cuda_backend/v4/v4_layer_stack.h"
 
 namespace moesh::cuda {
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "common/model/v4_model.h"
+#include "common/model/v4/v4_model.h"
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/moe_gate.h"

@@ -23,10 +23,10 @@ enum class ScoringFunc { kSoftmax, kSigmoid, kSqrtSoftplus };
 // The layers a family runs.
 enum class LayerArch {
   // MLA over a latent cache, then a dense MLP or MoE (V2, V2-Lite, V3/R1,
-  // V3.2): common/model/attention_model.cc, common/cuda_backend/mla_layer_stack.
+  // V3.2): common/model/attention_model.cc, common/cuda_backend/mla/mla_layer_stack.
   kMla,
   // mHC residual streams, sliding-window plus compressed attention, then MoE
-  // (V4): common/model/v4_model.cc, common/cuda_backend/v4_layer_stack.
+  // (V4): common/model/v4/v4_model.cc, common/cuda_backend/v4/v4_layer_stack.
   kV4,
 };
 

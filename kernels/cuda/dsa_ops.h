@@ -3,7 +3,7 @@
 // entries), and V3.2's indexer key written into the cache row. CPU
 // references: kernels/cpu/dsa_indexer.h (V3.2; the key in
 // common/model/attention_model.cc IndexerProject) and
-// common/model/v4_model.cc (V4).
+// common/model/v4/v4_model.cc (V4).
 //
 // Conventions as model_ops.h: each op checks shapes once, launches on
 // params.stream, never synchronises or allocates (graph-capturable), and

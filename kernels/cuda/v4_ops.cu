@@ -1,5 +1,5 @@
 // DeepSeek-V4's ops (v4_ops.h states the math of each; the CPU references are
-// kernels/cpu/mhc.cc and common/model/v4_model.cc). RoPE: rope.cuh's, on
+// kernels/cpu/mhc.cc and common/model/v4/v4_model.cc). RoPE: rope.cuh's, on
 // interleaved pairs.
 #include <algorithm>
 #include <cfloat>

@@ -3,8 +3,8 @@
 // attention's per-head norm + partial RoPE, the cache row write, the
 // compressors' pooled entries and the shared-KV attention with sinks over a sliding window plus
 // compressed entries (the CSA layers' lightning indexer is dsa_ops.h's). The CPU references:
-// kernels/cpu/mhc.h (mHC) and common/model/v4_model.cc (everything else; its comments give the math
-// and the cache row layout, which these kernels share).
+// kernels/cpu/mhc.h (mHC) and common/model/v4/v4_model.cc (everything else; its comments give the
+// math and the cache row layout, which these kernels share).
 //
 // Every token row t of a pass carries seq_lens[t] = its position + 1 (0: a
 // padding row, which writes zeros and no cache row) and its block table row.

@@ -19,8 +19,8 @@
 // routed experts run through ExpertClient::Run), a sliding-window ring (rows
 // of every token are kept, only the last sliding_window are read), caching
 // the pooled entries between forwards.
-#ifndef MOESH_COMMON_MODEL_V4_MODEL_H_
-#define MOESH_COMMON_MODEL_V4_MODEL_H_
+#ifndef MOESH_COMMON_MODEL_V4_V4_MODEL_H_
+#define MOESH_COMMON_MODEL_V4_V4_MODEL_H_
 
 #include <vector>
 
@@ -49,4 +49,4 @@ absl::StatusOr<std::vector<float>> ForwardV4(const ModelConfig& config,
 
 }  // namespace moesh
 
-#endif  // MOESH_COMMON_MODEL_V4_MODEL_H_
+#endif  // MOESH_COMMON_MODEL_V4_V4_MODEL_H_

@@ -15,8 +15,8 @@
 // The compressed entries live in a pool of their own beside the KV store's
 // (entry e of a sequence at its row e: the same block ids), computed once
 // per entry, in a pass or from rows that arrived (RowsArrived).
-#ifndef MOESH_COMMON_CUDA_BACKEND_V4_LAYER_STACK_H_
-#define MOESH_COMMON_CUDA_BACKEND_V4_LAYER_STACK_H_
+#ifndef MOESH_COMMON_CUDA_BACKEND_V4_V4_LAYER_STACK_H_
+#define MOESH_COMMON_CUDA_BACKEND_V4_V4_LAYER_STACK_H_
 
 #include <memory>
 
@@ -76,4 +76,4 @@ class V4LayerStack : public LayerStack {
 
 }  // namespace moesh::cuda
 
-#endif  // MOESH_COMMON_CUDA_BACKEND_V4_LAYER_STACK_H_
+#endif  // MOESH_COMMON_CUDA_BACKEND_V4_V4_LAYER_STACK_H_

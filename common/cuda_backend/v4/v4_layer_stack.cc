@@ -1,11 +1,11 @@
-#include "common/cuda_backend/v4_layer_stack.h"
+#include "common/cuda_backend/v4/v4_layer_stack.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "common/model/v4_model.h"
+#include "common/model/v4/v4_model.h"
 #include "kernels/cuda/dsa_ops.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/mla_decode.h"

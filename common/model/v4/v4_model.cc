@@ -1,4 +1,4 @@
-#include "common/model/v4_model.h"
+#include "common/model/v4/v4_model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "common/cuda_backend/mla_layer_stack.h"
+#include "common/cuda_backend/mla/mla_layer_stack.h"
 #include "kernels/cuda/dsa_ops.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/ops.h"

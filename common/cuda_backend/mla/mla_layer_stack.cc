@@ -1,4 +1,4 @@
-#include "common/cuda_backend/mla_layer_stack.h"
+#include "common/cuda_backend/mla/mla_layer_stack.h"
 
 #include <algorithm>
 

@@ -11,8 +11,8 @@
 // cache rows [0, position] (its own row written first), through the decode
 // attention kernel. That is correct and simple, not fast: the prefix is read
 // once per query token rather than once per tile of queries.
-#ifndef MOESH_COMMON_CUDA_BACKEND_MLA_LAYER_STACK_H_
-#define MOESH_COMMON_CUDA_BACKEND_MLA_LAYER_STACK_H_
+#ifndef MOESH_COMMON_CUDA_BACKEND_MLA_MLA_LAYER_STACK_H_
+#define MOESH_COMMON_CUDA_BACKEND_MLA_MLA_LAYER_STACK_H_
 
 #include <memory>
 
@@ -69,4 +69,4 @@ class MlaLayerStack : public LayerStack {
 
 }  // namespace moesh::cuda
 
-#endif  // MOESH_COMMON_CUDA_BACKEND_MLA_LAYER_STACK_H_
+#endif  // MOESH_COMMON_CUDA_BACKEND_MLA_MLA_LAYER_STACK_H_
