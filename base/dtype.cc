@@ -101,6 +101,25 @@ float F8E4M3ToF32(uint8_t v) {
   return sign ? -mag : mag;
 }
 
+uint8_t F32ToF8E4M3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return sign | 0x7f;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;  // the largest finite value
+  if (a == 0.0f) return sign;
+  int e = 0;
+  std::frexp(a, &e);
+  int exp = e - 1;  // a in [2^exp, 2^(exp+1))
+  if (exp < -6) {
+    // Subnormal: mant * 2^-9. Rounding up to 8 gives 2^-6, the smallest
+    // normal, whose code is 8 too.
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  int mant = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - exp)));  // [8, 16]
+  if (mant == 16) mant = 8, ++exp;
+  return sign | static_cast<uint8_t>(((exp + 7) << 3) | (mant - 8));
+}
+
 void ConvertToF32(DType t, const void* src, size_t n, float* dst) {
   switch (t) {
     case DType::kF32:

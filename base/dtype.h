@@ -42,6 +42,10 @@ inline uint16_t F32ToBf16(float f) {
 float F16ToF32(uint16_t v);
 uint16_t F32ToF16(float f);
 float F8E4M3ToF32(uint8_t v);
+// Round to nearest even, saturating at ±448 (e4m3fn has no infinities; NaN
+// stays NaN): what CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)
+// gives.
+uint8_t F32ToF8E4M3(float f);
 
 // Converts `n` elements of type `t` at `src` to float32 at `dst`.
 // REQUIRES: t is a floating type (not kI64/kI32).

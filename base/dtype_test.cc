@@ -60,6 +60,25 @@ TEST(DTypeTest, Fp8E4M3) {
   EXPECT_TRUE(std::isnan(F8E4M3ToF32(0x7f)));
 }
 
+TEST(DTypeTest, Fp8E4M3Encode) {
+  for (int c = 0; c < 256; ++c) {  // every finite code survives a round trip
+    if ((c & 0x7f) == 0x7f) continue;
+    ASSERT_EQ(F32ToF8E4M3(F8E4M3ToF32(static_cast<uint8_t>(c))), c) << c;
+  }
+  // Round to nearest, ties to even, between neighbouring codes.
+  EXPECT_EQ(F32ToF8E4M3(1.0625f), 0x38);  // halfway 1 and 1.125: to even (1)
+  EXPECT_EQ(F32ToF8E4M3(1.1875f), 0x3a);  // halfway 1.125 and 1.25: to even (1.25)
+  EXPECT_EQ(F32ToF8E4M3(1.07f), 0x39);    // above halfway: up
+  EXPECT_EQ(F32ToF8E4M3(15.5f), 0x58);    // 15 and 16 tie: to even, 16 (exponent carries)
+  EXPECT_EQ(F32ToF8E4M3(std::ldexp(1.5f, -10)), 0x01);  // 0.75 of the smallest subnormal: up
+  EXPECT_EQ(F32ToF8E4M3(std::ldexp(1.0f, -10)), 0x00);  // half the smallest: to even (0)
+  EXPECT_EQ(F32ToF8E4M3(std::ldexp(7.5f, -9)), 0x08);   // rounds up into the first normal
+  EXPECT_EQ(F32ToF8E4M3(1000.0f), 0x7e);                // saturates
+  EXPECT_EQ(F32ToF8E4M3(-1e30f), 0xfe);
+  EXPECT_EQ(F32ToF8E4M3(-0.0f), 0x80);
+  EXPECT_EQ(F32ToF8E4M3(NAN) & 0x7f, 0x7f);
+}
+
 TEST(DTypeTest, ConvertToF32) {
   const uint16_t bf[3] = {0x3f80, 0xc000, 0x0000};
   float out[3];

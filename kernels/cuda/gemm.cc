@@ -51,15 +51,31 @@ int AlignmentOf(const void* p, int64_t stride_bytes, int batch) {
 
 }  // namespace
 
-absl::StatusOr<const CublasGemm::Plan*> CublasGemm::GetPlan(const Shape& s) {
-  const Key key{s.m,          s.n,        s.k,           s.ldx,
-                s.ldw,        s.ldy,      s.batch,       s.stride_x,
-                s.stride_w,   s.stride_y, s.fp32_inputs, static_cast<int>(s.out_type),
-                s.accumulate, s.align_x,  s.align_w,     s.align_y};
+absl::StatusOr<const CublasGemm::Plan*> CublasGemm::GetPlan(const Shape& s, const float* x_scale,
+                                                            const float* w_scale) {
+  const Key key{s.m,
+                s.n,
+                s.k,
+                s.ldx,
+                s.ldw,
+                s.ldy,
+                s.batch,
+                s.stride_x,
+                s.stride_w,
+                s.stride_y,
+                s.fp32_inputs,
+                static_cast<int>(s.out_type),
+                s.accumulate,
+                s.align_x,
+                s.align_w,
+                s.align_y,
+                s.fp8_block_scaled};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   auto plan = std::make_unique<Plan>();
-  const cudaDataType_t in_type = s.fp32_inputs ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType_t in_type = s.fp8_block_scaled ? CUDA_R_8F_E4M3
+                                 : s.fp32_inputs    ? CUDA_R_32F
+                                                    : CUDA_R_16BF;
   const cudaDataType_t out_type = s.out_type == OutType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF;
   RETURN_IF_LT_ERROR(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
@@ -67,6 +83,16 @@ absl::StatusOr<const CublasGemm::Plan*> CublasGemm::GetPlan(const Shape& s) {
       cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
   RETURN_IF_LT_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
                                                     &no_trans, sizeof(no_trans)));
+  if (s.fp8_block_scaled) {
+    // A is the weight (128 x 128 blocks), B the activations (1 x 128).
+    const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                  b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    RETURN_IF_LT_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                      &a_mode, sizeof(a_mode)));
+    RETURN_IF_LT_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                      &b_mode, sizeof(b_mode)));
+    RETURN_IF_ERROR(SetFp8Scales(plan.get(), x_scale, w_scale));  // the heuristic wants them
+  }
   RETURN_IF_LT_ERROR(cublasLtMatrixLayoutCreate(&plan->a, in_type, s.k, s.n, s.ldw));
   RETURN_IF_LT_ERROR(cublasLtMatrixLayoutCreate(&plan->b, in_type, s.k, s.m, s.ldx));
   RETURN_IF_LT_ERROR(cublasLtMatrixLayoutCreate(&plan->c, out_type, s.n, s.m, s.ldy));
@@ -111,9 +137,20 @@ absl::StatusOr<const CublasGemm::Plan*> CublasGemm::GetPlan(const Shape& s) {
   return (plans_[key] = std::move(plan)).get();
 }
 
+absl::Status CublasGemm::SetFp8Scales(const Plan* plan, const float* x_scale,
+                                      const float* w_scale) {
+  RETURN_IF_LT_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                    &w_scale, sizeof(w_scale)));
+  RETURN_IF_LT_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                    &x_scale, sizeof(x_scale)));
+  return absl::OkStatus();
+}
+
 absl::Status CublasGemm::Launch(const Shape& s, const void* x, const void* w, void* y,
-                                cudaStream_t stream) {
-  ASSIGN_OR_RETURN(const Plan* plan, GetPlan(s));
+                                cudaStream_t stream, const float* x_scale, const float* w_scale) {
+  ASSIGN_OR_RETURN(const Plan* plan, GetPlan(s, x_scale, w_scale));
+  // This call's scales (read when the matmul is enqueued).
+  if (s.fp8_block_scaled) RETURN_IF_ERROR(SetFp8Scales(plan, x_scale, w_scale));
   const float alpha = 1.0f, beta = s.accumulate ? 1.0f : 0.0f;
   RETURN_IF_LT_ERROR(cublasLtMatmul(handle_, plan->op, &alpha, w, plan->a, x, plan->b, &beta, y,
                                     plan->c, y, plan->c, &plan->algo, workspace_.get(),
@@ -167,6 +204,28 @@ absl::Status CublasGemm::RunBatched(const BatchedGemmParams& p) {
         "16-byte aligned");
   }
   return Launch(s, p.x, p.w, p.y, p.stream);
+}
+
+absl::Status CublasGemm::RunFp8(const Fp8GemmParams& p) {
+  const int ldy = p.ldy ? p.ldy : p.n;
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.k % 16 != 0 || ldy < p.n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CublasGemm::RunFp8: m ", p.m, ", n ", p.n, ", k ", p.k, ", ldy ", ldy,
+                     ": need m, n > 0, k > 0 a multiple of 16, ldy >= n"));
+  }
+  if (!p.x || !p.w || !p.y || !p.x_scale || !p.w_scale)
+    return absl::InvalidArgumentError("CublasGemm::RunFp8: null pointer");
+  Shape s;
+  s.m = Fp8Rows(p.m), s.n = p.n, s.k = p.k, s.ldx = p.k, s.ldw = p.k, s.ldy = ldy;
+  s.fp8_block_scaled = true;
+  s.out_type = p.out_type;
+  s.align_x = AlignmentOf(p.x, 0, 1), s.align_w = AlignmentOf(p.w, 0, 1),
+  s.align_y = AlignmentOf(p.y, 0, 1);
+  if (s.align_x < 16 || s.align_w < 16 || s.align_y < 16 ||
+      ((reinterpret_cast<uintptr_t>(p.x_scale) | reinterpret_cast<uintptr_t>(p.w_scale)) & 15)) {
+    return absl::InvalidArgumentError("CublasGemm::RunFp8: pointers must be 16-byte aligned");
+  }
+  return Launch(s, p.x, p.w, p.y, p.stream, p.x_scale, p.w_scale);
 }
 
 absl::Status CublasGemm::RunF32(const float* x, const float* w, float* y, int m, int n, int k,

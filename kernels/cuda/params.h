@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/moe_gate.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/tile_config.h"
@@ -35,6 +36,45 @@ struct GemmParams {
   int m = 0, n = 0, k = 0;
   int ldx = 0, ldy = 0;
   bool accumulate = false;
+  cudaStream_t stream = nullptr;
+};
+
+// y[m, n] = x[m, k] · w[n, k]^T in DeepSeek's block-scaled FP8
+// (kernels/cpu/fp8.h, the reference): e4m3 operands, x with one scale per row
+// per 128 columns (RunQuantizeFp8 makes it), w with one per 128 x 128 block
+// (the checkpoint's weight_scale_inv); fp32 accumulation, bf16 or fp32 out.
+// The scales are laid out as cuBLASLt's block scaling reads them, and its
+// kernels take rows in fours: the activations' buffers hold Fp8Rows(m) rows
+// (RunQuantizeFp8 zeroes those past m; so are y's).
+struct Fp8GemmParams {
+  const uint8_t* x = nullptr;  // e4m3 [Fp8Rows(m), k]
+  const float* x_scale =
+      nullptr;                 // [Fp8Blocks(k), Fp8Rows(m)]: row i's block b at b * Fp8Rows(m) + i
+  const uint8_t* w = nullptr;  // e4m3 [n, k]
+  // [Fp8Blocks(n), Fp8ScaleStride(k)]: block (row block j, column block b) at
+  // j * Fp8ScaleStride(k) + b (the checkpoint's [n/128, k/128], rows padded to 4).
+  const float* w_scale = nullptr;
+  void* y = nullptr;  // [Fp8Rows(m), ldy], bf16 or fp32 per out_type
+  OutType out_type = OutType::kBf16;
+  int m = 0, n = 0, k = 0;
+  int ldy = 0;  // 0: n
+  cudaStream_t stream = nullptr;
+};
+// Rows of the FP8 GEMM's activation and output buffers: m rounded up to 4
+// (each column of x_scale 16-byte aligned; cuBLASLt has no kernel otherwise).
+constexpr int Fp8Rows(int m) { return (m + 3) / 4 * 4; }
+// A weight scale row's stride: its Fp8Blocks(k) scales rounded up to 4 (16 bytes).
+constexpr int Fp8ScaleStride(int k) { return (cpu::Fp8Blocks(k) + 3) / 4 * 4; }
+
+// q[m, k] = e4m3(x / scale) with scale = max(max|x|, 1e-10) / 448 per row and
+// 128 columns: kernels/cpu/fp8.h's QuantizeFp8Rows, bit for bit, with the
+// scales laid out as Fp8GemmParams::x_scale; rows m..Fp8Rows(m) as zeros.
+struct QuantizeFp8Params {
+  const bf16* x = nullptr;  // [m, ldx]
+  uint8_t* q = nullptr;     // e4m3 [Fp8Rows(m), k]
+  float* scale = nullptr;   // [Fp8Blocks(k), Fp8Rows(m)]
+  int m = 0, k = 0;
+  int ldx = 0;  // 0: k
   cudaStream_t stream = nullptr;
 };
 

@@ -3,8 +3,11 @@
 // copy; a large square cuBLAS GEMM). Each row prints its floor — the larger
 // of bytes / copy bandwidth and FLOPs / GEMM rate — and measured / floor.
 //
-// Usage: kernel_bench [--quick | --mla HEADS,BATCH,CONTEXT]. --mla runs that
-// one MLA case with the default tile (for profilers). Exits non-zero on any
+// Usage: kernel_bench [--quick | --mla HEADS,BATCH,CONTEXT | --fp8]. --mla runs
+// that one MLA case with the default tile (for profilers); --fp8 runs
+// DeepSeek-V3's dense linears in block-scaled FP8 (the activations' quantization
+// plus cuBLASLt's GEMM) beside the bf16 GEMM of each shape, and the FP8 GEMM's
+// own 8192^3 rate as its ceiling. Exits non-zero on any
 // CUDA error or when there is no device.
 #include <algorithm>
 #include <cstdio>
@@ -18,6 +21,7 @@
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/ops.h"
@@ -231,6 +235,102 @@ absl::Status BenchGemm(CublasGemm& gemm, const Ceilings& ceil, const DeviceInfo&
   return absl::OkStatus();
 }
 
+// DeepSeek-V3's dense linears (hidden 7168, q_lora 1536, 128 heads, dense
+// intermediate 18432, one shared expert of 2048) as the FP8 checkpoint has
+// them, against the bf16 GEMM of the same shape measured now.
+absl::Status BenchFp8(CublasGemm& gemm, const Ceilings& ceil, bool quick, cudaStream_t stream) {
+  struct Shape {
+    const char* name;
+    int n, k;
+  };
+  const Shape shapes[] = {
+      {"q_a + kv_a", 2112, 7168},     {"q_b", 24576, 1536},        {"o_proj", 7168, 16384},
+      {"dense gate_up", 36864, 7168}, {"dense down", 7168, 18432}, {"shared gate_up", 4096, 7168},
+      {"shared down", 7168, 2048},
+  };
+  const int max_m = quick ? 128 : 2048;
+  const int ms_list[] = {1, 32, 128, 2048};
+  // The FP8 GEMM's rate on a large square problem: its ceiling in this run.
+  double fp8_tflops = 0;
+  {
+    const int n = 8192;
+    ASSIGN_OR_RETURN(auto a, DeviceBuffer<uint8_t>::Create(size_t{1} * n * n));
+    ASSIGN_OR_RETURN(auto b, DeviceBuffer<uint8_t>::Create(size_t{1} * n * n));
+    ASSIGN_OR_RETURN(auto sa, DeviceBuffer<float>::Create(size_t{1} * n * cpu::Fp8Blocks(n)));
+    ASSIGN_OR_RETURN(
+        auto sb, DeviceBuffer<float>::Create(size_t{1} * cpu::Fp8Blocks(n) * Fp8ScaleStride(n)));
+    ASSIGN_OR_RETURN(auto y, DeviceBuffer<bf16>::Create(size_t{1} * n * n));
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(a.get(), 0x30, a.bytes(), stream));
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(b.get(), 0x30, b.bytes(), stream));
+    RETURN_IF_ERROR(FillUniform(sa.get(), sa.size(), 4, 1.0f, stream));
+    RETURN_IF_ERROR(FillUniform(sb.get(), sb.size(), 5, 1.0f, stream));
+    Fp8GemmParams p;
+    p.x = a.get(), p.x_scale = sa.get(), p.w = b.get(), p.w_scale = sb.get(), p.y = y.get();
+    p.m = n, p.n = n, p.k = n, p.stream = stream;
+    ASSIGN_OR_RETURN(double ms, EventMedianMs(stream, 3, 10, [&](int) { return gemm.RunFp8(p); }));
+    fp8_tflops = 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+  }
+  std::printf(
+      "\nFP8 block-scaled linears at DeepSeek-V3 shapes: quantize x (1x128) + cuBLASLt FP8 GEMM "
+      "(w 128x128 scales), bf16 out;\nbf16 GEMM of the same shape beside it. FP8 GEMM 8192^3: "
+      "%.0f TFLOP/s (bf16: %.0f). floor: FP8 bytes / copy BW or FLOPs / FP8 rate.\n",
+      fp8_tflops, ceil.gemm_tflops);
+  std::printf("%-16s %6s %6s %6s %9s %9s %9s %9s %9s %8s %8s\n", "op", "m", "n", "k", "bf16_us",
+              "quant_us", "fp8_us", "total_us", "floor_us", "speedup", "floor/t");
+  for (const Shape& s : shapes) {
+    const size_t w_elems = size_t{1} * s.n * s.k;
+    ASSIGN_OR_RETURN(auto w16, DeviceBuffer<bf16>::Create(w_elems));
+    ASSIGN_OR_RETURN(auto w8, DeviceBuffer<uint8_t>::Create(w_elems));
+    ASSIGN_OR_RETURN(auto ws, DeviceBuffer<float>::Create(size_t{1} * cpu::Fp8Blocks(s.n) *
+                                                          Fp8ScaleStride(s.k)));
+    ASSIGN_OR_RETURN(auto x, DeviceBuffer<bf16>::Create(size_t{1} * max_m * s.k));
+    ASSIGN_OR_RETURN(auto xq, DeviceBuffer<uint8_t>::Create(size_t{1} * max_m * s.k));
+    ASSIGN_OR_RETURN(auto xs, DeviceBuffer<float>::Create(size_t{1} * max_m * cpu::Fp8Blocks(s.k)));
+    ASSIGN_OR_RETURN(auto y, DeviceBuffer<bf16>::Create(size_t{1} * max_m * s.n));
+    RETURN_IF_ERROR(FillUniform(w16.get(), w16.size(), 21, 0.05f, stream));
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(w8.get(), 0x30, w8.bytes(), stream));
+    RETURN_IF_ERROR(FillUniform(ws.get(), ws.size(), 23, 1e-3f, stream));
+    RETURN_IF_ERROR(FillUniform(x.get(), x.size(), 22, 1.0f, stream));
+    for (int m : ms_list) {
+      if (m > max_m) continue;
+      GemmParams bp;
+      bp.x = x.get(), bp.w = w16.get(), bp.y = y.get(), bp.m = m, bp.n = s.n, bp.k = s.k,
+      bp.stream = stream;
+      QuantizeFp8Params qp;
+      qp.x = x.get(), qp.q = xq.get(), qp.scale = xs.get(), qp.m = m, qp.k = s.k,
+      qp.stream = stream;
+      Fp8GemmParams fp;
+      fp.x = xq.get(), fp.x_scale = xs.get(), fp.w = w8.get(), fp.w_scale = ws.get(),
+      fp.y = y.get(), fp.m = m, fp.n = s.n, fp.k = s.k, fp.stream = stream;
+      const int reps = quick ? 5 : 11;
+      ASSIGN_OR_RETURN(double bf16_ms,
+                       MedianMs(
+                           stream, 3, reps, [&](int) { return gemm.Run(bp); }, kInner));
+      ASSIGN_OR_RETURN(double q_ms,
+                       MedianMs(
+                           stream, 3, reps, [&](int) { return RunQuantizeFp8(qp); }, kInner));
+      ASSIGN_OR_RETURN(double f_ms,
+                       MedianMs(
+                           stream, 3, reps, [&](int) { return gemm.RunFp8(fp); }, kInner));
+      ASSIGN_OR_RETURN(double t_ms, MedianMs(
+                                        stream, 3, reps,
+                                        [&](int) {
+                                          RETURN_IF_ERROR(RunQuantizeFp8(qp));
+                                          return gemm.RunFp8(fp);
+                                        },
+                                        kInner));
+      const double flops = 2.0 * m * s.n * s.k;
+      const double bytes = double(w_elems) + 2.0 * m * s.k + 2.0 * m * s.n;
+      const double floor =
+          std::max(bytes / (ceil.copy_gbps * 1e9), flops / (fp8_tflops * 1e12)) * 1e6;
+      std::printf("%-16s %6d %6d %6d %9.1f %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f\n", s.name, m, s.n,
+                  s.k, bf16_ms * 1e3, q_ms * 1e3, f_ms * 1e3, t_ms * 1e3, floor, bf16_ms / t_ms,
+                  floor / (t_ms * 1e3));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The row-wise and routing ops at decode sizes: microseconds per call (GPU
 // time from graph replay); at these sizes they are launch- and latency-bound,
 // their bytes mostly L2-resident, so no floor is given.
@@ -339,7 +439,7 @@ absl::Status BenchSmallOps(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-absl::Status Main(bool quick, const MlaCase& only) {
+absl::Status Main(bool quick, bool fp8, const MlaCase& only) {
   ASSIGN_OR_RETURN(int n, CudaDeviceCount());
   if (n == 0) return absl::UnavailableError("no CUDA device");
   ASSIGN_OR_RETURN(DeviceInfo info, CurrentDeviceInfo());
@@ -353,6 +453,10 @@ absl::Status Main(bool quick, const MlaCase& only) {
   std::printf(
       "ceilings measured now: D2D copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
       ceil.copy_gbps, ceil.gemm_tflops);
+  if (fp8) {
+    RETURN_IF_ERROR(BenchFp8(*gemm, ceil, quick, stream.get()));
+    return stream.Synchronize();
+  }
   RETURN_IF_ERROR(BenchMla(ceil, info, quick, stream.get(), only));
   if (only.heads > 0) return stream.Synchronize();
   RETURN_IF_ERROR(BenchGemm(*gemm, ceil, info, quick, stream.get()));
@@ -365,6 +469,7 @@ absl::Status Main(bool quick, const MlaCase& only) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool fp8 = argc > 1 && std::strcmp(argv[1], "--fp8") == 0;
   moesh::cuda::MlaCase only;
   if (argc > 2 && std::strcmp(argv[1], "--mla") == 0 &&
       (std::sscanf(argv[2], "%d,%d,%d", &only.heads, &only.batch, &only.ctx) != 3 ||
@@ -375,7 +480,7 @@ int main(int argc, char** argv) {
                  "context <= 128 x 8192)\n");
     return 2;
   }
-  const absl::Status st = moesh::cuda::Main(quick, only);
+  const absl::Status st = moesh::cuda::Main(quick, fp8, only);
   if (!st.ok()) {
     std::fprintf(stderr, "kernel_bench: %s\n", st.ToString().c_str());
     return 1;

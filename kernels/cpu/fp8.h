@@ -1,0 +1,40 @@
+// DeepSeek's block-scaled FP8 (e4m3) on the CPU: the reference the CUDA FP8
+// ops (kernels/cuda/fp8.h) are tested against.
+//
+// A weight w[n, k] is stored as e4m3 codes with one float32 scale per
+// 128 x 128 block (the checkpoint's `weight_scale_inv`: value = code * scale);
+// an activation x[m, k] is quantized on the fly with one scale per row per 128
+// columns (DeepSeek's act_quant: scale = max|x| / 448 over the 128 values,
+// code = e4m3(x / scale)). A block-scaled linear multiplies the codes,
+// accumulates each 128-wide k block in float32, and adds the block's sum times
+// both scales.
+#ifndef MOESH_KERNELS_CPU_FP8_H_
+#define MOESH_KERNELS_CPU_FP8_H_
+
+#include <cstdint>
+
+namespace moesh::cpu {
+
+constexpr int kFp8Block = 128;
+constexpr float kFp8Max = 448.0f;  // e4m3's largest finite value
+// Blocks of kFp8Block covering n.
+constexpr int Fp8Blocks(int n) { return (n + kFp8Block - 1) / kFp8Block; }
+
+// q[m, k] = e4m3(x / scale), scale[m, Fp8Blocks(k)] = max(max|x|, 1e-10) / 448
+// per row and 128 columns (the last block may be narrower). ldx: x's row
+// stride (0: k).
+void QuantizeFp8Rows(const float* x, uint8_t* q, float* scale, int m, int k, int ldx = 0);
+
+// The same with one scale per 128 x 128 block: scale[Fp8Blocks(n),
+// Fp8Blocks(k)] (a weight quantized at load, `--quantization fp8`).
+void QuantizeFp8Blocks(const float* w, uint8_t* q, float* scale, int n, int k);
+
+// y[m, n] = Σ_b x_scale[i, b] · w_scale[j / 128, b] · Σ_{c in block b}
+// x[i, c] · w[j, c], float32 accumulation. x, w: e4m3 codes [m, k], [n, k];
+// x_scale [m, Fp8Blocks(k)], w_scale [Fp8Blocks(n), Fp8Blocks(k)].
+void Fp8BlockLinear(const uint8_t* x, const float* x_scale, const uint8_t* w, const float* w_scale,
+                    float* y, int m, int n, int k);
+
+}  // namespace moesh::cpu
+
+#endif  // MOESH_KERNELS_CPU_FP8_H_

@@ -1,0 +1,90 @@
+// The block-scaled FP8 reference: quantization keeps every value within
+// e4m3's rounding of it, maps each block's largest magnitude to ±448, and the
+// block-scaled linear equals the float32 linear of the dequantized operands.
+#include "kernels/cpu/fp8.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "base/dtype.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/ops.h"
+
+namespace moesh::cpu {
+namespace {
+
+std::vector<float> Randn(size_t n, std::mt19937& rng, float sd) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+TEST(Fp8Test, RowQuantizationKeepsValuesWithinRounding) {
+  std::mt19937 rng(7);
+  const int m = 5, k = 300;  // the last block is 44 wide
+  std::vector<float> x = Randn(static_cast<size_t>(m) * k, rng, 3.0f);
+  for (int c = 128; c < 256; ++c) x[2 * k + c] = 0.0f;  // an all-zero block
+  std::vector<uint8_t> q(x.size());
+  std::vector<float> scale(static_cast<size_t>(m) * Fp8Blocks(k));
+  QuantizeFp8Rows(x.data(), q.data(), scale.data(), m, k);
+  for (int i = 0; i < m; ++i) {
+    for (int b = 0; b < Fp8Blocks(k); ++b) {
+      const float s = scale[i * Fp8Blocks(k) + b];
+      float amax = 0, qmax = 0;
+      for (int c = b * kFp8Block; c < std::min(k, (b + 1) * kFp8Block); ++c) {
+        const float v = x[i * k + c], back = F8E4M3ToF32(q[i * k + c]) * s;
+        // e4m3 keeps 3 mantissa bits: within 2^-4 relative, or the subnormal step.
+        EXPECT_NEAR(back, v, std::max(std::fabs(v) / 16, s * std::ldexp(1.0f, -10)))
+            << i << "," << c;
+        amax = std::max(amax, std::fabs(v));
+        qmax = std::max(qmax, std::fabs(F8E4M3ToF32(q[i * k + c])));
+      }
+      if (amax > 0) {
+        EXPECT_FLOAT_EQ(s, amax / 448.0f);
+        EXPECT_EQ(qmax, 448.0f);
+      } else {
+        EXPECT_GT(s, 0.0f);  // a zero block: codes 0, a tiny scale
+        EXPECT_EQ(qmax, 0.0f);
+      }
+    }
+  }
+}
+
+TEST(Fp8Test, BlockLinearIsTheLinearOfTheDequantizedOperands) {
+  std::mt19937 rng(11);
+  const int m = 3, n = 200, k = 384;
+  const std::vector<float> x = Randn(static_cast<size_t>(m) * k, rng, 1.0f),
+                           w = Randn(static_cast<size_t>(n) * k, rng, 0.05f);
+  std::vector<uint8_t> xq(x.size()), wq(w.size());
+  std::vector<float> xs(static_cast<size_t>(m) * Fp8Blocks(k)),
+      ws(static_cast<size_t>(Fp8Blocks(n)) * Fp8Blocks(k));
+  QuantizeFp8Rows(x.data(), xq.data(), xs.data(), m, k);
+  QuantizeFp8Blocks(w.data(), wq.data(), ws.data(), n, k);
+  std::vector<float> xd(x.size()), wd(w.size());
+  for (int i = 0; i < m; ++i)
+    for (int c = 0; c < k; ++c)
+      xd[i * k + c] = F8E4M3ToF32(xq[i * k + c]) * xs[i * Fp8Blocks(k) + c / kFp8Block];
+  for (int j = 0; j < n; ++j)
+    for (int c = 0; c < k; ++c)
+      wd[j * k + c] =
+          F8E4M3ToF32(wq[j * k + c]) * ws[(j / kFp8Block) * Fp8Blocks(k) + c / kFp8Block];
+  std::vector<float> y(static_cast<size_t>(m) * n), ref(y.size()), exact(y.size());
+  Fp8BlockLinear(xq.data(), xs.data(), wq.data(), ws.data(), y.data(), m, n, k);
+  Linear(xd.data(), wd.data(), ref.data(), m, n, k);
+  Linear(x.data(), w.data(), exact.data(), m, n, k);
+  double err = 0, norm = 0, qerr = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    EXPECT_NEAR(y[i], ref[i], 1e-4f * (1 + std::fabs(ref[i]))) << i;
+    err += (y[i] - exact[i]) * (y[i] - exact[i]);
+    norm += exact[i] * exact[i];
+    qerr += (ref[i] - exact[i]) * (ref[i] - exact[i]);
+  }
+  // FP8 costs accuracy, but not much: a few percent of the output's norm.
+  EXPECT_LT(std::sqrt(err / norm), 0.05);
+  EXPECT_GT(std::sqrt(qerr / norm), 1e-4);  // and the quantization did happen
+}
+
+}  // namespace
+}  // namespace moesh::cpu

@@ -1,0 +1,18 @@
+// DeepSeek's block-scaled FP8 on the GPU: the activations' on-the-fly
+// quantization (per row per 128 columns). The block-scaled GEMM itself is
+// cuBLASLt's (CublasGemm::RunFp8, gemm.h). Reference: kernels/cpu/fp8.h.
+#ifndef MOESH_KERNELS_CUDA_FP8_H_
+#define MOESH_KERNELS_CUDA_FP8_H_
+
+#include "absl/status/status.h"
+#include "kernels/cuda/params.h"
+
+namespace moesh::cuda {
+
+// INVALID_ARGUMENT unless m >= 0, k > 0 a multiple of 16 (cuBLASLt's FP8
+// GEMM needs it too), ldx >= k a multiple of 8, x 16-byte aligned.
+absl::Status RunQuantizeFp8(const QuantizeFp8Params& p);
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_FP8_H_

@@ -1,0 +1,137 @@
+// The block-scaled FP8 path against kernels/cpu/fp8: the activations'
+// quantization bit for bit, and cuBLASLt's block-scaled GEMM against the CPU
+// block linear on the same codes and scales.
+#include "kernels/cuda/fp8.h"
+
+#include <cstring>
+#include <iostream>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/fp8.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/test_util.h"
+
+namespace moesh::cuda {
+namespace {
+
+using cpu::Fp8Blocks;
+namespace t = testing;
+
+// Row i's block b: [m][blocks] (the CPU's) from [blocks][Fp8Rows(m)] (cuBLASLt's).
+std::vector<float> RowMajorScales(const std::vector<float>& by_block, int m, int k) {
+  std::vector<float> out(static_cast<size_t>(m) * Fp8Blocks(k));
+  for (int i = 0; i < m; ++i)
+    for (int b = 0; b < Fp8Blocks(k); ++b) out[i * Fp8Blocks(k) + b] = by_block[b * Fp8Rows(m) + i];
+  return out;
+}
+
+TEST(Fp8Test, QuantizeMatchesTheCpuBitForBit) {
+  MOESH_REQUIRE_GPU();
+  struct Case {
+    int m, k, ldx;
+  };
+  for (const Case& c : {Case{1, 128, 0}, Case{7, 7168, 0}, Case{64, 1552, 1560}, Case{3, 16, 0}}) {
+    const uint32_t seed = t::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "m=" << c.m << " k=" << c.k << " seed=" << seed);
+    std::mt19937 rng(seed);
+    const int ldx = c.ldx ? c.ldx : c.k;
+    std::vector<float> x = t::Randn(static_cast<size_t>(c.m) * ldx, rng, 2.0f);
+    for (int j = 0; j < std::min(c.k, 128); ++j) x[j] = 0.0f;  // an all-zero block
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dx, t::Upload(t::ToBf16Rounding(x)));
+    const size_t rows = Fp8Rows(c.m);
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dq, DeviceBuffer<uint8_t>::Create(rows * c.k));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto ds, DeviceBuffer<float>::Create(rows * Fp8Blocks(c.k)));
+    MOESH_ASSERT_OK(t::Poison(dq));
+    MOESH_ASSERT_OK(t::Poison(ds));
+    QuantizeFp8Params p;
+    p.x = dx.get(), p.q = dq.get(), p.scale = ds.get();
+    p.m = c.m, p.k = c.k, p.ldx = c.ldx;
+    MOESH_ASSERT_OK(RunQuantizeFp8(p));
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> q, dq.ToHost());
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> s, ds.ToHost());
+    std::vector<uint8_t> ref_q(q.size(), 0);  // the padding rows: zeros
+    std::vector<float> ref_s(static_cast<size_t>(c.m) * Fp8Blocks(c.k));
+    cpu::QuantizeFp8Rows(x.data(), ref_q.data(), ref_s.data(), c.m, c.k, ldx);
+    EXPECT_EQ(q, ref_q);
+    EXPECT_EQ(RowMajorScales(s, c.m, c.k), ref_s);
+  }
+  QuantizeFp8Params bad;
+  bad.m = 1, bad.k = 100;  // not a multiple of 16
+  EXPECT_EQ(RunQuantizeFp8(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Fp8Test, BlockScaledGemmMatchesTheCpu) {
+  MOESH_REQUIRE_GPU();
+  MOESH_ASSERT_OK_AND_ASSIGN(auto gemm, CublasGemm::Create());
+  struct Case {
+    int m, n, k;
+    OutType out;
+  };
+  // DeepSeek-V3's shapes (q_a + kv_a: 7168 -> 2112; o_proj 16384 -> 7168 cut
+  // short) and odd ones: m not a multiple of 4, n not of 128, k not of 128.
+  const Case cases[] = {{1, 2112, 7168, OutType::kBf16},
+                        {7, 576, 1536, OutType::kFloat32},
+                        {33, 640, 2048, OutType::kBf16},
+                        {128, 256, 4096, OutType::kFloat32},
+                        {5, 200, 1552, OutType::kFloat32}};
+  for (const Case& c : cases) {
+    const uint32_t seed = t::FreshSeed();
+    SCOPED_TRACE(::testing::Message()
+                 << "m=" << c.m << " n=" << c.n << " k=" << c.k << " seed=" << seed);
+    std::mt19937 rng(seed);
+    std::vector<float> x = t::Randn(static_cast<size_t>(c.m) * c.k, rng);
+    const std::vector<float> w = t::Randn(static_cast<size_t>(c.n) * c.k, rng, 0.05f);
+    // The weight as a checkpoint has it, its scales padded as cuBLASLt reads them.
+    std::vector<uint8_t> wq(w.size());
+    std::vector<float> ws(static_cast<size_t>(Fp8Blocks(c.n)) * Fp8Blocks(c.k));
+    cpu::QuantizeFp8Blocks(w.data(), wq.data(), ws.data(), c.n, c.k);
+    std::vector<float> ws_padded(static_cast<size_t>(Fp8Blocks(c.n)) * Fp8ScaleStride(c.k), 0.0f);
+    for (int j = 0; j < Fp8Blocks(c.n); ++j)
+      std::memcpy(&ws_padded[j * Fp8ScaleStride(c.k)], &ws[j * Fp8Blocks(c.k)],
+                  Fp8Blocks(c.k) * sizeof(float));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dx, t::Upload(t::ToBf16Rounding(x)));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dwq, t::Upload(wq));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dws, t::Upload(ws_padded));
+    const size_t rows = Fp8Rows(c.m);
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dxq, DeviceBuffer<uint8_t>::Create(rows * c.k));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dxs, DeviceBuffer<float>::Create(rows * Fp8Blocks(c.k)));
+    QuantizeFp8Params qp;
+    qp.x = dx.get(), qp.q = dxq.get(), qp.scale = dxs.get(), qp.m = c.m, qp.k = c.k;
+    MOESH_ASSERT_OK(RunQuantizeFp8(qp));
+
+    Fp8GemmParams p;
+    p.x = dxq.get(), p.x_scale = dxs.get(), p.w = dwq.get(), p.w_scale = dws.get();
+    p.m = c.m, p.n = c.n, p.k = c.k, p.out_type = c.out;
+    std::vector<float> out;
+    if (c.out == OutType::kFloat32) {
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dy, DeviceBuffer<float>::Create(rows * c.n));
+      MOESH_ASSERT_OK(t::Poison(dy));
+      p.y = dy.get();
+      MOESH_ASSERT_OK(gemm->RunFp8(p));
+      MOESH_ASSERT_OK_AND_ASSIGN(out, dy.ToHost());
+    } else {
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dy, DeviceBuffer<bf16>::Create(rows * c.n));
+      MOESH_ASSERT_OK(t::Poison(dy));
+      p.y = dy.get();
+      MOESH_ASSERT_OK(gemm->RunFp8(p));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto yb, dy.ToHost());
+      out = t::ToFloats(yb);
+    }
+    // The reference on the device's own codes and scales.
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> xq, dxq.ToHost());
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> xs, dxs.ToHost());
+    // Rows past m (the padding) come out zero.
+    for (size_t i = static_cast<size_t>(c.m) * c.n; i < out.size(); ++i) ASSERT_EQ(out[i], 0.0f);
+    out.resize(static_cast<size_t>(c.m) * c.n);
+    std::vector<float> ref(out.size());
+    cpu::Fp8BlockLinear(xq.data(), RowMajorScales(xs, c.m, c.k).data(), wq.data(), ws.data(),
+                        ref.data(), c.m, c.n, c.k);
+    const double err = t::RelErr(out, ref);
+    EXPECT_LE(err, c.out == OutType::kBf16 ? 1e-2 : 2e-3);
+    std::cout << "fp8 gemm m=" << c.m << " n=" << c.n << " k=" << c.k << ": rel err " << err
+              << std::endl;
+  }
+}
+
+}  // namespace
+}  // namespace moesh::cuda
