@@ -210,6 +210,26 @@ absl::Status LocalCluster::Signal(const std::string& name, int signal) {
   return absl::NotFoundError(absl::StrCat("no running process ", name));
 }
 
+absl::StatusOr<int> LocalCluster::WaitForExit(const std::string& name,
+                                              std::chrono::milliseconds timeout) {
+  for (Process& p : processes_) {
+    if (p.name != name || p.pid < 0) continue;
+    const auto give_up = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      int status = 0;
+      if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
+        p.pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      if (std::chrono::steady_clock::now() > give_up) {
+        return absl::DeadlineExceededError(absl::StrCat(name, " still runs"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no running process ", name));
+}
+
 void LocalCluster::StopAll() {
   // Workers first, the router last, so nothing reports a vanished router.
   for (auto it = processes_.rbegin(); it != processes_.rend(); ++it) {

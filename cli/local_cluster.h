@@ -77,6 +77,10 @@ class LocalCluster {
   const std::vector<Process>& processes() const { return processes_; }
   // Sends `signal` to the named process (SIGKILL: it is gone for good).
   absl::Status Signal(const std::string& name, int signal);
+  // Waits up to `timeout` for the named process to exit (e.g. after SIGTERM):
+  // its exit code (128 + the signal if a signal ended it); DEADLINE_EXCEEDED
+  // while it still runs, NOT_FOUND if there is no such running process.
+  absl::StatusOr<int> WaitForExit(const std::string& name, std::chrono::milliseconds timeout);
   // Starts one more expert worker ("expert-<n>") with --experts/--shard `spec`.
   absl::Status AddExpertWorker(const std::string& spec);
   // Waits until the router reports its Generation service SERVING.

@@ -46,6 +46,8 @@ absl::Status Run() {
                                           w.config.Fingerprint(), o.server, o.worker, *metrics);
   serve.registration.set_data_plane_address(data.address);
   serve.load = [&engine] { return LoadToProto(engine.Load()); };
+  serve.drain = [&engine] { engine.Drain(); };
+  serve.in_flight = [&engine] { return engine.Load().in_flight; };
   serve.on_placement_version = w.on_placement_version;
   return ServeUntilSignal(server.server.get(), serve);
 }

@@ -46,6 +46,8 @@ absl::Status Run() {
   ServeOptions serve = WorkerServeOptions("prefill worker", v1::WORKER_KIND_PREFILL, address,
                                           w.config.Fingerprint(), o.server, o.worker, *metrics);
   serve.load = [&engine] { return LoadToProto(engine.Load()); };
+  serve.drain = [&engine] { engine.Drain(); };
+  serve.in_flight = [&engine] { return engine.Load().in_flight; };
   serve.on_placement_version = w.on_placement_version;
   return ServeUntilSignal(server.server.get(), serve);
 }

@@ -196,6 +196,10 @@ grpc::Status GenerationService::RunGenerate(grpc::CallbackServerContext* ctx,
   const std::atomic<bool>* const aborted = &control->aborted;
   {
     absl::MutexLock lock(&mu_);
+    if (draining_) {
+      return Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "the router is draining (shutting down): retry on another router"));
+    }
     b->request_id =
         request->request_id().empty() ? absl::StrCat("req-", ++next_id_) : request->request_id();
     if (!running_.emplace(b->request_id, control).second) {
@@ -359,6 +363,11 @@ grpc::Status GenerationService::Abort(grpc::ServerContext*, const v1::AbortReque
 int GenerationService::num_running() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(running_.size());
+}
+
+void GenerationService::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
 }
 
 }  // namespace moesh

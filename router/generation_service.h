@@ -56,6 +56,9 @@ class GenerationService final
 
   // Requests running now.
   int num_running() const;
+  // Graceful shutdown: from now on Generate answers UNAVAILABLE (a client
+  // retries on another router); the requests running go on to their end.
+  void Drain();
 
  private:
   // A request's cancellation: its client went away, or Abort.
@@ -89,6 +92,7 @@ class GenerationService final
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Control>> running_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   ThreadPool pool_;  // last: its threads finish before the members above go
 };
 

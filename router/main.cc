@@ -1,6 +1,7 @@
 // moesh router: the public Generation API. Workers register with it; it picks
 // a prefill and a decode worker per request and relays the token stream. With
 // --colocated it serves from engines in this process instead.
+#include <atomic>
 #include <iostream>
 #include <memory>
 
@@ -63,7 +64,10 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, services));
   // grpc.health.v1: the Generation service is SERVING once it has workers.
   auto* health = server.server->GetHealthCheckService();
-  auto update_health = [&] { health->SetServingStatus(kGenerationService, backend->Ready()); };
+  std::atomic<bool> draining{false};
+  auto update_health = [&] {
+    health->SetServingStatus(kGenerationService, !draining && backend->Ready());
+  };
   update_health();
   if (membership) membership->OnChange(update_health);
   const std::string address = absl::StrCat("127.0.0.1:", server.port);
@@ -75,6 +79,13 @@ absl::Status Run() {
   serve.ready_file = o.server.ready_file;
   serve.address = address;
   serve.metrics_address = metrics_address;
+  serve.drain = [&] {
+    draining = true;
+    generation.Drain();
+    update_health();  // NOT_SERVING: load balancers send new clients elsewhere
+  };
+  serve.in_flight = [&generation] { return generation.num_running(); };
+  serve.drain_timeout = std::chrono::seconds(o.server.drain_timeout_s);
   const absl::Status s = ServeUntilSignal(server.server.get(), serve);
   membership.reset();  // stops the sweeper before the health service it updates goes
   return s;

@@ -150,7 +150,7 @@ std::vector<WorkerInfo> WorkerRegistry::Live(v1::WorkerKind kind) const {
   absl::MutexLock lock(&mu_);
   std::vector<WorkerInfo> out;
   for (const auto& [id, e] : workers_) {
-    if (e.info.kind == kind) out.push_back(e.info);
+    if (e.info.kind == kind && !e.info.load.draining()) out.push_back(e.info);
   }
   return out;
 }

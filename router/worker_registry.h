@@ -72,6 +72,8 @@ class WorkerRegistry {
   // A worker leaving on its own: dropped, its in-flight calls left to drain.
   void Deregister(const std::string& worker_id);
 
+  // The workers of `kind` that take work: registered, not timed out, and not
+  // draining (their heartbeats' load says so: they finish what they hold).
   std::vector<WorkerInfo> Live(v1::WorkerKind kind) const;
   // True iff the worker is still registered.
   bool IsLive(const std::string& worker_id) const;

@@ -19,8 +19,16 @@ HeartbeatClient::HeartbeatClient(std::string router_address, v1::RegisterRequest
 }
 
 HeartbeatClient::~HeartbeatClient() {
-  stop_.Notify();
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
   thread_.join();
+}
+
+void HeartbeatClient::BeatNow() {
+  absl::MutexLock lock(&mu_);
+  beat_now_ = true;
 }
 
 void HeartbeatClient::Deregister(v1::Cluster::Stub* stub, const std::string& worker_id) {
@@ -40,7 +48,12 @@ void HeartbeatClient::Loop() {
   absl::Duration interval = absl::Milliseconds(500);
   bool warned = false;
   int64_t placement_version = 0;
-  while (!stop_.HasBeenNotified()) {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) break;
+      beat_now_ = false;
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (worker_id.empty()) {
@@ -71,7 +84,10 @@ void HeartbeatClient::Loop() {
         placement_version = resp.placement_version();  // reported from the next heartbeat on
       }
     }
-    stop_.WaitForNotificationWithTimeout(worker_id.empty() ? absl::Milliseconds(200) : interval);
+    absl::MutexLock lock(&mu_);
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || beat_now_; };
+    mu_.AwaitWithTimeout(absl::Condition(&wake),
+                         worker_id.empty() ? absl::Milliseconds(200) : interval);
   }
   Deregister(stub.get(), worker_id);
 }

@@ -10,8 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/notification.h"
+#include "absl/synchronization/mutex.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
@@ -32,6 +33,10 @@ class HeartbeatClient {
                   PlacementFollower on_placement_version = nullptr);
   ~HeartbeatClient();  // stops the thread and deregisters (best effort)
 
+  // Sends the next heartbeat now rather than at its interval (e.g. the load
+  // says the worker is draining).
+  void BeatNow();
+
  private:
   void Loop();
   static void Deregister(v1::Cluster::Stub* stub, const std::string& worker_id);
@@ -40,7 +45,9 @@ class HeartbeatClient {
   const v1::RegisterRequest registration_;
   const std::function<v1::WorkerLoad()> load_;
   const PlacementFollower on_placement_version_;
-  absl::Notification stop_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool beat_now_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 #include "common/service/server_flags.h"
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 
 ABSL_FLAG(std::string, model, moesh::ServerOptions().model,
           "Model directory: config.json, and tokenizer.json for text (the router); the "
@@ -14,6 +15,11 @@ ABSL_FLAG(std::string, ready_file, moesh::ServerOptions().ready_file,
 ABSL_FLAG(std::string, metrics_listen, moesh::ServerOptions().metrics_listen,
           "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
 
+ABSL_FLAG(int, drain_timeout_s, moesh::ServerOptions().drain_timeout_s,
+          "On SIGTERM or SIGINT: stop taking new work (a worker tells the router, which sends it "
+          "no more), finish what is in flight for up to this many seconds, then exit (0: exit at "
+          "once, failing what is in flight).");
+
 namespace moesh {
 
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
@@ -23,6 +29,11 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.listen = absl::GetFlag(FLAGS_listen);
   o.ready_file = absl::GetFlag(FLAGS_ready_file);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  if (o.drain_timeout_s < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--drain_timeout_s must be >= 0, not ", o.drain_timeout_s));
+  }
   return o;
 }
 

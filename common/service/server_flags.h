@@ -17,10 +17,11 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:0";          // --listen: gRPC host:port (port 0: any free one)
   std::string ready_file;                      // --ready_file (empty: none)
   std::string metrics_listen = "127.0.0.1:0";  // --metrics_listen (empty: no /metrics)
+  int drain_timeout_s = 30;  // --drain_timeout_s: graceful shutdown's bound (0: none)
 };
 
-// --model, --listen, --ready_file, --metrics_listen; INVALID_ARGUMENT without
-// --model.
+// --model, --listen, --ready_file, --metrics_listen, --drain_timeout_s;
+// INVALID_ARGUMENT without --model or with a negative drain timeout.
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
 // The flags that set `o` (flag_args.cc).
 void AppendArgs(const ServerOptions& o, std::vector<std::string>* args);

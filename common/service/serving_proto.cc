@@ -64,6 +64,7 @@ v1::WorkerLoad LoadToProto(const ServingLoad& load) {
   p.set_num_running(load.num_running);
   p.set_kv_usage(static_cast<float>(load.kv_usage));
   p.set_free_kv_blocks(load.free_kv_blocks);
+  p.set_draining(load.draining);
   return p;
 }
 

@@ -2,6 +2,7 @@
 
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -23,6 +24,23 @@ absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& o) {
       return s;
   }
   WaitForShutdownSignal();
+  if (o.drain && o.drain_timeout.count() > 0) {
+    o.drain();
+    if (heartbeat) heartbeat->BeatNow();  // the router stops sending work at once
+    const auto deadline = std::chrono::steady_clock::now() + o.drain_timeout;
+    int left = o.in_flight ? o.in_flight() : 0;
+    std::cerr << o.name << " draining: " << left << " requests in flight" << std::endl;
+    // A bounded wait of the shutdown path for the requests to end: a poll
+    // here delays nothing that serves.
+    while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      left = o.in_flight();
+    }
+    if (left > 0) {
+      std::cerr << o.name << ": drain timeout (" << o.drain_timeout.count() << " s) with " << left
+                << " requests in flight; they fail" << std::endl;
+    }
+  }
   std::cerr << o.name << " shutting down" << std::endl;
   heartbeat.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -50,6 +68,7 @@ ServeOptions WorkerServeOptions(std::string name, v1::WorkerKind kind, const std
   serve.registration.set_address(address);
   serve.registration.set_model_fingerprint(fingerprint);
   serve.ready_file = server.ready_file;
+  serve.drain_timeout = std::chrono::seconds(server.drain_timeout_s);
   serve.address = address;
   if (metrics.port() > 0)
     serve.metrics_address = absl::StrCat(worker.advertise_host, ":", metrics.port());

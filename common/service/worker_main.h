@@ -1,12 +1,15 @@
 // The life of a service process after its servers started, shared by every
 // moesh binary: register with the router and heartbeat (when a router is
-// given), write the ready file, wait for SIGINT/SIGTERM, then stop
-// heartbeating and shut the gRPC server down, draining in-flight calls.
+// given), write the ready file, wait for SIGINT/SIGTERM, then drain: stop
+// taking new work (`drain`; the heartbeats tell the router, which sends no
+// more), wait until nothing is in flight or the drain timeout passed, and
+// only then deregister and shut the gRPC server down.
 #ifndef MOESH_COMMON_SERVICE_WORKER_MAIN_H_
 #define MOESH_COMMON_SERVICE_WORKER_MAIN_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 
@@ -28,6 +31,10 @@ struct ServeOptions {
   std::string ready_file;                  // empty: none
   std::string address;                     // gRPC host:port
   std::string metrics_address;             // /metrics host:port
+  // Graceful shutdown (may be null: none): stops admitting new work.
+  std::function<void()> drain;
+  std::function<int()> in_flight;  // requests still held; may be null: none
+  std::chrono::seconds drain_timeout{30};
 };
 
 absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& options);

@@ -71,6 +71,7 @@ absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
   }
   if (absl::Status s = spec.sampling.Validate(backend_->config().vocab_size); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  if (draining_) return absl::UnavailableError("decode worker draining (shutting down)");
   if (requests_.count(spec.request_id))
     return absl::AlreadyExistsError(absl::StrCat("request ", spec.request_id, " exists"));
   absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewSequence(spec.max_tokens());
@@ -312,11 +313,18 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
   }
 }
 
+void DecodeEngine::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
 ServingLoad DecodeEngine::Load() const {
   ServingLoad load;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, r] : requests_) load.num_running += r->running ? 1 : 0;
+    load.in_flight = static_cast<int>(requests_.size());
+    load.draining = draining_;
   }
   const KvUsage u = backend_->kv_usage();
   load.kv_usage = u.used_fraction();

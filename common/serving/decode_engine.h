@@ -83,6 +83,10 @@ class DecodeEngine : public KvHandler {
   absl::Status Decode(const std::shared_ptr<Request>& request, const DecodeSink& sink,
                       const CancelToken& cancel);
 
+  // Graceful shutdown: from now on Reserve answers UNAVAILABLE; what is
+  // reserved or running finishes (Load().in_flight counts it down).
+  void Drain();
+
   ServingLoad Load() const;
 
  private:
@@ -114,6 +118,7 @@ class DecodeEngine : public KvHandler {
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -58,6 +58,7 @@ absl::Status PrefillEngine::Prefill(const PrefillSpec& spec, const CancelToken* 
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("prefill worker shutting down");
+    if (draining_) return absl::UnavailableError("prefill worker draining (shutting down)");
     queue_.push_back(&p);
     queued_tokens_ += static_cast<int64_t>(spec.prompt_ids.size());
     UpdateQueueGauges();
@@ -111,6 +112,7 @@ void PrefillEngine::Loop() {
         tokens += n;
       }
       queued_tokens_ -= tokens;
+      running_ = static_cast<int>(batch.size());
       if (waiting_ != nullptr) {
         waiting_->Set(static_cast<double>(queue_.size()));
         queued_tokens_gauge_->Set(static_cast<double>(queued_tokens_));
@@ -228,16 +230,24 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   }
   caches.clear();  // the prompts' blocks are free before their callers hear back
   absl::MutexLock lock(&mu_);
+  running_ = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     batch[i]->result = std::move(results[i]);
     batch[i]->done = true;
   }
 }
 
+void PrefillEngine::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
 ServingLoad PrefillEngine::Load() const {
   ServingLoad load;
   absl::MutexLock lock(&mu_);
   load.queued_prompt_tokens = queued_tokens_;
+  load.in_flight = static_cast<int>(queue_.size()) + running_;
+  load.draining = draining_;
   return load;
 }
 

@@ -55,6 +55,10 @@ class PrefillEngine {
   // queue at once; a prompt already in a running batch finishes).
   absl::Status Prefill(const PrefillSpec& spec, const CancelToken* cancel = nullptr);
 
+  // Graceful shutdown: from now on Prefill answers UNAVAILABLE; prompts
+  // queued or running finish (Load().in_flight counts them down).
+  void Drain();
+
   ServingLoad Load() const;
 
  private:
@@ -91,6 +95,8 @@ class PrefillEngine {
   std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;  // prompts in the batch being run
   std::map<std::string, std::unique_ptr<DataChannel>> channels_ ABSL_GUARDED_BY(mu_);
   // Decode workers that cannot take KV from this worker's device memory.
   std::set<std::string> host_kv_only_ ABSL_GUARDED_BY(mu_);

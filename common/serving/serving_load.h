@@ -12,6 +12,8 @@ struct ServingLoad {
   int num_running = 0;               // decoding now (decode workers)
   double kv_usage = 0;               // fraction of KV blocks in use, [0, 1]
   int free_kv_blocks = 0;
+  bool draining = false;  // shutting down: finishing what it holds, taking nothing new
+  int in_flight = 0;      // requests held: queued, prefilling, reserved or decoding
 };
 
 }  // namespace moesh

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "base/file_util.h"
 #include "cli/local_cluster.h"
 #include "common/engine/generate.h"
@@ -24,134 +25,10 @@
 #include "moesh/v1/generation.grpc.pb.h"
 #include "moesh/v1/worker.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "tests/integration/cluster_harness.h"
 
 namespace moesh {
 namespace {
-
-std::string WorkDir(const std::string& name) {
-  const std::string dir = JoinPath(::testing::TempDir(), "cluster_test_" + name);
-  std::filesystem::remove_all(dir);
-  return dir;
-}
-
-// A tiny V3 model with a long context (for streams that outlive a kill),
-// written into WorkDir(name); with `tokenizer`, the tiny tokenizer.json that
-// `moesh mkmodel` ships too.
-std::string WriteTinyModel(const std::string& name, bool tokenizer) {
-  const std::string d = WorkDir(name);
-  absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
-  RandomCheckpointOptions opt;
-  opt.seed = 21;
-  if (tokenizer) opt.tokenizer_json = std::string(*EmbeddedTokenizerJson("tiny"));
-  EXPECT_TRUE(WriteRandomCheckpoint(*c, d, opt).ok());
-  return d;
-}
-
-std::string TinyModel() {
-  static const std::string dir = WriteTinyModel("tiny_v3", false);
-  return dir;
-}
-
-std::string TinyTextModel() {
-  static const std::string dir = WriteTinyModel("tiny_v3_text", true);
-  return dir;
-}
-
-LocalClusterOptions Options(const std::string& model, const std::string& name) {
-  LocalClusterOptions o;
-  o.model_dir = model;
-  o.bin_dir = MOESH_BINARY_DIR;
-  o.work_dir = WorkDir(name);
-  o.router.heartbeat_timeout_ms = 1500;
-  return o;
-}
-
-struct Result {
-  grpc::Status status;
-  std::vector<int32_t> ids;
-  std::vector<std::vector<std::pair<int32_t, float>>> logprobs;
-  v1::FinalInfo final;
-};
-
-v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_new,
-                            float temperature = 0.0f, std::optional<uint64_t> seed = std::nullopt,
-                            int top_logprobs = 0) {
-  v1::GenerateRequest r;
-  for (int32_t t : prompt) r.mutable_token_ids()->add_ids(t);
-  r.mutable_sampling()->set_temperature(temperature);
-  if (seed) r.mutable_sampling()->set_seed(*seed);
-  if (top_logprobs) r.mutable_sampling()->set_top_logprobs(top_logprobs);
-  r.mutable_stop()->set_max_new_tokens(max_new);
-  r.mutable_stop()->set_ignore_eos(true);
-  return r;
-}
-
-// Runs one request to completion; `on_token` may cancel via the context.
-Result Call(const std::string& server, const v1::GenerateRequest& req,
-            const std::function<void(grpc::ClientContext*, int)>& on_token = nullptr) {
-  auto stub =
-      v1::Generation::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto reader = stub->Generate(&ctx, req);
-  Result r;
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) {
-    for (int32_t t : m.token_ids()) {
-      r.ids.push_back(t);
-      if (on_token) on_token(&ctx, static_cast<int>(r.ids.size()));
-    }
-    for (const auto& lp : m.logprobs()) {
-      r.logprobs.emplace_back();
-      for (const auto& c : lp.candidates()) r.logprobs.back().push_back({c.id(), c.logprob()});
-    }
-    if (m.has_final()) r.final = m.final();
-  }
-  r.status = reader->Finish();
-  return r;
-}
-
-// The single-process reference.
-GenerationResult Offline(const Model& model, const std::vector<int32_t>& prompt, int max_new,
-                         float temperature = 0, std::optional<uint64_t> seed = std::nullopt,
-                         int top_logprobs = 0) {
-  SamplingParams sp;
-  sp.temperature = temperature;
-  sp.seed = seed;
-  sp.top_logprobs = top_logprobs;
-  StopParams stop;
-  stop.max_new_tokens = max_new;
-  stop.ignore_eos = true;
-  absl::StatusOr<GenerationResult> r = Generate(model, prompt, sp, stop);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return *r;
-}
-
-// GET /metrics from host:port and return the value of the series starting with `series`.
-double Metric(const std::string& address, const std::string& series) {
-  absl::StatusOr<std::string> text = ScrapeMetrics(address);
-  return text.ok() ? MetricValue(*text, series) : -1;
-}
-
-const LocalCluster::Process& Proc(const LocalCluster& c, const std::string& name) {
-  for (const auto& p : c.processes()) {
-    if (p.name == name) return p;
-  }
-  static LocalCluster::Process none;
-  return none;
-}
-
-// True once attention worker `name` logged switching to placement `version`
-// (waits up to 10 s).
-bool SwitchedToPlacement(const LocalCluster& c, const std::string& name, int64_t version) {
-  const std::string line = absl::StrCat("placement version ", version, ": switched");
-  for (int i = 0; i < 200; ++i) {
-    absl::StatusOr<std::string> log = ReadFileToString(Proc(c, name).log_path);
-    if (log.ok() && log->find(line) != std::string::npos) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
 
 TEST(ClusterTest, GreedyEqualsOfflineOnGoldenCheckpoints) {
   for (const char* name : {"v2_lite", "v3", "v32", "v4_legacy"}) {
@@ -733,6 +610,82 @@ TEST(ClusterTest, DecodeWorkerDeathFailsStreamsThenOthersServe) {
     Result again = Call((*cluster)->router_address(), Request({1, 2, 3}, 8));
     EXPECT_TRUE(again.status.ok()) << again.status.error_message();
   }
+}
+
+TEST(ClusterTest, ASigtermedDecodeWorkerFinishesItsStreamsAndTakesNoNewOnes) {
+  LocalClusterOptions o = Options(TinyModel(), "decode_drain");
+  o.num_decode = 2;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string router = (*cluster)->router_address();
+  constexpr int kLong = 600;
+  const Result solo = Call(router, Request({3, 1, 4}, kLong));
+  ASSERT_TRUE(solo.status.ok()) << solo.status.error_message();
+  // SIGTERM the decode worker holding a long stream at its 10th token.
+  std::string drained;
+  absl::Notification signalled;
+  Result r;
+  std::thread stream([&] {
+    r = Call(router, Request({3, 1, 4}, kLong), [&](grpc::ClientContext*, int n) {
+      if (n != 10) return;
+      for (const char* d : {"decode-0", "decode-1"}) {
+        if (Metric(Proc(**cluster, d).metrics_address, "moesh_num_requests_running") == 1) {
+          EXPECT_TRUE((*cluster)->Signal(d, SIGTERM).ok());
+          drained = d;
+        }
+      }
+      signalled.Notify();
+    });
+  });
+  ASSERT_TRUE(signalled.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_FALSE(drained.empty());
+  // While it drains, new requests go to the other decode worker.
+  for (int i = 0; i < 4; ++i) {
+    Result again = Call(router, Request({1, 2, 3 + i}, 8));
+    EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+  }
+  stream.join();
+  // The stream it held ran to its end, token for token.
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, solo.ids);
+  // Then the worker exits on its own, cleanly.
+  absl::StatusOr<int> code = (*cluster)->WaitForExit(drained, std::chrono::seconds(10));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  absl::StatusOr<std::string> log = ReadFileToString(Proc(**cluster, drained).log_path);
+  ASSERT_TRUE(log.ok());
+  EXPECT_NE(log->find("draining: 1 requests in flight"), std::string::npos) << *log;
+}
+
+TEST(ClusterTest, ASigtermedRouterFinishesItsStreamsAndRefusesNewOnes) {
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+      LocalCluster::Start(Options(TinyModel(), "router_drain"));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string router = (*cluster)->router_address();
+  constexpr int kLong = 600;
+  const Result solo = Call(router, Request({2, 7, 1}, kLong));
+  ASSERT_TRUE(solo.status.ok()) << solo.status.error_message();
+  absl::Notification signalled;
+  Result r;
+  std::thread stream([&] {
+    r = Call(router, Request({2, 7, 1}, kLong), [&](grpc::ClientContext*, int n) {
+      if (n != 10) return;
+      EXPECT_TRUE((*cluster)->Signal("router", SIGTERM).ok());
+      signalled.Notify();
+    });
+  });
+  ASSERT_TRUE(signalled.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the signal arrived
+  Result refused = Call(router, Request({1, 2, 3}, 8));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(refused.status.error_message().find("draining"), std::string::npos)
+      << refused.status.error_message();
+  stream.join();
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, solo.ids);
+  absl::StatusOr<int> code = (*cluster)->WaitForExit("router", std::chrono::seconds(10));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
 }
 
 TEST(ClusterTest, ColocatedRouterEqualsOffline) {

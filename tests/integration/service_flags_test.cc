@@ -102,6 +102,7 @@ void SetAll(ServerOptions* s) {
   s->listen = "0.0.0.0:50051";
   s->ready_file = "/tmp/ready";
   s->metrics_listen = "";  // none
+  s->drain_timeout_s = 7;
 }
 
 void SetAll(WorkerOptions* w) {

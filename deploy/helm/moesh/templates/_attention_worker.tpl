@@ -25,6 +25,9 @@ spec:
       annotations:
         {{- include "moesh.podAnnotations" . | nindent 8 }}
     spec:
+      # A SIGTERM drains: nothing new is taken, what is in flight finishes
+      # (--drain_timeout_s), then the process exits; the grace period covers it.
+      terminationGracePeriodSeconds: {{ add (int $root.Values.drain.timeoutSeconds) (int $root.Values.drain.preStopSeconds) 10 }}
       serviceAccountName: {{ include "moesh.serviceAccountName" $root }}
       automountServiceAccountToken: false
       {{- with $root.Values.imagePullSecrets }}
@@ -40,6 +43,11 @@ spec:
         - name: {{ .component }}
           image: {{ include "moesh.image" $root }}
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          lifecycle:
+            # Before the SIGTERM: time for the Service's endpoints to drop the pod.
+            preStop:
+              sleep:
+                seconds: {{ int $root.Values.drain.preStopSeconds }}
           args:
             - {{ .component }}
             - --flagfile=/etc/moesh/{{ .component }}.flags
