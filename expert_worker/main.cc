@@ -57,7 +57,8 @@ absl::Status Run() {
   const std::string where = stage->device();
   ExpertService service(std::move(stage), config.Fingerprint(), options);
   GrpcDataPlaneService data_plane(&service, nullptr);
-  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, {&service, &data_plane}));
+  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, {&service, &data_plane},
+                                                         o.server.max_receive_message_mb));
   const std::string address = absl::StrCat(o.worker.advertise_host, ":", server.port);
   int cuda_device = 0;
   const std::string& transport = o.worker.transport;

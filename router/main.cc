@@ -60,7 +60,8 @@ absl::Status Run() {
   GenerationService generation(config, backend.get(), codec.get(), opt);
   std::vector<grpc::Service*> services = {&generation};
   if (membership) services.push_back(membership.get());
-  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, services));
+  ASSIGN_OR_RETURN(RunningServer server,
+                   StartGrpcServer(o.server.listen, services, o.server.max_receive_message_mb));
   // grpc.health.v1: the Generation service is SERVING once it has workers.
   auto* health = server.server->GetHealthCheckService();
   auto update_health = [&] { health->SetServingStatus(kGenerationService, backend->Ready()); };
