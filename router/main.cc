@@ -47,8 +47,13 @@ absl::Status Run() {
     rebalance.interval = std::chrono::seconds(o.rebalance_interval_s);
     rebalance.min_ratio = o.rebalance_min_ratio;
     rebalance.slots_per_worker = o.rebalance_slots;
+    ClusterLimits limits;
+    limits.num_experts = config.n_routed_experts;
+    if (absl::Status s = ValidateSlotsPerWorker(o.rebalance_slots, limits); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--rebalance_slots: ", s.message()));
+    }
     membership = std::make_unique<Membership>(
-        config.Fingerprint(), std::chrono::milliseconds(o.heartbeat_interval_ms),
+        config.Fingerprint(), limits, std::chrono::milliseconds(o.heartbeat_interval_ms),
         std::chrono::milliseconds(o.heartbeat_timeout_ms), rebalance, metrics.get());
     backend = std::make_unique<ClusterBackend>(membership.get());
   }
