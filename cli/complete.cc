@@ -27,12 +27,16 @@ absl::Status RunComplete() {
   if (server.empty()) return absl::InvalidArgumentError("--server is required");
   v1::GenerateRequest req;
   if (const std::string id = absl::GetFlag(FLAGS_request_id); !id.empty()) req.set_request_id(id);
-  if (const std::string text = absl::GetFlag(FLAGS_prompt); !text.empty()) {
-    req.set_text(text);
+  ASSIGN_OR_RETURN(const std::vector<int32_t> ids, PromptIdsFlag());
+  const std::string prompt = absl::GetFlag(FLAGS_prompt);
+  if (!prompt.empty() && !ids.empty()) {
+    return absl::InvalidArgumentError("--prompt and --prompt_ids exclude each other: give one");
+  }
+  if (!prompt.empty()) {
+    req.set_text(prompt);
   } else {
-    ASSIGN_OR_RETURN(std::vector<int64_t> ids, PromptIdsFlag());
     if (ids.empty()) return absl::InvalidArgumentError("--prompt or --prompt_ids is required");
-    for (int64_t t : ids) req.mutable_token_ids()->add_ids(static_cast<int32_t>(t));
+    req.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
   }
   // The CLI defaults to greedy, as `moesh generate` does.
   SamplingToProto(SamplingFromFlags(), req.mutable_sampling());

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <limits>
+
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/status.h"
 #include "cli/args.h"
@@ -47,14 +50,32 @@ absl::StatusOr<std::string> ModelFlag() {
   return dir;
 }
 
-absl::StatusOr<std::vector<int64_t>> PromptIdsFlag() {
-  return ParseIntList("prompt_ids", absl::GetFlag(FLAGS_prompt_ids));
+namespace {
+
+// A comma-separated list of token ids, each in [0, INT32_MAX] (what the API's
+// int32 ids can carry; never wrapped).
+absl::StatusOr<std::vector<int32_t>> TokenIdsFlag(absl::string_view flag, absl::string_view text) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> ids, ParseIntList(flag, text));
+  std::vector<int32_t> out;
+  for (int64_t t : ids) {
+    if (t < 0 || t > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", t,
+                                                     " is not a token id (ids lie in [0, ",
+                                                     std::numeric_limits<int32_t>::max(), "])"));
+    }
+    out.push_back(static_cast<int32_t>(t));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int32_t>> PromptIdsFlag() {
+  return TokenIdsFlag("prompt_ids", absl::GetFlag(FLAGS_prompt_ids));
 }
 
 absl::StatusOr<std::vector<int32_t>> StopTokenIdsFlag() {
-  ASSIGN_OR_RETURN(std::vector<int64_t> ids,
-                   ParseIntList("stop_token_ids", absl::GetFlag(FLAGS_stop_token_ids)));
-  return std::vector<int32_t>(ids.begin(), ids.end());
+  return TokenIdsFlag("stop_token_ids", absl::GetFlag(FLAGS_stop_token_ids));
 }
 
 SamplingParams SamplingFromFlags() {

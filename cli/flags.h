@@ -27,9 +27,10 @@ namespace moesh::cli {
 
 // --model; INVALID_ARGUMENT when it is not given.
 absl::StatusOr<std::string> ModelFlag();
-// --prompt_ids; empty when not given.
-absl::StatusOr<std::vector<int64_t>> PromptIdsFlag();
-// --stop_token_ids; empty when not given.
+// --prompt_ids; empty when not given. INVALID_ARGUMENT for an entry that is
+// not an integer in [0, INT32_MAX] (never wrapped into int32).
+absl::StatusOr<std::vector<int32_t>> PromptIdsFlag();
+// --stop_token_ids; empty when not given; as --prompt_ids.
 absl::StatusOr<std::vector<int32_t>> StopTokenIdsFlag();
 // The sampling flags (--temperature, --top_k, --top_p, --min_p, --seed,
 // --top_logprobs, the penalties); greedy by default.

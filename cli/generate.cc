@@ -20,15 +20,9 @@ namespace moesh::cli {
 
 absl::Status RunGenerate() {
   ASSIGN_OR_RETURN(const std::string dir, ModelFlag());
-  ASSIGN_OR_RETURN(std::vector<int64_t> prompt64, PromptIdsFlag());
-  if (prompt64.empty())
+  ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, PromptIdsFlag());
+  if (prompt.empty())
     return absl::InvalidArgumentError("--prompt_ids is required (e.g. --prompt_ids=5,17,300)");
-  std::vector<int32_t> prompt;
-  for (int64_t t : prompt64) {
-    if (t < INT32_MIN || t > INT32_MAX)
-      return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is out of range"));
-    prompt.push_back(static_cast<int32_t>(t));
-  }
   StopParams stop;
   stop.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens).value_or(16);
   stop.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);

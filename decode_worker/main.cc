@@ -34,7 +34,8 @@ absl::Status Run() {
   DecodeEngine engine(w.backend.get(), w.experts.get(), eo);
   DecodeService service(&engine);
   GrpcDataPlaneService data_plane(nullptr, &engine);
-  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, {&service, &data_plane}));
+  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, {&service, &data_plane},
+                                                         o.server.max_receive_message_mb));
   const std::string address = absl::StrCat(o.worker.advertise_host, ":", server.port);
   ASSIGN_OR_RETURN(DataPlaneEndpoint data, StartDataPlane(opt.transport, o.worker.advertise_host,
                                                           address, nullptr, &engine));

@@ -230,9 +230,11 @@ absl::StatusOr<std::set<int>> ExpertDispatcher::LoadExperts(const std::vector<in
   absl::MutexLock serial(&load_mu_);
   const std::set<int> hosted = stage_->expert_ids();
   std::set<int> add, listed;
+  const int num_experts = stage_->config().n_routed_experts;
   for (int e : ids) {
-    if (e < 0 || e >= stage_->config().n_routed_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("expert ", e, " does not exist"));
+    if (e < 0 || e >= num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expert_ids: expert ", e, " does not exist (ids lie in [0, ", num_experts, "))"));
     }
     listed.insert(e);
     if (!hosted.count(e)) add.insert(e);
@@ -240,17 +242,18 @@ absl::StatusOr<std::set<int>> ExpertDispatcher::LoadExperts(const std::vector<in
   if (exact && listed.empty()) {
     return absl::InvalidArgumentError("an exact expert set must name at least one expert");
   }
-  if (!add.empty()) {
-    ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> w, options_.loader(add));
-    RETURN_IF_ERROR(stage_->AddShard(std::move(w)));
-    SetHosted();
-    std::cerr << "expert worker: now also serving " << add.size() << " more experts" << std::endl;
-  }
   std::set<int> drop;
   if (exact) {
     for (int e : hosted) {
       if (!listed.count(e)) drop.insert(e);
     }
+  }
+  if (!drop.empty() && options_.may_drop) RETURN_IF_ERROR(options_.may_drop(drop));
+  if (!add.empty()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> w, options_.loader(add));
+    RETURN_IF_ERROR(stage_->AddShard(std::move(w)));
+    SetHosted();
+    std::cerr << "expert worker: now also serving " << add.size() << " more experts" << std::endl;
   }
   if (!drop.empty()) {
     SetHosted(drop);  // refused from now on, before their weights go

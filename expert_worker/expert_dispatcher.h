@@ -36,6 +36,10 @@ struct ExpertDispatcherOptions {
   int solo_batches = 16;
   Metrics* metrics = nullptr;  // may be null
   ExpertLoader loader;         // null: LoadExperts is UNIMPLEMENTED
+  // Asked before an exact LoadExperts drops hosted experts (`drop`): OK, or
+  // why not (nothing is dropped then). Null: every drop is allowed. The
+  // worker's is expert_worker/placement_guard.h's rule.
+  std::function<absl::Status(const std::set<int>& drop)> may_drop;
 };
 
 class ExpertDispatcher {
@@ -54,9 +58,10 @@ class ExpertDispatcher {
   absl::Status DispatchOnDevice(const DeviceMoeDispatch& d, float* out);
 
   // Loads `ids` not hosted yet (from the loader) and, with `exact`, drops the
-  // hosted experts not listed. Returns the experts hosted after.
+  // hosted experts not listed, if options.may_drop allows (checked before
+  // anything is loaded). Returns the experts hosted after.
   // INVALID_ARGUMENT for an id out of range or an empty exact set;
-  // UNIMPLEMENTED without a loader.
+  // UNIMPLEMENTED without a loader; may_drop's refusal.
   absl::StatusOr<std::set<int>> LoadExperts(const std::vector<int>& ids, bool exact);
 
   const ModelConfig& config() const { return stage_->config(); }

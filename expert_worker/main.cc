@@ -17,6 +17,7 @@
 #include "common/transport/transport_registry.h"
 #include "expert_worker/expert_service.h"
 #include "expert_worker/flags.h"
+#include "expert_worker/placement_guard.h"
 
 namespace moesh {
 namespace {
@@ -52,12 +53,18 @@ absl::Status Run() {
   options.metrics = metrics.get();
   options.loader = load;
   options.batch_window = std::chrono::microseconds(o.batch_window_us);
+  // Set before serving: the address the router's placement map knows this worker by.
+  std::string self;
+  options.may_drop = [&o, &self](const std::set<int>& drop) {
+    return CheckDropWithRouter(o.worker.router, self, drop);
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<ExpertStage> stage,
                    MakeExpertStage(config, std::move(weights), device));
   const std::string where = stage->device();
   ExpertService service(std::move(stage), config.Fingerprint(), options);
   GrpcDataPlaneService data_plane(&service, nullptr);
-  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, {&service, &data_plane}));
+  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, {&service, &data_plane},
+                                                         o.server.max_receive_message_mb));
   const std::string address = absl::StrCat(o.worker.advertise_host, ":", server.port);
   int cuda_device = 0;
   const std::string& transport = o.worker.transport;
@@ -69,6 +76,7 @@ absl::Status Run() {
                    StartDataPlane(transport, o.worker.advertise_host, address, &service, nullptr,
                                   cuda_device, &service));
   service.set_data_plane_address(data.address);
+  self = data.address;
   std::cerr << "expert worker serving experts " << *hosted.begin() << ".." << *hosted.rbegin()
             << " (" << hosted.size() << ") of " << config.Fingerprint() << " on " << address << " ("
             << where << ", data plane " << transport << " " << data.address << ")" << std::endl;

@@ -38,7 +38,8 @@ absl::Status Run() {
                       : KvHandoff::kHost;
   PrefillEngine engine(w.backend.get(), w.experts.get(), w.kv_transport(), eo);
   PrefillService service(&engine);
-  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, {&service}));
+  ASSIGN_OR_RETURN(RunningServer server,
+                   StartGrpcServer(o.server.listen, {&service}, o.server.max_receive_message_mb));
   const std::string address = absl::StrCat(o.worker.advertise_host, ":", server.port);
   std::cerr << "prefill worker for " << w.config.Fingerprint() << " on " << address << " ("
             << w.backend->device() << ", KV handoff "

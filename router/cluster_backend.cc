@@ -1,12 +1,31 @@
 #include "router/cluster_backend.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_util.h"
 #include "router/worker_clients.h"
 
 namespace moesh {
+namespace {
+
+// Loads as the picking ranks them. The registry only holds loads that passed
+// ValidateHeartbeat (non-negative, kv_usage in [0, 1]); out-of-range values
+// would still rank as the busiest, never the idlest, so no lie below zero
+// (or a NaN, which would also break the sort's ordering) draws the traffic.
+double KvUsageRank(const v1::WorkerLoad& l) {
+  return l.kv_usage() >= 0.0f && l.kv_usage() <= 1.0f ? l.kv_usage() : 2.0;
+}
+int64_t RunningRank(const v1::WorkerLoad& l) {
+  return l.num_running() >= 0 ? l.num_running() : std::numeric_limits<int64_t>::max();
+}
+int64_t QueuedRank(const v1::WorkerLoad& l) {
+  return l.queued_prompt_tokens() >= 0 ? l.queued_prompt_tokens()
+                                       : std::numeric_limits<int64_t>::max();
+}
+
+}  // namespace
 
 std::shared_ptr<grpc::Channel> ClusterBackend::ChannelTo(const std::string& address) {
   absl::MutexLock lock(&mu_);
@@ -32,14 +51,14 @@ absl::Status ClusterBackend::Run(const GenerationRequest& req, const ChunkSink& 
   }
   // Decode workers in the order to try: lowest KV usage, then fewest running.
   std::sort(decoders.begin(), decoders.end(), [](const WorkerInfo& a, const WorkerInfo& b) {
-    if (a.load.kv_usage() != b.load.kv_usage()) return a.load.kv_usage() < b.load.kv_usage();
-    return a.load.num_running() < b.load.num_running();
+    const double ua = KvUsageRank(a.load), ub = KvUsageRank(b.load);
+    if (ua != ub) return ua < ub;
+    return RunningRank(a.load) < RunningRank(b.load);
   });
   // The prefill worker with the fewest queued prompt tokens.
-  const WorkerInfo& prefill =
-      *std::min_element(prefillers.begin(), prefillers.end(), [](const auto& a, const auto& b) {
-        return a.load.queued_prompt_tokens() < b.load.queued_prompt_tokens();
-      });
+  const WorkerInfo& prefill = *std::min_element(
+      prefillers.begin(), prefillers.end(),
+      [](const auto& a, const auto& b) { return QueuedRank(a.load) < QueuedRank(b.load); });
   GrpcPrefillClient prefill_client(prefill, ChannelTo(prefill.address), registry_);
   std::vector<std::unique_ptr<GrpcDecodeClient>> decode_clients;
   std::vector<DecodeClient*> order;

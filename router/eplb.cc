@@ -33,7 +33,7 @@ absl::StatusOr<EplbPlan> PlanExpertPlacement(const std::vector<double>& load, in
   plan.replicas.assign(e_count, 1);
   // 1. Replicate: every free slot goes to the expert with the largest load per
   // replica (no expert gets more replicas than there are workers).
-  int free = num_workers * slots_per_worker - e_count;
+  int64_t free = static_cast<int64_t>(num_workers) * slots_per_worker - e_count;
   while (free-- > 0) {
     int best = -1;
     for (int e = 0; e < e_count; ++e) {

@@ -13,6 +13,24 @@ namespace moesh {
 namespace {
 
 constexpr int kMaxTopLogprobs = 20;
+// Echoed in every message of the stream.
+constexpr size_t kMaxRequestIdBytes = 256;
+// A text prompt longer than this many bytes per token of the context limit
+// cannot fit it (tokenizers' tokens average ~4 bytes; 16 leaves room for
+// long merges and multi-byte scripts): refused before tokenizing, which
+// costs time and memory in proportion to the bytes.
+constexpr int64_t kMaxPromptBytesPerToken = 16;
+
+// A text's byte length against the context limit, before it is tokenized.
+absl::Status CheckTextBytes(absl::string_view field, absl::string_view text, int max_context) {
+  const int64_t limit = kMaxPromptBytesPerToken * max_context;
+  if (static_cast<int64_t>(text.size()) > limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is ", text.size(), " bytes; the limit is ", limit, " (", kMaxPromptBytesPerToken,
+        " bytes per token of the ", max_context, "-token context)"));
+  }
+  return absl::OkStatus();
+}
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -102,11 +120,18 @@ grpc::Status GenerationService::Fail(grpc::Status s) {
 
 absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::GenerateRequest& r) const {
   GenerationRequest b;
+  if (r.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id is ", r.request_id().size(),
+                                                   " bytes; the limit is ", kMaxRequestIdBytes));
+  }
   switch (r.prompt_case()) {
     case v1::GenerateRequest::kText: {
       if (codec_ == nullptr) {
         return absl::InvalidArgumentError(
             "the model has no tokenizer.json: send token_ids instead of text");
+      }
+      if (absl::Status s = CheckTextBytes("the prompt text", r.text(), max_context_); !s.ok()) {
+        return s;
       }
       absl::StatusOr<std::vector<int32_t>> ids =
           codec_->Encode(r.text(), /*add_special_tokens=*/true);
@@ -306,6 +331,9 @@ grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const v1::Tokeniz
                                          v1::TokenizeResponse* response) {
   if (codec_ == nullptr)
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the model has no tokenizer.json");
+  if (absl::Status s = CheckTextBytes("text", request->text(), max_context_); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::StatusOr<std::vector<int32_t>> ids =
       codec_->Encode(request->text(), request->add_special_tokens());
   if (!ids.ok()) return ToGrpcStatus(ids.status());

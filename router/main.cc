@@ -48,8 +48,13 @@ absl::Status Run() {
     rebalance.interval = std::chrono::seconds(o.rebalance_interval_s);
     rebalance.min_ratio = o.rebalance_min_ratio;
     rebalance.slots_per_worker = o.rebalance_slots;
+    ClusterLimits limits;
+    limits.num_experts = config.n_routed_experts;
+    if (absl::Status s = ValidateSlotsPerWorker(o.rebalance_slots, limits); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--rebalance_slots: ", s.message()));
+    }
     membership = std::make_unique<Membership>(
-        config.Fingerprint(), std::chrono::milliseconds(o.heartbeat_interval_ms),
+        config.Fingerprint(), limits, std::chrono::milliseconds(o.heartbeat_interval_ms),
         std::chrono::milliseconds(o.heartbeat_timeout_ms), rebalance, metrics.get());
     backend = std::make_unique<ClusterBackend>(membership.get());
   }
@@ -61,7 +66,8 @@ absl::Status Run() {
   GenerationService generation(config, backend.get(), codec.get(), opt);
   std::vector<grpc::Service*> services = {&generation};
   if (membership) services.push_back(membership.get());
-  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, services));
+  ASSIGN_OR_RETURN(RunningServer server,
+                   StartGrpcServer(o.server.listen, services, o.server.max_receive_message_mb));
   // grpc.health.v1: the Generation service is SERVING once it has workers.
   auto* health = server.server->GetHealthCheckService();
   std::atomic<bool> draining{false};

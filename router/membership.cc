@@ -16,14 +16,17 @@ void PlacementToProto(const PlacementMap& map, v1::PlacementMap* p) {
 
 }  // namespace
 
-Membership::Membership(std::string model_fingerprint, std::chrono::milliseconds heartbeat_interval,
+Membership::Membership(std::string model_fingerprint, ClusterLimits limits,
+                       std::chrono::milliseconds heartbeat_interval,
                        std::chrono::milliseconds timeout, RebalancePolicy rebalance,
                        Metrics* metrics)
-    : registry_(std::move(model_fingerprint), heartbeat_interval, timeout),
+    : limits_(limits),
+      registry_(std::move(model_fingerprint), heartbeat_interval, timeout),
       rebalancer_(&registry_, rebalance, metrics) {}
 
 grpc::Status Membership::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                                   v1::RegisterResponse* response) {
+  if (absl::Status s = ValidateRegistration(*request, limits_); !s.ok()) return ToGrpcStatus(s);
   WorkerRegistration r;
   r.kind = request->kind();
   r.address = request->address();
@@ -39,6 +42,7 @@ grpc::Status Membership::Register(grpc::ServerContext*, const v1::RegisterReques
 
 grpc::Status Membership::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                                    v1::HeartbeatResponse* response) {
+  if (absl::Status s = ValidateHeartbeat(*request, limits_); !s.ok()) return ToGrpcStatus(s);
   const WorkerRegistry::HeartbeatAnswer a =
       registry_.Heartbeat(request->worker_id(), request->load(), request->placement_version());
   response->set_known(a.known);
@@ -54,12 +58,16 @@ grpc::Status Membership::GetPlacement(grpc::ServerContext*, const v1::GetPlaceme
 
 grpc::Status Membership::Deregister(grpc::ServerContext*, const v1::DeregisterRequest* request,
                                     v1::DeregisterResponse*) {
+  if (absl::Status s = ValidateWorkerId(request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   registry_.Deregister(request->worker_id());
   return grpc::Status::OK;
 }
 
 grpc::Status Membership::Rebalance(grpc::ServerContext*, const v1::RebalanceRequest* request,
                                    v1::RebalanceResponse* response) {
+  if (absl::Status s = ValidateSlotsPerWorker(request->slots_per_worker(), limits_); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::StatusOr<RebalanceResult> r = rebalancer_.Run(request->slots_per_worker());
   if (!r.ok()) return ToGrpcStatus(r.status());
   response->set_balance_ratio_before(r->balance_ratio_before);

@@ -1,6 +1,8 @@
 // The router's moesh.v1.Cluster service: the RPC edge over the worker
 // registry (router/worker_registry.h: registration, heartbeats, liveness, the
 // placement map) and the rebalancer (router/rebalancer.h: EPLB), which it owns.
+// Every request field is checked first (router/cluster_validation.h:
+// INVALID_ARGUMENT naming the field); only checked values reach them.
 //
 // Thread-safe.
 #ifndef MOESH_ROUTER_MEMBERSHIP_H_
@@ -12,6 +14,7 @@
 
 #include "common/metrics/metrics.h"
 #include "moesh/v1/worker.grpc.pb.h"
+#include "router/cluster_validation.h"
 #include "router/rebalancer.h"
 #include "router/worker_registry.h"
 
@@ -19,10 +22,10 @@ namespace moesh {
 
 class Membership final : public v1::Cluster::Service {
  public:
-  // `metrics` may be null.
-  Membership(std::string model_fingerprint, std::chrono::milliseconds heartbeat_interval,
-             std::chrono::milliseconds timeout, RebalancePolicy rebalance = {},
-             Metrics* metrics = nullptr);
+  // `metrics` may be null; `limits.num_experts` is the model's routed experts.
+  Membership(std::string model_fingerprint, ClusterLimits limits,
+             std::chrono::milliseconds heartbeat_interval, std::chrono::milliseconds timeout,
+             RebalancePolicy rebalance = {}, Metrics* metrics = nullptr);
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -41,6 +44,7 @@ class Membership final : public v1::Cluster::Service {
   void OnChange(std::function<void()> callback) { registry_.OnChange(std::move(callback)); }
 
  private:
+  const ClusterLimits limits_;
   WorkerRegistry registry_;
   Rebalancer rebalancer_;  // after registry_: stops first
 };

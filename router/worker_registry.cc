@@ -1,11 +1,32 @@
 #include "router/worker_registry.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
 #include <iostream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
 namespace moesh {
+namespace {
+
+// 128 bits from the kernel's CSPRNG (getrandom), in hex: a worker id nobody
+// can guess, so no peer can aim Cluster.Deregister or heartbeats at another.
+absl::StatusOr<std::string> RandomIdSuffix() {
+  char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::InternalError("getrandom failed: no random worker id");
+    got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(absl::string_view(bytes, sizeof(bytes)));
+}
+
+}  // namespace
 
 WorkerRegistry::WorkerRegistry(std::string model_fingerprint,
                                std::chrono::milliseconds heartbeat_interval,
@@ -26,9 +47,12 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const WorkerRegistration& r
     return absl::FailedPreconditionError(
         absl::StrCat("worker serves ", r.model_fingerprint, ", router ", fingerprint_));
   }
-  if (r.kind == v1::WORKER_KIND_UNSPECIFIED || r.address.empty()) {
+  if (!v1::WorkerKind_IsValid(r.kind) || r.kind == v1::WORKER_KIND_UNSPECIFIED ||
+      r.address.empty()) {
     return absl::InvalidArgumentError("registration needs a kind and an address");
   }
+  absl::StatusOr<std::string> suffix = RandomIdSuffix();
+  if (!suffix.ok()) return suffix.status();
   std::vector<std::function<void()>> notify;
   std::string id;
   {
@@ -41,7 +65,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const WorkerRegistration& r
       }
     }
     Entry e;
-    e.info.id = absl::StrCat(v1::WorkerKind_Name(r.kind).substr(12), "-", ++next_id_);
+    e.info.id = absl::StrCat(v1::WorkerKind_Name(r.kind).substr(12), "-", *suffix);
     e.info.kind = r.kind;
     e.info.address = r.address;
     e.info.data_plane_address = r.data_plane_address.empty() ? r.address : r.data_plane_address;

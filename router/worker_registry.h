@@ -59,7 +59,8 @@ class WorkerRegistry {
   ~WorkerRegistry();  // stops the sweeper
 
   // Adds a worker (replacing one registered from the same address) and
-  // returns its id. FAILED_PRECONDITION for another model; INVALID_ARGUMENT
+  // returns its id: the kind and 128 random bits ("DECODE-3f0c..."),
+  // unguessable. FAILED_PRECONDITION for another model; INVALID_ARGUMENT
   // without a kind or an address.
   absl::StatusOr<std::string> Register(const WorkerRegistration& r);
   struct HeartbeatAnswer {
@@ -110,7 +111,7 @@ class WorkerRegistry {
 
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
-  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;            // Track's handles
   int64_t placement_version_ ABSL_GUARDED_BY(mu_) = 1;  // bumped when expert workers change
   std::map<int64_t, std::pair<std::string, std::function<void()>>> tracked_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> to_cancel_ ABSL_GUARDED_BY(mu_);  // collected by Drop

@@ -30,7 +30,8 @@ LAYERS = [
     ("serving", ["common/serving"]),
     ("service", ["common/service"]),
     ("services", ["router", "prefill_worker", "decode_worker", "expert_worker"]),
-    ("binaries", ["cli", "tools/bench", "tests/golden", "tests/integration", "examples"]),
+    ("binaries", ["cli", "tools/bench", "tests/golden", "tests/integration", "tests/security",
+                  "examples"]),
 ]
 # Rooms of these layers are independent programs: no includes between them.
 APART = {"services"}

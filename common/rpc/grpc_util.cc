@@ -22,13 +22,20 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
 }
 
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
-                                              const std::vector<grpc::Service*>& services) {
+                                              const std::vector<grpc::Service*>& services,
+                                              int max_receive_message_mb) {
+  if (max_receive_message_mb < 1 || max_receive_message_mb > kMaxReceiveMessageMbLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the largest message to receive must lie in [1, ", kMaxReceiveMessageMbLimit,
+                     "] MiB, got ", max_receive_message_mb));
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   RunningServer out;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &out.port);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(max_receive_message_mb << 20);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (grpc::Service* s : services) builder.RegisterService(s);
   out.server = builder.BuildAndStart();

@@ -23,11 +23,22 @@ struct RunningServer {
   int port = 0;  // the bound port (resolves ":0")
 };
 
-// Binds `address` (host:port; port 0 picks a free one), registers `services`
-// (borrowed; must outlive the server), starts it, and marks it SERVING.
-// UNAVAILABLE if the address cannot be bound.
-absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
-                                              const std::vector<grpc::Service*>& services);
+// The largest message a server accepts unless told otherwise (ServerOptions'
+// --max_receive_message_mb; its one definition).
+constexpr int kDefaultMaxReceiveMessageMb = 256;
+// gRPC counts message sizes in an int.
+constexpr int kMaxReceiveMessageMbLimit = 2047;
+
+// Binds `address` (host:port; port 0 picks a free one) on one listening
+// socket (no SO_REUSEPORT: gRPC would clone the listener of a ":0" port onto
+// a second, random port, and another process could bind the same port),
+// registers `services` (borrowed; must outlive the server), starts it, and
+// marks it SERVING. Messages larger than `max_receive_message_mb` MiB are
+// refused (RESOURCE_EXHAUSTED). UNAVAILABLE if the address cannot be bound.
+// REQUIRES: 1 <= max_receive_message_mb <= kMaxReceiveMessageMbLimit.
+absl::StatusOr<RunningServer> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    int max_receive_message_mb = kDefaultMaxReceiveMessageMb);
 
 // Channel arguments for internal clients (large messages allowed).
 grpc::ChannelArguments InternalChannelArgs();

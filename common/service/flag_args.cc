@@ -16,6 +16,7 @@ void AppendArgs(const ServerOptions& o, std::vector<std::string>* args) {
   AddFlag(args, "listen", o.listen, d.listen);
   AddFlag(args, "ready_file", o.ready_file, d.ready_file);
   AddFlag(args, "metrics_listen", o.metrics_listen, d.metrics_listen);
+  AddFlag(args, "max_receive_message_mb", o.max_receive_message_mb, d.max_receive_message_mb);
   AddFlag(args, "drain_timeout_s", o.drain_timeout_s, d.drain_timeout_s);
 }
 

@@ -14,6 +14,10 @@ ABSL_FLAG(std::string, ready_file, moesh::ServerOptions().ready_file,
           "(atomically), for a supervisor to wait on (empty: none).");
 ABSL_FLAG(std::string, metrics_listen, moesh::ServerOptions().metrics_listen,
           "host:port of the Prometheus /metrics endpoint (port 0: any free one; empty: none).");
+ABSL_FLAG(int, max_receive_message_mb, moesh::ServerOptions().max_receive_message_mb,
+          "Largest gRPC message the --listen port accepts, in MiB (larger ones fail "
+          "RESOURCE_EXHAUSTED); a decode worker taking KV over --transport grpc needs room for "
+          "a whole prompt's rows.");
 
 ABSL_FLAG(int, drain_timeout_s, moesh::ServerOptions().drain_timeout_s,
           "On SIGTERM or SIGINT: stop taking new work (a worker tells the router, which sends it "
@@ -29,6 +33,12 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.listen = absl::GetFlag(FLAGS_listen);
   o.ready_file = absl::GetFlag(FLAGS_ready_file);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.max_receive_message_mb = absl::GetFlag(FLAGS_max_receive_message_mb);
+  if (o.max_receive_message_mb < 1 || o.max_receive_message_mb > kMaxReceiveMessageMbLimit) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_receive_message_mb must lie in [1, ",
+                                                   kMaxReceiveMessageMbLimit, "], got ",
+                                                   o.max_receive_message_mb));
+  }
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   if (o.drain_timeout_s < 0) {
     return absl::InvalidArgumentError(

@@ -1,6 +1,6 @@
 // The flags every service binary has (router, prefill, decode and expert
-// workers): the model it serves, where it listens, its ready file and its
-// /metrics endpoint.
+// workers): the model it serves, where it listens and the largest message it
+// takes there, its ready file and its /metrics endpoint.
 #ifndef MOESH_COMMON_SERVICE_SERVER_FLAGS_H_
 #define MOESH_COMMON_SERVICE_SERVER_FLAGS_H_
 
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/grpc_util.h"
 
 namespace moesh {
 
@@ -17,11 +18,15 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:0";          // --listen: gRPC host:port (port 0: any free one)
   std::string ready_file;                      // --ready_file (empty: none)
   std::string metrics_listen = "127.0.0.1:0";  // --metrics_listen (empty: no /metrics)
+  // --max_receive_message_mb: the largest gRPC message the listener accepts,
+  // in MiB, [1, kMaxReceiveMessageMbLimit].
+  int max_receive_message_mb = kDefaultMaxReceiveMessageMb;
   int drain_timeout_s = 30;  // --drain_timeout_s: graceful shutdown's bound (0: none)
 };
 
-// --model, --listen, --ready_file, --metrics_listen, --drain_timeout_s;
-// INVALID_ARGUMENT without --model or with a negative drain timeout.
+// --model, --listen, --ready_file, --metrics_listen, --max_receive_message_mb,
+// --drain_timeout_s; INVALID_ARGUMENT without --model, with a message size out
+// of range or a negative drain timeout.
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
 // The flags that set `o` (flag_args.cc).
 void AppendArgs(const ServerOptions& o, std::vector<std::string>* args);

@@ -102,6 +102,7 @@ void SetAll(ServerOptions* s) {
   s->listen = "0.0.0.0:50051";
   s->ready_file = "/tmp/ready";
   s->metrics_listen = "";  // none
+  s->max_receive_message_mb = 64;
   s->drain_timeout_s = 7;
 }
 

@@ -1,0 +1,129 @@
+// Every Cluster RPC field a peer sends, refused out of range with a message
+// naming the field (router/cluster_validation.h); well-formed requests pass.
+#include "router/cluster_validation.h"
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace moesh {
+namespace {
+
+ClusterLimits Limits() {
+  ClusterLimits l;
+  l.num_experts = 8;
+  return l;
+}
+
+v1::RegisterRequest Expert(std::vector<int> ids) {
+  v1::RegisterRequest r;
+  r.set_kind(v1::WORKER_KIND_EXPERT);
+  r.set_address("127.0.0.1:5");
+  r.set_model_fingerprint("fp");
+  r.mutable_expert_ids()->Add(ids.begin(), ids.end());
+  return r;
+}
+
+// A request spoiled one field at a time: each is INVALID_ARGUMENT whose
+// message starts with the field's name.
+template <typename Request>
+struct Spoiled {
+  const char* field;
+  std::function<void(Request*)> spoil;
+};
+template <typename Request, typename Validate>
+void ExpectEachRefused(const Request& good, const std::vector<Spoiled<Request>>& cases,
+                       Validate validate) {
+  ASSERT_TRUE(validate(good).ok());
+  for (const Spoiled<Request>& c : cases) {
+    Request r = good;
+    c.spoil(&r);
+    const absl::Status s = validate(r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_EQ(s.message().find(c.field), 0u) << s;
+  }
+}
+
+TEST(ClusterValidationTest, HostPort) {
+  for (const char* ok : {"127.0.0.1:5", "expert-0.moesh.svc:50051", "[::1]:80", "a_b:65535"}) {
+    EXPECT_TRUE(ValidateHostPort("address", ok).ok()) << ok;
+  }
+  for (const char* bad : {"", "garbage::::", "host", "host:", "host:0", "host:65536", ":80",
+                          "host:+80", "host: 80", "[::1:80", "a b:80", "[zz]:80"}) {
+    const absl::Status s = ValidateHostPort("address", bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("address"), std::string::npos) << s;
+  }
+  EXPECT_FALSE(ValidateHostPort("address", std::string(300, 'a') + ":80").ok());
+}
+
+TEST(ClusterValidationTest, Registration) {
+  const ClusterLimits l = Limits();
+  const std::vector<Spoiled<v1::RegisterRequest>> cases = {
+      {"kind", [](v1::RegisterRequest* r) { r->set_kind(static_cast<v1::WorkerKind>(99)); }},
+      {"kind", [](v1::RegisterRequest* r) { r->set_kind(v1::WORKER_KIND_UNSPECIFIED); }},
+      {"address", [](v1::RegisterRequest* r) { r->set_address("garbage::::"); }},
+      {"data_plane_address", [](v1::RegisterRequest* r) { r->set_data_plane_address("x"); }},
+      {"expert_ids", [](v1::RegisterRequest* r) { r->set_expert_ids(0, -3000000); }},
+      {"expert_ids", [](v1::RegisterRequest* r) { r->set_expert_ids(0, 1000000000); }},
+      {"expert_ids", [](v1::RegisterRequest* r) { r->set_expert_ids(0, 8); }},
+      {"expert_ids", [](v1::RegisterRequest* r) { r->set_expert_ids(0, 7); }},  // twice
+      {"expert_ids", [](v1::RegisterRequest* r) { r->clear_expert_ids(); }},
+      {"expert_ids", [](v1::RegisterRequest* r) { r->set_kind(v1::WORKER_KIND_DECODE); }},
+      {"expert_ids",
+       [](v1::RegisterRequest* r) {
+         for (int i = 0; i < 1000; ++i) r->add_expert_ids(i % 8);
+       }},
+      {"model_fingerprint",
+       [](v1::RegisterRequest* r) { r->set_model_fingerprint(std::string(5000, 'x')); }},
+  };
+  ExpectEachRefused(Expert({0, 7}), cases,
+                    [&](const v1::RegisterRequest& r) { return ValidateRegistration(r, l); });
+}
+
+TEST(ClusterValidationTest, HeartbeatLoads) {
+  const ClusterLimits l = Limits();
+  v1::HeartbeatRequest good;
+  good.set_worker_id("DECODE-00ff");
+  good.mutable_load()->set_kv_usage(0.5f);
+  good.mutable_load()->add_expert_tokens(3);
+  const std::vector<Spoiled<v1::HeartbeatRequest>> cases = {
+      {"load.kv_usage", [](v1::HeartbeatRequest* r) { r->mutable_load()->set_kv_usage(-1); }},
+      {"load.kv_usage", [](v1::HeartbeatRequest* r) { r->mutable_load()->set_kv_usage(1.5f); }},
+      {"load.kv_usage", [](v1::HeartbeatRequest* r) { r->mutable_load()->set_kv_usage(NAN); }},
+      {"load.queued_prompt_tokens",
+       [](v1::HeartbeatRequest* r) { r->mutable_load()->set_queued_prompt_tokens(-1); }},
+      {"load.queued_prompt_tokens",
+       [](v1::HeartbeatRequest* r) { r->mutable_load()->set_queued_prompt_tokens(INT64_MAX); }},
+      {"load.num_running", [](v1::HeartbeatRequest* r) { r->mutable_load()->set_num_running(-1); }},
+      {"load.free_kv_blocks",
+       [](v1::HeartbeatRequest* r) { r->mutable_load()->set_free_kv_blocks(-5); }},
+      {"load.expert_tokens",
+       [](v1::HeartbeatRequest* r) { r->mutable_load()->set_expert_tokens(0, -1); }},
+      {"load.expert_tokens",
+       [](v1::HeartbeatRequest* r) {
+         for (int i = 0; i < 8; ++i) r->mutable_load()->add_expert_tokens(1);
+       }},
+      {"placement_version", [](v1::HeartbeatRequest* r) { r->set_placement_version(-2); }},
+      {"worker_id", [](v1::HeartbeatRequest* r) { r->set_worker_id(std::string(200, 'x')); }},
+      {"worker_id", [](v1::HeartbeatRequest* r) { r->clear_worker_id(); }},
+  };
+  ExpectEachRefused(good, cases,
+                    [&](const v1::HeartbeatRequest& r) { return ValidateHeartbeat(r, l); });
+}
+
+TEST(ClusterValidationTest, SlotsPerWorker) {
+  const ClusterLimits l = Limits();
+  for (int ok : {0, 1, 8}) EXPECT_TRUE(ValidateSlotsPerWorker(ok, l).ok()) << ok;
+  for (int64_t bad : {int64_t{-1}, int64_t{9}, int64_t{2147483647}}) {
+    const absl::Status s = ValidateSlotsPerWorker(bad, l);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(s.message().find("slots_per_worker"), 0u) << s;
+  }
+}
+
+}  // namespace
+}  // namespace moesh
