@@ -235,7 +235,7 @@ absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_loca
 absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out,
                                          std::vector<CountedDispatch>* counted) const {
   if (!memory_kinds().Takes(d.memory)) {  // the message is built only then
-    return CheckDispatchMemory(d, memory_kinds(), absl::StrCat("the experts on ", device_));
+    return CheckDispatchMemory(d, memory_kinds(), absl::StrCat("the expert stage on ", device_));
   }
   return d.memory.is_host() ? AccumulateHost(d, out) : AccumulateDevice(d, out, counted);
 }

@@ -84,7 +84,7 @@ bool ExpertStage::IsMoeLayer(int layer) const { return shards().front()->layers.
 absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out,
                                      std::vector<CountedDispatch>*) const {
   if (!memory_kinds().Takes(d.memory)) {  // the message is built only then
-    return CheckDispatchMemory(d, memory_kinds(), absl::StrCat("the experts on ", device()));
+    return CheckDispatchMemory(d, memory_kinds(), absl::StrCat("the expert stage on ", device()));
   }
   const Shards shards = this->shards();
   if (!shards.front()->layers.count(d.layer)) {
