@@ -74,6 +74,7 @@ void ExpertDispatcher::Record(const MoeDispatch& d, double seconds, size_t num_d
 }
 
 absl::Status ExpertDispatcher::Validate(const MoeDispatch& d) const {
+  RETURN_IF_ERROR(CheckDispatchMemory(d, MemoryKinds(), "the expert worker's batching"));
   if (d.num_tokens < 0 || d.top_k <= 0 || d.hidden <= 0)
     return absl::InvalidArgumentError("dispatch with bad dimensions");
   if (!stage_->IsMoeLayer(d.layer)) {
@@ -100,6 +101,7 @@ absl::Status ExpertDispatcher::Validate(const MoeDispatch& d) const {
 }
 
 absl::Status ExpertDispatcher::Dispatch(const MoeDispatch& d, float* out) {
+  if (!d.memory.is_host()) return DispatchOnDevice(d, out);
   if (absl::Status s = Validate(d); !s.ok()) return s;
   std::shared_ptr<Batch> batch;
   bool leader = false;
@@ -152,12 +154,12 @@ absl::Status ExpertDispatcher::Dispatch(const MoeDispatch& d, float* out) {
   return status;
 }
 
-absl::Status ExpertDispatcher::DispatchOnDevice(const DeviceMoeDispatch& d, float* out) {
+absl::Status ExpertDispatcher::DispatchOnDevice(const MoeDispatch& d, float* out) {
   if (!stage_->IsMoeLayer(d.layer))
     return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
   std::vector<CountedDispatch> counted;
   const auto start = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(stage_->AccumulateOnDevice(d, out, &counted));
+  RETURN_IF_ERROR(stage_->Accumulate(d, out, &counted));
   // Host time of the call (with d.done: until the work is enqueued).
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -197,7 +199,7 @@ absl::Status ExpertDispatcher::RunBatch(Batch* batch) {
     size_t offset = 0;
     for (const MoeDispatch* d : batch->dispatches) {
       const size_t n = static_cast<size_t>(d->num_tokens);
-      std::copy(d->hidden_states, d->hidden_states + n * hidden, x.data() + offset);
+      std::copy(d->hidden_f32(), d->hidden_f32() + n * hidden, x.data() + offset);
       offset += n * hidden;
       ids.insert(ids.end(), d->topk_ids, d->topk_ids + n * top_k);
       weights.insert(weights.end(), d->topk_weights, d->topk_weights + n * top_k);

@@ -46,16 +46,18 @@ class ExpertDispatcher {
  public:
   ExpertDispatcher(std::unique_ptr<ExpertStage> stage, ExpertDispatcherOptions options);
 
-  // Runs d's (token, expert) pairs, merged with other dispatches of the same
-  // layer that arrive within the batch window; overwrites `out` (fp32
-  // [d.num_tokens, d.hidden]) with this worker's weighted sums. Blocks until
-  // done. INVALID_ARGUMENT for bad dimensions, a dense layer or an expert id
-  // out of range; FAILED_PRECONDITION for a pair of an expert not hosted here
-  // (a stale placement map: refused, never skipped).
+  // Overwrites `out` (fp32 [d.num_tokens, d.hidden], in d's memory) with
+  // this worker's weighted sums of d's (token, expert) pairs.
+  // Host memory: merged with other dispatches of the same layer that arrive
+  // within the batch window; blocks until done. Device memory (the stage's
+  // GPU: cuda_ipc, nccl): runs at once there, not merged with other
+  // attention workers' dispatches (each waits its turn), and with d.done
+  // returns once enqueued (ExpertStage::Accumulate). INVALID_ARGUMENT for
+  // bad dimensions, a dense layer or an expert id out of range;
+  // FAILED_PRECONDITION for a pair of an expert not hosted here (a stale
+  // placement map: refused, never skipped); UNIMPLEMENTED for memory the
+  // stage does not take.
   absl::Status Dispatch(const MoeDispatch& d, float* out);
-  // Device-resident dispatch: runs at once on the stage's GPU, not merged
-  // with other attention workers' dispatches (each waits its turn there).
-  absl::Status DispatchOnDevice(const DeviceMoeDispatch& d, float* out);
 
   // Loads `ids` not hosted yet (from the loader) and, with `exact`, drops the
   // hosted experts not listed, if options.may_drop allows (checked before
@@ -82,6 +84,8 @@ class ExpertDispatcher {
     absl::Status status;
   };
   absl::Status Validate(const MoeDispatch& d) const;
+  // Dispatch of a device dispatch.
+  absl::Status DispatchOnDevice(const MoeDispatch& d, float* out);
   absl::Status RunBatch(Batch* batch);
   void Record(const MoeDispatch& d, double seconds, size_t num_dispatches);
   // [n_routed_experts]: hosted now (less `leaving`).

@@ -14,10 +14,6 @@ absl::Status ExpertService::Dispatch(const MoeDispatch& dispatch, float* out) {
   return dispatcher_.Dispatch(dispatch, out);
 }
 
-absl::Status ExpertService::DispatchOnDevice(const DeviceMoeDispatch& dispatch, float* out) {
-  return dispatcher_.DispatchOnDevice(dispatch, out);
-}
-
 grpc::Status ExpertService::Info(grpc::ServerContext*, const v1::ExpertInfoRequest*,
                                  v1::ExpertInfoResponse* response) {
   for (int e : dispatcher_.hosted_experts()) response->add_expert_ids(e);

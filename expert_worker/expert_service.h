@@ -1,7 +1,7 @@
 // The expert worker's RPC and transport edge over its core (ExpertDispatcher):
-// the data plane's dispatches (plain MoeDispatch: the transports check and
-// view their wire messages, common/transport/dispatch_wire.h),
-// device-resident dispatches, and moesh.v1.ExpertWorker (Info, LoadExperts);
+// the data plane's dispatches (plain MoeDispatch, host or device-resident:
+// the transports check and view their wire messages,
+// common/transport/dispatch_wire.h), and moesh.v1.ExpertWorker (Info, LoadExperts);
 // the heartbeat's load.
 //
 // Thread-safe: Dispatch is called concurrently by the transports.
@@ -19,17 +19,13 @@ namespace moesh {
 
 using ExpertServiceOptions = ExpertDispatcherOptions;
 
-class ExpertService : public DispatchHandler,
-                      public DeviceDispatchHandler,
-                      public v1::ExpertWorker::Service {
+class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
  public:
   ExpertService(std::unique_ptr<ExpertStage> stage, std::string fingerprint,
                 ExpertServiceOptions options);
 
-  // DispatchHandler: ExpertDispatcher::Dispatch.
+  // DispatchHandler: ExpertDispatcher::Dispatch (either memory kind).
   absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override;
-  // DeviceDispatchHandler (cuda_ipc, nccl).
-  absl::Status DispatchOnDevice(const DeviceMoeDispatch& dispatch, float* out) override;
   // ExpertWorker.Info.
   grpc::Status Info(grpc::ServerContext*, const v1::ExpertInfoRequest*,
                     v1::ExpertInfoResponse* response) override;

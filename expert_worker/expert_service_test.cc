@@ -172,5 +172,24 @@ TEST_F(ExpertServiceTest, LoadExactlyDropsTheRestAndRefusesTheirPairs) {
   EXPECT_EQ(hosted.size(), 0u);
 }
 
+// One handler for both memory kinds: a CPU worker refuses a device-resident
+// dispatch (as cuda_ipc or nccl would hand it over) saying what it takes,
+// and still serves host ones.
+TEST_F(ExpertServiceTest, ACpuWorkerRefusesDeviceMemoryThroughTheOneHandler) {
+  ExpertServiceOptions o;
+  o.batch_window = std::chrono::microseconds(0);
+  ExpertService service(Stage(), "fp", o);
+  const v1::DispatchRequest r = RandomRequest(2, 4);
+  absl::StatusOr<MoeDispatch> d = DecodeDispatchRequest(r);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<float> out(static_cast<size_t>(2) * config_.hidden_size);
+  MoeDispatch device = *d;
+  device.memory = DispatchMemory::CudaDevice(0);
+  const absl::Status s = service.Dispatch(device, out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("takes host f32 dispatches, not cuda:0 bf16"), std::string::npos) << s;
+  EXPECT_TRUE(service.Dispatch(*d, out.data()).ok());
+}
+
 }  // namespace
 }  // namespace moesh

@@ -72,9 +72,8 @@ absl::Status Run() {
   if (plugin->capabilities().device_dispatch) {
     ASSIGN_OR_RETURN(cuda_device, CudaOrdinal(device.device, "--transport " + transport));
   }
-  ASSIGN_OR_RETURN(DataPlaneEndpoint data,
-                   StartDataPlane(transport, o.worker.advertise_host, address, &service, nullptr,
-                                  cuda_device, &service));
+  ASSIGN_OR_RETURN(DataPlaneEndpoint data, StartDataPlane(transport, o.worker.advertise_host,
+                                                          address, &service, nullptr, cuda_device));
   service.set_data_plane_address(data.address);
   self = data.address;
   std::cerr << "expert worker serving experts " << *hosted.begin() << ".." << *hosted.rbegin()

@@ -232,7 +232,15 @@ absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_loca
   return RunMoeCombine(cp);
 }
 
-absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
+absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out,
+                                         std::vector<CountedDispatch>* counted) const {
+  if (!memory_kinds().Takes(d.memory)) {  // the message is built only then
+    return CheckDispatchMemory(d, memory_kinds(), absl::StrCat("the expert stage on ", device_));
+  }
+  return d.memory.is_host() ? AccumulateHost(d, out) : AccumulateDevice(d, out, counted);
+}
+
+absl::Status CudaExpertStage::AccumulateHost(const MoeDispatch& d, float* out) const {
   const ModelConfig& c = config();
   if (!IsMoeLayer(d.layer))
     return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
@@ -263,7 +271,7 @@ absl::Status CudaExpertStage::Accumulate(const MoeDispatch& d, float* out) const
   }
   if (hosted_pairs == 0) return absl::OkStatus();
   for (size_t i = 0; i < static_cast<size_t>(t) * h; ++i)
-    s.h_x.get()[i] = F32ToBf16(d.hidden_states[i]);
+    s.h_x.get()[i] = F32ToBf16(d.hidden_f32()[i]);
   cudaStream_t st = stream_.get();
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.x.get(), s.h_x.get(), static_cast<size_t>(t) * h * 2,
                                        cudaMemcpyHostToDevice, st));
@@ -312,8 +320,8 @@ void CudaExpertStage::CountOnlyServed(const std::vector<uint8_t>& serve,
   }
 }
 
-absl::Status CudaExpertStage::AccumulateOnDevice(const DeviceMoeDispatch& d, float* out,
-                                                 std::vector<CountedDispatch>* counted) const {
+absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
+                                               std::vector<CountedDispatch>* counted) const {
   const ModelConfig& c = config();
   if (!IsMoeLayer(d.layer))
     return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
@@ -366,7 +374,7 @@ absl::Status CudaExpertStage::AccumulateOnDevice(const DeviceMoeDispatch& d, flo
     // The pairs that land here are known only on the device: size by the
     // expected share (balanced routing) and bound the launches by all pairs.
     ExpertPass pass;
-    pass.x = reinterpret_cast<const bf16*>(d.hidden_states), pass.ids = d.topk_ids,
+    pass.x = reinterpret_cast<const bf16*>(d.hidden_bf16()), pass.ids = d.topk_ids,
     pass.weights = d.topk_weights;
     pass.map = s.map.get(), pass.map_size = c.n_routed_experts, pass.out = out;
     pass.num_tokens = t, pass.top_k = k, pass.max_rows = rows, pass.served = served;

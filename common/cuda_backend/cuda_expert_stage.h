@@ -7,8 +7,8 @@
 // SiLU·mul, a grouped down GEMM in fp32, and the weighted combine, which is
 // added into the caller's host buffer. Hidden states arrive in fp32 and are
 // rounded to bf16 (weights and activations in bf16, accumulation in fp32, as
-// the CUDA model computes them). AccumulateOnDevice takes them in bf16 on the
-// device (the cuda_ipc transport) and writes its result there.
+// the CUDA model computes them). A dispatch in device memory (the cuda_ipc
+// and nccl transports) comes in bf16 and its result is written there.
 //
 // Thread-safe: dispatches from concurrent callers run one at a time on the
 // stage's stream; AddShard uploads the new experts and swaps the stacks in
@@ -39,15 +39,17 @@ class CudaExpertStage : public ExpertStage {
       const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights);
   ~CudaExpertStage() override;
 
-  absl::Status Accumulate(const MoeDispatch& dispatch, float* out) const override;
+  // Host dispatches are staged through this GPU; device dispatches are read
+  // where they lie (another process's memory mapped through CUDA IPC, or
+  // this GPU's), their expert ids mapped to the stacks on the device, and
+  // `out` written on the device: no host staging.
+  absl::Status Accumulate(const MoeDispatch& dispatch, float* out,
+                          std::vector<CountedDispatch>* counted = nullptr) const override;
+  // Host f32, and bf16 in this stage's device memory.
+  MemoryKinds memory_kinds() const override { return {ordinal_}; }
   absl::Status AddShard(std::unique_ptr<ExpertShardWeights> more) override;
   // Rebuilds the stacks without `ids`; a running dispatch keeps the old ones.
   absl::Status RemoveExperts(const std::set<int>& ids) override;
-  // Reads the dispatch where it lies (another process's memory mapped
-  // through CUDA IPC, or this GPU's), maps expert ids to the stacks on the
-  // device, and writes `out` on the device: no host staging.
-  absl::Status AccumulateOnDevice(const DeviceMoeDispatch& dispatch, float* out,
-                                  std::vector<CountedDispatch>* counted) const override;
   std::string device() const override { return device_; }
   // Bytes of expert weights on the device.
   size_t device_bytes() const;
@@ -81,6 +83,10 @@ class CudaExpertStage : public ExpertStage {
         stream_(std::move(stream)),
         ordinal_(ordinal),
         device_("cuda:" + std::to_string(ordinal)) {}
+  // Accumulate's two memory kinds.
+  absl::Status AccumulateHost(const MoeDispatch& dispatch, float* out) const;
+  absl::Status AccumulateDevice(const MoeDispatch& dispatch, float* out,
+                                std::vector<CountedDispatch>* counted) const;
   // Stacks for every expert in `shards` (the first shard holding an expert serves it).
   absl::StatusOr<std::shared_ptr<const Stacks>> Build(
       const std::vector<const ExpertShardWeights*>& shards) const;
@@ -122,7 +128,7 @@ class CudaExpertStage : public ExpertStage {
   std::shared_ptr<const Stacks> stacks_ ABSL_GUARDED_BY(stacks_mu_);
   mutable absl::Mutex run_mu_;  // one dispatch on the device at a time
   mutable Scratch scratch_ ABSL_GUARDED_BY(run_mu_);
-  // A dispatch that returned before the device finished (DeviceMoeDispatch::
+  // A device dispatch that returned before the device finished (MoeDispatch::
   // done): its ids land in pending_ids_ once pending_event_ fires; the next
   // call waits for that, so host buffers are never rewritten under a copy.
   mutable bool pending_ ABSL_GUARDED_BY(run_mu_) = false;

@@ -257,7 +257,8 @@ absl::StatusOr<StepOutput> CudaModel::Step(absl::Span<const SequenceTokens> seqs
       RETURN_IF_ERROR(planner_->Upload(b, stream_.get(), stack_->needs_segments()));
       if (b.decode && options_.cuda_graphs && experts == nullptr) {
         RETURN_IF_ERROR(RunDecodeGraph(b, k));
-      } else if (b.decode && options_.cuda_graphs && experts->dispatch_device() == info_.device) {
+      } else if (b.decode && options_.cuda_graphs &&
+                 experts->memory_kinds().Takes(DispatchMemory::CudaDevice(info_.device))) {
         RETURN_IF_ERROR(RunPiecewiseGraph(b, k, experts));
       } else {
         RETURN_IF_ERROR(EnqueueForward(b, true, k, experts));

@@ -117,7 +117,7 @@ class CudaModel {
   //
   // `experts` non-null: the routed experts run behind it (each MoE layer's
   // normalised hidden states and top-k go to the host, or stay on this GPU
-  // where experts->dispatch_device() is it; the shared expert runs on the
+  // where experts->memory_kinds() takes its memory; the shared expert runs on the
   // device meanwhile; the combined result comes back). Decode steps with a
   // device-resident client replay piecewise CUDA graphs (one per stretch
   // between MoE dispatches); otherwise eagerly. Null: the experts on the

@@ -168,7 +168,7 @@ absl::Status FfnBlock::RunExternalExperts(int layer, int num_tokens, const bf16*
   cudaStream_t s = ctx_.stream;
   const size_t h = c.hidden_size, k = c.num_experts_per_tok, t = num_tokens;
   dispatch_input_ = normed;
-  if (experts->dispatch_device() == ctx_.info.device) {
+  if (experts->memory_kinds().Takes(DispatchMemory::CudaDevice(ctx_.info.device))) {
     // Device-resident (cuda_ipc): the bf16 hidden states, ids and weights
     // stay in this GPU's memory; the experts' sum comes back into moe_out_.
     // (Captured piecewise: the dispatch happens between the segments.)
@@ -187,13 +187,7 @@ absl::Status FfnBlock::RunExternalExperts(int layer, int num_tokens, const bf16*
     } else {
       // No host wait: the transport starts once the event fires and hands
       // the sum back on this stream.
-      DeviceMoeDispatch d;  // the padding rows of a decode batch stay home
-      d.layer = layer, d.num_tokens = dispatched_, d.hidden = c.hidden_size,
-      d.top_k = c.num_experts_per_tok;
-      d.hidden_states = reinterpret_cast<const uint16_t*>(normed);
-      d.topk_ids = topk_ids_.get(), d.topk_weights = topk_w_.get();
-      d.ready = dispatch_copied_.get(), d.stream = s;
-      RETURN_IF_ERROR(experts->RunOnDevice(d, moe_out_.get()));
+      RETURN_IF_ERROR(RunDeviceDispatch(layer, dispatched_, normed, experts));
     }
     MoeCombineParams cp;  // x += routed (already weighted and summed over k)
     cp.expert_out = moe_out_.get(), cp.num_tokens = num_tokens, cp.top_k = 1,
@@ -235,14 +229,21 @@ absl::Status FfnBlock::RunExternalExperts(int layer, int num_tokens, const bf16*
 }
 
 absl::Status FfnBlock::LaunchDeviceDispatch(int layer, int num_tokens, ExpertClient* experts) {
+  // Starts once the event recorded inside the segment fires.
+  return RunDeviceDispatch(layer, num_tokens, dispatch_input_, experts);
+}
+
+absl::Status FfnBlock::RunDeviceDispatch(int layer, int num_tokens, const bf16* normed,
+                                         ExpertClient* experts) {
   const ModelConfig& c = ctx_.config;
-  DeviceMoeDispatch d;  // starts once the event recorded inside the segment fires
+  MoeDispatch d;
   d.layer = layer, d.num_tokens = num_tokens;
   d.hidden = c.hidden_size, d.top_k = c.num_experts_per_tok;
-  d.hidden_states = reinterpret_cast<const uint16_t*>(dispatch_input_);
+  d.memory = DispatchMemory::CudaDevice(ctx_.info.device);
+  d.hidden_states = normed;
   d.topk_ids = topk_ids_.get(), d.topk_weights = topk_w_.get();
   d.ready = dispatch_copied_.get(), d.stream = ctx_.stream;
-  return experts->RunOnDevice(d, moe_out_.get());
+  return experts->Run(d, moe_out_.get());
 }
 
 absl::StatusOr<std::vector<int32_t>> FfnBlock::ExpertCounts() {

@@ -56,6 +56,12 @@ class FfnBlock {
  private:
   explicit FfnBlock(const ForwardContext& ctx) : ctx_(ctx) {}
   absl::Status Init();
+  // Hands MoE layer `layer`'s first `num_tokens` rows (`normed`, bf16 on this
+  // device), the top-k ids and weights to `experts` device-resident: started
+  // once dispatch_copied_ fires, the sum delivered into moe_out_ on the
+  // context's stream.
+  absl::Status RunDeviceDispatch(int layer, int num_tokens, const bf16* normed,
+                                 ExpertClient* experts);
   // The routed part of EnqueueMoe through `experts`.
   absl::Status RunExternalExperts(int layer, int num_tokens, const bf16* normed,
                                   const float* normed_f32, float* out, ExpertClient* experts);

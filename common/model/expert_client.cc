@@ -62,12 +62,6 @@ absl::Status ExpertStage::RemoveExperts(const std::set<int>& ids) {
   return absl::OkStatus();
 }
 
-absl::Status ExpertStage::AccumulateOnDevice(const DeviceMoeDispatch&, float*,
-                                             std::vector<CountedDispatch>*) const {
-  return absl::UnimplementedError(absl::StrCat("the experts run on ", device(),
-                                               ": a device-resident dispatch needs --device cuda"));
-}
-
 ExpertStage::Shards ExpertStage::shards() const {
   absl::MutexLock lock(&mu_);
   return shards_;
@@ -87,7 +81,11 @@ std::vector<int> ExpertStage::moe_layers() const {
 
 bool ExpertStage::IsMoeLayer(int layer) const { return shards().front()->layers.count(layer) > 0; }
 
-absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
+absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out,
+                                     std::vector<CountedDispatch>*) const {
+  if (!memory_kinds().Takes(d.memory)) {  // the message is built only then
+    return CheckDispatchMemory(d, memory_kinds(), absl::StrCat("the expert stage on ", device()));
+  }
   const Shards shards = this->shards();
   if (!shards.front()->layers.count(d.layer)) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", d.layer, " is not an MoE layer"));
@@ -132,7 +130,7 @@ absl::Status ExpertStage::Accumulate(const MoeDispatch& d, float* out) const {
     x.resize(static_cast<size_t>(m) * h);
     for (int i = 0; i < m; ++i) {
       std::memcpy(&x[static_cast<size_t>(i) * h],
-                  d.hidden_states + static_cast<size_t>(items[i].first) * h, h * sizeof(float));
+                  d.hidden_f32() + static_cast<size_t>(items[i].first) * h, h * sizeof(float));
     }
     gate_up.resize(static_cast<size_t>(m) * 2 * inter);
     act.resize(static_cast<size_t>(m) * inter);
@@ -163,11 +161,8 @@ std::unique_ptr<PendingDispatch> ExpertClient::Start(const MoeDispatch& dispatch
   return std::make_unique<DonePending>(Run(dispatch, out));
 }
 
-absl::Status ExpertClient::RunOnDevice(const DeviceMoeDispatch&, float*) {
-  return absl::UnimplementedError("this expert client takes no device-resident dispatch");
-}
-
 absl::Status LocalExpertClient::Run(const MoeDispatch& d, float* out) {
+  RETURN_IF_ERROR(CheckDispatchMemory(d, memory_kinds(), "the local expert client"));
   std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
   return stage_->Accumulate(d, out);
 }

@@ -19,91 +19,38 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/model/config.h"
+#include "common/model/moe_dispatch.h"
 #include "common/model/weights.h"
 
 namespace moesh {
 
-// One MoE layer's worth of tokens to route. Borrowed pointers.
-struct MoeDispatch {
-  int layer = 0;
-  int num_tokens = 0;
-  int hidden = 0;
-  int top_k = 0;
-  const float* hidden_states = nullptr;  // [num_tokens, hidden]
-  const int32_t* topk_ids = nullptr;     // [num_tokens, top_k], in [0, n_routed_experts); -1: skip
-  const float* topk_weights = nullptr;   // [num_tokens, top_k]
-};
-
-// The same, resident in one CUDA device's memory (the cuda_ipc transport):
-// hidden states already rounded to bf16, as the GPU experts take them.
-// Borrowed device pointers; `serve` is host memory.
-struct DeviceMoeDispatch {
-  int layer = 0;
-  int num_tokens = 0;
-  int hidden = 0;
-  int top_k = 0;
-  const uint16_t* hidden_states = nullptr;  // bf16 [num_tokens, hidden]
-  const int32_t* topk_ids = nullptr;        // [num_tokens, top_k]; -1: skip
-  const float* topk_weights = nullptr;      // [num_tokens, top_k]
-  // Host [n_routed_experts]: nonzero for the experts whose pairs to run here
-  // (the rest are another worker's replicas); null: every hosted expert.
-  const uint8_t* serve = nullptr;
-  int num_experts = 0;  // serve's length: n_routed_experts
-  // The caller's CUDA stream and event (cudaStream_t, cudaEvent_t) for
-  // ExpertClient::RunOnDevice: the inputs are complete once `ready` fires
-  // (null: already), and the result is delivered on `stream`, ordered after
-  // the call returns (null: complete on return).
-  void* ready = nullptr;
-  void* stream = nullptr;
-  // ExpertStage::AccumulateOnDevice only: a cudaEvent_t to record once `out`
-  // is written; the call then returns without waiting for the device
-  // (`ready` is then waited for on the device too).
-  void* done = nullptr;
-};
-
-// The (token, expert) pairs of a device dispatch that ran here, for load
-// accounting: topk_ids with the pairs not served here as -1.
-struct CountedDispatch {
-  int layer = -1;
-  int num_tokens = 0, top_k = 0;
-  std::vector<int32_t> ids;
-};
-
-// A dispatch in flight (see ExpertClient::Start).
-class PendingDispatch {
- public:
-  virtual ~PendingDispatch() = default;
-  // Blocks until the result is in `out`; returns its status. Call once.
-  virtual absl::Status Wait() = 0;
-};
-
 class ExpertClient {
  public:
   virtual ~ExpertClient() = default;
-  // out[num_tokens, hidden] = Σ_k topk_weights[t, k] · Expert_{topk_ids[t, k]}(h_t),
-  // overwriting out. Thread-safety is the implementation's to state.
+  // out[num_tokens, hidden] (fp32, in the dispatch's memory) =
+  // Σ_k topk_weights[t, k] · Expert_{topk_ids[t, k]}(h_t), overwriting out.
+  // Host memory: complete on return. Device memory: complete once
+  // dispatch.ready has fired and, on return, delivered on dispatch.stream
+  // (moe_dispatch.h). UNIMPLEMENTED for memory that memory_kinds() does not
+  // take. Thread-safety is the implementation's to state.
   virtual absl::Status Run(const MoeDispatch& dispatch, float* out) = 0;
   // Like Run, but may return before the experts finish so the caller can
-  // compute meanwhile (ping-pong micro-batching, the shared expert). The
-  // dispatch's buffers and `out` must stay valid until Wait returns. The
-  // default runs synchronously.
+  // compute meanwhile (ping-pong micro-batching, the shared expert); the
+  // handle's Wait completes it. The dispatch's buffers and `out` must stay
+  // valid until Wait returns. The default runs synchronously.
   virtual std::unique_ptr<PendingDispatch> Start(const MoeDispatch& dispatch, float* out);
   // True iff Start overlaps (so splitting a batch pays off).
   virtual bool IsAsync() const { return false; }
-
-  // Device-resident dispatch: >= 0 iff RunOnDevice takes buffers in that
-  // CUDA device's memory (a transport mapping GPU memory: cuda_ipc).
-  virtual int dispatch_device() const { return -1; }
-  // out (device, fp32 [num_tokens, hidden]) = the routed experts' weighted
-  // sum, overwritten: complete once dispatch.ready has fired and, on return,
-  // delivered on dispatch.stream (see DeviceMoeDispatch). UNIMPLEMENTED
-  // unless dispatch_device() >= 0.
-  virtual absl::Status RunOnDevice(const DeviceMoeDispatch& dispatch, float* out);
-  // Call once the caller's stream is done with every result RunOnDevice
-  // delivered since the last call: OK if they are all sound; UNAVAILABLE if
-  // a worker failed meanwhile (it is routed around from now on; the results
-  // are not to be used, the step is to be run again). Transports that
-  // answer within RunOnDevice (cuda_ipc) always return OK.
+  // The memory Run takes dispatches in: host f32, and a CUDA device's bf16
+  // where the transport moves GPU memory (cuda_ipc, nccl).
+  virtual MemoryKinds memory_kinds() const { return {}; }
+  // Device dispatches only. Call once the caller's stream is done with every
+  // result Run delivered on a stream since the last call: OK if they are all
+  // sound; UNAVAILABLE if a worker failed meanwhile (it is routed around from
+  // now on; the results are not to be used, the step is to be run again).
+  // This is the honest contract of transports that answer after the fact
+  // (nccl: the server's answer is read once the step is done, so that no host
+  // waits per layer); those that answer within Run (cuda_ipc) always return OK.
   virtual absl::Status CheckDeviceDispatches() { return absl::OkStatus(); }
 };
 
@@ -112,19 +59,31 @@ class ExpertClient {
 // Experts can be added while serving (AddShard: replicas placed by the
 // rebalancer); a dispatch already running uses the experts it started with.
 //
-// This class computes on the CPU in fp32; common/cuda_backend's
-// CudaExpertStage overrides Accumulate and AddShard to compute on a GPU
-// (bf16 weights), keeping this class's bookkeeping of what is hosted.
+// This class computes on the CPU in fp32 (host dispatches only);
+// common/cuda_backend's CudaExpertStage overrides Accumulate and AddShard to
+// compute on a GPU (bf16 weights; host and device dispatches), keeping this
+// class's bookkeeping of what is hosted.
 class ExpertStage {
  public:
   ExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights);
   virtual ~ExpertStage() = default;
 
-  // Adds into out[num_tokens, hidden] the weighted outputs of the (token,
-  // expert) pairs whose expert is in this shard; other pairs are skipped.
-  // INVALID_ARGUMENT for a dense layer, a wrong hidden size or an expert id
-  // beyond n_routed_experts.
-  virtual absl::Status Accumulate(const MoeDispatch& dispatch, float* out) const;
+  // The weighted outputs of the (token, expert) pairs whose expert is in
+  // this shard (a device dispatch's: and in dispatch.serve, where set);
+  // other pairs are skipped.
+  // Host memory (f32): added into out[num_tokens, hidden], so the sums of
+  // several shards add up. Device memory (bf16, CudaExpertStage on that
+  // device): out (device, fp32 [num_tokens, hidden]) is overwritten; the
+  // call returns once the device is done, or, with dispatch.done, once the
+  // work is enqueued; `counted`, if not null, gets the dispatches whose
+  // pairs are now known on the host (this one when it waited; an earlier one
+  // that did not wait, once it is done). INVALID_ARGUMENT for a dense layer,
+  // a wrong hidden size or an expert id beyond n_routed_experts;
+  // UNIMPLEMENTED for memory that memory_kinds() does not take.
+  virtual absl::Status Accumulate(const MoeDispatch& dispatch, float* out,
+                                  std::vector<CountedDispatch>* counted = nullptr) const;
+  // The memory Accumulate takes: host f32 here; CudaExpertStage adds its device.
+  virtual MemoryKinds memory_kinds() const { return {}; }
 
   // OK, or an error (e.g. the device lacks memory) leaving the stage as it was.
   virtual absl::Status AddShard(std::unique_ptr<ExpertShardWeights> more);
@@ -133,14 +92,6 @@ class ExpertStage {
   // (and the stage as it was) if that would leave no expert. Not
   // concurrently with AddShard (ExpertService serialises them).
   virtual absl::Status RemoveExperts(const std::set<int>& ids);
-  // Device-resident (CudaExpertStage): out (device, fp32 [num_tokens,
-  // hidden]) = the weighted outputs of the hosted (and served) pairs,
-  // overwritten; returns once the device is done, or with dispatch.done once
-  // the work is enqueued. `counted`, if not null, gets the dispatches whose
-  // pairs are now known on the host: this one when it waited; an earlier one
-  // that did not wait, once it is done. UNIMPLEMENTED here.
-  virtual absl::Status AccumulateOnDevice(const DeviceMoeDispatch& dispatch, float* out,
-                                          std::vector<CountedDispatch>* counted) const;
   // Where the experts run: "cpu", "cuda:0", ...
   virtual std::string device() const { return "cpu"; }
   std::set<int> expert_ids() const;  // every expert hosted
@@ -165,7 +116,7 @@ class ExpertStage {
 // All routed experts in this process. Thread-safe.
 class LocalExpertClient : public ExpertClient {
  public:
-  // REQUIRES: stage holds every routed expert.
+  // Host dispatches. REQUIRES: stage holds every routed expert.
   explicit LocalExpertClient(std::unique_ptr<ExpertStage> stage) : stage_(std::move(stage)) {}
   absl::Status Run(const MoeDispatch& dispatch, float* out) override;
 

@@ -142,13 +142,14 @@ class IpcChannel : public DataChannel {
   }
 
   absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
-    return host_->Dispatch(dispatch, out);
+    return host_->Dispatch(dispatch, out);  // checks for host memory
   }
   absl::Status PushKv(const KvTransfer& transfer) override { return host_->PushKv(transfer); }
   const std::string& peer() const override { return peer_; }
-  int dispatch_device() const override { return options_.device; }
+  MemoryKinds memory_kinds() const override { return {options_.device}; }
 
-  absl::Status PostOnDevice(const DeviceMoeDispatch& d) override {
+  absl::Status Post(const MoeDispatch& d) override {
+    RETURN_IF_ERROR(CheckPostable(d, options_.device, peer_));
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(posted_.CheckNoneInFlight());
     RETURN_IF_ERROR(Usable());
@@ -172,7 +173,7 @@ class IpcChannel : public DataChannel {
     const bool pipelined = ready_event_ != nullptr && d.stream != nullptr;
     if (t > 0) {
       const DeviceMemory::CopyRange copies[] = {
-          {base, d.hidden_states, t * d.hidden * 2},
+          {base, d.hidden_bf16(), t * d.hidden * 2},
           {base + in.ids, d.topk_ids, t * d.top_k * sizeof(int32_t)},
           {base + in.weights, d.topk_weights, t * d.top_k * sizeof(float)}};
       if (pipelined) {
@@ -200,7 +201,7 @@ class IpcChannel : public DataChannel {
     return absl::OkStatus();
   }
 
-  absl::Status CollectOnDevice(float* out, bool accumulate) override {
+  absl::Status Collect(float* out, bool accumulate) override {
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(const PostedDispatch posted, posted_.Take());
     ASSIGN_OR_RETURN(IpcReply reply, Call());
@@ -389,11 +390,9 @@ struct CudaIpcDataPlaneServer::Attachment {
 };
 
 absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> CudaIpcDataPlaneServer::Start(
-    const std::string& listen, int device, DispatchHandler* dispatch,
-    DeviceDispatchHandler* device_dispatch, KvHandler* kv) {
+    const std::string& listen, int device, DispatchHandler* dispatch, KvHandler* kv) {
   // No CUDA needed until a client attaches device memory (host calls work anywhere).
-  std::unique_ptr<CudaIpcDataPlaneServer> s(
-      new CudaIpcDataPlaneServer(device, dispatch, device_dispatch, kv));
+  std::unique_ptr<CudaIpcDataPlaneServer> s(new CudaIpcDataPlaneServer(device, dispatch, kv));
   RETURN_IF_ERROR(s->listener_.Start(listen, {s.get(), &s->host_}));
   return s;
 }
@@ -522,10 +521,8 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
   }
   if (r.kind != IpcRequest::kDispatch)
     return Bytes(ReplyOf(absl::InvalidArgumentError("an unknown doorbell request")));
-  if (device_dispatch_ == nullptr) {
-    return Bytes(
-        ReplyOf(absl::UnimplementedError("this worker takes no device-resident expert dispatch")));
-  }
+  if (dispatch_ == nullptr)
+    return Bytes(ReplyOf(absl::UnimplementedError("this worker takes no expert dispatch")));
   if (a->input_base == nullptr)
     return Bytes(ReplyOf(absl::FailedPreconditionError("dispatch before attach")));
   if (r.num_tokens < 0 || r.num_tokens > a->capacity || r.hidden != a->hidden ||
@@ -547,9 +544,10 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
         {input + in.weights, a->input_base + in.weights, t * r.top_k * sizeof(float)}};
     if (absl::Status s = (*memory())->Copy(pull); !s.ok()) return Bytes(ReplyOf(s));
   }
-  DeviceMoeDispatch d;
+  MoeDispatch d;
   d.layer = r.layer, d.num_tokens = r.num_tokens, d.hidden = r.hidden, d.top_k = r.top_k;
-  d.hidden_states = reinterpret_cast<const uint16_t*>(input);
+  d.memory = DispatchMemory::CudaDevice(device_);
+  d.hidden_states = input;
   d.topk_ids = reinterpret_cast<const int32_t*>(input + in.ids);
   d.topk_weights = reinterpret_cast<const float*>(input + in.weights);
   d.serve = r.num_experts > 0 ? r.serve : nullptr;
@@ -561,7 +559,7 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
     }
     d.ready = a->ready->get(), d.done = a->done->get();
   }
-  absl::Status s = device_dispatch_->DispatchOnDevice(d, output);
+  absl::Status s = dispatch_->Dispatch(d, output);
   if (s.ok() && output != a->output_base && t > 0) {  // push the sums back in bulk
     const DeviceMemory::CopyRange push[] = {{a->output_base, output, t * r.hidden * sizeof(float)}};
     s = (*memory())->Copy(push);
@@ -574,8 +572,7 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
 const TransportPlugin& CudaIpcTransportPlugin() {
   static const BasicTransportPlugin plugin =
       DeviceTransportPlugin("cuda_ipc", MakeCudaIpcTransport, [](const DataPlaneServeOptions& o) {
-        return CudaIpcDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch,
-                                             o.device_dispatch, o.kv);
+        return CudaIpcDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch, o.kv);
       });
   return plugin;
 }

@@ -9,7 +9,7 @@
 // copies the dispatch into the input region (device to device), rings the
 // doorbell with (layer, tokens, the experts to serve); the server's thread
 // for the channel runs the experts from the input region into the output
-// region (DeviceDispatchHandler) and rings back; the client copies or adds
+// region (DispatchHandler, a device dispatch) and rings back; the client copies or adds
 // the output into its buffer. The regions grow when a larger dispatch comes
 // (the server maps the new ones). On one GPU across processes the channel
 // also shares two interprocess events and dispatches are pipelined on the
@@ -17,7 +17,7 @@
 // before ringing; the server waits on `ready` on its stream, enqueues the
 // experts, records `done` and rings back at once; the client makes its
 // stream wait on `done` before using the output. Neither host waits for the
-// device (the sums are ordered, not complete, when CollectOnDevice returns).
+// device (the sums are ordered, not complete, when Collect returns).
 //
 // The KV handoff can use device memory too (kv_handoff.h, KvHandoff::kDevice):
 // the decode worker copies the prefill worker's KV blocks from its
@@ -28,7 +28,7 @@
 // Host-side calls (DataChannel::Dispatch, PushKv) go over gRPC to the same
 // port (the DataPlane service), so the KV handoff and CPU attention workers
 // work unchanged; the attention side's CudaModel takes the device path
-// (ExpertClient::dispatch_device). Limits, stated: the client and server
+// (ExpertClient::memory_kinds). Limits, stated: the client and server
 // must be processes on one node (a client in the server's own process is
 // served through its pointers); dispatches from several attention workers
 // are not merged into one grouped GEMM (they take turns on the GPU).
@@ -69,9 +69,12 @@ std::unique_ptr<Transport> MakeCudaIpcTransport(const CudaIpcTransportOptions& o
 // (UNIMPLEMENTED) and must outlive the server.
 class CudaIpcDataPlaneServer final : public DataPlaneServer, public v1::IpcDataPlane::Service {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> Start(
-      const std::string& listen, int device, DispatchHandler* dispatch,
-      DeviceDispatchHandler* device_dispatch, KvHandler* kv);
+  // Device dispatches reach `dispatch` in `device`'s memory; host ones come
+  // over the DataPlane service.
+  static absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> Start(const std::string& listen,
+                                                                       int device,
+                                                                       DispatchHandler* dispatch,
+                                                                       KvHandler* kv);
   ~CudaIpcDataPlaneServer() override;  // stops every channel, then the gRPC server
 
   int port() const override { return listener_.port(); }
@@ -80,9 +83,8 @@ class CudaIpcDataPlaneServer final : public DataPlaneServer, public v1::IpcDataP
 
  private:
   struct Attachment;
-  CudaIpcDataPlaneServer(int device, DispatchHandler* dispatch,
-                         DeviceDispatchHandler* device_dispatch, KvHandler* kv)
-      : device_(device), device_dispatch_(device_dispatch), host_(dispatch, kv) {}
+  CudaIpcDataPlaneServer(int device, DispatchHandler* dispatch, KvHandler* kv)
+      : device_(device), dispatch_(dispatch), host_(dispatch, kv) {}
   // Serves one channel's doorbell until `a->stop`.
   void Serve(Attachment* a);
   // One doorbell request; returns the reply.
@@ -90,7 +92,7 @@ class CudaIpcDataPlaneServer final : public DataPlaneServer, public v1::IpcDataP
   absl::StatusOr<DeviceMemory*> memory();
 
   const int device_;
-  DeviceDispatchHandler* const device_dispatch_;
+  DispatchHandler* const dispatch_;
   GrpcDataPlaneService host_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

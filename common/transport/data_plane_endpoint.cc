@@ -8,10 +8,9 @@ absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport,
                                                  const std::string& host,
                                                  const std::string& grpc_address,
                                                  DispatchHandler* dispatch, KvHandler* kv,
-                                                 int cuda_device,
-                                                 DeviceDispatchHandler* device_dispatch) {
+                                                 int cuda_device) {
   ASSIGN_OR_RETURN(const TransportPlugin* plugin, FindTransport(transport));
-  return plugin->Serve({host, grpc_address, dispatch, kv, device_dispatch, cuda_device});
+  return plugin->Serve({host, grpc_address, dispatch, kv, cuda_device});
 }
 
 }  // namespace moesh

@@ -15,16 +15,15 @@ namespace moesh {
 
 // `host`: the advertised host; `grpc_address`: the worker's gRPC address.
 // Handlers may be null; they must outlive the endpoint. nccl and cuda_ipc
-// carry expert dispatch (on CUDA device `cuda_device`; their
-// device-resident dispatches go to `device_dispatch`); a KV-only endpoint
+// carry expert dispatch (device-resident ones land on CUDA device
+// `cuda_device` and reach `dispatch` in its memory); a KV-only endpoint
 // (decode workers) stays on gRPC with them, since prefill and decode may
 // share a GPU, which NCCL cannot connect, and the KV handoff is host-side.
 absl::StatusOr<DataPlaneEndpoint> StartDataPlane(const std::string& transport,
                                                  const std::string& host,
                                                  const std::string& grpc_address,
                                                  DispatchHandler* dispatch, KvHandler* kv,
-                                                 int cuda_device = 0,
-                                                 DeviceDispatchHandler* device_dispatch = nullptr);
+                                                 int cuda_device = 0);
 
 }  // namespace moesh
 

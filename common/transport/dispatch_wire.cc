@@ -21,7 +21,7 @@ void EncodeDispatchRequest(const MoeDispatch& d, v1::DispatchRequest* r) {
   r->clear_topk_weights();
   if (d.num_tokens <= 0) return;
   if (d.hidden > 0) {
-    r->mutable_hidden_states()->assign(reinterpret_cast<const char*>(d.hidden_states),
+    r->mutable_hidden_states()->assign(static_cast<const char*>(d.hidden_states),
                                        OutputFloats(d) * sizeof(float));
   }
   if (d.top_k > 0) {

@@ -18,6 +18,7 @@
 namespace moesh {
 
 // The sending side: the dispatch as a message (its buffers copied).
+// REQUIRES: host memory (the channels check: CheckHostDispatch).
 void EncodeDispatchRequest(const MoeDispatch& dispatch, v1::DispatchRequest* request);
 
 // The receiving side: a view of the message, borrowing its buffers (valid

@@ -27,6 +27,7 @@ class GrpcChannel : public DataChannel {
         grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
   }
   absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
+    RETURN_IF_ERROR(CheckHostDispatch(dispatch, address_));
     v1::DispatchRequest request;
     EncodeDispatchRequest(dispatch, &request);
     v1::DispatchResponse response;
@@ -58,13 +59,22 @@ class GrpcChannel : public DataChannel {
 
 }  // namespace
 
-absl::Status DataChannel::PostOnDevice(const DeviceMoeDispatch&) {
+// Channels that move device memory override these.
+absl::Status DataChannel::Post(const MoeDispatch& dispatch) {
+  return absl::UnimplementedError(absl::StrCat("data plane to ", peer(),
+                                               ": this transport moves no device memory (a ",
+                                               dispatch.memory.ToString(), " dispatch)"));
+}
+absl::Status DataChannel::Collect(float*, bool) {
   return absl::UnimplementedError(
       absl::StrCat("data plane to ", peer(), ": this transport moves no device memory"));
 }
-absl::Status DataChannel::CollectOnDevice(float*, bool) {
-  return absl::UnimplementedError(
-      absl::StrCat("data plane to ", peer(), ": this transport moves no device memory"));
+
+absl::Status CheckHostDispatch(const MoeDispatch& dispatch, const std::string& peer) {
+  if (dispatch.memory.is_host()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat("data plane to ", peer, ": Dispatch takes host ",
+                                               "memory, not ", dispatch.memory.ToString(),
+                                               " (posted dispatches: Post, Collect)"));
 }
 
 std::unique_ptr<Transport> MakeGrpcTransport() {

@@ -35,6 +35,7 @@ class InprocChannel : public DataChannel {
  public:
   explicit InprocChannel(std::string address) : address_(std::move(address)) {}
   absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
+    if (absl::Status s = CheckHostDispatch(dispatch, address_); !s.ok()) return s;
     absl::StatusOr<Binding> b = Lookup(address_);
     if (!b.ok()) return b.status();
     if (b->dispatch == nullptr)

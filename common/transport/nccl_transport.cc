@@ -82,6 +82,7 @@ class NcclChannel : public DataChannel {
   }
 
   absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
+    RETURN_IF_ERROR(CheckHostDispatch(dispatch, peer_));
     v1::DataPlaneCall call;
     EncodeDispatchRequest(dispatch, call.mutable_dispatch());
     ASSIGN_OR_RETURN(const v1::DataPlaneReply reply, Call(call));
@@ -93,9 +94,10 @@ class NcclChannel : public DataChannel {
     return Call(call).status();
   }
   const std::string& peer() const override { return peer_; }
-  int dispatch_device() const override { return device_; }
+  MemoryKinds memory_kinds() const override { return {device_}; }
 
-  absl::Status PostOnDevice(const DeviceMoeDispatch& d) override {
+  absl::Status Post(const MoeDispatch& d) override {
+    RETURN_IF_ERROR(CheckPostable(d, device_, peer_));
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(posted_.CheckNoneInFlight());
     if (!broken_.ok()) return broken_;
@@ -117,7 +119,7 @@ class NcclChannel : public DataChannel {
     ++unanswered_;
     const size_t t = d.num_tokens;
     const std::vector<BytePipe::DeviceBuffer> sends =
-        InputBuffers(d.hidden_states, d.topk_ids, d.topk_weights, t, d.hidden, d.top_k);
+        InputBuffers(d.hidden_bf16(), d.topk_ids, d.topk_weights, t, d.hidden, d.top_k);
     const BytePipe::DeviceBuffer recv[] = {{sums_->data(), t * d.hidden * sizeof(float)}};
     // After the inputs are complete, and after the last sums were taken out
     // of the staging buffer on the caller's stream.
@@ -128,7 +130,7 @@ class NcclChannel : public DataChannel {
     return absl::OkStatus();
   }
 
-  absl::Status CollectOnDevice(float* out, bool accumulate) override {
+  absl::Status Collect(float* out, bool accumulate) override {
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(const PostedDispatch posted, posted_.Take());
     if (!broken_.ok()) return broken_;
@@ -149,7 +151,7 @@ class NcclChannel : public DataChannel {
     return absl::OkStatus();
   }
 
-  absl::Status CheckOnDevice() override {
+  absl::Status CheckCollected() override {
     absl::MutexLock lock(&mu_);
     return Answers();
   }
@@ -329,11 +331,9 @@ std::unique_ptr<Transport> MakeNcclTransport(const NcclTransportOptions& options
 }
 
 absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> NcclDataPlaneServer::Start(
-    const std::string& listen, int device, DispatchHandler* dispatch, KvHandler* kv,
-    DeviceDispatchHandler* device_dispatch) {
+    const std::string& listen, int device, DispatchHandler* dispatch, KvHandler* kv) {
   RETURN_IF_ERROR(CudaBackends().status());  // no plugin: say so now, not at the first channel
-  std::unique_ptr<NcclDataPlaneServer> s(
-      new NcclDataPlaneServer(device, dispatch, kv, device_dispatch));
+  std::unique_ptr<NcclDataPlaneServer> s(new NcclDataPlaneServer(device, dispatch, kv));
   RETURN_IF_ERROR(s->listener_.Start(listen, {s.get()}));
   return s;
 }
@@ -468,18 +468,19 @@ bool NcclDataPlaneServer::ServeOnDevice(
       InputBuffers(input, input + side->ids, input + side->weights, t, m.hidden(), m.top_k());
   if (!pipe->Exchange({}, recvs, {}, side->received->get(), deadline).ok()) return false;
   absl::Status s;
-  if (device_dispatch_ == nullptr) {
-    s = absl::UnimplementedError("this worker takes no device-resident expert dispatch");
+  if (dispatch_ == nullptr) {
+    s = absl::UnimplementedError("this worker takes no expert dispatch");
   } else {
-    DeviceMoeDispatch d;
+    MoeDispatch d;
     d.layer = m.layer(), d.num_tokens = t, d.hidden = m.hidden(), d.top_k = m.top_k();
-    d.hidden_states = reinterpret_cast<const uint16_t*>(input);
+    d.memory = DispatchMemory::CudaDevice(device_);
+    d.hidden_states = input;
     d.topk_ids = reinterpret_cast<const int32_t*>(input + side->ids);
     d.topk_weights = reinterpret_cast<const float*>(input + side->weights);
     d.serve = m.serve().empty() ? nullptr : reinterpret_cast<const uint8_t*>(m.serve().data());
     d.num_experts = static_cast<int>(m.serve().size());
     d.ready = side->received->get(), d.done = side->computed->get();
-    s = device_dispatch_->DispatchOnDevice(d, output);
+    s = dispatch_->Dispatch(d, output);
   }
   // The sums go back in any case (the client's receive is posted); after
   // the experts where they ran.
@@ -525,8 +526,7 @@ std::string NcclDataPlaneServer::Handle(const std::string& bytes) {
 const TransportPlugin& NcclTransportPlugin() {
   static const BasicTransportPlugin plugin =
       DeviceTransportPlugin("nccl", MakeNcclTransport, [](const DataPlaneServeOptions& o) {
-        return NcclDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch, o.kv,
-                                          o.device_dispatch);
+        return NcclDataPlaneServer::Start(o.host + ":0", o.cuda_device, o.dispatch, o.kv);
       });
   return plugin;
 }

@@ -12,15 +12,15 @@
 // run one at a time.
 //
 // Expert dispatches from an attention worker on a GPU stay on the GPUs
-// (DataChannel::PostOnDevice): the stream carries the dispatch's shape and
+// (DataChannel::Post, Collect): the stream carries the dispatch's shape and
 // the server's status answer; the hidden states, ids and weights go from the
 // attention worker's buffers to the expert worker's GPU, and the sums back,
 // as one NCCL group per side enqueued after the caller's ready event — no
 // host copy, and no host waits for the other side: the server answers once
 // its work is enqueued and the client reads the answers when its step is
-// done (CheckOnDevice). A server that goes away mid-dispatch ends the
+// done (CheckCollected). A server that goes away mid-dispatch ends the
 // stream; the client then aborts the communicator (freeing its stream) and
-// CheckOnDevice reports UNAVAILABLE.
+// CheckCollected reports UNAVAILABLE.
 //
 // Limits, stated: NCCL cannot join two ranks on one GPU, so the KV handoff
 // (prefill and decode workers often share a GPU) stays on gRPC when
@@ -62,9 +62,11 @@ std::unique_ptr<Transport> MakeNcclTransport(const NcclTransportOptions& options
 // server.
 class NcclDataPlaneServer final : public DataPlaneServer, public v1::NcclDataPlane::Service {
  public:
-  static absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> Start(
-      const std::string& listen, int device, DispatchHandler* dispatch, KvHandler* kv,
-      DeviceDispatchHandler* device_dispatch = nullptr);
+  // Device dispatches reach `dispatch` in `device`'s memory.
+  static absl::StatusOr<std::unique_ptr<NcclDataPlaneServer>> Start(const std::string& listen,
+                                                                    int device,
+                                                                    DispatchHandler* dispatch,
+                                                                    KvHandler* kv);
   ~NcclDataPlaneServer() override;  // aborts every channel, then stops the gRPC server
 
   int port() const override { return listener_.port(); }
@@ -73,9 +75,8 @@ class NcclDataPlaneServer final : public DataPlaneServer, public v1::NcclDataPla
 
  private:
   struct DeviceSide;
-  NcclDataPlaneServer(int device, DispatchHandler* dispatch, KvHandler* kv,
-                      DeviceDispatchHandler* device_dispatch)
-      : device_(device), dispatch_(dispatch), kv_(kv), device_dispatch_(device_dispatch) {}
+  NcclDataPlaneServer(int device, DispatchHandler* dispatch, KvHandler* kv)
+      : device_(device), dispatch_(dispatch), kv_(kv) {}
   std::string Handle(const std::string& call);
   // One device-resident dispatch: its transfers (always, even when refused),
   // the experts, the answer. False if the channel cannot go on.
@@ -85,7 +86,6 @@ class NcclDataPlaneServer final : public DataPlaneServer, public v1::NcclDataPla
   const int device_;
   DispatchHandler* const dispatch_;
   KvHandler* const kv_;
-  DeviceDispatchHandler* const device_dispatch_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<BytePipe*> pipes_ ABSL_GUARDED_BY(mu_);  // live channels, for Abort on stop

@@ -52,8 +52,8 @@ absl::Status RemoteExpertClient::UpdatePlacement(const ExpertPlacement& placemen
   // Connected before the switch (outside mu_: a handshake may take a while).
   for (size_t w = 0; w < next->workers.size(); ++w) {
     ASSIGN_OR_RETURN(std::shared_ptr<DataChannel> ch, Channel(next->workers[w].address));
-    const int device = ch->dispatch_device();
-    next->dispatch_device = w == 0 ? device : (device == next->dispatch_device ? device : -1);
+    const int device = ch->memory_kinds().device;
+    next->kinds.device = w == 0 ? device : (device == next->kinds.device ? device : -1);
   }
   absl::MutexLock lock(&mu_);
   routing_ = std::move(next);
@@ -157,21 +157,13 @@ std::unique_ptr<PendingDispatch> RemoteExpertClient::Start(const MoeDispatch& d,
 }
 
 absl::Status RemoteExpertClient::Run(const MoeDispatch& d, float* out) {
-  return WithFailover([&](const Routing& routing) { return RunOnce(routing, d, out); });
-}
-
-int RemoteExpertClient::dispatch_device() const { return routing()->dispatch_device; }
-
-absl::Status RemoteExpertClient::RunOnDevice(const DeviceMoeDispatch& d, float* out) {
+  auto once = [&](const Routing& routing) { return RunOnce(routing, d, out); };
+  if (d.memory.is_host()) return WithFailover(once);
   absl::MutexLock serial(&device_mu_);
-  return WithFailover([&](const Routing& routing) {
-    if (routing.dispatch_device < 0) {
-      return absl::FailedPreconditionError(
-          "the expert workers' transport takes no device-resident dispatch");
-    }
-    return RunOnceOnDevice(routing, d, out);
-  });
+  return WithFailover(once);
 }
+
+MemoryKinds RemoteExpertClient::memory_kinds() const { return routing()->kinds; }
 
 template <typename Once>
 absl::Status RemoteExpertClient::WithFailover(Once once) {
@@ -203,7 +195,7 @@ absl::Status RemoteExpertClient::CheckDeviceDispatches() {
   }
   absl::Status failed = std::exchange(device_suspect_, absl::OkStatus());
   for (const auto& [address, channel] : channels) {
-    const absl::Status s = channel->CheckOnDevice();
+    const absl::Status s = channel->CheckCollected();
     if (s.ok()) continue;
     const bool worker_gone = s.code() == absl::StatusCode::kUnavailable ||
                              s.code() == absl::StatusCode::kDeadlineExceeded ||
@@ -218,9 +210,34 @@ absl::Status RemoteExpertClient::CheckDeviceDispatches() {
   return failed;
 }
 
-absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const DeviceMoeDispatch& d,
-                                                 float* out) {
+absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispatch& d, float* out) {
+  RETURN_IF_ERROR(CheckDispatchMemory(d, routing.kinds, "the expert workers' transport"));
   ASSIGN_OR_RETURN(std::vector<int> route, Route(routing));
+  return d.memory.is_host() ? RunHost(routing, route, d, out) : RunDevice(routing, route, d, out);
+}
+
+absl::Status RemoteExpertClient::Blame(const Routing& routing, const MoeDispatch& d,
+                                       absl::FunctionRef<const absl::Status&(int w)> status) {
+  absl::Status failed;
+  for (int w = 0; w < static_cast<int>(routing.workers.size()); ++w) {
+    const absl::Status& s = status(w);
+    if (s.ok()) continue;
+    if (!d.memory.is_host() && s.code() == absl::StatusCode::kInvalidArgument) return s;
+    const absl::Status lost =
+        DropWorker(routing.workers[w].address, s, absl::StrCat("layer ", d.layer));
+    if (s.code() != absl::StatusCode::kDataLoss) {
+      failed = lost;
+    } else if (failed.ok()) {
+      failed = s;
+    }
+    if (device_suspect_.ok())
+      device_suspect_ = failed;  // its earlier sums in this step may be unfinished
+  }
+  return failed;
+}
+
+absl::Status RemoteExpertClient::RunDevice(const Routing& routing, const std::vector<int>& route,
+                                           const MoeDispatch& d, float* out) {
   const std::vector<Worker>& workers = routing.workers;
   const int w_count = static_cast<int>(workers.size());
   // Per worker, the experts it serves in this dispatch.
@@ -241,10 +258,10 @@ absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const D
       status[w] = absl::UnavailableError(absl::StrCat("cannot reach it: ", ch.status().message()));
       continue;
     }
-    DeviceMoeDispatch mine = d;
+    MoeDispatch mine = d;
     mine.serve = serve[w].data();
     mine.num_experts = num_experts_;
-    status[w] = (*ch)->PostOnDevice(mine);
+    status[w] = (*ch)->Post(mine);
     if (status[w].ok()) channels[w] = std::move(*ch);
   }
   absl::Status local;  // this process's own failure, blaming no worker
@@ -258,23 +275,15 @@ absl::Status RemoteExpertClient::RunOnceOnDevice(const Routing& routing, const D
   bool first = true;
   for (int w = 0; w < w_count; ++w) {
     if (channels[w] == nullptr) continue;
-    status[w] = channels[w]->CollectOnDevice(out, /*accumulate=*/!first);
+    status[w] = channels[w]->Collect(out, /*accumulate=*/!first);
     first = first && !status[w].ok();
   }
   if (!local.ok()) return local;
-  absl::Status failed;
-  for (int w = 0; w < w_count; ++w) {
-    if (serve[w].empty() || status[w].ok()) continue;
-    if (status[w].code() == absl::StatusCode::kInvalidArgument) return status[w];
-    failed = DropWorker(workers[w].address, status[w], absl::StrCat("layer ", d.layer));
-    if (device_suspect_.ok())
-      device_suspect_ = failed;  // its earlier sums in this step may be unfinished
-  }
-  return failed;
+  return Blame(routing, d, [&](int w) -> const absl::Status& { return status[w]; });
 }
 
-absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispatch& d, float* out) {
-  ASSIGN_OR_RETURN(std::vector<int> route, Route(routing));
+absl::Status RemoteExpertClient::RunHost(const Routing& routing, const std::vector<int>& route,
+                                         const MoeDispatch& d, float* out) {
   const std::vector<Worker>& workers = routing.workers;
   const int w_count = static_cast<int>(workers.size());
   // Per worker: the tokens it sees (compacted) and their pairs (-1 elsewhere).
@@ -325,7 +334,7 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
       p.hidden_states.resize(p.rows.size() * row_floats);
       for (size_t i = 0; i < p.rows.size(); ++i) {
         std::memcpy(p.hidden_states.data() + i * row_floats,
-                    d.hidden_states + static_cast<size_t>(p.rows[i]) * row_floats,
+                    d.hidden_f32() + static_cast<size_t>(p.rows[i]) * row_floats,
                     row_floats * sizeof(float));
       }
       p.out.resize(p.rows.size() * row_floats);
@@ -345,24 +354,7 @@ absl::Status RemoteExpertClient::RunOnce(const Routing& routing, const MoeDispat
     });
   }
   sent.Wait();
-
-  // Every failed worker is marked down; a worker gone is UNAVAILABLE naming
-  // it, an answer of the wrong size keeps its DATA_LOSS (dispatch_wire.h).
-  absl::Status failed;
-  for (int w = 0; w < w_count; ++w) {
-    const Part& p = parts[w];
-    if (p.rows.empty() || p.status.ok()) continue;
-    const absl::Status lost =
-        DropWorker(workers[w].address, p.status, absl::StrCat("layer ", d.layer));
-    if (p.status.code() != absl::StatusCode::kDataLoss) {
-      failed = lost;
-    } else if (failed.ok()) {
-      failed = p.status;
-    }
-    if (device_suspect_.ok())
-      device_suspect_ = failed;  // its earlier sums in this step may be unfinished
-  }
-  if (!failed.ok()) return failed;
+  RETURN_IF_ERROR(Blame(routing, d, [&](int w) -> const absl::Status& { return parts[w].status; }));
   if (whole) return absl::OkStatus();
   std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
   for (const Part& p : parts) {

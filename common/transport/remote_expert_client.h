@@ -11,8 +11,17 @@
 // replicas, so losing a worker is invisible while every expert keeps a live
 // replica; otherwise the step returns UNAVAILABLE. Errors of this process's
 // own (a device out of memory, a missing CUDA plugin) are returned as they
-// are, blaming no worker. Thread-safe (device-resident dispatches run one at
-// a time).
+// are, blaming no worker.
+//
+// Both memory kinds take the same routes and failover. A host dispatch is
+// split by token: each worker gets the tokens with a pair of its experts
+// (compacted; the whole dispatch, written in place, where one worker has
+// every pair), sent concurrently from a fixed pool, and the partial sums are
+// added on the host. A device dispatch (where every channel moves this
+// process's GPU memory: cuda_ipc, nccl) goes whole to each worker with a
+// mask of the experts it is to serve (DataChannel::Post), and the partial
+// sums are added on the device (Collect). Thread-safe (device-resident
+// dispatches run one at a time: a channel holds one posted dispatch).
 #ifndef MOESH_COMMON_TRANSPORT_REMOTE_EXPERT_CLIENT_H_
 #define MOESH_COMMON_TRANSPORT_REMOTE_EXPERT_CLIENT_H_
 
@@ -23,6 +32,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -44,18 +54,15 @@ class RemoteExpertClient : public ExpertClient {
       std::chrono::milliseconds retry_after = std::chrono::seconds(5), Metrics* metrics = nullptr);
 
   absl::Status Run(const MoeDispatch& dispatch, float* out) override;
-  // Runs the dispatch on a background thread.
+  // Runs the dispatch on the client's pool (threads reused, not one per call).
   std::unique_ptr<PendingDispatch> Start(const MoeDispatch& dispatch, float* out) override;
   bool IsAsync() const override { return true; }
-  // Device-resident dispatch where every channel takes it on one device
-  // (cuda_ipc): each worker gets the whole dispatch with a mask of the
-  // experts it is to serve; their partial sums are added on the device.
-  // Replicas and failover as for Run.
-  int dispatch_device() const override;
-  absl::Status RunOnDevice(const DeviceMoeDispatch& dispatch, float* out) override;
-  // Reads every channel's answers (nccl answers after the fact): a worker
-  // that failed is marked down as in Run, and UNAVAILABLE names it; so does
-  // a worker dropped since the last call while answers were outstanding.
+  // Host f32, and the device every channel moves (if they agree on one).
+  MemoryKinds memory_kinds() const override;
+  // Reads every channel's answers (DataChannel::CheckCollected; nccl answers
+  // after the fact): a worker that failed is marked down as in Run, and
+  // UNAVAILABLE names it; so does a worker dropped since the last call while
+  // answers were outstanding.
   absl::Status CheckDeviceDispatches() override;
 
   // Switches to a new placement (e.g. the router's map changed). Dispatches
@@ -72,15 +79,25 @@ class RemoteExpertClient : public ExpertClient {
   struct Routing {
     std::vector<Worker> workers;
     std::vector<std::vector<int>> hosts;  // expert -> worker indices
-    int dispatch_device = -1;             // every channel's, or -1
+    MemoryKinds kinds;                    // what every channel moves
   };
   RemoteExpertClient(Transport* transport, int num_experts, std::chrono::milliseconds retry_after)
       : transport_(transport), num_experts_(num_experts), retry_after_(retry_after) {}
 
   // One attempt over the current routes; marks failed workers down.
   absl::Status RunOnce(const Routing& routing, const MoeDispatch& dispatch, float* out);
-  absl::Status RunOnceOnDevice(const Routing& routing, const DeviceMoeDispatch& dispatch,
-                               float* out);
+  // RunOnce's data movement per memory kind, over `route` (expert -> worker).
+  absl::Status RunHost(const Routing& routing, const std::vector<int>& route,
+                       const MoeDispatch& dispatch, float* out);
+  absl::Status RunDevice(const Routing& routing, const std::vector<int>& route,
+                         const MoeDispatch& dispatch, float* out);  // under device_mu_
+  // After a dispatch's calls (`status(w)`: worker w's, OK where it had none):
+  // every worker whose call failed is marked down. Returns OK, UNAVAILABLE
+  // naming a worker gone, an answer of the wrong size's DATA_LOSS
+  // (dispatch_wire.h), or a device dispatch's refusal (INVALID_ARGUMENT: the
+  // caller's, blaming no worker from there on).
+  absl::Status Blame(const Routing& routing, const MoeDispatch& dispatch,
+                     absl::FunctionRef<const absl::Status&(int w)> status);
   // Retries `once` while workers fail and replicas are left; observes the round trip.
   template <typename Once>
   absl::Status WithFailover(Once once);

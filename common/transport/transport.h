@@ -25,18 +25,15 @@ namespace moesh {
 class DispatchHandler {
  public:
   virtual ~DispatchHandler() = default;
-  // out (fp32 [num_tokens, hidden]) overwritten with the weighted sums of the
-  // dispatch's pairs served here. The transports that carry it as a message
-  // check its sizes first (DecodeDispatchRequest, dispatch_wire.h).
+  // out (fp32 [num_tokens, hidden], in the dispatch's memory) overwritten
+  // with the weighted sums of the dispatch's pairs served here (and in
+  // dispatch.serve, where set). Host dispatches come from every transport
+  // (those that carry it as a message check its sizes first:
+  // DecodeDispatchRequest, dispatch_wire.h); device ones, in the memory of
+  // the server's CUDA device, from nccl and cuda_ipc, ordered by
+  // dispatch.ready/done (moe_dispatch.h). A handler refuses memory it does
+  // not serve (UNIMPLEMENTED, CheckDispatchMemory).
   virtual absl::Status Dispatch(const MoeDispatch& dispatch, float* out) = 0;
-};
-// Device-resident dispatch (cuda_ipc): the expert worker computes from and
-// into device memory on its GPU (common/model/expert_client.h).
-class DeviceDispatchHandler {
- public:
-  virtual ~DeviceDispatchHandler() = default;
-  // out (device fp32 [num_tokens, hidden]) overwritten; returns when done.
-  virtual absl::Status DispatchOnDevice(const DeviceMoeDispatch& dispatch, float* out) = 0;
 };
 class KvHandler {
  public:
@@ -50,33 +47,44 @@ class KvHandler {
 class DataChannel {
  public:
   virtual ~DataChannel() = default;
-  // Runs the dispatch on the peer: out (fp32 [num_tokens, hidden]) is
-  // overwritten with its answer. UNAVAILABLE (or DEADLINE_EXCEEDED) if the
-  // peer is gone; DATA_LOSS if its answer has the wrong size (the peer is
-  // not to be trusted: dispatch_wire.h).
+  // The memory this channel moves dispatches in: host f32 (every transport),
+  // and CUDA device N's bf16 where the transport moves GPU memory (cuda_ipc,
+  // nccl: N is this process's device).
+  virtual MemoryKinds memory_kinds() const { return {}; }
+
+  // A host dispatch, whole: runs it on the peer and overwrites out (fp32
+  // [num_tokens, hidden]) with its answer. UNAVAILABLE (or
+  // DEADLINE_EXCEEDED) if the peer is gone; DATA_LOSS if its answer has the
+  // wrong size (the peer is not to be trusted: dispatch_wire.h);
+  // UNIMPLEMENTED for device memory.
   virtual absl::Status Dispatch(const MoeDispatch& dispatch, float* out) = 0;
+
+  // A posted dispatch: the pending path, for the device memory the channel
+  // moves (memory_kinds().device; host dispatches go whole through
+  // Dispatch). Post starts it on the peer (once dispatch.ready has fired)
+  // and returns; dispatch.serve marks the experts the peer is to run. Then
+  // Collect writes the result to `out` (device fp32 [num_tokens, hidden]),
+  // or adds it with `accumulate`: enqueued on dispatch.stream, or done on
+  // return where that is null. The dispatch's buffers are not to be written
+  // before Collect returns. One dispatch in flight per channel
+  // (FAILED_PRECONDITION otherwise). UNIMPLEMENTED for other memory.
+  virtual absl::Status Post(const MoeDispatch& dispatch);
+  virtual absl::Status Collect(float* out, bool accumulate);
+  // Channels whose Collect does not wait for the peer's answer (nccl: its
+  // answers are read after the step, so no host waits per layer): once the
+  // caller's streams are done with the results collected so far, OK if the
+  // peer ran every one of them, else why not (those results are not to be
+  // used). Others: OK.
+  virtual absl::Status CheckCollected() { return absl::OkStatus(); }
+
   // Hands a sequence's KV to the peer's KvHandler; its answer.
   virtual absl::Status PushKv(const KvTransfer& transfer) = 0;
   virtual const std::string& peer() const = 0;
-
-  // Device-resident dispatch, where the transport moves GPU memory
-  // (cuda_ipc, nccl): >= 0 is the CUDA device whose buffers PostOnDevice takes.
-  virtual int dispatch_device() const { return -1; }
-  // Starts the dispatch on the peer (once dispatch.ready has fired) and
-  // returns; dispatch.serve (host, [n_routed_experts]) marks the experts the
-  // peer is to run. Then CollectOnDevice writes the result to `out` (device
-  // fp32 [num_tokens, hidden]), or adds it with `accumulate`: enqueued on
-  // dispatch.stream, or done on return where that is null. The dispatch's
-  // buffers are not to be written before CollectOnDevice returns. One
-  // dispatch in flight per channel.
-  virtual absl::Status PostOnDevice(const DeviceMoeDispatch& dispatch);
-  virtual absl::Status CollectOnDevice(float* out, bool accumulate);
-  // Transports whose CollectOnDevice does not wait for the peer's answer
-  // (nccl): once the caller's streams are done with the results collected so
-  // far, OK if the peer ran every one of them, else why not (those results
-  // are not to be used). Others: OK.
-  virtual absl::Status CheckOnDevice() { return absl::OkStatus(); }
 };
+
+// A channel's Dispatch check: OK for host memory, else UNIMPLEMENTED naming
+// the peer (device memory goes through Post and Collect).
+absl::Status CheckHostDispatch(const MoeDispatch& dispatch, const std::string& peer);
 
 // A running receiving side of a transport (a listener of its own); the
 // registry's plugins start them (transport_registry.h). Stops on destruction.

@@ -19,9 +19,10 @@
 namespace moesh {
 
 struct TransportCapabilities {
-  // Moves expert dispatches from and into CUDA device memory
-  // (DataChannel::PostOnDevice): a GPU attention worker's MoE layers skip the
-  // host. Such a transport needs the CUDA plugin and a GPU on both sides.
+  // Moves expert dispatches from and into CUDA device memory (its channels'
+  // memory_kinds() name the device; DataChannel::Post): a GPU attention
+  // worker's MoE layers skip the host. Such a transport needs the CUDA plugin
+  // and a GPU on both sides.
   bool device_dispatch = false;
   // Carries the KV handoff itself; false: the KV goes over gRPC beside it
   // (NCCL cannot join two ranks of one GPU, and prefill and decode may share one).
@@ -32,13 +33,13 @@ struct TransportCapabilities {
 };
 
 // What a worker's receiving side serves. Handlers may be null (their calls
-// answer UNIMPLEMENTED) and must outlive the server.
+// answer UNIMPLEMENTED) and must outlive the server. `dispatch` gets host
+// dispatches and, from device transports, device ones.
 struct DataPlaneServeOptions {
   std::string host;          // the advertised host
   std::string grpc_address;  // the worker's gRPC address (grpc rides on it)
   DispatchHandler* dispatch = nullptr;
   KvHandler* kv = nullptr;
-  DeviceDispatchHandler* device_dispatch = nullptr;
   int cuda_device = 0;  // where device-resident dispatches land
 };
 
@@ -104,7 +105,7 @@ DataPlaneEndpoint GrpcEndpoint(const DataPlaneServeOptions& options);
 template <typename StartFn>
 absl::StatusOr<DataPlaneEndpoint> ServeDispatchListener(const DataPlaneServeOptions& options,
                                                         StartFn start) {
-  if (options.dispatch == nullptr && options.device_dispatch == nullptr) {
+  if (options.dispatch == nullptr) {
     return GrpcEndpoint(options);
   }
   auto server = start();

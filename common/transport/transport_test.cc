@@ -30,13 +30,15 @@
 namespace moesh {
 namespace {
 
-// Doubles every float of the hidden states; records KV pushes.
+// Doubles every float of the hidden states (host dispatches; device ones
+// are refused); records KV pushes.
 class FakeHandlers : public DispatchHandler, public KvHandler {
  public:
   absl::Status Dispatch(const MoeDispatch& d, float* out) override {
+    RETURN_IF_ERROR(CheckDispatchMemory(d, MemoryKinds(), "the fake handler"));
     if (d.layer < 0) return absl::InvalidArgumentError(absl::StrCat("bad layer ", d.layer));
     for (size_t i = 0; i < static_cast<size_t>(d.num_tokens) * d.hidden; ++i)
-      out[i] = 2 * d.hidden_states[i];
+      out[i] = 2 * d.hidden_f32()[i];
     return absl::OkStatus();
   }
   absl::Status PushKv(const KvTransfer& r) override {
@@ -157,7 +159,7 @@ class TransportTest : public ::testing::TestWithParam<Kind> {
     }
     if (t == "cuda_ipc") {  // host calls need no GPU
       return std::make_unique<ListenerServer>(
-          CudaIpcDataPlaneServer::Start("127.0.0.1:0", 0, h, nullptr, h));
+          CudaIpcDataPlaneServer::Start("127.0.0.1:0", 0, h, h));
     }
     return std::make_unique<InprocServer>(&handlers_);
   }
@@ -248,26 +250,27 @@ TEST_P(TransportTest, DeadPeerIsUnavailable) {
 }
 
 // cuda_ipc's device path: the channel reports the client's device; without
-// a GPU (or the CUDA plugin) a device dispatch says so, and a server with no
-// device handler answers UNIMPLEMENTED where there is one.
+// a GPU (or the CUDA plugin) a device dispatch says so, and a handler that
+// serves no device memory answers UNIMPLEMENTED where there is one.
 TEST(CudaIpcTransportTest, DeviceDispatchNeedsAGpuAndAHandler) {
   FakeHandlers h;
-  ListenerServer server(CudaIpcDataPlaneServer::Start("127.0.0.1:0", 0, &h, nullptr, &h));
+  ListenerServer server(CudaIpcDataPlaneServer::Start("127.0.0.1:0", 0, &h, &h));
   absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport("cuda_ipc", 0);
   ASSERT_TRUE(t.ok()) << t.status();
   absl::StatusOr<std::unique_ptr<DataChannel>> ch = (*t)->Connect(server.address());
   ASSERT_TRUE(ch.ok()) << ch.status();
-  EXPECT_EQ((*ch)->dispatch_device(), 0);
-  EXPECT_EQ((*ch)->CollectOnDevice(nullptr, false).code(), absl::StatusCode::kFailedPrecondition);
-  DeviceMoeDispatch d;
+  EXPECT_EQ((*ch)->memory_kinds().device, 0);
+  EXPECT_EQ((*ch)->Collect(nullptr, false).code(), absl::StatusCode::kFailedPrecondition);
+  MoeDispatch d;
   d.layer = 1, d.num_tokens = 0, d.hidden = 64, d.top_k = 2;
-  const absl::Status posted = (*ch)->PostOnDevice(d);
+  d.memory = DispatchMemory::CudaDevice(0);
+  const absl::Status posted = (*ch)->Post(d);
   if (CudaDevices() == 0) {
     EXPECT_EQ(posted.code(), absl::StatusCode::kFailedPrecondition) << posted;
     return;
   }
   ASSERT_TRUE(posted.ok()) << posted;
-  EXPECT_EQ((*ch)->CollectOnDevice(nullptr, false).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ((*ch)->Collect(nullptr, false).code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(CudaIpcTransportTest, ConnectToNothingIsUnavailable) {
@@ -434,7 +437,7 @@ TEST(DispatchWireTest, RequestAndResponseRoundTrip) {
   EXPECT_EQ(got->num_tokens, tokens);
   EXPECT_EQ(got->hidden, hidden);
   EXPECT_EQ(got->top_k, top_k);
-  EXPECT_EQ(std::vector<float>(got->hidden_states, got->hidden_states + h.size()), h);
+  EXPECT_EQ(std::vector<float>(got->hidden_f32(), got->hidden_f32() + h.size()), h);
   EXPECT_EQ(std::vector<int32_t>(got->topk_ids, got->topk_ids + ids.size()), ids);
   EXPECT_EQ(std::vector<float>(got->topk_weights, got->topk_weights + weights.size()), weights);
 

@@ -181,6 +181,7 @@ class UcxChannel : public DataChannel {
  public:
   UcxChannel(UcxTransportImpl* transport, Peer* peer) : transport_(transport), peer_(peer) {}
   absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
+    RETURN_IF_ERROR(CheckHostDispatch(dispatch, peer()));
     v1::DispatchRequest request;
     EncodeDispatchRequest(dispatch, &request);
     std::string reply;

@@ -280,13 +280,15 @@ TEST(CudaAttentionBackendTest, ExpertsBehindAClientEqualExpertsOnTheDevice) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// An expert worker's device side: its stage, counting the dispatches.
-class StageHandler : public DeviceDispatchHandler {
+// An expert worker's dispatch handler: its stage, counting the dispatches.
+class StageHandler : public DispatchHandler {
  public:
   explicit StageHandler(std::unique_ptr<ExpertStage> stage) : stage_(std::move(stage)) {}
-  absl::Status DispatchOnDevice(const DeviceMoeDispatch& d, float* out) override {
+  absl::Status Dispatch(const MoeDispatch& d, float* out) override {
     ++calls;
-    return stage_->AccumulateOnDevice(d, out, nullptr);
+    if (d.memory.is_host())  // the stage adds into host memory; a handler overwrites
+      std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
+    return stage_->Accumulate(d, out, nullptr);
   }
   std::atomic<int> calls{0};
 
@@ -300,10 +302,7 @@ class FlakyCheck : public ExpertClient {
  public:
   explicit FlakyCheck(ExpertClient* inner) : inner_(inner) {}
   absl::Status Run(const MoeDispatch& d, float* out) override { return inner_->Run(d, out); }
-  int dispatch_device() const override { return inner_->dispatch_device(); }
-  absl::Status RunOnDevice(const DeviceMoeDispatch& d, float* out) override {
-    return inner_->RunOnDevice(d, out);
-  }
+  MemoryKinds memory_kinds() const override { return inner_->memory_kinds(); }
   absl::Status CheckDeviceDispatches() override {
     ++checks;
     RETURN_IF_ERROR(inner_->CheckDeviceDispatches());
@@ -354,15 +353,14 @@ TEST_P(DeviceDispatchTest, DeviceResidentDispatchEqualsTheHostPath) {
   std::vector<int> ports;
   auto start = [&](StageHandler* handler) -> absl::Status {
     if (nccl) {
-      ASSIGN_OR_RETURN(
-          std::unique_ptr<NcclDataPlaneServer> s,
-          NcclDataPlaneServer::Start("127.0.0.1:0", server_device, nullptr, nullptr, handler));
+      ASSIGN_OR_RETURN(std::unique_ptr<NcclDataPlaneServer> s,
+                       NcclDataPlaneServer::Start("127.0.0.1:0", server_device, handler, nullptr));
       ports.push_back(s->port());
       servers.push_back(std::move(s));
     } else {
       ASSIGN_OR_RETURN(
           std::unique_ptr<CudaIpcDataPlaneServer> s,
-          CudaIpcDataPlaneServer::Start("127.0.0.1:0", server_device, nullptr, handler, nullptr));
+          CudaIpcDataPlaneServer::Start("127.0.0.1:0", server_device, handler, nullptr));
       ports.push_back(s->port());
       servers.push_back(std::move(s));
     }
@@ -389,7 +387,7 @@ TEST_P(DeviceDispatchTest, DeviceResidentDispatchEqualsTheHostPath) {
       RemoteExpertClient::Create(ipc.get(),
                                  {{address(1), placement(low)}, {address(2), placement(high)}},
                                  c.n_routed_experts));
-  EXPECT_EQ(one->dispatch_device(), 0);
+  EXPECT_EQ(one->memory_kinds().device, 0);
   const std::vector<std::vector<int32_t>> prompts = {
       {5, 17, 300, 42, 9}, {1, 2, 3}, {400, 7, 7, 7, 100, 250, 3, 4}};
   const auto want = RunGreedy(split.get(), host.get(), prompts, 6);
@@ -489,11 +487,11 @@ TEST_P(DeviceDispatchTest, DeviceResidentDispatchEqualsTheHostPath) {
   EXPECT_GT(handlers[0]->calls.load(), before);
 
   // One channel by hand: nccl's answers come after the fact
-  // (CheckOnDevice), a refused dispatch leaves the channel usable, and a
+  // (CheckCollected), a refused dispatch leaves the channel usable, and a
   // server that goes away frees the caller's stream and is reported.
   if (!nccl) return;
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<DataChannel> ch, ipc->Connect(address(0)));
-  EXPECT_EQ(ch->dispatch_device(), 0);
+  EXPECT_EQ(ch->memory_kinds().device, 0);
   const int tokens = 4, k = c.num_experts_per_tok;
   const size_t rows = static_cast<size_t>(tokens) * c.hidden_size,
                pairs = static_cast<size_t>(tokens) * k;
@@ -508,13 +506,14 @@ TEST_P(DeviceDispatchTest, DeviceResidentDispatchEqualsTheHostPath) {
   MOESH_ASSERT_OK_AND_ASSIGN(Stream stream_owner, Stream::Create());
   cudaStream_t stream = stream_owner.get();
   auto dispatch = [&](int layer) {
-    DeviceMoeDispatch d;
+    MoeDispatch d;
     d.layer = layer, d.num_tokens = tokens, d.hidden = c.hidden_size, d.top_k = k;
+    d.memory = DispatchMemory::CudaDevice(0);
     d.hidden_states = x.get(), d.topk_ids = ids.get(), d.topk_weights = w.get(), d.stream = stream;
-    absl::Status s = ch->PostOnDevice(d);
-    if (s.ok()) s = ch->CollectOnDevice(out.get(), false);
+    absl::Status s = ch->Post(d);
+    if (s.ok()) s = ch->Collect(out.get(), false);
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    return s.ok() ? ch->CheckOnDevice() : s;
+    return s.ok() ? ch->CheckCollected() : s;
   };
   EXPECT_TRUE(dispatch(c.first_k_dense_replace).ok());
   const absl::Status dense = dispatch(0);  // not an MoE layer: refused, the transfer still done
@@ -524,7 +523,7 @@ TEST_P(DeviceDispatchTest, DeviceResidentDispatchEqualsTheHostPath) {
   absl::Status gone;
   for (int i = 0; i < 100 && gone.ok(); ++i) {  // the stream's end reaches the client's reader
     absl::SleepFor(absl::Milliseconds(50));
-    gone = ch->CheckOnDevice();
+    gone = ch->CheckCollected();
   }
   EXPECT_EQ(gone.code(), absl::StatusCode::kUnavailable) << gone;
   EXPECT_EQ(dispatch(c.first_k_dense_replace).code(), absl::StatusCode::kUnavailable);

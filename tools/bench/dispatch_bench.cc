@@ -3,12 +3,12 @@
 // top-6, moe_intermediate 1408; random weights on the device), as an
 // attention worker makes it through RemoteExpertClient, over each transport:
 //   --transport (cuda_ipc, or nccl with --server-device 1) — the dispatch
-//              stays in device memory (RunOnDevice);
+//              stays in device memory (ExpertClient::Run of a device dispatch);
 //   host     — fp32 hidden states through the host (Run): over gRPC for
 //              cuda_ipc, staged through pinned host buffers for nccl;
 // against, in the same run, what no transport can remove:
 //   experts alone — the same experts computed in this process on the same
-//                   device buffers (CudaExpertStage::AccumulateOnDevice);
+//                   device buffers (CudaExpertStage::Accumulate of a device dispatch);
 //   empty call    — a dispatch of 0 tokens over the transport: the two
 //                   processes' wake-ups, no GPU work;
 //   copy          — the device-to-device copy rate (the payload's ceiling);
@@ -122,12 +122,11 @@ std::set<int> ShardOf(int index, int count, int experts) {
     std::unique_ptr<CudaIpcDataPlaneServer> ipc;
     std::unique_ptr<NcclDataPlaneServer> nccl;
     if (transport == "nccl") {
-      ASSIGN_OR_RETURN(
-          nccl, NcclDataPlaneServer::Start("127.0.0.1:0", device, &service, nullptr, &service));
+      ASSIGN_OR_RETURN(nccl, NcclDataPlaneServer::Start("127.0.0.1:0", device, &service, nullptr));
       port = nccl->port();
     } else {
-      ASSIGN_OR_RETURN(
-          ipc, CudaIpcDataPlaneServer::Start("127.0.0.1:0", device, &service, &service, nullptr));
+      ASSIGN_OR_RETURN(ipc,
+                       CudaIpcDataPlaneServer::Start("127.0.0.1:0", device, &service, nullptr));
       port = ipc->port();
     }
     if (write(port_fd, &port, sizeof(port)) != sizeof(port))
@@ -477,8 +476,9 @@ absl::Status Run(const Flags& f) {
   RETURN_IF_ERROR(wts.CopyFrom(h_w));
   std::vector<float> host_out(static_cast<size_t>(max_batch) * h);
   auto device_dispatch = [&](int b) {
-    DeviceMoeDispatch d;
+    MoeDispatch d;
     d.layer = kLayer, d.num_tokens = b, d.hidden = h, d.top_k = k;
+    d.memory = DispatchMemory::CudaDevice(0);
     d.hidden_states = x.get(), d.topk_ids = ids.get(), d.topk_weights = wts.get();
     return d;
   };
@@ -498,10 +498,9 @@ absl::Status Run(const Flags& f) {
                    CudaExpertStage::Create(c, std::move(w_all)));
   std::map<int, double> alone;
   for (int b : f.batch) {
-    const DeviceMoeDispatch d = device_dispatch(b);
-    ASSIGN_OR_RETURN(alone[b], HostMedianUs(f.reps, [&] {
-                       return local->AccumulateOnDevice(d, out.get(), nullptr);
-                     }));
+    const MoeDispatch d = device_dispatch(b);
+    ASSIGN_OR_RETURN(
+        alone[b], HostMedianUs(f.reps, [&] { return local->Accumulate(d, out.get(), nullptr); }));
   }
   local.reset();
 
@@ -546,15 +545,13 @@ absl::Status Run(const Flags& f) {
     ASSIGN_OR_RETURN(std::unique_ptr<RemoteExpertClient> ipc,
                      RemoteExpertClient::Create(ipc_t.get(), placement, e));
     // Attach at the largest size first, so no row pays for growing regions.
-    RETURN_IF_ERROR(ipc->RunOnDevice(device_dispatch(max_batch), out.get()));
-    ASSIGN_OR_RETURN(double empty, HostMedianUs(f.reps, [&] {
-                       return ipc->RunOnDevice(device_dispatch(0), out.get());
-                     }));
+    RETURN_IF_ERROR(ipc->Run(device_dispatch(max_batch), out.get()));
+    ASSIGN_OR_RETURN(double empty,
+                     HostMedianUs(f.reps, [&] { return ipc->Run(device_dispatch(0), out.get()); }));
     for (int b : f.batch) {
-      const DeviceMoeDispatch dd = device_dispatch(b);
+      const MoeDispatch dd = device_dispatch(b);
       const MoeDispatch hd = host_dispatch(b);
-      ASSIGN_OR_RETURN(double t_ipc,
-                       HostMedianUs(f.reps, [&] { return ipc->RunOnDevice(dd, out.get()); }));
+      ASSIGN_OR_RETURN(double t_ipc, HostMedianUs(f.reps, [&] { return ipc->Run(dd, out.get()); }));
       // The host path of the same channels (cuda_ipc's goes over gRPC).
       ASSIGN_OR_RETURN(double t_grpc, HostMedianUs(std::max(5, f.reps / 3),
                                                    [&] { return ipc->Run(hd, host_out.data()); }));
