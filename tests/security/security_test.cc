@@ -202,8 +202,8 @@ class FakeWorker final : public v1::PrefillWorker::Service, public v1::DecodeWor
     ++calls;
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake");
   }
-  grpc::Status Reserve(grpc::ServerContext*, const v1::ReserveRequest*,
-                       v1::ReserveResponse*) override {
+  grpc::Status Decode(grpc::ServerContext*, const v1::DecodeRequest*,
+                      grpc::ServerWriter<v1::DecodeResponse>*) override {
     ++calls;
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake");
   }
