@@ -5,35 +5,46 @@
 
 namespace moesh {
 
-void PrefillSpecToProto(const PrefillSpec& spec, v1::PrefillRequest* p) {
+namespace {
+
+// What a prefill and a decode request share: the request id, its prompt and
+// its sampling.
+template <typename Spec, typename Proto>
+void RequestToProto(const Spec& spec, Proto* p) {
   p->set_request_id(spec.request_id);
   p->mutable_prompt_ids()->Add(spec.prompt_ids.begin(), spec.prompt_ids.end());
   SamplingToProto(spec.sampling, p->mutable_sampling());
+}
+template <typename Spec, typename Proto>
+Spec RequestFromProto(const Proto& p) {
+  Spec spec;
+  spec.request_id = p.request_id();
+  spec.prompt_ids.assign(p.prompt_ids().begin(), p.prompt_ids().end());
+  spec.sampling = SamplingFromProto(p.sampling());
+  return spec;
+}
+
+}  // namespace
+
+void PrefillSpecToProto(const PrefillSpec& spec, v1::PrefillRequest* p) {
+  RequestToProto(spec, p);
   p->set_decode_address(spec.decode_address);
 }
 
 PrefillSpec PrefillSpecFromProto(const v1::PrefillRequest& p) {
-  PrefillSpec spec;
-  spec.request_id = p.request_id();
-  spec.prompt_ids.assign(p.prompt_ids().begin(), p.prompt_ids().end());
-  spec.sampling = SamplingFromProto(p.sampling());
+  PrefillSpec spec = RequestFromProto<PrefillSpec>(p);
   spec.decode_address = p.decode_address();
   return spec;
 }
 
 void DecodeSpecToProto(const DecodeSpec& spec, v1::DecodeRequest* p) {
-  p->set_request_id(spec.request_id);
-  p->mutable_prompt_ids()->Add(spec.prompt_ids.begin(), spec.prompt_ids.end());
-  SamplingToProto(spec.sampling, p->mutable_sampling());
+  RequestToProto(spec, p);
   p->set_max_new_tokens(spec.max_new_tokens);
   p->mutable_stop_token_ids()->Add(spec.stop_token_ids.begin(), spec.stop_token_ids.end());
 }
 
 DecodeSpec DecodeSpecFromProto(const v1::DecodeRequest& p) {
-  DecodeSpec spec;
-  spec.request_id = p.request_id();
-  spec.prompt_ids.assign(p.prompt_ids().begin(), p.prompt_ids().end());
-  spec.sampling = SamplingFromProto(p.sampling());
+  DecodeSpec spec = RequestFromProto<DecodeSpec>(p);
   spec.max_new_tokens = p.max_new_tokens();
   spec.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   return spec;

@@ -612,43 +612,55 @@ TEST(ClusterTest, DecodeWorkerDeathFailsStreamsThenOthersServe) {
   }
 }
 
+// Streams `req` on `router` alone, then again calling `at_tenth` at its 10th
+// token and `meanwhile` on this thread once that ran (the stream going on):
+// the second run must end OK and equal the first, token for token.
+void ExpectStreamGoesOn(const std::string& router, const v1::GenerateRequest& req,
+                        const std::function<void()>& at_tenth,
+                        const std::function<void()>& meanwhile) {
+  const Result solo = Call(router, req);
+  ASSERT_TRUE(solo.status.ok()) << solo.status.error_message();
+  absl::Notification signalled;
+  Result r;
+  std::thread stream([&] {
+    r = Call(router, req, [&](grpc::ClientContext*, int n) {
+      if (n != 10) return;
+      at_tenth();
+      signalled.Notify();
+    });
+  });
+  EXPECT_TRUE(signalled.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  meanwhile();
+  stream.join();
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, solo.ids);
+}
+
 TEST(ClusterTest, ASigtermedDecodeWorkerFinishesItsStreamsAndTakesNoNewOnes) {
   LocalClusterOptions o = Options(TinyModel(), "decode_drain");
   o.num_decode = 2;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string router = (*cluster)->router_address();
-  constexpr int kLong = 600;
-  const Result solo = Call(router, Request({3, 1, 4}, kLong));
-  ASSERT_TRUE(solo.status.ok()) << solo.status.error_message();
-  // SIGTERM the decode worker holding a long stream at its 10th token.
   std::string drained;
-  absl::Notification signalled;
-  Result r;
-  std::thread stream([&] {
-    r = Call(router, Request({3, 1, 4}, kLong), [&](grpc::ClientContext*, int n) {
-      if (n != 10) return;
-      for (const char* d : {"decode-0", "decode-1"}) {
-        if (Metric(Proc(**cluster, d).metrics_address, "moesh_num_requests_running") == 1) {
-          EXPECT_TRUE((*cluster)->Signal(d, SIGTERM).ok());
-          drained = d;
+  ExpectStreamGoesOn(
+      router, Request({3, 1, 4}, 600),
+      [&] {  // SIGTERM the decode worker holding the stream
+        for (const char* d : {"decode-0", "decode-1"}) {
+          if (Metric(Proc(**cluster, d).metrics_address, "moesh_num_requests_running") == 1) {
+            EXPECT_TRUE((*cluster)->Signal(d, SIGTERM).ok());
+            drained = d;
+          }
         }
-      }
-      signalled.Notify();
-    });
-  });
-  ASSERT_TRUE(signalled.WaitForNotificationWithTimeout(absl::Seconds(60)));
+      },
+      [&] {  // while it drains, new requests go to the other decode worker
+        for (int i = 0; i < 4; ++i) {
+          Result again = Call(router, Request({1, 2, 3 + i}, 8));
+          EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+        }
+      });
   ASSERT_FALSE(drained.empty());
-  // While it drains, new requests go to the other decode worker.
-  for (int i = 0; i < 4; ++i) {
-    Result again = Call(router, Request({1, 2, 3 + i}, 8));
-    EXPECT_TRUE(again.status.ok()) << again.status.error_message();
-  }
-  stream.join();
-  // The stream it held ran to its end, token for token.
-  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
-  EXPECT_EQ(r.ids, solo.ids);
-  // Then the worker exits on its own, cleanly.
+  // Once its stream ended, the worker exits on its own, cleanly.
   absl::StatusOr<int> code = (*cluster)->WaitForExit(drained, std::chrono::seconds(10));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
@@ -662,27 +674,16 @@ TEST(ClusterTest, ASigtermedRouterFinishesItsStreamsAndRefusesNewOnes) {
       LocalCluster::Start(Options(TinyModel(), "router_drain"));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string router = (*cluster)->router_address();
-  constexpr int kLong = 600;
-  const Result solo = Call(router, Request({2, 7, 1}, kLong));
-  ASSERT_TRUE(solo.status.ok()) << solo.status.error_message();
-  absl::Notification signalled;
-  Result r;
-  std::thread stream([&] {
-    r = Call(router, Request({2, 7, 1}, kLong), [&](grpc::ClientContext*, int n) {
-      if (n != 10) return;
-      EXPECT_TRUE((*cluster)->Signal("router", SIGTERM).ok());
-      signalled.Notify();
-    });
-  });
-  ASSERT_TRUE(signalled.WaitForNotificationWithTimeout(absl::Seconds(60)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the signal arrived
-  Result refused = Call(router, Request({1, 2, 3}, 8));
-  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_NE(refused.status.error_message().find("draining"), std::string::npos)
-      << refused.status.error_message();
-  stream.join();
-  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
-  EXPECT_EQ(r.ids, solo.ids);
+  ExpectStreamGoesOn(
+      router, Request({2, 7, 1}, 600),
+      [&] { EXPECT_TRUE((*cluster)->Signal("router", SIGTERM).ok()); },
+      [&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the signal arrived
+        Result refused = Call(router, Request({1, 2, 3}, 8));
+        EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+        EXPECT_NE(refused.status.error_message().find("draining"), std::string::npos)
+            << refused.status.error_message();
+      });
   absl::StatusOr<int> code = (*cluster)->WaitForExit("router", std::chrono::seconds(10));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
