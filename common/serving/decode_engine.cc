@@ -104,11 +104,13 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
     if (r->kv_received || r->running)
       return absl::FailedPreconditionError("KV already received for " + transfer.request_id);
     kv = r->kv;
+    ++kv_arriving_;
   }
   // The sequence is not shared until kv_received is set.
-  if (absl::Status s = DeserializeKv(transfer, backend_->config().num_hidden_layers, kv.get());
-      !s.ok())
-    return s;
+  absl::Status stored = DeserializeKv(transfer, backend_->config().num_hidden_layers, kv.get());
+  absl::MutexLock lock(&mu_);
+  --kv_arriving_;
+  if (!stored.ok()) return stored;
   if (!kv->status().ok()) {
     return absl::InternalError(
         absl::StrCat("storing the KV rows failed: ", kv->status().message()));
@@ -118,7 +120,6 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
         << "decode worker: KV handoff copied device to device from a prefill worker's GPU memory"
         << std::endl;
   }
-  absl::MutexLock lock(&mu_);
   if (r->done)
     return absl::FailedPreconditionError("the reservation for " + transfer.request_id +
                                          " ended during the KV handoff");
@@ -230,8 +231,13 @@ void DecodeEngine::Loop() {
     std::vector<std::shared_ptr<Request>> batch;
     {
       absl::MutexLock lock(&mu_);
+      // KV arriving goes first: a handoff in progress needs the backend a
+      // moment (its rows into the cache), and the next step would hold it off
+      // for a whole step (steps back to back can starve it: its first token,
+      // so the client's, waits). The step after it takes the new request too.
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (stopping_) return true;
+        if (kv_arriving_ > 0) return false;
         for (auto& [id, r] : requests_) {
           if (r->running) return true;
         }

@@ -119,6 +119,7 @@ class DecodeEngine : public KvHandler {
   std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  int kv_arriving_ ABSL_GUARDED_BY(mu_) = 0;  // PushKv calls storing rows now
   std::thread thread_;
 };
 

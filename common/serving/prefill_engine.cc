@@ -167,13 +167,23 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     batch_seconds_->Observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::vector<absl::Status> results(batch.size());
+  // Each prompt's caller hears back as soon as its KV was handed over (so the
+  // decode worker's first token reaches the client then, not after the whole
+  // batch's handoffs), its blocks freed first. `batch[i]` is not to be
+  // touched after: its caller returns.
+  auto finish = [&](size_t i, absl::Status result) {
+    caches[i].reset();
+    absl::MutexLock lock(&mu_);
+    batch[i]->result = std::move(result);
+    batch[i]->done = true;
+    --running_;
+  };
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!chosen.ok()) {
-      results[i] =
-          chosen.status().code() == absl::StatusCode::kInvalidArgument
-              ? chosen.status()
-              : absl::UnavailableError(absl::StrCat("prefill failed: ", chosen.status().message()));
+      finish(i, chosen.status().code() == absl::StatusCode::kInvalidArgument
+                    ? chosen.status()
+                    : absl::UnavailableError(
+                          absl::StrCat("prefill failed: ", chosen.status().message())));
       continue;
     }
     const PrefillSpec& spec = *batch[i]->spec;
@@ -222,18 +232,12 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
       }
     }
     if (!pushed.ok()) {
-      results[i] = absl::Status(
+      pushed = absl::Status(
           pushed.code() == absl::StatusCode::kInvalidArgument ? absl::StatusCode::kInternal
                                                               : pushed.code(),
           absl::StrCat("KV handoff to ", spec.decode_address, " failed: ", pushed.message()));
     }
-  }
-  caches.clear();  // the prompts' blocks are free before their callers hear back
-  absl::MutexLock lock(&mu_);
-  running_ = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    batch[i]->result = std::move(results[i]);
-    batch[i]->done = true;
+    finish(i, std::move(pushed));
   }
 }
 
