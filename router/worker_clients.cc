@@ -81,10 +81,11 @@ class GrpcDecodeStream : public DecodeStream {
     });
     reader_ = stub->Decode(ctx_.get(), request);
     v1::DecodeResponse m;
-    if (!reader_->Read(&m)) return Close(/*declined=*/false);  // refused, or gone
-    if (m.reserved()) return absl::OkStatus();
-    ctx_->TryCancel();
-    Close(/*declined=*/true).IgnoreError();
+    const bool read = reader_->Read(&m);
+    if (read && m.reserved()) return absl::OkStatus();
+    if (read) ctx_->TryCancel();
+    absl::Status closed = Close(/*declined=*/read);  // refused, or gone
+    if (!closed.ok() && !read) return closed;
     return absl::InternalError(absl::StrCat(worker_->id, " (", worker_->address,
                                             "): a Decode stream began without {reserved}"));
   }

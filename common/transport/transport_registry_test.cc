@@ -9,7 +9,7 @@ namespace moesh {
 namespace {
 
 TEST(TransportRegistryTest, FindsEveryBuiltInAndNamesTheChoicesOtherwise) {
-  for (const std::string& name : {"grpc", "inproc", "ucx", "nccl", "cuda_ipc"}) {
+  for (const char* name : {"grpc", "inproc", "ucx", "nccl", "cuda_ipc"}) {
     absl::StatusOr<const TransportPlugin*> p = FindTransport(name);
     ASSERT_TRUE(p.ok()) << name;
     EXPECT_EQ((*p)->name(), name);
@@ -22,13 +22,13 @@ TEST(TransportRegistryTest, FindsEveryBuiltInAndNamesTheChoicesOtherwise) {
 }
 
 TEST(TransportRegistryTest, CapabilitiesSayWhatCallersDecideBy) {
-  for (const std::string& name : {"grpc", "inproc", "ucx"}) {
+  for (const char* name : {"grpc", "inproc", "ucx"}) {
     const TransportCapabilities c = (*FindTransport(name))->capabilities();
     EXPECT_FALSE(c.device_dispatch) << name;
     EXPECT_TRUE(c.carries_kv) << name;
     EXPECT_FALSE(c.device_kv) << name;
   }
-  for (const std::string& name : {"nccl", "cuda_ipc"}) {
+  for (const char* name : {"nccl", "cuda_ipc"}) {
     const TransportCapabilities c = (*FindTransport(name))->capabilities();
     EXPECT_TRUE(c.device_dispatch) << name;
     EXPECT_FALSE(c.carries_kv) << name;
@@ -47,7 +47,7 @@ TEST(TransportRegistryTest, ServeSides) {
   EXPECT_EQ(StartDataPlane("inproc", "127.0.0.1", "127.0.0.1:7", nullptr, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
   // A KV-only worker (no dispatch handler) keeps its gRPC address on the device transports.
-  for (const std::string& name : {"nccl", "cuda_ipc"}) {
+  for (const char* name : {"nccl", "cuda_ipc"}) {
     absl::StatusOr<DataPlaneEndpoint> e =
         StartDataPlane(name, "127.0.0.1", "127.0.0.1:7", nullptr, nullptr);
     ASSERT_TRUE(e.ok()) << name << ": " << e.status();
