@@ -158,5 +158,25 @@ TEST(ColocatedBackendTest, TheFirstTokenEndsARequestOnTheDecodeSide) {
   EXPECT_EQ(b->decode()->Load().num_running, 0);
 }
 
+TEST(ColocatedBackendTest, TheEnginesRefuseRequestIdsOutOfBounds) {
+  // Internal RPCs are input too: the engines check the id the router checks.
+  std::unique_ptr<ColocatedBackend> b = Backend();
+  ASSERT_NE(b, nullptr);
+  const int64_t all_free = b->decode()->Load().free_kv_blocks;
+  for (const std::string& id : {std::string(), std::string(kMaxRequestIdBytes + 1, 'x')}) {
+    int tokens = 0;
+    const absl::Status s = RunCounting(b.get(), Request(id, 4), CancelToken(), &tokens);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("request_id"), std::string::npos) << s;
+    EXPECT_EQ(tokens, 0);
+  }
+  int tokens = 0;  // the bound itself is fine
+  EXPECT_TRUE(
+      RunCounting(b.get(), Request(std::string(kMaxRequestIdBytes, 'y'), 4), CancelToken(), &tokens)
+          .ok());
+  EXPECT_EQ(tokens, 4);
+  EXPECT_EQ(b->decode()->Load().free_kv_blocks, all_free);
+}
+
 }  // namespace
 }  // namespace moesh

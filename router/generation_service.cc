@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "common/rpc/grpc_util.h"
 #include "common/service/sampling_proto.h"
 #include "common/transport/token_wire.h"
@@ -13,8 +14,6 @@ namespace moesh {
 namespace {
 
 constexpr int kMaxTopLogprobs = 20;
-// Echoed in every message of the stream.
-constexpr size_t kMaxRequestIdBytes = 256;
 // A text prompt longer than this many bytes per token of the context limit
 // cannot fit it (tokenizers' tokens average ~4 bytes; 16 leaves room for
 // long merges and multi-byte scripts): refused before tokenizing, which
@@ -120,10 +119,7 @@ grpc::Status GenerationService::Fail(grpc::Status s) {
 
 absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::GenerateRequest& r) const {
   GenerationRequest b;
-  if (r.request_id().size() > kMaxRequestIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("request_id is ", r.request_id().size(),
-                                                   " bytes; the limit is ", kMaxRequestIdBytes));
-  }
+  RETURN_IF_ERROR(CheckRequestId(r.request_id(), /*allow_empty=*/true));  // empty: one is made
   switch (r.prompt_case()) {
     case v1::GenerateRequest::kText: {
       if (codec_ == nullptr) {

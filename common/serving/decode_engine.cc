@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/status.h"
 #include "common/transport/kv_handoff.h"
 
 namespace moesh {
@@ -64,6 +65,7 @@ DecodeEngine::~DecodeEngine() {
 
 absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
     const DecodeSpec& spec) {
+  RETURN_IF_ERROR(CheckRequestId(spec.request_id));
   if (spec.prompt_ids.empty() || spec.max_new_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("request ", spec.request_id, ": ",
                                                    spec.prompt_ids.size(), " prompt tokens and ",

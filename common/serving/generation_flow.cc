@@ -1,11 +1,22 @@
 #include "common/serving/generation_flow.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace moesh {
 namespace {
 
 absl::Status CancelledByCaller() { return absl::CancelledError("cancelled by the caller"); }
 
 }  // namespace
+
+absl::Status CheckRequestId(absl::string_view id, bool allow_empty) {
+  if (id.empty() && !allow_empty) return absl::InvalidArgumentError("request_id is empty");
+  if (id.size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id is ", id.size(), " bytes; the limit is ", kMaxRequestIdBytes));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
                            absl::Span<DecodeClient* const> decoders, const ChunkSink& sink,

@@ -24,11 +24,18 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "base/cancel_token.h"
 #include "common/engine/sampler.h"
 
 namespace moesh {
+
+// A request id's bound: it is echoed in every message about the request.
+constexpr size_t kMaxRequestIdBytes = 256;
+// INVALID_ARGUMENT "request_id is N bytes; the limit is 256" over the bound
+// (or "request_id is empty" when `allow_empty` is false: the workers need one).
+absl::Status CheckRequestId(absl::string_view id, bool allow_empty = false);
 
 // A request after validation: token ids, resolved limits and stop ids.
 struct GenerationRequest {

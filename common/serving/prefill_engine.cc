@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "common/transport/kv_handoff.h"
 
 namespace moesh {
@@ -46,6 +47,7 @@ PrefillEngine::~PrefillEngine() {
 
 absl::Status PrefillEngine::Prefill(const PrefillSpec& spec, const CancelToken* cancel) {
   const ModelConfig& c = backend_->config();
+  RETURN_IF_ERROR(CheckRequestId(spec.request_id));
   if (spec.prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt");
   for (int32_t t : spec.prompt_ids) {
     if (t < 0 || t >= c.vocab_size) {
