@@ -115,6 +115,7 @@ absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& nam
   std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipWhitespace());
   p.address = lines.empty() ? "" : lines[0];
   p.metrics_address = lines.size() > 1 ? lines[1] : "";
+  p.internal_address = lines.size() > 2 ? lines[2] : "";
   processes_.back() = p;
   return p;
 }
@@ -140,7 +141,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   // Decode and prefill workers: `n` of `binary`, from `o`, joined to the router and the experts.
   auto attention_workers = [&](const char* kind, const char* binary, auto o,
                                int n) -> absl::Status {
-    o.worker.router = router.address;
+    o.worker.router = router.internal_address;
     o.dispatch.expert_workers = expert_addresses;
     for (int i = 0; i < n; ++i) {
       const std::string name = absl::StrCat(kind, "-", i);
@@ -163,7 +164,7 @@ absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
   const std::string name = absl::StrCat("expert-", n);
   ExpertWorkerOptions o = options_.expert;
   SetServer(name, &o.server);
-  o.worker.router = router_address();
+  o.worker.router = router_internal_address();
   (spec.find('/') != std::string::npos ? o.shard : o.experts) = spec;
   // The n-th expert worker takes the n-th device of the list, round robin.
   if (!options_.expert_devices.empty()) {

@@ -66,7 +66,8 @@ class LocalCluster {
     std::string name;  // "router", "expert-0", "prefill-0", "decode-0"
     pid_t pid = -1;
     std::string address;
-    std::string metrics_address;  // host:port of /metrics
+    std::string metrics_address;   // host:port of /metrics
+    std::string internal_address;  // the router's internal plane (workers register there)
     std::string log_path;
   };
 
@@ -74,6 +75,8 @@ class LocalCluster {
   ~LocalCluster();  // SIGTERM, then SIGKILL after a grace period
 
   const std::string& router_address() const { return processes_.front().address; }
+  // Where workers register (moesh.v1.Cluster): the router's internal plane.
+  const std::string& router_internal_address() const { return processes_.front().internal_address; }
   const std::vector<Process>& processes() const { return processes_; }
   // Sends `signal` to the named process (SIGKILL: it is gone for good).
   absl::Status Signal(const std::string& name, int signal);

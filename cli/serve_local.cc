@@ -43,7 +43,9 @@ absl::Status RunServeLocal() {
   ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(opt));
   for (const LocalCluster::Process& p : cluster->processes()) {
     std::cerr << "  " << p.name << "  pid " << p.pid << "  grpc " << p.address
-              << "  metrics http://" << p.metrics_address << "/metrics" << std::endl;
+              << "  metrics http://" << p.metrics_address << "/metrics"
+              << (p.internal_address.empty() ? "" : "  internal " + p.internal_address)
+              << std::endl;
   }
   std::cout << "moesh is serving on " << cluster->router_address() << "\n"
             << "try: moesh complete --server=" << cluster->router_address()

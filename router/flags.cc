@@ -6,6 +6,11 @@
 
 ABSL_FLAG(bool, colocated, moesh::RouterOptions().colocated,
           "Serve from prefill, decode and experts in this process (no workers register).");
+ABSL_FLAG(std::string, internal_listen, moesh::RouterOptions().internal_listen,
+          "host:port of the internal plane: moesh.v1.Cluster, where workers register and "
+          "heartbeat (and grpc.health.v1); keep it inside the cluster network. The public "
+          "--listen port serves moesh.v1.Generation and health only (port 0: any free one; "
+          "unused with --colocated).");
 ABSL_FLAG(int, heartbeat_interval_ms, moesh::RouterOptions().heartbeat_interval_ms,
           "How often workers heartbeat.");
 ABSL_FLAG(int, heartbeat_timeout_ms, moesh::RouterOptions().heartbeat_timeout_ms,
@@ -30,6 +35,7 @@ namespace moesh {
 absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   RouterOptions o;
   ASSIGN_OR_RETURN(o.server, ServerOptionsFromFlags());
+  o.internal_listen = absl::GetFlag(FLAGS_internal_listen);
   o.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
   o.heartbeat_timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   o.default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens);

@@ -16,7 +16,10 @@ namespace moesh {
 
 // The defaults are the flags' defaults.
 struct RouterOptions {
-  ServerOptions server;
+  ServerOptions server;  // --listen: the public plane (moesh.v1.Generation, health)
+  // --internal_listen: the internal plane, moesh.v1.Cluster (where workers
+  // register and heartbeat; cluster mode only), apart from the public port.
+  std::string internal_listen = "127.0.0.1:0";
   int heartbeat_interval_ms = 500;
   int heartbeat_timeout_ms = 3000;
   int default_max_new_tokens = 256;

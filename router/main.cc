@@ -64,10 +64,15 @@ absl::Status Run() {
   opt.max_context_tokens = o.max_context_tokens;
   opt.metrics = metrics.get();
   GenerationService generation(config, backend.get(), codec.get(), opt);
-  std::vector<grpc::Service*> services = {&generation};
-  if (membership) services.push_back(membership.get());
-  ASSIGN_OR_RETURN(RunningServer server,
-                   StartGrpcServer(o.server.listen, services, o.server.max_receive_message_mb));
+  // Two planes: the public port serves Generation (and health), the internal
+  // one Cluster, so a client of the API cannot register or rebalance.
+  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, {&generation},
+                                                         o.server.max_receive_message_mb));
+  RunningServer internal;
+  if (membership) {
+    ASSIGN_OR_RETURN(internal, StartGrpcServer(o.internal_listen, {membership.get()},
+                                               o.server.max_receive_message_mb));
+  }
   // grpc.health.v1: the Generation service is SERVING once it has workers.
   auto* health = server.server->GetHealthCheckService();
   std::atomic<bool> draining{false};
@@ -77,14 +82,18 @@ absl::Status Run() {
   update_health();
   if (membership) membership->OnChange(update_health);
   const std::string address = absl::StrCat("127.0.0.1:", server.port);
+  const std::string internal_address =
+      membership ? absl::StrCat("127.0.0.1:", internal.port) : std::string();
   std::cerr << "router for " << config.Fingerprint() << (o.colocated ? " (colocated)" : "")
-            << " on " << address << (codec ? "" : " (no tokenizer.json: token ids only)")
-            << std::endl;
+            << " on " << address
+            << (membership ? absl::StrCat(", workers register on ", internal_address) : "")
+            << (codec ? "" : " (no tokenizer.json: token ids only)") << std::endl;
   ServeOptions serve;
   serve.name = "router";
   serve.ready_file = o.server.ready_file;
   serve.address = address;
   serve.metrics_address = metrics_address;
+  serve.internal_address = internal_address;
   serve.drain = [&] {
     draining = true;
     generation.Drain();
@@ -93,6 +102,7 @@ absl::Status Run() {
   serve.in_flight = [&generation] { return generation.num_running(); };
   serve.drain_timeout = std::chrono::seconds(o.server.drain_timeout_s);
   const absl::Status s = ServeUntilSignal(server.server.get(), serve);
+  if (internal.server) internal.server->Shutdown(std::chrono::system_clock::now());
   membership.reset();  // stops the sweeper before the health service it updates goes
   return s;
 }

@@ -248,6 +248,7 @@ TS_TYPES = {
     ("v1", "ServiceAccount"): "core.ServiceAccount", ("apps/v1", "Deployment"): "apps.Deployment",
     ("apps/v1", "StatefulSet"): "apps.StatefulSet", ("policy/v1", "PodDisruptionBudget"): "policy.PodDisruptionBudget",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "IServiceMonitor",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networking.NetworkPolicy",
 }
 
 
@@ -255,6 +256,7 @@ def typecheck(c, node, rendered, src, tmp):
     lines = ['import type * as core from "kubernetes-types/core/v1";',
              'import type * as apps from "kubernetes-types/apps/v1";',
              'import type * as policy from "kubernetes-types/policy/v1";',
+             'import type * as networking from "kubernetes-types/networking/v1";',
              'import type { IServiceMonitor } from '
              '"@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor";',
              'import type { Dashboard } from "@grafana/schema";']
@@ -354,6 +356,21 @@ def check_manifests(c, profile, docs, src):
         c.check(P + "the ServiceMonitor keeps the metrics' own service label (honorLabels) on port metrics",
                 ep.get("honorLabels") is True and ep["port"] == "metrics")
 
+    router_internal = [p["containerPort"] for w, spec, meta in workloads
+                       if meta["labels"]["app.kubernetes.io/component"] == "router"
+                       for p in spec["containers"][0]["ports"] if p["name"] == "internal"]
+    c.equal(P + "the router has an internal port apart from its public one", len(router_internal), 1)
+    policies = {np["metadata"]["name"]: np["spec"] for np in find(docs, "NetworkPolicy")}
+    public = policies.get(f"{FULLNAME}-public", {})
+    open_ports = {p["port"] for rule in public.get("ingress", []) for p in rule.get("ports", [])}
+    c.check(P + "NetworkPolicy: only the router's public gRPC port and /metrics are open to all "
+            "(not its internal plane)", public.get("podSelector", {}).get("matchLabels", {}).get(
+                "app.kubernetes.io/component") == "router" and router_internal[:1] and
+            router_internal[0] not in open_ports and len(open_ports) == 2, str(public))
+    internal = policies.get(f"{FULLNAME}-internal", {})
+    c.check(P + "NetworkPolicy: every other port takes this release's pods only",
+            any(f.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/instance")
+                for rule in internal.get("ingress", []) for f in rule.get("from", [])), str(internal))
     for w, spec, meta in workloads:
         name = w["metadata"]["name"]
         ct = spec["containers"][0]
@@ -396,7 +413,10 @@ def check_manifests(c, profile, docs, src):
             c.equal(P + f"{name}: advertises its pod IP", flag_values(lines, "advertise_host")[-1:], ["$(POD_IP)"])
             c.equal(P + f"{name}: registers with the router's cluster Service",
                     flag_values(lines, "router"),
-                    [f"{FULLNAME}-router-cluster.{NAMESPACE}.svc.cluster.local:{ports['grpc']}"])
+                    [f"{FULLNAME}-router-cluster.{NAMESPACE}.svc.cluster.local:{router_internal[0]}"])
+        else:
+            c.equal(P + f"{name}: serves its internal plane on all interfaces at its internal port",
+                    flag_values(lines, "internal_listen")[-1:], [f"0.0.0.0:{ports['internal']}"])
         if component in ("prefill", "decode"):
             want_experts = ",".join(f"{FULLNAME}-expert-{i}.{FULLNAME}-expert.{NAMESPACE}.svc.cluster.local:"
                                     f"{ports['grpc']}" for i in range(sts["spec"]["replicas"]))
@@ -622,7 +642,7 @@ def run_tiny_profile(c, docs, bin_dir, src, tmp, procs):
         give_up = time.monotonic() + 30
         while time.monotonic() < give_up:
             if os.path.exists(ready):
-                return open(ready).read().split()[0]
+                return open(ready).read().split()  # grpc, metrics (and the router's internal plane)
             if p.poll() is not None:
                 break
             time.sleep(0.05)
@@ -630,10 +650,10 @@ def run_tiny_profile(c, docs, bin_dir, src, tmp, procs):
 
     loopback = ["--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--advertise_host=127.0.0.1"]
     (label, svc, argv), = by("-router-7d9f8b6c5-x2k4q/router")
-    router = start(label, svc, argv, loopback[:2])
-    experts = [start(lb, sv, av, loopback + [f"--router={router}"]) for lb, sv, av in by("/expert")]
+    router, _, internal = start(label, svc, argv, loopback[:2] + ["--internal_listen=127.0.0.1:0"])
+    experts = [start(lb, sv, av, loopback + [f"--router={internal}"])[0] for lb, sv, av in by("/expert")]
     c.equal("cpu-tiny: the expert StatefulSet's 2 pods start with their placement flagfiles", len(experts), 2)
-    attention = loopback + [f"--router={router}", f"--expert_workers={','.join(experts)}"]
+    attention = loopback + [f"--router={internal}", f"--expert_workers={','.join(experts)}"]
     for suffix in ("/decode", "/prefill"):
         for lb, sv, av in by(suffix):
             start(lb, sv, av, attention)

@@ -394,8 +394,8 @@ TEST(ClusterTest, PlacementFollowsExpertWorkersJoiningAndLeaving) {
   EXPECT_EQ(Call((*cluster)->router_address(), Request(prompt, 16)).ids, want);
   ASSERT_TRUE((*cluster)->AddExpertWorker("0-7").ok());
   // The router's map grows to three workers under a new version...
-  auto cluster_stub = v1::Cluster::NewStub(
-      grpc::CreateChannel((*cluster)->router_address(), grpc::InsecureChannelCredentials()));
+  auto cluster_stub = v1::Cluster::NewStub(grpc::CreateChannel(
+      (*cluster)->router_internal_address(), grpc::InsecureChannelCredentials()));
   int64_t version = 0;
   for (int i = 0; i < 200 && version == 0; ++i) {
     grpc::ClientContext ctx;
@@ -445,7 +445,7 @@ void StartServingOnHalves(const std::string& name, const std::vector<int32_t>& p
 // Cluster.Rebalance with `slots` per expert worker.
 grpc::Status Rebalance(const LocalCluster& c, int slots, v1::RebalanceResponse* resp) {
   auto stub = v1::Cluster::NewStub(
-      grpc::CreateChannel(c.router_address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(c.router_internal_address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   v1::RebalanceRequest req;
   req.set_slots_per_worker(slots);
@@ -547,7 +547,7 @@ TEST(ClusterTest, AutomaticRebalanceWhenLoadIsSkewed) {
   EXPECT_EQ(Metric(metrics, "moesh_rebalances_total{service=\"router\",result=\"failed\"}"), 0);
   EXPECT_GE(Metric(metrics, "moesh_rebalance_seconds_count"), 1);
   auto stub = v1::Cluster::NewStub(
-      grpc::CreateChannel(cluster->router_address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(cluster->router_internal_address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   v1::PlacementMap map;
   ASSERT_TRUE(stub->GetPlacement(&ctx, v1::GetPlacementRequest(), &map).ok());

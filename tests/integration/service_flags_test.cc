@@ -159,6 +159,7 @@ void Check(const Options& all, absl::StatusOr<Options> (*from_flags)(), const st
 TEST(ServiceFlagsTest, Router) {
   RouterOptions o;
   SetAll(&o.server, &o.kv, &o.device);
+  o.internal_listen = "0.0.0.0:50052";
   o.heartbeat_interval_ms = 100;
   o.heartbeat_timeout_ms = 900;
   o.default_max_new_tokens = 11;

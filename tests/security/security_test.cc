@@ -110,6 +110,8 @@ class SecurityTest : public ::testing::Test {
   void SetUp() override { ASSERT_NE(cluster_, nullptr); }
 
   static const std::string& router() { return cluster_->router_address(); }
+  // The router's internal plane (moesh.v1.Cluster).
+  static const std::string& internal() { return cluster_->router_internal_address(); }
   static const LocalCluster::Process& Proc(const std::string& name) {
     for (const auto& p : cluster_->processes()) {
       if (p.name == name) return p;
@@ -118,17 +120,17 @@ class SecurityTest : public ::testing::Test {
     return none;
   }
   static grpc::Status Register(const v1::RegisterRequest& r, v1::RegisterResponse* resp) {
-    return StubTo<v1::Cluster>(router())->Register(Deadline(seconds(10)).get(), r, resp);
+    return StubTo<v1::Cluster>(internal())->Register(Deadline(seconds(10)).get(), r, resp);
   }
   static grpc::Status Heartbeat(const v1::HeartbeatRequest& r) {
     v1::HeartbeatResponse resp;
-    return StubTo<v1::Cluster>(router())->Heartbeat(Deadline(seconds(10)).get(), r, &resp);
+    return StubTo<v1::Cluster>(internal())->Heartbeat(Deadline(seconds(10)).get(), r, &resp);
   }
   static grpc::Status Rebalance(int slots) {
     v1::RebalanceRequest r;
     r.set_slots_per_worker(slots);
     v1::RebalanceResponse resp;
-    return StubTo<v1::Cluster>(router())->Rebalance(Deadline(seconds(60)).get(), r, &resp);
+    return StubTo<v1::Cluster>(internal())->Rebalance(Deadline(seconds(60)).get(), r, &resp);
   }
   // A registration of `kind` from `address` with the model's fingerprint.
   static v1::RegisterRequest Registration(v1::WorkerKind kind, const std::string& address) {
@@ -277,7 +279,7 @@ TEST_F(SecurityTest, WorkerIdsAreUnguessable) {
       r.set_worker_id(absl::StrCat(kind, "-", n));
       v1::DeregisterResponse resp;
       EXPECT_TRUE(
-          StubTo<v1::Cluster>(router())->Deregister(Deadline(seconds(10)).get(), r, &resp).ok());
+          StubTo<v1::Cluster>(internal())->Deregister(Deadline(seconds(10)).get(), r, &resp).ok());
     }
   }
   ExpectServing();
@@ -347,9 +349,30 @@ int PortOf(const std::string& address) {
 TEST_F(SecurityTest, OneListenerPerFlag) {
   for (const LocalCluster::Process& p : cluster_->processes()) {
     SCOPED_TRACE(p.name);
-    const std::set<int> want = {PortOf(p.address), PortOf(p.metrics_address)};
+    std::set<int> want = {PortOf(p.address), PortOf(p.metrics_address)};
+    if (!p.internal_address.empty()) want.insert(PortOf(p.internal_address));  // the router's
     EXPECT_EQ(ListeningPorts(p.pid), want);
   }
+}
+
+// Issue 21's two planes: the router's public port serves Generation, not
+// Cluster (a client of the API cannot register, deregister or rebalance);
+// its internal port serves Cluster, not Generation.
+TEST_F(SecurityTest, ThePublicPortServesNoControlPlane) {
+  ASSERT_FALSE(internal().empty());
+  ASSERT_NE(internal(), router());
+  v1::RegisterResponse reg;
+  v1::RegisterRequest r = Registration(v1::WORKER_KIND_DECODE, "127.0.0.1:5");
+  EXPECT_EQ(
+      StubTo<v1::Cluster>(router())->Register(Deadline(seconds(10)).get(), r, &reg).error_code(),
+      grpc::StatusCode::UNIMPLEMENTED);
+  v1::RebalanceRequest rb;
+  v1::RebalanceResponse rbr;
+  EXPECT_EQ(
+      StubTo<v1::Cluster>(router())->Rebalance(Deadline(seconds(10)).get(), rb, &rbr).error_code(),
+      grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(Generate(internal()).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  ExpectServing();
 }
 
 // Item 5: an exact LoadExperts that would take an expert from the only

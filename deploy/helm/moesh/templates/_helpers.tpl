@@ -50,7 +50,7 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 
 {{/* Addresses. */}}
 {{- define "moesh.routerClusterAddress" -}}
-{{- printf "%s-router-cluster.%s.svc.%s:%d" (include "moesh.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.ports.grpc) }}
+{{- printf "%s-router-cluster.%s.svc.%s:%d" (include "moesh.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.ports.internal) }}
 {{- end }}
 
 {{- define "moesh.routerAddress" -}}
