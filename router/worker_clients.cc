@@ -10,13 +10,21 @@ namespace moesh {
 namespace {
 
 // A worker that died mid-call looks like CANCELLED (we cancelled it) or
-// UNAVAILABLE (the connection broke); both mean UNAVAILABLE to the client.
+// UNAVAILABLE (the connection broke); both mean UNAVAILABLE to the client,
+// said in words a client can act on (the transport's own text, such as
+// "recvmsg:Connection reset by peer", comes after).
 absl::Status WorkerFailed(const WorkerInfo& w, const grpc::Status& s) {
   const bool gone = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                     s.error_code() == grpc::StatusCode::CANCELLED;
+  const char* kind = w.kind == v1::WORKER_KIND_PREFILL ? "prefill" : "decode";
+  if (gone) {
+    return absl::UnavailableError(absl::StrCat("the ", kind, " worker ", w.id, " (", w.address,
+                                               ") serving this request went away; retry (",
+                                               s.error_message(), ")"));
+  }
   return absl::Status(
-      gone ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(s.error_code()),
-      absl::StrCat(w.id, " (", w.address, "): ", s.error_message()));
+      static_cast<absl::StatusCode>(s.error_code()),
+      absl::StrCat(kind, " worker ", w.id, " (", w.address, "): ", s.error_message()));
 }
 
 }  // namespace

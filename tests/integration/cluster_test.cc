@@ -576,6 +576,10 @@ TEST(ClusterTest, ExpertWorkerDeathWithoutReplicaFailsStreams) {
                     }
                   });
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  // In words a client can act on, not only the transport's.
+  EXPECT_NE(r.status.error_message().find("decode worker"), std::string::npos)
+      << r.status.error_message();
+  EXPECT_NE(r.status.error_message().find("retry"), std::string::npos) << r.status.error_message();
   EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(5));
   Result again = Call((*cluster)->router_address(), Request({2, 7, 1, 8}, 12));
   EXPECT_EQ(again.status.error_code(), grpc::StatusCode::UNAVAILABLE);
