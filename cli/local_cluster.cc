@@ -211,22 +211,24 @@ absl::Status LocalCluster::Signal(const std::string& name, int signal) {
   return absl::NotFoundError(absl::StrCat("no running process ", name));
 }
 
+absl::StatusOr<int> LocalCluster::Reap(Process& p, std::chrono::steady_clock::time_point give_up) {
+  while (true) {
+    int status = 0;
+    if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
+      p.pid = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    if (std::chrono::steady_clock::now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(p.name, " still runs"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 absl::StatusOr<int> LocalCluster::WaitForExit(const std::string& name,
                                               std::chrono::milliseconds timeout) {
   for (Process& p : processes_) {
-    if (p.name != name || p.pid < 0) continue;
-    const auto give_up = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      int status = 0;
-      if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
-        p.pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      if (std::chrono::steady_clock::now() > give_up) {
-        return absl::DeadlineExceededError(absl::StrCat(name, " still runs"));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    if (p.name == name && p.pid > 0) return Reap(p, std::chrono::steady_clock::now() + timeout);
   }
   return absl::NotFoundError(absl::StrCat("no running process ", name));
 }
@@ -238,16 +240,10 @@ void LocalCluster::StopAll() {
   }
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (Process& p : processes_) {
-    while (p.pid > 0) {
-      if (waitpid(p.pid, nullptr, WNOHANG) == p.pid) {
-        p.pid = -1;
-      } else if (std::chrono::steady_clock::now() > give_up) {
-        kill(p.pid, SIGKILL);
-        waitpid(p.pid, nullptr, 0);
-        p.pid = -1;
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+    if (p.pid > 0 && !Reap(p, give_up).ok()) {
+      kill(p.pid, SIGKILL);
+      waitpid(p.pid, nullptr, 0);
+      p.pid = -1;
     }
   }
 }

@@ -99,6 +99,9 @@ class LocalCluster {
   absl::StatusOr<Process> Spawn(const std::string& name, const std::string& binary,
                                 const std::vector<std::string>& flags);
   void StopAll();
+  // Waits until `p` exited (reaped: pid -1) or `give_up`: its exit code (128 +
+  // the signal if a signal ended it), or DEADLINE_EXCEEDED.
+  absl::StatusOr<int> Reap(Process& p, std::chrono::steady_clock::time_point give_up);
 
   const LocalClusterOptions options_;
   std::vector<Process> processes_;

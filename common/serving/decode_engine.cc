@@ -103,7 +103,7 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
     if (it == requests_.end())
       return absl::NotFoundError(absl::StrCat("no reservation for ", transfer.request_id));
     r = it->second;
-    if (r->kv_received || r->running)
+    if (r->kv_received)  // a request runs only once its KV was received
       return absl::FailedPreconditionError("KV already received for " + transfer.request_id);
     kv = r->kv;
     ++kv_arriving_;
