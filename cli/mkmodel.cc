@@ -16,7 +16,10 @@ ABSL_FLAG(std::string, preset, "tiny",
           "--config_only).");
 ABSL_FLAG(std::string, out, "", "The directory to write the checkpoint to (created).");
 ABSL_FLAG(int, shards, 1, "Safetensors files to split the weights over (1 to 1000).");
-ABSL_FLAG(std::string, dtype, "BF16", "The weights' dtype: BF16, F16 or F32.");
+ABSL_FLAG(std::string, dtype, "BF16",
+          "The weights' dtype: BF16, F16, F32, or FP8 (F8_E4M3: block-scaled as DeepSeek-V3 "
+          "ships it, config.json's quantization_config set; with --config_only, dummy weights "
+          "are made in FP8).");
 ABSL_FLAG(std::optional<int>, layers, std::nullopt,
           "Layers, when not the preset's: its shapes at another depth (1 to 1000).");
 ABSL_FLAG(bool, rope_parameters, false,
@@ -58,7 +61,12 @@ absl::Status RunMkmodel() {
     return absl::InvalidArgumentError("--shards must lie in [1, 1000]");
   opt.seed = absl::GetFlag(FLAGS_seed).value_or(0);
   opt.num_shards = shards;
-  ASSIGN_OR_RETURN(opt.dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  ASSIGN_OR_RETURN(opt.dtype, ParseDType(dtype == "FP8" || dtype == "fp8" ? "F8_E4M3" : dtype));
+  if (opt.dtype == DType::kF8E4M3) {
+    config.fp8_block_weights = true;
+    RETURN_IF_ERROR(config.Validate("--dtype FP8"));
+  }
   opt.new_rope_form = absl::GetFlag(FLAGS_rope_parameters);
   opt.tokenizer_json = std::string(EmbeddedTokenizerJson(preset).value_or(""));
   if (absl::GetFlag(FLAGS_config_only)) {  // for --load_format dummy: the shapes, no weights

@@ -112,6 +112,15 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const Mod
     return absl::FailedPreconditionError(
         "--load_format dummy generates the weights on a GPU: it needs --device cuda");
   }
+  if (options.fp8_linears && config.fp8_block_weights) {
+    return absl::InvalidArgumentError(
+        "--quantization fp8: the checkpoint is FP8 already (its config.json's "
+        "quantization_config); it runs in FP8 without the flag");
+  }
+  if (options.fp8_linears && !IsCudaDevice(options.device)) {
+    return absl::FailedPreconditionError(
+        "--quantization fp8 computes on FP8 tensor cores: it needs --device cuda");
+  }
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     return cuda->make_attention_backend(config, ckpt, options, with_experts);

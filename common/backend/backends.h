@@ -37,6 +37,9 @@ struct DeviceOptions {
   // CUDA only.
   bool dummy_weights = false;
   uint64_t dummy_seed = 0;
+  // --quantization fp8: a bf16 checkpoint's dense linears quantized at load
+  // to block-scaled FP8 (CUDA only; an FP8 checkpoint runs in FP8 without it).
+  bool fp8_linears = false;
 };
 
 // OK for "cpu", "cuda" and "cuda:N" (N >= 0); INVALID_ARGUMENT otherwise.

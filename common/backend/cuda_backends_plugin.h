@@ -25,7 +25,7 @@
 namespace moesh {
 
 constexpr int kCudaBackendsAbiVersion =
-    6;  // 6: interprocess events on DeviceMemory; 5: KvSequence device blocks
+    7;  // 7: FP8 linears; 6: interprocess events on DeviceMemory; 5: KvSequence device blocks
 constexpr char kCudaBackendsLibrary[] = "libmoesh_cuda_backends.so";
 constexpr char kCudaBackendsSymbol[] = "moesh_cuda_backends_v1";
 

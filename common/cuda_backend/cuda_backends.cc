@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttentionBackend(
   o.gpu_memory_utilization = options.gpu_memory_utilization;
   o.max_num_seqs = options.max_num_seqs;
   o.max_model_len = options.max_model_len;
+  o.fp8_linears = options.fp8_linears;
   o.routed_experts_on_device = with_experts;
   std::unique_ptr<cuda::CudaModel> model;
   if (options.dummy_weights) {

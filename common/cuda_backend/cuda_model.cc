@@ -54,7 +54,8 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::FromHost(const ModelConfig
   ASSIGN_OR_RETURN(Stream stream, Stream::Create());
   ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w,
                    DeviceWeights::FromHost(config, attention,
-                                           options.routed_experts_on_device ? experts : nullptr));
+                                           options.routed_experts_on_device ? experts : nullptr,
+                                           options.fp8_linears || config.fp8_block_weights));
   return Create(config, options, std::move(w), std::move(stream));
 }
 
@@ -64,7 +65,8 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Dummy(const ModelConfig& c
   ASSIGN_OR_RETURN(Stream stream, Stream::Create());
   ASSIGN_OR_RETURN(
       std::unique_ptr<DeviceWeights> w,
-      DeviceWeights::Dummy(config, seed, stream.get(), options.routed_experts_on_device));
+      DeviceWeights::Dummy(config, seed, stream.get(), options.routed_experts_on_device,
+                           options.fp8_linears || config.fp8_block_weights));
   return Create(config, options, std::move(w), std::move(stream));
 }
 
@@ -122,6 +124,7 @@ absl::Status CudaModel::Init() {
   ctx_->max_rows = limits.max_rows;
   ctx_->max_model_len = max_model_len_;
   ctx_->buckets = planner_->buckets();
+  RETURN_IF_ERROR(ctx_->AllocateFp8Scratch());
   ASSIGN_OR_RETURN(ffn_, FfnBlock::Create(*ctx_));
   ASSIGN_OR_RETURN(stack_, MakeLayerStack(*ctx_, ffn_.get()));
 

@@ -27,6 +27,12 @@ struct CudaModelOptions {
   // False: the routed experts are not loaded on this device; every forward
   // pass then takes an ExpertClient (the disaggregated attention worker).
   bool routed_experts_on_device = true;
+  // The dense linears (attention projections, dense and shared-expert MLPs)
+  // in DeepSeek's block-scaled FP8, quantized at load (--quantization fp8);
+  // a checkpoint with an FP8 quantization_config always runs so. The
+  // embedding, lm_head, routers, MLA's absorbed W_UK/W_UV and (for now) the
+  // routed experts stay bf16 (fp32 for the routers).
+  bool fp8_linears = false;
 };
 
 }  // namespace moesh::cuda

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/dtype.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/fp8.h"
 
 namespace moesh::cuda {
 namespace {
@@ -42,6 +43,9 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
   config_ = c;
   using Kind = Slot::Kind;
   auto fan = [](int64_t k) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))); };
+  if (c.layers() == LayerArch::kV4 && fp8_linears_) {
+    return absl::UnimplementedError("FP8 linears are not supported for DeepSeek-V4 yet");
+  }
   if (c.layers() == LayerArch::kV4) {
     q_width_ = c.q_lora_rank;
     shared_intermediate_ = c.n_shared_experts * c.moe_intermediate_size;
@@ -57,8 +61,15 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
   const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim,
                 v = c.v_head_dim;
   q_width_ = c.q_lora_rank > 0 ? c.q_lora_rank : static_cast<int>(heads * qk);
-  qkv_width_ = static_cast<int>(q_width_ + rank + rope +
-                                (c.has_indexer() ? c.indexer.head_dim + c.indexer.n_heads : 0));
+  // FP8: each part of qkv_a on its own 128-row blocks.
+  auto part = [&](int64_t rows) {
+    const int64_t unit = fp8_linears_ ? cpu::kFp8Block : 1;
+    return static_cast<int>((rows + unit - 1) / unit * unit);
+  };
+  kv_col_ = part(q_width_);
+  index_col_ = kv_col_ + part(rank + rope);
+  index_weights_col_ = index_col_ + (c.has_indexer() ? part(c.indexer.head_dim) : 0);
+  qkv_width_ = c.has_indexer() ? index_weights_col_ + c.indexer.n_heads : kv_col_ + rank + rope;
   shared_intermediate_ = c.n_shared_experts * c.moe_intermediate_size;
   layers_.assign(c.num_hidden_layers, DeviceLayerWeights{});
   auto add = [&](auto** target, size_t count, float scale, float offset = 0.0f,
@@ -68,10 +79,10 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
     DeviceLayerWeights& w = layers_[l];
     add(&w.input_norm, h, 0.05f, 1.0f);
     add(&w.post_norm, h, 0.05f, 1.0f);
-    add(&w.qkv_a, static_cast<size_t>(qkv_width_) * h, fan(h));
+    AddLinear(slots, &w.qkv_a, qkv_width_, h, fan(h));
     if (c.q_lora_rank > 0) {
       add(&w.q_a_norm, c.q_lora_rank, 0.05f, 1.0f);
-      add(&w.q_b, heads * qk * c.q_lora_rank, fan(c.q_lora_rank));
+      AddLinear(slots, &w.q_b, heads * qk, c.q_lora_rank, fan(c.q_lora_rank));
     }
     if (c.has_indexer()) {
       add(&w.index_wq_b,
@@ -83,11 +94,11 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
     add(&w.kv_a_norm, rank, 0.05f, 1.0f);
     add(&w.w_uk_t, heads * rank * nope, fan(nope));
     add(&w.w_uv, heads * v * rank, fan(rank));
-    add(&w.o_proj, h * heads * v, fan(heads * v));
+    AddLinear(slots, &w.o_proj, h, heads * v, fan(heads * v));
     w.is_moe = c.IsMoeLayer(l);
     if (!w.is_moe) {
-      add(&w.dense_gate_up, 2 * static_cast<int64_t>(c.intermediate_size) * h, fan(h));
-      add(&w.dense_down, h * c.intermediate_size, fan(c.intermediate_size));
+      AddLinear(slots, &w.dense_gate_up, 2 * static_cast<int64_t>(c.intermediate_size), h, fan(h));
+      AddLinear(slots, &w.dense_down, h, c.intermediate_size, fan(c.intermediate_size));
       continue;
     }
     AddMoe(c, c.topk_method == TopkMethod::kNoauxTc, &w, slots);
@@ -105,8 +116,8 @@ void DeviceWeights::AddMoe(const ModelConfig& c, bool router_bias, DeviceLayerWe
   Add(slots, &w->router, e * h, fan(h));
   if (router_bias) Add(slots, &w->router_bias, e, 0.01f);
   if (shared_intermediate_ > 0) {
-    Add(slots, &w->shared_gate_up, 2 * static_cast<int64_t>(shared_intermediate_) * h, fan(h));
-    Add(slots, &w->shared_down, h * shared_intermediate_, fan(shared_intermediate_));
+    AddLinear(slots, &w->shared_gate_up, 2 * static_cast<int64_t>(shared_intermediate_), h, fan(h));
+    AddLinear(slots, &w->shared_down, h, shared_intermediate_, fan(shared_intermediate_));
   }
   if (routed_experts_) {
     Add(slots, &w->experts_gate_up, e * 2 * inter * h, fan(h), 0.0f, Slot::Kind::kExpert);
@@ -114,18 +125,70 @@ void DeviceWeights::AddMoe(const ModelConfig& c, bool router_bias, DeviceLayerWe
   }
 }
 
+size_t DeviceWeights::Slot::Bytes() const { return count * (f32 ? 4 : (fp8 ? 1 : 2)); }
+
+void DeviceWeights::AddLinear(std::vector<Slot>* slots, DeviceLinear* target, int64_t n, int64_t k,
+                              float scale) {
+  Slot s;
+  s.target = &target->w;
+  s.count = static_cast<size_t>(n) * k;
+  s.scale = scale;
+  s.kind = Slot::Kind::kLinear;
+  s.n = n, s.k = k;
+  s.fp8 = fp8_linears_;
+  if (s.fp8) {
+    s.scale_target = &target->scale;
+    max_fp8_k_ = std::max<int>(max_fp8_k_, static_cast<int>(k));
+    max_fp8_n_ = std::max<int>(max_fp8_n_, static_cast<int>(n));
+  }
+  slots->push_back(s);
+}
+
+absl::Status DeviceWeights::UploadLinear(const DeviceLinear& dst, const float* src, int64_t n,
+                                         int64_t k, std::vector<uint16_t>* staging) {
+  if (!dst.fp8()) return UploadBf16(static_cast<bf16*>(dst.w), src, n * k, staging);
+  const size_t count = static_cast<size_t>(n) * k;
+  if (upload_f32_.size() < count) {
+    ASSIGN_OR_RETURN(upload_f32_, DeviceBuffer<float>::Create(count));
+  }
+  RETURN_IF_ERROR(UploadWords(upload_f32_.get(), src, count));
+  QuantizeFp8BlocksParams p;
+  p.w_f32 = upload_f32_.get(), p.q = static_cast<uint8_t*>(dst.w), p.scale = dst.scale;
+  p.n = static_cast<int>(n), p.k = static_cast<int>(k);
+  RETURN_IF_ERROR(RunQuantizeFp8Blocks(p));
+  return CudaStatus(cudaDeviceSynchronize(), "quantizing a linear to FP8");
+}
+
 absl::Status DeviceWeights::Place(const ModelConfig& c, const std::vector<Slot>& slots_in) {
   const std::vector<Slot>* slots = &slots_in;
   const int64_t h = c.hidden_size;
+  auto aligned = [](size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
+  auto scale_bytes = [](const Slot& s) {
+    return s.fp8 ? static_cast<size_t>(cpu::Fp8Blocks(static_cast<int>(s.n))) *
+                       Fp8ScaleStride(static_cast<int>(s.k)) * sizeof(float)
+                 : 0;
+  };
   size_t total = 0;
-  for (const Slot& s : *slots) total += (s.count * (s.f32 ? 4 : 2) + kAlign - 1) / kAlign * kAlign;
+  for (const Slot& s : *slots) {
+    if (s.fp8 && s.k % 16 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FP8 linears need input widths that are multiples of 16; this model has a "
+                       "linear [",
+                       s.n, ", ", s.k, "]"));
+    }
+    total += aligned(s.Bytes()) + aligned(scale_bytes(s));
+  }
   ASSIGN_OR_RETURN(arena_, DeviceBuffer<uint8_t>::Create(total));
   size_t at = 0;
   for (const Slot& s : *slots) {
-    const size_t bytes = s.count * (s.f32 ? 4 : 2);
     *s.target = arena_.get() + at;
-    at += (bytes + kAlign - 1) / kAlign * kAlign;
-    if (s.kind == Slot::Kind::kOther) dense_bytes_ += bytes;
+    at += aligned(s.Bytes());
+    if (s.fp8) {
+      *s.scale_target = reinterpret_cast<float*>(arena_.get() + at);
+      at += aligned(scale_bytes(s));
+    }
+    if (s.kind == Slot::Kind::kOther || s.kind == Slot::Kind::kLinear)
+      dense_bytes_ += s.Bytes() + scale_bytes(s);
   }
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
@@ -143,11 +206,14 @@ double DeviceWeights::StepWeightBytes(int64_t experts_touched, int tokens) const
 absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Dummy(const ModelConfig& config,
                                                                     uint64_t seed,
                                                                     cudaStream_t stream,
-                                                                    bool routed_experts) {
+                                                                    bool routed_experts,
+                                                                    bool fp8_linears) {
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
   w->routed_experts_ = routed_experts;
+  w->fp8_linears_ = fp8_linears;
   std::vector<Slot> slots;
   RETURN_IF_ERROR(w->Allocate(config, &slots));
+  DeviceBuffer<bf16> values;  // an FP8 linear's before quantization
   for (size_t i = 0; i < slots.size(); ++i) {
     const Slot& s = slots[i];
     const uint64_t sseed = seed * 1000003ull + i;
@@ -164,6 +230,15 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Dummy(const ModelC
     } else if (s.f32) {
       RETURN_IF_ERROR(
           FillUniform(static_cast<float*>(*s.target), s.count, sseed, s.scale, s.offset, stream));
+    } else if (s.fp8) {  // bf16 values, quantized
+      if (values.size() < s.count) {
+        ASSIGN_OR_RETURN(values, DeviceBuffer<bf16>::Create(s.count));
+      }
+      RETURN_IF_ERROR(FillUniform(values.get(), s.count, sseed, s.scale, s.offset, stream));
+      QuantizeFp8BlocksParams p;
+      p.w_bf16 = values.get(), p.q = static_cast<uint8_t*>(*s.target), p.scale = *s.scale_target;
+      p.n = static_cast<int>(s.n), p.k = static_cast<int>(s.k), p.stream = stream;
+      RETURN_IF_ERROR(RunQuantizeFp8Blocks(p));
     } else {
       RETURN_IF_ERROR(
           FillUniform(static_cast<bf16*>(*s.target), s.count, sseed, s.scale, s.offset, stream));
@@ -174,9 +249,11 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Dummy(const ModelC
 }
 
 absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(
-    const ModelConfig& c, const AttentionWeights& a, const ExpertShardWeights* experts) {
+    const ModelConfig& c, const AttentionWeights& a, const ExpertShardWeights* experts,
+    bool fp8_linears) {
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
   w->routed_experts_ = experts != nullptr;
+  w->fp8_linears_ = fp8_linears;
   std::vector<Slot> slots;
   RETURN_IF_ERROR(w->Allocate(c, &slots));
   if (c.layers() == LayerArch::kV4) {
@@ -205,8 +282,10 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(
     const std::vector<float>& q_src = c.q_lora_rank > 0 ? src.q_a_proj : src.q_proj;
     RETURN_IF_ERROR(CheckSize(q_src, w->q_width_ * h, name + "q projection"));
     RETURN_IF_ERROR(CheckSize(src.kv_a_proj, (rank + rope) * h, name + "kv_a_proj_with_mqa"));
-    tmp = q_src;
-    tmp.insert(tmp.end(), src.kv_a_proj.begin(), src.kv_a_proj.end());
+    // The parts at their rows (zeros between them, FP8 only).
+    tmp.assign(static_cast<size_t>(w->qkv_width_) * h, 0.0f);
+    std::copy(q_src.begin(), q_src.end(), tmp.begin());
+    std::copy(src.kv_a_proj.begin(), src.kv_a_proj.end(), tmp.begin() + w->kv_col_ * h);
     if (c.has_indexer()) {
       const int64_t ni = c.indexer.n_heads, di = c.indexer.head_dim;
       RETURN_IF_ERROR(CheckSize(src.indexer_wk, di * h, name + "indexer.wk"));
@@ -214,19 +293,21 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(
       RETURN_IF_ERROR(CheckSize(src.indexer_wq_b, ni * di * c.q_lora_rank, name + "indexer.wq_b"));
       RETURN_IF_ERROR(CheckSize(src.indexer_k_norm, di, name + "indexer.k_norm"));
       RETURN_IF_ERROR(CheckSize(src.indexer_k_norm_bias, di, name + "indexer.k_norm bias"));
-      tmp.insert(tmp.end(), src.indexer_wk.begin(), src.indexer_wk.end());
-      tmp.insert(tmp.end(), src.indexer_weights_proj.begin(), src.indexer_weights_proj.end());
+      std::copy(src.indexer_wk.begin(), src.indexer_wk.end(), tmp.begin() + w->index_col_ * h);
+      std::copy(src.indexer_weights_proj.begin(), src.indexer_weights_proj.end(),
+                tmp.begin() + w->index_weights_col_ * h);
       RETURN_IF_ERROR(
           UploadBf16(dst.index_wq_b, src.indexer_wq_b.data(), src.indexer_wq_b.size(), &staging));
       RETURN_IF_ERROR(UploadWords(dst.index_k_norm, src.indexer_k_norm.data(), di));
       RETURN_IF_ERROR(UploadWords(dst.index_k_bias, src.indexer_k_norm_bias.data(), di));
     }
-    RETURN_IF_ERROR(UploadBf16(dst.qkv_a, tmp.data(), tmp.size(), &staging));
+    RETURN_IF_ERROR(w->UploadLinear(dst.qkv_a, tmp.data(), w->qkv_width_, h, &staging));
     if (c.q_lora_rank > 0) {
       RETURN_IF_ERROR(CheckSize(src.q_a_layernorm, c.q_lora_rank, name + "q_a_layernorm"));
       RETURN_IF_ERROR(UploadBf16(dst.q_a_norm, src.q_a_layernorm.data(), c.q_lora_rank, &staging));
       RETURN_IF_ERROR(CheckSize(src.q_b_proj, heads * qk * c.q_lora_rank, name + "q_b_proj"));
-      RETURN_IF_ERROR(UploadBf16(dst.q_b, src.q_b_proj.data(), src.q_b_proj.size(), &staging));
+      RETURN_IF_ERROR(
+          w->UploadLinear(dst.q_b, src.q_b_proj.data(), heads * qk, c.q_lora_rank, &staging));
     }
     RETURN_IF_ERROR(CheckSize(src.kv_a_layernorm, rank, name + "kv_a_layernorm"));
     RETURN_IF_ERROR(UploadBf16(dst.kv_a_norm, src.kv_a_layernorm.data(), rank, &staging));
@@ -246,14 +327,16 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(
     }
     RETURN_IF_ERROR(UploadBf16(dst.w_uv, tmp.data(), tmp.size(), &staging));
     RETURN_IF_ERROR(CheckSize(src.o_proj, h * heads * v, name + "o_proj"));
-    RETURN_IF_ERROR(UploadBf16(dst.o_proj, src.o_proj.data(), src.o_proj.size(), &staging));
+    RETURN_IF_ERROR(w->UploadLinear(dst.o_proj, src.o_proj.data(), h, heads * v, &staging));
     if (!dst.is_moe) {
       const MlpWeights& m = src.dense_mlp;
       RETURN_IF_ERROR(CheckSize(m.gate_up, 2 * static_cast<int64_t>(c.intermediate_size) * h,
                                 name + "mlp gate_up"));
       RETURN_IF_ERROR(CheckSize(m.down, h * c.intermediate_size, name + "mlp down"));
-      RETURN_IF_ERROR(UploadBf16(dst.dense_gate_up, m.gate_up.data(), m.gate_up.size(), &staging));
-      RETURN_IF_ERROR(UploadBf16(dst.dense_down, m.down.data(), m.down.size(), &staging));
+      RETURN_IF_ERROR(w->UploadLinear(dst.dense_gate_up, m.gate_up.data(),
+                                      2 * static_cast<int64_t>(c.intermediate_size), h, &staging));
+      RETURN_IF_ERROR(
+          w->UploadLinear(dst.dense_down, m.down.data(), h, c.intermediate_size, &staging));
       continue;
     }
     RETURN_IF_ERROR(w->UploadMoe(c, l, src, &staging));
@@ -265,6 +348,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(
     RETURN_IF_ERROR(CheckSize(a.lm_head, c.vocab_size * h, "lm_head"));
     RETURN_IF_ERROR(UploadBf16(w->lm_head_, a.lm_head.data(), a.lm_head.size(), &staging));
   }
+  w->upload_f32_ = DeviceBuffer<float>();
   return w;
 }
 
@@ -279,13 +363,14 @@ absl::Status DeviceWeights::UploadMoe(const ModelConfig& c, int l, const Attenti
     RETURN_IF_ERROR(CheckSize(src.gate_bias, ne, name + "e_score_correction_bias"));
     RETURN_IF_ERROR(UploadF32(dst.router_bias, src.gate_bias));
   }
-  if (dst.shared_gate_up != nullptr) {
+  if (dst.shared_gate_up.w != nullptr) {
     const MlpWeights& m = src.shared_experts;
     RETURN_IF_ERROR(CheckSize(m.gate_up, 2 * static_cast<int64_t>(shared_intermediate_) * h,
                               name + "shared gate_up"));
     RETURN_IF_ERROR(CheckSize(m.down, h * shared_intermediate_, name + "shared down"));
-    RETURN_IF_ERROR(UploadBf16(dst.shared_gate_up, m.gate_up.data(), m.gate_up.size(), staging));
-    RETURN_IF_ERROR(UploadBf16(dst.shared_down, m.down.data(), m.down.size(), staging));
+    RETURN_IF_ERROR(UploadLinear(dst.shared_gate_up, m.gate_up.data(),
+                                 2 * static_cast<int64_t>(shared_intermediate_), h, staging));
+    RETURN_IF_ERROR(UploadLinear(dst.shared_down, m.down.data(), h, shared_intermediate_, staging));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,10 @@
 // A DeepSeek V2/V3/V3.2/V4 model's weights on the device, bf16 (the router in fp32),
 // in one cudaMalloc arena, laid out for the CUDA forward pass:
-//   * q_a (or q_proj) and kv_a_proj_with_mqa stacked into one GEMM;
+//   * the dense linears (DeviceLinear) in bf16, or with `fp8_linears` in
+//     DeepSeek's block-scaled FP8 (e4m3, a float32 scale per 128 x 128 block,
+//     quantized on the device at load: --quantization fp8, FP8 checkpoints);
+//   * q_a (or q_proj) and kv_a_proj_with_mqa stacked into one GEMM (in FP8
+//     each part starts at a multiple of 128 rows, so its blocks are its own);
 //   * kv_b_proj split into W_UK^T per head (absorbed into the query) and
 //     W_UV per head (applied to the attention output);
 //   * each MoE layer's routed experts stacked [E, ...] for the grouped GEMM.
@@ -30,27 +34,36 @@ absl::Status UploadWords(void* dst, const void* src, size_t n);
 // INVALID_ARGUMENT naming `what` unless v.size() == n.
 absl::Status CheckSize(const std::vector<float>& v, size_t n, const std::string& what);
 
+// A linear layer's weight, nn.Linear's [n, k]: bf16, or e4m3 codes with
+// scales laid out as kernels/cuda/params.h's Fp8GemmParams::w_scale.
+struct DeviceLinear {
+  void* w = nullptr;       // bf16 or e4m3 [n, k]
+  float* scale = nullptr;  // [Fp8Blocks(n), Fp8ScaleStride(k)]; null: w is bf16
+  bool fp8() const { return scale != nullptr; }
+};
+
 struct DeviceLayerWeights {
   bf16* input_norm = nullptr;  // [hidden]
   bf16* post_norm = nullptr;   // [hidden]
   // [qkv_width, hidden]: q_a_proj (q_width = q_lora_rank) or q_proj
-  // (q_width = heads * qk_head_dim), then kv_a_proj_with_mqa (kv_lora_rank +
-  // rope), then for V3.2 the indexer's wk (index_head_dim) and weights_proj
-  // (index_n_heads).
-  bf16* qkv_a = nullptr;
+  // (q_width = heads * qk_head_dim), then from row kv_col kv_a_proj_with_mqa
+  // (kv_lora_rank + rope), then for V3.2 from index_col the indexer's wk
+  // (index_head_dim) and from index_weights_col its weights_proj
+  // (index_n_heads); rows between the parts (FP8 only) are zero.
+  DeviceLinear qkv_a;
   bf16* q_a_norm = nullptr;   // [q_lora_rank]; iff q_lora_rank > 0
-  bf16* q_b = nullptr;        // [heads * qk_head_dim, q_lora_rank]; iff q_lora_rank > 0
+  DeviceLinear q_b;           // [heads * qk_head_dim, q_lora_rank]; iff q_lora_rank > 0
   bf16* kv_a_norm = nullptr;  // [kv_lora_rank]
   bf16* w_uk_t = nullptr;     // [heads, kv_lora_rank, qk_nope_head_dim]
   bf16* w_uv = nullptr;       // [heads, v_head_dim, kv_lora_rank]
-  bf16* o_proj = nullptr;     // [hidden, heads * v_head_dim]
+  DeviceLinear o_proj;        // [hidden, heads * v_head_dim]
   bool is_moe = false;
-  bf16* dense_gate_up = nullptr;   // [2 * intermediate, hidden]; iff !is_moe
-  bf16* dense_down = nullptr;      // [hidden, intermediate]
-  float* router = nullptr;         // [n_routed_experts, hidden]; iff is_moe
-  float* router_bias = nullptr;    // [n_routed_experts]; may be null
-  bf16* shared_gate_up = nullptr;  // [2 * shared_intermediate, hidden]; null iff no shared experts
-  bf16* shared_down = nullptr;     // [hidden, shared_intermediate]
+  DeviceLinear dense_gate_up;    // [2 * intermediate, hidden]; iff !is_moe
+  DeviceLinear dense_down;       // [hidden, intermediate]
+  float* router = nullptr;       // [n_routed_experts, hidden]; iff is_moe
+  float* router_bias = nullptr;  // [n_routed_experts]; may be null
+  DeviceLinear shared_gate_up;   // [2 * shared_intermediate, hidden]; w null iff no shared experts
+  DeviceLinear shared_down;      // [hidden, shared_intermediate]
   bf16* experts_gate_up =
       nullptr;                   // [E, 2 * moe_intermediate, hidden]; null without routed experts
   bf16* experts_down = nullptr;  // [E, hidden, moe_intermediate]
@@ -93,19 +106,34 @@ class DeviceWeights {
   // REQUIRES: config validated.
   // `experts` null: no routed experts on the device (they run elsewhere,
   // behind an ExpertClient); else it must hold every routed expert.
+  // `fp8_linears`: the DeviceLinears in block-scaled FP8, quantized from the
+  // host's values (an FP8 checkpoint's dequantized ones give its own codes
+  // back); INVALID_ARGUMENT where a linear's input width is not a multiple
+  // of 16, UNIMPLEMENTED for DeepSeek-V4.
   static absl::StatusOr<std::unique_ptr<DeviceWeights>> FromHost(const ModelConfig& config,
                                                                  const AttentionWeights& attention,
-                                                                 const ExpertShardWeights* experts);
+                                                                 const ExpertShardWeights* experts,
+                                                                 bool fp8_linears = false);
   // Uniform random values from `seed`, generated on the device: linear
-  // weights in ±1/sqrt(fan_in), norms in 1 ± 0.05.
+  // weights in ±1/sqrt(fan_in), norms in 1 ± 0.05 (FP8 linears quantized
+  // from such bf16 values).
   static absl::StatusOr<std::unique_ptr<DeviceWeights>> Dummy(const ModelConfig& config,
                                                               uint64_t seed, cudaStream_t stream,
-                                                              bool routed_experts = true);
+                                                              bool routed_experts = true,
+                                                              bool fp8_linears = false);
 
   bool has_routed_experts() const { return routed_experts_; }
 
   int q_width() const { return q_width_; }
   int qkv_width() const { return qkv_width_; }
+  // Where qkv_a's parts start (rows of the weight, columns of its output).
+  int kv_col() const { return kv_col_; }
+  int index_col() const { return index_col_; }
+  int index_weights_col() const { return index_weights_col_; }
+  bool fp8_linears() const { return fp8_linears_; }
+  // The widest input (k) and output (n) of the FP8 linears (0 without).
+  int max_fp8_k() const { return max_fp8_k_; }
+  int max_fp8_n() const { return max_fp8_n_; }
   int shared_intermediate() const { return shared_intermediate_; }
   const DeviceLayerWeights& layer(int l) const { return layers_[l]; }
   const bf16* embed() const { return embed_; }      // [vocab, hidden]
@@ -126,13 +154,23 @@ class DeviceWeights {
  private:
   // One tensor of the arena: where its pointer goes, and how Dummy fills it.
   struct Slot {
-    enum class Kind { kOther, kEmbed, kExpert, kExpertTable };
+    enum class Kind { kOther, kEmbed, kExpert, kExpertTable, kLinear };
     void** target = nullptr;
     size_t count = 0;
     bool f32 = false;  // 4-byte elements (fp32; int32 for kExpertTable)
     float scale = 0.0f, offset = 0.0f;
     Kind kind = Kind::kOther;
+    // kLinear: the weight's shape; in FP8, codes and scales (scale_target).
+    int64_t n = 0, k = 0;
+    bool fp8 = false;
+    float** scale_target = nullptr;
+    size_t Bytes() const;  // the codes' or values' bytes (the scales' apart)
   };
+  // A DeviceLinear [n, k] (FP8 iff fp8_linears_), Dummy's values in ±scale.
+  void AddLinear(std::vector<Slot>* slots, DeviceLinear* target, int64_t n, int64_t k, float scale);
+  // dst = src [n, k] as dst's format holds it, synchronously.
+  absl::Status UploadLinear(const DeviceLinear& dst, const float* src, int64_t n, int64_t k,
+                            std::vector<uint16_t>* staging);
   template <typename T>
   static void Add(std::vector<Slot>* slots, T** target, size_t count, float scale,
                   float offset = 0.0f, Slot::Kind kind = Slot::Kind::kOther) {
@@ -166,7 +204,11 @@ class DeviceWeights {
 
   ModelConfig config_;
   bool routed_experts_ = true;
+  bool fp8_linears_ = false;
   int q_width_ = 0, qkv_width_ = 0;
+  int kv_col_ = 0, index_col_ = 0, index_weights_col_ = 0;
+  int max_fp8_k_ = 0, max_fp8_n_ = 0;
+  DeviceBuffer<float> upload_f32_;  // FromHost's FP8 linears on their way to quantization
   int shared_intermediate_ = 0;
   DeviceBuffer<uint8_t> arena_;
   std::vector<DeviceLayerWeights> layers_;

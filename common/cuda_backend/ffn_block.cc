@@ -79,8 +79,8 @@ absl::Status FfnBlock::Init() {
   return absl::OkStatus();
 }
 
-absl::Status FfnBlock::EnqueueMlp(const bf16* w_gate_up, const bf16* w_down, int inter,
-                                  int num_tokens, const bf16* normed, float* out) {
+absl::Status FfnBlock::EnqueueMlp(const DeviceLinear& w_gate_up, const DeviceLinear& w_down,
+                                  int inter, int num_tokens, const bf16* normed, float* out) {
   const int h = ctx_.config.hidden_size;
   RETURN_IF_ERROR(ctx_.Gemm(normed, h, w_gate_up, mlp_gu_.get(), 2 * inter, num_tokens, 2 * inter,
                             h, OutType::kBf16, false));
@@ -150,7 +150,7 @@ absl::Status FfnBlock::EnqueueMoe(int layer, int num_tokens, const bf16* normed,
   mp.y = moe_out_.get();
   mp.host_offsets = h_expert_offsets_.get(), mp.gemm = ctx_.gemm, mp.stream = s;
   RETURN_IF_ERROR(EnqueueExpertMlp(mp));
-  if (w.shared_gate_up != nullptr) {
+  if (w.shared_gate_up.w != nullptr) {
     RETURN_IF_ERROR(EnqueueMlp(w.shared_gate_up, w.shared_down, ctx_.weights->shared_intermediate(),
                                num_tokens, normed, out));
   }
@@ -178,7 +178,7 @@ absl::Status FfnBlock::RunExternalExperts(int layer, int num_tokens, const bf16*
     } else {
       RETURN_IF_ERROR(dispatch_copied_.Record(s));
     }
-    if (w.shared_gate_up != nullptr) {  // runs while the experts work
+    if (w.shared_gate_up.w != nullptr) {  // runs while the experts work
       RETURN_IF_ERROR(EnqueueMlp(w.shared_gate_up, w.shared_down,
                                  ctx_.weights->shared_intermediate(), num_tokens, normed, out));
     }
@@ -205,7 +205,7 @@ absl::Status FfnBlock::RunExternalExperts(int layer, int num_tokens, const bf16*
                                        cudaMemcpyDeviceToHost, s));
   RETURN_IF_ERROR(dispatch_copied_.Record(s));
   // The shared expert runs on the device while the routed experts are away.
-  if (w.shared_gate_up != nullptr) {
+  if (w.shared_gate_up.w != nullptr) {
     RETURN_IF_ERROR(EnqueueMlp(w.shared_gate_up, w.shared_down, ctx_.weights->shared_intermediate(),
                                num_tokens, normed, out));
   }

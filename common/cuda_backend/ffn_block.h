@@ -36,8 +36,8 @@ class FfnBlock {
     dispatched_ = dispatched;
   }
   // out[T, hidden] += down(SiLU(gate) · up) of normed [T, hidden] (bf16).
-  absl::Status EnqueueMlp(const bf16* w_gate_up, const bf16* w_down, int inter, int num_tokens,
-                          const bf16* normed, float* out);
+  absl::Status EnqueueMlp(const DeviceLinear& w_gate_up, const DeviceLinear& w_down, int inter,
+                          int num_tokens, const bf16* normed, float* out);
   // out += MoE layer `layer` of `normed` (bf16 [T, hidden]; its fp32 copy
   // normed_f32 feeds the router). `experts` null: the experts on this device.
   // The shared expert's MLP is included.

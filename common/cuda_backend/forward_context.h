@@ -42,11 +42,29 @@ struct ForwardContext {
   // embedding), 2 + 2l (after layer l's attention), 3 + 2l (after its FFN).
   std::vector<Event>* profile = nullptr;
 
+  // The FP8 linears' activations, quantized per row per 128 columns (rows
+  // in fours), and the at most three rows past a multiple of four, whose
+  // GEMM writes four (AllocateFp8Scratch sizes them when the weights hold
+  // FP8 linears).
+  struct Fp8Scratch {
+    DeviceBuffer<uint8_t> x, tail_x;      // e4m3 [Fp8Rows(max_tokens) | 4, max_fp8_k]
+    DeviceBuffer<float> x_scale, tail_s;  // [Fp8Blocks(max_fp8_k), Fp8Rows(max_tokens) | 4]
+    DeviceBuffer<float> tail_y;           // [4, max_fp8_n], fp32 or bf16
+  } fp8;
+
   KvPool& kv() const { return store->pool(); }
   int max_blocks_per_seq() const { return in->max_blocks_per_seq; }
   // y[m, n] (+)= x[m, k] · w[n, k]^T on the stream (kernels/cuda/gemm.h).
   absl::Status Gemm(const bf16* x, int ldx, const bf16* w, void* y, int ldy, int m, int n, int k,
                     OutType out, bool accumulate) const;
+  // The same with w in either format: an FP8 w quantizes x on the fly
+  // (kernels/cuda/fp8.h) into the scratch above and runs the block-scaled
+  // GEMM (y's rows m.. untouched).
+  absl::Status Gemm(const bf16* x, int ldx, const DeviceLinear& w, void* y, int ldy, int m, int n,
+                    int k, OutType out, bool accumulate) const;
+  // Sizes `fp8` for max_tokens rows and the weights' FP8 linears (none:
+  // nothing). REQUIRES: weights and max_tokens set.
+  absl::Status AllocateFp8Scratch();
   // Records profiling event `index` iff profiling.
   absl::Status Mark(int index) const;
 };

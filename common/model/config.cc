@@ -58,6 +58,32 @@ absl::Status ParseEos(const Json& j, const std::string& source, std::vector<int>
   return absl::OkStatus();
 }
 
+// quantization_config: DeepSeek's block-scaled FP8 (V3/R1/V3.2 as shipped)
+// is the one this build reads; anything else is refused by name.
+absl::Status ParseQuantization(const Json& q, const std::string& source, bool* fp8) {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": quantization_config ", what,
+        " is not supported (this build reads quant_method fp8, fmt e4m3, weight_block_size "
+        "[128, 128], activation_scheme dynamic)"));
+  };
+  if (!q.is_object()) return bad("(not an object)");
+  auto str = [&](const char* key, const char* want) -> absl::Status {
+    if (!q.contains(key)) return absl::OkStatus();  // DeepSeek's defaults are these
+    if (!q[key].is_string() || q[key].get<std::string>() != want)
+      return bad(absl::StrCat(key, " ", q[key].dump()));
+    return absl::OkStatus();
+  };
+  if (!q.contains("quant_method")) return bad("without quant_method");
+  RETURN_IF_ERROR(str("quant_method", "fp8"));
+  RETURN_IF_ERROR(str("fmt", "e4m3"));
+  RETURN_IF_ERROR(str("activation_scheme", "dynamic"));
+  if (q.contains("weight_block_size") && q["weight_block_size"] != Json::array({128, 128}))
+    return bad(absl::StrCat("weight_block_size ", q["weight_block_size"].dump()));
+  *fp8 = true;
+  return absl::OkStatus();
+}
+
 Json RopeJson(const RopeConfig& r, double partial_rotary_factor) {
   Json j;
   j["rope_type"] = r.type == RopeType::kYarn ? "yarn" : "default";
@@ -131,6 +157,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
     return c;
   }
 
+  if (r.Has("quantization_config"))
+    RETURN_IF_ERROR(
+        config_internal::ParseQuantization(j["quantization_config"], source, &c.fp8_block_weights));
   RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size, /*required=*/true));
   RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true));
   RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size, true));
@@ -310,6 +339,10 @@ absl::Status ModelConfig::Validate(const std::string& source) const {
                                               {"num_hidden_layers", num_hidden_layers},
                                               {"num_attention_heads", num_attention_heads}}));
   RETURN_IF_ERROR(layers() == LayerArch::kV4 ? ValidateV4(source) : ValidateMla(source));
+  if (fp8_block_weights && layers() == LayerArch::kV4) {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": DeepSeek-V4's FP8/MXFP4 weights are not supported yet (BF16 checkpoints are)"));
+  }
   for (int e : eos_token_ids) {
     if (e < 0 || e >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -416,6 +449,12 @@ std::string ModelConfig::ToJson(bool new_rope_form) const {
   j["num_key_value_heads"] = num_attention_heads;
   j["max_position_embeddings"] = max_position_embeddings;
   j["rms_norm_eps"] = rms_norm_eps;
+  if (fp8_block_weights) {
+    j["quantization_config"] = {{"quant_method", "fp8"},
+                                {"fmt", "e4m3"},
+                                {"weight_block_size", {128, 128}},
+                                {"activation_scheme", "dynamic"}};
+  }
   j["q_lora_rank"] = q_lora_rank > 0 ? Json(q_lora_rank) : Json(nullptr);
   j["kv_lora_rank"] = kv_lora_rank;
   j["qk_nope_head_dim"] = qk_nope_head_dim;

@@ -94,6 +94,10 @@ struct ModelConfig {
   int num_attention_heads = 0;
   int max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
+  // quantization_config {quant_method fp8, fmt e4m3, weight_block_size [128,
+  // 128], activation_scheme dynamic} (DeepSeek-V3/R1/V3.2 as shipped): the
+  // linear weights are e4m3 with a `weight_scale_inv` per 128 x 128 block.
+  bool fp8_block_weights = false;
 
   // MLA. q_lora_rank == 0 means q_proj is a plain projection (V2-Lite).
   int q_lora_rank = 0;

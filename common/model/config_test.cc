@@ -336,8 +336,43 @@ INSTANTIATE_TEST_SUITE_P(
                 },
                 "contradicts"},
         BadCase{"qk_head_dim", [](Json& j) { j["qk_head_dim"] = 100; }, "qk_head_dim"},
-        BadCase{"activation", [](Json& j) { j["hidden_act"] = "gelu"; }, "hidden_act"}),
+        BadCase{"activation", [](Json& j) { j["hidden_act"] = "gelu"; }, "hidden_act"},
+        BadCase{"fp8_e5m2",
+                [](Json& j) {
+                  j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}};
+                },
+                "fmt \"e5m2\""},
+        BadCase{
+            "fp8_block_64",
+            [](Json& j) {
+              j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}};
+            },
+            "weight_block_size [64,64]"},
+        BadCase{"awq",
+                [](Json& j) {
+                  j["quantization_config"] = {{"quant_method", "awq"}};
+                },
+                "quant_method \"awq\""},
+        BadCase{
+            "static_activations",
+            [](Json& j) {
+              j["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}};
+            },
+            "activation_scheme"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });
+
+TEST(ConfigTest, ParsesDeepSeekFp8QuantizationConfig) {
+  Json j = V2LiteJson();
+  j["quantization_config"] = Json::parse(R"({"activation_scheme": "dynamic", "fmt": "e4m3",
+      "quant_method": "fp8", "weight_block_size": [128, 128]})");  // DeepSeek-V3's, verbatim
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->fp8_block_weights);
+  absl::StatusOr<ModelConfig> back = ModelConfig::FromJson(c->ToJson(), "round trip");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->fp8_block_weights);
+  EXPECT_FALSE(Parse(V2LiteJson())->fp8_block_weights);
+}
 
 TEST(ConfigTest, NotJson) {
   absl::StatusOr<ModelConfig> c = ModelConfig::FromJson("{not json", "x/config.json");

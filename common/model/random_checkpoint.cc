@@ -12,6 +12,7 @@
 #include "base/status.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
+#include "kernels/cpu/fp8.h"
 
 namespace moesh {
 
@@ -310,11 +311,23 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
   return c;
 }
 
+bool IsFp8Linear(const std::string& name) {
+  if (absl::EndsWith(name, "indexer.weights_proj.weight")) return false;  // bf16 in V3.2
+  return absl::EndsWith(name, "_proj.weight") || absl::EndsWith(name, "_proj_with_mqa.weight") ||
+         absl::EndsWith(name, "indexer.wq_b.weight") || absl::EndsWith(name, "indexer.wk.weight");
+}
+
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                    const RandomCheckpointOptions& options) {
   if (options.dtype != DType::kBF16 && options.dtype != DType::kF16 &&
-      options.dtype != DType::kF32) {
-    return absl::InvalidArgumentError("random checkpoints are written as BF16, F16 or F32");
+      options.dtype != DType::kF32 && options.dtype != DType::kF8E4M3) {
+    return absl::InvalidArgumentError(
+        "random checkpoints are written as BF16, F16, F32 or F8_E4M3 (block-scaled FP8)");
+  }
+  const bool fp8 = options.dtype == DType::kF8E4M3;
+  if (fp8 && config.layers() == LayerArch::kV4) {
+    return absl::UnimplementedError(
+        "DeepSeek-V4's shipped format (FP8 linears, MXFP4 experts) is not written yet; use BF16");
   }
   RETURN_IF_ERROR(MakeDirs(dir));
   std::mt19937_64 rng(options.seed);
@@ -344,25 +357,43 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
     const bool is_bias = absl::EndsWith(spec.name, "e_score_correction_bias") ||
                          absl::EndsWith(spec.name, "k_norm.bias") ||
                          absl::EndsWith(spec.name, "gate.bias");
-    const size_t es = DTypeSize(options.dtype);
+    if (fp8 && IsFp8Linear(spec.name)) {
+      // As DeepSeek ships it: e4m3 codes and a float32 scale per 128 x 128 block.
+      const int rows = static_cast<int>(spec.shape[0]), cols = static_cast<int>(spec.shape[1]);
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) x = options.std * normal(rng);
+      std::vector<uint8_t> codes(v.size());
+      std::vector<float> scales(static_cast<size_t>(cpu::Fp8Blocks(rows)) * cpu::Fp8Blocks(cols));
+      cpu::QuantizeFp8Blocks(v.data(), codes.data(), scales.data(), rows, cols);
+      writer.Add(spec.name, DType::kF8E4M3, spec.shape, std::move(codes));
+      std::vector<uint8_t> sb(scales.size() * sizeof(float));
+      std::memcpy(sb.data(), scales.data(), sb.size());
+      writer.Add(spec.name + "_scale_inv", DType::kF32,
+                 {cpu::Fp8Blocks(rows), cpu::Fp8Blocks(cols)}, std::move(sb));
+      continue;
+    }
+    const DType dtype = fp8 ? DType::kBF16 : options.dtype;
+    const size_t es = DTypeSize(dtype);
     std::vector<uint8_t> bytes(static_cast<size_t>(n) * es);
     for (int64_t i = 0; i < n; ++i) {
       float v = normal(rng);
       v = is_norm ? 1.0f + 0.1f * v : (is_bias ? 0.1f * v : options.std * v);
-      if (options.dtype == DType::kBF16) {
+      if (dtype == DType::kBF16) {
         const uint16_t b = F32ToBf16(v);
         std::memcpy(&bytes[i * es], &b, es);
-      } else if (options.dtype == DType::kF16) {
+      } else if (dtype == DType::kF16) {
         const uint16_t b = F32ToF16(v);
         std::memcpy(&bytes[i * es], &b, es);
       } else {
         std::memcpy(&bytes[i * es], &v, es);
       }
     }
-    writer.Add(spec.name, options.dtype, spec.shape, std::move(bytes));
+    writer.Add(spec.name, dtype, spec.shape, std::move(bytes));
   }
+  ModelConfig written = config;
+  written.fp8_block_weights = fp8;
   RETURN_IF_ERROR(
-      WriteStringToFile(JoinPath(dir, "config.json"), config.ToJson(options.new_rope_form)));
+      WriteStringToFile(JoinPath(dir, "config.json"), written.ToJson(options.new_rope_form)));
   if (!options.tokenizer_json.empty()) {
     RETURN_IF_ERROR(WriteStringToFile(JoinPath(dir, "tokenizer.json"), options.tokenizer_json));
   }

@@ -23,11 +23,19 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& family, const std::s
 struct RandomCheckpointOptions {
   uint64_t seed = 0;
   int num_shards = 1;
-  DType dtype = DType::kBF16;  // kBF16, kF16 or kF32
+  // kBF16, kF16, kF32, or kF8E4M3: DeepSeek-V3's shipped FP8 (IsFp8Linear's
+  // tensors e4m3 with a weight_scale_inv per 128 x 128 block, the rest bf16,
+  // config.json's quantization_config set).
+  DType dtype = DType::kBF16;
   float std = 0.05f;           // weights ~ N(0, std); norms ~ 1 + N(0, 0.1)
   bool new_rope_form = false;  // write rope_parameters instead of rope_theta/rope_scaling
   std::string tokenizer_json;  // written as <dir>/tokenizer.json unless empty
 };
+
+// The tensors DeepSeek-V3/R1/V3.2 ship in block-scaled FP8: every linear
+// projection (attention, dense MLPs, shared and routed experts, the V3.2
+// indexer's wq_b and wk) but the indexer's weights_proj.
+bool IsFp8Linear(const std::string& name);
 
 // Writes <dir>/config.json, the safetensors (one file or shards + index) and, if
 // options.tokenizer_json is set, tokenizer.json.

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 
+#include "base/dtype.h"
 #include "base/file_util.h"
 #include "common/model/model.h"
 #include "common/model/random_checkpoint.h"
@@ -201,6 +202,43 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadCheckpoint>& info) {
       return std::string(info.param.name);
     });
+
+// mkmodel --dtype FP8: the linears as DeepSeek-V3 ships them (e4m3 codes,
+// a weight_scale_inv per 128 x 128 block), the rest bf16; the loader reads
+// them back as codes x scales.
+TEST(WeightsTest, Fp8RandomCheckpointLoads) {
+  const std::string dir = JoinPath(::testing::TempDir(), "weights_test_fp8_random");
+  std::filesystem::remove_all(dir);
+  absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
+  ASSERT_TRUE(c.ok());
+  RandomCheckpointOptions o;
+  o.dtype = DType::kF8E4M3;
+  ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, o).ok());
+  absl::StatusOr<ModelConfig> loaded = ModelConfig::Load(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->fp8_block_weights);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  ASSERT_TRUE(ValidateCheckpoint(*loaded, **ckpt).ok()) << ValidateCheckpoint(*loaded, **ckpt);
+  int fp8 = 0;
+  for (const auto& [name, t] : (*ckpt)->tensors()) {
+    if (t->dtype != DType::kF8E4M3) continue;
+    ++fp8;
+    EXPECT_TRUE(IsFp8Linear(name)) << name;
+    ASSERT_TRUE((*ckpt)->tensors().count(name + "_scale_inv")) << name;
+  }
+  EXPECT_GT(fp8, 0);
+  const std::string o_proj = "model.layers.0.self_attn.o_proj.weight";
+  const TensorView* codes = (*ckpt)->tensors().at(o_proj);
+  ASSERT_EQ(codes->dtype, DType::kF8E4M3);
+  absl::StatusOr<std::vector<float>> w =
+      ReadTensorF32(**ckpt, o_proj, {codes->shape[0], codes->shape[1]});
+  ASSERT_TRUE(w.ok()) << w.status();
+  const float scale =
+      *reinterpret_cast<const float*>((*ckpt)->tensors().at(o_proj + "_scale_inv")->data);
+  EXPECT_EQ((*w)[0], F8E4M3ToF32(codes->data[0]) * scale);
+  EXPECT_TRUE(AttentionWeights::Load(*loaded, **ckpt).ok());
+}
 
 TEST(WeightsTest, Fp8BlockScalesDequantise) {
   const std::string dir = FreshTinyCheckpoint("fp8");

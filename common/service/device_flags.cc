@@ -17,6 +17,11 @@ ABSL_FLAG(
     "auto: the checkpoint's weights; dummy: random weights made on the GPU from config.json alone "
     "(benchmarks at real shapes; --device cuda).");
 
+ABSL_FLAG(std::string, quantization, "",
+          "fp8: quantize a bf16 checkpoint's dense linears to DeepSeek's block-scaled FP8 at load "
+          "(128 x 128 weight blocks, activations per token per 128 channels; --device cuda). "
+          "Empty: the checkpoint's own format (an FP8 checkpoint runs in FP8).");
+
 namespace moesh {
 
 absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
@@ -35,6 +40,16 @@ absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
     return absl::InvalidArgumentError("--load_format must be auto or dummy, not \"" + load + "\"");
   }
   o.dummy_weights = load == "dummy";
+  const std::string quantization = absl::GetFlag(FLAGS_quantization);
+  if (!quantization.empty() && quantization != "fp8") {
+    return absl::InvalidArgumentError("--quantization must be fp8 or empty, not \"" + quantization +
+                                      "\"");
+  }
+  o.fp8_linears = quantization == "fp8";
+  if (o.fp8_linears && !IsCudaDevice(o.device)) {
+    return absl::InvalidArgumentError(
+        "--quantization fp8 computes on FP8 tensor cores: it needs --device cuda");
+  }
   if (o.dummy_weights && !IsCudaDevice(o.device)) {
     return absl::InvalidArgumentError(
         "--load_format dummy generates the weights on a GPU: it needs --device cuda");

@@ -48,6 +48,7 @@ void AppendArgs(const DeviceOptions& o, std::vector<std::string>* args) {
   AddFlag(args, "gpu_memory_utilization", o.gpu_memory_utilization, d.gpu_memory_utilization);
   AddFlag(args, "max_model_len", o.max_model_len, d.max_model_len);
   AddFlag<std::string>(args, "load_format", o.dummy_weights ? "dummy" : "auto", "auto");
+  AddFlag<std::string>(args, "quantization", o.fp8_linears ? "fp8" : "", "");
 }
 
 }  // namespace moesh

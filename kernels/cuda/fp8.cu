@@ -46,7 +46,62 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// One CTA per 128 x 128 block: thread t walks column t % 128 of every other
+// row (coalesced), the block's max magnitude by a CTA reduction, then a
+// second pass writes the codes.
+constexpr int kBlockThreads = 256;
+
+__device__ __forceinline__ float Widen(const float* w, int64_t i) { return w[i]; }
+__device__ __forceinline__ float Widen(const bf16* w, int64_t i) { return __bfloat162float(w[i]); }
+
+template <typename T>
+__global__ void __launch_bounds__(kBlockThreads)
+    QuantizeFp8BlocksKernel(const T* __restrict__ w, uint8_t* __restrict__ q,
+                            float* __restrict__ scale, int n, int k, int scale_stride) {
+  __shared__ float warp_max[kBlockThreads / 32];
+  const int bj = blockIdx.y, b = blockIdx.x;
+  const int c = b * cpu::kFp8Block + (threadIdx.x % cpu::kFp8Block);
+  const int r0 = bj * cpu::kFp8Block + threadIdx.x / cpu::kFp8Block;
+  const int r1 = min(n, (bj + 1) * cpu::kFp8Block);
+  constexpr int kRowStep = kBlockThreads / cpu::kFp8Block;
+  float amax = 0.0f;
+  if (c < k) {
+    for (int r = r0; r < r1; r += kRowStep)
+      amax = fmaxf(amax, fabsf(Widen(w, static_cast<int64_t>(r) * k + c)));
+  }
+  amax = WarpMax(amax);
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = kMinAmax;
+#pragma unroll
+  for (int i = 0; i < kBlockThreads / 32; ++i) amax = fmaxf(amax, warp_max[i]);
+  const float s = amax / cpu::kFp8Max;  // IEEE division, as the reference
+  if (threadIdx.x == 0) scale[static_cast<int64_t>(bj) * scale_stride + b] = s;
+  if (c >= k) return;
+  for (int r = r0; r < r1; r += kRowStep) {
+    const int64_t at = static_cast<int64_t>(r) * k + c;
+    q[at] =
+        static_cast<uint8_t>(__nv_cvt_float_to_fp8(Widen(w, at) / s, __NV_SATFINITE, __NV_E4M3));
+  }
+}
+
 }  // namespace
+
+absl::Status RunQuantizeFp8Blocks(const QuantizeFp8BlocksParams& p) {
+  if (p.n <= 0 || p.k <= 0 || (p.w_f32 == nullptr) == (p.w_bf16 == nullptr) || !p.q || !p.scale) {
+    return absl::InvalidArgumentError(absl::StrCat("RunQuantizeFp8Blocks: n ", p.n, ", k ", p.k,
+                                                   ": need n, k > 0, one input, q and scale"));
+  }
+  const dim3 grid(cpu::Fp8Blocks(p.k), cpu::Fp8Blocks(p.n));
+  if (p.w_f32) {
+    QuantizeFp8BlocksKernel<<<grid, kBlockThreads, 0, p.stream>>>(p.w_f32, p.q, p.scale, p.n, p.k,
+                                                                  Fp8ScaleStride(p.k));
+  } else {
+    QuantizeFp8BlocksKernel<<<grid, kBlockThreads, 0, p.stream>>>(p.w_bf16, p.q, p.scale, p.n, p.k,
+                                                                  Fp8ScaleStride(p.k));
+  }
+  return LaunchStatus("QuantizeFp8BlocksKernel");
+}
 
 absl::Status RunQuantizeFp8(const QuantizeFp8Params& p) {
   const int ldx = p.ldx ? p.ldx : p.k;

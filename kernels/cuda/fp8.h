@@ -1,5 +1,6 @@
 // DeepSeek's block-scaled FP8 on the GPU: the activations' on-the-fly
-// quantization (per row per 128 columns). The block-scaled GEMM itself is
+// quantization (per row per 128 columns) and the weights' (per 128 x 128
+// block, at load). The block-scaled GEMM itself is
 // cuBLASLt's (CublasGemm::RunFp8, gemm.h). Reference: kernels/cpu/fp8.h.
 #ifndef MOESH_KERNELS_CUDA_FP8_H_
 #define MOESH_KERNELS_CUDA_FP8_H_
@@ -12,6 +13,9 @@ namespace moesh::cuda {
 // INVALID_ARGUMENT unless m >= 0, k > 0 a multiple of 16 (cuBLASLt's FP8
 // GEMM needs it too), ldx >= k a multiple of 8, x 16-byte aligned.
 absl::Status RunQuantizeFp8(const QuantizeFp8Params& p);
+
+// INVALID_ARGUMENT unless n, k > 0, exactly one input, q and scale set.
+absl::Status RunQuantizeFp8Blocks(const QuantizeFp8BlocksParams& p);
 
 }  // namespace moesh::cuda
 

@@ -60,6 +60,54 @@ TEST(Fp8Test, QuantizeMatchesTheCpuBitForBit) {
   EXPECT_EQ(RunQuantizeFp8(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(Fp8Test, WeightBlockQuantizeMatchesTheCpuBitForBit) {
+  MOESH_REQUIRE_GPU();
+  struct Case {
+    int n, k;
+  };
+  for (const Case& c : {Case{128, 128}, Case{576, 2048}, Case{200, 1552}, Case{1, 16}}) {
+    for (const bool f32 : {true, false}) {
+      const uint32_t seed = t::FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << "n=" << c.n << " k=" << c.k << " f32=" << f32 << " seed=" << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> w = t::Randn(static_cast<size_t>(c.n) * c.k, rng, 0.05f);
+      w[0] = 3.0f;  // one outlier: its block's scale, no other's
+      if (!f32) w = t::ToFloats(t::ToBf16Rounding(w));
+      const int stride = Fp8ScaleStride(c.k);
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dq, DeviceBuffer<uint8_t>::Create(w.size()));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto ds,
+                                 DeviceBuffer<float>::Create(size_t{1} * Fp8Blocks(c.n) * stride));
+      MOESH_ASSERT_OK(t::Poison(dq));
+      MOESH_ASSERT_OK(t::Poison(ds));
+      QuantizeFp8BlocksParams p;
+      p.q = dq.get(), p.scale = ds.get(), p.n = c.n, p.k = c.k;
+      DeviceBuffer<float> dw32;
+      DeviceBuffer<bf16> dw16;
+      if (f32) {
+        MOESH_ASSERT_OK_AND_ASSIGN(dw32, t::Upload(w));
+        p.w_f32 = dw32.get();
+      } else {
+        MOESH_ASSERT_OK_AND_ASSIGN(dw16, t::Upload(t::ToBf16Rounding(w)));
+        p.w_bf16 = dw16.get();
+      }
+      MOESH_ASSERT_OK(RunQuantizeFp8Blocks(p));
+      MOESH_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> q, dq.ToHost());
+      MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> s, ds.ToHost());
+      std::vector<uint8_t> ref_q(w.size());
+      std::vector<float> ref_s(static_cast<size_t>(Fp8Blocks(c.n)) * Fp8Blocks(c.k));
+      cpu::QuantizeFp8Blocks(w.data(), ref_q.data(), ref_s.data(), c.n, c.k);
+      EXPECT_EQ(q, ref_q);
+      for (int j = 0; j < Fp8Blocks(c.n); ++j)
+        for (int b = 0; b < Fp8Blocks(c.k); ++b)
+          ASSERT_EQ(s[j * stride + b], ref_s[j * Fp8Blocks(c.k) + b]) << j << "," << b;
+    }
+  }
+  QuantizeFp8BlocksParams bad;
+  bad.n = 1, bad.k = 16;  // no input
+  EXPECT_EQ(RunQuantizeFp8Blocks(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Fp8Test, BlockScaledGemmMatchesTheCpu) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(auto gemm, CublasGemm::Create());
@@ -109,6 +157,12 @@ TEST(Fp8Test, BlockScaledGemmMatchesTheCpu) {
       p.y = dy.get();
       MOESH_ASSERT_OK(gemm->RunFp8(p));
       MOESH_ASSERT_OK_AND_ASSIGN(out, dy.ToHost());
+      // y += the same product: twice the first result (a residual add).
+      p.accumulate = true;
+      MOESH_ASSERT_OK(gemm->RunFp8(p));
+      MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> twice, dy.ToHost());
+      for (size_t i = 0; i < out.size(); ++i) twice[i] -= out[i];
+      EXPECT_LE(t::RelErr(twice, out), 1e-6) << "accumulate";
     } else {
       MOESH_ASSERT_OK_AND_ASSIGN(auto dy, DeviceBuffer<bf16>::Create(rows * c.n));
       MOESH_ASSERT_OK(t::Poison(dy));

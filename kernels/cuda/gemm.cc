@@ -219,6 +219,7 @@ absl::Status CublasGemm::RunFp8(const Fp8GemmParams& p) {
   s.m = Fp8Rows(p.m), s.n = p.n, s.k = p.k, s.ldx = p.k, s.ldw = p.k, s.ldy = ldy;
   s.fp8_block_scaled = true;
   s.out_type = p.out_type;
+  s.accumulate = p.accumulate;
   s.align_x = AlignmentOf(p.x, 0, 1), s.align_w = AlignmentOf(p.w, 0, 1),
   s.align_y = AlignmentOf(p.y, 0, 1);
   if (s.align_x < 16 || s.align_w < 16 || s.align_y < 16 ||

@@ -57,7 +57,8 @@ struct Fp8GemmParams {
   void* y = nullptr;  // [Fp8Rows(m), ldy], bf16 or fp32 per out_type
   OutType out_type = OutType::kBf16;
   int m = 0, n = 0, k = 0;
-  int ldy = 0;  // 0: n
+  int ldy = 0;              // 0: n
+  bool accumulate = false;  // y += instead of y =
   cudaStream_t stream = nullptr;
 };
 // Rows of the FP8 GEMM's activation and output buffers: m rounded up to 4
@@ -75,6 +76,20 @@ struct QuantizeFp8Params {
   float* scale = nullptr;   // [Fp8Blocks(k), Fp8Rows(m)]
   int m = 0, k = 0;
   int ldx = 0;  // 0: k
+  cudaStream_t stream = nullptr;
+};
+
+// q[n, k] = e4m3(w / scale) with scale = max(max|w|, 1e-10) / 448 per 128 x
+// 128 block: kernels/cpu/fp8.h's QuantizeFp8Blocks bit for bit (of the fp32
+// values, or of the bf16 ones widened), the scales laid out as
+// Fp8GemmParams::w_scale (the padding columns of a scale row untouched). A
+// weight quantized at load (`--quantization fp8`, dummy FP8 weights).
+struct QuantizeFp8BlocksParams {
+  const float* w_f32 = nullptr;  // [n, k]; exactly one of w_f32, w_bf16
+  const bf16* w_bf16 = nullptr;  // [n, k]
+  uint8_t* q = nullptr;          // e4m3 [n, k]
+  float* scale = nullptr;        // [Fp8Blocks(n), Fp8ScaleStride(k)]
+  int n = 0, k = 0;
   cudaStream_t stream = nullptr;
 };
 

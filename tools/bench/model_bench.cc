@@ -12,7 +12,7 @@
 // embedding rows gathered; the copy bandwidth is a 2 GiB device-to-device
 // cudaMemcpy (bytes read + written) measured first.
 //
-// Usage: cuda_model_bench [--device cuda] [--load-format dummy|auto]
+// Usage: cuda_model_bench [--device cuda] [--load-format dummy|auto] [--quantization fp8]
 //          [--shape v2-lite | --model DIR] [--batch 1,32,128,256] [--context 2048]
 //          [--steps 20] [--warmup 3] [--gpu-memory-utilization 0.9]
 //          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
@@ -50,6 +50,7 @@ struct Flags {
   std::string load_format = "dummy";
   std::string shape = "v2-lite";
   std::string model_dir;
+  std::string quantization;  // "fp8": the dense linears in block-scaled FP8
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
@@ -128,16 +129,20 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     if (it->second != "cuda") return absl::InvalidArgumentError("--device: only cuda");
     kv.erase(it);
   }
-  for (const char* name : {"load-format", "shape", "model"}) {
+  for (const char* name : {"load-format", "shape", "model", "quantization"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
-    std::string& dst = std::string(name) == "load-format" ? f.load_format
-                       : std::string(name) == "shape"     ? f.shape
-                                                          : f.model_dir;
+    const std::string n = name;
+    std::string& dst = n == "load-format" ? f.load_format
+                       : n == "shape"     ? f.shape
+                       : n == "model"     ? f.model_dir
+                                          : f.quantization;
     dst = it->second;
     kv.erase(it);
   }
   if (!kv.empty()) return absl::InvalidArgumentError("unknown flag --" + kv.begin()->first);
+  if (!f.quantization.empty() && f.quantization != "fp8")
+    return absl::InvalidArgumentError("--quantization: fp8 or empty");
   if (f.load_format != "dummy" && f.load_format != "auto") {
     return absl::InvalidArgumentError("--load-format: dummy or auto");
   }
@@ -382,6 +387,7 @@ absl::Status Run(const Flags& f) {
   o.max_num_seqs = std::max(max_batch, f.prefill_seqs);
   o.max_model_len = (std::max(f.context + f.warmup + f.steps + 1, f.prefill_len) + 63) / 64 * 64;
   o.cuda_graphs = f.graphs;
+  o.fp8_linears = f.quantization == "fp8";
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaModel> model;
   if (f.load_format == "auto") {
@@ -393,13 +399,15 @@ absl::Status Run(const Flags& f) {
   const auto t1 = std::chrono::steady_clock::now();
   const ModelConfig& c = model->config();
   std::printf(
-      "model %s (%s weights, %.2f GB bf16): layers %d, hidden %d, heads %d, experts %d top-%d + %d "
+      "model %s (%s weights, %.2f GB, dense linears %s): layers %d, hidden %d, heads %d, experts "
+      "%d top-%d + %d "
       "shared, "
       "vocab %d; KV cache %d blocks (%.1f GB); ready in %.1f s\n",
       f.model_dir.empty() ? f.shape.c_str() : f.model_dir.c_str(), f.load_format.c_str(),
-      model->weights().bytes() / 1e9, c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
-      c.n_routed_experts, c.num_experts_per_tok, c.n_shared_experts, c.vocab_size,
-      model->kv_pool().num_blocks(), model->kv_pool().bytes() / 1e9, Seconds(t0, t1));
+      model->weights().bytes() / 1e9, model->weights().fp8_linears() ? "fp8" : "bf16",
+      c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.n_routed_experts,
+      c.num_experts_per_tok, c.n_shared_experts, c.vocab_size, model->kv_pool().num_blocks(),
+      model->kv_pool().bytes() / 1e9, Seconds(t0, t1));
 
   std::mt19937 rng(static_cast<uint32_t>(f.seed));
   std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);

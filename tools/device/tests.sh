@@ -14,7 +14,9 @@
 #   model     cuda_model_test (the CUDA model's goldens against the CPU engine and
 #             transformers: v2, v3, v4, v4_legacy, v3.2 within index_topk; teacher-forced,
 #             chunked prefill, free-running with graphs), memcheck on the V2-Lite golden and
-#             the bad-steps case, memcheck on the v4 golden.
+#             the bad-steps case, memcheck on the v4 golden; cuda_fp8_model_test (the FP8
+#             linears against the CPU engine on an FP8 checkpoint and under
+#             --quantization fp8, teacher-forced, next to the bf16 path).
 #   services  cuda_backends_test (expert shards and the attention backend against their
 #             references, the KV handoff, the device-resident dispatch, ForwardSample), the
 #             cluster on the GPU against `moesh generate --device cuda`
@@ -38,7 +40,7 @@
 #   kernels:  cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test
 #             cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
 #             [kernel_bench, for the SASS]
-#   model:    cuda_model_test
+#   model:    cuda_model_test cuda_fp8_model_test
 #   services: cuda_backends_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
 #             moesh_expert_worker libmoesh_cuda_backends.so
 #   multi:    transport_test nccl_link_test cuda_backends_test and the services' binaries
@@ -138,6 +140,7 @@ kernels() {
 
 model() {
   test_bin cuda_model_test 150 cuda_model_test
+  test_bin cuda_fp8_model_test 90 cuda_fp8_model_test
   sanitize memcheck_model_v2_lite 90 memcheck cuda_model_test '--gtest_filter=*Golden*/0:*RejectsBadSteps*'
   [[ -z ${MOESH_SKIP_SANITIZERS:-} ]] && has cuda_model_test &&
     step memcheck_v4 120 compute-sanitizer --tool memcheck --error-exitcode 1 $D/bin/cuda_model_test \
@@ -182,6 +185,8 @@ done
 grep -h "boundary cases" "$LOGS/cuda_sample_test.log" 2>/dev/null
 [[ -f $LOGS/cuda_model_test.log ]] &&
   { echo; echo "==== cuda_model_test"; grep -E '^(v2|v3|v4|real widths)|max \|logprob|OK \]|FAILED \]|Failure' "$LOGS/cuda_model_test.log" | head -60; }
+[[ -f $LOGS/cuda_fp8_model_test.log ]] &&
+  { echo; echo "==== cuda_fp8_model_test"; grep -E 'vs the CPU|GPU |OK \]|FAILED \]|Failure|Expected|Which is' "$LOGS/cuda_fp8_model_test.log" | head -40; }
 for f in cluster_grpc cluster_grpc_v2_lite cluster_ipc cluster_v4 cluster_v32 experts_v4 experts_v32 \
          cluster_2gpu_v3 cluster_2gpu_nccl_v3 cluster_2gpu_v2_lite cluster_2gpu_nccl_v2_lite cluster_ipc_2gpu; do
   show "$f" "tokens equal|PASS|FAIL|pipelined"

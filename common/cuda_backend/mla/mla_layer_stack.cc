@@ -71,8 +71,7 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
   const int h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   const int rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim,
             v = c.v_head_dim;
-  const int q_width = ctx_.weights->q_width(), qkv_w = ctx_.weights->qkv_width(),
-            row_w = rank + rope;
+  const int qkv_w = ctx_.weights->qkv_width(), row_w = rank + rope;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   EmbedParams ep;
@@ -118,7 +117,7 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
     sc.num_tokens = t, sc.num_rows = heads, sc.dim = rope, sc.stream = s;
     RETURN_IF_ERROR(RunSliceCopy(sc));
     RopeKvCacheParams kp;
-    kp.kv = qkv_.get() + q_width, kp.kv_ld = qkv_w, kp.kv_norm_weight = w.kv_a_norm,
+    kp.kv = qkv_.get() + ctx_.weights->kv_col(), kp.kv_ld = qkv_w, kp.kv_norm_weight = w.kv_a_norm,
     kp.eps = kLatentNormEps;
     kp.cache = kv.layer(l), kp.cache_row_stride = kv.row_width(), kp.num_blocks = kv.num_blocks();
     kp.slot_mapping = in.slots;

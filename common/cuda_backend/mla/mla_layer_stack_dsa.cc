@@ -38,8 +38,7 @@ absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
   const DeviceLayerWeights& w = ctx_.weights->layer(layer);
   cudaStream_t s = ctx_.stream;
   const int ni = c.indexer.n_heads, di = c.indexer.head_dim, qkv_w = ctx_.weights->qkv_width();
-  const int key_col = ctx_.weights->q_width() + c.kv_lora_rank +
-                      c.qk_rope_head_dim;  // in qkv_ and in the cache row
+  const int key_col = ctx_.weights->index_col();  // in qkv_
   IndexKeyParams kp;
   kp.src = qkv_.get() + key_col, kp.ld_src = qkv_w, kp.num_tokens = num_tokens, kp.dim = di;
   kp.weight = w.index_k_norm, kp.bias = w.index_k_bias, kp.eps = kIndexerKeyNormEps;
@@ -56,7 +55,7 @@ absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
   rp.positions = ctx_.in->positions, rp.rope = index_rope_, rp.stream = s;
   RETURN_IF_ERROR(RunRope(rp));
   IndexerParams xp;
-  xp.q = index_.q.get(), xp.w = qkv_.get() + key_col + di, xp.ldw = qkv_w;
+  xp.q = index_.q.get(), xp.w = qkv_.get() + ctx_.weights->index_weights_col(), xp.ldw = qkv_w;
   xp.w_scale = 1.0f / std::sqrt(static_cast<float>(ni)),
   xp.scale = 1.0f / std::sqrt(static_cast<float>(di));
   xp.num_tokens = num_tokens, xp.num_heads = ni, xp.head_dim = di, xp.rate = 1,

@@ -1,0 +1,105 @@
+// What the CUDA model's tests compare with: the CPU engine (which matches
+// transformers) on a checkpoint, one step at a time, and the measures of how
+// far two sets of logits lie apart. Test-only (gtest expectations inside).
+#ifndef MOESH_COMMON_CUDA_BACKEND_MODEL_TEST_UTIL_H_
+#define MOESH_COMMON_CUDA_BACKEND_MODEL_TEST_UTIL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/attention_model.h"
+#include "common/model/expert_client.h"
+#include "common/model/model.h"
+#include "common/model/safetensors.h"
+#include "common/model/weights.h"
+#include "gtest/gtest.h"
+
+namespace moesh::cuda::testing {
+
+inline std::vector<double> LogSoftmax(const float* x, int n) {
+  double m = -INFINITY;
+  for (int i = 0; i < n; ++i) m = std::max(m, static_cast<double>(x[i]));
+  double s = 0.0;
+  for (int i = 0; i < n; ++i) s += std::exp(x[i] - m);
+  const double lse = m + std::log(s);
+  std::vector<double> out(n);
+  for (int i = 0; i < n; ++i) out[i] = x[i] - lse;
+  return out;
+}
+
+inline double MaxDiff(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  return worst;
+}
+
+inline int Argmax(const float* x, int n) {
+  return static_cast<int>(std::max_element(x, x + n) - x);
+}
+
+// ||a - b|| / ||b - mean(b)||: the logits' error relative to their spread.
+inline double RelLogitErr(const float* a, const float* b, int n) {
+  double mean = 0.0;
+  for (int i = 0; i < n; ++i) mean += b[i];
+  mean /= n;
+  double num = 0.0, den = 0.0;
+  for (int i = 0; i < n; ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += (b[i] - mean) * (b[i] - mean);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// The CPU engine with its routing on record: the experts each layer's last
+// dispatch chose, per token.
+class RecordingExpertClient : public ExpertClient {
+ public:
+  explicit RecordingExpertClient(std::unique_ptr<ExpertClient> inner) : inner_(std::move(inner)) {}
+  absl::Status Run(const MoeDispatch& d, float* out) override {
+    ids[d.layer].assign(d.topk_ids, d.topk_ids + static_cast<size_t>(d.num_tokens) * d.top_k);
+    return inner_->Run(d, out);
+  }
+  std::map<int, std::vector<int32_t>> ids;  // layer -> [num_tokens, top_k]
+
+ private:
+  std::unique_ptr<ExpertClient> inner_;
+};
+
+struct CpuEngine {
+  std::unique_ptr<AttentionModel> model;
+  std::unique_ptr<RecordingExpertClient> experts;
+};
+
+inline absl::StatusOr<CpuEngine> LoadCpu(const std::string& dir) {
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
+  ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> attention,
+                   AttentionWeights::Load(config, *ckpt));
+  ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> shard,
+                   ExpertShardWeights::Load(config, *ckpt, {}));
+  CpuEngine e;
+  e.experts = std::make_unique<RecordingExpertClient>(
+      std::make_unique<LocalExpertClient>(std::make_unique<ExpertStage>(config, std::move(shard))));
+  e.model = std::make_unique<AttentionModel>(config, std::move(attention));
+  return e;
+}
+
+// CPU logits of the last token after appending `tokens` to `cache`.
+inline std::vector<float> CpuStep(CpuEngine& cpu, SequenceKvCache* cache,
+                                  const std::vector<int32_t>& tokens) {
+  SequenceInput in{tokens, cache};
+  absl::StatusOr<std::vector<float>> logits =
+      cpu.model->Forward(absl::MakeConstSpan(&in, 1), cpu.experts.get());
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *logits : std::vector<float>();
+}
+
+}  // namespace moesh::cuda::testing
+
+#endif  // MOESH_COMMON_CUDA_BACKEND_MODEL_TEST_UTIL_H_
