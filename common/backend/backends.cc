@@ -99,6 +99,24 @@ absl::StatusOr<int> CudaOrdinal(const std::string& device, const std::string& wh
   return ordinal;
 }
 
+namespace {
+
+// --quantization fp8: a bf16 checkpoint's, on a GPU.
+absl::Status CheckQuantization(const ModelConfig& config, const DeviceOptions& options) {
+  if (options.fp8_linears && config.fp8_block_weights) {
+    return absl::InvalidArgumentError(
+        "--quantization fp8: the checkpoint is FP8 already (its config.json's "
+        "quantization_config); it runs in FP8 without the flag");
+  }
+  if (options.fp8_linears && !IsCudaDevice(options.device)) {
+    return absl::FailedPreconditionError(
+        "--quantization fp8 computes on FP8 tensor cores: it needs --device cuda");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const ModelConfig& config,
                                                                        const Checkpoint* ckpt,
                                                                        const DeviceOptions& options,
@@ -112,15 +130,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const Mod
     return absl::FailedPreconditionError(
         "--load_format dummy generates the weights on a GPU: it needs --device cuda");
   }
-  if (options.fp8_linears && config.fp8_block_weights) {
-    return absl::InvalidArgumentError(
-        "--quantization fp8: the checkpoint is FP8 already (its config.json's "
-        "quantization_config); it runs in FP8 without the flag");
-  }
-  if (options.fp8_linears && !IsCudaDevice(options.device)) {
-    return absl::FailedPreconditionError(
-        "--quantization fp8 computes on FP8 tensor cores: it needs --device cuda");
-  }
+  RETURN_IF_ERROR(CheckQuantization(config, options));
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     return cuda->make_attention_backend(config, ckpt, options, with_experts);
@@ -141,6 +151,7 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(
     const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights,
     const DeviceOptions& options) {
   RETURN_IF_ERROR(ValidateDevice(options.device));
+  RETURN_IF_ERROR(CheckQuantization(config, options));
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     return cuda->make_expert_stage(config, std::move(weights), options);

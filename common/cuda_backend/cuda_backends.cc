@@ -62,7 +62,8 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeCudaExpertStage(
     const DeviceOptions& options) {
   RETURN_IF_ERROR(SelectDevice(options.device));
   ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaExpertStage> stage,
-                   cuda::CudaExpertStage::Create(config, std::move(weights)));
+                   cuda::CudaExpertStage::Create(config, std::move(weights),
+                                                 options.fp8_linears || config.fp8_block_weights));
   return std::unique_ptr<ExpertStage>(std::move(stage));
 }
 

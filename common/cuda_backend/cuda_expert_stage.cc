@@ -32,7 +32,7 @@ absl::Status GrowPinned(PinnedBuffer<T>* b, size_t n) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaExpertStage>> CudaExpertStage::Create(
-    const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights) {
+    const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights, bool fp8) {
   if (config.n_routed_experts < 1 || config.n_routed_experts > 1024) {
     return absl::UnimplementedError("CudaExpertStage: needs 1..1024 routed experts");
   }
@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<CudaExpertStage>> CudaExpertStage::Create(
   ASSIGN_OR_RETURN(Stream stream, Stream::Create());
   const ExpertShardWeights* first = weights.get();
   std::unique_ptr<CudaExpertStage> stage(
-      new CudaExpertStage(config, std::move(weights), std::move(stream), info.device));
+      new CudaExpertStage(config, std::move(weights), std::move(stream), info.device, fp8));
   stage->hosted_.push_back(first);
   ASSIGN_OR_RETURN(std::shared_ptr<const Stacks> stacks, stage->Build(stage->hosted_));
   absl::MutexLock lock(&stage->stacks_mu_);
@@ -86,11 +86,26 @@ absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::
   std::vector<uint16_t> staging;
   const float fan_h = static_cast<float>(1.0 / std::sqrt(static_cast<double>(h)));
   const float fan_i = static_cast<float>(1.0 / std::sqrt(static_cast<double>(inter)));
+  DeviceBuffer<float> f32_scratch;
+  DeviceBuffer<bf16> bf16_scratch;
+  const size_t value_bytes = fp8_ ? 1 : 2, n_local = order.size();
+  auto scales = [&](int64_t n, int64_t k) {
+    return n_local * cpu::Fp8Blocks(static_cast<int>(n)) * Fp8ScaleStride(static_cast<int>(k));
+  };
   for (const auto& [layer, unused] : shards.front()->layers) {
     ExpertLayer& ls = stacks->layers[layer];
-    ASSIGN_OR_RETURN(ls.gate_up, DeviceBuffer<bf16>::Create(order.size() * 2 * inter * h));
-    ASSIGN_OR_RETURN(ls.down, DeviceBuffer<bf16>::Create(order.size() * h * inter));
-    stacks->bytes += ls.gate_up.bytes() + ls.down.bytes();
+    ASSIGN_OR_RETURN(ls.gate_up_bytes,
+                     DeviceBuffer<uint8_t>::Create(n_local * 2 * inter * h * value_bytes));
+    ASSIGN_OR_RETURN(ls.down_bytes,
+                     DeviceBuffer<uint8_t>::Create(n_local * h * inter * value_bytes));
+    ls.gate_up.w = ls.gate_up_bytes.get(), ls.down.w = ls.down_bytes.get();
+    if (fp8_) {
+      ASSIGN_OR_RETURN(ls.gate_up_scales, DeviceBuffer<float>::Create(scales(2 * inter, h)));
+      ASSIGN_OR_RETURN(ls.down_scales, DeviceBuffer<float>::Create(scales(h, inter)));
+      ls.gate_up.scale = ls.gate_up_scales.get(), ls.down.scale = ls.down_scales.get();
+    }
+    stacks->bytes += ls.gate_up_bytes.bytes() + ls.down_bytes.bytes() + ls.gate_up_scales.bytes() +
+                     ls.down_scales.bytes();
     for (size_t i = 0; i < order.size(); ++i) {
       const auto& [e, shard] = order[i];
       auto lit = shard->layers.find(layer);
@@ -103,20 +118,20 @@ absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::
                                       // (layer, expert)
         const uint64_t seed =
             (static_cast<uint64_t>(layer) << 20) ^ static_cast<uint64_t>(e) ^ 0x9e3779b97f4a7c15ull;
-        RETURN_IF_ERROR(FillUniform(ls.gate_up.get() + i * 2 * inter * h, 2 * inter * h, seed,
-                                    fan_h, 0.0f, stream_.get()));
-        RETURN_IF_ERROR(FillUniform(ls.down.get() + i * h * inter, h * inter, seed + 1, fan_i, 0.0f,
-                                    stream_.get()));
+        RETURN_IF_ERROR(FillLinear(LinearSlice(ls.gate_up, i, 2 * inter, h), 2 * inter, h, seed,
+                                   fan_h, stream_.get(), &bf16_scratch));
+        RETURN_IF_ERROR(FillLinear(LinearSlice(ls.down, i, h, inter), h, inter, seed + 1, fan_i,
+                                   stream_.get(), &bf16_scratch));
         continue;
       }
       if (w.gate_up.size() != 2 * inter * h || w.down.size() != h * inter) {
         return absl::InvalidArgumentError(
             absl::StrCat("CudaExpertStage: layer ", layer, " expert ", e, " has the wrong shape"));
       }
-      RETURN_IF_ERROR(UploadBf16(ls.gate_up.get() + i * 2 * inter * h, w.gate_up.data(),
-                                 w.gate_up.size(), &staging));
-      RETURN_IF_ERROR(
-          UploadBf16(ls.down.get() + i * h * inter, w.down.data(), w.down.size(), &staging));
+      RETURN_IF_ERROR(UploadLinear(LinearSlice(ls.gate_up, i, 2 * inter, h), w.gate_up.data(),
+                                   2 * inter, h, &staging, &f32_scratch));
+      RETURN_IF_ERROR(UploadLinear(LinearSlice(ls.down, i, h, inter), w.down.data(), h, inter,
+                                   &staging, &f32_scratch));
     }
   }
   RETURN_IF_ERROR(stream_.Synchronize());
@@ -220,7 +235,13 @@ absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_loca
   mp.expert_offsets = s.expert_offsets.get(), mp.tile_offsets = s.tile_offsets.get(),
   mp.tile_m = tile_m;
   mp.rows = p.max_rows, mp.expected_rows = p.expected_rows, mp.active_experts = p.served;
-  mp.gate_up = ls.gate_up.get(), mp.down = ls.down.get();
+  if (fp8_) {
+    mp.gate_up_fp8 = static_cast<const uint8_t*>(ls.gate_up.w), mp.gate_up_scale = ls.gate_up.scale;
+    mp.down_fp8 = static_cast<const uint8_t*>(ls.down.w), mp.down_scale = ls.down.scale;
+  } else {
+    mp.gate_up = static_cast<const bf16*>(ls.gate_up.w);
+    mp.down = static_cast<const bf16*>(ls.down.w);
+  }
   mp.num_experts = e, mp.hidden = h, mp.inter = inter;
   mp.swiglu_limit = static_cast<float>(config().swiglu_limit);
   mp.gathered = s.gathered.get(), mp.gu = s.gu.get(), mp.act = s.act.get(), mp.y = s.y.get();

@@ -24,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cuda_backend/device_weights.h"
 #include "common/model/expert_client.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
@@ -33,10 +34,12 @@ namespace moesh::cuda {
 
 class CudaExpertStage : public ExpertStage {
  public:
-  // Uploads the shard to the current device. RESOURCE_EXHAUSTED if it does
-  // not fit; UNIMPLEMENTED for shapes the grouped GEMM is not built for.
+  // Uploads the shard to the current device (`fp8`: the experts' weights in
+  // block-scaled FP8, quantized there; device_weights.h's DeviceLinear).
+  // RESOURCE_EXHAUSTED if it does not fit; UNIMPLEMENTED for shapes the
+  // grouped GEMM is not built for.
   static absl::StatusOr<std::unique_ptr<CudaExpertStage>> Create(
-      const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights);
+      const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights, bool fp8 = false);
   ~CudaExpertStage() override;
 
   // Host dispatches are staged through this GPU; device dispatches are read
@@ -57,7 +60,9 @@ class CudaExpertStage : public ExpertStage {
  private:
   // One MoE layer's hosted experts, stacked.
   struct ExpertLayer {
-    DeviceBuffer<bf16> gate_up, down;
+    DeviceBuffer<uint8_t> gate_up_bytes, down_bytes;  // bf16 or e4m3
+    DeviceBuffer<float> gate_up_scales, down_scales;  // FP8 only
+    DeviceLinear gate_up, down;                       // views of the above
   };
   // Everything a dispatch reads; replaced whole by AddShard.
   struct Stacks {
@@ -78,9 +83,10 @@ class CudaExpertStage : public ExpertStage {
   };
 
   CudaExpertStage(const ModelConfig& config, std::unique_ptr<ExpertShardWeights> weights,
-                  Stream stream, int ordinal)
+                  Stream stream, int ordinal, bool fp8)
       : ExpertStage(config, std::move(weights)),
         stream_(std::move(stream)),
+        fp8_(fp8),
         ordinal_(ordinal),
         device_("cuda:" + std::to_string(ordinal)) {}
   // Accumulate's two memory kinds.
@@ -117,6 +123,7 @@ class CudaExpertStage : public ExpertStage {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
 
   const Stream stream_;
+  const bool fp8_;
   const int ordinal_;  // made current on each calling thread
   const std::string device_;
   std::vector<const ExpertShardWeights*> hosted_;  // guarded by add_mu_

@@ -1,6 +1,8 @@
 // The FP8 forward pass (DeepSeek's block-scaled FP8: e4m3 weights with a
-// float32 scale per 128 x 128 block, activations quantized per token per 128
-// channels, cuBLASLt's block-scaled GEMM) against the CPU engine, at DeepSeek's
+// float32 scale per 128 x 128 block; the dense linears with activations
+// quantized per token per 128 channels on cuBLASLt's block-scaled GEMM, the
+// routed experts' weights widened to bf16 in the grouped GEMM) against the
+// CPU engine, at DeepSeek's
 // real attention widths (latent 512, rope 64, 16 heads), teacher-forced:
 //   * an FP8 checkpoint written as DeepSeek-V3 ships it: the CPU engine
 //     dequantizes it exactly and the GPU re-quantizes the same codes, so the
@@ -18,10 +20,12 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "base/file_util.h"
+#include "common/cuda_backend/cuda_expert_stage.h"
 #include "common/cuda_backend/cuda_model.h"
 #include "common/cuda_backend/model_test_util.h"
 #include "common/model/random_checkpoint.h"
@@ -246,6 +250,60 @@ TEST_P(CudaFp8ModelTest, OnlineQuantizationOfABf16Checkpoint) {
               GetParam().c_str());
   f[0].Print("GPU FP8 linears (weights quantized):");
   EXPECT_LE(f[0].worst_rel, kFp8RelTolerance);
+}
+
+// An expert worker's stage with FP8 weights (an FP8 checkpoint's experts,
+// re-quantized to the same codes) against the CPU stage on the dequantized
+// weights: bf16's error (the codes times their scales are rounded to bf16),
+// in about half the device memory of the bf16 stage.
+TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
+  MOESH_REQUIRE_GPU();
+  const ModelConfig c = RealWidths(GetParam());
+  const std::string dir = JoinPath(::testing::TempDir(), "cuda_fp8_experts_" + GetParam());
+  RandomCheckpointOptions ro;
+  ro.seed = testing::FreshSeed();
+  ro.dtype = DType::kF8E4M3;
+  ASSERT_TRUE(WriteRandomCheckpoint(c, dir, ro).ok());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  const std::set<int> shard = {0, 2, 5};
+  auto load = [&] {
+    absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w =
+        ExpertShardWeights::Load(c, **ckpt, shard);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return std::move(*w);
+  };
+  ExpertStage cpu(c, load());
+  absl::StatusOr<std::unique_ptr<CudaExpertStage>> fp8 = CudaExpertStage::Create(c, load(), true);
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  absl::StatusOr<std::unique_ptr<CudaExpertStage>> bf16 = CudaExpertStage::Create(c, load());
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_LT((*fp8)->device_bytes(), 0.55 * (*bf16)->device_bytes());
+  std::mt19937 rng(ro.seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> id(0, c.n_routed_experts - 1);
+  for (int tokens : {1, 7, 64, 300}) {
+    const int k = c.num_experts_per_tok, h = c.hidden_size;
+    std::vector<float> x(static_cast<size_t>(tokens) * h), w(static_cast<size_t>(tokens) * k);
+    std::vector<int32_t> ids(static_cast<size_t>(tokens) * k);
+    for (float& v : x) v = u(rng);
+    for (float& v : w) v = 0.5f + 0.5f * u(rng);
+    for (int32_t& v : ids) v = id(rng);
+    MoeDispatch d;
+    d.layer = c.first_k_dense_replace, d.num_tokens = tokens, d.hidden = h, d.top_k = k;
+    d.hidden_states = x.data(), d.topk_ids = ids.data(), d.topk_weights = w.data();
+    std::vector<float> want(x.size(), 0.0f), got(x.size(), 0.0f);
+    ASSERT_TRUE(cpu.Accumulate(d, want.data()).ok());
+    const absl::Status st = (*fp8)->Accumulate(d, got.data());
+    ASSERT_TRUE(st.ok()) << st;
+    double num = 0.0, den = 1e-30;
+    for (size_t i = 0; i < got.size(); ++i) {
+      num = std::max(num, std::fabs(static_cast<double>(got[i]) - want[i]));
+      den = std::max(den, std::fabs(static_cast<double>(want[i])));
+    }
+    EXPECT_GT(den, 1e-3) << "no expert of the shard received a token";
+    EXPECT_LT(num / den, 2e-2) << tokens << " tokens";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaFp8ModelTest, ::testing::Values("v2-lite", "v3"));

@@ -27,11 +27,12 @@ struct CudaModelOptions {
   // False: the routed experts are not loaded on this device; every forward
   // pass then takes an ExpertClient (the disaggregated attention worker).
   bool routed_experts_on_device = true;
-  // The dense linears (attention projections, dense and shared-expert MLPs)
-  // in DeepSeek's block-scaled FP8, quantized at load (--quantization fp8);
-  // a checkpoint with an FP8 quantization_config always runs so. The
-  // embedding, lm_head, routers, MLA's absorbed W_UK/W_UV and (for now) the
-  // routed experts stay bf16 (fp32 for the routers).
+  // The linears (attention projections, dense and shared-expert MLPs on
+  // FP8 tensor cores; the routed experts as FP8 weights widened to bf16 in
+  // the grouped GEMM) in DeepSeek's block-scaled FP8, quantized at load
+  // (--quantization fp8); a checkpoint with an FP8 quantization_config always
+  // runs so. The embedding, lm_head, routers (fp32) and MLA's absorbed
+  // W_UK/W_UV stay bf16.
   bool fp8_linears = false;
 };
 

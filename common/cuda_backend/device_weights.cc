@@ -39,6 +39,46 @@ absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint1
                     "cudaMemcpy H2D (weights)");
 }
 
+DeviceLinear LinearSlice(const DeviceLinear& stack, int64_t i, int64_t n, int64_t k) {
+  DeviceLinear out;
+  const size_t bytes = stack.fp8() ? 1 : 2;
+  out.w = static_cast<uint8_t*>(stack.w) + static_cast<size_t>(i) * n * k * bytes;
+  if (stack.fp8()) {
+    out.scale = stack.scale + static_cast<size_t>(i) * cpu::Fp8Blocks(static_cast<int>(n)) *
+                                  Fp8ScaleStride(static_cast<int>(k));
+  }
+  return out;
+}
+
+absl::Status UploadLinear(const DeviceLinear& dst, const float* src, int64_t n, int64_t k,
+                          std::vector<uint16_t>* staging, DeviceBuffer<float>* f32_scratch) {
+  if (!dst.fp8()) return UploadBf16(static_cast<bf16*>(dst.w), src, n * k, staging);
+  const size_t count = static_cast<size_t>(n) * k;
+  if (f32_scratch->size() < count) {
+    ASSIGN_OR_RETURN(*f32_scratch, DeviceBuffer<float>::Create(count));
+  }
+  RETURN_IF_ERROR(UploadWords(f32_scratch->get(), src, count));
+  QuantizeFp8BlocksParams p;
+  p.w_f32 = f32_scratch->get(), p.q = static_cast<uint8_t*>(dst.w), p.scale = dst.scale;
+  p.n = static_cast<int>(n), p.k = static_cast<int>(k);
+  RETURN_IF_ERROR(RunQuantizeFp8Blocks(p));
+  return CudaStatus(cudaDeviceSynchronize(), "quantizing a linear to FP8");
+}
+
+absl::Status FillLinear(const DeviceLinear& dst, int64_t n, int64_t k, uint64_t seed, float scale,
+                        cudaStream_t stream, DeviceBuffer<bf16>* bf16_scratch) {
+  const size_t count = static_cast<size_t>(n) * k;
+  if (!dst.fp8()) return FillUniform(static_cast<bf16*>(dst.w), count, seed, scale, stream);
+  if (bf16_scratch->size() < count) {
+    ASSIGN_OR_RETURN(*bf16_scratch, DeviceBuffer<bf16>::Create(count));
+  }
+  RETURN_IF_ERROR(FillUniform(bf16_scratch->get(), count, seed, scale, stream));
+  QuantizeFp8BlocksParams p;
+  p.w_bf16 = bf16_scratch->get(), p.q = static_cast<uint8_t*>(dst.w), p.scale = dst.scale;
+  p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.stream = stream;
+  return RunQuantizeFp8Blocks(p);
+}
+
 absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* slots) {
   config_ = c;
   using Kind = Slot::Kind;
@@ -120,21 +160,21 @@ void DeviceWeights::AddMoe(const ModelConfig& c, bool router_bias, DeviceLayerWe
     AddLinear(slots, &w->shared_down, h, shared_intermediate_, fan(shared_intermediate_));
   }
   if (routed_experts_) {
-    Add(slots, &w->experts_gate_up, e * 2 * inter * h, fan(h), 0.0f, Slot::Kind::kExpert);
-    Add(slots, &w->experts_down, e * h * inter, fan(inter), 0.0f, Slot::Kind::kExpert);
+    AddLinear(slots, &w->experts_gate_up, 2 * inter, h, fan(h), e, Slot::Kind::kExpert);
+    AddLinear(slots, &w->experts_down, h, inter, fan(inter), e, Slot::Kind::kExpert);
   }
 }
 
 size_t DeviceWeights::Slot::Bytes() const { return count * (f32 ? 4 : (fp8 ? 1 : 2)); }
 
 void DeviceWeights::AddLinear(std::vector<Slot>* slots, DeviceLinear* target, int64_t n, int64_t k,
-                              float scale) {
+                              float scale, int64_t batch, Slot::Kind kind) {
   Slot s;
   s.target = &target->w;
-  s.count = static_cast<size_t>(n) * k;
+  s.count = static_cast<size_t>(batch) * n * k;
   s.scale = scale;
-  s.kind = Slot::Kind::kLinear;
-  s.n = n, s.k = k;
+  s.kind = kind;
+  s.n = n, s.k = k, s.batch = batch;
   s.fp8 = fp8_linears_;
   if (s.fp8) {
     s.scale_target = &target->scale;
@@ -144,31 +184,17 @@ void DeviceWeights::AddLinear(std::vector<Slot>* slots, DeviceLinear* target, in
   slots->push_back(s);
 }
 
-absl::Status DeviceWeights::UploadLinear(const DeviceLinear& dst, const float* src, int64_t n,
-                                         int64_t k, std::vector<uint16_t>* staging) {
-  if (!dst.fp8()) return UploadBf16(static_cast<bf16*>(dst.w), src, n * k, staging);
-  const size_t count = static_cast<size_t>(n) * k;
-  if (upload_f32_.size() < count) {
-    ASSIGN_OR_RETURN(upload_f32_, DeviceBuffer<float>::Create(count));
-  }
-  RETURN_IF_ERROR(UploadWords(upload_f32_.get(), src, count));
-  QuantizeFp8BlocksParams p;
-  p.w_f32 = upload_f32_.get(), p.q = static_cast<uint8_t*>(dst.w), p.scale = dst.scale;
-  p.n = static_cast<int>(n), p.k = static_cast<int>(k);
-  RETURN_IF_ERROR(RunQuantizeFp8Blocks(p));
-  return CudaStatus(cudaDeviceSynchronize(), "quantizing a linear to FP8");
-}
-
 absl::Status DeviceWeights::Place(const ModelConfig& c, const std::vector<Slot>& slots_in) {
   const std::vector<Slot>* slots = &slots_in;
   const int64_t h = c.hidden_size;
   auto aligned = [](size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
   auto scale_bytes = [](const Slot& s) {
-    return s.fp8 ? static_cast<size_t>(cpu::Fp8Blocks(static_cast<int>(s.n))) *
+    return s.fp8 ? static_cast<size_t>(s.batch) * cpu::Fp8Blocks(static_cast<int>(s.n)) *
                        Fp8ScaleStride(static_cast<int>(s.k)) * sizeof(float)
                  : 0;
   };
   size_t total = 0;
+  int expert_layer_slots = 0;
   for (const Slot& s : *slots) {
     if (s.fp8 && s.k % 16 != 0) {
       return absl::InvalidArgumentError(
@@ -189,12 +215,13 @@ absl::Status DeviceWeights::Place(const ModelConfig& c, const std::vector<Slot>&
     }
     if (s.kind == Slot::Kind::kOther || s.kind == Slot::Kind::kLinear)
       dense_bytes_ += s.Bytes() + scale_bytes(s);
+    if (s.kind == Slot::Kind::kExpert && expert_layer_slots++ < 2)  // gate_up, down: one layer's
+      expert_bytes_ += static_cast<double>(s.Bytes() + scale_bytes(s)) / s.batch;
   }
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
     dense_bytes_ += static_cast<double>(c.vocab_size) * h * 2;  // lm_head reads all of it
   }
-  expert_bytes_ = 3.0 * c.moe_intermediate_size * h * 2;
   embed_row_bytes_ = static_cast<double>(h) * 2;
   return absl::OkStatus();
 }
@@ -230,15 +257,12 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Dummy(const ModelC
     } else if (s.f32) {
       RETURN_IF_ERROR(
           FillUniform(static_cast<float*>(*s.target), s.count, sseed, s.scale, s.offset, stream));
-    } else if (s.fp8) {  // bf16 values, quantized
-      if (values.size() < s.count) {
-        ASSIGN_OR_RETURN(values, DeviceBuffer<bf16>::Create(s.count));
+    } else if (s.fp8) {  // a stack one linear at a time
+      const DeviceLinear stack{*s.target, *s.scale_target};
+      for (int64_t b = 0; b < s.batch; ++b) {
+        RETURN_IF_ERROR(FillLinear(LinearSlice(stack, b, s.n, s.k), s.n, s.k, sseed + 7919 * b,
+                                   s.scale, stream, &values));
       }
-      RETURN_IF_ERROR(FillUniform(values.get(), s.count, sseed, s.scale, s.offset, stream));
-      QuantizeFp8BlocksParams p;
-      p.w_bf16 = values.get(), p.q = static_cast<uint8_t*>(*s.target), p.scale = *s.scale_target;
-      p.n = static_cast<int>(s.n), p.k = static_cast<int>(s.k), p.stream = stream;
-      RETURN_IF_ERROR(RunQuantizeFp8Blocks(p));
     } else {
       RETURN_IF_ERROR(
           FillUniform(static_cast<bf16*>(*s.target), s.count, sseed, s.scale, s.offset, stream));
@@ -396,10 +420,10 @@ absl::Status DeviceWeights::UploadRoutedExperts(const ModelConfig& c, int l,
         CheckSize(it->second.gate_up, 2 * inter * h, absl::StrCat(name, "expert ", e, " gate_up")));
     RETURN_IF_ERROR(
         CheckSize(it->second.down, h * inter, absl::StrCat(name, "expert ", e, " down")));
-    RETURN_IF_ERROR(UploadBf16(dst.experts_gate_up + e * 2 * inter * h, it->second.gate_up.data(),
-                               2 * inter * h, staging));
-    RETURN_IF_ERROR(
-        UploadBf16(dst.experts_down + e * h * inter, it->second.down.data(), h * inter, staging));
+    RETURN_IF_ERROR(UploadLinear(LinearSlice(dst.experts_gate_up, e, 2 * inter, h),
+                                 it->second.gate_up.data(), 2 * inter, h, staging));
+    RETURN_IF_ERROR(UploadLinear(LinearSlice(dst.experts_down, e, h, inter), it->second.down.data(),
+                                 h, inter, staging));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,7 @@
 // A DeepSeek V2/V3/V3.2/V4 model's weights on the device, bf16 (the router in fp32),
 // in one cudaMalloc arena, laid out for the CUDA forward pass:
-//   * the dense linears (DeviceLinear) in bf16, or with `fp8_linears` in
+//   * the linears (DeviceLinear: attention projections, dense and shared
+//     MLPs, the routed expert stacks) in bf16, or with `fp8_linears` in
 //     DeepSeek's block-scaled FP8 (e4m3, a float32 scale per 128 x 128 block,
 //     quantized on the device at load: --quantization fp8, FP8 checkpoints);
 //   * q_a (or q_proj) and kv_a_proj_with_mqa stacked into one GEMM (in FP8
@@ -26,14 +27,6 @@
 
 namespace moesh::cuda {
 
-// dst[0, n) = bf16(src[0, n)) (base/dtype.h's F32ToBf16) through *staging,
-// synchronously.
-absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging);
-// dst[0, n) = src (fp32 or int32), synchronously.
-absl::Status UploadWords(void* dst, const void* src, size_t n);
-// INVALID_ARGUMENT naming `what` unless v.size() == n.
-absl::Status CheckSize(const std::vector<float>& v, size_t n, const std::string& what);
-
 // A linear layer's weight, nn.Linear's [n, k]: bf16, or e4m3 codes with
 // scales laid out as kernels/cuda/params.h's Fp8GemmParams::w_scale.
 struct DeviceLinear {
@@ -41,6 +34,26 @@ struct DeviceLinear {
   float* scale = nullptr;  // [Fp8Blocks(n), Fp8ScaleStride(k)]; null: w is bf16
   bool fp8() const { return scale != nullptr; }
 };
+
+// Entry `i` of a stack of [n, k] linears (routed experts).
+DeviceLinear LinearSlice(const DeviceLinear& stack, int64_t i, int64_t n, int64_t k);
+// dst = src [n, k] (fp32 on the host) as dst's format holds it, synchronously:
+// rounded to bf16 through *staging, or quantized on the device (FP8) through
+// *f32_scratch (grown as needed).
+absl::Status UploadLinear(const DeviceLinear& dst, const float* src, int64_t n, int64_t k,
+                          std::vector<uint16_t>* staging, DeviceBuffer<float>* f32_scratch);
+// dst = uniform random values in ±scale from `seed` (FillUniform), as dst's
+// format holds them (FP8: quantized from bf16 ones made in *bf16_scratch).
+absl::Status FillLinear(const DeviceLinear& dst, int64_t n, int64_t k, uint64_t seed, float scale,
+                        cudaStream_t stream, DeviceBuffer<bf16>* bf16_scratch);
+
+// dst[0, n) = bf16(src[0, n)) (base/dtype.h's F32ToBf16) through *staging,
+// synchronously.
+absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint16_t>* staging);
+// dst[0, n) = src (fp32 or int32), synchronously.
+absl::Status UploadWords(void* dst, const void* src, size_t n);
+// INVALID_ARGUMENT naming `what` unless v.size() == n.
+absl::Status CheckSize(const std::vector<float>& v, size_t n, const std::string& what);
 
 struct DeviceLayerWeights {
   bf16* input_norm = nullptr;  // [hidden]
@@ -64,9 +77,11 @@ struct DeviceLayerWeights {
   float* router_bias = nullptr;  // [n_routed_experts]; may be null
   DeviceLinear shared_gate_up;   // [2 * shared_intermediate, hidden]; w null iff no shared experts
   DeviceLinear shared_down;      // [hidden, shared_intermediate]
-  bf16* experts_gate_up =
-      nullptr;                   // [E, 2 * moe_intermediate, hidden]; null without routed experts
-  bf16* experts_down = nullptr;  // [E, hidden, moe_intermediate]
+  // [E, 2 * moe_intermediate, hidden]; w null without routed experts. In
+  // FP8 the scales are [E, Fp8Blocks(n), Fp8ScaleStride(k)] (each expert's
+  // blocks its own; the grouped GEMM widens the codes to bf16).
+  DeviceLinear experts_gate_up;
+  DeviceLinear experts_down;  // [E, hidden, moe_intermediate]
   // The lightning indexer's query projection (DeepSeek-V3.2; V4's CSA
   // layers). V3.2's key projection and head weights are qkv_a's last
   // index_head_dim + index_n_heads rows, its key LayerNorm here (fp32).
@@ -160,17 +175,22 @@ class DeviceWeights {
     bool f32 = false;  // 4-byte elements (fp32; int32 for kExpertTable)
     float scale = 0.0f, offset = 0.0f;
     Kind kind = Kind::kOther;
-    // kLinear: the weight's shape; in FP8, codes and scales (scale_target).
-    int64_t n = 0, k = 0;
+    // kLinear, kExpert: the weight's shape (batch of them); in FP8, codes and
+    // scales (scale_target).
+    int64_t n = 0, k = 0, batch = 1;
     bool fp8 = false;
     float** scale_target = nullptr;
     size_t Bytes() const;  // the codes' or values' bytes (the scales' apart)
   };
-  // A DeviceLinear [n, k] (FP8 iff fp8_linears_), Dummy's values in ±scale.
-  void AddLinear(std::vector<Slot>* slots, DeviceLinear* target, int64_t n, int64_t k, float scale);
-  // dst = src [n, k] as dst's format holds it, synchronously.
+  // A DeviceLinear [batch, n, k] (FP8 iff fp8_linears_; batch > 1: a routed
+  // expert stack, kind kExpert), Dummy's values in ±scale.
+  void AddLinear(std::vector<Slot>* slots, DeviceLinear* target, int64_t n, int64_t k, float scale,
+                 int64_t batch = 1, Slot::Kind kind = Slot::Kind::kLinear);
+  // UploadLinear through upload_f32_.
   absl::Status UploadLinear(const DeviceLinear& dst, const float* src, int64_t n, int64_t k,
-                            std::vector<uint16_t>* staging);
+                            std::vector<uint16_t>* staging) {
+    return ::moesh::cuda::UploadLinear(dst, src, n, k, staging, &upload_f32_);
+  }
   template <typename T>
   static void Add(std::vector<Slot>* slots, T** target, size_t count, float scale,
                   float offset = 0.0f, Slot::Kind kind = Slot::Kind::kOther) {

@@ -41,6 +41,13 @@ struct ExpertMlpParams {
   int active_experts = 0;  // the experts they spread over; 0: num_experts
   const bf16* gate_up = nullptr;  // [num_experts, 2 * inter, hidden]
   const bf16* down = nullptr;     // [num_experts, hidden, inter]
+  // Or FP8 weights (GroupedGemmParams::w_fp8; both or neither): e4m3 codes
+  // of the shapes above, scales [num_experts, Fp8Blocks(n), Fp8ScaleStride(k)].
+  // They always take the grouped kernel.
+  const uint8_t* gate_up_fp8 = nullptr;
+  const float* gate_up_scale = nullptr;
+  const uint8_t* down_fp8 = nullptr;
+  const float* down_scale = nullptr;
   int num_experts = 0, hidden = 0, inter = 0;
   float swiglu_limit = 0.0f;  // > 0: the activation's clamp (DeepSeek-V4)
   // Scratch, each with rows + kDenseRowAlign rows.

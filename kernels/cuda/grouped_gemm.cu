@@ -8,6 +8,12 @@
 // (GroupedGemmMaxTiles) and CTAs past the real tile count return at once:
 // no host sync, capturable in a CUDA graph. Tiles of one expert are adjacent
 // in launch order, so its weight slice is read from DRAM about once.
+//
+// FP8 weights (w_fp8): the ring holds each slice's e4m3 bytes; once a slice
+// lands, the CTA widens it (times its 128 x 128 block's scale: the CTA's 128
+// columns are one row block) into one bf16 tile that the MMAs read as above.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <atomic>
 
@@ -15,6 +21,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/params.h"
 
 namespace moesh::cuda {
 namespace {
@@ -38,8 +45,27 @@ struct GemmCfg {
   static constexpr int kAChunks = kBM * kChunksPerRow;
   static constexpr int kBChunks = kBN * kChunksPerRow;
   static constexpr int kSmemBytes = kStages * (kBM + kBN) * kPitch * 2;
-  static_assert(kNi % 2 == 0 && kBChunks % kThreads == 0);
+  // FP8 weights: A's ring, the e4m3 ring (kBK bytes a row) and one bf16 tile.
+  static constexpr int kF8Chunks = kBN * kBK / 16;
+  static constexpr int kF8SmemBytes =
+      kStages * kBM * kPitch * 2 + kStages * kBN * kBK + kBN * kPitch * 2;
+  static_assert(kNi % 2 == 0 && kBChunks % kThreads == 0 && kF8Chunks % kThreads == 0);
 };
+
+// 16 e4m3 codes times `scale`, rounded to bf16.
+__device__ __forceinline__ void WidenFp8x16(const uint4& codes, float scale, bf16* out) {
+  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+  __align__(16) __nv_bfloat162 v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const __nv_fp8x2_storage_t pair =
+        static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2)));
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+    v[i] = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+  }
+  reinterpret_cast<uint4*>(out)[0] = reinterpret_cast<const uint4*>(v)[0];
+  reinterpret_cast<uint4*>(out)[1] = reinterpret_cast<const uint4*>(v)[1];
+}
 
 // 16-byte async copy; zero-fills the destination when !pred.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool pred) {
@@ -55,14 +81,16 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-template <int kBM, int kBK, bool kF32Out>
+template <int kBM, int kBK, bool kF32Out, bool kFp8W>
 __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams p) {
   using Cfg = GemmCfg<kBM, kBK>;
   constexpr int S = Cfg::kStages, kPitch = Cfg::kPitch;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   auto sa = reinterpret_cast<bf16(*)[kBM][kPitch]>(smem_raw);  // [S][kBM][kPitch]
-  auto sb =
-      reinterpret_cast<bf16(*)[kBN][kPitch]>(smem_raw + S * kBM * kPitch * 2);  // [S][kBN][kPitch]
+  // bf16 weights: [S][kBN][kPitch]. FP8: the e4m3 ring [S][kBN][kBK], then the widened tile.
+  auto sb = reinterpret_cast<bf16(*)[kBN][kPitch]>(smem_raw + S * kBM * kPitch * 2);
+  auto s8 = reinterpret_cast<uint8_t(*)[kBN][kBK]>(smem_raw + S * kBM * kPitch * 2);
+  auto sw = reinterpret_cast<bf16(*)[kPitch]>(smem_raw + S * kBM * kPitch * 2 + S * kBN * kBK);
 
   const int tile = blockIdx.x;
   if (tile >= p.tile_offsets[p.num_experts]) return;  // uniform per CTA
@@ -80,7 +108,13 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
   const int rows = p.expert_offsets[e + 1] - row0;
   const int m0 = (tile - p.tile_offsets[e]) * kBM;
   const int n0 = blockIdx.y * kBN;
-  const bf16* w = p.w + static_cast<int64_t>(e) * p.n * p.k;
+  const bf16* w = kFp8W ? nullptr : p.w + static_cast<int64_t>(e) * p.n * p.k;
+  const uint8_t* w8 = kFp8W ? p.w_fp8 + static_cast<int64_t>(e) * p.n * p.k : nullptr;
+  // This CTA's row block of scales (kBN == the block: one row block per CTA).
+  const float* w_scale =
+      kFp8W ? p.w_scale +
+                  (static_cast<int64_t>(e) * cpu::Fp8Blocks(p.n) + blockIdx.y) * Fp8ScaleStride(p.k)
+            : nullptr;
 
   // Each thread's A chunks (fixed rows across k) and B chunks.
   constexpr int kAIters = (Cfg::kAChunks + kThreads - 1) / kThreads;
@@ -95,15 +129,18 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
     if (a_ok[i]) src_row = p.row_index != nullptr ? p.row_index[row0 + m0 + r] : row0 + m0 + r;
     a_src[i] = p.x + src_row * p.ldx + ch * 8;
   }
-  constexpr int kBIters = Cfg::kBChunks / kThreads;
-  const bf16* b_src[kBIters];
+  // B's chunks: 8 bf16 or 16 e4m3 values each.
+  constexpr int kBIters = (kFp8W ? Cfg::kF8Chunks : Cfg::kBChunks) / kThreads;
+  constexpr int kBChunksPerRow = kFp8W ? kBK / 16 : Cfg::kChunksPerRow;
+  const uint8_t* b_src[kBIters];
   bool b_ok[kBIters];
 #pragma unroll
   for (int i = 0; i < kBIters; ++i) {
     const int c = threadIdx.x + i * kThreads;
-    const int r = c / Cfg::kChunksPerRow, ch = c % Cfg::kChunksPerRow;
+    const int r = c / kBChunksPerRow, ch = c % kBChunksPerRow;
     b_ok[i] = n0 + r < p.n;
-    b_src[i] = w + static_cast<int64_t>(b_ok[i] ? n0 + r : 0) * p.k + ch * 8;
+    const int64_t at = static_cast<int64_t>(b_ok[i] ? n0 + r : 0) * p.k;
+    b_src[i] = kFp8W ? w8 + at + ch * 16 : reinterpret_cast<const uint8_t*>(w + at + ch * 8);
   }
   auto load = [&](int stage, int kt) {
     const int k0 = kt * kBK;
@@ -118,8 +155,13 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
 #pragma unroll
     for (int i = 0; i < kBIters; ++i) {
       const int c = threadIdx.x + i * kThreads;
-      CpAsync16(&sb[stage][c / Cfg::kChunksPerRow][(c % Cfg::kChunksPerRow) * 8],
-                b_ok[i] ? b_src[i] + k0 : p.w, b_ok[i]);
+      if constexpr (kFp8W) {
+        CpAsync16(&s8[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
+                  b_ok[i] ? b_src[i] + k0 : p.w_fp8, b_ok[i]);
+      } else {
+        CpAsync16(&sb[stage][c / Cfg::kChunksPerRow][(c % Cfg::kChunksPerRow) * 8],
+                  b_ok[i] ? b_src[i] + k0 * 2 : reinterpret_cast<const uint8_t*>(p.w), b_ok[i]);
+      }
     }
   };
 
@@ -148,6 +190,18 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
     if (next < k_tiles) load(next % S, next);
     CpAsyncCommit();
     const int st = kt % S;
+    auto sb_tile = sb[st];  // the weights the MMAs read: the ring's slice, or the widened one
+    if constexpr (kFp8W) {
+      const float scale = w_scale[kt * kBK / cpu::kFp8Block];
+#pragma unroll
+      for (int i = 0; i < kBIters; ++i) {
+        const int c = threadIdx.x + i * kThreads;
+        const int r = c / kBChunksPerRow, col = (c % kBChunksPerRow) * 16;
+        WidenFp8x16(*reinterpret_cast<const uint4*>(&s8[st][r][col]), scale, &sw[r][col]);
+      }
+      __syncthreads();  // the widened slice is whole
+      sb_tile = sw;
+    }
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
       uint32_t a[Cfg::kMi][4];
@@ -159,8 +213,8 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
 #pragma unroll
       for (int nj = 0; nj < Cfg::kNi / 2; ++nj) {
         uint32_t b[4];
-        Ldmatrix4(b, &sb[st][wn * Cfg::kWarpN + nj * 16 + (lane & 7) + (lane >> 4) * 8]
-                        [ks * 16 + ((lane >> 3) & 1) * 8]);
+        Ldmatrix4(b, &sb_tile[wn * Cfg::kWarpN + nj * 16 + (lane & 7) + (lane >> 4) * 8]
+                             [ks * 16 + ((lane >> 3) & 1) * 8]);
 #pragma unroll
         for (int mi = 0; mi < Cfg::kMi; ++mi) {
           Mma(acc[mi][2 * nj], a[mi], b[0], b[1]);
@@ -195,10 +249,10 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
   }
 }
 
-template <int kBM, int kBK, bool kF32Out>
+template <int kBM, int kBK, bool kF32Out, bool kFp8W>
 absl::Status LaunchOne(const GroupedGemmParams& p) {
-  auto* kernel = GroupedGemmKernel<kBM, kBK, kF32Out>;
-  constexpr int kSmem = GemmCfg<kBM, kBK>::kSmemBytes;
+  auto* kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kFp8W>;
+  constexpr int kSmem = kFp8W ? GemmCfg<kBM, kBK>::kF8SmemBytes : GemmCfg<kBM, kBK>::kSmemBytes;
   // Raise this instantiation's dynamic shared-memory limit once per device.
   static std::atomic<uint64_t> smem_set{0};  // bit d: done on device d
   int dev = 0;
@@ -216,8 +270,12 @@ absl::Status LaunchOne(const GroupedGemmParams& p) {
 
 template <int kBM, int kBK>
 absl::Status Launch(const GroupedGemmParams& p) {
-  return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true>(p)
-                                         : LaunchOne<kBM, kBK, false>(p);
+  if (p.w_fp8 != nullptr) {
+    return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true, true>(p)
+                                           : LaunchOne<kBM, kBK, false, true>(p);
+  }
+  return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true, false>(p)
+                                         : LaunchOne<kBM, kBK, false, false>(p);
 }
 
 template <int kBK>
@@ -251,10 +309,13 @@ absl::Status RunGroupedGemm(const GroupedGemmParams& p) {
                      "16, 32 or 64"));
   }
   if (q.max_tiles == 0) return absl::OkStatus();
-  if (!q.x || !q.w || !q.y || !q.expert_offsets || !q.tile_offsets) {
-    return absl::InvalidArgumentError("RunGroupedGemm: null pointer");
+  if (!q.x || (q.w == nullptr) == (q.w_fp8 == nullptr) || (q.w_fp8 && !q.w_scale) || !q.y ||
+      !q.expert_offsets || !q.tile_offsets) {
+    return absl::InvalidArgumentError(
+        "RunGroupedGemm: null pointer (or not exactly one of w, w_fp8 + w_scale)");
   }
-  if ((reinterpret_cast<uintptr_t>(q.x) | reinterpret_cast<uintptr_t>(q.w)) & 15) {
+  const void* w = q.w != nullptr ? static_cast<const void*>(q.w) : q.w_fp8;
+  if ((reinterpret_cast<uintptr_t>(q.x) | reinterpret_cast<uintptr_t>(w)) & 15) {
     return absl::InvalidArgumentError("RunGroupedGemm: x and w must be 16-byte aligned");
   }
   if (q.k_tile != 0 && q.k_tile != 32 && q.k_tile != 64) {

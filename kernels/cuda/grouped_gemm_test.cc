@@ -8,7 +8,9 @@
 #include <numeric>
 #include <random>
 
+#include "base/dtype.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/test_util.h"
@@ -158,6 +160,55 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
     }
     const double err = RelErr(got, ref);
     EXPECT_LT(err, f32 ? 2e-3 : 6e-3) << "grouped GEMM";
+
+    // FP8 weights (each expert's 128 x 128 blocks quantized as a checkpoint
+    // holds them): bit for bit the bf16 kernel on the codes times their
+    // scales rounded to bf16, which the kernel widens them to.
+    {
+      const int stride = Fp8ScaleStride(c.k), nb = cpu::Fp8Blocks(c.n);
+      std::vector<uint8_t> codes(w.size());
+      std::vector<float> scales(static_cast<size_t>(c.experts) * nb * stride, 0.0f);
+      std::vector<float> widened(w.size());
+      std::vector<float> block(static_cast<size_t>(nb) * cpu::Fp8Blocks(c.k));
+      for (int e = 0; e < c.experts; ++e) {
+        const size_t at = static_cast<size_t>(e) * c.n * c.k;
+        cpu::QuantizeFp8Blocks(&w[at], &codes[at], block.data(), c.n, c.k);
+        for (int j = 0; j < nb; ++j) {
+          for (int b = 0; b < cpu::Fp8Blocks(c.k); ++b)
+            scales[(static_cast<size_t>(e) * nb + j) * stride + b] =
+                block[j * cpu::Fp8Blocks(c.k) + b];
+        }
+        for (int r = 0; r < c.n; ++r) {
+          for (int kk = 0; kk < c.k; ++kk) {
+            const size_t i = at + static_cast<size_t>(r) * c.k + kk;
+            widened[i] = Bf16ToF32(F32ToBf16(F8E4M3ToF32(codes[i]) *
+                                             block[(r / 128) * cpu::Fp8Blocks(c.k) + kk / 128]));
+          }
+        }
+      }
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dcodes, Upload(codes));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dscales, Upload(scales));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dwide, Upload(ToBf16Rounding(widened)));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto y8, DeviceBuffer<uint8_t>::Create(y.size()));
+      MOESH_ASSERT_OK(Poison(y8));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      GroupedGemmParams g8 = gp;
+      g8.w = nullptr, g8.w_fp8 = dcodes.get(), g8.w_scale = dscales.get(), g8.y = y8.get();
+      MOESH_ASSERT_OK(RunGroupedGemm(g8));
+      GroupedGemmParams g16 = gp;
+      g16.w = dwide.get();
+      MOESH_ASSERT_OK(RunGroupedGemm(g16));  // into y (checked above already)
+      MOESH_ASSERT_OK(stream.Synchronize());
+      MOESH_ASSERT_OK_AND_ASSIGN(auto a, y8.ToHost());
+      MOESH_ASSERT_OK_AND_ASSIGN(auto b, y.ToHost());
+      EXPECT_TRUE(a == b) << "FP8 weights differ from their bf16 widening";
+      g8.w_scale = nullptr;
+      EXPECT_EQ(RunGroupedGemm(g8).code(), absl::StatusCode::kInvalidArgument);
+    }
+    if (f32) {  // y again as the bf16 weights' result, for the combine below
+      MOESH_ASSERT_OK(RunGroupedGemm(gp));
+      MOESH_ASSERT_OK(stream.Synchronize());
+    }
 
     // The combine: x2[t] += sum_k wt[t, k] * y[pair_row[t, k]] (fp32 rows).
     if (f32) {
