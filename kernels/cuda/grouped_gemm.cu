@@ -9,9 +9,10 @@
 // no host sync, capturable in a CUDA graph. Tiles of one expert are adjacent
 // in launch order, so its weight slice is read from DRAM about once.
 //
-// FP8 weights (w_fp8): the ring holds each slice's e4m3 bytes; once a slice
-// lands, the CTA widens it (times its 128 x 128 block's scale: the CTA's 128
-// columns are one row block) into one bf16 tile that the MMAs read as above.
+// FP8 weights (w_fp8): the ring holds each slice's e4m3 bytes (rows padded
+// to kBK + 16 so a warp's fragment reads hit distinct banks), and each warp
+// widens its B fragments in registers (times the 128 x 128 block's scale:
+// the CTA's 128 columns are one row block), in place of ldmatrix.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -45,26 +46,22 @@ struct GemmCfg {
   static constexpr int kAChunks = kBM * kChunksPerRow;
   static constexpr int kBChunks = kBN * kChunksPerRow;
   static constexpr int kSmemBytes = kStages * (kBM + kBN) * kPitch * 2;
-  // FP8 weights: A's ring, the e4m3 ring (kBK bytes a row) and one bf16 tile.
+  // FP8 weights: A's ring and the e4m3 ring (rows of kF8Pitch bytes), two
+  // stages deeper (a stage carries half the weight bytes; two CTAs still fit an SM).
   static constexpr int kF8Chunks = kBN * kBK / 16;
-  static constexpr int kF8SmemBytes =
-      kStages * kBM * kPitch * 2 + kStages * kBN * kBK + kBN * kPitch * 2;
+  static constexpr int kF8Pitch = kBK + 16;
+  static constexpr int kF8Stages = kStages + 2;
+  static constexpr int kF8SmemBytes = kF8Stages * (kBM * kPitch * 2 + kBN * kF8Pitch);
   static_assert(kNi % 2 == 0 && kBChunks % kThreads == 0 && kF8Chunks % kThreads == 0);
 };
 
-// 16 e4m3 codes times `scale`, rounded to bf16.
-__device__ __forceinline__ void WidenFp8x16(const uint4& codes, float scale, bf16* out) {
-  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-  __align__(16) __nv_bfloat162 v[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const __nv_fp8x2_storage_t pair =
-        static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2)));
-    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-    v[i] = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-  }
-  reinterpret_cast<uint4*>(out)[0] = reinterpret_cast<const uint4*>(v)[0];
-  reinterpret_cast<uint4*>(out)[1] = reinterpret_cast<const uint4*>(v)[1];
+// Two e4m3 codes (the lower k first) times `scale`, rounded to a bf16 pair:
+// an MMA B register.
+__device__ __forceinline__ uint32_t WidenFp8x2(const uint8_t* codes, float scale) {
+  const __nv_fp8x2_storage_t pair = *reinterpret_cast<const __nv_fp8x2_storage_t*>(codes);
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+  const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // 16-byte async copy; zero-fills the destination when !pred.
@@ -84,13 +81,12 @@ __device__ __forceinline__ void CpAsyncWait() {
 template <int kBM, int kBK, bool kF32Out, bool kFp8W>
 __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams p) {
   using Cfg = GemmCfg<kBM, kBK>;
-  constexpr int S = Cfg::kStages, kPitch = Cfg::kPitch;
+  constexpr int S = kFp8W ? Cfg::kF8Stages : Cfg::kStages, kPitch = Cfg::kPitch;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   auto sa = reinterpret_cast<bf16(*)[kBM][kPitch]>(smem_raw);  // [S][kBM][kPitch]
-  // bf16 weights: [S][kBN][kPitch]. FP8: the e4m3 ring [S][kBN][kBK], then the widened tile.
+  // bf16 weights: [S][kBN][kPitch]. FP8: the e4m3 ring [S][kBN][kF8Pitch].
   auto sb = reinterpret_cast<bf16(*)[kBN][kPitch]>(smem_raw + S * kBM * kPitch * 2);
-  auto s8 = reinterpret_cast<uint8_t(*)[kBN][kBK]>(smem_raw + S * kBM * kPitch * 2);
-  auto sw = reinterpret_cast<bf16(*)[kPitch]>(smem_raw + S * kBM * kPitch * 2 + S * kBN * kBK);
+  auto s8 = reinterpret_cast<uint8_t(*)[kBN][Cfg::kF8Pitch]>(smem_raw + S * kBM * kPitch * 2);
 
   const int tile = blockIdx.x;
   if (tile >= p.tile_offsets[p.num_experts]) return;  // uniform per CTA
@@ -190,18 +186,7 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
     if (next < k_tiles) load(next % S, next);
     CpAsyncCommit();
     const int st = kt % S;
-    auto sb_tile = sb[st];  // the weights the MMAs read: the ring's slice, or the widened one
-    if constexpr (kFp8W) {
-      const float scale = w_scale[kt * kBK / cpu::kFp8Block];
-#pragma unroll
-      for (int i = 0; i < kBIters; ++i) {
-        const int c = threadIdx.x + i * kThreads;
-        const int r = c / kBChunksPerRow, col = (c % kBChunksPerRow) * 16;
-        WidenFp8x16(*reinterpret_cast<const uint4*>(&s8[st][r][col]), scale, &sw[r][col]);
-      }
-      __syncthreads();  // the widened slice is whole
-      sb_tile = sw;
-    }
+    const float scale = kFp8W ? w_scale[kt * kBK / cpu::kFp8Block] : 0.0f;
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
       uint32_t a[Cfg::kMi][4];
@@ -213,8 +198,16 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
 #pragma unroll
       for (int nj = 0; nj < Cfg::kNi / 2; ++nj) {
         uint32_t b[4];
-        Ldmatrix4(b, &sb_tile[wn * Cfg::kWarpN + nj * 16 + (lane & 7) + (lane >> 4) * 8]
-                             [ks * 16 + ((lane >> 3) & 1) * 8]);
+        if constexpr (kFp8W) {  // ldmatrix's four 8 x 8 matrices: n 0-7 | 8-15 by k 0-7 | 8-15
+          const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), k = ks * 16 + 2 * (lane & 3);
+          b[0] = WidenFp8x2(&s8[st][n][k], scale);
+          b[1] = WidenFp8x2(&s8[st][n][k + 8], scale);
+          b[2] = WidenFp8x2(&s8[st][n + 8][k], scale);
+          b[3] = WidenFp8x2(&s8[st][n + 8][k + 8], scale);
+        } else {
+          Ldmatrix4(b, &sb[st][wn * Cfg::kWarpN + nj * 16 + (lane & 7) + (lane >> 4) * 8]
+                          [ks * 16 + ((lane >> 3) & 1) * 8]);
+        }
 #pragma unroll
         for (int mi = 0; mi < Cfg::kMi; ++mi) {
           Mma(acc[mi][2 * nj], a[mi], b[0], b[1]);

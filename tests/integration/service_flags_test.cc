@@ -95,6 +95,7 @@ void SetAll(DeviceOptions* d) {
   d->gpu_memory_utilization = 0.55;
   d->max_model_len = 100;
   d->dummy_weights = true;
+  d->fp8_linears = true;
 }
 
 void SetAll(ServerOptions* s) {

@@ -39,6 +39,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/model_ops.h"
 #include "tools/bench/bench_util.h"
@@ -264,6 +265,17 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
     ASSIGN_OR_RETURN(auto wd, DeviceBuffer<bf16>::Create(static_cast<size_t>(e) * hk * inter));
     RETURN_IF_ERROR(FillUniform(wd.get(), wd.size(), 14, 0.02f, s));
     ASSIGN_OR_RETURN(auto h_off, PinnedBuffer<int32_t>::Create(e + 1));
+    // The same gate_up weights in FP8 (each expert's 128 x 128 blocks).
+    const size_t w8_scales = static_cast<size_t>(cpu::Fp8Blocks(n)) * Fp8ScaleStride(hk);
+    ASSIGN_OR_RETURN(auto w8, DeviceBuffer<uint8_t>::Create(static_cast<size_t>(e) * n * hk));
+    ASSIGN_OR_RETURN(auto w8s, DeviceBuffer<float>::Create(e * w8_scales));
+    for (int i = 0; i < e; ++i) {
+      QuantizeFp8BlocksParams qp;
+      qp.w_bf16 = w.get() + static_cast<size_t>(i) * n * hk;
+      qp.q = w8.get() + static_cast<size_t>(i) * n * hk, qp.scale = w8s.get() + i * w8_scales;
+      qp.n = n, qp.k = hk, qp.stream = s;
+      RETURN_IF_ERROR(RunQuantizeFp8Blocks(qp));
+    }
     std::vector<std::string> mlp_rows;  // the whole expert MLP per path, printed after
     for (int tokens : {256, 16384}) {
       const int rows = tokens * k;
@@ -313,6 +325,17 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
                     tile, k_tile, g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12,
                     w_bytes / (g_ms * 1e-3) / 1e9, d_ms * 1e3, flops / (d_ms * 1e-3) / 1e12,
                     d_ms / g_ms);
+      }
+      {  // FP8 weights (half the bytes), 64-wide slices
+        GroupedGemmParams g8 = gp;
+        g8.w = nullptr, g8.w_fp8 = w8.get(), g8.w_scale = w8s.get(), g8.k_tile = 64;
+        ASSIGN_OR_RETURN(double g_ms,
+                         EventMedianMs(s, 3, 20, [&](int) { return RunGroupedGemm(g8); }));
+        std::printf(
+            "| %d x %d | %d x 64, FP8 weights | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f |\n",
+            tokens, k, tile, g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12,
+            (w_bytes / 2 + e * w8_scales * 4.0) / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
+            flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
       }
       // The whole expert MLP as the model runs it (EnqueueExpertMlp), each
       // path, against two dense cuBLAS GEMMs of the same rows.
