@@ -9,10 +9,11 @@
 // no host sync, capturable in a CUDA graph. Tiles of one expert are adjacent
 // in launch order, so its weight slice is read from DRAM about once.
 //
-// FP8 weights (w_fp8): the ring holds each slice's e4m3 bytes (rows padded
-// to kBK + 16 so a warp's fragment reads hit distinct banks), and each warp
-// widens its B fragments in registers (times the 128 x 128 block's scale:
-// the CTA's 128 columns are one row block), in place of ldmatrix.
+// FP8 weights (w_fp8): the ring holds each slice's e4m3 bytes (128-wide
+// slices where k allows; rows padded by 16 bytes so a warp's fragment reads
+// hit distinct banks), and each warp widens its B fragments in registers
+// (times the 128 x 128 block's scale: the CTA's 128 columns are one row
+// block), in place of ldmatrix.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -46,11 +47,12 @@ struct GemmCfg {
   static constexpr int kAChunks = kBM * kChunksPerRow;
   static constexpr int kBChunks = kBN * kChunksPerRow;
   static constexpr int kSmemBytes = kStages * (kBM + kBN) * kPitch * 2;
-  // FP8 weights: A's ring and the e4m3 ring (rows of kF8Pitch bytes), two
-  // stages deeper (a stage carries half the weight bytes; two CTAs still fit an SM).
+  // FP8 weights: A's ring and the e4m3 ring (rows of kF8Pitch bytes). Their
+  // slices are 128 wide (a whole scale block; as many weight bytes a stage as
+  // bf16's 64), else two stages deeper; two CTAs fit an SM either way.
   static constexpr int kF8Chunks = kBN * kBK / 16;
   static constexpr int kF8Pitch = kBK + 16;
-  static constexpr int kF8Stages = kStages + 2;
+  static constexpr int kF8Stages = kBK == 128 ? kStages : kStages + 2;
   static constexpr int kF8SmemBytes = kF8Stages * (kBM * kPitch * 2 + kBN * kF8Pitch);
   static_assert(kNi % 2 == 0 && kBChunks % kThreads == 0 && kF8Chunks % kThreads == 0);
 };
@@ -267,8 +269,12 @@ absl::Status Launch(const GroupedGemmParams& p) {
     return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true, true>(p)
                                            : LaunchOne<kBM, kBK, false, true>(p);
   }
-  return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true, false>(p)
-                                         : LaunchOne<kBM, kBK, false, false>(p);
+  if constexpr (kBK == 128) {  // FP8 only
+    return absl::InternalError("GroupedGemm: 128-wide slices are for FP8 weights");
+  } else {
+    return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true, false>(p)
+                                           : LaunchOne<kBM, kBK, false, false>(p);
+  }
 }
 
 template <int kBK>
@@ -311,9 +317,14 @@ absl::Status RunGroupedGemm(const GroupedGemmParams& p) {
   if ((reinterpret_cast<uintptr_t>(q.x) | reinterpret_cast<uintptr_t>(w)) & 15) {
     return absl::InvalidArgumentError("RunGroupedGemm: x and w must be 16-byte aligned");
   }
-  if (q.k_tile != 0 && q.k_tile != 32 && q.k_tile != 64) {
-    return absl::InvalidArgumentError("RunGroupedGemm: k_tile must be 0, 32 or 64");
+  if (q.k_tile != 0 && q.k_tile != 32 && q.k_tile != 64 && !(q.k_tile == 128 && q.w_fp8)) {
+    return absl::InvalidArgumentError(
+        "RunGroupedGemm: k_tile must be 0, 32 or 64 (or 128 with FP8 weights)");
   }
+  // FP8 weights take a whole scale block a slice where k allows.
+  if (q.w_fp8 && q.k % 128 == 0 && (q.k_tile == 0 || q.k_tile == 128)) return LaunchTile<128>(q);
+  if (q.k_tile == 128)
+    return absl::InvalidArgumentError("RunGroupedGemm: k_tile 128 needs k % 128 == 0");
   const bool wide = q.k_tile == 64 || (q.k_tile == 0 && q.k % 64 == 0);
   if (wide && q.k % 64 != 0)
     return absl::InvalidArgumentError("RunGroupedGemm: k_tile 64 needs k % 64 == 0");

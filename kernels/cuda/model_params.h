@@ -91,7 +91,8 @@ struct GroupedGemmParams {
   const int32_t* tile_offsets = nullptr;    // [num_experts + 1], with the same tile_m
   int tile_m = 16;                          // 16 or 32 (decode), 64 (prefill)
   int max_tiles = 0;  // host bound on tile_offsets[num_experts]: GroupedGemmMaxTiles()
-  int k_tile = 0;     // k slice per pipeline stage: 32 or 64; 0: 64 iff k % 64 == 0
+  int k_tile =
+      0;  // k slice per pipeline stage: 32 or 64 (128: FP8 weights); 0: the widest k allows
   void* y = nullptr;  // [rows, ldy], per out_type
   OutType out_type = OutType::kBf16;
   int ldy = 0;  // 0: n
