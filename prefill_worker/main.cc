@@ -17,6 +17,7 @@ namespace {
 
 absl::Status Run() {
   ASSIGN_OR_RETURN(const PrefillWorkerOptions o, PrefillWorkerOptionsFromFlags());
+  RETURN_IF_ERROR(ConfigureInternalPlane(o.server));
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics,
                    Metrics::Create(o.server.metrics_listen, "prefill_worker"));
   const AttentionWorkerOptions opt =
