@@ -63,8 +63,8 @@ absl::StatusOr<TlsFiles> MakeLocalCertificates(const std::string& dir) {
                                        "-nodes"};
   std::vector<std::string> ca = {"openssl", "req", "-x509"};
   ca.insert(ca.end(), ec.begin(), ec.end());
-  ca.insert(ca.end(), {"-days", "7", "-subj", "/CN=moesh-local-ca", "-keyout", ca_key, "-out",
-                       files.ca});
+  ca.insert(ca.end(),
+            {"-days", "7", "-subj", "/CN=moesh-local-ca", "-keyout", ca_key, "-out", files.ca});
   RETURN_IF_ERROR(RunTool(ca, log));
   std::vector<std::string> req = {"openssl", "req", "-new"};
   req.insert(req.end(), ec.begin(), ec.end());

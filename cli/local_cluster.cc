@@ -183,8 +183,7 @@ absl::Status LocalCluster::WaitUntilServing(std::chrono::seconds timeout) const 
     ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(options_.tls.ca));
     credentials = grpc::SslCredentials(ssl);
   }
-  auto stub =
-      grpc::health::v1::Health::NewStub(grpc::CreateChannel(router_address(), credentials));
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(router_address(), credentials));
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   std::string last;
   while (std::chrono::steady_clock::now() < give_up) {

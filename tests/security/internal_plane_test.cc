@@ -5,6 +5,8 @@
 // client, a client without a certificate and one whose certificate another
 // CA signed; and a flood of decode reservations from one peer leaves room
 // for everyone else (--max_pending_kv_share).
+#include "common/rpc/internal_plane.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <filesystem>
@@ -18,7 +20,6 @@
 #include "cli/local_cluster.h"
 #include "common/model/config.h"
 #include "common/model/random_checkpoint.h"
-#include "common/rpc/internal_plane.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "moesh/v1/generation.grpc.pb.h"
