@@ -135,7 +135,7 @@ class InternalPlaneTest : public ::testing::Test {
     auto reader = stub->Generate(ctx.get(), r);
     v1::GenerateResponse m;
     *tokens = 0;
-    while (reader->Read(&m)) *tokens += m.token_ids().ids_size();
+    while (reader->Read(&m)) *tokens += m.token_ids_size();
     return reader->Finish();
   }
 
