@@ -38,8 +38,8 @@ Service* MakeService() {
   if (!config.ok() || s->codec == nullptr) abort();
   moesh::GenerationServiceOptions options;
   options.max_context_tokens = 512;
-  s->service = std::make_unique<moesh::GenerationService>(*config, nullptr, s->codec.get(),
-                                                          options);
+  s->service =
+      std::make_unique<moesh::GenerationService>(*config, nullptr, s->codec.get(), options);
   return s;
 }
 
