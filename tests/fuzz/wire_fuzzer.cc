@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "common/model/kv_cache.h"
@@ -48,17 +49,20 @@ void FuzzPushKv(const uint8_t* data, size_t size) {
 void FuzzDispatchResponse(const uint8_t* data, size_t size) {
   moesh::v1::DispatchResponse response;
   if (!response.ParseFromArray(data, static_cast<int>(size))) return;
-  constexpr int kTokens = 3, kHidden = 4, kTopK = 2;
-  std::vector<float> hidden(kTokens * kHidden, 1.0f), weights(kTokens * kTopK, 0.5f);
-  std::vector<int32_t> ids(kTokens * kTopK, 0);
-  moesh::MoeDispatch d;
-  d.num_tokens = kTokens;
-  d.hidden = kHidden;
-  d.top_k = kTopK;
-  d.hidden_states = hidden.data();
-  d.topk_ids = ids.data();
-  d.topk_weights = weights.data();
-  std::vector<float> out(kTokens * kHidden);
+  // The dispatch it answers: 3 tokens of 4 floats, top-2 (a decoded request,
+  // as the sending side holds it).
+  static const moesh::v1::DispatchRequest* const request = [] {
+    auto* r = new moesh::v1::DispatchRequest;
+    r->set_num_tokens(3);
+    r->set_hidden(4);
+    r->set_top_k(2);
+    r->set_hidden_states(std::string(3 * 4 * sizeof(float), '\0'));
+    r->mutable_topk_ids()->Resize(3 * 2, 0);
+    r->mutable_topk_weights()->Resize(3 * 2, 0.5f);
+    return r;
+  }();
+  const moesh::MoeDispatch d = *moesh::DecodeDispatchRequest(*request);
+  std::vector<float> out(3 * 4);
   (void)moesh::DecodeDispatchResponse(response, d, "fuzz", out.data());
 }
 
@@ -71,20 +75,10 @@ void FuzzLogprobs(const uint8_t* data, size_t size) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using Target = void (*)(const uint8_t*, size_t);
+  static constexpr Target kTargets[] = {FuzzDispatchRequest, FuzzPushKv, FuzzDispatchResponse,
+                                        FuzzLogprobs};
   if (size == 0) return 0;
-  switch (data[0] % 4) {
-    case 0:
-      FuzzDispatchRequest(data + 1, size - 1);
-      break;
-    case 1:
-      FuzzPushKv(data + 1, size - 1);
-      break;
-    case 2:
-      FuzzDispatchResponse(data + 1, size - 1);
-      break;
-    case 3:
-      FuzzLogprobs(data + 1, size - 1);
-      break;
-  }
+  kTargets[data[0] % 4](data + 1, size - 1);
   return 0;
 }

@@ -9,6 +9,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -50,6 +51,20 @@ std::unique_ptr<grpc::ClientContext> Deadline(seconds d) {
   return ctx;
 }
 
+// The suite's cluster and certificates.
+struct TlsCluster {
+  TlsFiles certs;  // the cluster's CA and certificate
+  TlsFiles wrong;  // another CA's
+  std::unique_ptr<LocalCluster> cluster;
+
+  const LocalCluster::Process& Proc(const std::string& name) const {
+    static const LocalCluster::Process none;
+    const auto& all = cluster->processes();
+    auto it = std::find_if(all.begin(), all.end(), [&](const auto& p) { return p.name == name; });
+    return it == all.end() ? none : *it;
+  }
+};
+
 class InternalPlaneTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -62,40 +77,32 @@ class InternalPlaneTest : public ::testing::Test {
     RandomCheckpointOptions opt;
     opt.seed = 21;
     ASSERT_TRUE(WriteRandomCheckpoint(*c, model_dir, opt).ok());
+    auto t = std::make_unique<TlsCluster>();
     absl::StatusOr<TlsFiles> certs = MakeLocalCertificates(JoinPath(root, "certs"));
     ASSERT_TRUE(certs.ok()) << certs.status();
     absl::StatusOr<TlsFiles> wrong = MakeLocalCertificates(JoinPath(root, "other-ca"));
     ASSERT_TRUE(wrong.ok()) << wrong.status();
-    certs_ = new TlsFiles(*certs);
-    wrong_ = new TlsFiles(*wrong);
+    t->certs = *certs;
+    t->wrong = *wrong;
     LocalClusterOptions o;
     o.model_dir = model_dir;
     o.bin_dir = MOESH_BINARY_DIR;
     o.work_dir = JoinPath(root, "cluster");
-    o.tls = *certs;
+    o.tls = t->certs;
     o.router.public_tls = true;
     // Dual stack: the router reaches the decode worker as 127.0.0.1, a second
     // peer host on this machine as ::1.
     o.decode.server.listen = "[::]:0";
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = cluster->release();
+    t->cluster = std::move(*cluster);
+    t_ = t.release();
   }
   static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-    delete certs_;
-    delete wrong_;
+    delete t_;
+    t_ = nullptr;
   }
-  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
-
-  static const LocalCluster::Process& Proc(const std::string& name) {
-    for (const auto& p : cluster_->processes()) {
-      if (p.name == name) return p;
-    }
-    static const LocalCluster::Process none;
-    return none;
-  }
+  void SetUp() override { ASSERT_NE(t_, nullptr); }
 
   // A channel to an internal port as `client`.
   static std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address, Client client) {
@@ -103,9 +110,9 @@ class InternalPlaneTest : public ::testing::Test {
       return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
     }
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = Pem(certs_->ca);
+    ssl.pem_root_certs = Pem(t_->certs.ca);
     if (client != Client::kNoCertificate) {
-      const TlsFiles& mine = client == Client::kWrongCa ? *wrong_ : *certs_;
+      const TlsFiles& mine = client == Client::kWrongCa ? t_->wrong : t_->certs;
       ssl.pem_private_key = Pem(mine.key);
       ssl.pem_cert_chain = Pem(mine.cert);
     }
@@ -124,9 +131,9 @@ class InternalPlaneTest : public ::testing::Test {
   // A greedy request of 4 tokens to the TLS public port, checked against the CA.
   static grpc::Status Generate(int* tokens) {
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = Pem(certs_->ca);
+    ssl.pem_root_certs = Pem(t_->certs.ca);
     auto stub = v1::Generation::NewStub(
-        grpc::CreateChannel(cluster_->router_address(), grpc::SslCredentials(ssl)));
+        grpc::CreateChannel(t_->cluster->router_address(), grpc::SslCredentials(ssl)));
     v1::GenerateRequest r;
     for (int32_t t : {5, 17, 300}) r.mutable_token_ids()->add_ids(t);
     r.mutable_stop()->set_max_new_tokens(4);
@@ -139,14 +146,10 @@ class InternalPlaneTest : public ::testing::Test {
     return reader->Finish();
   }
 
-  static LocalCluster* cluster_;
-  static TlsFiles* certs_;
-  static TlsFiles* wrong_;
+  static TlsCluster* t_;
 };
 
-LocalCluster* InternalPlaneTest::cluster_ = nullptr;
-TlsFiles* InternalPlaneTest::certs_ = nullptr;
-TlsFiles* InternalPlaneTest::wrong_ = nullptr;
+TlsCluster* InternalPlaneTest::t_ = nullptr;
 
 TEST_F(InternalPlaneTest, ServesEndToEndOverTls) {
   int tokens = 0;
@@ -155,7 +158,7 @@ TEST_F(InternalPlaneTest, ServesEndToEndOverTls) {
   EXPECT_EQ(tokens, 4);
   // The public port speaks TLS only.
   auto plain = v1::Generation::NewStub(
-      grpc::CreateChannel(cluster_->router_address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(t_->cluster->router_address(), grpc::InsecureChannelCredentials()));
   v1::GenerateRequest r;
   r.mutable_token_ids()->add_ids(5);
   auto ctx = Deadline(seconds(5));
@@ -166,10 +169,10 @@ TEST_F(InternalPlaneTest, ServesEndToEndOverTls) {
 }
 
 TEST_F(InternalPlaneTest, InternalPortsRefusePeersWithoutTheClustersCertificate) {
-  std::vector<std::string> ports = {cluster_->router_internal_address()};
+  std::vector<std::string> ports = {t_->cluster->router_internal_address()};
   for (const char* name : {"prefill-0", "decode-0", "expert-0", "expert-1"}) {
-    ASSERT_FALSE(Proc(name).address.empty()) << name;
-    ports.push_back(Proc(name).address);
+    ASSERT_FALSE(t_->Proc(name).address.empty()) << name;
+    ports.push_back(t_->Proc(name).address);
   }
   for (const std::string& address : ports) {
     SCOPED_TRACE(address);
@@ -183,7 +186,7 @@ TEST_F(InternalPlaneTest, InternalPortsRefusePeersWithoutTheClustersCertificate)
   }
   // A plaintext registration never reaches the router's handler.
   auto cluster = v1::Cluster::NewStub(
-      InternalChannel(cluster_->router_internal_address(), Client::kPlaintext));
+      InternalChannel(t_->cluster->router_internal_address(), Client::kPlaintext));
   v1::DeregisterRequest req;
   req.set_worker_id("DECODE-0");
   v1::DeregisterResponse resp;
@@ -198,7 +201,7 @@ TEST_F(InternalPlaneTest, InternalPortsRefusePeersWithoutTheClustersCertificate)
 // (--max_pending_kv_share 0.5) stops them at 256, and the router, another
 // peer, still gets its requests served while they are held.
 TEST_F(InternalPlaneTest, ReservationFloodFromOnePeerLeavesRoomForOthers) {
-  const std::string& decode = Proc("decode-0").address;
+  const std::string& decode = t_->Proc("decode-0").address;
   const std::string port = decode.substr(decode.rfind(':') + 1);
   auto stub = v1::DecodeWorker::NewStub(InternalChannel("[::1]:" + port, Client::kCluster));
   struct Held {
