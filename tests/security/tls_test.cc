@@ -68,7 +68,7 @@ struct TlsCluster {
 class InternalPlaneTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string root = JoinPath(::testing::TempDir(), "internal_plane_test");
+    const std::string root = JoinPath(::testing::TempDir(), "tls_test");
     std::filesystem::remove_all(root);
     std::filesystem::create_directories(root);
     const std::string model_dir = JoinPath(root, "model");
