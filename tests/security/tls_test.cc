@@ -5,8 +5,6 @@
 // client, a client without a certificate and one whose certificate another
 // CA signed; and a flood of decode reservations from one peer leaves room
 // for everyone else (--max_pending_kv_share).
-#include "common/rpc/internal_plane.h"
-
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -21,6 +19,7 @@
 #include "cli/local_cluster.h"
 #include "common/model/config.h"
 #include "common/model/random_checkpoint.h"
+#include "common/rpc/internal_plane.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "moesh/v1/generation.grpc.pb.h"
