@@ -39,7 +39,8 @@ for i in $(seq "$CLIENTS"); do
   (while true; do
      "$BIN/moesh" complete --server="127.0.0.1:$PORT" --prompt_ids=5,17,300 --max_new_tokens=16 \
        --ignore_eos --timeout=30 >/dev/null 2>>"$WORK/load/errors.$i"
-     echo "$(now) $?"
+     status=$?
+     echo "$(now) $status"
    done >>"$WORK/load/$i") &
   pids+=($!)
 done
@@ -66,6 +67,7 @@ kill_and_restart() {
   sleep "$DOWN"
   "${cmd[@]}" >>"$WORK/cluster/$name.log" 2>&1 &
   echo $! >"$WORK/restarted.$name"
+  disown $!
 }
 
 t0=$(now)
