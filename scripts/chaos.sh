@@ -59,9 +59,9 @@ kill_and_restart() {
   if [ "$name" = router ]; then  # the same ports, so workers and clients find it again
     local internal
     internal=$(sed -n 3p "$WORK/cluster/router.ready")
-    for k in "${!cmd[@]}"; do
-      [[ ${cmd[$k]} == --internal_listen=* ]] && cmd[$k]="--internal_listen=$internal"
-    done
+    local kept=()
+    for a in "${cmd[@]}"; do [[ $a == --internal_listen=* ]] || kept+=("$a"); done
+    cmd=("${kept[@]}" "--internal_listen=$internal")
   fi
   kill -9 "$pid"
   sleep "$DOWN"
