@@ -82,6 +82,7 @@ std::string LocalCluster::ReadyFile(const std::string& name) const {
 void LocalCluster::SetServer(const std::string& name, ServerOptions* server) const {
   server->model = options_.model_dir;
   server->ready_file = ReadyFile(name);
+  server->tls = options_.tls;
 }
 
 absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& name,
@@ -176,8 +177,13 @@ absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
 }
 
 absl::Status LocalCluster::WaitUntilServing(std::chrono::seconds timeout) const {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(router_address(), grpc::InsecureChannelCredentials()));
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options_.router.public_tls) {
+    grpc::SslCredentialsOptions ssl;
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(options_.tls.ca));
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(router_address(), credentials));
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   std::string last;
   while (std::chrono::steady_clock::now() < give_up) {

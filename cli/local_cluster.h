@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/internal_plane.h"
 #include "decode_worker/flags.h"
 #include "expert_worker/flags.h"
 #include "prefill_worker/flags.h"
@@ -52,6 +53,10 @@ struct LocalClusterOptions {
   // GPU; attention on another).
   std::vector<std::string> expert_devices;
   std::chrono::seconds startup_timeout{120};
+  // Every process's --tls_cert, --tls_key, --tls_ca (MakeLocalCertificates):
+  // mutual TLS on the internal plane; empty: plaintext. With
+  // router.public_tls the public port is checked against tls.ca.
+  TlsFiles tls;
 };
 
 // Sets the prefill, decode and expert workers' --device and --load_format

@@ -74,10 +74,10 @@ const std::vector<Command>& Commands() {
       {"serve-local",
        "--model=DIR [--expert_workers=N] [--port=P] [--bin_dir=DIR] [--work_dir=DIR]\n"
        "      [--kv_blocks=N] [--device=cuda] [--expert_device=cuda:1[,cuda:2...]]\n"
-       "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}]\n"
+       "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}] [--tls]\n"
        "    router, prefill, decode and expert workers on loopback, until Ctrl-C",
        {"model", "port", "expert_workers", "bin_dir", "work_dir", "kv_blocks", "device",
-        "expert_device", "transport", "load_format"},
+        "expert_device", "transport", "load_format", "tls"},
        RunServeLocal},
       {"complete",
        "--server=HOST:PORT (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"

@@ -1,13 +1,16 @@
 // moesh serve-local: the whole cluster on loopback, until Ctrl-C.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/file_util.h"
 #include "base/status.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/local_certs.h"
 #include "cli/local_cluster.h"
 #include "common/service/device_flags.h"
 #include "common/service/worker_util.h"
@@ -19,6 +22,10 @@ ABSL_FLAG(int, kv_blocks, 512, "The decode worker's KV cache blocks (--device cp
 ABSL_FLAG(std::string, transport, "grpc",
           "The data plane between the attention and the expert workers: grpc, ucx, nccl (GPUs) "
           "or cuda_ipc (GPUs of one node).");
+
+ABSL_FLAG(bool, tls, false,
+          "Mutual TLS between the processes (the internal plane) with a throwaway CA and "
+          "certificate made with openssl in <work_dir>/certs; the public port stays plaintext.");
 
 namespace moesh::cli {
 
@@ -37,6 +44,11 @@ absl::Status RunServeLocal() {
   opt.bin_dir = BinDirFlag();
   opt.work_dir = absl::GetFlag(FLAGS_work_dir);
   if (opt.work_dir.empty()) opt.work_dir = absl::StrCat("/tmp/moesh-serve-local-", getpid());
+  if (absl::GetFlag(FLAGS_tls)) {
+    mkdir(opt.work_dir.c_str(), 0755);
+    ASSIGN_OR_RETURN(opt.tls, MakeLocalCertificates(JoinPath(opt.work_dir, "certs")));
+    std::cerr << "internal plane: mutual TLS, CA " << opt.tls.ca << std::endl;
+  }
   std::cerr << "starting router, " << n << " expert workers, a prefill and a decode worker on "
             << device.device << " (logs in " << opt.work_dir << ") ..." << std::endl;
   // Block the signals before spawning so only this process waits for them.

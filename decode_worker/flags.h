@@ -24,9 +24,13 @@ struct DecodeWorkerOptions {
   KvOptions kv;
   DeviceOptions device;      // the device flags' fields; the KV pool's come from `kv`
   int micro_batch_min = 16;  // the smallest batch split into micro-batches
+  // --max_pending_kv_share: the share of the KV pool, (0, 1], one peer's
+  // reservations awaiting their KV may hold (DecodeEngineOptions).
+  double max_pending_kv_share = 0.5;
 };
 
-// INVALID_ARGUMENT for a missing --model, a bad device, or a count below 1.
+// INVALID_ARGUMENT for a missing --model, a bad device, a count below 1 or a
+// share outside (0, 1].
 absl::StatusOr<DecodeWorkerOptions> DecodeWorkerOptionsFromFlags();
 // The command line that gives moesh_decode_worker `o` (flags at their
 // defaults left out).

@@ -18,6 +18,7 @@ namespace {
 
 absl::Status Run() {
   ASSIGN_OR_RETURN(const DecodeWorkerOptions o, DecodeWorkerOptionsFromFlags());
+  RETURN_IF_ERROR(ConfigureInternalPlane(o.server));
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics,
                    Metrics::Create(o.server.metrics_listen, "decode_worker"));
   AttentionWorkerOptions opt =
@@ -29,6 +30,7 @@ absl::Status Run() {
   eo.max_batch = o.kv.max_batch;
   eo.micro_batches = o.dispatch.micro_batches;
   eo.micro_batch_min = o.micro_batch_min;
+  eo.max_pending_kv_share = o.max_pending_kv_share;
   eo.metrics = metrics.get();
   ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
   DecodeEngine engine(w.backend.get(), w.experts.get(), eo);

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/internal_plane.h"
 
 namespace moesh {
 
@@ -22,8 +23,12 @@ grpc::Status ExpertService::Info(grpc::ServerContext*, const v1::ExpertInfoReque
   return grpc::Status::OK;
 }
 
-grpc::Status ExpertService::LoadExperts(grpc::ServerContext*, const v1::LoadExpertsRequest* request,
+grpc::Status ExpertService::LoadExperts(grpc::ServerContext* ctx,
+                                        const v1::LoadExpertsRequest* request,
                                         v1::LoadExpertsResponse* response) {
+  if (absl::Status s = CheckAuthenticatedPeer(*ctx, "ExpertWorker.LoadExperts"); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::StatusOr<std::set<int>> hosted = dispatcher_.LoadExperts(
       {request->expert_ids().begin(), request->expert_ids().end()}, request->exact());
   if (!hosted.ok()) return ToGrpcStatus(hosted.status());

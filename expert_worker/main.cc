@@ -24,6 +24,7 @@ namespace {
 
 absl::Status Run() {
   ASSIGN_OR_RETURN(const ExpertWorkerOptions o, ExpertWorkerOptionsFromFlags());
+  RETURN_IF_ERROR(ConfigureInternalPlane(o.server));
   const std::string& dir = o.server.model;
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
   const DeviceOptions& device = o.device;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/internal_plane.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
@@ -43,7 +44,7 @@ absl::Status CheckDropWithRouter(const std::string& router, const std::string& s
         "expert_ids: an exact load would drop hosted experts, but this worker has no --router "
         "whose placement map could show them another host");
   }
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Cluster::NewStub(CreateInternalChannel(router));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::PlacementMap map;

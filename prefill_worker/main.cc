@@ -1,9 +1,11 @@
 // moesh prefill worker: runs prompts through the model, hands their KV cache
 // to the decode worker and returns the first token.
+#include <algorithm>
 #include <iostream>
 
 #include "base/status.h"
 #include "common/metrics/metrics.h"
+#include "common/model/config.h"
 #include "common/rpc/grpc_util.h"
 #include "common/service/attention_worker.h"
 #include "common/service/serving_proto.h"
@@ -17,6 +19,15 @@ namespace {
 
 absl::Status Run() {
   ASSIGN_OR_RETURN(const PrefillWorkerOptions o, PrefillWorkerOptionsFromFlags());
+  // The channels to the expert workers receive a prefill batch's expert sums
+  // in one message (fp32 [max_batch_tokens, hidden]): their limit covers
+  // that even where --max_receive_message_mb (this worker's listener) is lower.
+  ASSIGN_OR_RETURN(const ModelConfig model, ModelConfig::Load(o.server.model));
+  const int64_t sums_mb = (int64_t{o.max_batch_tokens} * model.hidden_size * 4 >> 20) + 1;
+  RETURN_IF_ERROR(ConfigureInternalPlane(
+      o.server.tls, static_cast<int>(std::min<int64_t>(
+                        std::max<int64_t>(o.server.max_receive_message_mb, sums_mb),
+                        kMaxReceiveMessageMbLimit))));
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics,
                    Metrics::Create(o.server.metrics_listen, "prefill_worker"));
   const AttentionWorkerOptions opt =

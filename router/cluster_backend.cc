@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/internal_plane.h"
 #include "router/worker_clients.h"
 
 namespace moesh {
@@ -30,9 +31,7 @@ int64_t QueuedRank(const v1::WorkerLoad& l) {
 std::shared_ptr<grpc::Channel> ClusterBackend::ChannelTo(const std::string& address) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<grpc::Channel>& ch = channels_[address];
-  if (ch == nullptr)
-    ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   InternalChannelArgs());
+  if (ch == nullptr) ch = CreateInternalChannel(address);
   return ch;
 }
 

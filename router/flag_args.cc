@@ -11,6 +11,7 @@ std::vector<std::string> ToArgs(const RouterOptions& o) {
   std::vector<std::string> args;
   AppendArgs(o.server, &args);
   AddFlag(&args, "internal_listen", o.internal_listen, d.internal_listen);
+  AddFlag(&args, "public_tls", o.public_tls, d.public_tls);
   AddFlag(&args, "heartbeat_interval_ms", o.heartbeat_interval_ms, d.heartbeat_interval_ms);
   AddFlag(&args, "heartbeat_timeout_ms", o.heartbeat_timeout_ms, d.heartbeat_timeout_ms);
   AddFlag(&args, "default_max_new_tokens", o.default_max_new_tokens, d.default_max_new_tokens);

@@ -11,6 +11,9 @@ ABSL_FLAG(std::string, internal_listen, moesh::RouterOptions().internal_listen,
           "heartbeat (and grpc.health.v1); keep it inside the cluster network. The public "
           "--listen port serves moesh.v1.Generation and health only (port 0: any free one; "
           "unused with --colocated).");
+ABSL_FLAG(bool, public_tls, moesh::RouterOptions().public_tls,
+          "Serve the public --listen port over TLS with --tls_cert and --tls_key (clients check "
+          "it against --tls_ca; no client certificate is asked for).");
 ABSL_FLAG(int, heartbeat_interval_ms, moesh::RouterOptions().heartbeat_interval_ms,
           "How often workers heartbeat.");
 ABSL_FLAG(int, heartbeat_timeout_ms, moesh::RouterOptions().heartbeat_timeout_ms,
@@ -36,6 +39,10 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   RouterOptions o;
   ASSIGN_OR_RETURN(o.server, ServerOptionsFromFlags());
   o.internal_listen = absl::GetFlag(FLAGS_internal_listen);
+  o.public_tls = absl::GetFlag(FLAGS_public_tls);
+  if (o.public_tls && !o.server.tls.enabled()) {
+    return absl::InvalidArgumentError("--public_tls needs --tls_cert, --tls_key and --tls_ca");
+  }
   o.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
   o.heartbeat_timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   o.default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens);

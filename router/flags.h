@@ -20,6 +20,9 @@ struct RouterOptions {
   // --internal_listen: the internal plane, moesh.v1.Cluster (where workers
   // register and heartbeat; cluster mode only), apart from the public port.
   std::string internal_listen = "127.0.0.1:0";
+  // --public_tls: TLS on the public port with server.tls's certificate (no
+  // client certificate asked for). REQUIRES server.tls.
+  bool public_tls = false;
   int heartbeat_interval_ms = 500;
   int heartbeat_timeout_ms = 3000;
   int default_max_new_tokens = 256;
@@ -37,7 +40,8 @@ struct RouterOptions {
   DeviceOptions device;
 };
 
-// INVALID_ARGUMENT for a missing --model, bad rebalance settings, or (with
+// INVALID_ARGUMENT for a missing --model, bad rebalance settings, --public_tls
+// without the TLS files, or (with
 // --colocated) bad device flags.
 absl::StatusOr<RouterOptions> RouterOptionsFromFlags();
 // The command line that gives moesh_router `o` (flags at their defaults left

@@ -19,6 +19,11 @@ constexpr int kMaxTopLogprobs = 20;
 // long merges and multi-byte scripts): refused before tokenizing, which
 // costs time and memory in proportion to the bytes.
 constexpr int64_t kMaxPromptBytesPerToken = 16;
+// Every generated piece is matched against every stop string, and every token
+// against every stop id: a request may not make that cost unbounded.
+constexpr int kMaxStopStrings = 16;
+constexpr size_t kMaxStopStringBytes = 256;
+constexpr int kMaxStopTokenIds = 1024;
 
 // A text's byte length against the context limit, before it is tokenized.
 absl::Status CheckTextBytes(absl::string_view field, absl::string_view text, int max_context) {
@@ -176,6 +181,10 @@ absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::Generate
   } else {
     b.max_new_tokens = std::min(options_.default_max_new_tokens, max_context_ - prompt_len);
   }
+  if (stop.stop_token_ids_size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: ", stop.stop_token_ids_size(),
+                                                   " ids; at most ", kMaxStopTokenIds));
+  }
   for (int32_t t : stop.stop_token_ids()) {
     if (t < 0 || t >= config_.vocab_size) {
       return absl::InvalidArgumentError(
@@ -186,8 +195,16 @@ absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::Generate
   if (!stop.ignore_eos())
     b.stop_token_ids.insert(b.stop_token_ids.end(), config_.eos_token_ids.begin(),
                             config_.eos_token_ids.end());
+  if (stop.stop_strings_size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_strings: ", stop.stop_strings_size(),
+                                                   " strings; at most ", kMaxStopStrings));
+  }
   for (const std::string& s : stop.stop_strings()) {
     if (s.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
+    if (s.size() > kMaxStopStringBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("stop_strings: a string of ", s.size(),
+                                                     " bytes; at most ", kMaxStopStringBytes));
+    }
     if (codec_ == nullptr)
       return absl::InvalidArgumentError("stop strings need the model's tokenizer.json");
   }

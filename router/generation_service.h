@@ -54,6 +54,10 @@ class GenerationService final
                          v1::ModelInfoResponse*) override;
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
 
+  // A validated request, or INVALID_ARGUMENT explaining what is wrong (what
+  // Generate checks first; the fuzz target tests/fuzz/request_fuzzer.cc).
+  absl::StatusOr<GenerationRequest> Validate(const v1::GenerateRequest& r) const;
+
   // Requests running now.
   int num_running() const;
   // Graceful shutdown: from now on Generate answers UNAVAILABLE (a client
@@ -67,8 +71,6 @@ class GenerationService final
     CancelToken cancel;
   };
   using Stream = BlockingWriteReactor<v1::GenerateResponse>;
-  // A validated request, or INVALID_ARGUMENT explaining what is wrong.
-  absl::StatusOr<GenerationRequest> Validate(const v1::GenerateRequest& r) const;
   // Runs one Generate call to its status (on a pool thread).
   grpc::Status RunGenerate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request,
                            Stream* writer, const std::shared_ptr<Control>& control);

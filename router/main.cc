@@ -9,6 +9,7 @@
 #include "common/metrics/metrics.h"
 #include "common/model/config.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/internal_plane.h"
 #include "common/service/worker_main.h"
 #include "router/cluster_backend.h"
 #include "router/colocated_backend.h"
@@ -24,6 +25,7 @@ constexpr char kGenerationService[] = "moesh.v1.Generation";
 
 absl::Status Run() {
   ASSIGN_OR_RETURN(const RouterOptions o, RouterOptionsFromFlags());
+  RETURN_IF_ERROR(ConfigureInternalPlane(o.server));
   const std::string& dir = o.server.model;
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
   ASSIGN_OR_RETURN(std::unique_ptr<TextCodec> codec, LoadTextCodec(dir));
@@ -66,8 +68,11 @@ absl::Status Run() {
   GenerationService generation(config, backend.get(), codec.get(), opt);
   // Two planes: the public port serves Generation (and health), the internal
   // one Cluster, so a client of the API cannot register or rebalance.
-  ASSIGN_OR_RETURN(RunningServer server, StartGrpcServer(o.server.listen, {&generation},
-                                                         o.server.max_receive_message_mb));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> public_credentials,
+                   PublicServerCredentials(o.public_tls));
+  ASSIGN_OR_RETURN(RunningServer server,
+                   StartGrpcServer(o.server.listen, {&generation}, o.server.max_receive_message_mb,
+                                   public_credentials));
   RunningServer internal;
   if (membership) {
     ASSIGN_OR_RETURN(internal, StartGrpcServer(o.internal_listen, {membership.get()},

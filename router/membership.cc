@@ -1,6 +1,7 @@
 #include "router/membership.h"
 
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/internal_plane.h"
 
 namespace moesh {
 namespace {
@@ -24,8 +25,10 @@ Membership::Membership(std::string model_fingerprint, ClusterLimits limits,
       registry_(std::move(model_fingerprint), heartbeat_interval, timeout),
       rebalancer_(&registry_, rebalance, metrics) {}
 
-grpc::Status Membership::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+grpc::Status Membership::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* request,
                                   v1::RegisterResponse* response) {
+  if (absl::Status s = CheckAuthenticatedPeer(*ctx, "Cluster.Register"); !s.ok())
+    return ToGrpcStatus(s);
   if (absl::Status s = ValidateRegistration(*request, limits_); !s.ok()) return ToGrpcStatus(s);
   WorkerRegistration r;
   r.kind = request->kind();
@@ -40,8 +43,10 @@ grpc::Status Membership::Register(grpc::ServerContext*, const v1::RegisterReques
   return grpc::Status::OK;
 }
 
-grpc::Status Membership::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+grpc::Status Membership::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* request,
                                    v1::HeartbeatResponse* response) {
+  if (absl::Status s = CheckAuthenticatedPeer(*ctx, "Cluster.Heartbeat"); !s.ok())
+    return ToGrpcStatus(s);
   if (absl::Status s = ValidateHeartbeat(*request, limits_); !s.ok()) return ToGrpcStatus(s);
   const WorkerRegistry::HeartbeatAnswer a =
       registry_.Heartbeat(request->worker_id(), request->load(), request->placement_version());
@@ -56,15 +61,19 @@ grpc::Status Membership::GetPlacement(grpc::ServerContext*, const v1::GetPlaceme
   return grpc::Status::OK;
 }
 
-grpc::Status Membership::Deregister(grpc::ServerContext*, const v1::DeregisterRequest* request,
+grpc::Status Membership::Deregister(grpc::ServerContext* ctx, const v1::DeregisterRequest* request,
                                     v1::DeregisterResponse*) {
+  if (absl::Status s = CheckAuthenticatedPeer(*ctx, "Cluster.Deregister"); !s.ok())
+    return ToGrpcStatus(s);
   if (absl::Status s = ValidateWorkerId(request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   registry_.Deregister(request->worker_id());
   return grpc::Status::OK;
 }
 
-grpc::Status Membership::Rebalance(grpc::ServerContext*, const v1::RebalanceRequest* request,
+grpc::Status Membership::Rebalance(grpc::ServerContext* ctx, const v1::RebalanceRequest* request,
                                    v1::RebalanceResponse* response) {
+  if (absl::Status s = CheckAuthenticatedPeer(*ctx, "Cluster.Rebalance"); !s.ok())
+    return ToGrpcStatus(s);
   if (absl::Status s = ValidateSlotsPerWorker(request->slots_per_worker(), limits_); !s.ok()) {
     return ToGrpcStatus(s);
   }

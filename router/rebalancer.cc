@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/rpc/internal_plane.h"
 #include "moesh/v1/worker.grpc.pb.h"
 #include "router/eplb.h"
 
@@ -146,8 +147,7 @@ absl::StatusOr<RebalanceResult> Rebalancer::Run(int slots_per_worker) {
     v1::LoadExpertsResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-    auto stub = v1::ExpertWorker::NewStub(
-        grpc::CreateChannel(experts[w].address, grpc::InsecureChannelCredentials()));
+    auto stub = v1::ExpertWorker::NewStub(CreateInternalChannel(experts[w].address));
     grpc::Status s = stub->LoadExperts(&ctx, req, &resp);
     if (!s.ok()) {
       return failed(
@@ -218,8 +218,7 @@ void Rebalancer::DropColdReplicas(int64_t version,
     v1::LoadExpertsResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    auto stub = v1::ExpertWorker::NewStub(
-        grpc::CreateChannel(experts[w].address, grpc::InsecureChannelCredentials()));
+    auto stub = v1::ExpertWorker::NewStub(CreateInternalChannel(experts[w].address));
     const grpc::Status s = stub->LoadExperts(&ctx, req, &resp);
     if (!s.ok()) {
       std::cerr << "router: " << experts[w].id << " kept its cold replicas (" << s.error_message()

@@ -31,7 +31,7 @@ LAYERS = [
     ("service", ["common/service"]),
     ("services", ["router", "prefill_worker", "decode_worker", "expert_worker"]),
     ("binaries", ["cli", "tools/bench", "tests/golden", "tests/integration", "tests/security",
-                  "examples"]),
+                  "tests/fuzz", "examples"]),
 ]
 # Rooms of these layers are independent programs: no includes between them.
 APART = {"services"}

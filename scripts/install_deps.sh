@@ -3,7 +3,7 @@
 # Run as root (or with sudo available). Safe to re-run.
 set -euo pipefail
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config python3 git clang-format
+  build-essential cmake ninja-build pkg-config python3 git clang-format clang-14 openssl
   libabsl-dev nlohmann-json3-dev libopenblas-dev libicu-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   python3-grpcio python3-protobuf

@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/internal_plane.h"
 
 namespace moesh {
 namespace {
@@ -21,9 +22,9 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
-                                              const std::vector<grpc::Service*>& services,
-                                              int max_receive_message_mb) {
+absl::StatusOr<RunningServer> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    int max_receive_message_mb, std::shared_ptr<grpc::ServerCredentials> credentials) {
   if (max_receive_message_mb < 1 || max_receive_message_mb > kMaxReceiveMessageMbLimit) {
     return absl::InvalidArgumentError(
         absl::StrCat("the largest message to receive must lie in [1, ", kMaxReceiveMessageMbLimit,
@@ -33,7 +34,9 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   RunningServer out;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &out.port);
+  builder.AddListeningPort(
+      address, credentials != nullptr ? std::move(credentials) : InternalServerCredentials(),
+      &out.port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(max_receive_message_mb << 20);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -46,11 +49,13 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
   return out;
 }
 
-grpc::ChannelArguments InternalChannelArgs() {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  return args;
+std::string PeerHost(const grpc::ServerContextBase& context) {
+  const std::string peer = context.peer();
+  const size_t colon = peer.rfind(':');
+  // A port follows the last colon of "ipv4:h:p" and "ipv6:[h]:p" (not of "unix:/path").
+  const size_t scheme = peer.find(':');
+  if (colon == std::string::npos || colon == scheme) return peer;
+  return peer.substr(0, colon);
 }
 
 }  // namespace moesh

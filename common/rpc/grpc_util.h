@@ -34,14 +34,18 @@ constexpr int kMaxReceiveMessageMbLimit = 2047;
 // a second, random port, and another process could bind the same port),
 // registers `services` (borrowed; must outlive the server), starts it, and
 // marks it SERVING. Messages larger than `max_receive_message_mb` MiB are
-// refused (RESOURCE_EXHAUSTED). UNAVAILABLE if the address cannot be bound.
+// refused (RESOURCE_EXHAUSTED). `credentials` null: the internal plane's
+// (common/rpc/internal_plane.h: mutual TLS when configured). UNAVAILABLE if
+// the address cannot be bound.
 // REQUIRES: 1 <= max_receive_message_mb <= kMaxReceiveMessageMbLimit.
 absl::StatusOr<RunningServer> StartGrpcServer(
     const std::string& address, const std::vector<grpc::Service*>& services,
-    int max_receive_message_mb = kDefaultMaxReceiveMessageMb);
+    int max_receive_message_mb = kDefaultMaxReceiveMessageMb,
+    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
-// Channel arguments for internal clients (large messages allowed).
-grpc::ChannelArguments InternalChannelArgs();
+// The caller's host as gRPC names it, without its port ("ipv4:10.0.0.7",
+// "ipv6:[::1]"): one identity for every connection a peer opens.
+std::string PeerHost(const grpc::ServerContextBase& context);
 
 }  // namespace moesh
 

@@ -13,6 +13,7 @@
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/internal_plane.h"
 #include "common/transport/transport_registry.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
@@ -24,8 +25,7 @@ absl::StatusOr<ExpertPlacement> DiscoverPlacement(const std::vector<std::string>
   ExpertPlacement placement;
   const auto give_up = std::chrono::system_clock::now() + timeout;
   for (const std::string& address : addresses) {
-    auto stub =
-        v1::ExpertWorker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    auto stub = v1::ExpertWorker::NewStub(CreateInternalChannel(address));
     while (true) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -55,7 +55,7 @@ absl::StatusOr<ExpertPlacement> DiscoverPlacement(const std::vector<std::string>
 
 absl::StatusOr<ExpertPlacement> FetchPlacement(const std::string& router, int num_experts,
                                                std::chrono::seconds timeout) {
-  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Cluster::NewStub(CreateInternalChannel(router));
   const auto give_up = std::chrono::system_clock::now() + timeout;
   std::string last;
   while (true) {

@@ -18,6 +18,9 @@ void AppendArgs(const ServerOptions& o, std::vector<std::string>* args) {
   AddFlag(args, "metrics_listen", o.metrics_listen, d.metrics_listen);
   AddFlag(args, "max_receive_message_mb", o.max_receive_message_mb, d.max_receive_message_mb);
   AddFlag(args, "drain_timeout_s", o.drain_timeout_s, d.drain_timeout_s);
+  AddFlag(args, "tls_cert", o.tls.cert, d.tls.cert);
+  AddFlag(args, "tls_key", o.tls.key, d.tls.key);
+  AddFlag(args, "tls_ca", o.tls.ca, d.tls.ca);
 }
 
 void AppendArgs(const WorkerOptions& o, std::vector<std::string>* args) {

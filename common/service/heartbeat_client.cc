@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "absl/time/time.h"
+#include "common/rpc/internal_plane.h"
 
 namespace moesh {
 
@@ -42,8 +43,7 @@ void HeartbeatClient::Deregister(v1::Cluster::Stub* stub, const std::string& wor
 }
 
 void HeartbeatClient::Loop() {
-  auto stub = v1::Cluster::NewStub(
-      grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Cluster::NewStub(CreateInternalChannel(router_address_));
   std::string worker_id;
   absl::Duration interval = absl::Milliseconds(500);
   bool warned = false;

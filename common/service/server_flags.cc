@@ -2,6 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 
 ABSL_FLAG(std::string, model, moesh::ServerOptions().model,
           "Model directory: config.json, and tokenizer.json for text (the router); the "
@@ -24,6 +25,16 @@ ABSL_FLAG(int, drain_timeout_s, moesh::ServerOptions().drain_timeout_s,
           "no more), finish what is in flight for up to this many seconds, then exit (0: exit at "
           "once, failing what is in flight).");
 
+ABSL_FLAG(std::string, tls_cert, moesh::ServerOptions().tls.cert,
+          "PEM certificate (chain) of this process on the internal plane, presented to peers as "
+          "server and client; it must name \"moesh-internal\" (subjectAltName DNS). With "
+          "--tls_key and --tls_ca: mutual TLS on every internal listener and channel (empty: "
+          "plaintext).");
+ABSL_FLAG(std::string, tls_key, moesh::ServerOptions().tls.key, "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_ca, moesh::ServerOptions().tls.ca,
+          "PEM CA certificate(s): peers on the internal plane must present a certificate it "
+          "signed; others are refused.");
+
 namespace moesh {
 
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
@@ -44,7 +55,15 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--drain_timeout_s must be >= 0, not ", o.drain_timeout_s));
   }
+  o.tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls.key = absl::GetFlag(FLAGS_tls_key);
+  o.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  RETURN_IF_ERROR(ValidateTlsFiles(o.tls, "--tls_"));
   return o;
+}
+
+absl::Status ConfigureInternalPlane(const ServerOptions& o) {
+  return ConfigureInternalPlane(o.tls, o.max_receive_message_mb);
 }
 
 }  // namespace moesh

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/internal_plane.h"
 
 namespace moesh {
 
@@ -22,12 +23,20 @@ struct ServerOptions {
   // in MiB, [1, kMaxReceiveMessageMbLimit].
   int max_receive_message_mb = kDefaultMaxReceiveMessageMb;
   int drain_timeout_s = 30;  // --drain_timeout_s: graceful shutdown's bound (0: none)
+  // --tls_cert, --tls_key, --tls_ca: mutual TLS on the internal plane (every
+  // listener and every channel to another service; common/rpc/internal_plane.h).
+  TlsFiles tls;
 };
 
 // --model, --listen, --ready_file, --metrics_listen, --max_receive_message_mb,
-// --drain_timeout_s; INVALID_ARGUMENT without --model, with a message size out
-// of range or a negative drain timeout.
+// --drain_timeout_s, --tls_{cert,key,ca}; INVALID_ARGUMENT without --model,
+// with a message size out of range, a negative drain timeout or some but not
+// all of the TLS files.
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
+// Sets up the process's internal plane from `o` (ConfigureInternalPlane: its
+// certificates, its channels' message limit); a service's main calls it
+// before it serves or connects.
+absl::Status ConfigureInternalPlane(const ServerOptions& o);
 // The flags that set `o` (flag_args.cc).
 void AppendArgs(const ServerOptions& o, std::vector<std::string>* args);
 

@@ -50,6 +50,7 @@ absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& o) {
 }
 
 int ServiceMain(int argc, char** argv, const char* usage, const char* name, absl::Status (*run)()) {
+  BlockShutdownSignals();  // before any thread starts: they all inherit it
   absl::SetProgramUsageMessage(usage);
   absl::ParseCommandLine(argc, argv);
   const absl::Status s = run();

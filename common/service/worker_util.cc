@@ -55,14 +55,29 @@ absl::Status WriteReadyFile(const std::string& path, const std::string& address,
   return absl::OkStatus();
 }
 
-void WaitForShutdownSignal() {
+namespace {
+
+sigset_t ShutdownSignals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  return set;
+}
+
+}  // namespace
+
+void BlockShutdownSignals() {
+  const sigset_t set = ShutdownSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void WaitForShutdownSignal() {
+  const sigset_t set = ShutdownSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   int sig = 0;
   sigwait(&set, &sig);
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
 }
 
 }  // namespace moesh

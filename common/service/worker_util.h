@@ -22,7 +22,14 @@ absl::Status WriteReadyFile(const std::string& path, const std::string& address,
                             const std::string& metrics_address,
                             const std::string& internal_address = "");
 
+// Blocks SIGINT and SIGTERM in the calling thread, and so in every thread it
+// starts afterwards: call first in main, so that only WaitForShutdownSignal
+// ever takes them (a thread that did not block them would take one with the
+// default action, ending the process without a drain).
+void BlockShutdownSignals();
 // Blocks until SIGINT or SIGTERM. Call from main after the servers started.
+// Afterwards the calling thread takes them again with the default action: a
+// second signal (during a drain) ends the process at once.
 void WaitForShutdownSignal();
 
 }  // namespace moesh

@@ -19,6 +19,8 @@ struct DecodeEngine::Request {
   std::unique_ptr<Sampler> sampler;
   std::vector<int32_t> output;  // generated so far, the first token included
   std::chrono::steady_clock::time_point reserved_at;
+  std::string caller;      // who reserved it (Reserve's `caller`)
+  int pending_blocks = 0;  // counted in pending_blocks_[caller] until its KV arrives
   bool kv_received = false;
   bool streaming = false;  // a Decode call reads the outbox
   bool running = false;    // in the batch loop
@@ -64,7 +66,7 @@ DecodeEngine::~DecodeEngine() {
 }
 
 absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
-    const DecodeSpec& spec) {
+    const DecodeSpec& spec, const std::string& caller) {
   RETURN_IF_ERROR(CheckRequestId(spec.request_id));
   if (spec.prompt_ids.empty() || spec.max_new_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("request ", spec.request_id, ": ",
@@ -76,10 +78,27 @@ absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
   if (draining_) return absl::UnavailableError("decode worker draining (shutting down)");
   if (requests_.count(spec.request_id))
     return absl::AlreadyExistsError(absl::StrCat("request ", spec.request_id, " exists"));
+  int blocks = 0;
+  const KvUsage usage = backend_->kv_usage();
+  if (!caller.empty() && usage.total_blocks > 0 && usage.block_size > 0) {
+    blocks = static_cast<int>((spec.max_tokens() + usage.block_size - 1) / usage.block_size);
+    const auto held = pending_blocks_.find(caller);
+    const int cap = static_cast<int>(options_.max_pending_kv_share * usage.total_blocks);
+    if (held != pending_blocks_.end() && held->second + blocks > cap) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "request ", spec.request_id, ": ", caller, "'s reservations awaiting their KV hold ",
+          held->second, " KV blocks; ", blocks, " more would pass the per-peer cap of ", cap,
+          " (--max_pending_kv_share ", options_.max_pending_kv_share, " of ", usage.total_blocks,
+          ")"));
+    }
+  }
   absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewSequence(spec.max_tokens());
   if (!kv.ok()) return kv.status();
   auto r = std::make_shared<Request>();
   r->spec = spec;
+  r->caller = caller;
+  r->pending_blocks = blocks;
+  if (blocks > 0) pending_blocks_[caller] += blocks;
   r->sampler = std::make_unique<Sampler>(spec.sampling);
   r->kv = std::move(*kv);
   r->reserved_at = std::chrono::steady_clock::now();
@@ -126,6 +145,7 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
     return absl::FailedPreconditionError("the reservation for " + transfer.request_id +
                                          " ended during the KV handoff");
   r->kv_received = true;
+  EndPending(r.get());
   // The first event: the prefill worker's token, its alternatives as asked,
   // and how long the prompt queued.
   const DecodeSpec& spec = r->spec;
@@ -161,8 +181,18 @@ void DecodeEngine::Cancel(std::shared_ptr<Request> r, absl::Status why) {
   }
 }
 
+void DecodeEngine::EndPending(Request* r) {
+  if (r->pending_blocks == 0) return;
+  auto it = pending_blocks_.find(r->caller);
+  if (it != pending_blocks_.end() && (it->second -= r->pending_blocks) <= 0) {
+    pending_blocks_.erase(it);
+  }
+  r->pending_blocks = 0;
+}
+
 void DecodeEngine::Finish(std::shared_ptr<Request> r,
                           absl::Status status) {  // by value: callers pass map entries
+  EndPending(r.get());
   r->status = std::move(status);
   r->done = true;
   r->running = false;

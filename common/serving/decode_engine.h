@@ -41,6 +41,11 @@ struct DecodeEngineOptions {
   int micro_batches = 2;
   int micro_batch_min = 16;
   std::chrono::milliseconds reservation_lease{30000};
+  // The share of the KV pool, (0, 1], that one caller's reservations still
+  // waiting for their KV may hold together (a caller with none pending may
+  // always reserve one): a flood of reservations from one peer leaves the
+  // rest of the pool to others. 1: no cap.
+  double max_pending_kv_share = 1.0;
   Metrics* metrics = nullptr;  // may be null
 };
 
@@ -60,10 +65,13 @@ class DecodeEngine : public KvHandler {
   struct Request;
 
   // Holds blocks for spec.max_tokens() tokens of a new request, which then
-  // waits for its KV. RESOURCE_EXHAUSTED if the blocks are not free;
+  // waits for its KV. RESOURCE_EXHAUSTED if the blocks are not free, or if
+  // `caller` (a peer's host; empty: not counted) would hold more than
+  // max_pending_kv_share of the pool in reservations awaiting their KV;
   // ALREADY_EXISTS for a duplicate id; INVALID_ARGUMENT for bad sampling or
   // sizes.
-  absl::StatusOr<std::shared_ptr<Request>> Reserve(const DecodeSpec& spec);
+  absl::StatusOr<std::shared_ptr<Request>> Reserve(const DecodeSpec& spec,
+                                                   const std::string& caller = "");
   // KvHandler: a reserved request's prefilled rows and first token. The
   // request joins the running batch, or ends at once if the first token
   // ends it (a stop id, max_new_tokens 1). INVALID_ARGUMENT for a first
@@ -100,6 +108,8 @@ class DecodeEngine : public KvHandler {
   // Ends `r` with `why` if it waits for its KV; marks it for the loop to drop
   // if it runs. Nothing if it ended.
   void Cancel(std::shared_ptr<Request> r, absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `r` no longer waits for its KV: its blocks leave its caller's pending count.
+  void EndPending(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   AttentionBackend* const backend_;
   ExpertClient* const experts_;
@@ -120,6 +130,8 @@ class DecodeEngine : public KvHandler {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   int kv_arriving_ ABSL_GUARDED_BY(mu_) = 0;  // PushKv calls storing rows now
+  // Caller -> blocks its reservations awaiting their KV hold (no zero entries).
+  std::map<std::string, int> pending_blocks_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "common/backend/cuda_backends_plugin.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/internal_plane.h"
 #include "common/transport/posted_dispatch.h"
 #include "common/transport/shm_doorbell.h"
 #include "common/transport/transport_registry.h"
@@ -322,8 +323,7 @@ class CudaIpcTransport : public Transport {
 
   absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
     ASSIGN_OR_RETURN(std::unique_ptr<ShmDoorbell> doorbell, ShmDoorbell::Create());
-    auto stub = v1::IpcDataPlane::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), InternalChannelArgs()));
+    auto stub = v1::IpcDataPlane::NewStub(CreateInternalChannel(address));
     auto ctx = std::make_unique<grpc::ClientContext>();
     std::unique_ptr<ClientStream> stream = stub->Attach(ctx.get());
     v1::IpcFrame hello;

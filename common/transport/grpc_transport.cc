@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/internal_plane.h"
 #include "common/transport/dispatch_wire.h"
 #include "common/transport/kv_wire.h"
 #include "common/transport/transport.h"
@@ -13,19 +14,15 @@
 namespace moesh {
 namespace {
 
-// Dispatch and KV messages can be large (KV of a long prompt).
-constexpr int kMaxMessageBytes = 1 << 30;
 constexpr int kDataPlaneDeadlineSeconds = 30;
 
 class GrpcChannel : public DataChannel {
  public:
-  explicit GrpcChannel(std::string address) : address_(std::move(address)) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    args.SetMaxSendMessageSize(kMaxMessageBytes);
-    stub_ = v1::DataPlane::NewStub(
-        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
-  }
+  // Dispatch and KV messages can be large (KV of a long prompt): the internal
+  // plane's limit, the receiver's --max_receive_message_mb, bounds them.
+  explicit GrpcChannel(std::string address)
+      : address_(std::move(address)),
+        stub_(v1::DataPlane::NewStub(CreateInternalChannel(address_))) {}
   absl::Status Dispatch(const MoeDispatch& dispatch, float* out) override {
     RETURN_IF_ERROR(CheckHostDispatch(dispatch, address_));
     v1::DispatchRequest request;

@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "common/backend/cuda_backends_plugin.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/internal_plane.h"
 #include "common/transport/dispatch_wire.h"
 #include "common/transport/kv_wire.h"
 #include "common/transport/posted_dispatch.h"
@@ -285,8 +286,7 @@ class NcclTransport : public Transport {
   absl::StatusOr<std::unique_ptr<DataChannel>> Connect(const std::string& address) override {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     ASSIGN_OR_RETURN(std::string id, cuda->new_nccl_id());
-    auto stub = v1::NcclDataPlane::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), InternalChannelArgs()));
+    auto stub = v1::NcclDataPlane::NewStub(CreateInternalChannel(address));
     auto ctx = std::make_unique<grpc::ClientContext>();
     std::unique_ptr<Stream> stream = stub->Channel(ctx.get());
     v1::NcclFrame hello;

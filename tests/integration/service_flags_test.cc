@@ -105,6 +105,7 @@ void SetAll(ServerOptions* s) {
   s->metrics_listen = "";  // none
   s->max_receive_message_mb = 64;
   s->drain_timeout_s = 7;
+  s->tls = {"/certs/tls.crt", "/certs/tls.key", "/certs/ca.crt"};
 }
 
 void SetAll(WorkerOptions* w) {
@@ -161,6 +162,7 @@ TEST(ServiceFlagsTest, Router) {
   RouterOptions o;
   SetAll(&o.server, &o.kv, &o.device);
   o.internal_listen = "0.0.0.0:50052";
+  o.public_tls = true;
   o.heartbeat_interval_ms = 100;
   o.heartbeat_timeout_ms = 900;
   o.default_max_new_tokens = 11;
@@ -185,6 +187,7 @@ TEST(ServiceFlagsTest, DecodeWorker) {
   DecodeWorkerOptions o;
   SetAll(&o.server, &o.worker, &o.dispatch, &o.kv, &o.device);
   o.micro_batch_min = 4;
+  o.max_pending_kv_share = 0.25;
   Check(o, DecodeWorkerOptionsFromFlags, "moesh_decode_worker");
 }
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 #include <thread>
@@ -308,6 +309,38 @@ TEST_F(SecurityTest, RequestSizesAreBounded) {
       Generate(router(), std::string((static_cast<size_t>(kRouterMessageMb) << 20) + 1, 'a'));
   EXPECT_EQ(big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << big.error_message();
   EXPECT_TRUE(Generate(router(), "hello world").ok());
+}
+
+// Stop conditions are matched against every token and every piece of text:
+// their number and sizes are bounded, the field named.
+TEST_F(SecurityTest, StopConditionsAreBounded) {
+  auto run = [](const std::function<void(v1::StopConditions*)>& set) {
+    v1::GenerateRequest r;
+    r.set_text("hello world");
+    r.mutable_stop()->set_max_new_tokens(2);
+    set(r.mutable_stop());
+    auto ctx = Deadline(seconds(60));
+    auto reader = StubTo<v1::Generation>(router())->Generate(ctx.get(), r);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    return reader->Finish();
+  };
+  ExpectRefused(run([](v1::StopConditions* s) {
+                  for (int i = 0; i < 17; ++i) s->add_stop_strings(absl::StrCat("s", i));
+                }),
+                "stop_strings");
+  ExpectRefused(run([](v1::StopConditions* s) { s->add_stop_strings(std::string(257, 'x')); }),
+                "stop_strings");
+  ExpectRefused(run([](v1::StopConditions* s) {
+                  for (int i = 0; i < 1025; ++i) s->add_stop_token_ids(i % 100);
+                }),
+                "stop_token_ids");
+  const grpc::Status ok = run([](v1::StopConditions* s) {
+    for (int i = 0; i < 16; ++i) s->add_stop_strings(std::string(256, 'a' + i));
+    for (int i = 0; i < 1024; ++i) s->add_stop_token_ids(i % 100);
+  });
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
 }
 
 // The TCP ports process `pid` listens on (/proc: its sockets in LISTEN).

@@ -60,7 +60,7 @@ spec:
             {{- include "moesh.env" . | nindent 12 }}
           ports:
             {{- include "moesh.ports" $root | nindent 12 }}
-          {{- include "moesh.probes" (dict "root" $root) | nindent 10 }}
+          {{- include "moesh.probes" (dict "root" $root "tls" (ne $root.Values.tls.secretName "")) | nindent 10 }}
           resources:
             {{- include "moesh.resources" . | nindent 12 }}
           securityContext:

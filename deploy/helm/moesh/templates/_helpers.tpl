@@ -134,27 +134,43 @@ affinity:
 {{- end }}
 {{- end }}
 
-{{/* grpc.health.v1 probes. Call with (dict "root" $ "readinessService" "..."). */}}
+{{/* The internal plane's mutual TLS flags (tls.secretName), one a line. */}}
+{{- define "moesh.tlsFlags" -}}
+{{- if .Values.tls.secretName }}
+--tls_cert=/etc/moesh-tls/tls.crt
+--tls_key=/etc/moesh-tls/tls.key
+--tls_ca=/etc/moesh-tls/ca.crt
+{{- end }}
+{{- end }}
+
+{{/* grpc.health.v1 probes; TCP ones on a TLS port (the kubelet has no
+certificate). Call with (dict "root" $ "readinessService" "..." "tls" BOOL). */}}
 {{- define "moesh.probes" -}}
 {{- $p := .root.Values.probes -}}
+{{- $check := dict "grpc" (dict "port" .root.Values.ports.grpc) -}}
+{{- if .tls }}
+{{- $check = dict "tcpSocket" (dict "port" .root.Values.ports.grpc) -}}
+{{- end -}}
 startupProbe:
-  grpc:
-    port: {{ .root.Values.ports.grpc }}
+  {{- toYaml $check | nindent 2 }}
   periodSeconds: {{ $p.startup.periodSeconds }}
   failureThreshold: {{ $p.startup.failureThreshold }}
   timeoutSeconds: {{ $p.startup.timeoutSeconds }}
 livenessProbe:
-  grpc:
-    port: {{ .root.Values.ports.grpc }}
+  {{- toYaml $check | nindent 2 }}
   periodSeconds: {{ $p.liveness.periodSeconds }}
   failureThreshold: {{ $p.liveness.failureThreshold }}
   timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
 readinessProbe:
+  {{- if .tls }}
+  {{- toYaml $check | nindent 2 }}
+  {{- else }}
   grpc:
     port: {{ .root.Values.ports.grpc }}
     {{- with .readinessService }}
     service: {{ . }}
     {{- end }}
+  {{- end }}
   periodSeconds: {{ $p.readiness.periodSeconds }}
   failureThreshold: {{ $p.readiness.failureThreshold }}
   timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
@@ -188,6 +204,11 @@ readinessProbe:
     name: {{ include "moesh.fullname" . }}
 - name: tmp
   emptyDir: {}
+{{- with .Values.tls.secretName }}
+- name: tls
+  secret:
+    secretName: {{ . }}
+{{- end }}
 {{- end }}
 
 {{- define "moesh.volumeMounts" -}}
@@ -204,6 +225,11 @@ readinessProbe:
   readOnly: true
 - name: tmp
   mountPath: /tmp
+{{- if .Values.tls.secretName }}
+- name: tls
+  mountPath: /etc/moesh-tls
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{/* With model.source=generate: an init container that writes a random model. */}}
