@@ -72,20 +72,22 @@ const std::vector<Command>& Commands() {
         "top_k"},
        RunBench},
       {"serve-local",
-       "--model=DIR [--expert_workers=N] [--port=P] [--bin_dir=DIR] [--work_dir=DIR]\n"
-       "      [--kv_blocks=N] [--device=cuda] [--expert_device=cuda:1[,cuda:2...]]\n"
+       "--model=DIR [--expert_workers=N] [--port=P] [--http_port=P] [--bin_dir=DIR]\n"
+       "      [--work_dir=DIR] [--api_keys_file=FILE] [--kv_blocks=N] [--device=cuda] "
+       "[--expert_device=cuda:1[,cuda:2...]]\n"
        "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}]\n"
-       "    router, prefill, decode and expert workers on loopback, until Ctrl-C",
-       {"model", "port", "expert_workers", "bin_dir", "work_dir", "kv_blocks", "device",
-        "expert_device", "transport", "load_format"},
+       "    router (gRPC, and the OpenAI HTTP API), prefill, decode and expert workers on\n"
+       "    loopback, until Ctrl-C",
+       {"model", "port", "http_port", "api_keys_file", "expert_workers", "bin_dir", "work_dir",
+        "kv_blocks", "device", "expert_device", "transport", "load_format"},
        RunServeLocal},
       {"complete",
        "--server=HOST:PORT (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"
        "      [sampling flags] [--stop=STR] [--stop_token_ids=1,2] [--ignore_eos] [--json]\n"
-       "      [--timeout=SECONDS] [--request_id=ID]\n"
+       "      [--timeout=SECONDS] [--request_id=ID] [--api_key=KEY]\n"
        "    a streaming request to a router",
        WithSampling({"server", "prompt", "prompt_ids", "max_new_tokens", "stop_token_ids", "stop",
-                     "timeout", "request_id", "ignore_eos", "json"}),
+                     "timeout", "request_id", "ignore_eos", "json", "api_key"}),
        RunComplete},
   };
   return *commands;
