@@ -98,7 +98,6 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
   mg_callbacks callbacks = {};
   callbacks.log_message = LogMessage;
   start_error.clear();
-  mg_init_library(0);
   f->ctx_ = mg_start(&callbacks, nullptr, civet_options);
   if (f->ctx_ == nullptr) {
     return absl::UnavailableError(
@@ -172,8 +171,7 @@ int HttpFront::Completions(mg_connection* conn, bool chat) {
   if (chat) {
     if (chat_ == nullptr) {
       return SendError(conn, absl::FailedPreconditionError(
-                                 "the model has no chat template (tokenizer_config.json's "
-                                 "chat_template): use /v1/completions"));
+                                 absl::StrCat(options_.no_chat_reason, ": use /v1/completions")));
     }
     absl::StatusOr<std::string> prompt = chat_->Render(r->messages, /*add_generation_prompt=*/true);
     if (!prompt.ok()) return SendError(conn, prompt.status());

@@ -39,6 +39,9 @@ struct HttpFrontOptions {
   // the one /v1/models lists and responses carry. REQUIRES: not empty.
   std::vector<std::string> model_names;
   int max_context_tokens = 0;  // listed by /v1/models
+  // Why chat completions are refused, where there is no chat template.
+  std::string no_chat_reason =
+      "the model has no chat template (tokenizer_config.json's chat_template)";
 };
 
 class HttpFront {

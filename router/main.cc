@@ -99,14 +99,15 @@ absl::Status Run() {
   std::unique_ptr<ChatTemplate> chat;
   std::unique_ptr<HttpFront> http;
   if (!o.http_listen.empty()) {
+    HttpFrontOptions h;
     // A template of another family leaves chat completions refused, saying why.
     absl::StatusOr<std::unique_ptr<ChatTemplate>> loaded = ChatTemplate::Load(dir);
     if (loaded.ok()) {
       chat = std::move(*loaded);
     } else {
-      std::cerr << "router: no chat completions: " << loaded.status().message() << std::endl;
+      h.no_chat_reason = std::string(loaded.status().message());
+      std::cerr << "router: no chat completions: " << h.no_chat_reason << std::endl;
     }
-    HttpFrontOptions h;
     h.listen = o.http_listen;
     h.threads = o.http_threads;
     h.max_body_bytes = static_cast<int64_t>(o.http_max_body_mb) << 20;

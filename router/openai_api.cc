@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -287,7 +288,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool ch
 }
 
 std::string ErrorParam(const absl::Status& status) {
-  std::optional<absl::Cord> p = status.GetPayload(kParamPayload);
+  const auto p = status.GetPayload(kParamPayload);
   return p.has_value() ? std::string(*p) : std::string();
 }
 
