@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "router/openai_api.h"
 
 namespace moesh {
@@ -115,7 +116,18 @@ HttpFront::~HttpFront() {
 }
 
 int HttpFront::Handle(mg_connection* conn, void* self) {
-  return static_cast<HttpFront*>(self)->Route(conn);
+  // civetweb's threads have 100 KiB stacks (fixed when libcivetweb is built),
+  // too small for a request's path (JSON, the tokenizer, gRPC calls): the
+  // request runs on a thread of the pool while this one waits.
+  HttpFront* front = static_cast<HttpFront*>(self);
+  absl::Notification done;
+  int status = 500;
+  front->pool_.Schedule([&] {
+    status = front->Route(conn);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
 }
 
 int HttpFront::Route(mg_connection* conn) {

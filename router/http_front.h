@@ -6,8 +6,9 @@
 // validation, limits, stop strings, metrics, Abort and drain are the same.
 //
 // Served by civetweb (already linked for /metrics through prometheus-cpp):
-// one thread per connection from a fixed pool, each request run on its
-// connection's thread; a streaming client that goes away makes the next
+// one civetweb thread per connection from a fixed pool, each request run on a
+// thread of our own pool (civetweb's stacks are too small) while the
+// connection's thread waits; a streaming client that goes away makes the next
 // write fail, which stops its request (its KV is freed). Responses close
 // the connection (no keep-alive). Thread-safe; destroying it stops serving:
 // running requests stop at their next token.
@@ -76,6 +77,9 @@ class HttpFront {
   std::atomic<bool> stopping_{false};
   mg_context* ctx_ = nullptr;
   int port_ = 0;
+  // Runs the requests (as many threads as connections are served at once);
+  // joined after ctx_ stopped.
+  ThreadPool pool_;
 };
 
 }  // namespace moesh
