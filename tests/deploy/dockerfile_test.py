@@ -35,7 +35,7 @@ import yaml  # python3-yaml
 # install_deps.sh packages the images do not build with: tests and tools (clang-format
 # and git for the source checks, scripts/check_format.sh and check_layers.py).
 TEST_ONLY = {"python3-grpcio", "python3-protobuf", "libgtest-dev", "libgmock-dev", "bazel-bootstrap", "prometheus",
-             "python3-yaml", "clang-format", "git"}
+             "python3-yaml", "clang-format", "git", "curl"}
 # In debian:bookworm-slim already (apt needs them).
 SLIM_BASE = {"libc6", "libgcc-s1", "libstdc++6"}
 ENTRYPOINT_MAP = {"router": "moesh_router", "prefill": "moesh_prefill_worker", "decode": "moesh_decode_worker",
