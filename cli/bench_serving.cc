@@ -1,6 +1,9 @@
 // moesh bench --serving: N concurrent streams against the real services,
 // disaggregated cluster next to colocated mode, same load, one table.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,13 +28,15 @@
 #include "common/service/device_flags.h"
 #include "common/service/sampling_proto.h"
 #include "moesh/v1/generation.grpc.pb.h"
+#include "nlohmann/json.hpp"
 
 ABSL_DECLARE_FLAG(std::optional<int>, prompt_len);  // bench.cc: both modes read it
 ABSL_FLAG(std::string, concurrency, "1,8,32",
           "--serving: concurrent streams, a row each (comma-separated).");
 ABSL_FLAG(int, requests, 64, "--serving: requests per row.");
 ABSL_FLAG(std::string, modes, "cluster,colocated",
-          "--serving: what to serve with, a table section each: cluster, cluster-nopp (no "
+          "--serving: what to serve with, a table section each: cluster, cluster-http (the "
+          "same cluster through the router's OpenAI HTTP API), cluster-nopp (no "
           "ping-pong micro-batches), cluster-ucx, cluster-nccl, cluster-ipc, cluster-ipc-hostkv "
           "(the KV handed over through the host), colocated.");
 ABSL_FLAG(int, rebalance_timeline, 0,
@@ -119,6 +124,115 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
         if (!s.ok()) {
           ++out.failed;
           if (out.first_error.empty()) out.first_error = s.error_message();
+          continue;
+        }
+        ++out.ok;
+        out.output_tokens += tokens;
+        out.ttft.push_back(ttft);
+        out.itl.insert(out.itl.end(), itl.begin(), itl.end());
+        out.e2e.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return out;
+}
+
+// RunLoad's load through the router's OpenAI-compatible HTTP API at
+// `http_address` (host:port, IPv4; streamed /v1/completions, usage included):
+// the time to the first SSE chunk, the gaps between chunks (a chunk per
+// detokenized text delta), the output tokens from the usage.
+LoadResult RunHttpLoad(const std::string& http_address, int concurrency, int requests,
+                       int prompt_len, int max_new, int vocab, const v1::SamplingParams& sampling) {
+  const std::vector<std::string> hp = absl::StrSplit(http_address, ':');
+  const std::string host = hp.empty() ? "" : hp[0];
+  const int port = hp.size() > 1 ? std::atoi(hp[1].c_str()) : 0;
+  std::atomic<int> next{0};
+  std::mutex mu;
+  LoadResult out;
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < concurrency; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(1000 + c);
+      for (int i = next++; i < requests; i = next++) {
+        nlohmann::json body = {{"max_tokens", max_new},
+                               {"ignore_eos", true},
+                               {"stream", true},
+                               {"stream_options", {{"include_usage", true}}},
+                               {"temperature", sampling.temperature()},
+                               {"top_p", sampling.top_p()},
+                               {"top_k", sampling.top_k()}};
+        std::vector<int> prompt;
+        for (int t = 0; t < prompt_len; ++t)
+          prompt.push_back(2 + static_cast<int>(rng() % (vocab - 2)));
+        body["prompt"] = prompt;
+        if (sampling.temperature() > 0) body["seed"] = i + 1;
+        const std::string text = body.dump();
+        const auto t0 = Clock::now();
+        std::string error;
+        std::vector<double> itl;
+        double ttft = -1;
+        int64_t tokens = 0;
+        // A plain socket: recv returns each SSE chunk as it arrives.
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in addr = {};
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons(static_cast<uint16_t>(port));
+        inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+        if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+          error = absl::StrCat("cannot connect to ", http_address);
+        } else {
+          const std::string request =
+              absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: ", http_address,
+                           "\r\nContent-Type: application/json\r\nContent-Length: ", text.size(),
+                           "\r\n\r\n", text);
+          if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+              static_cast<ssize_t>(request.size())) {
+            error = "send failed";
+          }
+          std::string buf;
+          bool head = true;
+          char chunk[4096];
+          auto last = t0;
+          ssize_t n;
+          while (error.empty() && (n = recv(fd, chunk, sizeof(chunk), 0)) > 0) {
+            buf.append(chunk, n);
+            if (head) {
+              const size_t end = buf.find("\r\n\r\n");
+              if (end == std::string::npos) continue;
+              if (buf.compare(0, 12, "HTTP/1.1 200") != 0) error = buf.substr(0, buf.find('\r'));
+              buf.erase(0, end + 4);
+              head = false;
+            }
+            for (size_t end; (end = buf.find("\n\n")) != std::string::npos; buf.erase(0, end + 2)) {
+              const std::string event = buf.substr(0, end);
+              if (event == "data: [DONE]" || event.rfind("data: ", 0) != 0) continue;
+              const nlohmann::json j = nlohmann::json::parse(event.substr(6), nullptr, false);
+              if (j.is_discarded() || j.contains("error")) {
+                error = event;
+                break;
+              }
+              if (j.contains("usage") && j["usage"].is_object()) {
+                tokens = j["usage"].value("completion_tokens", 0);
+              }
+              if (j["choices"].empty() || j["choices"][0]["finish_reason"].is_string()) continue;
+              const auto now = Clock::now();
+              if (ttft < 0) {
+                ttft = std::chrono::duration<double>(now - t0).count();
+              } else {
+                itl.push_back(std::chrono::duration<double>(now - last).count());
+              }
+              last = now;
+            }
+          }
+        }
+        if (fd >= 0) close(fd);
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error.empty() || tokens == 0) {
+          ++out.failed;
+          if (out.first_error.empty()) out.first_error = error.empty() ? "no usage" : error;
           continue;
         }
         ++out.ok;
@@ -281,17 +395,23 @@ absl::Status RunServingBench() {
                                                 // for comparison
       SetWorkerTransport("cuda_ipc", &o);
       o.prefill.kv_handoff = "host";
+    } else if (mode == "cluster-http") {  // the same cluster, through the HTTP API
+      o.router.http_listen = "127.0.0.1:0";
     } else if (mode != "cluster") {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown mode \"", mode,
-                       "\" (cluster, cluster-nopp, cluster-ucx, cluster-nccl, "
+                       "\" (cluster, cluster-http, cluster-nopp, cluster-ucx, cluster-nccl, "
                        "cluster-ipc, cluster-ipc-hostkv, colocated)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
     for (int64_t c : concurrencies) {
-      LoadResult r = RunLoad(cluster->router_address(), static_cast<int>(c),
-                             static_cast<int>(requests), static_cast<int>(prompt_len),
-                             static_cast<int>(max_new), config.vocab_size, sampling);
+      LoadResult r = mode == "cluster-http"
+                         ? RunHttpLoad(cluster->router_http_address(), static_cast<int>(c),
+                                       static_cast<int>(requests), static_cast<int>(prompt_len),
+                                       static_cast<int>(max_new), config.vocab_size, sampling)
+                         : RunLoad(cluster->router_address(), static_cast<int>(c),
+                                   static_cast<int>(requests), static_cast<int>(prompt_len),
+                                   static_cast<int>(max_new), config.vocab_size, sampling);
       std::printf("%-18s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d\n", mode.c_str(),
                   static_cast<long long>(c), r.ok / r.seconds, r.output_tokens / r.seconds,
                   1e3 * Percentile(r.e2e, 0.5), 1e3 * Percentile(r.ttft, 0.5),

@@ -1,6 +1,7 @@
 // moesh complete: a streaming client of the public Generation API.
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -18,6 +19,9 @@ ABSL_FLAG(std::string, prompt, "",
           "The prompt as text (the router tokenizes it; or --prompt_ids).");
 ABSL_FLAG(std::string, stop, "", "A string that ends generation.");
 ABSL_FLAG(double, timeout, 600, "Seconds the request may take.");
+ABSL_FLAG(std::string, api_key, "",
+          "The router's API key (sent as 'authorization: Bearer <key>'); default: "
+          "$MOESH_API_KEY, else none.");
 ABSL_FLAG(std::string, request_id, "", "The request's id (default: the router picks one).");
 
 namespace moesh::cli {
@@ -52,6 +56,10 @@ absl::Status RunComplete() {
   auto stub =
       v1::Generation::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
+  std::string api_key = absl::GetFlag(FLAGS_api_key);
+  if (const char* env = std::getenv("MOESH_API_KEY"); api_key.empty() && env != nullptr)
+    api_key = env;
+  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
   const double timeout = absl::GetFlag(FLAGS_timeout);
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));

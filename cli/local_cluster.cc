@@ -113,10 +113,12 @@ absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& nam
   ASSIGN_OR_RETURN(std::string text,
                    AwaitReadyFile(ready, p.pid, p.log_path,
                                   std::chrono::steady_clock::now() + options_.startup_timeout));
-  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipWhitespace());
+  // A line per address, in WriteReadyFile's order (an absent one empty).
+  std::vector<std::string> lines = absl::StrSplit(text, '\n');
   p.address = lines.empty() ? "" : lines[0];
   p.metrics_address = lines.size() > 1 ? lines[1] : "";
   p.internal_address = lines.size() > 2 ? lines[2] : "";
+  p.http_address = lines.size() > 3 ? lines[3] : "";
   processes_.back() = p;
   return p;
 }

@@ -73,6 +73,7 @@ class LocalCluster {
     std::string address;
     std::string metrics_address;   // host:port of /metrics
     std::string internal_address;  // the router's internal plane (workers register there)
+    std::string http_address;      // the router's HTTP API (--http_listen); empty: off
     std::string log_path;
   };
 
@@ -82,6 +83,9 @@ class LocalCluster {
   const std::string& router_address() const { return processes_.front().address; }
   // Where workers register (moesh.v1.Cluster): the router's internal plane.
   const std::string& router_internal_address() const { return processes_.front().internal_address; }
+  // The router's OpenAI-compatible HTTP API (host:port); empty without
+  // router.http_listen.
+  const std::string& router_http_address() const { return processes_.front().http_address; }
   const std::vector<Process>& processes() const { return processes_; }
   // Sends `signal` to the named process (SIGKILL: it is gone for good).
   absl::Status Signal(const std::string& name, int signal);

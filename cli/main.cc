@@ -44,8 +44,9 @@ const std::vector<Command>& Commands() {
        "--model=DIR [--batch=1,4,16] [--prompt_len=N] [--decode_steps=N]\n"
        "    engine throughput in this process (--device=cuda: cuda_model_bench, its flags);\n"
        "  --serving --model=DIR [--concurrency=1,8,32] [--requests=N] [--prompt_len=N]\n"
-       "      [--max_new_tokens=N] [--modes=cluster,cluster-nopp,cluster-ucx,cluster-nccl,\n"
-       "      cluster-ipc,cluster-ipc-hostkv,colocated] [--device=cuda] [--expert_device=cuda:1]\n"
+       "      [--max_new_tokens=N] [--modes=cluster,cluster-http,cluster-nopp,cluster-ucx,\n"
+       "      cluster-nccl,cluster-ipc,cluster-ipc-hostkv,colocated] [--device=cuda]\n"
+       "      [--expert_device=cuda:1]\n"
        "      [--load_format=dummy] [--expert_workers=N] [--temperature=T [--top_p=P]\n"
        "      [--top_k=K]] [--rebalance_timeline=SECONDS [--rebalance_interval=S]\n"
        "      [--expert_placement=0-47,48-63]]\n"
@@ -72,20 +73,22 @@ const std::vector<Command>& Commands() {
         "top_k"},
        RunBench},
       {"serve-local",
-       "--model=DIR [--expert_workers=N] [--port=P] [--bin_dir=DIR] [--work_dir=DIR]\n"
-       "      [--kv_blocks=N] [--device=cuda] [--expert_device=cuda:1[,cuda:2...]]\n"
+       "--model=DIR [--expert_workers=N] [--port=P] [--http_port=P] [--bin_dir=DIR]\n"
+       "      [--work_dir=DIR] [--api_keys_file=FILE] [--kv_blocks=N] [--device=cuda] "
+       "[--expert_device=cuda:1[,cuda:2...]]\n"
        "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}] [--tls]\n"
-       "    router, prefill, decode and expert workers on loopback, until Ctrl-C",
-       {"model", "port", "expert_workers", "bin_dir", "work_dir", "kv_blocks", "device",
-        "expert_device", "transport", "load_format", "tls"},
+       "    router (gRPC, and the OpenAI HTTP API), prefill, decode and expert workers on\n"
+       "    loopback, until Ctrl-C",
+       {"model", "port", "http_port", "api_keys_file", "expert_workers", "bin_dir", "work_dir",
+        "kv_blocks", "device", "expert_device", "transport", "load_format", "tls"},
        RunServeLocal},
       {"complete",
        "--server=HOST:PORT (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"
        "      [sampling flags] [--stop=STR] [--stop_token_ids=1,2] [--ignore_eos] [--json]\n"
-       "      [--timeout=SECONDS] [--request_id=ID]\n"
+       "      [--timeout=SECONDS] [--request_id=ID] [--api_key=KEY]\n"
        "    a streaming request to a router",
        WithSampling({"server", "prompt", "prompt_ids", "max_new_tokens", "stop_token_ids", "stop",
-                     "timeout", "request_id", "ignore_eos", "json"}),
+                     "timeout", "request_id", "ignore_eos", "json", "api_key"}),
        RunComplete},
   };
   return *commands;

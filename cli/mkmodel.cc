@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "common/model/random_checkpoint.h"
+#include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/embedded_tokenizers.h"
 
 ABSL_FLAG(std::string, family, "", "The model family: v2-lite, v2, v3, v3.2 or v4.");
@@ -78,6 +79,10 @@ absl::Status RunMkmodel() {
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(WriteRandomCheckpoint(config, out, opt));
+  if (!opt.tokenizer_json.empty()) {  // the tokenizers have DeepSeek's special tokens: chat too
+    RETURN_IF_ERROR(
+        WriteStringToFile(JoinPath(out, "tokenizer_config.json"), DeepSeekTokenizerConfigJson()));
+  }
   std::cout << "wrote " << config.model_type << " (" << family << "/" << preset << ") to " << out
             << "\n";
   return absl::OkStatus();

@@ -16,6 +16,11 @@
 #include "common/service/worker_util.h"
 
 ABSL_FLAG(int, port, 50051, "The router's port on 127.0.0.1 (0: any free one).");
+ABSL_FLAG(int, http_port, 0,
+          "The router's OpenAI-compatible HTTP API on 127.0.0.1 (0: any free port; -1: off).");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "The router's API keys, one per line: its HTTP API and gRPC Generation API then need "
+          "'Authorization: Bearer <key>' (empty: no key needed).");
 ABSL_FLAG(std::string, work_dir, "",
           "Where the processes' logs and ready files go (default: /tmp/moesh-serve-local-<pid>).");
 ABSL_FLAG(int, kv_blocks, 512, "The decode worker's KV cache blocks (--device cpu).");
@@ -33,6 +38,10 @@ absl::Status RunServeLocal() {
   LocalClusterOptions opt;
   ASSIGN_OR_RETURN(opt.model_dir, ModelFlag());
   opt.router.server.listen = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_port));
+  opt.router.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  if (const int http_port = absl::GetFlag(FLAGS_http_port); http_port >= 0) {
+    opt.router.http_listen = absl::StrCat("127.0.0.1:", http_port);
+  }
   const int n = absl::GetFlag(FLAGS_expert_workers);
   if (n < 1) return absl::InvalidArgumentError("--expert_workers must be >= 1");
   for (int i = 0; i < n; ++i) opt.expert_workers.push_back(absl::StrCat(i, "/", n));
@@ -57,12 +66,18 @@ absl::Status RunServeLocal() {
     std::cerr << "  " << p.name << "  pid " << p.pid << "  grpc " << p.address
               << "  metrics http://" << p.metrics_address << "/metrics"
               << (p.internal_address.empty() ? "" : "  internal " + p.internal_address)
-              << std::endl;
+              << (p.http_address.empty() ? "" : "  http://" + p.http_address) << std::endl;
   }
   std::cout << "moesh is serving on " << cluster->router_address() << "\n"
             << "try: moesh complete --server=" << cluster->router_address()
-            << " --prompt_ids=5,17,300 --max_new_tokens=16\n"
-            << "Ctrl-C stops everything." << std::endl;
+            << " --prompt_ids=5,17,300 --max_new_tokens=16\n";
+  if (!cluster->router_http_address().empty()) {
+    const std::string url = "http://" + cluster->router_http_address();
+    std::cout << "OpenAI-compatible HTTP API on " << url << "/v1\n"
+              << "try: curl " << url << "/v1/completions -H 'Content-Type: application/json' "
+              << "-d '{\"prompt\": \"Hello\", \"max_tokens\": 16}'\n";
+  }
+  std::cout << "Ctrl-C stops everything." << std::endl;
   WaitForShutdownSignal();
   std::cerr << "stopping ..." << std::endl;
   return absl::OkStatus();

@@ -12,6 +12,11 @@ std::vector<std::string> ToArgs(const RouterOptions& o) {
   AppendArgs(o.server, &args);
   AddFlag(&args, "internal_listen", o.internal_listen, d.internal_listen);
   AddFlag(&args, "public_tls", o.public_tls, d.public_tls);
+  AddFlag(&args, "http_listen", o.http_listen, d.http_listen);
+  AddFlag(&args, "http_max_body_mb", o.http_max_body_mb, d.http_max_body_mb);
+  AddFlag(&args, "http_threads", o.http_threads, d.http_threads);
+  AddFlag(&args, "served_model_name", o.served_model_name, d.served_model_name);
+  AddFlag(&args, "api_keys_file", o.api_keys_file, d.api_keys_file);
   AddFlag(&args, "heartbeat_interval_ms", o.heartbeat_interval_ms, d.heartbeat_interval_ms);
   AddFlag(&args, "heartbeat_timeout_ms", o.heartbeat_timeout_ms, d.heartbeat_timeout_ms);
   AddFlag(&args, "default_max_new_tokens", o.default_max_new_tokens, d.default_max_new_tokens);

@@ -14,6 +14,18 @@ ABSL_FLAG(std::string, internal_listen, moesh::RouterOptions().internal_listen,
 ABSL_FLAG(bool, public_tls, moesh::RouterOptions().public_tls,
           "Serve the public --listen port over TLS with --tls_cert and --tls_key (clients check "
           "it against --tls_ca; no client certificate is asked for).");
+ABSL_FLAG(std::string, http_listen, moesh::RouterOptions().http_listen,
+          "host:port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+          "/v1/models, /health; port 0: any free one); empty: no HTTP API.");
+ABSL_FLAG(int, http_max_body_mb, moesh::RouterOptions().http_max_body_mb,
+          "The HTTP API refuses request bodies larger than this (413).");
+ABSL_FLAG(int, http_threads, moesh::RouterOptions().http_threads,
+          "HTTP connections served at once (a streaming request holds one).");
+ABSL_FLAG(std::string, served_model_name, moesh::RouterOptions().served_model_name,
+          "The model's name in the HTTP API (default: the --model directory's last component).");
+ABSL_FLAG(std::string, api_keys_file, moesh::RouterOptions().api_keys_file,
+          "A file of API keys, one per line: the HTTP API and moesh.v1.Generation then need "
+          "'Authorization: Bearer <key>' (gRPC metadata 'authorization'). Empty: no key needed.");
 ABSL_FLAG(int, heartbeat_interval_ms, moesh::RouterOptions().heartbeat_interval_ms,
           "How often workers heartbeat.");
 ABSL_FLAG(int, heartbeat_timeout_ms, moesh::RouterOptions().heartbeat_timeout_ms,
@@ -43,6 +55,14 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   if (o.public_tls && !o.server.tls.enabled()) {
     return absl::InvalidArgumentError("--public_tls needs --tls_cert, --tls_key and --tls_ca");
   }
+  o.http_listen = absl::GetFlag(FLAGS_http_listen);
+  o.http_max_body_mb = absl::GetFlag(FLAGS_http_max_body_mb);
+  o.http_threads = absl::GetFlag(FLAGS_http_threads);
+  if (o.http_max_body_mb < 1 || o.http_threads < 1) {
+    return absl::InvalidArgumentError("--http_max_body_mb and --http_threads must be >= 1");
+  }
+  o.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  o.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   o.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
   o.heartbeat_timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   o.default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens);

@@ -23,6 +23,17 @@ struct RouterOptions {
   // --public_tls: TLS on the public port with server.tls's certificate (no
   // client certificate asked for). REQUIRES server.tls.
   bool public_tls = false;
+  // --http_listen: the OpenAI-compatible HTTP API (router/http_front.h) on
+  // host:port (port 0: any free one); empty: off.
+  std::string http_listen;
+  int http_max_body_mb = 8;  // larger request bodies are refused (413)
+  int http_threads = 128;    // HTTP connections served at once
+  // The model's name in the HTTP API (empty: the --model directory's last
+  // component); requests may also name the --model path.
+  std::string served_model_name;
+  // One API key per line; empty: no key needed. With keys, the HTTP API and
+  // moesh.v1.Generation need "Authorization: Bearer <key>".
+  std::string api_keys_file;
   int heartbeat_interval_ms = 500;
   int heartbeat_timeout_ms = 3000;
   int default_max_new_tokens = 256;

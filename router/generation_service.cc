@@ -116,10 +116,20 @@ GenerationService::GenerationService(const ModelConfig& config, GenerationBacken
   }
 }
 
-grpc::Status GenerationService::Fail(grpc::Status s) {
+absl::Status GenerationService::Fail(absl::Status s) {
+  // absl's codes are gRPC's numbers.
   if (failure_ != nullptr)
-    failure_->Add({{"code", std::to_string(static_cast<int>(s.error_code()))}}).Increment();
+    failure_->Add({{"code", std::to_string(static_cast<int>(s.code()))}}).Increment();
   return s;
+}
+
+absl::Status GenerationService::CheckKey(const grpc::ServerContextBase& ctx) const {
+  if (options_.api_keys == nullptr) return absl::OkStatus();
+  const auto& md = ctx.client_metadata();
+  auto it = md.find("authorization");
+  return options_.api_keys->Check(it == md.end()
+                                      ? absl::string_view()
+                                      : absl::string_view(it->second.data(), it->second.size()));
 }
 
 absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::GenerateRequest& r) const {
@@ -135,7 +145,7 @@ absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::Generate
         return s;
       }
       absl::StatusOr<std::vector<int32_t>> ids =
-          codec_->Encode(r.text(), /*add_special_tokens=*/true);
+          codec_->Encode(r.text(), !r.has_add_special_tokens() || r.add_special_tokens());
       if (!ids.ok())
         return absl::InvalidArgumentError(absl::StrCat("prompt text: ", ids.status().message()));
       b.prompt = std::move(*ids);
@@ -220,29 +230,42 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   // The client going away (cancel, deadline) fires the request's CancelToken.
   auto* stream = new Stream([control] { control->cancel.Cancel(); });
   pool_.Schedule([this, ctx, request, stream, control] {
-    stream->Finish(RunGenerate(ctx, request, stream, control));
+    absl::Status s = CheckKey(*ctx);
+    if (s.ok()) {
+      s = Execute(
+          *request, [stream](const v1::GenerateResponse& m) { return stream->Write(m); }, control,
+          [ctx] {
+            return ctx->IsCancelled() && std::chrono::system_clock::now() >= ctx->deadline();
+          });
+    }
+    stream->Finish(ToGrpcStatus(s));
   });
   return stream;
 }
 
-grpc::Status GenerationService::RunGenerate(grpc::CallbackServerContext* ctx,
-                                            const v1::GenerateRequest* request, Stream* writer,
-                                            const std::shared_ptr<Control>& control) {
+absl::Status GenerationService::Serve(const v1::GenerateRequest& request,
+                                      const ResponseWriter& write) {
+  return Execute(request, write, std::make_shared<Control>(), nullptr);
+}
+
+absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const ResponseWriter& write,
+                                        const std::shared_ptr<Control>& control,
+                                        const std::function<bool()>& past_deadline) {
+  const v1::GenerateRequest* const request = &r;
   const auto arrival = std::chrono::steady_clock::now();
   absl::StatusOr<GenerationRequest> b = Validate(*request);
-  if (!b.ok()) return Fail(ToGrpcStatus(b.status()));
+  if (!b.ok()) return Fail(b.status());
   const std::atomic<bool>* const aborted = &control->aborted;
   {
     absl::MutexLock lock(&mu_);
     if (draining_) {
-      return Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                               "the router is draining (shutting down): retry on another router"));
+      return Fail(absl::UnavailableError(
+          "the router is draining (shutting down): retry on another router"));
     }
     b->request_id =
         request->request_id().empty() ? absl::StrCat("req-", ++next_id_) : request->request_id();
     if (!running_.emplace(b->request_id, control).second) {
-      return Fail(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                               absl::StrCat("request ", b->request_id, " is running")));
+      return Fail(absl::AlreadyExistsError(absl::StrCat("request ", b->request_id, " is running")));
     }
     if (running_gauge_ != nullptr) running_gauge_->Set(static_cast<double>(running_.size()));
   }
@@ -289,7 +312,7 @@ grpc::Status GenerationService::RunGenerate(grpc::CallbackServerContext* ctx,
       }
     }
     m.set_text(delta);
-    if (!writer->Write(m)) client_gone = true;
+    if (!write(m)) client_gone = true;
     return !stopped && !client_gone;
   };
   absl::Status s = backend_->Run(*b, sink, control->cancel);
@@ -299,10 +322,13 @@ grpc::Status GenerationService::RunGenerate(grpc::CallbackServerContext* ctx,
     if (running_gauge_ != nullptr) running_gauge_->Set(static_cast<double>(running_.size()));
   }
   if (!s.ok() && !(s.code() == absl::StatusCode::kCancelled && aborted->load())) {
-    if (ctx->IsCancelled() && std::chrono::system_clock::now() >= ctx->deadline()) {
-      return Fail(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded"));
+    if (past_deadline && past_deadline()) {
+      return Fail(absl::DeadlineExceededError("deadline exceeded"));
     }
-    return Fail(ToGrpcStatus(s));
+    return Fail(s);
+  }
+  if (client_gone) {  // its stream stopped at the failed write; nobody reads an answer
+    return Fail(absl::CancelledError("the client went away"));
   }
   v1::GenerateResponse last;
   last.set_request_id(b->request_id);
@@ -329,7 +355,7 @@ grpc::Status GenerationService::RunGenerate(grpc::CallbackServerContext* ctx,
   fin->mutable_timings()->set_time_to_first_token_seconds(std::max(ttft, 0.0));
   fin->mutable_timings()->set_queue_seconds(queue_seconds);
   fin->mutable_timings()->set_total_seconds(SecondsSince(arrival));
-  writer->Write(last);
+  write(last);
   if (success_ != nullptr) {
     success_
         ->Add({{"finish_reason",
@@ -337,11 +363,13 @@ grpc::Status GenerationService::RunGenerate(grpc::CallbackServerContext* ctx,
         .Increment();
     e2e_->Observe(SecondsSince(arrival));
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const v1::TokenizeRequest* request,
+grpc::Status GenerationService::Tokenize(grpc::ServerContext* ctx,
+                                         const v1::TokenizeRequest* request,
                                          v1::TokenizeResponse* response) {
+  if (absl::Status s = CheckKey(*ctx); !s.ok()) return ToGrpcStatus(s);
   if (codec_ == nullptr)
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the model has no tokenizer.json");
   if (absl::Status s = CheckTextBytes("text", request->text(), max_context_); !s.ok()) {
@@ -354,9 +382,10 @@ grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const v1::Tokeniz
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::Detokenize(grpc::ServerContext*,
+grpc::Status GenerationService::Detokenize(grpc::ServerContext* ctx,
                                            const v1::DetokenizeRequest* request,
                                            v1::DetokenizeResponse* response) {
+  if (absl::Status s = CheckKey(*ctx); !s.ok()) return ToGrpcStatus(s);
   if (codec_ == nullptr)
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the model has no tokenizer.json");
   for (int32_t t : request->token_ids()) {
@@ -370,8 +399,9 @@ grpc::Status GenerationService::Detokenize(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::ModelInfo(grpc::ServerContext*, const v1::ModelInfoRequest*,
+grpc::Status GenerationService::ModelInfo(grpc::ServerContext* ctx, const v1::ModelInfoRequest*,
                                           v1::ModelInfoResponse* response) {
+  if (absl::Status s = CheckKey(*ctx); !s.ok()) return ToGrpcStatus(s);
   response->set_model_type(config_.model_type);
   response->set_vocab_size(config_.vocab_size);
   response->set_max_context_tokens(max_context_);
@@ -385,8 +415,9 @@ grpc::Status GenerationService::ModelInfo(grpc::ServerContext*, const v1::ModelI
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
+grpc::Status GenerationService::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* request,
                                       v1::AbortResponse* response) {
+  if (absl::Status s = CheckKey(*ctx); !s.ok()) return ToGrpcStatus(s);
   std::shared_ptr<Control> control;
   {
     absl::MutexLock lock(&mu_);

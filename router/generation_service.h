@@ -6,11 +6,15 @@
 // Generate is a callback-API stream: each request runs on a thread of the
 // service's pool, and the client going away (cancel, deadline) or an Abort
 // fires the request's CancelToken, which cancels its worker calls at once.
-// Thread-safe.
+// Serve is the same path for the router's other front (the HTTP API,
+// router/http_front.h): one request on the caller's thread.
+// With api_keys set, every RPC needs the metadata `authorization: Bearer
+// <key>` (UNAUTHENTICATED otherwise). Thread-safe.
 #ifndef MOESH_ROUTER_GENERATION_SERVICE_H_
 #define MOESH_ROUTER_GENERATION_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +28,7 @@
 #include "common/model/config.h"
 #include "common/rpc/blocking_write_reactor.h"
 #include "moesh/v1/generation.grpc.pb.h"
+#include "router/api_keys.h"
 #include "router/backend.h"
 #include "router/text_codec.h"
 
@@ -34,8 +39,13 @@ struct GenerationServiceOptions {
   int max_new_tokens_limit = 4096;
   // Prompt + output limit; 0: the model's max_position_embeddings.
   int max_context_tokens = 0;
-  Metrics* metrics = nullptr;  // may be null
+  Metrics* metrics = nullptr;         // may be null
+  const ApiKeys* api_keys = nullptr;  // may be null: no key needed; else outlives the service
 };
+
+// Takes one response message; false when the client went away (the request
+// stops, its KV freed).
+using ResponseWriter = std::function<bool(const v1::GenerateResponse&)>;
 
 class GenerationService final
     : public v1::Generation::WithCallbackMethod_Generate<v1::Generation::Service> {
@@ -58,6 +68,16 @@ class GenerationService final
   // Generate checks first; the fuzz target tests/fuzz/request_fuzzer.cc).
   absl::StatusOr<GenerationRequest> Validate(const v1::GenerateRequest& r) const;
 
+  // Runs `request` on the calling thread as Generate does (validation,
+  // limits, stop strings, detokenizing, metrics, Abort by id, drain), handing
+  // each message to `write` in order, the last with `final` set. OK once the
+  // final message was written; otherwise the request's error (absl codes
+  // that map onto gRPC's; no message was written for a refused request).
+  // Callers check API keys themselves.
+  absl::Status Serve(const v1::GenerateRequest& request, const ResponseWriter& write);
+
+  // Prompt + output limit, resolved.
+  int max_context_tokens() const { return max_context_; }
   // Requests running now.
   int num_running() const;
   // Graceful shutdown: from now on Generate answers UNAVAILABLE (a client
@@ -71,9 +91,14 @@ class GenerationService final
     CancelToken cancel;
   };
   using Stream = BlockingWriteReactor<v1::GenerateResponse>;
-  // Runs one Generate call to its status (on a pool thread).
-  grpc::Status RunGenerate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request,
-                           Stream* writer, const std::shared_ptr<Control>& control);
+  // Runs one request to its status (Serve, and Generate on a pool thread).
+  // `past_deadline` (may be null) tells a cancellation by the client's
+  // deadline from others.
+  absl::Status Execute(const v1::GenerateRequest& request, const ResponseWriter& write,
+                       const std::shared_ptr<Control>& control,
+                       const std::function<bool()>& past_deadline);
+  // OK without api_keys, else the check of the call's `authorization`.
+  absl::Status CheckKey(const grpc::ServerContextBase& ctx) const;
 
   const ModelConfig config_;
   GenerationBackend* const backend_;
@@ -89,7 +114,7 @@ class GenerationService final
   prometheus::Counter* generation_tokens_ = nullptr;
   prometheus::Family<prometheus::Counter>* success_ = nullptr;  // by finish_reason
   prometheus::Family<prometheus::Counter>* failure_ = nullptr;  // by gRPC code
-  grpc::Status Fail(grpc::Status s);
+  absl::Status Fail(absl::Status s);
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Control>> running_ ABSL_GUARDED_BY(mu_);

@@ -11,10 +11,13 @@
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/internal_plane.h"
 #include "common/service/worker_main.h"
+#include "common/tokenizer/chat_template.h"
+#include "router/api_keys.h"
 #include "router/cluster_backend.h"
 #include "router/colocated_backend.h"
 #include "router/flags.h"
 #include "router/generation_service.h"
+#include "router/http_front.h"
 #include "router/membership.h"
 #include "router/text_codec_loader.h"
 
@@ -22,6 +25,13 @@ namespace moesh {
 namespace {
 
 constexpr char kGenerationService[] = "moesh.v1.Generation";
+
+// "/models/DeepSeek-V3/" -> "DeepSeek-V3": the HTTP API's default model name.
+std::string ModelBaseName(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  return slash == std::string::npos ? dir : dir.substr(slash + 1);
+}
 
 absl::Status Run() {
   ASSIGN_OR_RETURN(const RouterOptions o, RouterOptionsFromFlags());
@@ -60,7 +70,12 @@ absl::Status Run() {
         std::chrono::milliseconds(o.heartbeat_timeout_ms), rebalance, metrics.get());
     backend = std::make_unique<ClusterBackend>(membership.get());
   }
+  std::unique_ptr<ApiKeys> keys;
+  if (!o.api_keys_file.empty()) {
+    ASSIGN_OR_RETURN(keys, ApiKeys::Load(o.api_keys_file));
+  }
   GenerationServiceOptions opt;
+  opt.api_keys = keys.get();
   opt.default_max_new_tokens = o.default_max_new_tokens;
   opt.max_new_tokens_limit = o.max_new_tokens_limit;
   opt.max_context_tokens = o.max_context_tokens;
@@ -86,12 +101,33 @@ absl::Status Run() {
   };
   update_health();
   if (membership) membership->OnChange(update_health);
+  std::unique_ptr<ChatTemplate> chat;
+  std::unique_ptr<HttpFront> http;
+  if (!o.http_listen.empty()) {
+    HttpFrontOptions h;
+    // A template of another family leaves chat completions refused, saying why.
+    absl::StatusOr<std::unique_ptr<ChatTemplate>> loaded = ChatTemplate::Load(dir);
+    if (loaded.ok()) {
+      chat = std::move(*loaded);
+    } else {
+      h.no_chat_reason = std::string(loaded.status().message());
+      std::cerr << "router: no chat completions: " << h.no_chat_reason << std::endl;
+    }
+    h.listen = o.http_listen;
+    h.threads = o.http_threads;
+    h.max_body_bytes = static_cast<int64_t>(o.http_max_body_mb) << 20;
+    h.model_names = {o.served_model_name.empty() ? ModelBaseName(dir) : o.served_model_name, dir};
+    h.max_context_tokens = generation.max_context_tokens();
+    ASSIGN_OR_RETURN(http, HttpFront::Start(h, &generation, codec.get(), chat.get(), keys.get(),
+                                            [&] { return !draining && backend->Ready(); }));
+  }
   const std::string address = absl::StrCat("127.0.0.1:", server.port);
   const std::string internal_address =
       membership ? absl::StrCat("127.0.0.1:", internal.port) : std::string();
   std::cerr << "router for " << config.Fingerprint() << (o.colocated ? " (colocated)" : "")
             << " on " << address
             << (membership ? absl::StrCat(", workers register on ", internal_address) : "")
+            << (http ? absl::StrCat(", HTTP API on http://127.0.0.1:", http->port()) : "")
             << (codec ? "" : " (no tokenizer.json: token ids only)") << std::endl;
   ServeOptions serve;
   serve.name = "router";
@@ -99,6 +135,7 @@ absl::Status Run() {
   serve.address = address;
   serve.metrics_address = metrics_address;
   serve.internal_address = internal_address;
+  serve.http_address = http ? absl::StrCat("127.0.0.1:", http->port()) : "";
   serve.drain = [&] {
     draining = true;
     generation.Drain();
@@ -107,6 +144,7 @@ absl::Status Run() {
   serve.in_flight = [&generation] { return generation.num_running(); };
   serve.drain_timeout = std::chrono::seconds(o.server.drain_timeout_s);
   const absl::Status s = ServeUntilSignal(server.server.get(), serve);
+  http.reset();  // before the generation service its requests run on
   if (internal.server) internal.server->Shutdown(std::chrono::system_clock::now());
   membership.reset();  // stops the sweeper before the health service it updates goes
   return s;

@@ -6,6 +6,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config python3 git clang-format clang-14 openssl
   libabsl-dev nlohmann-json3-dev libopenblas-dev libicu-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  libcivetweb-dev curl
   python3-grpcio python3-protobuf
   libucx-dev
   libgtest-dev libgmock-dev

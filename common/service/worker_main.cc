@@ -20,8 +20,8 @@ absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& o) {
         std::make_unique<HeartbeatClient>(o.router, o.registration, load, o.on_placement_version);
   }
   if (!o.ready_file.empty()) {
-    if (absl::Status s =
-            WriteReadyFile(o.ready_file, o.address, o.metrics_address, o.internal_address);
+    if (absl::Status s = WriteReadyFile(o.ready_file, o.address, o.metrics_address,
+                                        o.internal_address, o.http_address);
         !s.ok())
       return s;
   }

@@ -32,6 +32,7 @@ struct ServeOptions {
   std::string address;                     // gRPC host:port
   std::string metrics_address;             // /metrics host:port
   std::string internal_address;            // the router's internal plane; empty: none
+  std::string http_address;                // the router's HTTP API; empty: none
   // Graceful shutdown (may be null: none): stops admitting new work.
   std::function<void()> drain;
   std::function<int()> in_flight;  // requests still held; may be null: none

@@ -44,11 +44,12 @@ absl::StatusOr<std::set<int>> ExpertShard(const std::string& spec, int num_exper
 }
 
 absl::Status WriteReadyFile(const std::string& path, const std::string& address,
-                            const std::string& metrics_address,
-                            const std::string& internal_address) {
+                            const std::string& metrics_address, const std::string& internal_address,
+                            const std::string& http_address) {
   const std::string tmp = path + ".tmp";
   std::string text = address + "\n" + metrics_address + "\n";
-  if (!internal_address.empty()) text += internal_address + "\n";
+  if (!internal_address.empty() || !http_address.empty()) text += internal_address + "\n";
+  if (!http_address.empty()) text += http_address + "\n";
   if (absl::Status s = WriteStringToFile(tmp, text); !s.ok()) return s;
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     return absl::InternalError(absl::StrCat("cannot rename ", tmp));

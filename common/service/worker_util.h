@@ -15,12 +15,15 @@ absl::StatusOr<std::set<int>> ParseExpertList(const std::string& spec, int num_e
 // "i/n" -> the i-th of n contiguous, near-equal shards of [0, num_experts).
 absl::StatusOr<std::set<int>> ExpertShard(const std::string& spec, int num_experts);
 
-// Writes "<grpc host:port>\n<metrics host:port>\n" (and, where given, the
-// router's "<internal host:port>\n") atomically (tmp + rename) so a
-// supervisor polling for the file never reads a partial address.
+// Writes "<grpc host:port>\n<metrics host:port>\n" and, where given, the
+// router's "<internal host:port>\n" and "<http host:port>\n" (a line each
+// in that order, the internal one empty when only http is given) atomically
+// (tmp + rename) so a supervisor polling for the file never reads a partial
+// address.
 absl::Status WriteReadyFile(const std::string& path, const std::string& address,
                             const std::string& metrics_address,
-                            const std::string& internal_address = "");
+                            const std::string& internal_address = "",
+                            const std::string& http_address = "");
 
 // Blocks SIGINT and SIGTERM in the calling thread, and so in every thread it
 // starts afterwards: call first in main, so that only WaitForShutdownSignal

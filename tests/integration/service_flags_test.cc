@@ -163,6 +163,11 @@ TEST(ServiceFlagsTest, Router) {
   SetAll(&o.server, &o.kv, &o.device);
   o.internal_listen = "0.0.0.0:50052";
   o.public_tls = true;
+  o.http_listen = "0.0.0.0:8000";
+  o.http_max_body_mb = 3;
+  o.http_threads = 7;
+  o.served_model_name = "tiny";
+  o.api_keys_file = "/keys";
   o.heartbeat_interval_ms = 100;
   o.heartbeat_timeout_ms = 900;
   o.default_max_new_tokens = 11;

@@ -1,0 +1,132 @@
+#include "common/tokenizer/chat_template.h"
+
+#include <filesystem>
+
+#include "base/file_util.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace moesh {
+namespace {
+
+constexpr char kBos[] = "<｜begin▁of▁sentence｜>";
+constexpr char kEos[] = "<｜end▁of▁sentence｜>";
+
+// DeepSeek-V2-Chat's template (tokenizer_config.json), for the v2 renderer.
+constexpr char kV2Template[] =
+    R"jinja({% if not add_generation_prompt is defined %})jinja"
+    R"jinja({% set add_generation_prompt = false %}{% endif %}{{ bos_token }})jinja"
+    R"jinja({% for message in messages %}{% if message['role'] == 'user' %})jinja"
+    R"jinja({{ 'User: ' + message['content'] + '\n\n' }})jinja"
+    R"jinja({% elif message['role'] == 'assistant' %})jinja"
+    R"jinja({{ 'Assistant: ' + message['content'] + eos_token }})jinja"
+    R"jinja({% elif message['role'] == 'system' %}{{ message['content'] + '\n\n' }})jinja"
+    R"jinja({% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }})jinja"
+    R"jinja({% endif %})jinja";
+
+struct Case {
+  std::vector<ChatMessage> messages;
+  bool add_generation_prompt;
+  std::string v3;  // jinja2 3.1's rendering of kDeepSeekV3ChatTemplate
+  std::string v2;  // and of kV2Template
+};
+
+// Goldens: jinja2.Environment().from_string(template).render(messages=...,
+// add_generation_prompt=..., bos_token=kBos, eos_token=kEos), as
+// transformers' apply_chat_template renders.
+std::vector<Case> Cases() {
+  return {
+      {{{"user", "Hi"}},
+       true,
+       "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜>",
+       "<｜begin▁of▁sentence｜>User: Hi\n\nAssistant:"},
+      {{{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "2+2?"}},
+       true,
+       "<｜begin▁of▁sentence｜>Be "
+       "brief.<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜><｜User｜>"
+       "2+2?<｜Assistant｜>",
+       "<｜begin▁of▁sentence｜>Be brief.\n\nUser: Hi\n\nAssistant: "
+       "Hello!<｜end▁of▁sentence｜>User: 2+2?\n\nAssistant:"},
+      {{{"system", "A"}, {"user", "u"}, {"system", "B"}},
+       false,
+       "<｜begin▁of▁sentence｜>A\n\nB<｜User｜>u",
+       "<｜begin▁of▁sentence｜>A\n\nUser: u\n\nB\n\n"},
+  };
+}
+
+TEST(ChatTemplateTest, V3MatchesJinja) {
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t =
+      ChatTemplate::FromText(kDeepSeekV3ChatTemplate, kBos, kEos);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->family(), ChatTemplate::Family::kV3);
+  for (const Case& c : Cases()) {
+    absl::StatusOr<std::string> s = (*t)->Render(c.messages, c.add_generation_prompt);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(*s, c.v3);
+  }
+}
+
+TEST(ChatTemplateTest, V2MatchesJinja) {
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::FromText(kV2Template, kBos, kEos);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->family(), ChatTemplate::Family::kV2);
+  for (const Case& c : Cases()) {
+    absl::StatusOr<std::string> s = (*t)->Render(c.messages, c.add_generation_prompt);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(*s, c.v2);
+  }
+}
+
+TEST(ChatTemplateTest, R1DropsReasoningFromHistory) {
+  const std::string r1 = std::string(kDeepSeekV3ChatTemplate) +
+                         "{% if '</think>' in content %}{% endif %}"
+                         "{{'<｜Assistant｜><think>\\n'}}";
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::FromText(r1, kBos, kEos);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->family(), ChatTemplate::Family::kR1);
+  absl::StatusOr<std::string> s =
+      (*t)->Render({{"user", "q"}, {"assistant", "<think>x</think>y"}, {"user", "r"}}, true);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s,
+            "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜>y<｜end▁of▁sentence｜><｜User｜>r"
+            "<｜Assistant｜><think>\n");
+}
+
+TEST(ChatTemplateTest, RefusesWhatItCannotRender) {
+  EXPECT_EQ(ChatTemplate::FromText("{{ messages }}", kBos, kEos).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto t = ChatTemplate::FromText(kDeepSeekV3ChatTemplate, kBos, kEos);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*t)->Render({}, true).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::Status tool = (*t)->Render({{"tool", "42"}}, true).status();
+  EXPECT_EQ(tool.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tool.message().find("'tool'"), std::string::npos) << tool;
+}
+
+TEST(ChatTemplateTest, LoadsWhatMkmodelWrites) {
+  const std::string dir = JoinPath(::testing::TempDir(), "chat_template_test");
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> none = ChatTemplate::Load(dir);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, nullptr);
+  ASSERT_TRUE(
+      WriteStringToFile(JoinPath(dir, "tokenizer_config.json"), DeepSeekTokenizerConfigJson())
+          .ok());
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::Load(dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_NE(*t, nullptr);
+  EXPECT_EQ(*(*t)->Render({{"user", "Hi"}}, true), Cases()[0].v3);
+  // Newer checkpoints: the template in chat_template.jinja, tokens as objects.
+  nlohmann::json config = {{"bos_token", {{"content", kBos}}}, {"eos_token", kEos}};
+  ASSERT_TRUE(WriteStringToFile(JoinPath(dir, "tokenizer_config.json"), config.dump()).ok());
+  ASSERT_TRUE(WriteStringToFile(JoinPath(dir, "chat_template.jinja"), kV2Template).ok());
+  t = ChatTemplate::Load(dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*(*t)->Render({{"user", "Hi"}}, true), Cases()[0].v2);
+  ASSERT_TRUE(WriteStringToFile(JoinPath(dir, "tokenizer_config.json"), "{oops").ok());
+  EXPECT_EQ(ChatTemplate::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moesh

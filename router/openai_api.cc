@@ -1,0 +1,347 @@
+#include "router/openai_api.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace moesh {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr char kParamPayload[] = "moesh.openai.param";
+// The most stop strings and stop token ids a request may give.
+constexpr size_t kMaxStops = 16;
+
+absl::Status Invalid(absl::string_view param, absl::string_view message) {
+  absl::Status s = absl::InvalidArgumentError(message);
+  s.SetPayload(kParamPayload, absl::Cord(param));
+  return s;
+}
+
+// Field readers: absent or null leaves the output alone; a wrong type is
+// INVALID_ARGUMENT naming the field.
+class Fields {
+ public:
+  explicit Fields(const Json& j) : j_(j) {}
+  const Json* Get(const char* key) const {
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  absl::Status Bool(const char* key, bool* out) const {
+    const Json* v = Get(key);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_boolean()) return Invalid(key, absl::StrCat(key, " must be a boolean"));
+    *out = v->get<bool>();
+    return absl::OkStatus();
+  }
+  absl::Status Int(const char* key, int64_t lo, int64_t hi, std::optional<int64_t>* out) const {
+    const Json* v = Get(key);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_number_integer()) return Invalid(key, absl::StrCat(key, " must be an integer"));
+    const int64_t x =
+        v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX ? INT64_MAX : v->get<int64_t>();
+    if (x < lo || x > hi) {
+      return Invalid(key, absl::StrCat(key, " must lie in [", lo, ", ", hi, "], got ", x));
+    }
+    *out = x;
+    return absl::OkStatus();
+  }
+  absl::Status Number(const char* key, double lo, double hi, std::optional<double>* out) const {
+    const Json* v = Get(key);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_number()) return Invalid(key, absl::StrCat(key, " must be a number"));
+    const double x = v->get<double>();
+    if (!(x >= lo && x <= hi)) {
+      return Invalid(key, absl::StrCat(key, " must lie in [", lo, ", ", hi, "], got ", x));
+    }
+    *out = x;
+    return absl::OkStatus();
+  }
+
+ private:
+  const Json& j_;
+};
+
+// A message's content: a string, or a list of text parts joined.
+absl::StatusOr<std::string> ContentText(const Json& content, size_t i) {
+  const std::string param = absl::StrCat("messages[", i, "].content");
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_null()) return std::string();
+  if (!content.is_array()) return Invalid(param, param + " must be a string or a list of parts");
+  std::string text;
+  for (const Json& part : content) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      return Invalid(param, param +
+                                ": only text parts ({\"type\": \"text\", \"text\": ...}) "
+                                "are supported");
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+absl::Status ParseMessages(const Json& j, OpenAiRequest* r) {
+  auto it = j.find("messages");
+  if (it == j.end() || it->is_null()) return Invalid("messages", "messages is required");
+  if (!it->is_array()) return Invalid("messages", "messages must be a list");
+  if (it->empty()) return Invalid("messages", "messages is empty");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json& m = (*it)[i];
+    const std::string param = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return Invalid(param, param + " must be an object");
+    if (!m.contains("role") || !m["role"].is_string())
+      return Invalid(param + ".role", param + ".role must be a string");
+    ChatMessage msg;
+    msg.role = m["role"].get<std::string>();
+    if (msg.role == "developer") msg.role = "system";
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      return Invalid(param + ".tool_calls", "tool calls are not supported yet");
+    }
+    absl::StatusOr<std::string> text =
+        ContentText(m.contains("content") ? m["content"] : Json(), i);
+    if (!text.ok()) return text.status();
+    msg.content = std::move(*text);
+    r->messages.push_back(std::move(msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParsePrompt(const Json& j, OpenAiRequest* r) {
+  auto it = j.find("prompt");
+  if (it == j.end() || it->is_null()) return Invalid("prompt", "prompt is required");
+  Json p = *it;
+  if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) {
+    p = Json(p[0]);  // a batch of one
+  }
+  if (p.is_string()) {
+    r->generate.set_text(p.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (p.is_array()) {
+    v1::TokenIds* ids = r->generate.mutable_token_ids();
+    for (const Json& t : p) {
+      if (!t.is_number_integer()) {
+        return Invalid("prompt",
+                       t.is_string() || t.is_array()
+                           ? "a list of several prompts is not supported: send one per request"
+                           : "prompt must be a string, a list of token ids, or a list of one");
+      }
+      const int64_t id = t.get<int64_t>();
+      if (id < 0 || id > std::numeric_limits<int32_t>::max())
+        return Invalid("prompt", absl::StrCat("prompt token id ", id, " is out of range"));
+      ids->add_ids(static_cast<int32_t>(id));
+    }
+    return absl::OkStatus();
+  }
+  return Invalid("prompt", "prompt must be a string or a list of token ids");
+}
+
+absl::Status ParseStop(const Json& j, OpenAiRequest* r) {
+  auto it = j.find("stop");
+  v1::StopConditions* stop = r->generate.mutable_stop();
+  if (it != j.end() && !it->is_null()) {
+    std::vector<Json> items =
+        it->is_array() ? std::vector<Json>(it->begin(), it->end()) : std::vector<Json>{*it};
+    if (items.size() > kMaxStops)
+      return Invalid("stop", absl::StrCat("at most ", kMaxStops, " stop strings"));
+    for (const Json& s : items) {
+      if (!s.is_string()) return Invalid("stop", "stop must be a string or a list of strings");
+      if (s.get<std::string>().empty()) return Invalid("stop", "a stop string is empty");
+      stop->add_stop_strings(s.get<std::string>());
+    }
+  }
+  it = j.find("stop_token_ids");
+  if (it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > kMaxStops)
+      return Invalid("stop_token_ids", "stop_token_ids must be a list of at most 16 ids");
+    for (const Json& t : *it) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+          t.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        return Invalid("stop_token_ids", "stop_token_ids must hold token ids");
+      stop->add_stop_token_ids(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  }
+  bool ignore_eos = false;
+  RETURN_IF_ERROR(Fields(j).Bool("ignore_eos", &ignore_eos));
+  stop->set_ignore_eos(ignore_eos);
+  return absl::OkStatus();
+}
+
+// Fields OpenAI defines that this server cannot honour: refused, not ignored.
+absl::Status RefuseUnsupported(const Json& j, bool chat) {
+  Fields f(j);
+  std::optional<int64_t> n;
+  RETURN_IF_ERROR(f.Int("n", 1, 128, &n));
+  if (n.has_value() && *n != 1) return Invalid("n", "n > 1 is not supported yet");
+  if (!chat) {
+    std::optional<int64_t> best_of;
+    RETURN_IF_ERROR(f.Int("best_of", 1, 128, &best_of));
+    if (best_of.has_value() && *best_of != 1)
+      return Invalid("best_of", "best_of > 1 is not supported");
+    bool echo = false;
+    RETURN_IF_ERROR(f.Bool("echo", &echo));
+    if (echo) return Invalid("echo", "echo is not supported yet");
+    if (const Json* s = f.Get("suffix"); s != nullptr && !(s->is_string() && s->empty()))
+      return Invalid("suffix", "suffix is not supported");
+  }
+  if (const Json* b = f.Get("logit_bias"); b != nullptr && !(b->is_object() && b->empty()))
+    return Invalid("logit_bias", "logit_bias is not supported");
+  if (const Json* t = f.Get("tools"); t != nullptr && !(t->is_array() && t->empty()))
+    return Invalid("tools", "tools are not supported yet");
+  if (const Json* t = f.Get("tool_choice"); t != nullptr && !(t->is_string() && *t == "none"))
+    return Invalid("tool_choice", "tool_choice is not supported yet");
+  if (const Json* rf = f.Get("response_format"); rf != nullptr) {
+    if (!rf->is_object() || rf->value("type", "") != "text")
+      return Invalid("response_format", "only response_format {\"type\": \"text\"} is supported");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSampling(const Json& j, OpenAiRequest* r) {
+  Fields f(j);
+  v1::SamplingParams* s = r->generate.mutable_sampling();
+  std::optional<double> x;
+  RETURN_IF_ERROR(f.Number("temperature", 0, 2, &x));
+  if (x) s->set_temperature(static_cast<float>(*x));
+  x.reset();
+  RETURN_IF_ERROR(f.Number("top_p", 0, 1, &x));
+  if (x) {
+    if (*x <= 0) return Invalid("top_p", "top_p must be > 0");
+    s->set_top_p(static_cast<float>(*x));
+  }
+  x.reset();
+  RETURN_IF_ERROR(f.Number("min_p", 0, 1, &x));
+  if (x) s->set_min_p(static_cast<float>(*x));
+  x.reset();
+  RETURN_IF_ERROR(f.Number("presence_penalty", -2, 2, &x));
+  if (x) s->set_presence_penalty(static_cast<float>(*x));
+  x.reset();
+  RETURN_IF_ERROR(f.Number("frequency_penalty", -2, 2, &x));
+  if (x) s->set_frequency_penalty(static_cast<float>(*x));
+  x.reset();
+  RETURN_IF_ERROR(f.Number("repetition_penalty", 0, 100, &x));
+  if (x) {
+    if (*x <= 0) return Invalid("repetition_penalty", "repetition_penalty must be > 0");
+    s->set_repetition_penalty(static_cast<float>(*x));
+  }
+  std::optional<int64_t> i;
+  RETURN_IF_ERROR(f.Int("top_k", -1, std::numeric_limits<int32_t>::max(), &i));
+  if (i) s->set_top_k(*i < 0 ? 0 : static_cast<int32_t>(*i));  // -1: all, as vLLM
+  i.reset();
+  RETURN_IF_ERROR(
+      f.Int("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &i));
+  if (i) s->set_seed(static_cast<uint64_t>(*i));
+  // max_completion_tokens is chat's newer name; either sets the limit.
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    i.reset();
+    RETURN_IF_ERROR(f.Int(key, 1, std::numeric_limits<int32_t>::max(), &i));
+    if (i) r->generate.mutable_stop()->set_max_new_tokens(static_cast<int32_t>(*i));
+  }
+  // Log-probabilities: completions' `logprobs` is the number of alternatives
+  // (0: the sampled token's only); chat's is a bool, with `top_logprobs`.
+  i.reset();
+  if (r->chat) {
+    RETURN_IF_ERROR(f.Bool("logprobs", &r->logprobs));
+    RETURN_IF_ERROR(f.Int("top_logprobs", 0, 20, &i));
+    if (i && !r->logprobs) return Invalid("top_logprobs", "top_logprobs needs logprobs: true");
+  } else {
+    RETURN_IF_ERROR(f.Int("logprobs", 0, 20, &i));
+    r->logprobs = i.has_value();
+  }
+  r->top_logprobs = i ? static_cast<int>(*i) : 0;
+  // The sampled token's own log-probability is read from the alternatives:
+  // ask for at least one.
+  if (r->logprobs) s->set_top_logprobs(std::max(r->top_logprobs, 1));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat) {
+  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Invalid("", "the request body is not valid JSON");
+  if (!j.is_object()) return Invalid("", "the request body must be a JSON object");
+  OpenAiRequest r;
+  r.chat = chat;
+  Fields f(j);
+  if (const Json* m = f.Get("model"); m != nullptr) {
+    if (!m->is_string()) return Invalid("model", "model must be a string");
+    r.model = m->get<std::string>();
+  }
+  RETURN_IF_ERROR(f.Bool("stream", &r.stream));
+  if (const Json* so = f.Get("stream_options"); so != nullptr) {
+    if (!so->is_object()) return Invalid("stream_options", "stream_options must be an object");
+    RETURN_IF_ERROR(Fields(*so).Bool("include_usage", &r.include_usage));
+  }
+  RETURN_IF_ERROR(RefuseUnsupported(j, chat));
+  RETURN_IF_ERROR(chat ? ParseMessages(j, &r) : ParsePrompt(j, &r));
+  RETURN_IF_ERROR(ParseSampling(j, &r));
+  RETURN_IF_ERROR(ParseStop(j, &r));
+  r.generate.set_detokenize(true);
+  return r;
+}
+
+std::string ErrorParam(const absl::Status& status) {
+  const auto p = status.GetPayload(kParamPayload);
+  return p.has_value() ? std::string(*p) : std::string();
+}
+
+absl::Status BodyTooLargeError(int64_t limit_bytes) {
+  return absl::OutOfRangeError(
+      absl::StrCat("the request body is over the limit of ", limit_bytes, " bytes"));
+}
+
+absl::Status ModelNotFoundError(absl::string_view model) {
+  return absl::NotFoundError(
+      absl::StrCat("The model '", model, "' does not exist (GET /v1/models lists it)"));
+}
+
+HttpError ToHttpError(const absl::Status& status) {
+  int http = 500;
+  std::string type = "server_error", code;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+      http = 400, type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kOutOfRange:
+      http = 413, type = "invalid_request_error", code = "request_too_large";
+      break;
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      http = 401, type = "invalid_request_error", code = "invalid_api_key";
+      break;
+    case absl::StatusCode::kNotFound:
+      http = 404, type = "invalid_request_error", code = "model_not_found";
+      break;
+    case absl::StatusCode::kAlreadyExists:
+      http = 409, type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      http = 429, type = "rate_limit_error", code = "rate_limit_exceeded";
+      break;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+      http = 503, type = "service_unavailable";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      http = 504, type = "timeout";
+      break;
+    default:
+      break;
+  }
+  const std::string param = ErrorParam(status);
+  Json e = {{"message", std::string(status.message())},
+            {"type", type},
+            {"param", param.empty() ? Json() : Json(param)},
+            {"code", code.empty() ? Json() : Json(code)}};
+  return {http, DumpJson(Json({{"error", e}}))};
+}
+
+}  // namespace moesh

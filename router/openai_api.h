@@ -1,0 +1,112 @@
+// The OpenAI HTTP API's JSON, mapped onto moesh.v1.Generation: a
+// /v1/completions or /v1/chat/completions body becomes a GenerateRequest (and
+// chat messages), the Generate stream's messages become the API's responses
+// and Server-Sent Event chunks, and an absl::Status becomes OpenAI's error
+// JSON with its HTTP status. No I/O; router/http_front.h serves it.
+//
+// Accepted: model, prompt (a string, token ids, or a list of one of either),
+// messages, stream, stream_options.include_usage, max_tokens,
+// max_completion_tokens, temperature, top_p, seed, stop (a string or a list),
+// presence_penalty, frequency_penalty, logprobs (completions: how many
+// alternatives; chat: a bool, with top_logprobs), n = 1, and the extensions
+// other servers accept too: top_k, min_p, repetition_penalty, ignore_eos,
+// stop_token_ids. Unknown fields are ignored, as OpenAI does; a known field
+// this server cannot honour (n > 1, best_of, echo, suffix, logit_bias, tools,
+// a response_format other than text) is INVALID_ARGUMENT naming it.
+#ifndef MOESH_ROUTER_OPENAI_API_H_
+#define MOESH_ROUTER_OPENAI_API_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/tokenizer/chat_template.h"
+#include "moesh/v1/generation.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace moesh {
+
+// A parsed request: the generation (its prompt set for completions; chat
+// requests leave it to the caller, who renders `messages`) and how to answer.
+struct OpenAiRequest {
+  bool chat = false;
+  std::string model;  // empty: not given
+  bool stream = false;
+  bool include_usage = false;         // stream_options.include_usage
+  bool logprobs = false;              // report log-probabilities
+  int top_logprobs = 0;               // alternatives per token to report
+  std::vector<ChatMessage> messages;  // chat only
+  v1::GenerateRequest generate;       // detokenize set; chat: no prompt yet
+};
+
+// INVALID_ARGUMENT (with the offending field as the error's param, see
+// ErrorParam) for malformed JSON, wrong types, out-of-range or unsupported
+// values.
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
+
+// The field an INVALID_ARGUMENT from ParseOpenAiRequest names; empty if none.
+std::string ErrorParam(const absl::Status& status);
+
+// OpenAI's error body {"error": {"message", "type", "param", "code"}} for
+// `status` (not OK), and the HTTP status that goes with it: 400 invalid
+// input, 401 a missing or wrong key, 404 an unknown model (NOT_FOUND), 409,
+// 413 (OUT_OF_RANGE from the body limit: see BodyTooLargeError), 429 no room
+// (RESOURCE_EXHAUSTED), 503 unavailable or draining, 504 a deadline, 500 the
+// rest.
+struct HttpError {
+  int http_status = 500;
+  std::string body;
+};
+HttpError ToHttpError(const absl::Status& status);
+// `j` as compact JSON text; invalid UTF-8 in strings becomes U+FFFD.
+std::string DumpJson(const nlohmann::json& j);
+// The error a body over the limit gets (413).
+absl::Status BodyTooLargeError(int64_t limit_bytes);
+// The error an unknown model gets (404, code model_not_found).
+absl::Status ModelNotFoundError(absl::string_view model);
+
+// Turns one request's Generate stream into the API's JSON. Not thread-safe.
+class OpenAiResponder {
+ public:
+  // `decode_token(id)` is a token's text (for log-probabilities); `created`
+  // the Unix time stamped on every object.
+  OpenAiResponder(const OpenAiRequest& request, std::string id, std::string model, int64_t created,
+                  std::function<std::string(int32_t)> decode_token);
+
+  // Streaming: the SSE events ("data: {...}\n\n") for message `m`; the final
+  // message adds the finish chunk, the usage chunk (include_usage) and
+  // "data: [DONE]\n\n".
+  std::string StreamEvents(const v1::GenerateResponse& m);
+  // Not streaming: takes `m` in; Body() is the whole response once the final
+  // message was added.
+  void Add(const v1::GenerateResponse& m);
+  std::string Body() const;
+  // The SSE event reporting an error after the stream started.
+  static std::string StreamError(const absl::Status& status);
+
+ private:
+  nlohmann::json ChunkBase() const;
+  nlohmann::json Usage(const v1::FinalInfo& f) const;
+  // Log-probability entries of `m`'s tokens, appended to `content`
+  // (chat) or to the completions' parallel arrays.
+  void AddLogprobs(const v1::GenerateResponse& m, nlohmann::json* into) const;
+  nlohmann::json EmptyLogprobs() const;
+
+  const OpenAiRequest& request_;
+  const std::string id_;
+  const std::string model_;
+  const int64_t created_;
+  const std::function<std::string(int32_t)> decode_token_;
+  bool role_sent_ = false;
+  std::string text_;
+  nlohmann::json logprobs_;
+  v1::FinalInfo final_;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_ROUTER_OPENAI_API_H_

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# The OpenAI-compatible HTTP API of a real local cluster (`moesh serve-local`,
+# API keys on), driven by curl and by Python's standard library: completions
+# (JSON and SSE, the same tokens as the gRPC API), chat through the
+# checkpoint's chat template, /v1/models, /health, and the errors: a missing
+# key (401, and UNAUTHENTICATED on gRPC), malformed JSON and wrong types
+# (400), an unknown model (404), an oversize body (413), n > 1 (400); a
+# client that goes away mid-stream has its request cancelled (the router's
+# and the decode worker's running requests and KV blocks back to zero).
+# usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR
+set -euo pipefail
+MOESH=${1:?usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR}
+SRC=${2:?}
+PY=/usr/bin/python3
+TMP=$(mktemp -d "${TEST_TMPDIR:-/tmp}/moesh_http.XXXXXX")
+PID=
+trap '[ -n "$PID" ] && { kill -INT $PID 2>/dev/null; wait $PID 2>/dev/null; }; rm -rf "$TMP"' EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  tail -5 "$TMP/log" >&2 || true
+  for f in "$TMP"/cluster/router.log "$TMP"/cluster/decode-0.log; do
+    [ -f "$f" ] && { echo "--- $f" >&2; tail -5 "$f" >&2; }
+  done
+  exit 1
+}
+
+"$MOESH" mkmodel --family v3 --preset tiny --out "$TMP/m" --seed 5 >/dev/null
+[ -f "$TMP/m/tokenizer_config.json" ] || fail "mkmodel wrote no tokenizer_config.json"
+printf '# keys\nsk-test-1\n\n  sk-test-2  \n' >"$TMP/keys"
+"$MOESH" serve-local --model "$TMP/m" --port 0 --http_port 0 --api_keys_file "$TMP/keys" \
+  --work_dir "$TMP/cluster" >"$TMP/log" 2>&1 &
+PID=$!
+for _ in $(seq 900); do grep -q "HTTP API on" "$TMP/log" && break; kill -0 $PID || fail "serve-local exited"; sleep 0.1; done
+URL=$(grep -o "HTTP API on http://[0-9.:]*" "$TMP/log" | awk '{print $4}')
+GRPC=$(grep -o "serving on [0-9.:]*" "$TMP/log" | awk '{print $3}')
+[ -n "$URL" ] && [ -n "$GRPC" ] || fail "serve-local printed no HTTP URL"
+ROUTER_METRICS=$(grep -o "router .*metrics http://[0-9.:]*" "$TMP/log" | grep -o "http://[0-9.:]*$")
+DECODE_METRICS=$(grep -o "decode-0 .*metrics http://[0-9.:]*" "$TMP/log" | grep -o "http://[0-9.:]*$")
+KEY="Authorization: Bearer sk-test-2"
+JSON="Content-Type: application/json"
+
+# status BODY_FILE curl-args...: prints the HTTP status, the body into BODY_FILE.
+status() { local out=$1; shift; curl -s -o "$out" -w '%{http_code}' "$@"; }
+# jq-like field access with Python: field FILE EXPR (EXPR over `j`).
+field() { "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
+expect_error() {  # expect_error WANT_STATUS WANT_TYPE_OR_CODE curl-args...
+  local want=$1 what=$2; shift 2
+  local got; got=$(status "$TMP/err" "$@")
+  [ "$got" = "$want" ] || fail "$* -> HTTP $got, want $want: $(cat "$TMP/err")"
+  field "$TMP/err" "j['error']['message'] and (j['error']['type'], j['error']['code'])" \
+    | grep -q "$what" || fail "$* -> $(cat "$TMP/err"), want $what"
+}
+
+[ "$(status "$TMP/h" "$URL/health")" = 200 ] || fail "/health not 200"
+expect_error 401 invalid_api_key "$URL/v1/models"
+expect_error 401 invalid_api_key -H "Authorization: Bearer wrong" "$URL/v1/models"
+[ "$(status "$TMP/models" -H "$KEY" "$URL/v1/models")" = 200 ] || fail "/v1/models"
+[ "$(field "$TMP/models" "j['data'][0]['id']")" = m ] || fail "model id: $(cat "$TMP/models")"
+# gRPC's public API wants the key too.
+if out=$("$MOESH" complete --server "$GRPC" --prompt_ids 7,8,9 --max_new_tokens 2 2>&1); then
+  fail "gRPC without a key succeeded"
+fi
+echo "$out" | grep -q "no API key" || fail "gRPC without a key: $out"
+"$MOESH" complete --server "$GRPC" --api_key sk-test-1 --prompt "Hello world" --max_new_tokens 12 \
+  --ignore_eos --json >"$TMP/grpc.json" || fail "moesh complete with a key"
+
+# Completions: the gRPC API's greedy text, as JSON and as SSE.
+BODY='{"model":"m","prompt":"Hello world","max_tokens":12,"temperature":0,"ignore_eos":true}'
+[ "$(status "$TMP/c" -H "$KEY" -H "$JSON" -d "$BODY" "$URL/v1/completions")" = 200 ] \
+  || fail "completions: $(cat "$TMP/c")"
+[ "$(field "$TMP/c" "j['choices'][0]['text']")" = "$(field "$TMP/grpc.json" "j['text']")" ] \
+  || fail "HTTP text $(cat "$TMP/c") != gRPC $(cat "$TMP/grpc.json")"
+[ "$(field "$TMP/c" "j['object'], j['usage']['completion_tokens'], j['choices'][0]['finish_reason']")" \
+  = "text_completion 12 length" ] || fail "completion body: $(cat "$TMP/c")"
+SSE='{"prompt":"Hello world","max_tokens":12,"temperature":0,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}'
+curl -sN -H "$KEY" -H "$JSON" -d "$SSE" "$URL/v1/completions" >"$TMP/sse"
+"$PY" - "$TMP/sse" "$TMP/c" <<'PYEOF' || fail "SSE stream: $(head -c 600 "$TMP/sse")"
+import json, sys
+raw = open(sys.argv[1]).read()
+events = [e for e in raw.split("\n\n") if e]
+assert all(e.startswith("data: ") for e in events), events
+assert events[-1] == "data: [DONE]", events[-1]
+chunks = [json.loads(e[6:]) for e in events[:-1]]
+text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+want = json.load(open(sys.argv[2]))["choices"][0]["text"]
+assert text == want, (text, want)
+assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12, chunks[-1]
+assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+PYEOF
+
+# Errors, each in OpenAI's shape.
+expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"prompt": "x",' "$URL/v1/completions"
+expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"prompt":"x","temperature":"hot"}' "$URL/v1/completions"
+expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"prompt":"x","n":2}' "$URL/v1/completions"
+expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"messages":[]}' "$URL/v1/chat/completions"
+expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"prompt":[1,100000]}' "$URL/v1/completions"
+expect_error 404 model_not_found -H "$KEY" -H "$JSON" -d '{"model":"gpt-4","prompt":"x"}' "$URL/v1/completions"
+head -c $((9 << 20)) /dev/zero | tr '\0' 'a' >"$TMP/big"
+expect_error 413 request_too_large -H "$KEY" -H "$JSON" --data-binary @"$TMP/big" "$URL/v1/completions"
+expect_error 401 invalid_api_key -H "$JSON" -d '{"prompt":"x"}' "$URL/v1/completions"
+
+# Python's standard library: chat through the template, streamed and not;
+# a client that disconnects mid-stream.
+"$PY" - "$URL" "$ROUTER_METRICS" "$DECODE_METRICS" <<'PYEOF' || fail "python client"
+import json, socket, sys, time, urllib.error, urllib.request
+url, router_metrics, decode_metrics = sys.argv[1:4]
+H = {"Authorization": "Bearer sk-test-1", "Content-Type": "application/json"}
+def post(path, body):
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), H)
+    return urllib.request.urlopen(req, timeout=60)
+msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+r = json.load(post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0,
+                                           "logprobs": True, "top_logprobs": 2}))
+assert r["object"] == "chat.completion", r
+msg = r["choices"][0]["message"]
+assert msg["role"] == "assistant" and isinstance(msg["content"], str), r
+# The rendered template: BOS, the system prompt, <｜User｜>Hi there<｜Assistant｜>.
+assert r["usage"]["prompt_tokens"] >= 5, r["usage"]
+lp = r["choices"][0]["logprobs"]["content"]
+assert len(lp) == r["usage"]["completion_tokens"] and len(lp[0]["top_logprobs"]) == 2, lp
+assert lp[0]["logprob"] == lp[0]["top_logprobs"][0]["logprob"], lp[0]  # greedy: the best one
+deltas, roles = [], []
+with post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0,
+                                   "stream": True}) as s:
+    assert s.headers["Content-Type"].startswith("text/event-stream")
+    for line in s:
+        line = line.decode().strip()
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        if line == "data: [DONE]":
+            break
+        d = json.loads(line[6:])["choices"][0]["delta"]
+        roles += [d["role"]] if "role" in d else []
+        deltas.append(d.get("content", ""))
+assert roles == ["assistant"] and "".join(deltas) == msg["content"], (deltas, msg)
+try:
+    post("/v1/chat/completions", {"messages": [{"role": "tool", "content": "42"}]})
+    raise AssertionError("a tool message was rendered")
+except urllib.error.HTTPError as e:
+    assert e.code == 400 and "tool" in json.load(e)["error"]["message"]
+
+def metric(address, name, label=""):
+    text = urllib.request.urlopen(address + "/metrics", timeout=10).read().decode()
+    return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name) and label in l)
+# A long stream whose client goes away after a few chunks.
+host, port = url[len("http://"):].split(":")
+body = json.dumps({"prompt": "Hello", "max_tokens": 2400, "ignore_eos": True, "stream": True})
+sock = socket.create_connection((host, int(port)))
+sock.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test-1\r\n"
+              "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+got = b""
+while got.count(b"data: ") < 4:
+    got += sock.recv(4096)
+assert metric(router_metrics, "moesh_num_requests_running") == 1
+sock.close()
+deadline = time.time() + 10
+while time.time() < deadline:
+    # ended as CANCELLED, nothing running, no KV held
+    if (metric(router_metrics, "moesh_request_failure_total", 'code="1"') >= 1 and
+            metric(router_metrics, "moesh_num_requests_running") == 0 and
+            metric(decode_metrics, "moesh_num_requests_running") == 0 and
+            metric(decode_metrics, "moesh_kv_cache_usage_perc") == 0):
+        break
+    time.sleep(0.05)
+else:
+    raise AssertionError("the abandoned stream still runs: " + str([
+        metric(router_metrics, "moesh_request_failure_total", 'code="1"'),
+        metric(router_metrics, "moesh_num_requests_running"),
+        metric(decode_metrics, "moesh_num_requests_running"), metric(decode_metrics, "moesh_kv_cache_usage_perc"),
+        metric(router_metrics, "moesh_generation_tokens_total")]))
+tokens = metric(router_metrics, "moesh_generation_tokens_total")
+assert tokens < 12 + 8 + 8 + 12 + 2400 - 200, tokens  # it stopped well before its 2400
+print("python client: OK")
+PYEOF
+echo "http_api_test: OK"

@@ -1,0 +1,65 @@
+// The official `openai` npm SDK against a local cluster's HTTP API
+// (openai_sdk_test.sh starts it): models, chat (streamed and not, with
+// log-probabilities), completions, and the SDK's typed errors.
+// usage: node openai_sdk_test.cjs OPENAI_MODULE_DIR BASE_URL API_KEY
+'use strict';
+const assert = require('node:assert/strict');
+const [moduleDir, baseURL, apiKey] = process.argv.slice(2);
+const OpenAI = require(moduleDir);
+
+async function expectError(promise, Kind, status, check) {
+  try {
+    await promise;
+  } catch (e) {
+    assert.ok(e instanceof Kind, `${e} is not a ${Kind.name}`);
+    assert.equal(e.status, status);
+    if (check) check(e);
+    return;
+  }
+  assert.fail(`no ${Kind.name}`);
+}
+
+async function main() {
+  const client = new OpenAI({baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0});
+  const models = await client.models.list();
+  assert.equal(models.data.length, 1);
+  const model = models.data[0].id;
+
+  const messages = [{role: 'system', content: 'Be brief.'}, {role: 'user', content: 'Hello!'}];
+  const whole = await client.chat.completions.create(
+      {model, messages, max_tokens: 10, temperature: 0, logprobs: true, top_logprobs: 3});
+  const choice = whole.choices[0];
+  assert.equal(choice.message.role, 'assistant');
+  assert.equal(choice.logprobs.content.length, whole.usage.completion_tokens);
+  assert.equal(choice.logprobs.content[0].top_logprobs.length, 3);
+
+  const stream = await client.chat.completions.create(
+      {model, messages, max_tokens: 10, temperature: 0, stream: true,
+       stream_options: {include_usage: true}});
+  let text = '';
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.choices.length > 0) text += chunk.choices[0].delta.content ?? '';
+    if (chunk.usage) usage = chunk.usage;
+  }
+  assert.equal(text, choice.message.content);
+  assert.deepEqual(usage.completion_tokens, whole.usage.completion_tokens);
+
+  const completion = await client.completions.create(
+      {model, prompt: 'Once upon a time', max_tokens: 6, temperature: 0, ignore_eos: true});
+  assert.equal(completion.usage.completion_tokens, 6);
+  assert.equal(completion.choices[0].finish_reason, 'length');
+
+  await expectError(client.completions.create({model: 'gpt-4o', prompt: 'x'}), OpenAI.NotFoundError,
+                    404, (e) => assert.equal(e.code, 'model_not_found'));
+  await expectError(client.chat.completions.create({model, messages, n: 2}),
+                    OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'n'));
+  const stranger = new OpenAI({baseURL: `${baseURL}/v1`, apiKey: 'sk-wrong', maxRetries: 0});
+  await expectError(stranger.models.list(), OpenAI.AuthenticationError, 401);
+  console.log('openai SDK: OK');
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
