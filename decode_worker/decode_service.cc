@@ -16,7 +16,7 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
   auto* stream = new BlockingWriteReactor<v1::DecodeResponse>([cancel] { cancel->Cancel(); });
   pool_.Schedule([this, stream, request, cancel] {
     absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> reserved =
-        engine_->Reserve(DecodeSpecFromProto(*request));
+        engine_->Reserve(DecodeSpecFromProto(*request), cancel.get());
     if (!reserved.ok()) {
       stream->Finish(ToGrpcStatus(reserved.status()));
       return;

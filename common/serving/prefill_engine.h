@@ -76,6 +76,9 @@ class PrefillEngine {
   void CancelQueued(Pending* p);
   void UpdateQueueGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunBatch(const std::vector<Pending*>& batch);
+  // Puts `batch` back at the queue's front (its KV pool is full for now) and
+  // waits a moment before the loop tries again.
+  void Requeue(const std::vector<Pending*>& batch);
   absl::StatusOr<DataChannel*> ChannelTo(const std::string& address);
 
   AttentionBackend* const backend_;
