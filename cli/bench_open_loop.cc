@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
@@ -79,7 +80,8 @@ class Slots {
 struct RowOptions {
   double rate = 0;  // arrivals per second; inf: closed loop
   int concurrency = 1;
-  int max_context = 0;
+  int max_context = 0;    // prompt + output
+  int max_new_limit = 0;  // output
   v1::SamplingParams sampling;
 };
 
@@ -110,8 +112,11 @@ std::vector<RequestRecord> RunRow(const std::string& server,
       std::vector<int32_t> history = c.prefix;
       for (size_t t = 0; t < c.user.size(); ++t) {
         history.insert(history.end(), c.user[t].begin(), c.user[t].end());
-        const int max_new = c.max_new_tokens[t];
-        if (static_cast<int>(history.size()) + max_new > o.max_context) break;  // too long now
+        // Within the server's limits (a long tail of the lengths, a history
+        // grown past the context: the conversation ends there).
+        const int max_new = std::min({c.max_new_tokens[t], o.max_new_limit,
+                                      o.max_context - static_cast<int>(history.size())});
+        if (max_new < 1) break;
         v1::GenerateRequest req;
         req.mutable_token_ids()->mutable_ids()->Add(history.begin(), history.end());
         *req.mutable_sampling() = o.sampling;
@@ -163,8 +168,7 @@ std::function<absl::StatusOr<std::vector<int32_t>>(const std::string&)> Tokenize
 }
 
 std::string Ms3(const double (&v)[3]) {
-  return absl::StrCat(absl::SixDigits(1e3 * v[0]), " / ", absl::SixDigits(1e3 * v[1]), " / ",
-                      absl::SixDigits(1e3 * v[2]));
+  return absl::StrFormat("%.2f / %.2f / %.2f", 1e3 * v[0], 1e3 * v[1], 1e3 * v[2]);
 }
 
 }  // namespace
@@ -228,9 +232,6 @@ absl::Status RunOpenLoopBench() {
     const std::string path = absl::GetFlag(FLAGS_dataset_path);
     if (path.empty()) return absl::InvalidArgumentError("--dataset sharegpt needs --dataset_path");
     ASSIGN_OR_RETURN(conversations, ShareGptDataset(path, requests, Tokenizer(stub.get(), info)));
-    for (Conversation& c : conversations) {  // the server's limits, as vLLM's bench does
-      c.max_new_tokens[0] = std::min(c.max_new_tokens[0], info.max_new_tokens_limit());
-    }
     what = absl::StrCat("sharegpt: ", path, " (", conversations.size(), " requests)");
   } else {
     return absl::InvalidArgumentError(
@@ -241,6 +242,7 @@ absl::Status RunOpenLoopBench() {
   RowOptions o;
   SamplingToProto(sp, &o.sampling);
   o.max_context = info.max_context_tokens();
+  o.max_new_limit = info.max_new_tokens_limit();
   const double slo_ttft = absl::GetFlag(FLAGS_slo_ttft_ms),
                slo_itl = absl::GetFlag(FLAGS_slo_itl_ms);
   std::printf("serving bench against %s (%s, vocab %d), %s\n", server.c_str(),
