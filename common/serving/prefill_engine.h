@@ -52,7 +52,9 @@ class PrefillEngine {
   // decode worker. INVALID_ARGUMENT for bad prompts or sampling, UNAVAILABLE
   // if an expert or the decode worker failed. CANCELLED when `cancel` (may be
   // null) fired while the prompt still waited in the queue (it leaves the
-  // queue at once; a prompt already in a running batch finishes).
+  // queue at once; a prompt already in a running batch finishes). While the
+  // backend's KV pool has no room for the batch (a GPU's, or the pool a
+  // colocated decode engine shares), the prompts wait in the queue for it.
   absl::Status Prefill(const PrefillSpec& spec, const CancelToken* cancel = nullptr);
 
   // Graceful shutdown: from now on Prefill answers UNAVAILABLE; prompts
