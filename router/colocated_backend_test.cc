@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/file_util.h"
 #include "common/metrics/metrics.h"
@@ -307,7 +308,11 @@ INSTANTIATE_TEST_SUITE_P(
     PriorityPicksTheVictim, PreemptionTest,
     ::testing::Values(PreemptionCase{0, 0, false},  // equal: the later arrival goes
                       PreemptionCase{0, 1, false},  // higher value: less important
-                      PreemptionCase{1, 0, true}));
+                      PreemptionCase{1, 0, true}),
+    [](const ::testing::TestParamInfo<PreemptionCase>& info) {
+      return absl::StrCat("priorities_", info.param.first_priority, "_",
+                          info.param.second_priority);
+    });
 
 TEST(AdmissionTest, ARequestLargerThanThePoolIsRefusedAtOnce) {
   std::unique_ptr<ColocatedBackend> b = Backend(16, 4);  // 64 tokens
