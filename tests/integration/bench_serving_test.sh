@@ -6,10 +6,11 @@
 # (percentiles ordered, goodput <= throughput); and admission queues instead
 # of refusing: 64 requests of 2000 new tokens — more KV than the pool holds
 # at once — all complete, none RESOURCE_EXHAUSTED.
-# usage: bench_serving_test.sh PATH/TO/moesh
+# usage: bench_serving_test.sh PATH/TO/moesh SOURCE_DIR
 set -euo pipefail
-MOESH=${1:?usage: bench_serving_test.sh PATH/TO/moesh}
-. "$(dirname "$0")/serve_local_lib.sh"
+MOESH=${1:?usage: bench_serving_test.sh PATH/TO/moesh SOURCE_DIR}
+SRC=${2:?usage: bench_serving_test.sh PATH/TO/moesh SOURCE_DIR}
+. "$SRC/tests/integration/serve_local_lib.sh"
 serve_local_setup moesh_bench_serving
 
 "$MOESH" mkmodel --family v3 --preset tiny --out "$TMP/model" --seed 5 >/dev/null
