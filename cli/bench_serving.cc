@@ -24,6 +24,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/local_cluster.h"
+#include "cli/serving_workload.h"
 #include "common/model/config.h"
 #include "common/service/device_flags.h"
 #include "common/service/sampling_proto.h"
@@ -31,6 +32,7 @@
 #include "nlohmann/json.hpp"
 
 ABSL_DECLARE_FLAG(std::optional<int>, prompt_len);  // bench.cc: both modes read it
+ABSL_DECLARE_FLAG(std::string, server);             // complete.cc: --server: a running cluster
 ABSL_FLAG(std::string, concurrency, "1,8,32",
           "--serving: concurrent streams, a row each (comma-separated).");
 ABSL_FLAG(int, requests, 64, "--serving: requests per row.");
@@ -51,12 +53,6 @@ namespace moesh::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
-}
 
 struct LoadResult {
   int ok = 0, failed = 0;
@@ -98,39 +94,20 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
           req.mutable_sampling()->set_seed(static_cast<uint64_t>(i) + 1);
         req.mutable_stop()->set_max_new_tokens(max_new);
         req.mutable_stop()->set_ignore_eos(true);
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-        const auto t0 = Clock::now();
-        auto reader = stub->Generate(&ctx, req);
-        v1::GenerateResponse m;
-        std::vector<double> itl;
-        double ttft = -1;
-        auto last = t0;
-        int64_t tokens = 0;
-        while (reader->Read(&m)) {
-          if (m.token_ids_size() == 0) continue;
-          const auto now = Clock::now();
-          if (ttft < 0) {
-            ttft = std::chrono::duration<double>(now - t0).count();
-          } else {
-            itl.push_back(std::chrono::duration<double>(now - last).count() / m.token_ids_size());
-          }
-          last = now;
-          tokens += m.token_ids_size();
-          if (control != nullptr) control->tokens += m.token_ids_size();
-        }
-        grpc::Status s = reader->Finish();
+        RequestRecord r = StreamGenerate(stub.get(), req, std::chrono::minutes(10), [&](int n) {
+          if (control != nullptr) control->tokens += n;
+        });
         std::lock_guard<std::mutex> lock(mu);
-        if (!s.ok()) {
+        if (r.code != grpc::StatusCode::OK) {
           ++out.failed;
-          if (out.first_error.empty()) out.first_error = s.error_message();
+          if (out.first_error.empty()) out.first_error = r.error;
           continue;
         }
         ++out.ok;
-        out.output_tokens += tokens;
-        out.ttft.push_back(ttft);
-        out.itl.insert(out.itl.end(), itl.begin(), itl.end());
-        out.e2e.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        out.output_tokens += r.output_tokens;
+        out.ttft.push_back(r.ttft);
+        out.itl.insert(out.itl.end(), r.itl.begin(), r.itl.end());
+        out.e2e.push_back(r.e2e);
       }
     });
   }
@@ -321,6 +298,7 @@ absl::Status RunRebalanceTimeline(const ModelConfig& config, LocalClusterOptions
 }
 
 absl::Status RunServingBench() {
+  if (!absl::GetFlag(FLAGS_server).empty()) return RunOpenLoopBench();
   ASSIGN_OR_RETURN(const std::string model, ModelFlag());
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(model));
   ASSIGN_OR_RETURN(std::vector<int64_t> concurrencies,

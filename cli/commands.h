@@ -17,8 +17,11 @@ absl::Status RunBench();
 absl::Status RunComplete();
 absl::Status RunServeLocal();
 
-// `moesh bench --serving`: concurrent streams against local clusters.
+// `moesh bench --serving`: concurrent streams against local clusters, or
+// with --server open-loop load against a running one (RunOpenLoopBench,
+// cli/bench_open_loop.cc).
 absl::Status RunServingBench();
+absl::Status RunOpenLoopBench();
 
 // `moesh bench --device cuda ...` is cuda_model_bench's (the GPU engine
 // bench, tools/bench/model_bench.cc, with its own flags), since the moesh

@@ -50,7 +50,12 @@ const std::vector<Command>& Commands() {
        "      [--load_format=dummy] [--expert_workers=N] [--temperature=T [--top_p=P]\n"
        "      [--top_k=K]] [--rebalance_timeline=SECONDS [--rebalance_interval=S]\n"
        "      [--expert_placement=0-47,48-63]]\n"
-       "    concurrent streams against a local cluster and colocated mode",
+       "    concurrent streams against a local cluster and colocated mode;\n"
+       "  --serving --server=HOST:PORT [--request_rate=inf,4] [--concurrency=N] [--requests=N]\n"
+       "      [--dataset={random,sharegpt,multiturn}] [--dataset_path=FILE] [--prompt_len=MEAN]\n"
+       "      [--max_new_tokens=MEAN] [--length_sigma=S] [--turns=N] [--system_prompts=N]\n"
+       "      [--system_prompt_len=N] [--slo_ttft_ms=MS] [--slo_itl_ms=MS]\n"
+       "    open-loop (Poisson) or closed-loop load against a running cluster",
        {"model",
         "batch",
         "prompt_len",
@@ -70,7 +75,17 @@ const std::vector<Command>& Commands() {
         "expert_placement",
         "temperature",
         "top_p",
-        "top_k"},
+        "top_k",
+        "server",
+        "request_rate",
+        "dataset",
+        "dataset_path",
+        "length_sigma",
+        "turns",
+        "system_prompts",
+        "system_prompt_len",
+        "slo_ttft_ms",
+        "slo_itl_ms"},
        RunBench},
       {"serve-local",
        "--model=DIR [--expert_workers=N] [--port=P] [--http_port=P] [--bin_dir=DIR]\n"

@@ -23,7 +23,7 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
   // connections it opens.
   pool_.Schedule([this, stream, request, cancel, caller = PeerHost(*ctx)] {
     absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> reserved =
-        engine_->Reserve(DecodeSpecFromProto(*request), caller);
+        engine_->Reserve(DecodeSpecFromProto(*request), cancel.get(), caller);
     if (!reserved.ok()) {
       stream->Finish(ToGrpcStatus(reserved.status()));
       return;

@@ -1,7 +1,8 @@
 // gRPC edge of the decode worker: DecodeWorker RPCs onto the DecodeEngine.
 //
 // Decode is a callback-API stream: on a thread of the service's pool it
-// reserves the request's blocks, says so ({reserved}), and streams the
+// reserves the request's prompt blocks (waiting in the engine's admission
+// queue while they are not free), says so ({reserved}), and streams the
 // engine's events once the KV arrived; the router cancelling the stream (or
 // going away) fires the request's CancelToken, which wakes the engine: a
 // request waiting for its KV ends at once, a running one leaves the batch at

@@ -28,6 +28,8 @@ absl::StatusOr<DecodeWorkerOptions> DecodeWorkerOptionsFromFlags() {
   if (o.kv.kv_blocks < 1 || o.kv.block_size < 1 || o.kv.max_batch < 1) {
     return absl::InvalidArgumentError("--kv_blocks, --block_size and --max_batch must be >= 1");
   }
+  if (o.kv.max_waiting_requests < 0)
+    return absl::InvalidArgumentError("--max_waiting_requests must be >= 0");
   return o;
 }
 

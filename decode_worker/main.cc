@@ -28,6 +28,7 @@ absl::Status Run() {
   opt.device.max_num_seqs = o.kv.max_batch;
   DecodeEngineOptions eo;
   eo.max_batch = o.kv.max_batch;
+  eo.max_waiting = o.kv.max_waiting_requests;
   eo.micro_batches = o.dispatch.micro_batches;
   eo.micro_batch_min = o.micro_batch_min;
   eo.max_pending_kv_share = o.max_pending_kv_share;

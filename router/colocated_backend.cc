@@ -18,6 +18,7 @@ absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(
   std::unique_ptr<ColocatedBackend> b(new ColocatedBackend(std::move(w)));
   static std::atomic<int> instances{0};
   b->inproc_address_ = absl::StrCat("colocated-decode-", ++instances);
+  decode_options.prefill_shares_pool = true;  // one backend, one KV pool
   b->decode_ = std::make_unique<DecodeEngine>(b->worker_.backend.get(), b->worker_.experts.get(),
                                               decode_options);
   RETURN_IF_ERROR(BindInproc(b->inproc_address_, nullptr, b->decode_.get()));

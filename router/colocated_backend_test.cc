@@ -1,15 +1,19 @@
-// Cancellation through the request flow onto the engines of this process (the
-// colocated backend): the caller's CancelToken reaches the decode engine as an
-// event, which drops the request and frees its KV blocks; other requests go on.
+// The engines of this process through the request flow (the colocated
+// backend): cancellation reaches the decode engine as an event, which drops
+// the request and frees its KV blocks while other requests go on.
 #include "router/colocated_backend.h"
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/file_util.h"
+#include "common/metrics/metrics.h"
 #include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
 
@@ -176,6 +180,282 @@ TEST(ColocatedBackendTest, TheEnginesRefuseRequestIdsOutOfBounds) {
           .ok());
   EXPECT_EQ(tokens, 4);
   EXPECT_EQ(b->decode()->Load().free_kv_blocks, all_free);
+}
+
+// Admission that queues and preemption by recompute, on the same engines: KV
+// blocks are taken as tokens are produced, requests wait in a bounded queue
+// ordered by (priority, arrival), a request preempted when the pool runs dry
+// resumes token-exact, and every block comes back at the end.
+
+std::unique_ptr<ColocatedBackend> Backend(int blocks, int block_size, int max_waiting = 1024,
+                                          Metrics* metrics = nullptr) {
+  DeviceOptions device;
+  device.num_kv_blocks = blocks;
+  device.block_size = block_size;
+  DecodeEngineOptions decode;
+  decode.max_waiting = max_waiting;
+  decode.metrics = metrics;
+  absl::StatusOr<std::unique_ptr<ColocatedBackend>> b =
+      ColocatedBackend::Create(TinyModel(), device, decode, PrefillEngineOptions());
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+GenerationRequest Request(const std::string& id, std::vector<int32_t> prompt, int max_new_tokens,
+                          int priority = 0) {
+  GenerationRequest r;
+  r.request_id = id;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new_tokens;  // no stop ids: it runs to the end
+  r.priority = priority;
+  return r;  // greedy
+}
+
+// Runs `r` to its end; *ids gets its tokens. `on_token` (may be null) runs
+// after each chunk.
+absl::Status RunRequest(ColocatedBackend* b, const GenerationRequest& r, std::vector<int32_t>* ids,
+                        const CancelToken& cancel,
+                        const std::function<void()>& on_token = nullptr) {
+  return b->Run(
+      r,
+      [&](const TokenChunk& c) {
+        ids->insert(ids->end(), c.ids.begin(), c.ids.end());
+        if (on_token) on_token();
+        return true;
+      },
+      cancel);
+}
+
+// The decode engine back to idle: every block free, nothing running or queued.
+void ExpectIdle(ColocatedBackend* b, int64_t all_free) {
+  ServingLoad load = b->decode()->Load();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((load.in_flight != 0 || load.free_kv_blocks != all_free) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    load = b->decode()->Load();
+  }
+  EXPECT_EQ(load.free_kv_blocks, all_free);
+  EXPECT_EQ(load.num_running, 0);
+  EXPECT_EQ(load.num_waiting, 0);
+  EXPECT_EQ(load.in_flight, 0);
+}
+
+// A gauge's or counter's value in `metrics` (-1 if absent).
+double MetricValue(Metrics* metrics, const std::string& name) {
+  for (const prometheus::MetricFamily& f : metrics->registry().Collect()) {
+    if (f.name != name || f.metric.empty()) continue;
+    return f.type == prometheus::MetricType::Counter ? f.metric[0].counter.value
+                                                     : f.metric[0].gauge.value;
+  }
+  return -1;
+}
+
+struct PreemptionCase {
+  int first_priority;
+  int second_priority;
+  bool first_preempted;  // else the second
+};
+
+class PreemptionTest : public ::testing::TestWithParam<PreemptionCase> {};
+
+TEST_P(PreemptionTest, APreemptedRequestResumesTokenExact) {
+  // 48 blocks of 4 tokens: one request of 3 + 150 tokens (38 blocks) fits,
+  // two together do not, so the second to start (once the first streams)
+  // makes the pool run dry and one of them is preempted by recompute.
+  std::unique_ptr<ColocatedBackend> b = Backend(48, 4);
+  ASSERT_NE(b, nullptr);
+  const int64_t all_free = b->decode()->Load().free_kv_blocks;
+  constexpr int kNew = 150;
+  const PreemptionCase& c = GetParam();
+  const GenerationRequest first = Request("first", {5, 6, 7}, kNew, c.first_priority);
+  const GenerationRequest second = Request("second", {9, 300, 41}, kNew, c.second_priority);
+  CancelToken never;
+  // Uninterrupted runs, one at a time.
+  std::vector<int32_t> want_first, want_second;
+  ASSERT_TRUE(RunRequest(b.get(), first, &want_first, never).ok());
+  ASSERT_TRUE(RunRequest(b.get(), second, &want_second, never).ok());
+  ASSERT_EQ(want_first.size(), static_cast<size_t>(kNew));
+  ASSERT_EQ(b->decode()->Load().preemptions, 0);
+
+  std::vector<int32_t> got_first, got_second;
+  absl::Notification streaming;
+  absl::Status first_status;
+  std::atomic<int> ended{0};
+  int first_rank = 0;
+  std::thread t([&] {
+    first_status = RunRequest(b.get(), first, &got_first, never, [&] {
+      if (got_first.size() >= 8 && !streaming.HasBeenNotified()) streaming.Notify();
+    });
+    first_rank = ++ended;
+  });
+  ASSERT_TRUE(streaming.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  const absl::Status second_status = RunRequest(b.get(), second, &got_second, never);
+  const int second_rank = ++ended;
+  t.join();
+  ASSERT_TRUE(first_status.ok()) << first_status;
+  // The victim resumes only once the other finished (both never fit): it ends last.
+  EXPECT_EQ(c.first_preempted ? first_rank : second_rank, 2);
+  ASSERT_TRUE(second_status.ok()) << second_status;
+  EXPECT_GT(b->decode()->Load().preemptions, 0);
+  // Each stream is the uninterrupted one: no token lost, repeated or changed.
+  EXPECT_EQ(got_first, want_first);
+  EXPECT_EQ(got_second, want_second);
+  ExpectIdle(b.get(), all_free);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PriorityPicksTheVictim, PreemptionTest,
+    ::testing::Values(PreemptionCase{0, 0, false},  // equal: the later arrival goes
+                      PreemptionCase{0, 1, false},  // higher value: less important
+                      PreemptionCase{1, 0, true}),
+    [](const ::testing::TestParamInfo<PreemptionCase>& info) {
+      return absl::StrCat("priorities_", info.param.first_priority, "_",
+                          info.param.second_priority);
+    });
+
+TEST(AdmissionTest, ARequestLargerThanThePoolIsRefusedAtOnce) {
+  std::unique_ptr<ColocatedBackend> b = Backend(16, 4);  // 64 tokens
+  ASSERT_NE(b, nullptr);
+  std::vector<int32_t> ids;
+  const absl::Status s = RunRequest(b.get(), Request("huge", {1, 2, 3}, 100), &ids, CancelToken());
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(ids.empty());
+}
+
+TEST(AdmissionTest, ManyLongRequestsOnASmallPoolAllComplete) {
+  // 16 requests of 3 + 120 tokens on 64 blocks of 4 (~2 fit at full length):
+  // none is refused; they queue, grow, preempt and resume.
+  std::unique_ptr<ColocatedBackend> b = Backend(64, 4);
+  ASSERT_NE(b, nullptr);
+  const int64_t all_free = b->decode()->Load().free_kv_blocks;
+  constexpr int kRequests = 16, kNew = 120;
+  std::vector<std::vector<int32_t>> ids(kRequests);
+  std::vector<absl::Status> status(kRequests);
+  std::vector<std::thread> threads;
+  CancelToken never;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      status[i] = RunRequest(b.get(), Request("r" + std::to_string(i), {3, 4, 5 + i}, kNew),
+                             &ids[i], never);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_TRUE(status[i].ok()) << i << ": " << status[i];
+    EXPECT_EQ(ids[i].size(), static_cast<size_t>(kNew)) << i;
+  }
+  EXPECT_GT(b->decode()->Load().preemptions, 0);
+  // A request preempted along the way equals its run alone.
+  std::vector<int32_t> alone;
+  ASSERT_TRUE(
+      RunRequest(b.get(), Request("alone", {3, 4, 5 + kRequests - 1}, kNew), &alone, never).ok());
+  EXPECT_EQ(alone, ids[kRequests - 1]);
+  ExpectIdle(b.get(), all_free);
+}
+
+TEST(AdmissionTest, CancellingQueuedRunningAndPreemptedRequestsFreesEveryBlock) {
+  // 12 requests of up to 2002 tokens (126 blocks of 16) on 160 blocks.
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create("", "decode_worker");
+  ASSERT_TRUE(metrics.ok());
+  std::unique_ptr<ColocatedBackend> b = Backend(160, 16, 1024, metrics->get());
+  ASSERT_NE(b, nullptr);
+  const int64_t all_free = b->decode()->Load().free_kv_blocks;
+  constexpr int kRequests = 12;
+  std::vector<std::unique_ptr<CancelToken>> cancel;
+  std::vector<absl::Status> status(kRequests);
+  std::vector<std::vector<int32_t>> ids(kRequests);
+  std::atomic<int> tokens{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) cancel.push_back(std::make_unique<CancelToken>());
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      status[i] = RunRequest(b.get(), Request("c" + std::to_string(i), {7, 8, 9 + i}, 2000),
+                             &ids[i], *cancel[i], [&] { ++tokens; });
+    });
+  }
+  // Until the pool ran dry at least once (some preempted, some queued).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (b->decode()->Load().preemptions == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_GT(b->decode()->Load().preemptions, 0);
+  for (auto& c : cancel) c->Cancel();
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i)
+    EXPECT_EQ(status[i].code(), absl::StatusCode::kCancelled) << i << ": " << status[i];
+  ExpectIdle(b.get(), all_free);
+  // The gauges say so too.
+  Metrics* m = metrics->get();
+  EXPECT_EQ(MetricValue(m, "moesh_kv_cache_free_blocks"), all_free);
+  EXPECT_EQ(MetricValue(m, "moesh_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(MetricValue(m, "moesh_num_requests_running"), 0);
+  EXPECT_EQ(MetricValue(m, "moesh_decode_num_requests_waiting"), 0);
+  EXPECT_GT(MetricValue(m, "moesh_decode_preemptions_total"), 0);
+}
+
+TEST(AdmissionTest, TheQueueIsFcfsWithinAPriorityAndBoundedByMaxWaiting) {
+  // Engine-level: reservations whose KV never comes hold their prompt blocks
+  // (256 blocks of 16; a 1000-token prompt holds 63 and, colocated, admission
+  // keeps as many free for its prefill), so three are admitted and the rest
+  // queue: two may wait, the next is refused.
+  std::unique_ptr<ColocatedBackend> b = Backend(256, 16, /*max_waiting=*/2);
+  ASSERT_NE(b, nullptr);
+  DecodeEngine* e = b->decode();
+  const int64_t all_free = e->Load().free_kv_blocks;
+  auto spec = [](const std::string& id, int priority) {
+    DecodeSpec s;
+    s.request_id = id;
+    s.prompt_ids.assign(1000, 7);
+    s.max_new_tokens = 8;
+    s.priority = priority;
+    return s;
+  };
+  std::vector<std::shared_ptr<DecodeEngine::Request>> held;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> r =
+        e->Reserve(spec("a" + std::to_string(i), 0));
+    ASSERT_TRUE(r.ok()) << r.status();
+    held.push_back(*r);
+  }
+  // Two queue (the later one more important), waiting in Reserve.
+  CancelToken cancel_late, never;
+  absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> early, late;
+  std::atomic<int> admitted_order{0};
+  int early_rank = 0, late_rank = 0;
+  std::thread te([&] {
+    early = e->Reserve(spec("early", 0), &never);
+    early_rank = ++admitted_order;
+  });
+  while (e->Load().num_waiting < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread tl([&] {
+    late = e->Reserve(spec("late", -1), &cancel_late);
+    late_rank = ++admitted_order;
+  });
+  while (e->Load().num_waiting < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The queue is full: the next is refused at once, saying why.
+  absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> refused = e->Reserve(spec("refused", 0));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("queue full"), std::string::npos);
+  // Blocks come back: the more important request is admitted first.
+  e->Release(held[0]);
+  tl.join();
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late_rank, 1);
+  EXPECT_EQ(e->Load().num_waiting, 1);
+  e->Release(held[1]);
+  te.join();
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_EQ(early_rank, 2);
+  // A queued request cancelled leaves the queue with CANCELLED.
+  CancelToken cancel_queued;
+  absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> queued;
+  std::thread tq([&] { queued = e->Reserve(spec("queued", 0), &cancel_queued); });
+  while (e->Load().num_waiting < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  cancel_queued.Cancel();
+  tq.join();
+  EXPECT_EQ(queued.status().code(), absl::StatusCode::kCancelled) << queued.status();
+  for (auto& r : {held[2], *late, *early}) e->Release(r);
+  ExpectIdle(b.get(), all_free);
 }
 
 }  // namespace

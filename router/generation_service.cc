@@ -221,6 +221,7 @@ absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::Generate
   if (r.has_detokenize() && r.detokenize() && codec_ == nullptr) {
     return absl::InvalidArgumentError("detokenize needs the model's tokenizer.json");
   }
+  b.priority = r.priority();
   return b;
 }
 

@@ -53,6 +53,7 @@ absl::Status Run() {
     device.max_num_seqs = o.kv.max_batch;
     DecodeEngineOptions d;
     d.max_batch = o.kv.max_batch;
+    d.max_waiting = o.kv.max_waiting_requests;
     d.metrics = metrics.get();
     ASSIGN_OR_RETURN(backend, ColocatedBackend::Create(dir, device, d, PrefillEngineOptions()));
   } else {

@@ -33,6 +33,15 @@ class CudaAttentionBackend::Sequence : public KvSequence {
   int length() const override { return length_; }
   int num_rows(int layer) const override { return rows_[layer]; }
   int capacity() const override { return capacity_; }
+  absl::Status Reserve(int tokens) override {
+    if (tokens <= capacity_) return absl::OkStatus();
+    absl::MutexLock lock(&backend_->mu_);
+    RETURN_IF_CUDA_ERROR(cudaSetDevice(backend_->model_->device_info().device));
+    RETURN_IF_ERROR(backend_->model_->ReserveSequence(id_, tokens));
+    capacity_ = std::min(backend_->model_->max_model_len(),
+                         (tokens + kKvBlockSize - 1) / kKvBlockSize * kKvBlockSize);
+    return absl::OkStatus();
+  }
   bool bf16_rows() const override { return true; }  // the device cache holds bf16
 
   void AppendRows(int layer, const float* src, int n) override {
@@ -97,7 +106,7 @@ class CudaAttentionBackend::Sequence : public KvSequence {
  private:
   CudaAttentionBackend* const backend_;
   const int id_;
-  const int capacity_;
+  int capacity_;  // grows (Reserve)
   int length_ = 0;
   std::vector<int> rows_;
   mutable absl::Status status_;

@@ -3,7 +3,8 @@
 // sequences are KvSequences, so the prefill and decode engines, the KV
 // handoff and `moesh generate` run on it unchanged.
 //
-// Sequences: NewSequence reserves the blocks of max_tokens on the device.
+// Sequences: NewSequence reserves the blocks of max_tokens on the device;
+// KvSequence::Reserve adds blocks as a decoding sequence grows.
 // Their rows cross to the host only for the KV handoff (AppendRows on the
 // decode side, Rows on the prefill side: float32 on the host, bf16 on the
 // device). ForwardSample samples on the device (CudaModel::Step with the

@@ -100,6 +100,10 @@ class CudaModel {
   // allocates the blocks of n tokens up front (RESOURCE_EXHAUSTED, adding
   // nothing, if they are not free); later steps allocate more as needed.
   absl::StatusOr<int> AddSequence(int reserve_tokens = 0);
+  // Allocates blocks so that `seq` covers `tokens` tokens now. INVALID_ARGUMENT
+  // for no such sequence or beyond max_model_len; RESOURCE_EXHAUSTED (adding
+  // nothing) if the blocks are not free.
+  absl::Status ReserveSequence(int seq, int tokens);
   absl::Status ReleaseSequence(int seq);
   absl::StatusOr<int> SequenceLength(int seq) const;
 

@@ -11,6 +11,15 @@ absl::StatusOr<int> CudaModel::AddSequence(int reserve_tokens) {
   return store_->Add(reserve_tokens);
 }
 
+absl::Status CudaModel::ReserveSequence(int seq, int tokens) {
+  RETURN_IF_ERROR(SequenceLength(seq).status());
+  if (tokens < 0 || tokens > max_model_len_) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaModel: cannot reserve ", tokens,
+                                                   " tokens; max_model_len is ", max_model_len_));
+  }
+  return store_->Cover(&store_->at(seq), tokens);
+}
+
 absl::Status CudaModel::ReleaseSequence(int seq) { return store_->Release(seq); }
 
 absl::StatusOr<int> CudaModel::SequenceLength(int seq) const { return store_->Length(seq); }

@@ -28,24 +28,31 @@ float KvBlockPool::usage() const {
 }
 
 absl::StatusOr<std::unique_ptr<PagedKvSequence>> KvBlockPool::Allocate(int max_tokens) {
-  const int need = BlocksFor(std::max(max_tokens, 1));
   std::vector<int> blocks;
-  {
-    absl::MutexLock lock(&mu_);
-    if (static_cast<int>(free_.size()) < need) {
-      return absl::ResourceExhaustedError(absl::StrCat("KV cache full: need ", need, " blocks of ",
-                                                       block_size_, " tokens, ", free_.size(),
-                                                       " of ", num_blocks_, " free"));
-    }
-    blocks.assign(free_.end() - need, free_.end());
-    free_.resize(free_.size() - need);
-  }
+  if (absl::Status s = Take(BlocksFor(std::max(max_tokens, 1)), &blocks); !s.ok()) return s;
   return std::unique_ptr<PagedKvSequence>(new PagedKvSequence(this, std::move(blocks)));
+}
+
+absl::Status KvBlockPool::Take(int n, std::vector<int>* blocks) {
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int>(free_.size()) < n) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache full: need ", n, " blocks of ",
+                                                     block_size_, " tokens, ", free_.size(), " of ",
+                                                     num_blocks_, " free"));
+  }
+  blocks->insert(blocks->end(), free_.end() - n, free_.end());
+  free_.resize(free_.size() - n);
+  return absl::OkStatus();
 }
 
 void KvBlockPool::Free(const std::vector<int>& blocks) {
   absl::MutexLock lock(&mu_);
   free_.insert(free_.end(), blocks.begin(), blocks.end());
+}
+
+absl::Status PagedKvSequence::Reserve(int tokens) {
+  const int need = pool_->BlocksFor(tokens) - static_cast<int>(blocks_.size());
+  return need > 0 ? pool_->Take(need, &blocks_) : absl::OkStatus();
 }
 
 void PagedKvSequence::AppendRows(int layer, const float* src, int n) {

@@ -39,6 +39,9 @@ class KvBlockPool {
 
  private:
   friend class PagedKvSequence;
+  // Appends `n` free blocks to *blocks; RESOURCE_EXHAUSTED (taking none) if
+  // fewer are free.
+  absl::Status Take(int n, std::vector<int>* blocks);
   void Free(const std::vector<int>& blocks);
   float* Slot(int block, int layer, int slot) {
     return storage_.data() +
@@ -65,6 +68,8 @@ class PagedKvSequence : public KvSequence {
   int length() const override { return length_; }
   int num_rows(int layer) const override { return rows_[layer]; }
   int capacity() const override { return static_cast<int>(blocks_.size()) * pool_->block_size(); }
+  // Takes blocks from the pool until capacity() >= tokens.
+  absl::Status Reserve(int tokens) override;
   void AppendRows(int layer, const float* src, int n) override;
   const float* Rows(int layer, std::vector<float>* scratch) const override;
   const std::vector<int>& block_table() const { return blocks_; }
@@ -75,8 +80,8 @@ class PagedKvSequence : public KvSequence {
       : pool_(pool), blocks_(std::move(blocks)), rows_(pool->num_layers(), 0) {}
 
   KvBlockPool* const pool_;
-  const std::vector<int> blocks_;
-  std::vector<int> rows_;  // rows written per layer
+  std::vector<int> blocks_;  // grows (Reserve), never shrinks
+  std::vector<int> rows_;    // rows written per layer
   int length_ = 0;
 };
 

@@ -25,6 +25,31 @@ TEST(PagedKvCacheTest, AllocatesFreesAndReportsUsage) {
   EXPECT_FLOAT_EQ(pool.usage(), 0.0f);
 }
 
+TEST(PagedKvCacheTest, ReserveGrowsBlockByBlockAndFreesAll) {
+  KvBlockPool pool(/*num_layers=*/2, /*row_width=*/3, /*block_size=*/4, /*num_blocks=*/4);
+  absl::StatusOr<std::unique_ptr<PagedKvSequence>> a = pool.Allocate(3);  // 1 block
+  ASSERT_TRUE(a.ok());
+  std::vector<float> rows(16 * 3, 1.0f);
+  for (int l = 0; l < 2; ++l) (*a)->AppendRows(l, rows.data(), 3);
+  EXPECT_TRUE((*a)->Reserve(4).ok());  // within its block: takes none
+  EXPECT_EQ(pool.free_blocks(), 3);
+  EXPECT_TRUE((*a)->Reserve(5).ok());
+  EXPECT_EQ((*a)->capacity(), 8);
+  EXPECT_EQ(pool.free_blocks(), 2);
+  absl::StatusOr<std::unique_ptr<PagedKvSequence>> b = pool.Allocate(8);  // the last 2
+  ASSERT_TRUE(b.ok());
+  absl::Status full = (*a)->Reserve(9);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_EQ((*a)->capacity(), 8);  // nothing taken
+  b->reset();
+  ASSERT_TRUE((*a)->Reserve(16).ok());
+  for (int l = 0; l < 2; ++l) (*a)->AppendRows(l, rows.data(), 13);  // across new blocks
+  EXPECT_EQ((*a)->length(), 16);
+  EXPECT_EQ(pool.free_blocks(), 0);
+  a->reset();
+  EXPECT_EQ(pool.free_blocks(), 4);
+}
+
 TEST(PagedKvCacheTest, RowsSurviveBlockBoundaries) {
   KvBlockPool pool(2, 3, 4, 8);
   absl::StatusOr<std::unique_ptr<PagedKvSequence>> s = pool.Allocate(11);

@@ -39,6 +39,15 @@ class KvSequence {
   virtual int num_rows(int layer) const = 0;
   // Tokens the sequence can hold without allocating (INT32_MAX if unbounded).
   virtual int capacity() const = 0;
+  // Makes capacity() at least `tokens`, taking the blocks now (a serving
+  // engine grows a sequence as it decodes instead of holding its longest
+  // length from the start). RESOURCE_EXHAUSTED, taking nothing, if the pool
+  // lacks them; INVALID_ARGUMENT beyond the backend's context limit. This
+  // default is for caches that cannot grow: OK iff tokens <= capacity().
+  virtual absl::Status Reserve(int tokens) {
+    if (tokens <= capacity()) return absl::OkStatus();
+    return absl::ResourceExhaustedError("this KV cache cannot grow past its capacity");
+  }
   // Appends src[n, row_width] to `layer`. Layers are appended in order for the
   // same tokens; the call for the last layer advances length().
   // REQUIRES: num_rows(layer) + n <= capacity().

@@ -12,6 +12,11 @@ ABSL_FLAG(int, max_batch, moesh::KvOptions().max_batch,
           "Most requests decoded per step (and sequences a CUDA KV cache holds). The router uses "
           "it only with --colocated.");
 
+ABSL_FLAG(int, max_waiting_requests, moesh::KvOptions().max_waiting_requests,
+          "Requests a decode worker queues while its KV cache has no room for their prompts (first "
+          "come, first served within a priority) before it refuses more with RESOURCE_EXHAUSTED; "
+          "0: no queue. The router uses it only with --colocated.");
+
 namespace moesh {
 
 KvOptions KvOptionsFromFlags() {
@@ -19,6 +24,7 @@ KvOptions KvOptionsFromFlags() {
   o.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   o.block_size = absl::GetFlag(FLAGS_block_size);
   o.max_batch = absl::GetFlag(FLAGS_max_batch);
+  o.max_waiting_requests = absl::GetFlag(FLAGS_max_waiting_requests);
   return o;
 }
 

@@ -13,10 +13,13 @@ struct KvOptions {
   int kv_blocks = 1024;  // --kv_blocks (--device cpu)
   int block_size = 64;   // --block_size (--device cpu)
   int max_batch = 256;   // --max_batch: most requests decoded per step
+  // --max_waiting_requests: requests a decode worker queues for KV blocks
+  // (FCFS within a priority) before it answers RESOURCE_EXHAUSTED; 0: none.
+  int max_waiting_requests = 1024;
 };
 
-// --kv_blocks, --block_size, --max_batch (unchecked: the decode worker wants
-// each >= 1).
+// --kv_blocks, --block_size, --max_batch, --max_waiting_requests (unchecked:
+// the decode worker wants the first three >= 1, the last >= 0).
 KvOptions KvOptionsFromFlags();
 // The flags that set `o` (flag_args.cc).
 void AppendArgs(const KvOptions& o, std::vector<std::string>* args);

@@ -41,12 +41,14 @@ void DecodeSpecToProto(const DecodeSpec& spec, v1::DecodeRequest* p) {
   RequestToProto(spec, p);
   p->set_max_new_tokens(spec.max_new_tokens);
   p->mutable_stop_token_ids()->Add(spec.stop_token_ids.begin(), spec.stop_token_ids.end());
+  p->set_priority(spec.priority);
 }
 
 DecodeSpec DecodeSpecFromProto(const v1::DecodeRequest& p) {
   DecodeSpec spec = RequestFromProto<DecodeSpec>(p);
   spec.max_new_tokens = p.max_new_tokens();
   spec.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  spec.priority = p.priority();
   return spec;
 }
 

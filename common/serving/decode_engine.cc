@@ -13,17 +13,22 @@ namespace moesh {
 
 struct DecodeEngine::Request {
   DecodeSpec spec;
-  // Shared with a KV handoff in progress, which keeps it alive if the
-  // request ends meanwhile (its lease expires, it is cancelled).
+  uint64_t arrival = 0;  // order of Reserve calls: FCFS within a priority
+  // Null while queued (new or preempted). Shared with a KV handoff in
+  // progress, which keeps it alive if the request ends meanwhile (its lease
+  // expires, it is cancelled).
   std::shared_ptr<KvSequence> kv;
   std::unique_ptr<Sampler> sampler;
-  std::vector<int32_t> output;  // generated so far, the first token included
-  std::chrono::steady_clock::time_point reserved_at;
-  std::string caller;      // who reserved it (Reserve's `caller`)
-  int pending_blocks = 0;  // counted in pending_blocks_[caller] until its KV arrives
-  bool kv_received = false;
-  bool streaming = false;  // a Decode call reads the outbox
-  bool running = false;    // in the batch loop
+  std::vector<int32_t> output;                        // generated so far, the first token included
+  std::chrono::steady_clock::time_point reserved_at;  // admission
+  std::string caller;                                 // who reserved it (Reserve's `caller`)
+  int pending_blocks = 0;    // counted in pending_blocks_[caller] until its KV arrives
+  bool admitted = false;     // its prompt's blocks were held once (Reserve returned)
+  bool kv_received = false;  // PushKv stored its prompt's rows
+  bool streaming = false;    // a Decode call reads the outbox
+  bool running = false;      // in the batch loop, holding blocks
+  bool preempted = false;    // queued again, its blocks freed
+  bool recompute = false;    // running; its next step feeds prompt + output
   bool cancelled = false;
   bool done = false;
   absl::Status status;
@@ -42,6 +47,14 @@ DecodeEngine::DecodeEngine(AttentionBackend* backend, ExpertClient* experts,
     running_ =
         &m->GaugeFamily("moesh_num_requests_running", "Requests in the running batch or reserved.")
              .Add({});
+    waiting_gauge_ = &m->GaugeFamily("moesh_decode_num_requests_waiting",
+                                     "Requests queued for KV blocks: new ones before admission, "
+                                     "preempted ones before they resume.")
+                          .Add({});
+    preemptions_ = &m->CounterFamily("moesh_decode_preemptions_total",
+                                     "Running requests preempted (blocks freed, resumed later by "
+                                     "recompute) because the KV cache ran dry.")
+                        .Add({});
     tokens_ = &m->CounterFamily("moesh_generation_tokens_total", "Tokens generated.").Add({});
     step_seconds_ =
         &m->HistogramFamily("moesh_decode_step_seconds", "Wall time of one batched decode step.")
@@ -66,7 +79,7 @@ DecodeEngine::~DecodeEngine() {
 }
 
 absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
-    const DecodeSpec& spec, const std::string& caller) {
+    const DecodeSpec& spec, const CancelToken* cancel, const std::string& caller) {
   RETURN_IF_ERROR(CheckRequestId(spec.request_id));
   if (spec.prompt_ids.empty() || spec.max_new_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("request ", spec.request_id, ": ",
@@ -74,37 +87,170 @@ absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
                                                    spec.max_new_tokens, " new tokens to decode"));
   }
   if (absl::Status s = spec.sampling.Validate(backend_->config().vocab_size); !s.ok()) return s;
+  const int context = backend_->config().max_position_embeddings;
+  if (context > 0 && spec.max_tokens() > context) {
+    return absl::InvalidArgumentError(absl::StrCat("a sequence of ", spec.max_tokens(),
+                                                   " tokens exceeds the model's context of ",
+                                                   context, " tokens"));
+  }
+  const KvUsage u = backend_->kv_usage();
+  if (u.total_blocks > 0 && BlocksFor(u, spec.max_tokens()) > u.total_blocks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request ", spec.request_id, " may need ", BlocksFor(u, spec.max_tokens()),
+                     " KV blocks of ", u.block_size, " tokens; the pool holds ", u.total_blocks));
+  }
+  auto r = std::make_shared<Request>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return absl::UnavailableError("decode worker draining (shutting down)");
+    if (requests_.count(spec.request_id))
+      return absl::AlreadyExistsError(absl::StrCat("request ", spec.request_id, " exists"));
+    // One caller's reservations awaiting their KV hold at most
+    // max_pending_kv_share of the pool, counted at their full size.
+    int pending = 0;
+    if (!caller.empty() && u.total_blocks > 0 && u.block_size > 0) {
+      pending = BlocksFor(u, spec.max_tokens());
+      const auto held = pending_blocks_.find(caller);
+      const int cap = static_cast<int>(options_.max_pending_kv_share * u.total_blocks);
+      if (held != pending_blocks_.end() && held->second + pending > cap) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "request ", spec.request_id, ": ", caller, "'s reservations awaiting their KV hold ",
+            held->second, " KV blocks; ", pending, " more would pass the per-peer cap of ", cap,
+            " (--max_pending_kv_share ", options_.max_pending_kv_share, " of ", u.total_blocks,
+            ")"));
+      }
+    }
+    r->spec = spec;
+    r->caller = caller;
+    r->pending_blocks = pending;
+    if (pending > 0) pending_blocks_[caller] += pending;
+    r->sampler = std::make_unique<Sampler>(spec.sampling);
+    r->arrival = next_arrival_++;
+    requests_[spec.request_id] = r;
+    waiting_[{spec.priority, r->arrival}] = r;
+    ++waiting_new_;
+    Admit();
+    if (!r->admitted && !r->done && waiting_new_ > std::max(options_.max_waiting, 0)) {
+      const absl::Status full = absl::ResourceExhaustedError(
+          absl::StrCat("decode worker queue full: ", std::max(options_.max_waiting, 0),
+                       " requests wait for KV blocks (--max_waiting_requests)"));
+      Finish(r, full);
+      return full;
+    }
+    UpdateGauges();
+    if (r->admitted) return r;
+  }
+  // Queued: wait for admission, or the caller's cancellation (registered
+  // with no lock held: an already cancelled token runs it at once).
+  CancelToken::Registration on_cancel;
+  if (cancel != nullptr) {
+    on_cancel = cancel->OnCancel([this, r] {
+      absl::MutexLock lock(&mu_);
+      if (!r->admitted) Cancel(r, absl::CancelledError("cancelled while queued for KV blocks"));
+    });
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&r]() { return r->admitted || r->done; };
+    mu_.Await(absl::Condition(&ready));
+  }
+  on_cancel.Reset();
   absl::MutexLock lock(&mu_);
-  if (draining_) return absl::UnavailableError("decode worker draining (shutting down)");
-  if (requests_.count(spec.request_id))
-    return absl::AlreadyExistsError(absl::StrCat("request ", spec.request_id, " exists"));
-  int blocks = 0;
-  const KvUsage usage = backend_->kv_usage();
-  if (!caller.empty() && usage.total_blocks > 0 && usage.block_size > 0) {
-    blocks = static_cast<int>((spec.max_tokens() + usage.block_size - 1) / usage.block_size);
-    const auto held = pending_blocks_.find(caller);
-    const int cap = static_cast<int>(options_.max_pending_kv_share * usage.total_blocks);
-    if (held != pending_blocks_.end() && held->second + blocks > cap) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "request ", spec.request_id, ": ", caller, "'s reservations awaiting their KV hold ",
-          held->second, " KV blocks; ", blocks, " more would pass the per-peer cap of ", cap,
-          " (--max_pending_kv_share ", options_.max_pending_kv_share, " of ", usage.total_blocks,
-          ")"));
+  if (r->done && !r->admitted) return r->status;
+  return r;
+}
+
+int DecodeEngine::BlocksFor(const KvUsage& u, int tokens) {
+  return u.block_size > 0 ? (tokens + u.block_size - 1) / u.block_size : 0;
+}
+
+void DecodeEngine::Admit() {
+  int running = 0;
+  for (auto& [id, r] : requests_) running += r->running ? 1 : 0;
+  while (!waiting_.empty() && !stopping_) {
+    auto it = waiting_.begin();
+    std::shared_ptr<Request> r = it->second;
+    const int prompt = static_cast<int>(r->spec.prompt_ids.size());
+    // A preempted request rebuilds the rows of prompt + output in one pass.
+    const int tokens = r->preempted ? prompt + static_cast<int>(r->output.size()) : prompt;
+    const KvUsage u = backend_->kv_usage();
+    if (u.total_blocks > 0 && u.free_blocks < u.total_blocks) {
+      // Room for this request, a block for each running one's next step (so
+      // admitting does not preempt), and its prefill pass where that shares
+      // the pool.
+      int need = BlocksFor(u, tokens) + running;
+      if (!r->preempted && options_.prefill_shares_pool) need += BlocksFor(u, prompt);
+      if (u.free_blocks < need) break;
+    }
+    absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewSequence(tokens);
+    if (kv.status().code() == absl::StatusCode::kResourceExhausted) break;  // taken meanwhile
+    waiting_.erase(it);
+    if (!r->preempted) --waiting_new_;
+    if (!kv.ok()) {
+      Finish(r, kv.status());
+      continue;
+    }
+    r->kv = std::move(*kv);
+    r->admitted = true;
+    if (r->preempted) {
+      r->preempted = false;
+      r->running = true;
+      r->recompute = true;
+      ++running;
+    } else {
+      r->reserved_at = std::chrono::steady_clock::now();
     }
   }
-  absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewSequence(spec.max_tokens());
-  if (!kv.ok()) return kv.status();
-  auto r = std::make_shared<Request>();
-  r->spec = spec;
-  r->caller = caller;
-  r->pending_blocks = blocks;
-  if (blocks > 0) pending_blocks_[caller] += blocks;
-  r->sampler = std::make_unique<Sampler>(spec.sampling);
-  r->kv = std::move(*kv);
-  r->reserved_at = std::chrono::steady_clock::now();
-  requests_[spec.request_id] = r;
   UpdateGauges();
-  return r;
+}
+
+void DecodeEngine::Preempt(const std::shared_ptr<Request>& r) {
+  r->kv.reset();
+  r->running = false;
+  r->recompute = false;
+  r->preempted = true;
+  waiting_[{r->spec.priority, r->arrival}] = r;
+  ++num_preemptions_;
+  if (preemptions_ != nullptr) preemptions_->Increment();
+}
+
+std::vector<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::PlanStep() {
+  // Running requests by (priority, arrival): the first are served first, the
+  // last preempted first.
+  std::vector<std::shared_ptr<Request>> order;
+  for (auto& [id, r] : requests_) {
+    if (r->running && !r->cancelled) order.push_back(r);
+  }
+  auto before = [](const std::shared_ptr<Request>& a, const std::shared_ptr<Request>& b) {
+    return std::make_pair(a->spec.priority, a->arrival) <
+           std::make_pair(b->spec.priority, b->arrival);
+  };
+  std::sort(order.begin(), order.end(), before);
+  std::vector<std::shared_ptr<Request>> batch;
+  size_t end = order.size();  // order[end..) were preempted
+  for (size_t i = 0; i < end && static_cast<int>(batch.size()) < options_.max_batch; ++i) {
+    const std::shared_ptr<Request>& r = order[i];
+    const int prompt = static_cast<int>(r->spec.prompt_ids.size());
+    const int rows =
+        r->recompute ? prompt + static_cast<int>(r->output.size()) : r->kv->length() + 1;
+    while (true) {
+      absl::Status room = r->kv->Reserve(rows);
+      if (room.ok()) {
+        batch.push_back(r);
+        break;
+      }
+      if (room.code() != absl::StatusCode::kResourceExhausted) {
+        Finish(r, room);
+        break;
+      }
+      // The pool is dry: the last request in the order gives its blocks up.
+      while (order[end - 1]->done) --end;  // ended above: holds nothing
+      std::shared_ptr<Request> victim = order[--end];
+      Preempt(victim);
+      if (victim == r) break;
+    }
+  }
+  return batch;
 }
 
 absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
@@ -124,6 +270,8 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
     r = it->second;
     if (r->kv_received)  // a request runs only once its KV was received
       return absl::FailedPreconditionError("KV already received for " + transfer.request_id);
+    if (!r->admitted)
+      return absl::FailedPreconditionError(transfer.request_id + " still waits for KV blocks");
     kv = r->kv;
     ++kv_arriving_;
   }
@@ -196,6 +344,11 @@ void DecodeEngine::Finish(std::shared_ptr<Request> r,
   r->status = std::move(status);
   r->done = true;
   r->running = false;
+  if (auto w = waiting_.find({r->spec.priority, r->arrival});
+      w != waiting_.end() && w->second == r) {
+    waiting_.erase(w);
+    if (!r->admitted) --waiting_new_;
+  }
   for (auto it = requests_.begin(); it != requests_.end(); ++it) {
     if (it->second == r) {
       requests_.erase(it);
@@ -203,6 +356,7 @@ void DecodeEngine::Finish(std::shared_ptr<Request> r,
     }
   }
   r->kv.reset();  // blocks back to the pool now, not when the last reader lets go
+  ++frees_;
   UpdateGauges();
 }
 
@@ -211,7 +365,8 @@ void DecodeEngine::UpdateGauges() {
   const KvUsage u = backend_->kv_usage();
   kv_usage_->Set(u.used_fraction());
   kv_free_blocks_->Set(u.free_blocks);
-  running_->Set(static_cast<double>(requests_.size()));
+  running_->Set(static_cast<double>(requests_.size() - waiting_.size()));
+  waiting_gauge_->Set(static_cast<double>(waiting_.size()));
 }
 
 absl::Status DecodeEngine::Decode(const std::shared_ptr<Request>& r, const DecodeSink& sink,
@@ -252,7 +407,8 @@ void DecodeEngine::ExpireReservations() {
   const auto now = std::chrono::steady_clock::now();
   std::vector<std::shared_ptr<Request>> expired;
   for (auto& [id, r] : requests_) {
-    if (!r->running && !r->done && now - r->reserved_at > options_.reservation_lease)
+    if (r->admitted && !r->kv_received && !r->done &&
+        now - r->reserved_at > options_.reservation_lease)
       expired.push_back(r);
   }
   for (auto& r : expired) Finish(r, absl::DeadlineExceededError("reservation lease expired"));
@@ -270,6 +426,8 @@ void DecodeEngine::Loop() {
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (stopping_) return true;
         if (kv_arriving_ > 0) return false;
+        // Blocks freed since the last admission may admit a queued request.
+        if (!waiting_.empty() && frees_ != frees_admitted_) return true;
         for (auto& [id, r] : requests_) {
           if (r->running) return true;
         }
@@ -280,30 +438,36 @@ void DecodeEngine::Loop() {
       ExpireReservations();
       std::vector<std::shared_ptr<Request>> cancelled;
       for (auto& [id, r] : requests_) {
-        if (!r->running) continue;
-        if (r->cancelled) {
-          cancelled.push_back(r);
-        } else if (static_cast<int>(batch.size()) < options_.max_batch) {
-          batch.push_back(r);
-        }
+        if (r->running && r->cancelled) cancelled.push_back(r);
       }
       for (auto& r : cancelled) Finish(r, absl::CancelledError("cancelled by the caller"));
+      frees_admitted_ = frees_;
+      Admit();
+      batch = PlanStep();
     }
     if (!batch.empty()) Step(batch);
   }
 }
 
 void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
-  std::vector<int32_t> tokens(batch.size());
+  std::vector<std::vector<int32_t>> tokens(batch.size());
   std::vector<SequenceInput> inputs(batch.size());
   std::vector<SampleRequest> samples(batch.size());
   // Every request's token comes from the backend's sampling step (on a GPU
-  // the logits never leave it), with its own parameters and draw.
+  // the logits never leave it), with its own parameters and draw. A resumed
+  // request feeds its prompt and every token so far (its KV rebuilt in the
+  // same pass) and samples its next token from the last, as if never
+  // preempted.
   int top_k = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
-    tokens[i] = r.output.back();
-    inputs[i] = {absl::MakeConstSpan(&tokens[i], 1), r.kv.get()};
+    if (r.recompute) {
+      tokens[i] = r.spec.prompt_ids;
+      tokens[i].insert(tokens[i].end(), r.output.begin(), r.output.end());
+    } else {
+      tokens[i] = {r.output.back()};
+    }
+    inputs[i] = {tokens[i], r.kv.get()};
     samples[i] = {&r.spec.sampling, r.sampler->Draw(static_cast<int>(r.output.size())),
                   r.spec.prompt_ids, r.output};
     top_k = std::max(top_k, r.spec.sampling.top_logprobs);
@@ -333,6 +497,7 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
+    r.recompute = false;
     const int want = r.spec.sampling.top_logprobs;
     const int32_t token = chosen->ids[i];
     std::vector<TokenLogprob> top;
@@ -362,6 +527,8 @@ ServingLoad DecodeEngine::Load() const {
     absl::MutexLock lock(&mu_);
     for (auto& [id, r] : requests_) load.num_running += r->running ? 1 : 0;
     load.in_flight = static_cast<int>(requests_.size());
+    load.num_waiting = static_cast<int>(waiting_.size());
+    load.preemptions = num_preemptions_;
     load.draining = draining_;
   }
   const KvUsage u = backend_->kv_usage();

@@ -2,11 +2,23 @@
 // that advances every running request by one token per step, with one expert
 // dispatch per MoE layer for the whole batch.
 //
-// Request life: Reserve (blocks allocated) → PushKv (the prompt's rows and
-// first token arrive from the prefill worker; the request joins the running
-// batch) → finished, cancelled or failed, which frees the blocks. Decode
-// streams a request's events to its caller from the first token on. A
-// reservation whose KV does not arrive within `reservation_lease` is freed.
+// Request life: Reserve (queued until the blocks of its prompt are free, then
+// admitted: those blocks allocated) → PushKv (the prompt's rows and first
+// token arrive from the prefill worker; the request joins the running batch)
+// → finished, cancelled or failed, which frees the blocks. Decode streams a
+// request's events to its caller from the first token on. A reservation whose
+// KV does not arrive within `reservation_lease` (counted from admission) is
+// freed.
+//
+// KV blocks are taken as tokens are produced: each step first gives every
+// request in the batch room for its next token. When the pool runs dry, the
+// running request with the highest priority value (the latest arrival among
+// equals; it may be the one growing) is preempted by recompute: its blocks
+// are freed and it goes back to the queue; resumed, it runs prompt + output
+// through the model in one pass (rebuilding its KV) and samples its next
+// token from it, so its stream goes on with no gap or repeat. The queue is
+// ordered by (priority, arrival): lower priority values first, first come
+// first served within one.
 //
 // Thread-safe. Owns one engine thread.
 #ifndef MOESH_COMMON_SERVING_DECODE_ENGINE_H_
@@ -14,11 +26,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -35,6 +49,12 @@ namespace moesh {
 
 struct DecodeEngineOptions {
   int max_batch = 256;  // running requests per step
+  // New requests queued for admission beyond which Reserve answers
+  // RESOURCE_EXHAUSTED (preempted ones are not counted: they were admitted).
+  int max_waiting = 1024;
+  // The prefill engine takes its blocks from the same pool (colocated): a new
+  // request is admitted only with room for its prefill pass besides its own.
+  bool prefill_shares_pool = false;
   // Ping-pong micro-batches per step when the experts are remote (1: off),
   // used once a step has at least micro_batch_min requests (smaller halves
   // hide nothing; BENCHMARKS.md).
@@ -64,13 +84,18 @@ class DecodeEngine : public KvHandler {
   // A request of this engine, from its reservation on (opaque to callers).
   struct Request;
 
-  // Holds blocks for spec.max_tokens() tokens of a new request, which then
-  // waits for its KV. RESOURCE_EXHAUSTED if the blocks are not free, or if
-  // `caller` (a peer's host; empty: not counted) would hold more than
-  // max_pending_kv_share of the pool in reservations awaiting their KV;
+  // Admits a new request: returns once the blocks of its prompt are held (it
+  // then waits for its KV), after waiting in the queue while they are not
+  // free. RESOURCE_EXHAUSTED when the queue holds max_waiting requests, when
+  // spec.max_tokens() tokens exceed the whole pool, or when `caller` (a
+  // peer's host; empty: not counted) would hold more than
+  // max_pending_kv_share of the pool in reservations awaiting their KV
+  // (counted at spec.max_tokens()); CANCELLED when `cancel` (may be null)
+  // fired while queued; UNAVAILABLE when draining or shutting down;
   // ALREADY_EXISTS for a duplicate id; INVALID_ARGUMENT for bad sampling or
   // sizes.
   absl::StatusOr<std::shared_ptr<Request>> Reserve(const DecodeSpec& spec,
+                                                   const CancelToken* cancel = nullptr,
                                                    const std::string& caller = "");
   // KvHandler: a reserved request's prefilled rows and first token. The
   // request joins the running batch, or ends at once if the first token
@@ -101,6 +126,17 @@ class DecodeEngine : public KvHandler {
   void Loop();
   // One step over `batch`; returns false if the forward failed (all failed).
   void Step(const std::vector<std::shared_ptr<Request>>& batch);
+  // Admits queued requests in order while their blocks are free (leaving one
+  // block per running request for its next step); stops at the first that
+  // does not fit. A preempted one resumes running.
+  void Admit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The running requests (not cancelled) for the next step, in priority
+  // order, each with room for its next token; preempts where the pool is dry.
+  std::vector<std::shared_ptr<Request>> PlanStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees a running request's blocks and queues it to resume by recompute.
+  void Preempt(const std::shared_ptr<Request>& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks for `tokens` tokens in a pool of u.block_size (0 without a pool).
+  static int BlocksFor(const KvUsage& u, int tokens);
   void ExpireReservations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `r` with `status`, dropping it from the table (its blocks are freed
   // when the last reference goes).
@@ -119,6 +155,8 @@ class DecodeEngine : public KvHandler {
   prometheus::Gauge* kv_usage_ = nullptr;
   prometheus::Gauge* kv_free_blocks_ = nullptr;
   prometheus::Gauge* running_ = nullptr;
+  prometheus::Gauge* waiting_gauge_ = nullptr;
+  prometheus::Counter* preemptions_ = nullptr;
   prometheus::Counter* tokens_ = nullptr;
   prometheus::Histogram* step_seconds_ = nullptr;
   prometheus::Histogram* batch_size_ = nullptr;
@@ -127,6 +165,14 @@ class DecodeEngine : public KvHandler {
   std::atomic<bool> logged_device_kv_{false};  // the first device-to-device KV handoff is logged
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
+  // Requests waiting for blocks, by (priority, arrival): new ones before
+  // admission, preempted ones before they resume. Also in requests_.
+  std::map<std::pair<int, uint64_t>, std::shared_ptr<Request>> waiting_ ABSL_GUARDED_BY(mu_);
+  int waiting_new_ ABSL_GUARDED_BY(mu_) = 0;  // of waiting_, never admitted
+  uint64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t num_preemptions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;           // requests ended (blocks freed)
+  uint64_t frees_admitted_ ABSL_GUARDED_BY(mu_) = 0;  // frees_ at the loop's last Admit
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   int kv_arriving_ ABSL_GUARDED_BY(mu_) = 0;  // PushKv calls storing rows now

@@ -27,6 +27,7 @@ absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
   ds.sampling = req.sampling;
   ds.max_new_tokens = req.max_new_tokens;
   ds.stop_token_ids = req.stop_token_ids;
+  ds.priority = req.priority;
   DecodeClient* decode = nullptr;
   std::unique_ptr<DecodeStream> stream;
   absl::Status last = absl::ResourceExhaustedError("no decode worker has room");

@@ -44,6 +44,7 @@ struct GenerationRequest {
   SamplingParams sampling;
   int max_new_tokens = 1;
   std::vector<int32_t> stop_token_ids;  // EOS included unless ignore_eos
+  int priority = 0;                     // lower is admitted first, preempted last
 };
 
 // Tokens produced since the last chunk.
@@ -74,6 +75,7 @@ struct DecodeSpec {
   SamplingParams sampling;
   int max_new_tokens = 1;  // the first token included
   std::vector<int32_t> stop_token_ids;
+  int priority = 0;  // GenerationRequest::priority
 
   // The tokens whose KV the request may hold: prompt + max_new_tokens - 1.
   int max_tokens() const { return static_cast<int>(prompt_ids.size()) + max_new_tokens - 1; }
@@ -120,11 +122,14 @@ class DecodeClient {
   virtual ~DecodeClient() = default;
   // Where prefill workers send this worker's KV (PrefillSpec::decode_address).
   virtual const std::string& kv_address() const = 0;
-  // Opens `spec`'s request: returns once blocks for spec.max_tokens() tokens
-  // are reserved. RESOURCE_EXHAUSTED when they are not free; UNAVAILABLE when
-  // the worker is gone; INVALID_ARGUMENT for bad sampling or sizes;
-  // ALREADY_EXISTS for an id in use there. `cancel` (which must outlive the
-  // stream) cancels the request whenever it fires.
+  // Opens `spec`'s request: returns once blocks for its prompt are reserved
+  // (its later tokens' blocks are taken as it decodes), after waiting in the
+  // worker's admission queue if the blocks are not free yet.
+  // RESOURCE_EXHAUSTED when that queue is full (or the request could never
+  // fit); UNAVAILABLE when the worker is gone; INVALID_ARGUMENT for bad
+  // sampling or sizes; ALREADY_EXISTS for an id in use there; CANCELLED when
+  // `cancel` fired while it waited. `cancel` (which must outlive the stream)
+  // cancels the request whenever it fires.
   virtual absl::StatusOr<std::unique_ptr<DecodeStream>> Open(const DecodeSpec& spec,
                                                              const CancelToken& cancel) = 0;
 };

@@ -45,7 +45,7 @@ class InProcessDecodeStream : public DecodeStream {
 
 absl::StatusOr<std::unique_ptr<DecodeStream>> InProcessDecodeClient::Open(
     const DecodeSpec& spec, const CancelToken& cancel) {
-  absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> request = engine_->Reserve(spec);
+  absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> request = engine_->Reserve(spec, &cancel);
   if (!request.ok()) return request.status();
   return std::make_unique<InProcessDecodeStream>(engine_, std::move(*request), cancel);
 }

@@ -118,7 +118,6 @@ void PrefillEngine::Loop() {
       if (waiting_ != nullptr) {
         waiting_->Set(static_cast<double>(queue_.size()));
         queued_tokens_gauge_->Set(static_cast<double>(queued_tokens_));
-        prompt_tokens_->Increment(tokens);
       }
     }
     RunBatch(batch);
@@ -141,6 +140,18 @@ bool PrefillEngine::HostKvOnly(const std::string& address) const {
   return host_kv_only_.count(address) > 0;
 }
 
+void PrefillEngine::Requeue(const std::vector<Pending*>& batch) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
+    queue_.push_front(*it);
+    queued_tokens_ += static_cast<int64_t>((*it)->spec->prompt_ids.size());
+  }
+  running_ = 0;
+  UpdateQueueGauges();
+  auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+  mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(5));
+}
+
 void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   const ModelConfig& c = backend_->config();
   std::vector<std::unique_ptr<KvSequence>> caches(batch.size());
@@ -150,8 +161,17 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   absl::StatusOr<SampledTokens> chosen = SampledTokens();
   for (size_t i = 0; i < batch.size() && chosen.ok(); ++i) {
     const PrefillSpec& spec = *batch[i]->spec;
-    absl::StatusOr<std::unique_ptr<KvSequence>> seq =
-        backend_->NewSequence(static_cast<int>(spec.prompt_ids.size()));
+    const int n = static_cast<int>(spec.prompt_ids.size());
+    absl::StatusOr<std::unique_ptr<KvSequence>> seq = backend_->NewSequence(n);
+    const KvUsage u = backend_->kv_usage();
+    if (seq.status().code() == absl::StatusCode::kResourceExhausted &&
+        (n + u.block_size - 1) / std::max(u.block_size, 1) <= u.total_blocks) {
+      // The pool is full for now (a GPU's, or the one a colocated decode
+      // engine shares): the batch waits for blocks instead of failing.
+      caches.clear();
+      Requeue(batch);
+      return;
+    }
     if (!seq.ok()) {
       chosen = seq.status();
     } else {
@@ -161,6 +181,10 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
       samples[i] = {&spec.sampling, Sampler(spec.sampling).Draw(/*step=*/0), spec.prompt_ids, {}};
       top_k = std::max(top_k, spec.sampling.top_logprobs);
     }
+  }
+  if (prompt_tokens_ != nullptr) {
+    for (Pending* p : batch)
+      prompt_tokens_->Increment(static_cast<double>(p->spec->prompt_ids.size()));
   }
   const auto start = std::chrono::steady_clock::now();
   const int mb = experts_ != nullptr && experts_->IsAsync() ? options_.micro_batches : 1;

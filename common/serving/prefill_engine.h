@@ -52,7 +52,9 @@ class PrefillEngine {
   // decode worker. INVALID_ARGUMENT for bad prompts or sampling, UNAVAILABLE
   // if an expert or the decode worker failed. CANCELLED when `cancel` (may be
   // null) fired while the prompt still waited in the queue (it leaves the
-  // queue at once; a prompt already in a running batch finishes).
+  // queue at once; a prompt already in a running batch finishes). While the
+  // backend's KV pool has no room for the batch (a GPU's, or the pool a
+  // colocated decode engine shares), the prompts wait in the queue for it.
   absl::Status Prefill(const PrefillSpec& spec, const CancelToken* cancel = nullptr);
 
   // Graceful shutdown: from now on Prefill answers UNAVAILABLE; prompts
@@ -76,6 +78,9 @@ class PrefillEngine {
   void CancelQueued(Pending* p);
   void UpdateQueueGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunBatch(const std::vector<Pending*>& batch);
+  // Puts `batch` back at the queue's front (its KV pool is full for now) and
+  // waits a moment before the loop tries again.
+  void Requeue(const std::vector<Pending*>& batch);
   absl::StatusOr<DataChannel*> ChannelTo(const std::string& address);
 
   AttentionBackend* const backend_;

@@ -12,8 +12,10 @@ struct ServingLoad {
   int num_running = 0;               // decoding now (decode workers)
   double kv_usage = 0;               // fraction of KV blocks in use, [0, 1]
   int free_kv_blocks = 0;
-  bool draining = false;  // shutting down: finishing what it holds, taking nothing new
-  int in_flight = 0;      // requests held: queued, prefilling, reserved or decoding
+  bool draining = false;    // shutting down: finishing what it holds, taking nothing new
+  int in_flight = 0;        // requests held: queued, prefilling, reserved or decoding
+  int num_waiting = 0;      // queued for KV blocks (decode workers): new or preempted
+  int64_t preemptions = 0;  // running requests preempted so far (decode workers)
 };
 
 }  // namespace moesh

@@ -148,6 +148,13 @@ def build():
     d.panel("timeseries", "KV cache free blocks", "Free KV blocks per decode worker.",
             [(f"min by (instance) ({sel('moesh_kv_cache_free_blocks', service='decode_worker')})", "{{instance}}")],
             unit="short")
+    d.panel("timeseries", "KV admission queue and preemptions",
+            "Requests queued per decode worker for KV blocks (new and preempted), and running requests "
+            "preempted per second because the KV cache ran dry.",
+            [(f"sum by (instance) ({sel('moesh_decode_num_requests_waiting', service='decode_worker')})",
+              "waiting {{instance}}"),
+             (f"sum by (instance) (rate({sel('moesh_decode_preemptions_total', service='decode_worker')}[{RATE}]))",
+              "preempted/s {{instance}}")], unit="short")
     d.panel("timeseries", "Decode batch", "Requests per decode step: mean and p99, running requests.",
             [(f"sum(rate({sel('moesh_decode_batch_size_sum', service='decode_worker')}[{RATE}])) / "
               f"sum(rate({sel('moesh_decode_batch_size_count', service='decode_worker')}[{RATE}]))", "mean"),

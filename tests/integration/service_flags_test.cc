@@ -124,6 +124,7 @@ void SetAll(KvOptions* k) {
   k->kv_blocks = 7;
   k->block_size = 16;
   k->max_batch = 9;
+  k->max_waiting_requests = 5;
 }
 
 // The same for several groups: SetAll(&o.server, &o.worker).

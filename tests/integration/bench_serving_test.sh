@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# `moesh bench --serving --server` against a running `moesh serve-local`
+# cluster (CPU, a tiny model, serve-local's default pool: 512 KV blocks of 64
+# tokens): each dataset (random with Poisson arrivals, multi-turn chats,
+# ShareGPT) completes every request it sends and prints sane numbers
+# (percentiles ordered, goodput <= throughput); and admission queues instead
+# of refusing: 64 requests of 2000 new tokens — more KV than the pool holds
+# at once — all complete, none RESOURCE_EXHAUSTED.
+# usage: bench_serving_test.sh PATH/TO/moesh SOURCE_DIR
+set -euo pipefail
+MOESH=${1:?usage: bench_serving_test.sh PATH/TO/moesh SOURCE_DIR}
+SRC=${2:?usage: bench_serving_test.sh PATH/TO/moesh SOURCE_DIR}
+. "$SRC/tests/integration/serve_local_lib.sh"
+serve_local_setup moesh_bench_serving
+
+"$MOESH" mkmodel --family v3 --preset tiny --out "$TMP/model" --seed 5 >/dev/null
+start_serve_local --model "$TMP/model" --expert_workers 1
+
+# bench NAME EXPECTED_SENT ARGS...: runs the bench, checks its table.
+bench() {
+  local name=$1 sent=$2
+  shift 2
+  "$MOESH" bench --serving --server "127.0.0.1:$port" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" \
+    || { cat "$TMP/$name.err" >&2; fail "bench $name failed"; }
+  cat "$TMP/$name.out"
+  "$PY" - "$TMP/$name.out" "$sent" <<'EOF' || fail "bench $name: the table is not sane"
+import sys
+lines = [l for l in open(sys.argv[1]) if l.startswith("| ") and not l.startswith("| rate")]
+assert lines, "no table rows"
+for line in lines:
+    c = [x.strip() for x in line.strip().strip("|").split("|")]
+    sent, done, refused, failed = (int(x) for x in c[2:6])
+    seconds, rps, tps, goodput = (float(x) for x in c[6:10])
+    assert sent == int(sys.argv[2]), f"sent {sent}, expected {sys.argv[2]}"
+    assert done == sent and refused == 0 and failed == 0, line
+    assert seconds > 0 and rps > 0 and tps > 0 and 0 <= goodput <= rps + 1e-9, line
+    for cell in c[10:13]:  # TTFT, ITL, e2e: p50 / p90 / p99
+        p = [float(x) for x in cell.split("/")]
+        assert len(p) == 3 and 0 < p[0] <= p[1] <= p[2], f"percentiles {cell}"
+    assert 0 <= float(c[13]) <= 1, line
+print(f"ok: {len(lines)} row(s)")
+EOF
+}
+
+bench poisson 24 --dataset random --request_rate 20 --concurrency 16 --requests 24 \
+  --prompt_len 32 --max_new_tokens 16 --slo_ttft_ms 60000 --slo_itl_ms 60000
+bench multiturn 12 --dataset multiturn --request_rate inf --concurrency 4 --requests 12 --turns 3 \
+  --system_prompts 2 --system_prompt_len 64 --prompt_len 16 --max_new_tokens 8
+cat >"$TMP/sharegpt.json" <<'EOF'
+[{"id": "1", "conversations": [{"from": "human", "value": "What is a mixture of experts?"},
+                               {"from": "gpt", "value": "A layer of many small networks."}]},
+ {"id": "2", "conversations": [{"from": "human", "value": "Name three colours."},
+                               {"from": "gpt", "value": "Red, green and blue."}]},
+ {"id": "3", "conversations": [{"from": "human", "value": "Count to five."},
+                               {"from": "gpt", "value": "One, two, three, four, five."}]}]
+EOF
+bench sharegpt 3 --dataset sharegpt --dataset_path "$TMP/sharegpt.json" --request_rate 50 \
+  --concurrency 8 --requests 10
+
+# 64 x (32 + 2000) tokens = 64 x 32 blocks of 64 on a pool of 512: before
+# admission queued, 48 of these were refused (RESOURCE_EXHAUSTED).
+bench admission 64 --dataset random --length_sigma 0 --request_rate inf --concurrency 64 \
+  --requests 64 --prompt_len 32 --max_new_tokens 2000
+echo PASS
