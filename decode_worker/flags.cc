@@ -9,10 +9,10 @@ ABSL_FLAG(int, micro_batch_min, moesh::DecodeWorkerOptions().micro_batch_min,
           "Smallest decode batch that is split into --micro_batches.");
 
 ABSL_FLAG(double, max_pending_kv_share, moesh::DecodeWorkerOptions().max_pending_kv_share,
-          "The share of the KV pool, (0, 1], that one peer's (host's) reservations still waiting "
-          "for their KV may hold together; more fail RESOURCE_EXHAUSTED, so a flood of "
-          "reservations from one caller leaves the rest to others (a peer with none pending "
-          "may always reserve one request; 1: no cap).");
+          "The share of the KV pool, (0, 1], that the prompt blocks of one peer's (host's) "
+          "reservations still waiting for their KV may hold together; more fail "
+          "RESOURCE_EXHAUSTED, so a flood of reservations from one caller leaves the rest to "
+          "others (a peer with none pending may always reserve one request). 1: no cap.");
 
 namespace moesh {
 

@@ -25,8 +25,10 @@ struct DecodeWorkerOptions {
   DeviceOptions device;      // the device flags' fields; the KV pool's come from `kv`
   int micro_batch_min = 16;  // the smallest batch split into micro-batches
   // --max_pending_kv_share: the share of the KV pool, (0, 1], one peer's
-  // reservations awaiting their KV may hold (DecodeEngineOptions).
-  double max_pending_kv_share = 0.5;
+  // reservations awaiting their KV may hold (DecodeEngineOptions); 1: no cap
+  // (the default: admission queues, so a single router's prompts awaiting
+  // their KV may fill the pool; mTLS keeps other peers out).
+  double max_pending_kv_share = 1.0;
 };
 
 // INVALID_ARGUMENT for a missing --model, a bad device, a count below 1 or a

@@ -105,11 +105,12 @@ absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
     if (draining_) return absl::UnavailableError("decode worker draining (shutting down)");
     if (requests_.count(spec.request_id))
       return absl::AlreadyExistsError(absl::StrCat("request ", spec.request_id, " exists"));
-    // One caller's reservations awaiting their KV hold at most
-    // max_pending_kv_share of the pool, counted at their full size.
+    // The prompt blocks of one caller's reservations awaiting their KV (what
+    // admission holds for them) stay within max_pending_kv_share of the pool.
     int pending = 0;
-    if (!caller.empty() && u.total_blocks > 0 && u.block_size > 0) {
-      pending = BlocksFor(u, spec.max_tokens());
+    if (!caller.empty() && options_.max_pending_kv_share < 1.0 && u.total_blocks > 0 &&
+        u.block_size > 0) {
+      pending = BlocksFor(u, static_cast<int>(spec.prompt_ids.size()));
       const auto held = pending_blocks_.find(caller);
       const int cap = static_cast<int>(options_.max_pending_kv_share * u.total_blocks);
       if (held != pending_blocks_.end() && held->second + pending > cap) {

@@ -89,8 +89,8 @@ class DecodeEngine : public KvHandler {
   // free. RESOURCE_EXHAUSTED when the queue holds max_waiting requests, when
   // spec.max_tokens() tokens exceed the whole pool, or when `caller` (a
   // peer's host; empty: not counted) would hold more than
-  // max_pending_kv_share of the pool in reservations awaiting their KV
-  // (counted at spec.max_tokens()); CANCELLED when `cancel` (may be null)
+  // max_pending_kv_share of the pool in the prompt blocks of reservations
+  // awaiting their KV; CANCELLED when `cancel` (may be null)
   // fired while queued; UNAVAILABLE when draining or shutting down;
   // ALREADY_EXISTS for a duplicate id; INVALID_ARGUMENT for bad sampling or
   // sizes.

@@ -92,6 +92,7 @@ class InternalPlaneTest : public ::testing::Test {
     // Dual stack: the router reaches the decode worker as 127.0.0.1, a second
     // peer host on this machine as ::1.
     o.decode.server.listen = "[::]:0";
+    o.decode.max_pending_kv_share = 0.5;
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     t->cluster = std::move(*cluster);
@@ -195,8 +196,9 @@ TEST_F(InternalPlaneTest, InternalPortsRefusePeersWithoutTheClustersCertificate)
   EXPECT_TRUE(Generate(&tokens).ok());
 }
 
-// 200 reservations of 4 KV blocks each from ::1 (a peer holding the cluster's
-// certificate) would take the decode worker's 512 blocks; the per-peer cap
+// 200 reservations of 256-token prompts (4 KV blocks each) from ::1 (a peer
+// holding the cluster's certificate) would take the decode worker's 512
+// blocks; the per-peer cap
 // (--max_pending_kv_share 0.5) stops them at 256, and the router, another
 // peer, still gets its requests served while they are held.
 TEST_F(InternalPlaneTest, ReservationFloodFromOnePeerLeavesRoomForOthers) {
@@ -213,8 +215,8 @@ TEST_F(InternalPlaneTest, ReservationFloodFromOnePeerLeavesRoomForOthers) {
   for (int i = 0; i < 200; ++i) {
     v1::DecodeRequest r;
     r.set_request_id(absl::StrCat("flood-", i));
-    for (int32_t t : {5, 17, 300}) r.add_prompt_ids(t);
-    r.set_max_new_tokens(254);  // 256 tokens: 4 blocks of 64
+    for (int t = 0; t < 256; ++t) r.add_prompt_ids(2 + t % 400);  // 4 blocks of 64
+    r.set_max_new_tokens(16);
     Held h;
     h.ctx = Deadline(seconds(60));
     h.reader = stub->Decode(h.ctx.get(), r);
