@@ -177,24 +177,31 @@ void Compare(const ModelConfig& c, CpuEngine& cpu, const std::vector<CudaModel*>
   }
 }
 
-class CudaFp8ModelTest : public ::testing::TestWithParam<std::string> {};
+class CudaFp8ModelTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  // A random checkpoint of RealWidths(family) in `dtype`, under the test's
+  // temporary directory; its seed in *seed.
+  std::string WriteCheckpoint(const ModelConfig& c, const std::string& name, DType dtype,
+                              uint64_t* seed) {
+    const std::string dir = JoinPath(::testing::TempDir(), name + "_" + GetParam());
+    RandomCheckpointOptions ro;
+    ro.seed = *seed = testing::FreshSeed();
+    ro.dtype = dtype;
+    EXPECT_TRUE(WriteRandomCheckpoint(c, dir, ro).ok());
+    return dir;
+  }
+};
 
 TEST_P(CudaFp8ModelTest, Fp8CheckpointMatchesCpuEngine) {
   MOESH_REQUIRE_GPU();
   const ModelConfig c = RealWidths(GetParam());
-  const std::string dir = JoinPath(::testing::TempDir(), "cuda_fp8_" + GetParam());
-  RandomCheckpointOptions ro;
-  ro.seed = testing::FreshSeed();
-  ro.dtype = DType::kF8E4M3;
-  SCOPED_TRACE(::testing::Message() << "checkpoint seed " << ro.seed);
-  ASSERT_TRUE(WriteRandomCheckpoint(c, dir, ro).ok());
+  uint64_t seed = 0;
+  const std::string dir = WriteCheckpoint(c, "cuda_fp8", DType::kF8E4M3, &seed);
+  SCOPED_TRACE(::testing::Message() << "checkpoint seed " << seed);
   absl::StatusOr<CpuEngine> cpu = LoadCpu(dir);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
 
-  CudaModelOptions options;
-  options.max_num_seqs = 8;
-  options.max_kv_blocks = 64;
-  options.max_model_len = 512;
+  const CudaModelOptions options = testing::SmallModelOptions();
   absl::StatusOr<std::unique_ptr<CudaModel>> fp8 = CudaModel::Load(dir, options);
   ASSERT_TRUE(fp8.ok()) << fp8.status();
   ASSERT_TRUE((*fp8)->weights().fp8_linears()) << "an FP8 checkpoint runs in FP8";
@@ -217,7 +224,7 @@ TEST_P(CudaFp8ModelTest, Fp8CheckpointMatchesCpuEngine) {
   EXPECT_LT((*fp8)->weights().bytes(), (*bf16)->weights().bytes());
 
   std::vector<Fidelity> f;
-  Compare(c, *cpu, {fp8->get(), bf16->get()}, &f, ro.seed);
+  Compare(c, *cpu, {fp8->get(), bf16->get()}, &f, seed);
   std::printf("%s FP8 checkpoint vs the CPU engine (dequantized), teacher-forced:\n",
               GetParam().c_str());
   f[0].Print("GPU FP8 linears:");
@@ -229,23 +236,18 @@ TEST_P(CudaFp8ModelTest, Fp8CheckpointMatchesCpuEngine) {
 TEST_P(CudaFp8ModelTest, OnlineQuantizationOfABf16Checkpoint) {
   MOESH_REQUIRE_GPU();
   const ModelConfig c = RealWidths(GetParam());
-  const std::string dir = JoinPath(::testing::TempDir(), "cuda_fp8_online_" + GetParam());
-  RandomCheckpointOptions ro;
-  ro.seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "checkpoint seed " << ro.seed);
-  ASSERT_TRUE(WriteRandomCheckpoint(c, dir, ro).ok());
+  uint64_t seed = 0;
+  const std::string dir = WriteCheckpoint(c, "cuda_fp8_online", DType::kBF16, &seed);
+  SCOPED_TRACE(::testing::Message() << "checkpoint seed " << seed);
   absl::StatusOr<CpuEngine> cpu = LoadCpu(dir);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  CudaModelOptions options;
-  options.max_num_seqs = 8;
-  options.max_kv_blocks = 64;
-  options.max_model_len = 512;
+  CudaModelOptions options = testing::SmallModelOptions();
   options.fp8_linears = true;
   absl::StatusOr<std::unique_ptr<CudaModel>> fp8 = CudaModel::Load(dir, options);
   ASSERT_TRUE(fp8.ok()) << fp8.status();
   ASSERT_TRUE((*fp8)->weights().fp8_linears());
   std::vector<Fidelity> f;
-  Compare(c, *cpu, {fp8->get()}, &f, ro.seed);
+  Compare(c, *cpu, {fp8->get()}, &f, seed);
   std::printf("%s bf16 checkpoint, --quantization fp8, vs the CPU engine (bf16 weights):\n",
               GetParam().c_str());
   f[0].Print("GPU FP8 linears (weights quantized):");
@@ -259,11 +261,8 @@ TEST_P(CudaFp8ModelTest, OnlineQuantizationOfABf16Checkpoint) {
 TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
   MOESH_REQUIRE_GPU();
   const ModelConfig c = RealWidths(GetParam());
-  const std::string dir = JoinPath(::testing::TempDir(), "cuda_fp8_experts_" + GetParam());
-  RandomCheckpointOptions ro;
-  ro.seed = testing::FreshSeed();
-  ro.dtype = DType::kF8E4M3;
-  ASSERT_TRUE(WriteRandomCheckpoint(c, dir, ro).ok());
+  uint64_t seed = 0;
+  const std::string dir = WriteCheckpoint(c, "cuda_fp8_experts", DType::kF8E4M3, &seed);
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
   ASSERT_TRUE(ckpt.ok());
   const std::set<int> shard = {0, 2, 5};
@@ -279,7 +278,7 @@ TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
   absl::StatusOr<std::unique_ptr<CudaExpertStage>> bf16 = CudaExpertStage::Create(c, load());
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_LT((*fp8)->device_bytes(), 0.55 * (*bf16)->device_bytes());
-  std::mt19937 rng(ro.seed);
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::uniform_int_distribution<int> id(0, c.n_routed_experts - 1);
   for (int tokens : {1, 7, 64, 300}) {

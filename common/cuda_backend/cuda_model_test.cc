@@ -433,10 +433,7 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
   ASSERT_TRUE(WriteRandomCheckpoint(c, dir, ro).ok());
   absl::StatusOr<CpuEngine> cpu = LoadCpu(dir);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  CudaModelOptions options;
-  options.max_num_seqs = 8;
-  options.max_kv_blocks = 64;
-  options.max_model_len = 512;
+  CudaModelOptions options = testing::SmallModelOptions();
   absl::StatusOr<std::unique_ptr<CudaModel>> fast = CudaModel::Load(dir, options);
   ASSERT_TRUE(fast.ok()) << fast.status();
   options.mla_kernel = MlaKernel::kGeneric;

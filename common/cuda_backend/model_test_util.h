@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/cuda_backend/cuda_model_options.h"
 #include "common/model/attention_model.h"
 #include "common/model/expert_client.h"
 #include "common/model/model.h"
@@ -98,6 +99,15 @@ inline std::vector<float> CpuStep(CpuEngine& cpu, SequenceKvCache* cache,
       cpu.model->Forward(absl::MakeConstSpan(&in, 1), cpu.experts.get());
   EXPECT_TRUE(logits.ok()) << logits.status();
   return logits.ok() ? *logits : std::vector<float>();
+}
+
+// A CudaModel small enough for the tests' few short sequences.
+inline CudaModelOptions SmallModelOptions() {
+  CudaModelOptions o;
+  o.max_num_seqs = 8;
+  o.max_kv_blocks = 64;
+  o.max_model_len = 512;
+  return o;
 }
 
 }  // namespace moesh::cuda::testing
