@@ -8,7 +8,6 @@
 #include "base/dtype.h"
 #include "common/cuda_backend/device_weights.h"
 #include "kernels/cuda/expert_mlp.h"
-#include "kernels/cuda/fill.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/ops.h"
 

@@ -176,8 +176,8 @@ void DeviceWeights::AddLinear(std::vector<Slot>* slots, DeviceLinear* target, in
   s.kind = kind;
   s.n = n, s.k = k, s.batch = batch;
   s.fp8 = fp8_linears_;
-  if (s.fp8) {
-    s.scale_target = &target->scale;
+  if (s.fp8) s.scale_target = &target->scale;
+  if (s.fp8 && kind == Slot::Kind::kLinear) {  // ForwardContext::Gemm's (experts: the grouped GEMM)
     max_fp8_k_ = std::max<int>(max_fp8_k_, static_cast<int>(k));
     max_fp8_n_ = std::max<int>(max_fp8_n_, static_cast<int>(n));
   }

@@ -146,7 +146,8 @@ class DeviceWeights {
   int index_col() const { return index_col_; }
   int index_weights_col() const { return index_weights_col_; }
   bool fp8_linears() const { return fp8_linears_; }
-  // The widest input (k) and output (n) of the FP8 linears (0 without).
+  // The widest input (k) and output (n) of the FP8 dense linears, the ones
+  // ForwardContext::Gemm runs (0 without).
   int max_fp8_k() const { return max_fp8_k_; }
   int max_fp8_n() const { return max_fp8_n_; }
   int shared_intermediate() const { return shared_intermediate_; }
