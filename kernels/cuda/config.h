@@ -49,6 +49,10 @@ inline constexpr int kRowPitch = kHeadDim + 8;  // bf16 elements
 // two CTAs per SM beat one CTA with deeper pipelines, 97% vs 64% of copy BW):
 inline constexpr MlaTileConfig kDefaultTile = MlaTileConfig::kTokens32Stages2;
 inline constexpr int kMaxSplits = 64;
+// The wide kernel (MlaTileConfig::kHeads64Tokens64Stages2, mla_decode_wide.cu):
+// 64 heads per CTA (the M of wgmma), two warpgroups, 64-token tiles.
+inline constexpr int kWideHeads = 64;
+inline constexpr int kWideThreads = 256;
 }  // namespace mla
 
 }  // namespace moesh::cuda

@@ -4,6 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -22,6 +25,25 @@ inline absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
 // After a kernel launch: the launch's own error, if any.
 inline absl::Status LaunchStatus(absl::string_view kernel) {
   return CudaStatus(cudaGetLastError(), kernel);
+}
+
+// Raises kKernel's dynamic shared-memory limit to `bytes` on the current
+// device, once per (kernel, device): call it before each launch.
+template <auto kKernel>
+absl::Status AllowDynamicSmem(int bytes) {
+  static std::atomic<uint64_t> done{0};  // bit d: set on device d
+  int dev = 0;
+  if (cudaError_t err = cudaGetDevice(&dev); err != cudaSuccess)
+    return CudaStatus(err, "cudaGetDevice");
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (done.load(std::memory_order_acquire) & bit) return absl::OkStatus();
+  if (cudaError_t err =
+          cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      err != cudaSuccess) {
+    return CudaStatus(err, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  }
+  done.fetch_or(bit, std::memory_order_release);
+  return absl::OkStatus();
 }
 
 }  // namespace moesh::cuda

@@ -101,6 +101,15 @@ TEST(PlanTest, SplitsFillTheDevice) {
   EXPECT_LE(p.num_splits, 2);
   p = PlanMlaDecode(1, 16, 100, 132, MlaTileConfig::kTokens32Stages2);
   EXPECT_LE(p.num_splits, 4);
+  // 128 heads take the 64-head kernel by default: two CTAs per sequence, one
+  // per SM, so batch 66 fills 132 SMs without splitting and batch 1 splits.
+  p = PlanMlaDecode(66, 128, 8192, 132);
+  EXPECT_EQ(p.num_splits, 1);
+  EXPECT_EQ(PlanMlaDecode(66, 128, 8192, 132, MlaTileConfig::kHeads64Tokens64Stages2).num_splits,
+            1);
+  p = PlanMlaDecode(1, 128, 8192, 132);
+  EXPECT_GT(p.num_splits, 16);
+  EXPECT_EQ(p.workspace_bytes, size_t{1} * p.num_splits * 128 * 513 * 4);
 }
 
 }  // namespace

@@ -17,7 +17,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
@@ -246,18 +245,9 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
 
 template <int kBM, int kBK, bool kF32Out, bool kFp8W>
 absl::Status LaunchOne(const GroupedGemmParams& p) {
-  auto* kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kFp8W>;
+  constexpr auto kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kFp8W>;
   constexpr int kSmem = kFp8W ? GemmCfg<kBM, kBK>::kF8SmemBytes : GemmCfg<kBM, kBK>::kSmemBytes;
-  // Raise this instantiation's dynamic shared-memory limit once per device.
-  static std::atomic<uint64_t> smem_set{0};  // bit d: done on device d
-  int dev = 0;
-  RETURN_IF_CUDA_ERROR(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(smem_set.load(std::memory_order_acquire) & bit)) {
-    RETURN_IF_CUDA_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    smem_set.fetch_or(bit, std::memory_order_release);
-  }
+  RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmem));
   const dim3 grid(p.max_tiles, (p.n + kBN - 1) / kBN);
   kernel<<<grid, kThreads, kSmem, p.stream>>>(p);
   return LaunchStatus("GroupedGemmKernel");

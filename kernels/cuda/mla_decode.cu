@@ -9,14 +9,15 @@
 //   * O += P·V: warp w owns latent dims [128w, 128w + 128).
 // Splits write (O / l, log2-sum-exp) partials; MlaCombineKernel merges them.
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cmath>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/mla_decode_common.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace moesh::cuda {
@@ -28,7 +29,6 @@ constexpr int kQkSlice = kHeadDim / kWarps;   // 144 dims of q·k per warp
 constexpr int kQkSteps = kQkSlice / 16;       // 9 mma k-steps
 constexpr int kVSlice = kLatentDim / kWarps;  // 128 output dims per warp
 constexpr int kVTiles = kVSlice / 8;          // 16 mma n-tiles
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kQkSlice % 16 == 0 && kVSlice % 16 == 0);
 
 // A tile of kTile tokens (a cache block or an aligned part of one), kStages
@@ -55,56 +55,6 @@ struct Cfg {
   // 228 KB per SM, 1 KB of it reserved per resident CTA.
   static constexpr int kCtasPerSm = 233472 / (sizeof(Smem) + 1024);
 };
-
-__device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count)
-               : "memory");
-}
-
-__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, "
-        "1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(SmemAddr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-__device__ __forceinline__ void BulkCopyG2S(void* dst, const void* src, uint32_t bytes,
-                                            uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(SmemAddr(dst)),
-      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float2 UnpackBf16(uint32_t v) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-}
-
-struct SplitRange {
-  int begin, end;  // cache blocks [begin, end) of the sequence
-};
-
-__device__ __forceinline__ SplitRange SplitTiles(int n_tiles, int split, int num_splits) {
-  return {static_cast<int>(static_cast<int64_t>(split) * n_tiles / num_splits),
-          static_cast<int>(static_cast<int64_t>(split + 1) * n_tiles / num_splits)};
-}
 
 // Warp 0: starts the copy of the sequence's tile `tile` into `stage`. Rows past
 // the sequence's end are zeroed instead (their probabilities are 0, and 0 · NaN
@@ -146,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
 
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) MbarInit(&s.bar[st], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    FenceMbarInit();
   }
   __syncthreads();
   if (warp == 0) {
@@ -319,19 +269,13 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
     const float lse2 = half ? lse_hi : lse_lo;
     const int64_t bh = static_cast<int64_t>(b) * p.num_heads + h;
     if constexpr (kSplit) {
-      float* part =
-          static_cast<float*>(p.workspace) +
-          ((static_cast<int64_t>(b) * p.num_splits + split) * p.num_heads + h) * kLatentDim;
+      float* part = SplitPartial(p, b, split, h);
 #pragma unroll
       for (int j = 0; j < kVTiles; ++j) {
         *reinterpret_cast<float2*>(part + warp * kVSlice + j * 8 + 2 * tq) =
             make_float2(o[j][2 * half] * inv, o[j][2 * half + 1] * inv);
       }
-      if (warp == 0 && tq == 0) {
-        float* lse_part = static_cast<float*>(p.workspace) +
-                          static_cast<int64_t>(p.batch) * p.num_splits * p.num_heads * kLatentDim;
-        lse_part[(static_cast<int64_t>(b) * p.num_splits + split) * p.num_heads + h] = lse2;
-      }
+      if (warp == 0 && tq == 0) *SplitLse(p, b, split, h) = lse2;
     } else {
       OutT* out = static_cast<OutT*>(p.out) + bh * kLatentDim + warp * kVSlice + 2 * tq;
 #pragma unroll
@@ -403,30 +347,21 @@ __global__ void __launch_bounds__(kLatentDim / 4) MlaCombineKernel(MlaDecodePara
 
 template <typename C, bool kSplit, typename OutT>
 absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
-  auto* kernel = MlaDecodeKernel<C, kSplit, OutT>;
-  // Raise this instantiation's dynamic shared-memory limit once per device.
-  static std::atomic<uint64_t> smem_set{0};  // bit d: done on device d
-  int dev = 0;
-  RETURN_IF_CUDA_ERROR(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(smem_set.load(std::memory_order_acquire) & bit)) {
-    RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(sizeof(typename C::Smem))));
-    smem_set.fetch_or(bit, std::memory_order_release);
-  }
+  constexpr auto kernel = MlaDecodeKernel<C, kSplit, OutT>;
+  RETURN_IF_ERROR(AllowDynamicSmem<kernel>(static_cast<int>(sizeof(typename C::Smem))));
   kernel<<<grid, kThreads, sizeof(typename C::Smem), p.stream>>>(p);
-  RETURN_IF_ERROR(LaunchStatus("MlaDecodeKernel"));
-  if constexpr (kSplit) {
-    MlaCombineKernel<OutT><<<p.batch * p.num_heads, kLatentDim / 4, 0, p.stream>>>(p);
-    RETURN_IF_ERROR(LaunchStatus("MlaCombineKernel"));
-  }
-  return absl::OkStatus();
+  return LaunchStatus("MlaDecodeKernel");
 }
 
-// Calls f(Cfg<...>{}) for the tile configuration `t` names.
+// The configuration a launch with `num_heads` runs (kDefault resolved).
+MlaTileConfig Resolve(MlaTileConfig t, int num_heads) {
+  if (t != MlaTileConfig::kDefault) return t;
+  return num_heads >= kWideHeads ? MlaTileConfig::kHeads64Tokens64Stages2 : kDefaultTile;
+}
+
+// Calls f(Cfg<...>{}) for the 16-head tile configuration `t` names.
 template <typename F>
 auto WithTile(MlaTileConfig t, F&& f) {
-  if (t == MlaTileConfig::kDefault) t = kDefaultTile;
   switch (t) {
     case MlaTileConfig::kTokens32Stages4:
       return f(Cfg<32, 4>{});
@@ -436,6 +371,7 @@ auto WithTile(MlaTileConfig t, F&& f) {
       return f(Cfg<32, 2>{});
     case MlaTileConfig::kDefault:
     case MlaTileConfig::kTokens64Stages2:
+    case MlaTileConfig::kHeads64Tokens64Stages2:
       break;
   }
   return f(Cfg<64, 2>{});
@@ -446,11 +382,11 @@ size_t WorkspaceBytes(int batch, int num_heads, int num_splits) {
   return static_cast<size_t>(batch) * num_splits * num_heads * (kLatentDim + 1) * sizeof(float);
 }
 
-MlaDecodePlan PlanFor(int batch, int num_heads, int max_seq_len, int num_sms, int tile_tokens,
-                      int ctas_per_sm) {
+MlaDecodePlan PlanFor(int batch, int num_heads, int max_seq_len, int num_sms, int heads_per_cta,
+                      int tile_tokens, int ctas_per_sm) {
   MlaDecodePlan plan;
   const int64_t ctas = static_cast<int64_t>(std::max(batch, 1)) *
-                       ((std::max(num_heads, 1) + kHeadsPerBlock - 1) / kHeadsPerBlock);
+                       ((std::max(num_heads, 1) + heads_per_cta - 1) / heads_per_cta);
   const int max_tiles = std::max(1, (max_seq_len + tile_tokens - 1) / tile_tokens);
   const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * ctas_per_sm;
   // Makespan in tile-times: waves × (tiles per split + one tile of fixed cost
@@ -476,9 +412,14 @@ size_t MlaDecodeWorkspaceBytes(int batch, int num_heads, int num_splits) {
 
 MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_sms,
                             MlaTileConfig tile) {
+  tile = Resolve(tile, num_heads);
+  if (tile == MlaTileConfig::kHeads64Tokens64Stages2) {
+    return PlanFor(batch, num_heads, max_seq_len, num_sms, kWideHeads, kKvBlockSize, 1);
+  }
   return WithTile(tile, [&](auto cfg) {
     using C = decltype(cfg);
-    return PlanFor(batch, num_heads, max_seq_len, num_sms, C::kTileTokens, C::kCtasPerSm);
+    return PlanFor(batch, num_heads, max_seq_len, num_sms, kHeadsPerBlock, C::kTileTokens,
+                   C::kCtasPerSm);
   });
 }
 
@@ -515,15 +456,28 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
         "RunMlaDecode: q, kv_cache, out and workspace must be 16-byte aligned");
   }
   if (p.batch > 65535) return absl::InvalidArgumentError("RunMlaDecode: batch > 65535");
-  const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.batch);
   const bool split = p.num_splits > 1;
-  return WithTile(p.tile, [&](auto cfg) {
-    using C = decltype(cfg);
-    if (p.out_type == OutType::kFloat32) {
-      return split ? LaunchDecode<C, true, float>(p, grid) : LaunchDecode<C, false, float>(p, grid);
-    }
-    return split ? LaunchDecode<C, true, bf16>(p, grid) : LaunchDecode<C, false, bf16>(p, grid);
-  });
+  const MlaTileConfig tile = Resolve(p.tile, p.num_heads);
+  if (tile == MlaTileConfig::kHeads64Tokens64Stages2) {
+    RETURN_IF_ERROR(LaunchMlaDecodeWide(p));
+  } else {
+    const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.batch);
+    RETURN_IF_ERROR(WithTile(tile, [&](auto cfg) {
+      using C = decltype(cfg);
+      if (p.out_type == OutType::kFloat32) {
+        return split ? LaunchDecode<C, true, float>(p, grid)
+                     : LaunchDecode<C, false, float>(p, grid);
+      }
+      return split ? LaunchDecode<C, true, bf16>(p, grid) : LaunchDecode<C, false, bf16>(p, grid);
+    }));
+  }
+  if (!split) return absl::OkStatus();
+  if (p.out_type == OutType::kFloat32) {
+    MlaCombineKernel<float><<<p.batch * p.num_heads, kLatentDim / 4, 0, p.stream>>>(p);
+  } else {
+    MlaCombineKernel<bf16><<<p.batch * p.num_heads, kLatentDim / 4, 0, p.stream>>>(p);
+  }
+  return LaunchStatus("MlaCombineKernel");
 }
 
 }  // namespace moesh::cuda

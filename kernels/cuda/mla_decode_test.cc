@@ -113,6 +113,9 @@ const DecodeCase kCases[] = {
     {"RaggedOneSplitBf16", {1, 63, 64, 65, 700, 2500}, 16, OutType::kBf16, 1},
     {"PaddedHeadsEmptySequenceNineSplits", {0, 130, 1337}, 20, OutType::kFloat32, 9},
     {"Heads128Planned", {257, 1500}, 128, OutType::kBf16, 0},
+    {"Heads128RaggedPlannedFp32", {1, 64, 65, 127, 0, 4097}, 128, OutType::kFloat32, 0},
+    {"Heads64SevenSplits", {130, 1000}, 64, OutType::kBf16, 7},
+    {"PaddedHeads80OneSplit", {3, 200}, 80, OutType::kFloat32, 1},
     {"OneLongSequencePlanned", {8191}, 16, OutType::kFloat32, 0},
 };
 
@@ -144,7 +147,8 @@ TEST_P(MlaDecodeTest, MatchesReference) {
     ref::MlaDecodeRef(r);
     double worst = 0.0;
     for (MlaTileConfig tile : {MlaTileConfig::kTokens64Stages2, MlaTileConfig::kTokens32Stages4,
-                               MlaTileConfig::kTokens32Stages5, MlaTileConfig::kTokens32Stages2}) {
+                               MlaTileConfig::kTokens32Stages5, MlaTileConfig::kTokens32Stages2,
+                               MlaTileConfig::kHeads64Tokens64Stages2}) {
       SCOPED_TRACE(::testing::Message() << "tile config " << static_cast<int>(tile));
       MOESH_ASSERT_OK_AND_ASSIGN(auto dout32, DeviceBuffer<float>::Create(out_elems));
       MOESH_ASSERT_OK_AND_ASSIGN(auto dout16, DeviceBuffer<bf16>::Create(out_elems));

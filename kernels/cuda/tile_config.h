@@ -5,13 +5,15 @@
 namespace moesh::cuda {
 
 // Tokens per tile × shared-memory stages of the MLA decode kernel. A 64-token
-// tile is one cache block; 32 is half of one.
+// tile is one cache block; 32 is half of one. The kTokens* shapes put 16 heads
+// in a CTA (mma.sync); kHeads64* puts 64 (wgmma, the wide heads of V2/V3).
 enum class MlaTileConfig {
-  kDefault,  // mla::kDefaultTile (config.h)
+  kDefault,  // kHeads64Tokens64Stages2 from 64 heads up, else mla::kDefaultTile (config.h)
   kTokens64Stages2,
   kTokens32Stages4,
   kTokens32Stages5,
   kTokens32Stages2,  // small enough for two CTAs per SM
+  kHeads64Tokens64Stages2,
 };
 
 }  // namespace moesh::cuda

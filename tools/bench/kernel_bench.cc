@@ -95,7 +95,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
                       const MlaCase& only) {
   constexpr int kDim = mla::kHeadDim, kRank = mla::kLatentDim;
   constexpr size_t kRowBytes = kDim * sizeof(bf16);
-  const int max_blocks = 128 * 8192 / kKvBlockSize;
+  const int max_blocks = 256 * 16384 / kKvBlockSize;  // 4.8 GB
   // Enough blocks for the largest case; smaller cases rotate through disjoint
   // block sets so no run finds the previous run's cache rows in L2.
   ASSIGN_OR_RETURN(auto cache,
@@ -113,7 +113,9 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   const Tile tiles[] = {{"64x2", MlaTileConfig::kTokens64Stages2},
                         {"32x4", MlaTileConfig::kTokens32Stages4},
                         {"32x5", MlaTileConfig::kTokens32Stages5},
-                        {"32x2", MlaTileConfig::kTokens32Stages2}};
+                        {"32x2", MlaTileConfig::kTokens32Stages2},
+                        {"w64", MlaTileConfig::kHeads64Tokens64Stages2},
+                        {"auto", MlaTileConfig::kDefault}};
   std::printf("(default tile: %s)\n",
               mla::kDefaultTile == MlaTileConfig::kTokens32Stages2 ? "32x2" : "other");
   struct Case {
@@ -122,13 +124,21 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   };
   std::vector<Case> cases;
   for (const Tile& tile : tiles) {
+    if (tile.config == MlaTileConfig::kHeads64Tokens64Stages2 ||
+        tile.config == MlaTileConfig::kDefault) {
+      continue;
+    }
     for (int batch : {1, 32, 128}) {
       for (int ctx : {2048, 4096, 8192}) cases.push_back({&tile, 16, batch, ctx});
     }
   }
-  // The second shape: 128 query heads (DeepSeek-V3), default tile.
+  // 128 query heads (DeepSeek-V2/V3): the 16-head kernel as the baseline, and
+  // the 64-head wgmma kernel (the default from 64 heads up) over the grid.
   for (int batch : {32, 128}) cases.push_back({&tiles[3], 128, batch, 4096});
-  if (only.heads > 0) cases = {{&tiles[3], only.heads, only.batch, only.ctx}};
+  for (int batch : {1, 32, 128, 256}) {
+    for (int ctx : {1024, 4096, 16384}) cases.push_back({&tiles[4], 128, batch, ctx});
+  }
+  if (only.heads > 0) cases = {{&tiles[5], only.heads, only.batch, only.ctx}};
   for (const Case& c : cases) {
     const int heads = c.heads, batch = c.batch, ctx = c.ctx;
     const int blocks_per_seq = ctx / kKvBlockSize, need = batch * blocks_per_seq;
@@ -474,10 +484,10 @@ int main(int argc, char** argv) {
   if (argc > 2 && std::strcmp(argv[1], "--mla") == 0 &&
       (std::sscanf(argv[2], "%d,%d,%d", &only.heads, &only.batch, &only.ctx) != 3 ||
        only.heads < 1 || only.batch < 1 || only.ctx < 64 || only.ctx % 64 != 0 ||
-       only.batch * (only.ctx / 64) > 128 * 8192 / 64)) {
+       only.batch * (only.ctx / 64) > 256 * 16384 / 64)) {
     std::fprintf(stderr,
                  "kernel_bench: --mla HEADS,BATCH,CONTEXT (context a multiple of 64, batch x "
-                 "context <= 128 x 8192)\n");
+                 "context <= 256 x 16384)\n");
     return 2;
   }
   const absl::Status st = moesh::cuda::Main(quick, fp8, only);

@@ -1,0 +1,68 @@
+// Hopper's asynchronous copies into shared memory and the mbarriers they
+// complete on: one thread arms a barrier with the bytes it expects
+// (MbarArriveExpectTx), issues bulk copies (a contiguous range, or a tile of
+// a tensor through a CUtensorMap made on the host), and every consumer waits
+// on the barrier's phase parity (MbarWait).
+#ifndef MOESH_KERNELS_CUDA_ASYNC_COPY_CUH_
+#define MOESH_KERNELS_CUDA_ASYNC_COPY_CUH_
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/mma.cuh"
+
+namespace moesh::cuda {
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count)
+               : "memory");
+}
+
+// Makes the initialized barriers visible to the async proxy (the copies).
+__device__ __forceinline__ void FenceMbarInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, "
+        "1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// `bytes` (a multiple of 16) from global `src` to shared `dst`, both 16-byte aligned.
+__device__ __forceinline__ void BulkCopyG2S(void* dst, const void* src, uint32_t bytes,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+// The box of a 2-D tensor map at (x = inner coordinate, y = outer) into
+// shared `dst` (aligned as the map's swizzle requires: 1024 bytes for 128B).
+__device__ __forceinline__ void TmaLoad2D(void* dst, const CUtensorMap* map, int x, int y,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_ASYNC_COPY_CUH_
