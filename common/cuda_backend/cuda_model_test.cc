@@ -14,7 +14,8 @@
 //     through Step (CUDA graphs), the tokens must equal transformers' up to
 //     such a tie, with the same log-probabilities as the teacher-forced pass.
 //   * random checkpoints with DeepSeek's real attention widths (latent 512,
-//     rope 64, 16 heads), which take the tuned MLA kernel and the split plan,
+//     rope 64, 16 heads; V3 also with its 128), which take the tuned MLA
+//     kernels (16 and 64 heads per CTA) and the split plan,
 //     and the same model with the plain MLA kernel: logits within bf16's
 //     relative error of the CPU engine's and of each other (bounds below).
 // Skips (with a message) where no GPU is present.
@@ -383,7 +384,9 @@ class CudaRealWidthsTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
   MOESH_REQUIRE_GPU();
-  absl::StatusOr<ModelConfig> config = PresetConfig(GetParam(), "small");
+  // "v3-wide": V3 with its real 128 heads, which take the 64-head wgmma kernel.
+  const bool wide = GetParam() == "v3-wide";
+  absl::StatusOr<ModelConfig> config = PresetConfig(wide ? "v3" : GetParam(), "small");
   ASSERT_TRUE(config.ok()) << config.status();
   ModelConfig& c = *config;
   if (c.layers() ==
@@ -412,7 +415,7 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
     c.intermediate_size = 1024;
     c.moe_intermediate_size = 256;
     c.num_hidden_layers = 2;
-    c.num_attention_heads = 16;
+    c.num_attention_heads = wide ? 128 : 16;
     c.kv_lora_rank = 512;
     c.qk_nope_head_dim = 128;
     c.qk_rope_head_dim = 64;
@@ -527,7 +530,7 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaRealWidthsTest,
-                         ::testing::Values("v2-lite", "v3", "v3.2", "v4"));
+                         ::testing::Values("v2-lite", "v3", "v3-wide", "v3.2", "v4"));
 
 TEST(CudaModelTest, RejectsBadSteps) {
   MOESH_REQUIRE_GPU();

@@ -5,7 +5,8 @@
 #   kernels   the kernel tests (cuda_device_test, cuda_ops_test, cuda_routing_test,
 #             cuda_mla_decode_test, cuda_grouped_gemm_test, cuda_dsa_ops_test,
 #             cuda_sample_test: the GPU sampler and greedy + top-k log-probabilities,
-#             cuda_fp8_test: block-scaled FP8 quantization and GEMM), then
+#             cuda_fp8_test: block-scaled FP8 quantization and GEMM, cuda_wgmma_test: the
+#             wgmma wrappers and SW128 descriptors), then
 #             compute-sanitizer memcheck on the op, routing, MLA, grouped GEMM and sampler
 #             tests, racecheck/synccheck on the MLA kernel's small cases, racecheck on the
 #             routing and sampler tests, and a summary of the MLA kernel's SASS (HMMA, LDSM,
@@ -39,7 +40,7 @@
 # bundle (here, before `run`), the binaries of the groups wanted:
 #   kernels:  cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test
 #             cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
-#             [kernel_bench, for the SASS]
+#             cuda_wgmma_test [kernel_bench, for the SASS]
 #   model:    cuda_model_test cuda_fp8_model_test
 #   services: cuda_backends_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
 #             moesh_expert_worker libmoesh_cuda_backends.so
@@ -103,7 +104,7 @@ cluster() {
 
 kernels() {
   for t in cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test cuda_grouped_gemm_test \
-           cuda_dsa_ops_test cuda_sample_test cuda_fp8_test; do
+           cuda_dsa_ops_test cuda_sample_test cuda_fp8_test cuda_wgmma_test; do
     test_bin "$t" 90 "$t"
   done
   for t in cuda_ops_test cuda_routing_test cuda_mla_decode_test; do
