@@ -20,21 +20,23 @@ absl::Status MlaScratch::Init(const ForwardContext& ctx, int rows_per_token) {
   RETURN_IF_ERROR(table.CopyFrom(ids));
   size_t bytes = 0;
   for (int n = 1; n <= tokens; ++n) {
-    bytes = std::max(
-        bytes,
-        PlanMlaDecode(n, ctx.config.num_attention_heads, stride, ctx.info.num_sms).workspace_bytes);
+    bytes = std::max(bytes, PlanMlaDecode(n, ctx.config.num_attention_heads, stride,
+                                          ctx.info.num_sms, MlaTile(ctx.options.mla_kernel))
+                                .workspace_bytes);
   }
   return ws.Reallocate(bytes);
 }
 
 absl::Status MlaScratch::Run(const ForwardContext& ctx, int n, MlaDecodeParams mp) const {
   const int per_token = stride / kKvBlockSize;
-  const MlaDecodePlan plan = PlanMlaDecode(n, mp.num_heads, stride, ctx.info.num_sms);
+  const MlaDecodePlan plan =
+      PlanMlaDecode(n, mp.num_heads, stride, ctx.info.num_sms, MlaTile(ctx.options.mla_kernel));
   mp.kv_cache = rows.get(), mp.block_table = table.get(), mp.batch = n;
   mp.kv_lora_rank = mla::kLatentDim, mp.rope_dim = mla::kRopeDim;
   mp.num_blocks = tokens * per_token, mp.max_blocks_per_seq = per_token, mp.max_seq_len = stride;
   mp.kv_row_stride = 0, mp.kv_index = nullptr, mp.kv_index_stride = 0;
   mp.num_splits = plan.num_splits, mp.workspace = ws.get(), mp.workspace_bytes = ws.bytes();
+  mp.tile = MlaTile(ctx.options.mla_kernel);
   mp.stream = ctx.stream;
   return RunMlaDecode(mp);
 }

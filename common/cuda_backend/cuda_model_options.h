@@ -4,12 +4,21 @@
 #ifndef MOESH_COMMON_CUDA_BACKEND_CUDA_MODEL_OPTIONS_H_
 #define MOESH_COMMON_CUDA_BACKEND_CUDA_MODEL_OPTIONS_H_
 
+#include "kernels/cuda/tile_config.h"
+
 namespace moesh::cuda {
 
-// Which MLA attention kernel runs: the tuned one where it is built for the
-// widths (latent 512, rope 64), else the plain one; or always the plain one
-// (a cross-check of the tuned kernel inside the whole model).
-enum class MlaKernel { kAuto, kGeneric };
+// Which MLA attention kernel runs: the tuned ones where they are built for
+// the widths (latent 512, rope 64; 64 heads per CTA from 64 heads up, else
+// 16), else the plain one; or the tuned 16-head kernel at any head count
+// (the baseline the 64-head kernel is measured against); or always the plain
+// one (a cross-check of the tuned kernels inside the whole model).
+enum class MlaKernel { kAuto, kHeads16, kGeneric };
+
+// The tile configuration the tuned MLA kernel runs with under `k`.
+inline MlaTileConfig MlaTile(MlaKernel k) {
+  return k == MlaKernel::kHeads16 ? MlaTileConfig::kTokens32Stages2 : MlaTileConfig::kDefault;
+}
 
 struct CudaModelOptions {
   // Fraction of the device's total memory that everything on it may use once

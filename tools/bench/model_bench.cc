@@ -16,7 +16,9 @@
 //          [--shape v2-lite | --model DIR] [--batch 1,32,128,256] [--context 2048]
 //          [--steps 20] [--warmup 3] [--gpu-memory-utilization 0.9]
 //          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
-//          [--profile-step]
+//          [--profile-step] [--mla-kernel auto|heads16|generic]
+// --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
+// baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -51,7 +53,8 @@ struct Flags {
   std::string load_format = "dummy";
   std::string shape = "v2-lite";
   std::string model_dir;
-  std::string quantization;  // "fp8": the dense linears in block-scaled FP8
+  std::string quantization;         // "fp8": the dense linears in block-scaled FP8
+  std::string mla_kernel = "auto";  // auto | heads16 | generic (CudaModelOptions::mla_kernel)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
@@ -130,20 +133,23 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     if (it->second != "cuda") return absl::InvalidArgumentError("--device: only cuda");
     kv.erase(it);
   }
-  for (const char* name : {"load-format", "shape", "model", "quantization"}) {
+  for (const char* name : {"load-format", "shape", "model", "quantization", "mla-kernel"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
-    std::string& dst = n == "load-format" ? f.load_format
-                       : n == "shape"     ? f.shape
-                       : n == "model"     ? f.model_dir
-                                          : f.quantization;
+    std::string& dst = n == "load-format"    ? f.load_format
+                       : n == "shape"        ? f.shape
+                       : n == "model"        ? f.model_dir
+                       : n == "quantization" ? f.quantization
+                                             : f.mla_kernel;
     dst = it->second;
     kv.erase(it);
   }
   if (!kv.empty()) return absl::InvalidArgumentError("unknown flag --" + kv.begin()->first);
   if (!f.quantization.empty() && f.quantization != "fp8")
     return absl::InvalidArgumentError("--quantization: fp8 or empty");
+  if (f.mla_kernel != "auto" && f.mla_kernel != "heads16" && f.mla_kernel != "generic")
+    return absl::InvalidArgumentError("--mla-kernel: auto, heads16 or generic");
   if (f.load_format != "dummy" && f.load_format != "auto") {
     return absl::InvalidArgumentError("--load-format: dummy or auto");
   }
@@ -411,6 +417,9 @@ absl::Status Run(const Flags& f) {
   o.max_model_len = (std::max(f.context + f.warmup + f.steps + 1, f.prefill_len) + 63) / 64 * 64;
   o.cuda_graphs = f.graphs;
   o.fp8_linears = f.quantization == "fp8";
+  o.mla_kernel = f.mla_kernel == "heads16"   ? MlaKernel::kHeads16
+                 : f.mla_kernel == "generic" ? MlaKernel::kGeneric
+                                             : MlaKernel::kAuto;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaModel> model;
   if (f.load_format == "auto") {

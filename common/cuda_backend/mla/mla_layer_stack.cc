@@ -19,7 +19,7 @@ absl::Status MlaLayerStack::Init() {
   const int h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   const int rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, v = c.v_head_dim;
   const bool tuned_widths = rank == mla::kLatentDim && rope == mla::kRopeDim &&
-                            ctx_.options.mla_kernel == MlaKernel::kAuto;
+                            ctx_.options.mla_kernel != MlaKernel::kGeneric;
   // V3.2 attends to the indexer's selection: the generic kernel, which reads a row index.
   fast_mla_ = tuned_widths && !c.has_indexer();
   softmax_scale_ = static_cast<float>(c.SoftmaxScale());
@@ -46,8 +46,9 @@ absl::Status MlaLayerStack::Init() {
   if (fast_mla_) {
     size_t ws = 0;
     for (int b : ctx_.buckets) {
-      ws = std::max(ws,
-                    PlanMlaDecode(b, heads, ctx_.max_model_len, ctx_.info.num_sms).workspace_bytes);
+      ws = std::max(ws, PlanMlaDecode(b, heads, ctx_.max_model_len, ctx_.info.num_sms,
+                                      MlaTile(ctx_.options.mla_kernel))
+                            .workspace_bytes);
     }
     RETURN_IF_ERROR(decode_ws_.Reallocate(ws));
   }
@@ -60,7 +61,8 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
   KvPool& kv = ctx_.kv();
   cudaStream_t s = ctx_.stream;
   if (fast_mla_) {
-    plan_ = PlanMlaDecode(b.num_tokens, c.num_attention_heads, b.max_seq_len, ctx_.info.num_sms);
+    plan_ = PlanMlaDecode(b.num_tokens, c.num_attention_heads, b.max_seq_len, ctx_.info.num_sms,
+                          MlaTile(ctx_.options.mla_kernel));
     if (!b.decode && plan_.workspace_bytes > prefill_ws_.bytes()) {
       // The old buffer may still be in use.
       RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s));
@@ -143,7 +145,7 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
     if (sparse_fast_) {
       RETURN_IF_ERROR(EnqueueSparseMla(b, mp));
     } else if (fast_mla_) {
-      mp.num_splits = plan_.num_splits;
+      mp.num_splits = plan_.num_splits, mp.tile = MlaTile(ctx_.options.mla_kernel);
       mp.workspace = b.decode ? decode_ws_.get() : prefill_ws_.get();
       mp.workspace_bytes = b.decode ? decode_ws_.bytes() : prefill_ws_.bytes();
       RETURN_IF_ERROR(RunMlaDecode(mp));

@@ -25,7 +25,7 @@ absl::Status MlaLayerStack::InitIndexer() {
   index_rope_ = rope_;
   index_rope_.layout = RopeLayout::kHalves;  // transformers' DeepseekV32Indexer rotates halves
   if (c.kv_lora_rank != mla::kLatentDim || c.qk_rope_head_dim != mla::kRopeDim ||
-      ctx_.options.mla_kernel != MlaKernel::kAuto) {
+      ctx_.options.mla_kernel == MlaKernel::kGeneric) {
     return absl::OkStatus();
   }
   sparse_fast_ = true;

@@ -66,7 +66,7 @@ absl::Status V4LayerStack::Init() {
     RETURN_IF_ERROR(index_.Init(ctx_, std::max(ctx_.max_model_len / c.v4.compress_rate_csa, 1)));
   }
   fast_ = static_cast<int>(d) == mla::kLatentDim && c.qk_rope_head_dim == mla::kRopeDim &&
-          ctx_.options.mla_kernel == MlaKernel::kAuto;
+          ctx_.options.mla_kernel != MlaKernel::kGeneric;
   if (fast_) {
     constexpr int kRow = mla::kLatentDim + mla::kRopeDim;
     int most = 0;  // entries a token attends to, at most
