@@ -1,5 +1,9 @@
 #include "common/rpc/internal_plane.h"
 
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
+#include <grpcpp/security/tls_credentials_options.h>
+
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -11,12 +15,12 @@
 namespace moesh {
 namespace {
 
+namespace tls = grpc::experimental;
+
 struct Plane {
   absl::Mutex mu;
-  bool tls ABSL_GUARDED_BY(mu) = false;
-  std::string cert_pem ABSL_GUARDED_BY(mu);
-  std::string key_pem ABSL_GUARDED_BY(mu);
-  std::string ca_pem ABSL_GUARDED_BY(mu);
+  // The certificates every credential of the plane watches; null: plaintext.
+  std::shared_ptr<tls::CertificateProviderInterface> certs ABSL_GUARDED_BY(mu);
   int max_receive_message_mb ABSL_GUARDED_BY(mu) = kDefaultMaxReceiveMessageMb;
 };
 
@@ -57,18 +61,27 @@ absl::Status ConfigureInternalPlane(const TlsFiles& files, int max_receive_messa
         absl::StrCat("the largest message to receive must lie in [1, ", kMaxReceiveMessageMbLimit,
                      "] MiB, got ", max_receive_message_mb));
   }
-  std::string cert, key, ca;
+  if (files.reload_s < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_reload_s must be >= 0, got ", files.reload_s));
+  }
+  std::shared_ptr<tls::CertificateProviderInterface> certs;
   if (files.enabled()) {
-    ASSIGN_OR_RETURN(cert, ReadPem(files.cert, "tls_cert"));
-    ASSIGN_OR_RETURN(key, ReadPem(files.key, "tls_key"));
-    ASSIGN_OR_RETURN(ca, ReadPem(files.ca, "tls_ca"));
+    // Read once here so that a missing or malformed file fails the start.
+    ASSIGN_OR_RETURN(std::string cert, ReadPem(files.cert, "tls_cert"));
+    ASSIGN_OR_RETURN(std::string key, ReadPem(files.key, "tls_key"));
+    ASSIGN_OR_RETURN(std::string ca, ReadPem(files.ca, "tls_ca"));
+    if (files.reload_s > 0) {
+      certs = std::make_shared<tls::FileWatcherCertificateProvider>(files.key, files.cert, files.ca,
+                                                                    files.reload_s);
+    } else {
+      certs = std::make_shared<tls::StaticDataCertificateProvider>(
+          ca, std::vector<tls::IdentityKeyCertPair>{{key, cert}});
+    }
   }
   Plane& p = ThePlane();
   absl::MutexLock lock(&p.mu);
-  p.tls = files.enabled();
-  p.cert_pem = std::move(cert);
-  p.key_pem = std::move(key);
-  p.ca_pem = std::move(ca);
+  p.certs = std::move(certs);
   p.max_receive_message_mb = max_receive_message_mb;
   return absl::OkStatus();
 }
@@ -76,30 +89,32 @@ absl::Status ConfigureInternalPlane(const TlsFiles& files, int max_receive_messa
 bool InternalTlsEnabled() {
   Plane& p = ThePlane();
   absl::MutexLock lock(&p.mu);
-  return p.tls;
+  return p.certs != nullptr;
 }
 
 std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials() {
   Plane& p = ThePlane();
   absl::MutexLock lock(&p.mu);
-  if (!p.tls) return grpc::InsecureServerCredentials();
-  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_root_certs = p.ca_pem;
-  ssl.pem_key_cert_pairs.push_back({p.key_pem, p.cert_pem});
-  return grpc::SslServerCredentials(ssl);
+  if (p.certs == nullptr) return grpc::InsecureServerCredentials();
+  tls::TlsServerCredentialsOptions options(p.certs);
+  options.watch_root_certs();
+  options.watch_identity_key_cert_pairs();
+  options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  return tls::TlsServerCredentials(options);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> PublicServerCredentials(bool tls) {
   Plane& p = ThePlane();
   absl::MutexLock lock(&p.mu);
   if (!tls) return grpc::InsecureServerCredentials();
-  if (!p.tls) {
+  if (p.certs == nullptr) {
     return absl::FailedPreconditionError(
         "TLS on the public port needs a certificate: set --tls_cert, --tls_key and --tls_ca");
   }
-  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  ssl.pem_key_cert_pairs.push_back({p.key_pem, p.cert_pem});
-  return grpc::SslServerCredentials(ssl);
+  tls::TlsServerCredentialsOptions options(p.certs);
+  options.watch_identity_key_cert_pairs();
+  options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  return tls::TlsServerCredentials(options);
 }
 
 grpc::ChannelArguments InternalChannelArgs() {
@@ -108,7 +123,7 @@ grpc::ChannelArguments InternalChannelArgs() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(p.max_receive_message_mb << 20);
   args.SetMaxSendMessageSize(std::numeric_limits<int>::max());
-  if (p.tls) args.SetSslTargetNameOverride(kInternalTlsServerName);
+  if (p.certs != nullptr) args.SetSslTargetNameOverride(kInternalTlsServerName);
   return args;
 }
 
@@ -117,12 +132,15 @@ std::shared_ptr<grpc::Channel> CreateInternalChannel(const std::string& address)
   {
     Plane& p = ThePlane();
     absl::MutexLock lock(&p.mu);
-    if (p.tls) {
-      grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = p.ca_pem;
-      ssl.pem_private_key = p.key_pem;
-      ssl.pem_cert_chain = p.cert_pem;
-      credentials = grpc::SslCredentials(ssl);
+    if (p.certs != nullptr) {
+      tls::TlsChannelCredentialsOptions options;
+      options.set_certificate_provider(p.certs);
+      options.watch_root_certs();
+      options.watch_identity_key_cert_pairs();
+      // The server's certificate must name kInternalTlsServerName (the
+      // target name override of InternalChannelArgs).
+      options.set_certificate_verifier(std::make_shared<tls::HostNameCertificateVerifier>());
+      credentials = tls::TlsCredentials(options);
     } else {
       credentials = grpc::InsecureChannelCredentials();
     }

@@ -36,6 +36,9 @@ struct TlsFiles {
   std::string cert;  // this process's certificate (chain), server and client
   std::string key;   // its private key
   std::string ca;    // the CA peers' certificates must be signed by
+  // The files are read again every reload_s seconds (a rotated certificate
+  // or CA takes effect on the next handshake, no restart); 0: read once.
+  int reload_s = 60;
   bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
 
@@ -43,8 +46,9 @@ struct TlsFiles {
 // (`flag_prefix` names them in the message: "--tls_").
 absl::Status ValidateTlsFiles(const TlsFiles& files, const std::string& flag_prefix);
 
-// Reads the certificate files (NOT_FOUND / INVALID_ARGUMENT naming the file)
-// and sets the plane's message limit: channels receive messages up to
+// Reads the certificate files (NOT_FOUND / INVALID_ARGUMENT naming the file;
+// later re-reads that fail keep the last good ones, logged by gRPC) and sets
+// the plane's message limit: channels receive messages up to
 // `max_receive_message_mb` MiB, as the service's listeners do.
 // REQUIRES: 1 <= max_receive_message_mb <= kMaxReceiveMessageMbLimit.
 absl::Status ConfigureInternalPlane(const TlsFiles& files, int max_receive_message_mb);

@@ -21,6 +21,7 @@ void AppendArgs(const ServerOptions& o, std::vector<std::string>* args) {
   AddFlag(args, "tls_cert", o.tls.cert, d.tls.cert);
   AddFlag(args, "tls_key", o.tls.key, d.tls.key);
   AddFlag(args, "tls_ca", o.tls.ca, d.tls.ca);
+  AddFlag(args, "tls_reload_s", o.tls.reload_s, d.tls.reload_s);
 }
 
 void AppendArgs(const WorkerOptions& o, std::vector<std::string>* args) {

@@ -34,6 +34,10 @@ ABSL_FLAG(std::string, tls_key, moesh::ServerOptions().tls.key, "PEM private key
 ABSL_FLAG(std::string, tls_ca, moesh::ServerOptions().tls.ca,
           "PEM CA certificate(s): peers on the internal plane must present a certificate it "
           "signed; others are refused.");
+ABSL_FLAG(int, tls_reload_s, moesh::ServerOptions().tls.reload_s,
+          "Read --tls_cert, --tls_key and --tls_ca again every this many seconds: a rotated "
+          "certificate or CA (e.g. a renewed Kubernetes secret) takes effect on the next "
+          "connection without a restart (0: read once at start).");
 
 namespace moesh {
 
@@ -58,6 +62,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   o.tls.key = absl::GetFlag(FLAGS_tls_key);
   o.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  o.tls.reload_s = absl::GetFlag(FLAGS_tls_reload_s);
   RETURN_IF_ERROR(ValidateTlsFiles(o.tls, "--tls_"));
   return o;
 }

@@ -105,7 +105,7 @@ void SetAll(ServerOptions* s) {
   s->metrics_listen = "";  // none
   s->max_receive_message_mb = 64;
   s->drain_timeout_s = 7;
-  s->tls = {"/certs/tls.crt", "/certs/tls.key", "/certs/ca.crt"};
+  s->tls = {"/certs/tls.crt", "/certs/tls.key", "/certs/ca.crt", 17};
 }
 
 void SetAll(WorkerOptions* w) {
