@@ -110,12 +110,10 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
     const char* name;
     MlaTileConfig config;
   };
-  const Tile tiles[] = {{"64x2", MlaTileConfig::kTokens64Stages2},
-                        {"32x4", MlaTileConfig::kTokens32Stages4},
-                        {"32x5", MlaTileConfig::kTokens32Stages5},
-                        {"32x2", MlaTileConfig::kTokens32Stages2},
-                        {"w64", MlaTileConfig::kHeads64Tokens64Stages2},
-                        {"auto", MlaTileConfig::kDefault}};
+  const Tile tiles[] = {
+      {"64x2", MlaTileConfig::kTokens64Stages2},       {"32x4", MlaTileConfig::kTokens32Stages4},
+      {"32x5", MlaTileConfig::kTokens32Stages5},       {"32x2", MlaTileConfig::kTokens32Stages2},
+      {"w64", MlaTileConfig::kHeads64Tokens64Stages2}, {"auto", MlaTileConfig::kDefault}};
   std::printf("(default tile: %s)\n",
               mla::kDefaultTile == MlaTileConfig::kTokens32Stages2 ? "32x2" : "other");
   struct Case {
