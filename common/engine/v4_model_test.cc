@@ -26,23 +26,9 @@ std::string GoldenDir(const std::string& name) {
   return JoinPath(JoinPath(MOESH_SOURCE_DIR, "tests/golden"), name);
 }
 
-class V4ModelTest : public ::testing::TestWithParam<std::string> {
+class V4ModelTest : public testing_util::ModelFixture {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(GoldenDir(GetParam()));
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    vocab_ = model_->config().vocab_size;
-  }
-  std::vector<float> Run(const std::vector<int32_t>& tokens, KvSequence* cache,
-                         LogitsFor which = LogitsFor::kLastToken) {
-    SequenceInput in{tokens, cache};
-    absl::StatusOr<std::vector<float>> l = model_->Forward(absl::MakeConstSpan(&in, 1), which);
-    EXPECT_TRUE(l.ok()) << l.status();
-    return l.ok() ? *l : std::vector<float>();
-  }
-  std::unique_ptr<Model> model_;
-  int vocab_ = 0;
+  void SetUp() override { LoadModel(GoldenDir(GetParam())); }
 };
 
 TEST_P(V4ModelTest, ConfigCoversEveryPath) {

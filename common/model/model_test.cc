@@ -32,23 +32,9 @@ std::string Checkpoint(const std::string& family) {
   return dir;
 }
 
-class ModelTest : public ::testing::TestWithParam<std::string> {
+class ModelTest : public testing_util::ModelFixture {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(Checkpoint(GetParam()));
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    vocab_ = model_->config().vocab_size;
-  }
-  std::vector<float> Run(const std::vector<int32_t>& tokens, SequenceKvCache* cache,
-                         LogitsFor which = LogitsFor::kLastToken) {
-    SequenceInput in{tokens, cache};
-    absl::StatusOr<std::vector<float>> l = model_->Forward(absl::MakeConstSpan(&in, 1), which);
-    EXPECT_TRUE(l.ok()) << l.status();
-    return l.ok() ? *l : std::vector<float>();
-  }
-  std::unique_ptr<Model> model_;
-  int vocab_ = 0;
+  void SetUp() override { LoadModel(Checkpoint(GetParam())); }
 };
 
 TEST_P(ModelTest, CachedDecodingEqualsRecomputation) {
