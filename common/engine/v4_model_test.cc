@@ -111,42 +111,8 @@ TEST_P(V4ModelTest, BatchEqualsSequencesAlone) {
   }
 }
 
-// Two shards of half the experts each, summed, as expert workers would.
-class TwoShardClient : public ExpertClient {
- public:
-  TwoShardClient(std::unique_ptr<ExpertStage> a, std::unique_ptr<ExpertStage> b)
-      : a_(std::move(a)), b_(std::move(b)) {}
-  absl::Status Run(const MoeDispatch& d, float* out) override {
-    std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
-    if (absl::Status s = a_->Accumulate(d, out); !s.ok()) return s;
-    return b_->Accumulate(d, out);
-  }
-
- private:
-  std::unique_ptr<ExpertStage> a_, b_;
-};
-
 TEST_P(V4ModelTest, ShardedExpertsEqualLocal) {
-  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(GoldenDir(GetParam()));
-  ASSERT_TRUE(ckpt.ok());
-  const ModelConfig& c = model_->config();
-  std::set<int> even, odd;
-  for (int e = 0; e < c.n_routed_experts; ++e) (e % 2 ? odd : even).insert(e);
-  auto load = [&](const std::set<int>& ids) {
-    absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w =
-        ExpertShardWeights::Load(c, **ckpt, ids);
-    EXPECT_TRUE(w.ok()) << w.status();
-    return std::make_unique<ExpertStage>(c, std::move(*w));
-  };
-  TwoShardClient sharded(load(even), load(odd));
-  const std::vector<int32_t> tokens = Tokens(30, vocab_, 8);
-  SequenceKvCache c1 = model_->NewCache(), c2 = model_->NewCache();
-  SequenceInput in1{tokens, &c1}, in2{tokens, &c2};
-  absl::StatusOr<std::vector<float>> local = model_->Forward(absl::MakeConstSpan(&in1, 1));
-  absl::StatusOr<std::vector<float>> split =
-      model_->attention().Forward(absl::MakeConstSpan(&in2, 1), &sharded);
-  ASSERT_TRUE(local.ok() && split.ok());
-  EXPECT_LE(MaxAbsDiff(local->data(), split->data(), vocab_), 1e-5f);
+  ExpectShardedExpertsEqualLocal(GoldenDir(GetParam()), 30);
 }
 
 INSTANTIATE_TEST_SUITE_P(Goldens, V4ModelTest, ::testing::Values("v4", "v4_legacy"));
