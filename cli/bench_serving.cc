@@ -10,7 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -69,13 +71,20 @@ struct LoadControl {
   std::atomic<int64_t> tokens{0};
 };
 
-// Every request samples with `sampling` (seeded per request when it is not
-// greedy, so runs repeat).
-LoadResult RunLoad(const std::string& server, int concurrency, int requests, int prompt_len,
-                   int max_new, int vocab, const v1::SamplingParams& sampling,
-                   LoadControl* control = nullptr) {
-  if (control != nullptr) requests = std::numeric_limits<int>::max();
-  auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
+// A prompt of `len` random token ids in [2, vocab).
+std::vector<int> RandomPrompt(std::mt19937& rng, int len, int vocab) {
+  std::vector<int> prompt(len);
+  for (int& t : prompt) t = 2 + static_cast<int>(rng() % (vocab - 2));
+  return prompt;
+}
+
+// The closed loop of RunLoad and RunHttpLoad: `concurrency` threads take
+// request numbers i in [0, requests) (until control->stop, with a control),
+// each sends request i with send(thread, i, rng) (rng seeded per thread) and
+// the records are tallied.
+LoadResult RunClosedLoop(
+    int concurrency, int requests, const LoadControl* control,
+    const std::function<RequestRecord(int thread, int i, std::mt19937& rng)>& send) {
   std::atomic<int> next{0};
   std::mutex mu;
   LoadResult out;
@@ -83,20 +92,9 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
   std::vector<std::thread> threads;
   for (int c = 0; c < concurrency; ++c) {
     threads.emplace_back([&, c] {
-      auto stub = v1::Generation::NewStub(channel);
       std::mt19937 rng(1000 + c);
       for (int i = next++; i < requests && (control == nullptr || !control->stop); i = next++) {
-        v1::GenerateRequest req;
-        for (int t = 0; t < prompt_len; ++t)
-          req.mutable_token_ids()->add_ids(2 + static_cast<int>(rng() % (vocab - 2)));
-        *req.mutable_sampling() = sampling;
-        if (sampling.temperature() > 0)
-          req.mutable_sampling()->set_seed(static_cast<uint64_t>(i) + 1);
-        req.mutable_stop()->set_max_new_tokens(max_new);
-        req.mutable_stop()->set_ignore_eos(true);
-        RequestRecord r = StreamGenerate(stub.get(), req, std::chrono::minutes(10), [&](int n) {
-          if (control != nullptr) control->tokens += n;
-        });
+        const RequestRecord r = send(c, i, rng);
         std::lock_guard<std::mutex> lock(mu);
         if (r.code != grpc::StatusCode::OK) {
           ++out.failed;
@@ -116,113 +114,118 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
   return out;
 }
 
-// RunLoad's load through the router's OpenAI-compatible HTTP API at
-// `http_address` (host:port, IPv4; streamed /v1/completions, usage included):
-// the time to the first SSE chunk, the gaps between chunks (a chunk per
-// detokenized text delta), the output tokens from the usage.
-LoadResult RunHttpLoad(const std::string& http_address, int concurrency, int requests,
-                       int prompt_len, int max_new, int vocab, const v1::SamplingParams& sampling) {
+// Every request samples with `sampling` (seeded per request when it is not
+// greedy, so runs repeat).
+LoadResult RunLoad(const std::string& server, int concurrency, int requests, int prompt_len,
+                   int max_new, int vocab, const v1::SamplingParams& sampling,
+                   LoadControl* control = nullptr) {
+  if (control != nullptr) requests = std::numeric_limits<int>::max();
+  auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
+  std::vector<std::unique_ptr<v1::Generation::Stub>> stubs;
+  for (int c = 0; c < concurrency; ++c) stubs.push_back(v1::Generation::NewStub(channel));
+  return RunClosedLoop(concurrency, requests, control, [&](int c, int i, std::mt19937& rng) {
+    v1::GenerateRequest req;
+    for (int t : RandomPrompt(rng, prompt_len, vocab)) req.mutable_token_ids()->add_ids(t);
+    *req.mutable_sampling() = sampling;
+    if (sampling.temperature() > 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(i) + 1);
+    req.mutable_stop()->set_max_new_tokens(max_new);
+    req.mutable_stop()->set_ignore_eos(true);
+    return StreamGenerate(stubs[c].get(), req, std::chrono::minutes(10), [&](int n) {
+      if (control != nullptr) control->tokens += n;
+    });
+  });
+}
+
+// One streamed /v1/completions request (`body`, JSON) to the router's HTTP
+// API at `http_address` (host:port, IPv4) over a plain socket, so that recv
+// returns each SSE chunk as it arrives: the time to the first chunk, the gaps
+// between chunks (a chunk per detokenized text delta), the output tokens from
+// the usage. A failure (or no usage) has a code other than OK.
+RequestRecord HttpCompletion(const std::string& http_address, const std::string& body) {
   const std::vector<std::string> hp = absl::StrSplit(http_address, ':');
   const std::string host = hp.empty() ? "" : hp[0];
   const int port = hp.size() > 1 ? std::atoi(hp[1].c_str()) : 0;
-  std::atomic<int> next{0};
-  std::mutex mu;
-  LoadResult out;
-  const auto start = Clock::now();
-  std::vector<std::thread> threads;
-  for (int c = 0; c < concurrency; ++c) {
-    threads.emplace_back([&, c] {
-      std::mt19937 rng(1000 + c);
-      for (int i = next++; i < requests; i = next++) {
-        nlohmann::json body = {{"max_tokens", max_new},
-                               {"ignore_eos", true},
-                               {"stream", true},
-                               {"stream_options", {{"include_usage", true}}},
-                               {"temperature", sampling.temperature()},
-                               {"top_p", sampling.top_p()},
-                               {"top_k", sampling.top_k()}};
-        std::vector<int> prompt;
-        for (int t = 0; t < prompt_len; ++t)
-          prompt.push_back(2 + static_cast<int>(rng() % (vocab - 2)));
-        body["prompt"] = prompt;
-        if (sampling.temperature() > 0) body["seed"] = i + 1;
-        const std::string text = body.dump();
-        const auto t0 = Clock::now();
-        std::string error;
-        std::vector<double> itl;
-        double ttft = -1;
-        int64_t tokens = 0;
-        // A plain socket: recv returns each SSE chunk as it arrives.
-        const int fd = socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in addr = {};
-        addr.sin_family = AF_INET;
-        addr.sin_port = htons(static_cast<uint16_t>(port));
-        inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
-        if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-          error = absl::StrCat("cannot connect to ", http_address);
-        } else {
-          const std::string request =
-              absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: ", http_address,
-                           "\r\nContent-Type: application/json\r\nContent-Length: ", text.size(),
-                           "\r\n\r\n", text);
-          if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-              static_cast<ssize_t>(request.size())) {
-            error = "send failed";
-          }
-          std::string buf;
-          bool head = true;
-          char chunk[4096];
-          auto last = t0;
-          ssize_t n;
-          while (error.empty() && (n = recv(fd, chunk, sizeof(chunk), 0)) > 0) {
-            buf.append(chunk, n);
-            if (head) {
-              const size_t end = buf.find("\r\n\r\n");
-              if (end == std::string::npos) continue;
-              if (buf.compare(0, 12, "HTTP/1.1 200") != 0) error = buf.substr(0, buf.find('\r'));
-              buf.erase(0, end + 4);
-              head = false;
-            }
-            for (size_t end; (end = buf.find("\n\n")) != std::string::npos; buf.erase(0, end + 2)) {
-              const std::string event = buf.substr(0, end);
-              if (event == "data: [DONE]" || event.rfind("data: ", 0) != 0) continue;
-              const nlohmann::json j = nlohmann::json::parse(event.substr(6), nullptr, false);
-              if (j.is_discarded() || j.contains("error")) {
-                error = event;
-                break;
-              }
-              if (j.contains("usage") && j["usage"].is_object()) {
-                tokens = j["usage"].value("completion_tokens", 0);
-              }
-              if (j["choices"].empty() || j["choices"][0]["finish_reason"].is_string()) continue;
-              const auto now = Clock::now();
-              if (ttft < 0) {
-                ttft = std::chrono::duration<double>(now - t0).count();
-              } else {
-                itl.push_back(std::chrono::duration<double>(now - last).count());
-              }
-              last = now;
-            }
-          }
-        }
-        if (fd >= 0) close(fd);
-        std::lock_guard<std::mutex> lock(mu);
-        if (!error.empty() || tokens == 0) {
-          ++out.failed;
-          if (out.first_error.empty()) out.first_error = error.empty() ? "no usage" : error;
-          continue;
-        }
-        ++out.ok;
-        out.output_tokens += tokens;
-        out.ttft.push_back(ttft);
-        out.itl.insert(out.itl.end(), itl.begin(), itl.end());
-        out.e2e.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  const auto t0 = Clock::now();
+  RequestRecord r;
+  std::string error;
+  double ttft = -1;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    error = absl::StrCat("cannot connect to ", http_address);
+  } else {
+    const std::string request = absl::StrCat(
+        "POST /v1/completions HTTP/1.1\r\nHost: ", http_address,
+        "\r\nContent-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(request.size())) {
+      error = "send failed";
+    }
+    std::string buf;
+    bool head = true;
+    char chunk[4096];
+    auto last = t0;
+    ssize_t n;
+    while (error.empty() && (n = recv(fd, chunk, sizeof(chunk), 0)) > 0) {
+      buf.append(chunk, n);
+      if (head) {
+        const size_t end = buf.find("\r\n\r\n");
+        if (end == std::string::npos) continue;
+        if (buf.compare(0, 12, "HTTP/1.1 200") != 0) error = buf.substr(0, buf.find('\r'));
+        buf.erase(0, end + 4);
+        head = false;
       }
-    });
+      for (size_t end; (end = buf.find("\n\n")) != std::string::npos; buf.erase(0, end + 2)) {
+        const std::string event = buf.substr(0, end);
+        if (event == "data: [DONE]" || event.rfind("data: ", 0) != 0) continue;
+        const nlohmann::json j = nlohmann::json::parse(event.substr(6), nullptr, false);
+        if (j.is_discarded() || j.contains("error")) {
+          error = event;
+          break;
+        }
+        if (j.contains("usage") && j["usage"].is_object()) {
+          r.output_tokens = j["usage"].value("completion_tokens", 0);
+        }
+        if (j["choices"].empty() || j["choices"][0]["finish_reason"].is_string()) continue;
+        const auto now = Clock::now();
+        if (ttft < 0) {
+          ttft = std::chrono::duration<double>(now - t0).count();
+        } else {
+          r.itl.push_back(std::chrono::duration<double>(now - last).count());
+        }
+        last = now;
+      }
+    }
   }
-  for (auto& t : threads) t.join();
-  out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return out;
+  if (fd >= 0) close(fd);
+  if (!error.empty() || r.output_tokens == 0) {
+    r.code = grpc::StatusCode::UNKNOWN;
+    r.error = error.empty() ? "no usage" : error;
+  }
+  r.ttft = ttft;
+  r.e2e = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+// RunLoad's load through the router's OpenAI-compatible HTTP API at
+// `http_address` (HttpCompletion, usage included).
+LoadResult RunHttpLoad(const std::string& http_address, int concurrency, int requests,
+                       int prompt_len, int max_new, int vocab, const v1::SamplingParams& sampling) {
+  return RunClosedLoop(concurrency, requests, nullptr, [&](int, int i, std::mt19937& rng) {
+    nlohmann::json body = {{"max_tokens", max_new},
+                           {"ignore_eos", true},
+                           {"stream", true},
+                           {"stream_options", {{"include_usage", true}}},
+                           {"temperature", sampling.temperature()},
+                           {"top_p", sampling.top_p()},
+                           {"top_k", sampling.top_k()}};
+    body["prompt"] = RandomPrompt(rng, prompt_len, vocab);
+    if (sampling.temperature() > 0) body["seed"] = i + 1;
+    return HttpCompletion(http_address, body.dump());
+  });
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,45 @@ inline double RelLogitErr(const float* a, const float* b, int n) {
   }
   return std::sqrt(num / std::max(den, 1e-300));
 }
+
+// Max |a - b| over max |b| (b: the reference).
+inline double RelMaxErr(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0.0, den = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return num / den;
+}
+
+// An expert stage's random input for MoE layer `layer`, drawn from `rng` in
+// this order: `tokens` rows of hidden states uniform in [-x_scale, x_scale),
+// top_k weights per token in [0, 1), top_k expert ids per token uniform in
+// [min_id, n_routed_experts) (-1: a slot no expert takes). `dispatch` points
+// into the vectors, so the input is neither copied nor moved.
+struct RandomMoeInput {
+  RandomMoeInput(const ModelConfig& c, int layer, int tokens, std::mt19937& rng, int min_id = 0,
+                 float x_scale = 1.0f)
+      : x(static_cast<size_t>(tokens) * c.hidden_size),
+        w(static_cast<size_t>(tokens) * c.num_experts_per_tok),
+        ids(w.size()) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> id(min_id, c.n_routed_experts - 1);
+    for (float& v : x) v = x_scale * u(rng);
+    for (float& v : w) v = 0.5f + 0.5f * u(rng);
+    for (int32_t& v : ids) v = id(rng);
+    dispatch.layer = layer, dispatch.num_tokens = tokens, dispatch.hidden = c.hidden_size;
+    dispatch.top_k = c.num_experts_per_tok;
+    dispatch.hidden_states = x.data(), dispatch.topk_ids = ids.data();
+    dispatch.topk_weights = w.data();
+  }
+  RandomMoeInput(const RandomMoeInput&) = delete;
+  RandomMoeInput& operator=(const RandomMoeInput&) = delete;
+
+  std::vector<float> x, w;
+  std::vector<int32_t> ids;
+  MoeDispatch dispatch;
+};
 
 // The CPU engine with its routing on record: the experts each layer's last
 // dispatch chose, per token.

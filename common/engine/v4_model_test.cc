@@ -26,23 +26,9 @@ std::string GoldenDir(const std::string& name) {
   return JoinPath(JoinPath(MOESH_SOURCE_DIR, "tests/golden"), name);
 }
 
-class V4ModelTest : public ::testing::TestWithParam<std::string> {
+class V4ModelTest : public testing_util::ModelFixture {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(GoldenDir(GetParam()));
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    vocab_ = model_->config().vocab_size;
-  }
-  std::vector<float> Run(const std::vector<int32_t>& tokens, KvSequence* cache,
-                         LogitsFor which = LogitsFor::kLastToken) {
-    SequenceInput in{tokens, cache};
-    absl::StatusOr<std::vector<float>> l = model_->Forward(absl::MakeConstSpan(&in, 1), which);
-    EXPECT_TRUE(l.ok()) << l.status();
-    return l.ok() ? *l : std::vector<float>();
-  }
-  std::unique_ptr<Model> model_;
-  int vocab_ = 0;
+  void SetUp() override { LoadModel(GoldenDir(GetParam())); }
 };
 
 TEST_P(V4ModelTest, ConfigCoversEveryPath) {
@@ -125,42 +111,8 @@ TEST_P(V4ModelTest, BatchEqualsSequencesAlone) {
   }
 }
 
-// Two shards of half the experts each, summed, as expert workers would.
-class TwoShardClient : public ExpertClient {
- public:
-  TwoShardClient(std::unique_ptr<ExpertStage> a, std::unique_ptr<ExpertStage> b)
-      : a_(std::move(a)), b_(std::move(b)) {}
-  absl::Status Run(const MoeDispatch& d, float* out) override {
-    std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
-    if (absl::Status s = a_->Accumulate(d, out); !s.ok()) return s;
-    return b_->Accumulate(d, out);
-  }
-
- private:
-  std::unique_ptr<ExpertStage> a_, b_;
-};
-
 TEST_P(V4ModelTest, ShardedExpertsEqualLocal) {
-  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(GoldenDir(GetParam()));
-  ASSERT_TRUE(ckpt.ok());
-  const ModelConfig& c = model_->config();
-  std::set<int> even, odd;
-  for (int e = 0; e < c.n_routed_experts; ++e) (e % 2 ? odd : even).insert(e);
-  auto load = [&](const std::set<int>& ids) {
-    absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w =
-        ExpertShardWeights::Load(c, **ckpt, ids);
-    EXPECT_TRUE(w.ok()) << w.status();
-    return std::make_unique<ExpertStage>(c, std::move(*w));
-  };
-  TwoShardClient sharded(load(even), load(odd));
-  const std::vector<int32_t> tokens = Tokens(30, vocab_, 8);
-  SequenceKvCache c1 = model_->NewCache(), c2 = model_->NewCache();
-  SequenceInput in1{tokens, &c1}, in2{tokens, &c2};
-  absl::StatusOr<std::vector<float>> local = model_->Forward(absl::MakeConstSpan(&in1, 1));
-  absl::StatusOr<std::vector<float>> split =
-      model_->attention().Forward(absl::MakeConstSpan(&in2, 1), &sharded);
-  ASSERT_TRUE(local.ok() && split.ok());
-  EXPECT_LE(MaxAbsDiff(local->data(), split->data(), vocab_), 1e-5f);
+  ExpectShardedExpertsEqualLocal(GoldenDir(GetParam()), 30);
 }
 
 INSTANTIATE_TEST_SUITE_P(Goldens, V4ModelTest, ::testing::Values("v4", "v4_legacy"));

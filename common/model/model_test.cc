@@ -32,23 +32,9 @@ std::string Checkpoint(const std::string& family) {
   return dir;
 }
 
-class ModelTest : public ::testing::TestWithParam<std::string> {
+class ModelTest : public testing_util::ModelFixture {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(Checkpoint(GetParam()));
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    vocab_ = model_->config().vocab_size;
-  }
-  std::vector<float> Run(const std::vector<int32_t>& tokens, SequenceKvCache* cache,
-                         LogitsFor which = LogitsFor::kLastToken) {
-    SequenceInput in{tokens, cache};
-    absl::StatusOr<std::vector<float>> l = model_->Forward(absl::MakeConstSpan(&in, 1), which);
-    EXPECT_TRUE(l.ok()) << l.status();
-    return l.ok() ? *l : std::vector<float>();
-  }
-  std::unique_ptr<Model> model_;
-  int vocab_ = 0;
+  void SetUp() override { LoadModel(Checkpoint(GetParam())); }
 };
 
 TEST_P(ModelTest, CachedDecodingEqualsRecomputation) {
@@ -115,44 +101,8 @@ TEST_P(ModelTest, BatchEqualsSequencesAlone) {
   }
 }
 
-// Two shards of half the experts each, summed, give the local client's result.
-class TwoShardClient : public ExpertClient {
- public:
-  TwoShardClient(std::unique_ptr<ExpertStage> a, std::unique_ptr<ExpertStage> b)
-      : a_(std::move(a)), b_(std::move(b)) {}
-  absl::Status Run(const MoeDispatch& d, float* out) override {
-    std::fill(out, out + static_cast<size_t>(d.num_tokens) * d.hidden, 0.0f);
-    if (absl::Status s = a_->Accumulate(d, out); !s.ok()) return s;
-    return b_->Accumulate(d, out);
-  }
-
- private:
-  std::unique_ptr<ExpertStage> a_, b_;
-};
-
 TEST_P(ModelTest, ShardedExpertsEqualLocal) {
-  const std::string dir = Checkpoint(GetParam());
-  absl::StatusOr<std::unique_ptr<::moesh::Checkpoint>> ckpt = ::moesh::Checkpoint::Open(dir);
-  ASSERT_TRUE(ckpt.ok());
-  const ModelConfig& c = model_->config();
-  std::set<int> even, odd;
-  for (int e = 0; e < c.n_routed_experts; ++e) (e % 2 ? odd : even).insert(e);
-  auto load = [&](const std::set<int>& ids) {
-    absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w =
-        ExpertShardWeights::Load(c, **ckpt, ids);
-    EXPECT_TRUE(w.ok());
-    EXPECT_EQ((*w)->layers.begin()->second.size(), ids.size());  // only the shard's experts
-    return std::make_unique<ExpertStage>(c, std::move(*w));
-  };
-  TwoShardClient sharded(load(even), load(odd));
-  const std::vector<int32_t> tokens = RandomTokens(12, vocab_, 8);
-  SequenceKvCache c1 = model_->NewCache(), c2 = model_->NewCache();
-  SequenceInput in1{tokens, &c1}, in2{tokens, &c2};
-  absl::StatusOr<std::vector<float>> local = model_->Forward(absl::MakeConstSpan(&in1, 1));
-  absl::StatusOr<std::vector<float>> split =
-      model_->attention().Forward(absl::MakeConstSpan(&in2, 1), &sharded);
-  ASSERT_TRUE(local.ok() && split.ok());
-  EXPECT_LE(MaxAbsDiff(local->data(), split->data(), vocab_), 1e-5f);
+  ExpectShardedExpertsEqualLocal(Checkpoint(GetParam()), 12);
 }
 
 TEST_P(ModelTest, RejectsBadInputs) {

@@ -12,12 +12,13 @@ directory outside the repository (not into the repository):
     drives the router's HTTP API with.
 
 Cache: $MOESH_TOOLS_DIR, else $XDG_CACHE_HOME/moesh-deploy-tools, else
-~/.cache/moesh-deploy-tools. Versions are pinned below.
+~/.cache/moesh-deploy-tools (the user's home, also under `bazel test`). Versions are pinned below.
 
 usage: deploy_tools.py helm|node     prints the path of helm / of the node tools directory
 """
 import fcntl
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -30,9 +31,19 @@ NODE_PACKAGES = ["typescript@5.9.3", "kubernetes-types@1.30.0", "@kubernetes-mod
                  "@grafana/schema@13.2.3", "openai@6.30.1"]
 
 
+def home():
+    """$HOME, except under `bazel test`, which sets HOME to the test's own
+    $TEST_TMPDIR: there the user's home from the password database, so that
+    Bazel's tests share the cache (and npm's) with ctest's and with each other."""
+    h = os.environ.get("HOME")
+    if not h or h == os.environ.get("TEST_TMPDIR"):
+        h = pwd.getpwuid(os.getuid()).pw_dir
+    return h
+
+
 def cache_dir():
     d = os.environ.get("MOESH_TOOLS_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "moesh-deploy-tools")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache"), "moesh-deploy-tools")
     os.makedirs(d, exist_ok=True)
     return d
 

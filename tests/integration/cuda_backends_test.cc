@@ -26,6 +26,7 @@
 #include "base/status.h"
 #include "common/backend/backends.h"
 #include "common/cuda_backend/cuda_expert_stage.h"
+#include "common/cuda_backend/model_test_util.h"
 #include "common/engine/attention_backend.h"
 #include "common/engine/generate.h"
 #include "common/engine/sampler.h"
@@ -43,6 +44,9 @@
 namespace moesh::cuda {
 namespace {
 
+using testing::RandomMoeInput;
+using testing::RelMaxErr;
+
 const std::string kGoldenV3 = testing::GoldenDir("v3");
 
 struct Loaded {
@@ -56,16 +60,6 @@ absl::StatusOr<Loaded> Open(const std::string& dir) {
   ASSIGN_OR_RETURN(l.ckpt, Checkpoint::Open(dir));
   RETURN_IF_ERROR(ValidateCheckpoint(l.config, *l.ckpt));
   return l;
-}
-
-// Max |a - b| over max |b|.
-double RelMaxErr(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0.0, den = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return num / den;
 }
 
 TEST(CudaExpertStageTest, MatchesCpuStageOnItsShardAndAfterAddShard) {
@@ -84,19 +78,11 @@ TEST(CudaExpertStageTest, MatchesCpuStageOnItsShardAndAfterAddShard) {
   const int layer = c.first_k_dense_replace;  // the first MoE layer
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> id(-1, c.n_routed_experts - 1);
   auto check = [&](int tokens) {
-    const int k = c.num_experts_per_tok, h = c.hidden_size;
-    std::vector<float> x(static_cast<size_t>(tokens) * h), w(static_cast<size_t>(tokens) * k);
-    std::vector<int32_t> ids(static_cast<size_t>(tokens) * k);
-    for (float& v : x) v = u(rng);
-    for (float& v : w) v = 0.5f + 0.5f * u(rng);
-    for (int32_t& v : ids) v = id(rng);
-    MoeDispatch d;
-    d.layer = layer, d.num_tokens = tokens, d.hidden = h, d.top_k = k;
-    d.hidden_states = x.data(), d.topk_ids = ids.data(), d.topk_weights = w.data();
+    const RandomMoeInput in(c, layer, tokens, rng, /*min_id=*/-1);
+    const MoeDispatch& d = in.dispatch;
     // Accumulate adds: start both from the same non-zero contents.
-    std::vector<float> want(x.size()), got(x.size());
+    std::vector<float> want(in.x.size()), got(in.x.size());
     for (size_t i = 0; i < want.size(); ++i) want[i] = got[i] = 0.25f * u(rng);
     const std::vector<float> before = want;
     ASSERT_TRUE(cpu.Accumulate(d, want.data()).ok());
@@ -165,20 +151,12 @@ TEST_P(NewFamiliesExpertStageTest, MatchesCpuStage) {
   int layer = 0;
   while (!cpu.IsMoeLayer(layer)) ++layer;
   std::mt19937 rng(11);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> id(0, c.n_routed_experts - 1);
-  const int k = c.num_experts_per_tok, h = c.hidden_size;
   for (int tokens : {1, 7, 64}) {
-    std::vector<float> x(static_cast<size_t>(tokens) * h), w(static_cast<size_t>(tokens) * k);
-    std::vector<int32_t> ids(static_cast<size_t>(tokens) * k);
-    for (float& v : x)
-      v = 4.0f * u(rng);  // large enough that the experts' activations reach the clamp
-    for (float& v : w) v = 0.5f + 0.5f * u(rng);
-    for (int32_t& v : ids) v = id(rng);
-    MoeDispatch d;
-    d.layer = layer, d.num_tokens = tokens, d.hidden = h, d.top_k = k;
-    d.hidden_states = x.data(), d.topk_ids = ids.data(), d.topk_weights = w.data();
-    std::vector<float> want(x.size(), 0.0f), got(x.size(), 0.0f), raw(x.size(), 0.0f);
+    // Hidden states large enough that the experts' activations reach the clamp.
+    const RandomMoeInput in(c, layer, tokens, rng, /*min_id=*/0, /*x_scale=*/4.0f);
+    const MoeDispatch& d = in.dispatch;
+    const size_t n = in.x.size();
+    std::vector<float> want(n, 0.0f), got(n, 0.0f), raw(n, 0.0f);
     MOESH_ASSERT_OK(cpu.Accumulate(d, want.data()));
     MOESH_ASSERT_OK(unclamped.Accumulate(d, raw.data()));
     MOESH_ASSERT_OK(gpu->Accumulate(d, got.data()));
