@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,10 @@ struct TokenChunk {
   double queue_seconds = 0;  // on the first chunk: time queued before prefill
   std::vector<int32_t> ids;
   std::vector<std::vector<TokenLogprob>> logprobs;  // per id, iff requested
+  // Per id iff sampling.wants_logprob(): its own log-probability.
+  std::vector<float> token_logprobs;
+  // On the first chunk iff sampling.prompt_logprobs >= 0.
+  std::optional<PromptLogprobs> prompt_logprobs;
 };
 
 // Returns false to stop generation early (e.g. a stop string matched).
