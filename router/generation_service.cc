@@ -16,8 +16,6 @@ namespace moesh {
 namespace {
 
 constexpr int kMaxTopLogprobs = 20;
-// GenerateRequest.n: sibling generations of one prompt.
-constexpr int kMaxChoices = 16;
 // A text prompt longer than this many bytes per token of the context limit
 // cannot fit it (tokenizers' tokens average ~4 bytes; 16 leaves room for
 // long merges and multi-byte scripts): refused before tokenizing, which

@@ -7,6 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "common/serving/generation_flow.h"
 
 namespace moesh {
 namespace {
@@ -258,11 +259,9 @@ absl::Status ParseSampling(const Json& j, OpenAiRequest* r) {
     // echo with logprobs: the prompt's tokens' too, from the prefill pass.
     if (r->echo && r->logprobs) s->set_prompt_logprobs(r->top_logprobs);
   }
-  // n: sibling choices; the generation service holds the limit
-  // (GenerateRequest.n: a value beyond it is its INVALID_ARGUMENT), this
-  // bound only keeps the answer's bookkeeping small before it is checked.
+  // n: sibling choices, within GenerateRequest.n's limit.
   i.reset();
-  RETURN_IF_ERROR(f.Int("n", 1, 128, &i));
+  RETURN_IF_ERROR(f.Int("n", 1, kMaxChoices, &i));
   r->n = i ? static_cast<int>(*i) : 1;
   r->generate.set_n(r->n);
   return absl::OkStatus();

@@ -34,6 +34,9 @@ namespace moesh {
 
 // A request id's bound: it is echoed in every message about the request.
 constexpr size_t kMaxRequestIdBytes = 256;
+// Sibling generations (choices) of one prompt a request may ask for
+// (GenerateRequest.n).
+constexpr int kMaxChoices = 16;
 // INVALID_ARGUMENT "request_id is N bytes; the limit is 256" over the bound
 // (or "request_id is empty" when `allow_empty` is false: the workers need one).
 absl::Status CheckRequestId(absl::string_view id, bool allow_empty = false);
