@@ -1,8 +1,11 @@
 // moesh complete: a streaming client of the public Generation API.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +28,16 @@ ABSL_FLAG(std::string, api_key, "",
 ABSL_FLAG(std::string, request_id, "", "The request's id (default: the router picks one).");
 
 namespace moesh::cli {
+namespace {
+
+// [{"id", "logprob"}] of one position's candidates.
+nlohmann::json CandidatesJson(const v1::TopLogprobs& top) {
+  nlohmann::json row = nlohmann::json::array();
+  for (const auto& c : top.candidates()) row.push_back({{"id", c.id()}, {"logprob", c.logprob()}});
+  return row;
+}
+
+}  // namespace
 
 absl::Status RunComplete() {
   const std::string server = absl::GetFlag(FLAGS_server);
@@ -44,6 +57,8 @@ absl::Status RunComplete() {
   }
   // The CLI defaults to greedy, as `moesh generate` does.
   SamplingToProto(SamplingFromFlags(), req.mutable_sampling());
+  ASSIGN_OR_RETURN(const int n, NFlag());
+  req.set_n(n);
   v1::StopConditions* stop = req.mutable_stop();
   if (const std::optional<int> n = absl::GetFlag(FLAGS_max_new_tokens)) {
     stop->set_max_new_tokens(*n);
@@ -66,40 +81,65 @@ absl::Status RunComplete() {
   auto reader = stub->Generate(&ctx, req);
   const bool json = absl::GetFlag(FLAGS_json);
   v1::GenerateResponse m;
-  nlohmann::json out = {{"output_ids", nlohmann::json::array()},
-                        {"top_logprobs", nlohmann::json::array()}};
-  std::string text;
-  v1::FinalInfo fin;
+  // Per choice (GenerateResponse.index; one unless --n).
+  std::vector<nlohmann::json> outs(
+      n, {{"output_ids", nlohmann::json::array()}, {"top_logprobs", nlohmann::json::array()}});
+  std::vector<std::string> texts(n);
+  std::vector<v1::FinalInfo> fins(n);
   while (reader->Read(&m)) {
+    const int i = std::clamp(m.index(), 0, n - 1);
+    nlohmann::json& out = outs[i];
     for (int32_t t : m.token_ids()) out["output_ids"].push_back(t);
-    for (const auto& lp : m.logprobs()) {
-      nlohmann::json row = nlohmann::json::array();
-      for (const auto& c : lp.candidates())
-        row.push_back({{"id", c.id()}, {"logprob", c.logprob()}});
-      out["top_logprobs"].push_back(row);
+    for (const auto& lp : m.logprobs()) out["top_logprobs"].push_back(CandidatesJson(lp));
+    for (float lp : m.token_logprobs()) out["logprobs"].push_back(lp);
+    if (m.has_prompt_logprobs()) {
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& row : m.prompt_logprobs().top()) top.push_back(CandidatesJson(row));
+      out["prompt_logprobs"] = {
+          {"logprobs", std::vector<float>(m.prompt_logprobs().logprobs().begin(),
+                                          m.prompt_logprobs().logprobs().end())},
+          {"top_logprobs", top}};
+      if (!json) {
+        std::cout << "[prompt logprobs (of tokens 1..):";
+        for (float lp : m.prompt_logprobs().logprobs()) std::cout << " " << lp;
+        std::cout << "]\n";
+      }
     }
-    text += m.text();
-    if (!json) {
+    texts[i] += m.text();
+    if (!json && n == 1) {  // streamed as it comes; n > 1: each choice at its end
       if (!m.text().empty()) {
         std::cout << m.text() << std::flush;
       } else if (req.prompt_case() == v1::GenerateRequest::kTokenIds) {
         for (int32_t t : m.token_ids()) std::cout << t << " " << std::flush;
       }
+      for (float lp : m.token_logprobs()) std::cout << "(" << lp << ") " << std::flush;
     }
-    if (m.has_final()) fin = m.final();
+    if (m.has_final()) fins[i] = m.final();
   }
   RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
-  const char* reason = fin.finish_reason() == v1::FINISH_REASON_STOP    ? "stop"
-                       : fin.finish_reason() == v1::FINISH_REASON_ABORT ? "abort"
-                                                                        : "length";
-  if (json) {
-    out["finish_reason"] = reason;
-    out["text"] = text;
-    out["usage"] = {{"prompt_tokens", fin.usage().prompt_tokens()},
-                    {"completion_tokens", fin.usage().completion_tokens()}};
-    out["time_to_first_token_seconds"] = fin.timings().time_to_first_token_seconds();
-    std::cout << out.dump() << std::endl;
-  } else {
+  for (int i = 0; i < n; ++i) {
+    const v1::FinalInfo& fin = fins[i];
+    const char* reason = fin.finish_reason() == v1::FINISH_REASON_STOP    ? "stop"
+                         : fin.finish_reason() == v1::FINISH_REASON_ABORT ? "abort"
+                                                                          : "length";
+    if (json) {  // one object per choice, a line each
+      nlohmann::json& out = outs[i];
+      if (n > 1) out["index"] = i;
+      out["finish_reason"] = reason;
+      out["text"] = texts[i];
+      out["usage"] = {{"prompt_tokens", fin.usage().prompt_tokens()},
+                      {"completion_tokens", fin.usage().completion_tokens()}};
+      out["time_to_first_token_seconds"] = fin.timings().time_to_first_token_seconds();
+      std::cout << out.dump() << std::endl;
+      continue;
+    }
+    if (n > 1) {
+      std::cout << "choice " << i << ": " << texts[i];
+      if (texts[i].empty()) {
+        for (int32_t t : outs[i]["output_ids"]) std::cout << t << " ";
+      }
+      if (outs[i].contains("logprobs")) std::cout << " logprobs " << outs[i]["logprobs"].dump();
+    }
     std::cout << "\n[" << reason << ", " << fin.usage().completion_tokens() << " tokens, ttft "
               << fin.timings().time_to_first_token_seconds() * 1e3 << " ms]" << std::endl;
   }

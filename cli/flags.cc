@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/flags/flag.h"
@@ -26,6 +27,14 @@ ABSL_FLAG(double, top_p, 1.0,
           "Sample among the most likely tokens whose probabilities add up to this, in (0, 1].");
 ABSL_FLAG(double, min_p, 0.0, "Drop tokens less likely than this times the most likely one.");
 ABSL_FLAG(int, top_logprobs, 0, "Report the log-probabilities of the k most likely tokens a step.");
+ABSL_FLAG(std::optional<int>, logprobs, std::nullopt,
+          "Report each generated token's own log-probability (of the raw logits, before "
+          "penalties and temperature) and its K most likely alternatives (0: its own only).");
+ABSL_FLAG(std::optional<int>, prompt_logprobs, std::nullopt,
+          "Report every prompt token's log-probability given the tokens before it (a "
+          "teacher-forced evaluation), with its K most likely alternatives.");
+ABSL_FLAG(int, n, 1,
+          "Sibling generations of the prompt (seeds seed, seed+1, ... when --seed is given).");
 ABSL_FLAG(double, repetition_penalty, 1.0,
           "Penalty on the tokens of the prompt and the output so far (> 0; 1: off).");
 ABSL_FLAG(double, presence_penalty, 0.0,
@@ -85,11 +94,22 @@ SamplingParams SamplingFromFlags() {
   sp.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   sp.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
   sp.top_logprobs = absl::GetFlag(FLAGS_top_logprobs);
+  if (const std::optional<int> k = absl::GetFlag(FLAGS_logprobs)) {
+    sp.logprobs = true;
+    sp.top_logprobs = std::max(sp.top_logprobs, *k);
+  }
+  sp.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs).value_or(-1);
   sp.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
   sp.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
   sp.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
   sp.seed = absl::GetFlag(FLAGS_seed);
   return sp;
+}
+
+absl::StatusOr<int> NFlag() {
+  const int n = absl::GetFlag(FLAGS_n);
+  if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--n must be >= 1, got ", n));
+  return n;
 }
 
 std::string BinDirFlag() {

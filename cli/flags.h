@@ -33,8 +33,11 @@ absl::StatusOr<std::vector<int32_t>> PromptIdsFlag();
 // --stop_token_ids; empty when not given; as --prompt_ids.
 absl::StatusOr<std::vector<int32_t>> StopTokenIdsFlag();
 // The sampling flags (--temperature, --top_k, --top_p, --min_p, --seed,
-// --top_logprobs, the penalties); greedy by default.
+// --top_logprobs, --logprobs, --prompt_logprobs, the penalties); greedy by
+// default.
 SamplingParams SamplingFromFlags();
+// --n: sibling generations of the prompt; INVALID_ARGUMENT below 1.
+absl::StatusOr<int> NFlag();
 // --bin_dir, else the directory of this moesh binary (where the build and the
 // image put the service binaries).
 std::string BinDirFlag();

@@ -17,6 +17,20 @@
 #include "nlohmann/json.hpp"
 
 namespace moesh::cli {
+namespace {
+
+// --json's prompt_logprobs: {"logprobs": [...], "top_logprobs": [[{id, logprob}]]}.
+nlohmann::json PromptLogprobsJson(const PromptLogprobs& p) {
+  nlohmann::json top = nlohmann::json::array();
+  for (const auto& row : p.top) {
+    nlohmann::json r = nlohmann::json::array();
+    for (const TokenLogprob& t : row) r.push_back({{"id", t.id}, {"logprob", t.logprob}});
+    top.push_back(r);
+  }
+  return {{"logprobs", p.logprobs}, {"top_logprobs", top}};
+}
+
+}  // namespace
 
 absl::Status RunGenerate() {
   ASSIGN_OR_RETURN(const std::string dir, ModelFlag());
@@ -32,7 +46,11 @@ absl::Status RunGenerate() {
   // --device, --gpu_memory_utilization, --max_model_len
   // (common/service/device_flags.cc).
   ASSIGN_OR_RETURN(DeviceOptions device, DeviceOptionsFromFlags());
-  GenerationResult r;
+  ASSIGN_OR_RETURN(const int n, NFlag());
+  // --n: sibling generations, sibling i seeded seed + i (as the router's n).
+  std::vector<GenerationResult> results(n);
+  std::unique_ptr<AttentionBackend> backend;
+  std::unique_ptr<Model> model;
   if (IsCudaDevice(device.device)) {
     // One sequence: the whole model, experts included, on the device.
     device.max_num_seqs = 1;
@@ -43,37 +61,64 @@ absl::Status RunGenerate() {
     ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
     ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
     RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
-    ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> backend,
+    ASSIGN_OR_RETURN(backend,
                      MakeAttentionBackend(config, ckpt.get(), device, /*with_experts=*/true));
-    ASSIGN_OR_RETURN(r, Generate(backend.get(), nullptr, prompt, sp, stop));
   } else {
-    ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
-    ASSIGN_OR_RETURN(r, Generate(*model, prompt, sp, stop));
+    ASSIGN_OR_RETURN(model, Model::Load(dir));
+  }
+  for (int i = 0; i < n; ++i) {
+    SamplingParams spi = sp;
+    if (spi.seed.has_value()) *spi.seed += static_cast<uint64_t>(i);
+    if (backend != nullptr) {
+      ASSIGN_OR_RETURN(results[i], Generate(backend.get(), nullptr, prompt, spi, stop));
+    } else {
+      ASSIGN_OR_RETURN(results[i], Generate(*model, prompt, spi, stop));
+    }
   }
 
-  if (absl::GetFlag(FLAGS_json)) {
-    nlohmann::json j;
-    j["output_ids"] = r.output_ids;
-    nlohmann::json lps = nlohmann::json::array();
-    for (const auto& step : r.top_logprobs) {
-      nlohmann::json row = nlohmann::json::array();
-      for (const TokenLogprob& t : step) row.push_back({{"id", t.id}, {"logprob", t.logprob}});
-      lps.push_back(row);
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json)
+    std::cout << "prompt (" << prompt.size() << " tokens): " << absl::StrJoin(prompt, " ") << "\n";
+  for (int i = 0; i < n; ++i) {
+    const GenerationResult& r = results[i];
+    if (json) {  // one object per choice, a line each
+      nlohmann::json j;
+      if (n > 1) j["index"] = i;
+      j["output_ids"] = r.output_ids;
+      nlohmann::json lps = nlohmann::json::array();
+      for (const auto& step : r.top_logprobs) {
+        nlohmann::json row = nlohmann::json::array();
+        for (const TokenLogprob& t : step) row.push_back({{"id", t.id}, {"logprob", t.logprob}});
+        lps.push_back(row);
+      }
+      j["top_logprobs"] = lps;
+      if (sp.wants_logprob()) j["logprobs"] = r.logprobs;
+      if (sp.prompt_logprobs >= 0) j["prompt_logprobs"] = PromptLogprobsJson(r.prompt_logprobs);
+      j["finish_reason"] = FinishReasonName(r.finish_reason);
+      j["usage"] = {{"prompt_tokens", i == 0 ? r.prompt_tokens : 0},
+                    {"completion_tokens", r.output_ids.size()}};
+      std::cout << j.dump() << std::endl;
+      continue;
     }
-    j["top_logprobs"] = lps;
-    j["finish_reason"] = FinishReasonName(r.finish_reason);
-    j["usage"] = {{"prompt_tokens", r.prompt_tokens}, {"completion_tokens", r.output_ids.size()}};
-    std::cout << j.dump() << std::endl;
-    return absl::OkStatus();
-  }
-  std::cout << "prompt (" << prompt.size() << " tokens): " << absl::StrJoin(prompt, " ") << "\n";
-  std::cout << "output (" << r.output_ids.size() << " tokens): " << absl::StrJoin(r.output_ids, " ")
-            << "\n";
-  std::cout << "finish reason: " << FinishReasonName(r.finish_reason) << "\n";
-  for (size_t i = 0; i < r.top_logprobs.size(); ++i) {
-    std::cout << "  step " << i << ":";
-    for (const TokenLogprob& t : r.top_logprobs[i]) std::printf(" %d(%.4f)", t.id, t.logprob);
-    std::cout << "\n";
+    if (i == 0 && sp.prompt_logprobs >= 0) {
+      std::cout << "prompt logprobs (of tokens 1..):";
+      for (float lp : r.prompt_logprobs.logprobs) std::printf(" %.4f", lp);
+      std::cout << "\n";
+    }
+    if (n > 1) std::cout << "choice " << i << ":\n";
+    std::cout << "output (" << r.output_ids.size()
+              << " tokens): " << absl::StrJoin(r.output_ids, " ") << "\n";
+    std::cout << "finish reason: " << FinishReasonName(r.finish_reason) << "\n";
+    for (size_t k = 0; k < r.output_ids.size(); ++k) {
+      if (k >= r.logprobs.size() && k >= r.top_logprobs.size()) break;
+      std::cout << "  step " << k << ": " << r.output_ids[k];
+      if (k < r.logprobs.size()) std::printf(" logprob %.4f", r.logprobs[k]);
+      if (k < r.top_logprobs.size()) {
+        std::cout << " top:";
+        for (const TokenLogprob& t : r.top_logprobs[k]) std::printf(" %d(%.4f)", t.id, t.logprob);
+      }
+      std::cout << "\n";
+    }
   }
   return absl::OkStatus();
 }

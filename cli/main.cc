@@ -13,8 +13,9 @@ namespace {
 
 // The sampling flags generate and complete share (cli/flags.cc).
 std::vector<std::string> WithSampling(std::vector<std::string> flags) {
-  for (const char* f : {"temperature", "top_k", "top_p", "min_p", "seed", "top_logprobs",
-                        "repetition_penalty", "presence_penalty", "frequency_penalty"}) {
+  for (const char* f :
+       {"temperature", "top_k", "top_p", "min_p", "seed", "top_logprobs", "logprobs",
+        "prompt_logprobs", "n", "repetition_penalty", "presence_penalty", "frequency_penalty"}) {
     flags.push_back(f);
   }
   return flags;
@@ -114,8 +115,8 @@ std::string Usage() {
   for (const Command& c : Commands()) absl::StrAppend(&out, "  ", c.name, " ", c.synopsis, "\n");
   absl::StrAppend(&out,
                   "sampling flags: --temperature=T --top_k=K --top_p=P --min_p=P --seed=S\n"
-                  "  --top_logprobs=K --repetition_penalty=R --presence_penalty=P "
-                  "--frequency_penalty=F\n"
+                  "  --top_logprobs=K --logprobs=K --prompt_logprobs=K --n=N\n"
+                  "  --repetition_penalty=R --presence_penalty=P --frequency_penalty=F\n"
                   "`moesh <command> --help` describes its flags; flags are snake_case.\n");
   return out;
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -175,6 +177,18 @@ absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::Generate
   if (b.sampling.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be <= ", kMaxTopLogprobs));
   }
+  if (b.sampling.prompt_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be <= ", kMaxTopLogprobs));
+  }
+  if (r.n() < 0 || r.n() > kMaxChoices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n must lie in [1, ", kMaxChoices, "], got ", r.n()));
+  }
+  if (r.n() > 1 && r.request_id().size() + 3 > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id: with n > 1 at most ",
+                                                   kMaxRequestIdBytes - 3,
+                                                   " bytes (\"#<index>\" is added)"));
+  }
   const v1::StopConditions& stop = r.stop();
   if (stop.has_max_new_tokens()) {
     if (stop.max_new_tokens() < 1 || stop.max_new_tokens() > options_.max_new_tokens_limit) {
@@ -252,9 +266,8 @@ absl::Status GenerationService::Serve(const v1::GenerateRequest& request,
 absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const ResponseWriter& write,
                                         const std::shared_ptr<Control>& control,
                                         const std::function<bool()>& past_deadline) {
-  const v1::GenerateRequest* const request = &r;
   const auto arrival = std::chrono::steady_clock::now();
-  absl::StatusOr<GenerationRequest> b = Validate(*request);
+  absl::StatusOr<GenerationRequest> b = Validate(r);
   if (!b.ok()) return Fail(b.status());
   const std::atomic<bool>* const aborted = &control->aborted;
   {
@@ -263,26 +276,91 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
       return Fail(absl::UnavailableError(
           "the router is draining (shutting down): retry on another router"));
     }
-    b->request_id =
-        request->request_id().empty() ? absl::StrCat("req-", ++next_id_) : request->request_id();
+    b->request_id = r.request_id().empty() ? absl::StrCat("req-", ++next_id_) : r.request_id();
     if (!running_.emplace(b->request_id, control).second) {
       return Fail(absl::AlreadyExistsError(absl::StrCat("request ", b->request_id, " is running")));
     }
     if (running_gauge_ != nullptr) running_gauge_->Set(static_cast<double>(running_.size()));
   }
   if (prompt_tokens_ != nullptr) prompt_tokens_->Increment(static_cast<double>(b->prompt.size()));
+  // n siblings: each its own backend request, run side by side; their
+  // messages go out one at a time through `write`.
+  const int n = std::max(r.n(), 1);
+  absl::Mutex write_mu;
+  std::atomic<bool> client_gone{false};
+  const ResponseWriter locked_write = [&](const v1::GenerateResponse& m) {
+    absl::MutexLock lock(&write_mu);
+    if (client_gone.load()) return false;
+    if (!write(m)) client_gone = true;
+    return !client_gone.load();
+  };
+  std::vector<absl::Status> status(n);
+  std::vector<v1::FinishReason> reasons(n, v1::FINISH_REASON_UNSPECIFIED);
+  auto sibling = [&](int i) {
+    GenerationRequest req = *b;
+    if (n > 1) {
+      req.request_id = absl::StrCat(b->request_id, "#", i);
+      if (req.sampling.seed.has_value()) *req.sampling.seed += static_cast<uint64_t>(i);
+    }
+    status[i] = RunChoice(r, req, i, arrival, locked_write, *control, &client_gone, &reasons[i]);
+    // A failed sibling ends the request: the others stop too.
+    if (!status[i].ok() && status[i].code() != absl::StatusCode::kCancelled)
+      control->cancel.Cancel();
+  };
+  if (n == 1) {
+    sibling(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) threads.emplace_back(sibling, i);
+    for (std::thread& t : threads) t.join();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    running_.erase(b->request_id);
+    if (running_gauge_ != nullptr) running_gauge_->Set(static_cast<double>(running_.size()));
+  }
+  // The first real error; a cancellation only when every sibling's was one.
+  absl::Status s;
+  for (const absl::Status& si : status) {
+    if (!si.ok() && (s.ok() || s.code() == absl::StatusCode::kCancelled)) s = si;
+  }
+  if (!s.ok() && !(s.code() == absl::StatusCode::kCancelled && aborted->load())) {
+    if (past_deadline && past_deadline()) {
+      return Fail(absl::DeadlineExceededError("deadline exceeded"));
+    }
+    return Fail(s);
+  }
+  if (client_gone.load()) {  // its stream stopped at the failed write; nobody reads an answer
+    return Fail(absl::CancelledError("the client went away"));
+  }
+  if (success_ != nullptr) {
+    success_
+        ->Add({{"finish_reason",
+                absl::AsciiStrToLower(v1::FinishReason_Name(reasons[0]).substr(14))}})
+        .Increment();
+    e2e_->Observe(SecondsSince(arrival));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GenerationService::RunChoice(const v1::GenerateRequest& r, const GenerationRequest& b,
+                                          int index, std::chrono::steady_clock::time_point arrival,
+                                          const ResponseWriter& write, Control& control,
+                                          const std::atomic<bool>* client_gone,
+                                          v1::FinishReason* reason) {
+  const std::atomic<bool>* const aborted = &control.aborted;
+  // The client's id (the workers' is "<id>#<index>" when n > 1).
+  const std::string id = r.n() > 1 ? b.request_id.substr(0, b.request_id.rfind('#')) : b.request_id;
   auto last_token_time = arrival;
   const bool detok =
       codec_ != nullptr &&
-      (request->has_detokenize() ? request->detokenize()
-                                 : request->prompt_case() == v1::GenerateRequest::kText);
+      (r.has_detokenize() ? r.detokenize() : r.prompt_case() == v1::GenerateRequest::kText);
   std::unique_ptr<TextStream> text = detok ? codec_->NewStream() : nullptr;
-  StopStringMatcher stops(
-      {request->stop().stop_strings().begin(), request->stop().stop_strings().end()});
-  const bool has_stop_strings = request->stop().stop_strings_size() > 0;
+  StopStringMatcher stops({r.stop().stop_strings().begin(), r.stop().stop_strings().end()});
+  const bool has_stop_strings = r.stop().stop_strings_size() > 0;
   int completion = 0;
   double ttft = -1, queue_seconds = 0;
-  bool stopped = false, client_gone = false;
+  bool stopped = false, gone = false;
   std::string matched;
   int32_t last_token = -1;
   ChunkSink sink = [&](const TokenChunk& chunk) {
@@ -290,7 +368,7 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
     if (ttft < 0) {
       ttft = SecondsSince(arrival);
       queue_seconds = chunk.queue_seconds;
-      if (ttft_ != nullptr) ttft_->Observe(ttft);
+      if (ttft_ != nullptr && index == 0) ttft_->Observe(ttft);
     } else if (itl_ != nullptr) {
       itl_->Observe(std::chrono::duration<double>(now - last_token_time).count() /
                     std::max<size_t>(chunk.ids.size(), 1));
@@ -299,11 +377,17 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
     if (generation_tokens_ != nullptr)
       generation_tokens_->Increment(static_cast<double>(chunk.ids.size()));
     v1::GenerateResponse m;
-    m.set_request_id(b->request_id);
+    m.set_request_id(id);
+    m.set_index(index);
+    if (chunk.prompt_logprobs.has_value()) {
+      PromptLogprobsToProto(*chunk.prompt_logprobs, m.mutable_prompt_logprobs());
+      m.mutable_prompt_logprobs()->mutable_token_ids()->Add(b.prompt.begin(), b.prompt.end());
+    }
     std::string delta;
     for (size_t i = 0; i < chunk.ids.size() && !stopped; ++i) {
       m.add_token_ids(chunk.ids[i]);
       if (i < chunk.logprobs.size()) LogprobsToProto(chunk.logprobs[i], m.add_logprobs());
+      if (i < chunk.token_logprobs.size()) m.add_token_logprobs(chunk.token_logprobs[i]);
       ++completion;
       last_token = chunk.ids[i];
       if (text != nullptr || has_stop_strings) {
@@ -313,33 +397,22 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
       }
     }
     m.set_text(delta);
-    if (!write(m)) client_gone = true;
-    return !stopped && !client_gone;
+    if (!write(m)) gone = true;
+    return !stopped && !gone;
   };
-  absl::Status s = backend_->Run(*b, sink, control->cancel);
-  {
-    absl::MutexLock lock(&mu_);
-    running_.erase(b->request_id);
-    if (running_gauge_ != nullptr) running_gauge_->Set(static_cast<double>(running_.size()));
-  }
-  if (!s.ok() && !(s.code() == absl::StatusCode::kCancelled && aborted->load())) {
-    if (past_deadline && past_deadline()) {
-      return Fail(absl::DeadlineExceededError("deadline exceeded"));
-    }
-    return Fail(s);
-  }
-  if (client_gone) {  // its stream stopped at the failed write; nobody reads an answer
-    return Fail(absl::CancelledError("the client went away"));
-  }
+  absl::Status s = backend_->Run(b, sink, control.cancel);
+  if (!s.ok() && !(s.code() == absl::StatusCode::kCancelled && aborted->load())) return s;
+  if (gone || client_gone->load()) return absl::CancelledError("the client went away");
   v1::GenerateResponse last;
-  last.set_request_id(b->request_id);
+  last.set_request_id(id);
+  last.set_index(index);
   if (!stopped && text != nullptr) {
     std::string tail = text->Flush();
     last.set_text(has_stop_strings ? stops.Push(tail, &matched) + stops.Flush() : tail);
   }
   v1::FinalInfo* fin = last.mutable_final();
-  const bool stop_id = std::find(b->stop_token_ids.begin(), b->stop_token_ids.end(), last_token) !=
-                       b->stop_token_ids.end();
+  const bool stop_id = std::find(b.stop_token_ids.begin(), b.stop_token_ids.end(), last_token) !=
+                       b.stop_token_ids.end();
   if (aborted->load() && s.code() == absl::StatusCode::kCancelled) {
     fin->set_finish_reason(v1::FINISH_REASON_ABORT);
   } else if (stopped || !matched.empty()) {
@@ -351,19 +424,14 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
   } else {
     fin->set_finish_reason(v1::FINISH_REASON_LENGTH);
   }
-  fin->mutable_usage()->set_prompt_tokens(static_cast<int>(b->prompt.size()));
+  // The prompt counts once: on sibling 0's final.
+  fin->mutable_usage()->set_prompt_tokens(index == 0 ? static_cast<int>(b.prompt.size()) : 0);
   fin->mutable_usage()->set_completion_tokens(completion);
   fin->mutable_timings()->set_time_to_first_token_seconds(std::max(ttft, 0.0));
   fin->mutable_timings()->set_queue_seconds(queue_seconds);
   fin->mutable_timings()->set_total_seconds(SecondsSince(arrival));
-  write(last);
-  if (success_ != nullptr) {
-    success_
-        ->Add({{"finish_reason",
-                absl::AsciiStrToLower(v1::FinishReason_Name(fin->finish_reason()).substr(14))}})
-        .Increment();
-    e2e_->Observe(SecondsSince(arrival));
-  }
+  *reason = fin->finish_reason();
+  write(last);  // a client gone now misses only the end (the other siblings stop at their next)
   return absl::OkStatus();
 }
 

@@ -14,6 +14,7 @@
 #define MOESH_ROUTER_GENERATION_SERVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -97,6 +98,13 @@ class GenerationService final
   absl::Status Execute(const v1::GenerateRequest& request, const ResponseWriter& write,
                        const std::shared_ptr<Control>& control,
                        const std::function<bool()>& past_deadline);
+  // One sibling (choice `index`) of request `r`, validated as `b`: runs it on
+  // the backend and writes its messages, its final last, through `write`
+  // (shared by the siblings). Its status; *reason: its finish reason.
+  absl::Status RunChoice(const v1::GenerateRequest& r, const GenerationRequest& b, int index,
+                         std::chrono::steady_clock::time_point arrival, const ResponseWriter& write,
+                         Control& control, const std::atomic<bool>* client_gone,
+                         v1::FinishReason* reason);
   // OK without api_keys, else the check of the call's `authorization`.
   absl::Status CheckKey(const grpc::ServerContextBase& ctx) const;
 

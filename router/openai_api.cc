@@ -7,6 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "common/serving/generation_flow.h"
 
 namespace moesh {
 namespace {
@@ -176,17 +177,11 @@ absl::Status ParseStop(const Json& j, OpenAiRequest* r) {
 // Fields OpenAI defines that this server cannot honour: refused, not ignored.
 absl::Status RefuseUnsupported(const Json& j, bool chat) {
   Fields f(j);
-  std::optional<int64_t> n;
-  RETURN_IF_ERROR(f.Int("n", 1, 128, &n));
-  if (n.has_value() && *n != 1) return Invalid("n", "n > 1 is not supported yet");
   if (!chat) {
     std::optional<int64_t> best_of;
     RETURN_IF_ERROR(f.Int("best_of", 1, 128, &best_of));
     if (best_of.has_value() && *best_of != 1)
       return Invalid("best_of", "best_of > 1 is not supported");
-    bool echo = false;
-    RETURN_IF_ERROR(f.Bool("echo", &echo));
-    if (echo) return Invalid("echo", "echo is not supported yet");
     if (const Json* s = f.Get("suffix"); s != nullptr && !(s->is_string() && s->empty()))
       return Invalid("suffix", "suffix is not supported");
   }
@@ -255,9 +250,20 @@ absl::Status ParseSampling(const Json& j, OpenAiRequest* r) {
     r->logprobs = i.has_value();
   }
   r->top_logprobs = i ? static_cast<int>(*i) : 0;
-  // The sampled token's own log-probability is read from the alternatives:
-  // ask for at least one.
-  if (r->logprobs) s->set_top_logprobs(std::max(r->top_logprobs, 1));
+  if (r->logprobs) {
+    s->set_logprobs(true);  // each token's own
+    s->set_top_logprobs(r->top_logprobs);
+  }
+  if (!r->chat) {
+    RETURN_IF_ERROR(f.Bool("echo", &r->echo));
+    // echo with logprobs: the prompt's tokens' too, from the prefill pass.
+    if (r->echo && r->logprobs) s->set_prompt_logprobs(r->top_logprobs);
+  }
+  // n: sibling choices, within GenerateRequest.n's limit.
+  i.reset();
+  RETURN_IF_ERROR(f.Int("n", 1, kMaxChoices, &i));
+  r->n = i ? static_cast<int>(*i) : 1;
+  r->generate.set_n(r->n);
   return absl::OkStatus();
 }
 

@@ -8,10 +8,14 @@
 // messages, stream, stream_options.include_usage, max_tokens,
 // max_completion_tokens, temperature, top_p, seed, stop (a string or a list),
 // presence_penalty, frequency_penalty, logprobs (completions: how many
-// alternatives; chat: a bool, with top_logprobs), n = 1, and the extensions
-// other servers accept too: top_k, min_p, repetition_penalty, ignore_eos,
-// stop_token_ids. Unknown fields are ignored, as OpenAI does; a known field
-// this server cannot honour (n > 1, best_of, echo, suffix, logit_bias, tools,
+// alternatives; chat: a bool, with top_logprobs; every token's entry carries
+// its own log-probability, of the raw logits before penalties and
+// temperature), n (sibling choices, GenerateRequest.n's limit), echo
+// (completions: the prompt leads the text, and with logprobs its tokens'
+// log-probabilities lead the arrays, the first token's null), and the
+// extensions other servers accept too: top_k, min_p, repetition_penalty,
+// ignore_eos, stop_token_ids. Unknown fields are ignored, as OpenAI does; a
+// known field this server cannot honour (best_of, suffix, logit_bias, tools,
 // a response_format other than text) is INVALID_ARGUMENT naming it.
 #ifndef MOESH_ROUTER_OPENAI_API_H_
 #define MOESH_ROUTER_OPENAI_API_H_
@@ -39,6 +43,8 @@ struct OpenAiRequest {
   bool include_usage = false;         // stream_options.include_usage
   bool logprobs = false;              // report log-probabilities
   int top_logprobs = 0;               // alternatives per token to report
+  bool echo = false;                  // completions: the prompt leads each choice
+  int n = 1;                          // choices
   std::vector<ChatMessage> messages;  // chat only
   v1::GenerateRequest generate;       // detokenize set; chat: no prompt yet
 };
@@ -77,34 +83,47 @@ class OpenAiResponder {
   OpenAiResponder(const OpenAiRequest& request, std::string id, std::string model, int64_t created,
                   std::function<std::string(int32_t)> decode_token);
 
-  // Streaming: the SSE events ("data: {...}\n\n") for message `m`; the final
-  // message adds the finish chunk, the usage chunk (include_usage) and
-  // "data: [DONE]\n\n".
+  // Streaming: the SSE events ("data: {...}\n\n") for message `m` (of
+  // choice m.index()); a choice's final message adds its finish chunk, and
+  // the last choice's the usage chunk (include_usage) and "data: [DONE]\n\n".
   std::string StreamEvents(const v1::GenerateResponse& m);
-  // Not streaming: takes `m` in; Body() is the whole response once the final
-  // message was added.
+  // Not streaming: takes `m` in; Body() is the whole response once every
+  // choice's final message was added.
   void Add(const v1::GenerateResponse& m);
   std::string Body() const;
   // The SSE event reporting an error after the stream started.
   static std::string StreamError(const absl::Status& status);
 
  private:
+  // One choice's state.
+  struct Choice {
+    bool started = false;  // its first message came (the role, the echo were sent)
+    bool done = false;     // its final message came
+    std::string text;
+    nlohmann::json logprobs;
+    int text_offset = 0;  // completions: where the next token's text starts
+    v1::FinalInfo final;
+  };
   nlohmann::json ChunkBase() const;
-  nlohmann::json Usage(const v1::FinalInfo& f) const;
-  // Log-probability entries of `m`'s tokens, appended to `content`
-  // (chat) or to the completions' parallel arrays.
-  void AddLogprobs(const v1::GenerateResponse& m, nlohmann::json* into) const;
+  // Usage over every choice's final (the prompt counted once).
+  nlohmann::json Usage() const;
+  // Log-probability entries of `m`'s tokens (echo: its prompt's first),
+  // appended to `content` (chat) or to the completions' parallel arrays.
+  void AddLogprobs(const v1::GenerateResponse& m, Choice* c, nlohmann::json* into) const;
+  // One token's entry: `logprob` null for a prompt's first token.
+  void AddEntry(int32_t id, const nlohmann::json& logprob, const v1::TopLogprobs* top, Choice* c,
+                nlohmann::json* into) const;
   nlohmann::json EmptyLogprobs() const;
+  // The prompt's text (echo).
+  std::string PromptText() const;
 
   const OpenAiRequest& request_;
   const std::string id_;
   const std::string model_;
   const int64_t created_;
   const std::function<std::string(int32_t)> decode_token_;
-  bool role_sent_ = false;
-  std::string text_;
-  nlohmann::json logprobs_;
-  v1::FinalInfo final_;
+  std::vector<Choice> choices_;
+  int choices_done_ = 0;
 };
 
 }  // namespace moesh

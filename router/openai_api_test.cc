@@ -89,12 +89,35 @@ TEST(OpenAiApiTest, ChatMessagesAndLogprobs) {
   EXPECT_EQ(r->generate.stop().max_new_tokens(), 5);
   EXPECT_EQ(r->top_logprobs, 2);
   EXPECT_EQ(r->generate.sampling().top_logprobs(), 2);
-  // logprobs without alternatives still asks the engine for one: the
-  // sampled token's log-probability is read from it.
+  EXPECT_TRUE(r->generate.sampling().logprobs());
+  // logprobs without alternatives asks for the sampled token's own only.
   r = Parse({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"logprobs", true}}, true);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->top_logprobs, 0);
-  EXPECT_EQ(r->generate.sampling().top_logprobs(), 1);
+  EXPECT_EQ(r->generate.sampling().top_logprobs(), 0);
+  EXPECT_TRUE(r->generate.sampling().logprobs());
+  EXPECT_FALSE(r->generate.sampling().has_prompt_logprobs());
+  EXPECT_EQ(r->generate.n(), 1);
+}
+
+TEST(OpenAiApiTest, MapsNAndEcho) {
+  absl::StatusOr<OpenAiRequest> r =
+      Parse({{"prompt", "x"}, {"n", 3}, {"echo", true}, {"logprobs", 2}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->n, 3);
+  EXPECT_EQ(r->generate.n(), 3);
+  EXPECT_TRUE(r->echo);
+  // echo with logprobs asks the prefill pass for the prompt's.
+  EXPECT_EQ(r->generate.sampling().prompt_logprobs(), 2);
+  r = Parse({{"prompt", "x"}, {"echo", true}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->generate.sampling().has_prompt_logprobs());
+  // Beyond the limit: refused naming n.
+  r = Parse({{"prompt", "x"}, {"n", 17}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(ErrorParam(r.status()), "n");
+  r = Parse({{"prompt", "x"}, {"n", 0}});
+  EXPECT_FALSE(r.ok());
 }
 
 TEST(OpenAiApiTest, RefusesWhatItCannotHonour) {
@@ -105,8 +128,6 @@ TEST(OpenAiApiTest, RefusesWhatItCannotHonour) {
   };
   const Json msgs = {{{"role", "user"}, {"content", "x"}}};
   const std::vector<Bad> bad = {
-      {{{"prompt", "x"}, {"n", 2}}, false, "n"},
-      {{{"prompt", "x"}, {"echo", true}}, false, "echo"},
       {{{"prompt", "x"}, {"best_of", 3}}, false, "best_of"},
       {{{"prompt", "x"}, {"logit_bias", {{"5", 1}}}}, false, "logit_bias"},
       {{{"messages", msgs}, {"tools", {{{"type", "function"}}}}}, true, "tools"},
@@ -172,6 +193,7 @@ v1::GenerateResponse Tokens(std::vector<int32_t> ids, std::string text) {
   v1::GenerateResponse m;
   for (int32_t id : ids) {
     m.add_token_ids(id);
+    m.add_token_logprobs(-0.5f);  // its own (here unlike its candidate's entry)
     v1::TopLogprobs* top = m.add_logprobs();
     v1::TokenLogprob* best = top->add_candidates();
     best->set_id(id);
@@ -230,8 +252,9 @@ TEST(OpenAiApiTest, StreamsChatChunksWithUsage) {
   EXPECT_TRUE(first[1]["usage"].is_null());
   const Json& lp = first[1]["choices"][0]["logprobs"]["content"][0];
   EXPECT_EQ(lp["token"], "t5");
-  EXPECT_FLOAT_EQ(lp["logprob"].get<float>(), -0.25f);
+  EXPECT_FLOAT_EQ(lp["logprob"].get<float>(), -0.5f);  // token_logprobs, not the candidate's
   EXPECT_EQ(lp["top_logprobs"].size(), 1u);
+  EXPECT_FLOAT_EQ(lp["top_logprobs"][0]["logprob"].get<float>(), -0.25f);
   EXPECT_FALSE(done);
   std::vector<Json> last = Events(responder.StreamEvents(Final()), &done);
   EXPECT_TRUE(done);
@@ -255,8 +278,69 @@ TEST(OpenAiApiTest, CompletionBody) {
   EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(body["choices"][0]["logprobs"]["tokens"], Json({"t7", "t8"}));
   EXPECT_FLOAT_EQ(body["choices"][0]["logprobs"]["top_logprobs"][1]["t8"].get<float>(), -0.25f);
+  EXPECT_EQ(body["choices"][0]["logprobs"]["token_logprobs"], Json({-0.5, -0.5}));
+  EXPECT_EQ(body["choices"][0]["logprobs"]["text_offset"], Json({0, 2}));
   EXPECT_EQ(body["usage"]["prompt_tokens"], 4);
   EXPECT_EQ(body["usage"]["completion_tokens"], 2);
+}
+
+// echo + logprobs: the prompt's text leads, its tokens' entries lead the
+// arrays (the first token's null), offsets run through prompt and output.
+TEST(OpenAiApiTest, CompletionEchoWithPromptLogprobs) {
+  absl::StatusOr<OpenAiRequest> r = Parse({{"prompt", {1, 2, 3}}, {"echo", true}, {"logprobs", 1}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  OpenAiResponder responder(*r, "cmpl-1", "tiny", 100,
+                            [](int32_t id) { return "t" + std::to_string(id); });
+  v1::GenerateResponse m = Tokens({7}, "t7");
+  v1::PromptLogprobs* p = m.mutable_prompt_logprobs();
+  for (int32_t id : {1, 2, 3}) p->add_token_ids(id);
+  for (float lp : {-1.0f, -3.0f}) {
+    p->add_logprobs(lp);
+    v1::TokenLogprob* c = p->add_top()->add_candidates();
+    c->set_id(9);
+    c->set_logprob(-0.125f);
+  }
+  responder.Add(m);
+  responder.Add(Final());
+  Json body = Json::parse(responder.Body());
+  const Json& lp = body["choices"][0]["logprobs"];
+  EXPECT_EQ(body["choices"][0]["text"], "t1t2t3t7");
+  EXPECT_EQ(lp["tokens"], Json({"t1", "t2", "t3", "t7"}));
+  EXPECT_EQ(lp["token_logprobs"], Json({nullptr, -1.0, -3.0, -0.5}));
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_FLOAT_EQ(lp["top_logprobs"][1]["t9"].get<float>(), -0.125f);
+  EXPECT_EQ(lp["text_offset"], Json({0, 2, 4, 6}));
+}
+
+// n = 2: choices by index, each finishing on its own; [DONE] and the usage
+// (the prompt once) only after the last.
+TEST(OpenAiApiTest, StreamsSiblingChoices) {
+  absl::StatusOr<OpenAiRequest> r = Parse(
+      {{"prompt", "x"}, {"n", 2}, {"stream", true}, {"stream_options", {{"include_usage", true}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  OpenAiResponder responder(*r, "cmpl-1", "tiny", 100,
+                            [](int32_t id) { return "t" + std::to_string(id); });
+  bool done = false;
+  v1::GenerateResponse one = Tokens({4}, "b");
+  one.set_index(1);
+  std::vector<Json> e = Events(responder.StreamEvents(one), &done);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0]["choices"][0]["index"], 1);
+  EXPECT_EQ(e[0]["choices"][0]["text"], "b");
+  v1::GenerateResponse fin1 = Final();
+  fin1.set_index(1);
+  fin1.mutable_final()->mutable_usage()->set_prompt_tokens(0);  // siblings past 0 say 0
+  e = Events(responder.StreamEvents(fin1), &done);
+  EXPECT_FALSE(done);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0]["choices"][0]["index"], 1);
+  EXPECT_EQ(e[0]["choices"][0]["finish_reason"], "length");
+  e = Events(responder.StreamEvents(Final()), &done);
+  EXPECT_TRUE(done);
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[0]["choices"][0]["index"], 0);
+  EXPECT_EQ(e[1]["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(e[1]["usage"]["completion_tokens"], 4);
 }
 
 TEST(ApiKeysTest, ChecksBearerKeys) {

@@ -1,5 +1,7 @@
 // OpenAiResponder: the Generate stream as OpenAI's response objects and
 // Server-Sent Event chunks (router/openai_api.h).
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "router/openai_api.h"
 
@@ -45,13 +47,24 @@ OpenAiResponder::OpenAiResponder(const OpenAiRequest& request, std::string id, s
       model_(std::move(model)),
       created_(created),
       decode_token_(std::move(decode_token)),
-      logprobs_(EmptyLogprobs()) {}
+      choices_(std::max(request.n, 1)) {
+  for (Choice& c : choices_) c.logprobs = EmptyLogprobs();
+}
 
 Json OpenAiResponder::EmptyLogprobs() const {
   if (request_.chat) return Json{{"content", Json::array()}};
   return Json{{"tokens", Json::array()},
               {"token_logprobs", Json::array()},
-              {"top_logprobs", Json::array()}};
+              {"top_logprobs", Json::array()},
+              {"text_offset", Json::array()}};
+}
+
+std::string OpenAiResponder::PromptText() const {
+  const v1::GenerateRequest& g = request_.generate;
+  if (g.prompt_case() == v1::GenerateRequest::kText) return g.text();
+  std::string text;
+  for (int32_t id : g.token_ids().ids()) text += decode_token_(id);
+  return text;
 }
 
 Json OpenAiResponder::ChunkBase() const {
@@ -61,85 +74,118 @@ Json OpenAiResponder::ChunkBase() const {
               {"model", model_}};
 }
 
-Json OpenAiResponder::Usage(const v1::FinalInfo& f) const {
-  const v1::Usage& u = f.usage();
-  return Json{{"prompt_tokens", u.prompt_tokens()},
-              {"completion_tokens", u.completion_tokens()},
-              {"total_tokens", u.prompt_tokens() + u.completion_tokens()},
-              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens()}}}};
+Json OpenAiResponder::Usage() const {
+  int prompt = 0, completion = 0, cached = 0;
+  for (const Choice& c : choices_) {  // siblings but the first say 0 prompt tokens
+    prompt += c.final.usage().prompt_tokens();
+    completion += c.final.usage().completion_tokens();
+    cached += c.final.usage().cached_tokens();
+  }
+  return Json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
-// The sampled token's log-probability is the one of its entry among the
-// alternatives the engines report; null where it is not among them (sampling
-// picked a token outside the top ones), which only a larger top_logprobs
-// avoids (the engines do not return it apart yet).
-void OpenAiResponder::AddLogprobs(const v1::GenerateResponse& m, Json* into) const {
+void OpenAiResponder::AddEntry(int32_t id, const Json& logprob, const v1::TopLogprobs* top,
+                               Choice* c, Json* into) const {
+  Json alternatives = request_.chat ? Json::array() : Json::object();
+  for (int k = 0; top != nullptr && k < top->candidates_size() && k < request_.top_logprobs; ++k) {
+    const v1::TokenLogprob& t = top->candidates(k);
+    const std::string text = decode_token_(t.id());
+    if (request_.chat) {
+      alternatives.push_back({{"token", text}, {"logprob", t.logprob()}, {"bytes", Bytes(text)}});
+    } else {
+      alternatives[text] = t.logprob();
+    }
+  }
+  const std::string text = decode_token_(id);
+  if (request_.chat) {
+    (*into)["content"].push_back({{"token", text},
+                                  {"logprob", logprob},
+                                  {"bytes", Bytes(text)},
+                                  {"top_logprobs", alternatives}});
+  } else {
+    (*into)["tokens"].push_back(text);
+    (*into)["token_logprobs"].push_back(logprob);
+    // A prompt's first token has no distribution: null, as OpenAI's echo.
+    (*into)["top_logprobs"].push_back(logprob.is_null() ? Json() : alternatives);
+    (*into)["text_offset"].push_back(c->text_offset);
+    c->text_offset += static_cast<int>(text.size());
+  }
+}
+
+// Each token's own log-probability is the engine's token_logprobs; an older
+// engine that sends none leaves the entry's logprob to its alternatives
+// (null where the token is not among them).
+void OpenAiResponder::AddLogprobs(const v1::GenerateResponse& m, Choice* c, Json* into) const {
+  if (m.has_prompt_logprobs() && request_.echo) {
+    const v1::PromptLogprobs& p = m.prompt_logprobs();
+    for (int i = 0; i < p.token_ids_size(); ++i) {
+      Json lp;  // null for the first token
+      if (i > 0 && i - 1 < p.logprobs_size()) lp = p.logprobs(i - 1);
+      AddEntry(p.token_ids(i), lp, i > 0 && i - 1 < p.top_size() ? &p.top(i - 1) : nullptr, c,
+               into);
+    }
+  }
   for (int i = 0; i < m.token_ids_size(); ++i) {
     const int32_t id = m.token_ids(i);
-    Json sampled;  // null unless found
-    Json alternatives = request_.chat ? Json::array() : Json::object();
-    if (i < m.logprobs_size()) {
-      const v1::TopLogprobs& top = m.logprobs(i);
-      for (int k = 0; k < top.candidates_size(); ++k) {
-        const v1::TokenLogprob& c = top.candidates(k);
-        if (c.id() == id) sampled = c.logprob();
-        if (k >= request_.top_logprobs) continue;
-        const std::string text = decode_token_(c.id());
-        if (request_.chat) {
-          alternatives.push_back(
-              {{"token", text}, {"logprob", c.logprob()}, {"bytes", Bytes(text)}});
-        } else {
-          alternatives[text] = c.logprob();
-        }
-      }
+    const v1::TopLogprobs* top = i < m.logprobs_size() ? &m.logprobs(i) : nullptr;
+    Json sampled;
+    if (i < m.token_logprobs_size()) {
+      sampled = m.token_logprobs(i);
+    } else if (top != nullptr) {
+      for (const v1::TokenLogprob& t : top->candidates())
+        if (t.id() == id) sampled = t.logprob();
     }
-    const std::string text = decode_token_(id);
-    if (request_.chat) {
-      (*into)["content"].push_back({{"token", text},
-                                    {"logprob", sampled},
-                                    {"bytes", Bytes(text)},
-                                    {"top_logprobs", alternatives}});
-    } else {
-      (*into)["tokens"].push_back(text);
-      (*into)["token_logprobs"].push_back(sampled);
-      (*into)["top_logprobs"].push_back(alternatives);
-    }
+    AddEntry(id, sampled, top, c, into);
   }
 }
 
 std::string OpenAiResponder::StreamEvents(const v1::GenerateResponse& m) {
   std::string out;
   const bool chat = request_.chat;
+  const int index = std::clamp(m.index(), 0, static_cast<int>(choices_.size()) - 1);
+  Choice& c = choices_[index];
   auto chunk = [&](Json choice) {
-    Json c = ChunkBase();
-    c["choices"] = Json::array({std::move(choice)});
-    if (request_.include_usage) c["usage"] = nullptr;
-    out += Event(c);
+    Json j = ChunkBase();
+    j["choices"] = Json::array({std::move(choice)});
+    if (request_.include_usage) j["usage"] = nullptr;
+    out += Event(j);
   };
-  if (chat && !role_sent_) {
-    role_sent_ = true;
-    chunk({{"index", 0},
-           {"delta", {{"role", "assistant"}, {"content", ""}}},
-           {"logprobs", nullptr},
-           {"finish_reason", nullptr}});
+  std::string text = m.text();
+  if (!c.started) {
+    c.started = true;
+    if (chat) {
+      chunk({{"index", index},
+             {"delta", {{"role", "assistant"}, {"content", ""}}},
+             {"logprobs", nullptr},
+             {"finish_reason", nullptr}});
+    } else if (request_.echo) {
+      text = PromptText() + text;
+    }
   }
-  const bool with_logprobs = request_.logprobs && m.token_ids_size() > 0;
-  if (!m.text().empty() || with_logprobs) {
+  const bool with_logprobs =
+      request_.logprobs && (m.token_ids_size() > 0 || (request_.echo && m.has_prompt_logprobs()));
+  if (!text.empty() || with_logprobs) {
     Json lp;
     if (with_logprobs) {
       lp = EmptyLogprobs();
-      AddLogprobs(m, &lp);
+      AddLogprobs(m, &c, &lp);
     }
-    Json choice = {{"index", 0}, {"logprobs", lp}, {"finish_reason", nullptr}};
+    Json choice = {{"index", index}, {"logprobs", lp}, {"finish_reason", nullptr}};
     if (chat) {
-      choice["delta"] = {{"content", m.text()}};
+      choice["delta"] = {{"content", text}};
     } else {
-      choice["text"] = m.text();
+      choice["text"] = text;
     }
     chunk(std::move(choice));
   }
-  if (m.has_final()) {
-    Json choice = {{"index", 0},
+  if (m.has_final() && !c.done) {
+    c.done = true;
+    c.final = m.final();
+    ++choices_done_;
+    Json choice = {{"index", index},
                    {"logprobs", nullptr},
                    {"finish_reason", FinishReason(m.final().finish_reason())}};
     if (chat) {
@@ -148,36 +194,49 @@ std::string OpenAiResponder::StreamEvents(const v1::GenerateResponse& m) {
       choice["text"] = "";
     }
     chunk(std::move(choice));
-    if (request_.include_usage) {
-      Json c = ChunkBase();
-      c["choices"] = Json::array();
-      c["usage"] = Usage(m.final());
-      out += Event(c);
+    if (choices_done_ == static_cast<int>(choices_.size())) {
+      if (request_.include_usage) {
+        Json j = ChunkBase();
+        j["choices"] = Json::array();
+        j["usage"] = Usage();
+        out += Event(j);
+      }
+      out += "data: [DONE]\n\n";
     }
-    out += "data: [DONE]\n\n";
   }
   return out;
 }
 
 void OpenAiResponder::Add(const v1::GenerateResponse& m) {
-  text_ += m.text();
-  if (request_.logprobs) AddLogprobs(m, &logprobs_);
-  if (m.has_final()) final_ = m.final();
+  const int index = std::clamp(m.index(), 0, static_cast<int>(choices_.size()) - 1);
+  Choice& c = choices_[index];
+  if (!c.started) {
+    c.started = true;
+    if (!request_.chat && request_.echo) c.text = PromptText();
+  }
+  c.text += m.text();
+  if (request_.logprobs) AddLogprobs(m, &c, &c.logprobs);
+  if (m.has_final()) c.final = m.final();
 }
 
 std::string OpenAiResponder::Body() const {
-  Json choice = {{"index", 0},
-                 {"logprobs", request_.logprobs ? logprobs_ : Json()},
-                 {"finish_reason", FinishReason(final_.finish_reason())}};
-  if (request_.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text_}};
-  } else {
-    choice["text"] = text_;
+  Json choices = Json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    Json choice = {{"index", static_cast<int>(i)},
+                   {"logprobs", request_.logprobs ? c.logprobs : Json()},
+                   {"finish_reason", FinishReason(c.final.finish_reason())}};
+    if (request_.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    choices.push_back(std::move(choice));
   }
   Json body = ChunkBase();
   body["object"] = request_.chat ? "chat.completion" : "text_completion";
-  body["choices"] = Json::array({std::move(choice)});
-  body["usage"] = Usage(final_);
+  body["choices"] = std::move(choices);
+  body["usage"] = Usage();
   return DumpJson(body);
 }
 

@@ -184,13 +184,16 @@ absl::StatusOr<std::vector<float>> CudaAttentionBackend::Forward(
 absl::StatusOr<SampledTokens> CudaAttentionBackend::ForwardSample(
     absl::Span<const SequenceInput> seqs, ExpertClient* experts,
     absl::Span<const SampleRequest> samples, int top_logprobs, int micro_batches) {
-  if (top_logprobs > sampling::kMaxTopK) {
-    return AttentionBackend::ForwardSample(seqs, experts, samples, top_logprobs, micro_batches);
-  }
-  RETURN_IF_ERROR(CheckSampleRequests(seqs, samples, top_logprobs));
   // Plain greedy batches keep the step's argmax; others run the sampler.
   const bool greedy = std::all_of(samples.begin(), samples.end(),
                                   [](const SampleRequest& r) { return r.params->plain_greedy(); });
+  const bool host = std::any_of(samples.begin(), samples.end(), [&](const SampleRequest& r) {
+    return r.prompt_logprobs >= 0 || (!greedy && r.params->wants_logprob());
+  });
+  if (top_logprobs > sampling::kMaxTopK || host) {
+    return AttentionBackend::ForwardSample(seqs, experts, samples, top_logprobs, micro_batches);
+  }
+  RETURN_IF_ERROR(CheckSampleRequests(seqs, samples, top_logprobs));
   StepSampling sampling;
   for (size_t i = 0; i < samples.size() && !greedy; ++i) {
     const SampleRequest& r = samples[i];
@@ -210,6 +213,11 @@ absl::StatusOr<SampledTokens> CudaAttentionBackend::ForwardSample(
     owned[i]->Advance(static_cast<int>(seqs[i].tokens.size()));
   SampledTokens out;
   out.ids = std::move(step->next_ids);
+  out.prompt_logprobs.resize(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    // Greedy here: the chosen token is the argmax whose logprob the step returns.
+    out.logprobs.push_back(samples[i].params->wants_logprob() ? step->next_logprobs[i] : 0.0f);
+  }
   for (size_t i = 0; i < seqs.size() && top_logprobs > 0; ++i) {
     std::vector<TokenLogprob> row(top_logprobs);
     for (int j = 0; j < top_logprobs; ++j) {

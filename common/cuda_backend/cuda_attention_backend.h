@@ -37,8 +37,14 @@ class CudaAttentionBackend : public AttentionBackend {
   absl::StatusOr<std::unique_ptr<KvSequence>> NewSequence(int max_tokens) override;
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs,
                                              ExpertClient* experts, int micro_batches = 1) override;
-  // On the device (CudaModel::Step): only ids and log-probabilities leave it.
-  // More than sampling::kMaxTopK top_logprobs: through Forward and the host.
+  // On the device (CudaModel::Step): only ids and log-probabilities leave it;
+  // a greedy token's own log-probability is the step's next_logprobs.
+  // Through Forward and the host (the base class) instead: more than
+  // sampling::kMaxTopK top_logprobs, and a sampled (not plain greedy) batch
+  // with a request for the sampled token's own log-probability (the GPU
+  // sampler overwrites the raw logits it would be read from). Prompt
+  // log-probabilities are UNIMPLEMENTED (ForwardAllPositions: the model's LM
+  // head runs on each sequence's last position only).
   absl::StatusOr<SampledTokens> ForwardSample(absl::Span<const SequenceInput> seqs,
                                               ExpertClient* experts,
                                               absl::Span<const SampleRequest> samples,

@@ -21,6 +21,10 @@ absl::Status AttentionBackend::CheckSampleRequests(absl::Span<const SequenceInpu
         absl::StrCat("ForwardSample: top_logprobs must lie in [0, ", vocab, "]"));
   }
   for (const SampleRequest& s : samples) {
+    if (s.prompt_logprobs < -1 || s.prompt_logprobs > vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ForwardSample: prompt_logprobs must lie in [-1, ", vocab, "]"));
+    }
     if (s.params == nullptr)
       return absl::InvalidArgumentError("ForwardSample: a sample request without parameters");
     RETURN_IF_ERROR(s.params->Validate(vocab));
@@ -40,19 +44,49 @@ absl::Status AttentionBackend::CheckSampleRequests(absl::Span<const SequenceInpu
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<float>> AttentionBackend::ForwardAllPositions(
+    absl::Span<const SequenceInput>, ExpertClient*) {
+  return absl::UnimplementedError(
+      absl::StrCat("prompt log-probabilities: the ", device(),
+                   " backend computes the logits of each sequence's last position only"));
+}
+
 absl::StatusOr<SampledTokens> AttentionBackend::ForwardSample(
     absl::Span<const SequenceInput> seqs, ExpertClient* experts,
     absl::Span<const SampleRequest> samples, int top_logprobs, int micro_batches) {
   RETURN_IF_ERROR(CheckSampleRequests(seqs, samples, top_logprobs));
-  ASSIGN_OR_RETURN(std::vector<float> logits, Forward(seqs, experts, micro_batches));
+  const bool all_positions =
+      std::any_of(samples.begin(), samples.end(),
+                  [](const SampleRequest& s) { return s.prompt_logprobs >= 0; });
   const int vocab = config().vocab_size;
+  std::vector<float> logits;
+  std::vector<size_t> last_row(seqs.size());  // each sequence's last position's row
+  if (all_positions) {
+    ASSIGN_OR_RETURN(logits, ForwardAllPositions(seqs, experts));
+    size_t row = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      row += seqs[i].tokens.size();
+      last_row[i] = row - 1;
+    }
+  } else {
+    ASSIGN_OR_RETURN(logits, Forward(seqs, experts, micro_batches));
+    for (size_t i = 0; i < seqs.size(); ++i) last_row[i] = i;
+  }
   SampledTokens out;
+  out.prompt_logprobs.resize(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i) {
-    const float* row = logits.data() + i * vocab;
+    const float* row = logits.data() + last_row[i] * vocab;
     const SampleRequest& s = samples[i];
-    out.ids.push_back(Sampler::SampleWithDraw(row, vocab, *s.params, s.draw, s.prompt, s.output));
+    const int32_t id = Sampler::SampleWithDraw(row, vocab, *s.params, s.draw, s.prompt, s.output);
+    out.ids.push_back(id);
+    out.logprobs.push_back(s.params->wants_logprob() ? Sampler::Logprob(row, vocab, id) : 0.0f);
     if (top_logprobs > 0)
       out.top_logprobs.push_back(Sampler::TopLogprobs(row, vocab, top_logprobs));
+    if (s.prompt_logprobs >= 0) {
+      const size_t first = last_row[i] + 1 - seqs[i].tokens.size();
+      out.prompt_logprobs[i] = Sampler::PromptLogprobsOf(logits.data() + first * vocab, vocab,
+                                                         seqs[i].tokens, s.prompt_logprobs);
+    }
   }
   return out;
 }
@@ -92,6 +126,14 @@ class CpuAttentionBackend : public AttentionBackend {
       return absl::InvalidArgumentError("the CPU attention backend needs an ExpertClient");
     return model_->Forward(seqs, experts, LogitsFor::kLastToken, micro_batches);
   }
+
+  absl::StatusOr<std::vector<float>> ForwardAllPositions(absl::Span<const SequenceInput> seqs,
+                                                         ExpertClient* experts) override {
+    if (experts == nullptr)
+      return absl::InvalidArgumentError("the CPU attention backend needs an ExpertClient");
+    return model_->Forward(seqs, experts, LogitsFor::kAllTokens);
+  }
+  bool has_all_position_logits() const override { return true; }
 
   KvUsage kv_usage() const override {
     KvUsage u;

@@ -47,6 +47,10 @@ struct SampleRequest {
   double draw = 0.0;                       // in [0, 1): Sampler::Draw(step)
   absl::Span<const int32_t> prompt;        // for the penalties
   absl::Span<const int32_t> output;        // the tokens generated so far
+  // -1: none. k >= 0: the log-probabilities of this pass's input tokens
+  // 1..n-1 (a whole prompt on an empty cache, the prefill pass), with k
+  // alternatives each: SampledTokens::prompt_logprobs.
+  int prompt_logprobs = -1;
 };
 
 // The tokens a forward pass picked, one per sequence.
@@ -55,6 +59,12 @@ struct SampledTokens {
   // [num_sequences][k]: the k most likely tokens under log_softmax of the raw
   // logits (before penalties and temperature), best first; empty iff k == 0.
   std::vector<std::vector<TokenLogprob>> top_logprobs;
+  // [num_sequences]: the chosen token's own log-probability under the same
+  // raw log_softmax, where its request's params->wants_logprob() (else 0).
+  std::vector<float> logprobs;
+  // [num_sequences]: where the sample request asked for prompt_logprobs, the
+  // input tokens' (Sampler::PromptLogprobsOf); empty otherwise.
+  std::vector<PromptLogprobs> prompt_logprobs;
 };
 
 class AttentionBackend {
@@ -80,11 +90,21 @@ class AttentionBackend {
                                                      ExpertClient* experts,
                                                      int micro_batches = 1) = 0;
 
-  // Forward, then each sequence's token as `samples` say (one per sequence)
-  // and its `top_logprobs` (in [0, vocab]) most likely alternatives. Here
-  // from Forward's logits on the host; the CUDA backend keeps the logits on
-  // the device (sampling there, replaying a CUDA graph for decode steps) and
-  // only the tokens and log-probabilities leave it.
+  // Forward with LogitsFor::kAllTokens: logits [total new tokens, vocab],
+  // sequence by sequence. UNIMPLEMENTED where the backend computes the LM
+  // head for last positions only (CUDA).
+  virtual absl::StatusOr<std::vector<float>> ForwardAllPositions(
+      absl::Span<const SequenceInput> seqs, ExpertClient* experts);
+  // True iff ForwardAllPositions is implemented (prompt log-probabilities).
+  virtual bool has_all_position_logits() const { return false; }
+
+  // Forward, then each sequence's token as `samples` say (one per sequence),
+  // its own log-probability where asked, its `top_logprobs` (in [0, vocab])
+  // most likely alternatives, and prompt log-probabilities where a sample
+  // request asks (through ForwardAllPositions). Here from the logits on the
+  // host; the CUDA backend keeps the logits on the device (sampling there,
+  // replaying a CUDA graph for decode steps) and only the tokens and
+  // log-probabilities leave it.
   virtual absl::StatusOr<SampledTokens> ForwardSample(absl::Span<const SequenceInput> seqs,
                                                       ExpertClient* experts,
                                                       absl::Span<const SampleRequest> samples,

@@ -5,6 +5,7 @@
 #include "common/engine/attention_backend.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "base/file_util.h"
 #include "common/engine/sampler.h"
@@ -80,6 +81,65 @@ TEST_F(CpuAttentionBackendTest, ForwardIsTheModelsAndSampleIsTheSamplers) {
   const SampleRequest bad_draw{&greedy, 1.0, prompt, output};
   EXPECT_EQ(b->ForwardSample({&ib, 1}, model_->experts(), {&bad_draw, 1}, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// log_softmax(logits)[id] in double, computed here apart from the engine's.
+double RawLogprob(const std::vector<float>& logits, size_t row, int vocab, int32_t id) {
+  const float* x = logits.data() + row * vocab;
+  const double mx = *std::max_element(x, x + vocab);
+  double sum = 0.0;
+  for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(x[i]) - mx);
+  return x[id] - mx - std::log(sum);
+}
+
+// The sampled token's own log-probability is of the raw logits (before the
+// penalty and temperature that shaped the draw), and a prompt's
+// log-probabilities are the model's own at each position of the prompt fed
+// token by token (teacher forcing).
+TEST_F(CpuAttentionBackendTest, SampledAndPromptLogprobsAreTheRawLogSoftmax) {
+  const int vocab = model_->config().vocab_size;
+  std::unique_ptr<AttentionBackend> b = NewCpuAttentionBackend(&model_->attention(), 16, 4);
+  EXPECT_TRUE(b->has_all_position_logits());
+  const std::vector<int32_t> prompt = testing_util::RandomTokens(6, vocab, 11);
+  SamplingParams sp;
+  sp.temperature = 1.7f, sp.repetition_penalty = 1.5f, sp.seed = 3, sp.logprobs = true;
+  SamplingParams plain;  // asks for nothing
+  Sampler sampler(sp);
+  std::unique_ptr<KvSequence> s1 = *b->NewSequence(8), s2 = *b->NewSequence(8);
+  const SequenceInput in[2] = {{prompt, s1.get()}, {prompt, s2.get()}};
+  const SampleRequest req[2] = {{&sp, sampler.Draw(0), prompt, {}, /*prompt_logprobs=*/2},
+                                {&plain, 0.0, prompt, {}}};
+  absl::StatusOr<SampledTokens> g = b->ForwardSample(in, model_->experts(), req, 0);
+  ASSERT_TRUE(g.ok()) << g.status();
+  // Teacher forcing: the model's logits after each prompt prefix.
+  SequenceKvCache ref = model_->NewCache();
+  std::vector<std::vector<float>> rows;
+  for (int32_t t : prompt) {
+    SequenceInput ir{absl::MakeConstSpan(&t, 1), &ref};
+    absl::StatusOr<std::vector<float>> l = model_->Forward({&ir, 1});
+    ASSERT_TRUE(l.ok());
+    rows.push_back(*l);
+  }
+  const int32_t token = g->ids[0];
+  EXPECT_EQ(token, sampler.Sample(rows.back().data(), vocab, 0, prompt, {}));
+  EXPECT_NEAR(g->logprobs[0], RawLogprob(rows.back(), 0, vocab, token), 1e-4);
+  // Not the tempered distribution's (which the draw used).
+  std::vector<float> tempered = rows.back();
+  for (float& x : tempered) x /= sp.temperature;
+  EXPECT_GT(std::abs(g->logprobs[0] - RawLogprob(tempered, 0, vocab, token)), 1e-3);
+  EXPECT_EQ(g->logprobs[1], 0.0f);  // not asked
+  EXPECT_TRUE(g->prompt_logprobs[1].logprobs.empty());
+  const PromptLogprobs& p = g->prompt_logprobs[0];
+  ASSERT_EQ(p.logprobs.size(), prompt.size() - 1);
+  ASSERT_EQ(p.top.size(), prompt.size() - 1);
+  for (size_t t = 0; t + 1 < prompt.size(); ++t) {
+    EXPECT_NEAR(p.logprobs[t], RawLogprob(rows[t], 0, vocab, prompt[t + 1]), 1e-4) << t;
+    ASSERT_EQ(p.top[t].size(), 2u);
+    EXPECT_NEAR(p.top[t][0].logprob, RawLogprob(rows[t], 0, vocab, p.top[t][0].id), 1e-4);
+    EXPECT_GE(p.top[t][0].logprob, p.logprobs[t] - 1e-6);  // the best is at least the prompt's
+  }
+  // The batch's other sequence sampled as if alone (the last position's row).
+  EXPECT_EQ(g->ids[1], Sampler::SampleWithDraw(rows.back().data(), vocab, plain, 0.0, prompt, {}));
 }
 
 TEST_F(CpuAttentionBackendTest, PoolLimitsAccountingAndMisuse) {

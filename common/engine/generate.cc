@@ -53,13 +53,17 @@ absl::StatusOr<GenerationResult> Generate(AttentionBackend* backend, ExpertClien
   std::vector<int32_t> next(prompt.begin(), prompt.end());
   while (true) {
     SequenceInput in{next, cache.get()};
+    const bool first = result.output_ids.empty();
     const SampleRequest req{&sampling, sampler.Draw(static_cast<int>(result.output_ids.size())),
-                            prompt, result.output_ids};
+                            prompt, result.output_ids, first ? sampling.prompt_logprobs : -1};
     ASSIGN_OR_RETURN(SampledTokens chosen,
                      backend->ForwardSample(absl::MakeConstSpan(&in, 1), experts,
                                             absl::MakeConstSpan(&req, 1), sampling.top_logprobs));
     const int32_t token = chosen.ids[0];
     if (sampling.top_logprobs > 0) result.top_logprobs.push_back(std::move(chosen.top_logprobs[0]));
+    if (sampling.wants_logprob()) result.logprobs.push_back(chosen.logprobs[0]);
+    if (first && sampling.prompt_logprobs >= 0)
+      result.prompt_logprobs = std::move(chosen.prompt_logprobs[0]);
     result.output_ids.push_back(token);
     if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
       result.finish_reason = FinishReason::kStop;

@@ -28,6 +28,10 @@ const char* FinishReasonName(FinishReason r);  // "length" | "stop"
 struct GenerationResult {
   std::vector<int32_t> output_ids;                      // includes the stop token when one ended it
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // per output token iff requested
+  // Per output token iff sampling.wants_logprob(): its own log-probability.
+  std::vector<float> logprobs;
+  // Iff sampling.prompt_logprobs >= 0: the prompt's, from the prefill pass.
+  PromptLogprobs prompt_logprobs;
   FinishReason finish_reason = FinishReason::kLength;
   int prompt_tokens = 0;
 };

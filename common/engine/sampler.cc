@@ -37,6 +37,10 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "top_logprobs must lie in [0, vocab_size = ", vocab_size, "], got ", top_logprobs));
   }
+  if (prompt_logprobs < -1 || prompt_logprobs > vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt_logprobs must lie in [0, vocab_size = ", vocab_size, "], got ", prompt_logprobs));
+  }
   return absl::OkStatus();
 }
 
@@ -173,6 +177,25 @@ std::vector<TokenLogprob> Sampler::TopLogprobs(const float* logits, int vocab, i
   });
   std::vector<TokenLogprob> out;
   for (int i = 0; i < k; ++i) out.push_back({idx[i], lp[idx[i]]});
+  return out;
+}
+
+float Sampler::Logprob(const float* logits, int vocab, int32_t id) {
+  std::vector<float> lp(vocab);
+  cpu::LogSoftmax(logits, lp.data(), vocab);
+  return lp[id];
+}
+
+PromptLogprobs Sampler::PromptLogprobsOf(const float* logits, int vocab,
+                                         absl::Span<const int32_t> prompt, int k) {
+  PromptLogprobs out;
+  std::vector<float> lp(vocab);
+  for (size_t t = 0; t + 1 < prompt.size(); ++t) {
+    const float* row = logits + t * static_cast<size_t>(vocab);
+    cpu::LogSoftmax(row, lp.data(), vocab);
+    out.logprobs.push_back(lp[prompt[t + 1]]);
+    if (k > 0) out.top.push_back(TopLogprobs(row, vocab, k));
+  }
   return out;
 }
 

@@ -32,19 +32,36 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // > 0; 1: off. Over prompt and output tokens.
   float presence_penalty = 0.0f;    // [-2, 2], once per distinct output token
   float frequency_penalty = 0.0f;   // [-2, 2], per occurrence in the output
+  bool logprobs = false;            // report each sampled token's own log-probability
+  // -1: none; k in [0, vocab]: every prompt token's log-probability given the
+  // tokens before it, with k alternatives (the prefill pass computes them).
+  int prompt_logprobs = -1;
 
   // INVALID_ARGUMENT naming the parameter if any is out of range.
   absl::Status Validate(int vocab_size) const;
   // Greedy with no penalty: the token is the logits' argmax, whatever the step.
   bool plain_greedy() const { return temperature == 0.0f && !has_penalties(); }
+  // The sampled token's own log-probability is reported (asked, or implied
+  // by top_logprobs > 0).
+  bool wants_logprob() const { return logprobs || top_logprobs > 0; }
   bool has_penalties() const {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
   }
 };
 
+// Every log-probability here is OpenAI's and vLLM's default ("raw"): the
+// natural log of softmax over the model's raw logits, before penalties and
+// temperature (and top-k/top-p/min-p) shape the distribution the draw uses.
 struct TokenLogprob {
   int32_t id = 0;
   float logprob = 0.0f;  // natural log of softmax(logits)
+};
+
+// A prompt's log-probabilities (moesh.v1.PromptLogprobs): of its tokens
+// 1..n-1, each given the tokens before it (the first token has none).
+struct PromptLogprobs {
+  std::vector<float> logprobs;                 // [n - 1]
+  std::vector<std::vector<TokenLogprob>> top;  // [n - 1][k], or empty when k == 0
 };
 
 class Sampler {
@@ -74,6 +91,13 @@ class Sampler {
                                 absl::Span<const int32_t> output);
   // The k most likely tokens under log_softmax(logits), best first.
   static std::vector<TokenLogprob> TopLogprobs(const float* logits, int vocab, int k);
+  // log_softmax(logits)[id], as TopLogprobs computes it; id in [0, vocab).
+  static float Logprob(const float* logits, int vocab, int32_t id);
+  // A prompt's log-probabilities from `logits` [n, vocab], row t the logits
+  // after prompt token t: entry t is of prompt[t + 1] under row t, with k
+  // alternatives (none when k == 0).
+  static PromptLogprobs PromptLogprobsOf(const float* logits, int vocab,
+                                         absl::Span<const int32_t> prompt, int k);
 
  private:
   const SamplingParams params_;

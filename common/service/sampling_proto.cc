@@ -13,6 +13,8 @@ SamplingParams SamplingFromProto(const v1::SamplingParams& p) {
   s.presence_penalty = p.has_presence_penalty() ? p.presence_penalty() : 0.0f;
   s.frequency_penalty = p.has_frequency_penalty() ? p.frequency_penalty() : 0.0f;
   s.top_logprobs = p.has_top_logprobs() ? p.top_logprobs() : 0;
+  s.logprobs = p.has_logprobs() && p.logprobs();
+  s.prompt_logprobs = p.has_prompt_logprobs() ? p.prompt_logprobs() : -1;
   return s;
 }
 
@@ -26,6 +28,8 @@ void SamplingToProto(const SamplingParams& s, v1::SamplingParams* p) {
   p->set_presence_penalty(s.presence_penalty);
   p->set_frequency_penalty(s.frequency_penalty);
   p->set_top_logprobs(s.top_logprobs);
+  if (s.logprobs) p->set_logprobs(true);
+  if (s.prompt_logprobs >= 0) p->set_prompt_logprobs(s.prompt_logprobs);
 }
 
 }  // namespace moesh

@@ -59,6 +59,9 @@ void TokenEventToProto(const TokenEvent& event, v1::DecodeResponse* p) {
   p->set_finished(event.finished);
   p->set_stopped(event.stopped);
   p->set_queue_seconds(event.queue_seconds);
+  p->mutable_token_logprobs()->Add(event.token_logprobs.begin(), event.token_logprobs.end());
+  if (event.prompt_logprobs.has_value())
+    PromptLogprobsToProto(*event.prompt_logprobs, p->mutable_prompt_logprobs());
 }
 
 TokenEvent TokenEventFromProto(const v1::DecodeResponse& p) {
@@ -68,6 +71,8 @@ TokenEvent TokenEventFromProto(const v1::DecodeResponse& p) {
   event.finished = p.finished();
   event.stopped = p.stopped();
   event.queue_seconds = p.queue_seconds();
+  event.token_logprobs.assign(p.token_logprobs().begin(), p.token_logprobs().end());
+  if (p.has_prompt_logprobs()) event.prompt_logprobs = PromptLogprobsFromProto(p.prompt_logprobs());
   return event;
 }
 

@@ -303,6 +303,8 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
   first.queue_seconds = transfer.queue_seconds;
   first.ids.push_back(transfer.first_token);
   if (spec.sampling.top_logprobs > 0) first.logprobs.push_back(transfer.first_logprobs);
+  if (spec.sampling.wants_logprob()) first.token_logprobs.push_back(transfer.first_logprob);
+  if (spec.sampling.prompt_logprobs >= 0) first.prompt_logprobs = transfer.prompt_logprobs;
   first.stopped = std::find(spec.stop_token_ids.begin(), spec.stop_token_ids.end(),
                             transfer.first_token) != spec.stop_token_ids.end();
   first.finished = first.stopped || spec.max_new_tokens <= 1;
@@ -508,6 +510,7 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
     TokenEvent m;
     m.ids.push_back(token);
     if (want > 0) m.logprobs.push_back(std::move(top));
+    if (r.spec.sampling.wants_logprob()) m.token_logprobs.push_back(chosen->logprobs[i]);
     m.stopped = std::find(r.spec.stop_token_ids.begin(), r.spec.stop_token_ids.end(), token) !=
                 r.spec.stop_token_ids.end();
     m.finished = m.stopped || static_cast<int>(r.output.size()) >= r.spec.max_new_tokens;

@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ namespace moesh {
 
 // A request id's bound: it is echoed in every message about the request.
 constexpr size_t kMaxRequestIdBytes = 256;
+// Sibling generations (choices) of one prompt a request may ask for
+// (GenerateRequest.n).
+constexpr int kMaxChoices = 16;
 // INVALID_ARGUMENT "request_id is N bytes; the limit is 256" over the bound
 // (or "request_id is empty" when `allow_empty` is false: the workers need one).
 absl::Status CheckRequestId(absl::string_view id, bool allow_empty = false);
@@ -52,6 +56,10 @@ struct TokenChunk {
   double queue_seconds = 0;  // on the first chunk: time queued before prefill
   std::vector<int32_t> ids;
   std::vector<std::vector<TokenLogprob>> logprobs;  // per id, iff requested
+  // Per id iff sampling.wants_logprob(): its own log-probability.
+  std::vector<float> token_logprobs;
+  // On the first chunk iff sampling.prompt_logprobs >= 0.
+  std::optional<PromptLogprobs> prompt_logprobs;
 };
 
 // Returns false to stop generation early (e.g. a stop string matched).

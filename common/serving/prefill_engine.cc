@@ -56,6 +56,11 @@ absl::Status PrefillEngine::Prefill(const PrefillSpec& spec, const CancelToken* 
     }
   }
   if (absl::Status s = spec.sampling.Validate(c.vocab_size); !s.ok()) return s;
+  if (spec.sampling.prompt_logprobs >= 0 && !backend_->has_all_position_logits()) {
+    return absl::UnimplementedError(
+        absl::StrCat("prompt_logprobs: the ", backend_->device(),
+                     " backend computes the logits of each prompt's last position only"));
+  }
   Pending p(&spec);
   {
     absl::MutexLock lock(&mu_);
@@ -178,7 +183,11 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
       caches[i] = std::move(*seq);
       inputs[i] = {spec.prompt_ids, caches[i].get()};
       // The first generated token: step 0 of the request's draws.
-      samples[i] = {&spec.sampling, Sampler(spec.sampling).Draw(/*step=*/0), spec.prompt_ids, {}};
+      samples[i] = {&spec.sampling,
+                    Sampler(spec.sampling).Draw(/*step=*/0),
+                    spec.prompt_ids,
+                    {},
+                    spec.sampling.prompt_logprobs};
       top_k = std::max(top_k, spec.sampling.top_logprobs);
     }
   }
@@ -228,6 +237,9 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
                                         chosen->top_logprobs[i].begin() + want);
         }
         (*msg)->queue_seconds = batch[i]->queue_seconds;
+        (*msg)->first_logprob = chosen->logprobs[i];
+        if (spec.sampling.prompt_logprobs >= 0)
+          (*msg)->prompt_logprobs = chosen->prompt_logprobs[i];
         if (!caches[i]->status().ok()) {
           return absl::InternalError(
               absl::StrCat("reading the KV rows failed: ", caches[i]->status().message()));

@@ -49,6 +49,10 @@ struct KvTransfer {
   int32_t first_token = 0;
   std::vector<TokenLogprob> first_logprobs;
   double queue_seconds = 0;
+  // The first token's own log-probability (0 unless the sampling asks) and
+  // the prompt's (the prefill pass's, when the sampling asks).
+  float first_logprob = 0.0f;
+  std::optional<PromptLogprobs> prompt_logprobs;
 
   // The host rows' bytes (as they go on the wire).
   size_t row_bytes() const {

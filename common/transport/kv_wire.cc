@@ -17,6 +17,9 @@ void EncodePushKv(const KvTransfer& t, v1::PushKvRequest* request) {
   request->set_first_token(t.first_token);
   LogprobsToProto(t.first_logprobs, request->mutable_first_logprobs());
   request->set_queue_seconds(t.queue_seconds);
+  request->set_first_token_logprob(t.first_logprob);
+  if (t.prompt_logprobs.has_value())
+    PromptLogprobsToProto(*t.prompt_logprobs, request->mutable_prompt_logprobs());
   if (t.device.has_value()) {
     const DeviceKvBlocks& d = *t.device;
     v1::DeviceKv* dev = request->mutable_device();
@@ -46,6 +49,9 @@ absl::StatusOr<KvTransfer> DecodePushKv(const v1::PushKvRequest& request) {
   t.first_token = request.first_token();
   t.first_logprobs = LogprobsFromProto(request.first_logprobs());
   t.queue_seconds = request.queue_seconds();
+  t.first_logprob = request.first_token_logprob();
+  if (request.has_prompt_logprobs())
+    t.prompt_logprobs = PromptLogprobsFromProto(request.prompt_logprobs());
   if (request.has_device()) {
     const v1::DeviceKv& dev = request.device();
     DeviceKvBlocks d;

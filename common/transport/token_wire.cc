@@ -17,4 +17,16 @@ std::vector<TokenLogprob> LogprobsFromProto(const v1::TopLogprobs& p) {
   return top;
 }
 
+void PromptLogprobsToProto(const PromptLogprobs& lp, v1::PromptLogprobs* p) {
+  p->mutable_logprobs()->Add(lp.logprobs.begin(), lp.logprobs.end());
+  for (const std::vector<TokenLogprob>& top : lp.top) LogprobsToProto(top, p->add_top());
+}
+
+PromptLogprobs PromptLogprobsFromProto(const v1::PromptLogprobs& p) {
+  PromptLogprobs lp;
+  lp.logprobs.assign(p.logprobs().begin(), p.logprobs().end());
+  for (const v1::TopLogprobs& top : p.top()) lp.top.push_back(LogprobsFromProto(top));
+  return lp;
+}
+
 }  // namespace moesh

@@ -1,4 +1,5 @@
-// A sampled token's top log-probabilities on the wire (moesh.v1.TopLogprobs):
+// A sampled token's top log-probabilities on the wire (moesh.v1.TopLogprobs),
+// and a prompt's (moesh.v1.PromptLogprobs):
 // the KV handoff carries the first token's (kv_wire.h), the services' streams
 // every later token's.
 #ifndef MOESH_COMMON_TRANSPORT_TOKEN_WIRE_H_
@@ -13,6 +14,9 @@ namespace moesh {
 
 void LogprobsToProto(const std::vector<TokenLogprob>& top, v1::TopLogprobs* p);
 std::vector<TokenLogprob> LogprobsFromProto(const v1::TopLogprobs& p);
+// A prompt's log-probabilities (moesh.v1.PromptLogprobs).
+void PromptLogprobsToProto(const PromptLogprobs& lp, v1::PromptLogprobs* p);
+PromptLogprobs PromptLogprobsFromProto(const v1::PromptLogprobs& p);
 
 }  // namespace moesh
 

@@ -24,6 +24,27 @@ assert all(s[0]["id"]==t for s,t in zip(j["top_logprobs"], j["output_ids"])); pr
   || fail "generate --json output malformed: $out"
 [ "$n" = 6 ] || fail "expected 6 tokens, got $n"
 
+# --logprobs, --prompt_logprobs, --n: each token's own log-probability (greedy:
+# its best alternative's), the prompt's 1..n-1, n sibling lines by index.
+out=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300,9 --max_new_tokens 4 --ignore_eos \
+      --logprobs 1 --prompt_logprobs 2 --json)
+printf '%s' "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); \
+assert len(j["logprobs"])==4 and all(x<=0 for x in j["logprobs"]); \
+assert all(abs(x-s[0]["logprob"])<1e-6 for x,s in zip(j["logprobs"], j["top_logprobs"])); \
+p=j["prompt_logprobs"]; assert len(p["logprobs"])==3 and all(len(r)==2 for r in p["top_logprobs"]); \
+assert all(r[0]["logprob"]>=x-1e-6 for x,r in zip(p["logprobs"], p["top_logprobs"]))' \
+  || fail "generate --logprobs --prompt_logprobs: $out"
+out=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens 6 --ignore_eos \
+      --temperature 1 --seed 8 --n 3 --json)
+printf '%s\n' "$out" | python3 -c 'import json,sys; js=[json.loads(l) for l in sys.stdin if l.strip()]; \
+assert [j["index"] for j in js]==[0,1,2]; assert len({tuple(j["output_ids"]) for j in js})==3; \
+assert [j["usage"]["prompt_tokens"] for j in js]==[3,0,0]' || fail "generate --n 3: $out"
+one=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens 6 --ignore_eos \
+      --temperature 1 --seed 9 --json)
+[ "$(printf '%s\n' "$out" | sed -n 2p | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_ids"])')" \
+  = "$(printf '%s' "$one" | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_ids"])')" ] \
+  || fail "generate --n: sibling 1 is not the run seeded seed + 1"
+
 # Greedy is deterministic; seeded sampling reproduces; the sharded model runs.
 a=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens 6 --ignore_eos --json)
 [ "$a" = "$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens 6 --ignore_eos --json)" ] \

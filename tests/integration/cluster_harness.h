@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -69,6 +70,11 @@ struct Result {
   std::vector<int32_t> ids;
   std::vector<std::vector<std::pair<int32_t, float>>> logprobs;
   v1::FinalInfo final;
+  std::vector<float> token_logprobs;   // each token's own, when asked
+  v1::PromptLogprobs prompt_logprobs;  // when asked
+  // n > 1: ids and finals by GenerateResponse.index.
+  std::map<int, std::vector<int32_t>> ids_by_index;
+  std::map<int, v1::FinalInfo> finals;
 };
 
 inline v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_new,
@@ -96,6 +102,12 @@ inline Result Call(const std::string& server, const v1::GenerateRequest& req,
   Result r;
   v1::GenerateResponse m;
   while (reader->Read(&m)) {
+    r.token_logprobs.insert(r.token_logprobs.end(), m.token_logprobs().begin(),
+                            m.token_logprobs().end());
+    if (m.has_prompt_logprobs()) r.prompt_logprobs = m.prompt_logprobs();
+    std::vector<int32_t>& by_index = r.ids_by_index[m.index()];
+    by_index.insert(by_index.end(), m.token_ids().begin(), m.token_ids().end());
+    if (m.has_final()) r.finals[m.index()] = m.final();
     for (int32_t t : m.token_ids()) {
       r.ids.push_back(t);
       if (on_token) on_token(&ctx, static_cast<int>(r.ids.size()));

@@ -659,6 +659,35 @@ TEST(CudaAttentionBackendTest, ForwardSampleEqualsSamplerOnForwardsLogits) {
   }
 }
 
+// The sampled token's own log-probability: greedy on the device (the step's
+// next_logprobs), sampled through the host; both log_softmax of the raw logits.
+// Prompt log-probabilities are UNIMPLEMENTED (last-position LM head).
+TEST(CudaAttentionBackendTest, SampledTokensOwnLogprob) {
+  MOESH_REQUIRE_GPU();
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  const int vocab = m.config.vocab_size;
+  SamplingParams greedy, sampled;
+  greedy.logprobs = sampled.logprobs = true;
+  sampled.temperature = 1.3f, sampled.seed = 5;
+  const std::vector<int32_t> prompt = {5, 17, 300};
+  for (const SamplingParams* p : {&greedy, &sampled}) {
+    MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> a,
+                               MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
+    MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b,
+                               MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
+    EXPECT_FALSE(b->has_all_position_logits());
+    std::unique_ptr<KvSequence> sa = *a->NewSequence(8), sb = *b->NewSequence(8);
+    const SequenceInput ia{prompt, sa.get()}, ib{prompt, sb.get()};
+    SampleRequest req{p, 0.37, prompt, {}};
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> logits, a->Forward({&ia, 1}, nullptr));
+    MOESH_ASSERT_OK_AND_ASSIGN(SampledTokens g, b->ForwardSample({&ib, 1}, nullptr, {&req, 1}, 0));
+    EXPECT_NEAR(g.logprobs[0], Sampler::Logprob(logits.data(), vocab, g.ids[0]), 1e-3);
+    req.prompt_logprobs = 0;
+    EXPECT_EQ(b->ForwardSample({&ib, 1}, nullptr, {&req, 1}, 0).status().code(),
+              absl::StatusCode::kUnimplemented);
+  }
+}
+
 TEST(CudaAttentionBackendTest, PoolLimitsAndReleases) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));

@@ -4,7 +4,9 @@
 # (JSON and SSE, the same tokens as the gRPC API), chat through the
 # checkpoint's chat template, /v1/models, /health, and the errors: a missing
 # key (401, and UNAUTHENTICATED on gRPC), malformed JSON and wrong types
-# (400), an unknown model (404), an oversize body (413), n > 1 (400); a
+# (400), an unknown model (404), an oversize body (413), n over 16 (400); n
+# sibling choices, echo with the prompt's log-probabilities, and sampled
+# tokens' own log-probabilities (chat and completions, streamed too); a
 # client that goes away mid-stream has its request cancelled (the router's
 # and the decode worker's running requests and KV blocks back to zero).
 # usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR
@@ -88,10 +90,70 @@ assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] 
 assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
 PYEOF
 
+# n siblings, echo + prompt log-probabilities, sampled tokens' own.
+"$PY" - "$URL" <<'PYEOF' || fail "n / echo / logprobs"
+import json, sys, urllib.request
+url = sys.argv[1]
+H = {"Authorization": "Bearer sk-test-1", "Content-Type": "application/json"}
+def post(path, body):
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), H)
+    return urllib.request.urlopen(req, timeout=60)
+one = json.load(post("/v1/completions", {"prompt": "Hello world", "max_tokens": 1}))
+body = {"prompt": "Hello world", "max_tokens": 6, "temperature": 1.0, "seed": 9, "n": 3,
+        "ignore_eos": True, "logprobs": 0}
+a = json.load(post("/v1/completions", body))
+assert [c["index"] for c in a["choices"]] == [0, 1, 2], a
+toks = [tuple(c["logprobs"]["tokens"]) for c in a["choices"]]
+assert len(set(toks)) == 3, toks  # distinct seeds
+for c in a["choices"]:
+    lps = c["logprobs"]["token_logprobs"]
+    assert len(lps) == 6 and all(isinstance(x, float) and x <= 0 for x in lps), c
+assert a["usage"]["completion_tokens"] == 18, a["usage"]
+assert a["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"], (a["usage"], one["usage"])
+b = json.load(post("/v1/completions", body))
+assert [c["logprobs"] for c in b["choices"]] == [c["logprobs"] for c in a["choices"]]  # reproducible
+e = json.load(post("/v1/completions", {"prompt": "Hello world", "max_tokens": 3, "echo": True,
+                                       "logprobs": 1, "temperature": 0}))
+c = e["choices"][0]
+assert c["text"].startswith("Hello world"), c
+lp = c["logprobs"]
+n_prompt = e["usage"]["prompt_tokens"]
+assert len(lp["tokens"]) == n_prompt + 3, (lp, e["usage"])
+assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None, lp
+assert all(x <= 0 for x in lp["token_logprobs"][1:]), lp
+assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"]), lp
+# greedy: each output token's own is its best alternative's
+for t, x, top in zip(lp["tokens"][n_prompt:], lp["token_logprobs"][n_prompt:], lp["top_logprobs"][n_prompt:]):
+    assert abs(max(top.values()) - x) < 1e-6, (t, x, top)
+msgs = [{"role": "user", "content": "Hi"}]
+r = json.load(post("/v1/chat/completions", {"messages": msgs, "max_tokens": 5, "temperature": 1.0,
+                                           "seed": 3, "logprobs": True}))
+content = r["choices"][0]["logprobs"]["content"]
+assert len(content) == r["usage"]["completion_tokens"], r
+assert all(isinstance(x["logprob"], float) and x["logprob"] <= 0 and x["top_logprobs"] == []
+           for x in content), content
+indexes, finishes, done = set(), 0, 0
+with post("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "n": 2, "stream": True,
+                                   "logprobs": True, "ignore_eos": True}) as s:
+    for line in s:
+        line = line.decode().strip()
+        if not line:
+            continue
+        if line == "data: [DONE]":
+            done += 1
+            continue
+        ch = json.loads(line[6:])["choices"][0]
+        indexes.add(ch["index"])
+        finishes += ch["finish_reason"] is not None
+        if ch.get("logprobs"):
+            assert all(x["logprob"] <= 0 for x in ch["logprobs"]["content"]), ch
+assert indexes == {0, 1} and finishes == 2 and done == 1, (indexes, finishes, done)
+PYEOF
+
 # Errors, each in OpenAI's shape.
 expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"prompt": "x",' "$URL/v1/completions"
 expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"prompt":"x","temperature":"hot"}' "$URL/v1/completions"
-expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"prompt":"x","n":2}' "$URL/v1/completions"
+expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"prompt":"x","n":17}' "$URL/v1/completions"
 expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"messages":[]}' "$URL/v1/chat/completions"
 expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"prompt":[1,100000]}' "$URL/v1/completions"
 expect_error 404 model_not_found -H "$KEY" -H "$JSON" -d '{"model":"gpt-4","prompt":"x"}' "$URL/v1/completions"

@@ -52,7 +52,17 @@ async function main() {
 
   await expectError(client.completions.create({model: 'gpt-4o', prompt: 'x'}), OpenAI.NotFoundError,
                     404, (e) => assert.equal(e.code, 'model_not_found'));
-  await expectError(client.chat.completions.create({model, messages, n: 2}),
+  // n = 2 sibling choices, sampled, each token with its own log-probability.
+  const two = await client.chat.completions.create(
+      {model, messages, max_tokens: 5, temperature: 1, seed: 4, n: 2, logprobs: true,
+       ignore_eos: true});
+  assert.deepEqual(two.choices.map((c) => c.index), [0, 1]);
+  assert.equal(two.usage.completion_tokens, 10);
+  for (const c of two.choices) {
+    assert.equal(c.logprobs.content.length, 5);
+    for (const t of c.logprobs.content) assert.ok(t.logprob <= 0, JSON.stringify(t));
+  }
+  await expectError(client.chat.completions.create({model, messages, n: 17}),
                     OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'n'));
   const stranger = new OpenAI({baseURL: `${baseURL}/v1`, apiKey: 'sk-wrong', maxRetries: 0});
   await expectError(stranger.models.list(), OpenAI.AuthenticationError, 401);
