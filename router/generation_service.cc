@@ -282,6 +282,7 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
   const bool has_stop_strings = request->stop().stop_strings_size() > 0;
   int completion = 0;
   double ttft = -1, queue_seconds = 0;
+  int cached_tokens = 0;
   bool stopped = false, client_gone = false;
   std::string matched;
   int32_t last_token = -1;
@@ -290,6 +291,7 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
     if (ttft < 0) {
       ttft = SecondsSince(arrival);
       queue_seconds = chunk.queue_seconds;
+      cached_tokens = chunk.cached_tokens;
       if (ttft_ != nullptr) ttft_->Observe(ttft);
     } else if (itl_ != nullptr) {
       itl_->Observe(std::chrono::duration<double>(now - last_token_time).count() /
@@ -353,6 +355,7 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
   }
   fin->mutable_usage()->set_prompt_tokens(static_cast<int>(b->prompt.size()));
   fin->mutable_usage()->set_completion_tokens(completion);
+  fin->mutable_usage()->set_cached_tokens(cached_tokens);
   fin->mutable_timings()->set_time_to_first_token_seconds(std::max(ttft, 0.0));
   fin->mutable_timings()->set_queue_seconds(queue_seconds);
   fin->mutable_timings()->set_total_seconds(SecondsSince(arrival));

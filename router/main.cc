@@ -50,6 +50,7 @@ absl::Status Run() {
     DeviceOptions device = o.device;
     device.num_kv_blocks = o.kv.kv_blocks;
     device.block_size = o.kv.block_size;
+    device.prefix_cache = o.kv.enable_prefix_caching;
     device.max_num_seqs = o.kv.max_batch;
     DecodeEngineOptions d;
     d.max_batch = o.kv.max_batch;

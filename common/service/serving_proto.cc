@@ -59,6 +59,7 @@ void TokenEventToProto(const TokenEvent& event, v1::DecodeResponse* p) {
   p->set_finished(event.finished);
   p->set_stopped(event.stopped);
   p->set_queue_seconds(event.queue_seconds);
+  p->set_cached_tokens(event.cached_tokens);
 }
 
 TokenEvent TokenEventFromProto(const v1::DecodeResponse& p) {
@@ -68,6 +69,7 @@ TokenEvent TokenEventFromProto(const v1::DecodeResponse& p) {
   event.finished = p.finished();
   event.stopped = p.stopped();
   event.queue_seconds = p.queue_seconds();
+  event.cached_tokens = p.cached_tokens();
   return event;
 }
 

@@ -62,6 +62,19 @@ DecodeEngine::DecodeEngine(AttentionBackend* backend, ExpertClient* experts,
     batch_size_ = &m->HistogramFamily("moesh_decode_batch_size", "Requests per decode step.")
                        .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128,
                                                                         256, 512});
+    prefix_hits_ = &m->CounterFamily("moesh_prefix_cache_hit_tokens_total",
+                                     "Prompt tokens whose KV rows came from the prefix cache "
+                                     "(prefill and decode lookups of this worker's pool).")
+                        .Add({});
+    prefix_misses_ = &m->CounterFamily("moesh_prefix_cache_miss_tokens_total",
+                                       "Prompt tokens looked up in the prefix cache and not found.")
+                          .Add({});
+    prefix_evictions_ = &m->CounterFamily("moesh_prefix_cache_evictions_total",
+                                          "Cached KV blocks reclaimed for new rows.")
+                             .Add({});
+    prefix_blocks_ = &m->GaugeFamily("moesh_prefix_cache_blocks",
+                                     "KV blocks the prefix cache holds (in use or reclaimable).")
+                          .Add({});
     kv_free_blocks_->Set(backend_->kv_usage().free_blocks);
   }
   thread_ = std::thread([this] { Loop(); });
@@ -183,7 +196,12 @@ void DecodeEngine::Admit() {
       if (!r->preempted && options_.prefill_shares_pool) need += BlocksFor(u, prompt);
       if (u.free_blocks < need) break;
     }
-    absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewSequence(tokens);
+    // The sequence starts with what the prefix cache holds of the prompt (of
+    // prompt + output for a preempted one): the KV handoff then stores only
+    // the rest, and a resumed request recomputes only the rest.
+    std::vector<int32_t> known = r->spec.prompt_ids;
+    if (r->preempted) known.insert(known.end(), r->output.begin(), r->output.end());
+    absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewCachedSequence(tokens, known);
     if (kv.status().code() == absl::StatusCode::kResourceExhausted) break;  // taken meanwhile
     waiting_.erase(it);
     if (!r->preempted) --waiting_new_;
@@ -294,6 +312,7 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
     return absl::FailedPreconditionError("the reservation for " + transfer.request_id +
                                          " ended during the KV handoff");
   r->kv_received = true;
+  kv->PublishPrefix(r->spec.prompt_ids);
   EndPending(r.get());
   // The first event: the prefill worker's token, its alternatives as asked,
   // and how long the prompt queued.
@@ -301,6 +320,7 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
   r->output = {transfer.first_token};
   TokenEvent first;
   first.queue_seconds = transfer.queue_seconds;
+  first.cached_tokens = transfer.cached_tokens;
   first.ids.push_back(transfer.first_token);
   if (spec.sampling.top_logprobs > 0) first.logprobs.push_back(transfer.first_logprobs);
   first.stopped = std::find(spec.stop_token_ids.begin(), spec.stop_token_ids.end(),
@@ -368,6 +388,12 @@ void DecodeEngine::UpdateGauges() {
   kv_free_blocks_->Set(u.free_blocks);
   running_->Set(static_cast<double>(requests_.size() - waiting_.size()));
   waiting_gauge_->Set(static_cast<double>(waiting_.size()));
+  const PrefixCacheStats p = backend_->prefix_cache_stats();
+  prefix_hits_->Increment(static_cast<double>(p.hit_tokens - prefix_reported_.hit_tokens));
+  prefix_misses_->Increment(static_cast<double>(p.miss_tokens - prefix_reported_.miss_tokens));
+  prefix_evictions_->Increment(static_cast<double>(p.evictions - prefix_reported_.evictions));
+  prefix_blocks_->Set(p.cached_blocks);
+  prefix_reported_ = p;
 }
 
 absl::Status DecodeEngine::Decode(const std::shared_ptr<Request>& r, const DecodeSink& sink,
@@ -463,8 +489,10 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
     if (r.recompute) {
+      // Past the rows its sequence took from the prefix cache.
       tokens[i] = r.spec.prompt_ids;
       tokens[i].insert(tokens[i].end(), r.output.begin(), r.output.end());
+      tokens[i].erase(tokens[i].begin(), tokens[i].begin() + r.kv->length());
     } else {
       tokens[i] = {r.output.back()};
     }
@@ -496,8 +524,16 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
     for (auto& r : batch) Finish(r, s);
     return;
   }
+  const int block_size = backend_->kv_usage().block_size;
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
+    // A block its rows just filled joins the prefix cache (a later turn of
+    // the chat starts with this prompt and output).
+    if (block_size > 0 && (r.recompute || r.kv->length() % block_size == 0)) {
+      std::vector<int32_t> known = r.spec.prompt_ids;
+      known.insert(known.end(), r.output.begin(), r.output.end());
+      r.kv->PublishPrefix(known);
+    }
     r.recompute = false;
     const int want = r.spec.sampling.top_logprobs;
     const int32_t token = chosen->ids[i];
@@ -515,6 +551,7 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
     r.outbox.push_back(std::move(m));
     if (finished) Finish(batch[i], absl::OkStatus());
   }
+  UpdateGauges();
 }
 
 void DecodeEngine::Drain() {

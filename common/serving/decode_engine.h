@@ -20,6 +20,14 @@
 // ordered by (priority, arrival): lower priority values first, first come
 // first served within one.
 //
+// Prefix cache (where the backend keeps one: common/engine/paged_kv_cache.h):
+// an admitted request's sequence starts with the cached blocks of its prompt
+// (a resumed one's: of prompt + output, recomputing only the rest), the KV
+// handoff stores only the rows past them, and every block a request fills is
+// published for later requests (a chat's next turn reuses this one's prompt
+// and output). Preemption only drops the request's references: its published
+// blocks stay cached until the pool needs them.
+//
 // Thread-safe. Owns one engine thread.
 #ifndef MOESH_COMMON_SERVING_DECODE_ENGINE_H_
 #define MOESH_COMMON_SERVING_DECODE_ENGINE_H_
@@ -160,6 +168,13 @@ class DecodeEngine : public KvHandler {
   prometheus::Counter* tokens_ = nullptr;
   prometheus::Histogram* step_seconds_ = nullptr;
   prometheus::Histogram* batch_size_ = nullptr;
+  // The backend's prefix cache counters (the prefill engine sharing the
+  // pool counts there too), exported as increments since the last update.
+  prometheus::Counter* prefix_hits_ = nullptr;
+  prometheus::Counter* prefix_misses_ = nullptr;
+  prometheus::Counter* prefix_evictions_ = nullptr;
+  prometheus::Gauge* prefix_blocks_ = nullptr;
+  PrefixCacheStats prefix_reported_ ABSL_GUARDED_BY(mu_);
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::atomic<bool> logged_device_kv_{false};  // the first device-to-device KV handoff is logged

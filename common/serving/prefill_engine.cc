@@ -162,7 +162,9 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   for (size_t i = 0; i < batch.size() && chosen.ok(); ++i) {
     const PrefillSpec& spec = *batch[i]->spec;
     const int n = static_cast<int>(spec.prompt_ids.size());
-    absl::StatusOr<std::unique_ptr<KvSequence>> seq = backend_->NewSequence(n);
+    // Starting with the prefix cache's rows of the prompt: only the rest is computed.
+    absl::StatusOr<std::unique_ptr<KvSequence>> seq =
+        backend_->NewCachedSequence(n, spec.prompt_ids);
     const KvUsage u = backend_->kv_usage();
     if (seq.status().code() == absl::StatusCode::kResourceExhausted &&
         (n + u.block_size - 1) / std::max(u.block_size, 1) <= u.total_blocks) {
@@ -176,7 +178,8 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
       chosen = seq.status();
     } else {
       caches[i] = std::move(*seq);
-      inputs[i] = {spec.prompt_ids, caches[i].get()};
+      inputs[i] = {absl::MakeConstSpan(spec.prompt_ids).subspan(caches[i]->length()),
+                   caches[i].get()};
       // The first generated token: step 0 of the request's draws.
       samples[i] = {&spec.sampling, Sampler(spec.sampling).Draw(/*step=*/0), spec.prompt_ids, {}};
       top_k = std::max(top_k, spec.sampling.top_logprobs);
@@ -205,6 +208,8 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     --running_;
   };
   for (size_t i = 0; i < batch.size(); ++i) {
+    // The prompt's full blocks join the prefix cache.
+    if (chosen.ok()) caches[i]->PublishPrefix(batch[i]->spec->prompt_ids);
     if (!chosen.ok()) {
       finish(i, chosen.status().code() == absl::StatusCode::kInvalidArgument
                     ? chosen.status()
@@ -228,6 +233,7 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
                                         chosen->top_logprobs[i].begin() + want);
         }
         (*msg)->queue_seconds = batch[i]->queue_seconds;
+        (*msg)->cached_tokens = caches[i]->cached_tokens();
         if (!caches[i]->status().ok()) {
           return absl::InternalError(
               absl::StrCat("reading the KV rows failed: ", caches[i]->status().message()));

@@ -17,6 +17,7 @@ void EncodePushKv(const KvTransfer& t, v1::PushKvRequest* request) {
   request->set_first_token(t.first_token);
   LogprobsToProto(t.first_logprobs, request->mutable_first_logprobs());
   request->set_queue_seconds(t.queue_seconds);
+  request->set_cached_tokens(t.cached_tokens);
   if (t.device.has_value()) {
     const DeviceKvBlocks& d = *t.device;
     v1::DeviceKv* dev = request->mutable_device();
@@ -46,6 +47,7 @@ absl::StatusOr<KvTransfer> DecodePushKv(const v1::PushKvRequest& request) {
   t.first_token = request.first_token();
   t.first_logprobs = LogprobsFromProto(request.first_logprobs());
   t.queue_seconds = request.queue_seconds();
+  t.cached_tokens = request.cached_tokens();
   if (request.has_device()) {
     const v1::DeviceKv& dev = request.device();
     DeviceKvBlocks d;

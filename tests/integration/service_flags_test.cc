@@ -125,6 +125,7 @@ void SetAll(KvOptions* k) {
   k->block_size = 16;
   k->max_batch = 9;
   k->max_waiting_requests = 5;
+  k->enable_prefix_caching = false;
 }
 
 // The same for several groups: SetAll(&o.server, &o.worker).
