@@ -62,19 +62,7 @@ DecodeEngine::DecodeEngine(AttentionBackend* backend, ExpertClient* experts,
     batch_size_ = &m->HistogramFamily("moesh_decode_batch_size", "Requests per decode step.")
                        .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128,
                                                                         256, 512});
-    prefix_hits_ = &m->CounterFamily("moesh_prefix_cache_hit_tokens_total",
-                                     "Prompt tokens whose KV rows came from the prefix cache "
-                                     "(prefill and decode lookups of this worker's pool).")
-                        .Add({});
-    prefix_misses_ = &m->CounterFamily("moesh_prefix_cache_miss_tokens_total",
-                                       "Prompt tokens looked up in the prefix cache and not found.")
-                          .Add({});
-    prefix_evictions_ = &m->CounterFamily("moesh_prefix_cache_evictions_total",
-                                          "Cached KV blocks reclaimed for new rows.")
-                             .Add({});
-    prefix_blocks_ = &m->GaugeFamily("moesh_prefix_cache_blocks",
-                                     "KV blocks the prefix cache holds (in use or reclaimable).")
-                          .Add({});
+    prefix_metrics_ = std::make_unique<PrefixCacheMetrics>(m);
     kv_free_blocks_->Set(backend_->kv_usage().free_blocks);
   }
   thread_ = std::thread([this] { Loop(); });
@@ -388,12 +376,7 @@ void DecodeEngine::UpdateGauges() {
   kv_free_blocks_->Set(u.free_blocks);
   running_->Set(static_cast<double>(requests_.size() - waiting_.size()));
   waiting_gauge_->Set(static_cast<double>(waiting_.size()));
-  const PrefixCacheStats p = backend_->prefix_cache_stats();
-  prefix_hits_->Increment(static_cast<double>(p.hit_tokens - prefix_reported_.hit_tokens));
-  prefix_misses_->Increment(static_cast<double>(p.miss_tokens - prefix_reported_.miss_tokens));
-  prefix_evictions_->Increment(static_cast<double>(p.evictions - prefix_reported_.evictions));
-  prefix_blocks_->Set(p.cached_blocks);
-  prefix_reported_ = p;
+  prefix_metrics_->Update(backend_->prefix_cache_stats());
 }
 
 absl::Status DecodeEngine::Decode(const std::shared_ptr<Request>& r, const DecodeSink& sink,

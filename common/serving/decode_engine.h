@@ -50,6 +50,7 @@
 #include "common/engine/sampler.h"
 #include "common/metrics/metrics.h"
 #include "common/serving/generation_flow.h"
+#include "common/serving/prefix_cache_metrics.h"
 #include "common/serving/serving_load.h"
 #include "common/transport/transport.h"
 
@@ -168,13 +169,9 @@ class DecodeEngine : public KvHandler {
   prometheus::Counter* tokens_ = nullptr;
   prometheus::Histogram* step_seconds_ = nullptr;
   prometheus::Histogram* batch_size_ = nullptr;
-  // The backend's prefix cache counters (the prefill engine sharing the
-  // pool counts there too), exported as increments since the last update.
-  prometheus::Counter* prefix_hits_ = nullptr;
-  prometheus::Counter* prefix_misses_ = nullptr;
-  prometheus::Counter* prefix_evictions_ = nullptr;
-  prometheus::Gauge* prefix_blocks_ = nullptr;
-  PrefixCacheStats prefix_reported_ ABSL_GUARDED_BY(mu_);
+  // The backend pool's prefix cache (the prefill engine sharing the pool
+  // counts there too). Updated under mu_.
+  std::unique_ptr<PrefixCacheMetrics> prefix_metrics_;
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::atomic<bool> logged_device_kv_{false};  // the first device-to-device KV handoff is logged

@@ -27,6 +27,7 @@ PrefillEngine::PrefillEngine(AttentionBackend* backend, ExpertClient* experts, T
     kv_seconds_ =
         &m->HistogramFamily("moesh_kv_transfer_seconds", "Latency of one request's KV handoff.")
              .Add({}, Metrics::LatencyBuckets());
+    if (options.prefix_cache_metrics) prefix_metrics_ = std::make_unique<PrefixCacheMetrics>(m);
   }
   thread_ = std::thread([this] { Loop(); });
 }
@@ -210,6 +211,9 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   for (size_t i = 0; i < batch.size(); ++i) {
     // The prompt's full blocks join the prefix cache.
     if (chosen.ok()) caches[i]->PublishPrefix(batch[i]->spec->prompt_ids);
+  }
+  if (prefix_metrics_ != nullptr) prefix_metrics_->Update(backend_->prefix_cache_stats());
+  for (size_t i = 0; i < batch.size(); ++i) {
     if (!chosen.ok()) {
       finish(i, chosen.status().code() == absl::StatusCode::kInvalidArgument
                     ? chosen.status()

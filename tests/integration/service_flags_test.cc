@@ -184,7 +184,7 @@ TEST(ServiceFlagsTest, Router) {
 
 TEST(ServiceFlagsTest, PrefillWorker) {
   PrefillWorkerOptions o;
-  SetAll(&o.server, &o.worker, &o.dispatch, &o.device);
+  SetAll(&o.server, &o.worker, &o.dispatch, &o.kv, &o.device);
   o.max_batch_tokens = 100;
   o.kv_handoff = "host";
   Check(o, PrefillWorkerOptionsFromFlags, "moesh_prefill_worker");
