@@ -70,7 +70,7 @@ absl::Status Run() {
     membership = std::make_unique<Membership>(
         config.Fingerprint(), limits, std::chrono::milliseconds(o.heartbeat_interval_ms),
         std::chrono::milliseconds(o.heartbeat_timeout_ms), rebalance, metrics.get());
-    backend = std::make_unique<ClusterBackend>(membership.get());
+    backend = std::make_unique<ClusterBackend>(membership.get(), o.kv_aware_routing);
   }
   std::unique_ptr<ApiKeys> keys;
   if (!o.api_keys_file.empty()) {

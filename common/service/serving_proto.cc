@@ -80,6 +80,11 @@ v1::WorkerLoad LoadToProto(const ServingLoad& load) {
   p.set_kv_usage(static_cast<float>(load.kv_usage));
   p.set_free_kv_blocks(load.free_kv_blocks);
   p.set_draining(load.draining);
+  if (!load.cached_block_hashes.empty()) {
+    p.mutable_cached_block_hashes()->Add(load.cached_block_hashes.begin(),
+                                         load.cached_block_hashes.end());
+    p.set_cache_block_size(load.cache_block_size);
+  }
   return p;
 }
 

@@ -555,6 +555,7 @@ ServingLoad DecodeEngine::Load() const {
   const KvUsage u = backend_->kv_usage();
   load.kv_usage = u.used_fraction();
   load.free_kv_blocks = u.free_blocks;
+  ReportPrefixCache(*backend_, &load);
   return load;
 }
 

@@ -288,6 +288,7 @@ ServingLoad PrefillEngine::Load() const {
   load.queued_prompt_tokens = queued_tokens_;
   load.in_flight = static_cast<int>(queue_.size()) + running_;
   load.draining = draining_;
+  ReportPrefixCache(*backend_, &load);
   return load;
 }
 

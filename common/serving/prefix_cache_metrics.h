@@ -1,4 +1,5 @@
-// Prometheus metrics of a backend's prefix cache (common/engine/
+// A backend's prefix cache as a worker reports it: ReportPrefixCache (the
+// heartbeat's summary for KV-aware routing) and the Prometheus metrics (common/engine/
 // paged_kv_cache.h): hit and miss tokens, evictions (counters) and cached
 // blocks (gauge), exported from the pool's cumulative counters. One per KV
 // pool: the engine owning the pool updates it (in colocated mode the decode
@@ -8,10 +9,18 @@
 #ifndef MOESH_COMMON_SERVING_PREFIX_CACHE_METRICS_H_
 #define MOESH_COMMON_SERVING_PREFIX_CACHE_METRICS_H_
 
+#include "common/engine/attention_backend.h"
 #include "common/engine/paged_kv_cache.h"
 #include "common/metrics/metrics.h"
+#include "common/serving/serving_load.h"
 
 namespace moesh {
+
+// Fills load's prefix cache summary from `backend` (nothing without a cache).
+inline void ReportPrefixCache(const AttentionBackend& backend, ServingLoad* load) {
+  load->cached_block_hashes = backend.CachedBlockHashes(kMaxReportedBlockHashes);
+  load->cache_block_size = load->cached_block_hashes.empty() ? 0 : backend.kv_usage().block_size;
+}
 
 class PrefixCacheMetrics {
  public:
