@@ -77,7 +77,8 @@ absl::Status CheckKvTransfer(const KvTransfer& transfer);
 // INVALID_ARGUMENT on shape mismatch (with `num_layers`, kv's row width, or
 // CheckKvTransfer's), FAILED_PRECONDITION if `kv` is not empty,
 // RESOURCE_EXHAUSTED over capacity; INVALID_ARGUMENT if the cached rows
-// leave nothing to append or the rows are device references; device references:
+// leave nothing to append; FAILED_PRECONDITION for device references into a
+// sequence holding cached rows (the sender then sends the host form); device references:
 // kv.AppendDeviceBlocks()'s errors.
 absl::Status DeserializeKv(const KvTransfer& transfer, int num_layers, KvSequence* kv);
 
