@@ -186,9 +186,10 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
       top_k = std::max(top_k, spec.sampling.top_logprobs);
     }
   }
-  if (prompt_tokens_ != nullptr) {
-    for (Pending* p : batch)
-      prompt_tokens_->Increment(static_cast<double>(p->spec->prompt_ids.size()));
+  if (prompt_tokens_ != nullptr && chosen.ok()) {
+    // The tokens the forward computes: a prompt's cached prefix is not.
+    for (const SequenceInput& in : inputs)
+      prompt_tokens_->Increment(static_cast<double>(in.tokens.size()));
   }
   const auto start = std::chrono::steady_clock::now();
   const int mb = experts_ != nullptr && experts_->IsAsync() ? options_.micro_batches : 1;
