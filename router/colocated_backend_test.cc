@@ -268,7 +268,9 @@ TEST_P(PreemptionTest, APreemptedRequestResumesTokenExact) {
   // two together do not, so the second to start (once the first streams)
   // makes the pool run dry and one of them is preempted by recompute.
   const PreemptionCase& c = GetParam();
-  std::unique_ptr<ColocatedBackend> b = Backend(48, 4, 1024, nullptr, c.prefix_cache);
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create("", "decode_worker");
+  ASSERT_TRUE(metrics.ok());
+  std::unique_ptr<ColocatedBackend> b = Backend(48, 4, 1024, metrics->get(), c.prefix_cache);
   ASSERT_NE(b, nullptr);
   const int64_t all_free = b->decode()->Load().free_kv_blocks;
   constexpr int kNew = 150;
@@ -306,6 +308,10 @@ TEST_P(PreemptionTest, APreemptedRequestResumesTokenExact) {
   EXPECT_EQ(got_first, want_first);
   EXPECT_EQ(got_second, want_second);
   ExpectIdle(b.get(), all_free);
+  // With the cache, the uninterrupted runs' blocks (and its own) served the
+  // victim's resume: it recomputed only what was evicted.
+  if (c.prefix_cache)
+    EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_hit_tokens_total"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -445,11 +451,14 @@ TEST(AdmissionTest, ManyLongRequestsOnASmallPoolAllComplete) {
   ExpectIdle(b.get(), all_free);
 }
 
-TEST(AdmissionTest, CancellingQueuedRunningAndPreemptedRequestsFreesEveryBlock) {
-  // 12 requests of up to 2002 tokens (126 blocks of 16) on 160 blocks.
+class CancellationTest : public ::testing::TestWithParam<bool> {};  // the prefix cache on
+
+TEST_P(CancellationTest, CancellingQueuedRunningAndPreemptedRequestsFreesEveryBlock) {
+  // 12 requests of up to 2002 tokens (126 blocks of 16) on 160 blocks; with
+  // the prefix cache their shared blocks drop every reference too.
   absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create("", "decode_worker");
   ASSERT_TRUE(metrics.ok());
-  std::unique_ptr<ColocatedBackend> b = Backend(160, 16, 1024, metrics->get());
+  std::unique_ptr<ColocatedBackend> b = Backend(160, 16, 1024, metrics->get(), GetParam());
   ASSERT_NE(b, nullptr);
   const int64_t all_free = b->decode()->Load().free_kv_blocks;
   constexpr int kRequests = 12;
@@ -482,7 +491,14 @@ TEST(AdmissionTest, CancellingQueuedRunningAndPreemptedRequestsFreesEveryBlock) 
   EXPECT_EQ(MetricValue(m, "moesh_num_requests_running"), 0);
   EXPECT_EQ(MetricValue(m, "moesh_decode_num_requests_waiting"), 0);
   EXPECT_GT(MetricValue(m, "moesh_decode_preemptions_total"), 0);
+  // The blocks the requests filled stay cached, held by nobody (counted free above).
+  if (GetParam()) EXPECT_GT(MetricValue(m, "moesh_prefix_cache_blocks"), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(AdmissionTest, CancellationTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "prefix_cache" : "no_prefix_cache";
+                         });
 
 TEST(AdmissionTest, TheQueueIsFcfsWithinAPriorityAndBoundedByMaxWaiting) {
   // Engine-level: reservations whose KV never comes hold their prompt blocks

@@ -168,8 +168,11 @@ absl::Status KvBlockPool::TakeLocked(int n, std::vector<int>* blocks) {
 
 void KvBlockPool::Free(const std::vector<int>& blocks) {
   absl::MutexLock lock(&mu_);
-  for (int b : blocks) {
-    BlockInfo& info = info_[b];
+  // Last block first: a prefix's tail is evicted before its head (a block is
+  // reachable only through every block before it).
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    BlockInfo& info = info_[*it];
+    const int b = *it;
     if (--info.refs > 0) continue;
     if (info.published) {
       info.lru = lru_.insert(lru_.end(), b);
@@ -183,7 +186,18 @@ void KvBlockPool::Publish(int block, uint64_t hash, uint64_t parent,
                           absl::Span<const int32_t> tokens) {
   absl::MutexLock lock(&mu_);
   BlockInfo& info = info_[block];
-  if (info.published || by_hash_.count(hash)) return;
+  if (info.published) return;
+  if (const auto it = by_hash_.find(hash); it != by_hash_.end()) {
+    // Another block holds these rows. Held, it stays the one published (this
+    // one stays private); nobody holding it, this live one takes its place
+    // (else evicting the idle copy would lose the prefix this one still holds).
+    BlockInfo& old = info_[it->second];
+    if (old.refs > 0) return;
+    lru_.erase(old.lru);
+    old.published = false;
+    old.tokens.clear();
+    free_.push_back(it->second);
+  }
   info.published = true;
   info.hash = hash;
   info.parent = parent;

@@ -25,7 +25,10 @@
 // last reference goes, back to free if unpublished, else "cached": kept with
 // its rows in LRU order, counted in free_blocks() (it is reclaimable), and
 // evicted (its hash forgotten) only when Take needs a block and no plain
-// free one is left. A cached block matched again is held again.
+// free one is left. A sequence's blocks enter that order last block first,
+// so a prefix loses its tail before its head (a block is reachable only
+// through every block before it). A cached block matched again is held
+// again.
 //
 // KvBlockPool is thread-safe. A PagedKvSequence is owned by one request and
 // drops its references when destroyed.
@@ -115,8 +118,9 @@ class KvBlockPool {
   absl::Status TakeLocked(int n, std::vector<int>* blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one reference to each block.
   void Free(const std::vector<int>& blocks);
-  // Publishes `block` (full, its rows written) under `hash` unless a block
-  // already holds that hash (the duplicate stays private).
+  // Publishes `block` (full, its rows written) under `hash`. If a block held
+  // by a sequence already has that hash, `block` stays private; an idle one
+  // (reclaimable) is replaced by `block` and freed.
   void Publish(int block, uint64_t hash, uint64_t parent, absl::Span<const int32_t> tokens);
   float* Slot(int block, int layer, int slot) {
     return storage_.data() +

@@ -192,6 +192,20 @@ TEST(PrefixCacheTest, EvictsLeastRecentlyUsedCachedBlocksOnlyWhenThePoolNeedsThe
   EXPECT_EQ(pool.free_blocks(), 4);
 }
 
+TEST(PrefixCacheTest, AnEvictedPrefixLosesItsTailBeforeItsHead) {
+  KvBlockPool pool(2, 3, 4, /*num_blocks=*/3, /*prefix_cache=*/true);
+  const std::vector<int32_t> p = {1, 1, 1, 1, 2, 2, 2, 2, 0};
+  std::unique_ptr<PagedKvSequence> s = *pool.Allocate(9, p);
+  AppendTokenRows(s.get(), p, 9);
+  s->PublishPrefix(p);
+  s.reset();
+  // Two blocks needed: the plain free one, then one cached: the tail.
+  std::unique_ptr<PagedKvSequence> x = *pool.Allocate(8);
+  EXPECT_EQ(pool.stats().evictions, 1);
+  x.reset();
+  EXPECT_EQ((*pool.Allocate(9, p))->cached_tokens(), 4);  // the head still serves
+}
+
 TEST(PrefixCacheTest, HeldCachedBlocksAreNeverEvictedAndAFailedAllocationHoldsNothing) {
   KvBlockPool pool(2, 3, 4, /*num_blocks=*/3, /*prefix_cache=*/true);
   const std::vector<int32_t> p = {1, 2, 3, 4, 5, 6, 7, 8, 9};
