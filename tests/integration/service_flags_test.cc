@@ -215,7 +215,7 @@ TEST(ServiceFlagsTest, BinariesRefuseFlagsTheyDoNotRead) {
            {"moesh_expert_worker", "--kv_blocks=1"},
            {"moesh_expert_worker", "--expert_workers=a:1"},
            {"moesh_router", "--transport=ucx"},
-           {"moesh_prefill_worker", "--kv_blocks=1"},
+           {"moesh_prefill_worker", "--max_pending_kv_share=0.5"},
            {"moesh_decode_worker", "--kv_handoff=host"}}) {
     const std::string name = flag.substr(2, flag.find('=') - 2);
     const std::string cmd =
