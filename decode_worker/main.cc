@@ -25,6 +25,7 @@ absl::Status Run() {
       AttentionWorkerOptionsFrom(o.server, o.worker, o.dispatch, o.device, metrics.get());
   opt.device.num_kv_blocks = o.kv.kv_blocks;
   opt.device.block_size = o.kv.block_size;
+  opt.device.prefix_cache = o.kv.enable_prefix_caching;
   opt.device.max_num_seqs = o.kv.max_batch;
   DecodeEngineOptions eo;
   eo.max_batch = o.kv.max_batch;

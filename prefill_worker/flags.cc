@@ -16,7 +16,11 @@ namespace moesh {
 
 absl::StatusOr<PrefillWorkerOptions> PrefillWorkerOptionsFromFlags() {
   PrefillWorkerOptions o;
-  RETURN_IF_ERROR(ReadFlagGroups(&o.server, &o.worker, &o.dispatch, &o.device));
+  RETURN_IF_ERROR(ReadFlagGroups(&o.server, &o.worker, &o.dispatch, &o.kv, &o.device));
+  if (o.kv.enable_prefix_caching && (o.kv.kv_blocks < 1 || o.kv.block_size < 1)) {
+    return absl::InvalidArgumentError(
+        "--kv_blocks and --block_size must be >= 1 with --enable_prefix_caching");
+  }
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   if (o.max_batch_tokens < 1) return absl::InvalidArgumentError("--max_batch_tokens must be >= 1");
   o.kv_handoff = absl::GetFlag(FLAGS_kv_handoff);

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/backend/backends.h"
 #include "common/service/dispatch_flags.h"
+#include "common/service/kv_flags.h"
 #include "common/service/server_flags.h"
 #include "common/service/worker_flags.h"
 
@@ -21,6 +22,12 @@ struct PrefillWorkerOptions {
   WorkerOptions worker;
   ExpertDispatchOptions dispatch;
   DeviceOptions device;  // the device flags' fields; the KV pool's at their defaults
+  // --kv_blocks, --block_size, --enable_prefix_caching: on --device cpu with
+  // the prefix cache on, prompts' KV lives in a pool of kv_blocks blocks
+  // whose full blocks stay cached for later prompts (only their uncached
+  // suffix is computed); off, each prompt's cache lives for its pass alone.
+  // max_batch and max_waiting_requests are the decode side's (unused here).
+  KvOptions kv;
   int max_batch_tokens = 8192;
   // How the KV cache reaches decode workers: auto, host or device.
   std::string kv_handoff = "auto";

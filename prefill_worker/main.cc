@@ -30,8 +30,14 @@ absl::Status Run() {
                         kMaxReceiveMessageMbLimit))));
   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics,
                    Metrics::Create(o.server.metrics_listen, "prefill_worker"));
-  const AttentionWorkerOptions opt =
+  AttentionWorkerOptions opt =
       AttentionWorkerOptionsFrom(o.server, o.worker, o.dispatch, o.device, metrics.get());
+  if (o.kv.enable_prefix_caching) {
+    // A pool whose published blocks outlive the prompts that wrote them.
+    opt.device.num_kv_blocks = o.kv.kv_blocks;
+    opt.device.block_size = o.kv.block_size;
+    opt.device.prefix_cache = true;
+  }
   ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
   PrefillEngineOptions eo;
   eo.max_batch_tokens = o.max_batch_tokens;

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/engine/paged_kv_cache.h"
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/internal_plane.h"
 #include "router/worker_clients.h"
@@ -27,6 +29,33 @@ int64_t QueuedRank(const v1::WorkerLoad& l) {
 }
 
 }  // namespace
+
+int CachedPrefixTokens(const v1::WorkerLoad& load, absl::Span<const int32_t> prompt) {
+  const int bs = load.cache_block_size();
+  if (bs <= 0 || load.cached_block_hashes_size() == 0 || prompt.size() < 2) return 0;
+  const absl::flat_hash_set<uint64_t> cached(load.cached_block_hashes().begin(),
+                                             load.cached_block_hashes().end());
+  const std::vector<uint64_t> hashes = PrefixBlockHashes(prompt.subspan(0, prompt.size() - 1), bs);
+  int blocks = 0;
+  while (blocks < static_cast<int>(hashes.size()) && cached.count(hashes[blocks])) ++blocks;
+  return blocks * bs;
+}
+
+size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, absl::Span<const int32_t> prompt,
+                         bool kv_aware) {
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
+  auto work = [&](const WorkerInfo& w) -> int64_t {
+    const int64_t queued = QueuedRank(w.load);
+    if (!kv_aware || queued == std::numeric_limits<int64_t>::max()) return queued;
+    return queued + prompt_tokens - CachedPrefixTokens(w.load, prompt);
+  };
+  size_t pick = 0;
+  int64_t least = work(prefillers[0]);
+  for (size_t i = 1; i < prefillers.size(); ++i) {
+    if (const int64_t w = work(prefillers[i]); w < least) least = w, pick = i;
+  }
+  return pick;
+}
 
 std::shared_ptr<grpc::Channel> ClusterBackend::ChannelTo(const std::string& address) {
   absl::MutexLock lock(&mu_);
@@ -54,10 +83,8 @@ absl::Status ClusterBackend::Run(const GenerationRequest& req, const ChunkSink& 
     if (ua != ub) return ua < ub;
     return RunningRank(a.load) < RunningRank(b.load);
   });
-  // The prefill worker with the fewest queued prompt tokens.
-  const WorkerInfo& prefill = *std::min_element(
-      prefillers.begin(), prefillers.end(),
-      [](const auto& a, const auto& b) { return QueuedRank(a.load) < QueuedRank(b.load); });
+  const WorkerInfo& prefill =
+      prefillers[PickPrefillWorker(prefillers, req.prompt, kv_aware_routing_)];
   GrpcPrefillClient prefill_client(prefill, ChannelTo(prefill.address), registry_);
   std::vector<std::unique_ptr<GrpcDecodeClient>> decode_clients;
   std::vector<DecodeClient*> order;

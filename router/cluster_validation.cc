@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/serving/serving_load.h"
 
 namespace moesh {
 namespace {
@@ -119,6 +120,18 @@ absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& r, const ClusterLimit
   }
   if (!(load.kv_usage() >= 0.0f && load.kv_usage() <= 1.0f)) {
     return Invalid("load.kv_usage", absl::StrCat("must lie in [0, 1], got ", load.kv_usage()));
+  }
+  if (load.cached_block_hashes_size() > kMaxReportedBlockHashes) {
+    return Invalid("load.cached_block_hashes",
+                   absl::StrCat("has ", load.cached_block_hashes_size(), " entries (at most ",
+                                kMaxReportedBlockHashes, ")"));
+  }
+  if (load.cache_block_size() < 0 || load.cache_block_size() > kMaxReportedBlockSize ||
+      (load.cached_block_hashes_size() > 0 && load.cache_block_size() == 0)) {
+    return Invalid(
+        "load.cache_block_size",
+        absl::StrCat("must lie in [1, ", kMaxReportedBlockSize,
+                     "] with cached_block_hashes (0 without), got ", load.cache_block_size()));
   }
   if (load.expert_tokens_size() > limits.num_experts) {
     return Invalid("load.expert_tokens",

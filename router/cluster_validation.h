@@ -38,7 +38,12 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& r, const ClusterLim
 // and a load no peer can win the router's picking with by lying below zero:
 // queued_prompt_tokens in [0, kMaxQueuedPromptTokens], num_running in
 // [0, kMaxRunning], free_kv_blocks >= 0, kv_usage in [0, 1] (not NaN), at
-// most E expert_tokens, each >= 0.
+// most E expert_tokens, each >= 0, at most kMaxReportedBlockHashes
+// cached_block_hashes with a cache_block_size in [1, kMaxReportedBlockSize]
+// (0 without hashes). The hashes themselves are claims the router only
+// ranks by: a worker lying about its cache draws prompts it then computes
+// whole (no wrong output, no more than its share of load: the ranking
+// charges its queue too).
 absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& r, const ClusterLimits& limits);
 
 // A worker id (Deregister, Heartbeat): not empty, at most kMaxWorkerIdBytes.

@@ -7,7 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/engine/paged_kv_cache.h"
+#include "common/serving/serving_load.h"
 #include "gtest/gtest.h"
+#include "router/cluster_backend.h"
 
 namespace moesh {
 namespace {
@@ -90,7 +94,20 @@ TEST(ClusterValidationTest, HeartbeatLoads) {
   good.set_worker_id("DECODE-00ff");
   good.mutable_load()->set_kv_usage(0.5f);
   good.mutable_load()->add_expert_tokens(3);
+  good.mutable_load()->add_cached_block_hashes(0x1234);
+  good.mutable_load()->set_cache_block_size(16);
   const std::vector<Spoiled<v1::HeartbeatRequest>> cases = {
+      {"load.cached_block_hashes",
+       [](v1::HeartbeatRequest* r) {
+         for (int i = 0; i < kMaxReportedBlockHashes; ++i)
+           r->mutable_load()->add_cached_block_hashes(i);
+       }},
+      {"load.cache_block_size",
+       [](v1::HeartbeatRequest* r) { r->mutable_load()->set_cache_block_size(0); }},
+      {"load.cache_block_size",
+       [](v1::HeartbeatRequest* r) { r->mutable_load()->set_cache_block_size(-4); }},
+      {"load.cache_block_size",
+       [](v1::HeartbeatRequest* r) { r->mutable_load()->set_cache_block_size(1 << 20); }},
       {"load.kv_usage", [](v1::HeartbeatRequest* r) { r->mutable_load()->set_kv_usage(-1); }},
       {"load.kv_usage", [](v1::HeartbeatRequest* r) { r->mutable_load()->set_kv_usage(1.5f); }},
       {"load.kv_usage", [](v1::HeartbeatRequest* r) { r->mutable_load()->set_kv_usage(NAN); }},
@@ -123,6 +140,44 @@ TEST(ClusterValidationTest, SlotsPerWorker) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_EQ(s.message().find("slots_per_worker"), 0u) << s;
   }
+}
+
+// KV-aware routing over the (validated) reports: the prefill worker whose
+// prefix cache holds the prompt's longest prefix wins unless its queue costs
+// more than the cache saves; lies about the cache only draw prompts.
+TEST(KvAwareRoutingTest, PicksTheLongestCachedPrefixBalancedAgainstTheQueue) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 70; ++i) prompt.push_back(i * 7 % 100);
+  const std::vector<uint64_t> hashes = PrefixBlockHashes(prompt, 16);  // 4 full blocks
+  std::vector<WorkerInfo> w(3);
+  for (int i = 0; i < 3; ++i) w[i].id = absl::StrCat("p", i);
+  w[1].load.set_cache_block_size(16);
+  w[1].load.add_cached_block_hashes(hashes[0]);
+  w[1].load.add_cached_block_hashes(hashes[1]);
+  w[2].load.set_cache_block_size(16);
+  for (uint64_t h : hashes) w[2].load.add_cached_block_hashes(h);
+  EXPECT_EQ(CachedPrefixTokens(w[0].load, prompt), 0);
+  EXPECT_EQ(CachedPrefixTokens(w[1].load, prompt), 32);
+  EXPECT_EQ(CachedPrefixTokens(w[2].load, prompt), 64);
+  // A block without its parent does not count: prefixes match from the start.
+  v1::WorkerLoad gap;
+  gap.set_cache_block_size(16);
+  gap.add_cached_block_hashes(hashes[1]);
+  EXPECT_EQ(CachedPrefixTokens(gap, prompt), 0);
+  // The whole prompt cached still leaves its last token to compute.
+  EXPECT_EQ(CachedPrefixTokens(w[2].load, absl::MakeConstSpan(prompt).subspan(0, 64)), 48);
+
+  EXPECT_EQ(PickPrefillWorker(w, prompt, /*kv_aware=*/true), 2u);
+  EXPECT_EQ(PickPrefillWorker(w, prompt, /*kv_aware=*/false), 0u);  // all queues empty: the first
+  // The longest prefix's worker is busy: 64 cached tokens do not make up
+  // for 100 queued ones; the next best (32 cached, 10 queued) does.
+  w[2].load.set_queued_prompt_tokens(100);
+  w[1].load.set_queued_prompt_tokens(10);
+  EXPECT_EQ(PickPrefillWorker(w, prompt, true), 1u);
+  EXPECT_EQ(PickPrefillWorker(w, prompt, false), 0u);
+  // A prompt nobody caches goes to the shortest queue.
+  const std::vector<int32_t> other(70, 3);
+  EXPECT_EQ(PickPrefillWorker(w, other, true), 0u);
 }
 
 }  // namespace

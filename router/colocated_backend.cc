@@ -23,6 +23,7 @@ absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(
                                               decode_options);
   RETURN_IF_ERROR(BindInproc(b->inproc_address_, nullptr, b->decode_.get()));
   prefill_options.metrics = decode_options.metrics;
+  prefill_options.prefix_cache_metrics = false;  // the decode engine exports the shared pool's
   // One GPU backend on both sides: the KV moves block to block in its own pool.
   if (b->worker_.backend->device() != "cpu") prefill_options.kv_handoff = KvHandoff::kDevice;
   b->prefill_ = std::make_unique<PrefillEngine>(b->worker_.backend.get(), b->worker_.experts.get(),

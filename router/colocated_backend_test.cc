@@ -188,10 +188,11 @@ TEST(ColocatedBackendTest, TheEnginesRefuseRequestIdsOutOfBounds) {
 // resumes token-exact, and every block comes back at the end.
 
 std::unique_ptr<ColocatedBackend> Backend(int blocks, int block_size, int max_waiting = 1024,
-                                          Metrics* metrics = nullptr) {
+                                          Metrics* metrics = nullptr, bool prefix_cache = false) {
   DeviceOptions device;
   device.num_kv_blocks = blocks;
   device.block_size = block_size;
+  device.prefix_cache = prefix_cache;
   DecodeEngineOptions decode;
   decode.max_waiting = max_waiting;
   decode.metrics = metrics;
@@ -255,6 +256,9 @@ struct PreemptionCase {
   int first_priority;
   int second_priority;
   bool first_preempted;  // else the second
+  // The victim resumes from the cached blocks of its own prompt + output
+  // (and of the uninterrupted runs'), recomputing only the rest.
+  bool prefix_cache = false;
 };
 
 class PreemptionTest : public ::testing::TestWithParam<PreemptionCase> {};
@@ -263,11 +267,13 @@ TEST_P(PreemptionTest, APreemptedRequestResumesTokenExact) {
   // 48 blocks of 4 tokens: one request of 3 + 150 tokens (38 blocks) fits,
   // two together do not, so the second to start (once the first streams)
   // makes the pool run dry and one of them is preempted by recompute.
-  std::unique_ptr<ColocatedBackend> b = Backend(48, 4);
+  const PreemptionCase& c = GetParam();
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create("", "decode_worker");
+  ASSERT_TRUE(metrics.ok());
+  std::unique_ptr<ColocatedBackend> b = Backend(48, 4, 1024, metrics->get(), c.prefix_cache);
   ASSERT_NE(b, nullptr);
   const int64_t all_free = b->decode()->Load().free_kv_blocks;
   constexpr int kNew = 150;
-  const PreemptionCase& c = GetParam();
   const GenerationRequest first = Request("first", {5, 6, 7}, kNew, c.first_priority);
   const GenerationRequest second = Request("second", {9, 300, 41}, kNew, c.second_priority);
   CancelToken never;
@@ -302,17 +308,108 @@ TEST_P(PreemptionTest, APreemptedRequestResumesTokenExact) {
   EXPECT_EQ(got_first, want_first);
   EXPECT_EQ(got_second, want_second);
   ExpectIdle(b.get(), all_free);
+  // With the cache, the uninterrupted runs' blocks (and its own) served the
+  // victim's resume: it recomputed only what was evicted.
+  if (c.prefix_cache)
+    EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_hit_tokens_total"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     PriorityPicksTheVictim, PreemptionTest,
     ::testing::Values(PreemptionCase{0, 0, false},  // equal: the later arrival goes
                       PreemptionCase{0, 1, false},  // higher value: less important
-                      PreemptionCase{1, 0, true}),
+                      PreemptionCase{1, 0, true},
+                      PreemptionCase{0, 0, false, /*prefix_cache=*/true}),
     [](const ::testing::TestParamInfo<PreemptionCase>& info) {
-      return absl::StrCat("priorities_", info.param.first_priority, "_",
-                          info.param.second_priority);
+      return absl::StrCat("priorities_", info.param.first_priority, "_", info.param.second_priority,
+                          info.param.prefix_cache ? "_prefix_cache" : "");
     });
+
+// The prefix cache: a chat's second turn starts with the first turn's prompt
+// and output, whose blocks it reuses (usage.cached_tokens > 0), and its
+// tokens equal those of a backend without the cache; under pool pressure
+// cached blocks are evicted and outputs stay exact; every block comes back.
+
+// Runs `r`; *ids gets its tokens, *cached the first chunk's cached_tokens.
+absl::Status RunCounted(ColocatedBackend* b, const GenerationRequest& r, std::vector<int32_t>* ids,
+                        int* cached) {
+  CancelToken never;
+  bool first = true;
+  return b->Run(
+      r,
+      [&](const TokenChunk& c) {
+        if (first) *cached = c.cached_tokens;
+        first = false;
+        ids->insert(ids->end(), c.ids.begin(), c.ids.end());
+        return true;
+      },
+      never);
+}
+
+TEST(PrefixCacheTest, TheSecondTurnReusesTheFirstTurnsBlocksTokenExact) {
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create("", "decode_worker");
+  ASSERT_TRUE(metrics.ok());
+  std::unique_ptr<ColocatedBackend> on = Backend(64, 4, 1024, metrics->get(), true);
+  std::unique_ptr<ColocatedBackend> off = Backend(64, 4);
+  ASSERT_NE(on, nullptr);
+  ASSERT_NE(off, nullptr);
+  const int64_t all_free = on->decode()->Load().free_kv_blocks;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 21; ++i) prompt.push_back((i * 37 + 11) % 500);
+  for (int turn = 1; turn <= 3; ++turn) {
+    const GenerationRequest r = Request(absl::StrCat("turn", turn), prompt, 9);
+    std::vector<int32_t> got, want;
+    int cached = -1, cached_off = -1;
+    ASSERT_TRUE(RunCounted(on.get(), r, &got, &cached).ok());
+    ASSERT_TRUE(RunCounted(off.get(), r, &want, &cached_off).ok());
+    EXPECT_EQ(got, want) << "turn " << turn;
+    EXPECT_EQ(cached_off, 0);
+    if (turn == 1) {
+      EXPECT_EQ(cached, 0);
+    } else {
+      // The previous turn's prompt and output (all but its last token,
+      // never fed) in whole blocks of 4.
+      const int reusable = static_cast<int>(prompt.size()) - 4 - 1;
+      EXPECT_GE(cached, reusable / 4 * 4) << "turn " << turn;
+      EXPECT_LT(cached, static_cast<int>(prompt.size()));
+    }
+    ExpectIdle(on.get(), all_free);
+    // The next turn: this prompt, the answer, a new user message.
+    prompt.insert(prompt.end(), got.begin(), got.end());
+    for (int i = 0; i < 4; ++i) prompt.push_back(100 + 7 * turn + i);
+  }
+  EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_hit_tokens_total"), 0);
+  EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_miss_tokens_total"), 0);
+  EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_blocks"), 0);
+}
+
+TEST(PrefixCacheTest, CachedBlocksAreEvictedUnderPressureAndOutputsStayExact) {
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create("", "decode_worker");
+  ASSERT_TRUE(metrics.ok());
+  // 24 blocks of 4: each request holds up to 9 (prompt 22 + 12 new, twice
+  // while prefill and decode both hold the prompt), so the cached blocks of
+  // earlier prompts must make room for later ones.
+  std::unique_ptr<ColocatedBackend> on = Backend(24, 4, 1024, metrics->get(), true);
+  std::unique_ptr<ColocatedBackend> off = Backend(24, 4);
+  ASSERT_NE(on, nullptr);
+  ASSERT_NE(off, nullptr);
+  const int64_t all_free = on->decode()->Load().free_kv_blocks;
+  for (int round = 0; round < 2; ++round) {
+    for (int p = 0; p < 4; ++p) {
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 22; ++i) prompt.push_back((i * 13 + p * 101 + 5) % 500);
+      const GenerationRequest r = Request(absl::StrCat("r", round, "p", p), prompt, 12);
+      std::vector<int32_t> got, want;
+      int cached = -1, cached_off = -1;
+      ASSERT_TRUE(RunCounted(on.get(), r, &got, &cached).ok());
+      ASSERT_TRUE(RunCounted(off.get(), r, &want, &cached_off).ok());
+      EXPECT_EQ(got, want) << "round " << round << " prompt " << p;
+      ExpectIdle(on.get(), all_free);
+    }
+  }
+  EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_evictions_total"), 0);
+  EXPECT_LE(MetricValue(metrics->get(), "moesh_prefix_cache_blocks"), 24);
+}
 
 TEST(AdmissionTest, ARequestLargerThanThePoolIsRefusedAtOnce) {
   std::unique_ptr<ColocatedBackend> b = Backend(16, 4);  // 64 tokens
@@ -354,11 +451,14 @@ TEST(AdmissionTest, ManyLongRequestsOnASmallPoolAllComplete) {
   ExpectIdle(b.get(), all_free);
 }
 
-TEST(AdmissionTest, CancellingQueuedRunningAndPreemptedRequestsFreesEveryBlock) {
-  // 12 requests of up to 2002 tokens (126 blocks of 16) on 160 blocks.
+class CancellationTest : public ::testing::TestWithParam<bool> {};  // the prefix cache on
+
+TEST_P(CancellationTest, CancellingQueuedRunningAndPreemptedRequestsFreesEveryBlock) {
+  // 12 requests of up to 2002 tokens (126 blocks of 16) on 160 blocks; with
+  // the prefix cache their shared blocks drop every reference too.
   absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create("", "decode_worker");
   ASSERT_TRUE(metrics.ok());
-  std::unique_ptr<ColocatedBackend> b = Backend(160, 16, 1024, metrics->get());
+  std::unique_ptr<ColocatedBackend> b = Backend(160, 16, 1024, metrics->get(), GetParam());
   ASSERT_NE(b, nullptr);
   const int64_t all_free = b->decode()->Load().free_kv_blocks;
   constexpr int kRequests = 12;
@@ -391,7 +491,14 @@ TEST(AdmissionTest, CancellingQueuedRunningAndPreemptedRequestsFreesEveryBlock) 
   EXPECT_EQ(MetricValue(m, "moesh_num_requests_running"), 0);
   EXPECT_EQ(MetricValue(m, "moesh_decode_num_requests_waiting"), 0);
   EXPECT_GT(MetricValue(m, "moesh_decode_preemptions_total"), 0);
+  // The blocks the requests filled stay cached, held by nobody (counted free above).
+  if (GetParam()) EXPECT_GT(MetricValue(m, "moesh_prefix_cache_blocks"), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(AdmissionTest, CancellationTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "prefix_cache" : "no_prefix_cache";
+                         });
 
 TEST(AdmissionTest, TheQueueIsFcfsWithinAPriorityAndBoundedByMaxWaiting) {
   // Engine-level: reservations whose KV never comes hold their prompt blocks

@@ -41,6 +41,10 @@ ABSL_FLAG(int, rebalance_interval_s, moesh::RouterOptions().rebalance_interval_s
           "Cluster.Rebalance).");
 ABSL_FLAG(double, rebalance_min_ratio, moesh::RouterOptions().rebalance_min_ratio,
           "Rebalance automatically when the balance ratio exceeds this.");
+ABSL_FLAG(bool, kv_aware_routing, moesh::RouterOptions().kv_aware_routing,
+          "Cluster mode: send each prompt to the prefill worker with the least work before its "
+          "first token: its queued prompt tokens plus the prompt tokens its prefix cache lacks "
+          "(from the block hashes workers report); false: the fewest queued tokens.");
 ABSL_FLAG(int, rebalance_slots, moesh::RouterOptions().rebalance_slots,
           "Experts an expert worker may host after an automatic rebalance (0: as many as the "
           "busiest hosts now).");
@@ -71,6 +75,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   o.rebalance_interval_s = absl::GetFlag(FLAGS_rebalance_interval_s);
   o.rebalance_min_ratio = absl::GetFlag(FLAGS_rebalance_min_ratio);
   o.rebalance_slots = absl::GetFlag(FLAGS_rebalance_slots);
+  o.kv_aware_routing = absl::GetFlag(FLAGS_kv_aware_routing);
   if (o.rebalance_interval_s < 0 || o.rebalance_min_ratio < 1.0 || o.rebalance_slots < 0) {
     return absl::InvalidArgumentError(
         "--rebalance_interval_s and --rebalance_slots must be >= 0, --rebalance_min_ratio >= 1");

@@ -44,6 +44,10 @@ struct RouterOptions {
   int rebalance_interval_s = 0;
   double rebalance_min_ratio = 1.25;
   int rebalance_slots = 0;
+  // Cluster mode: send a prompt to the prefill worker whose prefix cache
+  // holds the longest prefix of it, balanced against its queue (the workers'
+  // reported block hashes); off: the shortest queue alone.
+  bool kv_aware_routing = true;
   // --colocated: prefill, decode and experts in this process, on `device`
   // (read only with --colocated) with the KV cache and batch of `kv`.
   bool colocated = false;

@@ -360,6 +360,7 @@ absl::Status GenerationService::RunChoice(const v1::GenerateRequest& r, const Ge
   const bool has_stop_strings = r.stop().stop_strings_size() > 0;
   int completion = 0;
   double ttft = -1, queue_seconds = 0;
+  int cached_tokens = 0;
   bool stopped = false, gone = false;
   std::string matched;
   int32_t last_token = -1;
@@ -368,6 +369,7 @@ absl::Status GenerationService::RunChoice(const v1::GenerateRequest& r, const Ge
     if (ttft < 0) {
       ttft = SecondsSince(arrival);
       queue_seconds = chunk.queue_seconds;
+      cached_tokens = chunk.cached_tokens;
       if (ttft_ != nullptr && index == 0) ttft_->Observe(ttft);
     } else if (itl_ != nullptr) {
       itl_->Observe(std::chrono::duration<double>(now - last_token_time).count() /
@@ -427,6 +429,7 @@ absl::Status GenerationService::RunChoice(const v1::GenerateRequest& r, const Ge
   // The prompt counts once: on sibling 0's final.
   fin->mutable_usage()->set_prompt_tokens(index == 0 ? static_cast<int>(b.prompt.size()) : 0);
   fin->mutable_usage()->set_completion_tokens(completion);
+  fin->mutable_usage()->set_cached_tokens(index == 0 ? cached_tokens : 0);
   fin->mutable_timings()->set_time_to_first_token_seconds(std::max(ttft, 0.0));
   fin->mutable_timings()->set_queue_seconds(queue_seconds);
   fin->mutable_timings()->set_total_seconds(SecondsSince(arrival));

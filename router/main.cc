@@ -50,6 +50,7 @@ absl::Status Run() {
     DeviceOptions device = o.device;
     device.num_kv_blocks = o.kv.kv_blocks;
     device.block_size = o.kv.block_size;
+    device.prefix_cache = o.kv.enable_prefix_caching;
     device.max_num_seqs = o.kv.max_batch;
     DecodeEngineOptions d;
     d.max_batch = o.kv.max_batch;
@@ -69,7 +70,7 @@ absl::Status Run() {
     membership = std::make_unique<Membership>(
         config.Fingerprint(), limits, std::chrono::milliseconds(o.heartbeat_interval_ms),
         std::chrono::milliseconds(o.heartbeat_timeout_ms), rebalance, metrics.get());
-    backend = std::make_unique<ClusterBackend>(membership.get());
+    backend = std::make_unique<ClusterBackend>(membership.get(), o.kv_aware_routing);
   }
   std::unique_ptr<ApiKeys> keys;
   if (!o.api_keys_file.empty()) {

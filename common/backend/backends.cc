@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,12 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const Mod
   RETURN_IF_ERROR(CheckQuantization(config, options));
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
+    if (options.prefix_cache) {
+      std::cerr << "prefix cache: off on " << options.device
+                << " (the CUDA KV store does not share the paged pool's block ownership yet); "
+                   "every prompt is computed whole"
+                << std::endl;
+    }
     return cuda->make_attention_backend(config, ckpt, options, with_experts);
   }
   if (with_experts)
@@ -144,7 +151,8 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const Mod
   ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> weights,
                    AttentionWeights::Load(config, *ckpt));
   return NewCpuAttentionBackend(std::make_unique<AttentionModel>(config, std::move(weights)),
-                                options.num_kv_blocks, options.block_size);
+                                options.num_kv_blocks, options.block_size,
+                                options.prefix_cache && options.num_kv_blocks > 0);
 }
 
 absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(

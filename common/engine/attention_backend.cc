@@ -96,11 +96,12 @@ namespace {
 class CpuAttentionBackend : public AttentionBackend {
  public:
   CpuAttentionBackend(const AttentionModel* model, std::unique_ptr<AttentionModel> owned,
-                      int num_kv_blocks, int block_size)
+                      int num_kv_blocks, int block_size, bool prefix_cache)
       : owned_(std::move(owned)), model_(model) {
     if (num_kv_blocks > 0) {
-      pool_ = std::make_unique<KvBlockPool>(model->config().num_hidden_layers,
-                                            model->kv_row_width(), block_size, num_kv_blocks);
+      pool_ =
+          std::make_unique<KvBlockPool>(model->config().num_hidden_layers, model->kv_row_width(),
+                                        block_size, num_kv_blocks, prefix_cache);
     }
   }
 
@@ -108,6 +109,11 @@ class CpuAttentionBackend : public AttentionBackend {
   std::string device() const override { return "cpu"; }
 
   absl::StatusOr<std::unique_ptr<KvSequence>> NewSequence(int max_tokens) override {
+    return NewCachedSequence(max_tokens, {});
+  }
+
+  absl::StatusOr<std::unique_ptr<KvSequence>> NewCachedSequence(
+      int max_tokens, absl::Span<const int32_t> tokens) override {
     const ModelConfig& c = model_->config();
     if (max_tokens < 0 ||
         (c.max_position_embeddings > 0 && max_tokens > c.max_position_embeddings)) {
@@ -116,8 +122,16 @@ class CpuAttentionBackend : public AttentionBackend {
                                                      c.max_position_embeddings, " tokens"));
     }
     if (pool_ == nullptr) return std::make_unique<SequenceKvCache>(model_->NewCache());
-    ASSIGN_OR_RETURN(std::unique_ptr<PagedKvSequence> seq, pool_->Allocate(max_tokens));
+    ASSIGN_OR_RETURN(std::unique_ptr<PagedKvSequence> seq, pool_->Allocate(max_tokens, tokens));
     return std::unique_ptr<KvSequence>(std::move(seq));
+  }
+
+  PrefixCacheStats prefix_cache_stats() const override {
+    return pool_ != nullptr ? pool_->stats() : PrefixCacheStats();
+  }
+
+  std::vector<uint64_t> CachedBlockHashes(int max) const override {
+    return pool_ != nullptr ? pool_->CachedHashes(max) : std::vector<uint64_t>();
   }
 
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs,
@@ -154,14 +168,18 @@ class CpuAttentionBackend : public AttentionBackend {
 }  // namespace
 
 std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(std::unique_ptr<AttentionModel> model,
-                                                         int num_kv_blocks, int block_size) {
+                                                         int num_kv_blocks, int block_size,
+                                                         bool prefix_cache) {
   const AttentionModel* m = model.get();
-  return std::make_unique<CpuAttentionBackend>(m, std::move(model), num_kv_blocks, block_size);
+  return std::make_unique<CpuAttentionBackend>(m, std::move(model), num_kv_blocks, block_size,
+                                               prefix_cache);
 }
 
 std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(const AttentionModel* model,
-                                                         int num_kv_blocks, int block_size) {
-  return std::make_unique<CpuAttentionBackend>(model, nullptr, num_kv_blocks, block_size);
+                                                         int num_kv_blocks, int block_size,
+                                                         bool prefix_cache) {
+  return std::make_unique<CpuAttentionBackend>(model, nullptr, num_kv_blocks, block_size,
+                                               prefix_cache);
 }
 
 }  // namespace moesh

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/engine/paged_kv_cache.h"
 #include "common/engine/sampler.h"
 #include "common/model/attention_model.h"
 #include "common/model/config.h"
@@ -80,6 +81,25 @@ class AttentionBackend {
   // beyond the backend's context limit. The sequence returns its blocks when
   // destroyed.
   virtual absl::StatusOr<std::unique_ptr<KvSequence>> NewSequence(int max_tokens) = 0;
+  // NewSequence's, starting with the rows of the longest cached prefix of
+  // `tokens` (the prompt, or prompt + output of a resumed request) where the
+  // backend keeps a prefix cache (KvBlockPool's contract: full blocks only,
+  // at most tokens.size() - 1 tokens; the sequence's cached_tokens() and
+  // length() say how many), so the caller computes only the rest. This
+  // default (no prefix cache: the CUDA backend's device pool) is NewSequence.
+  virtual absl::StatusOr<std::unique_ptr<KvSequence>> NewCachedSequence(
+      int max_tokens, absl::Span<const int32_t> tokens) {
+    (void)tokens;
+    return NewSequence(max_tokens);
+  }
+  // The prefix cache's counters (all zero without one).
+  virtual PrefixCacheStats prefix_cache_stats() const { return {}; }
+  // Up to `max` block hashes (PrefixBlockHashes) of what the prefix cache
+  // holds, most useful first; empty without one.
+  virtual std::vector<uint64_t> CachedBlockHashes(int max) const {
+    (void)max;
+    return {};
+  }
 
   // AttentionModel::Forward's contract (LogitsFor::kLastToken: logits
   // [num_sequences, vocab], float32) over sequences from NewSequence, the
@@ -123,13 +143,15 @@ class AttentionBackend {
 };
 
 // The CPU backend over `model`. num_kv_blocks > 0: a KvBlockPool of that
-// many blocks of block_size tokens; 0: every sequence grows without bound
-// (the prefill side, whose caches live for one pass).
+// many blocks of block_size tokens, with a prefix cache iff `prefix_cache`;
+// 0: every sequence grows without bound (no prefix cache).
 std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(std::unique_ptr<AttentionModel> model,
-                                                         int num_kv_blocks, int block_size);
+                                                         int num_kv_blocks, int block_size,
+                                                         bool prefix_cache = false);
 // The same over a borrowed model, which must outlive the backend.
 std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(const AttentionModel* model,
-                                                         int num_kv_blocks, int block_size);
+                                                         int num_kv_blocks, int block_size,
+                                                         bool prefix_cache = false);
 
 }  // namespace moesh
 

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace moesh {
 
@@ -39,6 +40,14 @@ class KvSequence {
   virtual int num_rows(int layer) const = 0;
   // Tokens the sequence can hold without allocating (INT32_MAX if unbounded).
   virtual int capacity() const = 0;
+  // Leading tokens whose rows came from a prefix cache when the sequence was
+  // made (shared with other sequences, read-only; length() starts there).
+  virtual int cached_tokens() const { return 0; }
+  // The sequence's first tokens are `tokens` (as far as its rows go): its
+  // caches's prefix cache may share the full blocks of rows it holds for
+  // them with later sequences. Rows must be those of exactly these tokens.
+  // Nothing for caches without a prefix cache.
+  virtual void PublishPrefix(absl::Span<const int32_t> tokens) { (void)tokens; }
   // Makes capacity() at least `tokens`, taking the blocks now (a serving
   // engine grows a sequence as it decodes instead of holding its longest
   // length from the start). RESOURCE_EXHAUSTED, taking nothing, if the pool

@@ -45,6 +45,7 @@ void AppendArgs(const KvOptions& o, std::vector<std::string>* args) {
   AddFlag(args, "block_size", o.block_size, d.block_size);
   AddFlag(args, "max_batch", o.max_batch, d.max_batch);
   AddFlag(args, "max_waiting_requests", o.max_waiting_requests, d.max_waiting_requests);
+  AddFlag(args, "enable_prefix_caching", o.enable_prefix_caching, d.enable_prefix_caching);
 }
 
 void AppendArgs(const DeviceOptions& o, std::vector<std::string>* args) {

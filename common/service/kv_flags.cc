@@ -17,6 +17,12 @@ ABSL_FLAG(int, max_waiting_requests, moesh::KvOptions().max_waiting_requests,
           "come, first served within a priority) before it refuses more with RESOURCE_EXHAUSTED; "
           "0: no queue. The router uses it only with --colocated.");
 
+ABSL_FLAG(bool, enable_prefix_caching, moesh::KvOptions().enable_prefix_caching,
+          "Reuse the KV cache rows of prompt prefixes seen before (full blocks, looked up by "
+          "block hash; evicted least recently used when the pool needs the blocks), computing "
+          "only the rest of a prompt. --device cpu (CUDA says at startup that it runs without). "
+          "The router uses it only with --colocated.");
+
 namespace moesh {
 
 KvOptions KvOptionsFromFlags() {
@@ -25,6 +31,7 @@ KvOptions KvOptionsFromFlags() {
   o.block_size = absl::GetFlag(FLAGS_block_size);
   o.max_batch = absl::GetFlag(FLAGS_max_batch);
   o.max_waiting_requests = absl::GetFlag(FLAGS_max_waiting_requests);
+  o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   return o;
 }
 

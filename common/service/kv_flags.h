@@ -16,9 +16,13 @@ struct KvOptions {
   // --max_waiting_requests: requests a decode worker queues for KV blocks
   // (FCFS within a priority) before it answers RESOURCE_EXHAUSTED; 0: none.
   int max_waiting_requests = 1024;
+  // --enable_prefix_caching: reuse the KV of cached prompt prefixes
+  // (--device cpu; see common/engine/paged_kv_cache.h).
+  bool enable_prefix_caching = true;
 };
 
-// --kv_blocks, --block_size, --max_batch, --max_waiting_requests (unchecked:
+// --kv_blocks, --block_size, --max_batch, --max_waiting_requests,
+// --enable_prefix_caching (unchecked:
 // the decode worker wants the first three >= 1, the last >= 0).
 KvOptions KvOptionsFromFlags();
 // The flags that set `o` (flag_args.cc).

@@ -62,6 +62,7 @@ void TokenEventToProto(const TokenEvent& event, v1::DecodeResponse* p) {
   p->mutable_token_logprobs()->Add(event.token_logprobs.begin(), event.token_logprobs.end());
   if (event.prompt_logprobs.has_value())
     PromptLogprobsToProto(*event.prompt_logprobs, p->mutable_prompt_logprobs());
+  p->set_cached_tokens(event.cached_tokens);
 }
 
 TokenEvent TokenEventFromProto(const v1::DecodeResponse& p) {
@@ -73,6 +74,7 @@ TokenEvent TokenEventFromProto(const v1::DecodeResponse& p) {
   event.queue_seconds = p.queue_seconds();
   event.token_logprobs.assign(p.token_logprobs().begin(), p.token_logprobs().end());
   if (p.has_prompt_logprobs()) event.prompt_logprobs = PromptLogprobsFromProto(p.prompt_logprobs());
+  event.cached_tokens = p.cached_tokens();
   return event;
 }
 
@@ -83,6 +85,11 @@ v1::WorkerLoad LoadToProto(const ServingLoad& load) {
   p.set_kv_usage(static_cast<float>(load.kv_usage));
   p.set_free_kv_blocks(load.free_kv_blocks);
   p.set_draining(load.draining);
+  if (!load.cached_block_hashes.empty()) {
+    p.mutable_cached_block_hashes()->Add(load.cached_block_hashes.begin(),
+                                         load.cached_block_hashes.end());
+    p.set_cache_block_size(load.cache_block_size);
+  }
   return p;
 }
 

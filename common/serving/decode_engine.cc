@@ -62,6 +62,7 @@ DecodeEngine::DecodeEngine(AttentionBackend* backend, ExpertClient* experts,
     batch_size_ = &m->HistogramFamily("moesh_decode_batch_size", "Requests per decode step.")
                        .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128,
                                                                         256, 512});
+    prefix_metrics_ = std::make_unique<PrefixCacheMetrics>(m);
     kv_free_blocks_->Set(backend_->kv_usage().free_blocks);
   }
   thread_ = std::thread([this] { Loop(); });
@@ -183,7 +184,12 @@ void DecodeEngine::Admit() {
       if (!r->preempted && options_.prefill_shares_pool) need += BlocksFor(u, prompt);
       if (u.free_blocks < need) break;
     }
-    absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewSequence(tokens);
+    // The sequence starts with what the prefix cache holds of the prompt (of
+    // prompt + output for a preempted one): the KV handoff then stores only
+    // the rest, and a resumed request recomputes only the rest.
+    std::vector<int32_t> known = r->spec.prompt_ids;
+    if (r->preempted) known.insert(known.end(), r->output.begin(), r->output.end());
+    absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewCachedSequence(tokens, known);
     if (kv.status().code() == absl::StatusCode::kResourceExhausted) break;  // taken meanwhile
     waiting_.erase(it);
     if (!r->preempted) --waiting_new_;
@@ -294,6 +300,7 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
     return absl::FailedPreconditionError("the reservation for " + transfer.request_id +
                                          " ended during the KV handoff");
   r->kv_received = true;
+  kv->PublishPrefix(r->spec.prompt_ids);
   EndPending(r.get());
   // The first event: the prefill worker's token, its alternatives as asked,
   // and how long the prompt queued.
@@ -301,6 +308,7 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
   r->output = {transfer.first_token};
   TokenEvent first;
   first.queue_seconds = transfer.queue_seconds;
+  first.cached_tokens = transfer.cached_tokens;
   first.ids.push_back(transfer.first_token);
   if (spec.sampling.top_logprobs > 0) first.logprobs.push_back(transfer.first_logprobs);
   if (spec.sampling.wants_logprob()) first.token_logprobs.push_back(transfer.first_logprob);
@@ -370,6 +378,7 @@ void DecodeEngine::UpdateGauges() {
   kv_free_blocks_->Set(u.free_blocks);
   running_->Set(static_cast<double>(requests_.size() - waiting_.size()));
   waiting_gauge_->Set(static_cast<double>(waiting_.size()));
+  prefix_metrics_->Update(backend_->prefix_cache_stats());
 }
 
 absl::Status DecodeEngine::Decode(const std::shared_ptr<Request>& r, const DecodeSink& sink,
@@ -465,8 +474,10 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
     if (r.recompute) {
+      // Past the rows its sequence took from the prefix cache.
       tokens[i] = r.spec.prompt_ids;
       tokens[i].insert(tokens[i].end(), r.output.begin(), r.output.end());
+      tokens[i].erase(tokens[i].begin(), tokens[i].begin() + r.kv->length());
     } else {
       tokens[i] = {r.output.back()};
     }
@@ -498,8 +509,16 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
     for (auto& r : batch) Finish(r, s);
     return;
   }
+  const int block_size = backend_->kv_usage().block_size;
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
+    // A block its rows just filled joins the prefix cache (a later turn of
+    // the chat starts with this prompt and output).
+    if (block_size > 0 && (r.recompute || r.kv->length() % block_size == 0)) {
+      std::vector<int32_t> known = r.spec.prompt_ids;
+      known.insert(known.end(), r.output.begin(), r.output.end());
+      r.kv->PublishPrefix(known);
+    }
     r.recompute = false;
     const int want = r.spec.sampling.top_logprobs;
     const int32_t token = chosen->ids[i];
@@ -518,6 +537,7 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
     r.outbox.push_back(std::move(m));
     if (finished) Finish(batch[i], absl::OkStatus());
   }
+  UpdateGauges();
 }
 
 void DecodeEngine::Drain() {
@@ -538,6 +558,7 @@ ServingLoad DecodeEngine::Load() const {
   const KvUsage u = backend_->kv_usage();
   load.kv_usage = u.used_fraction();
   load.free_kv_blocks = u.free_blocks;
+  ReportPrefixCache(*backend_, &load);
   return load;
 }
 

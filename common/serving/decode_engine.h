@@ -20,6 +20,14 @@
 // ordered by (priority, arrival): lower priority values first, first come
 // first served within one.
 //
+// Prefix cache (where the backend keeps one: common/engine/paged_kv_cache.h):
+// an admitted request's sequence starts with the cached blocks of its prompt
+// (a resumed one's: of prompt + output, recomputing only the rest), the KV
+// handoff stores only the rows past them, and every block a request fills is
+// published for later requests (a chat's next turn reuses this one's prompt
+// and output). Preemption only drops the request's references: its published
+// blocks stay cached until the pool needs them.
+//
 // Thread-safe. Owns one engine thread.
 #ifndef MOESH_COMMON_SERVING_DECODE_ENGINE_H_
 #define MOESH_COMMON_SERVING_DECODE_ENGINE_H_
@@ -42,6 +50,7 @@
 #include "common/engine/sampler.h"
 #include "common/metrics/metrics.h"
 #include "common/serving/generation_flow.h"
+#include "common/serving/prefix_cache_metrics.h"
 #include "common/serving/serving_load.h"
 #include "common/transport/transport.h"
 
@@ -160,6 +169,9 @@ class DecodeEngine : public KvHandler {
   prometheus::Counter* tokens_ = nullptr;
   prometheus::Histogram* step_seconds_ = nullptr;
   prometheus::Histogram* batch_size_ = nullptr;
+  // The backend pool's prefix cache (the prefill engine sharing the pool
+  // counts there too). Updated under mu_.
+  std::unique_ptr<PrefixCacheMetrics> prefix_metrics_;
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::atomic<bool> logged_device_kv_{false};  // the first device-to-device KV handoff is logged

@@ -54,6 +54,7 @@ struct GenerationRequest {
 // Tokens produced since the last chunk.
 struct TokenChunk {
   double queue_seconds = 0;  // on the first chunk: time queued before prefill
+  int cached_tokens = 0;     // on the first chunk: prompt tokens the prefix cache served
   std::vector<int32_t> ids;
   std::vector<std::vector<TokenLogprob>> logprobs;  // per id, iff requested
   // Per id iff sampling.wants_logprob(): its own log-probability.

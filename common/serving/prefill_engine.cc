@@ -27,6 +27,7 @@ PrefillEngine::PrefillEngine(AttentionBackend* backend, ExpertClient* experts, T
     kv_seconds_ =
         &m->HistogramFamily("moesh_kv_transfer_seconds", "Latency of one request's KV handoff.")
              .Add({}, Metrics::LatencyBuckets());
+    if (options.prefix_cache_metrics) prefix_metrics_ = std::make_unique<PrefixCacheMetrics>(m);
   }
   thread_ = std::thread([this] { Loop(); });
 }
@@ -167,7 +168,9 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
   for (size_t i = 0; i < batch.size() && chosen.ok(); ++i) {
     const PrefillSpec& spec = *batch[i]->spec;
     const int n = static_cast<int>(spec.prompt_ids.size());
-    absl::StatusOr<std::unique_ptr<KvSequence>> seq = backend_->NewSequence(n);
+    // Starting with the prefix cache's rows of the prompt: only the rest is computed.
+    absl::StatusOr<std::unique_ptr<KvSequence>> seq =
+        backend_->NewCachedSequence(n, spec.prompt_ids);
     const KvUsage u = backend_->kv_usage();
     if (seq.status().code() == absl::StatusCode::kResourceExhausted &&
         (n + u.block_size - 1) / std::max(u.block_size, 1) <= u.total_blocks) {
@@ -181,7 +184,8 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
       chosen = seq.status();
     } else {
       caches[i] = std::move(*seq);
-      inputs[i] = {spec.prompt_ids, caches[i].get()};
+      inputs[i] = {absl::MakeConstSpan(spec.prompt_ids).subspan(caches[i]->length()),
+                   caches[i].get()};
       // The first generated token: step 0 of the request's draws.
       samples[i] = {&spec.sampling,
                     Sampler(spec.sampling).Draw(/*step=*/0),
@@ -191,9 +195,10 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
       top_k = std::max(top_k, spec.sampling.top_logprobs);
     }
   }
-  if (prompt_tokens_ != nullptr) {
-    for (Pending* p : batch)
-      prompt_tokens_->Increment(static_cast<double>(p->spec->prompt_ids.size()));
+  if (prompt_tokens_ != nullptr && chosen.ok()) {
+    // The tokens the forward computes: a prompt's cached prefix is not.
+    for (const SequenceInput& in : inputs)
+      prompt_tokens_->Increment(static_cast<double>(in.tokens.size()));
   }
   const auto start = std::chrono::steady_clock::now();
   const int mb = experts_ != nullptr && experts_->IsAsync() ? options_.micro_batches : 1;
@@ -213,6 +218,11 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
     batch[i]->done = true;
     --running_;
   };
+  for (size_t i = 0; i < batch.size(); ++i) {
+    // The prompt's full blocks join the prefix cache.
+    if (chosen.ok()) caches[i]->PublishPrefix(batch[i]->spec->prompt_ids);
+  }
+  if (prefix_metrics_ != nullptr) prefix_metrics_->Update(backend_->prefix_cache_stats());
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!chosen.ok()) {
       finish(i, chosen.status().code() == absl::StatusCode::kInvalidArgument
@@ -240,6 +250,7 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
         (*msg)->first_logprob = chosen->logprobs[i];
         if (spec.sampling.prompt_logprobs >= 0)
           (*msg)->prompt_logprobs = chosen->prompt_logprobs[i];
+        (*msg)->cached_tokens = caches[i]->cached_tokens();
         if (!caches[i]->status().ok()) {
           return absl::InternalError(
               absl::StrCat("reading the KV rows failed: ", caches[i]->status().message()));
@@ -290,6 +301,7 @@ ServingLoad PrefillEngine::Load() const {
   load.queued_prompt_tokens = queued_tokens_;
   load.in_flight = static_cast<int>(queue_.size()) + running_;
   load.draining = draining_;
+  ReportPrefixCache(*backend_, &load);
   return load;
 }
 

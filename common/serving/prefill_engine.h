@@ -22,6 +22,7 @@
 #include "common/engine/sampler.h"
 #include "common/metrics/metrics.h"
 #include "common/serving/generation_flow.h"
+#include "common/serving/prefix_cache_metrics.h"
 #include "common/serving/serving_load.h"
 #include "common/transport/kv_handoff.h"
 #include "common/transport/transport.h"
@@ -38,6 +39,9 @@ struct PrefillEngineOptions {
   // device memory by the decode worker.
   KvHandoff kv_handoff = KvHandoff::kHost;
   Metrics* metrics = nullptr;  // may be null
+  // Export the backend's prefix cache metrics (off where a decode engine
+  // sharing the pool exports them: colocated).
+  bool prefix_cache_metrics = true;
 };
 
 class PrefillEngine {
@@ -95,6 +99,7 @@ class PrefillEngine {
   prometheus::Histogram* batch_seconds_ = nullptr;
   prometheus::Counter* kv_bytes_ = nullptr;
   prometheus::Histogram* kv_seconds_ = nullptr;
+  std::unique_ptr<PrefixCacheMetrics> prefix_metrics_;  // updated by the engine thread
 
   mutable absl::Mutex mu_;
   std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);

@@ -45,6 +45,10 @@ absl::StatusOr<KvTransfer> SerializeKv(const std::string& request_id, const KvSe
 }
 
 absl::Status CheckKvTransfer(const KvTransfer& t) {
+  if (t.cached_tokens < 0 || t.cached_tokens > std::max(t.num_tokens, 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("KV for ", t.request_id, ": ", t.cached_tokens,
+                                                   " cached tokens of ", t.num_tokens));
+  }
   if (t.device.has_value()) {
     const DeviceKvBlocks& dev = *t.device;
     if (t.num_tokens < 0 || dev.block_size <= 0 || !t.rows.empty() || !t.bf16_rows.empty() ||
@@ -73,8 +77,23 @@ absl::Status DeserializeKv(const KvTransfer& t, int num_layers, KvSequence* kv) 
                                                    " layers of width ", t.row_width, ", expected ",
                                                    num_layers, " of width ", kv->row_width()));
   }
-  if (kv->length() != 0)
+  // A sequence starting with rows from its pool's prefix cache holds the
+  // transfer's first `skip` rows already (the same tokens' rows): it takes
+  // only the rest.
+  const int skip = kv->cached_tokens();
+  if (kv->length() != skip)
     return absl::FailedPreconditionError("KV already received for " + t.request_id);
+  if (skip > 0 && t.device.has_value()) {
+    // The sender falls back to the host form, whose rows can be skipped.
+    return absl::FailedPreconditionError(
+        absl::StrCat("KV for ", t.request_id, ": the receiving sequence holds ", skip,
+                     " cached tokens; device-to-device copies fill empty sequences only"));
+  }
+  if (skip > 0 && skip >= t.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("KV for ", t.request_id, ": ", t.num_tokens,
+                                                   " tokens for a sequence holding ", skip,
+                                                   " cached ones"));
+  }
   if (t.num_tokens > kv->capacity()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KV for ", t.request_id, " holds ", t.num_tokens,
@@ -93,7 +112,7 @@ absl::Status DeserializeKv(const KvTransfer& t, int num_layers, KvSequence* kv) 
     } else {
       src = t.rows.data() + l * layer_values;
     }
-    kv->AppendRows(l, src, t.num_tokens);
+    kv->AppendRows(l, src + static_cast<size_t>(skip) * t.row_width, t.num_tokens - skip);
   }
   return absl::OkStatus();
 }

@@ -53,6 +53,7 @@ struct KvTransfer {
   // the prompt's (the prefill pass's, when the sampling asks).
   float first_logprob = 0.0f;
   std::optional<PromptLogprobs> prompt_logprobs;
+  int cached_tokens = 0;  // leading tokens the sender's prefix cache held, [0, num_tokens]
 
   // The host rows' bytes (as they go on the wire).
   size_t row_bytes() const {
@@ -74,11 +75,14 @@ absl::StatusOr<KvTransfer> SerializeKv(const std::string& request_id, const KvSe
 // both check this.
 absl::Status CheckKvTransfer(const KvTransfer& transfer);
 
-// Appends the transfer's rows to `kv` (which must be empty and wide enough),
-// from the transfer or from the sender's device memory.
+// Appends the transfer's rows to `kv` (which must be empty but for the rows
+// of its kv.cached_tokens() tokens from a prefix cache, which are skipped,
+// and wide enough), from the transfer or from the sender's device memory.
 // INVALID_ARGUMENT on shape mismatch (with `num_layers`, kv's row width, or
 // CheckKvTransfer's), FAILED_PRECONDITION if `kv` is not empty,
-// RESOURCE_EXHAUSTED over capacity; device references:
+// RESOURCE_EXHAUSTED over capacity; INVALID_ARGUMENT if the cached rows
+// leave nothing to append; FAILED_PRECONDITION for device references into a
+// sequence holding cached rows (the sender then sends the host form); device references:
 // kv.AppendDeviceBlocks()'s errors.
 absl::Status DeserializeKv(const KvTransfer& transfer, int num_layers, KvSequence* kv);
 

@@ -20,6 +20,7 @@ void EncodePushKv(const KvTransfer& t, v1::PushKvRequest* request) {
   request->set_first_token_logprob(t.first_logprob);
   if (t.prompt_logprobs.has_value())
     PromptLogprobsToProto(*t.prompt_logprobs, request->mutable_prompt_logprobs());
+  request->set_cached_tokens(t.cached_tokens);
   if (t.device.has_value()) {
     const DeviceKvBlocks& d = *t.device;
     v1::DeviceKv* dev = request->mutable_device();
@@ -52,6 +53,7 @@ absl::StatusOr<KvTransfer> DecodePushKv(const v1::PushKvRequest& request) {
   t.first_logprob = request.first_token_logprob();
   if (request.has_prompt_logprobs())
     t.prompt_logprobs = PromptLogprobsFromProto(request.prompt_logprobs());
+  t.cached_tokens = request.cached_tokens();
   if (request.has_device()) {
     const v1::DeviceKv& dev = request.device();
     DeviceKvBlocks d;

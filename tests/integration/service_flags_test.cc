@@ -125,6 +125,7 @@ void SetAll(KvOptions* k) {
   k->block_size = 16;
   k->max_batch = 9;
   k->max_waiting_requests = 5;
+  k->enable_prefix_caching = false;
 }
 
 // The same for several groups: SetAll(&o.server, &o.worker).
@@ -177,13 +178,14 @@ TEST(ServiceFlagsTest, Router) {
   o.rebalance_interval_s = 14;
   o.rebalance_min_ratio = 1.1;
   o.rebalance_slots = 15;
+  o.kv_aware_routing = false;
   o.colocated = true;
   Check(o, RouterOptionsFromFlags, "moesh_router");
 }
 
 TEST(ServiceFlagsTest, PrefillWorker) {
   PrefillWorkerOptions o;
-  SetAll(&o.server, &o.worker, &o.dispatch, &o.device);
+  SetAll(&o.server, &o.worker, &o.dispatch, &o.kv, &o.device);
   o.max_batch_tokens = 100;
   o.kv_handoff = "host";
   Check(o, PrefillWorkerOptionsFromFlags, "moesh_prefill_worker");
@@ -213,7 +215,7 @@ TEST(ServiceFlagsTest, BinariesRefuseFlagsTheyDoNotRead) {
            {"moesh_expert_worker", "--kv_blocks=1"},
            {"moesh_expert_worker", "--expert_workers=a:1"},
            {"moesh_router", "--transport=ucx"},
-           {"moesh_prefill_worker", "--kv_blocks=1"},
+           {"moesh_prefill_worker", "--max_pending_kv_share=0.5"},
            {"moesh_decode_worker", "--kv_handoff=host"}}) {
     const std::string name = flag.substr(2, flag.find('=') - 2);
     const std::string cmd =

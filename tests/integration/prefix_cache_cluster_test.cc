@@ -1,0 +1,71 @@
+// The prefix cache and KV-aware routing in the real cluster (LocalCluster:
+// router, two prefill workers, a decode worker and expert workers as
+// processes): a chat's later turns take their history's KV from the cache of
+// the prefill worker that computed it (the router sends them there by the
+// block hashes it reports), compute only the rest, and answer exactly as the
+// single-process engine does; every KV block is free again at the end.
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/local_cluster.h"
+#include "common/model/model.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_harness.h"
+
+namespace moesh {
+namespace {
+
+TEST(PrefixCacheClusterTest, LaterTurnsReuseTheirHistoryOnOnePrefillWorkerTokenExact) {
+  const std::string dir = TinyModel();
+  LocalClusterOptions o = Options(dir, "prefix_cache");
+  o.num_prefill = 2;
+  o.prefill.kv.block_size = 16;
+  o.decode.kv.block_size = 16;
+  o.router.heartbeat_interval_ms = 100;  // the caches' hashes reach the router sooner
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
+  ASSERT_TRUE(model.ok());
+  const std::string p0 = Proc(**cluster, "prefill-0").metrics_address;
+  const std::string p1 = Proc(**cluster, "prefill-1").metrics_address;
+  const std::string d0 = Proc(**cluster, "decode-0").metrics_address;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(2 + (i * 53) % 500);
+  for (int turn = 1; turn <= 3; ++turn) {
+    const Result r = Call((*cluster)->router_address(), Request(prompt, 8));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids, Offline(**model, prompt, 8).output_ids) << "turn " << turn;
+    if (turn == 1) {
+      EXPECT_EQ(r.final.usage().cached_tokens(), 0);
+    } else {
+      // The previous prompt's full blocks of 16, at least.
+      EXPECT_GE(r.final.usage().cached_tokens(), 32) << "turn " << turn;
+      EXPECT_LT(r.final.usage().cached_tokens(), static_cast<int>(prompt.size()));
+    }
+    prompt.insert(prompt.end(), r.ids.begin(), r.ids.end());
+    for (int i = 0; i < 6; ++i) prompt.push_back(7 + turn * 11 + i);
+    // The heartbeats carry the new blocks' hashes to the router.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  // One prefill worker served the chat; its cache saved tokens.
+  const double hits0 = Metric(p0, "moesh_prefix_cache_hit_tokens_total");
+  const double hits1 = Metric(p1, "moesh_prefix_cache_hit_tokens_total");
+  EXPECT_GT(hits0 + hits1, 0);
+  EXPECT_EQ(
+      std::min(Metric(p0, "moesh_prompt_tokens_total"), Metric(p1, "moesh_prompt_tokens_total")),
+      0);
+  EXPECT_GT(Metric(p0, "moesh_prefix_cache_blocks") + Metric(p1, "moesh_prefix_cache_blocks"), 0);
+  // Every decode block is free again (cached ones count as free).
+  double free_blocks = -1;
+  for (int i = 0; i < 100 && free_blocks != o.decode.kv.kv_blocks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    free_blocks = Metric(d0, "moesh_kv_cache_free_blocks");
+  }
+  EXPECT_EQ(free_blocks, o.decode.kv.kv_blocks);
+}
+
+}  // namespace
+}  // namespace moesh
