@@ -241,13 +241,16 @@ LoadProgressFn StderrLoadProgress(std::string what, absl::Duration period) {
     absl::Duration last_print = -absl::InfiniteDuration();
   };
   auto state = std::make_shared<State>();
-  return [state, what = std::move(what), period](const LoadProgress& p) {
+  // On a terminal one line redrawn; into a log a line every 5 s at most.
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  if (!tty) period = std::max(period, absl::Seconds(5));
+  return [state, what = std::move(what), period, tty](const LoadProgress& p) {
     absl::MutexLock lock(&state->mu);
     const bool last = p.bytes_done >= p.bytes_total;
     if (p.elapsed < absl::Seconds(1)) return;  // short loads stay silent
     if (!last && p.elapsed - state->last_print < period) return;
     state->last_print = p.elapsed;
-    std::cerr << FormatLoadProgress(what, p) << (last ? "\n" : "\r") << std::flush;
+    std::cerr << FormatLoadProgress(what, p) << (last || !tty ? "\n" : "\r") << std::flush;
   };
 }
 

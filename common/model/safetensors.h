@@ -86,9 +86,10 @@ void SetDefaultLoadProgress(LoadProgressFn fn);
 // "loading /m: 1.20/3.40 GB (35%) 1.10 GB/s ETA 2s".
 std::string FormatLoadProgress(const std::string& what, const LoadProgress& p);
 // A LoadProgressFn printing FormatLoadProgress to stderr at most every
-// `period`, only once a load has taken over a second (then its last line too),
-// and nothing at all if the environment variable MOESH_QUIET_LOAD is set and
-// not "0".
+// `period` (one line redrawn on a terminal; into a file a line every 5 s at
+// most), only once a load has taken over a second (then its last line too),
+// and nothing at all (null) if the environment variable MOESH_QUIET_LOAD is
+// set and not "0".
 LoadProgressFn StderrLoadProgress(std::string what, absl::Duration period = absl::Seconds(0.5));
 
 // All tensors of a model directory, from one or several safetensors files.
