@@ -282,14 +282,24 @@ void Checkpoint::PlanRead(uint64_t bytes) const {
   planned_ += bytes;
 }
 
-void Checkpoint::Consumed(const TensorView& view) const {
-  // Drop the tensor's pages (rounded out to whole pages: a neighbour's page
-  // dropped too is read again from the page cache when touched).
+namespace {
+
+// madvise over `view`'s bytes rounded out to whole pages (a neighbour's page
+// dropped too is read again from the page cache when touched).
+void AdviseTensor(const TensorView& view, int advice) {
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(view.data) & ~(page - 1);
   const uintptr_t end =
       (reinterpret_cast<uintptr_t>(view.data) + view.nbytes + page - 1) & ~(page - 1);
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, advice);
+}
+
+}  // namespace
+
+void Checkpoint::WillRead(const TensorView& view) const { AdviseTensor(view, MADV_WILLNEED); }
+
+void Checkpoint::Consumed(const TensorView& view) const {
+  AdviseTensor(view, MADV_DONTNEED);  // its pages leave this process
   LoadProgress p;
   LoadProgressFn fn;
   {

@@ -106,6 +106,9 @@ class Checkpoint {
   // Paths of the safetensors files, in the order opened.
   std::vector<std::string> files() const;
 
+  // Asks the kernel to read `view`'s pages ahead (madvise WILLNEED), so a cold
+  // read streams the tensor instead of faulting it in page by page.
+  void WillRead(const TensorView& view) const;
   // A loader about to read `bytes` of tensors adds them to the progress total.
   void PlanRead(uint64_t bytes) const;
   // `view` (one of tensors()) has been read: its pages leave this process's

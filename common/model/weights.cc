@@ -281,6 +281,7 @@ absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const s
   ASSIGN_OR_RETURN(const TensorView* v, ckpt.Get(name));
   if (IsPackedFp4(v->dtype)) {
     ASSIGN_OR_RETURN(const TensorView* scale, CheckMxfp4(ckpt, *v, shape));
+    ckpt.WillRead(*v);
     std::vector<float> out(static_cast<size_t>(shape[0] * shape[1]));
     cpu::DequantizeMxfp4(v->data, scale->data, out.data(), static_cast<int>(shape[0]),
                          static_cast<int>(shape[1]));
@@ -294,6 +295,7 @@ absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const s
                                                    std::string(DTypeName(v->dtype)),
                                                    ", expected floats"));
   }
+  ckpt.WillRead(*v);
   std::vector<float> out(v->numel());
   ConvertToF32(v->dtype, v->data, out.size(), out.data());
   ckpt.Consumed(*v);
