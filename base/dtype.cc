@@ -15,6 +15,9 @@ size_t DTypeSize(DType t) {
     case DType::kF16:
       return 2;
     case DType::kF8E4M3:
+    case DType::kF8E8M0:
+    case DType::kI8:
+    case DType::kU8:
       return 1;
     case DType::kI64:
       return 8;
@@ -38,13 +41,19 @@ std::string_view DTypeName(DType t) {
       return "I64";
     case DType::kI32:
       return "I32";
+    case DType::kF8E8M0:
+      return "F8_E8M0";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
 
 absl::StatusOr<DType> ParseDType(std::string_view name) {
-  for (DType t :
-       {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kI64, DType::kI32}) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kI64, DType::kI32,
+                  DType::kF8E8M0, DType::kI8, DType::kU8}) {
     if (DTypeName(t) == name) return t;
   }
   return absl::InvalidArgumentError(absl::StrCat("unsupported dtype \"", std::string(name), "\""));
@@ -140,10 +149,27 @@ void ConvertToF32(DType t, const void* src, size_t n, float* dst) {
       for (size_t i = 0; i < n; ++i) dst[i] = F8E4M3ToF32(s[i]);
       return;
     }
+    case DType::kF8E8M0: {
+      const uint8_t* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = E8M0ToF32(s[i]);
+      return;
+    }
     case DType::kI64:
     case DType::kI32:
+    case DType::kI8:
+    case DType::kU8:
       return;
   }
+}
+
+bool IsFloatDType(DType t) {
+  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kF8E4M3 ||
+         t == DType::kF8E8M0;
+}
+
+float E8M0ToF32(uint8_t e) {
+  if (e == 0xFF) return NAN;
+  return std::ldexp(1.0f, static_cast<int>(e) - 127);
 }
 
 }  // namespace moesh

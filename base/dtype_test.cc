@@ -9,13 +9,14 @@ namespace moesh {
 namespace {
 
 TEST(DTypeTest, NamesRoundTrip) {
-  for (DType t :
-       {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kI64, DType::kI32}) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kI64, DType::kI32,
+                  DType::kF8E8M0, DType::kI8, DType::kU8}) {
     absl::StatusOr<DType> parsed = ParseDType(DTypeName(t));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, t);
   }
   EXPECT_EQ(ParseDType("F64").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseDType("F4").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DTypeTest, Bf16RoundsToNearestEven) {

@@ -23,6 +23,10 @@ absl::Status RunServeLocal();
 absl::Status RunServingBench();
 absl::Status RunOpenLoopBench();
 
+// `moesh bench --load --model=DIR`: the checkpoint's load rate against the
+// disk's read rate measured in the same run (cli/bench_load.cc).
+absl::Status RunLoadBench();
+
 // `moesh bench --device cuda ...` is cuda_model_bench's (the GPU engine
 // bench, tools/bench/model_bench.cc, with its own flags), since the moesh
 // command does not link CUDA: true when `args` (what follows "bench") ask

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/model/safetensors.h"
 
 namespace moesh::cli {
 namespace {
@@ -35,7 +36,7 @@ const std::vector<Command>& Commands() {
        RunGenerate},
       {"mkmodel",
        "--family={v2-lite,v2,v3,v3.2,v4} [--preset={tiny,small,real}] --out=DIR [--seed=S]\n"
-       "      [--shards=N] [--dtype={BF16,F16,F32}] [--rope_parameters] [--config_only]\n"
+       "      [--shards=N] [--dtype={BF16,F16,F32,FP8}] [--rope_parameters] [--config_only]\n"
        "      [--layers=N]\n"
        "    a random checkpoint in DeepSeek's format",
        {"family", "preset", "out", "seed", "shards", "dtype", "layers", "rope_parameters",
@@ -44,6 +45,8 @@ const std::vector<Command>& Commands() {
       {"bench",
        "--model=DIR [--batch=1,4,16] [--prompt_len=N] [--decode_steps=N]\n"
        "    engine throughput in this process (--device=cuda: cuda_model_bench, its flags);\n"
+       "  --load --model=DIR [--expert_workers=N]\n"
+       "    load rate vs the disk's read rate (cold page cache where it can be dropped);\n"
        "  --serving --model=DIR [--concurrency=1,8,32] [--requests=N] [--prompt_len=N]\n"
        "      [--max_new_tokens=N] [--modes=cluster,cluster-http,cluster-nopp,cluster-ucx,\n"
        "      cluster-nccl,cluster-ipc,cluster-ipc-hostkv,colocated] [--device=cuda]\n"
@@ -62,6 +65,7 @@ const std::vector<Command>& Commands() {
         "prompt_len",
         "decode_steps",
         "serving",
+        "load",
         "concurrency",
         "requests",
         "max_new_tokens",
@@ -141,6 +145,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::vector<std::string> args(argv + 2, argv + argc);
+  // Weight loads print their progress (MOESH_QUIET_LOAD=1 silences it).
+  moesh::SetDefaultLoadProgress(moesh::StderrLoadProgress("moesh: loading weights"));
   absl::Status s;
   if (name == "bench" && moesh::cli::IsCudaEngineBench(args)) {
     s = moesh::cli::ExecCudaBench(args);  // returns only on failure

@@ -19,8 +19,9 @@ ABSL_FLAG(std::string, out, "", "The directory to write the checkpoint to (creat
 ABSL_FLAG(int, shards, 1, "Safetensors files to split the weights over (1 to 1000).");
 ABSL_FLAG(std::string, dtype, "BF16",
           "The weights' dtype: BF16, F16, F32, or FP8 (F8_E4M3: block-scaled as DeepSeek-V3 "
-          "ships it, config.json's quantization_config set; with --config_only, dummy weights "
-          "are made in FP8).");
+          "ships it, config.json's quantization_config set; for --family v4 as V4-Flash ships "
+          "it: FP8 linears with ue8m0 block scales and MXFP4 routed experts; with --config_only, "
+          "dummy weights are made in FP8).");
 ABSL_FLAG(std::optional<int>, layers, std::nullopt,
           "Layers, when not the preset's: its shapes at another depth (1 to 1000).");
 ABSL_FLAG(bool, rope_parameters, false,
@@ -66,6 +67,7 @@ absl::Status RunMkmodel() {
   ASSIGN_OR_RETURN(opt.dtype, ParseDType(dtype == "FP8" || dtype == "fp8" ? "F8_E4M3" : dtype));
   if (opt.dtype == DType::kF8E4M3) {
     config.fp8_block_weights = true;
+    config.mxfp4_experts = config.layers() == LayerArch::kV4;  // V4-Flash's routed experts
     RETURN_IF_ERROR(config.Validate("--dtype FP8"));
   }
   opt.new_rope_form = absl::GetFlag(FLAGS_rope_parameters);

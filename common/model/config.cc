@@ -65,7 +65,7 @@ absl::Status ParseQuantization(const Json& q, const std::string& source, bool* f
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": quantization_config ", what,
         " is not supported (this build reads quant_method fp8, fmt e4m3, weight_block_size "
-        "[128, 128], activation_scheme dynamic)"));
+        "[128, 128], activation_scheme dynamic, scale_fmt ue8m0 or none)"));
   };
   if (!q.is_object()) return bad("(not an object)");
   auto str = [&](const char* key, const char* want) -> absl::Status {
@@ -78,6 +78,7 @@ absl::Status ParseQuantization(const Json& q, const std::string& source, bool* f
   RETURN_IF_ERROR(str("quant_method", "fp8"));
   RETURN_IF_ERROR(str("fmt", "e4m3"));
   RETURN_IF_ERROR(str("activation_scheme", "dynamic"));
+  RETURN_IF_ERROR(str("scale_fmt", "ue8m0"));  // DeepSeek-V4's power-of-two block scales
   if (q.contains("weight_block_size") && q["weight_block_size"] != Json::array({128, 128}))
     return bad(absl::StrCat("weight_block_size ", q["weight_block_size"].dump()));
   *fp8 = true;
@@ -151,15 +152,30 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
   c.family = family->id;
   c.topk_method = family->default_topk_method;
   c.scoring_func = family->default_scoring_func;
-  if (family->layers == LayerArch::kV4) {
-    RETURN_IF_ERROR(ParseV4(j, source, &c));
-    RETURN_IF_ERROR(c.Validate(source));
-    return c;
-  }
-
   if (r.Has("quantization_config"))
     RETURN_IF_ERROR(
         config_internal::ParseQuantization(j["quantization_config"], source, &c.fp8_block_weights));
+  if (family->layers == LayerArch::kV4) {
+    RETURN_IF_ERROR(ParseV4(j, source, &c));
+    if (c.fp8_block_weights) {
+      // DeepSeek-V4 ships its routed experts in MXFP4 unless config.json says
+      // expert_dtype fp8 (vLLM's reading, default fp4).
+      std::string experts = "fp4";
+      if (j.contains("expert_dtype")) {
+        if (!j["expert_dtype"].is_string())
+          return absl::InvalidArgumentError(
+              absl::StrCat(source, ": expert_dtype must be a string"));
+        experts = j["expert_dtype"].get<std::string>();
+      }
+      if (experts != "fp4" && experts != "fp8") {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": expert_dtype \"", experts,
+                                                       "\" is not supported (fp4: MXFP4, or fp8)"));
+      }
+      c.mxfp4_experts = experts == "fp4";
+    }
+    RETURN_IF_ERROR(c.Validate(source));
+    return c;
+  }
   RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size, /*required=*/true));
   RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true));
   RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size, true));
@@ -339,9 +355,9 @@ absl::Status ModelConfig::Validate(const std::string& source) const {
                                               {"num_hidden_layers", num_hidden_layers},
                                               {"num_attention_heads", num_attention_heads}}));
   RETURN_IF_ERROR(layers() == LayerArch::kV4 ? ValidateV4(source) : ValidateMla(source));
-  if (fp8_block_weights && layers() == LayerArch::kV4) {
-    return absl::UnimplementedError(absl::StrCat(
-        source, ": DeepSeek-V4's FP8/MXFP4 weights are not supported yet (BF16 checkpoints are)"));
+  if (mxfp4_experts && (layers() != LayerArch::kV4 || !fp8_block_weights)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": MXFP4 experts are DeepSeek-V4's (with its FP8 linears) only"));
   }
   for (int e : eos_token_ids) {
     if (e < 0 || e >= vocab_size) {

@@ -98,6 +98,11 @@ struct ModelConfig {
   // 128], activation_scheme dynamic} (DeepSeek-V3/R1/V3.2 as shipped): the
   // linear weights are e4m3 with a `weight_scale_inv` per 128 x 128 block.
   bool fp8_block_weights = false;
+  // DeepSeek-V4 quantized (fp8_block_weights, its scales ue8m0 `.scale`
+  // tensors) with expert_dtype fp4 (the default): the routed experts are MXFP4
+  // (kernels/cpu/mxfp4.h), e2m1 pairs [n, k / 2] I8 with an F8_E8M0 `.scale`
+  // [n, k / 32].
+  bool mxfp4_experts = false;
 
   // MLA. q_lora_rank == 0 means q_proj is a plain projection (V2-Lite).
   int q_lora_rank = 0;

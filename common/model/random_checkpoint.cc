@@ -1,18 +1,21 @@
 #include "common/model/random_checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "base/dtype.h"
 #include "base/file_util.h"
 #include "base/status.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 #include "kernels/cpu/fp8.h"
+#include "kernels/cpu/mxfp4.h"
 
 namespace moesh {
 
@@ -317,6 +320,53 @@ bool IsFp8Linear(const std::string& name) {
          absl::EndsWith(name, "indexer.wq_b.weight") || absl::EndsWith(name, "indexer.wk.weight");
 }
 
+bool IsV4Fp8Linear(const std::string& name) {
+  for (const char* suffix :
+       {".attn.wq_a.weight", ".attn.wq_b.weight", ".attn.wkv.weight", ".attn.wo_a.weight",
+        ".attn.wo_b.weight", ".attn.indexer.wq_b.weight", ".shared_experts.w1.weight",
+        ".shared_experts.w2.weight", ".shared_experts.w3.weight"}) {
+    if (absl::EndsWith(name, suffix)) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// "<x>.scale" for "<x>.weight": DeepSeek-V4's scale tensor names.
+std::string V4ScaleName(const std::string& weight) {
+  return std::string(absl::StripSuffix(weight, ".weight")) + ".scale";
+}
+
+// Block-scaled e4m3 with each 128 x 128 block's scale rounded up to a power
+// of two (ue8m0: scale_fmt "ue8m0"), as DeepSeek-V4 quantizes its linears.
+void Ue8m0Fp8Blocks(const std::vector<float>& w, int rows, int cols, std::vector<uint8_t>* codes,
+                    std::vector<uint8_t>* scales) {
+  const int rb = cpu::Fp8Blocks(rows), cb = cpu::Fp8Blocks(cols);
+  scales->assign(static_cast<size_t>(rb) * cb, 127);
+  for (int bi = 0; bi < rb; ++bi) {
+    for (int bj = 0; bj < cb; ++bj) {
+      const int r1 = std::min(rows, (bi + 1) * cpu::kFp8Block);
+      const int c1 = std::min(cols, (bj + 1) * cpu::kFp8Block);
+      float amax = 0.0f;
+      for (int r = bi * cpu::kFp8Block; r < r1; ++r) {
+        for (int c = bj * cpu::kFp8Block; c < c1; ++c)
+          amax = std::max(amax, std::fabs(w[r * cols + c]));
+      }
+      int e = amax > 0 ? static_cast<int>(std::ceil(std::log2(amax / cpu::kFp8Max))) : 0;
+      e = std::clamp(e, -127, 127);
+      (*scales)[bi * cb + bj] = static_cast<uint8_t>(e + 127);
+      const float inv = std::ldexp(1.0f, -e);
+      for (int r = bi * cpu::kFp8Block; r < r1; ++r) {
+        for (int c = bj * cpu::kFp8Block; c < c1; ++c) {
+          (*codes)[r * cols + c] = F32ToF8E4M3(w[r * cols + c] * inv);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                    const RandomCheckpointOptions& options) {
   if (options.dtype != DType::kBF16 && options.dtype != DType::kF16 &&
@@ -325,10 +375,7 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
         "random checkpoints are written as BF16, F16, F32 or F8_E4M3 (block-scaled FP8)");
   }
   const bool fp8 = options.dtype == DType::kF8E4M3;
-  if (fp8 && config.layers() == LayerArch::kV4) {
-    return absl::UnimplementedError(
-        "DeepSeek-V4's shipped format (FP8 linears, MXFP4 experts) is not written yet; use BF16");
-  }
+  const bool v4 = config.layers() == LayerArch::kV4;
   RETURN_IF_ERROR(MakeDirs(dir));
   std::mt19937_64 rng(options.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -357,7 +404,34 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
     const bool is_bias = absl::EndsWith(spec.name, "e_score_correction_bias") ||
                          absl::EndsWith(spec.name, "k_norm.bias") ||
                          absl::EndsWith(spec.name, "gate.bias");
-    if (fp8 && IsFp8Linear(spec.name)) {
+    if (fp8 && v4 && RoutedExpertOf(spec.name) >= 0) {
+      // As DeepSeek-V4 ships its routed experts: MXFP4, e2m1 pairs as I8 and
+      // a ue8m0 scale per 32 inputs in "<x>.scale".
+      const int rows = static_cast<int>(spec.shape[0]), cols = static_cast<int>(spec.shape[1]);
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) x = options.std * normal(rng);
+      std::vector<uint8_t> packed(v.size() / 2), scales(v.size() / cpu::kMxfp4Block);
+      cpu::QuantizeMxfp4(v.data(), packed.data(), scales.data(), rows, cols);
+      writer.Add(spec.name, DType::kI8, {rows, cols / 2}, std::move(packed));
+      writer.Add(V4ScaleName(spec.name), DType::kF8E8M0, {rows, cols / cpu::kMxfp4Block},
+                 std::move(scales));
+      continue;
+    }
+    if (fp8 && v4 && IsV4Fp8Linear(spec.name)) {
+      // DeepSeek-V4's FP8 linears: e4m3 codes with a power-of-two (ue8m0)
+      // scale per 128 x 128 block in "<x>.scale".
+      const int rows = static_cast<int>(spec.shape[0]), cols = static_cast<int>(spec.shape[1]);
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) x = options.std * normal(rng);
+      std::vector<uint8_t> codes(v.size());
+      std::vector<uint8_t> scales;
+      Ue8m0Fp8Blocks(v, rows, cols, &codes, &scales);
+      writer.Add(spec.name, DType::kF8E4M3, spec.shape, std::move(codes));
+      writer.Add(V4ScaleName(spec.name), DType::kF8E8M0,
+                 {cpu::Fp8Blocks(rows), cpu::Fp8Blocks(cols)}, std::move(scales));
+      continue;
+    }
+    if (fp8 && !v4 && IsFp8Linear(spec.name)) {
       // As DeepSeek ships it: e4m3 codes and a float32 scale per 128 x 128 block.
       const int rows = static_cast<int>(spec.shape[0]), cols = static_cast<int>(spec.shape[1]);
       std::vector<float> v(static_cast<size_t>(n));
@@ -392,6 +466,7 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
   }
   ModelConfig written = config;
   written.fp8_block_weights = fp8;
+  written.mxfp4_experts = fp8 && v4;
   RETURN_IF_ERROR(
       WriteStringToFile(JoinPath(dir, "config.json"), written.ToJson(options.new_rope_form)));
   if (!options.tokenizer_json.empty()) {

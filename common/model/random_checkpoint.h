@@ -25,7 +25,10 @@ struct RandomCheckpointOptions {
   int num_shards = 1;
   // kBF16, kF16, kF32, or kF8E4M3: DeepSeek-V3's shipped FP8 (IsFp8Linear's
   // tensors e4m3 with a weight_scale_inv per 128 x 128 block, the rest bf16,
-  // config.json's quantization_config set).
+  // config.json's quantization_config set); for V4, V4-Flash's shipped
+  // format: IsV4Fp8Linear's tensors e4m3 with a ue8m0 "<x>.scale" per block,
+  // the routed experts MXFP4 (I8 e2m1 pairs, F8_E8M0 "<x>.scale" per 32
+  // inputs), the rest (compressors, indexer weights_proj, router) bf16.
   DType dtype = DType::kBF16;
   float std = 0.05f;           // weights ~ N(0, std); norms ~ 1 + N(0, 0.1)
   bool new_rope_form = false;  // write rope_parameters instead of rope_theta/rope_scaling
@@ -36,6 +39,11 @@ struct RandomCheckpointOptions {
 // projection (attention, dense MLPs, shared and routed experts, the V3.2
 // indexer's wq_b and wk) but the indexer's weights_proj.
 bool IsFp8Linear(const std::string& name);
+// The tensors DeepSeek-V4 ships in block-scaled FP8: the attention's wq_a,
+// wq_b, wkv, wo_a, wo_b, the indexer's wq_b and the shared experts (the
+// compressors and the indexer's weights_proj are bf16; the routed experts
+// MXFP4).
+bool IsV4Fp8Linear(const std::string& name);
 
 // Writes <dir>/config.json, the safetensors (one file or shards + index) and, if
 // options.tokenizer_json is set, tokenizer.json.

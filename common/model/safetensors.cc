@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -197,6 +200,123 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
         dir, ": no model.safetensors or model.safetensors.index.json in the model directory"));
   }
   return ckpt;
+}
+
+namespace {
+
+absl::Mutex g_progress_mu;
+LoadProgressFn* g_default_progress ABSL_GUARDED_BY(g_progress_mu) = nullptr;
+
+}  // namespace
+
+void SetDefaultLoadProgress(LoadProgressFn fn) {
+  absl::MutexLock lock(&g_progress_mu);
+  delete g_default_progress;
+  g_default_progress = fn ? new LoadProgressFn(std::move(fn)) : nullptr;
+}
+
+std::string FormatLoadProgress(const std::string& what, const LoadProgress& p) {
+  constexpr double kGB = 1e9;
+  const double secs = absl::ToDoubleSeconds(p.elapsed);
+  const double rate = secs > 0 ? p.bytes_done / secs : 0;
+  std::string line =
+      absl::StrFormat("%s: %.2f/%.2f GB", what, p.bytes_done / kGB, p.bytes_total / kGB);
+  if (p.bytes_total > 0) {
+    absl::StrAppendFormat(&line, " (%d%%)", static_cast<int>(100.0 * p.bytes_done / p.bytes_total));
+  }
+  absl::StrAppendFormat(&line, " %.2f GB/s", rate / kGB);
+  if (p.bytes_done >= p.bytes_total) {
+    absl::StrAppendFormat(&line, " done in %.1fs", secs);
+  } else if (rate > 0) {
+    absl::StrAppendFormat(&line, " ETA %.0fs", (p.bytes_total - p.bytes_done) / rate);
+  }
+  return line;
+}
+
+LoadProgressFn StderrLoadProgress(std::string what, absl::Duration period) {
+  const char* quiet = std::getenv("MOESH_QUIET_LOAD");
+  if (quiet != nullptr && std::string(quiet) != "0") return nullptr;
+  struct State {
+    absl::Mutex mu;
+    absl::Duration last_print = -absl::InfiniteDuration();
+  };
+  auto state = std::make_shared<State>();
+  // On a terminal one line redrawn; into a log a line every 5 s at most.
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  if (!tty) period = std::max(period, absl::Seconds(5));
+  return [state, what = std::move(what), period, tty](const LoadProgress& p) {
+    absl::MutexLock lock(&state->mu);
+    const bool last = p.bytes_done >= p.bytes_total;
+    if (p.elapsed < absl::Seconds(1)) return;  // short loads stay silent
+    if (!last && p.elapsed - state->last_print < period) return;
+    state->last_print = p.elapsed;
+    std::cerr << FormatLoadProgress(what, p) << (last || !tty ? "\n" : "\r") << std::flush;
+  };
+}
+
+Checkpoint::Checkpoint(std::string dir) : dir_(std::move(dir)) {
+  absl::MutexLock lock(&g_progress_mu);
+  if (g_default_progress != nullptr) progress_ = *g_default_progress;
+}
+
+uint64_t Checkpoint::total_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, view] : index_) n += view->nbytes;
+  return n;
+}
+
+std::vector<std::string> Checkpoint::files() const {
+  std::vector<std::string> out;
+  for (const auto& f : files_) out.push_back(f->path());
+  return out;
+}
+
+void Checkpoint::set_progress(LoadProgressFn fn) {
+  absl::MutexLock lock(&mu_);
+  progress_ = std::move(fn);
+}
+
+void Checkpoint::PlanRead(uint64_t bytes) const {
+  absl::MutexLock lock(&mu_);
+  if (planned_ == done_) start_ = absl::Now();  // a new load begins
+  planned_ += bytes;
+}
+
+namespace {
+
+// madvise over `view`'s bytes rounded out to whole pages (a neighbour's page
+// dropped too is read again from the page cache when touched).
+void AdviseTensor(const TensorView& view, int advice) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(view.data) & ~(page - 1);
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(view.data) + view.nbytes + page - 1) & ~(page - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, advice);
+}
+
+}  // namespace
+
+void Checkpoint::WillRead(const TensorView& view) const { AdviseTensor(view, MADV_WILLNEED); }
+
+void Checkpoint::Consumed(const TensorView& view) const {
+  AdviseTensor(view, MADV_DONTNEED);  // its pages leave this process
+  LoadProgress p;
+  LoadProgressFn fn;
+  {
+    absl::MutexLock lock(&mu_);
+    if (start_ == absl::InfinitePast()) start_ = absl::Now();
+    read_.insert(view.name);
+    done_ += view.nbytes;
+    planned_ = std::max(planned_, done_);
+    p = {done_, planned_, absl::Now() - start_};
+    fn = progress_;
+  }
+  if (fn) fn(p);
+}
+
+std::set<std::string> Checkpoint::tensors_read() const {
+  absl::MutexLock lock(&mu_);
+  return read_;
 }
 
 absl::StatusOr<const TensorView*> Checkpoint::Get(const std::string& name) const {

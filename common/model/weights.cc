@@ -6,7 +6,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "base/status.h"
+#include "kernels/cpu/mxfp4.h"
 
 namespace moesh {
 namespace {
@@ -42,6 +44,78 @@ absl::StatusOr<MlpWeights> ReadMlp(const Checkpoint& ckpt, const std::string& pr
                                    int hidden) {
   return ReadMlpTensors(ckpt, prefix, inter, hidden, "gate_proj.weight", "up_proj.weight",
                         "down_proj.weight");
+}
+
+bool IsPackedFp4(DType t) { return t == DType::kI8 || t == DType::kU8; }
+
+// The scale tensor of quantized weight `name`: V3's "<name>_scale_inv", or
+// V4's "<x>.scale" for "<x>.weight"; nullptr if there is neither.
+const TensorView* ScaleOf(const Checkpoint& ckpt, const std::string& name) {
+  auto it = ckpt.tensors().find(name + "_scale_inv");
+  if (it != ckpt.tensors().end()) return it->second;
+  if (!absl::EndsWith(name, ".weight")) return nullptr;
+  it = ckpt.tensors().find(name.substr(0, name.size() - 7) + ".scale");
+  return it == ckpt.tensors().end() ? nullptr : it->second;
+}
+
+std::string ScaleNames(const std::string& name) {
+  if (!absl::EndsWith(name, ".weight")) return absl::StrCat("\"", name, "_scale_inv\"");
+  return absl::StrCat("\"", name, "_scale_inv\" or \"", name.substr(0, name.size() - 7),
+                      ".scale\"");
+}
+
+// An F8_E4M3 weight's block scale: float (F32, BF16 or V4's ue8m0 F8_E8M0), one
+// per 128 x 128 block; INVALID_ARGUMENT naming the tensor otherwise.
+absl::StatusOr<const TensorView*> CheckFp8Scale(const Checkpoint& ckpt, const TensorView& v) {
+  const TensorView* s = ScaleOf(ckpt, v.name);
+  const std::vector<int64_t> want = {
+      (v.shape.empty() ? 1 : (v.shape[0] + kFp8Block - 1) / kFp8Block),
+      v.shape.size() > 1 ? (v.shape[1] + kFp8Block - 1) / kFp8Block : 1};
+  if (v.shape.size() != 2 || s == nullptr || s->shape != want ||
+      (s->dtype != DType::kF32 && s->dtype != DType::kBF16 && s->dtype != DType::kF8E8M0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        v.file, ": F8_E4M3 tensor \"", v.name, "\" needs a float (F32, BF16 or ", "F8_E8M0) ",
+        ScaleNames(v.name), " of shape ", ShapeStr(want), " (128x128 blocks)",
+        s == nullptr
+            ? ""
+            : absl::StrCat("; found ", std::string(DTypeName(s->dtype)), " ", s->ShapeString())));
+  }
+  return s;
+}
+
+// An MXFP4 weight of logical shape `shape` [n, k]: e2m1 pairs [n, k / 2] and
+// a ue8m0 (F8_E8M0 or U8) "<x>.scale" [n, k / 32]; its scale, or
+// INVALID_ARGUMENT naming the tensor.
+absl::StatusOr<const TensorView*> CheckMxfp4(const Checkpoint& ckpt, const TensorView& v,
+                                             const std::vector<int64_t>& shape) {
+  if (shape.size() != 2 || shape[1] % cpu::kMxfp4Block != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(v.file, ": tensor \"", v.name, "\" is ", std::string(DTypeName(v.dtype)),
+                     " (MXFP4 e2m1 pairs) but its shape ", ShapeStr(shape),
+                     " is not a matrix whose rows are whole 32-value blocks"));
+  }
+  const std::vector<int64_t> packed = {shape[0], shape[1] / 2};
+  if (v.shape != packed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(v.file, ": MXFP4 tensor \"", v.name, "\" has shape ", v.ShapeString(), " but ",
+                     ShapeStr(shape), " packs two e2m1 values a byte into ", ShapeStr(packed)));
+  }
+  const std::vector<int64_t> want = {shape[0], shape[1] / cpu::kMxfp4Block};
+  const TensorView* s = nullptr;
+  if (absl::EndsWith(v.name, ".weight")) {
+    auto it = ckpt.tensors().find(v.name.substr(0, v.name.size() - 7) + ".scale");
+    if (it != ckpt.tensors().end()) s = it->second;
+  }
+  if (s == nullptr || s->shape != want || (s->dtype != DType::kF8E8M0 && s->dtype != DType::kU8)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        v.file, ": MXFP4 tensor \"", v.name, "\" needs a ue8m0 (F8_E8M0) \"",
+        absl::StripSuffix(v.name, ".weight"), ".scale\" of shape ", ShapeStr(want),
+        " (one per 32 inputs)",
+        s == nullptr
+            ? ""
+            : absl::StrCat("; found ", std::string(DTypeName(s->dtype)), " ", s->ShapeString())));
+  }
+  return s;
 }
 
 }  // namespace
@@ -129,6 +203,11 @@ absl::Status ValidateCheckpoint(const ModelConfig& c, const Checkpoint& ckpt) {
                                                      ") is missing from the checkpoint"));
     }
     const TensorView& v = *t->second;
+    if (IsPackedFp4(v.dtype)) {
+      ASSIGN_OR_RETURN(const TensorView* scale, CheckMxfp4(ckpt, v, spec.shape));
+      expected.insert(scale->name);
+      continue;
+    }
     if (v.shape != spec.shape) {
       return absl::InvalidArgumentError(
           absl::StrCat(v.file, ": tensor \"", spec.name, "\" has shape ", v.ShapeString(),
@@ -142,31 +221,21 @@ absl::Status ValidateCheckpoint(const ModelConfig& c, const Checkpoint& ckpt) {
       }
       continue;
     }
-    switch (v.dtype) {
-      case DType::kF32:
-      case DType::kBF16:
-      case DType::kF16:
-        break;
-      case DType::kF8E4M3: {
-        const std::string scale_name = spec.name + "_scale_inv";
-        auto s = ckpt.tensors().find(scale_name);
-        const std::vector<int64_t> want = {
-            (spec.shape[0] + kFp8Block - 1) / kFp8Block,
-            spec.shape.size() > 1 ? (spec.shape[1] + kFp8Block - 1) / kFp8Block : 1};
-        if (spec.shape.size() != 2 || s == ckpt.tensors().end() || s->second->shape != want ||
-            s->second->dtype == DType::kF8E4M3) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(v.file, ": F8_E4M3 tensor \"", spec.name, "\" needs a float \"",
-                           scale_name, "\" of shape ", ShapeStr(want), " (128x128 blocks)"));
-        }
-        expected.insert(scale_name);
-        break;
-      }
-      case DType::kI64:
-      case DType::kI32:
-        return absl::InvalidArgumentError(absl::StrCat(
-            v.file, ": tensor \"", spec.name, "\" has dtype ", std::string(DTypeName(v.dtype)),
-            "; weights must be F32, BF16, F16 or F8_E4M3"));
+    if (c.mxfp4_experts && RoutedExpertOf(spec.name) >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          v.file, ": routed expert tensor \"", spec.name, "\" is ", std::string(DTypeName(v.dtype)),
+          " but config.json's expert_dtype fp4 means MXFP4 (I8 e2m1 pairs with a .scale)"));
+    }
+    if (v.dtype == DType::kF8E4M3) {
+      ASSIGN_OR_RETURN(const TensorView* scale, CheckFp8Scale(ckpt, v));
+      expected.insert(scale->name);
+      continue;
+    }
+    if (v.dtype != DType::kF32 && v.dtype != DType::kBF16 && v.dtype != DType::kF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          v.file, ": tensor \"", spec.name, "\" has dtype ", std::string(DTypeName(v.dtype)),
+          "; weights must be F32, BF16, F16, F8_E4M3 (with a block scale) or I8/U8 MXFP4 "
+          "(with a .scale)"));
     }
   }
   std::vector<std::string> extra;
@@ -209,19 +278,34 @@ absl::StatusOr<const TensorView*> GetShaped(const Checkpoint& ckpt, const std::s
 
 absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const std::string& name,
                                                  const std::vector<int64_t>& shape) {
-  ASSIGN_OR_RETURN(const TensorView* v, GetShaped(ckpt, name, shape));
-  std::vector<float> out(v->numel());
-  if (v->dtype == DType::kI64 || v->dtype == DType::kI32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(v->file, ": tensor \"", name, "\" is an integer tensor, expected floats"));
+  ASSIGN_OR_RETURN(const TensorView* v, ckpt.Get(name));
+  if (IsPackedFp4(v->dtype)) {
+    ASSIGN_OR_RETURN(const TensorView* scale, CheckMxfp4(ckpt, *v, shape));
+    ckpt.WillRead(*v);
+    std::vector<float> out(static_cast<size_t>(shape[0] * shape[1]));
+    cpu::DequantizeMxfp4(v->data, scale->data, out.data(), static_cast<int>(shape[0]),
+                         static_cast<int>(shape[1]));
+    ckpt.Consumed(*v);
+    ckpt.Consumed(*scale);
+    return out;
   }
+  ASSIGN_OR_RETURN(v, GetShaped(ckpt, name, shape));
+  if (!IsFloatDType(v->dtype) || v->dtype == DType::kF8E8M0) {
+    return absl::InvalidArgumentError(absl::StrCat(v->file, ": tensor \"", name, "\" is ",
+                                                   std::string(DTypeName(v->dtype)),
+                                                   ", expected floats"));
+  }
+  ckpt.WillRead(*v);
+  std::vector<float> out(v->numel());
   ConvertToF32(v->dtype, v->data, out.size(), out.data());
+  ckpt.Consumed(*v);
   if (v->dtype == DType::kF8E4M3) {
+    ASSIGN_OR_RETURN(const TensorView* s, CheckFp8Scale(ckpt, *v));
     const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
     const int64_t bcols = (cols + kFp8Block - 1) / kFp8Block;
-    ASSIGN_OR_RETURN(
-        std::vector<float> scale,
-        ReadTensorF32(ckpt, name + "_scale_inv", {(rows + kFp8Block - 1) / kFp8Block, bcols}));
+    std::vector<float> scale(s->numel());
+    ConvertToF32(s->dtype, s->data, scale.size(), scale.data());
+    ckpt.Consumed(*s);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t col = 0; col < cols; ++col) {
         out[r * cols + col] *= scale[(r / kFp8Block) * bcols + col / kFp8Block];
@@ -247,12 +331,54 @@ absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const
     return absl::InvalidArgumentError(
         absl::StrCat(v->file, ": tensor \"", name, "\" must be an integer tensor (I64 or I32)"));
   }
+  ckpt.Consumed(*v);
   return out;
+}
+
+int RoutedExpertOf(const std::string& name) {
+  if (LayerIndexOf(name) < 0) return -1;
+  size_t at = name.find(".experts.");
+  if (at == std::string::npos) return -1;
+  at += std::string(".experts.").size();
+  const size_t end = name.find('.', at);
+  int e = -1;
+  if (end == std::string::npos || !absl::SimpleAtoi(name.substr(at, end - at), &e)) return -1;
+  return e;
+}
+
+namespace {
+
+// Whether loading `config` reads tensor `name` (ValidateCheckpoint's ignored
+// extras are not read).
+bool IsLoaded(const ModelConfig& c, const std::string& name) {
+  if (LayerIndexOf(name) >= c.num_hidden_layers) return false;  // MTP layers
+  if (c.tie_word_embeddings && name == "lm_head.weight") return false;
+  return !absl::EndsWith(name, "rotary_emb.inv_freq") && !absl::StartsWith(name, "mtp.");
+}
+
+}  // namespace
+
+uint64_t AttentionLoadBytes(const ModelConfig& c, const Checkpoint& ckpt) {
+  uint64_t n = 0;
+  for (const auto& [name, view] : ckpt.tensors()) {
+    if (IsLoaded(c, name) && RoutedExpertOf(name) < 0) n += view->nbytes;
+  }
+  return n;
+}
+
+uint64_t ExpertLoadBytes(const ModelConfig& c, const Checkpoint& ckpt, const std::set<int>& ids) {
+  uint64_t n = 0;
+  for (const auto& [name, view] : ckpt.tensors()) {
+    const int e = RoutedExpertOf(name);
+    if (e >= 0 && IsLoaded(c, name) && (ids.empty() || ids.count(e))) n += view->nbytes;
+  }
+  return n;
 }
 
 absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const ModelConfig& c,
                                                                          const Checkpoint& ckpt) {
   auto w = std::make_unique<AttentionWeights>();
+  ckpt.PlanRead(AttentionLoadBytes(c, ckpt));
   if (c.layers() == LayerArch::kV4) {
     RETURN_IF_ERROR(LoadV4AttentionWeights(c, ckpt, w.get()));
     return w;
@@ -367,6 +493,7 @@ absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Load(
   auto w = std::make_unique<ExpertShardWeights>();
   ASSIGN_OR_RETURN(w->expert_ids, ShardExperts(c, std::move(expert_ids)));
   expert_ids = w->expert_ids;
+  ckpt.PlanRead(ExpertLoadBytes(c, ckpt, expert_ids));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsMoeLayer(l)) continue;
     for (int e : expert_ids) {

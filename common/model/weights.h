@@ -138,12 +138,24 @@ struct ExpertShardWeights {
 };
 
 // Reads one tensor as float32, checking its shape; dequantises F8_E4M3 with
-// its 128x128 block weight_scale_inv.
+// its 128x128 block weight_scale_inv. The tensor (and its scale) are then
+// Checkpoint::Consumed: their pages leave this process.
 absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const std::string& name,
                                                  const std::vector<int64_t>& shape);
 // Reads an integer (I64 or I32) tensor as int32, checking its shape.
 absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const std::string& name,
                                                    const std::vector<int64_t>& shape);
+
+// The routed expert a tensor belongs to ("model.layers.L.{mlp,ffn}.experts.E.…"),
+// or -1 (shared experts, everything else).
+int RoutedExpertOf(const std::string& name);
+// Bytes of the tensors AttentionWeights::Load reads from `ckpt` (everything
+// but the routed experts and what loading ignores: MTP layers, ...), and those
+// ExpertShardWeights::Load reads for the experts `ids` (all if empty), scales
+// included: the totals the loaders plan (Checkpoint::PlanRead) for progress.
+uint64_t AttentionLoadBytes(const ModelConfig& config, const Checkpoint& ckpt);
+uint64_t ExpertLoadBytes(const ModelConfig& config, const Checkpoint& ckpt,
+                         const std::set<int>& ids);
 
 // DeepSeek-V4's side of the above (weights_v4.cc): its checkpoint names are
 // DeepSeek's (model.layers.N.attn.wq_a, ffn.experts.E.w1, hc_attn_fn, ...) as

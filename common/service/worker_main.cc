@@ -7,6 +7,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/model/safetensors.h"
 #include "common/service/heartbeat_client.h"
 #include "common/service/worker_util.h"
 
@@ -53,6 +54,8 @@ int ServiceMain(int argc, char** argv, const char* usage, const char* name, absl
   BlockShutdownSignals();  // before any thread starts: they all inherit it
   absl::SetProgramUsageMessage(usage);
   absl::ParseCommandLine(argc, argv);
+  // Weight loads print their progress (MOESH_QUIET_LOAD=1 silences it).
+  SetDefaultLoadProgress(StderrLoadProgress(absl::StrCat(name, ": loading weights")));
   const absl::Status s = run();
   if (!s.ok()) {
     std::cerr << name << ": " << s.message() << std::endl;

@@ -50,7 +50,8 @@ ServeOptions WorkerServeOptions(std::string name, v1::WorkerKind kind, const std
                                 const WorkerOptions& worker, const Metrics& metrics);
 
 // A service main(): parses Abseil flags, runs `run`, and on error prints
-// "<name>: <message>" and returns 1.
+// "<name>: <message>" and returns 1. Weight loads report their progress to
+// stderr (StderrLoadProgress).
 int ServiceMain(int argc, char** argv, const char* usage, const char* name, absl::Status (*run)());
 
 }  // namespace moesh

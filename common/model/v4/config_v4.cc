@@ -210,6 +210,14 @@ std::string V4ToJson(const ModelConfig& c) {
   j["q_lora_rank"] = c.q_lora_rank;
   j["o_groups"] = c.v4.o_groups;
   j["o_lora_rank"] = c.v4.o_lora_rank;
+  if (c.fp8_block_weights) {  // as DeepSeek-V4-Flash's config.json has it
+    j["quantization_config"] = {{"quant_method", "fp8"},
+                                {"fmt", "e4m3"},
+                                {"scale_fmt", "ue8m0"},
+                                {"weight_block_size", {128, 128}},
+                                {"activation_scheme", "dynamic"}};
+    j["expert_dtype"] = c.mxfp4_experts ? "fp4" : "fp8";
+  }
   j["moe_intermediate_size"] = c.moe_intermediate_size;
   j["n_routed_experts"] = c.n_routed_experts;
   j["n_shared_experts"] = c.n_shared_experts;

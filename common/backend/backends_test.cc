@@ -1,0 +1,46 @@
+// The device checks MakeAttentionBackend / MakeExpertStage make before any
+// weights move: DeepSeek-V4 in its shipped precision (FP8 linears, MXFP4
+// experts) is the CPU engine's; the CUDA backend refuses it by name rather
+// than computing with it (no FP8/MXFP4 V4 path there yet).
+#include "common/backend/backends.h"
+
+#include "common/model/random_checkpoint.h"
+#include "gtest/gtest.h"
+
+namespace moesh {
+namespace {
+
+ModelConfig QuantizedV4() {
+  absl::StatusOr<ModelConfig> c = PresetConfig("v4", "tiny");
+  EXPECT_TRUE(c.ok());
+  c->fp8_block_weights = true;
+  c->mxfp4_experts = true;
+  EXPECT_TRUE(c->Validate("test").ok());
+  return *c;
+}
+
+TEST(BackendsTest, CudaRefusesQuantizedV4ByName) {
+  DeviceOptions o;
+  o.device = "cuda";
+  o.dummy_weights = true;
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> b =
+      MakeAttentionBackend(QuantizedV4(), nullptr, o, /*with_experts=*/true);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnimplemented) << b.status();
+  EXPECT_NE(b.status().message().find("MXFP4"), std::string::npos) << b.status();
+  absl::StatusOr<std::unique_ptr<ExpertStage>> s = MakeExpertStage(QuantizedV4(), nullptr, o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented) << s.status();
+}
+
+TEST(BackendsTest, CpuTakesQuantizedV4) {
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w =
+      ExpertShardWeights::Placeholder(QuantizedV4(), {0, 1});
+  ASSERT_TRUE(w.ok());
+  DeviceOptions o;  // cpu
+  absl::StatusOr<std::unique_ptr<ExpertStage>> s = MakeExpertStage(QuantizedV4(), std::move(*w), o);
+  EXPECT_TRUE(s.ok()) << s.status();
+}
+
+}  // namespace
+}  // namespace moesh
