@@ -123,10 +123,9 @@ void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
 
 class MlaDecodeTest : public ::testing::TestWithParam<DecodeCase> {};
 
-TEST_P(MlaDecodeTest, MatchesReference) {
-  MOESH_REQUIRE_GPU();
+// Every case through each of `tiles`, against the reference.
+void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles) {
   MOESH_ASSERT_OK_AND_ASSIGN(DeviceInfo info, CurrentDeviceInfo());
-  const DecodeCase& c = GetParam();
   {
     const uint32_t seed = FreshSeed();
     SCOPED_TRACE(::testing::Message() << c.name << " seed=" << seed);
@@ -146,9 +145,7 @@ TEST_P(MlaDecodeTest, MatchesReference) {
     r.out = ref_out.data(), r.lse = ref_lse.data();
     ref::MlaDecodeRef(r);
     double worst = 0.0;
-    for (MlaTileConfig tile : {MlaTileConfig::kTokens64Stages2, MlaTileConfig::kTokens32Stages4,
-                               MlaTileConfig::kTokens32Stages5, MlaTileConfig::kTokens32Stages2,
-                               MlaTileConfig::kHeads64Tokens64Stages2}) {
+    for (MlaTileConfig tile : tiles) {
       SCOPED_TRACE(::testing::Message() << "tile config " << static_cast<int>(tile));
       MOESH_ASSERT_OK_AND_ASSIGN(auto dout32, DeviceBuffer<float>::Create(out_elems));
       MOESH_ASSERT_OK_AND_ASSIGN(auto dout16, DeviceBuffer<bf16>::Create(out_elems));
@@ -212,6 +209,19 @@ TEST_P(MlaDecodeTest, MatchesReference) {
     }
     std::printf("  %-42s max rel err over sequences and tiles %.2e\n", c.name, worst);
   }
+}
+
+// The 16-head kernel's tile shapes.
+TEST_P(MlaDecodeTest, MatchesReference) {
+  MOESH_REQUIRE_GPU();
+  CheckCase(GetParam(), {MlaTileConfig::kTokens64Stages2, MlaTileConfig::kTokens32Stages4,
+                         MlaTileConfig::kTokens32Stages5, MlaTileConfig::kTokens32Stages2});
+}
+
+// The 64-head wgmma kernel (mla_decode_wide.cu), head counts padded to 64.
+TEST_P(MlaDecodeTest, WideMatchesReference) {
+  MOESH_REQUIRE_GPU();
+  CheckCase(GetParam(), {MlaTileConfig::kHeads64Tokens64Stages2});
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaDecodeTest, ::testing::ValuesIn(kCases),

@@ -66,11 +66,17 @@ struct Smem {
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "over Hopper's shared memory per CTA");
 
+// Named barriers, the non-.aligned forms (a warp may reach them diverged).
+// The hand-offs are one-sided: making warpgroup 0 also wait at kPFull cost
+// 20% (287 -> 357 us at 128 x 4096). compute-sanitizer's racecheck reports
+// hazards on the plain shared-memory traffic these barriers order (alpha; and
+// m, l even behind the two-sided kStats), with two-sided syncs as well, so
+// tools/device/tests.sh runs racecheck on the 16-head kernel only.
 __device__ __forceinline__ void BarSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void BarArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void MbarArrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
@@ -193,6 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = i % kStages, tile = range.begin + i;
       uint8_t* kv = s.kv[stage];
       MbarWait(&s.full[stage], (i / kStages) & 1);
+      __syncwarp();  // the wgmma below are warp-synchronous
       const int valid = min(kTile, seq_len - tile * kTile);
       if (valid < kTile) {  // the sequence's last tile
         ZeroRows(kv, valid, t, 128);
@@ -272,6 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (tq == 0) s.alpha[row_lo] = alpha_lo, s.alpha[row_hi] = alpha_hi;
       wgmma::FenceProxyAsync();
+      __syncwarp();
       BarArrive(kPFull, kWideThreads);
 
       // O[:, 0:256) += P · V[:, 0:256).
@@ -304,6 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint8_t* kv = s.kv[stage];
       MbarWait(&s.full[stage], (i / kStages) & 1);
       BarSync(kPFull, kWideThreads);
+      __syncwarp();
       const float alpha_lo = s.alpha[row_lo], alpha_hi = s.alpha[row_hi];
 #pragma unroll
       for (int j = 0; j < kORegs / 4; ++j) {
