@@ -166,6 +166,17 @@ def build():
     d.panel("timeseries", "Decode tokens / s", "Tokens generated per decode worker.",
             [(f"sum by (instance) (rate({sel('moesh_generation_tokens_total', service='decode_worker')}[{RATE}]))",
               "{{instance}}")], unit="short", w=16)
+    d.panel("timeseries", "Prefix cache hit rate",
+            "Prompt tokens whose KV rows came from the prefix cache, over all tokens looked up, per worker.",
+            [(f"sum by (instance) (rate({sel('moesh_prefix_cache_hit_tokens_total')}[{RATE}])) / "
+              f"(sum by (instance) (rate({sel('moesh_prefix_cache_hit_tokens_total')}[{RATE}])) + "
+              f"sum by (instance) (rate({sel('moesh_prefix_cache_miss_tokens_total')}[{RATE}])))",
+              "{{instance}}")], unit="percentunit", w=12)
+    d.panel("timeseries", "Prefix cache blocks and evictions",
+            "KV blocks the prefix cache holds (in use or reclaimable), and cached blocks evicted per second.",
+            [(f"sum by (instance) ({sel('moesh_prefix_cache_blocks')})", "blocks {{instance}}"),
+             (f"sum by (instance) (rate({sel('moesh_prefix_cache_evictions_total')}[{RATE}]))",
+              "evicted/s {{instance}}")], unit="short", w=12)
 
     d.row("Experts")
     expert_rate = f"sum by (layer, expert) (rate({sel('moesh_expert_tokens_total')}[{RATE}]))"
