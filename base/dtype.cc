@@ -134,14 +134,24 @@ void ConvertToF32(DType t, const void* src, size_t n, float* dst) {
     case DType::kF32:
       std::memcpy(dst, src, n * sizeof(float));
       return;
+    // 16-bit values read byte-wise: a safetensors tensor may start at any
+    // byte offset (one after an odd-sized I8/U8 tensor does).
     case DType::kBF16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);
+      const unsigned char* s = static_cast<const unsigned char*>(src);
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, s + 2 * i, sizeof(v));
+        dst[i] = Bf16ToF32(v);
+      }
       return;
     }
     case DType::kF16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
+      const unsigned char* s = static_cast<const unsigned char*>(src);
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, s + 2 * i, sizeof(v));
+        dst[i] = F16ToF32(v);
+      }
       return;
     }
     case DType::kF8E4M3: {
