@@ -65,6 +65,17 @@ inline LocalClusterOptions Options(const std::string& model, const std::string& 
   return o;
 }
 
+// A colocated router (attention in the router process) with one expert
+// worker holding the tiny model's eight experts; no prefill or decode workers.
+inline LocalClusterOptions ColocatedOptions(const std::string& model, const std::string& name) {
+  LocalClusterOptions o = Options(model, name);
+  o.router.colocated = true;
+  o.expert_workers = {"0-7"};
+  o.num_prefill = 0;
+  o.num_decode = 0;
+  return o;
+}
+
 struct Result {
   grpc::Status status;
   std::vector<int32_t> ids;

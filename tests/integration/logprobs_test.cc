@@ -130,12 +130,8 @@ TEST(LogprobsTest, DisaggregatedCluster) {
 }
 
 TEST(LogprobsTest, ColocatedRouter) {
-  LocalClusterOptions o = Options(TinyModel(), "logprobs_colocated");
-  o.router.colocated = true;
-  o.expert_workers = {"0-7"};
-  o.num_prefill = 0;
-  o.num_decode = 0;
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+      LocalCluster::Start(ColocatedOptions(TinyModel(), "logprobs_colocated"));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(TinyModel());
   ASSERT_TRUE(model.ok());
