@@ -74,9 +74,11 @@ double Batch1WeightBytes(const ModelConfig& c) {
 }  // namespace
 
 bool IsCudaEngineBench(const std::vector<std::string>& args) {
-  // --serving --device cuda runs the services on the GPU instead.
+  // --serving --device cuda runs the services on the GPU instead; --load
+  // --device cuda times the GPU's loads here (bench_load.cc).
   for (const std::string& a : args) {
-    if (a == "--serving" || a == "--serving=true") return false;
+    if (a == "--serving" || a == "--serving=true" || a == "--load" || a == "--load=true")
+      return false;
   }
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--device=cuda" ||

@@ -3,8 +3,12 @@
 // the page cache (posix_fadvise DONTNEED: no privileges needed; pages another
 // process maps stay, so "cold" is best effort and the table says which it got),
 // then times one pass: the files read raw (then again from the page cache),
-// the CPU engine's full load (attention + every expert, float32; cold and
-// warm) and one expert worker's shard load.
+// with --device cuda the GPU's streamed loads (the whole model, and one
+// expert worker's shard read from the checkpoint by the device), then the CPU
+// engine's full load (attention + every expert, float32; cold and warm) and
+// one expert worker's shard load. The GPU rows run first so their peak RSS
+// growth is their own (the CPU rows build the float32 model the GPU path used
+// to stage on the host).
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -25,9 +29,11 @@
 #include "base/status.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "common/backend/backends.h"
 #include "common/model/config.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
+#include "common/service/device_flags.h"
 
 namespace moesh::cli {
 namespace {
@@ -127,6 +133,33 @@ absl::Status RunLoadBench() {
   ASSIGN_OR_RETURN(const uint64_t warm, ReadRaw(files));
   PrintRow("page cache: files read raw again", warm, Since(t0), disk_rate, -1, false);
 
+  ASSIGN_OR_RETURN(DeviceOptions device, DeviceOptionsFromFlags());
+  if (IsCudaDevice(device.device)) {
+    // The peak includes the CUDA context's host memory (the first row makes it).
+    {
+      cold = DropFromPageCache(files);
+      const uint64_t peak0 = PeakRss();
+      t0 = std::chrono::steady_clock::now();
+      const uint64_t bytes = AttentionLoadBytes(config, *ckpt) + ExpertLoadBytes(config, *ckpt, {});
+      ASSIGN_OR_RETURN(std::unique_ptr<AttentionBackend> backend,
+                       MakeAttentionBackend(config, ckpt.get(), device, /*with_experts=*/true));
+      PrintRow("load: GPU engine (all, streamed)", bytes, Since(t0), disk_rate,
+               static_cast<int64_t>(PeakRss() - peak0), cold);
+    }
+    std::set<int> ids;
+    for (int e = 0; e < config.n_routed_experts / workers; ++e) ids.insert(e);
+    if (ids.empty()) ids.insert(0);
+    cold = DropFromPageCache(files);
+    const uint64_t peak0 = PeakRss();
+    t0 = std::chrono::steady_clock::now();
+    const uint64_t bytes = ExpertLoadBytes(config, *ckpt, ids);
+    ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> shard,
+                     ExpertShardWeights::Deferred(config, *ckpt, ids));
+    ASSIGN_OR_RETURN(std::unique_ptr<ExpertStage> stage,
+                     MakeExpertStage(config, std::move(shard), device));
+    PrintRow("load: GPU expert shard (streamed)", bytes, Since(t0), disk_rate,
+             static_cast<int64_t>(PeakRss() - peak0), cold);
+  }
   for (const bool drop : {true, false}) {  // The CPU engine's load: attention + every expert.
     cold = drop && DropFromPageCache(files);
     const uint64_t peak0 = PeakRss();

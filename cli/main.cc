@@ -45,7 +45,7 @@ const std::vector<Command>& Commands() {
       {"bench",
        "--model=DIR [--batch=1,4,16] [--prompt_len=N] [--decode_steps=N]\n"
        "    engine throughput in this process (--device=cuda: cuda_model_bench, its flags);\n"
-       "  --load --model=DIR [--expert_workers=N]\n"
+       "  --load --model=DIR [--expert_workers=N] [--device=cuda]\n"
        "    load rate vs the disk's read rate (cold page cache where it can be dropped);\n"
        "  --serving --model=DIR [--concurrency=1,8,32] [--requests=N] [--prompt_len=N]\n"
        "      [--max_new_tokens=N] [--modes=cluster,cluster-http,cluster-nopp,cluster-ucx,\n"

@@ -39,11 +39,15 @@ absl::Status Run() {
   } else if (!o.shard.empty()) {
     ASSIGN_OR_RETURN(experts, ExpertShard(o.shard, config.n_routed_experts));
   }
-  // The shard's weights, or (dummy) a placeholder the device fills. Replicas
-  // the rebalancer places here come the same way.
-  auto load = [&config, &ckpt](
+  // The shard's weights: on the CPU read as float32; a GPU reads them from the
+  // checkpoint itself as stored (FP8 stays FP8, no host copy of the shard);
+  // (dummy) a placeholder the GPU fills. Replicas the rebalancer places here
+  // come the same way.
+  const bool on_device = IsCudaDevice(device.device);
+  auto load = [&config, &ckpt, on_device](
                   const std::set<int>& ids) -> absl::StatusOr<std::unique_ptr<ExpertShardWeights>> {
     if (ckpt == nullptr) return ExpertShardWeights::Placeholder(config, ids);
+    if (on_device) return ExpertShardWeights::Deferred(config, *ckpt, ids);
     return ExpertShardWeights::Load(config, *ckpt, ids);
   };
   ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> weights, load(experts));

@@ -178,6 +178,11 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(
     return absl::FailedPreconditionError(
         "--load_format dummy generates the weights on a GPU: it needs --device cuda");
   }
+  if (weights != nullptr && weights->deferred != nullptr) {
+    return absl::InvalidArgumentError(
+        "the CPU expert stage computes from float32 weights: load them (ExpertShardWeights::Load), "
+        "not Deferred");
+  }
   return std::make_unique<ExpertStage>(config, std::move(weights));
 }
 

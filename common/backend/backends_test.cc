@@ -42,5 +42,24 @@ TEST(BackendsTest, CpuTakesQuantizedV4) {
   EXPECT_TRUE(s.ok()) << s.status();
 }
 
+// The CPU stage computes from float32 weights: a shard left in its checkpoint
+// for a GPU to read (Deferred) is refused by name, not computed as zeros.
+TEST(BackendsTest, CpuRefusesADeferredShard) {
+  absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
+  ASSERT_TRUE(c.ok());
+  const std::string dir = ::testing::TempDir() + "/backends_test_deferred";
+  ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, {}).ok());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w =
+      ExpertShardWeights::Deferred(*c, **ckpt, {0, 1});
+  ASSERT_TRUE(w.ok());
+  DeviceOptions o;  // cpu
+  absl::StatusOr<std::unique_ptr<ExpertStage>> s = MakeExpertStage(*c, std::move(*w), o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+  EXPECT_NE(s.status().message().find("Deferred"), std::string::npos) << s.status();
+}
+
 }  // namespace
 }  // namespace moesh

@@ -46,13 +46,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttentionBackend(
   if (options.dummy_weights) {
     ASSIGN_OR_RETURN(model, cuda::CudaModel::Dummy(config, options.dummy_seed, o));
   } else {
-    ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> attention,
-                     AttentionWeights::Load(config, *ckpt));
-    std::unique_ptr<ExpertShardWeights> experts;
-    if (with_experts) {
-      ASSIGN_OR_RETURN(experts, ExpertShardWeights::Load(config, *ckpt, {}));
-    }
-    ASSIGN_OR_RETURN(model, cuda::CudaModel::FromHost(config, *attention, experts.get(), o));
+    ASSIGN_OR_RETURN(model, cuda::CudaModel::FromCheckpoint(config, *ckpt, o));
   }
   return std::unique_ptr<AttentionBackend>(new cuda::CudaAttentionBackend(std::move(model)));
 }

@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<CudaExpertStage>> CudaExpertStage::Create(
   std::unique_ptr<CudaExpertStage> stage(
       new CudaExpertStage(config, std::move(weights), std::move(stream), info.device, fp8));
   stage->hosted_.push_back(first);
-  ASSIGN_OR_RETURN(std::shared_ptr<const Stacks> stacks, stage->Build(stage->hosted_));
+  ASSIGN_OR_RETURN(std::shared_ptr<const Stacks> stacks, stage->Build(stage->hosted_, nullptr));
   absl::MutexLock lock(&stage->stacks_mu_);
   stage->stacks_ = std::move(stacks);
   return stage;
@@ -56,13 +56,18 @@ CudaExpertStage::~CudaExpertStage() {
   if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
 }
 
+std::shared_ptr<const CudaExpertStage::Stacks> CudaExpertStage::current_stacks() const {
+  absl::MutexLock lock(&stacks_mu_);
+  return stacks_;
+}
+
 size_t CudaExpertStage::device_bytes() const {
   absl::MutexLock lock(&stacks_mu_);
   return stacks_->bytes;
 }
 
 absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::Build(
-    const std::vector<const ExpertShardWeights*>& shards) const {
+    const std::vector<const ExpertShardWeights*>& shards, const Stacks* old) const {
   const ModelConfig& c = config();
   const size_t h = c.hidden_size, inter = c.moe_intermediate_size;
   auto stacks = std::make_shared<Stacks>();
@@ -82,6 +87,14 @@ absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::
   stacks->num_local = static_cast<int>(order.size());
   if (order.empty())
     return absl::InvalidArgumentError("CudaExpertStage: the shard hosts no experts");
+  auto reused = [old](int e) { return old != nullptr && old->local[e] >= 0; };
+  {  // Progress: the bytes of the experts read from checkpoints.
+    std::map<const Checkpoint*, std::set<int>> reads;
+    for (const auto& [e, shard] : order) {
+      if (shard->deferred != nullptr && !reused(e)) reads[shard->deferred].insert(e);
+    }
+    for (const auto& [ckpt, ids] : reads) ckpt->PlanRead(ExpertLoadBytes(c, *ckpt, ids));
+  }
   std::vector<uint16_t> staging;
   const float fan_h = static_cast<float>(1.0 / std::sqrt(static_cast<double>(h)));
   const float fan_i = static_cast<float>(1.0 / std::sqrt(static_cast<double>(inter)));
@@ -112,25 +125,40 @@ absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::
         return absl::InvalidArgumentError(
             absl::StrCat("CudaExpertStage: layer ", layer, " lacks expert ", e));
       }
+      const DeviceLinear gate_up = LinearSlice(ls.gate_up, i, 2 * inter, h),
+                         down = LinearSlice(ls.down, i, h, inter);
+      if (reused(e) && old->layers.count(layer)) {  // already on this device: copied there
+        const ExpertLayer& from = old->layers.at(layer);
+        const int64_t j = old->local[e];
+        RETURN_IF_ERROR(CopyLinear(gate_up, LinearSlice(from.gate_up, j, 2 * inter, h), 2 * inter,
+                                   h, stream_.get()));
+        RETURN_IF_ERROR(
+            CopyLinear(down, LinearSlice(from.down, j, h, inter), h, inter, stream_.get()));
+        continue;
+      }
+      if (shard->deferred != nullptr) {  // read from the checkpoint as stored
+        ASSIGN_OR_RETURN(StoredMlp m, ReadStoredExpert(c, *shard->deferred, layer, e));
+        RETURN_IF_ERROR(
+            UploadStoredMlp(*shard->deferred, &m, gate_up, down, h, &staging, &f32_scratch));
+        continue;
+      }
       const MlpWeights& w = lit->second.at(e);
       if (shard->is_placeholder()) {  // --load_format dummy: random on the device, seeded by
                                       // (layer, expert)
         const uint64_t seed =
             (static_cast<uint64_t>(layer) << 20) ^ static_cast<uint64_t>(e) ^ 0x9e3779b97f4a7c15ull;
-        RETURN_IF_ERROR(FillLinear(LinearSlice(ls.gate_up, i, 2 * inter, h), 2 * inter, h, seed,
-                                   fan_h, stream_.get(), &bf16_scratch));
-        RETURN_IF_ERROR(FillLinear(LinearSlice(ls.down, i, h, inter), h, inter, seed + 1, fan_i,
-                                   stream_.get(), &bf16_scratch));
+        RETURN_IF_ERROR(
+            FillLinear(gate_up, 2 * inter, h, seed, fan_h, stream_.get(), &bf16_scratch));
+        RETURN_IF_ERROR(FillLinear(down, h, inter, seed + 1, fan_i, stream_.get(), &bf16_scratch));
         continue;
       }
       if (w.gate_up.size() != 2 * inter * h || w.down.size() != h * inter) {
         return absl::InvalidArgumentError(
             absl::StrCat("CudaExpertStage: layer ", layer, " expert ", e, " has the wrong shape"));
       }
-      RETURN_IF_ERROR(UploadLinear(LinearSlice(ls.gate_up, i, 2 * inter, h), w.gate_up.data(),
-                                   2 * inter, h, &staging, &f32_scratch));
-      RETURN_IF_ERROR(UploadLinear(LinearSlice(ls.down, i, h, inter), w.down.data(), h, inter,
-                                   &staging, &f32_scratch));
+      RETURN_IF_ERROR(
+          UploadLinear(gate_up, w.gate_up.data(), 2 * inter, h, &staging, &f32_scratch));
+      RETURN_IF_ERROR(UploadLinear(down, w.down.data(), h, inter, &staging, &f32_scratch));
     }
   }
   RETURN_IF_ERROR(stream_.Synchronize());
@@ -142,7 +170,7 @@ absl::Status CudaExpertStage::AddShard(std::unique_ptr<ExpertShardWeights> more)
   RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal_));
   std::vector<const ExpertShardWeights*> all = hosted_;
   all.push_back(more.get());
-  ASSIGN_OR_RETURN(std::shared_ptr<const Stacks> stacks, Build(all));
+  ASSIGN_OR_RETURN(std::shared_ptr<const Stacks> stacks, Build(all, current_stacks().get()));
   const ExpertShardWeights* added = more.get();
   RETURN_IF_ERROR(ExpertStage::AddShard(std::move(more)));
   hosted_.push_back(added);
@@ -157,7 +185,7 @@ absl::Status CudaExpertStage::RemoveExperts(const std::set<int>& ids) {
   ASSIGN_OR_RETURN(Shards kept, ShardsWithout(ids));
   std::vector<const ExpertShardWeights*> hosted;
   for (const auto& s : kept) hosted.push_back(s.get());
-  ASSIGN_OR_RETURN(std::shared_ptr<const Stacks> stacks, Build(hosted));
+  ASSIGN_OR_RETURN(std::shared_ptr<const Stacks> stacks, Build(hosted, current_stacks().get()));
   SetShards(std::move(kept));
   hosted_ = std::move(hosted);
   absl::MutexLock lock(&stacks_mu_);

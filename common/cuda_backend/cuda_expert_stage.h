@@ -35,7 +35,10 @@ namespace moesh::cuda {
 class CudaExpertStage : public ExpertStage {
  public:
   // Uploads the shard to the current device (`fp8`: the experts' weights in
-  // block-scaled FP8, quantized there; device_weights.h's DeviceLinear).
+  // block-scaled FP8, quantized there, or an FP8 checkpoint's codes copied as
+  // they are; device_weights.h's DeviceLinear). A Deferred shard is read from
+  // its checkpoint expert by expert (no float32 copy of the shard on the
+  // host); AddShard's too, and experts already here are copied on the device.
   // RESOURCE_EXHAUSTED if it does not fit; UNIMPLEMENTED for shapes the
   // grouped GEMM is not built for.
   static absl::StatusOr<std::unique_ptr<CudaExpertStage>> Create(
@@ -93,9 +96,12 @@ class CudaExpertStage : public ExpertStage {
   absl::Status AccumulateHost(const MoeDispatch& dispatch, float* out) const;
   absl::Status AccumulateDevice(const MoeDispatch& dispatch, float* out,
                                 std::vector<CountedDispatch>* counted) const;
-  // Stacks for every expert in `shards` (the first shard holding an expert serves it).
+  // Stacks for every expert in `shards` (the first shard holding an expert
+  // serves it): an expert `old` holds is copied on the device; else read
+  // from its shard's checkpoint (Deferred), made (placeholder) or uploaded.
   absl::StatusOr<std::shared_ptr<const Stacks>> Build(
-      const std::vector<const ExpertShardWeights*>& shards) const;
+      const std::vector<const ExpertShardWeights*>& shards, const Stacks* old) const;
+  std::shared_ptr<const Stacks> current_stacks() const;
   absl::Status EnsureScratch(int num_tokens, int top_k, int num_local) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // Waits for a dispatch that returned early; hands its pairs to `counted`

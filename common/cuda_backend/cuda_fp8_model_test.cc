@@ -294,6 +294,110 @@ TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
   }
 }
 
+// The streamed load (CudaModel::Load: one layer's float32 weights on the host
+// at a time, the experts' FP8 codes copied as they are) against the whole
+// host load (FromHost: everything float32 first, re-quantized on the device):
+// the same model, so the same logits.
+TEST_P(CudaFp8ModelTest, StreamedLoadMatchesTheHostLoad) {
+  MOESH_REQUIRE_GPU();
+  const ModelConfig c = RealWidths(GetParam());
+  uint64_t seed = 0;
+  const std::string dir = WriteCheckpoint(c, "cuda_fp8_streamed", DType::kF8E4M3, &seed);
+  SCOPED_TRACE(::testing::Message() << "checkpoint seed " << seed);
+  const CudaModelOptions options = testing::SmallModelOptions();
+  absl::StatusOr<std::unique_ptr<CudaModel>> streamed = CudaModel::Load(dir, options);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  absl::StatusOr<ModelConfig> config = ModelConfig::Load(dir);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(config.ok() && ckpt.ok());
+  absl::StatusOr<std::unique_ptr<AttentionWeights>> attention =
+      AttentionWeights::Load(*config, **ckpt);
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> experts =
+      ExpertShardWeights::Load(*config, **ckpt, {});
+  ASSERT_TRUE(attention.ok() && experts.ok());
+  absl::StatusOr<std::unique_ptr<CudaModel>> host =
+      CudaModel::FromHost(*config, **attention, experts->get(), options);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ((*streamed)->weights().bytes(), (*host)->weights().bytes());
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
+  std::vector<SequenceTokens> a, b;
+  for (int len : {9, 150}) {
+    std::vector<int32_t> prompt(len);
+    for (int32_t& t : prompt) t = tok(rng);
+    absl::StatusOr<int> sa = (*streamed)->AddSequence(), sb = (*host)->AddSequence();
+    ASSERT_TRUE(sa.ok() && sb.ok());
+    a.push_back({*sa, prompt});
+    b.push_back({*sb, prompt});
+  }
+  absl::StatusOr<std::vector<float>> la = (*streamed)->ForwardLogits(a);
+  absl::StatusOr<std::vector<float>> lb = (*host)->ForwardLogits(b);
+  ASSERT_TRUE(la.ok() && lb.ok());
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, RelLogitErr(la->data() + i * c.vocab_size,
+                                        lb->data() + i * c.vocab_size, c.vocab_size));
+  }
+  std::printf("%s streamed vs host load: rel logits difference %.3e\n", GetParam().c_str(), worst);
+  // The same codes give the same logits; a misplaced block or scale row moves
+  // them by their whole spread.
+  EXPECT_LE(worst, 1e-3);
+}
+
+// An expert worker's GPU stage from a Deferred shard (its experts read from
+// the checkpoint by the stage, FP8 codes copied as they are) computes what the
+// stage made from float32 host weights does; after RemoveExperts and AddShard
+// (experts already on the device copied there, the new one read from the
+// checkpoint) it still does, and the checkpoint was read for its experts only.
+TEST_P(CudaFp8ModelTest, DeferredExpertStageMatchesTheHostLoadedOne) {
+  MOESH_REQUIRE_GPU();
+  const ModelConfig c = RealWidths(GetParam());
+  uint64_t seed = 0;
+  const std::string dir = WriteCheckpoint(c, "cuda_fp8_deferred", DType::kF8E4M3, &seed);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> host_ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok() && host_ckpt.ok());
+  const std::set<int> shard = {0, 2, 5};
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> deferred =
+      ExpertShardWeights::Deferred(c, **ckpt, shard);
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> loaded =
+      ExpertShardWeights::Load(c, **host_ckpt, shard);
+  ASSERT_TRUE(deferred.ok() && loaded.ok());
+  absl::StatusOr<std::unique_ptr<CudaExpertStage>> gpu =
+      CudaExpertStage::Create(c, std::move(*deferred), true);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  absl::StatusOr<std::unique_ptr<CudaExpertStage>> ref =
+      CudaExpertStage::Create(c, std::move(*loaded), true);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (const std::string& name : (*ckpt)->tensors_read()) {
+    const int e = RoutedExpertOf(name);
+    EXPECT_TRUE(e >= 0 && shard.count(e)) << "read " << name;
+  }
+  std::mt19937 rng(seed);
+  auto expect_same = [&](const char* when) {
+    for (int tokens : {1, 64}) {
+      const RandomMoeInput in(c, c.first_k_dense_replace, tokens, rng);
+      std::vector<float> want(in.x.size(), 0.0f), got(in.x.size(), 0.0f);
+      ASSERT_TRUE((*ref)->Accumulate(in.dispatch, want.data()).ok());
+      ASSERT_TRUE((*gpu)->Accumulate(in.dispatch, got.data()).ok());
+      EXPECT_LT(RelMaxErr(got, want), 1e-5) << when << ", " << tokens << " tokens";
+    }
+  };
+  expect_same("created");
+  ASSERT_TRUE((*gpu)->RemoveExperts({2}).ok());
+  ASSERT_TRUE((*ref)->RemoveExperts({2}).ok());
+  expect_same("after RemoveExperts");
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> more =
+      ExpertShardWeights::Deferred(c, **ckpt, {2, 7});
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> more_ref =
+      ExpertShardWeights::Load(c, **host_ckpt, {2, 7});
+  ASSERT_TRUE(more.ok() && more_ref.ok());
+  ASSERT_TRUE((*gpu)->AddShard(std::move(*more)).ok());
+  ASSERT_TRUE((*ref)->AddShard(std::move(*more_ref)).ok());
+  expect_same("after AddShard");
+  EXPECT_EQ((*gpu)->device_bytes(), (*ref)->device_bytes());
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, CudaFp8ModelTest, ::testing::Values("v2-lite", "v3"));
 
 }  // namespace

@@ -34,13 +34,16 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& di
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
   RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
-  ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> attention,
-                   AttentionWeights::Load(config, *ckpt));
-  std::unique_ptr<ExpertShardWeights> experts;
-  if (options.routed_experts_on_device) {
-    ASSIGN_OR_RETURN(experts, ExpertShardWeights::Load(config, *ckpt, {}));
-  }
-  return FromHost(config, *attention, experts.get(), options);
+  return FromCheckpoint(config, *ckpt, options);
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::FromCheckpoint(
+    const ModelConfig& config, const Checkpoint& ckpt, const CudaModelOptions& options) {
+  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w,
+                   DeviceWeights::FromCheckpoint(config, ckpt, options.routed_experts_on_device,
+                                                 options.fp8_linears || config.fp8_block_weights));
+  return Create(config, options, std::move(w), std::move(stream));
 }
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::FromHost(const ModelConfig& config,

@@ -72,10 +72,16 @@ struct StepOutput {
 
 class CudaModel {
  public:
-  // Loads <dir>/config.json and its safetensors through the CPU loader
-  // (validating the checkpoint), then rounds every weight to bf16 on the device.
+  // Loads <dir>/config.json and its safetensors (validating the checkpoint),
+  // streamed to the device: FromCheckpoint.
   static absl::StatusOr<std::unique_ptr<CudaModel>> Load(const std::string& dir,
                                                          const CudaModelOptions& options);
+  // The weights of a validated checkpoint streamed to the device
+  // (DeviceWeights::FromCheckpoint: the host holds about one layer at a time;
+  // an FP8 checkpoint's expert codes are copied as they are).
+  static absl::StatusOr<std::unique_ptr<CudaModel>> FromCheckpoint(const ModelConfig& config,
+                                                                   const Checkpoint& ckpt,
+                                                                   const CudaModelOptions& options);
   // `experts` must hold every routed expert iff options.routed_experts_on_device
   // (it is not read otherwise and may be null).
   static absl::StatusOr<std::unique_ptr<CudaModel>> FromHost(const ModelConfig& config,

@@ -65,6 +65,66 @@ absl::Status UploadLinear(const DeviceLinear& dst, const float* src, int64_t n, 
   return CudaStatus(cudaDeviceSynchronize(), "quantizing a linear to FP8");
 }
 
+namespace {
+
+// dst (FP8) rows [row0, row0 + n) of [*, k] = src's codes and block scales as
+// stored; REQUIRES: row0 a multiple of 128.
+absl::Status CopyFp8Codes(const DeviceLinear& dst, const StoredLinear& src, int64_t row0, int64_t n,
+                          int64_t k) {
+  RETURN_IF_CUDA_ERROR(cudaMemcpy(static_cast<uint8_t*>(dst.w) + row0 * k, src.codes->data,
+                                  static_cast<size_t>(n) * k, cudaMemcpyHostToDevice));
+  const size_t row_blocks = cpu::Fp8Blocks(static_cast<int>(n)),
+               col_blocks = cpu::Fp8Blocks(static_cast<int>(k)),
+               stride = Fp8ScaleStride(static_cast<int>(k));
+  return CudaStatus(
+      cudaMemcpy2D(dst.scale + (row0 / cpu::kFp8Block) * stride, stride * sizeof(float),
+                   src.scale.data(), col_blocks * sizeof(float), col_blocks * sizeof(float),
+                   row_blocks, cudaMemcpyHostToDevice),
+      "cudaMemcpy2D H2D (FP8 block scales)");
+}
+
+}  // namespace
+
+absl::Status UploadStoredMlp(const Checkpoint& ckpt, StoredMlp* m, const DeviceLinear& gate_up,
+                             const DeviceLinear& down, int64_t h, std::vector<uint16_t>* staging,
+                             DeviceBuffer<float>* f32_scratch) {
+  const int64_t inter = m->intermediate;
+  if (gate_up.fp8() && m->gate.fp8() && m->up.fp8() && inter % cpu::kFp8Block == 0) {
+    RETURN_IF_ERROR(CopyFp8Codes(gate_up, m->gate, 0, inter, h));
+    RETURN_IF_ERROR(CopyFp8Codes(gate_up, m->up, inter, inter, h));
+    ReleaseStoredLinear(ckpt, m->gate);
+    ReleaseStoredLinear(ckpt, m->up);
+  } else {
+    StoredToValues(ckpt, &m->gate);
+    StoredToValues(ckpt, &m->up);
+    std::vector<float> values = std::move(m->gate.values);
+    values.insert(values.end(), m->up.values.begin(), m->up.values.end());
+    RETURN_IF_ERROR(UploadLinear(gate_up, values.data(), 2 * inter, h, staging, f32_scratch));
+  }
+  if (down.fp8() && m->down.fp8()) {
+    RETURN_IF_ERROR(CopyFp8Codes(down, m->down, 0, h, inter));
+    ReleaseStoredLinear(ckpt, m->down);
+    return absl::OkStatus();
+  }
+  StoredToValues(ckpt, &m->down);
+  return UploadLinear(down, m->down.values.data(), h, inter, staging, f32_scratch);
+}
+
+absl::Status CopyLinear(const DeviceLinear& dst, const DeviceLinear& src, int64_t n, int64_t k,
+                        cudaStream_t stream) {
+  if (dst.fp8() != src.fp8())
+    return absl::InternalError("CopyLinear: the linears differ in format (FP8 vs bf16)");
+  const size_t count = static_cast<size_t>(n) * k;
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(dst.w, src.w, count * (dst.fp8() ? 1 : 2), cudaMemcpyDeviceToDevice, stream));
+  if (!dst.fp8()) return absl::OkStatus();
+  const size_t scales = static_cast<size_t>(cpu::Fp8Blocks(static_cast<int>(n))) *
+                        Fp8ScaleStride(static_cast<int>(k));
+  return CudaStatus(cudaMemcpyAsync(dst.scale, src.scale, scales * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, stream),
+                    "cudaMemcpyAsync D2D (FP8 block scales)");
+}
+
 absl::Status FillLinear(const DeviceLinear& dst, int64_t n, int64_t k, uint64_t seed, float scale,
                         cudaStream_t stream, DeviceBuffer<bf16>* bf16_scratch) {
   const size_t count = static_cast<size_t>(n) * k;
@@ -284,96 +344,154 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromHost(
     RETURN_IF_ERROR(w->UploadV4(c, a, experts));
     return w;
   }
-  const int64_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
-  const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim,
-                v = c.v_head_dim;
   if (a.layers.size() != static_cast<size_t>(c.num_hidden_layers)) {
     return absl::InvalidArgumentError(
         "DeviceWeights::FromHost: layer count differs from the config");
   }
   std::vector<uint16_t> staging;
-  std::vector<float> tmp;
-  RETURN_IF_ERROR(CheckSize(a.embed_tokens, c.vocab_size * h, "embed_tokens"));
+  RETURN_IF_ERROR(
+      CheckSize(a.embed_tokens, static_cast<size_t>(c.vocab_size) * c.hidden_size, "embed_tokens"));
   RETURN_IF_ERROR(UploadBf16(w->embed_, a.embed_tokens.data(), a.embed_tokens.size(), &staging));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const AttentionLayerWeights& src = a.layers[l];
-    const DeviceLayerWeights& dst = w->layers_[l];
-    const std::string name = absl::StrCat("layer ", l, " ");
-    RETURN_IF_ERROR(CheckSize(src.input_layernorm, h, name + "input_layernorm"));
-    RETURN_IF_ERROR(UploadBf16(dst.input_norm, src.input_layernorm.data(), h, &staging));
-    RETURN_IF_ERROR(CheckSize(src.post_attention_layernorm, h, name + "post_attention_layernorm"));
-    RETURN_IF_ERROR(UploadBf16(dst.post_norm, src.post_attention_layernorm.data(), h, &staging));
-    const std::vector<float>& q_src = c.q_lora_rank > 0 ? src.q_a_proj : src.q_proj;
-    RETURN_IF_ERROR(CheckSize(q_src, w->q_width_ * h, name + "q projection"));
-    RETURN_IF_ERROR(CheckSize(src.kv_a_proj, (rank + rope) * h, name + "kv_a_proj_with_mqa"));
-    // The parts at their rows (zeros between them, FP8 only).
-    tmp.assign(static_cast<size_t>(w->qkv_width_) * h, 0.0f);
-    std::copy(q_src.begin(), q_src.end(), tmp.begin());
-    std::copy(src.kv_a_proj.begin(), src.kv_a_proj.end(), tmp.begin() + w->kv_col_ * h);
-    if (c.has_indexer()) {
-      const int64_t ni = c.indexer.n_heads, di = c.indexer.head_dim;
-      RETURN_IF_ERROR(CheckSize(src.indexer_wk, di * h, name + "indexer.wk"));
-      RETURN_IF_ERROR(CheckSize(src.indexer_weights_proj, ni * h, name + "indexer.weights_proj"));
-      RETURN_IF_ERROR(CheckSize(src.indexer_wq_b, ni * di * c.q_lora_rank, name + "indexer.wq_b"));
-      RETURN_IF_ERROR(CheckSize(src.indexer_k_norm, di, name + "indexer.k_norm"));
-      RETURN_IF_ERROR(CheckSize(src.indexer_k_norm_bias, di, name + "indexer.k_norm bias"));
-      std::copy(src.indexer_wk.begin(), src.indexer_wk.end(), tmp.begin() + w->index_col_ * h);
-      std::copy(src.indexer_weights_proj.begin(), src.indexer_weights_proj.end(),
-                tmp.begin() + w->index_weights_col_ * h);
-      RETURN_IF_ERROR(
-          UploadBf16(dst.index_wq_b, src.indexer_wq_b.data(), src.indexer_wq_b.size(), &staging));
-      RETURN_IF_ERROR(UploadWords(dst.index_k_norm, src.indexer_k_norm.data(), di));
-      RETURN_IF_ERROR(UploadWords(dst.index_k_bias, src.indexer_k_norm_bias.data(), di));
-    }
-    RETURN_IF_ERROR(w->UploadLinear(dst.qkv_a, tmp.data(), w->qkv_width_, h, &staging));
-    if (c.q_lora_rank > 0) {
-      RETURN_IF_ERROR(CheckSize(src.q_a_layernorm, c.q_lora_rank, name + "q_a_layernorm"));
-      RETURN_IF_ERROR(UploadBf16(dst.q_a_norm, src.q_a_layernorm.data(), c.q_lora_rank, &staging));
-      RETURN_IF_ERROR(CheckSize(src.q_b_proj, heads * qk * c.q_lora_rank, name + "q_b_proj"));
-      RETURN_IF_ERROR(
-          w->UploadLinear(dst.q_b, src.q_b_proj.data(), heads * qk, c.q_lora_rank, &staging));
-    }
-    RETURN_IF_ERROR(CheckSize(src.kv_a_layernorm, rank, name + "kv_a_layernorm"));
-    RETURN_IF_ERROR(UploadBf16(dst.kv_a_norm, src.kv_a_layernorm.data(), rank, &staging));
-    RETURN_IF_ERROR(CheckSize(src.kv_b_proj, heads * (nope + v) * rank, name + "kv_b_proj"));
-    tmp.assign(heads * rank * nope, 0.0f);
-    for (int64_t hh = 0; hh < heads; ++hh) {
-      for (int64_t i = 0; i < nope; ++i) {
-        const float* row = &src.kv_b_proj[(hh * (nope + v) + i) * rank];
-        for (int64_t r = 0; r < rank; ++r) tmp[(hh * rank + r) * nope + i] = row[r];
-      }
-    }
-    RETURN_IF_ERROR(UploadBf16(dst.w_uk_t, tmp.data(), tmp.size(), &staging));
-    tmp.assign(heads * v * rank, 0.0f);
-    for (int64_t hh = 0; hh < heads; ++hh) {
-      std::memcpy(&tmp[hh * v * rank], &src.kv_b_proj[(hh * (nope + v) + nope) * rank],
-                  v * rank * sizeof(float));
-    }
-    RETURN_IF_ERROR(UploadBf16(dst.w_uv, tmp.data(), tmp.size(), &staging));
-    RETURN_IF_ERROR(CheckSize(src.o_proj, h * heads * v, name + "o_proj"));
-    RETURN_IF_ERROR(w->UploadLinear(dst.o_proj, src.o_proj.data(), h, heads * v, &staging));
-    if (!dst.is_moe) {
-      const MlpWeights& m = src.dense_mlp;
-      RETURN_IF_ERROR(CheckSize(m.gate_up, 2 * static_cast<int64_t>(c.intermediate_size) * h,
-                                name + "mlp gate_up"));
-      RETURN_IF_ERROR(CheckSize(m.down, h * c.intermediate_size, name + "mlp down"));
-      RETURN_IF_ERROR(w->UploadLinear(dst.dense_gate_up, m.gate_up.data(),
-                                      2 * static_cast<int64_t>(c.intermediate_size), h, &staging));
-      RETURN_IF_ERROR(
-          w->UploadLinear(dst.dense_down, m.down.data(), h, c.intermediate_size, &staging));
-      continue;
-    }
-    RETURN_IF_ERROR(w->UploadMoe(c, l, src, &staging));
-    if (experts != nullptr) RETURN_IF_ERROR(w->UploadRoutedExperts(c, l, *experts, &staging));
+    RETURN_IF_ERROR(w->UploadLayer(c, l, a.layers[l], &staging));
+    if (w->layers_[l].is_moe && experts != nullptr)
+      RETURN_IF_ERROR(w->UploadRoutedExperts(c, l, *experts, &staging));
   }
-  RETURN_IF_ERROR(CheckSize(a.norm, h, "norm"));
-  RETURN_IF_ERROR(UploadBf16(w->norm_, a.norm.data(), h, &staging));
-  if (!c.tie_word_embeddings) {
-    RETURN_IF_ERROR(CheckSize(a.lm_head, c.vocab_size * h, "lm_head"));
-    RETURN_IF_ERROR(UploadBf16(w->lm_head_, a.lm_head.data(), a.lm_head.size(), &staging));
-  }
+  RETURN_IF_ERROR(w->UploadFinal(c, a, &staging));
   w->upload_f32_ = DeviceBuffer<float>();
   return w;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromCheckpoint(const ModelConfig& c,
+                                                                             const Checkpoint& ckpt,
+                                                                             bool routed_experts,
+                                                                             bool fp8_linears) {
+  if (c.layers() == LayerArch::kV4) {  // through the host's float32 weights, whole
+    ASSIGN_OR_RETURN(std::unique_ptr<AttentionWeights> a, AttentionWeights::Load(c, ckpt));
+    std::unique_ptr<ExpertShardWeights> experts;
+    if (routed_experts) {
+      ASSIGN_OR_RETURN(experts, ExpertShardWeights::Load(c, ckpt, {}));
+    }
+    return FromHost(c, *a, experts.get(), fp8_linears);
+  }
+  std::unique_ptr<DeviceWeights> w(new DeviceWeights());
+  w->routed_experts_ = routed_experts;
+  w->fp8_linears_ = fp8_linears;
+  std::vector<Slot> slots;
+  RETURN_IF_ERROR(w->Allocate(c, &slots));
+  ckpt.PlanRead(AttentionLoadBytes(c, ckpt) + (routed_experts ? ExpertLoadBytes(c, ckpt, {}) : 0));
+  std::vector<uint16_t> staging;
+  {
+    ASSIGN_OR_RETURN(const std::vector<float> embed, LoadEmbedTokens(c, ckpt));
+    RETURN_IF_ERROR(UploadBf16(w->embed_, embed.data(), embed.size(), &staging));
+  }
+  const int64_t h = c.hidden_size, inter = c.moe_intermediate_size;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    {
+      AttentionLayerWeights src;
+      RETURN_IF_ERROR(LoadAttentionLayer(c, ckpt, l, &src));
+      RETURN_IF_ERROR(w->UploadLayer(c, l, src, &staging));
+    }
+    const DeviceLayerWeights& dst = w->layers_[l];
+    if (!dst.is_moe || !routed_experts) continue;
+    for (int e = 0; e < c.n_routed_experts; ++e) {
+      ASSIGN_OR_RETURN(StoredMlp m, ReadStoredExpert(c, ckpt, l, e));
+      RETURN_IF_ERROR(UploadStoredMlp(ckpt, &m, LinearSlice(dst.experts_gate_up, e, 2 * inter, h),
+                                      LinearSlice(dst.experts_down, e, h, inter), h, &staging,
+                                      &w->upload_f32_));
+    }
+  }
+  AttentionWeights final_weights;
+  RETURN_IF_ERROR(LoadFinalNormAndHead(c, ckpt, &final_weights));
+  RETURN_IF_ERROR(w->UploadFinal(c, final_weights, &staging));
+  w->upload_f32_ = DeviceBuffer<float>();
+  return w;
+}
+
+absl::Status DeviceWeights::UploadLayer(const ModelConfig& c, int l,
+                                        const AttentionLayerWeights& src,
+                                        std::vector<uint16_t>* staging) {
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
+  const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim,
+                v = c.v_head_dim;
+  std::vector<float> tmp;
+  const DeviceLayerWeights& dst = layers_[l];
+  const std::string name = absl::StrCat("layer ", l, " ");
+  RETURN_IF_ERROR(CheckSize(src.input_layernorm, h, name + "input_layernorm"));
+  RETURN_IF_ERROR(UploadBf16(dst.input_norm, src.input_layernorm.data(), h, staging));
+  RETURN_IF_ERROR(CheckSize(src.post_attention_layernorm, h, name + "post_attention_layernorm"));
+  RETURN_IF_ERROR(UploadBf16(dst.post_norm, src.post_attention_layernorm.data(), h, staging));
+  const std::vector<float>& q_src = c.q_lora_rank > 0 ? src.q_a_proj : src.q_proj;
+  RETURN_IF_ERROR(CheckSize(q_src, q_width_ * h, name + "q projection"));
+  RETURN_IF_ERROR(CheckSize(src.kv_a_proj, (rank + rope) * h, name + "kv_a_proj_with_mqa"));
+  // The parts at their rows (zeros between them, FP8 only).
+  tmp.assign(static_cast<size_t>(qkv_width_) * h, 0.0f);
+  std::copy(q_src.begin(), q_src.end(), tmp.begin());
+  std::copy(src.kv_a_proj.begin(), src.kv_a_proj.end(), tmp.begin() + kv_col_ * h);
+  if (c.has_indexer()) {
+    const int64_t ni = c.indexer.n_heads, di = c.indexer.head_dim;
+    RETURN_IF_ERROR(CheckSize(src.indexer_wk, di * h, name + "indexer.wk"));
+    RETURN_IF_ERROR(CheckSize(src.indexer_weights_proj, ni * h, name + "indexer.weights_proj"));
+    RETURN_IF_ERROR(CheckSize(src.indexer_wq_b, ni * di * c.q_lora_rank, name + "indexer.wq_b"));
+    RETURN_IF_ERROR(CheckSize(src.indexer_k_norm, di, name + "indexer.k_norm"));
+    RETURN_IF_ERROR(CheckSize(src.indexer_k_norm_bias, di, name + "indexer.k_norm bias"));
+    std::copy(src.indexer_wk.begin(), src.indexer_wk.end(), tmp.begin() + index_col_ * h);
+    std::copy(src.indexer_weights_proj.begin(), src.indexer_weights_proj.end(),
+              tmp.begin() + index_weights_col_ * h);
+    RETURN_IF_ERROR(
+        UploadBf16(dst.index_wq_b, src.indexer_wq_b.data(), src.indexer_wq_b.size(), staging));
+    RETURN_IF_ERROR(UploadWords(dst.index_k_norm, src.indexer_k_norm.data(), di));
+    RETURN_IF_ERROR(UploadWords(dst.index_k_bias, src.indexer_k_norm_bias.data(), di));
+  }
+  RETURN_IF_ERROR(UploadLinear(dst.qkv_a, tmp.data(), qkv_width_, h, staging));
+  if (c.q_lora_rank > 0) {
+    RETURN_IF_ERROR(CheckSize(src.q_a_layernorm, c.q_lora_rank, name + "q_a_layernorm"));
+    RETURN_IF_ERROR(UploadBf16(dst.q_a_norm, src.q_a_layernorm.data(), c.q_lora_rank, staging));
+    RETURN_IF_ERROR(CheckSize(src.q_b_proj, heads * qk * c.q_lora_rank, name + "q_b_proj"));
+    RETURN_IF_ERROR(UploadLinear(dst.q_b, src.q_b_proj.data(), heads * qk, c.q_lora_rank, staging));
+  }
+  RETURN_IF_ERROR(CheckSize(src.kv_a_layernorm, rank, name + "kv_a_layernorm"));
+  RETURN_IF_ERROR(UploadBf16(dst.kv_a_norm, src.kv_a_layernorm.data(), rank, staging));
+  RETURN_IF_ERROR(CheckSize(src.kv_b_proj, heads * (nope + v) * rank, name + "kv_b_proj"));
+  tmp.assign(heads * rank * nope, 0.0f);
+  for (int64_t hh = 0; hh < heads; ++hh) {
+    for (int64_t i = 0; i < nope; ++i) {
+      const float* row = &src.kv_b_proj[(hh * (nope + v) + i) * rank];
+      for (int64_t r = 0; r < rank; ++r) tmp[(hh * rank + r) * nope + i] = row[r];
+    }
+  }
+  RETURN_IF_ERROR(UploadBf16(dst.w_uk_t, tmp.data(), tmp.size(), staging));
+  tmp.assign(heads * v * rank, 0.0f);
+  for (int64_t hh = 0; hh < heads; ++hh) {
+    std::memcpy(&tmp[hh * v * rank], &src.kv_b_proj[(hh * (nope + v) + nope) * rank],
+                v * rank * sizeof(float));
+  }
+  RETURN_IF_ERROR(UploadBf16(dst.w_uv, tmp.data(), tmp.size(), staging));
+  RETURN_IF_ERROR(CheckSize(src.o_proj, h * heads * v, name + "o_proj"));
+  RETURN_IF_ERROR(UploadLinear(dst.o_proj, src.o_proj.data(), h, heads * v, staging));
+  if (!dst.is_moe) {
+    const MlpWeights& m = src.dense_mlp;
+    RETURN_IF_ERROR(CheckSize(m.gate_up, 2 * static_cast<int64_t>(c.intermediate_size) * h,
+                              name + "mlp gate_up"));
+    RETURN_IF_ERROR(CheckSize(m.down, h * c.intermediate_size, name + "mlp down"));
+    RETURN_IF_ERROR(UploadLinear(dst.dense_gate_up, m.gate_up.data(),
+                                 2 * static_cast<int64_t>(c.intermediate_size), h, staging));
+    RETURN_IF_ERROR(UploadLinear(dst.dense_down, m.down.data(), h, c.intermediate_size, staging));
+    return absl::OkStatus();
+  }
+  return UploadMoe(c, l, src, staging);
+}
+
+absl::Status DeviceWeights::UploadFinal(const ModelConfig& c, const AttentionWeights& a,
+                                        std::vector<uint16_t>* staging) {
+  const int64_t h = c.hidden_size;
+  RETURN_IF_ERROR(CheckSize(a.norm, h, "norm"));
+  RETURN_IF_ERROR(UploadBf16(norm_, a.norm.data(), h, staging));
+  if (!c.tie_word_embeddings) {
+    RETURN_IF_ERROR(CheckSize(a.lm_head, c.vocab_size * h, "lm_head"));
+    RETURN_IF_ERROR(UploadBf16(lm_head_, a.lm_head.data(), a.lm_head.size(), staging));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DeviceWeights::UploadMoe(const ModelConfig& c, int l, const AttentionLayerWeights& src,

@@ -42,6 +42,20 @@ DeviceLinear LinearSlice(const DeviceLinear& stack, int64_t i, int64_t n, int64_
 // *f32_scratch (grown as needed).
 absl::Status UploadLinear(const DeviceLinear& dst, const float* src, int64_t n, int64_t k,
                           std::vector<uint16_t>* staging, DeviceBuffer<float>* f32_scratch);
+// One routed expert's linears as its checkpoint stores them (m's FP8 views
+// released) into its slices of the stacks: gate_up [2 * intermediate,
+// hidden] (gate rows first) and down [hidden, intermediate]. An FP8
+// checkpoint's codes and block scales are copied as they are into FP8 stacks
+// (gate and up each on their own 128-row blocks: intermediate a multiple of
+// 128); anything else goes through float32 as UploadLinear does (bf16 rounded,
+// or quantized on the device). Synchronous.
+absl::Status UploadStoredMlp(const Checkpoint& ckpt, StoredMlp* m, const DeviceLinear& gate_up,
+                             const DeviceLinear& down, int64_t hidden,
+                             std::vector<uint16_t>* staging, DeviceBuffer<float>* f32_scratch);
+// dst = src, both [n, k] in the same format (FP8: with the scales), device to
+// device on `stream`.
+absl::Status CopyLinear(const DeviceLinear& dst, const DeviceLinear& src, int64_t n, int64_t k,
+                        cudaStream_t stream);
 // dst = uniform random values in ±scale from `seed` (FillUniform), as dst's
 // format holds them (FP8: quantized from bf16 ones made in *bf16_scratch).
 absl::Status FillLinear(const DeviceLinear& dst, int64_t n, int64_t k, uint64_t seed, float scale,
@@ -129,6 +143,15 @@ class DeviceWeights {
                                                                  const AttentionWeights& attention,
                                                                  const ExpertShardWeights* experts,
                                                                  bool fp8_linears = false);
+  // The same from the checkpoint itself, streamed: one layer's float32
+  // weights on the host at a time, each routed expert read as stored (FP8
+  // codes copied as they are, UploadStoredMlp), so the host holds about one
+  // layer's attention weights, not the model. REQUIRES: ValidateCheckpoint.
+  // DeepSeek-V4 goes through FromHost (its weights are bf16 on the device).
+  static absl::StatusOr<std::unique_ptr<DeviceWeights>> FromCheckpoint(const ModelConfig& config,
+                                                                       const Checkpoint& ckpt,
+                                                                       bool routed_experts,
+                                                                       bool fp8_linears = false);
   // Uniform random values from `seed`, generated on the device: linear
   // weights in ±1/sqrt(fan_in), norms in 1 ± 0.05 (FP8 linears quantized
   // from such bf16 values).
@@ -214,6 +237,12 @@ class DeviceWeights {
   void AddV4Layers(const ModelConfig& config, std::vector<Slot>* slots);
   absl::Status UploadV4(const ModelConfig& config, const AttentionWeights& attention,
                         const ExpertShardWeights* experts);
+  // Layer l's weights but its routed experts (V2/V3/V3.2), from the host.
+  absl::Status UploadLayer(const ModelConfig& config, int l, const AttentionLayerWeights& src,
+                           std::vector<uint16_t>* staging);
+  // The final norm and lm_head (unless tied) of `a`.
+  absl::Status UploadFinal(const ModelConfig& config, const AttentionWeights& a,
+                           std::vector<uint16_t>* staging);
   // A MoE layer's router, its bias and the shared expert; its routed experts.
   absl::Status UploadMoe(const ModelConfig& config, int l, const AttentionLayerWeights& src,
                          std::vector<uint16_t>* staging);

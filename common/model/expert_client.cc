@@ -34,6 +34,7 @@ absl::StatusOr<ExpertStage::Shards> ExpertStage::ShardsWithout(const std::set<in
       continue;
     }
     auto copy = std::make_shared<ExpertShardWeights>();
+    copy->deferred = s->deferred;
     for (int e : s->expert_ids) {
       if (!ids.count(e)) copy->expert_ids.insert(e);
     }

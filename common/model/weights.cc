@@ -289,6 +289,11 @@ absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const s
     ckpt.Consumed(*scale);
     return out;
   }
+  if (v->dtype == DType::kF8E4M3) {
+    ASSIGN_OR_RETURN(StoredLinear stored, ReadStoredLinear(ckpt, name, shape));
+    StoredToValues(ckpt, &stored);
+    return std::move(stored.values);
+  }
   ASSIGN_OR_RETURN(v, GetShaped(ckpt, name, shape));
   if (!IsFloatDType(v->dtype) || v->dtype == DType::kF8E8M0) {
     return absl::InvalidArgumentError(absl::StrCat(v->file, ": tensor \"", name, "\" is ",
@@ -299,20 +304,47 @@ absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const s
   std::vector<float> out(v->numel());
   ConvertToF32(v->dtype, v->data, out.size(), out.data());
   ckpt.Consumed(*v);
-  if (v->dtype == DType::kF8E4M3) {
-    ASSIGN_OR_RETURN(const TensorView* s, CheckFp8Scale(ckpt, *v));
-    const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
-    const int64_t bcols = (cols + kFp8Block - 1) / kFp8Block;
-    std::vector<float> scale(s->numel());
-    ConvertToF32(s->dtype, s->data, scale.size(), scale.data());
-    ckpt.Consumed(*s);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t col = 0; col < cols; ++col) {
-        out[r * cols + col] *= scale[(r / kFp8Block) * bcols + col / kFp8Block];
-      }
-    }
-  }
   return out;
+}
+
+absl::StatusOr<StoredLinear> ReadStoredLinear(const Checkpoint& ckpt, const std::string& name,
+                                              const std::vector<int64_t>& shape) {
+  StoredLinear s;
+  ASSIGN_OR_RETURN(const TensorView* v, ckpt.Get(name));
+  if (v->dtype != DType::kF8E4M3) {
+    ASSIGN_OR_RETURN(s.values, ReadTensorF32(ckpt, name, shape));
+    return s;
+  }
+  ASSIGN_OR_RETURN(v, GetShaped(ckpt, name, shape));
+  ASSIGN_OR_RETURN(s.scale_view, CheckFp8Scale(ckpt, *v));
+  ckpt.WillRead(*v);
+  s.codes = v;
+  s.scale.resize(s.scale_view->numel());
+  ConvertToF32(s.scale_view->dtype, s.scale_view->data, s.scale.size(), s.scale.data());
+  return s;
+}
+
+void ReleaseStoredLinear(const Checkpoint& ckpt, const StoredLinear& s) {
+  if (!s.fp8()) return;
+  ckpt.Consumed(*s.codes);
+  ckpt.Consumed(*s.scale_view);
+}
+
+void StoredToValues(const Checkpoint& ckpt, StoredLinear* s) {
+  if (!s->fp8()) return;
+  const TensorView& v = *s->codes;
+  s->values.resize(v.numel());
+  ConvertToF32(v.dtype, v.data, s->values.size(), s->values.data());
+  const int64_t rows = v.shape[0], cols = v.shape[1];
+  const int64_t bcols = (cols + kFp8Block - 1) / kFp8Block;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* scale_row = &s->scale[(r / kFp8Block) * bcols];
+    float* row = &s->values[r * cols];
+    for (int64_t col = 0; col < cols; ++col) row[col] *= scale_row[col / kFp8Block];
+  }
+  ReleaseStoredLinear(ckpt, *s);
+  s->codes = s->scale_view = nullptr;
+  s->scale.clear();
 }
 
 absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const std::string& name,
@@ -375,6 +407,78 @@ uint64_t ExpertLoadBytes(const ModelConfig& c, const Checkpoint& ckpt, const std
   return n;
 }
 
+absl::StatusOr<std::vector<float>> LoadEmbedTokens(const ModelConfig& c, const Checkpoint& ckpt) {
+  return ReadTensorF32(ckpt, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
+}
+
+absl::Status LoadAttentionLayer(const ModelConfig& c, const Checkpoint& ckpt, int l,
+                                AttentionLayerWeights* lw) {
+  const std::string p = Layer(l);
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads;
+  ASSIGN_OR_RETURN(lw->input_layernorm, ReadTensorF32(ckpt, p + "input_layernorm.weight", {h}));
+  ASSIGN_OR_RETURN(lw->post_attention_layernorm,
+                   ReadTensorF32(ckpt, p + "post_attention_layernorm.weight", {h}));
+  if (c.q_lora_rank > 0) {
+    ASSIGN_OR_RETURN(lw->q_a_proj,
+                     ReadTensorF32(ckpt, p + "self_attn.q_a_proj.weight", {c.q_lora_rank, h}));
+    ASSIGN_OR_RETURN(lw->q_a_layernorm,
+                     ReadTensorF32(ckpt, p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}));
+    ASSIGN_OR_RETURN(lw->q_b_proj, ReadTensorF32(ckpt, p + "self_attn.q_b_proj.weight",
+                                                 {heads * c.qk_head_dim(), c.q_lora_rank}));
+  } else {
+    ASSIGN_OR_RETURN(lw->q_proj, ReadTensorF32(ckpt, p + "self_attn.q_proj.weight",
+                                               {heads * c.qk_head_dim(), h}));
+  }
+  ASSIGN_OR_RETURN(lw->kv_a_proj, ReadTensorF32(ckpt, p + "self_attn.kv_a_proj_with_mqa.weight",
+                                                {c.kv_lora_rank + c.qk_rope_head_dim, h}));
+  ASSIGN_OR_RETURN(lw->kv_a_layernorm,
+                   ReadTensorF32(ckpt, p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}));
+  ASSIGN_OR_RETURN(lw->kv_b_proj,
+                   ReadTensorF32(ckpt, p + "self_attn.kv_b_proj.weight",
+                                 {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}));
+  ASSIGN_OR_RETURN(lw->o_proj,
+                   ReadTensorF32(ckpt, p + "self_attn.o_proj.weight", {h, heads * c.v_head_dim}));
+  if (c.has_indexer()) {
+    const int64_t d = c.indexer.head_dim;
+    ASSIGN_OR_RETURN(lw->indexer_wq_b, ReadTensorF32(ckpt, p + "self_attn.indexer.wq_b.weight",
+                                                     {c.indexer.n_heads * d, c.q_lora_rank}));
+    ASSIGN_OR_RETURN(lw->indexer_wk,
+                     ReadTensorF32(ckpt, p + "self_attn.indexer.wk.weight", {d, h}));
+    ASSIGN_OR_RETURN(lw->indexer_k_norm,
+                     ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.weight", {d}));
+    ASSIGN_OR_RETURN(lw->indexer_k_norm_bias,
+                     ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.bias", {d}));
+    ASSIGN_OR_RETURN(
+        lw->indexer_weights_proj,
+        ReadTensorF32(ckpt, p + "self_attn.indexer.weights_proj.weight", {c.indexer.n_heads, h}));
+  }
+  lw->is_moe = c.IsMoeLayer(l);
+  if (!lw->is_moe) {
+    ASSIGN_OR_RETURN(lw->dense_mlp, ReadMlp(ckpt, p + "mlp.", c.intermediate_size, h));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(lw->gate, ReadTensorF32(ckpt, p + "mlp.gate.weight", {c.n_routed_experts, h}));
+  if (c.topk_method == TopkMethod::kNoauxTc) {
+    ASSIGN_OR_RETURN(lw->gate_bias, ReadTensorF32(ckpt, p + "mlp.gate.e_score_correction_bias",
+                                                  {c.n_routed_experts}));
+  }
+  if (c.n_shared_experts > 0) {
+    ASSIGN_OR_RETURN(lw->shared_experts, ReadMlp(ckpt, p + "mlp.shared_experts.",
+                                                 c.moe_intermediate_size * c.n_shared_experts, h));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadFinalNormAndHead(const ModelConfig& c, const Checkpoint& ckpt,
+                                  AttentionWeights* w) {
+  ASSIGN_OR_RETURN(w->norm, ReadTensorF32(ckpt, "model.norm.weight", {c.hidden_size}));
+  if (!c.tie_word_embeddings) {
+    ASSIGN_OR_RETURN(w->lm_head,
+                     ReadTensorF32(ckpt, "lm_head.weight", {c.vocab_size, c.hidden_size}));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const ModelConfig& c,
                                                                          const Checkpoint& ckpt) {
   auto w = std::make_unique<AttentionWeights>();
@@ -383,69 +487,12 @@ absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const M
     RETURN_IF_ERROR(LoadV4AttentionWeights(c, ckpt, w.get()));
     return w;
   }
-  const int64_t h = c.hidden_size, heads = c.num_attention_heads;
-  ASSIGN_OR_RETURN(w->embed_tokens,
-                   ReadTensorF32(ckpt, "model.embed_tokens.weight", {c.vocab_size, h}));
+  ASSIGN_OR_RETURN(w->embed_tokens, LoadEmbedTokens(c, ckpt));
   w->layers.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    AttentionLayerWeights& lw = w->layers[l];
-    const std::string p = Layer(l);
-    ASSIGN_OR_RETURN(lw.input_layernorm, ReadTensorF32(ckpt, p + "input_layernorm.weight", {h}));
-    ASSIGN_OR_RETURN(lw.post_attention_layernorm,
-                     ReadTensorF32(ckpt, p + "post_attention_layernorm.weight", {h}));
-    if (c.q_lora_rank > 0) {
-      ASSIGN_OR_RETURN(lw.q_a_proj,
-                       ReadTensorF32(ckpt, p + "self_attn.q_a_proj.weight", {c.q_lora_rank, h}));
-      ASSIGN_OR_RETURN(lw.q_a_layernorm,
-                       ReadTensorF32(ckpt, p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}));
-      ASSIGN_OR_RETURN(lw.q_b_proj, ReadTensorF32(ckpt, p + "self_attn.q_b_proj.weight",
-                                                  {heads * c.qk_head_dim(), c.q_lora_rank}));
-    } else {
-      ASSIGN_OR_RETURN(lw.q_proj, ReadTensorF32(ckpt, p + "self_attn.q_proj.weight",
-                                                {heads * c.qk_head_dim(), h}));
-    }
-    ASSIGN_OR_RETURN(lw.kv_a_proj, ReadTensorF32(ckpt, p + "self_attn.kv_a_proj_with_mqa.weight",
-                                                 {c.kv_lora_rank + c.qk_rope_head_dim, h}));
-    ASSIGN_OR_RETURN(lw.kv_a_layernorm,
-                     ReadTensorF32(ckpt, p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}));
-    ASSIGN_OR_RETURN(lw.kv_b_proj,
-                     ReadTensorF32(ckpt, p + "self_attn.kv_b_proj.weight",
-                                   {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}));
-    ASSIGN_OR_RETURN(lw.o_proj,
-                     ReadTensorF32(ckpt, p + "self_attn.o_proj.weight", {h, heads * c.v_head_dim}));
-    if (c.has_indexer()) {
-      const int64_t d = c.indexer.head_dim;
-      ASSIGN_OR_RETURN(lw.indexer_wq_b, ReadTensorF32(ckpt, p + "self_attn.indexer.wq_b.weight",
-                                                      {c.indexer.n_heads * d, c.q_lora_rank}));
-      ASSIGN_OR_RETURN(lw.indexer_wk,
-                       ReadTensorF32(ckpt, p + "self_attn.indexer.wk.weight", {d, h}));
-      ASSIGN_OR_RETURN(lw.indexer_k_norm,
-                       ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.weight", {d}));
-      ASSIGN_OR_RETURN(lw.indexer_k_norm_bias,
-                       ReadTensorF32(ckpt, p + "self_attn.indexer.k_norm.bias", {d}));
-      ASSIGN_OR_RETURN(
-          lw.indexer_weights_proj,
-          ReadTensorF32(ckpt, p + "self_attn.indexer.weights_proj.weight", {c.indexer.n_heads, h}));
-    }
-    lw.is_moe = c.IsMoeLayer(l);
-    if (!lw.is_moe) {
-      ASSIGN_OR_RETURN(lw.dense_mlp, ReadMlp(ckpt, p + "mlp.", c.intermediate_size, h));
-      continue;
-    }
-    ASSIGN_OR_RETURN(lw.gate, ReadTensorF32(ckpt, p + "mlp.gate.weight", {c.n_routed_experts, h}));
-    if (c.topk_method == TopkMethod::kNoauxTc) {
-      ASSIGN_OR_RETURN(lw.gate_bias, ReadTensorF32(ckpt, p + "mlp.gate.e_score_correction_bias",
-                                                   {c.n_routed_experts}));
-    }
-    if (c.n_shared_experts > 0) {
-      ASSIGN_OR_RETURN(lw.shared_experts, ReadMlp(ckpt, p + "mlp.shared_experts.",
-                                                  c.moe_intermediate_size * c.n_shared_experts, h));
-    }
+    RETURN_IF_ERROR(LoadAttentionLayer(c, ckpt, l, &w->layers[l]));
   }
-  ASSIGN_OR_RETURN(w->norm, ReadTensorF32(ckpt, "model.norm.weight", {h}));
-  if (!c.tie_word_embeddings) {
-    ASSIGN_OR_RETURN(w->lm_head, ReadTensorF32(ckpt, "lm_head.weight", {c.vocab_size, h}));
-  }
+  RETURN_IF_ERROR(LoadFinalNormAndHead(c, ckpt, w.get()));
   return w;
 }
 
@@ -465,7 +512,29 @@ absl::StatusOr<std::set<int>> ShardExperts(const ModelConfig& c, std::set<int> i
   return ids;
 }
 
+// A routed expert's three tensors: DeepSeek's gate/up/down_proj, V4's w1/w3/w2.
+struct ExpertTensorNames {
+  std::string gate, up, down;
+};
+ExpertTensorNames ExpertNames(const ModelConfig& c, int layer, int expert) {
+  const std::string p = ExpertPrefix(c, layer, expert);
+  if (c.layers() == LayerArch::kV4) return {p + "w1.weight", p + "w3.weight", p + "w2.weight"};
+  return {p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"};
+}
+
 }  // namespace
+
+absl::StatusOr<StoredMlp> ReadStoredExpert(const ModelConfig& c, const Checkpoint& ckpt, int layer,
+                                           int expert) {
+  const ExpertTensorNames n = ExpertNames(c, layer, expert);
+  const int64_t inter = c.moe_intermediate_size, h = c.hidden_size;
+  StoredMlp m;
+  m.intermediate = c.moe_intermediate_size;
+  ASSIGN_OR_RETURN(m.gate, ReadStoredLinear(ckpt, n.gate, {inter, h}));
+  ASSIGN_OR_RETURN(m.up, ReadStoredLinear(ckpt, n.up, {inter, h}));
+  ASSIGN_OR_RETURN(m.down, ReadStoredLinear(ckpt, n.down, {h, inter}));
+  return m;
+}
 
 absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Placeholder(
     const ModelConfig& c, std::set<int> expert_ids) {
@@ -479,7 +548,15 @@ absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Placehol
   return w;
 }
 
+absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Deferred(
+    const ModelConfig& c, const Checkpoint& ckpt, std::set<int> expert_ids) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ExpertShardWeights> w, Placeholder(c, std::move(expert_ids)));
+  w->deferred = &ckpt;
+  return w;
+}
+
 bool ExpertShardWeights::is_placeholder() const {
+  if (deferred != nullptr) return false;
   for (const auto& [l, experts] : layers) {
     for (const auto& [e, m] : experts) {
       if (!m.gate_up.empty()) return false;
@@ -497,14 +574,9 @@ absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Load(
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsMoeLayer(l)) continue;
     for (int e : expert_ids) {
-      if (c.layers() == LayerArch::kV4) {
-        ASSIGN_OR_RETURN(w->layers[l][e],
-                         ReadMlpTensors(ckpt, ExpertPrefix(c, l, e), c.moe_intermediate_size,
-                                        c.hidden_size, "w1.weight", "w3.weight", "w2.weight"));
-      } else {
-        ASSIGN_OR_RETURN(w->layers[l][e], ReadMlp(ckpt, ExpertPrefix(c, l, e),
-                                                  c.moe_intermediate_size, c.hidden_size));
-      }
+      const ExpertTensorNames n = ExpertNames(c, l, e);
+      ASSIGN_OR_RETURN(w->layers[l][e], ReadMlpTensors(ckpt, "", c.moe_intermediate_size,
+                                                       c.hidden_size, n.gate, n.up, n.down));
     }
   }
   return w;

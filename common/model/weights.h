@@ -121,6 +121,17 @@ struct AttentionWeights {
                                                                 const Checkpoint& ckpt);
 };
 
+// Load's steps, for loaders that move each part elsewhere (a device) before
+// reading the next, so the host holds one part at a time (V2/V3/V3.2; V4
+// loads whole): the embedding, one layer, then the final norm and lm_head
+// (into w->norm, w->lm_head). They do not PlanRead.
+absl::StatusOr<std::vector<float>> LoadEmbedTokens(const ModelConfig& config,
+                                                   const Checkpoint& ckpt);
+absl::Status LoadAttentionLayer(const ModelConfig& config, const Checkpoint& ckpt, int layer,
+                                AttentionLayerWeights* lw);
+absl::Status LoadFinalNormAndHead(const ModelConfig& config, const Checkpoint& ckpt,
+                                  AttentionWeights* w);
+
 // The routed experts of one shard: for each MoE layer, the experts listed.
 struct ExpertShardWeights {
   std::set<int> expert_ids;                         // the shard's experts
@@ -134,7 +145,16 @@ struct ExpertShardWeights {
   // makes its own (--load_format dummy); nothing may compute from it.
   static absl::StatusOr<std::unique_ptr<ExpertShardWeights>> Placeholder(const ModelConfig& config,
                                                                          std::set<int> expert_ids);
+  // The shard's experts and layers with empty weights that stay in `ckpt`
+  // (which must outlive the shard) until a device stage reads them as stored
+  // (ReadStoredExpert): no float32 copy on the host. Nothing is read here.
+  static absl::StatusOr<std::unique_ptr<ExpertShardWeights>> Deferred(const ModelConfig& config,
+                                                                      const Checkpoint& ckpt,
+                                                                      std::set<int> expert_ids);
+  // Empty weights a device fills with random values (not Deferred).
   bool is_placeholder() const;
+
+  const Checkpoint* deferred = nullptr;  // set by Deferred
 };
 
 // Reads one tensor as float32, checking its shape; dequantises F8_E4M3 with
@@ -142,6 +162,34 @@ struct ExpertShardWeights {
 // Checkpoint::Consumed: their pages leave this process.
 absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const std::string& name,
                                                  const std::vector<int64_t>& shape);
+// A linear [n, k] as its checkpoint stores it, for loaders that keep FP8 on a
+// device: an F8_E4M3 tensor's codes stay a view into the checkpoint's mapping
+// (with its 128 x 128 block scales widened to float32, row-major [ceil(n /
+// 128), ceil(k / 128)] as shipped); any other dtype is read as float32
+// (ReadTensorF32). Hand a read one back with ReleaseStoredLinear once copied.
+struct StoredLinear {
+  const TensorView* codes = nullptr;  // F8_E4M3 [n, k]; null: `values` hold the weight
+  const TensorView* scale_view = nullptr;
+  std::vector<float> scale;   // iff codes
+  std::vector<float> values;  // [n, k] iff !codes
+  bool fp8() const { return codes != nullptr; }
+};
+absl::StatusOr<StoredLinear> ReadStoredLinear(const Checkpoint& ckpt, const std::string& name,
+                                              const std::vector<int64_t>& shape);
+// Checkpoint::Consumed for an FP8 linear's views (nothing for values).
+void ReleaseStoredLinear(const Checkpoint& ckpt, const StoredLinear& s);
+// s->values = the dequantized codes (released); nothing for values.
+void StoredToValues(const Checkpoint& ckpt, StoredLinear* s);
+
+// One routed expert's SwiGLU linears as stored.
+struct StoredMlp {
+  int intermediate = 0;
+  StoredLinear gate, up;  // [intermediate, hidden]
+  StoredLinear down;      // [hidden, intermediate]
+};
+absl::StatusOr<StoredMlp> ReadStoredExpert(const ModelConfig& config, const Checkpoint& ckpt,
+                                           int layer, int expert);
+
 // Reads an integer (I64 or I32) tensor as int32, checking its shape.
 absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const std::string& name,
                                                    const std::vector<int64_t>& shape);

@@ -269,5 +269,72 @@ TEST(WeightsTest, Fp8BlockScalesDequantise) {
   for (float x : *w) ASSERT_EQ(x, 0.5f);
 }
 
+// ReadStoredExpert keeps an FP8 checkpoint's codes as views of the file and
+// its block scales as float32 (what a device copies as they are); dequantized
+// (StoredToValues) they are ReadTensorF32's values exactly. A bf16 checkpoint's
+// experts come back as float32 values.
+TEST(WeightsTest, StoredExpertsKeepFp8CodesAndDequantiseLikeTheLoader) {
+  const std::string dir = JoinPath(::testing::TempDir(), "weights_test_fp8_stored");
+  std::filesystem::remove_all(dir);
+  absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
+  ASSERT_TRUE(c.ok());
+  RandomCheckpointOptions o;
+  o.dtype = DType::kF8E4M3;
+  ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, o).ok());
+  absl::StatusOr<ModelConfig> loaded = ModelConfig::Load(dir);
+  ASSERT_TRUE(loaded.ok());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  const int layer = loaded->first_k_dense_replace, expert = 1;
+  absl::StatusOr<StoredMlp> m = ReadStoredExpert(*loaded, **ckpt, layer, expert);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string prefix = ExpertPrefix(*loaded, layer, expert);
+  for (auto [stored, name] : {std::pair<StoredLinear*, const char*>{&m->gate, "gate_proj.weight"},
+                              {&m->up, "up_proj.weight"},
+                              {&m->down, "down_proj.weight"}}) {
+    SCOPED_TRACE(name);
+    const TensorView* file = (*ckpt)->tensors().at(prefix + name);
+    ASSERT_TRUE(stored->fp8());
+    EXPECT_EQ(stored->codes->data, file->data) << "a view into the mapping, not a copy";
+    EXPECT_TRUE(stored->values.empty());
+    const TensorView* scale = (*ckpt)->tensors().at(prefix + name + "_scale_inv");
+    ASSERT_EQ(stored->scale.size(), static_cast<size_t>(scale->numel()));
+    std::vector<float> want_scale(scale->numel());
+    ConvertToF32(scale->dtype, scale->data, want_scale.size(), want_scale.data());
+    EXPECT_EQ(stored->scale, want_scale);
+    absl::StatusOr<std::vector<float>> want = ReadTensorF32(**ckpt, prefix + name, file->shape);
+    ASSERT_TRUE(want.ok());
+    StoredToValues(**ckpt, stored);
+    EXPECT_FALSE(stored->fp8());
+    EXPECT_EQ(stored->values, *want);
+  }
+  const std::string bf16_dir = FreshTinyCheckpoint("stored_bf16");
+  absl::StatusOr<ModelConfig> bc = ModelConfig::Load(bf16_dir);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> bckpt = Checkpoint::Open(bf16_dir);
+  ASSERT_TRUE(bc.ok() && bckpt.ok());
+  absl::StatusOr<StoredMlp> bm = ReadStoredExpert(*bc, **bckpt, layer, expert);
+  ASSERT_TRUE(bm.ok()) << bm.status();
+  EXPECT_FALSE(bm->down.fp8());
+  EXPECT_EQ(bm->down.values.size(),
+            static_cast<size_t>(bc->hidden_size) * bc->moe_intermediate_size);
+}
+
+// A Deferred shard names its experts and reads nothing: the device stage reads
+// them from the checkpoint later. It is not a placeholder (no random values).
+TEST(WeightsTest, DeferredShardReadsNothing) {
+  const std::string dir = FreshTinyCheckpoint("deferred");
+  absl::StatusOr<ModelConfig> c = ModelConfig::Load(dir);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(c.ok() && ckpt.ok());
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w =
+      ExpertShardWeights::Deferred(*c, **ckpt, {0, 3});
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->deferred, ckpt->get());
+  EXPECT_FALSE((*w)->is_placeholder());
+  EXPECT_EQ((*w)->expert_ids, (std::set<int>{0, 3}));
+  EXPECT_TRUE((*ckpt)->tensors_read().empty());
+  EXPECT_FALSE(ExpertShardWeights::Deferred(*c, **ckpt, {c->n_routed_experts}).ok());
+}
+
 }  // namespace
 }  // namespace moesh

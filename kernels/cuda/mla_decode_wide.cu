@@ -24,6 +24,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/config.h"
@@ -385,10 +387,29 @@ absl::Status Launch(const CUtensorMap& map, const MlaDecodeParams& p) {
   return LaunchStatus("MlaDecodeWideKernel");
 }
 
+// CacheMap(p), encoded once per (cache pointer, block count) and thread: a
+// map depends on nothing else, so one made for memory since freed and
+// reallocated at the same address with the same size is still right.
+absl::StatusOr<CUtensorMap> CachedCacheMap(const MlaDecodeParams& p) {
+  struct Entry {
+    const void* cache;
+    int num_blocks;
+    CUtensorMap map;
+  };
+  thread_local std::vector<Entry> maps;  // few: one per pool (or layer) a thread runs
+  for (const Entry& e : maps) {
+    if (e.cache == p.kv_cache && e.num_blocks == p.num_blocks) return e.map;
+  }
+  ASSIGN_OR_RETURN(const CUtensorMap map, CacheMap(p));
+  if (maps.size() >= 256) maps.clear();  // bounded
+  maps.push_back({p.kv_cache, p.num_blocks, map});
+  return map;
+}
+
 }  // namespace
 
 absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p) {
-  ASSIGN_OR_RETURN(const CUtensorMap map, CacheMap(p));
+  ASSIGN_OR_RETURN(const CUtensorMap map, CachedCacheMap(p));
   const bool split = p.num_splits > 1;
   if (p.out_type == OutType::kFloat32) {
     return split ? Launch<true, float>(map, p) : Launch<false, float>(map, p);
