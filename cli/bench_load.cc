@@ -104,6 +104,7 @@ void PrintRow(const char* what, uint64_t bytes, double secs, double disk_rate, i
   const std::string peak = peak_delta < 0 ? "-" : absl::StrFormat("%.1f", peak_delta / 1e6);
   std::printf("%-34s %10.3f %8.2f %9.2f %8.2f %12s %5s\n", what, bytes / 1e9, secs, rate / 1e9,
               disk_rate > 0 ? rate / disk_rate : 0.0, peak.c_str(), cold ? "cold" : "warm");
+  std::fflush(stdout);  // row by row, also into a file
 }
 
 }  // namespace

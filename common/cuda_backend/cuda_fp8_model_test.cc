@@ -321,18 +321,22 @@ TEST_P(CudaFp8ModelTest, StreamedLoadMatchesTheHostLoad) {
   EXPECT_EQ((*streamed)->weights().bytes(), (*host)->weights().bytes());
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
-  std::vector<SequenceTokens> a, b;
+  std::vector<std::vector<int32_t>> prompts;
   for (int len : {9, 150}) {
-    std::vector<int32_t> prompt(len);
-    for (int32_t& t : prompt) t = tok(rng);
+    prompts.emplace_back(len);
+    for (int32_t& t : prompts.back()) t = tok(rng);
+  }
+  std::vector<SequenceTokens> a, b;  // views of `prompts`
+  for (const std::vector<int32_t>& prompt : prompts) {
     absl::StatusOr<int> sa = (*streamed)->AddSequence(), sb = (*host)->AddSequence();
     ASSERT_TRUE(sa.ok() && sb.ok());
     a.push_back({*sa, prompt});
     b.push_back({*sb, prompt});
   }
   absl::StatusOr<std::vector<float>> la = (*streamed)->ForwardLogits(a);
+  ASSERT_TRUE(la.ok()) << la.status();
   absl::StatusOr<std::vector<float>> lb = (*host)->ForwardLogits(b);
-  ASSERT_TRUE(la.ok() && lb.ok());
+  ASSERT_TRUE(lb.ok()) << lb.status();
   double worst = 0.0;
   for (size_t i = 0; i < a.size(); ++i) {
     worst = std::max(worst, RelLogitErr(la->data() + i * c.vocab_size,
