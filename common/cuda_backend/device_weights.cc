@@ -67,6 +67,14 @@ absl::Status UploadLinear(const DeviceLinear& dst, const float* src, int64_t n, 
 
 namespace {
 
+// Rows [row0, ...) of a [*, k] linear; REQUIRES (FP8): row0 a multiple of 128.
+DeviceLinear LinearRows(const DeviceLinear& l, int64_t row0, int64_t k) {
+  DeviceLinear out;
+  out.w = static_cast<uint8_t*>(l.w) + row0 * k * (l.fp8() ? 1 : 2);
+  if (l.fp8()) out.scale = l.scale + (row0 / cpu::kFp8Block) * Fp8ScaleStride(static_cast<int>(k));
+  return out;
+}
+
 // dst (FP8) rows [row0, row0 + n) of [*, k] = src's codes and block scales as
 // stored; REQUIRES: row0 a multiple of 128.
 absl::Status CopyFp8Codes(const DeviceLinear& dst, const StoredLinear& src, int64_t row0, int64_t n,
@@ -381,16 +389,24 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromCheckpoint(con
   RETURN_IF_ERROR(w->Allocate(c, &slots));
   ckpt.PlanRead(AttentionLoadBytes(c, ckpt) + (routed_experts ? ExpertLoadBytes(c, ckpt, {}) : 0));
   std::vector<uint16_t> staging;
-  {
-    ASSIGN_OR_RETURN(const std::vector<float> embed, LoadEmbedTokens(c, ckpt));
-    RETURN_IF_ERROR(UploadBf16(w->embed_, embed.data(), embed.size(), &staging));
-  }
   const int64_t h = c.hidden_size, inter = c.moe_intermediate_size;
+  // A tensor of the checkpoint ([rows] or [rows, cols]) to `dst` in bf16 as it reads.
+  auto upload_bf16 = [&ckpt](const char* name, const std::vector<int64_t>& shape, bf16* dst) {
+    const int64_t cols = shape.size() > 1 ? shape[1] : 1;
+    return ReadTensorAsBf16(
+        ckpt, name, shape, [dst, cols](int64_t row0, int64_t n, const void* values) {
+          return CudaStatus(
+              cudaMemcpy(dst + row0 * cols, values, n * cols * 2, cudaMemcpyHostToDevice),
+              "cudaMemcpy H2D (weights)");
+        });
+  };
+  RETURN_IF_ERROR(upload_bf16(kEmbedTokensTensor, {c.vocab_size, h}, w->embed_));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     {
       AttentionLayerWeights src;
-      RETURN_IF_ERROR(LoadAttentionLayer(c, ckpt, l, &src));
-      RETURN_IF_ERROR(w->UploadLayer(c, l, src, &staging));
+      StoredLayerLinears stored;  // FP8 linears copied as stored into FP8 ones
+      RETURN_IF_ERROR(LoadAttentionLayer(c, ckpt, l, &src, fp8_linears ? &stored : nullptr));
+      RETURN_IF_ERROR(w->UploadLayer(c, l, src, &staging, &stored, &ckpt));
     }
     const DeviceLayerWeights& dst = w->layers_[l];
     if (!dst.is_moe || !routed_experts) continue;
@@ -401,16 +417,20 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::FromCheckpoint(con
                                       &w->upload_f32_));
     }
   }
-  AttentionWeights final_weights;
-  RETURN_IF_ERROR(LoadFinalNormAndHead(c, ckpt, &final_weights));
-  RETURN_IF_ERROR(w->UploadFinal(c, final_weights, &staging));
+  RETURN_IF_ERROR(upload_bf16(kFinalNormTensor, {h}, w->norm_));
+  if (!c.tie_word_embeddings) {
+    RETURN_IF_ERROR(upload_bf16(kLmHeadTensor, {c.vocab_size, h}, w->lm_head_));
+  }
   w->upload_f32_ = DeviceBuffer<float>();
   return w;
 }
 
 absl::Status DeviceWeights::UploadLayer(const ModelConfig& c, int l,
                                         const AttentionLayerWeights& src,
-                                        std::vector<uint16_t>* staging) {
+                                        std::vector<uint16_t>* staging, StoredLayerLinears* stored,
+                                        const Checkpoint* ckpt) {
+  StoredLayerLinears none;
+  if (stored == nullptr) stored = &none;
   const int64_t h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   const int64_t rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim,
                 v = c.v_head_dim;
@@ -422,12 +442,17 @@ absl::Status DeviceWeights::UploadLayer(const ModelConfig& c, int l,
   RETURN_IF_ERROR(CheckSize(src.post_attention_layernorm, h, name + "post_attention_layernorm"));
   RETURN_IF_ERROR(UploadBf16(dst.post_norm, src.post_attention_layernorm.data(), h, staging));
   const std::vector<float>& q_src = c.q_lora_rank > 0 ? src.q_a_proj : src.q_proj;
-  RETURN_IF_ERROR(CheckSize(q_src, q_width_ * h, name + "q projection"));
-  RETURN_IF_ERROR(CheckSize(src.kv_a_proj, (rank + rope) * h, name + "kv_a_proj_with_mqa"));
+  const bool stored_parts = stored->q.fp8() || stored->kv_a.fp8();
+  if (!stored->q.fp8()) RETURN_IF_ERROR(CheckSize(q_src, q_width_ * h, name + "q projection"));
+  if (!stored->kv_a.fp8()) {
+    RETURN_IF_ERROR(CheckSize(src.kv_a_proj, (rank + rope) * h, name + "kv_a_proj_with_mqa"));
+  }
   // The parts at their rows (zeros between them, FP8 only).
   tmp.assign(static_cast<size_t>(qkv_width_) * h, 0.0f);
-  std::copy(q_src.begin(), q_src.end(), tmp.begin());
-  std::copy(src.kv_a_proj.begin(), src.kv_a_proj.end(), tmp.begin() + kv_col_ * h);
+  if (!stored_parts) {
+    std::copy(q_src.begin(), q_src.end(), tmp.begin());
+    std::copy(src.kv_a_proj.begin(), src.kv_a_proj.end(), tmp.begin() + kv_col_ * h);
+  }
   if (c.has_indexer()) {
     const int64_t ni = c.indexer.n_heads, di = c.indexer.head_dim;
     RETURN_IF_ERROR(CheckSize(src.indexer_wk, di * h, name + "indexer.wk"));
@@ -443,12 +468,37 @@ absl::Status DeviceWeights::UploadLayer(const ModelConfig& c, int l,
     RETURN_IF_ERROR(UploadWords(dst.index_k_norm, src.indexer_k_norm.data(), di));
     RETURN_IF_ERROR(UploadWords(dst.index_k_bias, src.indexer_k_norm_bias.data(), di));
   }
-  RETURN_IF_ERROR(UploadLinear(dst.qkv_a, tmp.data(), qkv_width_, h, staging));
+  if (!stored_parts) {
+    RETURN_IF_ERROR(UploadLinear(dst.qkv_a, tmp.data(), qkv_width_, h, staging));
+  } else {  // FP8 (each part on its own 128-row blocks): part by part, zeros between
+    RETURN_IF_CUDA_ERROR(cudaMemset(dst.qkv_a.w, 0, static_cast<size_t>(qkv_width_) * h));
+    auto part = [&](const StoredLinear& s, const float* values, int64_t row0,
+                    int64_t n) -> absl::Status {
+      if (s.fp8()) return CopyFp8Codes(dst.qkv_a, s, row0, n, h);
+      return UploadLinear(LinearRows(dst.qkv_a, row0, h), values, n, h, staging);
+    };
+    RETURN_IF_ERROR(part(stored->q, q_src.data(), 0, q_width_));
+    RETURN_IF_ERROR(part(stored->kv_a, src.kv_a_proj.data(), kv_col_, rank + rope));
+    if (c.has_indexer()) {
+      const StoredLinear none_stored;
+      RETURN_IF_ERROR(part(none_stored, src.indexer_wk.data(), index_col_, c.indexer.head_dim));
+      RETURN_IF_ERROR(part(none_stored, src.indexer_weights_proj.data(), index_weights_col_,
+                           c.indexer.n_heads));
+    }
+    ReleaseStoredLinear(*ckpt, stored->q);
+    ReleaseStoredLinear(*ckpt, stored->kv_a);
+  }
   if (c.q_lora_rank > 0) {
     RETURN_IF_ERROR(CheckSize(src.q_a_layernorm, c.q_lora_rank, name + "q_a_layernorm"));
     RETURN_IF_ERROR(UploadBf16(dst.q_a_norm, src.q_a_layernorm.data(), c.q_lora_rank, staging));
-    RETURN_IF_ERROR(CheckSize(src.q_b_proj, heads * qk * c.q_lora_rank, name + "q_b_proj"));
-    RETURN_IF_ERROR(UploadLinear(dst.q_b, src.q_b_proj.data(), heads * qk, c.q_lora_rank, staging));
+    if (stored->q_b.fp8()) {
+      RETURN_IF_ERROR(CopyFp8Codes(dst.q_b, stored->q_b, 0, heads * qk, c.q_lora_rank));
+      ReleaseStoredLinear(*ckpt, stored->q_b);
+    } else {
+      RETURN_IF_ERROR(CheckSize(src.q_b_proj, heads * qk * c.q_lora_rank, name + "q_b_proj"));
+      RETURN_IF_ERROR(
+          UploadLinear(dst.q_b, src.q_b_proj.data(), heads * qk, c.q_lora_rank, staging));
+    }
   }
   RETURN_IF_ERROR(CheckSize(src.kv_a_layernorm, rank, name + "kv_a_layernorm"));
   RETURN_IF_ERROR(UploadBf16(dst.kv_a_norm, src.kv_a_layernorm.data(), rank, staging));
@@ -467,9 +517,20 @@ absl::Status DeviceWeights::UploadLayer(const ModelConfig& c, int l,
                 v * rank * sizeof(float));
   }
   RETURN_IF_ERROR(UploadBf16(dst.w_uv, tmp.data(), tmp.size(), staging));
-  RETURN_IF_ERROR(CheckSize(src.o_proj, h * heads * v, name + "o_proj"));
-  RETURN_IF_ERROR(UploadLinear(dst.o_proj, src.o_proj.data(), h, heads * v, staging));
+  if (stored->o_proj.fp8()) {
+    RETURN_IF_ERROR(CopyFp8Codes(dst.o_proj, stored->o_proj, 0, h, heads * v));
+    ReleaseStoredLinear(*ckpt, stored->o_proj);
+  } else {
+    RETURN_IF_ERROR(CheckSize(src.o_proj, h * heads * v, name + "o_proj"));
+    RETURN_IF_ERROR(UploadLinear(dst.o_proj, src.o_proj.data(), h, heads * v, staging));
+  }
+  if (stored->mlp.gate.fp8()) {  // the dense MLP or the shared experts, as stored
+    const DeviceLinear& gate_up = dst.is_moe ? dst.shared_gate_up : dst.dense_gate_up;
+    const DeviceLinear& down = dst.is_moe ? dst.shared_down : dst.dense_down;
+    RETURN_IF_ERROR(UploadStoredMlp(*ckpt, &stored->mlp, gate_up, down, h, staging, &upload_f32_));
+  }
   if (!dst.is_moe) {
+    if (stored->mlp.intermediate > 0) return absl::OkStatus();
     const MlpWeights& m = src.dense_mlp;
     RETURN_IF_ERROR(CheckSize(m.gate_up, 2 * static_cast<int64_t>(c.intermediate_size) * h,
                               name + "mlp gate_up"));
@@ -479,7 +540,7 @@ absl::Status DeviceWeights::UploadLayer(const ModelConfig& c, int l,
     RETURN_IF_ERROR(UploadLinear(dst.dense_down, m.down.data(), h, c.intermediate_size, staging));
     return absl::OkStatus();
   }
-  return UploadMoe(c, l, src, staging);
+  return UploadMoe(c, l, src, staging, /*shared_done=*/stored->mlp.intermediate > 0);
 }
 
 absl::Status DeviceWeights::UploadFinal(const ModelConfig& c, const AttentionWeights& a,
@@ -495,7 +556,7 @@ absl::Status DeviceWeights::UploadFinal(const ModelConfig& c, const AttentionWei
 }
 
 absl::Status DeviceWeights::UploadMoe(const ModelConfig& c, int l, const AttentionLayerWeights& src,
-                                      std::vector<uint16_t>* staging) {
+                                      std::vector<uint16_t>* staging, bool shared_done) {
   const DeviceLayerWeights& dst = layers_[l];
   const int64_t h = c.hidden_size, ne = c.n_routed_experts;
   const std::string name = absl::StrCat("layer ", l, " ");
@@ -505,7 +566,7 @@ absl::Status DeviceWeights::UploadMoe(const ModelConfig& c, int l, const Attenti
     RETURN_IF_ERROR(CheckSize(src.gate_bias, ne, name + "e_score_correction_bias"));
     RETURN_IF_ERROR(UploadF32(dst.router_bias, src.gate_bias));
   }
-  if (dst.shared_gate_up.w != nullptr) {
+  if (dst.shared_gate_up.w != nullptr && !shared_done) {
     const MlpWeights& m = src.shared_experts;
     RETURN_IF_ERROR(CheckSize(m.gate_up, 2 * static_cast<int64_t>(shared_intermediate_) * h,
                               name + "shared gate_up"));

@@ -237,15 +237,19 @@ class DeviceWeights {
   void AddV4Layers(const ModelConfig& config, std::vector<Slot>* slots);
   absl::Status UploadV4(const ModelConfig& config, const AttentionWeights& attention,
                         const ExpertShardWeights* experts);
-  // Layer l's weights but its routed experts (V2/V3/V3.2), from the host.
+  // Layer l's weights but its routed experts (V2/V3/V3.2), from the host,
+  // but for the FP8 linears in `stored` (may be null: none), copied as the
+  // checkpoint `ckpt` stores them (their views released).
   absl::Status UploadLayer(const ModelConfig& config, int l, const AttentionLayerWeights& src,
-                           std::vector<uint16_t>* staging);
+                           std::vector<uint16_t>* staging, StoredLayerLinears* stored = nullptr,
+                           const Checkpoint* ckpt = nullptr);
   // The final norm and lm_head (unless tied) of `a`.
   absl::Status UploadFinal(const ModelConfig& config, const AttentionWeights& a,
                            std::vector<uint16_t>* staging);
   // A MoE layer's router, its bias and the shared expert; its routed experts.
+  // (`shared_done`: the shared expert came in as stored already.)
   absl::Status UploadMoe(const ModelConfig& config, int l, const AttentionLayerWeights& src,
-                         std::vector<uint16_t>* staging);
+                         std::vector<uint16_t>* staging, bool shared_done = false);
   absl::Status UploadRoutedExperts(const ModelConfig& config, int l,
                                    const ExpertShardWeights& experts,
                                    std::vector<uint16_t>* staging);

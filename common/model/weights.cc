@@ -1,5 +1,6 @@
 #include "common/model/weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -7,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "base/dtype.h"
 #include "base/status.h"
 #include "kernels/cpu/mxfp4.h"
 
@@ -145,7 +147,7 @@ std::vector<TensorSpec> CheckpointSchema(const ModelConfig& c) {
   std::vector<TensorSpec> s;
   const int64_t h = c.hidden_size;
   const int64_t heads = c.num_attention_heads;
-  s.push_back({"model.embed_tokens.weight", {c.vocab_size, h}});
+  s.push_back({kEmbedTokensTensor, {c.vocab_size, h}});
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = Layer(l);
     s.push_back({p + "input_layernorm.weight", {h}});
@@ -188,7 +190,7 @@ std::vector<TensorSpec> CheckpointSchema(const ModelConfig& c) {
     }
   }
   s.push_back({"model.norm.weight", {h}});
-  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, h}});
+  if (!c.tie_word_embeddings) s.push_back({kLmHeadTensor, {c.vocab_size, h}});
   return s;
 }
 
@@ -242,7 +244,7 @@ absl::Status ValidateCheckpoint(const ModelConfig& c, const Checkpoint& ckpt) {
   for (const auto& [name, view] : ckpt.tensors()) {
     if (expected.count(name)) continue;
     if (LayerIndexOf(name) >= c.num_hidden_layers) continue;  // MTP layers
-    if (c.tie_word_embeddings && name == "lm_head.weight") continue;
+    if (c.tie_word_embeddings && name == kLmHeadTensor) continue;
     if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;  // old transformers buffers
     if (absl::StartsWith(name, "mtp.")) continue;               // V4's MTP block
     extra.push_back(absl::StrCat("\"", name, "\" in ", view->file));
@@ -305,6 +307,40 @@ absl::StatusOr<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const s
   ConvertToF32(v->dtype, v->data, out.size(), out.data());
   ckpt.Consumed(*v);
   return out;
+}
+
+absl::Status ReadTensorAsBf16(
+    const Checkpoint& ckpt, const std::string& name, const std::vector<int64_t>& shape,
+    const std::function<absl::Status(int64_t row0, int64_t rows, const void* bf16)>& fn) {
+  ASSIGN_OR_RETURN(const TensorView* v, ckpt.Get(name));
+  const int64_t rows = shape.empty() ? 1 : shape[0];
+  if (v->dtype == DType::kBF16 || v->dtype == DType::kF32 || v->dtype == DType::kF16) {
+    ASSIGN_OR_RETURN(v, GetShaped(ckpt, name, shape));
+    ckpt.WillRead(*v);
+    absl::Status status;
+    if (v->dtype == DType::kBF16) {
+      status = fn(0, rows, v->data);
+    } else {
+      const int64_t cols = rows > 0 ? v->numel() / rows : 0;
+      const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / std::max<int64_t>(cols, 1));
+      std::vector<float> f32;
+      std::vector<uint16_t> bf16;
+      for (int64_t r = 0; r < rows && status.ok(); r += chunk) {
+        const int64_t n = std::min(chunk, rows - r);
+        f32.resize(n * cols);
+        bf16.resize(n * cols);
+        ConvertToF32(v->dtype, v->data + r * cols * DTypeSize(v->dtype), f32.size(), f32.data());
+        for (size_t i = 0; i < f32.size(); ++i) bf16[i] = F32ToBf16(f32[i]);
+        status = fn(r, n, bf16.data());
+      }
+    }
+    ckpt.Consumed(*v);
+    return status;
+  }
+  ASSIGN_OR_RETURN(const std::vector<float> values, ReadTensorF32(ckpt, name, shape));
+  std::vector<uint16_t> bf16(values.size());
+  for (size_t i = 0; i < values.size(); ++i) bf16[i] = F32ToBf16(values[i]);
+  return fn(0, rows, bf16.data());
 }
 
 absl::StatusOr<StoredLinear> ReadStoredLinear(const Checkpoint& ckpt, const std::string& name,
@@ -384,7 +420,7 @@ namespace {
 // extras are not read).
 bool IsLoaded(const ModelConfig& c, const std::string& name) {
   if (LayerIndexOf(name) >= c.num_hidden_layers) return false;  // MTP layers
-  if (c.tie_word_embeddings && name == "lm_head.weight") return false;
+  if (c.tie_word_embeddings && name == kLmHeadTensor) return false;
   return !absl::EndsWith(name, "rotary_emb.inv_freq") && !absl::StartsWith(name, "mtp.");
 }
 
@@ -407,37 +443,74 @@ uint64_t ExpertLoadBytes(const ModelConfig& c, const Checkpoint& ckpt, const std
   return n;
 }
 
-absl::StatusOr<std::vector<float>> LoadEmbedTokens(const ModelConfig& c, const Checkpoint& ckpt) {
-  return ReadTensorF32(ckpt, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
-}
+const char kEmbedTokensTensor[] = "model.embed_tokens.weight";
+const char kFinalNormTensor[] = "model.norm.weight";
+const char kLmHeadTensor[] = "lm_head.weight";
 
 absl::Status LoadAttentionLayer(const ModelConfig& c, const Checkpoint& ckpt, int l,
-                                AttentionLayerWeights* lw) {
+                                AttentionLayerWeights* lw, StoredLayerLinears* stored) {
   const std::string p = Layer(l);
   const int64_t h = c.hidden_size, heads = c.num_attention_heads;
+  // A linear into *values, or (FP8, with `stored`) left as stored in *keep.
+  auto linear = [&](const std::string& name, const std::vector<int64_t>& shape,
+                    std::vector<float>* values, StoredLinear* keep) -> absl::Status {
+    if (stored == nullptr) {
+      ASSIGN_OR_RETURN(*values, ReadTensorF32(ckpt, name, shape));
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(StoredLinear s, ReadStoredLinear(ckpt, name, shape));
+    if (s.fp8()) {
+      *keep = std::move(s);
+    } else {
+      *values = std::move(s.values);
+    }
+    return absl::OkStatus();
+  };
+  // A SwiGLU MLP into *m, or (all three FP8, with `stored`) left in stored->mlp.
+  auto mlp = [&](const std::string& prefix, int64_t inter, MlpWeights* m) -> absl::Status {
+    if (stored == nullptr) {
+      ASSIGN_OR_RETURN(*m, ReadMlp(ckpt, prefix, static_cast<int>(inter), static_cast<int>(h)));
+      return absl::OkStatus();
+    }
+    StoredMlp& sm = stored->mlp;
+    sm.intermediate = static_cast<int>(inter);
+    ASSIGN_OR_RETURN(sm.gate, ReadStoredLinear(ckpt, prefix + "gate_proj.weight", {inter, h}));
+    ASSIGN_OR_RETURN(sm.up, ReadStoredLinear(ckpt, prefix + "up_proj.weight", {inter, h}));
+    ASSIGN_OR_RETURN(sm.down, ReadStoredLinear(ckpt, prefix + "down_proj.weight", {h, inter}));
+    if (sm.gate.fp8() && sm.up.fp8() && sm.down.fp8()) return absl::OkStatus();
+    for (StoredLinear* x : {&sm.gate, &sm.up, &sm.down}) StoredToValues(ckpt, x);
+    m->intermediate = static_cast<int>(inter);
+    m->gate_up = std::move(sm.gate.values);
+    m->gate_up.insert(m->gate_up.end(), sm.up.values.begin(), sm.up.values.end());
+    m->down = std::move(sm.down.values);
+    sm = StoredMlp{};
+    return absl::OkStatus();
+  };
+  StoredLayerLinears unused;
+  StoredLayerLinears& keep = stored != nullptr ? *stored : unused;
   ASSIGN_OR_RETURN(lw->input_layernorm, ReadTensorF32(ckpt, p + "input_layernorm.weight", {h}));
   ASSIGN_OR_RETURN(lw->post_attention_layernorm,
                    ReadTensorF32(ckpt, p + "post_attention_layernorm.weight", {h}));
   if (c.q_lora_rank > 0) {
-    ASSIGN_OR_RETURN(lw->q_a_proj,
-                     ReadTensorF32(ckpt, p + "self_attn.q_a_proj.weight", {c.q_lora_rank, h}));
+    RETURN_IF_ERROR(
+        linear(p + "self_attn.q_a_proj.weight", {c.q_lora_rank, h}, &lw->q_a_proj, &keep.q));
     ASSIGN_OR_RETURN(lw->q_a_layernorm,
                      ReadTensorF32(ckpt, p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}));
-    ASSIGN_OR_RETURN(lw->q_b_proj, ReadTensorF32(ckpt, p + "self_attn.q_b_proj.weight",
-                                                 {heads * c.qk_head_dim(), c.q_lora_rank}));
+    RETURN_IF_ERROR(linear(p + "self_attn.q_b_proj.weight",
+                           {heads * c.qk_head_dim(), c.q_lora_rank}, &lw->q_b_proj, &keep.q_b));
   } else {
-    ASSIGN_OR_RETURN(lw->q_proj, ReadTensorF32(ckpt, p + "self_attn.q_proj.weight",
-                                               {heads * c.qk_head_dim(), h}));
+    RETURN_IF_ERROR(
+        linear(p + "self_attn.q_proj.weight", {heads * c.qk_head_dim(), h}, &lw->q_proj, &keep.q));
   }
-  ASSIGN_OR_RETURN(lw->kv_a_proj, ReadTensorF32(ckpt, p + "self_attn.kv_a_proj_with_mqa.weight",
-                                                {c.kv_lora_rank + c.qk_rope_head_dim, h}));
+  RETURN_IF_ERROR(linear(p + "self_attn.kv_a_proj_with_mqa.weight",
+                         {c.kv_lora_rank + c.qk_rope_head_dim, h}, &lw->kv_a_proj, &keep.kv_a));
   ASSIGN_OR_RETURN(lw->kv_a_layernorm,
                    ReadTensorF32(ckpt, p + "self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}));
   ASSIGN_OR_RETURN(lw->kv_b_proj,
                    ReadTensorF32(ckpt, p + "self_attn.kv_b_proj.weight",
                                  {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}));
-  ASSIGN_OR_RETURN(lw->o_proj,
-                   ReadTensorF32(ckpt, p + "self_attn.o_proj.weight", {h, heads * c.v_head_dim}));
+  RETURN_IF_ERROR(
+      linear(p + "self_attn.o_proj.weight", {h, heads * c.v_head_dim}, &lw->o_proj, &keep.o_proj));
   if (c.has_indexer()) {
     const int64_t d = c.indexer.head_dim;
     ASSIGN_OR_RETURN(lw->indexer_wq_b, ReadTensorF32(ckpt, p + "self_attn.indexer.wq_b.weight",
@@ -454,8 +527,7 @@ absl::Status LoadAttentionLayer(const ModelConfig& c, const Checkpoint& ckpt, in
   }
   lw->is_moe = c.IsMoeLayer(l);
   if (!lw->is_moe) {
-    ASSIGN_OR_RETURN(lw->dense_mlp, ReadMlp(ckpt, p + "mlp.", c.intermediate_size, h));
-    return absl::OkStatus();
+    return mlp(p + "mlp.", c.intermediate_size, &lw->dense_mlp);
   }
   ASSIGN_OR_RETURN(lw->gate, ReadTensorF32(ckpt, p + "mlp.gate.weight", {c.n_routed_experts, h}));
   if (c.topk_method == TopkMethod::kNoauxTc) {
@@ -463,18 +535,9 @@ absl::Status LoadAttentionLayer(const ModelConfig& c, const Checkpoint& ckpt, in
                                                   {c.n_routed_experts}));
   }
   if (c.n_shared_experts > 0) {
-    ASSIGN_OR_RETURN(lw->shared_experts, ReadMlp(ckpt, p + "mlp.shared_experts.",
-                                                 c.moe_intermediate_size * c.n_shared_experts, h));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status LoadFinalNormAndHead(const ModelConfig& c, const Checkpoint& ckpt,
-                                  AttentionWeights* w) {
-  ASSIGN_OR_RETURN(w->norm, ReadTensorF32(ckpt, "model.norm.weight", {c.hidden_size}));
-  if (!c.tie_word_embeddings) {
-    ASSIGN_OR_RETURN(w->lm_head,
-                     ReadTensorF32(ckpt, "lm_head.weight", {c.vocab_size, c.hidden_size}));
+    RETURN_IF_ERROR(mlp(p + "mlp.shared_experts.",
+                        static_cast<int64_t>(c.moe_intermediate_size) * c.n_shared_experts,
+                        &lw->shared_experts));
   }
   return absl::OkStatus();
 }
@@ -487,12 +550,16 @@ absl::StatusOr<std::unique_ptr<AttentionWeights>> AttentionWeights::Load(const M
     RETURN_IF_ERROR(LoadV4AttentionWeights(c, ckpt, w.get()));
     return w;
   }
-  ASSIGN_OR_RETURN(w->embed_tokens, LoadEmbedTokens(c, ckpt));
+  const int64_t h = c.hidden_size;
+  ASSIGN_OR_RETURN(w->embed_tokens, ReadTensorF32(ckpt, kEmbedTokensTensor, {c.vocab_size, h}));
   w->layers.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     RETURN_IF_ERROR(LoadAttentionLayer(c, ckpt, l, &w->layers[l]));
   }
-  RETURN_IF_ERROR(LoadFinalNormAndHead(c, ckpt, w.get()));
+  ASSIGN_OR_RETURN(w->norm, ReadTensorF32(ckpt, kFinalNormTensor, {h}));
+  if (!c.tie_word_embeddings) {
+    ASSIGN_OR_RETURN(w->lm_head, ReadTensorF32(ckpt, kLmHeadTensor, {c.vocab_size, h}));
+  }
   return w;
 }
 

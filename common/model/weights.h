@@ -10,6 +10,7 @@
 #define MOESH_COMMON_MODEL_WEIGHTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -121,16 +122,21 @@ struct AttentionWeights {
                                                                 const Checkpoint& ckpt);
 };
 
-// Load's steps, for loaders that move each part elsewhere (a device) before
-// reading the next, so the host holds one part at a time (V2/V3/V3.2; V4
-// loads whole): the embedding, one layer, then the final norm and lm_head
-// (into w->norm, w->lm_head). They do not PlanRead.
-absl::StatusOr<std::vector<float>> LoadEmbedTokens(const ModelConfig& config,
-                                                   const Checkpoint& ckpt);
+// For loaders that move each part elsewhere (a device) before reading the
+// next, so the host holds one part at a time (V2/V3/V3.2; V4 loads whole):
+// Load's per-layer step (no PlanRead), and the names of the tensors outside
+// the layers ([vocab, hidden], [hidden], [vocab, hidden] unless tied).
+// With `stored` (weights.h's StoredLinear, below), the layer's F8_E4M3 linears
+// (q_a_proj or q_proj, q_b_proj, kv_a_proj_with_mqa, o_proj, and the dense MLP
+// or shared experts when all three of theirs are) are left in the checkpoint
+// as stored there and their vectors in *lw stay empty (their views handed back
+// with ReleaseStoredLinear by whoever copies them).
+struct StoredLayerLinears;
 absl::Status LoadAttentionLayer(const ModelConfig& config, const Checkpoint& ckpt, int layer,
-                                AttentionLayerWeights* lw);
-absl::Status LoadFinalNormAndHead(const ModelConfig& config, const Checkpoint& ckpt,
-                                  AttentionWeights* w);
+                                AttentionLayerWeights* lw, StoredLayerLinears* stored = nullptr);
+extern const char kEmbedTokensTensor[];  // "model.embed_tokens.weight"
+extern const char kFinalNormTensor[];    // "model.norm.weight"
+extern const char kLmHeadTensor[];       // "lm_head.weight"
 
 // The routed experts of one shard: for each MoE layer, the experts listed.
 struct ExpertShardWeights {
@@ -187,9 +193,23 @@ struct StoredMlp {
   StoredLinear gate, up;  // [intermediate, hidden]
   StoredLinear down;      // [hidden, intermediate]
 };
+// LoadAttentionLayer's FP8 linears as stored (each fp8() or left empty).
+struct StoredLayerLinears {
+  StoredLinear q;  // q_a_proj (q_lora_rank > 0) or q_proj
+  StoredLinear q_b, kv_a, o_proj;
+  StoredMlp mlp;  // the dense MLP or the shared experts
+};
 absl::StatusOr<StoredMlp> ReadStoredExpert(const ModelConfig& config, const Checkpoint& ckpt,
                                            int layer, int expert);
 
+// Reads a float tensor of `shape` (rows = shape[0]) as bf16 for a device copy
+// without a float32 copy of it on the host: `fn(row0, rows, bf16 values)` over
+// chunks of rows: a BF16 tensor in one chunk, its bytes as stored (a view of
+// the mapping, maybe unaligned), another dtype converted about 16 MB at a time
+// (F8_E4M3 and MXFP4 dequantized whole first). The pages are released after.
+absl::Status ReadTensorAsBf16(
+    const Checkpoint& ckpt, const std::string& name, const std::vector<int64_t>& shape,
+    const std::function<absl::Status(int64_t row0, int64_t rows, const void* bf16)>& fn);
 // Reads an integer (I64 or I32) tensor as int32, checking its shape.
 absl::StatusOr<std::vector<int32_t>> ReadTensorI32(const Checkpoint& ckpt, const std::string& name,
                                                    const std::vector<int64_t>& shape);

@@ -319,6 +319,47 @@ TEST(WeightsTest, StoredExpertsKeepFp8CodesAndDequantiseLikeTheLoader) {
             static_cast<size_t>(bc->hidden_size) * bc->moe_intermediate_size);
 }
 
+// LoadAttentionLayer with `stored` leaves an FP8 checkpoint's layer linears as
+// stored (their float32 vectors empty); dequantized they are Load's values.
+TEST(WeightsTest, StoredLayerLinearsAreTheLoadersValuesDequantised) {
+  const std::string dir = JoinPath(::testing::TempDir(), "weights_test_fp8_layer");
+  std::filesystem::remove_all(dir);
+  absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
+  ASSERT_TRUE(c.ok());
+  RandomCheckpointOptions o;
+  o.dtype = DType::kF8E4M3;
+  ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, o).ok());
+  absl::StatusOr<ModelConfig> loaded = ModelConfig::Load(dir);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(loaded.ok() && ckpt.ok());
+  absl::StatusOr<std::unique_ptr<AttentionWeights>> whole = AttentionWeights::Load(*loaded, **ckpt);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (int l : {0, loaded->num_hidden_layers - 1}) {  // a dense and a MoE layer (shared experts)
+    SCOPED_TRACE(l);
+    AttentionLayerWeights lw;
+    StoredLayerLinears stored;
+    ASSERT_TRUE(LoadAttentionLayer(*loaded, **ckpt, l, &lw, &stored).ok());
+    const AttentionLayerWeights& want = (*whole)->layers[l];
+    ASSERT_TRUE(stored.q.fp8() && stored.q_b.fp8() && stored.kv_a.fp8() && stored.o_proj.fp8());
+    EXPECT_TRUE(lw.q_a_proj.empty() && lw.q_b_proj.empty() && lw.kv_a_proj.empty() &&
+                lw.o_proj.empty());
+    EXPECT_EQ(lw.kv_b_proj, want.kv_b_proj) << "kv_b_proj is read as float32 (split on the host)";
+    for (auto [s, v] :
+         {std::pair<StoredLinear*, const std::vector<float>*>{&stored.q, &want.q_a_proj},
+          {&stored.q_b, &want.q_b_proj},
+          {&stored.kv_a, &want.kv_a_proj},
+          {&stored.o_proj, &want.o_proj}}) {
+      StoredToValues(**ckpt, s);
+      EXPECT_EQ(s->values, *v);
+    }
+    ASSERT_TRUE(stored.mlp.gate.fp8() && stored.mlp.up.fp8() && stored.mlp.down.fp8());
+    const MlpWeights& m = want.is_moe ? want.shared_experts : want.dense_mlp;
+    EXPECT_TRUE((want.is_moe ? lw.shared_experts : lw.dense_mlp).gate_up.empty());
+    StoredToValues(**ckpt, &stored.mlp.down);
+    EXPECT_EQ(stored.mlp.down.values, m.down);
+  }
+}
+
 // A Deferred shard names its experts and reads nothing: the device stage reads
 // them from the checkpoint later. It is not a placeholder (no random values).
 TEST(WeightsTest, DeferredShardReadsNothing) {
