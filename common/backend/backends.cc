@@ -96,7 +96,9 @@ absl::StatusOr<int> CudaOrdinal(const std::string& device, const std::string& wh
   if (!IsCudaDevice(device))
     return absl::FailedPreconditionError(absl::StrCat(what, " needs --device cuda or cuda:N"));
   int ordinal = 0;
-  if (device != "cuda") absl::SimpleAtoi(device.substr(5), &ordinal);
+  if (device != "cuda" && !absl::SimpleAtoi(device.substr(5), &ordinal)) {
+    return absl::InternalError(absl::StrCat("CudaOrdinal: \"", device, "\" passed validation"));
+  }
   return ordinal;
 }
 
