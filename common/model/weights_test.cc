@@ -15,12 +15,17 @@
 namespace moesh {
 namespace {
 
-std::string FreshTinyCheckpoint(const std::string& name, const std::string& family = "v3") {
+// A random tiny checkpoint of `family` in `dtype` (F8_E4M3: the linears as
+// DeepSeek-V3 ships them), under the test's temporary directory.
+std::string FreshTinyCheckpoint(const std::string& name, const std::string& family = "v3",
+                                DType dtype = DType::kBF16) {
   const std::string dir = JoinPath(::testing::TempDir(), "weights_test_" + name);
   std::filesystem::remove_all(dir);
   absl::StatusOr<ModelConfig> c = PresetConfig(family, "tiny");
   EXPECT_TRUE(c.ok());
-  EXPECT_TRUE(WriteRandomCheckpoint(*c, dir, {}).ok());
+  RandomCheckpointOptions o;
+  o.dtype = dtype;
+  EXPECT_TRUE(WriteRandomCheckpoint(*c, dir, o).ok());
   return dir;
 }
 
@@ -207,13 +212,7 @@ INSTANTIATE_TEST_SUITE_P(
 // a weight_scale_inv per 128 x 128 block), the rest bf16; the loader reads
 // them back as codes x scales.
 TEST(WeightsTest, Fp8RandomCheckpointLoads) {
-  const std::string dir = JoinPath(::testing::TempDir(), "weights_test_fp8_random");
-  std::filesystem::remove_all(dir);
-  absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
-  ASSERT_TRUE(c.ok());
-  RandomCheckpointOptions o;
-  o.dtype = DType::kF8E4M3;
-  ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, o).ok());
+  const std::string dir = FreshTinyCheckpoint("fp8_random", "v3", DType::kF8E4M3);
   absl::StatusOr<ModelConfig> loaded = ModelConfig::Load(dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_TRUE(loaded->fp8_block_weights);
@@ -274,13 +273,7 @@ TEST(WeightsTest, Fp8BlockScalesDequantise) {
 // (StoredToValues) they are ReadTensorF32's values exactly. A bf16 checkpoint's
 // experts come back as float32 values.
 TEST(WeightsTest, StoredExpertsKeepFp8CodesAndDequantiseLikeTheLoader) {
-  const std::string dir = JoinPath(::testing::TempDir(), "weights_test_fp8_stored");
-  std::filesystem::remove_all(dir);
-  absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
-  ASSERT_TRUE(c.ok());
-  RandomCheckpointOptions o;
-  o.dtype = DType::kF8E4M3;
-  ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, o).ok());
+  const std::string dir = FreshTinyCheckpoint("fp8_stored", "v3", DType::kF8E4M3);
   absl::StatusOr<ModelConfig> loaded = ModelConfig::Load(dir);
   ASSERT_TRUE(loaded.ok());
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
@@ -322,13 +315,7 @@ TEST(WeightsTest, StoredExpertsKeepFp8CodesAndDequantiseLikeTheLoader) {
 // LoadAttentionLayer with `stored` leaves an FP8 checkpoint's layer linears as
 // stored (their float32 vectors empty); dequantized they are Load's values.
 TEST(WeightsTest, StoredLayerLinearsAreTheLoadersValuesDequantised) {
-  const std::string dir = JoinPath(::testing::TempDir(), "weights_test_fp8_layer");
-  std::filesystem::remove_all(dir);
-  absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
-  ASSERT_TRUE(c.ok());
-  RandomCheckpointOptions o;
-  o.dtype = DType::kF8E4M3;
-  ASSERT_TRUE(WriteRandomCheckpoint(*c, dir, o).ok());
+  const std::string dir = FreshTinyCheckpoint("fp8_layer", "v3", DType::kF8E4M3);
   absl::StatusOr<ModelConfig> loaded = ModelConfig::Load(dir);
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
   ASSERT_TRUE(loaded.ok() && ckpt.ok());
