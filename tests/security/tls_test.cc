@@ -8,7 +8,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -27,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "moesh/v1/generation.grpc.pb.h"
 #include "moesh/v1/worker.grpc.pb.h"
+#include "tests/security/moesh_complete.h"
 
 namespace moesh {
 namespace {
@@ -171,33 +171,20 @@ TEST_F(InternalPlaneTest, ServesEndToEndOverTls) {
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
-// Runs `moesh complete --server=<the router> ARGS` and returns its exit
-// status and output.
-std::pair<int, std::string> Complete(const std::string& router, const std::string& args) {
-  const std::string cmd =
-      absl::StrCat(MOESH_BINARY_DIR, "/moesh complete --server=", router, " ", args, " 2>&1");
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (f != nullptr && fgets(buf, sizeof(buf), f) != nullptr) out += buf;
-  const int rc = f != nullptr ? pclose(f) : -1;
-  return {rc, out};
-}
-
 // The CLI reaches a --public_tls router with --server_ca, and only with the
 // CA that signed the router's certificate.
 TEST_F(InternalPlaneTest, CompleteSpeaksTlsWithServerCa) {
   const std::string router = t_->cluster->router_address();
   const std::string request = "--prompt_ids=5,17,300 --max_new_tokens=4 --ignore_eos --json";
-  auto [rc, out] = Complete(router, absl::StrCat("--server_ca=", t_->certs.ca, " ", request));
+  auto [rc, out] = MoeshComplete(router, absl::StrCat("--server_ca=", t_->certs.ca, " ", request));
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"completion_tokens\":4"), std::string::npos) << out;
-  std::tie(rc, out) = Complete(router, absl::StrCat("--timeout=5 ", request));  // plaintext
+  std::tie(rc, out) = MoeshComplete(router, absl::StrCat("--timeout=5 ", request));  // plaintext
   EXPECT_NE(rc, 0) << out;
   std::tie(rc, out) =
-      Complete(router, absl::StrCat("--timeout=5 --server_ca=", t_->wrong.ca, " ", request));
+      MoeshComplete(router, absl::StrCat("--timeout=5 --server_ca=", t_->wrong.ca, " ", request));
   EXPECT_NE(rc, 0) << out;
-  std::tie(rc, out) = Complete(router, absl::StrCat("--server_ca=/nonexistent.pem ", request));
+  std::tie(rc, out) = MoeshComplete(router, absl::StrCat("--server_ca=/nonexistent.pem ", request));
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("--server_ca"), std::string::npos) << out;
 }
