@@ -21,7 +21,7 @@
 namespace moesh {
 namespace {
 
-constexpr int kLong = 1500;  // tokens: the stream outlives the kill at its 10th
+constexpr int kLong = 600;  // tokens: the stream outlives the kill at its 10th
 
 // SIGKILLs whichever decode worker of `c` runs a request; its name ("" if none did).
 std::string KillTheServingDecodeWorker(LocalCluster& c) {
