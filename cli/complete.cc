@@ -9,6 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/file_util.h"
 #include "base/status.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -26,6 +27,9 @@ ABSL_FLAG(std::string, api_key, "",
           "The router's API key (sent as 'authorization: Bearer <key>'); default: "
           "$MOESH_API_KEY, else none.");
 ABSL_FLAG(std::string, request_id, "", "The request's id (default: the router picks one).");
+ABSL_FLAG(std::string, server_ca, "",
+          "A CA certificate file (PEM): connect with TLS (a router with --public_tls), checking "
+          "the router's certificate against it; empty: plaintext.");
 
 namespace moesh::cli {
 namespace {
@@ -68,8 +72,17 @@ absl::Status RunComplete() {
   if (const std::string s = absl::GetFlag(FLAGS_stop); !s.empty()) stop->add_stop_strings(s);
   stop->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
 
-  auto stub =
-      v1::Generation::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (const std::string ca = absl::GetFlag(FLAGS_server_ca); !ca.empty()) {
+    absl::StatusOr<std::string> pem = ReadFileToString(ca);
+    if (!pem.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--server_ca: ", pem.status().message()));
+    }
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = *pem;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(server, credentials));
   grpc::ClientContext ctx;
   std::string api_key = absl::GetFlag(FLAGS_api_key);
   if (const char* env = std::getenv("MOESH_API_KEY"); api_key.empty() && env != nullptr)

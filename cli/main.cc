@@ -105,10 +105,10 @@ const std::vector<Command>& Commands() {
       {"complete",
        "--server=HOST:PORT (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"
        "      [sampling flags] [--stop=STR] [--stop_token_ids=1,2] [--ignore_eos] [--json]\n"
-       "      [--timeout=SECONDS] [--request_id=ID] [--api_key=KEY]\n"
+       "      [--timeout=SECONDS] [--request_id=ID] [--api_key=KEY] [--server_ca=PEM]\n"
        "    a streaming request to a router",
        WithSampling({"server", "prompt", "prompt_ids", "max_new_tokens", "stop_token_ids", "stop",
-                     "timeout", "request_id", "ignore_eos", "json", "api_key"}),
+                     "timeout", "request_id", "ignore_eos", "json", "api_key", "server_ca"}),
        RunComplete},
   };
   return *commands;

@@ -12,7 +12,20 @@ ExpertService::ExpertService(std::unique_ptr<ExpertStage> stage, std::string fin
     : dispatcher_(std::move(stage), std::move(options)), fingerprint_(std::move(fingerprint)) {}
 
 absl::Status ExpertService::Dispatch(const MoeDispatch& dispatch, float* out) {
-  return dispatcher_.Dispatch(dispatch, out);
+  in_flight_.fetch_add(1);
+  absl::Status s = dispatcher_.Dispatch(dispatch, out);
+  last_dispatch_end_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+  in_flight_.fetch_sub(1);
+  return s;
+}
+
+int ExpertService::InFlight(std::chrono::steady_clock::duration quiet) const {
+  const int now_serving = in_flight_.load();
+  const int64_t last = last_dispatch_end_.load();
+  const bool recent =
+      last != 0 &&
+      std::chrono::steady_clock::now().time_since_epoch().count() - last < quiet.count();
+  return now_serving + (recent ? 1 : 0);
 }
 
 grpc::Status ExpertService::Info(grpc::ServerContext*, const v1::ExpertInfoRequest*,

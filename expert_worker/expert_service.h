@@ -8,6 +8,8 @@
 #ifndef MOESH_EXPERT_WORKER_EXPERT_SERVICE_H_
 #define MOESH_EXPERT_WORKER_EXPERT_SERVICE_H_
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -34,6 +36,11 @@ class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
   // Heartbeat payload: tokens served per expert.
   v1::WorkerLoad Load() const;
 
+  // Dispatches being served now, plus one while the last one ended less than
+  // `quiet` ago: what a drain waits for (attention workers still routing by
+  // a map that has this worker send more until they follow the new one).
+  int InFlight(std::chrono::steady_clock::duration quiet) const;
+
   ExpertDispatcher& dispatcher() { return dispatcher_; }
   int64_t num_batches() const { return dispatcher_.num_batches(); }
   int64_t num_dispatches() const { return dispatcher_.num_dispatches(); }
@@ -44,6 +51,9 @@ class ExpertService : public DispatchHandler, public v1::ExpertWorker::Service {
   ExpertDispatcher dispatcher_;
   const std::string fingerprint_;
   std::string data_plane_address_;  // set before serving
+  std::atomic<int> in_flight_{0};
+  // When the last dispatch ended (steady clock ticks); 0: none yet.
+  std::atomic<int64_t> last_dispatch_end_{0};
 };
 
 }  // namespace moesh

@@ -89,6 +89,13 @@ absl::Status Run() {
   serve.registration.set_data_plane_address(data.address);
   for (int e : hosted) serve.registration.add_expert_ids(e);
   serve.load = [&service] { return service.Load(); };
+  // SIGTERM: leave the placement map first, then serve until the attention
+  // workers stopped sending (they follow a new map within a heartbeat
+  // interval, 500 ms by default: quiet for 2 s is past that) or
+  // --drain_timeout_s. Streams whose experts have a replica elsewhere lose
+  // nothing.
+  serve.leave_first = true;
+  serve.in_flight = [&service] { return service.InFlight(std::chrono::seconds(2)); };
   return ServeUntilSignal(server.server.get(), serve);
 }
 

@@ -64,27 +64,50 @@ std::shared_ptr<grpc::Channel> ClusterBackend::ChannelTo(const std::string& addr
   return ch;
 }
 
+ClusterBackend::ClusterBackend(Membership* membership, ClusterBackendOptions options)
+    : registry_(&membership->registry()), options_(options) {
+  if (options_.metrics != nullptr) {
+    migrations_ = &options_.metrics
+                       ->CounterFamily("moesh_stream_migrations_total",
+                                       "Streams continued on another prefill/decode pair after "
+                                       "a worker serving them failed.")
+                       .Add({});
+  }
+}
+
 bool ClusterBackend::Ready() const {
   return !registry_->Live(v1::WORKER_KIND_PREFILL).empty() &&
          !registry_->Live(v1::WORKER_KIND_DECODE).empty();
 }
 
-absl::Status ClusterBackend::Run(const GenerationRequest& req, const ChunkSink& sink,
-                                 const CancelToken& cancel) {
+absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSink& sink,
+                                     const CancelToken& cancel,
+                                     const std::vector<std::string>& avoid,
+                                     std::vector<std::string>* failed) {
   std::vector<WorkerInfo> decoders = registry_->Live(v1::WORKER_KIND_DECODE);
   std::vector<WorkerInfo> prefillers = registry_->Live(v1::WORKER_KIND_PREFILL);
   if (decoders.empty() || prefillers.empty()) {
     return absl::UnavailableError(
         absl::StrCat("no ", decoders.empty() ? "decode" : "prefill", " worker is registered"));
   }
-  // Decode workers in the order to try: lowest KV usage, then fewest running.
+  auto avoided = [&](const WorkerInfo& w) {
+    return std::find(avoid.begin(), avoid.end(), w.id) != avoid.end();
+  };
+  // Decode workers in the order to try: lowest KV usage, then fewest
+  // running; those that failed this request last.
   std::sort(decoders.begin(), decoders.end(), [](const WorkerInfo& a, const WorkerInfo& b) {
     const double ua = KvUsageRank(a.load), ub = KvUsageRank(b.load);
     if (ua != ub) return ua < ub;
     return RunningRank(a.load) < RunningRank(b.load);
   });
+  std::stable_partition(decoders.begin(), decoders.end(),
+                        [&](const WorkerInfo& w) { return !avoided(w); });
+  // The prefill worker among those that did not fail it, if any is left.
+  const auto fresh = std::stable_partition(prefillers.begin(), prefillers.end(),
+                                           [&](const WorkerInfo& w) { return !avoided(w); });
+  if (fresh != prefillers.begin()) prefillers.erase(fresh, prefillers.end());
   const WorkerInfo& prefill =
-      prefillers[PickPrefillWorker(prefillers, req.prompt, kv_aware_routing_)];
+      prefillers[PickPrefillWorker(prefillers, req.prompt, options_.kv_aware_routing)];
   GrpcPrefillClient prefill_client(prefill, ChannelTo(prefill.address), registry_);
   std::vector<std::unique_ptr<GrpcDecodeClient>> decode_clients;
   std::vector<DecodeClient*> order;
@@ -93,7 +116,46 @@ absl::Status ClusterBackend::Run(const GenerationRequest& req, const ChunkSink& 
         std::make_unique<GrpcDecodeClient>(d, ChannelTo(d.address), registry_));
     order.push_back(decode_clients.back().get());
   }
-  return RunGeneration(req, prefill_client, order, sink, cancel);
+  GenerationOutcome outcome;
+  absl::Status s = RunGeneration(req, prefill_client, order, sink, cancel, &outcome);
+  failed->clear();
+  if (!s.ok() && outcome.decoder >= 0) {
+    failed->push_back(decoders[outcome.decoder].id);
+    if (!outcome.prefilled) failed->push_back(prefill.id);
+  }
+  return s;
+}
+
+absl::Status ClusterBackend::Run(const GenerationRequest& req, const ChunkSink& sink,
+                                 const CancelToken& cancel) {
+  std::vector<int32_t> generated;  // what reached `sink`, across migrations
+  const ChunkSink counted = [&](const TokenChunk& chunk) {
+    generated.insert(generated.end(), chunk.ids.begin(), chunk.ids.end());
+    return sink(chunk);
+  };
+  std::vector<std::string> avoid;  // the workers that failed this request
+  absl::Status first_failure;
+  for (int migrations = 0;; ++migrations) {
+    std::vector<std::string> failed;
+    absl::Status s = RunOnce(ContinuationOf(req, generated), counted, cancel, avoid, &failed);
+    if (s.ok() || cancel.cancelled()) return s;
+    // A worker that died after streaming the last token ended nothing.
+    if (!failed.empty() && GenerationDone(req, generated)) return absl::OkStatus();
+    // Only a worker that went away mid-request is worth another try: any
+    // other error (a refusal, no room anywhere) would come back the same.
+    const bool worker_failed = s.code() == absl::StatusCode::kUnavailable && !failed.empty();
+    if (!worker_failed || migrations == options_.max_migrations) {
+      if (migrations == 0) return s;
+      return absl::UnavailableError(
+          absl::StrCat("a worker serving this stream failed after ", generated.size(), " of ",
+                       req.max_new_tokens, " tokens and continuing it elsewhere failed (",
+                       migrations, migrations == 1 ? " try" : " tries",
+                       "); retry. Last: ", s.message(), ". First: ", first_failure.message()));
+    }
+    if (migrations == 0) first_failure = s;
+    avoid.insert(avoid.end(), failed.begin(), failed.end());
+    if (migrations_ != nullptr) migrations_->Increment();
+  }
 }
 
 }  // namespace moesh

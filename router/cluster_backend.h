@@ -3,6 +3,16 @@
 // (fewest queued prompt tokens), then runs the request flow
 // (common/serving/generation_flow.h) over their gRPC clients
 // (router/worker_clients.h). Thread-safe.
+//
+// Streams survive a worker's death: when the decode worker streaming a
+// request fails (killed: the stream breaks UNAVAILABLE), or the prefill
+// before it does, the request is continued on another prefill/decode pair
+// (the failed workers tried last) from where it stopped: prompt + the tokens
+// already streamed are prefilled as the prompt, for the remaining
+// max_new_tokens (ContinuationOf, which says what a sampled stream keeps),
+// and the client's stream goes on without a token repeated or lost. At most
+// max_migrations times per request, while its CancelToken (client gone,
+// deadline, Abort) has not fired; then UNAVAILABLE saying what failed.
 #ifndef MOESH_ROUTER_CLUSTER_BACKEND_H_
 #define MOESH_ROUTER_CLUSTER_BACKEND_H_
 
@@ -11,6 +21,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/metrics/metrics.h"
 #include "moesh/v1/worker.grpc.pb.h"
 #include "router/backend.h"
 #include "router/membership.h"
@@ -31,25 +42,38 @@ int CachedPrefixTokens(const v1::WorkerLoad& load, absl::Span<const int32_t> pro
 size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, absl::Span<const int32_t> prompt,
                          bool kv_aware);
 
+struct ClusterBackendOptions {
+  // The prefill worker is the one with the least work before this prompt's
+  // first token, its queued prompt tokens plus the prompt tokens its prefix
+  // cache lacks (PickPrefillWorker); false: the one with the fewest queued.
+  bool kv_aware_routing = true;
+  // Continuations of one request on other workers after a failure (0: none).
+  int max_migrations = 2;
+  Metrics* metrics = nullptr;  // may be null; else moesh_stream_migrations_total
+};
+
 class ClusterBackend : public GenerationBackend {
  public:
   // `membership` is borrowed and must outlive the backend.
-  // kv_aware_routing: the prefill worker is the one with the least work
-  // before this prompt's first token, its queued prompt tokens plus the
-  // prompt tokens its prefix cache lacks (PrefillWork); else the one with
-  // the fewest queued tokens.
-  explicit ClusterBackend(Membership* membership, bool kv_aware_routing = true)
-      : registry_(&membership->registry()), kv_aware_routing_(kv_aware_routing) {}
+  explicit ClusterBackend(Membership* membership, ClusterBackendOptions options = {});
 
   absl::Status Run(const GenerationRequest& request, const ChunkSink& sink,
                    const CancelToken& cancel) override;
   bool Ready() const override;
 
  private:
+  // One run of `req` on the live workers, those in `avoid` (ids) tried last.
+  // On a failure after a decode worker took it, *failed gets the ids of the
+  // workers that may have caused it: the decode worker's once the prefill
+  // succeeded, else the prefill worker's and the decode worker's.
+  absl::Status RunOnce(const GenerationRequest& req, const ChunkSink& sink,
+                       const CancelToken& cancel, const std::vector<std::string>& avoid,
+                       std::vector<std::string>* failed);
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
 
   WorkerRegistry* const registry_;
-  const bool kv_aware_routing_;
+  const ClusterBackendOptions options_;
+  prometheus::Counter* migrations_ = nullptr;  // null without metrics
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };

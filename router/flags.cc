@@ -45,6 +45,10 @@ ABSL_FLAG(bool, kv_aware_routing, moesh::RouterOptions().kv_aware_routing,
           "Cluster mode: send each prompt to the prefill worker with the least work before its "
           "first token: its queued prompt tokens plus the prompt tokens its prefix cache lacks "
           "(from the block hashes workers report); false: the fewest queued tokens.");
+ABSL_FLAG(int, max_stream_migrations, moesh::RouterOptions().max_stream_migrations,
+          "Cluster mode: continue a stream whose decode worker (or the prefill before it) failed "
+          "on another prefill/decode pair, re-prefilling prompt + tokens so far, at most this "
+          "many times per request (0: the stream fails UNAVAILABLE).");
 ABSL_FLAG(int, rebalance_slots, moesh::RouterOptions().rebalance_slots,
           "Experts an expert worker may host after an automatic rebalance (0: as many as the "
           "busiest hosts now).");
@@ -76,6 +80,10 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   o.rebalance_min_ratio = absl::GetFlag(FLAGS_rebalance_min_ratio);
   o.rebalance_slots = absl::GetFlag(FLAGS_rebalance_slots);
   o.kv_aware_routing = absl::GetFlag(FLAGS_kv_aware_routing);
+  o.max_stream_migrations = absl::GetFlag(FLAGS_max_stream_migrations);
+  if (o.max_stream_migrations < 0) {
+    return absl::InvalidArgumentError("--max_stream_migrations must be >= 0");
+  }
   if (o.rebalance_interval_s < 0 || o.rebalance_min_ratio < 1.0 || o.rebalance_slots < 0) {
     return absl::InvalidArgumentError(
         "--rebalance_interval_s and --rebalance_slots must be >= 0, --rebalance_min_ratio >= 1");

@@ -48,6 +48,10 @@ struct RouterOptions {
   // holds the longest prefix of it, balanced against its queue (the workers'
   // reported block hashes); off: the shortest queue alone.
   bool kv_aware_routing = true;
+  // Cluster mode: a stream whose decode worker (or the prefill before it)
+  // fails mid-request is continued on another prefill/decode pair, at most
+  // this many times per request (0: never; the stream fails UNAVAILABLE).
+  int max_stream_migrations = 2;
   // --colocated: prefill, decode and experts in this process, on `device`
   // (read only with --colocated) with the KV cache and batch of `kv`.
   bool colocated = false;

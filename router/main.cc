@@ -70,7 +70,11 @@ absl::Status Run() {
     membership = std::make_unique<Membership>(
         config.Fingerprint(), limits, std::chrono::milliseconds(o.heartbeat_interval_ms),
         std::chrono::milliseconds(o.heartbeat_timeout_ms), rebalance, metrics.get());
-    backend = std::make_unique<ClusterBackend>(membership.get(), o.kv_aware_routing);
+    ClusterBackendOptions cb;
+    cb.kv_aware_routing = o.kv_aware_routing;
+    cb.max_migrations = o.max_stream_migrations;
+    cb.metrics = metrics.get();
+    backend = std::make_unique<ClusterBackend>(membership.get(), cb);
   }
   std::unique_ptr<ApiKeys> keys;
   if (!o.api_keys_file.empty()) {

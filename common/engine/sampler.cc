@@ -64,15 +64,45 @@ uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// x such that x ^ (x >> s) == y (s > 0): each pass fixes s more high bits.
+uint64_t UnXorShift(uint64_t y, int s) {
+  uint64_t x = y;
+  for (int fixed = s; fixed < 64; fixed += s) x = y ^ (x >> s);
+  return x;
+}
+
+// The inverse of odd `a` modulo 2^64 (Newton's iteration: a is its own
+// inverse to 3 bits, and each step doubles the correct bits).
+uint64_t InverseOdd(uint64_t a) {
+  uint64_t x = a;
+  for (int i = 0; i < 5; ++i) x *= 2 - a * x;
+  return x;
+}
+
+// Mix's inverse: Unmix(Mix(z)) == z.
+uint64_t Unmix(uint64_t z) {
+  z = UnXorShift(z, 31) * InverseOdd(0x94D049BB133111EBull);
+  z = UnXorShift(z, 27) * InverseOdd(0xBF58476D1CE4E5B9ull);
+  return UnXorShift(z, 30);
+}
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
 }  // namespace
 
 double Sampler::Draw(int step) const {
   if (params_.temperature < kMinSamplingTemperature) return 0.0;  // greedy takes no draw
   // Counter-based: the seed's stream (mixed, so nearby seeds share nothing)
   // at position `step` — no generator state to seed per request per step.
-  const uint64_t z = Mix(Mix(seed_) + 0x9E3779B97F4A7C15ull *
-                                          (static_cast<uint64_t>(static_cast<uint32_t>(step)) + 1));
+  const uint64_t z =
+      Mix(Mix(seed_) + kGolden * (static_cast<uint64_t>(static_cast<uint32_t>(step)) + 1));
   return static_cast<double>(z >> 11) * 0x1.0p-53;  // 53 bits in [0, 1)
+}
+
+uint64_t Sampler::SeedAtStep(uint64_t seed, int step) {
+  // Draw(i) mixes Mix(seed) + kGolden * (i + 1): the seed whose Mix is
+  // kGolden * step further along the same stream.
+  return Unmix(Mix(seed) + kGolden * static_cast<uint64_t>(static_cast<uint32_t>(step)));
 }
 
 int32_t Sampler::SampleWithDraw(const float* logits, int vocab, const SamplingParams& params,

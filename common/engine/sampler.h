@@ -77,6 +77,13 @@ class Sampler {
   // function of the seed and `step` only (splitmix64 over the seed's stream,
   // counter-based); 0 for greedy parameters, which use none.
   double Draw(int step) const;
+  // The seed whose draws from step 0 on are `seed`'s from step `step` on:
+  // Sampler(seed = SeedAtStep(s, k)).Draw(i) == Sampler(seed = s).Draw(k + i)
+  // for every i (steps counted as Draw counts them, modulo 2^32). A request
+  // continued elsewhere after k generated tokens (its output so far folded
+  // into its prompt, router/cluster_backend.h) takes the same draws the
+  // uninterrupted request would have.
+  static uint64_t SeedAtStep(uint64_t seed, int step);
   // The token `params` pick from logits[vocab] given the draw `u01` in [0, 1):
   // penalties, then argmax (temperature below kMinSamplingTemperature) or,
   // over logits / temperature, the

@@ -80,6 +80,24 @@ TEST(SamplerTest, DrawDependsOnlyOnSeedAndStep) {
   EXPECT_EQ(a.Sample(kLogits.data(), 5, 5, {}, {}), b.Sample(kLogits.data(), 5, 5, {}, {}));
 }
 
+// A request continued after k tokens with SeedAtStep(seed, k) takes the
+// draws the uninterrupted one would have from step k on.
+TEST(SamplerTest, SeedAtStepContinuesTheDraws) {
+  for (uint64_t seed : {uint64_t{0}, uint64_t{7}, ~uint64_t{0}, uint64_t{0x123456789ABCDEFull}}) {
+    SamplingParams p;
+    p.temperature = 0.8f;
+    p.seed = seed;
+    const Sampler whole(p);
+    for (int k : {0, 1, 17, 1000}) {
+      SamplingParams q = p;
+      q.seed = Sampler::SeedAtStep(seed, k);
+      const Sampler rest(q);
+      for (int i = 0; i < 5; ++i) EXPECT_EQ(rest.Draw(i), whole.Draw(k + i)) << seed << " " << k;
+    }
+  }
+  EXPECT_EQ(Sampler::SeedAtStep(42, 0), 42u);
+}
+
 TEST(SamplerTest, NonFiniteLogits) {
   const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
   SamplingParams greedy, hot;

@@ -27,9 +27,14 @@ absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& o) {
       return s;
   }
   WaitForShutdownSignal();
-  if (o.drain && o.drain_timeout.count() > 0) {
-    o.drain();
-    if (heartbeat) heartbeat->BeatNow();  // the router stops sending work at once
+  if ((o.drain || o.in_flight) && o.drain_timeout.count() > 0) {
+    if (o.drain) o.drain();
+    if (heartbeat && o.leave_first) {
+      heartbeat.reset();  // deregisters: the router sends no more work this way
+      std::cerr << o.name << " left the cluster" << std::endl;
+    } else if (heartbeat) {
+      heartbeat->BeatNow();  // the router stops sending work at once
+    }
     const auto deadline = std::chrono::steady_clock::now() + o.drain_timeout;
     int left = o.in_flight ? o.in_flight() : 0;
     std::cerr << o.name << " draining: " << left << " requests in flight" << std::endl;

@@ -3,7 +3,10 @@
 // given), write the ready file, wait for SIGINT/SIGTERM, then drain: stop
 // taking new work (`drain`; the heartbeats tell the router, which sends no
 // more), wait until nothing is in flight or the drain timeout passed, and
-// only then deregister and shut the gRPC server down.
+// only then deregister and shut the gRPC server down. A worker whose work
+// comes by the placement map (an expert worker) deregisters first instead
+// (`leave_first`): the router takes it out of the map, and it serves what
+// arrives until the attention workers follow the map without it.
 #ifndef MOESH_COMMON_SERVICE_WORKER_MAIN_H_
 #define MOESH_COMMON_SERVICE_WORKER_MAIN_H_
 
@@ -36,6 +39,8 @@ struct ServeOptions {
   // Graceful shutdown (may be null: none): stops admitting new work.
   std::function<void()> drain;
   std::function<int()> in_flight;  // requests still held; may be null: none
+  // Deregister when the drain starts rather than after it (with a router).
+  bool leave_first = false;
   std::chrono::seconds drain_timeout{30};
 };
 

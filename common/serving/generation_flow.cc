@@ -1,5 +1,7 @@
 #include "common/serving/generation_flow.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace moesh {
@@ -20,7 +22,10 @@ absl::Status CheckRequestId(absl::string_view id, bool allow_empty) {
 
 absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
                            absl::Span<DecodeClient* const> decoders, const ChunkSink& sink,
-                           const CancelToken& cancel) {
+                           const CancelToken& cancel, GenerationOutcome* outcome) {
+  GenerationOutcome ignored;
+  if (outcome == nullptr) outcome = &ignored;
+  *outcome = GenerationOutcome();
   DecodeSpec ds;
   ds.request_id = req.request_id;
   ds.prompt_ids = req.prompt;
@@ -31,10 +36,12 @@ absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
   DecodeClient* decode = nullptr;
   std::unique_ptr<DecodeStream> stream;
   absl::Status last = absl::ResourceExhaustedError("no decode worker has room");
-  for (DecodeClient* d : decoders) {
+  for (size_t i = 0; i < decoders.size(); ++i) {
+    DecodeClient* d = decoders[i];
     absl::StatusOr<std::unique_ptr<DecodeStream>> opened = d->Open(ds, cancel);
     if (opened.ok()) {
       decode = d;
+      outcome->decoder = static_cast<int>(i);
       stream = std::move(*opened);
       break;
     }
@@ -57,8 +64,29 @@ absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
   ps.decode_address = decode->kv_address();
   if (absl::Status s = prefill.Prefill(ps, cancel); !s.ok() || cancel.cancelled())
     return cancel.cancelled() ? CancelledByCaller() : s;
+  outcome->prefilled = true;
   absl::Status s = stream->Relay(sink);
   return cancel.cancelled() && !s.ok() ? CancelledByCaller() : s;
+}
+
+bool GenerationDone(const GenerationRequest& req, absl::Span<const int32_t> generated) {
+  if (static_cast<int>(generated.size()) >= req.max_new_tokens) return true;
+  return !generated.empty() && std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(),
+                                         generated.back()) != req.stop_token_ids.end();
+}
+
+GenerationRequest ContinuationOf(const GenerationRequest& req,
+                                 absl::Span<const int32_t> generated) {
+  GenerationRequest next = req;
+  if (generated.empty()) return next;  // nothing went out yet: the same request again
+  next.prompt.insert(next.prompt.end(), generated.begin(), generated.end());
+  next.max_new_tokens = req.max_new_tokens - static_cast<int>(generated.size());
+  next.sampling.prompt_logprobs = -1;
+  if (next.sampling.seed.has_value()) {
+    next.sampling.seed =
+        Sampler::SeedAtStep(*req.sampling.seed, static_cast<int>(generated.size()));
+  }
+  return next;
 }
 
 }  // namespace moesh

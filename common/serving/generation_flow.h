@@ -143,15 +143,46 @@ class DecodeClient {
                                                              const CancelToken& cancel) = 0;
 };
 
+// How far a RunGeneration got: for a caller that continues a failed request
+// on other workers.
+struct GenerationOutcome {
+  int decoder = -1;        // index in `decoders` of the worker that took it; -1: none
+  bool prefilled = false;  // the prefill succeeded: a later failure was the decode's
+};
+
 // Runs `request`: opens it on the first of `decoders` with room (in order; one
 // that is full or gone is skipped, any other refusal ends the request),
 // prefills on `prefill`, then relays the decode worker's events to `sink`.
 // Returns OK when the request finished (max tokens, a stop id, `sink`
 // declined), CANCELLED when `cancel` fired, else the failing worker's error.
 // A request that does not decode releases its reservation on every path.
+// `outcome` (may be null) receives how far it got.
 absl::Status RunGeneration(const GenerationRequest& request, PrefillClient& prefill,
                            absl::Span<DecodeClient* const> decoders, const ChunkSink& sink,
-                           const CancelToken& cancel);
+                           const CancelToken& cancel, GenerationOutcome* outcome = nullptr);
+
+// True when `generated` (the tokens `request` produced so far) ends it:
+// max_new_tokens reached, or the last one is a stop id.
+bool GenerationDone(const GenerationRequest& request, absl::Span<const int32_t> generated);
+
+// The request that continues `request` after `generated` (its tokens so far,
+// not GenerationDone) on other workers: prompt + generated as the prompt, the
+// remaining max_new_tokens, the same stop ids. With tokens generated, no
+// prompt logprobs (they went out with the first token) and a seed moved on
+// past the draws taken (Sampler::SeedAtStep), so:
+// - greedy output (no penalty) is the uninterrupted run's, token for token;
+// - a seeded sampled request draws what it would have drawn, so it too goes
+//   on as the uninterrupted run would (same logits, same draws), unless it
+//   has presence or frequency penalties: those count output tokens only, and
+//   the continuation sees the earlier output as prompt (repetition_penalty,
+//   over prompt and output alike, is unaffected);
+// - an unseeded sampled request is random either way: it goes on with fresh
+//   draws.
+// Logits could differ in the last bits between the first run (one decode
+// step per token) and the continuation (one prefill pass over them) on a
+// backend whose kernels depend on the batch shape; the CPU backend's do not.
+GenerationRequest ContinuationOf(const GenerationRequest& request,
+                                 absl::Span<const int32_t> generated);
 
 }  // namespace moesh
 

@@ -170,6 +170,49 @@ TEST(GenerationFlowTest, ReleasesTheReservationWhenThePrefillFails) {
   EXPECT_EQ(decode.released, (std::vector<std::string>{"r1"}));
 }
 
+TEST(GenerationFlowTest, OutcomeSaysWhichWorkerFailed) {
+  FakePrefill prefill;
+  FakeDecode full("full:1"), d("d:1");
+  full.open_status = absl::ResourceExhaustedError("full");
+  d.events = {First(), Event({8})};
+  d.decode_status = absl::UnavailableError("d died");
+  DecodeClient* const decoders[] = {&full, &d};
+  Collected out;
+  GenerationOutcome outcome;
+  EXPECT_EQ(RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever, &outcome).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(outcome.decoder, 1);
+  EXPECT_TRUE(outcome.prefilled);  // the decode worker's failure, after 7 8
+  EXPECT_EQ(out.ids, (std::vector<int32_t>{7, 8}));
+  prefill.status = absl::UnavailableError("prefill died");
+  EXPECT_FALSE(RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever, &outcome).ok());
+  EXPECT_EQ(outcome.decoder, 1);
+  EXPECT_FALSE(outcome.prefilled);
+}
+
+TEST(GenerationFlowTest, ContinuationFoldsTheOutputIntoThePrompt) {
+  GenerationRequest r = Request(10);
+  r.sampling.prompt_logprobs = 2;
+  r.sampling.temperature = 0.5f;
+  r.sampling.seed = 99;
+  EXPECT_FALSE(GenerationDone(r, {}));
+  EXPECT_FALSE(GenerationDone(r, {7, 8}));
+  EXPECT_TRUE(GenerationDone(r, {7, 2}));  // a stop id
+  EXPECT_TRUE(GenerationDone(r, std::vector<int32_t>(10, 7)));
+  const GenerationRequest same = ContinuationOf(r, {});
+  EXPECT_EQ(same.prompt, r.prompt);
+  EXPECT_EQ(same.sampling.prompt_logprobs, 2);  // nothing went out: asked again
+  const GenerationRequest next = ContinuationOf(r, {7, 8, 9});
+  EXPECT_EQ(next.request_id, "r1");
+  EXPECT_EQ(next.prompt, (std::vector<int32_t>{5, 17, 300, 7, 8, 9}));
+  EXPECT_EQ(next.max_new_tokens, 7);
+  EXPECT_EQ(next.stop_token_ids, r.stop_token_ids);
+  EXPECT_EQ(next.sampling.prompt_logprobs, -1);
+  EXPECT_EQ(next.sampling.top_logprobs, 1);
+  ASSERT_TRUE(next.sampling.seed.has_value());
+  EXPECT_EQ(Sampler(next.sampling).Draw(0), Sampler(r.sampling).Draw(3));
+}
+
 TEST(GenerationFlowTest, SinkDecliningStopsDecodeAndCancellationIsReported) {
   FakePrefill prefill;
   FakeDecode decode("d:1");

@@ -100,8 +100,10 @@ def build():
               "{{finish_reason}}")], unit="reqps", w=8, h=6)
     d.panel("timeseries", "Failed requests by gRPC code",
             "moesh_request_failure_total by numeric gRPC code (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, "
-            "8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE).",
-            [(f"sum by (code) (rate({sel('moesh_request_failure_total', **router)}[{RATE}]))", "code {{code}}")],
+            "8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE), and streams moved to another prefill/decode pair "
+            "because a worker serving them failed (moesh_stream_migrations_total).",
+            [(f"sum by (code) (rate({sel('moesh_request_failure_total', **router)}[{RATE}]))", "code {{code}}"),
+             (f"sum(rate({sel('moesh_stream_migrations_total', **router)}[{RATE}]))", "migrated")],
             unit="reqps", w=8, h=6)
     d.panel("timeseries", "Token throughput", "Prompt tokens admitted and tokens generated per second (router).",
             [(f"sum(rate({sel('moesh_prompt_tokens_total', **router)}[{RATE}]))", "prompt"),

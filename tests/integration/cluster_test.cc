@@ -630,34 +630,7 @@ TEST(ClusterTest, ExpertWorkerDeathWithoutReplicaFailsStreams) {
       << again.status.error_message();
 }
 
-// A killed decode worker fails its streams with UNAVAILABLE; the router drops
-// it and new requests run on the other decode worker.
-TEST(ClusterTest, DecodeWorkerDeathFailsStreamsThenOthersServe) {
-  LocalClusterOptions o = Options(TinyModel(), "decode_death");
-  o.num_decode = 2;
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  std::chrono::steady_clock::time_point killed;
-  Result r = Call(
-      (*cluster)->router_address(), Request({3, 1, 4}, 2000), [&](grpc::ClientContext*, int n) {
-        if (n != 10) return;
-        for (const char* d : {"decode-0", "decode-1"}) {  // kill whichever holds the stream
-          if (Metric(Proc(**cluster, d).metrics_address, "moesh_num_requests_running") == 1) {
-            ASSERT_TRUE((*cluster)->Signal(d, SIGKILL).ok());
-            killed = std::chrono::steady_clock::now();
-          }
-        }
-      });
-  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
-  EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(5));
-  // Until the router notices (heartbeat timeout), a request may still be sent
-  // to the dead worker; after it, every request succeeds.
-  std::this_thread::sleep_for(std::chrono::milliseconds(o.router.heartbeat_timeout_ms + 1000));
-  for (int i = 0; i < 4; ++i) {
-    Result again = Call((*cluster)->router_address(), Request({1, 2, 3}, 8));
-    EXPECT_TRUE(again.status.ok()) << again.status.error_message();
-  }
-}
+// A killed decode worker's streams go on elsewhere: tests/integration/failover_test.cc.
 
 // Streams `req` on `router` alone, then again calling `at_tenth` at its 10th
 // token and `meanwhile` on this thread once that ran (the stream going on):

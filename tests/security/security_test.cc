@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "moesh/v1/generation.grpc.pb.h"
 #include "moesh/v1/worker.grpc.pb.h"
+#include "tests/security/moesh_complete.h"
 
 namespace moesh {
 namespace {
@@ -433,16 +434,9 @@ TEST_F(SecurityTest, ExactLoadCannotStrandExperts) {
   ExpectServing();
 }
 
-// Runs `moesh complete ARGS` and returns its exit status and output.
+// `moesh complete ARGS` against no router (the CLI's own checks).
 std::pair<int, std::string> Complete(const std::string& args) {
-  const std::string cmd =
-      absl::StrCat(MOESH_BINARY_DIR, "/moesh complete --server=", "127.0.0.1:1 ", args, " 2>&1");
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (f != nullptr && fgets(buf, sizeof(buf), f) != nullptr) out += buf;
-  const int rc = f != nullptr ? pclose(f) : -1;
-  return {rc, out};
+  return MoeshComplete("127.0.0.1:1", args);
 }
 
 // Item 10: the CLI neither wraps ids into int32 nor picks one of two prompts.

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "moesh/v1/generation.grpc.pb.h"
 #include "moesh/v1/worker.grpc.pb.h"
+#include "tests/security/moesh_complete.h"
 
 namespace moesh {
 namespace {
@@ -166,6 +169,24 @@ TEST_F(InternalPlaneTest, ServesEndToEndOverTls) {
   v1::GenerateResponse m;
   EXPECT_FALSE(reader->Read(&m));
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// The CLI reaches a --public_tls router with --server_ca, and only with the
+// CA that signed the router's certificate.
+TEST_F(InternalPlaneTest, CompleteSpeaksTlsWithServerCa) {
+  const std::string router = t_->cluster->router_address();
+  const std::string request = "--prompt_ids=5,17,300 --max_new_tokens=4 --ignore_eos --json";
+  auto [rc, out] = MoeshComplete(router, absl::StrCat("--server_ca=", t_->certs.ca, " ", request));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"completion_tokens\":4"), std::string::npos) << out;
+  std::tie(rc, out) = MoeshComplete(router, absl::StrCat("--timeout=5 ", request));  // plaintext
+  EXPECT_NE(rc, 0) << out;
+  std::tie(rc, out) =
+      MoeshComplete(router, absl::StrCat("--timeout=5 --server_ca=", t_->wrong.ca, " ", request));
+  EXPECT_NE(rc, 0) << out;
+  std::tie(rc, out) = MoeshComplete(router, absl::StrCat("--server_ca=/nonexistent.pem ", request));
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("--server_ca"), std::string::npos) << out;
 }
 
 TEST_F(InternalPlaneTest, InternalPortsRefusePeersWithoutTheClustersCertificate) {
