@@ -31,7 +31,7 @@ size_t PartialMarker(absl::string_view text, absl::string_view marker) {
 
 ChatOutputParser::ChatOutputParser(Options options)
     : options_(std::move(options)),
-      state_(!options_.reasoning      ? State::kContent
+      state_(!options_.reasoning     ? State::kContent
              : options_.in_reasoning ? State::kReasoning
                                      : State::kMaybeThink) {}
 

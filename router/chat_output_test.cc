@@ -122,9 +122,10 @@ TEST(ChatOutputParserTest, ToolCallsAfterReasoning) {
 TEST(ChatOutputParserTest, ToolCallsWithoutFencesOrReasoning) {
   ChatOutputParser::Options o;
   o.tools = true;
-  const Total t = ParseEveryCut(
-      o, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{}"
-         "<｜tool▁call▁end｜><｜tool▁calls▁end｜> tail");
+  const Total t =
+      ParseEveryCut(o,
+                    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{}"
+                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜> tail");
   ASSERT_EQ(t.calls.size(), 1u);
   EXPECT_EQ(t.calls[0].name, "f");
   EXPECT_EQ(t.calls[0].arguments, "{}");

@@ -105,9 +105,8 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromText(const std::
   tools.calls_by_key = absl::StrContains(text, "'tool_calls' in message");
   tools.calls_end_once = absl::StrContains(text, "endfor %}{{'<｜tool▁calls▁end｜>");
   tools.output_newline = absl::StrContains(text, "'\\n<｜tool▁output▁begin｜>'");
-  return std::unique_ptr<ChatTemplate>(new ChatTemplate(family, think_prompt, last_system_wins,
-                                                        tools, std::move(bos_token),
-                                                        std::move(eos_token)));
+  return std::unique_ptr<ChatTemplate>(new ChatTemplate(
+      family, think_prompt, last_system_wins, tools, std::move(bos_token), std::move(eos_token)));
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,

@@ -28,6 +28,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -44,9 +45,13 @@ struct ChatToolCall {
 };
 
 struct ChatMessage {
+  ChatMessage() = default;
+  ChatMessage(std::string role, std::string content)
+      : role(std::move(role)), content(std::move(content)) {}
+
   std::string role;     // "system", "user", "assistant", "tool" ("developer" reads as "system")
   std::string content;  // the text parts joined
-  bool content_null = false;  // content was null or absent (an assistant's tool-call turn)
+  bool content_null = false;    // content was null or absent (an assistant's tool-call turn)
   bool has_tool_calls = false;  // assistant: tool_calls given (possibly empty)
   std::vector<ChatToolCall> tool_calls;
   std::string tool_call_id;  // tool: the call it answers (not rendered by these templates)
@@ -78,8 +83,8 @@ class ChatTemplate {
  private:
   // The variant of the template's tool branches.
   struct ToolStyle {
-    bool supported = false;      // it has DeepSeek's tool branches
-    bool calls_by_key = false;   // R1: 'tool_calls' in message (V3: content is none)
+    bool supported = false;       // it has DeepSeek's tool branches
+    bool calls_by_key = false;    // R1: 'tool_calls' in message (V3: content is none)
     bool calls_end_once = false;  // R1: calls_end once after the calls (V3: after each later call)
     bool output_newline = false;  // V3: "\n" before a later tool output
   };
