@@ -54,38 +54,20 @@ void ChatOutputParser::Drain(ChatDelta* out) {
         if (absl::StartsWith(kThinkBegin, pending_)) return;  // undecided (or empty)
         state_ = State::kContent;
         continue;
-      case State::kReasoning: {
-        const size_t end = pending_.find(kThinkEnd);
-        if (end != std::string::npos) {
-          out->reasoning.append(pending_, 0, end);
-          pending_.erase(0, end + kThinkEnd.size());
-          state_ = State::kContent;
-          continue;
-        }
-        const size_t keep = PartialMarker(pending_, kThinkEnd);
-        out->reasoning.append(pending_, 0, pending_.size() - keep);
-        pending_.erase(0, pending_.size() - keep);
-        return;
-      }
-      case State::kContent: {
+      case State::kReasoning:
+        if (!TakeUntil(kThinkEnd, &out->reasoning)) return;
+        state_ = State::kContent;
+        continue;
+      case State::kContent:
         if (!options_.tools) {
           out->content += pending_;
           pending_.clear();
           return;
         }
-        const size_t begin = pending_.find(kCallsBegin);
-        if (begin != std::string::npos) {
-          out->content.append(pending_, 0, begin);
-          raw_tools_ = std::string(kCallsBegin);
-          pending_.erase(0, begin + kCallsBegin.size());
-          state_ = State::kTools;
-          continue;
-        }
-        const size_t keep = PartialMarker(pending_, kCallsBegin);
-        out->content.append(pending_, 0, pending_.size() - keep);
-        pending_.erase(0, pending_.size() - keep);
-        return;
-      }
+        if (!TakeUntil(kCallsBegin, &out->content)) return;
+        raw_tools_ = std::string(kCallsBegin);
+        state_ = State::kTools;
+        continue;
       case State::kTools:
         if (!TakeCall(out)) return;
         continue;
@@ -95,6 +77,19 @@ void ChatOutputParser::Drain(ChatDelta* out) {
         return;
     }
   }
+}
+
+bool ChatOutputParser::TakeUntil(absl::string_view marker, std::string* into) {
+  const size_t at = pending_.find(marker.data(), 0, marker.size());
+  if (at != std::string::npos) {
+    into->append(pending_, 0, at);
+    pending_.erase(0, at + marker.size());
+    return true;
+  }
+  const size_t keep = PartialMarker(pending_, marker);
+  into->append(pending_, 0, pending_.size() - keep);
+  pending_.erase(0, pending_.size() - keep);
+  return false;
 }
 
 bool ChatOutputParser::TakeCall(ChatDelta* out) {
@@ -110,7 +105,9 @@ bool ChatOutputParser::TakeCall(ChatDelta* out) {
   }
   const size_t end = rest.find(kCallEnd);
   if (end == absl::string_view::npos) return false;
-  absl::string_view call = rest.substr(0, end);
+  // The call's text, copied: pending_ drops it below.
+  const std::string call_text(rest.substr(0, end));
+  absl::string_view call = call_text;
   raw_tools_.clear();
   pending_.erase(0, start + end + kCallEnd.size());
   absl::ConsumePrefix(&call, kCallBegin);

@@ -63,6 +63,9 @@ class ChatOutputParser {
   enum class State { kMaybeThink, kReasoning, kContent, kTools, kAfterTools };
   // Moves what `pending_` decides into `out`; leaves the undecided tail.
   void Drain(ChatDelta* out);
+  // Moves pending_'s text before `marker` into `into` and drops the marker:
+  // true. Without the marker, all but a tail that may start it: false.
+  bool TakeUntil(absl::string_view marker, std::string* into);
   // kTools: the next call (or the calls' end) out of pending_; false when
   // pending_ does not hold it whole yet.
   bool TakeCall(ChatDelta* out);
