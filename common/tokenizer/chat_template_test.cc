@@ -182,6 +182,19 @@ TEST(ChatTemplateTest, ToolMessagesNeedToolBranchesAndContent) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// R1-Distill's templates set the system prompt per system message (no
+// is_first_sp): the last one alone is rendered.
+TEST(ChatTemplateTest, LastSystemWinsWithoutIsFirstSp) {
+  auto t = ChatTemplate::FromText(
+      "{% set ns.system_prompt = message['content'] %}{{'<｜User｜>'}}{{'<｜Assistant｜>'}}", kBos,
+      kEos);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<std::string> s = (*t)->Render({{"system", "A"}, {"user", "u"}, {"system", "B"}},
+                                               /*add_generation_prompt=*/false);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, std::string(kBos) + "B<｜User｜>u");
+}
+
 TEST(ChatTemplateTest, LoadsWhatMkmodelWrites) {
   const std::string dir = JoinPath(::testing::TempDir(), "chat_template_test");
   std::filesystem::remove_all(dir);
