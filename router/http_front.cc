@@ -185,7 +185,7 @@ int HttpFront::Completions(mg_connection* conn, bool chat) {
       return SendError(conn, absl::FailedPreconditionError(
                                  absl::StrCat(options_.no_chat_reason, ": use /v1/completions")));
     }
-    absl::StatusOr<std::string> prompt = chat_->Render(r->messages, /*add_generation_prompt=*/true);
+    absl::StatusOr<std::string> prompt = RenderChatPrompt(*chat_, &*r);
     if (!prompt.ok()) return SendError(conn, prompt.status());
     r->generate.set_text(std::move(*prompt));
     r->generate.set_add_special_tokens(false);  // the template wrote the BOS

@@ -4,7 +4,9 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "common/serving/generation_flow.h"
@@ -87,6 +89,112 @@ absl::StatusOr<std::string> ContentText(const Json& content, size_t i) {
   return text;
 }
 
+// A function's name as OpenAI allows it: [a-zA-Z0-9_-]{1,64}.
+bool ValidFunctionName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+// An assistant message's tool_calls: [{id, type: "function", function: {name,
+// arguments}}].
+absl::Status ParseToolCalls(const Json& calls, const std::string& param, ChatMessage* msg) {
+  if (!calls.is_array()) return Invalid(param, param + " must be a list");
+  msg->has_tool_calls = true;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const Json& c = calls[k];
+    const std::string p = absl::StrCat(param, "[", k, "]");
+    if (!c.is_object()) return Invalid(p, p + " must be an object");
+    ChatToolCall call;
+    if (c.contains("id") && c["id"].is_string()) call.id = c["id"].get<std::string>();
+    if (c.contains("type") && !(c["type"].is_string() && c["type"] == "function"))
+      return Invalid(p + ".type", p + ".type must be \"function\"");
+    auto f = c.find("function");
+    if (f == c.end() || !f->is_object())
+      return Invalid(p + ".function", p + ".function must be an object");
+    if (!f->contains("name") || !(*f)["name"].is_string())
+      return Invalid(p + ".function.name", p + ".function.name must be a string");
+    call.name = (*f)["name"].get<std::string>();
+    if (!f->contains("arguments") || !(*f)["arguments"].is_string())
+      return Invalid(p + ".function.arguments", p + ".function.arguments must be a string");
+    call.arguments = (*f)["arguments"].get<std::string>();
+    msg->tool_calls.push_back(std::move(call));
+  }
+  return absl::OkStatus();
+}
+
+// tools: [{type: "function", function: {name, description?, parameters?}}]
+// and tool_choice: "none" | "auto" | "required" | {type: "function",
+// function: {name}} naming one of them.
+absl::Status ParseTools(const Json& j, OpenAiRequest* r) {
+  Fields f(j);
+  if (const Json* t = f.Get("tools"); t != nullptr) {
+    if (!r->chat) return Invalid("tools", "tools are only for /v1/chat/completions");
+    if (!t->is_array()) return Invalid("tools", "tools must be a list");
+    for (size_t i = 0; i < t->size(); ++i) {
+      const Json& tool = (*t)[i];
+      const std::string p = absl::StrCat("tools[", i, "]");
+      if (!tool.is_object()) return Invalid(p, p + " must be an object");
+      if (!tool.contains("type") || tool["type"] != "function")
+        return Invalid(p + ".type", p + ".type must be \"function\"");
+      auto fn = tool.find("function");
+      if (fn == tool.end() || !fn->is_object())
+        return Invalid(p + ".function", p + ".function must be an object");
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string() || !ValidFunctionName(name->get<std::string>()))
+        return Invalid(p + ".function.name",
+                       p + ".function.name must be a string of a-z, A-Z, 0-9, _ and -, at most "
+                           "64 characters");
+      auto desc = fn->find("description");
+      if (desc != fn->end() && !desc->is_null() && !desc->is_string())
+        return Invalid(p + ".function.description", p + ".function.description must be a string");
+      auto params = fn->find("parameters");
+      if (params != fn->end() && !params->is_null() && !params->is_object())
+        return Invalid(p + ".function.parameters",
+                       p + ".function.parameters must be a JSON Schema object");
+      r->tools.push_back(tool);
+    }
+  }
+  const Json* c = f.Get("tool_choice");
+  if (c == nullptr) {
+    r->tool_choice = r->tools.empty() ? "none" : "auto";
+    return absl::OkStatus();
+  }
+  if (c->is_string()) {
+    const std::string choice = c->get<std::string>();
+    if (choice != "none" && choice != "auto" && choice != "required")
+      return Invalid("tool_choice",
+                     "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": "
+                     "\"function\", \"function\": {\"name\": ...}}");
+    r->tool_choice = choice;
+  } else if (c->is_object()) {
+    if (!c->contains("type") || (*c)["type"] != "function")
+      return Invalid("tool_choice.type", "tool_choice.type must be \"function\"");
+    auto fn = c->find("function");
+    if (fn == c->end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
+      return Invalid("tool_choice.function.name", "tool_choice.function.name must be a string");
+    r->tool_choice = "function";
+    r->tool_choice_name = (*fn)["name"].get<std::string>();
+  } else {
+    return Invalid("tool_choice", "tool_choice must be a string or an object");
+  }
+  if (r->tool_choice != "none" && r->tools.empty()) {
+    return Invalid("tool_choice", absl::StrCat("tool_choice \"", r->tool_choice, "\" needs tools"));
+  }
+  if (r->tool_choice == "function") {
+    bool found = false;
+    for (const Json& t : r->tools) found |= t["function"]["name"] == r->tool_choice_name;
+    if (!found) {
+      return Invalid(
+          "tool_choice.function.name",
+          absl::StrCat("tool_choice names '", r->tool_choice_name, "', which is not among tools"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseMessages(const Json& j, OpenAiRequest* r) {
   auto it = j.find("messages");
   if (it == j.end() || it->is_null()) return Invalid("messages", "messages is required");
@@ -102,10 +210,14 @@ absl::Status ParseMessages(const Json& j, OpenAiRequest* r) {
     msg.role = m["role"].get<std::string>();
     if (msg.role == "developer") msg.role = "system";
     if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-      return Invalid(param + ".tool_calls", "tool calls are not supported yet");
+      RETURN_IF_ERROR(ParseToolCalls(m["tool_calls"], param + ".tool_calls", &msg));
     }
-    absl::StatusOr<std::string> text =
-        ContentText(m.contains("content") ? m["content"] : Json(), i);
+    if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) {
+      msg.tool_call_id = m["tool_call_id"].get<std::string>();
+    }
+    const Json content = m.contains("content") ? m["content"] : Json();
+    msg.content_null = content.is_null();
+    absl::StatusOr<std::string> text = ContentText(content, i);
     if (!text.ok()) return text.status();
     msg.content = std::move(*text);
     r->messages.push_back(std::move(msg));
@@ -187,10 +299,6 @@ absl::Status RefuseUnsupported(const Json& j, bool chat) {
   }
   if (const Json* b = f.Get("logit_bias"); b != nullptr && !(b->is_object() && b->empty()))
     return Invalid("logit_bias", "logit_bias is not supported");
-  if (const Json* t = f.Get("tools"); t != nullptr && !(t->is_array() && t->empty()))
-    return Invalid("tools", "tools are not supported yet");
-  if (const Json* t = f.Get("tool_choice"); t != nullptr && !(t->is_string() && *t == "none"))
-    return Invalid("tool_choice", "tool_choice is not supported yet");
   if (const Json* rf = f.Get("response_format"); rf != nullptr) {
     if (!rf->is_object() || rf->value("type", "") != "text")
       return Invalid("response_format", "only response_format {\"type\": \"text\"} is supported");
@@ -287,10 +395,45 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool ch
   }
   RETURN_IF_ERROR(RefuseUnsupported(j, chat));
   RETURN_IF_ERROR(chat ? ParseMessages(j, &r) : ParsePrompt(j, &r));
+  if (chat) {
+    RETURN_IF_ERROR(ParseTools(j, &r));
+    RETURN_IF_ERROR(f.Bool("separate_reasoning", &r.separate_reasoning));
+  } else if (f.Get("tools") != nullptr || f.Get("tool_choice") != nullptr) {
+    return Invalid(f.Get("tools") != nullptr ? "tools" : "tool_choice",
+                   "tools are only for /v1/chat/completions");
+  }
   RETURN_IF_ERROR(ParseSampling(j, &r));
   RETURN_IF_ERROR(ParseStop(j, &r));
   r.generate.set_detokenize(true);
   return r;
+}
+
+absl::StatusOr<std::string> RenderChatPrompt(const ChatTemplate& chat_template, OpenAiRequest* r) {
+  const bool calls = r->tool_choice != "none" && !r->tools.empty();
+  if (calls && !chat_template.supports_tools()) {
+    return Invalid("tools",
+                   "this model's chat template has no tool-call format (use tool_choice \"none\")");
+  }
+  absl::StatusOr<std::string> prompt =
+      chat_template.Render(r->messages, /*add_generation_prompt=*/true);
+  if (!prompt.ok()) return Invalid("messages", prompt.status().message());
+  ChatOutputParser::Options& o = r->output;
+  o.reasoning = chat_template.family() == ChatTemplate::Family::kR1 && r->separate_reasoning;
+  o.in_reasoning = absl::EndsWith(*prompt, "<think>\n");
+  o.tools = calls;
+  r->forced_output.clear();
+  if (calls && (r->tool_choice == "required" || r->tool_choice == "function")) {
+    // The model must call: its turn opens with the call tokens (after an
+    // empty reasoning block where the prompt opened one).
+    if (o.in_reasoning) r->forced_output = "</think>\n\n";
+    absl::StrAppend(&r->forced_output, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function",
+                    "<｜tool▁sep｜>");
+    if (r->tool_choice == "function") {
+      absl::StrAppend(&r->forced_output, r->tool_choice_name, "\n```json\n");
+    }
+    *prompt += r->forced_output;
+  }
+  return prompt;
 }
 
 std::string ErrorParam(const absl::Status& status) {

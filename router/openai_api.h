@@ -14,14 +14,21 @@
 // (completions: the prompt leads the text, and with logprobs its tokens'
 // log-probabilities lead the arrays, the first token's null), and the
 // extensions other servers accept too: top_k, min_p, repetition_penalty,
-// ignore_eos, stop_token_ids. Unknown fields are ignored, as OpenAI does; a
-// known field this server cannot honour (best_of, suffix, logit_bias, tools,
-// a response_format other than text) is INVALID_ARGUMENT naming it.
+// ignore_eos, stop_token_ids. Chat: tools (function definitions, validated;
+// DeepSeek's V3/R1 templates do not render them into the prompt),
+// tool_choice ("none": no calls parsed; "auto"; "required" and a named
+// function: the assistant's turn is opened with the tool-call tokens (and the
+// name), so the model completes a call), separate_reasoning (default true:
+// an R1-style model's thinking goes to reasoning_content). Unknown fields are
+// ignored, as OpenAI does; a known field this server cannot honour (best_of,
+// suffix, logit_bias, a response_format other than text) is INVALID_ARGUMENT
+// naming it.
 #ifndef MOESH_ROUTER_OPENAI_API_H_
 #define MOESH_ROUTER_OPENAI_API_H_
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +38,7 @@
 #include "common/tokenizer/chat_template.h"
 #include "moesh/v1/generation.pb.h"
 #include "nlohmann/json.hpp"
+#include "router/chat_output.h"
 
 namespace moesh {
 
@@ -47,12 +55,30 @@ struct OpenAiRequest {
   int n = 1;                          // choices
   std::vector<ChatMessage> messages;  // chat only
   v1::GenerateRequest generate;       // detokenize set; chat: no prompt yet
+  // Chat: the function definitions (a validated array), and tool_choice:
+  // "none", "auto", "required" or "function" (tool_choice_name the named one).
+  nlohmann::json tools = nlohmann::json::array();
+  std::string tool_choice = "auto";
+  std::string tool_choice_name;
+  bool separate_reasoning = true;
+  // Chat: how the generated text splits into reasoning, content and tool
+  // calls (RenderChatPrompt sets it from the template), and the text the
+  // prompt already opened the assistant's turn with (fed to the parser
+  // first, never reported).
+  ChatOutputParser::Options output;
+  std::string forced_output;
 };
 
 // INVALID_ARGUMENT (with the offending field as the error's param, see
 // ErrorParam) for malformed JSON, wrong types, out-of-range or unsupported
 // values.
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
+
+// Chat: the prompt text of `r`'s messages in `chat_template`'s format, with
+// the tool-call opening tool_choice forces; sets r->output and
+// r->forced_output. INVALID_ARGUMENT for what the template cannot render
+// (tool calls asked of a template without DeepSeek's tool format).
+absl::StatusOr<std::string> RenderChatPrompt(const ChatTemplate& chat_template, OpenAiRequest* r);
 
 // The field an INVALID_ARGUMENT from ParseOpenAiRequest names; empty if none.
 std::string ErrorParam(const absl::Status& status);
@@ -97,14 +123,21 @@ class OpenAiResponder {
  private:
   // One choice's state.
   struct Choice {
-    bool started = false;  // its first message came (the role, the echo were sent)
-    bool done = false;     // its final message came
-    std::string text;
+    bool started = false;   // its first message came (the role, the echo were sent)
+    bool done = false;      // its final message came
+    std::string text;       // chat: the content
+    std::string reasoning;  // chat
+    std::vector<ParsedToolCall> tool_calls;    // chat
+    std::unique_ptr<ChatOutputParser> parser;  // chat
     nlohmann::json logprobs;
     int text_offset = 0;  // completions: where the next token's text starts
     v1::FinalInfo final;
   };
   nlohmann::json ChunkBase() const;
+  // Chat: `d` as a chunk's delta (empty fields left out).
+  static nlohmann::json Delta(const ChatDelta& d);
+  // Chat: a finished choice's finish_reason ("tool_calls" when it made any).
+  static const char* ChatFinishReason(const Choice& c);
   // Usage over every choice's final (the prompt counted once).
   nlohmann::json Usage() const;
   // Log-probability entries of `m`'s tokens (echo: its prompt's first),

@@ -1,12 +1,31 @@
 #include "router/openai_api.h"
 
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "router/api_keys.h"
+
+#ifndef MOESH_REPO_DIR
+#define MOESH_REPO_DIR "."
+#endif
 
 namespace moesh {
 namespace {
 
 using Json = nlohmann::json;
+
+// One function definition, as clients send it.
+Json Tools() {
+  return Json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "get_weather"},
+          {"description", "Weather of a city"},
+          {"parameters",
+           {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+}
 
 absl::StatusOr<OpenAiRequest> Parse(const Json& j, bool chat = false) {
   return ParseOpenAiRequest(j.dump(), chat);
@@ -130,7 +149,33 @@ TEST(OpenAiApiTest, RefusesWhatItCannotHonour) {
   const std::vector<Bad> bad = {
       {{{"prompt", "x"}, {"best_of", 3}}, false, "best_of"},
       {{{"prompt", "x"}, {"logit_bias", {{"5", 1}}}}, false, "logit_bias"},
-      {{{"messages", msgs}, {"tools", {{{"type", "function"}}}}}, true, "tools"},
+      {{{"messages", msgs}, {"tools", {{{"type", "function"}}}}}, true, "tools[0].function"},
+      {{{"messages", msgs}, {"tools", "f"}}, true, "tools"},
+      {{{"messages", msgs}, {"tools", {{{"type", "code"}}}}}, true, "tools[0].type"},
+      {{{"messages", msgs},
+        {"tools", {{{"type", "function"}, {"function", {{"name", "bad name!"}}}}}}},
+       true,
+       "tools[0].function.name"},
+      {{{"messages", msgs},
+        {"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", 3}}}}}}},
+       true,
+       "tools[0].function.parameters"},
+      {{{"messages", msgs}, {"tool_choice", "auto"}}, true, "tool_choice"},
+      {{{"messages", msgs}, {"tools", Tools()}, {"tool_choice", "sometimes"}}, true, "tool_choice"},
+      {{{"messages", msgs}, {"tools", Tools()}, {"tool_choice", 3}}, true, "tool_choice"},
+      {{{"messages", msgs},
+        {"tools", Tools()},
+        {"tool_choice", {{"type", "function"}, {"function", {{"name", "other"}}}}}},
+       true,
+       "tool_choice.function.name"},
+      {{{"messages", msgs}, {"tools", Tools()}, {"tool_choice", {{"type", "function"}}}},
+       true,
+       "tool_choice.function.name"},
+      {{{"prompt", "x"}, {"tools", Tools()}}, false, "tools"},
+      {{{"messages", msgs}, {"separate_reasoning", "no"}}, true, "separate_reasoning"},
+      {{{"messages", {{{"role", "assistant"}, {"content", nullptr}, {"tool_calls", 5}}}}},
+       true,
+       "messages[0].tool_calls"},
       {{{"messages", msgs}, {"response_format", {{"type", "json_object"}}}},
        true,
        "response_format"},
@@ -148,9 +193,11 @@ TEST(OpenAiApiTest, RefusesWhatItCannotHonour) {
       {{{"messages", msgs}, {"top_logprobs", 2}}, true, "top_logprobs"},
       {{{"messages", msgs}, {"logprobs", true}, {"top_logprobs", 21}}, true, "top_logprobs"},
       {{{"messages",
-         {{{"role", "assistant"}, {"content", nullptr}, {"tool_calls", Json::array()}}}}},
+         {{{"role", "assistant"},
+           {"content", nullptr},
+           {"tool_calls", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}}}}},
        true,
-       "messages[0].tool_calls"},
+       "messages[0].tool_calls[0].function.arguments"},
   };
   for (const Bad& b : bad) {
     absl::StatusOr<OpenAiRequest> r = Parse(b.body, b.chat);
@@ -341,6 +388,176 @@ TEST(OpenAiApiTest, StreamsSiblingChoices) {
   EXPECT_EQ(e[0]["choices"][0]["index"], 0);
   EXPECT_EQ(e[1]["usage"]["prompt_tokens"], 4);
   EXPECT_EQ(e[1]["usage"]["completion_tokens"], 4);
+}
+
+// The shipped DeepSeek-R1 template (tests/golden/chat_template/).
+std::unique_ptr<ChatTemplate> R1Template() {
+  std::ifstream in(std::string(MOESH_REPO_DIR) + "/tests/golden/chat_template/deepseek_r1.jinja");
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t =
+      ChatTemplate::FromText(text.str(), "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>");
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+v1::GenerateResponse Text(std::string text) {
+  v1::GenerateResponse m;
+  m.set_text(std::move(text));
+  return m;
+}
+
+v1::GenerateResponse FinalStop() {
+  v1::GenerateResponse m = Final();
+  m.mutable_final()->set_finish_reason(v1::FINISH_REASON_STOP);
+  return m;
+}
+
+TEST(OpenAiApiTest, RendersToolRoundTripInTheTemplatesFormat) {
+  std::unique_ptr<ChatTemplate> r1 = R1Template();
+  ASSERT_NE(r1, nullptr);
+  absl::StatusOr<OpenAiRequest> r = Parse(
+      {{"messages",
+        {{{"role", "user"}, {"content", "Weather in Oslo?"}},
+         {{"role", "assistant"},
+          {"content", nullptr},
+          {"tool_calls",
+           {{{"id", "call_1"},
+             {"type", "function"},
+             {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Oslo\"}"}}}}}}},
+         {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "cold"}},
+         {{"role", "assistant"}, {"content", "It is cold."}},
+         {{"role", "user"}, {"content", "Thanks"}}}},
+       {"tools", Tools()}},
+      true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tool_choice, "auto");
+  absl::StatusOr<std::string> prompt = RenderChatPrompt(*r1, &*r);
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_EQ(
+      *prompt,
+      "<｜begin▁of▁sentence｜><｜User｜>Weather in Oslo?<｜Assistant｜><｜tool▁calls▁begin｜>"
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\":\"Oslo\"}\n```"
+      "<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁outputs▁begin｜>"
+      "<｜tool▁output▁begin｜>cold<｜tool▁output▁end｜><｜tool▁outputs▁end｜>It is cold."
+      "<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜><think>\n");
+  EXPECT_TRUE(r->output.reasoning);
+  EXPECT_TRUE(r->output.in_reasoning);
+  EXPECT_TRUE(r->output.tools);
+  EXPECT_EQ(r->forced_output, "");
+  // A template without DeepSeek's tool format: calls asked of it are refused,
+  // tool_choice "none" is fine.
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> plain =
+      ChatTemplate::FromText(kDeepSeekV3ChatTemplate, "<｜begin▁of▁sentence｜>", "");
+  ASSERT_TRUE(plain.ok());
+  const Json msgs = {{{"role", "user"}, {"content", "x"}}};
+  r = Parse({{"messages", msgs}, {"tools", Tools()}}, true);
+  ASSERT_TRUE(r.ok());
+  absl::Status refused = RenderChatPrompt(**plain, &*r).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorParam(refused), "tools");
+  r = Parse({{"messages", msgs}, {"tools", Tools()}, {"tool_choice", "none"}}, true);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(RenderChatPrompt(**plain, &*r).ok());
+  EXPECT_FALSE(r->output.tools);
+  EXPECT_FALSE(r->output.reasoning);
+}
+
+TEST(OpenAiApiTest, NamedToolChoiceOpensTheCall) {
+  std::unique_ptr<ChatTemplate> r1 = R1Template();
+  ASSERT_NE(r1, nullptr);
+  const Json msgs = {{{"role", "user"}, {"content", "Oslo?"}}};
+  absl::StatusOr<OpenAiRequest> r =
+      Parse({{"messages", msgs},
+             {"tools", Tools()},
+             {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}},
+            true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<std::string> prompt = RenderChatPrompt(*r1, &*r);
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  const std::string opening =
+      "<｜Assistant｜><think>\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function"
+      "<｜tool▁sep｜>get_weather\n```json\n";
+  EXPECT_TRUE(absl::EndsWith(*prompt, opening)) << *prompt;
+  // The model continues the call; the client sees a whole call.
+  OpenAiResponder responder(*r, "chatcmpl-7", "tiny", 100, [](int32_t) { return ""; });
+  responder.Add(Text("{\"city\": \"Oslo\"}\n```<｜tool▁call▁end｜>"));
+  responder.Add(Text("<｜tool▁calls▁end｜>"));
+  responder.Add(FinalStop());
+  const Json body = Json::parse(responder.Body());
+  const Json& choice = body["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  EXPECT_EQ(choice["message"]["reasoning_content"], "");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  const Json& call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["id"], "call_chatcmpl-7_0_0");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(Json::parse(call["function"]["arguments"].get<std::string>())["city"], "Oslo");
+  // "required": the call is opened, the model names the function.
+  r = Parse({{"messages", msgs}, {"tools", Tools()}, {"tool_choice", "required"}}, true);
+  ASSERT_TRUE(r.ok());
+  prompt = RenderChatPrompt(*r1, &*r);
+  ASSERT_TRUE(prompt.ok());
+  EXPECT_TRUE(absl::EndsWith(*prompt, "<｜tool▁call▁begin｜>function<｜tool▁sep｜>")) << *prompt;
+}
+
+// Deltas of a streamed chat, summed: reasoning, content, tool calls, finish.
+struct StreamedChat {
+  std::string reasoning, content, finish;
+  Json calls = Json::array();
+  bool done = false;
+  void Add(const std::string& sse) {
+    for (const Json& e : Events(sse, &done)) {
+      if (e["choices"].empty()) continue;
+      const Json& c = e["choices"][0];
+      if (c["finish_reason"].is_string()) finish = c["finish_reason"];
+      const Json& d = c["delta"];
+      if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+      if (d.contains("content")) content += d["content"].get<std::string>();
+      if (d.contains("tool_calls")) {
+        for (const Json& t : d["tool_calls"]) calls.push_back(t);
+      }
+    }
+  }
+};
+
+TEST(OpenAiApiTest, StreamsReasoningAndToolCallDeltas) {
+  std::unique_ptr<ChatTemplate> r1 = R1Template();
+  ASSERT_NE(r1, nullptr);
+  const std::vector<std::string> pieces = {
+      "Let me th", "ink</th", "ink>Calling.<｜tool▁ca",
+      "lls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{}\n```",
+      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"};
+  for (bool separate : {true, false}) {
+    absl::StatusOr<OpenAiRequest> r = Parse({{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                             {"tools", Tools()},
+                                             {"stream", true},
+                                             {"separate_reasoning", separate}},
+                                            true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(RenderChatPrompt(*r1, &*r).ok());
+    OpenAiResponder responder(*r, "chatcmpl-2", "tiny", 100, [](int32_t) { return ""; });
+    StreamedChat s;
+    for (const std::string& p : pieces) s.Add(responder.StreamEvents(Text(p)));
+    s.Add(responder.StreamEvents(FinalStop()));
+    EXPECT_TRUE(s.done);
+    EXPECT_EQ(s.finish, "tool_calls");
+    ASSERT_EQ(s.calls.size(), 1u);
+    EXPECT_EQ(s.calls[0]["index"], 0);
+    EXPECT_EQ(s.calls[0]["type"], "function");
+    EXPECT_FALSE(s.calls[0]["id"].get<std::string>().empty());
+    EXPECT_EQ(s.calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(s.calls[0]["function"]["arguments"], "{}");
+    if (separate) {
+      EXPECT_EQ(s.reasoning, "Let me think");
+      EXPECT_EQ(s.content, "Calling.");
+    } else {  // the thinking stays in the content, as the model wrote it
+      EXPECT_EQ(s.reasoning, "");
+      EXPECT_EQ(s.content, "Let me think</think>Calling.");
+    }
+  }
 }
 
 TEST(ApiKeysTest, ChecksBearerKeys) {

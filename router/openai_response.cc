@@ -48,7 +48,41 @@ OpenAiResponder::OpenAiResponder(const OpenAiRequest& request, std::string id, s
       created_(created),
       decode_token_(std::move(decode_token)),
       choices_(std::max(request.n, 1)) {
-  for (Choice& c : choices_) c.logprobs = EmptyLogprobs();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    Choice& c = choices_[i];
+    c.logprobs = EmptyLogprobs();
+    if (!request_.chat) continue;
+    ChatOutputParser::Options o = request_.output;
+    o.id_prefix = absl::StrCat("call_", id_, "_", i, "_");
+    c.parser = std::make_unique<ChatOutputParser>(std::move(o));
+    // The text the prompt opened the turn with is the parser's, not the client's.
+    if (!request_.forced_output.empty()) c.parser->Feed(request_.forced_output);
+  }
+}
+
+Json OpenAiResponder::Delta(const ChatDelta& d) {
+  Json delta = Json::object();
+  if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+  if (!d.content.empty()) delta["content"] = d.content;
+  if (!d.tool_calls.empty()) {
+    Json calls = Json::array();
+    for (const ParsedToolCall& t : d.tool_calls) {
+      calls.push_back({{"index", t.index},
+                       {"id", t.id},
+                       {"type", "function"},
+                       {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+    }
+    delta["tool_calls"] = std::move(calls);
+  }
+  return delta;
+}
+
+const char* OpenAiResponder::ChatFinishReason(const Choice& c) {
+  if (c.final.finish_reason() == v1::FINISH_REASON_STOP && c.parser != nullptr &&
+      c.parser->tool_calls() > 0) {
+    return "tool_calls";
+  }
+  return FinishReason(c.final.finish_reason());
 }
 
 Json OpenAiResponder::EmptyLogprobs() const {
@@ -167,7 +201,21 @@ std::string OpenAiResponder::StreamEvents(const v1::GenerateResponse& m) {
   }
   const bool with_logprobs =
       request_.logprobs && (m.token_ids_size() > 0 || (request_.echo && m.has_prompt_logprobs()));
-  if (!text.empty() || with_logprobs) {
+  // Chat: the text split into reasoning, content and tool calls; what a
+  // marker cut across messages holds back comes with a later one.
+  Json delta;
+  if (chat) {
+    ChatDelta d = c.parser->Feed(text);
+    if (m.has_final()) {
+      ChatDelta rest = c.parser->Finish();
+      d.reasoning += rest.reasoning;
+      d.content += rest.content;
+      for (ParsedToolCall& t : rest.tool_calls) d.tool_calls.push_back(std::move(t));
+    }
+    delta = Delta(d);
+    if (delta.empty() && with_logprobs) delta["content"] = "";
+  }
+  if (chat ? !delta.empty() : (!text.empty() || with_logprobs)) {
     Json lp;
     if (with_logprobs) {
       lp = EmptyLogprobs();
@@ -175,7 +223,7 @@ std::string OpenAiResponder::StreamEvents(const v1::GenerateResponse& m) {
     }
     Json choice = {{"index", index}, {"logprobs", lp}, {"finish_reason", nullptr}};
     if (chat) {
-      choice["delta"] = {{"content", text}};
+      choice["delta"] = std::move(delta);
     } else {
       choice["text"] = text;
     }
@@ -185,9 +233,10 @@ std::string OpenAiResponder::StreamEvents(const v1::GenerateResponse& m) {
     c.done = true;
     c.final = m.final();
     ++choices_done_;
-    Json choice = {{"index", index},
-                   {"logprobs", nullptr},
-                   {"finish_reason", FinishReason(m.final().finish_reason())}};
+    Json choice = {
+        {"index", index},
+        {"logprobs", nullptr},
+        {"finish_reason", chat ? ChatFinishReason(c) : FinishReason(c.final.finish_reason())}};
     if (chat) {
       choice["delta"] = Json::object();
     } else {
@@ -214,7 +263,20 @@ void OpenAiResponder::Add(const v1::GenerateResponse& m) {
     c.started = true;
     if (!request_.chat && request_.echo) c.text = PromptText();
   }
-  c.text += m.text();
+  if (request_.chat) {
+    auto take = [&c](ChatDelta d) {
+      c.reasoning += d.reasoning;
+      c.text += d.content;
+      for (ParsedToolCall& t : d.tool_calls) c.tool_calls.push_back(std::move(t));
+    };
+    take(c.parser->Feed(m.text()));
+    if (m.has_final() && !c.done) {
+      c.done = true;
+      take(c.parser->Finish());
+    }
+  } else {
+    c.text += m.text();
+  }
   if (request_.logprobs) AddLogprobs(m, &c, &c.logprobs);
   if (m.has_final()) c.final = m.final();
 }
@@ -225,9 +287,18 @@ std::string OpenAiResponder::Body() const {
     const Choice& c = choices_[i];
     Json choice = {{"index", static_cast<int>(i)},
                    {"logprobs", request_.logprobs ? c.logprobs : Json()},
-                   {"finish_reason", FinishReason(c.final.finish_reason())}};
+                   {"finish_reason",
+                    request_.chat ? ChatFinishReason(c) : FinishReason(c.final.finish_reason())}};
     if (request_.chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      Json message = {{"role", "assistant"}, {"content", c.text}};
+      if (request_.output.reasoning) message["reasoning_content"] = c.reasoning;
+      if (!c.tool_calls.empty()) {
+        ChatDelta calls;
+        calls.tool_calls = c.tool_calls;
+        message["tool_calls"] = Delta(calls)["tool_calls"];
+        if (c.text.empty()) message["content"] = nullptr;  // as OpenAI
+      }
+      choice["message"] = std::move(message);
     } else {
       choice["text"] = c.text;
     }

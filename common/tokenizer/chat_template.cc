@@ -97,52 +97,131 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromText(const std::
   }
   const bool think_prompt =
       family == Family::kR1 && absl::StrContains(text, "<｜Assistant｜><think>\\n");
-  return std::unique_ptr<ChatTemplate>(
-      new ChatTemplate(family, think_prompt, std::move(bos_token), std::move(eos_token)));
+  // R1-Distill's templates keep the last system message only.
+  const bool last_system_wins = family != Family::kV2 && !absl::StrContains(text, "is_first_sp");
+  ToolStyle tools;
+  tools.supported = family != Family::kV2 && absl::StrContains(text, "<｜tool▁calls▁begin｜>") &&
+                    absl::StrContains(text, "<｜tool▁outputs▁begin｜>");
+  tools.calls_by_key = absl::StrContains(text, "'tool_calls' in message");
+  tools.calls_end_once = absl::StrContains(text, "endfor %}{{'<｜tool▁calls▁end｜>");
+  tools.output_newline = absl::StrContains(text, "'\\n<｜tool▁output▁begin｜>'");
+  return std::unique_ptr<ChatTemplate>(new ChatTemplate(
+      family, think_prompt, last_system_wins, tools, std::move(bos_token), std::move(eos_token)));
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                                  bool add_generation_prompt) const {
   if (messages.empty()) return absl::InvalidArgumentError("messages is empty");
   for (const ChatMessage& m : messages) {
-    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
+    const bool tool_role = m.role == "tool" && tools_.supported;
+    if (m.role != "system" && m.role != "user" && m.role != "assistant" && !tool_role) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "a message of role '", m.role,
-          "' cannot be rendered (system, user and assistant messages are; tools are not yet)"));
+          "a message of role '", m.role, "' cannot be rendered by this model's chat template (",
+          tools_.supported ? "system, user, assistant and tool" : "system, user and assistant",
+          " messages are)"));
+    }
+    if (m.has_tool_calls && !tools_.supported) {
+      return absl::InvalidArgumentError(
+          "this model's chat template does not render an assistant's tool_calls");
+    }
+    if (m.content_null && !(m.role == "assistant" && m.has_tool_calls)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a message of role '", m.role, "' needs a content"));
     }
   }
+  if (family_ != Family::kV2) return RenderV3(messages, add_generation_prompt);
   std::string out = bos_;
-  if (family_ == Family::kV2) {
-    for (const ChatMessage& m : messages) {
-      if (m.role == "user") {
-        absl::StrAppend(&out, "User: ", m.content, "\n\n");
-      } else if (m.role == "assistant") {
-        absl::StrAppend(&out, "Assistant: ", m.content, eos_);
-      } else {
-        absl::StrAppend(&out, m.content, "\n\n");
-      }
-    }
-    if (add_generation_prompt) out += "Assistant:";
-    return out;
-  }
-  std::vector<absl::string_view> system;
-  for (const ChatMessage& m : messages) {
-    if (m.role == "system") system.push_back(m.content);
-  }
-  out += absl::StrJoin(system, "\n\n");
   for (const ChatMessage& m : messages) {
     if (m.role == "user") {
-      absl::StrAppend(&out, "<｜User｜>", m.content);
+      absl::StrAppend(&out, "User: ", m.content, "\n\n");
     } else if (m.role == "assistant") {
-      absl::string_view content = m.content;
-      if (family_ == Family::kR1) {
-        const size_t think_end = content.rfind("</think>");
-        if (think_end != absl::string_view::npos) content.remove_prefix(think_end + 8);
-      }
-      absl::StrAppend(&out, "<｜Assistant｜>", content, "<｜end▁of▁sentence｜>");
+      absl::StrAppend(&out, "Assistant: ", m.content, eos_);
+    } else {
+      absl::StrAppend(&out, m.content, "\n\n");
     }
   }
-  if (add_generation_prompt) {
+  if (add_generation_prompt) out += "Assistant:";
+  return out;
+}
+
+namespace {
+
+// One call as the templates write it, after its opening token.
+std::string ToolCallText(const ChatToolCall& call) {
+  return absl::StrCat("<｜tool▁call▁begin｜>", call.type, "<｜tool▁sep｜>", call.name,
+                      "\n```json\n", call.arguments, "\n```<｜tool▁call▁end｜>");
+}
+
+}  // namespace
+
+// The V3/R1 templates' state machine: `is_first` (a tool call was written,
+// never reset), `is_tool` (inside tool outputs), `is_output_first` (no tool
+// output written yet, never reset), as jinja2 runs them.
+absl::StatusOr<std::string> ChatTemplate::RenderV3(const std::vector<ChatMessage>& messages,
+                                                   bool add_generation_prompt) const {
+  std::string out = bos_;
+  std::vector<absl::string_view> system;
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system") continue;
+    if (last_system_wins_) system.clear();
+    system.push_back(m.content);
+  }
+  out += absl::StrJoin(system, "\n\n");
+  bool is_first = false, is_tool = false, is_output_first = true;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "user") {
+      is_tool = false;
+      absl::StrAppend(&out, "<｜User｜>", m.content);
+      continue;
+    }
+    if (m.role == "tool") {
+      is_tool = true;
+      if (is_output_first) {
+        out += "<｜tool▁outputs▁begin｜>";
+        is_output_first = false;
+      } else if (tools_.output_newline) {
+        out += "\n";
+      }
+      absl::StrAppend(&out, "<｜tool▁output▁begin｜>", m.content, "<｜tool▁output▁end｜>");
+      continue;
+    }
+    if (m.role != "assistant") continue;
+    // Which assistant messages take the tool-call branch.
+    const bool calls_branch =
+        tools_.supported && (tools_.calls_by_key ? m.has_tool_calls : m.content_null);
+    if (calls_branch) {
+      is_tool = false;
+      for (const ChatToolCall& call : m.tool_calls) {
+        if (!is_first) {
+          out += "<｜Assistant｜>";
+          if (!m.content_null) out += m.content;
+          absl::StrAppend(&out, "<｜tool▁calls▁begin｜>", ToolCallText(call));
+          is_first = true;
+        } else {
+          absl::StrAppend(&out, "\n", ToolCallText(call));
+          if (!tools_.calls_end_once) out += "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>";
+        }
+      }
+      if (tools_.calls_end_once) out += "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>";
+      continue;
+    }
+    if (m.content_null) {
+      return absl::InvalidArgumentError("an assistant message without tool_calls needs a content");
+    }
+    if (is_tool) {
+      absl::StrAppend(&out, "<｜tool▁outputs▁end｜>", m.content, "<｜end▁of▁sentence｜>");
+      is_tool = false;
+      continue;
+    }
+    absl::string_view content = m.content;
+    if (family_ == Family::kR1) {
+      const size_t think_end = content.rfind("</think>");
+      if (think_end != absl::string_view::npos) content.remove_prefix(think_end + 8);
+    }
+    absl::StrAppend(&out, "<｜Assistant｜>", content, "<｜end▁of▁sentence｜>");
+  }
+  if (is_tool) out += "<｜tool▁outputs▁end｜>";
+  if (add_generation_prompt && !is_tool) {
     out += "<｜Assistant｜>";
     if (think_prompt_) out += "<think>\n";
   }

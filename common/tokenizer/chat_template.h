@@ -8,16 +8,27 @@
 // history and, where the template's generation prompt says so, `<think>\n`
 // after the last `<｜Assistant｜>`; "v2": DeepSeek-V2(-Lite)-Chat's
 // `User: ...\n\nAssistant:`. Each renders exactly what transformers'
-// apply_chat_template renders from that template for system, user and
-// assistant messages (chat_template_test checks against jinja2's output).
-// Tool definitions, tool calls and tool results are not rendered yet
-// (INVALID_ARGUMENT); a template of another family is refused the same way.
-// Immutable; thread-safe.
+// apply_chat_template renders from that template (chat_template_test checks
+// against jinja2's output of the shipped templates, tests/golden/
+// chat_template/), quirks included.
+//
+// Tools: where the template has DeepSeek's tool branches (V3's and R1's do),
+// an assistant's tool calls render as `<｜tool▁calls▁begin｜>` ...
+// `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```
+// <｜tool▁call▁end｜>` ... and tool results as `<｜tool▁outputs▁begin｜>
+// <｜tool▁output▁begin｜>...<｜tool▁output▁end｜>...<｜tool▁outputs▁end｜>`,
+// with the variant's details read from the template's text (which message
+// counts as a tool-calling one, where `<｜tool▁calls▁end｜>` goes, the
+// separator between outputs). Neither template renders the request's tool
+// definitions (`tools`), so neither does this. A tool message or tool calls
+// on a template without tool branches are INVALID_ARGUMENT, as is a template
+// of another family. Immutable; thread-safe.
 #ifndef MOESH_COMMON_TOKENIZER_CHAT_TEMPLATE_H_
 #define MOESH_COMMON_TOKENIZER_CHAT_TEMPLATE_H_
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,9 +36,25 @@
 
 namespace moesh {
 
+// An assistant's call of a tool (OpenAI's tool_calls[i]).
+struct ChatToolCall {
+  std::string id;
+  std::string type = "function";
+  std::string name;
+  std::string arguments;  // JSON text, as the client sent it
+};
+
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant" ("developer" reads as "system")
+  ChatMessage() = default;
+  ChatMessage(std::string role, std::string content)
+      : role(std::move(role)), content(std::move(content)) {}
+
+  std::string role;     // "system", "user", "assistant", "tool" ("developer" reads as "system")
   std::string content;  // the text parts joined
+  bool content_null = false;    // content was null or absent (an assistant's tool-call turn)
+  bool has_tool_calls = false;  // assistant: tool_calls given (possibly empty)
+  std::vector<ChatToolCall> tool_calls;
+  std::string tool_call_id;  // tool: the call it answers (not rendered by these templates)
 };
 
 class ChatTemplate {
@@ -45,16 +72,36 @@ class ChatTemplate {
                                                                 std::string eos_token);
 
   Family family() const { return family_; }
+  // Whether the template renders tool calls and tool results.
+  bool supports_tools() const { return tools_.supported; }
   // The prompt text (BOS included: tokenize it without adding special
-  // tokens). INVALID_ARGUMENT for an empty list or a role it cannot render.
+  // tokens). INVALID_ARGUMENT for an empty list, a role it cannot render, a
+  // null content where the template needs text.
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
                                      bool add_generation_prompt) const;
 
  private:
-  ChatTemplate(Family family, bool think_prompt, std::string bos, std::string eos)
-      : family_(family), think_prompt_(think_prompt), bos_(std::move(bos)), eos_(std::move(eos)) {}
+  // The variant of the template's tool branches.
+  struct ToolStyle {
+    bool supported = false;       // it has DeepSeek's tool branches
+    bool calls_by_key = false;    // R1: 'tool_calls' in message (V3: content is none)
+    bool calls_end_once = false;  // R1: calls_end once after the calls (V3: after each later call)
+    bool output_newline = false;  // V3: "\n" before a later tool output
+  };
+  ChatTemplate(Family family, bool think_prompt, bool last_system_wins, ToolStyle tools,
+               std::string bos, std::string eos)
+      : family_(family),
+        think_prompt_(think_prompt),
+        last_system_wins_(last_system_wins),
+        tools_(tools),
+        bos_(std::move(bos)),
+        eos_(std::move(eos)) {}
+  absl::StatusOr<std::string> RenderV3(const std::vector<ChatMessage>& messages,
+                                       bool add_generation_prompt) const;
   const Family family_;
-  const bool think_prompt_;  // r1: the generation prompt opens "<think>\n"
+  const bool think_prompt_;      // r1: the generation prompt opens "<think>\n"
+  const bool last_system_wins_;  // R1-Distill: the last system message alone
+  const ToolStyle tools_;
   const std::string bos_;
   const std::string eos_;
 };

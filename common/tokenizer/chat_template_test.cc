@@ -1,10 +1,15 @@
 #include "common/tokenizer/chat_template.h"
 
 #include <filesystem>
+#include <tuple>
 
 #include "base/file_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+
+#ifndef MOESH_REPO_DIR
+#define MOESH_REPO_DIR "."
+#endif
 
 namespace moesh {
 namespace {
@@ -101,6 +106,93 @@ TEST(ChatTemplateTest, RefusesWhatItCannotRender) {
   absl::Status tool = (*t)->Render({{"tool", "42"}}, true).status();
   EXPECT_EQ(tool.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(tool.message().find("'tool'"), std::string::npos) << tool;
+}
+
+// tests/golden/chat_template/: the shipped V3 and R1 templates and jinja2's
+// renderings of them (make_chat_goldens.py).
+std::string ChatGoldenPath(const std::string& name) {
+  return std::string(MOESH_REPO_DIR) + "/tests/golden/chat_template/" + name;
+}
+
+ChatMessage FromJson(const nlohmann::json& j) {
+  ChatMessage m;
+  m.role = j.at("role").get<std::string>();
+  if (j.contains("content") && j["content"].is_string()) {
+    m.content = j["content"].get<std::string>();
+  } else {
+    m.content_null = true;
+  }
+  if (j.contains("tool_calls")) {
+    m.has_tool_calls = true;
+    for (const nlohmann::json& c : j["tool_calls"]) {
+      m.tool_calls.push_back({c.at("id").get<std::string>(), c.at("type").get<std::string>(),
+                              c.at("function").at("name").get<std::string>(),
+                              c.at("function").at("arguments").get<std::string>()});
+    }
+  }
+  return m;
+}
+
+TEST(ChatTemplateTest, ShippedTemplatesMatchJinjaGoldens) {
+  absl::StatusOr<std::string> goldens = ReadFileToString(ChatGoldenPath("goldens.json"));
+  ASSERT_TRUE(goldens.ok()) << goldens.status();
+  const nlohmann::json cases = nlohmann::json::parse(*goldens).at("cases");
+  ASSERT_GE(cases.size(), 9u);
+  for (const auto& [family, file, expected_family] :
+       {std::make_tuple("v3", "deepseek_v3.jinja", ChatTemplate::Family::kV3),
+        std::make_tuple("r1", "deepseek_r1.jinja", ChatTemplate::Family::kR1)}) {
+    absl::StatusOr<std::string> text = ReadFileToString(ChatGoldenPath(file));
+    ASSERT_TRUE(text.ok()) << text.status();
+    absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::FromText(*text, kBos, kEos);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ((*t)->family(), expected_family);
+    EXPECT_TRUE((*t)->supports_tools());
+    for (const nlohmann::json& c : cases) {
+      std::vector<ChatMessage> messages;
+      for (const nlohmann::json& m : c.at("messages")) messages.push_back(FromJson(m));
+      absl::StatusOr<std::string> s = (*t)->Render(messages, c.at("add_generation_prompt"));
+      ASSERT_TRUE(s.ok()) << family << " " << c["name"] << ": " << s.status();
+      EXPECT_EQ(*s, c.at(family).get<std::string>()) << family << " " << c["name"];
+    }
+  }
+}
+
+TEST(ChatTemplateTest, ToolMessagesNeedToolBranchesAndContent) {
+  absl::StatusOr<std::string> text = ReadFileToString(ChatGoldenPath("deepseek_r1.jinja"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  auto r1 = ChatTemplate::FromText(*text, kBos, kEos);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  ChatMessage no_content{"assistant", ""};
+  no_content.content_null = true;
+  EXPECT_EQ((*r1)->Render({{"user", "q"}, no_content}, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ChatMessage null_tool{"tool", ""};
+  null_tool.content_null = true;
+  EXPECT_EQ((*r1)->Render({{"user", "q"}, null_tool}, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // mkmodel's template has no tool branches: calls are refused, not dropped.
+  auto plain = ChatTemplate::FromText(kDeepSeekV3ChatTemplate, kBos, kEos);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE((*plain)->supports_tools());
+  ChatMessage calls{"assistant", ""};
+  calls.content_null = true;
+  calls.has_tool_calls = true;
+  calls.tool_calls.push_back({"c", "function", "f", "{}"});
+  EXPECT_EQ((*plain)->Render({{"user", "q"}, calls}, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// R1-Distill's templates set the system prompt per system message (no
+// is_first_sp): the last one alone is rendered.
+TEST(ChatTemplateTest, LastSystemWinsWithoutIsFirstSp) {
+  auto t = ChatTemplate::FromText(
+      "{% set ns.system_prompt = message['content'] %}{{'<｜User｜>'}}{{'<｜Assistant｜>'}}", kBos,
+      kEos);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<std::string> s = (*t)->Render({{"system", "A"}, {"user", "u"}, {"system", "B"}},
+                                               /*add_generation_prompt=*/false);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, std::string(kBos) + "B<｜User｜>u");
 }
 
 TEST(ChatTemplateTest, LoadsWhatMkmodelWrites) {

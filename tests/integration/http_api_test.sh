@@ -160,6 +160,22 @@ expect_error 404 model_not_found -H "$KEY" -H "$JSON" -d '{"model":"gpt-4","prom
 head -c $((9 << 20)) /dev/zero | tr '\0' 'a' >"$TMP/big"
 expect_error 413 request_too_large -H "$KEY" -H "$JSON" --data-binary @"$TMP/big" "$URL/v1/completions"
 expect_error 401 invalid_api_key -H "$JSON" -d '{"prompt":"x"}' "$URL/v1/completions"
+# Tools: malformed definitions and choices name their field; the tiny model's
+# template (mkmodel's, without DeepSeek's tool branches) cannot take calls.
+TOOL='{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}'
+MSGS='"messages":[{"role":"user","content":"Hi"}]'
+for bad in '"tools":[{"type":"function"}]|tools[0].function' \
+    '"tools":[{"type":"function","function":{"name":"a b"}}]|tools[0].function.name' \
+    "\"tools\":[$TOOL],\"tool_choice\":\"maybe\"|tool_choice" \
+    "\"tools\":[$TOOL],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}|tool_choice.function.name" \
+    "\"tools\":[$TOOL]|tools"; do
+  expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d "{$MSGS,${bad%|*}}" "$URL/v1/chat/completions"
+  [ "$(field "$TMP/err" "j['error']['param']")" = "${bad#*|}" ] || fail "param of ${bad%|*}: $(cat "$TMP/err")"
+done
+[ "$(status "$TMP/none" -H "$KEY" -H "$JSON" -d "{$MSGS,\"tools\":[$TOOL],\"tool_choice\":\"none\",\"max_tokens\":3,\"ignore_eos\":true}" \
+  "$URL/v1/chat/completions")" = 200 ] || fail "tool_choice none: $(cat "$TMP/none")"
+[ "$(field "$TMP/none" "'tool_calls' in j['choices'][0]['message'] or j['choices'][0]['finish_reason']")" = length ] \
+  || fail "tool_choice none: $(cat "$TMP/none")"
 
 # Python's standard library: chat through the template, streamed and not;
 # a client that disconnects mid-stream.

@@ -1,6 +1,7 @@
 // The official `openai` npm SDK against a local cluster's HTTP API
 // (openai_sdk_test.sh starts it): models, chat (streamed and not, with
-// log-probabilities), completions, and the SDK's typed errors.
+// log-probabilities), completions, tools' validation, and the SDK's typed
+// errors.
 // usage: node openai_sdk_test.cjs OPENAI_MODULE_DIR BASE_URL API_KEY
 'use strict';
 const assert = require('node:assert/strict');
@@ -64,6 +65,22 @@ async function main() {
   }
   await expectError(client.chat.completions.create({model, messages, n: 17}),
                     OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'n'));
+  // Tools: typed 400s naming the field; tool_choice "none" answers in text
+  // (the tiny model's template has no tool-call format, so calls are refused).
+  const tools = [{type: 'function', function: {name: 'get_weather', description: 'Weather',
+                                                parameters: {type: 'object', properties: {}}}}];
+  await expectError(client.chat.completions.create({model, messages, tools: [{type: 'function'}]}),
+                    OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'tools[0].function'));
+  await expectError(
+      client.chat.completions.create(
+          {model, messages, tools, tool_choice: {type: 'function', function: {name: 'nope'}}}),
+      OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'tool_choice.function.name'));
+  await expectError(client.chat.completions.create({model, messages, tools}),
+                    OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'tools'));
+  const plain = await client.chat.completions.create(
+      {model, messages, tools, tool_choice: 'none', max_tokens: 3, ignore_eos: true});
+  assert.equal(plain.choices[0].finish_reason, 'length');
+  assert.equal(plain.choices[0].message.tool_calls, undefined);
   const stranger = new OpenAI({baseURL: `${baseURL}/v1`, apiKey: 'sk-wrong', maxRetries: 0});
   await expectError(stranger.models.list(), OpenAI.AuthenticationError, 401);
   console.log('openai SDK: OK');

@@ -1,0 +1,82 @@
+// A chat model's generated text split the way OpenAI's chat API reports it:
+// reasoning (an R1-style `<think>` ... `</think>` block) into
+// `reasoning_content`, DeepSeek's tool-call tokens into `tool_calls`, the
+// rest into `content`. Fed the text as it streams, in chunks cut anywhere
+// (mid-token, mid-UTF-8 character): a marker split across chunks is held
+// back until the next chunk decides it, so the deltas are the same however
+// the text was cut.
+//
+// Tool calls, as DeepSeek-V3/R1 write them:
+//   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n
+//   ```json\nARGS\n```<｜tool▁call▁end｜> (more calls, "\n" between) <｜tool▁calls▁end｜>
+// A call is reported whole once its `<｜tool▁call▁end｜>` came; the
+// arguments are the text between the fences as written (not re-encoded).
+// Text after `<｜tool▁calls▁end｜>` is content. Not thread-safe.
+#ifndef MOESH_ROUTER_CHAT_OUTPUT_H_
+#define MOESH_ROUTER_CHAT_OUTPUT_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace moesh {
+
+struct ParsedToolCall {
+  int index = 0;  // among this choice's calls
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
+// What a chunk of text added.
+struct ChatDelta {
+  std::string reasoning;
+  std::string content;
+  std::vector<ParsedToolCall> tool_calls;
+  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
+};
+
+class ChatOutputParser {
+ public:
+  struct Options {
+    // Split reasoning off: the text up to `</think>` is reasoning. With
+    // `in_reasoning` the text starts inside the block (the prompt opened
+    // `<think>`); else only a text that starts with `<think>` has one.
+    bool reasoning = false;
+    bool in_reasoning = false;
+    // Parse tool calls out of the content.
+    bool tools = false;
+    // Call ids are id_prefix + the call's index.
+    std::string id_prefix = "call_";
+  };
+  explicit ChatOutputParser(Options options);
+
+  ChatDelta Feed(absl::string_view text);
+  // The end of the text: what was held back (an unfinished tool call goes to
+  // content as written).
+  ChatDelta Finish();
+  // Calls reported so far.
+  int tool_calls() const { return calls_; }
+
+ private:
+  enum class State { kMaybeThink, kReasoning, kContent, kTools, kAfterTools };
+  // Moves what `pending_` decides into `out`; leaves the undecided tail.
+  void Drain(ChatDelta* out);
+  // Moves pending_'s text before `marker` into `into` and drops the marker:
+  // true. Without the marker, all but a tail that may start it: false.
+  bool TakeUntil(absl::string_view marker, std::string* into);
+  // kTools: the next call (or the calls' end) out of pending_; false when
+  // pending_ does not hold it whole yet.
+  bool TakeCall(ChatDelta* out);
+
+  const Options options_;
+  State state_;
+  std::string pending_;
+  std::string raw_tools_;  // kTools: the opening marker until a call is taken
+  int calls_ = 0;
+};
+
+}  // namespace moesh
+
+#endif  // MOESH_ROUTER_CHAT_OUTPUT_H_
