@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, api_keys_file, "",
 ABSL_FLAG(std::string, work_dir, "",
           "Where the processes' logs and ready files go (default: /tmp/moesh-serve-local-<pid>).");
 ABSL_FLAG(int, kv_blocks, 512, "The decode worker's KV cache blocks (--device cpu).");
+ABSL_FLAG(int, decode_workers, 1,
+          "Decode workers to start (with two or more, a stream survives one's death: the router "
+          "continues it on another).");
 ABSL_FLAG(std::string, transport, "grpc",
           "The data plane between the attention and the expert workers: grpc, ucx, nccl (GPUs) "
           "or cuda_ipc (GPUs of one node).");
@@ -46,6 +49,9 @@ absl::Status RunServeLocal() {
   if (n < 1) return absl::InvalidArgumentError("--expert_workers must be >= 1");
   for (int i = 0; i < n; ++i) opt.expert_workers.push_back(absl::StrCat(i, "/", n));
   opt.decode.kv.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  opt.num_decode = absl::GetFlag(FLAGS_decode_workers);
+  if (opt.num_decode < 1 || opt.num_decode > 16)
+    return absl::InvalidArgumentError("--decode_workers must be in [1, 16]");
   ASSIGN_OR_RETURN(const DeviceOptions device, DeviceOptionsFromFlags());
   SetWorkerDevice(device.device, device.dummy_weights, &opt);
   ASSIGN_OR_RETURN(opt.expert_devices, ExpertDevicesFlag());

@@ -9,12 +9,14 @@
 # and the totals.
 #   usage: scripts/chaos.sh [SECONDS=600] [BUILD_DIR=build]
 #   env: CLIENTS (4), EVERY (seconds between kills, 30), DOWN (seconds a
-#        killed process stays down, 2), WORK (a work dir; default a temp dir)
+#        killed process stays down, 2), DECODE_WORKERS (2: a killed decode
+#        worker's streams continue on the other), WORK (a work dir; default a
+#        temp dir)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${1:-600}
 BIN=$(cd "${2:-build}" && pwd)
-CLIENTS=${CLIENTS:-4} EVERY=${EVERY:-30} DOWN=${DOWN:-2}
+CLIENTS=${CLIENTS:-4} EVERY=${EVERY:-30} DOWN=${DOWN:-2} DECODE_WORKERS=${DECODE_WORKERS:-2}
 WORK=${WORK:-$(mktemp -d /tmp/moesh-chaos-XXXXXX)}
 mkdir -p "$WORK/load"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -28,6 +30,7 @@ trap cleanup EXIT
 
 "$BIN/moesh" mkmodel --family=v3 --preset=tiny --out="$WORK/model" >/dev/null || exit 1
 "$BIN/moesh" serve-local --model="$WORK/model" --port="$PORT" --bin_dir="$BIN" \
+  --decode_workers="$DECODE_WORKERS" \
   --work_dir="$WORK/cluster" >"$WORK/serve-local.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 600); do grep -q "moesh is serving" "$WORK/serve-local.log" && break; sleep 0.2; done

@@ -17,8 +17,9 @@
 #     grouped-prefill  GroupedGemmKernel at prefill size (16384 tokens x top-6; launch 92 of
 #                      cuda_model_bench --shape v2-lite --grouped-gemm-only), with compute,
 #                      warp-state and scheduler sections
-#     mla              MlaDecodeKernel at batch 128 x 4096 with 16 and 128 heads (kernel_bench
-#                      --mla H,128,4096): DRAM and L2 bytes, tensor-pipe use
+#     mla              the MLA decode kernel at batch 128 x 4096 with 16 and 128 heads (kernel_bench
+#                      --mla H,128,4096; 128: the 64-head wgmma kernel): DRAM and L2 bytes,
+#                      tensor-pipe use, warp stalls
 #     decode-step      every kernel of one eager decode step at V2-Lite's shapes, batch 256,
 #                      2048 tokens of context (cuda_model_bench --shape v2-lite --prefill-seqs 0
 #                      --profile-step), by name ($OUT/decode_step_kernels.md)
@@ -73,10 +74,12 @@ for what in "$@"; do
       step ncu_grouped_prefill 80 ncu --clock-control none -k regex:GroupedGemmKernel --launch-skip 92 --launch-count 1 \
         "${sections[@]}" $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 1 --grouped-gemm-only ;;
     mla)
-      # MLA decode at batch 128 x 4096: 16 heads (memory-bound) and 128 heads (DRAM and L2 bytes per launch).
+      # MLA decode at batch 128 x 4096: 16 heads (memory-bound) and 128 heads (the 64-head
+      # wgmma kernel, MlaDecodeWideKernel): DRAM and L2 bytes per launch, warp stalls.
       for heads in 16 128; do
-        step ncu_mla_$heads 60 ncu --clock-control none -k regex:MlaDecodeKernel --launch-skip 3 --launch-count 1 \
+        step ncu_mla_$heads 60 ncu --clock-control none -k 'regex:MlaDecode(Wide)?Kernel' --launch-skip 3 --launch-count 1 \
           --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          --section WarpStateStats --section SchedulerStats \
           --metrics dram__bytes_read.sum,lts__t_bytes.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
           $D/bin/kernel_bench --mla $heads,128,4096
       done ;;
