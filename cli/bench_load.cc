@@ -97,6 +97,14 @@ uint64_t ResidentBytes(const ExpertShardWeights& w) {
   return n;
 }
 
+// The experts of the first of `workers` equal shards (at least one).
+std::set<int> FirstShard(const ModelConfig& config, int workers) {
+  std::set<int> ids;
+  for (int e = 0; e < config.n_routed_experts / workers; ++e) ids.insert(e);
+  if (ids.empty()) ids.insert(0);
+  return ids;
+}
+
 // `peak_delta` < 0: not measured.
 void PrintRow(const char* what, uint64_t bytes, double secs, double disk_rate, int64_t peak_delta,
               bool cold) {
@@ -138,9 +146,7 @@ absl::Status RunLoadBench() {
   if (IsCudaDevice(device.device)) {
     // The shard first: its row's peak includes the CUDA context's host memory,
     // so the engine row's growth is the load's own.
-    std::set<int> ids;
-    for (int e = 0; e < config.n_routed_experts / workers; ++e) ids.insert(e);
-    if (ids.empty()) ids.insert(0);
+    const std::set<int> ids = FirstShard(config, workers);
     cold = DropFromPageCache(files);
     uint64_t peak0 = PeakRss();
     t0 = std::chrono::steady_clock::now();
@@ -179,9 +185,7 @@ absl::Status RunLoadBench() {
     }
   }
   {  // One expert worker's shard.
-    std::set<int> ids;
-    for (int e = 0; e < config.n_routed_experts / workers; ++e) ids.insert(e);
-    if (ids.empty()) ids.insert(0);
+    const std::set<int> ids = FirstShard(config, workers);
     cold = DropFromPageCache(files);
     t0 = std::chrono::steady_clock::now();
     const uint64_t bytes = ExpertLoadBytes(config, *ckpt, ids);

@@ -19,10 +19,31 @@ constexpr int kFp8Block = 128;
 
 std::string Layer(int l) { return absl::StrCat("model.layers.", l, "."); }
 
+// A SwiGLU MLP's three tensors: DeepSeek's gate/up/down_proj (V4's experts:
+// w1/w3/w2).
+struct MlpTensorNames {
+  std::string gate, up, down;
+};
+MlpTensorNames DeepSeekMlpNames(const std::string& prefix) {
+  return {prefix + "gate_proj.weight", prefix + "up_proj.weight", prefix + "down_proj.weight"};
+}
+
 void AddMlp(std::vector<TensorSpec>* s, const std::string& prefix, int64_t inter, int64_t hidden) {
-  s->push_back({prefix + "gate_proj.weight", {inter, hidden}});
-  s->push_back({prefix + "up_proj.weight", {inter, hidden}});
-  s->push_back({prefix + "down_proj.weight", {hidden, inter}});
+  const MlpTensorNames n = DeepSeekMlpNames(prefix);
+  s->push_back({n.gate, {inter, hidden}});
+  s->push_back({n.up, {inter, hidden}});
+  s->push_back({n.down, {hidden, inter}});
+}
+
+// The MLP `n` ([inter, hidden] gate and up, [hidden, inter] down) as stored.
+absl::StatusOr<StoredMlp> ReadStoredMlp(const Checkpoint& ckpt, const MlpTensorNames& n,
+                                        int64_t inter, int64_t hidden) {
+  StoredMlp m;
+  m.intermediate = static_cast<int>(inter);
+  ASSIGN_OR_RETURN(m.gate, ReadStoredLinear(ckpt, n.gate, {inter, hidden}));
+  ASSIGN_OR_RETURN(m.up, ReadStoredLinear(ckpt, n.up, {inter, hidden}));
+  ASSIGN_OR_RETURN(m.down, ReadStoredLinear(ckpt, n.down, {hidden, inter}));
+  return m;
 }
 
 std::string ShapeStr(const std::vector<int64_t>& shape) {
@@ -44,8 +65,8 @@ int LayerIndexOf(const std::string& name) {
 
 absl::StatusOr<MlpWeights> ReadMlp(const Checkpoint& ckpt, const std::string& prefix, int inter,
                                    int hidden) {
-  return ReadMlpTensors(ckpt, prefix, inter, hidden, "gate_proj.weight", "up_proj.weight",
-                        "down_proj.weight");
+  const MlpTensorNames n = DeepSeekMlpNames(prefix);
+  return ReadMlpTensors(ckpt, "", inter, hidden, n.gate, n.up, n.down);
 }
 
 bool IsPackedFp4(DType t) { return t == DType::kI8 || t == DType::kU8; }
@@ -473,10 +494,7 @@ absl::Status LoadAttentionLayer(const ModelConfig& c, const Checkpoint& ckpt, in
       return absl::OkStatus();
     }
     StoredMlp& sm = stored->mlp;
-    sm.intermediate = static_cast<int>(inter);
-    ASSIGN_OR_RETURN(sm.gate, ReadStoredLinear(ckpt, prefix + "gate_proj.weight", {inter, h}));
-    ASSIGN_OR_RETURN(sm.up, ReadStoredLinear(ckpt, prefix + "up_proj.weight", {inter, h}));
-    ASSIGN_OR_RETURN(sm.down, ReadStoredLinear(ckpt, prefix + "down_proj.weight", {h, inter}));
+    ASSIGN_OR_RETURN(sm, ReadStoredMlp(ckpt, DeepSeekMlpNames(prefix), inter, h));
     if (sm.gate.fp8() && sm.up.fp8() && sm.down.fp8()) return absl::OkStatus();
     for (StoredLinear* x : {&sm.gate, &sm.up, &sm.down}) StoredToValues(ckpt, x);
     m->intermediate = static_cast<int>(inter);
@@ -579,28 +597,18 @@ absl::StatusOr<std::set<int>> ShardExperts(const ModelConfig& c, std::set<int> i
   return ids;
 }
 
-// A routed expert's three tensors: DeepSeek's gate/up/down_proj, V4's w1/w3/w2.
-struct ExpertTensorNames {
-  std::string gate, up, down;
-};
-ExpertTensorNames ExpertNames(const ModelConfig& c, int layer, int expert) {
+// A routed expert's three tensors.
+MlpTensorNames ExpertNames(const ModelConfig& c, int layer, int expert) {
   const std::string p = ExpertPrefix(c, layer, expert);
   if (c.layers() == LayerArch::kV4) return {p + "w1.weight", p + "w3.weight", p + "w2.weight"};
-  return {p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"};
+  return DeepSeekMlpNames(p);
 }
 
 }  // namespace
 
 absl::StatusOr<StoredMlp> ReadStoredExpert(const ModelConfig& c, const Checkpoint& ckpt, int layer,
                                            int expert) {
-  const ExpertTensorNames n = ExpertNames(c, layer, expert);
-  const int64_t inter = c.moe_intermediate_size, h = c.hidden_size;
-  StoredMlp m;
-  m.intermediate = c.moe_intermediate_size;
-  ASSIGN_OR_RETURN(m.gate, ReadStoredLinear(ckpt, n.gate, {inter, h}));
-  ASSIGN_OR_RETURN(m.up, ReadStoredLinear(ckpt, n.up, {inter, h}));
-  ASSIGN_OR_RETURN(m.down, ReadStoredLinear(ckpt, n.down, {h, inter}));
-  return m;
+  return ReadStoredMlp(ckpt, ExpertNames(c, layer, expert), c.moe_intermediate_size, c.hidden_size);
 }
 
 absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Placeholder(
@@ -641,7 +649,7 @@ absl::StatusOr<std::unique_ptr<ExpertShardWeights>> ExpertShardWeights::Load(
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsMoeLayer(l)) continue;
     for (int e : expert_ids) {
-      const ExpertTensorNames n = ExpertNames(c, l, e);
+      const MlpTensorNames n = ExpertNames(c, l, e);
       ASSIGN_OR_RETURN(w->layers[l][e], ReadMlpTensors(ckpt, "", c.moe_intermediate_size,
                                                        c.hidden_size, n.gate, n.up, n.down));
     }
