@@ -100,21 +100,26 @@ absl::StatusOr<std::shared_ptr<const CudaExpertStage::Stacks>> CudaExpertStage::
   const float fan_i = static_cast<float>(1.0 / std::sqrt(static_cast<double>(inter)));
   DeviceBuffer<float> f32_scratch;
   DeviceBuffer<bf16> bf16_scratch;
-  const size_t value_bytes = fp8_ ? 1 : 2, n_local = order.size();
-  auto scales = [&](int64_t n, int64_t k) {
-    return n_local * cpu::Fp8Blocks(static_cast<int>(n)) * Fp8ScaleStride(static_cast<int>(k));
-  };
+  const size_t n_local = order.size();
   for (const auto& [layer, unused] : shards.front()->layers) {
     ExpertLayer& ls = stacks->layers[layer];
-    ASSIGN_OR_RETURN(ls.gate_up_bytes,
-                     DeviceBuffer<uint8_t>::Create(n_local * 2 * inter * h * value_bytes));
+    ASSIGN_OR_RETURN(ls.gate_up_bytes, DeviceBuffer<uint8_t>::Create(
+                                           n_local * LinearWeightBytes(format_, 2 * inter, h)));
     ASSIGN_OR_RETURN(ls.down_bytes,
-                     DeviceBuffer<uint8_t>::Create(n_local * h * inter * value_bytes));
+                     DeviceBuffer<uint8_t>::Create(n_local * LinearWeightBytes(format_, h, inter)));
     ls.gate_up.w = ls.gate_up_bytes.get(), ls.down.w = ls.down_bytes.get();
-    if (fp8_) {
-      ASSIGN_OR_RETURN(ls.gate_up_scales, DeviceBuffer<float>::Create(scales(2 * inter, h)));
-      ASSIGN_OR_RETURN(ls.down_scales, DeviceBuffer<float>::Create(scales(h, inter)));
-      ls.gate_up.scale = ls.gate_up_scales.get(), ls.down.scale = ls.down_scales.get();
+    if (format_ != LinearFormat::kBf16) {
+      ASSIGN_OR_RETURN(ls.gate_up_scales, DeviceBuffer<uint8_t>::Create(
+                                              n_local * LinearScaleBytes(format_, 2 * inter, h)));
+      ASSIGN_OR_RETURN(ls.down_scales, DeviceBuffer<uint8_t>::Create(
+                                           n_local * LinearScaleBytes(format_, h, inter)));
+    }
+    if (format_ == LinearFormat::kFp8) {
+      ls.gate_up.scale = reinterpret_cast<float*>(ls.gate_up_scales.get());
+      ls.down.scale = reinterpret_cast<float*>(ls.down_scales.get());
+    }
+    if (format_ == LinearFormat::kMxfp4) {
+      ls.gate_up.mx_scale = ls.gate_up_scales.get(), ls.down.mx_scale = ls.down_scales.get();
     }
     stacks->bytes += ls.gate_up_bytes.bytes() + ls.down_bytes.bytes() + ls.gate_up_scales.bytes() +
                      ls.down_scales.bytes();
@@ -262,13 +267,7 @@ absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_loca
   mp.expert_offsets = s.expert_offsets.get(), mp.tile_offsets = s.tile_offsets.get(),
   mp.tile_m = tile_m;
   mp.rows = p.max_rows, mp.expected_rows = p.expected_rows, mp.active_experts = p.served;
-  if (fp8_) {
-    mp.gate_up_fp8 = static_cast<const uint8_t*>(ls.gate_up.w), mp.gate_up_scale = ls.gate_up.scale;
-    mp.down_fp8 = static_cast<const uint8_t*>(ls.down.w), mp.down_scale = ls.down.scale;
-  } else {
-    mp.gate_up = static_cast<const bf16*>(ls.gate_up.w);
-    mp.down = static_cast<const bf16*>(ls.down.w);
-  }
+  SetExpertWeights(ls.gate_up, ls.down, &mp);
   mp.num_experts = e, mp.hidden = h, mp.inter = inter;
   mp.swiglu_limit = static_cast<float>(config().swiglu_limit);
   mp.gathered = s.gathered.get(), mp.gu = s.gu.get(), mp.act = s.act.get(), mp.y = s.y.get();

@@ -34,9 +34,10 @@ namespace moesh::cuda {
 
 class CudaExpertStage : public ExpertStage {
  public:
-  // Uploads the shard to the current device (`fp8`: the experts' weights in
-  // block-scaled FP8, quantized there, or an FP8 checkpoint's codes copied as
-  // they are; device_weights.h's DeviceLinear). A Deferred shard is read from
+  // Uploads the shard to the current device in RoutedExpertFormat(config,
+  // fp8) (device_weights.h): FP8 (`fp8`: block-scaled, quantized there, or an
+  // FP8 checkpoint's codes copied as they are), DeepSeek-V4's MXFP4 (its
+  // checkpoint's codes back, exactly), or bf16. A Deferred shard is read from
   // its checkpoint expert by expert (no float32 copy of the shard on the
   // host); AddShard's too, and experts already here are copied on the device.
   // RESOURCE_EXHAUSTED if it does not fit; UNIMPLEMENTED for shapes the
@@ -63,9 +64,9 @@ class CudaExpertStage : public ExpertStage {
  private:
   // One MoE layer's hosted experts, stacked.
   struct ExpertLayer {
-    DeviceBuffer<uint8_t> gate_up_bytes, down_bytes;  // bf16 or e4m3
-    DeviceBuffer<float> gate_up_scales, down_scales;  // FP8 only
-    DeviceLinear gate_up, down;                       // views of the above
+    DeviceBuffer<uint8_t> gate_up_bytes, down_bytes;    // bf16, e4m3 or e2m1 pairs
+    DeviceBuffer<uint8_t> gate_up_scales, down_scales;  // FP8 (float32) or MXFP4 (ue8m0)
+    DeviceLinear gate_up, down;                         // views of the above
   };
   // Everything a dispatch reads; replaced whole by AddShard.
   struct Stacks {
@@ -89,7 +90,7 @@ class CudaExpertStage : public ExpertStage {
                   Stream stream, int ordinal, bool fp8)
       : ExpertStage(config, std::move(weights)),
         stream_(std::move(stream)),
-        fp8_(fp8),
+        format_(RoutedExpertFormat(config, fp8)),
         ordinal_(ordinal),
         device_("cuda:" + std::to_string(ordinal)) {}
   // Accumulate's two memory kinds.
@@ -129,7 +130,7 @@ class CudaExpertStage : public ExpertStage {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
 
   const Stream stream_;
-  const bool fp8_;
+  const LinearFormat format_;
   const int ordinal_;  // made current on each calling thread
   const std::string device_;
   std::vector<const ExpertShardWeights*> hosted_;  // guarded by add_mu_

@@ -63,6 +63,7 @@ struct Fidelity {
   double sum_token_lp = 0.0;  // Σ |Δlogprob| at the CPU's greedy token
   int positions = 0, flips = 0;
   double worst_flip_margin = 0.0;  // the CPU's top-2 margin where greedy differs
+  bool check_flips = true;         // a flip only where the reference nearly ties
 
   void Add(const float* gpu, const float* cpu, int vocab) {
     const std::vector<double> a = LogSoftmax(gpu, vocab), b = LogSoftmax(cpu, vocab);
@@ -79,8 +80,8 @@ struct Fidelity {
       const double margin = sorted[0] - sorted[1];
       ++flips;
       worst_flip_margin = std::max(worst_flip_margin, margin);
-      // A flip only where the reference itself nearly ties.
-      EXPECT_LE(margin, 2.0 * worst) << "greedy differs where the CPU's margin is " << margin;
+      if (check_flips)
+        EXPECT_LE(margin, 2.0 * worst) << "greedy differs where the CPU's margin is " << margin;
     }
   }
   void Print(const char* what) const {
@@ -403,6 +404,176 @@ TEST_P(CudaFp8ModelTest, DeferredExpertStageMatchesTheHostLoadedOne) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaFp8ModelTest, ::testing::Values("v2-lite", "v3"));
+
+// DeepSeek-V4 as V4-Flash ships it (FP8 linears with ue8m0 block scales,
+// MXFP4 routed experts) at its real attention width (head_dim 512, a CSA then
+// an HCA layer): the GPU holds the experts in MXFP4 (4-bit codes read by the
+// grouped GEMM) and the FP8 linears in bf16 (exact), so it computes what the
+// bf16 path computes on the dequantized weights — the same on decode steps,
+// where both take the grouped kernel (a bf16 prefill's experts take the dense
+// GEMM, which rounds differently) — in about a quarter of the experts' bytes.
+// Against the CPU engine it is printed (the CSA indexer's bf16-vs-fp32
+// near-ties select other keys there, as cuda_model_test's V4 real widths).
+ModelConfig V4RealWidths() {
+  absl::StatusOr<ModelConfig> config = PresetConfig("v4", "small");
+  EXPECT_TRUE(config.ok()) << config.status();
+  ModelConfig c = *config;
+  c.vocab_size = 2048;
+  c.hidden_size = 512;
+  c.num_attention_heads = 16;
+  c.v4.head_dim = 512;
+  c.qk_rope_head_dim = 64;
+  c.q_lora_rank = 256;
+  c.v4.o_groups = 4;
+  c.v4.o_lora_rank = 128;
+  c.moe_intermediate_size = 256;
+  c.n_routed_experts = 8;
+  c.num_experts_per_tok = 8;
+  c.num_hidden_layers = 2;
+  c.v4.layer_types = {V4AttentionType::kCompressedSparse, V4AttentionType::kHeavilyCompressed};
+  c.v4.hash_layers = {false, false};
+  c.v4.sliding_window = 32;
+  c.v4.compress_rate_csa = 4;
+  c.v4.compress_rate_hca = 8;
+  c.indexer.topk = 16;
+  EXPECT_TRUE(c.Validate("v4 real widths").ok());
+  return c;
+}
+
+TEST(CudaMxfp4ModelTest, V4FlashCheckpointRunsItsExpertsInMxfp4) {
+  MOESH_REQUIRE_GPU();
+  const ModelConfig c = V4RealWidths();
+  const std::string dir = JoinPath(::testing::TempDir(), "cuda_mxfp4_v4");
+  RandomCheckpointOptions ro;
+  ro.seed = testing::FreshSeed();
+  ro.dtype = DType::kF8E4M3;
+  SCOPED_TRACE(::testing::Message() << "checkpoint seed " << ro.seed);
+  ASSERT_TRUE(WriteRandomCheckpoint(c, dir, ro).ok());
+  absl::StatusOr<CpuEngine> cpu = LoadCpu(dir);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const CudaModelOptions options = testing::SmallModelOptions();
+  absl::StatusOr<std::unique_ptr<CudaModel>> mx = CudaModel::Load(dir, options);
+  ASSERT_TRUE(mx.ok()) << mx.status();
+  ASSERT_TRUE((*mx)->weights().layer(0).experts_gate_up.mxfp4());
+  ASSERT_FALSE((*mx)->weights().fp8_linears());
+  // The same dequantized weights, every one in bf16.
+  absl::StatusOr<ModelConfig> plain = ModelConfig::Load(dir);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(plain.ok() && ckpt.ok());
+  absl::StatusOr<std::unique_ptr<AttentionWeights>> attention =
+      AttentionWeights::Load(*plain, **ckpt);
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> experts =
+      ExpertShardWeights::Load(*plain, **ckpt, {});
+  ASSERT_TRUE(attention.ok() && experts.ok());
+  plain->fp8_block_weights = false, plain->mxfp4_experts = false;
+  absl::StatusOr<std::unique_ptr<CudaModel>> bf16 =
+      CudaModel::FromHost(*plain, **attention, experts->get(), options);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  ASSERT_FALSE((*bf16)->weights().layer(0).experts_gate_up.mxfp4());
+  const double expert_bytes = 2.0 * c.n_routed_experts * 3 * c.moe_intermediate_size *
+                              c.hidden_size * c.num_hidden_layers;  // bf16
+  const double saved = static_cast<double>((*bf16)->weights().bytes()) -
+                       static_cast<double>((*mx)->weights().bytes());
+  std::printf("V4 MXFP4 experts: weights %.2f MB vs bf16 %.2f MB (experts %.2f MB in bf16)\n",
+              (*mx)->weights().bytes() / 1e6, (*bf16)->weights().bytes() / 1e6, expert_bytes / 1e6);
+  EXPECT_GT(saved, 0.7 * expert_bytes) << "4.25 bits a weight instead of 16";
+
+  std::mt19937 rng(ro.seed);
+  std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
+  const std::vector<int> lens = {70, 130, 1};
+  std::vector<std::vector<int32_t>> inputs(lens.size());
+  std::vector<int> seq_mx, seq_bf;
+  std::vector<SequenceKvCache> caches;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    for (int t = 0; t < lens[i]; ++t) inputs[i].push_back(tok(rng));
+    absl::StatusOr<int> a = (*mx)->AddSequence(), b = (*bf16)->AddSequence();
+    ASSERT_TRUE(a.ok() && b.ok());
+    seq_mx.push_back(*a);
+    seq_bf.push_back(*b);
+    caches.push_back(cpu->model->NewCache());
+  }
+  Fidelity vs_cpu, vs_bf16;
+  vs_cpu.check_flips = false;  // the CSA indexer's near-ties (bf16 vs fp32) pick other keys
+  for (int step = 0; step < 5; ++step) {  // a prefill, then decode steps
+    std::vector<SequenceTokens> a, b;
+    for (size_t i = 0; i < lens.size(); ++i) {
+      a.push_back({seq_mx[i], inputs[i]});
+      b.push_back({seq_bf[i], inputs[i]});
+    }
+    absl::StatusOr<std::vector<float>> la = (*mx)->ForwardLogits(a);
+    ASSERT_TRUE(la.ok()) << la.status();
+    absl::StatusOr<std::vector<float>> lb = (*bf16)->ForwardLogits(b);
+    ASSERT_TRUE(lb.ok()) << lb.status();
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const std::vector<float> ref = CpuStep(*cpu, &caches[i], inputs[i]);
+      const float* got = la->data() + i * c.vocab_size;
+      vs_cpu.Add(got, ref.data(), c.vocab_size);
+      vs_bf16.Add(got, lb->data() + i * c.vocab_size, c.vocab_size);
+      inputs[i] = {Argmax(ref.data(), c.vocab_size)};
+    }
+  }
+  std::printf("V4-Flash layout (FP8 linears, MXFP4 experts), teacher-forced:\n");
+  vs_cpu.Print("GPU vs the CPU engine:");
+  vs_bf16.Print("GPU vs the GPU bf16 path:");
+  // Measured (H200, BENCHMARKS.md): the bf16 path's distance from itself on
+  // the dense-vs-grouped prefill rounding only; a wrong nibble order, scale
+  // row or group moves the logits by their whole spread.
+  EXPECT_LE(vs_bf16.worst_rel, 2e-2);
+}
+
+// An expert worker's GPU stage on a V4-Flash checkpoint holds its experts in
+// MXFP4, from a Deferred shard (read by the stage, exactly re-quantized) as
+// from host weights, and computes what the CPU stage does on the dequantized
+// weights within bf16's rounding.
+TEST(CudaMxfp4ModelTest, V4ExpertStageMatchesCpuStage) {
+  MOESH_REQUIRE_GPU();
+  const ModelConfig c = V4RealWidths();
+  const std::string dir = JoinPath(::testing::TempDir(), "cuda_mxfp4_v4_stage");
+  RandomCheckpointOptions ro;
+  ro.seed = testing::FreshSeed();
+  ro.dtype = DType::kF8E4M3;
+  ASSERT_TRUE(WriteRandomCheckpoint(c, dir, ro).ok());
+  absl::StatusOr<ModelConfig> config = ModelConfig::Load(dir);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(config.ok() && ckpt.ok());
+  ASSERT_TRUE(config->mxfp4_experts);
+  const std::set<int> shard = {0, 2, 5};
+  auto load = [&] {
+    absl::StatusOr<std::unique_ptr<ExpertShardWeights>> w =
+        ExpertShardWeights::Load(*config, **ckpt, shard);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return std::move(*w);
+  };
+  ExpertStage cpu(*config, load());
+  absl::StatusOr<std::unique_ptr<CudaExpertStage>> mx = CudaExpertStage::Create(*config, load());
+  ASSERT_TRUE(mx.ok()) << mx.status();
+  absl::StatusOr<std::unique_ptr<ExpertShardWeights>> deferred =
+      ExpertShardWeights::Deferred(*config, **ckpt, shard);
+  ASSERT_TRUE(deferred.ok());
+  absl::StatusOr<std::unique_ptr<CudaExpertStage>> from_ckpt =
+      CudaExpertStage::Create(*config, std::move(*deferred));
+  ASSERT_TRUE(from_ckpt.ok()) << from_ckpt.status();
+  ModelConfig bf16_config = *config;
+  bf16_config.fp8_block_weights = false, bf16_config.mxfp4_experts = false;
+  absl::StatusOr<std::unique_ptr<CudaExpertStage>> bf16 =
+      CudaExpertStage::Create(bf16_config, load());
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_LT((*mx)->device_bytes(), 0.3 * (*bf16)->device_bytes());
+  EXPECT_EQ((*mx)->device_bytes(), (*from_ckpt)->device_bytes());
+  std::mt19937 rng(ro.seed);
+  for (int tokens : {1, 7, 64, 300}) {
+    const RandomMoeInput in(*config, 0, tokens, rng);
+    std::vector<float> want(in.x.size(), 0.0f), got(in.x.size(), 0.0f), got_ckpt(in.x.size(), 0.0f);
+    ASSERT_TRUE(cpu.Accumulate(in.dispatch, want.data()).ok());
+    ASSERT_TRUE((*mx)->Accumulate(in.dispatch, got.data()).ok());
+    ASSERT_TRUE((*from_ckpt)->Accumulate(in.dispatch, got_ckpt.data()).ok());
+    double ref = 0.0;
+    for (float v : want) ref = std::max(ref, std::fabs(static_cast<double>(v)));
+    EXPECT_GT(ref, 1e-3) << "no expert of the shard received a token";
+    EXPECT_LT(RelMaxErr(got, want), 2e-2) << tokens << " tokens";
+    EXPECT_EQ(got, got_ckpt) << "the checkpoint's own codes, read by the stage";
+  }
+}
 
 }  // namespace
 }  // namespace moesh::cuda

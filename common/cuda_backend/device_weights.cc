@@ -5,8 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/dtype.h"
+#include "kernels/cpu/mxfp4.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/mxfp4.h"
 
 namespace moesh::cuda {
 namespace {
@@ -39,19 +41,80 @@ absl::Status UploadBf16(bf16* dst, const float* src, size_t n, std::vector<uint1
                     "cudaMemcpy H2D (weights)");
 }
 
+LinearFormat RoutedExpertFormat(const ModelConfig& c, bool fp8_linears) {
+  if (c.layers() == LayerArch::kV4)
+    return c.mxfp4_experts ? LinearFormat::kMxfp4 : LinearFormat::kBf16;
+  return fp8_linears ? LinearFormat::kFp8 : LinearFormat::kBf16;
+}
+
+size_t LinearWeightBytes(LinearFormat format, int64_t n, int64_t k) {
+  const size_t count = static_cast<size_t>(n) * k;
+  switch (format) {
+    case LinearFormat::kFp8:
+      return count;
+    case LinearFormat::kMxfp4:
+      return count / 2;
+    default:
+      return count * 2;
+  }
+}
+
+size_t LinearScaleBytes(LinearFormat format, int64_t n, int64_t k) {
+  switch (format) {
+    case LinearFormat::kFp8:
+      return static_cast<size_t>(cpu::Fp8Blocks(static_cast<int>(n))) *
+             Fp8ScaleStride(static_cast<int>(k)) * sizeof(float);
+    case LinearFormat::kMxfp4:
+      return static_cast<size_t>(n) * (k / cpu::kMxfp4Block);
+    default:
+      return 0;
+  }
+}
+
+void SetExpertWeights(const DeviceLinear& gate_up, const DeviceLinear& down, ExpertMlpParams* p) {
+  p->gate_up = nullptr, p->down = nullptr;
+  p->gate_up_fp8 = p->down_fp8 = p->gate_up_fp4 = p->down_fp4 = nullptr;
+  p->gate_up_scale = p->down_scale = nullptr;
+  p->gate_up_mx_scale = p->down_mx_scale = nullptr;
+  switch (gate_up.format()) {
+    case LinearFormat::kFp8:
+      p->gate_up_fp8 = static_cast<const uint8_t*>(gate_up.w), p->gate_up_scale = gate_up.scale;
+      p->down_fp8 = static_cast<const uint8_t*>(down.w), p->down_scale = down.scale;
+      break;
+    case LinearFormat::kMxfp4:
+      p->gate_up_fp4 = static_cast<const uint8_t*>(gate_up.w);
+      p->gate_up_mx_scale = gate_up.mx_scale;
+      p->down_fp4 = static_cast<const uint8_t*>(down.w), p->down_mx_scale = down.mx_scale;
+      break;
+    default:
+      p->gate_up = static_cast<const bf16*>(gate_up.w), p->down = static_cast<const bf16*>(down.w);
+  }
+}
+
 DeviceLinear LinearSlice(const DeviceLinear& stack, int64_t i, int64_t n, int64_t k) {
   DeviceLinear out;
-  const size_t bytes = stack.fp8() ? 1 : 2;
-  out.w = static_cast<uint8_t*>(stack.w) + static_cast<size_t>(i) * n * k * bytes;
+  const LinearFormat f = stack.format();
+  out.w = static_cast<uint8_t*>(stack.w) + static_cast<size_t>(i) * LinearWeightBytes(f, n, k);
   if (stack.fp8()) {
     out.scale = stack.scale + static_cast<size_t>(i) * cpu::Fp8Blocks(static_cast<int>(n)) *
                                   Fp8ScaleStride(static_cast<int>(k));
   }
+  if (stack.mxfp4())
+    out.mx_scale = stack.mx_scale + static_cast<size_t>(i) * LinearScaleBytes(f, n, k);
   return out;
 }
 
 absl::Status UploadLinear(const DeviceLinear& dst, const float* src, int64_t n, int64_t k,
                           std::vector<uint16_t>* staging, DeviceBuffer<float>* f32_scratch) {
+  if (dst.mxfp4()) {  // on the host: the reference quantizer, exact for dequantized MXFP4
+    std::vector<uint8_t> packed(LinearWeightBytes(LinearFormat::kMxfp4, n, k)),
+        scales(LinearScaleBytes(LinearFormat::kMxfp4, n, k));
+    cpu::QuantizeMxfp4(src, packed.data(), scales.data(), static_cast<int>(n), static_cast<int>(k));
+    RETURN_IF_CUDA_ERROR(cudaMemcpy(dst.w, packed.data(), packed.size(), cudaMemcpyHostToDevice));
+    return CudaStatus(
+        cudaMemcpy(dst.mx_scale, scales.data(), scales.size(), cudaMemcpyHostToDevice),
+        "cudaMemcpy H2D (MXFP4 scales)");
+  }
   if (!dst.fp8()) return UploadBf16(static_cast<bf16*>(dst.w), src, n * k, staging);
   const size_t count = static_cast<size_t>(n) * k;
   if (f32_scratch->size() < count) {
@@ -120,27 +183,33 @@ absl::Status UploadStoredMlp(const Checkpoint& ckpt, StoredMlp* m, const DeviceL
 
 absl::Status CopyLinear(const DeviceLinear& dst, const DeviceLinear& src, int64_t n, int64_t k,
                         cudaStream_t stream) {
-  if (dst.fp8() != src.fp8())
-    return absl::InternalError("CopyLinear: the linears differ in format (FP8 vs bf16)");
-  const size_t count = static_cast<size_t>(n) * k;
+  const LinearFormat f = dst.format();
+  if (f != src.format()) return absl::InternalError("CopyLinear: the linears differ in format");
   RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(dst.w, src.w, count * (dst.fp8() ? 1 : 2), cudaMemcpyDeviceToDevice, stream));
-  if (!dst.fp8()) return absl::OkStatus();
-  const size_t scales = static_cast<size_t>(cpu::Fp8Blocks(static_cast<int>(n))) *
-                        Fp8ScaleStride(static_cast<int>(k));
-  return CudaStatus(cudaMemcpyAsync(dst.scale, src.scale, scales * sizeof(float),
-                                    cudaMemcpyDeviceToDevice, stream),
-                    "cudaMemcpyAsync D2D (FP8 block scales)");
+      cudaMemcpyAsync(dst.w, src.w, LinearWeightBytes(f, n, k), cudaMemcpyDeviceToDevice, stream));
+  if (f == LinearFormat::kBf16) return absl::OkStatus();
+  void* to = f == LinearFormat::kFp8 ? static_cast<void*>(dst.scale) : dst.mx_scale;
+  const void* from = f == LinearFormat::kFp8 ? static_cast<const void*>(src.scale) : src.mx_scale;
+  return CudaStatus(
+      cudaMemcpyAsync(to, from, LinearScaleBytes(f, n, k), cudaMemcpyDeviceToDevice, stream),
+      "cudaMemcpyAsync D2D (weight scales)");
 }
 
 absl::Status FillLinear(const DeviceLinear& dst, int64_t n, int64_t k, uint64_t seed, float scale,
                         cudaStream_t stream, DeviceBuffer<bf16>* bf16_scratch) {
   const size_t count = static_cast<size_t>(n) * k;
-  if (!dst.fp8()) return FillUniform(static_cast<bf16*>(dst.w), count, seed, scale, stream);
+  if (dst.format() == LinearFormat::kBf16)
+    return FillUniform(static_cast<bf16*>(dst.w), count, seed, scale, stream);
   if (bf16_scratch->size() < count) {
     ASSIGN_OR_RETURN(*bf16_scratch, DeviceBuffer<bf16>::Create(count));
   }
   RETURN_IF_ERROR(FillUniform(bf16_scratch->get(), count, seed, scale, stream));
+  if (dst.mxfp4()) {
+    QuantizeMxfp4Params q;
+    q.w = bf16_scratch->get(), q.q = static_cast<uint8_t*>(dst.w), q.scale = dst.mx_scale;
+    q.n = static_cast<int>(n), q.k = static_cast<int>(k), q.stream = stream;
+    return RunQuantizeMxfp4(q);
+  }
   QuantizeFp8BlocksParams p;
   p.w_bf16 = bf16_scratch->get(), p.q = static_cast<uint8_t*>(dst.w), p.scale = dst.scale;
   p.n = static_cast<int>(n), p.k = static_cast<int>(k), p.stream = stream;
@@ -151,10 +220,14 @@ absl::Status DeviceWeights::Allocate(const ModelConfig& c, std::vector<Slot>* sl
   config_ = c;
   using Kind = Slot::Kind;
   auto fan = [](int64_t k) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))); };
-  if (c.layers() == LayerArch::kV4 && fp8_linears_) {
-    return absl::UnimplementedError("FP8 linears are not supported for DeepSeek-V4 yet");
-  }
+  expert_format_ = RoutedExpertFormat(c, fp8_linears_);
   if (c.layers() == LayerArch::kV4) {
+    if (fp8_linears_ && !c.fp8_block_weights) {
+      return absl::UnimplementedError(
+          "--quantization fp8 is not supported for DeepSeek-V4 on the GPU (its FP8 checkpoints "
+          "run with their linears in bf16, exactly, and their routed experts in MXFP4)");
+    }
+    fp8_linears_ = false;  // an FP8 checkpoint's e4m3 times its power-of-two scales: exact in bf16
     q_width_ = c.q_lora_rank;
     shared_intermediate_ = c.n_shared_experts * c.moe_intermediate_size;
     Add(slots, &embed_, static_cast<size_t>(c.vocab_size) * c.hidden_size, 1.0f, 0.0f,
@@ -233,7 +306,13 @@ void DeviceWeights::AddMoe(const ModelConfig& c, bool router_bias, DeviceLayerWe
   }
 }
 
-size_t DeviceWeights::Slot::Bytes() const { return count * (f32 ? 4 : (fp8 ? 1 : 2)); }
+size_t DeviceWeights::Slot::Bytes() const {
+  return f32 ? count * 4 : LinearWeightBytes(format, 1, static_cast<int64_t>(count));
+}
+
+size_t DeviceWeights::Slot::ScaleBytes() const {
+  return static_cast<size_t>(batch) * LinearScaleBytes(format, n, k);
+}
 
 void DeviceWeights::AddLinear(std::vector<Slot>* slots, DeviceLinear* target, int64_t n, int64_t k,
                               float scale, int64_t batch, Slot::Kind kind) {
@@ -243,9 +322,13 @@ void DeviceWeights::AddLinear(std::vector<Slot>* slots, DeviceLinear* target, in
   s.scale = scale;
   s.kind = kind;
   s.n = n, s.k = k, s.batch = batch;
-  s.fp8 = fp8_linears_;
-  if (s.fp8) s.scale_target = &target->scale;
-  if (s.fp8 && kind == Slot::Kind::kLinear) {  // ForwardContext::Gemm's (experts: the grouped GEMM)
+  s.format = kind == Slot::Kind::kExpert
+                 ? expert_format_
+                 : (fp8_linears_ ? LinearFormat::kFp8 : LinearFormat::kBf16);
+  if (s.format == LinearFormat::kFp8) s.scale_target = &target->scale;
+  if (s.format == LinearFormat::kMxfp4) s.mx_scale_target = &target->mx_scale;
+  if (s.format == LinearFormat::kFp8 &&
+      kind == Slot::Kind::kLinear) {  // ForwardContext::Gemm's (experts: the grouped GEMM)
     max_fp8_k_ = std::max<int>(max_fp8_k_, static_cast<int>(k));
     max_fp8_n_ = std::max<int>(max_fp8_n_, static_cast<int>(n));
   }
@@ -256,18 +339,19 @@ absl::Status DeviceWeights::Place(const ModelConfig& c, const std::vector<Slot>&
   const std::vector<Slot>* slots = &slots_in;
   const int64_t h = c.hidden_size;
   auto aligned = [](size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
-  auto scale_bytes = [](const Slot& s) {
-    return s.fp8 ? static_cast<size_t>(s.batch) * cpu::Fp8Blocks(static_cast<int>(s.n)) *
-                       Fp8ScaleStride(static_cast<int>(s.k)) * sizeof(float)
-                 : 0;
-  };
+  auto scale_bytes = [](const Slot& s) { return s.ScaleBytes(); };
   size_t total = 0;
   int expert_layer_slots = 0;
   for (const Slot& s : *slots) {
-    if (s.fp8 && s.k % 16 != 0) {
+    if (s.format == LinearFormat::kFp8 && s.k % 16 != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("FP8 linears need input widths that are multiples of 16; this model has a "
                        "linear [",
+                       s.n, ", ", s.k, "]"));
+    }
+    if (s.format == LinearFormat::kMxfp4 && s.k % cpu::kMxfp4Block != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MXFP4 experts need input widths that are multiples of 32; this model has [",
                        s.n, ", ", s.k, "]"));
     }
     total += aligned(s.Bytes()) + aligned(scale_bytes(s));
@@ -277,10 +361,10 @@ absl::Status DeviceWeights::Place(const ModelConfig& c, const std::vector<Slot>&
   for (const Slot& s : *slots) {
     *s.target = arena_.get() + at;
     at += aligned(s.Bytes());
-    if (s.fp8) {
+    if (s.format == LinearFormat::kFp8)
       *s.scale_target = reinterpret_cast<float*>(arena_.get() + at);
-      at += aligned(scale_bytes(s));
-    }
+    if (s.format == LinearFormat::kMxfp4) *s.mx_scale_target = arena_.get() + at;
+    at += aligned(scale_bytes(s));
     if (s.kind == Slot::Kind::kOther || s.kind == Slot::Kind::kLinear)
       dense_bytes_ += s.Bytes() + scale_bytes(s);
     if (s.kind == Slot::Kind::kExpert && expert_layer_slots++ < 2)  // gate_up, down: one layer's
@@ -325,8 +409,11 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Dummy(const ModelC
     } else if (s.f32) {
       RETURN_IF_ERROR(
           FillUniform(static_cast<float*>(*s.target), s.count, sseed, s.scale, s.offset, stream));
-    } else if (s.fp8) {  // a stack one linear at a time
-      const DeviceLinear stack{*s.target, *s.scale_target};
+    } else if (s.format != LinearFormat::kBf16) {  // a stack one linear at a time
+      DeviceLinear stack;
+      stack.w = *s.target;
+      if (s.scale_target != nullptr) stack.scale = *s.scale_target;
+      if (s.mx_scale_target != nullptr) stack.mx_scale = *s.mx_scale_target;
       for (int64_t b = 0; b < s.batch; ++b) {
         RETURN_IF_ERROR(FillLinear(LinearSlice(stack, b, s.n, s.k), s.n, s.k, sseed + 7919 * b,
                                    s.scale, stream, &values));

@@ -23,23 +23,49 @@
 #include "common/model/config.h"
 #include "common/model/weights.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/params.h"
 
 namespace moesh::cuda {
 
-// A linear layer's weight, nn.Linear's [n, k]: bf16, or e4m3 codes with
-// scales laid out as kernels/cuda/params.h's Fp8GemmParams::w_scale.
-struct DeviceLinear {
-  void* w = nullptr;       // bf16 or e4m3 [n, k]
-  float* scale = nullptr;  // [Fp8Blocks(n), Fp8ScaleStride(k)]; null: w is bf16
-  bool fp8() const { return scale != nullptr; }
+// How a linear's weight is held on the device.
+enum class LinearFormat {
+  kBf16,
+  kFp8,    // e4m3 codes, a float32 scale per 128 x 128 block
+  kMxfp4,  // e2m1 pairs, a ue8m0 scale per 32 inputs (routed experts only)
 };
+
+// A linear layer's weight, nn.Linear's [n, k]: bf16; e4m3 codes with scales
+// laid out as kernels/cuda/params.h's Fp8GemmParams::w_scale; or MXFP4 as
+// GroupedGemmParams::w_fp4 holds it (a routed expert stack's).
+struct DeviceLinear {
+  void* w = nullptr;            // bf16 or e4m3 [n, k]; e2m1 pairs [n, k / 2]
+  float* scale = nullptr;       // FP8: [Fp8Blocks(n), Fp8ScaleStride(k)]
+  uint8_t* mx_scale = nullptr;  // MXFP4: ue8m0 [n, k / 32]
+  bool fp8() const { return scale != nullptr; }
+  bool mxfp4() const { return mx_scale != nullptr; }
+  LinearFormat format() const {
+    return fp8() ? LinearFormat::kFp8 : (mxfp4() ? LinearFormat::kMxfp4 : LinearFormat::kBf16);
+  }
+};
+
+// The routed experts' format on the device: DeepSeek-V4's MXFP4 as its
+// checkpoint ships them (config.mxfp4_experts); FP8 with `fp8_linears` for
+// the other families; else bf16 (V4's FP8 experts too: its ue8m0-scaled codes
+// are exact in bf16, not in DeepSeek-V3's float-scaled FP8 blocks).
+LinearFormat RoutedExpertFormat(const ModelConfig& config, bool fp8_linears);
+// Bytes of a [n, k] linear's weight and of its scales in `format`.
+size_t LinearWeightBytes(LinearFormat format, int64_t n, int64_t k);
+size_t LinearScaleBytes(LinearFormat format, int64_t n, int64_t k);
+// The grouped GEMM's view of a routed expert stack pair, per their format.
+void SetExpertWeights(const DeviceLinear& gate_up, const DeviceLinear& down, ExpertMlpParams* p);
 
 // Entry `i` of a stack of [n, k] linears (routed experts).
 DeviceLinear LinearSlice(const DeviceLinear& stack, int64_t i, int64_t n, int64_t k);
 // dst = src [n, k] (fp32 on the host) as dst's format holds it, synchronously:
-// rounded to bf16 through *staging, or quantized on the device (FP8) through
-// *f32_scratch (grown as needed).
+// rounded to bf16 through *staging, quantized on the device (FP8) through
+// *f32_scratch (grown as needed), or quantized on the host (MXFP4: exact for
+// values an MXFP4 checkpoint dequantized to, so its own codes come back).
 absl::Status UploadLinear(const DeviceLinear& dst, const float* src, int64_t n, int64_t k,
                           std::vector<uint16_t>* staging, DeviceBuffer<float>* f32_scratch);
 // One routed expert's linears as its checkpoint stores them (m's FP8 views
@@ -57,7 +83,8 @@ absl::Status UploadStoredMlp(const Checkpoint& ckpt, StoredMlp* m, const DeviceL
 absl::Status CopyLinear(const DeviceLinear& dst, const DeviceLinear& src, int64_t n, int64_t k,
                         cudaStream_t stream);
 // dst = uniform random values in ±scale from `seed` (FillUniform), as dst's
-// format holds them (FP8: quantized from bf16 ones made in *bf16_scratch).
+// format holds them (FP8, MXFP4: quantized from bf16 ones made in
+// *bf16_scratch).
 absl::Status FillLinear(const DeviceLinear& dst, int64_t n, int64_t k, uint64_t seed, float scale,
                         cudaStream_t stream, DeviceBuffer<bf16>* bf16_scratch);
 
@@ -138,7 +165,10 @@ class DeviceWeights {
   // `fp8_linears`: the DeviceLinears in block-scaled FP8, quantized from the
   // host's values (an FP8 checkpoint's dequantized ones give its own codes
   // back); INVALID_ARGUMENT where a linear's input width is not a multiple
-  // of 16, UNIMPLEMENTED for DeepSeek-V4.
+  // of 16. DeepSeek-V4: its FP8 checkpoint's linears are held in bf16 (e4m3
+  // times a power of two is exact there), its MXFP4 routed experts as MXFP4
+  // (RoutedExpertFormat); `fp8_linears` on a bf16 V4 checkpoint is
+  // UNIMPLEMENTED.
   static absl::StatusOr<std::unique_ptr<DeviceWeights>> FromHost(const ModelConfig& config,
                                                                  const AttentionWeights& attention,
                                                                  const ExpertShardWeights* experts,
@@ -202,12 +232,14 @@ class DeviceWeights {
     // kLinear, kExpert: the weight's shape (batch of them); in FP8, codes and
     // scales (scale_target).
     int64_t n = 0, k = 0, batch = 1;
-    bool fp8 = false;
-    float** scale_target = nullptr;
-    size_t Bytes() const;  // the codes' or values' bytes (the scales' apart)
+    LinearFormat format = LinearFormat::kBf16;
+    float** scale_target = nullptr;       // FP8
+    uint8_t** mx_scale_target = nullptr;  // MXFP4
+    size_t Bytes() const;                 // the codes' or values' bytes (the scales' apart)
+    size_t ScaleBytes() const;
   };
-  // A DeviceLinear [batch, n, k] (FP8 iff fp8_linears_; batch > 1: a routed
-  // expert stack, kind kExpert), Dummy's values in ±scale.
+  // A DeviceLinear [batch, n, k] (FP8 iff fp8_linears_; a routed expert
+  // stack, kind kExpert, in expert_format_), Dummy's values in ±scale.
   void AddLinear(std::vector<Slot>* slots, DeviceLinear* target, int64_t n, int64_t k, float scale,
                  int64_t batch = 1, Slot::Kind kind = Slot::Kind::kLinear);
   // UploadLinear through upload_f32_.
@@ -259,6 +291,7 @@ class DeviceWeights {
   ModelConfig config_;
   bool routed_experts_ = true;
   bool fp8_linears_ = false;
+  LinearFormat expert_format_ = LinearFormat::kBf16;
   int q_width_ = 0, qkv_width_ = 0;
   int kv_col_ = 0, index_col_ = 0, index_weights_col_ = 0;
   int max_fp8_k_ = 0, max_fp8_n_ = 0;

@@ -144,15 +144,7 @@ absl::Status FfnBlock::EnqueueMoe(int layer, int num_tokens, const bf16* normed,
   mp.expert_offsets = expert_offsets_.get(), mp.tile_offsets = tile_offsets_.get(),
   mp.tile_m = tile_m;
   mp.rows = rows;
-  if (w.experts_gate_up.fp8()) {
-    mp.gate_up_fp8 = static_cast<const uint8_t*>(w.experts_gate_up.w);
-    mp.gate_up_scale = w.experts_gate_up.scale;
-    mp.down_fp8 = static_cast<const uint8_t*>(w.experts_down.w);
-    mp.down_scale = w.experts_down.scale;
-  } else {
-    mp.gate_up = static_cast<const bf16*>(w.experts_gate_up.w);
-    mp.down = static_cast<const bf16*>(w.experts_down.w);
-  }
+  SetExpertWeights(w.experts_gate_up, w.experts_down, &mp);
   mp.num_experts = e, mp.hidden = h, mp.inter = inter;
   mp.swiglu_limit = static_cast<float>(c.swiglu_limit);
   mp.gathered = moe_gathered_.get(), mp.gu = moe_gu_.get(), mp.act = moe_act_.get(),

@@ -69,11 +69,11 @@ absl::Status Dense(const ExpertMlpParams& p) {
 absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
   const int e = p.num_experts, h = p.hidden, inter = p.inter;
   if (p.rows == 0) return absl::OkStatus();
-  const bool fp8 = p.gate_up_fp8 != nullptr;
-  if (fp8 != (p.down_fp8 != nullptr)) {
-    return absl::InvalidArgumentError("EnqueueExpertMlp: FP8 gate_up and down go together");
+  const bool fp8 = p.gate_up_fp8 != nullptr, fp4 = p.gate_up_fp4 != nullptr;
+  if (fp8 != (p.down_fp8 != nullptr) || fp4 != (p.down_fp4 != nullptr)) {
+    return absl::InvalidArgumentError("EnqueueExpertMlp: FP8 (MXFP4) gate_up and down go together");
   }
-  if (!fp8 && p.gathered != nullptr && p.host_offsets != nullptr && p.gemm != nullptr &&
+  if (!fp8 && !fp4 && p.gathered != nullptr && p.host_offsets != nullptr && p.gemm != nullptr &&
       static_cast<int64_t>(p.expected_rows > 0 ? p.expected_rows : p.rows) >=
           static_cast<int64_t>(kDenseRowsPerExpert) *
               (p.active_experts > 0 ? p.active_experts : e) &&
@@ -83,6 +83,7 @@ absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
   GroupedGemmParams gg;
   gg.x = p.x, gg.ldx = p.ldx, gg.row_index = p.row_token;
   gg.w = p.gate_up, gg.w_fp8 = p.gate_up_fp8, gg.w_scale = p.gate_up_scale;
+  gg.w_fp4 = p.gate_up_fp4, gg.w_mx_scale = p.gate_up_mx_scale;
   gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
   gg.expert_offsets = p.expert_offsets, gg.tile_offsets = p.tile_offsets;
   gg.tile_m = p.tile_m, gg.max_tiles = GroupedGemmMaxTiles(p.rows, e, p.tile_m);
@@ -94,6 +95,7 @@ absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
   RETURN_IF_ERROR(RunSiluAndMul(sp));
   gg.x = p.act, gg.ldx = inter, gg.row_index = nullptr;
   gg.w = p.down, gg.w_fp8 = p.down_fp8, gg.w_scale = p.down_scale;
+  gg.w_fp4 = p.down_fp4, gg.w_mx_scale = p.down_mx_scale;
   gg.n = h, gg.k = inter;
   gg.y = p.y, gg.out_type = OutType::kFloat32, gg.ldy = h;
   return RunGroupedGemm(gg);

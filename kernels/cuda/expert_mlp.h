@@ -48,6 +48,13 @@ struct ExpertMlpParams {
   const float* gate_up_scale = nullptr;
   const uint8_t* down_fp8 = nullptr;
   const float* down_scale = nullptr;
+  // Or MXFP4 weights (GroupedGemmParams::w_fp4; both or neither): e2m1 pairs
+  // [num_experts, n, k / 2] and ue8m0 scales [num_experts, n, k / 32] of the
+  // shapes above. They always take the grouped kernel too.
+  const uint8_t* gate_up_fp4 = nullptr;
+  const uint8_t* gate_up_mx_scale = nullptr;
+  const uint8_t* down_fp4 = nullptr;
+  const uint8_t* down_mx_scale = nullptr;
   int num_experts = 0, hidden = 0, inter = 0;
   float swiglu_limit = 0.0f;  // > 0: the activation's clamp (DeepSeek-V4)
   // Scratch, each with rows + kDenseRowAlign rows.

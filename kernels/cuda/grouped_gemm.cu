@@ -14,6 +14,13 @@
 // hit distinct banks), and each warp widens its B fragments in registers
 // (times the 128 x 128 block's scale: the CTA's 128 columns are one row
 // block), in place of ldmatrix.
+//
+// MXFP4 weights (w_fp4, DeepSeek-V4's routed experts): the ring holds e2m1
+// pairs (kBK / 2 bytes a row and slice, rows padded by 16 bytes), each warp
+// widens its B fragments the same way, times the ue8m0 scale of their 32
+// inputs, which each thread reads for its rows one slice ahead into
+// registers. Hopper has no FP4 MMA: the weights stream at 4 bits, the MMA is
+// bf16's, and the result is the bf16 kernel's on the dequantized weights.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -53,8 +60,17 @@ struct GemmCfg {
   static constexpr int kF8Pitch = kBK + 16;
   static constexpr int kF8Stages = kBK == 128 ? kStages : kStages + 2;
   static constexpr int kF8SmemBytes = kF8Stages * (kBM * kPitch * 2 + kBN * kF8Pitch);
-  static_assert(kNi % 2 == 0 && kBChunks % kThreads == 0 && kF8Chunks % kThreads == 0);
+  // MXFP4 weights: the e2m1 ring (rows of kF4Pitch bytes), two stages deeper.
+  static constexpr int kF4Chunks = kBN * kBK / 32;
+  static constexpr int kF4Pitch = kBK / 2 + 16;
+  static constexpr int kF4Stages = kStages + 2;
+  static constexpr int kF4SmemBytes = kF4Stages * (kBM * kPitch * 2 + kBN * kF4Pitch);
+  static_assert(kNi % 2 == 0 && kBChunks % kThreads == 0 && kF8Chunks % kThreads == 0 &&
+                kF4Chunks % kThreads == 0);
 };
+
+// The formats of B (the weights).
+enum class WeightKind { kBf16, kFp8, kFp4 };
 
 // Two e4m3 codes (the lower k first) times `scale`, rounded to a bf16 pair:
 // an MMA B register.
@@ -62,6 +78,28 @@ __device__ __forceinline__ uint32_t WidenFp8x2(const uint8_t* codes, float scale
   const __nv_fp8x2_storage_t pair = *reinterpret_cast<const __nv_fp8x2_storage_t*>(codes);
   const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
   const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The value of an e2m1 code (the low 4 bits of `c`; kernels/cpu/mxfp4.h):
+// sign, 2 exponent bits, 1 mantissa bit, so 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+__device__ __forceinline__ float E2M1(uint32_t c) {
+  const uint32_t e = (c >> 1) & 3u, m = c & 1u;
+  const uint32_t mag = e != 0 ? ((126u + e) << 23) | (m << 22) : (m != 0 ? 0x3F000000u : 0u);
+  return __uint_as_float(mag | ((c & 8u) << 28));
+}
+
+// A ue8m0 scale 2^(e - 127) (0xFF: NaN, as cpu::E8M0ToF32).
+__device__ __forceinline__ float E8M0(uint32_t e) {
+  return e == 0xFFu ? __uint_as_float(0x7FC00000u)
+                    : (e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23));
+}
+
+// The two e2m1 values of a byte (the low nibble the lower k) times `scale`,
+// as a bf16 pair: an MMA B register. Exact (a small integer times a power
+// of two), so the same as bf16 weights holding the dequantized values.
+__device__ __forceinline__ uint32_t WidenFp4x2(uint8_t pair, float scale) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(E2M1(pair) * scale, E2M1(pair >> 4) * scale);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
@@ -79,15 +117,18 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-template <int kBM, int kBK, bool kF32Out, bool kFp8W>
+template <int kBM, int kBK, bool kF32Out, WeightKind kW>
 __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams p) {
   using Cfg = GemmCfg<kBM, kBK>;
-  constexpr int S = kFp8W ? Cfg::kF8Stages : Cfg::kStages, kPitch = Cfg::kPitch;
+  constexpr bool kFp8W = kW == WeightKind::kFp8, kFp4W = kW == WeightKind::kFp4;
+  constexpr int S = kFp8W ? Cfg::kF8Stages : (kFp4W ? Cfg::kF4Stages : Cfg::kStages),
+                kPitch = Cfg::kPitch;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   auto sa = reinterpret_cast<bf16(*)[kBM][kPitch]>(smem_raw);  // [S][kBM][kPitch]
   // bf16 weights: [S][kBN][kPitch]. FP8: the e4m3 ring [S][kBN][kF8Pitch].
   auto sb = reinterpret_cast<bf16(*)[kBN][kPitch]>(smem_raw + S * kBM * kPitch * 2);
   auto s8 = reinterpret_cast<uint8_t(*)[kBN][Cfg::kF8Pitch]>(smem_raw + S * kBM * kPitch * 2);
+  auto s4 = reinterpret_cast<uint8_t(*)[kBN][Cfg::kF4Pitch]>(smem_raw + S * kBM * kPitch * 2);
 
   const int tile = blockIdx.x;
   if (tile >= p.tile_offsets[p.num_experts]) return;  // uniform per CTA
@@ -105,8 +146,10 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
   const int rows = p.expert_offsets[e + 1] - row0;
   const int m0 = (tile - p.tile_offsets[e]) * kBM;
   const int n0 = blockIdx.y * kBN;
-  const bf16* w = kFp8W ? nullptr : p.w + static_cast<int64_t>(e) * p.n * p.k;
-  const uint8_t* w8 = kFp8W ? p.w_fp8 + static_cast<int64_t>(e) * p.n * p.k : nullptr;
+  const bf16* w = kW == WeightKind::kBf16 ? p.w + static_cast<int64_t>(e) * p.n * p.k : nullptr;
+  const uint8_t* w8 = kFp8W   ? p.w_fp8 + static_cast<int64_t>(e) * p.n * p.k
+                      : kFp4W ? p.w_fp4 + static_cast<int64_t>(e) * p.n * (p.k / 2)
+                              : nullptr;
   // This CTA's row block of scales (kBN == the block: one row block per CTA).
   const float* w_scale =
       kFp8W ? p.w_scale +
@@ -126,9 +169,11 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
     if (a_ok[i]) src_row = p.row_index != nullptr ? p.row_index[row0 + m0 + r] : row0 + m0 + r;
     a_src[i] = p.x + src_row * p.ldx + ch * 8;
   }
-  // B's chunks: 8 bf16 or 16 e4m3 values each.
-  constexpr int kBIters = (kFp8W ? Cfg::kF8Chunks : Cfg::kBChunks) / kThreads;
-  constexpr int kBChunksPerRow = kFp8W ? kBK / 16 : Cfg::kChunksPerRow;
+  // B's chunks: 8 bf16, 16 e4m3 or 32 e2m1 values each.
+  constexpr int kBIters =
+      (kFp8W ? Cfg::kF8Chunks : (kFp4W ? Cfg::kF4Chunks : Cfg::kBChunks)) / kThreads;
+  constexpr int kBChunksPerRow = kFp8W ? kBK / 16 : (kFp4W ? kBK / 32 : Cfg::kChunksPerRow);
+  const int64_t w_row_bytes = kFp4W ? p.k / 2 : p.k;
   const uint8_t* b_src[kBIters];
   bool b_ok[kBIters];
 #pragma unroll
@@ -136,8 +181,9 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
     const int c = threadIdx.x + i * kThreads;
     const int r = c / kBChunksPerRow, ch = c % kBChunksPerRow;
     b_ok[i] = n0 + r < p.n;
-    const int64_t at = static_cast<int64_t>(b_ok[i] ? n0 + r : 0) * p.k;
-    b_src[i] = kFp8W ? w8 + at + ch * 16 : reinterpret_cast<const uint8_t*>(w + at + ch * 8);
+    const int64_t row = b_ok[i] ? n0 + r : 0;
+    b_src[i] = kW != WeightKind::kBf16 ? w8 + row * w_row_bytes + ch * 16
+                                       : reinterpret_cast<const uint8_t*>(w + row * p.k + ch * 8);
   }
   auto load = [&](int stage, int kt) {
     const int k0 = kt * kBK;
@@ -155,6 +201,9 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
       if constexpr (kFp8W) {
         CpAsync16(&s8[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
                   b_ok[i] ? b_src[i] + k0 : p.w_fp8, b_ok[i]);
+      } else if constexpr (kFp4W) {
+        CpAsync16(&s4[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
+                  b_ok[i] ? b_src[i] + k0 / 2 : p.w_fp4, b_ok[i]);
       } else {
         CpAsync16(&sb[stage][c / Cfg::kChunksPerRow][(c % Cfg::kChunksPerRow) * 8],
                   b_ok[i] ? b_src[i] + k0 * 2 : reinterpret_cast<const uint8_t*>(p.w), b_ok[i]);
@@ -164,6 +213,31 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wm = warp / Cfg::kWarpsN, wn = warp % Cfg::kWarpsN;
+  // MXFP4: this thread's B rows (n and n + 8 of each 16-column group) and
+  // their ue8m0 scales, the current slice's and the next one's, kBK / 32
+  // bytes a row packed in a word (few registers: the 64-row tile has none to
+  // spare).
+  constexpr int kRows = kFp4W ? Cfg::kNi : 1, kGroups = kFp4W ? kBK / 32 : 1;
+  const int64_t groups_per_row = p.k / 32;
+  const uint8_t* mx_expert = nullptr;  // this expert's scale rows
+  const int n_thread = n0 + wn * Cfg::kWarpN + (lane >> 2);
+  // Row j's scales (a row past n reads the last row's: its outputs are never stored).
+  auto mx_row = [&](int j) {
+    const int n = n_thread + (j / 2) * 16 + (j % 2) * 8;
+    return mx_expert + static_cast<int64_t>(n < p.n ? n : p.n - 1) * groups_per_row;
+  };
+  auto mx_load = [&](int j, int kt) {
+    const uint8_t* at = mx_row(j) + kt * kGroups;
+    return kGroups == 2 ? static_cast<uint32_t>(at[0]) | (static_cast<uint32_t>(at[1]) << 8)
+                        : static_cast<uint32_t>(at[0]);
+  };
+  uint32_t mx[kRows], mx_next[kRows];
+  if constexpr (kFp4W) {
+    mx_expert = p.w_mx_scale + static_cast<int64_t>(e) * p.n * groups_per_row;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) mx_next[j] = mx_load(j, 0);
+  }
+
   float acc[Cfg::kMi][Cfg::kNi][4];
 #pragma unroll
   for (int i = 0; i < Cfg::kMi; ++i) {
@@ -188,6 +262,13 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
     CpAsyncCommit();
     const int st = kt % S;
     const float scale = kFp8W ? w_scale[kt * kBK / cpu::kFp8Block] : 0.0f;
+    if constexpr (kFp4W) {  // this slice's scales; the next slice's on their way
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        mx[j] = mx_next[j];
+        if (kt + 1 < k_tiles) mx_next[j] = mx_load(j, kt + 1);
+      }
+    }
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
       uint32_t a[Cfg::kMi][4];
@@ -205,6 +286,15 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
           b[1] = WidenFp8x2(&s8[st][n][k + 8], scale);
           b[2] = WidenFp8x2(&s8[st][n + 8][k], scale);
           b[3] = WidenFp8x2(&s8[st][n + 8][k + 8], scale);
+        } else if constexpr (kFp4W) {  // the same fragments from e2m1 pairs
+          const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), kb = ks * 8 + (lane & 3);
+          const int shift = 8 * (ks / 2);  // the slice's 32-input group of k 16 * ks ..
+          const float lo = E8M0((mx[2 * nj] >> shift) & 0xFFu),
+                      hi = E8M0((mx[2 * nj + 1] >> shift) & 0xFFu);
+          b[0] = WidenFp4x2(s4[st][n][kb], lo);
+          b[1] = WidenFp4x2(s4[st][n][kb + 4], lo);
+          b[2] = WidenFp4x2(s4[st][n + 8][kb], hi);
+          b[3] = WidenFp4x2(s4[st][n + 8][kb + 4], hi);
         } else {
           Ldmatrix4(b, &sb[st][wn * Cfg::kWarpN + nj * 16 + (lane & 7) + (lane >> 4) * 8]
                           [ks * 16 + ((lane >> 3) & 1) * 8]);
@@ -243,10 +333,13 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
   }
 }
 
-template <int kBM, int kBK, bool kF32Out, bool kFp8W>
+template <int kBM, int kBK, bool kF32Out, WeightKind kW>
 absl::Status LaunchOne(const GroupedGemmParams& p) {
-  constexpr auto kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kFp8W>;
-  constexpr int kSmem = kFp8W ? GemmCfg<kBM, kBK>::kF8SmemBytes : GemmCfg<kBM, kBK>::kSmemBytes;
+  constexpr auto kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kW>;
+  using Cfg = GemmCfg<kBM, kBK>;
+  constexpr int kSmem = kW == WeightKind::kFp8   ? Cfg::kF8SmemBytes
+                        : kW == WeightKind::kFp4 ? Cfg::kF4SmemBytes
+                                                 : Cfg::kSmemBytes;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmem));
   const dim3 grid(p.max_tiles, (p.n + kBN - 1) / kBN);
   kernel<<<grid, kThreads, kSmem, p.stream>>>(p);
@@ -256,14 +349,18 @@ absl::Status LaunchOne(const GroupedGemmParams& p) {
 template <int kBM, int kBK>
 absl::Status Launch(const GroupedGemmParams& p) {
   if (p.w_fp8 != nullptr) {
-    return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true, true>(p)
-                                           : LaunchOne<kBM, kBK, false, true>(p);
+    return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8>(p)
+                                           : LaunchOne<kBM, kBK, false, WeightKind::kFp8>(p);
   }
   if constexpr (kBK == 128) {  // FP8 only
     return absl::InternalError("GroupedGemm: 128-wide slices are for FP8 weights");
   } else {
-    return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true, false>(p)
-                                           : LaunchOne<kBM, kBK, false, false>(p);
+    if (p.w_fp4 != nullptr) {
+      return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4>(p)
+                                             : LaunchOne<kBM, kBK, false, WeightKind::kFp4>(p);
+    }
+    return p.out_type == OutType::kFloat32 ? LaunchOne<kBM, kBK, true, WeightKind::kBf16>(p)
+                                           : LaunchOne<kBM, kBK, false, WeightKind::kBf16>(p);
   }
 }
 
@@ -298,12 +395,16 @@ absl::Status RunGroupedGemm(const GroupedGemmParams& p) {
                      "16, 32 or 64"));
   }
   if (q.max_tiles == 0) return absl::OkStatus();
-  if (!q.x || (q.w == nullptr) == (q.w_fp8 == nullptr) || (q.w_fp8 && !q.w_scale) || !q.y ||
+  const int formats = (q.w != nullptr) + (q.w_fp8 != nullptr) + (q.w_fp4 != nullptr);
+  if (!q.x || formats != 1 || (q.w_fp8 && !q.w_scale) || (q.w_fp4 && !q.w_mx_scale) || !q.y ||
       !q.expert_offsets || !q.tile_offsets) {
     return absl::InvalidArgumentError(
-        "RunGroupedGemm: null pointer (or not exactly one of w, w_fp8 + w_scale)");
+        "RunGroupedGemm: null pointer (or not exactly one of w, w_fp8 + w_scale, w_fp4 + "
+        "w_mx_scale)");
   }
-  const void* w = q.w != nullptr ? static_cast<const void*>(q.w) : q.w_fp8;
+  const void* w = q.w != nullptr       ? static_cast<const void*>(q.w)
+                  : q.w_fp8 != nullptr ? static_cast<const void*>(q.w_fp8)
+                                       : static_cast<const void*>(q.w_fp4);
   if ((reinterpret_cast<uintptr_t>(q.x) | reinterpret_cast<uintptr_t>(w)) & 15) {
     return absl::InvalidArgumentError("RunGroupedGemm: x and w must be 16-byte aligned");
   }

@@ -11,6 +11,7 @@
 #include "base/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/fp8.h"
+#include "kernels/cpu/mxfp4.h"
 #include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/test_util.h"
@@ -204,6 +205,36 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       EXPECT_TRUE(a == b) << "FP8 weights differ from their bf16 widening";
       g8.w_scale = nullptr;
       EXPECT_EQ(RunGroupedGemm(g8).code(), absl::StatusCode::kInvalidArgument);
+    }
+    // MXFP4 weights (each expert quantized as DeepSeek-V4 ships its routed
+    // experts): bit for bit the bf16 kernel on the dequantized values, which
+    // bf16 holds exactly.
+    {
+      std::vector<uint8_t> packed(w.size() / 2), mx(w.size() / cpu::kMxfp4Block);
+      std::vector<float> dequantized(w.size());
+      cpu::QuantizeMxfp4(w.data(), packed.data(), mx.data(), c.experts * c.n, c.k);
+      cpu::DequantizeMxfp4(packed.data(), mx.data(), dequantized.data(), c.experts * c.n, c.k);
+      std::vector<float> exact = dequantized;
+      const std::vector<bf16> wide = ToBf16Rounding(exact);
+      ASSERT_TRUE(exact == dequantized) << "e2m1 times a power of two is a bf16";
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dpacked, Upload(packed));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dmx, Upload(mx));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dwide, Upload(wide));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto y4, DeviceBuffer<uint8_t>::Create(y.size()));
+      MOESH_ASSERT_OK(Poison(y4));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      GroupedGemmParams g4 = gp;
+      g4.w = nullptr, g4.w_fp4 = dpacked.get(), g4.w_mx_scale = dmx.get(), g4.y = y4.get();
+      MOESH_ASSERT_OK(RunGroupedGemm(g4));
+      GroupedGemmParams g16 = gp;
+      g16.w = dwide.get();
+      MOESH_ASSERT_OK(RunGroupedGemm(g16));
+      MOESH_ASSERT_OK(stream.Synchronize());
+      MOESH_ASSERT_OK_AND_ASSIGN(auto a, y4.ToHost());
+      MOESH_ASSERT_OK_AND_ASSIGN(auto b, y.ToHost());
+      EXPECT_TRUE(a == b) << "MXFP4 weights differ from their dequantized bf16";
+      g4.w_mx_scale = nullptr;
+      EXPECT_EQ(RunGroupedGemm(g4).code(), absl::StatusCode::kInvalidArgument);
     }
     if (f32) {  // y again as the bf16 weights' result, for the combine below
       MOESH_ASSERT_OK(RunGroupedGemm(gp));

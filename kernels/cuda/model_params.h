@@ -80,12 +80,19 @@ struct GroupedGemmParams {
   int ldx = 0;                         // 0: k
   const int32_t* row_index = nullptr;  // [rows]; may be null
   const bf16* w = nullptr;             // [num_experts, n, k]; or, FP8 weights:
-  const uint8_t* w_fp8 = nullptr;      // e4m3 [num_experts, n, k] (exactly one of w, w_fp8)
+  const uint8_t* w_fp8 = nullptr;      // e4m3 [num_experts, n, k] (exactly one of w, w_fp8, w_fp4)
   // [num_experts, Fp8Blocks(n), Fp8ScaleStride(k)]: w_fp8's 128 x 128 block
   // scales; each code times its scale is rounded to bf16 in shared memory
   // (so the same as w holding those bf16 values, bit for bit), and the MMA
   // is bf16's: weights-only FP8, which halves the bytes decode streams.
   const float* w_scale = nullptr;
+  // Or MXFP4 weights (DeepSeek-V4's routed experts, kernels/cpu/mxfp4.h):
+  // e2m1 pairs [num_experts, n, k / 2] (the even input in the low nibble)
+  // and one ue8m0 scale per 32 inputs [num_experts, n, k / 32]; widened to
+  // bf16 in registers, exactly (so the same as w holding the dequantized
+  // values, bit for bit).
+  const uint8_t* w_fp4 = nullptr;
+  const uint8_t* w_mx_scale = nullptr;
   int num_experts = 0, n = 0, k = 0;
   const int32_t* expert_offsets = nullptr;  // [num_experts + 1], from MoePermuteParams
   const int32_t* tile_offsets = nullptr;    // [num_experts + 1], with the same tile_m

@@ -93,6 +93,17 @@ struct QuantizeFp8BlocksParams {
   cudaStream_t stream = nullptr;
 };
 
+// packed[n, k / 2], scale[n, k / 32] = MXFP4 of w[n, k]: kernels/cpu/mxfp4.h's
+// QuantizeMxfp4 bit for bit (on the bf16 values widened). A weight quantized
+// at load (dummy MXFP4 routed experts).
+struct QuantizeMxfp4Params {
+  const bf16* w = nullptr;   // [n, k]
+  uint8_t* q = nullptr;      // e2m1 pairs [n, k / 2], the even input in the low nibble
+  uint8_t* scale = nullptr;  // ue8m0 [n, k / 32]
+  int n = 0, k = 0;
+  cudaStream_t stream = nullptr;
+};
+
 // For b in [0, batch): y_b[m, n] = x_b[m, k] · w_b[n, k]^T (+ y_b if accumulate),
 // with x_b = x + b * stride_x and likewise for w (rows ldw apart) and y
 // (strides and ld in elements).

@@ -12,7 +12,7 @@
 // embedding rows gathered; the copy bandwidth is a 2 GiB device-to-device
 // cudaMemcpy (bytes read + written) measured first.
 //
-// Usage: cuda_model_bench [--device cuda] [--load-format dummy|auto] [--quantization fp8]
+// Usage: cuda_model_bench [--device cuda] [--load-format dummy|auto] [--quantization fp8|mxfp4]
 //          [--shape v2-lite | --model DIR] [--batch 1,32,128,256] [--context 2048]
 //          [--steps 20] [--warmup 3] [--gpu-memory-utilization 0.9]
 //          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
@@ -44,6 +44,7 @@
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/mxfp4.h"
 #include "tools/bench/bench_util.h"
 
 namespace moesh::cuda {
@@ -146,8 +147,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     kv.erase(it);
   }
   if (!kv.empty()) return absl::InvalidArgumentError("unknown flag --" + kv.begin()->first);
-  if (!f.quantization.empty() && f.quantization != "fp8")
-    return absl::InvalidArgumentError("--quantization: fp8 or empty");
+  if (!f.quantization.empty() && f.quantization != "fp8" && f.quantization != "mxfp4")
+    return absl::InvalidArgumentError("--quantization: fp8, mxfp4 (DeepSeek-V4) or empty");
   if (f.mla_kernel != "auto" && f.mla_kernel != "heads16" && f.mla_kernel != "generic")
     return absl::InvalidArgumentError("--mla-kernel: auto, heads16 or generic");
   if (f.load_format != "dummy" && f.load_format != "auto") {
@@ -282,6 +283,14 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
       qp.n = n, qp.k = hk, qp.stream = s;
       RETURN_IF_ERROR(RunQuantizeFp8Blocks(qp));
     }
+    // And in MXFP4 (DeepSeek-V4's format: 4-bit codes, a ue8m0 scale per 32 inputs).
+    ASSIGN_OR_RETURN(auto w4, DeviceBuffer<uint8_t>::Create(static_cast<size_t>(e) * n * hk / 2));
+    ASSIGN_OR_RETURN(auto w4s, DeviceBuffer<uint8_t>::Create(static_cast<size_t>(e) * n * hk / 32));
+    {
+      QuantizeMxfp4Params qp;
+      qp.w = w.get(), qp.q = w4.get(), qp.scale = w4s.get(), qp.n = e * n, qp.k = hk, qp.stream = s;
+      RETURN_IF_ERROR(RunQuantizeMxfp4(qp));
+    }
     std::vector<std::string> mlp_rows;  // the whole expert MLP per path, printed after
     for (int tokens : {256, 16384}) {
       const int rows = tokens * k;
@@ -341,6 +350,17 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
             "| %d x %d | %d x 128, FP8 weights | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f |\n",
             tokens, k, tile, g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12,
             (w_bytes / 2 + e * w8_scales * 4.0) / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
+            flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
+      }
+      {  // MXFP4 weights (a quarter of the bytes and a scale byte per 32), 64-wide slices
+        GroupedGemmParams g4 = gp;
+        g4.w = nullptr, g4.w_fp4 = w4.get(), g4.w_mx_scale = w4s.get(), g4.k_tile = 0;
+        ASSIGN_OR_RETURN(double g_ms,
+                         EventMedianMs(s, 3, 20, [&](int) { return RunGroupedGemm(g4); }));
+        std::printf(
+            "| %d x %d | %d x 64, MXFP4 weights | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f |\n",
+            tokens, k, tile, g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12,
+            (w_bytes / 4 + w_bytes / 64) / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
             flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
       }
       // The whole expert MLP as the model runs it (EnqueueExpertMlp), each
@@ -410,13 +430,18 @@ absl::Status Run(const Flags& f) {
   } else {
     ASSIGN_OR_RETURN(config, ShapeConfig(f.shape));
   }
+  if (f.quantization == "mxfp4") {  // as V4-Flash ships: FP8 linears, MXFP4 routed experts
+    if (config.layers() != LayerArch::kV4)
+      return absl::InvalidArgumentError("--quantization mxfp4: DeepSeek-V4's format (--family v4)");
+    config.fp8_block_weights = true, config.mxfp4_experts = true;
+  }
   const int max_batch = *std::max_element(f.batches.begin(), f.batches.end());
   CudaModelOptions o;
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.max_num_seqs = std::max(max_batch, f.prefill_seqs);
   o.max_model_len = (std::max(f.context + f.warmup + f.steps + 1, f.prefill_len) + 63) / 64 * 64;
   o.cuda_graphs = f.graphs;
-  o.fp8_linears = f.quantization == "fp8";
+  o.fp8_linears = f.quantization == "fp8";  // mxfp4: from the config
   o.mla_kernel = f.mla_kernel == "heads16"   ? MlaKernel::kHeads16
                  : f.mla_kernel == "generic" ? MlaKernel::kGeneric
                                              : MlaKernel::kAuto;
@@ -431,12 +456,14 @@ absl::Status Run(const Flags& f) {
   const auto t1 = std::chrono::steady_clock::now();
   const ModelConfig& c = model->config();
   std::printf(
-      "model %s (%s weights, %.2f GB, dense linears %s): layers %d, hidden %d, heads %d, experts "
-      "%d top-%d + %d "
-      "shared, "
-      "vocab %d; KV cache %d blocks (%.1f GB); ready in %.1f s\n",
+      "model %s (%s weights, %.2f GB, dense linears %s, routed experts %s): layers %d, hidden "
+      "%d, heads %d, experts %d top-%d + %d shared, vocab %d; KV cache %d blocks (%.1f GB); "
+      "ready in %.1f s\n",
       f.model_dir.empty() ? f.shape.c_str() : f.model_dir.c_str(), f.load_format.c_str(),
       model->weights().bytes() / 1e9, model->weights().fp8_linears() ? "fp8" : "bf16",
+      RoutedExpertFormat(c, model->weights().fp8_linears()) == LinearFormat::kMxfp4 ? "mxfp4"
+      : RoutedExpertFormat(c, model->weights().fp8_linears()) == LinearFormat::kFp8 ? "fp8"
+                                                                                    : "bf16",
       c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.n_routed_experts,
       c.num_experts_per_tok, c.n_shared_experts, c.vocab_size, model->kv_pool().num_blocks(),
       model->kv_pool().bytes() / 1e9, Seconds(t0, t1));

@@ -30,6 +30,19 @@
 #              of bf16 experts): --prompt_len 64 --max_new_tokens $MOESH_NEW_TOKENS (128)
 #              --requests 64 --concurrency 64 --expert_device cuda:1 --expert_workers 1
 #              --modes $MOESH_MODES (colocated,cluster-nccl); nvidia-h200-x2.
+#   fullsize   issue 22's run, arguments through the environment: DeepSeek-V3 at its real
+#              shapes in FP8 as shipped (`mkmodel --family v3 --preset real --dtype fp8
+#              --config_only`, $MOESH_LAYERS layers, default all 61; dummy weights made on
+#              the GPUs); the router, prefill and decode workers on GPU 0, one expert worker
+#              per other GPU (--expert_device cuda:1,...), dispatches over NCCL
+#              (cluster-nccl); 1K-in/1K-out and 4K-in/512-out ($MOESH_WORKLOADS, PROMPT:NEW
+#              pairs) at --concurrency $MOESH_CONCURRENCY (64,128,256), $MOESH_REQUESTS
+#              (2 x the largest concurrency) requests a row; then the expert-GPU scaling
+#              (1 .. gpus - 1 expert GPUs, the first workload, concurrency 128) and the
+#              resident bytes per GPU (nvidia-smi after each row). MOESH_FAMILY=v2: DeepSeek-V2
+#              at 236B (60 layers, bf16 config, --quantization fp8 at load), its expert workers
+#              over every GPU, GPU 0 included. On one GPU (the rehearsal) it runs colocated at
+#              the layer count given (V3 FP8: 13 layers fit; 61 need eight GPUs).
 #   rebalance  the rebalancer over time on a CPU cluster (this machine's cores), the small
 #              v2-lite model with a skewed placement: --rebalance_timeline 30
 #              --rebalance_interval 5 --concurrency 32 --prompt_len 32 --max_new_tokens 64.
@@ -65,7 +78,7 @@ usage() { sed -n '2,/^set /p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; }
 scenarios=()
 while (($# > 0)); do
   case $1 in
-    steady|kv|ipc|multi|largest|rebalance) scenarios+=("$1"); shift ;;
+    steady|kv|ipc|multi|largest|fullsize|rebalance) scenarios+=("$1"); shift ;;
     dispatch-ipc|dispatch-mps|dispatch-nccl|dispatch-overlap) scenarios+=("${1/-/_}"); shift ;;
     --dispatch)
       case ${2:-} in
@@ -166,6 +179,50 @@ largest() {
     --expert_workers 1 --modes ${MOESH_MODES:-colocated,cluster-nccl}
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv >> "$LOGS/env.txt"
   shown+=(v3_serving)
+}
+
+fullsize() {
+  local family=${MOESH_FAMILY:-v3} conc=${MOESH_CONCURRENCY:-64,128,256}
+  local layers=${MOESH_LAYERS:-} dir=/tmp/fullsize-${MOESH_FAMILY:-v3} quant=() experts=() mode
+  local largest=${conc##*,}
+  local requests=${MOESH_REQUESTS:-$((2 * largest))}
+  local mk=(mkmodel --family "$family" --preset real --config_only --out "$dir")
+  [[ -n $layers ]] && mk+=(--layers "$layers")
+  if [[ $family == v3 ]]; then mk+=(--dtype fp8); else quant=(--quantization fp8); fi
+  $moesh "${mk[@]}" >> "$LOGS/mkmodel.log" 2>&1 || { echo "fullsize: mkmodel failed" >&2; return; }
+  # The expert workers' GPUs: 1 .. gpus - 1 (V2: 0 .. gpus - 1); one GPU: colocated.
+  local first=1
+  [[ $family != v3 ]] && first=0
+  for ((g = first; g < gpus; g++)); do experts+=("cuda:$g"); done
+  if ((gpus < 2)); then
+    mode=colocated experts=(cuda:0)
+  else
+    mode=cluster-nccl
+  fi
+  local list
+  list=$(IFS=,; echo "${experts[*]}")
+  IFS=, read -ra workloads <<< "${MOESH_WORKLOADS:-1024:1024,4096:512}"
+  for wl in "${workloads[@]}"; do
+    step "fullsize_${wl/:/_}" 590 $moesh bench --serving --model "$dir" --load_format dummy --device cuda:0 \
+      "${quant[@]}" --expert_device "$list" --expert_workers ${#experts[@]} --modes $mode \
+      --prompt_len "${wl%%:*}" --max_new_tokens "${wl##*:}" --requests "$requests" --concurrency "$conc"
+    nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv >> "$LOGS/fullsize_memory.txt"
+    shown+=("fullsize_${wl/:/_}")
+  done
+  # Expert-GPU scaling at the first workload, concurrency 128.
+  if ((gpus > 2)); then
+    local wl=${workloads[0]}
+    for ((k = 1; k <= ${#experts[@]}; k++)); do
+      local some
+      some=$(IFS=,; echo "${experts[*]:0:k}")
+      step "fullsize_scaling_$k" 590 $moesh bench --serving --model "$dir" --load_format dummy \
+        --device cuda:0 "${quant[@]}" --expert_device "$some" --expert_workers "$k" --modes $mode \
+        --prompt_len "${wl%%:*}" --max_new_tokens "${wl##*:}" --requests 256 --concurrency 128
+      shown+=("fullsize_scaling_$k")
+    done
+  fi
+  shown+=(fullsize_memory)
+  cp "$LOGS/fullsize_memory.txt" "$LOGS/fullsize_memory.log" 2> /dev/null
 }
 
 rebalance() {

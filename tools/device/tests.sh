@@ -5,7 +5,8 @@
 #   kernels   the kernel tests (cuda_device_test, cuda_ops_test, cuda_routing_test,
 #             cuda_mla_decode_test, cuda_grouped_gemm_test, cuda_dsa_ops_test,
 #             cuda_sample_test: the GPU sampler and greedy + top-k log-probabilities,
-#             cuda_fp8_test: block-scaled FP8 quantization and GEMM, cuda_wgmma_test: the
+#             cuda_fp8_test: block-scaled FP8 quantization and GEMM, cuda_mxfp4_test: MXFP4
+#             quantization bit for bit the CPU's, cuda_wgmma_test: the
 #             wgmma wrappers and SW128 descriptors), then
 #             compute-sanitizer memcheck on the op, routing, MLA, grouped GEMM and sampler
 #             tests, racecheck/synccheck on the MLA kernel's small cases, racecheck on the
@@ -40,7 +41,7 @@
 # bundle (here, before `run`), the binaries of the groups wanted:
 #   kernels:  cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test
 #             cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
-#             cuda_wgmma_test [kernel_bench, for the SASS]
+#             cuda_mxfp4_test cuda_wgmma_test [kernel_bench, for the SASS]
 #   model:    cuda_model_test cuda_fp8_model_test
 #   services: cuda_backends_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
 #             moesh_expert_worker libmoesh_cuda_backends.so
@@ -48,7 +49,8 @@
 # A test binary missing from the bundle is left out (said in the summary).
 # e.g.
 #   tools/device/bundle.sh build-cuda cuda_device_test cuda_ops_test cuda_routing_test \
-#     cuda_mla_decode_test cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
+#     cuda_mla_decode_test cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test \
+#     cuda_mxfp4_test
 #   run: command "bash tools/device/tests.sh kernels", carry [".device"]
 #   run: kind nvidia-h200-x2, command "bash tools/device/tests.sh services multi", carry [".device"]
 set -uo pipefail
@@ -104,7 +106,7 @@ cluster() {
 
 kernels() {
   for t in cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test cuda_grouped_gemm_test \
-           cuda_dsa_ops_test cuda_sample_test cuda_fp8_test cuda_wgmma_test; do
+           cuda_dsa_ops_test cuda_sample_test cuda_fp8_test cuda_mxfp4_test cuda_wgmma_test; do
     test_bin "$t" 90 "$t"
   done
   for t in cuda_ops_test cuda_routing_test cuda_mla_decode_test; do
@@ -113,6 +115,7 @@ kernels() {
   sanitize memcheck_grouped_gemm 120 memcheck cuda_grouped_gemm_test
   sanitize memcheck_sample 90 memcheck cuda_sample_test
   sanitize memcheck_fp8 120 memcheck cuda_fp8_test
+  sanitize memcheck_mxfp4 90 memcheck cuda_mxfp4_test
   # The sampler's SASS, where a sanitizer report needs it.
   if [[ -f $LOGS/memcheck_sample.log ]] && [[ $(grep -c 'rc=0 ' <<< "${summary[-1]}") == 0 ]] &&
      command -v cuobjdump > /dev/null; then
