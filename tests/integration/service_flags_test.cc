@@ -126,6 +126,7 @@ void SetAll(KvOptions* k) {
   k->max_batch = 9;
   k->max_waiting_requests = 5;
   k->enable_prefix_caching = false;
+  k->max_num_batched_tokens = 48;
 }
 
 // The same for several groups: SetAll(&o.server, &o.worker).
