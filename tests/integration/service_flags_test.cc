@@ -231,5 +231,21 @@ TEST(ServiceFlagsTest, BinariesRefuseFlagsTheyDoNotRead) {
   }
 }
 
+// A negative chunked-prefill budget is refused by each service reading it,
+// with the flag named, before anything starts.
+TEST(ServiceFlagsTest, ANegativeTokenBudgetIsRefused) {
+  for (const std::string binary :
+       {"moesh_router --colocated", "moesh_prefill_worker", "moesh_decode_worker"}) {
+    const std::string cmd = std::string(MOESH_BINARY_DIR) + "/" + binary +
+                            " --model=/nonexistent --max_num_batched_tokens=-1 2>&1";
+    std::string out;
+    int status = 0;
+    ASSERT_NO_FATAL_FAILURE(RunCommand(cmd, &out, &status));
+    EXPECT_NE(status, 0) << cmd;
+    EXPECT_TRUE(absl::StrContains(out, "--max_num_batched_tokens must be >= 0")) << cmd << ":\n"
+                                                                                 << out;
+  }
+}
+
 }  // namespace
 }  // namespace moesh
