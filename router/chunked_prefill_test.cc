@@ -8,7 +8,6 @@
 // last chunk.
 #include <atomic>
 #include <chrono>
-#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
@@ -16,29 +15,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "base/file_util.h"
 #include "common/metrics/metrics.h"
-#include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
 #include "router/colocated_backend.h"
+#include "router/colocated_test_util.h"
 
 namespace moesh {
 namespace {
 
 constexpr int kBudget = 16;  // forces many chunks on prompts of 40..2000 tokens
 
-std::string TinyModel() {
-  static const std::string dir = [] {
-    const std::string d = JoinPath(::testing::TempDir(), "chunked_prefill_test_tiny_v3");
-    std::filesystem::remove_all(d);
-    absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
-    RandomCheckpointOptions opt;
-    opt.seed = 23;
-    EXPECT_TRUE(c.ok() && WriteRandomCheckpoint(*c, d, opt).ok());
-    return d;
-  }();
-  return dir;
-}
+std::string TinyModel() { return moesh::TinyModel("chunked_prefill_test_tiny_v3", 23); }
 
 // Where the prompts are chunked.
 enum class Where {
@@ -47,13 +34,15 @@ enum class Where {
   kPrefillPasses  // the prefill engine's passes
 };
 
+// `blocks` of `block_size` tokens; by default 8192 tokens: a prompt of 2000
+// twice (the prefill engine's pass and the decode engine's reservation,
+// kPrefillPasses).
 std::unique_ptr<ColocatedBackend> Backend(Where where, Metrics* metrics = nullptr,
-                                          bool prefix_cache = false) {
+                                          bool prefix_cache = false, int blocks = 512,
+                                          int block_size = 16) {
   DeviceOptions device;
-  // 8192 tokens: a prompt of 2000 twice (the prefill engine's pass and the
-  // decode engine's reservation, kPrefillPasses).
-  device.num_kv_blocks = 512;
-  device.block_size = 16;
+  device.num_kv_blocks = blocks;
+  device.block_size = block_size;
   device.prefix_cache = prefix_cache;
   DecodeEngineOptions decode;
   decode.metrics = metrics;
@@ -128,19 +117,6 @@ bool AwaitChunks(Metrics* metrics, Where where, double n) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return true;
-}
-
-// The decode engine back to idle: every block free, nothing in flight.
-void ExpectIdle(ColocatedBackend* b, int64_t all_free) {
-  ServingLoad load = b->decode()->Load();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while ((load.in_flight != 0 || load.free_kv_blocks != all_free) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    load = b->decode()->Load();
-  }
-  EXPECT_EQ(load.free_kv_blocks, all_free);
-  EXPECT_EQ(load.in_flight, 0);
 }
 
 struct Case {
@@ -273,6 +249,36 @@ TEST_P(ChunkedPrefillTest, AShortPromptGetsItsFirstTokenBeforeALongPromptQueuedA
   // The short prompt's token came while the long one still had chunks to go.
   EXPECT_FALSE(long_done_then);
   EXPECT_LT(chunks_then, kPrompt / kBudget);
+}
+
+// A pool too small for the requests together: they queue, preempt and
+// resume by recompute, both the prompts and the recomputes in chunks of 16,
+// and every output equals the request's run alone.
+TEST(ChunkedPrefillPreemptionTest, PreemptedRequestsResumeInChunksTokenExact) {
+  // 8 requests of 40 + 100 tokens (35 blocks of 4 each) on 64 blocks.
+  std::unique_ptr<ColocatedBackend> ref = Backend(Where::kNone);
+  std::unique_ptr<ColocatedBackend> b = Backend(Where::kDecodeSteps, nullptr, false, 64, 4);
+  ASSERT_NE(ref, nullptr);
+  ASSERT_NE(b, nullptr);
+  const int64_t all_free = b->decode()->Load().free_kv_blocks;
+  constexpr int kRequests = 8, kNew = 100;
+  CancelToken never;
+  std::vector<Streamed> got(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      got[i] = Stream(b.get(), Request(absl::StrCat("r", i), Prompt(40, 10 + i), kNew), never);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_GT(b->decode()->Load().preemptions, 0);
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status;
+    const Streamed alone =
+        Stream(ref.get(), Request(absl::StrCat("a", i), Prompt(40, 10 + i), kNew), never);
+    EXPECT_EQ(got[i].ids, alone.ids) << i;
+  }
+  ExpectIdle(b.get(), all_free);
 }
 
 INSTANTIATE_TEST_SUITE_P(
