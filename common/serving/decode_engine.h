@@ -15,10 +15,10 @@
 // running request with the highest priority value (the latest arrival among
 // equals; it may be the one growing) is preempted by recompute: its blocks
 // are freed and it goes back to the queue; resumed, it runs prompt + output
-// through the model in one pass (rebuilding its KV) and samples its next
-// token from it, so its stream goes on with no gap or repeat. The queue is
-// ordered by (priority, arrival): lower priority values first, first come
-// first served within one.
+// through the model in one pass, or in chunks (below), rebuilding its KV, and
+// samples its next token from the last, so its stream goes on with no gap or
+// repeat. The queue is ordered by (priority, arrival): lower priority values
+// first, first come first served within one.
 //
 // Chunked prefill (max_num_batched_tokens > 0): a step carries the running
 // decodes first (one token each) and fills what the budget leaves with
