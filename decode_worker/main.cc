@@ -30,6 +30,7 @@ absl::Status Run() {
   DecodeEngineOptions eo;
   eo.max_batch = o.kv.max_batch;
   eo.max_waiting = o.kv.max_waiting_requests;
+  eo.max_num_batched_tokens = o.kv.max_num_batched_tokens;
   eo.micro_batches = o.dispatch.micro_batches;
   eo.micro_batch_min = o.micro_batch_min;
   eo.max_pending_kv_share = o.max_pending_kv_share;

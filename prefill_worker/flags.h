@@ -26,7 +26,9 @@ struct PrefillWorkerOptions {
   // the prefix cache on, prompts' KV lives in a pool of kv_blocks blocks
   // whose full blocks stay cached for later prompts (only their uncached
   // suffix is computed); off, each prompt's cache lives for its pass alone.
-  // max_batch and max_waiting_requests are the decode side's (unused here).
+  // --max_num_batched_tokens: the longest prompt chunk of a pass (chunked
+  // prefill). max_batch and max_waiting_requests are the decode side's
+  // (unused here).
   KvOptions kv;
   int max_batch_tokens = 8192;
   // How the KV cache reaches decode workers: auto, host or device.

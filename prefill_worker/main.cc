@@ -41,6 +41,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(AttentionWorker w, SetUpAttentionWorker(opt));
   PrefillEngineOptions eo;
   eo.max_batch_tokens = o.max_batch_tokens;
+  eo.max_chunk_tokens = o.kv.max_num_batched_tokens;
   eo.micro_batches = o.dispatch.micro_batches;
   eo.metrics = metrics.get();
   ASSIGN_OR_RETURN(const TransportPlugin* transport, FindTransport(opt.transport));

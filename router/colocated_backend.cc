@@ -18,9 +18,13 @@ absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(
   std::unique_ptr<ColocatedBackend> b(new ColocatedBackend(std::move(w)));
   static std::atomic<int> instances{0};
   b->inproc_address_ = absl::StrCat("colocated-decode-", ++instances);
-  decode_options.prefill_shares_pool = true;  // one backend, one KV pool
+  const bool chunked = decode_options.max_num_batched_tokens > 0;
+  // One backend, one KV pool: a prefill engine's passes take blocks from it too.
+  decode_options.prefill_shares_pool = !chunked;
   b->decode_ = std::make_unique<DecodeEngine>(b->worker_.backend.get(), b->worker_.experts.get(),
                                               decode_options);
+  b->decode_client_ = std::make_unique<InProcessDecodeClient>(b->decode_.get(), b->inproc_address_);
+  if (chunked) return b;  // the decode engine computes the prompts
   RETURN_IF_ERROR(BindInproc(b->inproc_address_, nullptr, b->decode_.get()));
   prefill_options.metrics = decode_options.metrics;
   prefill_options.prefix_cache_metrics = false;  // the decode engine exports the shared pool's
@@ -29,20 +33,22 @@ absl::StatusOr<std::unique_ptr<ColocatedBackend>> ColocatedBackend::Create(
   b->prefill_ = std::make_unique<PrefillEngine>(b->worker_.backend.get(), b->worker_.experts.get(),
                                                 b->worker_.kv_transport(), prefill_options);
   b->prefill_client_ = std::make_unique<InProcessPrefillClient>(b->prefill_.get());
-  b->decode_client_ = std::make_unique<InProcessDecodeClient>(b->decode_.get(), b->inproc_address_);
   return b;
 }
 
 ColocatedBackend::~ColocatedBackend() {
   prefill_client_.reset();
   decode_client_.reset();
-  prefill_.reset();
-  UnbindInproc(inproc_address_);
+  if (prefill_ != nullptr) {
+    prefill_.reset();
+    UnbindInproc(inproc_address_);
+  }
   decode_.reset();
 }
 
 absl::Status ColocatedBackend::Run(const GenerationRequest& req, const ChunkSink& sink,
                                    const CancelToken& cancel) {
+  if (prefill_ == nullptr) return RunComputingPrompt(req, *decode_client_, sink, cancel);
   DecodeClient* const decoders[] = {decode_client_.get()};
   return RunGeneration(req, *prefill_client_, decoders, sink, cancel);
 }

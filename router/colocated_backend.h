@@ -1,7 +1,14 @@
-// Colocated serving: prefill, decode and every expert in this process, joined
-// by the inproc transport; requests take the cluster's flow
-// (common/serving/generation_flow.h) over in-process clients. The reference the disaggregated
-// cluster must equal, and the small-deployment mode. Thread-safe.
+// Colocated serving: prefill, decode and every expert in this process. The
+// reference the disaggregated cluster must equal, and the small-deployment
+// mode. Thread-safe. Two ways, by the decode options' max_num_batched_tokens:
+//   * > 0, chunked prefill: one engine, one scheduler. The decode engine
+//     computes each prompt itself (DecodeSpec::compute_prompt), in chunks
+//     that fill its steps' token budget after the running decodes
+//     (RunComputingPrompt); there is no prefill engine.
+//   * 0: a prefill engine and the decode engine share the KV pool, joined by
+//     the inproc transport; requests take the cluster's flow
+//     (common/serving/generation_flow.h) over in-process clients: a prompt
+//     runs whole in the prefill engine's pass, besides the decode steps.
 #ifndef MOESH_ROUTER_COLOCATED_BACKEND_H_
 #define MOESH_ROUTER_COLOCATED_BACKEND_H_
 
@@ -18,7 +25,7 @@ namespace moesh {
 
 class ColocatedBackend : public GenerationBackend {
  public:
-  // One attention backend on `device` (its KV pool) serves both engines.
+  // One attention backend on `device` (its KV pool) serves the engines.
   static absl::StatusOr<std::unique_ptr<ColocatedBackend>> Create(
       const std::string& model_dir, const DeviceOptions& device, DecodeEngineOptions decode_options,
       PrefillEngineOptions prefill_options);
@@ -36,7 +43,7 @@ class ColocatedBackend : public GenerationBackend {
   AttentionWorker worker_;
   std::string inproc_address_;
   std::unique_ptr<DecodeEngine> decode_;
-  std::unique_ptr<PrefillEngine> prefill_;
+  std::unique_ptr<PrefillEngine> prefill_;  // null with chunked prefill
   std::unique_ptr<InProcessPrefillClient> prefill_client_;
   std::unique_ptr<InProcessDecodeClient> decode_client_;
 };

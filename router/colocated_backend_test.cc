@@ -5,33 +5,20 @@
 
 #include <atomic>
 #include <chrono>
-#include <filesystem>
 #include <functional>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "base/file_util.h"
 #include "common/metrics/metrics.h"
-#include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
+#include "router/colocated_test_util.h"
 
 namespace moesh {
 namespace {
 
-std::string TinyModel() {
-  static const std::string dir = [] {
-    const std::string d = JoinPath(::testing::TempDir(), "colocated_backend_test_tiny_v3");
-    std::filesystem::remove_all(d);
-    absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
-    RandomCheckpointOptions opt;
-    opt.seed = 21;
-    EXPECT_TRUE(c.ok() && WriteRandomCheckpoint(*c, d, opt).ok());
-    return d;
-  }();
-  return dir;
-}
+std::string TinyModel() { return moesh::TinyModel("colocated_backend_test_tiny_v3", 21); }
 
 std::unique_ptr<ColocatedBackend> Backend() {
   DeviceOptions device;
@@ -225,21 +212,6 @@ absl::Status RunRequest(ColocatedBackend* b, const GenerationRequest& r, std::ve
         return true;
       },
       cancel);
-}
-
-// The decode engine back to idle: every block free, nothing running or queued.
-void ExpectIdle(ColocatedBackend* b, int64_t all_free) {
-  ServingLoad load = b->decode()->Load();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while ((load.in_flight != 0 || load.free_kv_blocks != all_free) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    load = b->decode()->Load();
-  }
-  EXPECT_EQ(load.free_kv_blocks, all_free);
-  EXPECT_EQ(load.num_running, 0);
-  EXPECT_EQ(load.num_waiting, 0);
-  EXPECT_EQ(load.in_flight, 0);
 }
 
 // A gauge's or counter's value in `metrics` (-1 if absent).

@@ -89,7 +89,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
         "--rebalance_interval_s and --rebalance_slots must be >= 0, --rebalance_min_ratio >= 1");
   }
   o.colocated = absl::GetFlag(FLAGS_colocated);
-  o.kv = KvOptionsFromFlags();
+  ASSIGN_OR_RETURN(o.kv, KvOptionsFromFlags());
   if (o.colocated) {
     ASSIGN_OR_RETURN(o.device, DeviceOptionsFromFlags());
   }

@@ -55,6 +55,7 @@ absl::Status Run() {
     DecodeEngineOptions d;
     d.max_batch = o.kv.max_batch;
     d.max_waiting = o.kv.max_waiting_requests;
+    d.max_num_batched_tokens = o.kv.max_num_batched_tokens;
     d.metrics = metrics.get();
     ASSIGN_OR_RETURN(backend, ColocatedBackend::Create(dir, device, d, PrefillEngineOptions()));
   } else {

@@ -8,6 +8,23 @@
 
 namespace moesh {
 
+absl::Status CheckPrompt(const AttentionBackend& backend, absl::Span<const int32_t> prompt,
+                         int prompt_logprobs) {
+  const int vocab = backend.config().vocab_size;
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", t, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  if (prompt_logprobs >= 0 && !backend.has_all_position_logits()) {
+    return absl::UnimplementedError(
+        absl::StrCat("prompt_logprobs: the ", backend.device(),
+                     " backend computes the logits of each prompt's last position only"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status AttentionBackend::CheckSampleRequests(absl::Span<const SequenceInput> seqs,
                                                    absl::Span<const SampleRequest> samples,
                                                    int top_logprobs) const {

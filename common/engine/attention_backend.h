@@ -142,6 +142,12 @@ class AttentionBackend {
                                    absl::Span<const SampleRequest> samples, int top_logprobs) const;
 };
 
+// A prompt `backend` can run: INVALID_ARGUMENT for a token outside the
+// vocabulary, UNIMPLEMENTED for prompt_logprobs >= 0 where the backend lacks
+// ForwardAllPositions.
+absl::Status CheckPrompt(const AttentionBackend& backend, absl::Span<const int32_t> prompt,
+                         int prompt_logprobs);
+
 // The CPU backend over `model`. num_kv_blocks > 0: a KvBlockPool of that
 // many blocks of block_size tokens, with a prefix cache iff `prefix_cache`;
 // 0: every sequence grows without bound (no prefix cache).

@@ -46,6 +46,7 @@ void AppendArgs(const KvOptions& o, std::vector<std::string>* args) {
   AddFlag(args, "max_batch", o.max_batch, d.max_batch);
   AddFlag(args, "max_waiting_requests", o.max_waiting_requests, d.max_waiting_requests);
   AddFlag(args, "enable_prefix_caching", o.enable_prefix_caching, d.enable_prefix_caching);
+  AddFlag(args, "max_num_batched_tokens", o.max_num_batched_tokens, d.max_num_batched_tokens);
 }
 
 void AppendArgs(const DeviceOptions& o, std::vector<std::string>* args) {

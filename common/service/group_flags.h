@@ -29,7 +29,7 @@ inline absl::Status Read(ExpertDispatchOptions* o) {
   return absl::OkStatus();
 }
 inline absl::Status Read(KvOptions* o) {
-  *o = KvOptionsFromFlags();
+  ASSIGN_OR_RETURN(*o, KvOptionsFromFlags());
   return absl::OkStatus();
 }
 inline absl::Status Read(DeviceOptions* o) {

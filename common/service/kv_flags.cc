@@ -1,6 +1,7 @@
 #include "common/service/kv_flags.h"
 
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
 
 ABSL_FLAG(int, kv_blocks, moesh::KvOptions().kv_blocks,
           "KV cache blocks on --device cpu (CUDA sizes its cache from --gpu_memory_utilization). "
@@ -23,15 +24,29 @@ ABSL_FLAG(bool, enable_prefix_caching, moesh::KvOptions().enable_prefix_caching,
           "only the rest of a prompt. --device cpu (CUDA says at startup that it runs without). "
           "The router uses it only with --colocated.");
 
+ABSL_FLAG(int, max_num_batched_tokens, moesh::KvOptions().max_num_batched_tokens,
+          "Chunked prefill's token budget per forward step. A decode step (decode worker, "
+          "colocated router) computes one token for each running request first and fills the "
+          "rest with prompt chunks, so a long prompt no longer stalls running streams; a prefill "
+          "worker splits a longer prompt into chunks of at most this many tokens, one per pass, "
+          "running the prompts queued behind it in between. 0: no chunking (a prompt runs whole "
+          "in one pass). Must be >= 0.");
+
 namespace moesh {
 
-KvOptions KvOptionsFromFlags() {
+absl::StatusOr<KvOptions> KvOptionsFromFlags() {
   KvOptions o;
   o.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   o.block_size = absl::GetFlag(FLAGS_block_size);
   o.max_batch = absl::GetFlag(FLAGS_max_batch);
   o.max_waiting_requests = absl::GetFlag(FLAGS_max_waiting_requests);
   o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  o.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  if (o.max_num_batched_tokens < 0) {
+    return absl::InvalidArgumentError(
+        "--max_num_batched_tokens must be >= 0 (0: no chunked prefill), got " +
+        std::to_string(o.max_num_batched_tokens));
+  }
   return o;
 }
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace moesh {
 
 // The defaults are the flags' defaults (kv_flags.cc).
@@ -19,12 +21,19 @@ struct KvOptions {
   // --enable_prefix_caching: reuse the KV of cached prompt prefixes
   // (--device cpu; see common/engine/paged_kv_cache.h).
   bool enable_prefix_caching = true;
+  // --max_num_batched_tokens: chunked prefill's token budget. A decode step
+  // (decode worker, colocated router) computes the running decodes' tokens
+  // first and prompt chunks in the rest; a prefill worker splits a longer
+  // prompt into chunks of at most this many tokens, one per pass, so prompts
+  // queued behind it run in between. 0: no chunking.
+  int max_num_batched_tokens = 2048;
 };
 
 // --kv_blocks, --block_size, --max_batch, --max_waiting_requests,
-// --enable_prefix_caching (unchecked:
-// the decode worker wants the first three >= 1, the last >= 0).
-KvOptions KvOptionsFromFlags();
+// --enable_prefix_caching, --max_num_batched_tokens. INVALID_ARGUMENT for a
+// negative --max_num_batched_tokens; the rest unchecked (the decode worker
+// wants the first three >= 1, max_waiting_requests >= 0).
+absl::StatusOr<KvOptions> KvOptionsFromFlags();
 // The flags that set `o` (flag_args.cc).
 void AppendArgs(const KvOptions& o, std::vector<std::string>* args);
 

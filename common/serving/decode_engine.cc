@@ -28,7 +28,13 @@ struct DecodeEngine::Request {
   bool streaming = false;    // a Decode call reads the outbox
   bool running = false;      // in the batch loop, holding blocks
   bool preempted = false;    // queued again, its blocks freed
-  bool recompute = false;    // running; its next step feeds prompt + output
+  bool recompute = false;    // running; its next steps feed prompt + output (in chunks)
+  // compute_prompt: from Reserve to its first chunk's step (-1: not yet), and
+  // the prompt tokens its sequence took from the prefix cache.
+  std::chrono::steady_clock::time_point arrived_at = std::chrono::steady_clock::now();
+  double queue_seconds = -1;
+  int cached_tokens = 0;
+  uint64_t chunk_turn = 0;  // the step that computed its last chunk (0: none yet)
   bool cancelled = false;
   bool done = false;
   absl::Status status;
@@ -59,9 +65,20 @@ DecodeEngine::DecodeEngine(AttentionBackend* backend, ExpertClient* experts,
     step_seconds_ =
         &m->HistogramFamily("moesh_decode_step_seconds", "Wall time of one batched decode step.")
              .Add({}, Metrics::LatencyBuckets());
-    batch_size_ = &m->HistogramFamily("moesh_decode_batch_size", "Requests per decode step.")
+    batch_size_ = &m->HistogramFamily("moesh_decode_batch_size",
+                                      "Requests per decode step that produced a token.")
                        .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128,
                                                                         256, 512});
+    step_tokens_ = &m->HistogramFamily("moesh_decode_step_tokens",
+                                       "Tokens one decode step computes: a token per running "
+                                       "decode plus the prompt chunks (--max_num_batched_tokens).")
+                        .Add({}, prometheus::Histogram::BucketBoundaries{
+                                     1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384});
+    prompt_chunks_ = &m->CounterFamily("moesh_decode_prompt_chunks_total",
+                                       "Prompt chunks decode steps computed (of prompts computed "
+                                       "here and of preempted requests' recomputes); a prompt "
+                                       "run whole counts one.")
+                          .Add({});
     prefix_metrics_ = std::make_unique<PrefixCacheMetrics>(m);
     kv_free_blocks_->Set(backend_->kv_usage().free_blocks);
   }
@@ -88,6 +105,9 @@ absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
                                                    spec.max_new_tokens, " new tokens to decode"));
   }
   if (absl::Status s = spec.sampling.Validate(backend_->config().vocab_size); !s.ok()) return s;
+  if (spec.compute_prompt) {
+    RETURN_IF_ERROR(CheckPrompt(*backend_, spec.prompt_ids, spec.sampling.prompt_logprobs));
+  }
   const int context = backend_->config().max_position_embeddings;
   if (context > 0 && spec.max_tokens() > context) {
     return absl::InvalidArgumentError(absl::StrCat("a sequence of ", spec.max_tokens(),
@@ -181,7 +201,8 @@ void DecodeEngine::Admit() {
       // admitting does not preempt), and its prefill pass where that shares
       // the pool.
       int need = BlocksFor(u, tokens) + running;
-      if (!r->preempted && options_.prefill_shares_pool) need += BlocksFor(u, prompt);
+      if (!r->preempted && !r->spec.compute_prompt && options_.prefill_shares_pool)
+        need += BlocksFor(u, prompt);
       if (u.free_blocks < need) break;
     }
     // The sequence starts with what the prefix cache holds of the prompt (of
@@ -206,6 +227,14 @@ void DecodeEngine::Admit() {
       ++running;
     } else {
       r->reserved_at = std::chrono::steady_clock::now();
+      if (r->spec.compute_prompt) {
+        // No KV to wait for: it runs its prompt here, in chunks.
+        r->kv_received = true;
+        r->cached_tokens = r->kv->cached_tokens();
+        r->running = true;
+        r->recompute = true;
+        ++running;
+      }
     }
   }
   UpdateGauges();
@@ -221,7 +250,7 @@ void DecodeEngine::Preempt(const std::shared_ptr<Request>& r) {
   if (preemptions_ != nullptr) preemptions_->Increment();
 }
 
-std::vector<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::PlanStep() {
+std::vector<DecodeEngine::StepItem> DecodeEngine::PlanStep() {
   // Running requests by (priority, arrival): the first are served first, the
   // last preempted first.
   std::vector<std::shared_ptr<Request>> order;
@@ -233,17 +262,18 @@ std::vector<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::PlanStep() {
            std::make_pair(b->spec.priority, b->arrival);
   };
   std::sort(order.begin(), order.end(), before);
-  std::vector<std::shared_ptr<Request>> batch;
+  std::vector<StepItem> batch;
+  auto full = [&] { return static_cast<int>(batch.size()) >= options_.max_batch; };
+  // Decodes: room for each one's next token, preempting from the order's end
+  // where the pool is dry.
   size_t end = order.size();  // order[end..) were preempted
-  for (size_t i = 0; i < end && static_cast<int>(batch.size()) < options_.max_batch; ++i) {
+  for (size_t i = 0; i < end && !full(); ++i) {
     const std::shared_ptr<Request>& r = order[i];
-    const int prompt = static_cast<int>(r->spec.prompt_ids.size());
-    const int rows =
-        r->recompute ? prompt + static_cast<int>(r->output.size()) : r->kv->length() + 1;
+    if (r->recompute) continue;
     while (true) {
-      absl::Status room = r->kv->Reserve(rows);
+      absl::Status room = r->kv->Reserve(r->kv->length() + 1);
       if (room.ok()) {
-        batch.push_back(r);
+        batch.push_back({r, 1});
         break;
       }
       if (room.code() != absl::StatusCode::kResourceExhausted) {
@@ -256,6 +286,49 @@ std::vector<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::PlanStep() {
       Preempt(victim);
       if (victim == r) break;
     }
+  }
+  // Prompt chunks in what the budget leaves, by priority, then round robin:
+  // the request whose last chunk is oldest (or that has none yet) first, so a
+  // short prompt arriving behind a long one gets the next step's budget
+  // instead of waiting for all of the long one's chunks. Their sequences hold
+  // the blocks of the whole prompt (+ output) since admission, so they never
+  // preempt.
+  std::vector<std::shared_ptr<Request>> prompts;
+  for (size_t i = 0; i < end; ++i) {
+    if (order[i]->recompute && order[i]->running) prompts.push_back(order[i]);
+  }
+  std::stable_sort(prompts.begin(), prompts.end(),
+                   [](const std::shared_ptr<Request>& a, const std::shared_ptr<Request>& b) {
+                     return std::make_pair(a->spec.priority, a->chunk_turn) <
+                            std::make_pair(b->spec.priority, b->chunk_turn);
+                   });
+  ++steps_;
+  const int budget = options_.max_num_batched_tokens;
+  int left = budget - static_cast<int>(batch.size());
+  bool chunked = false;  // a chunk is in this step
+  for (const std::shared_ptr<Request>& r : prompts) {
+    if (full()) break;
+    const int total = static_cast<int>(r->spec.prompt_ids.size() + r->output.size());
+    const int remaining = total - r->kv->length();
+    int take = remaining;
+    if (budget > 0) {
+      // Prompt log-probabilities need the whole prompt in one pass.
+      const bool whole = r->output.empty() && r->spec.sampling.prompt_logprobs >= 0;
+      if (whole ? remaining > left && chunked : left <= 0) continue;
+      if (!whole) take = std::min(remaining, left);
+    }
+    if (absl::Status room = r->kv->Reserve(r->kv->length() + take); !room.ok()) {
+      if (room.code() != absl::StatusCode::kResourceExhausted) Finish(r, room);
+      continue;
+    }
+    if (r->queue_seconds < 0) {
+      r->queue_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - r->arrived_at).count();
+    }
+    batch.push_back({r, take});
+    r->chunk_turn = steps_;
+    left -= take;
+    chunked = true;
   }
   return batch;
 }
@@ -428,7 +501,7 @@ void DecodeEngine::ExpireReservations() {
 
 void DecodeEngine::Loop() {
   while (true) {
-    std::vector<std::shared_ptr<Request>> batch;
+    std::vector<StepItem> batch;
     {
       absl::MutexLock lock(&mu_);
       // KV arriving goes first: a handoff in progress needs the backend a
@@ -461,29 +534,36 @@ void DecodeEngine::Loop() {
   }
 }
 
-void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
+void DecodeEngine::Step(const std::vector<StepItem>& batch) {
   std::vector<std::vector<int32_t>> tokens(batch.size());
   std::vector<SequenceInput> inputs(batch.size());
   std::vector<SampleRequest> samples(batch.size());
   // Every request's token comes from the backend's sampling step (on a GPU
-  // the logits never leave it), with its own parameters and draw. A resumed
-  // request feeds its prompt and every token so far (its KV rebuilt in the
-  // same pass) and samples its next token from the last, as if never
-  // preempted.
+  // the logits never leave it), with its own parameters and draw. A request
+  // computing its prompt (or, resumed, prompt + output: its KV rebuilt) feeds
+  // its next chunk and samples its next token from the last chunk's, as if
+  // prefilled elsewhere (or never preempted).
   int top_k = 0;
+  int step_tokens = 0;
+  int chunks = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
-    Request& r = *batch[i];
+    Request& r = *batch[i].request;
+    int prompt_logprobs = -1;
     if (r.recompute) {
-      // Past the rows its sequence took from the prefix cache.
-      tokens[i] = r.spec.prompt_ids;
-      tokens[i].insert(tokens[i].end(), r.output.begin(), r.output.end());
-      tokens[i].erase(tokens[i].begin(), tokens[i].begin() + r.kv->length());
+      // Past the rows its sequence holds (from the prefix cache, earlier chunks).
+      const int from = r.kv->length();
+      const int prompt = static_cast<int>(r.spec.prompt_ids.size());
+      for (int t = from; t < from + batch[i].tokens; ++t)
+        tokens[i].push_back(t < prompt ? r.spec.prompt_ids[t] : r.output[t - prompt]);
+      if (r.output.empty()) prompt_logprobs = r.spec.sampling.prompt_logprobs;
+      ++chunks;
     } else {
       tokens[i] = {r.output.back()};
     }
+    step_tokens += static_cast<int>(tokens[i].size());
     inputs[i] = {tokens[i], r.kv.get()};
     samples[i] = {&r.spec.sampling, r.sampler->Draw(static_cast<int>(r.output.size())),
-                  r.spec.prompt_ids, r.output};
+                  r.spec.prompt_ids, r.output, prompt_logprobs};
     top_k = std::max(top_k, r.spec.sampling.top_logprobs);
   }
   const auto start = std::chrono::steady_clock::now();
@@ -497,8 +577,8 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
   if (step_seconds_ != nullptr) {
     step_seconds_->Observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    batch_size_->Observe(static_cast<double>(batch.size()));
-    if (status.ok()) tokens_->Increment(static_cast<double>(batch.size()));
+    step_tokens_->Observe(static_cast<double>(step_tokens));
+    prompt_chunks_->Increment(static_cast<double>(chunks));
   }
   absl::MutexLock lock(&mu_);
   if (!status.ok()) {
@@ -506,12 +586,13 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
         status.code() == absl::StatusCode::kInvalidArgument
             ? status
             : absl::UnavailableError(absl::StrCat("decode step failed: ", status.message()));
-    for (auto& r : batch) Finish(r, s);
+    for (const StepItem& item : batch) Finish(item.request, s);
     return;
   }
   const int block_size = backend_->kv_usage().block_size;
+  int generated = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
-    Request& r = *batch[i];
+    Request& r = *batch[i].request;
     // A block its rows just filled joins the prefix cache (a later turn of
     // the chat starts with this prompt and output).
     if (block_size > 0 && (r.recompute || r.kv->length() % block_size == 0)) {
@@ -519,14 +600,25 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
       known.insert(known.end(), r.output.begin(), r.output.end());
       r.kv->PublishPrefix(known);
     }
+    // A chunk before the last: its token is not the next one.
+    if (r.recompute &&
+        r.kv->length() < static_cast<int>(r.spec.prompt_ids.size() + r.output.size()))
+      continue;
     r.recompute = false;
+    const bool first = r.output.empty();  // its prompt computed here: the first token
     const int want = r.spec.sampling.top_logprobs;
     const int32_t token = chosen->ids[i];
     std::vector<TokenLogprob> top;
     if (want > 0)
       top.assign(chosen->top_logprobs[i].begin(), chosen->top_logprobs[i].begin() + want);
     r.output.push_back(token);
+    ++generated;
     TokenEvent m;
+    if (first) {
+      m.queue_seconds = std::max(r.queue_seconds, 0.0);
+      m.cached_tokens = r.cached_tokens;
+      if (r.spec.sampling.prompt_logprobs >= 0) m.prompt_logprobs = chosen->prompt_logprobs[i];
+    }
     m.ids.push_back(token);
     if (want > 0) m.logprobs.push_back(std::move(top));
     if (r.spec.sampling.wants_logprob()) m.token_logprobs.push_back(chosen->logprobs[i]);
@@ -535,7 +627,14 @@ void DecodeEngine::Step(const std::vector<std::shared_ptr<Request>>& batch) {
     m.finished = m.stopped || static_cast<int>(r.output.size()) >= r.spec.max_new_tokens;
     const bool finished = m.finished;
     r.outbox.push_back(std::move(m));
-    if (finished) Finish(batch[i], absl::OkStatus());
+    if (finished) Finish(batch[i].request, absl::OkStatus());
+  }
+  if (tokens_ != nullptr) {
+    // Requests that produced a token (a chunk before a prompt's last does
+    // not; a step of such chunks alone is not observed): the histogram's _sum
+    // stays the tokens generated.
+    if (generated > 0) batch_size_->Observe(static_cast<double>(generated));
+    tokens_->Increment(static_cast<double>(generated));
   }
   UpdateGauges();
 }

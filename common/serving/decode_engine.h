@@ -15,10 +15,26 @@
 // running request with the highest priority value (the latest arrival among
 // equals; it may be the one growing) is preempted by recompute: its blocks
 // are freed and it goes back to the queue; resumed, it runs prompt + output
-// through the model in one pass (rebuilding its KV) and samples its next
-// token from it, so its stream goes on with no gap or repeat. The queue is
-// ordered by (priority, arrival): lower priority values first, first come
-// first served within one.
+// through the model in one pass, or in chunks (below), rebuilding its KV, and
+// samples its next token from the last, so its stream goes on with no gap or
+// repeat. The queue is ordered by (priority, arrival): lower priority values
+// first, first come first served within one.
+//
+// Chunked prefill (max_num_batched_tokens > 0): a step carries the running
+// decodes first (one token each) and fills what the budget leaves with
+// prompt chunks: of resumed requests (prompt + output recomputed) and of
+// requests that compute their prompt here (DecodeSpec::compute_prompt, the
+// colocated router: no prefill worker, no KV handoff), by priority and then
+// round robin (the least recently served first, so a short prompt behind a
+// long one gets the next step instead of waiting for all its chunks). A
+// chunk appends its
+// tokens to the request's sequence; the step that computes the last chunk
+// samples the request's next token (a first token carries the queue time,
+// cached tokens and prompt log-probabilities a prefill worker's would); the
+// logits of earlier chunks are not used. A request asking for prompt
+// log-probabilities computes its prompt in one step (they need every
+// position's logits over the whole prompt): when the budget left is smaller,
+// it waits for a step with no other chunk and then runs over the budget.
 //
 // Prefix cache (where the backend keeps one: common/engine/paged_kv_cache.h):
 // an admitted request's sequence starts with the cached blocks of its prompt
@@ -58,6 +74,9 @@ namespace moesh {
 
 struct DecodeEngineOptions {
   int max_batch = 256;  // running requests per step
+  // Tokens one step computes: decode tokens first, prompt chunks in the rest
+  // (header comment). 0: no budget, a prompt or a recompute runs whole.
+  int max_num_batched_tokens = 0;
   // New requests queued for admission beyond which Reserve answers
   // RESOURCE_EXHAUSTED (preempted ones are not counted: they were admitted).
   int max_waiting = 1024;
@@ -133,15 +152,22 @@ class DecodeEngine : public KvHandler {
 
  private:
   void Loop();
-  // One step over `batch`; returns false if the forward failed (all failed).
-  void Step(const std::vector<std::shared_ptr<Request>>& batch);
+  // A request in a step and the tokens it feeds: 1 for a decode, a chunk of
+  // its prompt (+ output) for one computing it.
+  struct StepItem {
+    std::shared_ptr<Request> request;
+    int tokens = 1;
+  };
+  // One step over `batch` (on failure every request in it fails).
+  void Step(const std::vector<StepItem>& batch);
   // Admits queued requests in order while their blocks are free (leaving one
   // block per running request for its next step); stops at the first that
   // does not fit. A preempted one resumes running.
   void Admit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The running requests (not cancelled) for the next step, in priority
-  // order, each with room for its next token; preempts where the pool is dry.
-  std::vector<std::shared_ptr<Request>> PlanStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The running requests (not cancelled) for the next step: decodes in
+  // priority order, each with room for its next token (preempting where the
+  // pool is dry), then prompt chunks in priority order within the budget.
+  std::vector<StepItem> PlanStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a running request's blocks and queues it to resume by recompute.
   void Preempt(const std::shared_ptr<Request>& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks for `tokens` tokens in a pool of u.block_size (0 without a pool).
@@ -169,6 +195,8 @@ class DecodeEngine : public KvHandler {
   prometheus::Counter* tokens_ = nullptr;
   prometheus::Histogram* step_seconds_ = nullptr;
   prometheus::Histogram* batch_size_ = nullptr;
+  prometheus::Histogram* step_tokens_ = nullptr;
+  prometheus::Counter* prompt_chunks_ = nullptr;
   // The backend pool's prefix cache (the prefill engine sharing the pool
   // counts there too). Updated under mu_.
   std::unique_ptr<PrefixCacheMetrics> prefix_metrics_;
@@ -183,6 +211,7 @@ class DecodeEngine : public KvHandler {
   int waiting_new_ ABSL_GUARDED_BY(mu_) = 0;  // of waiting_, never admitted
   uint64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t num_preemptions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;           // steps planned
   uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;           // requests ended (blocks freed)
   uint64_t frees_admitted_ ABSL_GUARDED_BY(mu_) = 0;  // frees_ at the loop's last Admit
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -26,13 +26,7 @@ absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
   GenerationOutcome ignored;
   if (outcome == nullptr) outcome = &ignored;
   *outcome = GenerationOutcome();
-  DecodeSpec ds;
-  ds.request_id = req.request_id;
-  ds.prompt_ids = req.prompt;
-  ds.sampling = req.sampling;
-  ds.max_new_tokens = req.max_new_tokens;
-  ds.stop_token_ids = req.stop_token_ids;
-  ds.priority = req.priority;
+  const DecodeSpec ds = DecodeSpecOf(req);
   DecodeClient* decode = nullptr;
   std::unique_ptr<DecodeStream> stream;
   absl::Status last = absl::ResourceExhaustedError("no decode worker has room");
@@ -66,6 +60,28 @@ absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
     return cancel.cancelled() ? CancelledByCaller() : s;
   outcome->prefilled = true;
   absl::Status s = stream->Relay(sink);
+  return cancel.cancelled() && !s.ok() ? CancelledByCaller() : s;
+}
+
+DecodeSpec DecodeSpecOf(const GenerationRequest& req) {
+  DecodeSpec ds;
+  ds.request_id = req.request_id;
+  ds.prompt_ids = req.prompt;
+  ds.sampling = req.sampling;
+  ds.max_new_tokens = req.max_new_tokens;
+  ds.stop_token_ids = req.stop_token_ids;
+  ds.priority = req.priority;
+  return ds;
+}
+
+absl::Status RunComputingPrompt(const GenerationRequest& req, DecodeClient& decode,
+                                const ChunkSink& sink, const CancelToken& cancel) {
+  DecodeSpec ds = DecodeSpecOf(req);
+  ds.compute_prompt = true;
+  absl::StatusOr<std::unique_ptr<DecodeStream>> stream = decode.Open(ds, cancel);
+  if (cancel.cancelled()) return CancelledByCaller();  // `stream` goes: the request too
+  if (!stream.ok()) return stream.status();
+  absl::Status s = (*stream)->Relay(sink);
   return cancel.cancelled() && !s.ok() ? CancelledByCaller() : s;
 }
 

@@ -85,6 +85,11 @@ struct DecodeSpec {
   int max_new_tokens = 1;  // the first token included
   std::vector<int32_t> stop_token_ids;
   int priority = 0;  // GenerationRequest::priority
+  // The decode engine computes the prompt itself, in chunks mixed into its
+  // decode steps (the colocated router): no prefill worker and no KV
+  // handoff; the first token comes from the engine's own step. In-process
+  // only (no wire field).
+  bool compute_prompt = false;
 
   // The tokens whose KV the request may hold: prompt + max_new_tokens - 1.
   int max_tokens() const { return static_cast<int>(prompt_ids.size()) + max_new_tokens - 1; }
@@ -160,6 +165,15 @@ struct GenerationOutcome {
 absl::Status RunGeneration(const GenerationRequest& request, PrefillClient& prefill,
                            absl::Span<DecodeClient* const> decoders, const ChunkSink& sink,
                            const CancelToken& cancel, GenerationOutcome* outcome = nullptr);
+
+// The DecodeSpec of `request` (compute_prompt false).
+DecodeSpec DecodeSpecOf(const GenerationRequest& request);
+
+// Runs `request` on `decode` alone, the decode engine computing the prompt
+// (DecodeSpec::compute_prompt: the colocated router's chunked prefill), and
+// relays its events to `sink`. Returns as RunGeneration does.
+absl::Status RunComputingPrompt(const GenerationRequest& request, DecodeClient& decode,
+                                const ChunkSink& sink, const CancelToken& cancel);
 
 // True when `generated` (the tokens `request` produced so far) ends it:
 // max_new_tokens reached, or the last one is a stop id.

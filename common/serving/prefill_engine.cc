@@ -18,6 +18,10 @@ PrefillEngine::PrefillEngine(AttentionBackend* backend, ExpertClient* experts, T
         &m->GaugeFamily("moesh_prefill_queued_tokens", "Prompt tokens queued for prefill.").Add({});
     prompt_tokens_ =
         &m->CounterFamily("moesh_prompt_tokens_total", "Prompt tokens prefilled.").Add({});
+    chunks_ = &m->CounterFamily("moesh_prefill_chunks_total",
+                                "Prompt pieces prefill passes computed: a prompt run whole counts "
+                                "one, a chunked one one per pass (--max_num_batched_tokens).")
+                   .Add({});
     batch_seconds_ = &m->HistogramFamily("moesh_prefill_batch_seconds",
                                          "Wall time of one batched prefill forward.")
                           .Add({}, Metrics::LatencyBuckets());
@@ -40,6 +44,7 @@ PrefillEngine::~PrefillEngine() {
   thread_.join();
   absl::MutexLock lock(&mu_);
   for (Pending* p : queue_) {
+    p->kv.reset();
     p->result = absl::UnavailableError("prefill worker shutting down");
     p->done = true;
   }
@@ -50,18 +55,8 @@ absl::Status PrefillEngine::Prefill(const PrefillSpec& spec, const CancelToken* 
   const ModelConfig& c = backend_->config();
   RETURN_IF_ERROR(CheckRequestId(spec.request_id));
   if (spec.prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt");
-  for (int32_t t : spec.prompt_ids) {
-    if (t < 0 || t >= c.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
-    }
-  }
   if (absl::Status s = spec.sampling.Validate(c.vocab_size); !s.ok()) return s;
-  if (spec.sampling.prompt_logprobs >= 0 && !backend_->has_all_position_logits()) {
-    return absl::UnimplementedError(
-        absl::StrCat("prompt_logprobs: the ", backend_->device(),
-                     " backend computes the logits of each prompt's last position only"));
-  }
+  RETURN_IF_ERROR(CheckPrompt(*backend_, spec.prompt_ids, spec.sampling.prompt_logprobs));
   Pending p(&spec);
   {
     absl::MutexLock lock(&mu_);
@@ -85,10 +80,14 @@ absl::Status PrefillEngine::Prefill(const PrefillSpec& spec, const CancelToken* 
 void PrefillEngine::CancelQueued(Pending* p) {
   absl::MutexLock lock(&mu_);
   auto it = std::find(queue_.begin(), queue_.end(), p);
-  if (it == queue_.end()) return;  // in a batch already, or done
+  if (it == queue_.end()) {
+    p->cancelled = true;  // in a pass: a chunked prompt ends after it (RunBatch)
+    return;
+  }
   queue_.erase(it);
-  queued_tokens_ -= static_cast<int64_t>(p->spec->prompt_ids.size());
+  queued_tokens_ -= p->remaining();
   UpdateQueueGauges();
+  p->kv.reset();
   p->result = absl::CancelledError("cancelled while queued for prefill");
   p->done = true;
 }
@@ -101,33 +100,80 @@ void PrefillEngine::UpdateQueueGauges() {
 
 void PrefillEngine::Loop() {
   while (true) {
-    std::vector<Pending*> batch;
+    std::vector<Piece> batch;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]()
                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
-      int tokens = 0;
-      while (!queue_.empty()) {
-        const int n = static_cast<int>(queue_.front()->spec->prompt_ids.size());
-        if (!batch.empty() && tokens + n > options_.max_batch_tokens) break;
-        Pending* p = queue_.front();
-        p->queue_seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - p->queued_at).count();
-        batch.push_back(p);
-        queue_.pop_front();
-        tokens += n;
-      }
-      queued_tokens_ -= tokens;
+      batch = TakeBatch();
       running_ = static_cast<int>(batch.size());
-      if (waiting_ != nullptr) {
-        waiting_->Set(static_cast<double>(queue_.size()));
-        queued_tokens_gauge_->Set(static_cast<double>(queued_tokens_));
+      UpdateQueueGauges();
+      if (batch.empty()) {
+        // The KV pool is full for now (a GPU's, or the one a colocated decode
+        // engine shares): the prompts wait for blocks instead of failing.
+        auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+        mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(5));
+        continue;
       }
     }
     RunBatch(batch);
   }
+}
+
+std::vector<PrefillEngine::Piece> PrefillEngine::TakeBatch() {
+  std::vector<Piece> batch;
+  int left = options_.max_batch_tokens;
+  // A new prompt found no KV blocks: the new ones behind it wait too (first
+  // come, first served); prompts holding their sequence (chunked) go on.
+  bool blocked = false;
+  for (auto it = queue_.begin(); it != queue_.end() && left > 0;) {
+    Pending* p = *it;
+    const PrefillSpec& spec = *p->spec;
+    const int n = static_cast<int>(spec.prompt_ids.size());
+    const bool chunkable = options_.max_chunk_tokens > 0 && spec.sampling.prompt_logprobs < 0;
+    const int queued = p->remaining();  // counted in queued_tokens_
+    int take = queued;
+    if (chunkable) {
+      take = std::min({take, options_.max_chunk_tokens, left});
+    } else if (!batch.empty() && take > left) {
+      break;  // a longer prompt runs in a pass of its own
+    }
+    if (p->kv == nullptr) {
+      if (blocked) {
+        ++it;
+        continue;
+      }
+      // Starting with the prefix cache's rows of the prompt: only the rest is computed.
+      absl::StatusOr<std::unique_ptr<KvSequence>> seq =
+          backend_->NewCachedSequence(n, spec.prompt_ids);
+      const KvUsage u = backend_->kv_usage();
+      if (seq.status().code() == absl::StatusCode::kResourceExhausted &&
+          (n + u.block_size - 1) / std::max(u.block_size, 1) <= u.total_blocks) {
+        blocked = true;
+        ++it;
+        continue;
+      }
+      p->queue_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - p->queued_at).count();
+      if (!seq.ok()) {
+        it = queue_.erase(it);
+        queued_tokens_ -= queued;
+        p->result = seq.status();
+        p->done = true;
+        continue;
+      }
+      p->kv = std::move(*seq);
+      p->cached_tokens = p->kv->cached_tokens();
+      take = std::min(take, p->remaining());
+    }
+    batch.push_back({p, take});
+    left -= take;
+    queued_tokens_ -= queued;
+    it = queue_.erase(it);
+  }
+  return batch;
 }
 
 absl::StatusOr<DataChannel*> PrefillEngine::ChannelTo(const std::string& address) {
@@ -146,92 +192,83 @@ bool PrefillEngine::HostKvOnly(const std::string& address) const {
   return host_kv_only_.count(address) > 0;
 }
 
-void PrefillEngine::Requeue(const std::vector<Pending*>& batch) {
+void PrefillEngine::Finish(Pending* p, absl::Status result) {
+  p->kv.reset();
   absl::MutexLock lock(&mu_);
-  for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
-    queue_.push_front(*it);
-    queued_tokens_ += static_cast<int64_t>((*it)->spec->prompt_ids.size());
-  }
-  running_ = 0;
-  UpdateQueueGauges();
-  auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-  mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(5));
+  p->result = std::move(result);
+  p->done = true;
+  --running_;
 }
 
-void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
+void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
   const ModelConfig& c = backend_->config();
-  std::vector<std::unique_ptr<KvSequence>> caches(batch.size());
   std::vector<SequenceInput> inputs(batch.size());
   std::vector<SampleRequest> samples(batch.size());
   int top_k = 0;
-  absl::StatusOr<SampledTokens> chosen = SampledTokens();
-  for (size_t i = 0; i < batch.size() && chosen.ok(); ++i) {
-    const PrefillSpec& spec = *batch[i]->spec;
-    const int n = static_cast<int>(spec.prompt_ids.size());
-    // Starting with the prefix cache's rows of the prompt: only the rest is computed.
-    absl::StatusOr<std::unique_ptr<KvSequence>> seq =
-        backend_->NewCachedSequence(n, spec.prompt_ids);
-    const KvUsage u = backend_->kv_usage();
-    if (seq.status().code() == absl::StatusCode::kResourceExhausted &&
-        (n + u.block_size - 1) / std::max(u.block_size, 1) <= u.total_blocks) {
-      // The pool is full for now (a GPU's, or the one a colocated decode
-      // engine shares): the batch waits for blocks instead of failing.
-      caches.clear();
-      Requeue(batch);
-      return;
-    }
-    if (!seq.ok()) {
-      chosen = seq.status();
-    } else {
-      caches[i] = std::move(*seq);
-      inputs[i] = {absl::MakeConstSpan(spec.prompt_ids).subspan(caches[i]->length()),
-                   caches[i].get()};
-      // The first generated token: step 0 of the request's draws.
-      samples[i] = {&spec.sampling,
-                    Sampler(spec.sampling).Draw(/*step=*/0),
-                    spec.prompt_ids,
-                    {},
-                    spec.sampling.prompt_logprobs};
-      top_k = std::max(top_k, spec.sampling.top_logprobs);
-    }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Pending& p = *batch[i].p;
+    const PrefillSpec& spec = *p.spec;
+    inputs[i] = {absl::MakeConstSpan(spec.prompt_ids).subspan(p.kv->length(), batch[i].tokens),
+                 p.kv.get()};
+    // The first generated token: step 0 of the request's draws (from the
+    // last chunk's pass; earlier chunks' tokens are not used).
+    samples[i] = {&spec.sampling,
+                  Sampler(spec.sampling).Draw(/*step=*/0),
+                  spec.prompt_ids,
+                  {},
+                  spec.sampling.prompt_logprobs};
+    top_k = std::max(top_k, spec.sampling.top_logprobs);
   }
-  if (prompt_tokens_ != nullptr && chosen.ok()) {
+  if (prompt_tokens_ != nullptr) {
     // The tokens the forward computes: a prompt's cached prefix is not.
     for (const SequenceInput& in : inputs)
       prompt_tokens_->Increment(static_cast<double>(in.tokens.size()));
+    chunks_->Increment(static_cast<double>(batch.size()));
   }
   const auto start = std::chrono::steady_clock::now();
   const int mb = experts_ != nullptr && experts_->IsAsync() ? options_.micro_batches : 1;
-  if (chosen.ok()) chosen = backend_->ForwardSample(inputs, experts_, samples, top_k, mb);
+  absl::StatusOr<SampledTokens> chosen =
+      backend_->ForwardSample(inputs, experts_, samples, top_k, mb);
   if (batch_seconds_ != nullptr) {
     batch_seconds_->Observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  // Each prompt's caller hears back as soon as its KV was handed over (so the
-  // decode worker's first token reaches the client then, not after the whole
-  // batch's handoffs), its blocks freed first. `batch[i]` is not to be
-  // touched after: its caller returns.
-  auto finish = [&](size_t i, absl::Status result) {
-    caches[i].reset();
-    absl::MutexLock lock(&mu_);
-    batch[i]->result = std::move(result);
-    batch[i]->done = true;
-    --running_;
-  };
-  for (size_t i = 0; i < batch.size(); ++i) {
+  for (const Piece& piece : batch) {
     // The prompt's full blocks join the prefix cache.
-    if (chosen.ok()) caches[i]->PublishPrefix(batch[i]->spec->prompt_ids);
+    if (chosen.ok()) piece.p->kv->PublishPrefix(piece.p->spec->prompt_ids);
   }
   if (prefix_metrics_ != nullptr) prefix_metrics_->Update(backend_->prefix_cache_stats());
+  // Each prompt's caller hears back as soon as its KV was handed over (so the
+  // decode worker's first token reaches the client then, not after the whole
+  // batch's handoffs), its blocks freed first. A pending prompt is not to be
+  // touched after: its caller returns.
   for (size_t i = 0; i < batch.size(); ++i) {
+    Pending* const pending = batch[i].p;
     if (!chosen.ok()) {
-      finish(i, chosen.status().code() == absl::StatusCode::kInvalidArgument
-                    ? chosen.status()
-                    : absl::UnavailableError(
-                          absl::StrCat("prefill failed: ", chosen.status().message())));
+      Finish(pending, chosen.status().code() == absl::StatusCode::kInvalidArgument
+                          ? chosen.status()
+                          : absl::UnavailableError(
+                                absl::StrCat("prefill failed: ", chosen.status().message())));
       continue;
     }
-    const PrefillSpec& spec = *batch[i]->spec;
+    if (pending->remaining() > 0) {
+      // A chunk before the last: back to the queue's tail, after the prompts
+      // that queued meanwhile; its token is not the first one.
+      absl::MutexLock lock(&mu_);
+      --running_;
+      if (pending->cancelled) {
+        pending->kv.reset();
+        pending->result = absl::CancelledError("cancelled while queued for prefill");
+        pending->done = true;
+        continue;
+      }
+      queue_.push_back(pending);
+      queued_tokens_ += pending->remaining();
+      UpdateQueueGauges();
+      continue;
+    }
+    const PrefillSpec& spec = *pending->spec;
+    KvSequence& kv = *pending->kv;
     absl::StatusOr<DataChannel*> ch = ChannelTo(spec.decode_address);
     const auto kv_start = std::chrono::steady_clock::now();
     absl::Status pushed = ch.status();
@@ -239,21 +276,21 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
       KvHandoff how = options_.kv_handoff;
       if (how == KvHandoff::kDevice && HostKvOnly(spec.decode_address)) how = KvHandoff::kHost;
       auto push = [&](KvHandoff h, absl::StatusOr<KvTransfer>* msg) {
-        *msg = SerializeKv(spec.request_id, *caches[i], c.num_hidden_layers, h);
+        *msg = SerializeKv(spec.request_id, kv, c.num_hidden_layers, h);
         if (!msg->ok()) return msg->status();
         (*msg)->first_token = chosen->ids[i];
         if (const int want = spec.sampling.top_logprobs; want > 0) {
           (*msg)->first_logprobs.assign(chosen->top_logprobs[i].begin(),
                                         chosen->top_logprobs[i].begin() + want);
         }
-        (*msg)->queue_seconds = batch[i]->queue_seconds;
+        (*msg)->queue_seconds = pending->queue_seconds;
         (*msg)->first_logprob = chosen->logprobs[i];
         if (spec.sampling.prompt_logprobs >= 0)
           (*msg)->prompt_logprobs = chosen->prompt_logprobs[i];
-        (*msg)->cached_tokens = caches[i]->cached_tokens();
-        if (!caches[i]->status().ok()) {
+        (*msg)->cached_tokens = pending->cached_tokens;
+        if (!kv.status().ok()) {
           return absl::InternalError(
-              absl::StrCat("reading the KV rows failed: ", caches[i]->status().message()));
+              absl::StrCat("reading the KV rows failed: ", kv.status().message()));
         }
         return (*ch)->PushKv(**msg);
       };
@@ -286,7 +323,7 @@ void PrefillEngine::RunBatch(const std::vector<Pending*>& batch) {
                                                               : pushed.code(),
           absl::StrCat("KV handoff to ", spec.decode_address, " failed: ", pushed.message()));
     }
-    finish(i, std::move(pushed));
+    Finish(pending, std::move(pushed));
   }
 }
 

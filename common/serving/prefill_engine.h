@@ -3,6 +3,13 @@
 // samples each request's first token, and hands each prompt's KV cache, the
 // first token with it, to the decode worker holding its reservation.
 //
+// Chunked prefill (max_chunk_tokens > 0): a pass computes at most
+// max_chunk_tokens of one prompt. A longer prompt keeps its sequence (the
+// KV of the chunks so far) and goes back to the queue's tail, so the
+// prompts queued behind it get the next pass; its KV is handed over after
+// its last chunk. A prompt asking for prompt log-probabilities runs whole
+// (they need every position's logits in one pass).
+//
 // Thread-safe: Prefill is called concurrently by RPC handlers. Owns one thread.
 #ifndef MOESH_COMMON_SERVING_PREFILL_ENGINE_H_
 #define MOESH_COMMON_SERVING_PREFILL_ENGINE_H_
@@ -32,6 +39,9 @@ namespace moesh {
 struct PrefillEngineOptions {
   // Prompt tokens per forward pass (a longer single prompt still runs alone).
   int max_batch_tokens = 8192;
+  // The longest chunk of one prompt a pass computes (header comment); 0: a
+  // prompt runs whole.
+  int max_chunk_tokens = 0;
   // Ping-pong micro-batches per forward when the experts are remote (1: off).
   int micro_batches = 2;
   // How the KV reaches the decode worker: rows in the message, or (kDevice:
@@ -74,17 +84,34 @@ class PrefillEngine {
     const PrefillSpec* spec;
     std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
     double queue_seconds = 0;
+    // From its first pass on: the rows computed so far (and the prefix
+    // cache's). Touched by the engine thread while in a pass, under mu_
+    // while queued.
+    std::unique_ptr<KvSequence> kv;
+    int cached_tokens = 0;
+    bool cancelled = false;  // while in a pass: it ends after the pass
     bool done = false;
     absl::Status result = absl::UnknownError("not run");
+    // Prompt tokens still to compute.
+    int remaining() const {
+      return static_cast<int>(spec->prompt_ids.size()) - (kv != nullptr ? kv->length() : 0);
+    }
+  };
+  // A prompt in a pass and the tokens of it the pass computes.
+  struct Piece {
+    Pending* p;
+    int tokens;
   };
   void Loop();
+  // The next pass's pieces, taken from the queue in order (empty: wait for
+  // KV blocks).
+  std::vector<Piece> TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes `p` out of the queue as CANCELLED if it is still there.
   void CancelQueued(Pending* p);
   void UpdateQueueGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunBatch(const std::vector<Pending*>& batch);
-  // Puts `batch` back at the queue's front (its KV pool is full for now) and
-  // waits a moment before the loop tries again.
-  void Requeue(const std::vector<Pending*>& batch);
+  void RunBatch(const std::vector<Piece>& batch);
+  // Ends `p` with `result` (its blocks freed); its caller returns.
+  void Finish(Pending* p, absl::Status result);
   absl::StatusOr<DataChannel*> ChannelTo(const std::string& address);
 
   AttentionBackend* const backend_;
@@ -96,6 +123,7 @@ class PrefillEngine {
   prometheus::Gauge* waiting_ = nullptr;
   prometheus::Gauge* queued_tokens_gauge_ = nullptr;
   prometheus::Counter* prompt_tokens_ = nullptr;
+  prometheus::Counter* chunks_ = nullptr;
   prometheus::Histogram* batch_seconds_ = nullptr;
   prometheus::Counter* kv_bytes_ = nullptr;
   prometheus::Histogram* kv_seconds_ = nullptr;

@@ -126,6 +126,7 @@ void SetAll(KvOptions* k) {
   k->max_batch = 9;
   k->max_waiting_requests = 5;
   k->enable_prefix_caching = false;
+  k->max_num_batched_tokens = 48;
 }
 
 // The same for several groups: SetAll(&o.server, &o.worker).
@@ -227,6 +228,22 @@ TEST(ServiceFlagsTest, BinariesRefuseFlagsTheyDoNotRead) {
     EXPECT_NE(status, 0) << cmd;
     EXPECT_TRUE(absl::StrContains(out, "Unknown command line flag '" + name + "'")) << cmd << ":\n"
                                                                                     << out;
+  }
+}
+
+// A negative chunked-prefill budget is refused by each service reading it,
+// with the flag named, before anything starts.
+TEST(ServiceFlagsTest, ANegativeTokenBudgetIsRefused) {
+  for (const std::string binary :
+       {"moesh_router --colocated", "moesh_prefill_worker", "moesh_decode_worker"}) {
+    const std::string cmd = std::string(MOESH_BINARY_DIR) + "/" + binary +
+                            " --model=/nonexistent --max_num_batched_tokens=-1 2>&1";
+    std::string out;
+    int status = 0;
+    ASSERT_NO_FATAL_FAILURE(RunCommand(cmd, &out, &status));
+    EXPECT_NE(status, 0) << cmd;
+    EXPECT_TRUE(absl::StrContains(out, "--max_num_batched_tokens must be >= 0")) << cmd << ":\n"
+                                                                                 << out;
   }
 }
 
