@@ -2,8 +2,10 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <iostream>
+#include <iterator>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -70,6 +72,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const WorkerRegistration& r
     e.info.address = r.address;
     e.info.data_plane_address = r.data_plane_address.empty() ? r.address : r.data_plane_address;
     e.info.expert_ids = r.expert_ids;
+    e.hosted = r.expert_ids;
     e.last_seen = std::chrono::steady_clock::now();
     id = e.info.id;
     std::cerr << "router: " << e.info.id << " joined at " << e.info.address << std::endl;
@@ -90,11 +93,30 @@ WorkerRegistry::HeartbeatAnswer WorkerRegistry::Heartbeat(const std::string& wor
   answer.known = it != workers_.end();
   answer.placement_version = placement_version_;
   if (it != workers_.end()) {
-    it->second.last_seen = std::chrono::steady_clock::now();
-    it->second.info.load = load;
-    it->second.placement_version = placement_version;
+    Entry& e = it->second;
+    e.last_seen = std::chrono::steady_clock::now();
+    e.info.load = load;
+    e.placement_version = placement_version;
+    e.elsewhere = elsewhere;
+    if (e.info.kind == v1::WORKER_KIND_EXPERT && load.hosted_expert_ids_size() > 0) {
+      e.hosted.assign(load.hosted_expert_ids().begin(), load.hosted_expert_ids().end());
+      std::sort(e.hosted.begin(), e.hosted.end());
+      std::vector<int> routed = Routed(e);
+      if (!routed.empty() && routed != e.info.expert_ids) {
+        e.info.expert_ids = std::move(routed);
+        answer.placement_version = ++placement_version_;
+      }
+    }
   }
   return answer;
+}
+
+std::vector<int> WorkerRegistry::Routed(const Entry& e) {
+  if (e.planned.empty()) return e.hosted;
+  std::vector<int> routed;
+  std::set_intersection(e.planned.begin(), e.planned.end(), e.hosted.begin(), e.hosted.end(),
+                        std::back_inserter(routed));
+  return routed;
 }
 
 void WorkerRegistry::Drop(std::string id) {
@@ -155,9 +177,27 @@ int64_t WorkerRegistry::SetPlacement(
   absl::MutexLock lock(&mu_);
   for (const auto& [id, experts] : experts_by_worker) {
     auto it = workers_.find(id);
-    if (it != workers_.end()) it->second.info.expert_ids = experts;
+    if (it == workers_.end()) continue;
+    it->second.info.expert_ids = experts;
+    it->second.planned = experts;
+    std::sort(it->second.planned.begin(), it->second.planned.end());
+    // The rebalancer loaded them before: they are held (the next heartbeat says so too).
+    std::vector<int> held;
+    std::set_union(it->second.hosted.begin(), it->second.hosted.end(), it->second.planned.begin(),
+                   it->second.planned.end(), std::back_inserter(held));
+    it->second.hosted = std::move(held);
   }
   return ++placement_version_;
+}
+
+bool WorkerRegistry::IsPlacementWriter() const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : workers_) {
+    const bool attention =
+        e.info.kind == v1::WORKER_KIND_PREFILL || e.info.kind == v1::WORKER_KIND_DECODE;
+    if (attention && e.elsewhere && !e.info.load.draining()) return false;
+  }
+  return true;
 }
 
 bool WorkerRegistry::AttentionWorkersFollow(int64_t version) const {
