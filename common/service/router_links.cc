@@ -112,7 +112,15 @@ RouterLinks::RouterLinks(std::string routers, v1::RegisterRequest registration,
       on_placement_version_(std::move(on_placement_version)) {
   Resolve();
   resolver_ = std::thread([this] {
-    while (!stop_.WaitForNotificationWithTimeout(absl::FromChrono(kRouterResolveInterval))) {
+    while (true) {
+      bool none;
+      {
+        absl::MutexLock lock(&mu_);
+        none = links_.empty();
+      }
+      // Until a name resolves (no router pod yet), every second.
+      const auto wait = none ? std::chrono::seconds(1) : kRouterResolveInterval;
+      if (stop_.WaitForNotificationWithTimeout(absl::FromChrono(wait))) break;
       Resolve();
     }
   });

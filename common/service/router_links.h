@@ -1,10 +1,11 @@
 // A worker's links to its routers (router HA): `--router` names one or more
 // routers, comma-separated host:port entries, each resolved through DNS (a
 // Kubernetes headless Service names every router pod) and re-resolved every
-// `kRouterResolveInterval`, so a new router pod is found and a gone one
-// forgotten. The worker registers and heartbeats with each router address
-// independently: one HeartbeatClient (its own thread, its own worker id) per
-// address, so a router that does not answer delays no heartbeat to another.
+// `kRouterResolveInterval` (every second while nothing resolves), so a new
+// router pod is found and a gone one forgotten. The worker registers and
+// heartbeats with each router address independently: one HeartbeatClient
+// (its own thread, its own worker id) per address, so a router that does not
+// answer delays no heartbeat to another.
 //
 // The placement writer — the router whose expert placement map the attention
 // workers route by and an expert worker checks drops against — is the lowest
