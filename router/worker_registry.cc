@@ -1,34 +1,14 @@
 #include "router/worker_registry.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <iostream>
 #include <iterator>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/random_id.h"
 
 namespace moesh {
-namespace {
-
-// 128 bits from the kernel's CSPRNG (getrandom), in hex: a worker id nobody
-// can guess, so no peer can aim Cluster.Deregister or heartbeats at another.
-absl::StatusOr<std::string> RandomIdSuffix() {
-  char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::InternalError("getrandom failed: no random worker id");
-    got += static_cast<size_t>(n);
-  }
-  return absl::BytesToHexString(absl::string_view(bytes, sizeof(bytes)));
-}
-
-}  // namespace
 
 WorkerRegistry::WorkerRegistry(std::string model_fingerprint,
                                std::chrono::milliseconds heartbeat_interval,
@@ -53,7 +33,9 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const WorkerRegistration& r
       r.address.empty()) {
     return absl::InvalidArgumentError("registration needs a kind and an address");
   }
-  absl::StatusOr<std::string> suffix = RandomIdSuffix();
+  // 128 bits: a worker id nobody can guess, so no peer can aim
+  // Cluster.Deregister or heartbeats at another.
+  absl::StatusOr<std::string> suffix = RandomHexId(16);
   if (!suffix.ok()) return suffix.status();
   std::vector<std::function<void()>> notify;
   std::string id;
@@ -86,7 +68,8 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const WorkerRegistration& r
 
 WorkerRegistry::HeartbeatAnswer WorkerRegistry::Heartbeat(const std::string& worker_id,
                                                           const v1::WorkerLoad& load,
-                                                          int64_t placement_version) {
+                                                          int64_t placement_version,
+                                                          bool elsewhere) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   HeartbeatAnswer answer;

@@ -30,7 +30,8 @@ std::vector<double> Members(const LocalCluster& c, const std::string& name) {
   const std::string m = Proc(c, name).metrics_address;
   std::vector<double> out;
   for (const char* kind : {"prefill", "decode", "expert"})
-    out.push_back(Metric(m, absl::StrCat("moesh_router_workers{kind=\"", kind, "\"}")));
+    out.push_back(
+        Metric(m, absl::StrCat("moesh_router_workers{service=\"router\",kind=\"", kind, "\"}")));
   return out;
 }
 
@@ -86,7 +87,9 @@ TEST(RouterHaTest, ARouterDeathFailsOnlyItsOwnStreamsAndItRejoinsOnRestart) {
   Result on_b;
   std::thread b_stream([&] { on_b = Call(b, req); });
   const Result on_a = Call(a, req, [&](grpc::ClientContext*, int n) {
-    if (n == 10) EXPECT_TRUE(c.Signal("router-0", SIGKILL).ok());
+    if (n == 10) {
+      EXPECT_TRUE(c.Signal("router-0", SIGKILL).ok());
+    }
   });
   b_stream.join();
   EXPECT_FALSE(on_a.status.ok()) << "router A's own stream cannot outlive it";
