@@ -133,9 +133,9 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
           FetchPlacement(router, num_experts, std::chrono::seconds(0));
       absl::Status s = p.ok() ? client->UpdatePlacement(*p) : p.status();
       if (s.ok() || failed_version->exchange(version) != version) {
-        std::cerr << "placement version " << version << " of router " << router
+        std::cerr << "placement version " << version
                   << (s.ok() ? ": switched" : ": kept the old one: ") << (s.ok() ? "" : s.message())
-                  << std::endl;
+                  << " (router " << router << ")" << std::endl;
       }
       return s;
     };
