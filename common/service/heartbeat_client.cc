@@ -77,7 +77,9 @@ void HeartbeatClient::Loop() {
     } else {
       // Another router is the placement writer: this one's map is not
       // followed, and is refetched from scratch should this one become it.
-      const bool writer = election_ == nullptr || election_->IsWriter(router_address_);
+      // No router answering (e.g. this one missed a heartbeat): none is followed instead.
+      const std::string elected = election_ == nullptr ? "" : election_->Writer();
+      const bool writer = elected.empty() || elected == router_address_;
       if (!writer) placement_version = 0;
       v1::HeartbeatRequest req;
       req.set_worker_id(worker_id);
