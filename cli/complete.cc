@@ -9,6 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/file_util.h"
 #include "base/status.h"
 #include "cli/commands.h"
@@ -18,7 +19,10 @@
 #include "moesh/v1/generation.grpc.pb.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, server, "", "The router's address, host:port.");
+ABSL_FLAG(std::string, server, "",
+          "The router's address, host:port; or several, comma-separated (router HA): a request "
+          "that fails UNAVAILABLE before its first token (a router down or draining) is tried "
+          "on the next one.");
 ABSL_FLAG(std::string, prompt, "",
           "The prompt as text (the router tokenizes it; or --prompt_ids).");
 ABSL_FLAG(std::string, stop, "", "A string that ends generation.");
@@ -44,8 +48,9 @@ nlohmann::json CandidatesJson(const v1::TopLogprobs& top) {
 }  // namespace
 
 absl::Status RunComplete() {
-  const std::string server = absl::GetFlag(FLAGS_server);
-  if (server.empty()) return absl::InvalidArgumentError("--server is required");
+  const std::vector<std::string> servers =
+      absl::StrSplit(absl::GetFlag(FLAGS_server), ',', absl::SkipWhitespace());
+  if (servers.empty()) return absl::InvalidArgumentError("--server is required");
   v1::GenerateRequest req;
   if (const std::string id = absl::GetFlag(FLAGS_request_id); !id.empty()) req.set_request_id(id);
   ASSIGN_OR_RETURN(const std::vector<int32_t> ids, PromptIdsFlag());
@@ -82,16 +87,12 @@ absl::Status RunComplete() {
     ssl.pem_root_certs = *pem;
     credentials = grpc::SslCredentials(ssl);
   }
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(server, credentials));
-  grpc::ClientContext ctx;
   std::string api_key = absl::GetFlag(FLAGS_api_key);
   if (const char* env = std::getenv("MOESH_API_KEY"); api_key.empty() && env != nullptr)
     api_key = env;
-  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
   const double timeout = absl::GetFlag(FLAGS_timeout);
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
-  auto reader = stub->Generate(&ctx, req);
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
   const bool json = absl::GetFlag(FLAGS_json);
   v1::GenerateResponse m;
   // Per choice (GenerateResponse.index; one unless --n).
@@ -99,37 +100,66 @@ absl::Status RunComplete() {
       n, {{"output_ids", nlohmann::json::array()}, {"top_logprobs", nlohmann::json::array()}});
   std::vector<std::string> texts(n);
   std::vector<v1::FinalInfo> fins(n);
-  while (reader->Read(&m)) {
-    const int i = std::clamp(m.index(), 0, n - 1);
-    nlohmann::json& out = outs[i];
-    for (int32_t t : m.token_ids()) out["output_ids"].push_back(t);
-    for (const auto& lp : m.logprobs()) out["top_logprobs"].push_back(CandidatesJson(lp));
-    for (float lp : m.token_logprobs()) out["logprobs"].push_back(lp);
-    if (m.has_prompt_logprobs()) {
-      nlohmann::json top = nlohmann::json::array();
-      for (const auto& row : m.prompt_logprobs().top()) top.push_back(CandidatesJson(row));
-      out["prompt_logprobs"] = {
-          {"logprobs", std::vector<float>(m.prompt_logprobs().logprobs().begin(),
-                                          m.prompt_logprobs().logprobs().end())},
-          {"top_logprobs", top}};
-      if (!json) {
-        std::cout << "[prompt logprobs (of tokens 1..):";
-        for (float lp : m.prompt_logprobs().logprobs()) std::cout << " " << lp;
-        std::cout << "]\n";
+  // The routers in turn until one takes the request: nothing was streamed
+  // before an UNAVAILABLE, so the next router runs it from the start. A
+  // stream that breaks after its first message is not retried (its tokens
+  // were printed): a router's death fails its own streams.
+  for (size_t attempt = 0; attempt < servers.size(); ++attempt) {
+    const std::string& server = servers[attempt];
+    auto stub = v1::Generation::NewStub(grpc::CreateChannel(server, credentials));
+    grpc::ClientContext ctx;
+    if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
+    ctx.set_deadline(deadline);
+    auto reader = stub->Generate(&ctx, req);
+    int messages = 0;
+    while (reader->Read(&m)) {
+      ++messages;
+      const int i = std::clamp(m.index(), 0, n - 1);
+      nlohmann::json& out = outs[i];
+      for (int32_t t : m.token_ids()) out["output_ids"].push_back(t);
+      for (const auto& lp : m.logprobs()) out["top_logprobs"].push_back(CandidatesJson(lp));
+      for (float lp : m.token_logprobs()) out["logprobs"].push_back(lp);
+      if (m.has_prompt_logprobs()) {
+        nlohmann::json top = nlohmann::json::array();
+        for (const auto& row : m.prompt_logprobs().top()) top.push_back(CandidatesJson(row));
+        out["prompt_logprobs"] = {
+            {"logprobs", std::vector<float>(m.prompt_logprobs().logprobs().begin(),
+                                            m.prompt_logprobs().logprobs().end())},
+            {"top_logprobs", top}};
+        if (!json) {
+          std::cout << "[prompt logprobs (of tokens 1..):";
+          for (float lp : m.prompt_logprobs().logprobs()) std::cout << " " << lp;
+          std::cout << "]\n";
+        }
       }
-    }
-    texts[i] += m.text();
-    if (!json && n == 1) {  // streamed as it comes; n > 1: each choice at its end
-      if (!m.text().empty()) {
-        std::cout << m.text() << std::flush;
-      } else if (req.prompt_case() == v1::GenerateRequest::kTokenIds) {
-        for (int32_t t : m.token_ids()) std::cout << t << " " << std::flush;
+      texts[i] += m.text();
+      if (!json && n == 1) {  // streamed as it comes; n > 1: each choice at its end
+        if (!m.text().empty()) {
+          std::cout << m.text() << std::flush;
+        } else if (req.prompt_case() == v1::GenerateRequest::kTokenIds) {
+          for (int32_t t : m.token_ids()) std::cout << t << " " << std::flush;
+        }
+        for (float lp : m.token_logprobs()) std::cout << "(" << lp << ") " << std::flush;
       }
-      for (float lp : m.token_logprobs()) std::cout << "(" << lp << ") " << std::flush;
+      if (m.has_final()) fins[i] = m.final();
     }
-    if (m.has_final()) fins[i] = m.final();
+    const grpc::Status status = reader->Finish();
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && messages == 0 &&
+        attempt + 1 < servers.size()) {
+      std::cerr << "router " << server << " unavailable (" << status.error_message() << "); trying "
+                << servers[attempt + 1] << std::endl;
+      continue;
+    }
+    if (!status.ok() && messages > 0) {
+      return absl::Status(FromGrpcStatus(status).code(),
+                          absl::StrCat("the stream from router ", server, " broke after ", messages,
+                                       " messages (a router's death fails its streams; run the "
+                                       "request again): ",
+                                       status.error_message()));
+    }
+    RETURN_IF_ERROR(FromGrpcStatus(status));
+    break;
   }
-  RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
   for (int i = 0; i < n; ++i) {
     const v1::FinalInfo& fin = fins[i];
     const char* reason = fin.finish_reason() == v1::FINISH_REASON_STOP    ? "stop"

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/file_util.h"
@@ -109,6 +110,8 @@ absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& nam
   const int rc = posix_spawn(&p.pid, path.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", path, ": ", strerror(rc)));
+  p.binary = binary;
+  p.flags = flags;
   processes_.push_back(p);  // tracked before waiting, so a failure still stops it
   ASSIGN_OR_RETURN(std::string text,
                    AwaitReadyFile(ready, p.pid, p.log_path,
@@ -128,9 +131,23 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   std::unique_ptr<LocalCluster> c(new LocalCluster(options));
   RETURN_IF_ERROR(MakeDirs(options.work_dir));
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(options.model_dir));
-  RouterOptions router_options = options.router;
-  c->SetServer("router", &router_options.server);
-  ASSIGN_OR_RETURN(Process router, c->Spawn("router", "moesh_router", ToArgs(router_options)));
+  if (options.num_routers < 1 || options.num_routers > 16)
+    return absl::InvalidArgumentError("num_routers must be in [1, 16]");
+  for (int i = 0; i < options.num_routers; ++i) {
+    const std::string name = options.num_routers == 1 ? "router" : absl::StrCat("router-", i);
+    RouterOptions router_options = options.router;
+    // The first router takes the listen address asked for; the others any free port.
+    if (i > 0) router_options.server.listen = "127.0.0.1:0";
+    if (i > 0 && !router_options.http_listen.empty()) router_options.http_listen = "127.0.0.1:0";
+    c->SetServer(name, &router_options.server);
+    ASSIGN_OR_RETURN(Process router, c->Spawn(name, "moesh_router", ToArgs(router_options)));
+    // A restart takes the same ports: the workers' --router names them.
+    router_options.server.listen = router.address;
+    router_options.internal_listen = router.internal_address;
+    if (!router.http_address.empty()) router_options.http_listen = router.http_address;
+    c->processes_.back().flags = ToArgs(router_options);
+  }
+  const std::string routers = c->router_internal_address();
 
   std::vector<std::string> experts = options.expert_workers;
   if (experts.empty()) experts = {"0/2", "1/2"};
@@ -144,7 +161,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   // Decode and prefill workers: `n` of `binary`, from `o`, joined to the router and the experts.
   auto attention_workers = [&](const char* kind, const char* binary, auto o,
                                int n) -> absl::Status {
-    o.worker.router = router.internal_address;
+    o.worker.router = routers;
     o.dispatch.expert_workers = expert_addresses;
     for (int i = 0; i < n; ++i) {
       const std::string name = absl::StrCat(kind, "-", i);
@@ -178,14 +195,54 @@ absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
   return Spawn(name, "moesh_expert_worker", ToArgs(o)).status();
 }
 
+std::vector<std::string> LocalCluster::router_addresses() const {
+  std::vector<std::string> out;
+  for (const Process& p : processes_) {
+    if (absl::StartsWith(p.name, "router")) out.push_back(p.address);
+  }
+  return out;
+}
+
+std::string LocalCluster::router_internal_address() const {
+  std::vector<std::string> out;
+  for (const Process& p : processes_) {
+    if (absl::StartsWith(p.name, "router")) out.push_back(p.internal_address);
+  }
+  return absl::StrJoin(out, ",");
+}
+
+absl::Status LocalCluster::Restart(const std::string& name) {
+  for (size_t i = 0; i < processes_.size(); ++i) {
+    Process& p = processes_[i];
+    if (p.name != name) continue;
+    if (p.pid > 0) return absl::FailedPreconditionError(absl::StrCat(name, " still runs"));
+    const Process old = p;
+    processes_.erase(processes_.begin() + static_cast<std::ptrdiff_t>(i));
+    ASSIGN_OR_RETURN(Process fresh, Spawn(old.name, old.binary, old.flags));
+    // Back in its place (routers first: router_address() is the first's).
+    processes_.pop_back();
+    processes_.insert(processes_.begin() + static_cast<std::ptrdiff_t>(i), fresh);
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("no process ", name));
+}
+
 absl::Status LocalCluster::WaitUntilServing(std::chrono::seconds timeout) const {
+  for (const std::string& address : router_addresses()) {
+    RETURN_IF_ERROR(WaitUntilRouterServing(address, timeout));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::WaitUntilRouterServing(const std::string& address,
+                                                  std::chrono::seconds timeout) const {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (options_.router.public_tls) {
     grpc::SslCredentialsOptions ssl;
     ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(options_.tls.ca));
     credentials = grpc::SslCredentials(ssl);
   }
-  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(router_address(), credentials));
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, credentials));
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   std::string last;
   while (std::chrono::steady_clock::now() < give_up) {
@@ -201,8 +258,7 @@ absl::Status LocalCluster::WaitUntilServing(std::chrono::seconds timeout) const 
                   : s.error_message();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("router ", router_address(), " not SERVING: ", last));
+  return absl::DeadlineExceededError(absl::StrCat("router ", address, " not SERVING: ", last));
 }
 
 absl::Status LocalCluster::Signal(const std::string& name, int signal) {

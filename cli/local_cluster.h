@@ -1,6 +1,7 @@
-// Starts a moesh cluster as separate processes on loopback: a router, expert
-// workers, prefill and decode workers; waits until the router's Generation
-// service is SERVING (grpc.health.v1); stops them all on destruction.
+// Starts a moesh cluster as separate processes on loopback: one or more
+// routers, expert workers, prefill and decode workers; waits until every
+// router's Generation service is SERVING (grpc.health.v1); stops them all on
+// destruction.
 // Used by `moesh serve-local` and the integration tests. Not thread-safe.
 #ifndef MOESH_CLI_LOCAL_CLUSTER_H_
 #define MOESH_CLI_LOCAL_CLUSTER_H_
@@ -36,6 +37,9 @@ struct LocalClusterOptions {
   std::vector<std::string> expert_workers;
   int num_prefill = 1;
   int num_decode = 1;
+  // Routers ("router" when one, else "router-0", "router-1", ...): every
+  // worker registers with all of them (--router lists their internal planes).
+  int num_routers = 1;
   // Attention workers take the expert placement from the router (versioned,
   // followed as expert workers come and go); false: --expert_workers flags.
   bool placement_from_router = true;
@@ -75,14 +79,20 @@ class LocalCluster {
     std::string internal_address;  // the router's internal plane (workers register there)
     std::string http_address;      // the router's HTTP API (--http_listen); empty: off
     std::string log_path;
+    std::string binary;              // for Restart
+    std::vector<std::string> flags;  // for Restart: a router's with the ports it took
   };
 
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
   ~LocalCluster();  // SIGTERM, then SIGKILL after a grace period
 
+  // The (first) router's public address.
   const std::string& router_address() const { return processes_.front().address; }
-  // Where workers register (moesh.v1.Cluster): the router's internal plane.
-  const std::string& router_internal_address() const { return processes_.front().internal_address; }
+  // Every router's public address, in order.
+  std::vector<std::string> router_addresses() const;
+  // Where workers register (moesh.v1.Cluster): the routers' internal planes,
+  // comma-separated (--router).
+  std::string router_internal_address() const;
   // The router's OpenAI-compatible HTTP API (host:port); empty without
   // router.http_listen.
   const std::string& router_http_address() const { return processes_.front().http_address; }
@@ -95,8 +105,14 @@ class LocalCluster {
   absl::StatusOr<int> WaitForExit(const std::string& name, std::chrono::milliseconds timeout);
   // Starts one more expert worker ("expert-<n>") with --experts/--shard `spec`.
   absl::Status AddExpertWorker(const std::string& spec);
-  // Waits until the router reports its Generation service SERVING.
+  // Starts the named process again after it exited, with its command line
+  // (a router on the ports it had: the workers' --router still names it).
+  absl::Status Restart(const std::string& name);
+  // Waits until every router reports its Generation service SERVING.
   absl::Status WaitUntilServing(std::chrono::seconds timeout) const;
+  // Waits until the router at `address` (public) reports SERVING.
+  absl::Status WaitUntilRouterServing(const std::string& address,
+                                      std::chrono::seconds timeout) const;
 
  private:
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}

@@ -93,19 +93,19 @@ const std::vector<Command>& Commands() {
         "slo_itl_ms"},
        RunBench},
       {"serve-local",
-       "--model=DIR [--expert_workers=N] [--decode_workers=N] [--port=P] [--http_port=P]\n"
-       "      [--bin_dir=DIR]"
+       "--model=DIR [--expert_workers=N] [--decode_workers=N] [--routers=N] [--port=P]\n"
+       "      [--http_port=P] [--bin_dir=DIR]"
        " [--work_dir=DIR] [--api_keys_file=FILE] [--kv_blocks=N] [--device=cuda] "
        "[--expert_device=cuda:1[,cuda:2...]]\n"
        "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}] [--tls]\n"
-       "    router (gRPC, and the OpenAI HTTP API), prefill, decode and expert workers on\n"
+       "    routers (gRPC, and the OpenAI HTTP API), prefill, decode and expert workers on\n"
        "    loopback, until Ctrl-C",
        {"model", "port", "http_port", "api_keys_file", "expert_workers", "decode_workers",
-        "bin_dir", "work_dir", "kv_blocks", "device", "expert_device", "transport", "load_format",
-        "tls"},
+        "routers", "bin_dir", "work_dir", "kv_blocks", "device", "expert_device", "transport",
+        "load_format", "tls"},
        RunServeLocal},
       {"complete",
-       "--server=HOST:PORT (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"
+       "--server=HOST:PORT[,HOST:PORT...] (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"
        "      [sampling flags] [--stop=STR] [--stop_token_ids=1,2] [--ignore_eos] [--json]\n"
        "      [--timeout=SECONDS] [--request_id=ID] [--api_key=KEY] [--server_ca=PEM]\n"
        "    a streaming request to a router",

@@ -6,6 +6,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/file_util.h"
 #include "base/status.h"
 #include "cli/commands.h"
@@ -27,6 +28,10 @@ ABSL_FLAG(int, kv_blocks, 512, "The decode worker's KV cache blocks (--device cp
 ABSL_FLAG(int, decode_workers, 1,
           "Decode workers to start (with two or more, a stream survives one's death: the router "
           "continues it on another).");
+ABSL_FLAG(int, routers, 1,
+          "Routers to start (router HA: every worker registers with each; clients may use any, "
+          "and a router's death fails only its own streams). The first listens on --port, the "
+          "others on free ports.");
 ABSL_FLAG(std::string, transport, "grpc",
           "The data plane between the attention and the expert workers: grpc, ucx, nccl (GPUs) "
           "or cuda_ipc (GPUs of one node).");
@@ -52,6 +57,9 @@ absl::Status RunServeLocal() {
   opt.num_decode = absl::GetFlag(FLAGS_decode_workers);
   if (opt.num_decode < 1 || opt.num_decode > 16)
     return absl::InvalidArgumentError("--decode_workers must be in [1, 16]");
+  opt.num_routers = absl::GetFlag(FLAGS_routers);
+  if (opt.num_routers < 1 || opt.num_routers > 16)
+    return absl::InvalidArgumentError("--routers must be in [1, 16]");
   ASSIGN_OR_RETURN(const DeviceOptions device, DeviceOptionsFromFlags());
   SetWorkerDevice(device.device, device.dummy_weights, &opt);
   ASSIGN_OR_RETURN(opt.expert_devices, ExpertDevicesFlag());
@@ -64,8 +72,9 @@ absl::Status RunServeLocal() {
     ASSIGN_OR_RETURN(opt.tls, MakeLocalCertificates(JoinPath(opt.work_dir, "certs")));
     std::cerr << "internal plane: mutual TLS, CA " << opt.tls.ca << std::endl;
   }
-  std::cerr << "starting router, " << n << " expert workers, a prefill and a decode worker on "
-            << device.device << " (logs in " << opt.work_dir << ") ..." << std::endl;
+  std::cerr << "starting " << opt.num_routers << (opt.num_routers == 1 ? " router, " : " routers, ")
+            << n << " expert workers, a prefill and a decode worker on " << device.device
+            << " (logs in " << opt.work_dir << ") ..." << std::endl;
   // Block the signals before spawning so only this process waits for them.
   ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(opt));
   for (const LocalCluster::Process& p : cluster->processes()) {
@@ -74,8 +83,9 @@ absl::Status RunServeLocal() {
               << (p.internal_address.empty() ? "" : "  internal " + p.internal_address)
               << (p.http_address.empty() ? "" : "  http://" + p.http_address) << std::endl;
   }
-  std::cout << "moesh is serving on " << cluster->router_address() << "\n"
-            << "try: moesh complete --server=" << cluster->router_address()
+  const std::string servers = absl::StrJoin(cluster->router_addresses(), ",");
+  std::cout << "moesh is serving on " << servers << "\n"
+            << "try: moesh complete --server=" << servers
             << " --prompt_ids=5,17,300 --max_new_tokens=16\n";
   if (!cluster->router_http_address().empty()) {
     const std::string url = "http://" + cluster->router_http_address();

@@ -53,6 +53,8 @@ v1::WorkerLoad ExpertService::Load() const {
   v1::WorkerLoad load;
   const std::vector<int64_t> tokens = dispatcher_.expert_load();
   load.mutable_expert_tokens()->Add(tokens.begin(), tokens.end());
+  // What the routers that did not place this worker's experts route to (router HA).
+  for (int e : dispatcher_.hosted_experts()) load.add_hosted_expert_ids(e);
   return load;
 }
 

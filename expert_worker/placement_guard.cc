@@ -5,8 +5,10 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/internal_plane.h"
+#include "common/service/router_links.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
 namespace moesh {
@@ -44,16 +46,20 @@ absl::Status CheckDropWithRouter(const std::string& router, const std::string& s
         "expert_ids: an exact load would drop hosted experts, but this worker has no --router "
         "whose placement map could show them another host");
   }
-  auto stub = v1::Cluster::NewStub(CreateInternalChannel(router));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  v1::PlacementMap map;
-  const grpc::Status s = stub->GetPlacement(&ctx, v1::GetPlacementRequest(), &map);
-  if (!s.ok()) {
-    return absl::UnavailableError(absl::StrCat("the router's placement map (", router,
-                                               ") to check the drop against: ", s.error_message()));
+  ASSIGN_OR_RETURN(const std::vector<std::string> addresses, ResolveRouters(router));
+  // The placement writer's map: the first router (in address order) that answers.
+  std::string last;
+  for (const std::string& address : addresses) {
+    auto stub = v1::Cluster::NewStub(CreateInternalChannel(address));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::PlacementMap map;
+    const grpc::Status s = stub->GetPlacement(&ctx, v1::GetPlacementRequest(), &map);
+    if (s.ok()) return CheckDropAgainst(map, self, drop);
+    last = absl::StrCat(address, ": ", s.error_message());
   }
-  return CheckDropAgainst(map, self, drop);
+  return absl::UnavailableError(
+      absl::StrCat("the router's placement map to check the drop against: ", last));
 }
 
 }  // namespace moesh

@@ -25,8 +25,10 @@ namespace moesh {
 absl::Status CheckDropAgainst(const v1::PlacementMap& map, const std::string& self,
                               const std::set<int>& drop);
 
-// The rule against the current map of `router` (host:port; empty: no router,
-// refused). UNAVAILABLE when the router does not answer.
+// The rule against the current map of `router` (--router: host:port, or a
+// list or DNS name naming several routers, whose placement writer's map is
+// the first in address order that answers; empty: no router, refused).
+// UNAVAILABLE when no router answers.
 absl::Status CheckDropWithRouter(const std::string& router, const std::string& self,
                                  const std::set<int>& drop);
 

@@ -55,6 +55,25 @@ absl::Status ValidateHostPort(absl::string_view field, absl::string_view address
   return absl::OkStatus();
 }
 
+namespace {
+
+// Expert ids in [0, E), each once.
+absl::Status ValidateExpertIds(absl::string_view field,
+                               const google::protobuf::RepeatedField<int32_t>& ids,
+                               const ClusterLimits& limits) {
+  std::set<int> seen;
+  for (int e : ids) {
+    if (e < 0 || e >= limits.num_experts) {
+      return Invalid(field,
+                     absl::StrCat("expert ", e, " is outside [0, ", limits.num_experts, ")"));
+    }
+    if (!seen.insert(e).second) return Invalid(field, absl::StrCat("expert ", e, " twice"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateRegistration(const v1::RegisterRequest& r, const ClusterLimits& limits) {
   if (!v1::WorkerKind_IsValid(r.kind()) || r.kind() == v1::WORKER_KIND_UNSPECIFIED) {
     return Invalid("kind", absl::StrCat(static_cast<int>(r.kind()),
@@ -78,15 +97,7 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& r, const ClusterLim
     return Invalid("expert_ids", absl::StrCat("an expert worker hosts 1 to ", limits.num_experts,
                                               " experts, got ", r.expert_ids_size()));
   }
-  std::set<int> seen;
-  for (int e : r.expert_ids()) {
-    if (e < 0 || e >= limits.num_experts) {
-      return Invalid("expert_ids",
-                     absl::StrCat("expert ", e, " is outside [0, ", limits.num_experts, ")"));
-    }
-    if (!seen.insert(e).second) return Invalid("expert_ids", absl::StrCat("expert ", e, " twice"));
-  }
-  return absl::OkStatus();
+  return ValidateExpertIds("expert_ids", r.expert_ids(), limits);
 }
 
 absl::Status ValidateWorkerId(absl::string_view worker_id) {
@@ -104,6 +115,15 @@ absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& r, const ClusterLimit
     return Invalid("placement_version", absl::StrCat("must be >= 0, got ", r.placement_version()));
   }
   const v1::WorkerLoad& load = r.load();
+  if (load.hosted_expert_ids_size() > limits.num_experts) {
+    return Invalid("load.hosted_expert_ids",
+                   absl::StrCat("has ", load.hosted_expert_ids_size(), " entries (at most ",
+                                limits.num_experts, ")"));
+  }
+  if (absl::Status s =
+          ValidateExpertIds("load.hosted_expert_ids", load.hosted_expert_ids(), limits);
+      !s.ok())
+    return s;
   if (load.queued_prompt_tokens() < 0 ||
       load.queued_prompt_tokens() > ClusterLimits::kMaxQueuedPromptTokens) {
     return Invalid("load.queued_prompt_tokens",

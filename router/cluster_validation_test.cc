@@ -96,6 +96,7 @@ TEST(ClusterValidationTest, HeartbeatLoads) {
   good.mutable_load()->add_expert_tokens(3);
   good.mutable_load()->add_cached_block_hashes(0x1234);
   good.mutable_load()->set_cache_block_size(16);
+  good.mutable_load()->add_hosted_expert_ids(2);
   const std::vector<Spoiled<v1::HeartbeatRequest>> cases = {
       {"load.cached_block_hashes",
        [](v1::HeartbeatRequest* r) {
@@ -123,6 +124,16 @@ TEST(ClusterValidationTest, HeartbeatLoads) {
       {"load.expert_tokens",
        [](v1::HeartbeatRequest* r) {
          for (int i = 0; i < 8; ++i) r->mutable_load()->add_expert_tokens(1);
+       }},
+      {"load.hosted_expert_ids",
+       [](v1::HeartbeatRequest* r) { r->mutable_load()->add_hosted_expert_ids(8); }},
+      {"load.hosted_expert_ids",
+       [](v1::HeartbeatRequest* r) { r->mutable_load()->add_hosted_expert_ids(-1); }},
+      {"load.hosted_expert_ids",
+       [](v1::HeartbeatRequest* r) { r->mutable_load()->add_hosted_expert_ids(2); }},
+      {"load.hosted_expert_ids",
+       [](v1::HeartbeatRequest* r) {
+         for (int i = 0; i < 8; ++i) r->mutable_load()->add_hosted_expert_ids(i);
        }},
       {"placement_version", [](v1::HeartbeatRequest* r) { r->set_placement_version(-2); }},
       {"worker_id", [](v1::HeartbeatRequest* r) { r->set_worker_id(std::string(200, 'x')); }},

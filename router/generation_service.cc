@@ -1,5 +1,7 @@
 #include "router/generation_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -7,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/random_id.h"
 #include "base/status.h"
 #include "common/rpc/grpc_util.h"
 #include "common/service/sampling_proto.h"
@@ -14,6 +17,11 @@
 
 namespace moesh {
 namespace {
+
+std::string RequestIdPrefix() {
+  absl::StatusOr<std::string> r = RandomHexId(6);
+  return absl::StrCat("req-", r.ok() ? *r : std::to_string(getpid()), "-");
+}
 
 constexpr int kMaxTopLogprobs = 20;
 // A text prompt longer than this many bytes per token of the context limit
@@ -93,7 +101,8 @@ GenerationService::GenerationService(const ModelConfig& config, GenerationBacken
       options_(options),
       max_context_(options.max_context_tokens > 0       ? options.max_context_tokens
                    : config.max_position_embeddings > 0 ? config.max_position_embeddings
-                                                        : 4096) {
+                                                        : 4096),
+      id_prefix_(RequestIdPrefix()) {
   if (Metrics* m = options.metrics) {
     ttft_ = &m->HistogramFamily("moesh_time_to_first_token_seconds",
                                 "Request arrival to its first token.")
@@ -276,7 +285,7 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
       return Fail(absl::UnavailableError(
           "the router is draining (shutting down): retry on another router"));
     }
-    b->request_id = r.request_id().empty() ? absl::StrCat("req-", ++next_id_) : r.request_id();
+    b->request_id = r.request_id().empty() ? absl::StrCat(id_prefix_, ++next_id_) : r.request_id();
     if (!running_.emplace(b->request_id, control).second) {
       return Fail(absl::AlreadyExistsError(absl::StrCat("request ", b->request_id, " is running")));
     }

@@ -113,6 +113,9 @@ class GenerationService final
   const TextCodec* const codec_;
   const GenerationServiceOptions options_;
   const int max_context_;
+  // "req-<48 random bits>-": the ids this router gives requests without one
+  // differ from every other router's (router HA: the workers key requests by id).
+  const std::string id_prefix_;
   // Null without metrics.
   prometheus::Histogram* ttft_ = nullptr;
   prometheus::Histogram* itl_ = nullptr;

@@ -1,5 +1,9 @@
 #include "router/membership.h"
 
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/internal_plane.h"
 
@@ -23,7 +27,24 @@ Membership::Membership(std::string model_fingerprint, ClusterLimits limits,
                        Metrics* metrics)
     : limits_(limits),
       registry_(std::move(model_fingerprint), heartbeat_interval, timeout),
-      rebalancer_(&registry_, rebalance, metrics) {}
+      rebalancer_(&registry_, rebalance, metrics) {
+  if (metrics == nullptr) return;
+  auto& family = metrics->GaugeFamily(
+      "moesh_router_workers",
+      "Workers this router holds as members (registered, heartbeating, not draining), by kind; "
+      "updated as workers join and leave.");
+  std::vector<std::pair<v1::WorkerKind, prometheus::Gauge*>> gauges;
+  for (v1::WorkerKind kind :
+       {v1::WORKER_KIND_PREFILL, v1::WORKER_KIND_DECODE, v1::WORKER_KIND_EXPERT}) {
+    gauges.push_back(
+        {kind,
+         &family.Add({{"kind", absl::AsciiStrToLower(v1::WorkerKind_Name(kind).substr(12))}})});
+  }
+  registry_.OnChange([this, gauges] {
+    for (const auto& [kind, gauge] : gauges)
+      gauge->Set(static_cast<double>(registry_.Live(kind).size()));
+  });
+}
 
 grpc::Status Membership::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* request,
                                   v1::RegisterResponse* response) {
@@ -49,7 +70,8 @@ grpc::Status Membership::Heartbeat(grpc::ServerContext* ctx, const v1::Heartbeat
     return ToGrpcStatus(s);
   if (absl::Status s = ValidateHeartbeat(*request, limits_); !s.ok()) return ToGrpcStatus(s);
   const WorkerRegistry::HeartbeatAnswer a =
-      registry_.Heartbeat(request->worker_id(), request->load(), request->placement_version());
+      registry_.Heartbeat(request->worker_id(), request->load(), request->placement_version(),
+                          request->placement_elsewhere());
   response->set_known(a.known);
   response->set_placement_version(a.placement_version);
   return grpc::Status::OK;

@@ -110,6 +110,7 @@ void Rebalancer::AutoRebalance() {
     const double ratio = ExpertBalanceRatio();
     if (balance_ratio_ != nullptr) balance_ratio_->Set(ratio);
     if (ratio <= policy_.min_ratio) continue;
+    if (!registry_->IsPlacementWriter()) continue;  // router HA: the writer rebalances
     absl::StatusOr<RebalanceResult> r = Run(policy_.slots_per_worker);
     if (!r.ok()) std::cerr << "router: automatic rebalance failed: " << r.status() << std::endl;
   }
@@ -123,6 +124,11 @@ absl::StatusOr<RebalanceResult> Rebalancer::Run(int slots_per_worker) {
     if (rebalances_failed_ != nullptr) rebalances_failed_->Increment();
     return s;
   };
+  if (!registry_->IsPlacementWriter()) {
+    return failed(absl::FailedPreconditionError(
+        "this router is not the placement writer: the attention workers route by another "
+        "router's map (the lowest-addressed router they reach); rebalance there"));
+  }
   std::vector<WorkerInfo> experts = registry_->Live(v1::WORKER_KIND_EXPERT);
   if (experts.empty())
     return failed(absl::FailedPreconditionError("no expert workers are registered"));

@@ -1,32 +1,14 @@
 #include "router/worker_registry.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
+#include <algorithm>
 #include <iostream>
+#include <iterator>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/random_id.h"
 
 namespace moesh {
-namespace {
-
-// 128 bits from the kernel's CSPRNG (getrandom), in hex: a worker id nobody
-// can guess, so no peer can aim Cluster.Deregister or heartbeats at another.
-absl::StatusOr<std::string> RandomIdSuffix() {
-  char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::InternalError("getrandom failed: no random worker id");
-    got += static_cast<size_t>(n);
-  }
-  return absl::BytesToHexString(absl::string_view(bytes, sizeof(bytes)));
-}
-
-}  // namespace
 
 WorkerRegistry::WorkerRegistry(std::string model_fingerprint,
                                std::chrono::milliseconds heartbeat_interval,
@@ -51,7 +33,9 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const WorkerRegistration& r
       r.address.empty()) {
     return absl::InvalidArgumentError("registration needs a kind and an address");
   }
-  absl::StatusOr<std::string> suffix = RandomIdSuffix();
+  // 128 bits: a worker id nobody can guess, so no peer can aim
+  // Cluster.Deregister or heartbeats at another.
+  absl::StatusOr<std::string> suffix = RandomHexId(16);
   if (!suffix.ok()) return suffix.status();
   std::vector<std::function<void()>> notify;
   std::string id;
@@ -70,6 +54,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const WorkerRegistration& r
     e.info.address = r.address;
     e.info.data_plane_address = r.data_plane_address.empty() ? r.address : r.data_plane_address;
     e.info.expert_ids = r.expert_ids;
+    e.hosted = r.expert_ids;
     e.last_seen = std::chrono::steady_clock::now();
     id = e.info.id;
     std::cerr << "router: " << e.info.id << " joined at " << e.info.address << std::endl;
@@ -83,18 +68,38 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const WorkerRegistration& r
 
 WorkerRegistry::HeartbeatAnswer WorkerRegistry::Heartbeat(const std::string& worker_id,
                                                           const v1::WorkerLoad& load,
-                                                          int64_t placement_version) {
+                                                          int64_t placement_version,
+                                                          bool elsewhere) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   HeartbeatAnswer answer;
   answer.known = it != workers_.end();
   answer.placement_version = placement_version_;
   if (it != workers_.end()) {
-    it->second.last_seen = std::chrono::steady_clock::now();
-    it->second.info.load = load;
-    it->second.placement_version = placement_version;
+    Entry& e = it->second;
+    e.last_seen = std::chrono::steady_clock::now();
+    e.info.load = load;
+    e.placement_version = placement_version;
+    e.elsewhere = elsewhere;
+    if (e.info.kind == v1::WORKER_KIND_EXPERT && load.hosted_expert_ids_size() > 0) {
+      e.hosted.assign(load.hosted_expert_ids().begin(), load.hosted_expert_ids().end());
+      std::sort(e.hosted.begin(), e.hosted.end());
+      std::vector<int> routed = Routed(e);
+      if (!routed.empty() && routed != e.info.expert_ids) {
+        e.info.expert_ids = std::move(routed);
+        answer.placement_version = ++placement_version_;
+      }
+    }
   }
   return answer;
+}
+
+std::vector<int> WorkerRegistry::Routed(const Entry& e) {
+  if (e.planned.empty()) return e.hosted;
+  std::vector<int> routed;
+  std::set_intersection(e.planned.begin(), e.planned.end(), e.hosted.begin(), e.hosted.end(),
+                        std::back_inserter(routed));
+  return routed;
 }
 
 void WorkerRegistry::Drop(std::string id) {
@@ -155,9 +160,27 @@ int64_t WorkerRegistry::SetPlacement(
   absl::MutexLock lock(&mu_);
   for (const auto& [id, experts] : experts_by_worker) {
     auto it = workers_.find(id);
-    if (it != workers_.end()) it->second.info.expert_ids = experts;
+    if (it == workers_.end()) continue;
+    it->second.info.expert_ids = experts;
+    it->second.planned = experts;
+    std::sort(it->second.planned.begin(), it->second.planned.end());
+    // The rebalancer loaded them before: they are held (the next heartbeat says so too).
+    std::vector<int> held;
+    std::set_union(it->second.hosted.begin(), it->second.hosted.end(), it->second.planned.begin(),
+                   it->second.planned.end(), std::back_inserter(held));
+    it->second.hosted = std::move(held);
   }
   return ++placement_version_;
+}
+
+bool WorkerRegistry::IsPlacementWriter() const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : workers_) {
+    const bool attention =
+        e.info.kind == v1::WORKER_KIND_PREFILL || e.info.kind == v1::WORKER_KIND_DECODE;
+    if (attention && e.elsewhere && !e.info.load.draining()) return false;
+  }
+  return true;
 }
 
 bool WorkerRegistry::AttentionWorkersFollow(int64_t version) const {

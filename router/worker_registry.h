@@ -67,9 +67,14 @@ class WorkerRegistry {
     bool known = false;             // false: the worker must register again
     int64_t placement_version = 0;  // the map's current version
   };
-  // Records a live worker's load and the placement version it routes by.
+  // Records a live worker's load and the placement version it routes by
+  // (`elsewhere`: it routes by another router's map, router HA). An expert
+  // worker's `load.hosted_expert_ids` (when given) is what it holds: the map
+  // routes to it all, or, once this router placed the worker's experts
+  // (SetPlacement), to the plan's experts it holds; a change bumps the
+  // version.
   HeartbeatAnswer Heartbeat(const std::string& worker_id, const v1::WorkerLoad& load,
-                            int64_t placement_version);
+                            int64_t placement_version, bool elsewhere = false);
   // A worker leaving on its own: dropped, its in-flight calls left to drain.
   void Deregister(const std::string& worker_id);
 
@@ -92,6 +97,10 @@ class WorkerRegistry {
   // True iff every live prefill and decode worker reported routing by
   // `version` or a newer map.
   bool AttentionWorkersFollow(int64_t version) const;
+  // True iff no live prefill or decode worker reported routing by another
+  // router's map: this router is the placement writer (router HA; vacuously
+  // with no attention worker).
+  bool IsPlacementWriter() const;
 
   std::chrono::milliseconds heartbeat_interval() const { return interval_; }
 
@@ -100,7 +109,12 @@ class WorkerRegistry {
     WorkerInfo info;
     std::chrono::steady_clock::time_point last_seen;
     int64_t placement_version = 0;  // attention workers: the map version they route by
+    bool elsewhere = false;         // attention workers: they route by another router's map
+    std::vector<int> hosted;        // expert workers: what they hold (registration, heartbeats)
+    std::vector<int> planned;       // expert workers: SetPlacement's experts; empty: none
   };
+  // An expert worker's routed experts: `hosted`, or `planned` ∩ `hosted` once planned.
+  static std::vector<int> Routed(const Entry& e);
   void Sweep();
   // By value: callers pass the key of the entry it erases.
   void Drop(std::string id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

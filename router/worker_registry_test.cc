@@ -110,5 +110,46 @@ TEST(WorkerRegistryTest, PlacementVersionsFollowExpertWorkersAndPlans) {
   EXPECT_TRUE(registry.AttentionWorkersFollow(v));
 }
 
+v1::WorkerLoad Hosting(std::vector<int> experts) {
+  v1::WorkerLoad load;
+  load.mutable_hosted_expert_ids()->Add(experts.begin(), experts.end());
+  return load;
+}
+
+// Router HA: a router that did not place an expert worker's experts routes to
+// what the worker reports holding; once it placed them, to its plan's experts
+// the worker holds.
+TEST(WorkerRegistryTest, TheMapFollowsWhatExpertWorkersHoldUntilThisRouterPlacesThem) {
+  WorkerRegistry registry("fp", milliseconds(50), milliseconds(10000));
+  absl::StatusOr<std::string> e = registry.Register(Worker(v1::WORKER_KIND_EXPERT, "e:1", {0, 1}));
+  ASSERT_TRUE(e.ok());
+  const int64_t v0 = registry.Placement().version;
+  // Another router's rebalance loaded expert 2 here: this router routes to it.
+  EXPECT_EQ(registry.Heartbeat(*e, Hosting({2, 0, 1}), 0).placement_version, v0 + 1);
+  EXPECT_EQ(registry.Placement().workers[0].expert_ids, (std::vector<int>{0, 1, 2}));
+  // The same holding again changes nothing.
+  EXPECT_EQ(registry.Heartbeat(*e, Hosting({0, 1, 2}), 0).placement_version, v0 + 1);
+  // And it dropped expert 0.
+  registry.Heartbeat(*e, Hosting({1, 2}), 0);
+  EXPECT_EQ(registry.Placement().workers[0].expert_ids, (std::vector<int>{1, 2}));
+
+  // This router's own plan: the planned experts the worker holds, no more.
+  const int64_t v = registry.SetPlacement({{*e, {2}}});
+  registry.Heartbeat(*e, Hosting({1, 2}), 0);  // a cold replica, held, not routed
+  EXPECT_EQ(registry.Placement().version, v);
+  EXPECT_EQ(registry.Placement().workers[0].expert_ids, (std::vector<int>{2}));
+}
+
+TEST(WorkerRegistryTest, NotThePlacementWriterWhileAttentionWorkersRouteElsewhere) {
+  WorkerRegistry registry("fp", milliseconds(50), milliseconds(10000));
+  EXPECT_TRUE(registry.IsPlacementWriter());  // no attention worker: nobody objects
+  absl::StatusOr<std::string> d = registry.Register(Worker(v1::WORKER_KIND_DECODE, "d:1"));
+  ASSERT_TRUE(d.ok());
+  registry.Heartbeat(*d, v1::WorkerLoad(), 0, /*elsewhere=*/true);
+  EXPECT_FALSE(registry.IsPlacementWriter());
+  registry.Heartbeat(*d, v1::WorkerLoad(), 3, /*elsewhere=*/false);
+  EXPECT_TRUE(registry.IsPlacementWriter());
+}
+
 }  // namespace
 }  // namespace moesh

@@ -10,13 +10,17 @@
 #   usage: scripts/chaos.sh [SECONDS=600] [BUILD_DIR=build]
 #   env: CLIENTS (4), EVERY (seconds between kills, 30), DOWN (seconds a
 #        killed process stays down, 2), DECODE_WORKERS (2: a killed decode
-#        worker's streams continue on the other), WORK (a work dir; default a
-#        temp dir)
+#        worker's streams continue on the other), ROUTERS (1; with 2 or more
+#        every worker joins each router, the clients get every router's
+#        address, each client's list rotated so the load spreads, and the
+#        kills take router-0 and router-1 in turn), WORK (a work dir;
+#        default a temp dir)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${1:-600}
 BIN=$(cd "${2:-build}" && pwd)
 CLIENTS=${CLIENTS:-4} EVERY=${EVERY:-30} DOWN=${DOWN:-2} DECODE_WORKERS=${DECODE_WORKERS:-2}
+ROUTERS=${ROUTERS:-1}
 WORK=${WORK:-$(mktemp -d /tmp/moesh-chaos-XXXXXX)}
 mkdir -p "$WORK/load"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -30,17 +34,22 @@ trap cleanup EXIT
 
 "$BIN/moesh" mkmodel --family=v3 --preset=tiny --out="$WORK/model" >/dev/null || exit 1
 "$BIN/moesh" serve-local --model="$WORK/model" --port="$PORT" --bin_dir="$BIN" \
-  --decode_workers="$DECODE_WORKERS" \
+  --decode_workers="$DECODE_WORKERS" --routers="$ROUTERS" \
   --work_dir="$WORK/cluster" >"$WORK/serve-local.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 600); do grep -q "moesh is serving" "$WORK/serve-local.log" && break; sleep 0.2; done
 grep -q "moesh is serving" "$WORK/serve-local.log" || { cat "$WORK/serve-local.log"; exit 1; }
 now() { date +%s.%N; }
+# Every router's public address, as serve-local printed them.
+IFS=, read -r -a servers <<<"$(sed -n 's/^moesh is serving on //p' "$WORK/serve-local.log")"
 
 # The load: each line of load/<i> is "<end time> <exit status>".
 for i in $(seq "$CLIENTS"); do
+  # Client i tries the routers from the i-th on.
+  list=$(for j in $(seq 0 $((${#servers[@]} - 1))); do
+           echo "${servers[$(((i + j) % ${#servers[@]}))]}"; done | paste -sd,)
   (while true; do
-     "$BIN/moesh" complete --server="127.0.0.1:$PORT" --prompt_ids=5,17,300 --max_new_tokens=16 \
+     "$BIN/moesh" complete --server="$list" --prompt_ids=5,17,300 --max_new_tokens=16 \
        --ignore_eos --timeout=30 >/dev/null 2>>"$WORK/load/errors.$i"
      status=$?
      echo "$(now) $status"
@@ -59,12 +68,16 @@ kill_and_restart() {
   pid=$(pid_of "$name")
   [ -n "$pid" ] || { echo "no process $name" >&2; return 1; }
   mapfile -d '' cmd < /proc/"$pid"/cmdline
-  if [ "$name" = router ]; then  # the same ports, so workers and clients find it again
-    local internal
-    internal=$(sed -n 3p "$WORK/cluster/router.ready")
-    local kept=()
-    for a in "${cmd[@]}"; do [[ $a == --internal_listen=* ]] || kept+=("$a"); done
-    cmd=("${kept[@]}" "--internal_listen=$internal")
+  if [[ $name == router* ]]; then  # the same ports, so workers and clients find it again
+    local listen internal http kept=()
+    listen=$(sed -n 1p "$WORK/cluster/$name.ready")
+    internal=$(sed -n 3p "$WORK/cluster/$name.ready")
+    http=$(sed -n 4p "$WORK/cluster/$name.ready")
+    for a in "${cmd[@]}"; do
+      [[ $a == --listen=* || $a == --internal_listen=* || $a == --http_listen=* ]] || kept+=("$a")
+    done
+    cmd=("${kept[@]}" "--listen=$listen" "--internal_listen=$internal")
+    [ -n "$http" ] && cmd+=("--http_listen=$http")
   fi
   kill -9 "$pid"
   sleep "$DOWN"
@@ -76,6 +89,7 @@ kill_and_restart() {
 t0=$(now)
 kills=()
 names=(expert-0 decode-0 prefill-0 router expert-1)
+[ "$ROUTERS" -gt 1 ] && names=(expert-0 decode-0 prefill-0 router-0 expert-1 router-1)
 k=0
 sleep "$EVERY"
 while python3 -c "import sys; sys.exit(0 if $(now) - $t0 < $DURATION - $EVERY else 1)"; do

@@ -14,6 +14,7 @@
 #include "common/model/weights.h"
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/internal_plane.h"
+#include "common/service/router_links.h"
 #include "common/transport/transport_registry.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
@@ -53,18 +54,25 @@ absl::StatusOr<ExpertPlacement> DiscoverPlacement(const std::vector<std::string>
   return placement;
 }
 
-absl::StatusOr<ExpertPlacement> FetchPlacement(const std::string& router, int num_experts,
+absl::StatusOr<ExpertPlacement> FetchPlacement(const std::string& routers, int num_experts,
                                                std::chrono::seconds timeout) {
-  auto stub = v1::Cluster::NewStub(CreateInternalChannel(router));
   const auto give_up = std::chrono::system_clock::now() + timeout;
   std::string last;
   while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    ctx.set_wait_for_ready(true);
-    v1::PlacementMap map;
-    grpc::Status s = stub->GetPlacement(&ctx, v1::GetPlacementRequest(), &map);
-    if (s.ok()) {
+    absl::StatusOr<std::vector<std::string>> addresses = ResolveRouters(routers);
+    if (!addresses.ok()) last = std::string(addresses.status().message());
+    for (const std::string& router : addresses.ok() ? *addresses : std::vector<std::string>()) {
+      auto stub = v1::Cluster::NewStub(CreateInternalChannel(router));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      // One router: wait for it to come up; several: a down one is skipped at once.
+      ctx.set_wait_for_ready(addresses->size() == 1);
+      v1::PlacementMap map;
+      grpc::Status s = stub->GetPlacement(&ctx, v1::GetPlacementRequest(), &map);
+      if (!s.ok()) {
+        last = absl::StrCat("router ", router, ": ", s.error_message());
+        continue;
+      }
       ExpertPlacement placement;
       std::vector<bool> covered(num_experts, false);
       for (const auto& w : map.workers()) {
@@ -76,13 +84,10 @@ absl::StatusOr<ExpertPlacement> FetchPlacement(const std::string& router, int nu
       }
       const int missing = static_cast<int>(std::count(covered.begin(), covered.end(), false));
       if (missing == 0) return placement;
-      last = absl::StrCat(missing, " of ", num_experts, " experts have no live expert worker yet");
-    } else {
-      last = s.error_message();
+      last = absl::StrCat("router ", router, ": ", missing, " of ", num_experts,
+                          " experts have no live expert worker yet");
     }
-    if (std::chrono::system_clock::now() > give_up) {
-      return absl::UnavailableError(absl::StrCat("router ", router, ": ", last));
-    }
+    if (std::chrono::system_clock::now() > give_up) return absl::UnavailableError(last);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -119,18 +124,18 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
         RemoteExpertClient::Create(w.transport.get(), placement, w.config.n_routed_experts,
                                    std::chrono::seconds(5), options.metrics));
     RemoteExpertClient* client = remote.get();
-    const std::string router = options.router;
     const int num_experts = w.config.n_routed_experts;
     // Retried at every heartbeat until it switches; a failure is logged once per version.
     auto failed_version = std::make_shared<std::atomic<int64_t>>(-1);
-    w.on_placement_version = [client, router, num_experts, failed_version](int64_t version) {
+    w.on_placement_version = [client, num_experts, failed_version](const std::string& router,
+                                                                   int64_t version) {
       absl::StatusOr<ExpertPlacement> p =
           FetchPlacement(router, num_experts, std::chrono::seconds(0));
       absl::Status s = p.ok() ? client->UpdatePlacement(*p) : p.status();
       if (s.ok() || failed_version->exchange(version) != version) {
         std::cerr << "placement version " << version
                   << (s.ok() ? ": switched" : ": kept the old one: ") << (s.ok() ? "" : s.message())
-                  << std::endl;
+                  << " (router " << router << ")" << std::endl;
       }
       return s;
     };

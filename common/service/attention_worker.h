@@ -58,13 +58,16 @@ struct AttentionWorker {
   // Null iff backend->has_experts() (local experts on a CUDA device).
   std::unique_ptr<ExpertClient> experts;
   // Set when the placement comes from the router: call on a new placement
-  // version (HeartbeatClient's on_placement_version). Thread-safe.
+  // version of the placement writer (HeartbeatClient's on_placement_version).
+  // Thread-safe.
   PlacementFollower on_placement_version;
 };
 
-// The router's placement map as an ExpertPlacement, waiting (up to `timeout`)
-// until every expert in [0, num_experts) has a live host.
-absl::StatusOr<ExpertPlacement> FetchPlacement(const std::string& router, int num_experts,
+// A router's placement map as an ExpertPlacement, waiting (up to `timeout`)
+// until every expert in [0, num_experts) has a live host. `routers` as
+// --router takes it: the first of its addresses (in order, the placement
+// writer's rule) whose map is complete.
+absl::StatusOr<ExpertPlacement> FetchPlacement(const std::string& routers, int num_experts,
                                                std::chrono::seconds timeout);
 
 absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOptions& options);

@@ -6,16 +6,18 @@
 
 #include "absl/time/time.h"
 #include "common/rpc/internal_plane.h"
+#include "common/service/router_links.h"
 
 namespace moesh {
 
 HeartbeatClient::HeartbeatClient(std::string router_address, v1::RegisterRequest registration,
                                  std::function<v1::WorkerLoad()> load,
-                                 PlacementFollower on_placement_version)
+                                 PlacementFollower on_placement_version, RouterElection* election)
     : router_address_(std::move(router_address)),
       registration_(std::move(registration)),
       load_(std::move(load)),
-      on_placement_version_(std::move(on_placement_version)) {
+      on_placement_version_(std::move(on_placement_version)),
+      election_(election) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -59,6 +61,7 @@ void HeartbeatClient::Loop() {
     if (worker_id.empty()) {
       v1::RegisterResponse resp;
       grpc::Status s = stub->Register(&ctx, registration_, &resp);
+      if (election_ != nullptr) election_->Report(router_address_, s.ok());
       if (s.ok()) {
         worker_id = resp.worker_id();
         if (resp.heartbeat_interval_ms() > 0)
@@ -72,15 +75,24 @@ void HeartbeatClient::Loop() {
         warned = true;
       }
     } else {
+      // Another router is the placement writer: this one's map is not
+      // followed, and is refetched from scratch should this one become it.
+      // No router answering (e.g. this one missed a heartbeat): none is followed instead.
+      const std::string elected = election_ == nullptr ? "" : election_->Writer();
+      const bool writer = elected.empty() || elected == router_address_;
+      if (!writer) placement_version = 0;
       v1::HeartbeatRequest req;
       req.set_worker_id(worker_id);
       *req.mutable_load() = load_();
       req.set_placement_version(placement_version);
+      req.set_placement_elsewhere(!writer && on_placement_version_ != nullptr);
       v1::HeartbeatResponse resp;
       grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) worker_id.clear();  // router restarted or dropped us
-      if (s.ok() && on_placement_version_ && resp.placement_version() != placement_version &&
-          on_placement_version_(resp.placement_version()).ok()) {
+      if (election_ != nullptr) election_->Report(router_address_, s.ok() && resp.known());
+      if (s.ok() && writer && on_placement_version_ &&
+          resp.placement_version() != placement_version &&
+          on_placement_version_(router_address_, resp.placement_version()).ok()) {
         placement_version = resp.placement_version();  // reported from the next heartbeat on
       }
     }

@@ -3,8 +3,11 @@
 #include "absl/flags/flag.h"
 
 ABSL_FLAG(std::string, router, moesh::WorkerOptions().router,
-          "The router's cluster address (host:port) to register and heartbeat with (empty: none; "
-          "an expert worker then serves whoever dials it, a prefill or decode worker needs "
+          "The routers' cluster addresses to register and heartbeat with: host:port, or several "
+          "comma-separated; a name resolving to several addresses (a headless Service) is each "
+          "of them, re-resolved every 10 s. Each router is joined on its own; attention workers "
+          "route by the placement map of the lowest address that answers (empty: none; an expert "
+          "worker then serves whoever dials it, a prefill or decode worker needs "
           "--expert_workers or loads every expert itself).");
 ABSL_FLAG(std::string, advertise_host, moesh::WorkerOptions().advertise_host,
           "Host name or IP the router and other workers reach this worker at (with the port it "

@@ -11,7 +11,7 @@ namespace moesh {
 
 // The defaults are the flags' defaults (worker_flags.cc).
 struct WorkerOptions {
-  std::string router;                        // --router: cluster host:port (empty: none)
+  std::string router;  // --router: the routers' cluster host:port, comma-separated (empty: none)
   std::string advertise_host = "127.0.0.1";  // --advertise_host
   std::string transport = "grpc";            // --transport: grpc, ucx, nccl or cuda_ipc
 };

@@ -8,17 +8,17 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/model/safetensors.h"
-#include "common/service/heartbeat_client.h"
+#include "common/service/router_links.h"
 #include "common/service/worker_util.h"
 
 namespace moesh {
 
 absl::Status ServeUntilSignal(grpc::Server* server, const ServeOptions& o) {
-  std::unique_ptr<HeartbeatClient> heartbeat;
+  std::unique_ptr<RouterLinks> heartbeat;
   if (!o.router.empty()) {
     auto load = o.load ? o.load : [] { return v1::WorkerLoad(); };
     heartbeat =
-        std::make_unique<HeartbeatClient>(o.router, o.registration, load, o.on_placement_version);
+        std::make_unique<RouterLinks>(o.router, o.registration, load, o.on_placement_version);
   }
   if (!o.ready_file.empty()) {
     if (absl::Status s = WriteReadyFile(o.ready_file, o.address, o.metrics_address,

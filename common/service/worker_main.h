@@ -27,7 +27,7 @@ namespace moesh {
 
 struct ServeOptions {
   std::string name;                        // "expert worker", for logs
-  std::string router;                      // empty: do not register
+  std::string router;                      // --router (a list, DNS names); empty: do not register
   v1::RegisterRequest registration;        // kind, address, ... (with a router)
   std::function<v1::WorkerLoad()> load;    // heartbeat payload; may be null
   PlacementFollower on_placement_version;  // may be null

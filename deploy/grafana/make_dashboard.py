@@ -115,6 +115,11 @@ def build():
              (f"sum({sel('moesh_num_requests_running', service='decode_worker')})", "running (decode workers)"),
              (f"sum({sel('moesh_num_requests_waiting')})", "waiting (prefill queue)")],
             unit="short", w=12)
+    d.panel("timeseries", "Workers each router holds",
+            "moesh_router_workers by router and kind: the members each router's heartbeats keep "
+            "(router HA: every router should hold every worker).",
+            [(f"sum by (instance, kind) ({sel('moesh_router_workers', **router)})", "{{instance}} {{kind}}")],
+            unit="short", w=24, h=6)
 
     d.row("Latency")
     d.panel("timeseries", "Time to first token", "moesh_time_to_first_token_seconds quantiles (router).",

@@ -33,7 +33,9 @@ def load_stubs():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--server", required=True)
+    ap.add_argument("--server", required=True,
+                    help="host:port, or several comma-separated: a request that fails UNAVAILABLE "
+                         "before its first message goes to the next router")
     ap.add_argument("--prompt_ids", help="comma-separated token ids")
     ap.add_argument("--prompt", help="text (the model needs a tokenizer.json)")
     ap.add_argument("--max_new_tokens", type=int, default=16)
@@ -49,21 +51,31 @@ def main():
     req.sampling.temperature = args.temperature
     req.stop.max_new_tokens = args.max_new_tokens
 
-    with grpc.insecure_channel(args.server) as channel:
-        stub = pb_grpc.GenerationStub(channel)
-        ids = []
-        try:
-            for msg in stub.Generate(req, timeout=60):
-                ids.extend(msg.token_ids)
-                if msg.text:
-                    print(msg.text, end="", flush=True)
-                if msg.HasField("final"):
-                    reason = pb.FinishReason.Name(msg.final.finish_reason)
-                    print(f"\nids: {ids}\nfinish: {reason}, {msg.final.usage.completion_tokens} tokens, "
-                          f"ttft {msg.final.timings.time_to_first_token_seconds * 1e3:.1f} ms")
-        except grpc.RpcError as e:
-            sys.exit(f"error: {e.code().name}: {e.details()}")
-
+    servers = [a for a in args.server.split(",") if a]
+    for i, server in enumerate(servers):
+        with grpc.insecure_channel(server) as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            ids = []
+            got = 0
+            try:
+                for msg in stub.Generate(req, timeout=60):
+                    got += 1
+                    ids.extend(msg.token_ids)
+                    if msg.text:
+                        print(msg.text, end="", flush=True)
+                    if msg.HasField("final"):
+                        reason = pb.FinishReason.Name(msg.final.finish_reason)
+                        print(f"\nids: {ids}\nfinish: {reason}, {msg.final.usage.completion_tokens} tokens, "
+                              f"ttft {msg.final.timings.time_to_first_token_seconds * 1e3:.1f} ms")
+                return
+            except grpc.RpcError as e:
+                # Nothing streamed yet from a router that is down: the next one runs it.
+                if e.code() == grpc.StatusCode.UNAVAILABLE and got == 0 and i + 1 < len(servers):
+                    print(f"router {server} unavailable ({e.details()}); trying {servers[i + 1]}",
+                          file=sys.stderr)
+                    continue
+                where = f" (the stream from router {server} broke after {got} messages)" if got else ""
+                sys.exit(f"error: {e.code().name}: {e.details()}{where}")
 
 if __name__ == "__main__":
     main()

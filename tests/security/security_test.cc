@@ -113,7 +113,7 @@ class SecurityTest : public ::testing::Test {
 
   static const std::string& router() { return cluster_->router_address(); }
   // The router's internal plane (moesh.v1.Cluster).
-  static const std::string& internal() { return cluster_->router_internal_address(); }
+  static std::string internal() { return cluster_->router_internal_address(); }
   static const LocalCluster::Process& Proc(const std::string& name) {
     for (const auto& p : cluster_->processes()) {
       if (p.name == name) return p;
