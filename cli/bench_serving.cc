@@ -334,7 +334,7 @@ absl::Status RunServingBench() {
   base.model_dir = model;
   base.bin_dir = BinDirFlag();
   base.decode.kv.kv_blocks = 4096;
-  SetWorkerDevice(device, device_options.dummy_weights, &base);
+  SetWorkerDevice(device_options, &base);
   base.expert_devices = expert_devices;
   if (timeline > 0) {
     return RunRebalanceTimeline(config, base, timeline, static_cast<int>(concurrencies.front()),
@@ -360,6 +360,7 @@ absl::Status RunServingBench() {
       o.router.kv.kv_blocks = 4096;
       o.router.device.device = device;
       o.router.device.dummy_weights = device_options.dummy_weights;
+      o.router.device.fp8_linears = device_options.fp8_linears;
       o.expert_workers = {"0-0"};
       o.num_prefill = 0;
       o.num_decode = 0;

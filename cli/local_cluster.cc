@@ -63,11 +63,13 @@ DecodeWorkerOptions LocalDecodeDefaults() {
   return o;
 }
 
-void SetWorkerDevice(const std::string& device, bool dummy_weights, LocalClusterOptions* o) {
+void SetWorkerDevice(const DeviceOptions& device, LocalClusterOptions* o) {
   for (DeviceOptions* d : {&o->prefill.device, &o->decode.device, &o->expert.device}) {
-    d->device = device;
-    d->dummy_weights = dummy_weights;
+    d->device = device.device;
+    d->dummy_weights = device.dummy_weights;
+    d->fp8_linears = device.fp8_linears;
   }
+}
 }
 
 void SetWorkerTransport(const std::string& transport, LocalClusterOptions* o) {

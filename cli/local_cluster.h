@@ -63,9 +63,10 @@ struct LocalClusterOptions {
   TlsFiles tls;
 };
 
-// Sets the prefill, decode and expert workers' --device and --load_format
-// (dummy weights or the checkpoint's).
-void SetWorkerDevice(const std::string& device, bool dummy_weights, LocalClusterOptions* o);
+// Sets the prefill, decode and expert workers' --device, --load_format (dummy
+// weights or the checkpoint's) and --quantization from `device` (the command
+// line's device flags), so none of them is dropped on the way.
+void SetWorkerDevice(const DeviceOptions& device, LocalClusterOptions* o);
 // Sets the prefill, decode and expert workers' --transport.
 void SetWorkerTransport(const std::string& transport, LocalClusterOptions* o);
 

@@ -61,7 +61,7 @@ absl::Status RunServeLocal() {
   if (opt.num_routers < 1 || opt.num_routers > 16)
     return absl::InvalidArgumentError("--routers must be in [1, 16]");
   ASSIGN_OR_RETURN(const DeviceOptions device, DeviceOptionsFromFlags());
-  SetWorkerDevice(device.device, device.dummy_weights, &opt);
+  SetWorkerDevice(device, &opt);
   ASSIGN_OR_RETURN(opt.expert_devices, ExpertDevicesFlag());
   SetWorkerTransport(absl::GetFlag(FLAGS_transport), &opt);
   opt.bin_dir = BinDirFlag();
