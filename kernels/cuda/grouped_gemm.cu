@@ -81,25 +81,31 @@ __device__ __forceinline__ uint32_t WidenFp8x2(const uint8_t* codes, float scale
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// The value of an e2m1 code (the low 4 bits of `c`; kernels/cpu/mxfp4.h):
-// sign, 2 exponent bits, 1 mantissa bit, so 0, 0.5, 1, 1.5, 2, 3, 4, 6.
-__device__ __forceinline__ float E2M1(uint32_t c) {
-  const uint32_t e = (c >> 1) & 3u, m = c & 1u;
-  const uint32_t mag = e != 0 ? ((126u + e) << 23) | (m << 22) : (m != 0 ? 0x3F000000u : 0u);
-  return __uint_as_float(mag | ((c & 8u) << 28));
+// MXFP4's widening, a few integer ops and two bf16x2 multiplies a register
+// (the MMA's B operand: two values, the lower k in the low half):
+//  * an e2m1 code's exponent and mantissa bits placed as bf16's low exponent
+//    bits and top mantissa bit give the code's value times 2^-126, exactly —
+//    exponent 0 lands in bf16's subnormals, which hold e2m1's 0 and 0.5 so;
+//  * times 2^126, then times the block's ue8m0 scale as a bf16 (2^(e - 127):
+//    e 0 a subnormal, 0xFF a NaN), both exact (powers of two), so the result
+//    is the dequantized value kernels/cpu/mxfp4.h computes, as a bf16.
+__device__ __forceinline__ uint32_t Fp4x2Bits(uint32_t pair) {
+  return ((pair & 0x7u) << 6) | ((pair & 0x8u) << 12) | ((pair & 0x70u) << 18) |
+         ((pair & 0x80u) << 24);
 }
 
-// A ue8m0 scale 2^(e - 127) (0xFF: NaN, as cpu::E8M0ToF32).
-__device__ __forceinline__ float E8M0(uint32_t e) {
-  return e == 0xFFu ? __uint_as_float(0x7FC00000u)
-                    : (e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23));
+// A ue8m0 scale as a pair of bf16s.
+__device__ __forceinline__ uint32_t E8M0Pair(uint32_t e) {
+  const uint32_t h = e == 0xFFu ? 0x7FC0u : (e == 0 ? 0x0040u : e << 7);
+  return h | (h << 16);
 }
 
-// The two e2m1 values of a byte (the low nibble the lower k) times `scale`,
-// as a bf16 pair: an MMA B register. Exact (a small integer times a power
-// of two), so the same as bf16 weights holding the dequantized values.
-__device__ __forceinline__ uint32_t WidenFp4x2(uint8_t pair, float scale) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(E2M1(pair) * scale, E2M1(pair >> 4) * scale);
+__device__ __forceinline__ uint32_t WidenFp4x2(uint8_t pair, uint32_t scale_pair) {
+  constexpr uint32_t kTwoPow126 = 0x7E807E80u;  // 2^126 in both halves
+  uint32_t bits = Fp4x2Bits(pair);
+  __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&bits);
+  v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&kTwoPow126));
+  v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&scale_pair));
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
@@ -289,8 +295,8 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
         } else if constexpr (kFp4W) {  // the same fragments from e2m1 pairs
           const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), kb = ks * 8 + (lane & 3);
           const int shift = 8 * (ks / 2);  // the slice's 32-input group of k 16 * ks ..
-          const float lo = E8M0((mx[2 * nj] >> shift) & 0xFFu),
-                      hi = E8M0((mx[2 * nj + 1] >> shift) & 0xFFu);
+          const uint32_t lo = E8M0Pair((mx[2 * nj] >> shift) & 0xFFu),
+                         hi = E8M0Pair((mx[2 * nj + 1] >> shift) & 0xFFu);
           b[0] = WidenFp4x2(s4[st][n][kb], lo);
           b[1] = WidenFp4x2(s4[st][n][kb + 4], lo);
           b[2] = WidenFp4x2(s4[st][n + 8][kb], hi);
