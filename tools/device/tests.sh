@@ -25,7 +25,8 @@
 #             (tests/integration/cuda_cluster_test.sh) over grpc on the v3 and v2_lite goldens,
 #             over cuda_ipc, on the v4 golden, on the v32 golden within index_topk; the
 #             experts of V4 and V3.2 on the GPU behind CPU attention against the CPU engine
-#             (tests/integration/cuda_experts_test.sh v4, v32); memcheck on the backends'
+#             (tests/integration/cuda_experts_test.sh v4, v32), chunked prefill in a GPU
+#             colocated router (tests/integration/cuda_chunked_test.sh); memcheck on the backends'
 #             expert stage and KV handoff.
 #   multi     the two-GPU things (nvidia-h200-x2): transport_test (its nccl kind between the
 #             GPUs), nccl_link_test, cuda_backends_test (its nccl and second-GPU cases; not
@@ -161,6 +162,7 @@ services() {
   cluster cluster_v4 90 v4
   # V3.2 wholly on the GPU within index_topk (8 in the golden).
   cluster cluster_v32 120 "MOESH_PROMPTS=5,17,300 1,2,3,4" MOESH_NEW_TOKENS=4 v32
+  step chunked_v3 120 tests/integration/cuda_chunked_test.sh $D/bin/moesh "$PWD" v3
   step experts_v4 120 tests/integration/cuda_experts_test.sh $D/bin/moesh "$PWD" v4
   step experts_v32 120 tests/integration/cuda_experts_test.sh $D/bin/moesh "$PWD" v32
   # API errors are not reported here: the KV handoff test forges a pool handle on purpose, which
