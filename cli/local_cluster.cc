@@ -70,7 +70,6 @@ void SetWorkerDevice(const DeviceOptions& device, LocalClusterOptions* o) {
     d->fp8_linears = device.fp8_linears;
   }
 }
-}
 
 void SetWorkerTransport(const std::string& transport, LocalClusterOptions* o) {
   for (WorkerOptions* w : {&o->prefill.worker, &o->decode.worker, &o->expert.worker}) {
