@@ -170,6 +170,15 @@ def build():
               "running {{instance}}")], unit="short")
     d.panel("timeseries", "Decode step time", "Wall time of one continuous-batching decode step.",
             quantiles("moesh_decode_step_seconds", qs=(0.5, 0.99), service="decode_worker"), unit="s")
+    d.panel("timeseries", "Chunked prefill",
+            "Tokens per decode step (running decodes plus prompt chunks, under --max_num_batched_tokens), "
+            "and prompt chunks per second computed in decode steps (colocated router, recomputes) and by "
+            "prefill workers.",
+            quantiles("moesh_decode_step_tokens", qs=(0.5, 0.99))
+            + [(f"sum by (instance) (rate({sel('moesh_decode_prompt_chunks_total')}[{RATE}]))",
+                "decode-step chunks/s {{instance}}"),
+               (f"sum by (instance) (rate({sel('moesh_prefill_chunks_total')}[{RATE}]))",
+                "prefill chunks/s {{instance}}")], unit="short", w=24)
     d.panel("timeseries", "Decode tokens / s", "Tokens generated per decode worker.",
             [(f"sum by (instance) (rate({sel('moesh_generation_tokens_total', service='decode_worker')}[{RATE}]))",
               "{{instance}}")], unit="short", w=16)
