@@ -30,6 +30,12 @@
 #              of bf16 experts): --prompt_len 64 --max_new_tokens $MOESH_NEW_TOKENS (128)
 #              --requests 64 --concurrency 64 --expert_device cuda:1 --expert_workers 1
 #              --modes $MOESH_MODES (colocated,cluster-nccl); nvidia-h200-x2.
+#   chunked    chunked prefill in a GPU colocated router (moesh_router --colocated --device cuda,
+#              V2-Lite's real shapes, dummy weights) at --max_num_batched_tokens
+#              $MOESH_BUDGETS (0,256,2048; 0: no chunking), each under the same open-loop client:
+#              `moesh bench --serving --server` --dataset random --length_sigma 0 --prompt_len
+#              $MOESH_PROMPT_LEN (512) --max_new_tokens 128 --requests 256 --concurrency 64
+#              --request_rate $MOESH_RATE (inf: closed loop); ITL p50/p99 and TTFT per budget.
 #   fullsize   issue 22's run, arguments through the environment: DeepSeek-V3 at its real
 #              shapes in FP8 as shipped (`mkmodel --family v3 --preset real --dtype fp8
 #              --config_only`, $MOESH_LAYERS layers, default all 61; dummy weights made on
@@ -78,7 +84,7 @@ usage() { sed -n '2,/^set /p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; }
 scenarios=()
 while (($# > 0)); do
   case $1 in
-    steady|kv|ipc|multi|largest|fullsize|rebalance) scenarios+=("$1"); shift ;;
+    steady|kv|ipc|multi|largest|chunked|fullsize|rebalance) scenarios+=("$1"); shift ;;
     dispatch-ipc|dispatch-mps|dispatch-nccl|dispatch-overlap) scenarios+=("${1/-/_}"); shift ;;
     --dispatch)
       case ${2:-} in
@@ -179,6 +185,26 @@ largest() {
     --expert_workers 1 --modes ${MOESH_MODES:-colocated,cluster-nccl}
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv >> "$LOGS/env.txt"
   shown+=(v3_serving)
+}
+
+chunked() {
+  real_model
+  local b port ready
+  IFS=, read -ra budgets <<< "${MOESH_BUDGETS:-0,256,2048}"
+  for b in "${budgets[@]}"; do
+    port=$((23000 + RANDOM % 20000)) ready=/tmp/moesh-chunked-$b.ready
+    rm -f "$ready"
+    $D/bin/moesh_router --model $real --colocated --device cuda --load_format dummy \
+      --max_num_batched_tokens "$b" --listen 127.0.0.1:$port --ready_file "$ready" \
+      > "$LOGS/chunked_router_$b.log" 2>&1 &
+    local rpid=$!
+    for _ in $(seq 1 300); do [[ -f $ready ]] && break; sleep 0.5; done
+    step "chunked_budget_$b" 150 $moesh bench --serving --server 127.0.0.1:$port --dataset random \
+      --length_sigma 0 --prompt_len ${MOESH_PROMPT_LEN:-512} --max_new_tokens 128 --requests 256 \
+      --concurrency 64 --request_rate ${MOESH_RATE:-inf}
+    kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null
+    shown+=("chunked_budget_$b")
+  done
 }
 
 fullsize() {
