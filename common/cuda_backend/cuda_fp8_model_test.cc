@@ -414,35 +414,9 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaFp8ModelTest, ::testing::Values("v2-lite"
 // GEMM, which rounds differently) — in about a quarter of the experts' bytes.
 // Against the CPU engine it is printed (the CSA indexer's bf16-vs-fp32
 // near-ties select other keys there, as cuda_model_test's V4 real widths).
-ModelConfig V4RealWidths() {
-  absl::StatusOr<ModelConfig> config = PresetConfig("v4", "small");
-  EXPECT_TRUE(config.ok()) << config.status();
-  ModelConfig c = *config;
-  c.vocab_size = 2048;
-  c.hidden_size = 512;
-  c.num_attention_heads = 16;
-  c.v4.head_dim = 512;
-  c.qk_rope_head_dim = 64;
-  c.q_lora_rank = 256;
-  c.v4.o_groups = 4;
-  c.v4.o_lora_rank = 128;
-  c.moe_intermediate_size = 256;
-  c.n_routed_experts = 8;
-  c.num_experts_per_tok = 8;
-  c.num_hidden_layers = 2;
-  c.v4.layer_types = {V4AttentionType::kCompressedSparse, V4AttentionType::kHeavilyCompressed};
-  c.v4.hash_layers = {false, false};
-  c.v4.sliding_window = 32;
-  c.v4.compress_rate_csa = 4;
-  c.v4.compress_rate_hca = 8;
-  c.indexer.topk = 16;
-  EXPECT_TRUE(c.Validate("v4 real widths").ok());
-  return c;
-}
-
 TEST(CudaMxfp4ModelTest, V4FlashCheckpointRunsItsExpertsInMxfp4) {
   MOESH_REQUIRE_GPU();
-  const ModelConfig c = V4RealWidths();
+  const ModelConfig c = testing::V4RealWidths(/*moe_intermediate=*/256);
   const std::string dir = JoinPath(::testing::TempDir(), "cuda_mxfp4_v4");
   RandomCheckpointOptions ro;
   ro.seed = testing::FreshSeed();
@@ -527,7 +501,7 @@ TEST(CudaMxfp4ModelTest, V4FlashCheckpointRunsItsExpertsInMxfp4) {
 // weights within bf16's rounding.
 TEST(CudaMxfp4ModelTest, V4ExpertStageMatchesCpuStage) {
   MOESH_REQUIRE_GPU();
-  const ModelConfig c = V4RealWidths();
+  const ModelConfig c = testing::V4RealWidths(/*moe_intermediate=*/256);
   const std::string dir = JoinPath(::testing::TempDir(), "cuda_mxfp4_v4_stage");
   RandomCheckpointOptions ro;
   ro.seed = testing::FreshSeed();

@@ -389,26 +389,8 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
   absl::StatusOr<ModelConfig> config = PresetConfig(wide ? "v3" : GetParam(), "small");
   ASSERT_TRUE(config.ok()) << config.status();
   ModelConfig& c = *config;
-  if (c.layers() ==
-      LayerArch::kV4) {  // head_dim 512: attention on the tuned MLA kernel; a CSA then an HCA layer
-    c.vocab_size = 2048;
-    c.hidden_size = 512;
-    c.num_attention_heads = 16;
-    c.v4.head_dim = 512;
-    c.qk_rope_head_dim = 64;
-    c.q_lora_rank = 256;
-    c.v4.o_groups = 4;
-    c.v4.o_lora_rank = 128;
-    c.moe_intermediate_size = 128;
-    c.n_routed_experts = 8;
-    c.num_experts_per_tok = 8;
-    c.num_hidden_layers = 2;
-    c.v4.layer_types = {V4AttentionType::kCompressedSparse, V4AttentionType::kHeavilyCompressed};
-    c.v4.hash_layers = {false, false};
-    c.v4.sliding_window = 32;
-    c.v4.compress_rate_csa = 4;
-    c.v4.compress_rate_hca = 8;
-    c.indexer.topk = 16;  // of up to 33 entries
+  if (c.layers() == LayerArch::kV4) {  // head_dim 512: attention on the tuned MLA kernel
+    c = testing::V4RealWidths(/*moe_intermediate=*/128);
   } else {
     c.vocab_size = 2048;
     c.hidden_size = 1024;

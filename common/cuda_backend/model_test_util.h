@@ -17,6 +17,7 @@
 #include "common/model/attention_model.h"
 #include "common/model/expert_client.h"
 #include "common/model/model.h"
+#include "common/model/random_checkpoint.h"
 #include "common/model/safetensors.h"
 #include "common/model/weights.h"
 #include "gtest/gtest.h"
@@ -148,6 +149,36 @@ inline CudaModelOptions SmallModelOptions() {
   o.max_kv_blocks = 64;
   o.max_model_len = 512;
   return o;
+}
+
+// DeepSeek-V4 at its real attention width on a small random model: 16 heads
+// of head_dim 512 (the tuned MLA kernel), a CSA then an HCA layer, 8 experts
+// each token goes to (no router near-tie can flip a choice) of
+// `moe_intermediate` wide MLPs.
+inline ModelConfig V4RealWidths(int moe_intermediate) {
+  absl::StatusOr<ModelConfig> config = PresetConfig("v4", "small");
+  EXPECT_TRUE(config.ok()) << config.status();
+  ModelConfig c = *config;
+  c.vocab_size = 2048;
+  c.hidden_size = 512;
+  c.num_attention_heads = 16;
+  c.v4.head_dim = 512;
+  c.qk_rope_head_dim = 64;
+  c.q_lora_rank = 256;
+  c.v4.o_groups = 4;
+  c.v4.o_lora_rank = 128;
+  c.moe_intermediate_size = moe_intermediate;
+  c.n_routed_experts = 8;
+  c.num_experts_per_tok = 8;
+  c.num_hidden_layers = 2;
+  c.v4.layer_types = {V4AttentionType::kCompressedSparse, V4AttentionType::kHeavilyCompressed};
+  c.v4.hash_layers = {false, false};
+  c.v4.sliding_window = 32;
+  c.v4.compress_rate_csa = 4;
+  c.v4.compress_rate_hca = 8;
+  c.indexer.topk = 16;  // of up to 33 entries
+  EXPECT_TRUE(c.Validate("v4 real widths").ok());
+  return c;
 }
 
 }  // namespace moesh::cuda::testing

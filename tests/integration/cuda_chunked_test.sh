@@ -17,13 +17,7 @@ MODEL="$SRC/tests/golden/${3:-v3}"
 ROUTER="$(dirname "$MOESH")/moesh_router"
 source "$SRC/tests/integration/serve_local_lib.sh"
 serve_local_setup moesh_cuda_chunked
-if ! probe=$("$MOESH" generate --model "$MODEL" --prompt_ids 1 --max_new_tokens 1 --device cuda 2>&1); then
-  if grep -q -E "no CUDA device|no CUDA backend" <<<"$probe"; then
-    echo "SKIPPED: no CUDA device here ($probe)"
-    exit 77
-  fi
-  fail "generate --device cuda: $probe"
-fi
+require_cuda_generate "$MODEL"
 port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$ROUTER" --model "$MODEL" --colocated --device cuda --max_num_batched_tokens 4 \
   --listen "127.0.0.1:$port" --ready_file "$TMP/ready" >"$TMP/serve.log" 2>&1 &

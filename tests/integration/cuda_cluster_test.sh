@@ -26,13 +26,7 @@ TRANSPORT=${MOESH_TRANSPORT:-grpc}
 source "$SRC/tests/integration/serve_local_lib.sh"
 serve_local_setup moesh_cuda_cluster
 
-if ! probe=$("$MOESH" generate --model "$MODEL" --prompt_ids 1 --max_new_tokens 1 --device cuda 2>&1); then
-  if grep -q -E "no CUDA device|no CUDA backend" <<<"$probe"; then
-    echo "SKIPPED: no CUDA device here ($probe)"
-    exit 77
-  fi
-  fail "generate --device cuda: $probe"
-fi
+require_cuda_generate "$MODEL"
 
 start_serve_local --model "$MODEL" --device cuda --expert_device "$EXPERT_DEVICE" --transport "$TRANSPORT" \
   --expert_workers 2

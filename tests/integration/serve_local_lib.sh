@@ -3,6 +3,9 @@
 #   serve_local_setup NAME   a fresh $TMP (removed on exit, with the cluster
 #                            stopped), $PY (Debian's python3 first);
 #   fail MESSAGE             prints it and the cluster's last log lines, exits 1;
+#   require_cuda_generate M  `moesh generate --device cuda` runs on model M;
+#                            exits 77 (ctest: skipped) saying so where no CUDA
+#                            device is present, fails on any other error;
 #   start_serve_local ARGS   `moesh serve-local ARGS` on a free port ($port,
 #                            $pid), until it serves; exits 77 (ctest: skipped)
 #                            saying so where a worker finds no CUDA device.
@@ -26,6 +29,16 @@ fail() {
   exit 1
 }
 
+require_cuda_generate() {
+  local probe
+  if ! probe=$("$MOESH" generate --model "$1" --prompt_ids 1 --max_new_tokens 1 --device cuda 2>&1); then
+    if grep -q -E "no CUDA device|no CUDA backend" <<<"$probe"; then
+      echo "SKIPPED: no CUDA device here ($probe)"
+      exit 77
+    fi
+    fail "generate --device cuda: $probe"
+  fi
+}
 start_serve_local() {
   port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   "$MOESH" serve-local --port "$port" --work_dir "$TMP/cluster" "$@" >"$TMP/serve.out" 2>"$TMP/serve.log" &
