@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -21,6 +22,12 @@
 
 namespace moesh {
 namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
 
 uint64_t PeakRssBytes() {
   struct rusage u;
@@ -133,7 +140,15 @@ TEST_F(LoadTest, FullLoadHoldsAboutOneTensorBeyondTheWeightsItBuilds) {
   ASSERT_TRUE(m.ok);
   EXPECT_GE(m.resident, 2 * model * 95 / 100);  // every bf16 tensor, now float32
   // Beyond the float32 weights it built, the load held well under the model:
-  // keeping the mapped checkpoint's pages would add the whole `model`.
+  // keeping the mapped checkpoint's pages would add the whole `model`. Not
+  // under AddressSanitizer, whose quarantine keeps freed memory resident (up
+  // to 256 MB, the size of this bound's margin): the plain build checks it.
+  if (kAddressSanitizer) {
+    std::printf("peak %llu bytes over resident %llu: not bounded under ASan (its quarantine)\n",
+                static_cast<unsigned long long>(m.peak_delta),
+                static_cast<unsigned long long>(m.resident));
+    return;
+  }
   EXPECT_LT(m.peak_delta, m.resident + model / 4)
       << "peak " << m.peak_delta << " resident " << m.resident << " model " << model;
 }
