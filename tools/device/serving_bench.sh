@@ -229,10 +229,17 @@ fullsize() {
   list=$(IFS=,; echo "${experts[*]}")
   IFS=, read -ra workloads <<< "${MOESH_WORKLOADS:-1024:1024,4096:512}"
   for wl in "${workloads[@]}"; do
+    # Resident bytes per GPU: sampled every second while the row runs, the most kept.
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 1000 \
+      > "$LOGS/fullsize_smi.txt" 2> /dev/null &
+    local smi=$!
     step "fullsize_${wl/:/_}" 590 $moesh bench --serving --model "$dir" --load_format dummy --device cuda:0 \
       "${quant[@]}" --expert_device "$list" --expert_workers ${#experts[@]} --modes $mode \
       --prompt_len "${wl%%:*}" --max_new_tokens "${wl##*:}" --requests "$requests" --concurrency "$conc"
-    nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv >> "$LOGS/fullsize_memory.txt"
+    kill $smi 2> /dev/null; wait $smi 2> /dev/null
+    awk -F', *' -v wl="$wl" '{ if ($2 > m[$1]) m[$1] = $2 }
+      END { for (g in m) printf "%s: GPU %s at most %d MiB resident\n", wl, g, m[g] }' \
+      "$LOGS/fullsize_smi.txt" | sort >> "$LOGS/fullsize_memory.txt"
     shown+=("fullsize_${wl/:/_}")
   done
   # Expert-GPU scaling at the first workload, concurrency 128.
