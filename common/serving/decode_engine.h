@@ -27,9 +27,8 @@
 // colocated router: no prefill worker, no KV handoff), by priority and then
 // round robin (the least recently served first, so a short prompt behind a
 // long one gets the next step instead of waiting for all its chunks). A
-// chunk appends its
-// tokens to the request's sequence; the step that computes the last chunk
-// samples the request's next token (a first token carries the queue time,
+// chunk appends its tokens to the request's sequence; the step that computes
+// the last chunk samples the request's next token (a first token carries the queue time,
 // cached tokens and prompt log-probabilities a prefill worker's would); the
 // logits of earlier chunks are not used. A request asking for prompt
 // log-probabilities computes its prompt in one step (they need every
