@@ -162,6 +162,25 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
     const double err = RelErr(got, ref);
     EXPECT_LT(err, f32 ? 2e-3 : 6e-3) << "grouped GEMM";
 
+    // `q` (quantized weights) against the bf16 kernel on `wide`, the values
+    // q's weights widen to, run into y (checked above already): the same
+    // bytes out, bit for bit.
+    auto ExpectWidensTo = [&](GroupedGemmParams q, const std::vector<bf16>& wide,
+                              const char* what) {
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dwide, Upload(wide));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto yq, DeviceBuffer<uint8_t>::Create(y.size()));
+      MOESH_ASSERT_OK(Poison(yq));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      q.y = yq.get();
+      MOESH_ASSERT_OK(RunGroupedGemm(q));
+      GroupedGemmParams g16 = gp;
+      g16.w = dwide.get();
+      MOESH_ASSERT_OK(RunGroupedGemm(g16));
+      MOESH_ASSERT_OK(stream.Synchronize());
+      MOESH_ASSERT_OK_AND_ASSIGN(auto a, yq.ToHost());
+      MOESH_ASSERT_OK_AND_ASSIGN(auto b, y.ToHost());
+      EXPECT_TRUE(a == b) << what << " weights differ from their bf16 widening";
+    };
     // FP8 weights (each expert's 128 x 128 blocks quantized as a checkpoint
     // holds them): bit for bit the bf16 kernel on the codes times their
     // scales rounded to bf16, which the kernel widens them to.
@@ -189,20 +208,9 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       }
       MOESH_ASSERT_OK_AND_ASSIGN(auto dcodes, Upload(codes));
       MOESH_ASSERT_OK_AND_ASSIGN(auto dscales, Upload(scales));
-      MOESH_ASSERT_OK_AND_ASSIGN(auto dwide, Upload(ToBf16Rounding(widened)));
-      MOESH_ASSERT_OK_AND_ASSIGN(auto y8, DeviceBuffer<uint8_t>::Create(y.size()));
-      MOESH_ASSERT_OK(Poison(y8));
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       GroupedGemmParams g8 = gp;
-      g8.w = nullptr, g8.w_fp8 = dcodes.get(), g8.w_scale = dscales.get(), g8.y = y8.get();
-      MOESH_ASSERT_OK(RunGroupedGemm(g8));
-      GroupedGemmParams g16 = gp;
-      g16.w = dwide.get();
-      MOESH_ASSERT_OK(RunGroupedGemm(g16));  // into y (checked above already)
-      MOESH_ASSERT_OK(stream.Synchronize());
-      MOESH_ASSERT_OK_AND_ASSIGN(auto a, y8.ToHost());
-      MOESH_ASSERT_OK_AND_ASSIGN(auto b, y.ToHost());
-      EXPECT_TRUE(a == b) << "FP8 weights differ from their bf16 widening";
+      g8.w = nullptr, g8.w_fp8 = dcodes.get(), g8.w_scale = dscales.get();
+      ExpectWidensTo(g8, ToBf16Rounding(widened), "FP8");
       g8.w_scale = nullptr;
       EXPECT_EQ(RunGroupedGemm(g8).code(), absl::StatusCode::kInvalidArgument);
     }
@@ -219,20 +227,9 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       ASSERT_TRUE(exact == dequantized) << "e2m1 times a power of two is a bf16";
       MOESH_ASSERT_OK_AND_ASSIGN(auto dpacked, Upload(packed));
       MOESH_ASSERT_OK_AND_ASSIGN(auto dmx, Upload(mx));
-      MOESH_ASSERT_OK_AND_ASSIGN(auto dwide, Upload(wide));
-      MOESH_ASSERT_OK_AND_ASSIGN(auto y4, DeviceBuffer<uint8_t>::Create(y.size()));
-      MOESH_ASSERT_OK(Poison(y4));
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       GroupedGemmParams g4 = gp;
-      g4.w = nullptr, g4.w_fp4 = dpacked.get(), g4.w_mx_scale = dmx.get(), g4.y = y4.get();
-      MOESH_ASSERT_OK(RunGroupedGemm(g4));
-      GroupedGemmParams g16 = gp;
-      g16.w = dwide.get();
-      MOESH_ASSERT_OK(RunGroupedGemm(g16));
-      MOESH_ASSERT_OK(stream.Synchronize());
-      MOESH_ASSERT_OK_AND_ASSIGN(auto a, y4.ToHost());
-      MOESH_ASSERT_OK_AND_ASSIGN(auto b, y.ToHost());
-      EXPECT_TRUE(a == b) << "MXFP4 weights differ from their dequantized bf16";
+      g4.w = nullptr, g4.w_fp4 = dpacked.get(), g4.w_mx_scale = dmx.get();
+      ExpectWidensTo(g4, wide, "MXFP4");
       g4.w_mx_scale = nullptr;
       EXPECT_EQ(RunGroupedGemm(g4).code(), absl::StatusCode::kInvalidArgument);
     }

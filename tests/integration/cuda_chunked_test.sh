@@ -42,14 +42,7 @@ for prompt in $PROMPTS; do
   [ -s "$TMP/c$i.json" ] || fail "complete $prompt: $(cat "$TMP/c$i.err")"
   single=$("$MOESH" generate --model "$MODEL" --device cuda --prompt_ids "$prompt" "${args[@]}") ||
     fail "generate: $single"
-  "$PY" - "$(cat "$TMP/c$i.json")" "$single" "prompt $prompt" <<'PYEOF' || fail "chunked differs"
-import json, sys
-a, b, what = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
-assert a["output_ids"] == b["output_ids"], f"{what}: chunked {a['output_ids']} != whole {b['output_ids']}"
-worst = max(abs(x[0]["logprob"] - y[0]["logprob"]) for x, y in zip(a["top_logprobs"], b["top_logprobs"]))
-assert worst <= 1e-3, f"{what}: logprobs differ by {worst}"
-print(f"{what}: {len(a['output_ids'])} tokens equal, max logprob diff {worst:.2e}")
-PYEOF
+  compare_outputs "$(cat "$TMP/c$i.json")" "$single" "prompt $prompt (chunked vs whole)"
   i=$((i + 1))
 done
 echo "PASS: chunked prefill on the GPU equals whole prompts"

@@ -3,6 +3,8 @@
 #   serve_local_setup NAME   a fresh $TMP (removed on exit, with the cluster
 #                            stopped), $PY (Debian's python3 first);
 #   fail MESSAGE             prints it and the cluster's last log lines, exits 1;
+#   compare_outputs A B WHAT two `--json` outputs (--top_logprobs 1): the same
+#                            tokens, log-probabilities within 1e-3; fails if not;
 #   require_cuda_generate M  `moesh generate --device cuda` runs on model M;
 #                            exits 77 (ctest: skipped) saying so where no CUDA
 #                            device is present, fails on any other error;
@@ -29,6 +31,16 @@ fail() {
   exit 1
 }
 
+compare_outputs() {
+  "$PY" - "$1" "$2" "$3" <<'PYEOF' || fail "$3: the outputs differ"
+import json, sys
+a, b, what = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+assert a["output_ids"] == b["output_ids"], f"{what}: {a['output_ids']} != {b['output_ids']}"
+worst = max(abs(x[0]["logprob"] - y[0]["logprob"]) for x, y in zip(a["top_logprobs"], b["top_logprobs"]))
+assert worst <= 1e-3, f"{what}: logprobs differ by {worst}"
+print(f"{what}: {len(a['output_ids'])} tokens equal, max logprob diff {worst:.2e}")
+PYEOF
+}
 require_cuda_generate() {
   local probe
   if ! probe=$("$MOESH" generate --model "$1" --prompt_ids 1 --max_new_tokens 1 --device cuda 2>&1); then
