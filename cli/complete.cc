@@ -171,7 +171,8 @@ absl::Status RunComplete() {
       out["finish_reason"] = reason;
       out["text"] = texts[i];
       out["usage"] = {{"prompt_tokens", fin.usage().prompt_tokens()},
-                      {"completion_tokens", fin.usage().completion_tokens()}};
+                      {"completion_tokens", fin.usage().completion_tokens()},
+                      {"cached_tokens", fin.usage().cached_tokens()}};
       out["time_to_first_token_seconds"] = fin.timings().time_to_first_token_seconds();
       std::cout << out.dump() << std::endl;
       continue;

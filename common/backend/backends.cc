@@ -144,10 +144,10 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const Mod
   RETURN_IF_ERROR(CheckQuantization(config, options));
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
-    if (options.prefix_cache) {
-      std::cerr << "prefix cache: off on " << options.device
-                << " (the CUDA KV store does not share the paged pool's block ownership yet); "
-                   "every prompt is computed whole"
+    if (options.prefix_cache && config.family == ModelFamily::kDeepseekV4) {
+      std::cerr << "prefix cache: off for DeepSeek-V4 on " << options.device
+                << " (its compressed entries share the cache's block ids at other rows, so "
+                   "blocks cannot be shared); every prompt is computed whole"
                 << std::endl;
     }
     return cuda->make_attention_backend(config, ckpt, options, with_experts);

@@ -26,9 +26,10 @@ struct DeviceOptions {
   // CPU: the KV pool (0 blocks: every sequence grows without bound).
   int num_kv_blocks = 0;
   int block_size = 64;
-  // CPU with a pool: reuse the KV rows of cached prompt prefixes
-  // (paged_kv_cache.h). The CUDA backend's device pool has no prefix cache
-  // yet: there it is off, said once on stderr.
+  // Reuse the KV rows of cached prompt prefixes (kv_block_allocator.h): on
+  // the CPU with a pool (num_kv_blocks > 0), on CUDA in the device pool
+  // (common/cuda_backend/kv_store.h) but for DeepSeek-V4, where it is off,
+  // said once on stderr.
   bool prefix_cache = false;
   // CUDA (common/cuda_backend/cuda_model.h's options): the fraction of the
   // device's memory this process may bring the total to, sequences per step,

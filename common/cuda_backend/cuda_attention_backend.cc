@@ -17,11 +17,14 @@ namespace moesh::cuda {
 // the sequence's next forward pass (the KvSequence calls return no status).
 class CudaAttentionBackend::Sequence : public KvSequence {
  public:
-  Sequence(CudaAttentionBackend* backend, int id, int capacity)
+  // `cached`: the leading rows the sequence starts with (the prefix cache's).
+  Sequence(CudaAttentionBackend* backend, int id, int capacity, int cached)
       : backend_(backend),
         id_(id),
         capacity_(capacity),
-        rows_(backend->config().num_hidden_layers, 0) {}
+        length_(cached),
+        cached_tokens_(cached),
+        rows_(backend->config().num_hidden_layers, cached) {}
   ~Sequence() override {
     absl::MutexLock lock(&backend_->mu_);
     cudaSetDevice(backend_->model_->device_info().device);
@@ -33,6 +36,12 @@ class CudaAttentionBackend::Sequence : public KvSequence {
   int length() const override { return length_; }
   int num_rows(int layer) const override { return rows_[layer]; }
   int capacity() const override { return capacity_; }
+  int cached_tokens() const override { return cached_tokens_; }
+  void PublishPrefix(absl::Span<const int32_t> tokens) override {
+    absl::MutexLock lock(&backend_->mu_);
+    absl::Status s = backend_->model_->PublishSequence(id_, tokens);
+    if (!s.ok() && status_.ok()) status_ = s;
+  }
   absl::Status Reserve(int tokens) override {
     if (tokens <= capacity_) return absl::OkStatus();
     absl::MutexLock lock(&backend_->mu_);
@@ -78,8 +87,10 @@ class CudaAttentionBackend::Sequence : public KvSequence {
   }
 
   absl::Status AppendDeviceBlocks(const DeviceKvBlocks& src, int length) override {
-    if (length_ != 0)
-      return absl::FailedPreconditionError("AppendDeviceBlocks: the sequence is not empty");
+    if (length_ != cached_tokens_) {
+      return absl::FailedPreconditionError(
+          "AppendDeviceBlocks: the sequence holds more than its cached tokens");
+    }
     if (length > capacity_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("AppendDeviceBlocks: ", length, " tokens; the sequence holds ", capacity_));
@@ -107,7 +118,8 @@ class CudaAttentionBackend::Sequence : public KvSequence {
   CudaAttentionBackend* const backend_;
   const int id_;
   int capacity_;  // grows (Reserve)
-  int length_ = 0;
+  int length_;
+  const int cached_tokens_;
   std::vector<int> rows_;
   mutable absl::Status status_;
 };
@@ -120,6 +132,11 @@ CudaAttentionBackend::CudaAttentionBackend(std::unique_ptr<CudaModel> model)
 CudaAttentionBackend::~CudaAttentionBackend() = default;
 
 absl::StatusOr<std::unique_ptr<KvSequence>> CudaAttentionBackend::NewSequence(int max_tokens) {
+  return NewCachedSequence(max_tokens, {});
+}
+
+absl::StatusOr<std::unique_ptr<KvSequence>> CudaAttentionBackend::NewCachedSequence(
+    int max_tokens, absl::Span<const int32_t> tokens) {
   absl::MutexLock lock(&mu_);
   if (max_tokens < 0 || max_tokens > model_->max_model_len()) {
     return absl::InvalidArgumentError(absl::StrCat("a sequence of ", max_tokens,
@@ -127,10 +144,22 @@ absl::StatusOr<std::unique_ptr<KvSequence>> CudaAttentionBackend::NewSequence(in
                                                    model_->max_model_len(), " of ", device_));
   }
   RETURN_IF_CUDA_ERROR(cudaSetDevice(model_->device_info().device));
-  ASSIGN_OR_RETURN(const int id, model_->AddSequence(max_tokens));
-  const int capacity = std::min(model_->max_model_len(),
-                                (max_tokens + kKvBlockSize - 1) / kKvBlockSize * kKvBlockSize);
-  return std::unique_ptr<KvSequence>(new Sequence(this, id, capacity));
+  ASSIGN_OR_RETURN(const int id, model_->AddSequence(max_tokens, tokens));
+  ASSIGN_OR_RETURN(const int cached, model_->SequenceLength(id));
+  const int held = std::max(max_tokens, cached + (cached > 0 ? 1 : 0));
+  const int capacity =
+      std::min(model_->max_model_len(), (held + kKvBlockSize - 1) / kKvBlockSize * kKvBlockSize);
+  return std::unique_ptr<KvSequence>(new Sequence(this, id, capacity, cached));
+}
+
+PrefixCacheStats CudaAttentionBackend::prefix_cache_stats() const {
+  absl::MutexLock lock(&mu_);
+  return model_->kv_blocks().stats();
+}
+
+std::vector<uint64_t> CudaAttentionBackend::CachedBlockHashes(int max) const {
+  absl::MutexLock lock(&mu_);
+  return model_->kv_blocks().CachedHashes(max);
 }
 
 absl::Status CudaAttentionBackend::Prepare(absl::Span<const SequenceInput> seqs,
@@ -233,7 +262,7 @@ KvUsage CudaAttentionBackend::kv_usage() const {
   absl::MutexLock lock(&mu_);
   KvUsage u;
   u.total_blocks = model_->kv_pool().num_blocks();
-  u.free_blocks = model_->kv_pool().free_blocks();
+  u.free_blocks = model_->kv_blocks().free_blocks();
   u.block_size = kKvBlockSize;
   return u;
 }

@@ -4,7 +4,10 @@
 // handoff and `moesh generate` run on it unchanged.
 //
 // Sequences: NewSequence reserves the blocks of max_tokens on the device;
-// KvSequence::Reserve adds blocks as a decoding sequence grows.
+// KvSequence::Reserve adds blocks as a decoding sequence grows. With the
+// prefix cache (DeviceOptions::prefix_cache; not V4) NewCachedSequence
+// starts a prompt's sequence with the full blocks other sequences published
+// for the same leading tokens (KvSequence::PublishPrefix).
 // Their rows cross to the host only for the KV handoff (AppendRows on the
 // decode side, Rows on the prefill side: float32 on the host, bf16 on the
 // device). ForwardSample samples on the device (CudaModel::Step with the
@@ -35,6 +38,12 @@ class CudaAttentionBackend : public AttentionBackend {
   const ModelConfig& config() const override { return model_->config(); }
   std::string device() const override { return device_; }
   absl::StatusOr<std::unique_ptr<KvSequence>> NewSequence(int max_tokens) override;
+  // With the model's prefix cache (CudaModel::prefix_cache()): the sequence
+  // starts with the cached rows of the leading full blocks of `tokens`.
+  absl::StatusOr<std::unique_ptr<KvSequence>> NewCachedSequence(
+      int max_tokens, absl::Span<const int32_t> tokens) override;
+  PrefixCacheStats prefix_cache_stats() const override;
+  std::vector<uint64_t> CachedBlockHashes(int max) const override;
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs,
                                              ExpertClient* experts, int micro_batches = 1) override;
   // On the device (CudaModel::Step): only ids and log-probabilities leave it;

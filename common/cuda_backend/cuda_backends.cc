@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttentionBackend(
   o.max_num_seqs = options.max_num_seqs;
   o.max_model_len = options.max_model_len;
   o.fp8_linears = options.fp8_linears;
+  o.prefix_cache = options.prefix_cache;
   o.routed_experts_on_device = with_experts;
   std::unique_ptr<cuda::CudaModel> model;
   if (options.dummy_weights) {

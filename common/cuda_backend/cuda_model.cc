@@ -170,7 +170,8 @@ absl::Status CudaModel::InitKvStore() {
   }
   ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool,
                    KvPool::Create(c.num_hidden_layers, kv_row_width(), static_cast<int>(blocks)));
-  store_ = std::make_unique<KvStore>(std::move(pool), max_model_len_);
+  store_ = std::make_unique<KvStore>(std::move(pool), max_model_len_,
+                                     o.prefix_cache && c.family != ModelFamily::kDeepseekV4);
   kv_ = &store_->pool();
   ctx_->store = store_.get();
   return stack_->AttachPool(static_cast<int>(blocks));

@@ -98,6 +98,11 @@ class CudaModel {
   const ModelConfig& config() const { return config_; }
   const DeviceWeights& weights() const { return *weights_; }
   const KvPool& kv_pool() const { return *kv_; }
+  // The cache blocks' bookkeeping: free blocks, the prefix cache's counters
+  // and block hashes.
+  const KvBlockAllocator& kv_blocks() const { return store_->blocks(); }
+  // Whether full blocks are shared (options.prefix_cache, not V4).
+  bool prefix_cache() const { return store_->blocks().prefix_cache(); }
   int max_model_len() const { return max_model_len_; }
   const DeviceInfo& device_info() const { return info_; }
   bool has_routed_experts() const { return options_.routed_experts_on_device; }
@@ -105,7 +110,14 @@ class CudaModel {
   // Sequences: each owns cache blocks until released. AddSequence(n)
   // allocates the blocks of n tokens up front (RESOURCE_EXHAUSTED, adding
   // nothing, if they are not free); later steps allocate more as needed.
-  absl::StatusOr<int> AddSequence(int reserve_tokens = 0);
+  // With the prefix cache the sequence starts with the cached rows of the
+  // leading full blocks of `prefix` (SequenceLength says how many; at most
+  // prefix.size() - 1), shared with the sequences that hold them.
+  absl::StatusOr<int> AddSequence(int reserve_tokens = 0, absl::Span<const int32_t> prefix = {});
+  // Offers the sequence's full blocks to the prefix cache: `tokens` are the
+  // tokens of its rows (the prompt, then what was generated). A no-op
+  // without the prefix cache. INVALID_ARGUMENT for no such sequence.
+  absl::Status PublishSequence(int seq, absl::Span<const int32_t> tokens);
   // Allocates blocks so that `seq` covers `tokens` tokens now. INVALID_ARGUMENT
   // for no such sequence or beyond max_model_len; RESOURCE_EXHAUSTED (adding
   // nothing) if the blocks are not free.
@@ -148,7 +160,8 @@ class CudaModel {
   // The KV handoff in device memory (cuda_ipc): where `seq`'s rows lie in
   // this model's pool (valid until the sequence changes or is released), and
   // the copy of `length` tokens of such a sequence of another model (another
-  // process on this node, or this one) into `seq`, which must be empty;
+  // process on this node, or this one) into `seq`, which must hold nothing
+  // but whole blocks from the prefix cache (those rows are not copied);
   // returns when the copy is done. INVALID_ARGUMENT for another geometry.
   absl::StatusOr<DeviceKvBlocks> ExportKv(int seq);
   absl::Status ImportKv(int seq, const DeviceKvBlocks& src, int length);

@@ -7,8 +7,14 @@
 
 namespace moesh::cuda {
 
-absl::StatusOr<int> CudaModel::AddSequence(int reserve_tokens) {
-  return store_->Add(reserve_tokens);
+absl::StatusOr<int> CudaModel::AddSequence(int reserve_tokens, absl::Span<const int32_t> prefix) {
+  return store_->Add(reserve_tokens, prefix);
+}
+
+absl::Status CudaModel::PublishSequence(int seq, absl::Span<const int32_t> tokens) {
+  RETURN_IF_ERROR(SequenceLength(seq).status());
+  store_->Publish(seq, tokens);
+  return absl::OkStatus();
 }
 
 absl::Status CudaModel::ReserveSequence(int seq, int tokens) {
@@ -67,7 +73,10 @@ absl::StatusOr<DeviceKvBlocks> CudaModel::ExportKv(int seq) {
 
 absl::Status CudaModel::ImportKv(int seq, const DeviceKvBlocks& src, int length) {
   ASSIGN_OR_RETURN(const int len, SequenceLength(seq));
-  if (len != 0 || length < 0 || length > max_model_len_ || src.block_size != kKvBlockSize ||
+  // A sequence may start with blocks from the prefix cache: whole blocks,
+  // the same rows as the sender's first ones; only the blocks past them come.
+  if (len % kKvBlockSize != 0 || (len > 0 && len >= length) || length < 0 ||
+      length > max_model_len_ || src.block_size != kKvBlockSize ||
       static_cast<int64_t>(src.blocks.size()) * kKvBlockSize < length) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaModel::ImportKv: ", length, " tokens in ", src.blocks.size(),
@@ -75,12 +84,15 @@ absl::Status CudaModel::ImportKv(int seq, const DeviceKvBlocks& src, int length)
                      kKvBlockSize, ", max_model_len ", max_model_len_, ")"));
   }
   Sequence& s = store_->at(seq);
-  const int n = (length + kKvBlockSize - 1) / kKvBlockSize;
+  const int first = len / kKvBlockSize;
+  const int n = (length + kKvBlockSize - 1) / kKvBlockSize - first;
   RETURN_IF_ERROR(store_->Cover(&s, length));
-  RETURN_IF_ERROR(kv_->CopyBlocksFrom(src.pool_handle, src.sender, src.num_blocks, src.blocks,
-                                      s.blocks, n, stream_.get()));
+  const std::vector<int32_t> from(src.blocks.begin() + first, src.blocks.end());
+  const std::vector<int32_t> to(s.blocks.begin() + first, s.blocks.end());
+  RETURN_IF_ERROR(
+      kv_->CopyBlocksFrom(src.pool_handle, src.sender, src.num_blocks, from, to, n, stream_.get()));
   s.length = length;
-  return stack_->RowsArrived(seq, 0, length);  // V4: its compressed entries, from the rows
+  return stack_->RowsArrived(seq, len, length);  // V4: its compressed entries, from the rows
 }
 
 }  // namespace moesh::cuda

@@ -43,6 +43,11 @@ struct CudaModelOptions {
   // runs so. The embedding, lm_head, routers (fp32) and MLA's absorbed
   // W_UK/W_UV stay bf16.
   bool fp8_linears = false;
+  // Full cache blocks are shared between sequences whose tokens begin alike
+  // (kv_store.h). Off for DeepSeek-V4 whatever this says: its compressed
+  // entries sit in the same block ids at other rows (entry e at row e), so
+  // a sequence would write into blocks it shares.
+  bool prefix_cache = false;
 };
 
 }  // namespace moesh::cuda

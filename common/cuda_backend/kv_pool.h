@@ -1,7 +1,8 @@
 // The paged latent KV cache on the device: for every layer, num_blocks blocks
 // of kKvBlockSize rows [kv_lora_rank latent | rope key], bf16, in one
 // cudaMalloc (never managed memory). A block id names the same block in every
-// layer. Block ids are handed out and taken back on the host.
+// layer. Storage only: which sequence holds which block (and the prefix
+// cache's sharing) is the KvStore's (kv_store.h).
 //
 // Not thread-safe: one owner (the CudaModel) at a time.
 #ifndef MOESH_COMMON_CUDA_BACKEND_KV_POOL_H_
@@ -34,18 +35,11 @@ class KvPool {
   int num_layers() const { return num_layers_; }
   int row_width() const { return row_width_; }
   int num_blocks() const { return num_blocks_; }
-  int free_blocks() const { return static_cast<int>(free_.size()); }
   size_t bytes() const { return storage_.bytes(); }
   // Layer l's blocks: [num_blocks, kKvBlockSize, row_width].
   bf16* layer(int l) const {
     return storage_.get() + static_cast<size_t>(l) * num_blocks_ * kKvBlockSize * row_width_;
   }
-
-  // Appends n free block ids to *blocks; RESOURCE_EXHAUSTED (taking none) if
-  // fewer than n are free.
-  absl::Status Allocate(int n, std::vector<int32_t>* blocks);
-  // Takes the ids back. REQUIRES: each came from Allocate and is not free.
-  void Release(const std::vector<int32_t>& blocks);
 
   // Rows [first, first + n) of a sequence with block table `blocks` in
   // `layer`, as float32 [n, row_width] on the host (bf16 here), synchronously
@@ -87,8 +81,7 @@ class KvPool {
 
   const int num_layers_, row_width_, num_blocks_;
   DeviceBuffer<bf16> storage_;
-  std::vector<int32_t> free_;  // a stack: the most recently released first
-  std::string ipc_handle_;     // set by IpcHandle()
+  std::string ipc_handle_;  // set by IpcHandle()
   // Other pools mapped by CopyBlocksFrom: handle -> (pointer, last use).
   struct Mapped {
     void* ptr = nullptr;

@@ -5,13 +5,17 @@
 
 namespace moesh::cuda {
 
-absl::StatusOr<int> KvStore::Add(int reserve_tokens) {
+absl::StatusOr<int> KvStore::Add(int reserve_tokens, absl::Span<const int32_t> prefix) {
   if (reserve_tokens < 0 || reserve_tokens > max_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("CudaModel: cannot reserve ", reserve_tokens,
                                                    " tokens; max_model_len is ", max_tokens_));
   }
-  std::vector<int32_t> blocks;
-  RETURN_IF_ERROR(pool_->Allocate((reserve_tokens + kKvBlockSize - 1) / kKvBlockSize, &blocks));
+  KvBlockRun run;
+  if (prefix.empty()) {  // exactly the blocks asked for (none for an empty sequence)
+    RETURN_IF_ERROR(blocks_.Take(blocks_.BlocksFor(reserve_tokens), &run.blocks));
+  } else {
+    ASSIGN_OR_RETURN(run, blocks_.Allocate(reserve_tokens, prefix));
+  }
   int id;
   if (!free_ids_.empty()) {
     id = free_ids_.back();
@@ -22,13 +26,15 @@ absl::StatusOr<int> KvStore::Add(int reserve_tokens) {
   }
   seqs_[id] = Sequence{};
   seqs_[id].live = true;
-  seqs_[id].blocks = std::move(blocks);
+  seqs_[id].length = run.cached_tokens;
+  seqs_[id].blocks = std::move(run.blocks);
+  seqs_[id].hashes = std::move(run.hashes);
   return id;
 }
 
 absl::Status KvStore::Release(int seq) {
   RETURN_IF_ERROR(Length(seq).status());
-  pool_->Release(seqs_[seq].blocks);
+  blocks_.Free(seqs_[seq].blocks);
   seqs_[seq] = Sequence{};
   free_ids_.push_back(seq);
   return absl::OkStatus();
@@ -42,9 +48,13 @@ absl::StatusOr<int> KvStore::Length(int seq) const {
 }
 
 absl::Status KvStore::Cover(Sequence* s, int tokens) {
-  const int need = (tokens + kKvBlockSize - 1) / kKvBlockSize - static_cast<int>(s->blocks.size());
-  if (need > 0) RETURN_IF_ERROR(pool_->Allocate(need, &s->blocks));
-  return absl::OkStatus();
+  const int need = blocks_.BlocksFor(tokens) - static_cast<int>(s->blocks.size());
+  return need > 0 ? blocks_.Take(need, &s->blocks) : absl::OkStatus();
+}
+
+void KvStore::Publish(int seq, absl::Span<const int32_t> tokens) {
+  Sequence& s = seqs_[seq];
+  blocks_.PublishPrefix(s.blocks, s.length, tokens, &s.hashes);
 }
 
 }  // namespace moesh::cuda

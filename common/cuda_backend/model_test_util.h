@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/status.h"
 #include "common/cuda_backend/cuda_model_options.h"
 #include "common/model/attention_model.h"
 #include "common/model/expert_client.h"

@@ -86,7 +86,7 @@ class AttentionBackend {
   // backend keeps a prefix cache (KvBlockPool's contract: full blocks only,
   // at most tokens.size() - 1 tokens; the sequence's cached_tokens() and
   // length() say how many), so the caller computes only the rest. This
-  // default (no prefix cache: the CUDA backend's device pool) is NewSequence.
+  // default (a backend without a prefix cache) is NewSequence.
   virtual absl::StatusOr<std::unique_ptr<KvSequence>> NewCachedSequence(
       int max_tokens, absl::Span<const int32_t> tokens) {
     (void)tokens;

@@ -76,11 +76,14 @@ class KvSequence {
   virtual absl::StatusOr<DeviceKvBlocks> DeviceBlocks() const {
     return absl::UnimplementedError("this KV cache is not in exportable device memory");
   }
-  // Device-resident caches, empty so far: copies `length` tokens of every
-  // layer from another sequence's DeviceBlocks, device to device, returning
-  // when the copy is done. UNIMPLEMENTED for others; INVALID_ARGUMENT if the
-  // geometry differs; FAILED_PRECONDITION if the memory cannot be mapped here
-  // (the sender may then hand the rows over through the host).
+  // Device-resident caches holding only their cached_tokens() so far:
+  // copies the rest of `length` tokens of every layer from another
+  // sequence's DeviceBlocks (the blocks past the cached ones: a prefix cache
+  // shares whole blocks), device to device, returning when the copy is done.
+  // UNIMPLEMENTED for others; INVALID_ARGUMENT if the geometry differs or
+  // length does not pass the cached tokens; FAILED_PRECONDITION if the memory
+  // cannot be mapped here (the sender may then hand the rows over through
+  // the host).
   virtual absl::Status AppendDeviceBlocks(const DeviceKvBlocks& src, int length) {
     (void)src, (void)length;
     return absl::UnimplementedError("this KV cache cannot take rows from device memory");

@@ -83,12 +83,6 @@ absl::Status DeserializeKv(const KvTransfer& t, int num_layers, KvSequence* kv) 
   const int skip = kv->cached_tokens();
   if (kv->length() != skip)
     return absl::FailedPreconditionError("KV already received for " + t.request_id);
-  if (skip > 0 && t.device.has_value()) {
-    // The sender falls back to the host form, whose rows can be skipped.
-    return absl::FailedPreconditionError(
-        absl::StrCat("KV for ", t.request_id, ": the receiving sequence holds ", skip,
-                     " cached tokens; device-to-device copies fill empty sequences only"));
-  }
   if (skip > 0 && skip >= t.num_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("KV for ", t.request_id, ": ", t.num_tokens,
                                                    " tokens for a sequence holding ", skip,

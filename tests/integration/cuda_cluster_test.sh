@@ -15,7 +15,8 @@
 # (the KV handoff device to device too);
 # MOESH_TRANSPORT=cuda_ipc keeps it in device memory (same GPU or another).
 # MOESH_PROMPTS (space-separated id lists) and MOESH_NEW_TOKENS replace the
-# prompts and lengths.
+# prompts and lengths; MOESH_MULTI_TURN=0 leaves out the second-turn (prefix
+# cache) check.
 # Exits 77 (ctest: skipped) where no CUDA device is present, saying so.
 set -euo pipefail
 MOESH=${1:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
@@ -64,6 +65,30 @@ a, b = json.loads(sys.argv[1])["output_ids"], json.loads(sys.argv[2])["output_id
 assert a[:4] == b[:4], (a, b)
 PYEOF
 done
+# A second turn: the prefix cache (on by default) in the workers' device pools.
+# Turn 1 sends a 100-token history; turn 2 the history and 6 more tokens: the
+# prefill worker computes only what its cache lacks (usage.cached_tokens: the
+# history's full 64-token block; none for V4, whose GPU pool does not share
+# blocks), the decode worker starts from its own cached block and takes only
+# the rest in the KV handoff. Against generate --device cuda computing turn 2
+# whole: the same tokens and log-probabilities within 1e-3 (bit for bit on
+# the H200: the kernels compute each row independently of the pass's others).
+if [ "${MOESH_MULTI_TURN:-1}" = 1 ]; then
+  history=$("$PY" -c 'print(",".join(str((i * 37 + 11) % 500) for i in range(100)))')
+  args=(--max_new_tokens 12 --ignore_eos --top_logprobs 1 --json)
+  "$MOESH" complete --server "127.0.0.1:$port" --prompt_ids "$history" "${args[@]}" >/dev/null ||
+    fail "complete (turn 1)"
+  turn2="$history,3,1,4,1,5,9"
+  cluster=$("$MOESH" complete --server "127.0.0.1:$port" --prompt_ids "$turn2" "${args[@]}") ||
+    fail "complete (turn 2): $cluster"
+  single=$("$MOESH" generate --model "$MODEL" --device cuda --prompt_ids "$turn2" "${args[@]}") ||
+    fail "generate (turn 2): $single"
+  want_cached=64
+  grep -q '"deepseek_v4"' "$MODEL/config.json" && want_cached=0
+  cached=$("$PY" -c 'import json, sys; print(json.loads(sys.argv[1])["usage"]["cached_tokens"])' "$cluster")
+  [ "$cached" = "$want_cached" ] || fail "turn 2: $cached cached tokens, want $want_cached"
+  compare_outputs "$cluster" "$single" "turn 2 with $cached cached tokens (the GPU cluster vs generate whole)"
+fi
 # A seeded sampled request with every cut and penalty: the cluster samples on
 # the GPU (prefill worker: the first token, decode worker: the rest) exactly
 # as generate --device cuda does.

@@ -36,6 +36,12 @@
 #              `moesh bench --serving --server` --dataset random --length_sigma 0 --prompt_len
 #              $MOESH_PROMPT_LEN (512) --max_new_tokens 128 --requests 256 --concurrency 64
 #              --request_rate $MOESH_RATE (inf: closed loop); ITL p50/p99 and TTFT per budget.
+#   prefix     the prefix cache on the GPU: a colocated router (moesh_router --colocated --device
+#              cuda, V2-Lite's real shapes, dummy weights) with --enable_prefix_caching on, then
+#              off, each under the same open-loop client: `moesh bench --serving --server`
+#              --dataset multiturn --turns 4 --system_prompts 4 --system_prompt_len
+#              $MOESH_SYSTEM_LEN (1024) --prompt_len 128 --max_new_tokens 64 --requests 256
+#              --concurrency $MOESH_CONCURRENCY (32); TTFT, ITL and the cache's hit rate per row.
 #   fullsize   issue 22's run, arguments through the environment: DeepSeek-V3 at its real
 #              shapes in FP8 as shipped (`mkmodel --family v3 --preset real --dtype fp8
 #              --config_only`, $MOESH_LAYERS layers, default all 61; dummy weights made on
@@ -84,7 +90,7 @@ usage() { sed -n '2,/^set /p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; }
 scenarios=()
 while (($# > 0)); do
   case $1 in
-    steady|kv|ipc|multi|largest|chunked|fullsize|rebalance) scenarios+=("$1"); shift ;;
+    steady|kv|ipc|multi|largest|chunked|prefix|fullsize|rebalance) scenarios+=("$1"); shift ;;
     dispatch-ipc|dispatch-mps|dispatch-nccl|dispatch-overlap) scenarios+=("${1/-/_}"); shift ;;
     --dispatch)
       case ${2:-} in
@@ -204,6 +210,25 @@ chunked() {
       --concurrency 64 --request_rate ${MOESH_RATE:-inf}
     kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null
     shown+=("chunked_budget_$b")
+  done
+}
+
+prefix() {
+  real_model
+  local on port ready
+  for on in true false; do
+    port=$((23000 + RANDOM % 20000)) ready=/tmp/moesh-prefix-$on.ready
+    rm -f "$ready"
+    $D/bin/moesh_router --model $real --colocated --device cuda --load_format dummy \
+      --enable_prefix_caching=$on --listen 127.0.0.1:$port --ready_file "$ready" \
+      > "$LOGS/prefix_router_$on.log" 2>&1 &
+    local rpid=$!
+    for _ in $(seq 1 300); do [[ -f $ready ]] && break; sleep 0.5; done
+    step "prefix_cache_$on" 200 $moesh bench --serving --server 127.0.0.1:$port --dataset multiturn \
+      --turns 4 --system_prompts 4 --system_prompt_len ${MOESH_SYSTEM_LEN:-1024} --prompt_len 128 \
+      --max_new_tokens 64 --requests 256 --concurrency ${MOESH_CONCURRENCY:-32}
+    kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null
+    shown+=("prefix_cache_$on")
   done
 }
 

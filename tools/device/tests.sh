@@ -26,8 +26,9 @@
 #             over cuda_ipc, on the v4 golden, on the v32 golden within index_topk; the
 #             experts of V4 and V3.2 on the GPU behind CPU attention against the CPU engine
 #             (tests/integration/cuda_experts_test.sh v4, v32), chunked prefill in a GPU
-#             colocated router (tests/integration/cuda_chunked_test.sh); memcheck on the backends'
-#             expert stage and KV handoff.
+#             colocated router (tests/integration/cuda_chunked_test.sh); cuda_prefix_cache_test
+#             (the device pool's prefix cache against prompts computed whole) and a second turn
+#             through each cluster; memcheck on the backends' expert stage and KV handoff.
 #   multi     the two-GPU things (nvidia-h200-x2): transport_test (its nccl kind between the
 #             GPUs), nccl_link_test, cuda_backends_test (its nccl and second-GPU cases; not
 #             again if `services` ran it), and the cluster with the expert workers on GPU 1
@@ -44,7 +45,7 @@
 #             cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
 #             cuda_mxfp4_test cuda_wgmma_test [kernel_bench, for the SASS]
 #   model:    cuda_model_test cuda_fp8_model_test
-#   services: cuda_backends_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
+#   services: cuda_backends_test cuda_prefix_cache_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
 #             moesh_expert_worker libmoesh_cuda_backends.so
 #   multi:    transport_test nccl_link_test cuda_backends_test and the services' binaries
 # A test binary missing from the bundle is left out (said in the summary).
@@ -161,7 +162,8 @@ services() {
   cluster cluster_ipc 150 MOESH_TRANSPORT=cuda_ipc
   cluster cluster_v4 90 v4
   # V3.2 wholly on the GPU within index_topk (8 in the golden).
-  cluster cluster_v32 120 "MOESH_PROMPTS=5,17,300 1,2,3,4" MOESH_NEW_TOKENS=4 v32
+  cluster cluster_v32 120 "MOESH_PROMPTS=5,17,300 1,2,3,4" MOESH_NEW_TOKENS=4 MOESH_MULTI_TURN=0 v32
+  test_bin cuda_prefix_cache_test 90 cuda_prefix_cache_test
   step chunked_v3 120 tests/integration/cuda_chunked_test.sh $D/bin/moesh "$PWD" v3
   step experts_v4 120 tests/integration/cuda_experts_test.sh $D/bin/moesh "$PWD" v4
   step experts_v32 120 tests/integration/cuda_experts_test.sh $D/bin/moesh "$PWD" v32
@@ -169,6 +171,7 @@ services() {
   # cudaIpcOpenMemHandle refuses (the test asserts FAILED_PRECONDITION); memory errors still fail it.
   MOESH_SANITIZER_ARGS='--report-api-errors no' \
     sanitize memcheck_backends 150 memcheck cuda_backends_test '--gtest_filter=*ExpertStage*:*KvHandoff*'
+  sanitize memcheck_prefix_cache 60 memcheck cuda_prefix_cache_test
 }
 
 multi() {
@@ -195,6 +198,8 @@ grep -h "boundary cases" "$LOGS/cuda_sample_test.log" 2>/dev/null
   { echo; echo "==== cuda_model_test"; grep -E '^(v2|v3|v4|real widths)|max \|logprob|OK \]|FAILED \]|Failure' "$LOGS/cuda_model_test.log" | head -60; }
 [[ -f $LOGS/cuda_fp8_model_test.log ]] &&
   { echo; echo "==== cuda_fp8_model_test"; grep -E 'vs the CPU|GPU |OK \]|FAILED \]|Failure|Expected|Which is' "$LOGS/cuda_fp8_model_test.log" | head -40; }
+[[ -f $LOGS/cuda_prefix_cache_test.log ]] &&
+  { echo; echo "==== cuda_prefix_cache_test"; grep -E 'cached vs whole|handoff into|OK \]|FAILED \]|Failure' "$LOGS/cuda_prefix_cache_test.log" | head -20; }
 for f in cluster_grpc cluster_grpc_v2_lite cluster_ipc cluster_v4 cluster_v32 experts_v4 experts_v32 \
          cluster_2gpu_v3 cluster_2gpu_nccl_v3 cluster_2gpu_v2_lite cluster_2gpu_nccl_v2_lite cluster_ipc_2gpu; do
   show "$f" "tokens equal|PASS|FAIL|pipelined"
