@@ -30,6 +30,7 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
     }
     v1::DecodeResponse m;
     m.set_reserved(true);
+    m.set_held_tokens(engine_->HeldTokens(**reserved));
     stream->Write(m);  // a client gone meanwhile has fired `cancel`: Decode ends at once
     absl::Status s = engine_->Decode(
         *reserved,

@@ -57,6 +57,31 @@ size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, absl::Span<con
   return pick;
 }
 
+void OrderDecodeWorkers(std::vector<WorkerInfo>* decoders, absl::Span<const int32_t> prompt,
+                        bool kv_aware) {
+  auto by_load = [](const WorkerInfo& a, const WorkerInfo& b) {
+    const double ua = KvUsageRank(a.load), ub = KvUsageRank(b.load);
+    if (ua != ub) return ua < ub;
+    return RunningRank(a.load) < RunningRank(b.load);
+  };
+  std::sort(decoders->begin(), decoders->end(), by_load);
+  if (!kv_aware || decoders->empty()) return;
+  const double least = KvUsageRank(decoders->front().load);
+  const auto near = std::partition_point(
+      decoders->begin(), decoders->end(),
+      [&](const WorkerInfo& w) { return KvUsageRank(w.load) <= least + kKvAwareDecodeUsageSlack; });
+  std::vector<int> cached;
+  for (auto it = decoders->begin(); it != near; ++it)
+    cached.push_back(CachedPrefixTokens(it->load, prompt));
+  std::vector<size_t> order(cached.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return cached[a] > cached[b]; });
+  std::vector<WorkerInfo> front;
+  for (size_t i : order) front.push_back((*decoders)[i]);
+  std::copy(front.begin(), front.end(), decoders->begin());
+}
+
 std::shared_ptr<grpc::Channel> ClusterBackend::ChannelTo(const std::string& address) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<grpc::Channel>& ch = channels_[address];
@@ -93,13 +118,9 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
   auto avoided = [&](const WorkerInfo& w) {
     return std::find(avoid.begin(), avoid.end(), w.id) != avoid.end();
   };
-  // Decode workers in the order to try: lowest KV usage, then fewest
-  // running; those that failed this request last.
-  std::sort(decoders.begin(), decoders.end(), [](const WorkerInfo& a, const WorkerInfo& b) {
-    const double ua = KvUsageRank(a.load), ub = KvUsageRank(b.load);
-    if (ua != ub) return ua < ub;
-    return RunningRank(a.load) < RunningRank(b.load);
-  });
+  // Decode workers in the order to try (OrderDecodeWorkers); those that
+  // failed this request last.
+  OrderDecodeWorkers(&decoders, req.prompt, options_.kv_aware_routing);
   std::stable_partition(decoders.begin(), decoders.end(),
                         [&](const WorkerInfo& w) { return !avoided(w); });
   // The prefill worker among those that did not fail it, if any is left.

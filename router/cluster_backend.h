@@ -42,10 +42,24 @@ int CachedPrefixTokens(const v1::WorkerLoad& load, absl::Span<const int32_t> pro
 size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, absl::Span<const int32_t> prompt,
                          bool kv_aware);
 
+// How much more of its KV pool (a fraction, [0, 1]) a decode worker may have
+// in use than the least used one and still draw a request by its cache.
+inline constexpr double kKvAwareDecodeUsageSlack = 0.1;
+
+// Orders `decoders` as they are to be tried for `prompt`: the least KV usage
+// first, then the fewest running. With `kv_aware`, the workers within
+// kKvAwareDecodeUsageSlack of the least usage come first, the longest cached
+// prefix of the prompt (CachedPrefixTokens) first among them: the decode
+// worker then holds those rows already (the KV handoff brings only the rest)
+// without drawing requests away from a much emptier pool.
+void OrderDecodeWorkers(std::vector<WorkerInfo>* decoders, absl::Span<const int32_t> prompt,
+                        bool kv_aware);
+
 struct ClusterBackendOptions {
   // The prefill worker is the one with the least work before this prompt's
   // first token, its queued prompt tokens plus the prompt tokens its prefix
   // cache lacks (PickPrefillWorker); false: the one with the fewest queued.
+  // The decode worker: OrderDecodeWorkers.
   bool kv_aware_routing = true;
   // Continuations of one request on other workers after a failure (0: none).
   int max_migrations = 2;

@@ -191,5 +191,48 @@ TEST(KvAwareRoutingTest, PicksTheLongestCachedPrefixBalancedAgainstTheQueue) {
   EXPECT_EQ(PickPrefillWorker(w, other, true), 0u);
 }
 
+// The decode worker: the longest cached prefix among those whose KV usage is
+// within kKvAwareDecodeUsageSlack of the least used; a much fuller pool does
+// not draw the request by its cache; without kv_aware, usage then running.
+TEST(KvAwareRoutingTest, OrdersDecodeWorkersByCacheWithinTheUsageSlack) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 70; ++i) prompt.push_back(i * 7 % 100);
+  const std::vector<uint64_t> hashes = PrefixBlockHashes(prompt, 16);
+  std::vector<WorkerInfo> w(4);
+  for (int i = 0; i < 4; ++i) w[i].id = absl::StrCat("d", i);
+  w[0].load.set_kv_usage(0.20f);  // the least used, caches nothing
+  w[1].load.set_kv_usage(0.25f);  // within the slack, caches 2 blocks
+  w[1].load.set_cache_block_size(16);
+  w[1].load.add_cached_block_hashes(hashes[0]);
+  w[1].load.add_cached_block_hashes(hashes[1]);
+  w[2].load.set_kv_usage(0.28f);  // within the slack, caches 1 block, fewer running than 3
+  w[2].load.set_cache_block_size(16);
+  w[2].load.add_cached_block_hashes(hashes[0]);
+  w[3].load.set_kv_usage(0.60f);  // caches all of it, but far fuller
+  w[3].load.set_cache_block_size(16);
+  for (uint64_t h : hashes) w[3].load.add_cached_block_hashes(h);
+  auto ids = [](const std::vector<WorkerInfo>& v) {
+    std::vector<std::string> out;
+    for (const WorkerInfo& x : v) out.push_back(x.id);
+    return out;
+  };
+  std::vector<WorkerInfo> order = w;
+  OrderDecodeWorkers(&order, prompt, /*kv_aware=*/true);
+  EXPECT_EQ(ids(order), (std::vector<std::string>{"d1", "d2", "d0", "d3"}));
+  order = w;
+  OrderDecodeWorkers(&order, prompt, /*kv_aware=*/false);
+  EXPECT_EQ(ids(order), (std::vector<std::string>{"d0", "d1", "d2", "d3"}));
+  // Nothing cached anywhere: load order either way.
+  const std::vector<int32_t> other(70, 3);
+  order = w;
+  OrderDecodeWorkers(&order, other, true);
+  EXPECT_EQ(ids(order), (std::vector<std::string>{"d0", "d1", "d2", "d3"}));
+  // A report outside [0, 1] ranks as the fullest, whatever it caches.
+  w[3].load.set_kv_usage(-1.0f);
+  order = w;
+  OrderDecodeWorkers(&order, prompt, true);
+  EXPECT_EQ(order.back().id, "d3");
+}
+
 }  // namespace
 }  // namespace moesh

@@ -90,7 +90,10 @@ class GrpcDecodeStream : public DecodeStream {
     reader_ = stub->Decode(ctx_.get(), request);
     v1::DecodeResponse m;
     const bool read = reader_->Read(&m);
-    if (read && m.reserved()) return absl::OkStatus();
+    if (read && m.reserved()) {
+      held_tokens_ = m.held_tokens();
+      return absl::OkStatus();
+    }
     if (read) ctx_->TryCancel();
     absl::Status closed = Close(/*declined=*/read);  // refused, or gone
     if (!closed.ok() && !read) return closed;
@@ -107,6 +110,7 @@ class GrpcDecodeStream : public DecodeStream {
     if (declined) ctx_->TryCancel();
     return Close(declined);
   }
+  int held_tokens() const override { return held_tokens_; }
 
  private:
   // Finishes the call: its status as the flow's.
@@ -127,6 +131,7 @@ class GrpcDecodeStream : public DecodeStream {
   std::atomic<bool> by_caller_{false};
   std::unique_ptr<grpc::ClientReader<v1::DecodeResponse>> reader_;
   bool finished_ = false;
+  int held_tokens_ = 0;  // the {reserved} message's (RunGeneration clamps it)
 };
 
 }  // namespace

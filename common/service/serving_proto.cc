@@ -29,11 +29,13 @@ Spec RequestFromProto(const Proto& p) {
 void PrefillSpecToProto(const PrefillSpec& spec, v1::PrefillRequest* p) {
   RequestToProto(spec, p);
   p->set_decode_address(spec.decode_address);
+  p->set_decode_held_tokens(spec.decode_held_tokens);
 }
 
 PrefillSpec PrefillSpecFromProto(const v1::PrefillRequest& p) {
   PrefillSpec spec = RequestFromProto<PrefillSpec>(p);
   spec.decode_address = p.decode_address();
+  spec.decode_held_tokens = p.decode_held_tokens();
   return spec;
 }
 

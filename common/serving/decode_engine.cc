@@ -404,6 +404,11 @@ void DecodeEngine::Release(const std::shared_ptr<Request>& request) {
   Cancel(request, absl::CancelledError("released"));
 }
 
+int DecodeEngine::HeldTokens(const Request& r) const {
+  absl::MutexLock lock(&mu_);
+  return r.done || r.kv == nullptr ? 0 : r.kv->cached_tokens();
+}
+
 void DecodeEngine::Cancel(std::shared_ptr<Request> r, absl::Status why) {
   if (r->done) return;
   if (r->running) {

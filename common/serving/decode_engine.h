@@ -131,6 +131,9 @@ class DecodeEngine : public KvHandler {
   absl::Status PushKv(const KvTransfer& transfer) override;
   // Ends a request nobody decodes (its blocks are freed); nothing if it ended.
   void Release(const std::shared_ptr<Request>& request);
+  // Leading prompt tokens whose KV rows a reserved request's sequence holds
+  // from the prefix cache (PushKv then needs only the rest); 0 once it ended.
+  int HeldTokens(const Request& request) const;
 
   // Streams a reserved request's events to `sink` (the first token once its
   // KV arrived, then one per step; the last has finished = true) and returns

@@ -56,6 +56,10 @@ absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
   ps.prompt_ids = req.prompt;
   ps.sampling = req.sampling;
   ps.decode_address = decode->kv_address();
+  // What the reservation holds of the prompt already (clamped: a buggy
+  // report must not make the prefill worker leave out rows it needs).
+  ps.decode_held_tokens =
+      std::clamp(stream->held_tokens(), 0, std::max(0, static_cast<int>(req.prompt.size()) - 1));
   if (absl::Status s = prefill.Prefill(ps, cancel); !s.ok() || cancel.cancelled())
     return cancel.cancelled() ? CancelledByCaller() : s;
   outcome->prefilled = true;

@@ -73,6 +73,9 @@ struct PrefillSpec {
   std::vector<int32_t> prompt_ids;
   SamplingParams sampling;
   std::string decode_address;
+  // Leading prompt tokens whose rows the decode worker's reservation holds
+  // already (DecodeStream::held_tokens): the host KV handoff leaves them out.
+  int decode_held_tokens = 0;
 };
 
 // What a decode worker needs to hold a request's KV and continue it: its
@@ -128,6 +131,9 @@ class DecodeStream {
   // blocks); UNAVAILABLE when the worker failed; DEADLINE_EXCEEDED when the
   // KV did not arrive within the worker's lease. Call once.
   virtual absl::Status Relay(const TokenSink& sink) = 0;
+  // Leading prompt tokens whose KV rows the reservation holds already (the
+  // decode worker's prefix cache), known once opened.
+  virtual int held_tokens() const { return 0; }
 };
 
 // A decode worker. Thread-safe.

@@ -33,6 +33,7 @@ class InProcessDecodeStream : public DecodeStream {
     if (declined && s.code() == absl::StatusCode::kCancelled) return absl::OkStatus();
     return s;
   }
+  int held_tokens() const override { return engine_->HeldTokens(*request_); }
 
  private:
   DecodeEngine* const engine_;

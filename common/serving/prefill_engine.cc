@@ -55,6 +55,12 @@ absl::Status PrefillEngine::Prefill(const PrefillSpec& spec, const CancelToken* 
   const ModelConfig& c = backend_->config();
   RETURN_IF_ERROR(CheckRequestId(spec.request_id));
   if (spec.prompt_ids.empty()) return absl::InvalidArgumentError("empty prompt");
+  if (spec.decode_held_tokens < 0 ||
+      spec.decode_held_tokens >= static_cast<int>(spec.prompt_ids.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("decode_held_tokens ", spec.decode_held_tokens,
+                                                   " outside [0, ", spec.prompt_ids.size(),
+                                                   ") (the prompt's tokens)"));
+  }
   if (absl::Status s = spec.sampling.Validate(c.vocab_size); !s.ok()) return s;
   RETURN_IF_ERROR(CheckPrompt(*backend_, spec.prompt_ids, spec.sampling.prompt_logprobs));
   Pending p(&spec);
@@ -275,8 +281,11 @@ void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
     if (ch.ok()) {
       KvHandoff how = options_.kv_handoff;
       if (how == KvHandoff::kDevice && HostKvOnly(spec.decode_address)) how = KvHandoff::kHost;
+      // Through the host, the rows the decode worker's reservation holds
+      // already (its prefix cache) stay here.
+      int first_row = spec.decode_held_tokens;
       auto push = [&](KvHandoff h, absl::StatusOr<KvTransfer>* msg) {
-        *msg = SerializeKv(spec.request_id, kv, c.num_hidden_layers, h);
+        *msg = SerializeKv(spec.request_id, kv, c.num_hidden_layers, h, first_row);
         if (!msg->ok()) return msg->status();
         (*msg)->first_token = chosen->ids[i];
         if (const int want = spec.sampling.top_logprobs; want > 0) {
@@ -307,6 +316,12 @@ void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
           absl::MutexLock lock(&mu_);
           host_kv_only_.insert(spec.decode_address);
         }
+        pushed = push(KvHandoff::kHost, &msg);
+      }
+      if (pushed.code() == absl::StatusCode::kFailedPrecondition && msg.ok() &&
+          msg->first_row > 0) {
+        // The reservation no longer holds what it said: send every row.
+        first_row = 0;
         pushed = push(KvHandoff::kHost, &msg);
       }
       if (kv_bytes_ != nullptr && pushed.ok()) {

@@ -11,7 +11,7 @@
 namespace moesh {
 
 absl::StatusOr<KvTransfer> SerializeKv(const std::string& request_id, const KvSequence& kv,
-                                       int num_layers, KvHandoff how) {
+                                       int num_layers, KvHandoff how, int first_row) {
   KvTransfer t;
   t.request_id = request_id;
   t.num_layers = num_layers;
@@ -25,7 +25,9 @@ absl::StatusOr<KvTransfer> SerializeKv(const std::string& request_id, const KvSe
   }
   const bool bf16 = kv.bf16_rows();
   t.rows_bf16 = bf16;
-  const size_t layer_values = static_cast<size_t>(kv.length()) * kv.row_width();
+  t.first_row = std::clamp(first_row, 0, kv.length());
+  const size_t skip_values = static_cast<size_t>(t.first_row) * kv.row_width();
+  const size_t layer_values = static_cast<size_t>(kv.length() - t.first_row) * kv.row_width();
   if (bf16) {
     t.bf16_rows.resize(layer_values * num_layers);
   } else {
@@ -33,7 +35,7 @@ absl::StatusOr<KvTransfer> SerializeKv(const std::string& request_id, const KvSe
   }
   std::vector<float> scratch;
   for (int l = 0; l < num_layers; ++l) {
-    const float* src = kv.Rows(l, &scratch);
+    const float* src = kv.Rows(l, &scratch) + skip_values;
     if (bf16) {
       uint16_t* dst = t.bf16_rows.data() + l * layer_values;
       for (size_t i = 0; i < layer_values; ++i) dst[i] = F32ToBf16(src[i]);  // exact: bf16 values
@@ -52,6 +54,7 @@ absl::Status CheckKvTransfer(const KvTransfer& t) {
   if (t.device.has_value()) {
     const DeviceKvBlocks& dev = *t.device;
     if (t.num_tokens < 0 || dev.block_size <= 0 || !t.rows.empty() || !t.bf16_rows.empty() ||
+        t.first_row != 0 ||
         static_cast<int64_t>(dev.blocks.size()) * dev.block_size < t.num_tokens) {
       return absl::InvalidArgumentError(absl::StrCat(
           "KV for ", t.request_id, ": ", dev.blocks.size(), " device blocks of ", dev.block_size,
@@ -63,10 +66,14 @@ absl::Status CheckKvTransfer(const KvTransfer& t) {
   const size_t bytes =
       t.rows_bf16 ? t.bf16_rows.size() * sizeof(uint16_t) : t.rows.size() * sizeof(float);
   const bool other_empty = t.rows_bf16 ? t.rows.empty() : t.bf16_rows.empty();
-  if (t.num_tokens < 0 || t.num_layers < 0 || t.row_width < 0 || !other_empty ||
-      bytes != static_cast<size_t>(t.num_tokens) * t.row_width * element * t.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("KV for ", t.request_id, ": ", bytes,
-                                                   " bytes do not hold ", t.num_tokens, " tokens"));
+  if (t.num_tokens < 0 || t.num_layers < 0 || t.row_width < 0 || !other_empty || t.first_row < 0 ||
+      t.first_row > t.num_tokens ||
+      bytes !=
+          static_cast<size_t>(t.num_tokens - t.first_row) * t.row_width * element * t.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV for ", t.request_id, ": ", bytes, " bytes do not hold ",
+        t.first_row == 0 ? absl::StrCat(t.num_tokens, " tokens")
+                         : absl::StrCat("tokens ", t.first_row, " to ", t.num_tokens)));
   }
   return absl::OkStatus();
 }
@@ -83,6 +90,11 @@ absl::Status DeserializeKv(const KvTransfer& t, int num_layers, KvSequence* kv) 
   const int skip = kv->cached_tokens();
   if (kv->length() != skip)
     return absl::FailedPreconditionError("KV already received for " + t.request_id);
+  if (t.first_row > skip) {
+    return absl::FailedPreconditionError(absl::StrCat("KV for ", t.request_id, ": rows from token ",
+                                                      t.first_row, " for a sequence holding ", skip,
+                                                      " cached ones"));
+  }
   if (skip > 0 && skip >= t.num_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("KV for ", t.request_id, ": ", t.num_tokens,
                                                    " tokens for a sequence holding ", skip,
@@ -95,7 +107,7 @@ absl::Status DeserializeKv(const KvTransfer& t, int num_layers, KvSequence* kv) 
   }
   if (absl::Status s = CheckKvTransfer(t); !s.ok()) return s;
   if (t.device.has_value()) return kv->AppendDeviceBlocks(*t.device, t.num_tokens);
-  const size_t layer_values = static_cast<size_t>(t.num_tokens) * t.row_width;
+  const size_t layer_values = static_cast<size_t>(t.num_tokens - t.first_row) * t.row_width;
   std::vector<float> layer(t.rows_bf16 ? layer_values : 0);
   for (int l = 0; l < num_layers; ++l) {
     const float* src;
@@ -106,7 +118,8 @@ absl::Status DeserializeKv(const KvTransfer& t, int num_layers, KvSequence* kv) 
     } else {
       src = t.rows.data() + l * layer_values;
     }
-    kv->AppendRows(l, src + static_cast<size_t>(skip) * t.row_width, t.num_tokens - skip);
+    kv->AppendRows(l, src + static_cast<size_t>(skip - t.first_row) * t.row_width,
+                   t.num_tokens - skip);
   }
   return absl::OkStatus();
 }

@@ -31,9 +31,12 @@ struct KvTransfer {
   int num_layers = 0;
   int num_tokens = 0;
   int row_width = 0;
-  // Host rows [num_layers, num_tokens, row_width], layer-major: float32 in
-  // `rows`, or, where rows_bf16, bfloat16 bits in `bf16_rows` (exact, half
-  // the bytes). The other vector is empty. Both empty when `device` is set.
+  // Host rows [num_layers, num_tokens - first_row, row_width], layer-major,
+  // of tokens [first_row, num_tokens) (the receiver's reservation holds the
+  // rows before: its prefix cache): float32 in `rows`, or, where rows_bf16,
+  // bfloat16 bits in `bf16_rows` (exact, half the bytes). The other vector
+  // is empty. Both empty when `device` is set (first_row 0 then).
+  int first_row = 0;
   bool rows_bf16 = false;
   std::vector<float> rows;
   std::vector<uint16_t> bf16_rows;
@@ -61,28 +64,31 @@ struct KvTransfer {
   }
 };
 
-// kHost: the rows of `kv`'s first `num_layers` layers, float32, or bfloat16
-// where kv.bf16_rows(). kDevice: kv.DeviceBlocks(); `kv` must then stay
-// unchanged until the receiver has answered.
+// kHost: the rows of `kv`'s first `num_layers` layers from token
+// `first_row` on (clamped to [0, kv.length()]), float32, or bfloat16 where
+// kv.bf16_rows(). kDevice: kv.DeviceBlocks() (first_row unused); `kv` must
+// then stay unchanged until the receiver has answered.
 // Errors: kv.DeviceBlocks()'s (UNIMPLEMENTED for host caches).
 absl::StatusOr<KvTransfer> SerializeKv(const std::string& request_id, const KvSequence& kv,
-                                       int num_layers, KvHandoff how = KvHandoff::kHost);
+                                       int num_layers, KvHandoff how = KvHandoff::kHost,
+                                       int first_row = 0);
 
 // INVALID_ARGUMENT unless the transfer holds its shape: device blocks that
-// hold num_tokens (with no host rows besides), or host rows of exactly
-// num_layers * num_tokens * row_width values in the vector rows_bf16 names
-// (non-negative counts). The wire decode (kv_wire.h) and DeserializeKv
-// both check this.
+// hold num_tokens (with no host rows besides, first_row 0), or host rows of
+// exactly num_layers * (num_tokens - first_row) * row_width values in the
+// vector rows_bf16 names (non-negative counts, first_row in [0, num_tokens]). The wire decode
+// (kv_wire.h) and DeserializeKv both check this.
 absl::Status CheckKvTransfer(const KvTransfer& transfer);
 
 // Appends the transfer's rows to `kv` (which must be empty but for the rows
 // of its kv.cached_tokens() tokens from a prefix cache, which are skipped,
-// and wide enough), from the transfer or from the sender's device memory.
+// and wide enough), from the transfer or from the sender's device memory
+// (the blocks past the cached ones).
 // INVALID_ARGUMENT on shape mismatch (with `num_layers`, kv's row width, or
-// CheckKvTransfer's), FAILED_PRECONDITION if `kv` is not empty,
-// RESOURCE_EXHAUSTED over capacity; INVALID_ARGUMENT if the cached rows
-// leave nothing to append; FAILED_PRECONDITION for device references into a
-// sequence holding cached rows (the sender then sends the host form); device references:
+// CheckKvTransfer's), FAILED_PRECONDITION if `kv` is not empty or holds
+// fewer cached tokens than the transfer's first_row (the sender may resend
+// from row 0), RESOURCE_EXHAUSTED over capacity; INVALID_ARGUMENT if the
+// cached rows leave nothing to append; device references:
 // kv.AppendDeviceBlocks()'s errors.
 absl::Status DeserializeKv(const KvTransfer& transfer, int num_layers, KvSequence* kv);
 

@@ -21,6 +21,7 @@ void EncodePushKv(const KvTransfer& t, v1::PushKvRequest* request) {
   if (t.prompt_logprobs.has_value())
     PromptLogprobsToProto(*t.prompt_logprobs, request->mutable_prompt_logprobs());
   request->set_cached_tokens(t.cached_tokens);
+  request->set_first_row(t.first_row);
   if (t.device.has_value()) {
     const DeviceKvBlocks& d = *t.device;
     v1::DeviceKv* dev = request->mutable_device();
@@ -54,6 +55,7 @@ absl::StatusOr<KvTransfer> DecodePushKv(const v1::PushKvRequest& request) {
   if (request.has_prompt_logprobs())
     t.prompt_logprobs = PromptLogprobsFromProto(request.prompt_logprobs());
   t.cached_tokens = request.cached_tokens();
+  t.first_row = request.first_row();
   if (request.has_device()) {
     const v1::DeviceKv& dev = request.device();
     DeviceKvBlocks d;

@@ -16,6 +16,7 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "common/backend/cuda_backends_plugin.h"
+#include "common/engine/paged_kv_cache.h"
 #include "common/rpc/grpc_util.h"
 #include "common/transport/cuda_ipc_transport.h"
 #include "common/transport/dispatch_wire.h"
@@ -572,6 +573,47 @@ TEST(KvHandoffTest, Bf16CachesTravelExactlyInHalfTheBytes) {
   EXPECT_EQ(DeserializeKv(dev, layers, &got).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The host handoff leaves out the rows the receiving reservation holds from
+// its prefix cache (first_row); rows starting past what it holds are
+// FAILED_PRECONDITION (the sender resends them all).
+TEST(KvHandoffTest, RowsFromWhatTheReceiverHolds) {
+  const int layers = 2, width = 3, bs = 4;
+  KvBlockPool pool(layers, width, bs, 16, /*prefix_cache=*/true);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 11; ++i) prompt.push_back(100 + i);
+  std::vector<std::vector<float>> rows(layers);
+  for (int l = 0; l < layers; ++l) {
+    for (int i = 0; i < 11 * width; ++i) rows[l].push_back(static_cast<float>(l * 1000 + i));
+  }
+  {  // an earlier request published the first two blocks
+    std::unique_ptr<PagedKvSequence> first = *pool.Allocate(11, prompt);
+    for (int l = 0; l < layers; ++l) first->AppendRows(l, rows[l].data(), 11);
+    first->PublishPrefix(prompt);
+  }
+  SequenceKvCache sender(layers, width);
+  for (int l = 0; l < layers; ++l) sender.AppendRows(l, rows[l].data(), 11);
+  std::unique_ptr<PagedKvSequence> held = *pool.Allocate(11, prompt);
+  ASSERT_EQ(held->cached_tokens(), 8);
+  const KvTransfer from8 = *SerializeKv("r", sender, layers, KvHandoff::kHost, 8);
+  EXPECT_EQ(from8.first_row, 8);
+  EXPECT_EQ(from8.rows.size(), size_t{layers} * 3 * width);
+  ASSERT_TRUE(DeserializeKv(from8, layers, held.get()).ok());
+  std::vector<float> scratch;
+  for (int l = 0; l < layers; ++l) {
+    const float* got = held->Rows(l, &scratch);
+    EXPECT_TRUE(std::equal(got, got + 11 * width, rows[l].data())) << "layer " << l;
+  }
+  // A reservation holding 4 tokens only cannot take rows from token 8.
+  std::vector<int32_t> other = prompt;
+  other[5] = 7;
+  std::unique_ptr<PagedKvSequence> less = *pool.Allocate(11, other);
+  ASSERT_EQ(less->cached_tokens(), 4);
+  EXPECT_EQ(DeserializeKv(from8, layers, less.get()).code(), absl::StatusCode::kFailedPrecondition);
+  const KvTransfer all = *SerializeKv("r", sender, layers, KvHandoff::kHost, 0);
+  EXPECT_TRUE(DeserializeKv(all, layers, less.get()).ok());
+  EXPECT_EQ(less->length(), 11);
+}
+
 // KvTransfer <-> PushKvRequest: every field round-trips; a malformed message
 // is INVALID_ARGUMENT with the message the decode side has always given, and
 // never reaches the handler.
@@ -661,6 +703,21 @@ TEST(KvWireTest, MalformedMessagesAreInvalidArgument) {
   cases.back().first.set_num_tokens(-1);
   cases.emplace_back(host, "KV for r: 96 bytes do not hold 3 tokens");
   cases.back().first.set_row_width(-4);
+  // Rows from token 1 on: 2 of the 3 tokens' rows; more or a row outside is malformed.
+  v1::PushKvRequest tail = host;
+  tail.set_first_row(1);
+  tail.mutable_rows()->resize(2 * 2 * 4 * sizeof(float));
+  absl::StatusOr<KvTransfer> from1 = DecodePushKv(tail);
+  ASSERT_TRUE(from1.ok()) << from1.status();
+  EXPECT_EQ(from1->first_row, 1);
+  cases.emplace_back(tail, "KV for r: 96 bytes do not hold tokens 1 to 3");
+  cases.back().first.set_rows(host.rows());
+  cases.emplace_back(tail, "KV for r: 64 bytes do not hold tokens 4 to 3");
+  cases.back().first.set_first_row(4);
+  cases.emplace_back(tail, "KV for r: 64 bytes do not hold tokens -1 to 3");
+  cases.back().first.set_first_row(-1);
+  cases.emplace_back(dev, "KV for r: 2 device blocks of 2 do not hold 3 tokens (or rows sent too)");
+  cases.back().first.set_first_row(1);  // device copies start at row 0
   cases.emplace_back(dev, "KV for r: 1 device blocks of 2 do not hold 3 tokens (or rows sent too)");
   cases.back().first.mutable_device()->mutable_blocks()->RemoveLast();
   cases.emplace_back(dev, "KV for r: 2 device blocks of 0 do not hold 3 tokens (or rows sent too)");

@@ -3,7 +3,9 @@
 // processes): a chat's later turns take their history's KV from the cache of
 // the prefill worker that computed it (the router sends them there by the
 // block hashes it reports), compute only the rest, and answer exactly as the
-// single-process engine does; every KV block is free again at the end.
+// single-process engine does; the decode worker starts them from its own
+// cache too, and the KV handoff brings only the rows it lacks; every KV block
+// is free again at the end.
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -34,7 +36,13 @@ TEST(PrefixCacheClusterTest, LaterTurnsReuseTheirHistoryOnOnePrefillWorkerTokenE
   const std::string d0 = Proc(**cluster, "decode-0").metrics_address;
   std::vector<int32_t> prompt;
   for (int i = 0; i < 40; ++i) prompt.push_back(2 + (i * 53) % 500);
+  auto kv_bytes = [&] {
+    return Metric(p0, "moesh_kv_transfer_bytes_total") +
+           Metric(p1, "moesh_kv_transfer_bytes_total");
+  };
+  double row_bytes = 0;  // one token's rows, every layer (turn 1 sends them all)
   for (int turn = 1; turn <= 3; ++turn) {
+    const double sent_before = kv_bytes();
     const Result r = Call((*cluster)->router_address(), Request(prompt, 8));
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
     EXPECT_EQ(r.ids, Offline(**model, prompt, 8).output_ids) << "turn " << turn;
@@ -44,6 +52,17 @@ TEST(PrefixCacheClusterTest, LaterTurnsReuseTheirHistoryOnOnePrefillWorkerTokenE
       // The previous prompt's full blocks of 16, at least.
       EXPECT_GE(r.final.usage().cached_tokens(), 32) << "turn " << turn;
       EXPECT_LT(r.final.usage().cached_tokens(), static_cast<int>(prompt.size()));
+    }
+    // The KV handoff: every row on turn 1; later, only the rows past the
+    // decode worker's own cached blocks (the last turn's prompt and answer).
+    const double sent = kv_bytes() - sent_before;
+    if (turn == 1) {
+      row_bytes = sent / static_cast<double>(prompt.size());
+      EXPECT_GT(row_bytes, 0);
+    } else {
+      const double held = static_cast<double>(prompt.size()) - sent / row_bytes;
+      EXPECT_GE(held, 32) << "turn " << turn << ": " << sent << " bytes sent";
+      EXPECT_EQ(static_cast<int>(held) % 16, 0) << "turn " << turn << ": whole blocks held";
     }
     prompt.insert(prompt.end(), r.ids.begin(), r.ids.end());
     for (int i = 0; i < 6; ++i) prompt.push_back(7 + turn * 11 + i);
@@ -58,6 +77,7 @@ TEST(PrefixCacheClusterTest, LaterTurnsReuseTheirHistoryOnOnePrefillWorkerTokenE
       std::min(Metric(p0, "moesh_prompt_tokens_total"), Metric(p1, "moesh_prompt_tokens_total")),
       0);
   EXPECT_GT(Metric(p0, "moesh_prefix_cache_blocks") + Metric(p1, "moesh_prefix_cache_blocks"), 0);
+  EXPECT_GT(Metric(d0, "moesh_prefix_cache_hit_tokens_total"), 0);
   // Every decode block is free again (cached ones count as free).
   double free_blocks = -1;
   for (int i = 0; i < 100 && free_blocks != o.decode.kv.kv_blocks; ++i) {
