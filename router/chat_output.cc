@@ -5,7 +5,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/tokenizer/dsml_encoding.h"
 
 namespace moesh {
 namespace {
@@ -17,6 +19,10 @@ constexpr absl::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr absl::string_view kCallBegin = "<｜tool▁call▁begin｜>";
 constexpr absl::string_view kCallEnd = "<｜tool▁call▁end｜>";
 constexpr absl::string_view kSep = "<｜tool▁sep｜>";
+constexpr absl::string_view kInvokeBegin = "<｜DSML｜invoke";
+constexpr absl::string_view kInvokeEnd = "</｜DSML｜invoke>";
+constexpr absl::string_view kParamBegin = "<｜DSML｜parameter";
+constexpr absl::string_view kParamEnd = "</｜DSML｜parameter>";
 
 // The length of the longest suffix of `text` that is a proper prefix of
 // `marker`: text a later chunk may turn into the marker.
@@ -31,6 +37,8 @@ size_t PartialMarker(absl::string_view text, absl::string_view marker) {
 
 ChatOutputParser::ChatOutputParser(Options options)
     : options_(std::move(options)),
+      dsml_open_(absl::StrCat("<｜DSML｜", options_.dsml_block, ">")),
+      dsml_close_(absl::StrCat("</｜DSML｜", options_.dsml_block, ">")),
       state_(!options_.reasoning     ? State::kContent
              : options_.in_reasoning ? State::kReasoning
                                      : State::kMaybeThink) {}
@@ -64,12 +72,19 @@ void ChatOutputParser::Drain(ChatDelta* out) {
           pending_.clear();
           return;
         }
+        if (options_.tool_format == ToolFormat::kDsml) {
+          if (!TakeDsmlContent(out)) return;
+          state_ = State::kTools;
+          continue;
+        }
         if (!TakeUntil(kCallsBegin, &out->content)) return;
         raw_tools_ = std::string(kCallsBegin);
         state_ = State::kTools;
         continue;
       case State::kTools:
-        if (!TakeCall(out)) return;
+        if (!(options_.tool_format == ToolFormat::kDsml ? TakeDsmlCall(out) : TakeCall(out))) {
+          return;
+        }
         continue;
       case State::kAfterTools:
         out->content += pending_;
@@ -129,6 +144,89 @@ bool ChatOutputParser::TakeCall(ChatDelta* out) {
   }
   parsed.arguments = std::string(args);
   out->tool_calls.push_back(std::move(parsed));
+  return true;
+}
+
+bool ChatOutputParser::TakeDsmlContent(ChatDelta* out) {
+  const size_t at = pending_.find(dsml_open_);
+  if (at == std::string::npos) {
+    // Hold back what may become the opening, with the "\n\n" before it.
+    const size_t keep = std::max(PartialMarker(pending_, absl::StrCat("\n\n", dsml_open_)),
+                                 PartialMarker(pending_, dsml_open_));
+    out->content.append(pending_, 0, pending_.size() - keep);
+    pending_.erase(0, pending_.size() - keep);
+    return false;
+  }
+  const size_t cut = at >= 2 && pending_.compare(at - 2, 2, "\n\n") == 0 ? at - 2 : at;
+  out->content.append(pending_, 0, cut);
+  raw_tools_ = pending_.substr(cut, at + dsml_open_.size() - cut);
+  pending_.erase(0, at + dsml_open_.size());
+  return true;
+}
+
+bool ChatOutputParser::TakeDsmlCall(ChatDelta* out) {
+  const size_t start = pending_.find_first_not_of(" \t\r\n");
+  if (start == std::string::npos) return false;
+  absl::string_view rest = absl::string_view(pending_).substr(start);
+  if (absl::StartsWith(rest, dsml_close_)) {
+    pending_.erase(0, start + dsml_close_.size());
+    raw_tools_.clear();
+    state_ = State::kAfterTools;
+    return true;
+  }
+  const size_t end = rest.find(kInvokeEnd);
+  if (end == absl::string_view::npos) return false;
+  const std::string invoke(rest.substr(0, end + kInvokeEnd.size()));
+  const std::string before = raw_tools_ + pending_.substr(0, start);
+  raw_tools_.clear();
+  pending_.erase(0, start + invoke.size());
+  ParsedToolCall call;
+  if (!ParseInvoke(invoke, &call)) {
+    absl::StrAppend(&out->content, before, invoke);
+    return true;
+  }
+  call.index = calls_++;
+  call.id = absl::StrCat(options_.id_prefix, call.index);
+  out->tool_calls.push_back(std::move(call));
+  return true;
+}
+
+bool ChatOutputParser::ParseInvoke(absl::string_view invoke, ParsedToolCall* call) const {
+  // <｜DSML｜invoke name="NAME">\n (parameters) </｜DSML｜invoke>
+  if (!absl::ConsumePrefix(&invoke, kInvokeBegin)) return false;
+  invoke = absl::StripLeadingAsciiWhitespace(invoke);
+  if (!absl::ConsumePrefix(&invoke, "name=\"")) return false;
+  const size_t name_end = invoke.find("\">");
+  if (name_end == absl::string_view::npos) return false;
+  call->name = std::string(invoke.substr(0, name_end));
+  invoke.remove_prefix(name_end + 2);
+  std::vector<std::string> args;
+  for (;;) {
+    const size_t p = invoke.find(kParamBegin);
+    if (p == absl::string_view::npos) break;
+    invoke.remove_prefix(p + kParamBegin.size());
+    // ` name="K" string="true|false">V</｜DSML｜parameter>`
+    if (!absl::ConsumePrefix(&invoke, " name=\"")) return false;
+    const size_t key_end = invoke.find("\" string=\"");
+    if (key_end == absl::string_view::npos) return false;
+    const std::string key(invoke.substr(0, key_end));
+    invoke.remove_prefix(key_end + 10);
+    bool is_str;
+    if (absl::ConsumePrefix(&invoke, "true\">")) {
+      is_str = true;
+    } else if (absl::ConsumePrefix(&invoke, "false\">")) {
+      is_str = false;
+    } else {
+      return false;
+    }
+    const size_t value_end = invoke.find(kParamEnd);
+    if (value_end == absl::string_view::npos) return false;
+    const std::string value(invoke.substr(0, value_end));
+    invoke.remove_prefix(value_end + kParamEnd.size());
+    args.push_back(absl::StrCat(PythonJsonDumps(nlohmann::ordered_json(key)), ": ",
+                                is_str ? PythonJsonDumps(nlohmann::ordered_json(value)) : value));
+  }
+  call->arguments = absl::StrCat("{", absl::StrJoin(args, ", "), "}");
   return true;
 }
 
