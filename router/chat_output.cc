@@ -164,69 +164,105 @@ bool ChatOutputParser::TakeDsmlContent(ChatDelta* out) {
   return true;
 }
 
+void ChatOutputParser::AddCallPiece(ChatDelta* out, ParsedToolCall piece) {
+  if (!out->tool_calls.empty() && out->tool_calls.back().index == piece.index) {
+    out->tool_calls.back().arguments += piece.arguments;
+    return;
+  }
+  out->tool_calls.push_back(std::move(piece));
+}
+
 bool ChatOutputParser::TakeDsmlCall(ChatDelta* out) {
   const size_t start = pending_.find_first_not_of(" \t\r\n");
   if (start == std::string::npos) return false;
   absl::string_view rest = absl::string_view(pending_).substr(start);
+  if (open_call_) return TakeDsmlParameter(out, start);
   if (absl::StartsWith(rest, dsml_close_)) {
     pending_.erase(0, start + dsml_close_.size());
     raw_tools_.clear();
     state_ = State::kAfterTools;
     return true;
   }
-  const size_t end = rest.find(kInvokeEnd);
-  if (end == absl::string_view::npos) return false;
-  const std::string invoke(rest.substr(0, end + kInvokeEnd.size()));
-  const std::string before = raw_tools_ + pending_.substr(0, start);
-  raw_tools_.clear();
-  pending_.erase(0, start + invoke.size());
-  ParsedToolCall call;
-  if (!ParseInvoke(invoke, &call)) {
-    absl::StrAppend(&out->content, before, invoke);
+  // A call starts with its header `<｜DSML｜invoke name="NAME">`: reported
+  // then, its arguments as its parameters come.
+  const std::string header = absl::StrCat(kInvokeBegin, " name=\"");
+  if (absl::StartsWith(rest, header)) {
+    const size_t name_end = rest.find("\">", header.size());
+    if (name_end == absl::string_view::npos) return false;
+    ParsedToolCall call;
+    call.index = calls_++;
+    call.id = absl::StrCat(options_.id_prefix, call.index);
+    call.name = std::string(rest.substr(header.size(), name_end - header.size()));
+    pending_.erase(0, start + name_end + 2);
+    raw_tools_.clear();
+    AddCallPiece(out, std::move(call));
+    open_call_ = true;
+    call_params_ = 0;
     return true;
   }
-  call.index = calls_++;
-  call.id = absl::StrCat(options_.id_prefix, call.index);
-  out->tool_calls.push_back(std::move(call));
+  if (absl::StartsWith(header, rest)) return false;  // may still become the header
+  // Not a call: content as written, once the invoke it opened ends.
+  const size_t end = rest.find(kInvokeEnd);
+  if (end == absl::string_view::npos) return false;
+  absl::StrAppend(&out->content, raw_tools_, pending_.substr(0, start + end + kInvokeEnd.size()));
+  raw_tools_.clear();
+  pending_.erase(0, start + end + kInvokeEnd.size());
   return true;
 }
 
-bool ChatOutputParser::ParseInvoke(absl::string_view invoke, ParsedToolCall* call) const {
-  // <｜DSML｜invoke name="NAME">\n (parameters) </｜DSML｜invoke>
-  if (!absl::ConsumePrefix(&invoke, kInvokeBegin)) return false;
-  invoke = absl::StripLeadingAsciiWhitespace(invoke);
-  if (!absl::ConsumePrefix(&invoke, "name=\"")) return false;
-  const size_t name_end = invoke.find("\">");
-  if (name_end == absl::string_view::npos) return false;
-  call->name = std::string(invoke.substr(0, name_end));
-  invoke.remove_prefix(name_end + 2);
-  std::vector<std::string> args;
-  for (;;) {
-    const size_t p = invoke.find(kParamBegin);
-    if (p == absl::string_view::npos) break;
-    invoke.remove_prefix(p + kParamBegin.size());
-    // ` name="K" string="true|false">V</｜DSML｜parameter>`
-    if (!absl::ConsumePrefix(&invoke, " name=\"")) return false;
-    const size_t key_end = invoke.find("\" string=\"");
-    if (key_end == absl::string_view::npos) return false;
-    const std::string key(invoke.substr(0, key_end));
-    invoke.remove_prefix(key_end + 10);
-    bool is_str;
-    if (absl::ConsumePrefix(&invoke, "true\">")) {
-      is_str = true;
-    } else if (absl::ConsumePrefix(&invoke, "false\">")) {
-      is_str = false;
-    } else {
-      return false;
-    }
-    const size_t value_end = invoke.find(kParamEnd);
-    if (value_end == absl::string_view::npos) return false;
-    const std::string value(invoke.substr(0, value_end));
-    invoke.remove_prefix(value_end + kParamEnd.size());
-    args.push_back(absl::StrCat(PythonJsonDumps(nlohmann::ordered_json(key)), ": ",
-                                is_str ? PythonJsonDumps(nlohmann::ordered_json(value)) : value));
+bool ChatOutputParser::TakeDsmlParameter(ChatDelta* out, size_t start) {
+  absl::string_view rest = absl::string_view(pending_).substr(start);
+  ParsedToolCall piece;
+  piece.index = calls_ - 1;
+  if (absl::StartsWith(rest, kInvokeEnd)) {
+    piece.arguments = call_params_ > 0 ? "}" : "{}";
+    pending_.erase(0, start + kInvokeEnd.size());
+    open_call_ = false;
+    AddCallPiece(out, std::move(piece));
+    return true;
   }
-  call->arguments = absl::StrCat("{", absl::StrJoin(args, ", "), "}");
+  if (!absl::StartsWith(rest, kParamBegin)) {
+    if (absl::StartsWith(kInvokeEnd, rest) || absl::StartsWith(kParamBegin, rest)) return false;
+    // Text the format does not have between parameters: dropped, up to the
+    // next marker.
+    const size_t next = std::min(rest.find(kParamBegin), rest.find(kInvokeEnd));
+    const size_t drop = next != absl::string_view::npos
+                            ? next
+                            : rest.size() - std::max(PartialMarker(rest, kInvokeEnd),
+                                                     PartialMarker(rest, kParamBegin));
+    if (drop == 0) return false;
+    pending_.erase(0, start + drop);
+    return true;
+  }
+  const size_t end = rest.find(kParamEnd);
+  if (end == absl::string_view::npos) return false;
+  const std::string param(rest.substr(kParamBegin.size(), end - kParamBegin.size()));
+  pending_.erase(0, start + end + kParamEnd.size());
+  std::string json;
+  if (!ParameterJson(param, &json)) return true;  // unreadable: dropped
+  piece.arguments = absl::StrCat(call_params_++ > 0 ? ", " : "{", json);
+  AddCallPiece(out, std::move(piece));
+  return true;
+}
+
+bool ChatOutputParser::ParameterJson(absl::string_view param, std::string* json) {
+  // ` name="K" string="true|false">V`
+  if (!absl::ConsumePrefix(&param, " name=\"")) return false;
+  const size_t key_end = param.find("\" string=\"");
+  if (key_end == absl::string_view::npos) return false;
+  const std::string key(param.substr(0, key_end));
+  param.remove_prefix(key_end + 10);
+  bool is_str;
+  if (absl::ConsumePrefix(&param, "true\">")) {
+    is_str = true;
+  } else if (absl::ConsumePrefix(&param, "false\">")) {
+    is_str = false;
+  } else {
+    return false;
+  }
+  *json = absl::StrCat(
+      PythonJsonDumps(nlohmann::ordered_json(key)), ": ",
+      is_str ? PythonJsonDumps(nlohmann::ordered_json(std::string(param))) : std::string(param));
   return true;
 }
 
@@ -243,6 +279,13 @@ ChatDelta ChatOutputParser::Finish() {
       out.reasoning += pending_;
       break;
     case State::kTools:
+      if (open_call_) {  // cut off mid-call: its arguments closed
+        ParsedToolCall piece;
+        piece.index = calls_ - 1;
+        piece.arguments = call_params_ > 0 ? "}" : "{}";
+        AddCallPiece(&out, std::move(piece));
+        open_call_ = false;
+      }
       // An unfinished call: its text, as written, is content.
       if (!absl::StripAsciiWhitespace(pending_).empty() || calls_ == 0) {
         absl::StrAppend(&out.content, raw_tools_, pending_);

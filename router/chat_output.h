@@ -18,12 +18,15 @@
 //   \n\n<｜DSML｜BLOCK>\n<｜DSML｜invoke name="NAME">\n
 //   <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>\n ...
 //   </｜DSML｜invoke>\n (more invokes) </｜DSML｜BLOCK>
-// A call is reported once its `</｜DSML｜invoke>` came, its arguments the
-// JSON object the reference decoder (encoding_dsv32.py's
-// decode_dsml_to_arguments) makes: {"K": V, ...} with a string="true" value
+// A call is reported in pieces as it streams: its id and name once its
+// header `<｜DSML｜invoke name="NAME">` came (arguments ""), then its arguments
+// a parameter at a time, closed at `</｜DSML｜invoke>` (or at Finish when cut
+// off): together the JSON object the reference decoder (encoding_dsv32.py's
+// decode_dsml_to_arguments) makes, {"K": V, ...} with a string="true" value
 // as a JSON string, any other as written, ", " and ": " between. The "\n\n"
-// before the block is the format's, not content. An invoke it cannot read
-// (no name, a malformed parameter) is content as written. Not thread-safe.
+// before the block is the format's, not content. An invoke without a name is
+// content as written; a parameter it cannot read, or text between
+// parameters, is dropped. Not thread-safe.
 #ifndef MOESH_ROUTER_CHAT_OUTPUT_H_
 #define MOESH_ROUTER_CHAT_OUTPUT_H_
 
@@ -41,7 +44,10 @@ struct ParsedToolCall {
   std::string arguments;
 };
 
-// What a chunk of text added.
+// What a chunk of text added. A call may come in pieces (DSML): its first
+// entry carries its index, id and name, later entries of the same index only
+// more of its arguments, to be appended; one delta holds at most one entry
+// per call.
 struct ChatDelta {
   std::string reasoning;
   std::string content;
@@ -90,9 +96,15 @@ class ChatOutputParser {
   // kContent with DSML calls: the content before the block's opening (less
   // the "\n\n" before it); true once the opening was taken.
   bool TakeDsmlContent(ChatDelta* out);
-  // One invoke's text (from `<｜DSML｜invoke` up to its end) as a call; false
-  // when it cannot be read.
-  bool ParseInvoke(absl::string_view invoke, ParsedToolCall* call) const;
+  // kTools with DSML, inside a call (open_call_): its next parameter or its
+  // end, `start` the first byte of pending_ that is not whitespace.
+  bool TakeDsmlParameter(ChatDelta* out, size_t start);
+  // A parameter's text (after `<｜DSML｜parameter`, before its end) as
+  // `"K": V`; false when it cannot be read.
+  static bool ParameterJson(absl::string_view param, std::string* json);
+  // Appends `piece` to out's calls, or to the last one's arguments when it
+  // continues that call.
+  static void AddCallPiece(ChatDelta* out, ParsedToolCall piece);
 
   const Options options_;
   const std::string dsml_open_;   // <｜DSML｜BLOCK>
@@ -101,6 +113,8 @@ class ChatOutputParser {
   std::string pending_;
   std::string raw_tools_;  // kTools: the opening marker until a call is taken
   int calls_ = 0;
+  bool open_call_ = false;  // DSML: a call's header was reported, not its end
+  int call_params_ = 0;     // DSML: the open call's parameters reported
 };
 
 }  // namespace moesh

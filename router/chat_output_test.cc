@@ -18,10 +18,19 @@ constexpr char kCall2[] =
 struct Total {
   std::string reasoning, content;
   std::vector<ParsedToolCall> calls;
+  // Calls in pieces (DSML) are joined: one entry per call.
   void Add(const ChatDelta& d) {
     reasoning += d.reasoning;
     content += d.content;
-    calls.insert(calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+    for (const ParsedToolCall& t : d.tool_calls) {
+      if (!calls.empty() && calls.back().index == t.index) {
+        EXPECT_TRUE(t.id.empty() && t.name.empty()) << "a call's later piece names it again";
+        calls.back().arguments += t.arguments;
+      } else {
+        EXPECT_FALSE(t.id.empty()) << "a call's first piece has no id";
+        calls.push_back(t);
+      }
+    }
   }
 };
 
@@ -245,13 +254,26 @@ TEST(ChatOutputParserTest, DsmlNewlinesWithoutBlockStayContent) {
   ASSERT_EQ(t.calls.size(), 1u);
 }
 
-TEST(ChatOutputParserTest, DsmlUnfinishedOrMalformedCallsAreContent) {
+TEST(ChatOutputParserTest, DsmlUnfinishedOrMalformedCalls) {
   const ChatOutputParser::Options o = Dsml("function_calls", false);
   const std::string open = "\n\n<｜DSML｜function_calls>\n";
-  const std::string half = open + "<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜param";
+  // Cut off inside the call's header: no call, the text as written.
+  const std::string half = open + "<｜DSML｜invoke name=\"get_wea";
   Total t = ParseEveryCut(o, "pre" + half);
   EXPECT_TRUE(t.calls.empty());
   EXPECT_EQ(t.content, "pre" + half);
+  // Cut off after it: the call (reported at its header) is closed.
+  t = ParseEveryCut(o, "pre" + open + "<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜param");
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].arguments, "{}");
+  EXPECT_EQ(t.content, "pre\n<｜DSML｜param");
+  // Text between parameters is dropped; an unreadable parameter too.
+  t = ParseEveryCut(o, open + "<｜DSML｜invoke name=\"f\">\njunk<｜DSML｜parameter oops" +
+                           "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"a\" string=\"true\">1" +
+                           "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>");
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].arguments, R"({"a": "1"})");
+  EXPECT_EQ(t.content, "");
   // A finished call stays a call; the unfinished one after it is content.
   t = ParseEveryCut(o, open + kInvokeParis + "\n<｜DSML｜invoke name=\"g");
   ASSERT_EQ(t.calls.size(), 1u);
@@ -264,20 +286,42 @@ TEST(ChatOutputParserTest, DsmlUnfinishedOrMalformedCallsAreContent) {
   EXPECT_EQ(t.content, open + bad);
 }
 
-TEST(ChatOutputParserTest, DsmlForcedOpeningFedFirst) {
-  // tool_choice naming a function: the prompt opened the call.
+TEST(ChatOutputParserTest, DsmlCallsStreamInPieces) {
+  // tool_choice naming a function: the prompt opened the call; its header is
+  // the call's first piece.
   ChatOutputParser p(Dsml("function_calls", true));
-  EXPECT_TRUE(
-      p.Feed("</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n")
-          .empty());
-  ChatDelta d = p.Feed(
-      "<｜DSML｜parameter name=\"city\" "
-      "string=\"true\">Oslo</｜DSML｜parameter>\n</｜DSML｜invoke>");
+  ChatDelta d =
+      p.Feed("</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n");
+  EXPECT_TRUE(d.reasoning.empty() && d.content.empty());
   ASSERT_EQ(d.tool_calls.size(), 1u);
   EXPECT_EQ(d.tool_calls[0].name, "get_weather");
-  EXPECT_EQ(d.tool_calls[0].arguments, R"({"city": "Oslo"})");
+  EXPECT_EQ(d.tool_calls[0].id, "call_0");
+  EXPECT_EQ(d.tool_calls[0].arguments, "");
+  d = p.Feed("<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜param");
+  EXPECT_TRUE(d.empty());
+  d = p.Feed("eter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>");
+  ASSERT_EQ(d.tool_calls.size(), 1u);  // two parameters, one piece
+  EXPECT_EQ(d.tool_calls[0].index, 0);
+  EXPECT_TRUE(d.tool_calls[0].id.empty() && d.tool_calls[0].name.empty());
+  EXPECT_EQ(d.tool_calls[0].arguments, R"({"city": "Oslo", "days": 3)");
+  d = p.Feed("\n</｜DSML｜invoke>");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "}");
   EXPECT_TRUE(p.Feed("\n</｜DSML｜function_calls>").empty());
   EXPECT_TRUE(p.Finish().empty());
+  EXPECT_EQ(p.tool_calls(), 1);
+}
+
+TEST(ChatOutputParserTest, DsmlCallCutOffIsClosed) {
+  // The text ends mid-call (max_tokens): the call's arguments are closed, the
+  // unfinished parameter is content.
+  const Total t = ParseEveryCut(
+      Dsml("tool_calls", false),
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n"
+      "<｜DSML｜parameter name=\"a\" string=\"false\">1</｜DSML｜parameter>\n<｜DSML｜para");
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].arguments, R"({"a": 1})");
+  EXPECT_EQ(t.content, "\n<｜DSML｜para");
 }
 
 }  // namespace

@@ -140,6 +140,9 @@ class OpenAiResponder {
     std::string reasoning;  // chat
     std::vector<ParsedToolCall> tool_calls;    // chat
     std::unique_ptr<ChatOutputParser> parser;  // chat
+    // Chat: the call the forced opening started (DSML reports it at its
+    // header), for the choice's first delta.
+    std::vector<ParsedToolCall> forced_calls;
     nlohmann::json logprobs;
     int text_offset = 0;  // completions: where the next token's text starts
     v1::FinalInfo final;
