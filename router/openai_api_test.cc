@@ -637,6 +637,42 @@ TEST(OpenAiApiTest, StreamsReasoningAndToolCallDeltas) {
   }
 }
 
+// DSML calls stream in pieces: the forced opening's call (id, name) in the
+// first chunk, then its arguments, joined by index as the SDKs do.
+TEST(OpenAiApiTest, StreamsDsmlCallsInPieces) {
+  std::unique_ptr<ChatTemplate> v4 = ChatTemplate::ForEncoder(ChatTemplate::Family::kV4);
+  absl::StatusOr<OpenAiRequest> r =
+      Parse({{"messages", {{{"role", "user"}, {"content", "x"}}}},
+             {"tools", Tools()},
+             {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
+             {"stream", true}},
+            true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(RenderChatPrompt(*v4, &*r).ok());
+  EXPECT_EQ(r->output.dsml_block, "tool_calls");
+  OpenAiResponder responder(*r, "chatcmpl-3", "tiny", 100, [](int32_t) { return ""; });
+  StreamedChat s;
+  for (const char* p : {"<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>",
+                        "\n<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>",
+                        "\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}) {
+    s.Add(responder.StreamEvents(Text(p)));
+  }
+  s.Add(responder.StreamEvents(FinalStop()));
+  EXPECT_EQ(s.finish, "tool_calls");
+  EXPECT_EQ(s.content, "");
+  ASSERT_EQ(s.calls.size(), 3u);  // one piece per message
+  EXPECT_EQ(s.calls[0]["id"], "call_chatcmpl-3_0_0");
+  EXPECT_EQ(s.calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(s.calls[0]["function"]["arguments"], R"({"city": "Oslo")");
+  std::string arguments;
+  for (const Json& c : s.calls) {
+    EXPECT_EQ(c["index"], 0);
+    arguments += c["function"]["arguments"].get<std::string>();
+  }
+  EXPECT_FALSE(s.calls[1].contains("id"));
+  EXPECT_EQ(arguments, R"({"city": "Oslo", "days": 2})");
+}
+
 TEST(ApiKeysTest, ChecksBearerKeys) {
   ApiKeys keys({"k1", "secret-2"});
   EXPECT_TRUE(keys.Check("Bearer k1").ok());
