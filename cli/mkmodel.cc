@@ -82,8 +82,11 @@ absl::Status RunMkmodel() {
   }
   RETURN_IF_ERROR(WriteRandomCheckpoint(config, out, opt));
   if (!opt.tokenizer_json.empty()) {  // the tokenizers have DeepSeek's special tokens: chat too
-    RETURN_IF_ERROR(
-        WriteStringToFile(JoinPath(out, "tokenizer_config.json"), DeepSeekTokenizerConfigJson()));
+    // V3.2 and V4 ship no chat template: the router renders their encoders' format.
+    const bool own_encoder =
+        config.model_type == "deepseek_v32" || config.model_type == "deepseek_v4";
+    RETURN_IF_ERROR(WriteStringToFile(JoinPath(out, "tokenizer_config.json"),
+                                      DeepSeekTokenizerConfigJson(!own_encoder)));
   }
   std::cout << "wrote " << config.model_type << " (" << family << "/" << preset << ") to " << out
             << "\n";

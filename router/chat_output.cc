@@ -5,7 +5,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/tokenizer/dsml_encoding.h"
 
 namespace moesh {
 namespace {
@@ -17,6 +19,10 @@ constexpr absl::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr absl::string_view kCallBegin = "<｜tool▁call▁begin｜>";
 constexpr absl::string_view kCallEnd = "<｜tool▁call▁end｜>";
 constexpr absl::string_view kSep = "<｜tool▁sep｜>";
+constexpr absl::string_view kInvokeBegin = "<｜DSML｜invoke";
+constexpr absl::string_view kInvokeEnd = "</｜DSML｜invoke>";
+constexpr absl::string_view kParamBegin = "<｜DSML｜parameter";
+constexpr absl::string_view kParamEnd = "</｜DSML｜parameter>";
 
 // The length of the longest suffix of `text` that is a proper prefix of
 // `marker`: text a later chunk may turn into the marker.
@@ -31,6 +37,8 @@ size_t PartialMarker(absl::string_view text, absl::string_view marker) {
 
 ChatOutputParser::ChatOutputParser(Options options)
     : options_(std::move(options)),
+      dsml_open_(absl::StrCat("<｜DSML｜", options_.dsml_block, ">")),
+      dsml_close_(absl::StrCat("</｜DSML｜", options_.dsml_block, ">")),
       state_(!options_.reasoning     ? State::kContent
              : options_.in_reasoning ? State::kReasoning
                                      : State::kMaybeThink) {}
@@ -64,12 +72,19 @@ void ChatOutputParser::Drain(ChatDelta* out) {
           pending_.clear();
           return;
         }
+        if (options_.tool_format == ToolFormat::kDsml) {
+          if (!TakeDsmlContent(out)) return;
+          state_ = State::kTools;
+          continue;
+        }
         if (!TakeUntil(kCallsBegin, &out->content)) return;
         raw_tools_ = std::string(kCallsBegin);
         state_ = State::kTools;
         continue;
       case State::kTools:
-        if (!TakeCall(out)) return;
+        if (!(options_.tool_format == ToolFormat::kDsml ? TakeDsmlCall(out) : TakeCall(out))) {
+          return;
+        }
         continue;
       case State::kAfterTools:
         out->content += pending_;
@@ -132,6 +147,125 @@ bool ChatOutputParser::TakeCall(ChatDelta* out) {
   return true;
 }
 
+bool ChatOutputParser::TakeDsmlContent(ChatDelta* out) {
+  const size_t at = pending_.find(dsml_open_);
+  if (at == std::string::npos) {
+    // Hold back what may become the opening, with the "\n\n" before it.
+    const size_t keep = std::max(PartialMarker(pending_, absl::StrCat("\n\n", dsml_open_)),
+                                 PartialMarker(pending_, dsml_open_));
+    out->content.append(pending_, 0, pending_.size() - keep);
+    pending_.erase(0, pending_.size() - keep);
+    return false;
+  }
+  const size_t cut = at >= 2 && pending_.compare(at - 2, 2, "\n\n") == 0 ? at - 2 : at;
+  out->content.append(pending_, 0, cut);
+  raw_tools_ = pending_.substr(cut, at + dsml_open_.size() - cut);
+  pending_.erase(0, at + dsml_open_.size());
+  return true;
+}
+
+void ChatOutputParser::AddCallPiece(ChatDelta* out, ParsedToolCall piece) {
+  if (!out->tool_calls.empty() && out->tool_calls.back().index == piece.index) {
+    out->tool_calls.back().arguments += piece.arguments;
+    return;
+  }
+  out->tool_calls.push_back(std::move(piece));
+}
+
+bool ChatOutputParser::TakeDsmlCall(ChatDelta* out) {
+  const size_t start = pending_.find_first_not_of(" \t\r\n");
+  if (start == std::string::npos) return false;
+  absl::string_view rest = absl::string_view(pending_).substr(start);
+  if (open_call_) return TakeDsmlParameter(out, start);
+  if (absl::StartsWith(rest, dsml_close_)) {
+    pending_.erase(0, start + dsml_close_.size());
+    raw_tools_.clear();
+    state_ = State::kAfterTools;
+    return true;
+  }
+  // A call starts with its header `<｜DSML｜invoke name="NAME">`: reported
+  // then, its arguments as its parameters come.
+  const std::string header = absl::StrCat(kInvokeBegin, " name=\"");
+  if (absl::StartsWith(rest, header)) {
+    const size_t name_end = rest.find("\">", header.size());
+    if (name_end == absl::string_view::npos) return false;
+    ParsedToolCall call;
+    call.index = calls_++;
+    call.id = absl::StrCat(options_.id_prefix, call.index);
+    call.name = std::string(rest.substr(header.size(), name_end - header.size()));
+    pending_.erase(0, start + name_end + 2);
+    raw_tools_.clear();
+    AddCallPiece(out, std::move(call));
+    open_call_ = true;
+    call_params_ = 0;
+    return true;
+  }
+  if (absl::StartsWith(header, rest)) return false;  // may still become the header
+  // Not a call: content as written, once the invoke it opened ends.
+  const size_t end = rest.find(kInvokeEnd);
+  if (end == absl::string_view::npos) return false;
+  absl::StrAppend(&out->content, raw_tools_, pending_.substr(0, start + end + kInvokeEnd.size()));
+  raw_tools_.clear();
+  pending_.erase(0, start + end + kInvokeEnd.size());
+  return true;
+}
+
+bool ChatOutputParser::TakeDsmlParameter(ChatDelta* out, size_t start) {
+  absl::string_view rest = absl::string_view(pending_).substr(start);
+  ParsedToolCall piece;
+  piece.index = calls_ - 1;
+  if (absl::StartsWith(rest, kInvokeEnd)) {
+    piece.arguments = call_params_ > 0 ? "}" : "{}";
+    pending_.erase(0, start + kInvokeEnd.size());
+    open_call_ = false;
+    AddCallPiece(out, std::move(piece));
+    return true;
+  }
+  if (!absl::StartsWith(rest, kParamBegin)) {
+    if (absl::StartsWith(kInvokeEnd, rest) || absl::StartsWith(kParamBegin, rest)) return false;
+    // Text the format does not have between parameters: dropped, up to the
+    // next marker.
+    const size_t next = std::min(rest.find(kParamBegin), rest.find(kInvokeEnd));
+    const size_t drop = next != absl::string_view::npos
+                            ? next
+                            : rest.size() - std::max(PartialMarker(rest, kInvokeEnd),
+                                                     PartialMarker(rest, kParamBegin));
+    if (drop == 0) return false;
+    pending_.erase(0, start + drop);
+    return true;
+  }
+  const size_t end = rest.find(kParamEnd);
+  if (end == absl::string_view::npos) return false;
+  const std::string param(rest.substr(kParamBegin.size(), end - kParamBegin.size()));
+  pending_.erase(0, start + end + kParamEnd.size());
+  std::string json;
+  if (!ParameterJson(param, &json)) return true;  // unreadable: dropped
+  piece.arguments = absl::StrCat(call_params_++ > 0 ? ", " : "{", json);
+  AddCallPiece(out, std::move(piece));
+  return true;
+}
+
+bool ChatOutputParser::ParameterJson(absl::string_view param, std::string* json) {
+  // ` name="K" string="true|false">V`
+  if (!absl::ConsumePrefix(&param, " name=\"")) return false;
+  const size_t key_end = param.find("\" string=\"");
+  if (key_end == absl::string_view::npos) return false;
+  const std::string key(param.substr(0, key_end));
+  param.remove_prefix(key_end + 10);
+  bool is_str;
+  if (absl::ConsumePrefix(&param, "true\">")) {
+    is_str = true;
+  } else if (absl::ConsumePrefix(&param, "false\">")) {
+    is_str = false;
+  } else {
+    return false;
+  }
+  *json = absl::StrCat(
+      PythonJsonDumps(nlohmann::ordered_json(key)), ": ",
+      is_str ? PythonJsonDumps(nlohmann::ordered_json(std::string(param))) : std::string(param));
+  return true;
+}
+
 ChatDelta ChatOutputParser::Finish() {
   ChatDelta out;
   Drain(&out);
@@ -145,6 +279,13 @@ ChatDelta ChatOutputParser::Finish() {
       out.reasoning += pending_;
       break;
     case State::kTools:
+      if (open_call_) {  // cut off mid-call: its arguments closed
+        ParsedToolCall piece;
+        piece.index = calls_ - 1;
+        piece.arguments = call_params_ > 0 ? "}" : "{}";
+        AddCallPiece(&out, std::move(piece));
+        open_call_ = false;
+      }
       // An unfinished call: its text, as written, is content.
       if (!absl::StripAsciiWhitespace(pending_).empty() || calls_ == 0) {
         absl::StrAppend(&out.content, raw_tools_, pending_);

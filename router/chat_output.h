@@ -11,7 +11,22 @@
 //   ```json\nARGS\n```<｜tool▁call▁end｜> (more calls, "\n" between) <｜tool▁calls▁end｜>
 // A call is reported whole once its `<｜tool▁call▁end｜>` came; the
 // arguments are the text between the fences as written (not re-encoded).
-// Text after `<｜tool▁calls▁end｜>` is content. Not thread-safe.
+// Text after `<｜tool▁calls▁end｜>` is content.
+//
+// Tool calls in DSML, as DeepSeek-V3.2 (BLOCK "function_calls") and V4
+// ("tool_calls") write them:
+//   \n\n<｜DSML｜BLOCK>\n<｜DSML｜invoke name="NAME">\n
+//   <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>\n ...
+//   </｜DSML｜invoke>\n (more invokes) </｜DSML｜BLOCK>
+// A call is reported in pieces as it streams: its id and name once its
+// header `<｜DSML｜invoke name="NAME">` came (arguments ""), then its arguments
+// a parameter at a time, closed at `</｜DSML｜invoke>` (or at Finish when cut
+// off): together the JSON object the reference decoder (encoding_dsv32.py's
+// decode_dsml_to_arguments) makes, {"K": V, ...} with a string="true" value
+// as a JSON string, any other as written, ", " and ": " between. The "\n\n"
+// before the block is the format's, not content. An invoke without a name is
+// content as written; a parameter it cannot read, or text between
+// parameters, is dropped. Not thread-safe.
 #ifndef MOESH_ROUTER_CHAT_OUTPUT_H_
 #define MOESH_ROUTER_CHAT_OUTPUT_H_
 
@@ -29,7 +44,10 @@ struct ParsedToolCall {
   std::string arguments;
 };
 
-// What a chunk of text added.
+// What a chunk of text added. A call may come in pieces (DSML): its first
+// entry carries its index, id and name, later entries of the same index only
+// more of its arguments, to be appended; one delta holds at most one entry
+// per call.
 struct ChatDelta {
   std::string reasoning;
   std::string content;
@@ -39,14 +57,18 @@ struct ChatDelta {
 
 class ChatOutputParser {
  public:
+  enum class ToolFormat { kDeepSeekV3, kDsml };
   struct Options {
     // Split reasoning off: the text up to `</think>` is reasoning. With
     // `in_reasoning` the text starts inside the block (the prompt opened
     // `<think>`); else only a text that starts with `<think>` has one.
     bool reasoning = false;
     bool in_reasoning = false;
-    // Parse tool calls out of the content.
+    // Parse tool calls out of the content, written in `tool_format` (kDsml:
+    // inside <｜DSML｜dsml_block>).
     bool tools = false;
+    ToolFormat tool_format = ToolFormat::kDeepSeekV3;
+    std::string dsml_block = "function_calls";
     // Call ids are id_prefix + the call's index.
     std::string id_prefix = "call_";
   };
@@ -69,12 +91,30 @@ class ChatOutputParser {
   // kTools: the next call (or the calls' end) out of pending_; false when
   // pending_ does not hold it whole yet.
   bool TakeCall(ChatDelta* out);
+  // TakeCall for DSML.
+  bool TakeDsmlCall(ChatDelta* out);
+  // kContent with DSML calls: the content before the block's opening (less
+  // the "\n\n" before it); true once the opening was taken.
+  bool TakeDsmlContent(ChatDelta* out);
+  // kTools with DSML, inside a call (open_call_): its next parameter or its
+  // end, `start` the first byte of pending_ that is not whitespace.
+  bool TakeDsmlParameter(ChatDelta* out, size_t start);
+  // A parameter's text (after `<｜DSML｜parameter`, before its end) as
+  // `"K": V`; false when it cannot be read.
+  static bool ParameterJson(absl::string_view param, std::string* json);
+  // Appends `piece` to out's calls, or to the last one's arguments when it
+  // continues that call.
+  static void AddCallPiece(ChatDelta* out, ParsedToolCall piece);
 
   const Options options_;
+  const std::string dsml_open_;   // <｜DSML｜BLOCK>
+  const std::string dsml_close_;  // </｜DSML｜BLOCK>
   State state_;
   std::string pending_;
   std::string raw_tools_;  // kTools: the opening marker until a call is taken
   int calls_ = 0;
+  bool open_call_ = false;  // DSML: a call's header was reported, not its end
+  int call_params_ = 0;     // DSML: the open call's parameters reported
 };
 
 }  // namespace moesh

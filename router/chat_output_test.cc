@@ -18,10 +18,19 @@ constexpr char kCall2[] =
 struct Total {
   std::string reasoning, content;
   std::vector<ParsedToolCall> calls;
+  // Calls in pieces (DSML) are joined: one entry per call.
   void Add(const ChatDelta& d) {
     reasoning += d.reasoning;
     content += d.content;
-    calls.insert(calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+    for (const ParsedToolCall& t : d.tool_calls) {
+      if (!calls.empty() && calls.back().index == t.index) {
+        EXPECT_TRUE(t.id.empty() && t.name.empty()) << "a call's later piece names it again";
+        calls.back().arguments += t.arguments;
+      } else {
+        EXPECT_FALSE(t.id.empty()) << "a call's first piece has no id";
+        calls.push_back(t);
+      }
+    }
   }
 };
 
@@ -157,6 +166,162 @@ TEST(ChatOutputParserTest, DeltasComeAsSoonAsDecided) {
   ASSERT_EQ(d.tool_calls.size(), 1u);
   EXPECT_EQ(p.tool_calls(), 1);
   EXPECT_TRUE(p.Finish().empty());
+}
+
+// DSML (DeepSeek-V3.2: "function_calls", V4: "tool_calls").
+constexpr char kInvokeParis[] =
+    "<｜DSML｜invoke name=\"get_weather\">\n"
+    "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>";
+constexpr char kInvokeRome[] =
+    "<｜DSML｜invoke name=\"get_weather\">\n"
+    "<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"units\" string=\"false\">[\"C\", \"F\"]</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>";
+
+ChatOutputParser::Options Dsml(const std::string& block, bool thinking) {
+  ChatOutputParser::Options o;
+  o.reasoning = thinking;
+  o.in_reasoning = thinking;
+  o.tools = true;
+  o.tool_format = ChatOutputParser::ToolFormat::kDsml;
+  o.dsml_block = block;
+  return o;
+}
+
+std::string Block(const std::string& block, const std::vector<std::string>& invokes) {
+  std::string text = "\n\n<｜DSML｜" + block + ">\n";
+  for (size_t i = 0; i < invokes.size(); ++i) text += (i ? "\n" : "") + invokes[i];
+  return text + "\n</｜DSML｜" + block + ">";
+}
+
+TEST(ChatOutputParserTest, DsmlCallsAfterContent) {
+  const Total t =
+      ParseEveryCut(Dsml("function_calls", false),
+                    "Let me check." + Block("function_calls", {kInvokeParis, kInvokeRome}));
+  EXPECT_EQ(t.reasoning, "");
+  EXPECT_EQ(t.content, "Let me check.");
+  ASSERT_EQ(t.calls.size(), 2u);
+  EXPECT_EQ(t.calls[0].name, "get_weather");
+  EXPECT_EQ(t.calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(t.calls[0].id, "call_0");
+  EXPECT_EQ(t.calls[1].index, 1);
+  EXPECT_EQ(t.calls[1].arguments, R"({"city": "Rome", "days": 2, "units": ["C", "F"]})");
+}
+
+TEST(ChatOutputParserTest, DsmlThinkingThenCallsV4) {
+  const Total t = ParseEveryCut(Dsml("tool_calls", true),
+                                "Need Paris.</think>" + Block("tool_calls", {kInvokeParis}));
+  EXPECT_EQ(t.reasoning, "Need Paris.");
+  EXPECT_EQ(t.content, "");
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].arguments, R"({"city": "Paris"})");
+  // V3.2's block name is content to a V4 parser, and the other way round.
+  const Total other =
+      ParseEveryCut(Dsml("tool_calls", false), Block("function_calls", {kInvokeParis}));
+  EXPECT_TRUE(other.calls.empty());
+  EXPECT_EQ(other.content, Block("function_calls", {kInvokeParis}));
+}
+
+TEST(ChatOutputParserTest, DsmlStringValuesBecomeJsonStrings) {
+  const std::string invoke =
+      "<｜DSML｜invoke name=\"say\">\n"
+      "<｜DSML｜parameter name=\"text\" string=\"true\">a \"quote\"\n\\ é</｜DSML｜parameter>\n"
+      "<｜DSML｜parameter name=\"n\" string=\"false\">{\"k\": null}</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>";
+  const Total t = ParseEveryCut(Dsml("function_calls", false), Block("function_calls", {invoke}));
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].name, "say");
+  EXPECT_EQ(t.calls[0].arguments, R"({"text": "a \"quote\"\n\\ é", "n": {"k": null}})");
+  // No parameters: an empty object.
+  const Total none =
+      ParseEveryCut(Dsml("function_calls", false),
+                    Block("function_calls", {"<｜DSML｜invoke name=\"now\">\n</｜DSML｜invoke>"}));
+  ASSERT_EQ(none.calls.size(), 1u);
+  EXPECT_EQ(none.calls[0].arguments, "{}");
+}
+
+TEST(ChatOutputParserTest, DsmlNewlinesWithoutBlockStayContent) {
+  Total t = ParseEveryCut(Dsml("function_calls", false), "a\n\nb\n\n<｜DSML｜funct");
+  EXPECT_EQ(t.content, "a\n\nb\n\n<｜DSML｜funct");
+  EXPECT_TRUE(t.calls.empty());
+  // The block without the blank line before it is still a block.
+  t = ParseEveryCut(
+      Dsml("function_calls", false),
+      "x<｜DSML｜function_calls>\n" + std::string(kInvokeParis) + "\n</｜DSML｜function_calls>");
+  EXPECT_EQ(t.content, "x");
+  ASSERT_EQ(t.calls.size(), 1u);
+}
+
+TEST(ChatOutputParserTest, DsmlUnfinishedOrMalformedCalls) {
+  const ChatOutputParser::Options o = Dsml("function_calls", false);
+  const std::string open = "\n\n<｜DSML｜function_calls>\n";
+  // Cut off inside the call's header: no call, the text as written.
+  const std::string half = open + "<｜DSML｜invoke name=\"get_wea";
+  Total t = ParseEveryCut(o, "pre" + half);
+  EXPECT_TRUE(t.calls.empty());
+  EXPECT_EQ(t.content, "pre" + half);
+  // Cut off after it: the call (reported at its header) is closed.
+  t = ParseEveryCut(o, "pre" + open + "<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜param");
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].arguments, "{}");
+  EXPECT_EQ(t.content, "pre\n<｜DSML｜param");
+  // Text between parameters is dropped; an unreadable parameter too.
+  t = ParseEveryCut(o, open + "<｜DSML｜invoke name=\"f\">\njunk<｜DSML｜parameter oops" +
+                           "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"a\" string=\"true\">1" +
+                           "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>");
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].arguments, R"({"a": "1"})");
+  EXPECT_EQ(t.content, "");
+  // A finished call stays a call; the unfinished one after it is content.
+  t = ParseEveryCut(o, open + kInvokeParis + "\n<｜DSML｜invoke name=\"g");
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.content, "\n<｜DSML｜invoke name=\"g");
+  // An invoke without a name is content as written; later calls still parse.
+  const std::string bad = "<｜DSML｜invoke>\n</｜DSML｜invoke>";
+  t = ParseEveryCut(o, open + bad + "\n" + kInvokeParis + "\n</｜DSML｜function_calls>");
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].index, 0);
+  EXPECT_EQ(t.content, open + bad);
+}
+
+TEST(ChatOutputParserTest, DsmlCallsStreamInPieces) {
+  // tool_choice naming a function: the prompt opened the call; its header is
+  // the call's first piece.
+  ChatOutputParser p(Dsml("function_calls", true));
+  ChatDelta d =
+      p.Feed("</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n");
+  EXPECT_TRUE(d.reasoning.empty() && d.content.empty());
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(d.tool_calls[0].id, "call_0");
+  EXPECT_EQ(d.tool_calls[0].arguments, "");
+  d = p.Feed("<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜param");
+  EXPECT_TRUE(d.empty());
+  d = p.Feed("eter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>");
+  ASSERT_EQ(d.tool_calls.size(), 1u);  // two parameters, one piece
+  EXPECT_EQ(d.tool_calls[0].index, 0);
+  EXPECT_TRUE(d.tool_calls[0].id.empty() && d.tool_calls[0].name.empty());
+  EXPECT_EQ(d.tool_calls[0].arguments, R"({"city": "Oslo", "days": 3)");
+  d = p.Feed("\n</｜DSML｜invoke>");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "}");
+  EXPECT_TRUE(p.Feed("\n</｜DSML｜function_calls>").empty());
+  EXPECT_TRUE(p.Finish().empty());
+  EXPECT_EQ(p.tool_calls(), 1);
+}
+
+TEST(ChatOutputParserTest, DsmlCallCutOffIsClosed) {
+  // The text ends mid-call (max_tokens): the call's arguments are closed, the
+  // unfinished parameter is content.
+  const Total t = ParseEveryCut(
+      Dsml("tool_calls", false),
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n"
+      "<｜DSML｜parameter name=\"a\" string=\"false\">1</｜DSML｜parameter>\n<｜DSML｜para");
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].arguments, R"({"a": 1})");
+  EXPECT_EQ(t.content, "\n<｜DSML｜para");
 }
 
 }  // namespace

@@ -113,9 +113,17 @@ absl::Status Run() {
   if (!o.http_listen.empty()) {
     HttpFrontOptions h;
     // A template of another family leaves chat completions refused, saying why.
-    absl::StatusOr<std::unique_ptr<ChatTemplate>> loaded = ChatTemplate::Load(dir);
+    // Without a template, DeepSeek-V3.2's and V4's own encoders.
+    absl::StatusOr<std::unique_ptr<ChatTemplate>> loaded =
+        ChatTemplate::Load(dir, config.model_type);
     if (loaded.ok()) {
       chat = std::move(*loaded);
+      if (chat == nullptr) {
+        h.no_chat_reason =
+            "the checkpoint has no chat template (tokenizer_config.json's chat_template or "
+            "chat_template.jinja) and its model_type '" +
+            config.model_type + "' no built-in encoder";
+      }
     } else {
       h.no_chat_reason = std::string(loaded.status().message());
       std::cerr << "router: no chat completions: " << h.no_chat_reason << std::endl;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "common/serving/generation_flow.h"
+#include "common/tokenizer/dsml_encoding.h"
 
 namespace moesh {
 namespace {
@@ -195,6 +196,42 @@ absl::Status ParseTools(const Json& j, OpenAiRequest* r) {
   return absl::OkStatus();
 }
 
+// The function definitions as the client wrote them (keys in its order), for
+// the encoders that render them.
+std::vector<std::string> ToolSchemas(absl::string_view body) {
+  const nlohmann::ordered_json j =
+      nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  std::vector<std::string> schemas;
+  for (const nlohmann::ordered_json& tool : j["tools"]) {  // validated by ParseTools
+    schemas.push_back(PythonJsonDumps(tool["function"]));
+  }
+  return schemas;
+}
+
+// chat_template_kwargs {"thinking": bool} (SGLang's and vLLM's switch;
+// "enable_thinking" too) and reasoning_effort.
+absl::Status ParseThinking(const Json& j, OpenAiRequest* r) {
+  Fields f(j);
+  if (const Json* k = f.Get("chat_template_kwargs"); k != nullptr) {
+    if (!k->is_object())
+      return Invalid("chat_template_kwargs", "chat_template_kwargs must be an object");
+    for (const char* key : {"thinking", "enable_thinking"}) {
+      auto it = k->find(key);
+      if (it == k->end() || it->is_null()) continue;
+      if (!it->is_boolean()) {
+        return Invalid(absl::StrCat("chat_template_kwargs.", key),
+                       absl::StrCat("chat_template_kwargs.", key, " must be a boolean"));
+      }
+      r->thinking = it->get<bool>();
+    }
+  }
+  if (const Json* e = f.Get("reasoning_effort"); e != nullptr) {
+    if (!e->is_string()) return Invalid("reasoning_effort", "reasoning_effort must be a string");
+    r->max_reasoning_effort = e->get<std::string>() == "max";
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseMessages(const Json& j, OpenAiRequest* r) {
   auto it = j.find("messages");
   if (it == j.end() || it->is_null()) return Invalid("messages", "messages is required");
@@ -214,6 +251,11 @@ absl::Status ParseMessages(const Json& j, OpenAiRequest* r) {
     }
     if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) {
       msg.tool_call_id = m["tool_call_id"].get<std::string>();
+    }
+    if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
+      if (!m["reasoning_content"].is_string())
+        return Invalid(param + ".reasoning_content", param + ".reasoning_content must be a string");
+      msg.reasoning_content = m["reasoning_content"].get<std::string>();
     }
     const Json content = m.contains("content") ? m["content"] : Json();
     msg.content_null = content.is_null();
@@ -397,7 +439,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool ch
   RETURN_IF_ERROR(chat ? ParseMessages(j, &r) : ParsePrompt(j, &r));
   if (chat) {
     RETURN_IF_ERROR(ParseTools(j, &r));
+    if (!r.tools.empty()) r.tool_schemas = ToolSchemas(body);
     RETURN_IF_ERROR(f.Bool("separate_reasoning", &r.separate_reasoning));
+    RETURN_IF_ERROR(ParseThinking(j, &r));
   } else if (f.Get("tools") != nullptr || f.Get("tool_choice") != nullptr) {
     return Invalid(f.Get("tools") != nullptr ? "tools" : "tool_choice",
                    "tools are only for /v1/chat/completions");
@@ -414,22 +458,42 @@ absl::StatusOr<std::string> RenderChatPrompt(const ChatTemplate& chat_template, 
     return Invalid("tools",
                    "this model's chat template has no tool-call format (use tool_choice \"none\")");
   }
-  absl::StatusOr<std::string> prompt =
-      chat_template.Render(r->messages, /*add_generation_prompt=*/true);
+  const bool dsml = chat_template.dsml();
+  ChatRenderOptions render;
+  render.thinking = r->thinking;
+  if (calls) render.tool_schemas = r->tool_schemas;
+  render.max_reasoning_effort = r->max_reasoning_effort;
+  absl::StatusOr<std::string> prompt = chat_template.RenderForGeneration(r->messages, render);
   if (!prompt.ok()) return Invalid("messages", prompt.status().message());
   ChatOutputParser::Options& o = r->output;
-  o.reasoning = chat_template.family() == ChatTemplate::Family::kR1 && r->separate_reasoning;
-  o.in_reasoning = absl::EndsWith(*prompt, "<think>\n");
+  o.reasoning = r->separate_reasoning &&
+                (dsml ? r->thinking : chat_template.family() == ChatTemplate::Family::kR1);
+  o.in_reasoning = absl::EndsWith(*prompt, dsml ? "<think>" : "<think>\n");
   o.tools = calls;
+  if (dsml) {
+    o.tool_format = ChatOutputParser::ToolFormat::kDsml;
+    o.dsml_block = std::string(DsmlBlockName(chat_template.family() == ChatTemplate::Family::kV32
+                                                 ? DsmlDialect::kV32
+                                                 : DsmlDialect::kV4));
+  }
   r->forced_output.clear();
   if (calls && (r->tool_choice == "required" || r->tool_choice == "function")) {
-    // The model must call: its turn opens with the call tokens (after an
+    // The model must call: its turn opens with the call's opening (after an
     // empty reasoning block where the prompt opened one).
-    if (o.in_reasoning) r->forced_output = "</think>\n\n";
-    absl::StrAppend(&r->forced_output, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function",
-                    "<｜tool▁sep｜>");
-    if (r->tool_choice == "function") {
-      absl::StrAppend(&r->forced_output, r->tool_choice_name, "\n```json\n");
+    if (dsml) {
+      if (o.in_reasoning) r->forced_output = "</think>";
+      absl::StrAppend(&r->forced_output, "\n\n<｜DSML｜", o.dsml_block,
+                      ">\n<｜DSML｜invoke name=\"");
+      if (r->tool_choice == "function") {
+        absl::StrAppend(&r->forced_output, r->tool_choice_name, "\">\n");
+      }
+    } else {
+      if (o.in_reasoning) r->forced_output = "</think>\n\n";
+      absl::StrAppend(&r->forced_output, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function",
+                      "<｜tool▁sep｜>");
+      if (r->tool_choice == "function") {
+        absl::StrAppend(&r->forced_output, r->tool_choice_name, "\n```json\n");
+      }
     }
     *prompt += r->forced_output;
   }

@@ -15,11 +15,17 @@
 // log-probabilities lead the arrays, the first token's null), and the
 // extensions other servers accept too: top_k, min_p, repetition_penalty,
 // ignore_eos, stop_token_ids. Chat: tools (function definitions, validated;
-// DeepSeek's V3/R1 templates do not render them into the prompt),
-// tool_choice ("none": no calls parsed; "auto"; "required" and a named
-// function: the assistant's turn is opened with the tool-call tokens (and the
-// name), so the model completes a call), separate_reasoning (default true:
-// an R1-style model's thinking goes to reasoning_content). Unknown fields are
+// DeepSeek's V3/R1 templates do not render them into the prompt, V3.2's and
+// V4's encoders do unless tool_choice is "none"), tool_choice ("none": no
+// calls parsed; "auto"; "required" and a named function: the assistant's turn
+// is opened with the tool-call tokens (and the name), so the model completes
+// a call), separate_reasoning (default true: an R1-style model's thinking
+// goes to reasoning_content), chat_template_kwargs {"thinking": bool} (V3.2,
+// V4: thinking mode, default off as DeepSeek's API for deepseek-chat;
+// "enable_thinking" is read too), reasoning_effort ("max": V4's instruction
+// for it; other values are accepted and change nothing), an assistant
+// message's reasoning_content (V3.2, V4 render it where the reference
+// encoders do). Unknown fields are
 // ignored, as OpenAI does; a known field this server cannot honour (best_of,
 // suffix, logit_bias, a response_format other than text) is INVALID_ARGUMENT
 // naming it.
@@ -60,7 +66,12 @@ struct OpenAiRequest {
   nlohmann::json tools = nlohmann::json::array();
   std::string tool_choice = "auto";
   std::string tool_choice_name;
+  // The function definitions as JSON texts, keys in the client's order
+  // (PythonJsonDumps), for the encoders that render them.
+  std::vector<std::string> tool_schemas;
   bool separate_reasoning = true;
+  bool thinking = false;              // chat_template_kwargs.thinking
+  bool max_reasoning_effort = false;  // reasoning_effort "max"
   // Chat: how the generated text splits into reasoning, content and tool
   // calls (RenderChatPrompt sets it from the template), and the text the
   // prompt already opened the assistant's turn with (fed to the parser
@@ -129,6 +140,9 @@ class OpenAiResponder {
     std::string reasoning;  // chat
     std::vector<ParsedToolCall> tool_calls;    // chat
     std::unique_ptr<ChatOutputParser> parser;  // chat
+    // Chat: the call the forced opening started (DSML reports it at its
+    // header), for the choice's first delta.
+    std::vector<ParsedToolCall> forced_calls;
     nlohmann::json logprobs;
     int text_offset = 0;  // completions: where the next token's text starts
     v1::FinalInfo final;

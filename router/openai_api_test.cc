@@ -503,6 +503,83 @@ TEST(OpenAiApiTest, NamedToolChoiceOpensTheCall) {
   EXPECT_TRUE(absl::EndsWith(*prompt, "<｜tool▁call▁begin｜>function<｜tool▁sep｜>")) << *prompt;
 }
 
+// DeepSeek-V3.2's encoder: the thinking switch, the tool definitions in the
+// client's key order, reasoning_content read, a named call opened in DSML and
+// parsed back into tool_calls.
+TEST(OpenAiApiTest, DsmlEncoderRequests) {
+  std::unique_ptr<ChatTemplate> v32 = ChatTemplate::ForEncoder(ChatTemplate::Family::kV32);
+  const std::string tool =
+      R"({"type": "function", "function": {"name": "get_weather", "parameters": )"
+      R"({"type": "object", "properties": {"city": {"type": "string"}}}, "description": "W"}})";
+  absl::StatusOr<OpenAiRequest> r =
+      ParseOpenAiRequest(R"({"messages": [{"role": "user", "content": "Oslo?"},)"
+                         R"( {"role": "assistant", "content": "Hm.", "reasoning_content": "old"},)"
+                         R"( {"role": "user", "content": "And Rome?"}], "tools": [)" +
+                             tool + R"(], "chat_template_kwargs": {"thinking": true}})",
+                         true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->thinking);
+  EXPECT_EQ(r->messages[1].reasoning_content, "old");
+  ASSERT_EQ(r->tool_schemas.size(), 1u);
+  EXPECT_EQ(r->tool_schemas[0],
+            R"({"name": "get_weather", "parameters": {"type": "object", "properties": )"
+            R"({"city": {"type": "string"}}}, "description": "W"})");
+  absl::StatusOr<std::string> prompt = RenderChatPrompt(*v32, &*r);
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_NE(prompt->find("<functions>\n" + r->tool_schemas[0] + "\n</functions>"),
+            std::string::npos)
+      << *prompt;
+  // The earlier turn's reasoning is dropped; the last user turn opens <think>.
+  EXPECT_EQ(prompt->find("old"), std::string::npos) << *prompt;
+  EXPECT_TRUE(absl::EndsWith(*prompt, "<｜User｜>And Rome?<｜Assistant｜><think>")) << *prompt;
+  EXPECT_TRUE(r->output.reasoning && r->output.in_reasoning && r->output.tools);
+  EXPECT_EQ(r->output.tool_format, ChatOutputParser::ToolFormat::kDsml);
+  EXPECT_EQ(r->output.dsml_block, "function_calls");
+  // Thinking off (the default): no reasoning; tool_choice "none" leaves the
+  // definitions out.
+  r = ParseOpenAiRequest(R"({"messages": [{"role": "user", "content": "Oslo?"}], "tools": [)" +
+                             tool + R"(], "tool_choice": "none"})",
+                         true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  prompt = RenderChatPrompt(*v32, &*r);
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_EQ(*prompt, "<｜begin▁of▁sentence｜><｜User｜>Oslo?<｜Assistant｜></think>");
+  EXPECT_FALSE(r->output.reasoning || r->output.in_reasoning || r->output.tools);
+  // A named function: the prompt opens its invoke; the model's parameters
+  // come back as tool_calls.
+  r = ParseOpenAiRequest(
+      R"({"messages": [{"role": "user", "content": "Oslo?"}], "tools": [)" + tool +
+          R"(], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},)"
+          R"( "chat_template_kwargs": {"thinking": true}})",
+      true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  prompt = RenderChatPrompt(*v32, &*r);
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_TRUE(absl::EndsWith(*prompt,
+                             "<｜Assistant｜><think></think>\n\n<｜DSML｜function_calls>\n"
+                             "<｜DSML｜invoke name=\"get_weather\">\n"))
+      << *prompt;
+  OpenAiResponder responder(*r, "chatcmpl-9", "tiny", 100, [](int32_t) { return ""; });
+  responder.Add(
+      Text("<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"));
+  responder.Add(Text("</｜DSML｜invoke>\n</｜DSML｜function_calls>"));
+  responder.Add(FinalStop());
+  const Json body = Json::parse(responder.Body());
+  const Json& choice = body["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], R"({"city": "Oslo"})");
+  // The switch's type is checked; reasoning_effort too.
+  for (const char* bad : {R"({"messages": [{"role": "user", "content": "x"}],)"
+                          R"( "chat_template_kwargs": {"thinking": 1}})",
+                          R"({"messages": [{"role": "user", "content": "x"}],)"
+                          R"( "reasoning_effort": 3})"}) {
+    absl::Status s = ParseOpenAiRequest(bad, true).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 // Deltas of a streamed chat, summed: reasoning, content, tool calls, finish.
 struct StreamedChat {
   std::string reasoning, content, finish;
@@ -558,6 +635,42 @@ TEST(OpenAiApiTest, StreamsReasoningAndToolCallDeltas) {
       EXPECT_EQ(s.content, "Let me think</think>Calling.");
     }
   }
+}
+
+// DSML calls stream in pieces: the forced opening's call (id, name) in the
+// first chunk, then its arguments, joined by index as the SDKs do.
+TEST(OpenAiApiTest, StreamsDsmlCallsInPieces) {
+  std::unique_ptr<ChatTemplate> v4 = ChatTemplate::ForEncoder(ChatTemplate::Family::kV4);
+  absl::StatusOr<OpenAiRequest> r =
+      Parse({{"messages", {{{"role", "user"}, {"content", "x"}}}},
+             {"tools", Tools()},
+             {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
+             {"stream", true}},
+            true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(RenderChatPrompt(*v4, &*r).ok());
+  EXPECT_EQ(r->output.dsml_block, "tool_calls");
+  OpenAiResponder responder(*r, "chatcmpl-3", "tiny", 100, [](int32_t) { return ""; });
+  StreamedChat s;
+  for (const char* p : {"<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>",
+                        "\n<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>",
+                        "\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}) {
+    s.Add(responder.StreamEvents(Text(p)));
+  }
+  s.Add(responder.StreamEvents(FinalStop()));
+  EXPECT_EQ(s.finish, "tool_calls");
+  EXPECT_EQ(s.content, "");
+  ASSERT_EQ(s.calls.size(), 3u);  // one piece per message
+  EXPECT_EQ(s.calls[0]["id"], "call_chatcmpl-3_0_0");
+  EXPECT_EQ(s.calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(s.calls[0]["function"]["arguments"], R"({"city": "Oslo")");
+  std::string arguments;
+  for (const Json& c : s.calls) {
+    EXPECT_EQ(c["index"], 0);
+    arguments += c["function"]["arguments"].get<std::string>();
+  }
+  EXPECT_FALSE(s.calls[1].contains("id"));
+  EXPECT_EQ(arguments, R"({"city": "Oslo", "days": 2})");
 }
 
 TEST(ApiKeysTest, ChecksBearerKeys) {

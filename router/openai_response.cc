@@ -8,6 +8,18 @@
 namespace moesh {
 namespace {
 
+// Appends a call's piece to `calls`: a new call, or more arguments of one
+// already there (ChatDelta's pieces).
+void AppendCall(ParsedToolCall piece, std::vector<ParsedToolCall>* calls) {
+  for (ParsedToolCall& c : *calls) {
+    if (c.index == piece.index) {
+      c.arguments += piece.arguments;
+      return;
+    }
+  }
+  calls->push_back(std::move(piece));
+}
+
 using Json = nlohmann::json;
 
 const char* FinishReason(v1::FinishReason r) {
@@ -56,7 +68,9 @@ OpenAiResponder::OpenAiResponder(const OpenAiRequest& request, std::string id, s
     o.id_prefix = absl::StrCat("call_", id_, "_", i, "_");
     c.parser = std::make_unique<ChatOutputParser>(std::move(o));
     // The text the prompt opened the turn with is the parser's, not the client's.
-    if (!request_.forced_output.empty()) c.parser->Feed(request_.forced_output);
+    if (!request_.forced_output.empty()) {
+      c.forced_calls = c.parser->Feed(request_.forced_output).tool_calls;
+    }
   }
 }
 
@@ -67,6 +81,10 @@ Json OpenAiResponder::Delta(const ChatDelta& d) {
   if (!d.tool_calls.empty()) {
     Json calls = Json::array();
     for (const ParsedToolCall& t : d.tool_calls) {
+      if (t.id.empty()) {  // more of a call's arguments
+        calls.push_back({{"index", t.index}, {"function", {{"arguments", t.arguments}}}});
+        continue;
+      }
       calls.push_back({{"index", t.index},
                        {"id", t.id},
                        {"type", "function"},
@@ -205,12 +223,18 @@ std::string OpenAiResponder::StreamEvents(const v1::GenerateResponse& m) {
   // marker cut across messages holds back comes with a later one.
   Json delta;
   if (chat) {
-    ChatDelta d = c.parser->Feed(text);
+    ChatDelta d;
+    d.tool_calls = std::move(c.forced_calls);
+    c.forced_calls.clear();
+    ChatDelta fed = c.parser->Feed(text);
+    d.reasoning = std::move(fed.reasoning);
+    d.content = std::move(fed.content);
+    for (ParsedToolCall& t : fed.tool_calls) AppendCall(std::move(t), &d.tool_calls);
     if (m.has_final()) {
       ChatDelta rest = c.parser->Finish();
       d.reasoning += rest.reasoning;
       d.content += rest.content;
-      for (ParsedToolCall& t : rest.tool_calls) d.tool_calls.push_back(std::move(t));
+      for (ParsedToolCall& t : rest.tool_calls) AppendCall(std::move(t), &d.tool_calls);
     }
     delta = Delta(d);
     if (delta.empty() && with_logprobs) delta["content"] = "";
@@ -267,8 +291,14 @@ void OpenAiResponder::Add(const v1::GenerateResponse& m) {
     auto take = [&c](ChatDelta d) {
       c.reasoning += d.reasoning;
       c.text += d.content;
-      for (ParsedToolCall& t : d.tool_calls) c.tool_calls.push_back(std::move(t));
+      for (ParsedToolCall& t : d.tool_calls) AppendCall(std::move(t), &c.tool_calls);
     };
+    if (!c.forced_calls.empty()) {
+      ChatDelta forced;
+      forced.tool_calls = std::move(c.forced_calls);
+      c.forced_calls.clear();
+      take(std::move(forced));
+    }
     take(c.parser->Feed(m.text()));
     if (m.has_final() && !c.done) {
       c.done = true;

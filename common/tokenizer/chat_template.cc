@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file_util.h"
+#include "common/tokenizer/dsml_encoding.h"
 #include "nlohmann/json.hpp"
 
 namespace moesh {
@@ -25,13 +26,13 @@ const char kDeepSeekV3ChatTemplate[] =
     R"jinja({{'<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}{%- endif %})jinja"
     R"jinja({%- endfor -%}{% if add_generation_prompt %}{{'<｜Assistant｜>'}}{% endif %})jinja";
 
-std::string DeepSeekTokenizerConfigJson() {
+std::string DeepSeekTokenizerConfigJson(bool with_chat_template) {
   nlohmann::json j;
   j["bos_token"] = "<｜begin▁of▁sentence｜>";
   j["eos_token"] = "<｜end▁of▁sentence｜>";
   j["add_bos_token"] = true;
   j["add_eos_token"] = false;
-  j["chat_template"] = kDeepSeekV3ChatTemplate;
+  if (with_chat_template) j["chat_template"] = kDeepSeekV3ChatTemplate;
   return j.dump(2) + "\n";
 }
 
@@ -50,7 +51,8 @@ std::string TokenText(const nlohmann::json& j, const char* key) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Load(const std::string& model_dir) {
+absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Load(const std::string& model_dir,
+                                                                 absl::string_view model_type) {
   const std::string config_path = JoinPath(model_dir, "tokenizer_config.json");
   nlohmann::json config = nlohmann::json::object();
   if (FileExists(config_path)) {
@@ -78,7 +80,11 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Load(const std::stri
     if (!text.ok()) return text.status();
     chat_template = *text;
   }
-  if (chat_template.empty()) return std::unique_ptr<ChatTemplate>();
+  if (chat_template.empty()) {
+    if (model_type == "deepseek_v32") return ForEncoder(Family::kV32);
+    if (model_type == "deepseek_v4") return ForEncoder(Family::kV4);
+    return std::unique_ptr<ChatTemplate>();
+  }
   return FromText(chat_template, TokenText(config, "bos_token"), TokenText(config, "eos_token"));
 }
 
@@ -109,9 +115,36 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromText(const std::
       family, think_prompt, last_system_wins, tools, std::move(bos_token), std::move(eos_token)));
 }
 
+std::unique_ptr<ChatTemplate> ChatTemplate::ForEncoder(Family family) {
+  ToolStyle tools;
+  tools.supported = true;
+  return std::unique_ptr<ChatTemplate>(new ChatTemplate(
+      family, /*think_prompt=*/false,
+      /*last_system_wins=*/false, tools, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"));
+}
+
+absl::StatusOr<std::string> ChatTemplate::RenderForGeneration(
+    const std::vector<ChatMessage>& messages, const ChatRenderOptions& options) const {
+  if (!dsml()) return Render(messages, /*add_generation_prompt=*/true);
+  DsmlEncodeOptions o;
+  o.thinking = options.thinking;
+  o.tool_schemas = options.tool_schemas;
+  o.max_reasoning_effort = options.max_reasoning_effort;
+  return EncodeDsmlMessages(family_ == Family::kV32 ? DsmlDialect::kV32 : DsmlDialect::kV4,
+                            messages, o);
+}
+
 absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                                  bool add_generation_prompt) const {
   if (messages.empty()) return absl::InvalidArgumentError("messages is empty");
+  if (dsml()) {
+    // The encoders always end in the generation prompt after a user turn.
+    if (!add_generation_prompt) {
+      return absl::InvalidArgumentError(
+          "DeepSeek-V3.2's and V4's encoders render prompts for generation only");
+    }
+    return RenderForGeneration(messages, ChatRenderOptions());
+  }
   for (const ChatMessage& m : messages) {
     const bool tool_role = m.role == "tool" && tools_.supported;
     if (m.role != "system" && m.role != "user" && m.role != "assistant" && !tool_role) {

@@ -22,7 +22,12 @@
 // separator between outputs). Neither template renders the request's tool
 // definitions (`tools`), so neither does this. A tool message or tool calls
 // on a template without tool branches are INVALID_ARGUMENT, as is a template
-// of another family. Immutable; thread-safe.
+// of another family.
+//
+// DeepSeek-V3.2 and V4 ship no Jinja template but Python encoders: a
+// checkpoint of those families without a template renders through
+// dsml_encoding.h (families kV32, kV4), with a thinking switch and the
+// request's tool definitions (ChatRenderOptions). Immutable; thread-safe.
 #ifndef MOESH_COMMON_TOKENIZER_CHAT_TEMPLATE_H_
 #define MOESH_COMMON_TOKENIZER_CHAT_TEMPLATE_H_
 
@@ -54,16 +59,36 @@ struct ChatMessage {
   bool content_null = false;    // content was null or absent (an assistant's tool-call turn)
   bool has_tool_calls = false;  // assistant: tool_calls given (possibly empty)
   std::vector<ChatToolCall> tool_calls;
-  std::string tool_call_id;  // tool: the call it answers (not rendered by these templates)
+  std::string tool_call_id;  // tool: the call it answers (V4's encoder orders results by it)
+  // assistant: its reasoning (rendered by V3.2's and V4's encoders for the
+  // turns after the last user message; the templates never render it).
+  std::string reasoning_content;
+};
+
+// How a request asks the prompt to be rendered, beyond its messages: only
+// DeepSeek-V3.2's and V4's encoders (families kV32, kV4) read these.
+struct ChatRenderOptions {
+  bool thinking = false;  // thinking mode: the model reasons inside <think> first
+  // The request's function definitions, each as its JSON text (see
+  // PythonJsonDumps in dsml_encoding.h).
+  std::vector<std::string> tool_schemas;
+  bool max_reasoning_effort = false;  // V4, thinking: reasoning_effort "max"
 };
 
 class ChatTemplate {
  public:
-  enum class Family { kV2, kV3, kR1 };
+  // kV32, kV4: no Jinja template; DeepSeek's own encoders (dsml_encoding.h).
+  enum class Family { kV2, kV3, kR1, kV32, kV4 };
 
-  // The template of the checkpoint in `model_dir`: null when it has none;
-  // INVALID_ARGUMENT for an unreadable tokenizer_config.json.
-  static absl::StatusOr<std::unique_ptr<ChatTemplate>> Load(const std::string& model_dir);
+  // The template of the checkpoint in `model_dir`; without one, the encoder
+  // of its model family (config.json's `model_type` given as `model_type`:
+  // deepseek_v32, deepseek_v4); null for a checkpoint of another family
+  // without a template. INVALID_ARGUMENT for an unreadable
+  // tokenizer_config.json.
+  static absl::StatusOr<std::unique_ptr<ChatTemplate>> Load(const std::string& model_dir,
+                                                            absl::string_view model_type = "");
+  // DeepSeek-V3.2's (kV32) or V4's (kV4) encoder.
+  static std::unique_ptr<ChatTemplate> ForEncoder(Family family);
   // From a template's text and the tokenizer's BOS and EOS strings;
   // INVALID_ARGUMENT naming what is unsupported when the text is of no
   // family above.
@@ -74,11 +99,19 @@ class ChatTemplate {
   Family family() const { return family_; }
   // Whether the template renders tool calls and tool results.
   bool supports_tools() const { return tools_.supported; }
+  // Whether it is one of DeepSeek's encoders (tool calls in DSML, a thinking
+  // switch, the request's tool definitions rendered).
+  bool dsml() const { return family_ == Family::kV32 || family_ == Family::kV4; }
   // The prompt text (BOS included: tokenize it without adding special
   // tokens). INVALID_ARGUMENT for an empty list, a role it cannot render, a
   // null content where the template needs text.
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
                                      bool add_generation_prompt) const;
+  // The prompt for the assistant's next turn (add_generation_prompt), with
+  // `options` where the family reads them (dsml()); the Jinja families ignore
+  // them.
+  absl::StatusOr<std::string> RenderForGeneration(const std::vector<ChatMessage>& messages,
+                                                  const ChatRenderOptions& options) const;
 
  private:
   // The variant of the template's tool branches.
@@ -110,8 +143,9 @@ class ChatTemplate {
 // mkmodel` writes into tokenizer_config.json, so the tiny models chat.
 extern const char kDeepSeekV3ChatTemplate[];
 // tokenizer_config.json for a checkpoint with the DeepSeek special tokens
-// (bos, eos and kDeepSeekV3ChatTemplate).
-std::string DeepSeekTokenizerConfigJson();
+// (bos, eos and, `with_chat_template`, kDeepSeekV3ChatTemplate: V3.2 and V4
+// ship none, their encoders stand in).
+std::string DeepSeekTokenizerConfigJson(bool with_chat_template = true);
 
 }  // namespace moesh
 

@@ -193,6 +193,8 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
                                                      "--set-string", "expert.placement.experts={0-3,4-7,0-1}"],
         "ucx transport": ["--set", "transport=ucx"],
         "nccl transport on GPUs": ["-f", os.path.join(chart, "values-gpu-deepseek.yaml"), "--set", "transport=nccl"],
+        "ingress": ["--set", "ingress.enabled=true,ingress.host=api.example.com,ingress.className=nginx",
+                    "--set-json", 'ingress.tls=[{"secretName": "api-tls", "hosts": ["api.example.com"]}]'],
     }
     for name, args in variants.items():
         rc, out, err = render(helm, chart, *args)
@@ -205,11 +207,14 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
         ("no router", ["--set", "router.replicas=0"], "router.replicas"),
         ("a misspelt value", ["--set", "decode.kvblocks=3"], "Additional property kvblocks"),
         ("a placement list of the wrong length", ["--set", "expert.placement.mode=list"], "one entry"),
+        ("an Ingress without the HTTP API", ["--set", "ingress.enabled=true,router.http.enabled=false"],
+         "needs router.http.enabled"),
     ]:
         rc, _, err = render(helm, chart, *args)
         c.check(f"helm template refuses {what}", rc != 0 and want in err, err.strip()[-300:])
 
     check_notes(c, helm, chart, tmp)
+    check_ingress(c, rendered)
     typecheck(c, node, rendered, src, tmp)
     for name, docs in rendered.items():
         check_manifests(c, name, docs, src)
@@ -224,6 +229,22 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
         check_flags(c, name, rendered[name], bin_dir, src, tmp)
     check_prometheus_relabeling(c, rendered["gpu-deepseek"], src, tmp)
     run_tiny_profile(c, rendered["cpu-tiny"], bin_dir, src, tmp, procs)
+
+
+def check_ingress(c, rendered):
+    """ingress.enabled: one Ingress to the router Service's http port; none by default."""
+    c.equal("default: no Ingress (ingress.enabled is off)", find(rendered["default"], "Ingress"), [])
+    docs = rendered["ingress"]
+    ing = one(docs, "Ingress", f"{FULLNAME}-router")
+    if not c.check("ingress: one Ingress for the router", ing is not None, str([d["kind"] for d in docs])):
+        return
+    rule = ing["spec"]["rules"][0]
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    svc_ports = [p["name"] for p in one(docs, "Service", backend["name"])["spec"]["ports"]]
+    c.equal("ingress: the Ingress routes its host's / to the router Service's http port",
+            (rule.get("host"), rule["http"]["paths"][0]["path"], backend["name"], backend["port"],
+             "http" in svc_ports, ing["spec"].get("ingressClassName"), ing["spec"]["tls"][0]["secretName"]),
+            ("api.example.com", "/", f"{FULLNAME}-router", {"name": "http"}, True, "nginx", "api-tls"))
 
 
 def check_notes(c, helm, chart, tmp):
@@ -250,6 +271,7 @@ TS_TYPES = {
     ("apps/v1", "StatefulSet"): "apps.StatefulSet", ("policy/v1", "PodDisruptionBudget"): "policy.PodDisruptionBudget",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "IServiceMonitor",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networking.NetworkPolicy",
+    ("networking.k8s.io/v1", "Ingress"): "networking.Ingress",
 }
 
 
