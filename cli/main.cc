@@ -97,12 +97,13 @@ const std::vector<Command>& Commands() {
        "      [--http_port=P] [--bin_dir=DIR]"
        " [--work_dir=DIR] [--api_keys_file=FILE] [--kv_blocks=N] [--device=cuda] "
        "[--expert_device=cuda:1[,cuda:2...]]\n"
-       "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}] [--tls]\n"
+       "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}]"
+       " [--dispatch_dtype={fp32,bf16,fp8}] [--tls]\n"
        "    routers (gRPC, and the OpenAI HTTP API), prefill, decode and expert workers on\n"
        "    loopback, until Ctrl-C",
        {"model", "port", "http_port", "api_keys_file", "expert_workers", "decode_workers",
         "routers", "bin_dir", "work_dir", "kv_blocks", "device", "expert_device", "transport",
-        "load_format", "tls"},
+        "dispatch_dtype", "load_format", "tls"},
        RunServeLocal},
       {"complete",
        "--server=HOST:PORT[,HOST:PORT...] (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"

@@ -431,12 +431,14 @@ TEST(DispatchWireTest, RequestAndResponseRoundTrip) {
   v1::DispatchRequest request;
   EncodeDispatchRequest(d, &request);
   EXPECT_EQ(request.hidden_states().size(), h.size() * sizeof(float));
-  absl::StatusOr<MoeDispatch> got = DecodeDispatchRequest(request);
-  ASSERT_TRUE(got.ok()) << got.status();
+  absl::StatusOr<DecodedDispatch> decoded = DecodeDispatchRequest(request);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const MoeDispatch* got = &decoded->dispatch;
   EXPECT_EQ(got->layer, 7);
   EXPECT_EQ(got->num_tokens, tokens);
   EXPECT_EQ(got->hidden, hidden);
   EXPECT_EQ(got->top_k, top_k);
+  EXPECT_TRUE(decoded->widened.empty()) << "fp32 is read from the message itself";
   EXPECT_EQ(std::vector<float>(got->hidden_f32(), got->hidden_f32() + h.size()), h);
   EXPECT_EQ(std::vector<int32_t>(got->topk_ids, got->topk_ids + ids.size()), ids);
   EXPECT_EQ(std::vector<float>(got->topk_weights, got->topk_weights + weights.size()), weights);
@@ -482,13 +484,16 @@ TEST(DispatchWireTest, MalformedRequestsAreInvalidArgument) {
     std::string message;
   };
   const Case cases[] = {
-      {[](v1::DispatchRequest* r) { r->set_num_tokens(-1); }, "dispatch with bad dimensions"},
-      {[](v1::DispatchRequest* r) { r->set_top_k(0); }, "dispatch with bad dimensions"},
-      {[](v1::DispatchRequest* r) { r->set_hidden(0); }, "dispatch with bad dimensions"},
+      {[](v1::DispatchRequest* r) { r->set_num_tokens(-1); },
+       "dispatch with bad dimensions (num_tokens -1, hidden 4, top_k 2)"},
+      {[](v1::DispatchRequest* r) { r->set_top_k(0); },
+       "dispatch with bad dimensions (num_tokens 2, hidden 4, top_k 0)"},
+      {[](v1::DispatchRequest* r) { r->set_hidden(0); },
+       "dispatch with bad dimensions (num_tokens 2, hidden 0, top_k 2)"},
       {[](v1::DispatchRequest* r) { r->set_num_tokens(3); },
-       "dispatch hidden_states holds 32 bytes, expected 48"},
+       "dispatch hidden_states holds 32 bytes, expected 48 (fp32)"},
       {[](v1::DispatchRequest* r) { r->mutable_hidden_states()->resize(31); },
-       "dispatch hidden_states holds 31 bytes, expected 32"},
+       "dispatch hidden_states holds 31 bytes, expected 32 (fp32)"},
       {[](v1::DispatchRequest* r) { r->add_topk_ids(0); },
        "dispatch topk_ids/topk_weights do not match num_tokens * top_k"},
       {[](v1::DispatchRequest* r) { r->mutable_topk_weights()->RemoveLast(); },
