@@ -47,6 +47,8 @@ const std::vector<Command>& Commands() {
        "    engine throughput in this process (--device=cuda: cuda_model_bench, its flags);\n"
        "  --load --model=DIR [--expert_workers=N] [--device=cuda]\n"
        "    load rate vs the disk's read rate (cold page cache where it can be dropped);\n"
+       "  --dispatch [--batch=1,32,256] [--hidden=7168] [--reps=N] [--transports=grpc,ucx]\n"
+       "    the host data plane per --dispatch_dtype (fp32, bf16, fp8) on loopback;\n"
        "  --serving --model=DIR [--concurrency=1,8,32] [--requests=N] [--prompt_len=N]\n"
        "      [--max_new_tokens=N] [--modes=cluster,cluster-http,cluster-nopp,cluster-ucx,\n"
        "      cluster-nccl,cluster-ipc,cluster-ipc-hostkv,colocated] [--device=cuda]\n"
@@ -66,6 +68,10 @@ const std::vector<Command>& Commands() {
         "decode_steps",
         "serving",
         "load",
+        "dispatch",
+        "hidden",
+        "reps",
+        "transports",
         "concurrency",
         "requests",
         "max_new_tokens",

@@ -4,6 +4,7 @@
 // UNAVAILABLE.
 #include "common/transport/transport.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -201,6 +202,24 @@ TEST_P(TransportTest, DispatchRoundTripsSmallAndLarge) {
     const Request req(tokens, hidden, 0.5f);
     const absl::Status s = Dispatch(*channel_, req);
     ASSERT_TRUE(s.ok()) << tokens << " x " << hidden << ": " << s;
+  }
+}
+
+// The narrower encodings (--dispatch_dtype) through each transport's own
+// message path: the answer within bf16's rounding of the doubled input (and
+// fp8's of the input; in process the floats pass as they are).
+TEST_P(TransportTest, NarrowEncodingsTravel) {
+  for (const char* dtype : {"bf16", "fp8"}) {
+    Request req(5, 300, 0.5f);  // groups of 128, 128, 44 a token for fp8
+    for (size_t i = 0; i < req.h.size(); ++i) req.h[i] = std::sin(0.1f * static_cast<float>(i));
+    req.d.wire = *ParseDispatchDType(dtype);
+    std::vector<float> out(req.h.size(), -1.0f);
+    ASSERT_TRUE(channel_->Dispatch(req.d, out.data()).ok()) << dtype;
+    // |sin| <= 1: fp8 within 2^-4 of a group's amax, then doubled and rounded to bf16.
+    const float input = std::string(dtype) == "fp8" ? 1.0f / 16 : 1.0f / 256;
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_NEAR(out[i], 2 * req.h[i], 2 * input + 3.0f / 256) << dtype << " " << i;
+    }
   }
 }
 
