@@ -89,8 +89,8 @@ absl::Status RunDispatchBench() {
   constexpr int kExperts = 8, kTopK = 2;
   std::printf("data plane alone on loopback: hidden %d, top-%d of %d experts, median of %d calls\n",
               hidden, kTopK, kExperts, reps);
-  std::printf("%-5s %-5s %7s %14s %14s %12s %10s %12s\n", "wire", "dtype", "tokens", "bytes/tok out",
-              "bytes/tok back", "median ms", "vs fp32", "max rel err");
+  std::printf("%-5s %-5s %7s %14s %14s %12s %10s %12s\n", "wire", "dtype", "tokens",
+              "bytes/tok out", "bytes/tok back", "median ms", "vs fp32", "max rel err");
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_transports), ',')) {
     const std::string transport_name(name);
     Doubler handler;

@@ -134,9 +134,9 @@ void EncodeDispatchRequest(const MoeDispatch& d, v1::DispatchRequest* r) {
 absl::StatusOr<DecodedDispatch> DecodeDispatchRequest(const v1::DispatchRequest& r) {
   const int64_t n = r.num_tokens();
   if (n < 0 || r.top_k() <= 0 || r.hidden() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dispatch with bad dimensions (num_tokens ", n, ", hidden ", r.hidden(),
-                     ", top_k ", r.top_k(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("dispatch with bad dimensions (num_tokens ", n,
+                                                   ", hidden ", r.hidden(), ", top_k ", r.top_k(),
+                                                   ")"));
   }
   ASSIGN_OR_RETURN(const WireDType encoding, FromProto(r.encoding(), true, "encoding"));
   ASSIGN_OR_RETURN(const WireDType reply, FromProto(r.reply_encoding(), false, "reply_encoding"));

@@ -34,7 +34,8 @@ struct Sample {
       : h(static_cast<size_t>(tokens) * hidden), ids(tokens * 2), weights(tokens * 2, 0.5f) {
     std::mt19937 rng(3);
     std::normal_distribution<float> n(0.0f, 1.0f);
-    for (size_t i = 0; i < h.size(); ++i) h[i] = n(rng) * std::pow(10.0f, static_cast<int>((i / hidden) % 5) - 2);
+    for (size_t i = 0; i < h.size(); ++i)
+      h[i] = n(rng) * std::pow(10.0f, static_cast<int>((i / hidden) % 5) - 2);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % 7);
     d.layer = 2, d.num_tokens = tokens, d.hidden = hidden, d.top_k = 2, d.wire = wire;
     d.hidden_states = h.data(), d.topk_ids = ids.data(), d.topk_weights = weights.data();
@@ -98,8 +99,8 @@ TEST(DispatchWireTest, EachEncodingRoundTripsWithinItsRounding) {
             // e4m3 keeps 3 mantissa bits: within 2^-4 of the value (2^-4 of
             // its group's amax at most; below e4m3's normals, its step).
             ASSERT_LE(std::fabs(y - x), std::ldexp(amax, -4)) << t << "," << c;
-            ASSERT_LE(std::fabs(y - x), std::max(std::ldexp(std::fabs(x), -4),
-                                                 std::ldexp(amax / 448, -10)))
+            ASSERT_LE(std::fabs(y - x),
+                      std::max(std::ldexp(std::fabs(x), -4), std::ldexp(amax / 448, -10)))
                 << t << "," << c;
           }
         }

@@ -123,7 +123,7 @@ class RemoteExpertClient : public ExpertClient {
   const int num_experts_;
   const std::chrono::milliseconds retry_after_;
   const DispatchWire wire_;
-  prometheus::Histogram* roundtrip_ = nullptr;  // null without metrics
+  prometheus::Histogram* roundtrip_ = nullptr;   // null without metrics
   prometheus::Counter* hidden_bytes_ = nullptr;  // host dispatches' hidden states sent
   prometheus::Counter* errors_ = nullptr;
 

@@ -14,7 +14,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-
 #include "common/engine/generate.h"
 #include "common/model/attention_model.h"
 #include "common/model/model.h"
@@ -190,7 +189,8 @@ TEST_P(DispatchDTypeTest, LogprobsStayNearFp32) {
   auto add = [&](double got, double want) {
     sum += std::fabs(got - want), worst = std::max(worst, std::fabs(got - want)), ++n;
   };
-  for (size_t t = 0; t + 1 < prompt.size(); ++t) add(r.prompt_logprobs.logprobs(t), lp[t][prompt[t + 1]]);
+  for (size_t t = 0; t + 1 < prompt.size(); ++t)
+    add(r.prompt_logprobs.logprobs(t), lp[t][prompt[t + 1]]);
   for (size_t k = 0; k < r.ids.size(); ++k) {
     const std::vector<double>& row = lp[prompt.size() - 1 + k];
     add(r.token_logprobs[k], row[r.ids[k]]);
