@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -29,7 +30,9 @@ ABSL_FLAG(bool, serving, false,
 ABSL_FLAG(bool, load, false,
           "Load rate instead: the checkpoint's files read raw (the disk's rate), then loaded as "
           "the CPU engine and an expert worker load them (bench_load.cc).");
-ABSL_FLAG(std::string, batch, "1,4,16", "The engine bench's batch sizes, comma-separated.");
+ABSL_FLAG(std::string, batch, "1,4,16",
+          "The engine bench's batch sizes (--dispatch: tokens a dispatch), comma-separated.");
+ABSL_DECLARE_FLAG(bool, dispatch);
 ABSL_FLAG(std::optional<int>, prompt_len, std::nullopt,
           "Prompt tokens per sequence (default: 128; --serving 64).");
 ABSL_FLAG(int, decode_steps, 32, "The engine bench's decode steps per batch size.");
@@ -133,6 +136,7 @@ absl::Status ExecCudaBench(const std::vector<std::string>& args) {
 absl::Status RunBench() {
   if (absl::GetFlag(FLAGS_serving)) return RunServingBench();
   if (absl::GetFlag(FLAGS_load)) return RunLoadBench();
+  if (absl::GetFlag(FLAGS_dispatch)) return RunDispatchBench();
   ASSIGN_OR_RETURN(const std::string dir, ModelFlag());
   ASSIGN_OR_RETURN(std::vector<int64_t> batches, ParseIntList("batch", absl::GetFlag(FLAGS_batch)));
   if (batches.empty()) return absl::InvalidArgumentError("--batch: at least one size");

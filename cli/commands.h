@@ -27,6 +27,10 @@ absl::Status RunOpenLoopBench();
 // disk's read rate measured in the same run (cli/bench_load.cc).
 absl::Status RunLoadBench();
 
+// `moesh bench --dispatch`: the host data plane per --dispatch_dtype on
+// loopback, fp32 the same run's baseline (cli/bench_dispatch.cc).
+absl::Status RunDispatchBench();
+
 // `moesh bench --device cuda ...` is cuda_model_bench's (the GPU engine
 // bench, tools/bench/model_bench.cc, with its own flags), since the moesh
 // command does not link CUDA: true when `args` (what follows "bench") ask

@@ -47,6 +47,8 @@ const std::vector<Command>& Commands() {
        "    engine throughput in this process (--device=cuda: cuda_model_bench, its flags);\n"
        "  --load --model=DIR [--expert_workers=N] [--device=cuda]\n"
        "    load rate vs the disk's read rate (cold page cache where it can be dropped);\n"
+       "  --dispatch [--batch=1,32,256] [--hidden=7168] [--reps=N] [--transports=grpc,ucx]\n"
+       "    the host data plane per --dispatch_dtype (fp32, bf16, fp8) on loopback;\n"
        "  --serving --model=DIR [--concurrency=1,8,32] [--requests=N] [--prompt_len=N]\n"
        "      [--max_new_tokens=N] [--modes=cluster,cluster-http,cluster-nopp,cluster-ucx,\n"
        "      cluster-nccl,cluster-ipc,cluster-ipc-hostkv,colocated] [--device=cuda]\n"
@@ -66,6 +68,10 @@ const std::vector<Command>& Commands() {
         "decode_steps",
         "serving",
         "load",
+        "dispatch",
+        "hidden",
+        "reps",
+        "transports",
         "concurrency",
         "requests",
         "max_new_tokens",
@@ -97,12 +103,13 @@ const std::vector<Command>& Commands() {
        "      [--http_port=P] [--bin_dir=DIR]"
        " [--work_dir=DIR] [--api_keys_file=FILE] [--kv_blocks=N] [--device=cuda] "
        "[--expert_device=cuda:1[,cuda:2...]]\n"
-       "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}] [--tls]\n"
+       "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}]"
+       " [--dispatch_dtype={fp32,bf16,fp8}] [--tls]\n"
        "    routers (gRPC, and the OpenAI HTTP API), prefill, decode and expert workers on\n"
        "    loopback, until Ctrl-C",
        {"model", "port", "http_port", "api_keys_file", "expert_workers", "decode_workers",
         "routers", "bin_dir", "work_dir", "kv_blocks", "device", "expert_device", "transport",
-        "load_format", "tls"},
+        "dispatch_dtype", "load_format", "tls"},
        RunServeLocal},
       {"complete",
        "--server=HOST:PORT[,HOST:PORT...] (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"

@@ -15,6 +15,7 @@
 #include "cli/local_cluster.h"
 #include "common/service/device_flags.h"
 #include "common/service/worker_util.h"
+#include "common/transport/dispatch_wire.h"
 
 ABSL_FLAG(int, port, 50051, "The router's port on 127.0.0.1 (0: any free one).");
 ABSL_FLAG(int, http_port, 0,
@@ -35,6 +36,9 @@ ABSL_FLAG(int, routers, 1,
 ABSL_FLAG(std::string, transport, "grpc",
           "The data plane between the attention and the expert workers: grpc, ucx, nccl (GPUs) "
           "or cuda_ipc (GPUs of one node).");
+ABSL_FLAG(std::string, dispatch_dtype, "fp32",
+          "The prefill and decode workers' --dispatch_dtype: how expert dispatches' hidden "
+          "states travel on the host wire (grpc, ucx): fp32, bf16 or fp8.");
 
 ABSL_FLAG(bool, tls, false,
           "Mutual TLS between the processes (the internal plane) with a throwaway CA and "
@@ -64,6 +68,10 @@ absl::Status RunServeLocal() {
   SetWorkerDevice(device, &opt);
   ASSIGN_OR_RETURN(opt.expert_devices, ExpertDevicesFlag());
   SetWorkerTransport(absl::GetFlag(FLAGS_transport), &opt);
+  const std::string dispatch_dtype = absl::GetFlag(FLAGS_dispatch_dtype);
+  RETURN_IF_ERROR(ParseDispatchDType(dispatch_dtype).status());
+  opt.prefill.dispatch.dispatch_dtype = dispatch_dtype;
+  opt.decode.dispatch.dispatch_dtype = dispatch_dtype;
   opt.bin_dir = BinDirFlag();
   opt.work_dir = absl::GetFlag(FLAGS_work_dir);
   if (opt.work_dir.empty()) opt.work_dir = absl::StrCat("/tmp/moesh-serve-local-", getpid());

@@ -119,10 +119,10 @@ TEST_F(ExpertServiceTest, RejectsMalformedDispatch) {
   // Well-formed views the dispatcher refuses.
   r = RandomRequest(2, 9);
   r.set_layer(0);  // dense layer
-  absl::StatusOr<MoeDispatch> d = DecodeDispatchRequest(r);
+  absl::StatusOr<DecodedDispatch> d = DecodeDispatchRequest(r);
   ASSERT_TRUE(d.ok()) << d.status();
   std::vector<float> out(static_cast<size_t>(2) * config_.hidden_size);
-  EXPECT_EQ(s.Dispatch(*d, out.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Dispatch(d->dispatch, out.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Dispatch(s, r, &resp).code(), absl::StatusCode::kInvalidArgument);
   r = RandomRequest(2, 9);
   r.set_topk_ids(0, 99);
@@ -180,15 +180,15 @@ TEST_F(ExpertServiceTest, ACpuWorkerRefusesDeviceMemoryThroughTheOneHandler) {
   o.batch_window = std::chrono::microseconds(0);
   ExpertService service(Stage(), "fp", o);
   const v1::DispatchRequest r = RandomRequest(2, 4);
-  absl::StatusOr<MoeDispatch> d = DecodeDispatchRequest(r);
+  absl::StatusOr<DecodedDispatch> d = DecodeDispatchRequest(r);
   ASSERT_TRUE(d.ok()) << d.status();
   std::vector<float> out(static_cast<size_t>(2) * config_.hidden_size);
-  MoeDispatch device = *d;
+  MoeDispatch device = d->dispatch;
   device.memory = DispatchMemory::CudaDevice(0);
   const absl::Status s = service.Dispatch(device, out.data());
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
   EXPECT_NE(s.message().find("takes host f32 dispatches, not cuda:0 bf16"), std::string::npos) << s;
-  EXPECT_TRUE(service.Dispatch(*d, out.data()).ok());
+  EXPECT_TRUE(service.Dispatch(d->dispatch, out.data()).ok());
 }
 
 }  // namespace

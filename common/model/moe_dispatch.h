@@ -59,6 +59,21 @@ struct MemoryKinds {
   }
 };
 
+// How a host dispatch travels where a transport carries it as a message
+// (grpc, ucx, nccl's host calls: common/transport/dispatch_wire.h): its
+// hidden states in fp32 (exact), bf16 (rounded to nearest even) or fp8 (e4m3
+// with a float32 scale per token per 128 channels: DeepEP's FP8 dispatch),
+// and its answer in fp32 or bf16. The sender picks (RemoteExpertClient,
+// --dispatch_dtype); the message names its encoding, so any receiver reads
+// any. Nothing else reads it: in process (inproc) and in device memory
+// (nccl's and cuda_ipc's Post) the buffers move as they are.
+enum class WireDType { kF32, kBF16, kFp8 };
+struct DispatchWire {
+  WireDType hidden = WireDType::kF32;  // kF32, kBF16 or kFp8
+  WireDType reply = WireDType::kF32;   // kF32 or kBF16
+  bool operator==(const DispatchWire& o) const { return hidden == o.hidden && reply == o.reply; }
+};
+
 struct MoeDispatch {
   int layer = 0;
   int num_tokens = 0;
@@ -69,6 +84,7 @@ struct MoeDispatch {
   const void* hidden_states = nullptr;
   const int32_t* topk_ids = nullptr;    // [num_tokens, top_k], in [0, n_routed_experts); -1: skip
   const float* topk_weights = nullptr;  // [num_tokens, top_k]
+  DispatchWire wire;                    // host dispatches sent as a message only
 
   // Host [num_experts = n_routed_experts]: nonzero for the experts whose
   // pairs to run where it goes (the rest are another worker's replicas);

@@ -15,6 +15,7 @@
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/internal_plane.h"
 #include "common/service/router_links.h"
+#include "common/transport/dispatch_wire.h"
 #include "common/transport/transport_registry.h"
 #include "moesh/v1/worker.grpc.pb.h"
 
@@ -115,6 +116,7 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
     ASSIGN_OR_RETURN(w.grpc_for_kv, MakeTransport("grpc"));  // the KV goes over gRPC beside it
   }
   ASSIGN_OR_RETURN(w.transport, MakeTransport(options.transport, cuda_device));
+  ASSIGN_OR_RETURN(const DispatchWire wire, ParseDispatchDType(options.dispatch_dtype));
   if (options.expert_workers.empty() && !options.router.empty()) {
     ASSIGN_OR_RETURN(
         ExpertPlacement placement,
@@ -122,7 +124,7 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
     ASSIGN_OR_RETURN(
         std::unique_ptr<RemoteExpertClient> remote,
         RemoteExpertClient::Create(w.transport.get(), placement, w.config.n_routed_experts,
-                                   std::chrono::seconds(5), options.metrics));
+                                   std::chrono::seconds(5), options.metrics, wire));
     RemoteExpertClient* client = remote.get();
     const int num_experts = w.config.n_routed_experts;
     // Retried at every heartbeat until it switches; a failure is logged once per version.
@@ -153,7 +155,7 @@ absl::StatusOr<AttentionWorker> SetUpAttentionWorker(const AttentionWorkerOption
                                        options.discovery_timeout));
     ASSIGN_OR_RETURN(w.experts, RemoteExpertClient::Create(
                                     w.transport.get(), placement, w.config.n_routed_experts,
-                                    std::chrono::seconds(5), options.metrics));
+                                    std::chrono::seconds(5), options.metrics, wire));
   }
   return w;
 }
@@ -168,6 +170,7 @@ AttentionWorkerOptions AttentionWorkerOptionsFrom(const ServerOptions& server,
   opt.transport = worker.transport;
   opt.router = worker.router;
   opt.discovery_timeout = std::chrono::seconds(dispatch.expert_discovery_timeout_s);
+  opt.dispatch_dtype = dispatch.dispatch_dtype;
   opt.metrics = metrics;
   opt.device = device;
   return opt;

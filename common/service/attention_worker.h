@@ -31,6 +31,8 @@ struct AttentionWorkerOptions {
   std::vector<std::string> expert_workers;
   std::string router;
   std::string transport = "grpc";
+  // --dispatch_dtype (ParseDispatchDType): the host wire's encoding of dispatches.
+  std::string dispatch_dtype = "fp32";
   // How long to wait for expert workers to come up.
   std::chrono::seconds discovery_timeout{60};
   Metrics* metrics = nullptr;  // may be null

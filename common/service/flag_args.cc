@@ -37,6 +37,7 @@ void AppendArgs(const ExpertDispatchOptions& o, std::vector<std::string>* args) 
   AddFlag(args, "expert_discovery_timeout_s", o.expert_discovery_timeout_s,
           d.expert_discovery_timeout_s);
   AddFlag(args, "micro_batches", o.micro_batches, d.micro_batches);
+  AddFlag(args, "dispatch_dtype", o.dispatch_dtype, d.dispatch_dtype);
 }
 
 void AppendArgs(const KvOptions& o, std::vector<std::string>* args) {

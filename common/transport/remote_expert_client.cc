@@ -8,15 +8,16 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "base/status.h"
+#include "common/transport/dispatch_wire.h"
 #include "kernels/cpu/ops.h"
 
 namespace moesh {
 
 absl::StatusOr<std::unique_ptr<RemoteExpertClient>> RemoteExpertClient::Create(
     Transport* transport, const ExpertPlacement& placement, int num_experts,
-    std::chrono::milliseconds retry_after, Metrics* metrics) {
+    std::chrono::milliseconds retry_after, Metrics* metrics, DispatchWire wire) {
   std::unique_ptr<RemoteExpertClient> c(
-      new RemoteExpertClient(transport, num_experts, retry_after));
+      new RemoteExpertClient(transport, num_experts, retry_after, wire));
   RETURN_IF_ERROR(c->UpdatePlacement(placement));
   if (metrics != nullptr) {
     c->roundtrip_ =
@@ -27,6 +28,13 @@ absl::StatusOr<std::unique_ptr<RemoteExpertClient>> RemoteExpertClient::Create(
              .Add({{"transport", std::string(transport->name())}}, Metrics::LatencyBuckets());
     c->errors_ = &metrics->CounterFamily("moesh_transport_errors_total", "Failed data-plane calls.")
                       .Add({{"transport", std::string(transport->name())}});
+    c->hidden_bytes_ =
+        &metrics
+             ->CounterFamily("moesh_expert_dispatch_bytes_total",
+                             "Hidden-state bytes of host dispatches sent to expert workers, as "
+                             "encoded on the wire (--dispatch_dtype; FP8 scales included).")
+             .Add({{"transport", std::string(transport->name())},
+                   {"encoding", WireDTypeName(wire.hidden)}});
   }
   return c;
 }
@@ -329,6 +337,7 @@ absl::Status RemoteExpertClient::RunHost(const Routing& routing, const std::vect
     // A worker with every pair (one worker, or one hosting all the experts
     // routed to) takes the dispatch as it is and writes `out` itself.
     MoeDispatch mine = d;
+    mine.wire = wire_;
     float* dst = out;
     if (!whole) {
       p.hidden_states.resize(p.rows.size() * row_floats);
@@ -343,6 +352,10 @@ absl::Status RemoteExpertClient::RunHost(const Routing& routing, const std::vect
       mine.topk_ids = p.topk_ids.data();
       mine.topk_weights = p.topk_weights.data();
       dst = p.out.data();
+    }
+    if (hidden_bytes_ != nullptr) {
+      hidden_bytes_->Increment(
+          static_cast<double>(WireHiddenBytes(wire_.hidden, mine.num_tokens, mine.hidden)));
     }
     pool_.Schedule([&, w, mine, dst] {
       absl::StatusOr<std::shared_ptr<DataChannel>> ch = Channel(workers[w].address);

@@ -49,9 +49,13 @@ using ExpertPlacement = std::map<std::string, std::vector<int>>;
 class RemoteExpertClient : public ExpertClient {
  public:
   // INVALID_ARGUMENT unless every expert in [0, num_experts) has a host.
+  // `wire`: how host dispatches travel where the transport carries them as
+  // messages (grpc, ucx, nccl's host calls: dispatch_wire.h;
+  // --dispatch_dtype); device dispatches move their buffers as they are.
   static absl::StatusOr<std::unique_ptr<RemoteExpertClient>> Create(
       Transport* transport, const ExpertPlacement& placement, int num_experts,
-      std::chrono::milliseconds retry_after = std::chrono::seconds(5), Metrics* metrics = nullptr);
+      std::chrono::milliseconds retry_after = std::chrono::seconds(5), Metrics* metrics = nullptr,
+      DispatchWire wire = {});
 
   absl::Status Run(const MoeDispatch& dispatch, float* out) override;
   // Runs the dispatch on the client's pool (threads reused, not one per call).
@@ -81,8 +85,9 @@ class RemoteExpertClient : public ExpertClient {
     std::vector<std::vector<int>> hosts;  // expert -> worker indices
     MemoryKinds kinds;                    // what every channel moves
   };
-  RemoteExpertClient(Transport* transport, int num_experts, std::chrono::milliseconds retry_after)
-      : transport_(transport), num_experts_(num_experts), retry_after_(retry_after) {}
+  RemoteExpertClient(Transport* transport, int num_experts, std::chrono::milliseconds retry_after,
+                     DispatchWire wire)
+      : transport_(transport), num_experts_(num_experts), retry_after_(retry_after), wire_(wire) {}
 
   // One attempt over the current routes; marks failed workers down.
   absl::Status RunOnce(const Routing& routing, const MoeDispatch& dispatch, float* out);
@@ -117,7 +122,9 @@ class RemoteExpertClient : public ExpertClient {
   Transport* const transport_;
   const int num_experts_;
   const std::chrono::milliseconds retry_after_;
-  prometheus::Histogram* roundtrip_ = nullptr;  // null without metrics
+  const DispatchWire wire_;
+  prometheus::Histogram* roundtrip_ = nullptr;   // null without metrics
+  prometheus::Counter* hidden_bytes_ = nullptr;  // host dispatches' hidden states sent
   prometheus::Counter* errors_ = nullptr;
 
   mutable absl::Mutex mu_;

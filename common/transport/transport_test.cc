@@ -4,6 +4,7 @@
 // UNAVAILABLE.
 #include "common/transport/transport.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -202,6 +203,24 @@ TEST_P(TransportTest, DispatchRoundTripsSmallAndLarge) {
     const Request req(tokens, hidden, 0.5f);
     const absl::Status s = Dispatch(*channel_, req);
     ASSERT_TRUE(s.ok()) << tokens << " x " << hidden << ": " << s;
+  }
+}
+
+// The narrower encodings (--dispatch_dtype) through each transport's own
+// message path: the answer within bf16's rounding of the doubled input (and
+// fp8's of the input; in process the floats pass as they are).
+TEST_P(TransportTest, NarrowEncodingsTravel) {
+  for (const char* dtype : {"bf16", "fp8"}) {
+    Request req(5, 300, 0.5f);  // groups of 128, 128, 44 a token for fp8
+    for (size_t i = 0; i < req.h.size(); ++i) req.h[i] = std::sin(0.1f * static_cast<float>(i));
+    req.d.wire = *ParseDispatchDType(dtype);
+    std::vector<float> out(req.h.size(), -1.0f);
+    ASSERT_TRUE(channel_->Dispatch(req.d, out.data()).ok()) << dtype;
+    // |sin| <= 1: fp8 within 2^-4 of a group's amax, then doubled and rounded to bf16.
+    const float input = std::string(dtype) == "fp8" ? 1.0f / 16 : 1.0f / 256;
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_NEAR(out[i], 2 * req.h[i], 2 * input + 3.0f / 256) << dtype << " " << i;
+    }
   }
 }
 
@@ -432,12 +451,14 @@ TEST(DispatchWireTest, RequestAndResponseRoundTrip) {
   v1::DispatchRequest request;
   EncodeDispatchRequest(d, &request);
   EXPECT_EQ(request.hidden_states().size(), h.size() * sizeof(float));
-  absl::StatusOr<MoeDispatch> got = DecodeDispatchRequest(request);
-  ASSERT_TRUE(got.ok()) << got.status();
+  absl::StatusOr<DecodedDispatch> decoded = DecodeDispatchRequest(request);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const MoeDispatch* got = &decoded->dispatch;
   EXPECT_EQ(got->layer, 7);
   EXPECT_EQ(got->num_tokens, tokens);
   EXPECT_EQ(got->hidden, hidden);
   EXPECT_EQ(got->top_k, top_k);
+  EXPECT_TRUE(decoded->widened.empty()) << "fp32 is read from the message itself";
   EXPECT_EQ(std::vector<float>(got->hidden_f32(), got->hidden_f32() + h.size()), h);
   EXPECT_EQ(std::vector<int32_t>(got->topk_ids, got->topk_ids + ids.size()), ids);
   EXPECT_EQ(std::vector<float>(got->topk_weights, got->topk_weights + weights.size()), weights);
@@ -483,13 +504,16 @@ TEST(DispatchWireTest, MalformedRequestsAreInvalidArgument) {
     std::string message;
   };
   const Case cases[] = {
-      {[](v1::DispatchRequest* r) { r->set_num_tokens(-1); }, "dispatch with bad dimensions"},
-      {[](v1::DispatchRequest* r) { r->set_top_k(0); }, "dispatch with bad dimensions"},
-      {[](v1::DispatchRequest* r) { r->set_hidden(0); }, "dispatch with bad dimensions"},
+      {[](v1::DispatchRequest* r) { r->set_num_tokens(-1); },
+       "dispatch with bad dimensions (num_tokens -1, hidden 4, top_k 2)"},
+      {[](v1::DispatchRequest* r) { r->set_top_k(0); },
+       "dispatch with bad dimensions (num_tokens 2, hidden 4, top_k 0)"},
+      {[](v1::DispatchRequest* r) { r->set_hidden(0); },
+       "dispatch with bad dimensions (num_tokens 2, hidden 0, top_k 2)"},
       {[](v1::DispatchRequest* r) { r->set_num_tokens(3); },
-       "dispatch hidden_states holds 32 bytes, expected 48"},
+       "dispatch hidden_states holds 32 bytes, expected 48 (fp32)"},
       {[](v1::DispatchRequest* r) { r->mutable_hidden_states()->resize(31); },
-       "dispatch hidden_states holds 31 bytes, expected 32"},
+       "dispatch hidden_states holds 31 bytes, expected 32 (fp32)"},
       {[](v1::DispatchRequest* r) { r->add_topk_ids(0); },
        "dispatch topk_ids/topk_weights do not match num_tokens * top_k"},
       {[](v1::DispatchRequest* r) { r->mutable_topk_weights()->RemoveLast(); },

@@ -237,6 +237,11 @@ def build():
     d.panel("timeseries", "Transport errors", "Failed data-plane calls per second.",
             [(f"sum by (service, transport) (rate({sel('moesh_transport_errors_total')}[{RATE}]))",
               "{{service}} {{transport}}")], unit="short")
+    d.panel("timeseries", "Expert dispatch bytes",
+            "Hidden-state bytes per second sent to expert workers, by attention-side service and wire "
+            "encoding (--dispatch_dtype: fp32, bf16, fp8 with its scales).",
+            [(f"sum by (service, encoding) (rate({sel('moesh_expert_dispatch_bytes_total')}[{RATE}]))",
+              "{{service}} {{encoding}}")], unit="Bps")
     d.panel("timeseries", "KV transfer", "KV cache bytes per second handed from prefill to decode workers.",
             [(f"sum by (instance) (rate({sel('moesh_kv_transfer_bytes_total', service='prefill_worker')}[{RATE}]))",
               "{{instance}}")], unit="Bps")

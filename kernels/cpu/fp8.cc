@@ -29,6 +29,20 @@ void QuantizeFp8Rows(const float* x, uint8_t* q, float* scale, int m, int k, int
   }
 }
 
+void DequantizeFp8Rows(const uint8_t* q, const float* scale, float* x, int m, int k) {
+  float lut[256];
+  for (int c = 0; c < 256; ++c) lut[c] = F8E4M3ToF32(static_cast<uint8_t>(c));
+  const int kb = Fp8Blocks(k);
+  for (int i = 0; i < m; ++i) {
+    const size_t row = static_cast<size_t>(i) * k;
+    for (int b = 0; b < kb; ++b) {
+      const float s = scale[static_cast<size_t>(i) * kb + b];
+      const int c1 = std::min(k, (b + 1) * kFp8Block);
+      for (int c = b * kFp8Block; c < c1; ++c) x[row + c] = lut[q[row + c]] * s;
+    }
+  }
+}
+
 void QuantizeFp8Blocks(const float* w, uint8_t* q, float* scale, int n, int k) {
   const int nb = Fp8Blocks(n), kb = Fp8Blocks(k);
   for (int bj = 0; bj < nb; ++bj) {

@@ -25,6 +25,11 @@ constexpr int Fp8Blocks(int n) { return (n + kFp8Block - 1) / kFp8Block; }
 // stride (0: k).
 void QuantizeFp8Rows(const float* x, uint8_t* q, float* scale, int m, int k, int ldx = 0);
 
+// The inverse: x[m, k] = e4m3(q) * scale[i, c / 128] (scales as
+// QuantizeFp8Rows writes them; e.g. the FP8 expert dispatch's hidden states,
+// common/transport/dispatch_wire.h).
+void DequantizeFp8Rows(const uint8_t* q, const float* scale, float* x, int m, int k);
+
 // The same with one scale per 128 x 128 block: scale[Fp8Blocks(n),
 // Fp8Blocks(k)] (a weight quantized at load, `--quantization fp8`).
 void QuantizeFp8Blocks(const float* w, uint8_t* q, float* scale, int n, int k);

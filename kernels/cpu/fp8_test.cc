@@ -52,6 +52,23 @@ TEST(Fp8Test, RowQuantizationKeepsValuesWithinRounding) {
   }
 }
 
+TEST(Fp8Test, DequantizeRowsInvertsQuantizeRows) {
+  std::mt19937 rng(5);
+  const int m = 3, k = 200;  // the last block is 72 wide
+  const std::vector<float> x = Randn(static_cast<size_t>(m) * k, rng, 2.0f);
+  std::vector<uint8_t> q(x.size());
+  std::vector<float> scale(static_cast<size_t>(m) * Fp8Blocks(k)), back(x.size(), -1.0f);
+  QuantizeFp8Rows(x.data(), q.data(), scale.data(), m, k);
+  DequantizeFp8Rows(q.data(), scale.data(), back.data(), m, k);
+  for (int i = 0; i < m; ++i) {
+    for (int c = 0; c < k; ++c) {
+      // Each element with its own row's and block's scale (bit-exact).
+      EXPECT_EQ(back[i * k + c], F8E4M3ToF32(q[i * k + c]) * scale[i * Fp8Blocks(k) + c / 128])
+          << i << "," << c;
+    }
+  }
+}
+
 TEST(Fp8Test, BlockLinearIsTheLinearOfTheDequantizedOperands) {
   std::mt19937 rng(11);
   const int m = 3, n = 200, k = 384;

@@ -23,14 +23,15 @@ namespace {
 void FuzzDispatchRequest(const uint8_t* data, size_t size) {
   moesh::v1::DispatchRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return;
-  absl::StatusOr<moesh::MoeDispatch> d = moesh::DecodeDispatchRequest(request);
-  if (!d.ok()) return;
-  if (d->num_tokens < 0 || d->hidden < 1 || d->top_k < 1) abort();
+  absl::StatusOr<moesh::DecodedDispatch> decoded = moesh::DecodeDispatchRequest(request);
+  if (!decoded.ok()) return;
+  const moesh::MoeDispatch& d = decoded->dispatch;
+  if (d.num_tokens < 0 || d.hidden < 1 || d.top_k < 1) abort();
   double sum = 0;
-  const float* hidden = d->hidden_f32();
-  for (int64_t i = 0; i < int64_t{d->num_tokens} * d->hidden; ++i) sum += hidden[i];
-  for (int64_t i = 0; i < int64_t{d->num_tokens} * d->top_k; ++i) {
-    sum += d->topk_ids[i] + d->topk_weights[i];
+  const float* hidden = d.hidden_f32();
+  for (int64_t i = 0; i < int64_t{d.num_tokens} * d.hidden; ++i) sum += hidden[i];
+  for (int64_t i = 0; i < int64_t{d.num_tokens} * d.top_k; ++i) {
+    sum += d.topk_ids[i] + d.topk_weights[i];
   }
   volatile double sink = sum;
   (void)sink;
@@ -61,7 +62,7 @@ void FuzzDispatchResponse(const uint8_t* data, size_t size) {
     r->mutable_topk_weights()->Resize(3 * 2, 0.5f);
     return r;
   }();
-  const moesh::MoeDispatch d = *moesh::DecodeDispatchRequest(*request);
+  const moesh::MoeDispatch d = moesh::DecodeDispatchRequest(*request)->dispatch;
   std::vector<float> out(3 * 4);
   (void)moesh::DecodeDispatchResponse(response, d, "fuzz", out.data());
 }

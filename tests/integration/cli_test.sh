@@ -107,6 +107,15 @@ expect_error "--kv_blocks is a flag of moesh serve-local, not of moesh bench" be
 expect_error "--family is a flag of moesh mkmodel, not of moesh complete" complete --server 127.0.0.1:1 --family v3
 expect_error "--transport is a flag of moesh serve-local, not of moesh generate" generate --model "$TMP/v2l" \
   --transport ucx
+expect_error "--dispatch_dtype 'fp16': expected fp32, bf16 or fp8" serve-local --model "$TMP/v3" \
+  --dispatch_dtype fp16
+expect_error "--transports: 'carrier' (grpc or ucx" bench --dispatch --transports carrier
+# bench --dispatch: one row per encoding, fp32 exact, fp8 a quarter of fp32's bytes (plus scales).
+out=$("$MOESH" bench --dispatch --batch 2 --hidden 256 --reps 1 --transports grpc)
+printf '%s\n' "$out" | python3 -c 'import sys; rows=[l.split() for l in sys.stdin if l.startswith("grpc")]; \
+assert [r[1] for r in rows]==["fp32","bf16","fp8"], rows; \
+assert [int(r[3]) for r in rows]==[1024,512,264], rows; assert float(rows[0][7])==0, rows' \
+  || fail "bench --dispatch: $out"
 expect_error "--flagfile is not a flag of moesh mkmodel" mkmodel --family v3 --out "$TMP/y" --flagfile /dev/null
 expect_error "unexpected argument" generate --model "$TMP/v2l" --prompt_ids 1 stray
 expect_error "--top_k needs a value" generate --model "$TMP/v2l" --prompt_ids 1 --top_k

@@ -118,6 +118,7 @@ void SetAll(ExpertDispatchOptions* d) {
   d->expert_workers = {"e0:1", "e1:2"};
   d->expert_discovery_timeout_s = 5;
   d->micro_batches = 3;
+  d->dispatch_dtype = "fp8";
 }
 
 void SetAll(KvOptions* k) {
