@@ -25,6 +25,19 @@
 
 namespace moesh::cuda::testing {
 
+// A checkpoint (a golden's) opened and validated against its config.
+struct CheckedCheckpoint {
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> ckpt;
+};
+inline absl::StatusOr<CheckedCheckpoint> OpenChecked(const std::string& dir) {
+  CheckedCheckpoint l;
+  ASSIGN_OR_RETURN(l.config, ModelConfig::Load(dir));
+  ASSIGN_OR_RETURN(l.ckpt, Checkpoint::Open(dir));
+  RETURN_IF_ERROR(ValidateCheckpoint(l.config, *l.ckpt));
+  return l;
+}
+
 inline std::vector<double> LogSoftmax(const float* x, int n) {
   double m = -INFINITY;
   for (int i = 0; i < n; ++i) m = std::max(m, static_cast<double>(x[i]));

@@ -49,22 +49,12 @@ using testing::RelMaxErr;
 
 const std::string kGoldenV3 = testing::GoldenDir("v3");
 
-struct Loaded {
-  ModelConfig config;
-  std::unique_ptr<Checkpoint> ckpt;
-};
-
-absl::StatusOr<Loaded> Open(const std::string& dir) {
-  Loaded l;
-  ASSIGN_OR_RETURN(l.config, ModelConfig::Load(dir));
-  ASSIGN_OR_RETURN(l.ckpt, Checkpoint::Open(dir));
-  RETURN_IF_ERROR(ValidateCheckpoint(l.config, *l.ckpt));
-  return l;
-}
+using Loaded = testing::CheckedCheckpoint;
+using testing::OpenChecked;
 
 TEST(CudaExpertStageTest, MatchesCpuStageOnItsShardAndAfterAddShard) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(kGoldenV3));
   const ModelConfig& c = m.config;
   const std::set<int> shard = {1, 3, 4};
   MOESH_ASSERT_OK_AND_ASSIGN(auto cpu_w, ExpertShardWeights::Load(c, *m.ckpt, shard));
@@ -137,7 +127,7 @@ INSTANTIATE_TEST_SUITE_P(Goldens, NewFamiliesExpertStageTest, ::testing::Values(
 
 TEST_P(NewFamiliesExpertStageTest, MatchesCpuStage) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(testing::GoldenDir(GetParam())));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(testing::GoldenDir(GetParam())));
   const ModelConfig& c = m.config;
   MOESH_ASSERT_OK_AND_ASSIGN(auto cpu_w, ExpertShardWeights::Load(c, *m.ckpt, {}));
   MOESH_ASSERT_OK_AND_ASSIGN(auto gpu_w, ExpertShardWeights::Load(c, *m.ckpt, {}));
@@ -220,7 +210,7 @@ std::vector<std::vector<float>> RunGreedy(AttentionBackend* b, ExpertClient* exp
 
 TEST(CudaAttentionBackendTest, ExpertsBehindAClientEqualExpertsOnTheDevice) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(kGoldenV3));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> whole,
                              MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> split,
@@ -311,7 +301,7 @@ TEST_P(DeviceDispatchTest, DeviceResidentDispatchEqualsTheHostPath) {
         << "nccl needs two GPUs (NCCL joins no two ranks on one GPU); this machine has one";
   }
   const int server_device = nccl ? 1 : 0;
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(kGoldenV3));
   const ModelConfig& c = m.config;
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> split,
                              MakeAttentionBackend(c, m.ckpt.get(), Cuda(), false));
@@ -516,7 +506,7 @@ INSTANTIATE_TEST_SUITE_P(HostAndDevice, KvHandoffTest,
 
 TEST_P(KvHandoffTest, BetweenBackendsContinuesExactly) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(kGoldenV3));
   const int layers = m.config.num_hidden_layers, vocab = m.config.vocab_size;
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> prefill,
                              MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), false));
@@ -596,7 +586,7 @@ TEST_P(KvHandoffTest, BetweenBackendsContinuesExactly) {
 // 20 log-probabilities take the host path, with the same result.
 TEST(CudaAttentionBackendTest, ForwardSampleEqualsSamplerOnForwardsLogits) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(kGoldenV3));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ExpertClient> experts, GpuExperts(m));
   const int vocab = m.config.vocab_size;
   std::vector<SamplingParams> params(3);
@@ -664,7 +654,7 @@ TEST(CudaAttentionBackendTest, ForwardSampleEqualsSamplerOnForwardsLogits) {
 // Prompt log-probabilities are UNIMPLEMENTED (last-position LM head).
 TEST(CudaAttentionBackendTest, SampledTokensOwnLogprob) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(kGoldenV3));
   const int vocab = m.config.vocab_size;
   SamplingParams greedy, sampled;
   greedy.logprobs = sampled.logprobs = true;
@@ -690,7 +680,7 @@ TEST(CudaAttentionBackendTest, SampledTokensOwnLogprob) {
 
 TEST(CudaAttentionBackendTest, PoolLimitsAndReleases) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(kGoldenV3));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b,
                              MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
   const KvUsage u = b->kv_usage();
@@ -717,7 +707,7 @@ TEST(CudaAttentionBackendTest, PoolLimitsAndReleases) {
 
 TEST(CudaAttentionBackendTest, GenerateMatchesTheCpuEngine) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(kGoldenV3));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(kGoldenV3));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b,
                              MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> cpu, Model::Load(kGoldenV3));
@@ -747,7 +737,7 @@ TEST(CudaAttentionBackendTest, GenerateMatchesTheCpuEngine) {
 TEST(CudaAttentionBackendTest, V32BeyondIndexTopkGeneratesAsTheCpuEngine) {
   MOESH_REQUIRE_GPU();
   const std::string dir = testing::GoldenDir("v32");
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(dir));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(dir));
   const int topk = m.config.indexer.topk;
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b,
                              MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));

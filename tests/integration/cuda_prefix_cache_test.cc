@@ -34,18 +34,8 @@
 namespace moesh::cuda {
 namespace {
 
-struct Loaded {
-  ModelConfig config;
-  std::unique_ptr<Checkpoint> ckpt;
-};
-
-absl::StatusOr<Loaded> Open(const std::string& dir) {
-  Loaded l;
-  ASSIGN_OR_RETURN(l.config, ModelConfig::Load(dir));
-  ASSIGN_OR_RETURN(l.ckpt, Checkpoint::Open(dir));
-  RETURN_IF_ERROR(ValidateCheckpoint(l.config, *l.ckpt));
-  return l;
-}
+using Loaded = testing::CheckedCheckpoint;
+using testing::OpenChecked;
 
 DeviceOptions Cuda(bool prefix_cache) {
   DeviceOptions o;
@@ -62,16 +52,6 @@ std::vector<int32_t> Tokens(int n, int vocab, int seed) {
   return t;
 }
 
-// log_softmax of one row of logits.
-std::vector<double> LogSoftmax(const float* logits, int vocab) {
-  const double mx = *std::max_element(logits, logits + vocab);
-  double sum = 0;
-  for (int i = 0; i < vocab; ++i) sum += std::exp(logits[i] - mx);
-  std::vector<double> out(vocab);
-  for (int i = 0; i < vocab; ++i) out[i] = logits[i] - mx - std::log(sum);
-  return out;
-}
-
 // How far the cached path's logits are from the whole path's: max |Δ| of
 // the log-probabilities, and whether the greedy token differs where the
 // whole path's top two are farther apart than `tie`.
@@ -81,9 +61,9 @@ struct Agreement {
 };
 void Compare(const std::vector<float>& got, const std::vector<float>& want, int vocab, double tie,
              Agreement* a) {
-  const std::vector<double> g = LogSoftmax(got.data(), vocab), w = LogSoftmax(want.data(), vocab);
-  for (int i = 0; i < vocab; ++i)
-    a->max_dlogprob = std::max(a->max_dlogprob, std::abs(g[i] - w[i]));
+  const std::vector<double> g = testing::LogSoftmax(got.data(), vocab);
+  const std::vector<double> w = testing::LogSoftmax(want.data(), vocab);
+  a->max_dlogprob = std::max(a->max_dlogprob, testing::MaxDiff(g, w));
   const int gi = static_cast<int>(std::max_element(g.begin(), g.end()) - g.begin());
   const int wi = static_cast<int>(std::max_element(w.begin(), w.end()) - w.begin());
   std::vector<double> sorted = w;
@@ -96,7 +76,7 @@ INSTANTIATE_TEST_SUITE_P(Goldens, CudaPrefixCacheTest, ::testing::Values("v3", "
 
 TEST_P(CudaPrefixCacheTest, CachedHistoryGivesTheLogitsOfTheWholePrompt) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(testing::GoldenDir(GetParam())));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(testing::GoldenDir(GetParam())));
   const int vocab = m.config.vocab_size;
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> cached,
                              MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(true), true));
@@ -158,7 +138,7 @@ TEST_P(CudaPrefixCacheTest, CachedHistoryGivesTheLogitsOfTheWholePrompt) {
 
 TEST(CudaPrefixCacheTest, CachedBlocksAreEvictedWhenThePoolNeedsThem) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(testing::GoldenDir("v3")));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(testing::GoldenDir("v3")));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b,
                              MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(true), true));
   const std::vector<int32_t> history = Tokens(130, m.config.vocab_size, 4);
@@ -190,7 +170,7 @@ TEST(CudaPrefixCacheTest, CachedBlocksAreEvictedWhenThePoolNeedsThem) {
 // sequence continues as the prefill side's does.
 TEST(CudaPrefixCacheTest, DeviceHandoffCopiesOnlyTheBlocksPastTheCachedOnes) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(testing::GoldenDir("v3")));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(testing::GoldenDir("v3")));
   const int layers = m.config.num_hidden_layers, vocab = m.config.vocab_size;
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> prefill,
                              MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(false), true));
@@ -240,7 +220,7 @@ TEST(CudaPrefixCacheTest, DeviceHandoffCopiesOnlyTheBlocksPastTheCachedOnes) {
 
 TEST(CudaPrefixCacheTest, V4KeepsTheCacheOff) {
   MOESH_REQUIRE_GPU();
-  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, Open(testing::GoldenDir("v4")));
+  MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(testing::GoldenDir("v4")));
   MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b,
                              MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(true), true));
   const std::vector<int32_t> history = Tokens(100, m.config.vocab_size, 6);  // of 128 at most
