@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -40,7 +41,8 @@ ABSL_FLAG(std::string, dataset, "random",
           "--serving --server: random (lognormal lengths of mean --prompt_len and "
           "--max_new_tokens), sharegpt (--dataset_path, a ShareGPT-format JSON file), multiturn "
           "(chats of --turns turns, each conversation starting with one of --system_prompts "
-          "shared system prompts of --system_prompt_len tokens, its history growing).");
+          "shared system prompts of --system_prompt_len tokens, its history growing). Each "
+          "table row draws its requests afresh (a ShareGPT file's are the same every row).");
 ABSL_FLAG(std::string, dataset_path, "", "--dataset sharegpt: the JSON file.");
 ABSL_FLAG(double, length_sigma, 0.5,
           "--dataset random/multiturn: sigma of the lognormal lengths (0: every length the mean).");
@@ -213,17 +215,27 @@ absl::Status RunOpenLoopBench() {
   const double sigma = absl::GetFlag(FLAGS_length_sigma);
   const int vocab = info.vocab_size();
   const std::string dataset = absl::GetFlag(FLAGS_dataset);
-  std::vector<Conversation> conversations;
+  // Each row draws its own requests (seeded by the row; system prompts
+  // included): a later row must not find its prompts in the prefix cache an
+  // earlier row filled. A ShareGPT file's requests are the same every row
+  // (so its later rows do hit the cache: run one row per server for those).
+  std::function<std::vector<Conversation>(uint64_t)> draw;
   std::string what;
   if (dataset == "random") {
-    conversations = RandomDataset(requests, prompt_mean, output_mean, sigma, vocab, 1);
+    draw = [=](uint64_t row) {
+      return RandomDataset(requests, prompt_mean, output_mean, sigma, vocab, 1 + row);
+    };
     what = absl::StrCat("random: prompt ~", prompt_mean, ", output ~", output_mean,
                         " tokens (lognormal, sigma ", sigma, ")");
   } else if (dataset == "multiturn") {
     const int turns = std::max(1, absl::GetFlag(FLAGS_turns));
-    conversations = MultiTurnDataset(
-        (requests + turns - 1) / turns, turns, absl::GetFlag(FLAGS_system_prompts),
-        absl::GetFlag(FLAGS_system_prompt_len), prompt_mean, output_mean, sigma, vocab, 1);
+    const int systems = absl::GetFlag(FLAGS_system_prompts);
+    const int system_len = absl::GetFlag(FLAGS_system_prompt_len);
+    draw = [=](uint64_t row) {
+      return MultiTurnDataset((requests + turns - 1) / turns, turns, systems, system_len,
+                              prompt_mean, output_mean, sigma, vocab, 1 + row);
+    };
+    const std::vector<Conversation> conversations = draw(0);
     what = absl::StrCat("multiturn: ", conversations.size(), " conversations of ", turns,
                         " turns, ", absl::GetFlag(FLAGS_system_prompts),
                         " shared system prompts of ", absl::GetFlag(FLAGS_system_prompt_len),
@@ -231,8 +243,10 @@ absl::Status RunOpenLoopBench() {
   } else if (dataset == "sharegpt") {
     const std::string path = absl::GetFlag(FLAGS_dataset_path);
     if (path.empty()) return absl::InvalidArgumentError("--dataset sharegpt needs --dataset_path");
-    ASSIGN_OR_RETURN(conversations, ShareGptDataset(path, requests, Tokenizer(stub.get(), info)));
-    what = absl::StrCat("sharegpt: ", path, " (", conversations.size(), " requests)");
+    ASSIGN_OR_RETURN(std::vector<Conversation> file,
+                     ShareGptDataset(path, requests, Tokenizer(stub.get(), info)));
+    what = absl::StrCat("sharegpt: ", path, " (", file.size(), " requests)");
+    draw = [file = std::move(file)](uint64_t) { return file; };
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--dataset: \"", dataset, "\" (random, sharegpt or multiturn)"));
@@ -257,12 +271,13 @@ absl::Status RunOpenLoopBench() {
       "TTFT ms | ITL ms | e2e ms | cache hit |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
+  uint64_t row = 0;
   for (double rate : rates) {
     for (int64_t c : concurrencies) {
       o.rate = rate;
       o.concurrency = static_cast<int>(c);
       double seconds = 0;
-      const std::vector<RequestRecord> records = RunRow(server, conversations, o, &seconds);
+      const std::vector<RequestRecord> records = RunRow(server, draw(row++), o, &seconds);
       const RunSummary s = RunSummary::Of(records, seconds, slo_ttft / 1e3, slo_itl / 1e3);
       std::printf(
           "| %s | %lld | %d | %d | %d | %d | %.2f | %.2f | %.1f | %.2f | %s | %s | %s | %.3f |\n",

@@ -46,6 +46,18 @@ bench poisson 24 --dataset random --request_rate 20 --concurrency 16 --requests 
   --prompt_len 32 --max_new_tokens 16 --slo_ttft_ms 60000 --slo_itl_ms 60000
 bench multiturn 12 --dataset multiturn --request_rate inf --concurrency 4 --requests 12 --turns 3 \
   --system_prompts 2 --system_prompt_len 64 --prompt_len 16 --max_new_tokens 8
+# Two rows against the same cluster (its prefix cache on, blocks of 64): the
+# second draws its own prompts, so it does not find the first row's cached.
+bench rows 8 --dataset random --length_sigma 0 --request_rate inf --concurrency 4,4 --requests 8 \
+  --prompt_len 200 --max_new_tokens 4
+"$PY" - "$TMP/rows.out" <<'EOF' || fail "bench rows: the second row hit the first row's prompts"
+import sys
+rows = [l for l in open(sys.argv[1]) if l.startswith("| ") and not l.startswith("| rate")]
+assert len(rows) == 2, rows
+hit = float(rows[1].strip().strip("|").split("|")[13])
+assert hit < 0.2, f"second row's cache hit {hit}"
+print(f"ok: the second row's cache hit {hit}")
+EOF
 cat >"$TMP/sharegpt.json" <<'EOF'
 [{"id": "1", "conversations": [{"from": "human", "value": "What is a mixture of experts?"},
                                {"from": "gpt", "value": "A layer of many small networks."}]},
