@@ -87,9 +87,8 @@ void LocalCluster::SetServer(const std::string& name, ServerOptions* server) con
   server->tls = options_.tls;
 }
 
-absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& name,
-                                                          const std::string& binary,
-                                                          const std::vector<std::string>& flags) {
+absl::Status LocalCluster::Launch(const std::string& name, const std::string& binary,
+                                  const std::vector<std::string>& flags) {
   Process p;
   p.name = name;
   p.log_path = JoinPath(options_.work_dir, name + ".log");
@@ -114,8 +113,13 @@ absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& nam
   p.binary = binary;
   p.flags = flags;
   processes_.push_back(p);  // tracked before waiting, so a failure still stops it
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LocalCluster::Process> LocalCluster::AwaitReady(size_t index) {
+  Process& p = processes_[index];
   ASSIGN_OR_RETURN(std::string text,
-                   AwaitReadyFile(ready, p.pid, p.log_path,
+                   AwaitReadyFile(ReadyFile(p.name), p.pid, p.log_path,
                                   std::chrono::steady_clock::now() + options_.startup_timeout));
   // A line per address, in WriteReadyFile's order (an absent one empty).
   std::vector<std::string> lines = absl::StrSplit(text, '\n');
@@ -123,8 +127,25 @@ absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& nam
   p.metrics_address = lines.size() > 1 ? lines[1] : "";
   p.internal_address = lines.size() > 2 ? lines[2] : "";
   p.http_address = lines.size() > 3 ? lines[3] : "";
-  processes_.back() = p;
   return p;
+}
+
+absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& name,
+                                                          const std::string& binary,
+                                                          const std::vector<std::string>& flags) {
+  RETURN_IF_ERROR(Launch(name, binary, flags));
+  return AwaitReady(processes_.size() - 1);
+}
+
+absl::Status LocalCluster::SpawnAll(const std::vector<Launchable>& group, bool together) {
+  if (!together) {
+    for (const Launchable& l : group) RETURN_IF_ERROR(Spawn(l.name, l.binary, l.flags).status());
+    return absl::OkStatus();
+  }
+  const size_t first = processes_.size();
+  for (const Launchable& l : group) RETURN_IF_ERROR(Launch(l.name, l.binary, l.flags));
+  for (size_t i = first; i < processes_.size(); ++i) RETURN_IF_ERROR(AwaitReady(i).status());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
@@ -153,34 +174,44 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   std::vector<std::string> experts = options.expert_workers;
   if (experts.empty()) experts = {"0/2", "1/2"};
   if (config.n_routed_experts < 2) experts = {"0-0"};
-  std::vector<std::string> expert_addresses;
+  // Workers on the CPU start together; those on a GPU one at a time, since
+  // each sizes its pools by the device memory the ones before it left.
+  std::vector<Launchable> group;
+  bool together = true;
   for (const std::string& spec : experts) {
-    RETURN_IF_ERROR(c->AddExpertWorker(spec));
-    expert_addresses.push_back(c->processes_.back().address);
+    ASSIGN_OR_RETURN(Launchable l, c->ExpertWorker(spec, static_cast<int>(group.size())));
+    together = together && l.on_cpu;
+    group.push_back(std::move(l));
   }
+  const size_t first_expert = c->processes_.size();
+  RETURN_IF_ERROR(c->SpawnAll(group, together));
+  std::vector<std::string> expert_addresses;
+  for (size_t i = first_expert; i < c->processes_.size(); ++i)
+    expert_addresses.push_back(c->processes_[i].address);
   if (options.placement_from_router) expert_addresses.clear();  // the router's map instead
   // Decode and prefill workers: `n` of `binary`, from `o`, joined to the router and the experts.
-  auto attention_workers = [&](const char* kind, const char* binary, auto o,
-                               int n) -> absl::Status {
+  group.clear();
+  together = true;
+  auto attention_workers = [&](const char* kind, const char* binary, auto o, int n) {
     o.worker.router = routers;
     o.dispatch.expert_workers = expert_addresses;
     for (int i = 0; i < n; ++i) {
       const std::string name = absl::StrCat(kind, "-", i);
       c->SetServer(name, &o.server);
-      RETURN_IF_ERROR(c->Spawn(name, binary, ToArgs(o)).status());
+      group.push_back({name, binary, ToArgs(o), o.device.device == "cpu"});
+      together = together && group.back().on_cpu;
     }
-    return absl::OkStatus();
   };
-  RETURN_IF_ERROR(
-      attention_workers("decode", "moesh_decode_worker", options.decode, options.num_decode));
-  RETURN_IF_ERROR(
-      attention_workers("prefill", "moesh_prefill_worker", options.prefill, options.num_prefill));
+  attention_workers("decode", "moesh_decode_worker", options.decode, options.num_decode);
+  attention_workers("prefill", "moesh_prefill_worker", options.prefill, options.num_prefill);
+  RETURN_IF_ERROR(c->SpawnAll(group, together));
   RETURN_IF_ERROR(c->WaitUntilServing(options.startup_timeout));
   return c;
 }
 
-absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
-  int n = 0;
+absl::StatusOr<LocalCluster::Launchable> LocalCluster::ExpertWorker(const std::string& spec,
+                                                                    int pending) const {
+  int n = pending;
   for (const Process& p : processes_) n += p.name.rfind("expert-", 0) == 0 ? 1 : 0;
   const std::string name = absl::StrCat("expert-", n);
   ExpertWorkerOptions o = options_.expert;
@@ -193,7 +224,12 @@ absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
     if (o.device.device.empty())
       return absl::InvalidArgumentError("expert_devices: an empty entry in the list");
   }
-  return Spawn(name, "moesh_expert_worker", ToArgs(o)).status();
+  return Launchable{name, "moesh_expert_worker", ToArgs(o), o.device.device == "cpu"};
+}
+
+absl::Status LocalCluster::AddExpertWorker(const std::string& spec) {
+  ASSIGN_OR_RETURN(Launchable l, ExpertWorker(spec, 0));
+  return Spawn(l.name, l.binary, l.flags).status();
 }
 
 std::vector<std::string> LocalCluster::router_addresses() const {
@@ -299,16 +335,36 @@ absl::StatusOr<int> LocalCluster::WaitForExit(const std::string& name,
 }
 
 void LocalCluster::StopAll() {
-  // Workers first, the router last, so nothing reports a vanished router.
-  for (auto it = processes_.rbegin(); it != processes_.rend(); ++it) {
-    if (it->pid > 0) kill(it->pid, SIGCONT), kill(it->pid, SIGTERM);
-  }
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  for (Process& p : processes_) {
-    if (p.pid > 0 && !Reap(p, give_up).ok()) {
-      kill(p.pid, SIGKILL);
-      waitpid(p.pid, nullptr, 0);
-      p.pid = -1;
+  // In waves, each reaped before the next starts: the prefill and decode
+  // workers drain their streams (the routers and expert workers still serve
+  // them), then the routers (a colocated one's streams still reach the expert
+  // workers), then the expert workers. An expert worker's drain serves on
+  // until its dispatches stopped for 2 s (attention workers elsewhere follow
+  // a new map within a heartbeat); with every attention worker of the cluster
+  // gone nothing can come, and another SIGTERM during the drain ends it at
+  // once (sent until it exits: one sent before the first was taken merges
+  // with it).
+  enum Wave { kAttention, kRouter, kExpert };
+  auto wave_of = [](const Process& p) {
+    if (absl::StartsWith(p.name, "router")) return kRouter;
+    return absl::StartsWith(p.name, "expert-") ? kExpert : kAttention;
+  };
+  for (Wave wave : {kAttention, kRouter, kExpert}) {
+    for (Process& p : processes_) {
+      if (p.pid > 0 && wave_of(p) == wave) kill(p.pid, SIGCONT), kill(p.pid, SIGTERM);
+    }
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (Process& p : processes_) {
+      if (p.pid <= 0 || wave_of(p) != wave) continue;
+      while (wave == kExpert && std::chrono::steady_clock::now() < give_up &&
+             !Reap(p, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)).ok()) {
+        kill(p.pid, SIGTERM);
+      }
+      if (p.pid > 0 && !Reap(p, give_up).ok()) {
+        kill(p.pid, SIGKILL);
+        waitpid(p.pid, nullptr, 0);
+        p.pid = -1;
+      }
     }
   }
 }

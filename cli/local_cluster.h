@@ -120,10 +120,28 @@ class LocalCluster {
   std::string ReadyFile(const std::string& name) const;
   // Sets --model and --ready_file of process `name`.
   void SetServer(const std::string& name, ServerOptions* server) const;
-  // Starts `binary` with `flags` (which SetServer filled in for `name`) and
-  // waits for its ready file.
+  // A process to start: `flags` as SetServer filled them in for `name`.
+  struct Launchable {
+    std::string name;
+    std::string binary;
+    std::vector<std::string> flags;
+    bool on_cpu = true;  // its --device is the CPU
+  };
+  // Starts `binary` with `flags` (which SetServer filled in for `name`),
+  // tracked in processes_ without its addresses.
+  absl::Status Launch(const std::string& name, const std::string& binary,
+                      const std::vector<std::string>& flags);
+  // Waits for processes_[index]'s ready file and fills in its addresses.
+  absl::StatusOr<Process> AwaitReady(size_t index);
+  // Launch, then AwaitReady.
   absl::StatusOr<Process> Spawn(const std::string& name, const std::string& binary,
                                 const std::vector<std::string>& flags);
+  // Starts `group` in order: `together`, every one launched before waiting
+  // for the first's ready file; else each once the one before it is ready.
+  absl::Status SpawnAll(const std::vector<Launchable>& group, bool together);
+  // The expert worker for --experts/--shard `spec`, named after the expert
+  // workers started so far plus `pending` more about to start.
+  absl::StatusOr<Launchable> ExpertWorker(const std::string& spec, int pending) const;
   void StopAll();
   // Waits until `p` exited (reaped: pid -1) or `give_up`: its exit code (128 +
   // the signal if a signal ended it), or DEADLINE_EXCEEDED.

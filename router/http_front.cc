@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/metrics/civetweb_stop.h"
 #include "router/openai_api.h"
 
 namespace moesh {
@@ -112,7 +113,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
 
 HttpFront::~HttpFront() {
   stopping_ = true;  // running requests stop at their next token
-  if (ctx_ != nullptr) mg_stop(ctx_);
+  if (ctx_ != nullptr) StopCivetweb(ListenHost(options_.listen), port_, [this] { mg_stop(ctx_); });
 }
 
 int HttpFront::Handle(mg_connection* conn, void* self) {

@@ -3,6 +3,7 @@
 #include <CivetServer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/civetweb_stop.h"
 
 namespace moesh {
 namespace {
@@ -37,8 +38,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
     m->exposer_->RegisterCollectable(m->registry_);
     const std::vector<int> ports = m->exposer_->GetListeningPorts();
     m->port_ = ports.empty() ? 0 : ports.front();
+    m->host_ = ListenHost(listen);
   }
   return m;
+}
+
+Metrics::~Metrics() {
+  StopCivetweb(host_, port_, [this] { exposer_.reset(); });
 }
 
 prometheus::Family<prometheus::Counter>& Metrics::CounterFamily(const std::string& name,

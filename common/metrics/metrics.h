@@ -28,6 +28,7 @@ class Metrics {
   // keep the registry without an HTTP endpoint (tests, embedded engines).
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen,
                                                          const std::string& service);
+  ~Metrics();  // stops the endpoint at once (StopCivetweb)
 
   // The bound port, 0 without an endpoint.
   int port() const { return port_; }
@@ -48,6 +49,7 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
+  std::string host_;  // the endpoint's listen host
   std::string service_;
 };
 
