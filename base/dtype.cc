@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/fp8_e4m3.h"
 
 namespace moesh {
 
@@ -95,39 +96,9 @@ uint16_t F32ToF16(float f) {
   return sign | static_cast<uint16_t>((exp << 10) | mant);
 }
 
-float F8E4M3ToF32(uint8_t v) {
-  const uint32_t sign = v >> 7;
-  const uint32_t exp = (v >> 3) & 0xfu;
-  const uint32_t mant = v & 0x7u;
-  float mag;
-  if (exp == 0xf && mant == 0x7) {
-    mag = NAN;  // e4m3fn has no infinities
-  } else if (exp == 0) {
-    mag = std::ldexp(static_cast<float>(mant), -9);
-  } else {
-    mag = std::ldexp(static_cast<float>(mant | 0x8u), static_cast<int>(exp) - 10);
-  }
-  return sign ? -mag : mag;
-}
+float F8E4M3ToF32(uint8_t v) { return fp8::DecodeE4m3(v); }
 
-uint8_t F32ToF8E4M3(float f) {
-  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  if (std::isnan(f)) return sign | 0x7f;
-  const float a = std::fabs(f);
-  if (a >= 448.0f) return sign | 0x7e;  // the largest finite value
-  if (a == 0.0f) return sign;
-  int e = 0;
-  std::frexp(a, &e);
-  int exp = e - 1;  // a in [2^exp, 2^(exp+1))
-  if (exp < -6) {
-    // Subnormal: mant * 2^-9. Rounding up to 8 gives 2^-6, the smallest
-    // normal, whose code is 8 too.
-    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
-  }
-  int mant = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - exp)));  // [8, 16]
-  if (mant == 16) mant = 8, ++exp;
-  return sign | static_cast<uint8_t>(((exp + 7) << 3) | (mant - 8));
-}
+uint8_t F32ToF8E4M3(float f) { return fp8::EncodeE4m3(f); }
 
 void ConvertToF32(DType t, const void* src, size_t n, float* dst) {
   switch (t) {

@@ -1,12 +1,52 @@
 #include "base/dtype.h"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 
 namespace moesh {
 namespace {
+
+// The scalar definitions of the e4m3 conversions (frexp, ldexp, nearbyint;
+// ~15 ns a value), which base/fp8_e4m3.h's branch-free ones must equal bit
+// for bit.
+float ReferenceF8E4M3ToF32(uint8_t v) {
+  const uint32_t sign = v >> 7;
+  const uint32_t exp = (v >> 3) & 0xfu;
+  const uint32_t mant = v & 0x7u;
+  float mag;
+  if (exp == 0xf && mant == 0x7) {
+    mag = NAN;  // e4m3fn has no infinities
+  } else if (exp == 0) {
+    mag = std::ldexp(static_cast<float>(mant), -9);
+  } else {
+    mag = std::ldexp(static_cast<float>(mant | 0x8u), static_cast<int>(exp) - 10);
+  }
+  return sign ? -mag : mag;
+}
+
+uint8_t ReferenceF32ToF8E4M3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return sign | 0x7f;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;  // the largest finite value
+  if (a == 0.0f) return sign;
+  int e = 0;
+  std::frexp(a, &e);
+  int exp = e - 1;  // a in [2^exp, 2^(exp+1))
+  if (exp < -6) {
+    // Subnormal: mant * 2^-9. Rounding up to 8 gives 2^-6, the smallest
+    // normal, whose code is 8 too.
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  int mant = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - exp)));  // [8, 16]
+  if (mant == 16) mant = 8, ++exp;
+  return sign | static_cast<uint8_t>(((exp + 7) << 3) | (mant - 8));
+}
 
 TEST(DTypeTest, NamesRoundTrip) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kI64, DType::kI32,
@@ -78,6 +118,71 @@ TEST(DTypeTest, Fp8E4M3Encode) {
   EXPECT_EQ(F32ToF8E4M3(-1e30f), 0xfe);
   EXPECT_EQ(F32ToF8E4M3(-0.0f), 0x80);
   EXPECT_EQ(F32ToF8E4M3(NAN) & 0x7f, 0x7f);
+}
+
+float FloatBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+uint32_t BitsOfFloat(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+TEST(DTypeTest, Fp8E4M3DecodeIsTheScalarDefinition) {
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t v = static_cast<uint8_t>(c);
+    ASSERT_EQ(BitsOfFloat(F8E4M3ToF32(v)), BitsOfFloat(ReferenceF8E4M3ToF32(v))) << c;
+  }
+}
+
+// Every float whose e4m3 code could change between it and a neighbour: each
+// code's value, each midpoint between neighbouring codes (the rounding
+// boundaries, ties to even), ±448 and the saturation, 2^-6 (the first normal),
+// the subnormals' steps, and ±1 and ±2 ulp around each; then the specials and
+// random bit patterns of every exponent.
+TEST(DTypeTest, Fp8E4M3EncodeIsTheScalarDefinition) {
+  std::vector<float> points;
+  for (int c = 0; c < 0x7f; ++c) {
+    const float v = ReferenceF8E4M3ToF32(static_cast<uint8_t>(c));
+    const float next = c + 1 < 0x7f ? ReferenceF8E4M3ToF32(static_cast<uint8_t>(c + 1)) : 480.0f;
+    points.push_back(v);
+    points.push_back((v + next) / 2);  // exact: neighbours differ in few bits
+  }
+  for (float v : {464.0f, 480.0f, 512.0f, 1e10f, std::ldexp(1.0f, -6), std::ldexp(1.0f, -10),
+                  std::ldexp(1.0f, -11), std::numeric_limits<float>::max(),
+                  std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min()}) {
+    points.push_back(v);
+  }
+  std::vector<uint32_t> bits;
+  for (float p : points) {
+    const uint32_t u = BitsOfFloat(p);
+    for (int d = -2; d <= 2; ++d) {
+      bits.push_back(u + d);
+      bits.push_back((u + d) | 0x80000000u);  // the negative side
+    }
+  }
+  for (uint32_t u : {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u,
+                     0x7f800001u, 0xff800001u, 0x7fffffffu, 0xffffffffu, 0x00000001u, 0x007fffffu,
+                     0x80000001u, 0x807fffffu}) {
+    bits.push_back(u);
+  }
+  std::mt19937 rng(17);
+  for (int i = 0; i < (1 << 22); ++i) bits.push_back(static_cast<uint32_t>(rng()));
+  // Every exponent from the subnormals to 2^9 with random mantissas.
+  for (uint32_t e = 0; e <= 136; ++e) {
+    for (int i = 0; i < 4096; ++i) bits.push_back((e << 23) | (rng() & 0x807fffffu));
+  }
+  int compared = 0;
+  for (uint32_t u : bits) {
+    const float f = FloatBits(u);
+    ASSERT_EQ(F32ToF8E4M3(f), ReferenceF32ToF8E4M3(f)) << std::hex << "bits 0x" << u;
+    ++compared;
+  }
+  EXPECT_GT(compared, 1 << 22);
 }
 
 TEST(DTypeTest, ConvertToF32) {

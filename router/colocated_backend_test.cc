@@ -175,7 +175,8 @@ TEST(ColocatedBackendTest, TheEnginesRefuseRequestIdsOutOfBounds) {
 // resumes token-exact, and every block comes back at the end.
 
 std::unique_ptr<ColocatedBackend> Backend(int blocks, int block_size, int max_waiting = 1024,
-                                          Metrics* metrics = nullptr, bool prefix_cache = false) {
+                                          Metrics* metrics = nullptr, bool prefix_cache = false,
+                                          int max_num_batched_tokens = 0) {
   DeviceOptions device;
   device.num_kv_blocks = blocks;
   device.block_size = block_size;
@@ -183,6 +184,7 @@ std::unique_ptr<ColocatedBackend> Backend(int blocks, int block_size, int max_wa
   DecodeEngineOptions decode;
   decode.max_waiting = max_waiting;
   decode.metrics = metrics;
+  decode.max_num_batched_tokens = max_num_batched_tokens;
   absl::StatusOr<std::unique_ptr<ColocatedBackend>> b =
       ColocatedBackend::Create(TinyModel(), device, decode, PrefillEngineOptions());
   EXPECT_TRUE(b.ok()) << b.status();
@@ -353,6 +355,57 @@ TEST(PrefixCacheTest, TheSecondTurnReusesTheFirstTurnsBlocksTokenExact) {
   EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_hit_tokens_total"), 0);
   EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_miss_tokens_total"), 0);
   EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_blocks"), 0);
+}
+
+// Prompt log-probabilities need every prompt position's logits: a prompt
+// asking for them is computed whole, even where the cache holds its blocks,
+// by the prefill engine and (chunked prefill: a token budget) by the decode
+// engine.
+class PromptLogprobsCacheTest : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(PrefixCacheTest, PromptLogprobsCacheTest, ::testing::Values(0, 8),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param > 0 ? "chunked" : "prefill_engine";
+                         });
+
+TEST_P(PromptLogprobsCacheTest, PromptLogprobsCoverTheWholePromptOnACacheHit) {
+  std::unique_ptr<ColocatedBackend> on = Backend(64, 4, 1024, nullptr, true, GetParam());
+  std::unique_ptr<ColocatedBackend> off = Backend(64, 4, 1024, nullptr, false, GetParam());
+  ASSERT_NE(on, nullptr);
+  ASSERT_NE(off, nullptr);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 21; ++i) prompt.push_back((i * 37 + 11) % 500);
+  std::vector<int32_t> ids;
+  int cached = -1;
+  ASSERT_TRUE(RunCounted(on.get(), Request("fill", prompt, 3), &ids, &cached).ok());
+  GenerationRequest r = Request("again", prompt, 3);
+  r.sampling.prompt_logprobs = 1;
+  auto run = [&](ColocatedBackend* b, PromptLogprobs* got, int* cached_tokens) {
+    CancelToken never;
+    return b->Run(
+        r,
+        [&](const TokenChunk& c) {
+          if (c.prompt_logprobs.has_value()) {
+            *got = *c.prompt_logprobs;
+            *cached_tokens = c.cached_tokens;
+          }
+          return true;
+        },
+        never);
+  };
+  PromptLogprobs got, want;
+  int cached_on = -1, cached_off = -1;
+  ASSERT_TRUE(run(on.get(), &got, &cached_on).ok());
+  ASSERT_TRUE(run(off.get(), &want, &cached_off).ok());
+  EXPECT_EQ(cached_on, 0) << "the prompt's blocks were reused: its logits were not computed";
+  ASSERT_EQ(want.logprobs.size(), prompt.size() - 1);
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+  for (size_t t = 0; t < want.logprobs.size(); ++t)
+    EXPECT_NEAR(got.logprobs[t], want.logprobs[t], 1e-5) << t;
+  ASSERT_EQ(got.top.size(), want.top.size());
+  // Without prompt log-probabilities the same prompt hits the cache.
+  ids.clear();
+  ASSERT_TRUE(RunCounted(on.get(), Request("hit", prompt, 3), &ids, &cached).ok());
+  EXPECT_GT(cached, 0);
 }
 
 TEST(PrefixCacheTest, CachedBlocksAreEvictedUnderPressureAndOutputsStayExact) {

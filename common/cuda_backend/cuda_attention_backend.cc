@@ -194,6 +194,16 @@ absl::Status CudaAttentionBackend::Prepare(absl::Span<const SequenceInput> seqs,
 
 absl::StatusOr<std::vector<float>> CudaAttentionBackend::Forward(
     absl::Span<const SequenceInput> seqs, ExpertClient* experts, int /*micro_batches*/) {
+  return Logits(seqs, experts, false);
+}
+
+absl::StatusOr<std::vector<float>> CudaAttentionBackend::ForwardAllPositions(
+    absl::Span<const SequenceInput> seqs, ExpertClient* experts) {
+  return Logits(seqs, experts, true);
+}
+
+absl::StatusOr<std::vector<float>> CudaAttentionBackend::Logits(
+    absl::Span<const SequenceInput> seqs, ExpertClient* experts, bool all_positions) {
   std::vector<Sequence*> owned;
   std::vector<SequenceTokens> tokens;
   RETURN_IF_ERROR(Prepare(seqs, experts, &owned, &tokens));
@@ -201,7 +211,8 @@ absl::StatusOr<std::vector<float>> CudaAttentionBackend::Forward(
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_CUDA_ERROR(cudaSetDevice(model_->device_info().device));
-    logits = model_->ForwardLogits(tokens, experts);
+    logits = all_positions ? model_->ForwardAllLogits(tokens, experts)
+                           : model_->ForwardLogits(tokens, experts);
   }
   if (logits.ok()) {
     for (size_t i = 0; i < seqs.size(); ++i)

@@ -12,7 +12,9 @@
 // decode side, Rows on the prefill side: float32 on the host, bf16 on the
 // device). ForwardSample samples on the device (CudaModel::Step with the
 // requests as GPU sampler rows); Forward returns each sequence's fp32 logits
-// on the host.
+// on the host, ForwardAllPositions every new token's (CudaModel::
+// ForwardAllLogits: lm_head in chunks of at most 256 MB of fp32 logits on
+// the device, eager; prompt log-probabilities).
 //
 // Thread-safe: one lock around the model; a sequence has one owner at a time
 // and may be destroyed from any thread.
@@ -46,14 +48,17 @@ class CudaAttentionBackend : public AttentionBackend {
   std::vector<uint64_t> CachedBlockHashes(int max) const override;
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const SequenceInput> seqs,
                                              ExpertClient* experts, int micro_batches = 1) override;
+  // AttentionBackend's contract: [total new tokens, vocab] fp32 on the host.
+  absl::StatusOr<std::vector<float>> ForwardAllPositions(absl::Span<const SequenceInput> seqs,
+                                                         ExpertClient* experts) override;
+  bool has_all_position_logits() const override { return true; }
   // On the device (CudaModel::Step): only ids and log-probabilities leave it;
   // a greedy token's own log-probability is the step's next_logprobs.
   // Through Forward and the host (the base class) instead: more than
   // sampling::kMaxTopK top_logprobs, and a sampled (not plain greedy) batch
   // with a request for the sampled token's own log-probability (the GPU
-  // sampler overwrites the raw logits it would be read from). Prompt
-  // log-probabilities are UNIMPLEMENTED (ForwardAllPositions: the model's LM
-  // head runs on each sequence's last position only).
+  // sampler overwrites the raw logits it would be read from), and prompt
+  // log-probabilities (ForwardAllPositions' logits, as the CPU backend).
   absl::StatusOr<SampledTokens> ForwardSample(absl::Span<const SequenceInput> seqs,
                                               ExpertClient* experts,
                                               absl::Span<const SampleRequest> samples,
@@ -67,6 +72,9 @@ class CudaAttentionBackend : public AttentionBackend {
   // Checks the sequences and experts for a pass, as Forward documents.
   absl::Status Prepare(absl::Span<const SequenceInput> seqs, ExpertClient* experts,
                        std::vector<Sequence*>* owned, std::vector<SequenceTokens>* tokens);
+  // Forward (the last positions' logits) or ForwardAllPositions.
+  absl::StatusOr<std::vector<float>> Logits(absl::Span<const SequenceInput> seqs,
+                                            ExpertClient* experts, bool all_positions);
 
   mutable absl::Mutex mu_;
   const std::unique_ptr<CudaModel> model_ ABSL_PT_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 #include <functional>
 #include <iostream>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/safetensors.h"
@@ -132,8 +133,19 @@ absl::Status CudaModel::Init() {
   ASSIGN_OR_RETURN(stack_, MakeLayerStack(*ctx_, ffn_.get()));
 
   const size_t rows = o.max_num_seqs;
-  RETURN_IF_ERROR(head_normed_.Reallocate(rows * c.hidden_size));
-  RETURN_IF_ERROR(logits_.Reallocate(rows * c.vocab_size));
+  const size_t logit_row_bytes = static_cast<size_t>(c.vocab_size) * sizeof(float);
+  all_position_rows_ = static_cast<int>(std::min<size_t>(
+      limits.max_tokens, std::max<size_t>(rows, kAllPositionLogitBytes / logit_row_bytes)));
+  const size_t head_rows = std::max<size_t>(rows, all_position_rows_);
+  RETURN_IF_ERROR(head_normed_.Reallocate(head_rows * c.hidden_size));
+  RETURN_IF_ERROR(logits_.Reallocate(head_rows * c.vocab_size));
+  {
+    std::vector<int32_t> iota(limits.max_tokens);
+    for (size_t i = 0; i < iota.size(); ++i) iota[i] = static_cast<int32_t>(i);
+    RETURN_IF_ERROR(iota_rows_.Reallocate(iota.size()));
+    RETURN_IF_CUDA_ERROR(cudaMemcpy(iota_rows_.get(), iota.data(), iota.size() * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice));
+  }
   RETURN_IF_ERROR(next_ids_.Reallocate(rows));
   RETURN_IF_ERROR(d_sample_rows_.Reallocate(rows));
   RETURN_IF_ERROR(next_lp_.Reallocate(rows));
@@ -184,12 +196,16 @@ absl::Status CudaModel::EnqueueForward(const StepBatch& b, bool sample, int top_
   return ctx_->Mark(2 + 2 * config_.num_hidden_layers);
 }
 
+absl::Status CudaModel::EnqueueLogits(int num_tokens, int num_rows, const int32_t* rows) {
+  const ModelConfig& c = config_;
+  RETURN_IF_ERROR(stack_->EnqueueFinalNorm(num_tokens, num_rows, rows, head_normed_.get()));
+  return ctx_->Gemm(head_normed_.get(), c.hidden_size, weights_->lm_head(), logits_.get(),
+                    c.vocab_size, num_rows, c.vocab_size, c.hidden_size, OutType::kFloat32, false);
+}
+
 absl::Status CudaModel::EnqueueHead(int num_tokens, int num_rows, bool sample, int top_k) {
   const ModelConfig& c = config_;
-  RETURN_IF_ERROR(stack_->EnqueueFinalNorm(num_tokens, num_rows, head_normed_.get()));
-  RETURN_IF_ERROR(ctx_->Gemm(head_normed_.get(), c.hidden_size, weights_->lm_head(), logits_.get(),
-                             c.vocab_size, num_rows, c.vocab_size, c.hidden_size, OutType::kFloat32,
-                             false));
+  RETURN_IF_ERROR(EnqueueLogits(num_tokens, num_rows, ctx_->in->head_rows));
   if (!sample) return absl::OkStatus();
   GreedyLogprobsParams gp;
   gp.logits = logits_.get(), gp.batch = num_rows, gp.vocab = c.vocab_size, gp.ld = c.vocab_size,
@@ -337,6 +353,43 @@ absl::StatusOr<std::vector<float>> CudaModel::ForwardLogits(absl::Span<const Seq
       std::memcpy(&out[order[done + r] * vocab], &rows_host[r * vocab], vocab * sizeof(float));
     }
     done += rows;
+  }
+  RETURN_IF_ERROR(Commit(seqs));
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> CudaModel::ForwardAllLogits(
+    absl::Span<const SequenceTokens> seqs, ExpertClient* experts) {
+  RETURN_IF_ERROR(CheckExperts(experts));
+  std::vector<StepBatch> chunks;
+  std::vector<int> order;
+  RETURN_IF_ERROR(planner_->Plan(seqs, store_.get(), &chunks, &order));
+  size_t total = 0;
+  for (const SequenceTokens& st : seqs) total += st.tokens.size();
+  const size_t vocab = config_.vocab_size;
+  std::vector<float> out(total * vocab);
+  graphs_->ResetLastReplayed();
+  size_t done = 0;  // rows of `out` written: the passes hold the tokens in `seqs`' order
+  for (const StepBatch& b : chunks) {
+    const int rows = b.real_tokens >= 0 ? b.real_tokens : b.num_tokens;  // a decode pass's padding
+    RETURN_IF_ERROR(RunChecked(experts, [&]() -> absl::Status {
+      RETURN_IF_ERROR(planner_->Upload(b, stream_.get(), stack_->needs_segments()));
+      RETURN_IF_ERROR(stack_->Enqueue(b, experts));
+      for (int r = 0; r < rows; r += all_position_rows_) {
+        const int n = std::min(all_position_rows_, rows - r);
+        RETURN_IF_ERROR(EnqueueLogits(b.num_tokens, n, iota_rows_.get() + r));
+        // In stream order: the next chunk's head writes logits_ after this copy.
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out.data() + (done + r) * vocab, logits_.get(),
+                                             n * vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                                             stream_.get()));
+      }
+      return stream_.Synchronize();
+    }));
+    done += rows;
+  }
+  if (done != total) {
+    return absl::InternalError(
+        absl::StrCat("CudaModel::ForwardAllLogits: ", done, " rows for ", total, " tokens"));
   }
   RETURN_IF_ERROR(Commit(seqs));
   return out;

@@ -131,7 +131,8 @@ class CudaModel {
   // (a row per sequence) the GPU sampler's (the log-probabilities are the
   // raw logits', as without); INTERNAL if it picks no token (non-finite
   // logits). ForwardLogits the
-  // fp32 logits of each sequence's last token, [num_seqs, vocab], on the host.
+  // fp32 logits of each sequence's last token, [num_seqs, vocab], on the host
+  // (ForwardAllLogits: of every token).
   // INVALID_ARGUMENT for unknown or repeated sequences, empty or
   // out-of-vocabulary tokens, more than max_num_seqs sequences or a sequence
   // beyond max_model_len; RESOURCE_EXHAUSTED if the cache lacks blocks. On
@@ -149,6 +150,19 @@ class CudaModel {
                                   const StepSampling* sampling = nullptr);
   absl::StatusOr<std::vector<float>> ForwardLogits(absl::Span<const SequenceTokens> seqs,
                                                    ExpertClient* experts = nullptr);
+  // Step's pass with the fp32 logits of every new token, [total new tokens,
+  // vocab] on the host, sequence by sequence in `seqs`' order (prompt
+  // log-probabilities). Eager, never a CUDA graph: the final norm and lm_head
+  // run over each pass's rows in chunks of all_position_rows(), into the
+  // head's logits buffer, which holds max(max_num_seqs, all_position_rows())
+  // rows: at most kAllPositionLogitBytes of fp32 logits beyond the
+  // max_num_seqs rows decode steps need. Errors as ForwardLogits'.
+  absl::StatusOr<std::vector<float>> ForwardAllLogits(absl::Span<const SequenceTokens> seqs,
+                                                      ExpertClient* experts = nullptr);
+  // Rows per lm_head chunk of ForwardAllLogits: kAllPositionLogitBytes of
+  // fp32 logits (at least max_num_seqs rows, at most a pass's tokens).
+  int all_position_rows() const { return all_position_rows_; }
+  static constexpr size_t kAllPositionLogitBytes = size_t{256} << 20;
 
   // KV rows on the host, as the CPU cache holds them (float32 [n, kv_lora_rank
   // + qk_rope_head_dim]; bf16 on the device): the KV handoff between prefill
@@ -203,6 +217,9 @@ class CudaModel {
                               ExpertClient* experts = nullptr);
   // The final norm and lm_head on the pass's num_rows head rows (of num_tokens).
   absl::Status EnqueueHead(int num_tokens, int num_rows, bool sample, int top_k);
+  // The final norm and lm_head of the pass's rows `rows` (device indices,
+  // num_rows <= the logits buffer's rows) into logits_.
+  absl::Status EnqueueLogits(int num_tokens, int num_rows, const int32_t* rows);
   absl::Status RunDecodeGraph(const StepBatch& b, int top_k);
   // The same for device-resident external experts, with piecewise graphs.
   absl::Status RunPiecewiseGraph(const StepBatch& b, int top_k, ExpertClient* experts);
@@ -235,7 +252,10 @@ class CudaModel {
   std::unique_ptr<KvStore> store_;  // the sequences and their pool
   KvPool* kv_ = nullptr;            // store_'s pool
 
-  // The head, [max_num_seqs rows, ...].
+  // The head, [max_num_seqs rows, ...] (head_normed_ and logits_:
+  // max(max_num_seqs, all_position_rows_) rows).
+  int all_position_rows_ = 0;
+  DeviceBuffer<int32_t> iota_rows_;  // [max_tokens]: 0, 1, 2, ... (ForwardAllLogits' rows)
   DeviceBuffer<bf16> head_normed_;
   DeviceBuffer<float> logits_, next_lp_, topk_lp_;
   DeviceBuffer<int32_t> next_ids_, topk_out_ids_;

@@ -41,9 +41,11 @@ class LayerStack {
   // writing the layers' cache rows. `experts` non-null: the routed experts
   // run behind it (FfnBlock).
   virtual absl::Status Enqueue(const StepBatch& b, ExpertClient* experts) = 0;
-  // The final norm of the pass's `num_rows` head rows (ctx.in->head_rows, of
-  // `num_tokens`) into out [num_rows, hidden] (bf16, lm_head's input).
-  virtual absl::Status EnqueueFinalNorm(int num_tokens, int num_rows, bf16* out) = 0;
+  // The final norm of `num_rows` of the pass's `num_tokens` rows, device
+  // row indices `rows` (ctx.in->head_rows for the head; an iota slice for
+  // every position), into out [num_rows, hidden] (bf16, lm_head's input).
+  virtual absl::Status EnqueueFinalNorm(int num_tokens, int num_rows, const int32_t* rows,
+                                        bf16* out) = 0;
 
   // Rows [from, to) of sequence `seq` came into the cache from outside (the
   // KV handoff): what the family derives from cache rows (V4's compressed

@@ -38,6 +38,21 @@ inline absl::StatusOr<CheckedCheckpoint> OpenChecked(const std::string& dir) {
   return l;
 }
 
+// The GPU against the CPU engine on the same bf16 weights, in
+// log-probabilities (cuda_model_test, cuda_prompt_logprobs_test).
+constexpr double kLogprobTolerance = 2e-2;
+// DeepSeek-V4: its four mHC streams (each sublayer's output enters them
+// times 2·sigmoid, and Sinkhorn-mixed) carry bf16 activation rounding further:
+// 3.3e-2 measured on the v4 golden against the CPU engine on the same bf16
+// weights (V2/V3: under 1e-2).
+constexpr double kV4LogprobTolerance = 5e-2;
+// The lightning indexer's top-k (V3.2; V4's CSA layers: 3 to 8 keys in the
+// goldens) is a discrete choice which, like the router's, bf16 can flip at a
+// near-tie: at most kIndexerNearTies steps per run may differ by up to
+// kNearTieBound (counted and printed; 0.145 measured on v4_legacy).
+constexpr double kNearTieBound = 0.3;
+constexpr int kIndexerNearTies = 2;
+
 inline std::vector<double> LogSoftmax(const float* x, int n) {
   double m = -INFINITY;
   for (int i = 0; i < n; ++i) m = std::max(m, static_cast<double>(x[i]));

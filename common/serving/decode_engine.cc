@@ -207,9 +207,13 @@ void DecodeEngine::Admit() {
     }
     // The sequence starts with what the prefix cache holds of the prompt (of
     // prompt + output for a preempted one): the KV handoff then stores only
-    // the rest, and a resumed request recomputes only the rest.
+    // the rest, and a resumed request recomputes only the rest. A prompt this
+    // engine computes with prompt log-probabilities starts empty: they need
+    // the logits of every position.
     std::vector<int32_t> known = r->spec.prompt_ids;
     if (r->preempted) known.insert(known.end(), r->output.begin(), r->output.end());
+    if (!r->preempted && r->spec.compute_prompt && r->spec.sampling.prompt_logprobs >= 0)
+      known.clear();
     absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewCachedSequence(tokens, known);
     if (kv.status().code() == absl::StatusCode::kResourceExhausted) break;  // taken meanwhile
     waiting_.erase(it);

@@ -151,9 +151,10 @@ std::vector<PrefillEngine::Piece> PrefillEngine::TakeBatch() {
         ++it;
         continue;
       }
-      // Starting with the prefix cache's rows of the prompt: only the rest is computed.
-      absl::StatusOr<std::unique_ptr<KvSequence>> seq =
-          backend_->NewCachedSequence(n, spec.prompt_ids);
+      // Starting with the prefix cache's rows of the prompt: only the rest is
+      // computed (all of it for prompt log-probabilities: every position's logits).
+      absl::StatusOr<std::unique_ptr<KvSequence>> seq = backend_->NewCachedSequence(
+          n, spec.sampling.prompt_logprobs >= 0 ? absl::Span<const int32_t>() : spec.prompt_ids);
       const KvUsage u = backend_->kv_usage();
       if (seq.status().code() == absl::StatusCode::kResourceExhausted &&
           (n + u.block_size - 1) / std::max(u.block_size, 1) <= u.total_blocks) {

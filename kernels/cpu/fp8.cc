@@ -1,15 +1,62 @@
 #include "kernels/cpu/fp8.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
-#include "base/dtype.h"
+#include "base/fp8_e4m3.h"
 
 namespace moesh::cpu {
 namespace {
 
 constexpr float kMinAmax = 1e-10f;  // an all-zero block gets a tiny scale, not 0
+
+// max(kMinAmax, max |x[c]|) over n values, NaNs skipped (std::max(amax,
+// NaN) keeps amax): on the bits as int32, whose order is the magnitudes'
+// for non-NaN floats, so the loop vectorises without -ffast-math (with a
+// constant trip count for a full block: GCC's -O2 cost model).
+template <int kN>
+inline int32_t AmaxBits(const float* x, int n, int32_t best) {
+  const int count = kN > 0 ? kN : n;
+  for (int c = 0; c < count; ++c) {
+    const int32_t a = static_cast<int32_t>(fp8::BitsOf(x[c]) & 0x7fffffffu);
+    const int32_t v = a > static_cast<int32_t>(fp8::kInfBits) ? 0 : a;
+    best = v > best ? v : best;
+  }
+  return best;
+}
+
+inline float BlockAmax(const float* x, int n) {
+  const int32_t floor = static_cast<int32_t>(fp8::BitsOf(kMinAmax));
+  return fp8::FloatOf(static_cast<uint32_t>(n == kFp8Block ? AmaxBits<kFp8Block>(x, n, floor)
+                                                           : AmaxBits<0>(x, n, floor)));
+}
+
+// q[c] = e4m3(x[c] / s); a full block's trip count is constant, so GCC's
+// -O2 (very cheap cost model) vectorises it, into a local buffer (uint8_t
+// stores could otherwise alias x).
+inline void EncodeBlock(const float* x, float s, uint8_t* q, int n) {
+  if (n == kFp8Block) {
+    uint8_t codes[kFp8Block];
+    for (int c = 0; c < kFp8Block; ++c) codes[c] = fp8::EncodeE4m3(x[c] / s);
+    std::memcpy(q, codes, kFp8Block);
+  } else {
+    for (int c = 0; c < n; ++c) q[c] = fp8::EncodeE4m3(x[c] / s);
+  }
+}
+
+// Every code's value: decoding through the table beats the branch-free
+// conversion (0.42-0.56 vs 0.55-0.58 ns a value at 256 x 7168 here).
+const float* DecodeTable() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t;
+    for (int c = 0; c < 256; ++c) t[c] = fp8::DecodeE4m3(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table.data();
+}
 
 }  // namespace
 
@@ -19,19 +66,16 @@ void QuantizeFp8Rows(const float* x, uint8_t* q, float* scale, int m, int k, int
   for (int i = 0; i < m; ++i) {
     const float* row = x + static_cast<size_t>(i) * ldx;
     for (int b = 0; b < kb; ++b) {
-      const int c0 = b * kFp8Block, c1 = std::min(k, c0 + kFp8Block);
-      float amax = kMinAmax;
-      for (int c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(row[c]));
-      const float s = amax / kFp8Max;
+      const int c0 = b * kFp8Block, n = std::min(k, c0 + kFp8Block) - c0;
+      const float s = BlockAmax(row + c0, n) / kFp8Max;
       scale[static_cast<size_t>(i) * kb + b] = s;
-      for (int c = c0; c < c1; ++c) q[static_cast<size_t>(i) * k + c] = F32ToF8E4M3(row[c] / s);
+      EncodeBlock(row + c0, s, q + static_cast<size_t>(i) * k + c0, n);
     }
   }
 }
 
 void DequantizeFp8Rows(const uint8_t* q, const float* scale, float* x, int m, int k) {
-  float lut[256];
-  for (int c = 0; c < 256; ++c) lut[c] = F8E4M3ToF32(static_cast<uint8_t>(c));
+  const float* lut = DecodeTable();
   const int kb = Fp8Blocks(k);
   for (int i = 0; i < m; ++i) {
     const size_t row = static_cast<size_t>(i) * k;
@@ -59,7 +103,7 @@ void QuantizeFp8Blocks(const float* w, uint8_t* q, float* scale, int n, int k) {
       for (int r = r0; r < r1; ++r) {
         for (int c = c0; c < c1; ++c) {
           const size_t at = static_cast<size_t>(r) * k + c;
-          q[at] = F32ToF8E4M3(w[at] / s);
+          q[at] = fp8::EncodeE4m3(w[at] / s);
         }
       }
     }
@@ -69,8 +113,7 @@ void QuantizeFp8Blocks(const float* w, uint8_t* q, float* scale, int n, int k) {
 void Fp8BlockLinear(const uint8_t* x, const float* x_scale, const uint8_t* w, const float* w_scale,
                     float* y, int m, int n, int k) {
   const int kb = Fp8Blocks(k);
-  float lut[256];
-  for (int c = 0; c < 256; ++c) lut[c] = F8E4M3ToF32(static_cast<uint8_t>(c));
+  const float* lut = DecodeTable();
   for (int i = 0; i < m; ++i) {
     const uint8_t* xr = x + static_cast<size_t>(i) * k;
     for (int j = 0; j < n; ++j) {

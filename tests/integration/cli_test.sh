@@ -116,6 +116,10 @@ printf '%s\n' "$out" | python3 -c 'import sys; rows=[l.split() for l in sys.stdi
 assert [r[1] for r in rows]==["fp32","bf16","fp8"], rows; \
 assert [int(r[3]) for r in rows]==[1024,512,264], rows; assert float(rows[0][7])==0, rows' \
   || fail "bench --dispatch: $out"
+# ... and the fp8 codec's row: encode and decode ns per value.
+printf '%s\n' "$out" | python3 -c 'import sys; l=sys.stdin.read().split("fp8 codec alone")[1].splitlines(); \
+r=l[2].split(); assert r[0]=="2" and float(r[1])>0 and float(r[2])>0, l' \
+  || fail "bench --dispatch codec row: $out"
 expect_error "--flagfile is not a flag of moesh mkmodel" mkmodel --family v3 --out "$TMP/y" --flagfile /dev/null
 expect_error "unexpected argument" generate --model "$TMP/v2l" --prompt_ids 1 stray
 expect_error "--top_k needs a value" generate --model "$TMP/v2l" --prompt_ids 1 --top_k

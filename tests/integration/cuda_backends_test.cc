@@ -651,7 +651,8 @@ TEST(CudaAttentionBackendTest, ForwardSampleEqualsSamplerOnForwardsLogits) {
 
 // The sampled token's own log-probability: greedy on the device (the step's
 // next_logprobs), sampled through the host; both log_softmax of the raw logits.
-// Prompt log-probabilities are UNIMPLEMENTED (last-position LM head).
+// Prompt log-probabilities go through ForwardAllPositions (cuda_prompt_logprobs_test
+// compares them with the CPU engine's).
 TEST(CudaAttentionBackendTest, SampledTokensOwnLogprob) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(Loaded m, OpenChecked(kGoldenV3));
@@ -665,16 +666,23 @@ TEST(CudaAttentionBackendTest, SampledTokensOwnLogprob) {
                                MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
     MOESH_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AttentionBackend> b,
                                MakeAttentionBackend(m.config, m.ckpt.get(), Cuda(), true));
-    EXPECT_FALSE(b->has_all_position_logits());
+    EXPECT_TRUE(b->has_all_position_logits());
     std::unique_ptr<KvSequence> sa = *a->NewSequence(8), sb = *b->NewSequence(8);
     const SequenceInput ia{prompt, sa.get()}, ib{prompt, sb.get()};
     SampleRequest req{p, 0.37, prompt, {}};
     MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> logits, a->Forward({&ia, 1}, nullptr));
     MOESH_ASSERT_OK_AND_ASSIGN(SampledTokens g, b->ForwardSample({&ib, 1}, nullptr, {&req, 1}, 0));
     EXPECT_NEAR(g.logprobs[0], Sampler::Logprob(logits.data(), vocab, g.ids[0]), 1e-3);
-    req.prompt_logprobs = 0;
-    EXPECT_EQ(b->ForwardSample({&ib, 1}, nullptr, {&req, 1}, 0).status().code(),
-              absl::StatusCode::kUnimplemented);
+    req.prompt_logprobs = 1;  // the prompt again, after itself
+    MOESH_ASSERT_OK_AND_ASSIGN(SampledTokens again,
+                               b->ForwardSample({&ib, 1}, nullptr, {&req, 1}, 0));
+    ASSERT_EQ(again.prompt_logprobs.size(), 1u);
+    EXPECT_EQ(again.prompt_logprobs[0].logprobs.size(), prompt.size() - 1);
+    ASSERT_EQ(again.prompt_logprobs[0].top.size(), prompt.size() - 1);
+    for (const std::vector<TokenLogprob>& top : again.prompt_logprobs[0].top) {
+      ASSERT_EQ(top.size(), 1u);
+      EXPECT_LE(top[0].logprob, 0.0f);
+    }
   }
 }
 

@@ -65,6 +65,27 @@ a, b = json.loads(sys.argv[1])["output_ids"], json.loads(sys.argv[2])["output_id
 assert a[:4] == b[:4], (a, b)
 PYEOF
 done
+# Prompt log-probabilities on the GPU (the prefill pass's lm_head over every
+# position): generate --device cuda as the cluster's CUDA prefill worker (the
+# same kernels: within 1e-3) and as the CPU engine within bf16's bound (max
+# 0.3 at an indexer near-tie, mean 2.5e-2; cuda_prompt_logprobs_test owns the
+# tight rule).
+args=(--prompt_ids "400,7,7,7,100,250,3,4" --max_new_tokens 2 --ignore_eos --prompt_logprobs 2 --json)
+cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete --prompt_logprobs: $cluster"
+single=$("$MOESH" generate --model "$MODEL" --device cuda "${args[@]}") || fail "generate --device cuda --prompt_logprobs: $single"
+cpu=$("$MOESH" generate --model "$MODEL" "${args[@]}") || fail "generate --prompt_logprobs: $cpu"
+"$PY" - "$cluster" "$single" "$cpu" <<'PYEOF' || fail "prompt log-probabilities on the GPU"
+import json, sys
+c, g, w = (json.loads(a.splitlines()[0])["prompt_logprobs"] for a in sys.argv[1:4])
+assert len(g["logprobs"]) == 7 and all(len(r) == 2 for r in g["top_logprobs"]), g
+for x in (c, w):
+    assert len(x["logprobs"]) == len(g["logprobs"]), (x, g)
+assert max(abs(a - b) for a, b in zip(c["logprobs"], g["logprobs"])) <= 1e-3, (c, g)
+d = [abs(a - b) for a, b in zip(g["logprobs"], w["logprobs"])]
+print("prompt logprobs, generate --device cuda vs the CPU engine: mean |d| %.3e, max %.3e" %
+      (sum(d) / len(d), max(d)))
+assert max(d) <= 0.3 and sum(d) / len(d) <= 2.5e-2, d
+PYEOF
 # A second turn: the prefix cache (on by default) in the workers' device pools.
 # Turn 1 sends a 100-token history; turn 2 the history and 6 more tokens: the
 # prefill worker computes only what its cache lacks (usage.cached_tokens: the

@@ -28,7 +28,10 @@
 #             (tests/integration/cuda_experts_test.sh v4, v32), chunked prefill in a GPU
 #             colocated router (tests/integration/cuda_chunked_test.sh); cuda_prefix_cache_test
 #             (the device pool's prefix cache against prompts computed whole) and a second turn
-#             through each cluster; memcheck on the backends' expert stage and KV handoff.
+#             through each cluster; cuda_prompt_logprobs_test (prompt log-probabilities, the
+#             lm_head over every position, against the CPU engine on the v3, v2_lite, v32 and v4
+#             goldens; the cluster tests ask for them too); memcheck on the backends' expert
+#             stage and KV handoff, on the all-positions head.
 #   multi     the two-GPU things (nvidia-h200-x2): transport_test (its nccl kind between the
 #             GPUs), nccl_link_test, cuda_backends_test (its nccl and second-GPU cases; not
 #             again if `services` ran it), and the cluster with the expert workers on GPU 1
@@ -45,7 +48,7 @@
 #             cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
 #             cuda_mxfp4_test cuda_wgmma_test [kernel_bench, for the SASS]
 #   model:    cuda_model_test cuda_fp8_model_test
-#   services: cuda_backends_test cuda_prefix_cache_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
+#   services: cuda_backends_test cuda_prefix_cache_test cuda_prompt_logprobs_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
 #             moesh_expert_worker libmoesh_cuda_backends.so
 #   multi:    transport_test nccl_link_test cuda_backends_test and the services' binaries
 # A test binary missing from the bundle is left out (said in the summary).
@@ -164,6 +167,7 @@ services() {
   # V3.2 wholly on the GPU within index_topk (8 in the golden).
   cluster cluster_v32 120 "MOESH_PROMPTS=5,17,300 1,2,3,4" MOESH_NEW_TOKENS=4 MOESH_MULTI_TURN=0 v32
   test_bin cuda_prefix_cache_test 90 cuda_prefix_cache_test
+  test_bin cuda_prompt_logprobs_test 90 cuda_prompt_logprobs_test
   step chunked_v3 120 tests/integration/cuda_chunked_test.sh $D/bin/moesh "$PWD" v3
   step experts_v4 120 tests/integration/cuda_experts_test.sh $D/bin/moesh "$PWD" v4
   step experts_v32 120 tests/integration/cuda_experts_test.sh $D/bin/moesh "$PWD" v32
@@ -172,6 +176,7 @@ services() {
   MOESH_SANITIZER_ARGS='--report-api-errors no' \
     sanitize memcheck_backends 150 memcheck cuda_backends_test '--gtest_filter=*ExpertStage*:*KvHandoff*'
   sanitize memcheck_prefix_cache 60 memcheck cuda_prefix_cache_test
+  sanitize memcheck_prompt_logprobs 90 memcheck cuda_prompt_logprobs_test '--gtest_filter=*/0:*Chunks*'
 }
 
 multi() {
@@ -200,6 +205,8 @@ grep -h "boundary cases" "$LOGS/cuda_sample_test.log" 2>/dev/null
   { echo; echo "==== cuda_fp8_model_test"; grep -E 'vs the CPU|GPU |OK \]|FAILED \]|Failure|Expected|Which is' "$LOGS/cuda_fp8_model_test.log" | head -40; }
 [[ -f $LOGS/cuda_prefix_cache_test.log ]] &&
   { echo; echo "==== cuda_prefix_cache_test"; grep -E 'cached vs whole|handoff into|OK \]|FAILED \]|Failure' "$LOGS/cuda_prefix_cache_test.log" | head -20; }
+[[ -f $LOGS/cuda_prompt_logprobs_test.log ]] &&
+  { echo; echo "==== cuda_prompt_logprobs_test"; grep -E 'prompt logprobs over|last rows vs|lm_head chunks|OK \]|FAILED \]|Failure' "$LOGS/cuda_prompt_logprobs_test.log" | head -30; }
 for f in cluster_grpc cluster_grpc_v2_lite cluster_ipc cluster_v4 cluster_v32 experts_v4 experts_v32 \
          cluster_2gpu_v3 cluster_2gpu_nccl_v3 cluster_2gpu_v2_lite cluster_2gpu_nccl_v2_lite cluster_ipc_2gpu; do
   show "$f" "tokens equal|PASS|FAIL|pipelined"

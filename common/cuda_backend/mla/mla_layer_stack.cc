@@ -177,11 +177,11 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
   return absl::OkStatus();
 }
 
-absl::Status MlaLayerStack::EnqueueFinalNorm(int num_tokens, int num_rows, bf16* out) {
+absl::Status MlaLayerStack::EnqueueFinalNorm(int num_tokens, int num_rows, const int32_t* rows,
+                                             bf16* out) {
   const ModelConfig& c = ctx_.config;
   RmsNormF32Params np;
-  np.x = x_.get(), np.rows = ctx_.in->head_rows, np.weight = ctx_.weights->norm(),
-  np.num_rows = num_rows;
+  np.x = x_.get(), np.rows = rows, np.weight = ctx_.weights->norm(), np.num_rows = num_rows;
   np.n = c.hidden_size, np.eps = static_cast<float>(c.rms_norm_eps), np.y = out;
   np.stream = ctx_.stream;
   return RunRmsNormF32(np);

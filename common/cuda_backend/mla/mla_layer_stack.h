@@ -28,7 +28,8 @@ class MlaLayerStack : public LayerStack {
   MlaLayerStack(const ForwardContext& ctx, FfnBlock* ffn) : ctx_(ctx), ffn_(ffn) {}
 
   absl::Status Enqueue(const StepBatch& b, ExpertClient* experts) override;
-  absl::Status EnqueueFinalNorm(int num_tokens, int num_rows, bf16* out) override;
+  absl::Status EnqueueFinalNorm(int num_tokens, int num_rows, const int32_t* rows,
+                                bf16* out) override;
 
  private:
   // q_a_layernorm and kv_a_layernorm are built without the config's eps

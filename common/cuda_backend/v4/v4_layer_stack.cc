@@ -319,14 +319,15 @@ absl::Status V4LayerStack::EnqueueFastAttention(const V4AttentionParams& ap) {
   return RunV4AttnFinish(fp);
 }
 
-absl::Status V4LayerStack::EnqueueFinalNorm(int num_tokens, int num_rows, bf16* out) {
+absl::Status V4LayerStack::EnqueueFinalNorm(int num_tokens, int num_rows, const int32_t* rows,
+                                            bf16* out) {
   const ModelConfig& c = ctx_.config;
   cudaStream_t s = ctx_.stream;
   const int h = c.hidden_size, hc = c.v4.hc_mult;
   RETURN_IF_ERROR(ctx_.gemm->RunF32(x_.get(), ctx_.weights->hc_head_fn(), mix_.get(), num_tokens,
                                     hc, hc * h, false, s));
   MhcPreParams p;
-  p.x = x_.get(), p.mix = mix_.get(), p.rows = ctx_.in->head_rows;
+  p.x = x_.get(), p.mix = mix_.get(), p.rows = rows;
   p.base = ctx_.weights->hc_head_base(), p.scale = ctx_.weights->hc_head_scale();
   p.num_tokens = num_rows, p.hc = hc, p.hidden = h, p.head = true;
   p.hc_eps = static_cast<float>(c.v4.hc_eps), p.norm_eps = static_cast<float>(c.rms_norm_eps);

@@ -35,7 +35,8 @@ class V4LayerStack : public LayerStack {
   absl::Status AttachPool(int num_blocks) override;
   bool needs_segments() const override { return true; }
   absl::Status Enqueue(const StepBatch& b, ExpertClient* experts) override;
-  absl::Status EnqueueFinalNorm(int num_tokens, int num_rows, bf16* out) override;
+  absl::Status EnqueueFinalNorm(int num_tokens, int num_rows, const int32_t* rows,
+                                bf16* out) override;
   absl::Status RowsArrived(int seq, int from, int to) override;
   absl::Status FillCacheRandom(uint64_t seed) override;
 
