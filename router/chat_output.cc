@@ -13,8 +13,6 @@
 namespace moesh {
 namespace {
 
-constexpr absl::string_view kThinkBegin = "<think>";
-constexpr absl::string_view kThinkEnd = "</think>";
 constexpr absl::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
 constexpr absl::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr absl::string_view kCallBegin = "<｜tool▁call▁begin｜>";
@@ -64,12 +62,12 @@ void ChatOutputParser::Drain(ChatDelta* out) {
   for (;;) {
     switch (state_) {
       case State::kMaybeThink:
-        if (absl::StartsWith(pending_, kThinkBegin)) {
-          pending_.erase(0, kThinkBegin.size());
+        if (absl::StartsWith(pending_, kThinkStart)) {
+          pending_.erase(0, kThinkStart.size());
           state_ = State::kReasoning;
           continue;
         }
-        if (absl::StartsWith(kThinkBegin, pending_)) return;  // undecided (or empty)
+        if (absl::StartsWith(kThinkStart, pending_)) return;  // undecided (or empty)
         state_ = State::kContent;
         continue;
       case State::kReasoning:
