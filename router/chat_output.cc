@@ -8,12 +8,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/tokenizer/dsml_encoding.h"
+#include "common/tokenizer/utf8.h"
 
 namespace moesh {
 namespace {
 
-constexpr absl::string_view kThinkBegin = "<think>";
-constexpr absl::string_view kThinkEnd = "</think>";
 constexpr absl::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
 constexpr absl::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr absl::string_view kCallBegin = "<｜tool▁call▁begin｜>";
@@ -29,6 +28,15 @@ constexpr absl::string_view kParamEnd = "</｜DSML｜parameter>";
 size_t PartialMarker(absl::string_view text, absl::string_view marker) {
   for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
     if (absl::StartsWith(marker, text.substr(text.size() - n))) return n;
+  }
+  return 0;
+}
+
+// The length of an unfinished UTF-8 character that ends `text`: the bytes a
+// later chunk may complete.
+size_t Utf8PartialTail(absl::string_view text) {
+  for (size_t p = text.size() > 3 ? text.size() - 3 : 0; p < text.size(); ++p) {
+    if (DecodeUtf8At(text, p).kind == Utf8Step::kIncomplete) return text.size() - p;
   }
   return 0;
 }
@@ -54,12 +62,12 @@ void ChatOutputParser::Drain(ChatDelta* out) {
   for (;;) {
     switch (state_) {
       case State::kMaybeThink:
-        if (absl::StartsWith(pending_, kThinkBegin)) {
-          pending_.erase(0, kThinkBegin.size());
+        if (absl::StartsWith(pending_, kThinkStart)) {
+          pending_.erase(0, kThinkStart.size());
           state_ = State::kReasoning;
           continue;
         }
-        if (absl::StartsWith(kThinkBegin, pending_)) return;  // undecided (or empty)
+        if (absl::StartsWith(kThinkStart, pending_)) return;  // undecided (or empty)
         state_ = State::kContent;
         continue;
       case State::kReasoning:
@@ -108,6 +116,7 @@ bool ChatOutputParser::TakeUntil(absl::string_view marker, std::string* into) {
 }
 
 bool ChatOutputParser::TakeCall(ChatDelta* out) {
+  if (open_call_) return TakeCallArguments(out);
   // Whitespace between calls is the format's; it is not content.
   const size_t start = pending_.find_first_not_of(" \t\r\n");
   if (start == std::string::npos) return false;
@@ -118,33 +127,90 @@ bool ChatOutputParser::TakeCall(ChatDelta* out) {
     state_ = State::kAfterTools;
     return true;
   }
-  const size_t end = rest.find(kCallEnd);
-  if (end == absl::string_view::npos) return false;
-  // The call's text, copied: pending_ drops it below.
-  const std::string call_text(rest.substr(0, end));
-  absl::string_view call = call_text;
+  // The header, [<｜tool▁call▁begin｜>]TYPE<｜tool▁sep｜>NAME, ends at its
+  // "\n" (or at the call's end: a call without arguments).
+  const size_t newline = rest.find('\n');
+  const size_t end = rest.substr(0, newline).find(kCallEnd);
+  if (newline == absl::string_view::npos && end == absl::string_view::npos) return false;
+  const bool whole = end != absl::string_view::npos;
+  absl::string_view header = rest.substr(0, whole ? end : newline);
+  absl::ConsumePrefix(&header, kCallBegin);
+  const size_t sep = header.find(kSep);
+  if (sep != absl::string_view::npos) header.remove_prefix(sep + kSep.size());
+  ParsedToolCall call;
+  call.index = calls_++;
+  call.id = absl::StrCat(options_.id_prefix, call.index);
+  call.name = std::string(absl::StripAsciiWhitespace(header));
+  AddCallPiece(out, std::move(call));
   raw_tools_.clear();
-  pending_.erase(0, start + end + kCallEnd.size());
-  absl::ConsumePrefix(&call, kCallBegin);
-  // TYPE<｜tool▁sep｜>NAME\n```json\nARGS\n```
-  const size_t sep = call.find(kSep);
-  if (sep != absl::string_view::npos) call.remove_prefix(sep + kSep.size());
-  const size_t newline = call.find('\n');
-  ParsedToolCall parsed;
-  parsed.index = calls_++;
-  parsed.id = absl::StrCat(options_.id_prefix, parsed.index);
-  parsed.name = std::string(absl::StripAsciiWhitespace(call.substr(0, newline)));
-  absl::string_view args =
-      newline == absl::string_view::npos ? absl::string_view() : call.substr(newline + 1);
-  args = absl::StripAsciiWhitespace(args);
-  if (absl::ConsumePrefix(&args, "```")) {
-    absl::ConsumePrefix(&args, "json");
-    absl::ConsumeSuffix(&args, "```");
-    args = absl::StripAsciiWhitespace(args);
-  }
-  parsed.arguments = std::string(args);
-  out->tool_calls.push_back(std::move(parsed));
+  pending_.erase(0, start + (whole ? end + kCallEnd.size() : newline + 1));
+  open_call_ = !whole;
+  args_ = Args::kOpening;
+  fenced_ = false;
   return true;
+}
+
+bool ChatOutputParser::TakeCallArguments(ChatDelta* out) {
+  constexpr absl::string_view kSpace = " \t\r\n";
+  constexpr absl::string_view kFence = "```";
+  const size_t end = pending_.find(kCallEnd.data(), 0, kCallEnd.size());
+  const bool ended = end != std::string::npos;
+  absl::string_view text = absl::string_view(pending_).substr(0, ended ? end : pending_.size());
+  // Before the text: whitespace, the opening fence ("```json" or "```"),
+  // whitespace again; taken once the next byte decides them.
+  size_t taken = 0;
+  if (args_ == Args::kOpening) {
+    const size_t s = std::min(text.find_first_not_of(kSpace), text.size());
+    absl::string_view rest = text.substr(s);
+    if (!ended && absl::StartsWith(absl::StrCat(kFence, "json"), rest)) {
+      pending_.erase(0, s);  // undecided (or empty)
+      return false;
+    }
+    taken = s;
+    if (absl::StartsWith(rest, kFence)) {
+      fenced_ = true;
+      taken += kFence.size() + (absl::StartsWith(rest.substr(kFence.size()), "json") ? 4 : 0);
+      args_ = Args::kLeading;
+    } else {
+      args_ = Args::kText;
+    }
+  }
+  if (args_ == Args::kLeading) {
+    const size_t s = text.find_first_not_of(kSpace, taken);
+    if (s == absl::string_view::npos && !ended) {
+      pending_.clear();
+      return false;
+    }
+    taken = std::min(s, text.size());
+    args_ = Args::kText;
+  }
+  absl::string_view body = text.substr(taken);
+  ParsedToolCall piece;
+  piece.index = calls_ - 1;
+  if (ended) {
+    // The closing fence and the whitespace around it are the format's.
+    body = absl::StripTrailingAsciiWhitespace(body);
+    if (fenced_ && absl::ConsumeSuffix(&body, kFence)) {
+      body = absl::StripTrailingAsciiWhitespace(body);
+    }
+    piece.arguments = std::string(body);
+    pending_.erase(0, end + kCallEnd.size());
+    open_call_ = false;
+  } else {
+    // Held back: what may start the end marker, then what may be the closing
+    // fence with whitespace around it, then an unfinished UTF-8 character.
+    size_t n = body.size() - PartialMarker(body, kCallEnd);
+    while (n > 0 && kSpace.find(body[n - 1]) != absl::string_view::npos) --n;
+    if (fenced_) {
+      for (int ticks = 0; ticks < 3 && n > 0 && body[n - 1] == '`'; ++ticks) --n;
+      while (n > 0 && kSpace.find(body[n - 1]) != absl::string_view::npos) --n;
+    }
+    n -= Utf8PartialTail(body.substr(0, n));
+    piece.arguments = std::string(body.substr(0, n));
+    pending_.erase(0, taken + n);
+  }
+  if (!piece.arguments.empty()) AddCallPiece(out, std::move(piece));
+  return ended;
 }
 
 bool ChatOutputParser::TakeDsmlContent(ChatDelta* out) {
@@ -279,6 +345,17 @@ ChatDelta ChatOutputParser::Finish() {
       out.reasoning += pending_;
       break;
     case State::kTools:
+      if (open_call_ && options_.tool_format == ToolFormat::kDeepSeekV3) {
+        // Cut off mid-call: the end of the text ends it (a marker it began is
+        // the format's, and so is a closing fence begun on a line of its own).
+        pending_.resize(pending_.size() - PartialMarker(pending_, kCallEnd));
+        const size_t text = pending_.find_last_not_of(" \t\r\n") + 1;
+        const size_t ticks = text - std::min(text, pending_.find_last_not_of('`', text - 1) + 1);
+        if (fenced_ && text > 0 && ticks < 3 && ticks < text && pending_[text - ticks - 1] == '\n')
+          pending_.resize(text - ticks);
+        pending_.append(kCallEnd.data(), kCallEnd.size());
+        Drain(&out);
+      }
       if (open_call_) {  // cut off mid-call: its arguments closed
         ParsedToolCall piece;
         piece.index = calls_ - 1;

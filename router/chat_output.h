@@ -9,9 +9,17 @@
 // Tool calls, as DeepSeek-V3/R1 write them:
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n
 //   ```json\nARGS\n```<｜tool▁call▁end｜> (more calls, "\n" between) <｜tool▁calls▁end｜>
-// A call is reported whole once its `<｜tool▁call▁end｜>` came; the
-// arguments are the text between the fences as written (not re-encoded).
-// Text after `<｜tool▁calls▁end｜>` is content.
+// A call is reported in pieces as it streams, as OpenAI's are: its id and
+// name once its header line (up to the "\n" after NAME) came (arguments ""),
+// then its arguments as their text arrives, closed at `<｜tool▁call▁end｜>`
+// (or at Finish when cut off, the end of the text standing for it: a begun
+// end marker, or closing fence on a line of its own, is dropped). The
+// arguments are the text between the fences as written (not re-encoded;
+// without fences, the text up to the call's end), whitespace around it
+// trimmed; a piece never holds the closing fence, a marker's start or part
+// of a UTF-8 character (the text that may become one is held back until the
+// next chunk decides it). A call whose header is cut off is content as
+// written. Text after `<｜tool▁calls▁end｜>` is content.
 //
 // Tool calls in DSML, as DeepSeek-V3.2 (BLOCK "function_calls") and V4
 // ("tool_calls") write them:
@@ -44,7 +52,7 @@ struct ParsedToolCall {
   std::string arguments;
 };
 
-// What a chunk of text added. A call may come in pieces (DSML): its first
+// What a chunk of text added. A call comes in pieces: its first
 // entry carries its index, id and name, later entries of the same index only
 // more of its arguments, to be appended; one delta holds at most one entry
 // per call.
@@ -75,8 +83,8 @@ class ChatOutputParser {
   explicit ChatOutputParser(Options options);
 
   ChatDelta Feed(absl::string_view text);
-  // The end of the text: what was held back (an unfinished tool call goes to
-  // content as written).
+  // The end of the text: what was held back (a tool call cut off before its
+  // header was reported goes to content as written; one after it is closed).
   ChatDelta Finish();
   // Calls reported so far.
   int tool_calls() const { return calls_; }
@@ -88,9 +96,12 @@ class ChatOutputParser {
   // Moves pending_'s text before `marker` into `into` and drops the marker:
   // true. Without the marker, all but a tail that may start it: false.
   bool TakeUntil(absl::string_view marker, std::string* into);
-  // kTools: the next call (or the calls' end) out of pending_; false when
-  // pending_ does not hold it whole yet.
+  // kTools (V3): the next call's header (or the calls' end) out of pending_;
+  // false when pending_ does not hold it whole yet.
   bool TakeCall(ChatDelta* out);
+  // kTools (V3), inside a call (open_call_): what pending_ decides of its
+  // arguments; true once the call ended (pending_ then past its end marker).
+  bool TakeCallArguments(ChatDelta* out);
   // TakeCall for DSML.
   bool TakeDsmlCall(ChatDelta* out);
   // kContent with DSML calls: the content before the block's opening (less
@@ -113,8 +124,13 @@ class ChatOutputParser {
   std::string pending_;
   std::string raw_tools_;  // kTools: the opening marker until a call is taken
   int calls_ = 0;
-  bool open_call_ = false;  // DSML: a call's header was reported, not its end
+  bool open_call_ = false;  // a call's header was reported, not its end
   int call_params_ = 0;     // DSML: the open call's parameters reported
+  // V3: where the open call's arguments are: before their opening fence,
+  // in the whitespace after it, or in their text.
+  enum class Args { kOpening, kLeading, kText };
+  Args args_ = Args::kOpening;
+  bool fenced_ = false;  // V3: the open call's arguments opened with ```
 };
 
 }  // namespace moesh

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/tokenizer/utf8.h"
 #include "gtest/gtest.h"
 
 namespace moesh {
@@ -141,10 +142,10 @@ TEST(ChatOutputParserTest, ToolCallsWithoutFencesOrReasoning) {
   EXPECT_EQ(t.content, " tail");
 }
 
-TEST(ChatOutputParserTest, UnfinishedCallIsContentAsWritten) {
+TEST(ChatOutputParserTest, CallCutOffInItsHeaderIsContentAsWritten) {
   ChatOutputParser::Options o;
   o.tools = true;
-  const std::string tail = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{";
+  const std::string tail = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>ge";
   Total t = ParseEveryCut(o, "pre " + tail);
   EXPECT_TRUE(t.calls.empty());
   EXPECT_EQ(t.content, "pre " + tail);
@@ -152,6 +153,121 @@ TEST(ChatOutputParserTest, UnfinishedCallIsContentAsWritten) {
   t = ParseEveryCut(o, std::string("<｜tool▁calls▁begin｜>") + kCall1 + "\n<｜tool▁call▁begin｜>g");
   ASSERT_EQ(t.calls.size(), 1u);
   EXPECT_EQ(t.content, "\n<｜tool▁call▁begin｜>g");
+}
+
+TEST(ChatOutputParserTest, CallCutOffAfterItsHeaderIsClosed) {
+  // The text ends mid-call (max_tokens): the call was reported at its header;
+  // its arguments are what came, less the format's fence and end marker.
+  ChatOutputParser::Options o;
+  o.tools = true;
+  const std::string head =
+      "pre <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n";
+  for (const auto& [text, arguments] : std::vector<std::pair<std::string, std::string>>{
+           {"", ""},
+           {"```js", "js"},  // as the whole call's text reads
+           {"```json\n{\"city\": \"Par", "{\"city\": \"Par"},
+           {"```json\n{\"city\": \"P\xC3", "{\"city\": \"P\xC3"},  // the text's own bytes
+           {"```json\n{\"a\": 1}\n``", "{\"a\": 1}"},
+           {"```json\n{\"a\": 1}\n```<｜tool▁call▁e", "{\"a\": 1}"},
+           {"{\"a\": 1}  ", "{\"a\": 1}"}}) {
+    const Total t = ParseEveryCut(o, head + text);
+    ASSERT_EQ(t.calls.size(), 1u) << text;
+    EXPECT_EQ(t.calls[0].name, "get_weather");
+    EXPECT_EQ(t.calls[0].arguments, arguments) << text;
+    EXPECT_EQ(t.content, "pre ") << text;
+  }
+}
+
+// Every cut of `text`: each piece of a call's arguments is well-formed UTF-8
+// and holds neither a fence nor a special token's bar.
+void ExpectCleanPieces(const ChatOutputParser::Options& o, const std::string& text) {
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    ChatOutputParser p(o);
+    std::vector<ChatDelta> deltas = {p.Feed(text.substr(0, cut)), p.Feed(text.substr(cut)),
+                                     p.Finish()};
+    for (const ChatDelta& d : deltas) {
+      for (const ParsedToolCall& t : d.tool_calls) {
+        EXPECT_TRUE(ValidateUtf8(t.arguments).ok()) << "cut at " << cut << ": " << t.arguments;
+        EXPECT_EQ(t.arguments.find("```"), std::string::npos) << "cut at " << cut;
+        EXPECT_EQ(t.arguments.find("｜"), std::string::npos) << "cut at " << cut;
+      }
+    }
+  }
+}
+
+TEST(ChatOutputParserTest, CallsStreamInPieces) {
+  ChatOutputParser::Options o = R1(true);
+  ChatOutputParser p(o);
+  ChatDelta d =
+      p.Feed("ok</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>");
+  EXPECT_EQ(d.reasoning, "ok");
+  EXPECT_TRUE(d.tool_calls.empty());
+  // The header: index, id and name, no arguments yet.
+  d = p.Feed("get_weather\n```js");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].index, 0);
+  EXPECT_EQ(d.tool_calls[0].id, "call_x_0");
+  EXPECT_EQ(d.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(d.tool_calls[0].arguments, "");
+  EXPECT_TRUE(p.Feed("on\n").empty());
+  // The arguments as they come, less what may still be the fence, the end
+  // marker or part of a character ("é" is two bytes).
+  d = p.Feed("{\"city\": \"Par");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_TRUE(d.tool_calls[0].id.empty() && d.tool_calls[0].name.empty());
+  EXPECT_EQ(d.tool_calls[0].arguments, "{\"city\": \"Par");
+  d = p.Feed("is\xC3");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "is");
+  d = p.Feed("\xA9\"}\n`");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].arguments, "é\"}");
+  EXPECT_TRUE(p.Feed("``<｜tool▁call").empty());
+  EXPECT_TRUE(p.Feed("▁end｜>").empty());  // closed: nothing was left to add
+  // The next call: its header, then its arguments.
+  d = p.Feed("\n" + std::string(kCall2));
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].index, 1);
+  EXPECT_EQ(d.tool_calls[0].name, "lookup");
+  EXPECT_EQ(d.tool_calls[0].arguments, "{\"q\": [1, 2]}");
+  EXPECT_EQ(p.Feed("<｜tool▁calls▁end｜> done").content, " done");
+  EXPECT_TRUE(p.Finish().empty());
+  EXPECT_EQ(p.tool_calls(), 2);
+}
+
+TEST(ChatOutputParserTest, CallArgumentsStreamAtEveryCutAsWhole) {
+  ChatOutputParser::Options o;
+  o.tools = true;
+  const std::string call = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n";
+  const std::string end = "<｜tool▁call▁end｜>";
+  // Arguments with backticks, markers' look-alikes and multi-byte characters.
+  for (const auto& [args, arguments] : std::vector<std::pair<std::string, std::string>>{
+           {"```json\n{\"s\": \"a`b`` ```c\", \"t\": \"<｜x｜> é€😀\"}\n```",
+            "{\"s\": \"a`b`` ```c\", \"t\": \"<｜x｜> é€😀\"}"},
+           {"  ```json  \n [1]\n```\n", "[1]"},
+           {"```\n{}\n```", "{}"},
+           {"```jsonx```", "x"},
+           {"````", "`"},
+           {"```json```", ""},
+           {"{\"a\": \"``\"}\n``", "{\"a\": \"``\"}\n``"},  // no fences: as written
+           {"", ""}}) {
+    const std::string text =
+        "<｜tool▁calls▁begin｜>" + call + args + end + "<｜tool▁calls▁end｜>after";
+    const Total t = ParseEveryCut(o, text);
+    ASSERT_EQ(t.calls.size(), 1u) << args;
+    EXPECT_EQ(t.calls[0].name, "f");
+    EXPECT_EQ(t.calls[0].arguments, arguments) << args;
+    EXPECT_EQ(t.content, "after") << args;
+  }
+  ExpectCleanPieces(o, "<｜tool▁calls▁begin｜>" + call + "```json\n{\"t\": \"é€😀 ``\"}\n```" + end +
+                           "\n" + call + "```json\n{\"u\": \"ü\"}\n```" + end +
+                           "<｜tool▁calls▁end｜>");
+  // A call without arguments, its end right after its name.
+  const Total bare = ParseEveryCut(
+      o, "<｜tool▁calls▁begin｜>" + call.substr(0, call.size() - 1) + end + "<｜tool▁calls▁end｜>");
+  ASSERT_EQ(bare.calls.size(), 1u);
+  EXPECT_EQ(bare.calls[0].name, "f");
+  EXPECT_EQ(bare.calls[0].arguments, "");
 }
 
 TEST(ChatOutputParserTest, DeltasComeAsSoonAsDecided) {

@@ -6,8 +6,10 @@
 // them; cancelling a prompt between its chunks frees every KV block; a short
 // prompt queued behind a long one gets its first token before the long one's
 // last chunk.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <string>
 #include <thread>
@@ -75,6 +77,7 @@ struct Streamed {
   std::vector<int32_t> ids;
   std::vector<float> token_logprobs;
   std::vector<float> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top;
   int cached_tokens = -1;
 };
 
@@ -88,7 +91,10 @@ Streamed Stream(ColocatedBackend* b, const GenerationRequest& r, const CancelTok
         s.ids.insert(s.ids.end(), c.ids.begin(), c.ids.end());
         s.token_logprobs.insert(s.token_logprobs.end(), c.token_logprobs.begin(),
                                 c.token_logprobs.end());
-        if (c.prompt_logprobs.has_value()) s.prompt_logprobs = c.prompt_logprobs->logprobs;
+        if (c.prompt_logprobs.has_value()) {
+          s.prompt_logprobs = c.prompt_logprobs->logprobs;
+          s.prompt_top = c.prompt_logprobs->top;
+        }
         if (on_chunk) on_chunk(s);
         return true;
       },
@@ -126,17 +132,33 @@ struct Case {
 
 class ChunkedPrefillTest : public ::testing::TestWithParam<Case> {};
 
+// The unchunked reference and the case's engines, with their metrics.
+struct Engines {
+  explicit Engines(const Case& c) {
+    absl::StatusOr<std::unique_ptr<Metrics>> m = Metrics::Create("", "router");
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return;
+    metrics = std::move(*m);
+    ref = Backend(Where::kNone);
+    b = Backend(c.where, metrics.get(), c.prefix_cache);
+    if (b != nullptr) all_free = b->decode()->Load().free_kv_blocks;
+  }
+  bool ok() const { return metrics != nullptr && ref != nullptr && b != nullptr; }
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<ColocatedBackend> ref, b;
+  int64_t all_free = 0;
+};
+
 TEST_P(ChunkedPrefillTest, OutputsEqualTheUnchunkedEnginesTokenForToken) {
   const Case c = GetParam();
-  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create("", "router");
-  ASSERT_TRUE(metrics.ok());
-  std::unique_ptr<ColocatedBackend> ref = Backend(Where::kNone);
-  std::unique_ptr<ColocatedBackend> b = Backend(c.where, metrics->get(), c.prefix_cache);
-  ASSERT_NE(ref, nullptr);
-  ASSERT_NE(b, nullptr);
-  const int64_t all_free = b->decode()->Load().free_kv_blocks;
+  Engines e(c);
+  ASSERT_TRUE(e.ok());
+  ColocatedBackend* const ref = e.ref.get();
+  ColocatedBackend* const b = e.b.get();
+  Metrics* const metrics = e.metrics.get();
+  const int64_t all_free = e.all_free;
   // A stream decoding throughout, then prompts of 100, 70, 5 and 40 tokens
-  // (the last with prompt log-probabilities, computed whole) and one sharing
+  // (the last with prompt log-probabilities, in chunks too) and one sharing
   // the first's first 64 tokens (from the prefix cache where it is on).
   const GenerationRequest stream = Request("stream", Prompt(3, 0), 80);
   std::vector<GenerationRequest> prompts = {
@@ -148,11 +170,11 @@ TEST_P(ChunkedPrefillTest, OutputsEqualTheUnchunkedEnginesTokenForToken) {
   for (int i = 0; i < 30; ++i) shared.push_back(400 + i);
   prompts.push_back(Request("shared", shared, 8));
   CancelToken never;
-  const Streamed want_stream = Stream(ref.get(), stream, never);
+  const Streamed want_stream = Stream(ref, stream, never);
   ASSERT_TRUE(want_stream.status.ok()) << want_stream.status;
   std::vector<Streamed> want;
   for (const GenerationRequest& r : prompts) {
-    want.push_back(Stream(ref.get(), r, never));
+    want.push_back(Stream(ref, r, never));
     ASSERT_TRUE(want.back().status.ok()) << r.request_id << ": " << want.back().status;
   }
   ASSERT_EQ(want[3].prompt_logprobs.size(), 39u);
@@ -160,7 +182,7 @@ TEST_P(ChunkedPrefillTest, OutputsEqualTheUnchunkedEnginesTokenForToken) {
   absl::Notification streaming;
   Streamed got_stream;
   std::thread t([&] {
-    got_stream = Stream(b.get(), stream, never, [&](const Streamed& s) {
+    got_stream = Stream(b, stream, never, [&](const Streamed& s) {
       if (s.ids.size() >= 3 && !streaming.HasBeenNotified()) streaming.Notify();
     });
   });
@@ -168,9 +190,9 @@ TEST_P(ChunkedPrefillTest, OutputsEqualTheUnchunkedEnginesTokenForToken) {
   std::vector<Streamed> got(prompts.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i + 1 < prompts.size(); ++i)
-    threads.emplace_back([&, i] { got[i] = Stream(b.get(), prompts[i], never); });
+    threads.emplace_back([&, i] { got[i] = Stream(b, prompts[i], never); });
   for (std::thread& th : threads) th.join();
-  got.back() = Stream(b.get(), prompts.back(), never);  // after "long": its blocks are cached
+  got.back() = Stream(b, prompts.back(), never);  // after "long": its blocks are cached
   t.join();
   ASSERT_TRUE(got_stream.status.ok()) << got_stream.status;
   EXPECT_EQ(got_stream.ids, want_stream.ids);
@@ -192,8 +214,67 @@ TEST_P(ChunkedPrefillTest, OutputsEqualTheUnchunkedEnginesTokenForToken) {
     EXPECT_EQ(got.back().cached_tokens, 0);
   }
   // The long prompts took many chunks: more than one per request.
-  EXPECT_GT(Counter(metrics->get(), ChunksMetric(c.where)), 2.0 * (prompts.size() + 1));
-  ExpectIdle(b.get(), all_free);
+  EXPECT_GT(Counter(metrics, ChunksMetric(c.where)), 2.0 * (prompts.size() + 1));
+  ExpectIdle(b, all_free);
+}
+
+// Prompt log-probabilities in chunks: each chunk scores the tokens after its
+// positions (its last, the next chunk's first); joined they equal the
+// unchunked pass's. With the prefix cache on, a prompt asking for them reads
+// no cached rows (cached_tokens 0) and gets every token's.
+TEST_P(ChunkedPrefillTest, PromptLogprobsInChunksEqualTheUnchunkedOnes) {
+  const Case c = GetParam();
+  Engines e(c);
+  ASSERT_TRUE(e.ok());
+  ColocatedBackend* const ref = e.ref.get();
+  ColocatedBackend* const b = e.b.get();
+  Metrics* const metrics = e.metrics.get();
+  const int64_t all_free = e.all_free;
+  CancelToken never;
+  // 100 tokens: 7 chunks of 16 (the last 4 tokens their own); 33: a chunk
+  // boundary right before the last token; 16: one chunk.
+  for (const int n : {100, 33, 16}) {
+    GenerationRequest r = Request(absl::StrCat("plp", n), Prompt(n, 20 + n), 4);
+    r.sampling.prompt_logprobs = 3;
+    r.sampling.logprobs = true;
+    const Streamed want = Stream(ref, r, never);
+    ASSERT_TRUE(want.status.ok()) << want.status;
+    ASSERT_EQ(want.prompt_logprobs.size(), static_cast<size_t>(n - 1));
+    // The prompt's blocks cached first where the cache is on (a plain
+    // request), then the one asking for log-probabilities.
+    const double chunks_before = Counter(metrics, ChunksMetric(c.where));
+    GenerationRequest plain = Request(absl::StrCat("plain", n), r.prompt, 1);
+    ASSERT_TRUE(Stream(b, plain, never).status.ok());
+    const Streamed got = Stream(b, r, never);
+    ASSERT_TRUE(got.status.ok()) << n << ": " << got.status;
+    EXPECT_EQ(got.cached_tokens, 0) << n;
+    EXPECT_EQ(got.ids, want.ids) << n;
+    // Equal up to fp32 rounding: the chunks' matrix products have other
+    // shapes (16 rows, not the prompt's n), so their sums run in another
+    // order; every token scored, with the same alternatives.
+    double worst = 0;
+    auto near = [&worst](float a, float b) { worst = std::max(worst, std::fabs(double(a) - b)); };
+    ASSERT_EQ(got.prompt_logprobs.size(), want.prompt_logprobs.size()) << n;
+    for (size_t j = 0; j < want.prompt_logprobs.size(); ++j)
+      near(got.prompt_logprobs[j], want.prompt_logprobs[j]);
+    ASSERT_EQ(got.prompt_top.size(), want.prompt_top.size()) << n;
+    for (size_t j = 0; j < want.prompt_top.size(); ++j) {
+      ASSERT_EQ(got.prompt_top[j].size(), 3u);
+      for (int k = 0; k < 3; ++k) {
+        EXPECT_EQ(got.prompt_top[j][k].id, want.prompt_top[j][k].id) << n << " " << j;
+        near(got.prompt_top[j][k].logprob, want.prompt_top[j][k].logprob);
+      }
+    }
+    ASSERT_EQ(got.token_logprobs.size(), want.token_logprobs.size()) << n;
+    for (size_t j = 0; j < want.token_logprobs.size(); ++j)
+      near(got.token_logprobs[j], want.token_logprobs[j]);
+    EXPECT_LT(worst, 1e-5) << n;  // measured: at most 1e-6 (an ulp or two)
+    // It ran in chunks: both requests' prompts, ceil(n / 16) each.
+    EXPECT_EQ(Counter(metrics, ChunksMetric(c.where)) - chunks_before,
+              2 * ((n + kBudget - 1) / kBudget))
+        << n;
+  }
+  ExpectIdle(b, all_free);
 }
 
 TEST_P(ChunkedPrefillTest, CancellingAPromptBetweenItsChunksFreesEveryBlock) {

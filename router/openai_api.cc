@@ -468,7 +468,8 @@ absl::StatusOr<std::string> RenderChatPrompt(const ChatTemplate& chat_template, 
   ChatOutputParser::Options& o = r->output;
   o.reasoning = r->separate_reasoning &&
                 (dsml ? r->thinking : chat_template.family() == ChatTemplate::Family::kR1);
-  o.in_reasoning = absl::EndsWith(*prompt, dsml ? "<think>" : "<think>\n");
+  o.in_reasoning =
+      absl::EndsWith(*prompt, dsml ? std::string(kThinkStart) : absl::StrCat(kThinkStart, "\n"));
   o.tools = calls;
   if (dsml) {
     o.tool_format = ChatOutputParser::ToolFormat::kDsml;
@@ -481,14 +482,14 @@ absl::StatusOr<std::string> RenderChatPrompt(const ChatTemplate& chat_template, 
     // The model must call: its turn opens with the call's opening (after an
     // empty reasoning block where the prompt opened one).
     if (dsml) {
-      if (o.in_reasoning) r->forced_output = "</think>";
+      if (o.in_reasoning) r->forced_output = std::string(kThinkEnd);
       absl::StrAppend(&r->forced_output, "\n\n<｜DSML｜", o.dsml_block,
                       ">\n<｜DSML｜invoke name=\"");
       if (r->tool_choice == "function") {
         absl::StrAppend(&r->forced_output, r->tool_choice_name, "\">\n");
       }
     } else {
-      if (o.in_reasoning) r->forced_output = "</think>\n\n";
+      if (o.in_reasoning) r->forced_output = absl::StrCat(kThinkEnd, "\n\n");
       absl::StrAppend(&r->forced_output, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function",
                       "<｜tool▁sep｜>");
       if (r->tool_choice == "function") {

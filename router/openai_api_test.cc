@@ -637,6 +637,59 @@ TEST(OpenAiApiTest, StreamsReasoningAndToolCallDeltas) {
   }
 }
 
+// V3/R1 calls stream in pieces: the header's delta (index, id, type, name,
+// empty arguments), then the arguments as they come; joined, the streamed
+// call is the non-streamed one.
+TEST(OpenAiApiTest, StreamsV3CallsInPieces) {
+  std::unique_ptr<ChatTemplate> r1 = R1Template();
+  ASSERT_NE(r1, nullptr);
+  const std::vector<std::string> pieces = {
+      "</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n",
+      "```json\n{\"city\": \"Z\xC3",
+      "\xBCrich\", \"days\"",
+      ": 2}\n``",
+      "`<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n",
+      "{\"city\": \"Oslo\"}",
+      "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"};
+  absl::StatusOr<OpenAiRequest> r = Parse(
+      {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", Tools()}, {"stream", true}},
+      true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(RenderChatPrompt(*r1, &*r).ok());
+  OpenAiResponder streamed(*r, "chatcmpl-4", "tiny", 100, [](int32_t) { return ""; });
+  OpenAiResponder whole(*r, "chatcmpl-4", "tiny", 100, [](int32_t) { return ""; });
+  StreamedChat s;
+  for (const std::string& p : pieces) {
+    s.Add(streamed.StreamEvents(Text(p)));
+    whole.Add(Text(p));
+  }
+  s.Add(streamed.StreamEvents(FinalStop()));
+  whole.Add(FinalStop());
+  EXPECT_EQ(s.finish, "tool_calls");
+  EXPECT_EQ(s.content, "");
+  // The first call's header, then three pieces of its arguments (the
+  // fence's and the end marker's messages add none), the second call's
+  // header, its arguments.
+  ASSERT_EQ(s.calls.size(), 6u) << s.calls.dump();
+  EXPECT_EQ(s.calls[0], Json::parse(R"({"index": 0, "id": "call_chatcmpl-4_0_0", "type":
+      "function", "function": {"name": "get_weather", "arguments": ""}})"));
+  EXPECT_EQ(s.calls[1],
+            Json::parse(R"({"index": 0, "function": {"arguments": "{\"city\": \"Z"}})"));
+  EXPECT_EQ(s.calls[4]["id"], "call_chatcmpl-4_0_1");
+  const Json body = Json::parse(whole.Body());
+  const Json& calls = body["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    std::string arguments;
+    for (const Json& c : s.calls) {
+      if (c["index"] == i) arguments += c["function"]["arguments"].get<std::string>();
+    }
+    EXPECT_EQ(arguments, calls[i]["function"]["arguments"]) << i;
+  }
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"city\": \"Zürich\", \"days\": 2}");
+  EXPECT_EQ(calls[1]["function"]["arguments"], "{\"city\": \"Oslo\"}");
+}
+
 // DSML calls stream in pieces: the forced opening's call (id, name) in the
 // first chunk, then its arguments, joined by index as the SDKs do.
 TEST(OpenAiApiTest, StreamsDsmlCallsInPieces) {

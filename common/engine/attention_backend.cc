@@ -42,6 +42,12 @@ absl::Status AttentionBackend::CheckSampleRequests(absl::Span<const SequenceInpu
       return absl::InvalidArgumentError(
           absl::StrCat("ForwardSample: prompt_logprobs must lie in [-1, ", vocab, "]"));
     }
+    if (s.prompt_next < -1 || s.prompt_next >= vocab ||
+        (s.prompt_next >= 0 && s.prompt_logprobs < 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ForwardSample: prompt_next ", s.prompt_next,
+          " must be -1 or, with prompt_logprobs, a token of the vocabulary [0, ", vocab, ")"));
+    }
     if (s.params == nullptr)
       return absl::InvalidArgumentError("ForwardSample: a sample request without parameters");
     RETURN_IF_ERROR(s.params->Validate(vocab));
@@ -101,8 +107,10 @@ absl::StatusOr<SampledTokens> AttentionBackend::ForwardSample(
       out.top_logprobs.push_back(Sampler::TopLogprobs(row, vocab, top_logprobs));
     if (s.prompt_logprobs >= 0) {
       const size_t first = last_row[i] + 1 - seqs[i].tokens.size();
+      std::vector<int32_t> scored(seqs[i].tokens.begin(), seqs[i].tokens.end());
+      if (s.prompt_next >= 0) scored.push_back(s.prompt_next);  // the last row scores it
       out.prompt_logprobs[i] = Sampler::PromptLogprobsOf(logits.data() + first * vocab, vocab,
-                                                         seqs[i].tokens, s.prompt_logprobs);
+                                                         scored, s.prompt_logprobs);
     }
   }
   return out;

@@ -49,9 +49,14 @@ struct SampleRequest {
   absl::Span<const int32_t> prompt;        // for the penalties
   absl::Span<const int32_t> output;        // the tokens generated so far
   // -1: none. k >= 0: the log-probabilities of this pass's input tokens
-  // 1..n-1 (a whole prompt on an empty cache, the prefill pass), with k
-  // alternatives each: SampledTokens::prompt_logprobs.
+  // 1..n-1, each under the position before it, with k alternatives each:
+  // SampledTokens::prompt_logprobs. A prompt in one pass starts on an empty
+  // cache; one in chunks (each on the cache of those before) names the
+  // next chunk's first token in `prompt_next`, which the last position
+  // scores too (n entries then), so the chunks' entries joined are the
+  // whole prompt's.
   int prompt_logprobs = -1;
+  int32_t prompt_next = -1;  // -1: none (the prompt's last chunk, or whole)
 };
 
 // The tokens a forward pass picked, one per sequence.

@@ -142,6 +142,52 @@ TEST_F(CpuAttentionBackendTest, SampledAndPromptLogprobsAreTheRawLogSoftmax) {
   EXPECT_EQ(g->ids[1], Sampler::SampleWithDraw(rows.back().data(), vocab, plain, 0.0, prompt, {}));
 }
 
+// A prompt in chunks, each naming the next chunk's first token: the chunks'
+// prompt log-probabilities joined are the whole prompt's.
+TEST_F(CpuAttentionBackendTest, PromptLogprobsInChunksJoinToTheWholePrompts) {
+  const int vocab = model_->config().vocab_size;
+  std::unique_ptr<AttentionBackend> b = NewCpuAttentionBackend(&model_->attention(), 16, 4);
+  const std::vector<int32_t> prompt = testing_util::RandomTokens(11, vocab, 12);
+  SamplingParams sp;
+  std::unique_ptr<KvSequence> whole_seq = *b->NewSequence(12);
+  const SequenceInput whole_in{prompt, whole_seq.get()};
+  const SampleRequest whole_req{&sp, 0.0, prompt, {}, /*prompt_logprobs=*/3};
+  absl::StatusOr<SampledTokens> whole =
+      b->ForwardSample({&whole_in, 1}, model_->experts(), {&whole_req, 1}, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  std::unique_ptr<KvSequence> seq = *b->NewSequence(12);
+  PromptLogprobs joined;
+  for (const auto& [from, to] : std::vector<std::pair<int, int>>{{0, 4}, {4, 5}, {5, 11}}) {
+    const SequenceInput in{absl::MakeConstSpan(prompt).subspan(from, to - from), seq.get()};
+    SampleRequest req{&sp, 0.0, prompt, {}, 3};
+    if (to < 11) req.prompt_next = prompt[to];
+    absl::StatusOr<SampledTokens> g = b->ForwardSample({&in, 1}, model_->experts(), {&req, 1}, 0);
+    ASSERT_TRUE(g.ok()) << g.status();
+    const PromptLogprobs& p = g->prompt_logprobs[0];
+    EXPECT_EQ(p.logprobs.size(), static_cast<size_t>(to < 11 ? to - from : to - from - 1));
+    joined.logprobs.insert(joined.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
+    joined.top.insert(joined.top.end(), p.top.begin(), p.top.end());
+    if (to == 11) EXPECT_EQ(g->ids[0], whole->ids[0]);  // the last chunk samples the token
+  }
+  const PromptLogprobs& w = whole->prompt_logprobs[0];
+  ASSERT_EQ(joined.logprobs.size(), w.logprobs.size());
+  ASSERT_EQ(joined.top.size(), w.top.size());
+  for (size_t t = 0; t < w.logprobs.size(); ++t) {
+    EXPECT_NEAR(joined.logprobs[t], w.logprobs[t], 1e-5) << t;
+    ASSERT_EQ(joined.top[t].size(), 3u);
+    EXPECT_EQ(joined.top[t][0].id, w.top[t][0].id) << t;
+  }
+  // A next token without prompt log-probabilities, or outside the vocabulary.
+  std::unique_ptr<KvSequence> bad_seq = *b->NewSequence(12);
+  const SequenceInput bad_in{prompt, bad_seq.get()};
+  for (const auto& [k, next] : std::vector<std::pair<int, int32_t>>{{-1, 5}, {0, vocab}}) {
+    SampleRequest req{&sp, 0.0, prompt, {}, k};
+    req.prompt_next = next;
+    EXPECT_EQ(b->ForwardSample({&bad_in, 1}, model_->experts(), {&req, 1}, 0).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_F(CpuAttentionBackendTest, PoolLimitsAccountingAndMisuse) {
   std::unique_ptr<AttentionBackend> a =
       NewCpuAttentionBackend(&model_->attention(), /*num_kv_blocks=*/4, 8);

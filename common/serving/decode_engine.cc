@@ -35,6 +35,8 @@ struct DecodeEngine::Request {
   double queue_seconds = -1;
   int cached_tokens = 0;
   uint64_t chunk_turn = 0;  // the step that computed its last chunk (0: none yet)
+  // compute_prompt with prompt_logprobs: its chunks' so far, joined.
+  PromptLogprobs prompt_logprobs;
   bool cancelled = false;
   bool done = false;
   absl::Status status;
@@ -207,12 +209,13 @@ void DecodeEngine::Admit() {
     }
     // The sequence starts with what the prefix cache holds of the prompt (of
     // prompt + output for a preempted one): the KV handoff then stores only
-    // the rest, and a resumed request recomputes only the rest. A prompt this
-    // engine computes with prompt log-probabilities starts empty: they need
-    // the logits of every position.
+    // the rest, and a resumed request recomputes only the rest.
     std::vector<int32_t> known = r->spec.prompt_ids;
     if (r->preempted) known.insert(known.end(), r->output.begin(), r->output.end());
-    if (!r->preempted && r->spec.compute_prompt && r->spec.sampling.prompt_logprobs >= 0)
+    // Prompt log-probabilities need every prompt position's logits: a
+    // request computing its prompt for them reads no cached rows (its
+    // blocks still join the cache).
+    if (r->spec.compute_prompt && r->output.empty() && r->spec.sampling.prompt_logprobs >= 0)
       known.clear();
     absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewCachedSequence(tokens, known);
     if (kv.status().code() == absl::StatusCode::kResourceExhausted) break;  // taken meanwhile
@@ -246,6 +249,7 @@ void DecodeEngine::Admit() {
 
 void DecodeEngine::Preempt(const std::shared_ptr<Request>& r) {
   r->kv.reset();
+  r->prompt_logprobs = {};  // its prompt is computed again from the start
   r->running = false;
   r->recompute = false;
   r->preempted = true;
@@ -309,17 +313,14 @@ std::vector<DecodeEngine::StepItem> DecodeEngine::PlanStep() {
   ++steps_;
   const int budget = options_.max_num_batched_tokens;
   int left = budget - static_cast<int>(batch.size());
-  bool chunked = false;  // a chunk is in this step
   for (const std::shared_ptr<Request>& r : prompts) {
     if (full()) break;
     const int total = static_cast<int>(r->spec.prompt_ids.size() + r->output.size());
     const int remaining = total - r->kv->length();
     int take = remaining;
     if (budget > 0) {
-      // Prompt log-probabilities need the whole prompt in one pass.
-      const bool whole = r->output.empty() && r->spec.sampling.prompt_logprobs >= 0;
-      if (whole ? remaining > left && chunked : left <= 0) continue;
-      if (!whole) take = std::min(remaining, left);
+      if (left <= 0) continue;
+      take = std::min(remaining, left);
     }
     if (absl::Status room = r->kv->Reserve(r->kv->length() + take); !room.ok()) {
       if (room.code() != absl::StatusCode::kResourceExhausted) Finish(r, room);
@@ -332,7 +333,6 @@ std::vector<DecodeEngine::StepItem> DecodeEngine::PlanStep() {
     batch.push_back({r, take});
     r->chunk_turn = steps_;
     left -= take;
-    chunked = true;
   }
   return batch;
 }
@@ -573,6 +573,11 @@ void DecodeEngine::Step(const std::vector<StepItem>& batch) {
     inputs[i] = {tokens[i], r.kv.get()};
     samples[i] = {&r.spec.sampling, r.sampler->Draw(static_cast<int>(r.output.size())),
                   r.spec.prompt_ids, r.output, prompt_logprobs};
+    // A prompt chunk before the last: its last position scores the next
+    // chunk's first token.
+    const int next = r.kv->length() + static_cast<int>(tokens[i].size());
+    if (prompt_logprobs >= 0 && next < static_cast<int>(r.spec.prompt_ids.size()))
+      samples[i].prompt_next = r.spec.prompt_ids[next];
     top_k = std::max(top_k, r.spec.sampling.top_logprobs);
   }
   const auto start = std::chrono::steady_clock::now();
@@ -609,6 +614,13 @@ void DecodeEngine::Step(const std::vector<StepItem>& batch) {
       known.insert(known.end(), r.output.begin(), r.output.end());
       r.kv->PublishPrefix(known);
     }
+    if (samples[i].prompt_logprobs >= 0) {  // this chunk's, after the earlier ones'
+      PromptLogprobs& joined = r.prompt_logprobs;
+      PromptLogprobs& chunk = chosen->prompt_logprobs[i];
+      joined.logprobs.insert(joined.logprobs.end(), chunk.logprobs.begin(), chunk.logprobs.end());
+      joined.top.insert(joined.top.end(), std::make_move_iterator(chunk.top.begin()),
+                        std::make_move_iterator(chunk.top.end()));
+    }
     // A chunk before the last: its token is not the next one.
     if (r.recompute &&
         r.kv->length() < static_cast<int>(r.spec.prompt_ids.size() + r.output.size()))
@@ -626,7 +638,7 @@ void DecodeEngine::Step(const std::vector<StepItem>& batch) {
     if (first) {
       m.queue_seconds = std::max(r.queue_seconds, 0.0);
       m.cached_tokens = r.cached_tokens;
-      if (r.spec.sampling.prompt_logprobs >= 0) m.prompt_logprobs = chosen->prompt_logprobs[i];
+      if (r.spec.sampling.prompt_logprobs >= 0) m.prompt_logprobs = std::move(r.prompt_logprobs);
     }
     m.ids.push_back(token);
     if (want > 0) m.logprobs.push_back(std::move(top));

@@ -30,10 +30,11 @@
 // chunk appends its tokens to the request's sequence; the step that computes
 // the last chunk samples the request's next token (a first token carries the queue time,
 // cached tokens and prompt log-probabilities a prefill worker's would); the
-// logits of earlier chunks are not used. A request asking for prompt
-// log-probabilities computes its prompt in one step (they need every
-// position's logits over the whole prompt): when the budget left is smaller,
-// it waits for a step with no other chunk and then runs over the budget.
+// logits of earlier chunks are not used, except for prompt log-probabilities:
+// each chunk scores the tokens after each of its positions (its last, the
+// next chunk's first), joined over the chunks into the whole prompt's. A
+// request computing its prompt for them reads no rows from the prefix cache
+// (every position's logits are needed; cached_tokens is 0), its blocks join it.
 //
 // Prefix cache (where the backend keeps one: common/engine/paged_kv_cache.h):
 // an admitted request's sequence starts with the cached blocks of its prompt

@@ -138,7 +138,7 @@ std::vector<PrefillEngine::Piece> PrefillEngine::TakeBatch() {
     Pending* p = *it;
     const PrefillSpec& spec = *p->spec;
     const int n = static_cast<int>(spec.prompt_ids.size());
-    const bool chunkable = options_.max_chunk_tokens > 0 && spec.sampling.prompt_logprobs < 0;
+    const bool chunkable = options_.max_chunk_tokens > 0;
     const int queued = p->remaining();  // counted in queued_tokens_
     int take = queued;
     if (chunkable) {
@@ -152,7 +152,8 @@ std::vector<PrefillEngine::Piece> PrefillEngine::TakeBatch() {
         continue;
       }
       // Starting with the prefix cache's rows of the prompt: only the rest is
-      // computed (all of it for prompt log-probabilities: every position's logits).
+      // computed. Prompt log-probabilities need every position's logits: such
+      // a prompt reads no cached rows (its blocks still join the cache).
       absl::StatusOr<std::unique_ptr<KvSequence>> seq = backend_->NewCachedSequence(
           n, spec.sampling.prompt_logprobs >= 0 ? absl::Span<const int32_t>() : spec.prompt_ids);
       const KvUsage u = backend_->kv_usage();
@@ -224,6 +225,10 @@ void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
                   spec.prompt_ids,
                   {},
                   spec.sampling.prompt_logprobs};
+    // A chunk before the last: its last position scores the next one's first token.
+    const size_t next = p.kv->length() + batch[i].tokens;
+    if (spec.sampling.prompt_logprobs >= 0 && next < spec.prompt_ids.size())
+      samples[i].prompt_next = spec.prompt_ids[next];
     top_k = std::max(top_k, spec.sampling.top_logprobs);
   }
   if (prompt_tokens_ != nullptr) {
@@ -240,9 +245,18 @@ void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
     batch_seconds_->Observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  for (const Piece& piece : batch) {
+  for (size_t i = 0; i < batch.size() && chosen.ok(); ++i) {
+    Pending& p = *batch[i].p;
     // The prompt's full blocks join the prefix cache.
-    if (chosen.ok()) piece.p->kv->PublishPrefix(piece.p->spec->prompt_ids);
+    p.kv->PublishPrefix(p.spec->prompt_ids);
+    if (p.spec->sampling.prompt_logprobs >= 0) {  // this chunk's, after the earlier ones'
+      PromptLogprobs& chunk = chosen->prompt_logprobs[i];
+      p.prompt_logprobs.logprobs.insert(p.prompt_logprobs.logprobs.end(), chunk.logprobs.begin(),
+                                        chunk.logprobs.end());
+      p.prompt_logprobs.top.insert(p.prompt_logprobs.top.end(),
+                                   std::make_move_iterator(chunk.top.begin()),
+                                   std::make_move_iterator(chunk.top.end()));
+    }
   }
   if (prefix_metrics_ != nullptr) prefix_metrics_->Update(backend_->prefix_cache_stats());
   // Each prompt's caller hears back as soon as its KV was handed over (so the
@@ -295,8 +309,7 @@ void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
         }
         (*msg)->queue_seconds = pending->queue_seconds;
         (*msg)->first_logprob = chosen->logprobs[i];
-        if (spec.sampling.prompt_logprobs >= 0)
-          (*msg)->prompt_logprobs = chosen->prompt_logprobs[i];
+        if (spec.sampling.prompt_logprobs >= 0) (*msg)->prompt_logprobs = pending->prompt_logprobs;
         (*msg)->cached_tokens = pending->cached_tokens;
         if (!kv.status().ok()) {
           return absl::InternalError(

@@ -7,8 +7,11 @@
 // max_chunk_tokens of one prompt. A longer prompt keeps its sequence (the
 // KV of the chunks so far) and goes back to the queue's tail, so the
 // prompts queued behind it get the next pass; its KV is handed over after
-// its last chunk. A prompt asking for prompt log-probabilities runs whole
-// (they need every position's logits in one pass).
+// its last chunk. A prompt asking for prompt log-probabilities is chunked
+// too: each chunk's pass scores the tokens after each of its positions (its
+// last, the next chunk's first), and the chunks' entries joined are the
+// whole prompt's. Such a prompt reads no rows from the prefix cache (every
+// position's logits are needed; cached_tokens is 0), its blocks join it.
 //
 // Thread-safe: Prefill is called concurrently by RPC handlers. Owns one thread.
 #ifndef MOESH_COMMON_SERVING_PREFILL_ENGINE_H_
@@ -89,7 +92,8 @@ class PrefillEngine {
     // while queued.
     std::unique_ptr<KvSequence> kv;
     int cached_tokens = 0;
-    bool cancelled = false;  // while in a pass: it ends after the pass
+    PromptLogprobs prompt_logprobs;  // when asked: its chunks' so far, joined
+    bool cancelled = false;          // while in a pass: it ends after the pass
     bool done = false;
     absl::Status result = absl::UnknownError("not run");
     // Prompt tokens still to compute.

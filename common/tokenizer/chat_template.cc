@@ -93,7 +93,7 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromText(const std::
                                                                      std::string eos_token) {
   Family family;
   if (absl::StrContains(text, "<｜User｜>") && absl::StrContains(text, "<｜Assistant｜>")) {
-    family = absl::StrContains(text, "</think>") ? Family::kR1 : Family::kV3;
+    family = absl::StrContains(text, kThinkEnd) ? Family::kR1 : Family::kV3;
   } else if (absl::StrContains(text, "'User: '") && absl::StrContains(text, "'Assistant:")) {
     family = Family::kV2;
   } else {
@@ -248,15 +248,15 @@ absl::StatusOr<std::string> ChatTemplate::RenderV3(const std::vector<ChatMessage
     }
     absl::string_view content = m.content;
     if (family_ == Family::kR1) {
-      const size_t think_end = content.rfind("</think>");
-      if (think_end != absl::string_view::npos) content.remove_prefix(think_end + 8);
+      const size_t think_end = content.rfind(kThinkEnd);
+      if (think_end != absl::string_view::npos) content.remove_prefix(think_end + kThinkEnd.size());
     }
     absl::StrAppend(&out, "<｜Assistant｜>", content, "<｜end▁of▁sentence｜>");
   }
   if (is_tool) out += "<｜tool▁outputs▁end｜>";
   if (add_generation_prompt && !is_tool) {
     out += "<｜Assistant｜>";
-    if (think_prompt_) out += "<think>\n";
+    if (think_prompt_) absl::StrAppend(&out, kThinkStart, "\n");
   }
   return out;
 }

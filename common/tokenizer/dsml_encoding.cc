@@ -17,8 +17,6 @@ constexpr absl::string_view kBos = "<｜begin▁of▁sentence｜>";
 constexpr absl::string_view kEos = "<｜end▁of▁sentence｜>";
 constexpr absl::string_view kUser = "<｜User｜>";
 constexpr absl::string_view kAssistant = "<｜Assistant｜>";
-constexpr absl::string_view kThinkStart = "<think>";
-constexpr absl::string_view kThinkEnd = "</think>";
 
 // The tools sections, as the reference encoders' templates write them with
 // DSML's token and the thinking tokens filled in; %SCHEMAS% takes the

@@ -39,6 +39,11 @@ namespace moesh {
 
 enum class DsmlDialect { kV32, kV4 };
 
+// The reasoning block's markers, as DeepSeek-R1, V3.2 and V4 write them
+// (the encoders here, the chat templates, the output parser).
+inline constexpr absl::string_view kThinkStart = "<think>";
+inline constexpr absl::string_view kThinkEnd = "</think>";
+
 struct DsmlEncodeOptions {
   // thinking_mode "thinking" (the model reasons inside <think> first) or "chat".
   bool thinking = false;

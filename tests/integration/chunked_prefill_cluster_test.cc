@@ -3,7 +3,8 @@
 // passes, its KV handed to the decode worker after the last) and in a
 // colocated router (prompt chunks mixed into the decode steps). Greedy
 // outputs equal the single-process engine's token for token while another
-// stream decodes beside them, and the workers' metrics show the chunks.
+// stream decodes beside them, prompt log-probabilities computed in chunks
+// equal its unchunked ones, and the workers' metrics show the chunks.
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +46,32 @@ void ExpectExactUnderLoad(const std::string& router, const Model& model) {
   }
 }
 
+// A prompt of 45 tokens (3 chunks) with prompt log-probabilities: as the
+// single-process engine computes them in one pass.
+void ExpectPromptLogprobsInChunks(const std::string& router, const Model& model) {
+  const std::vector<int32_t> prompt = Prompt(45, 4);
+  v1::GenerateRequest req = Request(prompt, 3);
+  req.mutable_sampling()->set_prompt_logprobs(2);
+  const Result r = Call(router, req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  SamplingParams sp;
+  sp.prompt_logprobs = 2;
+  StopParams stop;
+  stop.max_new_tokens = 3, stop.ignore_eos = true;
+  absl::StatusOr<GenerationResult> off = Generate(model, prompt, sp, stop);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(r.ids, off->output_ids);
+  const v1::PromptLogprobs& p = r.prompt_logprobs;
+  ASSERT_EQ(p.logprobs_size(), 44);
+  ASSERT_EQ(p.top_size(), 44);
+  ASSERT_EQ(off->prompt_logprobs.logprobs.size(), 44u);
+  for (int t = 0; t < 44; ++t) {
+    EXPECT_NEAR(p.logprobs(t), off->prompt_logprobs.logprobs[t], 1e-5) << t;
+    ASSERT_EQ(p.top(t).candidates_size(), 2);
+    EXPECT_EQ(p.top(t).candidates(0).id(), off->prompt_logprobs.top[t][0].id) << t;
+  }
+}
+
 TEST(ChunkedPrefillClusterTest, APrefillWorkerChunksLongPromptsTokenExact) {
   const std::string dir = TinyModel();
   LocalClusterOptions o = Options(dir, "chunked_prefill");
@@ -59,6 +86,9 @@ TEST(ChunkedPrefillClusterTest, APrefillWorkerChunksLongPromptsTokenExact) {
   // prefix cache held a block): more pieces than prompts.
   const std::string p0 = Proc(**cluster, "prefill-0").metrics_address;
   EXPECT_GT(Metric(p0, "moesh_prefill_chunks_total"), 8);
+  const double chunks = Metric(p0, "moesh_prefill_chunks_total");
+  ExpectPromptLogprobsInChunks((*cluster)->router_address(), **model);
+  EXPECT_EQ(Metric(p0, "moesh_prefill_chunks_total") - chunks, 3);
 }
 
 TEST(ChunkedPrefillClusterTest, AColocatedRouterMixesPromptChunksIntoDecodeStepsTokenExact) {
@@ -76,6 +106,9 @@ TEST(ChunkedPrefillClusterTest, AColocatedRouterMixesPromptChunksIntoDecodeSteps
   const double steps = Metric(r, "moesh_decode_step_tokens_count");
   EXPECT_GT(steps, 8);
   EXPECT_EQ(Metric(r, "moesh_decode_step_tokens_bucket{service=\"router\",le=\"16\"}"), steps);
+  const double chunks = Metric(r, "moesh_decode_prompt_chunks_total");
+  ExpectPromptLogprobsInChunks((*cluster)->router_address(), **model);
+  EXPECT_EQ(Metric(r, "moesh_decode_prompt_chunks_total") - chunks, 3);
 }
 
 }  // namespace
