@@ -14,11 +14,11 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -36,7 +36,7 @@
 
 ABSL_DECLARE_FLAG(std::optional<int>, prompt_len);  // bench.cc: both modes read it
 ABSL_DECLARE_FLAG(std::string, server);             // complete.cc: --server: a running cluster
-ABSL_DECLARE_FLAG(int, kv_blocks);                  // serve_local.cc: the decode pool
+ABSL_DECLARE_FLAG(std::optional<int>, kv_blocks);   // serve_local.cc: the decode pool
 ABSL_FLAG(std::string, concurrency, "1,8,32",
           "--serving: concurrent streams, a row each (comma-separated).");
 ABSL_FLAG(int, requests, 64, "--serving: requests per row.");
@@ -346,10 +346,7 @@ absl::Status RunServingBench() {
   // Every mode's cluster: the workers on --device (the experts on
   // --expert_device when set), 4096 KV blocks unless --kv_blocks (a small
   // pool preempts).
-  const absl::CommandLineFlag* kv_flag = absl::FindCommandLineFlag("kv_blocks");
-  const int kv_blocks = kv_flag != nullptr && kv_flag->IsSpecifiedOnCommandLine()
-                            ? absl::GetFlag(FLAGS_kv_blocks)
-                            : 4096;
+  const int kv_blocks = absl::GetFlag(FLAGS_kv_blocks).value_or(4096);
   LocalClusterOptions base;
   base.model_dir = model;
   base.bin_dir = BinDirFlag();

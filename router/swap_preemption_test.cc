@@ -75,8 +75,8 @@ struct Streamed {
   std::vector<std::vector<TokenLogprob>> top;
 };
 
-Streamed Run(ColocatedBackend* b, const GenerationRequest& r, const CancelToken& cancel,
-             const std::function<void(const Streamed&)>& on_chunk = nullptr) {
+Streamed Stream(ColocatedBackend* b, const GenerationRequest& r, const CancelToken& cancel,
+                const std::function<void(const Streamed&)>& on_chunk = nullptr) {
   Streamed s;
   s.status = b->Run(
       r,
@@ -108,16 +108,24 @@ GenerationRequest Request(const std::string& id, std::vector<int32_t> prompt, in
   return r;
 }
 
-void ExpectSameStream(const Streamed& got, const Streamed& want, const std::string& what) {
+// Ids equal; log-probabilities equal (`exact`: bit for bit, as a swapped
+// request's are, its rows and steps unchanged; else within 1e-4, as a
+// recompute's are: its rows come from a pass over prompt + output, whose
+// sums run in another order).
+void ExpectSameStream(const Streamed& got, const Streamed& want, bool exact,
+                      const std::string& what) {
   SCOPED_TRACE(what);
+  const float tolerance = exact ? 0.0f : 1e-4f;
   EXPECT_EQ(got.ids, want.ids);
-  EXPECT_EQ(got.token_logprobs, want.token_logprobs);
+  ASSERT_EQ(got.token_logprobs.size(), want.token_logprobs.size());
+  for (size_t i = 0; i < got.token_logprobs.size(); ++i)
+    EXPECT_NEAR(got.token_logprobs[i], want.token_logprobs[i], tolerance) << i;
   ASSERT_EQ(got.top.size(), want.top.size());
   for (size_t i = 0; i < got.top.size(); ++i) {
     ASSERT_EQ(got.top[i].size(), want.top[i].size()) << i;
     for (size_t k = 0; k < got.top[i].size(); ++k) {
       EXPECT_EQ(got.top[i][k].id, want.top[i][k].id) << i;
-      EXPECT_EQ(got.top[i][k].logprob, want.top[i][k].logprob) << i;
+      EXPECT_NEAR(got.top[i][k].logprob, want.top[i][k].logprob, tolerance) << i;
     }
   }
 }
@@ -148,8 +156,8 @@ TEST_P(SwapPreemptionTest, ASwappedRequestResumesTokenExact) {
   const GenerationRequest second = Request("second", {9, 300, 41}, kNew, c.sampled);
   CancelToken never;
   // Uninterrupted runs, one at a time.
-  const Streamed want_first = Run(b.get(), first, never);
-  const Streamed want_second = Run(b.get(), second, never);
+  const Streamed want_first = Stream(b.get(), first, never);
+  const Streamed want_second = Stream(b.get(), second, never);
   ASSERT_TRUE(want_first.status.ok()) << want_first.status;
   ASSERT_TRUE(want_second.status.ok()) << want_second.status;
   ASSERT_EQ(want_first.ids.size(), static_cast<size_t>(kNew));
@@ -160,18 +168,18 @@ TEST_P(SwapPreemptionTest, ASwappedRequestResumesTokenExact) {
   absl::Notification streaming;
   Streamed got_first;
   std::thread t([&] {
-    got_first = Run(b.get(), first, never, [&](const Streamed& s) {
+    got_first = Stream(b.get(), first, never, [&](const Streamed& s) {
       if (s.ids.size() >= 8 && !streaming.HasBeenNotified()) streaming.Notify();
     });
   });
   ASSERT_TRUE(streaming.WaitForNotificationWithTimeout(absl::Seconds(60)));
-  const Streamed got_second = Run(b.get(), second, never);
+  const Streamed got_second = Stream(b.get(), second, never);
   t.join();
   ASSERT_TRUE(got_first.status.ok()) << got_first.status;
   ASSERT_TRUE(got_second.status.ok()) << got_second.status;
   EXPECT_GT(b->decode()->Load().preemptions, 0);
-  ExpectSameStream(got_first, want_first, "first");
-  ExpectSameStream(got_second, want_second, "second");
+  ExpectSameStream(got_first, want_first, !c.tiny_swap_space, "first");
+  ExpectSameStream(got_second, want_second, !c.tiny_swap_space, "second");
   ExpectIdle(b.get(), all_free);
   const double swapped = Metric(m, "moesh_decode_preemptions_total", "mode", "swap");
   const double recomputed = Metric(m, "moesh_decode_preemptions_total", "mode", "recompute");
@@ -225,7 +233,7 @@ TEST_P(SwapCancellationTest, CancellingSwappedRequestsFreesTheirHostCopiesAndBlo
   for (int i = 0; i < kRequests; ++i) {
     threads.emplace_back([&, i] {
       got[i] =
-          Run(b.get(), Request("c" + std::to_string(i), {7, 8, 9 + i}, 2000, false), *cancel[i]);
+          Stream(b.get(), Request("c" + std::to_string(i), {7, 8, 9 + i}, 2000, false), *cancel[i]);
     });
   }
   // Until a swapped request holds host memory.
