@@ -45,7 +45,7 @@
 #   swap       preemption by recompute against swap on the GPU: a colocated router
 #              (moesh_router --colocated --device cuda, V2-Lite's real shapes, dummy weights)
 #              with a small KV pool (--gpu_memory_utilization $MOESH_GPU_UTIL, default 0.3:
-#              the weights take ~0.22 of an H200) and --max_batch 256, once per
+#              the weights take ~0.22 of an H200; --max_model_len 4096) and --max_batch 256, once per
 #              --preemption_mode ($MOESH_PREEMPTION_MODES, default recompute,swap), each under
 #              the same open-loop client: `moesh bench --serving --server` --dataset random
 #              --length_sigma 0 --prompt_len $MOESH_PROMPT_LEN (512) --max_new_tokens
@@ -250,7 +250,8 @@ swap() {
     port=$((23000 + RANDOM % 20000)) mport=$((43000 + RANDOM % 10000)) ready=/tmp/moesh-swap-$mode.ready
     rm -f "$ready"
     $D/bin/moesh_router --model $real --colocated --device cuda --load_format dummy \
-      --gpu_memory_utilization ${MOESH_GPU_UTIL:-0.3} --max_batch 256 --preemption_mode "$mode" \
+      --gpu_memory_utilization ${MOESH_GPU_UTIL:-0.3} --max_model_len 4096 --max_batch 256 \
+      --preemption_mode "$mode" \
       --listen 127.0.0.1:$port --metrics_listen 127.0.0.1:$mport --ready_file "$ready" \
       > "$LOGS/swap_router_$mode.log" 2>&1 &
     local rpid=$!
