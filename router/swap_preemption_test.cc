@@ -7,13 +7,17 @@
 // frees their host copies and every block.
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "base/file_util.h"
 #include "common/metrics/metrics.h"
+#include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
 #include "router/colocated_backend.h"
 #include "router/colocated_test_util.h"
@@ -21,10 +25,24 @@
 namespace moesh {
 namespace {
 
-std::string TinyModel() { return moesh::TinyModel("swap_preemption_test_tiny_v3", 23); }
+// A tiny checkpoint of `family` (random weights), written once per process.
+std::string FamilyModel(const std::string& family) {
+  static auto* dirs = new std::map<std::string, std::string>();
+  std::string& dir = (*dirs)[family];
+  if (dir.empty()) {
+    dir = JoinPath(::testing::TempDir(), "swap_preemption_test_tiny_" + family);
+    std::filesystem::remove_all(dir);
+    absl::StatusOr<ModelConfig> c = PresetConfig(family, "tiny");
+    RandomCheckpointOptions opt;
+    opt.seed = 23;
+    EXPECT_TRUE(c.ok() && WriteRandomCheckpoint(*c, dir, opt).ok()) << family;
+  }
+  return dir;
+}
 
 std::unique_ptr<ColocatedBackend> Backend(int blocks, int block_size, Metrics* metrics,
-                                          bool prefix_cache, int64_t swap_space_bytes) {
+                                          bool prefix_cache, int64_t swap_space_bytes,
+                                          const std::string& family = "v3") {
   DeviceOptions device;
   device.num_kv_blocks = blocks;
   device.block_size = block_size;
@@ -34,7 +52,7 @@ std::unique_ptr<ColocatedBackend> Backend(int blocks, int block_size, Metrics* m
   decode.preemption_mode = PreemptionMode::kSwap;
   decode.swap_space_bytes = swap_space_bytes;
   absl::StatusOr<std::unique_ptr<ColocatedBackend>> b =
-      ColocatedBackend::Create(TinyModel(), device, decode, PrefillEngineOptions());
+      ColocatedBackend::Create(FamilyModel(family), device, decode, PrefillEngineOptions());
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;
 }
@@ -134,6 +152,9 @@ struct SwapCase {
   bool sampled;
   bool prefix_cache;
   bool tiny_swap_space;  // 1 byte: every swap falls back to recompute
+  // V3.2 (its index keys in the cache rows) and V4 (its compressed entries
+  // recomputed from the rows) swap their whole state too.
+  std::string family = "v3";
 };
 
 class SwapPreemptionTest : public ::testing::TestWithParam<SwapCase> {};
@@ -148,7 +169,7 @@ TEST_P(SwapPreemptionTest, ASwappedRequestResumesTokenExact) {
   ASSERT_TRUE(metrics.ok());
   Metrics* m = metrics->get();
   std::unique_ptr<ColocatedBackend> b =
-      Backend(48, 4, m, c.prefix_cache, c.tiny_swap_space ? 1 : int64_t{1} << 30);
+      Backend(48, 4, m, c.prefix_cache, c.tiny_swap_space ? 1 : int64_t{1} << 30, c.family);
   ASSERT_NE(b, nullptr);
   const int64_t all_free = b->decode()->Load().free_kv_blocks;
   constexpr int kNew = 150;
@@ -202,17 +223,22 @@ TEST_P(SwapPreemptionTest, ASwappedRequestResumesTokenExact) {
   EXPECT_EQ(Metric(m, "moesh_decode_swapped_bytes"), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(GreedyAndSeeded, SwapPreemptionTest,
-                         ::testing::Values(SwapCase{false, false, false},
-                                           SwapCase{true, false, false},
-                                           SwapCase{false, true, false},
-                                           SwapCase{true, true, false},
-                                           SwapCase{true, false, true}),
-                         [](const ::testing::TestParamInfo<SwapCase>& info) {
-                           return absl::StrCat(info.param.sampled ? "seeded" : "greedy",
-                                               info.param.prefix_cache ? "_prefix_cache" : "",
-                                               info.param.tiny_swap_space ? "_no_swap_space" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    GreedyAndSeeded, SwapPreemptionTest,
+    ::testing::Values(SwapCase{false, false, false}, SwapCase{true, false, false},
+                      SwapCase{false, true, false}, SwapCase{true, true, false},
+                      // Greedy: a recompute's logits differ in the
+                      // last bits, which can flip a seeded draw.
+                      SwapCase{false, false, true}, SwapCase{true, false, false, "v3.2"},
+                      SwapCase{true, false, false, "v4"}),
+    [](const ::testing::TestParamInfo<SwapCase>& info) {
+      return absl::StrCat(info.param.family == "v3"   ? ""
+                          : info.param.family == "v4" ? "v4_"
+                                                      : "v3_2_",
+                          info.param.sampled ? "seeded" : "greedy",
+                          info.param.prefix_cache ? "_prefix_cache" : "",
+                          info.param.tiny_swap_space ? "_no_swap_space" : "");
+    });
 
 class SwapCancellationTest : public ::testing::TestWithParam<bool> {};  // the prefix cache on
 
