@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -35,6 +36,7 @@
 
 ABSL_DECLARE_FLAG(std::optional<int>, prompt_len);  // bench.cc: both modes read it
 ABSL_DECLARE_FLAG(std::string, server);             // complete.cc: --server: a running cluster
+ABSL_DECLARE_FLAG(std::optional<int>, kv_blocks);   // serve_local.cc: the decode pool
 ABSL_FLAG(std::string, concurrency, "1,8,32",
           "--serving: concurrent streams, a row each (comma-separated).");
 ABSL_FLAG(int, requests, 64, "--serving: requests per row.");
@@ -42,7 +44,8 @@ ABSL_FLAG(std::string, modes, "cluster,colocated",
           "--serving: what to serve with, a table section each: cluster, cluster-http (the "
           "same cluster through the router's OpenAI HTTP API), cluster-nopp (no "
           "ping-pong micro-batches), cluster-ucx, cluster-nccl, cluster-ipc, cluster-ipc-hostkv "
-          "(the KV handed over through the host), colocated.");
+          "(the KV handed over through the host), colocated; a mode ending in -swap (cluster-swap, "
+          "colocated-swap) preempts by swap (--preemption_mode=swap) instead of recompute.");
 ABSL_FLAG(int, rebalance_timeline, 0,
           "--serving: instead of the table, this many seconds of a skewed expert placement with "
           "the router rebalancing: tokens/s and each expert worker's share, per second.");
@@ -112,6 +115,18 @@ LoadResult RunClosedLoop(
   for (auto& t : threads) t.join();
   out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return out;
+}
+
+// The preemptions so far of the cluster's decode engines (decode workers,
+// a colocated router), from their metrics.
+double Preemptions(const LocalCluster& cluster) {
+  double n = 0;
+  for (const LocalCluster::Process& p : cluster.processes()) {
+    if (!absl::StartsWith(p.name, "decode-") && p.name != "router") continue;
+    absl::StatusOr<std::string> text = ScrapeMetrics(p.metrics_address);
+    if (text.ok()) n += MetricSum(*text, "moesh_decode_preemptions_total{");
+  }
+  return n;
 }
 
 // Every request samples with `sampling` (seeded per request when it is not
@@ -329,11 +344,13 @@ absl::Status RunServingBench() {
                                         : "greedy";
 
   // Every mode's cluster: the workers on --device (the experts on
-  // --expert_device when set), 4096 KV blocks.
+  // --expert_device when set), 4096 KV blocks unless --kv_blocks (a small
+  // pool preempts).
+  const int kv_blocks = absl::GetFlag(FLAGS_kv_blocks).value_or(4096);
   LocalClusterOptions base;
   base.model_dir = model;
   base.bin_dir = BinDirFlag();
-  base.decode.kv.kv_blocks = 4096;
+  base.decode.kv.kv_blocks = kv_blocks;
   SetWorkerDevice(device_options, &base);
   base.expert_devices = expert_devices;
   if (timeline > 0) {
@@ -348,16 +365,24 @@ absl::Status RunServingBench() {
       expert_device.empty() ? device.c_str() : expert_device.c_str(),
       static_cast<long long>(requests), static_cast<long long>(prompt_len),
       static_cast<long long>(max_new), sampling_text.c_str());
-  std::printf("%-18s %5s %8s %10s %12s %10s %10s %10s %10s %7s\n", "mode", "conc", "req/s",
-              "out tok/s", "e2e p50 ms", "ttft p50", "ttft p99", "itl p50", "itl p99", "errors");
-  for (const std::string& mode : modes) {
+  std::printf("%-18s %5s %8s %10s %12s %10s %10s %10s %10s %7s %8s\n", "mode", "conc", "req/s",
+              "out tok/s", "e2e p50 ms", "ttft p50", "ttft p99", "itl p50", "itl p99", "errors",
+              "preempt");
+  for (const std::string& row_mode : modes) {
     LocalClusterOptions o = base;
-    o.work_dir = absl::StrCat("/tmp/moesh-bench-", getpid(), "-", mode);
+    o.work_dir = absl::StrCat("/tmp/moesh-bench-", getpid(), "-", row_mode);
     for (int64_t i = 0; i < expert_workers; ++i)
       o.expert_workers.push_back(absl::StrCat(i, "/", expert_workers));
+    // "<mode>-swap": <mode>, preempting by swap.
+    std::string mode = row_mode;
+    if (absl::EndsWith(mode, "-swap")) {
+      mode.resize(mode.size() - 5);
+      o.decode.kv.preemption_mode = "swap";
+      o.router.kv.preemption_mode = "swap";
+    }
     if (mode == "colocated") {
       o.router.colocated = true;
-      o.router.kv.kv_blocks = 4096;
+      o.router.kv.kv_blocks = kv_blocks;
       o.router.device.device = device;
       o.router.device.dummy_weights = device_options.dummy_weights;
       o.router.device.fp8_linears = device_options.fp8_linears;
@@ -383,10 +408,11 @@ absl::Status RunServingBench() {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown mode \"", mode,
                        "\" (cluster, cluster-http, cluster-nopp, cluster-ucx, cluster-nccl, "
-                       "cluster-ipc, cluster-ipc-hostkv, colocated)"));
+                       "cluster-ipc, cluster-ipc-hostkv, colocated; each with -swap)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
     for (int64_t c : concurrencies) {
+      const double preempted_before = Preemptions(*cluster);
       LoadResult r = mode == "cluster-http"
                          ? RunHttpLoad(cluster->router_http_address(), static_cast<int>(c),
                                        static_cast<int>(requests), static_cast<int>(prompt_len),
@@ -394,11 +420,12 @@ absl::Status RunServingBench() {
                          : RunLoad(cluster->router_address(), static_cast<int>(c),
                                    static_cast<int>(requests), static_cast<int>(prompt_len),
                                    static_cast<int>(max_new), config.vocab_size, sampling);
-      std::printf("%-18s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d\n", mode.c_str(),
-                  static_cast<long long>(c), r.ok / r.seconds, r.output_tokens / r.seconds,
-                  1e3 * Percentile(r.e2e, 0.5), 1e3 * Percentile(r.ttft, 0.5),
-                  1e3 * Percentile(r.ttft, 0.99), 1e3 * Percentile(r.itl, 0.5),
-                  1e3 * Percentile(r.itl, 0.99), r.failed);
+      std::printf("%-18s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d %8.0f\n",
+                  row_mode.c_str(), static_cast<long long>(c), r.ok / r.seconds,
+                  r.output_tokens / r.seconds, 1e3 * Percentile(r.e2e, 0.5),
+                  1e3 * Percentile(r.ttft, 0.5), 1e3 * Percentile(r.ttft, 0.99),
+                  1e3 * Percentile(r.itl, 0.5), 1e3 * Percentile(r.itl, 0.99), r.failed,
+                  Preemptions(*cluster) - preempted_before);
       if (r.failed > 0) std::printf("  first error: %s\n", r.first_error.c_str());
       std::fflush(stdout);
     }

@@ -51,7 +51,8 @@ const std::vector<Command>& Commands() {
        "    the host data plane per --dispatch_dtype (fp32, bf16, fp8) on loopback;\n"
        "  --serving --model=DIR [--concurrency=1,8,32] [--requests=N] [--prompt_len=N]\n"
        "      [--max_new_tokens=N] [--modes=cluster,cluster-http,cluster-nopp,cluster-ucx,\n"
-       "      cluster-nccl,cluster-ipc,cluster-ipc-hostkv,colocated] [--device=cuda]\n"
+       "      cluster-nccl,cluster-ipc,cluster-ipc-hostkv,colocated,<mode>-swap] [--kv_blocks=N]\n"
+       "      [--device=cuda]\n"
        "      [--expert_device=cuda:1]\n"
        "      [--load_format=dummy] [--expert_workers=N] [--temperature=T [--top_p=P]\n"
        "      [--top_k=K]] [--rebalance_timeline=SECONDS [--rebalance_interval=S]\n"
@@ -76,6 +77,7 @@ const std::vector<Command>& Commands() {
         "requests",
         "max_new_tokens",
         "modes",
+        "kv_blocks",
         "bin_dir",
         "device",
         "expert_device",

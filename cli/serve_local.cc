@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <optional>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -25,7 +26,9 @@ ABSL_FLAG(std::string, api_keys_file, "",
           "'Authorization: Bearer <key>' (empty: no key needed).");
 ABSL_FLAG(std::string, work_dir, "",
           "Where the processes' logs and ready files go (default: /tmp/moesh-serve-local-<pid>).");
-ABSL_FLAG(int, kv_blocks, 512, "The decode worker's KV cache blocks (--device cpu).");
+ABSL_FLAG(std::optional<int>, kv_blocks, std::nullopt,
+          "The decode worker's KV cache blocks (--device cpu; serve-local: 512 unless set; bench "
+          "--serving: 4096 unless set, a smaller pool preempts).");
 ABSL_FLAG(int, decode_workers, 1,
           "Decode workers to start (with two or more, a stream survives one's death: the router "
           "continues it on another).");
@@ -57,7 +60,7 @@ absl::Status RunServeLocal() {
   const int n = absl::GetFlag(FLAGS_expert_workers);
   if (n < 1) return absl::InvalidArgumentError("--expert_workers must be >= 1");
   for (int i = 0; i < n; ++i) opt.expert_workers.push_back(absl::StrCat(i, "/", n));
-  opt.decode.kv.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  opt.decode.kv.kv_blocks = absl::GetFlag(FLAGS_kv_blocks).value_or(512);
   opt.num_decode = absl::GetFlag(FLAGS_decode_workers);
   if (opt.num_decode < 1 || opt.num_decode > 16)
     return absl::InvalidArgumentError("--decode_workers must be in [1, 16]");

@@ -8,6 +8,7 @@
 #include "common/service/attention_worker.h"
 #include "common/service/serving_proto.h"
 #include "common/service/worker_main.h"
+#include "common/serving/decode_engine.h"
 #include "common/transport/data_plane_endpoint.h"
 #include "common/transport/grpc_data_plane_service.h"
 #include "decode_worker/decode_service.h"
@@ -31,6 +32,8 @@ absl::Status Run() {
   eo.max_batch = o.kv.max_batch;
   eo.max_waiting = o.kv.max_waiting_requests;
   eo.max_num_batched_tokens = o.kv.max_num_batched_tokens;
+  ASSIGN_OR_RETURN(eo.preemption_mode, ParsePreemptionMode(o.kv.preemption_mode));
+  eo.swap_space_bytes = int64_t{o.kv.swap_space_mb} << 20;
   eo.micro_batches = o.dispatch.micro_batches;
   eo.micro_batch_min = o.micro_batch_min;
   eo.max_pending_kv_share = o.max_pending_kv_share;

@@ -30,20 +30,30 @@ int64_t QueuedRank(const v1::WorkerLoad& l) {
 
 }  // namespace
 
-int CachedPrefixTokens(const v1::WorkerLoad& load, absl::Span<const int32_t> prompt) {
+const std::vector<uint64_t>& PromptBlockHashes::For(int block_size) {
+  for (const auto& [size, hashes] : by_size_) {
+    if (size == block_size) return hashes;
+  }
+  const absl::Span<const int32_t> matched =
+      prompt_.subspan(0, prompt_.empty() ? 0 : prompt_.size() - 1);
+  by_size_.emplace_back(block_size, PrefixBlockHashes(matched, block_size));
+  return by_size_.back().second;
+}
+
+int CachedPrefixTokens(const v1::WorkerLoad& load, PromptBlockHashes* prompt) {
   const int bs = load.cache_block_size();
-  if (bs <= 0 || load.cached_block_hashes_size() == 0 || prompt.size() < 2) return 0;
+  if (bs <= 0 || load.cached_block_hashes_size() == 0 || prompt->prompt().size() < 2) return 0;
   const absl::flat_hash_set<uint64_t> cached(load.cached_block_hashes().begin(),
                                              load.cached_block_hashes().end());
-  const std::vector<uint64_t> hashes = PrefixBlockHashes(prompt.subspan(0, prompt.size() - 1), bs);
+  const std::vector<uint64_t>& hashes = prompt->For(bs);
   int blocks = 0;
   while (blocks < static_cast<int>(hashes.size()) && cached.count(hashes[blocks])) ++blocks;
   return blocks * bs;
 }
 
-size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, absl::Span<const int32_t> prompt,
+size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, PromptBlockHashes* prompt,
                          bool kv_aware) {
-  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt->prompt().size());
   auto work = [&](const WorkerInfo& w) -> int64_t {
     const int64_t queued = QueuedRank(w.load);
     if (!kv_aware || queued == std::numeric_limits<int64_t>::max()) return queued;
@@ -57,7 +67,7 @@ size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, absl::Span<con
   return pick;
 }
 
-void OrderDecodeWorkers(std::vector<WorkerInfo>* decoders, absl::Span<const int32_t> prompt,
+void OrderDecodeWorkers(std::vector<WorkerInfo>* decoders, PromptBlockHashes* prompt,
                         bool kv_aware) {
   auto by_load = [](const WorkerInfo& a, const WorkerInfo& b) {
     const double ua = KvUsageRank(a.load), ub = KvUsageRank(b.load);
@@ -119,8 +129,9 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
     return std::find(avoid.begin(), avoid.end(), w.id) != avoid.end();
   };
   // Decode workers in the order to try (OrderDecodeWorkers); those that
-  // failed this request last.
-  OrderDecodeWorkers(&decoders, req.prompt, options_.kv_aware_routing);
+  // failed this request last. The prompt is hashed once for both choices.
+  PromptBlockHashes hashes(req.prompt);
+  OrderDecodeWorkers(&decoders, &hashes, options_.kv_aware_routing);
   std::stable_partition(decoders.begin(), decoders.end(),
                         [&](const WorkerInfo& w) { return !avoided(w); });
   // The prefill worker among those that did not fail it, if any is left.
@@ -128,7 +139,7 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
                                            [&](const WorkerInfo& w) { return !avoided(w); });
   if (fresh != prefillers.begin()) prefillers.erase(fresh, prefillers.end());
   const WorkerInfo& prefill =
-      prefillers[PickPrefillWorker(prefillers, req.prompt, options_.kv_aware_routing)];
+      prefillers[PickPrefillWorker(prefillers, &hashes, options_.kv_aware_routing)];
   GrpcPrefillClient prefill_client(prefill, ChannelTo(prefill.address), registry_);
   std::vector<std::unique_ptr<GrpcDecodeClient>> decode_clients;
   std::vector<DecodeClient*> order;

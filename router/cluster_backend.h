@@ -18,6 +18,8 @@
 
 #include <map>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -28,18 +30,37 @@
 
 namespace moesh {
 
+// A prompt's block hashes as a worker's prefix cache looks them up
+// (PrefixBlockHashes over all but its last token: a worker matches at most
+// prompt.size() - 1 tokens), computed once per block size however many
+// workers' reports a routing decision checks. Borrows `prompt`; not
+// thread-safe.
+class PromptBlockHashes {
+ public:
+  explicit PromptBlockHashes(absl::Span<const int32_t> prompt) : prompt_(prompt) {}
+  absl::Span<const int32_t> prompt() const { return prompt_; }
+  // The hashes of the prompt's full blocks of `block_size` (> 0) tokens.
+  const std::vector<uint64_t>& For(int block_size);
+  // How many block sizes were hashed so far.
+  int computed() const { return static_cast<int>(by_size_.size()); }
+
+ private:
+  const absl::Span<const int32_t> prompt_;
+  std::vector<std::pair<int, std::vector<uint64_t>>> by_size_;
+};
+
 // The prompt tokens a worker reporting `load` would take from its prefix
-// cache: the leading blocks of `prompt` whose hashes (PrefixBlockHashes over
+// cache: the leading blocks of the prompt whose hashes (over
 // load.cache_block_size) it reports, at most prompt.size() - 1 tokens (as a
 // worker matches). 0 without a report.
-int CachedPrefixTokens(const v1::WorkerLoad& load, absl::Span<const int32_t> prompt);
+int CachedPrefixTokens(const v1::WorkerLoad& load, PromptBlockHashes* prompt);
 
 // The index in `prefillers` (not empty) of the prefill worker with the least
 // work before `prompt`'s first token by the loads they reported: queued
 // prompt tokens, plus with `kv_aware` the prompt tokens its prefix cache
 // lacks (so a cached prefix draws the prompt unless that worker's queue is
 // longer than what the cache saves). Ties go to the earliest in the list.
-size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, absl::Span<const int32_t> prompt,
+size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, PromptBlockHashes* prompt,
                          bool kv_aware);
 
 // How much more of its KV pool (a fraction, [0, 1]) a decode worker may have
@@ -52,7 +73,7 @@ inline constexpr double kKvAwareDecodeUsageSlack = 0.1;
 // prefix of the prompt (CachedPrefixTokens) first among them: the decode
 // worker then holds those rows already (the KV handoff brings only the rest)
 // without drawing requests away from a much emptier pool.
-void OrderDecodeWorkers(std::vector<WorkerInfo>* decoders, absl::Span<const int32_t> prompt,
+void OrderDecodeWorkers(std::vector<WorkerInfo>* decoders, PromptBlockHashes* prompt,
                         bool kv_aware);
 
 struct ClusterBackendOptions {

@@ -167,28 +167,39 @@ TEST(KvAwareRoutingTest, PicksTheLongestCachedPrefixBalancedAgainstTheQueue) {
   w[1].load.add_cached_block_hashes(hashes[1]);
   w[2].load.set_cache_block_size(16);
   for (uint64_t h : hashes) w[2].load.add_cached_block_hashes(h);
-  EXPECT_EQ(CachedPrefixTokens(w[0].load, prompt), 0);
-  EXPECT_EQ(CachedPrefixTokens(w[1].load, prompt), 32);
-  EXPECT_EQ(CachedPrefixTokens(w[2].load, prompt), 64);
+  PromptBlockHashes p(prompt);
+  EXPECT_EQ(CachedPrefixTokens(w[0].load, &p), 0);
+  EXPECT_EQ(CachedPrefixTokens(w[1].load, &p), 32);
+  EXPECT_EQ(CachedPrefixTokens(w[2].load, &p), 64);
   // A block without its parent does not count: prefixes match from the start.
   v1::WorkerLoad gap;
   gap.set_cache_block_size(16);
   gap.add_cached_block_hashes(hashes[1]);
-  EXPECT_EQ(CachedPrefixTokens(gap, prompt), 0);
+  EXPECT_EQ(CachedPrefixTokens(gap, &p), 0);
   // The whole prompt cached still leaves its last token to compute.
-  EXPECT_EQ(CachedPrefixTokens(w[2].load, absl::MakeConstSpan(prompt).subspan(0, 64)), 48);
+  PromptBlockHashes first64(absl::MakeConstSpan(prompt).subspan(0, 64));
+  EXPECT_EQ(CachedPrefixTokens(w[2].load, &first64), 48);
 
-  EXPECT_EQ(PickPrefillWorker(w, prompt, /*kv_aware=*/true), 2u);
-  EXPECT_EQ(PickPrefillWorker(w, prompt, /*kv_aware=*/false), 0u);  // all queues empty: the first
+  EXPECT_EQ(PickPrefillWorker(w, &p, /*kv_aware=*/true), 2u);
+  EXPECT_EQ(PickPrefillWorker(w, &p, /*kv_aware=*/false), 0u);  // all queues empty: the first
   // The longest prefix's worker is busy: 64 cached tokens do not make up
   // for 100 queued ones; the next best (32 cached, 10 queued) does.
   w[2].load.set_queued_prompt_tokens(100);
   w[1].load.set_queued_prompt_tokens(10);
-  EXPECT_EQ(PickPrefillWorker(w, prompt, true), 1u);
-  EXPECT_EQ(PickPrefillWorker(w, prompt, false), 0u);
+  EXPECT_EQ(PickPrefillWorker(w, &p, true), 1u);
+  EXPECT_EQ(PickPrefillWorker(w, &p, false), 0u);
+  // Every report (three workers, asked five times) was of one block size:
+  // the prompt was hashed once.
+  EXPECT_EQ(p.computed(), 1);
+  // A report of another block size hashes it once more.
+  w[0].load.set_cache_block_size(8);
+  w[0].load.add_cached_block_hashes(PrefixBlockHashes(prompt, 8)[0]);
+  EXPECT_EQ(CachedPrefixTokens(w[0].load, &p), 8);
+  EXPECT_EQ(p.computed(), 2);
   // A prompt nobody caches goes to the shortest queue.
   const std::vector<int32_t> other(70, 3);
-  EXPECT_EQ(PickPrefillWorker(w, other, true), 0u);
+  PromptBlockHashes o(other);
+  EXPECT_EQ(PickPrefillWorker(w, &o, true), 0u);
 }
 
 // The decode worker: the longest cached prefix among those whose KV usage is
@@ -216,21 +227,24 @@ TEST(KvAwareRoutingTest, OrdersDecodeWorkersByCacheWithinTheUsageSlack) {
     for (const WorkerInfo& x : v) out.push_back(x.id);
     return out;
   };
+  PromptBlockHashes p(prompt);
   std::vector<WorkerInfo> order = w;
-  OrderDecodeWorkers(&order, prompt, /*kv_aware=*/true);
+  OrderDecodeWorkers(&order, &p, /*kv_aware=*/true);
   EXPECT_EQ(ids(order), (std::vector<std::string>{"d1", "d2", "d0", "d3"}));
+  EXPECT_EQ(p.computed(), 1);
   order = w;
-  OrderDecodeWorkers(&order, prompt, /*kv_aware=*/false);
+  OrderDecodeWorkers(&order, &p, /*kv_aware=*/false);
   EXPECT_EQ(ids(order), (std::vector<std::string>{"d0", "d1", "d2", "d3"}));
   // Nothing cached anywhere: load order either way.
   const std::vector<int32_t> other(70, 3);
+  PromptBlockHashes o(other);
   order = w;
-  OrderDecodeWorkers(&order, other, true);
+  OrderDecodeWorkers(&order, &o, true);
   EXPECT_EQ(ids(order), (std::vector<std::string>{"d0", "d1", "d2", "d3"}));
   // A report outside [0, 1] ranks as the fullest, whatever it caches.
   w[3].load.set_kv_usage(-1.0f);
   order = w;
-  OrderDecodeWorkers(&order, prompt, true);
+  OrderDecodeWorkers(&order, &p, true);
   EXPECT_EQ(order.back().id, "d3");
 }
 

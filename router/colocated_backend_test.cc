@@ -216,12 +216,14 @@ absl::Status RunRequest(ColocatedBackend* b, const GenerationRequest& r, std::ve
       cancel);
 }
 
-// A gauge's or counter's value in `metrics` (-1 if absent).
+// A gauge's or counter's value in `metrics`, summed over its series (-1 if absent).
 double MetricValue(Metrics* metrics, const std::string& name) {
   for (const prometheus::MetricFamily& f : metrics->registry().Collect()) {
     if (f.name != name || f.metric.empty()) continue;
-    return f.type == prometheus::MetricType::Counter ? f.metric[0].counter.value
-                                                     : f.metric[0].gauge.value;
+    double sum = 0;
+    for (const prometheus::ClientMetric& m : f.metric)
+      sum += f.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+    return sum;
   }
   return -1;
 }

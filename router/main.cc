@@ -11,6 +11,7 @@
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/internal_plane.h"
 #include "common/service/worker_main.h"
+#include "common/serving/decode_engine.h"
 #include "common/tokenizer/chat_template.h"
 #include "router/api_keys.h"
 #include "router/cluster_backend.h"
@@ -56,6 +57,8 @@ absl::Status Run() {
     d.max_batch = o.kv.max_batch;
     d.max_waiting = o.kv.max_waiting_requests;
     d.max_num_batched_tokens = o.kv.max_num_batched_tokens;
+    ASSIGN_OR_RETURN(d.preemption_mode, ParsePreemptionMode(o.kv.preemption_mode));
+    d.swap_space_bytes = int64_t{o.kv.swap_space_mb} << 20;
     d.metrics = metrics.get();
     ASSIGN_OR_RETURN(backend, ColocatedBackend::Create(dir, device, d, PrefillEngineOptions()));
   } else {

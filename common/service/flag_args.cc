@@ -48,6 +48,8 @@ void AppendArgs(const KvOptions& o, std::vector<std::string>* args) {
   AddFlag(args, "max_waiting_requests", o.max_waiting_requests, d.max_waiting_requests);
   AddFlag(args, "enable_prefix_caching", o.enable_prefix_caching, d.enable_prefix_caching);
   AddFlag(args, "max_num_batched_tokens", o.max_num_batched_tokens, d.max_num_batched_tokens);
+  AddFlag(args, "preemption_mode", o.preemption_mode, d.preemption_mode);
+  AddFlag(args, "swap_space_mb", o.swap_space_mb, d.swap_space_mb);
 }
 
 void AppendArgs(const DeviceOptions& o, std::vector<std::string>* args) {

@@ -2,6 +2,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/serving/decode_engine.h"
 
 ABSL_FLAG(int, kv_blocks, moesh::KvOptions().kv_blocks,
           "KV cache blocks on --device cpu (CUDA sizes its cache from --gpu_memory_utilization). "
@@ -32,6 +34,19 @@ ABSL_FLAG(int, max_num_batched_tokens, moesh::KvOptions().max_num_batched_tokens
           "running the prompts queued behind it in between. 0: no chunking (a prompt runs whole "
           "in one pass). Must be >= 0.");
 
+ABSL_FLAG(std::string, preemption_mode, moesh::KvOptions().preemption_mode,
+          "How a running request preempted because the KV cache ran dry resumes (decode worker, "
+          "colocated router): 'recompute' frees its blocks and recomputes its KV (prompt + "
+          "output, in chunks under --max_num_batched_tokens) when it resumes; 'swap' copies its "
+          "KV rows to host memory, frees its blocks, and copies the rows back when it resumes, "
+          "computing nothing again. Swapped rows past --swap_space_mb recompute instead "
+          "(moesh_decode_swap_fallbacks_total). The router uses it only with --colocated.");
+ABSL_FLAG(int, swap_space_mb, moesh::KvOptions().swap_space_mb,
+          "Host memory (MiB) the KV rows of requests swapped out (--preemption_mode=swap) may "
+          "hold together; a preemption that would pass it recomputes instead, counted in "
+          "moesh_decode_swap_fallbacks_total. Must be >= 0. The router uses it only with "
+          "--colocated.");
+
 namespace moesh {
 
 absl::StatusOr<KvOptions> KvOptionsFromFlags() {
@@ -46,6 +61,14 @@ absl::StatusOr<KvOptions> KvOptionsFromFlags() {
     return absl::InvalidArgumentError(
         "--max_num_batched_tokens must be >= 0 (0: no chunked prefill), got " +
         std::to_string(o.max_num_batched_tokens));
+  }
+  o.preemption_mode = absl::GetFlag(FLAGS_preemption_mode);
+  o.swap_space_mb = absl::GetFlag(FLAGS_swap_space_mb);
+  if (absl::StatusOr<PreemptionMode> mode = ParsePreemptionMode(o.preemption_mode); !mode.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--preemption_mode: ", mode.status().message()));
+  if (o.swap_space_mb < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--swap_space_mb must be >= 0, got ", o.swap_space_mb));
   }
   return o;
 }

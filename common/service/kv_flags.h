@@ -27,11 +27,20 @@ struct KvOptions {
   // prompt into chunks of at most this many tokens, one per pass, so prompts
   // queued behind it run in between. 0: no chunking.
   int max_num_batched_tokens = 2048;
+  // --preemption_mode: how a request preempted when the KV pool runs dry
+  // resumes (decode worker, colocated router): "recompute" (its blocks freed,
+  // its KV recomputed) or "swap" (its rows copied to host memory, copied
+  // back). See common/serving/decode_engine.h.
+  std::string preemption_mode = "recompute";
+  // --swap_space_mb: host memory the swapped requests' KV rows may hold
+  // together (swap mode); a preemption past it recomputes instead (counted).
+  int swap_space_mb = 4096;
 };
 
 // --kv_blocks, --block_size, --max_batch, --max_waiting_requests,
-// --enable_prefix_caching, --max_num_batched_tokens. INVALID_ARGUMENT for a
-// negative --max_num_batched_tokens; the rest unchecked (the decode worker
+// --enable_prefix_caching, --max_num_batched_tokens, --preemption_mode,
+// --swap_space_mb. INVALID_ARGUMENT for a negative --max_num_batched_tokens
+// or --swap_space_mb or an unknown --preemption_mode; the rest unchecked (the decode worker
 // wants the first three >= 1, max_waiting_requests >= 0).
 absl::StatusOr<KvOptions> KvOptionsFromFlags();
 // The flags that set `o` (flag_args.cc).

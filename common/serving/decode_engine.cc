@@ -11,6 +11,41 @@
 
 namespace moesh {
 
+absl::StatusOr<PreemptionMode> ParsePreemptionMode(absl::string_view name) {
+  if (name == "recompute") return PreemptionMode::kRecompute;
+  if (name == "swap") return PreemptionMode::kSwap;
+  return absl::InvalidArgumentError(
+      absl::StrCat("preemption mode '", name, "' is neither 'recompute' nor 'swap'"));
+}
+
+namespace {
+
+// A swapped-out request's KV rows in host memory, counted in `*total` (the
+// engine's swapped bytes) while they live.
+class SwappedKv {
+ public:
+  SwappedKv(KvTransfer rows, std::atomic<int64_t>* total)
+      : rows_(std::move(rows)), bytes_(static_cast<int64_t>(rows_.row_bytes())), total_(total) {
+    *total_ += bytes_;
+  }
+  ~SwappedKv() { *total_ -= bytes_; }
+  SwappedKv(const SwappedKv&) = delete;
+  SwappedKv& operator=(const SwappedKv&) = delete;
+
+  const KvTransfer& rows() const { return rows_; }
+
+ private:
+  const KvTransfer rows_;
+  const int64_t bytes_;
+  std::atomic<int64_t>* const total_;
+};
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
 struct DecodeEngine::Request {
   DecodeSpec spec;
   uint64_t arrival = 0;  // order of Reserve calls: FCFS within a priority
@@ -29,6 +64,8 @@ struct DecodeEngine::Request {
   bool running = false;      // in the batch loop, holding blocks
   bool preempted = false;    // queued again, its blocks freed
   bool recompute = false;    // running; its next steps feed prompt + output (in chunks)
+  // Preempted by swap: its rows until it resumes (null otherwise).
+  std::unique_ptr<SwappedKv> swapped;
   // compute_prompt: from Reserve to its first chunk's step (-1: not yet), and
   // the prompt tokens its sequence took from the prefix cache.
   std::chrono::steady_clock::time_point arrived_at = std::chrono::steady_clock::now();
@@ -59,10 +96,26 @@ DecodeEngine::DecodeEngine(AttentionBackend* backend, ExpertClient* experts,
                                      "Requests queued for KV blocks: new ones before admission, "
                                      "preempted ones before they resume.")
                           .Add({});
-    preemptions_ = &m->CounterFamily("moesh_decode_preemptions_total",
-                                     "Running requests preempted (blocks freed, resumed later by "
-                                     "recompute) because the KV cache ran dry.")
-                        .Add({});
+    prometheus::Family<prometheus::Counter>& preemptions = m->CounterFamily(
+        "moesh_decode_preemptions_total",
+        "Running requests preempted because the KV cache ran dry (their blocks freed), by how "
+        "they resume: mode=recompute (KV recomputed) or swap (rows copied to host memory and "
+        "back, --preemption_mode=swap).");
+    preempt_recompute_ = &preemptions.Add({{"mode", "recompute"}});
+    preempt_swap_ = &preemptions.Add({{"mode", "swap"}});
+    swap_fallbacks_ = &m->CounterFamily("moesh_decode_swap_fallbacks_total",
+                                        "Preemptions that were to swap but recomputed: the rows "
+                                        "would pass --swap_space_mb, or their copy failed.")
+                           .Add({});
+    swapped_bytes_gauge_ = &m->GaugeFamily("moesh_decode_swapped_bytes",
+                                           "Host memory the KV rows of swapped-out requests hold.")
+                                .Add({});
+    prometheus::Family<prometheus::Histogram>& swap_seconds =
+        m->HistogramFamily("moesh_decode_swap_seconds",
+                           "Wall time of copying a preempted request's KV rows out of the pool "
+                           "into host memory (direction=out) or back into a new sequence (in).");
+    swap_out_seconds_ = &swap_seconds.Add({{"direction", "out"}}, Metrics::LatencyBuckets());
+    swap_in_seconds_ = &swap_seconds.Add({{"direction", "in"}}, Metrics::LatencyBuckets());
     tokens_ = &m->CounterFamily("moesh_generation_tokens_total", "Tokens generated.").Add({});
     step_seconds_ =
         &m->HistogramFamily("moesh_decode_step_seconds", "Wall time of one batched decode step.")
@@ -195,8 +248,10 @@ void DecodeEngine::Admit() {
     auto it = waiting_.begin();
     std::shared_ptr<Request> r = it->second;
     const int prompt = static_cast<int>(r->spec.prompt_ids.size());
-    // A preempted request rebuilds the rows of prompt + output in one pass.
-    const int tokens = r->preempted ? prompt + static_cast<int>(r->output.size()) : prompt;
+    const int total = prompt + static_cast<int>(r->output.size());
+    // A preempted request rebuilds the rows of prompt + output in one pass
+    // (or takes back those it swapped out and computes the rest).
+    const int tokens = r->preempted ? total : prompt;
     const KvUsage u = backend_->kv_usage();
     if (u.total_blocks > 0 && u.free_blocks < u.total_blocks) {
       // Room for this request, a block for each running one's next step (so
@@ -209,14 +264,19 @@ void DecodeEngine::Admit() {
     }
     // The sequence starts with what the prefix cache holds of the prompt (of
     // prompt + output for a preempted one): the KV handoff then stores only
-    // the rest, and a resumed request recomputes only the rest.
+    // the rest, and a resumed request recomputes only the rest (a swapped
+    // one: of the tokens of its rows, so that it has rows left to copy back).
     std::vector<int32_t> known = r->spec.prompt_ids;
     if (r->preempted) known.insert(known.end(), r->output.begin(), r->output.end());
     // Prompt log-probabilities need every prompt position's logits: a
     // request computing its prompt for them reads no cached rows (its
-    // blocks still join the cache).
-    if (r->spec.compute_prompt && r->output.empty() && r->spec.sampling.prompt_logprobs >= 0)
+    // blocks still join the cache); a swapped one has its earlier chunks'.
+    if (r->swapped != nullptr) {
+      known.resize(r->swapped->rows().num_tokens);
+    } else if (r->spec.compute_prompt && r->output.empty() &&
+               r->spec.sampling.prompt_logprobs >= 0) {
       known.clear();
+    }
     absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewCachedSequence(tokens, known);
     if (kv.status().code() == absl::StatusCode::kResourceExhausted) break;  // taken meanwhile
     waiting_.erase(it);
@@ -228,9 +288,16 @@ void DecodeEngine::Admit() {
     r->kv = std::move(*kv);
     r->admitted = true;
     if (r->preempted) {
+      if (r->swapped != nullptr) {
+        if (absl::Status s = SwapIn(r.get()); !s.ok()) {
+          Finish(r, s);
+          continue;
+        }
+      }
       r->preempted = false;
       r->running = true;
-      r->recompute = true;
+      // A decode holds every row but its last token's (fed by its next step).
+      r->recompute = r->output.empty() || r->kv->length() < total - 1;
       ++running;
     } else {
       r->reserved_at = std::chrono::steady_clock::now();
@@ -248,14 +315,67 @@ void DecodeEngine::Admit() {
 }
 
 void DecodeEngine::Preempt(const std::shared_ptr<Request>& r) {
+  const bool swapped = options_.preemption_mode == PreemptionMode::kSwap && SwapOut(r.get());
   r->kv.reset();
-  r->prompt_logprobs = {};  // its prompt is computed again from the start
+  // Recomputed, its prompt is computed again from the start; swapped, it
+  // keeps the prompt log-probabilities of the chunks its rows hold.
+  if (!swapped) r->prompt_logprobs = {};
   r->running = false;
   r->recompute = false;
   r->preempted = true;
   waiting_[{r->spec.priority, r->arrival}] = r;
   ++num_preemptions_;
-  if (preemptions_ != nullptr) preemptions_->Increment();
+  if (preempt_recompute_ != nullptr) (swapped ? preempt_swap_ : preempt_recompute_)->Increment();
+}
+
+bool DecodeEngine::SwapOut(Request* r) {
+  const KvSequence& kv = *r->kv;
+  if (kv.length() == 0) return false;  // nothing computed yet: nothing to keep
+  const int layers = backend_->config().num_hidden_layers;
+  const int64_t bytes = static_cast<int64_t>(layers) * kv.length() * kv.row_width() *
+                        (kv.bf16_rows() ? sizeof(uint16_t) : sizeof(float));
+  const auto start = std::chrono::steady_clock::now();
+  std::string why;
+  if (swapped_bytes_ + bytes > options_.swap_space_bytes) {
+    why = absl::StrCat(swapped_bytes_.load(), " swapped bytes and ", bytes, " more would pass ",
+                       options_.swap_space_bytes, " (--swap_space_mb)");
+  } else {
+    absl::StatusOr<KvTransfer> rows = SerializeKv(r->spec.request_id, kv, layers);
+    if (rows.ok() && kv.status().ok()) {
+      r->swapped = std::make_unique<SwappedKv>(*std::move(rows), &swapped_bytes_);
+      if (swap_out_seconds_ != nullptr) swap_out_seconds_->Observe(SecondsSince(start));
+      return true;
+    }
+    why = absl::StrCat("copying its rows failed: ",
+                       (rows.ok() ? kv.status() : rows.status()).message());
+  }
+  if (swap_fallbacks_ != nullptr) swap_fallbacks_->Increment();
+  if (!logged_swap_fallback_) {
+    logged_swap_fallback_ = true;
+    std::cerr << "decode engine: request " << r->spec.request_id
+              << " preempted by recompute instead of swap: " << why
+              << " (the first such; moesh_decode_swap_fallbacks_total counts them)" << std::endl;
+  }
+  return false;
+}
+
+absl::Status DecodeEngine::SwapIn(Request* r) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s =
+      DeserializeKv(r->swapped->rows(), backend_->config().num_hidden_layers, r->kv.get());
+  if (s.ok()) s = r->kv->status();
+  r->swapped.reset();
+  if (!s.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "request ", r->spec.request_id, ": taking back its swapped KV rows failed: ", s.message()));
+  }
+  if (swap_in_seconds_ != nullptr) swap_in_seconds_->Observe(SecondsSince(start));
+  // Its blocks join the prefix cache again (those evicted while it was out).
+  std::vector<int32_t> known = r->spec.prompt_ids;
+  known.insert(known.end(), r->output.begin(), r->output.end());
+  known.resize(r->kv->length());
+  r->kv->PublishPrefix(known);
+  return absl::OkStatus();
 }
 
 std::vector<DecodeEngine::StepItem> DecodeEngine::PlanStep() {
@@ -448,7 +568,8 @@ void DecodeEngine::Finish(std::shared_ptr<Request> r,
       break;
     }
   }
-  r->kv.reset();  // blocks back to the pool now, not when the last reader lets go
+  r->kv.reset();       // blocks back to the pool now, not when the last reader lets go
+  r->swapped.reset();  // and its host copy
   ++frees_;
   UpdateGauges();
 }
@@ -460,6 +581,7 @@ void DecodeEngine::UpdateGauges() {
   kv_free_blocks_->Set(u.free_blocks);
   running_->Set(static_cast<double>(requests_.size() - waiting_.size()));
   waiting_gauge_->Set(static_cast<double>(waiting_.size()));
+  swapped_bytes_gauge_->Set(static_cast<double>(swapped_bytes_.load()));
   prefix_metrics_->Update(backend_->prefix_cache_stats());
 }
 

@@ -13,12 +13,21 @@
 // KV blocks are taken as tokens are produced: each step first gives every
 // request in the batch room for its next token. When the pool runs dry, the
 // running request with the highest priority value (the latest arrival among
-// equals; it may be the one growing) is preempted by recompute: its blocks
-// are freed and it goes back to the queue; resumed, it runs prompt + output
-// through the model in one pass, or in chunks (below), rebuilding its KV, and
-// samples its next token from the last, so its stream goes on with no gap or
-// repeat. The queue is ordered by (priority, arrival): lower priority values
-// first, first come first served within one.
+// equals; it may be the one growing) is preempted: its blocks are freed and
+// it goes back to the queue. By recompute (PreemptionMode::kRecompute):
+// resumed, it runs prompt + output through the model in one pass, or in
+// chunks (below), rebuilding its KV, and samples its next token from the
+// last. By swap (kSwap): its rows are first copied into host memory the
+// request owns (SerializeKv, the host KV handoff's form: float32, or bf16
+// from a device pool, exactly; every family's whole cache row, so V3.2's
+// index keys, and V4's rows whose compressed entries are recomputed from
+// them), counted against swap_space_bytes; resumed, a new sequence takes
+// them back (DeserializeKv, skipping what the prefix cache holds again) and
+// it decodes on, computing nothing twice. A swap that would pass
+// swap_space_bytes, or whose copy fails, recomputes instead (counted and
+// logged). Either way its stream goes on with no gap or repeat. The queue
+// is ordered by (priority, arrival): lower priority values first, first come
+// first served within one.
 //
 // Chunked prefill (max_num_batched_tokens > 0): a step carries the running
 // decodes first (one token each) and fills what the budget leaves with
@@ -42,7 +51,8 @@
 // handoff stores only the rows past them, and every block a request fills is
 // published for later requests (a chat's next turn reuses this one's prompt
 // and output). Preemption only drops the request's references: its published
-// blocks stay cached until the pool needs them.
+// blocks stay cached until the pool needs them (a swapped request's resume
+// takes those still cached from the cache, the rest from its host copy).
 //
 // Thread-safe. Owns one engine thread.
 #ifndef MOESH_COMMON_SERVING_DECODE_ENGINE_H_
@@ -61,6 +71,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/engine/attention_backend.h"
 #include "common/engine/sampler.h"
@@ -71,6 +83,11 @@
 #include "common/transport/transport.h"
 
 namespace moesh {
+
+// How a preempted request resumes (header comment).
+enum class PreemptionMode { kRecompute, kSwap };
+// "recompute" or "swap"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<PreemptionMode> ParsePreemptionMode(absl::string_view name);
 
 struct DecodeEngineOptions {
   int max_batch = 256;  // running requests per step
@@ -94,6 +111,9 @@ struct DecodeEngineOptions {
   // always reserve one): a flood of reservations from one peer leaves the
   // rest of the pool to others. 1: no cap.
   double max_pending_kv_share = 1.0;
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;
+  // kSwap: host bytes the swapped requests' rows may hold together.
+  int64_t swap_space_bytes = int64_t{4} << 30;
   Metrics* metrics = nullptr;  // may be null
 };
 
@@ -171,8 +191,16 @@ class DecodeEngine : public KvHandler {
   // priority order, each with room for its next token (preempting where the
   // pool is dry), then prompt chunks in priority order within the budget.
   std::vector<StepItem> PlanStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees a running request's blocks and queues it to resume by recompute.
+  // Frees a running request's blocks and queues it to resume, by swap
+  // (SwapOut) or by recompute.
   void Preempt(const std::shared_ptr<Request>& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies r's rows into host memory it owns; false (counted as a fallback
+  // where it had rows) if there are none, they would pass swap_space_bytes,
+  // or the copy failed.
+  bool SwapOut(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes a swapped request's rows into its new sequence r->kv and frees
+  // the host copy.
+  absl::Status SwapIn(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks for `tokens` tokens in a pool of u.block_size (0 without a pool).
   static int BlocksFor(const KvUsage& u, int tokens);
   void ExpireReservations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -194,7 +222,12 @@ class DecodeEngine : public KvHandler {
   prometheus::Gauge* kv_free_blocks_ = nullptr;
   prometheus::Gauge* running_ = nullptr;
   prometheus::Gauge* waiting_gauge_ = nullptr;
-  prometheus::Counter* preemptions_ = nullptr;
+  prometheus::Counter* preempt_recompute_ = nullptr;
+  prometheus::Counter* preempt_swap_ = nullptr;
+  prometheus::Counter* swap_fallbacks_ = nullptr;
+  prometheus::Gauge* swapped_bytes_gauge_ = nullptr;
+  prometheus::Histogram* swap_out_seconds_ = nullptr;
+  prometheus::Histogram* swap_in_seconds_ = nullptr;
   prometheus::Counter* tokens_ = nullptr;
   prometheus::Histogram* step_seconds_ = nullptr;
   prometheus::Histogram* batch_size_ = nullptr;
@@ -206,6 +239,9 @@ class DecodeEngine : public KvHandler {
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::atomic<bool> logged_device_kv_{false};  // the first device-to-device KV handoff is logged
+  bool logged_swap_fallback_ = false;          // the first swap fallback is logged
+  // Host bytes the swapped requests' rows hold (SwappedKv counts itself).
+  std::atomic<int64_t> swapped_bytes_{0};
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
   // Requests waiting for blocks, by (priority, arrival): new ones before

@@ -156,12 +156,24 @@ def build():
             [(f"min by (instance) ({sel('moesh_kv_cache_free_blocks', service='decode_worker')})", "{{instance}}")],
             unit="short")
     d.panel("timeseries", "KV admission queue and preemptions",
-            "Requests queued per decode worker for KV blocks (new and preempted), and running requests "
-            "preempted per second because the KV cache ran dry.",
+            "Requests queued per decode worker for KV blocks (new and preempted), running requests "
+            "preempted per second because the KV cache ran dry, by how they resume (recompute or "
+            "swap), and swaps that fell back to recompute (--swap_space_mb full).",
             [(f"sum by (instance) ({sel('moesh_decode_num_requests_waiting', service='decode_worker')})",
               "waiting {{instance}}"),
-             (f"sum by (instance) (rate({sel('moesh_decode_preemptions_total', service='decode_worker')}[{RATE}]))",
-              "preempted/s {{instance}}")], unit="short")
+             (f"sum by (instance, mode) (rate({sel('moesh_decode_preemptions_total', service='decode_worker')}[{RATE}]))",
+              "preempted/s {{mode}} {{instance}}"),
+             (f"sum by (instance) (rate({sel('moesh_decode_swap_fallbacks_total', service='decode_worker')}[{RATE}]))",
+              "swap fallbacks/s {{instance}}")], unit="short")
+    d.panel("timeseries", "KV swapped to host memory",
+            "Host memory the KV rows of swapped-out requests hold per decode worker "
+            "(--preemption_mode=swap, at most --swap_space_mb).",
+            [(f"sum by (instance) ({sel('moesh_decode_swapped_bytes', service='decode_worker')})",
+              "{{instance}}")], unit="bytes")
+    d.panel("timeseries", "KV swap time",
+            "Wall time of copying a preempted request's KV rows to host memory (out) and back (in).",
+            quantiles("moesh_decode_swap_seconds", by="direction", qs=(0.5, 0.99), service="decode_worker"),
+            unit="s")
     d.panel("timeseries", "Decode batch", "Requests per decode step: mean and p99, running requests.",
             [(f"sum(rate({sel('moesh_decode_batch_size_sum', service='decode_worker')}[{RATE}])) / "
               f"sum(rate({sel('moesh_decode_batch_size_count', service='decode_worker')}[{RATE}]))", "mean"),

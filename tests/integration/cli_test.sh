@@ -103,7 +103,8 @@ expect_error "--load-format is spelled --load_format" bench --device cuda --load
 # A flag of another subcommand is refused, naming the one it belongs to.
 expect_error "--server is a flag of moesh bench and moesh complete, not of moesh generate" generate --model "$TMP/v2l" \
   --prompt_ids 1 --server 127.0.0.1:1
-expect_error "--kv_blocks is a flag of moesh serve-local, not of moesh bench" bench --model "$TMP/v2l" --kv_blocks 8
+expect_error "--decode_workers is a flag of moesh serve-local, not of moesh bench" bench --model "$TMP/v2l" \
+  --decode_workers 2
 expect_error "--family is a flag of moesh mkmodel, not of moesh complete" complete --server 127.0.0.1:1 --family v3
 expect_error "--transport is a flag of moesh serve-local, not of moesh generate" generate --model "$TMP/v2l" \
   --transport ucx

@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -97,15 +98,16 @@ TEST(ClusterTest, ConcurrentStreamsEachEqualTheirSoloRun) {
             Metric(decode_metrics, "moesh_decode_batch_size_count"));
 }
 
-TEST(ClusterTest, ASmallKvPoolQueuesAndPreemptsWithoutChangingOutputs) {
-  // 4 blocks of 16 tokens: one request of up to 49 tokens fits, two at full
-  // length do not, so the decode worker queues (Reserve waits for the prompt's
-  // blocks) and preempts by recompute; every stream still equals its solo run,
-  // seeded sampling included, and nothing is refused.
+// 4 blocks of 16 tokens: one request of up to 49 tokens fits, two at full
+// length do not, so the decode worker queues (Reserve waits for the prompt's
+// blocks) and preempts (by `preemption_mode`); every stream still equals its
+// solo run, seeded sampling included, and nothing is refused.
+void SmallKvPoolKeepsOutputs(const std::string& preemption_mode) {
   const std::string dir = TinyModel();
-  LocalClusterOptions o = Options(dir, "small_pool");
+  LocalClusterOptions o = Options(dir, "small_pool_" + preemption_mode);
   o.decode.kv.kv_blocks = 4;
   o.decode.kv.block_size = 16;
+  o.decode.kv.preemption_mode = preemption_mode;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
@@ -128,8 +130,20 @@ TEST(ClusterTest, ASmallKvPoolQueuesAndPreemptsWithoutChangingOutputs) {
         << "stream " << i;
   }
   const std::string m = Proc(**cluster, "decode-0").metrics_address;
-  EXPECT_GT(Metric(m, "moesh_decode_preemptions_total"), 0);
+  // The preemptions of this mode (its series' labels in any order).
+  absl::StatusOr<std::string> text = ScrapeMetrics(m);
+  ASSERT_TRUE(text.ok()) << text.status();
+  double preempted = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    double v;
+    if (absl::StartsWith(line, "moesh_decode_preemptions_total{") &&
+        absl::StrContains(line, absl::StrCat("mode=\"", preemption_mode, "\"")) &&
+        absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v))
+      preempted += v;
+  }
+  EXPECT_GT(preempted, 0);
   EXPECT_EQ(Metric(m, "moesh_decode_num_requests_waiting"), 0);
+  EXPECT_EQ(Metric(m, "moesh_decode_swapped_bytes"), 0);
   double free_blocks = -1;
   for (int i = 0; i < 100 && free_blocks != 4; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -137,6 +151,13 @@ TEST(ClusterTest, ASmallKvPoolQueuesAndPreemptsWithoutChangingOutputs) {
   }
   EXPECT_EQ(free_blocks, 4);
 }
+
+TEST(ClusterTest, ASmallKvPoolQueuesAndPreemptsWithoutChangingOutputs) {
+  SmallKvPoolKeepsOutputs("recompute");
+}
+
+// The same preempting by swap: the rows to the decode worker's host memory and back.
+TEST(ClusterTest, ASmallKvPoolPreemptingBySwapKeepsOutputs) { SmallKvPoolKeepsOutputs("swap"); }
 
 // The whole cluster over each data plane this machine supports, token for
 // token equal to the single-process engine (greedy and seeded sampling).

@@ -128,6 +128,8 @@ void SetAll(KvOptions* k) {
   k->max_waiting_requests = 5;
   k->enable_prefix_caching = false;
   k->max_num_batched_tokens = 48;
+  k->preemption_mode = "swap";
+  k->swap_space_mb = 12;
 }
 
 // The same for several groups: SetAll(&o.server, &o.worker).

@@ -42,6 +42,16 @@
 #              --dataset multiturn --turns 4 --system_prompts 4 --system_prompt_len
 #              $MOESH_SYSTEM_LEN (1024) --prompt_len 128 --max_new_tokens 64 --requests 256
 #              --concurrency $MOESH_CONCURRENCY (32); TTFT, ITL and the cache's hit rate per row.
+#   swap       preemption by recompute against swap on the GPU: a colocated router
+#              (moesh_router --colocated --device cuda, V2-Lite's real shapes, dummy weights)
+#              with a small KV pool (--gpu_memory_utilization $MOESH_GPU_UTIL, default 0.3:
+#              the weights take ~0.22 of an H200; --max_model_len 4096) and --max_batch 256, once per
+#              --preemption_mode ($MOESH_PREEMPTION_MODES, default recompute,swap), each under
+#              the same open-loop client: `moesh bench --serving --server` --dataset random
+#              --length_sigma 0 --prompt_len $MOESH_PROMPT_LEN (512) --max_new_tokens
+#              $MOESH_NEW_TOKENS (1024) --requests 256 --concurrency 256; then the router's
+#              moesh_decode_preemptions_total / _swap_* / kv_cache lines (swap_metrics_MODE):
+#              a row with no preemptions says the pool was not small enough (lower MOESH_GPU_UTIL).
 #   fullsize   issue 22's run, arguments through the environment: DeepSeek-V3 at its real
 #              shapes in FP8 as shipped (`mkmodel --family v3 --preset real --dtype fp8
 #              --config_only`, $MOESH_LAYERS layers, default all 61; dummy weights made on
@@ -90,7 +100,7 @@ usage() { sed -n '2,/^set /p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; }
 scenarios=()
 while (($# > 0)); do
   case $1 in
-    steady|kv|ipc|multi|largest|chunked|prefix|fullsize|rebalance) scenarios+=("$1"); shift ;;
+    steady|kv|ipc|multi|largest|chunked|prefix|swap|fullsize|rebalance) scenarios+=("$1"); shift ;;
     dispatch-ipc|dispatch-mps|dispatch-nccl|dispatch-overlap) scenarios+=("${1/-/_}"); shift ;;
     --dispatch)
       case ${2:-} in
@@ -229,6 +239,30 @@ prefix() {
       --max_new_tokens 64 --requests 256 --concurrency ${MOESH_CONCURRENCY:-32}
     kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null
     shown+=("prefix_cache_$on")
+  done
+}
+
+swap() {
+  real_model
+  local mode port mport ready
+  IFS=, read -ra modes <<< "${MOESH_PREEMPTION_MODES:-recompute,swap}"
+  for mode in "${modes[@]}"; do
+    port=$((23000 + RANDOM % 20000)) mport=$((43000 + RANDOM % 10000)) ready=/tmp/moesh-swap-$mode.ready
+    rm -f "$ready"
+    $D/bin/moesh_router --model $real --colocated --device cuda --load_format dummy \
+      --gpu_memory_utilization ${MOESH_GPU_UTIL:-0.3} --max_model_len 4096 --max_batch 256 \
+      --preemption_mode "$mode" \
+      --listen 127.0.0.1:$port --metrics_listen 127.0.0.1:$mport --ready_file "$ready" \
+      > "$LOGS/swap_router_$mode.log" 2>&1 &
+    local rpid=$!
+    for _ in $(seq 1 300); do [[ -f $ready ]] && break; sleep 0.5; done
+    step "swap_$mode" 240 $moesh bench --serving --server 127.0.0.1:$port --dataset random \
+      --length_sigma 0 --prompt_len ${MOESH_PROMPT_LEN:-512} --max_new_tokens ${MOESH_NEW_TOKENS:-1024} \
+      --requests 256 --concurrency 256 --request_rate inf
+    step "swap_metrics_$mode" 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$mport && \
+      printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && grep -E '^moesh_(decode_(preempt|swap)|kv_cache)' <&3"
+    kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null
+    shown+=("swap_$mode" "swap_metrics_$mode")
   done
 }
 
