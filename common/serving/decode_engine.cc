@@ -262,21 +262,16 @@ void DecodeEngine::Admit() {
         need += BlocksFor(u, prompt);
       if (u.free_blocks < need) break;
     }
-    // The sequence starts with what the prefix cache holds of the prompt (of
-    // prompt + output for a preempted one): the KV handoff then stores only
-    // the rest, and a resumed request recomputes only the rest (a swapped
-    // one: of the tokens of its rows, so that it has rows left to copy back).
+    // The sequence starts with what the prefix cache holds of the prompt (+
+    // output if preempted; a swapped one's rows' tokens): handoffs and resumes
+    // store only the rest. Prompt log-probabilities need every position: such
+    // a prompt reads no cached rows (a swapped one kept its earlier chunks').
     std::vector<int32_t> known = r->spec.prompt_ids;
     if (r->preempted) known.insert(known.end(), r->output.begin(), r->output.end());
-    // Prompt log-probabilities need every prompt position's logits: a
-    // request computing its prompt for them reads no cached rows (its
-    // blocks still join the cache); a swapped one has its earlier chunks'.
-    if (r->swapped != nullptr) {
+    if (r->swapped != nullptr)
       known.resize(r->swapped->rows().num_tokens);
-    } else if (r->spec.compute_prompt && r->output.empty() &&
-               r->spec.sampling.prompt_logprobs >= 0) {
+    else if (r->spec.compute_prompt && r->output.empty() && r->spec.sampling.prompt_logprobs >= 0)
       known.clear();
-    }
     absl::StatusOr<std::unique_ptr<KvSequence>> kv = backend_->NewCachedSequence(tokens, known);
     if (kv.status().code() == absl::StatusCode::kResourceExhausted) break;  // taken meanwhile
     waiting_.erase(it);
@@ -317,9 +312,7 @@ void DecodeEngine::Admit() {
 void DecodeEngine::Preempt(const std::shared_ptr<Request>& r) {
   const bool swapped = options_.preemption_mode == PreemptionMode::kSwap && SwapOut(r.get());
   r->kv.reset();
-  // Recomputed, its prompt is computed again from the start; swapped, it
-  // keeps the prompt log-probabilities of the chunks its rows hold.
-  if (!swapped) r->prompt_logprobs = {};
+  if (!swapped) r->prompt_logprobs = {};  // recomputed from the start; swapped: kept
   r->running = false;
   r->recompute = false;
   r->preempted = true;
