@@ -42,19 +42,12 @@ enum class Where {
 std::unique_ptr<ColocatedBackend> Backend(Where where, Metrics* metrics = nullptr,
                                           bool prefix_cache = false, int blocks = 512,
                                           int block_size = 16) {
-  DeviceOptions device;
-  device.num_kv_blocks = blocks;
-  device.block_size = block_size;
-  device.prefix_cache = prefix_cache;
   DecodeEngineOptions decode;
   decode.metrics = metrics;
   decode.max_num_batched_tokens = where == Where::kDecodeSteps ? kBudget : 0;
   PrefillEngineOptions prefill;
   prefill.max_chunk_tokens = where == Where::kPrefillPasses ? kBudget : 0;
-  absl::StatusOr<std::unique_ptr<ColocatedBackend>> b =
-      ColocatedBackend::Create(TinyModel(), device, decode, prefill);
-  EXPECT_TRUE(b.ok()) << b.status();
-  return b.ok() ? std::move(*b) : nullptr;
+  return NewColocated(TinyModel(), blocks, block_size, prefix_cache, decode, prefill);
 }
 
 std::vector<int32_t> Prompt(int n, int salt) {
@@ -102,14 +95,6 @@ Streamed Stream(ColocatedBackend* b, const GenerationRequest& r, const CancelTok
   return s;
 }
 
-// A counter's value in `metrics` (0 if absent).
-double Counter(Metrics* metrics, const std::string& name) {
-  for (const prometheus::MetricFamily& f : metrics->registry().Collect()) {
-    if (f.name == name && !f.metric.empty()) return f.metric[0].counter.value;
-  }
-  return 0;
-}
-
 const char* ChunksMetric(Where where) {
   return where == Where::kDecodeSteps ? "moesh_decode_prompt_chunks_total"
                                       : "moesh_prefill_chunks_total";
@@ -118,7 +103,7 @@ const char* ChunksMetric(Where where) {
 // Waits until `metrics`' chunk counter reaches `n`.
 bool AwaitChunks(Metrics* metrics, Where where, double n) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (Counter(metrics, ChunksMetric(where)) < n) {
+  while (MetricSum(metrics, ChunksMetric(where)) < n) {
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -214,7 +199,7 @@ TEST_P(ChunkedPrefillTest, OutputsEqualTheUnchunkedEnginesTokenForToken) {
     EXPECT_EQ(got.back().cached_tokens, 0);
   }
   // The long prompts took many chunks: more than one per request.
-  EXPECT_GT(Counter(metrics, ChunksMetric(c.where)), 2.0 * (prompts.size() + 1));
+  EXPECT_GT(MetricSum(metrics, ChunksMetric(c.where)), 2.0 * (prompts.size() + 1));
   ExpectIdle(b, all_free);
 }
 
@@ -242,7 +227,7 @@ TEST_P(ChunkedPrefillTest, PromptLogprobsInChunksEqualTheUnchunkedOnes) {
     ASSERT_EQ(want.prompt_logprobs.size(), static_cast<size_t>(n - 1));
     // The prompt's blocks cached first where the cache is on (a plain
     // request), then the one asking for log-probabilities.
-    const double chunks_before = Counter(metrics, ChunksMetric(c.where));
+    const double chunks_before = MetricSum(metrics, ChunksMetric(c.where));
     GenerationRequest plain = Request(absl::StrCat("plain", n), r.prompt, 1);
     ASSERT_TRUE(Stream(b, plain, never).status.ok());
     const Streamed got = Stream(b, r, never);
@@ -270,7 +255,7 @@ TEST_P(ChunkedPrefillTest, PromptLogprobsInChunksEqualTheUnchunkedOnes) {
       near(got.token_logprobs[j], want.token_logprobs[j]);
     EXPECT_LT(worst, 1e-5) << n;  // measured: at most 1e-6 (an ulp or two)
     // It ran in chunks: both requests' prompts, ceil(n / 16) each.
-    EXPECT_EQ(Counter(metrics, ChunksMetric(c.where)) - chunks_before,
+    EXPECT_EQ(MetricSum(metrics, ChunksMetric(c.where)) - chunks_before,
               2 * ((n + kBudget - 1) / kBudget))
         << n;
   }
@@ -295,7 +280,7 @@ TEST_P(ChunkedPrefillTest, CancellingAPromptBetweenItsChunksFreesEveryBlock) {
   EXPECT_TRUE(got.ids.empty());
   ExpectIdle(b.get(), all_free);
   // It stopped between its chunks, well before its last.
-  const double chunks = Counter(metrics->get(), ChunksMetric(c.where));
+  const double chunks = MetricSum(metrics->get(), ChunksMetric(c.where));
   EXPECT_LT(chunks, kPrompt / kBudget);
   // The engine serves the next request as usual.
   CancelToken never;
@@ -323,7 +308,7 @@ TEST_P(ChunkedPrefillTest, AShortPromptGetsItsFirstTokenBeforeALongPromptQueuedA
   EXPECT_TRUE(AwaitChunks(metrics->get(), c.where, 2));
   const Streamed short_got = Stream(b.get(), Request("short", Prompt(4, 8), 1), never);
   const bool long_done_then = long_done;
-  const double chunks_then = Counter(metrics->get(), ChunksMetric(c.where));
+  const double chunks_then = MetricSum(metrics->get(), ChunksMetric(c.where));
   t.join();
   ASSERT_TRUE(short_got.status.ok()) << short_got.status;
   ASSERT_TRUE(long_got.status.ok()) << long_got.status;

@@ -21,13 +21,7 @@ namespace {
 std::string TinyModel() { return moesh::TinyModel("colocated_backend_test_tiny_v3", 21); }
 
 std::unique_ptr<ColocatedBackend> Backend() {
-  DeviceOptions device;
-  device.num_kv_blocks = 256;
-  device.block_size = 16;
-  absl::StatusOr<std::unique_ptr<ColocatedBackend>> b =
-      ColocatedBackend::Create(TinyModel(), device, DecodeEngineOptions(), PrefillEngineOptions());
-  EXPECT_TRUE(b.ok()) << b.status();
-  return b.ok() ? std::move(*b) : nullptr;
+  return NewColocated(TinyModel(), 256, 16, false, DecodeEngineOptions());
 }
 
 GenerationRequest Request(const std::string& id, int max_new_tokens) {
@@ -177,18 +171,11 @@ TEST(ColocatedBackendTest, TheEnginesRefuseRequestIdsOutOfBounds) {
 std::unique_ptr<ColocatedBackend> Backend(int blocks, int block_size, int max_waiting = 1024,
                                           Metrics* metrics = nullptr, bool prefix_cache = false,
                                           int max_num_batched_tokens = 0) {
-  DeviceOptions device;
-  device.num_kv_blocks = blocks;
-  device.block_size = block_size;
-  device.prefix_cache = prefix_cache;
   DecodeEngineOptions decode;
   decode.max_waiting = max_waiting;
   decode.metrics = metrics;
   decode.max_num_batched_tokens = max_num_batched_tokens;
-  absl::StatusOr<std::unique_ptr<ColocatedBackend>> b =
-      ColocatedBackend::Create(TinyModel(), device, decode, PrefillEngineOptions());
-  EXPECT_TRUE(b.ok()) << b.status();
-  return b.ok() ? std::move(*b) : nullptr;
+  return NewColocated(TinyModel(), blocks, block_size, prefix_cache, decode);
 }
 
 GenerationRequest Request(const std::string& id, std::vector<int32_t> prompt, int max_new_tokens,
@@ -214,18 +201,6 @@ absl::Status RunRequest(ColocatedBackend* b, const GenerationRequest& r, std::ve
         return true;
       },
       cancel);
-}
-
-// A gauge's or counter's value in `metrics`, summed over its series (-1 if absent).
-double MetricValue(Metrics* metrics, const std::string& name) {
-  for (const prometheus::MetricFamily& f : metrics->registry().Collect()) {
-    if (f.name != name || f.metric.empty()) continue;
-    double sum = 0;
-    for (const prometheus::ClientMetric& m : f.metric)
-      sum += f.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
-    return sum;
-  }
-  return -1;
 }
 
 struct PreemptionCase {
@@ -287,7 +262,7 @@ TEST_P(PreemptionTest, APreemptedRequestResumesTokenExact) {
   // With the cache, the uninterrupted runs' blocks (and its own) served the
   // victim's resume: it recomputed only what was evicted.
   if (c.prefix_cache)
-    EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_hit_tokens_total"), 0);
+    EXPECT_GT(MetricSum(metrics->get(), "moesh_prefix_cache_hit_tokens_total"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -354,9 +329,9 @@ TEST(PrefixCacheTest, TheSecondTurnReusesTheFirstTurnsBlocksTokenExact) {
     prompt.insert(prompt.end(), got.begin(), got.end());
     for (int i = 0; i < 4; ++i) prompt.push_back(100 + 7 * turn + i);
   }
-  EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_hit_tokens_total"), 0);
-  EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_miss_tokens_total"), 0);
-  EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_blocks"), 0);
+  EXPECT_GT(MetricSum(metrics->get(), "moesh_prefix_cache_hit_tokens_total"), 0);
+  EXPECT_GT(MetricSum(metrics->get(), "moesh_prefix_cache_miss_tokens_total"), 0);
+  EXPECT_GT(MetricSum(metrics->get(), "moesh_prefix_cache_blocks"), 0);
 }
 
 // Prompt log-probabilities need every prompt position's logits: a prompt
@@ -434,8 +409,8 @@ TEST(PrefixCacheTest, CachedBlocksAreEvictedUnderPressureAndOutputsStayExact) {
       ExpectIdle(on.get(), all_free);
     }
   }
-  EXPECT_GT(MetricValue(metrics->get(), "moesh_prefix_cache_evictions_total"), 0);
-  EXPECT_LE(MetricValue(metrics->get(), "moesh_prefix_cache_blocks"), 24);
+  EXPECT_GT(MetricSum(metrics->get(), "moesh_prefix_cache_evictions_total"), 0);
+  EXPECT_LE(MetricSum(metrics->get(), "moesh_prefix_cache_blocks"), 24);
 }
 
 TEST(AdmissionTest, ARequestLargerThanThePoolIsRefusedAtOnce) {
@@ -513,13 +488,13 @@ TEST_P(CancellationTest, CancellingQueuedRunningAndPreemptedRequestsFreesEveryBl
   ExpectIdle(b.get(), all_free);
   // The gauges say so too.
   Metrics* m = metrics->get();
-  EXPECT_EQ(MetricValue(m, "moesh_kv_cache_free_blocks"), all_free);
-  EXPECT_EQ(MetricValue(m, "moesh_kv_cache_usage_perc"), 0);
-  EXPECT_EQ(MetricValue(m, "moesh_num_requests_running"), 0);
-  EXPECT_EQ(MetricValue(m, "moesh_decode_num_requests_waiting"), 0);
-  EXPECT_GT(MetricValue(m, "moesh_decode_preemptions_total"), 0);
+  EXPECT_EQ(MetricSum(m, "moesh_kv_cache_free_blocks"), all_free);
+  EXPECT_EQ(MetricSum(m, "moesh_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(MetricSum(m, "moesh_num_requests_running"), 0);
+  EXPECT_EQ(MetricSum(m, "moesh_decode_num_requests_waiting"), 0);
+  EXPECT_GT(MetricSum(m, "moesh_decode_preemptions_total"), 0);
   // The blocks the requests filled stay cached, held by nobody (counted free above).
-  if (GetParam()) EXPECT_GT(MetricValue(m, "moesh_prefix_cache_blocks"), 0);
+  if (GetParam()) EXPECT_GT(MetricSum(m, "moesh_prefix_cache_blocks"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(AdmissionTest, CancellationTest, ::testing::Bool(),

@@ -25,64 +25,18 @@
 namespace moesh {
 namespace {
 
-// A tiny checkpoint of `family` (random weights), written once per process.
 std::string FamilyModel(const std::string& family) {
-  static auto* dirs = new std::map<std::string, std::string>();
-  std::string& dir = (*dirs)[family];
-  if (dir.empty()) {
-    dir = JoinPath(::testing::TempDir(), "swap_preemption_test_tiny_" + family);
-    std::filesystem::remove_all(dir);
-    absl::StatusOr<ModelConfig> c = PresetConfig(family, "tiny");
-    RandomCheckpointOptions opt;
-    opt.seed = 23;
-    EXPECT_TRUE(c.ok() && WriteRandomCheckpoint(*c, dir, opt).ok()) << family;
-  }
-  return dir;
+  return TinyModel("swap_preemption_test_tiny_" + family, 23, family);
 }
 
 std::unique_ptr<ColocatedBackend> Backend(int blocks, int block_size, Metrics* metrics,
                                           bool prefix_cache, int64_t swap_space_bytes,
                                           const std::string& family = "v3") {
-  DeviceOptions device;
-  device.num_kv_blocks = blocks;
-  device.block_size = block_size;
-  device.prefix_cache = prefix_cache;
   DecodeEngineOptions decode;
   decode.metrics = metrics;
   decode.preemption_mode = PreemptionMode::kSwap;
   decode.swap_space_bytes = swap_space_bytes;
-  absl::StatusOr<std::unique_ptr<ColocatedBackend>> b =
-      ColocatedBackend::Create(FamilyModel(family), device, decode, PrefillEngineOptions());
-  EXPECT_TRUE(b.ok()) << b.status();
-  return b.ok() ? std::move(*b) : nullptr;
-}
-
-// The sum of a metric's series in `metrics` whose labels include
-// `label`=`value` (every series with an empty `label`); -1 if absent.
-double Metric(Metrics* metrics, const std::string& name, const std::string& label = "",
-              const std::string& value = "") {
-  for (const prometheus::MetricFamily& f : metrics->registry().Collect()) {
-    if (f.name != name) continue;
-    double sum = 0;
-    for (const prometheus::ClientMetric& m : f.metric) {
-      bool match = label.empty();
-      for (const prometheus::ClientMetric::Label& l : m.label)
-        match = match || (l.name == label && l.value == value);
-      if (!match) continue;
-      switch (f.type) {
-        case prometheus::MetricType::Counter:
-          sum += m.counter.value;
-          break;
-        case prometheus::MetricType::Histogram:
-          sum += static_cast<double>(m.histogram.sample_count);
-          break;
-        default:
-          sum += m.gauge.value;
-      }
-    }
-    return sum;
-  }
-  return -1;
+  return NewColocated(FamilyModel(family), blocks, block_size, prefix_cache, decode);
 }
 
 // What a request streamed.
@@ -184,7 +138,7 @@ TEST_P(SwapPreemptionTest, ASwappedRequestResumesTokenExact) {
   ASSERT_EQ(want_first.ids.size(), static_cast<size_t>(kNew));
   ASSERT_EQ(want_first.token_logprobs.size(), static_cast<size_t>(kNew));
   ASSERT_EQ(b->decode()->Load().preemptions, 0);
-  const double alone_chunks = Metric(m, "moesh_decode_prompt_chunks_total");
+  const double alone_chunks = MetricSum(m, "moesh_decode_prompt_chunks_total");
 
   absl::Notification streaming;
   Streamed got_first;
@@ -202,25 +156,25 @@ TEST_P(SwapPreemptionTest, ASwappedRequestResumesTokenExact) {
   ExpectSameStream(got_first, want_first, !c.tiny_swap_space, "first");
   ExpectSameStream(got_second, want_second, !c.tiny_swap_space, "second");
   ExpectIdle(b.get(), all_free);
-  const double swapped = Metric(m, "moesh_decode_preemptions_total", "mode", "swap");
-  const double recomputed = Metric(m, "moesh_decode_preemptions_total", "mode", "recompute");
+  const double swapped = MetricSum(m, "moesh_decode_preemptions_total", "mode", "swap");
+  const double recomputed = MetricSum(m, "moesh_decode_preemptions_total", "mode", "recompute");
   if (c.tiny_swap_space) {
     // Every preemption recomputed instead, counted as such.
     EXPECT_EQ(swapped, 0);
     EXPECT_GT(recomputed, 0);
-    EXPECT_EQ(Metric(m, "moesh_decode_swap_fallbacks_total"), recomputed);
-    EXPECT_EQ(Metric(m, "moesh_decode_swap_seconds"), 0);
+    EXPECT_EQ(MetricSum(m, "moesh_decode_swap_fallbacks_total"), recomputed);
+    EXPECT_EQ(MetricSum(m, "moesh_decode_swap_seconds"), 0);
   } else {
     // Swapped out and back in, nothing recomputed: no prompt chunk past
     // those of the prompts (as many as alone).
     EXPECT_GT(swapped, 0);
     EXPECT_EQ(recomputed, 0);
-    EXPECT_EQ(Metric(m, "moesh_decode_swap_fallbacks_total"), 0);
-    EXPECT_EQ(Metric(m, "moesh_decode_swap_seconds", "direction", "out"), swapped);
-    EXPECT_EQ(Metric(m, "moesh_decode_swap_seconds", "direction", "in"), swapped);
-    EXPECT_EQ(Metric(m, "moesh_decode_prompt_chunks_total"), 2 * alone_chunks);
+    EXPECT_EQ(MetricSum(m, "moesh_decode_swap_fallbacks_total"), 0);
+    EXPECT_EQ(MetricSum(m, "moesh_decode_swap_seconds", "direction", "out"), swapped);
+    EXPECT_EQ(MetricSum(m, "moesh_decode_swap_seconds", "direction", "in"), swapped);
+    EXPECT_EQ(MetricSum(m, "moesh_decode_prompt_chunks_total"), 2 * alone_chunks);
   }
-  EXPECT_EQ(Metric(m, "moesh_decode_swapped_bytes"), 0);
+  EXPECT_EQ(MetricSum(m, "moesh_decode_swapped_bytes"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -264,20 +218,20 @@ TEST_P(SwapCancellationTest, CancellingSwappedRequestsFreesTheirHostCopiesAndBlo
   }
   // Until a swapped request holds host memory.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (Metric(m, "moesh_decode_swapped_bytes") <= 0 &&
+  while (MetricSum(m, "moesh_decode_swapped_bytes") <= 0 &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  EXPECT_GT(Metric(m, "moesh_decode_swapped_bytes"), 0);
+  EXPECT_GT(MetricSum(m, "moesh_decode_swapped_bytes"), 0);
   for (auto& c : cancel) c->Cancel();
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < kRequests; ++i)
     EXPECT_EQ(got[i].status.code(), absl::StatusCode::kCancelled) << i << ": " << got[i].status;
   ExpectIdle(b.get(), all_free);
-  EXPECT_GT(Metric(m, "moesh_decode_preemptions_total", "mode", "swap"), 0);
-  EXPECT_EQ(Metric(m, "moesh_decode_swapped_bytes"), 0);
-  EXPECT_EQ(Metric(m, "moesh_kv_cache_free_blocks"), all_free);
-  EXPECT_EQ(Metric(m, "moesh_num_requests_running"), 0);
-  EXPECT_EQ(Metric(m, "moesh_decode_num_requests_waiting"), 0);
+  EXPECT_GT(MetricSum(m, "moesh_decode_preemptions_total", "mode", "swap"), 0);
+  EXPECT_EQ(MetricSum(m, "moesh_decode_swapped_bytes"), 0);
+  EXPECT_EQ(MetricSum(m, "moesh_kv_cache_free_blocks"), all_free);
+  EXPECT_EQ(MetricSum(m, "moesh_num_requests_running"), 0);
+  EXPECT_EQ(MetricSum(m, "moesh_decode_num_requests_waiting"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(SwapPreemption, SwapCancellationTest, ::testing::Bool(),

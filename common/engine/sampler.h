@@ -9,6 +9,7 @@
 #define MOESH_COMMON_ENGINE_SAMPLER_H_
 
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <vector>
@@ -62,6 +63,13 @@ struct TokenLogprob {
 struct PromptLogprobs {
   std::vector<float> logprobs;                 // [n - 1]
   std::vector<std::vector<TokenLogprob>> top;  // [n - 1][k], or empty when k == 0
+
+  // Appends the entries of the prompt's next chunk (a prompt scored in chunks).
+  void Append(PromptLogprobs chunk) {
+    logprobs.insert(logprobs.end(), chunk.logprobs.begin(), chunk.logprobs.end());
+    top.insert(top.end(), std::make_move_iterator(chunk.top.begin()),
+               std::make_move_iterator(chunk.top.end()));
+  }
 };
 
 class Sampler {

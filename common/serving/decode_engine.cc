@@ -440,8 +440,7 @@ std::vector<DecodeEngine::StepItem> DecodeEngine::PlanStep() {
       continue;
     }
     if (r->queue_seconds < 0) {
-      r->queue_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - r->arrived_at).count();
+      r->queue_seconds = SecondsSince(r->arrived_at);
     }
     batch.push_back({r, take});
     r->chunk_turn = steps_;
@@ -704,8 +703,7 @@ void DecodeEngine::Step(const std::vector<StepItem>& batch) {
       backend_->ForwardSample(inputs, experts_, samples, top_k, mb);
   const absl::Status status = chosen.status();
   if (step_seconds_ != nullptr) {
-    step_seconds_->Observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    step_seconds_->Observe(SecondsSince(start));
     step_tokens_->Observe(static_cast<double>(step_tokens));
     prompt_chunks_->Increment(static_cast<double>(chunks));
   }
@@ -729,13 +727,9 @@ void DecodeEngine::Step(const std::vector<StepItem>& batch) {
       known.insert(known.end(), r.output.begin(), r.output.end());
       r.kv->PublishPrefix(known);
     }
-    if (samples[i].prompt_logprobs >= 0) {  // this chunk's, after the earlier ones'
-      PromptLogprobs& joined = r.prompt_logprobs;
-      PromptLogprobs& chunk = chosen->prompt_logprobs[i];
-      joined.logprobs.insert(joined.logprobs.end(), chunk.logprobs.begin(), chunk.logprobs.end());
-      joined.top.insert(joined.top.end(), std::make_move_iterator(chunk.top.begin()),
-                        std::make_move_iterator(chunk.top.end()));
-    }
+    // This chunk's prompt log-probabilities, after the earlier ones'.
+    if (samples[i].prompt_logprobs >= 0)
+      r.prompt_logprobs.Append(std::move(chosen->prompt_logprobs[i]));
     // A chunk before the last: its token is not the next one.
     if (r.recompute &&
         r.kv->length() < static_cast<int>(r.spec.prompt_ids.size() + r.output.size()))

@@ -249,14 +249,9 @@ void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
     Pending& p = *batch[i].p;
     // The prompt's full blocks join the prefix cache.
     p.kv->PublishPrefix(p.spec->prompt_ids);
-    if (p.spec->sampling.prompt_logprobs >= 0) {  // this chunk's, after the earlier ones'
-      PromptLogprobs& chunk = chosen->prompt_logprobs[i];
-      p.prompt_logprobs.logprobs.insert(p.prompt_logprobs.logprobs.end(), chunk.logprobs.begin(),
-                                        chunk.logprobs.end());
-      p.prompt_logprobs.top.insert(p.prompt_logprobs.top.end(),
-                                   std::make_move_iterator(chunk.top.begin()),
-                                   std::make_move_iterator(chunk.top.end()));
-    }
+    // This chunk's prompt log-probabilities, after the earlier ones'.
+    if (p.spec->sampling.prompt_logprobs >= 0)
+      p.prompt_logprobs.Append(std::move(chosen->prompt_logprobs[i]));
   }
   if (prefix_metrics_ != nullptr) prefix_metrics_->Update(backend_->prefix_cache_stats());
   // Each prompt's caller hears back as soon as its KV was handed over (so the
