@@ -1,9 +1,6 @@
 // moesh bench --serving: N concurrent streams against the real services,
 // disaggregated cluster next to colocated mode, same load, one table.
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +23,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/http_completion.h"
 #include "cli/local_cluster.h"
 #include "cli/serving_workload.h"
 #include "common/model/config.h"
@@ -41,11 +39,12 @@ ABSL_FLAG(std::string, concurrency, "1,8,32",
           "--serving: concurrent streams, a row each (comma-separated).");
 ABSL_FLAG(int, requests, 64, "--serving: requests per row.");
 ABSL_FLAG(std::string, modes, "cluster,colocated",
-          "--serving: what to serve with, a table section each: cluster, cluster-http (the "
-          "same cluster through the router's OpenAI HTTP API), cluster-nopp (no "
+          "--serving: what to serve with, a table section each: cluster, cluster-nopp (no "
           "ping-pong micro-batches), cluster-ucx, cluster-nccl, cluster-ipc, cluster-ipc-hostkv "
           "(the KV handed over through the host), colocated; a mode ending in -swap (cluster-swap, "
-          "colocated-swap) preempts by swap (--preemption_mode=swap) instead of recompute.");
+          "colocated-swap) preempts by swap (--preemption_mode=swap) instead of recompute, one "
+          "ending in -http (cluster-http, colocated-http) sends its load through the router's "
+          "OpenAI HTTP API (streamed /v1/completions).");
 ABSL_FLAG(int, rebalance_timeline, 0,
           "--serving: instead of the table, this many seconds of a skewed expert placement with "
           "the router rebalancing: tokens/s and each expert worker's share, per second.");
@@ -151,95 +150,28 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
   });
 }
 
-// One streamed /v1/completions request (`body`, JSON) to the router's HTTP
-// API at `http_address` (host:port, IPv4) over a plain socket, so that recv
-// returns each SSE chunk as it arrives: the time to the first chunk, the gaps
-// between chunks (a chunk per detokenized text delta), the output tokens from
-// the usage. A failure (or no usage) has a code other than OK.
-RequestRecord HttpCompletion(const std::string& http_address, const std::string& body) {
-  const std::vector<std::string> hp = absl::StrSplit(http_address, ':');
-  const std::string host = hp.empty() ? "" : hp[0];
-  const int port = hp.size() > 1 ? std::atoi(hp[1].c_str()) : 0;
-  const auto t0 = Clock::now();
-  RequestRecord r;
-  std::string error;
-  double ttft = -1;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    error = absl::StrCat("cannot connect to ", http_address);
-  } else {
-    const std::string request = absl::StrCat(
-        "POST /v1/completions HTTP/1.1\r\nHost: ", http_address,
-        "\r\nContent-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
-    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-        static_cast<ssize_t>(request.size())) {
-      error = "send failed";
-    }
-    std::string buf;
-    bool head = true;
-    char chunk[4096];
-    auto last = t0;
-    ssize_t n;
-    while (error.empty() && (n = recv(fd, chunk, sizeof(chunk), 0)) > 0) {
-      buf.append(chunk, n);
-      if (head) {
-        const size_t end = buf.find("\r\n\r\n");
-        if (end == std::string::npos) continue;
-        if (buf.compare(0, 12, "HTTP/1.1 200") != 0) error = buf.substr(0, buf.find('\r'));
-        buf.erase(0, end + 4);
-        head = false;
-      }
-      for (size_t end; (end = buf.find("\n\n")) != std::string::npos; buf.erase(0, end + 2)) {
-        const std::string event = buf.substr(0, end);
-        if (event == "data: [DONE]" || event.rfind("data: ", 0) != 0) continue;
-        const nlohmann::json j = nlohmann::json::parse(event.substr(6), nullptr, false);
-        if (j.is_discarded() || j.contains("error")) {
-          error = event;
-          break;
-        }
-        if (j.contains("usage") && j["usage"].is_object()) {
-          r.output_tokens = j["usage"].value("completion_tokens", 0);
-        }
-        if (j["choices"].empty() || j["choices"][0]["finish_reason"].is_string()) continue;
-        const auto now = Clock::now();
-        if (ttft < 0) {
-          ttft = std::chrono::duration<double>(now - t0).count();
-        } else {
-          r.itl.push_back(std::chrono::duration<double>(now - last).count());
-        }
-        last = now;
-      }
-    }
-  }
-  if (fd >= 0) close(fd);
-  if (!error.empty() || r.output_tokens == 0) {
-    r.code = grpc::StatusCode::UNKNOWN;
-    r.error = error.empty() ? "no usage" : error;
-  }
-  r.ttft = ttft;
-  r.e2e = std::chrono::duration<double>(Clock::now() - t0).count();
-  return r;
-}
-
 // RunLoad's load through the router's OpenAI-compatible HTTP API at
 // `http_address` (HttpCompletion, usage included).
 LoadResult RunHttpLoad(const std::string& http_address, int concurrency, int requests,
                        int prompt_len, int max_new, int vocab, const v1::SamplingParams& sampling) {
+  absl::StatusOr<HttpEndpoint> to = ParseHttpEndpoint(http_address);
   return RunClosedLoop(concurrency, requests, nullptr, [&](int, int i, std::mt19937& rng) {
+    if (!to.ok()) {
+      RequestRecord bad;
+      bad.code = grpc::StatusCode::INVALID_ARGUMENT;
+      bad.error = to.status().ToString();
+      return bad;
+    }
     nlohmann::json body = {{"max_tokens", max_new},
                            {"ignore_eos", true},
-                           {"stream", true},
-                           {"stream_options", {{"include_usage", true}}},
                            {"temperature", sampling.temperature()},
                            {"top_p", sampling.top_p()},
                            {"top_k", sampling.top_k()}};
     body["prompt"] = RandomPrompt(rng, prompt_len, vocab);
     if (sampling.temperature() > 0) body["seed"] = i + 1;
-    return HttpCompletion(http_address, body.dump());
+    // A chunk's gap, as the per-chunk latency (no log-probabilities asked:
+    // the server does what the gRPC rows ask of it).
+    return StreamCompletion(*to, std::move(body), /*token_ids=*/false, std::chrono::minutes(10));
   });
 }
 
@@ -373,8 +305,14 @@ absl::Status RunServingBench() {
     o.work_dir = absl::StrCat("/tmp/moesh-bench-", getpid(), "-", row_mode);
     for (int64_t i = 0; i < expert_workers; ++i)
       o.expert_workers.push_back(absl::StrCat(i, "/", expert_workers));
-    // "<mode>-swap": <mode>, preempting by swap.
+    // "<mode>-swap": <mode>, preempting by swap; "<mode>-http": <mode>, its
+    // load sent through the router's OpenAI HTTP API.
     std::string mode = row_mode;
+    const bool http = absl::EndsWith(mode, "-http");
+    if (http) {
+      mode.resize(mode.size() - 5);
+      o.router.http_listen = "127.0.0.1:0";
+    }
     if (absl::EndsWith(mode, "-swap")) {
       mode.resize(mode.size() - 5);
       o.decode.kv.preemption_mode = "swap";
@@ -402,24 +340,21 @@ absl::Status RunServingBench() {
                                                 // for comparison
       SetWorkerTransport("cuda_ipc", &o);
       o.prefill.kv_handoff = "host";
-    } else if (mode == "cluster-http") {  // the same cluster, through the HTTP API
-      o.router.http_listen = "127.0.0.1:0";
     } else if (mode != "cluster") {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown mode \"", mode,
-                       "\" (cluster, cluster-http, cluster-nopp, cluster-ucx, cluster-nccl, "
-                       "cluster-ipc, cluster-ipc-hostkv, colocated; each with -swap)"));
+          absl::StrCat("unknown mode \"", row_mode,
+                       "\" (cluster, cluster-nopp, cluster-ucx, cluster-nccl, cluster-ipc, "
+                       "cluster-ipc-hostkv, colocated; each with -swap, -http or -swap-http)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
     for (int64_t c : concurrencies) {
       const double preempted_before = Preemptions(*cluster);
-      LoadResult r = mode == "cluster-http"
-                         ? RunHttpLoad(cluster->router_http_address(), static_cast<int>(c),
-                                       static_cast<int>(requests), static_cast<int>(prompt_len),
-                                       static_cast<int>(max_new), config.vocab_size, sampling)
-                         : RunLoad(cluster->router_address(), static_cast<int>(c),
-                                   static_cast<int>(requests), static_cast<int>(prompt_len),
-                                   static_cast<int>(max_new), config.vocab_size, sampling);
+      LoadResult r = http ? RunHttpLoad(cluster->router_http_address(), static_cast<int>(c),
+                                        static_cast<int>(requests), static_cast<int>(prompt_len),
+                                        static_cast<int>(max_new), config.vocab_size, sampling)
+                          : RunLoad(cluster->router_address(), static_cast<int>(c),
+                                    static_cast<int>(requests), static_cast<int>(prompt_len),
+                                    static_cast<int>(max_new), config.vocab_size, sampling);
       std::printf("%-18s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d %8.0f\n",
                   row_mode.c_str(), static_cast<long long>(c), r.ok / r.seconds,
                   r.output_tokens / r.seconds, 1e3 * Percentile(r.e2e, 0.5),

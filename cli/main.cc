@@ -50,15 +50,16 @@ const std::vector<Command>& Commands() {
        "  --dispatch [--batch=1,32,256] [--hidden=7168] [--reps=N] [--transports=grpc,ucx]\n"
        "    the host data plane per --dispatch_dtype (fp32, bf16, fp8) on loopback;\n"
        "  --serving --model=DIR [--concurrency=1,8,32] [--requests=N] [--prompt_len=N]\n"
-       "      [--max_new_tokens=N] [--modes=cluster,cluster-http,cluster-nopp,cluster-ucx,\n"
-       "      cluster-nccl,cluster-ipc,cluster-ipc-hostkv,colocated,<mode>-swap] [--kv_blocks=N]\n"
+       "      [--max_new_tokens=N] [--modes=cluster,cluster-nopp,cluster-ucx,cluster-nccl,\n"
+       "      cluster-ipc,cluster-ipc-hostkv,colocated,<mode>-swap,<mode>-http] [--kv_blocks=N]\n"
        "      [--device=cuda]\n"
        "      [--expert_device=cuda:1]\n"
        "      [--load_format=dummy] [--expert_workers=N] [--temperature=T [--top_p=P]\n"
        "      [--top_k=K]] [--rebalance_timeline=SECONDS [--rebalance_interval=S]\n"
        "      [--expert_placement=0-47,48-63]]\n"
        "    concurrent streams against a local cluster and colocated mode;\n"
-       "  --serving --server=HOST:PORT [--request_rate=inf,4] [--concurrency=N] [--requests=N]\n"
+       "  --serving --server=HOST:PORT|http://HOST:PORT [--request_rate=inf,4] [--concurrency=N]\n"
+       "      [--requests=N] [--model=DIR (an HTTP server's vocabulary)] [--api_key=KEY]\n"
        "      [--dataset={random,sharegpt,multiturn}] [--dataset_path=FILE] [--prompt_len=MEAN]\n"
        "      [--max_new_tokens=MEAN] [--length_sigma=S] [--turns=N] [--system_prompts=N]\n"
        "      [--system_prompt_len=N] [--slo_ttft_ms=MS] [--slo_itl_ms=MS]\n"
@@ -90,6 +91,7 @@ const std::vector<Command>& Commands() {
         "top_p",
         "top_k",
         "server",
+        "api_key",
         "request_rate",
         "dataset",
         "dataset_path",
@@ -101,17 +103,18 @@ const std::vector<Command>& Commands() {
         "slo_itl_ms"},
        RunBench},
       {"serve-local",
-       "--model=DIR [--expert_workers=N] [--decode_workers=N] [--routers=N] [--port=P]\n"
-       "      [--http_port=P] [--bin_dir=DIR]"
+       "--model=DIR [--expert_workers=N] [--prefill_workers=N] [--decode_workers=N] "
+       "[--routers=N]\n      [--routing_policy={kv_aware,load,round_robin}] [--port=P]"
+       " [--http_port=P] [--bin_dir=DIR]\n     "
        " [--work_dir=DIR] [--api_keys_file=FILE] [--kv_blocks=N] [--device=cuda] "
        "[--expert_device=cuda:1[,cuda:2...]]\n"
        "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}]"
        " [--dispatch_dtype={fp32,bf16,fp8}] [--tls]\n"
        "    routers (gRPC, and the OpenAI HTTP API), prefill, decode and expert workers on\n"
        "    loopback, until Ctrl-C",
-       {"model", "port", "http_port", "api_keys_file", "expert_workers", "decode_workers",
-        "routers", "bin_dir", "work_dir", "kv_blocks", "device", "expert_device", "transport",
-        "dispatch_dtype", "load_format", "tls"},
+       {"model", "port", "http_port", "api_keys_file", "expert_workers", "prefill_workers",
+        "decode_workers", "routing_policy", "routers", "bin_dir", "work_dir", "kv_blocks", "device",
+        "expert_device", "transport", "dispatch_dtype", "load_format", "tls"},
        RunServeLocal},
       {"complete",
        "--server=HOST:PORT[,HOST:PORT...] (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"

@@ -17,6 +17,7 @@
 #include "common/service/device_flags.h"
 #include "common/service/worker_util.h"
 #include "common/transport/dispatch_wire.h"
+#include "router/routing_policy.h"
 
 ABSL_FLAG(int, port, 50051, "The router's port on 127.0.0.1 (0: any free one).");
 ABSL_FLAG(int, http_port, 0,
@@ -32,6 +33,11 @@ ABSL_FLAG(std::optional<int>, kv_blocks, std::nullopt,
 ABSL_FLAG(int, decode_workers, 1,
           "Decode workers to start (with two or more, a stream survives one's death: the router "
           "continues it on another).");
+ABSL_FLAG(int, prefill_workers, 1,
+          "Prefill workers to start (the router sends each prompt to one by --routing_policy).");
+ABSL_FLAG(std::string, routing_policy, "kv_aware",
+          "The router's --routing_policy: kv_aware (load and prefix caches), load (load alone) "
+          "or round_robin (in turn).");
 ABSL_FLAG(int, routers, 1,
           "Routers to start (router HA: every worker registers with each; clients may use any, "
           "and a router's death fails only its own streams). The first listens on --port, the "
@@ -64,6 +70,17 @@ absl::Status RunServeLocal() {
   opt.num_decode = absl::GetFlag(FLAGS_decode_workers);
   if (opt.num_decode < 1 || opt.num_decode > 16)
     return absl::InvalidArgumentError("--decode_workers must be in [1, 16]");
+  opt.num_prefill = absl::GetFlag(FLAGS_prefill_workers);
+  if (opt.num_prefill < 1 || opt.num_prefill > 16)
+    return absl::InvalidArgumentError("--prefill_workers must be in [1, 16]");
+  if (absl::StatusOr<RoutingPolicy> routing =
+          ParseRoutingPolicy(absl::GetFlag(FLAGS_routing_policy));
+      routing.ok()) {
+    opt.router.routing_policy = *routing;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--routing_policy: ", routing.status().message()));
+  }
   opt.num_routers = absl::GetFlag(FLAGS_routers);
   if (opt.num_routers < 1 || opt.num_routers > 16)
     return absl::InvalidArgumentError("--routers must be in [1, 16]");
@@ -84,8 +101,9 @@ absl::Status RunServeLocal() {
     std::cerr << "internal plane: mutual TLS, CA " << opt.tls.ca << std::endl;
   }
   std::cerr << "starting " << opt.num_routers << (opt.num_routers == 1 ? " router, " : " routers, ")
-            << n << " expert workers, a prefill and a decode worker on " << device.device
-            << " (logs in " << opt.work_dir << ") ..." << std::endl;
+            << n << " expert workers, " << opt.num_prefill << " prefill and " << opt.num_decode
+            << " decode workers on " << device.device << " (logs in " << opt.work_dir << ") ..."
+            << std::endl;
   // Block the signals before spawning so only this process waits for them.
   ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(opt));
   for (const LocalCluster::Process& p : cluster->processes()) {

@@ -138,6 +138,30 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
 }
 
+double SteadyTokensPerSecond(const std::vector<RequestRecord>& records, int concurrency) {
+  std::vector<double> firsts;
+  double last_send = 0;
+  for (const RequestRecord& r : records) {
+    last_send = std::max(last_send, r.start);
+    if (r.code == grpc::StatusCode::OK) firsts.push_back(r.start + r.ttft);
+  }
+  if (concurrency < 1 || static_cast<int>(firsts.size()) < concurrency) return 0;
+  std::nth_element(firsts.begin(), firsts.begin() + (concurrency - 1), firsts.end());
+  const double from = firsts[concurrency - 1], to = last_send;
+  if (!(to > from)) return 0;
+  int64_t tokens = 0;
+  for (const RequestRecord& r : records) {
+    if (r.code != grpc::StatusCode::OK) continue;
+    double at = r.start + r.ttft;
+    tokens += at >= from && at <= to;
+    for (double gap : r.itl) {
+      at += gap;
+      tokens += at >= from && at <= to;
+    }
+  }
+  return static_cast<double>(tokens) / (to - from);
+}
+
 RunSummary RunSummary::Of(const std::vector<RequestRecord>& records, double seconds,
                           double slo_ttft_s, double slo_itl_s) {
   RunSummary s;

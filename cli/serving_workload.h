@@ -69,6 +69,7 @@ struct RequestRecord {
   int output_tokens = 0;
   int cached_tokens = 0;        // usage.cached_tokens
   std::vector<int32_t> output;  // the tokens, in order
+  double start = 0;             // seconds from the run's start to the request's send
 };
 
 // Streams `request` through `stub` (deadline `timeout` from now). Each token
@@ -79,6 +80,14 @@ RequestRecord StreamGenerate(v1::Generation::Stub* stub, const v1::GenerateReque
 
 // The p-th percentile (p in [0, 1]) by nearest rank; 0 for no values.
 double Percentile(std::vector<double> values, double p);
+
+// Output tokens per second while `concurrency` streams ran side by side: from
+// the moment the concurrency-th first token arrived (every stream producing)
+// to the last request's send (after it the streams drain, fewer each time
+// one ends), a token placed at its request's start + ttft + the gaps before
+// it. A closed loop's steady state, without its ramp up and its tail; 0 when
+// the window is empty (fewer requests than streams).
+double SteadyTokensPerSecond(const std::vector<RequestRecord>& records, int concurrency);
 
 // A run's summary (RunSummary::Of).
 struct RunSummary {

@@ -134,5 +134,25 @@ TEST(ServingWorkloadTest, SummaryCountsPercentilesAndGoodput) {
   EXPECT_EQ(Percentile({}, 0.5), 0);
 }
 
+// A closed loop of 2 streams over 4 requests, each a token every second from
+// 1 s after its send: streams fill at t = 1 (both first tokens), the last
+// request is sent at t = 5; in [1, 5] the streams bring 2 tokens a second
+// (9 tokens: t 1, 1, 2, 2, 3, 3, 4, 4, 5; 4 s), the ramp and the tail left out.
+TEST(RunSummaryTest, SteadyRateLeavesOutTheRampAndTheTail) {
+  std::vector<RequestRecord> records;
+  for (double start : {0.0, 0.0, 4.0, 5.0}) {
+    RequestRecord r;
+    r.start = start;
+    r.ttft = 1.0;
+    r.itl = {1.0, 1.0, 1.0};  // tokens at start + 1, 2, 3, 4
+    records.push_back(r);
+  }
+  // Tokens: [1 2 3 4], [1 2 3 4], [5 6 7 8], [6 7 8 9]; in [1, 5]: 4 + 4 + 1 = 9.
+  EXPECT_NEAR(SteadyTokensPerSecond(records, 2), 9.0 / 4.0, 1e-9);
+  EXPECT_EQ(SteadyTokensPerSecond(records, 5), 0);  // never 5 streams
+  records.resize(1);
+  EXPECT_EQ(SteadyTokensPerSecond(records, 1), 0);  // sent at 0, first token at 1: no window
+}
+
 }  // namespace
 }  // namespace moesh::cli

@@ -52,7 +52,9 @@ int CachedPrefixTokens(const v1::WorkerLoad& load, PromptBlockHashes* prompt) {
 }
 
 size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, PromptBlockHashes* prompt,
-                         bool kv_aware) {
+                         RoutingPolicy policy, uint64_t turn) {
+  if (policy == RoutingPolicy::kRoundRobin) return turn % prefillers.size();
+  const bool kv_aware = policy == RoutingPolicy::kKvAware;
   const int64_t prompt_tokens = static_cast<int64_t>(prompt->prompt().size());
   auto work = [&](const WorkerInfo& w) -> int64_t {
     const int64_t queued = QueuedRank(w.load);
@@ -68,14 +70,20 @@ size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, PromptBlockHas
 }
 
 void OrderDecodeWorkers(std::vector<WorkerInfo>* decoders, PromptBlockHashes* prompt,
-                        bool kv_aware) {
+                        RoutingPolicy policy, uint64_t turn) {
+  if (policy == RoutingPolicy::kRoundRobin) {
+    if (!decoders->empty()) {
+      std::rotate(decoders->begin(), decoders->begin() + turn % decoders->size(), decoders->end());
+    }
+    return;
+  }
   auto by_load = [](const WorkerInfo& a, const WorkerInfo& b) {
     const double ua = KvUsageRank(a.load), ub = KvUsageRank(b.load);
     if (ua != ub) return ua < ub;
     return RunningRank(a.load) < RunningRank(b.load);
   };
   std::sort(decoders->begin(), decoders->end(), by_load);
-  if (!kv_aware || decoders->empty()) return;
+  if (policy != RoutingPolicy::kKvAware || decoders->empty()) return;
   const double least = KvUsageRank(decoders->front().load);
   const auto near = std::partition_point(
       decoders->begin(), decoders->end(),
@@ -131,7 +139,8 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
   // Decode workers in the order to try (OrderDecodeWorkers); those that
   // failed this request last. The prompt is hashed once for both choices.
   PromptBlockHashes hashes(req.prompt);
-  OrderDecodeWorkers(&decoders, &hashes, options_.kv_aware_routing);
+  const uint64_t turn = turn_.fetch_add(1, std::memory_order_relaxed);
+  OrderDecodeWorkers(&decoders, &hashes, options_.routing, turn);
   std::stable_partition(decoders.begin(), decoders.end(),
                         [&](const WorkerInfo& w) { return !avoided(w); });
   // The prefill worker among those that did not fail it, if any is left.
@@ -139,7 +148,7 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
                                            [&](const WorkerInfo& w) { return !avoided(w); });
   if (fresh != prefillers.begin()) prefillers.erase(fresh, prefillers.end());
   const WorkerInfo& prefill =
-      prefillers[PickPrefillWorker(prefillers, &hashes, options_.kv_aware_routing)];
+      prefillers[PickPrefillWorker(prefillers, &hashes, options_.routing, turn)];
   GrpcPrefillClient prefill_client(prefill, ChannelTo(prefill.address), registry_);
   std::vector<std::unique_ptr<GrpcDecodeClient>> decode_clients;
   std::vector<DecodeClient*> order;

@@ -1,6 +1,6 @@
 // Disaggregated serving: for each request the router orders the decode
-// workers (lowest KV usage, then fewest running) and picks a prefill worker
-// (fewest queued prompt tokens), then runs the request flow
+// workers and picks a prefill worker by its RoutingPolicy (by default the
+// load they report and the prefixes their caches hold), then runs the request flow
 // (common/serving/generation_flow.h) over their gRPC clients
 // (router/worker_clients.h). Thread-safe.
 //
@@ -16,6 +16,7 @@
 #ifndef MOESH_ROUTER_CLUSTER_BACKEND_H_
 #define MOESH_ROUTER_CLUSTER_BACKEND_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <utility>
@@ -27,6 +28,7 @@
 #include "moesh/v1/worker.grpc.pb.h"
 #include "router/backend.h"
 #include "router/membership.h"
+#include "router/routing_policy.h"
 
 namespace moesh {
 
@@ -55,33 +57,35 @@ class PromptBlockHashes {
 // worker matches). 0 without a report.
 int CachedPrefixTokens(const v1::WorkerLoad& load, PromptBlockHashes* prompt);
 
-// The index in `prefillers` (not empty) of the prefill worker with the least
-// work before `prompt`'s first token by the loads they reported: queued
-// prompt tokens, plus with `kv_aware` the prompt tokens its prefix cache
-// lacks (so a cached prefix draws the prompt unless that worker's queue is
-// longer than what the cache saves). Ties go to the earliest in the list.
+// The index in `prefillers` (not empty) of the prefill worker to take.
+// kKvAware: the one with the least work before `prompt`'s first token by the
+// loads they reported, its queued prompt tokens plus the prompt tokens its
+// prefix cache lacks (so a cached prefix draws the prompt unless that
+// worker's queue is longer than what the cache saves); kLoad: the fewest
+// queued prompt tokens (ties go to the earliest in the list); kRoundRobin:
+// `turn` modulo their number.
 size_t PickPrefillWorker(absl::Span<const WorkerInfo> prefillers, PromptBlockHashes* prompt,
-                         bool kv_aware);
+                         RoutingPolicy policy, uint64_t turn);
 
 // How much more of its KV pool (a fraction, [0, 1]) a decode worker may have
 // in use than the least used one and still draw a request by its cache.
 inline constexpr double kKvAwareDecodeUsageSlack = 0.1;
 
-// Orders `decoders` as they are to be tried for `prompt`: the least KV usage
-// first, then the fewest running. With `kv_aware`, the workers within
-// kKvAwareDecodeUsageSlack of the least usage come first, the longest cached
-// prefix of the prompt (CachedPrefixTokens) first among them: the decode
-// worker then holds those rows already (the KV handoff brings only the rest)
-// without drawing requests away from a much emptier pool.
+// Orders `decoders` as they are to be tried for `prompt`. kLoad: the least
+// KV usage first, then the fewest running. kKvAware: the same, except that
+// the workers within kKvAwareDecodeUsageSlack of the least usage come first,
+// the longest cached prefix of the prompt (CachedPrefixTokens) first among
+// them: the decode worker then holds those rows already (the KV handoff
+// brings only the rest) without drawing requests away from a much emptier
+// pool. kRoundRobin: the list as given, rotated to start at `turn` modulo
+// its size.
 void OrderDecodeWorkers(std::vector<WorkerInfo>* decoders, PromptBlockHashes* prompt,
-                        bool kv_aware);
+                        RoutingPolicy policy, uint64_t turn);
 
 struct ClusterBackendOptions {
-  // The prefill worker is the one with the least work before this prompt's
-  // first token, its queued prompt tokens plus the prompt tokens its prefix
-  // cache lacks (PickPrefillWorker); false: the one with the fewest queued.
-  // The decode worker: OrderDecodeWorkers.
-  bool kv_aware_routing = true;
+  // The prefill worker (PickPrefillWorker) and the decode workers' order
+  // (OrderDecodeWorkers); round-robin turns count the requests run.
+  RoutingPolicy routing = RoutingPolicy::kKvAware;
   // Continuations of one request on other workers after a failure (0: none).
   int max_migrations = 2;
   Metrics* metrics = nullptr;  // may be null; else moesh_stream_migrations_total
@@ -109,6 +113,7 @@ class ClusterBackend : public GenerationBackend {
   WorkerRegistry* const registry_;
   const ClusterBackendOptions options_;
   prometheus::Counter* migrations_ = nullptr;  // null without metrics
+  std::atomic<uint64_t> turn_{0};              // kRoundRobin: the next request's turn
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };

@@ -180,14 +180,17 @@ TEST(KvAwareRoutingTest, PicksTheLongestCachedPrefixBalancedAgainstTheQueue) {
   PromptBlockHashes first64(absl::MakeConstSpan(prompt).subspan(0, 64));
   EXPECT_EQ(CachedPrefixTokens(w[2].load, &first64), 48);
 
-  EXPECT_EQ(PickPrefillWorker(w, &p, /*kv_aware=*/true), 2u);
-  EXPECT_EQ(PickPrefillWorker(w, &p, /*kv_aware=*/false), 0u);  // all queues empty: the first
+  EXPECT_EQ(PickPrefillWorker(w, &p, RoutingPolicy::kKvAware, 0), 2u);
+  EXPECT_EQ(PickPrefillWorker(w, &p, RoutingPolicy::kLoad, 0), 0u);  // all queues empty: the first
   // The longest prefix's worker is busy: 64 cached tokens do not make up
   // for 100 queued ones; the next best (32 cached, 10 queued) does.
   w[2].load.set_queued_prompt_tokens(100);
   w[1].load.set_queued_prompt_tokens(10);
-  EXPECT_EQ(PickPrefillWorker(w, &p, true), 1u);
-  EXPECT_EQ(PickPrefillWorker(w, &p, false), 0u);
+  EXPECT_EQ(PickPrefillWorker(w, &p, RoutingPolicy::kKvAware, 0), 1u);
+  EXPECT_EQ(PickPrefillWorker(w, &p, RoutingPolicy::kLoad, 0), 0u);
+  // Round robin takes them in turn, whatever they hold or queue.
+  for (uint64_t turn = 0; turn < 6; ++turn)
+    EXPECT_EQ(PickPrefillWorker(w, &p, RoutingPolicy::kRoundRobin, turn), turn % 3);
   // Every report (three workers, asked five times) was of one block size:
   // the prompt was hashed once.
   EXPECT_EQ(p.computed(), 1);
@@ -199,7 +202,7 @@ TEST(KvAwareRoutingTest, PicksTheLongestCachedPrefixBalancedAgainstTheQueue) {
   // A prompt nobody caches goes to the shortest queue.
   const std::vector<int32_t> other(70, 3);
   PromptBlockHashes o(other);
-  EXPECT_EQ(PickPrefillWorker(w, &o, true), 0u);
+  EXPECT_EQ(PickPrefillWorker(w, &o, RoutingPolicy::kKvAware, 0), 0u);
 }
 
 // The decode worker: the longest cached prefix among those whose KV usage is
@@ -229,23 +232,39 @@ TEST(KvAwareRoutingTest, OrdersDecodeWorkersByCacheWithinTheUsageSlack) {
   };
   PromptBlockHashes p(prompt);
   std::vector<WorkerInfo> order = w;
-  OrderDecodeWorkers(&order, &p, /*kv_aware=*/true);
+  OrderDecodeWorkers(&order, &p, RoutingPolicy::kKvAware, 0);
   EXPECT_EQ(ids(order), (std::vector<std::string>{"d1", "d2", "d0", "d3"}));
   EXPECT_EQ(p.computed(), 1);
   order = w;
-  OrderDecodeWorkers(&order, &p, /*kv_aware=*/false);
+  OrderDecodeWorkers(&order, &p, RoutingPolicy::kLoad, 0);
   EXPECT_EQ(ids(order), (std::vector<std::string>{"d0", "d1", "d2", "d3"}));
   // Nothing cached anywhere: load order either way.
   const std::vector<int32_t> other(70, 3);
   PromptBlockHashes o(other);
   order = w;
-  OrderDecodeWorkers(&order, &o, true);
+  OrderDecodeWorkers(&order, &o, RoutingPolicy::kKvAware, 0);
   EXPECT_EQ(ids(order), (std::vector<std::string>{"d0", "d1", "d2", "d3"}));
+  // Round robin: the list as given, rotated by the turn, whatever the loads.
+  order = w;
+  OrderDecodeWorkers(&order, &p, RoutingPolicy::kRoundRobin, 5);
+  EXPECT_EQ(ids(order), (std::vector<std::string>{"d1", "d2", "d3", "d0"}));
   // A report outside [0, 1] ranks as the fullest, whatever it caches.
   w[3].load.set_kv_usage(-1.0f);
   order = w;
-  OrderDecodeWorkers(&order, &p, true);
+  OrderDecodeWorkers(&order, &p, RoutingPolicy::kKvAware, 0);
   EXPECT_EQ(order.back().id, "d3");
+}
+
+TEST(KvAwareRoutingTest, ParsesThePolicyNames) {
+  for (RoutingPolicy p :
+       {RoutingPolicy::kKvAware, RoutingPolicy::kLoad, RoutingPolicy::kRoundRobin}) {
+    absl::StatusOr<RoutingPolicy> parsed = ParseRoutingPolicy(RoutingPolicyName(p));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, p);
+  }
+  const absl::StatusOr<RoutingPolicy> bad = ParseRoutingPolicy("random");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("round_robin"), absl::string_view::npos) << bad.status();
 }
 
 }  // namespace

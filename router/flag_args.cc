@@ -25,7 +25,8 @@ std::vector<std::string> ToArgs(const RouterOptions& o) {
   AddFlag(&args, "rebalance_interval_s", o.rebalance_interval_s, d.rebalance_interval_s);
   AddFlag(&args, "rebalance_min_ratio", o.rebalance_min_ratio, d.rebalance_min_ratio);
   AddFlag(&args, "rebalance_slots", o.rebalance_slots, d.rebalance_slots);
-  AddFlag(&args, "kv_aware_routing", o.kv_aware_routing, d.kv_aware_routing);
+  AddFlag(&args, "routing_policy", std::string(RoutingPolicyName(o.routing_policy)),
+          std::string(RoutingPolicyName(d.routing_policy)));
   AddFlag(&args, "max_stream_migrations", o.max_stream_migrations, d.max_stream_migrations);
   AddFlag(&args, "colocated", o.colocated, d.colocated);
   AppendArgs(o.kv, &args);

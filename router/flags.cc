@@ -1,6 +1,7 @@
 #include "router/flags.h"
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "common/service/device_flags.h"
 
@@ -41,10 +42,14 @@ ABSL_FLAG(int, rebalance_interval_s, moesh::RouterOptions().rebalance_interval_s
           "Cluster.Rebalance).");
 ABSL_FLAG(double, rebalance_min_ratio, moesh::RouterOptions().rebalance_min_ratio,
           "Rebalance automatically when the balance ratio exceeds this.");
-ABSL_FLAG(bool, kv_aware_routing, moesh::RouterOptions().kv_aware_routing,
-          "Cluster mode: send each prompt to the prefill worker with the least work before its "
-          "first token: its queued prompt tokens plus the prompt tokens its prefix cache lacks "
-          "(from the block hashes workers report); false: the fewest queued tokens.");
+ABSL_FLAG(std::string, routing_policy,
+          std::string(moesh::RoutingPolicyName(moesh::RouterOptions().routing_policy)),
+          "Cluster mode: how each request's prefill and decode workers are picked. kv_aware: "
+          "the prefill worker with the least work before the prompt's first token (its queued "
+          "prompt tokens plus the prompt tokens its prefix cache lacks, from the block hashes "
+          "workers report), the decode worker with the longest cached prefix among those within "
+          "0.1 of the least KV usage; load: the fewest queued prompt tokens, the least KV usage; "
+          "round_robin: the workers in turn.");
 ABSL_FLAG(int, max_stream_migrations, moesh::RouterOptions().max_stream_migrations,
           "Cluster mode: continue a stream whose decode worker (or the prefill before it) failed "
           "on another prefill/decode pair, re-prefilling prompt + tokens so far, at most this "
@@ -79,7 +84,14 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   o.rebalance_interval_s = absl::GetFlag(FLAGS_rebalance_interval_s);
   o.rebalance_min_ratio = absl::GetFlag(FLAGS_rebalance_min_ratio);
   o.rebalance_slots = absl::GetFlag(FLAGS_rebalance_slots);
-  o.kv_aware_routing = absl::GetFlag(FLAGS_kv_aware_routing);
+  if (absl::StatusOr<RoutingPolicy> routing =
+          ParseRoutingPolicy(absl::GetFlag(FLAGS_routing_policy));
+      routing.ok()) {
+    o.routing_policy = *routing;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--routing_policy: ", routing.status().message()));
+  }
   o.max_stream_migrations = absl::GetFlag(FLAGS_max_stream_migrations);
   if (o.max_stream_migrations < 0) {
     return absl::InvalidArgumentError("--max_stream_migrations must be >= 0");

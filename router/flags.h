@@ -11,6 +11,7 @@
 #include "common/backend/backends.h"
 #include "common/service/kv_flags.h"
 #include "common/service/server_flags.h"
+#include "router/routing_policy.h"
 
 namespace moesh {
 
@@ -44,10 +45,8 @@ struct RouterOptions {
   int rebalance_interval_s = 0;
   double rebalance_min_ratio = 1.25;
   int rebalance_slots = 0;
-  // Cluster mode: send a prompt to the prefill worker whose prefix cache
-  // holds the longest prefix of it, balanced against its queue (the workers'
-  // reported block hashes); off: the shortest queue alone.
-  bool kv_aware_routing = true;
+  // Cluster mode: how a request's prefill and decode workers are picked.
+  RoutingPolicy routing_policy = RoutingPolicy::kKvAware;
   // Cluster mode: a stream whose decode worker (or the prefill before it)
   // fails mid-request is continued on another prefill/decode pair, at most
   // this many times per request (0: never; the stream fails UNAVAILABLE).
@@ -59,7 +58,8 @@ struct RouterOptions {
   DeviceOptions device;
 };
 
-// INVALID_ARGUMENT for a missing --model, bad rebalance settings, --public_tls
+// INVALID_ARGUMENT for a missing --model, bad rebalance settings, an unknown
+// --routing_policy, --public_tls
 // without the TLS files, or (with
 // --colocated) bad device flags.
 absl::StatusOr<RouterOptions> RouterOptionsFromFlags();

@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "base/random_id.h"
 #include "base/status.h"
 #include "common/rpc/grpc_util.h"
@@ -292,8 +293,12 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
     if (running_gauge_ != nullptr) running_gauge_->Set(static_cast<double>(running_.size()));
   }
   if (prompt_tokens_ != nullptr) prompt_tokens_->Increment(static_cast<double>(b->prompt.size()));
-  // n siblings: each its own backend request, run side by side; their
-  // messages go out one at a time through `write`.
+  // n siblings: each its own backend request; their messages go out one at a
+  // time through `write`. Sibling 0 runs first; the others start once it has
+  // streamed its first message (its prompt prefilled, the prompt's full
+  // blocks published to the prefix cache) or ended, so they take the prompt's
+  // KV from the cache (KV-aware routing sends them to the worker holding it)
+  // and compute only its last partial block.
   const int n = std::max(r.n(), 1);
   absl::Mutex write_mu;
   std::atomic<bool> client_gone{false};
@@ -305,13 +310,22 @@ absl::Status GenerationService::Execute(const v1::GenerateRequest& r, const Resp
   };
   std::vector<absl::Status> status(n);
   std::vector<v1::FinishReason> reasons(n, v1::FINISH_REASON_UNSPECIFIED);
+  absl::Notification first_streamed;  // sibling 0's first message, or its end
+  const ResponseWriter first_write = [&](const v1::GenerateResponse& m) {
+    const bool ok = locked_write(m);
+    if (!first_streamed.HasBeenNotified()) first_streamed.Notify();
+    return ok;
+  };
   auto sibling = [&](int i) {
     GenerationRequest req = *b;
     if (n > 1) {
       req.request_id = absl::StrCat(b->request_id, "#", i);
       if (req.sampling.seed.has_value()) *req.sampling.seed += static_cast<uint64_t>(i);
     }
-    status[i] = RunChoice(r, req, i, arrival, locked_write, *control, &client_gone, &reasons[i]);
+    if (i > 0) first_streamed.WaitForNotification();
+    status[i] = RunChoice(r, req, i, arrival, i == 0 ? first_write : locked_write, *control,
+                          &client_gone, &reasons[i]);
+    if (i == 0 && !first_streamed.HasBeenNotified()) first_streamed.Notify();
     // A failed sibling ends the request: the others stop too.
     if (!status[i].ok() && status[i].code() != absl::StatusCode::kCancelled)
       control->cancel.Cancel();

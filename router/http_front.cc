@@ -165,6 +165,7 @@ int HttpFront::Models(mg_connection* conn) {
                           {"created", created_},
                           {"owned_by", "moesh"},
                           {"max_model_len", options_.max_context_tokens}};
+  if (options_.vocab_size > 0) model["vocab_size"] = options_.vocab_size;
   return SendJson(conn, 200, DumpJson({{"object", "list"}, {"data", {model}}}));
 }
 

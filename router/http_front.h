@@ -40,6 +40,9 @@ struct HttpFrontOptions {
   // the one /v1/models lists and responses carry. REQUIRES: not empty.
   std::vector<std::string> model_names;
   int max_context_tokens = 0;  // listed by /v1/models
+  // Listed by /v1/models as "vocab_size" (an extension: a benchmark drawing
+  // random token-id prompts needs it); 0: left out.
+  int vocab_size = 0;
   // Why chat completions are refused, where there is no chat template.
   std::string no_chat_reason =
       "the model has no chat template (tokenizer_config.json's chat_template)";

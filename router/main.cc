@@ -75,7 +75,7 @@ absl::Status Run() {
         config.Fingerprint(), limits, std::chrono::milliseconds(o.heartbeat_interval_ms),
         std::chrono::milliseconds(o.heartbeat_timeout_ms), rebalance, metrics.get());
     ClusterBackendOptions cb;
-    cb.kv_aware_routing = o.kv_aware_routing;
+    cb.routing = o.routing_policy;
     cb.max_migrations = o.max_stream_migrations;
     cb.metrics = metrics.get();
     backend = std::make_unique<ClusterBackend>(membership.get(), cb);
@@ -136,6 +136,7 @@ absl::Status Run() {
     h.max_body_bytes = static_cast<int64_t>(o.http_max_body_mb) << 20;
     h.model_names = {o.served_model_name.empty() ? ModelBaseName(dir) : o.served_model_name, dir};
     h.max_context_tokens = generation.max_context_tokens();
+    h.vocab_size = config.vocab_size;
     ASSIGN_OR_RETURN(http, HttpFront::Start(h, &generation, codec.get(), chat.get(), keys.get(),
                                             [&] { return !draining && backend->Ready(); }));
   }

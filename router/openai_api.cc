@@ -400,6 +400,7 @@ absl::Status ParseSampling(const Json& j, OpenAiRequest* r) {
     r->logprobs = i.has_value();
   }
   r->top_logprobs = i ? static_cast<int>(*i) : 0;
+  RETURN_IF_ERROR(f.Bool("return_tokens_as_token_ids", &r->tokens_as_ids));
   if (r->logprobs) {
     s->set_logprobs(true);  // each token's own
     s->set_top_logprobs(r->top_logprobs);

@@ -54,10 +54,14 @@ struct OpenAiRequest {
   bool chat = false;
   std::string model;  // empty: not given
   bool stream = false;
-  bool include_usage = false;         // stream_options.include_usage
-  bool logprobs = false;              // report log-probabilities
-  int top_logprobs = 0;               // alternatives per token to report
-  bool echo = false;                  // completions: the prompt leads each choice
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;       // report log-probabilities
+  int top_logprobs = 0;        // alternatives per token to report
+  bool echo = false;           // completions: the prompt leads each choice
+  // return_tokens_as_token_ids (vLLM's extension): log-probability entries
+  // name their tokens "token_id:<id>" instead of their text, so a client
+  // learns the ids (moesh bench --serving --server http://...).
+  bool tokens_as_ids = false;
   int n = 1;                          // choices
   std::vector<ChatMessage> messages;  // chat only
   v1::GenerateRequest generate;       // detokenize set; chat: no prompt yet

@@ -359,6 +359,28 @@ TEST(OpenAiApiTest, CompletionEchoWithPromptLogprobs) {
   EXPECT_EQ(lp["text_offset"], Json({0, 2, 4, 6}));
 }
 
+// return_tokens_as_token_ids (vLLM's extension): the entries name the token
+// ids, the text and its offsets stay the text's.
+TEST(OpenAiApiTest, TokensAsTokenIds) {
+  absl::StatusOr<OpenAiRequest> r =
+      Parse({{"prompt", {1, 2}}, {"logprobs", 1}, {"return_tokens_as_token_ids", true}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->tokens_as_ids);
+  OpenAiResponder responder(*r, "cmpl-1", "tiny", 100,
+                            [](int32_t id) { return "t" + std::to_string(id); });
+  responder.Add(Tokens({7, 12}, "t7t12"));
+  responder.Add(Final());
+  const Json body = Json::parse(responder.Body());
+  const Json& lp = body["choices"][0]["logprobs"];
+  EXPECT_EQ(body["choices"][0]["text"], "t7t12");
+  EXPECT_EQ(lp["tokens"], Json({"token_id:7", "token_id:12"}));
+  EXPECT_EQ(lp["token_logprobs"], Json({-0.5, -0.5}));
+  EXPECT_FLOAT_EQ(lp["top_logprobs"][1]["token_id:12"].get<float>(), -0.25f);
+  EXPECT_EQ(lp["text_offset"], Json({0, 2}));
+  EXPECT_EQ(Parse({{"prompt", "x"}, {"return_tokens_as_token_ids", 3}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // n = 2: choices by index, each finishing on its own; [DONE] and the usage
 // (the prompt once) only after the last.
 TEST(OpenAiApiTest, StreamsSiblingChoices) {

@@ -142,16 +142,19 @@ Json OpenAiResponder::Usage() const {
 void OpenAiResponder::AddEntry(int32_t id, const Json& logprob, const v1::TopLogprobs* top,
                                Choice* c, Json* into) const {
   Json alternatives = request_.chat ? Json::array() : Json::object();
+  auto name = [&](int32_t token) {
+    return request_.tokens_as_ids ? absl::StrCat("token_id:", token) : decode_token_(token);
+  };
   for (int k = 0; top != nullptr && k < top->candidates_size() && k < request_.top_logprobs; ++k) {
     const v1::TokenLogprob& t = top->candidates(k);
-    const std::string text = decode_token_(t.id());
+    const std::string text = name(t.id());
     if (request_.chat) {
       alternatives.push_back({{"token", text}, {"logprob", t.logprob()}, {"bytes", Bytes(text)}});
     } else {
       alternatives[text] = t.logprob();
     }
   }
-  const std::string text = decode_token_(id);
+  const std::string text = name(id);
   if (request_.chat) {
     (*into)["content"].push_back({{"token", text},
                                   {"logprob", logprob},
@@ -163,7 +166,8 @@ void OpenAiResponder::AddEntry(int32_t id, const Json& logprob, const v1::TopLog
     // A prompt's first token has no distribution: null, as OpenAI's echo.
     (*into)["top_logprobs"].push_back(logprob.is_null() ? Json() : alternatives);
     (*into)["text_offset"].push_back(c->text_offset);
-    c->text_offset += static_cast<int>(text.size());
+    c->text_offset += static_cast<int>(
+        (request_.tokens_as_ids ? decode_token_(id) : text).size());  // offsets in the text
   }
 }
 

@@ -3,7 +3,8 @@
 # cluster (CPU, a tiny model, a decode pool of 128 KV blocks of 64 tokens):
 # each dataset (random with Poisson arrivals, multi-turn chats,
 # ShareGPT) completes every request it sends and prints sane numbers
-# (percentiles ordered, goodput <= throughput); and admission queues instead
+# (percentiles ordered, goodput <= throughput), over gRPC and over the
+# router's OpenAI HTTP API; and admission queues instead
 # of refusing: 64 requests of 250 new tokens — more KV than the pool holds
 # at once — all complete, none RESOURCE_EXHAUSTED.
 # usage: bench_serving_test.sh PATH/TO/moesh SOURCE_DIR
@@ -20,7 +21,7 @@ start_serve_local --model "$TMP/model" --expert_workers 1 --kv_blocks 128
 bench() {
   local name=$1 sent=$2
   shift 2
-  "$MOESH" bench --serving --server "127.0.0.1:$port" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" \
+  "$MOESH" bench --serving --server "${SERVER:-127.0.0.1:$port}" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" \
     || { cat "$TMP/$name.err" >&2; fail "bench $name failed"; }
   cat "$TMP/$name.out"
   "$PY" - "$TMP/$name.out" "$sent" <<'EOF' || fail "bench $name: the table is not sane"
@@ -38,6 +39,7 @@ for line in lines:
         p = [float(x) for x in cell.split("/")]
         assert len(p) == 3 and 0 < p[0] <= p[1] <= p[2], f"percentiles {cell}"
     assert 0 <= float(c[13]) <= 1, line
+    assert c[14] == "-" or float(c[14]) > 0, line  # the steady rate (closed loop)
 print(f"ok: {len(lines)} row(s)")
 EOF
 }
@@ -58,6 +60,28 @@ hit = float(rows[1].strip().strip("|").split("|")[13])
 assert hit < 0.2, f"second row's cache hit {hit}"
 print(f"ok: the second row's cache hit {hit}")
 EOF
+# The same bench through the router's OpenAI HTTP API (streamed /v1/completions of token ids):
+# the answers' ids come back through return_tokens_as_token_ids, as the gRPC API's do.
+http=$(grep -o 'http://[0-9.]*:[0-9]*' "$TMP/serve.out" | head -1)
+[ -n "$http" ] || fail "serve-local printed no HTTP address"
+"$MOESH" complete --server "127.0.0.1:$port" --prompt_ids 5,17,300 --max_new_tokens 8 --json \
+  >"$TMP/grpc_ids.json" || fail "complete failed"
+"$PY" - "$http" "$TMP/grpc_ids.json" <<'EOF' || fail "the HTTP API's token ids differ from gRPC's"
+import json, sys, urllib.request
+want = json.load(open(sys.argv[2]))["output_ids"]
+body = json.dumps({"prompt": [5, 17, 300], "max_tokens": 8, "temperature": 0, "logprobs": 0,
+                   "return_tokens_as_token_ids": True}).encode()
+r = urllib.request.urlopen(urllib.request.Request(
+    sys.argv[1] + "/v1/completions", body, {"Content-Type": "application/json"}), timeout=60)
+tokens = json.load(r)["choices"][0]["logprobs"]["tokens"]
+got = [int(t.split(":")[1]) for t in tokens]
+assert got == want, (got, want)
+print(f"ok: the HTTP API names the same {len(got)} token ids")
+EOF
+SERVER=$http bench multiturn_http 12 --dataset multiturn --request_rate inf --concurrency 4 \
+  --requests 12 --turns 3 --system_prompts 2 --system_prompt_len 96 --prompt_len 16 \
+  --max_new_tokens 8
+grep -q "OpenAI HTTP API" "$TMP/multiturn_http.out" || fail "multiturn_http did not go over HTTP"
 cat >"$TMP/sharegpt.json" <<'EOF'
 [{"id": "1", "conversations": [{"from": "human", "value": "What is a mixture of experts?"},
                                {"from": "gpt", "value": "A layer of many small networks."}]},

@@ -8,7 +8,8 @@
 # sibling choices, echo with the prompt's log-probabilities, and sampled
 # tokens' own log-probabilities (chat and completions, streamed too); a
 # client that goes away mid-stream has its request cancelled (the router's
-# and the decode worker's running requests and KV blocks back to zero).
+# and the decode worker's running requests and KV blocks back to zero); a
+# client that stops reading its stream holds up no one else.
 # usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR
 set -euo pipefail
 MOESH=${1:?usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR}
@@ -249,6 +250,30 @@ else:
         metric(router_metrics, "moesh_generation_tokens_total")]))
 tokens = metric(router_metrics, "moesh_generation_tokens_total")
 assert tokens < 12 + 8 + 8 + 12 + 2400 - 200, tokens  # it stopped well before its 2400
+
+# A slow reader: a stream whose client reads nothing (a 4 KB receive buffer, soon full)
+# does not hold up the others: three requests of 16 tokens each finish while it is stuck,
+# in the time they take alone (well within 20 s).
+slow = socket.socket()
+slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+slow.connect((host, int(port)))
+body = json.dumps({"prompt": "Hello", "max_tokens": 1500, "ignore_eos": True, "stream": True,
+                   "logprobs": 5})
+slow.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test-1\r\n"
+              "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+time.sleep(1.0)  # its stream is running and its socket filling
+for i in range(3):
+    t0 = time.time()
+    r = json.load(post("/v1/completions", {"prompt": "Hi %d" % i, "max_tokens": 16,
+                                           "ignore_eos": True, "temperature": 0}))
+    took = time.time() - t0
+    assert r["usage"]["completion_tokens"] == 16 and took < 20, (r["usage"], took)
+assert metric(router_metrics, "moesh_num_requests_running") >= 1  # the slow one still runs
+slow.close()
+deadline = time.time() + 15
+while time.time() < deadline and metric(router_metrics, "moesh_num_requests_running") > 0:
+    time.sleep(0.05)
+assert metric(router_metrics, "moesh_num_requests_running") == 0, "the slow reader's stream still runs"
 print("python client: OK")
 PYEOF
 echo "http_api_test: OK"

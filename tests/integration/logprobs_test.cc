@@ -123,6 +123,34 @@ void ExpectSiblings(const std::string& router, const Model& model) {
   EXPECT_EQ(Call(router, req).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// n siblings share the prompt's KV: a fresh 150-token prompt (two full
+// blocks of 64) asked with n = 3 is computed whole once; siblings 1 and 2
+// find its two blocks in the prefix cache (the prefill worker's, or the
+// colocated router's), and still sample what the plain seeded request does.
+void ExpectSiblingsSharePrompt(const LocalCluster& cluster, const Model& model) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 150; ++i) prompt.push_back(2 + (i * 71 + 13) % 500);
+  auto hits = [&] {
+    double n = 0;
+    for (const LocalCluster::Process& p : cluster.processes()) {
+      if (p.name == "router" || absl::StartsWith(p.name, "prefill-"))
+        n += Metric(p.metrics_address, "moesh_prefix_cache_hit_tokens_total");
+    }
+    return n;
+  };
+  const double before = hits();
+  v1::GenerateRequest req = Request(prompt, 6, 1.0f, 91);
+  req.set_n(3);
+  const Result a = Call(cluster.router_address(), req);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  ASSERT_EQ(a.ids_by_index.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a.ids_by_index.at(i), Offline(model, prompt, 6, 1.0f, 91 + i).output_ids)
+        << "sibling " << i;
+  }
+  EXPECT_GE(hits() - before, 2 * 128) << "siblings 1 and 2 recomputed the prompt's blocks";
+}
+
 TEST(LogprobsTest, DisaggregatedCluster) {
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
       LocalCluster::Start(Options(TinyModel(), "logprobs"));
@@ -131,6 +159,7 @@ TEST(LogprobsTest, DisaggregatedCluster) {
   ASSERT_TRUE(model.ok());
   ExpectLogprobsOfTheModel((*cluster)->router_address(), **model);
   ExpectSiblings((*cluster)->router_address(), **model);
+  ExpectSiblingsSharePrompt(**cluster, **model);
 }
 
 TEST(LogprobsTest, ColocatedRouter) {
@@ -141,6 +170,7 @@ TEST(LogprobsTest, ColocatedRouter) {
   ASSERT_TRUE(model.ok());
   ExpectLogprobsOfTheModel((*cluster)->router_address(), **model);
   ExpectSiblings((*cluster)->router_address(), **model);
+  ExpectSiblingsSharePrompt(**cluster, **model);
 }
 
 // --dispatch_dtype through real processes: the attention workers send bf16

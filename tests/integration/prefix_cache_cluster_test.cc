@@ -20,12 +20,18 @@
 namespace moesh {
 namespace {
 
-TEST(PrefixCacheClusterTest, LaterTurnsReuseTheirHistoryOnOnePrefillWorkerTokenExact) {
-  const std::string dir = TinyModel();
-  LocalClusterOptions o = Options(dir, "prefix_cache");
+// Two prefill workers and a decode worker caching 16-token blocks.
+LocalClusterOptions TwoPrefillWorkers(const std::string& dir, const std::string& name) {
+  LocalClusterOptions o = Options(dir, name);
   o.num_prefill = 2;
   o.prefill.kv.block_size = 16;
   o.decode.kv.block_size = 16;
+  return o;
+}
+
+TEST(PrefixCacheClusterTest, LaterTurnsReuseTheirHistoryOnOnePrefillWorkerTokenExact) {
+  const std::string dir = TinyModel();
+  LocalClusterOptions o = TwoPrefillWorkers(dir, "prefix_cache");
   o.router.heartbeat_interval_ms = 100;  // the caches' hashes reach the router sooner
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -85,6 +91,40 @@ TEST(PrefixCacheClusterTest, LaterTurnsReuseTheirHistoryOnOnePrefillWorkerTokenE
     free_blocks = Metric(d0, "moesh_kv_cache_free_blocks");
   }
   EXPECT_EQ(free_blocks, o.decode.kv.kv_blocks);
+}
+
+// The baseline policy: round robin sends a chat's turns to the two prefill
+// workers in turn, so a turn finds its history cached only when it lands
+// where an earlier turn ran (turn 3, on turn 1's worker), never on turn 2;
+// the answers are the same tokens.
+TEST(PrefixCacheClusterTest, RoundRobinAlternatesPrefillWorkersAndMissesTheirCaches) {
+  const std::string dir = TinyModel();
+  LocalClusterOptions o = TwoPrefillWorkers(dir, "prefix_cache_rr");
+  o.decode.kv.enable_prefix_caching = false;  // the prefill workers' caches alone
+  o.router.routing_policy = RoutingPolicy::kRoundRobin;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
+  ASSERT_TRUE(model.ok());
+  const std::string p0 = Proc(**cluster, "prefill-0").metrics_address;
+  const std::string p1 = Proc(**cluster, "prefill-1").metrics_address;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(2 + (i * 53) % 500);
+  std::vector<int> cached;
+  for (int turn = 1; turn <= 3; ++turn) {
+    const Result r = Call((*cluster)->router_address(), Request(prompt, 8));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids, Offline(**model, prompt, 8).output_ids) << "turn " << turn;
+    cached.push_back(r.final.usage().cached_tokens());
+    prompt.insert(prompt.end(), r.ids.begin(), r.ids.end());
+    for (int i = 0; i < 6; ++i) prompt.push_back(7 + turn * 11 + i);
+  }
+  EXPECT_EQ(cached[0], 0);
+  EXPECT_EQ(cached[1], 0) << "turn 2 went to the other prefill worker";
+  EXPECT_GE(cached[2], 32) << "turn 3 came back to turn 1's worker";
+  // Both workers computed prompts.
+  EXPECT_GT(Metric(p0, "moesh_prompt_tokens_total"), 0);
+  EXPECT_GT(Metric(p1, "moesh_prompt_tokens_total"), 0);
 }
 
 }  // namespace

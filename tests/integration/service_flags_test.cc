@@ -182,7 +182,7 @@ TEST(ServiceFlagsTest, Router) {
   o.rebalance_interval_s = 14;
   o.rebalance_min_ratio = 1.1;
   o.rebalance_slots = 15;
-  o.kv_aware_routing = false;
+  o.routing_policy = RoutingPolicy::kRoundRobin;
   o.max_stream_migrations = 5;
   o.colocated = true;
   Check(o, RouterOptionsFromFlags, "moesh_router");

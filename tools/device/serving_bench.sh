@@ -52,6 +52,19 @@
 #              $MOESH_NEW_TOKENS (1024) --requests 256 --concurrency 256; then the router's
 #              moesh_decode_preemptions_total / _swap_* / kv_cache lines (swap_metrics_MODE):
 #              a row with no preemptions says the pool was not small enough (lower MOESH_GPU_UTIL).
+#   rate       steady serving against the kernel-level decode rate: a colocated GPU router under
+#              128 closed-loop streams of 64-token prompts and lognormal answers (mean
+#              $MOESH_NEW_TOKENS, 512; $MOESH_REQUESTS, 1024, requests), then cuda_model_bench's decode
+#              step at the same batch at 256 and 512 tokens of context.
+#   admission  64 x 2000 new tokens on a colocated GPU router with a small KV cache
+#              (--gpu_memory_utilization $MOESH_GPU_UTIL, 0.25): refusals, preemptions, the pool.
+#   http       the OpenAI HTTP front against gRPC: on this machine's CPUs (tiny v3 CPU cluster,
+#              cluster,cluster-http twice, 32 and 128 streams), then on the GPU (a colocated
+#              router on the small v2-lite model, colocated,colocated-http twice).
+#   routing    the prefix-cache hit rate per --routing_policy ($MOESH_POLICIES, default
+#              kv_aware,load,round_robin): a CPU cluster of two prefill workers (serve-local, the small
+#              v2-lite model) under multi-turn chats whose histories outweigh their shared system
+#              prompts (64-token system prompts, turns of ~192 + ~16 tokens).
 #   fullsize   issue 22's run, arguments through the environment: DeepSeek-V3 at its real
 #              shapes in FP8 as shipped (`mkmodel --family v3 --preset real --dtype fp8
 #              --config_only`, $MOESH_LAYERS layers, default all 61; dummy weights made on
@@ -87,7 +100,7 @@
 # MOESH_DEVICE_BUDGET_S (560) bounds the call.
 #
 # bundle: moesh moesh_router moesh_prefill_worker moesh_decode_worker moesh_expert_worker
-#   libmoesh_cuda_backends.so for the serving scenarios; cuda_dispatch_bench
+#   libmoesh_cuda_backends.so for the serving scenarios (and cuda_model_bench for rate); cuda_dispatch_bench
 #   libmoesh_cuda_backends.so for --dispatch.
 # e.g.
 #   tools/device/bundle.sh build-cuda moesh moesh_router moesh_prefill_worker moesh_decode_worker \
@@ -100,7 +113,8 @@ usage() { sed -n '2,/^set /p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; }
 scenarios=()
 while (($# > 0)); do
   case $1 in
-    steady|kv|ipc|multi|largest|chunked|prefix|swap|fullsize|rebalance) scenarios+=("$1"); shift ;;
+    steady|kv|ipc|multi|largest|chunked|prefix|swap|rate|admission|http|routing|fullsize|rebalance)
+      scenarios+=("$1"); shift ;;
     dispatch-ipc|dispatch-mps|dispatch-nccl|dispatch-overlap) scenarios+=("${1/-/_}"); shift ;;
     --dispatch)
       case ${2:-} in
@@ -132,6 +146,27 @@ small_model() {
   $moesh mkmodel --family v2-lite --preset small --out $small --seed 1 >> "$LOGS/mkmodel.log" 2>&1
 }
 shown=()
+# A colocated router on the GPU (moesh_router --colocated --device cuda, V2-Lite's real shapes,
+# dummy weights): start_router NAME [FLAG...] sets $port (gRPC), $mport (metrics) and $rpid,
+# logs to router_NAME.log and waits for it to serve; stop_router ends it (SIGTERM: it drains).
+start_router() {
+  local name=$1 ready=/tmp/moesh-router-$1.ready
+  shift
+  real_model
+  port=$((23000 + RANDOM % 20000)) mport=$((43000 + RANDOM % 10000))
+  rm -f "$ready"
+  $D/bin/moesh_router --model $real --colocated --device cuda --load_format dummy "$@" \
+    --listen 127.0.0.1:$port --metrics_listen 127.0.0.1:$mport --ready_file "$ready" \
+    > "$LOGS/router_$name.log" 2>&1 &
+  rpid=$!
+  for _ in $(seq 1 300); do [[ -f $ready ]] && break; sleep 0.5; done
+}
+stop_router() { kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null; }
+# metrics_step NAME PORT ERE: the lines of 127.0.0.1:PORT/metrics matching ERE, as a step.
+metrics_step() {
+  step "$1" 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$2 && \
+    printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && grep -E '$3' <&3"
+}
 
 steady() {
   real_model
@@ -204,65 +239,119 @@ largest() {
 }
 
 chunked() {
-  real_model
-  local b port ready
+  local b
   IFS=, read -ra budgets <<< "${MOESH_BUDGETS:-0,256,2048}"
   for b in "${budgets[@]}"; do
-    port=$((23000 + RANDOM % 20000)) ready=/tmp/moesh-chunked-$b.ready
-    rm -f "$ready"
-    $D/bin/moesh_router --model $real --colocated --device cuda --load_format dummy \
-      --max_num_batched_tokens "$b" --listen 127.0.0.1:$port --ready_file "$ready" \
-      > "$LOGS/chunked_router_$b.log" 2>&1 &
-    local rpid=$!
-    for _ in $(seq 1 300); do [[ -f $ready ]] && break; sleep 0.5; done
+    start_router "chunked_$b" --max_num_batched_tokens "$b"
     step "chunked_budget_$b" 150 $moesh bench --serving --server 127.0.0.1:$port --dataset random \
       --length_sigma 0 --prompt_len ${MOESH_PROMPT_LEN:-512} --max_new_tokens 128 --requests 256 \
       --concurrency 64 --request_rate ${MOESH_RATE:-inf}
-    kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null
+    stop_router
     shown+=("chunked_budget_$b")
   done
 }
 
 prefix() {
-  real_model
-  local on port ready
+  local on
   for on in true false; do
-    port=$((23000 + RANDOM % 20000)) ready=/tmp/moesh-prefix-$on.ready
-    rm -f "$ready"
-    $D/bin/moesh_router --model $real --colocated --device cuda --load_format dummy \
-      --enable_prefix_caching=$on --listen 127.0.0.1:$port --ready_file "$ready" \
-      > "$LOGS/prefix_router_$on.log" 2>&1 &
-    local rpid=$!
-    for _ in $(seq 1 300); do [[ -f $ready ]] && break; sleep 0.5; done
+    start_router "prefix_$on" --enable_prefix_caching=$on
     step "prefix_cache_$on" 200 $moesh bench --serving --server 127.0.0.1:$port --dataset multiturn \
       --turns 4 --system_prompts 4 --system_prompt_len ${MOESH_SYSTEM_LEN:-1024} --prompt_len 128 \
       --max_new_tokens 64 --requests 256 --concurrency ${MOESH_CONCURRENCY:-32}
-    kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null
+    stop_router
     shown+=("prefix_cache_$on")
   done
 }
 
 swap() {
-  real_model
-  local mode port mport ready
+  local mode
   IFS=, read -ra modes <<< "${MOESH_PREEMPTION_MODES:-recompute,swap}"
   for mode in "${modes[@]}"; do
-    port=$((23000 + RANDOM % 20000)) mport=$((43000 + RANDOM % 10000)) ready=/tmp/moesh-swap-$mode.ready
-    rm -f "$ready"
-    $D/bin/moesh_router --model $real --colocated --device cuda --load_format dummy \
-      --gpu_memory_utilization ${MOESH_GPU_UTIL:-0.3} --max_model_len 4096 --max_batch 256 \
-      --preemption_mode "$mode" \
-      --listen 127.0.0.1:$port --metrics_listen 127.0.0.1:$mport --ready_file "$ready" \
-      > "$LOGS/swap_router_$mode.log" 2>&1 &
-    local rpid=$!
-    for _ in $(seq 1 300); do [[ -f $ready ]] && break; sleep 0.5; done
+    start_router "swap_$mode" --gpu_memory_utilization ${MOESH_GPU_UTIL:-0.3} --max_model_len 4096 \
+      --max_batch 256 --preemption_mode "$mode"
     step "swap_$mode" 240 $moesh bench --serving --server 127.0.0.1:$port --dataset random \
       --length_sigma 0 --prompt_len ${MOESH_PROMPT_LEN:-512} --max_new_tokens ${MOESH_NEW_TOKENS:-1024} \
       --requests 256 --concurrency 256 --request_rate inf
-    step "swap_metrics_$mode" 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$mport && \
-      printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && grep -E '^moesh_(decode_(preempt|swap)|kv_cache)' <&3"
-    kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null
+    metrics_step "swap_metrics_$mode" $mport '^moesh_(decode_(preempt|swap)|kv_cache)'
+    stop_router
     shown+=("swap_$mode" "swap_metrics_$mode")
+  done
+}
+
+# Steady serving against the kernel-level decode rate (issue 20): a colocated router under
+# a closed loop of $MOESH_CONCURRENCY (128) streams, --requests $MOESH_REQUESTS (1024) of 64-token
+# prompts and lognormal (sigma 0.5) answers of mean $MOESH_NEW_TOKENS (512) tokens, so the
+# streams end and refill at different steps; then cuda_model_bench's decode step at the same
+# batch at 256 and 512 tokens of context (what a stream holds on average lies between), in the
+# same call.
+rate() {
+  local conc=${MOESH_CONCURRENCY:-128}
+  start_router rate --max_batch 256
+  step "rate_serving" 300 $moesh bench --serving --server 127.0.0.1:$port --dataset random \
+    --length_sigma 0.5 --prompt_len 64 --max_new_tokens ${MOESH_NEW_TOKENS:-512} \
+    --requests ${MOESH_REQUESTS:-1024} --concurrency $conc --request_rate inf
+  stop_router
+  local ctx
+  for ctx in 256 512; do
+    step "rate_kernel_$ctx" 120 $D/bin/cuda_model_bench --device cuda --load-format dummy --shape v2-lite \
+      --batch $conc --context $ctx --prefill-seqs 0
+    shown+=("rate_kernel_$ctx")
+  done
+  shown+=(rate_serving)
+}
+
+# Admission on a small pool (issue 20): 64 requests x 2000 new tokens (32-token prompts) on a
+# colocated router whose KV cache holds fewer tokens than they need together
+# (--gpu_memory_utilization $MOESH_GPU_UTIL, default 0.25: ~3 GB of cache beside the weights'
+# ~31 GB; --max_model_len 4096); the refusals (none expected), the preemptions and the pool.
+admission() {
+  start_router admission --gpu_memory_utilization ${MOESH_GPU_UTIL:-0.25} --max_model_len 4096
+  step "admission" 240 $moesh bench --serving --server 127.0.0.1:$port --dataset random \
+    --length_sigma 0 --prompt_len 32 --max_new_tokens 2000 --requests 64 --concurrency 64 \
+    --request_rate inf
+  metrics_step admission_metrics $mport '^moesh_(decode_preempt|kv_cache)'
+  stop_router
+  shown+=(admission admission_metrics)
+}
+
+# The OpenAI HTTP front against the gRPC API on this machine's CPU cores (issue 19: the 2-core
+# VM is too loaded to settle ITL p99 differences of a millisecond): a CPU cluster on the tiny
+# v3 model, cluster and cluster-http interleaved twice, 128 streams.
+http() {
+  local tiny=/tmp/v3-tiny
+  $moesh mkmodel --family v3 --preset tiny --out $tiny >> "$LOGS/mkmodel.log" 2>&1
+  step http_vs_grpc 300 $moesh bench --serving --model $tiny --modes cluster,cluster-http,cluster,cluster-http \
+    --concurrency 32,128 --requests 384 --max_new_tokens 64 --prompt_len 32
+  # On the GPU: a colocated router on the small v2-lite model (its 8192-token vocabulary is the
+  # tokenizer's, so every sampled token has text and each SSE chunk carries one).
+  small_model
+  step http_vs_grpc_gpu 200 $moesh bench --serving --model $small --device cuda \
+    --modes colocated,colocated-http,colocated,colocated-http --concurrency 32,128 --requests 384 \
+    --max_new_tokens 64 --prompt_len 32
+  shown+=(http_vs_grpc http_vs_grpc_gpu)
+}
+
+# Hit rate per routing policy (issue 20): a CPU cluster on this machine's cores (the small
+# v2-lite model; two prefill workers, one decode worker, one expert worker:
+# `moesh serve-local --prefill_workers 2 --routing_policy P`) under multi-turn chats whose
+# histories (a prefill worker holds a conversation's earlier prompts only where they ran)
+# outweigh the shared system prompts (every worker soon holds those), once per policy in
+# $MOESH_POLICIES (kv_aware,load,round_robin).
+routing() {
+  small_model
+  local policy cport cpid
+  IFS=, read -ra policies <<< "${MOESH_POLICIES:-kv_aware,load,round_robin}"
+  for policy in "${policies[@]}"; do
+    cport=$((23000 + RANDOM % 20000))
+    $moesh serve-local --model $small --prefill_workers 2 --expert_workers 1 --routing_policy $policy \
+      --port $cport --http_port -1 --work_dir /tmp/moesh-routing-$policy > "$LOGS/routing_cluster_$policy.log" 2>&1 &
+    cpid=$!
+    for _ in $(seq 1 240); do grep -q "moesh is serving" "$LOGS/routing_cluster_$policy.log" && break; sleep 0.5; done
+    step "routing_$policy" 200 $moesh bench --serving --server 127.0.0.1:$cport --dataset multiturn \
+      --turns 4 --system_prompts 4 --system_prompt_len 64 --prompt_len 192 --max_new_tokens 16 \
+      --requests 192 --concurrency 16
+    kill -INT $cpid 2> /dev/null; wait $cpid 2> /dev/null
+    shown+=("routing_$policy")
   done
 }
 
