@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <map>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -206,6 +207,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   attention_workers("prefill", "moesh_prefill_worker", options.prefill, options.num_prefill);
   RETURN_IF_ERROR(c->SpawnAll(group, together));
   RETURN_IF_ERROR(c->WaitUntilServing(options.startup_timeout));
+  RETURN_IF_ERROR(c->WaitUntilJoined(options.startup_timeout));
   return c;
 }
 
@@ -296,6 +298,46 @@ absl::Status LocalCluster::WaitUntilRouterServing(const std::string& address,
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return absl::DeadlineExceededError(absl::StrCat("router ", address, " not SERVING: ", last));
+}
+
+absl::Status LocalCluster::WaitUntilJoined(std::chrono::seconds timeout) const {
+  if (options_.router.colocated) return absl::OkStatus();  // no members
+  std::map<std::string, int> want;                         // kind label -> processes
+  for (const Process& p : processes_) {
+    for (const char* kind : {"prefill", "decode", "expert"}) {
+      if (p.pid > 0 && absl::StartsWith(p.name, absl::StrCat(kind, "-"))) ++want[kind];
+    }
+  }
+  const auto give_up = std::chrono::steady_clock::now() + timeout;
+  for (const Process& router : processes_) {
+    if (!absl::StartsWith(router.name, "router") || router.pid <= 0) continue;
+    std::string last;
+    for (;;) {
+      absl::StatusOr<std::string> text = ScrapeMetrics(router.metrics_address);
+      std::map<std::string, int> have;
+      for (absl::string_view line : absl::StrSplit(text.ok() ? *text : "", '\n')) {
+        double v;
+        if (!absl::StartsWith(line, "moesh_router_workers{") ||
+            !absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v))
+          continue;
+        for (const auto& [kind, n] : want) {
+          if (absl::StrContains(line, absl::StrCat("kind=\"", kind, "\"")))
+            have[kind] = static_cast<int>(v);
+        }
+      }
+      if (have == want) break;
+      last = text.ok() ? absl::StrCat(have["prefill"], " prefill, ", have["decode"], " decode, ",
+                                      have["expert"], " expert workers joined")
+                       : std::string(text.status().message());
+      if (std::chrono::steady_clock::now() > give_up) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(router.name, ": not every worker joined (", want["prefill"], " prefill, ",
+                         want["decode"], " decode, ", want["expert"], " expert started): ", last));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LocalCluster::Signal(const std::string& name, int signal) {

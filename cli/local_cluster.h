@@ -114,6 +114,10 @@ class LocalCluster {
   // Waits until the router at `address` (public) reports SERVING.
   absl::Status WaitUntilRouterServing(const std::string& address,
                                       std::chrono::seconds timeout) const;
+  // Waits until every router holds every worker this cluster started as a
+  // member (its moesh_router_workers gauges by kind): a router is SERVING
+  // with one prefill and one decode worker, before the rest have joined.
+  absl::Status WaitUntilJoined(std::chrono::seconds timeout) const;
 
  private:
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}

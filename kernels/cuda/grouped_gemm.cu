@@ -55,10 +55,15 @@ struct GemmCfg {
   static constexpr int kSmemBytes = kStages * (kBM + kBN) * kPitch * 2;
   // FP8 weights: A's ring and the e4m3 ring (rows of kF8Pitch bytes). Their
   // slices are 128 wide (a whole scale block; as many weight bytes a stage as
-  // bf16's 64), else two stages deeper; two CTAs fit an SM either way.
+  // bf16's 64), else two stages deeper. The widening makes a slice's B
+  // operand a chain of a few dependent instructions a register, which two
+  // warps a scheduler cannot hide: decode-sized tiles (16 or 32 rows) take
+  // two stages of 128, so four CTAs (16 warps) fit an SM, each with the next
+  // slice in flight while it computes this one (64 KB an SM in flight, past
+  // what the copy rate needs); 64-row (prefill) tiles keep kStages.
   static constexpr int kF8Chunks = kBN * kBK / 16;
   static constexpr int kF8Pitch = kBK + 16;
-  static constexpr int kF8Stages = kBK == 128 ? kStages : kStages + 2;
+  static constexpr int kF8Stages = kBK == 128 ? (kBM == 64 ? kStages : 2) : kStages + 2;
   static constexpr int kF8SmemBytes = kF8Stages * (kBM * kPitch * 2 + kBN * kF8Pitch);
   // MXFP4 weights: the e2m1 ring (rows of kF4Pitch bytes), two stages deeper.
   static constexpr int kF4Chunks = kBN * kBK / 32;
@@ -123,8 +128,12 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// FP8 decode tiles: four CTAs an SM (GemmCfg::kF8Stages), so at most 128
+// registers a thread.
 template <int kBM, int kBK, bool kF32Out, WeightKind kW>
-__global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams p) {
+__global__ void __launch_bounds__(kThreads,
+                                  kW == WeightKind::kFp8 && kBM < 64 && kBK == 128 ? 4 : 1)
+    GroupedGemmKernel(GroupedGemmParams p) {
   using Cfg = GemmCfg<kBM, kBK>;
   constexpr bool kFp8W = kW == WeightKind::kFp8, kFp4W = kW == WeightKind::kFp4;
   constexpr int S = kFp8W ? Cfg::kF8Stages : (kFp4W ? Cfg::kF4Stages : Cfg::kStages),
@@ -255,6 +264,7 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
   }
 
   const int k_tiles = p.k / kBK;
+  float scale_next = kFp8W ? w_scale[0] : 0.0f;
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
     if (s < k_tiles) load(s, s);
@@ -267,7 +277,10 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmKernel(GroupedGemmParams 
     if (next < k_tiles) load(next % S, next);
     CpAsyncCommit();
     const int st = kt % S;
-    const float scale = kFp8W ? w_scale[kt * kBK / cpu::kFp8Block] : 0.0f;
+    // FP8: this slice's block scale, the next one's on its way (a load the
+    // widening would otherwise wait for each slice).
+    const float scale = scale_next;
+    if (kFp8W && kt + 1 < k_tiles) scale_next = w_scale[(kt + 1) * kBK / cpu::kFp8Block];
     if constexpr (kFp4W) {  // this slice's scales; the next slice's on their way
 #pragma unroll
       for (int j = 0; j < kRows; ++j) {

@@ -341,14 +341,14 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
                     w_bytes / (g_ms * 1e-3) / 1e9, d_ms * 1e3, flops / (d_ms * 1e-3) / 1e12,
                     d_ms / g_ms);
       }
-      {  // FP8 weights (half the bytes), 64-wide slices
+      for (int k_tile : {128, 64}) {  // FP8 weights (half the bytes), 128- and 64-wide slices
         GroupedGemmParams g8 = gp;
-        g8.w = nullptr, g8.w_fp8 = w8.get(), g8.w_scale = w8s.get(), g8.k_tile = 0;
+        g8.w = nullptr, g8.w_fp8 = w8.get(), g8.w_scale = w8s.get(), g8.k_tile = k_tile;
         ASSIGN_OR_RETURN(double g_ms,
                          EventMedianMs(s, 3, 20, [&](int) { return RunGroupedGemm(g8); }));
         std::printf(
-            "| %d x %d | %d x 128, FP8 weights | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f |\n",
-            tokens, k, tile, g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12,
+            "| %d x %d | %d x %d, FP8 weights | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f |\n",
+            tokens, k, tile, k_tile, g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12,
             (w_bytes / 2 + e * w8_scales * 4.0) / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
             flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
       }
