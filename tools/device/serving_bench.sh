@@ -54,8 +54,9 @@
 #              a row with no preemptions says the pool was not small enough (lower MOESH_GPU_UTIL).
 #   rate       steady serving against the kernel-level decode rate: a colocated GPU router under
 #              128 closed-loop streams of 64-token prompts and lognormal answers (mean
-#              $MOESH_NEW_TOKENS, 512; $MOESH_REQUESTS, 1024, requests), then cuda_model_bench's decode
-#              step at the same batch at 256 and 512 tokens of context.
+#              $MOESH_NEW_TOKENS, 512; $MOESH_REQUESTS, 1024, requests), the same load against the
+#              cluster over cuda_ipc under MPS (serve-local; not with MOESH_SKIP_CLUSTER=1), then
+#              cuda_model_bench's decode step at the same batch at 256 and 512 tokens of context.
 #   admission  64 x 2000 new tokens on a colocated GPU router with a small KV cache
 #              (--gpu_memory_utilization $MOESH_GPU_UTIL, 0.25): refusals, preemptions, the pool.
 #   http       the OpenAI HTTP front against gRPC: on this machine's CPUs (tiny v3 CPU cluster,
@@ -162,6 +163,27 @@ start_router() {
   for _ in $(seq 1 300); do [[ -f $ready ]] && break; sleep 0.5; done
 }
 stop_router() { kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null; }
+# The cluster on this one GPU over cuda_ipc under MPS (moesh serve-local --device cuda
+# --load_format dummy --transport cuda_ipc --expert_workers 1: router, prefill, decode and expert
+# workers as processes, V2-Lite's real shapes): start_cluster NAME sets $port and $cpid, logs to
+# cluster_NAME.log and waits for it to serve; returns 1 where MPS does not start. stop_cluster
+# ends it and MPS.
+start_cluster() {
+  real_model
+  mps_start || return 1
+  port=$((23000 + RANDOM % 20000))
+  $moesh serve-local --model $real --device cuda --load_format dummy --transport cuda_ipc \
+    --expert_workers 1 --port $port --http_port -1 --work_dir /tmp/moesh-cluster-$1 \
+    > "$LOGS/cluster_$1.log" 2>&1 &
+  cpid=$!
+  for _ in $(seq 1 600); do
+    grep -q "moesh is serving" "$LOGS/cluster_$1.log" && return 0
+    kill -0 $cpid 2> /dev/null || break
+    sleep 0.5
+  done
+  return 1
+}
+stop_cluster() { kill -INT $cpid 2> /dev/null; wait $cpid 2> /dev/null; mps_stop; }
 # metrics_step NAME PORT ERE: the lines of 127.0.0.1:PORT/metrics matching ERE, as a step.
 metrics_step() {
   step "$1" 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$2 && \
@@ -286,18 +308,23 @@ swap() {
 # same call.
 rate() {
   local conc=${MOESH_CONCURRENCY:-128}
+  local load=(--dataset random --length_sigma 0.5 --prompt_len 64 --max_new_tokens ${MOESH_NEW_TOKENS:-512}
+              --requests ${MOESH_REQUESTS:-1024} --concurrency $conc --request_rate inf)
   start_router rate --max_batch 256
-  step "rate_serving" 300 $moesh bench --serving --server 127.0.0.1:$port --dataset random \
-    --length_sigma 0.5 --prompt_len 64 --max_new_tokens ${MOESH_NEW_TOKENS:-512} \
-    --requests ${MOESH_REQUESTS:-1024} --concurrency $conc --request_rate inf
+  step "rate_serving" 300 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}"
   stop_router
+  shown+=(rate_serving)
+  if [[ -z ${MOESH_SKIP_CLUSTER:-} ]] && start_cluster rate; then
+    step "rate_serving_cluster_ipc" 300 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}"
+    stop_cluster
+    shown+=(rate_serving_cluster_ipc)
+  fi
   local ctx
   for ctx in 256 512; do
     step "rate_kernel_$ctx" 120 $D/bin/cuda_model_bench --device cuda --load-format dummy --shape v2-lite \
       --batch $conc --context $ctx --prefill-seqs 0
     shown+=("rate_kernel_$ctx")
   done
-  shown+=(rate_serving)
 }
 
 # Admission on a small pool (issue 20): 64 requests x 2000 new tokens (32-token prompts) on a
