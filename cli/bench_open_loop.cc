@@ -39,7 +39,6 @@ ABSL_DECLARE_FLAG(std::optional<int>, prompt_len);  // bench.cc
 ABSL_DECLARE_FLAG(std::string, concurrency);        // bench_serving.cc
 ABSL_DECLARE_FLAG(int, requests);                   // bench_serving.cc
 ABSL_DECLARE_FLAG(std::string, server);             // complete.cc
-ABSL_DECLARE_FLAG(std::string, api_key);            // complete.cc
 ABSL_FLAG(std::string, request_rate, "inf",
           "--serving --server: request arrivals per second, a Poisson process (inf: closed loop "
           "at --concurrency), a table row each (comma-separated). Multi-turn: conversations per "
@@ -253,9 +252,7 @@ absl::StatusOr<Target> GrpcTarget(const std::string& server) {
 // checkpoint to take the vocabulary from).
 absl::StatusOr<Target> HttpTarget(const std::string& server) {
   ASSIGN_OR_RETURN(HttpEndpoint to, ParseHttpEndpoint(server));
-  to.api_key = absl::GetFlag(FLAGS_api_key);
-  if (const char* env = std::getenv("MOESH_API_KEY"); to.api_key.empty() && env != nullptr)
-    to.api_key = env;
+  to.api_key = ApiKeyFlag();
   absl::StatusOr<std::string> body = HttpGet(to, "/v1/models", std::chrono::seconds(30));
   if (!body.ok())
     return absl::UnavailableError(absl::StrCat("--server ", server, ": ", body.status().message()));

@@ -27,9 +27,6 @@ ABSL_FLAG(std::string, prompt, "",
           "The prompt as text (the router tokenizes it; or --prompt_ids).");
 ABSL_FLAG(std::string, stop, "", "A string that ends generation.");
 ABSL_FLAG(double, timeout, 600, "Seconds the request may take.");
-ABSL_FLAG(std::string, api_key, "",
-          "The router's API key (sent as 'authorization: Bearer <key>'); default: "
-          "$MOESH_API_KEY, else none.");
 ABSL_FLAG(std::string, request_id, "", "The request's id (default: the router picks one).");
 ABSL_FLAG(std::string, server_ca, "",
           "A CA certificate file (PEM): connect with TLS (a router with --public_tls), checking "
@@ -87,9 +84,7 @@ absl::Status RunComplete() {
     ssl.pem_root_certs = *pem;
     credentials = grpc::SslCredentials(ssl);
   }
-  std::string api_key = absl::GetFlag(FLAGS_api_key);
-  if (const char* env = std::getenv("MOESH_API_KEY"); api_key.empty() && env != nullptr)
-    api_key = env;
+  const std::string api_key = ApiKeyFlag();
   const double timeout = absl::GetFlag(FLAGS_timeout);
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/status.h"
@@ -47,6 +49,9 @@ ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
 ABSL_FLAG(std::string, bin_dir, "",
           "Where moesh_router and the moesh_*_worker binaries are (default: beside this moesh).");
 ABSL_FLAG(int, expert_workers, 2, "Expert workers to start, each with an equal shard.");
+ABSL_FLAG(std::string, api_key, "",
+          "The router's API key (sent as 'Authorization: Bearer <key>'); default: "
+          "$MOESH_API_KEY (its first line), else none.");
 ABSL_FLAG(std::string, expert_device, "",
           "--device of the expert workers when not the others' (cuda:1: attention on one GPU, "
           "experts on another), or a comma-separated list they take in turn (cuda:1,cuda:2).");
@@ -119,6 +124,14 @@ std::string BinDirFlag() {
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   const std::string bin = len > 0 ? std::string(self, len) : "./moesh";
   return bin.substr(0, bin.rfind('/'));
+}
+
+std::string ApiKeyFlag() {
+  std::string key = absl::GetFlag(FLAGS_api_key);
+  if (const char* env = std::getenv("MOESH_API_KEY"); key.empty() && env != nullptr) key = env;
+  // A key file's content (a Kubernetes Secret as an environment variable): its first line.
+  key = key.substr(0, key.find('\n'));
+  return std::string(absl::StripAsciiWhitespace(key));
 }
 
 absl::StatusOr<std::vector<std::string>> ExpertDevicesFlag() {

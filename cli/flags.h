@@ -45,6 +45,10 @@ std::string BinDirFlag();
 // empty entry.
 absl::StatusOr<std::vector<std::string>> ExpertDevicesFlag();
 
+// --api_key, else $MOESH_API_KEY; the first line, whitespace stripped (empty:
+// none).
+std::string ApiKeyFlag();
+
 }  // namespace moesh::cli
 
 #endif  // MOESH_CLI_FLAGS_H_

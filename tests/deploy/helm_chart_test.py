@@ -30,6 +30,7 @@
 
 usage: helm_chart_test.py BIN_DIR SOURCE_DIR
 """
+import base64
 import json
 import os
 import re
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,11 +107,23 @@ def expand(arg, env):
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
 
 
-def container_env(container, pod_name):
+def secret_value(docs, ref):
+    """A secretKeyRef's value from the rendered Secrets (None if it names none)."""
+    secret = one(docs, "Secret", ref.get("name"))
+    data = (secret or {}).get("data", {})
+    return base64.b64decode(data[ref["key"]]).decode() if ref.get("key") in data else None
+
+
+def container_env(container, pod_name, docs=()):
     env = {}
     for e in container.get("env", []):
         ref = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-        if "value" in e:
+        secret = e.get("valueFrom", {}).get("secretKeyRef")
+        if secret is not None and docs:
+            value = secret_value(docs, secret)
+            if value is not None:
+                env[e["name"]] = value
+        elif "value" in e:
             env[e["name"]] = e["value"]
         elif ref == "metadata.name":
             env[e["name"]] = pod_name
@@ -195,6 +209,8 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
         "nccl transport on GPUs": ["-f", os.path.join(chart, "values-gpu-deepseek.yaml"), "--set", "transport=nccl"],
         "ingress": ["--set", "ingress.enabled=true,ingress.host=api.example.com,ingress.className=nginx",
                     "--set-json", 'ingress.tls=[{"secretName": "api-tls", "hosts": ["api.example.com"]}]'],
+        "api keys off": ["--set", "router.apiKeys.enabled=false"],
+        "api keys from a Secret": ["--set", "router.apiKeys.secretName=my-keys"],
     }
     for name, args in variants.items():
         rc, out, err = render(helm, chart, *args)
@@ -215,6 +231,7 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
 
     check_notes(c, helm, chart, tmp)
     check_ingress(c, rendered)
+    check_api_keys(c, rendered)
     typecheck(c, node, rendered, src, tmp)
     for name, docs in rendered.items():
         check_manifests(c, name, docs, src)
@@ -229,6 +246,23 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
         check_flags(c, name, rendered[name], bin_dir, src, tmp)
     check_prometheus_relabeling(c, rendered["gpu-deepseek"], src, tmp)
     run_tiny_profile(c, rendered["cpu-tiny"], bin_dir, src, tmp, procs)
+
+
+def check_api_keys(c, rendered):
+    """router.apiKeys: on by default with the chart's own Secret; a named Secret instead; or off."""
+    def keys(docs):
+        router = one(docs, "Deployment", f"{FULLNAME}-router")
+        volumes = {v["name"]: v for v in router["spec"]["template"]["spec"].get("volumes", [])}
+        secret = volumes.get("api-keys", {}).get("secret", {}).get("secretName")
+        flags = one(docs, "ConfigMap", FULLNAME)["data"]["router.flags"].splitlines()
+        return (secret, flag_values(flags, "api_keys_file"),
+                [d["metadata"]["name"] for d in find(docs, "Secret")])
+    c.equal("default: the router mounts the chart's API-key Secret and reads it",
+            keys(rendered["default"]), (f"{FULLNAME}-api-keys", ["/etc/moesh-keys/api-keys"],
+                                        [f"{FULLNAME}-api-keys"]))
+    c.equal("api keys from a Secret: that Secret, none of the chart's",
+            keys(rendered["api keys from a Secret"]), ("my-keys", ["/etc/moesh-keys/api-keys"], []))
+    c.equal("api keys off: no Secret, no --api_keys_file", keys(rendered["api keys off"]), (None, [], []))
 
 
 def check_ingress(c, rendered):
@@ -267,6 +301,7 @@ def check_notes(c, helm, chart, tmp):
 
 TS_TYPES = {
     ("v1", "ConfigMap"): "core.ConfigMap", ("v1", "Service"): "core.Service", ("v1", "Pod"): "core.Pod",
+    ("v1", "Secret"): "core.Secret",
     ("v1", "ServiceAccount"): "core.ServiceAccount", ("apps/v1", "Deployment"): "apps.Deployment",
     ("apps/v1", "StatefulSet"): "apps.StatefulSet", ("policy/v1", "PodDisruptionBudget"): "policy.PodDisruptionBudget",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "IServiceMonitor",
@@ -644,11 +679,19 @@ def run_tiny_profile(c, docs, bin_dir, src, tmp, procs):
     models = os.path.join(work, "models")
     os.makedirs(flagdir)
     os.makedirs(models)
-    mounts = Mounts({"/etc/moesh": flagdir, model_mount(docs): models})
+    keydir = os.path.join(work, "etc-moesh-keys")
+    os.makedirs(keydir)
+    mounts = Mounts({"/etc/moesh": flagdir, "/etc/moesh-keys": keydir, model_mount(docs): models})
     cm = one(docs, "ConfigMap", FULLNAME)
     for k, v in cm["data"].items():
         with open(os.path.join(flagdir, k), "w") as f:
             f.write(mounts(v))
+    # The chart's own API-key Secret (on by default), as the router pod mounts it.
+    key = secret_value(docs, {"name": f"{FULLNAME}-api-keys", "key": "api-keys"})
+    c.check("cpu-tiny: the chart makes an API-key Secret (router.apiKeys on by default)",
+            key is not None and key.startswith("sk-moesh-") and len(key) > 40, str(key))
+    with open(os.path.join(keydir, "api-keys"), "w") as f:
+        f.write(key or "")
     entrypoint = os.path.join(src, "deploy", "docker", "entrypoint.sh")
     env = dict(os.environ, MOESH_BIN_DIR=bin_dir)
     lines = {label: (svc, argv) for label, svc, argv in command_lines(docs, mounts, flagdir)}
@@ -694,9 +737,13 @@ def run_tiny_profile(c, docs, bin_dir, src, tmp, procs):
     # The chart's `helm test` pod, with the router's loopback address.
     (_, svc, argv), = by("-test-completion/complete")
     argv = [a if not a.startswith("--server=") else f"--server={router}" for a in argv]
+    test_pod = one(docs, "Pod", f"{FULLNAME}-test-completion")
+    test_env = dict(env, **container_env(test_pod["spec"]["containers"][0], "test", docs))
+    c.check("cpu-tiny: the `helm test` pod takes the API key from the Secret (MOESH_API_KEY)",
+            test_env.get("MOESH_API_KEY") == key, str(test_pod["spec"]["containers"][0].get("env")))
     give_up = time.monotonic() + 20
     while True:
-        r = subprocess.run([entrypoint, svc, *argv], capture_output=True, text=True, env=env)
+        r = subprocess.run([entrypoint, svc, *argv], capture_output=True, text=True, env=test_env)
         if r.returncode == 0 or time.monotonic() > give_up:
             break
         time.sleep(0.2)  # the router serves once a prefill and a decode worker registered
@@ -714,13 +761,20 @@ def run_tiny_profile(c, docs, bin_dir, src, tmp, procs):
     # The chart's HTTP API (the router's rendered --http_listen, moved to loopback).
     body = json.dumps({"prompt": [int(t) for t in prompt.split(",")], "max_tokens": int(n),
                        "ignore_eos": True}).encode()
-    try:
-        req = urllib.request.Request(f"http://{http}/v1/completions", body, {"Content-Type": "application/json"})
-        answer = json.load(urllib.request.urlopen(req, timeout=30))
-    except (OSError, ValueError) as e:
-        answer = {"error": str(e)}
+    def complete(headers):
+        try:
+            req = urllib.request.Request(f"http://{http}/v1/completions", body,
+                                         dict({"Content-Type": "application/json"}, **headers))
+            return json.load(urllib.request.urlopen(req, timeout=30))
+        except urllib.error.HTTPError as e:
+            return {"status": e.code}
+        except (OSError, ValueError) as e:
+            return {"error": str(e)}
+
+    answer = complete({"Authorization": f"Bearer {key}"})
     c.equal("cpu-tiny: the router's HTTP API completes the same prompt (OpenAI's /v1/completions)",
             (answer.get("object"), answer.get("usage", {}).get("completion_tokens")), ("text_completion", int(n)))
+    c.equal("cpu-tiny: without the key the HTTP API answers 401", complete({}).get("status"), 401)
 
 
 if __name__ == "__main__":

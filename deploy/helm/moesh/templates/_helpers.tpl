@@ -253,3 +253,11 @@ initContainers:
         mountPath: {{ .Values.model.mountPath }}
 {{- end }}
 {{- end }}
+
+{{/* The Secret holding the router's API keys: router.apiKeys.secretName, else the
+chart's own <fullname>-api-keys (templates/api-keys.yaml); empty when the keys are off. */}}
+{{- define "moesh.apiKeysSecret" -}}
+{{- if .Values.router.apiKeys.enabled -}}
+{{- .Values.router.apiKeys.secretName | default (printf "%s-api-keys" (include "moesh.fullname" .)) -}}
+{{- end -}}
+{{- end }}
