@@ -139,8 +139,10 @@ class ChatTemplate {
   const std::string eos_;
 };
 
-// DeepSeek-V3's chat template without its tool branches: what `moesh
-// mkmodel` writes into tokenizer_config.json, so the tiny models chat.
+// DeepSeek-V3's chat template as its release ships it (tool calls and tool
+// outputs included; tests/golden/chat_template/deepseek_v3.jinja holds the
+// same text): what `moesh mkmodel` writes into tokenizer_config.json, so
+// the tiny models chat and take tool round trips.
 extern const char kDeepSeekV3ChatTemplate[];
 // tokenizer_config.json for a checkpoint with the DeepSeek special tokens
 // (bos, eos and, `with_chat_template`, kDeepSeekV3ChatTemplate: V3.2 and V4

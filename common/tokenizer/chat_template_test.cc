@@ -32,7 +32,7 @@ constexpr char kV2Template[] =
 struct Case {
   std::vector<ChatMessage> messages;
   bool add_generation_prompt;
-  std::string v3;  // jinja2 3.1's rendering of kDeepSeekV3ChatTemplate
+  std::string v3;  // jinja2 3.1's rendering of kDeepSeekV3ChatTemplate (the release's)
   std::string v2;  // and of kV2Template
 };
 
@@ -58,6 +58,14 @@ std::vector<Case> Cases() {
        "<｜begin▁of▁sentence｜>A\n\nUser: u\n\nB\n\n"},
   };
 }
+
+// A V3-style template without DeepSeek's tool branches (as some fine-tunes
+// ship): it renders chats but no tool messages.
+constexpr char kV3WithoutTools[] =
+    "{{ bos_token }}{%- for message in messages %}{%- if message['role'] == 'user' %}"
+    "{{'<｜User｜>' + message['content']}}{%- endif %}{%- if message['role'] == 'assistant' %}"
+    "{{'<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}{%- endif %}"
+    "{%- endfor -%}{% if add_generation_prompt %}{{'<｜Assistant｜>'}}{% endif %}";
 
 TEST(ChatTemplateTest, V3MatchesJinja) {
   absl::StatusOr<std::unique_ptr<ChatTemplate>> t =
@@ -100,7 +108,7 @@ TEST(ChatTemplateTest, R1DropsReasoningFromHistory) {
 TEST(ChatTemplateTest, RefusesWhatItCannotRender) {
   EXPECT_EQ(ChatTemplate::FromText("{{ messages }}", kBos, kEos).status().code(),
             absl::StatusCode::kInvalidArgument);
-  auto t = ChatTemplate::FromText(kDeepSeekV3ChatTemplate, kBos, kEos);
+  auto t = ChatTemplate::FromText(kV3WithoutTools, kBos, kEos);
   ASSERT_TRUE(t.ok());
   EXPECT_EQ((*t)->Render({}, true).status().code(), absl::StatusCode::kInvalidArgument);
   absl::Status tool = (*t)->Render({{"tool", "42"}}, true).status();
@@ -170,8 +178,8 @@ TEST(ChatTemplateTest, ToolMessagesNeedToolBranchesAndContent) {
   null_tool.content_null = true;
   EXPECT_EQ((*r1)->Render({{"user", "q"}, null_tool}, true).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // mkmodel's template has no tool branches: calls are refused, not dropped.
-  auto plain = ChatTemplate::FromText(kDeepSeekV3ChatTemplate, kBos, kEos);
+  // A template without tool branches: calls are refused, not dropped.
+  auto plain = ChatTemplate::FromText(kV3WithoutTools, kBos, kEos);
   ASSERT_TRUE(plain.ok());
   EXPECT_FALSE((*plain)->supports_tools());
   ChatMessage calls{"assistant", ""};
@@ -193,6 +201,17 @@ TEST(ChatTemplateTest, LastSystemWinsWithoutIsFirstSp) {
                                                /*add_generation_prompt=*/false);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(*s, std::string(kBos) + "B<｜User｜>u");
+}
+
+// mkmodel writes DeepSeek-V3's template as the release ships it: the same
+// text as the golden file, tool branches included.
+TEST(ChatTemplateTest, MkmodelsTemplateIsTheReleasesWithTools) {
+  absl::StatusOr<std::string> text = ReadFileToString(ChatGoldenPath("deepseek_v3.jinja"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(std::string(kDeepSeekV3ChatTemplate), *text);
+  auto t = ChatTemplate::FromText(kDeepSeekV3ChatTemplate, kBos, kEos);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE((*t)->supports_tools());
 }
 
 TEST(ChatTemplateTest, LoadsWhatMkmodelWrites) {

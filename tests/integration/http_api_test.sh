@@ -161,15 +161,14 @@ expect_error 404 model_not_found -H "$KEY" -H "$JSON" -d '{"model":"gpt-4","prom
 head -c $((9 << 20)) /dev/zero | tr '\0' 'a' >"$TMP/big"
 expect_error 413 request_too_large -H "$KEY" -H "$JSON" --data-binary @"$TMP/big" "$URL/v1/completions"
 expect_error 401 invalid_api_key -H "$JSON" -d '{"prompt":"x"}' "$URL/v1/completions"
-# Tools: malformed definitions and choices name their field; the tiny model's
-# template (mkmodel's, without DeepSeek's tool branches) cannot take calls.
+# Tools: malformed definitions and choices name their field (the tiny model's
+# template is DeepSeek-V3's, tool branches included: calls work, below).
 TOOL='{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}'
 MSGS='"messages":[{"role":"user","content":"Hi"}]'
 for bad in '"tools":[{"type":"function"}]|tools[0].function' \
     '"tools":[{"type":"function","function":{"name":"a b"}}]|tools[0].function.name' \
     "\"tools\":[$TOOL],\"tool_choice\":\"maybe\"|tool_choice" \
-    "\"tools\":[$TOOL],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}|tool_choice.function.name" \
-    "\"tools\":[$TOOL]|tools"; do
+    "\"tools\":[$TOOL],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}|tool_choice.function.name"; do
   expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d "{$MSGS,${bad%|*}}" "$URL/v1/chat/completions"
   [ "$(field "$TMP/err" "j['error']['param']")" = "${bad#*|}" ] || fail "param of ${bad%|*}: $(cat "$TMP/err")"
 done
@@ -213,9 +212,24 @@ with post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperatu
         roles += [d["role"]] if "role" in d else []
         deltas.append(d.get("content", ""))
 assert roles == ["assistant"] and "".join(deltas) == msg["content"], (deltas, msg)
+# A tool round trip: a named tool_choice opens the call (the model writes its arguments),
+# then the call and its result go back as history and the model answers.
+tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+ask = [{"role": "user", "content": "Weather in Paris?"}]
+r = json.load(post("/v1/chat/completions", {"messages": ask, "tools": tools, "max_tokens": 6,
+                                           "ignore_eos": True, "temperature": 0,
+                                           "tool_choice": {"type": "function",
+                                                           "function": {"name": "get_weather"}}}))
+call = r["choices"][0]["message"]
+assert call["tool_calls"][0]["function"]["name"] == "get_weather", r
+assert call["tool_calls"][0]["id"] and call["content"] is None, r
+back = ask + [call, {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "21 C"}]
+r = json.load(post("/v1/chat/completions", {"messages": back, "tools": tools, "max_tokens": 4,
+                                           "ignore_eos": True, "temperature": 0}))
+assert r["choices"][0]["message"]["role"] == "assistant" and r["usage"]["completion_tokens"] == 4, r
 try:
-    post("/v1/chat/completions", {"messages": [{"role": "tool", "content": "42"}]})
-    raise AssertionError("a tool message was rendered")
+    post("/v1/chat/completions", {"messages": [{"role": "tool", "content": None}]})
+    raise AssertionError("a tool message without content was rendered")
 except urllib.error.HTTPError as e:
     assert e.code == 400 and "tool" in json.load(e)["error"]["message"]
 

@@ -1,7 +1,7 @@
 // The official `openai` npm SDK against a local cluster's HTTP API
 // (openai_sdk_test.sh starts it): models, chat (streamed and not, with
-// log-probabilities), completions, tools' validation, and the SDK's typed
-// errors.
+// log-probabilities), completions, tools (validation, a call, streamed, and
+// its round trip), and the SDK's typed errors.
 // usage: node openai_sdk_test.cjs OPENAI_MODULE_DIR BASE_URL API_KEY
 'use strict';
 const assert = require('node:assert/strict');
@@ -65,8 +65,10 @@ async function main() {
   }
   await expectError(client.chat.completions.create({model, messages, n: 17}),
                     OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'n'));
-  // Tools: typed 400s naming the field; tool_choice "none" answers in text
-  // (the tiny model's template has no tool-call format, so calls are refused).
+  // Tools: typed 400s naming the field; tool_choice "none" answers in text; a
+  // named tool_choice makes a call (streamed too), and the call with its
+  // result goes back as history for the answer (the tiny model's template is
+  // DeepSeek-V3's, tool branches included).
   const tools = [{type: 'function', function: {name: 'get_weather', description: 'Weather',
                                                 parameters: {type: 'object', properties: {}}}}];
   await expectError(client.chat.completions.create({model, messages, tools: [{type: 'function'}]}),
@@ -75,12 +77,36 @@ async function main() {
       client.chat.completions.create(
           {model, messages, tools, tool_choice: {type: 'function', function: {name: 'nope'}}}),
       OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'tool_choice.function.name'));
-  await expectError(client.chat.completions.create({model, messages, tools}),
-                    OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'tools'));
   const plain = await client.chat.completions.create(
       {model, messages, tools, tool_choice: 'none', max_tokens: 3, ignore_eos: true});
   assert.equal(plain.choices[0].finish_reason, 'length');
   assert.equal(plain.choices[0].message.tool_calls, undefined);
+  const named = {type: 'function', function: {name: 'get_weather'}};
+  const called = await client.chat.completions.create(
+      {model, messages, tools, tool_choice: named, max_tokens: 6, ignore_eos: true, temperature: 0});
+  const call = called.choices[0].message;
+  assert.equal(call.tool_calls.length, 1, JSON.stringify(call));
+  assert.equal(call.tool_calls[0].function.name, 'get_weather');
+  assert.equal(typeof call.tool_calls[0].function.arguments, 'string');
+  const streamed = await client.chat.completions.create(
+      {model, messages, tools, tool_choice: named, max_tokens: 6, ignore_eos: true, temperature: 0,
+       stream: true});
+  let name = '';
+  let args = '';
+  for await (const chunk of streamed) {
+    for (const t of chunk.choices[0]?.delta?.tool_calls ?? []) {
+      name += t.function?.name ?? '';
+      args += t.function?.arguments ?? '';
+    }
+  }
+  assert.equal(name, 'get_weather');
+  assert.equal(args, call.tool_calls[0].function.arguments);  // greedy: the same call
+  const answer = await client.chat.completions.create(
+      {model, tools, max_tokens: 4, ignore_eos: true, temperature: 0,
+       messages: [...messages, call,
+                  {role: 'tool', tool_call_id: call.tool_calls[0].id, content: '21 C'}]});
+  assert.equal(answer.choices[0].message.role, 'assistant');
+  assert.equal(answer.usage.completion_tokens, 4);
   const stranger = new OpenAI({baseURL: `${baseURL}/v1`, apiKey: 'sk-wrong', maxRetries: 0});
   await expectError(stranger.models.list(), OpenAI.AuthenticationError, 401);
   console.log('openai SDK: OK');
