@@ -9,7 +9,9 @@
 # tokens' own log-probabilities (chat and completions, streamed too); a
 # client that goes away mid-stream has its request cancelled (the router's
 # and the decode worker's running requests and KV blocks back to zero); a
-# client that stops reading its stream holds up no one else.
+# client that stops reading its stream holds up no one else; a tool round
+# trip; stop strings, max_completion_tokens, cached_tokens in the usage and a
+# body that is not UTF-8, end to end.
 # usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR
 set -euo pipefail
 MOESH=${1:?usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR}
@@ -232,6 +234,30 @@ try:
     raise AssertionError("a tool message without content was rendered")
 except urllib.error.HTTPError as e:
     assert e.code == 400 and "tool" in json.load(e)["error"]["message"]
+
+# Fields end to end: a stop string ends the text before it (finish_reason "stop");
+# max_completion_tokens is chat's max_tokens; a prompt sent twice finds its blocks in the
+# prefix cache (usage.prompt_tokens_details.cached_tokens); a body that is not UTF-8 is a 400.
+free = json.load(post("/v1/completions", {"prompt": "Hello", "max_tokens": 12, "temperature": 0,
+                                         "ignore_eos": True}))["choices"][0]["text"]
+if len(free) > 2:
+    cut = free[1:3]
+    r = json.load(post("/v1/completions", {"prompt": "Hello", "max_tokens": 12, "temperature": 0,
+                                          "ignore_eos": True, "stop": [cut]}))
+    assert r["choices"][0]["finish_reason"] == "stop" and r["choices"][0]["text"] == free[:free.index(cut)], (free, r)
+r = json.load(post("/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 3,
+                                           "ignore_eos": True}))
+assert r["usage"]["completion_tokens"] == 3, r["usage"]
+long_prompt = "The quick brown fox jumps over the lazy dog. " * 20
+for _ in range(2):
+    r = json.load(post("/v1/completions", {"prompt": long_prompt, "max_tokens": 1}))
+assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64, r["usage"]
+try:
+    urllib.request.urlopen(urllib.request.Request(url + "/v1/completions",
+                                                  b'{"prompt": "\xff\xfe", "max_tokens": 1}', H), timeout=30)
+    raise AssertionError("a body that is not UTF-8 was taken")
+except urllib.error.HTTPError as e:
+    assert e.code == 400 and json.load(e)["error"]["type"] == "invalid_request_error"
 
 def metric(address, name, label=""):
     text = urllib.request.urlopen(address + "/metrics", timeout=10).read().decode()
