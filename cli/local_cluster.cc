@@ -193,18 +193,29 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   // Decode and prefill workers: `n` of `binary`, from `o`, joined to the router and the experts.
   group.clear();
   together = true;
-  auto attention_workers = [&](const char* kind, const char* binary, auto o, int n) {
+  // A GPU worker sizes its pools up to its --gpu_memory_utilization of the
+  // whole device, counting what is already in use: n workers of one kind on
+  // one GPU step through the span from `base` (what the kind started before
+  // them may fill) to their own target, worker i up to base + (i + 1) / n of
+  // it, so the later ones find room too.
+  auto attention_workers = [&](const char* kind, const char* binary, auto o, int n, double base) {
     o.worker.router = routers;
     o.dispatch.expert_workers = expert_addresses;
+    const double target = o.device.gpu_memory_utilization;
     for (int i = 0; i < n; ++i) {
       const std::string name = absl::StrCat(kind, "-", i);
       c->SetServer(name, &o.server);
+      if (o.device.device != "cpu" && n > 1 && target > base)
+        o.device.gpu_memory_utilization = base + (target - base) * (i + 1) / n;
       group.push_back({name, binary, ToArgs(o), o.device.device == "cpu"});
       together = together && group.back().on_cpu;
     }
   };
-  attention_workers("decode", "moesh_decode_worker", options.decode, options.num_decode);
-  attention_workers("prefill", "moesh_prefill_worker", options.prefill, options.num_prefill);
+  attention_workers("decode", "moesh_decode_worker", options.decode, options.num_decode, 0.0);
+  const bool shared_gpu =
+      options.decode.device.device == options.prefill.device.device && options.num_decode > 0;
+  attention_workers("prefill", "moesh_prefill_worker", options.prefill, options.num_prefill,
+                    shared_gpu ? options.decode.device.gpu_memory_utilization : 0.0);
   RETURN_IF_ERROR(c->SpawnAll(group, together));
   RETURN_IF_ERROR(c->WaitUntilServing(options.startup_timeout));
   RETURN_IF_ERROR(c->WaitUntilJoined(options.startup_timeout));

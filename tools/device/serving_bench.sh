@@ -66,6 +66,8 @@
 #              kv_aware,load,round_robin): a CPU cluster of two prefill workers (serve-local, the small
 #              v2-lite model) under multi-turn chats whose histories outweigh their shared system
 #              prompts (64-token system prompts, turns of ~192 + ~16 tokens).
+#   routing_gpu  the same on the GPU: the cluster over cuda_ipc under MPS (serve-local
+#              --prefill_workers 2, V2-Lite's real shapes, dummy weights).
 #   fullsize   issue 22's run, arguments through the environment: DeepSeek-V3 at its real
 #              shapes in FP8 as shipped (`mkmodel --family v3 --preset real --dtype fp8
 #              --config_only`, $MOESH_LAYERS layers, default all 61; dummy weights made on
@@ -114,7 +116,8 @@ usage() { sed -n '2,/^set /p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; }
 scenarios=()
 while (($# > 0)); do
   case $1 in
-    steady|kv|ipc|multi|largest|chunked|prefix|swap|rate|admission|http|routing|fullsize|rebalance)
+    steady|kv|ipc|multi|largest|chunked|prefix|swap|rate|admission|http|routing|routing_gpu|fullsize|\
+    rebalance)
       scenarios+=("$1"); shift ;;
     dispatch-ipc|dispatch-mps|dispatch-nccl|dispatch-overlap) scenarios+=("${1/-/_}"); shift ;;
     --dispatch)
@@ -165,19 +168,21 @@ start_router() {
 stop_router() { kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null; }
 # The cluster on this one GPU over cuda_ipc under MPS (moesh serve-local --device cuda
 # --load_format dummy --transport cuda_ipc --expert_workers 1: router, prefill, decode and expert
-# workers as processes, V2-Lite's real shapes): start_cluster NAME sets $port and $cpid, logs to
-# cluster_NAME.log and waits for it to serve; returns 1 where MPS does not start. stop_cluster
-# ends it and MPS.
+# workers as processes, V2-Lite's real shapes): start_cluster NAME [SERVE_LOCAL_FLAG...] sets
+# $port and $cpid, logs to cluster_NAME.log and waits for it to serve; returns 1 where MPS does
+# not start. stop_cluster ends it and MPS.
 start_cluster() {
+  local name=$1
+  shift
   real_model
   mps_start || return 1
   port=$((23000 + RANDOM % 20000))
   $moesh serve-local --model $real --device cuda --load_format dummy --transport cuda_ipc \
-    --expert_workers 1 --port $port --http_port -1 --work_dir /tmp/moesh-cluster-$1 \
-    > "$LOGS/cluster_$1.log" 2>&1 &
+    --expert_workers 1 --port $port --http_port -1 --work_dir /tmp/moesh-cluster-$name "$@" \
+    > "$LOGS/cluster_$name.log" 2>&1 &
   cpid=$!
   for _ in $(seq 1 600); do
-    grep -q "moesh is serving" "$LOGS/cluster_$1.log" && return 0
+    grep -q "moesh is serving" "$LOGS/cluster_$name.log" && return 0
     kill -0 $cpid 2> /dev/null || break
     sleep 0.5
   done
@@ -356,6 +361,22 @@ http() {
     --modes colocated,colocated-http,colocated,colocated-http --concurrency 32,128 --requests 384 \
     --max_new_tokens 64 --prompt_len 32
   shown+=(http_vs_grpc http_vs_grpc_gpu)
+}
+
+# The same on the GPU: the cluster over cuda_ipc under MPS with two prefill workers (V2-Lite's
+# real shapes, dummy weights; the two split the prefill share of the GPU's memory).
+routing_gpu() {
+  local policy
+  IFS=, read -ra policies <<< "${MOESH_POLICIES:-kv_aware,load,round_robin}"
+  for policy in "${policies[@]}"; do
+    if start_cluster "routing_$policy" --prefill_workers 2 --routing_policy $policy; then
+      step "routing_gpu_$policy" 150 $moesh bench --serving --server 127.0.0.1:$port --dataset multiturn \
+        --turns 4 --system_prompts 4 --system_prompt_len 64 --prompt_len 192 --max_new_tokens 16 \
+        --requests 192 --concurrency 16
+    fi
+    stop_cluster
+    shown+=("routing_gpu_$policy")
+  done
 }
 
 # Hit rate per routing policy (issue 20): a CPU cluster on this machine's cores (the small
