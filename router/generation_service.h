@@ -79,6 +79,8 @@ class GenerationService final
 
   // Prompt + output limit, resolved.
   int max_context_tokens() const { return max_context_; }
+  // The most new tokens a request may ask for.
+  int max_new_tokens_limit() const { return options_.max_new_tokens_limit; }
   // Requests running now.
   int num_running() const;
   // Graceful shutdown: from now on Generate answers UNAVAILABLE (a client

@@ -178,6 +178,16 @@ int HttpFront::Completions(mg_connection* conn, bool chat) {
                                      r->model) == options_.model_names.end()) {
     return SendError(conn, ModelNotFoundError(r->model));
   }
+  // The output limit, named as the request named it (OpenAI's error param).
+  if (const int limit = generation_->max_new_tokens_limit();
+      r->generate.stop().has_max_new_tokens() && r->generate.stop().max_new_tokens() > limit) {
+    const char* field = body->find("\"max_completion_tokens\"") != std::string::npos
+                            ? "max_completion_tokens"
+                            : "max_tokens";
+    return SendError(
+        conn, InvalidParamError(field, absl::StrCat(field, " must be at most ", limit, ", got ",
+                                                    r->generate.stop().max_new_tokens())));
+  }
   if (codec_ == nullptr) {
     return SendError(conn, absl::FailedPreconditionError(
                                "the model has no tokenizer.json: the HTTP API needs one"));

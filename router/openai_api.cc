@@ -22,9 +22,7 @@ constexpr char kParamPayload[] = "moesh.openai.param";
 constexpr size_t kMaxStops = 16;
 
 absl::Status Invalid(absl::string_view param, absl::string_view message) {
-  absl::Status s = absl::InvalidArgumentError(message);
-  s.SetPayload(kParamPayload, absl::Cord(param));
-  return s;
+  return InvalidParamError(param, message);
 }
 
 // Field readers: absent or null leaves the output alone; a wrong type is
@@ -500,6 +498,12 @@ absl::StatusOr<std::string> RenderChatPrompt(const ChatTemplate& chat_template, 
     *prompt += r->forced_output;
   }
   return prompt;
+}
+
+absl::Status InvalidParamError(absl::string_view param, absl::string_view message) {
+  absl::Status s = absl::InvalidArgumentError(message);
+  s.SetPayload(kParamPayload, absl::Cord(param));
+  return s;
 }
 
 std::string ErrorParam(const absl::Status& status) {

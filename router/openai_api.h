@@ -97,6 +97,8 @@ absl::StatusOr<std::string> RenderChatPrompt(const ChatTemplate& chat_template, 
 
 // The field an INVALID_ARGUMENT from ParseOpenAiRequest names; empty if none.
 std::string ErrorParam(const absl::Status& status);
+// INVALID_ARGUMENT naming `param` (ErrorParam).
+absl::Status InvalidParamError(absl::string_view param, absl::string_view message);
 
 // OpenAI's error body {"error": {"message", "type", "param", "code"}} for
 // `status` (not OK), and the HTTP status that goes with it: 400 invalid

@@ -469,8 +469,8 @@ TEST(OpenAiApiTest, RendersToolRoundTripInTheTemplatesFormat) {
   EXPECT_EQ(r->forced_output, "");
   // A template without DeepSeek's tool format: calls asked of it are refused,
   // tool_choice "none" is fine.
-  absl::StatusOr<std::unique_ptr<ChatTemplate>> plain =
-      ChatTemplate::FromText(kDeepSeekV3ChatTemplate, "<｜begin▁of▁sentence｜>", "");
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> plain = ChatTemplate::FromText(
+      "{{'<｜User｜>' + message['content']}}{{'<｜Assistant｜>'}}", "<｜begin▁of▁sentence｜>", "");
   ASSERT_TRUE(plain.ok());
   const Json msgs = {{{"role", "user"}, {"content", "x"}}};
   r = Parse({{"messages", msgs}, {"tools", Tools()}}, true);

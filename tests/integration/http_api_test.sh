@@ -163,6 +163,14 @@ expect_error 404 model_not_found -H "$KEY" -H "$JSON" -d '{"model":"gpt-4","prom
 head -c $((9 << 20)) /dev/zero | tr '\0' 'a' >"$TMP/big"
 expect_error 413 request_too_large -H "$KEY" -H "$JSON" --data-binary @"$TMP/big" "$URL/v1/completions"
 expect_error 401 invalid_api_key -H "$JSON" -d '{"prompt":"x"}' "$URL/v1/completions"
+# Past the router's --max_new_tokens_limit (4096): 400 naming the field as the request did.
+expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" -d '{"prompt":"x","max_tokens":5000}' \
+  "$URL/v1/completions"
+[ "$(field "$TMP/err" "j['error']['param']")" = max_tokens ] || fail "max_tokens param: $(cat "$TMP/err")"
+expect_error 400 invalid_request_error -H "$KEY" -H "$JSON" \
+  -d '{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":5000}' "$URL/v1/chat/completions"
+[ "$(field "$TMP/err" "j['error']['param']")" = max_completion_tokens ] \
+  || fail "max_completion_tokens param: $(cat "$TMP/err")"
 # Tools: malformed definitions and choices name their field (the tiny model's
 # template is DeepSeek-V3's, tool branches included: calls work, below).
 TOOL='{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}'
