@@ -264,8 +264,9 @@ RequestRecord StreamCompletion(const HttpEndpoint& to, nlohmann::json body, bool
       names = &choice["logprobs"]["tokens"];
       tokens = static_cast<int>(names->size());
       for (const nlohmann::json& name : *names) {
+        if (!name.is_string()) continue;
         int32_t id = 0;
-        absl::string_view v = name.is_string() ? name.get_ref<const std::string&>() : "";
+        absl::string_view v = name.get_ref<const std::string&>();  // no copy: v views the JSON
         if (absl::ConsumePrefix(&v, "token_id:") && absl::SimpleAtoi(v, &id)) {
           rec.output.push_back(id);
         }
