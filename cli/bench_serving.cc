@@ -150,18 +150,11 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
   });
 }
 
-// RunLoad's load through the router's OpenAI-compatible HTTP API at
-// `http_address` (HttpCompletion, usage included).
-LoadResult RunHttpLoad(const std::string& http_address, int concurrency, int requests,
-                       int prompt_len, int max_new, int vocab, const v1::SamplingParams& sampling) {
-  absl::StatusOr<HttpEndpoint> to = ParseHttpEndpoint(http_address);
+// RunLoad's load through the router's OpenAI-compatible HTTP API at `to`
+// (StreamCompletion, usage included).
+LoadResult RunHttpLoad(const HttpEndpoint& to, int concurrency, int requests, int prompt_len,
+                       int max_new, int vocab, const v1::SamplingParams& sampling) {
   return RunClosedLoop(concurrency, requests, nullptr, [&](int, int i, std::mt19937& rng) {
-    if (!to.ok()) {
-      RequestRecord bad;
-      bad.code = grpc::StatusCode::INVALID_ARGUMENT;
-      bad.error = to.status().ToString();
-      return bad;
-    }
     nlohmann::json body = {{"max_tokens", max_new},
                            {"ignore_eos", true},
                            {"temperature", sampling.temperature()},
@@ -171,7 +164,7 @@ LoadResult RunHttpLoad(const std::string& http_address, int concurrency, int req
     if (sampling.temperature() > 0) body["seed"] = i + 1;
     // A chunk's gap, as the per-chunk latency (no log-probabilities asked:
     // the server does what the gRPC rows ask of it).
-    return StreamCompletion(*to, std::move(body), /*token_ids=*/false, std::chrono::minutes(10));
+    return StreamCompletion(to, std::move(body), /*token_ids=*/false, std::chrono::minutes(10));
   });
 }
 
@@ -347,11 +340,15 @@ absl::Status RunServingBench() {
                        "cluster-ipc-hostkv, colocated; each with -swap, -http or -swap-http)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
+    HttpEndpoint http_to;
+    if (http) {
+      ASSIGN_OR_RETURN(http_to, ParseHttpEndpoint(cluster->router_http_address()));
+    }
     for (int64_t c : concurrencies) {
       const double preempted_before = Preemptions(*cluster);
-      LoadResult r = http ? RunHttpLoad(cluster->router_http_address(), static_cast<int>(c),
-                                        static_cast<int>(requests), static_cast<int>(prompt_len),
-                                        static_cast<int>(max_new), config.vocab_size, sampling)
+      LoadResult r = http ? RunHttpLoad(http_to, static_cast<int>(c), static_cast<int>(requests),
+                                        static_cast<int>(prompt_len), static_cast<int>(max_new),
+                                        config.vocab_size, sampling)
                           : RunLoad(cluster->router_address(), static_cast<int>(c),
                                     static_cast<int>(requests), static_cast<int>(prompt_len),
                                     static_cast<int>(max_new), config.vocab_size, sampling);

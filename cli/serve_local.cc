@@ -73,14 +73,8 @@ absl::Status RunServeLocal() {
   opt.num_prefill = absl::GetFlag(FLAGS_prefill_workers);
   if (opt.num_prefill < 1 || opt.num_prefill > 16)
     return absl::InvalidArgumentError("--prefill_workers must be in [1, 16]");
-  if (absl::StatusOr<RoutingPolicy> routing =
-          ParseRoutingPolicy(absl::GetFlag(FLAGS_routing_policy));
-      routing.ok()) {
-    opt.router.routing_policy = *routing;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--routing_policy: ", routing.status().message()));
-  }
+  ASSIGN_OR_RETURN(opt.router.routing_policy,
+                   ParseRoutingPolicy(absl::GetFlag(FLAGS_routing_policy)));
   opt.num_routers = absl::GetFlag(FLAGS_routers);
   if (opt.num_routers < 1 || opt.num_routers > 16)
     return absl::InvalidArgumentError("--routers must be in [1, 16]");

@@ -1,7 +1,6 @@
 #include "router/flags.h"
 
 #include "absl/flags/flag.h"
-#include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "common/service/device_flags.h"
 
@@ -84,14 +83,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   o.rebalance_interval_s = absl::GetFlag(FLAGS_rebalance_interval_s);
   o.rebalance_min_ratio = absl::GetFlag(FLAGS_rebalance_min_ratio);
   o.rebalance_slots = absl::GetFlag(FLAGS_rebalance_slots);
-  if (absl::StatusOr<RoutingPolicy> routing =
-          ParseRoutingPolicy(absl::GetFlag(FLAGS_routing_policy));
-      routing.ok()) {
-    o.routing_policy = *routing;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--routing_policy: ", routing.status().message()));
-  }
+  ASSIGN_OR_RETURN(o.routing_policy, ParseRoutingPolicy(absl::GetFlag(FLAGS_routing_policy)));
   o.max_stream_migrations = absl::GetFlag(FLAGS_max_stream_migrations);
   if (o.max_stream_migrations < 0) {
     return absl::InvalidArgumentError("--max_stream_migrations must be >= 0");

@@ -181,9 +181,7 @@ int HttpFront::Completions(mg_connection* conn, bool chat) {
   // The output limit, named as the request named it (OpenAI's error param).
   if (const int limit = generation_->max_new_tokens_limit();
       r->generate.stop().has_max_new_tokens() && r->generate.stop().max_new_tokens() > limit) {
-    const char* field = body->find("\"max_completion_tokens\"") != std::string::npos
-                            ? "max_completion_tokens"
-                            : "max_tokens";
+    const std::string& field = r->max_tokens_field;
     return SendError(
         conn, InvalidParamError(field, absl::StrCat(field, " must be at most ", limit, ", got ",
                                                     r->generate.stop().max_new_tokens())));

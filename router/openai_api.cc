@@ -384,7 +384,10 @@ absl::Status ParseSampling(const Json& j, OpenAiRequest* r) {
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     i.reset();
     RETURN_IF_ERROR(f.Int(key, 1, std::numeric_limits<int32_t>::max(), &i));
-    if (i) r->generate.mutable_stop()->set_max_new_tokens(static_cast<int32_t>(*i));
+    if (i) {
+      r->generate.mutable_stop()->set_max_new_tokens(static_cast<int32_t>(*i));
+      r->max_tokens_field = key;
+    }
   }
   // Log-probabilities: completions' `logprobs` is the number of alternatives
   // (0: the sampled token's only); chat's is a bool, with `top_logprobs`.

@@ -62,6 +62,9 @@ struct OpenAiRequest {
   // name their tokens "token_id:<id>" instead of their text, so a client
   // learns the ids (moesh bench --serving --server http://...).
   bool tokens_as_ids = false;
+  // Which key set the output limit ("max_tokens" or chat's newer
+  // "max_completion_tokens"), to name it in errors; empty: neither.
+  std::string max_tokens_field;
   int n = 1;                          // choices
   std::vector<ChatMessage> messages;  // chat only
   v1::GenerateRequest generate;       // detokenize set; chat: no prompt yet

@@ -35,14 +35,15 @@ inline absl::string_view RoutingPolicyName(RoutingPolicy policy) {
   return "?";
 }
 
-// INVALID_ARGUMENT naming the policies for anything but their three names.
+// A --routing_policy value; INVALID_ARGUMENT naming the flag and the
+// policies for anything but their three names.
 inline absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(absl::string_view name) {
   for (RoutingPolicy p :
        {RoutingPolicy::kKvAware, RoutingPolicy::kLoad, RoutingPolicy::kRoundRobin}) {
     if (name == RoutingPolicyName(p)) return p;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown routing policy \"", name, "\" (kv_aware, load or round_robin)"));
+  return absl::InvalidArgumentError(absl::StrCat("--routing_policy: unknown policy \"", name,
+                                                 "\" (kv_aware, load or round_robin)"));
 }
 
 }  // namespace moesh

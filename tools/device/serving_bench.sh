@@ -166,19 +166,14 @@ start_router() {
   for _ in $(seq 1 300); do [[ -f $ready ]] && break; sleep 0.5; done
 }
 stop_router() { kill -TERM $rpid 2> /dev/null; wait $rpid 2> /dev/null; }
-# The cluster on this one GPU over cuda_ipc under MPS (moesh serve-local --device cuda
-# --load_format dummy --transport cuda_ipc --expert_workers 1: router, prefill, decode and expert
-# workers as processes, V2-Lite's real shapes): start_cluster NAME [SERVE_LOCAL_FLAG...] sets
-# $port and $cpid, logs to cluster_NAME.log and waits for it to serve; returns 1 where MPS does
-# not start. stop_cluster ends it and MPS.
-start_cluster() {
+# serve_local NAME SERVE_LOCAL_FLAG...: `moesh serve-local` in the background (its gRPC port in
+# $port, its pid in $cpid, its log cluster_NAME.log); returns 0 once it serves, 1 if it exits
+# or does not come up within 300 s. stop_serve_local ends it.
+serve_local() {
   local name=$1
   shift
-  real_model
-  mps_start || return 1
   port=$((23000 + RANDOM % 20000))
-  $moesh serve-local --model $real --device cuda --load_format dummy --transport cuda_ipc \
-    --expert_workers 1 --port $port --http_port -1 --work_dir /tmp/moesh-cluster-$name "$@" \
+  $moesh serve-local --port $port --http_port -1 --work_dir /tmp/moesh-cluster-$name "$@" \
     > "$LOGS/cluster_$name.log" 2>&1 &
   cpid=$!
   for _ in $(seq 1 600); do
@@ -188,7 +183,20 @@ start_cluster() {
   done
   return 1
 }
-stop_cluster() { kill -INT $cpid 2> /dev/null; wait $cpid 2> /dev/null; mps_stop; }
+stop_serve_local() { kill -INT $cpid 2> /dev/null; wait $cpid 2> /dev/null; }
+# The cluster on this one GPU over cuda_ipc under MPS (serve_local with --device cuda
+# --load_format dummy --transport cuda_ipc --expert_workers 1: router, prefill, decode and expert
+# workers as processes, V2-Lite's real shapes): start_cluster NAME [SERVE_LOCAL_FLAG...]; returns
+# 1 where MPS does not start. stop_cluster ends it and MPS.
+start_cluster() {
+  local name=$1
+  shift
+  real_model
+  mps_start || return 1
+  serve_local "$name" --model $real --device cuda --load_format dummy --transport cuda_ipc \
+    --expert_workers 1 "$@"
+}
+stop_cluster() { stop_serve_local; mps_stop; }
 # metrics_step NAME PORT ERE: the lines of 127.0.0.1:PORT/metrics matching ERE, as a step.
 metrics_step() {
   step "$1" 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$2 && \
@@ -387,18 +395,16 @@ routing_gpu() {
 # $MOESH_POLICIES (kv_aware,load,round_robin).
 routing() {
   small_model
-  local policy cport cpid
+  local policy
   IFS=, read -ra policies <<< "${MOESH_POLICIES:-kv_aware,load,round_robin}"
   for policy in "${policies[@]}"; do
-    cport=$((23000 + RANDOM % 20000))
-    $moesh serve-local --model $small --prefill_workers 2 --expert_workers 1 --routing_policy $policy \
-      --port $cport --http_port -1 --work_dir /tmp/moesh-routing-$policy > "$LOGS/routing_cluster_$policy.log" 2>&1 &
-    cpid=$!
-    for _ in $(seq 1 240); do grep -q "moesh is serving" "$LOGS/routing_cluster_$policy.log" && break; sleep 0.5; done
-    step "routing_$policy" 200 $moesh bench --serving --server 127.0.0.1:$cport --dataset multiturn \
-      --turns 4 --system_prompts 4 --system_prompt_len 64 --prompt_len 192 --max_new_tokens 16 \
-      --requests 192 --concurrency 16
-    kill -INT $cpid 2> /dev/null; wait $cpid 2> /dev/null
+    if serve_local "routing_cpu_$policy" --model $small --prefill_workers 2 --expert_workers 1 \
+        --routing_policy $policy; then
+      step "routing_$policy" 200 $moesh bench --serving --server 127.0.0.1:$port --dataset multiturn \
+        --turns 4 --system_prompts 4 --system_prompt_len 64 --prompt_len 192 --max_new_tokens 16 \
+        --requests 192 --concurrency 16
+    fi
+    stop_serve_local
     shown+=("routing_$policy")
   done
 }
