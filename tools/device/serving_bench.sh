@@ -371,43 +371,34 @@ http() {
   shown+=(http_vs_grpc http_vs_grpc_gpu)
 }
 
-# The same on the GPU: the cluster over cuda_ipc under MPS with two prefill workers (V2-Lite's
-# real shapes, dummy weights; the two split the prefill share of the GPU's memory).
-routing_gpu() {
-  local policy
+# Hit rate per routing policy (issue 20): multi-turn chats whose histories (a prefill worker holds
+# a conversation's earlier prompts only where they ran) outweigh the shared system prompts (every
+# worker soon holds those), against a cluster of two prefill workers (`moesh serve-local
+# --prefill_workers 2 --routing_policy P`), once per policy in $MOESH_POLICIES
+# (kv_aware,load,round_robin). routing_rows START STOP NAME [SERVE_LOCAL_FLAG...]: START/STOP
+# are serve_local/stop_serve_local or start_cluster/stop_cluster; the steps are NAME_<policy>.
+routing_rows() {
+  local start=$1 stop=$2 name=$3 policy
+  shift 3
   IFS=, read -ra policies <<< "${MOESH_POLICIES:-kv_aware,load,round_robin}"
   for policy in "${policies[@]}"; do
-    if start_cluster "routing_$policy" --prefill_workers 2 --routing_policy $policy; then
-      step "routing_gpu_$policy" 150 $moesh bench --serving --server 127.0.0.1:$port --dataset multiturn \
+    if $start "${name}_$policy" "$@" --prefill_workers 2 --routing_policy $policy; then
+      step "${name}_$policy" 200 $moesh bench --serving --server 127.0.0.1:$port --dataset multiturn \
         --turns 4 --system_prompts 4 --system_prompt_len 64 --prompt_len 192 --max_new_tokens 16 \
         --requests 192 --concurrency 16
     fi
-    stop_cluster
-    shown+=("routing_gpu_$policy")
+    $stop
+    shown+=("${name}_$policy")
   done
 }
-
-# Hit rate per routing policy (issue 20): a CPU cluster on this machine's cores (the small
-# v2-lite model; two prefill workers, one decode worker, one expert worker:
-# `moesh serve-local --prefill_workers 2 --routing_policy P`) under multi-turn chats whose
-# histories (a prefill worker holds a conversation's earlier prompts only where they ran)
-# outweigh the shared system prompts (every worker soon holds those), once per policy in
-# $MOESH_POLICIES (kv_aware,load,round_robin).
+# A CPU cluster on this machine's cores: the small v2-lite model, one decode and one expert worker.
 routing() {
   small_model
-  local policy
-  IFS=, read -ra policies <<< "${MOESH_POLICIES:-kv_aware,load,round_robin}"
-  for policy in "${policies[@]}"; do
-    if serve_local "routing_cpu_$policy" --model $small --prefill_workers 2 --expert_workers 1 \
-        --routing_policy $policy; then
-      step "routing_$policy" 200 $moesh bench --serving --server 127.0.0.1:$port --dataset multiturn \
-        --turns 4 --system_prompts 4 --system_prompt_len 64 --prompt_len 192 --max_new_tokens 16 \
-        --requests 192 --concurrency 16
-    fi
-    stop_serve_local
-    shown+=("routing_$policy")
-  done
+  routing_rows serve_local stop_serve_local routing --model $small --expert_workers 1
 }
+# The same on the GPU: the cluster over cuda_ipc under MPS (V2-Lite's real shapes, dummy
+# weights; the two prefill workers split the prefill share of the GPU's memory).
+routing_gpu() { routing_rows start_cluster stop_cluster routing_gpu; }
 
 fullsize() {
   local family=${MOESH_FAMILY:-v3} conc=${MOESH_CONCURRENCY:-64,128,256}
