@@ -4,6 +4,7 @@
 #ifndef MOESH_TESTS_INTEGRATION_CLUSTER_HARNESS_H_
 #define MOESH_TESTS_INTEGRATION_CLUSTER_HARNESS_H_
 
+#include <errno.h>
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -27,8 +28,11 @@
 
 namespace moesh {
 
+// A fresh directory for `name`, private to this test binary: ctest runs the
+// cluster test binaries in parallel, and each rewrites its tiny model.
 inline std::string WorkDir(const std::string& name) {
-  const std::string dir = JoinPath(::testing::TempDir(), "cluster_test_" + name);
+  const std::string dir =
+      JoinPath(::testing::TempDir(), absl::StrCat(program_invocation_short_name, "_", name));
   std::filesystem::remove_all(dir);
   return dir;
 }

@@ -20,6 +20,7 @@
 #include "common/rpc/internal_plane.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "tests/security/lsan_grpc_openssl.h"
 
 namespace moesh {
 namespace {

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "moesh/v1/generation.grpc.pb.h"
 #include "moesh/v1/worker.grpc.pb.h"
+#include "tests/security/lsan_grpc_openssl.h"
 #include "tests/security/moesh_complete.h"
 
 namespace moesh {
