@@ -470,7 +470,9 @@ TEST(OpenAiApiTest, RendersToolRoundTripInTheTemplatesFormat) {
   // A template without DeepSeek's tool format: calls asked of it are refused,
   // tool_choice "none" is fine.
   absl::StatusOr<std::unique_ptr<ChatTemplate>> plain = ChatTemplate::FromText(
-      "{{'<｜User｜>' + message['content']}}{{'<｜Assistant｜>'}}", "<｜begin▁of▁sentence｜>", "");
+      "{% for message in messages %}{{'<｜User｜>' + message['content']}}{% endfor %}"
+      "{{'<｜Assistant｜>'}}",
+      "<｜begin▁of▁sentence｜>", "");
   ASSERT_TRUE(plain.ok());
   const Json msgs = {{{"role", "user"}, {"content", "x"}}};
   r = Parse({{"messages", msgs}, {"tools", Tools()}}, true);

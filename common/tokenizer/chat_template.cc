@@ -1,10 +1,12 @@
 #include "common/tokenizer/chat_template.h"
 
+#include <ctime>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "base/file_util.h"
 #include "common/tokenizer/dsml_encoding.h"
+#include "common/tokenizer/jinja.h"
 #include "nlohmann/json.hpp"
 
 namespace moesh {
@@ -102,44 +104,45 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Load(const std::stri
   return FromText(chat_template, TokenText(config, "bos_token"), TokenText(config, "eos_token"));
 }
 
+ChatTemplate::ChatTemplate(Family family, std::shared_ptr<const jinja::Template> jinja,
+                           bool supports_tools, std::string bos, std::string eos)
+    : family_(family),
+      jinja_(std::move(jinja)),
+      supports_tools_(supports_tools),
+      bos_(std::move(bos)),
+      eos_(std::move(eos)) {}
+
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromText(const std::string& text,
                                                                      std::string bos_token,
                                                                      std::string eos_token) {
-  Family family;
+  absl::StatusOr<std::unique_ptr<jinja::Template>> jinja = jinja::Template::Parse(text);
+  if (!jinja.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the checkpoint's chat template does not parse: ", jinja.status().message()));
+  }
+  // How the model's output reads, from the template's format.
+  Family family = Family::kOther;
   if (absl::StrContains(text, "<｜User｜>") && absl::StrContains(text, "<｜Assistant｜>")) {
     family = absl::StrContains(text, kThinkEnd) ? Family::kR1 : Family::kV3;
   } else if (absl::StrContains(text, "'User: '") && absl::StrContains(text, "'Assistant:")) {
     family = Family::kV2;
-  } else {
-    return absl::InvalidArgumentError(
-        "the checkpoint's chat template is not one this server renders (built in: DeepSeek "
-        "V2, V3 and R1 formats)");
   }
-  const bool think_prompt =
-      family == Family::kR1 && absl::StrContains(text, "<｜Assistant｜><think>\\n");
-  // R1-Distill's templates keep the last system message only.
-  const bool last_system_wins = family != Family::kV2 && !absl::StrContains(text, "is_first_sp");
-  ToolStyle tools;
-  tools.supported = family != Family::kV2 && absl::StrContains(text, "<｜tool▁calls▁begin｜>") &&
-                    absl::StrContains(text, "<｜tool▁outputs▁begin｜>");
-  tools.calls_by_key = absl::StrContains(text, "'tool_calls' in message");
-  tools.calls_end_once = absl::StrContains(text, "endfor %}{{'<｜tool▁calls▁end｜>");
-  tools.output_newline = absl::StrContains(text, "'\\n<｜tool▁output▁begin｜>'");
+  const bool tools = (family == Family::kV3 || family == Family::kR1) &&
+                     absl::StrContains(text, "<｜tool▁calls▁begin｜>") &&
+                     absl::StrContains(text, "<｜tool▁outputs▁begin｜>");
   return std::unique_ptr<ChatTemplate>(new ChatTemplate(
-      family, think_prompt, last_system_wins, tools, std::move(bos_token), std::move(eos_token)));
+      family, std::move(*jinja), tools, std::move(bos_token), std::move(eos_token)));
 }
 
 std::unique_ptr<ChatTemplate> ChatTemplate::ForEncoder(Family family) {
-  ToolStyle tools;
-  tools.supported = true;
-  return std::unique_ptr<ChatTemplate>(new ChatTemplate(
-      family, /*think_prompt=*/false,
-      /*last_system_wins=*/false, tools, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"));
+  return std::unique_ptr<ChatTemplate>(new ChatTemplate(family, nullptr, /*supports_tools=*/true,
+                                                        "<｜begin▁of▁sentence｜>",
+                                                        "<｜end▁of▁sentence｜>"));
 }
 
 absl::StatusOr<std::string> ChatTemplate::RenderForGeneration(
     const std::vector<ChatMessage>& messages, const ChatRenderOptions& options) const {
-  if (!dsml()) return Render(messages, /*add_generation_prompt=*/true);
+  if (!dsml()) return RenderJinja(messages, /*add_generation_prompt=*/true, options.tool_schemas);
   DsmlEncodeOptions o;
   o.thinking = options.thinking;
   o.tool_schemas = options.tool_schemas;
@@ -150,7 +153,6 @@ absl::StatusOr<std::string> ChatTemplate::RenderForGeneration(
 
 absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                                  bool add_generation_prompt) const {
-  if (messages.empty()) return absl::InvalidArgumentError("messages is empty");
   if (dsml()) {
     // The encoders always end in the generation prompt after a user turn.
     if (!add_generation_prompt) {
@@ -159,15 +161,77 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
     }
     return RenderForGeneration(messages, ChatRenderOptions());
   }
+  return RenderJinja(messages, add_generation_prompt, {});
+}
+
+namespace {
+
+// transformers' raise_exception: the template's own message as the error.
+jinja::Value RaiseException() {
+  return jinja::Value::Callable(
+      "raise_exception", [](jinja::CallArgs& a) -> absl::StatusOr<jinja::Value> {
+        return absl::InvalidArgumentError(a.positional.empty() ? "" : a.positional[0].Str());
+      });
+}
+
+// transformers' strftime_now: the local time in the given format.
+jinja::Value StrftimeNow() {
+  return jinja::Value::Callable(
+      "strftime_now", [](jinja::CallArgs& a) -> absl::StatusOr<jinja::Value> {
+        if (a.positional.empty() || !a.positional[0].is_string()) {
+          return absl::InvalidArgumentError("strftime_now takes a format string");
+        }
+        const std::time_t now = std::time(nullptr);
+        std::tm local;
+        localtime_r(&now, &local);
+        char buf[256];
+        const size_t n = std::strftime(buf, sizeof(buf), a.positional[0].str().c_str(), &local);
+        return jinja::Value::String(std::string(buf, n));
+      });
+}
+
+jinja::Value MessageValue(const ChatMessage& m) {
+  using jinja::Value;
+  jinja::ValueDict d = {{"role", Value::String(m.role)},
+                        {"content", m.content_null ? Value::None() : Value::String(m.content)}};
+  if (m.has_tool_calls) {
+    jinja::ValueList calls;
+    for (const ChatToolCall& c : m.tool_calls) {
+      calls.push_back(
+          Value::Dict({{"id", Value::String(c.id)},
+                       {"type", Value::String(c.type)},
+                       {"function", Value::Dict({{"name", Value::String(c.name)},
+                                                 {"arguments", Value::String(c.arguments)}})}}));
+    }
+    d.emplace_back("tool_calls", Value::List(std::move(calls)));
+  }
+  if (!m.tool_call_id.empty()) d.emplace_back("tool_call_id", Value::String(m.tool_call_id));
+  if (!m.reasoning_content.empty()) {
+    d.emplace_back("reasoning_content", Value::String(m.reasoning_content));
+  }
+  return Value::Dict(std::move(d));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ChatTemplate::RenderJinja(
+    const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+    const std::vector<std::string>& tool_schemas) const {
+  using jinja::Value;
+  if (messages.empty()) return absl::InvalidArgumentError("messages is empty");
+  // DeepSeek's formats: what their templates would drop or fail on is
+  // refused by name. Another family's template decides for itself, as
+  // transformers lets it.
   for (const ChatMessage& m : messages) {
-    const bool tool_role = m.role == "tool" && tools_.supported;
+    if (family_ == Family::kOther) break;
+    const bool tool_role = m.role == "tool" && supports_tools_;
     if (m.role != "system" && m.role != "user" && m.role != "assistant" && !tool_role) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a message of role '", m.role, "' cannot be rendered by this model's chat template (",
-          tools_.supported ? "system, user, assistant and tool" : "system, user and assistant",
+          supports_tools_ ? "system, user, assistant and tool" : "system, user and assistant",
           " messages are)"));
     }
-    if (m.has_tool_calls && !tools_.supported) {
+    if (m.has_tool_calls && !supports_tools_) {
       return absl::InvalidArgumentError(
           "this model's chat template does not render an assistant's tool_calls");
     }
@@ -176,103 +240,31 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
           absl::StrCat("a message of role '", m.role, "' needs a content"));
     }
   }
-  if (family_ != Family::kV2) return RenderV3(messages, add_generation_prompt);
-  std::string out = bos_;
-  for (const ChatMessage& m : messages) {
-    if (m.role == "user") {
-      absl::StrAppend(&out, "User: ", m.content, "\n\n");
-    } else if (m.role == "assistant") {
-      absl::StrAppend(&out, "Assistant: ", m.content, eos_);
-    } else {
-      absl::StrAppend(&out, m.content, "\n\n");
+  jinja::ValueList message_values;
+  for (const ChatMessage& m : messages) message_values.push_back(MessageValue(m));
+  Value tools = Value::None();
+  if (!tool_schemas.empty()) {
+    jinja::ValueList list;
+    for (const std::string& schema : tool_schemas) {
+      const nlohmann::ordered_json j =
+          nlohmann::ordered_json::parse(schema, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) return absl::InvalidArgumentError("a tool definition is not JSON");
+      list.push_back(
+          Value::Dict({{"type", Value::String("function")}, {"function", Value::FromJson(j)}}));
     }
+    tools = Value::List(std::move(list));
   }
-  if (add_generation_prompt) out += "Assistant:";
-  return out;
-}
-
-namespace {
-
-// One call as the templates write it, after its opening token.
-std::string ToolCallText(const ChatToolCall& call) {
-  return absl::StrCat("<｜tool▁call▁begin｜>", call.type, "<｜tool▁sep｜>", call.name,
-                      "\n```json\n", call.arguments, "\n```<｜tool▁call▁end｜>");
-}
-
-}  // namespace
-
-// The V3/R1 templates' state machine: `is_first` (a tool call was written,
-// never reset), `is_tool` (inside tool outputs), `is_output_first` (no tool
-// output written yet, never reset), as jinja2 runs them.
-absl::StatusOr<std::string> ChatTemplate::RenderV3(const std::vector<ChatMessage>& messages,
-                                                   bool add_generation_prompt) const {
-  std::string out = bos_;
-  std::vector<absl::string_view> system;
-  for (const ChatMessage& m : messages) {
-    if (m.role != "system") continue;
-    if (last_system_wins_) system.clear();
-    system.push_back(m.content);
-  }
-  out += absl::StrJoin(system, "\n\n");
-  bool is_first = false, is_tool = false, is_output_first = true;
-  for (const ChatMessage& m : messages) {
-    if (m.role == "user") {
-      is_tool = false;
-      absl::StrAppend(&out, "<｜User｜>", m.content);
-      continue;
-    }
-    if (m.role == "tool") {
-      is_tool = true;
-      if (is_output_first) {
-        out += "<｜tool▁outputs▁begin｜>";
-        is_output_first = false;
-      } else if (tools_.output_newline) {
-        out += "\n";
-      }
-      absl::StrAppend(&out, "<｜tool▁output▁begin｜>", m.content, "<｜tool▁output▁end｜>");
-      continue;
-    }
-    if (m.role != "assistant") continue;
-    // Which assistant messages take the tool-call branch.
-    const bool calls_branch =
-        tools_.supported && (tools_.calls_by_key ? m.has_tool_calls : m.content_null);
-    if (calls_branch) {
-      is_tool = false;
-      for (const ChatToolCall& call : m.tool_calls) {
-        if (!is_first) {
-          out += "<｜Assistant｜>";
-          if (!m.content_null) out += m.content;
-          absl::StrAppend(&out, "<｜tool▁calls▁begin｜>", ToolCallText(call));
-          is_first = true;
-        } else {
-          absl::StrAppend(&out, "\n", ToolCallText(call));
-          if (!tools_.calls_end_once) out += "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>";
-        }
-      }
-      if (tools_.calls_end_once) out += "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>";
-      continue;
-    }
-    if (m.content_null) {
-      return absl::InvalidArgumentError("an assistant message without tool_calls needs a content");
-    }
-    if (is_tool) {
-      absl::StrAppend(&out, "<｜tool▁outputs▁end｜>", m.content, "<｜end▁of▁sentence｜>");
-      is_tool = false;
-      continue;
-    }
-    absl::string_view content = m.content;
-    if (family_ == Family::kR1) {
-      const size_t think_end = content.rfind(kThinkEnd);
-      if (think_end != absl::string_view::npos) content.remove_prefix(think_end + kThinkEnd.size());
-    }
-    absl::StrAppend(&out, "<｜Assistant｜>", content, "<｜end▁of▁sentence｜>");
-  }
-  if (is_tool) out += "<｜tool▁outputs▁end｜>";
-  if (add_generation_prompt && !is_tool) {
-    out += "<｜Assistant｜>";
-    if (think_prompt_) absl::StrAppend(&out, kThinkStart, "\n");
-  }
-  return out;
+  const jinja::ValueDict context = {
+      {"messages", Value::List(std::move(message_values))},
+      {"tools", tools},
+      {"documents", Value::None()},
+      {"add_generation_prompt", Value::Bool(add_generation_prompt)},
+      {"bos_token", Value::String(bos_)},
+      {"eos_token", Value::String(eos_)},
+      {"raise_exception", RaiseException()},
+      {"strftime_now", StrftimeNow()},
+  };
+  return jinja_->Render(context);
 }
 
 }  // namespace moesh

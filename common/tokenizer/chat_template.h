@@ -1,28 +1,26 @@
 // Chat messages to prompt text, as the checkpoint's chat template renders
 // them (tokenizer_config.json's `chat_template`, or chat_template.jinja).
 //
-// Not a Jinja engine: the renderer is built in for the DeepSeek families and
-// chosen by the template's text. "v3": DeepSeek-V3's format (`<｜User｜>`,
-// `<｜Assistant｜>`; system messages gathered after the BOS); "r1": the same
-// with an assistant's reasoning (up to its last `</think>`) dropped from the
-// history and, where the template's generation prompt says so, `<think>\n`
-// after the last `<｜Assistant｜>`; "v2": DeepSeek-V2(-Lite)-Chat's
-// `User: ...\n\nAssistant:`. Each renders exactly what transformers'
-// apply_chat_template renders from that template (chat_template_test checks
-// against jinja2's output of the shipped templates, tests/golden/
-// chat_template/), quirks included.
+// A Jinja template renders through moesh's Jinja engine (jinja.h) with what
+// transformers' apply_chat_template gives it: `messages` (OpenAI's message
+// objects: role, content or None, tool_calls with function name and
+// arguments text, tool_call_id, reasoning_content), `tools` (the request's
+// tool objects, or None), `documents` (None), `add_generation_prompt`,
+// `bos_token`, `eos_token`, `raise_exception` and `strftime_now`; so any
+// checkpoint's template renders as transformers renders it
+// (chat_template_test and jinja_test compare against jinja2's output,
+// tests/golden/chat_template/ and tests/golden/jinja/). A template that
+// does not parse is INVALID_ARGUMENT at load, naming the line.
 //
-// Tools: where the template has DeepSeek's tool branches (V3's and R1's do),
-// an assistant's tool calls render as `<｜tool▁calls▁begin｜>` ...
-// `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```
-// <｜tool▁call▁end｜>` ... and tool results as `<｜tool▁outputs▁begin｜>
-// <｜tool▁output▁begin｜>...<｜tool▁output▁end｜>...<｜tool▁outputs▁end｜>`,
-// with the variant's details read from the template's text (which message
-// counts as a tool-calling one, where `<｜tool▁calls▁end｜>` goes, the
-// separator between outputs). Neither template renders the request's tool
-// definitions (`tools`), so neither does this. A tool message or tool calls
-// on a template without tool branches are INVALID_ARGUMENT, as is a template
-// of another family.
+// The family says how the model's output reads (router/chat_output.h):
+// DeepSeek's V3 format (`<｜User｜>`, `<｜Assistant｜>`), R1's (the same, its
+// turn opening inside `<think>`), V2's (`User: ...\n\nAssistant:`), or
+// another model's (kOther: plain text, no reasoning or tool-call parsing).
+// A DeepSeek family's template takes tool calls and tool results where it
+// has DeepSeek's tool branches (V3's and R1's do; supports_tools(): the calls
+// the output parser reads back); elsewhere a tool message or tool calls are
+// INVALID_ARGUMENT, not silently dropped. Another family's template gets
+// every message and decides, as with transformers.
 //
 // DeepSeek-V3.2 and V4 ship no Jinja template but Python encoders: a
 // checkpoint of those families without a template renders through
@@ -40,6 +38,10 @@
 #include "absl/strings/string_view.h"
 
 namespace moesh {
+
+namespace jinja {
+class Template;
+}  // namespace jinja
 
 // An assistant's call of a tool (OpenAI's tool_calls[i]).
 struct ChatToolCall {
@@ -65,12 +67,15 @@ struct ChatMessage {
   std::string reasoning_content;
 };
 
-// How a request asks the prompt to be rendered, beyond its messages: only
-// DeepSeek-V3.2's and V4's encoders (families kV32, kV4) read these.
+// How a request asks the prompt to be rendered, beyond its messages.
 struct ChatRenderOptions {
-  bool thinking = false;  // thinking mode: the model reasons inside <think> first
-  // The request's function definitions, each as its JSON text (see
-  // PythonJsonDumps in dsml_encoding.h).
+  // DeepSeek-V3.2's and V4's encoders (families kV32, kV4): thinking mode
+  // (the model reasons inside <think> first).
+  bool thinking = false;
+  // The request's function definitions (tools[i].function), each as its JSON
+  // text (see PythonJsonDumps in dsml_encoding.h): the encoders render them,
+  // a Jinja template gets them as `tools` ({"type": "function", "function":
+  // ...} each).
   std::vector<std::string> tool_schemas;
   bool max_reasoning_effort = false;  // V4, thinking: reasoning_effort "max"
 };
@@ -78,7 +83,8 @@ struct ChatRenderOptions {
 class ChatTemplate {
  public:
   // kV32, kV4: no Jinja template; DeepSeek's own encoders (dsml_encoding.h).
-  enum class Family { kV2, kV3, kR1, kV32, kV4 };
+  // kOther: a Jinja template of another model family.
+  enum class Family { kV2, kV3, kR1, kV32, kV4, kOther };
 
   // The template of the checkpoint in `model_dir`; without one, the encoder
   // of its model family (config.json's `model_type` given as `model_type`:
@@ -90,15 +96,15 @@ class ChatTemplate {
   // DeepSeek-V3.2's (kV32) or V4's (kV4) encoder.
   static std::unique_ptr<ChatTemplate> ForEncoder(Family family);
   // From a template's text and the tokenizer's BOS and EOS strings;
-  // INVALID_ARGUMENT naming what is unsupported when the text is of no
-  // family above.
+  // INVALID_ARGUMENT naming the line where the text does not parse.
   static absl::StatusOr<std::unique_ptr<ChatTemplate>> FromText(const std::string& text,
                                                                 std::string bos_token,
                                                                 std::string eos_token);
 
   Family family() const { return family_; }
-  // Whether the template renders tool calls and tool results.
-  bool supports_tools() const { return tools_.supported; }
+  // Whether the template renders tool calls and tool results in a format
+  // the output parser reads back (DeepSeek's).
+  bool supports_tools() const { return supports_tools_; }
   // Whether it is one of DeepSeek's encoders (tool calls in DSML, a thinking
   // switch, the request's tool definitions rendered).
   bool dsml() const { return family_ == Family::kV32 || family_ == Family::kV4; }
@@ -108,33 +114,19 @@ class ChatTemplate {
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
                                      bool add_generation_prompt) const;
   // The prompt for the assistant's next turn (add_generation_prompt), with
-  // `options` where the family reads them (dsml()); the Jinja families ignore
-  // them.
+  // `options` (a Jinja template reads only the tool definitions).
   absl::StatusOr<std::string> RenderForGeneration(const std::vector<ChatMessage>& messages,
                                                   const ChatRenderOptions& options) const;
 
  private:
-  // The variant of the template's tool branches.
-  struct ToolStyle {
-    bool supported = false;       // it has DeepSeek's tool branches
-    bool calls_by_key = false;    // R1: 'tool_calls' in message (V3: content is none)
-    bool calls_end_once = false;  // R1: calls_end once after the calls (V3: after each later call)
-    bool output_newline = false;  // V3: "\n" before a later tool output
-  };
-  ChatTemplate(Family family, bool think_prompt, bool last_system_wins, ToolStyle tools,
-               std::string bos, std::string eos)
-      : family_(family),
-        think_prompt_(think_prompt),
-        last_system_wins_(last_system_wins),
-        tools_(tools),
-        bos_(std::move(bos)),
-        eos_(std::move(eos)) {}
-  absl::StatusOr<std::string> RenderV3(const std::vector<ChatMessage>& messages,
-                                       bool add_generation_prompt) const;
+  ChatTemplate(Family family, std::shared_ptr<const jinja::Template> jinja, bool supports_tools,
+               std::string bos, std::string eos);
+  absl::StatusOr<std::string> RenderJinja(const std::vector<ChatMessage>& messages,
+                                          bool add_generation_prompt,
+                                          const std::vector<std::string>& tool_schemas) const;
   const Family family_;
-  const bool think_prompt_;      // r1: the generation prompt opens "<think>\n"
-  const bool last_system_wins_;  // R1-Distill: the last system message alone
-  const ToolStyle tools_;
+  const std::shared_ptr<const jinja::Template> jinja_;  // null for kV32, kV4
+  const bool supports_tools_;
   const std::string bos_;
   const std::string eos_;
 };

@@ -3,7 +3,9 @@
 #include <filesystem>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "base/file_util.h"
+#include "common/tokenizer/dsml_encoding.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -91,10 +93,10 @@ TEST(ChatTemplateTest, V2MatchesJinja) {
 }
 
 TEST(ChatTemplateTest, R1DropsReasoningFromHistory) {
-  const std::string r1 = std::string(kDeepSeekV3ChatTemplate) +
-                         "{% if '</think>' in content %}{% endif %}"
-                         "{{'<｜Assistant｜><think>\\n'}}";
-  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::FromText(r1, kBos, kEos);
+  absl::StatusOr<std::string> r1 = ReadFileToString(
+      std::string(MOESH_REPO_DIR) + "/tests/golden/chat_template/deepseek_r1.jinja");
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::FromText(*r1, kBos, kEos);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->family(), ChatTemplate::Family::kR1);
   absl::StatusOr<std::string> s =
@@ -106,18 +108,29 @@ TEST(ChatTemplateTest, R1DropsReasoningFromHistory) {
 }
 
 TEST(ChatTemplateTest, RefusesWhatItCannotRender) {
-  EXPECT_EQ(ChatTemplate::FromText("{{ messages }}", kBos, kEos).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  absl::Status bad = ChatTemplate::FromText("{{ messages }}\n{% if %}", kBos, kEos).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("line 2"), std::string::npos) << bad;
   auto t = ChatTemplate::FromText(kV3WithoutTools, kBos, kEos);
   ASSERT_TRUE(t.ok());
   EXPECT_EQ((*t)->Render({}, true).status().code(), absl::StatusCode::kInvalidArgument);
   absl::Status tool = (*t)->Render({{"tool", "42"}}, true).status();
   EXPECT_EQ(tool.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(tool.message().find("'tool'"), std::string::npos) << tool;
+  // raise_exception: the template's own words.
+  auto strict = ChatTemplate::FromText(
+      "{% if messages[0].role != 'user' %}{{ raise_exception('first a user turn') }}{% endif %}",
+      kBos, kEos);
+  ASSERT_TRUE(strict.ok()) << strict.status();
+  EXPECT_EQ((*strict)->family(), ChatTemplate::Family::kOther);
+  absl::Status raised = (*strict)->Render({{"assistant", "x"}}, true).status();
+  EXPECT_EQ(raised.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(raised.message().find("first a user turn"), std::string::npos) << raised;
 }
 
-// tests/golden/chat_template/: the shipped V3 and R1 templates and jinja2's
-// renderings of them (make_chat_goldens.py).
+// tests/golden/chat_template/: the shipped V3, R1 and V2 templates, a
+// ChatML template with tools, and jinja2's renderings of them
+// (make_chat_goldens.py).
 std::string ChatGoldenPath(const std::string& name) {
   return std::string(MOESH_REPO_DIR) + "/tests/golden/chat_template/" + name;
 }
@@ -145,23 +158,52 @@ TEST(ChatTemplateTest, ShippedTemplatesMatchJinjaGoldens) {
   absl::StatusOr<std::string> goldens = ReadFileToString(ChatGoldenPath("goldens.json"));
   ASSERT_TRUE(goldens.ok()) << goldens.status();
   const nlohmann::json cases = nlohmann::json::parse(*goldens).at("cases");
+  // The tools' keys in the order the file has them (json sorts its keys).
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(*goldens).at("cases");
   ASSERT_GE(cases.size(), 9u);
-  for (const auto& [family, file, expected_family] :
-       {std::make_tuple("v3", "deepseek_v3.jinja", ChatTemplate::Family::kV3),
-        std::make_tuple("r1", "deepseek_r1.jinja", ChatTemplate::Family::kR1)}) {
+  for (const auto& [family, file, expected_family, tools] :
+       {std::make_tuple("v3", "deepseek_v3.jinja", ChatTemplate::Family::kV3, true),
+        std::make_tuple("r1", "deepseek_r1.jinja", ChatTemplate::Family::kR1, true),
+        std::make_tuple("v2", "deepseek_v2.jinja", ChatTemplate::Family::kV2, false),
+        std::make_tuple("chatml", "chatml_tools.jinja", ChatTemplate::Family::kOther, false)}) {
     absl::StatusOr<std::string> text = ReadFileToString(ChatGoldenPath(file));
     ASSERT_TRUE(text.ok()) << text.status();
     absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::FromText(*text, kBos, kEos);
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_EQ((*t)->family(), expected_family);
-    EXPECT_TRUE((*t)->supports_tools());
-    for (const nlohmann::json& c : cases) {
+    EXPECT_EQ((*t)->supports_tools(), tools);
+    int rendered = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const nlohmann::json& c = cases[i];
+      SCOPED_TRACE(absl::StrCat(family, " ", c["name"].get<std::string>()));
       std::vector<ChatMessage> messages;
-      for (const nlohmann::json& m : c.at("messages")) messages.push_back(FromJson(m));
-      absl::StatusOr<std::string> s = (*t)->Render(messages, c.at("add_generation_prompt"));
-      ASSERT_TRUE(s.ok()) << family << " " << c["name"] << ": " << s.status();
-      EXPECT_EQ(*s, c.at(family).get<std::string>()) << family << " " << c["name"];
+      bool tool_turns = false;
+      for (const nlohmann::json& m : c.at("messages")) {
+        messages.push_back(FromJson(m));
+        tool_turns = tool_turns || messages.back().role == "tool" || messages.back().has_tool_calls;
+      }
+      // The request's tools, as the HTTP API hands them over.
+      ChatRenderOptions options;
+      if (ordered[i].contains("tools")) {
+        for (const nlohmann::ordered_json& tool : ordered[i]["tools"]) {
+          options.tool_schemas.push_back(PythonJsonDumps(tool.at("function")));
+        }
+      }
+      absl::StatusOr<std::string> s = c.at("add_generation_prompt").get<bool>()
+                                          ? (*t)->RenderForGeneration(messages, options)
+                                          : (*t)->Render(messages, false);
+      const nlohmann::json& want = c.at(family);
+      if (want.is_object() || (tool_turns && expected_family == ChatTemplate::Family::kV2)) {
+        // jinja2 raised (V2's template on an assistant's None content), or
+        // the template has no tool branches: refused by name either way.
+        EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+        continue;
+      }
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_EQ(*s, want.get<std::string>());
+      ++rendered;
     }
+    EXPECT_GE(rendered, 5);
   }
 }
 
@@ -188,19 +230,6 @@ TEST(ChatTemplateTest, ToolMessagesNeedToolBranchesAndContent) {
   calls.tool_calls.push_back({"c", "function", "f", "{}"});
   EXPECT_EQ((*plain)->Render({{"user", "q"}, calls}, true).status().code(),
             absl::StatusCode::kInvalidArgument);
-}
-
-// R1-Distill's templates set the system prompt per system message (no
-// is_first_sp): the last one alone is rendered.
-TEST(ChatTemplateTest, LastSystemWinsWithoutIsFirstSp) {
-  auto t = ChatTemplate::FromText(
-      "{% set ns.system_prompt = message['content'] %}{{'<｜User｜>'}}{{'<｜Assistant｜>'}}", kBos,
-      kEos);
-  ASSERT_TRUE(t.ok()) << t.status();
-  absl::StatusOr<std::string> s = (*t)->Render({{"system", "A"}, {"user", "u"}, {"system", "B"}},
-                                               /*add_generation_prompt=*/false);
-  ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(*s, std::string(kBos) + "B<｜User｜>u");
 }
 
 // mkmodel writes DeepSeek-V3's template as the release ships it: the same

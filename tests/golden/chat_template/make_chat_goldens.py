@@ -8,6 +8,11 @@ Templates (the `chat_template` of each checkpoint's tokenizer_config.json,
 stored verbatim beside this script):
   deepseek_v3.jinja  deepseek-ai/DeepSeek-V3 (the first release's template)
   deepseek_r1.jinja  deepseek-ai/DeepSeek-R1
+  deepseek_v2.jinja  deepseek-ai/DeepSeek-V2-Chat (and V2-Lite-Chat)
+  chatml_tools.jinja a ChatML template with tools, macros and tojson, of the shape
+                     other families ship (written for these tests)
+A rendering that raises (V2's template on a tool-call turn) is recorded as
+{"error": TYPE}.
 
 Run: /usr/bin/python3 tests/golden/chat_template/make_chat_goldens.py
 (needs python3-jinja2; writes goldens.json beside this script).
@@ -22,7 +27,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 HERE = os.path.dirname(os.path.abspath(__file__))
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
-TEMPLATES = {"v3": "deepseek_v3.jinja", "r1": "deepseek_r1.jinja"}
+TEMPLATES = {"v3": "deepseek_v3.jinja", "r1": "deepseek_r1.jinja", "v2": "deepseek_v2.jinja",
+             "chatml": "chatml_tools.jinja"}
 
 
 def raise_exception(message):
@@ -113,12 +119,14 @@ def main():
         for family, path in TEMPLATES.items():
             with open(os.path.join(HERE, path), encoding="utf-8") as f:
                 template = env.from_string(f.read())
-            kwargs = {"messages": case["messages"],
+            # As apply_chat_template calls it: tools and documents None when absent.
+            kwargs = {"messages": case["messages"], "tools": case.get("tools"), "documents": None,
                       "add_generation_prompt": case["add_generation_prompt"],
                       "bos_token": BOS, "eos_token": EOS}
-            if "tools" in case:
-                kwargs["tools"] = case["tools"]
-            rendered[family] = template.render(**kwargs)
+            try:
+                rendered[family] = template.render(**kwargs)
+            except (jinja2.exceptions.TemplateError, TypeError) as e:
+                rendered[family] = {"error": type(e).__name__}
         out.append(rendered)
     with open(os.path.join(HERE, "goldens.json"), "w", encoding="utf-8") as f:
         json.dump({"jinja2_version": jinja2.__version__, "cases": out}, f, ensure_ascii=False,
