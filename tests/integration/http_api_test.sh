@@ -11,7 +11,8 @@
 # and the decode worker's running requests and KV blocks back to zero); a
 # client that stops reading its stream holds up no one else; a tool round
 # trip; stop strings, max_completion_tokens, cached_tokens in the usage and a
-# body that is not UTF-8, end to end.
+# body that is not UTF-8, end to end; 503 from a router no worker has joined (/health
+# and requests) and 429 from a decode pool too small for a request.
 # usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR
 set -euo pipefail
 MOESH=${1:?usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR}
@@ -324,4 +325,28 @@ while time.time() < deadline and metric(router_metrics, "moesh_num_requests_runn
 assert metric(router_metrics, "moesh_num_requests_running") == 0, "the slow reader's stream still runs"
 print("python client: OK")
 PYEOF
+
+# 503 and 429 from real processes. A router no worker has joined: /health and every
+# request are 503 (OpenAI's error shape; a stream is refused before it starts, as JSON).
+kill -INT $PID; wait $PID 2>/dev/null || true; PID=
+"$(dirname "$MOESH")/moesh_router" --model "$TMP/m" --listen 127.0.0.1:0 --internal_listen 127.0.0.1:0 \
+  --http_listen 127.0.0.1:0 >"$TMP/log" 2>&1 &
+PID=$!
+for _ in $(seq 300); do grep -q "HTTP API on" "$TMP/log" && break; kill -0 $PID || fail "the router exited"; sleep 0.1; done
+URL=$(grep -o "HTTP API on http://[0-9.:]*" "$TMP/log" | awk '{print $4}')
+expect_error 503 service_unavailable "$URL/health"
+expect_error 503 service_unavailable "$URL/v1/completions" -H "$JSON" -d '{"prompt": "Hi", "max_tokens": 4}'
+expect_error 503 service_unavailable "$URL/v1/chat/completions" -H "$JSON" \
+  -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": true}'
+kill -INT $PID; wait $PID 2>/dev/null || true; PID=
+# A cluster whose decode pool holds 2 blocks of 64 tokens: a request that may need 16 is 429
+# (RESOURCE_EXHAUSTED: no pool holds it), one that fits is served.
+"$MOESH" serve-local --model "$TMP/m" --port 0 --http_port 0 --kv_blocks 2 \
+  --work_dir "$TMP/small" >"$TMP/log" 2>&1 &
+PID=$!
+for _ in $(seq 900); do grep -q "HTTP API on" "$TMP/log" && break; kill -0 $PID || fail "serve-local exited"; sleep 0.1; done
+URL=$(grep -o "HTTP API on http://[0-9.:]*" "$TMP/log" | awk '{print $4}')
+expect_error 429 rate_limit "$URL/v1/completions" -H "$JSON" -d '{"prompt": "Hi", "max_tokens": 1000}'
+[ "$(status "$TMP/ok" "$URL/v1/completions" -H "$JSON" -d '{"prompt": "Hi", "max_tokens": 8}')" = 200 ] \
+  || fail "a request that fits the small pool: $(cat "$TMP/ok")"
 echo "http_api_test: OK"
