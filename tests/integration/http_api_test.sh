@@ -20,7 +20,7 @@ SRC=${2:?}
 PY=/usr/bin/python3
 TMP=$(mktemp -d "${TEST_TMPDIR:-/tmp}/moesh_http.XXXXXX")
 PID=
-trap '[ -n "$PID" ] && { kill -INT $PID 2>/dev/null; wait $PID 2>/dev/null; }; rm -rf "$TMP"' EXIT
+trap '[ -n "$PID" ] && { kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; }; rm -rf "$TMP"' EXIT
 fail() {
   echo "FAIL: $*" >&2
   tail -5 "$TMP/log" >&2 || true
@@ -326,9 +326,15 @@ assert metric(router_metrics, "moesh_num_requests_running") == 0, "the slow read
 print("python client: OK")
 PYEOF
 
+# stop: SIGTERM to $PID and its exit within 60 s (a drain that never ends fails the test).
+stop() {
+  kill -TERM $PID
+  for _ in $(seq 600); do kill -0 $PID 2>/dev/null || { wait $PID || true; PID=; return; }; sleep 0.1; done
+  fail "pid $PID still runs 60 s after SIGTERM"
+}
 # 503 and 429 from real processes. A router no worker has joined: /health and every
 # request are 503 (OpenAI's error shape; a stream is refused before it starts, as JSON).
-kill -INT $PID; wait $PID 2>/dev/null || true; PID=
+stop
 "$(dirname "$MOESH")/moesh_router" --model "$TMP/m" --listen 127.0.0.1:0 --internal_listen 127.0.0.1:0 \
   --http_listen 127.0.0.1:0 >"$TMP/log" 2>&1 &
 PID=$!
@@ -338,7 +344,7 @@ expect_error 503 service_unavailable "$URL/health"
 expect_error 503 service_unavailable "$URL/v1/completions" -H "$JSON" -d '{"prompt": "Hi", "max_tokens": 4}'
 expect_error 503 service_unavailable "$URL/v1/chat/completions" -H "$JSON" \
   -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": true}'
-kill -INT $PID; wait $PID 2>/dev/null || true; PID=
+stop
 # A cluster whose decode pool holds 2 blocks of 64 tokens: a request that may need 16 is 429
 # (RESOURCE_EXHAUSTED: no pool holds it), one that fits is served.
 "$MOESH" serve-local --model "$TMP/m" --port 0 --http_port 0 --kv_blocks 2 \
