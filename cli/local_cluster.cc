@@ -69,6 +69,7 @@ void SetWorkerDevice(const DeviceOptions& device, LocalClusterOptions* o) {
     d->device = device.device;
     d->dummy_weights = device.dummy_weights;
     d->fp8_linears = device.fp8_linears;
+    d->fp8_kv_cache = device.fp8_kv_cache;
   }
 }
 

@@ -206,13 +206,21 @@ std::vector<std::string> ToolSchemas(absl::string_view body) {
   return schemas;
 }
 
-// chat_template_kwargs {"thinking": bool} (SGLang's and vLLM's switch;
-// "enable_thinking" too) and reasoning_effort.
+// chat_template_kwargs (the template's variables; {"thinking": bool} is
+// SGLang's and vLLM's switch, "enable_thinking" too) and reasoning_effort.
 absl::Status ParseThinking(const Json& j, OpenAiRequest* r) {
   Fields f(j);
   if (const Json* k = f.Get("chat_template_kwargs"); k != nullptr) {
     if (!k->is_object())
       return Invalid("chat_template_kwargs", "chat_template_kwargs must be an object");
+    for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt"}) {
+      if (k->contains(reserved)) {
+        return Invalid(absl::StrCat("chat_template_kwargs.", reserved),
+                       absl::StrCat("chat_template_kwargs.", reserved,
+                                    " is set by the request itself, not a template argument"));
+      }
+    }
+    r->template_kwargs = k->dump();
     for (const char* key : {"thinking", "enable_thinking"}) {
       auto it = k->find(key);
       if (it == k->end() || it->is_null()) continue;
@@ -463,6 +471,7 @@ absl::StatusOr<std::string> RenderChatPrompt(const ChatTemplate& chat_template, 
   const bool dsml = chat_template.dsml();
   ChatRenderOptions render;
   render.thinking = r->thinking;
+  render.template_kwargs = r->template_kwargs;
   if (calls) render.tool_schemas = r->tool_schemas;
   render.max_reasoning_effort = r->max_reasoning_effort;
   absl::StatusOr<std::string> prompt = chat_template.RenderForGeneration(r->messages, render);

@@ -20,9 +20,11 @@
 // calls parsed; "auto"; "required" and a named function: the assistant's turn
 // is opened with the tool-call tokens (and the name), so the model completes
 // a call), separate_reasoning (default true: an R1-style model's thinking
-// goes to reasoning_content), chat_template_kwargs {"thinking": bool} (V3.2,
-// V4: thinking mode, default off as DeepSeek's API for deepseek-chat;
-// "enable_thinking" is read too), reasoning_effort ("max": V4's instruction
+// goes to reasoning_content), chat_template_kwargs (a Jinja template gets
+// each as a variable, as apply_chat_template's keyword arguments: e.g.
+// DeepSeek-V3.1's `thinking`; {"thinking": bool} also switches V3.2's and
+// V4's encoders to thinking mode, default off as DeepSeek's API for
+// deepseek-chat; "enable_thinking" is read too), reasoning_effort ("max": V4's instruction
 // for it; other values are accepted and change nothing), an assistant
 // message's reasoning_content (V3.2, V4 render it where the reference
 // encoders do). Unknown fields are
@@ -78,6 +80,7 @@ struct OpenAiRequest {
   std::vector<std::string> tool_schemas;
   bool separate_reasoning = true;
   bool thinking = false;              // chat_template_kwargs.thinking
+  std::string template_kwargs;        // chat_template_kwargs as JSON text ("" when absent)
   bool max_reasoning_effort = false;  // reasoning_effort "max"
   // Chat: how the generated text splits into reasoning, content and tool
   // calls (RenderChatPrompt sets it from the template), and the text the

@@ -487,6 +487,31 @@ TEST(OpenAiApiTest, RendersToolRoundTripInTheTemplatesFormat) {
   EXPECT_FALSE(r->output.reasoning);
 }
 
+// chat_template_kwargs reach the template as variables; the request's own
+// variables cannot be overridden through them.
+TEST(OpenAiApiTest, ChatTemplateKwargsReachTheTemplate) {
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::FromText(
+      "{% for m in messages %}{{ m.content }}{% endfor %}|{{ thinking }}|{{ style | default('-') "
+      "}}",
+      "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const Json msgs = {{{"role", "user"}, {"content", "x"}}};
+  absl::StatusOr<OpenAiRequest> r = Parse(
+      {{"messages", msgs}, {"chat_template_kwargs", {{"thinking", true}, {"style", "terse"}}}},
+      true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->thinking);
+  absl::StatusOr<std::string> prompt = RenderChatPrompt(**t, &*r);
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_EQ(*prompt, "x|True|terse");
+  for (const char* reserved : {"messages", "add_generation_prompt", "tools"}) {
+    absl::Status s =
+        Parse({{"messages", msgs}, {"chat_template_kwargs", {{reserved, 1}}}}, true).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << reserved;
+    EXPECT_EQ(ErrorParam(s), std::string("chat_template_kwargs.") + reserved);
+  }
+}
+
 TEST(OpenAiApiTest, NamedToolChoiceOpensTheCall) {
   std::unique_ptr<ChatTemplate> r1 = R1Template();
   ASSERT_NE(r1, nullptr);

@@ -126,6 +126,25 @@ absl::Status CheckQuantization(const ModelConfig& config, const DeviceOptions& o
   return absl::OkStatus();
 }
 
+// The rows' format --kv_cache_dtype asks for, for this model on this device.
+absl::StatusOr<KvRowFormat> KvFormatFor(const ModelConfig& config, const DeviceOptions& options) {
+  if (!options.fp8_kv_cache) return KvRowFormat();
+  if (IsCudaDevice(options.device)) {
+    return absl::UnimplementedError(
+        "--kv_cache_dtype fp8 is not on CUDA yet: the CPU engine's FP8 cache (--device cpu) is "
+        "the reference its kernels are being written against");
+  }
+  if (config.family == ModelFamily::kDeepseekV32 || config.layers() == LayerArch::kV4) {
+    return absl::UnimplementedError(
+        "--kv_cache_dtype fp8 covers MLA's latent and rope rows (DeepSeek-V2 and V3 families); "
+        "DeepSeek-V3.2's indexer keys and V4's compressed entries are not FP8 here yet");
+  }
+  KvRowFormat f;
+  f.fp8_latent = config.kv_lora_rank;
+  f.fp8_rope = config.qk_rope_head_dim;
+  return f;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const ModelConfig& config,
@@ -142,6 +161,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const Mod
         "--load_format dummy generates the weights on a GPU: it needs --device cuda");
   }
   RETURN_IF_ERROR(CheckQuantization(config, options));
+  ASSIGN_OR_RETURN(const KvRowFormat kv_format, KvFormatFor(config, options));
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     if (options.prefix_cache && config.family == ModelFamily::kDeepseekV4) {
@@ -162,7 +182,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const Mod
                    AttentionWeights::Load(config, *ckpt));
   return NewCpuAttentionBackend(std::make_unique<AttentionModel>(config, std::move(weights)),
                                 options.num_kv_blocks, options.block_size,
-                                options.prefix_cache && options.num_kv_blocks > 0);
+                                options.prefix_cache && options.num_kv_blocks > 0, kv_format);
 }
 
 absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(
@@ -170,6 +190,7 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(
     const DeviceOptions& options) {
   RETURN_IF_ERROR(ValidateDevice(options.device));
   RETURN_IF_ERROR(CheckQuantization(config, options));
+  ASSIGN_OR_RETURN(const KvRowFormat kv_format, KvFormatFor(config, options));
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     return cuda->make_expert_stage(config, std::move(weights), options);

@@ -45,6 +45,11 @@ struct DeviceOptions {
   // --quantization fp8: a bf16 checkpoint's dense linears quantized at load
   // to block-scaled FP8 (CUDA only; an FP8 checkpoint runs in FP8 without it).
   bool fp8_linears = false;
+  // --kv_cache_dtype fp8: the KV cache in FlashMLA's FP8 layout (latent e4m3
+  // with a power-of-two scale per 128 values, rope bf16; kernels/cpu/fp8.h).
+  // The CPU engine's cache only so far: its rows are what a device's FP8
+  // cache will give back (issue 18).
+  bool fp8_kv_cache = false;
 };
 
 // OK for "cpu", "cuda" and "cuda:N" (N >= 0); INVALID_ARGUMENT otherwise.

@@ -121,12 +121,12 @@ namespace {
 class CpuAttentionBackend : public AttentionBackend {
  public:
   CpuAttentionBackend(const AttentionModel* model, std::unique_ptr<AttentionModel> owned,
-                      int num_kv_blocks, int block_size, bool prefix_cache)
-      : owned_(std::move(owned)), model_(model) {
+                      int num_kv_blocks, int block_size, bool prefix_cache, KvRowFormat kv_format)
+      : owned_(std::move(owned)), model_(model), kv_format_(kv_format) {
     if (num_kv_blocks > 0) {
       pool_ =
           std::make_unique<KvBlockPool>(model->config().num_hidden_layers, model->kv_row_width(),
-                                        block_size, num_kv_blocks, prefix_cache);
+                                        block_size, num_kv_blocks, prefix_cache, kv_format);
     }
   }
 
@@ -146,7 +146,10 @@ class CpuAttentionBackend : public AttentionBackend {
                                                      " tokens exceeds the model's context of ",
                                                      c.max_position_embeddings, " tokens"));
     }
-    if (pool_ == nullptr) return std::make_unique<SequenceKvCache>(model_->NewCache());
+    if (pool_ == nullptr) {
+      return std::make_unique<SequenceKvCache>(c.num_hidden_layers, model_->kv_row_width(),
+                                               kv_format_);
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<PagedKvSequence> seq, pool_->Allocate(max_tokens, tokens));
     return std::unique_ptr<KvSequence>(std::move(seq));
   }
@@ -187,6 +190,7 @@ class CpuAttentionBackend : public AttentionBackend {
  private:
   const std::unique_ptr<AttentionModel> owned_;  // null if borrowed
   const AttentionModel* const model_;
+  const KvRowFormat kv_format_;
   std::unique_ptr<KvBlockPool> pool_;  // null: unbounded caches
 };
 
@@ -194,17 +198,17 @@ class CpuAttentionBackend : public AttentionBackend {
 
 std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(std::unique_ptr<AttentionModel> model,
                                                          int num_kv_blocks, int block_size,
-                                                         bool prefix_cache) {
+                                                         bool prefix_cache, KvRowFormat kv_format) {
   const AttentionModel* m = model.get();
   return std::make_unique<CpuAttentionBackend>(m, std::move(model), num_kv_blocks, block_size,
-                                               prefix_cache);
+                                               prefix_cache, kv_format);
 }
 
 std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(const AttentionModel* model,
                                                          int num_kv_blocks, int block_size,
-                                                         bool prefix_cache) {
+                                                         bool prefix_cache, KvRowFormat kv_format) {
   return std::make_unique<CpuAttentionBackend>(model, nullptr, num_kv_blocks, block_size,
-                                               prefix_cache);
+                                               prefix_cache, kv_format);
 }
 
 }  // namespace moesh

@@ -155,14 +155,17 @@ absl::Status CheckPrompt(const AttentionBackend& backend, absl::Span<const int32
 
 // The CPU backend over `model`. num_kv_blocks > 0: a KvBlockPool of that
 // many blocks of block_size tokens, with a prefix cache iff `prefix_cache`;
-// 0: every sequence grows without bound (no prefix cache).
+// 0: every sequence grows without bound (no prefix cache). Either way the
+// rows are stored as `kv_format` gives them back (--kv_cache_dtype fp8).
 std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(std::unique_ptr<AttentionModel> model,
                                                          int num_kv_blocks, int block_size,
-                                                         bool prefix_cache = false);
+                                                         bool prefix_cache = false,
+                                                         KvRowFormat kv_format = {});
 // The same over a borrowed model, which must outlive the backend.
 std::unique_ptr<AttentionBackend> NewCpuAttentionBackend(const AttentionModel* model,
                                                          int num_kv_blocks, int block_size,
-                                                         bool prefix_cache = false);
+                                                         bool prefix_cache = false,
+                                                         KvRowFormat kv_format = {});
 
 }  // namespace moesh
 

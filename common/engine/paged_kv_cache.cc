@@ -8,9 +8,10 @@
 namespace moesh {
 
 KvBlockPool::KvBlockPool(int num_layers, int row_width, int block_size, int num_blocks,
-                         bool prefix_cache)
+                         bool prefix_cache, KvRowFormat format)
     : num_layers_(num_layers),
       row_width_(row_width),
+      format_(format),
       blocks_(block_size, num_blocks, prefix_cache),
       storage_(static_cast<size_t>(num_blocks) * num_layers * block_size * row_width) {}
 
@@ -35,8 +36,9 @@ void PagedKvSequence::AppendRows(int layer, const float* src, int n) {
   const int w = pool_->row_width();
   for (int i = 0; i < n; ++i) {
     const int t = rows_[layer] + i;
-    std::memcpy(pool_->Slot(blocks_[t / bs], layer, t % bs), src + static_cast<size_t>(i) * w,
-                w * sizeof(float));
+    float* slot = pool_->Slot(blocks_[t / bs], layer, t % bs);
+    std::memcpy(slot, src + static_cast<size_t>(i) * w, w * sizeof(float));
+    pool_->format_.Apply(slot, 1, w);
   }
   rows_[layer] += n;
   if (layer + 1 == pool_->num_layers()) length_ = rows_[layer];

@@ -29,8 +29,9 @@ class KvBlockPool {
   // Storage: num_blocks × [num_layers, block_size, row_width] float32.
   // Without `prefix_cache` no block is ever published (Allocate's prefix is
   // ignored).
+  // Rows are stored as `format` gives them back (an FP8 cache's rows).
   KvBlockPool(int num_layers, int row_width, int block_size, int num_blocks,
-              bool prefix_cache = false);
+              bool prefix_cache = false, KvRowFormat format = {});
 
   int num_layers() const { return num_layers_; }
   int row_width() const { return row_width_; }
@@ -60,6 +61,7 @@ class KvBlockPool {
 
   const int num_layers_;
   const int row_width_;
+  const KvRowFormat format_;
   KvBlockAllocator blocks_;
   std::vector<float> storage_;  // blocks' rows; written only by their first holder
 };

@@ -2,11 +2,21 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/fp8.h"
+
 namespace moesh {
+
+void KvRowFormat::Apply(float* rows, int n, int width) const {
+  if (!fp8()) return;
+  for (int i = 0; i < n; ++i)
+    cpu::RoundTripFp8KvRow(rows + static_cast<size_t>(i) * width, fp8_latent, fp8_rope);
+}
 
 void SequenceKvCache::AppendRows(int layer, const float* src, int n) {
   std::vector<float>& rows = layers_[layer];
+  const size_t start = rows.size();
   rows.insert(rows.end(), src, src + static_cast<size_t>(n) * row_width_);
+  format_.Apply(rows.data() + start, n, row_width_);
   if (layer + 1 == static_cast<int>(layers_.size()))
     length_ = static_cast<int>(rows.size()) / row_width_;
 }

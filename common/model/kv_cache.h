@@ -31,6 +31,18 @@ struct DeviceKvBlocks {
   std::string sender;  // the exporting process: a new handle from it retires the old one's mapping
 };
 
+// How a cache holds its rows. Native: as computed (float32 on the host).
+// FP8 (--kv_cache_dtype fp8): FlashMLA's FP8 layout over [latent | rope]
+// (kernels/cpu/fp8.h, RoundTripFp8KvRow): the rows read back are those the
+// FP8 cache gives, the reference of a device's FP8 cache.
+struct KvRowFormat {
+  int fp8_latent = 0;  // > 0: FP8, the latent part's width
+  int fp8_rope = 0;    // and its rope part's; the rest of a row stays as it is
+  bool fp8() const { return fp8_latent > 0; }
+  // rows[n, width] as the cache stores them, in place.
+  void Apply(float* rows, int n, int width) const;
+};
+
 class KvSequence {
  public:
   virtual ~KvSequence() = default;
@@ -93,7 +105,8 @@ class KvSequence {
 // Rows in one growable vector per layer.
 class SequenceKvCache : public KvSequence {
  public:
-  SequenceKvCache(int num_layers, int row_width) : row_width_(row_width), layers_(num_layers) {}
+  SequenceKvCache(int num_layers, int row_width, KvRowFormat format = {})
+      : row_width_(row_width), format_(format), layers_(num_layers) {}
 
   int row_width() const override { return row_width_; }
   int length() const override { return length_; }
@@ -110,6 +123,7 @@ class SequenceKvCache : public KvSequence {
 
  private:
   const int row_width_;
+  const KvRowFormat format_;
   int length_ = 0;
   std::vector<std::vector<float>> layers_;
 };

@@ -22,6 +22,12 @@ ABSL_FLAG(std::string, quantization, "",
           "(128 x 128 weight blocks, activations per token per 128 channels; --device cuda). "
           "Empty: the checkpoint's own format (an FP8 checkpoint runs in FP8).");
 
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "auto: the KV cache in the device's own precision (float32 on the CPU, bf16 on CUDA). "
+          "fp8: FlashMLA's FP8 layout (the latent part in e4m3 with a power-of-two scale per "
+          "128 values, the rope part in bf16): half the bytes of bf16 a token. --device cpu, "
+          "DeepSeek-V2 and V3 families, for now.");
+
 namespace moesh {
 
 absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
@@ -50,6 +56,12 @@ absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
     return absl::InvalidArgumentError(
         "--quantization fp8 computes on FP8 tensor cores: it needs --device cuda");
   }
+  const std::string kv_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
+  if (kv_dtype != "auto" && kv_dtype != "fp8") {
+    return absl::InvalidArgumentError("--kv_cache_dtype must be auto or fp8, not \"" + kv_dtype +
+                                      "\"");
+  }
+  o.fp8_kv_cache = kv_dtype == "fp8";
   if (o.dummy_weights && !IsCudaDevice(o.device)) {
     return absl::InvalidArgumentError(
         "--load_format dummy generates the weights on a GPU: it needs --device cuda");

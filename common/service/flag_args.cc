@@ -59,6 +59,7 @@ void AppendArgs(const DeviceOptions& o, std::vector<std::string>* args) {
   AddFlag(args, "max_model_len", o.max_model_len, d.max_model_len);
   AddFlag<std::string>(args, "load_format", o.dummy_weights ? "dummy" : "auto", "auto");
   AddFlag<std::string>(args, "quantization", o.fp8_linears ? "fp8" : "", "");
+  AddFlag<std::string>(args, "kv_cache_dtype", o.fp8_kv_cache ? "fp8" : "auto", "auto");
 }
 
 }  // namespace moesh

@@ -142,7 +142,7 @@ std::unique_ptr<ChatTemplate> ChatTemplate::ForEncoder(Family family) {
 
 absl::StatusOr<std::string> ChatTemplate::RenderForGeneration(
     const std::vector<ChatMessage>& messages, const ChatRenderOptions& options) const {
-  if (!dsml()) return RenderJinja(messages, /*add_generation_prompt=*/true, options.tool_schemas);
+  if (!dsml()) return RenderJinja(messages, /*add_generation_prompt=*/true, options);
   DsmlEncodeOptions o;
   o.thinking = options.thinking;
   o.tool_schemas = options.tool_schemas;
@@ -161,7 +161,7 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
     }
     return RenderForGeneration(messages, ChatRenderOptions());
   }
-  return RenderJinja(messages, add_generation_prompt, {});
+  return RenderJinja(messages, add_generation_prompt, ChatRenderOptions());
 }
 
 namespace {
@@ -214,9 +214,9 @@ jinja::Value MessageValue(const ChatMessage& m) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ChatTemplate::RenderJinja(
-    const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-    const std::vector<std::string>& tool_schemas) const {
+absl::StatusOr<std::string> ChatTemplate::RenderJinja(const std::vector<ChatMessage>& messages,
+                                                      bool add_generation_prompt,
+                                                      const ChatRenderOptions& options) const {
   using jinja::Value;
   if (messages.empty()) return absl::InvalidArgumentError("messages is empty");
   // DeepSeek's formats: what their templates would drop or fail on is
@@ -243,9 +243,9 @@ absl::StatusOr<std::string> ChatTemplate::RenderJinja(
   jinja::ValueList message_values;
   for (const ChatMessage& m : messages) message_values.push_back(MessageValue(m));
   Value tools = Value::None();
-  if (!tool_schemas.empty()) {
+  if (!options.tool_schemas.empty()) {
     jinja::ValueList list;
-    for (const std::string& schema : tool_schemas) {
+    for (const std::string& schema : options.tool_schemas) {
       const nlohmann::ordered_json j =
           nlohmann::ordered_json::parse(schema, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded()) return absl::InvalidArgumentError("a tool definition is not JSON");
@@ -254,16 +254,28 @@ absl::StatusOr<std::string> ChatTemplate::RenderJinja(
     }
     tools = Value::List(std::move(list));
   }
-  const jinja::ValueDict context = {
+  // The first of a name wins: the request's own variables, then its
+  // template arguments, then the tokenizer's tokens and the functions.
+  jinja::ValueDict context = {
       {"messages", Value::List(std::move(message_values))},
       {"tools", tools},
       {"documents", Value::None()},
       {"add_generation_prompt", Value::Bool(add_generation_prompt)},
-      {"bos_token", Value::String(bos_)},
-      {"eos_token", Value::String(eos_)},
-      {"raise_exception", RaiseException()},
-      {"strftime_now", StrftimeNow()},
   };
+  if (!options.template_kwargs.empty()) {
+    const nlohmann::ordered_json kwargs =
+        nlohmann::ordered_json::parse(options.template_kwargs, nullptr, false);
+    if (!kwargs.is_object()) {
+      return absl::InvalidArgumentError("chat_template_kwargs must be a JSON object");
+    }
+    for (const auto& [name, value] : kwargs.items()) {
+      context.emplace_back(name, Value::FromJson(value));
+    }
+  }
+  context.emplace_back("bos_token", Value::String(bos_));
+  context.emplace_back("eos_token", Value::String(eos_));
+  context.emplace_back("raise_exception", RaiseException());
+  context.emplace_back("strftime_now", StrftimeNow());
   return jinja_->Render(context);
 }
 

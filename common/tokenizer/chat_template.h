@@ -78,6 +78,11 @@ struct ChatRenderOptions {
   // ...} each).
   std::vector<std::string> tool_schemas;
   bool max_reasoning_effort = false;  // V4, thinking: reasoning_effort "max"
+  // A Jinja template: more variables, a JSON object's text (a request's
+  // chat_template_kwargs, as apply_chat_template's keyword arguments; they
+  // override bos_token and eos_token, never messages, tools, documents or
+  // add_generation_prompt). "" for none.
+  std::string template_kwargs;
 };
 
 class ChatTemplate {
@@ -123,7 +128,7 @@ class ChatTemplate {
                std::string bos, std::string eos);
   absl::StatusOr<std::string> RenderJinja(const std::vector<ChatMessage>& messages,
                                           bool add_generation_prompt,
-                                          const std::vector<std::string>& tool_schemas) const;
+                                          const ChatRenderOptions& options) const;
   const Family family_;
   const std::shared_ptr<const jinja::Template> jinja_;  // null for kV32, kV4
   const bool supports_tools_;

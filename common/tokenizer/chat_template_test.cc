@@ -232,6 +232,31 @@ TEST(ChatTemplateTest, ToolMessagesNeedToolBranchesAndContent) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A request's chat_template_kwargs are the template's variables, as
+// apply_chat_template's keyword arguments (DeepSeek-V3.1's template opens the
+// reply with <think> or </think> by `thinking`); they may override the
+// tokenizer's tokens.
+TEST(ChatTemplateTest, TemplateKwargsAreVariables) {
+  auto t = ChatTemplate::FromText(
+      "{{ bos_token }}{% for m in messages %}<｜User｜>{{ m.content }}{% endfor %}"
+      "<｜Assistant｜>{% if thinking is defined and thinking %}<think>{% else %}</think>{% endif %}"
+      "{{ extra | default('') }}",
+      kBos, kEos);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->family(), ChatTemplate::Family::kR1);
+  ChatRenderOptions o;
+  absl::StatusOr<std::string> s = (*t)->RenderForGeneration({{"user", "q"}}, o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, std::string(kBos) + "<｜User｜>q<｜Assistant｜></think>");
+  o.template_kwargs = R"({"thinking": true, "extra": [1, "x"], "bos_token": "<B>"})";
+  s = (*t)->RenderForGeneration({{"user", "q"}}, o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, "<B><｜User｜>q<｜Assistant｜><think>[1, 'x']");
+  o.template_kwargs = "[1]";
+  EXPECT_EQ((*t)->RenderForGeneration({{"user", "q"}}, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // mkmodel writes DeepSeek-V3's template as the release ships it: the same
 // text as the golden file, tool branches included.
 TEST(ChatTemplateTest, MkmodelsTemplateIsTheReleasesWithTools) {

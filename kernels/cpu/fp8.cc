@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/dtype.h"
 #include "base/fp8_e4m3.h"
 
 namespace moesh::cpu {
@@ -129,6 +130,31 @@ void Fp8BlockLinear(const uint8_t* x, const float* x_scale, const uint8_t* w, co
       y[static_cast<size_t>(i) * n + j] = acc;
     }
   }
+}
+
+float Fp8KvScale(float amax) {
+  const float a = std::isfinite(amax) ? std::max(amax, kFp8KvAmaxFloor) : kFp8Max;
+  int exponent = 0;
+  // a / 448 = m · 2^e with m in [0.5, 1): the next power of two is 2^e, or
+  // 2^(e-1) when m is exactly 0.5.
+  const float m = std::frexp(a / kFp8Max, &exponent);
+  return std::ldexp(1.0f, m == 0.5f ? exponent - 1 : exponent);
+}
+
+void RoundTripFp8KvRow(float* row, int latent, int rope) {
+  for (int start = 0; start < latent; start += kFp8Block) {
+    const int n = std::min(kFp8Block, latent - start);
+    float amax = 0.0f;
+    for (int c = 0; c < n; ++c) {
+      const float a = std::fabs(row[start + c]);
+      if (a > amax) amax = a;  // NaN compares false: skipped
+    }
+    const float s = Fp8KvScale(amax);
+    for (int c = 0; c < n; ++c) {
+      row[start + c] = F8E4M3ToF32(F32ToF8E4M3(row[start + c] / s)) * s;
+    }
+  }
+  for (int c = latent; c < latent + rope; ++c) row[c] = Bf16ToF32(F32ToBf16(row[c]));
 }
 
 }  // namespace moesh::cpu

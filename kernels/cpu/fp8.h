@@ -40,6 +40,18 @@ void QuantizeFp8Blocks(const float* w, uint8_t* q, float* scale, int n, int k);
 void Fp8BlockLinear(const uint8_t* x, const float* x_scale, const uint8_t* w, const float* w_scale,
                     float* y, int m, int n, int k);
 
+// FlashMLA's FP8 KV cache row (DeepSeek-V3.2's layout: 656 bytes a token at
+// V3's 512 + 64): the latent part in e4m3 with one float32 scale per 128
+// values, a power of two (UE8M0-valued: 2^ceil(log2(max(max|x|, 1e-4) /
+// 448))), the rope part in bf16. Power-of-two scales make the round trip
+// idempotent: rows handed over as floats and stored again come back the same.
+constexpr float kFp8KvAmaxFloor = 1e-4f;
+// The scale of a 128-value latent tile whose largest magnitude is `amax`.
+float Fp8KvScale(float amax);
+// What the FP8 cache gives back for row[latent + rope], in place: each latent
+// value e4m3(x / scale) * scale, each rope value rounded to bf16.
+void RoundTripFp8KvRow(float* row, int latent, int rope);
+
 }  // namespace moesh::cpu
 
 #endif  // MOESH_KERNELS_CPU_FP8_H_

@@ -168,5 +168,43 @@ TEST(Fp8Test, BlockLinearIsTheLinearOfTheDequantizedOperands) {
   EXPECT_GT(std::sqrt(qerr / norm), 1e-4);  // and the quantization did happen
 }
 
+// The FP8 KV cache row (FlashMLA's layout): power-of-two scales that put each
+// tile's largest magnitude at or under 448, values within e4m3's rounding,
+// the rope part in bf16, and a round trip that changes nothing the second
+// time (rows handed over as floats store back the same).
+TEST(Fp8Test, KvRowRoundTrip) {
+  std::mt19937 rng(11);
+  const int latent = 512, rope = 64;
+  std::vector<float> row = Randn(latent + rope, rng, 2.0f);
+  for (int c = 128; c < 256; ++c) row[c] *= 1e-3f;  // a tile of small values
+  for (int c = 256; c < 384; ++c) row[c] = 0.0f;    // an all-zero tile
+  const std::vector<float> x = row;
+  RoundTripFp8KvRow(row.data(), latent, rope);
+  for (int t = 0; t < latent / kFp8Block; ++t) {
+    float amax = 0;
+    for (int c = t * kFp8Block; c < (t + 1) * kFp8Block; ++c)
+      amax = std::max(amax, std::fabs(x[c]));
+    const float s = Fp8KvScale(amax);
+    int e = 0;
+    EXPECT_EQ(std::frexp(s, &e), 0.5f) << "tile " << t << ": scale " << s << " is a power of two";
+    EXPECT_LE(std::max(amax, kFp8KvAmaxFloor) / s, kFp8Max) << t;
+    EXPECT_GT(std::max(amax, kFp8KvAmaxFloor) / s, kFp8Max / 2) << t;  // the smallest such power
+    for (int c = t * kFp8Block; c < (t + 1) * kFp8Block; ++c) {
+      // 3 mantissa bits: within 2^-4 relative, or the subnormal step 2^-9 · s.
+      EXPECT_LE(std::fabs(row[c] - x[c]), std::max(std::fabs(x[c]) / 16, s / 512)) << c;
+    }
+  }
+  for (int c = 256; c < 384; ++c) EXPECT_EQ(row[c], 0.0f);
+  for (int c = latent; c < latent + rope; ++c) EXPECT_EQ(row[c], Bf16ToF32(F32ToBf16(x[c])));
+  std::vector<float> again = row;
+  RoundTripFp8KvRow(again.data(), latent, rope);
+  EXPECT_EQ(std::memcmp(again.data(), row.data(), row.size() * sizeof(float)), 0);
+  // A NaN does not poison its tile's scale.
+  std::vector<float> bad(latent + rope, 1.0f);
+  bad[5] = NAN;
+  RoundTripFp8KvRow(bad.data(), latent, rope);
+  EXPECT_EQ(bad[6], 1.0f);
+}
+
 }  // namespace
 }  // namespace moesh::cpu

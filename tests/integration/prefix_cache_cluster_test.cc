@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "cli/local_cluster.h"
+#include "common/engine/attention_backend.h"
+#include "common/engine/generate.h"
 #include "common/model/model.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_harness.h"
@@ -125,6 +127,50 @@ TEST(PrefixCacheClusterTest, RoundRobinAlternatesPrefillWorkersAndMissesTheirCac
   // Both workers computed prompts.
   EXPECT_GT(Metric(p0, "moesh_prompt_tokens_total"), 0);
   EXPECT_GT(Metric(p1, "moesh_prompt_tokens_total"), 0);
+}
+
+// --kv_cache_dtype fp8 on every attention worker: a request's rows are FP8
+// wherever they are computed, so the cluster (prefill worker, KV handoff,
+// decode worker, second turn from the prefix cache) equals one CPU backend
+// with the FP8 cache, token for token; and differs from the float cache's
+// output somewhere (the flag is not ignored).
+TEST(PrefixCacheClusterTest, Fp8KvCacheAcrossTheHandoffEqualsOneFp8Backend) {
+  const std::string dir = TinyModel();
+  LocalClusterOptions o = Options(dir, "kv_fp8");
+  o.prefill.device.fp8_kv_cache = true;
+  o.decode.device.fp8_kv_cache = true;
+  o.decode.kv.block_size = 8;
+  o.prefill.kv.block_size = 8;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
+  ASSERT_TRUE(model.ok());
+  const ModelConfig& c = (*model)->config();
+  KvRowFormat fp8;
+  fp8.fp8_latent = c.kv_lora_rank;
+  fp8.fp8_rope = c.qk_rope_head_dim;
+  std::unique_ptr<AttentionBackend> reference =
+      NewCpuAttentionBackend(&(*model)->attention(), 0, 64, false, fp8);
+  SamplingParams greedy;
+  StopParams stop;
+  stop.max_new_tokens = 24;
+  stop.ignore_eos = true;
+  bool differs = false;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 30; ++i) prompt.push_back(2 + (i * 37) % 500);
+  for (int turn = 1; turn <= 2; ++turn) {
+    absl::StatusOr<GenerationResult> want =
+        Generate(reference.get(), (*model)->experts(), prompt, greedy, stop);
+    ASSERT_TRUE(want.ok()) << want.status();
+    const Result r = Call((*cluster)->router_address(), Request(prompt, 24));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids, want->output_ids) << "turn " << turn;
+    differs = differs || r.ids != Offline(**model, prompt, 24).output_ids;
+    if (turn == 2) EXPECT_GE(r.final.usage().cached_tokens(), 24) << "turn 2 from the cache";
+    prompt.insert(prompt.end(), r.ids.begin(), r.ids.end());
+    prompt.push_back(9);
+  }
+  EXPECT_TRUE(differs) << "FP8 and float caches gave the same tokens on every turn";
 }
 
 }  // namespace

@@ -96,6 +96,7 @@ void SetAll(DeviceOptions* d) {
   d->max_model_len = 100;
   d->dummy_weights = true;
   d->fp8_linears = true;
+  d->fp8_kv_cache = true;
 }
 
 void SetAll(ServerOptions* s) {
