@@ -179,7 +179,7 @@ class Renderer {
     for (int64_t i = 0; i < n; ++i) {
       ASSIGN_OR_RETURN(Flow flow, InScope([&]() -> absl::StatusOr<Flow> {
                          RETURN_IF_ERROR(Unpack(s.targets, items[i]));
-                         Assign("loop", LoopValue(items, i));
+                         if (s.uses_loop) Assign("loop", LoopValue(items, i));
                          return Exec(s.bodies[0], out);
                        }));
       if (flow == Flow::kBreak) break;

@@ -11,10 +11,17 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/tokenizer/jinja_parse.h"
 
 namespace moesh {
 namespace jinja {
+
+// How the source's whitespace reads (jinja2 Environment options; transformers sets
+// trim_blocks and lstrip_blocks).
+struct ParseOptions {
+  bool trim_blocks = true;    // drop the newline after a block or comment tag
+  bool lstrip_blocks = true;  // drop the spaces before a block or comment tag on its line
+  bool keep_trailing_newline = false;
+};
 
 struct Token {
   enum class Type {

@@ -13,6 +13,36 @@ namespace moesh {
 namespace jinja {
 namespace {
 
+bool NamesIn(const Expr& e, absl::string_view name) {
+  if (e.kind == Expr::Kind::kName && e.name == name) return true;
+  for (const ExprPtr& a : e.args) {
+    if (a != nullptr && NamesIn(*a, name)) return true;
+  }
+  for (const auto& [k, v] : e.kwargs) {
+    if (v != nullptr && NamesIn(*v, name)) return true;
+  }
+  return false;
+}
+
+// Whether `name` is read anywhere in `body` (macros' bodies included).
+bool NamesIn(const Body& body, absl::string_view name) {
+  for (const auto& s : body) {
+    for (const ExprPtr* e : {&s->expr, &s->filter}) {
+      if (*e != nullptr && NamesIn(**e, name)) return true;
+    }
+    for (const ExprPtr& e : s->conditions) {
+      if (NamesIn(*e, name)) return true;
+    }
+    for (const ExprPtr& e : s->defaults) {
+      if (e != nullptr && NamesIn(*e, name)) return true;
+    }
+    for (const Body& b : s->bodies) {
+      if (NamesIn(b, name)) return true;
+    }
+  }
+  return false;
+}
+
 // Tokens to the tree, jinja2's parser.
 class Parser {
  public:
@@ -154,6 +184,8 @@ class Parser {
         s->bodies.emplace_back();
         RETURN_IF_ERROR(ParseBody({"endfor"}, &s->bodies.back(), &end));
       }
+      // The loop variable is made only for loops that read it.
+      s->uses_loop = NamesIn(s->bodies[0], "loop") || (s->filter && NamesIn(*s->filter, "loop"));
     } else if (name == "set") {
       ASSIGN_OR_RETURN(std::string target, ExpectName());
       s->targets.push_back(target);

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/tokenizer/jinja_lex.h"
 #include "common/tokenizer/jinja_value.h"
 
 namespace moesh {
@@ -84,12 +85,7 @@ struct Stmt {
   std::vector<std::string> targets;
   std::vector<std::string> params;
   std::vector<ExprPtr> defaults;  // per param; null: none
-};
-
-struct ParseOptions {
-  bool trim_blocks = true;    // drop the newline after a block or comment tag
-  bool lstrip_blocks = true;  // drop the spaces before a block or comment tag on its line
-  bool keep_trailing_newline = false;
+  bool uses_loop = false;         // kFor: its body or filter names `loop`
 };
 
 // The template's statements; INVALID_ARGUMENT with the line of a syntax
