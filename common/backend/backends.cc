@@ -139,10 +139,7 @@ absl::StatusOr<KvRowFormat> KvFormatFor(const ModelConfig& config, const DeviceO
         "--kv_cache_dtype fp8 covers MLA's latent and rope rows (DeepSeek-V2 and V3 families); "
         "DeepSeek-V3.2's indexer keys and V4's compressed entries are not FP8 here yet");
   }
-  KvRowFormat f;
-  f.fp8_latent = config.kv_lora_rank;
-  f.fp8_rope = config.qk_rope_head_dim;
-  return f;
+  return KvRowFormat::Fp8(config);
 }
 
 }  // namespace

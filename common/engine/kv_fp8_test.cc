@@ -30,13 +30,6 @@ std::vector<double> LogSoftmax(const float* x, size_t n) {
   return out;
 }
 
-KvRowFormat Fp8Format(const ModelConfig& c) {
-  KvRowFormat f;
-  f.fp8_latent = c.kv_lora_rank;
-  f.fp8_rope = c.qk_rope_head_dim;
-  return f;
-}
-
 struct Fidelity {
   int positions = 0;
   double sum_abs_golden = 0;  // |Δ log p(golden token)| summed
@@ -59,7 +52,7 @@ TEST_P(KvFp8Test, TeacherForcedAgainstTheFloatCache) {
   const int layers = c.num_hidden_layers, width = c.kv_cache_row_width();
   Fidelity f;
   for (size_t p = 0; p < golden["prompts"].size(); ++p) {
-    SequenceKvCache ref(layers, width), fp8(layers, width, Fp8Format(c));
+    SequenceKvCache ref(layers, width), fp8(layers, width, KvRowFormat::Fp8(c));
     std::vector<int32_t> tokens = golden["prompts"][p].get<std::vector<int32_t>>();
     const std::vector<int32_t> want = golden["output_ids"][p].get<std::vector<int32_t>>();
     for (int32_t next : want) {

@@ -2,9 +2,17 @@
 
 #include <algorithm>
 
+#include "common/model/config.h"
 #include "kernels/cpu/fp8.h"
 
 namespace moesh {
+
+KvRowFormat KvRowFormat::Fp8(const ModelConfig& config) {
+  KvRowFormat f;
+  f.fp8_latent = config.kv_lora_rank;
+  f.fp8_rope = config.qk_rope_head_dim;
+  return f;
+}
 
 void KvRowFormat::Apply(float* rows, int n, int width) const {
   if (!fp8()) return;

@@ -18,6 +18,8 @@
 
 namespace moesh {
 
+struct ModelConfig;
+
 // Where a device-resident sequence's rows lie, for a device-to-device copy
 // by another process on this node (the KV handoff over cuda_ipc): the
 // sender's paged pool, bf16 [num_layers][num_blocks][block_size][row_width],
@@ -36,6 +38,9 @@ struct DeviceKvBlocks {
 // (kernels/cpu/fp8.h, RoundTripFp8KvRow): the rows read back are those the
 // FP8 cache gives, the reference of a device's FP8 cache.
 struct KvRowFormat {
+  // FP8 over an MLA model's rows: its kv_lora_rank latent, qk_rope_head_dim rope.
+  static KvRowFormat Fp8(const ModelConfig& config);
+
   int fp8_latent = 0;  // > 0: FP8, the latent part's width
   int fp8_rope = 0;    // and its rope part's; the rest of a row stays as it is
   bool fp8() const { return fp8_latent > 0; }

@@ -1,6 +1,5 @@
 #include "common/tokenizer/jinja.h"
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "common/tokenizer/jinja_builtins.h"
@@ -9,15 +8,6 @@ namespace moesh {
 namespace jinja {
 namespace {
 
-// The template's line before a message that does not name one yet.
-absl::Status AtLine(const absl::Status& s, int line) {
-  if (s.ok() || absl::StartsWith(s.message(), "chat template line") ||
-      s.code() == absl::StatusCode::kResourceExhausted) {
-    return s;
-  }
-  return absl::Status(s.code(), absl::StrCat("chat template line ", line, ": ", s.message()));
-}
-
 // One rendering: the scopes, the output and the bounds.
 class Renderer {
  public:
@@ -25,10 +15,15 @@ class Renderer {
     scopes_.emplace_back(context);
   }
 
+  // A failure names the line of the statement it stopped in (a bound's
+  // RESOURCE_EXHAUSTED excepted: no one line is at fault).
   absl::Status Run(const Body& body, std::string* out) {
-    ASSIGN_OR_RETURN(Flow flow, Exec(body, out));
-    (void)flow;
-    return absl::OkStatus();
+    const absl::StatusOr<Flow> flow = Exec(body, out);
+    if (flow.ok() || flow.status().code() == absl::StatusCode::kResourceExhausted) {
+      return flow.status();
+    }
+    return absl::Status(flow.status().code(),
+                        absl::StrCat("chat template line ", line_, ": ", flow.status().message()));
   }
 
  private:
@@ -55,27 +50,15 @@ class Renderer {
 
   Value Lookup(const std::string& name) const {
     for (size_t i = scopes_.size(); i-- > base_;) {
-      for (const auto& [k, v] : scopes_[i]) {
-        if (k == name) return v;
-      }
+      if (const Value* v = FindEntry(scopes_[i], name)) return *v;
     }
     if (base_ > 0) {
-      for (const auto& [k, v] : scopes_[0]) {
-        if (k == name) return v;
-      }
+      if (const Value* v = FindEntry(scopes_[0], name)) return *v;
     }
     return Global(name);
   }
 
-  void Assign(const std::string& name, Value v) {
-    for (auto& [k, old] : scopes_.back()) {
-      if (k == name) {
-        old = std::move(v);
-        return;
-      }
-    }
-    scopes_.back().emplace_back(name, std::move(v));
-  }
+  void Assign(const std::string& name, Value v) { SetEntry(&scopes_.back(), name, std::move(v)); }
 
   absl::Status Unpack(const std::vector<std::string>& targets, const Value& v) {
     if (targets.size() == 1) {
@@ -95,7 +78,7 @@ class Renderer {
   absl::StatusOr<Flow> Exec(const Body& body, std::string* out) {
     for (const auto& s : body) {
       absl::StatusOr<Flow> flow = ExecOne(*s, out);
-      if (!flow.ok()) return AtLine(flow.status(), s->line);
+      if (!flow.ok()) return flow.status();
       if (*flow != Flow::kNormal) return *flow;
     }
     return Flow::kNormal;
@@ -103,6 +86,7 @@ class Renderer {
 
   absl::StatusOr<Flow> ExecOne(const Stmt& s, std::string* out) {
     RETURN_IF_ERROR(Step());
+    line_ = s.line;
     switch (s.kind) {
       case Stmt::Kind::kText:
         RETURN_IF_ERROR(Append(s.text, out));
@@ -240,40 +224,41 @@ class Renderer {
       return TypeError(absl::StrCat("macro '", m.targets[0], "' takes not more than ",
                                     m.params.size(), " argument(s)"));
     }
-    Scope scope;
-    for (size_t i = 0; i < m.params.size(); ++i) {
-      const Value* given = i < a.positional.size() ? &a.positional[i] : nullptr;
-      for (const auto& [k, v] : a.keyword) {
-        if (k == m.params[i]) given = &v;
-      }
-      scope.emplace_back(m.params[i], given != nullptr ? *given : Value());
-    }
     for (const auto& [k, v] : a.keyword) {
       if (std::find(m.params.begin(), m.params.end(), k) == m.params.end()) {
         return TypeError(
             absl::StrCat("macro '", m.targets[0], "' takes no keyword argument '", k, "'"));
       }
     }
+    // The arguments given; the defaults of the rest, evaluated in the macro's scope.
+    Scope scope;
+    std::vector<size_t> defaulted;
+    for (size_t i = 0; i < m.params.size(); ++i) {
+      const Value* given = Arg(a, i, m.params[i]);
+      scope.emplace_back(m.params[i], given != nullptr ? *given : Value());
+      if (given == nullptr && m.defaults[i] != nullptr) defaulted.push_back(i);
+    }
     const size_t saved_base = base_;
+    const int saved_line = line_;  // the calling statement's, again once the call returns
     scopes_.push_back(std::move(scope));
     base_ = scopes_.size() - 1;
     ++depth_;
     std::string text;
     absl::Status st;
-    for (size_t i = 0; i < m.params.size() && st.ok(); ++i) {
-      if (m.defaults[i] == nullptr) continue;
-      bool given = i < a.positional.size();
-      for (const auto& [k, v] : a.keyword) given = given || k == m.params[i];
-      if (given) continue;
+    for (size_t i : defaulted) {
       absl::StatusOr<Value> d = Eval(*m.defaults[i]);
-      if (d.ok()) Assign(m.params[i], *d);
-      st = d.status();
+      if (!d.ok()) {
+        st = d.status();
+        break;
+      }
+      Assign(m.params[i], *d);
     }
     if (st.ok()) st = Exec(m.bodies[0], &text).status();
     --depth_;
     base_ = saved_base;
     scopes_.pop_back();
     RETURN_IF_ERROR(st);
+    line_ = saved_line;
     return Value::String(std::move(text));
   }
 
@@ -311,11 +296,7 @@ class Renderer {
           ASSIGN_OR_RETURN(Value k, Eval(*e.args[i]));
           ASSIGN_OR_RETURN(Value v, Eval(*e.args[i + 1]));
           if (!k.is_string()) return TypeError("dict keys must be strings in a chat template");
-          bool replaced = false;
-          for (auto& [key, old] : items) {
-            if (key == k.str()) old = v, replaced = true;
-          }
-          if (!replaced) items.emplace_back(k.str(), std::move(v));
+          SetEntry(&items, k.str(), std::move(v));
         }
         return Value::Dict(std::move(items));
       }
@@ -398,6 +379,7 @@ class Renderer {
   size_t base_ = 0;  // the innermost macro's scope (0: none); scopes_[0] is always visible
   int depth_ = 0;
   int64_t steps_ = 0;
+  int line_ = 0;  // the statement running (a failure's line)
 };
 
 }  // namespace

@@ -30,10 +30,7 @@ absl::Status TypeError(absl::string_view what) { return absl::InvalidArgumentErr
 // The argument at `index` or named `name`; null when absent.
 const Value* Arg(const CallArgs& a, size_t index, absl::string_view name) {
   if (index < a.positional.size()) return &a.positional[index];
-  for (const auto& [k, v] : a.keyword) {
-    if (k == name) return &v;
-  }
-  return nullptr;
+  return FindEntry(a.keyword, name);
 }
 
 std::string StrArg(const CallArgs& a, size_t index, absl::string_view name, std::string fallback) {
@@ -44,17 +41,6 @@ std::string StrArg(const CallArgs& a, size_t index, absl::string_view name, std:
 bool BoolArg(const CallArgs& a, size_t index, absl::string_view name, bool fallback) {
   const Value* v = Arg(a, index, name);
   return v == nullptr || v->is_undefined() ? fallback : v->Truthy();
-}
-
-// The string's characters (code points, each as its UTF-8 bytes).
-std::vector<std::string> Chars(absl::string_view s) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < s.size();) {
-    const Utf8Step step = DecodeUtf8At(s, i);
-    out.emplace_back(s.substr(i, step.length));
-    i += step.length;
-  }
-  return out;
 }
 
 char32_t CodePoint(absl::string_view c) {
@@ -71,10 +57,10 @@ bool IsPySpace(char32_t c) {
 
 // str.strip/lstrip/rstrip(chars).
 std::string Strip(const std::string& s, const Value* chars, bool left, bool right) {
-  const std::vector<std::string> cs = Chars(s);
+  const std::vector<std::string> cs = Utf8Chars(s);
   std::vector<std::string> set;
   const bool whitespace = chars == nullptr || chars->is_none() || chars->is_undefined();
-  if (!whitespace) set = Chars(chars->Str());
+  if (!whitespace) set = Utf8Chars(chars->Str());
   auto strip = [&](const std::string& c) {
     return whitespace ? IsPySpace(CodePoint(c)) : std::find(set.begin(), set.end(), c) != set.end();
   };
@@ -92,7 +78,7 @@ std::string Replace(const std::string& s, const std::string& from, const std::st
     // Python inserts `to` between every character (and at both ends).
     std::string out;
     int64_t n = 0;
-    for (const std::string& c : Chars(s)) {
+    for (const std::string& c : Utf8Chars(s)) {
       if (count < 0 || n++ < count) out += to;
       out += c;
     }
@@ -123,7 +109,7 @@ absl::StatusOr<Value> Split(const std::string& s, const CallArgs& a, bool from_r
   int64_t maxsplit = max == nullptr || !max->is_number() ? -1 : max->int_value();
   std::vector<std::string> parts;
   if (sep == nullptr || sep->is_none()) {
-    std::vector<std::string> cs = Chars(s);
+    std::vector<std::string> cs = Utf8Chars(s);
     if (from_right) std::reverse(cs.begin(), cs.end());
     size_t i = 0;
     while (i < cs.size()) {
@@ -142,7 +128,7 @@ absl::StatusOr<Value> Split(const std::string& s, const CallArgs& a, bool from_r
     }
     if (from_right) {
       for (std::string& p : parts) {
-        std::vector<std::string> pc = Chars(p);
+        std::vector<std::string> pc = Utf8Chars(p);
         std::reverse(pc.begin(), pc.end());
         p = absl::StrJoin(pc, "");
       }
@@ -243,9 +229,9 @@ absl::StatusOr<Value> StringMethod(const Value& obj, const std::string& name) {
       if (find) {
         const size_t f = s.find(sub);
         if (f == std::string::npos) return Value::Int(-1);
-        return Value::Int(static_cast<int64_t>(Chars(s.substr(0, f)).size()));
+        return Value::Int(static_cast<int64_t>(Utf8Chars(s.substr(0, f)).size()));
       }
-      if (sub.empty()) return Value::Int(static_cast<int64_t>(Chars(s).size()) + 1);
+      if (sub.empty()) return Value::Int(static_cast<int64_t>(Utf8Chars(s).size()) + 1);
       int64_t n = 0;
       for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
       return Value::Int(n);
@@ -403,6 +389,7 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
       if (n > 0 && a.str().size() * n > (64u << 20))
         return TypeError("string repetition too large");
       std::string out;
+      out.reserve(n > 0 ? a.str().size() * n : 0);
       for (int64_t i = 0; i < n; ++i) out += a.str();
       return Value::String(std::move(out));
     }
@@ -495,7 +482,7 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
   if (obj.is_undefined()) return TypeError("an undefined value has no items");
   if ((obj.kind() == Value::Kind::kList || obj.is_string()) && IsIntLike(key)) {
     std::vector<std::string> chars;
-    if (obj.is_string()) chars = Chars(obj.str());
+    if (obj.is_string()) chars = Utf8Chars(obj.str());
     const int64_t n = obj.is_string() ? chars.size() : obj.list().size();
     int64_t i = AsInt(key);
     if (i < 0) i += n;
@@ -513,7 +500,7 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
 absl::StatusOr<Value> GetSlice(const Value& obj, const Value& start, const Value& stop,
                                const Value& step) {
   if (obj.is_string()) {
-    const std::vector<std::string> chars = Chars(obj.str());
+    const std::vector<std::string> chars = Utf8Chars(obj.str());
     ASSIGN_OR_RETURN(std::vector<int64_t> idx, SliceIndices(chars.size(), start, stop, step));
     std::string out;
     for (int64_t i : idx) out += chars[i];
@@ -566,13 +553,7 @@ Value Global(const std::string& name) {
           return TypeError("namespace() and dict() take a mapping or keyword arguments");
         for (const auto& item : p.dict()) items.push_back(item);
       }
-      for (const auto& [k, v] : a.keyword) {
-        bool replaced = false;
-        for (auto& item : items) {
-          if (item.first == k) item.second = v, replaced = true;
-        }
-        if (!replaced) items.emplace_back(k, v);
-      }
+      for (const auto& [k, v] : a.keyword) SetEntry(&items, k, v);
       return ns ? Value::Namespace(std::move(items)) : Value::Dict(std::move(items));
     });
   }

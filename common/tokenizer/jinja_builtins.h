@@ -48,8 +48,6 @@ absl::Status TypeError(absl::string_view what);  // INVALID_ARGUMENT
 const Value* Arg(const CallArgs& a, size_t index, absl::string_view name);
 std::string StrArg(const CallArgs& a, size_t index, absl::string_view name, std::string fallback);
 bool BoolArg(const CallArgs& a, size_t index, absl::string_view name, bool fallback);
-// The string's characters (code points, each as its UTF-8 bytes).
-std::vector<std::string> Chars(absl::string_view s);
 char32_t CodePoint(absl::string_view c);
 bool IsPySpace(char32_t c);  // Python's str.isspace() of one character
 // str.strip/lstrip/rstrip(chars) (chars null, None or undefined: whitespace).

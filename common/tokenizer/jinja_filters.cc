@@ -20,7 +20,7 @@ absl::StatusOr<int64_t> Length(const Value& v) {
     case Value::Kind::kUndefined:
       return 0;
     case Value::Kind::kString:
-      return static_cast<int64_t>(Chars(v.str()).size());
+      return static_cast<int64_t>(Utf8Chars(v.str()).size());
     case Value::Kind::kList:
       return static_cast<int64_t>(v.list().size());
     case Value::Kind::kDict:
@@ -195,7 +195,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& value, C
   }
   if (name == "reverse") {
     if (value.is_string()) {
-      std::vector<std::string> chars = Chars(value.str());
+      std::vector<std::string> chars = Utf8Chars(value.str());
       std::reverse(chars.begin(), chars.end());
       return Value::String(absl::StrJoin(chars, ""));
     }
@@ -226,7 +226,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& value, C
   if (name == "sort" || name == "unique" || name == "max" || name == "min") {
     ASSIGN_OR_RETURN(ValueList items, value.Items());
     const bool case_sensitive = BoolArg(a, name == "sort" ? 1 : 0, "case_sensitive", false);
-    const Value* attribute = Arg(a, name == "sort" ? 2 : (name == "unique" ? 1 : 1), "attribute");
+    const Value* attribute = Arg(a, name == "sort" ? 2 : 1, "attribute");
     std::vector<Value> keys;
     for (const Value& item : items) {
       if (attribute == nullptr) {
@@ -269,19 +269,13 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& value, C
   }
   if (name == "map") {
     ASSIGN_OR_RETURN(ValueList items, value.Items());
-    const Value* attribute = nullptr;
-    for (const auto& [k, v] : a.keyword) {
-      if (k == "attribute") attribute = &v;
-    }
+    const Value* attribute = FindEntry(a.keyword, "attribute");
     ValueList out;
     for (const Value& item : items) {
       if (attribute != nullptr) {
         ASSIGN_OR_RETURN(Value v, AttrPath(item, attribute->Str()));
-        if (v.is_undefined()) {
-          for (const auto& [k, d] : a.keyword) {
-            if (k == "default") v = d;
-          }
-        }
+        const Value* fallback = FindEntry(a.keyword, "default");
+        if (v.is_undefined() && fallback != nullptr) v = *fallback;
         out.push_back(v);
       } else {
         if (a.positional.empty()) return TypeError("map: a filter name or attribute= is needed");

@@ -55,7 +55,7 @@ class Lexer {
         while (end > 0 && IsSpace(text[end - 1])) --end;
         text.resize(end);
       } else if (sign != '+' && o_.lstrip_blocks && kind != '{') {
-        const size_t l_pos = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+        const size_t l_pos = text.rfind('\n') + 1;  // npos + 1 == 0: the text's start
         if ((l_pos > 0 || line_starting) && l_pos < text.size()) {
           bool blank = true;
           for (size_t i = l_pos; i < text.size(); ++i) blank = blank && IsSpace(text[i]);
@@ -63,14 +63,14 @@ class Lexer {
         }
       }
       Emit(Token::Type::kText, text);
-      line_ += CountNewlines(src_.substr(pos_, start - pos_));
+      line_ += CountNewlines(absl::string_view(src_).substr(pos_, start - pos_));
       pos_ = after;
       if (kind == '#') {
         const size_t end = src_.find("#}", pos_);
         if (end == std::string::npos) return SyntaxError(line_, "missing end of comment tag");
         const bool strip = end > pos_ && src_[end - 1] == '-';
         const bool keep = end > pos_ && src_[end - 1] == '+';
-        line_ += CountNewlines(src_.substr(pos_, end - pos_));
+        line_ += CountNewlines(absl::string_view(src_).substr(pos_, end - pos_));
         pos_ = end + 2;
         line_starting = TrimAfterTag(strip, keep);
         continue;
@@ -100,7 +100,7 @@ class Lexer {
       size_t p = pos_;
       while (p < src_.size() && IsSpace(src_[p])) ++p;
       const bool newline = p > pos_ && src_[p - 1] == '\n';
-      line_ += CountNewlines(src_.substr(pos_, p - pos_));
+      line_ += CountNewlines(absl::string_view(src_).substr(pos_, p - pos_));
       pos_ = p;
       return newline;
     }
@@ -148,7 +148,7 @@ class Lexer {
       if (end_strip) {
         while (!text.empty() && IsSpace(text.back())) text.pop_back();
       }
-      line_ += CountNewlines(src_.substr(pos_, q + 2 - pos_));
+      line_ += CountNewlines(absl::string_view(src_).substr(pos_, q + 2 - pos_));
       Emit(Token::Type::kText, text);
       pos_ = q + 2;
       *line_starting = TrimAfterTag(close_strip, false);

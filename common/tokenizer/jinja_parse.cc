@@ -1,7 +1,9 @@
 #include "common/tokenizer/jinja_parse.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -287,7 +289,7 @@ class Parser {
     return e;
   }
 
-  absl::StatusOr<ExprPtr> Binary(Expr::Kind kind, std::string op, ExprPtr l, ExprPtr r, int line) {
+  ExprPtr Binary(Expr::Kind kind, std::string op, ExprPtr l, ExprPtr r, int line) {
     ExprPtr e = Make(kind, line);
     e->name = std::move(op);
     e->args.push_back(std::move(l));
@@ -295,26 +297,29 @@ class Parser {
     return e;
   }
 
-  absl::StatusOr<ExprPtr> ParseOr() {
-    ASSIGN_OR_RETURN(ExprPtr e, ParseAnd());
-    while (IsName("or")) {
+  // A left-associative run of next()'s expressions joined by any of `ops`
+  // (operator tokens; for kAnd and kOr the names `and` and `or`).
+  template <typename Next>
+  absl::StatusOr<ExprPtr> Chain(std::initializer_list<absl::string_view> ops, Expr::Kind kind,
+                                Next next) {
+    const Token::Type type = kind == Expr::Kind::kBinary ? Token::Type::kOp : Token::Type::kName;
+    ASSIGN_OR_RETURN(ExprPtr e, next());
+    while (Cur().type == type && std::find(ops.begin(), ops.end(), Cur().value) != ops.end()) {
+      const std::string op = Cur().value;
       const int line = Cur().line;
       ++i_;
-      ASSIGN_OR_RETURN(ExprPtr r, ParseAnd());
-      ASSIGN_OR_RETURN(e, Binary(Expr::Kind::kOr, "or", std::move(e), std::move(r), line));
+      ASSIGN_OR_RETURN(ExprPtr r, next());
+      e = Binary(kind, op, std::move(e), std::move(r), line);
     }
     return e;
   }
 
+  absl::StatusOr<ExprPtr> ParseOr() {
+    return Chain({"or"}, Expr::Kind::kOr, [this] { return ParseAnd(); });
+  }
+
   absl::StatusOr<ExprPtr> ParseAnd() {
-    ASSIGN_OR_RETURN(ExprPtr e, ParseNot());
-    while (IsName("and")) {
-      const int line = Cur().line;
-      ++i_;
-      ASSIGN_OR_RETURN(ExprPtr r, ParseNot());
-      ASSIGN_OR_RETURN(e, Binary(Expr::Kind::kAnd, "and", std::move(e), std::move(r), line));
-    }
-    return e;
+    return Chain({"and"}, Expr::Kind::kAnd, [this] { return ParseNot(); });
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
@@ -328,79 +333,48 @@ class Parser {
     return ParseCompare();
   }
 
+  // Consumes a comparison operator (== != < <= > >= in, `not in` as "notin").
+  bool TakeComparison(std::string* op) {
+    if (Cur().type == Token::Type::kOp &&
+        (IsOp("==") || IsOp("!=") || IsOp("<") || IsOp("<=") || IsOp(">") || IsOp(">="))) {
+      *op = t_[i_++].value;
+    } else if (IsName("in")) {
+      *op = "in";
+      ++i_;
+    } else if (IsName("not") && Peek().type == Token::Type::kName && Peek().value == "in") {
+      *op = "notin";
+      i_ += 2;
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  // One comparison at most: Python's chains (a < b < c) are refused.
   absl::StatusOr<ExprPtr> ParseCompare() {
     ASSIGN_OR_RETURN(ExprPtr e, ParseMath1());
-    ExprPtr chain;  // a < b < c: (a < b) and (b < c), b evaluated twice
-    while (true) {
-      const int line = Cur().line;
-      std::string op;
-      if (Cur().type == Token::Type::kOp &&
-          (IsOp("==") || IsOp("!=") || IsOp("<") || IsOp("<=") || IsOp(">") || IsOp(">="))) {
-        op = Cur().value;
-        ++i_;
-      } else if (IsName("in")) {
-        op = "in";
-        ++i_;
-      } else if (IsName("not") && Peek().type == Token::Type::kName && Peek().value == "in") {
-        op = "notin";
-        i_ += 2;
-      } else {
-        break;
-      }
-      if (chain != nullptr) return SyntaxError(line, "chained comparisons are not supported");
-      ASSIGN_OR_RETURN(ExprPtr r, ParseMath1());
-      ASSIGN_OR_RETURN(e, Binary(Expr::Kind::kBinary, op, std::move(e), std::move(r), line));
-      if (IsOp("==") || IsOp("!=") || IsOp("<") || IsOp("<=") || IsOp(">") || IsOp(">=")) {
-        return SyntaxError(line, "chained comparisons are not supported");
-      }
-    }
-    return e;
+    const int line = Cur().line;
+    std::string op;
+    if (!TakeComparison(&op)) return e;
+    ASSIGN_OR_RETURN(ExprPtr r, ParseMath1());
+    if (TakeComparison(&op)) return SyntaxError(line, "chained comparisons are not supported");
+    return Binary(Expr::Kind::kBinary, op, std::move(e), std::move(r), line);
   }
 
   absl::StatusOr<ExprPtr> ParseMath1() {
-    ASSIGN_OR_RETURN(ExprPtr e, ParseConcat());
-    while (IsOp("+") || IsOp("-")) {
-      const std::string op = Cur().value;
-      const int line = Cur().line;
-      ++i_;
-      ASSIGN_OR_RETURN(ExprPtr r, ParseConcat());
-      ASSIGN_OR_RETURN(e, Binary(Expr::Kind::kBinary, op, std::move(e), std::move(r), line));
-    }
-    return e;
+    return Chain({"+", "-"}, Expr::Kind::kBinary, [this] { return ParseConcat(); });
   }
 
   absl::StatusOr<ExprPtr> ParseConcat() {
-    ASSIGN_OR_RETURN(ExprPtr e, ParseMath2());
-    while (IsOp("~")) {
-      const int line = Cur().line;
-      ++i_;
-      ASSIGN_OR_RETURN(ExprPtr r, ParseMath2());
-      ASSIGN_OR_RETURN(e, Binary(Expr::Kind::kBinary, "~", std::move(e), std::move(r), line));
-    }
-    return e;
+    return Chain({"~"}, Expr::Kind::kBinary, [this] { return ParseMath2(); });
   }
 
   absl::StatusOr<ExprPtr> ParseMath2() {
-    ASSIGN_OR_RETURN(ExprPtr e, ParsePow());
-    while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
-      const std::string op = Cur().value;
-      const int line = Cur().line;
-      ++i_;
-      ASSIGN_OR_RETURN(ExprPtr r, ParsePow());
-      ASSIGN_OR_RETURN(e, Binary(Expr::Kind::kBinary, op, std::move(e), std::move(r), line));
-    }
-    return e;
+    return Chain({"*", "/", "//", "%"}, Expr::Kind::kBinary, [this] { return ParsePow(); });
   }
 
   absl::StatusOr<ExprPtr> ParsePow() {
-    ASSIGN_OR_RETURN(ExprPtr e, ParseUnary(true));
-    while (IsOp("**")) {
-      const int line = Cur().line;
-      ++i_;
-      ASSIGN_OR_RETURN(ExprPtr r, ParseUnary(true));
-      ASSIGN_OR_RETURN(e, Binary(Expr::Kind::kBinary, "**", std::move(e), std::move(r), line));
-    }
-    return e;
+    return Chain({"**"}, Expr::Kind::kBinary, [this] { return ParseUnary(true); });
   }
 
   absl::StatusOr<ExprPtr> ParseUnary(bool with_filter) {

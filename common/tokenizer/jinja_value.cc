@@ -119,22 +119,39 @@ bool Value::is_iterable() const {
          kind_ == Kind::kUndefined;
 }
 
-const Value* Value::Find(absl::string_view key) const {
-  if (!is_mapping()) return nullptr;
-  for (const auto& [k, v] : *dict_) {
+const Value* FindEntry(const ValueDict& d, absl::string_view key) {
+  for (const auto& [k, v] : d) {
     if (k == key) return &v;
   }
   return nullptr;
 }
 
-void Value::SetAttribute(const std::string& key, Value v) {
-  for (auto& [k, old] : *dict_) {
+void SetEntry(ValueDict* d, const std::string& key, Value v) {
+  for (auto& [k, old] : *d) {
     if (k == key) {
       old = std::move(v);
       return;
     }
   }
-  dict_->emplace_back(key, std::move(v));
+  d->emplace_back(key, std::move(v));
+}
+
+std::vector<std::string> Utf8Chars(absl::string_view s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    const Utf8Step step = DecodeUtf8At(s, i);
+    out.emplace_back(s.substr(i, step.length));
+    i += step.length;
+  }
+  return out;
+}
+
+const Value* Value::Find(absl::string_view key) const {
+  return is_mapping() ? FindEntry(*dict_, key) : nullptr;
+}
+
+void Value::SetAttribute(const std::string& key, Value v) {
+  SetEntry(dict_.get(), key, std::move(v));
 }
 
 bool Value::Truthy() const {
@@ -329,11 +346,7 @@ absl::StatusOr<ValueList> Value::Items() const {
     }
     case Kind::kString: {
       ValueList chars;
-      for (size_t i = 0; i < s_.size();) {
-        const Utf8Step step = DecodeUtf8At(s_, i);
-        chars.push_back(String(s_.substr(i, step.length)));
-        i += step.length;
-      }
+      for (std::string& c : Utf8Chars(s_)) chars.push_back(String(std::move(c)));
       return chars;
     }
     default:

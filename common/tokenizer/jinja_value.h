@@ -121,6 +121,15 @@ class Value {
   std::shared_ptr<const Function> fn_;
 };
 
+// The value of `key` in `d` (a dict's items, a call's keyword arguments, a
+// scope); null when absent.
+const Value* FindEntry(const ValueDict& d, absl::string_view key);
+// Sets `key` in `d`: in place where present, appended where not.
+void SetEntry(ValueDict* d, const std::string& key, Value v);
+// The characters of a UTF-8 string: each code point as its bytes (a byte
+// of an ill-formed sequence alone).
+std::vector<std::string> Utf8Chars(absl::string_view s);
+
 // Python's repr() of a float ("1.0", "0.1", "1e+20", "inf", "nan").
 std::string PythonFloatRepr(double d);
 // `s` as Python's repr() quotes it.

@@ -145,12 +145,8 @@ TEST(PrefixCacheClusterTest, Fp8KvCacheAcrossTheHandoffEqualsOneFp8Backend) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
   ASSERT_TRUE(model.ok());
-  const ModelConfig& c = (*model)->config();
-  KvRowFormat fp8;
-  fp8.fp8_latent = c.kv_lora_rank;
-  fp8.fp8_rope = c.qk_rope_head_dim;
-  std::unique_ptr<AttentionBackend> reference =
-      NewCpuAttentionBackend(&(*model)->attention(), 0, 64, false, fp8);
+  std::unique_ptr<AttentionBackend> reference = NewCpuAttentionBackend(
+      &(*model)->attention(), 0, 64, false, KvRowFormat::Fp8((*model)->config()));
   SamplingParams greedy;
   StopParams stop;
   stop.max_new_tokens = 24;
