@@ -126,19 +126,23 @@ absl::Status CheckQuantization(const ModelConfig& config, const DeviceOptions& o
   return absl::OkStatus();
 }
 
-// The rows' format --kv_cache_dtype asks for, for this model on this device.
+// The rows' format --kv_cache_dtype asks for, for this model on this
+// device: the CPU engine's (the CUDA backend keeps FP8 rows in its own pool,
+// CudaModelOptions::fp8_kv_cache, and takes the flag from `options`).
 absl::StatusOr<KvRowFormat> KvFormatFor(const ModelConfig& config, const DeviceOptions& options) {
   if (!options.fp8_kv_cache) return KvRowFormat();
-  if (IsCudaDevice(options.device)) {
-    return absl::UnimplementedError(
-        "--kv_cache_dtype fp8 is not on CUDA yet: the CPU engine's FP8 cache (--device cpu) is "
-        "the reference its kernels are being written against");
-  }
   if (config.family == ModelFamily::kDeepseekV32 || config.layers() == LayerArch::kV4) {
     return absl::UnimplementedError(
         "--kv_cache_dtype fp8 covers MLA's latent and rope rows (DeepSeek-V2 and V3 families); "
         "DeepSeek-V3.2's indexer keys and V4's compressed entries are not FP8 here yet");
   }
+  if (config.kv_lora_rank % 16 != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--kv_cache_dtype fp8 needs kv_lora_rank a multiple of 16 (the FP8 row's scales sit "
+        "after the latent codes, 16-byte aligned); this model's is ",
+        config.kv_lora_rank));
+  }
+  if (IsCudaDevice(options.device)) return KvRowFormat();
   return KvRowFormat::Fp8(config);
 }
 
@@ -187,7 +191,7 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(
     const DeviceOptions& options) {
   RETURN_IF_ERROR(ValidateDevice(options.device));
   RETURN_IF_ERROR(CheckQuantization(config, options));
-  ASSIGN_OR_RETURN(const KvRowFormat kv_format, KvFormatFor(config, options));
+  RETURN_IF_ERROR(KvFormatFor(config, options).status());  // the same refusals as attention's
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     return cuda->make_expert_stage(config, std::move(weights), options);

@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttentionBackend(
   o.max_model_len = options.max_model_len;
   o.fp8_linears = options.fp8_linears;
   o.prefix_cache = options.prefix_cache;
+  o.fp8_kv_cache = options.fp8_kv_cache;
   o.routed_experts_on_device = with_experts;
   std::unique_ptr<cuda::CudaModel> model;
   if (options.dummy_weights) {

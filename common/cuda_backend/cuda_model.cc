@@ -101,6 +101,16 @@ absl::Status CudaModel::Init() {
   if (c.n_routed_experts > 1024 || c.num_experts_per_tok > 32) {
     return absl::UnimplementedError("CudaModel: at most 1024 routed experts and top-32");
   }
+  if (o.fp8_kv_cache && (c.has_indexer() || c.layers() == LayerArch::kV4)) {
+    return absl::UnimplementedError(
+        "CudaModel: the FP8 KV cache holds MLA's latent and rope rows (DeepSeek-V2 and V3 "
+        "families); DeepSeek-V3.2's indexer keys and V4's compressed entries are not FP8 here");
+  }
+  if (o.fp8_kv_cache && (c.kv_lora_rank % 16 != 0 || c.kv_lora_rank > 1024)) {
+    return absl::UnimplementedError(absl::StrCat("CudaModel: the FP8 KV cache needs kv_lora_rank "
+                                                 "a multiple of 16 up to 1024, not ",
+                                                 c.kv_lora_rank));
+  }
   ASSIGN_OR_RETURN(info_, CurrentDeviceInfo());
   ASSIGN_OR_RETURN(gemm_, CublasGemm::Create());
   const int pos_limit = c.max_position_embeddings > 0 ? c.max_position_embeddings : 1 << 30;
@@ -159,6 +169,11 @@ absl::Status CudaModel::Init() {
   return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
+KvRowSpec CudaModel::kv_row_spec() const {
+  if (!options_.fp8_kv_cache) return KvRowSpec::Bf16(kv_row_width());
+  return KvRowSpec::Fp8(config_.kv_lora_rank, config_.qk_rope_head_dim);
+}
+
 absl::Status CudaModel::InitKvStore() {
   const ModelConfig& c = config_;
   const CudaModelOptions& o = options_;
@@ -169,7 +184,7 @@ absl::Status CudaModel::InitKvStore() {
                         static_cast<double>(total_bytes - free_bytes) -
                         static_cast<double>(kReserveBytes);
   const size_t block_bytes =
-      KvPool::BlockBytes(c.num_hidden_layers, kv_row_width()) + stack_->ExtraBlockBytes();
+      KvPool::BlockBytes(c.num_hidden_layers, kv_row_spec()) + stack_->ExtraBlockBytes();
   int64_t blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
   blocks = std::min<int64_t>(blocks, static_cast<int64_t>(o.max_num_seqs) * max_blocks_per_seq);
   if (o.max_kv_blocks > 0) blocks = std::min<int64_t>(blocks, o.max_kv_blocks);
@@ -181,7 +196,7 @@ absl::Status CudaModel::InitKvStore() {
                      " bytes; raise gpu_memory_utilization or lower max_model_len)"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool,
-                   KvPool::Create(c.num_hidden_layers, kv_row_width(), static_cast<int>(blocks)));
+                   KvPool::Create(c.num_hidden_layers, kv_row_spec(), static_cast<int>(blocks)));
   store_ = std::make_unique<KvStore>(std::move(pool), max_model_len_,
                                      o.prefix_cache && c.family != ModelFamily::kDeepseekV4);
   kv_ = &store_->pool();

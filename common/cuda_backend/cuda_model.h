@@ -180,6 +180,8 @@ class CudaModel {
   absl::StatusOr<DeviceKvBlocks> ExportKv(int seq);
   absl::Status ImportKv(int seq, const DeviceKvBlocks& src, int length);
   int kv_row_width() const { return config_.kv_cache_row_width(); }
+  // How the pool stores a row of kv_row_width() values (options.fp8_kv_cache).
+  KvRowSpec kv_row_spec() const;
 
   // Benchmarks: fills the whole cache with random rows, then adds `n`
   // sequences that each claim `length` tokens of them without running the

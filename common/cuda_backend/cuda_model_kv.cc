@@ -68,6 +68,7 @@ absl::StatusOr<DeviceKvBlocks> CudaModel::ExportKv(int seq) {
   d.block_size = kKvBlockSize;
   d.blocks = store_->at(seq).blocks;
   d.sender = KvPool::ProcessToken();
+  d.row_bytes = kv_->row_stride() * static_cast<int>(sizeof(bf16));
   return d;
 }
 
@@ -82,6 +83,13 @@ absl::Status CudaModel::ImportKv(int seq, const DeviceKvBlocks& src, int length)
         absl::StrCat("CudaModel::ImportKv: ", length, " tokens in ", src.blocks.size(),
                      " blocks of ", src.block_size, " into a sequence of ", len, " (block size ",
                      kKvBlockSize, ", max_model_len ", max_model_len_, ")"));
+  }
+  const int row_bytes = kv_->row_stride() * static_cast<int>(sizeof(bf16));
+  if (src.row_bytes != row_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CudaModel::ImportKv: the sender's KV rows are ", src.row_bytes, " bytes, this pool's ",
+        row_bytes, " (", kv_->row().fp8() ? "fp8" : "bf16",
+        "): run prefill and decode workers with the same --kv_cache_dtype"));
   }
   Sequence& s = store_->at(seq);
   const int first = len / kKvBlockSize;

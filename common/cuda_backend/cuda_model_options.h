@@ -48,6 +48,11 @@ struct CudaModelOptions {
   // entries sit in the same block ids at other rows (entry e at row e), so
   // a sequence would write into blocks it shares.
   bool prefix_cache = false;
+  // --kv_cache_dtype fp8: the paged cache holds FlashMLA's FP8 rows (656
+  // bytes a token at V3's widths against 1152 in bf16; KvRowSpec::Fp8),
+  // written by the KV-write kernel and widened in the MLA kernels' shared
+  // memory. MLA models without an indexer (V2, V2-Lite, V3, R1).
+  bool fp8_kv_cache = false;
 };
 
 }  // namespace moesh::cuda

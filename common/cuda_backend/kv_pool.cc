@@ -136,10 +136,10 @@ absl::Status KvPool::CopyBlocksFrom(const std::string& src_handle, const std::st
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(copy_ids_.get(), ids.data(), ids.size() * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, stream));
   CopyKvBlocksParams p;
-  p.src = src, p.src_layer_elems = static_cast<int64_t>(src_num_blocks) * kKvBlockSize * row_width_;
+  p.src = src, p.src_layer_elems = static_cast<int64_t>(src_num_blocks) * kKvBlockSize * row_stride_;
   p.dst = storage_.get(),
-  p.dst_layer_elems = static_cast<int64_t>(num_blocks_) * kKvBlockSize * row_width_;
-  p.block_elems = static_cast<int64_t>(kKvBlockSize) * row_width_;
+  p.dst_layer_elems = static_cast<int64_t>(num_blocks_) * kKvBlockSize * row_stride_;
+  p.block_elems = static_cast<int64_t>(kKvBlockSize) * row_stride_;
   p.src_blocks = copy_ids_.get(), p.dst_blocks = copy_ids_.get() + n, p.num_blocks = n,
   p.num_layers = num_layers_;
   p.stream = stream;
@@ -148,21 +148,27 @@ absl::Status KvPool::CopyBlocksFrom(const std::string& src_handle, const std::st
                     "cudaStreamSynchronize (KV blocks from device memory)");
 }
 
-absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(int num_layers, int row_width,
+absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(int num_layers, const KvRowSpec& row,
                                                        int num_blocks) {
-  if (num_layers < 1 || row_width < 1 || num_blocks < 1) {
-    return absl::InvalidArgumentError("KvPool: need num_layers, row_width, num_blocks >= 1");
+  if (num_layers < 1 || row.width < 1 || num_blocks < 1) {
+    return absl::InvalidArgumentError("KvPool: need num_layers, row width, num_blocks >= 1");
   }
-  std::unique_ptr<KvPool> pool(new KvPool(num_layers, row_width, num_blocks));
+  if (row.fp8() && (row.latent < 16 || row.latent % 16 != 0 || row.rope < 0 || row.rope % 2 != 0 ||
+                    row.width != row.latent + row.rope)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KvPool: FP8 rows need a latent part that is a multiple of 16 and an even rope part (",
+        row.latent, " + ", row.rope, ")"));
+  }
+  std::unique_ptr<KvPool> pool(new KvPool(num_layers, row, num_blocks));
   ASSIGN_OR_RETURN(pool->storage_,
                    DeviceBuffer<bf16>::Create(static_cast<size_t>(num_layers) * num_blocks *
-                                              kKvBlockSize * row_width));
+                                              kKvBlockSize * row.stride()));
   return pool;
 }
 
 absl::Status KvPool::CopyRows(int layer, const std::vector<int32_t>& blocks, int first, int n,
                               uint16_t* host, cudaMemcpyKind kind, cudaStream_t stream) const {
-  const size_t w = row_width_;
+  const size_t w = row_stride_;
   for (int i = 0; i < n;) {
     const int pos = first + i, in_block = std::min(n - i, kKvBlockSize - pos % kKvBlockSize);
     bf16* dev =
@@ -180,17 +186,35 @@ absl::Status KvPool::CopyRows(int layer, const std::vector<int32_t>& blocks, int
 
 absl::Status KvPool::WriteRows(int layer, const std::vector<int32_t>& blocks, int first,
                                const float* rows, int n, cudaStream_t stream) {
-  std::vector<uint16_t> staging(static_cast<size_t>(n) * row_width_);
-  for (size_t i = 0; i < staging.size(); ++i) staging[i] = F32ToBf16(rows[i]);
+  std::vector<uint16_t> staging(static_cast<size_t>(n) * row_stride_);
+  if (row_.fp8()) {
+    const cpu::Fp8KvRowLayout layout{row_.latent, row_.rope};
+    for (int i = 0; i < n; ++i) {
+      cpu::PackFp8KvRow(rows + static_cast<size_t>(i) * row_.width, layout,
+                        reinterpret_cast<uint8_t*>(staging.data() + static_cast<size_t>(i) *
+                                                                        row_stride_));
+    }
+  } else {
+    for (size_t i = 0; i < staging.size(); ++i) staging[i] = F32ToBf16(rows[i]);
+  }
   return CopyRows(layer, blocks, first, n, staging.data(), cudaMemcpyHostToDevice, stream);
 }
 
 absl::Status KvPool::ReadRows(int layer, const std::vector<int32_t>& blocks, int first, int n,
                               float* rows, cudaStream_t stream) const {
-  std::vector<uint16_t> staging(static_cast<size_t>(n) * row_width_);
+  std::vector<uint16_t> staging(static_cast<size_t>(n) * row_stride_);
   RETURN_IF_ERROR(
       CopyRows(layer, blocks, first, n, staging.data(), cudaMemcpyDeviceToHost, stream));
-  for (size_t i = 0; i < staging.size(); ++i) rows[i] = Bf16ToF32(staging[i]);
+  if (row_.fp8()) {
+    const cpu::Fp8KvRowLayout layout{row_.latent, row_.rope};
+    for (int i = 0; i < n; ++i) {
+      cpu::UnpackFp8KvRow(
+          reinterpret_cast<const uint8_t*>(staging.data() + static_cast<size_t>(i) * row_stride_),
+          layout, rows + static_cast<size_t>(i) * row_.width);
+    }
+  } else {
+    for (size_t i = 0; i < staging.size(); ++i) rows[i] = Bf16ToF32(staging[i]);
+  }
   return absl::OkStatus();
 }
 

@@ -1,6 +1,6 @@
 // The paged latent KV cache on the device: for every layer, num_blocks blocks
-// of kKvBlockSize rows [kv_lora_rank latent | rope key], bf16, in one
-// cudaMalloc (never managed memory). A block id names the same block in every
+// of kKvBlockSize rows [kv_lora_rank latent | rope key], bf16 or FP8
+// (KvRowSpec), in one cudaMalloc (never managed memory). A block id names the same block in every
 // layer. Storage only: which sequence holds which block (and the prefix
 // cache's sharing) is the KvStore's (kv_store.h).
 //
@@ -22,28 +22,52 @@
 
 namespace moesh::cuda {
 
+// A pool's row: `width` values (what WriteRows and ReadRows exchange, as
+// float32), stored as bf16, or (kFp8, --kv_cache_dtype fp8) as
+// cpu::Fp8KvRowLayout{latent, rope}'s bytes, width == latent + rope.
+struct KvRowSpec {
+  int width = 0;
+  KvCacheDtype dtype = KvCacheDtype::kBf16;
+  int latent = 0, rope = 0;  // kFp8's layout
+
+  static KvRowSpec Bf16(int width) { return {width, KvCacheDtype::kBf16, 0, 0}; }
+  static KvRowSpec Fp8(int latent, int rope) {
+    return {latent + rope, KvCacheDtype::kFp8, latent, rope};
+  }
+  bool fp8() const { return dtype == KvCacheDtype::kFp8; }
+  // The 2-byte units a row takes: the kernels' row stride.
+  int stride() const { return fp8() ? cpu::Fp8KvRowLayout{latent, rope}.bytes() / 2 : width; }
+  bool operator==(const KvRowSpec& o) const {
+    return width == o.width && dtype == o.dtype && latent == o.latent && rope == o.rope;
+  }
+};
+
 class KvPool {
  public:
   // Bytes of one block across all layers.
-  static size_t BlockBytes(int num_layers, int row_width) {
-    return static_cast<size_t>(num_layers) * kKvBlockSize * row_width * sizeof(bf16);
+  static size_t BlockBytes(int num_layers, const KvRowSpec& row) {
+    return static_cast<size_t>(num_layers) * kKvBlockSize * row.stride() * sizeof(bf16);
   }
-  // REQUIRES: num_blocks >= 1. RESOURCE_EXHAUSTED if the device lacks memory.
-  static absl::StatusOr<std::unique_ptr<KvPool>> Create(int num_layers, int row_width,
+  // REQUIRES: num_blocks >= 1, row.width >= 1; an FP8 row's latent a
+  // positive multiple of 16 and its rope even (else INVALID_ARGUMENT).
+  // RESOURCE_EXHAUSTED if the device lacks memory.
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(int num_layers, const KvRowSpec& row,
                                                         int num_blocks);
 
   int num_layers() const { return num_layers_; }
-  int row_width() const { return row_width_; }
+  const KvRowSpec& row() const { return row_; }
+  int row_stride() const { return row_stride_; }  // 2-byte units
   int num_blocks() const { return num_blocks_; }
   size_t bytes() const { return storage_.bytes(); }
-  // Layer l's blocks: [num_blocks, kKvBlockSize, row_width].
+  // Layer l's blocks: [num_blocks, kKvBlockSize, row_stride].
   bf16* layer(int l) const {
-    return storage_.get() + static_cast<size_t>(l) * num_blocks_ * kKvBlockSize * row_width_;
+    return storage_.get() + static_cast<size_t>(l) * num_blocks_ * kKvBlockSize * row_stride_;
   }
 
   // Rows [first, first + n) of a sequence with block table `blocks` in
-  // `layer`, as float32 [n, row_width] on the host (bf16 here), synchronously
-  // on `stream`. REQUIRES: the blocks cover the rows.
+  // `layer`, as float32 [n, row().width] on the host (bf16 or FP8 here, as
+  // cpu::PackFp8KvRow packs them), synchronously on `stream`. REQUIRES: the
+  // blocks cover the rows.
   absl::Status WriteRows(int layer, const std::vector<int32_t>& blocks, int first,
                          const float* rows, int n, cudaStream_t stream);
   absl::Status ReadRows(int layer, const std::vector<int32_t>& blocks, int first, int n,
@@ -72,14 +96,16 @@ class KvPool {
   ~KvPool();
 
  private:
-  KvPool(int num_layers, int row_width, int num_blocks)
-      : num_layers_(num_layers), row_width_(row_width), num_blocks_(num_blocks) {}
+  KvPool(int num_layers, const KvRowSpec& row, int num_blocks)
+      : num_layers_(num_layers), row_(row), row_stride_(row.stride()), num_blocks_(num_blocks) {}
   // One cudaMemcpyAsync per run of rows inside a block, between the pool and
-  // host bf16 rows [n, row_width].
+  // host rows as stored [n, row_stride].
   absl::Status CopyRows(int layer, const std::vector<int32_t>& blocks, int first, int n,
                         uint16_t* host, cudaMemcpyKind kind, cudaStream_t stream) const;
 
-  const int num_layers_, row_width_, num_blocks_;
+  const int num_layers_;
+  const KvRowSpec row_;
+  const int row_stride_, num_blocks_;
   DeviceBuffer<bf16> storage_;
   std::string ipc_handle_;  // set by IpcHandle()
   // Other pools mapped by CopyBlocksFrom: handle -> (pointer, last use).

@@ -31,6 +31,9 @@ struct DeviceKvBlocks {
   int block_size = 0;
   std::vector<int32_t> blocks;
   std::string sender;  // the exporting process: a new handle from it retires the old one's mapping
+  // Bytes of one of the pool's rows: its format (bf16 rows of the model's
+  // width, or FP8 ones, --kv_cache_dtype); the receiver's must be the same.
+  int row_bytes = 0;
 };
 
 // How a cache holds its rows. Native: as computed (float32 on the host).

@@ -25,8 +25,9 @@ ABSL_FLAG(std::string, quantization, "",
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "auto: the KV cache in the device's own precision (float32 on the CPU, bf16 on CUDA). "
           "fp8: FlashMLA's FP8 layout (the latent part in e4m3 with a power-of-two scale per "
-          "128 values, the rope part in bf16): half the bytes of bf16 a token. --device cpu, "
-          "DeepSeek-V2 and V3 families, for now.");
+          "128 values, the rope part in bf16): 656 bytes a token at DeepSeek-V3's widths against "
+          "1152 in bf16. DeepSeek-V2 and V3 families (not V3.2 or V4); prefill and decode "
+          "workers must agree.");
 
 namespace moesh {
 

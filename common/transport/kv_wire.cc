@@ -31,6 +31,7 @@ void EncodePushKv(const KvTransfer& t, v1::PushKvRequest* request) {
     dev->set_block_size(d.block_size);
     for (int32_t b : d.blocks) dev->add_blocks(b);
     dev->set_sender(d.sender);
+    dev->set_row_bytes(d.row_bytes);
     return;
   }
   request->set_rows_bf16(t.rows_bf16);
@@ -65,6 +66,7 @@ absl::StatusOr<KvTransfer> DecodePushKv(const v1::PushKvRequest& request) {
     d.block_size = dev.block_size();
     d.blocks.assign(dev.blocks().begin(), dev.blocks().end());
     d.sender = dev.sender();
+    d.row_bytes = dev.row_bytes();
     t.device = std::move(d);
     // Rows besides device blocks are malformed; a placeholder row has
     // CheckKvTransfer say so ("or rows sent too").

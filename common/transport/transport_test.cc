@@ -664,7 +664,7 @@ TEST(KvWireTest, RoundTrips) {
   for (int i = 0; i < 24; ++i) bf16.bf16_rows.push_back(F32ToBf16(0.5f * i));
   KvTransfer dev;
   dev.request_id = "c", dev.num_layers = 2, dev.num_tokens = 130, dev.row_width = 4;
-  dev.device = DeviceKvBlocks{std::string(64, '\x01'), 1, 16, 64, {5, 0, 9}, "sender-7"};
+  dev.device = DeviceKvBlocks{std::string(64, '\x01'), 1, 16, 64, {5, 0, 9}, "sender-7", 656};
   for (const KvTransfer* t : {&f32, &bf16, &dev}) {
     v1::PushKvRequest msg;
     EncodePushKv(*t, &msg);
@@ -693,6 +693,7 @@ TEST(KvWireTest, RoundTrips) {
       EXPECT_EQ(back->device->block_size, t->device->block_size);
       EXPECT_EQ(back->device->blocks, t->device->blocks);
       EXPECT_EQ(back->device->sender, t->device->sender);
+      EXPECT_EQ(back->device->row_bytes, t->device->row_bytes);
     }
     CountingKv h;
     ASSERT_TRUE(ServePushKv(h, msg).ok());

@@ -48,8 +48,25 @@ void Fp8BlockLinear(const uint8_t* x, const float* x_scale, const uint8_t* w, co
 constexpr float kFp8KvAmaxFloor = 1e-4f;
 // The scale of a 128-value latent tile whose largest magnitude is `amax`.
 float Fp8KvScale(float amax);
-// What the FP8 cache gives back for row[latent + rope], in place: each latent
-// value e4m3(x / scale) * scale, each rope value rounded to bf16.
+
+// The row's bytes in a device cache: [latent e4m3 codes | Fp8Blocks(latent)
+// float32 scales | rope bf16], padded to 16 bytes (656 at 512 + 64, as
+// FlashMLA's). REQUIRES: latent a positive multiple of 16, rope >= 0 even.
+struct Fp8KvRowLayout {
+  int latent = 0, rope = 0;
+  constexpr int scales_offset() const { return latent; }
+  constexpr int rope_offset() const { return latent + 4 * Fp8Blocks(latent); }
+  constexpr int bytes() const { return (rope_offset() + 2 * rope + 15) / 16 * 16; }
+};
+static_assert(Fp8KvRowLayout{512, 64}.bytes() == 656, "FlashMLA's FP8 KV row");
+
+// row[latent + rope] -> the layout's bytes (padding zeroed).
+void PackFp8KvRow(const float* row, const Fp8KvRowLayout& layout, uint8_t* out);
+// The layout's bytes -> row[latent + rope]: code * scale, and the bf16 rope.
+void UnpackFp8KvRow(const uint8_t* in, const Fp8KvRowLayout& layout, float* row);
+// What the FP8 cache gives back for row[latent + rope], in place (Pack then
+// Unpack): each latent value e4m3(x / scale) * scale, each rope value rounded
+// to bf16. Any latent width (a last group narrower than 128).
 void RoundTripFp8KvRow(float* row, int latent, int rope);
 
 }  // namespace moesh::cpu

@@ -206,5 +206,38 @@ TEST(Fp8Test, KvRowRoundTrip) {
   EXPECT_EQ(bad[6], 1.0f);
 }
 
+// The device cache's bytes: Unpack(Pack(row)) is the round trip, the scales
+// sit after the codes and the rope after them, the padding is zero; a tiny
+// model's latent of 32 (one narrow group) as well as V3's 512 + 64.
+TEST(Fp8Test, KvRowPacksIntoFlashMlasLayout) {
+  std::mt19937 rng(12);
+  for (const Fp8KvRowLayout layout : {Fp8KvRowLayout{512, 64}, Fp8KvRowLayout{32, 8}}) {
+    SCOPED_TRACE(layout.latent);
+    EXPECT_EQ(layout.bytes() % 16, 0);
+    std::vector<float> row = Randn(layout.latent + layout.rope, rng, 3.0f);
+    std::vector<uint8_t> bytes(static_cast<size_t>(layout.bytes()), 0xAB);
+    PackFp8KvRow(row.data(), layout, bytes.data());
+    std::vector<float> back(row.size());
+    UnpackFp8KvRow(bytes.data(), layout, back.data());
+    std::vector<float> want = row;
+    RoundTripFp8KvRow(want.data(), layout.latent, layout.rope);
+    EXPECT_EQ(std::memcmp(back.data(), want.data(), want.size() * sizeof(float)), 0);
+    for (int g = 0; g < Fp8Blocks(layout.latent); ++g) {
+      float s = 0, amax = 0;
+      std::memcpy(&s, bytes.data() + layout.scales_offset() + 4 * g, 4);
+      for (int c = g * kFp8Block; c < std::min(layout.latent, (g + 1) * kFp8Block); ++c)
+        amax = std::max(amax, std::fabs(row[c]));
+      EXPECT_EQ(s, Fp8KvScale(amax)) << "group " << g;
+    }
+    for (int c = 0; c < layout.rope; ++c) {
+      uint16_t b = 0;
+      std::memcpy(&b, bytes.data() + layout.rope_offset() + 2 * c, 2);
+      EXPECT_EQ(b, F32ToBf16(row[layout.latent + c])) << c;
+    }
+    for (int i = layout.rope_offset() + 2 * layout.rope; i < layout.bytes(); ++i)
+      EXPECT_EQ(bytes[i], 0) << "padding byte " << i;
+  }
+}
+
 }  // namespace
 }  // namespace moesh::cpu

@@ -1,5 +1,6 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/fp8_kv.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -29,7 +30,44 @@ absl::Status Fill(T* x, size_t n, uint64_t seed, float scale, float offset, cuda
   return LaunchStatus("FillKernel");
 }
 
+__global__ void FillFp8KvKernel(uint8_t* rows, size_t num_rows, cpu::Fp8KvRowLayout layout,
+                                uint64_t seed, float scale) {
+  const float s = fp8kv::Scale(scale);
+  const int width = layout.latent + layout.rope, bytes = layout.bytes();
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+       i < num_rows * bytes; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = i / bytes;
+    const int b = static_cast<int>(i % bytes);
+    uint8_t v = 0;  // padding
+    if (b < layout.latent) {
+      v = fp8kv::Code(Uniform(seed, r * width + b, scale), s);
+    } else if (b < layout.rope_offset()) {  // the scales, a byte at a time
+      const float sc = s;
+      v = reinterpret_cast<const uint8_t*>(&sc)[(b - layout.scales_offset()) % 4];
+    } else if (b < layout.rope_offset() + 2 * layout.rope) {
+      const int c = (b - layout.rope_offset()) / 2;
+      const __nv_bfloat16 x = __float2bfloat16_rn(Uniform(seed, r * width + layout.latent + c, scale));
+      v = reinterpret_cast<const uint8_t*>(&x)[(b - layout.rope_offset()) % 2];
+    }
+    rows[i] = v;
+  }
+}
+
 }  // namespace
+
+absl::Status FillFp8KvRows(void* rows, size_t num_rows, int latent, int rope, uint64_t seed,
+                           float scale, cudaStream_t stream) {
+  if (latent < 16 || latent % 16 != 0 || rope < 0 || rope % 2 != 0) {
+    return absl::InvalidArgumentError("FillFp8KvRows: latent a multiple of 16, rope even");
+  }
+  if (num_rows == 0) return absl::OkStatus();
+  if (rows == nullptr) return absl::InvalidArgumentError("FillFp8KvRows: null pointer");
+  const cpu::Fp8KvRowLayout layout{latent, rope};
+  const size_t blocks = std::min<size_t>((num_rows * layout.bytes() + 255) / 256, 65536);
+  FillFp8KvKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      static_cast<uint8_t*>(rows), num_rows, layout, seed, scale);
+  return LaunchStatus("FillFp8KvKernel");
+}
 
 absl::Status FillUniform(bf16* x, size_t n, uint64_t seed, float scale, cudaStream_t stream) {
   return Fill(x, n, seed, scale, 0.0f, stream);

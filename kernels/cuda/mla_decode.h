@@ -21,13 +21,17 @@ struct MlaDecodePlan {
 // How to split a batch: every sequence's cache blocks are cut into
 // num_splits ranges, chosen so the CTAs fill the device's num_sms in as few
 // waves as possible. Pure host arithmetic; call it once per batch shape.
+// An FP8 cache (kv_dtype) runs the 16-head kernel whatever `tile` says
+// (the 64-head one reads bf16 rows only): plan with the dtype it runs.
 MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_sms,
-                            MlaTileConfig tile = MlaTileConfig::kDefault);
+                            MlaTileConfig tile = MlaTileConfig::kDefault,
+                            KvCacheDtype kv_dtype = KvCacheDtype::kBf16);
 
 // Workspace a given split count needs (0 for one split).
 size_t MlaDecodeWorkspaceBytes(int batch, int num_heads, int num_splits);
 
 // REQUIRES (else INVALID_ARGUMENT): kv_lora_rank == 512, rope_dim == 64,
+// kv_row_stride 0 or the row's (576, or 328 for FP8 rows of 656 bytes),
 // 1 <= num_splits <= mla::kMaxSplits with MlaDecodeWorkspaceBytes() of
 // workspace (PlanMlaDecode gives both), 16-byte aligned q, kv_cache, out and
 // workspace, max_seq_len <= max_blocks_per_seq * 64.

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/fp8_kv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/model_ops.h"
 
@@ -237,7 +238,10 @@ __global__ void __launch_bounds__(kMlaThreads) MlaGenericKernel(MlaDecodeParams 
   __syncthreads();
   const int len = p.seq_lens[b];
   const int32_t* table = p.block_table + static_cast<int64_t>(b) * p.max_blocks_per_seq;
-  const int stride = p.kv_row_stride > 0 ? p.kv_row_stride : dim;
+  const bool fp8 = p.kv_dtype == KvCacheDtype::kFp8;
+  const int stride = p.kv_row_stride > 0 ? p.kv_row_stride
+                     : fp8               ? cpu::Fp8KvRowLayout{rank, p.rope_dim}.bytes() / 2
+                                         : dim;
   const int32_t* index =
       p.kv_index != nullptr ? p.kv_index + static_cast<int64_t>(b) * p.kv_index_stride : nullptr;
   auto row_of = [&](int i) {
@@ -245,6 +249,10 @@ __global__ void __launch_bounds__(kMlaThreads) MlaGenericKernel(MlaDecodeParams 
     return p.kv_cache +
            (static_cast<int64_t>(table[pos / kKvBlockSize]) * kKvBlockSize + pos % kKvBlockSize) *
                stride;
+  };
+  auto value = [&](const bf16* row, int d) {
+    return fp8 ? fp8kv::Load(reinterpret_cast<const uint8_t*>(row), rank, d)
+               : __bfloat162float(row[d]);
   };
   constexpr int kMaxOwn = kMlaMaxDim / kMlaThreads;  // latent dims per thread
   float acc[kMaxOwn];
@@ -257,7 +265,7 @@ __global__ void __launch_bounds__(kMlaThreads) MlaGenericKernel(MlaDecodeParams 
     if (t < len) {
       const bf16* row = row_of(t);
       float dot = 0.0f;
-      for (int d = 0; d < dim; ++d) dot += q[d] * __bfloat162float(row[d]);
+      for (int d = 0; d < dim; ++d) dot += q[d] * value(row, d);
       s = dot * p.softmax_scale;
     }
     // Chunk max.
@@ -283,7 +291,7 @@ __global__ void __launch_bounds__(kMlaThreads) MlaGenericKernel(MlaDecodeParams 
       if (d < rank) {
         float a = acc[j] * scale_old;
         for (int i = 0; i < n; ++i) {
-          a += prob[i] * __bfloat162float(row_of(base + i)[d]);
+          a += prob[i] * value(row_of(base + i), d);
         }
         acc[j] = a;
       }
@@ -422,7 +430,14 @@ absl::Status RunMlaAttentionGeneric(const MlaDecodeParams& p) {
   if (!p.q || !p.kv_cache || !p.block_table || !p.seq_lens || !p.out) {
     return absl::InvalidArgumentError("RunMlaAttentionGeneric: null pointer");
   }
-  if ((p.kv_row_stride != 0 && p.kv_row_stride < p.kv_lora_rank + p.rope_dim) ||
+  const bool fp8 = p.kv_dtype == KvCacheDtype::kFp8;
+  if (fp8 && (p.kv_lora_rank % 16 != 0 || p.rope_dim % 2 != 0)) {
+    return absl::InvalidArgumentError(
+        "RunMlaAttentionGeneric: FP8 rows need kv_lora_rank a multiple of 16 and an even rope_dim");
+  }
+  const int row_units =
+      fp8 ? cpu::Fp8KvRowLayout{p.kv_lora_rank, p.rope_dim}.bytes() / 2 : p.kv_lora_rank + p.rope_dim;
+  if ((p.kv_row_stride != 0 && p.kv_row_stride < row_units) ||
       (p.kv_index != nullptr && p.kv_index_stride < 1)) {
     return absl::InvalidArgumentError(
         "RunMlaAttentionGeneric: row stride below the row, or an index without a stride");

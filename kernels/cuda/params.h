@@ -27,6 +27,13 @@ using cpu::RopeLayout;
 
 enum class OutType { kBf16, kFloat32 };
 
+// The paged KV cache's rows: bf16 values, or FlashMLA's FP8 rows
+// (cpu::Fp8KvRowLayout over kv_lora_rank + rope: e4m3 latent codes, a
+// power-of-two float32 scale per 128 of them, the rope part in bf16;
+// --kv_cache_dtype fp8). Cache pointers stay bf16* and row strides count
+// 2-byte units in both: an FP8 row is Fp8KvRowLayout::bytes() / 2 of them.
+enum class KvCacheDtype { kBf16, kFp8 };
+
 // y[m, n] = x[m, k] · w[n, k]^T (+ y if accumulate).
 struct GemmParams {
   const bf16* x = nullptr;  // [m, ldx]
@@ -174,6 +181,11 @@ struct RopeKvCacheParams {
   float eps = 1e-6f;
   bf16* cache = nullptr;     // [num_blocks, kKvBlockSize, cache_row_stride]
   int cache_row_stride = 0;  // 0: rank + rope.dim (V3.2's rows carry its indexer key after them)
+  // kFp8: the row is quantized as cpu::PackFp8KvRow does (the same codes and
+  // scales from the same float32 values: the normalized latent unrounded),
+  // cache_row_stride 0 or the layout's bytes / 2; kv_lora_rank a multiple of
+  // 16, at most 1024.
+  KvCacheDtype cache_dtype = KvCacheDtype::kBf16;
   int num_blocks = 0;
   const int32_t* slot_mapping = nullptr;  // [num_tokens]; < 0: padding, not written
   int num_tokens = 0, kv_lora_rank = 0;
@@ -225,6 +237,8 @@ struct MoeGateParams {
 struct MlaDecodeParams {
   const bf16* q = nullptr;               // [batch, num_heads, kv_lora_rank + rope_dim]
   const bf16* kv_cache = nullptr;        // [num_blocks, kKvBlockSize, kv_lora_rank + rope_dim]
+  // kFp8: FP8 rows (KvCacheDtype), kv_row_stride 0 or their bytes / 2.
+  KvCacheDtype kv_dtype = KvCacheDtype::kBf16;
   const int32_t* block_table = nullptr;  // [batch, max_blocks_per_seq]
   const int32_t* seq_lens = nullptr;     // [batch], each in [0, max_seq_len]
   int batch = 0, num_heads = 0;

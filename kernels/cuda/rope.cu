@@ -2,6 +2,7 @@
 // paged cache (the arithmetic: rope.cuh).
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/fp8_kv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/rope.cuh"
@@ -11,6 +12,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxHalf = 256;  // rope dims up to 512
+constexpr int kMaxFp8Latent = 1024;
 
 struct Rotation {
   const float* inv_freq;
@@ -58,9 +60,27 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p, Rotation r)
            p.row_stride);
 }
 
+// The FP8 row (cpu::PackFp8KvRow) of latent[rank] (float32, in shared
+// memory) and the already-rotated rope part, which the caller writes.
+__device__ void StoreFp8Latent(const float* latent, int rank, unsigned* amax_bits, uint8_t* dst) {
+  const cpu::Fp8KvRowLayout layout{rank, 0};
+  for (int g = threadIdx.x; g < cpu::Fp8Blocks(rank); g += blockDim.x) {
+    reinterpret_cast<float*>(dst + layout.scales_offset())[g] =
+        fp8kv::Scale(__uint_as_float(amax_bits[g]));
+  }
+  for (int i = threadIdx.x; i < rank; i += blockDim.x)
+    dst[i] = fp8kv::Code(latent[i], fp8kv::Scale(__uint_as_float(amax_bits[i / cpu::kFp8Block])));
+}
+
+template <KvCacheDtype kDtype>
 __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams p, Rotation r) {
+  constexpr bool kFp8 = kDtype == KvCacheDtype::kFp8;
   __shared__ float2 cs[kMaxHalf];
   __shared__ float scratch[32];
+  // FP8: the normalized latent in float32, and each group's max |x| as bits
+  // (non-negative floats order as their bits).
+  __shared__ float latent[kFp8 ? kMaxFp8Latent : 1];
+  __shared__ unsigned amax_bits[kFp8 ? kMaxFp8Latent / cpu::kFp8Block : 1];
   const int t = blockIdx.x;
   FillCosSin(r, p.positions[t], cs);
   if (p.q != nullptr) {
@@ -71,6 +91,41 @@ __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams 
   if (slot < 0 || slot >= p.num_blocks * kKvBlockSize) return;  // uniform across the CTA
   const int rank = p.kv_lora_rank;
   const bf16* src = p.kv + static_cast<int64_t>(t) * p.kv_ld;
+  if constexpr (kFp8) {
+    const cpu::Fp8KvRowLayout layout{rank, 2 * r.half};
+    uint8_t* dst = reinterpret_cast<uint8_t*>(p.cache) +
+                   static_cast<int64_t>(slot) *
+                       (p.cache_row_stride > 0 ? 2 * p.cache_row_stride : layout.bytes());
+    for (int g = threadIdx.x; g < cpu::Fp8Blocks(rank); g += blockDim.x) amax_bits[g] = 0u;
+    float inv = 1.0f;
+    if (p.kv_norm_weight != nullptr) {
+      float ss = 0.0f;
+      for (int i = threadIdx.x; i < rank; i += blockDim.x) {
+        const float v = __bfloat162float(src[i]);
+        ss += v * v;
+      }
+      inv = rsqrtf(BlockSum(ss, scratch) / static_cast<float>(rank) + p.eps);  // ends synced
+    } else {
+      __syncthreads();  // amax_bits zeroed
+    }
+    for (int i = threadIdx.x; i < rank; i += blockDim.x) {
+      const float v = p.kv_norm_weight != nullptr
+                          ? __bfloat162float(p.kv_norm_weight[i]) * (__bfloat162float(src[i]) * inv)
+                          : __bfloat162float(src[i]);
+      latent[i] = v;
+      const float a = fabsf(v);
+      if (!isnan(a)) atomicMax(&amax_bits[i / cpu::kFp8Block], __float_as_uint(a));
+    }
+    __syncthreads();
+    StoreFp8Latent(latent, rank, amax_bits, dst);
+    bf16* rope_dst = reinterpret_cast<bf16*>(dst + layout.rope_offset());
+    for (int i = threadIdx.x; i < r.half; i += blockDim.x) RotatePair(r, cs, i, src + rank, rope_dst);
+    for (int i = layout.rope_offset() + 2 * layout.rope + threadIdx.x; i < layout.bytes();
+         i += blockDim.x) {
+      dst[i] = 0;  // padding
+    }
+    return;
+  }
   bf16* dst = p.cache + static_cast<int64_t>(slot) *
                             (p.cache_row_stride > 0 ? p.cache_row_stride : rank + 2 * r.half);
   if (p.kv_norm_weight != nullptr) {
@@ -126,11 +181,26 @@ absl::Status RunRopeKvCacheWrite(const RopeKvCacheParams& p) {
                          p.q_token_stride < p.q_num_heads * p.q_head_stride)) {
     return absl::InvalidArgumentError("RunRopeKvCacheWrite: q rope slice outside its head row");
   }
+  if (p.cache_dtype == KvCacheDtype::kFp8) {
+    const cpu::Fp8KvRowLayout layout{p.kv_lora_rank, p.rope.dim};
+    if (p.kv_lora_rank % 16 != 0 || p.kv_lora_rank > kMaxFp8Latent ||
+        (p.cache_row_stride != 0 && 2 * p.cache_row_stride < layout.bytes())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RunRopeKvCacheWrite: an FP8 cache needs kv_lora_rank a multiple of 16 up to ",
+          kMaxFp8Latent, " and rows of at least ", layout.bytes(), " bytes"));
+    }
+  }
   if (p.num_tokens == 0) return absl::OkStatus();
   if (!p.kv || !p.cache || !p.slot_mapping || !p.positions) {
     return absl::InvalidArgumentError("RunRopeKvCacheWrite: null pointer");
   }
-  RopeKvCacheKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p, MakeRotation(p.rope));
+  if (p.cache_dtype == KvCacheDtype::kFp8) {
+    RopeKvCacheKernel<KvCacheDtype::kFp8>
+        <<<p.num_tokens, kThreads, 0, p.stream>>>(p, MakeRotation(p.rope));
+  } else {
+    RopeKvCacheKernel<KvCacheDtype::kBf16>
+        <<<p.num_tokens, kThreads, 0, p.stream>>>(p, MakeRotation(p.rope));
+  }
   return LaunchStatus("RopeKvCacheKernel");
 }
 

@@ -47,7 +47,7 @@ absl::Status MlaLayerStack::Init() {
     size_t ws = 0;
     for (int b : ctx_.buckets) {
       ws = std::max(ws, PlanMlaDecode(b, heads, ctx_.max_model_len, ctx_.info.num_sms,
-                                      MlaTile(ctx_.options.mla_kernel))
+                                      MlaTile(ctx_.options.mla_kernel), kv_dtype())
                             .workspace_bytes);
     }
     RETURN_IF_ERROR(decode_ws_.Reallocate(ws));
@@ -62,7 +62,7 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
   cudaStream_t s = ctx_.stream;
   if (fast_mla_) {
     plan_ = PlanMlaDecode(b.num_tokens, c.num_attention_heads, b.max_seq_len, ctx_.info.num_sms,
-                          MlaTile(ctx_.options.mla_kernel));
+                          MlaTile(ctx_.options.mla_kernel), kv_dtype());
     if (!b.decode && plan_.workspace_bytes > prefill_ws_.bytes()) {
       // The old buffer may still be in use.
       RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s));
@@ -121,7 +121,8 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
     RopeKvCacheParams kp;
     kp.kv = qkv_.get() + ctx_.weights->kv_col(), kp.kv_ld = qkv_w, kp.kv_norm_weight = w.kv_a_norm,
     kp.eps = kLatentNormEps;
-    kp.cache = kv.layer(l), kp.cache_row_stride = kv.row_width(), kp.num_blocks = kv.num_blocks();
+    kp.cache = kv.layer(l), kp.cache_row_stride = kv.row_stride(), kp.num_blocks = kv.num_blocks();
+    kp.cache_dtype = kv.row().dtype;
     kp.slot_mapping = in.slots;
     kp.num_tokens = t, kp.kv_lora_rank = rank;
     kp.q = q_mla_.get(), kp.q_num_heads = heads, kp.q_token_stride = heads * row_w,
@@ -137,7 +138,7 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
     mp.max_seq_len = b.max_seq_len;
     mp.softmax_scale = softmax_scale_, mp.out = o_lat_.get(), mp.out_type = OutType::kBf16,
     mp.stream = s;
-    mp.kv_row_stride = kv.row_width();
+    mp.kv_row_stride = kv.row_stride(), mp.kv_dtype = kv.row().dtype;
     if (c.has_indexer()) {  // the indexer's selection (all causal rows up to index_topk of them)
       mp.seq_lens = index_.count.get(), mp.kv_index = index_.selected.get(),
       mp.kv_index_stride = c.indexer.topk;

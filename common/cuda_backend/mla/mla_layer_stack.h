@@ -49,6 +49,10 @@ class MlaLayerStack : public LayerStack {
 
   const ForwardContext& ctx_;
   FfnBlock* const ffn_;
+  // The pool's rows (CudaModelOptions::fp8_kv_cache), known before it exists.
+  KvCacheDtype kv_dtype() const {
+    return ctx_.options.fp8_kv_cache ? KvCacheDtype::kFp8 : KvCacheDtype::kBf16;
+  }
   bool fast_mla_ = false;  // the tuned MLA kernel on the cache
   float softmax_scale_ = 1.0f;
   RopeTableView rope_;

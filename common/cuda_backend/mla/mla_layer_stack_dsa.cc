@@ -43,7 +43,7 @@ absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
   kp.src = qkv_.get() + key_col, kp.ld_src = qkv_w, kp.num_tokens = num_tokens, kp.dim = di;
   kp.weight = w.index_k_norm, kp.bias = w.index_k_bias, kp.eps = kIndexerKeyNormEps;
   kp.positions = ctx_.in->positions, kp.slot_mapping = ctx_.in->slots;
-  kp.cache = ctx_.kv().layer(layer), kp.row_width = ctx_.kv().row_width(),
+  kp.cache = ctx_.kv().layer(layer), kp.row_width = ctx_.kv().row_stride(),
   kp.offset = c.kv_lora_rank + c.qk_rope_head_dim;
   kp.rope = index_rope_, kp.stream = s;
   RETURN_IF_ERROR(RunIndexKey(kp));
@@ -61,7 +61,7 @@ absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
   xp.num_tokens = num_tokens, xp.num_heads = ni, xp.head_dim = di, xp.rate = 1,
   xp.top_k = c.indexer.topk;
   xp.seq_lens = ctx_.in->seq_lens;
-  xp.key_cache = ctx_.kv().layer(layer), xp.key_row_width = ctx_.kv().row_width();
+  xp.key_cache = ctx_.kv().layer(layer), xp.key_row_width = ctx_.kv().row_stride();
   xp.key_offset = c.kv_lora_rank + c.qk_rope_head_dim;
   xp.block_table = ctx_.in->block_table, xp.max_blocks_per_seq = ctx_.max_blocks_per_seq();
   xp.scores = index_.scores.get(), xp.max_keys = index_.max_keys;
@@ -84,7 +84,7 @@ absl::Status MlaLayerStack::EnqueueSparseMla(const StepBatch& b, const MlaDecode
   for (int first = 0; first < t; first += sparse_.tokens) {
     const int n = std::min(sparse_.tokens, t - first);
     GatherRowsParams g;
-    g.x = mp.kv_cache, g.ldx = ctx_.kv().row_width(),
+    g.x = mp.kv_cache, g.ldx = ctx_.kv().row_stride(),
     g.index = sparse_rows_.get() + static_cast<size_t>(first) * sparse_.stride;
     g.rows = n * sparse_.stride, g.cols = row, g.out = sparse_.rows.get(), g.stream = s;
     RETURN_IF_ERROR(RunGatherRows(g));

@@ -175,7 +175,7 @@ absl::Status V4LayerStack::EnqueueAttention(const StepBatch& b, int l) {
   kp.src = a_.get() + qr, kp.ld_src = a, kp.num_tokens = t, kp.width = w.row_width, kp.head_dim = d;
   kp.kv_norm = w.kv_norm, kp.eps = eps, kp.seq_lens = ctx_.in->seq_lens,
   kp.slot_mapping = ctx_.in->slots;
-  kp.cache = ctx_.kv().layer(l), kp.row_width = ctx_.kv().row_width(), kp.rope = rope,
+  kp.cache = ctx_.kv().layer(l), kp.row_width = ctx_.kv().row_stride(), kp.rope = rope,
   kp.stream = s;
   RETURN_IF_ERROR(RunV4KvRow(kp));
 
@@ -203,7 +203,7 @@ absl::Status V4LayerStack::EnqueueAttention(const StepBatch& b, int l) {
     RETURN_IF_ERROR(RunIndexer(xp));
   }
   ap.q = q_.get(), ap.num_tokens = t, ap.num_heads = heads, ap.dim = d;
-  ap.cache = ctx_.kv().layer(l), ap.row_width = ctx_.kv().row_width();
+  ap.cache = ctx_.kv().layer(l), ap.row_width = ctx_.kv().row_stride();
   ap.block_table = ctx_.in->block_table, ap.max_blocks_per_seq = ctx_.max_blocks_per_seq();
   ap.seq_lens = ctx_.in->seq_lens, ap.window = c.v4.sliding_window;
   ap.entries = rate > 0 ? entries_->layer(l) : nullptr, ap.entry_row_width = entry_width_;
@@ -230,12 +230,12 @@ absl::Status V4LayerStack::EnqueueAttention(const StepBatch& b, int l) {
 }
 
 size_t V4LayerStack::ExtraBlockBytes() const {
-  return KvPool::BlockBytes(ctx_.config.num_hidden_layers, entry_width_);
+  return KvPool::BlockBytes(ctx_.config.num_hidden_layers, KvRowSpec::Bf16(entry_width_));
 }
 
 absl::Status V4LayerStack::AttachPool(int num_blocks) {
   ASSIGN_OR_RETURN(entries_,
-                   KvPool::Create(ctx_.config.num_hidden_layers, entry_width_, num_blocks));
+                   KvPool::Create(ctx_.config.num_hidden_layers, KvRowSpec::Bf16(entry_width_), num_blocks));
   return absl::OkStatus();
 }
 
@@ -249,7 +249,7 @@ absl::Status V4LayerStack::EnqueueCompress(int l, int num_segs, int max_new) {
   const DeviceLayerWeights::V4& w = ctx_.weights->layer(l).v4;
   const int d = c.v4.head_dim, di = c.indexer.head_dim, series = c.v4.CompressSeries(l);
   V4CompressParams cp;
-  cp.cache = ctx_.kv().layer(l), cp.row_width = ctx_.kv().row_width();
+  cp.cache = ctx_.kv().layer(l), cp.row_width = ctx_.kv().row_stride();
   cp.block_table = ctx_.in->block_table, cp.max_blocks_per_seq = ctx_.max_blocks_per_seq();
   cp.seq_lens = ctx_.in->seq_lens, cp.seg_row = ctx_.in->seg_last, cp.seg_from = ctx_.in->seg_from;
   cp.num_segs = num_segs, cp.max_new = max_new, cp.rate = c.v4.CompressRate(l);

@@ -1,0 +1,62 @@
+// FlashMLA's FP8 KV row on the device (KvCacheDtype::kFp8): the arithmetic
+// the KV write (rope.cu) and the MLA kernels (mla_decode.cu, model_ops.cu)
+// share. The layout is cpu::Fp8KvRowLayout's and the reference
+// cpu::PackFp8KvRow / UnpackFp8KvRow (kernels/cpu/fp8.h): the same float
+// operations here, so the same scales and codes bit for bit.
+#ifndef MOESH_KERNELS_CUDA_FP8_KV_CUH_
+#define MOESH_KERNELS_CUDA_FP8_KV_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/fp8.h"
+
+namespace moesh::cuda::fp8kv {
+
+// cpu::Fp8KvScale: the power of two at or above max(amax, 1e-4) / 448 (448's
+// scale for a non-finite amax).
+__device__ __forceinline__ float Scale(float amax) {
+  const float a = isfinite(amax) ? fmaxf(amax, cpu::kFp8KvAmaxFloor) : cpu::kFp8Max;
+  int e = 0;
+  const float m = frexpf(a / cpu::kFp8Max, &e);
+  return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
+}
+
+// e4m3(x / scale), round to nearest even, saturating (as F32ToF8E4M3).
+__device__ __forceinline__ uint8_t Code(float x, float scale) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float Decode(uint8_t code) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// Two codes (the lower byte first) times `scale` as two bf16 (the lower
+// half first). Exact: a code has 4 significant bits and the scale is a power
+// of two.
+__device__ __forceinline__ uint32_t DecodePairBf16(uint32_t two, float scale) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Value d of a row: d < latent, code times its group's scale; else the rope
+// part's bf16.
+__device__ __forceinline__ float Load(const uint8_t* row, int latent, int d) {
+  if (d < latent) {
+    return Decode(row[d]) *
+           reinterpret_cast<const float*>(row + latent)[d / cpu::kFp8Block];
+  }
+  const int rope_offset = latent + 4 * cpu::Fp8Blocks(latent);
+  return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row + rope_offset)[d - latent]);
+}
+
+}  // namespace moesh::cuda::fp8kv
+
+#endif  // MOESH_KERNELS_CUDA_FP8_KV_CUH_
