@@ -27,6 +27,7 @@
 #include "base/file_util.h"
 #include "common/cuda_backend/cuda_expert_stage.h"
 #include "common/cuda_backend/cuda_model.h"
+#include "common/cuda_backend/fidelity_test_util.h"
 #include "common/cuda_backend/model_test_util.h"
 #include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
@@ -36,11 +37,14 @@ namespace moesh::cuda {
 namespace {
 
 using testing::Argmax;
+using testing::Compare;
 using testing::CpuEngine;
 using testing::CpuStep;
+using testing::Fidelity;
 using testing::LoadCpu;
 using testing::LogSoftmax;
 using testing::RandomMoeInput;
+using testing::RealWidths;
 using testing::RelLogitErr;
 using testing::RelMaxErr;
 
@@ -55,130 +59,6 @@ using testing::RelMaxErr;
 // bf16's own bound is cuda_model_test's 5e-2.
 constexpr double kFp8RelTolerance = 0.5;
 constexpr double kBf16RelTolerance = 5e-2;
-
-// How one GPU model's logits compare with the CPU engine's.
-struct Fidelity {
-  double worst_rel = 0.0;     // logits error relative to their spread
-  double worst_lp = 0.0;      // max |Δlogprob| over vocabulary and positions
-  double sum_token_lp = 0.0;  // Σ |Δlogprob| at the CPU's greedy token
-  int positions = 0, flips = 0;
-  double worst_flip_margin = 0.0;  // the CPU's top-2 margin where greedy differs
-  bool check_flips = true;         // a flip only where the reference nearly ties
-
-  void Add(const float* gpu, const float* cpu, int vocab) {
-    const std::vector<double> a = LogSoftmax(gpu, vocab), b = LogSoftmax(cpu, vocab);
-    double worst = 0.0;
-    for (int i = 0; i < vocab; ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-    worst_lp = std::max(worst_lp, worst);
-    worst_rel = std::max(worst_rel, RelLogitErr(gpu, cpu, vocab));
-    const int best = Argmax(cpu, vocab);
-    sum_token_lp += std::fabs(a[best] - b[best]);
-    ++positions;
-    if (Argmax(gpu, vocab) != best) {
-      std::vector<double> sorted = b;
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<double>());
-      const double margin = sorted[0] - sorted[1];
-      ++flips;
-      worst_flip_margin = std::max(worst_flip_margin, margin);
-      if (check_flips)
-        EXPECT_LE(margin, 2.0 * worst) << "greedy differs where the CPU's margin is " << margin;
-    }
-  }
-  void Print(const char* what) const {
-    std::printf(
-        "  %-34s rel logits err %.3e, max |dlogprob| %.3e, mean |dlogprob| at greedy %.3e, "
-        "greedy flips %d/%d (CPU margin there <= %.3e)\n",
-        what, worst_rel, worst_lp, sum_token_lp / std::max(positions, 1), flips, positions,
-        worst_flip_margin);
-  }
-};
-
-ModelConfig RealWidths(const std::string& family) {
-  absl::StatusOr<ModelConfig> config = PresetConfig(family, "small");
-  EXPECT_TRUE(config.ok()) << config.status();
-  ModelConfig c = *config;
-  c.vocab_size = 2048;
-  c.hidden_size = 1024;
-  c.intermediate_size = 1024;
-  c.moe_intermediate_size = 256;
-  c.num_hidden_layers = 2;
-  c.first_k_dense_replace = 1;  // one dense layer, one MoE layer
-  c.num_attention_heads = 16;
-  c.kv_lora_rank = 512;
-  c.qk_nope_head_dim = 128;
-  c.qk_rope_head_dim = 64;
-  c.v_head_dim = 128;
-  if (c.q_lora_rank > 0) c.q_lora_rank = 384;  // three 128-row blocks
-  c.n_routed_experts = 8;
-  c.num_experts_per_tok = 8;
-  c.topk_group = c.n_group;
-  EXPECT_TRUE(c.Validate("fp8 real widths").ok());
-  return c;
-}
-
-// Runs `models` and the CPU engine over the same prompts: a batched prefill
-// (ForwardLogits), then teacher-forced decode steps with the CPU's greedy
-// tokens, the last ones through Step (CUDA graphs, the sampler's logprobs).
-void Compare(const ModelConfig& c, CpuEngine& cpu, const std::vector<CudaModel*>& models,
-             std::vector<Fidelity>* out, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
-  const std::vector<int> lens = {70, 130, 1};
-  std::vector<std::vector<int32_t>> inputs(lens.size());
-  std::vector<std::vector<int>> seqs(models.size());
-  std::vector<SequenceKvCache> caches;
-  for (size_t i = 0; i < lens.size(); ++i) {
-    for (int t = 0; t < lens[i]; ++t) inputs[i].push_back(tok(rng));
-    for (size_t m = 0; m < models.size(); ++m) {
-      absl::StatusOr<int> s = models[m]->AddSequence();
-      ASSERT_TRUE(s.ok()) << s.status();
-      seqs[m].push_back(*s);
-    }
-    caches.push_back(cpu.model->NewCache());
-  }
-  out->assign(models.size(), Fidelity{});
-  for (int step = 0; step < 6; ++step) {
-    std::vector<std::vector<float>> logits(models.size());
-    for (size_t m = 0; m < models.size(); ++m) {
-      std::vector<SequenceTokens> batch;
-      for (size_t i = 0; i < lens.size(); ++i) batch.push_back({seqs[m][i], inputs[i]});
-      absl::StatusOr<std::vector<float>> l = models[m]->ForwardLogits(batch);
-      ASSERT_TRUE(l.ok()) << l.status();
-      logits[m] = std::move(*l);
-    }
-    for (size_t i = 0; i < lens.size(); ++i) {
-      const std::vector<float> ref = CpuStep(cpu, &caches[i], inputs[i]);
-      for (size_t m = 0; m < models.size(); ++m)
-        (*out)[m].Add(logits[m].data() + i * c.vocab_size, ref.data(), c.vocab_size);
-      inputs[i] = {Argmax(ref.data(), c.vocab_size)};
-    }
-  }
-  // Through the decode graphs: the sampled token's logprob against the CPU's.
-  for (int step = 0; step < 3; ++step) {
-    std::vector<std::vector<double>> ref_lp;
-    for (size_t i = 0; i < lens.size(); ++i) {
-      const std::vector<float> ref = CpuStep(cpu, &caches[i], inputs[i]);
-      ref_lp.push_back(LogSoftmax(ref.data(), c.vocab_size));
-    }
-    std::vector<int32_t> next(lens.size());
-    for (size_t m = 0; m < models.size(); ++m) {
-      std::vector<SequenceTokens> batch;
-      for (size_t i = 0; i < lens.size(); ++i) batch.push_back({seqs[m][i], inputs[i]});
-      absl::StatusOr<StepOutput> o = models[m]->Step(batch);
-      ASSERT_TRUE(o.ok()) << o.status();
-      for (size_t i = 0; i < lens.size(); ++i) {
-        const double cpu_lp = ref_lp[i][o->next_ids[i]];
-        const double best = *std::max_element(ref_lp[i].begin(), ref_lp[i].end());
-        EXPECT_LE(std::fabs(cpu_lp - o->next_logprobs[i]), (*out)[m].worst_lp + 1e-3)
-            << "model " << m << " sequence " << i << " graph step " << step;
-        EXPECT_GE(cpu_lp, best - std::max(2.0 * (*out)[m].worst_lp, 1e-2))
-            << "greedy far from the CPU engine's best";
-        if (m == 0) next[i] = o->next_ids[i];
-      }
-    }
-    for (size_t i = 0; i < lens.size(); ++i) inputs[i] = {next[i]};
-  }
-}
 
 class CudaFp8ModelTest : public ::testing::TestWithParam<std::string> {
  protected:

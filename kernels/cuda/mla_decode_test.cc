@@ -7,9 +7,11 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/ref/mla_decode_ref.h"
@@ -123,8 +125,30 @@ void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
 
 class MlaDecodeTest : public ::testing::TestWithParam<DecodeCase> {};
 
-// Every case through each of `tiles`, against the reference.
-void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles) {
+std::vector<uint16_t> Bits(const std::vector<bf16>& v) {
+  std::vector<uint16_t> out(v.size());
+  std::memcpy(out.data(), v.data(), v.size() * sizeof(uint16_t));
+  return out;
+}
+
+// The cache as FP8 rows (cpu::PackFp8KvRow) in 2-byte units; `cache`
+// becomes what they hold.
+std::vector<uint16_t> PackFp8(std::vector<float>& cache) {
+  const cpu::Fp8KvRowLayout layout{kRank, kRope};
+  const size_t rows = cache.size() / kDim;
+  std::vector<uint16_t> units(rows * layout.bytes() / 2);
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(units.data());
+  for (size_t r = 0; r < rows; ++r) {
+    cpu::PackFp8KvRow(cache.data() + r * kDim, layout, bytes + r * layout.bytes());
+    cpu::UnpackFp8KvRow(bytes + r * layout.bytes(), layout, cache.data() + r * kDim);
+  }
+  return units;
+}
+
+// Every case through each of `tiles`, against the reference; with `dtype`
+// kFp8 the cache holds FP8 rows and the reference reads what they hold.
+void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
+               KvCacheDtype dtype = KvCacheDtype::kBf16) {
   MOESH_ASSERT_OK_AND_ASSIGN(DeviceInfo info, CurrentDeviceInfo());
   {
     const uint32_t seed = FreshSeed();
@@ -133,7 +157,9 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles) 
     PagedBatch b = MakeBatch(c.lens, c.heads, rng);
     const int batch = static_cast<int>(c.lens.size());
     MOESH_ASSERT_OK_AND_ASSIGN(auto dq, Upload(ToBf16Rounding(b.q)));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dcache, Upload(ToBf16Rounding(b.cache)));
+    const bool fp8 = dtype == KvCacheDtype::kFp8;
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dcache, fp8 ? Upload(PackFp8(b.cache))
+                                                : Upload(Bits(ToBf16Rounding(b.cache))));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dtable, Upload(b.block_table));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dlens, Upload(b.seq_lens));
     const size_t out_elems = static_cast<size_t>(batch) * c.heads * kRank;
@@ -154,15 +180,16 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles) 
       MOESH_ASSERT_OK(Poison(dout32));
       MOESH_ASSERT_OK(Poison(dout16));
       MOESH_ASSERT_OK(Poison(dlse));
-      const MlaDecodePlan plan = PlanMlaDecode(batch, c.heads, b.max_seq_len, info.num_sms, tile);
+      const MlaDecodePlan plan =
+          PlanMlaDecode(batch, c.heads, b.max_seq_len, info.num_sms, tile, dtype);
       const int splits = c.splits ? c.splits : plan.num_splits;
       const size_t ws_bytes = MlaDecodeWorkspaceBytes(batch, c.heads, splits);
       MOESH_ASSERT_OK_AND_ASSIGN(auto dws, DeviceBuffer<uint8_t>::Create(ws_bytes));
       MOESH_ASSERT_OK(Poison(dws));
 
       MlaDecodeParams p;
-      p.q = dq.get(), p.kv_cache = dcache.get(), p.block_table = dtable.get(),
-      p.seq_lens = dlens.get();
+      p.q = dq.get(), p.kv_cache = reinterpret_cast<const bf16*>(dcache.get());
+      p.kv_dtype = dtype, p.block_table = dtable.get(), p.seq_lens = dlens.get();
       p.batch = batch, p.num_heads = c.heads, p.num_blocks = b.num_blocks;
       p.max_blocks_per_seq = b.max_blocks_per_seq, p.max_seq_len = b.max_seq_len,
       p.softmax_scale = kScale;
@@ -222,6 +249,16 @@ TEST_P(MlaDecodeTest, MatchesReference) {
 TEST_P(MlaDecodeTest, WideMatchesReference) {
   MOESH_REQUIRE_GPU();
   CheckCase(GetParam(), {MlaTileConfig::kHeads64Tokens64Stages2});
+}
+
+// FP8 rows (--kv_cache_dtype fp8) through the 16-head kernel's tiles, and
+// through kDefault, which runs the 16-head kernel at 128 heads too.
+TEST_P(MlaDecodeTest, Fp8RowsMatchReference) {
+  MOESH_REQUIRE_GPU();
+  CheckCase(GetParam(),
+            {MlaTileConfig::kDefault, MlaTileConfig::kTokens64Stages2,
+             MlaTileConfig::kTokens32Stages4, MlaTileConfig::kTokens32Stages2},
+            KvCacheDtype::kFp8);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaDecodeTest, ::testing::ValuesIn(kCases),

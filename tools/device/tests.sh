@@ -5,7 +5,9 @@
 #   kernels   the kernel tests (cuda_device_test, cuda_ops_test, cuda_routing_test,
 #             cuda_mla_decode_test, cuda_grouped_gemm_test, cuda_dsa_ops_test,
 #             cuda_sample_test: the GPU sampler and greedy + top-k log-probabilities,
-#             cuda_fp8_test: block-scaled FP8 quantization and GEMM, cuda_mxfp4_test: MXFP4
+#             cuda_fp8_test: block-scaled FP8 quantization and GEMM, cuda_fp8_kv_test: the
+#             FP8 KV cache's write and generic-kernel read against the CPU's packing,
+#             cuda_mxfp4_test: MXFP4
 #             quantization bit for bit the CPU's, cuda_wgmma_test: the
 #             wgmma wrappers and SW128 descriptors), then
 #             compute-sanitizer memcheck on the op, routing, MLA, grouped GEMM and sampler
@@ -18,7 +20,8 @@
 #             chunked prefill, free-running with graphs), memcheck on the V2-Lite golden and
 #             the bad-steps case, memcheck on the v4 golden; cuda_fp8_model_test (the FP8
 #             linears against the CPU engine on an FP8 checkpoint and under
-#             --quantization fp8, teacher-forced, next to the bf16 path).
+#             --quantization fp8, teacher-forced, next to the bf16 path); cuda_kv_fp8_test
+#             (the FP8 KV cache against the CPU engine's, the host and device handoffs).
 #   services  cuda_backends_test (expert shards and the attention backend against their
 #             references, the KV handoff, the device-resident dispatch, ForwardSample), the
 #             cluster on the GPU against `moesh generate --device cuda`
@@ -46,8 +49,8 @@
 # bundle (here, before `run`), the binaries of the groups wanted:
 #   kernels:  cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test
 #             cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
-#             cuda_mxfp4_test cuda_wgmma_test [kernel_bench, for the SASS]
-#   model:    cuda_model_test cuda_fp8_model_test
+#             cuda_fp8_kv_test cuda_mxfp4_test cuda_wgmma_test [kernel_bench, for the SASS]
+#   model:    cuda_model_test cuda_fp8_model_test cuda_kv_fp8_test
 #   services: cuda_backends_test cuda_prefix_cache_test cuda_prompt_logprobs_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
 #             moesh_expert_worker libmoesh_cuda_backends.so
 #   multi:    transport_test nccl_link_test cuda_backends_test and the services' binaries
@@ -55,7 +58,7 @@
 # e.g.
 #   tools/device/bundle.sh build-cuda cuda_device_test cuda_ops_test cuda_routing_test \
 #     cuda_mla_decode_test cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test \
-#     cuda_mxfp4_test
+#     cuda_fp8_kv_test cuda_mxfp4_test
 #   run: command "bash tools/device/tests.sh kernels", carry [".device"]
 #   run: kind nvidia-h200-x2, command "bash tools/device/tests.sh services multi", carry [".device"]
 set -uo pipefail
@@ -111,7 +114,8 @@ cluster() {
 
 kernels() {
   for t in cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test cuda_grouped_gemm_test \
-           cuda_dsa_ops_test cuda_sample_test cuda_fp8_test cuda_mxfp4_test cuda_wgmma_test; do
+           cuda_dsa_ops_test cuda_sample_test cuda_fp8_test cuda_fp8_kv_test cuda_mxfp4_test \
+           cuda_wgmma_test; do
     test_bin "$t" 90 "$t"
   done
   for t in cuda_ops_test cuda_routing_test cuda_mla_decode_test; do
@@ -120,6 +124,8 @@ kernels() {
   sanitize memcheck_grouped_gemm 120 memcheck cuda_grouped_gemm_test
   sanitize memcheck_sample 90 memcheck cuda_sample_test
   sanitize memcheck_fp8 120 memcheck cuda_fp8_test
+  sanitize memcheck_fp8_kv 90 memcheck cuda_fp8_kv_test
+  sanitize memcheck_mla_fp8 150 memcheck cuda_mla_decode_test '--gtest_filter=*Fp8*'
   sanitize memcheck_mxfp4 90 memcheck cuda_mxfp4_test
   # The sampler's SASS, where a sanitizer report needs it.
   if [[ -f $LOGS/memcheck_sample.log ]] && [[ $(grep -c 'rc=0 ' <<< "${summary[-1]}") == 0 ]] &&
@@ -152,6 +158,7 @@ kernels() {
 model() {
   test_bin cuda_model_test 150 cuda_model_test
   test_bin cuda_fp8_model_test 90 cuda_fp8_model_test
+  test_bin cuda_kv_fp8_test 90 cuda_kv_fp8_test
   sanitize memcheck_model_v2_lite 90 memcheck cuda_model_test '--gtest_filter=*Golden*/0:*RejectsBadSteps*'
   [[ -z ${MOESH_SKIP_SANITIZERS:-} ]] && has cuda_model_test &&
     step memcheck_v4 120 compute-sanitizer --tool memcheck --error-exitcode 1 $D/bin/cuda_model_test \

@@ -1,0 +1,194 @@
+// The FP8 KV cache (CudaModelOptions::fp8_kv_cache, --kv_cache_dtype fp8) on
+// the GPU against the CPU engine with its FP8 cache (KvRowFormat::Fp8, the
+// reference: kernels/cpu/fp8.h), teacher-forced, next to the bf16 cache
+// against the CPU's float32 one in the same run:
+//   * at DeepSeek's real attention widths (latent 512, rope 64: the tuned
+//     16-head decode kernel reading FP8 rows) and at a tiny model's (32 + 8:
+//     the generic kernel), on random bf16 checkpoints;
+//   * rows in and out through the host (the KV handoff's host path): what
+//     comes back is cpu::RoundTripFp8KvRow of what went in, exactly;
+//   * the device-to-device handoff between two FP8 pools, and its refusal
+//     between an FP8 and a bf16 pool.
+// Skips where no GPU is present.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/file_util.h"
+#include "common/cuda_backend/cuda_model.h"
+#include "common/cuda_backend/fidelity_test_util.h"
+#include "common/cuda_backend/model_test_util.h"
+#include "common/model/kv_cache.h"
+#include "common/model/random_checkpoint.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/fp8.h"
+#include "kernels/cuda/test_util.h"
+
+namespace moesh::cuda {
+namespace {
+
+using testing::Compare;
+using testing::CpuEngine;
+using testing::Fidelity;
+using testing::LoadCpu;
+
+// The GPU's bf16 activations put some latent values on the other side of an
+// e4m3 rounding boundary from the CPU's float32 ones: a code one step off
+// (1/16 relative) in a few places. Bound set above the bf16 cache's 5e-2 (a
+// wrong layout, scale or row moves the logits by their whole spread, >= 1);
+// the measured values are printed and recorded in BENCHMARKS.md.
+constexpr double kFp8KvRelTolerance = 0.2;
+constexpr double kBf16RelTolerance = 5e-2;
+
+ModelConfig Widths(const std::string& family, bool real) {
+  if (real) return testing::RealWidths(family);
+  absl::StatusOr<ModelConfig> c = PresetConfig(family, "tiny");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+std::string WriteCheckpoint(const ModelConfig& c, const std::string& name, uint64_t seed) {
+  const std::string dir = JoinPath(::testing::TempDir(), name);
+  RandomCheckpointOptions ro;
+  ro.seed = seed;
+  EXPECT_TRUE(WriteRandomCheckpoint(c, dir, ro).ok());
+  return dir;
+}
+
+CudaModelOptions Options(bool fp8) {
+  CudaModelOptions o = testing::SmallModelOptions();
+  o.fp8_kv_cache = fp8;
+  return o;
+}
+
+struct KvCase {
+  const char* family;
+  bool real_widths;
+};
+
+class CudaKvFp8Test : public ::testing::TestWithParam<KvCase> {};
+
+TEST_P(CudaKvFp8Test, MatchesTheCpuEnginesFp8Cache) {
+  MOESH_REQUIRE_GPU();
+  const KvCase k = GetParam();
+  const ModelConfig c = Widths(k.family, k.real_widths);
+  const uint64_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << k.family << " real widths " << k.real_widths << " seed "
+                                    << seed);
+  const std::string dir = WriteCheckpoint(
+      c, absl::StrCat("kv_fp8_", k.family, k.real_widths ? "_real" : "_tiny"), seed);
+  absl::StatusOr<CpuEngine> cpu = LoadCpu(dir);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  absl::StatusOr<std::unique_ptr<CudaModel>> fp8 = CudaModel::Load(dir, Options(true));
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  absl::StatusOr<std::unique_ptr<CudaModel>> bf16 = CudaModel::Load(dir, Options(false));
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  ASSERT_TRUE((*fp8)->kv_row_spec().fp8());
+  EXPECT_LT(KvPool::BlockBytes(c.num_hidden_layers, (*fp8)->kv_row_spec()),
+            KvPool::BlockBytes(c.num_hidden_layers, (*bf16)->kv_row_spec()));
+
+  std::vector<Fidelity> on_fp8, on_float;
+  Compare(c, *cpu, {fp8->get()}, &on_fp8, static_cast<uint32_t>(seed), KvRowFormat::Fp8(c));
+  Compare(c, *cpu, {bf16->get()}, &on_float, static_cast<uint32_t>(seed));
+  std::printf("%s (%s widths), teacher-forced against the CPU engine:\n", k.family,
+              k.real_widths ? "real" : "tiny");
+  on_fp8[0].Print("GPU FP8 KV vs CPU FP8 KV:");
+  on_float[0].Print("GPU bf16 KV vs CPU float KV:");
+  EXPECT_LE(on_fp8[0].worst_rel, kFp8KvRelTolerance);
+  EXPECT_LE(on_float[0].worst_rel, kBf16RelTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaKvFp8Test,
+                         ::testing::Values(KvCase{"v2-lite", true}, KvCase{"v3", true},
+                                           KvCase{"v2-lite", false}, KvCase{"v3", false}),
+                         [](const ::testing::TestParamInfo<KvCase>& info) {
+                           std::string name = info.param.family;
+                           name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+                           return name + (info.param.real_widths ? "Real" : "Tiny");
+                         });
+
+// Host rows in, host rows out: cpu::RoundTripFp8KvRow of what went in, bit
+// for bit (rows handed over as floats and stored again are unchanged).
+TEST(CudaKvFp8HandoffTest, HostRowsComeBackAsTheCpuCacheHoldsThem) {
+  MOESH_REQUIRE_GPU();
+  const ModelConfig c = testing::RealWidths("v3");
+  const std::string dir = WriteCheckpoint(c, "kv_fp8_rows", 3);
+  absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Load(dir, Options(true));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const int width = (*m)->kv_row_width(), n = 150;
+  std::mt19937 rng(testing::FreshSeed());
+  std::normal_distribution<float> d(0.0f, 2.0f);
+  absl::StatusOr<int> seq = (*m)->AddSequence();
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  std::vector<std::vector<float>> sent(c.num_hidden_layers);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    sent[l].resize(static_cast<size_t>(n) * width);
+    for (float& v : sent[l]) v = d(rng);
+    ASSERT_TRUE((*m)->AppendKvRows(*seq, l, sent[l].data(), n).ok());
+  }
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    absl::StatusOr<std::vector<float>> back = (*m)->ReadKvRows(*seq, l, n);
+    ASSERT_TRUE(back.ok()) << back.status();
+    std::vector<float> want = sent[l];
+    KvRowFormat::Fp8(c).Apply(want.data(), n, width);
+    EXPECT_EQ(std::memcmp(back->data(), want.data(), want.size() * sizeof(float)), 0)
+        << "layer " << l;
+  }
+}
+
+// Device to device (cuda_ipc's path within one process): an FP8 pool's
+// blocks arrive in another FP8 pool whole; a bf16 pool refuses them.
+TEST(CudaKvFp8HandoffTest, DeviceBlocksMoveBetweenFp8PoolsOnly) {
+  MOESH_REQUIRE_GPU();
+  const ModelConfig c = testing::RealWidths("v2-lite");
+  const std::string dir = WriteCheckpoint(c, "kv_fp8_blocks", 4);
+  absl::StatusOr<std::unique_ptr<CudaModel>> a = CudaModel::Load(dir, Options(true));
+  absl::StatusOr<std::unique_ptr<CudaModel>> b = CudaModel::Load(dir, Options(true));
+  absl::StatusOr<std::unique_ptr<CudaModel>> f = CudaModel::Load(dir, Options(false));
+  ASSERT_TRUE(a.ok() && b.ok() && f.ok());
+  const int n = 100;
+  absl::StatusOr<int> sa = (*a)->AddSequence();
+  ASSERT_TRUE(sa.ok());
+  std::vector<int32_t> tokens;
+  for (int t = 0; t < n; ++t) tokens.push_back(2 + (t * 37) % (c.vocab_size - 2));
+  const std::vector<SequenceTokens> prompt = {{*sa, tokens}};
+  ASSERT_TRUE((*a)->ForwardLogits(prompt).ok());
+  absl::StatusOr<DeviceKvBlocks> blocks = (*a)->ExportKv(*sa);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  const cpu::Fp8KvRowLayout layout{c.kv_lora_rank, c.qk_rope_head_dim};
+  EXPECT_EQ(blocks->row_bytes, layout.bytes());
+
+  absl::StatusOr<int> sb = (*b)->AddSequence();
+  ASSERT_TRUE(sb.ok());
+  ASSERT_TRUE((*b)->ImportKv(*sb, *blocks, n).ok());
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    absl::StatusOr<std::vector<float>> ra = (*a)->ReadKvRows(*sa, l, n);
+    absl::StatusOr<std::vector<float>> rb = (*b)->ReadKvRows(*sb, l, n);
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    EXPECT_EQ(*ra, *rb) << "layer " << l;
+  }
+  absl::StatusOr<int> sf = (*f)->AddSequence();
+  ASSERT_TRUE(sf.ok());
+  const absl::Status refused = (*f)->ImportKv(*sf, *blocks, n);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("--kv_cache_dtype"), std::string::npos) << refused;
+}
+
+// What the FP8 cache covers: refused for V3.2 (indexer keys ride in its rows).
+TEST(CudaKvFp8HandoffTest, RefusesDeepSeekV32) {
+  MOESH_REQUIRE_GPU();
+  absl::StatusOr<ModelConfig> c = PresetConfig("v3.2", "tiny");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string dir = WriteCheckpoint(*c, "kv_fp8_v32", 5);
+  absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Load(dir, Options(true));
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented) << m.status();
+}
+
+}  // namespace
+}  // namespace moesh::cuda

@@ -1,0 +1,203 @@
+// The FP8 KV cache on the device (KvCacheDtype::kFp8) against its CPU
+// reference (kernels/cpu/fp8.h: Fp8KvRowLayout, PackFp8KvRow): the KV-write
+// kernel's bytes, the generic MLA kernel reading FP8 rows at a tiny model's
+// widths, and the benchmarks' random FP8 rows. The tuned decode kernel's FP8
+// path is in mla_decode_test.cc.
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/fp8.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/config.h"
+#include "kernels/cuda/fill.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/ref/mla_decode_ref.h"
+#include "kernels/cuda/test_util.h"
+
+namespace moesh::cuda {
+namespace {
+
+using testing::FreshSeed;
+using testing::Poison;
+using testing::Randn;
+using testing::RelErr;
+using testing::ToBf16Rounding;
+using testing::Upload;
+
+std::vector<uint8_t> Bytes(const std::vector<bf16>& units) {
+  std::vector<uint8_t> b(units.size() * 2);
+  std::memcpy(b.data(), units.data(), b.size());
+  return b;
+}
+
+cpu::RopeTable Table(int dim) { return cpu::DefaultRopeTable(10000.0, dim); }
+
+// Without the norm the kernel quantizes the bf16 inputs themselves: its codes
+// and scales are cpu::PackFp8KvRow's byte for byte. With it, the normalized
+// values differ from the CPU's by float rounding: the rows widen to within
+// e4m3's step of the reference's. The rope part is the CPU's rotation within
+// bf16 rounding; padding bytes are zero; slots of padding tokens untouched.
+TEST(Fp8KvTest, KvCacheWriteMatchesCpuPack) {
+  MOESH_REQUIRE_GPU();
+  for (const cpu::Fp8KvRowLayout layout : {cpu::Fp8KvRowLayout{512, 64}, cpu::Fp8KvRowLayout{32, 8}}) {
+    for (bool with_norm : {false, true}) {
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message() << "latent " << layout.latent << " with_norm " << with_norm
+                                        << " seed=" << seed);
+      std::mt19937 rng(seed);
+      const int rank = layout.latent, dim = layout.rope, kv_ld = rank + dim + 16;
+      const int num_blocks = 3, tokens = 70, stride = layout.bytes() / 2;
+      const cpu::RopeTable table = Table(dim);
+      std::vector<float> kv = Randn(static_cast<size_t>(tokens) * kv_ld, rng, 3.0f);
+      for (int t = 0; t < tokens; t += 5) {  // rows of small values: other scales
+        for (int d = 0; d < rank; ++d) kv[static_cast<size_t>(t) * kv_ld + d] *= 1e-3f;
+      }
+      std::vector<float> w = Randn(rank, rng, 0.1f, 1.0f);
+      const std::vector<bf16> kv16 = ToBf16Rounding(kv), w16 = ToBf16Rounding(w);  // in place too
+      std::vector<int32_t> slots(num_blocks * kKvBlockSize), pos(tokens), slot_map(tokens);
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      for (int t = 0; t < tokens; ++t) {
+        slot_map[t] = t % 7 == 3 ? -1 : slots[t];
+        pos[t] = 17 * t;
+      }
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dkv, Upload(kv16));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dw, Upload(w16));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dslot, Upload(slot_map));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dpos, Upload(pos));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dfreq, Upload(table.inv_freq));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dcache, DeviceBuffer<bf16>::Create(slots.size() * stride));
+      MOESH_ASSERT_OK(Poison(dcache));
+      RopeKvCacheParams p;
+      p.kv = dkv.get(), p.kv_ld = kv_ld, p.kv_norm_weight = with_norm ? dw.get() : nullptr;
+      p.eps = 1e-6f;
+      p.cache = dcache.get(), p.cache_row_stride = stride, p.num_blocks = num_blocks;
+      p.cache_dtype = KvCacheDtype::kFp8;
+      p.slot_mapping = dslot.get(), p.num_tokens = tokens, p.kv_lora_rank = rank;
+      p.positions = dpos.get();
+      p.rope = {dfreq.get(), table.attention_factor, dim, cpu::RopeLayout::kHalves};
+      MOESH_ASSERT_OK(RunRopeKvCacheWrite(p));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto units, dcache.ToHost());
+      const std::vector<uint8_t> cache = Bytes(units);
+
+      std::vector<float> got_rows, want_rows;
+      std::vector<bool> written(slots.size(), false);
+      int code_mismatches = 0;
+      for (int t = 0; t < tokens; ++t) {
+        if (slot_map[t] < 0) continue;
+        written[slot_map[t]] = true;
+        std::vector<float> ref(kv.begin() + static_cast<size_t>(t) * kv_ld,
+                               kv.begin() + static_cast<size_t>(t) * kv_ld + rank + dim);
+        if (with_norm) cpu::RmsNorm(ref.data(), w.data(), ref.data(), 1, rank, 1e-6f);
+        cpu::RopeParams rk{ref.data(), 1, rank + dim, rank, dim, pos[t], cpu::RopeLayout::kHalves,
+                           &table};
+        cpu::RunRope(rk);
+        std::vector<uint8_t> want(static_cast<size_t>(layout.bytes()));
+        cpu::PackFp8KvRow(ref.data(), layout, want.data());
+        const uint8_t* got = cache.data() + static_cast<size_t>(slot_map[t]) * layout.bytes();
+        for (int c = 0; c < layout.rope_offset(); ++c) code_mismatches += got[c] != want[c];
+        for (int c = layout.rope_offset() + 2 * dim; c < layout.bytes(); ++c)
+          ASSERT_EQ(got[c], 0) << "padding byte " << c << " of token " << t;
+        std::vector<float> g(rank + dim), r(rank + dim);
+        cpu::UnpackFp8KvRow(got, layout, g.data());
+        cpu::UnpackFp8KvRow(want.data(), layout, r.data());
+        got_rows.insert(got_rows.end(), g.begin(), g.end());
+        want_rows.insert(want_rows.end(), r.begin(), r.end());
+      }
+      if (!with_norm) {
+        EXPECT_EQ(code_mismatches, 0) << "codes and scales differ from cpu::PackFp8KvRow's";
+      }
+      EXPECT_LE(RelErr(got_rows, want_rows), with_norm ? 3e-2 : 1e-2);
+      for (size_t s = 0; s < written.size(); ++s) {
+        if (!written[s]) ASSERT_EQ(cache[s * layout.bytes()], 0xff) << "slot " << s << " written";
+      }
+    }
+  }
+}
+
+// The generic MLA kernel on FP8 rows (a tiny model's 32 + 8, and V3's widths
+// with a strided pool) equals the reference on the rows the FP8 cache gives.
+TEST(Fp8KvTest, GenericMlaKernelReadsFp8Rows) {
+  MOESH_REQUIRE_GPU();
+  for (const cpu::Fp8KvRowLayout layout : {cpu::Fp8KvRowLayout{32, 8}, cpu::Fp8KvRowLayout{512, 64}}) {
+    const uint32_t seed = FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "latent " << layout.latent << " seed=" << seed);
+    std::mt19937 rng(seed);
+    const int rank = layout.latent, rope = layout.rope, dim = rank + rope, heads = 4;
+    const std::vector<int32_t> lens = {1, 70, 200};
+    const int batch = static_cast<int>(lens.size()), max_blocks = 4, num_blocks = batch * max_blocks;
+    std::vector<int32_t> table(static_cast<size_t>(num_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    const size_t rows = static_cast<size_t>(num_blocks) * kKvBlockSize;
+    std::vector<float> cache = Randn(rows * dim, rng);
+    std::vector<uint8_t> packed(rows * layout.bytes());
+    for (size_t r = 0; r < rows; ++r) {
+      cpu::PackFp8KvRow(cache.data() + r * dim, layout, packed.data() + r * layout.bytes());
+      cpu::UnpackFp8KvRow(packed.data() + r * layout.bytes(), layout, cache.data() + r * dim);
+    }
+    std::vector<uint16_t> units(packed.size() / 2);
+    std::memcpy(units.data(), packed.data(), packed.size());
+    std::vector<float> q = Randn(static_cast<size_t>(batch) * heads * dim, rng);
+    const std::vector<bf16> q16 = ToBf16Rounding(q);
+    std::vector<float> want(static_cast<size_t>(batch) * heads * rank), want_lse(batch * heads);
+    ref::MlaDecodeRefParams r;
+    r.q = q.data(), r.kv_cache = cache.data(), r.block_table = table.data(), r.seq_lens = lens.data();
+    r.batch = batch, r.num_heads = heads, r.kv_lora_rank = rank, r.rope_dim = rope;
+    r.max_blocks_per_seq = max_blocks, r.softmax_scale = 0.125f, r.out = want.data();
+    r.lse = want_lse.data();
+    ref::MlaDecodeRef(r);
+
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dq, Upload(q16));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dcache, DeviceBuffer<uint16_t>::Create(units.size()));
+    MOESH_ASSERT_OK(dcache.CopyFrom(units));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dtable, Upload(table));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dlens, Upload(lens));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dout, DeviceBuffer<float>::Create(want.size()));
+    MlaDecodeParams p;
+    p.q = dq.get(), p.kv_cache = reinterpret_cast<const bf16*>(dcache.get());
+    p.kv_dtype = KvCacheDtype::kFp8, p.kv_row_stride = layout.bytes() / 2;
+    p.block_table = dtable.get(), p.seq_lens = dlens.get(), p.batch = batch, p.num_heads = heads;
+    p.kv_lora_rank = rank, p.rope_dim = rope, p.num_blocks = num_blocks;
+    p.max_blocks_per_seq = max_blocks, p.max_seq_len = 200, p.softmax_scale = 0.125f;
+    p.out = dout.get(), p.out_type = OutType::kFloat32;
+    MOESH_ASSERT_OK(RunMlaAttentionGeneric(p));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto got, dout.ToHost());
+    EXPECT_LE(RelErr(got, want), 1e-4);
+  }
+}
+
+// Random FP8 rows for benchmarks are rows PackFp8KvRow could make: finite,
+// one power-of-two scale, padding zero.
+TEST(Fp8KvTest, RandomRowsAreValidFp8Rows) {
+  MOESH_REQUIRE_GPU();
+  const cpu::Fp8KvRowLayout layout{512, 64};
+  const size_t rows = 300;
+  MOESH_ASSERT_OK_AND_ASSIGN(auto d, DeviceBuffer<uint8_t>::Create(rows * layout.bytes()));
+  MOESH_ASSERT_OK(FillFp8KvRows(d.get(), rows, layout.latent, layout.rope, 7, 1.0f, nullptr));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto bytes, d.ToHost());
+  std::vector<float> row(layout.latent + layout.rope);
+  double sum_sq = 0.0;
+  for (size_t r = 0; r < rows; ++r) {
+    const uint8_t* b = bytes.data() + r * layout.bytes();
+    cpu::UnpackFp8KvRow(b, layout, row.data());
+    for (float v : row) {
+      ASSERT_TRUE(std::isfinite(v)) << "row " << r;
+      ASSERT_LE(std::fabs(v), 1.0f) << "row " << r;
+      sum_sq += static_cast<double>(v) * v;
+    }
+    float s = 0.0f;
+    std::memcpy(&s, b + layout.scales_offset(), 4);
+    ASSERT_EQ(s, cpu::Fp8KvScale(1.0f));
+    for (int c = layout.rope_offset() + 2 * layout.rope; c < layout.bytes(); ++c) ASSERT_EQ(b[c], 0);
+  }
+  // Uniform in [-1, 1): mean square about 1/3, not zeros.
+  EXPECT_NEAR(sum_sq / (rows * row.size()), 1.0 / 3.0, 0.05);
+}
+
+}  // namespace
+}  // namespace moesh::cuda
