@@ -78,8 +78,8 @@ TEST_P(CudaKvFp8Test, MatchesTheCpuEnginesFp8Cache) {
   const KvCase k = GetParam();
   const ModelConfig c = Widths(k.family, k.real_widths);
   const uint64_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << k.family << " real widths " << k.real_widths << " seed "
-                                    << seed);
+  SCOPED_TRACE(::testing::Message()
+               << k.family << " real widths " << k.real_widths << " seed " << seed);
   const std::string dir = WriteCheckpoint(
       c, absl::StrCat("kv_fp8_", k.family, k.real_widths ? "_real" : "_tiny"), seed);
   absl::StatusOr<CpuEngine> cpu = LoadCpu(dir);

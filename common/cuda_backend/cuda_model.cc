@@ -107,9 +107,10 @@ absl::Status CudaModel::Init() {
         "families); DeepSeek-V3.2's indexer keys and V4's compressed entries are not FP8 here");
   }
   if (o.fp8_kv_cache && (c.kv_lora_rank % 16 != 0 || c.kv_lora_rank > 1024)) {
-    return absl::UnimplementedError(absl::StrCat("CudaModel: the FP8 KV cache needs kv_lora_rank "
-                                                 "a multiple of 16 up to 1024, not ",
-                                                 c.kv_lora_rank));
+    return absl::UnimplementedError(
+        absl::StrCat("CudaModel: the FP8 KV cache needs kv_lora_rank "
+                     "a multiple of 16 up to 1024, not ",
+                     c.kv_lora_rank));
   }
   ASSIGN_OR_RETURN(info_, CurrentDeviceInfo());
   ASSIGN_OR_RETURN(gemm_, CublasGemm::Create());

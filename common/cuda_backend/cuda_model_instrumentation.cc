@@ -11,10 +11,9 @@ namespace moesh::cuda {
 absl::Status CudaModel::FillKvCacheRandom(uint64_t seed) {
   const KvRowSpec& row = kv_->row();
   if (row.fp8()) {
-    RETURN_IF_ERROR(FillFp8KvRows(kv_->layer(0),
-                                  static_cast<size_t>(kv_->num_layers()) * kv_->num_blocks() *
-                                      kKvBlockSize,
-                                  row.latent, row.rope, seed, 1.0f, stream_.get()));
+    RETURN_IF_ERROR(FillFp8KvRows(
+        kv_->layer(0), static_cast<size_t>(kv_->num_layers()) * kv_->num_blocks() * kKvBlockSize,
+        row.latent, row.rope, seed, 1.0f, stream_.get()));
   } else {
     RETURN_IF_ERROR(
         FillUniform(kv_->layer(0), kv_->bytes() / sizeof(bf16), seed, 1.0f, stream_.get()));

@@ -86,10 +86,10 @@ absl::Status CudaModel::ImportKv(int seq, const DeviceKvBlocks& src, int length)
   }
   const int row_bytes = kv_->row_stride() * static_cast<int>(sizeof(bf16));
   if (src.row_bytes != row_bytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "CudaModel::ImportKv: the sender's KV rows are ", src.row_bytes, " bytes, this pool's ",
-        row_bytes, " (", kv_->row().fp8() ? "fp8" : "bf16",
-        "): run prefill and decode workers with the same --kv_cache_dtype"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("CudaModel::ImportKv: the sender's KV rows are ", src.row_bytes,
+                     " bytes, this pool's ", row_bytes, " (", kv_->row().fp8() ? "fp8" : "bf16",
+                     "): run prefill and decode workers with the same --kv_cache_dtype"));
   }
   Sequence& s = store_->at(seq);
   const int first = len / kKvBlockSize;

@@ -136,7 +136,8 @@ absl::Status KvPool::CopyBlocksFrom(const std::string& src_handle, const std::st
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(copy_ids_.get(), ids.data(), ids.size() * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, stream));
   CopyKvBlocksParams p;
-  p.src = src, p.src_layer_elems = static_cast<int64_t>(src_num_blocks) * kKvBlockSize * row_stride_;
+  p.src = src,
+  p.src_layer_elems = static_cast<int64_t>(src_num_blocks) * kKvBlockSize * row_stride_;
   p.dst = storage_.get(),
   p.dst_layer_elems = static_cast<int64_t>(num_blocks_) * kKvBlockSize * row_stride_;
   p.block_elems = static_cast<int64_t>(kKvBlockSize) * row_stride_;
@@ -190,9 +191,9 @@ absl::Status KvPool::WriteRows(int layer, const std::vector<int32_t>& blocks, in
   if (row_.fp8()) {
     const cpu::Fp8KvRowLayout layout{row_.latent, row_.rope};
     for (int i = 0; i < n; ++i) {
-      cpu::PackFp8KvRow(rows + static_cast<size_t>(i) * row_.width, layout,
-                        reinterpret_cast<uint8_t*>(staging.data() + static_cast<size_t>(i) *
-                                                                        row_stride_));
+      cpu::PackFp8KvRow(
+          rows + static_cast<size_t>(i) * row_.width, layout,
+          reinterpret_cast<uint8_t*>(staging.data() + static_cast<size_t>(i) * row_stride_));
     }
   } else {
     for (size_t i = 0; i < staging.size(); ++i) staging[i] = F32ToBf16(rows[i]);

@@ -194,9 +194,8 @@ void RoundTripFp8KvRow(float* row, int latent, int rope) {
     large.resize(static_cast<size_t>(Fp8Blocks(latent)));
     scale = large.data();
   }
-  QuantizeKvLatent(row, latent, scale, [&](int c, uint8_t q) {
-    row[c] = F8E4M3ToF32(q) * scale[c / kFp8Block];
-  });
+  QuantizeKvLatent(row, latent, scale,
+                   [&](int c, uint8_t q) { row[c] = F8E4M3ToF32(q) * scale[c / kFp8Block]; });
   for (int c = latent; c < latent + rope; ++c) row[c] = Bf16ToF32(F32ToBf16(row[c]));
 }
 

@@ -34,8 +34,8 @@ __global__ void FillFp8KvKernel(uint8_t* rows, size_t num_rows, cpu::Fp8KvRowLay
                                 uint64_t seed, float scale) {
   const float s = fp8kv::Scale(scale);
   const int width = layout.latent + layout.rope, bytes = layout.bytes();
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-       i < num_rows * bytes; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < num_rows * bytes;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t r = i / bytes;
     const int b = static_cast<int>(i % bytes);
     uint8_t v = 0;  // padding
@@ -46,7 +46,8 @@ __global__ void FillFp8KvKernel(uint8_t* rows, size_t num_rows, cpu::Fp8KvRowLay
       v = reinterpret_cast<const uint8_t*>(&sc)[(b - layout.scales_offset()) % 4];
     } else if (b < layout.rope_offset() + 2 * layout.rope) {
       const int c = (b - layout.rope_offset()) / 2;
-      const __nv_bfloat16 x = __float2bfloat16_rn(Uniform(seed, r * width + layout.latent + c, scale));
+      const __nv_bfloat16 x =
+          __float2bfloat16_rn(Uniform(seed, r * width + layout.latent + c, scale));
       v = reinterpret_cast<const uint8_t*>(&x)[(b - layout.rope_offset()) % 2];
     }
     rows[i] = v;
@@ -64,8 +65,8 @@ absl::Status FillFp8KvRows(void* rows, size_t num_rows, int latent, int rope, ui
   if (rows == nullptr) return absl::InvalidArgumentError("FillFp8KvRows: null pointer");
   const cpu::Fp8KvRowLayout layout{latent, rope};
   const size_t blocks = std::min<size_t>((num_rows * layout.bytes() + 255) / 256, 65536);
-  FillFp8KvKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-      static_cast<uint8_t*>(rows), num_rows, layout, seed, scale);
+  FillFp8KvKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(static_cast<uint8_t*>(rows),
+                                                                     num_rows, layout, seed, scale);
   return LaunchStatus("FillFp8KvKernel");
 }
 

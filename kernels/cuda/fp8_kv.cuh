@@ -50,8 +50,7 @@ __device__ __forceinline__ uint32_t DecodePairBf16(uint32_t two, float scale) {
 // part's bf16.
 __device__ __forceinline__ float Load(const uint8_t* row, int latent, int d) {
   if (d < latent) {
-    return Decode(row[d]) *
-           reinterpret_cast<const float*>(row + latent)[d / cpu::kFp8Block];
+    return Decode(row[d]) * reinterpret_cast<const float*>(row + latent)[d / cpu::kFp8Block];
   }
   const int rope_offset = latent + 4 * cpu::Fp8Blocks(latent);
   return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row + rope_offset)[d - latent]);

@@ -43,11 +43,12 @@ cpu::RopeTable Table(int dim) { return cpu::DefaultRopeTable(10000.0, dim); }
 // bf16 rounding; padding bytes are zero; slots of padding tokens untouched.
 TEST(Fp8KvTest, KvCacheWriteMatchesCpuPack) {
   MOESH_REQUIRE_GPU();
-  for (const cpu::Fp8KvRowLayout layout : {cpu::Fp8KvRowLayout{512, 64}, cpu::Fp8KvRowLayout{32, 8}}) {
+  for (const cpu::Fp8KvRowLayout layout :
+       {cpu::Fp8KvRowLayout{512, 64}, cpu::Fp8KvRowLayout{32, 8}}) {
     for (bool with_norm : {false, true}) {
       const uint32_t seed = FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "latent " << layout.latent << " with_norm " << with_norm
-                                        << " seed=" << seed);
+      SCOPED_TRACE(::testing::Message()
+                   << "latent " << layout.latent << " with_norm " << with_norm << " seed=" << seed);
       std::mt19937 rng(seed);
       const int rank = layout.latent, dim = layout.rope, kv_ld = rank + dim + 16;
       const int num_blocks = 3, tokens = 70, stride = layout.bytes() / 2;
@@ -123,13 +124,15 @@ TEST(Fp8KvTest, KvCacheWriteMatchesCpuPack) {
 // with a strided pool) equals the reference on the rows the FP8 cache gives.
 TEST(Fp8KvTest, GenericMlaKernelReadsFp8Rows) {
   MOESH_REQUIRE_GPU();
-  for (const cpu::Fp8KvRowLayout layout : {cpu::Fp8KvRowLayout{32, 8}, cpu::Fp8KvRowLayout{512, 64}}) {
+  for (const cpu::Fp8KvRowLayout layout :
+       {cpu::Fp8KvRowLayout{32, 8}, cpu::Fp8KvRowLayout{512, 64}}) {
     const uint32_t seed = FreshSeed();
     SCOPED_TRACE(::testing::Message() << "latent " << layout.latent << " seed=" << seed);
     std::mt19937 rng(seed);
     const int rank = layout.latent, rope = layout.rope, dim = rank + rope, heads = 4;
     const std::vector<int32_t> lens = {1, 70, 200};
-    const int batch = static_cast<int>(lens.size()), max_blocks = 4, num_blocks = batch * max_blocks;
+    const int batch = static_cast<int>(lens.size()), max_blocks = 4,
+              num_blocks = batch * max_blocks;
     std::vector<int32_t> table(static_cast<size_t>(num_blocks));
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), rng);
@@ -146,7 +149,8 @@ TEST(Fp8KvTest, GenericMlaKernelReadsFp8Rows) {
     const std::vector<bf16> q16 = ToBf16Rounding(q);
     std::vector<float> want(static_cast<size_t>(batch) * heads * rank), want_lse(batch * heads);
     ref::MlaDecodeRefParams r;
-    r.q = q.data(), r.kv_cache = cache.data(), r.block_table = table.data(), r.seq_lens = lens.data();
+    r.q = q.data(), r.kv_cache = cache.data(), r.block_table = table.data(),
+    r.seq_lens = lens.data();
     r.batch = batch, r.num_heads = heads, r.kv_lora_rank = rank, r.rope_dim = rope;
     r.max_blocks_per_seq = max_blocks, r.softmax_scale = 0.125f, r.out = want.data();
     r.lse = want_lse.data();
@@ -193,7 +197,8 @@ TEST(Fp8KvTest, RandomRowsAreValidFp8Rows) {
     float s = 0.0f;
     std::memcpy(&s, b + layout.scales_offset(), 4);
     ASSERT_EQ(s, cpu::Fp8KvScale(1.0f));
-    for (int c = layout.rope_offset() + 2 * layout.rope; c < layout.bytes(); ++c) ASSERT_EQ(b[c], 0);
+    for (int c = layout.rope_offset() + 2 * layout.rope; c < layout.bytes(); ++c)
+      ASSERT_EQ(b[c], 0);
   }
   // Uniform in [-1, 1): mean square about 1/3, not zeros.
   EXPECT_NEAR(sum_sq / (rows * row.size()), 1.0 / 3.0, 0.05);

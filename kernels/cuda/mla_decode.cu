@@ -82,10 +82,10 @@ __device__ __forceinline__ void IssueTile(typename C::Smem& s, const MlaDecodePa
   if constexpr (C::kFp8Kv) {
     // Zero codes and zero scales widen to zeros. The rows are contiguous in
     // the pool and in the ring: one copy.
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(p.kv_cache) +
-                         (static_cast<int64_t>(block) * kKvBlockSize +
-                          (tile % C::kTilesPerBlock) * kTile) *
-                             kFp8RowBytes;
+    const uint8_t* src =
+        reinterpret_cast<const uint8_t*>(p.kv_cache) +
+        (static_cast<int64_t>(block) * kKvBlockSize + (tile % C::kTilesPerBlock) * kTile) *
+            kFp8RowBytes;
     for (int i = valid * (kFp8RowBytes / 16) + lane; i < kTile * (kFp8RowBytes / 16); i += 32)
       reinterpret_cast<uint4*>(&s.raw[stage][0][0])[i] = make_uint4(0, 0, 0, 0);
     __syncwarp();
@@ -485,8 +485,7 @@ MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_s
     return PlanFor(batch, num_heads, max_seq_len, num_sms, kHeadsPerBlock, C::kTileTokens,
                    C::kCtasPerSm);
   };
-  return kv_dtype == KvCacheDtype::kFp8 ? WithTile<true>(tile, plan)
-                                         : WithTile<false>(tile, plan);
+  return kv_dtype == KvCacheDtype::kFp8 ? WithTile<true>(tile, plan) : WithTile<false>(tile, plan);
 }
 
 absl::Status RunMlaDecode(const MlaDecodeParams& p) {
@@ -497,9 +496,9 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   const bool fp8 = p.kv_dtype == KvCacheDtype::kFp8;
   const int row_units = fp8 ? kFp8RowBytes / 2 : kLatentDim + kRopeDim;
   if ((p.kv_row_stride != 0 && p.kv_row_stride != row_units) || p.kv_index != nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RunMlaDecode: dense rows of ", 2 * row_units,
-        " bytes only (strided or sparse: the generic kernel)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunMlaDecode: dense rows of ", 2 * row_units,
+                     " bytes only (strided or sparse: the generic kernel)"));
   }
   if (p.batch < 0 || p.num_heads <= 0 || p.num_blocks <= 0 || p.max_blocks_per_seq <= 0 ||
       p.max_seq_len < 0 ||

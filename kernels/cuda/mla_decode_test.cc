@@ -158,8 +158,8 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
     const int batch = static_cast<int>(c.lens.size());
     MOESH_ASSERT_OK_AND_ASSIGN(auto dq, Upload(ToBf16Rounding(b.q)));
     const bool fp8 = dtype == KvCacheDtype::kFp8;
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dcache, fp8 ? Upload(PackFp8(b.cache))
-                                                : Upload(Bits(ToBf16Rounding(b.cache))));
+    MOESH_ASSERT_OK_AND_ASSIGN(
+        auto dcache, fp8 ? Upload(PackFp8(b.cache)) : Upload(Bits(ToBf16Rounding(b.cache))));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dtable, Upload(b.block_table));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dlens, Upload(b.seq_lens));
     const size_t out_elems = static_cast<size_t>(batch) * c.heads * kRank;

@@ -435,8 +435,8 @@ absl::Status RunMlaAttentionGeneric(const MlaDecodeParams& p) {
     return absl::InvalidArgumentError(
         "RunMlaAttentionGeneric: FP8 rows need kv_lora_rank a multiple of 16 and an even rope_dim");
   }
-  const int row_units =
-      fp8 ? cpu::Fp8KvRowLayout{p.kv_lora_rank, p.rope_dim}.bytes() / 2 : p.kv_lora_rank + p.rope_dim;
+  const int row_units = fp8 ? cpu::Fp8KvRowLayout{p.kv_lora_rank, p.rope_dim}.bytes() / 2
+                            : p.kv_lora_rank + p.rope_dim;
   if ((p.kv_row_stride != 0 && p.kv_row_stride < row_units) ||
       (p.kv_index != nullptr && p.kv_index_stride < 1)) {
     return absl::InvalidArgumentError(

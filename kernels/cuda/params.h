@@ -235,8 +235,8 @@ struct MoeGateParams {
 //   out[b, h, :] = sum_t p_t * row_t[:kv_lora_rank],
 // row_t = cache[block_table[b, t / 64], t % 64, :]. seq_lens[b] == 0 gives zeros.
 struct MlaDecodeParams {
-  const bf16* q = nullptr;               // [batch, num_heads, kv_lora_rank + rope_dim]
-  const bf16* kv_cache = nullptr;        // [num_blocks, kKvBlockSize, kv_lora_rank + rope_dim]
+  const bf16* q = nullptr;         // [batch, num_heads, kv_lora_rank + rope_dim]
+  const bf16* kv_cache = nullptr;  // [num_blocks, kKvBlockSize, kv_lora_rank + rope_dim]
   // kFp8: FP8 rows (KvCacheDtype), kv_row_stride 0 or their bytes / 2.
   KvCacheDtype kv_dtype = KvCacheDtype::kBf16;
   const int32_t* block_table = nullptr;  // [batch, max_blocks_per_seq]

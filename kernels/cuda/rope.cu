@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams 
     __syncthreads();
     StoreFp8Latent(latent, rank, amax_bits, dst);
     bf16* rope_dst = reinterpret_cast<bf16*>(dst + layout.rope_offset());
-    for (int i = threadIdx.x; i < r.half; i += blockDim.x) RotatePair(r, cs, i, src + rank, rope_dst);
+    for (int i = threadIdx.x; i < r.half; i += blockDim.x)
+      RotatePair(r, cs, i, src + rank, rope_dst);
     for (int i = layout.rope_offset() + 2 * layout.rope + threadIdx.x; i < layout.bytes();
          i += blockDim.x) {
       dst[i] = 0;  // padding

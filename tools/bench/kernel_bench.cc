@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/fill.h"
@@ -101,10 +102,22 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   ASSIGN_OR_RETURN(auto cache,
                    DeviceBuffer<bf16>::Create(size_t{1} * max_blocks * kKvBlockSize * kDim));
   RETURN_IF_ERROR(FillUniform(cache.get(), cache.size(), 11, 1.0f, stream));
-  std::printf("\nMLA decode (absorbed, paged; kv_lora_rank %d, rope %d, bf16 cache and out)\n",
-              kRank, mla::kRopeDim);
-  std::printf("%-6s %5s %6s %7s %6s %10s %10s %9s %9s %9s %9s\n", "tile", "heads", "batch",
-              "context", "splits", "time_us", "floor_us", "GB/s", "%copyBW", "TFLOP/s", "floor/t");
+  // The same blocks as FP8 rows (--kv_cache_dtype fp8: 656 bytes a token).
+  constexpr size_t kFp8RowBytes = cpu::Fp8KvRowLayout{kRank, mla::kRopeDim}.bytes();
+  DeviceBuffer<uint8_t> fp8_cache;
+  if (only.heads == 0) {
+    ASSIGN_OR_RETURN(fp8_cache, DeviceBuffer<uint8_t>::Create(size_t{1} * max_blocks *
+                                                              kKvBlockSize * kFp8RowBytes));
+    RETURN_IF_ERROR(FillFp8KvRows(fp8_cache.get(), size_t{1} * max_blocks * kKvBlockSize, kRank,
+                                  mla::kRopeDim, 13, 1.0f, stream));
+  }
+  std::printf(
+      "\nMLA decode (absorbed, paged; kv_lora_rank %d, rope %d, bf16 out; kv: the cache's "
+      "rows, bf16 %zu or fp8 %zu bytes; GB/s over those bytes)\n",
+      kRank, mla::kRopeDim, kRowBytes, kFp8RowBytes);
+  std::printf("%-6s %4s %5s %6s %7s %6s %10s %10s %9s %9s %9s %9s\n", "tile", "kv", "heads",
+              "batch", "context", "splits", "time_us", "floor_us", "GB/s", "%copyBW", "TFLOP/s",
+              "floor/t");
   std::mt19937 rng(5);
   struct Tile {
     const char* name;
@@ -119,6 +132,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   struct Case {
     const Tile* tile;
     int heads, batch, ctx;
+    KvCacheDtype kv = KvCacheDtype::kBf16;
   };
   std::vector<Case> cases;
   for (const Tile& tile : tiles) {
@@ -136,6 +150,15 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   for (int batch : {1, 32, 128, 256}) {
     for (int ctx : {1024, 4096, 16384}) cases.push_back({&tiles[4], 128, batch, ctx});
   }
+  // FP8 rows: the 16-head kernel's tiles at 16 heads, and at 128 heads (the
+  // 64-head kernel reads bf16 only), beside the bf16 rows above.
+  for (const Tile* tile : {&tiles[0], &tiles[3]}) {
+    for (int batch : {1, 32, 128}) cases.push_back({tile, 16, batch, 4096, KvCacheDtype::kFp8});
+  }
+  for (int batch : {1, 32, 128, 256}) {
+    for (int ctx : {1024, 4096, 16384})
+      cases.push_back({&tiles[5], 128, batch, ctx, KvCacheDtype::kFp8});
+  }
   if (only.heads > 0) cases = {{&tiles[5], only.heads, only.batch, only.ctx}};
   for (const Case& c : cases) {
     const int heads = c.heads, batch = c.batch, ctx = c.ctx;
@@ -152,10 +175,13 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
     ASSIGN_OR_RETURN(auto q, DeviceBuffer<bf16>::Create(size_t{1} * batch * heads * kDim));
     RETURN_IF_ERROR(FillUniform(q.get(), q.size(), 12, 1.0f, stream));
     ASSIGN_OR_RETURN(auto out, DeviceBuffer<bf16>::Create(size_t{1} * batch * heads * kRank));
-    const MlaDecodePlan plan = PlanMlaDecode(batch, heads, ctx, info.num_sms, c.tile->config);
+    const bool fp8 = c.kv == KvCacheDtype::kFp8;
+    const MlaDecodePlan plan = PlanMlaDecode(batch, heads, ctx, info.num_sms, c.tile->config, c.kv);
     ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(plan.workspace_bytes));
     MlaDecodeParams p;
-    p.q = q.get(), p.kv_cache = cache.get(), p.seq_lens = dlens.get();
+    p.q = q.get(), p.seq_lens = dlens.get();
+    p.kv_cache = fp8 ? reinterpret_cast<const bf16*>(fp8_cache.get()) : cache.get();
+    p.kv_dtype = c.kv;
     p.batch = batch, p.num_heads = heads, p.num_blocks = max_blocks,
     p.max_blocks_per_seq = blocks_per_seq;
     p.max_seq_len = ctx, p.softmax_scale = 0.1352f, p.out = out.get(), p.out_type = OutType::kBf16;
@@ -171,14 +197,14 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
                                       return RunMlaDecode(r);
                                     },
                                     kInner));
-    const double bytes =
-        double(batch) * ctx * kRowBytes + double(batch) * heads * (kDim + kRank) * 2;
+    const double bytes = double(batch) * ctx * (fp8 ? kFp8RowBytes : kRowBytes) +
+                         double(batch) * heads * (kDim + kRank) * 2;
     const double flops = 2.0 * batch * heads * ctx * (kDim + kRank);
     const double us = ms * 1e3, floor = FloorUs(bytes, flops, ceil);
     const double gbps = bytes / (ms * 1e-3) / 1e9;
-    std::printf("%-6s %5d %6d %7d %6d %10.1f %10.1f %9.0f %8.1f%% %9.1f %9.2f\n", c.tile->name,
-                heads, batch, ctx, plan.num_splits, us, floor, gbps, 100.0 * gbps / ceil.copy_gbps,
-                flops / (ms * 1e-3) / 1e12, floor / us);
+    std::printf("%-6s %4s %5d %6d %7d %6d %10.1f %10.1f %9.0f %8.1f%% %9.1f %9.2f\n", c.tile->name,
+                fp8 ? "fp8" : "bf16", heads, batch, ctx, plan.num_splits, us, floor, gbps,
+                100.0 * gbps / ceil.copy_gbps, flops / (ms * 1e-3) / 1e12, floor / us);
   }
   return absl::OkStatus();
 }

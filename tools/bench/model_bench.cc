@@ -16,9 +16,11 @@
 //          [--shape v2-lite | --model DIR] [--batch 1,32,128,256] [--context 2048]
 //          [--steps 20] [--warmup 3] [--gpu-memory-utilization 0.9]
 //          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
-//          [--profile-step] [--mla-kernel auto|heads16|generic]
+//          [--profile-step] [--mla-kernel auto|heads16|generic] [--kv-cache-dtype auto|fp8]
 // --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
+// --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
+// counts their bytes).
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -38,6 +40,7 @@
 #include "common/cuda_backend/cuda_model.h"
 #include "common/cuda_backend/sample_rows.h"
 #include "common/model/random_checkpoint.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/fill.h"
@@ -54,8 +57,9 @@ struct Flags {
   std::string load_format = "dummy";
   std::string shape = "v2-lite";
   std::string model_dir;
-  std::string quantization;         // "fp8": the dense linears in block-scaled FP8
-  std::string mla_kernel = "auto";  // auto | heads16 | generic (CudaModelOptions::mla_kernel)
+  std::string quantization;             // "fp8": the dense linears in block-scaled FP8
+  std::string mla_kernel = "auto";      // auto | heads16 | generic (CudaModelOptions::mla_kernel)
+  std::string kv_cache_dtype = "auto";  // auto | fp8 (CudaModelOptions::fp8_kv_cache)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
@@ -134,7 +138,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     if (it->second != "cuda") return absl::InvalidArgumentError("--device: only cuda");
     kv.erase(it);
   }
-  for (const char* name : {"load-format", "shape", "model", "quantization", "mla-kernel"}) {
+  for (const char* name :
+       {"load-format", "shape", "model", "quantization", "mla-kernel", "kv-cache-dtype"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
@@ -142,7 +147,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                        : n == "shape"        ? f.shape
                        : n == "model"        ? f.model_dir
                        : n == "quantization" ? f.quantization
-                                             : f.mla_kernel;
+                       : n == "mla-kernel"   ? f.mla_kernel
+                                             : f.kv_cache_dtype;
     dst = it->second;
     kv.erase(it);
   }
@@ -151,6 +157,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("--quantization: fp8, mxfp4 (DeepSeek-V4) or empty");
   if (f.mla_kernel != "auto" && f.mla_kernel != "heads16" && f.mla_kernel != "generic")
     return absl::InvalidArgumentError("--mla-kernel: auto, heads16 or generic");
+  if (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "fp8")
+    return absl::InvalidArgumentError("--kv-cache-dtype: auto or fp8");
   if (f.load_format != "dummy" && f.load_format != "auto") {
     return absl::InvalidArgumentError("--load-format: dummy or auto");
   }
@@ -227,7 +235,11 @@ double TokenFlops(const ModelConfig& c, double context) {
 // the latent rows (MLA; V3.2: the selected ones and every index key), or for V4 the window's rows,
 // the compressed entries it attends to and (CSA) the index keys its indexer scores, bf16. (Our V4
 // pools the entries from the cache rows each step: it reads more.)
-double DecodeKvBytes(const ModelConfig& c, double context) {
+double DecodeKvBytes(const ModelConfig& c, double context, bool fp8_rows) {
+  if (fp8_rows) {  // MLA without an indexer (CudaModel refuses the others)
+    return context * cpu::Fp8KvRowLayout{c.kv_lora_rank, c.qk_rope_head_dim}.bytes() *
+           c.num_hidden_layers;
+  }
   if (c.has_indexer()) {  // the selected latent rows, and every row's index key
     return (std::min<double>(context, c.indexer.topk) * (c.kv_lora_rank + c.qk_rope_head_dim) +
             context * c.indexer.head_dim) *
@@ -442,6 +454,7 @@ absl::Status Run(const Flags& f) {
   o.max_model_len = (std::max(f.context + f.warmup + f.steps + 1, f.prefill_len) + 63) / 64 * 64;
   o.cuda_graphs = f.graphs;
   o.fp8_linears = f.quantization == "fp8";  // mxfp4: from the config
+  o.fp8_kv_cache = f.kv_cache_dtype == "fp8";
   o.mla_kernel = f.mla_kernel == "heads16"   ? MlaKernel::kHeads16
                  : f.mla_kernel == "generic" ? MlaKernel::kGeneric
                                              : MlaKernel::kAuto;
@@ -457,7 +470,8 @@ absl::Status Run(const Flags& f) {
   const ModelConfig& c = model->config();
   std::printf(
       "model %s (%s weights, %.2f GB, dense linears %s, routed experts %s): layers %d, hidden "
-      "%d, heads %d, experts %d top-%d + %d shared, vocab %d; KV cache %d blocks (%.1f GB); "
+      "%d, heads %d, experts %d top-%d + %d shared, vocab %d; KV cache %d blocks (%.1f GB, %s "
+      "rows); "
       "ready in %.1f s\n",
       f.model_dir.empty() ? f.shape.c_str() : f.model_dir.c_str(), f.load_format.c_str(),
       model->weights().bytes() / 1e9, model->weights().fp8_linears() ? "fp8" : "bf16",
@@ -466,7 +480,7 @@ absl::Status Run(const Flags& f) {
                                                                                     : "bf16",
       c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.n_routed_experts,
       c.num_experts_per_tok, c.n_shared_experts, c.vocab_size, model->kv_pool().num_blocks(),
-      model->kv_pool().bytes() / 1e9, Seconds(t0, t1));
+      model->kv_pool().bytes() / 1e9, model->kv_row_spec().fp8() ? "fp8" : "bf16", Seconds(t0, t1));
 
   std::mt19937 rng(static_cast<uint32_t>(f.seed));
   std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
@@ -527,7 +541,8 @@ absl::Status Run(const Flags& f) {
       const auto z = std::chrono::steady_clock::now();
       if (s >= f.warmup) {
         times.push_back(Seconds(a, z));
-        kv_bytes += static_cast<double>(b) * DecodeKvBytes(c, f.context + s + 1);
+        kv_bytes += static_cast<double>(b) *
+                    DecodeKvBytes(c, f.context + s + 1, model->kv_row_spec().fp8());
       }
     }
     if (f.graphs && !model->last_step_used_graph())

@@ -234,8 +234,8 @@ size_t V4LayerStack::ExtraBlockBytes() const {
 }
 
 absl::Status V4LayerStack::AttachPool(int num_blocks) {
-  ASSIGN_OR_RETURN(entries_,
-                   KvPool::Create(ctx_.config.num_hidden_layers, KvRowSpec::Bf16(entry_width_), num_blocks));
+  ASSIGN_OR_RETURN(entries_, KvPool::Create(ctx_.config.num_hidden_layers,
+                                            KvRowSpec::Bf16(entry_width_), num_blocks));
   return absl::OkStatus();
 }
 
