@@ -184,7 +184,7 @@ def main():
 
 
 # Renders whose prefill, decode and expert workers run on GPUs.
-GPU_RENDERS = {"gpu-deepseek", "nccl transport on GPUs"}
+GPU_RENDERS = {"gpu-deepseek", "nccl transport on GPUs", "fp8 KV cache on GPUs"}
 
 
 def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
@@ -211,6 +211,8 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
                     "--set-json", 'ingress.tls=[{"secretName": "api-tls", "hosts": ["api.example.com"]}]'],
         "api keys off": ["--set", "router.apiKeys.enabled=false"],
         "api keys from a Secret": ["--set", "router.apiKeys.secretName=my-keys"],
+        "fp8 KV cache on GPUs": ["-f", os.path.join(chart, "values-gpu-deepseek.yaml"), "--set",
+                                 "kvCacheDtype=fp8"],
     }
     for name, args in variants.items():
         rc, out, err = render(helm, chart, *args)
@@ -225,6 +227,7 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
         ("a placement list of the wrong length", ["--set", "expert.placement.mode=list"], "one entry"),
         ("an Ingress without the HTTP API", ["--set", "ingress.enabled=true,router.http.enabled=false"],
          "needs router.http.enabled"),
+        ("an unknown KV cache dtype", ["--set", "kvCacheDtype=fp16"], "kvCacheDtype"),
     ]:
         rc, _, err = render(helm, chart, *args)
         c.check(f"helm template refuses {what}", rc != 0 and want in err, err.strip()[-300:])
@@ -242,7 +245,13 @@ def run_all(c, helm, node, chart, bin_dir, src, tmp, procs):
             if not c.check(f"{name}: {workload['metadata']['name']} runs as the image's non-root user {uid}",
                            sc.get("runAsNonRoot") is True and sc.get("runAsUser") == uid, str(sc)):
                 break
-    for name in ("default", "cpu-tiny", "gpu-deepseek", "hostPath, list placement, ServiceMonitor"):
+    # Prefill and decode workers agree on the KV rows (the cuda_ipc handoff refuses a mismatch).
+    for name, want in (("default", "auto"), ("fp8 KV cache on GPUs", "fp8")):
+        cm = one(rendered[name], "ConfigMap", FULLNAME)["data"]
+        got = [flag_values(cm[f"{role}.flags"].splitlines(), "kv_cache_dtype") for role in ("prefill", "decode")]
+        c.check(f"{name}: prefill and decode workers get --kv_cache_dtype={want}", got == [[want], [want]], str(got))
+    for name in ("default", "cpu-tiny", "gpu-deepseek", "hostPath, list placement, ServiceMonitor",
+                 "fp8 KV cache on GPUs"):
         check_flags(c, name, rendered[name], bin_dir, src, tmp)
     check_prometheus_relabeling(c, rendered["gpu-deepseek"], src, tmp)
     run_tiny_profile(c, rendered["cpu-tiny"], bin_dir, src, tmp, procs)
