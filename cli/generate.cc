@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "common/backend/backends.h"
+#include "common/engine/attention_backend.h"
 #include "common/model/model.h"
 #include "common/model/safetensors.h"
 #include "common/service/device_flags.h"
@@ -63,17 +64,16 @@ absl::Status RunGenerate() {
     RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
     ASSIGN_OR_RETURN(backend,
                      MakeAttentionBackend(config, ckpt.get(), device, /*with_experts=*/true));
-  } else {
+  } else {  // the CPU engine, its KV rows as --kv_cache_dtype says
     ASSIGN_OR_RETURN(model, Model::Load(dir));
+    ASSIGN_OR_RETURN(const KvRowFormat kv_format, KvRowFormatFor(model->config(), device));
+    backend = NewCpuAttentionBackend(&model->attention(), 0, 1, false, kv_format);
   }
+  ExpertClient* experts = model != nullptr ? model->experts() : nullptr;
   for (int i = 0; i < n; ++i) {
     SamplingParams spi = sp;
     if (spi.seed.has_value()) *spi.seed += static_cast<uint64_t>(i);
-    if (backend != nullptr) {
-      ASSIGN_OR_RETURN(results[i], Generate(backend.get(), nullptr, prompt, spi, stop));
-    } else {
-      ASSIGN_OR_RETURN(results[i], Generate(*model, prompt, spi, stop));
-    }
+    ASSIGN_OR_RETURN(results[i], Generate(backend.get(), experts, prompt, spi, stop));
   }
 
   const bool json = absl::GetFlag(FLAGS_json);

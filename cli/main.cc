@@ -29,10 +29,11 @@ const std::vector<Command>& Commands() {
       {"generate",
        "--model=DIR --prompt_ids=5,17,300 [--max_new_tokens=N] [sampling flags]\n"
        "      [--stop_token_ids=1,2] [--ignore_eos] [--json] [--device={cpu,cuda,cuda:N}]\n"
-       "      [--gpu_memory_utilization=F] [--max_model_len=N]\n"
+       "      [--gpu_memory_utilization=F] [--max_model_len=N] [--kv_cache_dtype={auto,fp8}]\n"
        "    offline generation in this process",
        WithSampling({"model", "prompt_ids", "max_new_tokens", "stop_token_ids", "ignore_eos",
-                     "json", "device", "gpu_memory_utilization", "max_model_len"}),
+                     "json", "device", "gpu_memory_utilization", "max_model_len",
+                     "kv_cache_dtype"}),
        RunGenerate},
       {"mkmodel",
        "--family={v2-lite,v2,v3,v3.2,v4} [--preset={tiny,small,real}] --out=DIR [--seed=S]\n"

@@ -126,12 +126,14 @@ absl::Status CheckQuantization(const ModelConfig& config, const DeviceOptions& o
   return absl::OkStatus();
 }
 
-// The rows' format --kv_cache_dtype asks for, for this model on this
-// device: the CPU engine's (the CUDA backend keeps FP8 rows in its own pool,
-// CudaModelOptions::fp8_kv_cache, and takes the flag from `options`).
-absl::StatusOr<KvRowFormat> KvFormatFor(const ModelConfig& config, const DeviceOptions& options) {
+}  // namespace
+
+// The CUDA backend keeps FP8 rows in its own pool (CudaModelOptions::
+// fp8_kv_cache) and takes the flag from `options`.
+absl::StatusOr<KvRowFormat> KvRowFormatFor(const ModelConfig& config,
+                                           const DeviceOptions& options) {
   if (!options.fp8_kv_cache) return KvRowFormat();
-  if (config.family == ModelFamily::kDeepseekV32 || config.layers() == LayerArch::kV4) {
+  if (config.has_indexer() || config.layers() == LayerArch::kV4) {
     return absl::UnimplementedError(
         "--kv_cache_dtype fp8 covers MLA's latent and rope rows (DeepSeek-V2 and V3 families); "
         "DeepSeek-V3.2's indexer keys and V4's compressed entries are not FP8 here yet");
@@ -145,8 +147,6 @@ absl::StatusOr<KvRowFormat> KvFormatFor(const ModelConfig& config, const DeviceO
   if (IsCudaDevice(options.device)) return KvRowFormat();
   return KvRowFormat::Fp8(config);
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const ModelConfig& config,
                                                                        const Checkpoint* ckpt,
@@ -162,7 +162,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeAttentionBackend(const Mod
         "--load_format dummy generates the weights on a GPU: it needs --device cuda");
   }
   RETURN_IF_ERROR(CheckQuantization(config, options));
-  ASSIGN_OR_RETURN(const KvRowFormat kv_format, KvFormatFor(config, options));
+  ASSIGN_OR_RETURN(const KvRowFormat kv_format, KvRowFormatFor(config, options));
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     if (options.prefix_cache && config.family == ModelFamily::kDeepseekV4) {
@@ -191,7 +191,7 @@ absl::StatusOr<std::unique_ptr<ExpertStage>> MakeExpertStage(
     const DeviceOptions& options) {
   RETURN_IF_ERROR(ValidateDevice(options.device));
   RETURN_IF_ERROR(CheckQuantization(config, options));
-  RETURN_IF_ERROR(KvFormatFor(config, options).status());  // the same refusals as attention's
+  RETURN_IF_ERROR(KvRowFormatFor(config, options).status());  // the same refusals as attention's
   if (IsCudaDevice(options.device)) {
     ASSIGN_OR_RETURN(const CudaBackendsTable* cuda, CudaBackends());
     return cuda->make_expert_stage(config, std::move(weights), options);

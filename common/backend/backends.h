@@ -46,11 +46,17 @@ struct DeviceOptions {
   // to block-scaled FP8 (CUDA only; an FP8 checkpoint runs in FP8 without it).
   bool fp8_linears = false;
   // --kv_cache_dtype fp8: the KV cache in FlashMLA's FP8 layout (latent e4m3
-  // with a power-of-two scale per 128 values, rope bf16; kernels/cpu/fp8.h).
-  // The CPU engine's cache only so far: its rows are what a device's FP8
-  // cache will give back (issue 18).
+  // with a power-of-two scale per 128 values, rope bf16; kernels/cpu/fp8.h):
+  // the CPU engine's rows are what the CUDA pool's FP8 rows give back.
   bool fp8_kv_cache = false;
 };
+
+// The CPU engine's KV row format for `options` (--kv_cache_dtype): FP8 or
+// native; on a CUDA device native (the CUDA pool holds its own FP8 rows).
+// UNIMPLEMENTED where FP8 is not built: models with an indexer (V3.2),
+// DeepSeek-V4, a kv_lora_rank not a multiple of 16. MakeAttentionBackend and
+// MakeExpertStage apply it; a caller building a CPU backend itself must too.
+absl::StatusOr<KvRowFormat> KvRowFormatFor(const ModelConfig& config, const DeviceOptions& options);
 
 // OK for "cpu", "cuda" and "cuda:N" (N >= 0); INVALID_ARGUMENT otherwise.
 absl::Status ValidateDevice(const std::string& device);

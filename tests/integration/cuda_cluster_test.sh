@@ -14,6 +14,9 @@
 # MOESH_TRANSPORT=nccl (with it) sends the expert dispatch over NCCL, GPU to GPU
 # (the KV handoff device to device too);
 # MOESH_TRANSPORT=cuda_ipc keeps it in device memory (same GPU or another).
+# MOESH_KV_CACHE_DTYPE=fp8 runs every attention worker and both references
+# with --kv_cache_dtype fp8 (the GPU's FP8 pool against the CPU engine's FP8
+# cache).
 # MOESH_PROMPTS (space-separated id lists) and MOESH_NEW_TOKENS replace the
 # prompts and lengths; MOESH_MULTI_TURN=0 leaves out the second-turn (prefix
 # cache) check.
@@ -24,13 +27,14 @@ SRC=${2:?usage: cuda_cluster_test.sh PATH/TO/moesh SOURCE_DIR}
 MODEL="$SRC/tests/golden/${3:-v3}"
 EXPERT_DEVICE=${MOESH_EXPERT_DEVICE:-cuda}
 TRANSPORT=${MOESH_TRANSPORT:-grpc}
+KV=(--kv_cache_dtype "${MOESH_KV_CACHE_DTYPE:-auto}")
 source "$SRC/tests/integration/serve_local_lib.sh"
 serve_local_setup moesh_cuda_cluster
 
 require_cuda_generate "$MODEL"
 
 start_serve_local --model "$MODEL" --device cuda --expert_device "$EXPERT_DEVICE" --transport "$TRANSPORT" \
-  --expert_workers 2
+  --expert_workers 2 "${KV[@]}"
 grep -q "cuda:" "$TMP"/cluster/*.log || fail "no worker reports a CUDA device in its log"
 grep -h -E "worker (for|serving)" "$TMP"/cluster/*.log | sed 's/^/  /' || true
 if [ "$EXPERT_DEVICE" != cuda ]; then
@@ -56,9 +60,9 @@ PROMPTS=${MOESH_PROMPTS:-5,17,300,42,9 1,2,3 400,7,7,7,100,250,3,4,60,61,62,63,6
 for prompt in $PROMPTS; do
   args=(--prompt_ids "$prompt" --max_new_tokens "${MOESH_NEW_TOKENS:-12}" --ignore_eos --top_logprobs 1 --json)
   cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete: $cluster"
-  single=$("$MOESH" generate --model "$MODEL" --device cuda "${args[@]}") || fail "generate: $single"
+  single=$("$MOESH" generate --model "$MODEL" --device cuda "${KV[@]}" "${args[@]}") || fail "generate: $single"
   compare_outputs "$cluster" "$single" "prompt $prompt (the GPU cluster vs generate --device cuda)"
-  cpu=$("$MOESH" generate --model "$MODEL" "${args[@]}")
+  cpu=$("$MOESH" generate --model "$MODEL" "${KV[@]}" "${args[@]}")
   "$PY" - "$single" "$cpu" <<'PYEOF' || fail "generate --device cuda left the CPU engine within its first 4 tokens"
 import json, sys
 a, b = json.loads(sys.argv[1])["output_ids"], json.loads(sys.argv[2])["output_ids"]
@@ -72,8 +76,8 @@ done
 # tight rule).
 args=(--prompt_ids "400,7,7,7,100,250,3,4" --max_new_tokens 2 --ignore_eos --prompt_logprobs 2 --json)
 cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete --prompt_logprobs: $cluster"
-single=$("$MOESH" generate --model "$MODEL" --device cuda "${args[@]}") || fail "generate --device cuda --prompt_logprobs: $single"
-cpu=$("$MOESH" generate --model "$MODEL" "${args[@]}") || fail "generate --prompt_logprobs: $cpu"
+single=$("$MOESH" generate --model "$MODEL" --device cuda "${KV[@]}" "${args[@]}") || fail "generate --device cuda --prompt_logprobs: $single"
+cpu=$("$MOESH" generate --model "$MODEL" "${KV[@]}" "${args[@]}") || fail "generate --prompt_logprobs: $cpu"
 "$PY" - "$cluster" "$single" "$cpu" <<'PYEOF' || fail "prompt log-probabilities on the GPU"
 import json, sys
 c, g, w = (json.loads(a.splitlines()[0])["prompt_logprobs"] for a in sys.argv[1:4])
@@ -102,7 +106,7 @@ if [ "${MOESH_MULTI_TURN:-1}" = 1 ]; then
   turn2="$history,3,1,4,1,5,9"
   cluster=$("$MOESH" complete --server "127.0.0.1:$port" --prompt_ids "$turn2" "${args[@]}") ||
     fail "complete (turn 2): $cluster"
-  single=$("$MOESH" generate --model "$MODEL" --device cuda --prompt_ids "$turn2" "${args[@]}") ||
+  single=$("$MOESH" generate --model "$MODEL" --device cuda "${KV[@]}" --prompt_ids "$turn2" "${args[@]}") ||
     fail "generate (turn 2): $single"
   want_cached=64
   grep -q '"deepseek_v4"' "$MODEL/config.json" && want_cached=0
@@ -117,7 +121,7 @@ args=(--prompt_ids "${PROMPTS%% *}" --max_new_tokens "${MOESH_NEW_TOKENS:-16}" -
       --top_k 40 --top_p 0.9 --min_p 0.02 --seed 7 --repetition_penalty 1.2 --presence_penalty 0.3
       --frequency_penalty 0.1)
 cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete (sampled): $cluster"
-single=$("$MOESH" generate --model "$MODEL" --device cuda "${args[@]}") || fail "generate (sampled): $single"
+single=$("$MOESH" generate --model "$MODEL" --device cuda "${KV[@]}" "${args[@]}") || fail "generate (sampled): $single"
 compare_outputs "$cluster" "$single" "sampled (the GPU cluster vs generate --device cuda)"
 check_ipc
 echo "PASS"

@@ -26,7 +26,7 @@
 #             references, the KV handoff, the device-resident dispatch, ForwardSample), the
 #             cluster on the GPU against `moesh generate --device cuda`
 #             (tests/integration/cuda_cluster_test.sh) over grpc on the v3 and v2_lite goldens,
-#             over cuda_ipc, on the v4 golden, on the v32 golden within index_topk; the
+#             over cuda_ipc (and with --kv_cache_dtype fp8), on the v4 golden, on the v32 golden within index_topk; the
 #             experts of V4 and V3.2 on the GPU behind CPU attention against the CPU engine
 #             (tests/integration/cuda_experts_test.sh v4, v32), chunked prefill in a GPU
 #             colocated router (tests/integration/cuda_chunked_test.sh); cuda_prefix_cache_test
@@ -170,6 +170,7 @@ services() {
   cluster cluster_grpc 240
   cluster cluster_grpc_v2_lite 120 v2_lite
   cluster cluster_ipc 150 MOESH_TRANSPORT=cuda_ipc
+  cluster cluster_ipc_fp8_kv 150 MOESH_TRANSPORT=cuda_ipc MOESH_KV_CACHE_DTYPE=fp8
   cluster cluster_v4 90 v4
   # V3.2 wholly on the GPU within index_topk (8 in the golden).
   cluster cluster_v32 120 "MOESH_PROMPTS=5,17,300 1,2,3,4" MOESH_NEW_TOKENS=4 MOESH_MULTI_TURN=0 v32
