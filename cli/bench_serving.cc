@@ -44,7 +44,8 @@ ABSL_FLAG(std::string, modes, "cluster,colocated",
           "(the KV handed over through the host), colocated; a mode ending in -swap (cluster-swap, "
           "colocated-swap) preempts by swap (--preemption_mode=swap) instead of recompute, one "
           "ending in -http (cluster-http, colocated-http) sends its load through the router's "
-          "OpenAI HTTP API (streamed /v1/completions).");
+          "OpenAI HTTP API (streamed /v1/completions; each stream keeps its connection alive), "
+          "-http-close the same with a new connection a request.");
 ABSL_FLAG(int, rebalance_timeline, 0,
           "--serving: instead of the table, this many seconds of a skewed expert placement with "
           "the router rebalancing: tokens/s and each expert worker's share, per second.");
@@ -153,7 +154,8 @@ LoadResult RunLoad(const std::string& server, int concurrency, int requests, int
 // RunLoad's load through the router's OpenAI-compatible HTTP API at `to`
 // (StreamCompletion, usage included).
 LoadResult RunHttpLoad(const HttpEndpoint& to, int concurrency, int requests, int prompt_len,
-                       int max_new, int vocab, const v1::SamplingParams& sampling) {
+                       int max_new, int vocab, const v1::SamplingParams& sampling,
+                       bool keep_alive) {
   return RunClosedLoop(concurrency, requests, nullptr, [&](int, int i, std::mt19937& rng) {
     nlohmann::json body = {{"max_tokens", max_new},
                            {"ignore_eos", true},
@@ -164,7 +166,8 @@ LoadResult RunHttpLoad(const HttpEndpoint& to, int concurrency, int requests, in
     if (sampling.temperature() > 0) body["seed"] = i + 1;
     // A chunk's gap, as the per-chunk latency (no log-probabilities asked:
     // the server does what the gRPC rows ask of it).
-    return StreamCompletion(to, std::move(body), /*token_ids=*/false, std::chrono::minutes(10));
+    return StreamCompletion(to, std::move(body), /*token_ids=*/false, std::chrono::minutes(10),
+                            keep_alive);
   });
 }
 
@@ -299,8 +302,11 @@ absl::Status RunServingBench() {
     for (int64_t i = 0; i < expert_workers; ++i)
       o.expert_workers.push_back(absl::StrCat(i, "/", expert_workers));
     // "<mode>-swap": <mode>, preempting by swap; "<mode>-http": <mode>, its
-    // load sent through the router's OpenAI HTTP API.
+    // load sent through the router's OpenAI HTTP API on kept-alive
+    // connections ("-http-close": a connection a request).
     std::string mode = row_mode;
+    const bool http_close = absl::EndsWith(mode, "-http-close");
+    if (http_close) mode.resize(mode.size() - 6);
     const bool http = absl::EndsWith(mode, "-http");
     if (http) {
       mode.resize(mode.size() - 5);
@@ -337,7 +343,8 @@ absl::Status RunServingBench() {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown mode \"", row_mode,
                        "\" (cluster, cluster-nopp, cluster-ucx, cluster-nccl, cluster-ipc, "
-                       "cluster-ipc-hostkv, colocated; each with -swap, -http or -swap-http)"));
+                       "cluster-ipc-hostkv, colocated; each with -swap, -http, -http-close or "
+                       "-swap-http)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(o));
     HttpEndpoint http_to;
@@ -348,7 +355,7 @@ absl::Status RunServingBench() {
       const double preempted_before = Preemptions(*cluster);
       LoadResult r = http ? RunHttpLoad(http_to, static_cast<int>(c), static_cast<int>(requests),
                                         static_cast<int>(prompt_len), static_cast<int>(max_new),
-                                        config.vocab_size, sampling)
+                                        config.vocab_size, sampling, !http_close)
                           : RunLoad(cluster->router_address(), static_cast<int>(c),
                                     static_cast<int>(requests), static_cast<int>(prompt_len),
                                     static_cast<int>(max_new), config.vocab_size, sampling);

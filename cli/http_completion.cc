@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+#include <memory>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -63,9 +64,10 @@ class Connection {
 };
 
 std::string RequestHead(const HttpEndpoint& to, const char* method, const std::string& path,
-                        size_t body_bytes) {
+                        size_t body_bytes, bool keep_alive = false) {
   std::string head = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: ", to.authority,
-                                  "\r\nConnection: close\r\nAccept: text/event-stream, */*\r\n");
+                                  keep_alive ? "" : "\r\nConnection: close",
+                                  "\r\nAccept: text/event-stream, */*\r\n");
   if (!to.api_key.empty()) absl::StrAppend(&head, "Authorization: Bearer ", to.api_key, "\r\n");
   if (body_bytes > 0) {
     absl::StrAppend(&head, "Content-Type: application/json\r\nContent-Length: ", body_bytes,
@@ -76,15 +78,23 @@ std::string RequestHead(const HttpEndpoint& to, const char* method, const std::s
 
 // Reads the response on `c`: its status (*status, *status_line), then its
 // body as it arrives, de-chunked, a piece at a time to `on_body` (false
-// stops reading). UNAVAILABLE for a connection that fails or ends before the
-// head, or a malformed chunk.
+// stops reading). The body ends at its Content-Length, its last chunk, or
+// the connection's end. *reusable (may be null): the whole response was read
+// to its stated end and the server keeps the connection (HTTP/1.1, no
+// "Connection: close"). UNAVAILABLE for a connection that fails or ends
+// before the head, or a malformed chunk.
 absl::Status ReadResponse(Connection* c, int* status, std::string* status_line,
-                          const std::function<bool(absl::string_view)>& on_body) {
+                          const std::function<bool(absl::string_view)>& on_body,
+                          bool* reusable = nullptr) {
   std::string buf;
   char tmp[16384];
-  bool in_head = true, chunked = false;
+  bool in_head = true, chunked = false, keeps = false;
   int64_t chunk_left = -1;  // -1: a size line next; 0: the CRLF after a chunk
+  int64_t body_left = -1;   // Content-Length's bytes still to come; -1: none stated
+  bool last_chunk = false;  // the zero chunk came: its final CRLF next
+  if (reusable != nullptr) *reusable = false;
   for (;;) {
+    if (!in_head && !chunked && body_left == 0) break;
     const ssize_t n = recv(c->fd(), tmp, sizeof(tmp), 0);
     if (n < 0) {
       return absl::UnavailableError(
@@ -102,17 +112,41 @@ absl::Status ReadResponse(Connection* c, int* status, std::string* status_line,
           !absl::SimpleAtoi(parts[1], status)) {
         return absl::UnavailableError(absl::StrCat("not an HTTP response: ", *status_line));
       }
-      chunked = absl::StrContains(absl::AsciiStrToLower(buf.substr(0, end)),
-                                  "transfer-encoding: chunked");
+      const std::string head = absl::AsciiStrToLower(buf.substr(0, end));
+      chunked = absl::StrContains(head, "transfer-encoding: chunked");
+      keeps = absl::StartsWith(*status_line, "HTTP/1.1") &&
+              !absl::StrContains(head, "connection: close");
+      if (const size_t at = head.find("\r\ncontent-length:"); at != std::string::npos && !chunked) {
+        const size_t from = at + 17, eol = head.find("\r\n", from);
+        if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::string_view(head).substr(
+                                  from, eol == std::string::npos ? std::string::npos : eol - from)),
+                              &body_left) ||
+            body_left < 0) {
+          return absl::UnavailableError("a malformed Content-Length in the response");
+        }
+      }
       buf.erase(0, end + 4);
       in_head = false;
     }
     if (!chunked) {
+      if (body_left >= 0 && static_cast<int64_t>(buf.size()) > body_left) {
+        return absl::UnavailableError("more bytes than the response's Content-Length");
+      }
+      if (body_left > 0) body_left -= static_cast<int64_t>(buf.size());
       if (!buf.empty() && !on_body(buf)) return absl::OkStatus();
       buf.clear();
+      if (body_left == 0) {
+        if (reusable != nullptr) *reusable = keeps;
+        return absl::OkStatus();
+      }
       continue;
     }
     for (;;) {
+      if (last_chunk) {  // the zero chunk's CRLF (no trailers are sent here)
+        if (buf.size() < 2) break;
+        if (reusable != nullptr) *reusable = keeps && buf == "\r\n";
+        return absl::OkStatus();
+      }
       if (chunk_left < 0) {
         const size_t eol = buf.find("\r\n");
         if (eol == std::string::npos) break;
@@ -123,7 +157,10 @@ absl::Status ReadResponse(Connection* c, int* status, std::string* status_line,
           return absl::UnavailableError("a malformed chunk size in the response");
         }
         buf.erase(0, eol + 2);
-        if (size == 0) return absl::OkStatus();
+        if (size == 0) {
+          last_chunk = true;
+          continue;
+        }
         chunk_left = static_cast<int64_t>(size);
       }
       if (chunk_left > 0) {
@@ -141,7 +178,22 @@ absl::Status ReadResponse(Connection* c, int* status, std::string* status_line,
     }
   }
   if (in_head) return absl::UnavailableError("the connection closed before a response");
+  if (last_chunk) return absl::OkStatus();  // closed instead of the final CRLF: not reusable
+  if (!chunked && body_left > 0) return absl::UnavailableError("the response ended early");
   return absl::OkStatus();
+}
+
+// This thread's connection to a server that keeps it (one at a time: a
+// closed-loop stream's requests run one after another on its thread).
+struct KeptConnection {
+  std::string authority;
+  std::unique_ptr<Connection> conn;
+};
+thread_local KeptConnection kept;
+
+std::unique_ptr<Connection> TakeKept(const HttpEndpoint& to) {
+  if (kept.conn == nullptr || kept.authority != to.authority) return nullptr;
+  return std::move(kept.conn);
 }
 
 grpc::StatusCode CodeOfHttp(int status) {
@@ -226,7 +278,7 @@ absl::StatusOr<std::string> HttpGet(const HttpEndpoint& to, const std::string& p
 }
 
 RequestRecord StreamCompletion(const HttpEndpoint& to, nlohmann::json body, bool token_ids,
-                               std::chrono::seconds timeout) {
+                               std::chrono::seconds timeout, bool keep_alive) {
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
   if (token_ids) {
@@ -287,32 +339,47 @@ RequestRecord StreamCompletion(const HttpEndpoint& to, nlohmann::json body, bool
     last = now;
     return true;
   };
-  Connection c;
-  absl::Status s = c.Open(to, timeout);
-  if (s.ok()) s = c.Send(RequestHead(to, "POST", "/v1/completions", payload.size()) + payload);
-  if (s.ok()) {
-    s = ReadResponse(&c, &status, &status_line, [&](absl::string_view piece) {
-      if (status != 200) {
-        error_body.append(piece.data(), piece.size());
-        return true;
-      }
-      events.append(piece.data(), piece.size());
-      for (size_t end; (end = events.find("\n\n")) != std::string::npos; events.erase(0, end + 2)) {
-        absl::string_view event =
-            absl::StripTrailingAsciiWhitespace(absl::string_view(events).substr(0, end));
-        if (!absl::ConsumePrefix(&event, "data:")) continue;  // comments, other fields
-        event = absl::StripLeadingAsciiWhitespace(event);
-        if (event == "[DONE]") continue;
-        const nlohmann::json j = nlohmann::json::parse(event, nullptr, false);
-        if (j.is_discarded()) {
-          error = absl::StrCat("not JSON: ", event.substr(0, 200));
-          return false;
-        }
-        if (!on_event(j)) return false;
-      }
+  const auto on_piece = [&](absl::string_view piece) {
+    if (status != 200) {
+      error_body.append(piece.data(), piece.size());
       return true;
-    });
+    }
+    events.append(piece.data(), piece.size());
+    for (size_t end; (end = events.find("\n\n")) != std::string::npos; events.erase(0, end + 2)) {
+      absl::string_view event =
+          absl::StripTrailingAsciiWhitespace(absl::string_view(events).substr(0, end));
+      if (!absl::ConsumePrefix(&event, "data:")) continue;  // comments, other fields
+      event = absl::StripLeadingAsciiWhitespace(event);
+      if (event == "[DONE]") continue;
+      const nlohmann::json j = nlohmann::json::parse(event, nullptr, false);
+      if (j.is_discarded()) {
+        error = absl::StrCat("not JSON: ", event.substr(0, 200));
+        return false;
+      }
+      if (!on_event(j)) return false;
+    }
+    return true;
+  };
+  // A kept connection the server has closed meanwhile fails before any
+  // answer: the request goes again on a new one.
+  std::unique_ptr<Connection> c = keep_alive ? TakeKept(to) : nullptr;
+  const bool reused = c != nullptr;
+  const std::string request =
+      RequestHead(to, "POST", "/v1/completions", payload.size(), keep_alive) + payload;
+  absl::Status s;
+  bool reusable = false;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (c == nullptr) {
+      c = std::make_unique<Connection>();
+      s = c->Open(to, timeout);
+    }
+    if (s.ok()) s = c->Send(request);
+    if (s.ok()) s = ReadResponse(c.get(), &status, &status_line, on_piece, &reusable);
+    if (s.ok() || !reused || attempt > 0 || status != 0) break;
+    c.reset();
+    s = absl::OkStatus();
   }
+  if (keep_alive && s.ok() && reusable) kept = {to.authority, std::move(c)};
   rec.e2e = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!s.ok()) {
     rec.code = grpc::StatusCode::UNAVAILABLE;

@@ -49,8 +49,13 @@ absl::StatusOr<std::string> HttpGet(const HttpEndpoint& to, const std::string& p
 // the gRPC code of the same meaning (429 RESOURCE_EXHAUSTED, 400/404/413/422
 // INVALID_ARGUMENT, 401 UNAUTHENTICATED, 503 UNAVAILABLE, else UNKNOWN) with
 // the server's message; a stream without a usage is UNKNOWN.
+// keep_alive: the request goes on this thread's kept connection to the
+// server if it has one (a new one if the server closed it meanwhile), and
+// the connection is kept for the thread's next request when the server
+// keeps it (as clients with a connection pool do); else a connection of its
+// own, closed after the answer.
 RequestRecord StreamCompletion(const HttpEndpoint& to, nlohmann::json body, bool token_ids,
-                               std::chrono::seconds timeout);
+                               std::chrono::seconds timeout, bool keep_alive = true);
 
 }  // namespace moesh::cli
 

@@ -22,23 +22,60 @@ int LogMessage(const mg_connection*, const char* message) {
   return 1;  // logged here: civetweb prints nothing
 }
 
-void WriteHead(mg_connection* conn, int status, const char* content_type) {
-  mg_printf(conn,
-            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\n"
-            "Connection: close\r\n",
-            status, mg_get_response_code_text(conn, status), content_type);
+// Every response states its length (Content-Length, or chunked transfer
+// encoding for a stream), so an HTTP/1.1 connection stays open for the
+// client's next request (civetweb's keep-alive). `close`: this one ends the
+// connection (a body left unread, or an HTTP/1.0 stream).
+void WriteHead(mg_connection* conn, int status, const char* content_type, bool close) {
+  if (close) mg_disable_connection_keep_alive(conn);
+  mg_printf(conn, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\n%s", status,
+            mg_get_response_code_text(conn, status), content_type,
+            close ? "Connection: close\r\n" : "");
 }
 
-int SendJson(mg_connection* conn, int status, const std::string& body) {
-  WriteHead(conn, status, "application/json");
+int SendJson(mg_connection* conn, int status, const std::string& body, bool close = false) {
+  WriteHead(conn, status, "application/json", close);
   mg_printf(conn, "Content-Length: %zu\r\n\r\n", body.size());
   mg_write(conn, body.data(), body.size());
   return status;
 }
 
-int SendError(mg_connection* conn, const absl::Status& status) {
+bool Http11(mg_connection* conn) {
+  const char* v = mg_get_request_info(conn)->http_version;
+  return v != nullptr && std::string(v) != "1.0";
+}
+
+// A Server-Sent Events stream: chunked on HTTP/1.1 (one write a chunk: its
+// size line, the events, CRLF), plain bytes until the connection closes on
+// HTTP/1.0. False once the client is gone.
+class EventStream {
+ public:
+  explicit EventStream(mg_connection* conn) : conn_(conn), chunked_(Http11(conn)) {}
+  bool started() const { return started_; }
+  void Start() {
+    started_ = true;
+    WriteHead(conn_, 200, "text/event-stream", !chunked_);
+    mg_printf(conn_, chunked_ ? "Transfer-Encoding: chunked\r\n\r\n" : "\r\n");
+  }
+  bool Write(const std::string& events) {
+    if (events.empty()) return true;
+    if (!chunked_) return mg_write(conn_, events.data(), events.size()) > 0;
+    const std::string chunk = absl::StrCat(absl::Hex(events.size()), "\r\n", events, "\r\n");
+    return mg_write(conn_, chunk.data(), chunk.size()) == static_cast<int>(chunk.size());
+  }
+  void End() {
+    if (chunked_) mg_write(conn_, "0\r\n\r\n", 5);
+  }
+
+ private:
+  mg_connection* const conn_;
+  const bool chunked_;
+  bool started_ = false;
+};
+
+int SendError(mg_connection* conn, const absl::Status& status, bool close = false) {
   const HttpError e = ToHttpError(status);
-  return SendJson(conn, e.http_status, e.body);
+  return SendJson(conn, e.http_status, e.body, close);
 }
 
 // A non-API error (unknown path, wrong method) in OpenAI's shape.
@@ -88,6 +125,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
   std::unique_ptr<HttpFront> f(
       new HttpFront(std::move(options), generation, codec, chat, keys, std::move(ready)));
   const std::string threads = std::to_string(f->options_.threads);
+  const std::string keep_alive_ms = std::to_string(f->options_.keep_alive_ms);
   const char* civet_options[] = {"listening_ports",
                                  f->options_.listen.c_str(),
                                  "num_threads",
@@ -95,7 +133,9 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
                                  "tcp_nodelay",
                                  "1",
                                  "enable_keep_alive",
-                                 "no",
+                                 "yes",
+                                 "keep_alive_timeout_ms",
+                                 keep_alive_ms.c_str(),
                                  nullptr};
   mg_callbacks callbacks = {};
   callbacks.log_message = LogMessage;
@@ -171,7 +211,8 @@ int HttpFront::Models(mg_connection* conn) {
 
 int HttpFront::Completions(mg_connection* conn, bool chat) {
   absl::StatusOr<std::string> body = ReadBody(conn, options_.max_body_bytes);
-  if (!body.ok()) return SendError(conn, body.status());
+  // A body refused before its end was read: the connection ends with it.
+  if (!body.ok()) return SendError(conn, body.status(), /*close=*/true);
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(*body, chat);
   if (!r.ok()) return SendError(conn, r.status());
   if (!r->model.empty() && std::find(options_.model_names.begin(), options_.model_names.end(),
@@ -208,29 +249,25 @@ int HttpFront::Completions(mg_connection* conn, bool chat) {
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count(),
                             [this](int32_t id) { return codec_->Decode({id}, false); });
-  bool started = false;  // the SSE head was written
+  EventStream stream(conn);
   ResponseWriter write = [&](const v1::GenerateResponse& m) {
     if (stopping_) return false;
     if (!r->stream) {
       responder.Add(m);
       return true;
     }
-    if (!started) {
-      started = true;
-      WriteHead(conn, 200, "text/event-stream");
-      mg_printf(conn, "\r\n");
-    }
-    const std::string events = responder.StreamEvents(m);
-    return events.empty() || mg_write(conn, events.data(), events.size()) > 0;
+    if (!stream.started()) stream.Start();
+    return stream.Write(responder.StreamEvents(m));
   };
   const absl::Status s = generation_->Serve(r->generate, write);
   if (!s.ok()) {
-    if (!started) return SendError(conn, s);
-    const std::string e = OpenAiResponder::StreamError(s);
-    mg_write(conn, e.data(), e.size());
+    if (!stream.started()) return SendError(conn, s);
+    stream.Write(OpenAiResponder::StreamError(s));
+    stream.End();
     return 200;
   }
   if (!r->stream) return SendJson(conn, 200, responder.Body());
+  stream.End();
   return 200;
 }
 

@@ -9,9 +9,11 @@
 // one civetweb thread per connection from a fixed pool, each request run on a
 // thread of our own pool (civetweb's stacks are too small) while the
 // connection's thread waits; a streaming client that goes away makes the next
-// write fail, which stops its request (its KV is freed). Responses close
-// the connection (no keep-alive). Thread-safe; destroying it stops serving:
-// running requests stop at their next token.
+// write fail, which stops its request (its KV is freed). HTTP/1.1
+// connections stay open between requests (keep-alive, up to keep_alive_ms
+// idle: an idle connection holds a civetweb thread); streams use chunked
+// transfer encoding. Thread-safe; destroying it stops serving: running
+// requests stop at their next token.
 #ifndef MOESH_ROUTER_HTTP_FRONT_H_
 #define MOESH_ROUTER_HTTP_FRONT_H_
 
@@ -35,6 +37,9 @@ namespace moesh {
 struct HttpFrontOptions {
   std::string listen;  // host:port; port 0: any free one
   int threads = 128;   // connections served at once
+  // How long an idle keep-alive connection keeps its thread for the
+  // client's next request.
+  int keep_alive_ms = 2000;
   int64_t max_body_bytes = 8 << 20;
   // The names a request's "model" may give (empty matches any); the first is
   // the one /v1/models lists and responses carry. REQUIRES: not empty.

@@ -11,7 +11,8 @@
 # and the decode worker's running requests and KV blocks back to zero); a
 # client that stops reading its stream holds up no one else; a tool round
 # trip; stop strings, max_completion_tokens, cached_tokens in the usage and a
-# body that is not UTF-8, end to end; 503 from a router no worker has joined (/health
+# body that is not UTF-8, end to end; keep-alive (a chunked stream, then
+# another request on the connection; an oversize body closes it); 503 from a router no worker has joined (/health
 # and requests) and 429 from a decode pool too small for a request.
 # usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR
 set -euo pipefail
@@ -324,6 +325,31 @@ deadline = time.time() + 15
 while time.time() < deadline and metric(router_metrics, "moesh_num_requests_running") > 0:
     time.sleep(0.05)
 assert metric(router_metrics, "moesh_num_requests_running") == 0, "the slow reader's stream still runs"
+# Keep-alive: a stream (chunked transfer encoding, ended by its zero chunk) and then a JSON
+# request on the same connection; a body past the limit ends its connection with the 413.
+import http.client
+host, port = url.split("//")[1].split(":")
+c = http.client.HTTPConnection(host, int(port), timeout=60)
+c.request("POST", "/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 3, "stream": True}), H)
+r1 = c.getresponse()
+assert r1.getheader("Transfer-Encoding") == "chunked", r1.getheaders()
+assert r1.read().decode().rstrip().endswith("data: [DONE]")
+sock = c.sock
+c.request("POST", "/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 2}), H)
+r2 = c.getresponse()
+assert r2.status == 200 and json.load(r2)["usage"]["completion_tokens"] == 2
+assert c.sock is sock and sock is not None, "the second request did not reuse the connection"
+s = socket.create_connection((host, int(port)))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test-1\r\n"
+          b"Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n{")
+s.settimeout(10)
+got = b""
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    got += d
+assert got.startswith(b"HTTP/1.1 413") and b"Connection: close" in got, got[:200]
 print("python client: OK")
 PYEOF
 
