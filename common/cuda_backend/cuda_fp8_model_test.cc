@@ -56,9 +56,9 @@ using testing::RelMaxErr;
 // element already moves its logits by 3%). A wrong scale layout, block or
 // row of the tail path moves them by their whole spread (>= 1); the GEMM
 // itself matches the CPU's block-scaled linear to 2e-3 (cuda_fp8_test).
-// bf16's own bound is cuda_model_test's 5e-2.
+// bf16's own bound: testing::kBf16RelLogitTolerance.
 constexpr double kFp8RelTolerance = 0.5;
-constexpr double kBf16RelTolerance = 5e-2;
+constexpr double kBf16RelTolerance = testing::kBf16RelLogitTolerance;
 
 class CudaFp8ModelTest : public ::testing::TestWithParam<std::string> {
  protected:

@@ -43,7 +43,7 @@ using testing::LoadCpu;
 // wrong layout, scale or row moves the logits by their whole spread, >= 1);
 // the measured values are printed and recorded in BENCHMARKS.md.
 constexpr double kFp8KvRelTolerance = 0.2;
-constexpr double kBf16RelTolerance = 5e-2;
+constexpr double kBf16RelTolerance = testing::kBf16RelLogitTolerance;
 
 ModelConfig Widths(const std::string& family, bool real) {
   if (real) return testing::RealWidths(family);
