@@ -13,6 +13,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/ref/mla_decode_ref.h"
@@ -173,6 +174,38 @@ TEST(Fp8KvTest, GenericMlaKernelReadsFp8Rows) {
     MOESH_ASSERT_OK_AND_ASSIGN(auto got, dout.ToHost());
     EXPECT_LE(RelErr(got, want), 1e-4);
   }
+}
+
+// The launchers' checks of FP8 rows, before anything reaches the device (no
+// GPU needed: zero tokens or an empty batch return after them). An FP8 row
+// is narrower than its values (656 bytes for 576 values): its stride in
+// 2-byte units is 328, which the bf16 checks would refuse.
+TEST(Fp8KvTest, LaunchersTakeFp8RowStridesAndRefuseOtherShapes) {
+  const float inv_freq[32] = {};
+  RopeKvCacheParams w;
+  w.kv = reinterpret_cast<const bf16*>(16), w.kv_ld = 576, w.kv_lora_rank = 512;
+  w.cache = reinterpret_cast<bf16*>(16), w.num_blocks = 1;
+  w.rope = {inv_freq, 1.0f, 64, cpu::RopeLayout::kHalves};
+  w.cache_dtype = KvCacheDtype::kFp8, w.cache_row_stride = 328;
+  EXPECT_TRUE(RunRopeKvCacheWrite(w).ok()) << RunRopeKvCacheWrite(w);
+  w.cache_row_stride = 0;
+  EXPECT_TRUE(RunRopeKvCacheWrite(w).ok()) << RunRopeKvCacheWrite(w);
+  w.cache_row_stride = 300;  // under the row's 656 bytes
+  EXPECT_EQ(RunRopeKvCacheWrite(w).code(), absl::StatusCode::kInvalidArgument);
+  w.cache_row_stride = 0, w.kv_lora_rank = 24, w.kv_ld = 88;  // not a multiple of 16
+  EXPECT_EQ(RunRopeKvCacheWrite(w).code(), absl::StatusCode::kInvalidArgument);
+  w.kv_lora_rank = 512, w.kv_ld = 576, w.cache_dtype = KvCacheDtype::kBf16,
+  w.cache_row_stride = 328;  // a bf16 row of 576 values cannot be 328 units
+  EXPECT_EQ(RunRopeKvCacheWrite(w).code(), absl::StatusCode::kInvalidArgument);
+
+  MlaDecodeParams d;
+  d.num_heads = 128, d.num_blocks = 1, d.max_blocks_per_seq = 1, d.batch = 0;
+  d.kv_dtype = KvCacheDtype::kFp8, d.kv_row_stride = 328;
+  EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
+  d.kv_row_stride = 576;  // bf16 rows' stride for FP8 rows
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.kv_dtype = KvCacheDtype::kBf16;
+  EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
 }
 
 // Random FP8 rows for benchmarks are rows PackFp8KvRow could make: finite,

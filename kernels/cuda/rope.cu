@@ -171,18 +171,21 @@ absl::Status RunRope(const RopeParams& p) {
 
 absl::Status RunRopeKvCacheWrite(const RopeKvCacheParams& p) {
   RETURN_IF_ERROR(CheckTable(p.rope, "RunRopeKvCacheWrite"));
+  // The row's 2-byte units (FP8: the layout's bytes / 2, checked below).
+  const bool fp8 = p.cache_dtype == KvCacheDtype::kFp8;
   if (p.num_tokens < 0 || p.kv_lora_rank <= 0 || p.kv_ld < p.kv_lora_rank + p.rope.dim ||
       p.num_blocks < 0 ||
-      (p.cache_row_stride != 0 && p.cache_row_stride < p.kv_lora_rank + p.rope.dim)) {
+      (!fp8 && p.cache_row_stride != 0 && p.cache_row_stride < p.kv_lora_rank + p.rope.dim)) {
     return absl::InvalidArgumentError(
-        "RunRopeKvCacheWrite: need kv_lora_rank > 0, kv_ld >= rank + rope dim");
+        "RunRopeKvCacheWrite: need kv_lora_rank > 0, kv_ld >= rank + rope dim, and a bf16 row "
+        "stride of at least rank + rope dim");
   }
   if (p.q != nullptr && (p.q_num_heads <= 0 || p.q_rope_offset < 0 ||
                          p.q_rope_offset + p.rope.dim > p.q_head_stride ||
                          p.q_token_stride < p.q_num_heads * p.q_head_stride)) {
     return absl::InvalidArgumentError("RunRopeKvCacheWrite: q rope slice outside its head row");
   }
-  if (p.cache_dtype == KvCacheDtype::kFp8) {
+  if (fp8) {
     const cpu::Fp8KvRowLayout layout{p.kv_lora_rank, p.rope.dim};
     if (p.kv_lora_rank % 16 != 0 || p.kv_lora_rank > kMaxFp8Latent ||
         (p.cache_row_stride != 0 && 2 * p.cache_row_stride < layout.bytes())) {
@@ -195,7 +198,7 @@ absl::Status RunRopeKvCacheWrite(const RopeKvCacheParams& p) {
   if (!p.kv || !p.cache || !p.slot_mapping || !p.positions) {
     return absl::InvalidArgumentError("RunRopeKvCacheWrite: null pointer");
   }
-  if (p.cache_dtype == KvCacheDtype::kFp8) {
+  if (fp8) {
     RopeKvCacheKernel<KvCacheDtype::kFp8>
         <<<p.num_tokens, kThreads, 0, p.stream>>>(p, MakeRotation(p.rope));
   } else {
