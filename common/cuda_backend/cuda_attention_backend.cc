@@ -51,7 +51,9 @@ class CudaAttentionBackend::Sequence : public KvSequence {
                          (tokens + kKvBlockSize - 1) / kKvBlockSize * kKvBlockSize);
     return absl::OkStatus();
   }
-  bool bf16_rows() const override { return true; }  // the device cache holds bf16
+  // The device cache's values are bf16 (or FP8 codes times power-of-two
+  // scales, which bf16 holds exactly): rows sent as bf16 lose nothing.
+  bool bf16_rows() const override { return true; }
 
   void AppendRows(int layer, const float* src, int n) override {
     absl::MutexLock lock(&backend_->mu_);

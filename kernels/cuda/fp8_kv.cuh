@@ -2,7 +2,7 @@
 // the KV write (rope.cu) and the MLA kernels (mla_decode.cu, model_ops.cu)
 // share. The layout is cpu::Fp8KvRowLayout's and the reference
 // cpu::PackFp8KvRow / UnpackFp8KvRow (kernels/cpu/fp8.h): the same float
-// operations here, so the same scales and codes bit for bit.
+// operations here, so the same scales and codes bit for bit (finite inputs).
 #ifndef MOESH_KERNELS_CUDA_FP8_KV_CUH_
 #define MOESH_KERNELS_CUDA_FP8_KV_CUH_
 
@@ -25,7 +25,8 @@ __device__ __forceinline__ float Scale(float amax) {
   return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
 }
 
-// e4m3(x / scale), round to nearest even, saturating (as F32ToF8E4M3).
+// e4m3(x / scale), round to nearest even, saturating (as F32ToF8E4M3; a
+// NaN's code may differ in its sign bit, still NaN).
 __device__ __forceinline__ uint8_t Code(float x, float scale) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3));
 }

@@ -55,8 +55,13 @@ TEST(Fp8KvTest, KvCacheWriteMatchesCpuPack) {
       const int num_blocks = 3, tokens = 70, stride = layout.bytes() / 2;
       const cpu::RopeTable table = Table(dim);
       std::vector<float> kv = Randn(static_cast<size_t>(tokens) * kv_ld, rng, 3.0f);
-      for (int t = 0; t < tokens; t += 5) {  // rows of small values: other scales
-        for (int d = 0; d < rank; ++d) kv[static_cast<size_t>(t) * kv_ld + d] *= 1e-3f;
+      std::uniform_int_distribution<int> exponent(-6, 6);
+      for (int t = 0; t < tokens; ++t) {  // each group of each row at its own scale
+        for (int g = 0; g < cpu::Fp8Blocks(rank); ++g) {
+          const float f = std::ldexp(1.0f, exponent(rng));
+          for (int d = g * cpu::kFp8Block; d < std::min(rank, (g + 1) * cpu::kFp8Block); ++d)
+            kv[static_cast<size_t>(t) * kv_ld + d] *= f;
+        }
       }
       std::vector<float> w = Randn(rank, rng, 0.1f, 1.0f);
       const std::vector<bf16> kv16 = ToBf16Rounding(kv), w16 = ToBf16Rounding(w);  // in place too
@@ -140,7 +145,13 @@ TEST(Fp8KvTest, GenericMlaKernelReadsFp8Rows) {
     const size_t rows = static_cast<size_t>(num_blocks) * kKvBlockSize;
     std::vector<float> cache = Randn(rows * dim, rng);
     std::vector<uint8_t> packed(rows * layout.bytes());
-    for (size_t r = 0; r < rows; ++r) {
+    std::uniform_int_distribution<int> exponent(-6, 6);
+    for (size_t r = 0; r < rows; ++r) {  // each group of each row at its own scale
+      for (int g = 0; g < cpu::Fp8Blocks(rank); ++g) {
+        const float f = std::ldexp(1.0f, exponent(rng));
+        for (int c = g * cpu::kFp8Block; c < std::min(rank, (g + 1) * cpu::kFp8Block); ++c)
+          cache[r * dim + c] *= f;
+      }
       cpu::PackFp8KvRow(cache.data() + r * dim, layout, packed.data() + r * layout.bytes());
       cpu::UnpackFp8KvRow(packed.data() + r * layout.bytes(), layout, cache.data() + r * dim);
     }
@@ -192,6 +203,11 @@ TEST(Fp8KvTest, LaunchersTakeFp8RowStridesAndRefuseOtherShapes) {
   EXPECT_TRUE(RunRopeKvCacheWrite(w).ok()) << RunRopeKvCacheWrite(w);
   w.cache_row_stride = 300;  // under the row's 656 bytes
   EXPECT_EQ(RunRopeKvCacheWrite(w).code(), absl::StatusCode::kInvalidArgument);
+  w.cache_row_stride = 330;  // 660 bytes: not whole 16 bytes (misaligned scales)
+  EXPECT_EQ(RunRopeKvCacheWrite(w).code(), absl::StatusCode::kInvalidArgument);
+  w.cache_row_stride = 0, w.cache = reinterpret_cast<bf16*>(24);  // not 16-byte aligned
+  EXPECT_EQ(RunRopeKvCacheWrite(w).code(), absl::StatusCode::kInvalidArgument);
+  w.cache = reinterpret_cast<bf16*>(16);
   w.cache_row_stride = 0, w.kv_lora_rank = 24, w.kv_ld = 88;  // not a multiple of 16
   EXPECT_EQ(RunRopeKvCacheWrite(w).code(), absl::StatusCode::kInvalidArgument);
   w.kv_lora_rank = 512, w.kv_ld = 576, w.cache_dtype = KvCacheDtype::kBf16,
@@ -206,6 +222,21 @@ TEST(Fp8KvTest, LaunchersTakeFp8RowStridesAndRefuseOtherShapes) {
   EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
   d.kv_dtype = KvCacheDtype::kBf16;
   EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
+
+  // The generic kernel (checks after the batch's pointers, before the launch).
+  MlaDecodeParams g;
+  g.q = reinterpret_cast<const bf16*>(16), g.block_table = reinterpret_cast<const int32_t*>(16);
+  g.seq_lens = reinterpret_cast<const int32_t*>(16), g.out = reinterpret_cast<void*>(16);
+  g.batch = 1, g.num_heads = 4, g.kv_lora_rank = 32, g.rope_dim = 8, g.max_blocks_per_seq = 1;
+  g.num_blocks = 1, g.kv_dtype = KvCacheDtype::kFp8;
+  g.kv_cache = reinterpret_cast<const bf16*>(24);  // not 16-byte aligned
+  EXPECT_EQ(RunMlaAttentionGeneric(g).code(), absl::StatusCode::kInvalidArgument);
+  g.kv_cache = reinterpret_cast<const bf16*>(16), g.kv_row_stride = 36;  // 72 bytes
+  EXPECT_EQ(RunMlaAttentionGeneric(g).code(), absl::StatusCode::kInvalidArgument);
+  g.kv_row_stride = 24;  // 48 bytes: under the row's 64
+  EXPECT_EQ(RunMlaAttentionGeneric(g).code(), absl::StatusCode::kInvalidArgument);
+  g.kv_row_stride = 32, g.kv_lora_rank = 24;  // not a multiple of 16
+  EXPECT_EQ(RunMlaAttentionGeneric(g).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Random FP8 rows for benchmarks are rows PackFp8KvRow could make: finite,

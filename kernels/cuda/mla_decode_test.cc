@@ -132,13 +132,20 @@ std::vector<uint16_t> Bits(const std::vector<bf16>& v) {
 }
 
 // The cache as FP8 rows (cpu::PackFp8KvRow) in 2-byte units; `cache`
-// becomes what they hold.
-std::vector<uint16_t> PackFp8(std::vector<float>& cache) {
+// becomes what they hold. Each row's 128-value groups are first scaled by
+// 2^k, k uniform in [-6, 6], so that the groups' scales differ (a scale
+// read from the wrong group or row shows).
+std::vector<uint16_t> PackFp8(std::vector<float>& cache, std::mt19937& rng) {
   const cpu::Fp8KvRowLayout layout{kRank, kRope};
   const size_t rows = cache.size() / kDim;
   std::vector<uint16_t> units(rows * layout.bytes() / 2);
   uint8_t* bytes = reinterpret_cast<uint8_t*>(units.data());
+  std::uniform_int_distribution<int> exponent(-6, 6);
   for (size_t r = 0; r < rows; ++r) {
+    for (int g = 0; g < kRank / cpu::kFp8Block; ++g) {
+      const float f = std::ldexp(1.0f, exponent(rng));
+      for (int c = g * cpu::kFp8Block; c < (g + 1) * cpu::kFp8Block; ++c) cache[r * kDim + c] *= f;
+    }
     cpu::PackFp8KvRow(cache.data() + r * kDim, layout, bytes + r * layout.bytes());
     cpu::UnpackFp8KvRow(bytes + r * layout.bytes(), layout, cache.data() + r * kDim);
   }
@@ -159,7 +166,7 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
     MOESH_ASSERT_OK_AND_ASSIGN(auto dq, Upload(ToBf16Rounding(b.q)));
     const bool fp8 = dtype == KvCacheDtype::kFp8;
     MOESH_ASSERT_OK_AND_ASSIGN(
-        auto dcache, fp8 ? Upload(PackFp8(b.cache)) : Upload(Bits(ToBf16Rounding(b.cache))));
+        auto dcache, fp8 ? Upload(PackFp8(b.cache, rng)) : Upload(Bits(ToBf16Rounding(b.cache))));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dtable, Upload(b.block_table));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dlens, Upload(b.seq_lens));
     const size_t out_elems = static_cast<size_t>(batch) * c.heads * kRank;
@@ -252,12 +259,14 @@ TEST_P(MlaDecodeTest, WideMatchesReference) {
 }
 
 // FP8 rows (--kv_cache_dtype fp8) through the 16-head kernel's tiles, and
-// through kDefault, which runs the 16-head kernel at 128 heads too.
+// through kDefault and the 64-head configuration, which run the 16-head
+// kernel on FP8 rows at any head count.
 TEST_P(MlaDecodeTest, Fp8RowsMatchReference) {
   MOESH_REQUIRE_GPU();
   CheckCase(GetParam(),
-            {MlaTileConfig::kDefault, MlaTileConfig::kTokens64Stages2,
-             MlaTileConfig::kTokens32Stages4, MlaTileConfig::kTokens32Stages2},
+            {MlaTileConfig::kDefault, MlaTileConfig::kHeads64Tokens64Stages2,
+             MlaTileConfig::kTokens64Stages2, MlaTileConfig::kTokens32Stages4,
+             MlaTileConfig::kTokens32Stages5, MlaTileConfig::kTokens32Stages2},
             KvCacheDtype::kFp8);
 }
 

@@ -431,9 +431,12 @@ absl::Status RunMlaAttentionGeneric(const MlaDecodeParams& p) {
     return absl::InvalidArgumentError("RunMlaAttentionGeneric: null pointer");
   }
   const bool fp8 = p.kv_dtype == KvCacheDtype::kFp8;
-  if (fp8 && (p.kv_lora_rank % 16 != 0 || p.rope_dim % 2 != 0)) {
+  // FP8 rows hold float32 scales: rows of whole 16 bytes from a 16-byte aligned cache.
+  if (fp8 && (p.kv_lora_rank % 16 != 0 || p.rope_dim % 2 != 0 || p.kv_row_stride % 8 != 0 ||
+              (reinterpret_cast<uintptr_t>(p.kv_cache) & 15))) {
     return absl::InvalidArgumentError(
-        "RunMlaAttentionGeneric: FP8 rows need kv_lora_rank a multiple of 16 and an even rope_dim");
+        "RunMlaAttentionGeneric: FP8 rows need kv_lora_rank a multiple of 16, an even rope_dim, "
+        "a row stride of whole 16 bytes and a 16-byte aligned cache");
   }
   const int row_units = fp8 ? cpu::Fp8KvRowLayout{p.kv_lora_rank, p.rope_dim}.bytes() / 2
                             : p.kv_lora_rank + p.rope_dim;

@@ -187,11 +187,14 @@ absl::Status RunRopeKvCacheWrite(const RopeKvCacheParams& p) {
   }
   if (fp8) {
     const cpu::Fp8KvRowLayout layout{p.kv_lora_rank, p.rope.dim};
+    // The rows hold float32 scales: whole 16 bytes each, from a 16-byte aligned cache.
     if (p.kv_lora_rank % 16 != 0 || p.kv_lora_rank > kMaxFp8Latent ||
-        (p.cache_row_stride != 0 && 2 * p.cache_row_stride < layout.bytes())) {
+        (p.cache_row_stride != 0 && 2 * p.cache_row_stride < layout.bytes()) ||
+        p.cache_row_stride % 8 != 0 || (reinterpret_cast<uintptr_t>(p.cache) & 15)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "RunRopeKvCacheWrite: an FP8 cache needs kv_lora_rank a multiple of 16 up to ",
-          kMaxFp8Latent, " and rows of at least ", layout.bytes(), " bytes"));
+          kMaxFp8Latent, ", rows of at least ", layout.bytes(),
+          " bytes in whole 16 bytes and a 16-byte aligned cache"));
     }
   }
   if (p.num_tokens == 0) return absl::OkStatus();
