@@ -20,75 +20,9 @@ namespace {
 // Memory left out of the KV cache's share for cuBLAS, graphs and the runtime.
 constexpr size_t kReserveBytes = size_t{768} << 20;
 
-}  // namespace
-
-CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
-    : config_(config), options_(options) {}
-
-CudaModel::~CudaModel() {
-  graphs_.reset();
-  if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
-}
-
-absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& dir,
-                                                           const CudaModelOptions& options) {
-  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
-  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
-  RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
-  return FromCheckpoint(config, *ckpt, options);
-}
-
-absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::FromCheckpoint(
-    const ModelConfig& config, const Checkpoint& ckpt, const CudaModelOptions& options) {
-  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w,
-                   DeviceWeights::FromCheckpoint(config, ckpt, options.routed_experts_on_device,
-                                                 options.fp8_linears || config.fp8_block_weights));
-  return Create(config, options, std::move(w), std::move(stream));
-}
-
-absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::FromHost(const ModelConfig& config,
-                                                               const AttentionWeights& attention,
-                                                               const ExpertShardWeights* experts,
-                                                               const CudaModelOptions& options) {
-  if (options.routed_experts_on_device && experts == nullptr) {
-    return absl::InvalidArgumentError(
-        "CudaModel::FromHost: routed_experts_on_device needs the experts");
-  }
-  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w,
-                   DeviceWeights::FromHost(config, attention,
-                                           options.routed_experts_on_device ? experts : nullptr,
-                                           options.fp8_linears || config.fp8_block_weights));
-  return Create(config, options, std::move(w), std::move(stream));
-}
-
-absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Dummy(const ModelConfig& config,
-                                                            uint64_t seed,
-                                                            const CudaModelOptions& options) {
-  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<DeviceWeights> w,
-      DeviceWeights::Dummy(config, seed, stream.get(), options.routed_experts_on_device,
-                           options.fp8_linears || config.fp8_block_weights));
-  return Create(config, options, std::move(w), std::move(stream));
-}
-
-absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const ModelConfig& config,
-                                                             const CudaModelOptions& options,
-                                                             std::unique_ptr<DeviceWeights> weights,
-                                                             Stream stream) {
-  std::unique_ptr<CudaModel> m(new CudaModel(config, options));
-  m->weights_ = std::move(weights);
-  m->stream_ = std::move(stream);
-  m->graphs_ = std::make_unique<GraphRunner>(m->stream_.get());
-  RETURN_IF_ERROR(m->Init());
-  return m;
-}
-
-absl::Status CudaModel::Init() {
-  const ModelConfig& c = config_;
-  const CudaModelOptions& o = options_;
+// What the options and the config ask that this model cannot do, before
+// any weight reaches the device.
+absl::Status CheckOptions(const ModelConfig& c, const CudaModelOptions& o) {
   if (o.moe_tile_m != 0 && o.moe_tile_m != 16 && o.moe_tile_m != 32 && o.moe_tile_m != 64) {
     return absl::InvalidArgumentError("CudaModel: moe_tile_m must be 0, 16, 32 or 64");
   }
@@ -112,6 +46,81 @@ absl::Status CudaModel::Init() {
                      "a multiple of 16 up to 1024, not ",
                      c.kv_lora_rank));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
+    : config_(config), options_(options) {}
+
+CudaModel::~CudaModel() {
+  graphs_.reset();
+  if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& dir,
+                                                           const CudaModelOptions& options) {
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  RETURN_IF_ERROR(ValidateCheckpoint(config, *ckpt));
+  return FromCheckpoint(config, *ckpt, options);
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::FromCheckpoint(
+    const ModelConfig& config, const Checkpoint& ckpt, const CudaModelOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(config, options));
+  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w,
+                   DeviceWeights::FromCheckpoint(config, ckpt, options.routed_experts_on_device,
+                                                 options.fp8_linears || config.fp8_block_weights));
+  return Create(config, options, std::move(w), std::move(stream));
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::FromHost(const ModelConfig& config,
+                                                               const AttentionWeights& attention,
+                                                               const ExpertShardWeights* experts,
+                                                               const CudaModelOptions& options) {
+  if (options.routed_experts_on_device && experts == nullptr) {
+    return absl::InvalidArgumentError(
+        "CudaModel::FromHost: routed_experts_on_device needs the experts");
+  }
+  RETURN_IF_ERROR(CheckOptions(config, options));
+  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> w,
+                   DeviceWeights::FromHost(config, attention,
+                                           options.routed_experts_on_device ? experts : nullptr,
+                                           options.fp8_linears || config.fp8_block_weights));
+  return Create(config, options, std::move(w), std::move(stream));
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Dummy(const ModelConfig& config,
+                                                            uint64_t seed,
+                                                            const CudaModelOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(config, options));
+  ASSIGN_OR_RETURN(Stream stream, Stream::Create());
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceWeights> w,
+      DeviceWeights::Dummy(config, seed, stream.get(), options.routed_experts_on_device,
+                           options.fp8_linears || config.fp8_block_weights));
+  return Create(config, options, std::move(w), std::move(stream));
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const ModelConfig& config,
+                                                             const CudaModelOptions& options,
+                                                             std::unique_ptr<DeviceWeights> weights,
+                                                             Stream stream) {
+  std::unique_ptr<CudaModel> m(new CudaModel(config, options));
+  m->weights_ = std::move(weights);
+  m->stream_ = std::move(stream);
+  m->graphs_ = std::make_unique<GraphRunner>(m->stream_.get());
+  RETURN_IF_ERROR(m->Init());
+  return m;
+}
+
+absl::Status CudaModel::Init() {
+  const ModelConfig& c = config_;
+  const CudaModelOptions& o = options_;
   ASSIGN_OR_RETURN(info_, CurrentDeviceInfo());
   ASSIGN_OR_RETURN(gemm_, CublasGemm::Create());
   const int pos_limit = c.max_position_embeddings > 0 ? c.max_position_embeddings : 1 << 30;
