@@ -164,9 +164,10 @@ LoadResult RunHttpLoad(const HttpEndpoint& to, int concurrency, int requests, in
                            {"top_k", sampling.top_k()}};
     body["prompt"] = RandomPrompt(rng, prompt_len, vocab);
     if (sampling.temperature() > 0) body["seed"] = i + 1;
-    // A chunk's gap, as the per-chunk latency (no log-probabilities asked:
-    // the server does what the gRPC rows ask of it).
-    return StreamCompletion(to, std::move(body), /*token_ids=*/false, std::chrono::minutes(10),
+    // Tokens timed by their ids (logprobs 0, return_tokens_as_token_ids), as
+    // the gRPC rows time theirs: an event carrying k tokens adds k gaps of
+    // its gap / k (a chunk's gap would put coalesced chunks into the tail).
+    return StreamCompletion(to, std::move(body), /*token_ids=*/true, std::chrono::minutes(10),
                             keep_alive);
   });
 }
