@@ -15,6 +15,7 @@ std::vector<std::string> ToArgs(const RouterOptions& o) {
   AddFlag(&args, "http_listen", o.http_listen, d.http_listen);
   AddFlag(&args, "http_max_body_mb", o.http_max_body_mb, d.http_max_body_mb);
   AddFlag(&args, "http_threads", o.http_threads, d.http_threads);
+  AddFlag(&args, "http_keep_alive_ms", o.http_keep_alive_ms, d.http_keep_alive_ms);
   AddFlag(&args, "served_model_name", o.served_model_name, d.served_model_name);
   AddFlag(&args, "api_keys_file", o.api_keys_file, d.api_keys_file);
   AddFlag(&args, "heartbeat_interval_ms", o.heartbeat_interval_ms, d.heartbeat_interval_ms);

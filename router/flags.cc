@@ -21,6 +21,9 @@ ABSL_FLAG(int, http_max_body_mb, moesh::RouterOptions().http_max_body_mb,
           "The HTTP API refuses request bodies larger than this (413).");
 ABSL_FLAG(int, http_threads, moesh::RouterOptions().http_threads,
           "HTTP connections served at once (a streaming request holds one).");
+ABSL_FLAG(int, http_keep_alive_ms, moesh::RouterOptions().http_keep_alive_ms,
+          "How long an idle HTTP/1.1 connection stays open for its client's next request (it "
+          "holds one of --http_threads meanwhile); 0: every response closes its connection.");
 ABSL_FLAG(std::string, served_model_name, moesh::RouterOptions().served_model_name,
           "The model's name in the HTTP API (default: the --model directory's last component).");
 ABSL_FLAG(std::string, api_keys_file, moesh::RouterOptions().api_keys_file,
@@ -70,8 +73,12 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   o.http_listen = absl::GetFlag(FLAGS_http_listen);
   o.http_max_body_mb = absl::GetFlag(FLAGS_http_max_body_mb);
   o.http_threads = absl::GetFlag(FLAGS_http_threads);
+  o.http_keep_alive_ms = absl::GetFlag(FLAGS_http_keep_alive_ms);
   if (o.http_max_body_mb < 1 || o.http_threads < 1) {
     return absl::InvalidArgumentError("--http_max_body_mb and --http_threads must be >= 1");
+  }
+  if (o.http_keep_alive_ms < 0 || o.http_keep_alive_ms > 600000) {
+    return absl::InvalidArgumentError("--http_keep_alive_ms must be in [0, 600000]");
   }
   o.served_model_name = absl::GetFlag(FLAGS_served_model_name);
   o.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);

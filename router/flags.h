@@ -29,6 +29,10 @@ struct RouterOptions {
   std::string http_listen;
   int http_max_body_mb = 8;  // larger request bodies are refused (413)
   int http_threads = 128;    // HTTP connections served at once
+  // How long an idle HTTP/1.1 connection stays open for its client's next
+  // request (it holds one of the http_threads meanwhile); 0: a connection a
+  // request.
+  int http_keep_alive_ms = 2000;
   // The model's name in the HTTP API (empty: the --model directory's last
   // component); requests may also name the --model path.
   std::string served_model_name;

@@ -27,6 +27,9 @@ int LogMessage(const mg_connection*, const char* message) {
 // client's next request (civetweb's keep-alive). `close`: this one ends the
 // connection (a body left unread, or an HTTP/1.0 stream).
 void WriteHead(mg_connection* conn, int status, const char* content_type, bool close) {
+  // The context's user data: whether this front keeps connections at all.
+  const bool* keep_alive = static_cast<const bool*>(mg_get_user_data(mg_get_context(conn)));
+  close = close || keep_alive == nullptr || !*keep_alive;
   if (close) mg_disable_connection_keep_alive(conn);
   mg_printf(conn, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\n%s", status,
             mg_get_response_code_text(conn, status), content_type,
@@ -133,14 +136,14 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
                                  "tcp_nodelay",
                                  "1",
                                  "enable_keep_alive",
-                                 "yes",
+                                 f->options_.keep_alive_ms > 0 ? "yes" : "no",
                                  "keep_alive_timeout_ms",
                                  keep_alive_ms.c_str(),
                                  nullptr};
   mg_callbacks callbacks = {};
   callbacks.log_message = LogMessage;
   start_error.clear();
-  f->ctx_ = mg_start(&callbacks, nullptr, civet_options);
+  f->ctx_ = mg_start(&callbacks, const_cast<bool*>(&f->keep_alive_), civet_options);
   if (f->ctx_ == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve HTTP on ", f->options_.listen, ": ", start_error));

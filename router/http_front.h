@@ -38,7 +38,7 @@ struct HttpFrontOptions {
   std::string listen;  // host:port; port 0: any free one
   int threads = 128;   // connections served at once
   // How long an idle keep-alive connection keeps its thread for the
-  // client's next request.
+  // client's next request; 0: each response closes its connection.
   int keep_alive_ms = 2000;
   int64_t max_body_bytes = 8 << 20;
   // The names a request's "model" may give (empty matches any); the first is
@@ -75,6 +75,7 @@ class HttpFront {
   int Models(mg_connection* conn);
 
   const HttpFrontOptions options_;
+  const bool keep_alive_ = options_.keep_alive_ms > 0;  // civetweb's user data
   GenerationService* const generation_;
   const TextCodec* const codec_;
   const ChatTemplate* const chat_;

@@ -133,6 +133,7 @@ absl::Status Run() {
     }
     h.listen = o.http_listen;
     h.threads = o.http_threads;
+    h.keep_alive_ms = o.http_keep_alive_ms;
     h.max_body_bytes = static_cast<int64_t>(o.http_max_body_mb) << 20;
     h.model_names = {o.served_model_name.empty() ? ModelBaseName(dir) : o.served_model_name, dir};
     h.max_context_tokens = generation.max_context_tokens();

@@ -12,7 +12,8 @@
 # client that stops reading its stream holds up no one else; a tool round
 # trip; stop strings, max_completion_tokens, cached_tokens in the usage and a
 # body that is not UTF-8, end to end; keep-alive (a chunked stream, then
-# another request on the connection; an oversize body closes it); 503 from a router no worker has joined (/health
+# another request on the connection; an oversize body closes it; off with
+# --http_keep_alive_ms 0); 503 from a router no worker has joined (/health
 # and requests) and 429 from a decode pool too small for a request.
 # usage: http_api_test.sh PATH/TO/moesh SOURCE_DIR
 set -euo pipefail
@@ -364,11 +365,14 @@ stop() {
 stop
 : >"$TMP/log"  # truncated here, not by the child: the wait below must not read the last log
 "$(dirname "$MOESH")/moesh_router" --model "$TMP/m" --listen 127.0.0.1:0 --internal_listen 127.0.0.1:0 \
-  --http_listen 127.0.0.1:0 >"$TMP/log" 2>&1 &
+  --http_listen 127.0.0.1:0 --http_keep_alive_ms 0 >"$TMP/log" 2>&1 &
 PID=$!
 for _ in $(seq 300); do grep -q "HTTP API on" "$TMP/log" && break; kill -0 $PID || fail "the router exited"; sleep 0.1; done
 URL=$(grep -o "HTTP API on http://[0-9.:]*" "$TMP/log" | awk '{print $4}')
 expect_error 503 service_unavailable "$URL/health"
+# --http_keep_alive_ms 0: every response says it closes its connection.
+curl -s -D "$TMP/head" -o /dev/null "$URL/health" || true
+grep -qi "^Connection: close" "$TMP/head" || fail "keep-alive off, yet no 'Connection: close': $(cat "$TMP/head")"
 expect_error 503 service_unavailable "$URL/v1/completions" -H "$JSON" -d '{"prompt": "Hi", "max_tokens": 4}'
 expect_error 503 service_unavailable "$URL/v1/chat/completions" -H "$JSON" \
   -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": true}'

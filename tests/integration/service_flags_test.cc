@@ -173,6 +173,7 @@ TEST(ServiceFlagsTest, Router) {
   o.http_listen = "0.0.0.0:8000";
   o.http_max_body_mb = 3;
   o.http_threads = 7;
+  o.http_keep_alive_ms = 250;
   o.served_model_name = "tiny";
   o.api_keys_file = "/keys";
   o.heartbeat_interval_ms = 100;
