@@ -324,6 +324,7 @@ absl::Status RunServingBench() {
       o.router.device.device = device;
       o.router.device.dummy_weights = device_options.dummy_weights;
       o.router.device.fp8_linears = device_options.fp8_linears;
+      o.router.device.fp8_kv_cache = device_options.fp8_kv_cache;
       o.expert_workers = {"0-0"};
       o.num_prefill = 0;
       o.num_decode = 0;

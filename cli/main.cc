@@ -54,7 +54,7 @@ const std::vector<Command>& Commands() {
        "      [--max_new_tokens=N] [--modes=cluster,cluster-nopp,cluster-ucx,cluster-nccl,\n"
        "      cluster-ipc,cluster-ipc-hostkv,colocated,<mode>-swap,<mode>-http,\n"
        "      <mode>-http-close] [--kv_blocks=N]\n"
-       "      [--device=cuda]\n"
+       "      [--device=cuda] [--kv_cache_dtype={auto,fp8}]\n"
        "      [--expert_device=cuda:1]\n"
        "      [--load_format=dummy] [--expert_workers=N] [--temperature=T [--top_p=P]\n"
        "      [--top_k=K]] [--rebalance_timeline=SECONDS [--rebalance_interval=S]\n"
@@ -85,6 +85,7 @@ const std::vector<Command>& Commands() {
         "device",
         "expert_device",
         "load_format",
+        "kv_cache_dtype",
         "expert_workers",
         "rebalance_timeline",
         "rebalance_interval",
