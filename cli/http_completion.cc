@@ -85,7 +85,7 @@ std::string RequestHead(const HttpEndpoint& to, const char* method, const std::s
 // before the head, or a malformed chunk.
 absl::Status ReadResponse(Connection* c, int* status, std::string* status_line,
                           const std::function<bool(absl::string_view)>& on_body,
-                          bool* reusable = nullptr) {
+                          bool* reusable = nullptr, bool* answered = nullptr) {
   std::string buf;
   char tmp[16384];
   bool in_head = true, chunked = false, keeps = false;
@@ -93,15 +93,18 @@ absl::Status ReadResponse(Connection* c, int* status, std::string* status_line,
   int64_t body_left = -1;   // Content-Length's bytes still to come; -1: none stated
   bool last_chunk = false;  // the zero chunk came: its final CRLF next
   if (reusable != nullptr) *reusable = false;
+  if (answered != nullptr) *answered = false;  // any byte of a response came
   for (;;) {
     if (!in_head && !chunked && body_left == 0) break;
     const ssize_t n = recv(c->fd(), tmp, sizeof(tmp), 0);
     if (n < 0) {
-      return absl::UnavailableError(
-          absl::StrCat(errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : std::strerror(errno),
-                       in_head ? " before the response" : " mid-response"));
+      const std::string where = in_head ? " before the response" : " mid-response";
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return absl::DeadlineExceededError(absl::StrCat("timed out", where));
+      return absl::UnavailableError(absl::StrCat(std::strerror(errno), where));
     }
     if (n == 0) break;
+    if (answered != nullptr) *answered = true;
     buf.append(tmp, static_cast<size_t>(n));
     if (in_head) {
       const size_t end = buf.find("\r\n\r\n");
@@ -191,9 +194,15 @@ struct KeptConnection {
 };
 thread_local KeptConnection kept;
 
+// This thread's kept connection to `to`, unless the server has closed it
+// meanwhile (a peek finds its end, or an error).
 std::unique_ptr<Connection> TakeKept(const HttpEndpoint& to) {
   if (kept.conn == nullptr || kept.authority != to.authority) return nullptr;
-  return std::move(kept.conn);
+  std::unique_ptr<Connection> c = std::move(kept.conn);
+  char byte;
+  const ssize_t n = recv(c->fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return nullptr;
+  return c;
 }
 
 grpc::StatusCode CodeOfHttp(int status) {
@@ -360,22 +369,24 @@ RequestRecord StreamCompletion(const HttpEndpoint& to, nlohmann::json body, bool
     }
     return true;
   };
-  // A kept connection the server has closed meanwhile fails before any
-  // answer: the request goes again on a new one.
+  // A kept connection the server closes just as the request goes (its
+  // idle timeout) ends without a byte of answer, or refuses the send: the
+  // request goes again, once, on a new connection. A timeout is not retried
+  // (the server may be running the request).
   std::unique_ptr<Connection> c = keep_alive ? TakeKept(to) : nullptr;
   const bool reused = c != nullptr;
   const std::string request =
       RequestHead(to, "POST", "/v1/completions", payload.size(), keep_alive) + payload;
   absl::Status s;
-  bool reusable = false;
+  bool reusable = false, answered = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (c == nullptr) {
       c = std::make_unique<Connection>();
       s = c->Open(to, timeout);
     }
     if (s.ok()) s = c->Send(request);
-    if (s.ok()) s = ReadResponse(c.get(), &status, &status_line, on_piece, &reusable);
-    if (s.ok() || !reused || attempt > 0 || status != 0) break;
+    if (s.ok()) s = ReadResponse(c.get(), &status, &status_line, on_piece, &reusable, &answered);
+    if (s.ok() || !reused || attempt > 0 || answered || absl::IsDeadlineExceeded(s)) break;
     c.reset();
     s = absl::OkStatus();
   }

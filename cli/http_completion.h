@@ -52,8 +52,9 @@ absl::StatusOr<std::string> HttpGet(const HttpEndpoint& to, const std::string& p
 // keep_alive: the request goes on this thread's kept connection to the
 // server if it has one (a new one if the server closed it meanwhile), and
 // the connection is kept for the thread's next request when the server
-// keeps it (as clients with a connection pool do); else a connection of its
-// own, closed after the answer.
+// keeps it (as clients with a connection pool do; the open-loop bench's
+// conversations and the serving table's streams alike); else a connection of
+// its own, closed after the answer.
 RequestRecord StreamCompletion(const HttpEndpoint& to, nlohmann::json body, bool token_ids,
                                std::chrono::seconds timeout, bool keep_alive = true);
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/metrics/civetweb_stop.h"
@@ -22,35 +24,54 @@ int LogMessage(const mg_connection*, const char* message) {
   return 1;  // logged here: civetweb prints nothing
 }
 
-// Every response states its length (Content-Length, or chunked transfer
-// encoding for a stream), so an HTTP/1.1 connection stays open for the
-// client's next request (civetweb's keep-alive). `close`: this one ends the
-// connection (a body left unread, or an HTTP/1.0 stream).
-void WriteHead(mg_connection* conn, int status, const char* content_type, bool close) {
-  // The context's user data: whether this front keeps connections at all.
-  const bool* keep_alive = static_cast<const bool*>(mg_get_user_data(mg_get_context(conn)));
-  close = close || keep_alive == nullptr || !*keep_alive;
-  if (close) mg_disable_connection_keep_alive(conn);
-  mg_printf(conn, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\n%s", status,
-            mg_get_response_code_text(conn, status), content_type,
-            close ? "Connection: close\r\n" : "");
-}
-
-int SendJson(mg_connection* conn, int status, const std::string& body, bool close = false) {
-  WriteHead(conn, status, "application/json", close);
-  mg_printf(conn, "Content-Length: %zu\r\n\r\n", body.size());
-  mg_write(conn, body.data(), body.size());
-  return status;
-}
+// A request's connection data once its body has been read whole (reset as
+// each request starts: civetweb keeps the data with the connection).
+char body_read_mark;
 
 bool Http11(mg_connection* conn) {
   const char* v = mg_get_request_info(conn)->http_version;
   return v != nullptr && std::string(v) != "1.0";
 }
 
+// Whether the request announced a body that has not been read whole: civetweb
+// would wait for the rest (however much was announced) before the next
+// request, so the connection ends with this response instead.
+bool BodyLeft(mg_connection* conn) {
+  const bool announced = mg_get_request_info(conn)->content_length > 0 ||
+                         mg_get_header(conn, "Transfer-Encoding") != nullptr;
+  return announced && mg_get_user_connection_data(conn) != &body_read_mark;
+}
+
+// Every response states its length (Content-Length, or chunked transfer
+// encoding for a stream), so an HTTP/1.1 connection stays open for the
+// client's next request (civetweb's keep-alive) unless this front keeps
+// none, the client asked to close, the request is HTTP/1.0, its body was
+// left unread, or `close` (a stream that cannot be framed).
+void WriteHead(mg_connection* conn, int status, const char* content_type, bool close) {
+  // The context's user data: whether this front keeps connections at all.
+  const bool* keep_alive = static_cast<const bool*>(mg_get_user_data(mg_get_context(conn)));
+  const char* connection = mg_get_header(conn, "Connection");
+  close = close || keep_alive == nullptr || !*keep_alive || !Http11(conn) || BodyLeft(conn) ||
+          (connection != nullptr && absl::StrContains(absl::AsciiStrToLower(connection), "close"));
+  if (close) mg_disable_connection_keep_alive(conn);
+  mg_printf(conn, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\n%s", status,
+            mg_get_response_code_text(conn, status), content_type,
+            close ? "Connection: close\r\n" : "");
+}
+
+// A JSON answer; to HEAD, its head alone.
+int SendJson(mg_connection* conn, int status, const std::string& body, bool close = false) {
+  WriteHead(conn, status, "application/json", close);
+  mg_printf(conn, "Content-Length: %zu\r\n\r\n", body.size());
+  const char* method = mg_get_request_info(conn)->request_method;
+  if (method == nullptr || std::string(method) != "HEAD") mg_write(conn, body.data(), body.size());
+  return status;
+}
+
 // A Server-Sent Events stream: chunked on HTTP/1.1 (one write a chunk: its
 // size line, the events, CRLF), plain bytes until the connection closes on
-// HTTP/1.0. False once the client is gone.
+// HTTP/1.0. Write is false once the client is gone; after a failed write
+// nothing more is written (a chunk may be cut short) and the connection ends.
 class EventStream {
  public:
   explicit EventStream(mg_connection* conn) : conn_(conn), chunked_(Http11(conn)) {}
@@ -61,19 +82,24 @@ class EventStream {
     mg_printf(conn_, chunked_ ? "Transfer-Encoding: chunked\r\n\r\n" : "\r\n");
   }
   bool Write(const std::string& events) {
+    if (failed_) return false;
     if (events.empty()) return true;
-    if (!chunked_) return mg_write(conn_, events.data(), events.size()) > 0;
-    const std::string chunk = absl::StrCat(absl::Hex(events.size()), "\r\n", events, "\r\n");
-    return mg_write(conn_, chunk.data(), chunk.size()) == static_cast<int>(chunk.size());
+    const std::string chunk =
+        chunked_ ? absl::StrCat(absl::Hex(events.size()), "\r\n", events, "\r\n") : events;
+    if (mg_write(conn_, chunk.data(), chunk.size()) != static_cast<int>(chunk.size())) {
+      failed_ = true;
+      mg_disable_connection_keep_alive(conn_);
+    }
+    return !failed_;
   }
   void End() {
-    if (chunked_) mg_write(conn_, "0\r\n\r\n", 5);
+    if (chunked_ && !failed_) mg_write(conn_, "0\r\n\r\n", 5);
   }
 
  private:
   mg_connection* const conn_;
   const bool chunked_;
-  bool started_ = false;
+  bool started_ = false, failed_ = false;
 };
 
 int SendError(mg_connection* conn, const absl::Status& status, bool close = false) {
@@ -92,7 +118,9 @@ int SendPlainError(mg_connection* conn, int status, const std::string& message) 
 }
 
 // The body, or OUT_OF_RANGE (413) past `limit` bytes: refused from its
-// Content-Length before reading when it states one.
+// Content-Length before reading when it states one. INVALID_ARGUMENT for a
+// body that ends before its Content-Length or cannot be read (the client
+// stopped sending it).
 absl::StatusOr<std::string> ReadBody(mg_connection* conn, int64_t limit) {
   const mg_request_info* ri = mg_get_request_info(conn);
   if (ri->content_length > limit) return BodyTooLargeError(limit);
@@ -103,6 +131,12 @@ absl::StatusOr<std::string> ReadBody(mg_connection* conn, int64_t limit) {
     body.append(buf, n);
     if (static_cast<int64_t>(body.size()) > limit) return BodyTooLargeError(limit);
   }
+  if (n < 0 ||
+      (ri->content_length >= 0 && static_cast<int64_t>(body.size()) < ri->content_length)) {
+    return absl::InvalidArgumentError(absl::StrCat("the request body ended after ", body.size(),
+                                                   " bytes", n < 0 ? " (a read failed)" : ""));
+  }
+  mg_set_user_connection_data(conn, &body_read_mark);
   return body;
 }
 
@@ -164,6 +198,7 @@ int HttpFront::Handle(mg_connection* conn, void* self) {
   // too small for a request's path (JSON, the tokenizer, gRPC calls): the
   // request runs on a thread of the pool while this one waits.
   HttpFront* front = static_cast<HttpFront*>(self);
+  mg_set_user_connection_data(conn, nullptr);  // this request's body: not read yet
   absl::Notification done;
   int status = 500;
   front->pool_.Schedule([&] {
@@ -214,8 +249,7 @@ int HttpFront::Models(mg_connection* conn) {
 
 int HttpFront::Completions(mg_connection* conn, bool chat) {
   absl::StatusOr<std::string> body = ReadBody(conn, options_.max_body_bytes);
-  // A body refused before its end was read: the connection ends with it.
-  if (!body.ok()) return SendError(conn, body.status(), /*close=*/true);
+  if (!body.ok()) return SendError(conn, body.status());  // its connection ends (BodyLeft)
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(*body, chat);
   if (!r.ok()) return SendError(conn, r.status());
   if (!r->model.empty() && std::find(options_.model_names.begin(), options_.model_names.end(),

@@ -351,6 +351,25 @@ while True:
         break
     got += d
 assert got.startswith(b"HTTP/1.1 413") and b"Connection: close" in got, got[:200]
+# An answer before the body was read (401 without a key): the connection ends with it, at once,
+# whatever the body announced (no thread waits for gigabytes); HEAD gets a head only.
+s = socket.create_connection((host, int(port)))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n{")
+s.settimeout(10)
+got = b""
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    got += d
+assert got.startswith(b"HTTP/1.1 401") and b"Connection: close" in got, got[:200]
+c = http.client.HTTPConnection(host, int(port), timeout=60)
+c.request("HEAD", "/health")
+r = c.getresponse()
+assert r.status == 200 and r.read() == b"", r.status
+c.request("GET", "/health")
+r = c.getresponse()
+assert r.status == 200 and r.read() == b"{}", "the connection after HEAD"
 print("python client: OK")
 PYEOF
 
