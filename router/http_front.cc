@@ -60,8 +60,8 @@ void WriteHead(mg_connection* conn, int status, const char* content_type, bool c
 }
 
 // A JSON answer; to HEAD, its head alone.
-int SendJson(mg_connection* conn, int status, const std::string& body, bool close = false) {
-  WriteHead(conn, status, "application/json", close);
+int SendJson(mg_connection* conn, int status, const std::string& body) {
+  WriteHead(conn, status, "application/json", /*close=*/false);
   mg_printf(conn, "Content-Length: %zu\r\n\r\n", body.size());
   const char* method = mg_get_request_info(conn)->request_method;
   if (method == nullptr || std::string(method) != "HEAD") mg_write(conn, body.data(), body.size());
@@ -102,9 +102,9 @@ class EventStream {
   bool started_ = false, failed_ = false;
 };
 
-int SendError(mg_connection* conn, const absl::Status& status, bool close = false) {
+int SendError(mg_connection* conn, const absl::Status& status) {
   const HttpError e = ToHttpError(status);
-  return SendJson(conn, e.http_status, e.body, close);
+  return SendJson(conn, e.http_status, e.body);
 }
 
 // A non-API error (unknown path, wrong method) in OpenAI's shape.
