@@ -39,10 +39,14 @@ using testing::LoadCpu;
 
 // The GPU's bf16 activations put some latent values on the other side of an
 // e4m3 rounding boundary from the CPU's float32 ones: a code one step off
-// (1/16 relative) in a few places. Bound set above the bf16 cache's 5e-2 (a
-// wrong layout, scale or row moves the logits by their whole spread, >= 1);
-// the measured values are printed and recorded in BENCHMARKS.md.
-constexpr double kFp8KvRelTolerance = 0.2;
+// (1/16 relative) in places, so the two FP8 caches differ by about what FP8
+// itself moves (the CPU engine's FP8 cache against its float one: max
+// |dlogprob| 0.49 on the v3 golden). Measured on the H200 (BENCHMARKS.md):
+// 0.054 / 0.067 of the logits' spread at real widths (v3 / v2-lite), 0.075 /
+// 0.29 at the tiny widths, whose flat distributions have little spread; the
+// bf16 cache against the float one 0.007 to 0.025. A wrong layout, scale or
+// row moves the logits by their whole spread (>= 1).
+constexpr double kFp8KvRelTolerance = 0.5;
 constexpr double kBf16RelTolerance = testing::kBf16RelLogitTolerance;
 
 ModelConfig Widths(const std::string& family, bool real) {
