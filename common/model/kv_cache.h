@@ -22,8 +22,9 @@ struct ModelConfig;
 
 // Where a device-resident sequence's rows lie, for a device-to-device copy
 // by another process on this node (the KV handoff over cuda_ipc): the
-// sender's paged pool, bf16 [num_layers][num_blocks][block_size][row_width],
-// as a CUDA IPC memory handle, and the sequence's blocks in token order.
+// sender's paged pool, [num_layers][num_blocks][block_size] rows of
+// row_bytes, as a CUDA IPC memory handle, and the sequence's blocks in token
+// order.
 struct DeviceKvBlocks {
   std::string pool_handle;  // cudaIpcMemHandle_t bytes
   int device = -1;

@@ -4,7 +4,6 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "base/dtype.h"
 #include "base/fp8_e4m3.h"
@@ -143,20 +142,19 @@ float Fp8KvScale(float amax) {
 
 namespace {
 
-// The scales of row[latent]'s groups of 128 into scale[Fp8Blocks(latent)],
-// and each value's code through `code(c, e4m3)`.
+// Each latent value's code and its 128-value group's scale, through
+// `code(c, e4m3, scale)`, in order (a group's first value first).
 template <typename F>
-void QuantizeKvLatent(const float* row, int latent, float* scale, F&& code) {
-  for (int g = 0; g < Fp8Blocks(latent); ++g) {
-    const int start = g * kFp8Block, n = std::min(kFp8Block, latent - start);
+void QuantizeKvLatent(const float* row, int latent, F&& code) {
+  for (int start = 0; start < latent; start += kFp8Block) {
+    const int n = std::min(kFp8Block, latent - start);
     float amax = 0.0f;
     for (int c = 0; c < n; ++c) {
       const float a = std::fabs(row[start + c]);
       if (a > amax) amax = a;  // NaN compares false: skipped
     }
     const float s = Fp8KvScale(amax);
-    scale[g] = s;
-    for (int c = 0; c < n; ++c) code(start + c, F32ToF8E4M3(row[start + c] / s));
+    for (int c = 0; c < n; ++c) code(start + c, F32ToF8E4M3(row[start + c] / s), s);
   }
 }
 
@@ -164,9 +162,10 @@ void QuantizeKvLatent(const float* row, int latent, float* scale, F&& code) {
 
 void PackFp8KvRow(const float* row, const Fp8KvRowLayout& layout, uint8_t* out) {
   std::memset(out, 0, static_cast<size_t>(layout.bytes()));
-  std::vector<float> scale(static_cast<size_t>(Fp8Blocks(layout.latent)));
-  QuantizeKvLatent(row, layout.latent, scale.data(), [&](int c, uint8_t q) { out[c] = q; });
-  std::memcpy(out + layout.scales_offset(), scale.data(), scale.size() * sizeof(float));
+  QuantizeKvLatent(row, layout.latent, [&](int c, uint8_t q, float s) {
+    out[c] = q;
+    if (c % kFp8Block == 0) std::memcpy(out + layout.scales_offset() + 4 * (c / kFp8Block), &s, 4);
+  });
   for (int c = 0; c < layout.rope; ++c) {
     const uint16_t b = F32ToBf16(row[layout.latent + c]);
     std::memcpy(out + layout.rope_offset() + 2 * c, &b, sizeof(b));
@@ -187,15 +186,7 @@ void UnpackFp8KvRow(const uint8_t* in, const Fp8KvRowLayout& layout, float* row)
 }
 
 void RoundTripFp8KvRow(float* row, int latent, int rope) {
-  std::array<float, 64> small;  // scales; a wider latent takes the heap
-  std::vector<float> large;
-  float* scale = small.data();
-  if (Fp8Blocks(latent) > static_cast<int>(small.size())) {
-    large.resize(static_cast<size_t>(Fp8Blocks(latent)));
-    scale = large.data();
-  }
-  QuantizeKvLatent(row, latent, scale,
-                   [&](int c, uint8_t q) { row[c] = F8E4M3ToF32(q) * scale[c / kFp8Block]; });
+  QuantizeKvLatent(row, latent, [&](int c, uint8_t q, float s) { row[c] = F8E4M3ToF32(q) * s; });
   for (int c = latent; c < latent + rope; ++c) row[c] = Bf16ToF32(F32ToBf16(row[c]));
 }
 

@@ -340,28 +340,23 @@ c.request("POST", "/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 2
 r2 = c.getresponse()
 assert r2.status == 200 and json.load(r2)["usage"]["completion_tokens"] == 2
 assert c.sock is sock and sock is not None, "the second request did not reuse the connection"
-s = socket.create_connection((host, int(port)))
-s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test-1\r\n"
-          b"Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n{")
-s.settimeout(10)
-got = b""
-while True:
-    d = s.recv(65536)
-    if not d:
-        break
-    got += d
+def answer_until_close(head):
+    """What the server sends back to `head` (and a body's first byte) until it closes (10 s)."""
+    s = socket.create_connection((host, int(port)))
+    s.sendall(head + b"{")
+    s.settimeout(10)
+    got = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            return got
+        got += d
+got = answer_until_close(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                         b"sk-test-1\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n")
 assert got.startswith(b"HTTP/1.1 413") and b"Connection: close" in got, got[:200]
 # An answer before the body was read (401 without a key): the connection ends with it, at once,
 # whatever the body announced (no thread waits for gigabytes); HEAD gets a head only.
-s = socket.create_connection((host, int(port)))
-s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n{")
-s.settimeout(10)
-got = b""
-while True:
-    d = s.recv(65536)
-    if not d:
-        break
-    got += d
+got = answer_until_close(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n")
 assert got.startswith(b"HTTP/1.1 401") and b"Connection: close" in got, got[:200]
 c = http.client.HTTPConnection(host, int(port), timeout=60)
 c.request("HEAD", "/health")
