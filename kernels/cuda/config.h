@@ -48,6 +48,9 @@ inline constexpr int kRowPitch = kHeadDim + 8;  // bf16 elements
 // for; MlaTileConfig in params.h names them. The tuned default (NOTES.md:
 // two CTAs per SM beat one CTA with deeper pipelines, 97% vs 64% of copy BW):
 inline constexpr MlaTileConfig kDefaultTile = MlaTileConfig::kTokens32Stages2;
+// An FP8 cache's (mla_decode_fp8.cu; BENCHMARKS.md, 2026-12-05: 64x2 is the
+// fastest at 16 heads from batch 32 up, all tiles tie at batch 1).
+inline constexpr MlaTileConfig kFp8DefaultTile = MlaTileConfig::kTokens64Stages2;
 inline constexpr int kMaxSplits = 64;
 // The wide kernel (MlaTileConfig::kHeads64Tokens64Stages2, mla_decode_wide.cu):
 // 64 heads per CTA (the M of wgmma), two warpgroups, 64-token tiles.

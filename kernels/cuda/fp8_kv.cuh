@@ -47,6 +47,14 @@ __device__ __forceinline__ uint32_t DecodePairBf16(uint32_t two, float scale) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Two codes (the lower byte first) as f16x2, exactly (every e4m3 value is an
+// f16 normal or zero): one cvt on sm_89 and later.
+__device__ __forceinline__ uint32_t CodesToF16x2(uint32_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
 // Value d of a row: d < latent, code times its group's scale; else the rope
 // part's bf16.
 __device__ __forceinline__ float Load(const uint8_t* row, int latent, int d) {

@@ -26,6 +26,7 @@ using testing::FreshSeed;
 using testing::Poison;
 using testing::Randn;
 using testing::RelErr;
+using testing::ScaleFp8Groups;
 using testing::ToBf16Rounding;
 using testing::Upload;
 
@@ -55,14 +56,7 @@ TEST(Fp8KvTest, KvCacheWriteMatchesCpuPack) {
       const int num_blocks = 3, tokens = 70, stride = layout.bytes() / 2;
       const cpu::RopeTable table = Table(dim);
       std::vector<float> kv = Randn(static_cast<size_t>(tokens) * kv_ld, rng, 3.0f);
-      std::uniform_int_distribution<int> exponent(-6, 6);
-      for (int t = 0; t < tokens; ++t) {  // each group of each row at its own scale
-        for (int g = 0; g < cpu::Fp8Blocks(rank); ++g) {
-          const float f = std::ldexp(1.0f, exponent(rng));
-          for (int d = g * cpu::kFp8Block; d < std::min(rank, (g + 1) * cpu::kFp8Block); ++d)
-            kv[static_cast<size_t>(t) * kv_ld + d] *= f;
-        }
-      }
+      ScaleFp8Groups(kv.data(), tokens, kv_ld, rank, rng);
       std::vector<float> w = Randn(rank, rng, 0.1f, 1.0f);
       const std::vector<bf16> kv16 = ToBf16Rounding(kv), w16 = ToBf16Rounding(w);  // in place too
       std::vector<int32_t> slots(num_blocks * kKvBlockSize), pos(tokens), slot_map(tokens);
@@ -145,13 +139,8 @@ TEST(Fp8KvTest, GenericMlaKernelReadsFp8Rows) {
     const size_t rows = static_cast<size_t>(num_blocks) * kKvBlockSize;
     std::vector<float> cache = Randn(rows * dim, rng);
     std::vector<uint8_t> packed(rows * layout.bytes());
-    std::uniform_int_distribution<int> exponent(-6, 6);
-    for (size_t r = 0; r < rows; ++r) {  // each group of each row at its own scale
-      for (int g = 0; g < cpu::Fp8Blocks(rank); ++g) {
-        const float f = std::ldexp(1.0f, exponent(rng));
-        for (int c = g * cpu::kFp8Block; c < std::min(rank, (g + 1) * cpu::kFp8Block); ++c)
-          cache[r * dim + c] *= f;
-      }
+    ScaleFp8Groups(cache.data(), rows, dim, rank, rng);
+    for (size_t r = 0; r < rows; ++r) {
       cpu::PackFp8KvRow(cache.data() + r * dim, layout, packed.data() + r * layout.bytes());
       cpu::UnpackFp8KvRow(packed.data() + r * layout.bytes(), layout, cache.data() + r * dim);
     }

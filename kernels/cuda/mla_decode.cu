@@ -8,11 +8,7 @@
 //   * online softmax in fp32 (base 2), P rounded to bf16 in shared memory;
 //   * O += P·V: warp w owns latent dims [128w, 128w + 128).
 // Splits write (O / l, log2-sum-exp) partials; MlaCombineKernel merges them.
-// An FP8 cache (KvCacheDtype::kFp8, 656-byte rows) streams into an FP8 ring
-// (one bulk copy a tile: the rows are unpadded) and all four warps widen each
-// tile into one bf16 tile (exactly: codes times power-of-two scales) before
-// the products above, which then run unchanged; the FP8 stage is refilled as
-// soon as it is widened.
+// An FP8 cache (KvCacheDtype::kFp8) runs mla_decode_fp8.cu's kernel.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -20,7 +16,6 @@
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/fp8_kv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/mla_decode_common.cuh"
@@ -37,18 +32,12 @@ constexpr int kVSlice = kLatentDim / kWarps;  // 128 output dims per warp
 constexpr int kVTiles = kVSlice / 8;          // 16 mma n-tiles
 static_assert(kQkSlice % 16 == 0 && kVSlice % 16 == 0);
 
-constexpr cpu::Fp8KvRowLayout kFp8Row{kLatentDim, kRopeDim};
-constexpr int kFp8RowBytes = kFp8Row.bytes();  // 656
-static_assert(kFp8RowBytes % 16 == 0 && kFp8Row.rope_offset() % 16 == 0);
-
 // A tile of kTile tokens (a cache block or an aligned part of one), kStages
-// of them in flight; kFp8: FP8 rows in flight, widened into one bf16 tile.
-template <int kTile, int kStages, bool kFp8 = false>
+// of them in flight.
+template <int kTile, int kStages>
 struct Cfg {
   static constexpr int kTileTokens = kTile;
   static constexpr int kNumStages = kStages;
-  static constexpr bool kFp8Kv = kFp8;
-  static constexpr int kKvTiles = kFp8 ? 1 : kStages;  // bf16 tiles in shared memory
   static constexpr int kTilesPerBlock = kKvBlockSize / kTile;
   static constexpr int kSTiles = kTile / 8;     // mma n-tiles of scores
   static constexpr int kOwnTiles = kTile / 32;  // n-tiles each warp finishes
@@ -56,8 +45,7 @@ struct Cfg {
   static_assert(kTile % 32 == 0 && kKvBlockSize % kTile == 0);
 
   struct Smem {
-    bf16 kv[kKvTiles][kTile][kRowPitch];
-    uint8_t raw[kFp8 ? kStages : 1][kFp8 ? kTile : 1][kFp8RowBytes];  // FP8 rows in flight
+    bf16 kv[kStages][kTile][kRowPitch];
     float spart[kWarps][kHeadsPerBlock][kPitch];
     bf16 probs[kHeadsPerBlock][kPitch];
     float rmax[kWarps][kHeadsPerBlock];
@@ -79,22 +67,6 @@ __device__ __forceinline__ void IssueTile(typename C::Smem& s, const MlaDecodePa
   const int block =
       p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + tile / C::kTilesPerBlock];
   const int valid = min(kTile, seq_len - tile * kTile);
-  if constexpr (C::kFp8Kv) {
-    // Zero codes and zero scales widen to zeros. The rows are contiguous in
-    // the pool and in the ring: one copy.
-    const uint8_t* src =
-        reinterpret_cast<const uint8_t*>(p.kv_cache) +
-        (static_cast<int64_t>(block) * kKvBlockSize + (tile % C::kTilesPerBlock) * kTile) *
-            kFp8RowBytes;
-    for (int i = valid * (kFp8RowBytes / 16) + lane; i < kTile * (kFp8RowBytes / 16); i += 32)
-      reinterpret_cast<uint4*>(&s.raw[stage][0][0])[i] = make_uint4(0, 0, 0, 0);
-    __syncwarp();
-    if (lane == 0) {
-      MbarArriveExpectTx(&s.bar[stage], valid * kFp8RowBytes);
-      if (valid > 0) BulkCopyG2S(&s.raw[stage][0][0], src, valid * kFp8RowBytes, &s.bar[stage]);
-    }
-    return;
-  }
   const bf16* src =
       p.kv_cache +
       (static_cast<int64_t>(block) * kKvBlockSize + (tile % C::kTilesPerBlock) * kTile) * kHeadDim;
@@ -102,35 +74,12 @@ __device__ __forceinline__ void IssueTile(typename C::Smem& s, const MlaDecodePa
     uint4* row = reinterpret_cast<uint4*>(&s.kv[stage][r][0]);
     for (int c = 0; c < kRowBytes / 16; ++c) row[c] = make_uint4(0, 0, 0, 0);
   }
+  __syncwarp();  // the zeroed rows before the stage's arrival
   if (lane == 0) MbarArriveExpectTx(&s.bar[stage], valid * kRowBytes);
   __syncwarp();
   for (int r = lane; r < valid; r += 32) {
     BulkCopyG2S(&s.kv[stage][r][0], src + static_cast<int64_t>(r) * kHeadDim, kRowBytes,
                 &s.bar[stage]);
-  }
-}
-
-// All threads: the FP8 rows of `stage` widened into the bf16 tile (8 values
-// a thread a step: 64 chunks of latent codes, then 8 of rope bf16 a row).
-template <typename C>
-__device__ __forceinline__ void WidenTile(typename C::Smem& s, int stage) {
-  constexpr int kLatentChunks = kLatentDim / 8, kChunks = kLatentChunks + kRopeDim / 8;
-  for (int i = threadIdx.x; i < C::kTileTokens * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const uint8_t* row = s.raw[stage][r];
-    uint4 v;
-    if (c < kLatentChunks) {
-      const float scale =
-          reinterpret_cast<const float*>(row + kFp8Row.scales_offset())[c * 8 / cpu::kFp8Block];
-      const uint2 codes = *reinterpret_cast<const uint2*>(row + c * 8);
-      v.x = fp8kv::DecodePairBf16(codes.x, scale);
-      v.y = fp8kv::DecodePairBf16(codes.x >> 16, scale);
-      v.z = fp8kv::DecodePairBf16(codes.y, scale);
-      v.w = fp8kv::DecodePairBf16(codes.y >> 16, scale);
-    } else {
-      v = *reinterpret_cast<const uint4*>(row + kFp8Row.rope_offset() + (c - kLatentChunks) * 16);
-    }
-    *reinterpret_cast<uint4*>(&s.kv[0][r][c * 8]) = v;
   }
 }
 
@@ -188,12 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
     const int stage = i % kStages;
     const int tile = range.begin + i;
     MbarWait(&s.bar[stage], (i / kStages) & 1);
-    if constexpr (C::kFp8Kv) {
-      WidenTile<C>(s, stage);
-      __syncthreads();  // the bf16 tile is whole; the FP8 stage is free
-      if (warp == 0 && i + kStages < n) IssueTile<C>(s, p, b, tile + kStages, stage, seq_len, lane);
-    }
-    const bf16(*kv)[kRowPitch] = s.kv[C::kFp8Kv ? 0 : stage];  // [kTileTokens][kRowPitch]
+    const bf16(*kv)[kRowPitch] = s.kv[stage];  // [kTileTokens][kRowPitch]
 
     // Partial scores over this warp's dims: [16 heads, 64 tokens].
     float sc[kSTiles][4];
@@ -312,8 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
       }
     }
     __syncthreads();  // the stage, scores and probabilities are free again
-    if (!C::kFp8Kv && warp == 0 && i + kStages < n)
-      IssueTile<C>(s, p, b, tile + kStages, stage, seq_len, lane);
+    if (warp == 0 && i + kStages < n) IssueTile<C>(s, p, b, tile + kStages, stage, seq_len, lane);
   }
 
   // Epilogue: rows g and g + 8 of this warp's 128 dims.
@@ -413,32 +356,33 @@ absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
 }
 
 // The configuration a launch with `num_heads` runs (kDefault resolved). The
-// 64-head kernel reads bf16 rows only: an FP8 cache runs the 16-head one.
+// 64-head kernel reads bf16 rows only: an FP8 cache runs the 16-head FP8
+// kernel (mla_decode_fp8.cu).
 MlaTileConfig Resolve(MlaTileConfig t, int num_heads, KvCacheDtype kv_dtype) {
   if (kv_dtype == KvCacheDtype::kFp8 &&
       (t == MlaTileConfig::kDefault || t == MlaTileConfig::kHeads64Tokens64Stages2)) {
-    return kDefaultTile;
+    return kFp8DefaultTile;
   }
   if (t != MlaTileConfig::kDefault) return t;
   return num_heads >= kWideHeads ? MlaTileConfig::kHeads64Tokens64Stages2 : kDefaultTile;
 }
 
 // Calls f(Cfg<...>{}) for the 16-head tile configuration `t` names.
-template <bool kFp8, typename F>
+template <typename F>
 auto WithTile(MlaTileConfig t, F&& f) {
   switch (t) {
     case MlaTileConfig::kTokens32Stages4:
-      return f(Cfg<32, 4, kFp8>{});
+      return f(Cfg<32, 4>{});
     case MlaTileConfig::kTokens32Stages5:
-      return f(Cfg<32, 5, kFp8>{});
+      return f(Cfg<32, 5>{});
     case MlaTileConfig::kTokens32Stages2:
-      return f(Cfg<32, 2, kFp8>{});
+      return f(Cfg<32, 2>{});
     case MlaTileConfig::kDefault:
     case MlaTileConfig::kTokens64Stages2:
     case MlaTileConfig::kHeads64Tokens64Stages2:
       break;
   }
-  return f(Cfg<64, 2, kFp8>{});
+  return f(Cfg<64, 2>{});
 }
 
 size_t WorkspaceBytes(int batch, int num_heads, int num_splits) {
@@ -480,12 +424,16 @@ MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_s
   if (tile == MlaTileConfig::kHeads64Tokens64Stages2) {
     return PlanFor(batch, num_heads, max_seq_len, num_sms, kWideHeads, kKvBlockSize, 1);
   }
-  const auto plan = [&](auto cfg) {
+  if (kv_dtype == KvCacheDtype::kFp8) {
+    const Fp8TileShape shape = MlaFp8TileShape(tile);
+    return PlanFor(batch, num_heads, max_seq_len, num_sms, kHeadsPerBlock, shape.tile_tokens,
+                   shape.ctas_per_sm);
+  }
+  return WithTile(tile, [&](auto cfg) {
     using C = decltype(cfg);
     return PlanFor(batch, num_heads, max_seq_len, num_sms, kHeadsPerBlock, C::kTileTokens,
                    C::kCtasPerSm);
-  };
-  return kv_dtype == KvCacheDtype::kFp8 ? WithTile<true>(tile, plan) : WithTile<false>(tile, plan);
+  });
 }
 
 absl::Status RunMlaDecode(const MlaDecodeParams& p) {
@@ -494,7 +442,8 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
                                                    kLatentDim, " and rope_dim ", kRopeDim));
   }
   const bool fp8 = p.kv_dtype == KvCacheDtype::kFp8;
-  const int row_units = fp8 ? kFp8RowBytes / 2 : kLatentDim + kRopeDim;
+  const int row_units =
+      fp8 ? cpu::Fp8KvRowLayout{kLatentDim, kRopeDim}.bytes() / 2 : kLatentDim + kRopeDim;
   if ((p.kv_row_stride != 0 && p.kv_row_stride != row_units) || p.kv_index != nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("RunMlaDecode: dense rows of ", 2 * row_units,
@@ -526,7 +475,9 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   if (p.batch > 65535) return absl::InvalidArgumentError("RunMlaDecode: batch > 65535");
   const bool split = p.num_splits > 1;
   const MlaTileConfig tile = Resolve(p.tile, p.num_heads, p.kv_dtype);
-  if (tile == MlaTileConfig::kHeads64Tokens64Stages2) {
+  if (fp8) {
+    RETURN_IF_ERROR(LaunchMlaDecodeFp8(p, tile));
+  } else if (tile == MlaTileConfig::kHeads64Tokens64Stages2) {
     RETURN_IF_ERROR(LaunchMlaDecodeWide(p));
   } else {
     const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.batch);
@@ -538,7 +489,7 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
       }
       return split ? LaunchDecode<C, true, bf16>(p, grid) : LaunchDecode<C, false, bf16>(p, grid);
     };
-    RETURN_IF_ERROR(fp8 ? WithTile<true>(tile, launch) : WithTile<false>(tile, launch));
+    RETURN_IF_ERROR(WithTile(tile, launch));
   }
   if (!split) return absl::OkStatus();
   if (p.out_type == OutType::kFloat32) {

@@ -21,8 +21,9 @@ struct MlaDecodePlan {
 // How to split a batch: every sequence's cache blocks are cut into
 // num_splits ranges, chosen so the CTAs fill the device's num_sms in as few
 // waves as possible. Pure host arithmetic; call it once per batch shape.
-// An FP8 cache (kv_dtype) runs the 16-head kernel whatever `tile` says
-// (the 64-head one reads bf16 rows only): plan with the dtype it runs.
+// An FP8 cache (kv_dtype) runs the 16-head FP8 kernel (mla_decode_fp8.cu:
+// codes straight into f16 MMAs), kDefault and the 64-head shape resolving to
+// mla::kFp8DefaultTile: plan with the dtype it runs.
 MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_sms,
                             MlaTileConfig tile = MlaTileConfig::kDefault,
                             KvCacheDtype kv_dtype = KvCacheDtype::kBf16);

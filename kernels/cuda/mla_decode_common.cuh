@@ -1,6 +1,6 @@
-// What the two MLA decode kernels share (internal to mla_decode*.cu): the
-// split of a sequence's tiles, bf16 packing, and the launcher of the
-// 64-heads-per-CTA kernel that RunMlaDecode dispatches to.
+// What the MLA decode kernels share (internal to mla_decode*.cu): the split of
+// a sequence's tiles, bf16 packing, and the launchers of the 64-heads-per-CTA
+// kernel and of the FP8-row kernel that RunMlaDecode dispatches to.
 #ifndef MOESH_KERNELS_CUDA_MLA_DECODE_COMMON_CUH_
 #define MOESH_KERNELS_CUDA_MLA_DECODE_COMMON_CUH_
 
@@ -52,6 +52,17 @@ __device__ __forceinline__ float* SplitLse(const MlaDecodeParams& p, int b, int 
 // ceil(num_heads / 64), batch); RunMlaDecode has checked `p` and launches
 // the combine after it when num_splits > 1.
 absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p);
+
+// The FP8-row kernel (mla_decode_fp8.cu, KvCacheDtype::kFp8), 16 heads a CTA,
+// over grid (num_splits, ceil(num_heads / 16), batch) in the 16-head tile
+// shape `t` names (RunMlaDecode resolves kDefault and the 64-head shape to
+// mla::kFp8DefaultTile first); it has checked `p` and launches the combine
+// after it.
+struct Fp8TileShape {
+  int tile_tokens, ctas_per_sm;
+};
+Fp8TileShape MlaFp8TileShape(MlaTileConfig t);
+absl::Status LaunchMlaDecodeFp8(const MlaDecodeParams& p, MlaTileConfig t);
 
 }  // namespace moesh::cuda::mla
 

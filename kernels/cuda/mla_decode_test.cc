@@ -24,6 +24,7 @@ using testing::FreshSeed;
 using testing::Poison;
 using testing::Randn;
 using testing::RelErr;
+using testing::ScaleFp8Groups;
 using testing::ToBf16Rounding;
 using testing::ToFloats;
 using testing::Upload;
@@ -132,20 +133,15 @@ std::vector<uint16_t> Bits(const std::vector<bf16>& v) {
 }
 
 // The cache as FP8 rows (cpu::PackFp8KvRow) in 2-byte units; `cache`
-// becomes what they hold. Each row's 128-value groups are first scaled by
-// 2^k, k uniform in [-6, 6], so that the groups' scales differ (a scale
-// read from the wrong group or row shows).
+// becomes what they hold. Each row's 128-value groups are first scaled
+// apart (ScaleFp8Groups).
 std::vector<uint16_t> PackFp8(std::vector<float>& cache, std::mt19937& rng) {
   const cpu::Fp8KvRowLayout layout{kRank, kRope};
   const size_t rows = cache.size() / kDim;
   std::vector<uint16_t> units(rows * layout.bytes() / 2);
   uint8_t* bytes = reinterpret_cast<uint8_t*>(units.data());
-  std::uniform_int_distribution<int> exponent(-6, 6);
+  ScaleFp8Groups(cache.data(), rows, kDim, kRank, rng);
   for (size_t r = 0; r < rows; ++r) {
-    for (int g = 0; g < kRank / cpu::kFp8Block; ++g) {
-      const float f = std::ldexp(1.0f, exponent(rng));
-      for (int c = g * cpu::kFp8Block; c < (g + 1) * cpu::kFp8Block; ++c) cache[r * kDim + c] *= f;
-    }
     cpu::PackFp8KvRow(cache.data() + r * kDim, layout, bytes + r * layout.bytes());
     cpu::UnpackFp8KvRow(bytes + r * layout.bytes(), layout, cache.data() + r * kDim);
   }

@@ -61,15 +61,19 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p, Rotation r)
 }
 
 // The FP8 row (cpu::PackFp8KvRow) of latent[rank] (float32, in shared
-// memory) and the already-rotated rope part, which the caller writes.
+// memory) but the rope part, which the caller writes. Each group's amax (as
+// bits, in shared memory) is replaced by its scale, once a group. All threads.
 __device__ void StoreFp8Latent(const float* latent, int rank, unsigned* amax_bits, uint8_t* dst) {
   const cpu::Fp8KvRowLayout layout{rank, 0};
+  float* scales = reinterpret_cast<float*>(amax_bits);
   for (int g = threadIdx.x; g < cpu::Fp8Blocks(rank); g += blockDim.x) {
-    reinterpret_cast<float*>(dst + layout.scales_offset())[g] =
-        fp8kv::Scale(__uint_as_float(amax_bits[g]));
+    const float scale = fp8kv::Scale(__uint_as_float(amax_bits[g]));
+    scales[g] = scale;
+    reinterpret_cast<float*>(dst + layout.scales_offset())[g] = scale;
   }
+  __syncthreads();
   for (int i = threadIdx.x; i < rank; i += blockDim.x)
-    dst[i] = fp8kv::Code(latent[i], fp8kv::Scale(__uint_as_float(amax_bits[i / cpu::kFp8Block])));
+    dst[i] = fp8kv::Code(latent[i], scales[i / cpu::kFp8Block]);
 }
 
 template <KvCacheDtype kDtype>

@@ -3,6 +3,7 @@
 #ifndef MOESH_KERNELS_CUDA_TEST_UTIL_H_
 #define MOESH_KERNELS_CUDA_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 
 #include "base/dtype.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/params.h"
 
@@ -96,6 +98,21 @@ absl::StatusOr<DeviceBuffer<T>> Upload(const std::vector<T>& host) {
   ASSIGN_OR_RETURN(DeviceBuffer<T> d, DeviceBuffer<T>::Create(host.size()));
   RETURN_IF_ERROR(d.CopyFrom(host));
   return d;
+}
+
+// Multiplies each 128-value group (an FP8 KV scale's group) of the first
+// `latent` values of each of `num_rows` rows of `ld` floats by 2^k, k uniform
+// in [-6, 6], so that an FP8 row's groups get different scales: a scale read
+// from the wrong group or row shows.
+inline void ScaleFp8Groups(float* rows, size_t num_rows, int ld, int latent, std::mt19937& rng) {
+  constexpr int kGroup = cpu::kFp8Block;
+  std::uniform_int_distribution<int> exponent(-6, 6);
+  for (size_t r = 0; r < num_rows; ++r) {
+    for (int g = 0; g * kGroup < latent; ++g) {
+      const float f = std::ldexp(1.0f, exponent(rng));
+      for (int c = g * kGroup; c < std::min(latent, (g + 1) * kGroup); ++c) rows[r * ld + c] *= f;
+    }
+  }
 }
 
 // Fills the buffer with NaN (0xff bytes: a NaN in bf16 and fp32, -1 in int32).

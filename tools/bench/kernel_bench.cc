@@ -3,7 +3,8 @@
 // copy; a large square cuBLAS GEMM). Each row prints its floor — the larger
 // of bytes / copy bandwidth and FLOPs / GEMM rate — and measured / floor.
 //
-// Usage: kernel_bench [--quick | --mla HEADS,BATCH,CONTEXT | --fp8]. --mla runs
+// Usage: kernel_bench [--quick | --mla-table | --mla HEADS,BATCH,CONTEXT | --fp8].
+// --mla-table runs the MLA table alone (quick); --mla runs
 // that one MLA case with the default tile (for profilers); --fp8 runs
 // DeepSeek-V3's dense linears in block-scaled FP8 (the activations' quantization
 // plus cuBLASLt's GEMM) beside the bf16 GEMM of each shape, and the FP8 GEMM's
@@ -152,7 +153,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   }
   // FP8 rows: the 16-head kernel's tiles at 16 heads, and at 128 heads (the
   // 64-head kernel reads bf16 only), beside the bf16 rows above.
-  for (const Tile* tile : {&tiles[0], &tiles[3]}) {
+  for (const Tile* tile : {&tiles[0], &tiles[1], &tiles[2], &tiles[3]}) {
     for (int batch : {1, 32, 128}) cases.push_back({tile, 16, batch, 4096, KvCacheDtype::kFp8});
   }
   for (int batch : {1, 32, 128, 256}) {
@@ -473,7 +474,7 @@ absl::Status BenchSmallOps(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-absl::Status Main(bool quick, bool fp8, const MlaCase& only) {
+absl::Status Main(bool quick, bool fp8, bool mla_table, const MlaCase& only) {
   ASSIGN_OR_RETURN(int n, CudaDeviceCount());
   if (n == 0) return absl::UnavailableError("no CUDA device");
   ASSIGN_OR_RETURN(DeviceInfo info, CurrentDeviceInfo());
@@ -492,7 +493,7 @@ absl::Status Main(bool quick, bool fp8, const MlaCase& only) {
     return stream.Synchronize();
   }
   RETURN_IF_ERROR(BenchMla(ceil, info, quick, stream.get(), only));
-  if (only.heads > 0) return stream.Synchronize();
+  if (only.heads > 0 || mla_table) return stream.Synchronize();
   RETURN_IF_ERROR(BenchGemm(*gemm, ceil, info, quick, stream.get()));
   RETURN_IF_ERROR(BenchSmallOps(stream.get()));
   return stream.Synchronize();
@@ -502,7 +503,8 @@ absl::Status Main(bool quick, bool fp8, const MlaCase& only) {
 }  // namespace moesh::cuda
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool mla_table = argc > 1 && std::strcmp(argv[1], "--mla-table") == 0;
+  const bool quick = mla_table || (argc > 1 && std::strcmp(argv[1], "--quick") == 0);
   const bool fp8 = argc > 1 && std::strcmp(argv[1], "--fp8") == 0;
   moesh::cuda::MlaCase only;
   if (argc > 2 && std::strcmp(argv[1], "--mla") == 0 &&
@@ -514,7 +516,7 @@ int main(int argc, char** argv) {
                  "context <= 256 x 16384)\n");
     return 2;
   }
-  const absl::Status st = moesh::cuda::Main(quick, fp8, only);
+  const absl::Status st = moesh::cuda::Main(quick, fp8, mla_table, only);
   if (!st.ok()) {
     std::fprintf(stderr, "kernel_bench: %s\n", st.ToString().c_str());
     return 1;

@@ -146,11 +146,14 @@ kernels() {
   has $sass_bin || sass_bin=cuda_mla_decode_test
   if has $sass_bin && command -v cuobjdump > /dev/null; then
     cuobjdump --dump-sass $D/bin/$sass_bin > "$LOGS/sass_all.txt" 2>&1
-    awk '/Function : .*MlaDecodeKernel/ {on=1} /Function : / && !/MlaDecodeKernel/ {on=0} on' "$LOGS/sass_all.txt" \
-      > "$LOGS/sass_mla.txt"
-    echo "MLA kernel SASS ($sass_bin): $(grep -c HMMA "$LOGS/sass_mla.txt") HMMA, $(grep -c LDSM "$LOGS/sass_mla.txt") LDSM," \
-         "$(grep -c -E 'UBLKCP|UTMALDG|BULK' "$LOGS/sass_mla.txt") bulk-copy, $(grep -c -E 'LDL|STL' "$LOGS/sass_mla.txt") local-mem" \
-         "in $(grep -c "Function : " "$LOGS/sass_mla.txt") instantiations" | tee "$LOGS/sass_summary.txt"
+    local k
+    for k in MlaDecodeKernel MlaDecodeFp8Kernel; do
+      awk -v k="$k" '/Function : / {on = index($0, k) > 0} on' "$LOGS/sass_all.txt" > "$LOGS/sass_$k.txt"
+      echo "$k SASS ($sass_bin): $(grep -c HMMA "$LOGS/sass_$k.txt") HMMA, $(grep -c LDSM "$LOGS/sass_$k.txt") LDSM," \
+           "$(grep -c F2FP "$LOGS/sass_$k.txt") F2FP, $(grep -c -E 'UBLKCP|UTMALDG|BULK' "$LOGS/sass_$k.txt") bulk-copy," \
+           "$(grep -c -E 'LDL|STL' "$LOGS/sass_$k.txt") local-mem in $(grep -c "Function : " "$LOGS/sass_$k.txt")" \
+           "instantiations" | tee -a "$LOGS/sass_summary.txt"
+    done
     rm -f "$LOGS/sass_all.txt"
   fi
 }
