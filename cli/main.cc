@@ -57,7 +57,9 @@ const std::vector<Command>& Commands() {
        "      [--device=cuda] [--kv_cache_dtype={auto,fp8}]\n"
        "      [--expert_device=cuda:1]\n"
        "      [--load_format=dummy] [--expert_workers=N] [--temperature=T [--top_p=P]\n"
-       "      [--top_k=K]] [--rebalance_timeline=SECONDS [--rebalance_interval=S]\n"
+       "      [--top_k=K]] [--logprobs=0 (gRPC rows ask each token's log-probability, as the\n"
+       "      HTTP rows do to time tokens by id)] [--rebalance_timeline=SECONDS "
+       "[--rebalance_interval=S]\n"
        "      [--expert_placement=0-47,48-63]]\n"
        "    concurrent streams against a local cluster and colocated mode;\n"
        "  --serving --server=HOST:PORT|http://HOST:PORT [--request_rate=inf,4] [--concurrency=N]\n"
@@ -93,6 +95,7 @@ const std::vector<Command>& Commands() {
         "temperature",
         "top_p",
         "top_k",
+        "logprobs",
         "server",
         "api_key",
         "request_rate",

@@ -3,9 +3,9 @@
 // copy; a large square cuBLAS GEMM). Each row prints its floor — the larger
 // of bytes / copy bandwidth and FLOPs / GEMM rate — and measured / floor.
 //
-// Usage: kernel_bench [--quick | --mla-table | --mla HEADS,BATCH,CONTEXT | --fp8].
-// --mla-table runs the MLA table alone (quick); --mla runs
-// that one MLA case with the default tile (for profilers); --fp8 runs
+// Usage: kernel_bench [--quick | --mla-table | --mla[-fp8] HEADS,BATCH,CONTEXT | --fp8].
+// --mla-table runs the MLA table alone (quick); --mla runs that one MLA case
+// with the default tile over bf16 rows (--mla-fp8: FP8 rows), for profilers; --fp8 runs
 // DeepSeek-V3's dense linears in block-scaled FP8 (the activations' quantization
 // plus cuBLASLt's GEMM) beside the bf16 GEMM of each shape, and the FP8 GEMM's
 // own 8192^3 rate as its ceiling. Exits non-zero on any
@@ -91,6 +91,7 @@ double FloorUs(double bytes, double flops, const Ceilings& c) {
 
 struct MlaCase {
   int heads = 0, batch = 0, ctx = 0;  // heads 0: the whole table
+  KvCacheDtype kv = KvCacheDtype::kBf16;
 };
 
 absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, cudaStream_t stream,
@@ -106,7 +107,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   // The same blocks as FP8 rows (--kv_cache_dtype fp8: 656 bytes a token).
   constexpr size_t kFp8RowBytes = cpu::Fp8KvRowLayout{kRank, mla::kRopeDim}.bytes();
   DeviceBuffer<uint8_t> fp8_cache;
-  if (only.heads == 0) {
+  if (only.heads == 0 || only.kv == KvCacheDtype::kFp8) {
     ASSIGN_OR_RETURN(fp8_cache, DeviceBuffer<uint8_t>::Create(size_t{1} * max_blocks *
                                                               kKvBlockSize * kFp8RowBytes));
     RETURN_IF_ERROR(FillFp8KvRows(fp8_cache.get(), size_t{1} * max_blocks * kKvBlockSize, kRank,
@@ -160,7 +161,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
     for (int ctx : {1024, 4096, 16384})
       cases.push_back({&tiles[5], 128, batch, ctx, KvCacheDtype::kFp8});
   }
-  if (only.heads > 0) cases = {{&tiles[5], only.heads, only.batch, only.ctx}};
+  if (only.heads > 0) cases = {{&tiles[5], only.heads, only.batch, only.ctx, only.kv}};
   for (const Case& c : cases) {
     const int heads = c.heads, batch = c.batch, ctx = c.ctx;
     const int blocks_per_seq = ctx / kKvBlockSize, need = batch * blocks_per_seq;
@@ -507,12 +508,14 @@ int main(int argc, char** argv) {
   const bool quick = mla_table || (argc > 1 && std::strcmp(argv[1], "--quick") == 0);
   const bool fp8 = argc > 1 && std::strcmp(argv[1], "--fp8") == 0;
   moesh::cuda::MlaCase only;
-  if (argc > 2 && std::strcmp(argv[1], "--mla") == 0 &&
+  const bool mla_fp8 = argc > 2 && std::strcmp(argv[1], "--mla-fp8") == 0;
+  if (mla_fp8) only.kv = moesh::cuda::KvCacheDtype::kFp8;
+  if (argc > 2 && (std::strcmp(argv[1], "--mla") == 0 || mla_fp8) &&
       (std::sscanf(argv[2], "%d,%d,%d", &only.heads, &only.batch, &only.ctx) != 3 ||
        only.heads < 1 || only.batch < 1 || only.ctx < 64 || only.ctx % 64 != 0 ||
        only.batch * (only.ctx / 64) > 256 * 16384 / 64)) {
     std::fprintf(stderr,
-                 "kernel_bench: --mla HEADS,BATCH,CONTEXT (context a multiple of 64, batch x "
+                 "kernel_bench: --mla[-fp8] HEADS,BATCH,CONTEXT (context a multiple of 64, batch x "
                  "context <= 256 x 16384)\n");
     return 2;
   }

@@ -20,13 +20,15 @@
 #     mla              the MLA decode kernel at batch 128 x 4096 with 16 and 128 heads (kernel_bench
 #                      --mla H,128,4096; 128: the 64-head wgmma kernel): DRAM and L2 bytes,
 #                      tensor-pipe use, warp stalls
+#     mla-fp8          the same over FP8 rows, 16 heads (kernel_bench --mla-fp8 16,128,4096:
+#                      MlaDecodeFp8Kernel), with instruction and occupancy sections
 #     decode-step      every kernel of one eager decode step at V2-Lite's shapes, batch 256,
 #                      2048 tokens of context (cuda_model_bench --shape v2-lite --prefill-seqs 0
 #                      --profile-step), by name ($OUT/decode_step_kernels.md)
 # MOESH_DEVICE_BUDGET_S (540) bounds the call.
 #
 # bundle: cuda_model_bench and moesh (FAMILY form); for --counters: cuda_grouped_gemm_test
-#   (grouped-gemm), cuda_model_bench (grouped-prefill, decode-step), kernel_bench (mla).
+#   (grouped-gemm), cuda_model_bench (grouped-prefill, decode-step), kernel_bench (mla, mla-fp8).
 # e.g.
 #   tools/device/bundle.sh build-cuda cuda_model_bench moesh
 #   run: command "bash tools/device/profile.sh v3.2 4 128 4096", carry [".device"]
@@ -83,17 +85,24 @@ for what in "$@"; do
           --metrics dram__bytes_read.sum,lts__t_bytes.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
           $D/bin/kernel_bench --mla $heads,128,4096
       done ;;
+    mla-fp8)
+      # The same over FP8 rows (KvCacheDtype::kFp8, MlaDecodeFp8Kernel): 16 heads.
+      step ncu_mla_fp8_16 60 ncu --clock-control none -k 'regex:MlaDecodeFp8Kernel' --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats --section InstructionStats --section Occupancy \
+        --metrics dram__bytes_read.sum,lts__t_bytes.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+        $D/bin/kernel_bench --mla-fp8 16,128,4096 ;;
     decode-step)
       # Every kernel of one eager decode step at batch 256 (2048 tokens of context), by name.
       step ncu_decode_step 150 ncu --csv --print-units base --profile-from-start off --metrics gpu__time_duration.sum \
         $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 256 --context 2048 --no-graphs \
         --prefill-seqs 0 --profile-step
       python3 tools/device/ncu_by_kernel.py "$LOGS/ncu_decode_step.log" > "$OUT/decode_step_kernels.md" 2>&1 ;;
-    *) echo "profile.sh: unknown counters $what (grouped-gemm grouped-prefill mla decode-step)" >&2 ;;
+    *) echo "profile.sh: unknown counters $what (grouped-gemm grouped-prefill mla mla-fp8 decode-step)" >&2 ;;
   esac
 done
 finish
-for f in ncu_grouped_gemm ncu_grouped_prefill ncu_mla_16 ncu_mla_128; do
+for f in ncu_grouped_gemm ncu_grouped_prefill ncu_mla_16 ncu_mla_128 ncu_mla_fp8_16; do
   show "$f" "Kernel|GroupedGemm|dram__bytes|lts__t_bytes|hmma|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Executed Ipc|Issue Slots Busy|Tensor|Stall|No Eligible|One or More" \
     | head -40
 done

@@ -360,14 +360,16 @@ admission() {
 http() {
   local tiny=/tmp/v3-tiny
   $moesh mkmodel --family v3 --preset tiny --out $tiny >> "$LOGS/mkmodel.log" 2>&1
+  # --logprobs 0: the gRPC rows ask each token's log-probability too, as the HTTP rows must (they
+  # time tokens by id: logprobs 0 with return_tokens_as_token_ids), so both do the same work.
   step http_vs_grpc 300 $moesh bench --serving --model $tiny --modes cluster,cluster-http,cluster,cluster-http \
-    --concurrency 32,128 --requests 384 --max_new_tokens 64 --prompt_len 32
+    --concurrency 32,128 --requests 384 --max_new_tokens 64 --prompt_len 32 --logprobs 0
   # On the GPU: a colocated router on the small v2-lite model (its 8192-token vocabulary is the
   # tokenizer's, so every sampled token has text and each SSE chunk carries one).
   small_model
   step http_vs_grpc_gpu 200 $moesh bench --serving --model $small --device cuda \
     --modes colocated,colocated-http,colocated,colocated-http --concurrency 32,128 --requests 384 \
-    --max_new_tokens 64 --prompt_len 32
+    --max_new_tokens 64 --prompt_len 32 --logprobs 0
   shown+=(http_vs_grpc http_vs_grpc_gpu)
 }
 
