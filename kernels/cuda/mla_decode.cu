@@ -165,43 +165,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
 
     // Warp w finishes tokens [w, w + 1) · kTileTokens / 4: sum the partials, scale, mask.
     float st[C::kOwnTiles][4];
-    float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-    for (int jj = 0; jj < C::kOwnTiles; ++jj) {
-      const int col = warp * (kTileTokens / 4) + jj * 8 + 2 * tq;
-      float2 lo = make_float2(0.0f, 0.0f), hi = make_float2(0.0f, 0.0f);
-#pragma unroll
-      for (int v = 0; v < kWarps; ++v) {
-        const float2 a = *reinterpret_cast<const float2*>(&s.spart[v][g][col]);
-        const float2 c = *reinterpret_cast<const float2*>(&s.spart[v][g + 8][col]);
-        lo.x += a.x, lo.y += a.y, hi.x += c.x, hi.y += c.y;
-      }
-      const int tok = tile * kTileTokens + col;
-      const bool ok0 = tok < seq_len, ok1 = tok + 1 < seq_len;
-      st[jj][0] = ok0 ? lo.x * scale_log2 : -INFINITY;
-      st[jj][1] = ok1 ? lo.y * scale_log2 : -INFINITY;
-      st[jj][2] = ok0 ? hi.x * scale_log2 : -INFINITY;
-      st[jj][3] = ok1 ? hi.y * scale_log2 : -INFINITY;
-      mx_lo = fmaxf(mx_lo, fmaxf(st[jj][0], st[jj][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(st[jj][2], st[jj][3]));
-    }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-    }
-    if (tq == 0) {
-      s.rmax[warp][g] = mx_lo;
-      s.rmax[warp][g + 8] = mx_hi;
-    }
-    __syncthreads();
-
     float new_lo = m_lo, new_hi = m_hi;
-#pragma unroll
-    for (int v = 0; v < kWarps; ++v) {
-      new_lo = fmaxf(new_lo, s.rmax[v][g]);
-      new_hi = fmaxf(new_hi, s.rmax[v][g + 8]);
-    }
+    FinishTileScores<kTileTokens, C::kPitch>(s.spart, s.rmax, tile, seq_len, scale_log2, st, new_lo,
+                                             new_hi);
     float sum_lo = 0.0f, sum_hi = 0.0f;
 #pragma unroll
     for (int jj = 0; jj < C::kOwnTiles; ++jj) {
