@@ -183,6 +183,7 @@ class OpenAiResponder {
   const std::function<std::string(int32_t)> decode_token_;
   std::vector<Choice> choices_;
   int choices_done_ = 0;
+  std::string chunk_tail_;  // a streamed chunk's text after its "choices" array
 };
 
 }  // namespace moesh

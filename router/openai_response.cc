@@ -60,6 +60,10 @@ OpenAiResponder::OpenAiResponder(const OpenAiRequest& request, std::string id, s
       created_(created),
       decode_token_(std::move(decode_token)),
       choices_(std::max(request.n, 1)) {
+  // A chunk's fields after "choices", as DumpJson orders them (keys sorted).
+  const std::string base = DumpJson(ChunkBase());  // {"created":..,"object":..}
+  chunk_tail_ = absl::StrCat(",", base.substr(1, base.size() - 2),
+                             request_.include_usage ? ",\"usage\":null" : "", "}\n\n");
   for (size_t i = 0; i < choices_.size(); ++i) {
     Choice& c = choices_[i];
     c.logprobs = EmptyLogprobs();
@@ -203,11 +207,10 @@ std::string OpenAiResponder::StreamEvents(const v1::GenerateResponse& m) {
   const bool chat = request_.chat;
   const int index = std::clamp(m.index(), 0, static_cast<int>(choices_.size()) - 1);
   Choice& c = choices_[index];
-  auto chunk = [&](Json choice) {
-    Json j = ChunkBase();
-    j["choices"] = Json::array({std::move(choice)});
-    if (request_.include_usage) j["usage"] = nullptr;
-    out += Event(j);
+  // Event(ChunkBase() + choices [choice] (+ usage null)), byte for byte, with
+  // the constant fields dumped once (chunk_tail_).
+  auto chunk = [&](const Json& choice) {
+    absl::StrAppend(&out, "data: {\"choices\":[", DumpJson(choice), "]", chunk_tail_);
   };
   std::string text = m.text();
   if (!c.started) {
