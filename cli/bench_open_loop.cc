@@ -362,8 +362,7 @@ absl::Status RunOpenLoopBench() {
     return absl::InvalidArgumentError(
         absl::StrCat("--dataset: \"", dataset, "\" (random, sharegpt or multiturn)"));
   }
-  const SamplingParams sp = SamplingFromFlags();  // greedy unless --temperature
-  RETURN_IF_ERROR(sp.Validate(vocab));
+  ASSIGN_OR_RETURN(const SamplingParams sp, BenchSamplingFromFlags(vocab));
   RowOptions o;
   SamplingToProto(sp, &o.sampling);
   o.max_context = target.max_context;

@@ -263,14 +263,14 @@ absl::Status RunServingBench() {
   std::vector<std::string> modes =
       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty());
   const int timeline = absl::GetFlag(FLAGS_rebalance_timeline);
-  const SamplingParams sp = SamplingFromFlags();  // greedy unless --temperature
-  RETURN_IF_ERROR(sp.Validate(config.vocab_size));
+  ASSIGN_OR_RETURN(const SamplingParams sp, BenchSamplingFromFlags(config.vocab_size));
   v1::SamplingParams sampling;
   SamplingToProto(sp, &sampling);
-  const std::string sampling_text = sp.temperature > 0
-                                        ? absl::StrCat("temperature ", sp.temperature, ", top-p ",
-                                                       sp.top_p, ", top-k ", sp.top_k, ", seeded")
-                                        : "greedy";
+  const std::string sampling_text =
+      absl::StrCat(sp.temperature > 0 ? absl::StrCat("temperature ", sp.temperature, ", top-p ",
+                                                     sp.top_p, ", top-k ", sp.top_k, ", seeded")
+                                      : "greedy",
+                   sp.logprobs ? ", each token's log-probability asked" : "");
 
   // Every mode's cluster: the workers on --device (the experts on
   // --expert_device when set), 4096 KV blocks unless --kv_blocks (a small

@@ -111,6 +111,17 @@ SamplingParams SamplingFromFlags() {
   return sp;
 }
 
+absl::StatusOr<SamplingParams> BenchSamplingFromFlags(int vocab) {
+  SamplingParams sp = SamplingFromFlags();  // greedy unless --temperature
+  if (sp.top_logprobs > 0) {
+    return absl::InvalidArgumentError(
+        "--logprobs: moesh bench takes 0 only (each token's own log-probability, as the HTTP rows "
+        "ask it)");
+  }
+  RETURN_IF_ERROR(sp.Validate(vocab));
+  return sp;
+}
+
 absl::StatusOr<int> NFlag() {
   const int n = absl::GetFlag(FLAGS_n);
   if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--n must be >= 1, got ", n));

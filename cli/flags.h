@@ -36,6 +36,11 @@ absl::StatusOr<std::vector<int32_t>> StopTokenIdsFlag();
 // --top_logprobs, --logprobs, --prompt_logprobs, the penalties); greedy by
 // default.
 SamplingParams SamplingFromFlags();
+// `moesh bench --serving`'s: SamplingFromFlags() validated against `vocab`,
+// --logprobs 0 only (each token's own log-probability, which the HTTP rows
+// always ask to time tokens by id: a K > 0 would give the API rows unequal
+// work). INVALID_ARGUMENT otherwise.
+absl::StatusOr<SamplingParams> BenchSamplingFromFlags(int vocab);
 // --n: sibling generations of the prompt; INVALID_ARGUMENT below 1.
 absl::StatusOr<int> NFlag();
 // --bin_dir, else the directory of this moesh binary (where the build and the

@@ -280,6 +280,50 @@ std::vector<Json> Events(const std::string& sse, bool* done) {
   return out;
 }
 
+// Each streamed event is exactly the dump of one whole chunk object (keys
+// sorted, as DumpJson writes them): the constant fields appended as text
+// after the choices array must keep that, with and without usage.
+TEST(OpenAiApiTest, StreamedChunksAreWholeObjectDumps) {
+  for (bool chat : {false, true}) {
+    for (bool usage : {false, true}) {
+      Json body = {{"stream", true}, {"stream_options", {{"include_usage", usage}}}};
+      if (chat) {
+        body["messages"] = {{{"role", "user"}, {"content", "x"}}};
+        body["logprobs"] = true;
+      } else {
+        body["prompt"] = "x";
+        body["logprobs"] = 0;
+      }
+      absl::StatusOr<OpenAiRequest> r = Parse(body, chat);
+      ASSERT_TRUE(r.ok()) << r.status();
+      OpenAiResponder responder(*r, "cmpl-\"1", "tiny", 100,
+                                [](int32_t id) { return "t" + std::to_string(id); });
+      const std::string sse =
+          responder.StreamEvents(Tokens({5}, "Hel\n")) + responder.StreamEvents(Final());
+      size_t at = 0, events = 0;
+      while (at < sse.size()) {
+        const size_t end = sse.find("\n\n", at);
+        ASSERT_NE(end, std::string::npos);
+        const std::string line = sse.substr(at, end - at);
+        at = end + 2;
+        if (line == "data: [DONE]") continue;
+        ASSERT_EQ(line.rfind("data: ", 0), 0u) << line;
+        const std::string payload = line.substr(6);
+        EXPECT_EQ(payload, DumpJson(Json::parse(payload))) << "chat " << chat << " usage " << usage;
+        const Json j = Json::parse(payload);
+        EXPECT_EQ(j["id"], "cmpl-\"1");
+        EXPECT_EQ(j["model"], "tiny");
+        EXPECT_EQ(j["created"], 100);
+        EXPECT_EQ(j["object"], chat ? "chat.completion.chunk" : "text_completion");
+        EXPECT_EQ(j.contains("usage"), usage);
+        ++events;
+      }
+      // (role,) content, finish (, usage)
+      EXPECT_EQ(events, static_cast<size_t>(2 + (chat ? 1 : 0) + (usage ? 1 : 0)));
+    }
+  }
+}
+
 TEST(OpenAiApiTest, StreamsChatChunksWithUsage) {
   absl::StatusOr<OpenAiRequest> r = Parse({{"messages", {{{"role", "user"}, {"content", "x"}}}},
                                            {"stream", true},

@@ -141,9 +141,10 @@ inline void Compare(const ModelConfig& c, CpuEngine& cpu, const std::vector<Cuda
       for (size_t i = 0; i < lens.size(); ++i) {
         const double cpu_lp = ref_lp[i][o->next_ids[i]];
         const double best = *std::max_element(ref_lp[i].begin(), ref_lp[i].end());
-        // Other positions than the teacher-forced steps': their worst, with
-        // room for a worse draw of the same error (FP8 rounds near-ties apart).
-        EXPECT_LE(std::fabs(cpu_lp - o->next_logprobs[i]), 1.5 * (*out)[m].worst_lp + 1e-3)
+        // Other positions than the teacher-forced steps': their worst (with an
+        // FP8 cache, room for a worse draw of its error: it rounds near-ties apart).
+        EXPECT_LE(std::fabs(cpu_lp - o->next_logprobs[i]),
+                  (cpu_kv.fp8() ? 1.5 : 1.0) * (*out)[m].worst_lp + 1e-3)
             << "model " << m << " sequence " << i << " graph step " << step;
         EXPECT_GE(cpu_lp, best - std::max(2.0 * (*out)[m].worst_lp, 1e-2))
             << "greedy far from the CPU engine's best";
