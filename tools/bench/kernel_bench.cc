@@ -129,8 +129,14 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
       {"64x2", MlaTileConfig::kTokens64Stages2},       {"32x4", MlaTileConfig::kTokens32Stages4},
       {"32x5", MlaTileConfig::kTokens32Stages5},       {"32x2", MlaTileConfig::kTokens32Stages2},
       {"w64", MlaTileConfig::kHeads64Tokens64Stages2}, {"auto", MlaTileConfig::kDefault}};
-  std::printf("(default tile: %s)\n",
-              mla::kDefaultTile == MlaTileConfig::kTokens32Stages2 ? "32x2" : "other");
+  const auto name = [&tiles](MlaTileConfig t) {
+    for (const Tile& tile : tiles) {
+      if (tile.config == t) return tile.name;
+    }
+    return "?";
+  };
+  std::printf("(default tiles: bf16 rows %s below 64 heads, w64 from 64; FP8 rows %s)\n",
+              name(mla::kDefaultTile), name(mla::kFp8DefaultTile));
   struct Case {
     const Tile* tile;
     int heads, batch, ctx;
