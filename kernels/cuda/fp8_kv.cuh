@@ -1,6 +1,6 @@
 // FlashMLA's FP8 KV row on the device (KvCacheDtype::kFp8): the arithmetic
-// the KV write (rope.cu) and the MLA kernels (mla_decode.cu, model_ops.cu)
-// share. The layout is cpu::Fp8KvRowLayout's and the reference
+// the KV write (rope.cu) and the MLA kernels (mla_decode_fp8.cu,
+// model_ops.cu) share. The layout is cpu::Fp8KvRowLayout's and the reference
 // cpu::PackFp8KvRow / UnpackFp8KvRow (kernels/cpu/fp8.h): the same float
 // operations here, so the same scales and codes bit for bit (finite inputs).
 #ifndef MOESH_KERNELS_CUDA_FP8_KV_CUH_
@@ -34,17 +34,6 @@ __device__ __forceinline__ uint8_t Code(float x, float scale) {
 __device__ __forceinline__ float Decode(uint8_t code) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3);
   return __half2float(__half(h));
-}
-
-// Two codes (the lower byte first) times `scale` as two bf16 (the lower
-// half first). Exact: a code has 4 significant bits and the scale is a power
-// of two.
-__device__ __forceinline__ uint32_t DecodePairBf16(uint32_t two, float scale) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
-  const float2 f = __half22float2(__half2(h));
-  const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // Two codes (the lower byte first) as f16x2, exactly (every e4m3 value is an
