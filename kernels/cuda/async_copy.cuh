@@ -1,8 +1,9 @@
-// Hopper's asynchronous copies into shared memory and the mbarriers they
-// complete on: one thread arms a barrier with the bytes it expects
-// (MbarArriveExpectTx), issues bulk copies (a contiguous range, or a tile of
-// a tensor through a CUtensorMap made on the host), and every consumer waits
-// on the barrier's phase parity (MbarWait).
+// Asynchronous copies into shared memory. Hopper's bulk copies and the
+// mbarriers they complete on: one thread arms a barrier with the bytes it
+// expects (MbarArriveExpectTx), issues bulk copies (a contiguous range, or a
+// tile of a tensor through a CUtensorMap made on the host), and every
+// consumer waits on the barrier's phase parity (MbarWait). And the per-thread
+// 16-byte cp.async with its commit/wait groups (CpAsync16).
 #ifndef MOESH_KERNELS_CUDA_ASYNC_COPY_CUH_
 #define MOESH_KERNELS_CUDA_ASYNC_COPY_CUH_
 
@@ -61,6 +62,24 @@ __device__ __forceinline__ void TmaLoad2D(void* dst, const CUtensorMap* map, int
       "{%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(SmemAddr(bar))
       : "memory");
+}
+
+// Ampere's per-thread asynchronous copies (cp.async, no barrier): 16 bytes
+// from global `gmem` to shared `smem`, both 16-byte aligned; the destination
+// is zero-filled, and nothing read, when !pred. A thread's copies since its
+// last commit form a group; CpAsyncWait<N> returns once at most N of its
+// groups are still in flight (then a __syncthreads() shows every thread's).
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
+               "r"(pred ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace moesh::cuda

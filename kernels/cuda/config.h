@@ -58,6 +58,21 @@ inline constexpr int kWideHeads = 64;
 inline constexpr int kWideThreads = 256;
 }  // namespace mla
 
+// MLA prefill attention in the expanded form (mla_prefill.cu): per head,
+// q·k over the 128 no-rope dims and the 64 shared rope dims, 128-wide values
+// (DeepSeek-V2, V2-Lite, V3/R1); 64 queries per CTA (four warps of 16 rows),
+// 64-key tiles in two shared-memory stages.
+namespace mla_prefill {
+inline constexpr int kNopeDim = 128;                // qk_nope_head_dim
+inline constexpr int kRopeDim = 64;                 // qk_rope_head_dim
+inline constexpr int kQkDim = kNopeDim + kRopeDim;  // 192
+inline constexpr int kVDim = 128;                   // v_head_dim
+inline constexpr int kTileQ = 64;
+inline constexpr int kTileK = 64;
+inline constexpr int kWarps = kTileQ / 16;
+inline constexpr int kThreads = kWarps * 32;
+}  // namespace mla_prefill
+
 }  // namespace moesh::cuda
 
 #endif  // MOESH_KERNELS_CUDA_CONFIG_H_

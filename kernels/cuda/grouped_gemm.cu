@@ -25,6 +25,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -112,20 +113,6 @@ __device__ __forceinline__ uint32_t WidenFp4x2(uint8_t pair, uint32_t scale_pair
   v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&kTwoPow126));
   v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&scale_pair));
   return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// 16-byte async copy; zero-fills the destination when !pred.
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
-               "r"(pred ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // FP8 decode tiles: four CTAs an SM (GemmCfg::kF8Stages), so at most 128

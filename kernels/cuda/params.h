@@ -263,6 +263,43 @@ struct MlaDecodeParams {
   int kv_index_stride = 0;
 };
 
+// MLA prefill attention in the expanded (non-absorbed) form, causal, for one
+// sequence: its num_q new queries against num_k of its context rows, the
+// keys and values expanded from the latent rows by kv_b_proj (K's no-rope
+// part and V per head; the roped key part shared by all heads). Query i is
+// at position q_pos0 + i, key j at k_pos0 + j; query i attends to the keys
+// with k_pos0 + j <= q_pos0 + i:
+//   s_ij = softmax_scale * (q_nope[i,h]·k_nope[j,h] + q_pe[i,h]·k_pe[j]),
+//   out[i,h] = sum_j softmax_j(s_ij) v[j,h].
+// Dims are mla_prefill's (config.h): 128 + 64 for q·k, 128 for v. A context
+// longer than one call's keys runs in calls over consecutive key ranges, each
+// after the first with `merge`: out and lse then hold the earlier ranges'
+// result and are combined with this range's (out rounded to bf16 between
+// calls). A query that sees no key of any range gets zeros and lse -inf.
+struct MlaPrefillParams {
+  const bf16* q_nope = nullptr;  // [num_q, q_nope_ld]: head h at h * q_nope_head_stride
+  const bf16* q_pe = nullptr;    // [num_q, q_pe_ld]: head h at h * q_pe_head_stride, roped
+  int64_t q_nope_ld = 0, q_pe_ld = 0;
+  int q_nope_head_stride = 0, q_pe_head_stride = 0;
+  const bf16* k_nope = nullptr;  // [num_k, kv_ld]: head h at h * kv_head_stride
+  const bf16* v = nullptr;       // [num_k, kv_ld]: head h at h * kv_head_stride
+  int64_t kv_ld = 0;
+  int kv_head_stride = 0;
+  const bf16* k_pe = nullptr;  // [num_k, k_pe_ld], roped, shared by the heads
+  int64_t k_pe_ld = 0;
+  int num_q = 0, num_k = 0, num_heads = 0;
+  int q_pos0 = 0, k_pos0 = 0;
+  float softmax_scale = 1.0f;
+  bf16* out = nullptr;  // [num_q, out_ld]: head h at h * out_head_stride
+  int64_t out_ld = 0;
+  int out_head_stride = 0;
+  // [num_q, num_heads]: log2 of sum_j 2^(s_ij · log2 e) over the keys seen so
+  // far; may be null iff !merge (then not written).
+  float* lse = nullptr;
+  bool merge = false;
+  cudaStream_t stream = nullptr;
+};
+
 // Greedy argmax plus the top-k log-probabilities, per row of logits.
 // Ties go to the lower token id.
 struct GreedyLogprobsParams {
