@@ -176,6 +176,66 @@ TEST(Fp8KvTest, GenericMlaKernelReadsFp8Rows) {
   }
 }
 
+// A sequence's rows gathered out of the paged pool (the MLA prefill's keys):
+// FP8 rows come back as the CPU's UnpackFp8KvRow, bf16 rows as stored, both
+// exactly, from a position inside a block through a shuffled block table.
+TEST(Fp8KvTest, GatherKvRowsWidensFp8RowsExactly) {
+  MOESH_REQUIRE_GPU();
+  for (const bool fp8 : {true, false}) {
+    const uint32_t seed = FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "fp8 " << fp8 << " seed=" << seed);
+    std::mt19937 rng(seed);
+    const cpu::Fp8KvRowLayout layout{512, 64};
+    const int dim = layout.latent + layout.rope, num_blocks = 6, from = 37, count = 250;
+    const int stride = fp8 ? layout.bytes() / 2 : dim;  // 2-byte units
+    std::vector<int32_t> table(num_blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    const size_t rows = static_cast<size_t>(num_blocks) * kKvBlockSize;
+    std::vector<float> values = Randn(rows * dim, rng);
+    ScaleFp8Groups(values.data(), rows, dim, layout.latent, rng);
+    std::vector<uint16_t> units(rows * stride);
+    for (size_t r = 0; r < rows; ++r) {
+      float* v = values.data() + r * dim;
+      if (fp8) {
+        uint8_t* b = reinterpret_cast<uint8_t*>(units.data() + r * stride);
+        cpu::PackFp8KvRow(v, layout, b);
+        cpu::UnpackFp8KvRow(b, layout, v);
+      } else {
+        for (int d = 0; d < dim; ++d) {
+          units[r * stride + d] = static_cast<__nv_bfloat16_raw>(testing::ToBf16(v[d])).x;
+          v[d] = testing::RoundBf16(v[d]);
+        }
+      }
+    }
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dcache, DeviceBuffer<uint16_t>::Create(units.size()));
+    MOESH_ASSERT_OK(dcache.CopyFrom(units));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dtable, Upload(table));
+    const int ldo = dim + 8;
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dout, DeviceBuffer<bf16>::Create(size_t{count} * ldo));
+    MOESH_ASSERT_OK(Poison(dout));
+    GatherKvRowsParams g;
+    g.cache = reinterpret_cast<const bf16*>(dcache.get()), g.row_stride = stride;
+    g.dtype = fp8 ? KvCacheDtype::kFp8 : KvCacheDtype::kBf16;
+    g.latent = layout.latent, g.rope = layout.rope, g.block_table = dtable.get();
+    g.num_blocks = num_blocks, g.from = from, g.count = count, g.out = dout.get(), g.ldo = ldo;
+    MOESH_ASSERT_OK(RunGatherKvRows(g));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto got, dout.ToHost());
+    int mismatches = 0;
+    for (int i = 0; i < count; ++i) {
+      const int pos = from + i;
+      const float* want =
+          values.data() +
+          (static_cast<size_t>(table[pos / kKvBlockSize]) * kKvBlockSize + pos % kKvBlockSize) *
+              dim;
+      for (int d = 0; d < dim; ++d) {
+        mismatches += testing::ToFloat(got[static_cast<size_t>(i) * ldo + d]) != want[d];
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
+  }
+}
+
 // The launchers' checks of FP8 rows, before anything reaches the device (no
 // GPU needed: zero tokens or an empty batch return after them). An FP8 row
 // is narrower than its values (656 bytes for 576 values): its stride in
@@ -226,6 +286,19 @@ TEST(Fp8KvTest, LaunchersTakeFp8RowStridesAndRefuseOtherShapes) {
   EXPECT_EQ(RunMlaAttentionGeneric(g).code(), absl::StatusCode::kInvalidArgument);
   g.kv_row_stride = 32, g.kv_lora_rank = 24;  // not a multiple of 16
   EXPECT_EQ(RunMlaAttentionGeneric(g).code(), absl::StatusCode::kInvalidArgument);
+
+  // The row gather (no rows: returns after the checks).
+  GatherKvRowsParams k;
+  k.latent = 512, k.rope = 64, k.dtype = KvCacheDtype::kFp8, k.row_stride = 328;
+  EXPECT_TRUE(RunGatherKvRows(k).ok()) << RunGatherKvRows(k);
+  k.row_stride = 300;  // under the row's 656 bytes
+  EXPECT_EQ(RunGatherKvRows(k).code(), absl::StatusCode::kInvalidArgument);
+  k.row_stride = 0;  // the FP8 row's own 328
+  EXPECT_TRUE(RunGatherKvRows(k).ok()) << RunGatherKvRows(k);
+  k.dtype = KvCacheDtype::kBf16, k.row_stride = 328;  // a bf16 row of 576 values
+  EXPECT_EQ(RunGatherKvRows(k).code(), absl::StatusCode::kInvalidArgument);
+  k.row_stride = 0, k.ldo = 570;  // under the row
+  EXPECT_EQ(RunGatherKvRows(k).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Random FP8 rows for benchmarks are rows PackFp8KvRow could make: finite,

@@ -69,7 +69,8 @@ absl::StatusOr<const CublasGemm::Plan*> CublasGemm::GetPlan(const Shape& s, cons
                 s.align_x,
                 s.align_w,
                 s.align_y,
-                s.fp8_block_scaled};
+                s.fp8_block_scaled,
+                s.w_kn};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   auto plan = std::make_unique<Plan>();
@@ -78,9 +79,13 @@ absl::StatusOr<const CublasGemm::Plan*> CublasGemm::GetPlan(const Shape& s, cons
                                                     : CUDA_R_16BF;
   const cudaDataType_t out_type = s.out_type == OutType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF;
   RETURN_IF_LT_ERROR(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // Column-major view: y^T [n, m] = op(A) · x^T with A the weight, stored
+  // [n, k] row-major (= k x n column-major, transposed) or, w_kn, [k, n]
+  // row-major (= n x k column-major, as is).
   const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+  const cublasOperation_t op_a = s.w_kn ? no_trans : trans;
   RETURN_IF_LT_ERROR(
-      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   RETURN_IF_LT_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
                                                     &no_trans, sizeof(no_trans)));
   if (s.fp8_block_scaled) {
@@ -93,7 +98,8 @@ absl::StatusOr<const CublasGemm::Plan*> CublasGemm::GetPlan(const Shape& s, cons
                                                       &b_mode, sizeof(b_mode)));
     RETURN_IF_ERROR(SetFp8Scales(plan.get(), x_scale, w_scale));  // the heuristic wants them
   }
-  RETURN_IF_LT_ERROR(cublasLtMatrixLayoutCreate(&plan->a, in_type, s.k, s.n, s.ldw));
+  RETURN_IF_LT_ERROR(
+      cublasLtMatrixLayoutCreate(&plan->a, in_type, s.w_kn ? s.n : s.k, s.w_kn ? s.k : s.n, s.ldw));
   RETURN_IF_LT_ERROR(cublasLtMatrixLayoutCreate(&plan->b, in_type, s.k, s.m, s.ldx));
   RETURN_IF_LT_ERROR(cublasLtMatrixLayoutCreate(&plan->c, out_type, s.n, s.m, s.ldy));
   if (s.batch > 1) {
@@ -181,10 +187,12 @@ absl::Status CublasGemm::Run(const GemmParams& p) {
 }
 
 absl::Status CublasGemm::RunBatched(const BatchedGemmParams& p) {
-  const int ldx = p.ldx ? p.ldx : p.k, ldw = p.ldw ? p.ldw : p.k, ldy = p.ldy ? p.ldy : p.n;
-  if (p.batch < 1 || p.m <= 0 || p.n <= 0 || p.k <= 0 || ldx < p.k || ldw < p.k || ldy < p.n) {
+  const int w_cols = p.w_kn ? p.n : p.k;  // a stored weight row's values
+  const int ldx = p.ldx ? p.ldx : p.k, ldw = p.ldw ? p.ldw : w_cols, ldy = p.ldy ? p.ldy : p.n;
+  if (p.batch < 1 || p.m <= 0 || p.n <= 0 || p.k <= 0 || ldx < p.k || ldw < w_cols || ldy < p.n) {
     return absl::InvalidArgumentError(
-        "CublasGemm::RunBatched: need batch, m, n, k > 0, ld >= k (x, w), ldy >= n");
+        "CublasGemm::RunBatched: need batch, m, n, k > 0, ldx >= k, ldw >= k (n if w_kn), "
+        "ldy >= n");
   }
   if (!p.x || !p.w || !p.y)
     return absl::InvalidArgumentError("CublasGemm::RunBatched: null pointer");
@@ -192,6 +200,7 @@ absl::Status CublasGemm::RunBatched(const BatchedGemmParams& p) {
   Shape s;
   s.m = p.m, s.n = p.n, s.k = p.k, s.ldx = ldx, s.ldw = ldw, s.ldy = ldy, s.batch = p.batch;
   s.stride_x = p.stride_x, s.stride_w = p.stride_w, s.stride_y = p.stride_y;
+  s.w_kn = p.w_kn;
   s.out_type = p.out_type;
   s.accumulate = p.accumulate;
   s.align_x = AlignmentOf(p.x, p.stride_x * 2, p.batch);

@@ -34,7 +34,8 @@ class CublasGemm {
   // aligned pointers and ldx, k multiples of 8 (cuBLASLt's bf16 fast paths).
   absl::Status Run(const GemmParams& p);
 
-  // batch GEMMs y_b = x_b · w_b^T with x_b = x + b * stride_x (elements), etc.
+  // batch GEMMs y_b = x_b · w_b^T (x_b · w_b if w_kn) with x_b = x + b * stride_x
+  // (elements; stride 0 repeats x), etc.
   // REQUIRES: as Run, plus batch >= 1 and strides keeping 16-byte alignment.
   absl::Status RunBatched(const BatchedGemmParams& p);
 
@@ -57,11 +58,12 @@ class CublasGemm {
     int64_t stride_x = 0, stride_w = 0, stride_y = 0;
     bool fp32_inputs = false;
     bool fp8_block_scaled = false;  // e4m3 inputs, Fp8GemmParams' scales
+    bool w_kn = false;              // w stored [k, n] (BatchedGemmParams::w_kn)
     OutType out_type = OutType::kBf16;
     bool accumulate = false;
     int align_x = 16, align_w = 16, align_y = 16;  // bytes, powers of two <= 256
   };
-  using Key = std::array<int64_t, 17>;
+  using Key = std::array<int64_t, 18>;
 
   CublasGemm() = default;
   // x_scale, w_scale: the FP8 GEMM's (cuBLASLt's heuristic needs them set).

@@ -1,5 +1,6 @@
-// Embedding, fp32-residual RMSNorm, slice copy, MoE permute / combine and the
-// plain MLA attention kernel (model_ops.h states the math of each).
+// Embedding, fp32-residual RMSNorm, slice copy, row gathers (an expert's
+// rows; a sequence's latent rows), MoE permute / combine and the plain MLA
+// attention kernel (model_ops.h states the math of each).
 #include <algorithm>
 #include <cmath>
 
@@ -88,6 +89,28 @@ __global__ void __launch_bounds__(kThreads) GatherRowsKernel(GatherRowsParams p)
       reinterpret_cast<const Bf16x8*>(p.x + static_cast<int64_t>(p.index[row]) * p.ldx);
   Bf16x8* dst = reinterpret_cast<Bf16x8*>(p.out + row * p.cols);
   for (int j = threadIdx.x & 31; j < p.cols / 8; j += 32) dst[j] = src[j];
+}
+
+// A warp per row, as GatherRowsKernel.
+__global__ void __launch_bounds__(kThreads) GatherKvRowsKernel(GatherKvRowsParams p) {
+  const int i = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
+  if (i >= p.count) return;
+  const int pos = p.from + i, lane = threadIdx.x & 31, width = p.latent + p.rope;
+  const bf16* row =
+      p.cache + (static_cast<int64_t>(p.block_table[pos / kKvBlockSize]) * kKvBlockSize +
+                 pos % kKvBlockSize) *
+                    p.row_stride;
+  bf16* out = p.out + static_cast<int64_t>(i) * p.ldo;
+  if (p.dtype == KvCacheDtype::kFp8) {
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(row);
+    for (int d = lane; d < width; d += 32) {
+      out[d] = __float2bfloat16_rn(fp8kv::Load(bytes, p.latent, d));  // exact
+    }
+    return;
+  }
+  const Bf16x8* src = reinterpret_cast<const Bf16x8*>(row);
+  Bf16x8* dst = reinterpret_cast<Bf16x8*>(out);
+  for (int j = lane; j < width / 8; j += 32) dst[j] = src[j];
 }
 
 __global__ void __launch_bounds__(kThreads) CopyKvBlocksKernel(CopyKvBlocksParams p) {
@@ -369,6 +392,32 @@ absl::Status RunGatherRows(const GatherRowsParams& p) {
   q.ldx = ldx;
   GatherRowsKernel<<<(p.rows + kThreads / 32 - 1) / (kThreads / 32), kThreads, 0, p.stream>>>(q);
   return LaunchStatus("GatherRowsKernel");
+}
+
+absl::Status RunGatherKvRows(const GatherKvRowsParams& p) {
+  const bool fp8 = p.dtype == KvCacheDtype::kFp8;
+  const int width = p.latent + p.rope;
+  const int row_units = fp8 ? cpu::Fp8KvRowLayout{p.latent, p.rope}.bytes() / 2 : width;
+  GatherKvRowsParams q = p;
+  q.row_stride = p.row_stride ? p.row_stride : row_units;
+  q.ldo = p.ldo ? p.ldo : width;
+  if (p.latent <= 0 || p.rope < 0 || width % 8 != 0 || q.row_stride % 8 != 0 || q.ldo % 8 != 0 ||
+      q.ldo < width || q.row_stride < row_units || (fp8 && p.latent % 16 != 0) || p.from < 0 ||
+      p.count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunGatherKvRows: latent ", p.latent, ", rope ", p.rope, ", row stride ", q.row_stride,
+        ", ldo ", q.ldo, ", from ", p.from, ", count ", p.count,
+        ": need latent + rope, the row stride and ldo multiples of 8, ldo >= latent + rope, the "
+        "row stride >= the row's, FP8 latent a multiple of 16, from and count >= 0"));
+  }
+  if (p.count == 0) return absl::OkStatus();
+  if (!p.cache || !p.block_table || !p.out ||
+      (reinterpret_cast<uintptr_t>(p.cache) | reinterpret_cast<uintptr_t>(p.out)) % 16) {
+    return absl::InvalidArgumentError("RunGatherKvRows: null or misaligned pointer");
+  }
+  constexpr int kRowsPerCta = kThreads / 32;
+  GatherKvRowsKernel<<<(p.count + kRowsPerCta - 1) / kRowsPerCta, kThreads, 0, p.stream>>>(q);
+  return LaunchStatus("GatherKvRowsKernel");
 }
 
 absl::Status RunCopyKvBlocks(const CopyKvBlocksParams& p) {

@@ -27,6 +27,10 @@ int GroupedGemmMaxTiles(int rows, int num_experts, int tile_m);
 absl::Status RunMoeCombine(const MoeCombineParams& p);
 // REQUIRES: cols and ldx multiples of 8, 16-byte aligned x and out.
 absl::Status RunGatherRows(const GatherRowsParams& p);
+// REQUIRES: latent + rope, row_stride and ldo multiples of 8, 16-byte aligned
+// cache and out; FP8 rows: latent a multiple of 16 (whole scale groups of
+// 128 past the first), row_stride at least the FP8 row's.
+absl::Status RunGatherKvRows(const GatherKvRowsParams& p);
 // REQUIRES: block_elems and the layer strides multiples of 8, 16-byte aligned pools.
 absl::Status RunCopyKvBlocks(const CopyKvBlocksParams& p);
 

@@ -117,6 +117,24 @@ struct GatherRowsParams {
   cudaStream_t stream = nullptr;
 };
 
+// Positions [from, from + count) of one sequence in a paged latent cache
+// (KvCacheDtype rows) as dense bf16 rows [latent | rope]: an FP8 row's
+// latent widened exactly (its e4m3 code times its group's power-of-two
+// scale, as cpu::UnpackFp8KvRow), the rope part copied. The MLA prefill's
+// keys, expanded from these rows (mla_prefill.h).
+struct GatherKvRowsParams {
+  const bf16* cache = nullptr;  // [num_blocks, kKvBlockSize, row_stride] (2-byte units)
+  KvCacheDtype dtype = KvCacheDtype::kBf16;
+  int row_stride = 0;  // 0: the row's own (latent + rope, or an FP8 row's bytes / 2)
+  int latent = 0, rope = 0;
+  const int32_t* block_table = nullptr;  // the sequence's, each entry reached in [0, num_blocks)
+  int num_blocks = 0;
+  int from = 0, count = 0;
+  bf16* out = nullptr;  // [count, ldo]
+  int ldo = 0;          // 0: latent + rope
+  cudaStream_t stream = nullptr;
+};
+
 // dst[l][dst_blocks[i]] = src[l][src_blocks[i]] for every layer l and i in
 // [0, num_blocks): whole blocks of two paged KV pools (the KV handoff in
 // device memory). A pool is [layers][*][block_elems] bf16.

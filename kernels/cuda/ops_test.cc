@@ -90,6 +90,49 @@ TEST(GemmTest, MatchesCpuLinear) {
   }
 }
 
+// Per-head GEMMs as MLA's expansion runs them: one x for every head
+// (stride_x 0), weights stored [n, k] or [k, n] (w_kn), outputs interleaved
+// by head in one row (ldy = heads · n).
+TEST(GemmTest, BatchedSharedInputBothWeightLayouts) {
+  MOESH_REQUIRE_GPU();
+  MOESH_ASSERT_OK_AND_ASSIGN(auto gemm, CublasGemm::Create());
+  const int heads = 3, m = 70, n = 128, k = 512, ldx = 576;
+  for (const bool w_kn : {false, true}) {
+    const uint32_t seed = FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "w_kn=" << w_kn << " seed=" << seed);
+    std::mt19937 rng(seed);
+    std::vector<float> x = Randn(static_cast<size_t>(m) * ldx, rng),
+                       w = Randn(static_cast<size_t>(heads) * n * k, rng, 0.05f);
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dx, Upload(ToBf16Rounding(x)));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dw, Upload(ToBf16Rounding(w)));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dy, DeviceBuffer<float>::Create(size_t{m} * heads * n));
+    MOESH_ASSERT_OK(Poison(dy));
+    BatchedGemmParams p;
+    p.x = dx.get(), p.ldx = ldx, p.stride_x = 0;
+    p.w = dw.get(), p.ldw = w_kn ? n : k, p.stride_w = static_cast<int64_t>(n) * k, p.w_kn = w_kn;
+    p.y = dy.get(), p.ldy = heads * n, p.stride_y = n, p.out_type = OutType::kFloat32;
+    p.batch = heads, p.m = m, p.n = n, p.k = k;
+    MOESH_ASSERT_OK(gemm->RunBatched(p));
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> out, dy.ToHost());
+    std::vector<float> ref(out.size());
+    for (int h = 0; h < heads; ++h) {
+      const float* wh = &w[static_cast<size_t>(h) * n * k];
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double acc = 0.0;
+          for (int t = 0; t < k; ++t) {
+            const float wv =
+                w_kn ? wh[static_cast<size_t>(t) * n + j] : wh[static_cast<size_t>(j) * k + t];
+            acc += static_cast<double>(x[static_cast<size_t>(i) * ldx + t]) * wv;
+          }
+          ref[(static_cast<size_t>(i) * heads + h) * n + j] = static_cast<float>(acc);
+        }
+      }
+    }
+    EXPECT_LE(RelErr(out, ref), 1e-5);
+  }
+}
+
 TEST(RmsNormTest, PlainAndFusedAddMatchCpu) {
   MOESH_REQUIRE_GPU();
   struct Case {

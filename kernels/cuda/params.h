@@ -116,12 +116,14 @@ struct QuantizeMxfp4Params {
 // (strides and ld in elements).
 struct BatchedGemmParams {
   const bf16* x = nullptr;  // batch × [m, ldx]
-  const bf16* w = nullptr;  // batch × [n, ldw]
+  const bf16* w = nullptr;  // batch × [n, ldw], or [k, ldw] if w_kn
   void* y = nullptr;        // batch × [m, ldy], bf16 or fp32 per out_type
   OutType out_type = OutType::kBf16;
   int batch = 1, m = 0, n = 0, k = 0;
-  int ldx = 0, ldw = 0, ldy = 0;  // 0: k, k, n
+  int ldx = 0, ldw = 0, ldy = 0;  // 0: k, k (n if w_kn), n
+  // stride_x 0: every GEMM reads the same x (e.g. MLA's latent rows, expanded per head).
   int64_t stride_x = 0, stride_w = 0, stride_y = 0;
+  bool w_kn = false;  // w_b stored as [k, n] (y_b = x_b · w_b), e.g. MLA's W_UK^T per head
   bool accumulate = false;
   cudaStream_t stream = nullptr;
 };
