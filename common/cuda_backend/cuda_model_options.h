@@ -20,6 +20,17 @@ inline MlaTileConfig MlaTile(MlaKernel k) {
   return k == MlaKernel::kHeads16 ? MlaTileConfig::kTokens32Stages2 : MlaTileConfig::kDefault;
 }
 
+// How prefill attends in the MLA families without an indexer (V2, V2-Lite,
+// V3/R1) at DeepSeek's head widths (q·k 128 + 64, v 128, latent 512):
+// absorbed, through the decode kernel, each new token a query row reading
+// its whole prefix; or expanded (kernels/cuda/mla_prefill.h): the context's
+// latent rows expanded to per-head keys and values by kv_b_proj, then
+// FlashAttention-style tiles of 64 queries sharing each key. kAuto expands a
+// sequence that brings at least kMlaExpandedMinTokens new tokens in a pass.
+// Decode steps are always absorbed.
+enum class MlaPrefill { kAuto, kAbsorbed, kExpanded };
+inline constexpr int kMlaExpandedMinTokens = 64;
+
 struct CudaModelOptions {
   // Fraction of the device's total memory that everything on it may use once
   // this model is loaded (other processes' memory counts); the KV cache gets
@@ -31,6 +42,11 @@ struct CudaModelOptions {
   bool cuda_graphs = true;  // decode steps (one token per sequence) replay a graph per batch bucket
   int max_kv_blocks = 0;    // > 0: at most this many cache blocks (tests)
   MlaKernel mla_kernel = MlaKernel::kAuto;
+  MlaPrefill mla_prefill = MlaPrefill::kAuto;
+  // > 0: the expanded prefill's context rows expanded at a time (tests: a
+  // long context in several merged ranges); 0: as many as 256 MiB of
+  // expanded keys and values hold, up to max_model_len.
+  int mla_prefill_chunk_rows = 0;
   int moe_tile_m = 0;           // rows per expert tile: 16, 32 or 64; 0 picks by rows per expert
   bool record_routing = false;  // keep each pass's expert choices (LastRouting)
   // False: the routed experts are not loaded on this device; every forward

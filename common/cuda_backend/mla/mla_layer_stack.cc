@@ -52,7 +52,65 @@ absl::Status MlaLayerStack::Init() {
     }
     RETURN_IF_ERROR(decode_ws_.Reallocate(ws));
   }
+  return InitExpandedPrefill();
+}
+
+absl::Status MlaLayerStack::PlanAttention(const StepBatch& b) {
+  ranges_.clear();
+  AttnRange whole;
+  whole.rows = b.num_tokens, whole.plan = plan_;
+  if (!expanded_ok_ || b.decode || ctx_.options.mla_prefill == MlaPrefill::kAbsorbed) {
+    ranges_.push_back(whole);
+    return absl::OkStatus();
+  }
+  int first = 0;
+  for (size_t s = 0; s < b.seg_last.size(); ++s) {
+    AttnRange r;
+    r.first = first, r.rows = b.seg_last[s] + 1 - first, r.pos0 = b.seg_from[s];
+    r.expanded =
+        ctx_.options.mla_prefill == MlaPrefill::kExpanded || r.rows >= kMlaExpandedMinTokens;
+    first += r.rows;
+    if (!r.expanded && !ranges_.empty() && !ranges_.back().expanded) {
+      ranges_.back().rows += r.rows;  // absorbed rows of several sequences: one launch
+    } else {
+      ranges_.push_back(r);
+    }
+  }
+  if (ranges_.size() == 1 && !ranges_[0].expanded) {
+    ranges_[0] = whole;
+    return absl::OkStatus();
+  }
+  size_t ws = 0;
+  for (AttnRange& r : ranges_) {
+    if (r.expanded || !fast_mla_) continue;
+    r.plan = PlanMlaDecode(r.rows, ctx_.config.num_attention_heads, b.max_seq_len,
+                           ctx_.info.num_sms, MlaTile(ctx_.options.mla_kernel), kv_dtype());
+    ws = std::max(ws, r.plan.workspace_bytes);
+  }
+  if (ws > prefill_ws_.bytes()) {
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(ctx_.stream));  // the old buffer may be in use
+    RETURN_IF_ERROR(prefill_ws_.Reallocate(ws));
+  }
   return absl::OkStatus();
+}
+
+absl::Status MlaLayerStack::EnqueueAbsorbedAttention(const StepBatch& b, const AttnRange& r,
+                                                     const MlaDecodeParams& whole) {
+  const ModelConfig& c = ctx_.config;
+  const int heads = c.num_attention_heads, rank = c.kv_lora_rank;
+  MlaDecodeParams mp = whole;
+  if (r.first != 0 || r.rows != b.num_tokens) {
+    mp.q += static_cast<size_t>(r.first) * heads * (rank + c.qk_rope_head_dim);
+    mp.seq_lens += r.first;
+    mp.block_table += static_cast<size_t>(r.first) * ctx_.max_blocks_per_seq();
+    mp.out = o_lat_.get() + static_cast<size_t>(r.first) * heads * rank;
+    mp.batch = r.rows;
+  }
+  if (!fast_mla_) return RunMlaAttentionGeneric(mp);
+  mp.num_splits = r.plan.num_splits, mp.tile = MlaTile(ctx_.options.mla_kernel);
+  mp.workspace = b.decode ? decode_ws_.get() : prefill_ws_.get();
+  mp.workspace_bytes = b.decode ? decode_ws_.bytes() : prefill_ws_.bytes();
+  return RunMlaDecode(mp);
 }
 
 absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
@@ -69,6 +127,7 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
       RETURN_IF_ERROR(prefill_ws_.Reallocate(plan_.workspace_bytes));
     }
   }
+  RETURN_IF_ERROR(PlanAttention(b));
   const int t = b.num_tokens;
   const int h = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim();
   const int rank = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim,
@@ -104,14 +163,19 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
       q = q_.get();
       q_ld = heads * qk;
     }
-    // q_lat[t, h] = q_nope[t, h] · W_UK[h]: W_UK absorbed into the query.
-    BatchedGemmParams ab;
-    ab.x = q, ab.ldx = q_ld, ab.stride_x = qk;
-    ab.w = w.w_uk_t, ab.ldw = nope, ab.stride_w = static_cast<int64_t>(rank) * nope;
-    ab.y = q_mla_.get(), ab.ldy = heads * row_w, ab.stride_y = row_w;
-    ab.batch = heads, ab.m = t, ab.n = rank, ab.k = nope, ab.out_type = OutType::kBf16,
-    ab.stream = s;
-    RETURN_IF_ERROR(ctx_.gemm->RunBatched(ab));
+    // q_lat[t, h] = q_nope[t, h] · W_UK[h]: W_UK absorbed into the query
+    // (the rows the absorbed kernel attends for).
+    for (const AttnRange& r : ranges_) {
+      if (r.expanded) continue;
+      BatchedGemmParams ab;
+      ab.x = q + static_cast<size_t>(r.first) * q_ld, ab.ldx = q_ld, ab.stride_x = qk;
+      ab.w = w.w_uk_t, ab.ldw = nope, ab.stride_w = static_cast<int64_t>(rank) * nope;
+      ab.y = q_mla_.get() + static_cast<size_t>(r.first) * heads * row_w, ab.ldy = heads * row_w,
+      ab.stride_y = row_w;
+      ab.batch = heads, ab.m = r.rows, ab.n = rank, ab.k = nope, ab.out_type = OutType::kBf16,
+      ab.stream = s;
+      RETURN_IF_ERROR(ctx_.gemm->RunBatched(ab));
+    }
     SliceCopyParams sc;
     sc.src = q, sc.src_token_stride = q_ld, sc.src_row_stride = qk, sc.src_offset = nope;
     sc.dst = q_mla_.get(), sc.dst_token_stride = heads * row_w, sc.dst_row_stride = row_w,
@@ -145,21 +209,26 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
     }
     if (sparse_fast_) {
       RETURN_IF_ERROR(EnqueueSparseMla(b, mp));
-    } else if (fast_mla_) {
-      mp.num_splits = plan_.num_splits, mp.tile = MlaTile(ctx_.options.mla_kernel);
-      mp.workspace = b.decode ? decode_ws_.get() : prefill_ws_.get();
-      mp.workspace_bytes = b.decode ? decode_ws_.bytes() : prefill_ws_.bytes();
-      RETURN_IF_ERROR(RunMlaDecode(mp));
     } else {
-      RETURN_IF_ERROR(RunMlaAttentionGeneric(mp));
+      for (const AttnRange& r : ranges_) {
+        RETURN_IF_ERROR(r.expanded ? EnqueueExpandedAttention(l, r, q, q_ld)
+                                   : EnqueueAbsorbedAttention(b, r, mp));
+      }
     }
-    // attn[t, h] = o_lat[t, h] · W_UV[h]^T, then x += attn · o_proj^T.
-    BatchedGemmParams vb;
-    vb.x = o_lat_.get(), vb.ldx = heads * rank, vb.stride_x = rank;
-    vb.w = w.w_uv, vb.ldw = rank, vb.stride_w = static_cast<int64_t>(v) * rank;
-    vb.y = attn_.get(), vb.ldy = heads * v, vb.stride_y = v;
-    vb.batch = heads, vb.m = t, vb.n = v, vb.k = rank, vb.out_type = OutType::kBf16, vb.stream = s;
-    RETURN_IF_ERROR(ctx_.gemm->RunBatched(vb));
+    // attn[t, h] = o_lat[t, h] · W_UV[h]^T (the expanded rows' attn is
+    // already there), then x += attn · o_proj^T.
+    for (const AttnRange& r : ranges_) {
+      if (r.expanded) continue;
+      BatchedGemmParams vb;
+      vb.x = o_lat_.get() + static_cast<size_t>(r.first) * heads * rank, vb.ldx = heads * rank,
+      vb.stride_x = rank;
+      vb.w = w.w_uv, vb.ldw = rank, vb.stride_w = static_cast<int64_t>(v) * rank;
+      vb.y = attn_.get() + static_cast<size_t>(r.first) * heads * v, vb.ldy = heads * v,
+      vb.stride_y = v;
+      vb.batch = heads, vb.m = r.rows, vb.n = v, vb.k = rank, vb.out_type = OutType::kBf16,
+      vb.stream = s;
+      RETURN_IF_ERROR(ctx_.gemm->RunBatched(vb));
+    }
     RETURN_IF_ERROR(ctx_.Gemm(attn_.get(), heads * v, w.o_proj, x_.get(), h, t, h, heads * v,
                               OutType::kFloat32, true));
     RETURN_IF_ERROR(ctx_.Mark(2 + 2 * l));

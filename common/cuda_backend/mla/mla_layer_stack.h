@@ -7,14 +7,19 @@
 //   (batched GEMM) → o_proj GEMM accumulated into x → RMSNorm → FfnBlock
 //   (dense MLP, or MoE) into x.
 //
-// Prefill runs the same path: each prompt token is one query row attending to
-// cache rows [0, position] (its own row written first), through the decode
-// attention kernel. That is correct and simple, not fast: the prefix is read
-// once per query token rather than once per tile of queries.
+// Prefill runs the same path, except that a sequence bringing many new
+// tokens (CudaModelOptions::mla_prefill) attends in the expanded form
+// (mla_layer_stack_prefill.cc): its context's latent rows gathered from the
+// cache and expanded by kv_b_proj into per-head keys and values, then the
+// FlashAttention-style prefill kernel (kernels/cuda/mla_prefill.h) writes its
+// attention output directly (no W_UV). Other rows are absorbed: each token one
+// query row attending to cache rows [0, position] (its own row written
+// first) through the decode attention kernel.
 #ifndef MOESH_COMMON_CUDA_BACKEND_MLA_MLA_LAYER_STACK_H_
 #define MOESH_COMMON_CUDA_BACKEND_MLA_MLA_LAYER_STACK_H_
 
 #include <memory>
+#include <vector>
 
 #include "common/cuda_backend/attention_scratch.h"
 #include "common/cuda_backend/layer_stack.h"
@@ -47,6 +52,28 @@ class MlaLayerStack : public LayerStack {
   absl::Status EnqueueIndexer(int layer, int num_tokens);
   absl::Status EnqueueSparseMla(const StepBatch& b, const MlaDecodeParams& mp);
 
+  // A run of a pass's token rows attended one way: absorbed (rows of any
+  // sequences, through the decode kernel with `plan`), or expanded (one
+  // sequence's new tokens, the first at position pos0).
+  struct AttnRange {
+    int first = 0, rows = 0;
+    bool expanded = false;
+    int pos0 = 0;
+    MlaDecodePlan plan;
+  };
+  // The pass's ranges into ranges_ (one absorbed range over every row unless
+  // a sequence is expanded), the absorbed ranges' split workspace allocated.
+  // After plan_ is the pass's.
+  absl::Status PlanAttention(const StepBatch& b);
+  // The decode kernel over range r's rows of `whole` (the pass's params).
+  absl::Status EnqueueAbsorbedAttention(const StepBatch& b, const AttnRange& r,
+                                        const MlaDecodeParams& whole);
+  // mla_layer_stack_prefill.cc: whether the expanded form runs at these
+  // widths, and its scratch; range r's attention output into attn_ (q: the
+  // pass's queries, q_ld apart; their roped part in q_mla_).
+  absl::Status InitExpandedPrefill();
+  absl::Status EnqueueExpandedAttention(int layer, const AttnRange& r, const bf16* q, int q_ld);
+
   const ForwardContext& ctx_;
   FfnBlock* const ffn_;
   // The pool's rows (CudaModelOptions::fp8_kv_cache), known before it exists.
@@ -70,6 +97,15 @@ class MlaLayerStack : public LayerStack {
   bool sparse_fast_ = false;
   MlaScratch sparse_;
   DeviceBuffer<int32_t> sparse_rows_;
+  // The expanded prefill: the pass's attention ranges; context rows expanded
+  // at a time; their latent rows [chunk_rows_, latent + rope], K's no-rope
+  // part and V [chunk_rows_, heads, 128]; the log2-sum-exp of the ranges
+  // merged so far, [max_tokens, heads].
+  std::vector<AttnRange> ranges_;
+  bool expanded_ok_ = false;
+  int chunk_rows_ = 0;
+  DeviceBuffer<bf16> latent_rows_, k_exp_, v_exp_;
+  DeviceBuffer<float> prefill_lse_;
 };
 
 }  // namespace moesh::cuda
