@@ -43,7 +43,7 @@ struct Smem {
   bf16 k[2][kTileK][kQkDim];
   bf16 v[2][kTileK][kVDim];
 };
-// 80 KB: two CTAs an SM (registers allow two: ~170 a thread).
+// 80 KB: two CTAs an SM (registers allow two: 220 a thread, ptxas sm_90a).
 static_assert(sizeof(Smem) * 2 + 2048 <= 233472);
 
 // Element offset of chunk `c` (8 bf16) of row `r` in a swizzled tile of
@@ -95,17 +95,22 @@ __device__ __forceinline__ uint32_t QWord(const MlaPrefillParams& p, int h, int 
   return *reinterpret_cast<const uint32_t*>(src);
 }
 
+// Row r's earlier log2-sum-exp (p.merge), read before any lane of the warp
+// writes the row's new one.
+__device__ __forceinline__ float PrevLse(const MlaPrefillParams& p, int h, int r) {
+  return p.merge && r < p.num_q ? p.lse[static_cast<int64_t>(r) * p.num_heads + h] : -INFINITY;
+}
+
 // Row `r`'s result: O / l with log2-sum-exp `lse2`, merged with the earlier
-// ranges' if p.merge. `o` holds this thread's 2 values of each n-tile (dims
-// 8 j + 2 tq, + 1).
+// ranges' (log2-sum-exp `prev`) if p.merge. `o` holds this thread's 2 values
+// of each n-tile (dims 8 j + 2 tq, + 1).
 __device__ __forceinline__ void StoreRow(const MlaPrefillParams& p, int h, int r, int tq,
-                                         const float (&o)[kOTiles][2], float l, float lse2) {
+                                         const float (&o)[kOTiles][2], float l, float lse2,
+                                         float prev) {
   if (r >= p.num_q) return;
   bf16* out = p.out + r * p.out_ld + static_cast<int64_t>(h) * p.out_head_stride + 2 * tq;
-  float* lse = p.lse ? p.lse + static_cast<int64_t>(r) * p.num_heads + h : nullptr;
   float w_new = l > 0.0f ? 1.0f / l : 0.0f, w_old = 0.0f, total = lse2;
   if (p.merge) {
-    const float prev = *lse;
     const float m = fmaxf(prev, lse2);
     if (m == -INFINITY) {
       w_new = 0.0f;
@@ -128,14 +133,14 @@ __device__ __forceinline__ void StoreRow(const MlaPrefillParams& p, int h, int r
     }
     *reinterpret_cast<uint32_t*>(out + 8 * j) = PackBf16(a, b);
   }
-  // Every thread of the row's quad read its old words above; one writes lse.
-  if (lse != nullptr && tq == 0) *lse = total;
+  if (p.lse != nullptr && tq == 0) p.lse[static_cast<int64_t>(r) * p.num_heads + h] = total;
 }
 
 __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(MlaPrefillParams p) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
-  const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y;
+  // Query tiles on the slow grid axis, the last (longest) first over all heads.
+  const int qt = gridDim.y - 1 - blockIdx.y, h = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;  // mma fragment row group / thread in group
   const int i0 = qt * kTileQ;
@@ -281,8 +286,10 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(MlaPrefillParams
     lo[j][0] = o[j][0], lo[j][1] = o[j][1];
     hi[j][0] = o[j][2], hi[j][1] = o[j][3];
   }
-  StoreRow(p, h, r_lo, tq, lo, l_lo, l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY);
-  StoreRow(p, h, r_hi, tq, hi, l_hi, l_hi > 0.0f ? m_hi + log2f(l_hi) : -INFINITY);
+  const float prev_lo = PrevLse(p, h, r_lo), prev_hi = PrevLse(p, h, r_hi);
+  __syncwarp();  // the quads' reads of lse before any of its writes
+  StoreRow(p, h, r_lo, tq, lo, l_lo, l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY, prev_lo);
+  StoreRow(p, h, r_hi, tq, hi, l_hi, l_hi > 0.0f ? m_hi + log2f(l_hi) : -INFINITY, prev_hi);
 }
 
 bool Aligned(const void* ptr, uintptr_t bytes) {
@@ -292,9 +299,9 @@ bool Aligned(const void* ptr, uintptr_t bytes) {
 }  // namespace
 
 absl::Status RunMlaPrefill(const MlaPrefillParams& p) {
-  if (p.num_q < 0 || p.num_k < 0 || p.num_heads < 1 || p.num_heads > 65535) {
+  if (p.num_q < 0 || p.num_k < 0 || p.num_heads < 1 || (p.num_q + kTileQ - 1) / kTileQ > 65535) {
     return absl::InvalidArgumentError(
-        "RunMlaPrefill: need num_q, num_k >= 0, 1 <= num_heads <= 65535");
+        "RunMlaPrefill: need num_heads >= 1, 0 <= num_q <= 65535 * 64, num_k >= 0");
   }
   if (!p.q_nope || !p.q_pe || !p.k_nope || !p.v || !p.k_pe || !p.out || (p.merge && !p.lse)) {
     return absl::InvalidArgumentError("RunMlaPrefill: null pointer (lse is needed to merge)");
@@ -313,7 +320,7 @@ absl::Status RunMlaPrefill(const MlaPrefillParams& p) {
   }
   if (p.num_q == 0) return absl::OkStatus();
   RETURN_IF_ERROR(AllowDynamicSmem<MlaPrefillKernel>(static_cast<int>(sizeof(Smem))));
-  const dim3 grid((p.num_q + kTileQ - 1) / kTileQ, p.num_heads);
+  const dim3 grid(p.num_heads, (p.num_q + kTileQ - 1) / kTileQ);
   MlaPrefillKernel<<<grid, kThreads, sizeof(Smem), p.stream>>>(p);
   return LaunchStatus("MlaPrefillKernel");
 }

@@ -141,7 +141,8 @@ TEST(MlaPrefillArgsTest, CountsTheCausallyVisiblePairs) {
 struct PrefillCase {
   const char* name;  // a gtest name: sanitizer runs filter on it
   int num_q, prefix, heads;
-  int ranges;  // key ranges the context is cut into (merged calls)
+  int ranges;       // key ranges the context is cut into (merged calls)
+  int first_k = 0;  // keys from this position on only (queries before it see none)
 };
 
 const PrefillCase kCases[] = {
@@ -153,6 +154,10 @@ const PrefillCase kCases[] = {
     {"Heads128TwoRanges", 300, 200, 128, 2},
     {"LongPrefixOneRange", 1024, 3000, 16, 1},
     {"ShortPromptManyRanges", 70, 5, 16, 4},
+    // The first query tile sees no key of the second range (a CTA with no tile).
+    {"FirstTileEmptyInLastRange", 200, 0, 16, 2},
+    // Queries before position 150 see no key at all: zeros and lse -inf.
+    {"EarlyQueriesSeeNoKey", 130, 100, 16, 2, 150},
 };
 
 void PrintTo(const PrefillCase& c, std::ostream* os) { *os << c.name; }
@@ -183,7 +188,10 @@ TEST_P(MlaPrefillTest, MatchesReference) {
   std::vector<float> want(static_cast<size_t>(num_q) * heads * kV), want_lse(num_q * heads);
   ref::MlaPrefillRefParams r;
   r.q = q.data(), r.k_nope = k_nope.data(), r.k_pe = k_pe.data(), r.v = v.data();
-  r.num_q = num_q, r.num_k = len, r.num_heads = heads, r.q_pos0 = c.prefix;
+  r.num_q = num_q, r.num_k = len - c.first_k, r.num_heads = heads, r.q_pos0 = c.prefix;
+  r.k_pos0 = c.first_k, r.k_nope = k_nope.data() + static_cast<size_t>(c.first_k) * heads * kNope;
+  r.k_pe = k_pe.data() + static_cast<size_t>(c.first_k) * kRope;
+  r.v = v.data() + static_cast<size_t>(c.first_k) * heads * kV;
   r.softmax_scale = kScale, r.out = want.data(), r.lse = want_lse.data();
   ref::MlaPrefillRef(r);
 
@@ -206,9 +214,11 @@ TEST_P(MlaPrefillTest, MatchesReference) {
   p.num_q = num_q, p.num_heads = heads, p.q_pos0 = c.prefix, p.softmax_scale = kScale;
   p.out = dout.get(), p.out_ld = static_cast<int64_t>(heads) * kV, p.out_head_stride = kV;
   p.lse = dlse.get();
+  const int keys = len - c.first_k;
   for (int range = 0; range < c.ranges; ++range) {
-    const int k0 = static_cast<int>(static_cast<int64_t>(len) * range / c.ranges);
-    const int k1 = static_cast<int>(static_cast<int64_t>(len) * (range + 1) / c.ranges);
+    const int k0 = c.first_k + static_cast<int>(static_cast<int64_t>(keys) * range / c.ranges);
+    const int k1 =
+        c.first_k + static_cast<int>(static_cast<int64_t>(keys) * (range + 1) / c.ranges);
     p.k_nope = dkn.get() + static_cast<size_t>(k0) * heads * kNope;
     p.v = dv.get() + static_cast<size_t>(k0) * heads * kV;
     p.k_pe = drows.get() + static_cast<size_t>(k0) * kRow + kLatent;
@@ -225,18 +235,31 @@ TEST_P(MlaPrefillTest, MatchesReference) {
   const std::vector<float> got = ToFloats(got_b);
 
   double worst = 0.0, worst_lse = 0.0;
+  int unseen = 0;  // rows that see no key
   for (int i = 0; i < num_q; ++i) {
     for (int h = 0; h < heads; ++h) {
       const size_t row = static_cast<size_t>(i) * heads + h;
       const std::vector<float> a(got.begin() + row * kV, got.begin() + (row + 1) * kV);
       const std::vector<float> b(want.begin() + row * kV, want.begin() + (row + 1) * kV);
-      worst = std::max(worst, RelErr(a, b));
-      // The kernel's lse is base 2 of the scaled scores: ln = log2 · ln 2.
-      worst_lse = std::max(
-          worst_lse, std::fabs(static_cast<double>(got_lse[row]) * std::log(2.0) - want_lse[row]));
+      if (want_lse[row] == -INFINITY) {  // no key: exactly zeros and -inf
+        ++unseen;
+        EXPECT_EQ(got_lse[row], -INFINITY) << "row " << i << " head " << h;
+        EXPECT_EQ(*std::max_element(a.begin(), a.end()), 0.0f) << "row " << i << " head " << h;
+        EXPECT_EQ(*std::min_element(a.begin(), a.end()), 0.0f) << "row " << i << " head " << h;
+        continue;
+      }
+      const double e = RelErr(a, b);
+      // The kernel's lse is base 2 of the scaled scores: ln = log2 · ln 2. A
+      // NaN (an unwritten, poisoned lse) counts as an infinite error.
+      const double e_lse =
+          std::fabs(static_cast<double>(got_lse[row]) * std::log(2.0) - want_lse[row]);
+      worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+      worst_lse = std::isnan(e_lse) ? INFINITY : std::max(worst_lse, e_lse);
     }
   }
-  std::printf("%s: worst per-row rel err %.3e, worst |lse err| %.3e\n", c.name, worst, worst_lse);
+  std::printf("%s: worst per-row rel err %.3e, worst |lse err| %.3e, %d rows see no key\n", c.name,
+              worst, worst_lse, unseen);
+  EXPECT_EQ(unseen > 0, c.first_k > c.prefix);
   EXPECT_LE(worst, 1e-2);
   EXPECT_LE(worst_lse, 5e-3);
 }

@@ -3,8 +3,11 @@
 // copy; a large square cuBLAS GEMM). Each row prints its floor — the larger
 // of bytes / copy bandwidth and FLOPs / GEMM rate — and measured / floor.
 //
-// Usage: kernel_bench [--quick | --mla-table | --mla[-fp8] HEADS,BATCH,CONTEXT | --fp8].
-// --mla-table runs the MLA table alone (quick); --mla runs that one MLA case
+// Usage: kernel_bench [--quick | --mla-table | --mla[-fp8] HEADS,BATCH,CONTEXT | --fp8 |
+//                     --mla-prefill-table].
+// --mla-table runs the MLA table alone (quick); --mla-prefill-table the MLA
+// prefill attention table alone (the expanded kernel against the absorbed
+// form at 4K to 64K-token prompts); --mla runs that one MLA case
 // with the default tile over bf16 rows (--mla-fp8: FP8 rows), for profilers; --fp8 runs
 // DeepSeek-V3's dense linears in block-scaled FP8 (the activations' quantization
 // plus cuBLASLt's GEMM) beside the bf16 GEMM of each shape, and the FP8 GEMM's
@@ -26,6 +29,7 @@
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/routing.h"
 #include "tools/bench/bench_util.h"
@@ -481,7 +485,98 @@ absl::Status BenchSmallOps(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-absl::Status Main(bool quick, bool fp8, bool mla_table, const MlaCase& only) {
+// Prefill attention of one prompt of T tokens (no cached prefix), causal: the
+// expanded kernel (mla_prefill.h) on keys/values already expanded, and the
+// absorbed form the decode kernel gives (each token a query row over its
+// prefix in the paged cache; its FLOPs counted at 576 + 512 a pair). TFLOP/s
+// over the causally visible pairs, against the bf16 GEMM rate measured now.
+absl::Status BenchMlaPrefill(const Ceilings& ceil, const DeviceInfo& info, bool quick,
+                             cudaStream_t stream) {
+  constexpr int kQk = mla_prefill::kQkDim, kNope = mla_prefill::kNopeDim, kV = mla_prefill::kVDim;
+  constexpr int kRow = mla::kHeadDim;
+  std::printf(
+      "\nMLA prefill attention, one causal prompt of T tokens (expanded: q·k %d, v %d a head, "
+      "keys/values expanded beforehand; absorbed: the decode kernel, a query row a token)\n",
+      kQk, kV);
+  std::printf("%-9s %5s %6s %10s %9s %9s\n", "form", "heads", "T", "time_ms", "TFLOP/s", "%gemm");
+  struct Case {
+    bool expanded;
+    int heads, tokens;
+  };
+  std::vector<Case> cases;
+  for (int heads : {16, 128}) {
+    for (int t : {4096, 16384, 65536}) {
+      if (quick && t == 65536 && heads == 128) continue;
+      cases.push_back({true, heads, t});
+    }
+  }
+  for (int t : {4096, 16384}) cases.push_back({false, 16, t});
+  cases.push_back({false, 128, 4096});
+  for (const Case& c : cases) {
+    const int heads = c.heads, t = c.tokens;
+    double ms = 0.0, flops = 0.0;
+    if (c.expanded) {
+      ASSIGN_OR_RETURN(auto q, DeviceBuffer<bf16>::Create(size_t{1} * t * heads * kQk));
+      ASSIGN_OR_RETURN(auto kn, DeviceBuffer<bf16>::Create(size_t{1} * t * heads * kNope));
+      ASSIGN_OR_RETURN(auto v, DeviceBuffer<bf16>::Create(size_t{1} * t * heads * kV));
+      ASSIGN_OR_RETURN(auto rows, DeviceBuffer<bf16>::Create(size_t{1} * t * kRow));
+      ASSIGN_OR_RETURN(auto out, DeviceBuffer<bf16>::Create(size_t{1} * t * heads * kV));
+      RETURN_IF_ERROR(FillUniform(q.get(), q.size(), 21, 1.0f, stream));
+      RETURN_IF_ERROR(FillUniform(kn.get(), kn.size(), 22, 1.0f, stream));
+      RETURN_IF_ERROR(FillUniform(v.get(), v.size(), 23, 1.0f, stream));
+      RETURN_IF_ERROR(FillUniform(rows.get(), rows.size(), 24, 1.0f, stream));
+      MlaPrefillParams p;
+      p.q_nope = q.get(), p.q_pe = q.get() + kNope;
+      p.q_nope_ld = p.q_pe_ld = static_cast<int64_t>(heads) * kQk;
+      p.q_nope_head_stride = p.q_pe_head_stride = kQk;
+      p.k_nope = kn.get(), p.v = v.get(), p.kv_ld = static_cast<int64_t>(heads) * kNope;
+      p.kv_head_stride = kNope, p.k_pe = rows.get() + mla::kLatentDim, p.k_pe_ld = kRow;
+      p.num_q = t, p.num_k = t, p.num_heads = heads, p.softmax_scale = 0.1352f;
+      p.out = out.get(), p.out_ld = static_cast<int64_t>(heads) * kV, p.out_head_stride = kV;
+      p.stream = stream;
+      ASSIGN_OR_RETURN(ms,
+                       MedianMs(stream, 1, quick ? 3 : 5, [&](int) { return RunMlaPrefill(p); }));
+      flops = MlaPrefillFlops(t, t, heads, 0, 0);
+    } else {
+      const int blocks = t / kKvBlockSize;
+      ASSIGN_OR_RETURN(auto cache,
+                       DeviceBuffer<bf16>::Create(size_t{1} * blocks * kKvBlockSize * kRow));
+      RETURN_IF_ERROR(FillUniform(cache.get(), cache.size(), 25, 1.0f, stream));
+      std::vector<int32_t> table(static_cast<size_t>(t) * blocks), lens(t);
+      for (int i = 0; i < t; ++i) {
+        lens[i] = i + 1;
+        std::iota(table.begin() + static_cast<size_t>(i) * blocks,
+                  table.begin() + static_cast<size_t>(i + 1) * blocks, 0);
+      }
+      ASSIGN_OR_RETURN(auto dtable, DeviceBuffer<int32_t>::Create(table.size()));
+      RETURN_IF_ERROR(dtable.CopyFrom(table));
+      ASSIGN_OR_RETURN(auto dlens, DeviceBuffer<int32_t>::Create(lens.size()));
+      RETURN_IF_ERROR(dlens.CopyFrom(lens));
+      ASSIGN_OR_RETURN(auto q, DeviceBuffer<bf16>::Create(size_t{1} * t * heads * kRow));
+      RETURN_IF_ERROR(FillUniform(q.get(), q.size(), 26, 1.0f, stream));
+      ASSIGN_OR_RETURN(auto out,
+                       DeviceBuffer<bf16>::Create(size_t{1} * t * heads * mla::kLatentDim));
+      const MlaDecodePlan plan = PlanMlaDecode(t, heads, t, info.num_sms);
+      ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(plan.workspace_bytes));
+      MlaDecodeParams p;
+      p.q = q.get(), p.kv_cache = cache.get(), p.block_table = dtable.get(),
+      p.seq_lens = dlens.get();
+      p.batch = t, p.num_heads = heads, p.num_blocks = blocks, p.max_blocks_per_seq = blocks;
+      p.max_seq_len = t, p.softmax_scale = 0.1352f, p.out = out.get(), p.out_type = OutType::kBf16;
+      p.num_splits = plan.num_splits, p.workspace = ws.get(),
+      p.workspace_bytes = plan.workspace_bytes;
+      p.stream = stream;
+      ASSIGN_OR_RETURN(ms, MedianMs(stream, 1, 3, [&](int) { return RunMlaDecode(p); }));
+      flops = 2.0 * (kRow + mla::kLatentDim) * heads * (static_cast<double>(t) * (t + 1) / 2);
+    }
+    const double tflops = flops / (ms * 1e-3) / 1e12;
+    std::printf("%-9s %5d %6d %10.3f %9.1f %8.1f%%\n", c.expanded ? "expanded" : "absorbed", heads,
+                t, ms, tflops, 100.0 * tflops / ceil.gemm_tflops);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Main(bool quick, bool fp8, bool mla_table, bool prefill_table, const MlaCase& only) {
   ASSIGN_OR_RETURN(int n, CudaDeviceCount());
   if (n == 0) return absl::UnavailableError("no CUDA device");
   ASSIGN_OR_RETURN(DeviceInfo info, CurrentDeviceInfo());
@@ -499,6 +594,10 @@ absl::Status Main(bool quick, bool fp8, bool mla_table, const MlaCase& only) {
     RETURN_IF_ERROR(BenchFp8(*gemm, ceil, quick, stream.get()));
     return stream.Synchronize();
   }
+  if (prefill_table) {
+    RETURN_IF_ERROR(BenchMlaPrefill(ceil, info, quick, stream.get()));
+    return stream.Synchronize();
+  }
   RETURN_IF_ERROR(BenchMla(ceil, info, quick, stream.get(), only));
   if (only.heads > 0 || mla_table) return stream.Synchronize();
   RETURN_IF_ERROR(BenchGemm(*gemm, ceil, info, quick, stream.get()));
@@ -513,6 +612,7 @@ int main(int argc, char** argv) {
   const bool mla_table = argc > 1 && std::strcmp(argv[1], "--mla-table") == 0;
   const bool quick = mla_table || (argc > 1 && std::strcmp(argv[1], "--quick") == 0);
   const bool fp8 = argc > 1 && std::strcmp(argv[1], "--fp8") == 0;
+  const bool prefill_table = argc > 1 && std::strcmp(argv[1], "--mla-prefill-table") == 0;
   moesh::cuda::MlaCase only;
   const bool mla_fp8 = argc > 2 && std::strcmp(argv[1], "--mla-fp8") == 0;
   if (mla_fp8) only.kv = moesh::cuda::KvCacheDtype::kFp8;
@@ -525,7 +625,7 @@ int main(int argc, char** argv) {
                  "context <= 256 x 16384)\n");
     return 2;
   }
-  const absl::Status st = moesh::cuda::Main(quick, fp8, mla_table, only);
+  const absl::Status st = moesh::cuda::Main(quick, fp8, mla_table, prefill_table, only);
   if (!st.ok()) {
     std::fprintf(stderr, "kernel_bench: %s\n", st.ToString().c_str());
     return 1;
