@@ -3,7 +3,8 @@
 #
 # usage: tools/device/tests.sh GROUP...     GROUP: kernels model services multi all
 #   kernels   the kernel tests (cuda_device_test, cuda_ops_test, cuda_routing_test,
-#             cuda_mla_decode_test, cuda_grouped_gemm_test, cuda_dsa_ops_test,
+#             cuda_mla_decode_test, cuda_mla_prefill_test: the expanded MLA prefill
+#             against its reference, cuda_grouped_gemm_test, cuda_dsa_ops_test,
 #             cuda_sample_test: the GPU sampler and greedy + top-k log-probabilities,
 #             cuda_fp8_test: block-scaled FP8 quantization and GEMM, cuda_fp8_kv_test: the
 #             FP8 KV cache's write and generic-kernel read against the CPU's packing,
@@ -21,7 +22,9 @@
 #             the bad-steps case, memcheck on the v4 golden; cuda_fp8_model_test (the FP8
 #             linears against the CPU engine on an FP8 checkpoint and under
 #             --quantization fp8, teacher-forced, next to the bf16 path); cuda_kv_fp8_test
-#             (the FP8 KV cache against the CPU engine's, the host and device handoffs).
+#             (the FP8 KV cache against the CPU engine's, the host and device handoffs);
+#             cuda_mla_prefill_model_test (the expanded MLA prefill in the model against the
+#             CPU engine, next to the absorbed prefill).
 #   services  cuda_backends_test (expert shards and the attention backend against their
 #             references, the KV handoff, the device-resident dispatch, ForwardSample), the
 #             cluster on the GPU against `moesh generate --device cuda`
@@ -48,9 +51,9 @@
 #
 # bundle (here, before `run`), the binaries of the groups wanted:
 #   kernels:  cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test
-#             cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
+#             cuda_mla_prefill_test cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
 #             cuda_fp8_kv_test cuda_mxfp4_test cuda_wgmma_test [kernel_bench, for the SASS]
-#   model:    cuda_model_test cuda_fp8_model_test cuda_kv_fp8_test
+#   model:    cuda_model_test cuda_fp8_model_test cuda_kv_fp8_test cuda_mla_prefill_model_test
 #   services: cuda_backends_test cuda_prefix_cache_test cuda_prompt_logprobs_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
 #             moesh_expert_worker libmoesh_cuda_backends.so
 #   multi:    transport_test nccl_link_test cuda_backends_test and the services' binaries
@@ -113,11 +116,15 @@ cluster() {
 }
 
 kernels() {
-  for t in cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test cuda_grouped_gemm_test \
-           cuda_dsa_ops_test cuda_sample_test cuda_fp8_test cuda_fp8_kv_test cuda_mxfp4_test \
-           cuda_wgmma_test; do
+  for t in cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test cuda_mla_prefill_test \
+           cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test cuda_fp8_kv_test \
+           cuda_mxfp4_test cuda_wgmma_test; do
     test_bin "$t" 90 "$t"
   done
+  local prefill_small='--gtest_filter=*OneTile*:*PaddedTile*:*ManyRanges*:*NoKey*:*Args*'
+  sanitize memcheck_mla_prefill 120 memcheck cuda_mla_prefill_test "$prefill_small"
+  sanitize racecheck_mla_prefill 150 racecheck cuda_mla_prefill_test "$prefill_small"
+  sanitize synccheck_mla_prefill 100 synccheck cuda_mla_prefill_test "$prefill_small"
   for t in cuda_ops_test cuda_routing_test cuda_mla_decode_test; do
     sanitize "memcheck_$t" 150 memcheck "$t"
   done
@@ -147,7 +154,7 @@ kernels() {
   if has $sass_bin && command -v cuobjdump > /dev/null; then
     cuobjdump --dump-sass $D/bin/$sass_bin > "$LOGS/sass_all.txt" 2>&1
     local k
-    for k in MlaDecodeKernel MlaDecodeFp8Kernel; do
+    for k in MlaDecodeKernel MlaDecodeFp8Kernel MlaPrefillKernel; do
       awk -v k="$k" '/Function : / {on = index($0, k) > 0} on' "$LOGS/sass_all.txt" > "$LOGS/sass_$k.txt"
       echo "$k SASS ($sass_bin): $(grep -c HMMA "$LOGS/sass_$k.txt") HMMA, $(grep -c LDSM "$LOGS/sass_$k.txt") LDSM," \
            "$(grep -c F2FP "$LOGS/sass_$k.txt") F2FP, $(grep -c -E 'UBLKCP|UTMALDG|BULK' "$LOGS/sass_$k.txt") bulk-copy," \
@@ -162,6 +169,7 @@ model() {
   test_bin cuda_model_test 150 cuda_model_test
   test_bin cuda_fp8_model_test 90 cuda_fp8_model_test
   test_bin cuda_kv_fp8_test 90 cuda_kv_fp8_test
+  test_bin cuda_mla_prefill_model_test 90 cuda_mla_prefill_model_test
   sanitize memcheck_model_v2_lite 90 memcheck cuda_model_test '--gtest_filter=*Golden*/0:*RejectsBadSteps*'
   [[ -z ${MOESH_SKIP_SANITIZERS:-} ]] && has cuda_model_test &&
     step memcheck_v4 120 compute-sanitizer --tool memcheck --error-exitcode 1 $D/bin/cuda_model_test \
