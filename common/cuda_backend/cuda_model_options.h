@@ -27,7 +27,9 @@ inline MlaTileConfig MlaTile(MlaKernel k) {
 // latent rows expanded to per-head keys and values by kv_b_proj, then
 // FlashAttention-style tiles of 64 queries sharing each key. kAuto expands a
 // sequence that brings at least kMlaExpandedMinTokens new tokens in a pass.
-// Decode steps are always absorbed.
+// Decode steps are always absorbed. The default stays absorbed until the
+// expanded kernel has run on a GPU (written 2026-12-05 without one; its tests
+// and the absorbed-vs-expanded prefill table decide, then kAuto).
 enum class MlaPrefill { kAuto, kAbsorbed, kExpanded };
 inline constexpr int kMlaExpandedMinTokens = 64;
 
@@ -42,7 +44,7 @@ struct CudaModelOptions {
   bool cuda_graphs = true;  // decode steps (one token per sequence) replay a graph per batch bucket
   int max_kv_blocks = 0;    // > 0: at most this many cache blocks (tests)
   MlaKernel mla_kernel = MlaKernel::kAuto;
-  MlaPrefill mla_prefill = MlaPrefill::kAuto;
+  MlaPrefill mla_prefill = MlaPrefill::kAbsorbed;
   // > 0: the expanded prefill's context rows expanded at a time (tests: a
   // long context in several merged ranges); 0: as many as 256 MiB of
   // expanded keys and values hold, up to max_model_len.

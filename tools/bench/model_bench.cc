@@ -22,7 +22,8 @@
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
 // counts their bytes). --mla-prefill: how the prefill table's prompts attend
-// (CudaModelOptions::mla_prefill; auto expands a prompt of >= 64 tokens).
+// (CudaModelOptions::mla_prefill, default absorbed; auto expands a prompt of >= 64
+// tokens).
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -62,7 +63,7 @@ struct Flags {
   std::string quantization;             // "fp8": the dense linears in block-scaled FP8
   std::string mla_kernel = "auto";      // auto | heads16 | generic (CudaModelOptions::mla_kernel)
   std::string kv_cache_dtype = "auto";  // auto | fp8 (CudaModelOptions::fp8_kv_cache)
-  std::string mla_prefill = "auto";  // auto | absorbed | expanded (CudaModelOptions::mla_prefill)
+  std::string mla_prefill = "absorbed";  // auto | absorbed | expanded (CudaModelOptions::mla_prefill)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
