@@ -63,7 +63,8 @@ struct Flags {
   std::string quantization;             // "fp8": the dense linears in block-scaled FP8
   std::string mla_kernel = "auto";      // auto | heads16 | generic (CudaModelOptions::mla_kernel)
   std::string kv_cache_dtype = "auto";  // auto | fp8 (CudaModelOptions::fp8_kv_cache)
-  std::string mla_prefill = "absorbed";  // auto | absorbed | expanded (CudaModelOptions::mla_prefill)
+  std::string mla_prefill =
+      "absorbed";  // auto | absorbed | expanded (CudaModelOptions::mla_prefill)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
