@@ -21,6 +21,7 @@
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/mla_prefill.h"
+#include "kernels/cuda/mla_prefill_common.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace moesh::cuda {
@@ -33,9 +34,7 @@ constexpr int kVChunks = kVDim / 8;        // 16 a V row
 constexpr int kQkSteps = kQkDim / 16;      // 12 mma k-steps of S
 constexpr int kNopeSteps = kNopeDim / 16;  // the first 8 of them read q_nope
 constexpr int kSTiles = kTileK / 8;        // 8 n-tiles of S
-constexpr int kPvSteps = kTileK / 16;      // 4 mma k-steps of P·V
 constexpr int kOTiles = kVDim / 8;         // 16 n-tiles of O
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kQkChunks % 8 == 0 && kVChunks % 8 == 0, "the swizzle permutes groups of 8 chunks");
 static_assert(kTileK % 16 == 0 && kTileQ == 16 * kWarps);
 
@@ -50,11 +49,6 @@ static_assert(sizeof(Smem) * 2 + 2048 <= 233472);
 // `width` elements a row.
 __device__ __forceinline__ int Swz(int r, int c, int width) {
   return r * width + ((c ^ (r & 7)) << 3);
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // Key tile `kt` (keys [64 kt, 64 kt + 64) of the call) of head h into `stage`.
@@ -95,47 +89,6 @@ __device__ __forceinline__ uint32_t QWord(const MlaPrefillParams& p, int h, int 
   return *reinterpret_cast<const uint32_t*>(src);
 }
 
-// Row r's earlier log2-sum-exp (p.merge), read before any lane of the warp
-// writes the row's new one.
-__device__ __forceinline__ float PrevLse(const MlaPrefillParams& p, int h, int r) {
-  return p.merge && r < p.num_q ? p.lse[static_cast<int64_t>(r) * p.num_heads + h] : -INFINITY;
-}
-
-// Row `r`'s result: O / l with log2-sum-exp `lse2`, merged with the earlier
-// ranges' (log2-sum-exp `prev`) if p.merge. `o` holds this thread's 2 values
-// of each n-tile (dims 8 j + 2 tq, + 1).
-__device__ __forceinline__ void StoreRow(const MlaPrefillParams& p, int h, int r, int tq,
-                                         const float (&o)[kOTiles][2], float l, float lse2,
-                                         float prev) {
-  if (r >= p.num_q) return;
-  bf16* out = p.out + r * p.out_ld + static_cast<int64_t>(h) * p.out_head_stride + 2 * tq;
-  float w_new = l > 0.0f ? 1.0f / l : 0.0f, w_old = 0.0f, total = lse2;
-  if (p.merge) {
-    const float m = fmaxf(prev, lse2);
-    if (m == -INFINITY) {
-      w_new = 0.0f;
-    } else {
-      w_old = exp2f(prev - m);
-      const float e_new = exp2f(lse2 - m);
-      const float denom = w_old + e_new;
-      w_old /= denom;
-      w_new *= e_new / denom;
-      total = m + log2f(denom);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kOTiles; ++j) {
-    float a = o[j][0] * w_new, b = o[j][1] * w_new;
-    if (p.merge) {
-      const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(out + 8 * j);
-      a += w_old * __low2float(old);
-      b += w_old * __high2float(old);
-    }
-    *reinterpret_cast<uint32_t*>(out + 8 * j) = PackBf16(a, b);
-  }
-  if (p.lse != nullptr && tq == 0) p.lse[static_cast<int64_t>(r) * p.num_heads + h] = total;
-}
-
 __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(MlaPrefillParams p) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
@@ -165,30 +118,30 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(MlaPrefillParams
   static_assert(kNopeSteps * 16 == kNopeDim, "a k-step reads one part");
 
   const float scale_log2 = p.softmax_scale * kLog2e;
-  float o[kOTiles][4];
+  float o[kORegs];
 #pragma unroll
-  for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // this thread's part of l
+  for (int i = 0; i < kORegs; ++i) o[i] = 0.0f;
+  RowState st;
   // ldmatrix lane roles: row within an 8x8 matrix, and which of the four.
   const int lm_r = lane & 7, lm_m = lane >> 3;
 
   for (int kt = 0; kt < n_kt; ++kt) {
-    const int st = kt & 1;
+    const int stage = kt & 1;
     if (kt + 1 < n_kt) {
-      LoadKvTile(s, p, h, kt + 1, st ^ 1);
+      LoadKvTile(s, p, h, kt + 1, stage ^ 1);
       CpAsyncCommit();
       CpAsyncWait<1>();
     } else {
       CpAsyncWait<0>();
     }
-    __syncthreads();  // tile kt is in `st` for every warp
+    __syncthreads();  // tile kt is in `stage` for every warp
 
     // S = Q·K^T: matrices (keys +0/+8 by lm_m >> 1) × (dims +0/+8 by lm_m & 1)
     // give b0, b1 of n-tile 2 np and of 2 np + 1.
-    float sc[kSTiles][4];
+    float sc[kSRegs];
 #pragma unroll
-    for (int j = 0; j < kSTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-    const bf16* sk = &s.k[st][0][0];
+    for (int i = 0; i < kSRegs; ++i) sc[i] = 0.0f;
+    const bf16* sk = &s.k[stage][0][0];
 #pragma unroll
     for (int kk = 0; kk < kQkSteps; ++kk) {
 #pragma unroll
@@ -196,71 +149,20 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(MlaPrefillParams
         const int row = np * 16 + (lm_m >> 1) * 8 + lm_r;
         uint32_t b[4];
         Ldmatrix4(b, sk + Swz(row, kk * 2 + (lm_m & 1), kQkDim));
-        Mma(sc[2 * np], qf[kk], b[0], b[1]);
-        Mma(sc[2 * np + 1], qf[kk], b[2], b[3]);
+        Mma(*reinterpret_cast<float(*)[4]>(&sc[8 * np]), qf[kk], b[0], b[1]);
+        Mma(*reinterpret_cast<float(*)[4]>(&sc[8 * np + 4]), qf[kk], b[2], b[3]);
       }
     }
 
-    // Scale to base 2; mask what row r cannot see (j > diag + r or j >= num_k).
+    // Masked where some row cannot see some key (j > diag + r or j >= num_k).
     const int j0 = kt * kTileK;
     const bool masked = j0 + kTileK - 1 > diag + i0 || j0 + kTileK > p.num_k;
-#pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = sc[nt][e] * scale_log2;
-        if (masked) {
-          const int j = j0 + nt * 8 + 2 * tq + (e & 1);
-          const int r = e < 2 ? r_lo : r_hi;
-          if (j >= p.num_k || j > diag + r) v = -INFINITY;
-        }
-        sc[nt][e] = v;
-      }
-    }
-    float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) {
-      mx_lo = fmaxf(mx_lo, fmaxf(sc[nt][0], sc[nt][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(sc[nt][2], sc[nt][3]));
-    }
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {  // the quad holding the row
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-    }
-    // A row with no visible key yet keeps max -inf: subtract 0 instead (its
-    // probabilities are exp2(-inf) = 0, and alpha multiplies zeros).
-    const float base_lo = mx_lo == -INFINITY ? 0.0f : mx_lo;
-    const float base_hi = mx_hi == -INFINITY ? 0.0f : mx_hi;
-    const float alpha_lo = exp2f(m_lo - base_lo), alpha_hi = exp2f(m_hi - base_hi);
-    m_lo = mx_lo, m_hi = mx_hi;
-
-    // P in bf16 as the A fragments of P·V (n-tile 2 kk and 2 kk + 1 are
-    // k-step kk's keys [0, 8) and [8, 16)); l sums the rounded values.
     uint32_t pa[kPvSteps][4];
-    float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) {
-      const uint32_t lo = PackBf16(exp2f(sc[nt][0] - base_lo), exp2f(sc[nt][1] - base_lo));
-      const uint32_t hi = PackBf16(exp2f(sc[nt][2] - base_hi), exp2f(sc[nt][3] - base_hi));
-      const __nv_bfloat162 lo2 = *reinterpret_cast<const __nv_bfloat162*>(&lo);
-      const __nv_bfloat162 hi2 = *reinterpret_cast<const __nv_bfloat162*>(&hi);
-      sum_lo += __low2float(lo2) + __high2float(lo2);
-      sum_hi += __low2float(hi2) + __high2float(hi2);
-      pa[nt / 2][(nt & 1) * 2 + 0] = lo;
-      pa[nt / 2][(nt & 1) * 2 + 1] = hi;
-    }
-    l_lo = l_lo * alpha_lo + sum_lo;
-    l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-    for (int j = 0; j < kOTiles; ++j) {
-      o[j][0] *= alpha_lo, o[j][1] *= alpha_lo;
-      o[j][2] *= alpha_hi, o[j][3] *= alpha_hi;
-    }
+    SoftmaxTile(sc, o, pa, st, masked, j0, p.num_k, diag + r_lo, diag + r_hi, tq, scale_log2);
 
     // O += P·V: matrices (keys +0/+8 by lm_m & 1) × (dims +0/+8 by lm_m >> 1),
     // transposed, give b0, b1 of n-tile 2 dp and of 2 dp + 1.
-    const bf16* sv = &s.v[st][0][0];
+    const bf16* sv = &s.v[stage][0][0];
 #pragma unroll
     for (int kk = 0; kk < kPvSteps; ++kk) {
 #pragma unroll
@@ -268,28 +170,13 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(MlaPrefillParams
         const int row = kk * 16 + (lm_m & 1) * 8 + lm_r;
         uint32_t b[4];
         Ldmatrix4Trans(b, sv + Swz(row, dp * 2 + (lm_m >> 1), kVDim));
-        Mma(o[2 * dp], pa[kk], b[0], b[1]);
-        Mma(o[2 * dp + 1], pa[kk], b[2], b[3]);
+        Mma(*reinterpret_cast<float(*)[4]>(&o[8 * dp]), pa[kk], b[0], b[1]);
+        Mma(*reinterpret_cast<float(*)[4]>(&o[8 * dp + 4]), pa[kk], b[2], b[3]);
       }
     }
-    __syncthreads();  // every warp is done with `st` before tile kt + 2 lands in it
+    __syncthreads();  // every warp is done with `stage` before tile kt + 2 lands in it
   }
-
-#pragma unroll
-  for (int off = 1; off < 4; off <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-  }
-  float lo[kOTiles][2], hi[kOTiles][2];
-#pragma unroll
-  for (int j = 0; j < kOTiles; ++j) {
-    lo[j][0] = o[j][0], lo[j][1] = o[j][1];
-    hi[j][0] = o[j][2], hi[j][1] = o[j][3];
-  }
-  const float prev_lo = PrevLse(p, h, r_lo), prev_hi = PrevLse(p, h, r_hi);
-  __syncwarp();  // the quads' reads of lse before any of its writes
-  StoreRow(p, h, r_lo, tq, lo, l_lo, l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY, prev_lo);
-  StoreRow(p, h, r_hi, tq, hi, l_hi, l_hi > 0.0f ? m_hi + log2f(l_hi) : -INFINITY, prev_hi);
+  FinishRows(p, h, r_lo, tq, o, st);
 }
 
 bool Aligned(const void* ptr, uintptr_t bytes) {
