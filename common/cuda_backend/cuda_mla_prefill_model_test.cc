@@ -8,7 +8,8 @@
 //     (one pass holding both kinds of range);
 //   * expanded and chunked: every prompt expanded, prompts cut into passes of
 //     48 tokens (a later pass's queries attend a cached prefix), context rows
-//     expanded 64 at a time (several key ranges merged).
+//     expanded 64 at a time (several key ranges merged), on each kernel
+//     (mma.sync and wgmma).
 // Skips where no GPU is present.
 #include <algorithm>
 #include <cstdio>
@@ -33,9 +34,11 @@ using testing::CpuEngine;
 using testing::Fidelity;
 using testing::LoadCpu;
 
-CudaModelOptions Options(MlaPrefill prefill, int chunk_rows = 0, int tokens_per_step = 0) {
+CudaModelOptions Options(MlaPrefill prefill, int chunk_rows = 0, int tokens_per_step = 0,
+                         MlaPrefillImpl impl = MlaPrefillImpl::kMmaSync) {
   CudaModelOptions o = testing::SmallModelOptions();
   o.mla_prefill = prefill;
+  o.mla_prefill_impl = impl;
   o.mla_prefill_chunk_rows = chunk_rows;
   if (tokens_per_step > 0) o.max_tokens_per_step = tokens_per_step;
   return o;
@@ -55,10 +58,13 @@ TEST_P(CudaMlaPrefillTest, ExpandedPrefillMatchesTheCpuEngine) {
   ASSERT_TRUE(WriteRandomCheckpoint(c, dir, ro).ok());
   absl::StatusOr<CpuEngine> cpu = LoadCpu(dir);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  const CudaModelOptions options[] = {Options(MlaPrefill::kAbsorbed), Options(MlaPrefill::kAuto),
-                                      Options(MlaPrefill::kExpanded, 64, 48)};
-  const char* names[] = {"absorbed prefill vs CPU:", "auto (expanded >= 64 tokens) vs CPU:",
-                         "expanded, 48-token passes, 64-row ranges:"};
+  const CudaModelOptions options[] = {
+      Options(MlaPrefill::kAbsorbed), Options(MlaPrefill::kAuto),
+      Options(MlaPrefill::kExpanded, 64, 48),
+      Options(MlaPrefill::kExpanded, 64, 48, MlaPrefillImpl::kWgmma)};
+  const char* names[] = {
+      "absorbed prefill vs CPU:", "auto (expanded >= 64 tokens) vs CPU:",
+      "expanded, 48-token passes, 64-row ranges:", "the same on the wgmma kernel:"};
   std::vector<std::unique_ptr<CudaModel>> models;
   std::vector<CudaModel*> raw;
   for (const CudaModelOptions& o : options) {

@@ -49,6 +49,7 @@ struct CudaModelOptions {
   // long context in several merged ranges); 0: as many as 256 MiB of
   // expanded keys and values hold, up to max_model_len.
   int mla_prefill_chunk_rows = 0;
+  MlaPrefillImpl mla_prefill_impl = MlaPrefillImpl::kMmaSync;  // the expanded prefill's kernel
   int moe_tile_m = 0;           // rows per expert tile: 16, 32 or 64; 0 picks by rows per expert
   bool record_routing = false;  // keep each pass's expert choices (LastRouting)
   // False: the routed experts are not loaded on this device; every forward

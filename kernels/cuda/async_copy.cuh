@@ -31,6 +31,11 @@ __device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes
                : "memory");
 }
 
+// One arrival (a consumer releasing a stage), no transaction bytes.
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+}
+
 __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   do {

@@ -114,7 +114,9 @@ TEST(Fp8KvTest, KvCacheWriteMatchesCpuPack) {
       }
       EXPECT_LE(RelErr(got_rows, want_rows), with_norm ? 3e-2 : 1e-2);
       for (size_t s = 0; s < written.size(); ++s) {
-        if (!written[s]) ASSERT_EQ(cache[s * layout.bytes()], 0xff) << "slot " << s << " written";
+        if (!written[s]) {
+          ASSERT_EQ(cache[s * layout.bytes()], 0xff) << "slot " << s << " written";
+        }
       }
     }
   }

@@ -22,15 +22,14 @@
 // kPFree (1 arrives once its product is done, 0 syncs before the next P).
 // Splits write (O / l, log2-sum-exp) partials for mla_decode.cu's combine.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/mla_decode_common.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace moesh::cuda::mla {
@@ -79,9 +78,6 @@ __device__ __forceinline__ void BarSync(int id, int threads) {
 }
 __device__ __forceinline__ void BarArrive(int id, int threads) {
   asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
 }
 
 // Rows [valid, 64) of a tile past the sequence's end become zeros (their
@@ -342,40 +338,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   WriteOut<kSplit, OutT>(p, o, b, split, head0, wg, row_lo, tq, s, n);
 }
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda).
-absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> EncodeTiledFn() {
-  static const absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> fn =
-      []() -> absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    RETURN_IF_CUDA_ERROR(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                          cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || f == nullptr) {
-      return absl::InternalError("cuTensorMapEncodeTiled: not in this driver");
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
 // The paged cache as a 2-D tensor [num_blocks * 64 rows, 576] of bf16, read
 // in 64 x 64 boxes swizzled for SW128.
 absl::StatusOr<CUtensorMap> CacheMap(const MlaDecodeParams& p) {
-  ASSIGN_OR_RETURN(auto encode, EncodeTiledFn());
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDim),
-                              static_cast<cuuint64_t>(p.num_blocks) * kKvBlockSize};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kHeadDim) * sizeof(bf16)};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTile)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r =
-      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(p.kv_cache), dims,
-             strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled over the KV cache: error ", r));
-  }
-  return map;
+  return Bf16BoxMap64(p.kv_cache, static_cast<uint64_t>(p.num_blocks) * kKvBlockSize, kHeadDim,
+                      kHeadDim, "the KV cache");
 }
 
 template <bool kSplit, typename OutT>

@@ -206,6 +206,7 @@ absl::Status RunMlaPrefill(const MlaPrefillParams& p) {
         "RunMlaPrefill: q_nope, q_pe, out must be 4-byte aligned with even strides");
   }
   if (p.num_q == 0) return absl::OkStatus();
+  if (p.impl == MlaPrefillImpl::kWgmma) return LaunchMlaPrefillWgmma(p);
   RETURN_IF_ERROR(AllowDynamicSmem<MlaPrefillKernel>(static_cast<int>(sizeof(Smem))));
   const dim3 grid(p.num_heads, (p.num_q + kTileQ - 1) / kTileQ);
   MlaPrefillKernel<<<grid, kThreads, sizeof(Smem), p.stream>>>(p);

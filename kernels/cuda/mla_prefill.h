@@ -15,7 +15,8 @@ namespace moesh::cuda {
 // REQUIRES (else INVALID_ARGUMENT): 0 <= num_q <= 65535 · 64, num_k >= 0, num_heads >= 1;
 // non-null pointers (lse too when merge); k_nope, v and k_pe 16-byte aligned with
 // kv_ld, kv_head_stride and k_pe_ld multiples of 8; q_nope, q_pe and out
-// 4-byte aligned with even strides. num_q == 0 launches nothing.
+// 4-byte aligned with even strides; impl kWgmma: q_nope and q_pe 16-byte
+// aligned with strides multiples of 8 too. num_q == 0 launches nothing.
 absl::Status RunMlaPrefill(const MlaPrefillParams& p);
 
 // Floating-point operations one call performs on the tensor cores, counting

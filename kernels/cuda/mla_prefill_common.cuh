@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/params.h"
 
@@ -145,6 +146,11 @@ __device__ __forceinline__ void FinishRows(const MlaPrefillParams& p, int h, int
   StoreRow(p, h, r_hi, tq, o, 1, st.l_hi, st.l_hi > 0.0f ? st.m_hi + log2f(st.l_hi) : -INFINITY,
            prev_hi);
 }
+
+// The wgmma kernel (mla_prefill_wgmma.cu) for RunMlaPrefill, after its
+// checks: its own (16-byte aligned q_nope and q_pe, strides of whole 16
+// bytes: tensor copies), then the launch.
+absl::Status LaunchMlaPrefillWgmma(const MlaPrefillParams& p);
 
 }  // namespace moesh::cuda::mla_prefill
 

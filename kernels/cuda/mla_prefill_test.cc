@@ -1,4 +1,5 @@
-// MLA prefill attention (expanded form) against the plain C++ reference
+// MLA prefill attention (expanded form; both kernels, mma.sync and wgmma)
+// against the plain C++ reference
 // (ref/mla_prefill_ref.h), which is itself checked against the CPU engine's
 // MLA attention (kernels/cpu/mla_attention.h) on keys and values expanded
 // from latent rows by a random kv_b_proj. The launcher's argument checks run
@@ -199,69 +200,73 @@ TEST_P(MlaPrefillTest, MatchesReference) {
   MOESH_ASSERT_OK_AND_ASSIGN(auto dkn, Upload(kn_b));
   MOESH_ASSERT_OK_AND_ASSIGN(auto dv, Upload(v_b));
   MOESH_ASSERT_OK_AND_ASSIGN(auto drows, Upload(rows_b));
-  DeviceBuffer<bf16> dout;
-  DeviceBuffer<float> dlse;
-  MOESH_ASSERT_OK(dout.Reallocate(want.size()));
-  MOESH_ASSERT_OK(dlse.Reallocate(want_lse.size()));
-  MOESH_ASSERT_OK(Poison(dout));
-  MOESH_ASSERT_OK(Poison(dlse));
+  for (const MlaPrefillImpl impl : {MlaPrefillImpl::kMmaSync, MlaPrefillImpl::kWgmma}) {
+    const char* impl_name = impl == MlaPrefillImpl::kWgmma ? "wgmma" : "mma.sync";
+    SCOPED_TRACE(impl_name);
+    DeviceBuffer<bf16> dout;
+    DeviceBuffer<float> dlse;
+    MOESH_ASSERT_OK(dout.Reallocate(want.size()));
+    MOESH_ASSERT_OK(dlse.Reallocate(want_lse.size()));
+    MOESH_ASSERT_OK(Poison(dout));
+    MOESH_ASSERT_OK(Poison(dlse));
 
-  MlaPrefillParams p;
-  p.q_nope = dq.get(), p.q_pe = dq.get() + kNope;
-  p.q_nope_ld = p.q_pe_ld = static_cast<int64_t>(heads) * kQk;
-  p.q_nope_head_stride = p.q_pe_head_stride = kQk;
-  p.kv_ld = static_cast<int64_t>(heads) * kNope, p.kv_head_stride = kNope, p.k_pe_ld = kRow;
-  p.num_q = num_q, p.num_heads = heads, p.q_pos0 = c.prefix, p.softmax_scale = kScale;
-  p.out = dout.get(), p.out_ld = static_cast<int64_t>(heads) * kV, p.out_head_stride = kV;
-  p.lse = dlse.get();
-  const int keys = len - c.first_k;
-  for (int range = 0; range < c.ranges; ++range) {
-    const int k0 = c.first_k + static_cast<int>(static_cast<int64_t>(keys) * range / c.ranges);
-    const int k1 =
-        c.first_k + static_cast<int>(static_cast<int64_t>(keys) * (range + 1) / c.ranges);
-    p.k_nope = dkn.get() + static_cast<size_t>(k0) * heads * kNope;
-    p.v = dv.get() + static_cast<size_t>(k0) * heads * kV;
-    p.k_pe = drows.get() + static_cast<size_t>(k0) * kRow + kLatent;
-    p.num_k = k1 - k0, p.k_pos0 = k0, p.merge = range > 0;
-    MOESH_ASSERT_OK(RunMlaPrefill(p));
-  }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<bf16> got_b(want.size());
-  std::vector<float> got_lse(want_lse.size());
-  ASSERT_EQ(cudaMemcpy(got_b.data(), dout.get(), dout.bytes(), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(got_lse.data(), dlse.get(), dlse.bytes(), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  const std::vector<float> got = ToFloats(got_b);
-
-  double worst = 0.0, worst_lse = 0.0;
-  int unseen = 0;  // rows that see no key
-  for (int i = 0; i < num_q; ++i) {
-    for (int h = 0; h < heads; ++h) {
-      const size_t row = static_cast<size_t>(i) * heads + h;
-      const std::vector<float> a(got.begin() + row * kV, got.begin() + (row + 1) * kV);
-      const std::vector<float> b(want.begin() + row * kV, want.begin() + (row + 1) * kV);
-      if (want_lse[row] == -INFINITY) {  // no key: exactly zeros and -inf
-        ++unseen;
-        EXPECT_EQ(got_lse[row], -INFINITY) << "row " << i << " head " << h;
-        EXPECT_EQ(*std::max_element(a.begin(), a.end()), 0.0f) << "row " << i << " head " << h;
-        EXPECT_EQ(*std::min_element(a.begin(), a.end()), 0.0f) << "row " << i << " head " << h;
-        continue;
-      }
-      const double e = RelErr(a, b);
-      // The kernel's lse is base 2 of the scaled scores: ln = log2 · ln 2. A
-      // NaN (an unwritten, poisoned lse) counts as an infinite error.
-      const double e_lse =
-          std::fabs(static_cast<double>(got_lse[row]) * std::log(2.0) - want_lse[row]);
-      worst = std::isnan(e) ? INFINITY : std::max(worst, e);
-      worst_lse = std::isnan(e_lse) ? INFINITY : std::max(worst_lse, e_lse);
+    MlaPrefillParams p;
+    p.q_nope = dq.get(), p.q_pe = dq.get() + kNope;
+    p.q_nope_ld = p.q_pe_ld = static_cast<int64_t>(heads) * kQk;
+    p.q_nope_head_stride = p.q_pe_head_stride = kQk;
+    p.kv_ld = static_cast<int64_t>(heads) * kNope, p.kv_head_stride = kNope, p.k_pe_ld = kRow;
+    p.num_q = num_q, p.num_heads = heads, p.q_pos0 = c.prefix, p.softmax_scale = kScale;
+    p.out = dout.get(), p.out_ld = static_cast<int64_t>(heads) * kV, p.out_head_stride = kV;
+    p.lse = dlse.get(), p.impl = impl;
+    const int keys = len - c.first_k;
+    for (int range = 0; range < c.ranges; ++range) {
+      const int k0 = c.first_k + static_cast<int>(static_cast<int64_t>(keys) * range / c.ranges);
+      const int k1 =
+          c.first_k + static_cast<int>(static_cast<int64_t>(keys) * (range + 1) / c.ranges);
+      p.k_nope = dkn.get() + static_cast<size_t>(k0) * heads * kNope;
+      p.v = dv.get() + static_cast<size_t>(k0) * heads * kV;
+      p.k_pe = drows.get() + static_cast<size_t>(k0) * kRow + kLatent;
+      p.num_k = k1 - k0, p.k_pos0 = k0, p.merge = range > 0;
+      MOESH_ASSERT_OK(RunMlaPrefill(p));
     }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<bf16> got_b(want.size());
+    std::vector<float> got_lse(want_lse.size());
+    ASSERT_EQ(cudaMemcpy(got_b.data(), dout.get(), dout.bytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got_lse.data(), dlse.get(), dlse.bytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    const std::vector<float> got = ToFloats(got_b);
+
+    double worst = 0.0, worst_lse = 0.0;
+    int unseen = 0;  // rows that see no key
+    for (int i = 0; i < num_q; ++i) {
+      for (int h = 0; h < heads; ++h) {
+        const size_t row = static_cast<size_t>(i) * heads + h;
+        const std::vector<float> a(got.begin() + row * kV, got.begin() + (row + 1) * kV);
+        const std::vector<float> b(want.begin() + row * kV, want.begin() + (row + 1) * kV);
+        if (want_lse[row] == -INFINITY) {  // no key: exactly zeros and -inf
+          ++unseen;
+          EXPECT_EQ(got_lse[row], -INFINITY) << "row " << i << " head " << h;
+          EXPECT_EQ(*std::max_element(a.begin(), a.end()), 0.0f) << "row " << i << " head " << h;
+          EXPECT_EQ(*std::min_element(a.begin(), a.end()), 0.0f) << "row " << i << " head " << h;
+          continue;
+        }
+        const double e = RelErr(a, b);
+        // The kernel's lse is base 2 of the scaled scores: ln = log2 · ln 2. A
+        // NaN (an unwritten, poisoned lse) counts as an infinite error.
+        const double e_lse =
+            std::fabs(static_cast<double>(got_lse[row]) * std::log(2.0) - want_lse[row]);
+        worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+        worst_lse = std::isnan(e_lse) ? INFINITY : std::max(worst_lse, e_lse);
+      }
+    }
+    std::printf("%s (%s): worst per-row rel err %.3e, worst |lse err| %.3e, %d rows see no key\n",
+                c.name, impl_name, worst, worst_lse, unseen);
+    EXPECT_EQ(unseen > 0, c.first_k > c.prefix);
+    EXPECT_LE(worst, 1e-2);
+    EXPECT_LE(worst_lse, 5e-3);
   }
-  std::printf("%s: worst per-row rel err %.3e, worst |lse err| %.3e, %d rows see no key\n", c.name,
-              worst, worst_lse, unseen);
-  EXPECT_EQ(unseen > 0, c.first_k > c.prefix);
-  EXPECT_LE(worst, 1e-2);
-  EXPECT_LE(worst_lse, 5e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaPrefillTest, ::testing::ValuesIn(kCases),

@@ -299,6 +299,7 @@ struct MlaPrefillParams {
   // far; may be null iff !merge (then not written).
   float* lse = nullptr;
   bool merge = false;
+  MlaPrefillImpl impl = MlaPrefillImpl::kMmaSync;
   cudaStream_t stream = nullptr;
 };
 

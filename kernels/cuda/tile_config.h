@@ -1,4 +1,5 @@
-// The MLA decode kernel's tile shapes, named for params and config alike.
+// The MLA kernels' shapes (decode tiles, the prefill kernel), named for
+// params and config alike.
 #ifndef MOESH_KERNELS_CUDA_TILE_CONFIG_H_
 #define MOESH_KERNELS_CUDA_TILE_CONFIG_H_
 
@@ -15,6 +16,11 @@ enum class MlaTileConfig {
   kTokens32Stages2,  // small enough for two CTAs per SM
   kHeads64Tokens64Stages2,
 };
+
+// Which kernel runs RunMlaPrefill (mla_prefill.h): mma.sync (64 queries a
+// CTA, four warps; mla_prefill.cu) or wgmma (128 queries a CTA, two consumer
+// warpgroups fed by a TMA producer; mla_prefill_wgmma.cu).
+enum class MlaPrefillImpl { kMmaSync, kWgmma };
 
 }  // namespace moesh::cuda
 

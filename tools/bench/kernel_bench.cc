@@ -498,16 +498,19 @@ absl::Status BenchMlaPrefill(const Ceilings& ceil, const DeviceInfo& info, bool 
       "\nMLA prefill attention, one causal prompt of T tokens (expanded: q·k %d, v %d a head, "
       "keys/values expanded beforehand; absorbed: the decode kernel, a query row a token)\n",
       kQk, kV);
-  std::printf("%-9s %5s %6s %10s %9s %9s\n", "form", "heads", "T", "time_ms", "TFLOP/s", "%gemm");
+  std::printf("%-18s %5s %6s %10s %9s %9s\n", "form", "heads", "T", "time_ms", "TFLOP/s", "%gemm");
   struct Case {
     bool expanded;
     int heads, tokens;
+    MlaPrefillImpl impl = MlaPrefillImpl::kMmaSync;
   };
   std::vector<Case> cases;
   for (int heads : {16, 128}) {
     for (int t : {4096, 16384, 65536}) {
       if (quick && t == 65536 && heads == 128) continue;
-      cases.push_back({true, heads, t});
+      for (MlaPrefillImpl impl : {MlaPrefillImpl::kMmaSync, MlaPrefillImpl::kWgmma}) {
+        cases.push_back({true, heads, t, impl});
+      }
     }
   }
   for (int t : {4096, 16384}) cases.push_back({false, 16, t});
@@ -533,7 +536,7 @@ absl::Status BenchMlaPrefill(const Ceilings& ceil, const DeviceInfo& info, bool 
       p.kv_head_stride = kNope, p.k_pe = rows.get() + mla::kLatentDim, p.k_pe_ld = kRow;
       p.num_q = t, p.num_k = t, p.num_heads = heads, p.softmax_scale = 0.1352f;
       p.out = out.get(), p.out_ld = static_cast<int64_t>(heads) * kV, p.out_head_stride = kV;
-      p.stream = stream;
+      p.impl = c.impl, p.stream = stream;
       ASSIGN_OR_RETURN(ms,
                        MedianMs(stream, 1, quick ? 3 : 5, [&](int) { return RunMlaPrefill(p); }));
       flops = MlaPrefillFlops(t, t, heads, 0, 0);
@@ -570,8 +573,11 @@ absl::Status BenchMlaPrefill(const Ceilings& ceil, const DeviceInfo& info, bool 
       flops = 2.0 * (kRow + mla::kLatentDim) * heads * (static_cast<double>(t) * (t + 1) / 2);
     }
     const double tflops = flops / (ms * 1e-3) / 1e12;
-    std::printf("%-9s %5d %6d %10.3f %9.1f %8.1f%%\n", c.expanded ? "expanded" : "absorbed", heads,
-                t, ms, tflops, 100.0 * tflops / ceil.gemm_tflops);
+    const char* form = !c.expanded                        ? "absorbed (decode)"
+                       : c.impl == MlaPrefillImpl::kWgmma ? "expanded wgmma"
+                                                          : "expanded mma.sync";
+    std::printf("%-18s %5d %6d %10.3f %9.1f %8.1f%%\n", form, heads, t, ms, tflops,
+                100.0 * tflops / ceil.gemm_tflops);
   }
   return absl::OkStatus();
 }

@@ -17,13 +17,13 @@
 //          [--steps 20] [--warmup 3] [--gpu-memory-utilization 0.9]
 //          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
 //          [--profile-step] [--mla-kernel auto|heads16|generic] [--kv-cache-dtype auto|fp8]
-//          [--mla-prefill auto|absorbed|expanded]
+//          [--mla-prefill auto|absorbed|expanded] [--mla-prefill-impl mma|wgmma]
 // --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
 // counts their bytes). --mla-prefill: how the prefill table's prompts attend
 // (CudaModelOptions::mla_prefill, default absorbed; auto expands a prompt of >= 64
-// tokens).
+// tokens); --mla-prefill-impl: the expanded form's kernel (mma.sync or wgmma).
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -65,6 +65,7 @@ struct Flags {
   std::string kv_cache_dtype = "auto";  // auto | fp8 (CudaModelOptions::fp8_kv_cache)
   std::string mla_prefill =
       "absorbed";  // auto | absorbed | expanded (CudaModelOptions::mla_prefill)
+  std::string mla_prefill_impl = "mma";  // mma | wgmma (CudaModelOptions::mla_prefill_impl)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
@@ -144,17 +145,18 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     kv.erase(it);
   }
   for (const char* name : {"load-format", "shape", "model", "quantization", "mla-kernel",
-                           "kv-cache-dtype", "mla-prefill"}) {
+                           "kv-cache-dtype", "mla-prefill", "mla-prefill-impl"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
-    std::string& dst = n == "load-format"    ? f.load_format
-                       : n == "shape"        ? f.shape
-                       : n == "model"        ? f.model_dir
-                       : n == "quantization" ? f.quantization
-                       : n == "mla-kernel"   ? f.mla_kernel
-                       : n == "mla-prefill"  ? f.mla_prefill
-                                             : f.kv_cache_dtype;
+    std::string& dst = n == "load-format"        ? f.load_format
+                       : n == "shape"            ? f.shape
+                       : n == "model"            ? f.model_dir
+                       : n == "quantization"     ? f.quantization
+                       : n == "mla-kernel"       ? f.mla_kernel
+                       : n == "mla-prefill"      ? f.mla_prefill
+                       : n == "mla-prefill-impl" ? f.mla_prefill_impl
+                                                 : f.kv_cache_dtype;
     dst = it->second;
     kv.erase(it);
   }
@@ -165,6 +167,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("--mla-kernel: auto, heads16 or generic");
   if (f.mla_prefill != "auto" && f.mla_prefill != "absorbed" && f.mla_prefill != "expanded")
     return absl::InvalidArgumentError("--mla-prefill: auto, absorbed or expanded");
+  if (f.mla_prefill_impl != "mma" && f.mla_prefill_impl != "wgmma")
+    return absl::InvalidArgumentError("--mla-prefill-impl: mma or wgmma");
   if (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "fp8")
     return absl::InvalidArgumentError("--kv-cache-dtype: auto or fp8");
   if (f.load_format != "dummy" && f.load_format != "auto") {
@@ -469,6 +473,8 @@ absl::Status Run(const Flags& f) {
   o.mla_prefill = f.mla_prefill == "absorbed"   ? MlaPrefill::kAbsorbed
                   : f.mla_prefill == "expanded" ? MlaPrefill::kExpanded
                                                 : MlaPrefill::kAuto;
+  o.mla_prefill_impl =
+      f.mla_prefill_impl == "wgmma" ? MlaPrefillImpl::kWgmma : MlaPrefillImpl::kMmaSync;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaModel> model;
   if (f.load_format == "auto") {
@@ -606,8 +612,10 @@ absl::Status Run(const Flags& f) {
   RETURN_IF_ERROR(BenchGroupedGemm(c, rng));
 
   if (f.prefill_seqs > 0) {
-    std::printf("\nprefill: %d prompts x %d tokens (chunks of %d tokens; --mla-prefill %s)\n",
-                f.prefill_seqs, f.prefill_len, o.max_tokens_per_step, f.mla_prefill.c_str());
+    std::printf(
+        "\nprefill: %d prompts x %d tokens (chunks of %d tokens; --mla-prefill %s, impl %s)\n",
+        f.prefill_seqs, f.prefill_len, o.max_tokens_per_step, f.mla_prefill.c_str(),
+        f.mla_prefill_impl.c_str());
     std::vector<std::vector<int32_t>> prompts(f.prefill_seqs);
     for (auto& p : prompts) {
       for (int t = 0; t < f.prefill_len; ++t) p.push_back(tok(rng));

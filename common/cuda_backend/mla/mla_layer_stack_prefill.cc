@@ -88,6 +88,7 @@ absl::Status MlaLayerStack::EnqueueExpandedAttention(int layer, const AttnRange&
     pp.out = attn_.get() + static_cast<size_t>(r.first) * heads * v;
     pp.out_ld = static_cast<int64_t>(heads) * v, pp.out_head_stride = v;
     pp.lse = prefill_lse_.get() + static_cast<size_t>(r.first) * heads, pp.merge = k0 > 0;
+    pp.impl = ctx_.options.mla_prefill_impl;
     pp.stream = s;
     RETURN_IF_ERROR(RunMlaPrefill(pp));
   }
