@@ -10,7 +10,8 @@
 //     48 tokens (a later pass's queries attend a cached prefix), context rows
 //     expanded 64 at a time (several key ranges merged), on each kernel
 //     (mma.sync and wgmma).
-// Skips where no GPU is present.
+// Which rows attend in which form (MlaAttnRanges) is checked without a GPU;
+// the rest skips where no GPU is present.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "base/file_util.h"
 #include "common/cuda_backend/cuda_model.h"
 #include "common/cuda_backend/fidelity_test_util.h"
+#include "common/cuda_backend/mla/mla_layer_stack.h"
 #include "common/cuda_backend/model_test_util.h"
 #include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
@@ -42,6 +44,44 @@ CudaModelOptions Options(MlaPrefill prefill, int chunk_rows = 0, int tokens_per_
   o.mla_prefill_chunk_rows = chunk_rows;
   if (tokens_per_step > 0) o.max_tokens_per_step = tokens_per_step;
   return o;
+}
+
+// A pass of segments with these new-token counts (positions from 10 on each).
+StepBatch Pass(const std::vector<int>& tokens, bool decode = false) {
+  StepBatch b;
+  b.decode = decode;
+  for (int n : tokens) {
+    b.num_tokens += n;
+    b.seg_last.push_back(b.num_tokens - 1);
+    b.seg_from.push_back(10);
+  }
+  return b;
+}
+
+std::string Describe(const std::vector<MlaAttnRange>& ranges) {
+  std::string out;
+  for (const MlaAttnRange& r : ranges) {
+    absl::StrAppend(&out, r.expanded ? "E" : "A", "[", r.first, "+", r.rows,
+                    r.expanded ? absl::StrCat("@", r.pos0) : "", "] ");
+  }
+  return out;
+}
+
+// Which rows of a pass attend in which form (no GPU needed).
+TEST(MlaAttnRangesTest, ExpandsLongSegmentsAndMergesTheRest) {
+  const StepBatch mixed = Pass({1, 2, 100, 3, 4, 64, 63});
+  EXPECT_EQ(Describe(MlaAttnRanges(mixed, MlaPrefill::kAuto, true)),
+            "A[0+3] E[3+100@10] A[103+7] E[110+64@10] A[174+63] ");
+  EXPECT_EQ(Describe(MlaAttnRanges(mixed, MlaPrefill::kExpanded, true)),
+            "E[0+1@10] E[1+2@10] E[3+100@10] E[103+3@10] E[106+4@10] E[110+64@10] "
+            "E[174+63@10] ");
+  // One range over every row: absorbed mode, the widths the expanded kernel
+  // is not built for, a decode pass, or no segment long enough.
+  EXPECT_EQ(Describe(MlaAttnRanges(mixed, MlaPrefill::kAbsorbed, true)), "A[0+237] ");
+  EXPECT_EQ(Describe(MlaAttnRanges(mixed, MlaPrefill::kAuto, false)), "A[0+237] ");
+  EXPECT_EQ(Describe(MlaAttnRanges(Pass({1, 1, 1}, true), MlaPrefill::kExpanded, true)), "A[0+3] ");
+  EXPECT_EQ(Describe(MlaAttnRanges(Pass({5, 63, 1}), MlaPrefill::kAuto, true)), "A[0+69] ");
+  EXPECT_EQ(Describe(MlaAttnRanges(Pass({64}), MlaPrefill::kAuto, true)), "E[0+64@10] ");
 }
 
 class CudaMlaPrefillTest : public ::testing::TestWithParam<const char*> {};

@@ -154,7 +154,7 @@ kernels() {
   if has $sass_bin && command -v cuobjdump > /dev/null; then
     cuobjdump --dump-sass $D/bin/$sass_bin > "$LOGS/sass_all.txt" 2>&1
     local k
-    for k in MlaDecodeKernel MlaDecodeFp8Kernel MlaPrefillKernel; do
+    for k in MlaDecodeKernel MlaDecodeFp8Kernel MlaPrefillKernel MlaPrefillWgmmaKernel; do
       awk -v k="$k" '/Function : / {on = index($0, k) > 0} on' "$LOGS/sass_all.txt" > "$LOGS/sass_$k.txt"
       echo "$k SASS ($sass_bin): $(grep -c HMMA "$LOGS/sass_$k.txt") HMMA, $(grep -c LDSM "$LOGS/sass_$k.txt") LDSM," \
            "$(grep -c F2FP "$LOGS/sass_$k.txt") F2FP, $(grep -c -E 'UBLKCP|UTMALDG|BULK' "$LOGS/sass_$k.txt") bulk-copy," \

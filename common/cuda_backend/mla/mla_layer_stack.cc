@@ -55,29 +55,31 @@ absl::Status MlaLayerStack::Init() {
   return InitExpandedPrefill();
 }
 
-absl::Status MlaLayerStack::PlanAttention(const StepBatch& b) {
-  ranges_.clear();
-  AttnRange whole;
-  whole.rows = b.num_tokens, whole.plan = plan_;
-  if (!expanded_ok_ || b.decode || ctx_.options.mla_prefill == MlaPrefill::kAbsorbed) {
-    ranges_.push_back(whole);
-    return absl::OkStatus();
-  }
+std::vector<MlaAttnRange> MlaAttnRanges(const StepBatch& b, MlaPrefill mode, bool expanded_ok) {
+  std::vector<MlaAttnRange> ranges;
+  MlaAttnRange whole;
+  whole.rows = b.num_tokens;
+  if (!expanded_ok || b.decode || mode == MlaPrefill::kAbsorbed) return {whole};
   int first = 0;
   for (size_t s = 0; s < b.seg_last.size(); ++s) {
-    AttnRange r;
+    MlaAttnRange r;
     r.first = first, r.rows = b.seg_last[s] + 1 - first, r.pos0 = b.seg_from[s];
-    r.expanded =
-        ctx_.options.mla_prefill == MlaPrefill::kExpanded || r.rows >= kMlaExpandedMinTokens;
+    r.expanded = mode == MlaPrefill::kExpanded || r.rows >= kMlaExpandedMinTokens;
     first += r.rows;
-    if (!r.expanded && !ranges_.empty() && !ranges_.back().expanded) {
-      ranges_.back().rows += r.rows;  // absorbed rows of several sequences: one launch
+    if (!r.expanded && !ranges.empty() && !ranges.back().expanded) {
+      ranges.back().rows += r.rows;  // absorbed rows of several sequences: one launch
     } else {
-      ranges_.push_back(r);
+      ranges.push_back(r);
     }
   }
+  if (ranges.size() == 1 && !ranges[0].expanded) return {whole};
+  return ranges;
+}
+
+absl::Status MlaLayerStack::PlanAttention(const StepBatch& b) {
+  ranges_ = MlaAttnRanges(b, ctx_.options.mla_prefill, expanded_ok_);
   if (ranges_.size() == 1 && !ranges_[0].expanded) {
-    ranges_[0] = whole;
+    ranges_[0].plan = plan_;
     return absl::OkStatus();
   }
   size_t ws = 0;

@@ -28,6 +28,25 @@
 
 namespace moesh::cuda {
 
+// A run of a pass's token rows attended one way: absorbed (rows of any
+// sequences, through the decode kernel with `plan`), or expanded (one
+// sequence's new tokens, the first at position pos0).
+struct MlaAttnRange {
+  int first = 0, rows = 0;
+  bool expanded = false;
+  int pos0 = 0;
+  MlaDecodePlan plan;
+};
+
+// How the rows of pass `b` attend under `mode` where the expanded form runs
+// at the model's widths (`expanded_ok`): a decode pass, kAbsorbed, or no
+// expanded sequence give one absorbed range over every row; else each
+// sequence (segment) of kMlaExpandedMinTokens new tokens or more (every one
+// under kExpanded) is an expanded range, and consecutive other segments
+// merge into absorbed ranges. Ranges cover [0, b.num_tokens) in order.
+// Plans are left default.
+std::vector<MlaAttnRange> MlaAttnRanges(const StepBatch& b, MlaPrefill mode, bool expanded_ok);
+
 class MlaLayerStack : public LayerStack {
  public:
   MlaLayerStack(const ForwardContext& ctx, FfnBlock* ffn) : ctx_(ctx), ffn_(ffn) {}
@@ -52,18 +71,9 @@ class MlaLayerStack : public LayerStack {
   absl::Status EnqueueIndexer(int layer, int num_tokens);
   absl::Status EnqueueSparseMla(const StepBatch& b, const MlaDecodeParams& mp);
 
-  // A run of a pass's token rows attended one way: absorbed (rows of any
-  // sequences, through the decode kernel with `plan`), or expanded (one
-  // sequence's new tokens, the first at position pos0).
-  struct AttnRange {
-    int first = 0, rows = 0;
-    bool expanded = false;
-    int pos0 = 0;
-    MlaDecodePlan plan;
-  };
-  // The pass's ranges into ranges_ (one absorbed range over every row unless
-  // a sequence is expanded), the absorbed ranges' split workspace allocated.
-  // After plan_ is the pass's.
+  using AttnRange = MlaAttnRange;
+  // The pass's ranges into ranges_ (MlaAttnRanges), each absorbed range's
+  // split plan, their workspace allocated. After plan_ is the pass's.
   absl::Status PlanAttention(const StepBatch& b);
   // The decode kernel over range r's rows of `whole` (the pass's params).
   absl::Status EnqueueAbsorbedAttention(const StepBatch& b, const AttnRange& r,
