@@ -144,6 +144,10 @@ struct PrefillCase {
   int num_q, prefix, heads;
   int ranges;       // key ranges the context is cut into (merged calls)
   int first_k = 0;  // keys from this position on only (queries before it see none)
+  // The layer stack's query layout (else one [num_q, heads, 192] buffer): the
+  // no-rope parts in the q projection's rows (heads · 192 + 576 wide), the
+  // roped parts at 512 of [num_q, heads, 576] rows; every other value NaN.
+  bool stack_layout = false;
 };
 
 const PrefillCase kCases[] = {
@@ -159,6 +163,8 @@ const PrefillCase kCases[] = {
     {"FirstTileEmptyInLastRange", 200, 0, 16, 2},
     // Queries before position 150 see no key at all: zeros and lse -inf.
     {"EarlyQueriesSeeNoKey", 130, 100, 16, 2, 150},
+    {"StackLayoutTwoRanges", 150, 90, 16, 2, 0, true},
+    {"StackLayoutHeads128", 129, 0, 128, 1, 0, true},
 };
 
 void PrintTo(const PrefillCase& c, std::ostream* os) { *os << c.name; }
@@ -196,7 +202,20 @@ TEST_P(MlaPrefillTest, MatchesReference) {
   r.softmax_scale = kScale, r.out = want.data(), r.lse = want_lse.data();
   ref::MlaPrefillRef(r);
 
-  MOESH_ASSERT_OK_AND_ASSIGN(auto dq, Upload(q_b));
+  // The queries as the layer stack lays them out, NaN wherever
+  // the kernels must not read.
+  const int64_t stack_q_ld = static_cast<int64_t>(heads) * kQk + kRow, stack_pe_ld = heads * kRow;
+  std::vector<bf16> q_rows(static_cast<size_t>(num_q) * stack_q_ld, testing::ToBf16(NAN)),
+      pe_rows(static_cast<size_t>(num_q) * stack_pe_ld, testing::ToBf16(NAN));
+  for (int i = 0; i < num_q; ++i) {
+    for (int h = 0; h < heads; ++h) {
+      const bf16* src = &q_b[(static_cast<size_t>(i) * heads + h) * kQk];
+      std::copy_n(src, kNope, &q_rows[i * stack_q_ld + h * kQk]);
+      std::copy_n(src + kNope, kRope, &pe_rows[i * stack_pe_ld + h * kRow + kLatent]);
+    }
+  }
+  MOESH_ASSERT_OK_AND_ASSIGN(auto dq, Upload(c.stack_layout ? q_rows : q_b));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto dpe, Upload(pe_rows));
   MOESH_ASSERT_OK_AND_ASSIGN(auto dkn, Upload(kn_b));
   MOESH_ASSERT_OK_AND_ASSIGN(auto dv, Upload(v_b));
   MOESH_ASSERT_OK_AND_ASSIGN(auto drows, Upload(rows_b));
@@ -214,6 +233,10 @@ TEST_P(MlaPrefillTest, MatchesReference) {
     p.q_nope = dq.get(), p.q_pe = dq.get() + kNope;
     p.q_nope_ld = p.q_pe_ld = static_cast<int64_t>(heads) * kQk;
     p.q_nope_head_stride = p.q_pe_head_stride = kQk;
+    if (c.stack_layout) {
+      p.q_nope_ld = stack_q_ld;
+      p.q_pe = dpe.get() + kLatent, p.q_pe_ld = stack_pe_ld, p.q_pe_head_stride = kRow;
+    }
     p.kv_ld = static_cast<int64_t>(heads) * kNope, p.kv_head_stride = kNope, p.k_pe_ld = kRow;
     p.num_q = num_q, p.num_heads = heads, p.q_pos0 = c.prefix, p.softmax_scale = kScale;
     p.out = dout.get(), p.out_ld = static_cast<int64_t>(heads) * kV, p.out_head_stride = kV;

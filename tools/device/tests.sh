@@ -121,7 +121,7 @@ kernels() {
            cuda_mxfp4_test cuda_wgmma_test; do
     test_bin "$t" 90 "$t"
   done
-  local prefill_small='--gtest_filter=*OneTile*:*PaddedTile*:*ManyRanges*:*NoKey*:*Args*'
+  local prefill_small='--gtest_filter=*OneTile*:*PaddedTile*:*ManyRanges*:*NoKey*:*StackLayoutTwo*:*Args*'
   sanitize memcheck_mla_prefill 120 memcheck cuda_mla_prefill_test "$prefill_small"
   sanitize racecheck_mla_prefill 150 racecheck cuda_mla_prefill_test "$prefill_small"
   sanitize synccheck_mla_prefill 100 synccheck cuda_mla_prefill_test "$prefill_small"
