@@ -72,6 +72,12 @@ struct CudaModelOptions {
   // written by the KV-write kernel and widened in the MLA kernels' shared
   // memory. MLA models without an indexer (V2, V2-Lite, V3, R1).
   bool fp8_kv_cache = false;
+  // DeepSeek-V3.2's sparse attention at the tuned widths: each token's
+  // selected rows gathered into a dense copy the tuned kernel reads (true),
+  // or read straight from the pool through the selection by the 16-head
+  // kernel (false: no copy; kernels/cuda/mla_decode.h). The default stays the
+  // copy until the direct read has run on a GPU (written 2026-12-05 without one).
+  bool sparse_mla_gather = true;
 };
 
 }  // namespace moesh::cuda

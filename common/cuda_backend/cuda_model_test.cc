@@ -412,6 +412,16 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
   CudaModelOptions options = testing::SmallModelOptions();
   absl::StatusOr<std::unique_ptr<CudaModel>> fast = CudaModel::Load(dir, options);
   ASSERT_TRUE(fast.ok()) << fast.status();
+  // V3.2: also the tuned 16-head kernel reading each selection straight from
+  // the pool (no gathered copy), held to the plain kernel's logits.
+  std::unique_ptr<CudaModel> direct;
+  if (c.has_indexer()) {
+    CudaModelOptions o = options;
+    o.sparse_mla_gather = false;
+    absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Load(dir, o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    direct = std::move(*m);
+  }
   options.mla_kernel = MlaKernel::kGeneric;
   absl::StatusOr<std::unique_ptr<CudaModel>> plain = CudaModel::Load(dir, options);
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -420,7 +430,7 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
   std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
   const std::vector<int> lens = {70, 130, 1};
   std::vector<std::vector<int32_t>> inputs(lens.size());
-  std::vector<int> seq_fast, seq_plain;
+  std::vector<int> seq_fast, seq_plain, seq_direct;
   std::vector<SequenceKvCache> caches;
   for (size_t i = 0; i < lens.size(); ++i) {
     for (int t = 0; t < lens[i]; ++t) inputs[i].push_back(tok(rng));
@@ -428,6 +438,11 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
     ASSERT_TRUE(a.ok() && b.ok());
     seq_fast.push_back(*a);
     seq_plain.push_back(*b);
+    if (direct) {
+      absl::StatusOr<int> d = direct->AddSequence();
+      ASSERT_TRUE(d.ok());
+      seq_direct.push_back(*d);
+    }
     caches.push_back(cpu->model->NewCache());
   }
   // V3.2: the tuned kernel reads a dense copy of each token's selection, the
@@ -436,7 +451,7 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
   // RunV4Attention. Their CPU comparisons are printed, not held to a bound:
   // an indexer near-tie (bf16 against fp32) picks another key there.
   const bool sparse = c.has_indexer() || c.layers() == LayerArch::kV4;
-  double worst_fast = 0.0, worst_plain = 0.0, worst_pair = 0.0, worst_lp = 0.0;
+  double worst_fast = 0.0, worst_plain = 0.0, worst_pair = 0.0, worst_lp = 0.0, worst_direct = 0.0;
   for (int s = 0; s < 5; ++s) {  // a prefill, then decode steps
     std::vector<SequenceTokens> bf, bp;
     for (size_t i = 0; i < lens.size(); ++i) {
@@ -447,8 +462,21 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
     ASSERT_TRUE(lf.ok()) << lf.status();
     absl::StatusOr<std::vector<float>> lq = (*plain)->ForwardLogits(bp);
     ASSERT_TRUE(lq.ok()) << lq.status();
+    absl::StatusOr<std::vector<float>> ld;
+    if (direct) {
+      std::vector<SequenceTokens> bd;
+      for (size_t i = 0; i < lens.size(); ++i) bd.push_back({seq_direct[i], inputs[i]});
+      ld = direct->ForwardLogits(bd);
+      ASSERT_TRUE(ld.ok()) << ld.status();
+    }
     for (size_t i = 0; i < lens.size(); ++i) {
       SCOPED_TRACE(::testing::Message() << "sequence " << i << " step " << s);
+      if (direct) {
+        const double e_direct =
+            RelLogitErr(ld->data() + i * c.vocab_size, lq->data() + i * c.vocab_size, c.vocab_size);
+        EXPECT_LE(e_direct, kKernelPairTolerance) << "selection read from the pool vs plain";
+        worst_direct = std::max(worst_direct, e_direct);
+      }
       const std::vector<float> ref = CpuStep(*cpu, &caches[i], inputs[i]);
       const float* f = lf->data() + i * c.vocab_size;
       const float* q = lq->data() + i * c.vocab_size;
@@ -500,6 +528,10 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
       "plain "
       "MLA %.2e; tuned vs plain %.2e; max |logprob diff| %.2e\n",
       GetParam().c_str(), worst_fast, worst_plain, worst_pair, worst_lp);
+  if (direct) {
+    std::printf("  v3.2, the selection read from the pool vs the plain kernel: %.2e\n",
+                worst_direct);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaRealWidthsTest,

@@ -57,15 +57,31 @@ struct Cfg {
   static constexpr int kCtasPerSm = 233472 / (sizeof(Smem) + 1024);
 };
 
+// Row t of sequence b's rows (t < seq_len): cache position t, or with a
+// selection (kv_index) position kv_index[b, t]; kv_row_stride apart.
+__device__ __forceinline__ const bf16* SelectedRow(const MlaDecodeParams& p, int b, int t) {
+  const int pos =
+      p.kv_index != nullptr ? p.kv_index[static_cast<int64_t>(b) * p.kv_index_stride + t] : t;
+  const int block =
+      p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + pos / kKvBlockSize];
+  return p.kv_cache +
+         (static_cast<int64_t>(block) * kKvBlockSize + pos % kKvBlockSize) * p.kv_row_stride;
+}
+
 // Warp 0: starts the copy of the sequence's tile `tile` into `stage`. Rows past
 // the sequence's end are zeroed instead (their probabilities are 0, and 0 · NaN
-// of stale shared memory would poison O).
+// of stale shared memory would poison O). Dense rows (no selection, stride
+// 576) come from one cache block; selected or strided rows each find their
+// own (SelectedRow).
 template <typename C>
 __device__ __forceinline__ void IssueTile(typename C::Smem& s, const MlaDecodeParams& p, int b,
                                           int tile, int stage, int seq_len, int lane) {
   constexpr int kTile = C::kTileTokens;
+  const bool dense = p.kv_index == nullptr && p.kv_row_stride == kHeadDim;
   const int block =
-      p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + tile / C::kTilesPerBlock];
+      dense
+          ? p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + tile / C::kTilesPerBlock]
+          : 0;
   const int valid = min(kTile, seq_len - tile * kTile);
   const bf16* src =
       p.kv_cache +
@@ -78,8 +94,9 @@ __device__ __forceinline__ void IssueTile(typename C::Smem& s, const MlaDecodePa
   if (lane == 0) MbarArriveExpectTx(&s.bar[stage], valid * kRowBytes);
   __syncwarp();
   for (int r = lane; r < valid; r += 32) {
-    BulkCopyG2S(&s.kv[stage][r][0], src + static_cast<int64_t>(r) * kHeadDim, kRowBytes,
-                &s.bar[stage]);
+    const bf16* row =
+        dense ? src + static_cast<int64_t>(r) * kHeadDim : SelectedRow(p, b, tile * kTile + r);
+    BulkCopyG2S(&s.kv[stage][r][0], row, kRowBytes, &s.bar[stage]);
   }
 }
 
@@ -410,10 +427,17 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   const bool fp8 = p.kv_dtype == KvCacheDtype::kFp8;
   const int row_units =
       fp8 ? cpu::Fp8KvRowLayout{kLatentDim, kRopeDim}.bytes() / 2 : kLatentDim + kRopeDim;
-  if ((p.kv_row_stride != 0 && p.kv_row_stride != row_units) || p.kv_index != nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RunMlaDecode: dense rows of ", 2 * row_units,
-                     " bytes only (strided or sparse: the generic kernel)"));
+  // Selected or strided rows: the 16-head bf16 kernel reads them row by row.
+  const int stride = p.kv_row_stride != 0 ? p.kv_row_stride : row_units;
+  const bool selected = p.kv_index != nullptr || stride != row_units;
+  const MlaTileConfig tile = Resolve(p.tile, p.num_heads, p.kv_dtype);
+  if (selected &&
+      (fp8 || tile == MlaTileConfig::kHeads64Tokens64Stages2 || stride < row_units ||
+       stride % 8 != 0 || (p.kv_index != nullptr && p.kv_index_stride < p.max_seq_len))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunMlaDecode: selected (kv_index) or strided rows need bf16 rows, a 16-head tile "
+        "(kTokens*: the 64-head kernel reads dense blocks), a row stride of whole 16 bytes >= ",
+        row_units, " values (0: dense) and kv_index_stride >= max_seq_len"));
   }
   if (p.batch < 0 || p.num_heads <= 0 || p.num_blocks <= 0 || p.max_blocks_per_seq <= 0 ||
       p.max_seq_len < 0 ||
@@ -440,20 +464,21 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   }
   if (p.batch > 65535) return absl::InvalidArgumentError("RunMlaDecode: batch > 65535");
   const bool split = p.num_splits > 1;
-  const MlaTileConfig tile = Resolve(p.tile, p.num_heads, p.kv_dtype);
   if (fp8) {
     RETURN_IF_ERROR(LaunchMlaDecodeFp8(p, tile));
   } else if (tile == MlaTileConfig::kHeads64Tokens64Stages2) {
     RETURN_IF_ERROR(LaunchMlaDecodeWide(p));
   } else {
     const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.batch);
+    MlaDecodeParams q = p;  // the kernel reads the row stride (dense: kHeadDim)
+    if (q.kv_row_stride == 0) q.kv_row_stride = kHeadDim;
     const auto launch = [&](auto cfg) {
       using C = decltype(cfg);
-      if (p.out_type == OutType::kFloat32) {
-        return split ? LaunchDecode<C, true, float>(p, grid)
-                     : LaunchDecode<C, false, float>(p, grid);
+      if (q.out_type == OutType::kFloat32) {
+        return split ? LaunchDecode<C, true, float>(q, grid)
+                     : LaunchDecode<C, false, float>(q, grid);
       }
-      return split ? LaunchDecode<C, true, bf16>(p, grid) : LaunchDecode<C, false, bf16>(p, grid);
+      return split ? LaunchDecode<C, true, bf16>(q, grid) : LaunchDecode<C, false, bf16>(q, grid);
     };
     RETURN_IF_ERROR(WithTile(tile, launch));
   }

@@ -148,10 +148,66 @@ std::vector<uint16_t> PackFp8(std::vector<float>& cache, std::mt19937& rng) {
   return units;
 }
 
+// The pool a selection reads (DeepSeek-V3.2's sparse attention): sequence
+// s's rows t < lens[s] of `b` scattered to random distinct positions of a
+// sequence twice as long, in rows kSelectedStride wide (V3.2's [latent |
+// rope | index key]); every other value NaN, so a row read wrongly shows.
+constexpr int kSelectedStride = kDim + 128;
+struct SelectedPool {
+  std::vector<float> rows;  // [num_blocks * 64, kSelectedStride]
+  std::vector<int32_t> block_table, index;
+  int num_blocks = 0, max_blocks_per_seq = 0, index_stride = 0;
+};
+
+SelectedPool ScatterRows(const PagedBatch& b, std::mt19937& rng) {
+  SelectedPool pool;
+  const int batch = static_cast<int>(b.seq_lens.size());
+  pool.index_stride = std::max(b.max_seq_len, 1);
+  std::vector<int> lens(batch);
+  for (int s = 0; s < batch; ++s) {
+    lens[s] = 2 * b.seq_lens[s] + 7;
+    pool.max_blocks_per_seq =
+        std::max(pool.max_blocks_per_seq, (lens[s] + kKvBlockSize - 1) / kKvBlockSize);
+    pool.num_blocks += (lens[s] + kKvBlockSize - 1) / kKvBlockSize;
+  }
+  std::vector<int32_t> ids(pool.num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  pool.block_table.assign(static_cast<size_t>(batch) * pool.max_blocks_per_seq, INT_MAX);
+  pool.rows.assign(static_cast<size_t>(pool.num_blocks) * kKvBlockSize * kSelectedStride, NAN);
+  pool.index.assign(static_cast<size_t>(batch) * pool.index_stride, INT_MAX);
+  int next = 0;
+  for (int s = 0; s < batch; ++s) {
+    for (int i = 0; i < (lens[s] + kKvBlockSize - 1) / kKvBlockSize; ++i) {
+      pool.block_table[static_cast<size_t>(s) * pool.max_blocks_per_seq + i] = ids[next++];
+    }
+    std::vector<int> pos(lens[s]);
+    std::iota(pos.begin(), pos.end(), 0);
+    std::shuffle(pos.begin(), pos.end(), rng);
+    for (int t = 0; t < b.seq_lens[s]; ++t) {
+      const int from =
+          b.block_table[static_cast<size_t>(s) * b.max_blocks_per_seq + t / kKvBlockSize] *
+              kKvBlockSize +
+          t % kKvBlockSize;
+      const int p = pos[t];
+      const int to =
+          pool.block_table[static_cast<size_t>(s) * pool.max_blocks_per_seq + p / kKvBlockSize] *
+              kKvBlockSize +
+          p % kKvBlockSize;
+      std::copy_n(&b.cache[static_cast<size_t>(from) * kDim], kDim,
+                  &pool.rows[static_cast<size_t>(to) * kSelectedStride]);
+      pool.index[static_cast<size_t>(s) * pool.index_stride + t] = p;
+    }
+  }
+  return pool;
+}
+
 // Every case through each of `tiles`, against the reference; with `dtype`
-// kFp8 the cache holds FP8 rows and the reference reads what they hold.
+// kFp8 the cache holds FP8 rows and the reference reads what they hold;
+// `selected`: the kernel reads each sequence's rows through a selection out
+// of a wider strided pool (ScatterRows) instead.
 void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
-               KvCacheDtype dtype = KvCacheDtype::kBf16) {
+               KvCacheDtype dtype = KvCacheDtype::kBf16, bool selected = false) {
   MOESH_ASSERT_OK_AND_ASSIGN(DeviceInfo info, CurrentDeviceInfo());
   {
     const uint32_t seed = FreshSeed();
@@ -164,6 +220,15 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
     MOESH_ASSERT_OK_AND_ASSIGN(
         auto dcache, fp8 ? Upload(PackFp8(b.cache, rng)) : Upload(Bits(ToBf16Rounding(b.cache))));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dtable, Upload(b.block_table));
+    SelectedPool pool;
+    DeviceBuffer<uint16_t> dpool;
+    DeviceBuffer<int32_t> dpool_table, dindex;
+    if (selected) {  // b.cache is bf16-rounded by now
+      pool = ScatterRows(b, rng);
+      MOESH_ASSERT_OK_AND_ASSIGN(dpool, Upload(Bits(ToBf16Rounding(pool.rows))));
+      MOESH_ASSERT_OK_AND_ASSIGN(dpool_table, Upload(pool.block_table));
+      MOESH_ASSERT_OK_AND_ASSIGN(dindex, Upload(pool.index));
+    }
     MOESH_ASSERT_OK_AND_ASSIGN(auto dlens, Upload(b.seq_lens));
     const size_t out_elems = static_cast<size_t>(batch) * c.heads * kRank;
     std::vector<float> ref_out(out_elems), ref_lse(static_cast<size_t>(batch) * c.heads);
@@ -202,6 +267,12 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
       p.lse = dlse.get(), p.num_splits = splits, p.workspace = dws.get(),
       p.workspace_bytes = ws_bytes;
       p.tile = tile;
+      if (selected) {
+        p.kv_cache = reinterpret_cast<const bf16*>(dpool.get()), p.kv_row_stride = kSelectedStride;
+        p.block_table = dpool_table.get(), p.num_blocks = pool.num_blocks;
+        p.max_blocks_per_seq = pool.max_blocks_per_seq;
+        p.kv_index = dindex.get(), p.kv_index_stride = pool.index_stride;
+      }
       MOESH_ASSERT_OK(RunMlaDecode(p));
       MOESH_ASSERT_OK(CudaStatus(cudaDeviceSynchronize(), "decode"));
 
@@ -264,6 +335,44 @@ TEST_P(MlaDecodeTest, Fp8RowsMatchReference) {
              MlaTileConfig::kTokens64Stages2, MlaTileConfig::kTokens32Stages4,
              MlaTileConfig::kTokens32Stages5, MlaTileConfig::kTokens32Stages2},
             KvCacheDtype::kFp8);
+}
+
+// What RunMlaDecode takes with a selection or wider rows, checked before
+// anything reaches the device (an empty batch: no GPU needed).
+TEST(MlaDecodeArgsTest, SelectedRowsNeedBf16RowsAndA16HeadTile) {
+  const int32_t fake = 0;
+  MlaDecodeParams d;
+  d.kv_lora_rank = kRank, d.rope_dim = kRope, d.num_heads = 128, d.num_blocks = 4;
+  d.max_blocks_per_seq = 4, d.max_seq_len = 100, d.batch = 0;
+  d.kv_index = &fake, d.kv_index_stride = 100, d.kv_row_stride = kDim + 128;
+  d.tile = MlaTileConfig::kTokens32Stages2;
+  EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
+  d.kv_row_stride = 0;  // dense rows, selected
+  EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
+  d.tile = MlaTileConfig::kDefault;  // 128 heads: the 64-head kernel, which reads dense blocks
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.tile = MlaTileConfig::kTokens64Stages2;
+  d.kv_index_stride = 99;  // under max_seq_len
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.kv_index_stride = 100, d.kv_row_stride = kDim + 4;  // not whole 16 bytes
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.kv_row_stride = kDim - 8;  // narrower than a row
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.kv_row_stride = 0, d.kv_dtype = KvCacheDtype::kFp8;  // FP8 rows: dense only
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.kv_index = nullptr;
+  EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
+}
+
+// DeepSeek-V3.2's selection read straight from the pool (no gathered copy):
+// the 16-head kernel's tiles, rows fetched one by one through kv_index from
+// rows wider than 576 values.
+TEST_P(MlaDecodeTest, SelectedRowsMatchReference) {
+  MOESH_REQUIRE_GPU();
+  CheckCase(GetParam(),
+            {MlaTileConfig::kTokens64Stages2, MlaTileConfig::kTokens32Stages4,
+             MlaTileConfig::kTokens32Stages5, MlaTileConfig::kTokens32Stages2},
+            KvCacheDtype::kBf16, /*selected=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaDecodeTest, ::testing::ValuesIn(kCases),

@@ -257,9 +257,11 @@ struct MlaDecodeParams {
   size_t workspace_bytes = 0;
   MlaTileConfig tile = MlaTileConfig::kDefault;  // must match the plan's
   cudaStream_t stream = nullptr;
-  // RunMlaAttentionGeneric only: the cache's row stride (0: kv_lora_rank +
-  // rope_dim), and a sparse selection (DeepSeek-V3.2's indexer): non-null,
-  // row t < seq_lens[b] of query b is position kv_index[b * kv_index_stride + t].
+  // The cache's row stride (0: kv_lora_rank + rope_dim), and a sparse
+  // selection (DeepSeek-V3.2's indexer): non-null, row t < seq_lens[b] of
+  // query b is position kv_index[b * kv_index_stride + t]. Read by
+  // RunMlaAttentionGeneric, and by RunMlaDecode's 16-head bf16 kernel (a
+  // kTokens* tile; rows fetched one by one, straight from the pool).
   int kv_row_stride = 0;
   const int32_t* kv_index = nullptr;
   int kv_index_stride = 0;

@@ -107,6 +107,9 @@ class MlaLayerStack : public LayerStack {
   bool sparse_fast_ = false;
   MlaScratch sparse_;
   DeviceBuffer<int32_t> sparse_rows_;
+  // !sparse_mla_gather: the 16-head kernel's split partials for decode
+  // passes (fixed: graphs), planned at index_topk rows for every bucket.
+  DeviceBuffer<uint8_t> sparse_ws_;
   // The expanded prefill: the pass's attention ranges; context rows expanded
   // at a time; their latent rows [chunk_rows_, latent + rope], K's no-rope
   // part and V [chunk_rows_, heads, 128]; the log2-sum-exp of the ranges

@@ -4,7 +4,8 @@
 // wk rows, LayerNorm, RoPE on its first rope dims in the rotate-half layout)
 // into the tail of each cache row; the queries (q latent · wq_b, roped the
 // same way); then each token's top index_topk causal rows, which the MLA
-// attention reads through its row index (the plain kernel), or, at the
+// attention reads through its row index (the plain kernel, and the tuned
+// 16-head kernel with CudaModelOptions::sparse_mla_gather off), or, at the
 // tuned kernel's widths, from a dense copy of the selected rows.
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "base/status.h"
 #include "common/cuda_backend/mla/mla_layer_stack.h"
+#include "kernels/cuda/config.h"
 #include "kernels/cuda/dsa_ops.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/ops.h"
@@ -29,6 +31,15 @@ absl::Status MlaLayerStack::InitIndexer() {
     return absl::OkStatus();
   }
   sparse_fast_ = true;
+  if (!ctx_.options.sparse_mla_gather) {
+    size_t ws = 0;
+    for (int n : ctx_.buckets) {
+      ws = std::max(ws, PlanMlaDecode(n, c.num_attention_heads, c.indexer.topk, ctx_.info.num_sms,
+                                      mla::kDefaultTile)
+                            .workspace_bytes);
+    }
+    return sparse_ws_.Reallocate(ws);
+  }
   RETURN_IF_ERROR(sparse_.Init(ctx_, c.indexer.topk));
   return sparse_rows_.Reallocate(static_cast<size_t>(ctx_.max_tokens) * sparse_.stride);
 }
@@ -73,6 +84,22 @@ absl::Status MlaLayerStack::EnqueueSparseMla(const StepBatch& b, const MlaDecode
   const ModelConfig& c = ctx_.config;
   cudaStream_t s = ctx_.stream;
   const int t = b.num_tokens, heads = c.num_attention_heads, rank = c.kv_lora_rank;
+  if (!ctx_.options.sparse_mla_gather) {
+    // The 16-head kernel reads each token's selection out of the pool. A
+    // decode pass plans at index_topk rows (the workspace its graph holds).
+    MlaDecodeParams sp = mp;
+    sp.max_seq_len = b.decode ? c.indexer.topk : std::min(c.indexer.topk, b.max_seq_len);
+    const MlaDecodePlan plan =
+        PlanMlaDecode(t, heads, sp.max_seq_len, ctx_.info.num_sms, mla::kDefaultTile);
+    if (!b.decode && plan.workspace_bytes > prefill_ws_.bytes()) {
+      RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s));  // the old buffer may be in use
+      RETURN_IF_ERROR(prefill_ws_.Reallocate(plan.workspace_bytes));
+    }
+    sp.tile = mla::kDefaultTile, sp.num_splits = plan.num_splits;
+    sp.workspace = b.decode ? sparse_ws_.get() : prefill_ws_.get();
+    sp.workspace_bytes = b.decode ? sparse_ws_.bytes() : prefill_ws_.bytes();
+    return RunMlaDecode(sp);
+  }
   const int row = rank + c.qk_rope_head_dim;
   SelectedRowsParams sr;
   sr.selected = index_.selected.get(), sr.count = index_.count.get(), sr.num_tokens = t,
