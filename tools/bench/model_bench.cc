@@ -18,12 +18,15 @@
 //          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
 //          [--profile-step] [--mla-kernel auto|heads16|generic] [--kv-cache-dtype auto|fp8]
 //          [--mla-prefill auto|absorbed|expanded] [--mla-prefill-impl mma|wgmma]
+//          [--sparse-mla gather|direct]
 // --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
 // counts their bytes). --mla-prefill: how the prefill table's prompts attend
 // (CudaModelOptions::mla_prefill, default absorbed; auto expands a prompt of >= 64
 // tokens); --mla-prefill-impl: the expanded form's kernel (mma.sync or wgmma).
+// --sparse-mla (DeepSeek-V3.2): each token's selection gathered into a dense
+// copy (default) or read straight from the pool (CudaModelOptions::sparse_mla_gather).
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -66,6 +69,7 @@ struct Flags {
   std::string mla_prefill =
       "absorbed";  // auto | absorbed | expanded (CudaModelOptions::mla_prefill)
   std::string mla_prefill_impl = "mma";  // mma | wgmma (CudaModelOptions::mla_prefill_impl)
+  std::string sparse_mla = "gather";     // gather | direct (CudaModelOptions::sparse_mla_gather)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
@@ -145,7 +149,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     kv.erase(it);
   }
   for (const char* name : {"load-format", "shape", "model", "quantization", "mla-kernel",
-                           "kv-cache-dtype", "mla-prefill", "mla-prefill-impl"}) {
+                           "kv-cache-dtype", "mla-prefill", "mla-prefill-impl", "sparse-mla"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
@@ -156,6 +160,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                        : n == "mla-kernel"       ? f.mla_kernel
                        : n == "mla-prefill"      ? f.mla_prefill
                        : n == "mla-prefill-impl" ? f.mla_prefill_impl
+                       : n == "sparse-mla"       ? f.sparse_mla
                                                  : f.kv_cache_dtype;
     dst = it->second;
     kv.erase(it);
@@ -169,6 +174,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("--mla-prefill: auto, absorbed or expanded");
   if (f.mla_prefill_impl != "mma" && f.mla_prefill_impl != "wgmma")
     return absl::InvalidArgumentError("--mla-prefill-impl: mma or wgmma");
+  if (f.sparse_mla != "gather" && f.sparse_mla != "direct")
+    return absl::InvalidArgumentError("--sparse-mla: gather or direct");
   if (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "fp8")
     return absl::InvalidArgumentError("--kv-cache-dtype: auto or fp8");
   if (f.load_format != "dummy" && f.load_format != "auto") {
@@ -475,6 +482,7 @@ absl::Status Run(const Flags& f) {
                                                 : MlaPrefill::kAuto;
   o.mla_prefill_impl =
       f.mla_prefill_impl == "wgmma" ? MlaPrefillImpl::kWgmma : MlaPrefillImpl::kMmaSync;
+  o.sparse_mla_gather = f.sparse_mla == "gather";
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaModel> model;
   if (f.load_format == "auto") {
