@@ -509,6 +509,19 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
     ASSERT_TRUE(out.ok()) << out.status();
     absl::StatusOr<std::vector<float>> lq = (*plain)->ForwardLogits(bp);
     ASSERT_TRUE(lq.ok()) << lq.status();
+    if (direct) {  // through its decode graphs, the same tokens: the plain kernel's choice
+      std::vector<SequenceTokens> bd;
+      for (size_t i = 0; i < lens.size(); ++i) bd.push_back({seq_direct[i], inputs[i]});
+      absl::StatusOr<StepOutput> od = direct->Step(bd);
+      ASSERT_TRUE(od.ok()) << od.status();
+      for (size_t i = 0; i < lens.size(); ++i) {
+        const std::vector<double> lp = LogSoftmax(lq->data() + i * c.vocab_size, c.vocab_size);
+        EXPECT_LE(std::fabs(lp[od->next_ids[i]] - od->next_logprobs[i]), 0.1)
+            << "direct read, sequence " << i << " graph step " << s;
+        EXPECT_GE(lp[od->next_ids[i]], *std::max_element(lp.begin(), lp.end()) - 0.1)
+            << "direct read: greedy far from the plain kernel's best";
+      }
+    }
     for (size_t i = 0; i < lens.size(); ++i) {
       const std::vector<float> cpu_ref = CpuStep(*cpu, &caches[i], inputs[i]);
       const std::vector<float> ref = sparse

@@ -162,7 +162,7 @@ struct SelectedPool {
 SelectedPool ScatterRows(const PagedBatch& b, std::mt19937& rng) {
   SelectedPool pool;
   const int batch = static_cast<int>(b.seq_lens.size());
-  pool.index_stride = std::max(b.max_seq_len, 1);
+  pool.index_stride = b.max_seq_len + 3;  // wider than the rows: a stride mix-up shows
   std::vector<int> lens(batch);
   for (int s = 0; s < batch; ++s) {
     lens[s] = 2 * b.seq_lens[s] + 7;
@@ -361,6 +361,12 @@ TEST(MlaDecodeArgsTest, SelectedRowsNeedBf16RowsAndA16HeadTile) {
   d.kv_row_stride = 0, d.kv_dtype = KvCacheDtype::kFp8;  // FP8 rows: dense only
   EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
   d.kv_index = nullptr;
+  EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
+  d.kv_row_stride = kDim + 128;  // FP8 rows: their own stride only
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.kv_dtype = KvCacheDtype::kBf16, d.tile = MlaTileConfig::kDefault;  // strided, 64-head tile
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.tile = MlaTileConfig::kTokens32Stages4;  // strided rows, no selection: the 16-head kernel
   EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
 }
 

@@ -493,6 +493,11 @@ absl::Status Run(const Flags& f) {
   RETURN_IF_ERROR(model->FillKvCacheRandom(f.seed + 1));
   const auto t1 = std::chrono::steady_clock::now();
   const ModelConfig& c = model->config();
+  if (f.sparse_mla == "direct" && (!c.has_indexer() || f.mla_kernel == "generic")) {
+    return absl::InvalidArgumentError(
+        "--sparse-mla direct: DeepSeek-V3.2's sparse attention on the tuned kernel only (this "
+        "model has no indexer, or --mla-kernel generic)");
+  }
   std::printf(
       "model %s (%s weights, %.2f GB, dense linears %s, routed experts %s): layers %d, hidden "
       "%d, heads %d, experts %d top-%d + %d shared, vocab %d; KV cache %d blocks (%.1f GB, %s "

@@ -18,6 +18,7 @@
 #ifndef MOESH_COMMON_CUDA_BACKEND_MLA_MLA_LAYER_STACK_H_
 #define MOESH_COMMON_CUDA_BACKEND_MLA_MLA_LAYER_STACK_H_
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -108,8 +109,10 @@ class MlaLayerStack : public LayerStack {
   MlaScratch sparse_;
   DeviceBuffer<int32_t> sparse_rows_;
   // !sparse_mla_gather: the 16-head kernel's split partials for decode
-  // passes (fixed: graphs), planned at index_topk rows for every bucket.
+  // passes (fixed: graphs), planned at SparseDecodeRows() for every bucket:
+  // the most rows a token selects (index_topk, or fewer when max_model_len is).
   DeviceBuffer<uint8_t> sparse_ws_;
+  int SparseDecodeRows() const { return std::min(ctx_.config.indexer.topk, ctx_.max_model_len); }
   // The expanded prefill: the pass's attention ranges; context rows expanded
   // at a time; their latent rows [chunk_rows_, latent + rope], K's no-rope
   // part and V [chunk_rows_, heads, 128]; the log2-sum-exp of the ranges

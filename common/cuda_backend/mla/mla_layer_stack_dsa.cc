@@ -34,8 +34,8 @@ absl::Status MlaLayerStack::InitIndexer() {
   if (!ctx_.options.sparse_mla_gather) {
     size_t ws = 0;
     for (int n : ctx_.buckets) {
-      ws = std::max(ws, PlanMlaDecode(n, c.num_attention_heads, c.indexer.topk, ctx_.info.num_sms,
-                                      mla::kDefaultTile)
+      ws = std::max(ws, PlanMlaDecode(n, c.num_attention_heads, SparseDecodeRows(),
+                                      ctx_.info.num_sms, mla::kDefaultTile)
                             .workspace_bytes);
     }
     return sparse_ws_.Reallocate(ws);
@@ -86,9 +86,9 @@ absl::Status MlaLayerStack::EnqueueSparseMla(const StepBatch& b, const MlaDecode
   const int t = b.num_tokens, heads = c.num_attention_heads, rank = c.kv_lora_rank;
   if (!ctx_.options.sparse_mla_gather) {
     // The 16-head kernel reads each token's selection out of the pool. A
-    // decode pass plans at index_topk rows (the workspace its graph holds).
+    // decode pass plans at SparseDecodeRows() (the workspace its graph holds).
     MlaDecodeParams sp = mp;
-    sp.max_seq_len = b.decode ? c.indexer.topk : std::min(c.indexer.topk, b.max_seq_len);
+    sp.max_seq_len = b.decode ? SparseDecodeRows() : std::min(c.indexer.topk, b.max_seq_len);
     const MlaDecodePlan plan =
         PlanMlaDecode(t, heads, sp.max_seq_len, ctx_.info.num_sms, mla::kDefaultTile);
     if (!b.decode && plan.workspace_bytes > prefill_ws_.bytes()) {
