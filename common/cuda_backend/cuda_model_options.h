@@ -78,6 +78,10 @@ struct CudaModelOptions {
   // kernel (false: no copy; kernels/cuda/mla_decode.h). The default stays the
   // copy until the direct read has run on a GPU (written 2026-12-05 without one).
   bool sparse_mla_gather = true;
+  // The lightning indexer's scores (V3.2, V4's CSA layers) on the tensor
+  // cores where its shape is DeepSeek's (64 heads × 128 dims; RunIndexer's
+  // tensor_cores), else on the CUDA cores. Off until it has run on a GPU.
+  bool indexer_tensor_cores = false;
 };
 
 }  // namespace moesh::cuda

@@ -6,10 +6,12 @@
 #include <cfloat>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dsa_ops.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/rope.cuh"
 
 namespace moesh::cuda {
@@ -99,6 +101,109 @@ __global__ void __launch_bounds__(kThreads) IndexScoreKernel(IndexerParams p) {
     if (h < nh) acc += fmaxf(dot[h], 0.0f) * p.scale * w[h];
   }
   p.scores[static_cast<int64_t>(t) * p.max_keys + e] = acc;
+}
+
+// The same scores on the tensor cores at DeepSeek's indexer shape (64 heads
+// × 128 dims): a CTA per (256 keys, token) as IndexScoreKernel, eight warps
+// of 32 keys. S[64 heads, 32 keys] = Q · K^T by mma.m16n8k16 (bf16 products
+// exact, fp32 sums in another order than the CUDA-core kernel's), Q and the
+// warp's keys staged in shared memory by 16-byte cp.async (rows of 16 chunks,
+// chunk c of row r at c ^ (r & 7): conflict-free ldmatrix); then per key
+// sum_h relu(S[h]) · w[h] over the warp's lanes, times scale.
+constexpr int kMmaHeads = 64, kMmaDim = 128, kMmaWarps = kThreads / 32, kMmaKeys = 32;
+constexpr int kMmaChunks = kMmaDim / 8;  // 16-byte chunks a row
+struct IndexMmaSmem {
+  bf16 q[kMmaHeads * kMmaDim];
+  bf16 k[kMmaWarps][kMmaKeys * kMmaDim];
+  float w[kMmaHeads];
+};
+
+__device__ __forceinline__ int SwzRow(int r, int c) { return r * kMmaDim + ((c ^ (r & 7)) << 3); }
+
+__global__ void __launch_bounds__(kThreads) IndexScoreMmaKernel(IndexerParams p) {
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  IndexMmaSmem& s = *reinterpret_cast<IndexMmaSmem*>(smem_raw);
+  const int t = blockIdx.y;
+  const int visible = p.seq_lens[t] / p.rate;
+  if (visible <= p.top_k || static_cast<int>(blockIdx.x) * kThreads >= visible)
+    return;  // block-uniform
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int e0 = blockIdx.x * kThreads + warp * kMmaKeys;  // this warp's first key
+  const bf16* qt = p.q + static_cast<int64_t>(t) * kMmaHeads * kMmaDim;
+  for (int c = threadIdx.x; c < kMmaHeads * kMmaChunks; c += kThreads) {
+    const int r = c / kMmaChunks, ch = c % kMmaChunks;
+    CpAsync16(&s.q[SwzRow(r, ch)], qt + r * kMmaDim + ch * 8, true);
+  }
+  const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
+  for (int c = lane; c < kMmaKeys * kMmaChunks; c += 32) {
+    const int r = c / kMmaChunks, ch = c % kMmaChunks, e = e0 + r;
+    const bool ok = e < visible;
+    const bf16* src = p.key_cache;  // read nothing where !ok
+    if (ok) {
+      const int64_t row =
+          static_cast<int64_t>(bt[e / kKvBlockSize]) * kKvBlockSize + e % kKvBlockSize;
+      src = p.key_cache + row * p.key_row_width + p.key_offset + ch * 8;
+    }
+    CpAsync16(&s.k[warp][SwzRow(r, ch)], src, ok);
+  }
+  CpAsyncCommit();
+  for (int h = threadIdx.x; h < kMmaHeads; h += kThreads) {
+    s.w[h] = __bfloat162float(p.w[static_cast<int64_t>(t) * p.ldw + h]) * p.w_scale;
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+  if (e0 >= visible) return;  // warp-uniform: nothing of this warp's is read below
+
+  float acc[kMmaHeads / 16][kMmaKeys / 8][4] = {};
+  const int lm_r = lane & 7, lm_m = lane >> 3;  // ldmatrix: row in a matrix, which matrix
+  const bf16* sk = s.k[warp];
+#pragma unroll
+  for (int kk = 0; kk < kMmaDim / 16; ++kk) {
+    uint32_t b[kMmaKeys / 16][4];  // matrices (keys +0/+8 by lm_m >> 1) x (dims +0/+8 by lm_m & 1)
+#pragma unroll
+    for (int np = 0; np < kMmaKeys / 16; ++np) {
+      Ldmatrix4(b[np], sk + SwzRow(np * 16 + (lm_m >> 1) * 8 + lm_r, kk * 2 + (lm_m & 1)));
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMmaHeads / 16; ++mt) {
+      uint32_t a[4];  // matrices (heads +0/+8 by lm_m & 1) x (dims +0/+8 by lm_m >> 1)
+      Ldmatrix4(a, s.q + SwzRow(mt * 16 + (lm_m & 1) * 8 + lm_r, kk * 2 + (lm_m >> 1)));
+#pragma unroll
+      for (int np = 0; np < kMmaKeys / 16; ++np) {
+        Mma(acc[mt][2 * np], a, b[np][0], b[np][1]);
+        Mma(acc[mt][2 * np + 1], a, b[np][2], b[np][3]);
+      }
+    }
+  }
+  // Per key: this thread's heads (g and g + 8 of each 16), then the eight
+  // lanes sharing tq (lane bits 2..4).
+  float part[kMmaKeys / 8][2];
+#pragma unroll
+  for (int nt = 0; nt < kMmaKeys / 8; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float v = 0.0f;
+#pragma unroll
+      for (int mt = 0; mt < kMmaHeads / 16; ++mt) {
+        v += fmaxf(acc[mt][nt][c], 0.0f) * s.w[mt * 16 + g] +
+             fmaxf(acc[mt][nt][c + 2], 0.0f) * s.w[mt * 16 + g + 8];
+      }
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) v += __shfl_xor_sync(kFull, v, off);
+      part[nt][c] = v;
+    }
+  }
+  if (g == 0) {
+    float* out = p.scores + static_cast<int64_t>(t) * p.max_keys;
+#pragma unroll
+    for (int nt = 0; nt < kMmaKeys / 8; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int e = e0 + nt * 8 + 2 * tq + c;
+        if (e < visible) out[e] = part[nt][c] * p.scale;
+      }
+    }
+  }
 }
 
 // The top_k of each token's scores, a CTA per token.
@@ -243,15 +348,30 @@ absl::Status RunIndexer(const IndexerParams& p) {
       !p.block_table || p.key_offset + p.head_dim > p.key_row_width) {
     return absl::InvalidArgumentError("RunIndexer: null pointer, or the key outside its cache row");
   }
-  if (p.num_tokens == 0) return absl::OkStatus();
-  const size_t smem = (static_cast<size_t>(p.num_heads) * p.head_dim + p.num_heads) * sizeof(float);
-  if (smem > 48 * 1024) {
-    RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(
-        IndexScoreKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  if (p.tensor_cores &&
+      (p.num_heads != kMmaHeads || p.head_dim != kMmaDim || p.key_row_width % 8 != 0 ||
+       p.key_offset % 8 != 0 || reinterpret_cast<uintptr_t>(p.key_cache) % 16 != 0 ||
+       reinterpret_cast<uintptr_t>(p.q) % 16 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunIndexer: the tensor-core scores are built for ", kMmaHeads, " heads of ", kMmaDim,
+        " dims, 16-byte aligned q and keys (row width and offset multiples of 8)"));
   }
+  if (p.num_tokens == 0) return absl::OkStatus();
   const dim3 grid((p.max_keys + kThreads - 1) / kThreads, p.num_tokens);
-  IndexScoreKernel<<<grid, kThreads, smem, p.stream>>>(p);
-  RETURN_IF_ERROR(LaunchStatus("IndexScoreKernel"));
+  if (p.tensor_cores) {
+    RETURN_IF_ERROR(AllowDynamicSmem<IndexScoreMmaKernel>(static_cast<int>(sizeof(IndexMmaSmem))));
+    IndexScoreMmaKernel<<<grid, kThreads, sizeof(IndexMmaSmem), p.stream>>>(p);
+    RETURN_IF_ERROR(LaunchStatus("IndexScoreMmaKernel"));
+  } else {
+    const size_t smem =
+        (static_cast<size_t>(p.num_heads) * p.head_dim + p.num_heads) * sizeof(float);
+    if (smem > 48 * 1024) {
+      RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(
+          IndexScoreKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    IndexScoreKernel<<<grid, kThreads, smem, p.stream>>>(p);
+    RETURN_IF_ERROR(LaunchStatus("IndexScoreKernel"));
+  }
   IndexSelectKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
   return LaunchStatus("IndexSelectKernel");
 }

@@ -42,9 +42,14 @@ struct IndexerParams {
   int max_keys = 0;             // >= every token's visible
   int32_t* selected = nullptr;  // [num_tokens, top_k]
   int32_t* count = nullptr;     // [num_tokens]
+  // The scores on the tensor cores (64 heads × 128 dims only: DeepSeek's
+  // indexers), else on the CUDA cores; the same math, sums in another order.
+  bool tensor_cores = false;
   cudaStream_t stream = nullptr;
 };
-// REQUIRES: 1 <= num_heads <= 64, num_heads * head_dim <= 8192.
+// REQUIRES: 1 <= num_heads <= 64, num_heads * head_dim <= 8192; tensor_cores:
+// 64 heads of 128 dims, 16-byte aligned q and key_cache, key_row_width and
+// key_offset multiples of 8.
 absl::Status RunIndexer(const IndexerParams& p);
 
 // V3.2's indexer key of each token with slot_mapping[t] >= 0:

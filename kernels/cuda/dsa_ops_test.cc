@@ -87,45 +87,57 @@ TEST_P(IndexerCacheTest, SelectsAsTheCpuIndexer) {
   MOESH_ASSERT_OK_AND_ASSIGN(auto d_sel,
                              DeviceBuffer<int32_t>::Create(static_cast<size_t>(k.num_q) * k.top_k));
   MOESH_ASSERT_OK_AND_ASSIGN(auto d_count, DeviceBuffer<int32_t>::Create(k.num_q));
-  MOESH_ASSERT_OK(testing::Poison(d_sel));
-  IndexerParams p;
-  p.q = d_q.get(), p.w = d_w.get(), p.ldw = ldw, p.w_scale = w_scale, p.scale = scale;
-  p.num_tokens = k.num_q, p.num_heads = k.heads, p.head_dim = k.dim, p.rate = 1, p.top_k = k.top_k;
-  p.seq_lens = d_lens.get(), p.key_cache = d_cache.get(), p.key_row_width = k.row_width,
-  p.key_offset = k.key_offset;
-  p.block_table = d_table.get(), p.max_blocks_per_seq = blocks_used;
-  p.scores = d_scores.get(), p.max_keys = k.len, p.selected = d_sel.get(), p.count = d_count.get();
-  MOESH_ASSERT_OK(RunIndexer(p));
-  MOESH_ASSERT_OK(CudaStatus(cudaDeviceSynchronize(), "sync"));
-  MOESH_ASSERT_OK_AND_ASSIGN(std::vector<int32_t> sel, d_sel.ToHost());
-  MOESH_ASSERT_OK_AND_ASSIGN(std::vector<int32_t> count, d_count.ToHost());
+  // DeepSeek's shape also on the tensor cores (IndexerParams::tensor_cores).
+  const bool mma_shape = k.heads == 64 && k.dim == 128;
+  for (const bool tensor_cores : {false, true}) {
+    if (tensor_cores && !mma_shape) break;
+    SCOPED_TRACE(tensor_cores ? "tensor cores" : "CUDA cores");
+    MOESH_ASSERT_OK(testing::Poison(d_sel));
+    MOESH_ASSERT_OK(testing::Poison(d_scores));
+    IndexerParams p;
+    p.tensor_cores = tensor_cores;
+    p.q = d_q.get(), p.w = d_w.get(), p.ldw = ldw, p.w_scale = w_scale, p.scale = scale;
+    p.num_tokens = k.num_q, p.num_heads = k.heads, p.head_dim = k.dim, p.rate = 1,
+    p.top_k = k.top_k;
+    p.seq_lens = d_lens.get(), p.key_cache = d_cache.get(), p.key_row_width = k.row_width,
+    p.key_offset = k.key_offset;
+    p.block_table = d_table.get(), p.max_blocks_per_seq = blocks_used;
+    p.scores = d_scores.get(), p.max_keys = k.len, p.selected = d_sel.get(),
+    p.count = d_count.get();
+    MOESH_ASSERT_OK(RunIndexer(p));
+    MOESH_ASSERT_OK(CudaStatus(cudaDeviceSynchronize(), "sync"));
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<int32_t> sel, d_sel.ToHost());
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<int32_t> count, d_count.ToHost());
 
-  // The CPU reference over the keys in position order.
-  std::vector<float> keys(static_cast<size_t>(k.len) * k.dim),
-      weights(static_cast<size_t>(k.num_q) * k.heads);
-  for (int j = 0; j < k.len; ++j) {
-    const size_t row =
-        static_cast<size_t>(blocks[j / kKvBlockSize]) * kKvBlockSize + j % kKvBlockSize;
-    std::copy_n(&cache[row * k.row_width + k.key_offset], k.dim,
-                &keys[static_cast<size_t>(j) * k.dim]);
-  }
-  for (int i = 0; i < k.num_q; ++i) {
-    for (int h = 0; h < k.heads; ++h) weights[i * k.heads + h] = w[i * ldw + h] * w_scale;
-  }
-  std::vector<uint8_t> mask(static_cast<size_t>(k.num_q) * k.len);
-  cpu::DsaIndexerParams cp;
-  cp.q = q.data(), cp.num_q = k.num_q, cp.num_heads = k.heads, cp.head_dim = k.dim;
-  cp.k = keys.data(), cp.k_row_stride = k.dim, cp.num_kv = k.len, cp.q_start_pos = k.len - k.num_q;
-  cp.weights = weights.data(), cp.softmax_scale = scale, cp.top_k = k.top_k, cp.mask = mask.data();
-  cpu::RunDsaIndexer(cp);
-  const std::vector<std::set<int>> got = Selections(sel, count, k.top_k);
-  for (int i = 0; i < k.num_q; ++i) {
-    std::set<int> want;
+    // The CPU reference over the keys in position order.
+    std::vector<float> keys(static_cast<size_t>(k.len) * k.dim),
+        weights(static_cast<size_t>(k.num_q) * k.heads);
     for (int j = 0; j < k.len; ++j) {
-      if (mask[static_cast<size_t>(i) * k.len + j]) want.insert(j);
+      const size_t row =
+          static_cast<size_t>(blocks[j / kKvBlockSize]) * kKvBlockSize + j % kKvBlockSize;
+      std::copy_n(&cache[row * k.row_width + k.key_offset], k.dim,
+                  &keys[static_cast<size_t>(j) * k.dim]);
     }
-    EXPECT_EQ(count[i], std::min(k.top_k, seq_lens[i])) << "query " << i;
-    EXPECT_EQ(got[i], want) << "query " << i;
+    for (int i = 0; i < k.num_q; ++i) {
+      for (int h = 0; h < k.heads; ++h) weights[i * k.heads + h] = w[i * ldw + h] * w_scale;
+    }
+    std::vector<uint8_t> mask(static_cast<size_t>(k.num_q) * k.len);
+    cpu::DsaIndexerParams cp;
+    cp.q = q.data(), cp.num_q = k.num_q, cp.num_heads = k.heads, cp.head_dim = k.dim;
+    cp.k = keys.data(), cp.k_row_stride = k.dim, cp.num_kv = k.len,
+    cp.q_start_pos = k.len - k.num_q;
+    cp.weights = weights.data(), cp.softmax_scale = scale, cp.top_k = k.top_k,
+    cp.mask = mask.data();
+    cpu::RunDsaIndexer(cp);
+    const std::vector<std::set<int>> got = Selections(sel, count, k.top_k);
+    for (int i = 0; i < k.num_q; ++i) {
+      std::set<int> want;
+      for (int j = 0; j < k.len; ++j) {
+        if (mask[static_cast<size_t>(i) * k.len + j]) want.insert(j);
+      }
+      EXPECT_EQ(count[i], std::min(k.top_k, seq_lens[i])) << "query " << i;
+      EXPECT_EQ(got[i], want) << "query " << i;
+    }
   }
 }
 
@@ -133,7 +145,9 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, IndexerCacheTest,
     ::testing::Values(CacheCase{6, 32, 300, 6, 8, 80, 40},         // the v32 golden's widths
                       CacheCase{64, 128, 2100, 3, 512, 704, 576},  // DeepSeek-V3.2's
-                      CacheCase{8, 16, 5, 5, 8, 24, 8}));          // every row seen
+                      // Its shape over ragged key counts (not whole 32-key warps or CTAs).
+                      CacheCase{64, 128, 1000, 17, 300, 704, 576},
+                      CacheCase{8, 16, 5, 5, 8, 24, 8}));  // every row seen
 
 // V4's CSA layers: the keys are a sequence's entries (one per `rate` tokens)
 // in the entry pool, entry e at its row e, after the kv entry.

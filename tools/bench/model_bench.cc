@@ -18,7 +18,7 @@
 //          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
 //          [--profile-step] [--mla-kernel auto|heads16|generic] [--kv-cache-dtype auto|fp8]
 //          [--mla-prefill auto|absorbed|expanded] [--mla-prefill-impl mma|wgmma]
-//          [--sparse-mla gather|direct]
+//          [--sparse-mla gather|direct] [--indexer cuda-cores|tensor-cores]
 // --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
@@ -26,7 +26,9 @@
 // (CudaModelOptions::mla_prefill, default absorbed; auto expands a prompt of >= 64
 // tokens); --mla-prefill-impl: the expanded form's kernel (mma.sync or wgmma).
 // --sparse-mla (DeepSeek-V3.2): each token's selection gathered into a dense
-// copy (default) or read straight from the pool (CudaModelOptions::sparse_mla_gather).
+// copy (default) or read straight from the pool (CudaModelOptions::sparse_mla_gather);
+// --indexer: the lightning indexer's scores on the CUDA cores (default) or the
+// tensor cores (CudaModelOptions::indexer_tensor_cores).
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -70,6 +72,7 @@ struct Flags {
       "absorbed";  // auto | absorbed | expanded (CudaModelOptions::mla_prefill)
   std::string mla_prefill_impl = "mma";  // mma | wgmma (CudaModelOptions::mla_prefill_impl)
   std::string sparse_mla = "gather";     // gather | direct (CudaModelOptions::sparse_mla_gather)
+  std::string indexer = "cuda-cores";    // cuda-cores | tensor-cores
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
@@ -148,8 +151,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     if (it->second != "cuda") return absl::InvalidArgumentError("--device: only cuda");
     kv.erase(it);
   }
-  for (const char* name : {"load-format", "shape", "model", "quantization", "mla-kernel",
-                           "kv-cache-dtype", "mla-prefill", "mla-prefill-impl", "sparse-mla"}) {
+  for (const char* name :
+       {"load-format", "shape", "model", "quantization", "mla-kernel", "kv-cache-dtype",
+        "mla-prefill", "mla-prefill-impl", "sparse-mla", "indexer"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
@@ -161,6 +165,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                        : n == "mla-prefill"      ? f.mla_prefill
                        : n == "mla-prefill-impl" ? f.mla_prefill_impl
                        : n == "sparse-mla"       ? f.sparse_mla
+                       : n == "indexer"          ? f.indexer
                                                  : f.kv_cache_dtype;
     dst = it->second;
     kv.erase(it);
@@ -176,6 +181,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("--mla-prefill-impl: mma or wgmma");
   if (f.sparse_mla != "gather" && f.sparse_mla != "direct")
     return absl::InvalidArgumentError("--sparse-mla: gather or direct");
+  if (f.indexer != "cuda-cores" && f.indexer != "tensor-cores")
+    return absl::InvalidArgumentError("--indexer: cuda-cores or tensor-cores");
   if (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "fp8")
     return absl::InvalidArgumentError("--kv-cache-dtype: auto or fp8");
   if (f.load_format != "dummy" && f.load_format != "auto") {
@@ -483,6 +490,7 @@ absl::Status Run(const Flags& f) {
   o.mla_prefill_impl =
       f.mla_prefill_impl == "wgmma" ? MlaPrefillImpl::kWgmma : MlaPrefillImpl::kMmaSync;
   o.sparse_mla_gather = f.sparse_mla == "gather";
+  o.indexer_tensor_cores = f.indexer == "tensor-cores";
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaModel> model;
   if (f.load_format == "auto") {

@@ -77,6 +77,7 @@ absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
   xp.block_table = ctx_.in->block_table, xp.max_blocks_per_seq = ctx_.max_blocks_per_seq();
   xp.scores = index_.scores.get(), xp.max_keys = index_.max_keys;
   xp.selected = index_.selected.get(), xp.count = index_.count.get(), xp.stream = s;
+  xp.tensor_cores = ctx_.options.indexer_tensor_cores && xp.num_heads == 64 && xp.head_dim == 128;
   return RunIndexer(xp);
 }
 
