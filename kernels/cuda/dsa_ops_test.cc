@@ -1,8 +1,9 @@
 // The lightning indexer's kernels against their CPU references, on random
 // bf16 inputs (so both sides read identical values):
 //   * RunIndexer over paged cache rows (DeepSeek-V3.2) selects exactly the
-//     rows cpu::RunDsaIndexer selects, at the goldens' widths and at
-//     V3.2's (64 heads of 128, top-512 of 2100 rows), and every row where
+//     rows cpu::RunDsaIndexer selects, and writes the scores the formula
+//     gives, at the goldens' widths and at V3.2's (64 heads of 128, top-512
+//     of 2100 rows; on the CUDA and the tensor cores), and every row where
 //     the query sees no more than top_k; over V4's entry pool (a key per
 //     `rate` tokens, after the kv entry in each row) the same;
 //   * RunIndexKey writes LayerNorm + rotate-half RoPE as cpu::LayerNorm and
@@ -13,6 +14,7 @@
 #include "kernels/cuda/dsa_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <set>
@@ -51,17 +53,19 @@ struct CacheCase {
 
 class IndexerCacheTest : public ::testing::TestWithParam<CacheCase> {};
 
+// Each query a sequence of its own (its own blocks, shuffled, and keys), of
+// length len - num_q + i + 1: a mix-up of tokens' block tables or keys shows.
 TEST_P(IndexerCacheTest, SelectsAsTheCpuIndexer) {
   MOESH_REQUIRE_GPU();
   const CacheCase k = GetParam();
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  const int blocks_used = (k.len + kKvBlockSize - 1) / kKvBlockSize, num_blocks = blocks_used + 3;
+  const int blocks_used = (k.len + kKvBlockSize - 1) / kKvBlockSize;
+  const int num_blocks = k.num_q * blocks_used + 3;
   std::vector<int32_t> blocks(num_blocks);
   std::iota(blocks.begin(), blocks.end(), 0);
   std::shuffle(blocks.begin(), blocks.end(), rng);
-  blocks.resize(blocks_used);
   std::vector<float> cache =
       Randn(static_cast<size_t>(num_blocks) * kKvBlockSize * k.row_width, rng);
   std::vector<float> q = Randn(static_cast<size_t>(k.num_q) * k.heads * k.dim, rng);
@@ -72,10 +76,19 @@ TEST_P(IndexerCacheTest, SelectsAsTheCpuIndexer) {
   std::vector<int32_t> seq_lens(k.num_q), table(static_cast<size_t>(k.num_q) * blocks_used);
   for (int i = 0; i < k.num_q; ++i) {
     seq_lens[i] = k.len - k.num_q + i + 1;
-    std::copy(blocks.begin(), blocks.end(), table.begin() + static_cast<size_t>(i) * blocks_used);
+    std::copy_n(blocks.begin() + static_cast<size_t>(i) * blocks_used, blocks_used,
+                table.begin() + static_cast<size_t>(i) * blocks_used);
   }
   const float w_scale = 1.0f / std::sqrt(static_cast<float>(k.heads)),
               scale = 1.0f / std::sqrt(static_cast<float>(k.dim));
+  // Query i's keys in position order, and its scores in double.
+  auto key_of = [&](int i, int j) {
+    const size_t row =
+        static_cast<size_t>(table[static_cast<size_t>(i) * blocks_used + j / kKvBlockSize]) *
+            kKvBlockSize +
+        j % kKvBlockSize;
+    return &cache[row * k.row_width + k.key_offset];
+  };
 
   MOESH_ASSERT_OK_AND_ASSIGN(auto d_cache, Upload(cache_b));
   MOESH_ASSERT_OK_AND_ASSIGN(auto d_q, Upload(q_b));
@@ -97,7 +110,7 @@ TEST_P(IndexerCacheTest, SelectsAsTheCpuIndexer) {
     IndexerParams p;
     p.tensor_cores = tensor_cores;
     p.q = d_q.get(), p.w = d_w.get(), p.ldw = ldw, p.w_scale = w_scale, p.scale = scale;
-    p.num_tokens = k.num_q, p.num_heads = k.heads, p.head_dim = k.dim, p.rate = 1,
+    p.num_tokens = k.num_q, p.num_heads = k.heads, p.head_dim = k.dim, p.rate = 1;
     p.top_k = k.top_k;
     p.seq_lens = d_lens.get(), p.key_cache = d_cache.get(), p.key_row_width = k.row_width,
     p.key_offset = k.key_offset;
@@ -108,36 +121,47 @@ TEST_P(IndexerCacheTest, SelectsAsTheCpuIndexer) {
     MOESH_ASSERT_OK(CudaStatus(cudaDeviceSynchronize(), "sync"));
     MOESH_ASSERT_OK_AND_ASSIGN(std::vector<int32_t> sel, d_sel.ToHost());
     MOESH_ASSERT_OK_AND_ASSIGN(std::vector<int32_t> count, d_count.ToHost());
-
-    // The CPU reference over the keys in position order.
-    std::vector<float> keys(static_cast<size_t>(k.len) * k.dim),
-        weights(static_cast<size_t>(k.num_q) * k.heads);
-    for (int j = 0; j < k.len; ++j) {
-      const size_t row =
-          static_cast<size_t>(blocks[j / kKvBlockSize]) * kKvBlockSize + j % kKvBlockSize;
-      std::copy_n(&cache[row * k.row_width + k.key_offset], k.dim,
-                  &keys[static_cast<size_t>(j) * k.dim]);
-    }
-    for (int i = 0; i < k.num_q; ++i) {
-      for (int h = 0; h < k.heads; ++h) weights[i * k.heads + h] = w[i * ldw + h] * w_scale;
-    }
-    std::vector<uint8_t> mask(static_cast<size_t>(k.num_q) * k.len);
-    cpu::DsaIndexerParams cp;
-    cp.q = q.data(), cp.num_q = k.num_q, cp.num_heads = k.heads, cp.head_dim = k.dim;
-    cp.k = keys.data(), cp.k_row_stride = k.dim, cp.num_kv = k.len,
-    cp.q_start_pos = k.len - k.num_q;
-    cp.weights = weights.data(), cp.softmax_scale = scale, cp.top_k = k.top_k,
-    cp.mask = mask.data();
-    cpu::RunDsaIndexer(cp);
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> scores, d_scores.ToHost());
     const std::vector<std::set<int>> got = Selections(sel, count, k.top_k);
+    double worst = 0.0;  // |score - reference| over the sum of |terms|
     for (int i = 0; i < k.num_q; ++i) {
-      std::set<int> want;
-      for (int j = 0; j < k.len; ++j) {
-        if (mask[static_cast<size_t>(i) * k.len + j]) want.insert(j);
+      const int len = seq_lens[i];
+      std::vector<float> keys(static_cast<size_t>(len) * k.dim), weights(k.heads);
+      for (int j = 0; j < len; ++j) {
+        std::copy_n(key_of(i, j), k.dim, &keys[static_cast<size_t>(j) * k.dim]);
       }
-      EXPECT_EQ(count[i], std::min(k.top_k, seq_lens[i])) << "query " << i;
+      for (int h = 0; h < k.heads; ++h) weights[h] = w[i * ldw + h] * w_scale;
+      std::vector<uint8_t> mask(len);
+      cpu::DsaIndexerParams cp;
+      cp.q = &q[static_cast<size_t>(i) * k.heads * k.dim], cp.num_q = 1, cp.num_heads = k.heads;
+      cp.head_dim = k.dim, cp.k = keys.data(), cp.k_row_stride = k.dim, cp.num_kv = len;
+      cp.q_start_pos = len - 1, cp.weights = weights.data(), cp.softmax_scale = scale;
+      cp.top_k = k.top_k, cp.mask = mask.data();
+      cpu::RunDsaIndexer(cp);
+      std::set<int> want;
+      for (int j = 0; j < len; ++j) {
+        if (mask[j]) want.insert(j);
+      }
+      EXPECT_EQ(count[i], std::min(k.top_k, len)) << "query " << i;
       EXPECT_EQ(got[i], want) << "query " << i;
+      if (len <= k.top_k) continue;  // every row is taken; no scores are written
+      for (int j = 0; j < len; ++j) {
+        double ref = 0.0, mag = 0.0;
+        for (int h = 0; h < k.heads; ++h) {
+          double dot = 0.0;
+          for (int x = 0; x < k.dim; ++x) {
+            dot += static_cast<double>(q[(static_cast<size_t>(i) * k.heads + h) * k.dim + x]) *
+                   keys[static_cast<size_t>(j) * k.dim + x];
+          }
+          ref += std::max(dot, 0.0) * weights[h] * scale;
+          mag += std::fabs(std::max(dot, 0.0) * weights[h] * scale);
+        }
+        const double e =
+            std::fabs(scores[static_cast<size_t>(i) * k.len + j] - ref) / std::max(mag, 1e-30);
+        worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+      }
     }
+    EXPECT_LE(worst, 1e-5) << "scores against the formula in double";
   }
 }
 
@@ -145,8 +169,10 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, IndexerCacheTest,
     ::testing::Values(CacheCase{6, 32, 300, 6, 8, 80, 40},         // the v32 golden's widths
                       CacheCase{64, 128, 2100, 3, 512, 704, 576},  // DeepSeek-V3.2's
-                      // Its shape over ragged key counts (not whole 32-key warps or CTAs).
+                      // Its shape over ragged key counts (not whole 32-key warps or CTAs),
+                      // and under one CTA of keys.
                       CacheCase{64, 128, 1000, 17, 300, 704, 576},
+                      CacheCase{64, 128, 200, 9, 150, 704, 576},
                       CacheCase{8, 16, 5, 5, 8, 24, 8}));  // every row seen
 
 // V4's CSA layers: the keys are a sequence's entries (one per `rate` tokens)

@@ -122,6 +122,8 @@ kernels() {
     test_bin "$t" 90 "$t"
   done
   local prefill_small='--gtest_filter=*OneTile*:*PaddedTile*:*ManyRanges*:*NoKey*:*StackLayoutTwo*:*Args*'
+  sanitize memcheck_indexer 120 memcheck cuda_dsa_ops_test '--gtest_filter=*IndexerCache*'
+  sanitize racecheck_indexer 150 racecheck cuda_dsa_ops_test '--gtest_filter=*IndexerCache*/1'
   sanitize memcheck_mla_prefill 120 memcheck cuda_mla_prefill_test "$prefill_small"
   sanitize racecheck_mla_prefill 150 racecheck cuda_mla_prefill_test "$prefill_small"
   sanitize synccheck_mla_prefill 100 synccheck cuda_mla_prefill_test "$prefill_small"

@@ -200,7 +200,9 @@ absl::Status V4LayerStack::EnqueueAttention(const StepBatch& b, int l) {
     xp.block_table = ctx_.in->block_table, xp.max_blocks_per_seq = ctx_.max_blocks_per_seq();
     xp.scores = index_.scores.get(), xp.max_keys = index_.max_keys;
     xp.selected = index_.selected.get(), xp.count = index_.count.get(), xp.stream = s;
-    xp.tensor_cores = ctx_.options.indexer_tensor_cores && xp.num_heads == 64 && xp.head_dim == 128;
+    // The tensor-core scores where the shape and the key rows allow them.
+    xp.tensor_cores = ctx_.options.indexer_tensor_cores && xp.num_heads == 64 &&
+                      xp.head_dim == 128 && xp.key_row_width % 8 == 0 && xp.key_offset % 8 == 0;
     RETURN_IF_ERROR(RunIndexer(xp));
   }
   ap.q = q_.get(), ap.num_tokens = t, ap.num_heads = heads, ap.dim = d;
