@@ -206,21 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // S[64 heads, 64 tokens] over the 576 dims.
       float sc[kSRegs];
-#pragma unroll
-      for (int r = 0; r < kSRegs; ++r) sc[r] = 0.0f;
-      wgmma::FenceOperands(sc);
-      wgmma::Fence();
-#pragma unroll
-      for (int c = 0; c < kColBlocks; ++c) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          wgmma::WgmmaM64N64K16<0>(sc, wgmma::DescKMajor(s.q + c * kBlockBytes + kk * 32),
-                                   wgmma::DescKMajor(kv + c * kBlockBytes + kk * 32), 1);
-        }
-      }
-      wgmma::Commit();
-      wgmma::Wait<0>();
-      wgmma::FenceOperands(sc);
+      wgmma::GemmM64N64KMajor<kColBlocks>(sc, s.q, kv, kBlockBytes);
 
       // Scale, mask past the end; a row's 64 scores are in this quad.
       float mx_lo = m_lo, mx_hi = m_hi;

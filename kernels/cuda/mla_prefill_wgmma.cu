@@ -131,21 +131,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     __syncwarp();  // the wgmma below are warp-synchronous
     // S[64 queries, 64 keys] over the 192 dims.
     float sc[kSRegs];
-#pragma unroll
-    for (int r = 0; r < kSRegs; ++r) sc[r] = 0.0f;
-    wgmma::FenceOperands(sc);
-    wgmma::Fence();
-#pragma unroll
-    for (int c = 0; c < kQkBlocks; ++c) {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        wgmma::WgmmaM64N64K16<0>(sc, wgmma::DescKMajor(q + c * kBlockBytes + kk * 32),
-                                 wgmma::DescKMajor(s.k[stage] + c * kBlockBytes + kk * 32), 1);
-      }
-    }
-    wgmma::Commit();
-    wgmma::Wait<0>();
-    wgmma::FenceOperands(sc);
+    wgmma::GemmM64N64KMajor<kQkBlocks>(sc, q, s.k[stage], kBlockBytes);
 
     const int j0 = i * kTileK;
     const bool masked = j0 + kTileK - 1 > diag + i0 || j0 + kTileK > p.num_k;

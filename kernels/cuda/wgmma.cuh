@@ -187,6 +187,30 @@ __device__ __forceinline__ void WgmmaM64N128K16Rs(float (&d)[64], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(kTransB));
 }
 
+// d[32] = A · B^T, m64n64, over kBlocks SW128 column blocks (64 dims each,
+// `block_bytes` apart) of K-major A [64, 64 kBlocks] and B [64, 64 kBlocks]
+// in shared memory: d zeroed, the wgmma issued, committed and waited for
+// (MLA's scores: S = Q · K^T).
+template <int kBlocks>
+__device__ __forceinline__ void GemmM64N64KMajor(float (&d)[32], const uint8_t* a, const uint8_t* b,
+                                                 int block_bytes) {
+#pragma unroll
+  for (int r = 0; r < 32; ++r) d[r] = 0.0f;
+  FenceOperands(d);
+  Fence();
+#pragma unroll
+  for (int c = 0; c < kBlocks; ++c) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      WgmmaM64N64K16<0>(d, DescKMajor(a + c * block_bytes + kk * 32),
+                        DescKMajor(b + c * block_bytes + kk * 32), 1);
+    }
+  }
+  Commit();
+  Wait<0>();
+  FenceOperands(d);
+}
+
 }  // namespace moesh::cuda::wgmma
 
 #endif  // MOESH_KERNELS_CUDA_WGMMA_CUH_
