@@ -88,6 +88,11 @@ TEST_P(CudaFp8ModelTest, Fp8CheckpointMatchesCpuEngine) {
   absl::StatusOr<std::unique_ptr<CudaModel>> fp8 = CudaModel::Load(dir, options);
   ASSERT_TRUE(fp8.ok()) << fp8.status();
   ASSERT_TRUE((*fp8)->weights().fp8_linears()) << "an FP8 checkpoint runs in FP8";
+  // The decode steps' linears (up to 8 rows) through RunFp8Gemv instead.
+  CudaModelOptions gemv_options = options;
+  gemv_options.fp8_gemv = true;
+  absl::StatusOr<std::unique_ptr<CudaModel>> gemv = CudaModel::Load(dir, gemv_options);
+  ASSERT_TRUE(gemv.ok()) << gemv.status();
   // The same (dequantized) weights in bf16.
   absl::StatusOr<ModelConfig> bf16_config = ModelConfig::Load(dir);
   ASSERT_TRUE(bf16_config.ok());
@@ -107,13 +112,15 @@ TEST_P(CudaFp8ModelTest, Fp8CheckpointMatchesCpuEngine) {
   EXPECT_LT((*fp8)->weights().bytes(), (*bf16)->weights().bytes());
 
   std::vector<Fidelity> f;
-  Compare(c, *cpu, {fp8->get(), bf16->get()}, &f, seed);
+  Compare(c, *cpu, {fp8->get(), bf16->get(), gemv->get()}, &f, seed);
   std::printf("%s FP8 checkpoint vs the CPU engine (dequantized), teacher-forced:\n",
               GetParam().c_str());
   f[0].Print("GPU FP8 linears:");
   f[1].Print("GPU bf16 (same weights):");
+  f[2].Print("GPU FP8 linears, decode via RunFp8Gemv:");
   EXPECT_LE(f[0].worst_rel, kFp8RelTolerance);
   EXPECT_LE(f[1].worst_rel, kBf16RelTolerance);
+  EXPECT_LE(f[2].worst_rel, kFp8RelTolerance);
 }
 
 TEST_P(CudaFp8ModelTest, OnlineQuantizationOfABf16Checkpoint) {

@@ -82,6 +82,11 @@ struct CudaModelOptions {
   // cores where its shape is DeepSeek's (64 heads × 128 dims; RunIndexer's
   // tensor_cores), else on the CUDA cores. Off until it has run on a GPU.
   bool indexer_tensor_cores = false;
+  // FP8 linears at decode sizes (up to kFp8GemvMaxRows rows, k a multiple of
+  // 64) through RunFp8Gemv (kernels/cuda/fp8.h: the weight rows as the MMA's
+  // M, no four-row padding), else cuBLASLt's block-scaled GEMM. Off until it
+  // has run on a GPU (written 2026-12-05 without one).
+  bool fp8_gemv = false;
 };
 
 }  // namespace moesh::cuda

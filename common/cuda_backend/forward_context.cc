@@ -44,6 +44,18 @@ absl::Status ForwardContext::Gemm(const bf16* x, int ldx, const DeviceLinear& w,
     return absl::InvalidArgumentError(absl::StrCat("ForwardContext::Gemm: FP8 [", m, ", ", k,
                                                    "] x [", n, ", ", k, "] exceeds its scratch"));
   }
+  if (options.fp8_gemv && m <= kFp8GemvMaxRows && k % 64 == 0) {
+    // Decode sizes: x quantized, then the tensor-core GEMV straight into y.
+    QuantizeFp8Params qp;
+    qp.x = x, qp.ldx = ldx, qp.q = fp8.x.get(), qp.scale = fp8.x_scale.get(), qp.m = m, qp.k = k;
+    qp.stream = stream;
+    RETURN_IF_ERROR(RunQuantizeFp8(qp));
+    Fp8GemmParams p;
+    p.x = fp8.x.get(), p.x_scale = fp8.x_scale.get(), p.w = static_cast<const uint8_t*>(w.w);
+    p.w_scale = w.scale, p.y = y, p.ldy = ldy, p.out_type = out, p.accumulate = accumulate;
+    p.m = m, p.n = n, p.k = k, p.stream = stream;
+    return RunFp8Gemv(p);
+  }
   const int whole = m / 4 * 4, tail = m - whole;
   if (whole > 0) {
     RETURN_IF_ERROR(Fp8Gemm(gemm, x, ldx, w, y, ldy, whole, n, k, out, accumulate, fp8.x.get(),

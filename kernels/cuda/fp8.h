@@ -1,7 +1,8 @@
 // DeepSeek's block-scaled FP8 on the GPU: the activations' on-the-fly
 // quantization (per row per 128 columns) and the weights' (per 128 x 128
 // block, at load). The block-scaled GEMM itself is
-// cuBLASLt's (CublasGemm::RunFp8, gemm.h). Reference: kernels/cpu/fp8.h.
+// cuBLASLt's (CublasGemm::RunFp8, gemm.h), or at decode sizes our own
+// (RunFp8Gemv). Reference: kernels/cpu/fp8.h.
 #ifndef MOESH_KERNELS_CUDA_FP8_H_
 #define MOESH_KERNELS_CUDA_FP8_H_
 
@@ -16,6 +17,15 @@ absl::Status RunQuantizeFp8(const QuantizeFp8Params& p);
 
 // INVALID_ARGUMENT unless n, k > 0, exactly one input, q and scale set.
 absl::Status RunQuantizeFp8Blocks(const QuantizeFp8BlocksParams& p);
+
+// Fp8GemmParams' product at decode sizes on the tensor cores (fp8_gemv.cu:
+// the weight rows as the MMA's M, each weight byte read once), writing rows
+// [0, m) of y only (no padding to Fp8Rows(m)). The same math as
+// CublasGemm::RunFp8; the sums in another order. INVALID_ARGUMENT unless
+// 1 <= m <= kFp8GemvMaxRows, n >= 1, k a positive multiple of 64, ldy >= n
+// (0: n), x and w 16-byte aligned.
+inline constexpr int kFp8GemvMaxRows = 8;
+absl::Status RunFp8Gemv(const Fp8GemmParams& p);
 
 }  // namespace moesh::cuda
 

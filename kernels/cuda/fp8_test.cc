@@ -187,5 +187,106 @@ TEST(Fp8Test, BlockScaledGemmMatchesTheCpu) {
   }
 }
 
+// The decode-size FP8 linear (RunFp8Gemv) against the CPU on the device's
+// own quantized activations: rows of y past m untouched, accumulate adds.
+TEST(Fp8Test, GemvMatchesTheCpu) {
+  MOESH_REQUIRE_GPU();
+  struct Case {
+    int m, n, k;
+    OutType out;
+    bool accumulate;
+  };
+  // DeepSeek-V3's q_a + kv_a (7168 -> 2112) and o_proj rows; n not a
+  // multiple of 16 (a CTA's rows) or 128 (a scale block); k ending in a
+  // 64-wide block; every row count up to 8.
+  const Case cases[] = {{1, 2112, 7168, OutType::kBf16, false},
+                        {8, 576, 1536, OutType::kFloat32, true},
+                        {3, 200, 192, OutType::kFloat32, false},
+                        {5, 1000, 2048, OutType::kBf16, true},
+                        {2, 16, 128, OutType::kFloat32, true}};
+  for (const Case& c : cases) {
+    const uint32_t seed = t::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k
+                                      << " acc=" << c.accumulate << " seed=" << seed);
+    std::mt19937 rng(seed);
+    std::vector<float> x = t::Randn(static_cast<size_t>(c.m) * c.k, rng);
+    const std::vector<float> w = t::Randn(static_cast<size_t>(c.n) * c.k, rng, 0.05f);
+    std::vector<uint8_t> wq(w.size());
+    std::vector<float> ws(static_cast<size_t>(Fp8Blocks(c.n)) * Fp8Blocks(c.k));
+    cpu::QuantizeFp8Blocks(w.data(), wq.data(), ws.data(), c.n, c.k);
+    std::vector<float> ws_padded(static_cast<size_t>(Fp8Blocks(c.n)) * Fp8ScaleStride(c.k), 0.0f);
+    for (int j = 0; j < Fp8Blocks(c.n); ++j)
+      std::memcpy(&ws_padded[j * Fp8ScaleStride(c.k)], &ws[j * Fp8Blocks(c.k)],
+                  Fp8Blocks(c.k) * sizeof(float));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dx, t::Upload(t::ToBf16Rounding(x)));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dwq, t::Upload(wq));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dws, t::Upload(ws_padded));
+    const size_t rows = Fp8Rows(c.m);
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dxq, DeviceBuffer<uint8_t>::Create(rows * c.k));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dxs, DeviceBuffer<float>::Create(rows * Fp8Blocks(c.k)));
+    QuantizeFp8Params qp;
+    qp.x = dx.get(), qp.q = dxq.get(), qp.scale = dxs.get(), qp.m = c.m, qp.k = c.k;
+    MOESH_ASSERT_OK(RunQuantizeFp8(qp));
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> xq, dxq.ToHost());
+    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> xs, dxs.ToHost());
+    std::vector<float> ref(static_cast<size_t>(c.m) * c.n);
+    cpu::Fp8BlockLinear(xq.data(), RowMajorScales(xs, c.m, c.k).data(), wq.data(), ws.data(),
+                        ref.data(), c.m, c.n, c.k);
+
+    // y has m + 1 rows of ldy = n + 3; the last row and the padding columns
+    // must come back as they were.
+    const int ldy = c.n + 3;
+    const size_t y_elems = static_cast<size_t>(c.m + 1) * ldy;
+    std::vector<float> y0 = t::Randn(y_elems, rng);
+    for (float& v : y0) v = t::RoundBf16(v);  // exact in either output type
+    Fp8GemmParams p;
+    p.x = dxq.get(), p.x_scale = dxs.get(), p.w = dwq.get(), p.w_scale = dws.get();
+    p.m = c.m, p.n = c.n, p.k = c.k, p.ldy = ldy, p.out_type = c.out, p.accumulate = c.accumulate;
+    std::vector<float> out;
+    if (c.out == OutType::kFloat32) {
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dy, t::Upload(y0));
+      p.y = dy.get();
+      MOESH_ASSERT_OK(RunFp8Gemv(p));
+      MOESH_ASSERT_OK_AND_ASSIGN(out, dy.ToHost());
+    } else {
+      std::vector<float> y0_copy = y0;
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dy, t::Upload(t::ToBf16Rounding(y0_copy)));
+      p.y = dy.get();
+      MOESH_ASSERT_OK(RunFp8Gemv(p));
+      MOESH_ASSERT_OK_AND_ASSIGN(auto yb, dy.ToHost());
+      out = t::ToFloats(yb);
+    }
+    std::vector<float> got(ref.size()), want(ref.size());
+    for (int i = 0; i < c.m + 1; ++i) {
+      for (int j = 0; j < ldy; ++j) {
+        const size_t at = static_cast<size_t>(i) * ldy + j;
+        if (i == c.m || j >= c.n) {
+          ASSERT_EQ(out[at], y0[at]) << "row " << i << " column " << j << " written";
+          continue;
+        }
+        got[static_cast<size_t>(i) * c.n + j] = out[at] - (c.accumulate ? y0[at] : 0.0f);
+        want[static_cast<size_t>(i) * c.n + j] = ref[static_cast<size_t>(i) * c.n + j];
+      }
+    }
+    const double err = t::RelErr(got, want);
+    // bf16 out: the accumulated sum is rounded once more.
+    EXPECT_LE(err, c.out == OutType::kBf16 ? 2e-2 : 1e-4);
+    std::cout << "fp8 gemv m=" << c.m << " n=" << c.n << " k=" << c.k << ": rel err " << err
+              << std::endl;
+  }
+}
+
+TEST(Fp8Test, GemvRefusesShapesItIsNotBuiltFor) {
+  Fp8GemmParams p;
+  p.m = 9, p.n = 16, p.k = 128;  // more rows than kFp8GemvMaxRows
+  EXPECT_EQ(RunFp8Gemv(p).code(), absl::StatusCode::kInvalidArgument);
+  p.m = 1, p.k = 96;  // not a multiple of 64
+  EXPECT_EQ(RunFp8Gemv(p).code(), absl::StatusCode::kInvalidArgument);
+  p.k = 128, p.ldy = 8;  // under n
+  EXPECT_EQ(RunFp8Gemv(p).code(), absl::StatusCode::kInvalidArgument);
+  p.ldy = 0;  // shapes fine, pointers null
+  EXPECT_EQ(RunFp8Gemv(p).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace moesh::cuda

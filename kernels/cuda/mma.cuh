@@ -1,6 +1,6 @@
 // Warp-level tensor-core PTX wrappers shared by the mma.sync kernels (MLA
 // decode, the MoE grouped GEMM): shared-memory addressing, ldmatrix and the
-// m16n8k16 bf16 and f16 MMAs with fp32 accumulation.
+// m16n8k16 bf16 and f16 and m16n8k32 e4m3 MMAs with fp32 accumulation.
 #ifndef MOESH_KERNELS_CUDA_MMA_CUH_
 #define MOESH_KERNELS_CUDA_MMA_CUH_
 
@@ -40,6 +40,18 @@ __device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], ui
                                        uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += a · b, m16n8k32, e4m3 in (four codes a register, the lower k first),
+// fp32 accumulate (sm_89 and later).
+__device__ __forceinline__ void MmaE4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, "
       "{%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

@@ -19,6 +19,7 @@
 //          [--profile-step] [--mla-kernel auto|heads16|generic] [--kv-cache-dtype auto|fp8]
 //          [--mla-prefill auto|absorbed|expanded] [--mla-prefill-impl mma|wgmma]
 //          [--sparse-mla gather|direct] [--indexer cuda-cores|tensor-cores]
+//          [--fp8-gemv off|on]
 // --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
@@ -28,7 +29,8 @@
 // --sparse-mla (DeepSeek-V3.2): each token's selection gathered into a dense
 // copy (default) or read straight from the pool (CudaModelOptions::sparse_mla_gather);
 // --indexer: the lightning indexer's scores on the CUDA cores (default) or the
-// tensor cores (CudaModelOptions::indexer_tensor_cores).
+// tensor cores (CudaModelOptions::indexer_tensor_cores); --fp8-gemv on: FP8
+// linears at up to 8 rows through RunFp8Gemv (CudaModelOptions::fp8_gemv).
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -73,6 +75,7 @@ struct Flags {
   std::string mla_prefill_impl = "mma";  // mma | wgmma (CudaModelOptions::mla_prefill_impl)
   std::string sparse_mla = "gather";     // gather | direct (CudaModelOptions::sparse_mla_gather)
   std::string indexer = "cuda-cores";    // cuda-cores | tensor-cores
+  std::string fp8_gemv = "off";          // off | on (CudaModelOptions::fp8_gemv)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
@@ -153,7 +156,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   }
   for (const char* name :
        {"load-format", "shape", "model", "quantization", "mla-kernel", "kv-cache-dtype",
-        "mla-prefill", "mla-prefill-impl", "sparse-mla", "indexer"}) {
+        "mla-prefill", "mla-prefill-impl", "sparse-mla", "indexer", "fp8-gemv"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
@@ -166,6 +169,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                        : n == "mla-prefill-impl" ? f.mla_prefill_impl
                        : n == "sparse-mla"       ? f.sparse_mla
                        : n == "indexer"          ? f.indexer
+                       : n == "fp8-gemv"         ? f.fp8_gemv
                                                  : f.kv_cache_dtype;
     dst = it->second;
     kv.erase(it);
@@ -183,6 +187,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("--sparse-mla: gather or direct");
   if (f.indexer != "cuda-cores" && f.indexer != "tensor-cores")
     return absl::InvalidArgumentError("--indexer: cuda-cores or tensor-cores");
+  if (f.fp8_gemv != "off" && f.fp8_gemv != "on")
+    return absl::InvalidArgumentError("--fp8-gemv: off or on");
   if (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "fp8")
     return absl::InvalidArgumentError("--kv-cache-dtype: auto or fp8");
   if (f.load_format != "dummy" && f.load_format != "auto") {
@@ -491,6 +497,7 @@ absl::Status Run(const Flags& f) {
       f.mla_prefill_impl == "wgmma" ? MlaPrefillImpl::kWgmma : MlaPrefillImpl::kMmaSync;
   o.sparse_mla_gather = f.sparse_mla == "gather";
   o.indexer_tensor_cores = f.indexer == "tensor-cores";
+  o.fp8_gemv = f.fp8_gemv == "on";
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaModel> model;
   if (f.load_format == "auto") {

@@ -1,0 +1,111 @@
+// DeepSeek's block-scaled FP8 linear at decode sizes (m <= 8 rows of
+// activations), y = x · w^T with x and w e4m3 and their 128-wide block scales
+// (Fp8GemmParams), on the tensor cores without cuBLASLt's four-row padding:
+// the weight rows are the MMA's M (16 a CTA), the activation rows its N (8),
+// so every weight byte is read once, straight from global memory into the
+// fragments.
+//
+// One CTA = 16 weight rows, four warps splitting the 128-wide k blocks
+// (warp w: blocks w, w + 4, ...). For a 64-wide slice of a block, thread
+// (g, tq) loads 16 contiguous codes of weight rows g and g + 8 and of
+// activation row g: bytes [16 tq, 16 tq + 16) of the slice. Two
+// mma.m16n8k32 take them as k = (the MMA's k order permuted alike in A and
+// B, so the products pair up): the first bytes 0-3 (a0 / a1, b0) and 4-7
+// (a2 / a3, b1), the second 8-11 and 12-15. A block's products (fp32) are
+// then scaled by x_scale[row, block] · w_scale[row block, block] into the
+// thread's running sums; the four warps' sums meet in shared memory.
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/fp8.h"
+#include "kernels/cuda/mma.cuh"
+
+namespace moesh::cuda {
+namespace {
+
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kRows = 16;   // weight rows a CTA (the MMA's M)
+constexpr int kSlice = 64;  // k a thread group's 16-byte loads cover
+constexpr int kBlock = cpu::kFp8Block;
+
+__device__ __forceinline__ uint4 Load16(const uint8_t* p, bool ok) {
+  return ok ? *reinterpret_cast<const uint4*>(p) : make_uint4(0, 0, 0, 0);
+}
+
+__global__ void __launch_bounds__(kThreads) Fp8GemvKernel(Fp8GemmParams p) {
+  __shared__ float part[kWarps][32][4];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int row0 = blockIdx.x * kRows;
+  const int r_lo = row0 + g, r_hi = r_lo + 8;
+  const bool ok_lo = r_lo < p.n, ok_hi = r_hi < p.n, ok_x = g < p.m;
+  const uint8_t* w_lo = p.w + static_cast<int64_t>(r_lo) * p.k + 16 * tq;
+  const uint8_t* w_hi = p.w + static_cast<int64_t>(r_hi) * p.k + 16 * tq;
+  const uint8_t* xr = p.x + static_cast<int64_t>(g) * p.k + 16 * tq;
+  const int blocks = cpu::Fp8Blocks(p.k), x_rows = Fp8Rows(p.m);
+  // This CTA's rows lie in one 128-row scale block (16 divides 128).
+  const float* w_scale = p.w_scale + static_cast<int64_t>(row0 / kBlock) * Fp8ScaleStride(p.k);
+  // Activation rows 2 tq and 2 tq + 1: the columns of this thread's sums.
+  const int t0 = 2 * tq, t1 = 2 * tq + 1;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int b = warp; b < blocks; b += kWarps) {
+    const int k0 = b * kBlock, k1 = min(k0 + kBlock, p.k);
+    float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < kBlock / kSlice; ++s) {
+      const int ks = k0 + s * kSlice;
+      if (ks >= k1) break;  // a last block of 64 (k a multiple of 64)
+      const uint4 lo = Load16(w_lo + ks, ok_lo), hi = Load16(w_hi + ks, ok_hi);
+      const uint4 xv = Load16(xr + ks, ok_x);
+      const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
+      MmaE4m3(blk, a0, xv.x, xv.y);
+      MmaE4m3(blk, a1, xv.z, xv.w);
+    }
+    const float ws = w_scale[b];
+    const float xs0 = t0 < p.m ? p.x_scale[static_cast<int64_t>(b) * x_rows + t0] : 0.0f;
+    const float xs1 = t1 < p.m ? p.x_scale[static_cast<int64_t>(b) * x_rows + t1] : 0.0f;
+    acc[0] += blk[0] * (ws * xs0), acc[1] += blk[1] * (ws * xs1);
+    acc[2] += blk[2] * (ws * xs0), acc[3] += blk[3] * (ws * xs1);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) part[warp][lane][e] = acc[e];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float v = part[0][lane][e];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) v += part[w][lane][e];
+    const int row = e < 2 ? r_lo : r_hi, t = (e & 1) ? t1 : t0;
+    if (row >= p.n || t >= p.m) continue;
+    const int64_t at = static_cast<int64_t>(t) * p.ldy + row;
+    if (p.out_type == OutType::kFloat32) {
+      float* y = static_cast<float*>(p.y) + at;
+      *y = p.accumulate ? *y + v : v;
+    } else {
+      bf16* y = static_cast<bf16*>(p.y) + at;
+      *y = __float2bfloat16_rn(p.accumulate ? __bfloat162float(*y) + v : v);
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status RunFp8Gemv(const Fp8GemmParams& p) {
+  Fp8GemmParams q = p;
+  q.ldy = p.ldy ? p.ldy : p.n;
+  if (p.m < 1 || p.m > kFp8GemvMaxRows || p.n < 1 || p.k < kSlice || p.k % kSlice != 0 ||
+      q.ldy < p.n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunFp8Gemv: m ", p.m, ", n ", p.n, ", k ", p.k, ", ldy ", q.ldy,
+        ": need 1 <= m <= ", kFp8GemvMaxRows, ", n >= 1, k a positive multiple of 64, ldy >= n"));
+  }
+  if (!p.x || !p.x_scale || !p.w || !p.w_scale || !p.y ||
+      (reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.w)) % 16 != 0) {
+    return absl::InvalidArgumentError("RunFp8Gemv: null pointer, or x / w not 16-byte aligned");
+  }
+  Fp8GemvKernel<<<(p.n + kRows - 1) / kRows, kThreads, 0, p.stream>>>(q);
+  return LaunchStatus("Fp8GemvKernel");
+}
+
+}  // namespace moesh::cuda
