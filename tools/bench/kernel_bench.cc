@@ -242,7 +242,7 @@ absl::Status BenchGemm(CublasGemm& gemm, const Ceilings& ceil, const DeviceInfo&
       {"shared down", 2048, 2816, OutType::kBf16},
       {"lm_head (fp32 out)", 102400, 2048, OutType::kFloat32},
   };
-  const int ms_list[] = {1, 32, 128, 2048};
+  const int ms_list[] = {1, 8, 32, 128, 2048};
   std::printf("\nGEMM y[m,n] = x[m,k]·w[n,k]^T via cuBLASLt (bf16 in, fp32 accumulate)\n");
   std::printf("%-20s %6s %6s %6s %10s %10s %9s %9s %9s\n", "op", "m", "n", "k", "time_us",
               "floor_us", "TFLOP/s", "GB/s", "floor/t");
@@ -295,7 +295,7 @@ absl::Status BenchFp8(CublasGemm& gemm, const Ceilings& ceil, bool quick, cudaSt
       {"shared down", 7168, 2048},
   };
   const int max_m = quick ? 128 : 2048;
-  const int ms_list[] = {1, 32, 128, 2048};
+  const int ms_list[] = {1, 8, 32, 128, 2048};
   // The FP8 GEMM's rate on a large square problem: its ceiling in this run.
   double fp8_tflops = 0;
   {
@@ -319,10 +319,12 @@ absl::Status BenchFp8(CublasGemm& gemm, const Ceilings& ceil, bool quick, cudaSt
   std::printf(
       "\nFP8 block-scaled linears at DeepSeek-V3 shapes: quantize x (1x128) + cuBLASLt FP8 GEMM "
       "(w 128x128 scales), bf16 out;\nbf16 GEMM of the same shape beside it. FP8 GEMM 8192^3: "
-      "%.0f TFLOP/s (bf16: %.0f). floor: FP8 bytes / copy BW or FLOPs / FP8 rate.\n",
-      fp8_tflops, ceil.gemm_tflops);
-  std::printf("%-16s %6s %6s %6s %9s %9s %9s %9s %9s %8s %8s\n", "op", "m", "n", "k", "bf16_us",
-              "quant_us", "fp8_us", "total_us", "floor_us", "speedup", "floor/t");
+      "%.0f TFLOP/s (bf16: %.0f). floor: FP8 bytes / copy BW or FLOPs / FP8 rate.\n"
+      "gemv_us: quantize + RunFp8Gemv (m <= %d), in place of cuBLASLt's GEMM.\n",
+      fp8_tflops, ceil.gemm_tflops, kFp8GemvMaxRows);
+  std::printf("%-16s %6s %6s %6s %9s %9s %9s %9s %9s %8s %8s %9s %8s\n", "op", "m", "n", "k",
+              "bf16_us", "quant_us", "fp8_us", "total_us", "floor_us", "speedup", "floor/t",
+              "gemv_us", "floor/g");
   for (const Shape& s : shapes) {
     const size_t w_elems = size_t{1} * s.n * s.k;
     ASSIGN_OR_RETURN(auto w16, DeviceBuffer<bf16>::Create(w_elems));
@@ -369,9 +371,24 @@ absl::Status BenchFp8(CublasGemm& gemm, const Ceilings& ceil, bool quick, cudaSt
       const double bytes = double(w_elems) + 2.0 * m * s.k + 2.0 * m * s.n;
       const double floor =
           std::max(bytes / (ceil.copy_gbps * 1e9), flops / (fp8_tflops * 1e12)) * 1e6;
-      std::printf("%-16s %6d %6d %6d %9.1f %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f\n", s.name, m, s.n,
+      double g_ms = 0.0;
+      if (m <= kFp8GemvMaxRows) {
+        ASSIGN_OR_RETURN(g_ms, MedianMs(
+                                   stream, 3, reps,
+                                   [&](int) {
+                                     RETURN_IF_ERROR(RunQuantizeFp8(qp));
+                                     return RunFp8Gemv(fp);
+                                   },
+                                   kInner));
+      }
+      std::printf("%-16s %6d %6d %6d %9.1f %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f", s.name, m, s.n,
                   s.k, bf16_ms * 1e3, q_ms * 1e3, f_ms * 1e3, t_ms * 1e3, floor, bf16_ms / t_ms,
                   floor / (t_ms * 1e3));
+      if (g_ms > 0.0) {
+        std::printf(" %9.1f %8.2f\n", g_ms * 1e3, floor / (g_ms * 1e3));
+      } else {
+        std::printf(" %9s %8s\n", "-", "-");
+      }
     }
   }
   return absl::OkStatus();
