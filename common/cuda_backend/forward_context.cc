@@ -44,7 +44,7 @@ absl::Status ForwardContext::Gemm(const bf16* x, int ldx, const DeviceLinear& w,
     return absl::InvalidArgumentError(absl::StrCat("ForwardContext::Gemm: FP8 [", m, ", ", k,
                                                    "] x [", n, ", ", k, "] exceeds its scratch"));
   }
-  if (options.fp8_gemv && m <= kFp8GemvMaxRows && k % 64 == 0) {
+  if (options.fp8_gemv && m >= 1 && m <= kFp8GemvMaxRows && k % 64 == 0) {
     // Decode sizes: x quantized, then the tensor-core GEMV straight into y.
     QuantizeFp8Params qp;
     qp.x = x, qp.ldx = ldx, qp.q = fp8.x.get(), qp.scale = fp8.x_scale.get(), qp.m = m, qp.k = k;

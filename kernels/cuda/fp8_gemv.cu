@@ -28,6 +28,7 @@ constexpr int kWarps = 4, kThreads = kWarps * 32;
 constexpr int kRows = 16;   // weight rows a CTA (the MMA's M)
 constexpr int kSlice = 64;  // k a thread group's 16-byte loads cover
 constexpr int kBlock = cpu::kFp8Block;
+static_assert(kBlock == 2 * kSlice, "a block is two slices");
 
 __device__ __forceinline__ uint4 Load16(const uint8_t* p, bool ok) {
   return ok ? *reinterpret_cast<const uint4*>(p) : make_uint4(0, 0, 0, 0);
@@ -48,18 +49,28 @@ __global__ void __launch_bounds__(kThreads) Fp8GemvKernel(Fp8GemmParams p) {
   // Activation rows 2 tq and 2 tq + 1: the columns of this thread's sums.
   const int t0 = 2 * tq, t1 = 2 * tq + 1;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // Both 64-wide slices' loads issued before any MMA (the second predicated
+  // off in a last block of 64: k a multiple of 64), two blocks in flight.
+#pragma unroll 2
   for (int b = warp; b < blocks; b += kWarps) {
-    const int k0 = b * kBlock, k1 = min(k0 + kBlock, p.k);
+    const int k0 = b * kBlock;
+    const bool two = k0 + kBlock <= p.k;
+    uint4 lo[2], hi[2], xv[2];
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int ks = k0 + s * kSlice;
+      const bool in = s == 0 || two;
+      lo[s] = Load16(w_lo + ks, ok_lo && in);
+      hi[s] = Load16(w_hi + ks, ok_hi && in);
+      xv[s] = Load16(xr + ks, ok_x && in);
+    }
     float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int s = 0; s < kBlock / kSlice; ++s) {
-      const int ks = k0 + s * kSlice;
-      if (ks >= k1) break;  // a last block of 64 (k a multiple of 64)
-      const uint4 lo = Load16(w_lo + ks, ok_lo), hi = Load16(w_hi + ks, ok_hi);
-      const uint4 xv = Load16(xr + ks, ok_x);
-      const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
-      MmaE4m3(blk, a0, xv.x, xv.y);
-      MmaE4m3(blk, a1, xv.z, xv.w);
+    for (int s = 0; s < 2; ++s) {
+      const uint32_t a0[4] = {lo[s].x, hi[s].x, lo[s].y, hi[s].y};
+      const uint32_t a1[4] = {lo[s].z, hi[s].z, lo[s].w, hi[s].w};
+      MmaE4m3(blk, a0, xv[s].x, xv[s].y);
+      MmaE4m3(blk, a1, xv[s].z, xv[s].w);
     }
     const float ws = w_scale[b];
     const float xs0 = t0 < p.m ? p.x_scale[static_cast<int64_t>(b) * x_rows + t0] : 0.0f;
