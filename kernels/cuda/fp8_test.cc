@@ -109,6 +109,51 @@ TEST(Fp8Test, WeightBlockQuantizeMatchesTheCpuBitForBit) {
   EXPECT_EQ(RunQuantizeFp8Blocks(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A random activation quantized on the device (the operands' codes and
+// scales as the GEMMs read them) and a random weight quantized as a
+// checkpoint has it, its scale rows padded as cuBLASLt reads them; the CPU's
+// product of the same codes and scales.
+struct Fp8Operands {
+  DeviceBuffer<uint8_t> xq, wq;
+  DeviceBuffer<float> xs, ws;
+  std::vector<uint8_t> w_codes;
+  std::vector<float> w_scales;  // [Fp8Blocks(n), Fp8Blocks(k)]
+
+  std::vector<float> Reference(int m, int n, int k) const {
+    absl::StatusOr<std::vector<uint8_t>> x = xq.ToHost();
+    absl::StatusOr<std::vector<float>> s = xs.ToHost();
+    EXPECT_TRUE(x.ok() && s.ok());
+    std::vector<float> ref(static_cast<size_t>(m) * n);
+    if (!x.ok() || !s.ok()) return ref;
+    cpu::Fp8BlockLinear(x->data(), RowMajorScales(*s, m, k).data(), w_codes.data(), w_scales.data(),
+                        ref.data(), m, n, k);
+    return ref;
+  }
+};
+
+absl::Status MakeFp8Operands(int m, int n, int k, std::mt19937& rng, Fp8Operands* o) {
+  std::vector<float> x = t::Randn(static_cast<size_t>(m) * k, rng);
+  const std::vector<float> w = t::Randn(static_cast<size_t>(n) * k, rng, 0.05f);
+  o->w_codes.resize(w.size());
+  o->w_scales.resize(static_cast<size_t>(Fp8Blocks(n)) * Fp8Blocks(k));
+  cpu::QuantizeFp8Blocks(w.data(), o->w_codes.data(), o->w_scales.data(), n, k);
+  std::vector<float> padded(static_cast<size_t>(Fp8Blocks(n)) * Fp8ScaleStride(k), 0.0f);
+  for (int j = 0; j < Fp8Blocks(n); ++j) {
+    std::memcpy(&padded[j * Fp8ScaleStride(k)], &o->w_scales[j * Fp8Blocks(k)],
+                Fp8Blocks(k) * sizeof(float));
+  }
+  ASSIGN_OR_RETURN(auto dx, t::Upload(t::ToBf16Rounding(x)));
+  ASSIGN_OR_RETURN(o->wq, t::Upload(o->w_codes));
+  ASSIGN_OR_RETURN(o->ws, t::Upload(padded));
+  const size_t rows = Fp8Rows(m);
+  ASSIGN_OR_RETURN(o->xq, DeviceBuffer<uint8_t>::Create(rows * k));
+  ASSIGN_OR_RETURN(o->xs, DeviceBuffer<float>::Create(rows * Fp8Blocks(k)));
+  QuantizeFp8Params qp;
+  qp.x = dx.get(), qp.q = o->xq.get(), qp.scale = o->xs.get(), qp.m = m, qp.k = k;
+  RETURN_IF_ERROR(RunQuantizeFp8(qp));
+  return CudaStatus(cudaDeviceSynchronize(), "quantize");
+}
+
 TEST(Fp8Test, BlockScaledGemmMatchesTheCpu) {
   MOESH_REQUIRE_GPU();
   MOESH_ASSERT_OK_AND_ASSIGN(auto gemm, CublasGemm::Create());
@@ -128,28 +173,12 @@ TEST(Fp8Test, BlockScaledGemmMatchesTheCpu) {
     SCOPED_TRACE(::testing::Message()
                  << "m=" << c.m << " n=" << c.n << " k=" << c.k << " seed=" << seed);
     std::mt19937 rng(seed);
-    std::vector<float> x = t::Randn(static_cast<size_t>(c.m) * c.k, rng);
-    const std::vector<float> w = t::Randn(static_cast<size_t>(c.n) * c.k, rng, 0.05f);
-    // The weight as a checkpoint has it, its scales padded as cuBLASLt reads them.
-    std::vector<uint8_t> wq(w.size());
-    std::vector<float> ws(static_cast<size_t>(Fp8Blocks(c.n)) * Fp8Blocks(c.k));
-    cpu::QuantizeFp8Blocks(w.data(), wq.data(), ws.data(), c.n, c.k);
-    std::vector<float> ws_padded(static_cast<size_t>(Fp8Blocks(c.n)) * Fp8ScaleStride(c.k), 0.0f);
-    for (int j = 0; j < Fp8Blocks(c.n); ++j)
-      std::memcpy(&ws_padded[j * Fp8ScaleStride(c.k)], &ws[j * Fp8Blocks(c.k)],
-                  Fp8Blocks(c.k) * sizeof(float));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dx, t::Upload(t::ToBf16Rounding(x)));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dwq, t::Upload(wq));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dws, t::Upload(ws_padded));
+    Fp8Operands o;
+    MOESH_ASSERT_OK(MakeFp8Operands(c.m, c.n, c.k, rng, &o));
     const size_t rows = Fp8Rows(c.m);
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dxq, DeviceBuffer<uint8_t>::Create(rows * c.k));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dxs, DeviceBuffer<float>::Create(rows * Fp8Blocks(c.k)));
-    QuantizeFp8Params qp;
-    qp.x = dx.get(), qp.q = dxq.get(), qp.scale = dxs.get(), qp.m = c.m, qp.k = c.k;
-    MOESH_ASSERT_OK(RunQuantizeFp8(qp));
 
     Fp8GemmParams p;
-    p.x = dxq.get(), p.x_scale = dxs.get(), p.w = dwq.get(), p.w_scale = dws.get();
+    p.x = o.xq.get(), p.x_scale = o.xs.get(), p.w = o.wq.get(), p.w_scale = o.ws.get();
     p.m = c.m, p.n = c.n, p.k = c.k, p.out_type = c.out;
     std::vector<float> out;
     if (c.out == OutType::kFloat32) {
@@ -173,14 +202,10 @@ TEST(Fp8Test, BlockScaledGemmMatchesTheCpu) {
       out = t::ToFloats(yb);
     }
     // The reference on the device's own codes and scales.
-    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> xq, dxq.ToHost());
-    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> xs, dxs.ToHost());
     // Rows past m (the padding) come out zero.
     for (size_t i = static_cast<size_t>(c.m) * c.n; i < out.size(); ++i) ASSERT_EQ(out[i], 0.0f);
     out.resize(static_cast<size_t>(c.m) * c.n);
-    std::vector<float> ref(out.size());
-    cpu::Fp8BlockLinear(xq.data(), RowMajorScales(xs, c.m, c.k).data(), wq.data(), ws.data(),
-                        ref.data(), c.m, c.n, c.k);
+    const std::vector<float> ref = o.Reference(c.m, c.n, c.k);
     const double err = t::RelErr(out, ref);
     EXPECT_LE(err, c.out == OutType::kBf16 ? 1e-2 : 2e-3);
     std::cout << "fp8 gemm m=" << c.m << " n=" << c.n << " k=" << c.k << ": rel err " << err
@@ -210,29 +235,9 @@ TEST(Fp8Test, GemvMatchesTheCpu) {
     SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k
                                       << " acc=" << c.accumulate << " seed=" << seed);
     std::mt19937 rng(seed);
-    std::vector<float> x = t::Randn(static_cast<size_t>(c.m) * c.k, rng);
-    const std::vector<float> w = t::Randn(static_cast<size_t>(c.n) * c.k, rng, 0.05f);
-    std::vector<uint8_t> wq(w.size());
-    std::vector<float> ws(static_cast<size_t>(Fp8Blocks(c.n)) * Fp8Blocks(c.k));
-    cpu::QuantizeFp8Blocks(w.data(), wq.data(), ws.data(), c.n, c.k);
-    std::vector<float> ws_padded(static_cast<size_t>(Fp8Blocks(c.n)) * Fp8ScaleStride(c.k), 0.0f);
-    for (int j = 0; j < Fp8Blocks(c.n); ++j)
-      std::memcpy(&ws_padded[j * Fp8ScaleStride(c.k)], &ws[j * Fp8Blocks(c.k)],
-                  Fp8Blocks(c.k) * sizeof(float));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dx, t::Upload(t::ToBf16Rounding(x)));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dwq, t::Upload(wq));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dws, t::Upload(ws_padded));
-    const size_t rows = Fp8Rows(c.m);
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dxq, DeviceBuffer<uint8_t>::Create(rows * c.k));
-    MOESH_ASSERT_OK_AND_ASSIGN(auto dxs, DeviceBuffer<float>::Create(rows * Fp8Blocks(c.k)));
-    QuantizeFp8Params qp;
-    qp.x = dx.get(), qp.q = dxq.get(), qp.scale = dxs.get(), qp.m = c.m, qp.k = c.k;
-    MOESH_ASSERT_OK(RunQuantizeFp8(qp));
-    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> xq, dxq.ToHost());
-    MOESH_ASSERT_OK_AND_ASSIGN(std::vector<float> xs, dxs.ToHost());
-    std::vector<float> ref(static_cast<size_t>(c.m) * c.n);
-    cpu::Fp8BlockLinear(xq.data(), RowMajorScales(xs, c.m, c.k).data(), wq.data(), ws.data(),
-                        ref.data(), c.m, c.n, c.k);
+    Fp8Operands o;
+    MOESH_ASSERT_OK(MakeFp8Operands(c.m, c.n, c.k, rng, &o));
+    const std::vector<float> ref = o.Reference(c.m, c.n, c.k);
 
     // y has m + 1 rows of ldy = n + 3; the last row and the padding columns
     // must come back as they were.
@@ -241,7 +246,7 @@ TEST(Fp8Test, GemvMatchesTheCpu) {
     std::vector<float> y0 = t::Randn(y_elems, rng);
     for (float& v : y0) v = t::RoundBf16(v);  // exact in either output type
     Fp8GemmParams p;
-    p.x = dxq.get(), p.x_scale = dxs.get(), p.w = dwq.get(), p.w_scale = dws.get();
+    p.x = o.xq.get(), p.x_scale = o.xs.get(), p.w = o.wq.get(), p.w_scale = o.ws.get();
     p.m = c.m, p.n = c.n, p.k = c.k, p.ldy = ldy, p.out_type = c.out, p.accumulate = c.accumulate;
     std::vector<float> out;
     if (c.out == OutType::kFloat32) {
