@@ -157,7 +157,7 @@ const PrefillCase kCases[] = {
     {"PrefixPaddedTileOddHeads", 130, 37, 20, 1},
     {"PrefixThreeRanges", 257, 1000, 16, 3},
     {"Heads128TwoRanges", 300, 200, 128, 2},
-    {"LongPrefixOneRange", 1024, 3000, 16, 1},
+    {"LongPrefixOneRange", 512, 3000, 16, 1},
     {"ShortPromptManyRanges", 70, 5, 16, 4},
     // The first query tile sees no key of the second range (a CTA with no tile).
     {"FirstTileEmptyInLastRange", 200, 0, 16, 2},
