@@ -102,6 +102,11 @@ absl::Status MlaLayerStack::EnqueueAbsorbedAttention(const StepBatch& b, const A
   const int heads = c.num_attention_heads, rank = c.kv_lora_rank;
   MlaDecodeParams mp = whole;
   if (r.first != 0 || r.rows != b.num_tokens) {
+    // A selection (V3.2) always attends as one range (MlaAttnRanges: no
+    // expanded form with an indexer); its kv_index would need offsetting too.
+    if (mp.kv_index != nullptr) {
+      return absl::InternalError("MlaLayerStack: a sparse selection split into ranges");
+    }
     mp.q += static_cast<size_t>(r.first) * heads * (rank + c.qk_rope_head_dim);
     mp.seq_lens += r.first;
     mp.block_table += static_cast<size_t>(r.first) * ctx_.max_blocks_per_seq();
