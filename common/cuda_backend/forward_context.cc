@@ -7,11 +7,12 @@
 namespace moesh::cuda {
 namespace {
 
-// y[0, m) = x · w^T for an FP8 w, m a multiple of four or y holding
-// Fp8Rows(m) rows: x quantized into (xq, xs), then the block-scaled GEMM.
+// y[0, m) = x · w^T for an FP8 w: x quantized into (xq, xs), then the
+// block-scaled GEMM (cuBLASLt's: m a multiple of four or y holding
+// Fp8Rows(m) rows), or with `gemv` RunFp8Gemv (rows [0, m) only).
 absl::Status Fp8Gemm(CublasGemm* gemm, const bf16* x, int ldx, const DeviceLinear& w, void* y,
                      int ldy, int m, int n, int k, OutType out, bool accumulate, uint8_t* xq,
-                     float* xs, cudaStream_t stream) {
+                     float* xs, cudaStream_t stream, bool gemv = false) {
   QuantizeFp8Params qp;
   qp.x = x, qp.ldx = ldx, qp.q = xq, qp.scale = xs, qp.m = m, qp.k = k, qp.stream = stream;
   RETURN_IF_ERROR(RunQuantizeFp8(qp));
@@ -19,7 +20,7 @@ absl::Status Fp8Gemm(CublasGemm* gemm, const bf16* x, int ldx, const DeviceLinea
   p.x = xq, p.x_scale = xs, p.w = static_cast<const uint8_t*>(w.w), p.w_scale = w.scale;
   p.y = y, p.ldy = ldy, p.out_type = out, p.accumulate = accumulate;
   p.m = m, p.n = n, p.k = k, p.stream = stream;
-  return gemm->RunFp8(p);
+  return gemv ? RunFp8Gemv(p) : gemm->RunFp8(p);
 }
 
 }  // namespace
@@ -45,16 +46,9 @@ absl::Status ForwardContext::Gemm(const bf16* x, int ldx, const DeviceLinear& w,
                                                    "] x [", n, ", ", k, "] exceeds its scratch"));
   }
   if (options.fp8_gemv && m >= 1 && m <= kFp8GemvMaxRows && k % 64 == 0) {
-    // Decode sizes: x quantized, then the tensor-core GEMV straight into y.
-    QuantizeFp8Params qp;
-    qp.x = x, qp.ldx = ldx, qp.q = fp8.x.get(), qp.scale = fp8.x_scale.get(), qp.m = m, qp.k = k;
-    qp.stream = stream;
-    RETURN_IF_ERROR(RunQuantizeFp8(qp));
-    Fp8GemmParams p;
-    p.x = fp8.x.get(), p.x_scale = fp8.x_scale.get(), p.w = static_cast<const uint8_t*>(w.w);
-    p.w_scale = w.scale, p.y = y, p.ldy = ldy, p.out_type = out, p.accumulate = accumulate;
-    p.m = m, p.n = n, p.k = k, p.stream = stream;
-    return RunFp8Gemv(p);
+    // Decode sizes: the tensor-core GEMV straight into y (no padding, no tail).
+    return Fp8Gemm(gemm, x, ldx, w, y, ldy, m, n, k, out, accumulate, fp8.x.get(),
+                   fp8.x_scale.get(), stream, /*gemv=*/true);
   }
   const int whole = m / 4 * 4, tail = m - whole;
   if (whole > 0) {

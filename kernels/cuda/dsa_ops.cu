@@ -118,8 +118,6 @@ struct IndexMmaSmem {
   float w[kMmaHeads];
 };
 
-__device__ __forceinline__ int SwzRow(int r, int c) { return r * kMmaDim + ((c ^ (r & 7)) << 3); }
-
 __global__ void __launch_bounds__(kThreads) IndexScoreMmaKernel(IndexerParams p) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
   IndexMmaSmem& s = *reinterpret_cast<IndexMmaSmem*>(smem_raw);
@@ -132,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) IndexScoreMmaKernel(IndexerParams p)
   const bf16* qt = p.q + static_cast<int64_t>(t) * kMmaHeads * kMmaDim;
   for (int c = threadIdx.x; c < kMmaHeads * kMmaChunks; c += kThreads) {
     const int r = c / kMmaChunks, ch = c % kMmaChunks;
-    CpAsync16(&s.q[SwzRow(r, ch)], qt + r * kMmaDim + ch * 8, true);
+    CpAsync16(&s.q[SwizzledChunk(r, ch, kMmaDim)], qt + r * kMmaDim + ch * 8, true);
   }
   const int32_t* bt = p.block_table + static_cast<int64_t>(t) * p.max_blocks_per_seq;
   for (int c = lane; c < kMmaKeys * kMmaChunks; c += 32) {
@@ -144,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) IndexScoreMmaKernel(IndexerParams p)
           static_cast<int64_t>(bt[e / kKvBlockSize]) * kKvBlockSize + e % kKvBlockSize;
       src = p.key_cache + row * p.key_row_width + p.key_offset + ch * 8;
     }
-    CpAsync16(&s.k[warp][SwzRow(r, ch)], src, ok);
+    CpAsync16(&s.k[warp][SwizzledChunk(r, ch, kMmaDim)], src, ok);
   }
   CpAsyncCommit();
   for (int h = threadIdx.x; h < kMmaHeads; h += kThreads) {
@@ -162,12 +160,14 @@ __global__ void __launch_bounds__(kThreads) IndexScoreMmaKernel(IndexerParams p)
     uint32_t b[kMmaKeys / 16][4];  // matrices (keys +0/+8 by lm_m >> 1) x (dims +0/+8 by lm_m & 1)
 #pragma unroll
     for (int np = 0; np < kMmaKeys / 16; ++np) {
-      Ldmatrix4(b[np], sk + SwzRow(np * 16 + (lm_m >> 1) * 8 + lm_r, kk * 2 + (lm_m & 1)));
+      Ldmatrix4(b[np],
+                sk + SwizzledChunk(np * 16 + (lm_m >> 1) * 8 + lm_r, kk * 2 + (lm_m & 1), kMmaDim));
     }
 #pragma unroll
     for (int mt = 0; mt < kMmaHeads / 16; ++mt) {
       uint32_t a[4];  // matrices (heads +0/+8 by lm_m & 1) x (dims +0/+8 by lm_m >> 1)
-      Ldmatrix4(a, s.q + SwzRow(mt * 16 + (lm_m & 1) * 8 + lm_r, kk * 2 + (lm_m >> 1)));
+      Ldmatrix4(
+          a, s.q + SwizzledChunk(mt * 16 + (lm_m & 1) * 8 + lm_r, kk * 2 + (lm_m >> 1), kMmaDim));
 #pragma unroll
       for (int np = 0; np < kMmaKeys / 16; ++np) {
         Mma(acc[mt][2 * np], a, b[np][0], b[np][1]);

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/config.h"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/params.h"
 
 namespace moesh::cuda::mla {
@@ -24,15 +25,6 @@ struct SplitRange {
 __device__ __forceinline__ SplitRange SplitTiles(int n_tiles, int split, int num_splits) {
   return {static_cast<int>(static_cast<int64_t>(split) * n_tiles / num_splits),
           static_cast<int>(static_cast<int64_t>(split + 1) * n_tiles / num_splits)};
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float2 UnpackBf16(uint32_t v) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
 
 // The 16-head kernels' scores of the tokens warp w finishes, [w, w + 1) ·

@@ -45,12 +45,6 @@ struct Smem {
 // 80 KB: two CTAs an SM (registers allow two: 220 a thread, ptxas sm_90a).
 static_assert(sizeof(Smem) * 2 + 2048 <= 233472);
 
-// Element offset of chunk `c` (8 bf16) of row `r` in a swizzled tile of
-// `width` elements a row.
-__device__ __forceinline__ int Swz(int r, int c, int width) {
-  return r * width + ((c ^ (r & 7)) << 3);
-}
-
 // Key tile `kt` (keys [64 kt, 64 kt + 64) of the call) of head h into `stage`.
 __device__ __forceinline__ void LoadKvTile(Smem& s, const MlaPrefillParams& p, int h, int kt,
                                            int stage) {
@@ -67,7 +61,7 @@ __device__ __forceinline__ void LoadKvTile(Smem& s, const MlaPrefillParams& p, i
                 ? p.k_nope + j * p.kv_ld + static_cast<int64_t>(h) * p.kv_head_stride + ch * 8
                 : p.k_pe + j * p.k_pe_ld + (ch - kNopeChunks) * 8;
     }
-    CpAsync16(sk + Swz(r, ch, kQkDim), src, ok);
+    CpAsync16(sk + SwizzledChunk(r, ch, kQkDim), src, ok);
   }
 #pragma unroll 4
   for (int c = threadIdx.x; c < kTileK * kVChunks; c += kThreads) {
@@ -75,7 +69,7 @@ __device__ __forceinline__ void LoadKvTile(Smem& s, const MlaPrefillParams& p, i
     const bool ok = j < p.num_k;
     const bf16* src =
         ok ? p.v + j * p.kv_ld + static_cast<int64_t>(h) * p.kv_head_stride + ch * 8 : p.v;
-    CpAsync16(sv + Swz(r, ch, kVDim), src, ok);
+    CpAsync16(sv + SwizzledChunk(r, ch, kVDim), src, ok);
   }
 }
 
@@ -148,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(MlaPrefillParams
       for (int np = 0; np < kSTiles / 2; ++np) {
         const int row = np * 16 + (lm_m >> 1) * 8 + lm_r;
         uint32_t b[4];
-        Ldmatrix4(b, sk + Swz(row, kk * 2 + (lm_m & 1), kQkDim));
+        Ldmatrix4(b, sk + SwizzledChunk(row, kk * 2 + (lm_m & 1), kQkDim));
         Mma(*reinterpret_cast<float(*)[4]>(&sc[8 * np]), qf[kk], b[0], b[1]);
         Mma(*reinterpret_cast<float(*)[4]>(&sc[8 * np + 4]), qf[kk], b[2], b[3]);
       }
@@ -169,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(MlaPrefillParams
       for (int dp = 0; dp < kOTiles / 2; ++dp) {
         const int row = kk * 16 + (lm_m & 1) * 8 + lm_r;
         uint32_t b[4];
-        Ldmatrix4Trans(b, sv + Swz(row, dp * 2 + (lm_m >> 1), kVDim));
+        Ldmatrix4Trans(b, sv + SwizzledChunk(row, dp * 2 + (lm_m >> 1), kVDim));
         Mma(*reinterpret_cast<float(*)[4]>(&o[8 * dp]), pa[kk], b[0], b[1]);
         Mma(*reinterpret_cast<float(*)[4]>(&o[8 * dp + 4]), pa[kk], b[2], b[3]);
       }

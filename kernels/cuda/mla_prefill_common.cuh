@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/config.h"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/params.h"
 
 namespace moesh::cuda::mla_prefill {
@@ -22,11 +23,6 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr int kSRegs = kTileK / 2;     // a thread's scores of one tile (two rows)
 inline constexpr int kORegs = kVDim / 2;      // a thread's output values (two rows)
 inline constexpr int kPvSteps = kTileK / 16;  // k-steps of P · V
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // A thread's running softmax state of its two rows (base 2; l: this
 // thread's columns only until FinishRows sums the quad).

@@ -1,8 +1,11 @@
 // Warp-level tensor-core PTX wrappers shared by the mma.sync kernels (MLA
-// decode, the MoE grouped GEMM): shared-memory addressing, ldmatrix and the
+// decode and prefill, the MoE grouped GEMM, the indexer): shared-memory
+// addressing and swizzle, bf16 fragment packing, ldmatrix and the
 // m16n8k16 bf16 and f16 and m16n8k32 e4m3 MMAs with fp32 accumulation.
 #ifndef MOESH_KERNELS_CUDA_MMA_CUH_
 #define MOESH_KERNELS_CUDA_MMA_CUH_
+
+#include <cuda_bf16.h>
 
 #include <cstdint>
 
@@ -10,6 +13,23 @@ namespace moesh::cuda {
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Element offset of 16-byte chunk c (8 bf16) of row r in a shared-memory tile
+// of row_elems bf16 a row whose chunks are XOR-swizzled by row (chunk c at
+// c ^ (r & 7)): the eight rows an ldmatrix reads fall in eight bank groups.
+// REQUIRES: row_elems / 8 a multiple of 8 (the swizzle stays in the row).
+__device__ __forceinline__ int SwizzledChunk(int r, int c, int row_elems) {
+  return r * row_elems + ((c ^ (r & 7)) << 3);
+}
+
+// Two floats as an mma fragment word of bf16 (lo in the lower half), and back.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 UnpackBf16(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
 
 __device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], const void* p) {
