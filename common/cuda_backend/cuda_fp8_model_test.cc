@@ -93,6 +93,11 @@ TEST_P(CudaFp8ModelTest, Fp8CheckpointMatchesCpuEngine) {
   gemv_options.fp8_gemv = true;
   absl::StatusOr<std::unique_ptr<CudaModel>> gemv = CudaModel::Load(dir, gemv_options);
   ASSERT_TRUE(gemv.ok()) << gemv.status();
+  // The routed experts on FP8 activations too (both GEMMs on FP8 MMAs).
+  CudaModelOptions act_options = options;
+  act_options.fp8_expert_act = true;
+  absl::StatusOr<std::unique_ptr<CudaModel>> act = CudaModel::Load(dir, act_options);
+  ASSERT_TRUE(act.ok()) << act.status();
   // The same (dequantized) weights in bf16.
   absl::StatusOr<ModelConfig> bf16_config = ModelConfig::Load(dir);
   ASSERT_TRUE(bf16_config.ok());
@@ -112,15 +117,17 @@ TEST_P(CudaFp8ModelTest, Fp8CheckpointMatchesCpuEngine) {
   EXPECT_LT((*fp8)->weights().bytes(), (*bf16)->weights().bytes());
 
   std::vector<Fidelity> f;
-  Compare(c, *cpu, {fp8->get(), bf16->get(), gemv->get()}, &f, seed);
+  Compare(c, *cpu, {fp8->get(), bf16->get(), gemv->get(), act->get()}, &f, seed);
   std::printf("%s FP8 checkpoint vs the CPU engine (dequantized), teacher-forced:\n",
               GetParam().c_str());
   f[0].Print("GPU FP8 linears:");
   f[1].Print("GPU bf16 (same weights):");
   f[2].Print("GPU FP8 linears, decode via RunFp8Gemv:");
+  f[3].Print("GPU FP8 linears, experts on FP8 activations:");
   EXPECT_LE(f[0].worst_rel, kFp8RelTolerance);
   EXPECT_LE(f[1].worst_rel, kBf16RelTolerance);
   EXPECT_LE(f[2].worst_rel, kFp8RelTolerance);
+  EXPECT_LE(f[3].worst_rel, kFp8RelTolerance);
 }
 
 TEST_P(CudaFp8ModelTest, OnlineQuantizationOfABf16Checkpoint) {

@@ -87,6 +87,13 @@ struct CudaModelOptions {
   // M, no four-row padding), else cuBLASLt's block-scaled GEMM. Off until it
   // has run on a GPU (written 2026-12-05 without one).
   bool fp8_gemv = false;
+  // FP8 routed experts (an FP8 checkpoint or --quantization fp8): their
+  // inputs quantized per row and 128 columns too and both expert GEMMs on
+  // the FP8 tensor cores (ExpertMlpParams::act_fp8: DeepSeek's own scheme),
+  // else the weights widened to bf16 in the grouped GEMM. Where hidden and
+  // the expert width are multiples of 128. Off until it has run on a GPU
+  // (written 2026-12-05 without one).
+  bool fp8_expert_act = false;
 };
 
 }  // namespace moesh::cuda

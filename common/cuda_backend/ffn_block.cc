@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/model_ops.h"
@@ -62,6 +63,17 @@ absl::Status FfnBlock::Init() {
     RETURN_IF_ERROR(moe_gu_.Reallocate(rows * 2 * moe_inter));
     RETURN_IF_ERROR(moe_act_.Reallocate(rows * moe_inter));
     RETURN_IF_ERROR(moe_out_.Reallocate(rows * h));
+    if (o.fp8_expert_act && c.n_routed_experts > 0) {
+      if (h % cpu::kFp8Block != 0 || moe_inter % cpu::kFp8Block != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("fp8_expert_act: hidden_size ", h,
+                                                       " and moe_intermediate_size ", moe_inter,
+                                                       " must be multiples of ", cpu::kFp8Block));
+      }
+      const size_t fp8_rows = Fp8Rows(static_cast<int>(t * k)),
+                   width = std::max<size_t>(h, moe_inter);
+      RETURN_IF_ERROR(moe_act_fp8_.Reallocate(fp8_rows * width));
+      RETURN_IF_ERROR(moe_act_fp8_scale_.Reallocate(fp8_rows * cpu::Fp8Blocks(width)));
+    }
     if (t * k >= static_cast<size_t>(kDenseRowsPerExpert) * e) {  // large enough for the dense path
       RETURN_IF_ERROR(moe_gathered_.Reallocate(rows * h));
       ASSIGN_OR_RETURN(h_expert_offsets_, PinnedBuffer<int32_t>::Create(e + 1));
@@ -150,6 +162,9 @@ absl::Status FfnBlock::EnqueueMoe(int layer, int num_tokens, const bf16* normed,
   mp.gathered = moe_gathered_.get(), mp.gu = moe_gu_.get(), mp.act = moe_act_.get(),
   mp.y = moe_out_.get();
   mp.host_offsets = h_expert_offsets_.get(), mp.gemm = ctx_.gemm, mp.stream = s;
+  if (mp.gate_up_fp8 != nullptr && moe_act_fp8_.get() != nullptr) {
+    mp.act_fp8 = moe_act_fp8_.get(), mp.act_fp8_scale = moe_act_fp8_scale_.get();
+  }
   RETURN_IF_ERROR(EnqueueExpertMlp(mp));
   if (w.shared_gate_up.w != nullptr) {
     RETURN_IF_ERROR(EnqueueMlp(w.shared_gate_up, w.shared_down, ctx_.weights->shared_intermediate(),

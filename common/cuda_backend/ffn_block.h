@@ -72,6 +72,9 @@ class FfnBlock {
   DeviceBuffer<float> router_logits_, topk_w_, moe_out_;
   DeviceBuffer<bf16> mlp_gu_, mlp_act_, moe_gu_, moe_act_;
   DeviceBuffer<bf16> moe_gathered_;  // the dense expert path's gathered rows (null: never taken)
+  // The experts' FP8 activations (CudaModelOptions::fp8_expert_act; else null).
+  DeviceBuffer<uint8_t> moe_act_fp8_;
+  DeviceBuffer<float> moe_act_fp8_scale_;
   DeviceBuffer<int32_t> topk_ids_, row_token_, pair_row_, expert_offsets_, tile_offsets_,
       expert_counts_;
   PinnedBuffer<int32_t> h_expert_offsets_;

@@ -57,6 +57,15 @@ struct ExpertMlpParams {
   const uint8_t* down_mx_scale = nullptr;
   int num_experts = 0, hidden = 0, inter = 0;
   float swiglu_limit = 0.0f;  // > 0: the activation's clamp (DeepSeek-V4)
+  // FP8 weights only: with this scratch set, both GEMMs take FP8 activations
+  // too (GroupedGemmParams::x_fp8; CudaModelOptions::fp8_expert_act): the
+  // permuted rows of x, then the SiLU·mul output, quantized per row and 128
+  // columns (RunQuantizeFp8, bit for bit kernels/cpu/fp8.h's QuantizeFp8Rows)
+  // into codes [Fp8Rows(rows), max(hidden, inter)] and scales
+  // [Fp8Blocks(max(hidden, inter)), Fp8Rows(rows)]. REQUIRES hidden and inter
+  // multiples of 128.
+  uint8_t* act_fp8 = nullptr;
+  float* act_fp8_scale = nullptr;
   // Scratch, each with rows + kDenseRowAlign rows.
   bf16* gathered = nullptr;         // [*, hidden]
   bf16* gu = nullptr;               // [*, 2 * inter]

@@ -14,7 +14,8 @@ constexpr int kWarps = 8;  // per CTA
 constexpr float kMinAmax = 1e-10f;
 
 __global__ void __launch_bounds__(kWarps * 32)
-    QuantizeFp8Kernel(const bf16* __restrict__ x, uint8_t* __restrict__ q,
+    QuantizeFp8Kernel(const bf16* __restrict__ x, const int32_t* __restrict__ index,
+                      const int32_t* __restrict__ count, uint8_t* __restrict__ q,
                       float* __restrict__ scale, int m, int rows, int k, int ldx) {
   const int blocks = cpu::Fp8Blocks(k);
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -25,8 +26,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x & 31;
   const int c = b * cpu::kFp8Block + lane * 4;  // k % 16 == 0: four in or four out
   float v[4] = {0, 0, 0, 0};
-  if (c < k && row < m) {  // rows past m: zeros
-    const uint2 raw = *reinterpret_cast<const uint2*>(x + static_cast<int64_t>(row) * ldx + c);
+  const int valid = count != nullptr ? min(m, *count) : m;
+  if (c < k && row < valid) {  // rows past m (or *count): zeros
+    const int64_t src = index != nullptr ? index[row] : row;
+    const uint2 raw = *reinterpret_cast<const uint2*>(x + src * ldx + c);
     const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
     const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
     v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
@@ -118,7 +121,7 @@ absl::Status RunQuantizeFp8(const QuantizeFp8Params& p) {
   const int64_t tasks = static_cast<int64_t>(Fp8Rows(p.m)) * cpu::Fp8Blocks(p.k);
   const int64_t grid = (tasks + kWarps - 1) / kWarps;
   QuantizeFp8Kernel<<<static_cast<unsigned>(grid), kWarps * 32, 0, p.stream>>>(
-      p.x, p.q, p.scale, p.m, Fp8Rows(p.m), p.k, ldx);
+      p.x, p.index, p.count, p.q, p.scale, p.m, Fp8Rows(p.m), p.k, ldx);
   return LaunchStatus("QuantizeFp8Kernel");
 }
 

@@ -27,6 +27,8 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/grouped_gemm_fp8.h"
+#include "kernels/cuda/grouped_tiles.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/model_ops.h"
@@ -134,16 +136,7 @@ __global__ void __launch_bounds__(kThreads,
 
   const int tile = blockIdx.x;
   if (tile >= p.tile_offsets[p.num_experts]) return;  // uniform per CTA
-  int lo = 0, hi = p.num_experts - 1;                 // the last expert whose first tile is <= tile
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.tile_offsets[mid] <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int e = lo;
+  const int e = ExpertOfTile(p.tile_offsets, p.num_experts, tile);
   const int row0 = p.expert_offsets[e];
   const int rows = p.expert_offsets[e + 1] - row0;
   const int m0 = (tile - p.tile_offsets[e]) * kBM;
@@ -401,6 +394,18 @@ absl::Status RunGroupedGemm(const GroupedGemmParams& p) {
                      "16, 32 or 64"));
   }
   if (q.max_tiles == 0) return absl::OkStatus();
+  if (q.x_fp8 != nullptr) {  // FP8 activations (grouped_gemm_fp8.cu)
+    if (q.x != nullptr || q.row_index != nullptr || !q.x_scale || !q.w_fp8 || !q.w_scale || !q.y ||
+        !q.expert_offsets || !q.tile_offsets || q.k % 128 != 0 || q.ldx % 16 != 0 ||
+        q.x_scale_ld < 1 || (q.k_tile != 0 && q.k_tile != 128) ||
+        ((reinterpret_cast<uintptr_t>(q.x_fp8) | reinterpret_cast<uintptr_t>(q.w_fp8)) & 15)) {
+      return absl::InvalidArgumentError(
+          "RunGroupedGemm: FP8 activations need x null, no row_index, x_scale, w_fp8 + w_scale, "
+          "k % 128 == 0, ldx % 16 == 0, x_scale_ld >= 1, k_tile 0 or 128, 16-byte aligned x_fp8 "
+          "and w_fp8");
+    }
+    return LaunchGroupedGemmFp8(q);
+  }
   const int formats = (q.w != nullptr) + (q.w_fp8 != nullptr) + (q.w_fp4 != nullptr);
   if (!q.x || formats != 1 || (q.w_fp8 && !q.w_scale) || (q.w_fp4 && !q.w_mx_scale) || !q.y ||
       !q.expert_offsets || !q.tile_offsets) {

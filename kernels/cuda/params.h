@@ -77,10 +77,15 @@ constexpr int Fp8ScaleStride(int k) { return (cpu::Fp8Blocks(k) + 3) / 4 * 4; }
 // q[m, k] = e4m3(x / scale) with scale = max(max|x|, 1e-10) / 448 per row and
 // 128 columns: kernels/cpu/fp8.h's QuantizeFp8Rows, bit for bit, with the
 // scales laid out as Fp8GemmParams::x_scale; rows m..Fp8Rows(m) as zeros.
+// With `index`, row i is x's row index[i] (the MoE's permuted rows); with
+// `count`, rows from *count on (read on the device: a graph-captured pass's
+// real row count under a host bound m) are zeros too, and x is not read there.
 struct QuantizeFp8Params {
-  const bf16* x = nullptr;  // [m, ldx]
-  uint8_t* q = nullptr;     // e4m3 [Fp8Rows(m), k]
-  float* scale = nullptr;   // [Fp8Blocks(k), Fp8Rows(m)]
+  const bf16* x = nullptr;         // [*, ldx]
+  const int32_t* index = nullptr;  // [m]; may be null (row i is x's row i)
+  const int32_t* count = nullptr;  // device scalar; may be null (m rows)
+  uint8_t* q = nullptr;            // e4m3 [Fp8Rows(m), k]
+  float* scale = nullptr;          // [Fp8Blocks(k), Fp8Rows(m)]
   int m = 0, k = 0;
   int ldx = 0;  // 0: k
   cudaStream_t stream = nullptr;

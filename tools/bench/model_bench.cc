@@ -19,7 +19,7 @@
 //          [--profile-step] [--mla-kernel auto|heads16|generic] [--kv-cache-dtype auto|fp8]
 //          [--mla-prefill auto|absorbed|expanded] [--mla-prefill-impl mma|wgmma]
 //          [--sparse-mla gather|direct] [--indexer cuda-cores|tensor-cores]
-//          [--fp8-gemv off|on]
+//          [--fp8-gemv off|on] [--fp8-expert-act off|on]
 // --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
@@ -30,7 +30,9 @@
 // copy (default) or read straight from the pool (CudaModelOptions::sparse_mla_gather);
 // --indexer: the lightning indexer's scores on the CUDA cores (default) or the
 // tensor cores (CudaModelOptions::indexer_tensor_cores); --fp8-gemv on: FP8
-// linears at up to 8 rows through RunFp8Gemv (CudaModelOptions::fp8_gemv).
+// linears at up to 8 rows through RunFp8Gemv (CudaModelOptions::fp8_gemv);
+// --fp8-expert-act on: FP8 routed experts take FP8 activations, both GEMMs on
+// the FP8 tensor cores (CudaModelOptions::fp8_expert_act).
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -76,6 +78,7 @@ struct Flags {
   std::string sparse_mla = "gather";     // gather | direct (CudaModelOptions::sparse_mla_gather)
   std::string indexer = "cuda-cores";    // cuda-cores | tensor-cores
   std::string fp8_gemv = "off";          // off | on (CudaModelOptions::fp8_gemv)
+  std::string fp8_expert_act = "off";    // off | on (CudaModelOptions::fp8_expert_act)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
@@ -156,7 +159,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   }
   for (const char* name :
        {"load-format", "shape", "model", "quantization", "mla-kernel", "kv-cache-dtype",
-        "mla-prefill", "mla-prefill-impl", "sparse-mla", "indexer", "fp8-gemv"}) {
+        "mla-prefill", "mla-prefill-impl", "sparse-mla", "indexer", "fp8-gemv", "fp8-expert-act"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
@@ -170,6 +173,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                        : n == "sparse-mla"       ? f.sparse_mla
                        : n == "indexer"          ? f.indexer
                        : n == "fp8-gemv"         ? f.fp8_gemv
+                       : n == "fp8-expert-act"   ? f.fp8_expert_act
                                                  : f.kv_cache_dtype;
     dst = it->second;
     kv.erase(it);
@@ -189,6 +193,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("--indexer: cuda-cores or tensor-cores");
   if (f.fp8_gemv != "off" && f.fp8_gemv != "on")
     return absl::InvalidArgumentError("--fp8-gemv: off or on");
+  if (f.fp8_expert_act != "off" && f.fp8_expert_act != "on")
+    return absl::InvalidArgumentError("--fp8-expert-act: off or on");
   if (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "fp8")
     return absl::InvalidArgumentError("--kv-cache-dtype: auto or fp8");
   if (f.load_format != "dummy" && f.load_format != "auto") {
@@ -396,6 +402,32 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
             (w_bytes / 2 + e * w8_scales * 4.0) / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
             flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
       }
+      {  // FP8 activations too (CudaModelOptions::fp8_expert_act): the permuted rows
+         // quantized (RunQuantizeFp8 through row_token), then the FP8 x FP8 GEMM; the
+         // quantization timed with it
+        const int fp8_rows = Fp8Rows(rows);
+        ASSIGN_OR_RETURN(auto xq,
+                         DeviceBuffer<uint8_t>::Create(static_cast<size_t>(fp8_rows) * hk));
+        ASSIGN_OR_RETURN(auto xqs, DeviceBuffer<float>::Create(static_cast<size_t>(fp8_rows) *
+                                                               cpu::Fp8Blocks(hk)));
+        QuantizeFp8Params qp;
+        qp.x = x.get(), qp.index = row_token.get(), qp.count = off.get() + e, qp.q = xq.get();
+        qp.scale = xqs.get(), qp.m = rows, qp.k = hk, qp.stream = s;
+        GroupedGemmParams g8 = gp;
+        g8.x = nullptr, g8.row_index = nullptr, g8.x_fp8 = xq.get(), g8.x_scale = xqs.get();
+        g8.x_scale_ld = fp8_rows, g8.w = nullptr, g8.w_fp8 = w8.get(), g8.w_scale = w8s.get();
+        g8.k_tile = 0;
+        ASSIGN_OR_RETURN(double g_ms, EventMedianMs(s, 3, 20, [&](int) {
+                           RETURN_IF_ERROR(RunQuantizeFp8(qp));
+                           return RunGroupedGemm(g8);
+                         }));
+        std::printf(
+            "| %d x %d | %d x 128, FP8 weights and activations (+ quantize) | %.1f | %.1f | %.0f | "
+            "%.1f | %.1f | %.2f |\n",
+            tokens, k, tile, g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12,
+            (w_bytes / 2 + e * w8_scales * 4.0) / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
+            flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
+      }
       {  // MXFP4 weights (a quarter of the bytes and a scale byte per 32), 64-wide slices
         GroupedGemmParams g4 = gp;
         g4.w = nullptr, g4.w_fp4 = w4.get(), g4.w_mx_scale = w4s.get(), g4.k_tile = 0;
@@ -498,6 +530,7 @@ absl::Status Run(const Flags& f) {
   o.sparse_mla_gather = f.sparse_mla == "gather";
   o.indexer_tensor_cores = f.indexer == "tensor-cores";
   o.fp8_gemv = f.fp8_gemv == "on";
+  o.fp8_expert_act = f.fp8_expert_act == "on";
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaModel> model;
   if (f.load_format == "auto") {

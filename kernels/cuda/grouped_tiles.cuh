@@ -1,0 +1,31 @@
+// The grouped GEMMs' tile lookup (grouped_gemm.cu, grouped_gemm_fp8.cu): the
+// grid is a host bound on the tiles, the real tile count and each expert's
+// first tile live on the device (MoePermuteParams' tile_offsets), so a
+// launch needs no host sync and is graph-capturable.
+#ifndef MOESH_KERNELS_CUDA_GROUPED_TILES_CUH_
+#define MOESH_KERNELS_CUDA_GROUPED_TILES_CUH_
+
+#include <cstdint>
+
+namespace moesh::cuda {
+
+// The expert tile `tile` belongs to: the last e whose first tile is <= tile
+// (binary search over tile_offsets[0..num_experts)). REQUIRES tile <
+// tile_offsets[num_experts].
+__device__ __forceinline__ int ExpertOfTile(const int32_t* tile_offsets, int num_experts,
+                                            int tile) {
+  int lo = 0, hi = num_experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (tile_offsets[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_GROUPED_TILES_CUH_
