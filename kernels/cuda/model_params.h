@@ -93,16 +93,6 @@ struct GroupedGemmParams {
   // values, bit for bit).
   const uint8_t* w_fp4 = nullptr;
   const uint8_t* w_mx_scale = nullptr;
-  // Or, with w_fp8, FP8 activations in place of x (DeepSeek's scheme end to
-  // end; grouped_gemm_fp8.cu): e4m3 codes [rows, ldx] in permuted order
-  // (row_index null) and one scale per row per 128 columns, row r's block b at
-  // x_scale[b * x_scale_ld + r] (RunQuantizeFp8's layout, with its index and
-  // count for the permuted rows). The MMA is then FP8's (e4m3 x e4m3, fp32
-  // sums promoted and scaled per 128-wide k block): y = dequant(x) ·
-  // dequant(w)^T up to the order of the sums. REQUIRES k % 128 == 0.
-  const uint8_t* x_fp8 = nullptr;
-  const float* x_scale = nullptr;
-  int x_scale_ld = 0;
   int num_experts = 0, n = 0, k = 0;
   const int32_t* expert_offsets = nullptr;  // [num_experts + 1], from MoePermuteParams
   const int32_t* tile_offsets = nullptr;    // [num_experts + 1], with the same tile_m
@@ -114,6 +104,17 @@ struct GroupedGemmParams {
   OutType out_type = OutType::kBf16;
   int ldy = 0;  // 0: n
   cudaStream_t stream = nullptr;
+  // Or, with w_fp8, FP8 activations in place of x (DeepSeek's scheme end to
+  // end; grouped_gemm_fp8.cu; last here so the fields above keep their
+  // offsets in the kernels' parameters): e4m3 codes [rows, ldx] in permuted order
+  // (row_index null) and one scale per row per 128 columns, row r's block b at
+  // x_scale[b * x_scale_ld + r] (RunQuantizeFp8's layout, with its index and
+  // count for the permuted rows). The MMA is then FP8's (e4m3 x e4m3, fp32
+  // sums promoted and scaled per 128-wide k block): y = dequant(x) ·
+  // dequant(w)^T up to the order of the sums. REQUIRES k % 128 == 0.
+  const uint8_t* x_fp8 = nullptr;
+  const float* x_scale = nullptr;
+  int x_scale_ld = 0;
 };
 
 // out[i, :] = x[index[i], :] for i in [0, rows): an expert's rows made
