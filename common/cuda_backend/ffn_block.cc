@@ -63,7 +63,8 @@ absl::Status FfnBlock::Init() {
     RETURN_IF_ERROR(moe_gu_.Reallocate(rows * 2 * moe_inter));
     RETURN_IF_ERROR(moe_act_.Reallocate(rows * moe_inter));
     RETURN_IF_ERROR(moe_out_.Reallocate(rows * h));
-    if (o.fp8_expert_act && c.n_routed_experts > 0) {
+    if (o.fp8_expert_act && c.n_routed_experts > 0 &&
+        RoutedExpertFormat(c, ctx_.weights->fp8_linears()) == LinearFormat::kFp8) {
       if (h % cpu::kFp8Block != 0 || moe_inter % cpu::kFp8Block != 0) {
         return absl::InvalidArgumentError(absl::StrCat("fp8_expert_act: hidden_size ", h,
                                                        " and moe_intermediate_size ", moe_inter,

@@ -395,12 +395,14 @@ absl::Status RunGroupedGemm(const GroupedGemmParams& p) {
   }
   if (q.max_tiles == 0) return absl::OkStatus();
   if (q.x_fp8 != nullptr) {  // FP8 activations (grouped_gemm_fp8.cu)
-    if (q.x != nullptr || q.row_index != nullptr || !q.x_scale || !q.w_fp8 || !q.w_scale || !q.y ||
-        !q.expert_offsets || !q.tile_offsets || q.k % 128 != 0 || q.ldx % 16 != 0 ||
-        q.x_scale_ld < 1 || (q.k_tile != 0 && q.k_tile != 128) ||
+    if (q.x != nullptr || q.row_index != nullptr || q.w != nullptr || q.w_fp4 != nullptr ||
+        !q.x_scale || !q.w_fp8 || !q.w_scale || !q.y || !q.expert_offsets || !q.tile_offsets ||
+        q.k % 128 != 0 || q.ldx % 16 != 0 || q.x_scale_ld < 1 ||
+        (q.k_tile != 0 && q.k_tile != 128) ||
         ((reinterpret_cast<uintptr_t>(q.x_fp8) | reinterpret_cast<uintptr_t>(q.w_fp8)) & 15)) {
       return absl::InvalidArgumentError(
-          "RunGroupedGemm: FP8 activations need x null, no row_index, x_scale, w_fp8 + w_scale, "
+          "RunGroupedGemm: FP8 activations need x, w, w_fp4 and row_index null, x_scale, w_fp8 + "
+          "w_scale, "
           "k % 128 == 0, ldx % 16 == 0, x_scale_ld >= 1, k_tile 0 or 128, 16-byte aligned x_fp8 "
           "and w_fp8");
     }

@@ -249,7 +249,7 @@ absl::Status LaunchGroupedGemmFp8(const GroupedGemmParams& p) {
     case 32:
       return Launch<32>(p);
     default:
-      return Launch<64>(p);
+      return p.x_fp8_mma_sync ? Launch<64>(p) : LaunchGroupedGemmFp8Wgmma(p);
   }
 }
 

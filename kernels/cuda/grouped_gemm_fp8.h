@@ -10,10 +10,14 @@
 namespace moesh::cuda {
 
 // REQUIRES (checked by RunGroupedGemm): x_fp8, x_scale, w_fp8, w_scale set,
-// x null, row_index null, k % 128 == 0, ldx >= k a multiple of 16, x_fp8 and
-// w_fp8 16-byte aligned, x_scale_ld >= the permuted rows, ldy >= n, tile_m
-// 16, 32 or 64.
+// x, w, w_fp4 and row_index null, k % 128 == 0, ldx >= k a multiple of 16,
+// x_fp8 and w_fp8 16-byte aligned, tile_m 16, 32 or 64. And (the caller's:
+// the real row count lives on the device) x_fp8 and x_scale hold x_scale_ld
+// >= the permuted rows.
 absl::Status LaunchGroupedGemmFp8(const GroupedGemmParams& p);
+// The same at 64-row tiles on wgmma (grouped_gemm_fp8_wgmma.cu), which
+// LaunchGroupedGemmFp8 calls for them unless x_fp8_mma_sync.
+absl::Status LaunchGroupedGemmFp8Wgmma(const GroupedGemmParams& p);
 
 }  // namespace moesh::cuda
 

@@ -163,7 +163,8 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
       {1, 6, 64, 64, 2816, 2048, 16, OutType::kBf16},       // V2-Lite gate_up, batch 1
       {256, 6, 64, 64, 2048, 1408, 32, OutType::kFloat32},  // V2-Lite down, batch 256
       {37, 6, 64, 20, 264, 256, 16, OutType::kFloat32},     // empty experts, n not 128's multiple
-      {300, 4, 8, 5, 136, 384, 64, OutType::kBf16},         // prefill tiles
+      {300, 4, 8, 5, 136, 384, 64, OutType::kBf16},         // prefill tiles (wgmma)
+      {200, 6, 16, 16, 640, 1024, 64, OutType::kFloat32},   // more slices than the ring's stages
       {3, 2, 8, 8, 64, 128, 16, OutType::kFloat32},         // golden sizes
   };
   MOESH_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::Create());
@@ -208,8 +209,6 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
     gp.expert_offsets = perm.offsets.get(), gp.tile_offsets = perm.tiles.get();
     gp.tile_m = c.tile_m, gp.max_tiles = GroupedGemmMaxTiles(m, c.experts, c.tile_m);
     gp.y = y.get(), gp.out_type = c.out, gp.stream = stream.get();
-    MOESH_ASSERT_OK(RunGroupedGemm(gp));
-    MOESH_ASSERT_OK(stream.Synchronize());
 
     std::vector<int> expert_of_row(pairs);
     for (int e = 0; e < c.experts; ++e) {
@@ -226,22 +225,33 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
         ref[static_cast<size_t>(r) * c.n + j] = static_cast<float>(acc);
       }
     }
-    MOESH_ASSERT_OK_AND_ASSIGN(auto raw, y.ToHost());
-    std::vector<float> got(ref.size());
-    if (f32) {
-      std::memcpy(got.data(), raw.data(), got.size() * 4);
-    } else {
-      std::vector<bf16> b(ref.size());
-      std::memcpy(b.data(), raw.data(), b.size() * 2);
-      got = ToFloats(b);
+    // 64-row tiles: the wgmma kernel, then the mma.sync one.
+    for (bool mma_sync :
+         c.tile_m == 64 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+      SCOPED_TRACE(c.tile_m == 64 && !mma_sync ? "wgmma" : "mma.sync");
+      MOESH_ASSERT_OK(Poison(y));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      gp.x_fp8_mma_sync = mma_sync;
+      MOESH_ASSERT_OK(RunGroupedGemm(gp));
+      MOESH_ASSERT_OK(stream.Synchronize());
+      MOESH_ASSERT_OK_AND_ASSIGN(auto raw, y.ToHost());
+      std::vector<float> got(ref.size());
+      if (f32) {
+        std::memcpy(got.data(), raw.data(), got.size() * 4);
+      } else {
+        std::vector<bf16> b(ref.size());
+        std::memcpy(b.data(), raw.data(), b.size() * 2);
+        got = ToFloats(b);
+      }
+      // Hopper's FP8 MMA sums a block's products at about 13 mantissa bits
+      // (Fp8Test.GemvMatchesTheCpu's bound); bf16 out adds its rounding.
+      EXPECT_LT(RelErr(got, ref), f32 ? 2e-3 : 6e-3);
+      // The rows past the real count are not written.
+      const size_t elem = f32 ? 4 : 2;
+      for (size_t i = static_cast<size_t>(pairs) * c.n * elem; i < raw.size(); ++i)
+        ASSERT_EQ(raw[i], 0xff) << "byte " << i << " past the permuted rows written";
     }
-    // Hopper's FP8 MMA sums a block's products at about 13 mantissa bits
-    // (Fp8Test.GemvMatchesTheCpu's bound); bf16 out adds its rounding.
-    EXPECT_LT(RelErr(got, ref), f32 ? 2e-3 : 6e-3);
-    // The rows past the real count are not written.
-    const size_t elem = f32 ? 4 : 2;
-    for (size_t i = static_cast<size_t>(pairs) * c.n * elem; i < raw.size(); ++i)
-      ASSERT_EQ(raw[i], 0xff) << "byte " << i << " past the permuted rows written";
+    gp.x_fp8_mma_sync = false;
 
     GroupedGemmParams bad = gp;
     bad.row_index = perm.row_token.get();
@@ -259,13 +269,24 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
 // the permuted rows quantized (checked bit for bit above), gate and up from
 // the codes' values rounded to bf16, SiLU·mul rounded to bf16, quantized per
 // row and 128 columns (QuantizeFp8Rows), then down.
+void ExpertMlpCase(int tile_m);
+
 TEST(GroupedGemmFp8Test, ExpertMlpOnFp8ActivationsMatchesReference) {
   MOESH_REQUIRE_GPU();
-  const int tokens = 40, top_k = 4, experts = 8, h = 256, inter = 384, tile_m = 16;
+  for (int tile_m : {16, 64}) {
+    SCOPED_TRACE(::testing::Message() << "tile_m=" << tile_m);
+    ASSERT_NO_FATAL_FAILURE(ExpertMlpCase(tile_m));
+  }
+}
+
+void ExpertMlpCase(int tile_m) {
+  const int tokens = 40, top_k = 4, experts = 8, h = 256, inter = 384;
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed=" << seed);
   std::mt19937 rng(seed);
-  const int pairs = tokens * top_k, rows = Fp8Rows(pairs);
+  // A host bound past the real rows: the gate/up rows there are poison
+  // (NaN) and the second quantization must not read them.
+  const int pairs = tokens * top_k, slack = 6, bound = pairs + slack, rows = Fp8Rows(bound);
   std::vector<float> x = Randn(static_cast<size_t>(tokens) * h, rng);  // bf16-rounded below
   const Fp8Experts gu = QuantizeExperts(
       Randn(static_cast<size_t>(experts) * 2 * inter * h, rng, 0.06f), experts, 2 * inter, h);
@@ -274,17 +295,17 @@ TEST(GroupedGemmFp8Test, ExpertMlpOnFp8ActivationsMatchesReference) {
   MOESH_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::Create());
   Permuted perm;
   ASSERT_NO_FATAL_FAILURE(Permute(RandomIds(tokens, top_k, experts, rng), tokens, top_k, experts,
-                                  tile_m, 0, stream.get(), &perm));
+                                  tile_m, slack, stream.get(), &perm));
   MOESH_ASSERT_OK_AND_ASSIGN(auto dx, Upload(ToBf16Rounding(x)));
   MOESH_ASSERT_OK_AND_ASSIGN(auto dgu, Upload(gu.codes));
   MOESH_ASSERT_OK_AND_ASSIGN(auto dgus, Upload(gu.scales));
   MOESH_ASSERT_OK_AND_ASSIGN(auto ddn, Upload(dn.codes));
   MOESH_ASSERT_OK_AND_ASSIGN(auto ddns, Upload(dn.scales));
   MOESH_ASSERT_OK_AND_ASSIGN(auto sgu,
-                             DeviceBuffer<bf16>::Create(static_cast<size_t>(pairs) * 2 * inter));
+                             DeviceBuffer<bf16>::Create(static_cast<size_t>(bound) * 2 * inter));
   MOESH_ASSERT_OK_AND_ASSIGN(auto sact,
-                             DeviceBuffer<bf16>::Create(static_cast<size_t>(pairs) * inter));
-  MOESH_ASSERT_OK_AND_ASSIGN(auto y, DeviceBuffer<float>::Create(static_cast<size_t>(pairs) * h));
+                             DeviceBuffer<bf16>::Create(static_cast<size_t>(bound) * inter));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto y, DeviceBuffer<float>::Create(static_cast<size_t>(bound) * h));
   MOESH_ASSERT_OK_AND_ASSIGN(auto aq,
                              DeviceBuffer<uint8_t>::Create(static_cast<size_t>(rows) * inter));
   MOESH_ASSERT_OK_AND_ASSIGN(
@@ -296,7 +317,7 @@ TEST(GroupedGemmFp8Test, ExpertMlpOnFp8ActivationsMatchesReference) {
   ExpertMlpParams mp;
   mp.x = dx.get(), mp.ldx = h, mp.row_token = perm.row_token.get();
   mp.expert_offsets = perm.offsets.get(), mp.tile_offsets = perm.tiles.get(), mp.tile_m = tile_m;
-  mp.rows = pairs;
+  mp.rows = bound;
   mp.gate_up_fp8 = dgu.get(), mp.gate_up_scale = dgus.get(), mp.down_fp8 = ddn.get();
   mp.down_scale = ddns.get(), mp.num_experts = experts, mp.hidden = h, mp.inter = inter;
   mp.gu = sgu.get(), mp.act = sact.get(), mp.y = y.get();
@@ -304,6 +325,7 @@ TEST(GroupedGemmFp8Test, ExpertMlpOnFp8ActivationsMatchesReference) {
   MOESH_ASSERT_OK(EnqueueExpertMlp(mp));
   MOESH_ASSERT_OK(stream.Synchronize());
   MOESH_ASSERT_OK_AND_ASSIGN(auto got, y.ToHost());
+  got.resize(static_cast<size_t>(pairs) * h);  // the slack rows are scratch
 
   std::vector<float> ref(static_cast<size_t>(pairs) * h), act(inter), xr(h);
   std::vector<uint8_t> codes(std::max(h, inter));

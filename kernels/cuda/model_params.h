@@ -112,9 +112,14 @@ struct GroupedGemmParams {
   // count for the permuted rows). The MMA is then FP8's (e4m3 x e4m3, fp32
   // sums promoted and scaled per 128-wide k block): y = dequant(x) ·
   // dequant(w)^T up to the order of the sums. REQUIRES k % 128 == 0.
+  // x_fp8 holds x_scale_ld rows (the wgmma kernel's tensor map bound).
+  // 64-row (prefill) tiles run on wgmma (grouped_gemm_fp8_wgmma.cu), 16 and
+  // 32 on mma.sync; x_fp8_mma_sync puts 64-row tiles on mma.sync too (the
+  // baseline of the wgmma kernel).
   const uint8_t* x_fp8 = nullptr;
   const float* x_scale = nullptr;
   int x_scale_ld = 0;
+  bool x_fp8_mma_sync = false;
 };
 
 // out[i, :] = x[index[i], :] for i in [0, rows): an expert's rows made

@@ -417,16 +417,22 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
         g8.x = nullptr, g8.row_index = nullptr, g8.x_fp8 = xq.get(), g8.x_scale = xqs.get();
         g8.x_scale_ld = fp8_rows, g8.w = nullptr, g8.w_fp8 = w8.get(), g8.w_scale = w8s.get();
         g8.k_tile = 0;
-        ASSIGN_OR_RETURN(double g_ms, EventMedianMs(s, 3, 20, [&](int) {
-                           RETURN_IF_ERROR(RunQuantizeFp8(qp));
-                           return RunGroupedGemm(g8);
-                         }));
-        std::printf(
-            "| %d x %d | %d x 128, FP8 weights and activations (+ quantize) | %.1f | %.1f | %.0f | "
-            "%.1f | %.1f | %.2f |\n",
-            tokens, k, tile, g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12,
-            (w_bytes / 2 + e * w8_scales * 4.0) / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
-            flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
+        // 64-row tiles: the wgmma kernel, then the mma.sync one (its baseline).
+        for (bool mma_sync : {false, true}) {
+          if (mma_sync && tile != 64) break;
+          g8.x_fp8_mma_sync = mma_sync;
+          ASSIGN_OR_RETURN(double g_ms, EventMedianMs(s, 3, 20, [&](int) {
+                             RETURN_IF_ERROR(RunQuantizeFp8(qp));
+                             return RunGroupedGemm(g8);
+                           }));
+          std::printf(
+              "| %d x %d | %d x 128, FP8 weights and activations (+ quantize), %s | %.1f | %.1f | "
+              "%.0f | %.1f | %.1f | %.2f |\n",
+              tokens, k, tile, tile == 64 && !mma_sync ? "wgmma" : "mma.sync", g_ms * 1e3,
+              flops / (g_ms * 1e-3) / 1e12,
+              (w_bytes / 2 + e * w8_scales * 4.0) / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
+              flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
+        }
       }
       {  // MXFP4 weights (a quarter of the bytes and a scale byte per 32), 64-wide slices
         GroupedGemmParams g4 = gp;
