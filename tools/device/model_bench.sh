@@ -27,7 +27,7 @@
 #   every other argument goes to cuda_model_bench (--batch, --context, --steps, --warmup,
 #   --prefill-seqs, --prefill-len, --gpu-memory-utilization, --no-graphs, --seed,
 #   --grouped-gemm-only, --profile-step, --mla-prefill, --mla-prefill-impl, --sparse-mla,
-#   --indexer, --mla-kernel, --kv-cache-dtype).
+#   --indexer, --mla-kernel, --kv-cache-dtype, --fp8-gemv, --fp8-expert-act).
 # The tests the old per-topic scripts ran beside their benches are tools/device/tests.sh's
 # (kernels, model); the Nsight Compute runs are tools/device/profile.sh's.
 # Logs land in $OUT (cuda_model_bench.log, kernel_bench.log, hf_baseline.log and .json,
@@ -51,6 +51,10 @@
 #     model_bench.sh --family v3.2 --layers 6 --batch 1,32,128 --context 16384 --steps 5 \
 #       --warmup 1 --prefill-seqs 1 --prefill-len 16384 --sparse-mla gather   (then direct;
 #       and --indexer tensor-cores for the lightning indexer on the tensor cores)
+#   FP8 weights, the experts on FP8 activations and the decode-size GEMV against the widening
+#   path and cuBLASLt (issue 17; the expert-GEMM table has the FP8 x FP8 rows either way):
+#     model_bench.sh --quantization fp8 --batch 1,32,256 --context 2048 --prefill-seqs 2 \
+#       --prefill-len 2048 [--fp8-gemv on --fp8-expert-act on]
 # e.g.
 #   tools/device/bundle.sh build-cuda cuda_model_bench kernel_bench moesh
 #   run: command "bash tools/device/model_bench.sh --kernels --batch 1,32,128,256 --context 2048",
