@@ -152,6 +152,43 @@ void QuantizeAndCheck(const DeviceBuffer<bf16>& dx, const std::vector<float>& x,
   }
 }
 
+// The argument checks run before anything touches the device (no GPU
+// needed): every refusal, and a well-formed call that launches nothing
+// (max_tiles 0). The pointers are never dereferenced.
+TEST(GroupedGemmFp8ArgsTest, RefusesWhatTheKernelsAreNotBuiltFor) {
+  alignas(16) static uint8_t codes[64];
+  alignas(16) static float scales[4];
+  alignas(16) static int32_t offsets[4];
+  GroupedGemmParams ok;
+  ok.x_fp8 = codes, ok.ldx = 256, ok.x_scale = scales, ok.x_scale_ld = 8;
+  ok.w_fp8 = codes, ok.w_scale = scales, ok.num_experts = 2, ok.n = 136, ok.k = 256;
+  ok.expert_offsets = offsets, ok.tile_offsets = offsets, ok.tile_m = 16, ok.max_tiles = 0;
+  ok.y = scales;
+  EXPECT_TRUE(RunGroupedGemm(ok).ok()) << RunGroupedGemm(ok);
+  ok.max_tiles = 3;  // from here on every call is refused before it launches
+  auto refused = [&](const char* what, auto change) {
+    GroupedGemmParams p = ok;
+    change(p);
+    EXPECT_EQ(RunGroupedGemm(p).code(), absl::StatusCode::kInvalidArgument) << what;
+  };
+  refused("k % 128", [](GroupedGemmParams& p) { p.k = 192, p.ldx = 192; });
+  refused("ldx % 16", [](GroupedGemmParams& p) { p.ldx = 264; });
+  refused("ldx < k", [](GroupedGemmParams& p) { p.ldx = 128; });
+  refused("row_index", [&](GroupedGemmParams& p) { p.row_index = offsets; });
+  refused("bf16 x beside",
+          [](GroupedGemmParams& p) { p.x = reinterpret_cast<const bf16*>(codes); });
+  refused("bf16 w beside",
+          [](GroupedGemmParams& p) { p.w = reinterpret_cast<const bf16*>(codes); });
+  refused("MXFP4 w beside", [](GroupedGemmParams& p) { p.w_fp4 = codes; });
+  refused("no FP8 weights", [](GroupedGemmParams& p) { p.w_fp8 = nullptr; });
+  refused("no x_scale", [](GroupedGemmParams& p) { p.x_scale = nullptr; });
+  refused("no w_scale", [](GroupedGemmParams& p) { p.w_scale = nullptr; });
+  refused("x_scale_ld", [](GroupedGemmParams& p) { p.x_scale_ld = 0; });
+  refused("k_tile 64", [](GroupedGemmParams& p) { p.k_tile = 64; });
+  refused("unaligned x_fp8", [](GroupedGemmParams& p) { p.x_fp8 = codes + 8; });
+  refused("tile_m 128", [](GroupedGemmParams& p) { p.tile_m = 128; });
+}
+
 struct Fp8Case {
   int tokens, top_k, experts, used_experts, n, k, tile_m;
   OutType out;
