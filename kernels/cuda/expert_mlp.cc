@@ -19,6 +19,14 @@ bool Capturing(cudaStream_t s) {
   return st != cudaStreamCaptureStatusNone;
 }
 
+// act = SiLU(gate) * up over `rows` rows of gu (V4's clamp where set).
+absl::Status SiluAndMul(const ExpertMlpParams& p, int rows) {
+  SiluAndMulParams sp;
+  sp.gate_up = p.gu, sp.out = p.act, sp.m = rows, sp.i = p.inter, sp.stream = p.stream,
+  sp.limit = p.swiglu_limit;
+  return RunSiluAndMul(sp);
+}
+
 absl::Status Dense(const ExpertMlpParams& p) {
   const int e = p.num_experts, h = p.hidden, inter = p.inter;
   cudaStream_t s = p.stream;
@@ -48,10 +56,7 @@ absl::Status Dense(const ExpertMlpParams& p) {
     g.k = h, g.stream = s;
     RETURN_IF_ERROR(p.gemm->Run(g));
   }
-  SiluAndMulParams sp;
-  sp.gate_up = p.gu, sp.out = p.act, sp.m = rows, sp.i = inter, sp.stream = s,
-  sp.limit = p.swiglu_limit;
-  RETURN_IF_ERROR(RunSiluAndMul(sp));
+  RETURN_IF_ERROR(SiluAndMul(p, rows));
   for (int ex = 0; ex < e; ++ex) {
     if (off[ex + 1] == off[ex]) continue;
     GemmParams g;
@@ -82,10 +87,7 @@ absl::Status Fp8Activations(const ExpertMlpParams& p) {
   gg.tile_m = p.tile_m, gg.max_tiles = GroupedGemmMaxTiles(p.rows, e, p.tile_m);
   gg.y = p.gu, gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = p.stream;
   RETURN_IF_ERROR(RunGroupedGemm(gg));
-  SiluAndMulParams sp;
-  sp.gate_up = p.gu, sp.out = p.act, sp.m = p.rows, sp.i = inter, sp.stream = p.stream,
-  sp.limit = p.swiglu_limit;
-  RETURN_IF_ERROR(RunSiluAndMul(sp));
+  RETURN_IF_ERROR(SiluAndMul(p, p.rows));  // rows past the device count: never read
   qp.x = p.act, qp.ldx = inter, qp.index = nullptr, qp.k = inter;
   RETURN_IF_ERROR(RunQuantizeFp8(qp));
   gg.ldx = inter;
@@ -125,10 +127,8 @@ absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
   gg.tile_m = p.tile_m, gg.max_tiles = GroupedGemmMaxTiles(p.rows, e, p.tile_m);
   gg.y = p.gu, gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = p.stream;
   RETURN_IF_ERROR(RunGroupedGemm(gg));
-  SiluAndMulParams sp;  // over every row the pairs could fill; rows past the pairs are never read
-  sp.gate_up = p.gu, sp.out = p.act, sp.m = p.rows, sp.i = inter, sp.stream = p.stream,
-  sp.limit = p.swiglu_limit;
-  RETURN_IF_ERROR(RunSiluAndMul(sp));
+  // Over every row the pairs could fill; rows past the pairs are never read.
+  RETURN_IF_ERROR(SiluAndMul(p, p.rows));
   gg.x = p.act, gg.ldx = inter, gg.row_index = nullptr;
   gg.w = p.down, gg.w_fp8 = p.down_fp8, gg.w_scale = p.down_scale;
   gg.w_fp4 = p.down_fp4, gg.w_mx_scale = p.down_mx_scale;

@@ -320,13 +320,7 @@ __global__ void __launch_bounds__(kThreads,
         const int r = m0 + wm * Cfg::kWarpM + mi * 16 + g + half * 8;
         if (r >= rows) continue;
         const int64_t off = static_cast<int64_t>(row0 + r) * p.ldy + col;
-        const float v0 = acc[mi][ni][2 * half], v1 = acc[mi][ni][2 * half + 1];
-        if constexpr (kF32Out) {
-          *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
-        } else {
-          *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(p.y) + off) =
-              __floats2bfloat162_rn(v0, v1);
-        }
+        StorePair<kF32Out>(p.y, off, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
       }
     }
   }

@@ -159,13 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r = half ? r_hi : r_lo;
       if (m0 + r >= rows) continue;
       const int64_t off = static_cast<int64_t>(row0 + m0 + r) * p.ldy + col;
-      const float v0 = acc[4 * j + 2 * half], v1 = acc[4 * j + 2 * half + 1];
-      if constexpr (kF32Out) {
-        *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
-      } else {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(p.y) + off) =
-            __floats2bfloat162_rn(v0, v1);
-      }
+      StorePair<kF32Out>(p.y, off, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     }
   }
 }

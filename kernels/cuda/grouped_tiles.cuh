@@ -1,13 +1,28 @@
-// The grouped GEMMs' tile lookup (grouped_gemm.cu, grouped_gemm_fp8.cu): the
+// What the grouped GEMMs share (grouped_gemm.cu, grouped_gemm_fp8.cu,
+// grouped_gemm_fp8_wgmma.cu): the output store, and the tile lookup: the
 // grid is a host bound on the tiles, the real tile count and each expert's
 // first tile live on the device (MoePermuteParams' tile_offsets), so a
 // launch needs no host sync and is graph-capturable.
 #ifndef MOESH_KERNELS_CUDA_GROUPED_TILES_CUH_
 #define MOESH_KERNELS_CUDA_GROUPED_TILES_CUH_
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 namespace moesh::cuda {
+
+// Two adjacent outputs (v0, v1) at element `off` of y: fp32 or rounded to a
+// bf16 pair (off even).
+template <bool kF32Out>
+__device__ __forceinline__ void StorePair(void* y, int64_t off, float v0, float v1) {
+  if constexpr (kF32Out) {
+    *reinterpret_cast<float2*>(static_cast<float*>(y) + off) = make_float2(v0, v1);
+  } else {
+    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(y) + off) =
+        __floats2bfloat162_rn(v0, v1);
+  }
+}
 
 // The expert tile `tile` belongs to: the last e whose first tile is <= tile
 // (binary search over tile_offsets[0..num_experts)). REQUIRES tile <
