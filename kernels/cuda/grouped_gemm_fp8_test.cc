@@ -202,6 +202,8 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
       {37, 6, 64, 20, 264, 256, 16, OutType::kFloat32},     // empty experts, n not 128's multiple
       {300, 4, 8, 5, 136, 384, 64, OutType::kBf16},         // prefill tiles (wgmma)
       {200, 6, 16, 16, 640, 1024, 64, OutType::kFloat32},   // more slices than the ring's stages
+      {40, 6, 8, 8, 264, 640, 64, OutType::kFloat32},       // exactly the ring's five slices
+      {128, 6, 8, 8, 264, 2048, 64, OutType::kBf16},        // three refills of the ring
       {3, 2, 8, 8, 64, 128, 16, OutType::kFloat32},         // golden sizes
   };
   MOESH_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::Create());
@@ -283,6 +285,14 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
       // Hopper's FP8 MMA sums a block's products at about 13 mantissa bits
       // (Fp8Test.GemvMatchesTheCpu's bound); bf16 out adds its rounding.
       EXPECT_LT(RelErr(got, ref), f32 ? 2e-3 : 6e-3);
+      // Row by row too: the rows' scales are 2^12 apart, so a row-local error
+      // (a wrong scale row, a missed row) could hide in the global ratio.
+      for (int r = 0; r < pairs; ++r) {
+        const size_t at = static_cast<size_t>(r) * c.n;
+        const std::vector<float> g(got.begin() + at, got.begin() + at + c.n),
+            want(ref.begin() + at, ref.begin() + at + c.n);
+        ASSERT_LT(RelErr(g, want), f32 ? 1e-2 : 2e-2) << "row " << r;
+      }
       // The rows past the real count are not written.
       const size_t elem = f32 ? 4 : 2;
       for (size_t i = static_cast<size_t>(pairs) * c.n * elem; i < raw.size(); ++i)

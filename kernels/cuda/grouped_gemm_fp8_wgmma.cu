@@ -41,7 +41,10 @@ constexpr int kStages = 5;
 constexpr int kThreads = 128 * (kConsumerWgs + 1);
 constexpr int kConsumerWarps = 4 * kConsumerWgs;
 constexpr int kConsumerRegs = 232, kProducerRegs = 40;
-static_assert((kConsumerWgs * kConsumerRegs + kProducerRegs) * 128 <= 65536,
+// setmaxnreg.inc draws on the CTA's launch allocation: 65536 / 384 threads,
+// rounded down to a multiple of 8 = 168 a thread.
+static_assert((kConsumerWgs * kConsumerRegs + kProducerRegs) * 128 <=
+                  65536 / kThreads / 8 * 8 * kThreads,
               "setmaxnreg would wait forever for registers the CTA does not have");
 static_assert(kWgCols == cpu::kFp8Block, "a consumer warpgroup's columns are one scale row block");
 
