@@ -88,14 +88,17 @@ TEST_P(CudaFp8ModelTest, Fp8CheckpointMatchesCpuEngine) {
   absl::StatusOr<std::unique_ptr<CudaModel>> fp8 = CudaModel::Load(dir, options);
   ASSERT_TRUE(fp8.ok()) << fp8.status();
   ASSERT_TRUE((*fp8)->weights().fp8_linears()) << "an FP8 checkpoint runs in FP8";
-  // The decode steps' linears (up to 8 rows) through RunFp8Gemv instead.
+  // The decode steps' linears through cuBLASLt instead of RunFp8Gemv (the
+  // default where k allows).
   CudaModelOptions gemv_options = options;
-  gemv_options.fp8_gemv = true;
+  gemv_options.fp8_gemv = !options.fp8_gemv;
   absl::StatusOr<std::unique_ptr<CudaModel>> gemv = CudaModel::Load(dir, gemv_options);
   ASSERT_TRUE(gemv.ok()) << gemv.status();
-  // The routed experts on FP8 activations too (both GEMMs on FP8 MMAs).
+  // Every expert tile 64 rows, so the experts run on FP8 activations (the
+  // wgmma kernel) in decode steps too; the default runs them there only in
+  // prefill.
   CudaModelOptions act_options = options;
-  act_options.fp8_expert_act = true;
+  act_options.fp8_expert_act = true, act_options.moe_tile_m = 64;
   absl::StatusOr<std::unique_ptr<CudaModel>> act = CudaModel::Load(dir, act_options);
   ASSERT_TRUE(act.ok()) << act.status();
   // The same (dequantized) weights in bf16.
@@ -122,8 +125,9 @@ TEST_P(CudaFp8ModelTest, Fp8CheckpointMatchesCpuEngine) {
               GetParam().c_str());
   f[0].Print("GPU FP8 linears:");
   f[1].Print("GPU bf16 (same weights):");
-  f[2].Print("GPU FP8 linears, decode via RunFp8Gemv:");
-  f[3].Print("GPU FP8 linears, experts on FP8 activations:");
+  f[2].Print(options.fp8_gemv ? "GPU FP8 linears, decode via cuBLASLt:"
+                              : "GPU FP8 linears, decode via RunFp8Gemv:");
+  f[3].Print("GPU FP8 linears, experts on FP8 activations in every pass:");
   EXPECT_LE(f[0].worst_rel, kFp8RelTolerance);
   EXPECT_LE(f[1].worst_rel, kBf16RelTolerance);
   EXPECT_LE(f[2].worst_rel, kFp8RelTolerance);

@@ -44,12 +44,20 @@ struct CudaModelOptions {
   bool cuda_graphs = true;  // decode steps (one token per sequence) replay a graph per batch bucket
   int max_kv_blocks = 0;    // > 0: at most this many cache blocks (tests)
   MlaKernel mla_kernel = MlaKernel::kAuto;
+  // kAuto (a sequence bringing >= 64 new tokens attends in the expanded form)
+  // measured faster (H100, cuda_model_bench 4 x 4096-token prompts: V2-Lite
+  // 71.8k tok/s against 36.3k absorbed, V3's 128 heads 93.4k against 72.8k)
+  // and matched the CPU engine in cuda_mla_prefill_model_test; the default
+  // flips once the goldens, the FP8 KV cache and the services' tests have run
+  // with it on a GPU (the device went away first, 2026-12-05).
   MlaPrefill mla_prefill = MlaPrefill::kAbsorbed;
   // > 0: the expanded prefill's context rows expanded at a time (tests: a
   // long context in several merged ranges); 0: as many as 256 MiB of
   // expanded keys and values hold, up to max_model_len.
   int mla_prefill_chunk_rows = 0;
-  MlaPrefillImpl mla_prefill_impl = MlaPrefillImpl::kMmaSync;  // the expanded prefill's kernel
+  // The expanded prefill's kernel: wgmma's (kernel_bench --mla-prefill-table,
+  // H100: 2.1-2.5x the mma.sync kernel's TFLOP/s at 4K-64K tokens).
+  MlaPrefillImpl mla_prefill_impl = MlaPrefillImpl::kWgmma;
   int moe_tile_m = 0;           // rows per expert tile: 16, 32 or 64; 0 picks by rows per expert
   bool record_routing = false;  // keep each pass's expert choices (LastRouting)
   // False: the routed experts are not loaded on this device; every forward
@@ -75,25 +83,32 @@ struct CudaModelOptions {
   // DeepSeek-V3.2's sparse attention at the tuned widths: each token's
   // selected rows gathered into a dense copy the tuned kernel reads (true),
   // or read straight from the pool through the selection by the 16-head
-  // kernel (false: no copy; kernels/cuda/mla_decode.h). The default stays the
-  // copy until the direct read has run on a GPU (written 2026-12-05 without one).
-  bool sparse_mla_gather = true;
+  // kernel (false: no copy; kernels/cuda/mla_decode.h). The direct read (H100,
+  // V3.2 shapes, 3 layers, 16K context: 2.617 / 4.584 ms a step at batch 1 /
+  // 32 against the copy's 2.661 / 4.616).
+  bool sparse_mla_gather = false;
   // The lightning indexer's scores (V3.2, V4's CSA layers) on the tensor
   // cores where its shape is DeepSeek's (64 heads × 128 dims; RunIndexer's
-  // tensor_cores), else on the CUDA cores. Off until it has run on a GPU.
+  // tensor_cores), else on the CUDA cores. Measured faster (H100, V3.2
+  // shapes, 16K context: the step at batch 32 3.339 against 4.584 ms; a 16K
+  // prompt 43.2k against 23.3k tok/s) and IndexerCacheTest passes on both;
+  // the default flips once the V3.2 goldens have run with it on a GPU.
   bool indexer_tensor_cores = false;
   // FP8 linears at decode sizes (up to kFp8GemvMaxRows rows, k a multiple of
   // 64) through RunFp8Gemv (kernels/cuda/fp8.h: the weight rows as the MMA's
-  // M, no four-row padding), else cuBLASLt's block-scaled GEMM. Off until it
-  // has run on a GPU (written 2026-12-05 without one).
-  bool fp8_gemv = false;
+  // M, no four-row padding) where k <= kFp8GemvMaxK, else cuBLASLt's
+  // block-scaled GEMM (kernel_bench --fp8, H100: the GEMV wins at k 1536-7168,
+  // loses at 16384-18432; V2-Lite FP8 step at batch 1: 3.824 against 4.216 ms).
+  bool fp8_gemv = true;
   // FP8 routed experts (an FP8 checkpoint or --quantization fp8): their
   // inputs quantized per row and 128 columns too and both expert GEMMs on
   // the FP8 tensor cores (ExpertMlpParams::act_fp8: DeepSeek's own scheme),
   // else the weights widened to bf16 in the grouped GEMM. Where hidden and
-  // the expert width are multiples of 128. Off until it has run on a GPU
-  // (written 2026-12-05 without one).
-  bool fp8_expert_act = false;
+  // the expert width are multiples of 128, and only for 64-row (prefill)
+  // tiles, where the wgmma kernel runs: H100, 16384 x 6 rows at V2-Lite's
+  // experts 2718 against 6133 us; at decode tiles the widening kernel is the
+  // faster (256 x 6: 160.7 against 177.2 us with the quantization).
+  bool fp8_expert_act = true;
 };
 
 }  // namespace moesh::cuda

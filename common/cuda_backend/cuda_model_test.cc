@@ -412,12 +412,13 @@ TEST_P(CudaRealWidthsTest, MatchesCpuEngine) {
   CudaModelOptions options = testing::SmallModelOptions();
   absl::StatusOr<std::unique_ptr<CudaModel>> fast = CudaModel::Load(dir, options);
   ASSERT_TRUE(fast.ok()) << fast.status();
-  // V3.2: also the tuned 16-head kernel reading each selection straight from
-  // the pool (no gathered copy), held to the plain kernel's logits.
+  // V3.2: `fast` reads each selection straight from the pool (the default);
+  // also the tuned kernel over the gathered copy, held to the plain kernel's
+  // logits (the `direct` model below).
   std::unique_ptr<CudaModel> direct;
   if (c.has_indexer()) {
     CudaModelOptions o = options;
-    o.sparse_mla_gather = false;
+    o.sparse_mla_gather = !options.sparse_mla_gather;
     absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Load(dir, o);
     ASSERT_TRUE(m.ok()) << m.status();
     direct = std::move(*m);

@@ -45,7 +45,7 @@ absl::Status ForwardContext::Gemm(const bf16* x, int ldx, const DeviceLinear& w,
     return absl::InvalidArgumentError(absl::StrCat("ForwardContext::Gemm: FP8 [", m, ", ", k,
                                                    "] x [", n, ", ", k, "] exceeds its scratch"));
   }
-  if (options.fp8_gemv && m >= 1 && m <= kFp8GemvMaxRows && k % 64 == 0) {
+  if (options.fp8_gemv && m >= 1 && m <= kFp8GemvMaxRows && k % 64 == 0 && k <= kFp8GemvMaxK) {
     // Decode sizes: the tensor-core GEMV straight into y (no padding, no tail).
     return Fp8Gemm(gemm, x, ldx, w, y, ldy, m, n, k, out, accumulate, fp8.x.get(),
                    fp8.x_scale.get(), stream, /*gemv=*/true);

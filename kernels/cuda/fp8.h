@@ -25,6 +25,11 @@ absl::Status RunQuantizeFp8Blocks(const QuantizeFp8BlocksParams& p);
 // 1 <= m <= kFp8GemvMaxRows, n >= 1, k a positive multiple of 64, ldy >= n
 // (0: n), x and w 16-byte aligned.
 inline constexpr int kFp8GemvMaxRows = 8;
+// Past this k the GEMV's CTAs (16 weight rows, four warps splitting k) hold
+// too few bytes in flight and cuBLASLt's split GEMM is faster (kernel_bench
+// --fp8 on an H100: o_proj k 16384 57.7 against 51.8 us, dense down k 18432
+// 63.4 against 57.1; q_a + kv_a k 7168 11.5 against 16.5). The model's choice.
+inline constexpr int kFp8GemvMaxK = 8192;
 absl::Status RunFp8Gemv(const Fp8GemmParams& p);
 
 }  // namespace moesh::cuda

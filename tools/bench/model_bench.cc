@@ -25,14 +25,16 @@
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
 // counts their bytes). --mla-prefill: how the prefill table's prompts attend
 // (CudaModelOptions::mla_prefill, default absorbed; auto expands a prompt of >= 64
-// tokens); --mla-prefill-impl: the expanded form's kernel (mma.sync or wgmma).
-// --sparse-mla (DeepSeek-V3.2): each token's selection gathered into a dense
-// copy (default) or read straight from the pool (CudaModelOptions::sparse_mla_gather);
-// --indexer: the lightning indexer's scores on the CUDA cores (default) or the
-// tensor cores (CudaModelOptions::indexer_tensor_cores); --fp8-gemv on: FP8
-// linears at up to 8 rows through RunFp8Gemv (CudaModelOptions::fp8_gemv);
-// --fp8-expert-act on: FP8 routed experts take FP8 activations, both GEMMs on
-// the FP8 tensor cores (CudaModelOptions::fp8_expert_act).
+// tokens); --mla-prefill-impl: the expanded form's kernel (wgmma, the
+// default, or mma.sync). --sparse-mla (DeepSeek-V3.2): each token's selection
+// read straight from the pool (direct, the default) or gathered into a dense
+// copy (CudaModelOptions::sparse_mla_gather); --indexer: the lightning
+// indexer's scores on the CUDA cores (default) or the tensor cores
+// (CudaModelOptions::indexer_tensor_cores); --fp8-gemv off: FP8 linears at up
+// to 8 rows through cuBLASLt instead of RunFp8Gemv (CudaModelOptions::fp8_gemv,
+// on); --fp8-expert-act off: FP8 routed experts on bf16 activations in prefill
+// tiles too (CudaModelOptions::fp8_expert_act, on). Each switch's default is
+// CudaModelOptions'.
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -72,13 +74,13 @@ struct Flags {
   std::string quantization;             // "fp8": the dense linears in block-scaled FP8
   std::string mla_kernel = "auto";      // auto | heads16 | generic (CudaModelOptions::mla_kernel)
   std::string kv_cache_dtype = "auto";  // auto | fp8 (CudaModelOptions::fp8_kv_cache)
-  std::string mla_prefill =
-      "absorbed";  // auto | absorbed | expanded (CudaModelOptions::mla_prefill)
-  std::string mla_prefill_impl = "mma";  // mma | wgmma (CudaModelOptions::mla_prefill_impl)
-  std::string sparse_mla = "gather";     // gather | direct (CudaModelOptions::sparse_mla_gather)
-  std::string indexer = "cuda-cores";    // cuda-cores | tensor-cores
-  std::string fp8_gemv = "off";          // off | on (CudaModelOptions::fp8_gemv)
-  std::string fp8_expert_act = "off";    // off | on (CudaModelOptions::fp8_expert_act)
+  // The switches below default to CudaModelOptions' defaults.
+  std::string mla_prefill = "absorbed";    // auto | absorbed | expanded (mla_prefill)
+  std::string mla_prefill_impl = "wgmma";  // mma | wgmma (mla_prefill_impl)
+  std::string sparse_mla = "direct";       // gather | direct (sparse_mla_gather)
+  std::string indexer = "cuda-cores";      // cuda-cores | tensor-cores (indexer_tensor_cores)
+  std::string fp8_gemv = "on";             // off | on (fp8_gemv)
+  std::string fp8_expert_act = "on";       // off | on (fp8_expert_act)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
