@@ -221,11 +221,6 @@ absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_l
       ASSIGN_OR_RETURN(s.gemm, CublasGemm::Create());
     }
   }
-  if (Fp8Activations()) {
-    const size_t fp8_rows = Fp8Rows(static_cast<int>(rows)), width = std::max(h, inter);
-    RETURN_IF_ERROR(Grow(&s.act_fp8, fp8_rows * width));
-    RETURN_IF_ERROR(Grow(&s.act_fp8_scale, fp8_rows * cpu::Fp8Blocks(static_cast<int>(width))));
-  }
   RETURN_IF_ERROR(Grow(&s.out, t * h));
   RETURN_IF_ERROR(Grow(&s.weights, rows));
   RETURN_IF_ERROR(Grow(&s.ids, rows));
@@ -277,9 +272,6 @@ absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_loca
   mp.swiglu_limit = static_cast<float>(config().swiglu_limit);
   mp.gathered = s.gathered.get(), mp.gu = s.gu.get(), mp.act = s.act.get(), mp.y = s.y.get();
   mp.host_offsets = s.h_offsets.get(), mp.gemm = s.gemm.get(), mp.stream = st;
-  if (Fp8Activations() && tile_m == 64) {  // as FfnBlock: FP8 activations at prefill tiles
-    mp.act_fp8 = s.act_fp8.get(), mp.act_fp8_scale = s.act_fp8_scale.get();
-  }
   RETURN_IF_ERROR(EnqueueExpertMlp(mp));
   MoeCombineParams cp;
   cp.expert_out = s.y.get(), cp.pair_row = s.pair_row.get(), cp.topk_weights = p.weights;

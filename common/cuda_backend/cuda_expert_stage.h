@@ -80,10 +80,6 @@ class CudaExpertStage : public ExpertStage {
     DeviceBuffer<bf16> x, gu, act, gathered;
     DeviceBuffer<float> y, out, weights;
     DeviceBuffer<int32_t> ids, expert_offsets, tile_offsets, row_token, pair_row, map;
-    // FP8 experts at 64-row tiles: the inputs' and SiLU outputs' e4m3 codes
-    // and scales (ExpertMlpParams::act_fp8; as CudaModel's FfnBlock).
-    DeviceBuffer<uint8_t> act_fp8;
-    DeviceBuffer<float> act_fp8_scale;
     PinnedBuffer<uint16_t> h_x;
     PinnedBuffer<float> h_w, h_out;
     PinnedBuffer<int32_t> h_ids, h_map, h_offsets;
@@ -135,12 +131,6 @@ class CudaExpertStage : public ExpertStage {
 
   const Stream stream_;
   const LinearFormat format_;
-  // FP8 experts at DeepSeek's widths (whole 128-column blocks) take FP8
-  // activations at 64-row tiles (CudaModelOptions::fp8_expert_act's rule).
-  bool Fp8Activations() const {
-    return format_ == LinearFormat::kFp8 && config().hidden_size % cpu::kFp8Block == 0 &&
-           config().moe_intermediate_size % cpu::kFp8Block == 0;
-  }
   const int ordinal_;  // made current on each calling thread
   const std::string device_;
   std::vector<const ExpertShardWeights*> hosted_;  // guarded by add_mu_
