@@ -70,33 +70,6 @@ absl::Status Dense(const ExpertMlpParams& p) {
   return absl::OkStatus();
 }
 
-// Both GEMMs on FP8 activations: the permuted rows quantized on the way in
-// (through row_token, up to the pass's real row count on the device), the
-// SiLU·mul output quantized into the same scratch after the first GEMM read it.
-absl::Status Fp8Activations(const ExpertMlpParams& p) {
-  const int e = p.num_experts, h = p.hidden, inter = p.inter;
-  QuantizeFp8Params qp;
-  qp.x = p.x, qp.ldx = p.ldx, qp.index = p.row_token, qp.count = p.expert_offsets + e;
-  qp.q = p.act_fp8, qp.scale = p.act_fp8_scale, qp.m = p.rows, qp.k = h, qp.stream = p.stream;
-  RETURN_IF_ERROR(RunQuantizeFp8(qp));
-  GroupedGemmParams gg;
-  gg.x_fp8 = p.act_fp8, gg.ldx = h, gg.x_scale = p.act_fp8_scale, gg.x_scale_ld = Fp8Rows(p.rows);
-  gg.w_fp8 = p.gate_up_fp8, gg.w_scale = p.gate_up_scale;
-  gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
-  gg.expert_offsets = p.expert_offsets, gg.tile_offsets = p.tile_offsets;
-  gg.tile_m = p.tile_m, gg.max_tiles = GroupedGemmMaxTiles(p.rows, e, p.tile_m);
-  gg.y = p.gu, gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = p.stream;
-  RETURN_IF_ERROR(RunGroupedGemm(gg));
-  RETURN_IF_ERROR(SiluAndMul(p, p.rows));  // rows past the device count: never read
-  qp.x = p.act, qp.ldx = inter, qp.index = nullptr, qp.k = inter;
-  RETURN_IF_ERROR(RunQuantizeFp8(qp));
-  gg.ldx = inter;
-  gg.w_fp8 = p.down_fp8, gg.w_scale = p.down_scale;
-  gg.n = h, gg.k = inter;
-  gg.y = p.y, gg.out_type = OutType::kFloat32, gg.ldy = h;
-  return RunGroupedGemm(gg);
-}
-
 }  // namespace
 
 absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
@@ -117,9 +90,22 @@ absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
     return absl::InvalidArgumentError(
         "EnqueueExpertMlp: FP8 activations need both scratch buffers and FP8 weights");
   }
-  if (p.act_fp8 != nullptr) return Fp8Activations(p);
+  // FP8 activations: each GEMM's input quantized on the way in (the permuted
+  // rows through row_token, then the SiLU·mul output into the same scratch),
+  // up to the pass's real row count on the device.
+  const bool fp8_act = p.act_fp8 != nullptr;
+  QuantizeFp8Params qp;
+  qp.count = p.expert_offsets + e, qp.q = p.act_fp8, qp.scale = p.act_fp8_scale, qp.m = p.rows;
+  qp.stream = p.stream;
   GroupedGemmParams gg;
-  gg.x = p.x, gg.ldx = p.ldx, gg.row_index = p.row_token;
+  if (fp8_act) {
+    qp.x = p.x, qp.ldx = p.ldx, qp.index = p.row_token, qp.k = h;
+    RETURN_IF_ERROR(RunQuantizeFp8(qp));
+    gg.x_fp8 = p.act_fp8, gg.ldx = h, gg.x_scale = p.act_fp8_scale;
+    gg.x_scale_ld = Fp8Rows(p.rows);
+  } else {
+    gg.x = p.x, gg.ldx = p.ldx, gg.row_index = p.row_token;
+  }
   gg.w = p.gate_up, gg.w_fp8 = p.gate_up_fp8, gg.w_scale = p.gate_up_scale;
   gg.w_fp4 = p.gate_up_fp4, gg.w_mx_scale = p.gate_up_mx_scale;
   gg.num_experts = e, gg.n = 2 * inter, gg.k = h;
@@ -129,7 +115,13 @@ absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
   RETURN_IF_ERROR(RunGroupedGemm(gg));
   // Over every row the pairs could fill; rows past the pairs are never read.
   RETURN_IF_ERROR(SiluAndMul(p, p.rows));
-  gg.x = p.act, gg.ldx = inter, gg.row_index = nullptr;
+  if (fp8_act) {
+    qp.x = p.act, qp.ldx = inter, qp.index = nullptr, qp.k = inter;
+    RETURN_IF_ERROR(RunQuantizeFp8(qp));
+    gg.ldx = inter;
+  } else {
+    gg.x = p.act, gg.ldx = inter, gg.row_index = nullptr;
+  }
   gg.w = p.down, gg.w_fp8 = p.down_fp8, gg.w_scale = p.down_scale;
   gg.w_fp4 = p.down_fp4, gg.w_mx_scale = p.down_mx_scale;
   gg.n = h, gg.k = inter;
