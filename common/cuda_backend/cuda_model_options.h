@@ -27,9 +27,7 @@ inline MlaTileConfig MlaTile(MlaKernel k) {
 // latent rows expanded to per-head keys and values by kv_b_proj, then
 // FlashAttention-style tiles of 64 queries sharing each key. kAuto expands a
 // sequence that brings at least kMlaExpandedMinTokens new tokens in a pass.
-// Decode steps are always absorbed. The default stays absorbed until the
-// expanded kernel has run on a GPU (written 2026-12-05 without one; its tests
-// and the absorbed-vs-expanded prefill table decide, then kAuto).
+// Decode steps are always absorbed.
 enum class MlaPrefill { kAuto, kAbsorbed, kExpanded };
 inline constexpr int kMlaExpandedMinTokens = 64;
 
@@ -47,10 +45,9 @@ struct CudaModelOptions {
   // kAuto (a sequence bringing >= 64 new tokens attends in the expanded form)
   // measured faster (H100, cuda_model_bench 4 x 4096-token prompts: V2-Lite
   // 71.8k tok/s against 36.3k absorbed, V3's 128 heads 93.4k against 72.8k)
-  // and matched the CPU engine in cuda_mla_prefill_model_test; the default
-  // flips once the goldens, the FP8 KV cache and the services' tests have run
-  // with it on a GPU (the device went away first, 2026-12-05).
-  MlaPrefill mla_prefill = MlaPrefill::kAbsorbed;
+  // and matched the CPU engine in cuda_mla_prefill_model_test, the goldens
+  // and the FP8 KV cache's tests.
+  MlaPrefill mla_prefill = MlaPrefill::kAuto;
   // > 0: the expanded prefill's context rows expanded at a time (tests: a
   // long context in several merged ranges); 0: as many as 256 MiB of
   // expanded keys and values hold, up to max_model_len.
@@ -91,9 +88,9 @@ struct CudaModelOptions {
   // cores where its shape is DeepSeek's (64 heads × 128 dims; RunIndexer's
   // tensor_cores), else on the CUDA cores. Measured faster (H100, V3.2
   // shapes, 16K context: the step at batch 32 3.339 against 4.584 ms; a 16K
-  // prompt 43.2k against 23.3k tok/s) and IndexerCacheTest passes on both;
-  // the default flips once the V3.2 goldens have run with it on a GPU.
-  bool indexer_tensor_cores = false;
+  // prompt 43.2k against 23.3k tok/s); IndexerCacheTest and the V3.2 goldens
+  // pass on both.
+  bool indexer_tensor_cores = true;
   // FP8 linears at decode sizes (up to kFp8GemvMaxRows rows, k a multiple of
   // 64) through RunFp8Gemv (kernels/cuda/fp8.h: the weight rows as the MMA's
   // M, no four-row padding) where k <= kFp8GemvMaxK, else cuBLASLt's

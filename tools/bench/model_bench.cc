@@ -24,13 +24,13 @@
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
 // counts their bytes). --mla-prefill: how the prefill table's prompts attend
-// (CudaModelOptions::mla_prefill, default absorbed; auto expands a prompt of >= 64
-// tokens); --mla-prefill-impl: the expanded form's kernel (wgmma, the
+// (CudaModelOptions::mla_prefill, default auto: a prompt of >= 64 tokens
+// expanded); --mla-prefill-impl: the expanded form's kernel (wgmma, the
 // default, or mma.sync). --sparse-mla (DeepSeek-V3.2): each token's selection
 // read straight from the pool (direct, the default) or gathered into a dense
 // copy (CudaModelOptions::sparse_mla_gather); --indexer: the lightning
-// indexer's scores on the CUDA cores (default) or the tensor cores
-// (CudaModelOptions::indexer_tensor_cores); --fp8-gemv off: FP8 linears at up
+// indexer's scores on the CUDA cores or the tensor cores (the default;
+// CudaModelOptions::indexer_tensor_cores); --fp8-gemv off: FP8 linears at up
 // to 8 rows through cuBLASLt instead of RunFp8Gemv (CudaModelOptions::fp8_gemv,
 // on); --fp8-expert-act off: FP8 routed experts on bf16 activations in prefill
 // tiles too (CudaModelOptions::fp8_expert_act, on). Each switch's default is
@@ -75,10 +75,11 @@ struct Flags {
   std::string mla_kernel = "auto";      // auto | heads16 | generic (CudaModelOptions::mla_kernel)
   std::string kv_cache_dtype = "auto";  // auto | fp8 (CudaModelOptions::fp8_kv_cache)
   // The switches below default to CudaModelOptions' defaults.
-  std::string mla_prefill = "absorbed";    // auto | absorbed | expanded (mla_prefill)
+  std::string mla_prefill = "auto";        // auto | absorbed | expanded (mla_prefill)
   std::string mla_prefill_impl = "wgmma";  // mma | wgmma (mla_prefill_impl)
-  std::string sparse_mla = "direct";       // gather | direct (sparse_mla_gather)
-  std::string indexer = "cuda-cores";      // cuda-cores | tensor-cores (indexer_tensor_cores)
+  // gather | direct (sparse_mla_gather); empty: direct where it applies (V3.2)
+  std::string sparse_mla;
+  std::string indexer = "tensor-cores";    // cuda-cores | tensor-cores (indexer_tensor_cores)
   std::string fp8_gemv = "on";             // off | on (fp8_gemv)
   std::string fp8_expert_act = "on";       // off | on (fp8_expert_act)
   std::vector<int> batches = {1, 32, 128, 256};
@@ -189,7 +190,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("--mla-prefill: auto, absorbed or expanded");
   if (f.mla_prefill_impl != "mma" && f.mla_prefill_impl != "wgmma")
     return absl::InvalidArgumentError("--mla-prefill-impl: mma or wgmma");
-  if (f.sparse_mla != "gather" && f.sparse_mla != "direct")
+  if (!f.sparse_mla.empty() && f.sparse_mla != "gather" && f.sparse_mla != "direct")
     return absl::InvalidArgumentError("--sparse-mla: gather or direct");
   if (f.indexer != "cuda-cores" && f.indexer != "tensor-cores")
     return absl::InvalidArgumentError("--indexer: cuda-cores or tensor-cores");
