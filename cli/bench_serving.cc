@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -17,6 +18,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/status.h"
@@ -73,6 +75,23 @@ struct LoadControl {
   std::atomic<bool> stop{false};
   std::atomic<int64_t> tokens{0};
 };
+
+// The CPU time (user + system) process `pid` has used, seconds, from
+// /proc/PID/stat; -1 where it cannot be read (a process that is gone).
+double CpuSeconds(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return -1;
+  // After ") ": state (field 3) ... utime (14) and stime (15), in clock ticks.
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
+  long long utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
+      !absl::SimpleAtoi(fields[12], &stime)) {
+    return -1;
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
 
 // A prompt of `len` random token ids in [2, vocab).
 std::vector<int> RandomPrompt(std::mt19937& rng, int len, int vocab) {
@@ -294,9 +313,13 @@ absl::Status RunServingBench() {
       expert_device.empty() ? device.c_str() : expert_device.c_str(),
       static_cast<long long>(requests), static_cast<long long>(prompt_len),
       static_cast<long long>(max_new), sampling_text.c_str());
-  std::printf("%-18s %5s %8s %10s %12s %10s %10s %10s %10s %7s %8s\n", "mode", "conc", "req/s",
-              "out tok/s", "e2e p50 ms", "ttft p50", "ttft p99", "itl p50", "itl p99", "errors",
-              "preempt");
+  // router / client us/tok: the CPU time the router process (in colocated
+  // mode the engine too) and this bench process (the load's client threads)
+  // used during the row, per output token: what each API costs a token on
+  // either side.
+  std::printf("%-18s %5s %8s %10s %12s %10s %10s %10s %10s %7s %8s %11s %11s\n", "mode", "conc",
+              "req/s", "out tok/s", "e2e p50 ms", "ttft p50", "ttft p99", "itl p50", "itl p99",
+              "errors", "preempt", "router us/t", "client us/t");
   for (const std::string& row_mode : modes) {
     LocalClusterOptions o = base;
     o.work_dir = absl::StrCat("/tmp/moesh-bench-", getpid(), "-", row_mode);
@@ -353,20 +376,34 @@ absl::Status RunServingBench() {
     if (http) {
       ASSIGN_OR_RETURN(http_to, ParseHttpEndpoint(cluster->router_http_address()));
     }
+    pid_t router_pid = -1;
+    for (const LocalCluster::Process& p : cluster->processes()) {
+      if (p.name == "router") router_pid = p.pid;
+    }
     for (int64_t c : concurrencies) {
       const double preempted_before = Preemptions(*cluster);
+      const double router_cpu0 = CpuSeconds(router_pid), client_cpu0 = CpuSeconds(::getpid());
       LoadResult r = http ? RunHttpLoad(http_to, static_cast<int>(c), static_cast<int>(requests),
                                         static_cast<int>(prompt_len), static_cast<int>(max_new),
                                         config.vocab_size, sampling, !http_close)
                           : RunLoad(cluster->router_address(), static_cast<int>(c),
                                     static_cast<int>(requests), static_cast<int>(prompt_len),
                                     static_cast<int>(max_new), config.vocab_size, sampling);
-      std::printf("%-18s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d %8.0f\n",
-                  row_mode.c_str(), static_cast<long long>(c), r.ok / r.seconds,
-                  r.output_tokens / r.seconds, 1e3 * Percentile(r.e2e, 0.5),
-                  1e3 * Percentile(r.ttft, 0.5), 1e3 * Percentile(r.ttft, 0.99),
-                  1e3 * Percentile(r.itl, 0.5), 1e3 * Percentile(r.itl, 0.99), r.failed,
-                  Preemptions(*cluster) - preempted_before);
+      // Per output token, microseconds; -1 where a process's time was not read.
+      auto per_token = [&](double before, double after) {
+        return before < 0 || after < 0 || r.output_tokens == 0
+                   ? -1.0
+                   : 1e6 * (after - before) / static_cast<double>(r.output_tokens);
+      };
+      const double router_us = per_token(router_cpu0, CpuSeconds(router_pid));
+      const double client_us = per_token(client_cpu0, CpuSeconds(::getpid()));
+      std::printf(
+          "%-18s %5lld %8.2f %10.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d %8.0f %11.1f %11.1f\n",
+          row_mode.c_str(), static_cast<long long>(c), r.ok / r.seconds,
+          r.output_tokens / r.seconds, 1e3 * Percentile(r.e2e, 0.5), 1e3 * Percentile(r.ttft, 0.5),
+          1e3 * Percentile(r.ttft, 0.99), 1e3 * Percentile(r.itl, 0.5),
+          1e3 * Percentile(r.itl, 0.99), r.failed, Preemptions(*cluster) - preempted_before,
+          router_us, client_us);
       if (r.failed > 0) std::printf("  first error: %s\n", r.first_error.c_str());
       std::fflush(stdout);
     }
