@@ -79,9 +79,9 @@ struct Flags {
   std::string mla_prefill_impl = "wgmma";  // mma | wgmma (mla_prefill_impl)
   // gather | direct (sparse_mla_gather); empty: direct where it applies (V3.2)
   std::string sparse_mla;
-  std::string indexer = "tensor-cores";    // cuda-cores | tensor-cores (indexer_tensor_cores)
-  std::string fp8_gemv = "on";             // off | on (fp8_gemv)
-  std::string fp8_expert_act = "on";       // off | on (fp8_expert_act)
+  std::string indexer = "tensor-cores";  // cuda-cores | tensor-cores (indexer_tensor_cores)
+  std::string fp8_gemv = "on";           // off | on (fp8_gemv)
+  std::string fp8_expert_act = "on";     // off | on (fp8_expert_act)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
