@@ -221,6 +221,11 @@ absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_l
       ASSIGN_OR_RETURN(s.gemm, CublasGemm::Create());
     }
   }
+  if (fp8_activations()) {
+    const size_t fp8_rows = Fp8Rows(static_cast<int>(rows)), width = std::max(h, inter);
+    RETURN_IF_ERROR(Grow(&s.act_fp8, fp8_rows * width));
+    RETURN_IF_ERROR(Grow(&s.act_fp8_scale, fp8_rows * cpu::Fp8Blocks(static_cast<int>(width))));
+  }
   RETURN_IF_ERROR(Grow(&s.out, t * h));
   RETURN_IF_ERROR(Grow(&s.weights, rows));
   RETURN_IF_ERROR(Grow(&s.ids, rows));
@@ -251,10 +256,7 @@ absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_loca
   const int h = c.hidden_size, inter = c.moe_intermediate_size, e = num_local;
   Scratch& s = scratch_;
   cudaStream_t st = stream_.get();
-  // As CudaModel::EnqueueMoe: tiles about as tall as an expert's share of the rows.
-  const int tile_m = p.expected_rows <= 12 * p.served   ? 16
-                     : p.expected_rows <= 40 * p.served ? 32
-                                                        : 64;
+  const int tile_m = ExpertTileRows(p.expected_rows, p.served);
   MoePermuteParams pp;
   pp.topk_ids = p.ids, pp.num_tokens = p.num_tokens, pp.top_k = p.top_k, pp.num_experts = e,
   pp.tile_m = tile_m;
@@ -272,6 +274,9 @@ absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_loca
   mp.swiglu_limit = static_cast<float>(config().swiglu_limit);
   mp.gathered = s.gathered.get(), mp.gu = s.gu.get(), mp.act = s.act.get(), mp.y = s.y.get();
   mp.host_offsets = s.h_offsets.get(), mp.gemm = s.gemm.get(), mp.stream = st;
+  if (fp8_activations() && tile_m == kFp8ActivationTileRows) {
+    mp.act_fp8 = s.act_fp8.get(), mp.act_fp8_scale = s.act_fp8_scale.get();
+  }
   RETURN_IF_ERROR(EnqueueExpertMlp(mp));
   MoeCombineParams cp;
   cp.expert_out = s.y.get(), cp.pair_row = s.pair_row.get(), cp.topk_weights = p.weights;

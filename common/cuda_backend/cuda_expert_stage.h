@@ -60,6 +60,14 @@ class CudaExpertStage : public ExpertStage {
   std::string device() const override { return device_; }
   // Bytes of expert weights on the device.
   size_t device_bytes() const;
+  // Whether FP8 experts take FP8 activations at kFp8ActivationTileRows-row
+  // tiles (kernels/cuda/expert_mlp.h), as the colocated engine's do by
+  // default (CudaModelOptions::fp8_expert_act): FP8 weights at DeepSeek's
+  // widths (whole 128-column blocks).
+  bool fp8_activations() const {
+    return format_ == LinearFormat::kFp8 && config().hidden_size % cpu::kFp8Block == 0 &&
+           config().moe_intermediate_size % cpu::kFp8Block == 0;
+  }
 
  private:
   // One MoE layer's hosted experts, stacked.
@@ -80,6 +88,10 @@ class CudaExpertStage : public ExpertStage {
     DeviceBuffer<bf16> x, gu, act, gathered;
     DeviceBuffer<float> y, out, weights;
     DeviceBuffer<int32_t> ids, expert_offsets, tile_offsets, row_token, pair_row, map;
+    // FP8 experts at 64-row tiles: the inputs' and SiLU outputs' e4m3 codes
+    // and scales (ExpertMlpParams::act_fp8; as CudaModel's FfnBlock).
+    DeviceBuffer<uint8_t> act_fp8;
+    DeviceBuffer<float> act_fp8_scale;
     PinnedBuffer<uint16_t> h_x;
     PinnedBuffer<float> h_w, h_out;
     PinnedBuffer<int32_t> h_ids, h_map, h_offsets;

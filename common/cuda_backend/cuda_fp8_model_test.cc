@@ -16,6 +16,7 @@
 // flip). Prefill of 201 tokens and decode batches of 3 take the GEMM's
 // path for rows past a multiple of four. Every token goes to every expert,
 // so no router near-tie can flip a choice. Skips where no GPU is present.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -31,6 +32,9 @@
 #include "common/cuda_backend/model_test_util.h"
 #include "common/model/random_checkpoint.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/fp8.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/test_util.h"
 
 namespace moesh::cuda {
@@ -47,6 +51,7 @@ using testing::RandomMoeInput;
 using testing::RealWidths;
 using testing::RelLogitErr;
 using testing::RelMaxErr;
+using testing::RoundBf16;
 
 // Measured on the H200 (BENCHMARKS.md, "FP8 linears"): 0.20 to 0.25 of the
 // logits' spread on FP8 checkpoints, 0.32 to 0.36 under --quantization fp8
@@ -159,6 +164,47 @@ TEST_P(CudaFp8ModelTest, OnlineQuantizationOfABf16Checkpoint) {
 // re-quantized to the same codes) against the CPU stage on the dequantized
 // weights: bf16's error (the codes times their scales are rounded to bf16),
 // in about half the device memory of the bf16 stage.
+// What the GPU stage computes where FP8 experts take FP8 activations
+// (kFp8ActivationTileRows-row tiles, kernels/cuda/expert_mlp.h), on the CPU:
+// each routed row rounded to bf16 and quantized per 128 columns
+// (QuantizeFp8Rows, the codes the GPU's quantizer writes bit for bit), gate_up
+// in float32 over the dequantized codes and rounded to bf16, SiLU·mul rounded
+// to bf16 and quantized the same, then down. `shard`: the stage's weights
+// (the FP8 checkpoint's, dequantized exactly). Added into out[tokens, hidden].
+void Fp8ActivationExperts(const ModelConfig& c, const ExpertShardWeights& shard,
+                          const MoeDispatch& d, float* out) {
+  const int h = c.hidden_size, inter = c.moe_intermediate_size;
+  std::vector<float> x(h), gu(2 * inter), act(inter), y(h);
+  std::vector<uint8_t> codes(std::max(h, inter));
+  std::vector<float> scales(cpu::Fp8Blocks(std::max(h, inter)));
+  auto to_fp8 = [&](std::vector<float>& v) {  // bf16, then e4m3 per 128 columns
+    for (float& e : v) e = RoundBf16(e);
+    const int n = static_cast<int>(v.size());
+    cpu::QuantizeFp8Rows(v.data(), codes.data(), scales.data(), 1, n);
+    cpu::DequantizeFp8Rows(codes.data(), scales.data(), v.data(), 1, n);
+  };
+  for (int t = 0; t < d.num_tokens; ++t) {
+    for (int k = 0; k < d.top_k; ++k) {
+      const int e = d.topk_ids[t * d.top_k + k];
+      if (!shard.expert_ids.count(e)) continue;
+      const MlpWeights& w = shard.layers.at(d.layer).at(e);
+      std::copy_n(d.hidden_f32() + static_cast<size_t>(t) * h, h, x.begin());
+      to_fp8(x);
+      cpu::Linear(x.data(), w.gate_up.data(), gu.data(), 1, 2 * inter, h);
+      for (float& v : gu) v = RoundBf16(v);
+      cpu::SiluAndMul(gu.data(), act.data(), 1, inter, static_cast<float>(c.swiglu_limit));
+      to_fp8(act);
+      cpu::Linear(act.data(), w.down.data(), y.data(), 1, h, inter);
+      cpu::Axpy(d.topk_weights[t * d.top_k + k], y.data(), out + static_cast<size_t>(t) * h, h);
+    }
+  }
+}
+
+// The expert worker's FP8 stage against the CPU stage on the same
+// (dequantized) weights: within 2e-2 where its tiles widen the FP8 weights to
+// bf16 (decode sizes); at prefill tiles (FP8 activations, as the colocated
+// engine's) within 1e-2 of the CPU doing the same quantizations, and 4e-2 of
+// the plain CPU stage (what the activations' own rounding costs).
 TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
   MOESH_REQUIRE_GPU();
   const ModelConfig c = RealWidths(GetParam());
@@ -173,14 +219,18 @@ TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
     EXPECT_TRUE(w.ok()) << w.status();
     return std::move(*w);
   };
+  const std::unique_ptr<ExpertShardWeights> weights = load();
   ExpertStage cpu(c, load());
   absl::StatusOr<std::unique_ptr<CudaExpertStage>> fp8 = CudaExpertStage::Create(c, load(), true);
   ASSERT_TRUE(fp8.ok()) << fp8.status();
+  ASSERT_TRUE((*fp8)->fp8_activations()) << "DeepSeek's widths: whole 128-column blocks";
   absl::StatusOr<std::unique_ptr<CudaExpertStage>> bf16 = CudaExpertStage::Create(c, load());
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_LT((*fp8)->device_bytes(), 0.55 * (*bf16)->device_bytes());
   std::mt19937 rng(seed);
+  int fp8_act_cases = 0;
   for (int tokens : {1, 7, 64, 300}) {
+    SCOPED_TRACE(::testing::Message() << tokens << " tokens");
     const RandomMoeInput in(c, c.first_k_dense_replace, tokens, rng);
     std::vector<float> want(in.x.size(), 0.0f), got(in.x.size(), 0.0f);
     ASSERT_TRUE(cpu.Accumulate(in.dispatch, want.data()).ok());
@@ -189,8 +239,21 @@ TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
     double ref = 0.0;
     for (float v : want) ref = std::max(ref, std::fabs(static_cast<double>(v)));
     EXPECT_GT(ref, 1e-3) << "no expert of the shard received a token";
-    EXPECT_LT(RelMaxErr(got, want), 2e-2) << tokens << " tokens";
+    // The stage's tile height for this dispatch (its hosted pairs over its
+    // experts), so the reference its numerics call for.
+    int pairs = 0;
+    for (int32_t e : in.ids) pairs += shard.count(e);
+    if (ExpertTileRows(pairs, static_cast<int>(shard.size())) == kFp8ActivationTileRows) {
+      ++fp8_act_cases;
+      std::vector<float> emulated(in.x.size(), 0.0f);
+      Fp8ActivationExperts(c, *weights, in.dispatch, emulated.data());
+      EXPECT_LT(RelMaxErr(got, emulated), 1e-2) << "against the CPU on FP8 activations";
+      EXPECT_LT(RelMaxErr(got, want), 4e-2) << "against the plain CPU stage";
+    } else {
+      EXPECT_LT(RelMaxErr(got, want), 2e-2);
+    }
   }
+  EXPECT_EQ(fp8_act_cases, 2) << "64 and 300 tokens take 64-row tiles";
 }
 
 // The streamed load (CudaModel::Load: one layer's float32 weights on the host

@@ -138,10 +138,8 @@ absl::Status FfnBlock::EnqueueMoe(int layer, int num_tokens, const bf16* normed,
   const int rows = num_tokens * k;
   // Tiles about as tall as an expert's share of the rows: each expert's
   // weights are then streamed about once (decode), or reused by 64 rows (prefill).
-  const int tile_m = ctx_.options.moe_tile_m > 0 ? ctx_.options.moe_tile_m
-                     : rows <= 12 * e            ? 16
-                     : rows <= 40 * e            ? 32
-                                                 : 64;
+  const int tile_m =
+      ctx_.options.moe_tile_m > 0 ? ctx_.options.moe_tile_m : ExpertTileRows(rows, e);
   MoePermuteParams pp;
   pp.topk_ids = topk_ids_.get(), pp.num_tokens = num_tokens, pp.top_k = k, pp.num_experts = e,
   pp.tile_m = tile_m;
@@ -160,9 +158,8 @@ absl::Status FfnBlock::EnqueueMoe(int layer, int num_tokens, const bf16* normed,
   mp.gathered = moe_gathered_.get(), mp.gu = moe_gu_.get(), mp.act = moe_act_.get(),
   mp.y = moe_out_.get();
   mp.host_offsets = h_expert_offsets_.get(), mp.gemm = ctx_.gemm, mp.stream = s;
-  // FP8 activations where the wgmma kernel runs them (64-row tiles); decode
-  // tiles keep the widening kernel, the faster there (cuda_model_options.h).
-  if (mp.gate_up_fp8 != nullptr && moe_act_fp8_.get() != nullptr && tile_m == 64) {
+  if (mp.gate_up_fp8 != nullptr && moe_act_fp8_.get() != nullptr &&
+      tile_m == kFp8ActivationTileRows) {
     mp.act_fp8 = moe_act_fp8_.get(), mp.act_fp8_scale = moe_act_fp8_scale_.get();
   }
   RETURN_IF_ERROR(EnqueueExpertMlp(mp));

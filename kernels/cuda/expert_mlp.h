@@ -29,6 +29,19 @@ namespace moesh::cuda {
 inline constexpr int kDenseRowsPerExpert = 128;
 inline constexpr int kDenseRowAlign = 64;
 
+// The tile height (ExpertMlpParams::tile_m, MoePermuteParams::tile_m) for
+// `rows` permuted rows over `experts` active experts: about an expert's share
+// of the rows, so that each expert's weights are streamed about once (decode)
+// or reused by 64 rows (prefill).
+inline int ExpertTileRows(int rows, int experts) {
+  return rows <= 12 * experts ? 16 : rows <= 40 * experts ? 32 : 64;
+}
+// FP8 weights take FP8 activations (act_fp8 below) at tiles of this height
+// only, where the wgmma FP8 x FP8 kernel runs them; shorter tiles keep the
+// widening kernel, the faster there (H100: 161 against 177 us at 256 x 6
+// rows, cuda_model_bench's grouped GEMM table).
+inline constexpr int kFp8ActivationTileRows = 64;
+
 struct ExpertMlpParams {
   const bf16* x = nullptr;  // [*, ldx]: the normalised hidden states
   int ldx = 0;
