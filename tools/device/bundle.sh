@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs the CUDA test and bench binaries, and the shared libraries they need
-# that the device machine lacks, into .device/bundle.tgz (git-ignored) for
+# that the device machine lacks, into .device/bundle.txz (git-ignored) for
 # `run` with carry [".device"]; tools/device/unpack.sh opens it there. The
 # device image brings the NVIDIA driver (libcuda), the CUDA 13.0 runtime and
 # cuBLAS; glibc and libstdc++ there are newer than here. Compressed because
@@ -54,6 +54,7 @@ strip --strip-debug "$stage"/bin/* "$stage"/lib/*
 rm -rf .device
 mkdir -p .device
 cp "$stage/MANIFEST" .device/
-tar -C "$stage" -czf .device/bundle.tgz bin lib MANIFEST
-du -sh .device/bundle.tgz
+# xz: about half gzip's size (libopenblas and libicudata are most of it).
+tar -C "$stage" -cf - bin lib MANIFEST | xz -9 -T2 > .device/bundle.txz
+du -sh .device/bundle.txz
 ls "$stage/bin" "$stage/lib"

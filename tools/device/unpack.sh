@@ -1,10 +1,14 @@
 # Sourced by the device-side scripts, from the repository root: opens
-# .device/bundle.tgz (tools/device/bundle.sh) into .device/{bin,lib} and
+# .device/bundle.txz (tools/device/bundle.sh) into .device/{bin,lib} and
 # points LD_LIBRARY_PATH at it and at the CUDA runtime and cuBLAS (the
 # toolkit's, else the Python wheels').
 D=.device
-if [[ -f $D/bundle.tgz ]]; then
-  tar -C $D -xzf $D/bundle.tgz || { echo "unpack: cannot open $D/bundle.tgz" >&2; return 1; }
+if [[ -f $D/bundle.txz ]]; then
+  if command -v xz >/dev/null; then
+    tar -C $D -xJf $D/bundle.txz
+  else  # Python's lzma where the image has no xz
+    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" $D/bundle.txz $D
+  fi || { echo "unpack: cannot open $D/bundle.txz" >&2; return 1; }
 fi
 [[ -d $D/bin ]] || { echo "no $D/bin: run tools/device/bundle.sh and carry .device" >&2; return 1; }
 chmod +x $D/bin/* 2>/dev/null
