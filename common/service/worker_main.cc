@@ -7,6 +7,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/model/safetensors.h"
 #include "common/service/router_links.h"
 #include "common/service/worker_util.h"
@@ -59,6 +60,11 @@ int ServiceMain(int argc, char** argv, const char* usage, const char* name, absl
   BlockShutdownSignals();  // before any thread starts: they all inherit it
   absl::SetProgramUsageMessage(usage);
   absl::ParseCommandLine(argc, argv);
+  // absl's Mutex deadlock detection (on in a libabsl built without NDEBUG, as
+  // Debian's is) keeps a process-wide lock-order graph updated under every
+  // Mutex a thread takes: a serving process takes several a token. The unit
+  // tests keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Weight loads print their progress (MOESH_QUIET_LOAD=1 silences it).
   SetDefaultLoadProgress(StderrLoadProgress(absl::StrCat(name, ": loading weights")));
   const absl::Status s = run();
