@@ -722,6 +722,14 @@ TEST(ClusterTest, ASigtermedDecodeWorkerFinishesItsStreamsAndTakesNoNewOnes) {
         }
       },
       [&] {  // while it drains, new requests go to the other decode worker
+        // Once it has taken the signal: a request sent before may still reach
+        // it (the signal is handled on its own thread, late on a loaded host).
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (!drained.empty() && std::chrono::steady_clock::now() < deadline) {
+          absl::StatusOr<std::string> log = ReadFileToString(Proc(**cluster, drained).log_path);
+          if (log.ok() && log->find("draining:") != std::string::npos) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
         for (int i = 0; i < 4; ++i) {
           Result again = Call(router, Request({1, 2, 3 + i}, 8));
           EXPECT_TRUE(again.status.ok()) << again.status.error_message();
