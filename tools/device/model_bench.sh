@@ -49,8 +49,8 @@
 #       --mla-prefill expanded     (and --family v3 --layers 4 for V3's 128 heads)
 #   V3.2 sparse attention, the gathered copy against the direct read (issue 18 item 4):
 #     model_bench.sh --family v3.2 --layers 6 --batch 1,32,128 --context 16384 --steps 5 \
-#       --warmup 1 --prefill-seqs 1 --prefill-len 16384 --sparse-mla gather   (then direct;
-#       and --indexer tensor-cores for the lightning indexer on the tensor cores)
+#       --warmup 1 --prefill-seqs 1 --prefill-len 16384 --sparse-mla gather   (then direct, the
+#       default; and --indexer cuda-cores against the tensor-core default)
 #   FP8 weights, the experts on FP8 activations and the decode-size GEMV against the widening
 #   path and cuBLASLt (issue 17; the expert-GEMM table has the FP8 x FP8 rows either way):
 #     model_bench.sh --quantization fp8 --batch 1,32,256 --context 2048 --prefill-seqs 2 \
