@@ -133,10 +133,10 @@ absl::Status CheckQuantization(const ModelConfig& config, const DeviceOptions& o
 absl::StatusOr<KvRowFormat> KvRowFormatFor(const ModelConfig& config,
                                            const DeviceOptions& options) {
   if (!options.fp8_kv_cache) return KvRowFormat();
-  if (config.has_indexer() || config.layers() == LayerArch::kV4) {
+  if (config.layers() == LayerArch::kV4) {
     return absl::UnimplementedError(
-        "--kv_cache_dtype fp8 covers MLA's latent and rope rows (DeepSeek-V2 and V3 families); "
-        "DeepSeek-V3.2's indexer keys and V4's compressed entries are not FP8 here yet");
+        "--kv_cache_dtype fp8 covers MLA's latent and rope rows (DeepSeek-V2, V3 and V3.2); "
+        "DeepSeek-V4's compressed entries are not FP8 here yet");
   }
   if (config.kv_lora_rank % 16 != 0) {
     return absl::UnimplementedError(absl::StrCat(

@@ -38,7 +38,8 @@ absl::Status CheckOptions(const ModelConfig& c, const CudaModelOptions& o) {
   if (o.fp8_kv_cache && (c.has_indexer() || c.layers() == LayerArch::kV4)) {
     return absl::UnimplementedError(
         "CudaModel: the FP8 KV cache holds MLA's latent and rope rows (DeepSeek-V2 and V3 "
-        "families); DeepSeek-V3.2's indexer keys and V4's compressed entries are not FP8 here");
+        "families); on the GPU DeepSeek-V3.2's sparse attention and V4's compressed entries do "
+        "not read FP8 rows yet (V3.2 runs with it on the CPU)");
   }
   if (o.fp8_kv_cache && (c.kv_lora_rank % 16 != 0 || c.kv_lora_rank > 1024)) {
     return absl::UnimplementedError(

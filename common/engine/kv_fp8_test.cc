@@ -87,12 +87,18 @@ TEST_P(KvFp8Test, TeacherForcedAgainstTheFloatCache) {
               f.sum_abs_golden / f.positions, f.max_abs_golden, f.max_abs_vocab, f.flips,
               f.max_flip_margin);
   EXPECT_GT(f.max_abs_vocab, 0.0) << "the FP8 rows equal the float rows: the format is not applied";
-  EXPECT_LT(f.sum_abs_golden / f.positions, 0.05);
-  EXPECT_LE(f.flips, f.positions / 8);
+  // DeepSeek-V3.2's tiny goldens attend to their index_topk (8) selected rows
+  // only: each row's rounding weighs more than over a dense prefix, and
+  // their near-uniform distributions tie often (every flip is still held to
+  // the reference's own margin above).
+  const bool sparse = c.has_indexer();
+  EXPECT_LT(f.sum_abs_golden / f.positions, sparse ? 0.1 : 0.05);
+  EXPECT_LE(f.flips, f.positions / (sparse ? 3 : 8));
 }
 
 INSTANTIATE_TEST_SUITE_P(GoldenCheckpoints, KvFp8Test,
-                         ::testing::Values("v2", "v2_lite", "v3", "v3_neox"));
+                         ::testing::Values("v2", "v2_lite", "v3", "v3_neox", "v32",
+                                           "v32_dense_rope"));
 
 // The paged pool stores what an unbounded FP8 cache stores, prefix-shared
 // blocks included.

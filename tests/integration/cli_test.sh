@@ -110,11 +110,15 @@ expect_error "--transport is a flag of moesh serve-local, not of moesh generate"
   --transport ucx
 expect_error "--dispatch_dtype 'fp16': expected fp32, bf16 or fp8" serve-local --model "$TMP/v3" \
   --dispatch_dtype fp16
-# --kv_cache_dtype fp8 reaches the engine: FP8 rows of V2/V3 models, refused for V3.2's indexer keys.
+# --kv_cache_dtype fp8 reaches the engine: FP8 rows of V2/V3/V3.2 models, refused for V4's
+# compressed entries.
 "$MOESH" generate --model "$TMP/v2l" --prompt_ids 5,17,300 --max_new_tokens 3 --kv_cache_dtype fp8 >/dev/null \
   || fail "generate --kv_cache_dtype fp8"
 "$MOESH" mkmodel --family v3.2 --preset tiny --out "$TMP/v32" --seed 3 >/dev/null
-expect_error "DeepSeek-V3.2's indexer keys" generate --model "$TMP/v32" --prompt_ids 1 --kv_cache_dtype fp8
+"$MOESH" generate --model "$TMP/v32" --prompt_ids 5,17,300 --max_new_tokens 3 --kv_cache_dtype fp8 >/dev/null \
+  || fail "generate --kv_cache_dtype fp8 on V3.2"
+"$MOESH" mkmodel --family v4 --preset tiny --out "$TMP/v4" --seed 3 >/dev/null
+expect_error "DeepSeek-V4's compressed entries" generate --model "$TMP/v4" --prompt_ids 1 --kv_cache_dtype fp8
 expect_error "--kv_cache_dtype must be auto or fp8" generate --model "$TMP/v2l" --prompt_ids 1 --kv_cache_dtype fp16
 expect_error "--transports: 'carrier' (grpc or ucx" bench --dispatch --transports carrier
 # bench --dispatch: one row per encoding, fp32 exact, fp8 a quarter of fp32's bytes (plus scales).

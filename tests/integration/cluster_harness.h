@@ -37,12 +37,14 @@ inline std::string WorkDir(const std::string& name) {
   return dir;
 }
 
-// A tiny V3 model with a long context (for streams that outlive a kill),
-// written into WorkDir(name); with `tokenizer`, the tiny tokenizer.json that
-// `moesh mkmodel` ships too.
-inline std::string WriteTinyModel(const std::string& name, bool tokenizer) {
+// A tiny model of `family` (V3 by default) with a long context (for streams
+// that outlive a kill), written into WorkDir(name); with `tokenizer`, the tiny
+// tokenizer.json that `moesh mkmodel` ships too.
+inline std::string WriteTinyModel(const std::string& name, bool tokenizer,
+                                  const std::string& family = "v3") {
   const std::string d = WorkDir(name);
-  absl::StatusOr<ModelConfig> c = PresetConfig("v3", "tiny");
+  absl::StatusOr<ModelConfig> c = PresetConfig(family, "tiny");
+  EXPECT_TRUE(c.ok()) << c.status();
   RandomCheckpointOptions opt;
   opt.seed = 21;
   if (tokenizer) opt.tokenizer_json = std::string(*EmbeddedTokenizerJson("tiny"));

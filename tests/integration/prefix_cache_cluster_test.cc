@@ -133,10 +133,15 @@ TEST(PrefixCacheClusterTest, RoundRobinAlternatesPrefillWorkersAndMissesTheirCac
 // wherever they are computed, so the cluster (prefill worker, KV handoff,
 // decode worker, second turn from the prefix cache) equals one CPU backend
 // with the FP8 cache, token for token; and differs from the float cache's
-// output somewhere (the flag is not ignored).
-TEST(PrefixCacheClusterTest, Fp8KvCacheAcrossTheHandoffEqualsOneFp8Backend) {
-  const std::string dir = TinyModel();
-  LocalClusterOptions o = Options(dir, "kv_fp8");
+// output somewhere (the flag is not ignored). V3 and V3.2 (its rows' index
+// keys ride along unquantized).
+class Fp8KvClusterTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Fp8KvClusterTest, Fp8KvCacheAcrossTheHandoffEqualsOneFp8Backend) {
+  const std::string family = GetParam();
+  const std::string dir =
+      family == "v3" ? TinyModel() : WriteTinyModel("tiny_" + family, false, family);
+  LocalClusterOptions o = Options(dir, "kv_fp8_" + family);
   o.prefill.device.fp8_kv_cache = true;
   o.decode.device.fp8_kv_cache = true;
   o.decode.kv.block_size = 8;
@@ -168,6 +173,9 @@ TEST(PrefixCacheClusterTest, Fp8KvCacheAcrossTheHandoffEqualsOneFp8Backend) {
   }
   EXPECT_TRUE(differs) << "FP8 and float caches gave the same tokens on every turn";
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, Fp8KvClusterTest, ::testing::Values("v3", "v3.2"),
+                         [](const auto& info) { return info.param == "v3" ? "v3" : "v32"; });
 
 }  // namespace
 }  // namespace moesh
