@@ -35,6 +35,7 @@ absl::Status MlaScratch::Run(const ForwardContext& ctx, int n, MlaDecodeParams m
   mp.kv_lora_rank = mla::kLatentDim, mp.rope_dim = mla::kRopeDim;
   mp.num_blocks = tokens * per_token, mp.max_blocks_per_seq = per_token, mp.max_seq_len = stride;
   mp.kv_row_stride = 0, mp.kv_index = nullptr, mp.kv_index_stride = 0;
+  mp.kv_dtype = KvCacheDtype::kBf16;  // the dense copy, whatever the pool's rows
   mp.num_splits = plan.num_splits, mp.workspace = ws.get(), mp.workspace_bytes = ws.bytes();
   mp.tile = MlaTile(ctx.options.mla_kernel);
   mp.stream = ctx.stream;

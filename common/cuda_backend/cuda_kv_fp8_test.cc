@@ -3,14 +3,16 @@
 // reference: kernels/cpu/fp8.h), teacher-forced, next to the bf16 cache
 // against the CPU's float32 one in the same run:
 //   * at DeepSeek's real attention widths (latent 512, rope 64: the tuned
-//     16-head decode kernel reading FP8 rows) and at a tiny model's (32 + 8:
-//     the generic kernel), on random bf16 checkpoints;
+//     16-head decode kernel reading FP8 rows; V3.2's selection gathered and
+//     widened) and at a tiny model's (32 + 8: the generic kernel), on random
+//     bf16 checkpoints of V2-Lite, V3 and V3.2;
 //   * rows in and out through the host (the KV handoff's host path): what
 //     comes back is cpu::RoundTripFp8KvRow of what went in, exactly;
 //   * the device-to-device handoff between two FP8 pools, and its refusal
 //     between an FP8 and a bf16 pool.
 // Skips where no GPU is present.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -49,11 +51,22 @@ using testing::LoadCpu;
 constexpr double kFp8KvRelTolerance = 0.5;
 constexpr double kBf16RelTolerance = testing::kBf16RelLogitTolerance;
 
+// DeepSeek-V3.2 with every causal row selected (index_topk above the
+// prompts' lengths): its FP8 rows carry the index key after the rope part and
+// its sparse attention reads them through the selection (the gathered copy,
+// widened, at real widths; the generic kernel at tiny ones), while the GPU's
+// bf16 index keys against the CPU's float32 ones cannot flip a selection.
 ModelConfig Widths(const std::string& family, bool real) {
-  if (real) return testing::RealWidths(family);
-  absl::StatusOr<ModelConfig> c = PresetConfig(family, "tiny");
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
+  ModelConfig c;
+  if (real) {
+    c = testing::RealWidths(family);
+  } else {
+    absl::StatusOr<ModelConfig> tiny = PresetConfig(family, "tiny");
+    EXPECT_TRUE(tiny.ok()) << tiny.status();
+    c = *tiny;
+  }
+  if (c.has_indexer()) c.indexer.topk = 256;
+  return c;
 }
 
 std::string WriteCheckpoint(const ModelConfig& c, const std::string& name, uint64_t seed) {
@@ -109,12 +122,76 @@ TEST_P(CudaKvFp8Test, MatchesTheCpuEnginesFp8Cache) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaKvFp8Test,
                          ::testing::Values(KvCase{"v2-lite", true}, KvCase{"v3", true},
-                                           KvCase{"v2-lite", false}, KvCase{"v3", false}),
+                                           KvCase{"v3.2", true}, KvCase{"v2-lite", false},
+                                           KvCase{"v3", false}, KvCase{"v3.2", false}),
                          [](const ::testing::TestParamInfo<KvCase>& info) {
                            std::string name = info.param.family;
-                           name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+                           name.erase(
+                               std::remove_if(name.begin(), name.end(),
+                                              [](char ch) { return ch == '-' || ch == '.'; }),
+                               name.end());
                            return name + (info.param.real_widths ? "Real" : "Tiny");
                          });
+
+// DeepSeek-V3.2 selecting (index_topk below the prompt): the FP8 pool's index
+// keys sit where the bf16 pool's values are, bit for bit (layer 0: the same
+// inputs), and its indexer reads them there — the FP8 model's logits differ
+// from the bf16 model's at positions that select about as much as at those
+// that attend to every row (FP8 rounding alone), where a key read from the
+// wrong bytes would select other rows.
+TEST(CudaKvFp8V32Test, TheIndexerReadsItsKeysFromFp8Rows) {
+  MOESH_REQUIRE_GPU();
+  ModelConfig c = testing::RealWidths("v3.2");
+  const int n = 200;
+  c.indexer.topk = 48;
+  const std::string dir = WriteCheckpoint(c, "kv_fp8_v32_select", 11);
+  absl::StatusOr<std::unique_ptr<CudaModel>> fp8 = CudaModel::Load(dir, Options(true));
+  absl::StatusOr<std::unique_ptr<CudaModel>> bf16 = CudaModel::Load(dir, Options(false));
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  std::vector<int32_t> tokens;
+  for (int t = 0; t < n; ++t) tokens.push_back(2 + (t * 53) % (c.vocab_size - 2));
+  std::vector<float> logits[2], rows[2];
+  CudaModel* models[2] = {fp8->get(), bf16->get()};
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<int> seq = models[i]->AddSequence();
+    ASSERT_TRUE(seq.ok()) << seq.status();
+    const std::vector<SequenceTokens> prompt = {{*seq, tokens}};
+    absl::StatusOr<std::vector<float>> l = models[i]->ForwardAllLogits(prompt);
+    ASSERT_TRUE(l.ok()) << l.status();
+    logits[i] = std::move(*l);
+    absl::StatusOr<std::vector<float>> r = models[i]->ReadKvRows(*seq, 0, n);
+    ASSERT_TRUE(r.ok()) << r.status();
+    rows[i] = std::move(*r);
+  }
+  const int width = c.kv_cache_row_width(), key = c.kv_lora_rank + c.qk_rope_head_dim;
+  for (int t = 0; t < n; ++t) {
+    for (int d = key; d < width; ++d) {
+      const size_t i = static_cast<size_t>(t) * width + d;
+      ASSERT_EQ(rows[0][i], rows[1][i]) << "layer 0 index key, token " << t << " dim " << d - key;
+    }
+  }
+  // Per position: max |FP8 - bf16| over the vocabulary against the bf16
+  // logits' spread there; the largest among the dense and the selecting ones.
+  const size_t v = c.vocab_size;
+  double dense = 0, sparse = 0;
+  for (int t = 0; t < n; ++t) {
+    double diff = 0, lo = 1e30, hi = -1e30;
+    for (size_t j = 0; j < v; ++j) {
+      const float a = logits[0][t * v + j], b = logits[1][t * v + j];
+      diff = std::max(diff, static_cast<double>(std::fabs(a - b)));
+      lo = std::min(lo, static_cast<double>(b)), hi = std::max(hi, static_cast<double>(b));
+    }
+    double& worst = t < c.indexer.topk ? dense : sparse;
+    worst = std::max(worst, diff / std::max(hi - lo, 1e-6));
+  }
+  std::printf(
+      "v3.2 FP8 against bf16 KV on the GPU: worst rel %.4f attending to every row, %.4f "
+      "selecting %d of up to %d\n",
+      dense, sparse, c.indexer.topk, n);
+  EXPECT_GT(dense, 0.0) << "FP8 rows read back as bf16: the format is not applied";
+  EXPECT_LE(sparse, std::max(0.15, 3 * dense));
+}
 
 // Host rows in, host rows out: cpu::RoundTripFp8KvRow of what went in, bit
 // for bit (rows handed over as floats and stored again are unchanged).
@@ -183,12 +260,12 @@ TEST(CudaKvFp8HandoffTest, DeviceBlocksMoveBetweenFp8PoolsOnly) {
   EXPECT_NE(refused.message().find("--kv_cache_dtype"), std::string::npos) << refused;
 }
 
-// What the FP8 cache covers: refused for V3.2 (indexer keys ride in its rows).
-TEST(CudaKvFp8HandoffTest, RefusesDeepSeekV32) {
+// What the FP8 cache covers: refused for V4 (its compressed entries).
+TEST(CudaKvFp8HandoffTest, RefusesDeepSeekV4) {
   MOESH_REQUIRE_GPU();
-  absl::StatusOr<ModelConfig> c = PresetConfig("v3.2", "tiny");
+  absl::StatusOr<ModelConfig> c = PresetConfig("v4", "tiny");
   ASSERT_TRUE(c.ok()) << c.status();
-  const std::string dir = WriteCheckpoint(*c, "kv_fp8_v32", 5);
+  const std::string dir = WriteCheckpoint(*c, "kv_fp8_v4", 5);
   absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Load(dir, Options(true));
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented) << m.status();

@@ -35,11 +35,10 @@ absl::Status CheckOptions(const ModelConfig& c, const CudaModelOptions& o) {
   if (c.n_routed_experts > 1024 || c.num_experts_per_tok > 32) {
     return absl::UnimplementedError("CudaModel: at most 1024 routed experts and top-32");
   }
-  if (o.fp8_kv_cache && (c.has_indexer() || c.layers() == LayerArch::kV4)) {
+  if (o.fp8_kv_cache && c.layers() == LayerArch::kV4) {
     return absl::UnimplementedError(
-        "CudaModel: the FP8 KV cache holds MLA's latent and rope rows (DeepSeek-V2 and V3 "
-        "families); on the GPU DeepSeek-V3.2's sparse attention and V4's compressed entries do "
-        "not read FP8 rows yet (V3.2 runs with it on the CPU)");
+        "CudaModel: the FP8 KV cache holds MLA's latent and rope rows (DeepSeek-V2, V3 and "
+        "V3.2); DeepSeek-V4's compressed entries are not FP8 here");
   }
   if (o.fp8_kv_cache && (c.kv_lora_rank % 16 != 0 || c.kv_lora_rank > 1024)) {
     return absl::UnimplementedError(
@@ -182,7 +181,9 @@ absl::Status CudaModel::Init() {
 
 KvRowSpec CudaModel::kv_row_spec() const {
   if (!options_.fp8_kv_cache) return KvRowSpec::Bf16(kv_row_width());
-  return KvRowSpec::Fp8(config_.kv_lora_rank, config_.qk_rope_head_dim);
+  // V3.2's index key rides after the rope part, in bf16 like it: the FP8
+  // layout's bf16 part is then rope + index key (MlaLayerStack::IndexKeyOffset).
+  return KvRowSpec::Fp8(config_.kv_lora_rank, kv_row_width() - config_.kv_lora_rank);
 }
 
 absl::Status CudaModel::InitKvStore() {

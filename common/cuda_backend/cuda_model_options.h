@@ -75,14 +75,16 @@ struct CudaModelOptions {
   // --kv_cache_dtype fp8: the paged cache holds FlashMLA's FP8 rows (656
   // bytes a token at V3's widths against 1152 in bf16; KvRowSpec::Fp8),
   // written by the KV-write kernel and widened in the MLA kernels' shared
-  // memory. MLA models without an indexer (V2, V2-Lite, V3, R1).
+  // memory. MLA models (V2, V2-Lite, V3, R1, and V3.2: its index key in bf16
+  // after the rope part, its selection gathered and widened).
   bool fp8_kv_cache = false;
   // DeepSeek-V3.2's sparse attention at the tuned widths: each token's
   // selected rows gathered into a dense copy the tuned kernel reads (true),
   // or read straight from the pool through the selection by the 16-head
   // kernel (false: no copy; kernels/cuda/mla_decode.h). The direct read (H100,
   // V3.2 shapes, 3 layers, 16K context: 2.617 / 4.584 ms a step at batch 1 /
-  // 32 against the copy's 2.661 / 4.616).
+  // 32 against the copy's 2.661 / 4.616). An FP8 cache always gathers (the
+  // 16-head kernel reads no FP8 selection).
   bool sparse_mla_gather = false;
   // The lightning indexer's scores (V3.2, V4's CSA layers) on the tensor
   // cores where its shape is DeepSeek's (64 heads × 128 dims; RunIndexer's

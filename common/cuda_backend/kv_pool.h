@@ -24,7 +24,9 @@ namespace moesh::cuda {
 
 // A pool's row: `width` values (what WriteRows and ReadRows exchange, as
 // float32), stored as bf16, or (kFp8, --kv_cache_dtype fp8) as
-// cpu::Fp8KvRowLayout{latent, rope}'s bytes, width == latent + rope.
+// cpu::Fp8KvRowLayout{latent, rope}'s bytes, width == latent + rope; `rope`
+// is then every bf16 value after the latent (V3.2: the rope key and the index
+// key after it).
 struct KvRowSpec {
   int width = 0;
   KvCacheDtype dtype = KvCacheDtype::kBf16;

@@ -26,7 +26,7 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "auto: the KV cache in the device's own precision (float32 on the CPU, bf16 on CUDA). "
           "fp8: FlashMLA's FP8 layout (the latent part in e4m3 with a power-of-two scale per "
           "128 values, the rope part in bf16): 656 bytes a token at DeepSeek-V3's widths against "
-          "1152 in bf16. DeepSeek-V2 and V3 families, and V3.2 on the CPU (not V4); prefill and "
+          "1152 in bf16. DeepSeek-V2, V3 and V3.2 families (not V4); prefill and "
           "decode workers must agree.");
 
 namespace moesh {

@@ -85,8 +85,16 @@ __global__ void __launch_bounds__(kThreads) SliceCopyKernel(SliceCopyParams p) {
 __global__ void __launch_bounds__(kThreads) GatherRowsKernel(GatherRowsParams p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (row >= p.rows) return;
-  const Bf16x8* src =
-      reinterpret_cast<const Bf16x8*>(p.x + static_cast<int64_t>(p.index[row]) * p.ldx);
+  const bf16* x = p.x + static_cast<int64_t>(p.index[row]) * p.ldx;
+  if (p.fp8_latent > 0) {
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(x);
+    bf16* out = p.out + row * p.cols;
+    for (int d = threadIdx.x & 31; d < p.cols; d += 32) {
+      out[d] = __float2bfloat16_rn(fp8kv::Load(bytes, p.fp8_latent, d));  // exact
+    }
+    return;
+  }
+  const Bf16x8* src = reinterpret_cast<const Bf16x8*>(x);
   Bf16x8* dst = reinterpret_cast<Bf16x8*>(p.out + row * p.cols);
   for (int j = threadIdx.x & 31; j < p.cols / 8; j += 32) dst[j] = src[j];
 }
@@ -379,9 +387,16 @@ absl::Status RunSliceCopy(const SliceCopyParams& p) {
 
 absl::Status RunGatherRows(const GatherRowsParams& p) {
   const int ldx = p.ldx ? p.ldx : p.cols;
-  if (p.rows < 0 || p.cols < 0 || p.cols % 8 != 0 || ldx % 8 != 0 || ldx < p.cols) {
+  const bool fp8 = p.fp8_latent > 0;
+  if (p.rows < 0 || p.cols < 0 || p.cols % 8 != 0 || ldx % 8 != 0 || (!fp8 && ldx < p.cols)) {
     return absl::InvalidArgumentError(
         "RunGatherRows: need rows >= 0, cols and ldx multiples of 8, ldx >= cols");
+  }
+  if (fp8 && (p.fp8_latent % 16 != 0 || p.fp8_latent >= p.cols || p.ldx == 0 ||
+              2 * p.ldx < cpu::Fp8KvRowLayout{p.fp8_latent, p.cols - p.fp8_latent}.bytes())) {
+    return absl::InvalidArgumentError(
+        "RunGatherRows: FP8 rows need a latent that is a multiple of 16 below cols and an "
+        "explicit ldx covering the row's bytes");
   }
   if (p.rows == 0 || p.cols == 0) return absl::OkStatus();
   if (!p.x || !p.index || !p.out ||

@@ -130,6 +130,11 @@ struct GatherRowsParams {
   const int32_t* index = nullptr;  // [rows]
   int rows = 0, cols = 0;
   bf16* out = nullptr;  // [rows, cols]
+  // > 0: x holds FP8 KV rows (cpu::Fp8KvRowLayout with this latent; ldx in
+  // 2-byte units, required), each row's first cols values widened exactly
+  // (its e4m3 codes times their group's scale, then its bf16 part), as
+  // GatherKvRowsKernel does. REQUIRES: a multiple of 16, below cols.
+  int fp8_latent = 0;
   cudaStream_t stream = nullptr;
 };
 

@@ -190,8 +190,10 @@ struct RopeKvCacheParams {
   int cache_row_stride = 0;  // 0: rank + rope.dim (V3.2's rows carry its indexer key after them)
   // kFp8: the row is quantized as cpu::PackFp8KvRow does (the same codes and
   // scales from the same float32 values: the normalized latent unrounded),
-  // cache_row_stride 0 or the layout's bytes / 2; kv_lora_rank a multiple of
-  // 16, at most 1024.
+  // cache_row_stride 0, the layout's bytes / 2 (its padding zeroed), or more
+  // in whole 16 bytes (V3.2: its index key follows the rope part, written by
+  // RunIndexKey; nothing past the rope part is written here); kv_lora_rank a
+  // multiple of 16, at most 1024.
   KvCacheDtype cache_dtype = KvCacheDtype::kBf16;
   int num_blocks = 0;
   const int32_t* slot_mapping = nullptr;  // [num_tokens]; < 0: padding, not written
@@ -244,7 +246,8 @@ struct MoeGateParams {
 struct MlaDecodeParams {
   const bf16* q = nullptr;         // [batch, num_heads, kv_lora_rank + rope_dim]
   const bf16* kv_cache = nullptr;  // [num_blocks, kKvBlockSize, kv_lora_rank + rope_dim]
-  // kFp8: FP8 rows (KvCacheDtype), kv_row_stride 0 or their bytes / 2.
+  // kFp8: FP8 rows (KvCacheDtype), kv_row_stride 0 or their bytes / 2 (the
+  // generic kernel: or more, a wider row's values after the rope part).
   KvCacheDtype kv_dtype = KvCacheDtype::kBf16;
   const int32_t* block_table = nullptr;  // [batch, max_blocks_per_seq]
   const int32_t* seq_lens = nullptr;     // [batch], each in [0, max_seq_len]

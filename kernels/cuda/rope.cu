@@ -125,9 +125,13 @@ __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams 
     bf16* rope_dst = reinterpret_cast<bf16*>(dst + layout.rope_offset());
     for (int i = threadIdx.x; i < r.half; i += blockDim.x)
       RotatePair(r, cs, i, src + rank, rope_dst);
-    for (int i = layout.rope_offset() + 2 * layout.rope + threadIdx.x; i < layout.bytes();
-         i += blockDim.x) {
-      dst[i] = 0;  // padding
+    // The padding, where the row ends with the rope part (a wider row's
+    // bytes after it are another writer's: V3.2's index key).
+    if (p.cache_row_stride == 0 || 2 * p.cache_row_stride == layout.bytes()) {
+      for (int i = layout.rope_offset() + 2 * layout.rope + threadIdx.x; i < layout.bytes();
+           i += blockDim.x) {
+        dst[i] = 0;
+      }
     }
     return;
   }

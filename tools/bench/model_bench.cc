@@ -273,19 +273,18 @@ double TokenFlops(const ModelConfig& c, double context) {
 }
 
 // Bytes of KV state one sequence's decode step at `context` tokens must read:
-// the latent rows (MLA; V3.2: the selected ones and every index key), or for V4 the window's rows,
-// the compressed entries it attends to and (CSA) the index keys its indexer scores, bf16. (Our V4
-// pools the entries from the cache rows each step: it reads more.)
+// the latent rows (MLA, bf16 or FP8; V3.2: the selected ones and every index key), or for V4 the
+// window's rows, the compressed entries it attends to and (CSA) the index keys its indexer scores,
+// bf16. (Our V4 pools the entries from the cache rows each step: it reads more.)
 double DecodeKvBytes(const ModelConfig& c, double context, bool fp8_rows) {
-  if (fp8_rows) {  // MLA without an indexer (CudaModel refuses the others)
-    return context * cpu::Fp8KvRowLayout{c.kv_lora_rank, c.qk_rope_head_dim}.bytes() *
+  // A row's latent and rope part: FlashMLA's FP8 bytes, or bf16.
+  const double row = fp8_rows ? cpu::Fp8KvRowLayout{c.kv_lora_rank, c.qk_rope_head_dim}.bytes()
+                              : 2.0 * (c.kv_lora_rank + c.qk_rope_head_dim);
+  if (c.has_indexer()) {  // the selected rows, and every row's (bf16) index key
+    return (std::min<double>(context, c.indexer.topk) * row + context * c.indexer.head_dim * 2.0) *
            c.num_hidden_layers;
   }
-  if (c.has_indexer()) {  // the selected latent rows, and every row's index key
-    return (std::min<double>(context, c.indexer.topk) * (c.kv_lora_rank + c.qk_rope_head_dim) +
-            context * c.indexer.head_dim) *
-           2.0 * c.num_hidden_layers;
-  }
+  if (fp8_rows) return context * row * c.num_hidden_layers;  // MLA (CudaModel refuses V4's)
   if (c.layers() != LayerArch::kV4)
     return context * (c.kv_lora_rank + c.qk_rope_head_dim) * 2.0 * c.num_hidden_layers;
   double values = 0;
@@ -550,10 +549,12 @@ absl::Status Run(const Flags& f) {
   RETURN_IF_ERROR(model->FillKvCacheRandom(f.seed + 1));
   const auto t1 = std::chrono::steady_clock::now();
   const ModelConfig& c = model->config();
-  if (f.sparse_mla == "direct" && (!c.has_indexer() || f.mla_kernel == "generic")) {
+  if (f.sparse_mla == "direct" &&
+      (!c.has_indexer() || f.mla_kernel == "generic" || f.kv_cache_dtype == "fp8")) {
     return absl::InvalidArgumentError(
-        "--sparse-mla direct: DeepSeek-V3.2's sparse attention on the tuned kernel only (this "
-        "model has no indexer, or --mla-kernel generic)");
+        "--sparse-mla direct: DeepSeek-V3.2's sparse attention on the tuned kernel and bf16 rows "
+        "only (this model has no indexer, --mla-kernel generic, or --kv-cache-dtype fp8, which "
+        "gathers)");
   }
   std::printf(
       "model %s (%s weights, %.2f GB, dense linears %s, routed experts %s): layers %d, hidden "

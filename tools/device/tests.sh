@@ -29,7 +29,7 @@
 #             references, the KV handoff, the device-resident dispatch, ForwardSample), the
 #             cluster on the GPU against `moesh generate --device cuda`
 #             (tests/integration/cuda_cluster_test.sh) over grpc on the v3 and v2_lite goldens,
-#             over cuda_ipc (and with --kv_cache_dtype fp8), on the v4 golden, on the v32 golden within index_topk; the
+#             over cuda_ipc (and with --kv_cache_dtype fp8), on the v4 golden, on the v32 golden within index_topk (bf16 and FP8 KV); the
 #             experts of V4 and V3.2 on the GPU behind CPU attention against the CPU engine
 #             (tests/integration/cuda_experts_test.sh v4, v32), chunked prefill in a GPU
 #             colocated router (tests/integration/cuda_chunked_test.sh); cuda_prefix_cache_test
@@ -189,6 +189,9 @@ services() {
   cluster cluster_v4 90 v4
   # V3.2 wholly on the GPU within index_topk (8 in the golden).
   cluster cluster_v32 120 "MOESH_PROMPTS=5,17,300 1,2,3,4" MOESH_NEW_TOKENS=4 MOESH_MULTI_TURN=0 v32
+  # ... and with its FP8 KV cache (the index key after the FP8 row's rope part).
+  cluster cluster_v32_fp8_kv 120 "MOESH_PROMPTS=5,17,300 1,2,3,4" MOESH_NEW_TOKENS=4 \
+    MOESH_MULTI_TURN=0 MOESH_KV_CACHE_DTYPE=fp8 v32
   test_bin cuda_prefix_cache_test 90 cuda_prefix_cache_test
   test_bin cuda_prompt_logprobs_test 90 cuda_prompt_logprobs_test
   step chunked_v3 120 tests/integration/cuda_chunked_test.sh $D/bin/moesh "$PWD" v3
@@ -230,7 +233,8 @@ grep -h "boundary cases" "$LOGS/cuda_sample_test.log" 2>/dev/null
   { echo; echo "==== cuda_prefix_cache_test"; grep -E 'cached vs whole|handoff into|OK \]|FAILED \]|Failure' "$LOGS/cuda_prefix_cache_test.log" | head -20; }
 [[ -f $LOGS/cuda_prompt_logprobs_test.log ]] &&
   { echo; echo "==== cuda_prompt_logprobs_test"; grep -E 'prompt logprobs over|last rows vs|lm_head chunks|OK \]|FAILED \]|Failure' "$LOGS/cuda_prompt_logprobs_test.log" | head -30; }
-for f in cluster_grpc cluster_grpc_v2_lite cluster_ipc cluster_v4 cluster_v32 experts_v4 experts_v32 \
+for f in cluster_grpc cluster_grpc_v2_lite cluster_ipc cluster_v4 cluster_v32 cluster_v32_fp8_kv \
+  experts_v4 experts_v32 \
          cluster_2gpu_v3 cluster_2gpu_nccl_v3 cluster_2gpu_v2_lite cluster_2gpu_nccl_v2_lite cluster_ipc_2gpu; do
   show "$f" "tokens equal|PASS|FAIL|pipelined"
 done

@@ -91,6 +91,10 @@ class MlaLayerStack : public LayerStack {
   KvCacheDtype kv_dtype() const {
     return ctx_.options.fp8_kv_cache ? KvCacheDtype::kFp8 : KvCacheDtype::kBf16;
   }
+  // Where a row's indexer key starts, in the pool's 2-byte units: after
+  // latent + rope (bf16 rows), or after the FP8 row's rope part (its bf16
+  // part is rope + index key: CudaModel::kv_row_spec).
+  int IndexKeyOffset() const;
   bool fast_mla_ = false;  // the tuned MLA kernel on the cache
   float softmax_scale_ = 1.0f;
   RopeTableView rope_;
@@ -106,9 +110,13 @@ class MlaLayerStack : public LayerStack {
   IndexerScratch index_;
   RopeTableView index_rope_;
   bool sparse_fast_ = false;
+  // The 16-head kernel reads each token's selection out of the pool
+  // (!sparse_mla_gather, bf16 rows); else the selected rows are gathered
+  // (an FP8 pool's widened exactly) into sparse_.
+  bool sparse_direct_ = false;
   MlaScratch sparse_;
   DeviceBuffer<int32_t> sparse_rows_;
-  // !sparse_mla_gather: the 16-head kernel's split partials for decode
+  // sparse_direct_: the 16-head kernel's split partials for decode
   // passes (fixed: graphs), planned at SparseDecodeRows() for every bucket:
   // the most rows a token selects (index_topk, or fewer when max_model_len is).
   DeviceBuffer<uint8_t> sparse_ws_;

@@ -5,8 +5,10 @@
 // into the tail of each cache row; the queries (q latent · wq_b, roped the
 // same way); then each token's top index_topk causal rows, which the MLA
 // attention reads through its row index (the plain kernel, and the tuned
-// 16-head kernel with CudaModelOptions::sparse_mla_gather off), or, at the
-// tuned kernel's widths, from a dense copy of the selected rows.
+// 16-head kernel with CudaModelOptions::sparse_mla_gather off on bf16 rows),
+// or, at the tuned kernel's widths, from a dense bf16 copy of the selected
+// rows (an FP8 pool's widened exactly: the 16-head kernel reads no FP8
+// selection).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -14,6 +16,7 @@
 
 #include "base/status.h"
 #include "common/cuda_backend/mla/mla_layer_stack.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/dsa_ops.h"
 #include "kernels/cuda/model_ops.h"
@@ -31,7 +34,8 @@ absl::Status MlaLayerStack::InitIndexer() {
     return absl::OkStatus();
   }
   sparse_fast_ = true;
-  if (!ctx_.options.sparse_mla_gather) {
+  sparse_direct_ = !ctx_.options.sparse_mla_gather && kv_dtype() == KvCacheDtype::kBf16;
+  if (sparse_direct_) {
     size_t ws = 0;
     for (int n : ctx_.buckets) {
       ws = std::max(ws, PlanMlaDecode(n, c.num_attention_heads, SparseDecodeRows(),
@@ -42,6 +46,13 @@ absl::Status MlaLayerStack::InitIndexer() {
   }
   RETURN_IF_ERROR(sparse_.Init(ctx_, c.indexer.topk));
   return sparse_rows_.Reallocate(static_cast<size_t>(ctx_.max_tokens) * sparse_.stride);
+}
+
+int MlaLayerStack::IndexKeyOffset() const {
+  const ModelConfig& c = ctx_.config;
+  if (kv_dtype() == KvCacheDtype::kBf16) return c.kv_lora_rank + c.qk_rope_head_dim;
+  const cpu::Fp8KvRowLayout row{c.kv_lora_rank, c.qk_rope_head_dim};
+  return (row.rope_offset() + 2 * c.qk_rope_head_dim) / 2;  // rope_offset is even
 }
 
 absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
@@ -55,7 +66,7 @@ absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
   kp.weight = w.index_k_norm, kp.bias = w.index_k_bias, kp.eps = kIndexerKeyNormEps;
   kp.positions = ctx_.in->positions, kp.slot_mapping = ctx_.in->slots;
   kp.cache = ctx_.kv().layer(layer), kp.row_width = ctx_.kv().row_stride(),
-  kp.offset = c.kv_lora_rank + c.qk_rope_head_dim;
+  kp.offset = IndexKeyOffset();
   kp.rope = index_rope_, kp.stream = s;
   RETURN_IF_ERROR(RunIndexKey(kp));
   RETURN_IF_ERROR(ctx_.Gemm(qa_.get(), c.q_lora_rank, w.index_wq_b, index_.q.get(), ni * di,
@@ -73,7 +84,7 @@ absl::Status MlaLayerStack::EnqueueIndexer(int layer, int num_tokens) {
   xp.top_k = c.indexer.topk;
   xp.seq_lens = ctx_.in->seq_lens;
   xp.key_cache = ctx_.kv().layer(layer), xp.key_row_width = ctx_.kv().row_stride();
-  xp.key_offset = c.kv_lora_rank + c.qk_rope_head_dim;
+  xp.key_offset = IndexKeyOffset();
   xp.block_table = ctx_.in->block_table, xp.max_blocks_per_seq = ctx_.max_blocks_per_seq();
   xp.scores = index_.scores.get(), xp.max_keys = index_.max_keys;
   xp.selected = index_.selected.get(), xp.count = index_.count.get(), xp.stream = s;
@@ -87,7 +98,7 @@ absl::Status MlaLayerStack::EnqueueSparseMla(const StepBatch& b, const MlaDecode
   const ModelConfig& c = ctx_.config;
   cudaStream_t s = ctx_.stream;
   const int t = b.num_tokens, heads = c.num_attention_heads, rank = c.kv_lora_rank;
-  if (!ctx_.options.sparse_mla_gather) {
+  if (sparse_direct_) {
     // The 16-head kernel reads each token's selection out of the pool. A
     // decode pass plans at SparseDecodeRows() (the workspace its graph holds).
     MlaDecodeParams sp = mp;
@@ -117,6 +128,7 @@ absl::Status MlaLayerStack::EnqueueSparseMla(const StepBatch& b, const MlaDecode
     g.x = mp.kv_cache, g.ldx = ctx_.kv().row_stride(),
     g.index = sparse_rows_.get() + static_cast<size_t>(first) * sparse_.stride;
     g.rows = n * sparse_.stride, g.cols = row, g.out = sparse_.rows.get(), g.stream = s;
+    if (kv_dtype() == KvCacheDtype::kFp8) g.fp8_latent = rank;  // widened exactly
     RETURN_IF_ERROR(RunGatherRows(g));
     MlaDecodeParams sp = mp;
     sp.q = mp.q + static_cast<size_t>(first) * heads * row,
