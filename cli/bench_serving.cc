@@ -82,7 +82,7 @@ double CpuSeconds(pid_t pid) {
   std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
   std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const size_t close = stat.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return -1;
+  if (close == std::string::npos || close + 2 > stat.size()) return -1;
   // After ") ": state (field 3) ... utime (14) and stime (15), in clock ticks.
   std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
   long long utime = 0, stime = 0;
