@@ -54,8 +54,8 @@ struct DeviceOptions {
 // The CPU engine's KV row format for `options` (--kv_cache_dtype): FP8 or
 // native; on a CUDA device native (the CUDA pool holds its own FP8 rows).
 // UNIMPLEMENTED where FP8 is not built: DeepSeek-V4, a kv_lora_rank not a
-// multiple of 16 (and, in the CUDA backend, V3.2: CudaModel refuses it). A
-// V3.2 row's index key stays as it is (the CPU's float32). MakeAttentionBackend and
+// multiple of 16. A V3.2 row's index key stays as it is (the CPU's float32;
+// the CUDA pool's bf16). MakeAttentionBackend and
 // MakeExpertStage apply it; a caller building a CPU backend itself must too.
 absl::StatusOr<KvRowFormat> KvRowFormatFor(const ModelConfig& config, const DeviceOptions& options);
 

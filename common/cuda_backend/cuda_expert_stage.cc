@@ -222,9 +222,11 @@ absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_l
     }
   }
   if (fp8_activations()) {
-    const size_t fp8_rows = Fp8Rows(static_cast<int>(rows)), width = std::max(h, inter);
-    RETURN_IF_ERROR(Grow(&s.act_fp8, fp8_rows * width));
-    RETURN_IF_ERROR(Grow(&s.act_fp8_scale, fp8_rows * cpu::Fp8Blocks(static_cast<int>(width))));
+    const int pairs = static_cast<int>(rows);
+    RETURN_IF_ERROR(
+        Grow(&s.act_fp8, Fp8ActivationCodes(pairs, c.hidden_size, c.moe_intermediate_size)));
+    RETURN_IF_ERROR(
+        Grow(&s.act_fp8_scale, Fp8ActivationScales(pairs, c.hidden_size, c.moe_intermediate_size)));
   }
   RETURN_IF_ERROR(Grow(&s.out, t * h));
   RETURN_IF_ERROR(Grow(&s.weights, rows));

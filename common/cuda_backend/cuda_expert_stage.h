@@ -27,6 +27,7 @@
 #include "common/cuda_backend/device_weights.h"
 #include "common/model/expert_client.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/params.h"
 
@@ -65,8 +66,8 @@ class CudaExpertStage : public ExpertStage {
   // default (CudaModelOptions::fp8_expert_act): FP8 weights at DeepSeek's
   // widths (whole 128-column blocks).
   bool fp8_activations() const {
-    return format_ == LinearFormat::kFp8 && config().hidden_size % cpu::kFp8Block == 0 &&
-           config().moe_intermediate_size % cpu::kFp8Block == 0;
+    return format_ == LinearFormat::kFp8 &&
+           Fp8ActivationWidths(config().hidden_size, config().moe_intermediate_size);
   }
 
  private:

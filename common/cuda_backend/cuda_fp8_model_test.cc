@@ -160,10 +160,6 @@ TEST_P(CudaFp8ModelTest, OnlineQuantizationOfABf16Checkpoint) {
   EXPECT_LE(f[0].worst_rel, kFp8RelTolerance);
 }
 
-// An expert worker's stage with FP8 weights (an FP8 checkpoint's experts,
-// re-quantized to the same codes) against the CPU stage on the dequantized
-// weights: bf16's error (the codes times their scales are rounded to bf16),
-// in about half the device memory of the bf16 stage.
 // What the GPU stage computes where FP8 experts take FP8 activations
 // (kFp8ActivationTileRows-row tiles, kernels/cuda/expert_mlp.h), on the CPU:
 // each routed row rounded to bf16 and quantized per 128 columns
@@ -200,11 +196,14 @@ void Fp8ActivationExperts(const ModelConfig& c, const ExpertShardWeights& shard,
   }
 }
 
-// The expert worker's FP8 stage against the CPU stage on the same
-// (dequantized) weights: within 2e-2 where its tiles widen the FP8 weights to
-// bf16 (decode sizes); at prefill tiles (FP8 activations, as the colocated
-// engine's) within 1e-2 of the CPU doing the same quantizations, and 4e-2 of
-// the plain CPU stage (what the activations' own rounding costs).
+// An expert worker's stage with FP8 weights (an FP8 checkpoint's experts,
+// re-quantized to the same codes), in about half the device memory of the
+// bf16 stage, against the CPU stage on the dequantized weights: within 2e-2
+// where its tiles widen the FP8 weights to bf16 (decode sizes: bf16's error,
+// the codes times their scales rounded to bf16); at prefill tiles (FP8
+// activations, as the colocated engine's) within 1e-2 of the CPU doing the
+// same quantizations, and 4e-2 of the plain CPU stage (what the activations'
+// own rounding costs).
 TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
   MOESH_REQUIRE_GPU();
   const ModelConfig c = RealWidths(GetParam());

@@ -62,15 +62,11 @@ absl::Status FfnBlock::Init() {
     RETURN_IF_ERROR(moe_gu_.Reallocate(rows * 2 * moe_inter));
     RETURN_IF_ERROR(moe_act_.Reallocate(rows * moe_inter));
     RETURN_IF_ERROR(moe_out_.Reallocate(rows * h));
-    // FP8 experts only, and where both widths are whole 128-column blocks
-    // (DeepSeek's shapes); other widths keep the widening kernel.
-    if (o.fp8_expert_act && c.n_routed_experts > 0 && h % cpu::kFp8Block == 0 &&
-        moe_inter % cpu::kFp8Block == 0 &&
+    if (o.fp8_expert_act && c.n_routed_experts > 0 && Fp8ActivationWidths(h, moe_inter) &&
         RoutedExpertFormat(c, ctx_.weights->fp8_linears()) == LinearFormat::kFp8) {
-      const size_t fp8_rows = Fp8Rows(static_cast<int>(t * k)),
-                   width = std::max<size_t>(h, moe_inter);
-      RETURN_IF_ERROR(moe_act_fp8_.Reallocate(fp8_rows * width));
-      RETURN_IF_ERROR(moe_act_fp8_scale_.Reallocate(fp8_rows * cpu::Fp8Blocks(width)));
+      const int pairs = static_cast<int>(t * k);
+      RETURN_IF_ERROR(moe_act_fp8_.Reallocate(Fp8ActivationCodes(pairs, h, moe_inter)));
+      RETURN_IF_ERROR(moe_act_fp8_scale_.Reallocate(Fp8ActivationScales(pairs, h, moe_inter)));
     }
     if (t * k >= static_cast<size_t>(kDenseRowsPerExpert) * e) {  // large enough for the dense path
       RETURN_IF_ERROR(moe_gathered_.Reallocate(rows * h));
@@ -136,8 +132,6 @@ absl::Status FfnBlock::EnqueueMoe(int layer, int num_tokens, const bf16* normed,
     return RunExternalExperts(layer, num_tokens, normed, normed_f32, out, experts);
   }
   const int rows = num_tokens * k;
-  // Tiles about as tall as an expert's share of the rows: each expert's
-  // weights are then streamed about once (decode), or reused by 64 rows (prefill).
   const int tile_m =
       ctx_.options.moe_tile_m > 0 ? ctx_.options.moe_tile_m : ExpertTileRows(rows, e);
   MoePermuteParams pp;

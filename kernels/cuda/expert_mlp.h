@@ -18,9 +18,12 @@
 #ifndef MOESH_KERNELS_CUDA_EXPERT_MLP_H_
 #define MOESH_KERNELS_CUDA_EXPERT_MLP_H_
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/params.h"
 
@@ -41,6 +44,18 @@ inline int ExpertTileRows(int rows, int experts) {
 // widening kernel, the faster there (H100: 161 against 177 us at 256 x 6
 // rows, cuda_model_bench's grouped GEMM table).
 inline constexpr int kFp8ActivationTileRows = 64;
+// Whether FP8 expert weights of these widths can take FP8 activations: whole
+// 128-column blocks (DeepSeek's shapes); other widths keep the widening kernel.
+inline bool Fp8ActivationWidths(int hidden, int inter) {
+  return hidden % cpu::kFp8Block == 0 && inter % cpu::kFp8Block == 0;
+}
+// The elements of act_fp8 and act_fp8_scale (below) for up to `rows` permuted rows.
+inline size_t Fp8ActivationCodes(int rows, int hidden, int inter) {
+  return static_cast<size_t>(Fp8Rows(rows)) * std::max(hidden, inter);
+}
+inline size_t Fp8ActivationScales(int rows, int hidden, int inter) {
+  return static_cast<size_t>(Fp8Rows(rows)) * cpu::Fp8Blocks(std::max(hidden, inter));
+}
 
 struct ExpertMlpParams {
   const bf16* x = nullptr;  // [*, ldx]: the normalised hidden states

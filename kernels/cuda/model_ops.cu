@@ -80,20 +80,25 @@ __global__ void __launch_bounds__(kThreads) SliceCopyKernel(SliceCopyParams p) {
   }
 }
 
+// A warp (its `lane`) widens one FP8 KV row's first `width` values into bf16
+// (exact: each e4m3 code times its group's power-of-two scale, then the bf16
+// part).
+__device__ __forceinline__ void WidenFp8Row(const bf16* row, int latent, int width, bf16* out,
+                                            int lane) {
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(row);
+  for (int d = lane; d < width; d += 32) {
+    out[d] = __float2bfloat16_rn(fp8kv::Load(bytes, latent, d));
+  }
+}
+
 // A warp per row (kThreads / 32 rows per CTA): rows of a few hundred values
 // keep every lane busy.
 __global__ void __launch_bounds__(kThreads) GatherRowsKernel(GatherRowsParams p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (row >= p.rows) return;
   const bf16* x = p.x + static_cast<int64_t>(p.index[row]) * p.ldx;
-  if (p.fp8_latent > 0) {
-    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(x);
-    bf16* out = p.out + row * p.cols;
-    for (int d = threadIdx.x & 31; d < p.cols; d += 32) {
-      out[d] = __float2bfloat16_rn(fp8kv::Load(bytes, p.fp8_latent, d));  // exact
-    }
-    return;
-  }
+  if (p.fp8_latent > 0)
+    return WidenFp8Row(x, p.fp8_latent, p.cols, p.out + row * p.cols, threadIdx.x & 31);
   const Bf16x8* src = reinterpret_cast<const Bf16x8*>(x);
   Bf16x8* dst = reinterpret_cast<Bf16x8*>(p.out + row * p.cols);
   for (int j = threadIdx.x & 31; j < p.cols / 8; j += 32) dst[j] = src[j];
@@ -109,13 +114,7 @@ __global__ void __launch_bounds__(kThreads) GatherKvRowsKernel(GatherKvRowsParam
                  pos % kKvBlockSize) *
                     p.row_stride;
   bf16* out = p.out + static_cast<int64_t>(i) * p.ldo;
-  if (p.dtype == KvCacheDtype::kFp8) {
-    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(row);
-    for (int d = lane; d < width; d += 32) {
-      out[d] = __float2bfloat16_rn(fp8kv::Load(bytes, p.latent, d));  // exact
-    }
-    return;
-  }
+  if (p.dtype == KvCacheDtype::kFp8) return WidenFp8Row(row, p.latent, width, out, lane);
   const Bf16x8* src = reinterpret_cast<const Bf16x8*>(row);
   Bf16x8* dst = reinterpret_cast<Bf16x8*>(out);
   for (int j = lane; j < width / 8; j += 32) dst[j] = src[j];
