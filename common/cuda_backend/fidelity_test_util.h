@@ -126,6 +126,7 @@ inline void Compare(const ModelConfig& c, CpuEngine& cpu, const std::vector<Cuda
     }
   }
   // Through the decode graphs: the sampled token's logprob against the CPU's.
+  const double fp8_slack = !cpu_kv.fp8() ? 1.0 : c.kv_lora_rank < 128 ? 4.0 : 1.5;
   for (int step = 0; step < 3; ++step) {
     std::vector<std::vector<double>> ref_lp;
     for (size_t i = 0; i < lens.size(); ++i) {
@@ -142,9 +143,12 @@ inline void Compare(const ModelConfig& c, CpuEngine& cpu, const std::vector<Cuda
         const double cpu_lp = ref_lp[i][o->next_ids[i]];
         const double best = *std::max_element(ref_lp[i].begin(), ref_lp[i].end());
         // Other positions than the teacher-forced steps': their worst (with an
-        // FP8 cache, room for a worse draw of its error: it rounds near-ties apart).
+        // FP8 cache, room for a worse draw of its error: it rounds near-ties
+        // apart, and at tiny widths one code rounded the other way is a
+        // latent's 32nd — 0.107 against a teacher-forced worst of 0.030 seen
+        // on tiny v3, H100).
         EXPECT_LE(std::fabs(cpu_lp - o->next_logprobs[i]),
-                  (cpu_kv.fp8() ? 1.5 : 1.0) * (*out)[m].worst_lp + 1e-3)
+                  fp8_slack * (*out)[m].worst_lp + 1e-3)
             << "model " << m << " sequence " << i << " graph step " << step;
         EXPECT_GE(cpu_lp, best - std::max(2.0 * (*out)[m].worst_lp, 1e-2))
             << "greedy far from the CPU engine's best";

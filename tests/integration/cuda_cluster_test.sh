@@ -62,11 +62,25 @@ for prompt in $PROMPTS; do
   cluster=$("$MOESH" complete --server "127.0.0.1:$port" "${args[@]}") || fail "complete: $cluster"
   single=$("$MOESH" generate --model "$MODEL" --device cuda "${KV[@]}" "${args[@]}") || fail "generate: $single"
   compare_outputs "$cluster" "$single" "prompt $prompt (the GPU cluster vs generate --device cuda)"
-  cpu=$("$MOESH" generate --model "$MODEL" "${KV[@]}" "${args[@]}")
-  "$PY" - "$single" "$cpu" <<'PYEOF' || fail "generate --device cuda left the CPU engine within its first 4 tokens"
+  cpu=$("$MOESH" generate --model "$MODEL" "${KV[@]}" "${args[@]}" --top_logprobs 5)
+  # The first 4 tokens are the CPU engine's, but for a near-tie: where the GPU
+  # takes another token first, the CPU's own margin between its pick and the
+  # GPU's must be within the cache's error (bf16 rows: 1e-2; FP8 rows round
+  # near-ties apart: 6e-2, twice the teacher-forced worst at tiny widths in
+  # cuda_kv_fp8_test), and the histories part there.
+  "$PY" - "$single" "$cpu" "${MOESH_KV_CACHE_DTYPE:-auto}" <<'PYEOF' || fail "generate --device cuda left the CPU engine within its first 4 tokens"
 import json, sys
-a, b = json.loads(sys.argv[1])["output_ids"], json.loads(sys.argv[2])["output_ids"]
-assert a[:4] == b[:4], (a, b)
+g, c = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+tol = 6e-2 if sys.argv[3] == "fp8" else 1e-2
+a, b = g["output_ids"], c["output_ids"]
+for i in range(4):
+    if a[i] == b[i]:
+        continue
+    alts = {e["id"]: e["logprob"] for e in c["top_logprobs"][i]}
+    margin = c["logprobs"][i] - alts.get(a[i], float("-inf"))
+    print("greedy flip at token %d: GPU %d, CPU %d, the CPU's margin there %.2e" % (i, a[i], b[i], margin))
+    assert margin <= tol, (a, b, margin)
+    break
 PYEOF
 done
 # Prompt log-probabilities on the GPU (the prefill pass's lm_head over every
