@@ -147,8 +147,7 @@ inline void Compare(const ModelConfig& c, CpuEngine& cpu, const std::vector<Cuda
         // apart, and at tiny widths one code rounded the other way is a
         // latent's 32nd — 0.107 against a teacher-forced worst of 0.030 seen
         // on tiny v3, H100).
-        EXPECT_LE(std::fabs(cpu_lp - o->next_logprobs[i]),
-                  fp8_slack * (*out)[m].worst_lp + 1e-3)
+        EXPECT_LE(std::fabs(cpu_lp - o->next_logprobs[i]), fp8_slack * (*out)[m].worst_lp + 1e-3)
             << "model " << m << " sequence " << i << " graph step " << step;
         EXPECT_GE(cpu_lp, best - std::max(2.0 * (*out)[m].worst_lp, 1e-2))
             << "greedy far from the CPU engine's best";
