@@ -49,6 +49,7 @@ using testing::LoadCpu;
 using testing::LogSoftmax;
 using testing::RandomMoeInput;
 using testing::RealWidths;
+using testing::RelErr;
 using testing::RelLogitErr;
 using testing::RelMaxErr;
 using testing::RoundBf16;
@@ -201,9 +202,16 @@ void Fp8ActivationExperts(const ModelConfig& c, const ExpertShardWeights& shard,
 // bf16 stage, against the CPU stage on the dequantized weights: within 2e-2
 // where its tiles widen the FP8 weights to bf16 (decode sizes: bf16's error,
 // the codes times their scales rounded to bf16); at prefill tiles (FP8
-// activations, as the colocated engine's) within 1e-2 of the CPU doing the
-// same quantizations, and 4e-2 of the plain CPU stage (what the activations'
-// own rounding costs).
+// activations, as the colocated engine's) near the CPU doing the same
+// quantizations: the GPU's gate_up sums differ from the CPU's in their last
+// bits, the bf16 rounding after them passes that on to ~1 in 4 values, and a
+// value that crosses an e4m3 rounding boundary moves by a whole code (6 to
+// 12%): about 1% of SiLU·mul's codes land on the neighbouring one, so the
+// outputs differ by ~1% throughout (H100: L2 4e-3 to 8.5e-3, max 0.9e-2 to
+// 1.5e-2 of the largest output; bounds 2e-2 and 3e-2), and the plain CPU
+// stage by what the activations' own rounding costs (L2 4.2e-2 to 4.4e-2,
+// max up to 4.8e-2; bounds 6e-2 and 8e-2). A wrong scale, row or expert is
+// an error of the output's own size.
 TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
   MOESH_REQUIRE_GPU();
   const ModelConfig c = RealWidths(GetParam());
@@ -246,8 +254,16 @@ TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
       ++fp8_act_cases;
       std::vector<float> emulated(in.x.size(), 0.0f);
       Fp8ActivationExperts(c, *weights, in.dispatch, emulated.data());
-      EXPECT_LT(RelMaxErr(got, emulated), 1e-2) << "against the CPU on FP8 activations";
-      EXPECT_LT(RelMaxErr(got, want), 4e-2) << "against the plain CPU stage";
+      const double max_emulated = RelMaxErr(got, emulated), max_plain = RelMaxErr(got, want);
+      const double l2_emulated = RelErr(got, emulated), l2_plain = RelErr(got, want);
+      std::printf(
+          "%d tokens, FP8 activations: rel max err %.3e / L2 %.3e against the CPU doing the same "
+          "quantizations, %.3e / %.3e against the plain CPU stage\n",
+          tokens, max_emulated, l2_emulated, max_plain, l2_plain);
+      EXPECT_LT(l2_emulated, 2e-2) << "against the CPU on FP8 activations";
+      EXPECT_LT(max_emulated, 3e-2) << "against the CPU on FP8 activations";
+      EXPECT_LT(l2_plain, 6e-2) << "against the plain CPU stage";
+      EXPECT_LT(max_plain, 8e-2) << "against the plain CPU stage";
     } else {
       EXPECT_LT(RelMaxErr(got, want), 2e-2);
     }

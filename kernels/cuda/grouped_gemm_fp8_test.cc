@@ -202,9 +202,14 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
       {37, 6, 64, 20, 264, 256, 16, OutType::kFloat32},     // empty experts, n not 128's multiple
       {300, 4, 8, 5, 136, 384, 64, OutType::kBf16},         // prefill tiles (wgmma)
       {200, 6, 16, 16, 640, 1024, 64, OutType::kFloat32},   // more slices than the ring's stages
-      {40, 6, 8, 8, 264, 640, 64, OutType::kFloat32},       // exactly the ring's five slices
+      {40, 6, 8, 8, 264, 768, 64, OutType::kFloat32},       // exactly the ring's six slices
       {128, 6, 8, 8, 264, 2048, 64, OutType::kBf16},        // three refills of the ring
-      {3, 2, 8, 8, 64, 128, 16, OutType::kFloat32},         // golden sizes
+      // More work items than SMs (the persistent CTAs take several each, the
+      // ring running on across them): 512 items of 4 slices; then 29 of 32
+      // experts used, n not 128's multiple, 3 slices an item.
+      {1200, 6, 16, 16, 1024, 512, 64, OutType::kBf16},
+      {1500, 8, 32, 29, 264, 384, 64, OutType::kFloat32},
+      {3, 2, 8, 8, 64, 128, 16, OutType::kFloat32},  // golden sizes
   };
   MOESH_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::Create());
   for (const Fp8Case& c : cases) {

@@ -1,22 +1,32 @@
-// The FP8 x FP8 grouped GEMM (GroupedGemmParams::x_fp8) at prefill tiles
-// (64 rows), on wgmma: one CTA = (64 permuted rows of one expert, 256 output
-// columns = two scale row blocks), three warpgroups:
+// The FP8 x FP8 grouped GEMM (GroupedGemmParams::x_fp8) at prefill tiles, on
+// wgmma, persistent: one CTA per SM walks the work items (128 permuted rows
+// of one expert x 256 output columns = two weight scale row blocks) in
+// order, w = blockIdx.x, + gridDim.x, ..., so the CTAs working at one time
+// share an expert's weights and rows in L2. Three warpgroups:
 //   * the producer warpgroup (one lane) streams 128-wide k slices (one scale
-//     block) into a five-stage ring with 2-D tensor copies, 64-row x
-//     128-byte boxes swizzled by the copy engine (SW128; the e4m3 codes read
-//     through a bf16 map of half the columns — the copy moves bytes): the
-//     slice of A [64 rows, 128] and of B [256 rows, 128], completing on
-//     full[stage]; a stage is reused once all eight consumer warps have
-//     arrived on empty[stage];
-//   * consumer warpgroup w owns output columns [128 w, 128 w + 128) of the
-//     CTA (scale row block 2 blockIdx.y + w): four wgmma m64n128k32 e4m3 a
-//     slice (A and B K-major in shared memory) into fresh fp32 registers,
-//     then promoted into the running sums times x_scale[row, slice] ·
-//     w_scale[slice] (Hopper's FP8 wgmma keeps ~13 mantissa bits inside an
-//     instruction's sums: no two blocks meet there, as DeepGEMM).
+//     block) of each of its items into a four-stage ring with 2-D tensor
+//     copies, 64-row x 128-byte boxes swizzled by the copy engine (SW128; the
+//     e4m3 codes read through a bf16 map of half the columns — the copy moves
+//     bytes): the slice of A [128 rows, 128] and of B [256 rows, 128],
+//     completing on full[stage]. The ring runs on across items, so the next
+//     item's slices land while the consumers store this one's outputs; a
+//     stage is reused once all eight consumer warps arrived on empty[stage];
+//   * consumer warpgroup w owns rows [64 w, 64 w + 64) of the item, all 256
+//     columns, a 128-column half at a time through the same 64 fp32
+//     registers: four wgmma m64n128k32 e4m3 (A and B K-major in shared
+//     memory) into fresh sums, then promoted into the running ones times
+//     x_scale[row, slice] · w_scale[half, slice] (Hopper's FP8 wgmma keeps
+//     ~13 mantissa bits inside an instruction's sums: no two blocks meet
+//     there, as DeepGEMM). 256 columns an item (against 128) cut the bytes
+//     each FLOP draws from L2 by a quarter: 861 against 666 TFLOP/s at
+//     DeepSeek-V3's gate_up (H100, kernel_bench --fp8-grouped, BENCHMARKS).
 // A's rows past the expert's belong to the next expert (or read as zeros
 // past the matrix) and B's past n to the next expert: neither is stored.
-// Tiles are found as in grouped_gemm.cu (ExpertOfTile: capturable).
+// Items are found from the device's expert offsets (no host sync: the grid
+// is the SM count, and capturable).
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cstdint>
 
 #include "base/status.h"
@@ -31,13 +41,14 @@
 namespace moesh::cuda {
 namespace {
 
-constexpr int kRows = 64;     // rows a CTA: the permutation's prefill tile
-constexpr int kWgCols = 128;  // output columns a consumer warpgroup
+constexpr int kWgRows = 64;  // rows a consumer warpgroup (wgmma's m)
 constexpr int kConsumerWgs = 2;
-constexpr int kCols = kWgCols * kConsumerWgs;  // 256
-constexpr int kSliceK = cpu::kFp8Block;        // 128 codes = 128 bytes: one SW128 row
-constexpr int kBoxBytes = 64 * 128;            // one 64-row box
-constexpr int kStages = 5;
+constexpr int kRows = kWgRows * kConsumerWgs;  // 128 rows an item
+constexpr int kHalfCols = 128;                 // one wgmma n, one weight scale row block
+constexpr int kCols = 2 * kHalfCols;           // 256 output columns an item
+constexpr int kHalves = kCols / kHalfCols;
+constexpr int kSliceK = cpu::kFp8Block;  // 128 codes = 128 bytes: one SW128 row
+constexpr int kBoxBytes = 64 * 128;      // one 64-row box
 constexpr int kThreads = 128 * (kConsumerWgs + 1);
 constexpr int kConsumerWarps = 4 * kConsumerWgs;
 constexpr int kConsumerRegs = 232, kProducerRegs = 40;
@@ -46,10 +57,10 @@ constexpr int kConsumerRegs = 232, kProducerRegs = 40;
 static_assert((kConsumerWgs * kConsumerRegs + kProducerRegs) * 128 <=
                   65536 / kThreads / 8 * 8 * kThreads,
               "setmaxnreg would wait forever for registers the CTA does not have");
-static_assert(kWgCols == cpu::kFp8Block, "a consumer warpgroup's columns are one scale row block");
 
+constexpr int kStages = 4;  // 48 KB a stage
 struct Smem {
-  uint8_t a[kStages][kRows * kSliceK];  // [64 rows, 128 codes], SW128
+  uint8_t a[kStages][kRows * kSliceK];  // [128 rows, 128 codes], SW128: two boxes
   uint8_t b[kStages][kCols * kSliceK];  // [256 rows, 128 codes]: four boxes
   alignas(8) uint64_t full[kStages], empty[kStages];
 };
@@ -62,21 +73,54 @@ struct Maps {
   CUtensorMap a, b;
 };
 
+// One work item: expert e's rows [m0, m0 + 128) (of `rows`, from row0 of the
+// permuted matrix), output columns [n0, n0 + 256).
+struct Item {
+  int e, row0, rows, m0, n0;
+};
+
+// The walk over the work items in order: item w is the (w / col_blocks)-th
+// 128-row tile counting through the experts, column block w % col_blocks.
+// Each thread that needs the items walks them itself (the producer lane and
+// every consumer thread: the same sequence); w only grows, so a CTA's walk
+// over the experts is one pass.
+class ItemWalk {
+ public:
+  __device__ ItemWalk(const int32_t* offsets, int num_experts, int col_blocks)
+      : offsets_(offsets), num_experts_(num_experts), col_blocks_(col_blocks) {}
+
+  // Item w, or false past the last one.
+  __device__ bool Find(int w, Item* item) {
+    const int tile = w / col_blocks_;
+    while (e_ < num_experts_) {
+      const int row0 = offsets_[e_], rows = offsets_[e_ + 1] - row0;
+      const int tiles = (rows + kRows - 1) / kRows;
+      if (tile < before_ + tiles) {
+        *item = Item{e_, row0, rows, (tile - before_) * kRows, (w % col_blocks_) * kCols};
+        return true;
+      }
+      before_ += tiles;
+      ++e_;
+    }
+    return false;
+  }
+
+ private:
+  const int32_t* offsets_;
+  int num_experts_, col_blocks_;
+  int e_ = 0, before_ = 0;  // the expert reached and the tiles of those before it
+};
+
 template <bool kF32Out>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedGemmFp8WgmmaKernel(const __grid_constant__ Maps maps, GroupedGemmParams p) {
   extern __shared__ uint8_t smem_raw[];
   Smem& s =
       *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const int tile = blockIdx.x;
-  if (tile >= p.tile_offsets[p.num_experts]) return;  // uniform per CTA
-  const int e = ExpertOfTile(p.tile_offsets, p.num_experts, tile);
-  const int row0 = p.expert_offsets[e];
-  const int rows = p.expert_offsets[e + 1] - row0;
-  const int m0 = (tile - p.tile_offsets[e]) * kRows;
-  const int n0 = blockIdx.y * kCols;
   const int k_tiles = p.k / kSliceK;
+  const int col_blocks = (p.n + kCols - 1) / kCols;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  ItemWalk walk(p.expert_offsets, p.num_experts, col_blocks);
 
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
@@ -90,15 +134,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kConsumerWarps) {  // the producer warpgroup: one lane works
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
     if (warp == kConsumerWarps && lane == 0) {
-      const int a_y = row0 + m0, b_y = e * p.n + n0;
-      for (int kt = 0; kt < k_tiles; ++kt) {
-        const int stage = kt % kStages, x = kt * (kSliceK / 2);  // bf16 columns
-        if (kt >= kStages) MbarWait(&s.empty[stage], (kt / kStages - 1) & 1);
-        MbarArriveExpectTx(&s.full[stage], (kRows + kCols) * kSliceK);
-        TmaLoad2D(s.a[stage], &maps.a, x, a_y, &s.full[stage]);
+      Item it;
+      uint32_t slice = 0;  // slices issued, over all items: the ring's position
+      for (int w = blockIdx.x; walk.Find(w, &it); w += gridDim.x) {
+        const int a_y = it.row0 + it.m0, b_y = it.e * p.n + it.n0;
+        for (int kt = 0; kt < k_tiles; ++kt, ++slice) {
+          const int stage = slice % kStages, x = kt * (kSliceK / 2);  // bf16 columns
+          if (slice >= kStages) MbarWait(&s.empty[stage], (slice / kStages - 1) & 1);
+          MbarArriveExpectTx(&s.full[stage], (kRows + kCols) * kSliceK);
 #pragma unroll
-        for (int j = 0; j < kCols / 64; ++j) {
-          TmaLoad2D(s.b[stage] + j * kBoxBytes, &maps.b, x, b_y + 64 * j, &s.full[stage]);
+          for (int j = 0; j < kRows / 64; ++j) {
+            TmaLoad2D(s.a[stage] + j * kBoxBytes, &maps.a, x, a_y + 64 * j, &s.full[stage]);
+          }
+#pragma unroll
+          for (int j = 0; j < kCols / 64; ++j) {
+            TmaLoad2D(s.b[stage] + j * kBoxBytes, &maps.b, x, b_y + 64 * j, &s.full[stage]);
+          }
         }
       }
     }
@@ -107,62 +158,85 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
   const int wg = tid / 128, g = lane / 4, tq = lane % 4;
-  // This thread's two rows of the tile (wgmma's accumulator layout) and
-  // their scales' columns; a row past the expert's scales by 0.
-  const int r_lo = (warp % 4) * 16 + g, r_hi = r_lo + 8;
-  const bool ok_lo = m0 + r_lo < rows, ok_hi = m0 + r_hi < rows;
-  const float* xs_lo = p.x_scale + (ok_lo ? row0 + m0 + r_lo : 0);
-  const float* xs_hi = p.x_scale + (ok_hi ? row0 + m0 + r_hi : 0);
-  // This warpgroup's row block of weight scales (clamped: a block past n
-  // computes columns that are never stored).
+  // This thread's two rows of an item (wgmma's accumulator layout).
+  const int r_lo = wg * kWgRows + (warp % 4) * 16 + g, r_hi = r_lo + 8;
   const int blocks_n = cpu::Fp8Blocks(p.n);
-  const int nb = min(blockIdx.y * kConsumerWgs + wg, blocks_n - 1);
-  const float* ws_row = p.w_scale + (static_cast<int64_t>(e) * blocks_n + nb) * Fp8ScaleStride(p.k);
-  float acc[64], part[64];
+  const int scale_ld = Fp8ScaleStride(p.k);
+  Item it;
+  uint32_t slice = 0;
+  for (int w = blockIdx.x; walk.Find(w, &it); w += gridDim.x) {
+    // The rows' scale columns; a row past the expert's scales by 0.
+    const bool ok_lo = it.m0 + r_lo < it.rows, ok_hi = it.m0 + r_hi < it.rows;
+    const float* xs_lo = p.x_scale + (ok_lo ? it.row0 + it.m0 + r_lo : 0);
+    const float* xs_hi = p.x_scale + (ok_hi ? it.row0 + it.m0 + r_hi : 0);
+    // The item's weight scale rows, one per 128 columns (clamped: a block
+    // past n computes columns that are never stored).
+    const float* ws_row[kHalves];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    const int stage = kt % kStages;
-    // The slice's scales, loaded while its operands land.
-    const int64_t at = static_cast<int64_t>(kt) * p.x_scale_ld;
-    const float ws = ws_row[kt];
-    const float s_lo = ok_lo ? xs_lo[at] * ws : 0.0f, s_hi = ok_hi ? xs_hi[at] * ws : 0.0f;
-    MbarWait(&s.full[stage], (kt / kStages) & 1);
-    __syncwarp();  // the wgmma below are warp-synchronous
-    const uint8_t* a = s.a[stage];
-    const uint8_t* b = s.b[stage] + wg * kWgCols * kSliceK;
-    wgmma::FenceOperands(part);
-    wgmma::Fence();
-#pragma unroll
-    for (int ks = 0; ks < kSliceK / 32; ++ks) {
-      wgmma::WgmmaM64N128K32E4m3(part, wgmma::DescKMajor(a + ks * 32),
-                                 wgmma::DescKMajor(b + ks * 32), ks > 0);
+    for (int h = 0; h < kHalves; ++h) {
+      const int nb = min(it.n0 / kHalfCols + h, blocks_n - 1);
+      ws_row[h] = p.w_scale + (static_cast<int64_t>(it.e) * blocks_n + nb) * scale_ld;
     }
-    wgmma::Commit();
-    wgmma::Wait<0>();
-    wgmma::FenceOperands(part);
-    __syncwarp();
-    if (lane == 0) MbarArrive(&s.empty[stage]);
+    float acc[kCols / 2], part[64];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {  // n-tile j: rows r_lo (0, 1) and r_hi (2, 3)
-      acc[4 * j] += part[4 * j] * s_lo;
-      acc[4 * j + 1] += part[4 * j + 1] * s_lo;
-      acc[4 * j + 2] += part[4 * j + 2] * s_hi;
-      acc[4 * j + 3] += part[4 * j + 3] * s_hi;
+    for (int i = 0; i < kCols / 2; ++i) acc[i] = 0.0f;
+    // The scales of a slice are loaded a slice ahead, off the promotion's path.
+    float ws[kHalves], x_lo = ok_lo ? xs_lo[0] : 0.0f, x_hi = ok_hi ? xs_hi[0] : 0.0f;
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) ws[h] = ws_row[h][0];
+
+    for (int kt = 0; kt < k_tiles; ++kt, ++slice) {
+      const int stage = slice % kStages;
+      float s_lo[kHalves], s_hi[kHalves];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) s_lo[h] = x_lo * ws[h], s_hi[h] = x_hi * ws[h];
+      if (kt + 1 < k_tiles) {
+        const int64_t at = static_cast<int64_t>(kt + 1) * p.x_scale_ld;
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) ws[h] = ws_row[h][kt + 1];
+        x_lo = ok_lo ? xs_lo[at] : 0.0f, x_hi = ok_hi ? xs_hi[at] : 0.0f;
+      }
+      MbarWait(&s.full[stage], (slice / kStages) & 1);
+      __syncwarp();  // the wgmma below are warp-synchronous
+      const uint8_t* a = s.a[stage] + wg * kBoxBytes;
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        const uint8_t* b = s.b[stage] + h * kHalfCols * kSliceK;
+        wgmma::FenceOperands(part);
+        wgmma::Fence();
+#pragma unroll
+        for (int ks = 0; ks < kSliceK / 32; ++ks) {
+          wgmma::WgmmaM64N128K32E4m3(part, wgmma::DescKMajor(a + ks * 32),
+                                     wgmma::DescKMajor(b + ks * 32), ks > 0);
+        }
+        wgmma::Commit();
+        wgmma::Wait<0>();
+        wgmma::FenceOperands(part);
+        if (h == kHalves - 1) {  // the stage is read: release it
+          __syncwarp();
+          if (lane == 0) MbarArrive(&s.empty[stage]);
+        }
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {  // n-tile j: rows r_lo (0, 1) and r_hi (2, 3)
+          acc[64 * h + 4 * j] += part[4 * j] * s_lo[h];
+          acc[64 * h + 4 * j + 1] += part[4 * j + 1] * s_lo[h];
+          acc[64 * h + 4 * j + 2] += part[4 * j + 2] * s_hi[h];
+          acc[64 * h + 4 * j + 3] += part[4 * j + 3] * s_hi[h];
+        }
+      }
     }
-  }
 
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int col = n0 + wg * kWgCols + 8 * j + 2 * tq;
-    if (col >= p.n) continue;
+    for (int j = 0; j < kCols / 8; ++j) {
+      const int col = it.n0 + 8 * j + 2 * tq;
+      if (col >= p.n) continue;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = half ? r_hi : r_lo;
-      if (m0 + r >= rows) continue;
-      const int64_t off = static_cast<int64_t>(row0 + m0 + r) * p.ldy + col;
-      StorePair<kF32Out>(p.y, off, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      for (int half = 0; half < 2; ++half) {
+        const int r = half ? r_hi : r_lo;
+        if (it.m0 + r >= it.rows) continue;
+        const int64_t off = static_cast<int64_t>(it.row0 + it.m0 + r) * p.ldy + col;
+        StorePair<kF32Out>(p.y, off, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      }
     }
   }
 }
@@ -171,7 +245,13 @@ template <bool kF32Out>
 absl::Status LaunchOne(const Maps& maps, const GroupedGemmParams& p) {
   constexpr auto kernel = GroupedGemmFp8WgmmaKernel<kF32Out>;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmemBytes));
-  const dim3 grid(p.max_tiles, (p.n + kCols - 1) / kCols);
+  int device = 0, sms = 0;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // A host bound on the items: max_tiles bounds the 64-row tiles, and each
+  // expert's 128-row tiles are at most its 64-row ones.
+  const int64_t items = static_cast<int64_t>(p.max_tiles) * ((p.n + kCols - 1) / kCols);
+  const int grid = static_cast<int>(std::min<int64_t>(sms, items));
   kernel<<<grid, kThreads, kSmemBytes, p.stream>>>(maps, p);
   return LaunchStatus("GroupedGemmFp8WgmmaKernel");
 }
@@ -179,7 +259,7 @@ absl::Status LaunchOne(const Maps& maps, const GroupedGemmParams& p) {
 }  // namespace
 
 absl::Status LaunchGroupedGemmFp8Wgmma(const GroupedGemmParams& p) {
-  if (p.tile_m != kRows) {
+  if (p.tile_m != 64) {
     return absl::InternalError("LaunchGroupedGemmFp8Wgmma: 64-row tiles only");
   }
   Maps maps;

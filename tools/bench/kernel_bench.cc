@@ -4,14 +4,16 @@
 // of bytes / copy bandwidth and FLOPs / GEMM rate — and measured / floor.
 //
 // Usage: kernel_bench [--quick | --mla-table | --mla[-fp8] HEADS,BATCH,CONTEXT | --fp8 |
-//                     --mla-prefill-table].
+//                     --fp8-grouped | --mla-prefill-table].
 // --mla-table runs the MLA table alone (quick); --mla-prefill-table the MLA
 // prefill attention table alone (the expanded kernel against the absorbed
 // form at 4K to 64K-token prompts); --mla runs that one MLA case
 // with the default tile over bf16 rows (--mla-fp8: FP8 rows), for profilers; --fp8 runs
 // DeepSeek-V3's dense linears in block-scaled FP8 (the activations' quantization
 // plus cuBLASLt's GEMM) beside the bf16 GEMM of each shape, and the FP8 GEMM's
-// own 8192^3 rate as its ceiling. Exits non-zero on any
+// own 8192^3 rate as its ceiling; --fp8-grouped the routed experts' FP8
+// grouped GEMM at V3's prefill shapes against cuBLASLt's dense FP8 GEMM of the
+// same rows. Exits non-zero on any
 // CUDA error or when there is no device.
 #include <algorithm>
 #include <cstdio>
@@ -30,6 +32,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/mla_prefill.h"
+#include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/routing.h"
 #include "tools/bench/bench_util.h"
@@ -394,6 +397,104 @@ absl::Status BenchFp8(CublasGemm& gemm, const Ceilings& ceil, bool quick, cudaSt
   return absl::OkStatus();
 }
 
+// The routed experts' FP8 grouped GEMM at DeepSeek-V3's prefill shapes
+// (16384 tokens x top-8 of 256 experts, uniform random routing; gate_up n
+// 4096 k 7168, down n 7168 k 2048): the wgmma kernel and its mma.sync
+// baseline against cuBLASLt's block-scaled FP8 GEMM over the same rows as
+// one dense matrix, the activations' quantization timed apart.
+absl::Status BenchFp8Grouped(CublasGemm& gemm, cudaStream_t stream) {
+  constexpr int kTokens = 16384, kTopK = 8, kExperts = 256, kTileM = 64;
+  constexpr int kRowsAll = kTokens * kTopK;
+  struct Shape {
+    const char* name;
+    int n, k;
+    OutType out;
+  };
+  const Shape shapes[] = {{"gate_up", 4096, 7168, OutType::kBf16},
+                          {"down", 7168, 2048, OutType::kBf16},
+                          {"down, fp32 out", 7168, 2048, OutType::kFloat32}};
+  std::mt19937 rng(7);
+  std::vector<int32_t> ids(kRowsAll);
+  std::vector<int> pool(kExperts);
+  for (int t = 0; t < kTokens; ++t) {
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    for (int j = 0; j < kTopK; ++j) ids[t * kTopK + j] = pool[j];
+  }
+  ASSIGN_OR_RETURN(auto d_ids, DeviceBuffer<int32_t>::Create(kRowsAll));
+  RETURN_IF_ERROR(d_ids.CopyFrom(ids));
+  ASSIGN_OR_RETURN(auto off, DeviceBuffer<int32_t>::Create(kExperts + 1));
+  ASSIGN_OR_RETURN(auto tiles, DeviceBuffer<int32_t>::Create(kExperts + 1));
+  ASSIGN_OR_RETURN(auto row_token, DeviceBuffer<int32_t>::Create(kRowsAll));
+  ASSIGN_OR_RETURN(auto pair_row, DeviceBuffer<int32_t>::Create(kRowsAll));
+  MoePermuteParams pp;
+  pp.topk_ids = d_ids.get(), pp.num_tokens = kTokens, pp.top_k = kTopK, pp.num_experts = kExperts;
+  pp.tile_m = kTileM, pp.expert_offsets = off.get(), pp.tile_offsets = tiles.get();
+  pp.row_token = row_token.get(), pp.pair_row = pair_row.get(), pp.stream = stream;
+  RETURN_IF_ERROR(RunMoePermute(pp));
+  const int rows = Fp8Rows(kRowsAll);
+  std::printf(
+      "\nFP8 grouped expert GEMM at DeepSeek-V3 prefill shapes: %d tokens x top-%d of %d experts "
+      "(uniform random), FP8 activations (1x128 scales) x FP8 weights (128x128); dense = "
+      "cuBLASLt's block-scaled FP8 GEMM over the same %d rows as one matrix\n",
+      kTokens, kTopK, kExperts, kRowsAll);
+  std::printf("%-15s %5s %5s %10s %10s %10s %9s %9s %9s %8s %8s\n", "op", "n", "k", "quant_us",
+              "wgmma_us", "mma_us", "dense_us", "wgmma_TF", "dense_TF", "mma_TF", "w/dense");
+  for (const Shape& s : shapes) {
+    // One expert's weights quantized from random bf16, copied to all (the
+    // same bytes in every expert: the speed does not depend on which).
+    const size_t w_elems = size_t{1} * s.n * s.k;
+    const size_t w_scales = size_t{1} * cpu::Fp8Blocks(s.n) * Fp8ScaleStride(s.k);
+    ASSIGN_OR_RETURN(auto w16, DeviceBuffer<bf16>::Create(w_elems));
+    ASSIGN_OR_RETURN(auto w8, DeviceBuffer<uint8_t>::Create(w_elems * kExperts));
+    ASSIGN_OR_RETURN(auto ws, DeviceBuffer<float>::Create(w_scales * kExperts));
+    RETURN_IF_ERROR(FillUniform(w16.get(), w16.size(), 31, 0.05f, stream));
+    QuantizeFp8BlocksParams qb;
+    qb.w_bf16 = w16.get(), qb.q = w8.get(), qb.scale = ws.get(), qb.n = s.n, qb.k = s.k,
+    qb.stream = stream;
+    RETURN_IF_ERROR(RunQuantizeFp8Blocks(qb));
+    for (int e = 1; e < kExperts; ++e) {
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(w8.get() + e * w_elems, w8.get(), w_elems,
+                                           cudaMemcpyDeviceToDevice, stream));
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(ws.get() + e * w_scales, ws.get(), w_scales * 4,
+                                           cudaMemcpyDeviceToDevice, stream));
+    }
+    ASSIGN_OR_RETURN(auto x, DeviceBuffer<bf16>::Create(size_t{1} * kTokens * s.k));
+    RETURN_IF_ERROR(FillUniform(x.get(), x.size(), 32, 1.0f, stream));
+    ASSIGN_OR_RETURN(auto xq, DeviceBuffer<uint8_t>::Create(size_t{1} * rows * s.k));
+    ASSIGN_OR_RETURN(auto xs, DeviceBuffer<float>::Create(size_t{1} * rows * cpu::Fp8Blocks(s.k)));
+    const size_t out_bytes = s.out == OutType::kFloat32 ? 4 : 2;
+    ASSIGN_OR_RETURN(auto y, DeviceBuffer<uint8_t>::Create(size_t{1} * rows * s.n * out_bytes));
+    QuantizeFp8Params qp;
+    qp.x = x.get(), qp.index = row_token.get(), qp.count = off.get() + kExperts, qp.q = xq.get();
+    qp.scale = xs.get(), qp.m = kRowsAll, qp.k = s.k, qp.stream = stream;
+    GroupedGemmParams gp;
+    gp.x_fp8 = xq.get(), gp.ldx = s.k, gp.x_scale = xs.get(), gp.x_scale_ld = rows;
+    gp.w_fp8 = w8.get(), gp.w_scale = ws.get(), gp.num_experts = kExperts, gp.n = s.n, gp.k = s.k;
+    gp.expert_offsets = off.get(), gp.tile_offsets = tiles.get(), gp.tile_m = kTileM;
+    gp.max_tiles = GroupedGemmMaxTiles(kRowsAll, kExperts, kTileM), gp.y = y.get();
+    gp.out_type = s.out, gp.stream = stream;
+    Fp8GemmParams dp;
+    dp.x = xq.get(), dp.x_scale = xs.get(), dp.w = w8.get(), dp.w_scale = ws.get(), dp.y = y.get(),
+    dp.out_type = s.out, dp.m = kRowsAll, dp.n = s.n, dp.k = s.k, dp.stream = stream;
+    ASSIGN_OR_RETURN(double q_ms,
+                     EventMedianMs(stream, 2, 5, [&](int) { return RunQuantizeFp8(qp); }));
+    gp.x_fp8_mma_sync = false;
+    ASSIGN_OR_RETURN(double g_ms,
+                     EventMedianMs(stream, 2, 7, [&](int) { return RunGroupedGemm(gp); }));
+    gp.x_fp8_mma_sync = true;
+    ASSIGN_OR_RETURN(double m_ms,
+                     EventMedianMs(stream, 1, 3, [&](int) { return RunGroupedGemm(gp); }));
+    ASSIGN_OR_RETURN(double d_ms,
+                     EventMedianMs(stream, 2, 7, [&](int) { return gemm.RunFp8(dp); }));
+    const double tf = 2.0 * kRowsAll * s.n * s.k / 1e12;
+    std::printf("%-15s %5d %5d %10.1f %10.1f %10.1f %9.1f %9.0f %9.0f %9.0f %8.2f\n", s.name, s.n,
+                s.k, q_ms * 1e3, g_ms * 1e3, m_ms * 1e3, d_ms * 1e3, tf / (g_ms * 1e-3),
+                tf / (d_ms * 1e-3), tf / (m_ms * 1e-3), d_ms / g_ms);
+  }
+  return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
 // The row-wise and routing ops at decode sizes: microseconds per call (GPU
 // time from graph replay); at these sizes they are launch- and latency-bound,
 // their bytes mostly L2-resident, so no floor is given.
@@ -599,7 +700,8 @@ absl::Status BenchMlaPrefill(const Ceilings& ceil, const DeviceInfo& info, bool 
   return absl::OkStatus();
 }
 
-absl::Status Main(bool quick, bool fp8, bool mla_table, bool prefill_table, const MlaCase& only) {
+absl::Status Main(bool quick, bool fp8, bool fp8_grouped, bool mla_table, bool prefill_table,
+                  const MlaCase& only) {
   ASSIGN_OR_RETURN(int n, CudaDeviceCount());
   if (n == 0) return absl::UnavailableError("no CUDA device");
   ASSIGN_OR_RETURN(DeviceInfo info, CurrentDeviceInfo());
@@ -617,6 +719,7 @@ absl::Status Main(bool quick, bool fp8, bool mla_table, bool prefill_table, cons
     RETURN_IF_ERROR(BenchFp8(*gemm, ceil, quick, stream.get()));
     return stream.Synchronize();
   }
+  if (fp8_grouped) return BenchFp8Grouped(*gemm, stream.get());
   if (prefill_table) {
     RETURN_IF_ERROR(BenchMlaPrefill(ceil, info, quick, stream.get()));
     return stream.Synchronize();
@@ -635,6 +738,7 @@ int main(int argc, char** argv) {
   const bool mla_table = argc > 1 && std::strcmp(argv[1], "--mla-table") == 0;
   const bool quick = mla_table || (argc > 1 && std::strcmp(argv[1], "--quick") == 0);
   const bool fp8 = argc > 1 && std::strcmp(argv[1], "--fp8") == 0;
+  const bool fp8_grouped = argc > 1 && std::strcmp(argv[1], "--fp8-grouped") == 0;
   const bool prefill_table = argc > 1 && std::strcmp(argv[1], "--mla-prefill-table") == 0;
   moesh::cuda::MlaCase only;
   const bool mla_fp8 = argc > 2 && std::strcmp(argv[1], "--mla-fp8") == 0;
@@ -648,7 +752,8 @@ int main(int argc, char** argv) {
                  "context <= 256 x 16384)\n");
     return 2;
   }
-  const absl::Status st = moesh::cuda::Main(quick, fp8, mla_table, prefill_table, only);
+  const absl::Status st =
+      moesh::cuda::Main(quick, fp8, fp8_grouped, mla_table, prefill_table, only);
   if (!st.ok()) {
     std::fprintf(stderr, "kernel_bench: %s\n", st.ToString().c_str());
     return 1;

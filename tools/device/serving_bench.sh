@@ -60,8 +60,9 @@
 #   admission  64 x 2000 new tokens on a colocated GPU router with a small KV cache
 #              (--gpu_memory_utilization $MOESH_GPU_UTIL, 0.25): refusals, preemptions, the pool.
 #   http       the OpenAI HTTP front against gRPC: on this machine's CPUs (tiny v3 CPU cluster,
-#              cluster,cluster-http twice, 32 and 128 streams), then on the GPU (a colocated
-#              router on the small v2-lite model, colocated,colocated-http twice).
+#              cluster,cluster-http twice, 32 and 128 streams; not with MOESH_HTTP_GPU_ONLY=1),
+#              then on the GPU (a colocated router on the small v2-lite model,
+#              colocated,colocated-http twice).
 #   routing    the prefix-cache hit rate per --routing_policy ($MOESH_POLICIES, default
 #              kv_aware,load,round_robin): a CPU cluster of two prefill workers (serve-local, the small
 #              v2-lite model) under multi-turn chats whose histories outweigh their shared system
@@ -362,15 +363,18 @@ http() {
   $moesh mkmodel --family v3 --preset tiny --out $tiny >> "$LOGS/mkmodel.log" 2>&1
   # --logprobs 0: the gRPC rows ask each token's log-probability too, as the HTTP rows must (they
   # time tokens by id: logprobs 0 with return_tokens_as_token_ids), so both do the same work.
-  step http_vs_grpc 300 $moesh bench --serving --model $tiny --modes cluster,cluster-http,cluster,cluster-http \
-    --concurrency 32,128 --requests 384 --max_new_tokens 64 --prompt_len 32 --logprobs 0
+  if [[ -z ${MOESH_HTTP_GPU_ONLY:-} ]]; then
+    step http_vs_grpc 300 $moesh bench --serving --model $tiny --modes cluster,cluster-http,cluster,cluster-http \
+      --concurrency 32,128 --requests 384 --max_new_tokens 64 --prompt_len 32 --logprobs 0
+    shown+=(http_vs_grpc)
+  fi
   # On the GPU: a colocated router on the small v2-lite model (its 8192-token vocabulary is the
   # tokenizer's, so every sampled token has text and each SSE chunk carries one).
   small_model
   step http_vs_grpc_gpu 200 $moesh bench --serving --model $small --device cuda \
     --modes colocated,colocated-http,colocated,colocated-http --concurrency 32,128 --requests 384 \
     --max_new_tokens 64 --prompt_len 32 --logprobs 0
-  shown+=(http_vs_grpc http_vs_grpc_gpu)
+  shown+=(http_vs_grpc_gpu)
 }
 
 # Hit rate per routing policy (issue 20): multi-turn chats whose histories (a prefill worker holds
