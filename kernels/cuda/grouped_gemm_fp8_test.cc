@@ -242,8 +242,9 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
     MOESH_ASSERT_OK_AND_ASSIGN(auto dcodes, Upload(q.codes));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dscales, Upload(q.scales));
     const bool f32 = c.out == OutType::kFloat32;
+    // Room for rows of n + 2 (y with a row stride past n).
     MOESH_ASSERT_OK_AND_ASSIGN(
-        auto y, DeviceBuffer<uint8_t>::Create(static_cast<size_t>(m) * c.n * (f32 ? 4 : 2)));
+        auto y, DeviceBuffer<uint8_t>::Create(static_cast<size_t>(m) * (c.n + 2) * (f32 ? 4 : 2)));
     MOESH_ASSERT_OK(Poison(y));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     GroupedGemmParams gp;
@@ -269,23 +270,45 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
         ref[static_cast<size_t>(r) * c.n + j] = static_cast<float>(acc);
       }
     }
-    // 64-row tiles: the wgmma kernel, then the mma.sync one.
-    for (bool mma_sync :
-         c.tile_m == 64 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
-      SCOPED_TRACE(c.tile_m == 64 && !mma_sync ? "wgmma" : "mma.sync");
+    // 64-row tiles: the wgmma kernel into rows of n, then of n + 2 (the
+    // columns past n untouched), then the mma.sync one.
+    struct Variant {
+      bool mma_sync;
+      int ldy;
+      const char* name;
+    };
+    std::vector<Variant> variants = {{false, c.n, c.tile_m == 64 ? "wgmma" : "mma.sync"}};
+    if (c.tile_m == 64) {
+      variants.push_back({false, c.n + 2, "wgmma, ldy n + 2"});
+      variants.push_back({true, c.n, "mma.sync"});
+    }
+    for (const Variant& v : variants) {
+      SCOPED_TRACE(v.name);
       MOESH_ASSERT_OK(Poison(y));
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      gp.x_fp8_mma_sync = mma_sync;
+      gp.x_fp8_mma_sync = v.mma_sync;
+      gp.ldy = v.ldy;
       MOESH_ASSERT_OK(RunGroupedGemm(gp));
       MOESH_ASSERT_OK(stream.Synchronize());
       MOESH_ASSERT_OK_AND_ASSIGN(auto raw, y.ToHost());
+      const size_t elem = f32 ? 4 : 2;
       std::vector<float> got(ref.size());
-      if (f32) {
-        std::memcpy(got.data(), raw.data(), got.size() * 4);
-      } else {
-        std::vector<bf16> b(ref.size());
-        std::memcpy(b.data(), raw.data(), b.size() * 2);
-        got = ToFloats(b);
+      for (int r = 0; r < pairs; ++r) {
+        const uint8_t* row = raw.data() + static_cast<size_t>(r) * v.ldy * elem;
+        for (int j = 0; j < c.n; ++j) {
+          float value;
+          if (f32) {
+            std::memcpy(&value, row + j * 4, 4);
+          } else {
+            bf16 b;
+            std::memcpy(&b, row + j * 2, 2);
+            value = ToFloats(std::vector<bf16>{b})[0];
+          }
+          got[static_cast<size_t>(r) * c.n + j] = value;
+        }
+        // A row's columns past n are not written.
+        for (size_t i = c.n * elem; i < v.ldy * elem; ++i)
+          ASSERT_EQ(row[i], 0xff) << "row " << r << " byte " << i << " past n written";
       }
       // Hopper's FP8 MMA sums a block's products at about 13 mantissa bits
       // (Fp8Test.GemvMatchesTheCpu's bound); bf16 out adds its rounding.
@@ -299,10 +322,10 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
         ASSERT_LT(RelErr(g, want), f32 ? 1e-2 : 2e-2) << "row " << r;
       }
       // The rows past the real count are not written.
-      const size_t elem = f32 ? 4 : 2;
-      for (size_t i = static_cast<size_t>(pairs) * c.n * elem; i < raw.size(); ++i)
+      for (size_t i = static_cast<size_t>(pairs) * v.ldy * elem; i < raw.size(); ++i)
         ASSERT_EQ(raw[i], 0xff) << "byte " << i << " past the permuted rows written";
     }
+    gp.ldy = 0;
     gp.x_fp8_mma_sync = false;
 
     GroupedGemmParams bad = gp;
