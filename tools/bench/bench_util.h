@@ -1,11 +1,13 @@
 // What the CUDA benchmarks (kernel_bench, cuda_model_bench) share: an
-// event-timed median, and the device's ceilings every result is compared
+// event-timed median, random routing, and the device's ceilings every result is compared
 // with (device-to-device copy bandwidth, bf16 GEMM rate), measured in the
 // same run.
 #ifndef MOESH_TOOLS_BENCH_BENCH_UTIL_H_
 #define MOESH_TOOLS_BENCH_BENCH_UTIL_H_
 
 #include <algorithm>
+#include <cstdint>
+#include <random>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,6 +41,10 @@ absl::StatusOr<double> EventMedianMs(cudaStream_t stream, int warmup, int reps, 
   std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
   return ms[reps / 2];
 }
+
+// Uniform random routing: for each of `tokens` tokens, `top_k` distinct
+// experts of `experts`, drawn from `rng`; [tokens * top_k].
+std::vector<int32_t> UniformTopkIds(int tokens, int top_k, int experts, std::mt19937& rng);
 
 // A 2 GiB device-to-device copy and an 8192^3 bf16 GEMM through `gemm`.
 absl::StatusOr<Ceilings> MeasureCeilings(CublasGemm& gemm, cudaStream_t stream);

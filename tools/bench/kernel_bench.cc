@@ -414,13 +414,7 @@ absl::Status BenchFp8Grouped(CublasGemm& gemm, cudaStream_t stream) {
                           {"down", 7168, 2048, OutType::kBf16},
                           {"down, fp32 out", 7168, 2048, OutType::kFloat32}};
   std::mt19937 rng(7);
-  std::vector<int32_t> ids(kRowsAll);
-  std::vector<int> pool(kExperts);
-  for (int t = 0; t < kTokens; ++t) {
-    std::iota(pool.begin(), pool.end(), 0);
-    std::shuffle(pool.begin(), pool.end(), rng);
-    for (int j = 0; j < kTopK; ++j) ids[t * kTopK + j] = pool[j];
-  }
+  const std::vector<int32_t> ids = UniformTopkIds(kTokens, kTopK, kExperts, rng);
   ASSIGN_OR_RETURN(auto d_ids, DeviceBuffer<int32_t>::Create(kRowsAll));
   RETURN_IF_ERROR(d_ids.CopyFrom(ids));
   ASSIGN_OR_RETURN(auto off, DeviceBuffer<int32_t>::Create(kExperts + 1));

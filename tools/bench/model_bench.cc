@@ -346,13 +346,7 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
     std::vector<std::string> mlp_rows;  // the whole expert MLP per path, printed after
     for (int tokens : {256, 16384}) {
       const int rows = tokens * k;
-      std::vector<int32_t> ids(rows);
-      std::vector<int> pool(e);
-      for (int t = 0; t < tokens; ++t) {
-        std::iota(pool.begin(), pool.end(), 0);
-        std::shuffle(pool.begin(), pool.end(), rng);
-        for (int j = 0; j < k; ++j) ids[t * k + j] = pool[j];
-      }
+      const std::vector<int32_t> ids = UniformTopkIds(tokens, k, e, rng);
       ASSIGN_OR_RETURN(auto d_ids, DeviceBuffer<int32_t>::Create(rows));
       RETURN_IF_ERROR(d_ids.CopyFrom(ids));
       ASSIGN_OR_RETURN(auto x, DeviceBuffer<bf16>::Create(static_cast<size_t>(tokens) * hk));
