@@ -105,8 +105,8 @@ struct CudaModelOptions {
   // else the weights widened to bf16 in the grouped GEMM. Where hidden and
   // the expert width are multiples of 128, and only for 64-row (prefill)
   // tiles, where the wgmma kernel runs: H100, 16384 x 6 rows at V2-Lite's
-  // experts 2718 against 6133 us; at decode tiles the widening kernel is the
-  // faster (256 x 6: 160.7 against 177.2 us with the quantization).
+  // experts 1853 (with the quantization) against 6131 us; at decode tiles the
+  // widening kernel is the faster (256 x 6: 158.3 against 173.2 us).
   bool fp8_expert_act = true;
 };
 
