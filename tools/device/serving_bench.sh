@@ -62,7 +62,7 @@
 #   http       the OpenAI HTTP front against gRPC: on this machine's CPUs (tiny v3 CPU cluster,
 #              cluster,cluster-http twice, 32 and 128 streams; not with MOESH_HTTP_GPU_ONLY=1),
 #              then on the GPU (a colocated router on the small v2-lite model,
-#              colocated,colocated-http twice).
+#              colocated,colocated-http three times, 128 streams, 3072 requests a row).
 #   routing    the prefix-cache hit rate per --routing_policy ($MOESH_POLICIES, default
 #              kv_aware,load,round_robin): a CPU cluster of two prefill workers (serve-local, the small
 #              v2-lite model) under multi-turn chats whose histories outweigh their shared system
@@ -369,11 +369,12 @@ http() {
     shown+=(http_vs_grpc)
   fi
   # On the GPU: a colocated router on the small v2-lite model (its 8192-token vocabulary is the
-  # tokenizer's, so every sampled token has text and each SSE chunk carries one).
+  # tokenizer's, so every sampled token has text and each SSE chunk carries one); 3072 requests a
+  # row (a row of 384 lasts ~0.5 s at 128 streams and swung 0.70-1.01x on one build), three pairs.
   small_model
   step http_vs_grpc_gpu 200 $moesh bench --serving --model $small --device cuda \
-    --modes colocated,colocated-http,colocated,colocated-http --concurrency 32,128 --requests 384 \
-    --max_new_tokens 64 --prompt_len 32 --logprobs 0
+    --modes colocated,colocated-http,colocated,colocated-http,colocated,colocated-http \
+    --concurrency 128 --requests 3072 --max_new_tokens 64 --prompt_len 32 --logprobs 0
   shown+=(http_vs_grpc_gpu)
 }
 
