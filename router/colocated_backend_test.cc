@@ -259,6 +259,7 @@ TEST_P(PreemptionTest, APreemptedRequestResumesTokenExact) {
     t.join();
     ASSERT_TRUE(first_status.ok()) << first_status;
     ASSERT_TRUE(second_status.ok()) << second_status;
+    // Each stream is the uninterrupted one: no token lost, repeated or changed.
     EXPECT_EQ(got_first, want_first);
     EXPECT_EQ(got_second, want_second);
     if (b->decode()->Load().preemptions == preempted_before) continue;  // no overlap: again
@@ -267,9 +268,6 @@ TEST_P(PreemptionTest, APreemptedRequestResumesTokenExact) {
     break;
   }
   ASSERT_GT(b->decode()->Load().preemptions, 0) << "the two requests never overlapped";
-  // Each stream is the uninterrupted one: no token lost, repeated or changed.
-  EXPECT_EQ(got_first, want_first);
-  EXPECT_EQ(got_second, want_second);
   ExpectIdle(b.get(), all_free);
   // With the cache, the uninterrupted runs' blocks (and its own) served the
   // victim's resume: it recomputed only what was evicted.

@@ -41,7 +41,8 @@
 namespace moesh::cuda {
 namespace {
 
-constexpr int kWgRows = 64;  // rows a consumer warpgroup (wgmma's m)
+constexpr int kPermutationTile = 64;  // the permutation's prefill tile (tile_m) it serves
+constexpr int kWgRows = 64;           // rows a consumer warpgroup (wgmma's m)
 constexpr int kConsumerWgs = 2;
 constexpr int kRows = kWgRows * kConsumerWgs;  // 128 rows an item
 constexpr int kHalfCols = 128;                 // one wgmma n, one weight scale row block
@@ -259,7 +260,7 @@ absl::Status LaunchOne(const Maps& maps, const GroupedGemmParams& p) {
 }  // namespace
 
 absl::Status LaunchGroupedGemmFp8Wgmma(const GroupedGemmParams& p) {
-  if (p.tile_m != 64) {
+  if (p.tile_m != kPermutationTile) {
     return absl::InternalError("LaunchGroupedGemmFp8Wgmma: 64-row tiles only");
   }
   Maps maps;

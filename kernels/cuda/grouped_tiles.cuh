@@ -1,5 +1,6 @@
-// What the grouped GEMMs share (grouped_gemm.cu, grouped_gemm_fp8.cu,
-// grouped_gemm_fp8_wgmma.cu): the output store, and the tile lookup: the
+// What the grouped GEMMs share: the output store (grouped_gemm.cu,
+// grouped_gemm_fp8.cu, grouped_gemm_fp8_wgmma.cu), and the tile lookup of the
+// first two (the persistent wgmma kernel walks its own 128-row items): the
 // grid is a host bound on the tiles, the real tile count and each expert's
 // first tile live on the device (MoePermuteParams' tile_offsets), so a
 // launch needs no host sync and is graph-capturable.
