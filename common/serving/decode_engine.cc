@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <deque>
 #include <iostream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/status.h"
+#include "common/serving/outbox.h"
 #include "common/transport/kv_handoff.h"
 
 namespace moesh {
@@ -77,7 +79,7 @@ struct DecodeEngine::Request {
   bool cancelled = false;
   bool done = false;
   absl::Status status;
-  std::deque<TokenEvent> outbox;  // produced by the engine, drained by Decode
+  Outbox outbox;  // produced by the engine, drained by Decode; closed by Finish
 };
 
 DecodeEngine::DecodeEngine(AttentionBackend* backend, ExpertClient* experts,
@@ -506,7 +508,7 @@ absl::Status DecodeEngine::PushKv(const KvTransfer& transfer) {
                             transfer.first_token) != spec.stop_token_ids.end();
   first.finished = first.stopped || spec.max_new_tokens <= 1;
   const bool finished = first.finished;
-  r->outbox.push_back(std::move(first));
+  r->outbox.Push(std::move(first));
   if (finished) {
     Finish(r, absl::OkStatus());
   } else {
@@ -548,6 +550,7 @@ void DecodeEngine::Finish(std::shared_ptr<Request> r,
   EndPending(r.get());
   r->status = std::move(status);
   r->done = true;
+  r->outbox.Close();
   r->running = false;
   if (auto w = waiting_.find({r->spec.priority, r->arrival});
       w != waiting_.end() && w->second == r) {
@@ -593,18 +596,8 @@ absl::Status DecodeEngine::Decode(const std::shared_ptr<Request>& r, const Decod
     absl::MutexLock lock(&mu_);
     Cancel(r, absl::CancelledError("cancelled by the caller"));
   });
-  while (true) {
-    std::deque<TokenEvent> out;
-    bool done;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [&r]() { return !r->outbox.empty() || r->done; };
-      mu_.Await(absl::Condition(&ready));
-      out.swap(r->outbox);
-      done = r->done;
-    }
-    for (const TokenEvent& e : out) sink(e);
-    if (done) break;
+  for (bool closed = false; !closed;) {
+    for (const TokenEvent& e : r->outbox.Take(&closed)) sink(e);
   }
   on_cancel.Reset();  // before taking mu_: a running callback takes it
   absl::MutexLock lock(&mu_);
@@ -756,7 +749,7 @@ void DecodeEngine::Step(const std::vector<StepItem>& batch) {
                 r.spec.stop_token_ids.end();
     m.finished = m.stopped || static_cast<int>(r.output.size()) >= r.spec.max_new_tokens;
     const bool finished = m.finished;
-    r.outbox.push_back(std::move(m));
+    r.outbox.Push(std::move(m));
     if (finished) Finish(batch[i].request, absl::OkStatus());
   }
   if (tokens_ != nullptr) {
