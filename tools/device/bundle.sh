@@ -51,7 +51,9 @@ strip --strip-debug "$stage"/bin/* "$stage"/lib/*
   echo "built $(date -u +%FT%TZ) from $(git rev-parse --short HEAD) (+ working tree), $build"
   echo "needed from the device: $(ldd "$stage"/bin/* | awk '/=>/ {print $1}' | grep -E 'libcudart|libcublas' | sort -u | tr '\n' ' ')"
 } > "$stage/MANIFEST"
-rm -rf .device
+# The bundle's own files are replaced; anything else in .device (a call's
+# script, extra binaries packed beside) stays, and travels with the carry.
+rm -rf .device/bin .device/lib .device/bundle.txz .device/MANIFEST
 mkdir -p .device
 cp "$stage/MANIFEST" .device/
 # xz: about half gzip's size (libopenblas and libicudata are most of it).
