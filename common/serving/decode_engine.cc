@@ -1,7 +1,6 @@
 #include "common/serving/decode_engine.h"
 
 #include <algorithm>
-#include <deque>
 #include <iostream>
 #include <utility>
 

@@ -18,6 +18,7 @@
 #include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/random_topk.h"
 #include "kernels/cuda/test_util.h"
 
 namespace moesh::cuda {
@@ -89,17 +90,6 @@ void Permute(const std::vector<int32_t>& ids, int tokens, int top_k, int experts
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   MOESH_ASSERT_OK_AND_ASSIGN(p->h_off, p->offsets.ToHost());
   MOESH_ASSERT_OK_AND_ASSIGN(p->h_rt, p->row_token.ToHost());
-}
-
-std::vector<int32_t> RandomIds(int tokens, int top_k, int used_experts, std::mt19937& rng) {
-  std::vector<int32_t> ids(static_cast<size_t>(tokens) * top_k);
-  std::vector<int> pool(used_experts);
-  for (int t = 0; t < tokens; ++t) {
-    std::iota(pool.begin(), pool.end(), 0);
-    std::shuffle(pool.begin(), pool.end(), rng);
-    for (int j = 0; j < top_k; ++j) ids[t * top_k + j] = pool[j];
-  }
-  return ids;
 }
 
 // Rows `m` of x (bf16 values, `ld` floats a row) quantized on the GPU through
@@ -224,8 +214,9 @@ TEST(GroupedGemmFp8Test, Fp8ActivationsMatchReference) {
     std::vector<float> w = Randn(static_cast<size_t>(c.experts) * c.n * c.k, rng, 0.05f);
     const Fp8Experts q = QuantizeExperts(w, c.experts, c.n, c.k);
     Permuted perm;
-    ASSERT_NO_FATAL_FAILURE(Permute(RandomIds(c.tokens, c.top_k, c.used_experts, rng), c.tokens,
-                                    c.top_k, c.experts, c.tile_m, slack, stream.get(), &perm));
+    ASSERT_NO_FATAL_FAILURE(Permute(UniformTopkIds(c.tokens, c.top_k, c.used_experts, rng),
+                                    c.tokens, c.top_k, c.experts, c.tile_m, slack, stream.get(),
+                                    &perm));
     MOESH_ASSERT_OK_AND_ASSIGN(auto dx, Upload(ToBf16Rounding(x)));
     const int m = pairs + slack, rows = Fp8Rows(m);
     MOESH_ASSERT_OK_AND_ASSIGN(auto dq,
@@ -369,8 +360,8 @@ void ExpertMlpCase(int tile_m) {
                                         experts, h, inter);
   MOESH_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::Create());
   Permuted perm;
-  ASSERT_NO_FATAL_FAILURE(Permute(RandomIds(tokens, top_k, experts, rng), tokens, top_k, experts,
-                                  tile_m, slack, stream.get(), &perm));
+  ASSERT_NO_FATAL_FAILURE(Permute(UniformTopkIds(tokens, top_k, experts, rng), tokens, top_k,
+                                  experts, tile_m, slack, stream.get(), &perm));
   MOESH_ASSERT_OK_AND_ASSIGN(auto dx, Upload(ToBf16Rounding(x)));
   MOESH_ASSERT_OK_AND_ASSIGN(auto dgu, Upload(gu.codes));
   MOESH_ASSERT_OK_AND_ASSIGN(auto dgus, Upload(gu.scales));

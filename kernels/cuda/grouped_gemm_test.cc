@@ -14,6 +14,7 @@
 #include "kernels/cpu/mxfp4.h"
 #include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/random_topk.h"
 #include "kernels/cuda/test_util.h"
 
 namespace moesh::cuda {
@@ -59,13 +60,7 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
     std::mt19937 rng(seed);
     const int pairs = c.tokens * c.top_k;
     // Distinct experts per token, drawn from the first used_experts.
-    std::vector<int32_t> ids(pairs);
-    std::vector<int> pool(c.used_experts);
-    for (int t = 0; t < c.tokens; ++t) {
-      std::iota(pool.begin(), pool.end(), 0);
-      std::shuffle(pool.begin(), pool.end(), rng);
-      for (int j = 0; j < c.top_k; ++j) ids[t * c.top_k + j] = pool[j];
-    }
+    const std::vector<int32_t> ids = UniformTopkIds(c.tokens, c.top_k, c.used_experts, rng);
     std::vector<float> x = Randn(static_cast<size_t>(c.gather ? c.tokens : pairs) * c.k, rng);
     std::vector<float> w = Randn(static_cast<size_t>(c.experts) * c.n * c.k, rng, 0.05f);
     MOESH_ASSERT_OK_AND_ASSIGN(auto dids, Upload(ids));

@@ -1,22 +1,9 @@
 #include "tools/bench/bench_util.h"
 
-#include <numeric>
-
 #include "base/status.h"
 #include "kernels/cuda/fill.h"
 
 namespace moesh::cuda {
-
-std::vector<int32_t> UniformTopkIds(int tokens, int top_k, int experts, std::mt19937& rng) {
-  std::vector<int32_t> ids(static_cast<size_t>(tokens) * top_k);
-  std::vector<int> pool(experts);
-  for (int t = 0; t < tokens; ++t) {
-    std::iota(pool.begin(), pool.end(), 0);
-    std::shuffle(pool.begin(), pool.end(), rng);
-    for (int j = 0; j < top_k; ++j) ids[static_cast<size_t>(t) * top_k + j] = pool[j];
-  }
-  return ids;
-}
 
 absl::StatusOr<Ceilings> MeasureCeilings(CublasGemm& gemm, cudaStream_t stream) {
   Ceilings c;

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/random_topk.h"  // UniformTopkIds, for the benches
 
 namespace moesh::cuda {
 
@@ -41,10 +42,6 @@ absl::StatusOr<double> EventMedianMs(cudaStream_t stream, int warmup, int reps, 
   std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
   return ms[reps / 2];
 }
-
-// Uniform random routing: for each of `tokens` tokens, `top_k` distinct
-// experts of `experts`, drawn from `rng`; [tokens * top_k].
-std::vector<int32_t> UniformTopkIds(int tokens, int top_k, int experts, std::mt19937& rng);
 
 // A 2 GiB device-to-device copy and an 8192^3 bf16 GEMM through `gemm`.
 absl::StatusOr<Ceilings> MeasureCeilings(CublasGemm& gemm, cudaStream_t stream);
