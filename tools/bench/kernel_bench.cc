@@ -135,7 +135,8 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   const Tile tiles[] = {
       {"64x2", MlaTileConfig::kTokens64Stages2},       {"32x4", MlaTileConfig::kTokens32Stages4},
       {"32x5", MlaTileConfig::kTokens32Stages5},       {"32x2", MlaTileConfig::kTokens32Stages2},
-      {"w64", MlaTileConfig::kHeads64Tokens64Stages2}, {"auto", MlaTileConfig::kDefault}};
+      {"w64", MlaTileConfig::kHeads64Tokens64Stages2}, {"auto", MlaTileConfig::kDefault},
+      {"w64s", MlaTileConfig::kHeads64Seesaw}};
   const auto name = [&tiles](MlaTileConfig t) {
     for (const Tile& tile : tiles) {
       if (tile.config == t) return tile.name;
@@ -152,7 +153,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   std::vector<Case> cases;
   for (const Tile& tile : tiles) {
     if (tile.config == MlaTileConfig::kHeads64Tokens64Stages2 ||
-        tile.config == MlaTileConfig::kDefault) {
+        tile.config == MlaTileConfig::kHeads64Seesaw || tile.config == MlaTileConfig::kDefault) {
       continue;
     }
     for (int batch : {1, 32, 128}) {
@@ -162,8 +163,12 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   // 128 query heads (DeepSeek-V2/V3): the 16-head kernel as the baseline, and
   // the 64-head wgmma kernel (the default from 64 heads up) over the grid.
   for (int batch : {32, 128}) cases.push_back({&tiles[3], 128, batch, 4096});
+  // The seesaw kernel (both warpgroups score) row by row beside it.
   for (int batch : {1, 32, 128, 256}) {
-    for (int ctx : {1024, 4096, 16384}) cases.push_back({&tiles[4], 128, batch, ctx});
+    for (int ctx : {1024, 4096, 16384}) {
+      cases.push_back({&tiles[4], 128, batch, ctx});
+      cases.push_back({&tiles[6], 128, batch, ctx});
+    }
   }
   // FP8 rows: the 16-head kernel's tiles at 16 heads, and at 128 heads (the
   // 64-head kernel reads bf16 only), beside the bf16 rows above.
