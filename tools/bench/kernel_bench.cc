@@ -149,6 +149,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
     const Tile* tile;
     int heads, batch, ctx;
     KvCacheDtype kv = KvCacheDtype::kBf16;
+    int splits = 0;  // 0: PlanMlaDecode's
   };
   std::vector<Case> cases;
   for (const Tile& tile : tiles) {
@@ -168,6 +169,13 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
     for (int ctx : {1024, 4096, 16384}) {
       cases.push_back({&tiles[4], 128, batch, ctx});
       cases.push_back({&tiles[6], 128, batch, ctx});
+    }
+  }
+  // Batch 1 at fewer splits than planned: each split writes 64 heads x 512
+  // fp32 partials that the combine reads back.
+  for (int ctx : {4096, 16384}) {
+    for (int splits : {8, 16, 32}) {
+      cases.push_back({&tiles[4], 128, 1, ctx, KvCacheDtype::kBf16, splits});
     }
   }
   // FP8 rows: the 16-head kernel's tiles at 16 heads, and at 128 heads (the
@@ -196,7 +204,11 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
     RETURN_IF_ERROR(FillUniform(q.get(), q.size(), 12, 1.0f, stream));
     ASSIGN_OR_RETURN(auto out, DeviceBuffer<bf16>::Create(size_t{1} * batch * heads * kRank));
     const bool fp8 = c.kv == KvCacheDtype::kFp8;
-    const MlaDecodePlan plan = PlanMlaDecode(batch, heads, ctx, info.num_sms, c.tile->config, c.kv);
+    MlaDecodePlan plan = PlanMlaDecode(batch, heads, ctx, info.num_sms, c.tile->config, c.kv);
+    if (c.splits > 0) {
+      plan.num_splits = c.splits;
+      plan.workspace_bytes = MlaDecodeWorkspaceBytes(batch, heads, c.splits);
+    }
     ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(plan.workspace_bytes));
     MlaDecodeParams p;
     p.q = q.get(), p.seq_lens = dlens.get();
