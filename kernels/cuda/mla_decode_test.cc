@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "gtest/gtest.h"
@@ -202,6 +203,21 @@ SelectedPool ScatterRows(const PagedBatch& b, std::mt19937& rng) {
   return pool;
 }
 
+// Rows past each sequence's end in its last block become NaN: the kernels
+// must not let them reach O (0 · NaN), as a pool's stale rows could hold
+// anything; the reference never reads them.
+void PoisonTails(PagedBatch& b) {
+  for (size_t s = 0; s < b.seq_lens.size(); ++s) {
+    const int len = b.seq_lens[s];
+    if (len % kKvBlockSize == 0) continue;
+    const int block = b.block_table[s * b.max_blocks_per_seq + len / kKvBlockSize];
+    for (int t = len % kKvBlockSize; t < kKvBlockSize; ++t) {
+      std::fill_n(&b.cache[(static_cast<size_t>(block) * kKvBlockSize + t) * kDim], kDim,
+                  std::numeric_limits<float>::quiet_NaN());
+    }
+  }
+}
+
 // Every case through each of `tiles`, against the reference; with `dtype`
 // kFp8 the cache holds FP8 rows and the reference reads what they hold;
 // `selected`: the kernel reads each sequence's rows through a selection out
@@ -214,6 +230,7 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
     SCOPED_TRACE(::testing::Message() << c.name << " seed=" << seed);
     std::mt19937 rng(seed);
     PagedBatch b = MakeBatch(c.lens, c.heads, rng);
+    PoisonTails(b);
     const int batch = static_cast<int>(c.lens.size());
     MOESH_ASSERT_OK_AND_ASSIGN(auto dq, Upload(ToBf16Rounding(b.q)));
     const bool fp8 = dtype == KvCacheDtype::kFp8;

@@ -1,6 +1,7 @@
-// MLA decode with 64 heads per CTA (MlaTileConfig::kHeads64Tokens64Stages2),
-// for the wide-head models (V2/V3/V3.2: 128 heads): each cache byte a CTA
-// streams serves 64 heads, so a sequence's KV crosses L2 num_heads / 64 times
+// MLA decode with 64 heads per CTA, two kernels: the one-scorer kernel
+// (MlaTileConfig::kHeads64Tokens64Stages2, described here) and the seesaw
+// kernel (kHeads64Seesaw, its own comment below), for the wide-head models (V2/V3/V3.2: 128 heads):
+// each cache byte a CTA streams serves 64 heads, so a sequence's KV crosses L2 num_heads / 64 times
 // instead of num_heads / 16 (BENCHMARKS.md: the 16-head kernel moved 5.8 GB
 // through L2 for 1.0 GB of cache at 128 heads).
 //
@@ -355,9 +356,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // blocks 0-3 of the next tile stream in while warpgroup 1 still reads 4-8.
 namespace seesaw {
 
-constexpr int kLoBlocks = kOutDims / 64;           // 4
-constexpr int kHiBlocks = kColBlocks - kLoBlocks;  // 5
-constexpr int kPBlock = kColBlocks - 1;            // a scored tile's rope block holds its P
+constexpr int kLoBlocks = kOutDims / 64;  // 4: V's first half; 4-8 the second and the rope keys
+constexpr int kPBlock = kColBlocks - 1;   // a scored tile's rope block holds its P
 constexpr int kAReady = 1, kBReady = 2, kStats = 3, kWgBar = 4;  // kWgBar + wg: one warpgroup
 
 struct Smem {
@@ -596,25 +596,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       l_lo = l_lo * sa_lo + sum_lo, l_hi = l_hi * sa_hi + sum_hi;
       Rescale(o, sa_lo, sa_hi);
       IssuePvRegs(o, pr, kva);  // O_L += P_a · V_a[:, 0:256)
+      WaitPv(o);
+      __syncwarp();
+      if (lane == 0) MbarArrive(&s.empty[0][0]);  // the next a's blocks 0-3 may load
       if (has_b) {
-        BarSync(kBReady, kWideThreads);  // while P_a · V_a runs
+        BarSync(kBReady, kWideThreads);
+        // V_b[:, 0:256) landed (warpgroup 1 waited; this wait only shows it here).
+        MbarWait(&s.full[1][0], parity);
+        MbarWait(&s.full[1][1], parity);
         __syncwarp();
         const float mb_lo = s.m_b[row_lo], mb_hi = s.m_b[row_hi];
         const float sb_lo = exp2f(m_lo - mb_lo), sb_hi = exp2f(m_hi - mb_hi);
         m_lo = mb_lo, m_hi = mb_hi;
         l_lo *= sb_lo, l_hi *= sb_hi;
-        WaitPv(o);
-        __syncwarp();
-        if (lane == 0) MbarArrive(&s.empty[0][0]);
         Rescale(o, sb_lo, sb_hi);
         IssuePvSmem(o, kvb + kPBlock * kBlockBytes, kvb);  // O_L += P_b · V_b[:, 0:256)
         WaitPv(o);
         __syncwarp();
         if (lane == 0) MbarArrive(&s.empty[1][0]), MbarArrive(&s.empty[1][1]);
-      } else {
-        WaitPv(o);
-        __syncwarp();
-        if (lane == 0) MbarArrive(&s.empty[0][0]);
       }
     } else {
       if (has_b) {
@@ -622,6 +621,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                   min(kTile, seq_len - tile_b * kTile), t, 1);
       }
       BarSync(kAReady, kWideThreads);
+      MbarWait(&s.full[0][1], parity);  // V_a[:, 256:512) landed (shown here too)
       __syncwarp();
       const float ma_lo = s.m_a[row_lo], ma_hi = s.m_a[row_hi];
       const float sa_lo = exp2f(m_lo - ma_lo), sa_hi = exp2f(m_hi - ma_hi);
