@@ -3,9 +3,10 @@
 // copy; a large square cuBLAS GEMM). Each row prints its floor — the larger
 // of bytes / copy bandwidth and FLOPs / GEMM rate — and measured / floor.
 //
-// Usage: kernel_bench [--quick | --mla-table | --mla[-fp8] HEADS,BATCH,CONTEXT | --fp8 |
-//                     --fp8-grouped | --mla-prefill-table].
-// --mla-table runs the MLA table alone (quick); --mla-prefill-table the MLA
+// Usage: kernel_bench [--quick | --mla-table | --mla-wide-table | --mla[-fp8] HEADS,BATCH,CONTEXT |
+//                     --fp8 | --fp8-grouped | --mla-prefill-table].
+// --mla-table runs the MLA table alone (quick; --mla-wide-table its 128-head
+// bf16 rows alone); --mla-prefill-table the MLA
 // prefill attention table alone (the expanded kernel against the absorbed
 // form at 4K to 64K-token prompts); --mla runs that one MLA case
 // with the default tile over bf16 rows (--mla-fp8: FP8 rows), for profilers; --fp8 runs
@@ -99,6 +100,7 @@ double FloorUs(double bytes, double flops, const Ceilings& c) {
 struct MlaCase {
   int heads = 0, batch = 0, ctx = 0;  // heads 0: the whole table
   KvCacheDtype kv = KvCacheDtype::kBf16;
+  bool wide_only = false;  // the table's 128-head bf16 rows alone (--mla-wide-table)
 };
 
 absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, cudaStream_t stream,
@@ -188,6 +190,12 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
       cases.push_back({&tiles[5], 128, batch, ctx, KvCacheDtype::kFp8});
   }
   if (only.heads > 0) cases = {{&tiles[5], only.heads, only.batch, only.ctx, only.kv}};
+  if (only.wide_only) {
+    cases.erase(
+        std::remove_if(cases.begin(), cases.end(),
+                       [](const Case& c) { return c.heads < 128 || c.kv != KvCacheDtype::kBf16; }),
+        cases.end());
+  }
   for (const Case& c : cases) {
     const int heads = c.heads, batch = c.batch, ctx = c.ctx;
     const int blocks_per_seq = ctx / kKvBlockSize, need = batch * blocks_per_seq;
@@ -746,12 +754,14 @@ absl::Status Main(bool quick, bool fp8, bool fp8_grouped, bool mla_table, bool p
 }  // namespace moesh::cuda
 
 int main(int argc, char** argv) {
-  const bool mla_table = argc > 1 && std::strcmp(argv[1], "--mla-table") == 0;
+  const bool wide_table = argc > 1 && std::strcmp(argv[1], "--mla-wide-table") == 0;
+  const bool mla_table = wide_table || (argc > 1 && std::strcmp(argv[1], "--mla-table") == 0);
   const bool quick = mla_table || (argc > 1 && std::strcmp(argv[1], "--quick") == 0);
   const bool fp8 = argc > 1 && std::strcmp(argv[1], "--fp8") == 0;
   const bool fp8_grouped = argc > 1 && std::strcmp(argv[1], "--fp8-grouped") == 0;
   const bool prefill_table = argc > 1 && std::strcmp(argv[1], "--mla-prefill-table") == 0;
   moesh::cuda::MlaCase only;
+  only.wide_only = wide_table;
   const bool mla_fp8 = argc > 2 && std::strcmp(argv[1], "--mla-fp8") == 0;
   if (mla_fp8) only.kv = moesh::cuda::KvCacheDtype::kFp8;
   if (argc > 2 && (std::strcmp(argv[1], "--mla") == 0 || mla_fp8) &&
