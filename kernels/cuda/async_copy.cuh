@@ -69,6 +69,59 @@ __device__ __forceinline__ void TmaLoad2D(void* dst, const CUtensorMap* map, int
       : "memory");
 }
 
+// Thread block clusters (sm_90). This CTA's rank in its cluster, the
+// cluster's index in the grid and the clusters in the grid (x only).
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t ClusterIdX() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t NumClustersX() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+
+// Every thread of every CTA of the cluster meets here (warp-convergent: each
+// warp's threads all call it), with release/acquire ordering of what they
+// wrote to each other's shared memory.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+}
+
+// One arrival on the barrier at `bar`'s offset in cluster CTA `cta`'s shared
+// memory (a consumer releasing a stage its peer's copies also fill).
+__device__ __forceinline__ void MbarArriveCluster(uint64_t* bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(SmemAddr(bar)), "r"(cta));
+  // The default semantics (release at CTA scope), as CUTLASS's
+  // ClusterBarrier::arrive and DeepGEMM: .release.cluster compiles to
+  // MEMBARs that wait for every memory operation of the thread in flight
+  // (the epilogue's stores, the scale loads a slice ahead), each slice.
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
+// TmaLoad2D into the same offset `dst` of every cluster CTA in `cta_mask`
+// (bit i: rank i), each completing on its own barrier at `bar`'s offset.
+__device__ __forceinline__ void TmaLoad2DMulticast(void* dst, const CUtensorMap* map, int x, int y,
+                                                   uint64_t* bar, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(SmemAddr(bar)), "h"(cta_mask)
+      : "memory");
+}
+
 // Ampere's per-thread asynchronous copies (cp.async, no barrier): 16 bytes
 // from global `gmem` to shared `smem`, both 16-byte aligned; the destination
 // is zero-filled, and nothing read, when !pred. A thread's copies since its

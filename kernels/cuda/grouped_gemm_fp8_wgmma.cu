@@ -1,8 +1,13 @@
 // The FP8 x FP8 grouped GEMM (GroupedGemmParams::x_fp8) at prefill tiles, on
-// wgmma, persistent: one CTA per SM walks the work items (128 permuted rows
-// of one expert x 256 output columns = two weight scale row blocks) in
-// order, w = blockIdx.x, + gridDim.x, ..., so the CTAs working at one time
-// share an expert's weights and rows in L2. Three warpgroups:
+// wgmma, persistent, in CTA pairs: clusters of two CTAs (as many pairs as run
+// at once, cudaOccupancyMaxActiveClusters) walk the cluster steps in order,
+// u = clusterid, + nclusterid, ...; step u takes the 128-row tiles 2q and
+// 2q + 1 (q = u / column blocks, counting tiles through the experts) at
+// column block u % column blocks, one for each CTA, so the pairs working at
+// one time share an expert's weights and rows in L2. Where both tiles belong
+// to one expert (~78% of the bench's pairs) each CTA's producer copies half of
+// the weights' 256-row slice into both CTAs (a multicast tensor copy): each
+// slice of B leaves L2 once for the pair. Three warpgroups a CTA:
 //   * the producer warpgroup (one lane) streams 128-wide k slices (one scale
 //     block) of each of its items into a four-stage ring with 2-D tensor
 //     copies, 64-row x 128-byte boxes swizzled by the copy engine (SW128; the
@@ -10,7 +15,11 @@
 //     bytes): the slice of A [128 rows, 128] and of B [256 rows, 128],
 //     completing on full[stage]. The ring runs on across items, so the next
 //     item's slices land while the consumers store this one's outputs; a
-//     stage is reused once all eight consumer warps arrived on empty[stage];
+//     stage is reused once the eight consumer warps of both CTAs arrived on
+//     empty[stage] (the peer's through `mapa`, at the default release
+//     semantics: .release.cluster compiled to MEMBARs that waited for the
+//     thread's loads and stores in flight each slice, and made the pairs 0.69x
+//     the single-CTA kernel);
 //   * consumer warpgroup w owns rows [64 w, 64 w + 64) of the item, all 256
 //     columns, a 128-column half at a time through the same 64 fp32
 //     registers: four wgmma m64n128k32 e4m3 (A and B K-major in shared
@@ -18,12 +27,17 @@
 //     x_scale[row, slice] · w_scale[half, slice] (Hopper's FP8 wgmma keeps
 //     ~13 mantissa bits inside an instruction's sums: no two blocks meet
 //     there, as DeepGEMM). 256 columns an item (against 128) cut the bytes
-//     each FLOP draws from L2 by a quarter: 861 against 666 TFLOP/s at
-//     DeepSeek-V3's gate_up (H100, kernel_bench --fp8-grouped, BENCHMARKS).
+//     each FLOP draws from L2 by a quarter.
+// An odd tile out (the last) is computed again by rank 1 without storing it,
+// so both rings turn alike; cluster barriers after the barriers' init and
+// before exit (no CTA leaves while its peer may still arrive on its barriers).
+// Measured (H100, kernel_bench --fp8-grouped, BENCHMARKS nineteenth session):
+// V3's gate_up 890-974 TFLOP/s against the single-CTA kernel's 831-865 in the
+// same call.
 // A's rows past the expert's belong to the next expert (or read as zeros
 // past the matrix) and B's past n to the next expert: neither is stored.
 // Items are found from the device's expert offsets (no host sync: the grid
-// is the SM count, and capturable).
+// is the pairs that fit, and capturable).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,7 +73,8 @@ static_assert((kConsumerWgs * kConsumerRegs + kProducerRegs) * 128 <=
                   65536 / kThreads / 8 * 8 * kThreads,
               "setmaxnreg would wait forever for registers the CTA does not have");
 
-constexpr int kStages = 4;  // 48 KB a stage
+constexpr int kClusterCtas = 2;  // a pair sharing the weights' slices
+constexpr int kStages = 4;       // 48 KB a stage
 struct Smem {
   uint8_t a[kStages][kRows * kSliceK];  // [128 rows, 128 codes], SW128: two boxes
   uint8_t b[kStages][kCols * kSliceK];  // [256 rows, 128 codes]: four boxes
@@ -75,29 +90,48 @@ struct Maps {
 };
 
 // One work item: expert e's rows [m0, m0 + 128) (of `rows`, from row0 of the
-// permuted matrix), output columns [n0, n0 + 256).
+// permuted matrix), output columns [n0, n0 + 256); computed but not stored
+// where !store.
 struct Item {
   int e, row0, rows, m0, n0;
+  bool store;
 };
 
-// The walk over the work items in order: item w is the (w / col_blocks)-th
-// 128-row tile counting through the experts, column block w % col_blocks.
-// Each thread that needs the items walks them itself (the producer lane and
-// every consumer thread: the same sequence); w only grows, so a CTA's walk
-// over the experts is one pass.
+// The walk over a cluster's steps in order: step u takes the 128-row tiles
+// 2q and 2q + 1 (q = u / col_blocks, counting tiles through the experts) at
+// column block u % col_blocks, one for each CTA of the pair. Each thread
+// that needs the items walks them itself (the producer lane and every
+// consumer thread: the same sequence); u only grows, so a walk over the
+// experts is one pass.
 class ItemWalk {
  public:
   __device__ ItemWalk(const int32_t* offsets, int num_experts, int col_blocks)
       : offsets_(offsets), num_experts_(num_experts), col_blocks_(col_blocks) {}
 
-  // Item w, or false past the last one.
-  __device__ bool Find(int w, Item* item) {
-    const int tile = w / col_blocks_;
+  // Step u's item for CTA `rank`, and whether both CTAs' items read the same
+  // weight rows (one expert, one column block: the pair shares B's slices);
+  // false past the last step. Where the tiles run out at 2q, rank 1 repeats
+  // rank 0's item without storing it (its CTA still fills its half of the
+  // pair's ring).
+  __device__ bool Step(int u, uint32_t rank, Item* item, bool* shared_b) {
+    const int q = u / col_blocks_, cb = u % col_blocks_;
+    Item first, second;
+    if (!Find(2 * q, cb, &first)) return false;
+    const bool two = Find(2 * q + 1, cb, &second);
+    if (!two) second = Item{first.e, first.row0, first.rows, first.m0, first.n0, false};
+    *item = rank == 0 ? first : second;
+    *shared_b = two && first.e == second.e;
+    return true;
+  }
+
+ private:
+  // Tile `tile`'s item at column block cb, or false past the last tile.
+  __device__ bool Find(int tile, int cb, Item* item) {
     while (e_ < num_experts_) {
       const int row0 = offsets_[e_], rows = offsets_[e_ + 1] - row0;
       const int tiles = (rows + kRows - 1) / kRows;
       if (tile < before_ + tiles) {
-        *item = Item{e_, row0, rows, (tile - before_) * kRows, (w % col_blocks_) * kCols};
+        *item = Item{e_, row0, rows, (tile - before_) * kRows, cb * kCols, true};
         return true;
       }
       before_ += tiles;
@@ -106,66 +140,27 @@ class ItemWalk {
     return false;
   }
 
- private:
   const int32_t* offsets_;
   int num_experts_, col_blocks_;
   int e_ = 0, before_ = 0;  // the expert reached and the tiles of those before it
 };
 
+// The consumer warpgroups' side of the kernel below: this CTA's item of each
+// step, through the ring, into y.
 template <bool kF32Out>
-__global__ void __launch_bounds__(kThreads, 1)
-    GroupedGemmFp8WgmmaKernel(const __grid_constant__ Maps maps, GroupedGemmParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  Smem& s =
-      *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+__device__ __forceinline__ void Consume(Smem& s, const GroupedGemmParams& p, ItemWalk& walk,
+                                        uint32_t rank, uint32_t peer, int first_step, int steps) {
   const int k_tiles = p.k / kSliceK;
-  const int col_blocks = (p.n + kCols - 1) / kCols;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  ItemWalk walk(p.expert_offsets, p.num_experts, col_blocks);
-
-  if (tid == 0) {
-    for (int st = 0; st < kStages; ++st) {
-      MbarInit(&s.full[st], 1);
-      MbarInit(&s.empty[st], kConsumerWarps);
-    }
-    FenceMbarInit();
-  }
-  __syncthreads();
-
-  if (warp >= kConsumerWarps) {  // the producer warpgroup: one lane works
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
-    if (warp == kConsumerWarps && lane == 0) {
-      Item it;
-      uint32_t slice = 0;  // slices issued, over all items: the ring's position
-      for (int w = blockIdx.x; walk.Find(w, &it); w += gridDim.x) {
-        const int a_y = it.row0 + it.m0, b_y = it.e * p.n + it.n0;
-        for (int kt = 0; kt < k_tiles; ++kt, ++slice) {
-          const int stage = slice % kStages, x = kt * (kSliceK / 2);  // bf16 columns
-          if (slice >= kStages) MbarWait(&s.empty[stage], (slice / kStages - 1) & 1);
-          MbarArriveExpectTx(&s.full[stage], (kRows + kCols) * kSliceK);
-#pragma unroll
-          for (int j = 0; j < kRows / 64; ++j) {
-            TmaLoad2D(s.a[stage] + j * kBoxBytes, &maps.a, x, a_y + 64 * j, &s.full[stage]);
-          }
-#pragma unroll
-          for (int j = 0; j < kCols / 64; ++j) {
-            TmaLoad2D(s.b[stage] + j * kBoxBytes, &maps.b, x, b_y + 64 * j, &s.full[stage]);
-          }
-        }
-      }
-    }
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
   const int wg = tid / 128, g = lane / 4, tq = lane % 4;
   // This thread's two rows of an item (wgmma's accumulator layout).
   const int r_lo = wg * kWgRows + (warp % 4) * 16 + g, r_hi = r_lo + 8;
   const int blocks_n = cpu::Fp8Blocks(p.n);
   const int scale_ld = Fp8ScaleStride(p.k);
   Item it;
+  bool shared_b;
   uint32_t slice = 0;
-  for (int w = blockIdx.x; walk.Find(w, &it); w += gridDim.x) {
+  for (int u = first_step; walk.Step(u, rank, &it, &shared_b); u += steps) {
     // The rows' scale columns; a row past the expert's scales by 0.
     const bool ok_lo = it.m0 + r_lo < it.rows, ok_hi = it.m0 + r_hi < it.rows;
     const float* xs_lo = p.x_scale + (ok_lo ? it.row0 + it.m0 + r_lo : 0);
@@ -213,9 +208,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::Commit();
         wgmma::Wait<0>();
         wgmma::FenceOperands(part);
-        if (h == kHalves - 1) {  // the stage is read: release it
+        if (h == kHalves - 1) {  // the stage is read: release it, here and in the peer
           __syncwarp();
-          if (lane == 0) MbarArrive(&s.empty[stage]);
+          if (lane == 0) {
+            MbarArrive(&s.empty[stage]);
+            MbarArriveCluster(&s.empty[stage], peer);
+          }
         }
 #pragma unroll
         for (int j = 0; j < 16; ++j) {  // n-tile j: rows r_lo (0, 1) and r_hi (2, 3)
@@ -226,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    if (!it.store) continue;
 
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
@@ -243,17 +242,94 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <bool kF32Out>
+__global__ void __launch_bounds__(kThreads, 1)
+    GroupedGemmFp8WgmmaKernel(const __grid_constant__ Maps maps, GroupedGemmParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  Smem& s =
+      *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const int k_tiles = p.k / kSliceK;
+  const int col_blocks = (p.n + kCols - 1) / kCols;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint32_t rank = ClusterCtaRank(), peer = rank ^ 1;
+  const int first_step = static_cast<int>(ClusterIdX()), steps = static_cast<int>(NumClustersX());
+  ItemWalk walk(p.expert_offsets, p.num_experts, col_blocks);
+
+  if (tid == 0) {
+    for (int st = 0; st < kStages; ++st) {
+      MbarInit(&s.full[st], 1);
+      MbarInit(&s.empty[st], 2 * kConsumerWarps);  // both CTAs' consumers release a stage
+    }
+    FenceMbarInit();
+  }
+  ClusterSync();  // the peer's copies and arrivals find these barriers made
+
+  if (warp >= kConsumerWarps) {  // the producer warpgroup: one lane works
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+    if (warp == kConsumerWarps && lane == 0) {
+      Item it;
+      bool shared_b;
+      uint32_t slice = 0;  // slices issued, over all items: the ring's position
+      for (int u = first_step; walk.Step(u, rank, &it, &shared_b); u += steps) {
+        const int a_y = it.row0 + it.m0, b_y = it.e * p.n + it.n0;
+        for (int kt = 0; kt < k_tiles; ++kt, ++slice) {
+          const int stage = slice % kStages, x = kt * (kSliceK / 2);  // bf16 columns
+          if (slice >= kStages) MbarWait(&s.empty[stage], (slice / kStages - 1) & 1);
+          // A's and B's whole slices land here, B's half from the peer where shared.
+          MbarArriveExpectTx(&s.full[stage], (kRows + kCols) * kSliceK);
+#pragma unroll
+          for (int j = 0; j < kRows / 64; ++j) {
+            TmaLoad2D(s.a[stage] + j * kBoxBytes, &maps.a, x, a_y + 64 * j, &s.full[stage]);
+          }
+          if (shared_b) {  // this CTA's two boxes of B, into both CTAs
+#pragma unroll
+            for (int j = 2 * rank; j < 2 * rank + 2; ++j) {
+              TmaLoad2DMulticast(s.b[stage] + j * kBoxBytes, &maps.b, x, b_y + 64 * j,
+                                 &s.full[stage], 0x3);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < kCols / 64; ++j) {
+              TmaLoad2D(s.b[stage] + j * kBoxBytes, &maps.b, x, b_y + 64 * j, &s.full[stage]);
+            }
+          }
+        }
+      }
+    }
+    __syncwarp();
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+    Consume<kF32Out>(s, p, walk, rank, peer, first_step, steps);
+  }
+  // Neither CTA leaves while its peer may still arrive on its barriers.
+  ClusterSync();
+}
+
+template <bool kF32Out>
 absl::Status LaunchOne(const Maps& maps, const GroupedGemmParams& p) {
   constexpr auto kernel = GroupedGemmFp8WgmmaKernel<kF32Out>;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmemBytes));
-  int device = 0, sms = 0;
-  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
-  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // A host bound on the items: max_tiles bounds the 64-row tiles, and each
-  // expert's 128-row tiles are at most its 64-row ones.
-  const int64_t items = static_cast<int64_t>(p.max_tiles) * ((p.n + kCols - 1) / kCols);
-  const int grid = static_cast<int>(std::min<int64_t>(sms, items));
-  kernel<<<grid, kThreads, kSmemBytes, p.stream>>>(maps, p);
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kClusterCtas;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = p.stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  // As many pairs as run at once (the GPCs decide, not SMs / 2), bounded by
+  // the steps: max_tiles bounds the 64-row tiles, and each expert's 128-row
+  // tiles are at most its 64-row ones.
+  int resident = 0;
+  config.gridDim = dim3(kClusterCtas);
+  RETURN_IF_CUDA_ERROR(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
+  if (resident < 1) {
+    return absl::InternalError("GroupedGemmFp8WgmmaKernel: no CTA pair fits an SM pair");
+  }
+  const int64_t steps = (static_cast<int64_t>(p.max_tiles) + 1) / 2 * ((p.n + kCols - 1) / kCols);
+  config.gridDim = dim3(kClusterCtas * static_cast<int>(std::min<int64_t>(resident, steps)));
+  RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, kernel, maps, p));
   return LaunchStatus("GroupedGemmFp8WgmmaKernel");
 }
 
