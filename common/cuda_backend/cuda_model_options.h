@@ -11,26 +11,13 @@ namespace moesh::cuda {
 // Which MLA attention kernel runs: the tuned ones where they are built for
 // the widths (latent 512, rope 64; 64 heads per CTA from 64 heads up, else
 // 16), else the plain one; or the tuned 16-head kernel at any head count
-// (the baseline the 64-head kernel is measured against); or one of the two
-// 64-head kernels at any head count (kOneScorer, kSeesaw: their A/B); or
-// always the plain one (a cross-check of the tuned kernels inside the whole
-// model).
-enum class MlaKernel { kAuto, kHeads16, kOneScorer, kSeesaw, kGeneric };
+// (the baseline the 64-head kernel is measured against); or always the plain
+// one (a cross-check of the tuned kernels inside the whole model).
+enum class MlaKernel { kAuto, kHeads16, kGeneric };
 
 // The tile configuration the tuned MLA kernel runs with under `k`.
 inline MlaTileConfig MlaTile(MlaKernel k) {
-  switch (k) {
-    case MlaKernel::kHeads16:
-      return MlaTileConfig::kTokens32Stages2;
-    case MlaKernel::kOneScorer:
-      return MlaTileConfig::kHeads64Tokens64Stages2;
-    case MlaKernel::kSeesaw:
-      return MlaTileConfig::kHeads64Seesaw;
-    case MlaKernel::kAuto:
-    case MlaKernel::kGeneric:
-      break;
-  }
-  return MlaTileConfig::kDefault;
+  return k == MlaKernel::kHeads16 ? MlaTileConfig::kTokens32Stages2 : MlaTileConfig::kDefault;
 }
 
 // How prefill attends in the MLA families without an indexer (V2, V2-Lite,

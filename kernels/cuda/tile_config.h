@@ -15,9 +15,6 @@ enum class MlaTileConfig {
   kTokens32Stages5,
   kTokens32Stages2,  // small enough for two CTAs per SM
   kHeads64Tokens64Stages2,
-  // The same 64 heads and 64-token tiles, the two consumer warpgroups
-  // scoring a pair of tiles at once (FlashMLA's seesaw; mla_decode_wide.cu).
-  kHeads64Seesaw,
 };
 
 // Which kernel runs RunMlaPrefill (mla_prefill.h): mma.sync (64 queries a

@@ -16,14 +16,12 @@
 //          [--shape v2-lite | --model DIR] [--batch 1,32,128,256] [--context 2048]
 //          [--steps 20] [--warmup 3] [--gpu-memory-utilization 0.9]
 //          [--prefill-seqs 8] [--prefill-len 2048] [--no-graphs] [--seed S] [--grouped-gemm-only]
-//          [--profile-step] [--mla-kernel auto|heads16|w64|seesaw|generic] [--kv-cache-dtype
-//          auto|fp8]
+//          [--profile-step] [--mla-kernel auto|heads16|generic] [--kv-cache-dtype auto|fp8]
 //          [--mla-prefill auto|absorbed|expanded] [--mla-prefill-impl mma|wgmma]
 //          [--sparse-mla gather|direct] [--indexer cuda-cores|tensor-cores]
 //          [--fp8-gemv off|on] [--fp8-expert-act off|on]
 // --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
-// baseline of the 64-head one at V2/V3's 128 heads), w64 and seesaw the two
-// 64-head kernels (their A/B), generic the plain one.
+// baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
 // counts their bytes). --mla-prefill: how the prefill table's prompts attend
 // (CudaModelOptions::mla_prefill, default auto: a prompt of >= 64 tokens
@@ -73,8 +71,8 @@ struct Flags {
   std::string load_format = "dummy";
   std::string shape = "v2-lite";
   std::string model_dir;
-  std::string quantization;         // "fp8": the dense linears in block-scaled FP8
-  std::string mla_kernel = "auto";  // auto | heads16 | w64 | seesaw | generic (CudaModelOptions)
+  std::string quantization;             // "fp8": the dense linears in block-scaled FP8
+  std::string mla_kernel = "auto";      // auto | heads16 | generic (CudaModelOptions::mla_kernel)
   std::string kv_cache_dtype = "auto";  // auto | fp8 (CudaModelOptions::fp8_kv_cache)
   // The switches below default to CudaModelOptions' defaults.
   std::string mla_prefill = "auto";        // auto | absorbed | expanded (mla_prefill)
@@ -186,9 +184,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   if (!kv.empty()) return absl::InvalidArgumentError("unknown flag --" + kv.begin()->first);
   if (!f.quantization.empty() && f.quantization != "fp8" && f.quantization != "mxfp4")
     return absl::InvalidArgumentError("--quantization: fp8, mxfp4 (DeepSeek-V4) or empty");
-  if (f.mla_kernel != "auto" && f.mla_kernel != "heads16" && f.mla_kernel != "w64" &&
-      f.mla_kernel != "seesaw" && f.mla_kernel != "generic")
-    return absl::InvalidArgumentError("--mla-kernel: auto, heads16, w64, seesaw or generic");
+  if (f.mla_kernel != "auto" && f.mla_kernel != "heads16" && f.mla_kernel != "generic")
+    return absl::InvalidArgumentError("--mla-kernel: auto, heads16 or generic");
   if (f.mla_prefill != "auto" && f.mla_prefill != "absorbed" && f.mla_prefill != "expanded")
     return absl::InvalidArgumentError("--mla-prefill: auto, absorbed or expanded");
   if (f.mla_prefill_impl != "mma" && f.mla_prefill_impl != "wgmma")
@@ -525,8 +522,6 @@ absl::Status Run(const Flags& f) {
   o.fp8_linears = f.quantization == "fp8";  // mxfp4: from the config
   o.fp8_kv_cache = f.kv_cache_dtype == "fp8";
   o.mla_kernel = f.mla_kernel == "heads16"   ? MlaKernel::kHeads16
-                 : f.mla_kernel == "w64"     ? MlaKernel::kOneScorer
-                 : f.mla_kernel == "seesaw"  ? MlaKernel::kSeesaw
                  : f.mla_kernel == "generic" ? MlaKernel::kGeneric
                                              : MlaKernel::kAuto;
   o.mla_prefill = f.mla_prefill == "absorbed"   ? MlaPrefill::kAbsorbed
