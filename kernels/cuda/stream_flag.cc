@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
