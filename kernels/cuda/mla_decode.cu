@@ -341,9 +341,12 @@ absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
 // The configuration a launch with `num_heads` runs (kDefault resolved). The
 // 64-head kernel reads bf16 rows only: an FP8 cache runs the 16-head FP8
 // kernel (mla_decode_fp8.cu).
+bool IsWide(MlaTileConfig t) {
+  return t == MlaTileConfig::kHeads64Tokens64Stages2 || t == MlaTileConfig::kHeads64Tokens64PInTile;
+}
+
 MlaTileConfig Resolve(MlaTileConfig t, int num_heads, KvCacheDtype kv_dtype) {
-  if (kv_dtype == KvCacheDtype::kFp8 &&
-      (t == MlaTileConfig::kDefault || t == MlaTileConfig::kHeads64Tokens64Stages2)) {
+  if (kv_dtype == KvCacheDtype::kFp8 && (t == MlaTileConfig::kDefault || IsWide(t))) {
     return kFp8DefaultTile;
   }
   if (t != MlaTileConfig::kDefault) return t;
@@ -363,6 +366,7 @@ auto WithTile(MlaTileConfig t, F&& f) {
     case MlaTileConfig::kDefault:
     case MlaTileConfig::kTokens64Stages2:
     case MlaTileConfig::kHeads64Tokens64Stages2:
+    case MlaTileConfig::kHeads64Tokens64PInTile:
       break;
   }
   return f(Cfg<64, 2>{});
@@ -404,7 +408,7 @@ size_t MlaDecodeWorkspaceBytes(int batch, int num_heads, int num_splits) {
 MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_sms,
                             MlaTileConfig tile, KvCacheDtype kv_dtype) {
   tile = Resolve(tile, num_heads, kv_dtype);
-  if (tile == MlaTileConfig::kHeads64Tokens64Stages2) {
+  if (IsWide(tile)) {
     return PlanFor(batch, num_heads, max_seq_len, num_sms, kWideHeads, kKvBlockSize, 1);
   }
   if (kv_dtype == KvCacheDtype::kFp8) {
@@ -431,9 +435,8 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   const int stride = p.kv_row_stride != 0 ? p.kv_row_stride : row_units;
   const bool selected = p.kv_index != nullptr || stride != row_units;
   const MlaTileConfig tile = Resolve(p.tile, p.num_heads, p.kv_dtype);
-  if (selected &&
-      (fp8 || tile == MlaTileConfig::kHeads64Tokens64Stages2 || stride < row_units ||
-       stride % 8 != 0 || (p.kv_index != nullptr && p.kv_index_stride < p.max_seq_len))) {
+  if (selected && (fp8 || IsWide(tile) || stride < row_units || stride % 8 != 0 ||
+                   (p.kv_index != nullptr && p.kv_index_stride < p.max_seq_len))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "RunMlaDecode: selected (kv_index) or strided rows need bf16 rows, a 16-head tile "
         "(kTokens*: the 64-head kernel reads dense blocks), a row stride of whole 16 bytes >= ",
@@ -466,8 +469,8 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   const bool split = p.num_splits > 1;
   if (fp8) {
     RETURN_IF_ERROR(LaunchMlaDecodeFp8(p, tile));
-  } else if (tile == MlaTileConfig::kHeads64Tokens64Stages2) {
-    RETURN_IF_ERROR(LaunchMlaDecodeWide(p));
+  } else if (IsWide(tile)) {
+    RETURN_IF_ERROR(LaunchMlaDecodeWide(p, tile));
   } else {
     const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.batch);
     MlaDecodeParams q = p;  // the kernel reads the row stride (dense: kHeadDim)

@@ -20,6 +20,13 @@
 //     warpgroup 0 already scores the next tile.
 // Named barriers hand P over: kPFull (warpgroup 0 arrives, 1 syncs) and
 // kPFree (1 arrives once its product is done, 0 syncs before the next P).
+// kPInTile (MlaTileConfig::kHeads64Tokens64PInTile): P and its rescale go
+// into the scored tile's stage instead — P into the rope column block, free
+// once S is done — so each stage carries its own, and warpgroup 0 never waits
+// for warpgroup 1 (no kPFree): it scores tile t + 1 while 1 still multiplies
+// t. A stage is refilled only after both released it, so what 0 writes there
+// cannot be overwritten early; kPFull is one barrier a stage, so 0 cannot
+// arrive twice on one before 1 synced on it.
 // Splits write (O / l, log2-sum-exp) partials for mla_decode.cu's combine.
 #include <cuda.h>
 
@@ -52,15 +59,16 @@ static_assert((2 * kConsumerRegs + kProducerRegs) * 128 <= 65536 / kThreads / 8 
               "setmaxnreg would wait forever for registers the CTA does not have");
 constexpr int kConsumerWarps = kWideThreads / 32;
 // Named barriers (0 is __syncthreads).
-constexpr int kPFull = 1, kPFree = 2, kStats = 3, kWg0 = 4;
+constexpr int kPFull = 1, kPFree = 2, kStats = 3, kWg0 = 4, kPFullStage = 5;  // + stage
 static_assert(kWideHeads == 64 && kWideThreads == 256 && kHeadDim % 64 == 0);
 
 struct Smem {
-  uint8_t q[kTileBytes];               // [64 heads, 576], SW128 column blocks
-  uint8_t kv[kStages][kTileBytes];     // [64 tokens, 576] per stage
-  uint8_t p[kBlockBytes];              // [64 heads, 64 tokens] bf16 probabilities
-  float alpha[kWideHeads];             // per head: the rescale of O that goes with p
-  float m[kWideHeads], l[kWideHeads];  // per head, after the last tile (log2 units)
+  uint8_t q[kTileBytes];                   // [64 heads, 576], SW128 column blocks
+  uint8_t kv[kStages][kTileBytes];         // [64 tokens, 576] per stage
+  uint8_t p[kBlockBytes];                  // [64 heads, 64 tokens] bf16 probabilities
+  float alpha[kWideHeads];                 // per head: the rescale of O that goes with p
+  float stage_alpha[kStages][kWideHeads];  // kPInTile: the rescale that goes with a stage's P
+  float m[kWideHeads], l[kWideHeads];      // per head, after the last tile (log2 units)
   alignas(8) uint64_t full[kStages], empty[kStages];
 };
 // 1 KB of slack to align the dynamic shared memory to 1024 bytes (SW128).
@@ -130,7 +138,7 @@ __device__ __forceinline__ void WriteOut(const MlaDecodeParams& p, const float (
   }
 }
 
-template <bool kSplit, typename OutT>
+template <bool kSplit, typename OutT, bool kPInTile>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWideKernel(const __grid_constant__ CUtensorMap map, MlaDecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -251,20 +259,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         o[4 * j + 0] *= alpha_lo, o[4 * j + 1] *= alpha_lo;
         o[4 * j + 2] *= alpha_hi, o[4 * j + 3] *= alpha_hi;
       }
-      // Hand P and alpha to warpgroup 1 once it is done with the last ones.
-      if (i > 0) BarSync(kPFree, kWideThreads);
+      // Hand P and alpha to warpgroup 1 (once it is done with the last ones,
+      // where they have one place).
+      if (!kPInTile && i > 0) BarSync(kPFree, kWideThreads);
+      uint8_t* const pdst = kPInTile ? kv + (kColBlocks - 1) * kBlockBytes : s.p;
+      float* const alpha_dst = kPInTile ? s.stage_alpha[stage] : s.alpha;
 #pragma unroll
       for (int j = 0; j < kSRegs / 4; ++j) {
         const int col = j * 8 + 2 * tq;
-        *reinterpret_cast<uint32_t*>(s.p + wgmma::Swizzle128Offset(row_lo, col)) =
+        *reinterpret_cast<uint32_t*>(pdst + wgmma::Swizzle128Offset(row_lo, col)) =
             pa[j / 2][(j % 2) * 2 + 0];
-        *reinterpret_cast<uint32_t*>(s.p + wgmma::Swizzle128Offset(row_hi, col)) =
+        *reinterpret_cast<uint32_t*>(pdst + wgmma::Swizzle128Offset(row_hi, col)) =
             pa[j / 2][(j % 2) * 2 + 1];
       }
-      if (tq == 0) s.alpha[row_lo] = alpha_lo, s.alpha[row_hi] = alpha_hi;
+      if (tq == 0) alpha_dst[row_lo] = alpha_lo, alpha_dst[row_hi] = alpha_hi;
       wgmma::FenceProxyAsync();
       __syncwarp();
-      BarArrive(kPFull, kWideThreads);
+      BarArrive(kPInTile ? kPFullStage + stage : kPFull, kWideThreads);
 
       // O[:, 0:256) += P · V[:, 0:256).
       wgmma::FenceOperands(o);
@@ -295,9 +306,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = i % kStages;
       const uint8_t* kv = s.kv[stage];
       MbarWait(&s.full[stage], (i / kStages) & 1);
-      BarSync(kPFull, kWideThreads);
+      BarSync(kPInTile ? kPFullStage + stage : kPFull, kWideThreads);
       __syncwarp();
-      const float alpha_lo = s.alpha[row_lo], alpha_hi = s.alpha[row_hi];
+      const uint8_t* const psrc = kPInTile ? kv + (kColBlocks - 1) * kBlockBytes : s.p;
+      const float* const alpha_src = kPInTile ? s.stage_alpha[stage] : s.alpha;
+      const float alpha_lo = alpha_src[row_lo], alpha_hi = alpha_src[row_hi];
 #pragma unroll
       for (int j = 0; j < kORegs / 4; ++j) {
         o[4 * j + 0] *= alpha_lo, o[4 * j + 1] *= alpha_lo;
@@ -309,13 +322,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
         wgmma::WgmmaM64N256K16<1>(
-            o, wgmma::DescKMajor(s.p + kk * 32),
+            o, wgmma::DescKMajor(psrc + kk * 32),
             wgmma::DescMnMajor(kv + (kOutDims / 64) * kBlockBytes + kk * 16 * 128, kBlockBytes), 1);
       }
       wgmma::Commit();
       wgmma::Wait<0>();
       wgmma::FenceOperands(o);
-      if (i + 1 < n) BarArrive(kPFree, kWideThreads);
+      if (!kPInTile && i + 1 < n) BarArrive(kPFree, kWideThreads);
       __syncwarp();
       if (lane == 0) MbarArrive(&s.empty[stage]);
     }
@@ -331,9 +344,9 @@ absl::StatusOr<CUtensorMap> CacheMap(const MlaDecodeParams& p) {
                       kHeadDim, "the KV cache");
 }
 
-template <bool kSplit, typename OutT>
+template <bool kSplit, typename OutT, bool kPInTile>
 absl::Status Launch(const CUtensorMap& map, const MlaDecodeParams& p) {
-  constexpr auto kernel = MlaDecodeWideKernel<kSplit, OutT>;
+  constexpr auto kernel = MlaDecodeWideKernel<kSplit, OutT, kPInTile>;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmemBytes));
   const dim3 grid(p.num_splits, (p.num_heads + kWideHeads - 1) / kWideHeads, p.batch);
   kernel<<<grid, kThreads, kSmemBytes, p.stream>>>(map, p);
@@ -359,15 +372,21 @@ absl::StatusOr<CUtensorMap> CachedCacheMap(const MlaDecodeParams& p) {
   return map;
 }
 
-}  // namespace
-
-absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p) {
-  ASSIGN_OR_RETURN(const CUtensorMap map, CachedCacheMap(p));
+template <bool kPInTile>
+absl::Status LaunchWith(const CUtensorMap& map, const MlaDecodeParams& p) {
   const bool split = p.num_splits > 1;
   if (p.out_type == OutType::kFloat32) {
-    return split ? Launch<true, float>(map, p) : Launch<false, float>(map, p);
+    return split ? Launch<true, float, kPInTile>(map, p) : Launch<false, float, kPInTile>(map, p);
   }
-  return split ? Launch<true, bf16>(map, p) : Launch<false, bf16>(map, p);
+  return split ? Launch<true, bf16, kPInTile>(map, p) : Launch<false, bf16, kPInTile>(map, p);
+}
+
+}  // namespace
+
+absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p, MlaTileConfig tile) {
+  ASSIGN_OR_RETURN(const CUtensorMap map, CachedCacheMap(p));
+  return tile == MlaTileConfig::kHeads64Tokens64PInTile ? LaunchWith<true>(map, p)
+                                                        : LaunchWith<false>(map, p);
 }
 
 }  // namespace moesh::cuda::mla
