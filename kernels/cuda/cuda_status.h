@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/status.h"
@@ -25,6 +26,23 @@ inline absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
 // After a kernel launch: the launch's own error, if any.
 inline absl::Status LaunchStatus(absl::string_view kernel) {
   return CudaStatus(cudaGetLastError(), kernel);
+}
+
+// The CUDA driver function `name` (at `version`, e.g. 12000) as Fn, through
+// the runtime's driver entry point (no -lcuda); INTERNAL where this driver
+// lacks it. Callers keep the answer (a function-local static).
+template <typename Fn>
+absl::StatusOr<Fn> DriverEntryPoint(const char* name, int version) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaError_t err = cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &q);
+      err != cudaSuccess) {
+    return CudaStatus(err, absl::StrCat("cudaGetDriverEntryPointByVersion(", name, ")"));
+  }
+  if (q != cudaDriverEntryPointSuccess || f == nullptr) {
+    return absl::InternalError(absl::StrCat(name, ": not in this driver"));
+  }
+  return reinterpret_cast<Fn>(f);
 }
 
 // Raises kKernel's dynamic shared-memory limit to `bytes` on the current

@@ -41,6 +41,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "base/status.h"
@@ -318,14 +319,21 @@ absl::Status LaunchOne(const Maps& maps, const GroupedGemmParams& p) {
   config.stream = p.stream;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  // As many pairs as run at once (the GPCs decide, not SMs / 2), bounded by
-  // the steps: max_tiles bounds the 64-row tiles, and each expert's 128-row
-  // tiles are at most its 64-row ones.
-  int resident = 0;
-  config.gridDim = dim3(kClusterCtas);
-  RETURN_IF_CUDA_ERROR(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
-  if (resident < 1) {
-    return absl::InternalError("GroupedGemmFp8WgmmaKernel: no CTA pair fits an SM pair");
+  // As many pairs as run at once (the GPCs decide, not SMs / 2), asked once
+  // a device (the answer depends on the kernel and the device alone),
+  // bounded by the steps: max_tiles bounds the 64-row tiles, and each
+  // expert's 128-row tiles are at most its 64-row ones.
+  static std::atomic<int> resident_on[64] = {};  // 0: not asked yet on that device
+  int device = 0;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  int resident = resident_on[device & 63].load(std::memory_order_relaxed);
+  if (resident == 0) {
+    config.gridDim = dim3(kClusterCtas);
+    RETURN_IF_CUDA_ERROR(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
+    if (resident < 1) {
+      return absl::InternalError("GroupedGemmFp8WgmmaKernel: no CTA pair fits an SM pair");
+    }
+    resident_on[device & 63].store(resident, std::memory_order_relaxed);
   }
   const int64_t steps = (static_cast<int64_t>(p.max_tiles) + 1) / 2 * ((p.n + kCols - 1) / kCols);
   config.gridDim = dim3(kClusterCtas * static_cast<int>(std::min<int64_t>(resident, steps)));

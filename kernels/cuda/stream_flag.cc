@@ -18,22 +18,13 @@ struct MemOps {
   PFN_cuStreamWaitValue32_v11070 wait = nullptr;
 };
 
-template <typename Fn>
-absl::StatusOr<Fn> DriverFn(const char* name) {
-  void* f = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  RETURN_IF_CUDA_ERROR(cudaGetDriverEntryPointByVersion(name, &f, 11070, cudaEnableDefault, &q));
-  if (q != cudaDriverEntryPointSuccess || f == nullptr) {
-    return absl::InternalError(absl::StrCat(name, ": not in this driver"));
-  }
-  return reinterpret_cast<Fn>(f);
-}
-
 absl::StatusOr<MemOps> GetMemOps() {
   static const absl::StatusOr<MemOps> ops = []() -> absl::StatusOr<MemOps> {
     MemOps m;
-    ASSIGN_OR_RETURN(m.write, DriverFn<PFN_cuStreamWriteValue32_v11070>("cuStreamWriteValue32"));
-    ASSIGN_OR_RETURN(m.wait, DriverFn<PFN_cuStreamWaitValue32_v11070>("cuStreamWaitValue32"));
+    ASSIGN_OR_RETURN(
+        m.write, DriverEntryPoint<PFN_cuStreamWriteValue32_v11070>("cuStreamWriteValue32", 11070));
+    ASSIGN_OR_RETURN(
+        m.wait, DriverEntryPoint<PFN_cuStreamWaitValue32_v11070>("cuStreamWaitValue32", 11070));
     return m;
   }();
   return ops;

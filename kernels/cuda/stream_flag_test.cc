@@ -117,9 +117,13 @@ TEST(StreamFlagTest, CapturedPingPongReplaysStepAfterStep) {
     ASSERT_EQ(cudaMemcpyAsync(in.get(), &v, sizeof(v), cudaMemcpyHostToDevice, a.get()),
               cudaSuccess);
     // The consumer first on odd steps, the producer first on even ones.
-    if (step % 2) ASSERT_EQ(cudaGraphLaunch(consumer.exec, b.get()), cudaSuccess);
+    if (step % 2) {
+      ASSERT_EQ(cudaGraphLaunch(consumer.exec, b.get()), cudaSuccess);
+    }
     ASSERT_EQ(cudaGraphLaunch(producer.exec, a.get()), cudaSuccess);
-    if (step % 2 == 0) ASSERT_EQ(cudaGraphLaunch(consumer.exec, b.get()), cudaSuccess);
+    if (step % 2 == 0) {
+      ASSERT_EQ(cudaGraphLaunch(consumer.exec, b.get()), cudaSuccess);
+    }
     SCOPED_TRACE(::testing::Message() << "step " << step);
     MOESH_ASSERT_OK(SyncWithin(a.get(), kBound));
     MOESH_ASSERT_OK(SyncWithin(b.get(), kBound));

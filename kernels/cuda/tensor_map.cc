@@ -13,16 +13,7 @@ namespace {
 // cuTensorMapEncodeTiled through the runtime's driver entry point.
 absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> EncodeTiledFn() {
   static const absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> fn =
-      []() -> absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    RETURN_IF_CUDA_ERROR(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                          cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || f == nullptr) {
-      return absl::InternalError("cuTensorMapEncodeTiled: not in this driver");
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
+      DriverEntryPoint<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
   return fn;
 }
 
