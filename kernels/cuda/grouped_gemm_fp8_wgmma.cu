@@ -5,9 +5,9 @@
 // 2q + 1 (q = u / column blocks, counting tiles through the experts) at
 // column block u % column blocks, one for each CTA, so the pairs working at
 // one time share an expert's weights and rows in L2. Where both tiles belong
-// to one expert (~78% of the bench's pairs) each CTA's producer copies half of
-// the weights' 256-row slice into both CTAs (a multicast tensor copy): each
-// slice of B leaves L2 once for the pair. Three warpgroups a CTA:
+// to one expert (most of the bench's pairs; ~78% by a count outside the repo) each CTA's producer
+// copies half of the weights' 256-row slice into both CTAs (a multicast tensor copy): each slice of
+// B leaves L2 once for the pair. Three warpgroups a CTA:
 //   * the producer warpgroup (one lane) streams 128-wide k slices (one scale
 //     block) of each of its items into a four-stage ring with 2-D tensor
 //     copies, 64-row x 128-byte boxes swizzled by the copy engine (SW128; the
