@@ -341,9 +341,7 @@ absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
 // The configuration a launch with `num_heads` runs (kDefault resolved). The
 // 64-head kernel reads bf16 rows only: an FP8 cache runs the 16-head FP8
 // kernel (mla_decode_fp8.cu).
-bool IsWide(MlaTileConfig t) {
-  return t == MlaTileConfig::kHeads64Tokens64Stages2 || t == MlaTileConfig::kHeads64Tokens64PInTile;
-}
+bool IsWide(MlaTileConfig t) { return t == MlaTileConfig::kHeads64Tokens64Stages2; }
 
 MlaTileConfig Resolve(MlaTileConfig t, int num_heads, KvCacheDtype kv_dtype) {
   if (kv_dtype == KvCacheDtype::kFp8 && (t == MlaTileConfig::kDefault || IsWide(t))) {
@@ -366,7 +364,6 @@ auto WithTile(MlaTileConfig t, F&& f) {
     case MlaTileConfig::kDefault:
     case MlaTileConfig::kTokens64Stages2:
     case MlaTileConfig::kHeads64Tokens64Stages2:
-    case MlaTileConfig::kHeads64Tokens64PInTile:
       break;
   }
   return f(Cfg<64, 2>{});
@@ -470,7 +467,7 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   if (fp8) {
     RETURN_IF_ERROR(LaunchMlaDecodeFp8(p, tile));
   } else if (IsWide(tile)) {
-    RETURN_IF_ERROR(LaunchMlaDecodeWide(p, tile));
+    RETURN_IF_ERROR(LaunchMlaDecodeWide(p));
   } else {
     const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.batch);
     MlaDecodeParams q = p;  // the kernel reads the row stride (dense: kHeadDim)

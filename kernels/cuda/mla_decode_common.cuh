@@ -89,11 +89,11 @@ __device__ __forceinline__ float* SplitLse(const MlaDecodeParams& p, int b, int 
          (static_cast<int64_t>(b) * p.num_splits + split) * p.num_heads + h;
 }
 
-// The 64-heads-per-CTA kernel (mla_decode_wide.cu; `tile` one of its two
-// kHeads64* shapes) over grid (num_splits, ceil(num_heads / 64), batch);
-// RunMlaDecode has checked `p` and launches the combine after it when
-// num_splits > 1.
-absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p, MlaTileConfig tile);
+// The 64-heads-per-CTA kernel (mla_decode_wide.cu,
+// MlaTileConfig::kHeads64Tokens64Stages2) over grid (num_splits,
+// ceil(num_heads / 64), batch); RunMlaDecode has checked `p` and launches the
+// combine after it when num_splits > 1.
+absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p);
 
 // The FP8-row kernel (mla_decode_fp8.cu, KvCacheDtype::kFp8), 16 heads a CTA,
 // over grid (num_splits, ceil(num_heads / 16), batch) in the 16-head tile

@@ -14,19 +14,18 @@
 //     arrived on empty[stage];
 //   * warpgroup 0: S = Q · K^T over all 576 dims (36 wgmma m64n64k16), the
 //     online softmax in fp32 (base 2; a row's 64 scores live in one quad),
-//     P to shared memory as bf16 with the rescale factors, then
+//     P as bf16 into the scored tile's rope column block (free once S is
+//     done) with its rescale factors beside the stage, then
 //     O[:, 0:256) += P · V with P from registers (m64n256k16, A in registers);
-//   * warpgroup 1: O[:, 256:512) += P · V with P from shared memory, while
+//   * warpgroup 1: O[:, 256:512) += P · V with P from that stage, while
 //     warpgroup 0 already scores the next tile.
-// Named barriers hand P over: kPFull (warpgroup 0 arrives, 1 syncs) and
-// kPFree (1 arrives once its product is done, 0 syncs before the next P).
-// kPInTile (MlaTileConfig::kHeads64Tokens64PInTile): P and its rescale go
-// into the scored tile's stage instead — P into the rope column block, free
-// once S is done — so each stage carries its own, and warpgroup 0 never waits
-// for warpgroup 1 (no kPFree): it scores tile t + 1 while 1 still multiplies
-// t. A stage is refilled only after both released it, so what 0 writes there
-// cannot be overwritten early; kPFull is one barrier a stage, so 0 cannot
-// arrive twice on one before 1 synced on it.
+// P and its rescale travel with the stage, so warpgroup 0 never waits for
+// warpgroup 1's product before the next P: one named barrier a stage
+// (kPFull + stage: 0 arrives, 1 syncs) hands them over. A stage is refilled
+// only after both released it, so what 0 writes there cannot be overwritten
+// early, and 0 cannot arrive twice on one stage's barrier before 1 synced on
+// it. (P in a buffer of its own, which 0 could refill only once 1 was done
+// with it, ran 325.2 against 298.8 us at 128 x 4096 on an H100; NOTES.md.)
 // Splits write (O / l, log2-sum-exp) partials for mla_decode.cu's combine.
 #include <cuda.h>
 
@@ -59,16 +58,14 @@ static_assert((2 * kConsumerRegs + kProducerRegs) * 128 <= 65536 / kThreads / 8 
               "setmaxnreg would wait forever for registers the CTA does not have");
 constexpr int kConsumerWarps = kWideThreads / 32;
 // Named barriers (0 is __syncthreads).
-constexpr int kPFull = 1, kPFree = 2, kStats = 3, kWg0 = 4, kPFullStage = 5;  // + stage
+constexpr int kStats = 1, kWg0 = 2, kPFull = 3;  // kPFull + stage
 static_assert(kWideHeads == 64 && kWideThreads == 256 && kHeadDim % 64 == 0);
 
 struct Smem {
-  uint8_t q[kTileBytes];                   // [64 heads, 576], SW128 column blocks
-  uint8_t kv[kStages][kTileBytes];         // [64 tokens, 576] per stage
-  uint8_t p[kBlockBytes];                  // [64 heads, 64 tokens] bf16 probabilities
-  float alpha[kWideHeads];                 // per head: the rescale of O that goes with p
-  float stage_alpha[kStages][kWideHeads];  // kPInTile: the rescale that goes with a stage's P
-  float m[kWideHeads], l[kWideHeads];      // per head, after the last tile (log2 units)
+  uint8_t q[kTileBytes];               // [64 heads, 576], SW128 column blocks
+  uint8_t kv[kStages][kTileBytes];     // [64 tokens, 576] per stage
+  float alpha[kStages][kWideHeads];    // per head: the rescale of O that goes with a stage's P
+  float m[kWideHeads], l[kWideHeads];  // per head, after the last tile (log2 units)
   alignas(8) uint64_t full[kStages], empty[kStages];
 };
 // 1 KB of slack to align the dynamic shared memory to 1024 bytes (SW128).
@@ -138,7 +135,7 @@ __device__ __forceinline__ void WriteOut(const MlaDecodeParams& p, const float (
   }
 }
 
-template <bool kSplit, typename OutT, bool kPInTile>
+template <bool kSplit, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWideKernel(const __grid_constant__ CUtensorMap map, MlaDecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -259,11 +256,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         o[4 * j + 0] *= alpha_lo, o[4 * j + 1] *= alpha_lo;
         o[4 * j + 2] *= alpha_hi, o[4 * j + 3] *= alpha_hi;
       }
-      // Hand P and alpha to warpgroup 1 (once it is done with the last ones,
-      // where they have one place).
-      if (!kPInTile && i > 0) BarSync(kPFree, kWideThreads);
-      uint8_t* const pdst = kPInTile ? kv + (kColBlocks - 1) * kBlockBytes : s.p;
-      float* const alpha_dst = kPInTile ? s.stage_alpha[stage] : s.alpha;
+      // Hand P and alpha to warpgroup 1 in this stage: P over the rope
+      // column block, which S was the last to read.
+      uint8_t* const pdst = kv + (kColBlocks - 1) * kBlockBytes;
+      float* const alpha_dst = s.alpha[stage];
 #pragma unroll
       for (int j = 0; j < kSRegs / 4; ++j) {
         const int col = j * 8 + 2 * tq;
@@ -275,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tq == 0) alpha_dst[row_lo] = alpha_lo, alpha_dst[row_hi] = alpha_hi;
       wgmma::FenceProxyAsync();
       __syncwarp();
-      BarArrive(kPInTile ? kPFullStage + stage : kPFull, kWideThreads);
+      BarArrive(kPFull + stage, kWideThreads);
 
       // O[:, 0:256) += P · V[:, 0:256).
       wgmma::FenceOperands(o);
@@ -306,10 +302,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = i % kStages;
       const uint8_t* kv = s.kv[stage];
       MbarWait(&s.full[stage], (i / kStages) & 1);
-      BarSync(kPInTile ? kPFullStage + stage : kPFull, kWideThreads);
+      BarSync(kPFull + stage, kWideThreads);
       __syncwarp();
-      const uint8_t* const psrc = kPInTile ? kv + (kColBlocks - 1) * kBlockBytes : s.p;
-      const float* const alpha_src = kPInTile ? s.stage_alpha[stage] : s.alpha;
+      const uint8_t* const psrc = kv + (kColBlocks - 1) * kBlockBytes;
+      const float* const alpha_src = s.alpha[stage];
       const float alpha_lo = alpha_src[row_lo], alpha_hi = alpha_src[row_hi];
 #pragma unroll
       for (int j = 0; j < kORegs / 4; ++j) {
@@ -328,7 +324,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::Commit();
       wgmma::Wait<0>();
       wgmma::FenceOperands(o);
-      if (!kPInTile && i + 1 < n) BarArrive(kPFree, kWideThreads);
       __syncwarp();
       if (lane == 0) MbarArrive(&s.empty[stage]);
     }
@@ -344,9 +339,9 @@ absl::StatusOr<CUtensorMap> CacheMap(const MlaDecodeParams& p) {
                       kHeadDim, "the KV cache");
 }
 
-template <bool kSplit, typename OutT, bool kPInTile>
+template <bool kSplit, typename OutT>
 absl::Status Launch(const CUtensorMap& map, const MlaDecodeParams& p) {
-  constexpr auto kernel = MlaDecodeWideKernel<kSplit, OutT, kPInTile>;
+  constexpr auto kernel = MlaDecodeWideKernel<kSplit, OutT>;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmemBytes));
   const dim3 grid(p.num_splits, (p.num_heads + kWideHeads - 1) / kWideHeads, p.batch);
   kernel<<<grid, kThreads, kSmemBytes, p.stream>>>(map, p);
@@ -372,21 +367,15 @@ absl::StatusOr<CUtensorMap> CachedCacheMap(const MlaDecodeParams& p) {
   return map;
 }
 
-template <bool kPInTile>
-absl::Status LaunchWith(const CUtensorMap& map, const MlaDecodeParams& p) {
-  const bool split = p.num_splits > 1;
-  if (p.out_type == OutType::kFloat32) {
-    return split ? Launch<true, float, kPInTile>(map, p) : Launch<false, float, kPInTile>(map, p);
-  }
-  return split ? Launch<true, bf16, kPInTile>(map, p) : Launch<false, bf16, kPInTile>(map, p);
-}
-
 }  // namespace
 
-absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p, MlaTileConfig tile) {
+absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p) {
   ASSIGN_OR_RETURN(const CUtensorMap map, CachedCacheMap(p));
-  return tile == MlaTileConfig::kHeads64Tokens64PInTile ? LaunchWith<true>(map, p)
-                                                        : LaunchWith<false>(map, p);
+  const bool split = p.num_splits > 1;
+  if (p.out_type == OutType::kFloat32) {
+    return split ? Launch<true, float>(map, p) : Launch<false, float>(map, p);
+  }
+  return split ? Launch<true, bf16>(map, p) : Launch<false, bf16>(map, p);
 }
 
 }  // namespace moesh::cuda::mla

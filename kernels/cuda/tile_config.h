@@ -15,10 +15,6 @@ enum class MlaTileConfig {
   kTokens32Stages5,
   kTokens32Stages2,  // small enough for two CTAs per SM
   kHeads64Tokens64Stages2,
-  // The same kernel with P and its rescale in the scored tile's stage (no
-  // wait for the other warpgroup's product before the next P;
-  // mla_decode_wide.cu), beside it until measured.
-  kHeads64Tokens64PInTile,
 };
 
 // Which kernel runs RunMlaPrefill (mla_prefill.h): mma.sync (64 queries a

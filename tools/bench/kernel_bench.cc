@@ -137,8 +137,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   const Tile tiles[] = {
       {"64x2", MlaTileConfig::kTokens64Stages2},       {"32x4", MlaTileConfig::kTokens32Stages4},
       {"32x5", MlaTileConfig::kTokens32Stages5},       {"32x2", MlaTileConfig::kTokens32Stages2},
-      {"w64", MlaTileConfig::kHeads64Tokens64Stages2}, {"auto", MlaTileConfig::kDefault},
-      {"w64p", MlaTileConfig::kHeads64Tokens64PInTile}};
+      {"w64", MlaTileConfig::kHeads64Tokens64Stages2}, {"auto", MlaTileConfig::kDefault}};
   const auto name = [&tiles](MlaTileConfig t) {
     for (const Tile& tile : tiles) {
       if (tile.config == t) return tile.name;
@@ -156,7 +155,6 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   std::vector<Case> cases;
   for (const Tile& tile : tiles) {
     if (tile.config == MlaTileConfig::kHeads64Tokens64Stages2 ||
-        tile.config == MlaTileConfig::kHeads64Tokens64PInTile ||
         tile.config == MlaTileConfig::kDefault) {
       continue;
     }
@@ -167,12 +165,8 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   // 128 query heads (DeepSeek-V2/V3): the 16-head kernel as the baseline, and
   // the 64-head wgmma kernel (the default from 64 heads up) over the grid.
   for (int batch : {32, 128}) cases.push_back({&tiles[3], 128, batch, 4096});
-  // P in the tile's stage (w64p) row by row beside it.
   for (int batch : {1, 32, 128, 256}) {
-    for (int ctx : {1024, 4096, 16384}) {
-      cases.push_back({&tiles[4], 128, batch, ctx});
-      cases.push_back({&tiles[6], 128, batch, ctx});
-    }
+    for (int ctx : {1024, 4096, 16384}) cases.push_back({&tiles[4], 128, batch, ctx});
   }
   // Batch 1 at fewer splits than planned: each split writes 64 heads x 512
   // fp32 partials that the combine reads back.
