@@ -3,7 +3,7 @@
 // expects (MbarArriveExpectTx), issues bulk copies (a contiguous range, or a
 // tile of a tensor through a CUtensorMap made on the host), and every
 // consumer waits on the barrier's phase parity (MbarWait). And the per-thread
-// 16-byte cp.async with its commit/wait groups (CpAsync16).
+// 16-byte cp.async with its commit/wait groups (CpAsync16); named barriers.
 #ifndef MOESH_KERNELS_CUDA_ASYNC_COPY_CUH_
 #define MOESH_KERNELS_CUDA_ASYNC_COPY_CUH_
 
@@ -85,6 +85,16 @@ __device__ __forceinline__ uint32_t NumClustersX() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
   return r;
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads) of `threads` threads (a
+// multiple of 32), the non-.aligned forms (a warp may reach them diverged):
+// BarSync waits for all of them, BarArrive counts without waiting.
+__device__ __forceinline__ void BarSync(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void BarArrive(int id, int threads) {
+  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Every thread of every CTA of the cluster meets here (warp-convergent: each

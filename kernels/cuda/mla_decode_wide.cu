@@ -72,18 +72,12 @@ struct Smem {
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "over Hopper's shared memory per CTA");
 
-// Named barriers, the non-.aligned forms (a warp may reach them diverged).
-// The hand-offs are one-sided: making warpgroup 0 also wait at kPFull cost
-// 20% (287 -> 357 us at 128 x 4096). compute-sanitizer's racecheck reports
-// hazards on the plain shared-memory traffic these barriers order (alpha; and
-// m, l even behind the two-sided kStats), with two-sided syncs as well, so
-// tools/device/tests.sh runs racecheck on the 16-head kernel only.
-__device__ __forceinline__ void BarSync(int id, int threads) {
-  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void BarArrive(int id, int threads) {
-  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
+// The named barriers (BarSync / BarArrive, async_copy.cuh) hand over one
+// way: making warpgroup 0 also wait at kPFull cost 20% (287 -> 357 us at 128 x
+// 4096). compute-sanitizer's racecheck reports hazards on the plain
+// shared-memory traffic these barriers order (alpha; and m, l even behind the
+// two-sided kStats), with two-sided syncs as well, so tools/device/tests.sh
+// runs racecheck on the 16-head kernel only.
 
 // Rows [valid, 64) of a tile past the sequence's end become zeros (their
 // probabilities are 0, and 0 · NaN of whatever the pool holds there would

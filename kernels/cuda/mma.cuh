@@ -1,6 +1,6 @@
 // Warp-level tensor-core PTX wrappers shared by the mma.sync kernels (MLA
 // decode and prefill, the MoE grouped GEMM, the indexer): shared-memory
-// addressing and swizzle, bf16 fragment packing, ldmatrix and the
+// addressing and swizzle, bf16 fragment packing, ldmatrix / stmatrix and the
 // m16n8k16 bf16 and f16 and m16n8k32 e4m3 MMAs with fp32 accumulation.
 #ifndef MOESH_KERNELS_CUDA_MMA_CUH_
 #define MOESH_KERNELS_CUDA_MMA_CUH_
@@ -42,6 +42,16 @@ __device__ __forceinline__ void Ldmatrix4Trans(uint32_t (&r)[4], const void* p) 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(SmemAddr(p)));
+}
+
+// The inverse of Ldmatrix4: lanes 8i..8i+7 address the rows of matrix i; r[i]
+// is this thread's fragment of matrix i (row lane / 4, columns 2 (lane % 4)
+// and + 1: an mma accumulator's pair packed by PackBf16).
+__device__ __forceinline__ void Stmatrix4(void* p, const uint32_t (&r)[4]) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(SmemAddr(p)),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+      : "memory");
 }
 
 // c += a · b, m16n8k16, bf16 in, fp32 accumulate.
