@@ -76,12 +76,10 @@ static_assert((kConsumerWgs * kConsumerRegs + kProducerRegs) * 128 <=
 
 constexpr int kClusterCtas = 2;  // a pair sharing the weights' slices
 constexpr int kStages = 4;       // 48 KB a stage
-// bf16 outputs leave through shared memory: a warpgroup's 64 rows x 64
-// columns a round (four rounds an item), rows of 128 bytes whose 16-byte
-// chunks are swizzled by row, in two buffers so a round's stores overlap the
-// next round's copies.
-constexpr int kOutCols = 64;
-constexpr int kOutBytes = kWgRows * kOutCols * 2;  // 8 KB
+// Outputs leave through shared memory (StoreOut): a warpgroup's 64 rows of
+// 128 bytes a round, in two buffers so a round's stores overlap the next
+// round's copies.
+constexpr int kOutBytes = kWgRows * 128;  // 8 KB
 struct Smem {
   uint8_t a[kStages][kRows * kSliceK];  // [128 rows, 128 codes], SW128: two boxes
   uint8_t b[kStages][kCols * kSliceK];  // [256 rows, 128 codes]: four boxes
@@ -153,45 +151,72 @@ class ItemWalk {
   int e_ = 0, before_ = 0;  // the expert reached and the tiles of those before it
 };
 
-// Warpgroup wg's 64 rows of an item's bf16 outputs (acc in wgmma's layout:
+// Warpgroup wg's 64 rows of an item's outputs (acc in wgmma's layout:
 // acc[4 j + e] is column 8 j + 2 (lane % 4) + e % 2 of row r_lo, e < 2, or
-// r_hi) into y: each round stmatrix puts 64 columns as bf16 into a buffer
-// (an n-tile of 8 columns is one 16-byte chunk of a row), then every thread
-// copies 16-byte chunks from it to y, a warp four rows of 128 contiguous
-// bytes at a time (16-byte stores where y's rows are 16-byte aligned, else
-// four 4-byte ones). Rows past the expert's and columns past n are skipped.
-// Named barrier 1 + wg; after it, a round's buffer is written again only
-// once every thread passed the next round's barrier, so two buffers need
-// one barrier a round.
-__device__ __forceinline__ void StoreBf16(Smem& s, const float (&acc)[kCols / 2],
-                                          const GroupedGemmParams& p, const Item& it, int wg,
-                                          bool vec16) {
-  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  // The row whose address this lane gives stmatrix: matrix lane / 8 is
-  // (n-tile 2 i + (lane / 16), rows r_lo or r_hi by (lane / 8) % 2).
-  const int srow = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+// r_hi) into y through shared memory, a round of 128 bytes a row at a time
+// (64 bf16 or 32 fp32 columns): the accumulators go into a buffer whose rows'
+// 16-byte chunks are swizzled (bf16: stmatrix, an n-tile of 8 columns one
+// chunk, chunk ^ (row & 7); fp32: 8-byte stores, chunk ^ 2 (row & 3): the
+// rows a half-warp writes together land in distinct banks), then every
+// thread copies 16-byte chunks from it to y, a warp four rows of 128
+// contiguous bytes at a time (16-byte stores where y's rows are 16-byte
+// aligned, else 4- or 8-byte ones). Rows past the expert's and columns past n
+// are skipped. Named barrier 1 + wg; a round's buffer is written again only
+// once every thread passed the next round's barrier, so two buffers need one
+// barrier a round.
+template <bool kF32Out>
+__device__ __forceinline__ void StoreOut(Smem& s, const float (&acc)[kCols / 2],
+                                         const GroupedGemmParams& p, const Item& it, int wg,
+                                         bool vec16) {
+  constexpr int kElemBytes = kF32Out ? 4 : 2;
+  constexpr int kRoundCols = 128 / kElemBytes, kChunkCols = 16 / kElemBytes;
+  constexpr int kTilesPerRound = kRoundCols / 8;  // wgmma n-tiles of 8 columns
+  const auto swizzle = [](int row) { return kF32Out ? (row & 3) << 1 : row & 7; };
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32, g = lane / 4, tq = lane % 4;
 #pragma unroll
-  for (int r = 0; r < kCols / kOutCols; ++r) {
+  for (int r = 0; r < kCols / kRoundCols; ++r) {
     uint8_t* const buf = s.out[wg][r % 2];
+    if constexpr (kF32Out) {
 #pragma unroll
-    for (int i = 0; i < kOutCols / 16; ++i) {
-      const int j = r * (kOutCols / 8) + 2 * i;  // n-tiles j and j + 1
-      const uint32_t frag[4] = {
-          PackBf16(acc[4 * j], acc[4 * j + 1]), PackBf16(acc[4 * j + 2], acc[4 * j + 3]),
-          PackBf16(acc[4 * j + 4], acc[4 * j + 5]), PackBf16(acc[4 * j + 6], acc[4 * j + 7])};
-      const int chunk = 2 * i + lane / 16;
-      Stmatrix4(buf + srow * 128 + ((chunk ^ (srow & 7)) << 4), frag);
+      for (int i = 0; i < kTilesPerRound; ++i) {
+        const int j = r * kTilesPerRound + i;
+        const int chunk = 2 * i + tq / 2, within = (tq % 2) * 8;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = warp * 16 + half * 8 + g;
+          *reinterpret_cast<float2*>(buf + row * 128 + ((chunk ^ swizzle(row)) << 4) + within) =
+              make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        }
+      }
+    } else {
+      // The row whose address this lane gives stmatrix: matrix lane / 8 is
+      // (n-tile 2 i + (lane / 16), rows r_lo or r_hi by (lane / 8) % 2).
+      const int srow = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+#pragma unroll
+      for (int i = 0; i < kTilesPerRound / 2; ++i) {
+        const int j = r * kTilesPerRound + 2 * i;  // n-tiles j and j + 1
+        const uint32_t frag[4] = {
+            PackBf16(acc[4 * j], acc[4 * j + 1]), PackBf16(acc[4 * j + 2], acc[4 * j + 3]),
+            PackBf16(acc[4 * j + 4], acc[4 * j + 5]), PackBf16(acc[4 * j + 6], acc[4 * j + 7])};
+        const int chunk = 2 * i + lane / 16;
+        Stmatrix4(buf + srow * 128 + ((chunk ^ swizzle(srow)) << 4), frag);
+      }
     }
     BarSync(1 + wg, 128);
 #pragma unroll
     for (int q = t; q < kWgRows * 8; q += 128) {
       const int row = q / 8, chunk = q % 8;
-      const int m = it.m0 + wg * kWgRows + row, col = it.n0 + r * kOutCols + chunk * 8;
+      const int m = it.m0 + wg * kWgRows + row, col = it.n0 + r * kRoundCols + chunk * kChunkCols;
       if (m >= it.rows || col >= p.n) continue;
-      const uint4 v = *reinterpret_cast<const uint4*>(buf + row * 128 + ((chunk ^ (row & 7)) << 4));
-      bf16* const dst = static_cast<bf16*>(p.y) + static_cast<int64_t>(it.row0 + m) * p.ldy + col;
+      const uint4 v =
+          *reinterpret_cast<const uint4*>(buf + row * 128 + ((chunk ^ swizzle(row)) << 4));
+      uint8_t* const dst = static_cast<uint8_t*>(p.y) +
+                           (static_cast<int64_t>(it.row0 + m) * p.ldy + col) * kElemBytes;
       if (vec16) {
         *reinterpret_cast<uint4*>(dst) = v;
+      } else if constexpr (kF32Out) {  // ldy and col even: 8-byte aligned
+        reinterpret_cast<uint2*>(dst)[0] = make_uint2(v.x, v.y);
+        reinterpret_cast<uint2*>(dst)[1] = make_uint2(v.z, v.w);
       } else {  // ldy even: 4-byte aligned
         uint32_t* const d = reinterpret_cast<uint32_t*>(dst);
         d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
@@ -207,12 +232,12 @@ __device__ __forceinline__ void Consume(Smem& s, const GroupedGemmParams& p, Ite
                                         uint32_t rank, uint32_t peer, int first_step, int steps) {
   const int k_tiles = p.k / kSliceK;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wg = tid / 128, g = lane / 4, tq = lane % 4;
+  const int wg = tid / 128, g = lane / 4;
   // This thread's two rows of an item (wgmma's accumulator layout).
   const int r_lo = wg * kWgRows + (warp % 4) * 16 + g, r_hi = r_lo + 8;
   const int blocks_n = cpu::Fp8Blocks(p.n);
   const int scale_ld = Fp8ScaleStride(p.k);
-  const bool vec16 = p.ldy % 8 == 0 && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0;
+  const bool vec16 = p.ldy % (kF32Out ? 4 : 8) == 0 && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0;
   Item it;
   bool shared_b;
   uint32_t slice = 0;
@@ -280,23 +305,7 @@ __device__ __forceinline__ void Consume(Smem& s, const GroupedGemmParams& p, Ite
         }
       }
     }
-    if (!it.store) continue;
-    if constexpr (kF32Out) {  // fp32 pairs straight from the accumulators
-#pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) {
-        const int col = it.n0 + 8 * j + 2 * tq;
-        if (col >= p.n) continue;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = half ? r_hi : r_lo;
-          if (it.m0 + r >= it.rows) continue;
-          const int64_t off = static_cast<int64_t>(it.row0 + it.m0 + r) * p.ldy + col;
-          StorePair<true>(p.y, off, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-        }
-      }
-    } else {
-      StoreBf16(s, acc, p, it, wg, vec16);
-    }
+    if (it.store) StoreOut<kF32Out>(s, acc, p, it, wg, vec16);
   }
 }
 
