@@ -11,8 +11,10 @@
 //     A fragments of O += P·V (V fragments by ldmatrix.trans);
 //   * the epilogue writes O / l in bf16 and the log2-sum-exp, or merges them
 //     into an earlier key range's (`merge`).
-// Query tiles run longest first (the last tile sees the most keys).
+// (Query tile, head) pairs in PrefillTileOf's order (mla_prefill_common.cuh):
+// a few heads at a time, query tiles longest first.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -83,11 +85,12 @@ __device__ __forceinline__ uint32_t QWord(const MlaPrefillParams& p, int h, int 
   return *reinterpret_cast<const uint32_t*>(src);
 }
 
-__global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(MlaPrefillParams p) {
+__global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(MlaPrefillParams p, int group) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
-  // Query tiles on the slow grid axis, the last (longest) first over all heads.
-  const int qt = gridDim.y - 1 - blockIdx.y, h = blockIdx.x;
+  const PrefillTile tile =
+      PrefillTileOf(blockIdx.x, (p.num_q + kTileQ - 1) / kTileQ, p.num_heads, group);
+  const int qt = tile.qt, h = tile.h;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;  // mma fragment row group / thread in group
   const int i0 = qt * kTileQ;
@@ -179,10 +182,20 @@ bool Aligned(const void* ptr, uintptr_t bytes) {
 
 }  // namespace
 
+absl::StatusOr<int> mla_prefill::PrefillHeadsPerGroup(const MlaPrefillParams& p) {
+  int device = 0, l2 = 0;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  const int64_t head_bytes = std::max<int64_t>(1, int64_t{p.num_k} * (kNopeDim + kVDim) * 2);
+  return static_cast<int>(std::clamp<int64_t>(int64_t{l2} * 3 / 4 / head_bytes, 1, p.num_heads));
+}
+
 absl::Status RunMlaPrefill(const MlaPrefillParams& p) {
-  if (p.num_q < 0 || p.num_k < 0 || p.num_heads < 1 || (p.num_q + kTileQ - 1) / kTileQ > 65535) {
+  if (p.num_q < 0 || p.num_k < 0 || p.num_heads < 1 || (p.num_q + kTileQ - 1) / kTileQ > 65535 ||
+      int64_t{(p.num_q + kTileQ - 1) / kTileQ} * p.num_heads > INT_MAX) {
     return absl::InvalidArgumentError(
-        "RunMlaPrefill: need num_heads >= 1, 0 <= num_q <= 65535 * 64, num_k >= 0");
+        "RunMlaPrefill: need num_heads >= 1, 0 <= num_q <= 65535 * 64, num_k >= 0 and at most "
+        "2^31 - 1 (64-query tile, head) pairs");
   }
   if (!p.q_nope || !p.q_pe || !p.k_nope || !p.v || !p.k_pe || !p.out || (p.merge && !p.lse)) {
     return absl::InvalidArgumentError("RunMlaPrefill: null pointer (lse is needed to merge)");
@@ -202,8 +215,9 @@ absl::Status RunMlaPrefill(const MlaPrefillParams& p) {
   if (p.num_q == 0) return absl::OkStatus();
   if (p.impl == MlaPrefillImpl::kWgmma) return LaunchMlaPrefillWgmma(p);
   RETURN_IF_ERROR(AllowDynamicSmem<MlaPrefillKernel>(static_cast<int>(sizeof(Smem))));
-  const dim3 grid(p.num_heads, (p.num_q + kTileQ - 1) / kTileQ);
-  MlaPrefillKernel<<<grid, kThreads, sizeof(Smem), p.stream>>>(p);
+  ASSIGN_OR_RETURN(const int group, PrefillHeadsPerGroup(p));
+  const int grid = (p.num_q + kTileQ - 1) / kTileQ * p.num_heads;
+  MlaPrefillKernel<<<grid, kThreads, sizeof(Smem), p.stream>>>(p, group);
   return LaunchStatus("MlaPrefillKernel");
 }
 

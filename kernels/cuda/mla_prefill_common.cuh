@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/params.h"
@@ -142,6 +143,29 @@ __device__ __forceinline__ void FinishRows(const MlaPrefillParams& p, int h, int
   StoreRow(p, h, r_hi, tq, o, 1, st.l_hi, st.l_hi > 0.0f ? st.m_hi + log2f(st.l_hi) : -INFINITY,
            prev_hi);
 }
+
+// The order both prefill kernels take their (query tile, head) pairs in: a
+// 1-D grid of num_qt * num_heads CTAs in groups of `group` heads (the last
+// group may be smaller); within a group the query tiles run longest first
+// (the last tile sees the most keys) across its heads. The CTAs resident at
+// once are a few heads' tiles, which stream the same keys and values, so L2
+// serves them once: with every head's first tile first, 128 heads' rows at
+// 16K keys (1 GB) went through HBM once a query tile (BENCHMARKS, twentieth
+// session). PrefillHeadsPerGroup picks `group`.
+struct PrefillTile {
+  int qt, h;
+};
+__device__ __forceinline__ PrefillTile PrefillTileOf(int cta, int num_qt, int num_heads,
+                                                     int group) {
+  const int g = cta / (group * num_qt), r = cta - g * group * num_qt;
+  const int heads = min(group, num_heads - g * group);
+  return {num_qt - 1 - r / heads, g * group + r % heads};
+}
+
+// As many heads as keep their keys and values (num_k x 512 bytes a head)
+// within three quarters of the device's L2, at least 1 and at most
+// num_heads.
+absl::StatusOr<int> PrefillHeadsPerGroup(const MlaPrefillParams& p);
 
 // The wgmma kernel (mla_prefill_wgmma.cu) for RunMlaPrefill, after its
 // checks: its own (16-byte aligned q_nope and q_pe, strides of whole 16

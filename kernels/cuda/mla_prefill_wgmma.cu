@@ -12,7 +12,7 @@
 //     memory), the mask and online softmax (mla_prefill_common.cuh, as the
 //     mma.sync kernel), P from registers into O += P·V (four wgmma
 //     m64n128k16, V MN-major), the epilogue and merge as the mma.sync kernel.
-// Query tiles run longest first, as mla_prefill.cu's.
+// (Query tile, head) pairs in PrefillTileOf's order, as mla_prefill.cu's.
 #include <algorithm>
 #include <cstdint>
 
@@ -63,11 +63,13 @@ struct Maps {
 };
 
 __global__ void __launch_bounds__(kWgThreads, 1)
-    MlaPrefillWgmmaKernel(const __grid_constant__ Maps maps, MlaPrefillParams p) {
+    MlaPrefillWgmmaKernel(const __grid_constant__ Maps maps, MlaPrefillParams p, int group) {
   extern __shared__ uint8_t smem_raw[];
   Smem& s =
       *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const int qt = gridDim.y - 1 - blockIdx.y, h = blockIdx.x;
+  const PrefillTile tile =
+      PrefillTileOf(blockIdx.x, (p.num_q + kCtaQueries - 1) / kCtaQueries, p.num_heads, group);
+  const int qt = tile.qt, h = tile.h;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q0 = qt * kCtaQueries;
   const int diag = p.q_pos0 - p.k_pos0;  // key j is visible to query i iff j <= diag + i
@@ -174,8 +176,9 @@ absl::Status LaunchMlaPrefillWgmma(const MlaPrefillParams& p) {
   ASSIGN_OR_RETURN(maps.k_pe, Bf16BoxMap64(p.k_pe, num_k, kRopeDim, p.k_pe_ld, "k_pe"));
   ASSIGN_OR_RETURN(maps.v, Bf16BoxMap64(p.v, num_k, p.kv_ld, p.kv_ld, "v"));
   RETURN_IF_ERROR(AllowDynamicSmem<MlaPrefillWgmmaKernel>(kSmemBytes));
-  const dim3 grid(p.num_heads, (p.num_q + kCtaQueries - 1) / kCtaQueries);
-  MlaPrefillWgmmaKernel<<<grid, kWgThreads, kSmemBytes, p.stream>>>(maps, p);
+  ASSIGN_OR_RETURN(const int group, PrefillHeadsPerGroup(p));
+  const int grid = (p.num_q + kCtaQueries - 1) / kCtaQueries * p.num_heads;
+  MlaPrefillWgmmaKernel<<<grid, kWgThreads, kSmemBytes, p.stream>>>(maps, p, group);
   return LaunchStatus("MlaPrefillWgmmaKernel");
 }
 
