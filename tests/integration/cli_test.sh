@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Black-box test of the `moesh` command: mkmodel, generate (--json and text),
-# seeded sampling, its Abseil flags (--name=value and --name value, one
-# snake_case spelling, each subcommand's own), and one-line errors with a
-# non-zero exit.
-# usage: cli_test.sh PATH/TO/moesh
+# complete --prompt_logprobs against a serve-local CPU cluster, seeded
+# sampling, its Abseil flags (--name=value and --name value, one snake_case
+# spelling, each subcommand's own), and one-line errors with a non-zero exit.
+# usage: cli_test.sh PATH/TO/moesh (the service binaries beside it)
 set -euo pipefail
 MOESH=${1:?usage: cli_test.sh PATH/TO/moesh}
 TMP=$(mktemp -d "${TEST_TMPDIR:-/tmp}/moesh_cli.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
+PID=
+trap '[ -n "$PID" ] && { kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; }; rm -rf "$TMP"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 "$MOESH" mkmodel --family v3 --preset tiny --out "$TMP/v3" --seed 3 >/dev/null
@@ -44,6 +45,36 @@ one=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens
 [ "$(printf '%s\n' "$out" | sed -n 2p | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_ids"])')" \
   = "$(printf '%s' "$one" | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_ids"])')" ] \
   || fail "generate --n: sibling 1 is not the run seeded seed + 1"
+
+# complete --prompt_logprobs against a CPU cluster (serve-local) of the same
+# model: one finite log-probability <= 0 per prompt token after the first,
+# each row's 2 alternatives ordered and at least as likely, and the values of
+# `generate --prompt_logprobs` in one process.
+"$MOESH" serve-local --model "$TMP/v3" --port 0 --expert_workers 1 --work_dir "$TMP/cluster" \
+  >"$TMP/serve.out" 2>"$TMP/serve.log" &
+PID=$!
+for _ in $(seq 600); do
+  grep -q "moesh is serving on" "$TMP/serve.out" && break
+  kill -0 $PID 2>/dev/null || fail "serve-local exited: $(tail -5 "$TMP/serve.log")"
+  sleep 0.1
+done
+server=$(grep -o "moesh is serving on [0-9.:]*" "$TMP/serve.out" | awk '{print $5}')
+[ -n "$server" ] || fail "serve-local did not come up: $(tail -5 "$TMP/serve.log")"
+args=(--prompt_ids 5,17,300,9,42 --max_new_tokens 2 --ignore_eos --prompt_logprobs 2 --json)
+cluster=$("$MOESH" complete --server "$server" "${args[@]}") || fail "complete --prompt_logprobs: $cluster"
+single=$("$MOESH" generate --model "$TMP/v3" "${args[@]}") || fail "generate --prompt_logprobs: $single"
+python3 - "$cluster" "$single" <<'PYEOF' || fail "complete --prompt_logprobs: $cluster (generate: $single)"
+import json, math, sys
+c, g = (json.loads(a.splitlines()[0])["prompt_logprobs"] for a in sys.argv[1:3])
+assert len(c["logprobs"]) == 4, c
+assert all(math.isfinite(x) and x <= 0 for x in c["logprobs"]), c
+assert len(c["top_logprobs"]) == 4 and all(len(r) == 2 for r in c["top_logprobs"]), c
+assert all(r[0]["logprob"] >= r[1]["logprob"] and r[0]["logprob"] >= x - 1e-6
+           for x, r in zip(c["logprobs"], c["top_logprobs"])), c
+assert max(abs(a - b) for a, b in zip(c["logprobs"], g["logprobs"])) <= 1e-3, (c, g)
+PYEOF
+kill -TERM $PID && wait $PID || fail "serve-local did not stop cleanly: $(tail -5 "$TMP/serve.log")"
+PID=
 
 # Greedy is deterministic; seeded sampling reproduces; the sharded model runs.
 a=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens 6 --ignore_eos --json)
