@@ -1,10 +1,15 @@
 #include "router/api_keys.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/file_util.h"
+#include "common/metrics/civetweb_stop.h"
 
 namespace moesh {
 namespace {
@@ -18,7 +23,39 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
+// One "host:port" (or bare port) binds the loopback only.
+bool IsLoopbackAddress(absl::string_view listen) {
+  if (listen.find(':') == absl::string_view::npos) return false;  // a bare port: every interface
+  const std::string host = ListenHost(std::string(listen));
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
 }  // namespace
+
+bool IsLoopbackListen(absl::string_view listen) {
+  for (absl::string_view one : absl::StrSplit(listen, ',')) {
+    if (!IsLoopbackAddress(absl::StripAsciiWhitespace(one))) return false;
+  }
+  return true;
+}
+
+std::string MissingApiKeysWarning(
+    const ApiKeys* keys, const std::vector<std::pair<std::string, std::string>>& listeners) {
+  if (keys != nullptr) return "";
+  std::vector<std::string> exposed;
+  for (const auto& [flag, address] : listeners) {
+    if (!address.empty() && !IsLoopbackListen(address)) exposed.push_back(flag + " " + address);
+  }
+  if (exposed.empty()) return "";
+  return absl::StrCat("WARNING: no API keys (--api_keys_file) and ", absl::StrJoin(exposed, ", "),
+                      " bind", exposed.size() == 1 ? "s" : "",
+                      " beyond the loopback: anyone who reaches ",
+                      exposed.size() == 1 ? "it" : "them", " may generate");
+}
 
 absl::StatusOr<std::unique_ptr<ApiKeys>> ApiKeys::Load(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFileToString(path);

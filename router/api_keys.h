@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,6 +34,19 @@ class ApiKeys {
  private:
   const std::vector<std::string> keys_;
 };
+
+// Whether `listen` (a --listen or --http_listen address: "host:port",
+// "[v6]:port", civetweb's bare "port", or a comma-separated list of these)
+// binds the loopback only: localhost, 127.0.0.0/8 or ::1. A bare port, an
+// empty host, 0.0.0.0, :: or any other address or name binds beyond it.
+bool IsLoopbackListen(absl::string_view listen);
+
+// The one line a router logs at startup when `keys` is null and a public
+// listener binds beyond the loopback (`listeners`: each one's flag and
+// address; an empty address is no listener): anyone who reaches it may
+// generate. Empty when there is nothing to warn about.
+std::string MissingApiKeysWarning(
+    const ApiKeys* keys, const std::vector<std::pair<std::string, std::string>>& listeners);
 
 }  // namespace moesh
 

@@ -84,6 +84,11 @@ absl::Status Run() {
   if (!o.api_keys_file.empty()) {
     ASSIGN_OR_RETURN(keys, ApiKeys::Load(o.api_keys_file));
   }
+  if (const std::string warning = MissingApiKeysWarning(
+          keys.get(), {{"--listen", o.server.listen}, {"--http_listen", o.http_listen}});
+      !warning.empty()) {
+    std::cerr << "router: " << warning << std::endl;
+  }
   GenerationServiceOptions opt;
   opt.api_keys = keys.get();
   opt.default_max_new_tokens = o.default_max_new_tokens;

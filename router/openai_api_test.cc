@@ -608,5 +608,25 @@ TEST(ApiKeysTest, ChecksBearerKeys) {
   }
 }
 
+TEST(ApiKeysTest, LoopbackListenersNeedNoWarning) {
+  for (const char* loopback :
+       {"127.0.0.1:0", "127.8.9.1:80", "localhost:50051", "[::1]:8000", "127.0.0.1:1,[::1]:1"}) {
+    EXPECT_TRUE(IsLoopbackListen(loopback)) << loopback;
+  }
+  for (const char* open : {"0.0.0.0:50051", "[::]:80", ":80", "8000", "10.0.0.3:80", "host:1",
+                           "128.0.0.1:1", "127.0.0.1:1,8080", "", "[::ffff:0.0.0.0]:1"}) {
+    EXPECT_FALSE(IsLoopbackListen(open)) << open;
+  }
+  EXPECT_EQ(MissingApiKeysWarning(nullptr, {{"--listen", "127.0.0.1:0"}, {"--http_listen", ""}}),
+            "");
+  const ApiKeys keys({"k"});
+  EXPECT_EQ(MissingApiKeysWarning(&keys, {{"--listen", "0.0.0.0:1"}}), "");
+  const std::string warning = MissingApiKeysWarning(
+      nullptr, {{"--listen", "0.0.0.0:50051"}, {"--http_listen", "127.0.0.1:8000"}});
+  EXPECT_NE(warning.find("--listen 0.0.0.0:50051 binds beyond the loopback"), std::string::npos)
+      << warning;
+  EXPECT_EQ(warning.find("--http_listen"), std::string::npos) << warning;
+}
+
 }  // namespace
 }  // namespace moesh
