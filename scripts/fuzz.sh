@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-60}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors config tokenizer chat_template request wire)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors config tokenizer chat_template request openai_request wire)
 BUILD_DIR=${BUILD_DIR:-build-fuzz}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESH_CUDA=OFF -DMOESH_BUILD_TESTS=OFF -DMOESH_FUZZ=ON \
