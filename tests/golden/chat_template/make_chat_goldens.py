@@ -16,9 +16,15 @@ A rendering that raises (V2's template on a tool-call turn) is recorded as
 
 Run: /usr/bin/python3 tests/golden/chat_template/make_chat_goldens.py
 (needs python3-jinja2; writes goldens.json beside this script).
+With --check-transformers (on a machine with transformers, e.g. the GPU
+machine): renders every case through transformers' own
+chat_template_utils.render_jinja_template (what apply_chat_template calls)
+and compares with goldens.json, case by case; exits 1 on any difference (a
+rendering that raises must raise in both).
 """
 import json
 import os
+import sys
 
 import jinja2
 import jinja2.ext
@@ -134,5 +140,36 @@ def main():
         f.write("\n")
 
 
+def check_transformers():
+    import transformers
+    from transformers.utils.chat_template_utils import render_jinja_template
+    with open(os.path.join(HERE, "goldens.json"), encoding="utf-8") as f:
+        cases = json.load(f)["cases"]
+    differ = 0
+    for case in cases:
+        for family, path in TEMPLATES.items():
+            with open(os.path.join(HERE, path), encoding="utf-8") as f:
+                template = f.read()
+            want = case[family]
+            try:
+                rendered, _ = render_jinja_template(
+                    conversations=[case["messages"]], tools=case.get("tools"), documents=None,
+                    chat_template=template, add_generation_prompt=case["add_generation_prompt"],
+                    bos_token=BOS, eos_token=EOS)
+                got = rendered[0]
+            except Exception as e:  # compared as "raises" only: the types may differ
+                got = {"error": type(e).__name__}
+            same = (isinstance(got, dict) and isinstance(want, dict)) or got == want
+            differ += not same
+            print(f"{'same' if same else 'DIFFERS'}  {case['name']} / {family}")
+            if not same:
+                print(f"  goldens.json: {want!r}\n  transformers: {got!r}")
+    print(f"transformers {transformers.__version__}: {differ} of "
+          f"{len(cases) * len(TEMPLATES)} renderings differ from goldens.json")
+    return 1 if differ else 0
+
+
 if __name__ == "__main__":
+    if "--check-transformers" in sys.argv[1:]:
+        sys.exit(check_transformers())
     main()
