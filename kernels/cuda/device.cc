@@ -1,6 +1,8 @@
 #include "kernels/cuda/device.h"
 
 #include <cstring>
+#include <map>
+#include <mutex>
 
 namespace moesh::cuda {
 
@@ -72,8 +74,16 @@ absl::StatusOr<float> Event::ElapsedMsSince(const Event& start) const {
 }
 
 absl::StatusOr<DeviceInfo> CurrentDeviceInfo() {
+  // Fixed for a device's life: asked once a device, then served from here
+  // (launchers ask at every launch).
+  static std::mutex mu;
+  static std::map<int, DeviceInfo>* const known = new std::map<int, DeviceInfo>;
   DeviceInfo info;
   RETURN_IF_CUDA_ERROR(cudaGetDevice(&info.device));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = known->find(info.device); it != known->end()) return it->second;
+  }
   RETURN_IF_CUDA_ERROR(
       cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, info.device));
   RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(
@@ -83,6 +93,8 @@ absl::StatusOr<DeviceInfo> CurrentDeviceInfo() {
       cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, info.device));
   RETURN_IF_CUDA_ERROR(
       cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, info.device));
+  std::lock_guard<std::mutex> lock(mu);
+  known->emplace(info.device, info);
   return info;
 }
 

@@ -176,7 +176,8 @@ class Event {
   cudaEvent_t e_ = nullptr;
 };
 
-// Facts of the current device that launch configurations depend on.
+// Facts of the current device that launch configurations depend on (asked of
+// the runtime once a device, then cached: cheap enough for every launch).
 struct DeviceInfo {
   int device = 0;
   int num_sms = 0;

@@ -27,6 +27,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/grouped_gemm_fp8.h"
 #include "kernels/cuda/grouped_tiles.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -346,25 +347,17 @@ absl::Status LaunchOne(const GroupedGemmParams& p) {
   return LaunchStatus("GroupedGemmKernel");
 }
 
-// Whether a grid of `ctas` CTAs fits one an SM of the current device
-// (GemmCfg's kDeep: a second wave would cost more than the deeper ring buys;
-// at batch 2 it did, 4.21 -> 4.33 ms a V2-Lite step).
-absl::StatusOr<bool> OneCtaAnSm(int64_t ctas) {
-  int device = 0, sms = 0;
-  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
-  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return ctas <= int64_t{sms};
-}
-
 template <int kBM, int kBK>
 absl::Status Launch(const GroupedGemmParams& p) {
   if (p.w_fp8 != nullptr) {
     const bool f32 = p.out_type == OutType::kFloat32;
     if constexpr (kBK == 128 && kBM < 64) {
-      // max_tiles bounds the tiles from above by one at least (GroupedGemmMaxTiles).
-      ASSIGN_OR_RETURN(const bool few,
-                       OneCtaAnSm(int64_t{p.max_tiles - 1} * ((p.n + kBN - 1) / kBN)));
-      if (few) {
+      // kDeep where the grid fits one CTA an SM (a second wave costs more than
+      // the deeper ring buys: at batch 2 it did, 4.21 -> 4.33 ms a V2-Lite
+      // step); max_tiles bounds the tiles from above by one at least
+      // (GroupedGemmMaxTiles).
+      ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
+      if (int64_t{p.max_tiles - 1} * ((p.n + kBN - 1) / kBN) <= device.num_sms) {
         return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8, true>(p)
                    : LaunchOne<kBM, kBK, false, WeightKind::kFp8, true>(p);
       }

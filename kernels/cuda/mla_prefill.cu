@@ -22,6 +22,7 @@
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/mla_prefill_common.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -183,11 +184,10 @@ bool Aligned(const void* ptr, uintptr_t bytes) {
 }  // namespace
 
 absl::StatusOr<int> mla_prefill::PrefillHeadsPerGroup(const MlaPrefillParams& p) {
-  int device = 0, l2 = 0;
-  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
-  RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
   const int64_t head_bytes = std::max<int64_t>(1, int64_t{p.num_k} * (kNopeDim + kVDim) * 2);
-  return static_cast<int>(std::clamp<int64_t>(int64_t{l2} * 3 / 4 / head_bytes, 1, p.num_heads));
+  return static_cast<int>(
+      std::clamp<int64_t>(int64_t{device.l2_bytes} * 3 / 4 / head_bytes, 1, p.num_heads));
 }
 
 absl::Status RunMlaPrefill(const MlaPrefillParams& p) {

@@ -3,13 +3,12 @@
 # complete --prompt_logprobs against a serve-local CPU cluster, seeded
 # sampling, its Abseil flags (--name=value and --name value, one snake_case
 # spelling, each subcommand's own), and one-line errors with a non-zero exit.
-# usage: cli_test.sh PATH/TO/moesh (the service binaries beside it)
+# usage: cli_test.sh PATH/TO/moesh SOURCE_DIR (the service binaries beside moesh)
 set -euo pipefail
-MOESH=${1:?usage: cli_test.sh PATH/TO/moesh}
-TMP=$(mktemp -d "${TEST_TMPDIR:-/tmp}/moesh_cli.XXXXXX")
-PID=
-trap '[ -n "$PID" ] && { kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; }; rm -rf "$TMP"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+MOESH=${1:?usage: cli_test.sh PATH/TO/moesh SOURCE_DIR}
+SRC=${2:?usage: cli_test.sh PATH/TO/moesh SOURCE_DIR}
+. "$SRC/tests/integration/serve_local_lib.sh"
+serve_local_setup moesh_cli
 
 "$MOESH" mkmodel --family v3 --preset tiny --out "$TMP/v3" --seed 3 >/dev/null
 "$MOESH" mkmodel --family v2-lite --preset tiny --out "$TMP/v2l" --shards 2 --rope_parameters >/dev/null
@@ -50,16 +49,8 @@ one=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens
 # model: one finite log-probability <= 0 per prompt token after the first,
 # each row's 2 alternatives ordered and at least as likely, and the values of
 # `generate --prompt_logprobs` in one process.
-"$MOESH" serve-local --model "$TMP/v3" --port 0 --expert_workers 1 --work_dir "$TMP/cluster" \
-  >"$TMP/serve.out" 2>"$TMP/serve.log" &
-PID=$!
-for _ in $(seq 600); do
-  grep -q "moesh is serving on" "$TMP/serve.out" && break
-  kill -0 $PID 2>/dev/null || fail "serve-local exited: $(tail -5 "$TMP/serve.log")"
-  sleep 0.1
-done
-server=$(grep -o "moesh is serving on [0-9.:]*" "$TMP/serve.out" | awk '{print $5}')
-[ -n "$server" ] || fail "serve-local did not come up: $(tail -5 "$TMP/serve.log")"
+start_serve_local --model "$TMP/v3" --expert_workers 1
+server=127.0.0.1:$port
 args=(--prompt_ids 5,17,300,9,42 --max_new_tokens 2 --ignore_eos --prompt_logprobs 2 --json)
 cluster=$("$MOESH" complete --server "$server" "${args[@]}") || fail "complete --prompt_logprobs: $cluster"
 single=$("$MOESH" generate --model "$TMP/v3" "${args[@]}") || fail "generate --prompt_logprobs: $single"
@@ -73,8 +64,8 @@ assert all(r[0]["logprob"] >= r[1]["logprob"] and r[0]["logprob"] >= x - 1e-6
            for x, r in zip(c["logprobs"], c["top_logprobs"])), c
 assert max(abs(a - b) for a, b in zip(c["logprobs"], g["logprobs"])) <= 1e-3, (c, g)
 PYEOF
-kill -TERM $PID && wait $PID || fail "serve-local did not stop cleanly: $(tail -5 "$TMP/serve.log")"
-PID=
+kill -TERM "$pid" && wait "$pid" || fail "serve-local did not stop cleanly"
+pid=
 
 # Greedy is deterministic; seeded sampling reproduces; the sharded model runs.
 a=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 5,17,300 --max_new_tokens 6 --ignore_eos --json)

@@ -1,5 +1,5 @@
-# Sourced by the GPU integration tests (cuda_cluster_test.sh,
-# cuda_experts_test.sh), after they set MOESH:
+# Sourced by the integration tests that start a local cluster (cli_test.sh,
+# bench_serving_test.sh, cuda_cluster_test.sh, ...), after they set MOESH:
 #   serve_local_setup NAME   a fresh $TMP (removed on exit, with the cluster
 #                            stopped), $PY (Debian's python3 first);
 #   fail MESSAGE             prints it and the cluster's last log lines, exits 1;
