@@ -338,17 +338,16 @@ absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
   return LaunchStatus("MlaDecodeKernel");
 }
 
-// The configuration a launch with `num_heads` runs (kDefault resolved). The
-// 64-head kernel reads bf16 rows only: an FP8 cache runs the 16-head FP8
-// kernel (mla_decode_fp8.cu).
+// The configuration a launch with `num_heads` runs (kDefault resolved): the
+// 64-head kernel from 64 heads up (over bf16 rows mla_decode_wide.cu's, over
+// FP8 rows mla_decode_wide_fp8.cu's), else the 16-head tile of the rows'
+// kind.
 bool IsWide(MlaTileConfig t) { return t == MlaTileConfig::kHeads64Tokens64Stages2; }
 
 MlaTileConfig Resolve(MlaTileConfig t, int num_heads, KvCacheDtype kv_dtype) {
-  if (kv_dtype == KvCacheDtype::kFp8 && (t == MlaTileConfig::kDefault || IsWide(t))) {
-    return kFp8DefaultTile;
-  }
   if (t != MlaTileConfig::kDefault) return t;
-  return num_heads >= kWideHeads ? MlaTileConfig::kHeads64Tokens64Stages2 : kDefaultTile;
+  if (num_heads >= kWideHeads) return MlaTileConfig::kHeads64Tokens64Stages2;
+  return kv_dtype == KvCacheDtype::kFp8 ? kFp8DefaultTile : kDefaultTile;
 }
 
 // Calls f(Cfg<...>{}) for the 16-head tile configuration `t` names.
@@ -464,7 +463,9 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   }
   if (p.batch > 65535) return absl::InvalidArgumentError("RunMlaDecode: batch > 65535");
   const bool split = p.num_splits > 1;
-  if (fp8) {
+  if (fp8 && IsWide(tile)) {
+    RETURN_IF_ERROR(LaunchMlaDecodeWideFp8(p));
+  } else if (fp8) {
     RETURN_IF_ERROR(LaunchMlaDecodeFp8(p, tile));
   } else if (IsWide(tile)) {
     RETURN_IF_ERROR(LaunchMlaDecodeWide(p));

@@ -45,4 +45,32 @@ absl::StatusOr<CUtensorMap> Bf16BoxMap64(const void* base, uint64_t rows, uint64
   return map;
 }
 
+absl::StatusOr<CUtensorMap> ByteBoxMap(const void* base, uint64_t rows, uint64_t cols, uint64_t ld,
+                                       uint32_t box_cols, uint32_t box_rows,
+                                       absl::string_view what) {
+  if (base == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 || ld % 16 != 0 || ld < cols ||
+      rows < 1 || cols < 1 || box_cols % 16 != 0 || box_cols < 16 || box_cols > 256 ||
+      box_rows < 1 || box_rows > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "byte tensor map over ", what,
+        ": need a 16-byte aligned base, rows and cols >= 1, a row stride of whole 16 bytes >= "
+        "cols, boxes of 16..256 bytes (a multiple of 16) by 1..256 rows (rows ",
+        rows, ", cols ", cols, ", stride ", ld, ", box ", box_rows, " x ", box_cols, ")"));
+  }
+  ASSIGN_OR_RETURN(auto encode, EncodeTiledFn());
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {ld};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled over ", what, ": error ", r));
+  }
+  return map;
+}
+
 }  // namespace moesh::cuda

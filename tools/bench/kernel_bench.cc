@@ -6,7 +6,7 @@
 // Usage: kernel_bench [--quick | --mla-table | --mla-wide-table | --mla[-fp8] HEADS,BATCH,CONTEXT |
 //                     --fp8 | --fp8-grouped | --mla-prefill-table].
 // --mla-table runs the MLA table alone (quick; --mla-wide-table its 128-head
-// bf16 rows alone); --mla-prefill-table the MLA
+// rows alone, bf16 and FP8); --mla-prefill-table the MLA
 // prefill attention table alone (the expanded kernel against the absorbed
 // form at 4K to 64K-token prompts); --mla runs that one MLA case
 // with the default tile over bf16 rows (--mla-fp8: FP8 rows), for profilers; --fp8 runs
@@ -175,20 +175,22 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
       cases.push_back({&tiles[4], 128, 1, ctx, KvCacheDtype::kBf16, splits});
     }
   }
-  // FP8 rows: the 16-head kernel's tiles at 16 heads, and at 128 heads (the
-  // 64-head kernel reads bf16 only), beside the bf16 rows above.
+  // FP8 rows: the 16-head kernel's tiles at 16 heads, and at 128 heads the
+  // 64-head FP8 kernel (auto, mla_decode_wide_fp8.cu) beside the 16-head one
+  // (64x2) and the bf16 rows above.
   for (const Tile* tile : {&tiles[0], &tiles[1], &tiles[2], &tiles[3]}) {
     for (int batch : {1, 32, 128}) cases.push_back({tile, 16, batch, 4096, KvCacheDtype::kFp8});
   }
   for (int batch : {1, 32, 128, 256}) {
-    for (int ctx : {1024, 4096, 16384})
+    for (int ctx : {1024, 4096, 16384}) {
       cases.push_back({&tiles[5], 128, batch, ctx, KvCacheDtype::kFp8});
+      if (ctx == 4096) cases.push_back({&tiles[0], 128, batch, ctx, KvCacheDtype::kFp8});
+    }
   }
   if (only.heads > 0) cases = {{&tiles[5], only.heads, only.batch, only.ctx, only.kv}};
   if (only.wide_only) {
     cases.erase(
-        std::remove_if(cases.begin(), cases.end(),
-                       [](const Case& c) { return c.heads < 128 || c.kv != KvCacheDtype::kBf16; }),
+        std::remove_if(cases.begin(), cases.end(), [](const Case& c) { return c.heads < 128; }),
         cases.end());
   }
   for (const Case& c : cases) {
