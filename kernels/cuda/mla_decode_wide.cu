@@ -35,20 +35,21 @@
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/mla_decode_common.cuh"
+#include "kernels/cuda/mla_decode_wide_common.cuh"
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace moesh::cuda::mla {
 namespace {
 
-constexpr int kTile = kKvBlockSize;                   // tokens per tile: one cache block
+using wide::kBlockBytes;
+using wide::kORegs;
+using wide::kOutDims;
+using wide::kSRegs;
+using wide::kTile;
 constexpr int kStages = 2;                            // tiles in flight
-constexpr int kColBlocks = kHeadDim / 64;             // 9 SW128 column blocks of a row
-constexpr int kBlockBytes = kTile * 128;              // one column block of 64 rows: 8 KB
+constexpr int kColBlocks = wide::kQBlocks;            // 9 SW128 column blocks of a row
 constexpr int kTileBytes = kColBlocks * kBlockBytes;  // 72 KB: Q, or one KV tile
-constexpr int kOutDims = kLatentDim / 2;              // latent dims a warpgroup owns
-constexpr int kSRegs = kTile / 2;                     // m64n64 accumulators per thread
-constexpr int kORegs = kOutDims / 2;                  // m64n256 accumulators per thread
 constexpr int kThreads = kWideThreads + 128;          // two consumer warpgroups + the producer's
 // Registers per thread after setmaxnreg. A CTA of 384 threads gets 168 each
 // at launch (65536 / 384, in steps of 8); setmaxnreg only moves registers
@@ -91,56 +92,14 @@ __device__ __forceinline__ void ZeroRows(uint8_t* tile, int valid, int t, int th
   }
 }
 
-// The epilogue of one warpgroup: rows lo/hi of its 256 dims, normalized.
-template <bool kSplit, typename OutT>
-__device__ __forceinline__ void WriteOut(const MlaDecodeParams& p, const float (&o)[kORegs], int b,
-                                         int split, int head0, int wg, int row_lo, int tq,
-                                         const Smem& s, int n) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = row_lo + half * 8, h = head0 + row;
-    if (h >= p.num_heads) continue;
-    const float l = s.l[row], m = s.m[row];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const float lse2 = n > 0 ? m + log2f(l) : -INFINITY;
-    const int dim0 = wg * kOutDims + 2 * tq;
-    if constexpr (kSplit) {
-      float* part = SplitPartial(p, b, split, h) + dim0;
-#pragma unroll
-      for (int j = 0; j < kORegs / 4; ++j) {
-        *reinterpret_cast<float2*>(part + j * 8) =
-            make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
-      }
-      if (wg == 0 && tq == 0) *SplitLse(p, b, split, h) = lse2;
-    } else {
-      const int64_t bh = static_cast<int64_t>(b) * p.num_heads + h;
-      OutT* out = static_cast<OutT*>(p.out) + bh * kLatentDim + dim0;
-#pragma unroll
-      for (int j = 0; j < kORegs / 4; ++j) {
-        const float x = o[4 * j + 2 * half] * inv, y = o[4 * j + 2 * half + 1] * inv;
-        if constexpr (std::is_same_v<OutT, float>) {
-          *reinterpret_cast<float2*>(out + j * 8) = make_float2(x, y);
-        } else {
-          *reinterpret_cast<__nv_bfloat162*>(out + j * 8) = __floats2bfloat162_rn(x, y);
-        }
-      }
-      if (p.lse != nullptr && wg == 0 && tq == 0) p.lse[bh] = lse2 * 0.6931471805599453f;
-    }
-  }
-}
-
 template <bool kSplit, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWideKernel(const __grid_constant__ CUtensorMap map, MlaDecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
-  Smem& s =
-      *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const int split = blockIdx.x, head0 = blockIdx.y * kWideHeads, b = blockIdx.z;
+  Smem& s = wide::AlignedSmem<Smem>(smem_raw);
+  const wide::Cta cta = wide::CtaOf(p);
+  const int split = cta.split, head0 = cta.head0, b = cta.b, seq_len = cta.seq_len, n = cta.n;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int seq_len = p.seq_lens[b];
-  const int n_tiles = (seq_len + kTile - 1) / kTile;
-  const SplitRange range = SplitTiles(n_tiles, split, p.num_splits);
-  const int n = range.end - range.begin;
 
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
@@ -149,16 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     FenceMbarInit();
   }
-  // Q rows (zeros past num_heads) into SW128 column blocks.
-  for (int i = tid; i < kWideHeads * kColBlocks * 8; i += kThreads) {
-    const int row = i / (kColBlocks * 8), chunk = i % (kColBlocks * 8), h = head0 + row;
-    const uint4 v = h < p.num_heads
-                        ? reinterpret_cast<const uint4*>(
-                              p.q + (static_cast<int64_t>(b) * p.num_heads + h) * kHeadDim)[chunk]
-                        : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(s.q + (chunk / 8) * kBlockBytes +
-                              wgmma::Swizzle128Offset(row, (chunk % 8) * 8)) = v;
-  }
+  wide::LoadQ(s.q, p, b, head0, tid, kThreads);
   wgmma::FenceProxyAsync();
   __syncthreads();
 
@@ -169,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int stage = i % kStages;
         if (i >= kStages) MbarWait(&s.empty[stage], (i / kStages - 1) & 1);
         const int block =
-            p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + range.begin + i];
+            p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + cta.begin + i];
         MbarArriveExpectTx(&s.full[stage], kTileBytes);
 #pragma unroll
         for (int c = 0; c < kColBlocks; ++c) {
@@ -193,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale_log2 = p.softmax_scale * kLog2e;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
     for (int i = 0; i < n; ++i) {
-      const int stage = i % kStages, tile = range.begin + i;
+      const int stage = i % kStages, tile = cta.begin + i;
       uint8_t* kv = s.kv[stage];
       MbarWait(&s.full[stage], (i / kStages) & 1);
       __syncwarp();  // the wgmma below are warp-synchronous
@@ -207,63 +157,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       float sc[kSRegs];
       wgmma::GemmM64N64KMajor<kColBlocks>(sc, s.q, kv, kBlockBytes);
 
-      // Scale, mask past the end; a row's 64 scores are in this quad.
-      float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-      for (int j = 0; j < kSRegs / 4; ++j) {
-        const int tok = tile * kTile + j * 8 + 2 * tq;
-        const bool ok0 = tok < seq_len, ok1 = tok + 1 < seq_len;
-        sc[4 * j + 0] = ok0 ? sc[4 * j + 0] * scale_log2 : -INFINITY;
-        sc[4 * j + 1] = ok1 ? sc[4 * j + 1] * scale_log2 : -INFINITY;
-        sc[4 * j + 2] = ok0 ? sc[4 * j + 2] * scale_log2 : -INFINITY;
-        sc[4 * j + 3] = ok1 ? sc[4 * j + 3] * scale_log2 : -INFINITY;
-        mx_lo = fmaxf(mx_lo, fmaxf(sc[4 * j + 0], sc[4 * j + 1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
-      }
-#pragma unroll
-      for (int off = 1; off <= 2; off <<= 1) {
-        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-      }
-      // Every tile holds a token of the sequence, so the maxima are finite.
-      const float alpha_lo = exp2f(m_lo - mx_lo), alpha_hi = exp2f(m_hi - mx_hi);
-      m_lo = mx_lo;
-      m_hi = mx_hi;
-      // P as bf16 A fragments: k step kk covers n-tiles 2kk and 2kk + 1.
+      // Scale, mask, softmax; P and its rescale to warpgroup 1 in this stage:
+      // P over the rope column block, which S was the last to read.
       uint32_t pa[kTile / 16][4];
-      float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kSRegs / 4; ++j) {
-        const uint32_t plo = PackBf16(exp2f(sc[4 * j + 0] - m_lo), exp2f(sc[4 * j + 1] - m_lo));
-        const uint32_t phi = PackBf16(exp2f(sc[4 * j + 2] - m_hi), exp2f(sc[4 * j + 3] - m_hi));
-        pa[j / 2][(j % 2) * 2 + 0] = plo;
-        pa[j / 2][(j % 2) * 2 + 1] = phi;
-        // Sum what P·V will use: the rounded probabilities.
-        const float2 x = UnpackBf16(plo), y = UnpackBf16(phi);
-        sum_lo += x.x + x.y;
-        sum_hi += y.x + y.y;
-      }
-      l_lo = l_lo * alpha_lo + sum_lo;  // this thread's columns; the quad sums at the end
-      l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-      for (int j = 0; j < kORegs / 4; ++j) {
-        o[4 * j + 0] *= alpha_lo, o[4 * j + 1] *= alpha_lo;
-        o[4 * j + 2] *= alpha_hi, o[4 * j + 3] *= alpha_hi;
-      }
-      // Hand P and alpha to warpgroup 1 in this stage: P over the rope
-      // column block, which S was the last to read.
-      uint8_t* const pdst = kv + (kColBlocks - 1) * kBlockBytes;
-      float* const alpha_dst = s.alpha[stage];
-#pragma unroll
-      for (int j = 0; j < kSRegs / 4; ++j) {
-        const int col = j * 8 + 2 * tq;
-        *reinterpret_cast<uint32_t*>(pdst + wgmma::Swizzle128Offset(row_lo, col)) =
-            pa[j / 2][(j % 2) * 2 + 0];
-        *reinterpret_cast<uint32_t*>(pdst + wgmma::Swizzle128Offset(row_hi, col)) =
-            pa[j / 2][(j % 2) * 2 + 1];
-      }
-      if (tq == 0) alpha_dst[row_lo] = alpha_lo, alpha_dst[row_hi] = alpha_hi;
-      wgmma::FenceProxyAsync();
+      const wide::Rescale alpha =
+          wide::SoftmaxTile(sc, tile, seq_len, scale_log2, tq, m_lo, m_hi, l_lo, l_hi, o, pa);
+      wide::StoreP(kv + (kColBlocks - 1) * kBlockBytes, s.alpha[stage], pa, row_lo, row_hi, tq,
+                   alpha);
       __syncwarp();
       BarArrive(kPFull + stage, kWideThreads);
 
@@ -281,15 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
       if (lane == 0) MbarArrive(&s.empty[stage]);
     }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-    }
-    if (tq == 0) {
-      s.m[row_lo] = m_lo, s.m[row_hi] = m_hi;
-      s.l[row_lo] = l_lo, s.l[row_hi] = l_hi;
-    }
+    wide::StoreStats(s.m, s.l, row_lo, row_hi, tq, m_lo, m_hi, l_lo, l_hi);
     BarSync(kStats, kWideThreads);
   } else {
     for (int i = 0; i < n; ++i) {
@@ -299,13 +191,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       BarSync(kPFull + stage, kWideThreads);
       __syncwarp();
       const uint8_t* const psrc = kv + (kColBlocks - 1) * kBlockBytes;
-      const float* const alpha_src = s.alpha[stage];
-      const float alpha_lo = alpha_src[row_lo], alpha_hi = alpha_src[row_hi];
-#pragma unroll
-      for (int j = 0; j < kORegs / 4; ++j) {
-        o[4 * j + 0] *= alpha_lo, o[4 * j + 1] *= alpha_lo;
-        o[4 * j + 2] *= alpha_hi, o[4 * j + 3] *= alpha_hi;
-      }
+      wide::RescaleO(o, {s.alpha[stage][row_lo], s.alpha[stage][row_hi]});
       // O[:, 256:512) += P · V[:, 256:512).
       wgmma::FenceOperands(o);
       wgmma::Fence();
@@ -323,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     BarSync(kStats, kWideThreads);
   }
-  WriteOut<kSplit, OutT>(p, o, b, split, head0, wg, row_lo, tq, s, n);
+  wide::WriteOut<kSplit, OutT>(p, o, b, split, head0, wg, row_lo, tq, s.m, s.l, n);
 }
 
 // The paged cache as a 2-D tensor [num_blocks * 64 rows, 576] of bf16, read

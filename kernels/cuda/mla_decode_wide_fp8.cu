@@ -38,6 +38,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/fp8_kv.cuh"
 #include "kernels/cuda/mla_decode_common.cuh"
+#include "kernels/cuda/mla_decode_wide_common.cuh"
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -45,16 +46,16 @@ namespace moesh::cuda::mla {
 namespace {
 
 constexpr cpu::Fp8KvRowLayout kRow{kLatentDim, kRopeDim};
-constexpr int kRowBytes = kRow.bytes();                 // 656
-constexpr int kTile = kKvBlockSize;                     // tokens per tile: one cache block
-constexpr int kStages = 2;                              // ring stages
-constexpr int kBlockBytes = kTile * 128;                // one SW128 column block of 64 rows: 8 KB
-constexpr int kLatentBlocks = kLatentDim / 64;          // 8 column blocks of the latent
-constexpr int kQBytes = (kHeadDim / 64) * kBlockBytes;  // Q: 9 column blocks
-constexpr int kCodeBox = 256;                           // bytes of a row a code box holds
-constexpr int kOutDims = kLatentDim / 2;                // latent dims a consumer warpgroup owns
-constexpr int kSRegs = kTile / 2;
-constexpr int kORegs = kOutDims / 2;
+constexpr int kRowBytes = kRow.bytes();  // 656
+using wide::kBlockBytes;
+using wide::kORegs;
+using wide::kOutDims;
+using wide::kSRegs;
+using wide::kTile;
+constexpr int kStages = 2;                             // ring stages
+constexpr int kLatentBlocks = kLatentDim / 64;         // 8 column blocks of the latent
+constexpr int kQBytes = wide::kQBlocks * kBlockBytes;  // Q: 9 column blocks
+constexpr int kCodeBox = 256;                          // bytes of a row a code box holds
 constexpr int kThreads = kWideThreads + 128;
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert((2 * kConsumerRegs + kProducerRegs) * 128 <= 65536 / kThreads / 8 * 8 * kThreads,
@@ -129,57 +130,14 @@ __device__ __forceinline__ void WidenTile(Smem& s, Stage& st, int valid, int t) 
   }
 }
 
-// The epilogue of one consumer warpgroup: rows lo/hi of its 256 dims,
-// normalized (mla_decode_wide.cu's).
-template <bool kSplit, typename OutT>
-__device__ __forceinline__ void WriteOut(const MlaDecodeParams& p, const float (&o)[kORegs], int b,
-                                         int split, int head0, int wg, int row_lo, int tq,
-                                         const Smem& s, int n) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = row_lo + half * 8, h = head0 + row;
-    if (h >= p.num_heads) continue;
-    const float l = s.l[row], m = s.m[row];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const float lse2 = n > 0 ? m + log2f(l) : -INFINITY;
-    const int dim0 = wg * kOutDims + 2 * tq;
-    if constexpr (kSplit) {
-      float* part = SplitPartial(p, b, split, h) + dim0;
-#pragma unroll
-      for (int j = 0; j < kORegs / 4; ++j) {
-        *reinterpret_cast<float2*>(part + j * 8) =
-            make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
-      }
-      if (wg == 0 && tq == 0) *SplitLse(p, b, split, h) = lse2;
-    } else {
-      const int64_t bh = static_cast<int64_t>(b) * p.num_heads + h;
-      OutT* out = static_cast<OutT*>(p.out) + bh * kLatentDim + dim0;
-#pragma unroll
-      for (int j = 0; j < kORegs / 4; ++j) {
-        const float x = o[4 * j + 2 * half] * inv, y = o[4 * j + 2 * half + 1] * inv;
-        if constexpr (std::is_same_v<OutT, float>) {
-          *reinterpret_cast<float2*>(out + j * 8) = make_float2(x, y);
-        } else {
-          *reinterpret_cast<__nv_bfloat162*>(out + j * 8) = __floats2bfloat162_rn(x, y);
-        }
-      }
-      if (p.lse != nullptr && wg == 0 && tq == 0) p.lse[bh] = lse2 * 0.6931471805599453f;
-    }
-  }
-}
-
 template <bool kSplit, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWideFp8Kernel(const __grid_constant__ Maps maps, MlaDecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
-  Smem& s =
-      *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const int split = blockIdx.x, head0 = blockIdx.y * kWideHeads, b = blockIdx.z;
+  Smem& s = wide::AlignedSmem<Smem>(smem_raw);
+  const wide::Cta cta = wide::CtaOf(p);
+  const int split = cta.split, head0 = cta.head0, b = cta.b, seq_len = cta.seq_len, n = cta.n;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int seq_len = p.seq_lens[b];
-  const int n_tiles = (seq_len + kTile - 1) / kTile;
-  const SplitRange range = SplitTiles(n_tiles, split, p.num_splits);
-  const int n = range.end - range.begin;
 
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
@@ -190,21 +148,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     MbarInit(&s.kv_empty, kConsumerWarps);
     FenceMbarInit();
   }
-  // Q rows (zeros past num_heads) into SW128 column blocks.
-  for (int i = tid; i < kWideHeads * (kHeadDim / 64) * 8; i += kThreads) {
-    const int row = i / ((kHeadDim / 64) * 8), chunk = i % ((kHeadDim / 64) * 8), h = head0 + row;
-    const uint4 v = h < p.num_heads
-                        ? reinterpret_cast<const uint4*>(
-                              p.q + (static_cast<int64_t>(b) * p.num_heads + h) * kHeadDim)[chunk]
-                        : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(s.q + (chunk / 8) * kBlockBytes +
-                              wgmma::Swizzle128Offset(row, (chunk % 8) * 8)) = v;
-  }
+  wide::LoadQ(s.q, p, b, head0, tid, kThreads);
   wgmma::FenceProxyAsync();
   __syncthreads();
 
   const auto block_of = [&](int i) {
-    return p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + range.begin + i];
+    return p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + cta.begin + i];
   };
   if (warp >= kConsumerWarps) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
@@ -230,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Tile i + 1 into the stage tile i - 1 used (released with kv_empty).
       if (issuer && i >= 1 && i + 1 < n) issue(i + 1);
       MbarWait(&s.full[stage], (i / kStages) & 1);
-      WidenTile(s, s.ring[stage], min(kTile, seq_len - (range.begin + i) * kTile), t);
+      WidenTile(s, s.ring[stage], min(kTile, seq_len - (cta.begin + i) * kTile), t);
       wgmma::FenceProxyAsync();
       __syncwarp();
       if (lane == 0) MbarArrive(&s.kv_full);
@@ -239,6 +188,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+  // A consumer warp done with a tile: the ring stage (first) and the bf16
+  // tile go back to the producer warpgroup.
+  const auto release = [&](int stage) {
+    __syncwarp();
+    if (lane == 0) {
+      MbarArrive(&s.empty[stage]);
+      MbarArrive(&s.kv_empty);
+    }
+  };
   const int wg = tid / 128;
   const int g = lane / 4, tq = lane % 4;
   const int row_lo = (warp % 4) * 16 + g, row_hi = row_lo + 8;
@@ -250,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale_log2 = p.softmax_scale * kLog2e;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
     for (int i = 0; i < n; ++i) {
-      const int stage = i % kStages, tile = range.begin + i;
+      const int stage = i % kStages, tile = cta.begin + i;
       Stage& st = s.ring[stage];
       MbarWait(&s.kv_full, i & 1);
       __syncwarp();  // the wgmma below are warp-synchronous
@@ -277,56 +235,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::Wait<0>();
       wgmma::FenceOperands(sc);
 
-      float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-      for (int j = 0; j < kSRegs / 4; ++j) {
-        const int tok = tile * kTile + j * 8 + 2 * tq;
-        const bool ok0 = tok < seq_len, ok1 = tok + 1 < seq_len;
-        sc[4 * j + 0] = ok0 ? sc[4 * j + 0] * scale_log2 : -INFINITY;
-        sc[4 * j + 1] = ok1 ? sc[4 * j + 1] * scale_log2 : -INFINITY;
-        sc[4 * j + 2] = ok0 ? sc[4 * j + 2] * scale_log2 : -INFINITY;
-        sc[4 * j + 3] = ok1 ? sc[4 * j + 3] * scale_log2 : -INFINITY;
-        mx_lo = fmaxf(mx_lo, fmaxf(sc[4 * j + 0], sc[4 * j + 1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
-      }
-#pragma unroll
-      for (int off = 1; off <= 2; off <<= 1) {
-        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-      }
-      const float alpha_lo = exp2f(m_lo - mx_lo), alpha_hi = exp2f(m_hi - mx_hi);
-      m_lo = mx_lo;
-      m_hi = mx_hi;
+      // Softmax; P and its rescale to warpgroup 1 over the stage's rope block.
       uint32_t pa[kTile / 16][4];
-      float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kSRegs / 4; ++j) {
-        const uint32_t plo = PackBf16(exp2f(sc[4 * j + 0] - m_lo), exp2f(sc[4 * j + 1] - m_lo));
-        const uint32_t phi = PackBf16(exp2f(sc[4 * j + 2] - m_hi), exp2f(sc[4 * j + 3] - m_hi));
-        pa[j / 2][(j % 2) * 2 + 0] = plo;
-        pa[j / 2][(j % 2) * 2 + 1] = phi;
-        const float2 x = UnpackBf16(plo), y = UnpackBf16(phi);
-        sum_lo += x.x + x.y;
-        sum_hi += y.x + y.y;
-      }
-      l_lo = l_lo * alpha_lo + sum_lo;
-      l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-      for (int j = 0; j < kORegs / 4; ++j) {
-        o[4 * j + 0] *= alpha_lo, o[4 * j + 1] *= alpha_lo;
-        o[4 * j + 2] *= alpha_hi, o[4 * j + 3] *= alpha_hi;
-      }
-      // P and alpha to warpgroup 1 in this stage: P over the rope block.
-#pragma unroll
-      for (int j = 0; j < kSRegs / 4; ++j) {
-        const int col = j * 8 + 2 * tq;
-        *reinterpret_cast<uint32_t*>(st.rope + wgmma::Swizzle128Offset(row_lo, col)) =
-            pa[j / 2][(j % 2) * 2 + 0];
-        *reinterpret_cast<uint32_t*>(st.rope + wgmma::Swizzle128Offset(row_hi, col)) =
-            pa[j / 2][(j % 2) * 2 + 1];
-      }
-      if (tq == 0) s.alpha[stage][row_lo] = alpha_lo, s.alpha[stage][row_hi] = alpha_hi;
-      wgmma::FenceProxyAsync();
+      const wide::Rescale alpha =
+          wide::SoftmaxTile(sc, tile, seq_len, scale_log2, tq, m_lo, m_hi, l_lo, l_hi, o, pa);
+      wide::StoreP(st.rope, s.alpha[stage], pa, row_lo, row_hi, tq, alpha);
       __syncwarp();
       BarArrive(kPFull + stage, kWideThreads);
 
@@ -341,21 +254,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::Commit();
       wgmma::Wait<0>();
       wgmma::FenceOperands(o);
-      __syncwarp();
-      if (lane == 0) {
-        MbarArrive(&s.empty[stage]);
-        MbarArrive(&s.kv_empty);
-      }
+      release(stage);
     }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-    }
-    if (tq == 0) {
-      s.m[row_lo] = m_lo, s.m[row_hi] = m_hi;
-      s.l[row_lo] = l_lo, s.l[row_hi] = l_hi;
-    }
+    wide::StoreStats(s.m, s.l, row_lo, row_hi, tq, m_lo, m_hi, l_lo, l_hi);
     BarSync(kStats, kWideThreads);
   } else {
     for (int i = 0; i < n; ++i) {
@@ -364,12 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       MbarWait(&s.kv_full, i & 1);
       BarSync(kPFull + stage, kWideThreads);
       __syncwarp();
-      const float alpha_lo = s.alpha[stage][row_lo], alpha_hi = s.alpha[stage][row_hi];
-#pragma unroll
-      for (int j = 0; j < kORegs / 4; ++j) {
-        o[4 * j + 0] *= alpha_lo, o[4 * j + 1] *= alpha_lo;
-        o[4 * j + 2] *= alpha_hi, o[4 * j + 3] *= alpha_hi;
-      }
+      wide::RescaleO(o, {s.alpha[stage][row_lo], s.alpha[stage][row_hi]});
       // O[:, 256:512) += P · V[:, 256:512).
       wgmma::FenceOperands(o);
       wgmma::Fence();
@@ -383,15 +279,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::Commit();
       wgmma::Wait<0>();
       wgmma::FenceOperands(o);
-      __syncwarp();
-      if (lane == 0) {
-        MbarArrive(&s.empty[stage]);
-        MbarArrive(&s.kv_empty);
-      }
+      release(stage);
     }
     BarSync(kStats, kWideThreads);
   }
-  WriteOut<kSplit, OutT>(p, o, b, split, head0, wg, row_lo, tq, s, n);
+  wide::WriteOut<kSplit, OutT>(p, o, b, split, head0, wg, row_lo, tq, s.m, s.l, n);
 }
 
 // The pool's FP8 rows as byte boxes (codes, scales) and the rope as bf16,
