@@ -342,9 +342,10 @@ TEST_P(MlaDecodeTest, WideMatchesReference) {
   CheckCase(GetParam(), {MlaTileConfig::kHeads64Tokens64Stages2});
 }
 
-// FP8 rows (--kv_cache_dtype fp8) through the 16-head kernel's tiles, and
-// through kDefault and the 64-head configuration, which run the 16-head
-// kernel on FP8 rows at any head count.
+// FP8 rows (--kv_cache_dtype fp8) through the 16-head FP8 kernel's tiles, and
+// through kDefault (the 64-head FP8 kernel from 64 heads up, else the 16-head
+// one) and the 64-head configuration (the 64-head FP8 kernel at any head
+// count, padded to 64).
 TEST_P(MlaDecodeTest, Fp8RowsMatchReference) {
   MOESH_REQUIRE_GPU();
   CheckCase(GetParam(),

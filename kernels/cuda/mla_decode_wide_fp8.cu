@@ -12,10 +12,11 @@
 // a two-stage ring of the raw rows (41 KB a stage): the codes as two
 // [64, 256] byte boxes, the scales as a [64, 16] box, the rope as one SW128
 // [64, 64] bf16 box (tensor copies: ByteBoxMap and Bf16BoxMap64).
-//   * The producer warpgroup: lane 0 of its first warp issues a tile's copies
-//     into the ring two tiles ahead (full[stage]); then all 128 threads widen
-//     the tile the consumers will take next, once both consumer warpgroups
-//     have released the bf16 tile (kv_empty): each thread 32 chunks of 8
+//   * The producer warpgroup: lane 0 of its first warp issues tile i + 1's
+//     copies into the ring (full[stage]) once tile i - 1 is consumed, while
+//     tile i is widened; all 128 threads widen the tile the consumers take
+//     next once both consumer warpgroups have released the bf16 tile
+//     (kv_empty): each thread 32 chunks of 8
 //     codes, code (an exact f16) times its power-of-two scale, exactly a bf16,
 //     into the swizzled tile; rows past the sequence's end become zeros, and
 //     their rope rows in the ring too. kv_full tells the consumers.
@@ -211,6 +212,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = i % kStages, tile = cta.begin + i;
       Stage& st = s.ring[stage];
       MbarWait(&s.kv_full, i & 1);
+      // The rope block is the copy's: wait on its own barrier too (its phase
+      // has completed: the producer waited on it before kv_full).
+      MbarWait(&s.full[stage], (i / kStages) & 1);
       __syncwarp();  // the wgmma below are warp-synchronous
       // S[64 heads, 64 tokens] over the latent (bf16 tile) and the rope (ring).
       float sc[kSRegs];

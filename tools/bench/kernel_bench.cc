@@ -144,7 +144,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
     }
     return "?";
   };
-  std::printf("(default tiles: bf16 rows %s below 64 heads, w64 from 64; FP8 rows %s)\n",
+  std::printf("(default tiles below 64 heads: bf16 rows %s, FP8 rows %s; w64 from 64 heads)\n",
               name(mla::kDefaultTile), name(mla::kFp8DefaultTile));
   struct Case {
     const Tile* tile;
