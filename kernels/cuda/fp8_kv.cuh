@@ -44,6 +44,22 @@ __device__ __forceinline__ uint32_t CodesToF16x2(uint32_t two) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
+// Eight codes (two words, the lower byte first) times a power-of-two `scale`
+// as four bf16 pairs, exactly: e4m3 -> f16 is exact, a power of two keeps it
+// exact in fp32, and e4m3's three mantissa bits fit bf16's seven.
+__device__ __forceinline__ uint4 WidenToBf16x8(uint2 codes, float scale) {
+  uint32_t out[4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const uint32_t word = p < 2 ? codes.x : codes.y;
+    const uint32_t h2 = CodesToF16x2(word >> (16 * (p % 2)));
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+    out[p] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 // Value d of a row: d < latent, code times its group's scale; else the rope
 // part's bf16.
 __device__ __forceinline__ float Load(const uint8_t* row, int latent, int d) {

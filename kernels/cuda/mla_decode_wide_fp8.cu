@@ -90,21 +90,6 @@ struct Maps {
   CUtensorMap codes, scales, rope;
 };
 
-// Eight codes (two words, the lower byte first) times `scale` as four bf16
-// pairs: e4m3 -> f16 is exact, and a power-of-two scale keeps it exact in
-// fp32 and then in bf16 (e4m3's three mantissa bits fit bf16's seven).
-__device__ __forceinline__ uint4 Widen8(uint2 codes, float scale) {
-  uint32_t out[4];
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    const uint32_t word = p < 2 ? codes.x : codes.y;
-    const uint32_t h2 = fp8kv::CodesToF16x2(word >> (16 * (p % 2)));
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-    out[p] = PackBf16(f.x * scale, f.y * scale);
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
 // The producer warpgroup's widening of the tile in `st` into the bf16 tile:
 // `valid` rows of the sequence, the rest zeros (and their rope rows in the
 // ring, which the copy filled from whatever the pool holds there).
@@ -119,7 +104,7 @@ __device__ __forceinline__ void WidenTile(Smem& s, Stage& st, int valid, int t) 
     if (row < valid) {
       const uint2 codes = *reinterpret_cast<const uint2*>(&st.codes[half][row][off]);
       const float scale = reinterpret_cast<const float*>(st.scales[row])[group];
-      v = Widen8(codes, scale);
+      v = fp8kv::WidenToBf16x8(codes, scale);
     }
     *reinterpret_cast<uint4*>(s.kv + c * kBlockBytes + wgmma::Swizzle128Offset(row, 8 * j)) = v;
   }
