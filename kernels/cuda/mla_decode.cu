@@ -342,7 +342,9 @@ absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
 // 64-head kernel from 64 heads up (over bf16 rows mla_decode_wide.cu's, over
 // FP8 rows mla_decode_wide_fp8.cu's), else the 16-head tile of the rows'
 // kind.
-bool IsWide(MlaTileConfig t) { return t == MlaTileConfig::kHeads64Tokens64Stages2; }
+bool IsWide(MlaTileConfig t) {
+  return t == MlaTileConfig::kHeads64Tokens64Stages2 || t == MlaTileConfig::kHeads64Fp8Loads;
+}
 
 MlaTileConfig Resolve(MlaTileConfig t, int num_heads, KvCacheDtype kv_dtype) {
   if (t != MlaTileConfig::kDefault) return t;
@@ -363,6 +365,7 @@ auto WithTile(MlaTileConfig t, F&& f) {
     case MlaTileConfig::kDefault:
     case MlaTileConfig::kTokens64Stages2:
     case MlaTileConfig::kHeads64Tokens64Stages2:
+    case MlaTileConfig::kHeads64Fp8Loads:
       break;
   }
   return f(Cfg<64, 2>{});
@@ -463,12 +466,12 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   }
   if (p.batch > 65535) return absl::InvalidArgumentError("RunMlaDecode: batch > 65535");
   const bool split = p.num_splits > 1;
-  if (fp8 && IsWide(tile)) {
-    RETURN_IF_ERROR(LaunchMlaDecodeWideFp8(p));
+  if (IsWide(tile)) {  // 64 heads a CTA: bf16 rows, or FP8 rows through a ring or registers
+    RETURN_IF_ERROR(fp8 && tile == MlaTileConfig::kHeads64Tokens64Stages2
+                        ? LaunchMlaDecodeWideFp8(p)
+                        : LaunchMlaDecodeWide(p));
   } else if (fp8) {
     RETURN_IF_ERROR(LaunchMlaDecodeFp8(p, tile));
-  } else if (IsWide(tile)) {
-    RETURN_IF_ERROR(LaunchMlaDecodeWide(p));
   } else {
     const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.batch);
     MlaDecodeParams q = p;  // the kernel reads the row stride (dense: kHeadDim)

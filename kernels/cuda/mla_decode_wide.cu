@@ -27,6 +27,22 @@
 // it. (P in a buffer of its own, which 0 could refill only once 1 was done
 // with it, ran 325.2 against 298.8 us at 128 x 4096 on an H100; NOTES.md.)
 // Splits write (O / l, log2-sum-exp) partials for mla_decode.cu's combine.
+//
+// kFp8 (KvCacheDtype::kFp8, FlashMLA's 656-byte rows [512 e4m3 codes | 4
+// float32 power-of-two scales | 64 bf16 rope]): the same consumers over the
+// same two bf16 stages; the producer warpgroup fills them as FlashMLA's FP8
+// decode does (NOTES.md): its 128 threads load a tile's codes straight from
+// global memory into registers (warp w rows 16 w .. 16 w + 15, lane l codes
+// [16 l, 16 l + 16) of each: one coalesced 512-byte row a load), widen them
+// (code times its group's scale: exact in bf16) and store them into the free
+// stage's eight latent column blocks, while one lane's tensor copy brings the
+// rope (bf16 in the row) into its ninth. A tile's loads are issued before
+// waiting for its stage, so they fly while the consumers finish the tile
+// before. full[stage] counts the copy's arrival (with its bytes) and the
+// four producer warps'. Registers: warpgroup 0 224, warpgroup 1 216 (its own
+// epilogue), the producer 64: four rows' loads in flight a thread, four passes
+// a tile (FlashMLA keeps a tile's in flight with 152; ours do not fit there
+// yet: NOTES.md). Not yet run on a GPU (MlaTileConfig::kHeads64Fp8Loads).
 #include <cuda.h>
 
 #include <vector>
@@ -34,6 +50,7 @@
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/fp8_kv.cuh"
 #include "kernels/cuda/mla_decode_common.cuh"
 #include "kernels/cuda/mla_decode_wide_common.cuh"
 #include "kernels/cuda/tensor_map.h"
@@ -53,10 +70,22 @@ constexpr int kTileBytes = kColBlocks * kBlockBytes;  // 72 KB: Q, or one KV til
 constexpr int kThreads = kWideThreads + 128;          // two consumer warpgroups + the producer's
 // Registers per thread after setmaxnreg. A CTA of 384 threads gets 168 each
 // at launch (65536 / 384, in steps of 8); setmaxnreg only moves registers
-// within the CTA, so 2 x 240 + 24 per warpgroup lane is all there is.
+// within the CTA, so 2 x 240 + 24 per warpgroup lane is all there is (bf16
+// rows); 224 + 216 + 64 over FP8 rows.
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // 168
 constexpr int kConsumerRegs = 240, kProducerRegs = 24;
-static_assert((2 * kConsumerRegs + kProducerRegs) * 128 <= 65536 / kThreads / 8 * 8 * kThreads,
+constexpr int kFp8Wg0Regs = 224, kFp8Wg1Regs = 216, kFp8ProducerRegs = 64;
+static_assert((2 * kConsumerRegs + kProducerRegs) * 128 <= kLaunchRegs * kThreads &&
+                  (kFp8Wg0Regs + kFp8Wg1Regs + kFp8ProducerRegs) * 128 <= kLaunchRegs * kThreads,
               "setmaxnreg would wait forever for registers the CTA does not have");
+// FP8 rows (kFp8).
+constexpr cpu::Fp8KvRowLayout kFp8Row{kLatentDim, kRopeDim};
+constexpr int kFp8RowBytes = kFp8Row.bytes();  // 656
+constexpr int kProducerWarps = 4;
+constexpr int kRowsPerProducerWarp = kTile / kProducerWarps;  // 16
+constexpr int kRowsPerPass = 4;  // rows a pass keeps in flight a thread
+static_assert(kFp8Wg1Regs > kLaunchRegs && kRowsPerProducerWarp % kRowsPerPass == 0);
+static_assert(kLatentDim == 32 * 16 && kFp8Row.scales_offset() == kLatentDim);
 constexpr int kConsumerWarps = kWideThreads / 32;
 // Named barriers (0 is __syncthreads).
 constexpr int kStats = 1, kWg0 = 2, kPFull = 3;  // kPFull + stage
@@ -92,7 +121,43 @@ __device__ __forceinline__ void ZeroRows(uint8_t* tile, int valid, int t, int th
   }
 }
 
-template <bool kSplit, typename OutT>
+// The FP8 producer's passes over tile `block` (its rows in the pool): pass
+// `pass` of this warp's 16 rows, kRowsPerPass rows' 16 codes and scale a
+// thread, loaded (LoadFp8Tile; the first pass before the stage is free) and
+// widened into stage kv (StoreFp8Tile).
+struct Fp8Loads {
+  uint4 codes[kRowsPerPass];
+  float scale[kRowsPerPass];
+};
+__device__ __forceinline__ void LoadFp8Tile(const MlaDecodeParams& p, int block, int pw, int lane,
+                                            int pass, Fp8Loads& f) {
+  const uint8_t* rows = reinterpret_cast<const uint8_t*>(p.kv_cache) +
+                        (static_cast<int64_t>(block) * kKvBlockSize + pw * kRowsPerProducerWarp +
+                         pass * kRowsPerPass) *
+                            kFp8RowBytes;
+#pragma unroll
+  for (int r = 0; r < kRowsPerPass; ++r) {
+    const uint8_t* row = rows + r * kFp8RowBytes;
+    f.codes[r] = __ldg(reinterpret_cast<const uint4*>(row) + lane);
+    f.scale[r] = __ldg(reinterpret_cast<const float*>(row + kFp8Row.scales_offset()) +
+                       lane * 16 / cpu::kFp8Block);
+  }
+}
+__device__ __forceinline__ void StoreFp8Tile(uint8_t* kv, int pw, int lane, int pass,
+                                             const Fp8Loads& f) {
+  const int c = lane / 4, j = 2 * (lane % 4);  // column block, its first 16-byte chunk
+#pragma unroll
+  for (int r = 0; r < kRowsPerPass; ++r) {
+    const int row = pw * kRowsPerProducerWarp + pass * kRowsPerPass + r;
+    uint8_t* at = kv + c * kBlockBytes;
+    *reinterpret_cast<uint4*>(at + wgmma::Swizzle128Offset(row, 8 * j)) =
+        fp8kv::WidenToBf16x8(make_uint2(f.codes[r].x, f.codes[r].y), f.scale[r]);
+    *reinterpret_cast<uint4*>(at + wgmma::Swizzle128Offset(row, 8 * (j + 1))) =
+        fp8kv::WidenToBf16x8(make_uint2(f.codes[r].z, f.codes[r].w), f.scale[r]);
+  }
+}
+
+template <bool kSplit, typename OutT, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWideKernel(const __grid_constant__ CUtensorMap map, MlaDecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -103,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
-      MbarInit(&s.full[st], 1);
+      MbarInit(&s.full[st], kFp8 ? 1 + kProducerWarps : 1);
       MbarInit(&s.empty[st], kConsumerWarps);
     }
     FenceMbarInit();
@@ -112,6 +177,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma::FenceProxyAsync();
   __syncthreads();
 
+  if (kFp8 && warp >= kConsumerWarps) {  // the FP8 producer warpgroup: all four warps
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kFp8ProducerRegs));
+    const int pw = warp - kConsumerWarps;
+    const auto block_of = [&](int i) {
+      return p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + cta.begin + i];
+    };
+    for (int i = 0; i < n; ++i) {
+      const int stage = i % kStages, block = block_of(i);
+      Fp8Loads f;
+      LoadFp8Tile(p, block, pw, lane, 0, f);
+      if (i >= kStages) MbarWait(&s.empty[stage], (i / kStages - 1) & 1);
+      if (pw == 0 && lane == 0) {  // the rope: bf16 in the rows, into the ninth column block
+        MbarArriveExpectTx(&s.full[stage], kBlockBytes);
+        TmaLoad2D(&s.kv[stage][(kColBlocks - 1) * kBlockBytes], &map, kFp8Row.rope_offset() / 2,
+                  block * kKvBlockSize, &s.full[stage]);
+      }
+      StoreFp8Tile(s.kv[stage], pw, lane, 0, f);
+#pragma unroll 1
+      for (int pass = 1; pass < kRowsPerProducerWarp / kRowsPerPass; ++pass) {
+        LoadFp8Tile(p, block, pw, lane, pass, f);
+        StoreFp8Tile(s.kv[stage], pw, lane, pass, f);
+      }
+      wgmma::FenceProxyAsync();
+      __syncwarp();
+      if (lane == 0) MbarArrive(&s.full[stage]);
+    }
+    return;
+  }
   if (warp >= kConsumerWarps) {  // the producer warpgroup: one lane works
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
     if (warp == kConsumerWarps && lane == 0) {
@@ -131,8 +224,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
   const int wg = tid / 128, t = tid % 128;
+  if (!kFp8) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+  } else if (wg == 0) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kFp8Wg0Regs));
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kFp8Wg1Regs));
+  }
   const int g = lane / 4, tq = lane % 4;                        // accumulator row group / quad lane
   const int row_lo = (warp % 4) * 16 + g, row_hi = row_lo + 8;  // this thread's two heads
   float o[kORegs];
@@ -208,20 +307,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) MbarArrive(&s.empty[stage]);
     }
     BarSync(kStats, kWideThreads);
+    if constexpr (kFp8) {  // its own epilogue: a shared one would hold it to 216 registers
+      wide::WriteOut<kSplit, OutT>(p, o, b, split, head0, 1, row_lo, tq, s.m, s.l, n);
+      return;
+    }
   }
   wide::WriteOut<kSplit, OutT>(p, o, b, split, head0, wg, row_lo, tq, s.m, s.l, n);
 }
 
 // The paged cache as a 2-D tensor [num_blocks * 64 rows, 576] of bf16, read
-// in 64 x 64 boxes swizzled for SW128.
+// in 64 x 64 boxes swizzled for SW128; FP8 rows as [rows, 328] bf16, of which
+// the kernel copies the rope's 64.
 absl::StatusOr<CUtensorMap> CacheMap(const MlaDecodeParams& p) {
-  return Bf16BoxMap64(p.kv_cache, static_cast<uint64_t>(p.num_blocks) * kKvBlockSize, kHeadDim,
-                      kHeadDim, "the KV cache");
+  const uint64_t rows = static_cast<uint64_t>(p.num_blocks) * kKvBlockSize;
+  if (p.kv_dtype == KvCacheDtype::kFp8) {
+    return Bf16BoxMap64(p.kv_cache, rows, kFp8RowBytes / 2, kFp8RowBytes / 2,
+                        "the FP8 KV cache's rope");
+  }
+  return Bf16BoxMap64(p.kv_cache, rows, kHeadDim, kHeadDim, "the KV cache");
 }
 
-template <bool kSplit, typename OutT>
+template <bool kSplit, typename OutT, bool kFp8>
 absl::Status Launch(const CUtensorMap& map, const MlaDecodeParams& p) {
-  constexpr auto kernel = MlaDecodeWideKernel<kSplit, OutT>;
+  constexpr auto kernel = MlaDecodeWideKernel<kSplit, OutT, kFp8>;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmemBytes));
   const dim3 grid(p.num_splits, (p.num_heads + kWideHeads - 1) / kWideHeads, p.batch);
   kernel<<<grid, kThreads, kSmemBytes, p.stream>>>(map, p);
@@ -235,27 +343,35 @@ absl::StatusOr<CUtensorMap> CachedCacheMap(const MlaDecodeParams& p) {
   struct Entry {
     const void* cache;
     int num_blocks;
+    KvCacheDtype dtype;
     CUtensorMap map;
   };
   thread_local std::vector<Entry> maps;  // few: one per pool (or layer) a thread runs
   for (const Entry& e : maps) {
-    if (e.cache == p.kv_cache && e.num_blocks == p.num_blocks) return e.map;
+    if (e.cache == p.kv_cache && e.num_blocks == p.num_blocks && e.dtype == p.kv_dtype) {
+      return e.map;
+    }
   }
   ASSIGN_OR_RETURN(const CUtensorMap map, CacheMap(p));
   if (maps.size() >= 256) maps.clear();  // bounded
-  maps.push_back({p.kv_cache, p.num_blocks, map});
+  maps.push_back({p.kv_cache, p.num_blocks, p.kv_dtype, map});
   return map;
+}
+
+template <bool kFp8>
+absl::Status LaunchWith(const CUtensorMap& map, const MlaDecodeParams& p) {
+  const bool split = p.num_splits > 1;
+  if (p.out_type == OutType::kFloat32) {
+    return split ? Launch<true, float, kFp8>(map, p) : Launch<false, float, kFp8>(map, p);
+  }
+  return split ? Launch<true, bf16, kFp8>(map, p) : Launch<false, bf16, kFp8>(map, p);
 }
 
 }  // namespace
 
 absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p) {
   ASSIGN_OR_RETURN(const CUtensorMap map, CachedCacheMap(p));
-  const bool split = p.num_splits > 1;
-  if (p.out_type == OutType::kFloat32) {
-    return split ? Launch<true, float>(map, p) : Launch<false, float>(map, p);
-  }
-  return split ? Launch<true, bf16>(map, p) : Launch<false, bf16>(map, p);
+  return p.kv_dtype == KvCacheDtype::kFp8 ? LaunchWith<true>(map, p) : LaunchWith<false>(map, p);
 }
 
 }  // namespace moesh::cuda::mla

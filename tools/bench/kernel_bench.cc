@@ -137,7 +137,8 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   const Tile tiles[] = {
       {"64x2", MlaTileConfig::kTokens64Stages2},       {"32x4", MlaTileConfig::kTokens32Stages4},
       {"32x5", MlaTileConfig::kTokens32Stages5},       {"32x2", MlaTileConfig::kTokens32Stages2},
-      {"w64", MlaTileConfig::kHeads64Tokens64Stages2}, {"auto", MlaTileConfig::kDefault}};
+      {"w64", MlaTileConfig::kHeads64Tokens64Stages2}, {"auto", MlaTileConfig::kDefault},
+      {"w64r", MlaTileConfig::kHeads64Fp8Loads}};
   const auto name = [&tiles](MlaTileConfig t) {
     for (const Tile& tile : tiles) {
       if (tile.config == t) return tile.name;
@@ -155,7 +156,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   std::vector<Case> cases;
   for (const Tile& tile : tiles) {
     if (tile.config == MlaTileConfig::kHeads64Tokens64Stages2 ||
-        tile.config == MlaTileConfig::kDefault) {
+        tile.config == MlaTileConfig::kHeads64Fp8Loads || tile.config == MlaTileConfig::kDefault) {
       continue;
     }
     for (int batch : {1, 32, 128}) {
@@ -184,6 +185,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   for (int batch : {1, 32, 128, 256}) {
     for (int ctx : {1024, 4096, 16384}) {
       cases.push_back({&tiles[5], 128, batch, ctx, KvCacheDtype::kFp8});
+      cases.push_back({&tiles[6], 128, batch, ctx, KvCacheDtype::kFp8});  // the register path
       if (ctx == 4096) cases.push_back({&tiles[0], 128, batch, ctx, KvCacheDtype::kFp8});
     }
   }
