@@ -58,6 +58,13 @@ __device__ __forceinline__ void BulkCopyG2S(void* dst, const void* src, uint32_t
       : "memory");
 }
 
+// `bytes` (a multiple of 16) of global memory from `src` (16-byte aligned)
+// into L2, asynchronously, tracked by nothing: a hint that later loads there
+// find the lines in L2.
+__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // The box of a 2-D tensor map at (x = inner coordinate, y = outer) into
 // shared `dst` (aligned as the map's swizzle requires: 1024 bytes for 128B).
 __device__ __forceinline__ void TmaLoad2D(void* dst, const CUtensorMap* map, int x, int y,

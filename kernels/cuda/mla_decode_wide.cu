@@ -42,7 +42,9 @@
 // four producer warps'. Registers: warpgroup 0 224, warpgroup 1 216 (its own
 // epilogue), the producer 64: four rows' loads in flight a thread, four passes
 // a tile (FlashMLA keeps a tile's in flight with 152; ours do not fit there
-// yet: NOTES.md). Not yet run on a GPU (MlaTileConfig::kHeads64Fp8Loads).
+// yet: NOTES.md), so one lane prefetches the next tile's block (41 KB,
+// contiguous) into L2 with one bulk prefetch while this one is widened. Not
+// yet run on a GPU (MlaTileConfig::kHeads64Fp8Loads).
 #include <cuda.h>
 
 #include <vector>
@@ -183,8 +185,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto block_of = [&](int i) {
       return p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + cta.begin + i];
     };
+    const auto prefetch = [&](int i) {  // tile i's rows (one block: contiguous) into L2
+      BulkPrefetchL2(reinterpret_cast<const uint8_t*>(p.kv_cache) +
+                         static_cast<int64_t>(block_of(i)) * kKvBlockSize * kFp8RowBytes,
+                     kKvBlockSize * kFp8RowBytes);
+    };
+    if (pw == 0 && lane == 0 && n > 0) prefetch(0);
     for (int i = 0; i < n; ++i) {
       const int stage = i % kStages, block = block_of(i);
+      // The passes load from L2: the next tile's block is on its way there.
+      if (pw == 0 && lane == 0 && i + 1 < n) prefetch(i + 1);
       Fp8Loads f;
       LoadFp8Tile(p, block, pw, lane, 0, f);
       if (i >= kStages) MbarWait(&s.empty[stage], (i / kStages - 1) & 1);
