@@ -340,8 +340,9 @@ absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
 
 // The configuration a launch with `num_heads` runs (kDefault resolved): the
 // 64-head kernel from 64 heads up (over bf16 rows mla_decode_wide.cu's, over
-// FP8 rows mla_decode_wide_fp8.cu's), else the 16-head tile of the rows'
-// kind.
+// FP8 rows mla_decode_wide_fp8.cu's ring form; kHeads64Fp8Loads asks for
+// mla_decode_wide.cu's register-path form), else the 16-head tile of the
+// rows' kind.
 bool IsWide(MlaTileConfig t) {
   return t == MlaTileConfig::kHeads64Tokens64Stages2 || t == MlaTileConfig::kHeads64Fp8Loads;
 }

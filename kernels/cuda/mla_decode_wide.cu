@@ -147,15 +147,20 @@ __device__ __forceinline__ void LoadFp8Tile(const MlaDecodeParams& p, int block,
 }
 __device__ __forceinline__ void StoreFp8Tile(uint8_t* kv, int pw, int lane, int pass,
                                              const Fp8Loads& f) {
-  const int c = lane / 4, j = 2 * (lane % 4);  // column block, its first 16-byte chunk
+  // Column block c, chunks j and j + 1 of its row; lanes of odd blocks store
+  // their second chunk first, so the eight lanes a 16-byte store serves at
+  // once (two blocks, 8 KB apart: the same banks) hit eight distinct chunks.
+  const int c = lane / 4, j = 2 * (lane % 4), first = c & 1;
 #pragma unroll
   for (int r = 0; r < kRowsPerPass; ++r) {
     const int row = pw * kRowsPerProducerWarp + pass * kRowsPerPass + r;
     uint8_t* at = kv + c * kBlockBytes;
-    *reinterpret_cast<uint4*>(at + wgmma::Swizzle128Offset(row, 8 * j)) =
-        fp8kv::WidenToBf16x8(make_uint2(f.codes[r].x, f.codes[r].y), f.scale[r]);
-    *reinterpret_cast<uint4*>(at + wgmma::Swizzle128Offset(row, 8 * (j + 1))) =
-        fp8kv::WidenToBf16x8(make_uint2(f.codes[r].z, f.codes[r].w), f.scale[r]);
+    const uint2 lo = make_uint2(f.codes[r].x, f.codes[r].y),
+                hi = make_uint2(f.codes[r].z, f.codes[r].w);
+    *reinterpret_cast<uint4*>(at + wgmma::Swizzle128Offset(row, 8 * (j + first))) =
+        fp8kv::WidenToBf16x8(first ? hi : lo, f.scale[r]);
+    *reinterpret_cast<uint4*>(at + wgmma::Swizzle128Offset(row, 8 * (j + 1 - first))) =
+        fp8kv::WidenToBf16x8(first ? lo : hi, f.scale[r]);
   }
 }
 
@@ -190,7 +195,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                          static_cast<int64_t>(block_of(i)) * kKvBlockSize * kFp8RowBytes,
                      kKvBlockSize * kFp8RowBytes);
     };
-    if (pw == 0 && lane == 0 && n > 0) prefetch(0);
     for (int i = 0; i < n; ++i) {
       const int stage = i % kStages, block = block_of(i);
       // The passes load from L2: the next tile's block is on its way there.
@@ -235,13 +239,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   const int wg = tid / 128, t = tid % 128;
-  if (!kFp8) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
-  } else if (wg == 0) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kFp8Wg0Regs));
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kFp8Wg1Regs));
-  }
+  // kFp8: each consumer warpgroup raises its own count first thing in its
+  // branch below (a raise before a join would hold both to the smaller).
+  if (!kFp8) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
   const int g = lane / 4, tq = lane % 4;                        // accumulator row group / quad lane
   const int row_lo = (warp % 4) * 16 + g, row_hi = row_lo + 8;  // this thread's two heads
   float o[kORegs];
@@ -249,6 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < kORegs; ++i) o[i] = 0.0f;
 
   if (wg == 0) {
+    if constexpr (kFp8) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kFp8Wg0Regs));
     const float scale_log2 = p.softmax_scale * kLog2e;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
     for (int i = 0; i < n; ++i) {
@@ -293,6 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wide::StoreStats(s.m, s.l, row_lo, row_hi, tq, m_lo, m_hi, l_lo, l_hi);
     BarSync(kStats, kWideThreads);
   } else {
+    if constexpr (kFp8) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kFp8Wg1Regs));
     for (int i = 0; i < n; ++i) {
       const int stage = i % kStages;
       const uint8_t* kv = s.kv[stage];
