@@ -339,13 +339,9 @@ absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
 }
 
 // The configuration a launch with `num_heads` runs (kDefault resolved): the
-// 64-head kernel from 64 heads up (over bf16 rows mla_decode_wide.cu's, over
-// FP8 rows mla_decode_wide_fp8.cu's ring form; kHeads64Fp8Loads asks for
-// mla_decode_wide.cu's register-path form), else the 16-head tile of the
-// rows' kind.
-bool IsWide(MlaTileConfig t) {
-  return t == MlaTileConfig::kHeads64Tokens64Stages2 || t == MlaTileConfig::kHeads64Fp8Loads;
-}
+// 64-head kernel from 64 heads up (mla_decode_wide.cu, over bf16 or FP8
+// rows), else the 16-head tile of the rows' kind.
+bool IsWide(MlaTileConfig t) { return t == MlaTileConfig::kHeads64Tokens64Stages2; }
 
 MlaTileConfig Resolve(MlaTileConfig t, int num_heads, KvCacheDtype kv_dtype) {
   if (t != MlaTileConfig::kDefault) return t;
@@ -366,7 +362,6 @@ auto WithTile(MlaTileConfig t, F&& f) {
     case MlaTileConfig::kDefault:
     case MlaTileConfig::kTokens64Stages2:
     case MlaTileConfig::kHeads64Tokens64Stages2:
-    case MlaTileConfig::kHeads64Fp8Loads:
       break;
   }
   return f(Cfg<64, 2>{});
@@ -467,10 +462,8 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   }
   if (p.batch > 65535) return absl::InvalidArgumentError("RunMlaDecode: batch > 65535");
   const bool split = p.num_splits > 1;
-  if (IsWide(tile)) {  // 64 heads a CTA: bf16 rows, or FP8 rows through a ring or registers
-    RETURN_IF_ERROR(fp8 && tile == MlaTileConfig::kHeads64Tokens64Stages2
-                        ? LaunchMlaDecodeWideFp8(p)
-                        : LaunchMlaDecodeWide(p));
+  if (IsWide(tile)) {  // 64 heads a CTA, bf16 rows or FP8 rows widened in registers
+    RETURN_IF_ERROR(LaunchMlaDecodeWide(p));
   } else if (fp8) {
     RETURN_IF_ERROR(LaunchMlaDecodeFp8(p, tile));
   } else {

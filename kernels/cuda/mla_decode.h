@@ -22,8 +22,8 @@ struct MlaDecodePlan {
 // num_splits ranges, chosen so the CTAs fill the device's num_sms in as few
 // waves as possible. Pure host arithmetic; call it once per batch shape.
 // An FP8 cache (kv_dtype) runs the 64-head FP8 kernel from 64 heads up and
-// with the 64-head shape (mla_decode_wide_fp8.cu: each tile widened to bf16
-// once for 64 heads), else the 16-head FP8 kernel (mla_decode_fp8.cu: codes
+// with the 64-head shape (mla_decode_wide.cu: each tile widened to bf16 once
+// for 64 heads), else the 16-head FP8 kernel (mla_decode_fp8.cu: codes
 // straight into f16 MMAs; kDefault resolving to mla::kFp8DefaultTile): plan
 // with the dtype it runs.
 MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_sms,

@@ -91,12 +91,10 @@ __device__ __forceinline__ float* SplitLse(const MlaDecodeParams& p, int b, int 
 
 // The 64-heads-per-CTA kernel (mla_decode_wide.cu,
 // MlaTileConfig::kHeads64Tokens64Stages2) over grid (num_splits,
-// ceil(num_heads / 64), batch); RunMlaDecode has checked `p` and launches the
-// combine after it when num_splits > 1.
+// ceil(num_heads / 64), batch), over bf16 or FP8 rows (p.kv_dtype);
+// RunMlaDecode has checked `p` and launches the combine after it when
+// num_splits > 1.
 absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p);
-// The same over FP8 rows (mla_decode_wide_fp8.cu: the tile widened to bf16
-// once for its 64 heads).
-absl::Status LaunchMlaDecodeWideFp8(const MlaDecodeParams& p);
 
 // The FP8-row kernel (mla_decode_fp8.cu, KvCacheDtype::kFp8), 16 heads a CTA,
 // over grid (num_splits, ceil(num_heads / 16), batch) in the 16-head tile

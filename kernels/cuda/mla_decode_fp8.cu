@@ -410,7 +410,6 @@ auto WithTile(MlaTileConfig t, F&& f) {
     case MlaTileConfig::kDefault:
     case MlaTileConfig::kTokens64Stages2:
     case MlaTileConfig::kHeads64Tokens64Stages2:
-    case MlaTileConfig::kHeads64Fp8Loads:
       break;
   }
   return f(Fp8Cfg<64, 2>{});

@@ -339,7 +339,7 @@ TEST_P(MlaDecodeTest, MatchesReference) {
 // The 64-head wgmma kernel (mla_decode_wide.cu), head counts padded to 64.
 TEST_P(MlaDecodeTest, WideMatchesReference) {
   MOESH_REQUIRE_GPU();
-  CheckCase(GetParam(), {MlaTileConfig::kHeads64Tokens64Stages2, MlaTileConfig::kHeads64Fp8Loads});
+  CheckCase(GetParam(), {MlaTileConfig::kHeads64Tokens64Stages2});
 }
 
 // FP8 rows (--kv_cache_dtype fp8) through the 16-head FP8 kernel's tiles, and
@@ -350,9 +350,8 @@ TEST_P(MlaDecodeTest, Fp8RowsMatchReference) {
   MOESH_REQUIRE_GPU();
   CheckCase(GetParam(),
             {MlaTileConfig::kDefault, MlaTileConfig::kHeads64Tokens64Stages2,
-             MlaTileConfig::kHeads64Fp8Loads, MlaTileConfig::kTokens64Stages2,
-             MlaTileConfig::kTokens32Stages4, MlaTileConfig::kTokens32Stages5,
-             MlaTileConfig::kTokens32Stages2},
+             MlaTileConfig::kTokens64Stages2, MlaTileConfig::kTokens32Stages4,
+             MlaTileConfig::kTokens32Stages5, MlaTileConfig::kTokens32Stages2},
             KvCacheDtype::kFp8);
 }
 

@@ -1,9 +1,8 @@
-// What the two 64-heads-per-CTA MLA decode kernels share (mla_decode_wide.cu
-// over bf16 rows, mla_decode_wide_fp8.cu over FP8 rows): Q into shared
-// memory, warpgroup 0's online softmax of a 64-token tile and its hand-off of
-// P, and the epilogue. Layouts are wgmma.cuh's SW128 column blocks; a
-// consumer thread holds rows row_lo = 16 (warp % 4) + lane / 4 and row_hi =
-// row_lo + 8 of the 64 heads (wgmma's accumulator layout).
+// The parts of the 64-heads-per-CTA MLA decode kernel (mla_decode_wide.cu)
+// that do not depend on the rows' kind (bf16 or FP8): Q into shared memory, warpgroup 0's online
+// softmax of a 64-token tile and its hand-off of P, and the epilogue. Layouts are wgmma.cuh's SW128
+// column blocks; a consumer thread holds rows row_lo = 16 (warp % 4) + lane / 4 and row_hi = row_lo
+// + 8 of the 64 heads (wgmma's accumulator layout).
 #ifndef MOESH_KERNELS_CUDA_MLA_DECODE_WIDE_COMMON_CUH_
 #define MOESH_KERNELS_CUDA_MLA_DECODE_WIDE_COMMON_CUH_
 

@@ -17,26 +17,6 @@ absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> EncodeTiledFn() {
   return fn;
 }
 
-// A 2-D map of [rows, cols] elements (rows stride_bytes apart) read in
-// box[0] x box[1] boxes (columns x rows).
-absl::StatusOr<CUtensorMap> Encode2D(CUtensorMapDataType dtype, const void* base, uint64_t rows,
-                                     uint64_t cols, uint64_t stride_bytes,
-                                     const cuuint32_t (&box)[2], CUtensorMapSwizzle swizzle,
-                                     absl::string_view what) {
-  ASSIGN_OR_RETURN(auto encode, EncodeTiledFn());
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {stride_bytes};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(&map, dtype, 2, const_cast<void*>(base), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled over ", what, ": error ", r));
-  }
-  return map;
-}
-
 }  // namespace
 
 absl::StatusOr<CUtensorMap> Bf16BoxMap64(const void* base, uint64_t rows, uint64_t cols,
@@ -49,24 +29,20 @@ absl::StatusOr<CUtensorMap> Bf16BoxMap64(const void* base, uint64_t rows, uint64
                      "stride of whole 16 bytes >= cols (rows ",
                      rows, ", cols ", cols, ", stride ", ld, ")"));
   }
-  return Encode2D(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, rows, cols, ld * 2, {64, 64},
-                  CU_TENSOR_MAP_SWIZZLE_128B, what);
-}
-
-absl::StatusOr<CUtensorMap> ByteBoxMap(const void* base, uint64_t rows, uint64_t cols, uint64_t ld,
-                                       uint32_t box_cols, uint32_t box_rows,
-                                       absl::string_view what) {
-  if (base == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 || ld % 16 != 0 || ld < cols ||
-      rows < 1 || cols < 1 || box_cols % 16 != 0 || box_cols < 16 || box_cols > 256 ||
-      box_rows < 1 || box_rows > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "byte tensor map over ", what,
-        ": need a 16-byte aligned base, rows and cols >= 1, a row stride of whole 16 bytes >= "
-        "cols, boxes of 16..256 bytes (a multiple of 16) by 1..256 rows (rows ",
-        rows, ", cols ", cols, ", stride ", ld, ", box ", box_rows, " x ", box_cols, ")"));
+  ASSIGN_OR_RETURN(auto encode, EncodeTiledFn());
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {ld * 2};  // bytes between rows
+  const cuuint32_t box[2] = {64, 64};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled over ", what, ": error ", r));
   }
-  return Encode2D(CU_TENSOR_MAP_DATA_TYPE_UINT8, base, rows, cols, ld, {box_cols, box_rows},
-                  CU_TENSOR_MAP_SWIZZLE_NONE, what);
+  return map;
 }
 
 }  // namespace moesh::cuda

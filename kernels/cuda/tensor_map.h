@@ -1,8 +1,8 @@
 // Tensor maps for the Hopper copy engine (TMA, async_copy.cuh's TmaLoad2D):
 // a 2-D bf16 matrix read in 64 x 64 boxes (64 columns = 128 bytes, one SW128
-// column block of wgmma.cuh), swizzled by the copy engine, or a 2-D byte
-// matrix read in unswizzled boxes; elements outside the matrix read as zeros.
-// Host code; encoded through the runtime's driver entry point (no -lcuda).
+// column block of wgmma.cuh), swizzled by the copy engine, elements outside
+// the matrix read as zeros. Host code; encoded through the runtime's driver
+// entry point (no -lcuda).
 #ifndef MOESH_KERNELS_CUDA_TENSOR_MAP_H_
 #define MOESH_KERNELS_CUDA_TENSOR_MAP_H_
 
@@ -20,14 +20,6 @@ namespace moesh::cuda {
 // and >= cols, rows and cols >= 1. INTERNAL if the driver refuses it.
 absl::StatusOr<CUtensorMap> Bf16BoxMap64(const void* base, uint64_t rows, uint64_t cols,
                                          uint64_t ld, absl::string_view what);
-
-// [rows, cols] bytes at `base`, rows `ld` bytes apart, read in boxes of
-// box_rows x box_cols bytes that land row by row, unswizzled. REQUIRES (else
-// INVALID_ARGUMENT naming `what`): a 16-byte aligned base, ld a multiple of 16
-// and >= cols, box_cols a multiple of 16 in [16, 256], box_rows in [1, 256].
-absl::StatusOr<CUtensorMap> ByteBoxMap(const void* base, uint64_t rows, uint64_t cols, uint64_t ld,
-                                       uint32_t box_cols, uint32_t box_rows,
-                                       absl::string_view what);
 
 }  // namespace moesh::cuda
 

@@ -14,12 +14,9 @@ enum class MlaTileConfig {
   kTokens32Stages4,
   kTokens32Stages5,
   kTokens32Stages2,  // small enough for two CTAs per SM
+  // Over FP8 rows the same kernel's producer widens each tile from registers
+  // into the bf16 stages (mla_decode_wide.cu's kFp8).
   kHeads64Tokens64Stages2,
-  // The same 64-head kernel over FP8 rows with its producer widening from
-  // registers into the two bf16 stages (mla_decode_wide.cu's kFp8), beside
-  // the default FP8 form (a ring of raw rows, mla_decode_wide_fp8.cu) until
-  // measured; over bf16 rows the same as kHeads64Tokens64Stages2.
-  kHeads64Fp8Loads,
 };
 
 // Which kernel runs RunMlaPrefill (mla_prefill.h): mma.sync (64 queries a

@@ -137,8 +137,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   const Tile tiles[] = {
       {"64x2", MlaTileConfig::kTokens64Stages2},       {"32x4", MlaTileConfig::kTokens32Stages4},
       {"32x5", MlaTileConfig::kTokens32Stages5},       {"32x2", MlaTileConfig::kTokens32Stages2},
-      {"w64", MlaTileConfig::kHeads64Tokens64Stages2}, {"auto", MlaTileConfig::kDefault},
-      {"w64r", MlaTileConfig::kHeads64Fp8Loads}};
+      {"w64", MlaTileConfig::kHeads64Tokens64Stages2}, {"auto", MlaTileConfig::kDefault}};
   const auto name = [&tiles](MlaTileConfig t) {
     for (const Tile& tile : tiles) {
       if (tile.config == t) return tile.name;
@@ -156,7 +155,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   std::vector<Case> cases;
   for (const Tile& tile : tiles) {
     if (tile.config == MlaTileConfig::kHeads64Tokens64Stages2 ||
-        tile.config == MlaTileConfig::kHeads64Fp8Loads || tile.config == MlaTileConfig::kDefault) {
+        tile.config == MlaTileConfig::kDefault) {
       continue;
     }
     for (int batch : {1, 32, 128}) {
@@ -177,7 +176,7 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
     }
   }
   // FP8 rows: the 16-head kernel's tiles at 16 heads, and at 128 heads the
-  // 64-head FP8 kernel (auto, mla_decode_wide_fp8.cu) beside the 16-head one
+  // 64-head kernel over FP8 rows (auto, mla_decode_wide.cu) beside the 16-head one
   // (64x2) and the bf16 rows above.
   for (const Tile* tile : {&tiles[0], &tiles[1], &tiles[2], &tiles[3]}) {
     for (int batch : {1, 32, 128}) cases.push_back({tile, 16, batch, 4096, KvCacheDtype::kFp8});
@@ -185,7 +184,6 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   for (int batch : {1, 32, 128, 256}) {
     for (int ctx : {1024, 4096, 16384}) {
       cases.push_back({&tiles[5], 128, batch, ctx, KvCacheDtype::kFp8});
-      cases.push_back({&tiles[6], 128, batch, ctx, KvCacheDtype::kFp8});  // the register path
       if (ctx == 4096) cases.push_back({&tiles[0], 128, batch, ctx, KvCacheDtype::kFp8});
     }
   }
