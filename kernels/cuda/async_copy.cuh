@@ -114,18 +114,34 @@ __device__ __forceinline__ void ClusterSync() {
           : "memory");
 }
 
+// The shared::cluster address of `p`'s offset (in this CTA's shared memory)
+// in cluster CTA `cta`'s shared memory.
+__device__ __forceinline__ uint32_t MapShared(const void* p, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(SmemAddr(p)), "r"(cta));
+  return remote;
+}
+
 // One arrival on the barrier at `bar`'s offset in cluster CTA `cta`'s shared
 // memory (a consumer releasing a stage its peer's copies also fill).
 __device__ __forceinline__ void MbarArriveCluster(uint64_t* bar, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote)
-               : "r"(SmemAddr(bar)), "r"(cta));
+  const uint32_t remote = MapShared(bar, cta);
   // The default semantics (release at CTA scope), as CUTLASS's
   // ClusterBarrier::arrive and DeepGEMM: .release.cluster compiles to
   // MEMBARs that wait for every memory operation of the thread in flight
   // (the epilogue's stores, the scale loads a slice ahead), each slice.
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
+// 16 bytes into another cluster CTA's shared memory at `remote` (MapShared,
+// 16-byte aligned), completing 16 transaction bytes on that CTA's barrier at
+// `remote_bar` (MapShared): what its waiters on the barrier then read.
+__device__ __forceinline__ void StAsync16(uint32_t remote, uint4 v, uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+      "[%5];" ::"r"(remote),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
+      : "memory");
 }
 
 // TmaLoad2D into the same offset `dst` of every cluster CTA in `cta_mask`

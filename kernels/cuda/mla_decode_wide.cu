@@ -46,6 +46,13 @@
 // contiguous) into L2 with one bulk prefetch while this one is widened.
 // (A ring of raw rows widened by the producer warpgroup into one bf16 tile
 // ran 728.5 against this form's 493.5 us at 128 x 4096 on an H100; NOTES.md.)
+// kPair (an even number of 64-head groups, V2/V3's 128 heads): the two CTAs
+// of a split's heads run as one cluster and each widens half of every tile
+// (32 rows) into its own stage and, with st.async, into its peer's, counted
+// in transaction bytes on the peer's full[stage] (FlashMLA's split of the
+// widening): a stage is refilled once both CTAs' consumers released it, so
+// each CTA's empty[stage] counts both CTAs' sixteen warps. 376.6 against
+// 493.1 us at 128 x 4096 on an H100 (BENCHMARKS.md).
 #include <cuda.h>
 
 #include <vector>
@@ -85,9 +92,15 @@ static_assert((2 * kConsumerRegs + kProducerRegs) * 128 <= kLaunchRegs * kThread
 constexpr cpu::Fp8KvRowLayout kFp8Row{kLatentDim, kRopeDim};
 constexpr int kFp8RowBytes = kFp8Row.bytes();  // 656
 constexpr int kProducerWarps = 4;
-constexpr int kRowsPerProducerWarp = kTile / kProducerWarps;  // 16
+// Rows of a tile a producer warp widens: 16, or 8 when a CTA pair splits
+// the tile (kPair).
+template <bool kPair>
+constexpr int kRowsPerProducerWarp = (kPair ? kTile / 2 : kTile) / kProducerWarps;
 constexpr int kRowsPerPass = 4;  // rows a pass keeps in flight a thread
-static_assert(kFp8Wg1Regs > kLaunchRegs && kRowsPerProducerWarp % kRowsPerPass == 0);
+static_assert(kFp8Wg1Regs > kLaunchRegs && kRowsPerProducerWarp<true> % kRowsPerPass == 0);
+// kPair: the bytes a CTA's stage receives from its peer a tile (32 rows of
+// 512 bf16).
+constexpr uint32_t kPeerTileBytes = kTile / 2 * kLatentDim * 2;
 static_assert(kLatentDim == 32 * 16 && kFp8Row.scales_offset() == kLatentDim);
 constexpr int kConsumerWarps = kWideThreads / 32;
 // Named barriers (0 is __syncthreads).
@@ -125,19 +138,20 @@ __device__ __forceinline__ void ZeroRows(uint8_t* tile, int valid, int t, int th
 }
 
 // The FP8 producer's passes over tile `block` (its rows in the pool): pass
-// `pass` of this warp's 16 rows, kRowsPerPass rows' 16 codes and scale a
-// thread, loaded (LoadFp8Tile; the first pass before the stage is free) and
-// widened into stage kv (StoreFp8Tile).
+// `pass` of this warp's rows from row0 (of the tile), kRowsPerPass rows' 16
+// codes and scale a thread, loaded (LoadFp8Tile; the first pass before the
+// stage is free) and widened into stage kv (StoreFp8Tile) and, with kPair,
+// into the peer CTA's stage at remote_kv (its barrier remote_full counting
+// the bytes).
 struct Fp8Loads {
   uint4 codes[kRowsPerPass];
   float scale[kRowsPerPass];
 };
-__device__ __forceinline__ void LoadFp8Tile(const MlaDecodeParams& p, int block, int pw, int lane,
-                                            int pass, Fp8Loads& f) {
-  const uint8_t* rows = reinterpret_cast<const uint8_t*>(p.kv_cache) +
-                        (static_cast<int64_t>(block) * kKvBlockSize + pw * kRowsPerProducerWarp +
-                         pass * kRowsPerPass) *
-                            kFp8RowBytes;
+__device__ __forceinline__ void LoadFp8Tile(const MlaDecodeParams& p, int block, int row0,
+                                            int lane, int pass, Fp8Loads& f) {
+  const uint8_t* rows =
+      reinterpret_cast<const uint8_t*>(p.kv_cache) +
+      (static_cast<int64_t>(block) * kKvBlockSize + row0 + pass * kRowsPerPass) * kFp8RowBytes;
 #pragma unroll
   for (int r = 0; r < kRowsPerPass; ++r) {
     const uint8_t* row = rows + r * kFp8RowBytes;
@@ -146,28 +160,50 @@ __device__ __forceinline__ void LoadFp8Tile(const MlaDecodeParams& p, int block,
                        lane * 16 / cpu::kFp8Block);
   }
 }
-__device__ __forceinline__ void StoreFp8Tile(uint8_t* kv, int pw, int lane, int pass,
-                                             const Fp8Loads& f) {
+template <bool kPair>
+__device__ __forceinline__ void StoreFp8Tile(uint8_t* kv, int row0, int lane, int pass,
+                                             const Fp8Loads& f, uint32_t remote_kv,
+                                             uint32_t remote_full) {
   // Column block c, chunks j and j + 1 of its row; lanes of odd blocks store
   // their second chunk first, so the eight lanes a 16-byte store serves at
   // once (two blocks, 8 KB apart: the same banks) hit eight distinct chunks.
   const int c = lane / 4, j = 2 * (lane % 4), first = c & 1;
 #pragma unroll
   for (int r = 0; r < kRowsPerPass; ++r) {
-    const int row = pw * kRowsPerProducerWarp + pass * kRowsPerPass + r;
-    uint8_t* at = kv + c * kBlockBytes;
+    const int row = row0 + pass * kRowsPerPass + r;
     const uint2 lo = make_uint2(f.codes[r].x, f.codes[r].y),
                 hi = make_uint2(f.codes[r].z, f.codes[r].w);
-    *reinterpret_cast<uint4*>(at + wgmma::Swizzle128Offset(row, 8 * (j + first))) =
-        fp8kv::WidenToBf16x8(first ? hi : lo, f.scale[r]);
-    *reinterpret_cast<uint4*>(at + wgmma::Swizzle128Offset(row, 8 * (j + 1 - first))) =
-        fp8kv::WidenToBf16x8(first ? lo : hi, f.scale[r]);
+    const int at0 = c * kBlockBytes + wgmma::Swizzle128Offset(row, 8 * (j + first)),
+              at1 = c * kBlockBytes + wgmma::Swizzle128Offset(row, 8 * (j + 1 - first));
+    const uint4 v0 = fp8kv::WidenToBf16x8(first ? hi : lo, f.scale[r]),
+                v1 = fp8kv::WidenToBf16x8(first ? lo : hi, f.scale[r]);
+    *reinterpret_cast<uint4*>(kv + at0) = v0;
+    *reinterpret_cast<uint4*>(kv + at1) = v1;
+    if constexpr (kPair) {
+      StAsync16(remote_kv + at0, v0, remote_full);
+      StAsync16(remote_kv + at1, v1, remote_full);
+    }
   }
 }
 
-template <bool kSplit, typename OutT, bool kFp8>
+// A consumer warp is done with tile i of n's stage (empty). With kPair both
+// CTAs' producers fill it, so it is released in both; tiles past the last
+// the producers wait for (i + kStages >= n) are released in neither: no
+// arrival may reach a peer that has left.
+template <bool kPair>
+__device__ __forceinline__ void ReleaseStage(uint64_t& empty, uint32_t peer, int i, int n) {
+  if (!kPair) {
+    MbarArrive(&empty);
+  } else if (i + kStages < n) {
+    MbarArrive(&empty);
+    MbarArriveCluster(&empty, peer);
+  }
+}
+
+template <bool kSplit, typename OutT, bool kFp8, bool kPair>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWideKernel(const __grid_constant__ CUtensorMap map, MlaDecodeParams p) {
+  static_assert(kFp8 || !kPair, "only FP8 rows are widened by a CTA pair");
   extern __shared__ uint8_t smem_raw[];
   Smem& s = wide::AlignedSmem<Smem>(smem_raw);
   const wide::Cta cta = wide::CtaOf(p);
@@ -177,17 +213,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
       MbarInit(&s.full[st], kFp8 ? 1 + kProducerWarps : 1);
-      MbarInit(&s.empty[st], kConsumerWarps);
+      MbarInit(&s.empty[st], kPair ? 2 * kConsumerWarps : kConsumerWarps);
     }
     FenceMbarInit();
   }
   wide::LoadQ(s.q, p, b, head0, tid, kThreads);
   wgmma::FenceProxyAsync();
-  __syncthreads();
+  if constexpr (kPair) {
+    ClusterSync();  // the peer's barriers exist before anything reaches them
+  } else {
+    __syncthreads();
+  }
+  // kPair: the other CTA of the pair (the other 64 heads of this split).
+  const uint32_t peer = kPair ? ClusterCtaRank() ^ 1u : 0u;
 
   if (kFp8 && warp >= kConsumerWarps) {  // the FP8 producer warpgroup: all four warps
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kFp8ProducerRegs));
     const int pw = warp - kConsumerWarps;
+    constexpr int kRows = kRowsPerProducerWarp<kPair>, kPasses = kRows / kRowsPerPass;
+    // This warp's rows of each tile: with kPair, CTA rank r widens rows
+    // [32 r, 32 r + 32) into its stage and its peer's.
+    const int row0 = (kPair ? static_cast<int>(peer ^ 1u) * (kTile / 2) : 0) + pw * kRows;
     const auto block_of = [&](int i) {
       return p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + cta.begin + i];
     };
@@ -201,18 +247,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The passes load from L2: the next tile's block is on its way there.
       if (pw == 0 && lane == 0 && i + 1 < n) prefetch(i + 1);
       Fp8Loads f;
-      LoadFp8Tile(p, block, pw, lane, 0, f);
+      LoadFp8Tile(p, block, row0, lane, 0, f);
+      // With kPair both CTAs' consumers have released the stage (here and
+      // in the peer) once this CTA's empty[stage] completes.
       if (i >= kStages) MbarWait(&s.empty[stage], (i / kStages - 1) & 1);
       if (pw == 0 && lane == 0) {  // the rope: bf16 in the rows, into the ninth column block
-        MbarArriveExpectTx(&s.full[stage], kBlockBytes);
+        // (and, with kPair, the peer's half of the latent: its stores count
+        // on this barrier, possibly before this arms it).
+        MbarArriveExpectTx(&s.full[stage], kBlockBytes + (kPair ? kPeerTileBytes : 0));
         TmaLoad2D(&s.kv[stage][(kColBlocks - 1) * kBlockBytes], &map, kFp8Row.rope_offset() / 2,
                   block * kKvBlockSize, &s.full[stage]);
       }
-      StoreFp8Tile(s.kv[stage], pw, lane, 0, f);
+      const uint32_t remote_kv = kPair ? MapShared(s.kv[stage], peer) : 0u;
+      const uint32_t remote_full = kPair ? MapShared(&s.full[stage], peer) : 0u;
+      StoreFp8Tile<kPair>(s.kv[stage], row0, lane, 0, f, remote_kv, remote_full);
 #pragma unroll 1
-      for (int pass = 1; pass < kRowsPerProducerWarp / kRowsPerPass; ++pass) {
-        LoadFp8Tile(p, block, pw, lane, pass, f);
-        StoreFp8Tile(s.kv[stage], pw, lane, pass, f);
+      for (int pass = 1; pass < kPasses; ++pass) {
+        LoadFp8Tile(p, block, row0, lane, pass, f);
+        StoreFp8Tile<kPair>(s.kv[stage], row0, lane, pass, f, remote_kv, remote_full);
       }
       wgmma::FenceProxyAsync();
       __syncwarp();
@@ -290,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::Wait<0>();
       wgmma::FenceOperands(o);
       __syncwarp();
-      if (lane == 0) MbarArrive(&s.empty[stage]);
+      if (lane == 0) ReleaseStage<kPair>(s.empty[stage], peer, i, n);
     }
     wide::StoreStats(s.m, s.l, row_lo, row_hi, tq, m_lo, m_hi, l_lo, l_hi);
     BarSync(kStats, kWideThreads);
@@ -317,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::Wait<0>();
       wgmma::FenceOperands(o);
       __syncwarp();
-      if (lane == 0) MbarArrive(&s.empty[stage]);
+      if (lane == 0) ReleaseStage<kPair>(s.empty[stage], peer, i, n);
     }
     BarSync(kStats, kWideThreads);
     if constexpr (kFp8) {  // its own epilogue: a shared one would hold it to 216 registers
@@ -340,12 +392,28 @@ absl::StatusOr<CUtensorMap> CacheMap(const MlaDecodeParams& p) {
   return Bf16BoxMap64(p.kv_cache, rows, kHeadDim, kHeadDim, "the KV cache");
 }
 
-template <bool kSplit, typename OutT, bool kFp8>
+template <bool kSplit, typename OutT, bool kFp8, bool kPair>
 absl::Status Launch(const CUtensorMap& map, const MlaDecodeParams& p) {
-  constexpr auto kernel = MlaDecodeWideKernel<kSplit, OutT, kFp8>;
+  constexpr auto kernel = MlaDecodeWideKernel<kSplit, OutT, kFp8, kPair>;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmemBytes));
   const dim3 grid(p.num_splits, (p.num_heads + kWideHeads - 1) / kWideHeads, p.batch);
-  kernel<<<grid, kThreads, kSmemBytes, p.stream>>>(map, p);
+  if constexpr (!kPair) {
+    kernel<<<grid, kThreads, kSmemBytes, p.stream>>>(map, p);
+  } else {  // the two CTAs of a split's 128 heads as one cluster
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute cluster = {};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1;
+    cluster.val.clusterDim.y = 2;
+    cluster.val.clusterDim.z = 1;
+    config.gridDim = grid;
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
+    config.stream = p.stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, kernel, map, p));
+  }
   return LaunchStatus("MlaDecodeWideKernel");
 }
 
@@ -371,20 +439,25 @@ absl::StatusOr<CUtensorMap> CachedCacheMap(const MlaDecodeParams& p) {
   return map;
 }
 
-template <bool kFp8>
+template <bool kFp8, bool kPair>
 absl::Status LaunchWith(const CUtensorMap& map, const MlaDecodeParams& p) {
   const bool split = p.num_splits > 1;
   if (p.out_type == OutType::kFloat32) {
-    return split ? Launch<true, float, kFp8>(map, p) : Launch<false, float, kFp8>(map, p);
+    return split ? Launch<true, float, kFp8, kPair>(map, p)
+                 : Launch<false, float, kFp8, kPair>(map, p);
   }
-  return split ? Launch<true, bf16, kFp8>(map, p) : Launch<false, bf16, kFp8>(map, p);
+  return split ? Launch<true, bf16, kFp8, kPair>(map, p) : Launch<false, bf16, kFp8, kPair>(map, p);
 }
 
 }  // namespace
 
 absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p) {
   ASSIGN_OR_RETURN(const CUtensorMap map, CachedCacheMap(p));
-  return p.kv_dtype == KvCacheDtype::kFp8 ? LaunchWith<true>(map, p) : LaunchWith<false>(map, p);
+  if (p.kv_dtype != KvCacheDtype::kFp8) return LaunchWith<false, false>(map, p);
+  // FP8 rows: a pair of CTAs (an even number of 64-head groups) widens each
+  // tile once for both, half each.
+  const int groups = (p.num_heads + kWideHeads - 1) / kWideHeads;
+  return groups % 2 == 0 ? LaunchWith<true, true>(map, p) : LaunchWith<true, false>(map, p);
 }
 
 }  // namespace moesh::cuda::mla
