@@ -147,8 +147,8 @@ struct Fp8Loads {
   uint4 codes[kRowsPerPass];
   float scale[kRowsPerPass];
 };
-__device__ __forceinline__ void LoadFp8Tile(const MlaDecodeParams& p, int block, int row0,
-                                            int lane, int pass, Fp8Loads& f) {
+__device__ __forceinline__ void LoadFp8Tile(const MlaDecodeParams& p, int block, int row0, int lane,
+                                            int pass, Fp8Loads& f) {
   const uint8_t* rows =
       reinterpret_cast<const uint8_t*>(p.kv_cache) +
       (static_cast<int64_t>(block) * kKvBlockSize + row0 + pass * kRowsPerPass) * kFp8RowBytes;
