@@ -227,12 +227,16 @@ __device__ __forceinline__ void GemmM64N64KMajor(float (&d)[32], const uint8_t* 
   for (int r = 0; r < 32; ++r) d[r] = 0.0f;
   FenceOperands(d);
   Fence();
+  // Each step's descriptors are the first's plus its offset in 16-byte units
+  // (the address field cannot carry: shared memory ends below 2^18 bytes),
+  // one add a descriptor instead of the address arithmetic of Desc.
+  const uint64_t da = DescKMajor(a), db = DescKMajor(b);
 #pragma unroll
   for (int c = 0; c < kBlocks; ++c) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      WgmmaM64N64K16<0>(d, DescKMajor(a + c * block_bytes + kk * 32),
-                        DescKMajor(b + c * block_bytes + kk * 32), 1);
+      const uint32_t step = static_cast<uint32_t>(c * block_bytes + kk * 32) >> 4;
+      WgmmaM64N64K16<0>(d, da + step, db + step, 1);
     }
   }
   Commit();
