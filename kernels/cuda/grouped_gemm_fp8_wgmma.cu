@@ -282,10 +282,11 @@ __device__ __forceinline__ void Consume(Smem& s, const GroupedGemmParams& p, Ite
         const uint8_t* b = s.b[stage] + h * kHalfCols * kSliceK;
         wgmma::FenceOperands(part);
         wgmma::Fence();
+        const uint64_t da = wgmma::DescKMajor(a), db = wgmma::DescKMajor(b);
 #pragma unroll
         for (int ks = 0; ks < kSliceK / 32; ++ks) {
-          wgmma::WgmmaM64N128K32E4m3(part, wgmma::DescKMajor(a + ks * 32),
-                                     wgmma::DescKMajor(b + ks * 32), ks > 0);
+          wgmma::WgmmaM64N128K32E4m3(part, da + wgmma::DescStep(ks * 32),
+                                     db + wgmma::DescStep(ks * 32), ks > 0);
         }
         wgmma::Commit();
         wgmma::Wait<0>();

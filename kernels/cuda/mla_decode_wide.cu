@@ -333,10 +333,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // O[:, 0:256) += P · V[:, 0:256).
       wgmma::FenceOperands(o);
       wgmma::Fence();
+      const uint64_t dv = wgmma::DescMnMajor(kv, kBlockBytes);
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
-        wgmma::WgmmaM64N256K16Rs<1>(o, pa[kk], wgmma::DescMnMajor(kv + kk * 16 * 128, kBlockBytes),
-                                    1);
+        wgmma::WgmmaM64N256K16Rs<1>(o, pa[kk], dv + wgmma::DescStep(kk * 16 * 128), 1);
       }
       wgmma::Commit();
       wgmma::Wait<0>();
@@ -359,11 +359,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       // O[:, 256:512) += P · V[:, 256:512).
       wgmma::FenceOperands(o);
       wgmma::Fence();
+      const uint64_t dp = wgmma::DescKMajor(psrc),
+                     dv = wgmma::DescMnMajor(kv + (kOutDims / 64) * kBlockBytes, kBlockBytes);
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
-        wgmma::WgmmaM64N256K16<1>(
-            o, wgmma::DescKMajor(psrc + kk * 32),
-            wgmma::DescMnMajor(kv + (kOutDims / 64) * kBlockBytes + kk * 16 * 128, kBlockBytes), 1);
+        wgmma::WgmmaM64N256K16<1>(o, dp + wgmma::DescStep(kk * 32),
+                                  dv + wgmma::DescStep(kk * 16 * 128), 1);
       }
       wgmma::Commit();
       wgmma::Wait<0>();

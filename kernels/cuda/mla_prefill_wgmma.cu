@@ -143,10 +143,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // O[64 queries, 128] += P · V.
     wgmma::FenceOperands(o);
     wgmma::Fence();
+    const uint64_t dv = wgmma::DescMnMajor(s.v[stage], kBlockBytes);
 #pragma unroll
     for (int kk = 0; kk < kPvSteps; ++kk) {
-      wgmma::WgmmaM64N128K16Rs<1>(o, pa[kk],
-                                  wgmma::DescMnMajor(s.v[stage] + kk * 16 * 128, kBlockBytes), 1);
+      wgmma::WgmmaM64N128K16Rs<1>(o, pa[kk], dv + wgmma::DescStep(kk * 16 * 128), 1);
     }
     wgmma::Commit();
     wgmma::Wait<0>();

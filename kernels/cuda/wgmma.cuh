@@ -39,6 +39,11 @@ __device__ __forceinline__ uint64_t Desc(const void* p, uint32_t lead_bytes,
          static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32 | uint64_t{1} << 62;
 }
 __device__ __forceinline__ uint64_t DescKMajor(const void* p) { return Desc(p, 16, 1024); }
+// What moves a descriptor `bytes` (a multiple of 16) further into shared
+// memory: Desc(p + bytes, ...) == Desc(p, ...) + DescStep(bytes), the address
+// field unable to carry (shared memory ends below 2^18 bytes). One add a
+// descriptor in unrolled loops instead of Desc's address arithmetic.
+__host__ __device__ constexpr uint64_t DescStep(uint32_t bytes) { return bytes >> 4; }
 __device__ __forceinline__ uint64_t DescMnMajor(const void* p, uint32_t block_stride) {
   return Desc(p, block_stride, 1024);
 }
@@ -227,15 +232,12 @@ __device__ __forceinline__ void GemmM64N64KMajor(float (&d)[32], const uint8_t* 
   for (int r = 0; r < 32; ++r) d[r] = 0.0f;
   FenceOperands(d);
   Fence();
-  // Each step's descriptors are the first's plus its offset in 16-byte units
-  // (the address field cannot carry: shared memory ends below 2^18 bytes),
-  // one add a descriptor instead of the address arithmetic of Desc.
   const uint64_t da = DescKMajor(a), db = DescKMajor(b);
 #pragma unroll
   for (int c = 0; c < kBlocks; ++c) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const uint32_t step = static_cast<uint32_t>(c * block_bytes + kk * 32) >> 4;
+      const uint64_t step = DescStep(static_cast<uint32_t>(c * block_bytes + kk * 32));
       WgmmaM64N64K16<0>(d, da + step, db + step, 1);
     }
   }
