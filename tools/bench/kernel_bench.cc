@@ -187,6 +187,20 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
       if (ctx == 4096) cases.push_back({&tiles[0], 128, batch, ctx, KvCacheDtype::kFp8});
     }
   }
+  // Small batches at fewer splits than planned, both kinds of rows (the
+  // planner's fixed cost a split against what the combine costs).
+  for (const KvCacheDtype kv : {KvCacheDtype::kBf16, KvCacheDtype::kFp8}) {
+    for (int batch : {1, 2, 4}) {
+      for (int splits : {0, 16, 32}) {
+        if (kv == KvCacheDtype::kFp8 || batch > 1) {
+          cases.push_back({&tiles[4], 128, batch, 4096, kv, splits});
+        }
+      }
+    }
+    if (kv == KvCacheDtype::kFp8) {
+      for (int splits : {16, 32}) cases.push_back({&tiles[4], 128, 1, 16384, kv, splits});
+    }
+  }
   if (only.heads > 0) cases = {{&tiles[5], only.heads, only.batch, only.ctx, only.kv}};
   if (only.wide_only) {
     cases.erase(
