@@ -52,7 +52,14 @@
 // in transaction bytes on the peer's full[stage] (FlashMLA's split of the
 // widening): a stage is refilled once both CTAs' consumers released it, so
 // each CTA's empty[stage] counts both CTAs' sixteen warps. 376.6 against
-// 493.1 us at 128 x 4096 on an H100 (BENCHMARKS.md).
+// 493.1 us at 128 x 4096 on an H100 (BENCHMARKS.md). No CTA leaves while its
+// peer may reach it: every byte the peer stores counts on a full[stage] this
+// CTA waits for, and every release it sends is waited for by this CTA's
+// producer (the last kStages tiles are released by neither). As FlashMLA's
+// sparse FP8 decode, the consumers issue no proxy fence after waiting for
+// the peer's st.async bytes (a helper's review: the PTX ISA does not list
+// st.async among the async proxy's operations; where it would matter, a
+// fence.proxy.async after the full[stage] wait is the fix).
 #include <cuda.h>
 
 #include <vector>

@@ -28,7 +28,9 @@ inline constexpr int kORegs = kOutDims / 2;      // m64n256 output accumulators 
 static_assert(kWideHeads == 64 && kHeadDim % 64 == 0);
 
 // The CTA's work: grid (num_splits, ceil(num_heads / 64), batch); tiles
-// [begin, begin + n) of sequence b, heads [head0, head0 + 64).
+// [begin, begin + n) of sequence b, heads [head0, head0 + 64). The tiles
+// depend on blockIdx.x and z alone: mla_decode_wide.cu's CTA pairs (the
+// same x and z) rely on both having the same n.
 struct Cta {
   int split, head0, b, seq_len, begin, n;
 };
