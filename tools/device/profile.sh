@@ -22,13 +22,18 @@
 #                      tensor-pipe use, warp stalls
 #     mla-fp8          the same over FP8 rows, 16 heads (kernel_bench --mla-fp8 16,128,4096:
 #                      MlaDecodeFp8Kernel), with instruction and occupancy sections
+#     mla-wide         the 64-head kernel at batch 128 x 4096, 128 heads, over FP8 and bf16 rows
+#                      (kernel_bench --mla-fp8 / --mla 128,128,4096) with source counters, the
+#                      SASS page summed by setmaxnreg region (warpgroup 0, 1, the producer:
+#                      tools/device/sass_by_region.py; $OUT/mla_wide_{fp8,bf16}.md)
 #     decode-step      every kernel of one eager decode step at V2-Lite's shapes, batch 256,
 #                      2048 tokens of context (cuda_model_bench --shape v2-lite --prefill-seqs 0
 #                      --profile-step), by name ($OUT/decode_step_kernels.md)
 # MOESH_DEVICE_BUDGET_S (540) bounds the call.
 #
 # bundle: cuda_model_bench and moesh (FAMILY form); for --counters: cuda_grouped_gemm_test
-#   (grouped-gemm), cuda_model_bench (grouped-prefill, decode-step), kernel_bench (mla, mla-fp8).
+#   (grouped-gemm), cuda_model_bench (grouped-prefill, decode-step), kernel_bench (mla, mla-fp8,
+#   mla-wide).
 # e.g.
 #   tools/device/bundle.sh build-cuda cuda_model_bench moesh
 #   run: command "bash tools/device/profile.sh v3.2 4 128 4096", carry [".device"]
@@ -92,13 +97,24 @@ for what in "$@"; do
         --section WarpStateStats --section SchedulerStats --section InstructionStats --section Occupancy \
         --metrics dram__bytes_read.sum,lts__t_bytes.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
         $D/bin/kernel_bench --mla-fp8 16,128,4096 ;;
+    mla-wide)
+      # Where each role's time goes: stall samples and instructions by setmaxnreg region.
+      for kv in fp8 bf16; do
+        flag=--mla-fp8; [[ $kv == bf16 ]] && flag=--mla
+        step ncu_mla_wide_$kv 90 ncu --clock-control none -k 'regex:MlaDecodeWide' --launch-skip 3 \
+          --launch-count 1 --set full --import-source yes -o "$LOGS/mla_wide_$kv" \
+          $D/bin/kernel_bench $flag 128,128,4096
+        ncu -i "$LOGS/mla_wide_$kv.ncu-rep" --page source --csv --print-source sass > "$LOGS/sass_$kv.csv" 2>&1
+        python3 tools/device/sass_by_region.py "$LOGS/sass_$kv.csv" "MLA decode 128 x 4096, 128 heads, $kv rows" \
+          | tee "$OUT/mla_wide_$kv.md"
+      done ;;
     decode-step)
       # Every kernel of one eager decode step at batch 256 (2048 tokens of context), by name.
       step ncu_decode_step 150 ncu --csv --print-units base --profile-from-start off --metrics gpu__time_duration.sum \
         $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 256 --context 2048 --no-graphs \
         --prefill-seqs 0 --profile-step
       python3 tools/device/ncu_by_kernel.py "$LOGS/ncu_decode_step.log" > "$OUT/decode_step_kernels.md" 2>&1 ;;
-    *) echo "profile.sh: unknown counters $what (grouped-gemm grouped-prefill mla mla-fp8 decode-step)" >&2 ;;
+    *) echo "profile.sh: unknown counters $what (grouped-gemm grouped-prefill mla mla-fp8 mla-wide decode-step)" >&2 ;;
   esac
 done
 finish
