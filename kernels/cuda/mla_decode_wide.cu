@@ -233,6 +233,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // kPair: the other CTA of the pair (the other 64 heads of this split).
   const uint32_t peer = kPair ? ClusterCtaRank() ^ 1u : 0u;
+  // The cache block of the CTA's tile i (the producers').
+  const auto block_of = [&](int i) {
+    return p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + cta.begin + i];
+  };
 
   if (kFp8 && warp >= kConsumerWarps) {  // the FP8 producer warpgroup: all four warps
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kFp8ProducerRegs));
@@ -241,9 +245,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // This warp's rows of each tile: with kPair, CTA rank r widens rows
     // [32 r, 32 r + 32) into its stage and its peer's.
     const int row0 = (kPair ? static_cast<int>(peer ^ 1u) * (kTile / 2) : 0) + pw * kRows;
-    const auto block_of = [&](int i) {
-      return p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + cta.begin + i];
-    };
     const auto prefetch = [&](int i) {  // tile i's rows (one block: contiguous) into L2
       BulkPrefetchL2(reinterpret_cast<const uint8_t*>(p.kv_cache) +
                          static_cast<int64_t>(block_of(i)) * kKvBlockSize * kFp8RowBytes,
@@ -285,8 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < n; ++i) {
         const int stage = i % kStages;
         if (i >= kStages) MbarWait(&s.empty[stage], (i / kStages - 1) & 1);
-        const int block =
-            p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + cta.begin + i];
+        const int block = block_of(i);
         MbarArriveExpectTx(&s.full[stage], kTileBytes);
 #pragma unroll
         for (int c = 0; c < kColBlocks; ++c) {

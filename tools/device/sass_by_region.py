@@ -7,6 +7,8 @@ kernel profiled with source counters (`--set full --import-source yes`).
 A warp-specialized kernel gives each role its registers with setmaxnreg
 (SASS USETMAXREG), so the code from one USETMAXREG to the next is one role's
 (warpgroup 0, 1, the producer); the code before the first is the prologue.
+The mbarrier wait retry loops ptxas puts after the body land in the last
+region (millions of executions, next to no samples).
 Prints a markdown table a region: stall samples, warp instructions executed,
 the top stall reasons, then the top opcodes by executed instructions and the
 ten instructions with the most samples. Lines that do not parse are skipped.
@@ -42,7 +44,6 @@ def main():
         if "USETMAXREG" in src:
             region = "regs " + src.split()[-1]
         executed = num(r[col["Instructions Executed"]])
-        # The retry loops of mbarrier waits sit after the code (millions of runs, no samples).
         samples[region] += num(r[col["Warp Stall Sampling (All Samples)"]])
         insts[region] += executed
         for s in stalls:
