@@ -110,6 +110,11 @@ TEST(PlanTest, SplitsFillTheDevice) {
   p = PlanMlaDecode(1, 128, 8192, 132);
   EXPECT_GT(p.num_splits, 16);
   EXPECT_EQ(p.workspace_bytes, size_t{1} * p.num_splits * 128 * 513 * 4);
+  // ...but not down to one tile a split: the 64-head kernel's partials cost
+  // more than a tile's time saved (batch 1 x 4096: 32 splits, not 64).
+  EXPECT_EQ(PlanMlaDecode(1, 128, 4096, 132).num_splits, 32);
+  EXPECT_EQ(
+      PlanMlaDecode(1, 128, 4096, 132, MlaTileConfig::kDefault, KvCacheDtype::kFp8).num_splits, 32);
 }
 
 }  // namespace

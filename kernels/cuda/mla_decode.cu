@@ -372,20 +372,27 @@ size_t WorkspaceBytes(int batch, int num_heads, int num_splits) {
   return static_cast<size_t>(batch) * num_splits * num_heads * (kLatentDim + 1) * sizeof(float);
 }
 
+// The 64-head kernel's cost of a split CTA's partials, in tile-times (see
+// PlanMlaDecode).
+constexpr double kWideSplitCost = 0.04;
+
 MlaDecodePlan PlanFor(int batch, int num_heads, int max_seq_len, int num_sms, int heads_per_cta,
-                      int tile_tokens, int ctas_per_sm) {
+                      int tile_tokens, int ctas_per_sm, double split_cost = 0.0) {
   MlaDecodePlan plan;
   const int64_t ctas = static_cast<int64_t>(std::max(batch, 1)) *
                        ((std::max(num_heads, 1) + heads_per_cta - 1) / heads_per_cta);
   const int max_tiles = std::max(1, (max_seq_len + tile_tokens - 1) / tile_tokens);
   const int64_t slots = static_cast<int64_t>(std::max(num_sms, 1)) * ctas_per_sm;
   // Makespan in tile-times: waves × (tiles per split + one tile of fixed cost
-  // for the prologue, the epilogue and the combine).
-  int64_t best_cost = INT64_MAX;
+  // for the prologue, the epilogue and the combine), plus split_cost tile-times
+  // for each CTA's split partials (written, then read by the combine).
+  double best_cost = 0.0;
   for (int sp = 1; sp <= std::min(kMaxSplits, max_tiles); ++sp) {
     const int64_t waves = (ctas * sp + slots - 1) / slots;
-    const int64_t cost = waves * ((max_tiles + sp - 1) / sp + (sp > 1 ? 1 : 0));
-    if (cost < best_cost) {
+    const double cost =
+        static_cast<double>(waves * ((max_tiles + sp - 1) / sp + (sp > 1 ? 1 : 0))) +
+        (sp > 1 ? split_cost * static_cast<double>(ctas * sp) : 0.0);
+    if (sp == 1 || cost < best_cost) {
       best_cost = cost;
       plan.num_splits = sp;
     }
@@ -404,7 +411,12 @@ MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_s
                             MlaTileConfig tile, KvCacheDtype kv_dtype) {
   tile = Resolve(tile, num_heads, kv_dtype);
   if (IsWide(tile)) {
-    return PlanFor(batch, num_heads, max_seq_len, num_sms, kWideHeads, kKvBlockSize, 1);
+    // A 64-head CTA's partials are 64 × 513 floats (the 16-head kernel's a
+    // quarter): at one tile-time ≈ 1.8 µs, each split CTA costs ~0.07 µs of
+    // partials (kernel_bench --mla-wide-table's split rows, H100, 2026-12-06:
+    // batch 1 × 4096 bf16 at 16 / 32 / 64 splits 23.0 / 20.7 / 23.9 µs).
+    return PlanFor(batch, num_heads, max_seq_len, num_sms, kWideHeads, kKvBlockSize, 1,
+                   kWideSplitCost);
   }
   if (kv_dtype == KvCacheDtype::kFp8) {
     const Fp8TileShape shape = MlaFp8TileShape(tile);

@@ -168,13 +168,6 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
   for (int batch : {1, 32, 128, 256}) {
     for (int ctx : {1024, 4096, 16384}) cases.push_back({&tiles[4], 128, batch, ctx});
   }
-  // Batch 1 at fewer splits than planned: each split writes 64 heads x 512
-  // fp32 partials that the combine reads back.
-  for (int ctx : {4096, 16384}) {
-    for (int splits : {8, 16, 32}) {
-      cases.push_back({&tiles[4], 128, 1, ctx, KvCacheDtype::kBf16, splits});
-    }
-  }
   // FP8 rows: the 16-head kernel's tiles at 16 heads, and at 128 heads the
   // 64-head kernel over FP8 rows (auto, mla_decode_wide.cu) beside the 16-head one
   // (64x2) and the bf16 rows above.
@@ -187,18 +180,17 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
       if (ctx == 4096) cases.push_back({&tiles[0], 128, batch, ctx, KvCacheDtype::kFp8});
     }
   }
-  // Small batches at fewer splits than planned, both kinds of rows (the
-  // planner's fixed cost a split against what the combine costs).
+  // Small batches over a sweep of splits, both kinds of rows: the planner's
+  // pick (splits 0) against its neighbours (each split CTA writes 64 heads x
+  // 513 fp32 partials that the combine reads back).
   for (const KvCacheDtype kv : {KvCacheDtype::kBf16, KvCacheDtype::kFp8}) {
-    for (int batch : {1, 2, 4}) {
-      for (int splits : {0, 16, 32}) {
-        if (kv == KvCacheDtype::kFp8 || batch > 1) {
-          cases.push_back({&tiles[4], 128, batch, 4096, kv, splits});
+    for (int batch : {1, 2, 4, 8}) {
+      for (int ctx : {1024, 4096, 16384}) {
+        if (ctx == 16384 && batch > 1) continue;
+        for (int splits : {0, 4, 8, 16, 24, 32, 64}) {
+          if (splits <= ctx / 64) cases.push_back({&tiles[4], 128, batch, ctx, kv, splits});
         }
       }
-    }
-    if (kv == KvCacheDtype::kFp8) {
-      for (int splits : {16, 32}) cases.push_back({&tiles[4], 128, 1, 16384, kv, splits});
     }
   }
   if (only.heads > 0) cases = {{&tiles[5], only.heads, only.batch, only.ctx, only.kv}};
@@ -253,9 +245,11 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
     const double flops = 2.0 * batch * heads * ctx * (kDim + kRank);
     const double us = ms * 1e3, floor = FloorUs(bytes, flops, ceil);
     const double gbps = bytes / (ms * 1e-3) / 1e9;
-    std::printf("%-6s %4s %5d %6d %7d %6d %10.1f %10.1f %9.0f %8.1f%% %9.1f %9.2f\n", c.tile->name,
-                fp8 ? "fp8" : "bf16", heads, batch, ctx, plan.num_splits, us, floor, gbps,
-                100.0 * gbps / ceil.copy_gbps, flops / (ms * 1e-3) / 1e12, floor / us);
+    // Rows at forced splits say "split" where the tile's name goes.
+    std::printf("%-6s %4s %5d %6d %7d %6d %10.1f %10.1f %9.0f %8.1f%% %9.1f %9.2f\n",
+                c.splits > 0 ? "split" : c.tile->name, fp8 ? "fp8" : "bf16", heads, batch, ctx,
+                plan.num_splits, us, floor, gbps, 100.0 * gbps / ceil.copy_gbps,
+                flops / (ms * 1e-3) / 1e12, floor / us);
   }
   return absl::OkStatus();
 }
