@@ -43,12 +43,13 @@ using testing::LoadCpu;
 // e4m3 rounding boundary from the CPU's float32 ones: a code one step off
 // (1/16 relative) in places, so the two FP8 caches differ by about what FP8
 // itself moves (the CPU engine's FP8 cache against its float one: max
-// |dlogprob| 0.49 on the v3 golden). Measured on the H200 (BENCHMARKS.md):
-// 0.054 / 0.067 of the logits' spread at real widths (v3 / v2-lite), 0.075 /
-// 0.29 at the tiny widths, whose flat distributions have little spread; the
-// bf16 cache against the float one 0.007 to 0.025. A wrong layout, scale or
-// row moves the logits by their whole spread (>= 1).
-constexpr double kFp8KvRelTolerance = 0.5;
+// |dlogprob| 0.49 on the v3 golden). Measured on the H100/H200: 0.049 to 0.067
+// of the logits' spread at real widths (v2-lite, v3, v3.2); at the tiny widths
+// (a 32-wide latent, flat distributions with little spread, a fresh seed each
+// run) 0.02 to 0.57 (tiny v3 0.41, tiny v3.2 0.56: 2026-12-06). A wrong
+// layout, scale or row moves the logits by their whole spread (>= 1).
+constexpr double kFp8KvRelTolerance = 0.2;
+constexpr double kFp8KvRelToleranceTiny = 0.8;
 constexpr double kBf16RelTolerance = testing::kBf16RelLogitTolerance;
 
 // DeepSeek-V3.2 with every causal row selected (index_topk above the
@@ -116,7 +117,7 @@ TEST_P(CudaKvFp8Test, MatchesTheCpuEnginesFp8Cache) {
               k.real_widths ? "real" : "tiny");
   on_fp8[0].Print("GPU FP8 KV vs CPU FP8 KV:");
   on_float[0].Print("GPU bf16 KV vs CPU float KV:");
-  EXPECT_LE(on_fp8[0].worst_rel, kFp8KvRelTolerance);
+  EXPECT_LE(on_fp8[0].worst_rel, k.real_widths ? kFp8KvRelTolerance : kFp8KvRelToleranceTiny);
   EXPECT_LE(on_float[0].worst_rel, kBf16RelTolerance);
 }
 

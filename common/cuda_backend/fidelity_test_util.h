@@ -127,12 +127,14 @@ inline void Compare(const ModelConfig& c, CpuEngine& cpu, const std::vector<Cuda
   }
   // Through the decode graphs: the sampled token's logprob against the CPU's.
   const double fp8_slack = !cpu_kv.fp8() ? 1.0 : c.kv_lora_rank < 128 ? 4.0 : 1.5;
-  // At tiny widths with an FP8 cache, one latent code rounded the other way
-  // (bf16 against float inputs to the rounding) moves a short sequence's
-  // logprob by ~0.1 whatever the teacher-forced worst was: 0.111 at a graph
-  // step against a teacher-forced worst of 0.0027 (tiny v3, H100, 2026-12-06;
-  // 0.107 against 0.030 before). A wrong kernel is off by whole nats.
-  const double fp8_floor = cpu_kv.fp8() && c.kv_lora_rank < 128 ? 0.2 : 0.0;
+  // At tiny widths (a latent under 128 wide) the graph steps' positions are
+  // a fresh draw from flat distributions: their worst can exceed the
+  // teacher-forced positions' several times over. With an FP8 cache one
+  // latent code rounded the other way moves a short sequence's logprob by ~0.1
+  // (0.111 against a teacher-forced worst of 0.0027, tiny v3, H100,
+  // 2026-12-06); with a bf16 one 0.038 against 0.009 (tiny v3.2). A wrong
+  // kernel is off by whole nats.
+  const double tiny_floor = c.kv_lora_rank >= 128 ? 0.0 : cpu_kv.fp8() ? 0.2 : 0.08;
   for (int step = 0; step < 3; ++step) {
     std::vector<std::vector<double>> ref_lp;
     for (size_t i = 0; i < lens.size(); ++i) {
@@ -150,9 +152,9 @@ inline void Compare(const ModelConfig& c, CpuEngine& cpu, const std::vector<Cuda
         const double best = *std::max_element(ref_lp[i].begin(), ref_lp[i].end());
         // Other positions than the teacher-forced steps': their worst (with an
         // FP8 cache, room for a worse draw of its error: it rounds near-ties
-        // apart; at tiny widths fp8_floor).
+        // apart; at tiny widths tiny_floor).
         EXPECT_LE(std::fabs(cpu_lp - o->next_logprobs[i]),
-                  std::max(fp8_slack * (*out)[m].worst_lp + 1e-3, fp8_floor))
+                  std::max(fp8_slack * (*out)[m].worst_lp + 1e-3, tiny_floor))
             << "model " << m << " sequence " << i << " graph step " << step;
         EXPECT_GE(cpu_lp, best - std::max(2.0 * (*out)[m].worst_lp, 1e-2))
             << "greedy far from the CPU engine's best";
