@@ -438,16 +438,18 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   const bool fp8 = p.kv_dtype == KvCacheDtype::kFp8;
   const int row_units =
       fp8 ? cpu::Fp8KvRowLayout{kLatentDim, kRopeDim}.bytes() / 2 : kLatentDim + kRopeDim;
-  // Selected or strided rows: the 16-head bf16 kernel reads them row by row.
+  // Selected or strided rows: the 16-head bf16 kernel reads them row by row,
+  // the 64-head kernel FP8 rows (its producer loads rows one by one anyway).
   const int stride = p.kv_row_stride != 0 ? p.kv_row_stride : row_units;
   const bool selected = p.kv_index != nullptr || stride != row_units;
   const MlaTileConfig tile = Resolve(p.tile, p.num_heads, p.kv_dtype);
-  if (selected && (fp8 || IsWide(tile) || stride < row_units || stride % 8 != 0 ||
+  if (selected && (fp8 != IsWide(tile) || stride < row_units || stride % 8 != 0 ||
                    (p.kv_index != nullptr && p.kv_index_stride < p.max_seq_len))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "RunMlaDecode: selected (kv_index) or strided rows need bf16 rows, a 16-head tile "
-        "(kTokens*: the 64-head kernel reads dense blocks), a row stride of whole 16 bytes >= ",
-        row_units, " values (0: dense) and kv_index_stride >= max_seq_len"));
+        "RunMlaDecode: selected (kv_index) or strided rows need bf16 rows and a 16-head tile "
+        "(kTokens*), or FP8 rows and the 64-head tile (kHeads64Tokens64Stages2; the 16-head FP8 "
+        "and 64-head bf16 kernels read dense blocks), a row stride of whole 16 bytes >= ",
+        row_units, " units of 2 bytes (0: dense) and kv_index_stride >= max_seq_len"));
   }
   if (p.batch < 0 || p.num_heads <= 0 || p.num_blocks <= 0 || p.max_blocks_per_seq <= 0 ||
       p.max_seq_len < 0 ||

@@ -203,6 +203,24 @@ SelectedPool ScatterRows(const PagedBatch& b, std::mt19937& rng) {
   return pool;
 }
 
+// The selection's pool as FP8 rows kFp8SelectedStride units (2 bytes) apart
+// (V3.2's on the GPU: [FP8 row | bf16 index key]): rows that hold a scattered
+// row packed (exactly: its values came out of PackFp8), every other byte
+// 0xFF (NaN as an e4m3 code, a float scale and a bf16 rope value).
+constexpr int kFp8SelectedStride = (656 + 256) / 2;
+std::vector<uint16_t> PackFp8Pool(const SelectedPool& pool) {
+  const cpu::Fp8KvRowLayout layout{kRank, kRope};
+  const size_t rows = pool.rows.size() / kSelectedStride;
+  std::vector<uint16_t> units(rows * kFp8SelectedStride, 0xFFFF);
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(units.data());
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = pool.rows.data() + r * kSelectedStride;
+    if (std::isnan(row[0])) continue;
+    cpu::PackFp8KvRow(row, layout, bytes + r * kFp8SelectedStride * 2);
+  }
+  return units;
+}
+
 // Rows past each sequence's end in its last block become NaN: the kernels
 // must not let them reach O (0 · NaN), as a pool's stale rows could hold
 // anything; the reference never reads them.
@@ -240,9 +258,10 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
     SelectedPool pool;
     DeviceBuffer<uint16_t> dpool;
     DeviceBuffer<int32_t> dpool_table, dindex;
-    if (selected) {  // b.cache is bf16-rounded by now
+    if (selected) {  // b.cache is bf16-rounded (or FP8 values) by now
       pool = ScatterRows(b, rng);
-      MOESH_ASSERT_OK_AND_ASSIGN(dpool, Upload(Bits(ToBf16Rounding(pool.rows))));
+      MOESH_ASSERT_OK_AND_ASSIGN(
+          dpool, fp8 ? Upload(PackFp8Pool(pool)) : Upload(Bits(ToBf16Rounding(pool.rows))));
       MOESH_ASSERT_OK_AND_ASSIGN(dpool_table, Upload(pool.block_table));
       MOESH_ASSERT_OK_AND_ASSIGN(dindex, Upload(pool.index));
     }
@@ -285,7 +304,8 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
       p.workspace_bytes = ws_bytes;
       p.tile = tile;
       if (selected) {
-        p.kv_cache = reinterpret_cast<const bf16*>(dpool.get()), p.kv_row_stride = kSelectedStride;
+        p.kv_cache = reinterpret_cast<const bf16*>(dpool.get());
+        p.kv_row_stride = fp8 ? kFp8SelectedStride : kSelectedStride;
         p.block_table = dpool_table.get(), p.num_blocks = pool.num_blocks;
         p.max_blocks_per_seq = pool.max_blocks_per_seq;
         p.kv_index = dindex.get(), p.kv_index_stride = pool.index_stride;
@@ -356,8 +376,9 @@ TEST_P(MlaDecodeTest, Fp8RowsMatchReference) {
 }
 
 // What RunMlaDecode takes with a selection or wider rows, checked before
-// anything reaches the device (an empty batch: no GPU needed).
-TEST(MlaDecodeArgsTest, SelectedRowsNeedBf16RowsAndA16HeadTile) {
+// anything reaches the device (an empty batch: no GPU needed): bf16 rows
+// with a 16-head tile, FP8 rows with the 64-head one.
+TEST(MlaDecodeArgsTest, SelectedRowsNeedAKernelThatReadsThem) {
   const int32_t fake = 0;
   MlaDecodeParams d;
   d.kv_lora_rank = kRank, d.rope_dim = kRope, d.num_heads = 128, d.num_blocks = 4;
@@ -376,8 +397,17 @@ TEST(MlaDecodeArgsTest, SelectedRowsNeedBf16RowsAndA16HeadTile) {
   EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
   d.kv_row_stride = kDim - 8;  // narrower than a row
   EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
-  d.kv_row_stride = 0, d.kv_dtype = KvCacheDtype::kFp8;  // FP8 rows: dense only
+  d.kv_row_stride = 0, d.kv_dtype = KvCacheDtype::kFp8;  // FP8 rows, a 16-head tile: dense only
   EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.tile = MlaTileConfig::kHeads64Tokens64Stages2;  // FP8 rows, the 64-head tile: selected too
+  EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
+  d.kv_row_stride = (656 + 256) / 2;  // V3.2's FP8 rows with their index key
+  EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
+  d.kv_row_stride = 656 / 2 + 4;  // not whole 16 bytes
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.kv_row_stride = 656 / 2 - 8;  // narrower than an FP8 row
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.kv_row_stride = 0, d.tile = MlaTileConfig::kTokens64Stages2;
   d.kv_index = nullptr;
   EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
   d.kv_row_stride = kDim + 128;  // FP8 rows: their own stride only
@@ -397,6 +427,15 @@ TEST_P(MlaDecodeTest, SelectedRowsMatchReference) {
             {MlaTileConfig::kTokens64Stages2, MlaTileConfig::kTokens32Stages4,
              MlaTileConfig::kTokens32Stages5, MlaTileConfig::kTokens32Stages2},
             KvCacheDtype::kBf16, /*selected=*/true);
+}
+
+// FP8 rows read the same way (V3.2's sparse attention on an FP8 pool, rows
+// 912 bytes apart) by the 64-head kernel at any head count (padded to 64; a
+// CTA pair from 65 heads up), its producer fetching each row one by one.
+TEST_P(MlaDecodeTest, Fp8SelectedRowsMatchReference) {
+  MOESH_REQUIRE_GPU();
+  CheckCase(GetParam(), {MlaTileConfig::kHeads64Tokens64Stages2}, KvCacheDtype::kFp8,
+            /*selected=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaDecodeTest, ::testing::ValuesIn(kCases),

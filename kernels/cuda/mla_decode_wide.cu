@@ -106,8 +106,10 @@ constexpr int kRowsPerProducerWarp = (kPair ? kTile / 2 : kTile) / kProducerWarp
 constexpr int kRowsPerPass = 4;  // rows a pass keeps in flight a thread
 static_assert(kFp8Wg1Regs > kLaunchRegs && kRowsPerProducerWarp<true> % kRowsPerPass == 0);
 // kPair: the bytes a CTA's stage receives from its peer a tile (32 rows of
-// 512 bf16).
+// 512 bf16), and with kSel (the rope widened by the producer too) 32 rows of
+// 64 more.
 constexpr uint32_t kPeerTileBytes = kTile / 2 * kLatentDim * 2;
+constexpr uint32_t kPeerSelTileBytes = kPeerTileBytes + kTile / 2 * kRopeDim * 2;
 static_assert(kLatentDim == 32 * 16 && kFp8Row.scales_offset() == kLatentDim);
 constexpr int kConsumerWarps = kWideThreads / 32;
 // Named barriers (0 is __syncthreads).
@@ -193,6 +195,47 @@ __device__ __forceinline__ void StoreFp8Tile(uint8_t* kv, int row0, int lane, in
   }
 }
 
+// kSel (a selection, or rows wider than 656 bytes: DeepSeek-V3.2's sparse
+// attention reads its top-k rows straight from the pool): a tile's rows lie
+// anywhere in the pool, so no tensor copy brings the rope. Each producer
+// lane k below the warp's row count holds the address of the warp's row k
+// of the tile (null past the selection's end: zeros); a pass reads its four
+// rows' addresses from those lanes, loads their codes and scales as
+// LoadFp8Tile does, and each lane 16 bytes of one row's rope (lane l: row
+// l / 8, bytes 16 (l % 8) of its 128).
+__device__ __forceinline__ const uint8_t* LanePtr(const uint8_t* p, int src) {
+  return reinterpret_cast<const uint8_t*>(
+      __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(p), src));
+}
+__device__ __forceinline__ void LoadFp8SelectedRows(const uint8_t* mine, int lane, int pass,
+                                                    Fp8Loads& f, uint4& rope) {
+#pragma unroll
+  for (int r = 0; r < kRowsPerPass; ++r) {
+    const uint8_t* row = LanePtr(mine, pass * kRowsPerPass + r);  // the same in every lane
+    f.codes[r] =
+        row != nullptr ? __ldg(reinterpret_cast<const uint4*>(row) + lane) : make_uint4(0, 0, 0, 0);
+    f.scale[r] = row != nullptr
+                     ? __ldg(reinterpret_cast<const float*>(row + kFp8Row.scales_offset()) +
+                             lane * 16 / cpu::kFp8Block)
+                     : 0.0f;
+  }
+  const uint8_t* row = LanePtr(mine, pass * kRowsPerPass + lane / 8);
+  rope = row != nullptr
+             ? __ldg(reinterpret_cast<const uint4*>(row + kFp8Row.rope_offset()) + lane % 8)
+             : make_uint4(0, 0, 0, 0);
+}
+// The rope LoadFp8SelectedRows brought, into the stage's ninth column block
+// (and the peer's with kPair).
+template <bool kPair>
+__device__ __forceinline__ void StoreSelectedRope(uint8_t* kv, int row0, int lane, int pass,
+                                                  uint4 rope, uint32_t remote_kv,
+                                                  uint32_t remote_full) {
+  const int at = (kColBlocks - 1) * kBlockBytes +
+                 wgmma::Swizzle128Offset(row0 + pass * kRowsPerPass + lane / 8, 8 * (lane % 8));
+  *reinterpret_cast<uint4*>(kv + at) = rope;
+  if constexpr (kPair) StAsync16(remote_kv + at, rope, remote_full);
+}
+
 // A consumer warp is done with tile i of n's stage (empty). With kPair both
 // CTAs' producers fill it, so it is released in both; tiles past the last
 // the producers wait for (i + kStages >= n) are released in neither: no
@@ -207,10 +250,11 @@ __device__ __forceinline__ void ReleaseStage(uint64_t& empty, uint32_t peer, int
   }
 }
 
-template <bool kSplit, typename OutT, bool kFp8, bool kPair>
+template <bool kSplit, typename OutT, bool kFp8, bool kPair, bool kSel>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWideKernel(const __grid_constant__ CUtensorMap map, MlaDecodeParams p) {
   static_assert(kFp8 || !kPair, "only FP8 rows are widened by a CTA pair");
+  static_assert(kFp8 || !kSel, "selected rows: FP8 rows only");
   extern __shared__ uint8_t smem_raw[];
   Smem& s = wide::AlignedSmem<Smem>(smem_raw);
   const wide::Cta cta = wide::CtaOf(p);
@@ -245,6 +289,53 @@ __global__ void __launch_bounds__(kThreads, 1)
     // This warp's rows of each tile: with kPair, CTA rank r widens rows
     // [32 r, 32 r + 32) into its stage and its peer's.
     const int row0 = (kPair ? static_cast<int>(peer ^ 1u) * (kTile / 2) : 0) + pw * kRows;
+    if constexpr (kSel) {
+      const uint8_t* const pool = reinterpret_cast<const uint8_t*>(p.kv_cache);
+      const int64_t row_bytes = static_cast<int64_t>(p.kv_row_stride) * 2;
+      // Lane k < kRows: the pool address of this warp's row k of tile i.
+      const auto selected_row = [&](int i) -> const uint8_t* {
+        const int t = (cta.begin + i) * kTile + row0 + lane;
+        if (lane >= kRows || t >= seq_len) return nullptr;
+        const int pos =
+            p.kv_index != nullptr ? p.kv_index[static_cast<int64_t>(b) * p.kv_index_stride + t] : t;
+        const int block =
+            p.block_table[static_cast<int64_t>(b) * p.max_blocks_per_seq + pos / kKvBlockSize];
+        return pool + (static_cast<int64_t>(block) * kKvBlockSize + pos % kKvBlockSize) * row_bytes;
+      };
+      const uint8_t* next = n > 0 ? selected_row(0) : nullptr;
+      if (next != nullptr) BulkPrefetchL2(next, kFp8RowBytes);
+      for (int i = 0; i < n; ++i) {
+        const int stage = i % kStages;
+        const uint8_t* const mine = next;  // this tile's rows; the next tile's on their way
+        next = i + 1 < n ? selected_row(i + 1) : nullptr;
+        if (next != nullptr) BulkPrefetchL2(next, kFp8RowBytes);
+        Fp8Loads f;
+        uint4 rope;
+        LoadFp8SelectedRows(mine, lane, 0, f, rope);
+        if (i >= kStages) MbarWait(&s.empty[stage], (i / kStages - 1) & 1);
+        if (pw == 0 && lane == 0) {  // no tensor copy: the peer's bytes alone count in bytes
+          if constexpr (kPair) {
+            MbarArriveExpectTx(&s.full[stage], kPeerSelTileBytes);
+          } else {
+            MbarArrive(&s.full[stage]);
+          }
+        }
+        const uint32_t remote_kv = kPair ? MapShared(s.kv[stage], peer) : 0u;
+        const uint32_t remote_full = kPair ? MapShared(&s.full[stage], peer) : 0u;
+        StoreFp8Tile<kPair>(s.kv[stage], row0, lane, 0, f, remote_kv, remote_full);
+        StoreSelectedRope<kPair>(s.kv[stage], row0, lane, 0, rope, remote_kv, remote_full);
+#pragma unroll 1
+        for (int pass = 1; pass < kPasses; ++pass) {
+          LoadFp8SelectedRows(mine, lane, pass, f, rope);
+          StoreFp8Tile<kPair>(s.kv[stage], row0, lane, pass, f, remote_kv, remote_full);
+          StoreSelectedRope<kPair>(s.kv[stage], row0, lane, pass, rope, remote_kv, remote_full);
+        }
+        wgmma::FenceProxyAsync();
+        __syncwarp();
+        if (lane == 0) MbarArrive(&s.full[stage]);
+      }
+      return;
+    }
     const auto prefetch = [&](int i) {  // tile i's rows (one block: contiguous) into L2
       BulkPrefetchL2(reinterpret_cast<const uint8_t*>(p.kv_cache) +
                          static_cast<int64_t>(block_of(i)) * kKvBlockSize * kFp8RowBytes,
@@ -389,20 +480,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The paged cache as a 2-D tensor [num_blocks * 64 rows, 576] of bf16, read
-// in 64 x 64 boxes swizzled for SW128; FP8 rows as [rows, 328] bf16, of which
-// the kernel copies the rope's 64.
+// in 64 x 64 boxes swizzled for SW128; FP8 rows as [rows, 328] bf16 (rows
+// kv_row_stride apart), of which the kernel copies the rope's 64 (not with
+// kSel: then the map goes unused).
 absl::StatusOr<CUtensorMap> CacheMap(const MlaDecodeParams& p) {
   const uint64_t rows = static_cast<uint64_t>(p.num_blocks) * kKvBlockSize;
   if (p.kv_dtype == KvCacheDtype::kFp8) {
-    return Bf16BoxMap64(p.kv_cache, rows, kFp8RowBytes / 2, kFp8RowBytes / 2,
+    return Bf16BoxMap64(p.kv_cache, rows, kFp8RowBytes / 2,
+                        p.kv_row_stride != 0 ? p.kv_row_stride : kFp8RowBytes / 2,
                         "the FP8 KV cache's rope");
   }
   return Bf16BoxMap64(p.kv_cache, rows, kHeadDim, kHeadDim, "the KV cache");
 }
 
-template <bool kSplit, typename OutT, bool kFp8, bool kPair>
+template <bool kSplit, typename OutT, bool kFp8, bool kPair, bool kSel>
 absl::Status Launch(const CUtensorMap& map, const MlaDecodeParams& p) {
-  constexpr auto kernel = MlaDecodeWideKernel<kSplit, OutT, kFp8, kPair>;
+  constexpr auto kernel = MlaDecodeWideKernel<kSplit, OutT, kFp8, kPair, kSel>;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmemBytes));
   const dim3 grid(p.num_splits, (p.num_heads + kWideHeads - 1) / kWideHeads, p.batch);
   if constexpr (!kPair) {
@@ -425,36 +518,39 @@ absl::Status Launch(const CUtensorMap& map, const MlaDecodeParams& p) {
   return LaunchStatus("MlaDecodeWideKernel");
 }
 
-// CacheMap(p), encoded once per (cache pointer, block count) and thread: a
-// map depends on nothing else, so one made for memory since freed and
+// CacheMap(p), encoded once per (cache pointer, block count, dtype, row
+// stride) and thread: a map depends on nothing else, so one made for memory since freed and
 // reallocated at the same address with the same size is still right.
 absl::StatusOr<CUtensorMap> CachedCacheMap(const MlaDecodeParams& p) {
   struct Entry {
     const void* cache;
     int num_blocks;
     KvCacheDtype dtype;
+    int row_stride;
     CUtensorMap map;
   };
   thread_local std::vector<Entry> maps;  // few: one per pool (or layer) a thread runs
   for (const Entry& e : maps) {
-    if (e.cache == p.kv_cache && e.num_blocks == p.num_blocks && e.dtype == p.kv_dtype) {
+    if (e.cache == p.kv_cache && e.num_blocks == p.num_blocks && e.dtype == p.kv_dtype &&
+        e.row_stride == p.kv_row_stride) {
       return e.map;
     }
   }
   ASSIGN_OR_RETURN(const CUtensorMap map, CacheMap(p));
   if (maps.size() >= 256) maps.clear();  // bounded
-  maps.push_back({p.kv_cache, p.num_blocks, p.kv_dtype, map});
+  maps.push_back({p.kv_cache, p.num_blocks, p.kv_dtype, p.kv_row_stride, map});
   return map;
 }
 
-template <bool kFp8, bool kPair>
+template <bool kFp8, bool kPair, bool kSel = false>
 absl::Status LaunchWith(const CUtensorMap& map, const MlaDecodeParams& p) {
   const bool split = p.num_splits > 1;
   if (p.out_type == OutType::kFloat32) {
-    return split ? Launch<true, float, kFp8, kPair>(map, p)
-                 : Launch<false, float, kFp8, kPair>(map, p);
+    return split ? Launch<true, float, kFp8, kPair, kSel>(map, p)
+                 : Launch<false, float, kFp8, kPair, kSel>(map, p);
   }
-  return split ? Launch<true, bf16, kFp8, kPair>(map, p) : Launch<false, bf16, kFp8, kPair>(map, p);
+  return split ? Launch<true, bf16, kFp8, kPair, kSel>(map, p)
+               : Launch<false, bf16, kFp8, kPair, kSel>(map, p);
 }
 
 }  // namespace
@@ -465,6 +561,11 @@ absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p) {
   // FP8 rows: a pair of CTAs (an even number of 64-head groups) widens each
   // tile once for both, half each.
   const int groups = (p.num_heads + kWideHeads - 1) / kWideHeads;
+  // Selected or strided rows (RunMlaDecode has checked the stride).
+  if (p.kv_index != nullptr || (p.kv_row_stride != 0 && p.kv_row_stride != kFp8RowBytes / 2)) {
+    return groups % 2 == 0 ? LaunchWith<true, true, true>(map, p)
+                           : LaunchWith<true, false, true>(map, p);
+  }
   return groups % 2 == 0 ? LaunchWith<true, true>(map, p) : LaunchWith<true, false>(map, p);
 }
 
