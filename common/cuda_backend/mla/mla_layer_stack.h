@@ -110,13 +110,16 @@ class MlaLayerStack : public LayerStack {
   IndexerScratch index_;
   RopeTableView index_rope_;
   bool sparse_fast_ = false;
-  // The 16-head kernel reads each token's selection out of the pool
-  // (!sparse_mla_gather, bf16 rows); else the selected rows are gathered
-  // (an FP8 pool's widened exactly) into sparse_.
+  // A kernel reads each token's selection out of the pool
+  // (!sparse_mla_gather): the 16-head kernel over bf16 rows, the 64-head
+  // kernel over FP8 rows (from 64 heads up; sparse_tile_ says which); else
+  // the selected rows are gathered (an FP8 pool's widened exactly) into
+  // sparse_.
   bool sparse_direct_ = false;
+  MlaTileConfig sparse_tile_ = mla::kDefaultTile;
   MlaScratch sparse_;
   DeviceBuffer<int32_t> sparse_rows_;
-  // sparse_direct_: the 16-head kernel's split partials for decode
+  // sparse_direct_: the kernel's split partials for decode
   // passes (fixed: graphs), planned at SparseDecodeRows() for every bucket:
   // the most rows a token selects (index_topk, or fewer when max_model_len is).
   DeviceBuffer<uint8_t> sparse_ws_;

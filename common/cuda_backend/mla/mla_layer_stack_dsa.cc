@@ -5,10 +5,10 @@
 // into the tail of each cache row; the queries (q latent · wq_b, roped the
 // same way); then each token's top index_topk causal rows, which the MLA
 // attention reads through its row index (the plain kernel, and the tuned
-// 16-head kernel with CudaModelOptions::sparse_mla_gather off on bf16 rows),
-// or, at the tuned kernel's widths, from a dense bf16 copy of the selected
-// rows (an FP8 pool's widened exactly: the 16-head kernel reads no FP8
-// selection).
+// 16-head kernel with CudaModelOptions::sparse_mla_gather off on bf16 rows,
+// the 64-head kernel on FP8 rows from 64 heads up), or, at the tuned
+// kernel's widths, from a dense bf16 copy of the selected rows (an FP8
+// pool's widened exactly: the 16-head FP8 kernel reads no selection).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -34,12 +34,15 @@ absl::Status MlaLayerStack::InitIndexer() {
     return absl::OkStatus();
   }
   sparse_fast_ = true;
-  sparse_direct_ = !ctx_.options.sparse_mla_gather && kv_dtype() == KvCacheDtype::kBf16;
+  const bool fp8 = kv_dtype() == KvCacheDtype::kFp8;
+  sparse_direct_ =
+      !ctx_.options.sparse_mla_gather && (!fp8 || c.num_attention_heads >= mla::kWideHeads);
+  sparse_tile_ = fp8 ? MlaTileConfig::kHeads64Tokens64Stages2 : mla::kDefaultTile;
   if (sparse_direct_) {
     size_t ws = 0;
     for (int n : ctx_.buckets) {
       ws = std::max(ws, PlanMlaDecode(n, c.num_attention_heads, SparseDecodeRows(),
-                                      ctx_.info.num_sms, mla::kDefaultTile)
+                                      ctx_.info.num_sms, sparse_tile_, kv_dtype())
                             .workspace_bytes);
     }
     return sparse_ws_.Reallocate(ws);
@@ -99,17 +102,17 @@ absl::Status MlaLayerStack::EnqueueSparseMla(const StepBatch& b, const MlaDecode
   cudaStream_t s = ctx_.stream;
   const int t = b.num_tokens, heads = c.num_attention_heads, rank = c.kv_lora_rank;
   if (sparse_direct_) {
-    // The 16-head kernel reads each token's selection out of the pool. A
-    // decode pass plans at SparseDecodeRows() (the workspace its graph holds).
+    // The kernel reads each token's selection out of the pool. A decode
+    // pass plans at SparseDecodeRows() (the workspace its graph holds).
     MlaDecodeParams sp = mp;
     sp.max_seq_len = b.decode ? SparseDecodeRows() : std::min(c.indexer.topk, b.max_seq_len);
     const MlaDecodePlan plan =
-        PlanMlaDecode(t, heads, sp.max_seq_len, ctx_.info.num_sms, mla::kDefaultTile);
+        PlanMlaDecode(t, heads, sp.max_seq_len, ctx_.info.num_sms, sparse_tile_, kv_dtype());
     if (!b.decode && plan.workspace_bytes > prefill_ws_.bytes()) {
       RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s));  // the old buffer may be in use
       RETURN_IF_ERROR(prefill_ws_.Reallocate(plan.workspace_bytes));
     }
-    sp.tile = mla::kDefaultTile, sp.num_splits = plan.num_splits;
+    sp.tile = sparse_tile_, sp.num_splits = plan.num_splits;
     sp.workspace = b.decode ? sparse_ws_.get() : prefill_ws_.get();
     sp.workspace_bytes = b.decode ? sparse_ws_.bytes() : prefill_ws_.bytes();
     return RunMlaDecode(sp);
