@@ -35,8 +35,9 @@ size_t MlaDecodeWorkspaceBytes(int batch, int num_heads, int num_splits);
 
 // REQUIRES (else INVALID_ARGUMENT): kv_lora_rank == 512, rope_dim == 64,
 // kv_row_stride 0 or the row's (576, or 328 for FP8 rows of 656 bytes) —
-// except on bf16 rows with a 16-head tile (kTokens*), which also read wider
-// rows (a multiple of 8 values) and a selection (kv_index, its stride >=
+// except on bf16 rows with a 16-head tile (kTokens*) and on FP8 rows with
+// the 64-head tile (kHeads64Tokens64Stages2), which also read wider rows (a
+// multiple of 8 units of 2 bytes) and a selection (kv_index, its stride >=
 // max_seq_len; seq_lens then counts the selected rows, each a position
 // below the sequence's length in the pool),
 // 1 <= num_splits <= mla::kMaxSplits with MlaDecodeWorkspaceBytes() of

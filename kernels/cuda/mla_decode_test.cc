@@ -203,20 +203,21 @@ SelectedPool ScatterRows(const PagedBatch& b, std::mt19937& rng) {
   return pool;
 }
 
-// The selection's pool as FP8 rows kFp8SelectedStride units (2 bytes) apart
-// (V3.2's on the GPU: [FP8 row | bf16 index key]): rows that hold a scattered
-// row packed (exactly: its values came out of PackFp8), every other byte
-// 0xFF (NaN as an e4m3 code, a float scale and a bf16 rope value).
-constexpr int kFp8SelectedStride = (656 + 256) / 2;
-std::vector<uint16_t> PackFp8Pool(const SelectedPool& pool) {
+// The selection's pool as FP8 rows `stride` units (2 bytes) apart (V3.2's on
+// the GPU, kFp8SelectedStride: [FP8 row | bf16 index key]; or dense, 328):
+// rows that hold a scattered row packed (exactly: its values came out of
+// PackFp8), every other byte 0xFF (NaN as an e4m3 code, a float scale and a
+// bf16 rope value).
+constexpr int kFp8SelectedStride = (656 + 256) / 2, kFp8DenseStride = 656 / 2;
+std::vector<uint16_t> PackFp8Pool(const SelectedPool& pool, int stride) {
   const cpu::Fp8KvRowLayout layout{kRank, kRope};
   const size_t rows = pool.rows.size() / kSelectedStride;
-  std::vector<uint16_t> units(rows * kFp8SelectedStride, 0xFFFF);
+  std::vector<uint16_t> units(rows * stride, 0xFFFF);
   uint8_t* bytes = reinterpret_cast<uint8_t*>(units.data());
   for (size_t r = 0; r < rows; ++r) {
     const float* row = pool.rows.data() + r * kSelectedStride;
     if (std::isnan(row[0])) continue;
-    cpu::PackFp8KvRow(row, layout, bytes + r * kFp8SelectedStride * 2);
+    cpu::PackFp8KvRow(row, layout, bytes + r * stride * 2);
   }
   return units;
 }
@@ -239,9 +240,11 @@ void PoisonTails(PagedBatch& b) {
 // Every case through each of `tiles`, against the reference; with `dtype`
 // kFp8 the cache holds FP8 rows and the reference reads what they hold;
 // `selected`: the kernel reads each sequence's rows through a selection out
-// of a wider strided pool (ScatterRows) instead.
+// of a wider strided pool (ScatterRows) instead; FP8 rows kFp8SelectedStride
+// apart, or with `dense_fp8_pool` 328 (passed as kv_row_stride 0).
 void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
-               KvCacheDtype dtype = KvCacheDtype::kBf16, bool selected = false) {
+               KvCacheDtype dtype = KvCacheDtype::kBf16, bool selected = false,
+               bool dense_fp8_pool = false) {
   MOESH_ASSERT_OK_AND_ASSIGN(DeviceInfo info, CurrentDeviceInfo());
   {
     const uint32_t seed = FreshSeed();
@@ -261,7 +264,9 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
     if (selected) {  // b.cache is bf16-rounded (or FP8 values) by now
       pool = ScatterRows(b, rng);
       MOESH_ASSERT_OK_AND_ASSIGN(
-          dpool, fp8 ? Upload(PackFp8Pool(pool)) : Upload(Bits(ToBf16Rounding(pool.rows))));
+          dpool,
+          fp8 ? Upload(PackFp8Pool(pool, dense_fp8_pool ? kFp8DenseStride : kFp8SelectedStride))
+              : Upload(Bits(ToBf16Rounding(pool.rows))));
       MOESH_ASSERT_OK_AND_ASSIGN(dpool_table, Upload(pool.block_table));
       MOESH_ASSERT_OK_AND_ASSIGN(dindex, Upload(pool.index));
     }
@@ -305,7 +310,7 @@ void CheckCase(const DecodeCase& c, std::initializer_list<MlaTileConfig> tiles,
       p.tile = tile;
       if (selected) {
         p.kv_cache = reinterpret_cast<const bf16*>(dpool.get());
-        p.kv_row_stride = fp8 ? kFp8SelectedStride : kSelectedStride;
+        p.kv_row_stride = !fp8 ? kSelectedStride : dense_fp8_pool ? 0 : kFp8SelectedStride;
         p.block_table = dpool_table.get(), p.num_blocks = pool.num_blocks;
         p.max_blocks_per_seq = pool.max_blocks_per_seq;
         p.kv_index = dindex.get(), p.kv_index_stride = pool.index_stride;
@@ -436,6 +441,13 @@ TEST_P(MlaDecodeTest, Fp8SelectedRowsMatchReference) {
   MOESH_REQUIRE_GPU();
   CheckCase(GetParam(), {MlaTileConfig::kHeads64Tokens64Stages2}, KvCacheDtype::kFp8,
             /*selected=*/true);
+}
+
+// The same over a pool of plain 656-byte FP8 rows (kv_row_stride 0).
+TEST_P(MlaDecodeTest, Fp8SelectedDenseRowsMatchReference) {
+  MOESH_REQUIRE_GPU();
+  CheckCase(GetParam(), {MlaTileConfig::kHeads64Tokens64Stages2}, KvCacheDtype::kFp8,
+            /*selected=*/true, /*dense_fp8_pool=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaDecodeTest, ::testing::ValuesIn(kCases),

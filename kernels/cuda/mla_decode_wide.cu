@@ -307,11 +307,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < n; ++i) {
         const int stage = i % kStages;
         const uint8_t* const mine = next;  // this tile's rows; the next tile's on their way
-        next = i + 1 < n ? selected_row(i + 1) : nullptr;
-        if (next != nullptr) BulkPrefetchL2(next, kFp8RowBytes);
         Fp8Loads f;
         uint4 rope;
         LoadFp8SelectedRows(mine, lane, 0, f, rope);
+        // After this pass's loads: the lookups for the next tile's rows (the
+        // selection, then the block table) do not hold them up.
+        next = i + 1 < n ? selected_row(i + 1) : nullptr;
+        if (next != nullptr) BulkPrefetchL2(next, kFp8RowBytes);
         if (i >= kStages) MbarWait(&s.empty[stage], (i / kStages - 1) & 1);
         if (pw == 0 && lane == 0) {  // no tensor copy: the peer's bytes alone count in bytes
           if constexpr (kPair) {
@@ -563,8 +565,10 @@ absl::Status LaunchMlaDecodeWide(const MlaDecodeParams& p) {
   const int groups = (p.num_heads + kWideHeads - 1) / kWideHeads;
   // Selected or strided rows (RunMlaDecode has checked the stride).
   if (p.kv_index != nullptr || (p.kv_row_stride != 0 && p.kv_row_stride != kFp8RowBytes / 2)) {
-    return groups % 2 == 0 ? LaunchWith<true, true, true>(map, p)
-                           : LaunchWith<true, false, true>(map, p);
+    MlaDecodeParams q = p;  // the kernel reads the row stride (dense: 328)
+    if (q.kv_row_stride == 0) q.kv_row_stride = kFp8RowBytes / 2;
+    return groups % 2 == 0 ? LaunchWith<true, true, true>(map, q)
+                           : LaunchWith<true, false, true>(map, q);
   }
   return groups % 2 == 0 ? LaunchWith<true, true>(map, p) : LaunchWith<true, false>(map, p);
 }

@@ -269,7 +269,8 @@ struct MlaDecodeParams {
   // selection (DeepSeek-V3.2's indexer): non-null, row t < seq_lens[b] of
   // query b is position kv_index[b * kv_index_stride + t]. Read by
   // RunMlaAttentionGeneric, and by RunMlaDecode's 16-head bf16 kernel (a
-  // kTokens* tile; rows fetched one by one, straight from the pool).
+  // kTokens* tile) and 64-head FP8 kernel (rows fetched one by one,
+  // straight from the pool).
   int kv_row_stride = 0;
   const int32_t* kv_index = nullptr;
   int kv_index_stride = 0;
