@@ -55,6 +55,7 @@
 #include "common/cuda_backend/sample_rows.h"
 #include "common/model/random_checkpoint.h"
 #include "kernels/cpu/fp8.h"
+#include "kernels/cuda/config.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/fill.h"
@@ -544,11 +545,12 @@ absl::Status Run(const Flags& f) {
   const auto t1 = std::chrono::steady_clock::now();
   const ModelConfig& c = model->config();
   if (f.sparse_mla == "direct" &&
-      (!c.has_indexer() || f.mla_kernel == "generic" || f.kv_cache_dtype == "fp8")) {
+      (!c.has_indexer() || f.mla_kernel == "generic" ||
+       (f.kv_cache_dtype == "fp8" && c.num_attention_heads < mla::kWideHeads))) {
     return absl::InvalidArgumentError(
-        "--sparse-mla direct: DeepSeek-V3.2's sparse attention on the tuned kernel and bf16 rows "
-        "only (this model has no indexer, --mla-kernel generic, or --kv-cache-dtype fp8, which "
-        "gathers)");
+        "--sparse-mla direct: DeepSeek-V3.2's sparse attention on the tuned kernels only: bf16 "
+        "rows, or FP8 rows from 64 heads up (this model has no indexer, --mla-kernel generic, "
+        "or --kv-cache-dtype fp8 below 64 heads, which gathers)");
   }
   std::printf(
       "model %s (%s weights, %.2f GB, dense linears %s, routed experts %s): layers %d, hidden "
