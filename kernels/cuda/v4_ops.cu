@@ -3,6 +3,7 @@
 // interleaved pairs.
 #include <algorithm>
 #include <cfloat>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/config.h"
@@ -43,8 +44,15 @@ __device__ __forceinline__ int64_t CacheRow(const int32_t* block_table, int toke
 
 // ---- mHC ---------------------------------------------------------------
 
-// The mapping's inputs go to shared memory first (one parallel load), so
-// thread 0's small Sinkhorn reads no global memory.
+// The mapping's inputs go to shared memory first (one parallel load); warp 0
+// then maps them, lane e % 32 holding comb's entry e = j * hc + k through the
+// Sinkhorn iterations (row and column sums by shuffles, added in the serial
+// order: the same floats as one thread's loops, without their local-memory
+// array — that thread took ~87 us a launch at batch 1, V4-Flash shapes).
+// kVec: x and collapsed read and written as float4 (hidden % 4 == 0, both
+// 16-byte aligned), eight loads a thread in flight: one CTA a token is
+// latency-bound at batch 1 (51 us a launch before, V4-Flash shapes).
+template <bool kVec>
 __global__ void __launch_bounds__(kThreads) MhcPreKernel(MhcPreParams p) {
   __shared__ float scratch[32];
   __shared__ float pre[kMaxHc];
@@ -60,52 +68,108 @@ __global__ void __launch_bounds__(kThreads) MhcPreKernel(MhcPreParams p) {
   }
   if (threadIdx.x < (p.head ? 1 : 3)) scale[threadIdx.x] = p.scale[threadIdx.x];
   float ss = 0.0f;
-  for (int j = threadIdx.x; j < width; j += blockDim.x) ss += x[j] * x[j];
+  if constexpr (kVec) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll 8
+    for (int j = threadIdx.x; j < width / 4; j += blockDim.x) {
+      const float4 v = x4[j];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  } else {
+    for (int j = threadIdx.x; j < width; j += blockDim.x) ss += x[j] * x[j];
+  }
   const float inv = 1.0f / sqrtf(BlockSum(ss, scratch) / static_cast<float>(width) + p.norm_eps);
-  if (threadIdx.x == 0) {
-    for (int j = 0; j < hc; ++j) pre[j] = Sigmoid(m[j] * inv * scale[0] + base[j]) + p.hc_eps;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    if (lane < hc) pre[lane] = Sigmoid(m[lane] * inv * scale[0] + base[lane]) + p.hc_eps;
     if (!p.head) {
-      float* post = p.post + i * hc;
-      for (int j = 0; j < hc; ++j)
-        post[j] = 2.0f * Sigmoid(m[hc + j] * inv * scale[1] + base[hc + j]);
-      float c[kMaxHc * kMaxHc];
-      for (int j = 0; j < hc; ++j) {
-        float* row = c + j * hc;
-        float mx = -FLT_MAX;
-        for (int k = 0; k < hc; ++k) {
-          row[k] = m[2 * hc + j * hc + k] * inv * scale[2] + base[2 * hc + j * hc + k];
-          mx = fmaxf(mx, row[k]);
-        }
-        float sum = 0.0f;
-        for (int k = 0; k < hc; ++k) sum += (row[k] = expf(row[k] - mx));
-        for (int k = 0; k < hc; ++k) row[k] = row[k] / sum + p.hc_eps;
+      if (lane < hc) {
+        p.post[i * hc + lane] = 2.0f * Sigmoid(m[hc + lane] * inv * scale[1] + base[hc + lane]);
       }
-      auto normalize_columns = [&] {
-        for (int k = 0; k < hc; ++k) {
-          float sum = 0.0f;
-          for (int j = 0; j < hc; ++j) sum += c[j * hc + k];
-          for (int j = 0; j < hc; ++j) c[j * hc + k] /= sum + p.hc_eps;
+      // Entry e = lane + 32 q of comb (q < kSlots: hc * hc <= 64).
+      constexpr int kSlots = (kMaxHc * kMaxHc + 31) / 32;
+      const unsigned all = 0xffffffffu;
+      const int n = hc * hc;
+      const auto at = [&](const float(&v)[kSlots], int e) {  // entry e, from its lane
+        float got = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kSlots; ++q) {
+          const float g = __shfl_sync(all, v[q], e & 31);
+          if (e >> 5 == q) got = g;
+        }
+        return got;
+      };
+      float c[kSlots], sum[kSlots];
+#pragma unroll
+      for (int q = 0; q < kSlots; ++q) {
+        const int e = lane + 32 * q;
+        c[q] = e < n ? m[2 * hc + e] * inv * scale[2] + base[2 * hc + e] : 0.0f;
+      }
+      const auto row_sums = [&] {
+#pragma unroll
+        for (int q = 0; q < kSlots; ++q) {
+          const int row = (lane + 32 * q) / hc;
+          sum[q] = 0.0f;
+          for (int k = 0; k < hc; ++k) sum[q] += at(c, min(row * hc + k, n - 1));
         }
       };
-      normalize_columns();
-      for (int it = 1; it < p.sinkhorn_iters; ++it) {
-        for (int j = 0; j < hc; ++j) {
-          float sum = 0.0f;
-          for (int k = 0; k < hc; ++k) sum += c[j * hc + k];
-          for (int k = 0; k < hc; ++k) c[j * hc + k] /= sum + p.hc_eps;
+      const auto column_sums = [&] {
+#pragma unroll
+        for (int q = 0; q < kSlots; ++q) {
+          const int col = (lane + 32 * q) % hc;
+          sum[q] = 0.0f;
+          for (int j = 0; j < hc; ++j) sum[q] += at(c, j * hc + col);
         }
-        normalize_columns();
+      };
+#pragma unroll
+      for (int q = 0; q < kSlots; ++q) {  // softmax over each row
+        const int row = (lane + 32 * q) / hc;
+        float mx = -FLT_MAX;
+        for (int k = 0; k < hc; ++k) mx = fmaxf(mx, at(c, min(row * hc + k, n - 1)));
+        sum[q] = mx;
       }
-      float* comb = p.comb + i * hc * hc;
-      for (int j = 0; j < hc * hc; ++j) comb[j] = c[j];
+#pragma unroll
+      for (int q = 0; q < kSlots; ++q) c[q] = expf(c[q] - sum[q]);
+      row_sums();
+#pragma unroll
+      for (int q = 0; q < kSlots; ++q) c[q] = c[q] / sum[q] + p.hc_eps;
+      column_sums();
+#pragma unroll
+      for (int q = 0; q < kSlots; ++q) c[q] /= sum[q] + p.hc_eps;
+      for (int it = 1; it < p.sinkhorn_iters; ++it) {
+        row_sums();
+#pragma unroll
+        for (int q = 0; q < kSlots; ++q) c[q] /= sum[q] + p.hc_eps;
+        column_sums();
+#pragma unroll
+        for (int q = 0; q < kSlots; ++q) c[q] /= sum[q] + p.hc_eps;
+      }
+#pragma unroll
+      for (int q = 0; q < kSlots; ++q) {
+        if (lane + 32 * q < n) p.comb[i * n + lane + 32 * q] = c[q];
+      }
     }
   }
   __syncthreads();
   float* out = p.collapsed + i * p.hidden;
-  for (int d = threadIdx.x; d < p.hidden; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j < hc; ++j) acc += pre[j] * x[static_cast<int64_t>(j) * p.hidden + d];
-    out[d] = acc;
+  if constexpr (kVec) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int h4 = p.hidden / 4;
+#pragma unroll 4
+    for (int d = threadIdx.x; d < h4; d += blockDim.x) {
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int j = 0; j < hc; ++j) {
+        const float4 v = x4[static_cast<int64_t>(j) * h4 + d];
+        acc.x += pre[j] * v.x, acc.y += pre[j] * v.y, acc.z += pre[j] * v.z, acc.w += pre[j] * v.w;
+      }
+      reinterpret_cast<float4*>(out)[d] = acc;
+    }
+  } else {
+    for (int d = threadIdx.x; d < p.hidden; d += blockDim.x) {
+      float acc = 0.0f;
+      for (int j = 0; j < hc; ++j) acc += pre[j] * x[static_cast<int64_t>(j) * p.hidden + d];
+      out[d] = acc;
+    }
   }
 }
 
@@ -142,7 +206,9 @@ __global__ void __launch_bounds__(kThreads) V4HeadsKernel(V4HeadsParams p) {
   const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int half = p.dim / 2, first = (p.dim - p.rope.dim) / 2;
   const int position = p.seq_lens[t] - 1;
-  for (int r = warp; r < p.num_heads; r += kWarps) {
+  // Grid (tokens, heads / kWarps): a warp per head (at batch 1 one CTA
+  // looping over the heads took 18 us a launch).
+  if (const int r = static_cast<int>(blockIdx.y) * kWarps + warp; r < p.num_heads) {
     __nv_bfloat162* x = reinterpret_cast<__nv_bfloat162*>(p.x + static_cast<int64_t>(t) * p.ldx +
                                                           static_cast<int64_t>(r) * p.dim);
     float2 v[kMaxPairs];
@@ -360,7 +426,8 @@ __global__ void __launch_bounds__(kThreads) V4AttnFinishKernel(V4AttnFinishParam
   const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int half = p.dim / 2, rope_first = (p.dim - p.rope.dim) / 2;
   const int len = p.seq_lens[t];
-  for (int h = warp; h < p.num_heads; h += kWarps) {
+  // Grid (tokens, heads / kWarps): a warp per head.
+  if (const int h = static_cast<int>(blockIdx.y) * kWarps + warp; h < p.num_heads) {
     const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
     const float2* o = reinterpret_cast<const float2*>(p.o + row * p.dim);
     __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(p.out + row * p.dim);
@@ -394,7 +461,12 @@ absl::Status RunMhcPre(const MhcPreParams& p) {
     return absl::InvalidArgumentError("RunMhcPre: null pointer");
   }
   if (p.num_tokens == 0) return absl::OkStatus();
-  MhcPreKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  if (p.hidden % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(p.collapsed) % 16 == 0) {
+    MhcPreKernel<true><<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  } else {
+    MhcPreKernel<false><<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  }
   return LaunchStatus("MhcPreKernel");
 }
 
@@ -421,7 +493,8 @@ absl::Status RunV4Heads(const V4HeadsParams& p) {
   RETURN_IF_ERROR(CheckRope(p.rope, p.dim, "RunV4Heads"));
   if (!p.x || !p.seq_lens) return absl::InvalidArgumentError("RunV4Heads: null pointer");
   if (p.num_tokens == 0) return absl::OkStatus();
-  V4HeadsKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  const dim3 grid(p.num_tokens, (p.num_heads + kWarps - 1) / kWarps);
+  V4HeadsKernel<<<grid, kThreads, 0, p.stream>>>(p);
   return LaunchStatus("V4HeadsKernel");
 }
 
@@ -505,7 +578,8 @@ absl::Status RunV4AttnFinish(const V4AttnFinishParams& p) {
   if (!p.o || !p.lse || !p.sinks || !p.seq_lens || !p.out)
     return absl::InvalidArgumentError("RunV4AttnFinish: null pointer");
   if (p.num_tokens == 0) return absl::OkStatus();
-  V4AttnFinishKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  const dim3 grid(p.num_tokens, (p.num_heads + kWarps - 1) / kWarps);
+  V4AttnFinishKernel<<<grid, kThreads, 0, p.stream>>>(p);
   return LaunchStatus("V4AttnFinishKernel");
 }
 
