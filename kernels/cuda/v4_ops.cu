@@ -44,16 +44,85 @@ __device__ __forceinline__ int64_t CacheRow(const int32_t* block_table, int toke
 
 // ---- mHC ---------------------------------------------------------------
 
+// comb = Sinkhorn(softmax_rows(logits * inv * scale + base) + hc_eps) on one warp:
+// entry e = lane + 32 q (q < kSlots; hc * hc <= 32 kSlots) lives in lane
+// e % 32, row and column sums by shuffles, added in the serial order (the
+// same floats as one thread's loops, without their local-memory array — that
+// thread took ~87 us a launch at batch 1, V4-Flash shapes).
+template <int kSlots>
+__device__ __forceinline__ void MhcSinkhorn(const MhcPreParams& p, int64_t token,
+                                            const float* logits, const float* base, float inv,
+                                            float scale, int lane) {
+  const unsigned all = 0xffffffffu;
+  const int hc = p.hc, n = hc * hc;
+  float c[kSlots], sum[kSlots];
+  const auto at = [&](int e) {  // entry e, from its lane
+    float got = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) {
+      const float g = __shfl_sync(all, c[q], e & 31);
+      if (e >> 5 == q) got = g;
+    }
+    return got;
+  };
+  const auto row_sums = [&] {
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) {
+      const int row = min((lane + 32 * q) / hc, hc - 1);
+      sum[q] = 0.0f;
+      for (int k = 0; k < hc; ++k) sum[q] += at(row * hc + k);
+    }
+  };
+  const auto column_sums = [&] {
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) {
+      const int col = (lane + 32 * q) % hc;
+      sum[q] = 0.0f;
+      for (int j = 0; j < hc; ++j) sum[q] += at(j * hc + col);
+    }
+  };
+#pragma unroll
+  for (int q = 0; q < kSlots; ++q) {
+    const int e = lane + 32 * q;
+    c[q] = e < n ? logits[e] * inv * scale + base[e] : 0.0f;
+  }
+#pragma unroll
+  for (int q = 0; q < kSlots; ++q) {  // softmax over each row
+    const int row = min((lane + 32 * q) / hc, hc - 1);
+    float mx = -FLT_MAX;
+    for (int k = 0; k < hc; ++k) mx = fmaxf(mx, at(row * hc + k));
+    sum[q] = mx;
+  }
+#pragma unroll
+  for (int q = 0; q < kSlots; ++q) c[q] = expf(c[q] - sum[q]);
+  row_sums();
+#pragma unroll
+  for (int q = 0; q < kSlots; ++q) c[q] = c[q] / sum[q] + p.hc_eps;
+  column_sums();
+#pragma unroll
+  for (int q = 0; q < kSlots; ++q) c[q] /= sum[q] + p.hc_eps;
+  for (int it = 1; it < p.sinkhorn_iters; ++it) {
+    row_sums();
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) c[q] /= sum[q] + p.hc_eps;
+    column_sums();
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) c[q] /= sum[q] + p.hc_eps;
+  }
+#pragma unroll
+  for (int q = 0; q < kSlots; ++q) {
+    if (lane + 32 * q < n) p.comb[token * n + lane + 32 * q] = c[q];
+  }
+}
+
 // The mapping's inputs go to shared memory first (one parallel load); warp 0
-// then maps them, lane e % 32 holding comb's entry e = j * hc + k through the
-// Sinkhorn iterations (row and column sums by shuffles, added in the serial
-// order: the same floats as one thread's loops, without their local-memory
-// array — that thread took ~87 us a launch at batch 1, V4-Flash shapes).
-// kVec: x and collapsed read and written as float4 (hidden % 4 == 0, both
-// 16-byte aligned), eight loads a thread in flight: one CTA a token is
-// latency-bound at batch 1 (51 us a launch before, V4-Flash shapes).
+// then maps them (MhcSinkhorn for comb). kVec: x and collapsed read and
+// written as float4 (hidden % 4 == 0, both 16-byte aligned). One CTA of
+// kMhcThreads a token: at batch 1 its loads of x set the pace (51 us a launch
+// with 256 threads and scalar loads, V4-Flash shapes).
+constexpr int kMhcThreads = 1024;
 template <bool kVec>
-__global__ void __launch_bounds__(kThreads) MhcPreKernel(MhcPreParams p) {
+__global__ void __launch_bounds__(kMhcThreads) MhcPreKernel(MhcPreParams p) {
   __shared__ float scratch[32];
   __shared__ float pre[kMaxHc];
   __shared__ float m[(2 + kMaxHc) * kMaxHc], base[(2 + kMaxHc) * kMaxHc], scale[3];
@@ -70,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) MhcPreKernel(MhcPreParams p) {
   float ss = 0.0f;
   if constexpr (kVec) {
     const float4* x4 = reinterpret_cast<const float4*>(x);
-#pragma unroll 8
+#pragma unroll 4
     for (int j = threadIdx.x; j < width / 4; j += blockDim.x) {
       const float4 v = x4[j];
       ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
@@ -86,67 +155,11 @@ __global__ void __launch_bounds__(kThreads) MhcPreKernel(MhcPreParams p) {
       if (lane < hc) {
         p.post[i * hc + lane] = 2.0f * Sigmoid(m[hc + lane] * inv * scale[1] + base[hc + lane]);
       }
-      // Entry e = lane + 32 q of comb (q < kSlots: hc * hc <= 64).
-      constexpr int kSlots = (kMaxHc * kMaxHc + 31) / 32;
-      const unsigned all = 0xffffffffu;
-      const int n = hc * hc;
-      const auto at = [&](const float(&v)[kSlots], int e) {  // entry e, from its lane
-        float got = 0.0f;
-#pragma unroll
-        for (int q = 0; q < kSlots; ++q) {
-          const float g = __shfl_sync(all, v[q], e & 31);
-          if (e >> 5 == q) got = g;
-        }
-        return got;
-      };
-      float c[kSlots], sum[kSlots];
-#pragma unroll
-      for (int q = 0; q < kSlots; ++q) {
-        const int e = lane + 32 * q;
-        c[q] = e < n ? m[2 * hc + e] * inv * scale[2] + base[2 * hc + e] : 0.0f;
-      }
-      const auto row_sums = [&] {
-#pragma unroll
-        for (int q = 0; q < kSlots; ++q) {
-          const int row = (lane + 32 * q) / hc;
-          sum[q] = 0.0f;
-          for (int k = 0; k < hc; ++k) sum[q] += at(c, min(row * hc + k, n - 1));
-        }
-      };
-      const auto column_sums = [&] {
-#pragma unroll
-        for (int q = 0; q < kSlots; ++q) {
-          const int col = (lane + 32 * q) % hc;
-          sum[q] = 0.0f;
-          for (int j = 0; j < hc; ++j) sum[q] += at(c, j * hc + col);
-        }
-      };
-#pragma unroll
-      for (int q = 0; q < kSlots; ++q) {  // softmax over each row
-        const int row = (lane + 32 * q) / hc;
-        float mx = -FLT_MAX;
-        for (int k = 0; k < hc; ++k) mx = fmaxf(mx, at(c, min(row * hc + k, n - 1)));
-        sum[q] = mx;
-      }
-#pragma unroll
-      for (int q = 0; q < kSlots; ++q) c[q] = expf(c[q] - sum[q]);
-      row_sums();
-#pragma unroll
-      for (int q = 0; q < kSlots; ++q) c[q] = c[q] / sum[q] + p.hc_eps;
-      column_sums();
-#pragma unroll
-      for (int q = 0; q < kSlots; ++q) c[q] /= sum[q] + p.hc_eps;
-      for (int it = 1; it < p.sinkhorn_iters; ++it) {
-        row_sums();
-#pragma unroll
-        for (int q = 0; q < kSlots; ++q) c[q] /= sum[q] + p.hc_eps;
-        column_sums();
-#pragma unroll
-        for (int q = 0; q < kSlots; ++q) c[q] /= sum[q] + p.hc_eps;
-      }
-#pragma unroll
-      for (int q = 0; q < kSlots; ++q) {
-        if (lane + 32 * q < n) p.comb[i * n + lane + 32 * q] = c[q];
+      const float* logits = m + 2 * hc;  // comb's, before the scale
+      if (hc * hc <= 32) {
+        MhcSinkhorn<1>(p, i, logits, base + 2 * hc, inv, scale[2], lane);
+      } else {
+        MhcSinkhorn<2>(p, i, logits, base + 2 * hc, inv, scale[2], lane);
       }
     }
   }
@@ -463,9 +476,9 @@ absl::Status RunMhcPre(const MhcPreParams& p) {
   if (p.num_tokens == 0) return absl::OkStatus();
   if (p.hidden % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(p.collapsed) % 16 == 0) {
-    MhcPreKernel<true><<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+    MhcPreKernel<true><<<p.num_tokens, kMhcThreads, 0, p.stream>>>(p);
   } else {
-    MhcPreKernel<false><<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+    MhcPreKernel<false><<<p.num_tokens, kMhcThreads, 0, p.stream>>>(p);
   }
   return LaunchStatus("MhcPreKernel");
 }
