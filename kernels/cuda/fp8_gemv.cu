@@ -5,15 +5,15 @@
 // so every weight byte is read once, straight from global memory into the
 // fragments.
 //
-// One CTA = 16 weight rows, four warps splitting the 128-wide k blocks
-// (warp w: blocks w, w + 4, ...). For a 64-wide slice of a block, thread
-// (g, tq) loads 16 contiguous codes of weight rows g and g + 8 and of
-// activation row g: bytes [16 tq, 16 tq + 16) of the slice. Two
-// mma.m16n8k32 take them as k = (the MMA's k order permuted alike in A and
-// B, so the products pair up): the first bytes 0-3 (a0 / a1, b0) and 4-7
+// One CTA = 16 weight rows, kWarps warps splitting the 128-wide k blocks
+// (warp w: blocks w, w + kWarps, ...): eight where the rows make few CTAs
+// (n <= kWideRowsMax: more of each CTA's loads in flight), four elsewhere. For a 64-wide slice of a
+// block, thread (g, tq) loads 16 contiguous codes of weight rows g and g + 8 and of activation row
+// g: bytes [16 tq, 16 tq + 16) of the slice. Two mma.m16n8k32 take them as k = (the MMA's k order
+// permuted alike in A and B, so the products pair up): the first bytes 0-3 (a0 / a1, b0) and 4-7
 // (a2 / a3, b1), the second 8-11 and 12-15. A block's products (fp32) are
 // then scaled by x_scale[row, block] · w_scale[row block, block] into the
-// thread's running sums; the four warps' sums meet in shared memory.
+// thread's running sums; the warps' sums meet in shared memory.
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -24,7 +24,11 @@
 namespace moesh::cuda {
 namespace {
 
-constexpr int kWarps = 4, kThreads = kWarps * 32;
+// kernel_bench --fp8 (H100, 2026-12-06), quantize + GEMV at m = 1, four
+// warps against eight: n 2112 k 7168 11.5 / 7.4 us, n 4096 k 7168 11.7 / 8.9,
+// n 576..3072 k 2048 5.5-5.9 / 4.4-5.0; but n 7168 k 2048..18432 6.5 / 7.1,
+// 58.3 / 60.6, 64.0 / 67.0 and n 24576 k 1536 12.4 / 15.7.
+constexpr int kWideRowsMax = 4096;
 constexpr int kRows = 16;   // weight rows a CTA (the MMA's M)
 constexpr int kSlice = 64;  // k a thread group's 16-byte loads cover
 constexpr int kBlock = cpu::kFp8Block;
@@ -34,7 +38,8 @@ __device__ __forceinline__ uint4 Load16(const uint8_t* p, bool ok) {
   return ok ? *reinterpret_cast<const uint4*>(p) : make_uint4(0, 0, 0, 0);
 }
 
-__global__ void __launch_bounds__(kThreads) Fp8GemvKernel(Fp8GemmParams p) {
+template <int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) Fp8GemvKernel(Fp8GemmParams p) {
   __shared__ float part[kWarps][32][4];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int row0 = blockIdx.x * kRows;
@@ -115,7 +120,11 @@ absl::Status RunFp8Gemv(const Fp8GemmParams& p) {
       (reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.w)) % 16 != 0) {
     return absl::InvalidArgumentError("RunFp8Gemv: null pointer, or x / w not 16-byte aligned");
   }
-  Fp8GemvKernel<<<(p.n + kRows - 1) / kRows, kThreads, 0, p.stream>>>(q);
+  if (p.n <= kWideRowsMax) {
+    Fp8GemvKernel<8><<<(p.n + kRows - 1) / kRows, 8 * 32, 0, p.stream>>>(q);
+  } else {
+    Fp8GemvKernel<4><<<(p.n + kRows - 1) / kRows, 4 * 32, 0, p.stream>>>(q);
+  }
   return LaunchStatus("Fp8GemvKernel");
 }
 

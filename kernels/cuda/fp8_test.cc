@@ -229,7 +229,9 @@ TEST(Fp8Test, GemvMatchesTheCpu) {
                         {8, 576, 1536, OutType::kFloat32, true},
                         {3, 200, 192, OutType::kFloat32, false},
                         {5, 1000, 2048, OutType::kBf16, true},
-                        {2, 16, 128, OutType::kFloat32, true}};
+                        {2, 16, 128, OutType::kFloat32, true},
+                        // n above kWideRowsMax: the four-warp form (a partial last CTA).
+                        {4, 4104, 384, OutType::kBf16, false}};
   for (const Case& c : cases) {
     const uint32_t seed = t::FreshSeed();
     SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k

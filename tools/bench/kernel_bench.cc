@@ -323,9 +323,17 @@ absl::Status BenchFp8(CublasGemm& gemm, const Ceilings& ceil, bool quick, cudaSt
     int n, k;
   };
   const Shape shapes[] = {
-      {"q_a + kv_a", 2112, 7168},     {"q_b", 24576, 1536},        {"o_proj", 7168, 16384},
-      {"dense gate_up", 36864, 7168}, {"dense down", 7168, 18432}, {"shared gate_up", 4096, 7168},
+      {"q_a + kv_a", 2112, 7168},
+      {"q_b", 24576, 1536},
+      {"o_proj", 7168, 16384},
+      {"dense gate_up", 36864, 7168},
+      {"dense down", 7168, 18432},
+      {"shared gate_up", 4096, 7168},
       {"shared down", 7168, 2048},
+      // DeepSeek-V2-Lite's attention projections (k 2048: 16 blocks of 128).
+      {"v2-lite q_proj", 3072, 2048},
+      {"v2-lite kv_a", 576, 2048},
+      {"v2-lite o_proj", 2048, 2048},
   };
   const int max_m = quick ? 128 : 2048;
   const int ms_list[] = {1, 8, 32, 128, 2048};
