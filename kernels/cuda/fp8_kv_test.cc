@@ -269,9 +269,18 @@ TEST(Fp8KvTest, LaunchersTakeFp8RowStridesAndRefuseOtherShapes) {
   d.num_heads = 128, d.num_blocks = 1, d.max_blocks_per_seq = 1, d.batch = 0;
   d.kv_dtype = KvCacheDtype::kFp8, d.kv_row_stride = 328;
   EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
-  d.kv_row_stride = 576;  // bf16 rows' stride for FP8 rows
+  // The 64-head kernel reads FP8 rows at any stride of whole 16 bytes from
+  // the row's 656 up (V3.2's 912-byte rows); the 16-head FP8 kernel reads
+  // dense blocks only.
+  d.kv_row_stride = 576;
+  EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
+  d.kv_row_stride = 300;  // under the row
   EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
-  d.kv_dtype = KvCacheDtype::kBf16;
+  d.kv_row_stride = 332;  // 664 bytes: not whole 16 bytes
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.num_heads = 16, d.kv_row_stride = 456;
+  EXPECT_EQ(RunMlaDecode(d).code(), absl::StatusCode::kInvalidArgument);
+  d.num_heads = 128, d.kv_row_stride = 576, d.kv_dtype = KvCacheDtype::kBf16;
   EXPECT_TRUE(RunMlaDecode(d).ok()) << RunMlaDecode(d);
 
   // The generic kernel (checks after the batch's pointers, before the launch).
