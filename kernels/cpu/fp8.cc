@@ -11,7 +11,7 @@
 namespace moesh::cpu {
 namespace {
 
-constexpr float kMinAmax = 1e-10f;  // an all-zero block gets a tiny scale, not 0
+constexpr float kMinAmax = kFp8MinAmax;
 
 // max(kMinAmax, max |x[c]|) over n values, NaNs skipped (std::max(amax,
 // NaN) keeps amax): on the bits as int32, whose order is the magnitudes'

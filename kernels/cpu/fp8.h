@@ -17,6 +17,9 @@ namespace moesh::cpu {
 
 constexpr int kFp8Block = 128;
 constexpr float kFp8Max = 448.0f;  // e4m3's largest finite value
+// The smallest block amax a scale is taken from: an all-zero block gets a
+// tiny scale, not 0.
+constexpr float kFp8MinAmax = 1e-10f;
 // Blocks of kFp8Block covering n.
 constexpr int Fp8Blocks(int n) { return (n + kFp8Block - 1) / kFp8Block; }
 

@@ -11,7 +11,7 @@ namespace moesh::cuda {
 namespace {
 
 constexpr int kWarps = 8;  // per CTA
-constexpr float kMinAmax = 1e-10f;
+constexpr float kMinAmax = cpu::kFp8MinAmax;
 
 __global__ void __launch_bounds__(kWarps * 32)
     QuantizeFp8Kernel(const bf16* __restrict__ x, const int32_t* __restrict__ index,

@@ -23,7 +23,9 @@ absl::Status RunQuantizeFp8Blocks(const QuantizeFp8BlocksParams& p);
 // [0, m) of y only (no padding to Fp8Rows(m)). The same math as
 // CublasGemm::RunFp8; the sums in another order. INVALID_ARGUMENT unless
 // 1 <= m <= kFp8GemvMaxRows, n >= 1, k a positive multiple of 64, ldy >= n
-// (0: n), x and w 16-byte aligned.
+// (0: n), x and w 16-byte aligned. With x_bf16 set it quantizes x itself
+// (RunQuantizeFp8's codes and scales, bit for bit: the same y) — then
+// x_bf16 16-byte aligned and ldx >= k a multiple of 8.
 inline constexpr int kFp8GemvMaxRows = 8;
 // Past this k the GEMV's CTAs (16 weight rows, four warps splitting k) hold
 // too few bytes in flight and cuBLASLt's split GEMM is faster (kernel_bench

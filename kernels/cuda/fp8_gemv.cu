@@ -14,6 +14,8 @@
 // (a2 / a3, b1), the second 8-11 and 12-15. A block's products (fp32) are
 // then scaled by x_scale[row, block] · w_scale[row block, block] into the
 // thread's running sums; the warps' sums meet in shared memory.
+#include <cuda_fp8.h>
+
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -38,7 +40,51 @@ __device__ __forceinline__ uint4 Load16(const uint8_t* p, bool ok) {
   return ok ? *reinterpret_cast<const uint4*>(p) : make_uint4(0, 0, 0, 0);
 }
 
-template <int kWarps>
+// Quantizes thread (g, tq)'s 16 bf16 values of each 64-wide slice of a
+// block of activation row g (raw[s][0..1]) the way RunQuantizeFp8 does:
+// the row's block amax over the four tq lanes (which hold its 128 values),
+// scale = max(amax, kFp8MinAmax) / 448, codes e4m3(v / scale) in k order.
+// Returns the scale; every lane of the warp calls it.
+__device__ __forceinline__ float QuantizeSlices(const uint4 (&raw)[2][2], uint4 (&codes)[2]) {
+  float v[2][16];
+  float amax = 0.0f;
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t words[4] = {raw[s][h].x, raw[s][h].y, raw[s][h].z, raw[s][h].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[w]));
+        v[s][8 * h + 2 * w] = f.x, v[s][8 * h + 2 * w + 1] = f.y;
+        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+    }
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  const float scale = fmaxf(amax, cpu::kFp8MinAmax) / cpu::kFp8Max;  // IEEE, as the reference
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    uint32_t packed[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      packed[w] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t code =
+            __nv_cvt_float_to_fp8(v[s][4 * w + j] / scale, __NV_SATFINITE, __NV_E4M3);
+        packed[w] |= code << (8 * j);
+      }
+    }
+    codes[s] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+  return scale;
+}
+
+// kBf16In: x is bf16 (p.x_bf16), quantized here block by block
+// (QuantizeSlices) instead of read as codes and scales.
+template <int kWarps, bool kBf16In>
 __global__ void __launch_bounds__(kWarps * 32) Fp8GemvKernel(Fp8GemmParams p) {
   __shared__ float part[kWarps][32][4];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -47,7 +93,12 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8GemvKernel(Fp8GemmParams p) {
   const bool ok_lo = r_lo < p.n, ok_hi = r_hi < p.n, ok_x = g < p.m;
   const uint8_t* w_lo = p.w + static_cast<int64_t>(r_lo) * p.k + 16 * tq;
   const uint8_t* w_hi = p.w + static_cast<int64_t>(r_hi) * p.k + 16 * tq;
-  const uint8_t* xr = p.x + static_cast<int64_t>(g) * p.k + 16 * tq;
+  const uint8_t* xr = kBf16In ? nullptr : p.x + static_cast<int64_t>(g) * p.k + 16 * tq;
+  // kBf16In: bytes of row g from its value 16 tq on (two bytes a value).
+  const uint8_t* xb =
+      kBf16In
+          ? reinterpret_cast<const uint8_t*>(p.x_bf16 + static_cast<int64_t>(g) * p.ldx + 16 * tq)
+          : nullptr;
   const int blocks = cpu::Fp8Blocks(p.k), x_rows = Fp8Rows(p.m);
   // This CTA's rows lie in one 128-row scale block (16 divides 128).
   const float* w_scale = p.w_scale + static_cast<int64_t>(row0 / kBlock) * Fp8ScaleStride(p.k);
@@ -60,14 +111,29 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8GemvKernel(Fp8GemmParams p) {
   for (int b = warp; b < blocks; b += kWarps) {
     const int k0 = b * kBlock;
     const bool two = k0 + kBlock <= p.k;
-    uint4 lo[2], hi[2], xv[2];
+    uint4 lo[2], hi[2], xv[2], raw[2][2];
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int ks = k0 + s * kSlice;
       const bool in = s == 0 || two;
       lo[s] = Load16(w_lo + ks, ok_lo && in);
       hi[s] = Load16(w_hi + ks, ok_hi && in);
-      xv[s] = Load16(xr + ks, ok_x && in);
+      if constexpr (kBf16In) {
+        raw[s][0] = Load16(xb + 2 * ks, ok_x && in);
+        raw[s][1] = Load16(xb + 2 * ks + 16, ok_x && in);
+      } else {
+        xv[s] = Load16(xr + ks, ok_x && in);
+      }
+    }
+    float xs0, xs1;
+    if constexpr (kBf16In) {
+      const float scale = QuantizeSlices(raw, xv);  // row g's, block b
+      const float s0 = __shfl_sync(0xffffffffu, scale, 4 * t0);
+      const float s1 = __shfl_sync(0xffffffffu, scale, 4 * t1);
+      xs0 = t0 < p.m ? s0 : 0.0f, xs1 = t1 < p.m ? s1 : 0.0f;
+    } else {
+      xs0 = t0 < p.m ? p.x_scale[static_cast<int64_t>(b) * x_rows + t0] : 0.0f;
+      xs1 = t1 < p.m ? p.x_scale[static_cast<int64_t>(b) * x_rows + t1] : 0.0f;
     }
     float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -78,8 +144,6 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8GemvKernel(Fp8GemmParams p) {
       MmaE4m3(blk, a1, xv[s].z, xv[s].w);
     }
     const float ws = w_scale[b];
-    const float xs0 = t0 < p.m ? p.x_scale[static_cast<int64_t>(b) * x_rows + t0] : 0.0f;
-    const float xs1 = t1 < p.m ? p.x_scale[static_cast<int64_t>(b) * x_rows + t1] : 0.0f;
     acc[0] += blk[0] * (ws * xs0), acc[1] += blk[1] * (ws * xs1);
     acc[2] += blk[2] * (ws * xs0), acc[3] += blk[3] * (ws * xs1);
   }
@@ -116,16 +180,25 @@ absl::Status RunFp8Gemv(const Fp8GemmParams& p) {
         "RunFp8Gemv: m ", p.m, ", n ", p.n, ", k ", p.k, ", ldy ", q.ldy,
         ": need 1 <= m <= ", kFp8GemvMaxRows, ", n >= 1, k a positive multiple of 64, ldy >= n"));
   }
-  if (!p.x || !p.x_scale || !p.w || !p.w_scale || !p.y ||
-      (reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.w)) % 16 != 0) {
-    return absl::InvalidArgumentError("RunFp8Gemv: null pointer, or x / w not 16-byte aligned");
+  const bool bf16_in = p.x_bf16 != nullptr;
+  if (bf16_in ? (p.ldx < p.k || p.ldx % 8 != 0 || reinterpret_cast<uintptr_t>(p.x_bf16) % 16 != 0)
+              : (!p.x || !p.x_scale || reinterpret_cast<uintptr_t>(p.x) % 16 != 0)) {
+    return absl::InvalidArgumentError(
+        "RunFp8Gemv: x / x_scale null or x not 16-byte aligned, or x_bf16 with ldx < k, ldx not a "
+        "multiple of 8 or x_bf16 not 16-byte aligned");
   }
+  if (!p.w || !p.w_scale || !p.y || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
+    return absl::InvalidArgumentError("RunFp8Gemv: null pointer, or w not 16-byte aligned");
+  }
+  const int grid = (p.n + kRows - 1) / kRows;
+  const auto launch = [&](auto kernel, int warps) {
+    kernel<<<grid, warps * 32, 0, p.stream>>>(q);
+    return LaunchStatus("Fp8GemvKernel");
+  };
   if (p.n <= kWideRowsMax) {
-    Fp8GemvKernel<8><<<(p.n + kRows - 1) / kRows, 8 * 32, 0, p.stream>>>(q);
-  } else {
-    Fp8GemvKernel<4><<<(p.n + kRows - 1) / kRows, 4 * 32, 0, p.stream>>>(q);
+    return bf16_in ? launch(Fp8GemvKernel<8, true>, 8) : launch(Fp8GemvKernel<8, false>, 8);
   }
-  return LaunchStatus("Fp8GemvKernel");
+  return bf16_in ? launch(Fp8GemvKernel<4, true>, 4) : launch(Fp8GemvKernel<4, false>, 4);
 }
 
 }  // namespace moesh::cuda

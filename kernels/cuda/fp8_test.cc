@@ -114,6 +114,7 @@ TEST(Fp8Test, WeightBlockQuantizeMatchesTheCpuBitForBit) {
 // checkpoint has it, its scale rows padded as cuBLASLt reads them; the CPU's
 // product of the same codes and scales.
 struct Fp8Operands {
+  DeviceBuffer<bf16> x16;  // x before quantization, [m, k]
   DeviceBuffer<uint8_t> xq, wq;
   DeviceBuffer<float> xs, ws;
   std::vector<uint8_t> w_codes;
@@ -142,14 +143,14 @@ absl::Status MakeFp8Operands(int m, int n, int k, std::mt19937& rng, Fp8Operands
     std::memcpy(&padded[j * Fp8ScaleStride(k)], &o->w_scales[j * Fp8Blocks(k)],
                 Fp8Blocks(k) * sizeof(float));
   }
-  ASSIGN_OR_RETURN(auto dx, t::Upload(t::ToBf16Rounding(x)));
+  ASSIGN_OR_RETURN(o->x16, t::Upload(t::ToBf16Rounding(x)));
   ASSIGN_OR_RETURN(o->wq, t::Upload(o->w_codes));
   ASSIGN_OR_RETURN(o->ws, t::Upload(padded));
   const size_t rows = Fp8Rows(m);
   ASSIGN_OR_RETURN(o->xq, DeviceBuffer<uint8_t>::Create(rows * k));
   ASSIGN_OR_RETURN(o->xs, DeviceBuffer<float>::Create(rows * Fp8Blocks(k)));
   QuantizeFp8Params qp;
-  qp.x = dx.get(), qp.q = o->xq.get(), qp.scale = o->xs.get(), qp.m = m, qp.k = k;
+  qp.x = o->x16.get(), qp.q = o->xq.get(), qp.scale = o->xs.get(), qp.m = m, qp.k = k;
   RETURN_IF_ERROR(RunQuantizeFp8(qp));
   return CudaStatus(cudaDeviceSynchronize(), "quantize");
 }
@@ -250,20 +251,30 @@ TEST(Fp8Test, GemvMatchesTheCpu) {
     Fp8GemmParams p;
     p.x = o.xq.get(), p.x_scale = o.xs.get(), p.w = o.wq.get(), p.w_scale = o.ws.get();
     p.m = c.m, p.n = c.n, p.k = c.k, p.ldy = ldy, p.out_type = c.out, p.accumulate = c.accumulate;
-    std::vector<float> out;
-    if (c.out == OutType::kFloat32) {
-      MOESH_ASSERT_OK_AND_ASSIGN(auto dy, t::Upload(y0));
-      p.y = dy.get();
-      MOESH_ASSERT_OK(RunFp8Gemv(p));
-      MOESH_ASSERT_OK_AND_ASSIGN(out, dy.ToHost());
-    } else {
-      std::vector<float> y0_copy = y0;
-      MOESH_ASSERT_OK_AND_ASSIGN(auto dy, t::Upload(t::ToBf16Rounding(y0_copy)));
-      p.y = dy.get();
-      MOESH_ASSERT_OK(RunFp8Gemv(p));
-      MOESH_ASSERT_OK_AND_ASSIGN(auto yb, dy.ToHost());
-      out = t::ToFloats(yb);
-    }
+    // y after one GEMV from y0.
+    const auto run = [&](Fp8GemmParams q, std::vector<float>* out) {
+      if (c.out == OutType::kFloat32) {
+        MOESH_ASSERT_OK_AND_ASSIGN(auto dy, t::Upload(y0));
+        q.y = dy.get();
+        MOESH_ASSERT_OK(RunFp8Gemv(q));
+        MOESH_ASSERT_OK_AND_ASSIGN(*out, dy.ToHost());
+      } else {
+        std::vector<float> y0_copy = y0;
+        MOESH_ASSERT_OK_AND_ASSIGN(auto dy, t::Upload(t::ToBf16Rounding(y0_copy)));
+        q.y = dy.get();
+        MOESH_ASSERT_OK(RunFp8Gemv(q));
+        MOESH_ASSERT_OK_AND_ASSIGN(auto yb, dy.ToHost());
+        *out = t::ToFloats(yb);
+      }
+    };
+    std::vector<float> out, fused;
+    run(p, &out);
+    // x as bf16, quantized inside the GEMV: RunQuantizeFp8's codes and
+    // scales, so the same bits of y.
+    Fp8GemmParams pb = p;
+    pb.x = nullptr, pb.x_scale = nullptr, pb.x_bf16 = o.x16.get(), pb.ldx = c.k;
+    run(pb, &fused);
+    ASSERT_EQ(fused, out) << "the GEMV's own quantization differs from RunQuantizeFp8's";
     std::vector<float> got(ref.size()), want(ref.size());
     for (int i = 0; i < c.m + 1; ++i) {
       for (int j = 0; j < ldy; ++j) {
