@@ -10,11 +10,11 @@ namespace {
 // y[0, m) = x · w^T for an FP8 w: x quantized into (xq, xs), then the
 // block-scaled GEMM (cuBLASLt's: m a multiple of four or y holding
 // Fp8Rows(m) rows), or with `gemv` RunFp8Gemv (rows [0, m) only), which
-// quantizes x itself (one launch fewer).
+// quantizes x itself up to kFp8GemvQuantizeMaxN rows of w (one launch fewer).
 absl::Status Fp8Gemm(CublasGemm* gemm, const bf16* x, int ldx, const DeviceLinear& w, void* y,
                      int ldy, int m, int n, int k, OutType out, bool accumulate, uint8_t* xq,
                      float* xs, cudaStream_t stream, bool gemv = false) {
-  if (gemv) {
+  if (gemv && n <= kFp8GemvQuantizeMaxN) {
     Fp8GemmParams p;
     p.x_bf16 = x, p.ldx = ldx != 0 ? ldx : k;
     p.w = static_cast<const uint8_t*>(w.w), p.w_scale = w.scale;
@@ -29,7 +29,7 @@ absl::Status Fp8Gemm(CublasGemm* gemm, const bf16* x, int ldx, const DeviceLinea
   p.x = xq, p.x_scale = xs, p.w = static_cast<const uint8_t*>(w.w), p.w_scale = w.scale;
   p.y = y, p.ldy = ldy, p.out_type = out, p.accumulate = accumulate;
   p.m = m, p.n = n, p.k = k, p.stream = stream;
-  return gemm->RunFp8(p);
+  return gemv ? RunFp8Gemv(p) : gemm->RunFp8(p);
 }
 
 }  // namespace
