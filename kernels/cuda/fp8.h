@@ -25,7 +25,8 @@ absl::Status RunQuantizeFp8Blocks(const QuantizeFp8BlocksParams& p);
 // 1 <= m <= kFp8GemvMaxRows, n >= 1, k a positive multiple of 64, ldy >= n
 // (0: n), x and w 16-byte aligned. With x_bf16 set it quantizes x itself
 // (RunQuantizeFp8's codes and scales, bit for bit: the same y) — then
-// x_bf16 16-byte aligned and ldx >= k a multiple of 8. Every CTA (16 weight
+// x_bf16 16-byte aligned, ldx >= k a multiple of 8 (0: k), and y not
+// overlapping x_bf16 (CTAs write y while others still read x). Every CTA (16 weight
 // rows) quantizes all of x again, so x_bf16 pays up to
 // kFp8GemvQuantizeMaxN rows of w: past them, separate quantization (H100,
 // V3 layer shapes with q_b's 24576 rows fused: batch 1 2.077 -> 2.183 ms).

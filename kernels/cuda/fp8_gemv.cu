@@ -182,6 +182,7 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8GemvKernel(Fp8GemmParams p) {
 absl::Status RunFp8Gemv(const Fp8GemmParams& p) {
   Fp8GemmParams q = p;
   q.ldy = p.ldy ? p.ldy : p.n;
+  q.ldx = p.ldx ? p.ldx : p.k;
   if (p.m < 1 || p.m > kFp8GemvMaxRows || p.n < 1 || p.k < kSlice || p.k % kSlice != 0 ||
       q.ldy < p.n) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -189,7 +190,7 @@ absl::Status RunFp8Gemv(const Fp8GemmParams& p) {
         ": need 1 <= m <= ", kFp8GemvMaxRows, ", n >= 1, k a positive multiple of 64, ldy >= n"));
   }
   const bool bf16_in = p.x_bf16 != nullptr;
-  if (bf16_in ? (p.ldx < p.k || p.ldx % 8 != 0 || reinterpret_cast<uintptr_t>(p.x_bf16) % 16 != 0)
+  if (bf16_in ? (q.ldx < p.k || q.ldx % 8 != 0 || reinterpret_cast<uintptr_t>(p.x_bf16) % 16 != 0)
               : (!p.x || !p.x_scale || reinterpret_cast<uintptr_t>(p.x) % 16 != 0)) {
     return absl::InvalidArgumentError(
         "RunFp8Gemv: x / x_scale null or x not 16-byte aligned, or x_bf16 with ldx < k, ldx not a "

@@ -297,6 +297,42 @@ TEST(Fp8Test, GemvMatchesTheCpu) {
   }
 }
 
+// The GEMV's own quantization (x_bf16) against RunQuantizeFp8 + the GEMV on
+// the same rows: a row stride past k, an all-zero block, a half block at the
+// end; the same bits of y.
+TEST(Fp8Test, GemvQuantizesItsInputLikeRunQuantizeFp8) {
+  MOESH_REQUIRE_GPU();
+  const int m = 3, n = 200, k = 448, ldx = k + 24;
+  const uint32_t seed = t::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
+  Fp8Operands o;
+  MOESH_ASSERT_OK(MakeFp8Operands(m, n, k, rng, &o));  // its weights
+  std::vector<float> x = t::Randn(static_cast<size_t>(m) * ldx, rng);
+  for (int c = 128; c < 256; ++c) x[static_cast<size_t>(1) * ldx + c] = 0.0f;  // a zero block
+  MOESH_ASSERT_OK_AND_ASSIGN(auto dx, t::Upload(t::ToBf16Rounding(x)));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto dq, DeviceBuffer<uint8_t>::Create(size_t{1} * Fp8Rows(m) * k));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto ds,
+                             DeviceBuffer<float>::Create(size_t{1} * Fp8Rows(m) * Fp8Blocks(k)));
+  QuantizeFp8Params qp;
+  qp.x = dx.get(), qp.ldx = ldx, qp.q = dq.get(), qp.scale = ds.get(), qp.m = m, qp.k = k;
+  MOESH_ASSERT_OK(RunQuantizeFp8(qp));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto y1, DeviceBuffer<float>::Create(size_t{1} * m * n));
+  MOESH_ASSERT_OK_AND_ASSIGN(auto y2, DeviceBuffer<float>::Create(size_t{1} * m * n));
+  Fp8GemmParams p;
+  p.x = dq.get(), p.x_scale = ds.get(), p.w = o.wq.get(), p.w_scale = o.ws.get();
+  p.m = m, p.n = n, p.k = k, p.out_type = OutType::kFloat32, p.y = y1.get();
+  MOESH_ASSERT_OK(RunFp8Gemv(p));
+  Fp8GemmParams f = p;
+  f.x = nullptr, f.x_scale = nullptr, f.x_bf16 = dx.get(), f.ldx = ldx, f.y = y2.get();
+  MOESH_ASSERT_OK(RunFp8Gemv(f));
+  f.ldx = k - 8;  // under k
+  EXPECT_EQ(RunFp8Gemv(f).code(), absl::StatusCode::kInvalidArgument);
+  MOESH_ASSERT_OK_AND_ASSIGN(const std::vector<float> want, y1.ToHost());
+  MOESH_ASSERT_OK_AND_ASSIGN(const std::vector<float> got, y2.ToHost());
+  EXPECT_EQ(got, want);
+}
+
 // Exactly the CPU's result where every partial sum is exact in any order and
 // at the MMA's accumulator width: codes of small integers (0, ±1 .. ±4) and
 // power-of-two scales in [2^-6, 2^-4], fed straight to the GEMV (no

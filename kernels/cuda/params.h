@@ -66,7 +66,7 @@ struct Fp8GemmParams {
   int m = 0, n = 0, k = 0;
   int ldy = 0;              // 0: n
   bool accumulate = false;  // y += instead of y =
-  // RunFp8Gemv only: x as bf16 [m, ldx] (ldx >= k, a multiple of 8),
+  // RunFp8Gemv only: x as bf16 [m, ldx] (ldx >= k, a multiple of 8; 0: k),
   // quantized inside the GEMV exactly as RunQuantizeFp8 would (x and x_scale
   // then unused): one launch fewer a linear at decode sizes.
   const bf16* x_bf16 = nullptr;
