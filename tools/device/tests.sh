@@ -9,7 +9,8 @@
 #             cuda_fp8_test: block-scaled FP8 quantization and GEMM, cuda_fp8_kv_test: the
 #             FP8 KV cache's write and generic-kernel read against the CPU's packing,
 #             cuda_mxfp4_test: MXFP4
-#             quantization bit for bit the CPU's, cuda_wgmma_test: the
+#             quantization bit for bit the CPU's, cuda_v4_ops_test: V4's mHC mapping
+#             against kernels/cpu/mhc and the slice copy, cuda_wgmma_test: the
 #             wgmma wrappers and SW128 descriptors), then
 #             compute-sanitizer memcheck on the op, routing, MLA, grouped GEMM and sampler
 #             tests, racecheck/synccheck on the MLA kernel's small cases, racecheck on the
@@ -52,7 +53,7 @@
 # bundle (here, before `run`), the binaries of the groups wanted:
 #   kernels:  cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test
 #             cuda_mla_prefill_test cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
-#             cuda_fp8_kv_test cuda_mxfp4_test cuda_wgmma_test [kernel_bench, for the SASS]
+#             cuda_fp8_kv_test cuda_mxfp4_test cuda_v4_ops_test cuda_wgmma_test [kernel_bench, for the SASS]
 #   model:    cuda_model_test cuda_fp8_model_test cuda_kv_fp8_test cuda_mla_prefill_model_test
 #   services: cuda_backends_test cuda_prefix_cache_test cuda_prompt_logprobs_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
 #             moesh_expert_worker libmoesh_cuda_backends.so
@@ -61,7 +62,7 @@
 # e.g.
 #   tools/device/bundle.sh build-cuda cuda_device_test cuda_ops_test cuda_routing_test \
 #     cuda_mla_decode_test cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test \
-#     cuda_fp8_kv_test cuda_mxfp4_test
+#     cuda_fp8_kv_test cuda_mxfp4_test cuda_v4_ops_test cuda_wgmma_test
 #   run: command "bash tools/device/tests.sh kernels", carry [".device"]
 #   run: kind nvidia-h200-x2, command "bash tools/device/tests.sh services multi", carry [".device"]
 set -uo pipefail
@@ -118,7 +119,7 @@ cluster() {
 kernels() {
   for t in cuda_device_test cuda_ops_test cuda_routing_test cuda_mla_decode_test cuda_mla_prefill_test \
            cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test cuda_fp8_kv_test \
-           cuda_mxfp4_test cuda_wgmma_test; do
+           cuda_mxfp4_test cuda_v4_ops_test cuda_wgmma_test; do
     # The grouped GEMM test's plain C++ references take ~100 s of host CPU (H100 host).
     test_bin "$t" "$([[ $t == cuda_grouped_gemm_test ]] && echo 200 || echo 90)" "$t"
   done
