@@ -43,6 +43,59 @@ absl::StatusOr<double> EventMedianMs(cudaStream_t stream, int warmup, int reps, 
   return ms[reps / 2];
 }
 
+// Median over `reps` event-timed replays of a CUDA graph holding `inner`
+// calls fn(call), in milliseconds per call: GPU time, without the host's
+// launch costs (decode runs as graphs). Warm-up calls run outside the graph.
+template <typename Fn>
+absl::StatusOr<double> MedianMs(cudaStream_t stream, int warmup, int reps, Fn fn, int inner = 1) {
+  int call = 0;
+  for (; call < warmup; ++call) RETURN_IF_ERROR(fn(call));
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));
+  RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  absl::Status captured = absl::OkStatus();
+  for (int j = 0; j < inner && captured.ok(); ++j) captured = fn(call++);
+  cudaGraph_t graph = nullptr;
+  RETURN_IF_CUDA_ERROR(cudaStreamEndCapture(stream, &graph));
+  RETURN_IF_ERROR(captured);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  RETURN_IF_CUDA_ERROR(inst);
+  std::vector<Event> starts, stops;
+  absl::Status st = absl::OkStatus();
+  for (int i = 0; i < reps && st.ok(); ++i) {
+    auto a = Event::Create();
+    auto b = Event::Create();
+    if (!a.ok() || !b.ok()) {
+      st = a.ok() ? b.status() : a.status();
+      break;
+    }
+    starts.push_back(*std::move(a));
+    stops.push_back(*std::move(b));
+  }
+  for (int i = 0; i < reps && st.ok(); ++i) {
+    st = starts[i].Record(stream);
+    if (st.ok()) st = CudaStatus(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    if (st.ok()) st = stops[i].Record(stream);
+  }
+  std::vector<double> ms(reps);
+  for (int i = 0; i < reps && st.ok(); ++i) {
+    auto t = stops[i].ElapsedMsSince(starts[i]);
+    if (!t.ok()) {
+      st = t.status();
+    } else {
+      ms[i] = *t / inner;
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  RETURN_IF_ERROR(st);
+  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
+  return ms[reps / 2];
+}
+
+// Calls a timed graph holds in kernel_bench's tables.
+inline constexpr int kInner = 20;
+
 // A 2 GiB device-to-device copy and an 8192^3 bf16 GEMM through `gemm`.
 absl::StatusOr<Ceilings> MeasureCeilings(CublasGemm& gemm, cudaStream_t stream);
 
