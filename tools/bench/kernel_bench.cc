@@ -142,6 +142,18 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
       }
     }
   }
+  // The same at 16 heads (V2-Lite) on the default tiles (bf16 32x2, FP8 64x2):
+  // a split CTA's partials are 16 x 513 floats here.
+  for (const KvCacheDtype kv : {KvCacheDtype::kBf16, KvCacheDtype::kFp8}) {
+    const Tile* tile = kv == KvCacheDtype::kFp8 ? &tiles[0] : &tiles[3];
+    for (int batch : {1, 4}) {
+      for (int ctx : {2048, 8192}) {
+        for (int splits : {0, 4, 8, 16, 24, 32, 64}) {
+          if (splits <= ctx / 64) cases.push_back({tile, 16, batch, ctx, kv, splits});
+        }
+      }
+    }
+  }
   if (only.heads > 0) cases = {{&tiles[5], only.heads, only.batch, only.ctx, only.kv}};
   if (only.wide_only) {
     cases.erase(
