@@ -14,21 +14,18 @@ namespace {
 absl::Status Fp8Gemm(CublasGemm* gemm, const bf16* x, int ldx, const DeviceLinear& w, void* y,
                      int ldy, int m, int n, int k, OutType out, bool accumulate, uint8_t* xq,
                      float* xs, cudaStream_t stream, bool gemv = false) {
+  Fp8GemmParams p;
+  p.w = static_cast<const uint8_t*>(w.w), p.w_scale = w.scale;
+  p.y = y, p.ldy = ldy, p.out_type = out, p.accumulate = accumulate;
+  p.m = m, p.n = n, p.k = k, p.stream = stream;
   if (gemv && n <= kFp8GemvQuantizeMaxN) {
-    Fp8GemmParams p;
-    p.x_bf16 = x, p.ldx = ldx != 0 ? ldx : k;
-    p.w = static_cast<const uint8_t*>(w.w), p.w_scale = w.scale;
-    p.y = y, p.ldy = ldy, p.out_type = out, p.accumulate = accumulate;
-    p.m = m, p.n = n, p.k = k, p.stream = stream;
+    p.x_bf16 = x, p.ldx = ldx;
     return RunFp8Gemv(p);
   }
   QuantizeFp8Params qp;
   qp.x = x, qp.ldx = ldx, qp.q = xq, qp.scale = xs, qp.m = m, qp.k = k, qp.stream = stream;
   RETURN_IF_ERROR(RunQuantizeFp8(qp));
-  Fp8GemmParams p;
-  p.x = xq, p.x_scale = xs, p.w = static_cast<const uint8_t*>(w.w), p.w_scale = w.scale;
-  p.y = y, p.ldy = ldy, p.out_type = out, p.accumulate = accumulate;
-  p.m = m, p.n = n, p.k = k, p.stream = stream;
+  p.x = xq, p.x_scale = xs;
   return gemv ? RunFp8Gemv(p) : gemm->RunFp8(p);
 }
 

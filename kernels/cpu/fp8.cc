@@ -11,9 +11,7 @@
 namespace moesh::cpu {
 namespace {
 
-constexpr float kMinAmax = kFp8MinAmax;
-
-// max(kMinAmax, max |x[c]|) over n values, NaNs skipped (std::max(amax,
+// max(kFp8MinAmax, max |x[c]|) over n values, NaNs skipped (std::max(amax,
 // NaN) keeps amax): on the bits as int32, whose order is the magnitudes'
 // for non-NaN floats, so the loop vectorises without -ffast-math (with a
 // constant trip count for a full block: GCC's -O2 cost model).
@@ -29,7 +27,7 @@ inline int32_t AmaxBits(const float* x, int n, int32_t best) {
 }
 
 inline float BlockAmax(const float* x, int n) {
-  const int32_t floor = static_cast<int32_t>(fp8::BitsOf(kMinAmax));
+  const int32_t floor = static_cast<int32_t>(fp8::BitsOf(kFp8MinAmax));
   return fp8::FloatOf(static_cast<uint32_t>(n == kFp8Block ? AmaxBits<kFp8Block>(x, n, floor)
                                                            : AmaxBits<0>(x, n, floor)));
 }
@@ -93,7 +91,7 @@ void QuantizeFp8Blocks(const float* w, uint8_t* q, float* scale, int n, int k) {
     const int r0 = bj * kFp8Block, r1 = std::min(n, r0 + kFp8Block);
     for (int b = 0; b < kb; ++b) {
       const int c0 = b * kFp8Block, c1 = std::min(k, c0 + kFp8Block);
-      float amax = kMinAmax;
+      float amax = kFp8MinAmax;
       for (int r = r0; r < r1; ++r) {
         for (int c = c0; c < c1; ++c)
           amax = std::max(amax, std::fabs(w[static_cast<size_t>(r) * k + c]));

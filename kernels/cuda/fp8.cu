@@ -5,13 +5,13 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/fp8_quant.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace moesh::cuda {
 namespace {
 
 constexpr int kWarps = 8;  // per CTA
-constexpr float kMinAmax = cpu::kFp8MinAmax;
 
 __global__ void __launch_bounds__(kWarps * 32)
     QuantizeFp8Kernel(const bf16* __restrict__ x, const int32_t* __restrict__ index,
@@ -35,15 +35,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
   }
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-  amax = fmaxf(WarpMax(amax), kMinAmax);
-  const float s = amax / cpu::kFp8Max;  // IEEE division, as the reference
+  const float s = fp8q::BlockScale(WarpMax(amax));
   if (lane == 0) scale[static_cast<int64_t>(b) * rows + row] = s;
   if (c < k) {
     uint32_t packed = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint32_t code = __nv_cvt_float_to_fp8(v[j] / s, __NV_SATFINITE, __NV_E4M3);
-      packed |= code << (8 * j);
+      packed |= fp8q::Code(v[j], s) << (8 * j);
     }
     *reinterpret_cast<uint32_t*>(q + static_cast<int64_t>(row) * k + c) = packed;
   }
@@ -75,16 +73,15 @@ __global__ void __launch_bounds__(kBlockThreads)
   amax = WarpMax(amax);
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = amax;
   __syncthreads();
-  amax = kMinAmax;
+  amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kBlockThreads / 32; ++i) amax = fmaxf(amax, warp_max[i]);
-  const float s = amax / cpu::kFp8Max;  // IEEE division, as the reference
+  const float s = fp8q::BlockScale(amax);
   if (threadIdx.x == 0) scale[static_cast<int64_t>(bj) * scale_stride + b] = s;
   if (c >= k) return;
   for (int r = r0; r < r1; r += kRowStep) {
     const int64_t at = static_cast<int64_t>(r) * k + c;
-    q[at] =
-        static_cast<uint8_t>(__nv_cvt_float_to_fp8(Widen(w, at) / s, __NV_SATFINITE, __NV_E4M3));
+    q[at] = static_cast<uint8_t>(fp8q::Code(Widen(w, at), s));
   }
 }
 

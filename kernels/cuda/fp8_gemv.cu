@@ -14,13 +14,12 @@
 // (a2 / a3, b1), the second 8-11 and 12-15. A block's products (fp32) are
 // then scaled by x_scale[row, block] · w_scale[row block, block] into the
 // thread's running sums; the warps' sums meet in shared memory.
-#include <cuda_fp8.h>
-
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/fp8_quant.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace moesh::cuda {
@@ -67,7 +66,7 @@ __device__ __forceinline__ float QuantizeSlices(const uint4 (&raw)[2][2], bool l
   }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  const float scale = fmaxf(amax, cpu::kFp8MinAmax) / cpu::kFp8Max;  // IEEE, as the reference
+  const float scale = fp8q::BlockScale(amax);
   if (!live) {
     codes[0] = codes[1] = make_uint4(0, 0, 0, 0);
     return scale;
@@ -80,9 +79,7 @@ __device__ __forceinline__ float QuantizeSlices(const uint4 (&raw)[2][2], bool l
       packed[w] = 0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t code =
-            __nv_cvt_float_to_fp8(v[s][4 * w + j] / scale, __NV_SATFINITE, __NV_E4M3);
-        packed[w] |= code << (8 * j);
+        packed[w] |= fp8q::Code(v[s][4 * w + j], scale) << (8 * j);
       }
     }
     codes[s] = make_uint4(packed[0], packed[1], packed[2], packed[3]);

@@ -130,28 +130,26 @@ absl::Status BenchMla(const Ceilings& ceil, const DeviceInfo& info, bool quick, 
     }
   }
   // Small batches over a sweep of splits, both kinds of rows: the planner's
-  // pick (splits 0) against its neighbours (each split CTA writes 64 heads x
-  // 513 fp32 partials that the combine reads back).
+  // pick (splits 0) against its neighbours (each split CTA writes its heads x
+  // 513 fp32 partials that the combine reads back): at 128 heads the 64-head
+  // kernel, at 16 (V2-Lite) the default tiles (bf16 32x2, FP8 64x2).
+  const auto sweep_splits = [&](const Tile* tile, int heads, int batch, int ctx, KvCacheDtype kv) {
+    for (int splits : {0, 4, 8, 16, 24, 32, 64}) {
+      if (splits <= ctx / 64) cases.push_back({tile, heads, batch, ctx, kv, splits});
+    }
+  };
   for (const KvCacheDtype kv : {KvCacheDtype::kBf16, KvCacheDtype::kFp8}) {
     for (int batch : {1, 2, 4, 8}) {
       for (int ctx : {1024, 4096, 16384}) {
         if (ctx == 16384 && batch > 1) continue;
-        for (int splits : {0, 4, 8, 16, 24, 32, 64}) {
-          if (splits <= ctx / 64) cases.push_back({&tiles[4], 128, batch, ctx, kv, splits});
-        }
+        sweep_splits(&tiles[4], 128, batch, ctx, kv);
       }
     }
   }
-  // The same at 16 heads (V2-Lite) on the default tiles (bf16 32x2, FP8 64x2):
-  // a split CTA's partials are 16 x 513 floats here.
   for (const KvCacheDtype kv : {KvCacheDtype::kBf16, KvCacheDtype::kFp8}) {
     const Tile* tile = kv == KvCacheDtype::kFp8 ? &tiles[0] : &tiles[3];
     for (int batch : {1, 4}) {
-      for (int ctx : {2048, 8192}) {
-        for (int splits : {0, 4, 8, 16, 24, 32, 64}) {
-          if (splits <= ctx / 64) cases.push_back({tile, 16, batch, ctx, kv, splits});
-        }
-      }
+      for (int ctx : {2048, 8192}) sweep_splits(tile, 16, batch, ctx, kv);
     }
   }
   if (only.heads > 0) cases = {{&tiles[5], only.heads, only.batch, only.ctx, only.kv}};

@@ -31,7 +31,8 @@ absl::Status BenchFp8(CublasGemm& gemm, const Ceilings& ceil, bool quick, cudaSt
       {"dense down", 7168, 18432},
       {"shared gate_up", 4096, 7168},
       {"shared down", 7168, 2048},
-      // DeepSeek-V2-Lite's attention projections (k 2048: 16 blocks of 128).
+      // DeepSeek-V2-Lite's attention projections and shared experts (k 2048: 16
+      // blocks of 128; the shared down's 2816).
       {"v2-lite q_proj", 3072, 2048},
       {"v2-lite kv_a", 576, 2048},
       {"v2-lite o_proj", 2048, 2048},
