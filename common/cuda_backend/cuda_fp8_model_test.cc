@@ -35,6 +35,7 @@
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/expert_mlp.h"
+#include "kernels/cuda/pdl.h"
 #include "kernels/cuda/test_util.h"
 
 namespace moesh::cuda {
@@ -323,6 +324,71 @@ TEST_P(CudaFp8ModelTest, StreamedLoadMatchesTheHostLoad) {
   // The same codes give the same logits; a misplaced block or scale row moves
   // them by their whole spread.
   EXPECT_LE(worst, 1e-3);
+}
+
+// Programmatic dependent launch (kernels/cuda/pdl.cuh) changes when kernels
+// start, never what they compute: the same prompts and greedy decode steps
+// (graphs captured under each setting) give the same logits, tokens and
+// logprobs bit for bit with it on and off. A kernel that touched its inputs
+// before its PdlWait would read the previous kernel's half-written rows.
+TEST_P(CudaFp8ModelTest, ProgrammaticLaunchChangesNoBit) {
+  MOESH_REQUIRE_GPU();
+  const ModelConfig c = RealWidths(GetParam());
+  uint64_t seed = 0;
+  const std::string dir = WriteCheckpoint(c, "cuda_fp8_pdl", DType::kF8E4M3, &seed);
+  SCOPED_TRACE(::testing::Message() << "checkpoint seed " << seed);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(2, c.vocab_size - 1);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {1, 37, 150}) {
+    prompts.emplace_back(len);
+    for (int32_t& t : prompts.back()) t = tok(rng);
+  }
+  struct Run {
+    std::vector<float> logits;
+    std::vector<int32_t> ids;
+    std::vector<float> logprobs;
+  };
+  const auto run = [&](bool pdl) {
+    SetProgrammaticLaunch(pdl);
+    Run r;
+    absl::StatusOr<std::unique_ptr<CudaModel>> m =
+        CudaModel::Load(dir, testing::SmallModelOptions());
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return r;
+    std::vector<int> seqs;
+    std::vector<SequenceTokens> batch;
+    for (const std::vector<int32_t>& prompt : prompts) {
+      absl::StatusOr<int> s = (*m)->AddSequence();
+      EXPECT_TRUE(s.ok());
+      seqs.push_back(*s);
+      batch.push_back({*s, prompt});
+    }
+    absl::StatusOr<std::vector<float>> l = (*m)->ForwardLogits(batch);
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (l.ok()) r.logits = *l;
+    std::vector<std::vector<int32_t>> next(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i)
+      next[i] = {l.ok() ? Argmax(l->data() + i * c.vocab_size, c.vocab_size) : 2};
+    for (int step = 0; step < 4; ++step) {  // decode steps through the graphs
+      batch.clear();
+      for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({seqs[i], next[i]});
+      absl::StatusOr<StepOutput> o = (*m)->Step(batch);
+      EXPECT_TRUE(o.ok()) << o.status();
+      if (!o.ok()) break;
+      for (size_t i = 0; i < prompts.size(); ++i) next[i] = {o->next_ids[i]};
+      r.ids.insert(r.ids.end(), o->next_ids.begin(), o->next_ids.end());
+      r.logprobs.insert(r.logprobs.end(), o->next_logprobs.begin(), o->next_logprobs.end());
+    }
+    return r;
+  };
+  const Run off = run(false), on = run(true);
+  SetProgrammaticLaunch(true);
+  ASSERT_EQ(off.logits.size(), prompts.size() * c.vocab_size);
+  ASSERT_EQ(off.ids.size(), 4 * prompts.size());
+  EXPECT_EQ(on.logits, off.logits);
+  EXPECT_EQ(on.ids, off.ids);
+  EXPECT_EQ(on.logprobs, off.logprobs);
 }
 
 // An expert worker's GPU stage from a Deferred shard (its experts read from

@@ -6,6 +6,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -22,6 +23,7 @@ __device__ __forceinline__ float SwiGlu(float g, float u, float limit) {
 template <bool kVecIo>
 __global__ void __launch_bounds__(kThreads)
     SiluAndMulKernel(const bf16* gate_up, bf16* out, int i, float limit) {
+  PdlBegin();
   const int64_t row = blockIdx.x;
   const bf16* g = gate_up + row * 2 * i;
   const bf16* u = g + i;
@@ -55,12 +57,14 @@ absl::Status RunSiluAndMul(const SiluAndMulParams& p) {
                    (reinterpret_cast<uintptr_t>(p.out) & 15) == 0;
   if (vec) {
     const dim3 grid(p.m, (p.i / kVec + kThreads - 1) / kThreads);
-    SiluAndMulKernel<true><<<grid, kThreads, 0, p.stream>>>(p.gate_up, p.out, p.i, p.limit);
+    RETURN_IF_ERROR(LaunchPdl("SiluAndMulKernel", SiluAndMulKernel<true>, grid, kThreads, 0,
+                              p.stream, p.gate_up, p.out, p.i, p.limit));
   } else {
     const dim3 grid(p.m, (p.i + kThreads - 1) / kThreads);
-    SiluAndMulKernel<false><<<grid, kThreads, 0, p.stream>>>(p.gate_up, p.out, p.i, p.limit);
+    RETURN_IF_ERROR(LaunchPdl("SiluAndMulKernel", SiluAndMulKernel<false>, grid, kThreads, 0,
+                              p.stream, p.gate_up, p.out, p.i, p.limit));
   }
-  return LaunchStatus("SiluAndMulKernel");
+  return absl::OkStatus();
 }
 
 }  // namespace moesh::cuda

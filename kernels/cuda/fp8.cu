@@ -7,6 +7,7 @@
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/fp8_quant.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -17,6 +18,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     QuantizeFp8Kernel(const bf16* __restrict__ x, const int32_t* __restrict__ index,
                       const int32_t* __restrict__ count, uint8_t* __restrict__ q,
                       float* __restrict__ scale, int m, int rows, int k, int ldx) {
+  PdlBegin();
   const int blocks = cpu::Fp8Blocks(k);
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (task >= static_cast<int64_t>(rows) * blocks) return;
@@ -59,6 +61,7 @@ template <typename T>
 __global__ void __launch_bounds__(kBlockThreads)
     QuantizeFp8BlocksKernel(const T* __restrict__ w, uint8_t* __restrict__ q,
                             float* __restrict__ scale, int n, int k, int scale_stride) {
+  PdlBegin();
   __shared__ float warp_max[kBlockThreads / 32];
   const int bj = blockIdx.y, b = blockIdx.x;
   const int c = b * cpu::kFp8Block + (threadIdx.x % cpu::kFp8Block);
@@ -94,13 +97,15 @@ absl::Status RunQuantizeFp8Blocks(const QuantizeFp8BlocksParams& p) {
   }
   const dim3 grid(cpu::Fp8Blocks(p.k), cpu::Fp8Blocks(p.n));
   if (p.w_f32) {
-    QuantizeFp8BlocksKernel<<<grid, kBlockThreads, 0, p.stream>>>(p.w_f32, p.q, p.scale, p.n, p.k,
-                                                                  Fp8ScaleStride(p.k));
+    RETURN_IF_ERROR(LaunchPdl("QuantizeFp8BlocksKernel", QuantizeFp8BlocksKernel<float>, grid,
+                              kBlockThreads, 0, p.stream, p.w_f32, p.q, p.scale, p.n, p.k,
+                              Fp8ScaleStride(p.k)));
   } else {
-    QuantizeFp8BlocksKernel<<<grid, kBlockThreads, 0, p.stream>>>(p.w_bf16, p.q, p.scale, p.n, p.k,
-                                                                  Fp8ScaleStride(p.k));
+    RETURN_IF_ERROR(LaunchPdl("QuantizeFp8BlocksKernel", QuantizeFp8BlocksKernel<bf16>, grid,
+                              kBlockThreads, 0, p.stream, p.w_bf16, p.q, p.scale, p.n, p.k,
+                              Fp8ScaleStride(p.k)));
   }
-  return LaunchStatus("QuantizeFp8BlocksKernel");
+  return absl::OkStatus();
 }
 
 absl::Status RunQuantizeFp8(const QuantizeFp8Params& p) {
@@ -117,9 +122,8 @@ absl::Status RunQuantizeFp8(const QuantizeFp8Params& p) {
   }
   const int64_t tasks = static_cast<int64_t>(Fp8Rows(p.m)) * cpu::Fp8Blocks(p.k);
   const int64_t grid = (tasks + kWarps - 1) / kWarps;
-  QuantizeFp8Kernel<<<static_cast<unsigned>(grid), kWarps * 32, 0, p.stream>>>(
-      p.x, p.index, p.count, p.q, p.scale, p.m, Fp8Rows(p.m), p.k, ldx);
-  return LaunchStatus("QuantizeFp8Kernel");
+  return LaunchPdl("QuantizeFp8Kernel", QuantizeFp8Kernel, static_cast<unsigned>(grid), kWarps * 32,
+                   0, p.stream, p.x, p.index, p.count, p.q, p.scale, p.m, Fp8Rows(p.m), p.k, ldx);
 }
 
 }  // namespace moesh::cuda

@@ -21,6 +21,7 @@
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/fp8_quant.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -94,6 +95,13 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8GemvKernel(Fp8GemmParams p) {
   __shared__ float part[kWarps][32][4];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int row0 = blockIdx.x * kRows;
+  // Launched programmatically (pdl.cuh): this CTA's weight rows start for L2
+  // while the kernel before it ends; x, x_scale and y only after PdlWait.
+  PdlLaunchDependents();
+  if (threadIdx.x < kRows && row0 + threadIdx.x < p.n) {
+    PrefetchL2(p.w + static_cast<int64_t>(row0 + threadIdx.x) * p.k, static_cast<uint32_t>(p.k));
+  }
+  PdlWait();
   const int r_lo = row0 + g, r_hi = r_lo + 8;
   const bool ok_lo = r_lo < p.n, ok_hi = r_hi < p.n, ok_x = g < p.m;
   const uint8_t* w_lo = p.w + static_cast<int64_t>(r_lo) * p.k + 16 * tq;
@@ -198,8 +206,7 @@ absl::Status RunFp8Gemv(const Fp8GemmParams& p) {
   }
   const int grid = (p.n + kRows - 1) / kRows;
   const auto launch = [&](auto kernel, int warps) {
-    kernel<<<grid, warps * 32, 0, p.stream>>>(q);
-    return LaunchStatus("Fp8GemvKernel");
+    return LaunchPdl("Fp8GemvKernel", kernel, grid, warps * 32, 0, p.stream, q);
   };
   if (p.n <= kWideRowsMax) {
     return bf16_in ? launch(Fp8GemvKernel<8, true>, 8) : launch(Fp8GemvKernel<8, false>, 8);

@@ -34,6 +34,7 @@
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/params.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -131,6 +132,7 @@ __global__ void __launch_bounds__(kThreads,
                                   kW == WeightKind::kFp8 && kBM < 64 && kBK == 128 && !kDeep ? 4
                                                                                              : 1)
     GroupedGemmKernel(GroupedGemmParams p) {
+  PdlBegin();
   using Cfg = GemmCfg<kBM, kBK, kDeep>;
   constexpr bool kFp8W = kW == WeightKind::kFp8, kFp4W = kW == WeightKind::kFp4;
   constexpr int S = kFp8W ? Cfg::kF8Stages : (kFp4W ? Cfg::kF4Stages : Cfg::kStages),
@@ -343,8 +345,7 @@ absl::Status LaunchOne(const GroupedGemmParams& p) {
                                                  : Cfg::kSmemBytes;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmem));
   const dim3 grid(p.max_tiles, (p.n + kBN - 1) / kBN);
-  kernel<<<grid, kThreads, kSmem, p.stream>>>(p);
-  return LaunchStatus("GroupedGemmKernel");
+  return LaunchPdl("GroupedGemmKernel", kernel, grid, kThreads, kSmem, p.stream, p);
 }
 
 template <int kBM, int kBK>

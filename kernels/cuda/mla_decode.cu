@@ -20,6 +20,7 @@
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/mla_decode_common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -102,6 +103,7 @@ __device__ __forceinline__ void IssueTile(typename C::Smem& s, const MlaDecodePa
 
 template <typename C, bool kSplit, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p) {
+  PdlBegin();
   constexpr int kTileTokens = C::kTileTokens, kStages = C::kNumStages, kSTiles = C::kSTiles;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   typename C::Smem& s = *reinterpret_cast<typename C::Smem*>(smem_raw);
@@ -283,6 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
 // costs bandwidth rather than a chain of memory latencies.
 template <typename OutT>
 __global__ void __launch_bounds__(kLatentDim / 4) MlaCombineKernel(MlaDecodeParams p) {
+  PdlBegin();
   static_assert(kMaxSplits <= 64, "warp 0 holds two splits per lane");
   __shared__ float weight[kMaxSplits];
   __shared__ float lse_total;
@@ -334,8 +337,8 @@ template <typename C, bool kSplit, typename OutT>
 absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
   constexpr auto kernel = MlaDecodeKernel<C, kSplit, OutT>;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(static_cast<int>(sizeof(typename C::Smem))));
-  kernel<<<grid, kThreads, sizeof(typename C::Smem), p.stream>>>(p);
-  return LaunchStatus("MlaDecodeKernel");
+  return LaunchPdl("MlaDecodeKernel", kernel, grid, kThreads, sizeof(typename C::Smem), p.stream,
+                   p);
 }
 
 // The configuration a launch with `num_heads` runs (kDefault resolved): the
@@ -496,11 +499,13 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
   }
   if (!split) return absl::OkStatus();
   if (p.out_type == OutType::kFloat32) {
-    MlaCombineKernel<float><<<p.batch * p.num_heads, kLatentDim / 4, 0, p.stream>>>(p);
+    RETURN_IF_ERROR(LaunchPdl("MlaCombineKernel", MlaCombineKernel<float>, p.batch * p.num_heads,
+                              kLatentDim / 4, 0, p.stream, p));
   } else {
-    MlaCombineKernel<bf16><<<p.batch * p.num_heads, kLatentDim / 4, 0, p.stream>>>(p);
+    RETURN_IF_ERROR(LaunchPdl("MlaCombineKernel", MlaCombineKernel<bf16>, p.batch * p.num_heads,
+                              kLatentDim / 4, 0, p.stream, p));
   }
-  return LaunchStatus("MlaCombineKernel");
+  return absl::OkStatus();
 }
 
 }  // namespace moesh::cuda

@@ -11,6 +11,7 @@
 #include "kernels/cuda/fp8_kv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -18,6 +19,7 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p) {
+  PdlBegin();
   const int64_t t = blockIdx.x;
   const bf16* src = p.table + static_cast<int64_t>(p.token_ids[t]) * p.hidden;
   float* dst = p.out + t * p.copies * p.hidden;
@@ -28,6 +30,7 @@ __global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) RmsNormF32Kernel(RmsNormF32Params p) {
+  PdlBegin();
   __shared__ float scratch[32];
   const int64_t i = blockIdx.x;
   const int64_t r = p.rows != nullptr ? p.rows[i] : i;
@@ -47,6 +50,7 @@ __global__ void __launch_bounds__(kThreads) RmsNormF32Kernel(RmsNormF32Params p)
 // The same with 16-byte accesses: n % 4 == 0, ldx % 4 == 0, 16-byte aligned x
 // and y_f32, 8-byte aligned y.
 __global__ void __launch_bounds__(kThreads) RmsNormF32Vec4Kernel(RmsNormF32Params p) {
+  PdlBegin();
   __shared__ float scratch[32];
   const int64_t i = blockIdx.x;
   const int64_t r = p.rows != nullptr ? p.rows[i] : i;
@@ -77,6 +81,7 @@ __global__ void __launch_bounds__(kThreads) RmsNormF32Vec4Kernel(RmsNormF32Param
 // of 512, V4-Flash shapes).
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) SliceCopyKernel(SliceCopyParams p) {
+  PdlBegin();
   using Chunk = std::conditional_t<kVec == 8, uint4, bf16>;
   const int chunks = p.dim / kVec;
   const int64_t per_token = static_cast<int64_t>(p.num_rows) * chunks;
@@ -108,6 +113,7 @@ __device__ __forceinline__ void WidenFp8Row(const bf16* row, int latent, int wid
 // A warp per row (kThreads / 32 rows per CTA): rows of a few hundred values
 // keep every lane busy.
 __global__ void __launch_bounds__(kThreads) GatherRowsKernel(GatherRowsParams p) {
+  PdlBegin();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (row >= p.rows) return;
   const bf16* x = p.x + static_cast<int64_t>(p.index[row]) * p.ldx;
@@ -120,6 +126,7 @@ __global__ void __launch_bounds__(kThreads) GatherRowsKernel(GatherRowsParams p)
 
 // A warp per row, as GatherRowsKernel.
 __global__ void __launch_bounds__(kThreads) GatherKvRowsKernel(GatherKvRowsParams p) {
+  PdlBegin();
   const int i = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
   if (i >= p.count) return;
   const int pos = p.from + i, lane = threadIdx.x & 31, width = p.latent + p.rope;
@@ -135,6 +142,7 @@ __global__ void __launch_bounds__(kThreads) GatherKvRowsKernel(GatherKvRowsParam
 }
 
 __global__ void __launch_bounds__(kThreads) CopyKvBlocksKernel(CopyKvBlocksParams p) {
+  PdlBegin();
   const int64_t layer = blockIdx.y;
   const Bf16x8* src = reinterpret_cast<const Bf16x8*>(
       p.src + layer * p.src_layer_elems +
@@ -181,6 +189,7 @@ __device__ __forceinline__ int PermuteExpert(const MoePermuteParams& p, int i) {
 }
 
 __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(MoePermuteParams p) {
+  PdlBegin();
   __shared__ int counts[kPermuteThreads];
   __shared__ int cursor[kPermuteThreads];
   __shared__ int warp_sums[32];
@@ -221,6 +230,7 @@ __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(MoePermutePa
 }
 
 __global__ void __launch_bounds__(kThreads) MoeCombineKernel(MoeCombineParams p) {
+  PdlBegin();
   const int64_t t = blockIdx.x;
   const int32_t* rows = p.pair_row != nullptr ? p.pair_row + t * p.top_k : nullptr;
   const float* w = p.topk_weights != nullptr ? p.topk_weights + t * p.top_k : nullptr;
@@ -240,6 +250,7 @@ __global__ void __launch_bounds__(kThreads) MoeCombineKernel(MoeCombineParams p)
 // hidden % 4 == 0, 16-byte aligned expert_out and x, top_k <= kMaxCombineK.
 constexpr int kMaxCombineK = 16;
 __global__ void __launch_bounds__(kThreads) MoeCombineVec4Kernel(MoeCombineParams p) {
+  PdlBegin();
   __shared__ int rows[kMaxCombineK];
   __shared__ float wts[kMaxCombineK];
   const int64_t t = blockIdx.x;
@@ -273,6 +284,7 @@ constexpr int kMlaThreads = 128;
 constexpr int kMlaMaxDim = 1024;
 
 __global__ void __launch_bounds__(kMlaThreads) MlaGenericKernel(MlaDecodeParams p) {
+  PdlBegin();
   __shared__ float q[kMlaMaxDim];
   __shared__ float prob[kMlaThreads];
   __shared__ float red[32];
@@ -369,8 +381,7 @@ absl::Status RunEmbed(const EmbedParams& p) {
   if (p.num_tokens == 0) return absl::OkStatus();
   if (!p.table || !p.token_ids || !p.out)
     return absl::InvalidArgumentError("RunEmbed: null pointer");
-  EmbedKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
-  return LaunchStatus("EmbedKernel");
+  return LaunchPdl("EmbedKernel", EmbedKernel, p.num_tokens, kThreads, 0, p.stream, p);
 }
 
 absl::Status RunRmsNormF32(const RmsNormF32Params& p) {
@@ -383,11 +394,10 @@ absl::Status RunRmsNormF32(const RmsNormF32Params& p) {
   const auto addr = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr); };
   if (q.n % 4 == 0 && q.ldx % 4 == 0 && addr(q.x) % 16 == 0 && addr(q.y) % 8 == 0 &&
       addr(q.weight) % 8 == 0 && addr(q.y_f32) % 16 == 0) {
-    RmsNormF32Vec4Kernel<<<q.num_rows, kThreads, 0, q.stream>>>(q);
-    return LaunchStatus("RmsNormF32Vec4Kernel");
+    return LaunchPdl("RmsNormF32Vec4Kernel", RmsNormF32Vec4Kernel, q.num_rows, kThreads, 0,
+                     q.stream, q);
   }
-  RmsNormF32Kernel<<<q.num_rows, kThreads, 0, q.stream>>>(q);
-  return LaunchStatus("RmsNormF32Kernel");
+  return LaunchPdl("RmsNormF32Kernel", RmsNormF32Kernel, q.num_rows, kThreads, 0, q.stream, q);
 }
 
 absl::Status RunSliceCopy(const SliceCopyParams& p) {
@@ -404,11 +414,13 @@ absl::Status RunSliceCopy(const SliceCopyParams& p) {
   const int64_t n = static_cast<int64_t>(p.num_tokens) * p.num_rows * (vec ? p.dim / 8 : p.dim);
   const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
   if (vec) {
-    SliceCopyKernel<8><<<blocks, kThreads, 0, p.stream>>>(p);
+    RETURN_IF_ERROR(
+        LaunchPdl("SliceCopyKernel", SliceCopyKernel<8>, blocks, kThreads, 0, p.stream, p));
   } else {
-    SliceCopyKernel<1><<<blocks, kThreads, 0, p.stream>>>(p);
+    RETURN_IF_ERROR(
+        LaunchPdl("SliceCopyKernel", SliceCopyKernel<1>, blocks, kThreads, 0, p.stream, p));
   }
-  return LaunchStatus("SliceCopyKernel");
+  return absl::OkStatus();
 }
 
 absl::Status RunGatherRows(const GatherRowsParams& p) {
@@ -431,8 +443,8 @@ absl::Status RunGatherRows(const GatherRowsParams& p) {
   }
   GatherRowsParams q = p;
   q.ldx = ldx;
-  GatherRowsKernel<<<(p.rows + kThreads / 32 - 1) / (kThreads / 32), kThreads, 0, p.stream>>>(q);
-  return LaunchStatus("GatherRowsKernel");
+  return LaunchPdl("GatherRowsKernel", GatherRowsKernel,
+                   (p.rows + kThreads / 32 - 1) / (kThreads / 32), kThreads, 0, p.stream, q);
 }
 
 absl::Status RunGatherKvRows(const GatherKvRowsParams& p) {
@@ -457,8 +469,8 @@ absl::Status RunGatherKvRows(const GatherKvRowsParams& p) {
     return absl::InvalidArgumentError("RunGatherKvRows: null or misaligned pointer");
   }
   constexpr int kRowsPerCta = kThreads / 32;
-  GatherKvRowsKernel<<<(p.count + kRowsPerCta - 1) / kRowsPerCta, kThreads, 0, p.stream>>>(q);
-  return LaunchStatus("GatherKvRowsKernel");
+  return LaunchPdl("GatherKvRowsKernel", GatherKvRowsKernel,
+                   (p.count + kRowsPerCta - 1) / kRowsPerCta, kThreads, 0, p.stream, q);
 }
 
 absl::Status RunCopyKvBlocks(const CopyKvBlocksParams& p) {
@@ -472,8 +484,8 @@ absl::Status RunCopyKvBlocks(const CopyKvBlocksParams& p) {
       (reinterpret_cast<uintptr_t>(p.src) | reinterpret_cast<uintptr_t>(p.dst)) % 16) {
     return absl::InvalidArgumentError("RunCopyKvBlocks: null or misaligned pointer");
   }
-  CopyKvBlocksKernel<<<dim3(p.num_blocks, p.num_layers), kThreads, 0, p.stream>>>(p);
-  return LaunchStatus("CopyKvBlocksKernel");
+  return LaunchPdl("CopyKvBlocksKernel", CopyKvBlocksKernel, dim3(p.num_blocks, p.num_layers),
+                   kThreads, 0, p.stream, p);
 }
 
 absl::Status RunMoePermute(const MoePermuteParams& p) {
@@ -488,8 +500,7 @@ absl::Status RunMoePermute(const MoePermuteParams& p) {
   }
   if (p.expert_map != nullptr && p.map_size < 1)
     return absl::InvalidArgumentError("RunMoePermute: empty expert_map");
-  MoePermuteKernel<<<1, kPermuteThreads, 0, p.stream>>>(p);
-  return LaunchStatus("MoePermuteKernel");
+  return LaunchPdl("MoePermuteKernel", MoePermuteKernel, 1, kPermuteThreads, 0, p.stream, p);
 }
 
 absl::Status RunMoeCombine(const MoeCombineParams& p) {
@@ -503,11 +514,9 @@ absl::Status RunMoeCombine(const MoeCombineParams& p) {
       reinterpret_cast<uintptr_t>(p.expert_out) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
     const dim3 grid(p.num_tokens, std::min((p.hidden / 4 + kThreads - 1) / kThreads, 8));
-    MoeCombineVec4Kernel<<<grid, kThreads, 0, p.stream>>>(p);
-    return LaunchStatus("MoeCombineVec4Kernel");
+    return LaunchPdl("MoeCombineVec4Kernel", MoeCombineVec4Kernel, grid, kThreads, 0, p.stream, p);
   }
-  MoeCombineKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
-  return LaunchStatus("MoeCombineKernel");
+  return LaunchPdl("MoeCombineKernel", MoeCombineKernel, p.num_tokens, kThreads, 0, p.stream, p);
 }
 
 absl::Status RunMlaAttentionGeneric(const MlaDecodeParams& p) {
@@ -537,8 +546,7 @@ absl::Status RunMlaAttentionGeneric(const MlaDecodeParams& p) {
         "RunMlaAttentionGeneric: row stride below the row, or an index without a stride");
   }
   const dim3 grid(p.num_heads, p.batch);
-  MlaGenericKernel<<<grid, kMlaThreads, 0, p.stream>>>(p);
-  return LaunchStatus("MlaGenericKernel");
+  return LaunchPdl("MlaGenericKernel", MlaGenericKernel, grid, kMlaThreads, 0, p.stream, p);
 }
 
 }  // namespace moesh::cuda

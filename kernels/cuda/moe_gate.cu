@@ -7,6 +7,7 @@
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/routing.h"
 
 namespace moesh::cuda {
@@ -17,6 +18,7 @@ constexpr unsigned kFull = 0xffffffffu;
 
 template <int kPerLane>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeGateKernel(MoeGateParams p) {
+  PdlBegin();
   __shared__ float choice_smem[kWarpsPerBlock][gate::kMaxExperts];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t = blockIdx.x * kWarpsPerBlock + warp;
@@ -173,10 +175,12 @@ absl::Status RunMoeGate(const MoeGateParams& p) {
     return absl::InvalidArgumentError("RunMoeGate: null pointer");
   const int blocks = (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const int per_lane = (p.num_experts + 31) / 32;
+  absl::Status st;
   DispatchUpTo<2, 4, 8, 16>(per_lane, [&](auto k) {
-    MoeGateKernel<decltype(k)::value><<<blocks, kWarpsPerBlock * 32, 0, p.stream>>>(p);
+    st.Update(LaunchPdl("MoeGateKernel", MoeGateKernel<decltype(k)::value>, blocks,
+                        kWarpsPerBlock * 32, 0, p.stream, p));
   });
-  return LaunchStatus("MoeGateKernel");
+  return st;
 }
 
 }  // namespace moesh::cuda

@@ -3,6 +3,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -15,6 +16,7 @@ template <bool kVecIo, bool kResidual>
 __global__ void __launch_bounds__(kThreads)
     RmsNormKernel(bf16* x, const bf16* residual, const bf16* weight, bf16* y, int n, int ldx,
                   int ldr, int ldy, float eps) {
+  PdlBegin();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   bf16* xr = x + row * ldx;
@@ -82,13 +84,13 @@ absl::Status Launch(bf16* x, const bf16* residual, const bf16* weight, bf16* y, 
                    (!kResidual || ldr % kVec == 0) && Aligned16(x) && Aligned16(y) &&
                    Aligned16(weight) && (!kResidual || Aligned16(residual));
   if (vec) {
-    RmsNormKernel<true, kResidual>
-        <<<rows, kThreads, 0, stream>>>(x, residual, weight, y, n, ldx, ldr, ldy, eps);
+    RETURN_IF_ERROR(LaunchPdl("RmsNormKernel", RmsNormKernel<true, kResidual>, rows, kThreads, 0,
+                              stream, x, residual, weight, y, n, ldx, ldr, ldy, eps));
   } else {
-    RmsNormKernel<false, kResidual>
-        <<<rows, kThreads, 0, stream>>>(x, residual, weight, y, n, ldx, ldr, ldy, eps);
+    RETURN_IF_ERROR(LaunchPdl("RmsNormKernel", RmsNormKernel<false, kResidual>, rows, kThreads, 0,
+                              stream, x, residual, weight, y, n, ldx, ldr, ldy, eps));
   }
-  return LaunchStatus("RmsNormKernel");
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "kernels/cuda/fp8_kv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/rope.cuh"
 
 namespace moesh::cuda {
@@ -53,6 +54,7 @@ __device__ void RopeRows(const Rotation& r, const float2* cs, bf16* x, int num_r
 }
 
 __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p, Rotation r) {
+  PdlBegin();
   __shared__ float2 cs[kMaxHalf];
   const int t = blockIdx.x;
   FillCosSin(r, p.positions[t], cs);
@@ -78,6 +80,7 @@ __device__ void StoreFp8Latent(const float* latent, int rank, unsigned* amax_bit
 
 template <KvCacheDtype kDtype>
 __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams p, Rotation r) {
+  PdlBegin();
   constexpr bool kFp8 = kDtype == KvCacheDtype::kFp8;
   __shared__ float2 cs[kMaxHalf];
   __shared__ float scratch[32];
@@ -173,8 +176,8 @@ absl::Status RunRope(const RopeParams& p) {
   }
   if (p.num_tokens == 0 || p.num_rows == 0) return absl::OkStatus();
   if (!p.x || !p.positions) return absl::InvalidArgumentError("RunRope: null pointer");
-  RopeKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p, MakeRotation(p.rope));
-  return LaunchStatus("RopeKernel");
+  return LaunchPdl("RopeKernel", RopeKernel, p.num_tokens, kThreads, 0, p.stream, p,
+                   MakeRotation(p.rope));
 }
 
 absl::Status RunRopeKvCacheWrite(const RopeKvCacheParams& p) {
@@ -210,13 +213,13 @@ absl::Status RunRopeKvCacheWrite(const RopeKvCacheParams& p) {
     return absl::InvalidArgumentError("RunRopeKvCacheWrite: null pointer");
   }
   if (fp8) {
-    RopeKvCacheKernel<KvCacheDtype::kFp8>
-        <<<p.num_tokens, kThreads, 0, p.stream>>>(p, MakeRotation(p.rope));
+    RETURN_IF_ERROR(LaunchPdl("RopeKvCacheKernel", RopeKvCacheKernel<KvCacheDtype::kFp8>,
+                              p.num_tokens, kThreads, 0, p.stream, p, MakeRotation(p.rope)));
   } else {
-    RopeKvCacheKernel<KvCacheDtype::kBf16>
-        <<<p.num_tokens, kThreads, 0, p.stream>>>(p, MakeRotation(p.rope));
+    RETURN_IF_ERROR(LaunchPdl("RopeKvCacheKernel", RopeKvCacheKernel<KvCacheDtype::kBf16>,
+                              p.num_tokens, kThreads, 0, p.stream, p, MakeRotation(p.rope)));
   }
-  return LaunchStatus("RopeKvCacheKernel");
+  return absl::OkStatus();
 }
 
 }  // namespace moesh::cuda

@@ -8,6 +8,7 @@
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/routing.h"
 
 namespace moesh::cuda {
@@ -71,6 +72,7 @@ struct TopList {
 
 template <int kK, bool kVec4>
 __global__ void __launch_bounds__(kThreads) GreedyLogprobsKernel(GreedyLogprobsParams p) {
+  PdlBegin();
   __shared__ float red_v[kWarps];
   __shared__ int red_i[kWarps];
   __shared__ float red_s[kWarps];
@@ -194,15 +196,15 @@ absl::Status RunGreedyLogprobs(const GreedyLogprobsParams& p) {
   GreedyLogprobsParams q = p;
   q.ld = ld;
   const bool vec4 = ld % 4 == 0 && (reinterpret_cast<uintptr_t>(p.logits) & 15) == 0;
+  absl::Status st;
   DispatchUpTo<1, 8, 20>(std::max(p.top_k, 1), [&](auto k) {
     constexpr int kK = decltype(k)::value;
-    if (vec4) {
-      GreedyLogprobsKernel<kK, true><<<p.batch, kThreads, 0, p.stream>>>(q);
-    } else {
-      GreedyLogprobsKernel<kK, false><<<p.batch, kThreads, 0, p.stream>>>(q);
-    }
+    st.Update(vec4 ? LaunchPdl("GreedyLogprobsKernel", GreedyLogprobsKernel<kK, true>, p.batch,
+                               kThreads, 0, p.stream, q)
+                   : LaunchPdl("GreedyLogprobsKernel", GreedyLogprobsKernel<kK, false>, p.batch,
+                               kThreads, 0, p.stream, q));
   });
-  return LaunchStatus("GreedyLogprobsKernel");
+  return st;
 }
 
 }  // namespace moesh::cuda

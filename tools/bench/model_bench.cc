@@ -19,7 +19,7 @@
 //          [--profile-step] [--mla-kernel auto|heads16|generic] [--kv-cache-dtype auto|fp8]
 //          [--mla-prefill auto|absorbed|expanded] [--mla-prefill-impl mma|wgmma]
 //          [--sparse-mla gather|direct] [--indexer cuda-cores|tensor-cores]
-//          [--fp8-gemv off|on] [--fp8-expert-act off|on]
+//          [--fp8-gemv off|on] [--fp8-expert-act off|on] [--pdl on|off]
 // --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
@@ -34,7 +34,8 @@
 // to 8 rows through cuBLASLt instead of RunFp8Gemv (CudaModelOptions::fp8_gemv,
 // on); --fp8-expert-act off: FP8 routed experts on bf16 activations in prefill
 // tiles too (CudaModelOptions::fp8_expert_act, on). Each switch's default is
-// CudaModelOptions'.
+// CudaModelOptions'. --pdl off: every kernel launched plainly, none
+// programmatically (kernels/cuda/pdl.h; on by default).
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -58,6 +59,7 @@
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/expert_mlp.h"
+#include "kernels/cuda/pdl.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
@@ -83,6 +85,7 @@ struct Flags {
   std::string indexer = "tensor-cores";  // cuda-cores | tensor-cores (indexer_tensor_cores)
   std::string fp8_gemv = "on";           // off | on (fp8_gemv)
   std::string fp8_expert_act = "on";     // off | on (fp8_expert_act)
+  std::string pdl = "on";                // on | off (SetProgrammaticLaunch)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
@@ -163,7 +166,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   }
   for (const char* name :
        {"load-format", "shape", "model", "quantization", "mla-kernel", "kv-cache-dtype",
-        "mla-prefill", "mla-prefill-impl", "sparse-mla", "indexer", "fp8-gemv", "fp8-expert-act"}) {
+        "mla-prefill", "mla-prefill-impl", "sparse-mla", "indexer", "fp8-gemv", "fp8-expert-act", "pdl"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
@@ -178,6 +181,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                        : n == "indexer"          ? f.indexer
                        : n == "fp8-gemv"         ? f.fp8_gemv
                        : n == "fp8-expert-act"   ? f.fp8_expert_act
+                       : n == "pdl"              ? f.pdl
                                                  : f.kv_cache_dtype;
     dst = it->second;
     kv.erase(it);
@@ -199,6 +203,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("--fp8-gemv: off or on");
   if (f.fp8_expert_act != "off" && f.fp8_expert_act != "on")
     return absl::InvalidArgumentError("--fp8-expert-act: off or on");
+  if (f.pdl != "off" && f.pdl != "on") return absl::InvalidArgumentError("--pdl: on or off");
   if (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "fp8")
     return absl::InvalidArgumentError("--kv-cache-dtype: auto or fp8");
   if (f.load_format != "dummy" && f.load_format != "auto") {
@@ -534,6 +539,7 @@ absl::Status Run(const Flags& f) {
   o.indexer_tensor_cores = f.indexer == "tensor-cores";
   o.fp8_gemv = f.fp8_gemv == "on";
   o.fp8_expert_act = f.fp8_expert_act == "on";
+  SetProgrammaticLaunch(f.pdl == "on");
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaModel> model;
   if (f.load_format == "auto") {

@@ -1,0 +1,75 @@
+// Programmatic dependent launch (Hopper): a kernel launched by LaunchPdl may
+// begin while the kernel before it in its stream (or graph) is still
+// running, so its CTAs are resident and past their launch when that kernel
+// ends. The contract of a kernel launched so:
+//   * PdlWait() comes before its first access (read or write) of any memory
+//     another kernel of the step reads or writes. Before it, only what no
+//     earlier kernel writes: weights, the kernel's params, shared memory,
+//     and L2 prefetches of weights.
+//   * Every CTA calls PdlWait() before it exits, early returns included: a
+//     later kernel's plain launch (a graph edge) waits for this kernel only,
+//     so this kernel may not end before the one it overlaps.
+//   * PdlWait() returns when every kernel it may overlap has completed and
+//     its writes are visible (griddepcontrol.wait), so a kernel that waits
+//     depends on all of the stream's earlier work, as a plain launch does.
+// PdlLaunchDependents() (griddepcontrol.launch_dependents) lets the next
+// programmatic launch's CTAs start once every CTA of this kernel has called
+// it or exited; it changes when they start, never what they may read. Both
+// are no-ops in a kernel launched without the attribute.
+#ifndef MOESH_KERNELS_CUDA_PDL_CUH_
+#define MOESH_KERNELS_CUDA_PDL_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/pdl.h"
+
+namespace moesh::cuda {
+
+__device__ __forceinline__ void PdlWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void PdlLaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The first statement of a kernel that reads nothing before its wait.
+__device__ __forceinline__ void PdlBegin() {
+  PdlLaunchDependents();
+  PdlWait();
+}
+
+// Starts pulling [p, p + bytes) into L2 (bytes a multiple of 16, p 16-byte
+// aligned); one thread's instruction, no completion to wait for.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic
+// stream serialization attribute where ProgrammaticLaunch() (pdl.h) is on.
+// Only for kernels that keep the contract above.
+template <typename... KArgs, typename... Args>
+absl::Status LaunchPdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                       size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr, config.numAttrs = ProgrammaticLaunch() ? 1 : 0;
+  return CudaStatus(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
+}
+
+}  // namespace moesh::cuda
+
+#endif  // MOESH_KERNELS_CUDA_PDL_CUH_
