@@ -279,9 +279,40 @@ TEST(RopeTest, KvCacheWriteMatchesCpu) {
     p.q_rope_offset = 128;
     p.positions = dpos.get();
     p.rope = {dfreq.get(), table.attention_factor, dim, cpu::RopeLayout::kInterleaved};
+    // The same queries roped from a copy into another layout's slices (q_src:
+    // the absorbed query's rope part, read from the projection's rows).
+    const int out_stride = 80, out_offset = 8;
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dq_src, Upload(ToBf16Rounding(q)));
+    MOESH_ASSERT_OK_AND_ASSIGN(auto dq_out, DeviceBuffer<bf16>::Create(static_cast<size_t>(tokens) *
+                                                                       q_heads * out_stride));
+    MOESH_ASSERT_OK(Poison(dq_out));
     MOESH_ASSERT_OK(RunRopeKvCacheWrite(p));
+    RopeKvCacheParams from = p;
+    from.q = dq_out.get(), from.q_token_stride = q_heads * out_stride,
+    from.q_head_stride = out_stride, from.q_rope_offset = out_offset;
+    from.q_src = dq_src.get(), from.q_src_token_stride = q_heads * q_stride,
+    from.q_src_head_stride = q_stride, from.q_src_offset = 128;
+    MOESH_ASSERT_OK(RunRopeKvCacheWrite(from));
     MOESH_ASSERT_OK_AND_ASSIGN(auto cache, dcache.ToHost());
     MOESH_ASSERT_OK_AND_ASSIGN(auto qb, dq.ToHost());
+    MOESH_ASSERT_OK_AND_ASSIGN(auto q_out, dq_out.ToHost());
+    MOESH_ASSERT_OK_AND_ASSIGN(auto q_src_after, dq_src.ToHost());
+    EXPECT_EQ(ToFloats(q_src_after), ToFloats(ToBf16Rounding(q))) << "q_src is read only";
+    for (int t = 0; t < tokens; ++t) {
+      for (int h = 0; h < q_heads; ++h) {
+        for (int d = 0; d < out_stride; ++d) {
+          const size_t at = (static_cast<size_t>(t) * q_heads + h) * out_stride + d;
+          if (d < out_offset || d >= out_offset + dim) {
+            ASSERT_TRUE(std::isnan(testing::ToFloat(q_out[at]))) << "outside the slice";
+            continue;
+          }
+          const size_t in_place =
+              (static_cast<size_t>(t) * q_heads + h) * q_stride + 128 + (d - out_offset);
+          ASSERT_EQ(testing::ToFloat(q_out[at]), testing::ToFloat(qb[in_place]))
+              << "token " << t << " head " << h << " dim " << d;
+        }
+      }
+    }
 
     std::vector<float> got, want;
     std::vector<bool> written(slots.size(), false);

@@ -184,7 +184,9 @@ struct RopeParams {
 // slot_mapping[t] >= 0,
 //   cache[slot] = [ rmsnorm(kv[t, :rank]) * kv_norm_weight  (or kv[t, :rank] as is
 //                   when kv_norm_weight is null) | rope(kv[t, rank : rank + dim]) ].
-// Optionally also ropes the queries in place (q may be null): q as RopeParams.
+// Optionally also ropes the queries (q may be null): q as RopeParams, in
+// place, or (q_src set) from q_src's rope slices into q's (the slice copy of
+// the absorbed query's rope part fused in).
 // Cache layout: [num_blocks, kKvBlockSize, rank + rope.dim]; slot = block * kKvBlockSize + offset.
 struct RopeKvCacheParams {
   const bf16* kv = nullptr;  // [num_tokens, kv_ld]: [latent (rank) | k_pe (rope.dim)]
@@ -206,6 +208,11 @@ struct RopeKvCacheParams {
   bf16* q =
       nullptr;  // may be null; [num_tokens, q_token_stride], q_num_heads rows of q_head_stride
   int q_num_heads = 0, q_token_stride = 0, q_head_stride = 0, q_rope_offset = 0;
+  // May be null (q roped in place); else q's rope slices are read from here,
+  // [num_tokens, q_src_token_stride], q_num_heads rows of q_src_head_stride,
+  // the slice at q_src_offset. Must not overlap q's slices.
+  const bf16* q_src = nullptr;
+  int q_src_token_stride = 0, q_src_head_stride = 0, q_src_offset = 0;
   const int32_t* positions = nullptr;  // [num_tokens]
   RopeTableView rope;
   cudaStream_t stream = nullptr;

@@ -44,12 +44,13 @@ __device__ __forceinline__ void RotatePair(const Rotation& r, const float2* cs, 
   dst[b] = __float2bfloat16_rn(v.y);
 }
 
-// Ropes rows [num_rows] of one token's slices in place.
-__device__ void RopeRows(const Rotation& r, const float2* cs, bf16* x, int num_rows,
-                         int row_stride) {
+// Ropes rows [num_rows] of one token's slices from src into dst (may be
+// equal: in place).
+__device__ void RopeRows(const Rotation& r, const float2* cs, const bf16* src, int src_stride,
+                         bf16* dst, int dst_stride, int num_rows) {
   for (int j = threadIdx.x; j < num_rows * r.half; j += blockDim.x) {
-    bf16* row = x + static_cast<int64_t>(j / r.half) * row_stride;
-    RotatePair(r, cs, j % r.half, row, row);
+    const int64_t row = j / r.half;
+    RotatePair(r, cs, j % r.half, src + row * src_stride, dst + row * dst_stride);
   }
 }
 
@@ -58,8 +59,8 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p, Rotation r)
   __shared__ float2 cs[kMaxHalf];
   const int t = blockIdx.x;
   FillCosSin(r, p.positions[t], cs);
-  RopeRows(r, cs, p.x + static_cast<int64_t>(t) * p.token_stride + p.offset, p.num_rows,
-           p.row_stride);
+  bf16* x = p.x + static_cast<int64_t>(t) * p.token_stride + p.offset;
+  RopeRows(r, cs, x, p.row_stride, x, p.row_stride, p.num_rows);
 }
 
 // The FP8 row (cpu::PackFp8KvRow) of latent[rank] (float32, in shared
@@ -91,8 +92,13 @@ __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams 
   const int t = blockIdx.x;
   FillCosSin(r, p.positions[t], cs);
   if (p.q != nullptr) {
-    RopeRows(r, cs, p.q + static_cast<int64_t>(t) * p.q_token_stride + p.q_rope_offset,
-             p.q_num_heads, p.q_head_stride);
+    bf16* q = p.q + static_cast<int64_t>(t) * p.q_token_stride + p.q_rope_offset;
+    if (p.q_src != nullptr) {
+      RopeRows(r, cs, p.q_src + static_cast<int64_t>(t) * p.q_src_token_stride + p.q_src_offset,
+               p.q_src_head_stride, q, p.q_head_stride, p.q_num_heads);
+    } else {
+      RopeRows(r, cs, q, p.q_head_stride, q, p.q_head_stride, p.q_num_heads);
+    }
   }
   const int slot = p.slot_mapping[t];
   if (slot < 0 || slot >= p.num_blocks * kKvBlockSize) return;  // uniform across the CTA
@@ -195,6 +201,11 @@ absl::Status RunRopeKvCacheWrite(const RopeKvCacheParams& p) {
                          p.q_rope_offset + p.rope.dim > p.q_head_stride ||
                          p.q_token_stride < p.q_num_heads * p.q_head_stride)) {
     return absl::InvalidArgumentError("RunRopeKvCacheWrite: q rope slice outside its head row");
+  }
+  if (p.q != nullptr && p.q_src != nullptr &&
+      (p.q_src_offset < 0 || p.q_src_offset + p.rope.dim > p.q_src_head_stride ||
+       p.q_src_token_stride < p.q_num_heads * p.q_src_head_stride)) {
+    return absl::InvalidArgumentError("RunRopeKvCacheWrite: q_src rope slice outside its head row");
   }
   if (fp8) {
     const cpu::Fp8KvRowLayout layout{p.kv_lora_rank, p.rope.dim};

@@ -183,12 +183,7 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
       ab.stream = s;
       RETURN_IF_ERROR(ctx_.gemm->RunBatched(ab));
     }
-    SliceCopyParams sc;
-    sc.src = q, sc.src_token_stride = q_ld, sc.src_row_stride = qk, sc.src_offset = nope;
-    sc.dst = q_mla_.get(), sc.dst_token_stride = heads * row_w, sc.dst_row_stride = row_w,
-    sc.dst_offset = rank;
-    sc.num_tokens = t, sc.num_rows = heads, sc.dim = rope, sc.stream = s;
-    RETURN_IF_ERROR(RunSliceCopy(sc));
+    // q_mla's rope part: q's, roped on the way (the cache write's kernel).
     RopeKvCacheParams kp;
     kp.kv = qkv_.get() + ctx_.weights->kv_col(), kp.kv_ld = qkv_w, kp.kv_norm_weight = w.kv_a_norm,
     kp.eps = kLatentNormEps;
@@ -198,7 +193,9 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
     kp.num_tokens = t, kp.kv_lora_rank = rank;
     kp.q = q_mla_.get(), kp.q_num_heads = heads, kp.q_token_stride = heads * row_w,
     kp.q_head_stride = row_w;
-    kp.q_rope_offset = rank, kp.positions = in.positions, kp.rope = rope_, kp.stream = s;
+    kp.q_rope_offset = rank;
+    kp.q_src = q, kp.q_src_token_stride = q_ld, kp.q_src_head_stride = qk, kp.q_src_offset = nope;
+    kp.positions = in.positions, kp.rope = rope_, kp.stream = s;
     RETURN_IF_ERROR(RunRopeKvCacheWrite(kp));
     if (c.has_indexer()) RETURN_IF_ERROR(EnqueueIndexer(l, t));
     MlaDecodeParams mp;
