@@ -96,12 +96,11 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8GemvKernel(Fp8GemmParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int row0 = blockIdx.x * kRows;
   // Launched programmatically (pdl.cuh): this CTA's weight rows start for L2
-  // while the kernel before it ends; x, x_scale and y only after PdlWait.
-  PdlLaunchDependents();
+  // while the kernel before it ends; x, x_scale and y only after the wait.
   if (threadIdx.x < kRows && row0 + threadIdx.x < p.n) {
     PrefetchL2(p.w + static_cast<int64_t>(row0 + threadIdx.x) * p.k, static_cast<uint32_t>(p.k));
   }
-  PdlWait();
+  PdlBegin();
   const int r_lo = row0 + g, r_hi = r_lo + 8;
   const bool ok_lo = r_lo < p.n, ok_hi = r_hi < p.n, ok_x = g < p.m;
   const uint8_t* w_lo = p.w + static_cast<int64_t>(r_lo) * p.k + 16 * tq;

@@ -40,10 +40,13 @@ __device__ __forceinline__ void PdlLaunchDependents() {
 #endif
 }
 
-// The first statement of a kernel that reads nothing before its wait.
+// The first statement of a kernel that reads nothing before its wait. The
+// next kernel's CTAs may start once every CTA here is past its wait: one
+// kernel ahead at most (a trigger before the wait would let every later
+// kernel's CTAs pile up on the SMs behind a long one).
 __device__ __forceinline__ void PdlBegin() {
-  PdlLaunchDependents();
   PdlWait();
+  PdlLaunchDependents();
 }
 
 // Starts pulling [p, p + bytes) into L2 (bytes a multiple of 16, p 16-byte
