@@ -409,6 +409,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = i % kStages, tile = cta.begin + i;
       uint8_t* kv = s.kv[stage];
       MbarWait(&s.full[stage], (i / kStages) & 1);
+      // kPair: the peer's st.async bytes are generic-proxy writes the wgmma
+      // below read through the async proxy (the PTX ISA lists no st.async
+      // among async-proxy operations): fence on this side of the wait.
+      if constexpr (kPair) wgmma::FenceProxyAsync();
       __syncwarp();  // the wgmma below are warp-synchronous
       const int valid = min(kTile, seq_len - tile * kTile);
       if (valid < kTile) {  // the sequence's last tile
@@ -452,6 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = i % kStages;
       const uint8_t* kv = s.kv[stage];
       MbarWait(&s.full[stage], (i / kStages) & 1);
+      if constexpr (kPair) wgmma::FenceProxyAsync();  // as warpgroup 0's
       BarSync(kPFull + stage, kWideThreads);
       __syncwarp();
       const uint8_t* const psrc = kv + (kColBlocks - 1) * kBlockBytes;
