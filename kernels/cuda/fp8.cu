@@ -96,16 +96,16 @@ absl::Status RunQuantizeFp8Blocks(const QuantizeFp8BlocksParams& p) {
                                                    ": need n, k > 0, one input, q and scale"));
   }
   const dim3 grid(cpu::Fp8Blocks(p.k), cpu::Fp8Blocks(p.n));
+  // A load-time kernel, often on the legacy default stream (UploadLinear):
+  // launched plainly (its PdlBegin is then a no-op).
   if (p.w_f32) {
-    RETURN_IF_ERROR(LaunchPdl("QuantizeFp8BlocksKernel", QuantizeFp8BlocksKernel<float>, grid,
-                              kBlockThreads, 0, p.stream, p.w_f32, p.q, p.scale, p.n, p.k,
-                              Fp8ScaleStride(p.k)));
+    QuantizeFp8BlocksKernel<<<grid, kBlockThreads, 0, p.stream>>>(p.w_f32, p.q, p.scale, p.n, p.k,
+                                                                  Fp8ScaleStride(p.k));
   } else {
-    RETURN_IF_ERROR(LaunchPdl("QuantizeFp8BlocksKernel", QuantizeFp8BlocksKernel<bf16>, grid,
-                              kBlockThreads, 0, p.stream, p.w_bf16, p.q, p.scale, p.n, p.k,
-                              Fp8ScaleStride(p.k)));
+    QuantizeFp8BlocksKernel<<<grid, kBlockThreads, 0, p.stream>>>(p.w_bf16, p.q, p.scale, p.n, p.k,
+                                                                  Fp8ScaleStride(p.k));
   }
-  return absl::OkStatus();
+  return LaunchStatus("QuantizeFp8BlocksKernel");
 }
 
 absl::Status RunQuantizeFp8(const QuantizeFp8Params& p) {

@@ -26,6 +26,12 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/pdl.h"
 
+// griddepcontrol is sm_90's: a kernel built for an older target would be
+// launched with the attribute and run without its wait.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "pdl.cuh: kernels launched by LaunchPdl need sm_90 or later (griddepcontrol)"
+#endif
+
 namespace moesh::cuda {
 
 __device__ __forceinline__ void PdlWait() {
