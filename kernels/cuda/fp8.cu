@@ -61,7 +61,6 @@ template <typename T>
 __global__ void __launch_bounds__(kBlockThreads)
     QuantizeFp8BlocksKernel(const T* __restrict__ w, uint8_t* __restrict__ q,
                             float* __restrict__ scale, int n, int k, int scale_stride) {
-  PdlBegin();
   __shared__ float warp_max[kBlockThreads / 32];
   const int bj = blockIdx.y, b = blockIdx.x;
   const int c = b * cpu::kFp8Block + (threadIdx.x % cpu::kFp8Block);
@@ -97,7 +96,7 @@ absl::Status RunQuantizeFp8Blocks(const QuantizeFp8BlocksParams& p) {
   }
   const dim3 grid(cpu::Fp8Blocks(p.k), cpu::Fp8Blocks(p.n));
   // A load-time kernel, often on the legacy default stream (UploadLinear):
-  // launched plainly (its PdlBegin is then a no-op).
+  // launched plainly, not programmatically (pdl.cuh).
   if (p.w_f32) {
     QuantizeFp8BlocksKernel<<<grid, kBlockThreads, 0, p.stream>>>(p.w_f32, p.q, p.scale, p.n, p.k,
                                                                   Fp8ScaleStride(p.k));

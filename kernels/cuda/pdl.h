@@ -1,6 +1,6 @@
 // Whether kernels that keep programmatic dependent launch's contract
-// (pdl.cuh) are launched with it: process-wide, on by default (sm_90 and
-// later; earlier devices ignore the attribute's effect). Off: every kernel
+// (pdl.cuh) are launched with it: process-wide, on by default (the kernels
+// are built for sm_90 and later only). Off: every kernel
 // waits for the one before it to end, as a plain launch (the A/B baseline:
 // cuda_model_bench --pdl off).
 #ifndef MOESH_KERNELS_CUDA_PDL_H_

@@ -93,12 +93,11 @@ __global__ void __launch_bounds__(kThreads) RopeKvCacheKernel(RopeKvCacheParams 
   FillCosSin(r, p.positions[t], cs);
   if (p.q != nullptr) {
     bf16* q = p.q + static_cast<int64_t>(t) * p.q_token_stride + p.q_rope_offset;
-    if (p.q_src != nullptr) {
-      RopeRows(r, cs, p.q_src + static_cast<int64_t>(t) * p.q_src_token_stride + p.q_src_offset,
-               p.q_src_head_stride, q, p.q_head_stride, p.q_num_heads);
-    } else {
-      RopeRows(r, cs, q, p.q_head_stride, q, p.q_head_stride, p.q_num_heads);
-    }
+    const bool copy = p.q_src != nullptr;
+    const bf16* src =
+        copy ? p.q_src + static_cast<int64_t>(t) * p.q_src_token_stride + p.q_src_offset : q;
+    RopeRows(r, cs, src, copy ? p.q_src_head_stride : p.q_head_stride, q, p.q_head_stride,
+             p.q_num_heads);
   }
   const int slot = p.slot_mapping[t];
   if (slot < 0 || slot >= p.num_blocks * kKvBlockSize) return;  // uniform across the CTA
