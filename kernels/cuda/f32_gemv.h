@@ -21,7 +21,8 @@ struct F32GemvParams {
   cudaStream_t stream = nullptr;
 };
 // INVALID_ARGUMENT unless 1 <= m <= kF32GemvMaxRows, n >= 1, k a positive
-// multiple of 4, x and w 16-byte aligned.
+// multiple of 4, x and w 16-byte aligned. REQUIRES: y aliases neither x nor w
+// (CTAs write y while others still read x).
 absl::Status RunF32Gemv(const F32GemvParams& p);
 
 }  // namespace moesh::cuda
