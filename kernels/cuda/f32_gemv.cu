@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/f32_gemv.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moesh::cuda {
 namespace {
@@ -21,6 +22,10 @@ __global__ void __launch_bounds__(kThreads) F32GemvKernel(F32GemvParams p) {
   __shared__ float scratch[kM][32];
   const int col = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float4* w = reinterpret_cast<const float4*>(p.w + static_cast<int64_t>(col) * p.k);
+  // Launched programmatically (pdl.cuh): the column's weights start for L2
+  // while the kernel before it (the norm producing x) ends.
+  if (threadIdx.x == 0) PrefetchL2(w, static_cast<uint32_t>(p.k) * 4);
+  PdlBegin();
   const float4* x = reinterpret_cast<const float4*>(p.x);
   const int k4 = p.k / 4;
   float acc[kM];
@@ -70,12 +75,9 @@ absl::Status RunF32Gemv(const F32GemvParams& p) {
       (reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.w)) % 16 != 0) {
     return absl::InvalidArgumentError("RunF32Gemv: null pointer, or x / w not 16-byte aligned");
   }
-  if (p.m <= 2) {
-    F32GemvKernel<2><<<p.n, kThreads, 0, p.stream>>>(p);
-  } else {
-    F32GemvKernel<kF32GemvMaxRows><<<p.n, kThreads, 0, p.stream>>>(p);
-  }
-  return LaunchStatus("F32GemvKernel");
+  return p.m <= 2 ? LaunchPdl("F32GemvKernel", F32GemvKernel<2>, p.n, kThreads, 0, p.stream, p)
+                  : LaunchPdl("F32GemvKernel", F32GemvKernel<kF32GemvMaxRows>, p.n, kThreads, 0,
+                              p.stream, p);
 }
 
 }  // namespace moesh::cuda

@@ -9,6 +9,10 @@
 namespace moesh::cuda {
 
 inline constexpr int kF32GemvMaxRows = 8;
+// CublasGemm::RunF32 takes the GEMV from this many columns of y (a CTA
+// each): V4's mHC mix (4 and 24 columns) ran slower on it than on cuBLAS
+// (BENCHMARKS, twenty-third session); the routers (64-256 experts) faster.
+inline constexpr int kF32GemvMinCols = 32;
 
 // y[m, n] = x[m, k] · w[n, k]^T (+ y if accumulate), fp32 math (no TF32),
 // rows packed (x's stride k, y's n).

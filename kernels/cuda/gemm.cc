@@ -244,9 +244,9 @@ absl::Status CublasGemm::RunF32(const float* x, const float* w, float* y, int m,
   if (m <= 0 || n <= 0 || k <= 0)
     return absl::InvalidArgumentError("CublasGemm::RunF32: need m, n, k > 0");
   if (!x || !w || !y) return absl::InvalidArgumentError("CublasGemm::RunF32: null pointer");
-  if (m <= kF32GemvMaxRows && k % 4 == 0) {
-    // Decode sizes (the router, V4's mHC mix): one launch of our GEMV
-    // instead of cuBLAS's dot kernel and reduction.
+  if (m <= kF32GemvMaxRows && n >= kF32GemvMinCols && k % 4 == 0) {
+    // Decode sizes (the routers): one launch of our GEMV instead of
+    // cuBLAS's dot kernel and reduction.
     F32GemvParams p;
     p.x = x, p.w = w, p.y = y, p.m = m, p.n = n, p.k = k, p.accumulate = accumulate;
     p.stream = stream;
