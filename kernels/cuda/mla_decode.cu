@@ -418,8 +418,7 @@ MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_s
     // quarter): at one tile-time ≈ 1.8 µs, each split CTA costs ~0.07 µs of
     // partials (kernel_bench --mla-wide-table's split rows, H100, 2026-12-06:
     // batch 1 × 4096 bf16 at 16 / 32 / 64 splits 23.0 / 20.7 / 23.9 µs).
-    return PlanFor(batch, num_heads, max_seq_len, num_sms, kWideHeads, kKvBlockSize, 1,
-                   kSplitCost);
+    return PlanFor(batch, num_heads, max_seq_len, num_sms, kWideHeads, kKvBlockSize, 1, kSplitCost);
   }
   // The 16-head kernels: without the partials' cost the planner took the most
   // splits that fit a wave (kernel_bench --mla-table's split rows, H100,

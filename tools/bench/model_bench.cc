@@ -59,12 +59,12 @@
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/expert_mlp.h"
-#include "kernels/cuda/pdl.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/mxfp4.h"
+#include "kernels/cuda/pdl.h"
 #include "tools/bench/bench_util.h"
 
 namespace moesh::cuda {
@@ -164,9 +164,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     if (it->second != "cuda") return absl::InvalidArgumentError("--device: only cuda");
     kv.erase(it);
   }
-  for (const char* name :
-       {"load-format", "shape", "model", "quantization", "mla-kernel", "kv-cache-dtype",
-        "mla-prefill", "mla-prefill-impl", "sparse-mla", "indexer", "fp8-gemv", "fp8-expert-act", "pdl"}) {
+  for (const char* name : {"load-format", "shape", "model", "quantization", "mla-kernel",
+                           "kv-cache-dtype", "mla-prefill", "mla-prefill-impl", "sparse-mla",
+                           "indexer", "fp8-gemv", "fp8-expert-act", "pdl"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
