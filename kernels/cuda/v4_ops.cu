@@ -572,11 +572,12 @@ absl::Status RunV4Attention(const V4AttentionParams& p) {
   const dim3 grid(p.num_tokens, (p.num_heads + kWarps - 1) / kWarps);
   const size_t smem = static_cast<size_t>(kKeyTile) * p.dim * sizeof(float);
   const int pairs = (p.dim / 2 + 31) / 32;
+  absl::Status st;
   DispatchUpTo<1, 2, 4, 8>(pairs, [&](auto k) {
-    RETURN_IF_ERROR(LaunchPdl("V4AttentionKernel", V4AttentionKernel<decltype(k)::value>, grid,
-                              kThreads, smem, p.stream, p));
+    st.Update(LaunchPdl("V4AttentionKernel", V4AttentionKernel<decltype(k)::value>, grid, kThreads,
+                        smem, p.stream, p));
   });
-  return LaunchStatus("V4AttentionKernel");
+  return st;
 }
 
 absl::Status RunV4GatherKeys(const V4AttentionParams& a, int first, int n, int stride,
