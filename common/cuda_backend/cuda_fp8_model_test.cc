@@ -329,11 +329,14 @@ TEST_P(CudaFp8ModelTest, StreamedLoadMatchesTheHostLoad) {
 // Programmatic dependent launch (kernels/cuda/pdl.cuh) changes when kernels
 // start, never what they compute: the same prompts and greedy decode steps
 // (graphs captured under each setting) give the same logits, tokens and
-// logprobs bit for bit with it on and off. A kernel that touched its inputs
-// before its PdlWait would read the previous kernel's half-written rows.
+// logprobs bit for bit with it on and off, over a bf16 and an FP8 cache. A
+// kernel that touched its inputs before its PdlWait would read the previous
+// kernel's half-written rows. V3 at its 128 heads: the 64-head MLA kernel
+// (over FP8 rows, its CTA pairs' cluster launch).
 TEST_P(CudaFp8ModelTest, ProgrammaticLaunchChangesNoBit) {
   MOESH_REQUIRE_GPU();
-  const ModelConfig c = RealWidths(GetParam());
+  ModelConfig c = RealWidths(GetParam());
+  if (GetParam() == "v3") c.num_attention_heads = 128;
   uint64_t seed = 0;
   const std::string dir = WriteCheckpoint(c, "cuda_fp8_pdl", DType::kF8E4M3, &seed);
   SCOPED_TRACE(::testing::Message() << "checkpoint seed " << seed);
@@ -349,11 +352,12 @@ TEST_P(CudaFp8ModelTest, ProgrammaticLaunchChangesNoBit) {
     std::vector<int32_t> ids;
     std::vector<float> logprobs;
   };
-  const auto run = [&](bool pdl) {
+  const auto run = [&](bool pdl, bool fp8_kv) {
     SetProgrammaticLaunch(pdl);
     Run r;
-    absl::StatusOr<std::unique_ptr<CudaModel>> m =
-        CudaModel::Load(dir, testing::SmallModelOptions());
+    CudaModelOptions options = testing::SmallModelOptions();
+    options.fp8_kv_cache = fp8_kv;
+    absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Load(dir, options);
     EXPECT_TRUE(m.ok()) << m.status();
     if (!m.ok()) return r;
     std::vector<int> seqs;
@@ -382,13 +386,16 @@ TEST_P(CudaFp8ModelTest, ProgrammaticLaunchChangesNoBit) {
     }
     return r;
   };
-  const Run off = run(false), on = run(true);
-  SetProgrammaticLaunch(true);
-  ASSERT_EQ(off.logits.size(), prompts.size() * c.vocab_size);
-  ASSERT_EQ(off.ids.size(), 4 * prompts.size());
-  EXPECT_EQ(on.logits, off.logits);
-  EXPECT_EQ(on.ids, off.ids);
-  EXPECT_EQ(on.logprobs, off.logprobs);
+  for (bool fp8_kv : {false, true}) {
+    SCOPED_TRACE(fp8_kv ? "FP8 cache" : "bf16 cache");
+    const Run off = run(false, fp8_kv), on = run(true, fp8_kv);
+    SetProgrammaticLaunch(true);
+    ASSERT_EQ(off.logits.size(), prompts.size() * c.vocab_size);
+    ASSERT_EQ(off.ids.size(), 4 * prompts.size());
+    EXPECT_EQ(on.logits, off.logits);
+    EXPECT_EQ(on.ids, off.ids);
+    EXPECT_EQ(on.logprobs, off.logprobs);
+  }
 }
 
 // An expert worker's GPU stage from a Deferred shard (its experts read from

@@ -12,6 +12,7 @@
 #include "kernels/cuda/dsa_ops.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/rope.cuh"
 
 namespace moesh::cuda {
@@ -30,6 +31,7 @@ __device__ __forceinline__ uint32_t OrderedKey(float s) {
 // Scores, a CTA per (kThreads keys, token), a thread per key with every
 // head's dot product in registers.
 __global__ void __launch_bounds__(kThreads) IndexScoreKernel(IndexerParams p) {
+  PdlBegin();
   extern __shared__ float q[];  // [num_heads, head_dim], then w [num_heads]
   const int t = blockIdx.y;
   const int visible = p.seq_lens[t] / p.rate;
@@ -119,6 +121,7 @@ struct IndexMmaSmem {
 };
 
 __global__ void __launch_bounds__(kThreads) IndexScoreMmaKernel(IndexerParams p) {
+  PdlBegin();
   extern __shared__ __align__(128) uint8_t smem_raw[];
   IndexMmaSmem& s = *reinterpret_cast<IndexMmaSmem*>(smem_raw);
   const int t = blockIdx.y;
@@ -208,6 +211,7 @@ __global__ void __launch_bounds__(kThreads) IndexScoreMmaKernel(IndexerParams p)
 
 // The top_k of each token's scores, a CTA per token.
 __global__ void __launch_bounds__(kThreads) IndexSelectKernel(IndexerParams p) {
+  PdlBegin();
   __shared__ int hist[256];
   __shared__ int warp_cnt[kThreads / 32];
   __shared__ uint32_t s_prefix;
@@ -276,6 +280,7 @@ __global__ void __launch_bounds__(kThreads) IndexSelectKernel(IndexerParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) IndexKeyKernel(IndexKeyParams p) {
+  PdlBegin();
   extern __shared__ float k[];
   __shared__ float scratch[32];
   const int t = blockIdx.x;
@@ -310,6 +315,7 @@ __global__ void __launch_bounds__(kThreads) IndexKeyKernel(IndexKeyParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) SelectedRowsKernel(SelectedRowsParams p) {
+  PdlBegin();
   const int t = blockIdx.x;
   const int n = p.count[t];
   const int32_t* sel = p.selected + static_cast<int64_t>(t) * p.top_k;
@@ -330,7 +336,8 @@ absl::Status RunSelectedRows(const SelectedRowsParams& p) {
     return absl::InvalidArgumentError("RunSelectedRows: null pointer");
   }
   if (p.num_tokens == 0) return absl::OkStatus();
-  SelectedRowsKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  RETURN_IF_ERROR(
+      LaunchPdl("SelectedRowsKernel", SelectedRowsKernel, p.num_tokens, kThreads, 0, p.stream, p));
   return LaunchStatus("SelectedRowsKernel");
 }
 
@@ -360,7 +367,8 @@ absl::Status RunIndexer(const IndexerParams& p) {
   const dim3 grid((p.max_keys + kThreads - 1) / kThreads, p.num_tokens);
   if (p.tensor_cores) {
     RETURN_IF_ERROR(AllowDynamicSmem<IndexScoreMmaKernel>(static_cast<int>(sizeof(IndexMmaSmem))));
-    IndexScoreMmaKernel<<<grid, kThreads, sizeof(IndexMmaSmem), p.stream>>>(p);
+    RETURN_IF_ERROR(LaunchPdl("IndexScoreMmaKernel", IndexScoreMmaKernel, grid, kThreads,
+                              sizeof(IndexMmaSmem), p.stream, p));
     RETURN_IF_ERROR(LaunchStatus("IndexScoreMmaKernel"));
   } else {
     const size_t smem =
@@ -369,10 +377,12 @@ absl::Status RunIndexer(const IndexerParams& p) {
       RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(
           IndexScoreKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     }
-    IndexScoreKernel<<<grid, kThreads, smem, p.stream>>>(p);
+    RETURN_IF_ERROR(
+        LaunchPdl("IndexScoreKernel", IndexScoreKernel, grid, kThreads, smem, p.stream, p));
     RETURN_IF_ERROR(LaunchStatus("IndexScoreKernel"));
   }
-  IndexSelectKernel<<<p.num_tokens, kThreads, 0, p.stream>>>(p);
+  RETURN_IF_ERROR(
+      LaunchPdl("IndexSelectKernel", IndexSelectKernel, p.num_tokens, kThreads, 0, p.stream, p));
   return LaunchStatus("IndexSelectKernel");
 }
 
@@ -387,7 +397,8 @@ absl::Status RunIndexKey(const IndexKeyParams& p) {
     return absl::InvalidArgumentError("RunIndexKey: null pointer");
   }
   if (p.num_tokens == 0) return absl::OkStatus();
-  IndexKeyKernel<<<p.num_tokens, kThreads, p.dim * sizeof(float), p.stream>>>(p);
+  RETURN_IF_ERROR(LaunchPdl("IndexKeyKernel", IndexKeyKernel, p.num_tokens, kThreads,
+                            p.dim * sizeof(float), p.stream, p));
   return LaunchStatus("IndexKeyKernel");
 }
 

@@ -1,6 +1,7 @@
 #include "kernels/cuda/gemm.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/f32_gemv.h"
 
 namespace moesh::cuda {
 namespace {
@@ -243,6 +244,14 @@ absl::Status CublasGemm::RunF32(const float* x, const float* w, float* y, int m,
   if (m <= 0 || n <= 0 || k <= 0)
     return absl::InvalidArgumentError("CublasGemm::RunF32: need m, n, k > 0");
   if (!x || !w || !y) return absl::InvalidArgumentError("CublasGemm::RunF32: null pointer");
+  if (m <= kF32GemvMaxRows && n >= kF32GemvMinCols && k % 4 == 0) {
+    // Decode sizes (the routers): one launch of our GEMV instead of
+    // cuBLAS's dot kernel and reduction.
+    F32GemvParams p;
+    p.x = x, p.w = w, p.y = y, p.m = m, p.n = n, p.k = k, p.accumulate = accumulate;
+    p.stream = stream;
+    return RunF32Gemv(p);
+  }
   Shape s;
   s.m = m, s.n = n, s.k = k, s.ldx = k, s.ldw = k, s.ldy = n;
   s.fp32_inputs = true;

@@ -46,7 +46,8 @@ class CublasGemm {
   absl::Status RunFp8(const Fp8GemmParams& p);
 
   // y[m, n] = x[m, k] · w[n, k]^T (+ y if accumulate), all fp32, fp32 math
-  // (no TF32). REQUIRES: m, n, k > 0; 16-byte aligned pointers.
+  // (no TF32). REQUIRES: m, n, k > 0; 16-byte aligned pointers. Up to
+  // kF32GemvMaxRows rows (k a multiple of 4) on RunF32Gemv, not cuBLAS.
   absl::Status RunF32(const float* x, const float* w, float* y, int m, int n, int k,
                       bool accumulate, cudaStream_t stream);
 

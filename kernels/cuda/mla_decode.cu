@@ -375,12 +375,12 @@ size_t WorkspaceBytes(int batch, int num_heads, int num_splits) {
   return static_cast<size_t>(batch) * num_splits * num_heads * (kLatentDim + 1) * sizeof(float);
 }
 
-// The 64-head kernel's cost of a split CTA's partials, in tile-times (see
-// PlanMlaDecode).
-constexpr double kWideSplitCost = 0.04;
+// The cost of a split CTA's partials (written, then read by the combine), in
+// tile-times (see PlanMlaDecode); the same for both kernels.
+constexpr double kSplitCost = 0.04;
 
 MlaDecodePlan PlanFor(int batch, int num_heads, int max_seq_len, int num_sms, int heads_per_cta,
-                      int tile_tokens, int ctas_per_sm, double split_cost = 0.0) {
+                      int tile_tokens, int ctas_per_sm, double split_cost) {
   MlaDecodePlan plan;
   const int64_t ctas = static_cast<int64_t>(std::max(batch, 1)) *
                        ((std::max(num_heads, 1) + heads_per_cta - 1) / heads_per_cta);
@@ -418,18 +418,23 @@ MlaDecodePlan PlanMlaDecode(int batch, int num_heads, int max_seq_len, int num_s
     // quarter): at one tile-time ≈ 1.8 µs, each split CTA costs ~0.07 µs of
     // partials (kernel_bench --mla-wide-table's split rows, H100, 2026-12-06:
     // batch 1 × 4096 bf16 at 16 / 32 / 64 splits 23.0 / 20.7 / 23.9 µs).
-    return PlanFor(batch, num_heads, max_seq_len, num_sms, kWideHeads, kKvBlockSize, 1,
-                   kWideSplitCost);
+    return PlanFor(batch, num_heads, max_seq_len, num_sms, kWideHeads, kKvBlockSize, 1, kSplitCost);
   }
+  // The 16-head kernels: without the partials' cost the planner took the most
+  // splits that fit a wave (kernel_bench --mla-table's split rows, H100,
+  // 2026-12-06, bf16 rows 32x2: batch 1 × 2048 at 24 / 32 / 64 splits 12.5 /
+  // 11.3 / 12.7 µs; batch 4 × 2048 at 16 / 24 / 32 / 64 14.4 / 13.3 / 13.8 /
+  // 18.3; batch 4 × 8192 at 32 / 64 26.1 / 29.6; FP8 rows batch 1 × 2048 at
+  // 16 / 32 10.5 / 10.3). With it: 32, 16, 32 and 32 splits.
   if (kv_dtype == KvCacheDtype::kFp8) {
     const Fp8TileShape shape = MlaFp8TileShape(tile);
     return PlanFor(batch, num_heads, max_seq_len, num_sms, kHeadsPerBlock, shape.tile_tokens,
-                   shape.ctas_per_sm);
+                   shape.ctas_per_sm, kSplitCost);
   }
   return WithTile(tile, [&](auto cfg) {
     using C = decltype(cfg);
     return PlanFor(batch, num_heads, max_seq_len, num_sms, kHeadsPerBlock, C::kTileTokens,
-                   C::kCtasPerSm);
+                   C::kCtasPerSm, kSplitCost);
   });
 }
 

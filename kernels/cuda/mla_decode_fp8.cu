@@ -39,6 +39,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mla_decode_common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moesh::cuda::mla {
 namespace {
@@ -120,6 +121,7 @@ __device__ __forceinline__ int QShift(float amax) {
 
 template <typename C, bool kSplit, typename OutT>
 __global__ void __launch_bounds__(kThreads, C::kCtasPerSm) MlaDecodeFp8Kernel(MlaDecodeParams p) {
+  PdlBegin();
   constexpr int kTileTokens = C::kTileTokens, kStages = C::kNumStages, kSTiles = C::kSTiles;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   typename C::Smem& s = *reinterpret_cast<typename C::Smem*>(smem_raw);
@@ -393,7 +395,8 @@ template <typename C, bool kSplit, typename OutT>
 absl::Status LaunchDecode(const MlaDecodeParams& p, dim3 grid) {
   constexpr auto kernel = MlaDecodeFp8Kernel<C, kSplit, OutT>;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(static_cast<int>(sizeof(typename C::Smem))));
-  kernel<<<grid, kThreads, sizeof(typename C::Smem), p.stream>>>(p);
+  RETURN_IF_ERROR(LaunchPdl("MlaDecodeFp8Kernel", kernel, grid, kThreads, sizeof(typename C::Smem),
+                            p.stream, p));
   return LaunchStatus("MlaDecodeFp8Kernel");
 }
 

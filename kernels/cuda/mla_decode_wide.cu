@@ -70,6 +70,7 @@
 #include "kernels/cuda/fp8_kv.cuh"
 #include "kernels/cuda/mla_decode_common.cuh"
 #include "kernels/cuda/mla_decode_wide_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -253,6 +254,7 @@ __device__ __forceinline__ void ReleaseStage(uint64_t& empty, uint32_t peer, int
 template <bool kSplit, typename OutT, bool kFp8, bool kPair, bool kSel>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeWideKernel(const __grid_constant__ CUtensorMap map, MlaDecodeParams p) {
+  PdlBegin();
   static_assert(kFp8 || !kPair, "only FP8 rows are widened by a CTA pair");
   static_assert(kFp8 || !kSel, "selected rows: FP8 rows only");
   extern __shared__ uint8_t smem_raw[];
@@ -506,23 +508,13 @@ absl::Status Launch(const CUtensorMap& map, const MlaDecodeParams& p) {
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmemBytes));
   const dim3 grid(p.num_splits, (p.num_heads + kWideHeads - 1) / kWideHeads, p.batch);
   if constexpr (!kPair) {
-    kernel<<<grid, kThreads, kSmemBytes, p.stream>>>(map, p);
+    RETURN_IF_ERROR(
+        LaunchPdl("MlaDecodeWideKernel", kernel, grid, kThreads, kSmemBytes, p.stream, map, p));
   } else {  // the two CTAs of a split's 128 heads as one cluster
-    cudaLaunchConfig_t config = {};
-    cudaLaunchAttribute cluster = {};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 1;
-    cluster.val.clusterDim.y = 2;
-    cluster.val.clusterDim.z = 1;
-    config.gridDim = grid;
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    config.stream = p.stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, kernel, map, p));
+    RETURN_IF_ERROR(LaunchPdlCluster("MlaDecodeWideKernel", kernel, grid, kThreads, kSmemBytes,
+                                     p.stream, dim3(1, 2, 1), map, p));
   }
-  return LaunchStatus("MlaDecodeWideKernel");
+  return absl::OkStatus();
 }
 
 // CacheMap(p), encoded once per (cache pointer, block count, dtype, row

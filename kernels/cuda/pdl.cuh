@@ -64,19 +64,35 @@ __device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic
-// stream serialization attribute where ProgrammaticLaunch() (pdl.h) is on.
-// Only for kernels that keep the contract above.
+// stream serialization attribute where ProgrammaticLaunch() (pdl.h) is on;
+// LaunchPdlCluster: the CTAs in clusters of `cluster` too. Only for kernels
+// that keep the contract above.
 template <typename... KArgs, typename... Args>
-absl::Status LaunchPdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                       size_t smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+absl::Status LaunchPdlCluster(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                              size_t smem, cudaStream_t stream, dim3 cluster, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (ProgrammaticLaunch()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x, attr[n].val.clusterDim.y = cluster.y;
+    attr[n++].val.clusterDim.z = cluster.z;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = attr, config.numAttrs = ProgrammaticLaunch() ? 1 : 0;
+  config.attrs = attr, config.numAttrs = n;
   return CudaStatus(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
+}
+
+template <typename... KArgs, typename... Args>
+absl::Status LaunchPdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                       size_t smem, cudaStream_t stream, Args&&... args) {
+  return LaunchPdlCluster(name, kernel, grid, block, smem, stream, dim3(1, 1, 1),
+                          std::forward<Args>(args)...);
 }
 
 }  // namespace moesh::cuda

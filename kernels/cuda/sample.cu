@@ -21,6 +21,7 @@
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/routing.h"
 
 namespace moesh::cuda {
@@ -264,6 +265,7 @@ __device__ uint32_t MinPKey(float xmax, float min_p) {
 }
 
 __global__ void __launch_bounds__(kThreads, 1) SampleKernel(SampleParams p) {
+  PdlBegin();
   __shared__ Shared sh;
   const int b = blockIdx.x;
   const SampleRow r = p.rows[b];
@@ -351,7 +353,7 @@ absl::Status RunSample(const SampleParams& p) {
   }
   SampleParams q = p;
   q.ld = ld;
-  SampleKernel<<<p.batch, kThreads, 0, p.stream>>>(q);
+  RETURN_IF_ERROR(LaunchPdl("SampleKernel", SampleKernel, p.batch, kThreads, 0, p.stream, q));
   return LaunchStatus("SampleKernel");
 }
 

@@ -9,6 +9,7 @@
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/v4_ops.h"
 
@@ -123,6 +124,7 @@ __device__ __forceinline__ void MhcSinkhorn(const MhcPreParams& p, int64_t token
 constexpr int kMhcThreads = 1024;
 template <bool kVec>
 __global__ void __launch_bounds__(kMhcThreads) MhcPreKernel(MhcPreParams p) {
+  PdlBegin();
   __shared__ float scratch[32];
   __shared__ float pre[kMaxHc];
   __shared__ float m[(2 + kMaxHc) * kMaxHc], base[(2 + kMaxHc) * kMaxHc], scale[3];
@@ -187,6 +189,7 @@ __global__ void __launch_bounds__(kMhcThreads) MhcPreKernel(MhcPreParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) MhcPostKernel(MhcPostParams p) {
+  PdlBegin();
   const int64_t n = static_cast<int64_t>(p.num_tokens) * p.hidden;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -215,6 +218,7 @@ __global__ void __launch_bounds__(kThreads) MhcPostKernel(MhcPostParams p) {
 
 // One warp per (token, head); lane l holds pairs l, l + 32, ...
 __global__ void __launch_bounds__(kThreads) V4HeadsKernel(V4HeadsParams p) {
+  PdlBegin();
   constexpr int kMaxPairs = 16;  // dim <= 1024
   const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int half = p.dim / 2, first = (p.dim - p.rope.dim) / 2;
@@ -246,6 +250,7 @@ __global__ void __launch_bounds__(kThreads) V4HeadsKernel(V4HeadsParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) V4KvRowKernel(V4KvRowParams p) {
+  PdlBegin();
   extern __shared__ float row[];
   __shared__ float scratch[32];
   const int t = blockIdx.x;
@@ -269,6 +274,7 @@ __global__ void __launch_bounds__(kThreads) V4KvRowKernel(V4KvRowParams p) {
 
 // One block per (new entry, segment); thread f pools feature f (and f + blockDim...).
 __global__ void __launch_bounds__(kThreads) V4CompressKernel(V4CompressParams p) {
+  PdlBegin();
   extern __shared__ float entry[];
   __shared__ float scratch[32];
   const int s = blockIdx.y;
@@ -342,6 +348,7 @@ struct V4KeyList {
 // shared memory as fp32; online softmax started from the sink.
 template <int kPairs>
 __global__ void __launch_bounds__(kThreads) V4AttentionKernel(V4AttentionParams p) {
+  PdlBegin();
   extern __shared__ float keys_smem[];  // [kKeyTile, dim]
   const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int head = blockIdx.y * kWarps + warp;
@@ -420,6 +427,7 @@ __global__ void __launch_bounds__(kThreads) V4AttentionKernel(V4AttentionParams 
 __global__ void __launch_bounds__(kThreads)
     V4GatherKeysKernel(V4AttentionParams p, int first, int stride, int out_width, bf16* keys,
                        int32_t* key_count) {
+  PdlBegin();
   constexpr int kRows = 8;
   const int i = blockIdx.y, t = first + i;
   const V4KeyList list(p, t);
@@ -436,6 +444,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // A warp per (token, head); lane l holds pairs l, l + 32, ...
 __global__ void __launch_bounds__(kThreads) V4AttnFinishKernel(V4AttnFinishParams p) {
+  PdlBegin();
   const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int half = p.dim / 2, rope_first = (p.dim - p.rope.dim) / 2;
   const int len = p.seq_lens[t];
@@ -476,9 +485,11 @@ absl::Status RunMhcPre(const MhcPreParams& p) {
   if (p.num_tokens == 0) return absl::OkStatus();
   if (p.hidden % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(p.collapsed) % 16 == 0) {
-    MhcPreKernel<true><<<p.num_tokens, kMhcThreads, 0, p.stream>>>(p);
+    RETURN_IF_ERROR(
+        LaunchPdl("MhcPreKernel", MhcPreKernel<true>, p.num_tokens, kMhcThreads, 0, p.stream, p));
   } else {
-    MhcPreKernel<false><<<p.num_tokens, kMhcThreads, 0, p.stream>>>(p);
+    RETURN_IF_ERROR(
+        LaunchPdl("MhcPreKernel", MhcPreKernel<false>, p.num_tokens, kMhcThreads, 0, p.stream, p));
   }
   return LaunchStatus("MhcPreKernel");
 }
@@ -493,7 +504,7 @@ absl::Status RunMhcPost(const MhcPostParams& p) {
   if (p.num_tokens == 0) return absl::OkStatus();
   const int64_t n = static_cast<int64_t>(p.num_tokens) * p.hidden;
   const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535));
-  MhcPostKernel<<<blocks, kThreads, 0, p.stream>>>(p);
+  RETURN_IF_ERROR(LaunchPdl("MhcPostKernel", MhcPostKernel, blocks, kThreads, 0, p.stream, p));
   return LaunchStatus("MhcPostKernel");
 }
 
@@ -507,7 +518,7 @@ absl::Status RunV4Heads(const V4HeadsParams& p) {
   if (!p.x || !p.seq_lens) return absl::InvalidArgumentError("RunV4Heads: null pointer");
   if (p.num_tokens == 0) return absl::OkStatus();
   const dim3 grid(p.num_tokens, (p.num_heads + kWarps - 1) / kWarps);
-  V4HeadsKernel<<<grid, kThreads, 0, p.stream>>>(p);
+  RETURN_IF_ERROR(LaunchPdl("V4HeadsKernel", V4HeadsKernel, grid, kThreads, 0, p.stream, p));
   return LaunchStatus("V4HeadsKernel");
 }
 
@@ -522,7 +533,8 @@ absl::Status RunV4KvRow(const V4KvRowParams& p) {
     return absl::InvalidArgumentError("RunV4KvRow: null pointer");
   }
   if (p.num_tokens == 0) return absl::OkStatus();
-  V4KvRowKernel<<<p.num_tokens, kThreads, p.width * sizeof(float), p.stream>>>(p);
+  RETURN_IF_ERROR(LaunchPdl("V4KvRowKernel", V4KvRowKernel, p.num_tokens, kThreads,
+                            p.width * sizeof(float), p.stream, p));
   return LaunchStatus("V4KvRowKernel");
 }
 
@@ -539,7 +551,8 @@ absl::Status RunV4Compress(const V4CompressParams& p) {
   }
   if (p.num_segs == 0 || p.max_new == 0) return absl::OkStatus();
   const dim3 grid(p.max_new, p.num_segs);
-  V4CompressKernel<<<grid, 128, p.dim * sizeof(float), p.stream>>>(p);
+  RETURN_IF_ERROR(LaunchPdl("V4CompressKernel", V4CompressKernel, grid, 128, p.dim * sizeof(float),
+                            p.stream, p));
   return LaunchStatus("V4CompressKernel");
 }
 
@@ -559,10 +572,12 @@ absl::Status RunV4Attention(const V4AttentionParams& p) {
   const dim3 grid(p.num_tokens, (p.num_heads + kWarps - 1) / kWarps);
   const size_t smem = static_cast<size_t>(kKeyTile) * p.dim * sizeof(float);
   const int pairs = (p.dim / 2 + 31) / 32;
+  absl::Status st;
   DispatchUpTo<1, 2, 4, 8>(pairs, [&](auto k) {
-    V4AttentionKernel<decltype(k)::value><<<grid, kThreads, smem, p.stream>>>(p);
+    st.Update(LaunchPdl("V4AttentionKernel", V4AttentionKernel<decltype(k)::value>, grid, kThreads,
+                        smem, p.stream, p));
   });
-  return LaunchStatus("V4AttentionKernel");
+  return st;
 }
 
 absl::Status RunV4GatherKeys(const V4AttentionParams& a, int first, int n, int stride,
@@ -579,7 +594,8 @@ absl::Status RunV4GatherKeys(const V4AttentionParams& a, int first, int n, int s
   }
   if (n == 0) return absl::OkStatus();
   const dim3 grid((stride + 7) / 8, n);
-  V4GatherKeysKernel<<<grid, kThreads, 0, a.stream>>>(a, first, stride, out_width, keys, key_count);
+  RETURN_IF_ERROR(LaunchPdl("V4GatherKeysKernel", V4GatherKeysKernel, grid, kThreads, 0, a.stream,
+                            a, first, stride, out_width, keys, key_count));
   return LaunchStatus("V4GatherKeysKernel");
 }
 
@@ -592,7 +608,8 @@ absl::Status RunV4AttnFinish(const V4AttnFinishParams& p) {
     return absl::InvalidArgumentError("RunV4AttnFinish: null pointer");
   if (p.num_tokens == 0) return absl::OkStatus();
   const dim3 grid(p.num_tokens, (p.num_heads + kWarps - 1) / kWarps);
-  V4AttnFinishKernel<<<grid, kThreads, 0, p.stream>>>(p);
+  RETURN_IF_ERROR(
+      LaunchPdl("V4AttnFinishKernel", V4AttnFinishKernel, grid, kThreads, 0, p.stream, p));
   return LaunchStatus("V4AttnFinishKernel");
 }
 
