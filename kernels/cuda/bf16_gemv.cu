@@ -80,18 +80,18 @@ __global__ void __launch_bounds__(kWarps * 32) Bf16GemvKernel(BatchedGemmParams 
 }  // namespace
 
 bool Bf16GemvFits(const BatchedGemmParams& p) {
-  const int ldx = p.ldx ? p.ldx : p.k, ldw = p.ldw ? p.ldw : p.k;
+  const int ldx = p.ldx ? p.ldx : p.k, ldw = p.ldw ? p.ldw : p.k, ldy = p.ldy ? p.ldy : p.n;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   return p.m >= 1 && p.m <= kBf16GemvMaxRows && !p.w_kn && p.batch >= 1 && p.batch <= 65535 &&
          p.n >= 1 && p.k >= kChunk && p.k % kChunk == 0 && ldx >= p.k && ldw >= p.k &&
-         ldx % 8 == 0 && ldw % 8 == 0 && p.stride_x % 8 == 0 && p.stride_w % 8 == 0 &&
-         aligned(p.x) && aligned(p.w);
+         ldx % 8 == 0 && ldw % 8 == 0 && p.stride_x % 8 == 0 && p.stride_w % 8 == 0 && ldy >= p.n &&
+         p.x != nullptr && p.w != nullptr && p.y != nullptr && aligned(p.x) && aligned(p.w);
 }
 
 absl::Status RunBf16Gemv(const BatchedGemmParams& p) {
   BatchedGemmParams q = p;
   q.ldx = p.ldx ? p.ldx : p.k, q.ldw = p.ldw ? p.ldw : p.k, q.ldy = p.ldy ? p.ldy : p.n;
-  if (!Bf16GemvFits(p) || !p.y || q.ldy < p.n) {
+  if (!Bf16GemvFits(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "RunBf16Gemv: m ", p.m, ", n ", p.n, ", k ", p.k, ": need 1 <= m <= ", kBf16GemvMaxRows,
         ", w as [n, ldw], k a multiple of 32, 16-byte rows and pointers, y set, ldy >= n"));
