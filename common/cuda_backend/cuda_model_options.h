@@ -99,6 +99,11 @@ struct CudaModelOptions {
   // block-scaled GEMM (kernel_bench --fp8, H100: the GEMV wins at k 1536-7168,
   // loses at 16384-18432; V2-Lite FP8 step at batch 1: 3.824 against 4.216 ms).
   bool fp8_gemv = true;
+  // MLA's absorbed W_UK / W_UV per head (bf16 in every format) at up to 8
+  // rows a head through RunBf16Gemv (kernels/cuda/bf16_gemv.h: one launch
+  // that pulls its weights into L2 while the kernel before it runs) instead
+  // of cuBLASLt's batched GEMM, which launches plainly.
+  bool bf16_gemv = true;
   // FP8 routed experts (an FP8 checkpoint or --quantization fp8): their
   // inputs quantized per row and 128 columns too and both expert GEMMs on
   // the FP8 tensor cores (ExpertMlpParams::act_fp8: DeepSeek's own scheme),

@@ -1,6 +1,7 @@
 #include "common/cuda_backend/forward_context.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/bf16_gemv.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/fp8.h"
 
@@ -84,6 +85,11 @@ absl::Status ForwardContext::Gemm(const bf16* x, int ldx, const bf16* w, void* y
   p.accumulate = accumulate;
   p.stream = stream;
   return gemm->Run(p);
+}
+
+absl::Status ForwardContext::Batched(const BatchedGemmParams& p) const {
+  if (options.bf16_gemv && Bf16GemvFits(p)) return RunBf16Gemv(p);
+  return gemm->RunBatched(p);
 }
 
 absl::Status ForwardContext::Mark(int index) const {

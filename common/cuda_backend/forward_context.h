@@ -62,6 +62,9 @@ struct ForwardContext {
   // GEMM (y's rows m.. untouched).
   absl::Status Gemm(const bf16* x, int ldx, const DeviceLinear& w, void* y, int ldy, int m, int n,
                     int k, OutType out, bool accumulate) const;
+  // A batch of bf16 GEMMs (MLA's absorbed per-head products): RunBf16Gemv
+  // where options.bf16_gemv and it fits (decode sizes), else cuBLASLt's.
+  absl::Status Batched(const BatchedGemmParams& p) const;
   // Sizes `fp8` for max_tokens rows and the weights' FP8 linears (none:
   // nothing). REQUIRES: weights and max_tokens set.
   absl::Status AllocateFp8Scratch();

@@ -19,7 +19,7 @@
 //          [--profile-step] [--mla-kernel auto|heads16|generic] [--kv-cache-dtype auto|fp8]
 //          [--mla-prefill auto|absorbed|expanded] [--mla-prefill-impl mma|wgmma]
 //          [--sparse-mla gather|direct] [--indexer cuda-cores|tensor-cores]
-//          [--fp8-gemv off|on] [--fp8-expert-act off|on] [--pdl on|off]
+//          [--fp8-gemv off|on] [--bf16-gemv off|on] [--fp8-expert-act off|on] [--pdl on|off]
 // --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
@@ -32,6 +32,8 @@
 // indexer's scores on the CUDA cores or the tensor cores (the default;
 // CudaModelOptions::indexer_tensor_cores); --fp8-gemv off: FP8 linears at up
 // to 8 rows through cuBLASLt instead of RunFp8Gemv (CudaModelOptions::fp8_gemv,
+// on); --bf16-gemv off: MLA's per-head W_UK / W_UV at decode sizes through
+// cuBLASLt's batched GEMM instead of RunBf16Gemv (CudaModelOptions::bf16_gemv,
 // on); --fp8-expert-act off: FP8 routed experts on bf16 activations in prefill
 // tiles too (CudaModelOptions::fp8_expert_act, on). Each switch's default is
 // CudaModelOptions'. --pdl off: every kernel launched plainly, none
@@ -84,6 +86,7 @@ struct Flags {
   std::string sparse_mla;
   std::string indexer = "tensor-cores";  // cuda-cores | tensor-cores (indexer_tensor_cores)
   std::string fp8_gemv = "on";           // off | on (fp8_gemv)
+  std::string bf16_gemv = "on";          // off | on (bf16_gemv)
   std::string fp8_expert_act = "on";     // off | on (fp8_expert_act)
   std::string pdl = "on";                // on | off (SetProgrammaticLaunch)
   std::vector<int> batches = {1, 32, 128, 256};
@@ -166,7 +169,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   }
   for (const char* name : {"load-format", "shape", "model", "quantization", "mla-kernel",
                            "kv-cache-dtype", "mla-prefill", "mla-prefill-impl", "sparse-mla",
-                           "indexer", "fp8-gemv", "fp8-expert-act", "pdl"}) {
+                           "indexer", "fp8-gemv", "bf16-gemv", "fp8-expert-act", "pdl"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
@@ -180,6 +183,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                        : n == "sparse-mla"       ? f.sparse_mla
                        : n == "indexer"          ? f.indexer
                        : n == "fp8-gemv"         ? f.fp8_gemv
+                       : n == "bf16-gemv"        ? f.bf16_gemv
                        : n == "fp8-expert-act"   ? f.fp8_expert_act
                        : n == "pdl"              ? f.pdl
                                                  : f.kv_cache_dtype;
@@ -201,6 +205,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("--indexer: cuda-cores or tensor-cores");
   if (f.fp8_gemv != "off" && f.fp8_gemv != "on")
     return absl::InvalidArgumentError("--fp8-gemv: off or on");
+  if (f.bf16_gemv != "off" && f.bf16_gemv != "on")
+    return absl::InvalidArgumentError("--bf16-gemv: off or on");
   if (f.fp8_expert_act != "off" && f.fp8_expert_act != "on")
     return absl::InvalidArgumentError("--fp8-expert-act: off or on");
   if (f.pdl != "off" && f.pdl != "on") return absl::InvalidArgumentError("--pdl: on or off");
@@ -538,6 +544,7 @@ absl::Status Run(const Flags& f) {
   o.sparse_mla_gather = f.sparse_mla == "gather";
   o.indexer_tensor_cores = f.indexer == "tensor-cores";
   o.fp8_gemv = f.fp8_gemv == "on";
+  o.bf16_gemv = f.bf16_gemv == "on";
   o.fp8_expert_act = f.fp8_expert_act == "on";
   SetProgrammaticLaunch(f.pdl == "on");
   const auto t0 = std::chrono::steady_clock::now();

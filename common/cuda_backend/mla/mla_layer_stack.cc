@@ -181,7 +181,7 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
       ab.stride_y = row_w;
       ab.batch = heads, ab.m = r.rows, ab.n = rank, ab.k = nope, ab.out_type = OutType::kBf16,
       ab.stream = s;
-      RETURN_IF_ERROR(ctx_.gemm->RunBatched(ab));
+      RETURN_IF_ERROR(ctx_.Batched(ab));
     }
     // q_mla's rope part: q's, roped on the way (the cache write's kernel).
     RopeKvCacheParams kp;
@@ -231,7 +231,7 @@ absl::Status MlaLayerStack::Enqueue(const StepBatch& b, ExpertClient* experts) {
       vb.stride_y = v;
       vb.batch = heads, vb.m = r.rows, vb.n = v, vb.k = rank, vb.out_type = OutType::kBf16,
       vb.stream = s;
-      RETURN_IF_ERROR(ctx_.gemm->RunBatched(vb));
+      RETURN_IF_ERROR(ctx_.Batched(vb));
     }
     RETURN_IF_ERROR(ctx_.Gemm(attn_.get(), heads * v, w.o_proj, x_.get(), h, t, h, heads * v,
                               OutType::kFloat32, true));
