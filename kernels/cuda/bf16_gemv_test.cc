@@ -85,7 +85,7 @@ TEST(Bf16GemvTest, MatchesADoubleReferenceAndCublas) {
     // The reference, and a bound per output: fp32 sums of the products'
     // magnitudes, plus bf16's rounding of the result.
     std::vector<float> want = y0;
-    std::vector<double> bound(y_size, 0.0);
+    std::vector<double> bound(y_size, 0.0), mags(y_size, 0.0);
     std::vector<bool> out(y_size, false);
     for (int b = 0; b < c.batch; ++b) {
       for (int t = 0; t < c.m; ++t) {
@@ -100,6 +100,7 @@ TEST(Bf16GemvTest, MatchesADoubleReferenceAndCublas) {
           }
           want[at] = static_cast<float>(acc);
           bound[at] = 1e-5 * mag + (es == 2 ? 8e-3 * std::abs(acc) : 0.0) + 1e-30;
+          mags[at] = mag;
           out[at] = true;
         }
       }
@@ -141,7 +142,11 @@ TEST(Bf16GemvTest, MatchesADoubleReferenceAndCublas) {
       }
     }
     // cuBLASLt's batched GEMM on the same inputs: the same values up to the
-    // sums' order (and bf16 rounding).
+    // sums' order and bf16 rounding — its own: for a bf16 output its heuristic
+    // may split k and round the partial sums to bf16 (on the H100 one output of
+    // MLA's W_UK case came back 2^-10 from ours, eight bf16 steps at its
+    // value, ours within the double reference's bound), so a bf16 comparison
+    // also allows bf16's relative step on the products' magnitudes.
     if (c.k % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 &&
         (c.batch == 1 ||
          (c.stride_x % 8 == 0 && c.stride_w % 8 == 0 && c.stride_y * es % 16 == 0))) {
@@ -151,7 +156,8 @@ TEST(Bf16GemvTest, MatchesADoubleReferenceAndCublas) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const std::vector<float> theirs = Read(dy, c.out, y_size);
       for (size_t i = 0; i < y_size; ++i) {
-        ASSERT_LE(std::abs(theirs[i] - first[i]), 2 * bound[i])
+        const double partials = es == 2 ? std::ldexp(mags[i], -8) : 0.0;
+        ASSERT_LE(std::abs(theirs[i] - first[i]), 2 * bound[i] + partials)
             << "element " << i << " against cuBLASLt's";
       }
     }
