@@ -239,7 +239,8 @@ TEST_P(CudaFp8ModelTest, Fp8ExpertStageMatchesCpuStage) {
   int fp8_act_cases = 0;
   for (int tokens : {1, 7, 64, 300}) {
     SCOPED_TRACE(::testing::Message() << tokens << " tokens");
-    const RandomMoeInput in(c, c.first_k_dense_replace, tokens, rng);
+    RandomMoeInput in(c, c.first_k_dense_replace, tokens, rng);
+    in.HitShard(shard);
     std::vector<float> want(in.x.size(), 0.0f), got(in.x.size(), 0.0f);
     ASSERT_TRUE(cpu.Accumulate(in.dispatch, want.data()).ok());
     const absl::Status st = (*fp8)->Accumulate(in.dispatch, got.data());
@@ -430,7 +431,8 @@ TEST_P(CudaFp8ModelTest, DeferredExpertStageMatchesTheHostLoadedOne) {
   std::mt19937 rng(seed);
   auto expect_same = [&](const char* when) {
     for (int tokens : {1, 64}) {
-      const RandomMoeInput in(c, c.first_k_dense_replace, tokens, rng);
+      RandomMoeInput in(c, c.first_k_dense_replace, tokens, rng);
+      in.HitShard(shard);
       std::vector<float> want(in.x.size(), 0.0f), got(in.x.size(), 0.0f);
       ASSERT_TRUE((*ref)->Accumulate(in.dispatch, want.data()).ok());
       ASSERT_TRUE((*gpu)->Accumulate(in.dispatch, got.data()).ok());
@@ -585,7 +587,8 @@ TEST(CudaMxfp4ModelTest, V4ExpertStageMatchesCpuStage) {
   EXPECT_EQ((*mx)->device_bytes(), (*from_ckpt)->device_bytes());
   std::mt19937 rng(ro.seed);
   for (int tokens : {1, 7, 64, 300}) {
-    const RandomMoeInput in(*config, 0, tokens, rng);
+    RandomMoeInput in(*config, 0, tokens, rng);
+    in.HitShard(shard);
     std::vector<float> want(in.x.size(), 0.0f), got(in.x.size(), 0.0f), got_ckpt(in.x.size(), 0.0f);
     ASSERT_TRUE(cpu.Accumulate(in.dispatch, want.data()).ok());
     ASSERT_TRUE((*mx)->Accumulate(in.dispatch, got.data()).ok());
