@@ -24,6 +24,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
@@ -39,7 +40,6 @@
 namespace moesh::cuda {
 namespace {
 
-constexpr int kThreads = 128;
 constexpr int kBN = 128;
 
 // kBM 16 and 32: four warps side by side along n (each all kBM rows × 32
@@ -49,12 +49,15 @@ constexpr int kBN = 128;
 // fit one CTA an SM (batch 1: six experts' tiles) runs six stages, so each CTA
 // streams 80 KB ahead instead of the 16 KB two stages keep in flight (four
 // CTAs an SM share the copy rate there).
-template <int kBM, int kBK, bool kDeep = false>
+template <int kBM, int kBK, bool kDeep = false, int kDeepThreads = 256>
 struct GemmCfg {
   static constexpr int kStages = kBK == 32 ? (kBM == 16 ? 4 : 3) : (kBM == 64 ? 3 : 4);
   static constexpr int kPitch = kBK + 8;
+  // kDeep: one CTA an SM, so eight warps (two a scheduler to hide the
+  // widening's dependent chains), 16 columns each.
+  static constexpr int kThreads = kDeep ? kDeepThreads : 128;
   static constexpr int kWarpsM = kBM == 64 ? 2 : 1;
-  static constexpr int kWarpsN = 4 / kWarpsM;
+  static constexpr int kWarpsN = kThreads / 32 / kWarpsM;
   static constexpr int kWarpM = kBM / kWarpsM;  // 16 or 32 rows per warp
   static constexpr int kWarpN = kBN / kWarpsN;  // 32 or 64 columns per warp
   static constexpr int kMi = kWarpM / 16, kNi = kWarpN / 8;
@@ -127,13 +130,14 @@ __device__ __forceinline__ uint32_t WidenFp4x2(uint8_t pair, uint32_t scale_pair
 
 // FP8 decode tiles: four CTAs an SM (GemmCfg::kF8Stages), so at most 128
 // registers a thread; one with kDeep.
-template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false>
-__global__ void __launch_bounds__(kThreads,
+template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false, int kDT = 256>
+__global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep, kDT>::kThreads,
                                   kW == WeightKind::kFp8 && kBM < 64 && kBK == 128 && !kDeep ? 4
                                                                                              : 1)
     GroupedGemmKernel(GroupedGemmParams p) {
   PdlBegin();
-  using Cfg = GemmCfg<kBM, kBK, kDeep>;
+  using Cfg = GemmCfg<kBM, kBK, kDeep, kDT>;
+  constexpr int kThreads = Cfg::kThreads;
   constexpr bool kFp8W = kW == WeightKind::kFp8, kFp4W = kW == WeightKind::kFp4;
   constexpr int S = kFp8W ? Cfg::kF8Stages : (kFp4W ? Cfg::kF4Stages : Cfg::kStages),
                 kPitch = Cfg::kPitch;
@@ -336,16 +340,16 @@ __global__ void __launch_bounds__(kThreads,
   }
 }
 
-template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false>
+template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false, int kDT = 256>
 absl::Status LaunchOne(const GroupedGemmParams& p) {
-  constexpr auto kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kW, kDeep>;
-  using Cfg = GemmCfg<kBM, kBK, kDeep>;
+  constexpr auto kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kW, kDeep, kDT>;
+  using Cfg = GemmCfg<kBM, kBK, kDeep, kDT>;
   constexpr int kSmem = kW == WeightKind::kFp8   ? Cfg::kF8SmemBytes
                         : kW == WeightKind::kFp4 ? Cfg::kF4SmemBytes
                                                  : Cfg::kSmemBytes;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmem));
   const dim3 grid(p.max_tiles, (p.n + kBN - 1) / kBN);
-  return LaunchPdl("GroupedGemmKernel", kernel, grid, kThreads, kSmem, p.stream, p);
+  return LaunchPdl("GroupedGemmKernel", kernel, grid, Cfg::kThreads, kSmem, p.stream, p);
 }
 
 template <int kBM, int kBK>
@@ -359,6 +363,14 @@ absl::Status Launch(const GroupedGemmParams& p) {
       // (GroupedGemmMaxTiles).
       ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
       if (int64_t{p.max_tiles - 1} * ((p.n + kBN - 1) / kBN) <= device.num_sms) {
+        static const bool four = [] {  // EXPERIMENT: MOESH_EXP_DEEP_WARPS=4, the old ring
+          const char* e = std::getenv("MOESH_EXP_DEEP_WARPS");
+          return e != nullptr && std::atoi(e) == 4;
+        }();
+        if (four) {
+          return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8, true, 128>(p)
+                     : LaunchOne<kBM, kBK, false, WeightKind::kFp8, true, 128>(p);
+        }
         return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8, true>(p)
                    : LaunchOne<kBM, kBK, false, WeightKind::kFp8, true>(p);
       }
