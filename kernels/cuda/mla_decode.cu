@@ -280,11 +280,12 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaDecodeParams p
 }
 
 // One CTA per (sequence, head): out = sum_s exp2(lse_s - lse) · O_s. Warp 0
-// turns the split log-sum-exps into weights once; then every thread streams
-// its four dims of all splits with the loads unrolled, so the split count
-// costs bandwidth rather than a chain of memory latencies.
-template <typename OutT>
-__global__ void __launch_bounds__(kLatentDim / 4) MlaCombineKernel(MlaDecodeParams p) {
+// turns the split log-sum-exps into weights once; then kGroups thread groups
+// of kLatentDim / 4 each stream their four dims of every kGroups-th split
+// with the loads unrolled (batch 1 has a CTA a head: the groups put four
+// times the loads in flight), and group 0 adds the others' sums.
+template <typename OutT, int kGroups>
+__global__ void __launch_bounds__(kLatentDim / 4 * kGroups) MlaCombineKernel(MlaDecodeParams p) {
   PdlBegin();
   static_assert(kMaxSplits <= 64, "warp 0 holds two splits per lane");
   __shared__ float weight[kMaxSplits];
@@ -313,14 +314,27 @@ __global__ void __launch_bounds__(kLatentDim / 4) MlaCombineKernel(MlaDecodePara
   }
   __syncthreads();
   // Empty splits wrote zeros with weight 0: no branch needed.
+  constexpr int kLanes = kLatentDim / 4;
+  const int group = threadIdx.x / kLanes, col = threadIdx.x % kLanes;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  const float* src = part + row0 * kLatentDim + threadIdx.x * 4;
+  const float* src = part + row0 * kLatentDim + col * 4;
   const int64_t step = static_cast<int64_t>(p.num_heads) * kLatentDim;
 #pragma unroll 8
-  for (int sp = 0; sp < num_splits; ++sp) {
+  for (int sp = group; sp < num_splits; sp += kGroups) {
     const float w = weight[sp];
     const float4 v = *reinterpret_cast<const float4*>(src + sp * step);
     acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  }
+  if constexpr (kGroups > 1) {
+    __shared__ float4 sums[kGroups - 1][kLanes];
+    if (group > 0) sums[group - 1][col] = acc;
+    __syncthreads();
+    if (group > 0) return;
+#pragma unroll
+    for (int g = 0; g < kGroups - 1; ++g) {
+      const float4 v = sums[g][col];
+      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+    }
   }
   const int64_t bh = static_cast<int64_t>(b) * p.num_heads + h;
   OutT* out = static_cast<OutT*>(p.out) + bh * kLatentDim + threadIdx.x * 4;
@@ -503,14 +517,14 @@ absl::Status RunMlaDecode(const MlaDecodeParams& p) {
     RETURN_IF_ERROR(WithTile(tile, launch));
   }
   if (!split) return absl::OkStatus();
-  if (p.out_type == OutType::kFloat32) {
-    RETURN_IF_ERROR(LaunchPdl("MlaCombineKernel", MlaCombineKernel<float>, p.batch * p.num_heads,
-                              kLatentDim / 4, 0, p.stream, p));
-  } else {
-    RETURN_IF_ERROR(LaunchPdl("MlaCombineKernel", MlaCombineKernel<bf16>, p.batch * p.num_heads,
-                              kLatentDim / 4, 0, p.stream, p));
-  }
-  return absl::OkStatus();
+  // Four groups over the splits (H100, V2-Lite FP8 batch 1: the combine 9.8 -> 6.0 us under ncu).
+  constexpr int kGroups = 4;
+  const auto combine = [&](auto kernel) {
+    return LaunchPdl("MlaCombineKernel", kernel, p.batch * p.num_heads, kLatentDim / 4 * kGroups, 0,
+                     p.stream, p);
+  };
+  return p.out_type == OutType::kFloat32 ? combine(MlaCombineKernel<float, kGroups>)
+                                         : combine(MlaCombineKernel<bf16, kGroups>);
 }
 
 }  // namespace moesh::cuda
