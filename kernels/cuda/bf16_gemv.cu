@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/bf16_gemv.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/gemv_store.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -54,27 +55,9 @@ __global__ void __launch_bounds__(kWarps * 32) Bf16GemvKernel(BatchedGemmParams 
     Mma(acc, a0, xv.x, xv.y);
     Mma(acc, a1, xv.z, xv.w);
   }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) part[warp][lane][e] = acc[e];
-  __syncthreads();
-  if (warp != 0) return;
-    // acc[e]: weight row (e < 2 ? g : g + 8), activation row 2 tq + (e & 1).
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    float v = part[0][lane][e];
-#pragma unroll
-    for (int ww = 1; ww < kWarps; ++ww) v += part[ww][lane][e];
-    const int row = e < 2 ? r_lo : r_hi, t = 2 * tq + (e & 1);
-    if (row >= p.n || t >= p.m) continue;
-    const int64_t at = b * p.stride_y + static_cast<int64_t>(t) * p.ldy + row;
-    if (p.out_type == OutType::kFloat32) {
-      float* y = static_cast<float*>(p.y) + at;
-      *y = p.accumulate ? *y + v : v;
-    } else {
-      bf16* y = static_cast<bf16*>(p.y) + at;
-      *y = __float2bfloat16_rn(p.accumulate ? __bfloat162float(*y) + v : v);
-    }
-  }
+  const size_t es = p.out_type == OutType::kFloat32 ? sizeof(float) : sizeof(bf16);
+  GemvReduceStore<kWarps>(part, acc, static_cast<char*>(p.y) + b * p.stride_y * es, p.ldy, r_lo,
+                          p.n, p.m, p.out_type, p.accumulate);
 }
 
 }  // namespace

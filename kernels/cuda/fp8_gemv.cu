@@ -20,6 +20,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/fp8_quant.cuh"
+#include "kernels/cuda/gemv_store.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -159,26 +160,7 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8GemvKernel(Fp8GemmParams p) {
     acc[0] += blk[0] * (ws * xs0), acc[1] += blk[1] * (ws * xs1);
     acc[2] += blk[2] * (ws * xs0), acc[3] += blk[3] * (ws * xs1);
   }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) part[warp][lane][e] = acc[e];
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    float v = part[0][lane][e];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) v += part[w][lane][e];
-    const int row = e < 2 ? r_lo : r_hi, t = (e & 1) ? t1 : t0;
-    if (row >= p.n || t >= p.m) continue;
-    const int64_t at = static_cast<int64_t>(t) * p.ldy + row;
-    if (p.out_type == OutType::kFloat32) {
-      float* y = static_cast<float*>(p.y) + at;
-      *y = p.accumulate ? *y + v : v;
-    } else {
-      bf16* y = static_cast<bf16*>(p.y) + at;
-      *y = __float2bfloat16_rn(p.accumulate ? __bfloat162float(*y) + v : v);
-    }
-  }
+  GemvReduceStore<kWarps>(part, acc, p.y, p.ldy, r_lo, p.n, p.m, p.out_type, p.accumulate);
 }
 
 }  // namespace
