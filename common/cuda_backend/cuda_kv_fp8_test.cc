@@ -199,9 +199,8 @@ TEST(CudaKvFp8V32Test, TheIndexerReadsItsKeysFromFp8Rows) {
   // Selection flips between the two caches move the selecting positions more
   // (H100: 0.19 at dense 0.06 in one run, under 0.18 in the run before on the
   // same inputs: the selected rows land in atomics order, so attention sums
-  // them in an order that varies run to run); a key read
-  // from the wrong bytes selects unrelated rows, an error of the logits' own
-  // spread.
+  // them in an order that varies run to run); a key read from the wrong
+  // bytes selects unrelated rows, an error of the logits' own spread.
   EXPECT_LE(sparse, std::max(0.3, 4 * dense));
 }
 

@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kLatentDim / 4 * kGroups) MlaCombineKernel(Mla
     }
   }
   const int64_t bh = static_cast<int64_t>(b) * p.num_heads + h;
-  OutT* out = static_cast<OutT*>(p.out) + bh * kLatentDim + threadIdx.x * 4;
+  OutT* out = static_cast<OutT*>(p.out) + bh * kLatentDim + col * 4;
   if constexpr (std::is_same_v<OutT, float>) {
     *reinterpret_cast<float4*>(out) = acc;
   } else {
