@@ -106,6 +106,31 @@ absl::StatusOr<const TensorView*> CheckFp8Scale(const Checkpoint& ckpt, const Te
   return s;
 }
 
+// An F8_E4M3 weight's codes hold no NaN (s.1111.111): e4m3 has no infinities,
+// so a NaN code is a corrupt file, not a value — and the GPU's decode-tile
+// widening (kernels/cuda/grouped_gemm.cu, WidenFp8x4) would read one as 480.
+// INVALID_ARGUMENT naming the tensor and the first such element. Eight bytes a
+// step: a byte's low seven bits plus one carry into its top bit iff all set.
+absl::Status CheckFp8Codes(const TensorView& v) {
+  const uint8_t* d = v.data;
+  const int64_t n = v.nbytes;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, d + i, 8);
+    if ((((w & 0x7F7F7F7F7F7F7F7Full) + 0x0101010101010101ull) & 0x8080808080808080ull) != 0) break;
+  }
+  for (; i < n; ++i) {
+    if ((d[i] & 0x7F) == 0x7F) {
+      const int64_t cols = v.shape.size() > 1 ? v.shape[1] : 1;
+      return absl::InvalidArgumentError(absl::StrCat(v.file, ": F8_E4M3 tensor \"", v.name,
+                                                     "\" holds a NaN code at [", i / cols, ", ",
+                                                     i % cols, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // An MXFP4 weight of logical shape `shape` [n, k]: e2m1 pairs [n, k / 2] and
 // a ue8m0 (F8_E8M0 or U8) "<x>.scale" [n, k / 32]; its scale, or
 // INVALID_ARGUMENT naming the tensor.
@@ -375,6 +400,7 @@ absl::StatusOr<StoredLinear> ReadStoredLinear(const Checkpoint& ckpt, const std:
   ASSIGN_OR_RETURN(v, GetShaped(ckpt, name, shape));
   ASSIGN_OR_RETURN(s.scale_view, CheckFp8Scale(ckpt, *v));
   ckpt.WillRead(*v);
+  RETURN_IF_ERROR(CheckFp8Codes(*v));
   s.codes = v;
   s.scale.resize(s.scale_view->numel());
   ConvertToF32(s.scale_view->dtype, s.scale_view->data, s.scale.size(), s.scale.data());

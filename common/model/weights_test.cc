@@ -174,6 +174,27 @@ INSTANTIATE_TEST_SUITE_P(
                       },
                       absl::StatusCode::kInvalidArgument,
                       {kKvB, "weight_scale_inv"}},
+        BadCheckpoint{"fp8_nan_code",
+                      [](const std::string& dir) {
+                        RewriteTensors(
+                            dir,
+                            [](TensorView& v, std::vector<uint8_t>& b) {
+                              if (v.name == kKvB) {  // [128, 32] of 1.0, one NaN (0xFF)
+                                v.dtype = DType::kF8E4M3;
+                                b.assign(128 * 32, 0x38);
+                                b[70 * 32 + 5] = 0xFF;
+                              }
+                              return true;
+                            },
+                            [](SafetensorsWriter& w) {
+                              const float one = 1.0f;
+                              std::vector<uint8_t> s(4);
+                              std::memcpy(s.data(), &one, 4);
+                              w.Add(std::string(kKvB) + "_scale_inv", DType::kF32, {1, 1}, s);
+                            });
+                      },
+                      absl::StatusCode::kInvalidArgument,
+                      {kKvB, "NaN code at [70, 5]"}},
         BadCheckpoint{"missing_bias_for_noaux_tc",
                       [](const std::string& dir) {
                         RewriteTensors(dir, [](TensorView& v, auto&) {
