@@ -159,6 +159,19 @@ __device__ __forceinline__ uint32_t WidenFp4x2(uint8_t pair, uint32_t scale_pair
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// acc *= f, every accumulator of a thread.
+template <int kMi, int kNi>
+__device__ __forceinline__ void ScaleAcc(float (&acc)[kMi][kNi][4], float f) {
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+    for (int j = 0; j < kNi; ++j) {
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] *= f;
+    }
+  }
+}
+
 // One 128-wide slice of an FP8 decode tile (GemmCfg::kPlace) into `acc`, A's
 // bf16 rows `sa` [kBM][kPitch] times B's e4m3 rows `s8` [kBN][kF8Pitch] (the
 // codes' values). `acc` is kept in units of `unit`, the last nonzero block
@@ -178,14 +191,7 @@ __device__ __forceinline__ void SliceFp8Place(float (&acc)[Cfg::kMi][Cfg::kNi][4
   if (scale == 0.0f) return;  // uniform per CTA
   if (unit != scale) {
     const float r = unit == 0.0f ? 0.0f : unit / scale;  // unit 0: acc is all zeros
-#pragma unroll
-    for (int i = 0; i < Cfg::kMi; ++i) {
-#pragma unroll
-      for (int j = 0; j < Cfg::kNi; ++j) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc[i][j][v] *= r;
-      }
-    }
+    ScaleAcc(acc, r);
     unit = scale;
   }
   const int g = lane >> 2, t4 = lane & 3;
@@ -377,57 +383,48 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
     }
     if constexpr (kPlace) {  // FP8 decode tiles: the slice's sums, then its block scale
       SliceFp8Place<Cfg>(acc, sa[st], s8[st], wm, wn, lane, scale, unit);
-      continue;
-    }
+    } else {
 #pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks) {
-      uint32_t a[Cfg::kMi][4];
-#pragma unroll
-      for (int mi = 0; mi < Cfg::kMi; ++mi) {
-        Ldmatrix4(a[mi],
-                  &sa[st][wm * Cfg::kWarpM + mi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
-      }
-#pragma unroll
-      for (int nj = 0; nj < Cfg::kNi / 2; ++nj) {
-        uint32_t b[4];
-        if constexpr (kFp8W) {  // ldmatrix's four 8 x 8 matrices: n 0-7 | 8-15 by k 0-7 | 8-15
-          const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), k = ks * 16 + 2 * (lane & 3);
-          b[0] = WidenFp8x2(&s8[st][n][k], scale);
-          b[1] = WidenFp8x2(&s8[st][n][k + 8], scale);
-          b[2] = WidenFp8x2(&s8[st][n + 8][k], scale);
-          b[3] = WidenFp8x2(&s8[st][n + 8][k + 8], scale);
-        } else if constexpr (kFp4W) {  // the same fragments from e2m1 pairs
-          const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), kb = ks * 8 + (lane & 3);
-          const int shift = 8 * (ks / 2);  // the slice's 32-input group of k 16 * ks ..
-          const uint32_t lo = E8M0Pair((mx[2 * nj] >> shift) & 0xFFu),
-                         hi = E8M0Pair((mx[2 * nj + 1] >> shift) & 0xFFu);
-          b[0] = WidenFp4x2(s4[st][n][kb], lo);
-          b[1] = WidenFp4x2(s4[st][n][kb + 4], lo);
-          b[2] = WidenFp4x2(s4[st][n + 8][kb], hi);
-          b[3] = WidenFp4x2(s4[st][n + 8][kb + 4], hi);
-        } else {
-          Ldmatrix4(b, &sb[st][wn * Cfg::kWarpN + nj * 16 + (lane & 7) + (lane >> 4) * 8]
-                          [ks * 16 + ((lane >> 3) & 1) * 8]);
-        }
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        uint32_t a[Cfg::kMi][4];
 #pragma unroll
         for (int mi = 0; mi < Cfg::kMi; ++mi) {
-          Mma(acc[mi][2 * nj], a[mi], b[0], b[1]);
-          Mma(acc[mi][2 * nj + 1], a[mi], b[2], b[3]);
+          Ldmatrix4(a[mi],
+                    &sa[st][wm * Cfg::kWarpM + mi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+        }
+#pragma unroll
+        for (int nj = 0; nj < Cfg::kNi / 2; ++nj) {
+          uint32_t b[4];
+          if constexpr (kFp8W) {  // ldmatrix's four 8 x 8 matrices: n 0-7 | 8-15 by k 0-7 | 8-15
+            const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), k = ks * 16 + 2 * (lane & 3);
+            b[0] = WidenFp8x2(&s8[st][n][k], scale);
+            b[1] = WidenFp8x2(&s8[st][n][k + 8], scale);
+            b[2] = WidenFp8x2(&s8[st][n + 8][k], scale);
+            b[3] = WidenFp8x2(&s8[st][n + 8][k + 8], scale);
+          } else if constexpr (kFp4W) {  // the same fragments from e2m1 pairs
+            const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), kb = ks * 8 + (lane & 3);
+            const int shift = 8 * (ks / 2);  // the slice's 32-input group of k 16 * ks ..
+            const uint32_t lo = E8M0Pair((mx[2 * nj] >> shift) & 0xFFu),
+                           hi = E8M0Pair((mx[2 * nj + 1] >> shift) & 0xFFu);
+            b[0] = WidenFp4x2(s4[st][n][kb], lo);
+            b[1] = WidenFp4x2(s4[st][n][kb + 4], lo);
+            b[2] = WidenFp4x2(s4[st][n + 8][kb], hi);
+            b[3] = WidenFp4x2(s4[st][n + 8][kb + 4], hi);
+          } else {
+            Ldmatrix4(b, &sb[st][wn * Cfg::kWarpN + nj * 16 + (lane & 7) + (lane >> 4) * 8]
+                            [ks * 16 + ((lane >> 3) & 1) * 8]);
+          }
+#pragma unroll
+          for (int mi = 0; mi < Cfg::kMi; ++mi) {
+            Mma(acc[mi][2 * nj], a[mi], b[0], b[1]);
+            Mma(acc[mi][2 * nj + 1], a[mi], b[2], b[3]);
+          }
         }
       }
     }
   }
   CpAsyncWait<0>();
-  if constexpr (kPlace) {
-#pragma unroll
-    for (int i = 0; i < Cfg::kMi; ++i) {
-#pragma unroll
-      for (int j = 0; j < Cfg::kNi; ++j) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc[i][j][v] *= unit;
-      }
-    }
-  }
+  if constexpr (kPlace) ScaleAcc(acc, unit);
 
   const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
