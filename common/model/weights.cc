@@ -107,10 +107,10 @@ absl::StatusOr<const TensorView*> CheckFp8Scale(const Checkpoint& ckpt, const Te
 }
 
 // An F8_E4M3 weight's codes hold no NaN (s.1111.111): e4m3 has no infinities,
-// so a NaN code is a corrupt file, not a value — and the GPU's decode-tile
-// widening (kernels/cuda/grouped_gemm.cu, WidenFp8x4) would read one as 480.
-// INVALID_ARGUMENT naming the tensor and the first such element. Eight bytes a
-// step: a byte's low seven bits plus one carry into its top bit iff all set.
+// so a NaN code is a corrupt file, not a weight (which would turn every logit
+// it reaches into NaN, on the CPU and the GPU alike). INVALID_ARGUMENT naming
+// the tensor and the first such element. Eight bytes a step: a byte's low
+// seven bits plus one carry into its top bit iff all seven are set.
 absl::Status CheckFp8Codes(const TensorView& v) {
   const uint8_t* d = v.data;
   const int64_t n = v.nbytes;

@@ -13,11 +13,7 @@
 // slices where k allows; rows padded by 16 bytes so a warp's fragment reads
 // hit distinct banks), and each warp widens its B fragments in registers
 // (times the 128 x 128 block's scale: the CTA's 128 columns are one row
-// block), in place of ldmatrix. Decode tiles (16 or 32 rows) over 128-wide
-// slices (GemmCfg::kPlace, SliceFp8Place) widen four codes a 32-bit load to
-// their exact values by placing their bits in bf16's (WidenFp8x4) and apply
-// the block scale to the slice's fp32 sums instead: about a third of the
-// instructions a weight, which bound this latency-limited loop at batch 1.
+// block), in place of ldmatrix.
 //
 // MXFP4 weights (w_fp4, DeepSeek-V4's routed experts): the ring holds e2m1
 // pairs (kBK / 2 bytes a row and slice, rows padded by 16 bytes), each warp
@@ -57,11 +53,7 @@ constexpr int kBN = 128;
 template <int kBM, int kBK, bool kDeep = false>
 struct GemmCfg {
   static constexpr int kStages = kBK == 32 ? (kBM == 16 ? 4 : 3) : (kBM == 64 ? 3 : 4);
-  // FP8 decode tiles (128-wide slices, 16 or 32 rows) read A as 8-byte pairs
-  // of k pairs (kPlace below), conflict-free at a pitch of 8 banks mod 32;
-  // ldmatrix's 8 x 16-byte rows want 4.
-  static constexpr bool kPlace = kBK == 128 && kBM < 64;
-  static constexpr int kPitch = kBK + (kPlace ? 16 : 8);
+  static constexpr int kPitch = kBK + 8;
   static constexpr int kThreads = kDeep ? 256 : 128;
   static constexpr int kWarpsM = kBM == 64 ? 2 : 1;
   static constexpr int kWarpsN = kThreads / 32 / kWarpsM;
@@ -107,30 +99,6 @@ __device__ __forceinline__ uint32_t WidenFp8x2(const uint8_t* codes, float scale
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Four e4m3 codes (k .. k + 3, the lowest in the low byte) as two MMA B
-// registers, exactly the codes' values: `lo` k, k + 1 and `hi` k + 2, k + 3.
-// PRMT sign-extends each code to 16 bits, the shift and mask leave its sign at
-// bf16's sign bit and its exponent and mantissa bits as bf16's low exponent
-// bits and top mantissa bits — the value times 2^-120, e4m3's subnormals in
-// bf16's — and one bf16x2 multiply by 2^120 makes it the value (four
-// instructions a register where the f32 route took six; no scale: the caller
-// applies the block's in fp32 once a slice). e4m3's NaN codes (0x7F, 0xFF)
-// would come out as +-480: a checkpoint holding them is refused at load
-// (ReadStoredLinear).
-__device__ __forceinline__ void WidenFp8x4(uint32_t codes, uint32_t& lo, uint32_t& hi) {
-  constexpr uint32_t kTwoPow120 = 0x7B807B80u;  // 2^120 in both halves
-  uint32_t l, h;
-  asm("prmt.b32 %0, %1, %2, 0x9180;" : "=r"(l) : "r"(codes), "r"(0u));
-  asm("prmt.b32 %0, %1, %2, 0xB3A2;" : "=r"(h) : "r"(codes), "r"(0u));
-  l = (l << 4) & 0x87F087F0u;
-  h = (h << 4) & 0x87F087F0u;
-  const __nv_bfloat162 two120 = *reinterpret_cast<const __nv_bfloat162*>(&kTwoPow120);
-  const __nv_bfloat162 vl = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&l), two120);
-  const __nv_bfloat162 vh = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&h), two120);
-  lo = *reinterpret_cast<const uint32_t*>(&vl);
-  hi = *reinterpret_cast<const uint32_t*>(&vh);
-}
-
 // MXFP4's widening, a few integer ops and two bf16x2 multiplies a register
 // (the MMA's B operand: two values, the lower k in the low half):
 //  * an e2m1 code's exponent and mantissa bits placed as bf16's low exponent
@@ -159,68 +127,6 @@ __device__ __forceinline__ uint32_t WidenFp4x2(uint8_t pair, uint32_t scale_pair
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// acc *= f, every accumulator of a thread.
-template <int kMi, int kNi>
-__device__ __forceinline__ void ScaleAcc(float (&acc)[kMi][kNi][4], float f) {
-#pragma unroll
-  for (int i = 0; i < kMi; ++i) {
-#pragma unroll
-    for (int j = 0; j < kNi; ++j) {
-#pragma unroll
-      for (int v = 0; v < 4; ++v) acc[i][j][v] *= f;
-    }
-  }
-}
-
-// One 128-wide slice of an FP8 decode tile (GemmCfg::kPlace) into `acc`, A's
-// bf16 rows `sa` [kBM][kPitch] times B's e4m3 rows `s8` [kBN][kF8Pitch] (the
-// codes' values). `acc` is kept in units of `unit`, the last nonzero block
-// scale: it is rescaled by unit / scale before a slice of another scale
-// (rounding once a slice, under 2^-24), and a slice of scale 0 adds nothing;
-// the caller multiplies by `unit` at the end (where the f32 route rounded
-// every code times its scale to bf16). The MMA's k order is permuted within
-// each 16 (its k pairs {2t, 2t + 1} and {2t + 8, 2t + 9} are stored at
-// k 4t .. 4t + 3), the same for A and B, which leaves the sum as it is: a
-// thread reads four codes a 32-bit load (WidenFp8x4) and A's two fragment
-// words of a row one 8-byte load.
-template <typename Cfg>
-__device__ __forceinline__ void SliceFp8Place(float (&acc)[Cfg::kMi][Cfg::kNi][4],
-                                              const bf16 (*sa)[Cfg::kPitch],
-                                              const uint8_t (*s8)[Cfg::kF8Pitch], int wm, int wn,
-                                              int lane, float scale, float& unit) {
-  if (scale == 0.0f) return;  // uniform per CTA
-  if (unit != scale) {
-    const float r = unit == 0.0f ? 0.0f : unit / scale;  // unit 0: acc is all zeros
-    ScaleAcc(acc, r);
-    unit = scale;
-  }
-  const int g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int ks = 0; ks < 128 / 16; ++ks) {
-    const int k = ks * 16 + 4 * t4;
-    uint32_t a[Cfg::kMi][4];
-#pragma unroll
-    for (int mi = 0; mi < Cfg::kMi; ++mi) {
-      const int r = wm * Cfg::kWarpM + mi * 16 + g;
-      const uint2 top = *reinterpret_cast<const uint2*>(&sa[r][k]);
-      const uint2 bottom = *reinterpret_cast<const uint2*>(&sa[r + 8][k]);
-      a[mi][0] = top.x, a[mi][1] = bottom.x, a[mi][2] = top.y, a[mi][3] = bottom.y;
-    }
-#pragma unroll
-    for (int nj = 0; nj < Cfg::kNi / 2; ++nj) {
-      const int n = wn * Cfg::kWarpN + nj * 16 + g;
-      uint32_t b[4];
-      WidenFp8x4(*reinterpret_cast<const uint32_t*>(&s8[n][k]), b[0], b[1]);
-      WidenFp8x4(*reinterpret_cast<const uint32_t*>(&s8[n + 8][k]), b[2], b[3]);
-#pragma unroll
-      for (int mi = 0; mi < Cfg::kMi; ++mi) {
-        Mma(acc[mi][2 * nj], a[mi], b[0], b[1]);
-        Mma(acc[mi][2 * nj + 1], a[mi], b[2], b[3]);
-      }
-    }
-  }
-}
-
 // FP8 decode tiles: four CTAs an SM (GemmCfg::kF8Stages), so at most 128
 // registers a thread; one with kDeep.
 template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false>
@@ -232,7 +138,6 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   using Cfg = GemmCfg<kBM, kBK, kDeep>;
   constexpr int kThreads = Cfg::kThreads;
   constexpr bool kFp8W = kW == WeightKind::kFp8, kFp4W = kW == WeightKind::kFp4;
-  constexpr bool kPlace = kFp8W && Cfg::kPlace;
   constexpr int S = kFp8W ? Cfg::kF8Stages : (kFp4W ? Cfg::kF4Stages : Cfg::kStages),
                 kPitch = Cfg::kPitch;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -277,10 +182,7 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
       (kFp8W ? Cfg::kF8Chunks : (kFp4W ? Cfg::kF4Chunks : Cfg::kBChunks)) / kThreads;
   constexpr int kBChunksPerRow = kFp8W ? kBK / 16 : (kFp4W ? kBK / 32 : Cfg::kChunksPerRow);
   const int64_t w_row_bytes = kFp4W ? p.k / 2 : p.k;
-  // 32-bit offsets from the expert's weights (an expert's n x k bytes fit):
-  // fewer registers across the loop than pointers.
-  const uint8_t* b_base = kW != WeightKind::kBf16 ? w8 : reinterpret_cast<const uint8_t*>(w);
-  int32_t b_off[kBIters];
+  const uint8_t* b_src[kBIters];
   bool b_ok[kBIters];
 #pragma unroll
   for (int i = 0; i < kBIters; ++i) {
@@ -288,8 +190,8 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
     const int r = c / kBChunksPerRow, ch = c % kBChunksPerRow;
     b_ok[i] = n0 + r < p.n;
     const int64_t row = b_ok[i] ? n0 + r : 0;
-    b_off[i] = static_cast<int32_t>(kW != WeightKind::kBf16 ? row * w_row_bytes + ch * 16
-                                                            : (row * p.k + ch * 8) * 2);
+    b_src[i] = kW != WeightKind::kBf16 ? w8 + row * w_row_bytes + ch * 16
+                                       : reinterpret_cast<const uint8_t*>(w + row * p.k + ch * 8);
   }
   auto load = [&](int stage, int kt) {
     const int k0 = kt * kBK;
@@ -306,14 +208,13 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
       const int c = threadIdx.x + i * kThreads;
       if constexpr (kFp8W) {
         CpAsync16(&s8[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
-                  b_ok[i] ? b_base + b_off[i] + k0 : p.w_fp8, b_ok[i]);
+                  b_ok[i] ? b_src[i] + k0 : p.w_fp8, b_ok[i]);
       } else if constexpr (kFp4W) {
         CpAsync16(&s4[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
-                  b_ok[i] ? b_base + b_off[i] + k0 / 2 : p.w_fp4, b_ok[i]);
+                  b_ok[i] ? b_src[i] + k0 / 2 : p.w_fp4, b_ok[i]);
       } else {
         CpAsync16(&sb[stage][c / Cfg::kChunksPerRow][(c % Cfg::kChunksPerRow) * 8],
-                  b_ok[i] ? b_base + b_off[i] + k0 * 2 : reinterpret_cast<const uint8_t*>(p.w),
-                  b_ok[i]);
+                  b_ok[i] ? b_src[i] + k0 * 2 : reinterpret_cast<const uint8_t*>(p.w), b_ok[i]);
       }
     }
   };
@@ -357,7 +258,6 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
 
   const int k_tiles = p.k / kBK;
   float scale_next = kFp8W ? w_scale[0] : 0.0f;
-  float unit = 0.0f;  // kPlace: the block scale acc is in units of
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
     if (s < k_tiles) load(s, s);
@@ -381,50 +281,45 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
         if (kt + 1 < k_tiles) mx_next[j] = mx_load(j, kt + 1);
       }
     }
-    if constexpr (kPlace) {  // FP8 decode tiles: the slice's sums, then its block scale
-      SliceFp8Place<Cfg>(acc, sa[st], s8[st], wm, wn, lane, scale, unit);
-    } else {
 #pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) {
-        uint32_t a[Cfg::kMi][4];
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      uint32_t a[Cfg::kMi][4];
 #pragma unroll
-        for (int mi = 0; mi < Cfg::kMi; ++mi) {
-          Ldmatrix4(a[mi],
-                    &sa[st][wm * Cfg::kWarpM + mi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+      for (int mi = 0; mi < Cfg::kMi; ++mi) {
+        Ldmatrix4(a[mi],
+                  &sa[st][wm * Cfg::kWarpM + mi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+      }
+#pragma unroll
+      for (int nj = 0; nj < Cfg::kNi / 2; ++nj) {
+        uint32_t b[4];
+        if constexpr (kFp8W) {  // ldmatrix's four 8 x 8 matrices: n 0-7 | 8-15 by k 0-7 | 8-15
+          const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), k = ks * 16 + 2 * (lane & 3);
+          b[0] = WidenFp8x2(&s8[st][n][k], scale);
+          b[1] = WidenFp8x2(&s8[st][n][k + 8], scale);
+          b[2] = WidenFp8x2(&s8[st][n + 8][k], scale);
+          b[3] = WidenFp8x2(&s8[st][n + 8][k + 8], scale);
+        } else if constexpr (kFp4W) {  // the same fragments from e2m1 pairs
+          const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), kb = ks * 8 + (lane & 3);
+          const int shift = 8 * (ks / 2);  // the slice's 32-input group of k 16 * ks ..
+          const uint32_t lo = E8M0Pair((mx[2 * nj] >> shift) & 0xFFu),
+                         hi = E8M0Pair((mx[2 * nj + 1] >> shift) & 0xFFu);
+          b[0] = WidenFp4x2(s4[st][n][kb], lo);
+          b[1] = WidenFp4x2(s4[st][n][kb + 4], lo);
+          b[2] = WidenFp4x2(s4[st][n + 8][kb], hi);
+          b[3] = WidenFp4x2(s4[st][n + 8][kb + 4], hi);
+        } else {
+          Ldmatrix4(b, &sb[st][wn * Cfg::kWarpN + nj * 16 + (lane & 7) + (lane >> 4) * 8]
+                          [ks * 16 + ((lane >> 3) & 1) * 8]);
         }
 #pragma unroll
-        for (int nj = 0; nj < Cfg::kNi / 2; ++nj) {
-          uint32_t b[4];
-          if constexpr (kFp8W) {  // ldmatrix's four 8 x 8 matrices: n 0-7 | 8-15 by k 0-7 | 8-15
-            const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), k = ks * 16 + 2 * (lane & 3);
-            b[0] = WidenFp8x2(&s8[st][n][k], scale);
-            b[1] = WidenFp8x2(&s8[st][n][k + 8], scale);
-            b[2] = WidenFp8x2(&s8[st][n + 8][k], scale);
-            b[3] = WidenFp8x2(&s8[st][n + 8][k + 8], scale);
-          } else if constexpr (kFp4W) {  // the same fragments from e2m1 pairs
-            const int n = wn * Cfg::kWarpN + nj * 16 + (lane >> 2), kb = ks * 8 + (lane & 3);
-            const int shift = 8 * (ks / 2);  // the slice's 32-input group of k 16 * ks ..
-            const uint32_t lo = E8M0Pair((mx[2 * nj] >> shift) & 0xFFu),
-                           hi = E8M0Pair((mx[2 * nj + 1] >> shift) & 0xFFu);
-            b[0] = WidenFp4x2(s4[st][n][kb], lo);
-            b[1] = WidenFp4x2(s4[st][n][kb + 4], lo);
-            b[2] = WidenFp4x2(s4[st][n + 8][kb], hi);
-            b[3] = WidenFp4x2(s4[st][n + 8][kb + 4], hi);
-          } else {
-            Ldmatrix4(b, &sb[st][wn * Cfg::kWarpN + nj * 16 + (lane & 7) + (lane >> 4) * 8]
-                            [ks * 16 + ((lane >> 3) & 1) * 8]);
-          }
-#pragma unroll
-          for (int mi = 0; mi < Cfg::kMi; ++mi) {
-            Mma(acc[mi][2 * nj], a[mi], b[0], b[1]);
-            Mma(acc[mi][2 * nj + 1], a[mi], b[2], b[3]);
-          }
+        for (int mi = 0; mi < Cfg::kMi; ++mi) {
+          Mma(acc[mi][2 * nj], a[mi], b[0], b[1]);
+          Mma(acc[mi][2 * nj + 1], a[mi], b[2], b[3]);
         }
       }
     }
   }
   CpAsyncWait<0>();
-  if constexpr (kPlace) ScaleAcc(acc, unit);
 
   const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll

@@ -4,7 +4,6 @@
 // expert MLP (EnqueueExpertMlp) both ways — grouped kernel and per-expert
 // dense GEMMs — against the same reference.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -206,53 +205,7 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       MOESH_ASSERT_OK_AND_ASSIGN(auto dscales, Upload(scales));
       GroupedGemmParams g8 = gp;
       g8.w = nullptr, g8.w_fp8 = dcodes.get(), g8.w_scale = dscales.get();
-      if (c.k % 128 == 0 && (c.k_tile == 0 || c.k_tile == 128) && c.tile_m < 64) {
-        // Decode tiles over 128-wide slices take the codes' exact values and
-        // each block's scale in fp32 once a slice: against the exact
-        // dequantized product in double, within fp32 accumulation (2^-14 of
-        // the products' magnitudes) and the output's rounding.
-        MOESH_ASSERT_OK_AND_ASSIGN(auto yq, DeviceBuffer<uint8_t>::Create(y.size()));
-        MOESH_ASSERT_OK(Poison(yq));
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        g8.y = yq.get();
-        MOESH_ASSERT_OK(RunGroupedGemm(g8));
-        MOESH_ASSERT_OK(stream.Synchronize());
-        MOESH_ASSERT_OK_AND_ASSIGN(auto raw, yq.ToHost());
-        const std::vector<float> xr = ToFloats(ToBf16Rounding(x));
-        int bad = 0;
-        // Every row at decode sizes, every fifth beyond (the double reference's time).
-        for (int r = 0; r<pairs; r += pairs> 64 ? 5 : 1) {
-          const float* xrow = &xr[static_cast<size_t>(c.gather ? h_rt[r] : r) * c.k];
-          const int e = expert_of_row[r];
-          for (int j = 0; j < c.n; ++j) {
-            double want = 0.0, mag = 0.0;
-            const size_t at = (static_cast<size_t>(e) * c.n + j) * c.k;
-            const float* srow = &scales[(static_cast<size_t>(e) * nb + j / 128) * stride];
-            for (int kk = 0; kk < c.k; ++kk) {
-              const double t =
-                  static_cast<double>(xrow[kk]) * F8E4M3ToF32(codes[at + kk]) * srow[kk / 128];
-              want += t, mag += std::fabs(t);
-            }
-            const size_t o = static_cast<size_t>(r) * c.n + j;
-            float have;
-            if (f32) {
-              std::memcpy(&have, &raw[o * 4], 4);
-            } else {
-              uint16_t h;
-              std::memcpy(&h, &raw[o * 2], 2);
-              have = Bf16ToF32(h);
-            }
-            const double bound = mag * 0x1p-14 + (f32 ? 0.0 : std::fabs(want) * 0x1p-8) + 1e-30;
-            if (!(std::fabs(have - want) <= bound) && bad++ < 5) {
-              ADD_FAILURE() << "FP8 row " << r << " col " << j << ": " << have << " vs " << want
-                            << " (bound " << bound << ")";
-            }
-          }
-        }
-        EXPECT_EQ(bad, 0) << "FP8 outputs outside the bound";
-      } else {
-        ExpectWidensTo(g8, ToBf16Rounding(widened), "FP8");
-      }
+      ExpectWidensTo(g8, ToBf16Rounding(widened), "FP8");
       g8.w_scale = nullptr;
       EXPECT_EQ(RunGroupedGemm(g8).code(), absl::StatusCode::kInvalidArgument);
     }
