@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/bf16_gemv.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/gemv_store.cuh"
@@ -34,8 +35,8 @@ __global__ void __launch_bounds__(kWarps * 32) Bf16GemvKernel(BatchedGemmParams 
   // Launched programmatically: this CTA's weight rows start for L2 while
   // the kernel before it ends; x and y only after the wait.
   if (threadIdx.x < kRows && row0 + threadIdx.x < p.n) {
-    PrefetchL2(w + static_cast<int64_t>(row0 + threadIdx.x) * p.ldw,
-               static_cast<uint32_t>(p.k) * 2);
+    BulkPrefetchL2(w + static_cast<int64_t>(row0 + threadIdx.x) * p.ldw,
+                   static_cast<uint32_t>(p.k) * 2);
   }
   PdlBegin();
   const int r_lo = row0 + g, r_hi = r_lo + 8;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/f32_gemv.h"
 #include "kernels/cuda/launch.cuh"
@@ -24,7 +25,7 @@ __global__ void __launch_bounds__(kThreads) F32GemvKernel(F32GemvParams p) {
   const float4* w = reinterpret_cast<const float4*>(p.w + static_cast<int64_t>(col) * p.k);
   // Launched programmatically (pdl.cuh): the column's weights start for L2
   // while the kernel before it (the norm producing x) ends.
-  if (threadIdx.x == 0) PrefetchL2(w, static_cast<uint32_t>(p.k) * 4);
+  if (threadIdx.x == 0) BulkPrefetchL2(w, static_cast<uint32_t>(p.k) * 4);
   PdlBegin();
   const float4* x = reinterpret_cast<const float4*>(p.x);
   const int k4 = p.k / 4;

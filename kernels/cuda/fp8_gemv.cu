@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/fp8_quant.cuh"
@@ -99,7 +100,8 @@ __global__ void __launch_bounds__(kWarps * 32) Fp8GemvKernel(Fp8GemmParams p) {
   // Launched programmatically (pdl.cuh): this CTA's weight rows start for L2
   // while the kernel before it ends; x, x_scale and y only after the wait.
   if (threadIdx.x < kRows && row0 + threadIdx.x < p.n) {
-    PrefetchL2(p.w + static_cast<int64_t>(row0 + threadIdx.x) * p.k, static_cast<uint32_t>(p.k));
+    BulkPrefetchL2(p.w + static_cast<int64_t>(row0 + threadIdx.x) * p.k,
+                   static_cast<uint32_t>(p.k));
   }
   PdlBegin();
   const int r_lo = row0 + g, r_hi = r_lo + 8;

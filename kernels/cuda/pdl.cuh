@@ -5,7 +5,7 @@
 //   * PdlWait() comes before its first access (read or write) of any memory
 //     another kernel of the step reads or writes. Before it, only what no
 //     earlier kernel writes: weights, the kernel's params, shared memory,
-//     and L2 prefetches of weights.
+//     and L2 prefetches of weights (BulkPrefetchL2, async_copy.cuh).
 //   * Every CTA calls PdlWait() before it exits, early returns included: a
 //     later kernel's plain launch (a graph edge) waits for this kernel only,
 //     so this kernel may not end before the one it overlaps.
@@ -53,14 +53,6 @@ __device__ __forceinline__ void PdlLaunchDependents() {
 __device__ __forceinline__ void PdlBegin() {
   PdlWait();
   PdlLaunchDependents();
-}
-
-// Starts pulling [p, p + bytes) into L2 (bytes a multiple of 16, p 16-byte
-// aligned); one thread's instruction, no completion to wait for.
-__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic
