@@ -113,6 +113,25 @@ TEST_P(BadCheckpointTest, ClearError) {
 
 const char kKvB[] = "model.layers.1.self_attn.kv_b_proj.weight";
 
+// Rewrites kv_b_proj [128, 32] in `dir` as the e4m3 `codes` (128 * 32 of them)
+// with one F32 weight_scale_inv block of `scale` (one 128 x 128 block covers it).
+void StoreKvBAsFp8(const std::string& dir, const std::vector<uint8_t>& codes, float scale) {
+  RewriteTensors(
+      dir,
+      [&](TensorView& v, std::vector<uint8_t>& b) {
+        if (v.name == kKvB) {
+          v.dtype = DType::kF8E4M3;
+          b = codes;
+        }
+        return true;
+      },
+      [&](SafetensorsWriter& w) {
+        std::vector<uint8_t> s(4);
+        std::memcpy(s.data(), &scale, 4);
+        w.Add(std::string(kKvB) + "_scale_inv", DType::kF32, {1, 1}, s);
+      });
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, BadCheckpointTest,
     ::testing::Values(
@@ -176,22 +195,9 @@ INSTANTIATE_TEST_SUITE_P(
                       {kKvB, "weight_scale_inv"}},
         BadCheckpoint{"fp8_nan_code",
                       [](const std::string& dir) {
-                        RewriteTensors(
-                            dir,
-                            [](TensorView& v, std::vector<uint8_t>& b) {
-                              if (v.name == kKvB) {  // [128, 32] of 1.0, one NaN (0xFF)
-                                v.dtype = DType::kF8E4M3;
-                                b.assign(128 * 32, 0x38);
-                                b[70 * 32 + 5] = 0xFF;
-                              }
-                              return true;
-                            },
-                            [](SafetensorsWriter& w) {
-                              const float one = 1.0f;
-                              std::vector<uint8_t> s(4);
-                              std::memcpy(s.data(), &one, 4);
-                              w.Add(std::string(kKvB) + "_scale_inv", DType::kF32, {1, 1}, s);
-                            });
+                        std::vector<uint8_t> codes(128 * 32, 0x38);  // 1.0, one NaN (0xFF)
+                        codes[70 * 32 + 5] = 0xFF;
+                        StoreKvBAsFp8(dir, codes, 1.0f);
                       },
                       absl::StatusCode::kInvalidArgument,
                       {kKvB, "NaN code at [70, 5]"}},
@@ -264,21 +270,7 @@ TEST(WeightsTest, Fp8BlockScalesDequantise) {
   const std::string dir = FreshTinyCheckpoint("fp8");
   // Store kv_b_proj [128, 32] as e4m3 1.0 (0x38) with per-block scales: one row
   // block (128 rows) x one column block; scale 0.5 -> every weight 0.5.
-  RewriteTensors(
-      dir,
-      [](TensorView& v, std::vector<uint8_t>& b) {
-        if (v.name == kKvB) {
-          v.dtype = DType::kF8E4M3;
-          b.assign(128 * 32, 0x38);
-        }
-        return true;
-      },
-      [](SafetensorsWriter& w) {
-        const float half = 0.5f;
-        std::vector<uint8_t> s(4);
-        std::memcpy(s.data(), &half, 4);
-        w.Add(std::string(kKvB) + "_scale_inv", DType::kF32, {1, 1}, s);
-      });
+  StoreKvBAsFp8(dir, std::vector<uint8_t>(128 * 32, 0x38), 0.5f);
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
   ASSERT_TRUE(ckpt.ok());
   absl::StatusOr<ModelConfig> c = ModelConfig::Load(dir);
