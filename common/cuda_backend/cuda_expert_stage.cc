@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,20 @@
 
 namespace moesh::cuda {
 namespace {
+
+// EXPERIMENT switch, off until it has run on a GPU (issue 20):
+// MOESH_EXP_IPC_TRIM=1 drops the per-dispatch zeroing of `out` (the combine
+// writes every row), uploads the expert map only when it changed and copies
+// a returning-early dispatch's ids beside its kernels; unset or 0, every
+// dispatch zeroes `out`, the combine adds into it, the map is uploaded and
+// the ids copied on the stream, as before.
+bool IpcTrim() {
+  static const bool trim = [] {
+    const char* v = std::getenv("MOESH_EXP_IPC_TRIM");
+    return v != nullptr && std::atoi(v) != 0;
+  }();
+  return trim;
+}
 
 template <typename T>
 absl::Status Grow(DeviceBuffer<T>* b, size_t n) {
@@ -209,6 +224,7 @@ absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_l
   const size_t h = c.hidden_size, inter = c.moe_intermediate_size;
   const size_t e = std::max(num_local, scratch_local_);
   Scratch& s = scratch_;
+  uploaded_map_.clear();  // s.map may move
   RETURN_IF_ERROR(Grow(&s.x, t * h));
   // kDenseRowAlign rows of slack: the per-expert dense GEMMs' last spill (expert_mlp.h).
   RETURN_IF_ERROR(Grow(&s.gu, (rows + kDenseRowAlign) * 2 * inter));
@@ -283,6 +299,7 @@ absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_loca
   MoeCombineParams cp;
   cp.expert_out = s.y.get(), cp.pair_row = s.pair_row.get(), cp.topk_weights = p.weights;
   cp.num_tokens = p.num_tokens, cp.top_k = p.top_k, cp.hidden = h, cp.x = p.out, cp.stream = st;
+  cp.overwrite = IpcTrim();  // no zeroing launch before it
   return RunMoeCombine(cp);
 }
 
@@ -333,8 +350,10 @@ absl::Status CudaExpertStage::AccumulateHost(const MoeDispatch& d, float* out) c
                                        cudaMemcpyHostToDevice, st));
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.weights.get(), s.h_w.get(), rows * sizeof(float),
                                        cudaMemcpyHostToDevice, st));
-  RETURN_IF_CUDA_ERROR(
-      cudaMemsetAsync(s.out.get(), 0, static_cast<size_t>(t) * h * sizeof(float), st));
+  if (!IpcTrim()) {
+    RETURN_IF_CUDA_ERROR(
+        cudaMemsetAsync(s.out.get(), 0, static_cast<size_t>(t) * h * sizeof(float), st));
+  }
 
   ExpertPass pass;
   pass.x = s.x.get(), pass.ids = s.ids.get(), pass.weights = s.weights.get(),
@@ -408,7 +427,11 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
   const bool wait = d.done == nullptr;
   if (!wait && d.ready != nullptr)
     RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(st, static_cast<cudaEvent_t>(d.ready), 0));
-  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, static_cast<size_t>(t) * h * sizeof(float), st));
+  const bool trim = IpcTrim();
+  if (!trim) {
+    uploaded_map_.clear();
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, static_cast<size_t>(t) * h * sizeof(float), st));
+  }
   // Global expert id -> row in the stacks, for the experts served here.
   int served = 0;
   for (int g = 0; g < c.n_routed_experts; ++g) {
@@ -421,10 +444,34 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
     s.h_map.get()[g] = serve ? stacks->local[g] : -1;
     served += serve;
   }
+  // Returning early, the ids come back beside the experts' kernels.
+  const bool ids_aside = trim && !wait && counted != nullptr && rows > 0;
+  if (ids_aside) {
+    if (ids_stream_.get() == nullptr) {
+      ASSIGN_OR_RETURN(ids_stream_, Stream::Create());
+      ASSIGN_OR_RETURN(ids_ready_, Event::Create());
+      ASSIGN_OR_RETURN(ids_copied_, Event::Create());
+    }
+    if (pending_ids_.size() < static_cast<size_t>(rows)) {
+      ASSIGN_OR_RETURN(pending_ids_, PinnedBuffer<int32_t>::Create(
+                                         std::max<size_t>(rows, 2 * pending_ids_.size())));
+    }
+    RETURN_IF_ERROR(ids_ready_.Record(st));
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(ids_stream_.get(), ids_ready_.get(), 0));
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(pending_ids_.get(), d.topk_ids, rows * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, ids_stream_.get()));
+    RETURN_IF_ERROR(ids_copied_.Record(ids_stream_.get()));
+  }
+  if (trim && t > 0 && served == 0) {  // no pass to write the rows
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, static_cast<size_t>(t) * h * sizeof(float), st));
+  }
   if (t > 0 && served > 0) {
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.map.get(), s.h_map.get(),
-                                         c.n_routed_experts * sizeof(int32_t),
-                                         cudaMemcpyHostToDevice, st));
+    const int32_t* map = s.h_map.get();
+    if (!std::equal(uploaded_map_.begin(), uploaded_map_.end(), map, map + c.n_routed_experts)) {
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.map.get(), map, c.n_routed_experts * sizeof(int32_t),
+                                           cudaMemcpyHostToDevice, st));
+      uploaded_map_.assign(map, map + c.n_routed_experts);
+    }
     // The pairs that land here are known only on the device: size by the
     // expected share (balanced routing) and bound the launches by all pairs.
     ExpertPass pass;
@@ -441,7 +488,9 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
   std::vector<uint8_t> serve_mask;
   if (d.serve != nullptr) serve_mask.assign(d.serve, d.serve + d.num_experts);
   if (!wait) {  // enqueued: the ids come back with the work, counted by a later call
-    if (counted != nullptr && rows > 0) {
+    // The caller may rewrite its ids once `done` fires: their copy is done by then.
+    if (ids_aside) RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(st, ids_copied_.get(), 0));
+    if (!trim && counted != nullptr && rows > 0) {
       if (pending_ids_.size() < static_cast<size_t>(rows)) {
         ASSIGN_OR_RETURN(pending_ids_, PinnedBuffer<int32_t>::Create(
                                            std::max<size_t>(rows, 2 * pending_ids_.size())));

@@ -126,14 +126,15 @@ class CudaExpertStage : public ExpertStage {
   void CountOnlyServed(const std::vector<uint8_t>& serve, std::vector<int32_t>* ids) const;
   // One grouped pass over the shard's experts, on the stage's stream: the
   // pairs sorted by expert (ids mapped through `map` when it is set), gate_up
-  // GEMM, SiLU·mul, down GEMM, and the weighted combine added into `out`.
+  // GEMM, SiLU·mul, down GEMM, and the weighted combine written into `out`
+  // (every row: a token none of whose pairs land here gets zeros).
   struct ExpertPass {
     const bf16* x = nullptr;       // [num_tokens, hidden]
     const int32_t* ids = nullptr;  // [num_tokens, top_k]: stack rows, or global ids with `map`
     const int32_t* map = nullptr;  // [map_size] global id -> stack row or -1; may be null
     int map_size = 0;
     const float* weights = nullptr;  // [num_tokens, top_k]
-    float* out = nullptr;            // [num_tokens, hidden], added into
+    float* out = nullptr;            // [num_tokens, hidden], overwritten
     int num_tokens = 0, top_k = 0;
     int max_rows = 0;       // a bound on the pairs that land here (sizes the launches)
     int expected_rows = 0;  // the pairs expected here, and
@@ -163,6 +164,14 @@ class CudaExpertStage : public ExpertStage {
   mutable std::vector<uint8_t> pending_serve_ ABSL_GUARDED_BY(run_mu_);
   mutable PinnedBuffer<int32_t> pending_ids_ ABSL_GUARDED_BY(run_mu_);
   mutable Event pending_event_ ABSL_GUARDED_BY(run_mu_);
+  // Such a dispatch's ids come back on their own stream, forked when its
+  // inputs are ready (ids_ready_) and joined before `done` (ids_copied_), so
+  // the copy is off the path the caller waits on.
+  mutable Stream ids_stream_ ABSL_GUARDED_BY(run_mu_);
+  mutable Event ids_ready_ ABSL_GUARDED_BY(run_mu_), ids_copied_ ABSL_GUARDED_BY(run_mu_);
+  // What scratch_.map holds (empty: unknown), so an unchanged expert map is
+  // not uploaded again: a copy on the stream between every layer's kernels.
+  mutable std::vector<int32_t> uploaded_map_ ABSL_GUARDED_BY(run_mu_);
   mutable int scratch_tokens_ ABSL_GUARDED_BY(run_mu_) = 0;
   mutable int scratch_top_k_ ABSL_GUARDED_BY(run_mu_) = 0;
   mutable int scratch_local_ ABSL_GUARDED_BY(run_mu_) = 0;

@@ -333,7 +333,9 @@ TEST_P(CudaFp8ModelTest, StreamedLoadMatchesTheHostLoad) {
 // logprobs bit for bit with it on and off, over a bf16 and an FP8 cache. A
 // kernel that touched its inputs before its PdlWait would read the previous
 // kernel's half-written rows. V3 at its 128 heads: the 64-head MLA kernel
-// (over FP8 rows, its CTA pairs' cluster launch).
+// (over FP8 rows, its CTA pairs' cluster launch). The shared experts on their
+// own stream (CudaModelOptions::shared_expert_stream) change no bit either:
+// forked and joined by events, their sum added before the routed one.
 TEST_P(CudaFp8ModelTest, ProgrammaticLaunchChangesNoBit) {
   MOESH_REQUIRE_GPU();
   ModelConfig c = RealWidths(GetParam());
@@ -353,11 +355,12 @@ TEST_P(CudaFp8ModelTest, ProgrammaticLaunchChangesNoBit) {
     std::vector<int32_t> ids;
     std::vector<float> logprobs;
   };
-  const auto run = [&](bool pdl, bool fp8_kv) {
+  const auto run = [&](bool pdl, bool fp8_kv, bool shared_stream = false) {
     SetProgrammaticLaunch(pdl);
     Run r;
     CudaModelOptions options = testing::SmallModelOptions();
     options.fp8_kv_cache = fp8_kv;
+    options.shared_expert_stream = shared_stream;
     absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Load(dir, options);
     EXPECT_TRUE(m.ok()) << m.status();
     if (!m.ok()) return r;
@@ -389,13 +392,17 @@ TEST_P(CudaFp8ModelTest, ProgrammaticLaunchChangesNoBit) {
   };
   for (bool fp8_kv : {false, true}) {
     SCOPED_TRACE(fp8_kv ? "FP8 cache" : "bf16 cache");
-    const Run off = run(false, fp8_kv), on = run(true, fp8_kv);
+    const Run off = run(false, fp8_kv), on = run(true, fp8_kv),
+              aside = run(true, fp8_kv, /*shared_stream=*/true);
     SetProgrammaticLaunch(true);
     ASSERT_EQ(off.logits.size(), prompts.size() * c.vocab_size);
     ASSERT_EQ(off.ids.size(), 4 * prompts.size());
     EXPECT_EQ(on.logits, off.logits);
     EXPECT_EQ(on.ids, off.ids);
     EXPECT_EQ(on.logprobs, off.logprobs);
+    EXPECT_EQ(aside.logits, off.logits);
+    EXPECT_EQ(aside.ids, off.ids);
+    EXPECT_EQ(aside.logprobs, off.logprobs);
   }
 }
 

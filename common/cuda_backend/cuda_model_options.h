@@ -113,6 +113,13 @@ struct CudaModelOptions {
   // experts 1853 (with the quantization) against 6131 us; at decode tiles the
   // widening kernel is the faster (256 x 6: 158.3 against 173.2 us).
   bool fp8_expert_act = true;
+  // The shared experts' MLP on a second stream, beside the router, gate and
+  // routed experts of its layer, where both its linears run on the FP8 GEMV
+  // (decode sizes) and the routed experts are on this device: it streams its
+  // weights while the routed experts' grouped GEMM leaves bandwidth spare.
+  // Forked at the MoE input, joined before the routed sum is added, so the
+  // sums are the same bits either way (cuda_fp8_model_test).
+  bool shared_expert_stream = false;
 };
 
 }  // namespace moesh::cuda

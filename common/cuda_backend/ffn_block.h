@@ -35,9 +35,12 @@ class FfnBlock {
     pass_tokens_ = num_tokens;
     dispatched_ = dispatched;
   }
-  // out[T, hidden] += down(SiLU(gate) · up) of normed [T, hidden] (bf16).
+  // out[T, hidden] += down(SiLU(gate) · up) of normed [T, hidden] (bf16), on
+  // `on` (null: the context's stream; another only where both linears are
+  // ForwardContext::OnFp8Gemv).
   absl::Status EnqueueMlp(const DeviceLinear& w_gate_up, const DeviceLinear& w_down, int inter,
-                          int num_tokens, const bf16* normed, float* out);
+                          int num_tokens, const bf16* normed, float* out,
+                          cudaStream_t on = nullptr);
   // out += MoE layer `layer` of `normed` (bf16 [T, hidden]; its fp32 copy
   // normed_f32 feeds the router). `experts` null: the experts on this device.
   // The shared expert's MLP is included.
@@ -82,6 +85,10 @@ class FfnBlock {
   PinnedBuffer<float> h_hidden_, h_topk_w_, h_routed_;
   PinnedBuffer<int32_t> h_topk_ids_;
   Event dispatch_copied_;
+  // CudaModelOptions::shared_expert_stream: the shared experts' stream, and
+  // the events that fork it from and join it to the context's stream.
+  Stream shared_stream_;
+  Event shared_fork_, shared_join_;
   DeviceBuffer<int32_t> routing_log_;  // [layers, max_tokens, top_k] iff record_routing
 };
 

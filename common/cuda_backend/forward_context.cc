@@ -44,18 +44,28 @@ absl::Status ForwardContext::AllocateFp8Scratch() {
   return absl::OkStatus();
 }
 
+bool ForwardContext::OnFp8Gemv(const DeviceLinear& w, int m, int k) const {
+  return w.fp8() && options.fp8_gemv && m >= 1 && m <= kFp8GemvMaxRows && k % 64 == 0 &&
+         k <= kFp8GemvMaxK;
+}
+
 absl::Status ForwardContext::Gemm(const bf16* x, int ldx, const DeviceLinear& w, void* y, int ldy,
-                                  int m, int n, int k, OutType out, bool accumulate) const {
+                                  int m, int n, int k, OutType out, bool accumulate,
+                                  cudaStream_t on) const {
+  if (on != nullptr && on != stream && !OnFp8Gemv(w, m, k)) {
+    return absl::InternalError(
+        "ForwardContext::Gemm: only the FP8 GEMV runs off the model's stream");
+  }
   if (!w.fp8())
     return Gemm(x, ldx, static_cast<const bf16*>(w.w), y, ldy, m, n, k, out, accumulate);
   if (m > max_tokens || k > weights->max_fp8_k() || n > weights->max_fp8_n()) {
     return absl::InvalidArgumentError(absl::StrCat("ForwardContext::Gemm: FP8 [", m, ", ", k,
                                                    "] x [", n, ", ", k, "] exceeds its scratch"));
   }
-  if (options.fp8_gemv && m >= 1 && m <= kFp8GemvMaxRows && k % 64 == 0 && k <= kFp8GemvMaxK) {
+  if (OnFp8Gemv(w, m, k)) {
     // Decode sizes: the tensor-core GEMV straight into y (no padding, no tail).
     return Fp8Gemm(gemm, x, ldx, w, y, ldy, m, n, k, out, accumulate, fp8.x.get(),
-                   fp8.x_scale.get(), stream, /*gemv=*/true);
+                   fp8.x_scale.get(), on != nullptr ? on : stream, /*gemv=*/true);
   }
   const int whole = m / 4 * 4, tail = m - whole;
   if (whole > 0) {

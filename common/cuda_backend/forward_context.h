@@ -59,9 +59,13 @@ struct ForwardContext {
                     OutType out, bool accumulate) const;
   // The same with w in either format: an FP8 w quantizes x on the fly
   // (kernels/cuda/fp8.h) into the scratch above and runs the block-scaled
-  // GEMM (y's rows m.. untouched).
+  // GEMM (y's rows m.. untouched). On `on` (null: the context's stream);
+  // another stream only where OnFp8Gemv (cuBLAS's workspace and the FP8
+  // scratch are the context stream's).
   absl::Status Gemm(const bf16* x, int ldx, const DeviceLinear& w, void* y, int ldy, int m, int n,
-                    int k, OutType out, bool accumulate) const;
+                    int k, OutType out, bool accumulate, cudaStream_t on = nullptr) const;
+  // Whether Gemm of an FP8 w with m rows and depth k runs on RunFp8Gemv.
+  bool OnFp8Gemv(const DeviceLinear& w, int m, int k) const;
   // A batch of bf16 GEMMs (MLA's absorbed per-head products): RunBf16Gemv
   // where options.bf16_gemv and it fits (decode sizes), else cuBLASLt's.
   absl::Status Batched(const BatchedGemmParams& p) const;

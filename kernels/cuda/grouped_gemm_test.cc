@@ -5,6 +5,7 @@
 // dense GEMMs — against the same reference.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -259,6 +260,17 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       MOESH_ASSERT_OK(stream.Synchronize());
       MOESH_ASSERT_OK_AND_ASSIGN(auto combined, dbase.ToHost());
       EXPECT_LT(RelErr(combined, want), 1e-5) << "combine";
+      // With overwrite: x2[t] = the sum, x2's old values (NaN here) never read.
+      std::vector<float> sum(want.size());
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = want[i] - base[i];
+      std::vector<float> nans(want.size(), std::numeric_limits<float>::quiet_NaN());
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dnan, Upload(nans));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      cp.x = dnan.get(), cp.overwrite = true;
+      MOESH_ASSERT_OK(RunMoeCombine(cp));
+      MOESH_ASSERT_OK(stream.Synchronize());
+      MOESH_ASSERT_OK_AND_ASSIGN(auto stored, dnan.ToHost());
+      EXPECT_LT(RelErr(stored, sum), 1e-4) << "combine with overwrite";
     }
   }
 }

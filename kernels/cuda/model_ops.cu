@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) MoeCombineKernel(MoeCombineParams p)
       if (r >= 0)
         acc += (w != nullptr ? w[k] : 1.0f) * p.expert_out[static_cast<int64_t>(r) * p.hidden + j];
     }
-    x[j] += acc;
+    x[j] = p.overwrite ? acc : x[j] + acc;
   }
 }
 
@@ -272,9 +272,13 @@ __global__ void __launch_bounds__(kThreads) MoeCombineVec4Kernel(MoeCombineParam
                                                        static_cast<int64_t>(rows[k]) * p.hidden)[j];
       acc.x += wts[k] * v.x, acc.y += wts[k] * v.y, acc.z += wts[k] * v.z, acc.w += wts[k] * v.w;
     }
-    float4 o = x[j];
-    o.x += acc.x, o.y += acc.y, o.z += acc.z, o.w += acc.w;
-    x[j] = o;
+    if (p.overwrite) {
+      x[j] = acc;
+    } else {
+      float4 o = x[j];
+      o.x += acc.x, o.y += acc.y, o.z += acc.z, o.w += acc.w;
+      x[j] = o;
+    }
   }
 }
 

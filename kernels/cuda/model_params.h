@@ -120,6 +120,15 @@ struct GroupedGemmParams {
   const float* x_scale = nullptr;
   int x_scale_ld = 0;
   bool x_fp8_mma_sync = false;
+  // EXPERIMENT (issue 17, off by default): the deep FP8 decode tiles
+  // bulk-prefetch into L2 the first l2_prefetch_row_bytes of each of their
+  // weight rows, and the CTAs of an expert's first tile prefetch their share
+  // of next_w_fp8 (the next GEMM's [num_experts, next_expert_bytes]) at
+  // next_prefetch_at: 1 before their main loop, 2 after it.
+  int l2_prefetch_row_bytes = 0;
+  const uint8_t* next_w_fp8 = nullptr;
+  int64_t next_expert_bytes = 0;
+  int next_prefetch_at = 0;
 };
 
 // out[i, :] = x[index[i], :] for i in [0, rows): an expert's rows made
@@ -172,15 +181,18 @@ struct CopyKvBlocksParams {
 };
 
 // x[t, :] += sum_k topk_weights[t, k] * expert_out[pair_row[t * top_k + k], :]
-// (pairs with row -1 skipped; k in order). Null pair_row: pair (t, k) is row
-// t * top_k + k; null topk_weights: every weight is 1 (so top_k = 1 with both
-// null adds expert_out into x: routed outputs combined elsewhere).
+// (pairs with row -1 skipped; k in order), or with `overwrite` x[t, :] = the
+// sum (x's old values never read: no zeroing launch before it). Null
+// pair_row: pair (t, k) is row t * top_k + k; null topk_weights: every weight
+// is 1 (so top_k = 1 with both null adds expert_out into x: routed outputs
+// combined elsewhere).
 struct MoeCombineParams {
   const float* expert_out = nullptr;    // [rows, hidden]
   const int32_t* pair_row = nullptr;    // [num_tokens * top_k]; may be null
   const float* topk_weights = nullptr;  // [num_tokens, top_k]; may be null
   int num_tokens = 0, top_k = 0, hidden = 0;
-  float* x = nullptr;  // [num_tokens, hidden], in/out
+  float* x = nullptr;  // [num_tokens, hidden], in/out (out only with overwrite)
+  bool overwrite = false;
   cudaStream_t stream = nullptr;
 };
 

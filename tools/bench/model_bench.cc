@@ -20,6 +20,7 @@
 //          [--mla-prefill auto|absorbed|expanded] [--mla-prefill-impl mma|wgmma]
 //          [--sparse-mla gather|direct] [--indexer cuda-cores|tensor-cores]
 //          [--fp8-gemv off|on] [--bf16-gemv off|on] [--fp8-expert-act off|on] [--pdl on|off]
+//          [--shared-stream off|on]
 // --mla-kernel heads16 runs the 16-head MLA kernel at any head count (the
 // baseline of the 64-head one at V2/V3's 128 heads), generic the plain one.
 // --kv-cache-dtype fp8: the paged cache in FlashMLA's FP8 rows (the floor
@@ -35,7 +36,9 @@
 // on); --bf16-gemv off: MLA's per-head W_UK / W_UV at decode sizes through
 // cuBLASLt's batched GEMM instead of RunBf16Gemv (CudaModelOptions::bf16_gemv,
 // on); --fp8-expert-act off: FP8 routed experts on bf16 activations in prefill
-// tiles too (CudaModelOptions::fp8_expert_act, on). Each switch's default is
+// tiles too (CudaModelOptions::fp8_expert_act, on); --shared-stream on: the
+// shared experts' MLP on a second stream beside the routed experts at decode
+// sizes (CudaModelOptions::shared_expert_stream, off). Each switch's default is
 // CudaModelOptions'. --pdl off: every kernel launched plainly, none
 // programmatically (kernels/cuda/pdl.h; on by default).
 #include <cuda_profiler_api.h>
@@ -89,6 +92,7 @@ struct Flags {
   std::string bf16_gemv = "on";          // off | on (bf16_gemv)
   std::string fp8_expert_act = "on";     // off | on (fp8_expert_act)
   std::string pdl = "on";                // on | off (SetProgrammaticLaunch)
+  std::string shared_stream = "off";     // off | on (shared_expert_stream)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;
@@ -167,9 +171,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     if (it->second != "cuda") return absl::InvalidArgumentError("--device: only cuda");
     kv.erase(it);
   }
-  for (const char* name : {"load-format", "shape", "model", "quantization", "mla-kernel",
-                           "kv-cache-dtype", "mla-prefill", "mla-prefill-impl", "sparse-mla",
-                           "indexer", "fp8-gemv", "bf16-gemv", "fp8-expert-act", "pdl"}) {
+  for (const char* name :
+       {"load-format", "shape", "model", "quantization", "mla-kernel", "kv-cache-dtype",
+        "mla-prefill", "mla-prefill-impl", "sparse-mla", "indexer", "fp8-gemv", "bf16-gemv",
+        "fp8-expert-act", "pdl", "shared-stream"}) {
     auto it = kv.find(name);
     if (it == kv.end()) continue;
     const std::string n = name;
@@ -186,6 +191,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                        : n == "bf16-gemv"        ? f.bf16_gemv
                        : n == "fp8-expert-act"   ? f.fp8_expert_act
                        : n == "pdl"              ? f.pdl
+                       : n == "shared-stream"    ? f.shared_stream
                                                  : f.kv_cache_dtype;
     dst = it->second;
     kv.erase(it);
@@ -210,6 +216,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   if (f.fp8_expert_act != "off" && f.fp8_expert_act != "on")
     return absl::InvalidArgumentError("--fp8-expert-act: off or on");
   if (f.pdl != "off" && f.pdl != "on") return absl::InvalidArgumentError("--pdl: on or off");
+  if (f.shared_stream != "off" && f.shared_stream != "on")
+    return absl::InvalidArgumentError("--shared-stream: off or on");
   if (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "fp8")
     return absl::InvalidArgumentError("--kv-cache-dtype: auto or fp8");
   if (f.load_format != "dummy" && f.load_format != "auto") {
@@ -546,6 +554,7 @@ absl::Status Run(const Flags& f) {
   o.fp8_gemv = f.fp8_gemv == "on";
   o.bf16_gemv = f.bf16_gemv == "on";
   o.fp8_expert_act = f.fp8_expert_act == "on";
+  o.shared_expert_stream = f.shared_stream == "on";
   SetProgrammaticLaunch(f.pdl == "on");
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaModel> model;
