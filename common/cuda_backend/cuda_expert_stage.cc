@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -14,20 +13,6 @@
 
 namespace moesh::cuda {
 namespace {
-
-// EXPERIMENT switch, off until it has run on a GPU (issue 20):
-// MOESH_EXP_IPC_TRIM=1 drops the per-dispatch zeroing of `out` (the combine
-// writes every row), uploads the expert map only when it changed and copies
-// a returning-early dispatch's ids beside its kernels; unset or 0, every
-// dispatch zeroes `out`, the combine adds into it, the map is uploaded and
-// the ids copied on the stream, as before.
-bool IpcTrim() {
-  static const bool trim = [] {
-    const char* v = std::getenv("MOESH_EXP_IPC_TRIM");
-    return v != nullptr && std::atoi(v) != 0;
-  }();
-  return trim;
-}
 
 template <typename T>
 absl::Status Grow(DeviceBuffer<T>* b, size_t n) {
@@ -299,7 +284,7 @@ absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_loca
   MoeCombineParams cp;
   cp.expert_out = s.y.get(), cp.pair_row = s.pair_row.get(), cp.topk_weights = p.weights;
   cp.num_tokens = p.num_tokens, cp.top_k = p.top_k, cp.hidden = h, cp.x = p.out, cp.stream = st;
-  cp.overwrite = IpcTrim();  // no zeroing launch before it
+  cp.overwrite = true;  // every row written: no zeroing launch before it
   return RunMoeCombine(cp);
 }
 
@@ -350,10 +335,6 @@ absl::Status CudaExpertStage::AccumulateHost(const MoeDispatch& d, float* out) c
                                        cudaMemcpyHostToDevice, st));
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.weights.get(), s.h_w.get(), rows * sizeof(float),
                                        cudaMemcpyHostToDevice, st));
-  if (!IpcTrim()) {
-    RETURN_IF_CUDA_ERROR(
-        cudaMemsetAsync(s.out.get(), 0, static_cast<size_t>(t) * h * sizeof(float), st));
-  }
 
   ExpertPass pass;
   pass.x = s.x.get(), pass.ids = s.ids.get(), pass.weights = s.weights.get(),
@@ -427,11 +408,6 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
   const bool wait = d.done == nullptr;
   if (!wait && d.ready != nullptr)
     RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(st, static_cast<cudaEvent_t>(d.ready), 0));
-  const bool trim = IpcTrim();
-  if (!trim) {
-    uploaded_map_.clear();
-    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, static_cast<size_t>(t) * h * sizeof(float), st));
-  }
   // Global expert id -> row in the stacks, for the experts served here.
   int served = 0;
   for (int g = 0; g < c.n_routed_experts; ++g) {
@@ -445,7 +421,7 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
     served += serve;
   }
   // Returning early, the ids come back beside the experts' kernels.
-  const bool ids_aside = trim && !wait && counted != nullptr && rows > 0;
+  const bool ids_aside = !wait && counted != nullptr && rows > 0;
   if (ids_aside) {
     if (ids_stream_.get() == nullptr) {
       ASSIGN_OR_RETURN(ids_stream_, Stream::Create());
@@ -462,7 +438,7 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
                                          cudaMemcpyDeviceToHost, ids_stream_.get()));
     RETURN_IF_ERROR(ids_copied_.Record(ids_stream_.get()));
   }
-  if (trim && t > 0 && served == 0) {  // no pass to write the rows
+  if (t > 0 && served == 0) {  // no pass to write the rows
     RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, static_cast<size_t>(t) * h * sizeof(float), st));
   }
   if (t > 0 && served > 0) {
@@ -490,14 +466,6 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
   if (!wait) {  // enqueued: the ids come back with the work, counted by a later call
     // The caller may rewrite its ids once `done` fires: their copy is done by then.
     if (ids_aside) RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(st, ids_copied_.get(), 0));
-    if (!trim && counted != nullptr && rows > 0) {
-      if (pending_ids_.size() < static_cast<size_t>(rows)) {
-        ASSIGN_OR_RETURN(pending_ids_, PinnedBuffer<int32_t>::Create(
-                                           std::max<size_t>(rows, 2 * pending_ids_.size())));
-      }
-      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(pending_ids_.get(), d.topk_ids, rows * sizeof(int32_t),
-                                           cudaMemcpyDeviceToHost, st));
-    }
     if (pending_event_.get() == nullptr) {
       ASSIGN_OR_RETURN(pending_event_, Event::Create());
     }

@@ -3,8 +3,9 @@
 // MoE — fp32 router GEMM, gate/top-k, then the routed experts on this device
 // (permute, grouped GEMMs, weighted combine) or behind an ExpertClient
 // (device-resident dispatch, or a round trip through the host), the shared
-// expert running meanwhile. Outputs accumulate into the caller's fp32
-// residual rows [T, hidden].
+// expert running meanwhile (with the experts on this device and at decode
+// sizes, on a second stream: CudaModelOptions::shared_expert_stream).
+// Outputs accumulate into the caller's fp32 residual rows [T, hidden].
 //
 // Not thread-safe: its model's caller's thread, on the context's stream.
 #ifndef MOESH_COMMON_CUDA_BACKEND_FFN_BLOCK_H_

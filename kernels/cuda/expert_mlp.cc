@@ -1,7 +1,5 @@
 #include "kernels/cuda/expert_mlp.h"
 
-#include <cstdlib>
-
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "kernels/cuda/cuda_status.h"
@@ -114,22 +112,7 @@ absl::Status EnqueueExpertMlp(const ExpertMlpParams& p) {
   gg.expert_offsets = p.expert_offsets, gg.tile_offsets = p.tile_offsets;
   gg.tile_m = p.tile_m, gg.max_tiles = GroupedGemmMaxTiles(p.rows, e, p.tile_m);
   gg.y = p.gu, gg.out_type = OutType::kBf16, gg.ldy = 2 * inter, gg.stream = p.stream;
-  // EXPERIMENT (off unless MOESH_EXP_GG_PREFETCH / MOESH_EXP_GG_NEXT are set).
-  static const int exp_row_bytes = [] {
-    const char* v = std::getenv("MOESH_EXP_GG_PREFETCH");
-    return v != nullptr ? std::atoi(v) / 16 * 16 : 0;  // whole 16 bytes
-  }();
-  static const int exp_next = [] {
-    const char* v = std::getenv("MOESH_EXP_GG_NEXT");
-    return v != nullptr ? std::atoi(v) : 0;
-  }();
-  gg.l2_prefetch_row_bytes = exp_row_bytes;
-  if (exp_next != 0 && p.down_fp8 != nullptr) {
-    gg.next_w_fp8 = p.down_fp8, gg.next_expert_bytes = int64_t{h} * inter;
-    gg.next_prefetch_at = exp_next;
-  }
   RETURN_IF_ERROR(RunGroupedGemm(gg));
-  gg.next_w_fp8 = nullptr, gg.next_prefetch_at = 0;
   // Over every row the pairs could fill; rows past the pairs are never read.
   RETURN_IF_ERROR(SiluAndMul(p, p.rows));
   if (fp8_act) {

@@ -164,26 +164,6 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
                   (static_cast<int64_t>(e) * cpu::Fp8Blocks(p.n) + blockIdx.y) * Fp8ScaleStride(p.k)
             : nullptr;
 
-  // EXPERIMENT: L2 bulk prefetches (model_params.h).
-  auto prefetch_next = [&] {
-    if (tile != p.tile_offsets[e]) return;  // an expert's first tile only
-    const int64_t share = ((p.next_expert_bytes + gridDim.y - 1) / gridDim.y + 15) / 16 * 16;
-    const int64_t begin = blockIdx.y * share;
-    const int64_t end = begin + share < p.next_expert_bytes ? begin + share : p.next_expert_bytes;
-    const uint8_t* base = p.next_w_fp8 + static_cast<int64_t>(e) * p.next_expert_bytes;
-    for (int64_t at = begin + threadIdx.x * 4096; at < end; at += int64_t{kThreads} * 4096) {
-      BulkPrefetchL2(base + at, static_cast<uint32_t>(end - at < 4096 ? end - at : 4096));
-    }
-  };
-  if constexpr (kFp8W && kBM < 64) {
-    if (p.l2_prefetch_row_bytes > 0 && threadIdx.x < kBN && n0 + threadIdx.x < p.n) {
-      BulkPrefetchL2(
-          w8 + static_cast<int64_t>(n0 + threadIdx.x) * p.k,
-          static_cast<uint32_t>(p.k < p.l2_prefetch_row_bytes ? p.k : p.l2_prefetch_row_bytes));
-    }
-    if (kDeep && p.next_w_fp8 != nullptr && p.next_prefetch_at == 1) prefetch_next();
-  }
-
   // Each thread's A chunks (fixed rows across k) and B chunks.
   constexpr int kAIters = (Cfg::kAChunks + kThreads - 1) / kThreads;
   const bf16* a_src[kAIters];
@@ -338,9 +318,6 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
         }
       }
     }
-  }
-  if constexpr (kDeep && kFp8W) {
-    if (p.next_w_fp8 != nullptr && p.next_prefetch_at == 2) prefetch_next();
   }
   CpAsyncWait<0>();
 

@@ -120,15 +120,6 @@ struct GroupedGemmParams {
   const float* x_scale = nullptr;
   int x_scale_ld = 0;
   bool x_fp8_mma_sync = false;
-  // EXPERIMENT (issue 17, off by default): the deep FP8 decode tiles
-  // bulk-prefetch into L2 the first l2_prefetch_row_bytes of each of their
-  // weight rows, and the CTAs of an expert's first tile prefetch their share
-  // of next_w_fp8 (the next GEMM's [num_experts, next_expert_bytes]) at
-  // next_prefetch_at: 1 before their main loop, 2 after it.
-  int l2_prefetch_row_bytes = 0;
-  const uint8_t* next_w_fp8 = nullptr;
-  int64_t next_expert_bytes = 0;
-  int next_prefetch_at = 0;
 };
 
 // out[i, :] = x[index[i], :] for i in [0, rows): an expert's rows made

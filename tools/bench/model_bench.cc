@@ -36,9 +36,10 @@
 // on); --bf16-gemv off: MLA's per-head W_UK / W_UV at decode sizes through
 // cuBLASLt's batched GEMM instead of RunBf16Gemv (CudaModelOptions::bf16_gemv,
 // on); --fp8-expert-act off: FP8 routed experts on bf16 activations in prefill
-// tiles too (CudaModelOptions::fp8_expert_act, on); --shared-stream on: the
-// shared experts' MLP on a second stream beside the routed experts at decode
-// sizes (CudaModelOptions::shared_expert_stream, off). Each switch's default is
+// tiles too (CudaModelOptions::fp8_expert_act, on); --shared-stream off: the
+// shared experts' MLP on the model's stream after the routed experts instead
+// of on a second stream beside them at decode sizes
+// (CudaModelOptions::shared_expert_stream, on). Each switch's default is
 // CudaModelOptions'. --pdl off: every kernel launched plainly, none
 // programmatically (kernels/cuda/pdl.h; on by default).
 #include <cuda_profiler_api.h>
@@ -92,7 +93,7 @@ struct Flags {
   std::string bf16_gemv = "on";          // off | on (bf16_gemv)
   std::string fp8_expert_act = "on";     // off | on (fp8_expert_act)
   std::string pdl = "on";                // on | off (SetProgrammaticLaunch)
-  std::string shared_stream = "off";     // off | on (shared_expert_stream)
+  std::string shared_stream = "on";      // off | on (shared_expert_stream)
   std::vector<int> batches = {1, 32, 128, 256};
   int context = 2048, steps = 20, warmup = 3;
   double gpu_memory_utilization = 0.9;

@@ -57,12 +57,14 @@ for ((r = 1; r <= rounds; ++r)); do
     echo "rc=$?" >> "$logs/$name.$r.log"
   done
 done
-# batch -> variant -> the rounds' step ms, from the bench's "| batch | step ms |" rows.
+# batch -> variant -> the rounds' step ms, from the bench's "| batch | step ms |" table
+# (its plain batch rows; the labelled ones, sampled or at forced tiles, are left out).
 for name in "${names[@]}"; do
   for f in "$logs/$name".*.log; do
     [[ -e $f ]] || continue
-    awk -v n="$name" -F'|' '/^\| [0-9]+[a-z ()]*\| [0-9.]+ \|/ { gsub(/ /, "", $2); gsub(/ /, "", $3);
-      print $2, n, $3 }' "$f"
+    # The decode table only: from its header to the blank line after it.
+    awk -v n="$name" -F'|' '/^\| batch \| step ms \|/ { on = 1; next } /^$/ { on = 0 }
+      on && /^\| [0-9]+ \| [0-9.]+ \|/ { gsub(/ /, "", $2); gsub(/ /, "", $3); print $2, n, $3 }' "$f"
   done
 done | awk -v order="${names[*]}" '
   { key = $1 SUBSEP $2; vals[key] = (cnt[key] > 0 ? vals[key] " / " : "") $3; sum[key] += $3;
