@@ -423,20 +423,16 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
   // Returning early, the ids come back beside the experts' kernels.
   const bool ids_aside = !wait && counted != nullptr && rows > 0;
   if (ids_aside) {
-    if (ids_stream_.get() == nullptr) {
-      ASSIGN_OR_RETURN(ids_stream_, Stream::Create());
-      ASSIGN_OR_RETURN(ids_ready_, Event::Create());
-      ASSIGN_OR_RETURN(ids_copied_, Event::Create());
+    if (!ids_stream_.created()) {
+      ASSIGN_OR_RETURN(ids_stream_, ForkedStream::Create());
     }
     if (pending_ids_.size() < static_cast<size_t>(rows)) {
       ASSIGN_OR_RETURN(pending_ids_, PinnedBuffer<int32_t>::Create(
                                          std::max<size_t>(rows, 2 * pending_ids_.size())));
     }
-    RETURN_IF_ERROR(ids_ready_.Record(st));
-    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(ids_stream_.get(), ids_ready_.get(), 0));
+    RETURN_IF_ERROR(ids_stream_.Fork(st));
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(pending_ids_.get(), d.topk_ids, rows * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, ids_stream_.get()));
-    RETURN_IF_ERROR(ids_copied_.Record(ids_stream_.get()));
   }
   if (t > 0 && served == 0) {  // no pass to write the rows
     RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, static_cast<size_t>(t) * h * sizeof(float), st));
@@ -465,7 +461,7 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
   if (d.serve != nullptr) serve_mask.assign(d.serve, d.serve + d.num_experts);
   if (!wait) {  // enqueued: the ids come back with the work, counted by a later call
     // The caller may rewrite its ids once `done` fires: their copy is done by then.
-    if (ids_aside) RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(st, ids_copied_.get(), 0));
+    if (ids_aside) RETURN_IF_ERROR(ids_stream_.Join(st));
     if (pending_event_.get() == nullptr) {
       ASSIGN_OR_RETURN(pending_event_, Event::Create());
     }

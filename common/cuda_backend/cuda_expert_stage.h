@@ -165,10 +165,9 @@ class CudaExpertStage : public ExpertStage {
   mutable PinnedBuffer<int32_t> pending_ids_ ABSL_GUARDED_BY(run_mu_);
   mutable Event pending_event_ ABSL_GUARDED_BY(run_mu_);
   // Such a dispatch's ids come back on their own stream, forked when its
-  // inputs are ready (ids_ready_) and joined before `done` (ids_copied_), so
-  // the copy is off the path the caller waits on.
-  mutable Stream ids_stream_ ABSL_GUARDED_BY(run_mu_);
-  mutable Event ids_ready_ ABSL_GUARDED_BY(run_mu_), ids_copied_ ABSL_GUARDED_BY(run_mu_);
+  // inputs are ready and joined before `done`, so the copy is off the path
+  // the caller waits on.
+  mutable ForkedStream ids_stream_ ABSL_GUARDED_BY(run_mu_);
   // What scratch_.map holds (empty: unknown), so an unchanged expert map is
   // not uploaded again: a copy on the stream between every layer's kernels.
   mutable std::vector<int32_t> uploaded_map_ ABSL_GUARDED_BY(run_mu_);

@@ -83,9 +83,7 @@ absl::Status FfnBlock::Init() {
     ASSIGN_OR_RETURN(dispatch_copied_, Event::Create());
   }
   if (o.shared_expert_stream && ctx_.weights->shared_intermediate() > 0) {
-    ASSIGN_OR_RETURN(shared_stream_, Stream::Create());
-    ASSIGN_OR_RETURN(shared_fork_, Event::Create());
-    ASSIGN_OR_RETURN(shared_join_, Event::Create());
+    ASSIGN_OR_RETURN(shared_stream_, ForkedStream::Create());
   }
   return absl::OkStatus();
 }
@@ -94,11 +92,12 @@ absl::Status FfnBlock::EnqueueMlp(const DeviceLinear& w_gate_up, const DeviceLin
                                   int inter, int num_tokens, const bf16* normed, float* out,
                                   cudaStream_t on) {
   const int h = ctx_.config.hidden_size;
+  if (on == nullptr) on = ctx_.stream;
   RETURN_IF_ERROR(ctx_.Gemm(normed, h, w_gate_up, mlp_gu_.get(), 2 * inter, num_tokens, 2 * inter,
                             h, OutType::kBf16, false, on));
   SiluAndMulParams sp;
   sp.gate_up = mlp_gu_.get(), sp.out = mlp_act_.get(), sp.m = num_tokens, sp.i = inter,
-  sp.stream = on != nullptr ? on : ctx_.stream;
+  sp.stream = on;
   sp.limit = static_cast<float>(ctx_.config.swiglu_limit);
   RETURN_IF_ERROR(RunSiluAndMul(sp));
   return ctx_.Gemm(mlp_act_.get(), inter, w_down, out, h, num_tokens, h, inter, OutType::kFloat32,
@@ -112,9 +111,6 @@ absl::Status FfnBlock::EnqueueMoe(int layer, int num_tokens, const bf16* normed,
   cudaStream_t s = ctx_.stream;
   const int h = c.hidden_size, e = c.n_routed_experts, k = c.num_experts_per_tok,
             inter = c.moe_intermediate_size;
-  const int rows = num_tokens * k;
-  const int tile_m =
-      ctx_.options.moe_tile_m > 0 ? ctx_.options.moe_tile_m : ExpertTileRows(rows, e);
   // The shared experts on their own stream (CudaModelOptions::
   // shared_expert_stream): nothing on this stream until the join touches
   // `out`, mlp_gu_ / mlp_act_ or the FP8 GEMV's scratch (the routed experts
@@ -122,24 +118,21 @@ absl::Status FfnBlock::EnqueueMoe(int layer, int num_tokens, const bf16* normed,
   // caller must not find the side stream still writing `out`; a capture
   // must not end with it unjoined).
   const int shared_inter = ctx_.weights->shared_intermediate();
-  const bool shared_aside = shared_stream_.get() != nullptr && experts == nullptr &&
+  const bool shared_aside = shared_stream_.created() && experts == nullptr &&
                             w.shared_gate_up.w != nullptr &&
                             ctx_.OnFp8Gemv(w.shared_gate_up, num_tokens, h) &&
                             ctx_.OnFp8Gemv(w.shared_down, num_tokens, shared_inter);
-  struct JoinOnReturn {
-    cudaStream_t stream;
-    cudaEvent_t join = nullptr;  // null: nothing to join
-    ~JoinOnReturn() {
-      if (join != nullptr) cudaStreamWaitEvent(stream, join, 0);
+  struct JoinOnError {
+    ForkedStream* side;  // null: joined (or never forked)
+    cudaStream_t into;
+    ~JoinOnError() {
+      if (side != nullptr) side->Join(into).IgnoreError();
     }
-  } joiner{s};
+  } join_on_error{shared_aside ? &shared_stream_ : nullptr, s};
   if (shared_aside) {
-    joiner.join = shared_join_.get();
-    RETURN_IF_ERROR(shared_fork_.Record(s));
-    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(shared_stream_.get(), shared_fork_.get(), 0));
+    RETURN_IF_ERROR(shared_stream_.Fork(s));
     RETURN_IF_ERROR(EnqueueMlp(w.shared_gate_up, w.shared_down, shared_inter, num_tokens, normed,
                                out, shared_stream_.get()));
-    RETURN_IF_ERROR(shared_join_.Record(shared_stream_.get()));
   }
   // The router in fp32, as DeepSeek computes it: routing decisions are discrete.
   RETURN_IF_ERROR(
@@ -166,6 +159,9 @@ absl::Status FfnBlock::EnqueueMoe(int layer, int num_tokens, const bf16* normed,
   if (experts != nullptr) {
     return RunExternalExperts(layer, num_tokens, normed, normed_f32, out, experts);
   }
+  const int rows = num_tokens * k;
+  const int tile_m =
+      ctx_.options.moe_tile_m > 0 ? ctx_.options.moe_tile_m : ExpertTileRows(rows, e);
   MoePermuteParams pp;
   pp.topk_ids = topk_ids_.get(), pp.num_tokens = num_tokens, pp.top_k = k, pp.num_experts = e,
   pp.tile_m = tile_m;
@@ -190,8 +186,8 @@ absl::Status FfnBlock::EnqueueMoe(int layer, int num_tokens, const bf16* normed,
   }
   RETURN_IF_ERROR(EnqueueExpertMlp(mp));
   if (shared_aside) {
-    joiner.join = nullptr;
-    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s, shared_join_.get(), 0));
+    join_on_error.side = nullptr;
+    RETURN_IF_ERROR(shared_stream_.Join(s));
   } else if (w.shared_gate_up.w != nullptr) {
     RETURN_IF_ERROR(
         EnqueueMlp(w.shared_gate_up, w.shared_down, shared_inter, num_tokens, normed, out));

@@ -86,10 +86,8 @@ class FfnBlock {
   PinnedBuffer<float> h_hidden_, h_topk_w_, h_routed_;
   PinnedBuffer<int32_t> h_topk_ids_;
   Event dispatch_copied_;
-  // CudaModelOptions::shared_expert_stream: the shared experts' stream, and
-  // the events that fork it from and join it to the context's stream.
-  Stream shared_stream_;
-  Event shared_fork_, shared_join_;
+  // CudaModelOptions::shared_expert_stream: the shared experts' stream.
+  ForkedStream shared_stream_;
   DeviceBuffer<int32_t> routing_log_;  // [layers, max_tokens, top_k] iff record_routing
 };
 

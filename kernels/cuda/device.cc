@@ -66,6 +66,24 @@ absl::Status Event::Synchronize() const {
   return CudaStatus(cudaEventSynchronize(e_), "cudaEventSynchronize");
 }
 
+absl::StatusOr<ForkedStream> ForkedStream::Create() {
+  ForkedStream f;
+  ASSIGN_OR_RETURN(f.stream_, Stream::Create());
+  ASSIGN_OR_RETURN(f.fork_, Event::Create());
+  ASSIGN_OR_RETURN(f.join_, Event::Create());
+  return f;
+}
+
+absl::Status ForkedStream::Fork(cudaStream_t from) {
+  RETURN_IF_ERROR(fork_.Record(from));
+  return CudaStatus(cudaStreamWaitEvent(stream_.get(), fork_.get(), 0), "cudaStreamWaitEvent");
+}
+
+absl::Status ForkedStream::Join(cudaStream_t into) {
+  RETURN_IF_ERROR(join_.Record(stream_.get()));
+  return CudaStatus(cudaStreamWaitEvent(into, join_.get(), 0), "cudaStreamWaitEvent");
+}
+
 absl::StatusOr<float> Event::ElapsedMsSince(const Event& start) const {
   RETURN_IF_CUDA_ERROR(cudaEventSynchronize(e_));
   float ms = 0.0f;

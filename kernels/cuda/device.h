@@ -176,6 +176,27 @@ class Event {
   cudaEvent_t e_ = nullptr;
 };
 
+// A second stream that work forks onto from another stream and joins back
+// from, ordered by events; under stream capture the fork pulls it into the
+// capture and the join ends its part there (every fork needs its join
+// before the capture ends).
+class ForkedStream {
+ public:
+  static absl::StatusOr<ForkedStream> Create();
+  ForkedStream() = default;
+
+  cudaStream_t get() const { return stream_.get(); }
+  bool created() const { return stream_.get() != nullptr; }
+  // Work enqueued here from now on runs after `from`'s work enqueued so far.
+  absl::Status Fork(cudaStream_t from);
+  // Work enqueued on `into` from now on runs after this stream's so far.
+  absl::Status Join(cudaStream_t into);
+
+ private:
+  Stream stream_;
+  Event fork_, join_;
+};
+
 // Facts of the current device that launch configurations depend on (asked of
 // the runtime once a device, then cached: cheap enough for every launch).
 struct DeviceInfo {

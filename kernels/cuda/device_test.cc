@@ -1,6 +1,10 @@
 // Device discovery and RAII owners; argument checks that need no GPU.
 #include "kernels/cuda/device.h"
 
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
 #include "gtest/gtest.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mla_decode.h"
@@ -36,6 +40,35 @@ TEST(DeviceTest, BufferStreamEventRoundTrip) {
   EXPECT_EQ(back, host);
   MOESH_ASSERT_OK_AND_ASSIGN(DeviceInfo info, CurrentDeviceInfo());
   EXPECT_GT(info.num_sms, 0);
+}
+
+// Work forked onto a ForkedStream runs after its source stream's earlier
+// work, and the stream it joins runs later work after it: the side's fill
+// lands between the two fills of the main stream, in every byte.
+TEST(DeviceTest, ForkedStreamOrdersBothWays) {
+  MOESH_REQUIRE_GPU();
+  constexpr size_t kBytes = size_t{64} << 20;
+  MOESH_ASSERT_OK_AND_ASSIGN(DeviceBuffer<uint8_t> a, DeviceBuffer<uint8_t>::Create(kBytes));
+  MOESH_ASSERT_OK_AND_ASSIGN(DeviceBuffer<uint8_t> b, DeviceBuffer<uint8_t>::Create(kBytes));
+  MOESH_ASSERT_OK_AND_ASSIGN(Stream main, Stream::Create());
+  MOESH_ASSERT_OK_AND_ASSIGN(ForkedStream side, ForkedStream::Create());
+  ASSERT_TRUE(side.created());
+  ASSERT_EQ(cudaMemsetAsync(a.get(), 1, kBytes, main.get()), cudaSuccess);
+  MOESH_ASSERT_OK(side.Fork(main.get()));
+  // a's 1s copied into b, after the fill above; then a refilled by the side.
+  ASSERT_EQ(cudaMemcpyAsync(b.get(), a.get(), kBytes, cudaMemcpyDeviceToDevice, side.get()),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(a.get(), 2, kBytes, side.get()), cudaSuccess);
+  MOESH_ASSERT_OK(side.Join(main.get()));
+  ASSERT_EQ(cudaMemsetAsync(b.get(), 3, kBytes / 2, main.get()), cudaSuccess);
+  MOESH_ASSERT_OK(main.Synchronize());
+  MOESH_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> ha, a.ToHost());
+  MOESH_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> hb, b.ToHost());
+  EXPECT_EQ(std::count(ha.begin(), ha.end(), 2), static_cast<std::ptrdiff_t>(kBytes));
+  EXPECT_EQ(std::count(hb.begin(), hb.begin() + kBytes / 2, 3),
+            static_cast<std::ptrdiff_t>(kBytes / 2));
+  EXPECT_EQ(std::count(hb.begin() + kBytes / 2, hb.end(), 1),
+            static_cast<std::ptrdiff_t>(kBytes / 2));
 }
 
 TEST(DeviceTest, HugeAllocationIsResourceExhausted) {
