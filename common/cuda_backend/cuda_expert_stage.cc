@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,23 @@ absl::StatusOr<std::unique_ptr<CudaExpertStage>> CudaExpertStage::Create(
 
 CudaExpertStage::~CudaExpertStage() {
   if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
+  absl::MutexLock lock(&lanes_mu_);
+  for (const std::unique_ptr<Lane>& lane : lanes_) {
+    if (lane != nullptr) cudaStreamSynchronize(lane->stream.get());
+  }
+}
+
+absl::StatusOr<CudaExpertStage::Lane*> CudaExpertStage::LaneFor(int lane) const {
+  absl::MutexLock lock(&lanes_mu_);
+  static const bool one_lane = std::getenv("MOESH_EXP_ONE_LANE") != nullptr;  // A/B: remove
+  if (one_lane) lane = 0;
+  std::unique_ptr<Lane>& l = lanes_[static_cast<unsigned>(lane) % kMaxLanes];
+  if (l == nullptr) {
+    auto made = std::make_unique<Lane>();
+    ASSIGN_OR_RETURN(made->stream, Stream::Create());
+    l = std::move(made);
+  }
+  return l.get();
 }
 
 std::shared_ptr<const CudaExpertStage::Stacks> CudaExpertStage::current_stacks() const {
@@ -198,18 +216,20 @@ absl::Status CudaExpertStage::RemoveExperts(const std::set<int>& ids) {
   return absl::OkStatus();
 }
 
-absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_local) const {
-  if (num_tokens <= scratch_tokens_ && top_k <= scratch_top_k_ && num_local <= scratch_local_) {
+absl::Status CudaExpertStage::EnsureScratch(Lane& lane, int num_tokens, int top_k,
+                                            int num_local) const {
+  if (num_tokens <= lane.scratch_tokens && top_k <= lane.scratch_top_k &&
+      num_local <= lane.scratch_local) {
     return absl::OkStatus();
   }
   const ModelConfig& c = config();
   // Rows for the most tokens and the widest top-k seen (a dispatch's top_k is the sender's).
-  const size_t t = std::max(num_tokens, scratch_tokens_),
-               rows = t * std::max(top_k, scratch_top_k_);
+  const size_t t = std::max(num_tokens, lane.scratch_tokens),
+               rows = t * std::max(top_k, lane.scratch_top_k);
   const size_t h = c.hidden_size, inter = c.moe_intermediate_size;
-  const size_t e = std::max(num_local, scratch_local_);
-  Scratch& s = scratch_;
-  uploaded_map_.clear();  // s.map may move
+  const size_t e = std::max(num_local, lane.scratch_local);
+  Scratch& s = lane.scratch;
+  lane.uploaded_map.clear();  // s.map may move
   RETURN_IF_ERROR(Grow(&s.x, t * h));
   // kDenseRowAlign rows of slack: the per-expert dense GEMMs' last spill (expert_mlp.h).
   RETURN_IF_ERROR(Grow(&s.gu, (rows + kDenseRowAlign) * 2 * inter));
@@ -242,9 +262,9 @@ absl::Status CudaExpertStage::EnsureScratch(int num_tokens, int top_k, int num_l
   RETURN_IF_ERROR(GrowPinned(&s.h_ids, rows));
   RETURN_IF_ERROR(Grow(&s.map, c.n_routed_experts));
   RETURN_IF_ERROR(GrowPinned(&s.h_map, c.n_routed_experts));
-  scratch_tokens_ = static_cast<int>(t);
-  scratch_top_k_ = std::max(top_k, scratch_top_k_);
-  scratch_local_ = static_cast<int>(e);
+  lane.scratch_tokens = static_cast<int>(t);
+  lane.scratch_top_k = std::max(top_k, lane.scratch_top_k);
+  lane.scratch_local = static_cast<int>(e);
   return absl::OkStatus();
 }
 
@@ -253,12 +273,12 @@ std::shared_ptr<const CudaExpertStage::Stacks> CudaExpertStage::Snapshot() const
   return stacks_;
 }
 
-absl::Status CudaExpertStage::EnqueueExperts(const ExpertLayer& ls, int num_local,
+absl::Status CudaExpertStage::EnqueueExperts(Lane& lane, const ExpertLayer& ls, int num_local,
                                              const ExpertPass& p) const {
   const ModelConfig& c = config();
   const int h = c.hidden_size, inter = c.moe_intermediate_size, e = num_local;
-  Scratch& s = scratch_;
-  cudaStream_t st = stream_.get();
+  Scratch& s = lane.scratch;
+  cudaStream_t st = lane.stream.get();
   const int tile_m = ExpertTileRows(p.expected_rows, p.served);
   MoePermuteParams pp;
   pp.topk_ids = p.ids, pp.num_tokens = p.num_tokens, pp.top_k = p.top_k, pp.num_experts = e,
@@ -310,11 +330,13 @@ absl::Status CudaExpertStage::AccumulateHost(const MoeDispatch& d, float* out) c
   const int t = d.num_tokens, k = d.top_k, h = c.hidden_size;
   const int rows = t * k, e = stacks->num_local;
 
-  absl::MutexLock lock(&run_mu_);
+  ASSIGN_OR_RETURN(Lane * lane, LaneFor(d.lane));
+  absl::MutexLock lock(&lane->mu);
   RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal_));
-  RETURN_IF_ERROR(DrainPending(nullptr));  // a device dispatch still running reads host buffers
-  RETURN_IF_ERROR(EnsureScratch(t, k, e));
-  Scratch& s = scratch_;
+  // A device dispatch still running reads host buffers.
+  RETURN_IF_ERROR(DrainPending(*lane, nullptr));
+  RETURN_IF_ERROR(EnsureScratch(*lane, t, k, e));
+  Scratch& s = lane->scratch;
   // Host staging: hidden states to bf16, expert ids to this stage's rows.
   int hosted_pairs = 0;
   for (int i = 0; i < rows; ++i) {
@@ -328,7 +350,7 @@ absl::Status CudaExpertStage::AccumulateHost(const MoeDispatch& d, float* out) c
   if (hosted_pairs == 0) return absl::OkStatus();
   for (size_t i = 0; i < static_cast<size_t>(t) * h; ++i)
     s.h_x.get()[i] = F32ToBf16(d.hidden_f32()[i]);
-  cudaStream_t st = stream_.get();
+  cudaStream_t st = lane->stream.get();
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.x.get(), s.h_x.get(), static_cast<size_t>(t) * h * 2,
                                        cudaMemcpyHostToDevice, st));
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.ids.get(), s.h_ids.get(), rows * sizeof(int32_t),
@@ -342,25 +364,26 @@ absl::Status CudaExpertStage::AccumulateHost(const MoeDispatch& d, float* out) c
   pass.num_tokens = t, pass.top_k = k, pass.max_rows = hosted_pairs,
   pass.expected_rows = hosted_pairs;
   pass.served = e;
-  RETURN_IF_ERROR(EnqueueExperts(ls, e, pass));
+  RETURN_IF_ERROR(EnqueueExperts(*lane, ls, e, pass));
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.h_out.get(), s.out.get(),
                                        static_cast<size_t>(t) * h * sizeof(float),
                                        cudaMemcpyDeviceToHost, st));
-  RETURN_IF_ERROR(stream_.Synchronize());
+  RETURN_IF_ERROR(lane->stream.Synchronize());
   for (size_t i = 0; i < static_cast<size_t>(t) * h; ++i) out[i] += s.h_out.get()[i];
   return absl::OkStatus();
 }
 
-absl::Status CudaExpertStage::DrainPending(std::vector<CountedDispatch>* counted) const {
-  if (!pending_) return absl::OkStatus();
-  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(pending_event_.get()));
-  pending_ = false;
+absl::Status CudaExpertStage::DrainPending(Lane& lane,
+                                           std::vector<CountedDispatch>* counted) const {
+  if (!lane.pending) return absl::OkStatus();
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(lane.pending_event.get()));
+  lane.pending = false;
   if (counted == nullptr) return absl::OkStatus();  // a caller that does not count: dropped
-  CountedDispatch c = std::move(pending_counted_);
+  CountedDispatch c = std::move(lane.pending_counted);
   const size_t rows = static_cast<size_t>(c.num_tokens) * c.top_k;
-  if (pending_ids_.get() != nullptr && rows > 0) {
-    c.ids.assign(pending_ids_.get(), pending_ids_.get() + rows);
-    CountOnlyServed(pending_serve_, &c.ids);
+  if (lane.pending_ids.get() != nullptr && rows > 0) {
+    c.ids.assign(lane.pending_ids.get(), lane.pending_ids.get() + rows);
+    CountOnlyServed(lane.pending_serve, &c.ids);
   }
   counted->push_back(std::move(c));
   return absl::OkStatus();
@@ -397,14 +420,15 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
   const int t = d.num_tokens, k = d.top_k, h = c.hidden_size;
   const int rows = t * k, e = stacks->num_local;
 
-  absl::MutexLock lock(&run_mu_);
+  ASSIGN_OR_RETURN(Lane * lane, LaneFor(d.lane));
+  absl::MutexLock lock(&lane->mu);
   RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal_));
-  // An earlier dispatch that did not wait is done before the host buffers
-  // it used are written again (it almost always is by now).
-  RETURN_IF_ERROR(DrainPending(counted));
-  RETURN_IF_ERROR(EnsureScratch(std::max(t, 1), k, e));
-  Scratch& s = scratch_;
-  cudaStream_t st = stream_.get();
+  // The lane's earlier dispatch that did not wait is done before the host
+  // buffers it used are written again (it almost always is by now).
+  RETURN_IF_ERROR(DrainPending(*lane, counted));
+  RETURN_IF_ERROR(EnsureScratch(*lane, std::max(t, 1), k, e));
+  Scratch& s = lane->scratch;
+  cudaStream_t st = lane->stream.get();
   const bool wait = d.done == nullptr;
   if (!wait && d.ready != nullptr)
     RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(st, static_cast<cudaEvent_t>(d.ready), 0));
@@ -423,26 +447,28 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
   // Returning early, the ids come back beside the experts' kernels.
   const bool ids_aside = !wait && counted != nullptr && rows > 0;
   if (ids_aside) {
-    if (!ids_stream_.created()) {
-      ASSIGN_OR_RETURN(ids_stream_, ForkedStream::Create());
+    if (!lane->ids_stream.created()) {
+      ASSIGN_OR_RETURN(lane->ids_stream, ForkedStream::Create());
     }
-    if (pending_ids_.size() < static_cast<size_t>(rows)) {
-      ASSIGN_OR_RETURN(pending_ids_, PinnedBuffer<int32_t>::Create(
-                                         std::max<size_t>(rows, 2 * pending_ids_.size())));
+    if (lane->pending_ids.size() < static_cast<size_t>(rows)) {
+      ASSIGN_OR_RETURN(lane->pending_ids, PinnedBuffer<int32_t>::Create(std::max<size_t>(
+                                              rows, 2 * lane->pending_ids.size())));
     }
-    RETURN_IF_ERROR(ids_stream_.Fork(st));
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(pending_ids_.get(), d.topk_ids, rows * sizeof(int32_t),
-                                         cudaMemcpyDeviceToHost, ids_stream_.get()));
+    RETURN_IF_ERROR(lane->ids_stream.Fork(st));
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(lane->pending_ids.get(), d.topk_ids,
+                                         rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                         lane->ids_stream.get()));
   }
   if (t > 0 && served == 0) {  // no pass to write the rows
     RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, static_cast<size_t>(t) * h * sizeof(float), st));
   }
   if (t > 0 && served > 0) {
     const int32_t* map = s.h_map.get();
-    if (!std::equal(uploaded_map_.begin(), uploaded_map_.end(), map, map + c.n_routed_experts)) {
+    if (!std::equal(lane->uploaded_map.begin(), lane->uploaded_map.end(), map,
+                    map + c.n_routed_experts)) {
       RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.map.get(), map, c.n_routed_experts * sizeof(int32_t),
                                            cudaMemcpyHostToDevice, st));
-      uploaded_map_.assign(map, map + c.n_routed_experts);
+      lane->uploaded_map.assign(map, map + c.n_routed_experts);
     }
     // The pairs that land here are known only on the device: size by the
     // expected share (balanced routing) and bound the launches by all pairs.
@@ -453,7 +479,7 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
     pass.num_tokens = t, pass.top_k = k, pass.max_rows = rows, pass.served = served;
     pass.expected_rows =
         std::max(1, static_cast<int>(static_cast<int64_t>(rows) * served / c.n_routed_experts));
-    RETURN_IF_ERROR(EnqueueExperts(ls, e, pass));
+    RETURN_IF_ERROR(EnqueueExperts(*lane, ls, e, pass));
   }
   CountedDispatch mine;
   mine.layer = d.layer, mine.num_tokens = t, mine.top_k = k;
@@ -461,23 +487,23 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
   if (d.serve != nullptr) serve_mask.assign(d.serve, d.serve + d.num_experts);
   if (!wait) {  // enqueued: the ids come back with the work, counted by a later call
     // The caller may rewrite its ids once `done` fires: their copy is done by then.
-    if (ids_aside) RETURN_IF_ERROR(ids_stream_.Join(st));
-    if (pending_event_.get() == nullptr) {
-      ASSIGN_OR_RETURN(pending_event_, Event::Create());
+    if (ids_aside) RETURN_IF_ERROR(lane->ids_stream.Join(st));
+    if (lane->pending_event.get() == nullptr) {
+      ASSIGN_OR_RETURN(lane->pending_event, Event::Create());
     }
-    RETURN_IF_ERROR(pending_event_.Record(st));
+    RETURN_IF_ERROR(lane->pending_event.Record(st));
     RETURN_IF_CUDA_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(d.done), st));
-    pending_ = true;
-    pending_counted_ = std::move(mine);
-    if (counted == nullptr || rows == 0) pending_counted_.num_tokens = 0;  // nothing to count
-    pending_serve_ = std::move(serve_mask);
+    lane->pending = true;
+    lane->pending_counted = std::move(mine);
+    if (counted == nullptr || rows == 0) lane->pending_counted.num_tokens = 0;  // nothing to count
+    lane->pending_serve = std::move(serve_mask);
     return absl::OkStatus();
   }
   if (counted != nullptr && rows > 0) {
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.h_ids.get(), d.topk_ids, rows * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, st));
   }
-  RETURN_IF_ERROR(stream_.Synchronize());
+  RETURN_IF_ERROR(lane->stream.Synchronize());
   if (counted != nullptr) {
     if (rows > 0) {
       mine.ids.assign(s.h_ids.get(), s.h_ids.get() + rows);

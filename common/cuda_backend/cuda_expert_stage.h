@@ -10,8 +10,9 @@
 // the CUDA model computes them). A dispatch in device memory (the cuda_ipc
 // and nccl transports) comes in bf16 and its result is written there.
 //
-// Thread-safe: dispatches from concurrent callers run one at a time on the
-// stage's stream; AddShard uploads the new experts and swaps the stacks in
+// Thread-safe: dispatches of one lane (MoeDispatch::lane: a transport's
+// attachment) run one at a time on that lane's stream, different lanes'
+// side by side; AddShard uploads the new experts and swaps the stacks in
 // between dispatches.
 #ifndef MOESH_COMMON_CUDA_BACKEND_CUDA_EXPERT_STAGE_H_
 #define MOESH_COMMON_CUDA_BACKEND_CUDA_EXPERT_STAGE_H_
@@ -116,15 +117,50 @@ class CudaExpertStage : public ExpertStage {
   absl::StatusOr<std::shared_ptr<const Stacks>> Build(
       const std::vector<const ExpertShardWeights*>& shards, const Stacks* old) const;
   std::shared_ptr<const Stacks> current_stacks() const;
-  absl::Status EnsureScratch(int num_tokens, int top_k, int num_local) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
-  // Waits for a dispatch that returned early; hands its pairs to `counted`
-  // (dropped if null).
-  absl::Status DrainPending(std::vector<CountedDispatch>* counted) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+
+  // A caller's lane (MoeDispatch::lane): its own stream, scratch and
+  // returned-early dispatch. Dispatches of one lane run in order; different
+  // lanes' overlap on the device, so one caller's work — or its `ready`
+  // that never fires — holds up only its own lane, not another client's
+  // (a prefill worker's dispatches beside a decode worker's).
+  struct Lane {
+    absl::Mutex mu;  // one dispatch of this lane on the host at a time
+    Stream stream;
+    Scratch scratch ABSL_GUARDED_BY(mu);
+    int scratch_tokens ABSL_GUARDED_BY(mu) = 0;
+    int scratch_top_k ABSL_GUARDED_BY(mu) = 0;
+    int scratch_local ABSL_GUARDED_BY(mu) = 0;
+    // What scratch.map holds (empty: unknown), so an unchanged expert map is
+    // not uploaded again: a copy on the stream between every layer's kernels.
+    std::vector<int32_t> uploaded_map ABSL_GUARDED_BY(mu);
+    // A device dispatch that returned before the device finished (MoeDispatch::
+    // done): its ids land in pending_ids once pending_event fires; the lane's
+    // next call waits for that, so host buffers are never rewritten under a copy.
+    bool pending ABSL_GUARDED_BY(mu) = false;
+    CountedDispatch pending_counted ABSL_GUARDED_BY(mu);
+    std::vector<uint8_t> pending_serve ABSL_GUARDED_BY(mu);
+    PinnedBuffer<int32_t> pending_ids ABSL_GUARDED_BY(mu);
+    Event pending_event ABSL_GUARDED_BY(mu);
+    // Such a dispatch's ids come back on their own stream, forked when its
+    // inputs are ready and joined before `done`, so the copy is off the path
+    // the caller waits on.
+    ForkedStream ids_stream ABSL_GUARDED_BY(mu);
+  };
+  // Lanes beyond this share (lane mod kMaxLanes): each holds scratch for the
+  // largest dispatch it has seen.
+  static constexpr int kMaxLanes = 8;
+  // The lane for MoeDispatch::lane, made on first use.
+  absl::StatusOr<Lane*> LaneFor(int lane) const;
+
+  absl::Status EnsureScratch(Lane& lane, int num_tokens, int top_k, int num_local) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
+  // Waits for the lane's dispatch that returned early; hands its pairs to
+  // `counted` (dropped if null).
+  absl::Status DrainPending(Lane& lane, std::vector<CountedDispatch>* counted) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
   // ids of pairs not in `serve` (empty: every pair) become -1.
   void CountOnlyServed(const std::vector<uint8_t>& serve, std::vector<int32_t>* ids) const;
-  // One grouped pass over the shard's experts, on the stage's stream: the
+  // One grouped pass over the shard's experts, on the lane's stream: the
   // pairs sorted by expert (ids mapped through `map` when it is set), gate_up
   // GEMM, SiLU·mul, down GEMM, and the weighted combine written into `out`
   // (every row: a token none of whose pairs land here gets zeros).
@@ -140,10 +176,10 @@ class CudaExpertStage : public ExpertStage {
     int expected_rows = 0;  // the pairs expected here, and
     int served = 0;         // the experts they spread over (pick the tile height)
   };
-  absl::Status EnqueueExperts(const ExpertLayer& ls, int num_local, const ExpertPass& pass) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  absl::Status EnqueueExperts(Lane& lane, const ExpertLayer& ls, int num_local,
+                              const ExpertPass& pass) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu);
 
-  const Stream stream_;
+  const Stream stream_;  // building stacks (Create, AddShard)
   const LinearFormat format_;
   const int ordinal_;  // made current on each calling thread
   const std::string device_;
@@ -154,26 +190,8 @@ class CudaExpertStage : public ExpertStage {
 
   mutable absl::Mutex stacks_mu_;
   std::shared_ptr<const Stacks> stacks_ ABSL_GUARDED_BY(stacks_mu_);
-  mutable absl::Mutex run_mu_;  // one dispatch on the device at a time
-  mutable Scratch scratch_ ABSL_GUARDED_BY(run_mu_);
-  // A device dispatch that returned before the device finished (MoeDispatch::
-  // done): its ids land in pending_ids_ once pending_event_ fires; the next
-  // call waits for that, so host buffers are never rewritten under a copy.
-  mutable bool pending_ ABSL_GUARDED_BY(run_mu_) = false;
-  mutable CountedDispatch pending_counted_ ABSL_GUARDED_BY(run_mu_);
-  mutable std::vector<uint8_t> pending_serve_ ABSL_GUARDED_BY(run_mu_);
-  mutable PinnedBuffer<int32_t> pending_ids_ ABSL_GUARDED_BY(run_mu_);
-  mutable Event pending_event_ ABSL_GUARDED_BY(run_mu_);
-  // Such a dispatch's ids come back on their own stream, forked when its
-  // inputs are ready and joined before `done`, so the copy is off the path
-  // the caller waits on.
-  mutable ForkedStream ids_stream_ ABSL_GUARDED_BY(run_mu_);
-  // What scratch_.map holds (empty: unknown), so an unchanged expert map is
-  // not uploaded again: a copy on the stream between every layer's kernels.
-  mutable std::vector<int32_t> uploaded_map_ ABSL_GUARDED_BY(run_mu_);
-  mutable int scratch_tokens_ ABSL_GUARDED_BY(run_mu_) = 0;
-  mutable int scratch_top_k_ ABSL_GUARDED_BY(run_mu_) = 0;
-  mutable int scratch_local_ ABSL_GUARDED_BY(run_mu_) = 0;
+  mutable absl::Mutex lanes_mu_;
+  mutable std::unique_ptr<Lane> lanes_[kMaxLanes] ABSL_GUARDED_BY(lanes_mu_);
 };
 
 }  // namespace moesh::cuda

@@ -102,6 +102,10 @@ struct MoeDispatch {
   // record once `out` is written; the call then returns without waiting for
   // the device (`ready` is then waited for on the device too).
   void* done = nullptr;
+  // The caller's lane at a GPU expert stage (a transport's attachment or
+  // channel): dispatches of one lane run in order, different lanes' may
+  // overlap, so one caller's slow or stuck work holds up only its own.
+  int lane = 0;
 
   // REQUIRES: memory.dtype == kF32.
   const float* hidden_f32() const { return static_cast<const float*>(hidden_states); }

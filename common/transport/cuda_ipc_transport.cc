@@ -387,6 +387,7 @@ struct CudaIpcDataPlaneServer::Attachment {
   float* output_base = nullptr;
   int capacity = 0, hidden = 0, top_k = 0;
   std::unique_ptr<DeviceEvent> ready, done;  // the client's, for pipelined dispatches
+  int lane = 0;  // its dispatches' MoeDispatch::lane: clients do not wait on each other
 };
 
 absl::StatusOr<std::unique_ptr<CudaIpcDataPlaneServer>> CudaIpcDataPlaneServer::Start(
@@ -426,6 +427,7 @@ grpc::Status CudaIpcDataPlaneServer::Attach(
     absl::MutexLock lock(&mu_);
     if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down");
     attachments_.push_back(&a);
+    a.lane = next_lane_++;
   }
   v1::IpcFrame ack;
   ack.set_device(device_);
@@ -552,6 +554,7 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
   d.topk_weights = reinterpret_cast<const float*>(input + in.weights);
   d.serve = r.num_experts > 0 ? r.serve : nullptr;
   d.num_experts = r.num_experts;
+  d.lane = a->lane;
   if (r.pipelined != 0) {
     if (a->ready == nullptr || a->local_input != nullptr) {
       return Bytes(ReplyOf(

@@ -97,6 +97,7 @@ class CudaIpcDataPlaneServer final : public DataPlaneServer, public v1::IpcDataP
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Attachment*> attachments_ ABSL_GUARDED_BY(mu_);
+  int next_lane_ ABSL_GUARDED_BY(mu_) = 0;  // MoeDispatch::lane of each attachment
   std::unique_ptr<DeviceMemory> memory_ ABSL_GUARDED_BY(mu_);  // opened at the first attach
   GrpcListener listener_;                                      // last: stops first
 };

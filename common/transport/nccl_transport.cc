@@ -353,6 +353,7 @@ struct NcclDataPlaneServer::DeviceSide {
   std::unique_ptr<DeviceEvent> received, computed;
   int capacity = 0, hidden = 0, top_k = 0;
   size_t ids = 0, weights = 0;  // offsets in `input`
+  int lane = 0;                 // its dispatches' MoeDispatch::lane
 };
 
 grpc::Status NcclDataPlaneServer::Channel(
@@ -381,6 +382,10 @@ grpc::Status NcclDataPlaneServer::Channel(
     pipes_.push_back(pipe->get());
   }
   DeviceSide side;
+  {
+    absl::MutexLock lock(&mu_);
+    side.lane = next_lane_++;
+  }
   const std::string client = frame.client();
   bool ok = true;
   while (ok && stream->Read(&frame)) {  // until the client ends the stream
@@ -480,6 +485,7 @@ bool NcclDataPlaneServer::ServeOnDevice(
     d.serve = m.serve().empty() ? nullptr : reinterpret_cast<const uint8_t*>(m.serve().data());
     d.num_experts = static_cast<int>(m.serve().size());
     d.ready = side->received->get(), d.done = side->computed->get();
+    d.lane = side->lane;
     s = dispatch_->Dispatch(d, output);
   }
   // The sums go back in any case (the client's receive is posted); after

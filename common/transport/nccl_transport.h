@@ -89,6 +89,7 @@ class NcclDataPlaneServer final : public DataPlaneServer, public v1::NcclDataPla
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<BytePipe*> pipes_ ABSL_GUARDED_BY(mu_);  // live channels, for Abort on stop
+  int next_lane_ ABSL_GUARDED_BY(mu_) = 0;             // MoeDispatch::lane of each channel
   GrpcListener listener_;                              // last: stops first
 };
 

@@ -324,14 +324,16 @@ rate() {
   local conc=${MOESH_CONCURRENCY:-128}
   local load=(--dataset random --length_sigma 0.5 --prompt_len 64 --max_new_tokens ${MOESH_NEW_TOKENS:-512}
               --requests ${MOESH_REQUESTS:-1024} --concurrency $conc --request_rate inf)
-  start_router rate --max_batch 256
   # The decode engine's step times beside the client's rate: time inside steps against the run's
   # wall time, and the mean step against cuda_model_bench's below.
   local steps='^moesh_(decode_(step_seconds|batch_size|step_tokens)|expert_[a-z_]*seconds)_(sum|count)'
-  step "rate_serving" 300 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}"
-  metrics_step rate_serving_steps $mport "$steps"
-  stop_router
-  shown+=(rate_serving rate_serving_steps)
+  if [[ -z ${MOESH_SKIP_COLOCATED:-} ]]; then
+    start_router rate --max_batch 256
+    step "rate_serving" 300 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}"
+    metrics_step rate_serving_steps $mport "$steps"
+    stop_router
+    shown+=(rate_serving rate_serving_steps)
+  fi
   if [[ -z ${MOESH_SKIP_CLUSTER:-} ]] && start_cluster rate; then
     step "rate_serving_cluster_ipc" 300 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}"
     local p mp
@@ -344,6 +346,7 @@ rate() {
     shown+=(rate_serving_cluster_ipc)
   fi
   local ctx
+  [[ -n ${MOESH_SKIP_KERNEL:-} ]] && return
   for ctx in 256 512; do
     step "rate_kernel_$ctx" 120 $D/bin/cuda_model_bench --device cuda --load-format dummy --shape v2-lite \
       --batch $conc --context $ctx --prefill-seqs 0

@@ -26,8 +26,9 @@
 #             (the FP8 KV cache against the CPU engine's, the host and device handoffs);
 #             cuda_mla_prefill_model_test (the expanded MLA prefill in the model against the
 #             CPU engine, next to the absorbed prefill).
-#   services  cuda_backends_test (expert shards and the attention backend against their
-#             references, the KV handoff, the device-resident dispatch, ForwardSample), the
+#   services  cuda_expert_stage_test (expert shards against the CPU stage, lanes),
+#             cuda_backends_test (the attention backend against its references, the KV
+#             handoff, the device-resident dispatch, ForwardSample), the
 #             cluster on the GPU against `moesh generate --device cuda`
 #             (tests/integration/cuda_cluster_test.sh) over grpc on the v3 and v2_lite goldens,
 #             over cuda_ipc (and with --kv_cache_dtype fp8), on the v4 golden, on the v32 golden within index_topk (bf16 and FP8 KV); the
@@ -55,7 +56,7 @@
 #             cuda_mla_prefill_test cuda_grouped_gemm_test cuda_dsa_ops_test cuda_sample_test cuda_fp8_test
 #             cuda_fp8_kv_test cuda_mxfp4_test cuda_v4_ops_test cuda_wgmma_test [kernel_bench, for the SASS]
 #   model:    cuda_model_test cuda_fp8_model_test cuda_kv_fp8_test cuda_mla_prefill_model_test
-#   services: cuda_backends_test cuda_prefix_cache_test cuda_prompt_logprobs_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
+#   services: cuda_expert_stage_test cuda_backends_test cuda_prefix_cache_test cuda_prompt_logprobs_test moesh moesh_router moesh_prefill_worker moesh_decode_worker
 #             moesh_expert_worker libmoesh_cuda_backends.so
 #   multi:    transport_test nccl_link_test cuda_backends_test and the services' binaries
 # A test binary missing from the bundle is left out (said in the summary).
@@ -182,6 +183,7 @@ model() {
 }
 
 services() {
+  test_bin cuda_expert_stage_test 90 cuda_expert_stage_test
   test_bin cuda_backends_test 150 cuda_backends_test
   cluster cluster_grpc 240
   cluster cluster_grpc_v2_lite 120 v2_lite
@@ -201,7 +203,8 @@ services() {
   # API errors are not reported here: the KV handoff test forges a pool handle on purpose, which
   # cudaIpcOpenMemHandle refuses (the test asserts FAILED_PRECONDITION); memory errors still fail it.
   MOESH_SANITIZER_ARGS='--report-api-errors no' \
-    sanitize memcheck_backends 150 memcheck cuda_backends_test '--gtest_filter=*ExpertStage*:*KvHandoff*'
+    sanitize memcheck_backends 150 memcheck cuda_backends_test '--gtest_filter=*KvHandoff*'
+  sanitize memcheck_expert_stage 120 memcheck cuda_expert_stage_test
   sanitize memcheck_prefix_cache 60 memcheck cuda_prefix_cache_test
   sanitize memcheck_prompt_logprobs 90 memcheck cuda_prompt_logprobs_test '--gtest_filter=*/0:*Chunks*'
 }
