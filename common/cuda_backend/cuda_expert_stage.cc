@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -63,8 +62,6 @@ CudaExpertStage::~CudaExpertStage() {
 
 absl::StatusOr<CudaExpertStage::Lane*> CudaExpertStage::LaneFor(int lane) const {
   absl::MutexLock lock(&lanes_mu_);
-  static const bool one_lane = std::getenv("MOESH_EXP_ONE_LANE") != nullptr;  // A/B: remove
-  if (one_lane) lane = 0;
   std::unique_ptr<Lane>& l = lanes_[static_cast<unsigned>(lane) % kMaxLanes];
   if (l == nullptr) {
     auto made = std::make_unique<Lane>();
