@@ -1,9 +1,11 @@
 #include "common/serving/prefill_engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "base/status.h"
 #include "common/transport/kv_handoff.h"
 
@@ -258,6 +260,7 @@ void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
   // decode worker's first token reaches the client then, not after the whole
   // batch's handoffs), its blocks freed first. A pending prompt is not to be
   // touched after: its caller returns.
+  std::vector<size_t> handoffs;  // the prompts whose KV goes to a decode worker now
   for (size_t i = 0; i < batch.size(); ++i) {
     Pending* const pending = batch[i].p;
     if (!chosen.ok()) {
@@ -283,6 +286,10 @@ void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
       UpdateQueueGauges();
       continue;
     }
+    handoffs.push_back(i);
+  }
+  auto hand_off = [&](size_t i) {
+    Pending* const pending = batch[i].p;
     const PrefillSpec& spec = *pending->spec;
     KvSequence& kv = *pending->kv;
     absl::StatusOr<DataChannel*> ch = ChannelTo(spec.decode_address);
@@ -348,7 +355,27 @@ void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
           absl::StrCat("KV handoff to ", spec.decode_address, " failed: ", pushed.message()));
     }
     Finish(pending, std::move(pushed));
+  };
+  // Handed over one after another, the batch's KVs would land at a decode
+  // worker one a step (each import waits for the step running there, and the
+  // next step starts before the next KV arrives): a burst of prompts would
+  // wait a step per prompt ahead of it for its first token. They go out
+  // together instead (DataChannel is thread-safe), at most
+  // kConcurrentHandoffs at once, and arrive between the same two steps.
+  const size_t workers = std::min(handoffs.size(), kConcurrentHandoffs);
+  if (workers <= 1) {
+    for (size_t i : handoffs) hand_off(i);
+    return;
   }
+  std::atomic<size_t> next{0};
+  absl::BlockingCounter left(static_cast<int>(workers));
+  auto work = [&] {
+    for (size_t j; (j = next.fetch_add(1)) < handoffs.size();) hand_off(handoffs[j]);
+    left.DecrementCount();
+  };
+  for (size_t w = 1; w < workers; ++w) handoff_pool_.Schedule(work);
+  work();
+  left.Wait();
 }
 
 void PrefillEngine::Drain() {

@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "base/thread_pool.h"
 #include "common/engine/attention_backend.h"
 #include "common/engine/sampler.h"
 #include "common/metrics/metrics.h"
@@ -142,7 +143,10 @@ class PrefillEngine {
   std::map<std::string, std::unique_ptr<DataChannel>> channels_ ABSL_GUARDED_BY(mu_);
   // Decode workers that cannot take KV from this worker's device memory.
   std::set<std::string> host_kv_only_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  // A batch's KV handoffs beyond the first, side by side (RunBatch).
+  static constexpr size_t kConcurrentHandoffs = 32;
+  ThreadPool handoff_pool_;
+  std::thread thread_;  // last: joined before the pool goes
 };
 
 }  // namespace moesh
