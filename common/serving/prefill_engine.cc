@@ -362,11 +362,8 @@ void PrefillEngine::RunBatch(const std::vector<Piece>& batch) {
   // wait a step per prompt ahead of it for its first token. They go out
   // together instead (DataChannel is thread-safe), at most
   // kConcurrentHandoffs at once, and arrive between the same two steps.
+  if (handoffs.empty()) return;
   const size_t workers = std::min(handoffs.size(), kConcurrentHandoffs);
-  if (workers <= 1) {
-    for (size_t i : handoffs) hand_off(i);
-    return;
-  }
   std::atomic<size_t> next{0};
   absl::BlockingCounter left(static_cast<int>(workers));
   auto work = [&] {

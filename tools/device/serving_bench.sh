@@ -56,7 +56,10 @@
 #              128 closed-loop streams of 64-token prompts and lognormal answers (mean
 #              $MOESH_NEW_TOKENS, 512; $MOESH_REQUESTS, 1024, requests), the same load against the
 #              cluster over cuda_ipc under MPS (serve-local; not with MOESH_SKIP_CLUSTER=1), then
-#              cuda_model_bench's decode step at the same batch at 256 and 512 tokens of context.
+#              cuda_model_bench's decode step at the same batch at 256 and 512 tokens of context
+#              (not with MOESH_SKIP_KERNEL=1); MOESH_SKIP_COLOCATED=1 leaves out the colocated row.
+#              After each serving row, the decode engine's (and expert worker's) step-time and
+#              batch-size histogram sums from its /metrics.
 #   admission  64 x 2000 new tokens on a colocated GPU router with a small KV cache
 #              (--gpu_memory_utilization $MOESH_GPU_UTIL, 0.25): refusals, preemptions, the pool.
 #   http       the OpenAI HTTP front against gRPC: on this machine's CPUs (tiny v3 CPU cluster,
@@ -338,8 +341,9 @@ rate() {
     step "rate_serving_cluster_ipc" 300 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}"
     local p mp
     for p in decode-0 expert-0; do
-      mp=$(sed -n -E "s|^  $p .*metrics http://[^ ]*:([0-9]+)/metrics.*|\1|p" "$LOGS/cluster_rate.log")
-      [[ -n $mp ]] && metrics_step "rate_cluster_steps_$p" "${mp%%$'\n'*}" "$steps"
+      mp=$(sed -n -E "s|^  $p .*metrics http://[^ ]*:([0-9]+)/metrics.*|\1|p" "$LOGS/cluster_rate.log" |
+             head -1)
+      [[ -n $mp ]] && metrics_step "rate_cluster_steps_$p" "$mp" "$steps"
       shown+=("rate_cluster_steps_$p")
     done
     stop_cluster
