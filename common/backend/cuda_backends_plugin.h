@@ -24,11 +24,12 @@
 
 namespace moesh {
 
+// 11: MoeDispatch's device flags (ready_flag, done_flag), DeviceMemory::WriteFlag / WaitFlag;
 // 10: MoeDispatch::wire (the host wire's encodings: --dispatch_dtype);
 // 9: ExpertShardWeights::deferred (experts read from the checkpoint by the device);
 // 8: the prefix cache's virtuals on KvSequence and AttentionBackend, DeviceOptions::prefix_cache;
 // 7: FP8 linears; 6: interprocess events on DeviceMemory; 5: KvSequence device blocks
-constexpr int kCudaBackendsAbiVersion = 10;
+constexpr int kCudaBackendsAbiVersion = 11;
 constexpr char kCudaBackendsLibrary[] = "libmoesh_cuda_backends.so";
 constexpr char kCudaBackendsSymbol[] = "moesh_cuda_backends_v1";
 

@@ -9,6 +9,7 @@
 #define MOESH_COMMON_BACKEND_DEVICE_MEMORY_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -72,6 +73,15 @@ class DeviceMemory {
   virtual absl::StatusOr<std::unique_ptr<DeviceEvent>> OpenEvent(const std::string& handle) = 0;
   virtual absl::Status Record(const DeviceEvent& event, void* stream) = 0;
   virtual absl::Status Wait(void* stream, const DeviceEvent& event) = 0;
+  // Device words (4-byte aligned, in device memory of this device, e.g. in a
+  // region): WriteFlag sets *flag = value after the work before it on
+  // cudaStream_t `stream` (null: at once, on this object's own stream,
+  // returning when written); WaitFlag holds the work queued on `stream`
+  // after it until *flag == value. Cheaper than an event between processes
+  // (no event object on either side); a wait nobody satisfies blocks the
+  // stream until someone writes the value (WriteFlag with a null stream).
+  virtual absl::Status WriteFlag(void* stream, uint32_t* flag, uint32_t value) = 0;
+  virtual absl::Status WaitFlag(void* stream, uint32_t* flag, uint32_t value) = 0;
 };
 
 // out (fp32 [rows, cols]) = src, or += src with `accumulate`: a device

@@ -10,6 +10,7 @@
 #include "kernels/cuda/expert_mlp.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/stream_flag.h"
 
 namespace moesh::cuda {
 namespace {
@@ -426,9 +427,12 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
   RETURN_IF_ERROR(EnsureScratch(*lane, std::max(t, 1), k, e));
   Scratch& s = lane->scratch;
   cudaStream_t st = lane->stream.get();
-  const bool wait = d.done == nullptr;
-  if (!wait && d.ready != nullptr)
+  const bool wait = d.done == nullptr && d.done_flag == nullptr;
+  if (!wait && d.ready_flag != nullptr) {
+    RETURN_IF_ERROR(cuda::StreamWaitFlag(st, d.ready_flag, d.sync_value));
+  } else if (!wait && d.ready != nullptr) {
     RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(st, static_cast<cudaEvent_t>(d.ready), 0));
+  }
   // Global expert id -> row in the stacks, for the experts served here.
   int served = 0;
   for (int g = 0; g < c.n_routed_experts; ++g) {
@@ -489,7 +493,11 @@ absl::Status CudaExpertStage::AccumulateDevice(const MoeDispatch& d, float* out,
       ASSIGN_OR_RETURN(lane->pending_event, Event::Create());
     }
     RETURN_IF_ERROR(lane->pending_event.Record(st));
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(d.done), st));
+    if (d.done_flag != nullptr) {
+      RETURN_IF_ERROR(cuda::StreamWriteFlag(st, d.done_flag, d.sync_value));
+    } else {
+      RETURN_IF_CUDA_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(d.done), st));
+    }
     lane->pending = true;
     lane->pending_counted = std::move(mine);
     if (counted == nullptr || rows == 0) lane->pending_counted.num_tokens = 0;  // nothing to count

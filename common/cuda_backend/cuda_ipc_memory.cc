@@ -2,15 +2,18 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
+#include "kernels/cuda/copy_ranges.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/stream_flag.h"
 
 namespace moesh {
 namespace {
@@ -59,6 +62,16 @@ class Event : public DeviceEvent {
   const std::string handle_;  // empty iff opened from a peer's
 };
 
+// A/B switch while measured (issue 20): MOESH_EXP_IPC_COPY=kernel copies a
+// multi-range Copy in one launch (cuda::RunCopyRanges).
+bool OneLaunchCopies() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESH_EXP_IPC_COPY");
+    return v != nullptr && std::string(v) == "kernel";
+  }();
+  return on;
+}
+
 class CudaDeviceMemory : public DeviceMemory {
  public:
   CudaDeviceMemory(int device, cuda::Stream stream) : device_(device), stream_(std::move(stream)) {}
@@ -97,12 +110,35 @@ class CudaDeviceMemory : public DeviceMemory {
       RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(after), 0),
                                  "cudaStreamWaitEvent"));
     }
-    for (const CopyRange& c : copies) {
-      if (c.bytes == 0) continue;
-      RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync"));
+    if (copies.size() > 1 && copies.size() <= cuda::kMaxCopyRanges && OneLaunchCopies()) {
+      cuda::CopyRangesParams p;  // one launch instead of one operation a range
+      for (const CopyRange& c : copies) p.ranges[p.num_ranges++] = {c.dst, c.src, c.bytes};
+      p.stream = s;
+      RETURN_IF_ERROR(cuda::RunCopyRanges(p));
+    } else {
+      for (const CopyRange& c : copies) {
+        if (c.bytes == 0) continue;
+        RETURN_IF_ERROR(
+            CudaStatus(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, s),
+                       "cudaMemcpyAsync"));
+      }
     }
     return stream != nullptr ? absl::OkStatus() : stream_.Synchronize();
+  }
+
+  absl::Status WriteFlag(void* stream, uint32_t* flag, uint32_t value) override {
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    if (stream != nullptr)
+      return cuda::StreamWriteFlag(static_cast<cudaStream_t>(stream), flag, value);
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(cuda::StreamWriteFlag(stream_.get(), flag, value));
+    return stream_.Synchronize();
+  }
+
+  absl::Status WaitFlag(void* stream, uint32_t* flag, uint32_t value) override {
+    RETURN_IF_ERROR(cuda::UseDevice(device_));
+    if (stream == nullptr) return absl::InvalidArgumentError("WaitFlag: needs a stream");
+    return cuda::StreamWaitFlag(static_cast<cudaStream_t>(stream), flag, value);
   }
 
   absl::Status Synchronize(void* stream) override {

@@ -102,6 +102,14 @@ struct MoeDispatch {
   // record once `out` is written; the call then returns without waiting for
   // the device (`ready` is then waited for on the device too).
   void* done = nullptr;
+  // Instead of `ready` and `done` (ExpertStage::Accumulate of a device
+  // dispatch; a cuda_ipc attachment's device words): the inputs are complete
+  // once *ready_flag == sync_value, and *done_flag = sync_value is written
+  // once `out` is (both 4-byte aligned device words; the call then returns
+  // without waiting, as with `done`).
+  uint32_t* ready_flag = nullptr;
+  uint32_t* done_flag = nullptr;
+  uint32_t sync_value = 0;
   // The caller's lane at a GPU expert stage (a transport's attachment or
   // channel): dispatches of one lane run in order, different lanes' may
   // overlap, so one caller's slow or stuck work holds up only its own.

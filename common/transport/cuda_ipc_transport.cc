@@ -40,12 +40,17 @@ struct IpcRequest {
   uint32_t ready_handle_size = 0, done_handle_size = 0;
   char ready_handle[kMaxHandle] = {};
   char done_handle[kMaxHandle] = {};
+  // kAttach, same GPU, other process, instead of the events: the offset in
+  // the input region of two device words, `ready` then `done` (0: none).
+  uint64_t flags_offset = 0;
   // kDispatch.
   int32_t layer = 0, num_tokens = 0, num_experts = 0;
-  // The inputs are complete on the device once the ready event fires; the
-  // server enqueues its work after it, records the done event and answers
+  // The inputs are complete on the device once the ready event fires (with
+  // flags: once `ready` == sync_value); the server enqueues its work after
+  // it, records the done event (writes sync_value into `done`) and answers
   // without waiting; the client orders its use of the sums after done.
   int32_t pipelined = 0;
+  uint32_t sync_value = 0;  // with flags: nonzero, a new value each dispatch
   uint8_t serve[kMaxExperts] = {};
 };
 struct IpcReply {
@@ -55,17 +60,29 @@ struct IpcReply {
 static_assert(sizeof(IpcRequest) <= ShmDoorbell::kMaxMessage &&
               sizeof(IpcReply) <= ShmDoorbell::kMaxMessage);
 
-// The input region: bf16 hidden states, then ids, then weights, each
-// 256-byte aligned.
+// The input region: bf16 hidden states, then ids, then weights, then the
+// two flag words (ready, done), each 256-byte aligned.
 struct InputLayout {
-  size_t ids = 0, weights = 0, bytes = 0;
+  size_t ids = 0, weights = 0, flags = 0, bytes = 0;
   InputLayout(int capacity, int hidden, int top_k) {
     auto align = [](size_t n) { return (n + 255) / 256 * 256; };
     ids = align(static_cast<size_t>(capacity) * hidden * 2);
     weights = ids + align(static_cast<size_t>(capacity) * top_k * 4);
-    bytes = weights + align(static_cast<size_t>(capacity) * top_k * 4);
+    flags = weights + align(static_cast<size_t>(capacity) * top_k * 4);
+    bytes = flags + 256;
   }
 };
+
+// A/B switch while measured (issue 20): MOESH_EXP_IPC_SYNC=flags orders
+// same-GPU pipelined dispatches by device words instead of interprocess
+// events.
+bool UseDeviceFlags() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESH_EXP_IPC_SYNC");
+    return v != nullptr && std::string(v) == "flags";
+  }();
+  return on;
+}
 
 template <typename T>
 std::string Bytes(const T& v) {
@@ -126,6 +143,7 @@ class IpcChannel : public DataChannel {
       while (stream_->Read(&frame)) {
       }
       broken_.store(true);
+      ReleaseDone();
     });
   }
   ~IpcChannel() override {
@@ -169,9 +187,9 @@ class IpcChannel : public DataChannel {
     const InputLayout in(capacity_, hidden_, top_k_);
     char* base = static_cast<char*>(input_->data());
     const size_t t = d.num_tokens;
-    // Pipelined: the copies go on the caller's stream and an event marks
-    // them done; nobody's host waits for the device.
-    const bool pipelined = ready_event_ != nullptr && d.stream != nullptr;
+    // Pipelined: the copies go on the caller's stream and an event (or the
+    // ready word) marks them done; nobody's host waits for the device.
+    const bool pipelined = (ready_event_ != nullptr || flags_) && d.stream != nullptr;
     if (t > 0) {
       const DeviceMemory::CopyRange copies[] = {
           {base, d.hidden_bf16(), t * d.hidden * 2},
@@ -184,10 +202,18 @@ class IpcChannel : public DataChannel {
             memory_->Copy(copies, nullptr, d.ready));  // waits for the inputs on the device
       }
     }
-    if (pipelined) RETURN_IF_ERROR(memory_->Record(*ready_event_, d.stream));
+    uint32_t sync_value = 0;
+    if (pipelined && flags_) {
+      if (++seq_ == 0) seq_ = 1;  // 0 is the words' value before any dispatch
+      sync_value = seq_;
+      RETURN_IF_ERROR(memory_->WriteFlag(d.stream, Flag(kReady), sync_value));
+    } else if (pipelined) {
+      RETURN_IF_ERROR(memory_->Record(*ready_event_, d.stream));
+    }
     IpcRequest r;
     r.kind = IpcRequest::kDispatch;
     r.pipelined = pipelined ? 1 : 0;
+    r.sync_value = sync_value;
     r.layer = d.layer, r.num_tokens = d.num_tokens, r.hidden = d.hidden, r.top_k = d.top_k;
     if (d.serve != nullptr) {
       if (d.num_experts < 1 || d.num_experts > kMaxExperts) {
@@ -198,7 +224,7 @@ class IpcChannel : public DataChannel {
       std::memcpy(r.serve, d.serve, d.num_experts);
     }
     RETURN_IF_ERROR(Break(doorbell_->Post(Bytes(r))));
-    posted_ = {d.num_tokens, d.hidden, d.stream, pipelined};
+    posted_ = {d.num_tokens, d.hidden, d.stream, pipelined, sync_value};
     return absl::OkStatus();
   }
 
@@ -212,13 +238,29 @@ class IpcChannel : public DataChannel {
     // again before the next Post, which waits for that stream's next event.
     const float* result = static_cast<const float*>(output_->data());
     collected_on_ = posted.stream;
-    if (posted.pipelined)
-      RETURN_IF_ERROR(memory_->Wait(posted.stream, *done_event_));  // the sums are written
+    if (posted.pipelined && posted.sync_value != 0) {  // the sums are written
+      RETURN_IF_ERROR(memory_->WaitFlag(posted.stream, Flag(kDone), posted.sync_value));
+    } else if (posted.pipelined) {
+      RETURN_IF_ERROR(memory_->Wait(posted.stream, *done_event_));
+    }
     return DeliverSums(*memory_, out, result, posted.tokens, posted.hidden, accumulate,
                        posted.stream);
   }
 
  private:
+  enum FlagWord { kReady = 0, kDone = 1 };
+  uint32_t* Flag(FlagWord w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const InputLayout in(capacity_, hidden_, top_k_);
+    return reinterpret_cast<uint32_t*>(static_cast<char*>(input_->data()) + in.flags) + w;
+  }
+  // The server is gone: a caller's stream may wait for a `done` it will
+  // never write. Writing the last value releases it (the step that used
+  // those sums fails: every later Post and Collect is UNAVAILABLE).
+  void ReleaseDone() {
+    absl::MutexLock lock(&mu_);
+    if (flags_ && seq_ != 0 && input_ != nullptr && memory_ != nullptr)
+      memory_->WriteFlag(nullptr, Flag(kDone), seq_).IgnoreError();
+  }
   absl::Status Usable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (broken_.load())
       return absl::UnavailableError(absl::StrCat("cuda_ipc peer ", peer_, " is gone"));
@@ -261,7 +303,14 @@ class IpcChannel : public DataChannel {
     r.kind = IpcRequest::kAttach;
     r.capacity = capacity, r.hidden = hidden, r.top_k = top_k;
     r.input_bytes = input->size(), r.output_bytes = output->size();
-    if (!same_process_ && device_ == options_.device && ready_event_ == nullptr) {
+    const bool pipelines = !same_process_ && device_ == options_.device;
+    if (pipelines && UseDeviceFlags()) {
+      flags_ = true;
+      uint32_t* words = reinterpret_cast<uint32_t*>(static_cast<char*>(input->data()) + in.flags);
+      RETURN_IF_ERROR(memory_->WriteFlag(nullptr, words + kReady, 0));
+      RETURN_IF_ERROR(memory_->WriteFlag(nullptr, words + kDone, 0));
+      r.flags_offset = in.flags;
+    } else if (pipelines && ready_event_ == nullptr) {
       ASSIGN_OR_RETURN(ready_event_, memory_->MakeEvent());
       ASSIGN_OR_RETURN(done_event_, memory_->MakeEvent());
     }
@@ -312,8 +361,11 @@ class IpcChannel : public DataChannel {
   PostedDispatch posted_ ABSL_GUARDED_BY(mu_);
   void* collected_on_ ABSL_GUARDED_BY(mu_) =
       nullptr;  // the stream the last result is copied out on
-  // Same GPU, another process: the events that pipeline the dispatches.
+  // Same GPU, another process: the events that pipeline the dispatches, or
+  // (flags_) the input region's two words and the last value written.
   std::unique_ptr<DeviceEvent> ready_event_ ABSL_GUARDED_BY(mu_), done_event_ ABSL_GUARDED_BY(mu_);
+  bool flags_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class CudaIpcTransport : public Transport {
@@ -387,6 +439,9 @@ struct CudaIpcDataPlaneServer::Attachment {
   float* output_base = nullptr;
   int capacity = 0, hidden = 0, top_k = 0;
   std::unique_ptr<DeviceEvent> ready, done;  // the client's, for pipelined dispatches
+  uint32_t* flags = nullptr;                 // or its words (ready, done) in the input region
+  uint32_t last_sync = 0;                    // the last pipelined dispatch's value
+  int last_layer = -1;                       // and its layer
   int lane = 0;  // its dispatches' MoeDispatch::lane: clients do not wait on each other
 };
 
@@ -440,10 +495,28 @@ grpc::Status CudaIpcDataPlaneServer::Attach(
     }
     a.stop.store(true);
     serving.join();
+    if (a.flags != nullptr && a.last_sync != 0) ReleaseLane(a);
   }
   absl::MutexLock lock(&mu_);
   attachments_.erase(std::find(attachments_.begin(), attachments_.end(), &a));
   return grpc::Status::OK;
+}
+
+void CudaIpcDataPlaneServer::ReleaseLane(const Attachment& a) {
+  // A client gone mid-step may never have written `ready` for its last
+  // dispatch, which would hold its lane (and a later client given the same
+  // lane) forever: write it here, so the queued work runs (on inputs that no
+  // longer matter), and drain the lane with an empty dispatch that waits
+  // before the regions are unmapped.
+  absl::StatusOr<DeviceMemory*> mem = memory();
+  if (mem.ok()) (*mem)->WriteFlag(nullptr, a.flags, a.last_sync).IgnoreError();
+  MoeDispatch drain;
+  drain.layer = a.last_layer, drain.num_tokens = 0, drain.hidden = a.hidden, drain.top_k = a.top_k;
+  drain.memory = DispatchMemory::CudaDevice(device_);
+  drain.lane = a.lane;
+  drain.hidden_states = a.input_base;
+  if (absl::Status s = dispatch_->Dispatch(drain, a.output_base); !s.ok())
+    std::cerr << "cuda_ipc data plane: draining " << a.client << "'s lane: " << s << std::endl;
 }
 
 void CudaIpcDataPlaneServer::Serve(Attachment* a) {
@@ -460,7 +533,7 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
     return Bytes(ReplyOf(absl::InvalidArgumentError("an unreadable doorbell request")));
   if (r.kind == IpcRequest::kAttach) {
     a->input.reset(), a->output.reset(), a->local_input.reset(), a->local_output.reset();
-    a->input_base = nullptr, a->output_base = nullptr;
+    a->input_base = nullptr, a->output_base = nullptr, a->flags = nullptr;
     const InputLayout in(r.capacity, r.hidden, r.top_k);
     if (r.capacity <= 0 || r.hidden <= 0 || r.top_k <= 0 || r.input_bytes < in.bytes ||
         r.output_bytes < static_cast<uint64_t>(r.capacity) * r.hidden * sizeof(float)) {
@@ -506,12 +579,22 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
       if (!done.ok()) return Bytes(ReplyOf(done.status()));
       a->ready = std::move(*ready), a->done = std::move(*done);
     }
+    if (r.flags_offset != 0) {
+      if (a->same_process || a->other_gpu || r.flags_offset % 4 != 0 ||
+          r.flags_offset > r.input_bytes - 2 * sizeof(uint32_t)) {
+        return Bytes(ReplyOf(absl::InvalidArgumentError(
+            "cuda_ipc attach: device flags need another process on this GPU and two words "
+            "inside the input region")));
+      }
+      a->flags = reinterpret_cast<uint32_t*>(a->input_base + r.flags_offset);
+    }
     a->capacity = r.capacity, a->hidden = r.hidden, a->top_k = r.top_k;
     std::cerr << "cuda_ipc data plane: " << a->client << " attached device buffers for "
               << r.capacity << " tokens" << (a->same_process ? " (same process)" : "")
               << (a->other_gpu ? " (its GPU: staged through this one)" : "")
-              << (a->ready != nullptr ? " (pipelined on the device through interprocess events)"
-                                      : "")
+              << (a->flags != nullptr   ? " (pipelined on the device through device flags)"
+                  : a->ready != nullptr ? " (pipelined on the device through interprocess events)"
+                                        : "")
               << std::endl;
     if (!a->same_process && !a->other_gpu && std::getenv("CUDA_MPS_PIPE_DIRECTORY") == nullptr) {
       std::cerr << "cuda_ipc data plane: note: the client shares this GPU: unless MPS runs it, "
@@ -556,13 +639,22 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
   d.num_experts = r.num_experts;
   d.lane = a->lane;
   if (r.pipelined != 0) {
-    if (a->ready == nullptr || a->local_input != nullptr) {
-      return Bytes(ReplyOf(
-          absl::FailedPreconditionError("a pipelined dispatch on an attachment without events")));
+    if (a->local_input != nullptr || (a->flags == nullptr && a->ready == nullptr)) {
+      return Bytes(ReplyOf(absl::FailedPreconditionError(
+          "a pipelined dispatch on an attachment without events or flags")));
     }
-    d.ready = a->ready->get(), d.done = a->done->get();
+    if (a->flags != nullptr) {
+      if (r.sync_value == 0) {
+        return Bytes(
+            ReplyOf(absl::InvalidArgumentError("a pipelined dispatch without a flag value")));
+      }
+      d.ready_flag = a->flags, d.done_flag = a->flags + 1, d.sync_value = r.sync_value;
+    } else {
+      d.ready = a->ready->get(), d.done = a->done->get();
+    }
   }
   absl::Status s = dispatch_->Dispatch(d, output);
+  if (s.ok() && d.done_flag != nullptr) a->last_sync = d.sync_value, a->last_layer = d.layer;
   if (s.ok() && output != a->output_base && t > 0) {  // push the sums back in bulk
     const DeviceMemory::CopyRange push[] = {{a->output_base, output, t * r.hidden * sizeof(float)}};
     s = (*memory())->Copy(push);

@@ -87,6 +87,8 @@ class CudaIpcDataPlaneServer final : public DataPlaneServer, public v1::IpcDataP
       : device_(device), dispatch_(dispatch), host_(dispatch, kv) {}
   // Serves one channel's doorbell until `a->stop`.
   void Serve(Attachment* a);
+  // Unblocks and drains the lane of an attachment whose client went away (device flags).
+  void ReleaseLane(const Attachment& a);
   // One doorbell request; returns the reply.
   std::string Handle(Attachment* a, const std::string& request);
   absl::StatusOr<DeviceMemory*> memory();

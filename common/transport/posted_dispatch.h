@@ -4,6 +4,7 @@
 #ifndef MOESH_COMMON_TRANSPORT_POSTED_DISPATCH_H_
 #define MOESH_COMMON_TRANSPORT_POSTED_DISPATCH_H_
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -27,8 +28,9 @@ inline absl::Status CheckPostable(const MoeDispatch& d, int device, const std::s
 struct PostedDispatch {
   int tokens = -1;  // rows; -1: none in flight
   int hidden = 0;
-  void* stream = nullptr;  // the caller's (null: collected synchronously)
-  bool pipelined = false;  // cuda_ipc: ordered by events on the caller's stream
+  void* stream = nullptr;   // the caller's (null: collected synchronously)
+  bool pipelined = false;   // cuda_ipc: ordered by events on the caller's stream
+  uint32_t sync_value = 0;  // cuda_ipc with device flags: the value `done` takes (else 0)
 
   bool in_flight() const { return tokens >= 0; }
   // Post's check: FAILED_PRECONDITION while a dispatch is in flight.
