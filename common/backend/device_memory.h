@@ -30,8 +30,8 @@ class DeviceRegion {
   virtual const std::string& handle() const = 0;
 };
 
-// A CUDA event shared between processes (cudaEventInterprocess): made here
-// (handle() for the peer) or opened from a peer's handle. Destroyed with it.
+// A CUDA event made by DeviceMemory::MakeEvent (cudaEventInterprocess;
+// handle() its IPC bytes, which nothing opens today). Destroyed with it.
 class DeviceEvent {
  public:
   virtual ~DeviceEvent() = default;
@@ -52,7 +52,8 @@ class DeviceMemory {
                                                                size_t bytes) = 0;
   // Device-to-device copies, in order. `stream` null: on this object's own
   // stream, after cudaEvent_t `after` fires (if not null), returning when
-  // they are done; else enqueued on that cudaStream_t, returning at once.
+  // they are done; else enqueued on that cudaStream_t (two to four ranges as
+  // one launch: they must not overlap), returning at once.
   struct CopyRange {
     void* dst;
     const void* src;
@@ -65,21 +66,20 @@ class DeviceMemory {
   // dst += src, both fp32 [rows, cols]; `stream` as for Copy.
   virtual absl::Status Add(float* dst, const float* src, int rows, int cols,
                            void* stream = nullptr) = 0;
-  // Interprocess events, for ordering work across processes on the device
-  // without the hosts waiting: Record on cudaStream_t `stream`; Wait makes
-  // `stream` wait for the event's latest record. UNAVAILABLE if CUDA refuses
-  // a handle.
+  // Events, for ordering work between streams without the host waiting
+  // (the nccl channel's): Record on cudaStream_t `stream`; Wait makes
+  // `stream` wait for the event's latest record.
   virtual absl::StatusOr<std::unique_ptr<DeviceEvent>> MakeEvent() = 0;
-  virtual absl::StatusOr<std::unique_ptr<DeviceEvent>> OpenEvent(const std::string& handle) = 0;
   virtual absl::Status Record(const DeviceEvent& event, void* stream) = 0;
   virtual absl::Status Wait(void* stream, const DeviceEvent& event) = 0;
   // Device words (4-byte aligned, in device memory of this device, e.g. in a
   // region): WriteFlag sets *flag = value after the work before it on
   // cudaStream_t `stream` (null: at once, on this object's own stream,
   // returning when written); WaitFlag holds the work queued on `stream`
-  // after it until *flag == value. Cheaper than an event between processes
-  // (no event object on either side); a wait nobody satisfies blocks the
-  // stream until someone writes the value (WriteFlag with a null stream).
+  // after it until *flag == value. Cheaper than an interprocess event
+  // (the cuda_ipc channel's ordering of a dispatch between two processes);
+  // a wait nobody satisfies blocks the stream until someone writes the value
+  // (WriteFlag with a null stream).
   virtual absl::Status WriteFlag(void* stream, uint32_t* flag, uint32_t value) = 0;
   virtual absl::Status WaitFlag(void* stream, uint32_t* flag, uint32_t value) = 0;
 };

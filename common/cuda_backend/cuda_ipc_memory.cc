@@ -2,7 +2,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -62,16 +61,6 @@ class Event : public DeviceEvent {
   const std::string handle_;  // empty iff opened from a peer's
 };
 
-// A/B switch while measured (issue 20): MOESH_EXP_IPC_COPY=kernel copies a
-// multi-range Copy in one launch (cuda::RunCopyRanges).
-bool OneLaunchCopies() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESH_EXP_IPC_COPY");
-    return v != nullptr && std::string(v) == "kernel";
-  }();
-  return on;
-}
-
 class CudaDeviceMemory : public DeviceMemory {
  public:
   CudaDeviceMemory(int device, cuda::Stream stream) : device_(device), stream_(std::move(stream)) {}
@@ -110,8 +99,10 @@ class CudaDeviceMemory : public DeviceMemory {
       RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(after), 0),
                                  "cudaStreamWaitEvent"));
     }
-    if (copies.size() > 1 && copies.size() <= cuda::kMaxCopyRanges && OneLaunchCopies()) {
-      cuda::CopyRangesParams p;  // one launch instead of one operation a range
+    if (stream != nullptr && copies.size() > 1 && copies.size() <= cuda::kMaxCopyRanges) {
+      // One launch instead of an operation a range (a cuda_ipc dispatch's three
+      // input copies: ~4 us less a hand-off; BENCHMARKS, twenty-eighth session).
+      cuda::CopyRangesParams p;
       for (const CopyRange& c : copies) p.ranges[p.num_ranges++] = {c.dst, c.src, c.bytes};
       p.stream = s;
       RETURN_IF_ERROR(cuda::RunCopyRanges(p));
@@ -161,25 +152,6 @@ class CudaDeviceMemory : public DeviceMemory {
     }
     return std::unique_ptr<DeviceEvent>(
         new Event(device_, e, std::string(reinterpret_cast<const char*>(&h), sizeof(h))));
-  }
-
-  absl::StatusOr<std::unique_ptr<DeviceEvent>> OpenEvent(const std::string& handle) override {
-    if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
-      return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC event handle has ",
-                                                     sizeof(cudaIpcEventHandle_t), " bytes, not ",
-                                                     handle.size()));
-    }
-    RETURN_IF_ERROR(cuda::UseDevice(device_));
-    cudaIpcEventHandle_t h;
-    std::memcpy(&h, handle.data(), sizeof(h));
-    cudaEvent_t e = nullptr;
-    const cudaError_t err = cudaIpcOpenEventHandle(&e, h);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      return absl::UnavailableError(
-          absl::StrCat("cudaIpcOpenEventHandle on cuda:", device_, ": ", cudaGetErrorString(err)));
-    }
-    return std::unique_ptr<DeviceEvent>(new Event(device_, e, ""));
   }
 
   absl::Status Record(const DeviceEvent& event, void* stream) override {

@@ -35,22 +35,20 @@ struct IpcRequest {
   uint32_t input_handle_size = 0, output_handle_size = 0;
   char input_handle[kMaxHandle] = {};
   char output_handle[kMaxHandle] = {};
-  // kAttach, same GPU, other process: interprocess events that order the
-  // dispatches on the device (see `pipelined`).
-  uint32_t ready_handle_size = 0, done_handle_size = 0;
-  char ready_handle[kMaxHandle] = {};
-  char done_handle[kMaxHandle] = {};
-  // kAttach, same GPU, other process, instead of the events: the offset in
-  // the input region of two device words, `ready` then `done` (0: none).
+  // kAttach, same GPU, other process: the offset in the input region of two
+  // device words, `ready` then `done`, that order the dispatches on the
+  // device (see `pipelined`; 0: none).
   uint64_t flags_offset = 0;
   // kDispatch.
   int32_t layer = 0, num_tokens = 0, num_experts = 0;
-  // The inputs are complete on the device once the ready event fires (with
-  // flags: once `ready` == sync_value); the server enqueues its work after
-  // it, records the done event (writes sync_value into `done`) and answers
-  // without waiting; the client orders its use of the sums after done.
+  // The inputs are complete on the device once `ready` == sync_value; the
+  // server enqueues its work after that, then the write of sync_value into
+  // `done`, and answers without waiting; the client's stream waits for
+  // `done` == sync_value before it uses the sums. (Device words rather than
+  // interprocess events: ~10 us less a hand-off under MPS; BENCHMARKS,
+  // twenty-eighth session.)
   int32_t pipelined = 0;
-  uint32_t sync_value = 0;  // with flags: nonzero, a new value each dispatch
+  uint32_t sync_value = 0;  // nonzero, a new value each dispatch
   uint8_t serve[kMaxExperts] = {};
 };
 struct IpcReply {
@@ -72,17 +70,6 @@ struct InputLayout {
     bytes = flags + 256;
   }
 };
-
-// A/B switch while measured (issue 20): MOESH_EXP_IPC_SYNC=flags orders
-// same-GPU pipelined dispatches by device words instead of interprocess
-// events.
-bool UseDeviceFlags() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESH_EXP_IPC_SYNC");
-    return v != nullptr && std::string(v) == "flags";
-  }();
-  return on;
-}
 
 template <typename T>
 std::string Bytes(const T& v) {
@@ -187,9 +174,11 @@ class IpcChannel : public DataChannel {
     const InputLayout in(capacity_, hidden_, top_k_);
     char* base = static_cast<char*>(input_->data());
     const size_t t = d.num_tokens;
-    // Pipelined: the copies go on the caller's stream and an event (or the
-    // ready word) marks them done; nobody's host waits for the device.
-    const bool pipelined = (ready_event_ != nullptr || flags_) && d.stream != nullptr;
+    // Pipelined: the copies go on the caller's stream and the ready word
+    // marks them done; nobody's host waits for the device. (Not without
+    // tokens: Collect returns at once then, and a `ready` written again before
+    // the server's lane waited for this one would hold the lane forever.)
+    const bool pipelined = flags_ && d.stream != nullptr && d.num_tokens > 0;
     if (t > 0) {
       const DeviceMemory::CopyRange copies[] = {
           {base, d.hidden_bf16(), t * d.hidden * 2},
@@ -203,12 +192,10 @@ class IpcChannel : public DataChannel {
       }
     }
     uint32_t sync_value = 0;
-    if (pipelined && flags_) {
+    if (pipelined) {
       if (++seq_ == 0) seq_ = 1;  // 0 is the words' value before any dispatch
       sync_value = seq_;
       RETURN_IF_ERROR(memory_->WriteFlag(d.stream, Flag(kReady), sync_value));
-    } else if (pipelined) {
-      RETURN_IF_ERROR(memory_->Record(*ready_event_, d.stream));
     }
     IpcRequest r;
     r.kind = IpcRequest::kDispatch;
@@ -238,11 +225,8 @@ class IpcChannel : public DataChannel {
     // again before the next Post, which waits for that stream's next event.
     const float* result = static_cast<const float*>(output_->data());
     collected_on_ = posted.stream;
-    if (posted.pipelined && posted.sync_value != 0) {  // the sums are written
+    if (posted.pipelined)  // the sums are written
       RETURN_IF_ERROR(memory_->WaitFlag(posted.stream, Flag(kDone), posted.sync_value));
-    } else if (posted.pipelined) {
-      RETURN_IF_ERROR(memory_->Wait(posted.stream, *done_event_));
-    }
     return DeliverSums(*memory_, out, result, posted.tokens, posted.hidden, accumulate,
                        posted.stream);
   }
@@ -303,24 +287,12 @@ class IpcChannel : public DataChannel {
     r.kind = IpcRequest::kAttach;
     r.capacity = capacity, r.hidden = hidden, r.top_k = top_k;
     r.input_bytes = input->size(), r.output_bytes = output->size();
-    const bool pipelines = !same_process_ && device_ == options_.device;
-    if (pipelines && UseDeviceFlags()) {
+    if (!same_process_ && device_ == options_.device) {  // pipelined through two words
       flags_ = true;
       uint32_t* words = reinterpret_cast<uint32_t*>(static_cast<char*>(input->data()) + in.flags);
       RETURN_IF_ERROR(memory_->WriteFlag(nullptr, words + kReady, 0));
       RETURN_IF_ERROR(memory_->WriteFlag(nullptr, words + kDone, 0));
       r.flags_offset = in.flags;
-    } else if (pipelines && ready_event_ == nullptr) {
-      ASSIGN_OR_RETURN(ready_event_, memory_->MakeEvent());
-      ASSIGN_OR_RETURN(done_event_, memory_->MakeEvent());
-    }
-    if (ready_event_ != nullptr) {
-      r.ready_handle_size =
-          static_cast<uint32_t>(std::min(kMaxHandle, ready_event_->handle().size()));
-      r.done_handle_size =
-          static_cast<uint32_t>(std::min(kMaxHandle, done_event_->handle().size()));
-      std::memcpy(r.ready_handle, ready_event_->handle().data(), r.ready_handle_size);
-      std::memcpy(r.done_handle, done_event_->handle().data(), r.done_handle_size);
     }
     if (same_process_) {
       r.input_ptr = reinterpret_cast<uint64_t>(input->data());
@@ -361,9 +333,8 @@ class IpcChannel : public DataChannel {
   PostedDispatch posted_ ABSL_GUARDED_BY(mu_);
   void* collected_on_ ABSL_GUARDED_BY(mu_) =
       nullptr;  // the stream the last result is copied out on
-  // Same GPU, another process: the events that pipeline the dispatches, or
-  // (flags_) the input region's two words and the last value written.
-  std::unique_ptr<DeviceEvent> ready_event_ ABSL_GUARDED_BY(mu_), done_event_ ABSL_GUARDED_BY(mu_);
+  // Same GPU, another process: dispatches pipelined through the input
+  // region's two words; the last value written.
   bool flags_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -438,10 +409,9 @@ struct CudaIpcDataPlaneServer::Attachment {
   char* input_base = nullptr;
   float* output_base = nullptr;
   int capacity = 0, hidden = 0, top_k = 0;
-  std::unique_ptr<DeviceEvent> ready, done;  // the client's, for pipelined dispatches
-  uint32_t* flags = nullptr;                 // or its words (ready, done) in the input region
-  uint32_t last_sync = 0;                    // the last pipelined dispatch's value
-  int last_layer = -1;                       // and its layer
+  uint32_t* flags = nullptr;  // the client's words (ready, done) in the input region: pipelined
+  uint32_t last_sync = 0;     // the last pipelined dispatch's value
+  int last_layer = -1;        // and its layer
   int lane = 0;  // its dispatches' MoeDispatch::lane: clients do not wait on each other
 };
 
@@ -568,17 +538,6 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
       if (!lo.ok()) return Bytes(ReplyOf(lo.status()));
       a->local_input = std::move(*li), a->local_output = std::move(*lo);
     }
-    if (r.ready_handle_size > 0 && !a->same_process && !a->other_gpu) {
-      absl::StatusOr<DeviceMemory*> mem = memory();
-      if (!mem.ok()) return Bytes(ReplyOf(mem.status()));
-      absl::StatusOr<std::unique_ptr<DeviceEvent>> ready = (*mem)->OpenEvent(
-          std::string(r.ready_handle, std::min<size_t>(r.ready_handle_size, kMaxHandle)));
-      if (!ready.ok()) return Bytes(ReplyOf(ready.status()));
-      absl::StatusOr<std::unique_ptr<DeviceEvent>> done = (*mem)->OpenEvent(
-          std::string(r.done_handle, std::min<size_t>(r.done_handle_size, kMaxHandle)));
-      if (!done.ok()) return Bytes(ReplyOf(done.status()));
-      a->ready = std::move(*ready), a->done = std::move(*done);
-    }
     if (r.flags_offset != 0) {
       if (a->same_process || a->other_gpu || r.flags_offset % 4 != 0 ||
           r.flags_offset > r.input_bytes - 2 * sizeof(uint32_t)) {
@@ -592,9 +551,7 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
     std::cerr << "cuda_ipc data plane: " << a->client << " attached device buffers for "
               << r.capacity << " tokens" << (a->same_process ? " (same process)" : "")
               << (a->other_gpu ? " (its GPU: staged through this one)" : "")
-              << (a->flags != nullptr   ? " (pipelined on the device through device flags)"
-                  : a->ready != nullptr ? " (pipelined on the device through interprocess events)"
-                                        : "")
+              << (a->flags != nullptr ? " (pipelined on the device through device flags)" : "")
               << std::endl;
     if (!a->same_process && !a->other_gpu && std::getenv("CUDA_MPS_PIPE_DIRECTORY") == nullptr) {
       std::cerr << "cuda_ipc data plane: note: the client shares this GPU: unless MPS runs it, "
@@ -639,19 +596,15 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
   d.num_experts = r.num_experts;
   d.lane = a->lane;
   if (r.pipelined != 0) {
-    if (a->local_input != nullptr || (a->flags == nullptr && a->ready == nullptr)) {
-      return Bytes(ReplyOf(absl::FailedPreconditionError(
-          "a pipelined dispatch on an attachment without events or flags")));
+    if (a->local_input != nullptr || a->flags == nullptr) {
+      return Bytes(ReplyOf(
+          absl::FailedPreconditionError("a pipelined dispatch on an attachment without flags")));
     }
-    if (a->flags != nullptr) {
-      if (r.sync_value == 0) {
-        return Bytes(
-            ReplyOf(absl::InvalidArgumentError("a pipelined dispatch without a flag value")));
-      }
-      d.ready_flag = a->flags, d.done_flag = a->flags + 1, d.sync_value = r.sync_value;
-    } else {
-      d.ready = a->ready->get(), d.done = a->done->get();
+    if (r.sync_value == 0) {
+      return Bytes(
+          ReplyOf(absl::InvalidArgumentError("a pipelined dispatch without a flag value")));
     }
+    d.ready_flag = a->flags, d.done_flag = a->flags + 1, d.sync_value = r.sync_value;
   }
   absl::Status s = dispatch_->Dispatch(d, output);
   if (s.ok() && d.done_flag != nullptr) a->last_sync = d.sync_value, a->last_layer = d.layer;

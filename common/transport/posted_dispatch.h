@@ -29,8 +29,8 @@ struct PostedDispatch {
   int tokens = -1;  // rows; -1: none in flight
   int hidden = 0;
   void* stream = nullptr;   // the caller's (null: collected synchronously)
-  bool pipelined = false;   // cuda_ipc: ordered by events on the caller's stream
-  uint32_t sync_value = 0;  // cuda_ipc with device flags: the value `done` takes (else 0)
+  bool pipelined = false;   // cuda_ipc: ordered by device words on the caller's stream
+  uint32_t sync_value = 0;  // with `pipelined`: the value the `done` word takes
 
   bool in_flight() const { return tokens >= 0; }
   // Post's check: FAILED_PRECONDITION while a dispatch is in flight.
