@@ -24,7 +24,8 @@
 
 namespace moesh {
 
-// 11: MoeDispatch's device flags (ready_flag, done_flag), DeviceMemory::WriteFlag / WaitFlag;
+// 11: MoeDispatch's device flags (ready_flag, done_flag), DeviceMemory::WriteFlag / WaitFlag
+// (OpenEvent gone);
 // 10: MoeDispatch::wire (the host wire's encodings: --dispatch_dtype);
 // 9: ExpertShardWeights::deferred (experts read from the checkpoint by the device);
 // 8: the prefix cache's virtuals on KvSequence and AttentionBackend, DeviceOptions::prefix_cache;

@@ -11,13 +11,14 @@
 // for the channel runs the experts from the input region into the output
 // region (DispatchHandler, a device dispatch) and rings back; the client copies or adds
 // the output into its buffer. The regions grow when a larger dispatch comes
-// (the server maps the new ones). On one GPU across processes the channel
-// also shares two interprocess events and dispatches are pipelined on the
-// device: the client enqueues the copies on its stream and records `ready`
-// before ringing; the server waits on `ready` on its stream, enqueues the
-// experts, records `done` and rings back at once; the client makes its
-// stream wait on `done` before using the output. Neither host waits for the
-// device (the sums are ordered, not complete, when Collect returns).
+// (the server maps the new ones). On one GPU across processes dispatches are
+// pipelined on the device through two words at the input region's tail: the
+// client enqueues the copies on its stream and the write of a new value into
+// `ready` before ringing; the server makes its stream wait for that value,
+// enqueues the experts and the write of the same value into `done`, and rings
+// back at once; the client makes its stream wait for `done` before using the
+// output. Neither host waits for the device (the sums are ordered, not
+// complete, when Collect returns).
 //
 // The KV handoff can use device memory too (kv_handoff.h, KvHandoff::kDevice):
 // the decode worker copies the prefill worker's KV blocks from its
