@@ -41,14 +41,14 @@ struct IpcRequest {
   uint64_t flags_offset = 0;
   // kDispatch.
   int32_t layer = 0, num_tokens = 0, num_experts = 0;
-  // The inputs are complete on the device once `ready` == sync_value; the
+  // Pipelined (sync_value nonzero, a new value each dispatch): the inputs
+  // are complete on the device once `ready` == sync_value; the
   // server enqueues its work after that, then the write of sync_value into
   // `done`, and answers without waiting; the client's stream waits for
   // `done` == sync_value before it uses the sums. (Device words rather than
   // interprocess events: ~10 us less a hand-off under MPS; BENCHMARKS,
   // twenty-eighth session.)
-  int32_t pipelined = 0;
-  uint32_t sync_value = 0;  // nonzero, a new value each dispatch
+  uint32_t sync_value = 0;
   uint8_t serve[kMaxExperts] = {};
 };
 struct IpcReply {
@@ -178,7 +178,7 @@ class IpcChannel : public DataChannel {
     // marks them done; nobody's host waits for the device. (Not without
     // tokens: Collect returns at once then, and a `ready` written again before
     // the server's lane waited for this one would hold the lane forever.)
-    const bool pipelined = flags_ && d.stream != nullptr && d.num_tokens > 0;
+    const bool pipelined = words_ != nullptr && d.stream != nullptr && d.num_tokens > 0;
     if (t > 0) {
       const DeviceMemory::CopyRange copies[] = {
           {base, d.hidden_bf16(), t * d.hidden * 2},
@@ -195,11 +195,10 @@ class IpcChannel : public DataChannel {
     if (pipelined) {
       if (++seq_ == 0) seq_ = 1;  // 0 is the words' value before any dispatch
       sync_value = seq_;
-      RETURN_IF_ERROR(memory_->WriteFlag(d.stream, Flag(kReady), sync_value));
+      RETURN_IF_ERROR(memory_->WriteFlag(d.stream, words_ + kReady, sync_value));
     }
     IpcRequest r;
     r.kind = IpcRequest::kDispatch;
-    r.pipelined = pipelined ? 1 : 0;
     r.sync_value = sync_value;
     r.layer = d.layer, r.num_tokens = d.num_tokens, r.hidden = d.hidden, r.top_k = d.top_k;
     if (d.serve != nullptr) {
@@ -211,7 +210,7 @@ class IpcChannel : public DataChannel {
       std::memcpy(r.serve, d.serve, d.num_experts);
     }
     RETURN_IF_ERROR(Break(doorbell_->Post(Bytes(r))));
-    posted_ = {d.num_tokens, d.hidden, d.stream, pipelined, sync_value};
+    posted_ = {d.num_tokens, d.hidden, d.stream, sync_value};
     return absl::OkStatus();
   }
 
@@ -225,25 +224,21 @@ class IpcChannel : public DataChannel {
     // again before the next Post, which waits for that stream's next event.
     const float* result = static_cast<const float*>(output_->data());
     collected_on_ = posted.stream;
-    if (posted.pipelined)  // the sums are written
-      RETURN_IF_ERROR(memory_->WaitFlag(posted.stream, Flag(kDone), posted.sync_value));
+    if (posted.sync_value != 0)  // pipelined: the sums are written
+      RETURN_IF_ERROR(memory_->WaitFlag(posted.stream, words_ + kDone, posted.sync_value));
     return DeliverSums(*memory_, out, result, posted.tokens, posted.hidden, accumulate,
                        posted.stream);
   }
 
  private:
-  enum FlagWord { kReady = 0, kDone = 1 };
-  uint32_t* Flag(FlagWord w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const InputLayout in(capacity_, hidden_, top_k_);
-    return reinterpret_cast<uint32_t*>(static_cast<char*>(input_->data()) + in.flags) + w;
-  }
+  enum FlagWord { kReady = 0, kDone = 1 };  // words_[kReady], words_[kDone]
   // The server is gone: a caller's stream may wait for a `done` it will
   // never write. Writing the last value releases it (the step that used
   // those sums fails: every later Post and Collect is UNAVAILABLE).
   void ReleaseDone() {
     absl::MutexLock lock(&mu_);
-    if (flags_ && seq_ != 0 && input_ != nullptr && memory_ != nullptr)
-      memory_->WriteFlag(nullptr, Flag(kDone), seq_).IgnoreError();
+    if (words_ != nullptr && seq_ != 0)
+      memory_->WriteFlag(nullptr, words_ + kDone, seq_).IgnoreError();
   }
   absl::Status Usable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (broken_.load())
@@ -287,9 +282,9 @@ class IpcChannel : public DataChannel {
     r.kind = IpcRequest::kAttach;
     r.capacity = capacity, r.hidden = hidden, r.top_k = top_k;
     r.input_bytes = input->size(), r.output_bytes = output->size();
+    uint32_t* words = nullptr;
     if (!same_process_ && device_ == options_.device) {  // pipelined through two words
-      flags_ = true;
-      uint32_t* words = reinterpret_cast<uint32_t*>(static_cast<char*>(input->data()) + in.flags);
+      words = reinterpret_cast<uint32_t*>(static_cast<char*>(input->data()) + in.flags);
       RETURN_IF_ERROR(memory_->WriteFlag(nullptr, words + kReady, 0));
       RETURN_IF_ERROR(memory_->WriteFlag(nullptr, words + kDone, 0));
       r.flags_offset = in.flags;
@@ -309,6 +304,7 @@ class IpcChannel : public DataChannel {
     // Either way the server has let go of the old regions.
     input_ = s.ok() ? std::move(input) : nullptr;
     output_ = s.ok() ? std::move(output) : nullptr;
+    words_ = s.ok() ? words : nullptr;
     if (s.ok()) capacity_ = capacity, hidden_ = hidden, top_k_ = top_k;
     return s;
   }
@@ -333,9 +329,9 @@ class IpcChannel : public DataChannel {
   PostedDispatch posted_ ABSL_GUARDED_BY(mu_);
   void* collected_on_ ABSL_GUARDED_BY(mu_) =
       nullptr;  // the stream the last result is copied out on
-  // Same GPU, another process: dispatches pipelined through the input
-  // region's two words; the last value written.
-  bool flags_ ABSL_GUARDED_BY(mu_) = false;
+  // Same GPU, another process: the input region's two words (else null)
+  // that pipeline the dispatches; the last value written.
+  uint32_t* words_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -595,14 +591,10 @@ std::string CudaIpcDataPlaneServer::Handle(Attachment* a, const std::string& byt
   d.serve = r.num_experts > 0 ? r.serve : nullptr;
   d.num_experts = r.num_experts;
   d.lane = a->lane;
-  if (r.pipelined != 0) {
+  if (r.sync_value != 0) {  // pipelined
     if (a->local_input != nullptr || a->flags == nullptr) {
       return Bytes(ReplyOf(
           absl::FailedPreconditionError("a pipelined dispatch on an attachment without flags")));
-    }
-    if (r.sync_value == 0) {
-      return Bytes(
-          ReplyOf(absl::InvalidArgumentError("a pipelined dispatch without a flag value")));
     }
     d.ready_flag = a->flags, d.done_flag = a->flags + 1, d.sync_value = r.sync_value;
   }

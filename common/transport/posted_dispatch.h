@@ -28,9 +28,10 @@ inline absl::Status CheckPostable(const MoeDispatch& d, int device, const std::s
 struct PostedDispatch {
   int tokens = -1;  // rows; -1: none in flight
   int hidden = 0;
-  void* stream = nullptr;   // the caller's (null: collected synchronously)
-  bool pipelined = false;   // cuda_ipc: ordered by device words on the caller's stream
-  uint32_t sync_value = 0;  // with `pipelined`: the value the `done` word takes
+  void* stream = nullptr;  // the caller's (null: collected synchronously)
+  // cuda_ipc, nonzero: pipelined on the caller's stream, the value the
+  // `done` word takes.
+  uint32_t sync_value = 0;
 
   bool in_flight() const { return tokens >= 0; }
   // Post's check: FAILED_PRECONDITION while a dispatch is in flight.
