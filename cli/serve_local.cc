@@ -38,6 +38,10 @@ ABSL_FLAG(int, prefill_workers, 1,
 ABSL_FLAG(std::string, routing_policy, "kv_aware",
           "The router's --routing_policy: kv_aware (load and prefix caches), load (load alone) "
           "or round_robin (in turn).");
+ABSL_FLAG(int, max_local_prefill_tokens, moesh::RouterOptions().max_local_prefill_tokens,
+          "The router's --max_local_prefill_tokens: a prompt with at most this many tokens not "
+          "cached on its decode worker is computed there, mixed into its decode steps, instead "
+          "of on a prefill worker (0: every prompt goes to a prefill worker).");
 ABSL_FLAG(int, routers, 1,
           "Routers to start (router HA: every worker registers with each; clients may use any, "
           "and a router's death fails only its own streams). The first listens on --port, the "
@@ -75,6 +79,9 @@ absl::Status RunServeLocal() {
     return absl::InvalidArgumentError("--prefill_workers must be in [1, 16]");
   ASSIGN_OR_RETURN(opt.router.routing_policy,
                    ParseRoutingPolicy(absl::GetFlag(FLAGS_routing_policy)));
+  opt.router.max_local_prefill_tokens = absl::GetFlag(FLAGS_max_local_prefill_tokens);
+  if (opt.router.max_local_prefill_tokens < 0)
+    return absl::InvalidArgumentError("--max_local_prefill_tokens must be >= 0");
   opt.num_routers = absl::GetFlag(FLAGS_routers);
   if (opt.num_routers < 1 || opt.num_routers > 16)
     return absl::InvalidArgumentError("--routers must be in [1, 16]");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -115,6 +116,11 @@ ClusterBackend::ClusterBackend(Membership* membership, ClusterBackendOptions opt
                                        "Streams continued on another prefill/decode pair after "
                                        "a worker serving them failed.")
                        .Add({});
+    local_prefills_ = &options_.metrics
+                           ->CounterFamily("moesh_local_prefills_total",
+                                           "Prompts a decode worker computed itself instead of "
+                                           "a prefill worker (--max_local_prefill_tokens).")
+                           .Add({});
   }
 }
 
@@ -128,11 +134,7 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
                                      const std::vector<std::string>& avoid,
                                      std::vector<std::string>* failed) {
   std::vector<WorkerInfo> decoders = registry_->Live(v1::WORKER_KIND_DECODE);
-  std::vector<WorkerInfo> prefillers = registry_->Live(v1::WORKER_KIND_PREFILL);
-  if (decoders.empty() || prefillers.empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("no ", decoders.empty() ? "decode" : "prefill", " worker is registered"));
-  }
+  if (decoders.empty()) return absl::UnavailableError("no decode worker is registered");
   auto avoided = [&](const WorkerInfo& w) {
     return std::find(avoid.begin(), avoid.end(), w.id) != avoid.end();
   };
@@ -143,13 +145,24 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
   OrderDecodeWorkers(&decoders, &hashes, options_.routing, turn);
   std::stable_partition(decoders.begin(), decoders.end(),
                         [&](const WorkerInfo& w) { return !avoided(w); });
-  // The prefill worker among those that did not fail it, if any is left.
-  const auto fresh = std::stable_partition(prefillers.begin(), prefillers.end(),
-                                           [&](const WorkerInfo& w) { return !avoided(w); });
-  if (fresh != prefillers.begin()) prefillers.erase(fresh, prefillers.end());
-  const WorkerInfo& prefill =
-      prefillers[PickPrefillWorker(prefillers, &hashes, options_.routing, turn)];
-  GrpcPrefillClient prefill_client(prefill, ChannelTo(prefill.address), registry_);
+  // A short uncached prompt: the decode worker computes it (no prefill worker).
+  const int uncached =
+      static_cast<int>(req.prompt.size()) - CachedPrefixTokens(decoders.front().load, &hashes);
+  const bool local = uncached <= options_.max_local_prefill_tokens;
+  std::optional<WorkerInfo> prefill;
+  std::optional<GrpcPrefillClient> prefill_client;
+  if (!local) {
+    std::vector<WorkerInfo> prefillers = registry_->Live(v1::WORKER_KIND_PREFILL);
+    if (prefillers.empty()) return absl::UnavailableError("no prefill worker is registered");
+    // The prefill worker among those that did not fail it, if any is left.
+    const auto fresh = std::stable_partition(prefillers.begin(), prefillers.end(),
+                                             [&](const WorkerInfo& w) { return !avoided(w); });
+    if (fresh != prefillers.begin()) prefillers.erase(fresh, prefillers.end());
+    prefill = prefillers[PickPrefillWorker(prefillers, &hashes, options_.routing, turn)];
+    prefill_client.emplace(*prefill, ChannelTo(prefill->address), registry_);
+  } else if (local_prefills_ != nullptr) {
+    local_prefills_->Increment();
+  }
   std::vector<std::unique_ptr<GrpcDecodeClient>> decode_clients;
   std::vector<DecodeClient*> order;
   for (const WorkerInfo& d : decoders) {
@@ -158,11 +171,12 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
     order.push_back(decode_clients.back().get());
   }
   GenerationOutcome outcome;
-  absl::Status s = RunGeneration(req, prefill_client, order, sink, cancel, &outcome);
+  absl::Status s = RunGeneration(req, prefill_client ? &*prefill_client : nullptr, order, sink,
+                                 cancel, &outcome);
   failed->clear();
   if (!s.ok() && outcome.decoder >= 0) {
     failed->push_back(decoders[outcome.decoder].id);
-    if (!outcome.prefilled) failed->push_back(prefill.id);
+    if (prefill && !outcome.prefilled) failed->push_back(prefill->id);
   }
   return s;
 }

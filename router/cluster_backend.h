@@ -88,7 +88,13 @@ struct ClusterBackendOptions {
   RoutingPolicy routing = RoutingPolicy::kKvAware;
   // Continuations of one request on other workers after a failure (0: none).
   int max_migrations = 2;
-  Metrics* metrics = nullptr;  // may be null; else moesh_stream_migrations_total
+  // A prompt with at most this many tokens not cached on the first decode
+  // worker to try (CachedPrefixTokens) is computed by the decode worker
+  // itself (RunGeneration without a prefill client); 0: never.
+  int max_local_prefill_tokens = 0;
+  // May be null; else moesh_stream_migrations_total and
+  // moesh_local_prefills_total.
+  Metrics* metrics = nullptr;
 };
 
 class ClusterBackend : public GenerationBackend {
@@ -104,7 +110,8 @@ class ClusterBackend : public GenerationBackend {
   // One run of `req` on the live workers, those in `avoid` (ids) tried last.
   // On a failure after a decode worker took it, *failed gets the ids of the
   // workers that may have caused it: the decode worker's once the prefill
-  // succeeded, else the prefill worker's and the decode worker's.
+  // succeeded (or when it computed the prompt itself), else the prefill
+  // worker's and the decode worker's.
   absl::Status RunOnce(const GenerationRequest& req, const ChunkSink& sink,
                        const CancelToken& cancel, const std::vector<std::string>& avoid,
                        std::vector<std::string>* failed);
@@ -112,8 +119,9 @@ class ClusterBackend : public GenerationBackend {
 
   WorkerRegistry* const registry_;
   const ClusterBackendOptions options_;
-  prometheus::Counter* migrations_ = nullptr;  // null without metrics
-  std::atomic<uint64_t> turn_{0};              // kRoundRobin: the next request's turn
+  prometheus::Counter* migrations_ = nullptr;      // null without metrics
+  prometheus::Counter* local_prefills_ = nullptr;  // null without metrics
+  std::atomic<uint64_t> turn_{0};                  // kRoundRobin: the next request's turn
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };

@@ -48,9 +48,9 @@ ColocatedBackend::~ColocatedBackend() {
 
 absl::Status ColocatedBackend::Run(const GenerationRequest& req, const ChunkSink& sink,
                                    const CancelToken& cancel) {
-  if (prefill_ == nullptr) return RunComputingPrompt(req, *decode_client_, sink, cancel);
+  // Without a prefill engine (chunked), the decode engine computes the prompt.
   DecodeClient* const decoders[] = {decode_client_.get()};
-  return RunGeneration(req, *prefill_client_, decoders, sink, cancel);
+  return RunGeneration(req, prefill_client_.get(), decoders, sink, cancel);
 }
 
 }  // namespace moesh

@@ -29,6 +29,8 @@ std::vector<std::string> ToArgs(const RouterOptions& o) {
   AddFlag(&args, "routing_policy", std::string(RoutingPolicyName(o.routing_policy)),
           std::string(RoutingPolicyName(d.routing_policy)));
   AddFlag(&args, "max_stream_migrations", o.max_stream_migrations, d.max_stream_migrations);
+  AddFlag(&args, "max_local_prefill_tokens", o.max_local_prefill_tokens,
+          d.max_local_prefill_tokens);
   AddFlag(&args, "colocated", o.colocated, d.colocated);
   AppendArgs(o.kv, &args);
   AppendArgs(o.device, &args);

@@ -56,6 +56,11 @@ ABSL_FLAG(int, max_stream_migrations, moesh::RouterOptions().max_stream_migratio
           "Cluster mode: continue a stream whose decode worker (or the prefill before it) failed "
           "on another prefill/decode pair, re-prefilling prompt + tokens so far, at most this "
           "many times per request (0: the stream fails UNAVAILABLE).");
+ABSL_FLAG(int, max_local_prefill_tokens, moesh::RouterOptions().max_local_prefill_tokens,
+          "Cluster mode: a prompt with at most this many tokens not cached on its decode worker "
+          "is computed by that decode worker, in chunks mixed into its decode steps "
+          "(--max_num_batched_tokens there), instead of a prefill worker (0: every prompt goes "
+          "to a prefill worker).");
 ABSL_FLAG(int, rebalance_slots, moesh::RouterOptions().rebalance_slots,
           "Experts an expert worker may host after an automatic rebalance (0: as many as the "
           "busiest hosts now).");
@@ -94,6 +99,10 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   o.max_stream_migrations = absl::GetFlag(FLAGS_max_stream_migrations);
   if (o.max_stream_migrations < 0) {
     return absl::InvalidArgumentError("--max_stream_migrations must be >= 0");
+  }
+  o.max_local_prefill_tokens = absl::GetFlag(FLAGS_max_local_prefill_tokens);
+  if (o.max_local_prefill_tokens < 0) {
+    return absl::InvalidArgumentError("--max_local_prefill_tokens must be >= 0");
   }
   if (o.rebalance_interval_s < 0 || o.rebalance_min_ratio < 1.0 || o.rebalance_slots < 0) {
     return absl::InvalidArgumentError(

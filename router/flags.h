@@ -55,6 +55,14 @@ struct RouterOptions {
   // fails mid-request is continued on another prefill/decode pair, at most
   // this many times per request (0: never; the stream fails UNAVAILABLE).
   int max_stream_migrations = 2;
+  // Cluster mode: a prompt of at most this many tokens not cached on the
+  // decode worker picked for it (by the block hashes it reports) is computed
+  // by that decode worker, in chunks mixed into its decode steps, instead of
+  // a prefill worker (conditional disaggregation, as Dynamo's
+  // max_local_prefill_length): a short prompt then shares the decode step's
+  // weight reads instead of costing a pass of its own. 0: every prompt goes
+  // to a prefill worker.
+  int max_local_prefill_tokens = 0;
   // --colocated: prefill, decode and experts in this process, on `device`
   // (read only with --colocated) with the KV cache and batch of `kv`.
   bool colocated = false;

@@ -77,6 +77,7 @@ absl::Status Run() {
     ClusterBackendOptions cb;
     cb.routing = o.routing_policy;
     cb.max_migrations = o.max_stream_migrations;
+    cb.max_local_prefill_tokens = o.max_local_prefill_tokens;
     cb.metrics = metrics.get();
     backend = std::make_unique<ClusterBackend>(membership.get(), cb);
   }

@@ -44,6 +44,7 @@ void DecodeSpecToProto(const DecodeSpec& spec, v1::DecodeRequest* p) {
   p->set_max_new_tokens(spec.max_new_tokens);
   p->mutable_stop_token_ids()->Add(spec.stop_token_ids.begin(), spec.stop_token_ids.end());
   p->set_priority(spec.priority);
+  p->set_compute_prompt(spec.compute_prompt);
 }
 
 DecodeSpec DecodeSpecFromProto(const v1::DecodeRequest& p) {
@@ -51,6 +52,7 @@ DecodeSpec DecodeSpecFromProto(const v1::DecodeRequest& p) {
   spec.max_new_tokens = p.max_new_tokens();
   spec.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   spec.priority = p.priority();
+  spec.compute_prompt = p.compute_prompt();
   return spec;
 }
 

@@ -183,10 +183,11 @@ absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
     if (requests_.count(spec.request_id))
       return absl::AlreadyExistsError(absl::StrCat("request ", spec.request_id, " exists"));
     // The prompt blocks of one caller's reservations awaiting their KV (what
-    // admission holds for them) stay within max_pending_kv_share of the pool.
+    // admission holds for them) stay within max_pending_kv_share of the pool;
+    // a request computing its prompt here awaits none.
     int pending = 0;
-    if (!caller.empty() && options_.max_pending_kv_share < 1.0 && u.total_blocks > 0 &&
-        u.block_size > 0) {
+    if (!caller.empty() && !spec.compute_prompt && options_.max_pending_kv_share < 1.0 &&
+        u.total_blocks > 0 && u.block_size > 0) {
       pending = BlocksFor(u, static_cast<int>(spec.prompt_ids.size()));
       const auto held = pending_blocks_.find(caller);
       const int cap = static_cast<int>(options_.max_pending_kv_share * u.total_blocks);

@@ -3,11 +3,29 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 
 namespace moesh {
 namespace {
 
 absl::Status CancelledByCaller() { return absl::CancelledError("cancelled by the caller"); }
+
+// Prefills `req` on `prefill` for `decode`, whose reservation is `stream`.
+absl::Status Prefill(const GenerationRequest& req, PrefillClient& prefill, DecodeClient& decode,
+                     const DecodeStream& stream, const CancelToken& cancel) {
+  PrefillSpec ps;
+  ps.request_id = req.request_id;
+  ps.prompt_ids = req.prompt;
+  ps.sampling = req.sampling;
+  ps.decode_address = decode.kv_address();
+  // What the reservation holds of the prompt already (clamped: a buggy
+  // report must not make the prefill worker leave out rows it needs).
+  ps.decode_held_tokens =
+      std::clamp(stream.held_tokens(), 0, std::max(0, static_cast<int>(req.prompt.size()) - 1));
+  if (absl::Status s = prefill.Prefill(ps, cancel); !s.ok() || cancel.cancelled())
+    return cancel.cancelled() ? CancelledByCaller() : s;
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -20,13 +38,14 @@ absl::Status CheckRequestId(absl::string_view id, bool allow_empty) {
   return absl::OkStatus();
 }
 
-absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
+absl::Status RunGeneration(const GenerationRequest& req, PrefillClient* prefill,
                            absl::Span<DecodeClient* const> decoders, const ChunkSink& sink,
                            const CancelToken& cancel, GenerationOutcome* outcome) {
   GenerationOutcome ignored;
   if (outcome == nullptr) outcome = &ignored;
   *outcome = GenerationOutcome();
-  const DecodeSpec ds = DecodeSpecOf(req);
+  DecodeSpec ds = DecodeSpecOf(req);
+  ds.compute_prompt = prefill == nullptr;
   DecodeClient* decode = nullptr;
   std::unique_ptr<DecodeStream> stream;
   absl::Status last = absl::ResourceExhaustedError("no decode worker has room");
@@ -50,19 +69,10 @@ absl::Status RunGeneration(const GenerationRequest& req, PrefillClient& prefill,
   }
   if (decode == nullptr) return last;
   if (cancel.cancelled()) return CancelledByCaller();  // `stream` goes: the reservation too
-
-  PrefillSpec ps;
-  ps.request_id = req.request_id;
-  ps.prompt_ids = req.prompt;
-  ps.sampling = req.sampling;
-  ps.decode_address = decode->kv_address();
-  // What the reservation holds of the prompt already (clamped: a buggy
-  // report must not make the prefill worker leave out rows it needs).
-  ps.decode_held_tokens =
-      std::clamp(stream->held_tokens(), 0, std::max(0, static_cast<int>(req.prompt.size()) - 1));
-  if (absl::Status s = prefill.Prefill(ps, cancel); !s.ok() || cancel.cancelled())
-    return cancel.cancelled() ? CancelledByCaller() : s;
-  outcome->prefilled = true;
+  if (prefill != nullptr) {
+    RETURN_IF_ERROR(Prefill(req, *prefill, *decode, *stream, cancel));
+    outcome->prefilled = true;
+  }
   absl::Status s = stream->Relay(sink);
   return cancel.cancelled() && !s.ok() ? CancelledByCaller() : s;
 }
@@ -76,17 +86,6 @@ DecodeSpec DecodeSpecOf(const GenerationRequest& req) {
   ds.stop_token_ids = req.stop_token_ids;
   ds.priority = req.priority;
   return ds;
-}
-
-absl::Status RunComputingPrompt(const GenerationRequest& req, DecodeClient& decode,
-                                const ChunkSink& sink, const CancelToken& cancel) {
-  DecodeSpec ds = DecodeSpecOf(req);
-  ds.compute_prompt = true;
-  absl::StatusOr<std::unique_ptr<DecodeStream>> stream = decode.Open(ds, cancel);
-  if (cancel.cancelled()) return CancelledByCaller();  // `stream` goes: the request too
-  if (!stream.ok()) return stream.status();
-  absl::Status s = (*stream)->Relay(sink);
-  return cancel.cancelled() && !s.ok() ? CancelledByCaller() : s;
 }
 
 bool GenerationDone(const GenerationRequest& req, absl::Span<const int32_t> generated) {

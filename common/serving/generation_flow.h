@@ -89,9 +89,9 @@ struct DecodeSpec {
   std::vector<int32_t> stop_token_ids;
   int priority = 0;  // GenerationRequest::priority
   // The decode engine computes the prompt itself, in chunks mixed into its
-  // decode steps (the colocated router): no prefill worker and no KV
-  // handoff; the first token comes from the engine's own step. In-process
-  // only (no wire field).
+  // decode steps: no prefill worker and no KV handoff; the first token comes
+  // from the engine's own step (the colocated router's chunked prefill, and
+  // a cluster's short prompts under --max_local_prefill_tokens).
   bool compute_prompt = false;
 
   // The tokens whose KV the request may hold: prompt + max_new_tokens - 1.
@@ -157,29 +157,27 @@ class DecodeClient {
 // How far a RunGeneration got: for a caller that continues a failed request
 // on other workers.
 struct GenerationOutcome {
-  int decoder = -1;        // index in `decoders` of the worker that took it; -1: none
-  bool prefilled = false;  // the prefill succeeded: a later failure was the decode's
+  int decoder = -1;  // index in `decoders` of the worker that took it; -1: none
+  // A prefill worker's prefill succeeded (false without one): a later
+  // failure was the decode's.
+  bool prefilled = false;
 };
 
 // Runs `request`: opens it on the first of `decoders` with room (in order; one
 // that is full or gone is skipped, any other refusal ends the request),
-// prefills on `prefill`, then relays the decode worker's events to `sink`.
+// prefills on `prefill` — or, when `prefill` is null, has the decode worker
+// compute the prompt itself (DecodeSpec::compute_prompt) — then relays the
+// decode worker's events to `sink`.
 // Returns OK when the request finished (max tokens, a stop id, `sink`
 // declined), CANCELLED when `cancel` fired, else the failing worker's error.
 // A request that does not decode releases its reservation on every path.
 // `outcome` (may be null) receives how far it got.
-absl::Status RunGeneration(const GenerationRequest& request, PrefillClient& prefill,
+absl::Status RunGeneration(const GenerationRequest& request, PrefillClient* prefill,
                            absl::Span<DecodeClient* const> decoders, const ChunkSink& sink,
                            const CancelToken& cancel, GenerationOutcome* outcome = nullptr);
 
 // The DecodeSpec of `request` (compute_prompt false).
 DecodeSpec DecodeSpecOf(const GenerationRequest& request);
-
-// Runs `request` on `decode` alone, the decode engine computing the prompt
-// (DecodeSpec::compute_prompt: the colocated router's chunked prefill), and
-// relays its events to `sink`. Returns as RunGeneration does.
-absl::Status RunComputingPrompt(const GenerationRequest& request, DecodeClient& decode,
-                                const ChunkSink& sink, const CancelToken& cancel);
 
 // True when `generated` (the tokens `request` produced so far) ends it:
 // max_new_tokens reached, or the last one is a stop id.

@@ -114,7 +114,7 @@ TEST(GenerationFlowTest, OpensPrefillsThenRelays) {
   decode.events = {First(), Event({8}), Event({9}, true)};
   DecodeClient* const decoders[] = {&decode};
   Collected out;
-  ASSERT_TRUE(RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever).ok());
+  ASSERT_TRUE(RunGeneration(Request(4), &prefill, decoders, out.Sink(), kNever).ok());
   EXPECT_EQ(out.ids, (std::vector<int32_t>{7, 8, 9}));
   EXPECT_EQ(out.queue_seconds, 0.25);
   EXPECT_EQ(out.logprob_rows.front(), 1u);  // the first token's, as asked
@@ -124,7 +124,24 @@ TEST(GenerationFlowTest, OpensPrefillsThenRelays) {
   ASSERT_EQ(prefill.specs.size(), 1u);
   EXPECT_EQ(prefill.specs[0].decode_address, "decode-a:1");
   EXPECT_EQ(decode.spec.max_new_tokens, 4);
+  EXPECT_FALSE(decode.spec.compute_prompt);
   EXPECT_TRUE(decode.released.empty());  // a decoded request frees itself
+}
+
+TEST(GenerationFlowTest, WithoutAPrefillWorkerTheDecodeWorkerComputesThePrompt) {
+  FakeDecode full("full:1"), decode("decode-a:1");
+  full.open_status = absl::ResourceExhaustedError("full");
+  decode.events = {First(), Event({8}, true)};
+  DecodeClient* const decoders[] = {&full, &decode};
+  Collected out;
+  GenerationOutcome outcome;
+  ASSERT_TRUE(
+      RunGeneration(Request(4), /*prefill=*/nullptr, decoders, out.Sink(), kNever, &outcome).ok());
+  EXPECT_EQ(out.ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_TRUE(full.spec.compute_prompt);  // asked of every worker tried
+  EXPECT_TRUE(decode.spec.compute_prompt);
+  EXPECT_EQ(outcome.decoder, 1);
+  EXPECT_FALSE(outcome.prefilled);  // no prefill worker to have succeeded
 }
 
 TEST(GenerationFlowTest, SkipsFullAndVanishedWorkersButNotOtherRefusals) {
@@ -134,13 +151,13 @@ TEST(GenerationFlowTest, SkipsFullAndVanishedWorkersButNotOtherRefusals) {
   gone.open_status = absl::UnavailableError("gone");
   DecodeClient* const decoders[] = {&full, &gone, &ok};
   Collected out;
-  ASSERT_TRUE(RunGeneration(Request(1), prefill, decoders, out.Sink(), kNever).ok());
+  ASSERT_TRUE(RunGeneration(Request(1), &prefill, decoders, out.Sink(), kNever).ok());
   EXPECT_EQ(prefill.specs.at(0).decode_address, "ok:1");
 
   FakeDecode dup("dup:1"), never("never:1");
   dup.open_status = absl::AlreadyExistsError("r1 exists");
   DecodeClient* const refusing[] = {&dup, &never};
-  const absl::Status s = RunGeneration(Request(1), prefill, refusing, out.Sink(), kNever);
+  const absl::Status s = RunGeneration(Request(1), &prefill, refusing, out.Sink(), kNever);
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(never.opened.empty());
 }
@@ -152,7 +169,7 @@ TEST(GenerationFlowTest, NoRoomAnywhereIsTheLastRefusal) {
   b.open_status = absl::ResourceExhaustedError("b full");
   DecodeClient* const decoders[] = {&a, &b};
   Collected out;
-  const absl::Status s = RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever);
+  const absl::Status s = RunGeneration(Request(4), &prefill, decoders, out.Sink(), kNever);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(prefill.specs.empty());
 }
@@ -164,7 +181,7 @@ TEST(GenerationFlowTest, ReleasesTheReservationWhenThePrefillFails) {
   FakePrefill prefill;
   prefill.status = absl::UnavailableError("prefill worker died");
   Collected out;
-  EXPECT_EQ(RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever).code(),
+  EXPECT_EQ(RunGeneration(Request(4), &prefill, decoders, out.Sink(), kNever).code(),
             absl::StatusCode::kUnavailable);
   EXPECT_TRUE(out.ids.empty());
   EXPECT_EQ(decode.released, (std::vector<std::string>{"r1"}));
@@ -179,13 +196,13 @@ TEST(GenerationFlowTest, OutcomeSaysWhichWorkerFailed) {
   DecodeClient* const decoders[] = {&full, &d};
   Collected out;
   GenerationOutcome outcome;
-  EXPECT_EQ(RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever, &outcome).code(),
+  EXPECT_EQ(RunGeneration(Request(4), &prefill, decoders, out.Sink(), kNever, &outcome).code(),
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(outcome.decoder, 1);
   EXPECT_TRUE(outcome.prefilled);  // the decode worker's failure, after 7 8
   EXPECT_EQ(out.ids, (std::vector<int32_t>{7, 8}));
   prefill.status = absl::UnavailableError("prefill died");
-  EXPECT_FALSE(RunGeneration(Request(4), prefill, decoders, out.Sink(), kNever, &outcome).ok());
+  EXPECT_FALSE(RunGeneration(Request(4), &prefill, decoders, out.Sink(), kNever, &outcome).ok());
   EXPECT_EQ(outcome.decoder, 1);
   EXPECT_FALSE(outcome.prefilled);
 }
@@ -219,7 +236,7 @@ TEST(GenerationFlowTest, SinkDecliningStopsDecodeAndCancellationIsReported) {
   decode.events = {First(), Event({8}), Event({9}), Event({10})};
   DecodeClient* const decoders[] = {&decode};
   Collected declined;
-  EXPECT_TRUE(RunGeneration(Request(8), prefill, decoders, declined.Sink(2), kNever).ok());
+  EXPECT_TRUE(RunGeneration(Request(8), &prefill, decoders, declined.Sink(2), kNever).ok());
   EXPECT_EQ(declined.ids, (std::vector<int32_t>{7, 8}));
 
   Collected cancelled;
@@ -230,7 +247,7 @@ TEST(GenerationFlowTest, SinkDecliningStopsDecodeAndCancellationIsReported) {
     if (cancelled.ids.size() >= 2) cancel.Cancel();
     return more;
   };
-  const absl::Status s = RunGeneration(Request(8), prefill, decoders, sink, cancel);
+  const absl::Status s = RunGeneration(Request(8), &prefill, decoders, sink, cancel);
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(cancelled.ids, (std::vector<int32_t>{7, 8}));
 }
@@ -243,7 +260,7 @@ TEST(GenerationFlowTest, ACancelledRequestReleasesItsReservationWithoutPrefillin
   CancelToken cancel;
   cancel.Cancel();
   Collected out;
-  EXPECT_EQ(RunGeneration(Request(8), prefill, decoders, out.Sink(), cancel).code(),
+  EXPECT_EQ(RunGeneration(Request(8), &prefill, decoders, out.Sink(), cancel).code(),
             absl::StatusCode::kCancelled);
   EXPECT_TRUE(prefill.specs.empty());
   EXPECT_TRUE(out.ids.empty());
@@ -257,7 +274,7 @@ TEST(GenerationFlowTest, ADecodeWorkerFailureIsTheResult) {
   decode.decode_status = absl::UnavailableError("decode worker died");
   DecodeClient* const decoders[] = {&decode};
   Collected out;
-  EXPECT_EQ(RunGeneration(Request(8), prefill, decoders, out.Sink(), kNever).code(),
+  EXPECT_EQ(RunGeneration(Request(8), &prefill, decoders, out.Sink(), kNever).code(),
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(out.ids, (std::vector<int32_t>{7, 8}));
 }

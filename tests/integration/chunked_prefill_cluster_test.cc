@@ -1,7 +1,9 @@
 // Chunked prefill (--max_num_batched_tokens 16) in real processes
 // (LocalCluster): through a prefill worker (a long prompt over several
 // passes, its KV handed to the decode worker after the last) and in a
-// colocated router (prompt chunks mixed into the decode steps). Greedy
+// colocated router (prompt chunks mixed into the decode steps), and short
+// prompts computed by a cluster's decode worker itself
+// (--max_local_prefill_tokens). Greedy
 // outputs equal the single-process engine's token for token while another
 // stream decodes beside them, prompt log-probabilities computed in chunks
 // equal its unchunked ones, and the workers' metrics show the chunks.
@@ -89,6 +91,40 @@ TEST(ChunkedPrefillClusterTest, APrefillWorkerChunksLongPromptsTokenExact) {
   const double chunks = Metric(p0, "moesh_prefill_chunks_total");
   ExpectPromptLogprobsInChunks((*cluster)->router_address(), **model);
   EXPECT_EQ(Metric(p0, "moesh_prefill_chunks_total") - chunks, 3);
+}
+
+TEST(ChunkedPrefillClusterTest, ADecodeWorkerComputesShortPromptsItselfTokenExact) {
+  const std::string dir = TinyModel();
+  LocalClusterOptions o = Options(dir, "local_prefill");
+  o.router.max_local_prefill_tokens = 8;
+  o.prefill.kv.max_num_batched_tokens = kBudget;
+  o.decode.kv.max_num_batched_tokens = kBudget;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
+  ASSERT_TRUE(model.ok());
+  ExpectExactUnderLoad((*cluster)->router_address(), **model);
+  // The 3- and 5-token prompts ran on the decode worker (no KV handoff), the
+  // 100- and 70-token ones on the prefill worker.
+  const std::string p0 = Proc(**cluster, "prefill-0").metrics_address;
+  const std::string d0 = Proc(**cluster, "decode-0").metrics_address;
+  const std::string r = Proc(**cluster, "router").metrics_address;
+  EXPECT_EQ(Metric(r, "moesh_local_prefills_total"), 2);
+  EXPECT_EQ(Metric(p0, "moesh_prompt_tokens_total"), 170);
+  EXPECT_EQ(Metric(d0, "moesh_decode_prompt_chunks_total"), 2);  // 3 and 5 < the budget
+  // Prompt log-probabilities of a long prompt: on the prefill worker still.
+  ExpectPromptLogprobsInChunks((*cluster)->router_address(), **model);
+  EXPECT_EQ(Metric(p0, "moesh_prompt_tokens_total"), 170 + 45);
+  // A short one with them: computed by the decode worker, as exactly.
+  const std::vector<int32_t> prompt = Prompt(6, 5);
+  v1::GenerateRequest req = Request(prompt, 4);
+  req.mutable_sampling()->set_prompt_logprobs(1);
+  const Result got = Call((*cluster)->router_address(), req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.ids, Offline(**model, prompt, 4).output_ids);
+  EXPECT_EQ(got.prompt_logprobs.logprobs_size(), 5);
+  EXPECT_EQ(Metric(r, "moesh_local_prefills_total"), 3);
+  EXPECT_EQ(Metric(p0, "moesh_prompt_tokens_total"), 170 + 45);
 }
 
 TEST(ChunkedPrefillClusterTest, AColocatedRouterMixesPromptChunksIntoDecodeStepsTokenExact) {

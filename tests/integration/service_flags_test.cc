@@ -186,6 +186,7 @@ TEST(ServiceFlagsTest, Router) {
   o.rebalance_slots = 15;
   o.routing_policy = RoutingPolicy::kRoundRobin;
   o.max_stream_migrations = 5;
+  o.max_local_prefill_tokens = 64;
   o.colocated = true;
   Check(o, RouterOptionsFromFlags, "moesh_router");
 }

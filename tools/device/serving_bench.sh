@@ -56,6 +56,8 @@
 #              128 closed-loop streams of 64-token prompts and lognormal answers (mean
 #              $MOESH_NEW_TOKENS, 512; $MOESH_REQUESTS, 1024, requests), the same load against the
 #              cluster over cuda_ipc under MPS (serve-local; not with MOESH_SKIP_CLUSTER=1), then
+#              that cluster again with --max_local_prefill_tokens $MOESH_LOCAL_PREFILL (512; empty:
+#              not run: the decode worker computes the short prompts), then
 #              cuda_model_bench's decode step at the same batch at 256 and 512 tokens of context
 #              (not with MOESH_SKIP_KERNEL=1); MOESH_SKIP_COLOCATED=1 leaves out the colocated row.
 #              After each serving row, the decode engine's (and expert worker's) step-time and
@@ -201,6 +203,11 @@ start_cluster() {
     --expert_workers 1 "$@"
 }
 stop_cluster() { stop_serve_local; mps_stop; }
+# proc_metrics_port NAME PROC: the metrics port of serve-local NAME's process PROC (decode-0,
+# expert-0, router) from its log.
+proc_metrics_port() {
+  sed -n -E "s|^  $2 .*metrics http://[^ ]*:([0-9]+)/metrics.*|\1|p" "$LOGS/cluster_$1.log" | head -1
+}
 # metrics_step NAME PORT ERE: the lines of 127.0.0.1:PORT/metrics matching ERE, as a step.
 metrics_step() {
   step "$1" 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$2 && \
@@ -330,6 +337,7 @@ rate() {
   # The decode engine's step times beside the client's rate: time inside steps against the run's
   # wall time, and the mean step against cuda_model_bench's below.
   local steps='^moesh_(decode_(step_seconds|batch_size|step_tokens)|expert_[a-z_]*seconds)_(sum|count)'
+  local p mp
   if [[ -z ${MOESH_SKIP_COLOCATED:-} ]]; then
     start_router rate --max_batch 256
     step "rate_serving" 300 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}"
@@ -339,15 +347,26 @@ rate() {
   fi
   if [[ -z ${MOESH_SKIP_CLUSTER:-} ]] && start_cluster rate; then
     step "rate_serving_cluster_ipc" 300 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}"
-    local p mp
     for p in decode-0 expert-0; do
-      mp=$(sed -n -E "s|^  $p .*metrics http://[^ ]*:([0-9]+)/metrics.*|\1|p" "$LOGS/cluster_rate.log" |
-             head -1)
+      mp=$(proc_metrics_port rate $p)
       [[ -n $mp ]] && metrics_step "rate_cluster_steps_$p" "$mp" "$steps"
       shown+=("rate_cluster_steps_$p")
     done
     stop_cluster
     shown+=(rate_serving_cluster_ipc)
+  fi
+  # The same cluster with short prompts computed by the decode worker (conditional
+  # disaggregation: --max_local_prefill_tokens $MOESH_LOCAL_PREFILL, default 512).
+  if [[ -z ${MOESH_SKIP_CLUSTER:-} && -n ${MOESH_LOCAL_PREFILL-512} ]] &&
+     start_cluster rate_local --max_local_prefill_tokens ${MOESH_LOCAL_PREFILL:-512}; then
+    step "rate_serving_cluster_ipc_local" 300 $moesh bench --serving --server 127.0.0.1:$port \
+      "${load[@]}"
+    metrics_step rate_cluster_local_router "$(proc_metrics_port rate_local router)" \
+      '^moesh_local_prefills_total'
+    mp=$(proc_metrics_port rate_local decode-0)
+    [[ -n $mp ]] && metrics_step rate_cluster_local_decode "$mp" "$steps"
+    stop_cluster
+    shown+=(rate_serving_cluster_ipc_local rate_cluster_local_router rate_cluster_local_decode)
   fi
   local ctx
   [[ -n ${MOESH_SKIP_KERNEL:-} ]] && return
