@@ -95,9 +95,14 @@ def build():
             unit="short", w=4, h=6,
             options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
                      "colorMode": "value", "graphMode": "area", "textMode": "auto"})
-    d.panel("timeseries", "Requests by finish reason", "moesh_request_success_total by finish_reason.",
+    d.panel("timeseries", "Requests by finish reason",
+            "moesh_request_success_total by finish_reason, and the prompts decode workers computed "
+            "themselves instead of a prefill worker (moesh_local_prefills_total, "
+            "--max_local_prefill_tokens).",
             [(f"sum by (finish_reason) (rate({sel('moesh_request_success_total', **router)}[{RATE}]))",
-              "{{finish_reason}}")], unit="reqps", w=8, h=6)
+              "{{finish_reason}}"),
+             (f"sum(rate({sel('moesh_local_prefills_total', **router)}[{RATE}]))", "prefilled on a decode worker")],
+            unit="reqps", w=8, h=6)
     d.panel("timeseries", "Failed requests by gRPC code",
             "moesh_request_failure_total by numeric gRPC code (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, "
             "8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE), and streams moved to another prefill/decode pair "
