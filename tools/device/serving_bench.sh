@@ -68,6 +68,9 @@
 #              cluster,cluster-http twice, 32 and 128 streams; not with MOESH_HTTP_GPU_ONLY=1),
 #              then on the GPU (a colocated router on the small v2-lite model,
 #              colocated,colocated-http three times, 128 streams, 3072 requests a row).
+#   latency_cluster  issue 20's latency bounds on the cluster over cuda_ipc under MPS, with every
+#              prompt on the prefill worker and with --max_local_prefill_tokens (see the function):
+#              the closed-loop maximum, Poisson at 80% of it, the multi-turn chats with the cache.
 #   routing    the prefix-cache hit rate per --routing_policy ($MOESH_POLICIES, default
 #              kv_aware,load,round_robin): a CPU cluster of two prefill workers (serve-local, the small
 #              v2-lite model) under multi-turn chats whose histories outweigh their shared system
@@ -123,7 +126,7 @@ scenarios=()
 while (($# > 0)); do
   case $1 in
     steady|kv|ipc|multi|largest|chunked|prefix|swap|rate|admission|http|routing|routing_gpu|fullsize|\
-    rebalance)
+    rebalance|latency_cluster)
       scenarios+=("$1"); shift ;;
     dispatch-ipc|dispatch-mps|dispatch-nccl|dispatch-overlap) scenarios+=("${1/-/_}"); shift ;;
     --dispatch)
@@ -442,6 +445,37 @@ routing() {
 # The same on the GPU: the cluster over cuda_ipc under MPS (V2-Lite's real shapes, dummy
 # weights; the two prefill workers split the prefill share of the GPU's memory).
 routing_gpu() { routing_rows start_cluster stop_cluster routing_gpu; }
+
+# Issue 20's latency bounds on the cluster over cuda_ipc under MPS, once per configuration in
+# $MOESH_CLUSTER_CONFIGS (remote,local; local: --max_local_prefill_tokens $MOESH_LOCAL_PREFILL,
+# 512): the closed-loop maximum of 512 + 128-token requests at 64 in flight, then Poisson
+# arrivals at 80% of that rate (ITL p99 against p50), then the multi-turn chats of `prefix`
+# (cache on: hit rate and TTFT; serve-local's workers always cache) at $MOESH_PREFIX_CONCURRENCY.
+latency_cluster() {
+  local cfg max rate
+  local load=(--dataset random --length_sigma 0 --prompt_len ${MOESH_PROMPT_LEN:-512} --max_new_tokens 128
+              --requests 256 --concurrency 64)
+  IFS=, read -ra cfgs <<< "${MOESH_CLUSTER_CONFIGS:-remote,local}"
+  for cfg in "${cfgs[@]}"; do
+    local extra=()
+    [[ $cfg == local ]] && extra=(--max_local_prefill_tokens ${MOESH_LOCAL_PREFILL:-512})
+    start_cluster "lat_$cfg" "${extra[@]}" || continue
+    step "lat_${cfg}_max" 150 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}" \
+      --request_rate inf
+    # req/s is the table's eighth column.
+    max=$(awk -F'|' '$2 ~ /inf/ {gsub(/ /, "", $9); print $9}' "$LOGS/lat_${cfg}_max.log" | tail -1)
+    rate=$(awk -v m="${max:-0}" 'BEGIN {printf "%.2f", 0.8 * m}')
+    if [[ $rate != 0.00 ]]; then
+      step "lat_${cfg}_poisson" 150 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}" \
+        --request_rate "$rate"
+    fi
+    step "lat_${cfg}_multiturn" 200 $moesh bench --serving --server 127.0.0.1:$port \
+      --dataset multiturn --turns 4 --system_prompts 4 --system_prompt_len ${MOESH_SYSTEM_LEN:-1024} \
+      --prompt_len 128 --max_new_tokens 64 --requests 256 --concurrency ${MOESH_PREFIX_CONCURRENCY:-32}
+    stop_cluster
+    shown+=("lat_${cfg}_max" "lat_${cfg}_poisson" "lat_${cfg}_multiturn")
+  done
+}
 
 fullsize() {
   local family=${MOESH_FAMILY:-v3} conc=${MOESH_CONCURRENCY:-64,128,256}
