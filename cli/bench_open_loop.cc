@@ -326,15 +326,17 @@ absl::Status RunOpenLoopBench() {
   const double sigma = absl::GetFlag(FLAGS_length_sigma);
   const int vocab = target.vocab;
   const std::string dataset = absl::GetFlag(FLAGS_dataset);
-  // Each row draws its own requests (seeded by the row; system prompts
-  // included): a later row must not find its prompts in the prefix cache an
-  // earlier row filled. A ShareGPT file's requests are the same every row
-  // (so its later rows do hit the cache: run one row per server for those).
+  // Each row draws its own requests (seeded by --seed, 1 unless set, plus the
+  // row; system prompts included): a later row must not find its prompts in
+  // the prefix cache an earlier row filled, nor a later run with another
+  // --seed an earlier run's. A ShareGPT file's requests are the same every
+  // row (so its later rows do hit the cache: run one row per server for those).
+  const uint64_t seed = absl::GetFlag(FLAGS_seed).value_or(1);
   std::function<std::vector<Conversation>(uint64_t)> draw;
   std::string what;
   if (dataset == "random") {
     draw = [=](uint64_t row) {
-      return RandomDataset(requests, prompt_mean, output_mean, sigma, vocab, 1 + row);
+      return RandomDataset(requests, prompt_mean, output_mean, sigma, vocab, seed + row);
     };
     what = absl::StrCat("random: prompt ~", prompt_mean, ", output ~", output_mean,
                         " tokens (lognormal, sigma ", sigma, ")");
@@ -344,7 +346,7 @@ absl::Status RunOpenLoopBench() {
     const int system_len = absl::GetFlag(FLAGS_system_prompt_len);
     draw = [=](uint64_t row) {
       return MultiTurnDataset((requests + turns - 1) / turns, turns, systems, system_len,
-                              prompt_mean, output_mean, sigma, vocab, 1 + row);
+                              prompt_mean, output_mean, sigma, vocab, seed + row);
     };
     const std::vector<Conversation> conversations = draw(0);
     what = absl::StrCat("multiturn: ", conversations.size(), " conversations of ", turns,

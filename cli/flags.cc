@@ -45,7 +45,8 @@ ABSL_FLAG(double, frequency_penalty, 0.0,
           "Subtracted from a token's logit once per time the output holds it, in [-2, 2].");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "Random seed: of the sampling (generate, complete; default: unseeded), of the weights "
-          "(mkmodel; default 0).");
+          "(mkmodel; default 0), of the requests bench --serving --server draws (default 1; a "
+          "row's are drawn from seed + row).");
 ABSL_FLAG(std::string, bin_dir, "",
           "Where moesh_router and the moesh_*_worker binaries are (default: beside this moesh).");
 ABSL_FLAG(int, expert_workers, 2, "Expert workers to start, each with an equal shard.");

@@ -66,7 +66,7 @@ const std::vector<Command>& Commands() {
        "      [--requests=N] [--model=DIR (an HTTP server's vocabulary)] [--api_key=KEY]\n"
        "      [--dataset={random,sharegpt,multiturn}] [--dataset_path=FILE] [--prompt_len=MEAN]\n"
        "      [--max_new_tokens=MEAN] [--length_sigma=S] [--turns=N] [--system_prompts=N]\n"
-       "      [--system_prompt_len=N] [--slo_ttft_ms=MS] [--slo_itl_ms=MS]\n"
+       "      [--system_prompt_len=N] [--slo_ttft_ms=MS] [--slo_itl_ms=MS] [--seed=N]\n"
        "    open-loop (Poisson) or closed-loop load against a running cluster",
        {"model",
         "batch",
@@ -106,7 +106,8 @@ const std::vector<Command>& Commands() {
         "system_prompts",
         "system_prompt_len",
         "slo_ttft_ms",
-        "slo_itl_ms"},
+        "slo_itl_ms",
+        "seed"},
        RunBench},
       {"serve-local",
        "--model=DIR [--expert_workers=N] [--prefill_workers=N] [--decode_workers=N] "

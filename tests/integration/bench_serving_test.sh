@@ -60,6 +60,22 @@ hit = float(rows[1].strip().strip("|").split("|")[13])
 assert hit < 0.2, f"second row's cache hit {hit}"
 print(f"ok: the second row's cache hit {hit}")
 EOF
+# Runs against the same cluster: the same --seed draws the same prompts (the cache holds them),
+# another draws others.
+bench seed_same 4 --dataset random --length_sigma 0 --request_rate inf --concurrency 4 --requests 4 \
+  --prompt_len 200 --max_new_tokens 4
+bench seed_other 4 --dataset random --length_sigma 0 --request_rate inf --concurrency 4 --requests 4 \
+  --prompt_len 200 --max_new_tokens 4 --seed 9
+"$PY" - "$TMP/seed_same.out" "$TMP/seed_other.out" <<'EOF' || fail "bench --seed"
+import sys
+def hit(path):
+    rows = [l for l in open(path) if l.startswith("| ") and not l.startswith("| rate")]
+    return float(rows[0].strip().strip("|").split("|")[13])
+same, other = hit(sys.argv[1]), hit(sys.argv[2])
+assert same > 0.5, f"the rows run's first prompts again: cache hit {same}"
+assert other < 0.2, f"--seed 9's prompts: cache hit {other}"
+print(f"ok: cache hit {same} with the first run's seed, {other} with --seed 9")
+EOF
 # The same bench through the router's OpenAI HTTP API (streamed /v1/completions of token ids):
 # the answers' ids come back through return_tokens_as_token_ids, as the gRPC API's do.
 http=$(grep -o 'http://[0-9.]*:[0-9]*' "$TMP/serve.out" | head -1)

@@ -449,7 +449,7 @@ routing_gpu() { routing_rows start_cluster stop_cluster routing_gpu; }
 # Issue 20's latency bounds on the cluster over cuda_ipc under MPS, once per configuration in
 # $MOESH_CLUSTER_CONFIGS (remote,local; local: --max_local_prefill_tokens $MOESH_LOCAL_PREFILL,
 # 512): the closed-loop maximum of 512 + 128-token requests at 64 in flight, then Poisson
-# arrivals at 80% of that rate (ITL p99 against p50), then the multi-turn chats of `prefix`
+# arrivals at 80% of that rate (ITL p99 against p50; other prompts: --seed), then the multi-turn chats of `prefix`
 # (cache on: hit rate and TTFT; serve-local's workers always cache) at $MOESH_PREFIX_CONCURRENCY.
 latency_cluster() {
   local cfg max rate
@@ -467,11 +467,12 @@ latency_cluster() {
     rate=$(awk -v m="${max:-0}" 'BEGIN {printf "%.2f", 0.8 * m}')
     if [[ $rate != 0.00 ]]; then
       step "lat_${cfg}_poisson" 150 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}" \
-        --request_rate "$rate"
+        --request_rate "$rate" --seed 1001
     fi
     step "lat_${cfg}_multiturn" 200 $moesh bench --serving --server 127.0.0.1:$port \
       --dataset multiturn --turns 4 --system_prompts 4 --system_prompt_len ${MOESH_SYSTEM_LEN:-1024} \
-      --prompt_len 128 --max_new_tokens 64 --requests 256 --concurrency ${MOESH_PREFIX_CONCURRENCY:-32}
+      --prompt_len 128 --max_new_tokens 64 --requests 256 --concurrency ${MOESH_PREFIX_CONCURRENCY:-32} \
+      --seed 2001
     stop_cluster
     shown+=("lat_${cfg}_max" "lat_${cfg}_poisson" "lat_${cfg}_multiturn")
   done
