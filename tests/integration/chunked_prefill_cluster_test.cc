@@ -74,76 +74,86 @@ void ExpectPromptLogprobsInChunks(const std::string& router, const Model& model)
   }
 }
 
-TEST(ChunkedPrefillClusterTest, APrefillWorkerChunksLongPromptsTokenExact) {
-  const std::string dir = TinyModel();
-  LocalClusterOptions o = Options(dir, "chunked_prefill");
-  o.prefill.kv.max_num_batched_tokens = kBudget;
-  o.decode.kv.max_num_batched_tokens = kBudget;
+// A cluster started with `o`, and the model it serves (the offline engine's).
+struct Running {
+  std::unique_ptr<LocalCluster> cluster;
+  std::unique_ptr<Model> model;
+  std::string router() const { return cluster->router_address(); }
+  std::string metrics(const std::string& process) const {
+    return Proc(*cluster, process).metrics_address;
+  }
+};
+
+void Start(const LocalClusterOptions& o, Running* r) {
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
-  ASSERT_TRUE(model.ok());
-  ExpectExactUnderLoad((*cluster)->router_address(), **model);
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(o.model_dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  r->cluster = std::move(*cluster);
+  r->model = std::move(*model);
+}
+
+TEST(ChunkedPrefillClusterTest, APrefillWorkerChunksLongPromptsTokenExact) {
+  LocalClusterOptions o = Options(TinyModel(), "chunked_prefill");
+  o.prefill.kv.max_num_batched_tokens = kBudget;
+  o.decode.kv.max_num_batched_tokens = kBudget;
+  Running run;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &run));
+  ExpectExactUnderLoad(run.router(), *run.model);
   // The 100- and 70-token prompts took 7 and 5 passes (fewer where the
   // prefix cache held a block): more pieces than prompts.
-  const std::string p0 = Proc(**cluster, "prefill-0").metrics_address;
+  const std::string p0 = run.metrics("prefill-0");
   EXPECT_GT(Metric(p0, "moesh_prefill_chunks_total"), 8);
   const double chunks = Metric(p0, "moesh_prefill_chunks_total");
-  ExpectPromptLogprobsInChunks((*cluster)->router_address(), **model);
+  ExpectPromptLogprobsInChunks(run.router(), *run.model);
   EXPECT_EQ(Metric(p0, "moesh_prefill_chunks_total") - chunks, 3);
 }
 
 TEST(ChunkedPrefillClusterTest, ADecodeWorkerComputesShortPromptsItselfTokenExact) {
-  const std::string dir = TinyModel();
-  LocalClusterOptions o = Options(dir, "local_prefill");
+  LocalClusterOptions o = Options(TinyModel(), "local_prefill");
   o.router.max_local_prefill_tokens = 8;
   o.prefill.kv.max_num_batched_tokens = kBudget;
   o.decode.kv.max_num_batched_tokens = kBudget;
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
-  ASSERT_TRUE(model.ok());
-  ExpectExactUnderLoad((*cluster)->router_address(), **model);
+  Running run;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &run));
+  ExpectExactUnderLoad(run.router(), *run.model);
   // The 3- and 5-token prompts ran on the decode worker (no KV handoff), the
   // 100- and 70-token ones on the prefill worker.
-  const std::string p0 = Proc(**cluster, "prefill-0").metrics_address;
-  const std::string d0 = Proc(**cluster, "decode-0").metrics_address;
-  const std::string r = Proc(**cluster, "router").metrics_address;
+  const std::string p0 = run.metrics("prefill-0");
+  const std::string d0 = run.metrics("decode-0");
+  const std::string r = run.metrics("router");
   EXPECT_EQ(Metric(r, "moesh_local_prefills_total"), 2);
   EXPECT_EQ(Metric(p0, "moesh_prompt_tokens_total"), 170);
   EXPECT_EQ(Metric(d0, "moesh_decode_prompt_chunks_total"), 2);  // 3 and 5 < the budget
   // Prompt log-probabilities of a long prompt: on the prefill worker still.
-  ExpectPromptLogprobsInChunks((*cluster)->router_address(), **model);
+  ExpectPromptLogprobsInChunks(run.router(), *run.model);
   EXPECT_EQ(Metric(p0, "moesh_prompt_tokens_total"), 170 + 45);
   // A short one with them: computed by the decode worker, as exactly.
   const std::vector<int32_t> prompt = Prompt(6, 5);
   v1::GenerateRequest req = Request(prompt, 4);
   req.mutable_sampling()->set_prompt_logprobs(1);
-  const Result got = Call((*cluster)->router_address(), req);
+  const Result got = Call(run.router(), req);
   ASSERT_TRUE(got.status.ok()) << got.status.error_message();
-  EXPECT_EQ(got.ids, Offline(**model, prompt, 4).output_ids);
+  EXPECT_EQ(got.ids, Offline(*run.model, prompt, 4).output_ids);
   EXPECT_EQ(got.prompt_logprobs.logprobs_size(), 5);
   EXPECT_EQ(Metric(r, "moesh_local_prefills_total"), 3);
   EXPECT_EQ(Metric(p0, "moesh_prompt_tokens_total"), 170 + 45);
 }
 
 TEST(ChunkedPrefillClusterTest, AColocatedRouterMixesPromptChunksIntoDecodeStepsTokenExact) {
-  const std::string dir = TinyModel();
-  LocalClusterOptions o = ColocatedOptions(dir, "chunked_colocated");
+  LocalClusterOptions o = ColocatedOptions(TinyModel(), "chunked_colocated");
   o.router.kv.max_num_batched_tokens = kBudget;
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir);
-  ASSERT_TRUE(model.ok());
-  ExpectExactUnderLoad((*cluster)->router_address(), **model);
-  const std::string r = Proc(**cluster, "router").metrics_address;
+  Running run;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &run));
+  ExpectExactUnderLoad(run.router(), *run.model);
+  const std::string r = run.metrics("router");
   EXPECT_GT(Metric(r, "moesh_decode_prompt_chunks_total"), 8);
   // Steps of at most 16 tokens; the prompts' steps carried decode tokens too.
   const double steps = Metric(r, "moesh_decode_step_tokens_count");
   EXPECT_GT(steps, 8);
   EXPECT_EQ(Metric(r, "moesh_decode_step_tokens_bucket{service=\"router\",le=\"16\"}"), steps);
   const double chunks = Metric(r, "moesh_decode_prompt_chunks_total");
-  ExpectPromptLogprobsInChunks((*cluster)->router_address(), **model);
+  ExpectPromptLogprobsInChunks(run.router(), *run.model);
   EXPECT_EQ(Metric(r, "moesh_decode_prompt_chunks_total") - chunks, 3);
 }
 
