@@ -93,10 +93,16 @@ void Start(const LocalClusterOptions& o, Running* r) {
   r->model = std::move(*model);
 }
 
-TEST(ChunkedPrefillClusterTest, APrefillWorkerChunksLongPromptsTokenExact) {
-  LocalClusterOptions o = Options(TinyModel(), "chunked_prefill");
+// A cluster whose prefill and decode workers chunk prompts by kBudget.
+LocalClusterOptions ChunkedClusterOptions(const std::string& name) {
+  LocalClusterOptions o = Options(TinyModel(), name);
   o.prefill.kv.max_num_batched_tokens = kBudget;
   o.decode.kv.max_num_batched_tokens = kBudget;
+  return o;
+}
+
+TEST(ChunkedPrefillClusterTest, APrefillWorkerChunksLongPromptsTokenExact) {
+  const LocalClusterOptions o = ChunkedClusterOptions("chunked_prefill");
   Running run;
   ASSERT_NO_FATAL_FAILURE(Start(o, &run));
   ExpectExactUnderLoad(run.router(), *run.model);
@@ -110,10 +116,8 @@ TEST(ChunkedPrefillClusterTest, APrefillWorkerChunksLongPromptsTokenExact) {
 }
 
 TEST(ChunkedPrefillClusterTest, ADecodeWorkerComputesShortPromptsItselfTokenExact) {
-  LocalClusterOptions o = Options(TinyModel(), "local_prefill");
+  LocalClusterOptions o = ChunkedClusterOptions("local_prefill");
   o.router.max_local_prefill_tokens = 8;
-  o.prefill.kv.max_num_batched_tokens = kBudget;
-  o.decode.kv.max_num_batched_tokens = kBudget;
   Running run;
   ASSERT_NO_FATAL_FAILURE(Start(o, &run));
   ExpectExactUnderLoad(run.router(), *run.model);
