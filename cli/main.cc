@@ -117,19 +117,31 @@ const std::vector<Command>& Commands() {
        "[--expert_device=cuda:1[,cuda:2...]]\n"
        "      [--load_format=dummy] [--transport={grpc,ucx,nccl,cuda_ipc}]"
        " [--dispatch_dtype={fp32,bf16,fp8}] [--tls]\n"
-       "      [--kv_cache_dtype={auto,fp8}] [--max_local_prefill_tokens=N]\n"
+       "      [--kv_cache_dtype={auto,fp8}] [--max_local_prefill_tokens=N]"
+       " [--enable_prefix_caching=false]\n"
        "    routers (gRPC, and the OpenAI HTTP API), prefill, decode and expert workers on\n"
        "    loopback, until Ctrl-C",
-       {"model",          "port",
-        "http_port",      "api_keys_file",
-        "expert_workers", "prefill_workers",
-        "decode_workers", "routing_policy",
-        "routers",        "bin_dir",
-        "work_dir",       "kv_blocks",
-        "device",         "expert_device",
-        "transport",      "dispatch_dtype",
-        "load_format",    "tls",
-        "kv_cache_dtype", "max_local_prefill_tokens"},
+       {"model",
+        "port",
+        "http_port",
+        "api_keys_file",
+        "expert_workers",
+        "prefill_workers",
+        "decode_workers",
+        "routing_policy",
+        "routers",
+        "bin_dir",
+        "work_dir",
+        "kv_blocks",
+        "device",
+        "expert_device",
+        "transport",
+        "dispatch_dtype",
+        "load_format",
+        "tls",
+        "kv_cache_dtype",
+        "max_local_prefill_tokens",
+        "enable_prefix_caching"},
        RunServeLocal},
       {"complete",
        "--server=HOST:PORT[,HOST:PORT...] (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"

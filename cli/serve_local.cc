@@ -42,6 +42,9 @@ ABSL_FLAG(int, max_local_prefill_tokens, moesh::RouterOptions().max_local_prefil
           "The router's --max_local_prefill_tokens: a prompt with at most this many tokens not "
           "cached on its decode worker is computed there, mixed into its decode steps, instead "
           "of on a prefill worker (0: every prompt goes to a prefill worker).");
+ABSL_FLAG(bool, enable_prefix_caching, moesh::KvOptions().enable_prefix_caching,
+          "The prefill and decode workers' --enable_prefix_caching (=false: every prompt is "
+          "computed whole, the baseline of a cache measurement).");
 ABSL_FLAG(int, routers, 1,
           "Routers to start (router HA: every worker registers with each; clients may use any, "
           "and a router's death fails only its own streams). The first listens on --port, the "
@@ -82,6 +85,8 @@ absl::Status RunServeLocal() {
   opt.router.max_local_prefill_tokens = absl::GetFlag(FLAGS_max_local_prefill_tokens);
   if (opt.router.max_local_prefill_tokens < 0)
     return absl::InvalidArgumentError("--max_local_prefill_tokens must be >= 0");
+  opt.prefill.kv.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  opt.decode.kv.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   opt.num_routers = absl::GetFlag(FLAGS_routers);
   if (opt.num_routers < 1 || opt.num_routers > 16)
     return absl::InvalidArgumentError("--routers must be in [1, 16]");

@@ -6,7 +6,8 @@
 # (percentiles ordered, goodput <= throughput), over gRPC and over the
 # router's OpenAI HTTP API; and admission queues instead
 # of refusing: 64 requests of 250 new tokens — more KV than the pool holds
-# at once — all complete, none RESOURCE_EXHAUSTED.
+# at once — all complete, none RESOURCE_EXHAUSTED; --seed draws other
+# prompts, and serve-local --enable_prefix_caching=false caches none.
 # usage: bench_serving_test.sh PATH/TO/moesh SOURCE_DIR
 set -euo pipefail
 MOESH=${1:?usage: bench_serving_test.sh PATH/TO/moesh SOURCE_DIR}
@@ -115,4 +116,20 @@ bench sharegpt 3 --dataset sharegpt --dataset_path "$TMP/sharegpt.json" --reques
 # (RESOURCE_EXHAUSTED).
 bench admission 64 --dataset random --length_sigma 0 --request_rate inf --concurrency 64 \
   --requests 64 --prompt_len 32 --max_new_tokens 250
+
+# serve-local --enable_prefix_caching=false: the same prompts again find nothing cached.
+kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=
+rm -rf "$TMP/cluster"
+start_serve_local --model "$TMP/model" --expert_workers 1 --kv_blocks 128 --enable_prefix_caching=false
+for run in 1 2; do
+  bench "nocache_$run" 4 --dataset random --length_sigma 0 --request_rate inf --concurrency 4 \
+    --requests 4 --prompt_len 200 --max_new_tokens 4
+done
+"$PY" - "$TMP/nocache_2.out" <<'EOF' || fail "serve-local --enable_prefix_caching=false cached prompts"
+import sys
+rows = [l for l in open(sys.argv[1]) if l.startswith("| ") and not l.startswith("| rate")]
+hit = float(rows[0].strip().strip("|").split("|")[13])
+assert hit == 0, f"cache hit {hit}"
+print("ok: no cache hit with the cache off")
+EOF
 echo PASS

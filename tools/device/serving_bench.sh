@@ -447,19 +447,30 @@ routing() {
 routing_gpu() { routing_rows start_cluster stop_cluster routing_gpu; }
 
 # Issue 20's latency bounds on the cluster over cuda_ipc under MPS, once per configuration in
-# $MOESH_CLUSTER_CONFIGS (remote,local; local: --max_local_prefill_tokens $MOESH_LOCAL_PREFILL,
-# 512): the closed-loop maximum of 512 + 128-token requests at 64 in flight, then Poisson
-# arrivals at 80% of that rate (ITL p99 against p50; other prompts: --seed), then the multi-turn chats of `prefix`
-# (cache on: hit rate and TTFT; serve-local's workers always cache) at $MOESH_PREFIX_CONCURRENCY.
+# $MOESH_CLUSTER_CONFIGS (remote,local,remote-nocache,local-nocache; local:
+# --max_local_prefill_tokens $MOESH_LOCAL_PREFILL, 512; nocache: --enable_prefix_caching=false and
+# only the multi-turn row): the closed-loop maximum of 512 + 128-token requests at 64 in flight,
+# then Poisson arrivals at 80% of that rate (ITL p99 against p50; other prompts: --seed), then the
+# multi-turn chats of `prefix` (hit rate and TTFT) at $MOESH_PREFIX_CONCURRENCY (32).
 latency_cluster() {
   local cfg max rate
   local load=(--dataset random --length_sigma 0 --prompt_len ${MOESH_PROMPT_LEN:-512} --max_new_tokens 128
               --requests 256 --concurrency 64)
-  IFS=, read -ra cfgs <<< "${MOESH_CLUSTER_CONFIGS:-remote,local}"
+  local turns=(--dataset multiturn --turns 4 --system_prompts 4 --system_prompt_len ${MOESH_SYSTEM_LEN:-1024}
+               --prompt_len 128 --max_new_tokens 64 --requests 256
+               --concurrency ${MOESH_PREFIX_CONCURRENCY:-32} --seed 2001)
+  IFS=, read -ra cfgs <<< "${MOESH_CLUSTER_CONFIGS:-remote,local,remote-nocache,local-nocache}"
   for cfg in "${cfgs[@]}"; do
     local extra=()
-    [[ $cfg == local ]] && extra=(--max_local_prefill_tokens ${MOESH_LOCAL_PREFILL:-512})
+    [[ $cfg == local* ]] && extra+=(--max_local_prefill_tokens ${MOESH_LOCAL_PREFILL:-512})
+    [[ $cfg == *nocache ]] && extra+=(--enable_prefix_caching=false)
     start_cluster "lat_$cfg" "${extra[@]}" || continue
+    if [[ $cfg == *nocache ]]; then  # the multi-turn rows' baseline alone
+      step "lat_${cfg}_multiturn" 200 $moesh bench --serving --server 127.0.0.1:$port "${turns[@]}"
+      stop_cluster
+      shown+=("lat_${cfg}_multiturn")
+      continue
+    fi
     step "lat_${cfg}_max" 150 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}" \
       --request_rate inf
     # req/s is the table's eighth column.
@@ -469,10 +480,7 @@ latency_cluster() {
       step "lat_${cfg}_poisson" 150 $moesh bench --serving --server 127.0.0.1:$port "${load[@]}" \
         --request_rate "$rate" --seed 1001
     fi
-    step "lat_${cfg}_multiturn" 200 $moesh bench --serving --server 127.0.0.1:$port \
-      --dataset multiturn --turns 4 --system_prompts 4 --system_prompt_len ${MOESH_SYSTEM_LEN:-1024} \
-      --prompt_len 128 --max_new_tokens 64 --requests 256 --concurrency ${MOESH_PREFIX_CONCURRENCY:-32} \
-      --seed 2001
+    step "lat_${cfg}_multiturn" 200 $moesh bench --serving --server 127.0.0.1:$port "${turns[@]}"
     stop_cluster
     shown+=("lat_${cfg}_max" "lat_${cfg}_poisson" "lat_${cfg}_multiturn")
   done
