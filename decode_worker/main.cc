@@ -54,6 +54,7 @@ absl::Status Run() {
   ServeOptions serve = WorkerServeOptions("decode worker", v1::WORKER_KIND_DECODE, address,
                                           w.config.Fingerprint(), o.server, o.worker, *metrics);
   serve.registration.set_data_plane_address(data.address);
+  serve.registration.set_computes_prompts(true);
   serve.load = [&engine] { return LoadToProto(engine.Load()); };
   serve.drain = [&engine] { engine.Drain(); };
   serve.in_flight = [&engine] { return engine.Load().in_flight; };

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <optional>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -145,39 +144,55 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
   OrderDecodeWorkers(&decoders, &hashes, options_.routing, turn);
   std::stable_partition(decoders.begin(), decoders.end(),
                         [&](const WorkerInfo& w) { return !avoided(w); });
-  // A short uncached prompt: the decode worker computes it (no prefill worker).
-  const int uncached =
-      static_cast<int>(req.prompt.size()) - CachedPrefixTokens(decoders.front().load, &hashes);
-  const bool local = uncached <= options_.max_local_prefill_tokens;
-  std::optional<WorkerInfo> prefill;
-  std::optional<GrpcPrefillClient> prefill_client;
-  if (!local) {
-    std::vector<WorkerInfo> prefillers = registry_->Live(v1::WORKER_KIND_PREFILL);
-    if (prefillers.empty()) return absl::UnavailableError("no prefill worker is registered");
-    // The prefill worker among those that did not fail it, if any is left.
-    const auto fresh = std::stable_partition(prefillers.begin(), prefillers.end(),
-                                             [&](const WorkerInfo& w) { return !avoided(w); });
-    if (fresh != prefillers.begin()) prefillers.erase(fresh, prefillers.end());
-    prefill = prefillers[PickPrefillWorker(prefillers, &hashes, options_.routing, turn)];
-    prefill_client.emplace(*prefill, ChannelTo(prefill->address), registry_);
-  } else if (local_prefills_ != nullptr) {
-    local_prefills_->Increment();
-  }
-  std::vector<std::unique_ptr<GrpcDecodeClient>> decode_clients;
-  std::vector<DecodeClient*> order;
-  for (const WorkerInfo& d : decoders) {
-    decode_clients.push_back(
-        std::make_unique<GrpcDecodeClient>(d, ChannelTo(d.address), registry_));
-    order.push_back(decode_clients.back().get());
-  }
+  // RunGeneration over the decode workers `ds` (in order), prefilling on
+  // `prefill` (null: the decode worker computes the prompt); the workers
+  // that may have caused a failure go to *failed.
   GenerationOutcome outcome;
-  absl::Status s = RunGeneration(req, prefill_client ? &*prefill_client : nullptr, order, sink,
-                                 cancel, &outcome);
-  failed->clear();
-  if (!s.ok() && outcome.decoder >= 0) {
-    failed->push_back(decoders[outcome.decoder].id);
-    if (prefill && !outcome.prefilled) failed->push_back(prefill->id);
+  auto run = [&](PrefillClient* prefill, const std::vector<WorkerInfo>& ds) {
+    std::vector<std::unique_ptr<GrpcDecodeClient>> clients;
+    std::vector<DecodeClient*> order;
+    for (const WorkerInfo& d : ds) {
+      clients.push_back(std::make_unique<GrpcDecodeClient>(d, ChannelTo(d.address), registry_));
+      order.push_back(clients.back().get());
+    }
+    absl::Status s = RunGeneration(req, prefill, order, sink, cancel, &outcome);
+    failed->clear();
+    if (!s.ok() && outcome.decoder >= 0) failed->push_back(ds[outcome.decoder].id);
+    return s;
+  };
+  // Conditional disaggregation: the decode workers that would compute the
+  // prompt themselves, those that can (computes_prompts) and lack at most
+  // max_local_prefill_tokens of it (all of it where its log-probabilities are
+  // asked: those read no cached rows). If none of them takes it (full, or
+  // gone), a prefill worker computes it for any.
+  std::vector<WorkerInfo> locals;
+  const int n = static_cast<int>(req.prompt.size());
+  for (const WorkerInfo& d : decoders) {
+    if (options_.max_local_prefill_tokens <= 0 || !d.computes_prompts) continue;
+    const int cached = req.sampling.prompt_logprobs >= 0 ? 0 : CachedPrefixTokens(d.load, &hashes);
+    if (n - cached <= options_.max_local_prefill_tokens) locals.push_back(d);
   }
+  if (!locals.empty()) {
+    absl::Status s = run(nullptr, locals);
+    const bool taken = outcome.decoder >= 0;
+    if (taken && local_prefills_ != nullptr) local_prefills_->Increment();
+    if (taken || cancel.cancelled() ||
+        (s.code() != absl::StatusCode::kResourceExhausted &&
+         s.code() != absl::StatusCode::kUnavailable)) {
+      return s;
+    }
+  }
+  std::vector<WorkerInfo> prefillers = registry_->Live(v1::WORKER_KIND_PREFILL);
+  if (prefillers.empty()) return absl::UnavailableError("no prefill worker is registered");
+  // The prefill worker among those that did not fail it, if any is left.
+  const auto fresh = std::stable_partition(prefillers.begin(), prefillers.end(),
+                                           [&](const WorkerInfo& w) { return !avoided(w); });
+  if (fresh != prefillers.begin()) prefillers.erase(fresh, prefillers.end());
+  const WorkerInfo& prefill =
+      prefillers[PickPrefillWorker(prefillers, &hashes, options_.routing, turn)];
+  GrpcPrefillClient prefill_client(prefill, ChannelTo(prefill.address), registry_);
+  absl::Status s = run(&prefill_client, decoders);
+  if (!s.ok() && outcome.decoder >= 0 && !outcome.prefilled) failed->push_back(prefill.id);
   return s;
 }
 

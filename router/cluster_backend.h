@@ -88,9 +88,10 @@ struct ClusterBackendOptions {
   RoutingPolicy routing = RoutingPolicy::kKvAware;
   // Continuations of one request on other workers after a failure (0: none).
   int max_migrations = 2;
-  // A prompt with at most this many tokens not cached on the first decode
-  // worker to try (CachedPrefixTokens) is computed by the decode worker
-  // itself (RunGeneration without a prefill client); 0: never.
+  // A prompt with at most this many tokens not cached on a decode worker
+  // that computes prompts (WorkerInfo::computes_prompts, CachedPrefixTokens)
+  // is computed by such a worker itself (RunGeneration without a prefill
+  // client), when one has room; 0: never.
   int max_local_prefill_tokens = 0;
   // May be null; else moesh_stream_migrations_total and
   // moesh_local_prefills_total.

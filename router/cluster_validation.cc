@@ -89,6 +89,8 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& r, const ClusterLim
                    absl::StrCat("is ", r.model_fingerprint().size(), " bytes (at most ",
                                 ClusterLimits::kMaxFingerprintBytes, ")"));
   }
+  if (r.computes_prompts() && r.kind() != v1::WORKER_KIND_DECODE)
+    return Invalid("computes_prompts", "only decode workers take prompts to compute");
   if (r.kind() != v1::WORKER_KIND_EXPERT) {
     if (r.expert_ids_size() > 0) return Invalid("expert_ids", "only expert workers host experts");
     return absl::OkStatus();

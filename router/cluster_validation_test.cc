@@ -83,6 +83,7 @@ TEST(ClusterValidationTest, Registration) {
        }},
       {"model_fingerprint",
        [](v1::RegisterRequest* r) { r->set_model_fingerprint(std::string(5000, 'x')); }},
+      {"computes_prompts", [](v1::RegisterRequest* r) { r->set_computes_prompts(true); }},
   };
   ExpectEachRefused(Expert({0, 7}), cases,
                     [&](const v1::RegisterRequest& r) { return ValidateRegistration(r, l); });

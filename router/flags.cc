@@ -57,10 +57,11 @@ ABSL_FLAG(int, max_stream_migrations, moesh::RouterOptions().max_stream_migratio
           "on another prefill/decode pair, re-prefilling prompt + tokens so far, at most this "
           "many times per request (0: the stream fails UNAVAILABLE).");
 ABSL_FLAG(int, max_local_prefill_tokens, moesh::RouterOptions().max_local_prefill_tokens,
-          "Cluster mode: a prompt with at most this many tokens not cached on its decode worker "
-          "is computed by that decode worker, in chunks mixed into its decode steps "
+          "Cluster mode: a prompt with at most this many tokens not cached on a decode worker is "
+          "computed by that decode worker, in chunks mixed into its decode steps "
           "(--max_num_batched_tokens there), instead of a prefill worker (0: every prompt goes "
-          "to a prefill worker).");
+          "to a prefill worker). Only decode workers that say they compute prompts (this "
+          "version's) are asked.");
 ABSL_FLAG(int, rebalance_slots, moesh::RouterOptions().rebalance_slots,
           "Experts an expert worker may host after an automatic rebalance (0: as many as the "
           "busiest hosts now).");

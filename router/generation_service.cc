@@ -24,7 +24,6 @@ std::string RequestIdPrefix() {
   return absl::StrCat("req-", r.ok() ? *r : std::to_string(getpid()), "-");
 }
 
-constexpr int kMaxTopLogprobs = 20;
 // A text prompt longer than this many bytes per token of the context limit
 // cannot fit it (tokenizers' tokens average ~4 bytes; 16 leaves room for
 // long merges and multi-byte scripts): refused before tokenizing, which
@@ -184,11 +183,11 @@ absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::Generate
   }
   b.sampling = SamplingFromProto(r.sampling());
   if (absl::Status s = b.sampling.Validate(config_.vocab_size); !s.ok()) return s;
-  if (b.sampling.top_logprobs > kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be <= ", kMaxTopLogprobs));
+  if (b.sampling.top_logprobs > kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be <= ", kMaxLogprobs));
   }
-  if (b.sampling.prompt_logprobs > kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be <= ", kMaxTopLogprobs));
+  if (b.sampling.prompt_logprobs > kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be <= ", kMaxLogprobs));
   }
   if (r.n() < 0 || r.n() > kMaxChoices) {
     return absl::InvalidArgumentError(

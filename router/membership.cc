@@ -57,6 +57,7 @@ grpc::Status Membership::Register(grpc::ServerContext* ctx, const v1::RegisterRe
   r.data_plane_address = request->data_plane_address();
   r.expert_ids.assign(request->expert_ids().begin(), request->expert_ids().end());
   r.model_fingerprint = request->model_fingerprint();
+  r.computes_prompts = request->computes_prompts();
   absl::StatusOr<std::string> id = registry_.Register(r);
   if (!id.ok()) return ToGrpcStatus(id.status());
   response->set_worker_id(*id);

@@ -53,6 +53,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const WorkerRegistration& r
     e.info.kind = r.kind;
     e.info.address = r.address;
     e.info.data_plane_address = r.data_plane_address.empty() ? r.address : r.data_plane_address;
+    e.info.computes_prompts = r.computes_prompts;
     e.info.expert_ids = r.expert_ids;
     e.hosted = r.expert_ids;
     e.last_seen = std::chrono::steady_clock::now();

@@ -30,6 +30,7 @@ struct WorkerInfo {
   std::string address;
   std::string data_plane_address;  // where peers send data (KV); `address` if the worker gave none
   std::vector<int> expert_ids;
+  bool computes_prompts = false;  // decode workers: RegisterRequest.computes_prompts
   v1::WorkerLoad load;
 };
 
@@ -40,6 +41,7 @@ struct WorkerRegistration {
   std::string data_plane_address;  // empty: `address`
   std::vector<int> expert_ids;
   std::string model_fingerprint;
+  bool computes_prompts = false;
 };
 
 // The expert placement map: expert workers and what they host.

@@ -33,13 +33,14 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
     return absl::InvalidArgumentError(
         absl::StrCat("frequency_penalty must lie in [-2, 2], got ", frequency_penalty));
   }
-  if (top_logprobs < 0 || top_logprobs > vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "top_logprobs must lie in [0, vocab_size = ", vocab_size, "], got ", top_logprobs));
+  const int most = std::min(vocab_size, kMaxLogprobs);
+  if (top_logprobs < 0 || top_logprobs > most) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs must lie in [0, ", most, "], got ", top_logprobs));
   }
-  if (prompt_logprobs < -1 || prompt_logprobs > vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt_logprobs must lie in [0, vocab_size = ", vocab_size, "], got ", prompt_logprobs));
+  if (prompt_logprobs < -1 || prompt_logprobs > most) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_logprobs must lie in [0, ", most, "], got ", prompt_logprobs));
   }
   return absl::OkStatus();
 }

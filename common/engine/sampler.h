@@ -22,6 +22,10 @@ namespace moesh {
 // Temperatures below this sample greedily (logits / temperature would
 // overflow to ties at +inf).
 inline constexpr float kMinSamplingTemperature = 1e-5f;
+// The most alternatives a request may ask per position (top_logprobs,
+// prompt_logprobs; the OpenAI API's limit): the services refuse more, from
+// clients and peers alike (a prompt's entries grow with its length).
+inline constexpr int kMaxLogprobs = 20;
 
 struct SamplingParams {
   float temperature = 0.0f;         // 0 (or below kMinSamplingTemperature): greedy (argmax)

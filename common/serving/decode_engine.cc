@@ -182,12 +182,12 @@ absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
     if (draining_) return absl::UnavailableError("decode worker draining (shutting down)");
     if (requests_.count(spec.request_id))
       return absl::AlreadyExistsError(absl::StrCat("request ", spec.request_id, " exists"));
-    // The prompt blocks of one caller's reservations awaiting their KV (what
-    // admission holds for them) stay within max_pending_kv_share of the pool;
-    // a request computing its prompt here awaits none.
+    // The prompt blocks of one caller's reservations awaiting their KV (or,
+    // computing the prompt here, their first token: what admission holds for
+    // them) stay within max_pending_kv_share of the pool.
     int pending = 0;
-    if (!caller.empty() && !spec.compute_prompt && options_.max_pending_kv_share < 1.0 &&
-        u.total_blocks > 0 && u.block_size > 0) {
+    if (!caller.empty() && options_.max_pending_kv_share < 1.0 && u.total_blocks > 0 &&
+        u.block_size > 0) {
       pending = BlocksFor(u, static_cast<int>(spec.prompt_ids.size()));
       const auto held = pending_blocks_.find(caller);
       const int cap = static_cast<int>(options_.max_pending_kv_share * u.total_blocks);
@@ -738,6 +738,7 @@ void DecodeEngine::Step(const std::vector<StepItem>& batch) {
     ++generated;
     TokenEvent m;
     if (first) {
+      EndPending(batch[i].request.get());  // a prompt computed here: no longer pending
       m.queue_seconds = std::max(r.queue_seconds, 0.0);
       m.cached_tokens = r.cached_tokens;
       if (r.spec.sampling.prompt_logprobs >= 0) m.prompt_logprobs = std::move(r.prompt_logprobs);

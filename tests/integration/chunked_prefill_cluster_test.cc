@@ -7,6 +7,7 @@
 // outputs equal the single-process engine's token for token while another
 // stream decodes beside them, prompt log-probabilities computed in chunks
 // equal its unchunked ones, and the workers' metrics show the chunks.
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -113,11 +114,15 @@ TEST(ChunkedPrefillClusterTest, APrefillWorkerChunksLongPromptsTokenExact) {
   const double chunks = Metric(p0, "moesh_prefill_chunks_total");
   ExpectPromptLogprobsInChunks(run.router(), *run.model);
   EXPECT_EQ(Metric(p0, "moesh_prefill_chunks_total") - chunks, 3);
+  EXPECT_EQ(Metric(run.metrics("router"), "moesh_local_prefills_total"), 0);  // flag off
 }
 
 TEST(ChunkedPrefillClusterTest, ADecodeWorkerComputesShortPromptsItselfTokenExact) {
   LocalClusterOptions o = ChunkedClusterOptions("local_prefill");
   o.router.max_local_prefill_tokens = 8;
+  o.router.heartbeat_interval_ms = 100;  // the decode worker's cache hashes reach it sooner
+  o.decode.kv.block_size = 16;
+  o.prefill.kv.block_size = 16;
   Running run;
   ASSERT_NO_FATAL_FAILURE(Start(o, &run));
   ExpectExactUnderLoad(run.router(), *run.model);
@@ -142,6 +147,22 @@ TEST(ChunkedPrefillClusterTest, ADecodeWorkerComputesShortPromptsItselfTokenExac
   EXPECT_EQ(got.prompt_logprobs.logprobs_size(), 5);
   EXPECT_EQ(Metric(r, "moesh_local_prefills_total"), 3);
   EXPECT_EQ(Metric(p0, "moesh_prompt_tokens_total"), 170 + 45);
+  // A chat's next turn: its history (turn 1's prompt and answer) is cached on
+  // the decode worker, so the few new tokens are computed there too.
+  std::vector<int32_t> chat = Prompt(40, 6);
+  // 40 + 9 tokens: rows for 48 (the last token's comes with the next step), three blocks.
+  const Result turn1 = Call(run.router(), Request(chat, 9));
+  ASSERT_TRUE(turn1.status.ok()) << turn1.status.error_message();
+  EXPECT_EQ(Metric(r, "moesh_local_prefills_total"), 3);  // 40 tokens: the prefill worker's
+  chat.insert(chat.end(), turn1.ids.begin(), turn1.ids.end());
+  for (int t = 0; t < 4; ++t) chat.push_back(11 + t);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the hashes reach the router
+  const Result turn2 = Call(run.router(), Request(chat, 8));
+  ASSERT_TRUE(turn2.status.ok()) << turn2.status.error_message();
+  EXPECT_EQ(turn2.ids, Offline(*run.model, chat, 8).output_ids);
+  EXPECT_EQ(Metric(r, "moesh_local_prefills_total"), 4);
+  EXPECT_EQ(Metric(p0, "moesh_prompt_tokens_total"), 170 + 45 + 40);
+  EXPECT_EQ(turn2.final.usage().cached_tokens(), 48);
 }
 
 TEST(ChunkedPrefillClusterTest, AColocatedRouterMixesPromptChunksIntoDecodeStepsTokenExact) {
