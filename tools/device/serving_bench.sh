@@ -89,7 +89,9 @@
 #              resident bytes per GPU (nvidia-smi after each row). MOESH_FAMILY=v2: DeepSeek-V2
 #              at 236B (60 layers, bf16 config, --quantization fp8 at load), its expert workers
 #              over every GPU, GPU 0 included. On one GPU (the rehearsal) it runs colocated at
-#              the layer count given (V3 FP8: 13 layers fit; 61 need eight GPUs).
+#              the layer count given (V3 FP8: 13 layers fit; 61 need eight GPUs), or
+#              $MOESH_ONE_GPU_MODE (cluster-ipc: router, prefill, decode and expert worker on the
+#              GPU under MPS, issue 17's "served through the cluster" at the largest depth).
 #   rebalance  the rebalancer over time on a CPU cluster (this machine's cores), the small
 #              v2-lite model with a skewed placement: --rebalance_timeline 30
 #              --rebalance_interval 5 --concurrency 32 --prompt_len 32 --max_new_tokens 64.
@@ -500,7 +502,12 @@ fullsize() {
   [[ $family != v3 ]] && first=0
   for ((g = first; g < gpus; g++)); do experts+=("cuda:$g"); done
   if ((gpus < 2)); then
-    mode=colocated experts=(cuda:0)
+    mode=${MOESH_ONE_GPU_MODE:-colocated} experts=(cuda:0)
+    # The cluster on one GPU: its processes share it under MPS.
+    if [[ $mode != colocated ]] && ! mps_start; then
+      echo "fullsize: MPS did not start" >&2
+      return
+    fi
   else
     mode=cluster-nccl
   fi
@@ -535,6 +542,7 @@ fullsize() {
   fi
   shown+=(fullsize_memory)
   cp "$LOGS/fullsize_memory.txt" "$LOGS/fullsize_memory.log" 2> /dev/null
+  if ((gpus < 2)) && [[ $mode != colocated ]]; then mps_stop; fi
 }
 
 rebalance() {
