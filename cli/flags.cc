@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "base/status.h"
 #include "cli/args.h"
+#include "cli/local_cluster.h"
 
 ABSL_FLAG(std::string, model, "",
           "Model directory: config.json, the safetensors weights (none with --load_format dummy), "
@@ -47,6 +48,14 @@ ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "Random seed: of the sampling (generate, complete; default: unseeded), of the weights "
           "(mkmodel; default 0), of the requests bench --serving --server draws (default 1; a "
           "row's are drawn from seed + row).");
+ABSL_FLAG(double, decode_gpu_memory_utilization,
+          moesh::LocalDecodeDefaults().device.gpu_memory_utilization,
+          "serve-local, bench --serving (GPU): the share of the GPU the decode workers fill, what "
+          "is in use counted (the expert workers' weights when they share it).");
+ABSL_FLAG(double, prefill_gpu_memory_utilization,
+          moesh::LocalPrefillDefaults().device.gpu_memory_utilization,
+          "serve-local, bench --serving (GPU): the share of the GPU the prefill workers fill, "
+          "from where the decode workers' ends.");
 ABSL_FLAG(std::string, bin_dir, "",
           "Where moesh_router and the moesh_*_worker binaries are (default: beside this moesh).");
 ABSL_FLAG(int, expert_workers, 2, "Expert workers to start, each with an equal shard.");
@@ -144,6 +153,21 @@ std::string ApiKeyFlag() {
   // A key file's content (a Kubernetes Secret as an environment variable): its first line.
   key = key.substr(0, key.find('\n'));
   return std::string(absl::StripAsciiWhitespace(key));
+}
+
+absl::StatusOr<WorkerMemory> WorkerMemoryFlags() {
+  WorkerMemory m;
+  m.decode = absl::GetFlag(FLAGS_decode_gpu_memory_utilization);
+  m.prefill = absl::GetFlag(FLAGS_prefill_gpu_memory_utilization);
+  if (!(m.decode > 0 && m.decode <= 1) || !(m.prefill > 0 && m.prefill <= 1) ||
+      m.prefill <= m.decode) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--decode_gpu_memory_utilization (", m.decode, ") and --prefill_gpu_memory_utilization (",
+        m.prefill,
+        ") must lie in (0, 1], the prefill share above the decode share (it starts where the "
+        "decode workers' ends)"));
+  }
+  return m;
 }
 
 absl::StatusOr<std::vector<std::string>> ExpertDevicesFlag() {

@@ -50,6 +50,17 @@ std::string BinDirFlag();
 // empty entry.
 absl::StatusOr<std::vector<std::string>> ExpertDevicesFlag();
 
+// --decode_gpu_memory_utilization and --prefill_gpu_memory_utilization: the
+// share of the whole GPU a local cluster's decode (prefill) workers fill, what
+// is in use counted (the expert workers start first; the prefill workers'
+// share starts where the decode workers' ends). INVALID_ARGUMENT outside
+// (0, 1] or for a prefill share not above the decode share.
+struct WorkerMemory {
+  double decode = 0;
+  double prefill = 0;
+};
+absl::StatusOr<WorkerMemory> WorkerMemoryFlags();
+
 // --api_key, else $MOESH_API_KEY; the first line, whitespace stripped (empty:
 // none).
 std::string ApiKeyFlag();

@@ -55,7 +55,8 @@ const std::vector<Command>& Commands() {
        "      cluster-ipc,cluster-ipc-hostkv,colocated,<mode>-swap,<mode>-http,\n"
        "      <mode>-http-close] [--kv_blocks=N]\n"
        "      [--device=cuda] [--kv_cache_dtype={auto,fp8}]\n"
-       "      [--expert_device=cuda:1]\n"
+       "      [--expert_device=cuda:1] [--decode_gpu_memory_utilization=0.6]\n"
+       "      [--prefill_gpu_memory_utilization=0.8]\n"
        "      [--load_format=dummy] [--expert_workers=N] [--temperature=T [--top_p=P]\n"
        "      [--top_k=K]] [--logprobs=0 (gRPC rows ask each token's log-probability, as the\n"
        "      HTTP rows do to time tokens by id)] [--rebalance_timeline=SECONDS "
@@ -107,7 +108,9 @@ const std::vector<Command>& Commands() {
         "system_prompt_len",
         "slo_ttft_ms",
         "slo_itl_ms",
-        "seed"},
+        "seed",
+        "decode_gpu_memory_utilization",
+        "prefill_gpu_memory_utilization"},
        RunBench},
       {"serve-local",
        "--model=DIR [--expert_workers=N] [--prefill_workers=N] [--decode_workers=N] "
@@ -119,6 +122,7 @@ const std::vector<Command>& Commands() {
        " [--dispatch_dtype={fp32,bf16,fp8}] [--tls]\n"
        "      [--kv_cache_dtype={auto,fp8}] [--max_local_prefill_tokens=N]"
        " [--enable_prefix_caching=false]\n"
+       "      [--decode_gpu_memory_utilization=0.6] [--prefill_gpu_memory_utilization=0.8]\n"
        "    routers (gRPC, and the OpenAI HTTP API), prefill, decode and expert workers on\n"
        "    loopback, until Ctrl-C",
        {"model",
@@ -141,7 +145,9 @@ const std::vector<Command>& Commands() {
         "tls",
         "kv_cache_dtype",
         "max_local_prefill_tokens",
-        "enable_prefix_caching"},
+        "enable_prefix_caching",
+        "decode_gpu_memory_utilization",
+        "prefill_gpu_memory_utilization"},
        RunServeLocal},
       {"complete",
        "--server=HOST:PORT[,HOST:PORT...] (--prompt=TEXT | --prompt_ids=1,2) [--max_new_tokens=N]\n"

@@ -100,6 +100,10 @@ expect_error "prompt_ids" generate --model "$TMP/v3"
 expect_error "not an integer" generate --model "$TMP/v3" --prompt_ids 1,x
 expect_error "unknown family" mkmodel --family v9 --out "$TMP/x"
 expect_error "--device must be cpu, cuda or cuda:N" generate --model "$TMP/v3" --prompt_ids 1 --device tpu
+expect_error "the prefill share above the decode share" serve-local --model "$TMP/v3" \
+  --decode_gpu_memory_utilization 0.9 --prefill_gpu_memory_utilization 0.5
+expect_error "--max_local_prefill_tokens must be >= 0" serve-local --model "$TMP/v3" \
+  --max_local_prefill_tokens -1
 # Without a GPU (or without the CUDA backend in this build) --device cuda says
 # which; with one it generates (tests/integration/cuda_cluster_test.sh).
 if ! err=$("$MOESH" generate --model "$TMP/v3" --prompt_ids 1 --device cuda:7 2>&1 >/dev/null); then

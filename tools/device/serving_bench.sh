@@ -91,7 +91,9 @@
 #              over every GPU, GPU 0 included. On one GPU (the rehearsal) it runs colocated at
 #              the layer count given (V3 FP8: 13 layers fit; 61 need eight GPUs), or
 #              $MOESH_ONE_GPU_MODE (cluster-ipc: router, prefill, decode and expert worker on the
-#              GPU under MPS, issue 17's "served through the cluster" at the largest depth).
+#              GPU under MPS, issue 17's "served through the cluster" at the largest depth; the
+#              attention workers' shares of the GPU $MOESH_DECODE_UTIL / $MOESH_PREFILL_UTIL,
+#              0.6 / 0.8 unless set: on an H200, ~0.9 / 0.97 leave room for ~10 MoE layers).
 #   rebalance  the rebalancer over time on a CPU cluster (this machine's cores), the small
 #              v2-lite model with a skewed placement: --rebalance_timeline 30
 #              --rebalance_interval 5 --concurrency 32 --prompt_len 32 --max_new_tokens 64.
@@ -490,12 +492,12 @@ latency_cluster() {
 
 fullsize() {
   local family=${MOESH_FAMILY:-v3} conc=${MOESH_CONCURRENCY:-64,128,256}
-  local layers=${MOESH_LAYERS:-} dir=/tmp/fullsize-${MOESH_FAMILY:-v3} quant=() experts=() mode
+  local layers=${MOESH_LAYERS:-} dir=/tmp/fullsize-${MOESH_FAMILY:-v3} extra=() experts=() mode
   local largest=${conc##*,}
   local requests=${MOESH_REQUESTS:-$((2 * largest))}
   local mk=(mkmodel --family "$family" --preset real --config_only --out "$dir")
   [[ -n $layers ]] && mk+=(--layers "$layers")
-  if [[ $family == v3 ]]; then mk+=(--dtype fp8); else quant=(--quantization fp8); fi
+  if [[ $family == v3 ]]; then mk+=(--dtype fp8); else extra=(--quantization fp8); fi
   $moesh "${mk[@]}" >> "$LOGS/mkmodel.log" 2>&1 || { echo "fullsize: mkmodel failed" >&2; return; }
   # The expert workers' GPUs: 1 .. gpus - 1 (V2: 0 .. gpus - 1); one GPU: colocated.
   local first=1
@@ -513,6 +515,9 @@ fullsize() {
   fi
   local list
   list=$(IFS=,; echo "${experts[*]}")
+  # The attention workers' shares of GPU 0 (serve-local's 0.6 / 0.8 unless set).
+  [[ -n ${MOESH_DECODE_UTIL:-} ]] && extra+=(--decode_gpu_memory_utilization "$MOESH_DECODE_UTIL")
+  [[ -n ${MOESH_PREFILL_UTIL:-} ]] && extra+=(--prefill_gpu_memory_utilization "$MOESH_PREFILL_UTIL")
   IFS=, read -ra workloads <<< "${MOESH_WORKLOADS:-1024:1024,4096:512}"
   for wl in "${workloads[@]}"; do
     # Resident bytes per GPU: sampled every second while the row runs, the most kept.
@@ -520,7 +525,7 @@ fullsize() {
       > "$LOGS/fullsize_smi.txt" 2> /dev/null &
     local smi=$!
     step "fullsize_${wl/:/_}" 590 $moesh bench --serving --model "$dir" --load_format dummy --device cuda:0 \
-      "${quant[@]}" --expert_device "$list" --expert_workers ${#experts[@]} --modes $mode \
+      "${extra[@]}" --expert_device "$list" --expert_workers ${#experts[@]} --modes $mode \
       --prompt_len "${wl%%:*}" --max_new_tokens "${wl##*:}" --requests "$requests" --concurrency "$conc"
     kill $smi 2> /dev/null; wait $smi 2> /dev/null
     awk -F', *' -v wl="$wl" '{ if ($2 > m[$1]) m[$1] = $2 }
@@ -535,7 +540,7 @@ fullsize() {
       local some
       some=$(IFS=,; echo "${experts[*]:0:k}")
       step "fullsize_scaling_$k" 590 $moesh bench --serving --model "$dir" --load_format dummy \
-        --device cuda:0 "${quant[@]}" --expert_device "$some" --expert_workers "$k" --modes $mode \
+        --device cuda:0 "${extra[@]}" --expert_device "$some" --expert_workers "$k" --modes $mode \
         --prompt_len "${wl%%:*}" --max_new_tokens "${wl##*:}" --requests 256 --concurrency 128
       shown+=("fullsize_scaling_$k")
     done
