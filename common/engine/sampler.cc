@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "kernels/cpu/ops.h"
 
 namespace moesh {
@@ -33,14 +34,23 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
     return absl::InvalidArgumentError(
         absl::StrCat("frequency_penalty must lie in [-2, 2], got ", frequency_penalty));
   }
-  const int most = std::min(vocab_size, kMaxLogprobs);
-  if (top_logprobs < 0 || top_logprobs > most) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_logprobs must lie in [0, ", most, "], got ", top_logprobs));
+  if (top_logprobs < 0 || top_logprobs > vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "top_logprobs must lie in [0, vocab_size = ", vocab_size, "], got ", top_logprobs));
   }
-  if (prompt_logprobs < -1 || prompt_logprobs > most) {
+  if (prompt_logprobs < -1 || prompt_logprobs > vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt_logprobs must lie in [0, vocab_size = ", vocab_size, "], got ", prompt_logprobs));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SamplingParams::ValidateServed(int vocab_size) const {
+  RETURN_IF_ERROR(Validate(vocab_size));
+  if (top_logprobs > kMaxLogprobs || prompt_logprobs > kMaxLogprobs) {
     return absl::InvalidArgumentError(
-        absl::StrCat("prompt_logprobs must lie in [0, ", most, "], got ", prompt_logprobs));
+        absl::StrCat("top_logprobs and prompt_logprobs must be <= ", kMaxLogprobs, ", got ",
+                     top_logprobs, " and ", prompt_logprobs));
   }
   return absl::OkStatus();
 }

@@ -22,9 +22,10 @@ namespace moesh {
 // Temperatures below this sample greedily (logits / temperature would
 // overflow to ties at +inf).
 inline constexpr float kMinSamplingTemperature = 1e-5f;
-// The most alternatives a request may ask per position (top_logprobs,
+// The most alternatives a served request may ask per position (top_logprobs,
 // prompt_logprobs; the OpenAI API's limit): the services refuse more, from
-// clients and peers alike (a prompt's entries grow with its length).
+// clients and peers alike (a prompt's entries grow with its length;
+// SamplingParams::ValidateServed).
 inline constexpr int kMaxLogprobs = 20;
 
 struct SamplingParams {
@@ -44,6 +45,10 @@ struct SamplingParams {
 
   // INVALID_ARGUMENT naming the parameter if any is out of range.
   absl::Status Validate(int vocab_size) const;
+  // Validate, and at most kMaxLogprobs alternatives asked (what the services
+  // take, from clients and peers; in-process callers such as the goldens may
+  // ask the whole vocabulary).
+  absl::Status ValidateServed(int vocab_size) const;
   // Greedy with no penalty: the token is the logits' argmax, whatever the step.
   bool plain_greedy() const { return temperature == 0.0f && !has_penalties(); }
   // The sampled token's own log-probability is reported (asked, or implied

@@ -167,5 +167,16 @@ TEST(SamplerTest, ValidateRejectsImpossibleParams) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SamplerTest, ServedRequestsAskAtMostKMaxLogprobs) {
+  SamplingParams p;
+  p.top_logprobs = 100;  // the whole vocabulary: in-process callers (the goldens) may
+  EXPECT_TRUE(p.Validate(100).ok());
+  EXPECT_EQ(p.ValidateServed(100).code(), absl::StatusCode::kInvalidArgument);
+  p.top_logprobs = kMaxLogprobs;
+  EXPECT_TRUE(p.ValidateServed(100).ok());
+  p.prompt_logprobs = kMaxLogprobs + 1;
+  EXPECT_EQ(p.ValidateServed(100).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace moesh

@@ -160,7 +160,8 @@ absl::StatusOr<std::shared_ptr<DecodeEngine::Request>> DecodeEngine::Reserve(
                                                    spec.prompt_ids.size(), " prompt tokens and ",
                                                    spec.max_new_tokens, " new tokens to decode"));
   }
-  if (absl::Status s = spec.sampling.Validate(backend_->config().vocab_size); !s.ok()) return s;
+  if (absl::Status s = spec.sampling.ValidateServed(backend_->config().vocab_size); !s.ok())
+    return s;
   if (spec.compute_prompt) {
     RETURN_IF_ERROR(CheckPrompt(*backend_, spec.prompt_ids, spec.sampling.prompt_logprobs));
   }

@@ -63,7 +63,7 @@ absl::Status PrefillEngine::Prefill(const PrefillSpec& spec, const CancelToken* 
                                                    " outside [0, ", spec.prompt_ids.size(),
                                                    ") (the prompt's tokens)"));
   }
-  if (absl::Status s = spec.sampling.Validate(c.vocab_size); !s.ok()) return s;
+  if (absl::Status s = spec.sampling.ValidateServed(c.vocab_size); !s.ok()) return s;
   RETURN_IF_ERROR(CheckPrompt(*backend_, spec.prompt_ids, spec.sampling.prompt_logprobs));
   Pending p(&spec);
   {
