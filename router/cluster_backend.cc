@@ -172,6 +172,7 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
     const int cached = req.sampling.prompt_logprobs >= 0 ? 0 : CachedPrefixTokens(d.load, &hashes);
     if (n - cached <= options_.max_local_prefill_tokens) locals.push_back(d);
   }
+  absl::Status local = absl::UnavailableError("no prefill worker is registered");
   if (!locals.empty()) {
     absl::Status s = run(nullptr, locals);
     const bool taken = outcome.decoder >= 0;
@@ -181,9 +182,10 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
          s.code() != absl::StatusCode::kUnavailable)) {
       return s;
     }
+    local = s;  // what the client hears if no prefill worker can take it either
   }
   std::vector<WorkerInfo> prefillers = registry_->Live(v1::WORKER_KIND_PREFILL);
-  if (prefillers.empty()) return absl::UnavailableError("no prefill worker is registered");
+  if (prefillers.empty()) return local;
   // The prefill worker among those that did not fail it, if any is left.
   const auto fresh = std::stable_partition(prefillers.begin(), prefillers.end(),
                                            [&](const WorkerInfo& w) { return !avoided(w); });
