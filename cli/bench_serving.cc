@@ -300,9 +300,7 @@ absl::Status RunServingBench() {
   base.bin_dir = BinDirFlag();
   base.decode.kv.kv_blocks = kv_blocks;
   SetWorkerDevice(device_options, &base);
-  ASSIGN_OR_RETURN(const WorkerMemory memory, WorkerMemoryFlags());
-  base.decode.device.gpu_memory_utilization = memory.decode;
-  base.prefill.device.gpu_memory_utilization = memory.prefill;
+  RETURN_IF_ERROR(SetWorkerMemoryFromFlags(&base));
   base.expert_devices = expert_devices;
   if (timeline > 0) {
     return RunRebalanceTimeline(config, base, timeline, static_cast<int>(concurrencies.front()),

@@ -155,19 +155,19 @@ std::string ApiKeyFlag() {
   return std::string(absl::StripAsciiWhitespace(key));
 }
 
-absl::StatusOr<WorkerMemory> WorkerMemoryFlags() {
-  WorkerMemory m;
-  m.decode = absl::GetFlag(FLAGS_decode_gpu_memory_utilization);
-  m.prefill = absl::GetFlag(FLAGS_prefill_gpu_memory_utilization);
-  if (!(m.decode > 0 && m.decode <= 1) || !(m.prefill > 0 && m.prefill <= 1) ||
-      m.prefill <= m.decode) {
+absl::Status SetWorkerMemoryFromFlags(LocalClusterOptions* o) {
+  const double decode = absl::GetFlag(FLAGS_decode_gpu_memory_utilization);
+  const double prefill = absl::GetFlag(FLAGS_prefill_gpu_memory_utilization);
+  if (!(decode > 0 && decode <= 1) || !(prefill > 0 && prefill <= 1) || prefill <= decode) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--decode_gpu_memory_utilization (", m.decode, ") and --prefill_gpu_memory_utilization (",
-        m.prefill,
+        "--decode_gpu_memory_utilization (", decode, ") and --prefill_gpu_memory_utilization (",
+        prefill,
         ") must lie in (0, 1], the prefill share above the decode share (it starts where the "
         "decode workers' ends)"));
   }
-  return m;
+  o->decode.device.gpu_memory_utilization = decode;
+  o->prefill.device.gpu_memory_utilization = prefill;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> ExpertDevicesFlag() {

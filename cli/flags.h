@@ -23,6 +23,10 @@ ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
 ABSL_DECLARE_FLAG(int, expert_workers);
 ABSL_DECLARE_FLAG(std::string, expert_device);
 
+namespace moesh {
+struct LocalClusterOptions;  // cli/local_cluster.h
+}  // namespace moesh
+
 namespace moesh::cli {
 
 // --model; INVALID_ARGUMENT when it is not given.
@@ -50,16 +54,13 @@ std::string BinDirFlag();
 // empty entry.
 absl::StatusOr<std::vector<std::string>> ExpertDevicesFlag();
 
+// Sets `o`'s decode and prefill workers' gpu_memory_utilization from
 // --decode_gpu_memory_utilization and --prefill_gpu_memory_utilization: the
-// share of the whole GPU a local cluster's decode (prefill) workers fill, what
-// is in use counted (the expert workers start first; the prefill workers'
-// share starts where the decode workers' ends). INVALID_ARGUMENT outside
-// (0, 1] or for a prefill share not above the decode share.
-struct WorkerMemory {
-  double decode = 0;
-  double prefill = 0;
-};
-absl::StatusOr<WorkerMemory> WorkerMemoryFlags();
+// share of the whole GPU they fill, what is in use counted (the expert
+// workers start first; the prefill workers' share starts where the decode
+// workers' ends). INVALID_ARGUMENT outside (0, 1] or for a prefill share not
+// above the decode share.
+absl::Status SetWorkerMemoryFromFlags(LocalClusterOptions* o);
 
 // --api_key, else $MOESH_API_KEY; the first line, whitespace stripped (empty:
 // none).

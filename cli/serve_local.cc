@@ -92,9 +92,7 @@ absl::Status RunServeLocal() {
     return absl::InvalidArgumentError("--routers must be in [1, 16]");
   ASSIGN_OR_RETURN(const DeviceOptions device, DeviceOptionsFromFlags());
   SetWorkerDevice(device, &opt);
-  ASSIGN_OR_RETURN(const WorkerMemory memory, WorkerMemoryFlags());
-  opt.decode.device.gpu_memory_utilization = memory.decode;
-  opt.prefill.device.gpu_memory_utilization = memory.prefill;
+  RETURN_IF_ERROR(SetWorkerMemoryFromFlags(&opt));
   ASSIGN_OR_RETURN(opt.expert_devices, ExpertDevicesFlag());
   SetWorkerTransport(absl::GetFlag(FLAGS_transport), &opt);
   const std::string dispatch_dtype = absl::GetFlag(FLAGS_dispatch_dtype);

@@ -167,9 +167,10 @@ absl::Status ClusterBackend::RunOnce(const GenerationRequest& req, const ChunkSi
   // gone), a prefill worker computes it for any.
   std::vector<WorkerInfo> locals;
   const int n = static_cast<int>(req.prompt.size());
+  const bool all_positions = req.sampling.prompt_logprobs >= 0;
   for (const WorkerInfo& d : decoders) {
-    if (options_.max_local_prefill_tokens <= 0 || !d.computes_prompts) continue;
-    const int cached = req.sampling.prompt_logprobs >= 0 ? 0 : CachedPrefixTokens(d.load, &hashes);
+    if (options_.max_local_prefill_tokens <= 0 || !d.computes_prompts) continue;  // off, or can't
+    const int cached = all_positions ? 0 : CachedPrefixTokens(d.load, &hashes);
     if (n - cached <= options_.max_local_prefill_tokens) locals.push_back(d);
   }
   absl::Status local = absl::UnavailableError("no prefill worker is registered");

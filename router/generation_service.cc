@@ -182,13 +182,7 @@ absl::StatusOr<GenerationRequest> GenerationService::Validate(const v1::Generate
                                                    " (prompt + output)"));
   }
   b.sampling = SamplingFromProto(r.sampling());
-  if (absl::Status s = b.sampling.Validate(config_.vocab_size); !s.ok()) return s;
-  if (b.sampling.top_logprobs > kMaxLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be <= ", kMaxLogprobs));
-  }
-  if (b.sampling.prompt_logprobs > kMaxLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be <= ", kMaxLogprobs));
-  }
+  if (absl::Status s = b.sampling.ValidateServed(config_.vocab_size); !s.ok()) return s;
   if (r.n() < 0 || r.n() > kMaxChoices) {
     return absl::InvalidArgumentError(
         absl::StrCat("n must lie in [1, ", kMaxChoices, "], got ", r.n()));

@@ -47,10 +47,13 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
 
 absl::Status SamplingParams::ValidateServed(int vocab_size) const {
   RETURN_IF_ERROR(Validate(vocab_size));
-  if (top_logprobs > kMaxLogprobs || prompt_logprobs > kMaxLogprobs) {
+  if (top_logprobs > kMaxLogprobs) {
     return absl::InvalidArgumentError(
-        absl::StrCat("top_logprobs and prompt_logprobs must be <= ", kMaxLogprobs, ", got ",
-                     top_logprobs, " and ", prompt_logprobs));
+        absl::StrCat("top_logprobs must be <= ", kMaxLogprobs, ", got ", top_logprobs));
+  }
+  if (prompt_logprobs > kMaxLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_logprobs must be <= ", kMaxLogprobs, ", got ", prompt_logprobs));
   }
   return absl::OkStatus();
 }
