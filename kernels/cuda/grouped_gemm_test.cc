@@ -4,6 +4,7 @@
 // expert MLP (EnqueueExpertMlp) both ways — grouped kernel and per-expert
 // dense GEMMs — against the same reference.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -161,8 +162,9 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
     // `q` (quantized weights) against the bf16 kernel on `wide`, the values
     // q's weights widen to, run into y (checked above already): the same
     // bytes out, bit for bit.
-    auto ExpectWidensTo = [&](GroupedGemmParams q, const std::vector<bf16>& wide,
-                              const char* what) {
+    // x_wide: the bf16 kernel's activations (null: gp's).
+    auto ExpectWidensTo = [&](GroupedGemmParams q, const std::vector<bf16>& wide, const char* what,
+                              const bf16* x_wide = nullptr) {
       MOESH_ASSERT_OK_AND_ASSIGN(auto dwide, Upload(wide));
       MOESH_ASSERT_OK_AND_ASSIGN(auto yq, DeviceBuffer<uint8_t>::Create(y.size()));
       MOESH_ASSERT_OK(Poison(yq));
@@ -171,6 +173,7 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       MOESH_ASSERT_OK(RunGroupedGemm(q));
       GroupedGemmParams g16 = gp;
       g16.w = dwide.get();
+      if (x_wide != nullptr) g16.x = x_wide;
       MOESH_ASSERT_OK(RunGroupedGemm(g16));
       MOESH_ASSERT_OK(stream.Synchronize());
       MOESH_ASSERT_OK_AND_ASSIGN(auto a, yq.ToHost());
@@ -212,20 +215,34 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
     }
     // MXFP4 weights (each expert quantized as DeepSeek-V4 ships its routed
     // experts): bit for bit the bf16 kernel on the dequantized values, which
-    // bf16 holds exactly.
+    // bf16 holds exactly, with x's and w's inputs in the order the MXFP4
+    // kernel sums them (Mxfp4MmaInput). About one scale in sixteen is moved
+    // to 2^-127 (the weights bf16 subnormals) or past 2^1 (the kernel's
+    // two-multiply path), so warps take both paths.
     {
       std::vector<uint8_t> packed(w.size() / 2), mx(w.size() / cpu::kMxfp4Block);
       std::vector<float> dequantized(w.size());
       cpu::QuantizeMxfp4(w.data(), packed.data(), mx.data(), c.experts * c.n, c.k);
+      for (uint8_t& e : mx) {
+        if (rng() % 16 == 0) e = std::array<uint8_t, 4>{0, 129, 131, 200}[rng() % 4];
+      }
       cpu::DequantizeMxfp4(packed.data(), mx.data(), dequantized.data(), c.experts * c.n, c.k);
-      std::vector<float> exact = dequantized;
-      const std::vector<bf16> wide = ToBf16Rounding(exact);
-      ASSERT_TRUE(exact == dequantized) << "e2m1 times a power of two is a bf16";
+      auto mma_order = [&](const std::vector<float>& v) {  // each row's 32-input groups
+        std::vector<float> o(v.size());
+        for (size_t g = 0; g < v.size(); g += 32) {
+          for (int slot = 0; slot < 32; ++slot) o[g + slot] = v[g + Mxfp4MmaInput(slot)];
+        }
+        return o;
+      };
+      std::vector<float> w_order = mma_order(dequantized), x_order = mma_order(x);
+      const std::vector<bf16> wide = ToBf16Rounding(w_order);
+      ASSERT_TRUE(w_order == mma_order(dequantized)) << "e2m1 times a power of two is a bf16";
+      MOESH_ASSERT_OK_AND_ASSIGN(auto dx_order, Upload(ToBf16Rounding(x_order)));
       MOESH_ASSERT_OK_AND_ASSIGN(auto dpacked, Upload(packed));
       MOESH_ASSERT_OK_AND_ASSIGN(auto dmx, Upload(mx));
       GroupedGemmParams g4 = gp;
       g4.w = nullptr, g4.w_fp4 = dpacked.get(), g4.w_mx_scale = dmx.get();
-      ExpectWidensTo(g4, wide, "MXFP4");
+      ExpectWidensTo(g4, wide, "MXFP4", dx_order.get());
       g4.w_mx_scale = nullptr;
       EXPECT_EQ(RunGroupedGemm(g4).code(), absl::StatusCode::kInvalidArgument);
     }

@@ -24,6 +24,14 @@ absl::Status RunMoePermute(const MoePermuteParams& p);
 absl::Status RunGroupedGemm(const GroupedGemmParams& p);
 // The most tiles `rows` permuted rows can need: ceil(rows / tile_m) + min(num_experts, rows).
 int GroupedGemmMaxTiles(int rows, int num_experts, int tile_m);
+// MXFP4 weights: the grouped GEMM's MMAs take each 32-input group's inputs in
+// this order (slot s of a group holds its input Mxfp4MmaInput(s)), so that a
+// thread's four B registers are the nibbles of one 32-bit load; the bf16
+// kernel run on x and w with each group's inputs so permuted gives the same
+// bits.
+constexpr int Mxfp4MmaInput(int slot) {
+  return 8 * ((slot % 8) / 2) + 2 * (slot / 16) + (slot % 16) / 8 + 4 * (slot % 2);
+}
 absl::Status RunMoeCombine(const MoeCombineParams& p);
 // REQUIRES: cols and ldx multiples of 8, 16-byte aligned x and out.
 absl::Status RunGatherRows(const GatherRowsParams& p);

@@ -89,8 +89,9 @@ struct GroupedGemmParams {
   // Or MXFP4 weights (DeepSeek-V4's routed experts, kernels/cpu/mxfp4.h):
   // e2m1 pairs [num_experts, n, k / 2] (the even input in the low nibble)
   // and one ue8m0 scale per 32 inputs [num_experts, n, k / 32]; widened to
-  // bf16 in registers, exactly (so the same as w holding the dequantized
-  // values, bit for bit).
+  // bf16 in registers, exactly, and summed in Mxfp4MmaInput's order within
+  // each 32 inputs (so the same as w holding the dequantized values, with x
+  // and w so permuted, bit for bit).
   const uint8_t* w_fp4 = nullptr;
   const uint8_t* w_mx_scale = nullptr;
   int num_experts = 0, n = 0, k = 0;
