@@ -93,7 +93,9 @@
 #              $MOESH_ONE_GPU_MODE (cluster-ipc: router, prefill, decode and expert worker on the
 #              GPU under MPS, issue 17's "served through the cluster" at the largest depth; the
 #              attention workers' shares of the GPU $MOESH_DECODE_UTIL / $MOESH_PREFILL_UTIL,
-#              0.6 / 0.8 unless set: on an H200, ~0.9 / 0.97 leave room for ~10 MoE layers).
+#              0.6 / 0.8 unless set; on an H200 13 layers at 0.9 / 0.97 did not fit — the prefill
+#              worker's KV got 0 blocks: each attention worker holds its own 8.06 GB of weights
+#              there, beside the expert worker's 113 GB — so 12 is the next to try).
 #   rebalance  the rebalancer over time on a CPU cluster (this machine's cores), the small
 #              v2-lite model with a skewed placement: --rebalance_timeline 30
 #              --rebalance_interval 5 --concurrency 32 --prompt_len 32 --max_new_tokens 64.
