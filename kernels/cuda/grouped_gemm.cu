@@ -83,9 +83,10 @@ struct GemmCfg {
   static constexpr int kF8SmemBytes = kF8Stages * (kBM * kPitch * 2 + kBN * kF8Pitch);
   // MXFP4 weights: the e2m1 ring (rows padded to 48 or 80 bytes: a warp's
   // 32-bit loads of eight rows fall in distinct banks), two stages deeper at
-  // 32 and 64 wide, four at 128 (60 KB for 16 rows: three CTAs an SM). A's rows are read 16 bytes a
-  // thread (Mxfp4A's k order, below), so their pitch is 64 bytes past a multiple of 128: a
-  // quarter-warp's two rows miss each other.
+  // 32 and 64 wide, four at 128 (60 KB for 16 rows: three CTAs an SM). A's
+  // rows are read 16 bytes a thread (Mxfp4A's k order, below), so their
+  // pitch is 64 bytes past a multiple of 128: a quarter-warp's two rows miss
+  // each other.
   static constexpr int kF4Chunks = kBN * kBK / 32;
   static constexpr int kF4Pitch = kBK == 32 ? 48 : kBK / 2 + 16;
   static constexpr int kF4APitch = kBK == 32 ? kBK : kBK + 32;

@@ -451,17 +451,18 @@ absl::Status BenchGroupedGemm(const ModelConfig& c, std::mt19937& rng) {
               flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
         }
       }
-      {  // MXFP4 weights (a quarter of the bytes and a scale byte per 32): 128-wide
-         // slices on decode tiles where k allows, else 64
+      {  // MXFP4 weights (a quarter of the bytes and a scale byte per 32), the
+         // kernel's slice width (RunGroupedGemm: 128 on decode tiles where k allows)
         GroupedGemmParams g4 = gp;
         g4.w = nullptr, g4.w_fp4 = w4.get(), g4.w_mx_scale = w4s.get(), g4.k_tile = 0;
         ASSIGN_OR_RETURN(double g_ms,
                          EventMedianMs(s, 3, 20, [&](int) { return RunGroupedGemm(g4); }));
         std::printf(
-            "| %d x %d | %d x %d, MXFP4 weights | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f |\n",
-            tokens, k, tile, tile < 64 && hk % 128 == 0 ? 128 : 64, g_ms * 1e3,
-            flops / (g_ms * 1e-3) / 1e12, (w_bytes / 4 + w_bytes / 64) / (g_ms * 1e-3) / 1e9,
-            d_ms * 1e3, flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
+            "| %d x %d | %d x the kernel's, MXFP4 weights | %.1f | %.1f | %.0f | %.1f | %.1f | "
+            "%.2f |\n",
+            tokens, k, tile, g_ms * 1e3, flops / (g_ms * 1e-3) / 1e12,
+            (w_bytes / 4 + w_bytes / 64) / (g_ms * 1e-3) / 1e9, d_ms * 1e3,
+            flops / (d_ms * 1e-3) / 1e12, d_ms / g_ms);
       }
       // The whole expert MLP as the model runs it (EnqueueExpertMlp), each
       // path, against two dense cuBLAS GEMMs of the same rows.
