@@ -135,6 +135,13 @@ __device__ __forceinline__ uint32_t Mxfp4Bits(uint32_t w) {
 // 2^(e - 1) in both bf16 halves: the one factor of a scale e <= 128.
 __device__ __forceinline__ uint32_t Mxfp4Factor(uint32_t e) { return ((e + 126u) << 7) * 0x10001u; }
 
+// Half `half` of a bf16 pair in both halves (an operand swizzle of HMUL2).
+__device__ __forceinline__ uint32_t Broadcast(uint32_t pair, int half) {
+  const __nv_bfloat162 p = *reinterpret_cast<const __nv_bfloat162*>(&pair);
+  const __nv_bfloat162 v = half == 0 ? __low2bfloat162(p) : __high2bfloat162(p);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // A ue8m0 scale as a pair of bf16s (the two-multiply path).
 __device__ __forceinline__ uint32_t E8M0Pair(uint32_t e) {
   const uint32_t h = e == 0xFFu ? 0x7FC0u : (e == 0 ? 0x0040u : e << 7);
@@ -273,12 +280,14 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
     const int n = n_thread + (j / 2) * 16 + (j % 2) * 8;
     return mx_expert + static_cast<int64_t>(n < p.n ? n : p.n - 1) * groups_per_row;
   };
-  auto mx_load = [&](int j, int kt) {
+  // One load a row and slice: a row's kGroups bytes are aligned to their
+  // size (k / 32 bytes a row, a multiple of kGroups; RunGroupedGemm wants the
+  // scales 4-byte aligned).
+  auto mx_load = [&](int j, int kt) -> uint32_t {
     const uint8_t* at = mx_row(j) + kt * kGroups;
-    uint32_t v = 0;
-#pragma unroll
-    for (int b = 0; b < kGroups; ++b) v |= static_cast<uint32_t>(at[b]) << (8 * b);
-    return v;
+    if constexpr (kGroups == 4) return *reinterpret_cast<const uint32_t*>(at);
+    if constexpr (kGroups == 2) return *reinterpret_cast<const uint16_t*>(at);
+    return *at;
   };
   uint32_t mx[kRows], mx_next[kRows];
   if constexpr (kFp4W) {
@@ -323,13 +332,32 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
       }
     }
     if constexpr (kFp4W) {
-      // Any scale of the warp's rows past 2^1 this slice: the two-multiply widening.
-      bool big = false;
+      // Any scale of the warp's rows at or past 2^1 this slice (a byte's top
+      // bit): the two-multiply widening.
+      uint32_t any = 0;
 #pragma unroll
-      for (int j = 0; j < kRows; ++j) big |= __vcmpgtu4(mx[j], 0x80808080u) != 0;
+      for (int j = 0; j < kRows; ++j) any |= mx[j];
+      const bool big = (any & 0x80808080u) != 0;
       auto slice = [&](auto big_tag) {
         constexpr bool kBig = decltype(big_tag)::value;
         const int t4 = lane & 3;
+        // The one-multiply path's factors 2^(e - 1) (Mxfp4Factor, e <= 127
+        // here), a bf16 a group: register r of row j holds groups r and r +
+        // kFRegs in its halves, made for all groups at once (a byte's e + 126
+        // does not carry).
+        constexpr int kFRegs = (kGroups + 1) / 2;
+        uint32_t f[kRows][kFRegs];
+        if constexpr (!kBig) {
+#pragma unroll
+          for (int j = 0; j < kRows; ++j) {
+            const uint32_t b = mx[j] + 0x7E7E7E7Eu;
+            if constexpr (kGroups == 4) {
+              f[j][0] = (b & 0x00FF00FFu) << 7, f[j][kFRegs - 1] = (b >> 1) & 0x7F807F80u;
+            } else {
+              f[j][0] = ((b & 0xFFu) << 7) | ((b & 0xFF00u) << 15);
+            }
+          }
+        }
 #pragma unroll
         for (int gi = 0; gi < kBK / 32; ++gi) {
           uint32_t a[Cfg::kMi][2][4];
@@ -343,9 +371,14 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
           for (int ni = 0; ni < Cfg::kNi; ++ni) {  // row n and n + 8 of each 16 as mx_row
             const int n = wn * Cfg::kWarpN + (ni / 2) * 16 + (ni % 2) * 8 + (lane >> 2);
             const uint32_t w = *reinterpret_cast<const uint32_t*>(&s4[st][n][gi * 16 + 4 * t4]);
-            const uint32_t e = (mx[ni] >> (8 * gi)) & 0xFFu;
-            const uint32_t f1 = kBig ? (e <= 128u ? Mxfp4Factor(e) : 0x7E807E80u) : Mxfp4Factor(e);
-            const uint32_t f2 = kBig ? (e <= 128u ? 0x3F803F80u : E8M0Pair(e)) : 0u;
+            uint32_t f1, f2 = 0;
+            if constexpr (kBig) {
+              const uint32_t e = (mx[ni] >> (8 * gi)) & 0xFFu;
+              f1 = e <= 128u ? Mxfp4Factor(e) : 0x7E807E80u;
+              f2 = e <= 128u ? 0x3F803F80u : E8M0Pair(e);
+            } else {
+              f1 = Broadcast(f[ni][gi % kFRegs], gi / kFRegs);
+            }
             const uint32_t b0 = WidenMxfp4<0, kBig>(w, f1, f2), b1 = WidenMxfp4<1, kBig>(w, f1, f2);
             const uint32_t b2 = WidenMxfp4<2, kBig>(w, f1, f2), b3 = WidenMxfp4<3, kBig>(w, f1, f2);
 #pragma unroll
@@ -515,6 +548,9 @@ absl::Status RunGroupedGemm(const GroupedGemmParams& p) {
                                        : static_cast<const void*>(q.w_fp4);
   if ((reinterpret_cast<uintptr_t>(q.x) | reinterpret_cast<uintptr_t>(w)) & 15) {
     return absl::InvalidArgumentError("RunGroupedGemm: x and w must be 16-byte aligned");
+  }
+  if (reinterpret_cast<uintptr_t>(q.w_mx_scale) & 3) {
+    return absl::InvalidArgumentError("RunGroupedGemm: w_mx_scale must be 4-byte aligned");
   }
   if (q.k_tile != 0 && q.k_tile != 32 && q.k_tile != 64 && !(q.k_tile == 128 && q.w_fp8)) {
     return absl::InvalidArgumentError(

@@ -243,6 +243,8 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       GroupedGemmParams g4 = gp;
       g4.w = nullptr, g4.w_fp4 = dpacked.get(), g4.w_mx_scale = dmx.get();
       ExpectWidensTo(g4, wide, "MXFP4", dx_order.get());
+      g4.w_mx_scale = dmx.get() + 1;  // a slice's scales are read a row at once
+      EXPECT_EQ(RunGroupedGemm(g4).code(), absl::StatusCode::kInvalidArgument);
       g4.w_mx_scale = nullptr;
       EXPECT_EQ(RunGroupedGemm(g4).code(), absl::StatusCode::kInvalidArgument);
     }

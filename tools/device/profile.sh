@@ -14,6 +14,9 @@
 #   the whole reports in $OUT/logs-profile.tgz):
 #     grouped-gemm     the first four GroupedGemmKernel launches of cuda_grouped_gemm_test
 #                      (V2-Lite shapes): SpeedOfLight, Occupancy, LaunchStats, MemoryWorkloadAnalysis
+#     grouped-mxfp4    the MXFP4 GroupedGemmKernel at V4-Flash's gate_up, 256 tokens x top-6
+#                      (cuda_model_bench --grouped-gemm-only): every section, the SASS page summed
+#                      ($OUT/grouped_mxfp4.md)
 #     grouped-prefill  GroupedGemmKernel at prefill size (16384 tokens x top-6; launch 92 of
 #                      cuda_model_bench --shape v2-lite --grouped-gemm-only), with compute,
 #                      warp-state and scheduler sections
@@ -32,7 +35,8 @@
 # MOESH_DEVICE_BUDGET_S (540) bounds the call.
 #
 # bundle: cuda_model_bench and moesh (FAMILY form); for --counters: cuda_grouped_gemm_test
-#   (grouped-gemm), cuda_model_bench (grouped-prefill, decode-step), kernel_bench (mla, mla-fp8,
+#   (grouped-gemm), cuda_model_bench (grouped-prefill, decode-step; grouped-mxfp4 with moesh),
+#   kernel_bench (mla, mla-fp8,
 #   mla-wide).
 # e.g.
 #   tools/device/bundle.sh build-cuda cuda_model_bench moesh
@@ -80,6 +84,25 @@ for what in "$@"; do
                 --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats)
       step ncu_grouped_prefill 80 ncu --clock-control none -k regex:GroupedGemmKernel --launch-skip 92 --launch-count 1 \
         "${sections[@]}" $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 1 --grouped-gemm-only ;;
+    grouped-mxfp4)
+      # The MXFP4 grouped GEMM at V4-Flash's gate_up (n 4096, k 4096, 256 experts), 256 tokens x
+      # top-6 (16-row tiles, 128-wide slices; cuda_model_bench --grouped-gemm-only's MXFP4 row,
+      # after its warm-ups): every section with source counters, the SASS page summed
+      # ($OUT/grouped_mxfp4.md: stall reasons, opcodes by executed instructions).
+      dir=$(mktemp -d)
+      $D/bin/moesh mkmodel --family v4 --preset real --layers 2 --config_only --out "$dir" > /dev/null
+      # Launch order: at 256 tokens 23 launches a row (3 warm-ups + 20), the MXFP4 row after
+      # four others (bf16 at 64 and 32 wide, FP8 at 128 and 64; the FP8-activation row's kernel
+      # is GroupedGemmFp8Kernel): launch 92 + 3.
+      step ncu_grouped_mxfp4 180 ncu --clock-control none -k regex:GroupedGemmKernel --launch-skip 95 \
+        --launch-count 1 \
+        --set full --import-source yes -o "$LOGS/grouped_mxfp4" \
+        $D/bin/cuda_model_bench --model "$dir" --load-format dummy --quantization mxfp4 --batch 1 \
+        --grouped-gemm-only
+      ncu -i "$LOGS/grouped_mxfp4.ncu-rep" --print-units base > "$LOGS/ncu_grouped_mxfp4_details.log" 2>&1
+      ncu -i "$LOGS/grouped_mxfp4.ncu-rep" --page source --csv --print-source sass > "$LOGS/sass_mxfp4.csv" 2>&1
+      python3 tools/device/sass_by_region.py "$LOGS/sass_mxfp4.csv" "MXFP4 grouped GEMM, V4-Flash gate_up, 256 x 6" \
+        | tee "$OUT/grouped_mxfp4.md" ;;
     mla)
       # MLA decode at batch 128 x 4096: 16 heads (memory-bound) and 128 heads (the 64-head
       # wgmma kernel, MlaDecodeWideKernel): DRAM and L2 bytes per launch, warp stalls.
@@ -114,11 +137,11 @@ for what in "$@"; do
         $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 256 --context 2048 --no-graphs \
         --prefill-seqs 0 --profile-step
       python3 tools/device/ncu_by_kernel.py "$LOGS/ncu_decode_step.log" > "$OUT/decode_step_kernels.md" 2>&1 ;;
-    *) echo "profile.sh: unknown counters $what (grouped-gemm grouped-prefill mla mla-fp8 mla-wide decode-step)" >&2 ;;
+    *) echo "profile.sh: unknown counters $what (grouped-gemm grouped-mxfp4 grouped-prefill mla mla-fp8 mla-wide decode-step)" >&2 ;;
   esac
 done
 finish
-for f in ncu_grouped_gemm ncu_grouped_prefill ncu_mla_16 ncu_mla_128 ncu_mla_fp8_16; do
+for f in ncu_grouped_gemm ncu_grouped_mxfp4_details ncu_grouped_prefill ncu_mla_16 ncu_mla_128 ncu_mla_fp8_16; do
   show "$f" "Kernel|GroupedGemm|dram__bytes|lts__t_bytes|hmma|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Executed Ipc|Issue Slots Busy|Tensor|Stall|No Eligible|One or More" \
     | head -40
 done
