@@ -16,16 +16,17 @@
 // block), in place of ldmatrix.
 //
 // MXFP4 weights (w_fp4, DeepSeek-V4's routed experts): the ring holds e2m1
-// pairs (kBK / 2 bytes a row and slice; 128-wide slices on decode tiles where
-// k allows, else 64), each warp widens its B fragments from one 32-bit load
-// a 32-input group (WidenMxfp4: the MMAs take the inputs in Mxfp4MmaInput's
-// order, A read alike), times the ue8m0 scale of the group, which each
-// thread reads for its rows one slice ahead into registers. Hopper has no
-// FP4 MMA: the weights stream at 4 bits, the MMA is bf16's, and the result is
-// the bf16 kernel's on the dequantized weights summed in that order.
+// pairs (kBK / 2 bytes a row and slice; 128-wide slices on decode tiles
+// where k allows — 256 under the MOESH_EXP_MXFP4_256 experiment — else 64), each warp widens its B
+// fragments from one 32-bit load a 32-input group (WidenMxfp4: the MMAs take the inputs in
+// Mxfp4MmaInput's order, A read alike), times the ue8m0 scale of the group, which each thread reads
+// for its rows one slice ahead into registers. Hopper has no FP4 MMA: the weights stream at 4 bits,
+// the MMA is bf16's, and the result is the bf16 kernel's on the dequantized weights summed in that
+// order.
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/async_copy.cuh"
@@ -81,16 +82,22 @@ struct GemmCfg {
       kBK == 128 ? (kBM == 64 ? kStages : (kDeep ? 6 : 2)) : kStages + 2;
   static_assert(!kDeep || (kBK == 128 && kBM < 64), "deep rings are for FP8 decode tiles");
   static constexpr int kF8SmemBytes = kF8Stages * (kBM * kPitch * 2 + kBN * kF8Pitch);
-  // MXFP4 weights: the e2m1 ring (rows padded to 48 or 80 bytes: a warp's
-  // 32-bit loads of eight rows fall in distinct banks), two stages deeper at
-  // 32 and 64 wide, four at 128 (60 KB for 16 rows: three CTAs an SM). A's
-  // rows are read 16 bytes a thread (Mxfp4A's k order, below), so their
-  // pitch is 64 bytes past a multiple of 128: a quarter-warp's two rows miss
-  // each other.
+  // MXFP4 weights: the e2m1 ring (rows padded to 48, 80 or 144 bytes: a
+  // warp's 32-bit loads of eight rows fall in distinct banks), two stages
+  // deeper at 32 and 64 wide, four at 128 (60 KB for 16 rows: three CTAs an
+  // SM), four or three at 256 (108 KB: two CTAs an SM; RunGroupedGemm's
+  // experiment switch). 256 wide is 128 contiguous bytes of each weight row
+  // a slice: the grouped GEMMs streamed ~1.9 TB/s of an H100's 3.0 whenever a
+  // slice held 64 bytes of a row (bf16 at 32 wide, FP8 at 64, MXFP4 at 128)
+  // and ~2.8 at 128 bytes (bf16 at 64, FP8 at 128), whatever the widening
+  // cost. A's rows are read 16 bytes a
+  // thread (Mxfp4A's k order, below), so their pitch is 64 bytes past a
+  // multiple of 128: a quarter-warp's two rows miss each other.
   static constexpr int kF4Chunks = kBN * kBK / 32;
   static constexpr int kF4Pitch = kBK == 32 ? 48 : kBK / 2 + 16;
   static constexpr int kF4APitch = kBK == 32 ? kBK : kBK + 32;
-  static constexpr int kF4Stages = kBK == 128 ? 4 : kStages + 2;
+  static constexpr int kF4Stages =
+      kBK == 256 ? (kBM == 16 ? 4 : 3) : (kBK == 128 ? 4 : kStages + 2);
   static constexpr int kF4SmemBytes = kF4Stages * (kBM * kF4APitch * 2 + kBN * kF4Pitch);
   static_assert(kNi % 2 == 0 && kBChunks % kThreads == 0 && kF8Chunks % kThreads == 0 &&
                 kF4Chunks % kThreads == 0);
@@ -282,14 +289,16 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   };
   // One load a row and slice: a row's kGroups bytes are aligned to their
   // size (k / 32 bytes a row, a multiple of kGroups; RunGroupedGemm wants the
-  // scales 4-byte aligned).
-  auto mx_load = [&](int j, int kt) -> uint32_t {
+  // scales 8-byte aligned).
+  using MxWord = std::conditional_t<kGroups == 8, uint64_t, uint32_t>;
+  auto mx_load = [&](int j, int kt) -> MxWord {
     const uint8_t* at = mx_row(j) + kt * kGroups;
+    if constexpr (kGroups == 8) return *reinterpret_cast<const uint64_t*>(at);
     if constexpr (kGroups == 4) return *reinterpret_cast<const uint32_t*>(at);
     if constexpr (kGroups == 2) return *reinterpret_cast<const uint16_t*>(at);
     return *at;
   };
-  uint32_t mx[kRows], mx_next[kRows];
+  MxWord mx[kRows], mx_next[kRows];
   if constexpr (kFp4W) {
     mx_expert = p.w_mx_scale + static_cast<int64_t>(e) * p.n * groups_per_row;
 #pragma unroll
@@ -336,24 +345,32 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
       // bit): the two-multiply widening.
       uint32_t any = 0;
 #pragma unroll
-      for (int j = 0; j < kRows; ++j) any |= mx[j];
+      for (int j = 0; j < kRows; ++j) {
+        any |= static_cast<uint32_t>(mx[j]);
+        if constexpr (kGroups == 8) any |= static_cast<uint32_t>(mx[j] >> 32);
+      }
       const bool big = (any & 0x80808080u) != 0;
       auto slice = [&](auto big_tag) {
         constexpr bool kBig = decltype(big_tag)::value;
         const int t4 = lane & 3;
         // The one-multiply path's factors 2^(e - 1) (Mxfp4Factor, e <= 127
-        // here), a bf16 a group: register r of row j holds groups r and r +
-        // kFRegs in its halves, made for all groups at once (a byte's e + 126
-        // does not carry).
-        constexpr int kFRegs = (kGroups + 1) / 2;
+        // here), a bf16 a group, made for all groups at once (a byte's e +
+        // 126 does not carry): each 4-byte word of scales gives two bf16
+        // pairs, groups 0 | 2 and 1 | 3 of its four (FactorAt names group
+        // gi's register and half); fewer than four groups, one pair.
+        constexpr int kFRegs = kGroups >= 4 ? kGroups / 2 : 1;
         uint32_t f[kRows][kFRegs];
         if constexpr (!kBig) {
 #pragma unroll
           for (int j = 0; j < kRows; ++j) {
-            const uint32_t b = mx[j] + 0x7E7E7E7Eu;
-            if constexpr (kGroups == 4) {
-              f[j][0] = (b & 0x00FF00FFu) << 7, f[j][kFRegs - 1] = (b >> 1) & 0x7F807F80u;
+            if constexpr (kGroups >= 4) {
+#pragma unroll
+              for (int w = 0; w < kGroups / 4; ++w) {
+                const uint32_t b = static_cast<uint32_t>(mx[j] >> (32 * w)) + 0x7E7E7E7Eu;
+                f[j][2 * w] = (b & 0x00FF00FFu) << 7, f[j][2 * w + 1] = (b >> 1) & 0x7F807F80u;
+              }
             } else {
+              const uint32_t b = static_cast<uint32_t>(mx[j]) + 0x7E7E7E7Eu;
               f[j][0] = ((b & 0xFFu) << 7) | ((b & 0xFF00u) << 15);
             }
           }
@@ -373,11 +390,15 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
             const uint32_t w = *reinterpret_cast<const uint32_t*>(&s4[st][n][gi * 16 + 4 * t4]);
             uint32_t f1, f2 = 0;
             if constexpr (kBig) {
-              const uint32_t e = (mx[ni] >> (8 * gi)) & 0xFFu;
+              const uint32_t e = static_cast<uint32_t>(mx[ni] >> (8 * gi)) & 0xFFu;
               f1 = e <= 128u ? Mxfp4Factor(e) : 0x7E807E80u;
               f2 = e <= 128u ? 0x3F803F80u : E8M0Pair(e);
             } else {
-              f1 = Broadcast(f[ni][gi % kFRegs], gi / kFRegs);
+              if constexpr (kGroups >= 4) {
+                f1 = Broadcast(f[ni][(gi >> 2) * 2 + (gi & 1)], (gi >> 1) & 1);
+              } else {
+                f1 = Broadcast(f[ni][0], gi);
+              }
             }
             const uint32_t b0 = WidenMxfp4<0, kBig>(w, f1, f2), b1 = WidenMxfp4<1, kBig>(w, f1, f2);
             const uint32_t b2 = WidenMxfp4<2, kBig>(w, f1, f2), b3 = WidenMxfp4<3, kBig>(w, f1, f2);
@@ -461,7 +482,9 @@ template <int kBM, int kBK>
 absl::Status Launch(const GroupedGemmParams& p) {
   const bool f32 = p.out_type == OutType::kFloat32;
   if (p.w_fp8 != nullptr) {
-    if constexpr (kBK == 128 && kBM < 64) {
+    if constexpr (kBK == 256) {
+      return absl::InternalError("GroupedGemm: 256-wide slices are for MXFP4 decode tiles");
+    } else if constexpr (kBK == 128 && kBM < 64) {
       // kDeep where the grid fits one CTA an SM (a second wave costs more than
       // the deeper ring buys: at batch 2 it did, 4.21 -> 4.33 ms a V2-Lite
       // step); max_tiles bounds the tiles from above by one at least
@@ -476,15 +499,17 @@ absl::Status Launch(const GroupedGemmParams& p) {
                : LaunchOne<kBM, kBK, false, WeightKind::kFp8>(p);
   }
   if (p.w_fp4 != nullptr) {
-    if constexpr (kBK == 128 && kBM == 64) {
-      return absl::InternalError("GroupedGemm: MXFP4 takes 128-wide slices on decode tiles only");
+    if constexpr (kBK >= 128 && kBM == 64) {
+      return absl::InternalError(
+          "GroupedGemm: MXFP4 takes 128- and 256-wide slices on decode tiles only");
     } else {
       return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4>(p)
                  : LaunchOne<kBM, kBK, false, WeightKind::kFp4>(p);
     }
   }
-  if constexpr (kBK == 128) {  // FP8 and MXFP4 only
-    return absl::InternalError("GroupedGemm: 128-wide slices are for FP8 or MXFP4 weights");
+  if constexpr (kBK >= 128) {  // FP8 and MXFP4 only
+    return absl::InternalError(
+        "GroupedGemm: 128- and 256-wide slices are for FP8 or MXFP4 weights");
   } else {
     return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kBf16>(p)
                : LaunchOne<kBM, kBK, false, WeightKind::kBf16>(p);
@@ -549,8 +574,8 @@ absl::Status RunGroupedGemm(const GroupedGemmParams& p) {
   if ((reinterpret_cast<uintptr_t>(q.x) | reinterpret_cast<uintptr_t>(w)) & 15) {
     return absl::InvalidArgumentError("RunGroupedGemm: x and w must be 16-byte aligned");
   }
-  if (reinterpret_cast<uintptr_t>(q.w_mx_scale) & 3) {
-    return absl::InvalidArgumentError("RunGroupedGemm: w_mx_scale must be 4-byte aligned");
+  if (reinterpret_cast<uintptr_t>(q.w_mx_scale) & 7) {
+    return absl::InvalidArgumentError("RunGroupedGemm: w_mx_scale must be 8-byte aligned");
   }
   if (q.k_tile != 0 && q.k_tile != 32 && q.k_tile != 64 && !(q.k_tile == 128 && q.w_fp8)) {
     return absl::InvalidArgumentError(
@@ -558,9 +583,16 @@ absl::Status RunGroupedGemm(const GroupedGemmParams& p) {
   }
   // FP8 weights take a whole scale block a slice where k allows.
   if (q.w_fp8 && q.k % 128 == 0 && (q.k_tile == 0 || q.k_tile == 128)) return LaunchTile<128>(q);
-  // MXFP4 decode tiles too (four groups of 32 a slice: a quarter of the
-  // barriers and ring turns a byte of 64-wide slices; 1.20x at 256 x 6 rows).
-  if (q.w_fp4 && q.k % 128 == 0 && q.k_tile == 0 && q.tile_m < 64) return LaunchTile<128>(q);
+  // MXFP4 decode tiles: 128 wide where k allows (four groups of 32 a slice:
+  // a quarter of the barriers and ring turns a byte of 64-wide slices; 1.20x
+  // at 256 x 6 rows). Experiment (issue 17, not yet run on a GPU; remove the
+  // switch once measured): MOESH_EXP_MXFP4_256 set takes 256-wide slices
+  // where k % 256 == 0 (128 bytes of a weight row a slice, GemmCfg).
+  if (q.w_fp4 && q.k_tile == 0 && q.tile_m < 64) {
+    static const bool wide256 = std::getenv("MOESH_EXP_MXFP4_256") != nullptr;
+    if (wide256 && q.k % 256 == 0) return LaunchTile<256>(q);
+    if (q.k % 128 == 0) return LaunchTile<128>(q);
+  }
   if (q.k_tile == 128)
     return absl::InvalidArgumentError("RunGroupedGemm: k_tile 128 needs k % 128 == 0");
   const bool wide = q.k_tile == 64 || (q.k_tile == 0 && q.k % 64 == 0);

@@ -88,7 +88,7 @@ struct GroupedGemmParams {
   const float* w_scale = nullptr;
   // Or MXFP4 weights (DeepSeek-V4's routed experts, kernels/cpu/mxfp4.h):
   // e2m1 pairs [num_experts, n, k / 2] (the even input in the low nibble)
-  // and one ue8m0 scale per 32 inputs [num_experts, n, k / 32] (4-byte
+  // and one ue8m0 scale per 32 inputs [num_experts, n, k / 32] (8-byte
   // aligned: a thread reads a row's scales of a slice at once); widened to
   // bf16 in registers, exactly, and summed in Mxfp4MmaInput's order within
   // each 32 inputs (so the same as w holding the dequantized values, with x
