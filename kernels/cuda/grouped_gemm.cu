@@ -17,12 +17,13 @@
 //
 // MXFP4 weights (w_fp4, DeepSeek-V4's routed experts): the ring holds e2m1
 // pairs (kBK / 2 bytes a row and slice; 128-wide slices on decode tiles
-// where k allows — 256 under the MOESH_EXP_MXFP4_256 experiment — else 64), each warp widens its B
-// fragments from one 32-bit load a 32-input group (WidenMxfp4: the MMAs take the inputs in
-// Mxfp4MmaInput's order, A read alike), times the ue8m0 scale of the group, which each thread reads
-// for its rows one slice ahead into registers. Hopper has no FP4 MMA: the weights stream at 4 bits,
-// the MMA is bf16's, and the result is the bf16 kernel's on the dequantized weights summed in that
-// order.
+// where k allows, 256 under the MOESH_EXP_MXFP4_256 experiment, else 64),
+// each warp widens its B fragments from one 32-bit load a 32-input group
+// (WidenMxfp4: the MMAs take the inputs in Mxfp4MmaInput's order, A read
+// alike), times the ue8m0 scale of the group, which each thread reads for
+// its rows one slice ahead into registers. Hopper has no FP4 MMA: the
+// weights stream at 4 bits, the MMA is bf16's, and the result is the bf16
+// kernel's on the dequantized weights summed in that order.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -90,9 +91,9 @@ struct GemmCfg {
   // a slice: the grouped GEMMs streamed ~1.9 TB/s of an H100's 3.0 whenever a
   // slice held 64 bytes of a row (bf16 at 32 wide, FP8 at 64, MXFP4 at 128)
   // and ~2.8 at 128 bytes (bf16 at 64, FP8 at 128), whatever the widening
-  // cost. A's rows are read 16 bytes a
-  // thread (Mxfp4A's k order, below), so their pitch is 64 bytes past a
-  // multiple of 128: a quarter-warp's two rows miss each other.
+  // cost. A's rows are read 16 bytes a thread (Mxfp4A's k order, below), so
+  // their pitch is 64 bytes past a multiple of 128: a quarter-warp's two rows
+  // miss each other.
   static constexpr int kF4Chunks = kBN * kBK / 32;
   static constexpr int kF4Pitch = kBK == 32 ? 48 : kBK / 2 + 16;
   static constexpr int kF4APitch = kBK == 32 ? kBK : kBK + 32;
@@ -356,8 +357,9 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
         // The one-multiply path's factors 2^(e - 1) (Mxfp4Factor, e <= 127
         // here), a bf16 a group, made for all groups at once (a byte's e +
         // 126 does not carry): each 4-byte word of scales gives two bf16
-        // pairs, groups 0 | 2 and 1 | 3 of its four (FactorAt names group
-        // gi's register and half); fewer than four groups, one pair.
+        // pairs, groups 0 | 2 and 1 | 3 of its four (so group gi is half
+        // (gi >> 1) & 1 of register (gi >> 2) * 2 + (gi & 1)); fewer than
+        // four groups, one pair.
         constexpr int kFRegs = kGroups >= 4 ? kGroups / 2 : 1;
         uint32_t f[kRows][kFRegs];
         if constexpr (!kBig) {
