@@ -395,12 +395,10 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
               const uint32_t e = static_cast<uint32_t>(mx[ni] >> (8 * gi)) & 0xFFu;
               f1 = e <= 128u ? Mxfp4Factor(e) : 0x7E807E80u;
               f2 = e <= 128u ? 0x3F803F80u : E8M0Pair(e);
+            } else if constexpr (kGroups >= 4) {
+              f1 = Broadcast(f[ni][(gi >> 2) * 2 + (gi & 1)], (gi >> 1) & 1);
             } else {
-              if constexpr (kGroups >= 4) {
-                f1 = Broadcast(f[ni][(gi >> 2) * 2 + (gi & 1)], (gi >> 1) & 1);
-              } else {
-                f1 = Broadcast(f[ni][0], gi);
-              }
+              f1 = Broadcast(f[ni][0], gi);
             }
             const uint32_t b0 = WidenMxfp4<0, kBig>(w, f1, f2), b1 = WidenMxfp4<1, kBig>(w, f1, f2);
             const uint32_t b2 = WidenMxfp4<2, kBig>(w, f1, f2), b3 = WidenMxfp4<3, kBig>(w, f1, f2);
