@@ -541,6 +541,8 @@ TEST(CudaMxfp4ModelTest, V4FlashCheckpointRunsItsExpertsInMxfp4) {
       const float* got = la->data() + i * c.vocab_size;
       vs_cpu.Add(got, ref.data(), c.vocab_size);
       vs_bf16.Add(got, lb->data() + i * c.vocab_size, c.vocab_size);
+      std::printf("  step %d sequence %zu: rel logits err vs the bf16 path %.3e\n", step, i,
+                  RelLogitErr(got, lb->data() + i * c.vocab_size, c.vocab_size));
       inputs[i] = {Argmax(ref.data(), c.vocab_size)};
     }
   }

@@ -35,6 +35,14 @@ struct Fidelity {
   bool check_flips = true;         // a flip only where the reference nearly ties
 
   void Add(const float* gpu, const float* cpu, int vocab) {
+    // A NaN would compare as no difference at all (std::max keeps the other).
+    int nonfinite_gpu = 0, nonfinite_cpu = 0;
+    for (int i = 0; i < vocab; ++i) {
+      nonfinite_gpu += !std::isfinite(gpu[i]);
+      nonfinite_cpu += !std::isfinite(cpu[i]);
+    }
+    EXPECT_EQ(nonfinite_gpu, 0) << "non-finite logits at position " << positions;
+    EXPECT_EQ(nonfinite_cpu, 0) << "non-finite reference logits at position " << positions;
     const std::vector<double> a = LogSoftmax(gpu, vocab), b = LogSoftmax(cpu, vocab);
     double worst = 0.0;
     for (int i = 0; i < vocab; ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));

@@ -16,8 +16,8 @@
 // block), in place of ldmatrix.
 //
 // MXFP4 weights (w_fp4, DeepSeek-V4's routed experts): the ring holds e2m1
-// pairs (kBK / 2 bytes a row and slice; 128-wide slices on decode tiles
-// where k allows, 256 under the MOESH_EXP_MXFP4_256 experiment, else 64),
+// pairs (kBK / 2 bytes a row and slice; 256- or 128-wide slices on decode
+// tiles where k allows, else 64),
 // each warp widens its B fragments from one 32-bit load a 32-input group
 // (WidenMxfp4: the MMAs take the inputs in Mxfp4MmaInput's order, A read
 // alike), times the ue8m0 scale of the group, which each thread reads for
@@ -81,19 +81,17 @@ struct GemmCfg {
   static constexpr int kF8Pitch = kBK + 16;
   static constexpr int kF8Stages =
       kBK == 128 ? (kBM == 64 ? kStages : (kDeep ? 6 : 2)) : kStages + 2;
-  static_assert(!kDeep || (kBK == 128 && kBM < 64), "deep rings are for FP8 decode tiles");
+  static_assert(!kDeep || (kBK >= 128 && kBM < 64), "eight warps are for decode tiles");
   static constexpr int kF8SmemBytes = kF8Stages * (kBM * kPitch * 2 + kBN * kF8Pitch);
   // MXFP4 weights: the e2m1 ring (rows padded to 48, 80 or 144 bytes: a
   // warp's 32-bit loads of eight rows fall in distinct banks), two stages
   // deeper at 32 and 64 wide, four at 128 (60 KB for 16 rows: three CTAs an
-  // SM), four or three at 256 (108 KB: two CTAs an SM; RunGroupedGemm's
-  // experiment switch). 256 wide is 128 contiguous bytes of each weight row
-  // a slice: the grouped GEMMs streamed ~1.9 TB/s of an H100's 3.0 whenever a
-  // slice held 64 bytes of a row (bf16 at 32 wide, FP8 at 64, MXFP4 at 128)
-  // and ~2.8 at 128 bytes (bf16 at 64, FP8 at 128), whatever the widening
-  // cost. A's rows are read 16 bytes a thread (Mxfp4A's k order, below), so
-  // their pitch is 64 bytes past a multiple of 128: a quarter-warp's two rows
-  // miss each other.
+  // SM), four or three at 256 (108 KB: two CTAs an SM). 256 wide is 128 contiguous bytes of each
+  // weight row a slice: the grouped GEMMs streamed ~1.9 TB/s of an H100's 3.0 whenever a slice held
+  // 64 bytes of a row (bf16 at 32 wide, FP8 at 64, MXFP4 at 128) and ~2.8 at 128 bytes (bf16 at 64,
+  // FP8 at 128), whatever the widening cost. A's rows are read 16 bytes a thread (Mxfp4A's k order,
+  // below), so their pitch is 64 bytes past a multiple of 128: a quarter-warp's two rows miss each
+  // other.
   static constexpr int kF4Chunks = kBN * kBK / 32;
   static constexpr int kF4Pitch = kBK == 32 ? 48 : kBK / 2 + 16;
   static constexpr int kF4APitch = kBK == 32 ? kBK : kBK + 32;
@@ -185,6 +183,7 @@ __device__ __forceinline__ void Mxfp4A(const uint4& q0, const uint4& q1, uint32_
 template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false>
 __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
                                   kW == WeightKind::kFp8 && kBM < 64 && kBK == 128 && !kDeep ? 4
+                                  : kW == WeightKind::kFp4 && kDeep                          ? 2
                                                                                              : 1)
     GroupedGemmKernel(GroupedGemmParams p) {
   PdlBegin();
@@ -503,6 +502,14 @@ absl::Status Launch(const GroupedGemmParams& p) {
       return absl::InternalError(
           "GroupedGemm: MXFP4 takes 128- and 256-wide slices on decode tiles only");
     } else {
+      // Experiment (issue 17, session 32): eight warps of 16 columns at 256 wide.
+      if constexpr (kBK == 256) {
+        static const bool warps8 = std::getenv("MOESH_EXP_MXFP4_WARPS8") != nullptr;
+        if (warps8) {
+          return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4, true>(p)
+                     : LaunchOne<kBM, kBK, false, WeightKind::kFp4, true>(p);
+        }
+      }
       return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4>(p)
                  : LaunchOne<kBM, kBK, false, WeightKind::kFp4>(p);
     }
@@ -583,14 +590,12 @@ absl::Status RunGroupedGemm(const GroupedGemmParams& p) {
   }
   // FP8 weights take a whole scale block a slice where k allows.
   if (q.w_fp8 && q.k % 128 == 0 && (q.k_tile == 0 || q.k_tile == 128)) return LaunchTile<128>(q);
-  // MXFP4 decode tiles: 128 wide where k allows (four groups of 32 a slice:
-  // a quarter of the barriers and ring turns a byte of 64-wide slices; 1.20x
-  // at 256 x 6 rows). Experiment (issue 17, not yet run on a GPU; remove the
-  // switch once measured): MOESH_EXP_MXFP4_256 set takes 256-wide slices
-  // where k % 256 == 0 (128 bytes of a weight row a slice, GemmCfg).
+  // MXFP4 decode tiles: 256 wide where k allows (128 bytes of a weight row a
+  // slice, GemmCfg: 1201.6 -> 1028.3 us at V4-Flash gate_up 256 x 6 rows,
+  // H100), else 128 (four groups of 32 a slice: a quarter of the barriers and
+  // ring turns a byte of 64-wide slices; 1.20x at 256 x 6 rows).
   if (q.w_fp4 && q.k_tile == 0 && q.tile_m < 64) {
-    static const bool wide256 = std::getenv("MOESH_EXP_MXFP4_256") != nullptr;
-    if (wide256 && q.k % 256 == 0) return LaunchTile<256>(q);
+    if (q.k % 256 == 0) return LaunchTile<256>(q);
     if (q.k % 128 == 0) return LaunchTile<128>(q);
   }
   if (q.k_tile == 128)

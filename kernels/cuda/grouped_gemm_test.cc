@@ -46,10 +46,10 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       {256, 6, 64, 64, 512, 1408, 32, false,
        OutType::kFloat32},  // V2-Lite down at batch 256 (k = 1408)
       {128, 6, 64, 64, 2816, 2048, 16, true, OutType::kBf16},  // V2-Lite gate_up at batch 128
-      {64, 6, 16, 16, 264, 512, 32, true,
-       OutType::kBf16},  // 32-row tiles (MXFP4 256 wide under MOESH_EXP_MXFP4_256)
-      {300, 4, 8, 5, 136, 96, 64, true, OutType::kBf16},      // prefill tiles, 32-wide k slices
-      {300, 4, 8, 5, 136, 128, 64, true, OutType::kFloat32},  // prefill tiles, 64-wide k slices
+      {64, 6, 16, 16, 264, 512, 32, true, OutType::kBf16},     // 32-row tiles (MXFP4 256 wide)
+      {8, 6, 16, 16, 264, 1408, 16, true, OutType::kBf16},     // MXFP4 128 wide (k % 256 != 0)
+      {300, 4, 8, 5, 136, 96, 64, true, OutType::kBf16},       // prefill tiles, 32-wide k slices
+      {300, 4, 8, 5, 136, 128, 64, true, OutType::kFloat32},   // prefill tiles, 64-wide k slices
       {100, 6, 16, 16, 264, 512, 32, true, OutType::kFloat32, 32},  // 32-wide slices forced
       {50, 6, 16, 16, 264, 512, 16, true, OutType::kBf16, 32},
       {3, 2, 8, 8, 64, 32, 16, true, OutType::kFloat32},  // golden sizes
