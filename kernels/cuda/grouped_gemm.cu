@@ -27,7 +27,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/async_copy.cuh"
@@ -81,17 +80,18 @@ struct GemmCfg {
   static constexpr int kF8Pitch = kBK + 16;
   static constexpr int kF8Stages =
       kBK == 128 ? (kBM == 64 ? kStages : (kDeep ? 6 : 2)) : kStages + 2;
-  static_assert(!kDeep || (kBK >= 128 && kBM < 64), "eight warps are for decode tiles");
+  static_assert(!kDeep || (kBK == 128 && kBM < 64), "deep rings are for FP8 decode tiles");
   static constexpr int kF8SmemBytes = kF8Stages * (kBM * kPitch * 2 + kBN * kF8Pitch);
   // MXFP4 weights: the e2m1 ring (rows padded to 48, 80 or 144 bytes: a
   // warp's 32-bit loads of eight rows fall in distinct banks), two stages
   // deeper at 32 and 64 wide, four at 128 (60 KB for 16 rows: three CTAs an
-  // SM), four or three at 256 (108 KB: two CTAs an SM). 256 wide is 128 contiguous bytes of each
-  // weight row a slice: the grouped GEMMs streamed ~1.9 TB/s of an H100's 3.0 whenever a slice held
-  // 64 bytes of a row (bf16 at 32 wide, FP8 at 64, MXFP4 at 128) and ~2.8 at 128 bytes (bf16 at 64,
-  // FP8 at 128), whatever the widening cost. A's rows are read 16 bytes a thread (Mxfp4A's k order,
-  // below), so their pitch is 64 bytes past a multiple of 128: a quarter-warp's two rows miss each
-  // other.
+  // SM), four or three at 256 (108 KB: two CTAs an SM). 256 wide is 128
+  // contiguous bytes of each weight row a slice: the grouped GEMMs streamed
+  // ~1.9 TB/s of an H100's 3.0 whenever a slice held 64 bytes of a row (bf16
+  // at 32 wide, FP8 at 64, MXFP4 at 128) and ~2.8 at 128 bytes (bf16 at 64,
+  // FP8 at 128), whatever the widening cost. A's rows are read 16 bytes a
+  // thread (Mxfp4A's k order, below), so their pitch is 64 bytes past a
+  // multiple of 128: a quarter-warp's two rows miss each other.
   static constexpr int kF4Chunks = kBN * kBK / 32;
   static constexpr int kF4Pitch = kBK == 32 ? 48 : kBK / 2 + 16;
   static constexpr int kF4APitch = kBK == 32 ? kBK : kBK + 32;
@@ -183,7 +183,6 @@ __device__ __forceinline__ void Mxfp4A(const uint4& q0, const uint4& q1, uint32_
 template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false>
 __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
                                   kW == WeightKind::kFp8 && kBM < 64 && kBK == 128 && !kDeep ? 4
-                                  : kW == WeightKind::kFp4 && kDeep                          ? 2
                                                                                              : 1)
     GroupedGemmKernel(GroupedGemmParams p) {
   PdlBegin();
@@ -502,14 +501,6 @@ absl::Status Launch(const GroupedGemmParams& p) {
       return absl::InternalError(
           "GroupedGemm: MXFP4 takes 128- and 256-wide slices on decode tiles only");
     } else {
-      // Experiment (issue 17, session 32): eight warps of 16 columns at 256 wide.
-      if constexpr (kBK == 256) {
-        static const bool warps8 = std::getenv("MOESH_EXP_MXFP4_WARPS8") != nullptr;
-        if (warps8) {
-          return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4, true>(p)
-                     : LaunchOne<kBM, kBK, false, WeightKind::kFp4, true>(p);
-        }
-      }
       return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4>(p)
                  : LaunchOne<kBM, kBK, false, WeightKind::kFp4>(p);
     }
