@@ -27,6 +27,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/async_copy.cuh"
@@ -180,7 +181,7 @@ __device__ __forceinline__ void Mxfp4A(const uint4& q0, const uint4& q1, uint32_
 
 // FP8 decode tiles: four CTAs an SM (GemmCfg::kF8Stages), so at most 128
 // registers a thread; one with kDeep.
-template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false>
+template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false, int kCols = 1>
 __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
                                   kW == WeightKind::kFp8 && kBM < 64 && kBK == 128 && !kDeep ? 4
                                                                                              : 1)
@@ -205,7 +206,11 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   const int row0 = p.expert_offsets[e];
   const int rows = p.expert_offsets[e + 1] - row0;
   const int m0 = (tile - p.tile_offsets[e]) * kBM;
-  const int n0 = blockIdx.y * kBN;
+  // kCols > 1 (MXFP4 only): this CTA's column blocks one after another, one
+  // ring across them; `cols` of them lie inside n.
+  static_assert(kCols == 1 || kW == WeightKind::kFp4, "column runs are for MXFP4");
+  const int n0_first = blockIdx.y * kCols * kBN;
+  const int cols = kCols == 1 ? 1 : min(kCols, (p.n - n0_first + kBN - 1) / kBN);
   const bf16* w = kW == WeightKind::kBf16 ? p.w + static_cast<int64_t>(e) * p.n * p.k : nullptr;
   const uint8_t* w8 = kFp8W   ? p.w_fp8 + static_cast<int64_t>(e) * p.n * p.k
                       : kFp4W ? p.w_fp4 + static_cast<int64_t>(e) * p.n * (p.k / 2)
@@ -240,12 +245,12 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   for (int i = 0; i < kBIters; ++i) {
     const int c = threadIdx.x + i * kThreads;
     const int r = c / kBChunksPerRow, ch = c % kBChunksPerRow;
-    b_ok[i] = n0 + r < p.n;
-    const int64_t row = b_ok[i] ? n0 + r : 0;
+    b_ok[i] = n0_first + r < p.n;
+    const int64_t row = b_ok[i] ? n0_first + r : 0;
     b_src[i] = kW != WeightKind::kBf16 ? w8 + row * w_row_bytes + ch * 16
                                        : reinterpret_cast<const uint8_t*>(w + row * p.k + ch * 8);
   }
-  auto load = [&](int stage, int kt) {
+  auto load = [&](int stage, int kt, int nb) {  // nb: the column block's first row
     const int k0 = kt * kBK;
 #pragma unroll
     for (int i = 0; i < kAIters; ++i) {
@@ -261,9 +266,15 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
       if constexpr (kFp8W) {
         CpAsync16(&s8[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
                   b_ok[i] ? b_src[i] + k0 : p.w_fp8, b_ok[i]);
-      } else if constexpr (kFp4W) {
+      } else if constexpr (kFp4W && kCols == 1) {
         CpAsync16(&s4[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
                   b_ok[i] ? b_src[i] + k0 / 2 : p.w_fp4, b_ok[i]);
+      } else if constexpr (kFp4W) {
+        const int r = c / kBChunksPerRow, ch = c % kBChunksPerRow;
+        const bool ok = nb + r < p.n;
+        CpAsync16(&s4[stage][r][ch * 16],
+                  ok ? w8 + static_cast<int64_t>(nb + r) * w_row_bytes + ch * 16 + k0 / 2 : p.w_fp4,
+                  ok);
       } else {
         CpAsync16(&sb[stage][c / Cfg::kChunksPerRow][(c % Cfg::kChunksPerRow) * 8],
                   b_ok[i] ? b_src[i] + k0 * 2 : reinterpret_cast<const uint8_t*>(p.w), b_ok[i]);
@@ -279,19 +290,19 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   // spare).
   constexpr int kRows = kFp4W ? Cfg::kNi : 1, kGroups = kFp4W ? kBK / 32 : 1;
   const int64_t groups_per_row = p.k / 32;
-  const uint8_t* mx_expert = nullptr;  // this expert's scale rows
-  const int n_thread = n0 + wn * Cfg::kWarpN + (lane >> 2);
+  const uint8_t* mx_expert = nullptr;                   // this expert's scale rows
+  const int n_thread = wn * Cfg::kWarpN + (lane >> 2);  // past the column block's first row
   // Row j's scales (a row past n reads the last row's: its outputs are never stored).
-  auto mx_row = [&](int j) {
-    const int n = n_thread + (j / 2) * 16 + (j % 2) * 8;
+  auto mx_row = [&](int j, int nb) {
+    const int n = nb + n_thread + (j / 2) * 16 + (j % 2) * 8;
     return mx_expert + static_cast<int64_t>(n < p.n ? n : p.n - 1) * groups_per_row;
   };
   // One load a row and slice: a row's kGroups bytes are aligned to their
   // size (k / 32 bytes a row, a multiple of kGroups; RunGroupedGemm wants the
   // scales 8-byte aligned).
   using MxWord = std::conditional_t<kGroups == 8, uint64_t, uint32_t>;
-  auto mx_load = [&](int j, int kt) -> MxWord {
-    const uint8_t* at = mx_row(j) + kt * kGroups;
+  auto mx_load = [&](int j, int kt, int nb) -> MxWord {
+    const uint8_t* at = mx_row(j, nb) + kt * kGroups;
     if constexpr (kGroups == 8) return *reinterpret_cast<const uint64_t*>(at);
     if constexpr (kGroups == 4) return *reinterpret_cast<const uint32_t*>(at);
     if constexpr (kGroups == 2) return *reinterpret_cast<const uint16_t*>(at);
@@ -301,33 +312,60 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   if constexpr (kFp4W) {
     mx_expert = p.w_mx_scale + static_cast<int64_t>(e) * p.n * groups_per_row;
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) mx_next[j] = mx_load(j, 0);
+    for (int j = 0; j < kRows; ++j) mx_next[j] = mx_load(j, 0, n0_first);
   }
 
   float acc[Cfg::kMi][Cfg::kNi][4];
+  auto zero_acc = [&] {
 #pragma unroll
-  for (int i = 0; i < Cfg::kMi; ++i) {
+    for (int i = 0; i < Cfg::kMi; ++i) {
 #pragma unroll
-    for (int j = 0; j < Cfg::kNi; ++j) {
+      for (int j = 0; j < Cfg::kNi; ++j) {
 #pragma unroll
-      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
+        for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
+      }
     }
-  }
+  };
+  const int g = lane >> 2, t4 = lane & 3;
+  auto store_acc = [&](int nb) {  // the column block at nb
+#pragma unroll
+    for (int mi = 0; mi < Cfg::kMi; ++mi) {
+#pragma unroll
+      for (int ni = 0; ni < Cfg::kNi; ++ni) {
+        const int col = nb + wn * Cfg::kWarpN + ni * 8 + t4 * 2;
+        if (col >= p.n) continue;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = m0 + wm * Cfg::kWarpM + mi * 16 + g + half * 8;
+          if (r >= rows) continue;
+          const int64_t off = static_cast<int64_t>(row0 + r) * p.ldy + col;
+          StorePair<kF32Out>(p.y, off, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
+        }
+      }
+    }
+  };
+  zero_acc();
 
-  const int k_tiles = p.k / kBK;
+  // The ring runs over `slices` slices: k's, then (kCols > 1) the next
+  // column block's. (kt, nb): a slice's k slice and column block.
+  const int k_tiles = p.k / kBK, slices = cols * k_tiles;
+  auto advance = [&](int& kt, int& nb) {
+    ++kt;
+    if (kCols > 1 && kt == k_tiles) kt = 0, nb += kBN;
+  };
   float scale_next = kFp8W ? w_scale[0] : 0.0f;
+  int load_kt = 0, load_nb = n0_first;  // the next slice to load
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
-    if (s < k_tiles) load(s, s);
+    if (s < slices) load(s, load_kt, load_nb), advance(load_kt, load_nb);
     CpAsyncCommit();
   }
-  for (int kt = 0; kt < k_tiles; ++kt) {
+  for (int li = 0, kt = 0, nb = n0_first; li < slices; ++li, advance(kt, nb)) {
     CpAsyncWait<S - 2>();
-    __syncthreads();  // slice kt landed for everyone; slice kt - 1's stage is free
-    const int next = kt + S - 1;
-    if (next < k_tiles) load(next % S, next);
+    __syncthreads();  // slice li landed for everyone; slice li - 1's stage is free
+    if (li + S - 1 < slices) load((li + S - 1) % S, load_kt, load_nb), advance(load_kt, load_nb);
     CpAsyncCommit();
-    const int st = kt % S;
+    const int st = li % S;
     // FP8: this slice's block scale, the next one's on its way (a load the
     // widening would otherwise wait for each slice).
     const float scale = scale_next;
@@ -336,7 +374,11 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
 #pragma unroll
       for (int j = 0; j < kRows; ++j) {
         mx[j] = mx_next[j];
-        if (kt + 1 < k_tiles) mx_next[j] = mx_load(j, kt + 1);
+        if (li + 1 < slices) {
+          int next_kt = kt, next_nb = nb;
+          advance(next_kt, next_nb);
+          mx_next[j] = mx_load(j, next_kt, next_nb);
+        }
       }
     }
     if constexpr (kFp4W) {
@@ -413,6 +455,7 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
       } else {
         slice(std::false_type{});
       }
+      if (kCols > 1 && kt == k_tiles - 1 && li + 1 < slices) store_acc(nb), zero_acc();
       continue;
     }
 #pragma unroll
@@ -445,34 +488,18 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
     }
   }
   CpAsyncWait<0>();
-
-  const int g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int mi = 0; mi < Cfg::kMi; ++mi) {
-#pragma unroll
-    for (int ni = 0; ni < Cfg::kNi; ++ni) {
-      const int col = n0 + wn * Cfg::kWarpN + ni * 8 + t4 * 2;
-      if (col >= p.n) continue;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = m0 + wm * Cfg::kWarpM + mi * 16 + g + half * 8;
-        if (r >= rows) continue;
-        const int64_t off = static_cast<int64_t>(row0 + r) * p.ldy + col;
-        StorePair<kF32Out>(p.y, off, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
-      }
-    }
-  }
+  store_acc(n0_first + (cols - 1) * kBN);
 }
 
-template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false>
+template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false, int kCols = 1>
 absl::Status LaunchOne(const GroupedGemmParams& p) {
-  constexpr auto kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kW, kDeep>;
+  constexpr auto kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kW, kDeep, kCols>;
   using Cfg = GemmCfg<kBM, kBK, kDeep>;
   constexpr int kSmem = kW == WeightKind::kFp8   ? Cfg::kF8SmemBytes
                         : kW == WeightKind::kFp4 ? Cfg::kF4SmemBytes
                                                  : Cfg::kSmemBytes;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmem));
-  const dim3 grid(p.max_tiles, (p.n + kBN - 1) / kBN);
+  const dim3 grid(p.max_tiles, ((p.n + kBN - 1) / kBN + kCols - 1) / kCols);
   return LaunchPdl("GroupedGemmKernel", kernel, grid, Cfg::kThreads, kSmem, p.stream, p);
 }
 
@@ -501,6 +528,29 @@ absl::Status Launch(const GroupedGemmParams& p) {
       return absl::InternalError(
           "GroupedGemm: MXFP4 takes 128- and 256-wide slices on decode tiles only");
     } else {
+      // Experiment (issue 17, not yet run on a GPU; remove the switch once
+      // measured, kernels/cuda/NOTES.md): MOESH_EXP_MXFP4_COLS=2 or 4 column
+      // blocks a CTA at 256 wide, one ring across them, where the grid keeps
+      // four waves of two CTAs an SM.
+      if constexpr (kBK == 256) {
+        static const int env_cols = [] {  // -2, -4: whatever the grid (tests)
+          const char* v = std::getenv("MOESH_EXP_MXFP4_COLS");
+          return v == nullptr ? 1 : std::atoi(v);
+        }();
+        const int cols = std::abs(env_cols);
+        if (cols == 2 || cols == 4) {
+          ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
+          const int64_t ctas = int64_t{p.max_tiles} * ((p.n + kBN - 1) / kBN);
+          if (env_cols < 0 || ctas >= int64_t{cols} * 8 * device.num_sms) {
+            if (cols == 2) {
+              return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4, false, 2>(p)
+                         : LaunchOne<kBM, kBK, false, WeightKind::kFp4, false, 2>(p);
+            }
+            return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4, false, 4>(p)
+                       : LaunchOne<kBM, kBK, false, WeightKind::kFp4, false, 4>(p);
+          }
+        }
+      }
       return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4>(p)
                  : LaunchOne<kBM, kBK, false, WeightKind::kFp4>(p);
     }
