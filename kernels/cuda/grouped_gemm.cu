@@ -326,23 +326,9 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
       }
     }
   };
-  const int g = lane >> 2, t4 = lane & 3;
   auto store_acc = [&](int nb) {  // the column block at nb
-#pragma unroll
-    for (int mi = 0; mi < Cfg::kMi; ++mi) {
-#pragma unroll
-      for (int ni = 0; ni < Cfg::kNi; ++ni) {
-        const int col = nb + wn * Cfg::kWarpN + ni * 8 + t4 * 2;
-        if (col >= p.n) continue;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = m0 + wm * Cfg::kWarpM + mi * 16 + g + half * 8;
-          if (r >= rows) continue;
-          const int64_t off = static_cast<int64_t>(row0 + r) * p.ldy + col;
-          StorePair<kF32Out>(p.y, off, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
-        }
-      }
-    }
+    StoreWarpTile<kF32Out>(acc, p.y, p.ldy, p.n, row0, rows, m0 + wm * Cfg::kWarpM,
+                           nb + wn * Cfg::kWarpN, lane);
   };
   zero_acc();
 

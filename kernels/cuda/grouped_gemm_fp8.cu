@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, kBM == 64 ? 2 : 3)
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wm = warp / Cfg::kWarpsN, wn = warp % Cfg::kWarpsN;
-  const int g = lane >> 2, t4 = lane & 3;
+  const int g = lane >> 2;
   // The activation scales of this thread's accumulator rows (g and g + 8 of
   // each 16-row group), this slice's and the next one's; a row past the
   // expert's scales by 0 (its codes are zeros anyway; its sums are never stored).
@@ -202,21 +202,8 @@ __global__ void __launch_bounds__(kThreads, kBM == 64 ? 2 : 3)
   }
   CpAsyncWait<0>();
 
-#pragma unroll
-  for (int mi = 0; mi < kMi; ++mi) {
-#pragma unroll
-    for (int ni = 0; ni < kNi; ++ni) {
-      const int col = n0 + wn * Cfg::kWarpN + ni * 8 + t4 * 2;
-      if (col >= p.n) continue;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = m0 + wm * Cfg::kWarpM + mi * 16 + g + half * 8;
-        if (r >= rows) continue;
-        const int64_t off = static_cast<int64_t>(row0 + r) * p.ldy + col;
-        StorePair<kF32Out>(p.y, off, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
-      }
-    }
-  }
+  StoreWarpTile<kF32Out>(acc, p.y, p.ldy, p.n, row0, rows, m0 + wm * Cfg::kWarpM,
+                         n0 + wn * Cfg::kWarpN, lane);
 }
 
 template <int kBM, bool kF32Out>

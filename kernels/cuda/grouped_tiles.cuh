@@ -1,4 +1,4 @@
-// What the grouped GEMMs share: the output store (grouped_gemm.cu,
+// What the grouped GEMMs share: the output stores (grouped_gemm.cu,
 // grouped_gemm_fp8.cu, grouped_gemm_fp8_wgmma.cu), and the tile lookup of the
 // first two (the persistent wgmma kernel walks its own 128-row items): the
 // grid is a host bound on the tiles, the real tile count and each expert's
@@ -22,6 +22,31 @@ __device__ __forceinline__ void StorePair(void* y, int64_t off, float v0, float 
   } else {
     *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(y) + off) =
         __floats2bfloat162_rn(v0, v1);
+  }
+}
+
+// A warp's mma.m16n8 accumulators to an expert's output rows: acc[mi][ni]
+// holds tile rows r0 + mi * 16 + lane / 4 (+ 8 for [2], [3]) by columns c0 +
+// ni * 8 + (lane % 4) * 2 (+ 1); tile row r is y's row row0 + r, stored when
+// r < rows and the column < n.
+template <bool kF32Out, int kMi, int kNi>
+__device__ __forceinline__ void StoreWarpTile(const float (&acc)[kMi][kNi][4], void* y, int64_t ldy,
+                                              int n, int row0, int rows, int r0, int c0, int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < kMi; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni) {
+      const int col = c0 + ni * 8 + t4 * 2;
+      if (col >= n) continue;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = r0 + mi * 16 + g + half * 8;
+        if (r >= rows) continue;
+        const int64_t off = static_cast<int64_t>(row0 + r) * ldy + col;
+        StorePair<kF32Out>(y, off, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
+      }
+    }
   }
 }
 
