@@ -206,20 +206,22 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   const int row0 = p.expert_offsets[e];
   const int rows = p.expert_offsets[e + 1] - row0;
   const int m0 = (tile - p.tile_offsets[e]) * kBM;
-  // kCols > 1 (MXFP4 only): this CTA's column blocks one after another, one
-  // ring across them; `cols` of them lie inside n.
-  static_assert(kCols == 1 || kW == WeightKind::kFp4, "column runs are for MXFP4");
+  // kCols > 1 (FP8 and MXFP4 decode tiles): this CTA's column blocks one
+  // after another, one ring across them; `cols` of them lie inside n.
+  static_assert(kCols == 1 || (kW != WeightKind::kBf16 && kBM < 64 && !kDeep),
+                "column runs are for FP8 and MXFP4 decode tiles");
   const int n0_first = blockIdx.y * kCols * kBN;
   const int cols = kCols == 1 ? 1 : min(kCols, (p.n - n0_first + kBN - 1) / kBN);
   const bf16* w = kW == WeightKind::kBf16 ? p.w + static_cast<int64_t>(e) * p.n * p.k : nullptr;
   const uint8_t* w8 = kFp8W   ? p.w_fp8 + static_cast<int64_t>(e) * p.n * p.k
                       : kFp4W ? p.w_fp4 + static_cast<int64_t>(e) * p.n * (p.k / 2)
                               : nullptr;
-  // This CTA's row block of scales (kBN == the block: one row block per CTA).
-  const float* w_scale =
-      kFp8W ? p.w_scale +
-                  (static_cast<int64_t>(e) * cpu::Fp8Blocks(p.n) + blockIdx.y) * Fp8ScaleStride(p.k)
-            : nullptr;
+  // The row block of scales of the column block at nb (kBN == the block).
+  auto scale_row = [&](int nb) {
+    return p.w_scale +
+           (static_cast<int64_t>(e) * cpu::Fp8Blocks(p.n) + nb / kBN) * Fp8ScaleStride(p.k);
+  };
+  const float* w_scale = kFp8W ? scale_row(n0_first) : nullptr;
 
   // Each thread's A chunks (fixed rows across k) and B chunks.
   constexpr int kAIters = (Cfg::kAChunks + kThreads - 1) / kThreads;
@@ -263,18 +265,19 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
 #pragma unroll
     for (int i = 0; i < kBIters; ++i) {
       const int c = threadIdx.x + i * kThreads;
-      if constexpr (kFp8W) {
-        CpAsync16(&s8[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
-                  b_ok[i] ? b_src[i] + k0 : p.w_fp8, b_ok[i]);
-      } else if constexpr (kFp4W && kCols == 1) {
-        CpAsync16(&s4[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
-                  b_ok[i] ? b_src[i] + k0 / 2 : p.w_fp4, b_ok[i]);
-      } else if constexpr (kFp4W) {
+      if constexpr (kCols > 1) {  // a run's column block: its rows from nb
         const int r = c / kBChunksPerRow, ch = c % kBChunksPerRow;
         const bool ok = nb + r < p.n;
-        CpAsync16(&s4[stage][r][ch * 16],
-                  ok ? w8 + static_cast<int64_t>(nb + r) * w_row_bytes + ch * 16 + k0 / 2 : p.w_fp4,
-                  ok);
+        const uint8_t* src =
+            w8 + static_cast<int64_t>(nb + r) * w_row_bytes + ch * 16 + (kFp8W ? k0 : k0 / 2);
+        uint8_t* dst = kFp8W ? &s8[stage][r][ch * 16] : &s4[stage][r][ch * 16];
+        CpAsync16(dst, ok ? src : w8, ok);
+      } else if constexpr (kFp8W) {
+        CpAsync16(&s8[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
+                  b_ok[i] ? b_src[i] + k0 : p.w_fp8, b_ok[i]);
+      } else if constexpr (kFp4W) {
+        CpAsync16(&s4[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
+                  b_ok[i] ? b_src[i] + k0 / 2 : p.w_fp4, b_ok[i]);
       } else {
         CpAsync16(&sb[stage][c / Cfg::kChunksPerRow][(c % Cfg::kChunksPerRow) * 8],
                   b_ok[i] ? b_src[i] + k0 * 2 : reinterpret_cast<const uint8_t*>(p.w), b_ok[i]);
@@ -355,7 +358,15 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
     // FP8: this slice's block scale, the next one's on its way (a load the
     // widening would otherwise wait for each slice).
     const float scale = scale_next;
-    if (kFp8W && kt + 1 < k_tiles) scale_next = w_scale[(kt + 1) * kBK / cpu::kFp8Block];
+    if constexpr (kFp8W && kCols == 1) {
+      if (kt + 1 < k_tiles) scale_next = w_scale[(kt + 1) * kBK / cpu::kFp8Block];
+    } else if constexpr (kFp8W) {
+      if (li + 1 < slices) {
+        int next_kt = kt, next_nb = nb;
+        advance(next_kt, next_nb);
+        scale_next = scale_row(next_nb)[next_kt * kBK / cpu::kFp8Block];
+      }
+    }
     if constexpr (kFp4W) {  // this slice's scales; the next slice's on their way
 #pragma unroll
       for (int j = 0; j < kRows; ++j) {
@@ -472,6 +483,7 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
         }
       }
     }
+    if (kCols > 1 && kt == k_tiles - 1 && li + 1 < slices) store_acc(nb), zero_acc();
   }
   CpAsyncWait<0>();
   store_acc(n0_first + (cols - 1) * kBN);
@@ -489,53 +501,65 @@ absl::Status LaunchOne(const GroupedGemmParams& p) {
   return LaunchPdl("GroupedGemmKernel", kernel, grid, Cfg::kThreads, kSmem, p.stream, p);
 }
 
+// Experiment (issue 17, not yet run on a GPU; remove the switches once
+// measured, kernels/cuda/NOTES.md): `env` (MOESH_EXP_MXFP4_COLS,
+// MOESH_EXP_FP8_COLS) = 2 or 4 column blocks a decode CTA, one ring across
+// them, where the grid keeps at least cols * 8 CTAs an SM before the runs;
+// -2 or -4 whatever the grid (tests). 1: no runs.
+absl::StatusOr<int> ColumnRuns(const char* env, const GroupedGemmParams& p) {
+  const char* v = std::getenv(env);
+  const int asked = v == nullptr ? 1 : std::atoi(v), cols = std::abs(asked);
+  if (cols != 2 && cols != 4) return 1;
+  ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
+  const int64_t ctas = int64_t{p.max_tiles} * ((p.n + kBN - 1) / kBN);
+  return asked < 0 || ctas >= int64_t{cols} * 8 * device.num_sms ? cols : 1;
+}
+
+// LaunchOne with `cols` (1, 2 or 4) column blocks a CTA.
+template <int kBM, int kBK, WeightKind kW>
+absl::Status LaunchRuns(const GroupedGemmParams& p, int cols) {
+  const bool f32 = p.out_type == OutType::kFloat32;
+  if (cols == 2)
+    return f32 ? LaunchOne<kBM, kBK, true, kW, false, 2>(p)
+               : LaunchOne<kBM, kBK, false, kW, false, 2>(p);
+  if (cols == 4)
+    return f32 ? LaunchOne<kBM, kBK, true, kW, false, 4>(p)
+               : LaunchOne<kBM, kBK, false, kW, false, 4>(p);
+  return f32 ? LaunchOne<kBM, kBK, true, kW>(p) : LaunchOne<kBM, kBK, false, kW>(p);
+}
+
 template <int kBM, int kBK>
 absl::Status Launch(const GroupedGemmParams& p) {
   const bool f32 = p.out_type == OutType::kFloat32;
   if (p.w_fp8 != nullptr) {
     if constexpr (kBK == 256) {
       return absl::InternalError("GroupedGemm: 256-wide slices are for MXFP4 decode tiles");
-    } else if constexpr (kBK == 128 && kBM < 64) {
-      // kDeep where the grid fits one CTA an SM (a second wave costs more than
-      // the deeper ring buys: at batch 2 it did, 4.21 -> 4.33 ms a V2-Lite
-      // step); max_tiles bounds the tiles from above by one at least
-      // (GroupedGemmMaxTiles).
-      ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
-      if (int64_t{p.max_tiles - 1} * ((p.n + kBN - 1) / kBN) <= device.num_sms) {
-        return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8, true>(p)
-                   : LaunchOne<kBM, kBK, false, WeightKind::kFp8, true>(p);
+    } else {
+      if constexpr (kBK == 128 && kBM < 64) {
+        // kDeep where the grid fits one CTA an SM (a second wave costs more
+        // than the deeper ring buys: at batch 2 it did, 4.21 -> 4.33 ms a
+        // V2-Lite step); max_tiles bounds the tiles from above by one at
+        // least (GroupedGemmMaxTiles).
+        ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
+        if (int64_t{p.max_tiles - 1} * ((p.n + kBN - 1) / kBN) <= device.num_sms) {
+          return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8, true>(p)
+                     : LaunchOne<kBM, kBK, false, WeightKind::kFp8, true>(p);
+        }
+        ASSIGN_OR_RETURN(const int cols, ColumnRuns("MOESH_EXP_FP8_COLS", p));
+        if (cols > 1) return LaunchRuns<kBM, kBK, WeightKind::kFp8>(p, cols);
       }
+      return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8>(p)
+                 : LaunchOne<kBM, kBK, false, WeightKind::kFp8>(p);
     }
-    return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8>(p)
-               : LaunchOne<kBM, kBK, false, WeightKind::kFp8>(p);
   }
   if (p.w_fp4 != nullptr) {
     if constexpr (kBK >= 128 && kBM == 64) {
       return absl::InternalError(
           "GroupedGemm: MXFP4 takes 128- and 256-wide slices on decode tiles only");
     } else {
-      // Experiment (issue 17, not yet run on a GPU; remove the switch once
-      // measured, kernels/cuda/NOTES.md): MOESH_EXP_MXFP4_COLS=2 or 4 column
-      // blocks a CTA at 256 wide, one ring across them, where the grid keeps
-      // four waves of two CTAs an SM.
       if constexpr (kBK == 256) {
-        static const int env_cols = [] {  // -2, -4: whatever the grid (tests)
-          const char* v = std::getenv("MOESH_EXP_MXFP4_COLS");
-          return v == nullptr ? 1 : std::atoi(v);
-        }();
-        const int cols = std::abs(env_cols);
-        if (cols == 2 || cols == 4) {
-          ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
-          const int64_t ctas = int64_t{p.max_tiles} * ((p.n + kBN - 1) / kBN);
-          if (env_cols < 0 || ctas >= int64_t{cols} * 8 * device.num_sms) {
-            if (cols == 2) {
-              return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4, false, 2>(p)
-                         : LaunchOne<kBM, kBK, false, WeightKind::kFp4, false, 2>(p);
-            }
-            return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4, false, 4>(p)
-                       : LaunchOne<kBM, kBK, false, WeightKind::kFp4, false, 4>(p);
-          }
-        }
+        ASSIGN_OR_RETURN(const int cols, ColumnRuns("MOESH_EXP_MXFP4_COLS", p));
+        if (cols > 1) return LaunchRuns<kBM, kBK, WeightKind::kFp4>(p, cols);
       }
       return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4>(p)
                  : LaunchOne<kBM, kBK, false, WeightKind::kFp4>(p);
