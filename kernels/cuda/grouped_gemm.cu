@@ -17,13 +17,13 @@
 //
 // MXFP4 weights (w_fp4, DeepSeek-V4's routed experts): the ring holds e2m1
 // pairs (kBK / 2 bytes a row and slice; 256- or 128-wide slices on decode
-// tiles where k allows, else 64),
-// each warp widens its B fragments from one 32-bit load a 32-input group
-// (WidenMxfp4: the MMAs take the inputs in Mxfp4MmaInput's order, A read
-// alike), times the ue8m0 scale of the group, which each thread reads for
-// its rows one slice ahead into registers. Hopper has no FP4 MMA: the
-// weights stream at 4 bits, the MMA is bf16's, and the result is the bf16
-// kernel's on the dequantized weights summed in that order.
+// tiles where k allows, else 64), each warp widens its B fragments from one
+// 32-bit load a 32-input group (WidenMxfp4: the MMAs take the inputs in
+// Mxfp4MmaInput's order, A read alike), times the ue8m0 scale of the group,
+// which each thread reads for its rows one slice ahead into registers.
+// Hopper has no FP4 MMA: the weights stream at 4 bits, the MMA is bf16's,
+// and the result is the bf16 kernel's on the dequantized weights summed in
+// that order.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -221,7 +221,6 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
     return p.w_scale +
            (static_cast<int64_t>(e) * cpu::Fp8Blocks(p.n) + nb / kBN) * Fp8ScaleStride(p.k);
   };
-  const float* w_scale = kFp8W ? scale_row(n0_first) : nullptr;
 
   // Each thread's A chunks (fixed rows across k) and B chunks.
   constexpr int kAIters = (Cfg::kAChunks + kThreads - 1) / kThreads;
@@ -342,7 +341,7 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
     ++kt;
     if (kCols > 1 && kt == k_tiles) kt = 0, nb += kBN;
   };
-  float scale_next = kFp8W ? w_scale[0] : 0.0f;
+  float scale_next = kFp8W ? scale_row(n0_first)[0] : 0.0f;
   int load_kt = 0, load_nb = n0_first;  // the next slice to load
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
@@ -355,27 +354,20 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
     if (li + S - 1 < slices) load((li + S - 1) % S, load_kt, load_nb), advance(load_kt, load_nb);
     CpAsyncCommit();
     const int st = li % S;
-    // FP8: this slice's block scale, the next one's on its way (a load the
-    // widening would otherwise wait for each slice).
+    // A run's previous column block is complete: its outputs out.
+    if (kCols > 1 && kt == 0 && li > 0) store_acc(nb - kBN), zero_acc();
+    // The scales: this slice's, the next slice's on their way (loads the
+    // widening would otherwise wait for each slice). FP8: one block scale.
+    const bool has_next = li + 1 < slices;
+    int next_kt = kt, next_nb = nb;
+    advance(next_kt, next_nb);
     const float scale = scale_next;
-    if constexpr (kFp8W && kCols == 1) {
-      if (kt + 1 < k_tiles) scale_next = w_scale[(kt + 1) * kBK / cpu::kFp8Block];
-    } else if constexpr (kFp8W) {
-      if (li + 1 < slices) {
-        int next_kt = kt, next_nb = nb;
-        advance(next_kt, next_nb);
-        scale_next = scale_row(next_nb)[next_kt * kBK / cpu::kFp8Block];
-      }
-    }
-    if constexpr (kFp4W) {  // this slice's scales; the next slice's on their way
+    if (kFp8W && has_next) scale_next = scale_row(next_nb)[next_kt * kBK / cpu::kFp8Block];
+    if constexpr (kFp4W) {
 #pragma unroll
       for (int j = 0; j < kRows; ++j) {
         mx[j] = mx_next[j];
-        if (li + 1 < slices) {
-          int next_kt = kt, next_nb = nb;
-          advance(next_kt, next_nb);
-          mx_next[j] = mx_load(j, next_kt, next_nb);
-        }
+        if (has_next) mx_next[j] = mx_load(j, next_kt, next_nb);
       }
     }
     if constexpr (kFp4W) {
@@ -452,7 +444,6 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
       } else {
         slice(std::false_type{});
       }
-      if (kCols > 1 && kt == k_tiles - 1 && li + 1 < slices) store_acc(nb), zero_acc();
       continue;
     }
 #pragma unroll
@@ -483,7 +474,6 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
         }
       }
     }
-    if (kCols > 1 && kt == k_tiles - 1 && li + 1 < slices) store_acc(nb), zero_acc();
   }
   CpAsyncWait<0>();
   store_acc(n0_first + (cols - 1) * kBN);
@@ -502,13 +492,18 @@ absl::Status LaunchOne(const GroupedGemmParams& p) {
 }
 
 // Experiment (issue 17, not yet run on a GPU; remove the switches once
-// measured, kernels/cuda/NOTES.md): `env` (MOESH_EXP_MXFP4_COLS,
-// MOESH_EXP_FP8_COLS) = 2 or 4 column blocks a decode CTA, one ring across
-// them, where the grid keeps at least cols * 8 CTAs an SM before the runs;
-// -2 or -4 whatever the grid (tests). 1: no runs.
-absl::StatusOr<int> ColumnRuns(const char* env, const GroupedGemmParams& p) {
+// measured, kernels/cuda/NOTES.md): the environment variable `env`
+// (MOESH_EXP_MXFP4_COLS, MOESH_EXP_FP8_COLS) as an int, 1 when unset.
+int AskedColumnRuns(const char* env) {
   const char* v = std::getenv(env);
-  const int asked = v == nullptr ? 1 : std::atoi(v), cols = std::abs(asked);
+  return v == nullptr ? 1 : std::atoi(v);
+}
+
+// Column blocks a decode CTA takes through one ring: `asked` (2 or 4) where
+// the grid keeps at least cols * 8 CTAs an SM before the runs, whatever the
+// grid for -2 or -4 (tests); else 1.
+absl::StatusOr<int> ColumnRuns(int asked, const GroupedGemmParams& p) {
+  const int cols = asked < 0 ? -asked : asked;
   if (cols != 2 && cols != 4) return 1;
   ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
   const int64_t ctas = int64_t{p.max_tiles} * ((p.n + kBN - 1) / kBN);
@@ -545,8 +540,9 @@ absl::Status Launch(const GroupedGemmParams& p) {
           return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8, true>(p)
                      : LaunchOne<kBM, kBK, false, WeightKind::kFp8, true>(p);
         }
-        ASSIGN_OR_RETURN(const int cols, ColumnRuns("MOESH_EXP_FP8_COLS", p));
-        if (cols > 1) return LaunchRuns<kBM, kBK, WeightKind::kFp8>(p, cols);
+        static const int asked = AskedColumnRuns("MOESH_EXP_FP8_COLS");
+        ASSIGN_OR_RETURN(const int cols, ColumnRuns(asked, p));
+        return LaunchRuns<kBM, kBK, WeightKind::kFp8>(p, cols);
       }
       return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8>(p)
                  : LaunchOne<kBM, kBK, false, WeightKind::kFp8>(p);
@@ -558,8 +554,9 @@ absl::Status Launch(const GroupedGemmParams& p) {
           "GroupedGemm: MXFP4 takes 128- and 256-wide slices on decode tiles only");
     } else {
       if constexpr (kBK == 256) {
-        ASSIGN_OR_RETURN(const int cols, ColumnRuns("MOESH_EXP_MXFP4_COLS", p));
-        if (cols > 1) return LaunchRuns<kBM, kBK, WeightKind::kFp4>(p, cols);
+        static const int asked = AskedColumnRuns("MOESH_EXP_MXFP4_COLS");
+        ASSIGN_OR_RETURN(const int cols, ColumnRuns(asked, p));
+        return LaunchRuns<kBM, kBK, WeightKind::kFp4>(p, cols);
       }
       return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4>(p)
                  : LaunchOne<kBM, kBK, false, WeightKind::kFp4>(p);
