@@ -27,7 +27,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/async_copy.cuh"
@@ -181,7 +180,7 @@ __device__ __forceinline__ void Mxfp4A(const uint4& q0, const uint4& q1, uint32_
 
 // FP8 decode tiles: four CTAs an SM (GemmCfg::kF8Stages), so at most 128
 // registers a thread; one with kDeep.
-template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false, int kCols = 1>
+template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false>
 __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
                                   kW == WeightKind::kFp8 && kBM < 64 && kBK == 128 && !kDeep ? 4
                                                                                              : 1)
@@ -206,21 +205,16 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   const int row0 = p.expert_offsets[e];
   const int rows = p.expert_offsets[e + 1] - row0;
   const int m0 = (tile - p.tile_offsets[e]) * kBM;
-  // kCols > 1 (FP8 and MXFP4 decode tiles): this CTA's column blocks one
-  // after another, one ring across them; `cols` of them lie inside n.
-  static_assert(kCols == 1 || (kW != WeightKind::kBf16 && kBM < 64 && !kDeep),
-                "column runs are for FP8 and MXFP4 decode tiles");
-  const int n0_first = blockIdx.y * kCols * kBN;
-  const int cols = kCols == 1 ? 1 : min(kCols, (p.n - n0_first + kBN - 1) / kBN);
+  const int n0 = blockIdx.y * kBN;
   const bf16* w = kW == WeightKind::kBf16 ? p.w + static_cast<int64_t>(e) * p.n * p.k : nullptr;
   const uint8_t* w8 = kFp8W   ? p.w_fp8 + static_cast<int64_t>(e) * p.n * p.k
                       : kFp4W ? p.w_fp4 + static_cast<int64_t>(e) * p.n * (p.k / 2)
                               : nullptr;
-  // The row block of scales of the column block at nb (kBN == the block).
-  auto scale_row = [&](int nb) {
-    return p.w_scale +
-           (static_cast<int64_t>(e) * cpu::Fp8Blocks(p.n) + nb / kBN) * Fp8ScaleStride(p.k);
-  };
+  // This CTA's row block of scales (kBN == the block: one row block per CTA).
+  const float* w_scale =
+      kFp8W ? p.w_scale +
+                  (static_cast<int64_t>(e) * cpu::Fp8Blocks(p.n) + blockIdx.y) * Fp8ScaleStride(p.k)
+            : nullptr;
 
   // Each thread's A chunks (fixed rows across k) and B chunks.
   constexpr int kAIters = (Cfg::kAChunks + kThreads - 1) / kThreads;
@@ -246,12 +240,12 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   for (int i = 0; i < kBIters; ++i) {
     const int c = threadIdx.x + i * kThreads;
     const int r = c / kBChunksPerRow, ch = c % kBChunksPerRow;
-    b_ok[i] = n0_first + r < p.n;
-    const int64_t row = b_ok[i] ? n0_first + r : 0;
+    b_ok[i] = n0 + r < p.n;
+    const int64_t row = b_ok[i] ? n0 + r : 0;
     b_src[i] = kW != WeightKind::kBf16 ? w8 + row * w_row_bytes + ch * 16
                                        : reinterpret_cast<const uint8_t*>(w + row * p.k + ch * 8);
   }
-  auto load = [&](int stage, int kt, int nb) {  // nb: the column block's first row
+  auto load = [&](int stage, int kt) {
     const int k0 = kt * kBK;
 #pragma unroll
     for (int i = 0; i < kAIters; ++i) {
@@ -264,14 +258,7 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
 #pragma unroll
     for (int i = 0; i < kBIters; ++i) {
       const int c = threadIdx.x + i * kThreads;
-      if constexpr (kCols > 1) {  // a run's column block: its rows from nb
-        const int r = c / kBChunksPerRow, ch = c % kBChunksPerRow;
-        const bool ok = nb + r < p.n;
-        const uint8_t* src =
-            w8 + static_cast<int64_t>(nb + r) * w_row_bytes + ch * 16 + (kFp8W ? k0 : k0 / 2);
-        uint8_t* dst = kFp8W ? &s8[stage][r][ch * 16] : &s4[stage][r][ch * 16];
-        CpAsync16(dst, ok ? src : w8, ok);
-      } else if constexpr (kFp8W) {
+      if constexpr (kFp8W) {
         CpAsync16(&s8[stage][c / kBChunksPerRow][(c % kBChunksPerRow) * 16],
                   b_ok[i] ? b_src[i] + k0 : p.w_fp8, b_ok[i]);
       } else if constexpr (kFp4W) {
@@ -292,19 +279,19 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   // spare).
   constexpr int kRows = kFp4W ? Cfg::kNi : 1, kGroups = kFp4W ? kBK / 32 : 1;
   const int64_t groups_per_row = p.k / 32;
-  const uint8_t* mx_expert = nullptr;                   // this expert's scale rows
-  const int n_thread = wn * Cfg::kWarpN + (lane >> 2);  // past the column block's first row
+  const uint8_t* mx_expert = nullptr;  // this expert's scale rows
+  const int n_thread = n0 + wn * Cfg::kWarpN + (lane >> 2);
   // Row j's scales (a row past n reads the last row's: its outputs are never stored).
-  auto mx_row = [&](int j, int nb) {
-    const int n = nb + n_thread + (j / 2) * 16 + (j % 2) * 8;
+  auto mx_row = [&](int j) {
+    const int n = n_thread + (j / 2) * 16 + (j % 2) * 8;
     return mx_expert + static_cast<int64_t>(n < p.n ? n : p.n - 1) * groups_per_row;
   };
   // One load a row and slice: a row's kGroups bytes are aligned to their
   // size (k / 32 bytes a row, a multiple of kGroups; RunGroupedGemm wants the
   // scales 8-byte aligned).
   using MxWord = std::conditional_t<kGroups == 8, uint64_t, uint32_t>;
-  auto mx_load = [&](int j, int kt, int nb) -> MxWord {
-    const uint8_t* at = mx_row(j, nb) + kt * kGroups;
+  auto mx_load = [&](int j, int kt) -> MxWord {
+    const uint8_t* at = mx_row(j) + kt * kGroups;
     if constexpr (kGroups == 8) return *reinterpret_cast<const uint64_t*>(at);
     if constexpr (kGroups == 4) return *reinterpret_cast<const uint32_t*>(at);
     if constexpr (kGroups == 2) return *reinterpret_cast<const uint16_t*>(at);
@@ -314,60 +301,42 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   if constexpr (kFp4W) {
     mx_expert = p.w_mx_scale + static_cast<int64_t>(e) * p.n * groups_per_row;
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) mx_next[j] = mx_load(j, 0, n0_first);
+    for (int j = 0; j < kRows; ++j) mx_next[j] = mx_load(j, 0);
   }
 
   float acc[Cfg::kMi][Cfg::kNi][4];
-  auto zero_acc = [&] {
 #pragma unroll
-    for (int i = 0; i < Cfg::kMi; ++i) {
+  for (int i = 0; i < Cfg::kMi; ++i) {
 #pragma unroll
-      for (int j = 0; j < Cfg::kNi; ++j) {
+    for (int j = 0; j < Cfg::kNi; ++j) {
 #pragma unroll
-        for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
-      }
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
     }
-  };
-  auto store_acc = [&](int nb) {  // the column block at nb
-    StoreWarpTile<kF32Out>(acc, p.y, p.ldy, p.n, row0, rows, m0 + wm * Cfg::kWarpM,
-                           nb + wn * Cfg::kWarpN, lane);
-  };
-  zero_acc();
+  }
 
-  // The ring runs over `slices` slices: k's, then (kCols > 1) the next
-  // column block's. (kt, nb): a slice's k slice and column block.
-  const int k_tiles = p.k / kBK, slices = cols * k_tiles;
-  auto advance = [&](int& kt, int& nb) {
-    ++kt;
-    if (kCols > 1 && kt == k_tiles) kt = 0, nb += kBN;
-  };
-  float scale_next = kFp8W ? scale_row(n0_first)[0] : 0.0f;
-  int load_kt = 0, load_nb = n0_first;  // the next slice to load
+  const int k_tiles = p.k / kBK;
+  float scale_next = kFp8W ? w_scale[0] : 0.0f;
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
-    if (s < slices) load(s, load_kt, load_nb), advance(load_kt, load_nb);
+    if (s < k_tiles) load(s, s);
     CpAsyncCommit();
   }
-  for (int li = 0, kt = 0, nb = n0_first; li < slices; ++li, advance(kt, nb)) {
+  for (int kt = 0; kt < k_tiles; ++kt) {
     CpAsyncWait<S - 2>();
-    __syncthreads();  // slice li landed for everyone; slice li - 1's stage is free
-    if (li + S - 1 < slices) load((li + S - 1) % S, load_kt, load_nb), advance(load_kt, load_nb);
+    __syncthreads();  // slice kt landed for everyone; slice kt - 1's stage is free
+    const int next = kt + S - 1;
+    if (next < k_tiles) load(next % S, next);
     CpAsyncCommit();
-    const int st = li % S;
-    // A run's previous column block is complete: its outputs out.
-    if (kCols > 1 && kt == 0 && li > 0) store_acc(nb - kBN), zero_acc();
-    // The scales: this slice's, the next slice's on their way (loads the
-    // widening would otherwise wait for each slice). FP8: one block scale.
-    const bool has_next = li + 1 < slices;
-    int next_kt = kt, next_nb = nb;
-    advance(next_kt, next_nb);
+    const int st = kt % S;
+    // FP8: this slice's block scale, the next one's on its way (a load the
+    // widening would otherwise wait for each slice).
     const float scale = scale_next;
-    if (kFp8W && has_next) scale_next = scale_row(next_nb)[next_kt * kBK / cpu::kFp8Block];
-    if constexpr (kFp4W) {
+    if (kFp8W && kt + 1 < k_tiles) scale_next = w_scale[(kt + 1) * kBK / cpu::kFp8Block];
+    if constexpr (kFp4W) {  // this slice's scales; the next slice's on their way
 #pragma unroll
       for (int j = 0; j < kRows; ++j) {
         mx[j] = mx_next[j];
-        if (has_next) mx_next[j] = mx_load(j, next_kt, next_nb);
+        if (kt + 1 < k_tiles) mx_next[j] = mx_load(j, kt + 1);
       }
     }
     if constexpr (kFp4W) {
@@ -476,51 +445,20 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
     }
   }
   CpAsyncWait<0>();
-  store_acc(n0_first + (cols - 1) * kBN);
+  StoreWarpTile<kF32Out>(acc, p.y, p.ldy, p.n, row0, rows, m0 + wm * Cfg::kWarpM,
+                         n0 + wn * Cfg::kWarpN, lane);
 }
 
-template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false, int kCols = 1>
+template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false>
 absl::Status LaunchOne(const GroupedGemmParams& p) {
-  constexpr auto kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kW, kDeep, kCols>;
+  constexpr auto kernel = GroupedGemmKernel<kBM, kBK, kF32Out, kW, kDeep>;
   using Cfg = GemmCfg<kBM, kBK, kDeep>;
   constexpr int kSmem = kW == WeightKind::kFp8   ? Cfg::kF8SmemBytes
                         : kW == WeightKind::kFp4 ? Cfg::kF4SmemBytes
                                                  : Cfg::kSmemBytes;
   RETURN_IF_ERROR(AllowDynamicSmem<kernel>(kSmem));
-  const dim3 grid(p.max_tiles, ((p.n + kBN - 1) / kBN + kCols - 1) / kCols);
+  const dim3 grid(p.max_tiles, (p.n + kBN - 1) / kBN);
   return LaunchPdl("GroupedGemmKernel", kernel, grid, Cfg::kThreads, kSmem, p.stream, p);
-}
-
-// Experiment (issue 17, not yet run on a GPU; remove the switches once
-// measured, kernels/cuda/NOTES.md): the environment variable `env`
-// (MOESH_EXP_MXFP4_COLS, MOESH_EXP_FP8_COLS) as an int, 1 when unset.
-int AskedColumnRuns(const char* env) {
-  const char* v = std::getenv(env);
-  return v == nullptr ? 1 : std::atoi(v);
-}
-
-// Column blocks a decode CTA takes through one ring: `asked` (2 or 4) where
-// the grid keeps at least cols * 8 CTAs an SM before the runs, whatever the
-// grid for -2 or -4 (tests); else 1.
-absl::StatusOr<int> ColumnRuns(int asked, const GroupedGemmParams& p) {
-  const int cols = asked < 0 ? -asked : asked;
-  if (cols != 2 && cols != 4) return 1;
-  ASSIGN_OR_RETURN(const DeviceInfo device, CurrentDeviceInfo());
-  const int64_t ctas = int64_t{p.max_tiles} * ((p.n + kBN - 1) / kBN);
-  return asked < 0 || ctas >= int64_t{cols} * 8 * device.num_sms ? cols : 1;
-}
-
-// LaunchOne with `cols` (1, 2 or 4) column blocks a CTA.
-template <int kBM, int kBK, WeightKind kW>
-absl::Status LaunchRuns(const GroupedGemmParams& p, int cols) {
-  const bool f32 = p.out_type == OutType::kFloat32;
-  if (cols == 2)
-    return f32 ? LaunchOne<kBM, kBK, true, kW, false, 2>(p)
-               : LaunchOne<kBM, kBK, false, kW, false, 2>(p);
-  if (cols == 4)
-    return f32 ? LaunchOne<kBM, kBK, true, kW, false, 4>(p)
-               : LaunchOne<kBM, kBK, false, kW, false, 4>(p);
-  return f32 ? LaunchOne<kBM, kBK, true, kW>(p) : LaunchOne<kBM, kBK, false, kW>(p);
 }
 
 template <int kBM, int kBK>
@@ -540,9 +478,6 @@ absl::Status Launch(const GroupedGemmParams& p) {
           return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8, true>(p)
                      : LaunchOne<kBM, kBK, false, WeightKind::kFp8, true>(p);
         }
-        static const int asked = AskedColumnRuns("MOESH_EXP_FP8_COLS");
-        ASSIGN_OR_RETURN(const int cols, ColumnRuns(asked, p));
-        return LaunchRuns<kBM, kBK, WeightKind::kFp8>(p, cols);
       }
       return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp8>(p)
                  : LaunchOne<kBM, kBK, false, WeightKind::kFp8>(p);
@@ -553,11 +488,6 @@ absl::Status Launch(const GroupedGemmParams& p) {
       return absl::InternalError(
           "GroupedGemm: MXFP4 takes 128- and 256-wide slices on decode tiles only");
     } else {
-      if constexpr (kBK == 256) {
-        static const int asked = AskedColumnRuns("MOESH_EXP_MXFP4_COLS");
-        ASSIGN_OR_RETURN(const int cols, ColumnRuns(asked, p));
-        return LaunchRuns<kBM, kBK, WeightKind::kFp4>(p, cols);
-      }
       return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4>(p)
                  : LaunchOne<kBM, kBK, false, WeightKind::kFp4>(p);
     }

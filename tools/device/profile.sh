@@ -17,6 +17,9 @@
 #     grouped-mxfp4    the MXFP4 GroupedGemmKernel at V4-Flash's gate_up, 256 tokens x top-6
 #                      (cuda_model_bench --grouped-gemm-only): every section, the SASS page summed
 #                      ($OUT/grouped_mxfp4.md)
+#     grouped-fp8      the FP8 GroupedGemmKernel at V2-Lite's gate_up, 256 tokens x top-6, 32-row
+#                      tiles (cuda_model_bench --shape v2-lite --grouped-gemm-only): every section,
+#                      the SASS page summed ($OUT/grouped_fp8.md)
 #     grouped-prefill  GroupedGemmKernel at prefill size (16384 tokens x top-6; launch 92 of
 #                      cuda_model_bench --shape v2-lite --grouped-gemm-only), with compute,
 #                      warp-state and scheduler sections
@@ -35,7 +38,7 @@
 # MOESH_DEVICE_BUDGET_S (540) bounds the call.
 #
 # bundle: cuda_model_bench and moesh (FAMILY form); for --counters: cuda_grouped_gemm_test
-#   (grouped-gemm), cuda_model_bench (grouped-prefill, decode-step; grouped-mxfp4 with moesh),
+#   (grouped-gemm), cuda_model_bench (grouped-prefill, grouped-fp8, decode-step; grouped-mxfp4 with moesh),
 #   kernel_bench (mla, mla-fp8,
 #   mla-wide).
 # e.g.
@@ -86,7 +89,7 @@ for what in "$@"; do
         "${sections[@]}" $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 1 --grouped-gemm-only ;;
     grouped-mxfp4)
       # The MXFP4 grouped GEMM at V4-Flash's gate_up (n 4096, k 4096, 256 experts), 256 tokens x
-      # top-6 (16-row tiles, 128-wide slices; cuda_model_bench --grouped-gemm-only's MXFP4 row,
+      # top-6 (16-row tiles, 256-wide slices; cuda_model_bench --grouped-gemm-only's MXFP4 row,
       # after its warm-ups): every section with source counters, the SASS page summed
       # ($OUT/grouped_mxfp4.md: stall reasons, opcodes by executed instructions).
       dir=$(mktemp -d)
@@ -103,6 +106,20 @@ for what in "$@"; do
       ncu -i "$LOGS/grouped_mxfp4.ncu-rep" --page source --csv --print-source sass > "$LOGS/sass_mxfp4.csv" 2>&1
       python3 tools/device/sass_by_region.py "$LOGS/sass_mxfp4.csv" "MXFP4 grouped GEMM, V4-Flash gate_up, 256 x 6" \
         | tee "$OUT/grouped_mxfp4.md" ;;
+    grouped-fp8)
+      # The FP8 grouped GEMM at V2-Lite's gate_up (n 2816, k 2048, 64 experts), 256 tokens x
+      # top-6 (32-row tiles, 128-wide slices, four CTAs an SM; --grouped-gemm-only's "FP8
+      # weights" row at 128, the third GroupedGemmKernel row): every section with source
+      # counters, the SASS page summed ($OUT/grouped_fp8.md).
+      step ncu_grouped_fp8 180 ncu --clock-control none -k regex:GroupedGemmKernel --launch-skip 49 \
+        --launch-count 1 \
+        --set full --import-source yes -o "$LOGS/grouped_fp8" \
+        $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --quantization fp8 --batch 1 \
+        --grouped-gemm-only
+      ncu -i "$LOGS/grouped_fp8.ncu-rep" --print-units base > "$LOGS/ncu_grouped_fp8_details.log" 2>&1
+      ncu -i "$LOGS/grouped_fp8.ncu-rep" --page source --csv --print-source sass > "$LOGS/sass_fp8.csv" 2>&1
+      python3 tools/device/sass_by_region.py "$LOGS/sass_fp8.csv" "FP8 grouped GEMM, V2-Lite gate_up, 256 x 6" \
+        | tee "$OUT/grouped_fp8.md" ;;
     mla)
       # MLA decode at batch 128 x 4096: 16 heads (memory-bound) and 128 heads (the 64-head
       # wgmma kernel, MlaDecodeWideKernel): DRAM and L2 bytes per launch, warp stalls.
@@ -141,7 +158,7 @@ for what in "$@"; do
   esac
 done
 finish
-for f in ncu_grouped_gemm ncu_grouped_mxfp4_details ncu_grouped_prefill ncu_mla_16 ncu_mla_128 ncu_mla_fp8_16; do
+for f in ncu_grouped_gemm ncu_grouped_mxfp4_details ncu_grouped_fp8_details ncu_grouped_prefill ncu_mla_16 ncu_mla_128 ncu_mla_fp8_16; do
   show "$f" "Kernel|GroupedGemm|dram__bytes|lts__t_bytes|hmma|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Executed Ipc|Issue Slots Busy|Tensor|Stall|No Eligible|One or More" \
     | head -40
 done
