@@ -27,6 +27,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/async_copy.cuh"
@@ -60,7 +61,11 @@ struct GemmCfg {
   static constexpr int kPitch = kBK + 8;
   static constexpr int kThreads = kDeep ? 256 : 128;
   static constexpr int kWarpsM = kBM == 64 ? 2 : 1;
-  static constexpr int kWarpsN = kThreads / 32 / kWarpsM;
+  // Experiment (MOESH_EXP_MXFP4_KSPLIT, issue 17): kDeep at 256 wide (MXFP4)
+  // splits each slice's k between two groups of four warps, which sum their
+  // accumulators at the end.
+  static constexpr int kWarpsK = kDeep && kBK == 256 ? 2 : 1;
+  static constexpr int kWarpsN = kThreads / 32 / kWarpsM / kWarpsK;
   static constexpr int kWarpM = kBM / kWarpsM;  // 16 or 32 rows per warp
   static constexpr int kWarpN = kBN / kWarpsN;  // 32 or 64 columns per warp
   static constexpr int kMi = kWarpM / 16, kNi = kWarpN / 8;
@@ -80,7 +85,7 @@ struct GemmCfg {
   static constexpr int kF8Pitch = kBK + 16;
   static constexpr int kF8Stages =
       kBK == 128 ? (kBM == 64 ? kStages : (kDeep ? 6 : 2)) : kStages + 2;
-  static_assert(!kDeep || (kBK == 128 && kBM < 64), "deep rings are for FP8 decode tiles");
+  static_assert(!kDeep || (kBK >= 128 && kBM < 64), "deep rings are for decode tiles");
   static constexpr int kF8SmemBytes = kF8Stages * (kBM * kPitch * 2 + kBN * kF8Pitch);
   // MXFP4 weights: the e2m1 ring (rows padded to 48, 80 or 144 bytes: a
   // warp's 32-bit loads of eight rows fall in distinct banks), two stages
@@ -183,6 +188,7 @@ __device__ __forceinline__ void Mxfp4A(const uint4& q0, const uint4& q1, uint32_
 template <int kBM, int kBK, bool kF32Out, WeightKind kW, bool kDeep = false>
 __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
                                   kW == WeightKind::kFp8 && kBM < 64 && kBK == 128 && !kDeep ? 4
+                                  : kW == WeightKind::kFp4 && kDeep                          ? 2
                                                                                              : 1)
     GroupedGemmKernel(GroupedGemmParams p) {
   PdlBegin();
@@ -272,12 +278,15 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   };
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int wm = warp / Cfg::kWarpsN, wn = warp % Cfg::kWarpsN;
+  constexpr int kWarpsMN = Cfg::kWarpsM * Cfg::kWarpsN;
+  const int wm = (Cfg::kWarpsK == 1 ? warp : warp % kWarpsMN) / Cfg::kWarpsN;
+  const int wn = warp % Cfg::kWarpsN;
+  const int wk = Cfg::kWarpsK == 1 ? 0 : warp / kWarpsMN;  // this warp's k part of a slice
   // MXFP4: this thread's B rows (n and n + 8 of each 16-column group) and
   // their ue8m0 scales, the current slice's and the next one's, kBK / 32
   // bytes a row packed in a word (few registers: the 64-row tile has none to
   // spare).
-  constexpr int kRows = kFp4W ? Cfg::kNi : 1, kGroups = kFp4W ? kBK / 32 : 1;
+  constexpr int kRows = kFp4W ? Cfg::kNi : 1, kGroups = kFp4W ? kBK / 32 / Cfg::kWarpsK : 1;
   const int64_t groups_per_row = p.k / 32;
   const uint8_t* mx_expert = nullptr;  // this expert's scale rows
   const int n_thread = n0 + wn * Cfg::kWarpN + (lane >> 2);
@@ -291,7 +300,7 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
   // scales 8-byte aligned).
   using MxWord = std::conditional_t<kGroups == 8, uint64_t, uint32_t>;
   auto mx_load = [&](int j, int kt) -> MxWord {
-    const uint8_t* at = mx_row(j) + kt * kGroups;
+    const uint8_t* at = mx_row(j) + (kt * Cfg::kWarpsK + wk) * kGroups;
     if constexpr (kGroups == 8) return *reinterpret_cast<const uint64_t*>(at);
     if constexpr (kGroups == 4) return *reinterpret_cast<const uint32_t*>(at);
     if constexpr (kGroups == 2) return *reinterpret_cast<const uint16_t*>(at);
@@ -376,18 +385,19 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
           }
         }
 #pragma unroll
-        for (int gi = 0; gi < kBK / 32; ++gi) {
+        for (int gi = 0; gi < kGroups; ++gi) {
+          const int gk = wk * kGroups + gi;  // the group's place in the slice
           uint32_t a[Cfg::kMi][2][4];
 #pragma unroll
           for (int mi = 0; mi < Cfg::kMi; ++mi) {
             const int r = wm * Cfg::kWarpM + mi * 16 + (lane >> 2);
-            Mxfp4A(*reinterpret_cast<const uint4*>(&sa[st][r][gi * 32 + 8 * t4]),
-                   *reinterpret_cast<const uint4*>(&sa[st][r + 8][gi * 32 + 8 * t4]), a[mi]);
+            Mxfp4A(*reinterpret_cast<const uint4*>(&sa[st][r][gk * 32 + 8 * t4]),
+                   *reinterpret_cast<const uint4*>(&sa[st][r + 8][gk * 32 + 8 * t4]), a[mi]);
           }
 #pragma unroll
           for (int ni = 0; ni < Cfg::kNi; ++ni) {  // row n and n + 8 of each 16 as mx_row
             const int n = wn * Cfg::kWarpN + (ni / 2) * 16 + (ni % 2) * 8 + (lane >> 2);
-            const uint32_t w = *reinterpret_cast<const uint32_t*>(&s4[st][n][gi * 16 + 4 * t4]);
+            const uint32_t w = *reinterpret_cast<const uint32_t*>(&s4[st][n][gk * 16 + 4 * t4]);
             uint32_t f1, f2 = 0;
             if constexpr (kBig) {
               const uint32_t e = static_cast<uint32_t>(mx[ni] >> (8 * gi)) & 0xFFu;
@@ -445,6 +455,19 @@ __global__ void __launch_bounds__(GemmCfg<kBM, kBK, kDeep>::kThreads,
     }
   }
   CpAsyncWait<0>();
+  if constexpr (Cfg::kWarpsK == 2) {  // the second k part's sums join the first's
+    constexpr int kAcc = Cfg::kMi * Cfg::kNi * 4;
+    float* part = reinterpret_cast<float*>(smem_raw) + (wn * 32 + lane) * kAcc;
+    __syncthreads();  // every warp is past its last slice: the ring is free
+    if (wk == 1) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) part[i] = (&acc[0][0][0])[i];
+    }
+    __syncthreads();
+    if (wk == 1) return;
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) (&acc[0][0][0])[i] += part[i];
+  }
   StoreWarpTile<kF32Out>(acc, p.y, p.ldy, p.n, row0, rows, m0 + wm * Cfg::kWarpM,
                          n0 + wn * Cfg::kWarpN, lane);
 }
@@ -488,6 +511,13 @@ absl::Status Launch(const GroupedGemmParams& p) {
       return absl::InternalError(
           "GroupedGemm: MXFP4 takes 128- and 256-wide slices on decode tiles only");
     } else {
+      if constexpr (kBK == 256 && kBM == 16) {
+        static const bool ksplit = std::getenv("MOESH_EXP_MXFP4_KSPLIT") != nullptr;
+        if (ksplit) {
+          return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4, true>(p)
+                     : LaunchOne<kBM, kBK, false, WeightKind::kFp4, true>(p);
+        }
+      }
       return f32 ? LaunchOne<kBM, kBK, true, WeightKind::kFp4>(p)
                  : LaunchOne<kBM, kBK, false, WeightKind::kFp4>(p);
     }
