@@ -5,6 +5,7 @@
 // dense GEMMs — against the same reference.
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -163,7 +164,11 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
 
     // `q` (quantized weights) against the bf16 kernel on `wide`, the values
     // q's weights widen to, run into y (checked above already): the same
-    // bytes out, bit for bit.
+    // bytes out, bit for bit — but for the experiment MOESH_EXP_MXFP4_KSPLIT
+    // (grouped_gemm.cu), whose 16-row MXFP4 tiles sum each slice's two
+    // halves apart and add them at the end: there the same values within
+    // fp32 (bf16) rounding.
+    bool exact_sums = true;
     // x_wide: the bf16 kernel's activations (null: gp's).
     auto ExpectWidensTo = [&](GroupedGemmParams q, const std::vector<bf16>& wide, const char* what,
                               const bf16* x_wide = nullptr) {
@@ -180,6 +185,21 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       MOESH_ASSERT_OK(stream.Synchronize());
       MOESH_ASSERT_OK_AND_ASSIGN(auto a, yq.ToHost());
       MOESH_ASSERT_OK_AND_ASSIGN(auto b, y.ToHost());
+      if (!exact_sums) {  // the same products, summed in another order
+        auto floats = [&](const std::vector<uint8_t>& raw) {
+          if (f32) {
+            std::vector<float> v(ref.size());
+            std::memcpy(v.data(), raw.data(), v.size() * 4);
+            return v;
+          }
+          std::vector<bf16> h(ref.size());
+          std::memcpy(h.data(), raw.data(), h.size() * 2);
+          return ToFloats(h);
+        };
+        const double diff = RelErr(floats(a), floats(b));
+        EXPECT_LT(diff, f32 ? 1e-5 : 2e-3) << what << " weights against their bf16 widening";
+        return;
+      }
       EXPECT_TRUE(a == b) << what << " weights differ from their bf16 widening";
     };
     // FP8 weights (each expert's 128 x 128 blocks quantized as a checkpoint
@@ -244,7 +264,10 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       MOESH_ASSERT_OK_AND_ASSIGN(auto dmx, Upload(mx));
       GroupedGemmParams g4 = gp;
       g4.w = nullptr, g4.w_fp4 = dpacked.get(), g4.w_mx_scale = dmx.get();
+      exact_sums = std::getenv("MOESH_EXP_MXFP4_KSPLIT") == nullptr || c.tile_m != 16 ||
+                   c.k % 256 != 0 || c.k_tile != 0;
       ExpectWidensTo(g4, wide, "MXFP4", dx_order.get());
+      exact_sums = true;
       g4.w_mx_scale = dmx.get() + 1;  // a slice's scales are read a row at once
       EXPECT_EQ(RunGroupedGemm(g4).code(), absl::StatusCode::kInvalidArgument);
       g4.w_mx_scale = nullptr;
