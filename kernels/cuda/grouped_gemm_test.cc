@@ -147,18 +147,18 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
         ref[static_cast<size_t>(r) * c.n + j] = static_cast<float>(acc);
       }
     }
-    std::vector<float> got;
-    if (f32) {
-      std::vector<uint8_t> raw;
-      MOESH_ASSERT_OK_AND_ASSIGN(raw, y.ToHost());
-      got.resize(ref.size());
-      std::memcpy(got.data(), raw.data(), got.size() * 4);
-    } else {
-      MOESH_ASSERT_OK_AND_ASSIGN(auto raw, y.ToHost());
-      std::vector<bf16> b(ref.size());
-      std::memcpy(b.data(), raw.data(), b.size() * 2);
-      got = ToFloats(b);
-    }
+    auto floats = [&](const std::vector<uint8_t>& raw) {  // y's bytes as floats
+      if (f32) {
+        std::vector<float> v(ref.size());
+        std::memcpy(v.data(), raw.data(), v.size() * 4);
+        return v;
+      }
+      std::vector<bf16> h(ref.size());
+      std::memcpy(h.data(), raw.data(), h.size() * 2);
+      return ToFloats(h);
+    };
+    MOESH_ASSERT_OK_AND_ASSIGN(auto y_raw, y.ToHost());
+    const std::vector<float> got = floats(y_raw);
     const double err = RelErr(got, ref);
     EXPECT_LT(err, f32 ? 2e-3 : 6e-3) << "grouped GEMM";
 
@@ -167,11 +167,10 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
     // bytes out, bit for bit — but for the experiment MOESH_EXP_MXFP4_KSPLIT
     // (grouped_gemm.cu), whose 16-row MXFP4 tiles sum each slice's two
     // halves apart and add them at the end: there the same values within
-    // fp32 (bf16) rounding.
-    bool exact_sums = true;
+    // fp32 (bf16) rounding (exact_sums false).
     // x_wide: the bf16 kernel's activations (null: gp's).
     auto ExpectWidensTo = [&](GroupedGemmParams q, const std::vector<bf16>& wide, const char* what,
-                              const bf16* x_wide = nullptr) {
+                              const bf16* x_wide = nullptr, bool exact_sums = true) {
       MOESH_ASSERT_OK_AND_ASSIGN(auto dwide, Upload(wide));
       MOESH_ASSERT_OK_AND_ASSIGN(auto yq, DeviceBuffer<uint8_t>::Create(y.size()));
       MOESH_ASSERT_OK(Poison(yq));
@@ -186,16 +185,6 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       MOESH_ASSERT_OK_AND_ASSIGN(auto a, yq.ToHost());
       MOESH_ASSERT_OK_AND_ASSIGN(auto b, y.ToHost());
       if (!exact_sums) {  // the same products, summed in another order
-        auto floats = [&](const std::vector<uint8_t>& raw) {
-          if (f32) {
-            std::vector<float> v(ref.size());
-            std::memcpy(v.data(), raw.data(), v.size() * 4);
-            return v;
-          }
-          std::vector<bf16> h(ref.size());
-          std::memcpy(h.data(), raw.data(), h.size() * 2);
-          return ToFloats(h);
-        };
         const double diff = RelErr(floats(a), floats(b));
         EXPECT_LT(diff, f32 ? 1e-5 : 2e-3) << what << " weights against their bf16 widening";
         return;
@@ -264,10 +253,9 @@ TEST(GroupedGemmTest, PermuteGemmCombineMatchReference) {
       MOESH_ASSERT_OK_AND_ASSIGN(auto dmx, Upload(mx));
       GroupedGemmParams g4 = gp;
       g4.w = nullptr, g4.w_fp4 = dpacked.get(), g4.w_mx_scale = dmx.get();
-      exact_sums = std::getenv("MOESH_EXP_MXFP4_KSPLIT") == nullptr || c.tile_m != 16 ||
-                   c.k % 256 != 0 || c.k_tile != 0;
-      ExpectWidensTo(g4, wide, "MXFP4", dx_order.get());
-      exact_sums = true;
+      const bool k_split = std::getenv("MOESH_EXP_MXFP4_KSPLIT") != nullptr && c.tile_m == 16 &&
+                           c.k % 256 == 0 && c.k_tile == 0;
+      ExpectWidensTo(g4, wide, "MXFP4", dx_order.get(), !k_split);
       g4.w_mx_scale = dmx.get() + 1;  // a slice's scales are read a row at once
       EXPECT_EQ(RunGroupedGemm(g4).code(), absl::StatusCode::kInvalidArgument);
       g4.w_mx_scale = nullptr;
