@@ -70,6 +70,21 @@ if [[ $1 != --counters ]]; then
   exit 0
 fi
 
+# grouped_full NAME SKIP TITLE BENCH_ARGS...: one GroupedGemmKernel launch of
+# `cuda_model_bench --grouped-gemm-only BENCH_ARGS` (SKIP launches in) with every section and
+# source counters; its details in $LOGS/ncu_grouped_NAME_details.log and the SASS page summed
+# by region ($OUT/grouped_NAME.md: stall reasons, opcodes by executed instructions).
+grouped_full() {
+  local name=$1 skip=$2 title=$3
+  shift 3
+  step ncu_grouped_$name 180 ncu --clock-control none -k regex:GroupedGemmKernel --launch-skip "$skip" \
+    --launch-count 1 --set full --import-source yes -o "$LOGS/grouped_$name" \
+    $D/bin/cuda_model_bench --load-format dummy --batch 1 --grouped-gemm-only "$@"
+  ncu -i "$LOGS/grouped_$name.ncu-rep" --print-units base > "$LOGS/ncu_grouped_${name}_details.log" 2>&1
+  ncu -i "$LOGS/grouped_$name.ncu-rep" --page source --csv --print-source sass > "$LOGS/sass_$name.csv" 2>&1
+  python3 tools/device/sass_by_region.py "$LOGS/sass_$name.csv" "$title" | tee "$OUT/grouped_$name.md"
+}
+
 shift
 record_env > /dev/null
 for what in "$@"; do
@@ -89,37 +104,19 @@ for what in "$@"; do
         "${sections[@]}" $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --batch 1 --grouped-gemm-only ;;
     grouped-mxfp4)
       # The MXFP4 grouped GEMM at V4-Flash's gate_up (n 4096, k 4096, 256 experts), 256 tokens x
-      # top-6 (16-row tiles, 256-wide slices; cuda_model_bench --grouped-gemm-only's MXFP4 row,
-      # after its warm-ups): every section with source counters, the SASS page summed
-      # ($OUT/grouped_mxfp4.md: stall reasons, opcodes by executed instructions).
+      # top-6 (16-row tiles, 256-wide slices). Launch order: at 256 tokens 23 launches a row
+      # (3 warm-ups + 20), the MXFP4 row after four others (bf16 at 64 and 32 wide, FP8 at 128
+      # and 64; the FP8-activation row's kernel is GroupedGemmFp8Kernel): launch 92 + 3.
       dir=$(mktemp -d)
       $D/bin/moesh mkmodel --family v4 --preset real --layers 2 --config_only --out "$dir" > /dev/null
-      # Launch order: at 256 tokens 23 launches a row (3 warm-ups + 20), the MXFP4 row after
-      # four others (bf16 at 64 and 32 wide, FP8 at 128 and 64; the FP8-activation row's kernel
-      # is GroupedGemmFp8Kernel): launch 92 + 3.
-      step ncu_grouped_mxfp4 180 ncu --clock-control none -k regex:GroupedGemmKernel --launch-skip 95 \
-        --launch-count 1 \
-        --set full --import-source yes -o "$LOGS/grouped_mxfp4" \
-        $D/bin/cuda_model_bench --model "$dir" --load-format dummy --quantization mxfp4 --batch 1 \
-        --grouped-gemm-only
-      ncu -i "$LOGS/grouped_mxfp4.ncu-rep" --print-units base > "$LOGS/ncu_grouped_mxfp4_details.log" 2>&1
-      ncu -i "$LOGS/grouped_mxfp4.ncu-rep" --page source --csv --print-source sass > "$LOGS/sass_mxfp4.csv" 2>&1
-      python3 tools/device/sass_by_region.py "$LOGS/sass_mxfp4.csv" "MXFP4 grouped GEMM, V4-Flash gate_up, 256 x 6" \
-        | tee "$OUT/grouped_mxfp4.md" ;;
+      grouped_full mxfp4 95 "MXFP4 grouped GEMM, V4-Flash gate_up, 256 x 6" \
+        --model "$dir" --quantization mxfp4 ;;
     grouped-fp8)
       # The FP8 grouped GEMM at V2-Lite's gate_up (n 2816, k 2048, 64 experts), 256 tokens x
-      # top-6 (32-row tiles, 128-wide slices, four CTAs an SM; --grouped-gemm-only's "FP8
-      # weights" row at 128, the third GroupedGemmKernel row): every section with source
-      # counters, the SASS page summed ($OUT/grouped_fp8.md).
-      step ncu_grouped_fp8 180 ncu --clock-control none -k regex:GroupedGemmKernel --launch-skip 49 \
-        --launch-count 1 \
-        --set full --import-source yes -o "$LOGS/grouped_fp8" \
-        $D/bin/cuda_model_bench --load-format dummy --shape v2-lite --quantization fp8 --batch 1 \
-        --grouped-gemm-only
-      ncu -i "$LOGS/grouped_fp8.ncu-rep" --print-units base > "$LOGS/ncu_grouped_fp8_details.log" 2>&1
-      ncu -i "$LOGS/grouped_fp8.ncu-rep" --page source --csv --print-source sass > "$LOGS/sass_fp8.csv" 2>&1
-      python3 tools/device/sass_by_region.py "$LOGS/sass_fp8.csv" "FP8 grouped GEMM, V2-Lite gate_up, 256 x 6" \
-        | tee "$OUT/grouped_fp8.md" ;;
+      # top-6 (32-row tiles, 128-wide slices, four CTAs an SM): the "FP8 weights" row at 128,
+      # the third GroupedGemmKernel row: launch 46 + 3.
+      grouped_full fp8 49 "FP8 grouped GEMM, V2-Lite gate_up, 256 x 6" \
+        --shape v2-lite --quantization fp8 ;;
     mla)
       # MLA decode at batch 128 x 4096: 16 heads (memory-bound) and 128 heads (the 64-head
       # wgmma kernel, MlaDecodeWideKernel): DRAM and L2 bytes per launch, warp stalls.
